@@ -1,0 +1,231 @@
+"""Entry points: :func:`profile` (one forward) and :func:`profiler` (every forward in a block)."""
+
+from __future__ import annotations
+
+import inspect
+import itertools
+import warnings
+from collections.abc import Iterator
+from contextlib import ExitStack
+from typing import Any
+
+import torch
+from torch import nn
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from .capture import OpFailure, Recorder, op_name
+from .errors import FakeTensorError, FlopscopeError, FlopscopeWarning, ForwardError, InputError, NotAModuleError
+from .fake import FakeConverter, map_tensors, needs_real_data
+from .formulas import REGISTRY, FormulaRegistry
+from .module_tracker import ModuleTracker
+from .profile import Profile
+from .state import ModelSnapshot
+
+MODES = ("auto", "fake", "real")
+
+
+def profile(model: nn.Module, *args: Any, mode: str = "auto", registry: FormulaRegistry | None = None,
+            forward_kwargs: dict[str, Any] | None = None, **kwargs: Any) -> Profile:
+    """Run ``model(*args, **kwargs)`` once and count its multiplies.
+
+    Args:
+        model: any ``nn.Module`` (a Hugging Face model, a torchvision-style CNN, your own block).
+        mode: ``"fake"`` counts on fake tensors (nothing is computed, no activation memory; a model
+            built on ``device="meta"`` works); ``"real"`` executes (``prof.output`` is the result);
+            ``"auto"`` (default) counts on fake tensors and, only if the model needs real data (a
+            data-dependent op such as ``.item()`` or ``nonzero`` in routing code), runs it for real
+            instead and says so in one warning naming the op.
+        registry: the formula registry (default :data:`flopscope.formulas.REGISTRY`).
+        forward_kwargs: keyword arguments for the model whose names clash with ``mode`` / ``registry``.
+
+    The model is left exactly as it was (see :mod:`flopscope.state`), also when its forward raises.
+    The current grad mode is kept: call under ``torch.no_grad()`` to count what inference runs (some
+    fused fast paths are taken only then; the counts are the same either way).
+    """
+    _check_model(model)
+    if mode not in MODES:
+        raise FlopscopeError(f"mode must be one of {', '.join(MODES)}; got {mode!r}")
+    kwargs = {**kwargs, **(forward_kwargs or {})}
+    _check_inputs(model, args, kwargs)
+    registry = registry if registry is not None else REGISTRY
+    if mode == "real":
+        return _run(model, args, kwargs, registry, fake=False)
+    try:
+        return _run(model, args, kwargs, registry, fake=True)
+    except _NeedsRealData as need:
+        if mode == "fake":
+            raise FakeTensorError(f"{type(model).__name__} cannot be counted on fake tensors: {need.where} needs "
+                                  f"real data ({need.reason}); use mode='real'") from need.__cause__
+        if _on_meta(model, args, kwargs):
+            raise FakeTensorError(f"{type(model).__name__} needs real data at {need.where} ({need.reason}), but "
+                                  "it is on device='meta' and cannot run for real; build it on a real device "
+                                  "and use mode='real'") from need.__cause__
+        note = f"{need.where} needs real data ({need.reason}); counted in real mode instead"
+        warnings.warn(f"flopscope: {note}", FlopscopeWarning, stacklevel=2)
+        prof = _run(model, args, kwargs, registry, fake=False)
+        prof._notes.append(note)
+        return prof
+
+
+class profiler(Profile):  # noqa: N801  (used as a context manager, like torch.profiler.profile)
+    """Count every forward of ``model`` run inside a ``with`` block; query the object after the block.
+
+    ``mode="real"`` (default) runs the calls as written. ``mode="fake"`` swaps in fake tensors:
+    nothing is computed and the calls return fake tensors. Only ops executed while the model (or one
+    of its submodules) runs are counted.
+    """
+
+    def __init__(self, model: nn.Module, mode: str = "real", registry: FormulaRegistry | None = None) -> None:
+        _check_model(model)
+        if mode not in ("real", "fake"):
+            raise FlopscopeError(f"profiler mode must be 'real' or 'fake'; got {mode!r}")
+        self._model = model
+        self._mode = mode
+        self._registry = registry if registry is not None else REGISTRY
+        self._ready = False
+        self._stack = ExitStack()
+
+    def __enter__(self) -> profiler:
+        self._tracker = ModuleTracker(self._model)
+        self._recorder = Recorder(self._tracker, self._registry, _state_names(self._model, lambda t: t))
+        if self._mode == "fake":
+            self._stack.enter_context(FakeTensorMode(allow_non_fake_inputs=True))
+        self._stack.enter_context(self._tracker)
+        self._stack.enter_context(self._recorder)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stack.close()
+        self._set(self._recorder.graph, _module_paths(self._model), self._tracker.calls,
+                  self._recorder.unsupported, self._mode, None, None, self._recorder.decomposed)
+        _warn_unsupported(self)
+
+
+# -------------------------------------------------------------------------------------------------
+class _NeedsRealData(Exception):
+    def __init__(self, where: str, reason: str) -> None:
+        super().__init__(f"{where}: {reason}")
+        self.where, self.reason = where, reason
+
+
+def _run(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], registry: FormulaRegistry, *,
+         fake: bool) -> Profile:
+    snapshot = ModelSnapshot(model, buffer_values=not fake)
+    tracker = ModuleTracker(model)
+    try:
+        with ExitStack() as stack:
+            if fake:
+                fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
+                convert = FakeConverter(fake_mode)
+                state = {name: convert(t) for name, t in _named_state(model)}
+                args, kwargs = map_tensors((args, kwargs), convert)
+                recorder = Recorder(tracker, registry, _state_names(model, convert))
+                stack.enter_context(fake_mode)
+            else:
+                recorder = Recorder(tracker, registry, _state_names(model, lambda t: t))
+            recorder.add_leaf_names(_input_names(model, args, kwargs))
+            stack.enter_context(tracker)
+            stack.enter_context(recorder)
+            try:
+                if fake:
+                    output = torch.func.functional_call(model, state, args, kwargs, tie_weights=True, strict=False)
+                else:
+                    output = model(*args, **kwargs)
+            except Exception as error:
+                raise _explain(model, error, recorder, tracker, fake) from error
+    finally:
+        snapshot.restore()
+    prof = Profile(recorder.graph, _module_paths(model), tracker.calls, recorder.unsupported,
+                   "fake" if fake else "real", output, decomposed=recorder.decomposed)
+    _warn_unsupported(prof)
+    return prof
+
+
+def _explain(model: nn.Module, error: Exception, recorder: Recorder, tracker: ModuleTracker,
+             fake: bool) -> Exception:
+    """The error to raise for a forward that raised: where it happened, and what to do."""
+    failure: OpFailure | None = recorder.failure
+    frames = tracker.failed_in(error)
+    module = frames[-1].path if frames else (failure.module if failure else "")
+    if fake:
+        limitation = needs_real_data(error)
+        if limitation is not None:
+            func = getattr(limitation, "func", None)
+            op = op_name(func) if func is not None else (failure.op if failure else "an op")
+            where = f"op {op} in module '{module}'"
+            if failure is not None and failure.op == op:
+                where = failure.describe()
+            return _NeedsRealData(where, type(limitation).__name__)
+    where = failure.describe() if failure is not None else f"module '{module}'"
+    hint = (" (counting on fake tensors: if the model runs with mode='real', fake tensors are the cause)"
+            if fake else "")
+    return ForwardError(f"{type(model).__name__}.forward raised {type(error).__name__} at {where}: "
+                        f"{error}{hint}")
+
+
+def _warn_unsupported(prof: Profile) -> None:
+    unsupported = prof.unsupported()
+    if unsupported:
+        listed = ", ".join(f"{op} x{calls}" for op, calls in sorted(unsupported.items()))
+        warnings.warn(f"flopscope: no formula for {listed}; they may do arithmetic that total() leaves out "
+                      "(see prof.unsupported())", FlopscopeWarning, stacklevel=3)
+
+
+def _check_model(model: Any) -> None:
+    if not isinstance(model, nn.Module):
+        raise NotAModuleError(f"flopscope profiles torch.nn.Module objects; got {type(model).__name__}")
+
+
+def _check_inputs(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    try:
+        signature = inspect.signature(model.forward)
+    except (TypeError, ValueError):
+        return
+    try:
+        signature.bind(*args, **kwargs)
+    except TypeError as e:
+        given = ", ".join([_describe(a) for a in args] + [f"{k}={_describe(v)}" for k, v in kwargs.items()])
+        raise InputError(f"inputs do not fit {type(model).__name__}.forward{signature}: {e} (given: {given})") from e
+
+
+def _describe(x: Any) -> str:
+    if isinstance(x, torch.Tensor):
+        return f"Tensor{list(x.shape)}"
+    return type(x).__name__
+
+
+def _named_state(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    return itertools.chain(model.named_parameters(remove_duplicate=False),
+                           model.named_buffers(remove_duplicate=False))
+
+
+def _state_names(model: nn.Module, convert: Any) -> dict[int, tuple[str, str]]:
+    names: dict[int, tuple[str, str]] = {}
+    for name, t in _named_state(model):
+        names.setdefault(id(convert(t)), ("get_attr", name))
+    return names
+
+
+def _input_names(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[int, tuple[str, str]]:
+    try:
+        params = list(inspect.signature(model.forward).parameters)
+    except (TypeError, ValueError):
+        params = []
+    names: dict[int, tuple[str, str]] = {}
+    labelled = [(params[i] if i < len(params) else f"arg{i}", a) for i, a in enumerate(args)] + list(kwargs.items())
+    for label, value in labelled:
+        found: list[torch.Tensor] = []
+        map_tensors(value, found.append)
+        for j, t in enumerate(found):
+            names.setdefault(id(t), ("placeholder", label if len(found) == 1 else f"{label}_{j}"))
+    return names
+
+
+def _module_paths(model: nn.Module) -> list[str]:
+    return [name for name, _ in model.named_modules()]
+
+
+def _on_meta(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    found: list[torch.Tensor] = []
+    map_tensors((args, kwargs), found.append)
+    return any(t.is_meta for t in itertools.chain((t for _, t in _named_state(model)), found))

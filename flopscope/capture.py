@@ -1,0 +1,197 @@
+"""Capture: record every ATen op a forward executes into a ``torch.fx`` graph, with costs.
+
+:class:`Recorder` is a ``TorchDispatchMode``: it sees each op below autograd, after Python-level
+composites (``linear``, ``matmul``, ``einsum``, ``@``, ``F.scaled_dot_product_attention``) have
+dispatched to what really runs. Each op becomes one ``call_function`` node whose arguments are the
+nodes that produced its input tensors (the dataflow), so later stages can follow Q, K and V through
+views, transposes and splits. Parameters and buffers enter as ``get_attr`` nodes named by their
+qualified names; forward inputs and other outside tensors as ``placeholder`` nodes.
+
+``node.meta`` holds:
+
+- ``module``: path of the innermost module call running the op (``""`` is the root);
+- ``module_stack``: the :class:`~flopscope.module_tracker.ModuleCall` frames, outermost first;
+- ``input_shapes`` / ``output_shapes``: shapes of the tensor arguments / outputs, in order;
+- ``dtype``: dtype of the first tensor output (``None`` if there is none);
+- ``multiplies``: MACs of the op (0 for ops without a formula); ``multiply_parts``: the formula's
+  ``{part: MACs}`` split for fused ops, else ``None``;
+- ``elementwise``: ``(category, ops)`` for elementwise work, else ``None``;
+- ``cost``: ``"formula"``, ``"elementwise"``, ``"zero"`` or ``"unsupported"``.
+
+Ops run only while a module of the profiled model is on the stack are recorded.
+"""
+
+from __future__ import annotations
+
+import operator
+import weakref
+from collections import Counter
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import fx
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from . import elementwise, formulas
+from .formulas import FormulaRegistry
+from .module_tracker import ModuleTracker
+
+
+@dataclass(frozen=True, slots=True)
+class OpFailure:
+    """Where an op raised: the op, the innermost module path and the shapes of its tensor inputs."""
+
+    op: str
+    module: str
+    input_shapes: tuple[tuple[int, ...], ...]
+
+    def describe(self) -> str:
+        shapes = ", ".join(str(list(s)) for s in self.input_shapes) or "no tensor inputs"
+        return f"op {self.op} in module '{self.module}' with input shapes {shapes}"
+
+
+def op_name(func: Any) -> str:
+    """``"aten.mm"`` for ``torch.ops.aten.mm.default``."""
+    return str(getattr(func, "overloadpacket", func))
+
+
+class Recorder(TorchDispatchMode):
+    """Records ops into :attr:`graph` while the tracker's model is running.
+
+    ``leaf_names`` maps ``id(tensor)`` to ``("get_attr" | "placeholder", name)`` for the tensors that
+    enter the forward from outside (parameters, buffers, inputs).
+    """
+
+    def __init__(self, tracker: ModuleTracker, registry: FormulaRegistry,
+                 leaf_names: Mapping[int, tuple[str, str]]) -> None:
+        super().__init__()
+        self.graph = fx.Graph()
+        self.tracker = tracker
+        self.registry = registry
+        self.leaf_names = dict(leaf_names)
+        self.unsupported: Counter[str] = Counter()
+        self.decomposed: Counter[str] = Counter()
+        self.failure: OpFailure | None = None
+        self._producers: dict[int, tuple[weakref.ref[torch.Tensor], fx.Node]] = {}
+
+    def add_leaf_names(self, leaf_names: Mapping[int, tuple[str, str]]) -> None:
+        self.leaf_names.update(leaf_names)
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
+                           kwargs: dict[str, Any] | None = None) -> Any:
+        kwargs = kwargs or {}
+        stack = self.tracker.stack
+        if not stack or func in elementwise.METADATA_OPS or not isinstance(func, torch._ops.OpOverload):
+            return func(*args, **kwargs)
+        formula = self.registry.get(func)
+        rule = None
+        cost = "formula"
+        if formula is None:
+            rule = elementwise.rule_for(func)
+            if rule is not None:
+                cost = "elementwise"
+            elif elementwise.is_zero_cost(func):
+                cost = "zero"
+            else:
+                with self:
+                    decomposed = func.decompose(*args, **kwargs)
+                if decomposed is not NotImplemented:
+                    self.decomposed[op_name(func)] += 1
+                    return decomposed
+                cost = "unsupported"
+        try:
+            out = func(*args, **kwargs)
+        except Exception:
+            if self.failure is None:
+                self.failure = OpFailure(op_name(func), stack[-1].path, _shapes((args, kwargs)))
+            raise
+        node = self._add_node(func, args, kwargs, out, stack)
+        meta = node.meta
+        meta["cost"] = cost
+        meta["multiplies"] = 0
+        meta["multiply_parts"] = None
+        meta["elementwise"] = None
+        if formula is not None:
+            macs = formulas.count(formula, args, kwargs, _first_shape(out))
+            meta["multiplies"] = formulas.total_of(macs)
+            if not isinstance(macs, int):
+                meta["multiply_parts"] = dict(macs)
+        elif rule is not None:
+            meta["elementwise"] = (rule.category, elementwise.elementwise_ops(rule, args, out))
+        elif cost == "unsupported":
+            self.unsupported[op_name(func)] += 1
+        return out
+
+    # ---------------------------------------------------------------------------------------------
+    def _add_node(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any,
+                  stack: tuple[Any, ...]) -> fx.Node:
+        graph = self.graph
+        node = graph.create_node("call_function", func, _map_tensors(args, self._node_of),
+                                 _map_tensors(kwargs, self._node_of), name=func.overloadpacket.__name__)
+        meta = node.meta
+        meta["module"] = stack[-1].path
+        meta["module_stack"] = stack
+        meta["input_shapes"] = _shapes((args, kwargs))
+        if isinstance(out, torch.Tensor):
+            meta["output_shapes"] = (tuple(out.shape),)
+            meta["dtype"] = out.dtype
+            self._producers[id(out)] = (weakref.ref(out), node)
+        else:
+            outs = out if isinstance(out, (tuple, list)) else ()
+            shapes, dtype = [], None
+            for i, item in enumerate(outs):
+                if isinstance(item, torch.Tensor):
+                    shapes.append(tuple(item.shape))
+                    dtype = dtype or item.dtype
+                    getter = graph.create_node("call_function", operator.getitem, (node, i),
+                                               name=f"{node.name}_{i}")
+                    getter.meta.update(module=meta["module"], module_stack=stack, cost="zero", multiplies=0,
+                                       multiply_parts=None, elementwise=None, input_shapes=(),
+                                       output_shapes=(shapes[-1],), dtype=item.dtype)
+                    self._producers[id(item)] = (weakref.ref(item), getter)
+            meta["output_shapes"] = tuple(shapes)
+            meta["dtype"] = dtype
+        return node
+
+    def _node_of(self, t: torch.Tensor) -> fx.Node:
+        entry = self._producers.get(id(t))
+        if entry is not None and entry[0]() is t:
+            return entry[1]
+        kind, name = self.leaf_names.get(id(t), ("placeholder", "constant"))
+        node = self.graph.create_node(kind, name, name=name.replace(".", "_"))
+        node.meta.update(module=None, module_stack=(), cost="zero", multiplies=0, multiply_parts=None,
+                         elementwise=None, input_shapes=(), output_shapes=(tuple(t.shape),), dtype=t.dtype)
+        self._producers[id(t)] = (weakref.ref(t), node)
+        return node
+
+
+def _map_tensors(x: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
+    """Replace tensors inside (nested) tuples, lists and dicts by ``fn(tensor)``."""
+    if isinstance(x, torch.Tensor):
+        return fn(x)
+    if isinstance(x, tuple):
+        return tuple(_map_tensors(v, fn) for v in x)
+    if isinstance(x, list):
+        return [_map_tensors(v, fn) for v in x]
+    if isinstance(x, dict):
+        return {k: _map_tensors(v, fn) for k, v in x.items()}
+    return x
+
+
+def _shapes(x: Any) -> tuple[tuple[int, ...], ...]:
+    """Shapes of the tensors inside ``x``, in order."""
+    found: list[tuple[int, ...]] = []
+    _map_tensors(x, lambda t: found.append(tuple(t.shape)))
+    return tuple(found)
+
+
+def _first_shape(out: Any) -> tuple[int, ...] | None:
+    if isinstance(out, torch.Tensor):
+        return tuple(out.shape)
+    if isinstance(out, (tuple, list)):
+        for item in out:
+            if isinstance(item, torch.Tensor):
+                return tuple(item.shape)
+    return None

@@ -1,0 +1,150 @@
+"""Work that is not a multiply-accumulate: elementwise arithmetic, and ops known to do none.
+
+Elementwise work is counted in *elementwise ops*, its own unit, and never folded into MACs. The
+per-element conventions (documented here, used by every report):
+
+============  ===============================================================  ======================
+category      ops                                                              ops per element
+============  ===============================================================  ======================
+pointwise     every ATen op tagged ``pointwise`` (add, mul, gelu, exp, where,   1 per output element
+              masked_fill, comparisons, ...)
+softmax       ``_softmax``, ``_log_softmax``, ``_safe_softmax``                  3 per element (max-subtract, exp,
+                                                                               normalise; Chinchilla App. F)
+norm          ``native_layer_norm``, ``native_group_norm``, batch norms          5 per element (mean, variance,
+                                                                               centre, scale, affine)
+norm          ``_fused_rms_norm``                                                4 per element (square, mean,
+                                                                               scale, affine)
+reduction     ops tagged ``reduction`` (sum, mean, amax, ...), cumsum, topk,    1 per input element
+              sort, logsumexp
+dropout       ``native_dropout``                                                1 per element
+scatter       ``scatter_add``, ``index_add``, ``scatter_reduce``, ``index_put``  1 per input element
+recurrent     fused RNN cell ops (``_thnn_fused_lstm_cell``, ...) on precomputed 1 per input element
+cell          gates
+============  ===============================================================  ======================
+
+"Input element" is the first tensor argument; "output element" the first tensor output.
+
+Ops in :data:`ZERO_COST` (and every view op) do no arithmetic: data movement, allocation, indexing,
+embedding lookups (a gather: 0 multiplies, as PyTorch and fvcore count it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+aten = torch.ops.aten
+
+
+@dataclass(frozen=True, slots=True)
+class ElementwiseRule:
+    """How many elementwise ops an op does: ``per_element`` times the numel of its input or output."""
+
+    category: str
+    per_element: int
+    basis: str  # "input" (first tensor argument) or "output" (first tensor output)
+
+
+_SOFTMAX = ElementwiseRule("softmax", 3, "input")
+_NORM = ElementwiseRule("norm", 5, "input")
+_RMS_NORM = ElementwiseRule("norm", 4, "input")
+_REDUCTION = ElementwiseRule("reduction", 1, "input")
+_POINTWISE = ElementwiseRule("pointwise", 1, "output")
+_DROPOUT = ElementwiseRule("dropout", 1, "input")
+_SCATTER = ElementwiseRule("scatter", 1, "input")
+_CELL = ElementwiseRule("recurrent cell", 1, "input")
+
+RULES: dict[Any, ElementwiseRule] = {
+    **dict.fromkeys([aten._softmax, aten._log_softmax, aten._safe_softmax, aten.softmax], _SOFTMAX),
+    **dict.fromkeys([aten.native_layer_norm, aten.native_group_norm, aten.native_batch_norm,
+                     aten._native_batch_norm_legit, aten._native_batch_norm_legit_no_training,
+                     aten.cudnn_batch_norm, aten.miopen_batch_norm], _NORM),
+    aten._fused_rms_norm: _RMS_NORM,
+    **dict.fromkeys([aten.cumsum, aten.cumprod, aten.topk, aten.sort, aten.argsort, aten.logsumexp, aten.max,
+                     aten.min, aten.median, aten.kthvalue, aten.mode, aten.var_mean, aten.std_mean,
+                     aten.linalg_vector_norm, aten.histc, aten.bincount, aten._cdist_forward,
+                     aten.avg_pool1d, aten.avg_pool2d, aten.avg_pool3d, aten.max_pool2d_with_indices,
+                     aten.max_pool3d_with_indices, aten.adaptive_avg_pool2d, aten._adaptive_avg_pool2d,
+                     aten._adaptive_avg_pool3d, aten.adaptive_max_pool2d, aten.adaptive_max_pool3d,
+                     aten.upsample_nearest1d, aten.upsample_nearest2d, aten.upsample_nearest3d,
+                     aten.upsample_linear1d, aten.upsample_bilinear2d, aten.upsample_bicubic2d,
+                     aten.upsample_trilinear3d, aten._upsample_nearest_exact1d, aten._upsample_nearest_exact2d,
+                     aten._upsample_bilinear2d_aa, aten.grid_sampler_2d, aten.mkldnn_max_pool2d,
+                     aten.max_pool2d, aten.max_pool1d], _REDUCTION),
+    **dict.fromkeys([aten.native_dropout, aten.bernoulli], _DROPOUT),
+    **dict.fromkeys([aten.scatter_add, aten.scatter_add_, aten.index_add, aten.index_add_, aten.scatter_reduce,
+                     aten.scatter_reduce_, aten.index_put, aten.index_put_, aten._index_put_impl_,
+                     aten.embedding_dense_backward], _SCATTER),
+    **dict.fromkeys([aten._thnn_fused_lstm_cell, aten._thnn_fused_gru_cell], _CELL),
+}
+
+ZERO_COST: frozenset[Any] = frozenset([
+    # allocation and creation
+    aten.empty, aten.empty_strided, aten.empty_like, aten.new_empty, aten.new_empty_strided, aten.zeros,
+    aten.zeros_like, aten.new_zeros, aten.ones, aten.ones_like, aten.new_ones, aten.full, aten.full_like,
+    aten.new_full, aten.scalar_tensor, aten.arange, aten.linspace, aten.logspace, aten.eye, aten.rand,
+    aten.rand_like, aten.randn, aten.randn_like, aten.randint, aten.randint_like, aten.randperm, aten.normal,
+    aten.normal_, aten.uniform_, aten.fill_, aten.zero_, aten.lift_fresh, aten.lift_fresh_copy, aten.lift,
+    aten.resize_, aten.set_, aten.tril_indices, aten.triu_indices,
+    # copies and data movement
+    aten.clone, aten.copy_, aten._to_copy, aten.copy, aten.contiguous, aten._unsafe_view, aten.cat, aten.stack,
+    aten.split, aten.split_with_sizes, aten.unsafe_split, aten.unsafe_split_with_sizes, aten.unbind, aten.chunk,
+    aten.unsafe_chunk, aten.repeat, aten.repeat_interleave, aten.flip, aten.roll, aten.constant_pad_nd,
+    aten.reflection_pad1d, aten.reflection_pad2d, aten.reflection_pad3d, aten.replication_pad1d,
+    aten.replication_pad2d, aten.replication_pad3d, aten.tril, aten.triu, aten.tril_, aten.triu_,
+    aten.masked_scatter, aten.masked_select, aten.index, aten.index_select, aten.gather, aten.take,
+    aten.scatter, aten.scatter_, aten.index_copy, aten.index_copy_, aten.index_fill, aten.index_fill_,
+    aten.masked_fill_, aten.embedding, aten._embedding_bag, aten.embedding_bag, aten.one_hot, aten.nonzero,
+    aten.nonzero_static, aten.argwhere, aten.unique_consecutive, aten._unique2, aten.unique_dim,
+    aten.slice_scatter, aten.select_scatter, aten.diagonal_scatter, aten.as_strided_scatter,
+    aten.im2col, aten.col2im, aten.pixel_shuffle, aten.pixel_unshuffle, aten.channel_shuffle,
+    aten.native_channel_shuffle, aten.alias_copy, aten.detach_copy, aten.view_copy, aten.expand_copy,
+    aten.permute_copy, aten.t_copy, aten.transpose_copy, aten.slice_copy, aten.select_copy,
+    aten.unsqueeze_copy, aten.squeeze_copy, aten.split_copy, aten.split_with_sizes_copy, aten.unbind_copy,
+    aten._pad_packed_sequence, aten._pack_padded_sequence, aten._reshape_alias,
+    aten._nested_tensor_from_mask, aten._nested_tensor_from_tensor_list, aten.to_padded_tensor,
+    aten._local_scalar_dense, aten.item, aten.is_nonzero, aten.equal, aten.allclose,
+    aten._assert_async, aten._assert_scalar, aten.sym_constrain_range, aten._assert_tensor_metadata,
+    aten.sym_constrain_range_for_size, aten._functional_sym_constrain_range, aten.bucketize,
+    aten.searchsorted, aten._make_dep_token, aten.record_stream,
+])
+"""Ops that do no arithmetic (beyond what is already counted by a formula or rule)."""
+
+# Metadata queries dispatched while a tensor is inspected; they are not ops of the model.
+METADATA_OPS: frozenset[Any] = frozenset([
+    aten.sym_is_contiguous.default, aten.is_contiguous.default, aten.is_contiguous.memory_format,
+    aten.is_strides_like_format.default, aten.is_non_overlapping_and_dense.default, aten.size.default,
+    aten.sym_size.default, aten.stride.default, aten.sym_stride.default, aten.storage_offset.default,
+    aten.sym_storage_offset.default, aten.numel.default, aten.sym_numel.default, aten.dim.default,
+    torch.ops.prim.layout.default, torch.ops.prim.device.default,
+])
+
+
+def rule_for(func: Any) -> ElementwiseRule | None:
+    """The elementwise rule of an op overload: explicit rules first, then the op's ATen tags."""
+    rule = RULES.get(func.overloadpacket)
+    if rule is not None:
+        return rule
+    tags = func.tags
+    if torch.Tag.pointwise in tags:
+        return _POINTWISE
+    if torch.Tag.reduction in tags:
+        return _REDUCTION
+    return None
+
+
+def is_zero_cost(func: Any) -> bool:
+    """True for views and for the ops of :data:`ZERO_COST`."""
+    return func.is_view or func.overloadpacket in ZERO_COST
+
+
+def elementwise_ops(rule: ElementwiseRule, args: Sequence[Any], out: Any) -> int:
+    """Elementwise ops of one call under ``rule`` (see the table in the module docstring)."""
+    source = args if rule.basis == "input" else (out if isinstance(out, (tuple, list)) else (out,))
+    for x in source:
+        if isinstance(x, torch.Tensor):
+            return rule.per_element * x.numel()
+    return 0

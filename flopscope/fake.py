@@ -1,0 +1,78 @@
+"""Fake tensors for counting without computing: the model's state and inputs as ``FakeTensor``\\ s.
+
+Tensors on ``device="meta"`` become fake *CPU* tensors, so a model built on meta takes the same
+kernels (and is counted the same) as one built on the CPU.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch._subclasses.fake_tensor import (
+    DataDependentOutputException,
+    DynamicOutputShapeException,
+    FakeTensorMode,
+    UnsupportedOperatorException,
+)
+from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
+
+NEEDS_REAL_DATA = (DataDependentOutputException, DynamicOutputShapeException, GuardOnDataDependentSymNode,
+                   UnsupportedOperatorException)
+"""Exceptions meaning "this model needs real tensor data here", not "this model is wrong"."""
+
+
+class FakeConverter:
+    """Converts real or meta tensors to fake ones (memoised, so tied weights stay tied)."""
+
+    def __init__(self, mode: FakeTensorMode) -> None:
+        self.mode = mode
+        self._memo: dict[int, torch.Tensor] = {}
+        self._keep: list[torch.Tensor] = []  # keeps sources alive so their ids stay unique
+
+    def __call__(self, t: torch.Tensor) -> torch.Tensor:
+        fake = self._memo.get(id(t))
+        if fake is None:
+            if t.is_meta:
+                with self.mode:
+                    fake = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="cpu")
+                fake.requires_grad_(t.requires_grad)
+            else:
+                fake = self.mode.from_tensor(t)
+            self._memo[id(t)] = fake
+            self._keep.append(t)
+        return fake
+
+
+def map_tensors(obj: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
+    """Apply ``fn`` to every tensor in nested tuples, named tuples, lists, dicts and dataclasses."""
+    if isinstance(obj, torch.Tensor):
+        return fn(obj)
+    if isinstance(obj, tuple) and hasattr(obj, "_fields"):
+        return type(obj)(*(map_tensors(v, fn) for v in obj))
+    if isinstance(obj, (tuple, list)):
+        return type(obj)(map_tensors(v, fn) for v in obj)
+    if isinstance(obj, dict):
+        mapped = {k: map_tensors(v, fn) for k, v in obj.items()}
+        try:
+            return type(obj)(mapped)
+        except Exception:  # noqa: BLE001  a dict subclass with its own constructor
+            return mapped
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        changes = {f.name: map_tensors(getattr(obj, f.name), fn) for f in dataclasses.fields(obj) if f.init}
+        return dataclasses.replace(obj, **changes)
+    return obj
+
+
+def needs_real_data(error: BaseException) -> BaseException | None:
+    """The fake-tensor limitation behind ``error`` (itself or a cause in its chain), if any."""
+    seen: set[int] = set()
+    e: BaseException | None = error
+    while e is not None and id(e) not in seen:
+        if isinstance(e, NEEDS_REAL_DATA):
+            return e
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return None

@@ -1,0 +1,370 @@
+"""Multiply counts of linear-algebra ATen ops, as pure functions of shapes.
+
+Unit: multiply-accumulates (MACs). A GEMM ``[m, k] @ [k, n]`` is ``m * n * k`` MACs (= ``2 * m * n * k``
+FLOPs). Bias adds, scaling and every elementwise step are *not* MACs; they are counted separately by
+:mod:`flopscope.elementwise`.
+
+Calling convention: a formula receives the op's arguments with every tensor replaced by its shape (a
+tuple of ints; a list of tensors becomes a list of shapes; ``None`` stays ``None``), non-tensor
+arguments unchanged, plus the keyword ``out_shape`` (the shape of the first tensor output). It returns
+an ``int``, or, for a fused op that does several kinds of work, a mapping ``{part: MACs}`` whose values
+sum to the op's total; part names are the role names of :mod:`flopscope` (``"q_proj"``,
+``"attn_scores"``, ...), so later stages can split the op without re-deriving its formula.
+
+Layouts follow PyTorch: ``scaled_dot_product_attention`` takes ``[..., heads, n, d]``; the CUDA
+``_flash_attention_forward`` / ``_efficient_attention_forward`` take ``[B, n, heads, d]``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, TypeAlias
+
+import torch
+
+from .errors import RegistryError
+
+Shape: TypeAlias = tuple[int, ...]
+MacCount: TypeAlias = int | Mapping[str, int]
+MacFormula: TypeAlias = Callable[..., MacCount]
+
+aten = torch.ops.aten
+
+
+def prod(xs: Iterable[int]) -> int:
+    """Product of integers (1 for an empty sequence)."""
+    return math.prod(int(x) for x in xs)
+
+
+class FormulaRegistry:
+    """Formulas keyed by ATen op packets (``torch.ops.aten.mm``), or by qualified name for ops that
+    live in a library loaded later (``"transformers::grouped_mm_fallback"``).
+
+    Registering an op twice is an error; to change a formula, :meth:`copy` the registry and
+    :meth:`override` on the copy, then pass it as ``registry=`` to :func:`flopscope.profile`.
+    """
+
+    def __init__(self) -> None:
+        self._by_packet: dict[Any, MacFormula] = {}
+        self._by_name: dict[str, MacFormula] = {}
+
+    def register(self, *ops: Any) -> Callable[[MacFormula], MacFormula]:
+        """Decorator: register ``fn`` for each op (an ATen packet/overload or a ``"ns::name"`` string)."""
+
+        def decorate(fn: MacFormula) -> MacFormula:
+            for op in ops:
+                self._put(op, fn, replace=False)
+            return fn
+
+        return decorate
+
+    def override(self, op: Any, fn: MacFormula) -> None:
+        """Replace (or add) the formula of ``op``. Use on a :meth:`copy`, not on the default registry."""
+        self._put(op, fn, replace=True)
+
+    def copy(self) -> FormulaRegistry:
+        new = FormulaRegistry()
+        new._by_packet = dict(self._by_packet)
+        new._by_name = dict(self._by_name)
+        return new
+
+    def get(self, func: Any) -> MacFormula | None:
+        """The formula for an op overload (looked up by its packet, then by its qualified name)."""
+        packet = getattr(func, "overloadpacket", func)
+        fn = self._by_packet.get(packet)
+        if fn is None and self._by_name:
+            fn = self._by_name.get(_qualified_name(packet))
+        return fn
+
+    def __contains__(self, func: Any) -> bool:
+        return self.get(func) is not None
+
+    def ops(self) -> list[str]:
+        """Names of the ops with a formula, sorted."""
+        names = [_qualified_name(p) for p in self._by_packet] + list(self._by_name)
+        return sorted(names)
+
+    def _put(self, op: Any, fn: MacFormula, *, replace: bool) -> None:
+        if isinstance(op, str):
+            table: dict[Any, MacFormula] = self._by_name
+            key: Any = op
+        else:
+            table, key = self._by_packet, getattr(op, "overloadpacket", op)
+        if key in table and not replace:
+            raise RegistryError(f"a formula for {key} is already registered; copy() the registry and override()")
+        table[key] = fn
+
+
+def _qualified_name(packet: Any) -> str:
+    name = getattr(packet, "_qualified_op_name", None)
+    return str(name) if name is not None else str(packet)
+
+
+def count(fn: MacFormula, args: Sequence[Any], kwargs: Mapping[str, Any], out_shape: Shape | None) -> MacCount:
+    """Call ``fn`` with tensors replaced by their shapes (the calling convention above)."""
+    return fn(*[_shape_of(a) for a in args], out_shape=out_shape, **{k: _shape_of(v) for k, v in kwargs.items()})
+
+
+def _shape_of(x: Any) -> Any:
+    if isinstance(x, torch.Tensor):
+        return tuple(int(s) for s in x.shape)
+    if isinstance(x, (list, tuple)) and x and any(isinstance(t, torch.Tensor) for t in x):
+        return [_shape_of(t) for t in x]
+    return x
+
+
+def total_of(macs: MacCount) -> int:
+    """The total MACs of a formula's result (an int, or the sum of its parts)."""
+    return macs if isinstance(macs, int) else sum(macs.values())
+
+
+REGISTRY = FormulaRegistry()
+"""The default registry used by :func:`flopscope.profile`."""
+formula = REGISTRY.register
+
+
+# --------------------------------------------------------------------------------------------------
+# matrix products
+# --------------------------------------------------------------------------------------------------
+def gemm(m: int, k: int, n: int, batch: int = 1) -> int:
+    """MACs of ``batch`` products ``[m, k] @ [k, n]``."""
+    return batch * m * k * n
+
+
+@formula(aten.mm, aten._int_mm)
+def mm(a: Shape, b: Shape, **_: Any) -> int:
+    """Matrix product; no bias."""
+    # [m, n] = mm([m, k], [k, n])
+    return gemm(a[0], a[1], b[1])
+
+
+@formula(aten.addmm, aten._addmm_activation)
+def addmm(bias: Shape, a: Shape, b: Shape, **_: Any) -> int:
+    """``bias + a @ b`` (GPT-2 ``Conv1D``, ``nn.Linear`` on 2-D input); the bias add is not a MAC."""
+    # [m, n] = addmm([n] | [m, n], [m, k], [k, n])
+    return mm(a, b)
+
+
+@formula(aten._scaled_mm)
+def scaled_mm(a: Shape, b: Shape, *_: Any, **__: Any) -> int:
+    """Low-precision matmul with scales; the scaling is elementwise, not counted."""
+    # [m, n] = _scaled_mm([m, k], [k, n], scale_a, scale_b, ...)
+    return mm(a, b)
+
+
+@formula(aten.bmm)
+def bmm(a: Shape, b: Shape, **_: Any) -> int:
+    """Batched matrix product."""
+    # [B, m, n] = bmm([B, m, k], [B, k, n])
+    return gemm(a[1], a[2], b[2], batch=a[0])
+
+
+@formula(aten.baddbmm, aten.addbmm)
+def baddbmm(bias: Shape, a: Shape, b: Shape, **_: Any) -> int:
+    """``bias + bmm(a, b)`` (addbmm also sums over the batch: adds, not counted)."""
+    # [B, m, n] = baddbmm(bias, [B, m, k], [B, k, n])
+    return bmm(a, b)
+
+
+@formula(aten.mv)
+def mv(a: Shape, v: Shape, **_: Any) -> int:
+    """Matrix-vector product."""
+    # [m] = mv([m, k], [k])
+    return a[0] * a[1]
+
+
+@formula(aten.addmv)
+def addmv(bias: Shape, a: Shape, v: Shape, **_: Any) -> int:
+    # [m] = addmv([m], [m, k], [k])
+    return mv(a, v)
+
+
+@formula(aten.dot, aten.vdot)
+def dot(a: Shape, b: Shape, **_: Any) -> int:
+    # [] = dot([k], [k])
+    return a[0]
+
+
+@formula(aten.linear)
+def linear(x: Shape, weight: Shape, bias: Shape | None = None, **_: Any) -> int:
+    """``x @ weight.T``; seen only where ``linear`` is not decomposed (mkldnn tensors, some backends)."""
+    # [..., n] = linear([..., k], [n, k])
+    return prod(x[:-1]) * weight[0] * weight[1]
+
+
+@formula(aten.matmul)
+def matmul(a: Shape, b: Shape, **_: Any) -> int:
+    """``torch.matmul`` with broadcasting; normally decomposed into mm/bmm before it is seen."""
+    # [*batch, m, n] = matmul([*batch, m, k], [*batch, k, n]); 1-D operands are vectors
+    a2 = (1, *a) if len(a) == 1 else a
+    b2 = (*b, 1) if len(b) == 1 else b
+    batch = torch.broadcast_shapes(tuple(a2[:-2]), tuple(b2[:-2]))
+    return gemm(a2[-2], a2[-1], b2[-1], batch=prod(batch))
+
+
+@formula(aten._grouped_mm, aten._scaled_grouped_mm)
+def grouped_mm(a: Shape, b: Shape, *_: Any, out_shape: Shape | None = None, **__: Any) -> int:
+    """Grouped matmul (mixture-of-experts experts).
+
+    Shapes: ``[M, K] x [G, K, N]`` (rows of ``a`` split into G groups by ``offs``) and
+    ``[G, M, K] x [G, K, N]`` give ``out.numel() * K``; ``[M, K] x [K, N]`` with ``offs`` splitting K
+    gives ``M * K * N``. Rows of ``a`` beyond ``offs[-1]`` are assumed to be used (``offs`` values are
+    data, not shapes; in Hugging Face MoE layers they always are).
+    """
+    if len(a) == 2 and len(b) == 2:
+        return gemm(a[0], a[1], b[1])
+    assert out_shape is not None
+    return prod(out_shape) * a[-1]
+
+
+@formula("transformers::grouped_mm_fallback")
+def grouped_mm_fallback(x: Shape, weight: Shape, *_: Any, **__: Any) -> int:
+    """transformers' opaque fallback for grouped matmul: every row of ``x`` meets one expert."""
+    # [S, N] = grouped_mm_fallback([S, K], [E, K, N], offs[E])
+    return gemm(x[0], x[1], weight[2])
+
+
+# --------------------------------------------------------------------------------------------------
+# convolution
+# --------------------------------------------------------------------------------------------------
+def conv(x: Shape, weight: Shape, out_shape: Shape, transposed: bool) -> int:
+    """Convolution in any dimension, any groups/stride/padding/dilation (these act through the shapes).
+
+    Forward: every output element is a dot product of ``(C_in / g) * prod(kernel)`` taps, zero padding
+    included: ``out.numel() * weight[1] * prod(weight[2:])``. Transposed (weight ``[C_in, C_out/g, *k]``):
+    every input element is scattered through ``(C_out / g) * prod(kernel)`` taps:
+    ``x.numel() * weight[1] * prod(weight[2:])``.
+    """
+    taps = weight[1] * prod(weight[2:])
+    return prod(x if transposed else out_shape) * taps
+
+
+@formula(aten.convolution, aten._convolution, aten.convolution_overrideable)
+def convolution(x: Shape, weight: Shape, bias: Any, stride: Any, padding: Any, dilation: Any, transposed: bool,
+                *_: Any, out_shape: Shape, **__: Any) -> int:
+    # [B, C_out, *L_out] = convolution([B, C_in, *L_in], [C_out, C_in/g, *k], ...)
+    return conv(x, weight, out_shape, bool(transposed))
+
+
+@formula(aten.mkldnn_convolution, aten.cudnn_convolution, aten._slow_conv2d_forward, aten.slow_conv3d_forward,
+         aten.slow_conv_dilated2d, aten.slow_conv_dilated3d, aten._conv_depthwise2d, aten.conv_depthwise3d,
+         aten.miopen_convolution, aten.miopen_depthwise_convolution, aten._nnpack_spatial_convolution)
+def convolution_backend(x: Shape, weight: Shape, *_: Any, out_shape: Shape, **__: Any) -> int:
+    """Backend-specific forward convolutions (non-transposed)."""
+    return conv(x, weight, out_shape, transposed=False)
+
+
+@formula(aten.cudnn_convolution_transpose, aten.slow_conv_transpose2d, aten.slow_conv_transpose3d,
+         aten.miopen_convolution_transpose)
+def convolution_transpose_backend(x: Shape, weight: Shape, *_: Any, out_shape: Shape, **__: Any) -> int:
+    """Backend-specific transposed convolutions."""
+    return conv(x, weight, out_shape, transposed=True)
+
+
+# --------------------------------------------------------------------------------------------------
+# attention
+# --------------------------------------------------------------------------------------------------
+def attention_core(batch_heads: int, n_q: int, n_k: int, d_k: int, d_v: int) -> dict[str, int]:
+    """Scores ``Q Kᵀ`` and weighted sum ``softmax(.) V`` over ``batch_heads`` (= B * query heads).
+
+    Dense: every (query, key) pair is computed, as the kernel executes it (masks, causal included,
+    do not reduce the count; grouped-query K/V heads are broadcast to the query heads).
+    """
+    return {
+        "attn_scores": batch_heads * n_q * n_k * d_k,
+        "attn_weighted_sum": batch_heads * n_q * n_k * d_v,
+    }
+
+
+@formula(aten._scaled_dot_product_flash_attention_for_cpu, aten._scaled_dot_product_flash_attention,
+         aten._scaled_dot_product_efficient_attention, aten._scaled_dot_product_cudnn_attention,
+         aten._scaled_dot_product_attention_math, aten._scaled_dot_product_fused_attention_overrideable,
+         aten._scaled_dot_product_attention_math_for_mps)
+def sdpa(q: Shape, k: Shape, v: Shape, *_: Any, **__: Any) -> dict[str, int]:
+    """Every kernel of ``F.scaled_dot_product_attention``; grouped-query K/V (fewer heads) allowed."""
+    # [*B, h, n_q, d_v] = sdpa([*B, h, n_q, d_k], [*B, h_kv, n_k, d_k], [*B, h_kv, n_k, d_v])
+    return attention_core(prod(q[:-2]), q[-2], k[-2], q[-1], v[-1])
+
+
+@formula(aten._flash_attention_forward, aten._efficient_attention_forward)
+def attention_bnhd(q: Shape, k: Shape, v: Shape, *_: Any, **__: Any) -> dict[str, int]:
+    """CUDA attention kernels in ``[B, n, heads, d]`` layout.
+
+    Variable-length (packed ``[total, heads, d]``) calls are counted as one sequence of all tokens:
+    an upper bound, since the per-sequence lengths are data.
+    """
+    # [B, n_q, h, d_v] = attn([B, n_q, h, d_k], [B, n_k, h_kv, d_k], [B, n_k, h_kv, d_v])
+    if len(q) == 3:
+        q, k, v = (1, *q), (1, *k), (1, *v)
+    return attention_core(q[0] * q[2], q[1], k[1], q[3], v[3])
+
+
+def multi_head_attention(tokens_q: int, n_q: int, n_k: int, embed_dim: int) -> dict[str, int]:
+    """Fused multi-head attention with packed ``[3E, E]`` in-projection and ``[E, E]`` out-projection.
+
+    ``tokens_q = B * n_q``; keys and values are ``B * n_k`` tokens of width E; heads split E, so the
+    core is ``B * n_q * n_k * E`` per matmul whatever the head count.
+    """
+    batch = tokens_q // n_q
+    tokens_k = batch * n_k
+    parts = {
+        "q_proj": tokens_q * embed_dim * embed_dim,
+        "k_proj": tokens_k * embed_dim * embed_dim,
+        "v_proj": tokens_k * embed_dim * embed_dim,
+    }
+    parts.update(attention_core(batch, n_q, n_k, embed_dim, embed_dim))
+    parts["out_proj"] = tokens_q * embed_dim * embed_dim
+    return parts
+
+
+@formula(aten._native_multi_head_attention)
+def native_multi_head_attention(query: Shape, key: Shape, value: Shape, embed_dim: int, num_head: int,
+                                *_: Any, **__: Any) -> dict[str, int]:
+    """The eval fast path of ``nn.MultiheadAttention`` (batch-first, ``kdim == vdim == embed_dim``)."""
+    # [B, n_q, E] = _native_multi_head_attention([B, n_q, E], [B, n_k, E], [B, n_k, E], E, h, [3E, E], ...)
+    return multi_head_attention(prod(query[:-1]), query[-2] if len(query) > 1 else 1,
+                                key[-2] if len(key) > 1 else 1, embed_dim)
+
+
+@formula(aten._transformer_encoder_layer_fwd)
+def transformer_encoder_layer(src: Shape, embed_dim: int, num_heads: int, qkv_weight: Shape, qkv_bias: Any,
+                              proj_weight: Shape, proj_bias: Any, use_gelu: bool, norm_first: bool, eps: float,
+                              norm_weight_1: Any, norm_bias_1: Any, norm_weight_2: Any, norm_bias_2: Any,
+                              ffn_weight_1: Shape, *_: Any, **__: Any) -> dict[str, int]:
+    """The fused eval fast path of ``nn.TransformerEncoderLayer``: self-attention plus a two-layer FFN."""
+    # [B, n, E] = _transformer_encoder_layer_fwd([B, n, E], E, h, [3E, E], ..., [F, E], [F], [E, F], [E], ...)
+    tokens, n = prod(src[:-1]), (src[-2] if len(src) > 1 else 1)
+    parts = multi_head_attention(tokens, n, n, embed_dim)
+    d_ff = ffn_weight_1[0]
+    parts["ffn_up"] = tokens * embed_dim * d_ff
+    parts["ffn_down"] = tokens * d_ff * embed_dim
+    return parts
+
+
+# --------------------------------------------------------------------------------------------------
+# recurrent layers
+# --------------------------------------------------------------------------------------------------
+def recurrent(x: Shape, weights: Iterable[Shape | None]) -> dict[str, int]:
+    """Each time step of each sequence multiplies every 2-D weight once (``W_ih x``, ``W_hh h``, and
+    ``W_hr h`` for a projected LSTM), so MACs = tokens * sum(numel of the 2-D weights).
+
+    ``x`` is ``[T, B, d_in]``, ``[B, T, d_in]`` or packed ``[sum(batch_sizes), d_in]``: tokens is the
+    product of all but the last dim either way.
+    """
+    per_token = sum(prod(w) for w in weights if w is not None and len(w) == 2)
+    return {"recurrent": prod(x[:-1]) * per_token}
+
+
+@formula(aten.mkldnn_rnn_layer)
+def mkldnn_rnn_layer(x: Shape, w_ih: Shape, w_hh: Shape, *_: Any, **__: Any) -> dict[str, int]:
+    """The CPU (oneDNN) kernel: one layer, one direction per call; LSTM/GRU/RNN set by the weight rows."""
+    # [T, B, H] = mkldnn_rnn_layer([T, B, d_in], [G*H, d_in], [G*H, H], b_ih, b_hh, hx, cx, ...)
+    return recurrent(x, (w_ih, w_hh))
+
+
+@formula(aten._cudnn_rnn, aten.miopen_rnn)
+def cudnn_rnn(x: Shape, weights: Sequence[Shape], *_: Any, **__: Any) -> dict[str, int]:
+    """GPU kernels: all layers and directions in one call; ``weights`` lists every layer's matrices."""
+    # [T, B, D*H] = _cudnn_rnn([T, B, d_in], [w_ih, w_hh, (b_ih, b_hh), (w_hr)] * layers * dirs, ...)
+    return recurrent(x, weights)

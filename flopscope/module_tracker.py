@@ -1,0 +1,71 @@
+"""Which module call is running: a stack of module paths kept by forward pre/post hooks.
+
+The hooks are the global module hooks of ``torch.nn`` (removable handles, no patching). Per-module
+hooks would change what runs: ``nn.TransformerEncoderLayer`` leaves its fused eval fast path when any
+of its submodules carries a hook. Modules outside the profiled model are ignored.
+
+A frame of the stack is a :class:`ModuleCall`: the module's path (``""`` is the root) and the ordinal
+of this call of that path, so a module called twice is attributed per call.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections import Counter
+from typing import Any, NamedTuple
+
+from torch import nn
+from torch.nn.modules import module as nn_module
+
+
+class ModuleCall(NamedTuple):
+    path: str  # "encoder.layer.0.attention"; "" is the root module
+    call: int  # 1 for the first call of this path in the profile, 2 for the second, ...
+
+
+class ModuleTracker:
+    """Context manager keeping :attr:`stack`, the tuple of module calls now running (outermost first)."""
+
+    def __init__(self, root: nn.Module) -> None:
+        self.paths: dict[int, str] = {id(m): name for name, m in root.named_modules()}
+        self.stack: tuple[ModuleCall, ...] = ()
+        self.calls: Counter[str] = Counter()
+        self._failed_in: dict[int, tuple[ModuleCall, ...]] = {}
+        self._handles: list[Any] = []
+
+    def __enter__(self) -> ModuleTracker:
+        self._handles = [
+            nn_module.register_module_forward_pre_hook(self._pre),
+            nn_module.register_module_forward_hook(self._post, always_call=True),
+        ]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+        self.stack = ()
+
+    def failed_in(self, error: BaseException) -> tuple[ModuleCall, ...]:
+        """The module calls that were running when ``error`` was raised (innermost last), if seen."""
+        return self._failed_in.get(id(error), ())
+
+    def _pre(self, module: nn.Module, args: Any) -> None:
+        path = self.paths.get(id(module))
+        if path is None:
+            return
+        self.calls[path] += 1
+        self.stack = (*self.stack, ModuleCall(path, self.calls[path]))
+
+    def _post(self, module: nn.Module, args: Any, output: Any) -> None:
+        path = self.paths.get(id(module))
+        if path is None:
+            return
+        error = sys.exc_info()[1]  # set while the always-called hook runs for a raising forward
+        if error is not None and id(error) not in self._failed_in:
+            self._failed_in[id(error)] = self.stack
+        for i in range(len(self.stack) - 1, -1, -1):
+            if self.stack[i].path == path:
+                self.stack = self.stack[:i]
+                return
+
