@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import inspect
 import itertools
+import logging
 import warnings
 from collections.abc import Iterator
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 from typing import Any
 
 import torch
@@ -52,19 +53,18 @@ def profile(model: nn.Module, *args: Any, mode: str = "auto", registry: FormulaR
         return _run(model, args, kwargs, registry, fake=False)
     try:
         return _run(model, args, kwargs, registry, fake=True)
-    except _NeedsRealData as need:
+    except _FakeRunError as failed:
         if mode == "fake":
-            raise FakeTensorError(f"{type(model).__name__} cannot be counted on fake tensors: {need.where} needs "
-                                  f"real data ({need.reason}); use mode='real'") from need.__cause__
+            raise failed.error from failed.__cause__
         if _on_meta(model, args, kwargs):
-            raise FakeTensorError(f"{type(model).__name__} needs real data at {need.where} ({need.reason}), but "
-                                  "it is on device='meta' and cannot run for real; build it on a real device "
-                                  "and use mode='real'") from need.__cause__
-        note = f"{need.where} needs real data ({need.reason}); counted in real mode instead"
-        warnings.warn(f"flopscope: {note}", FlopscopeWarning, stacklevel=2)
-        prof = _run(model, args, kwargs, registry, fake=False)
-        prof._notes.append(note)
-        return prof
+            raise FakeTensorError(f"{type(model).__name__} cannot be counted on fake tensors ({failed.where}: "
+                                  f"{failed.reason}), and it is on device='meta', so it cannot run for real; "
+                                  "build it on a real device and use mode='real'") from failed.__cause__
+        note = f"{failed.where} could not run on fake tensors ({failed.reason}); counted in real mode instead"
+    prof = _run(model, args, kwargs, registry, fake=False)
+    warnings.warn(f"flopscope: {note}", FlopscopeWarning, stacklevel=2)
+    prof._notes.append(note)
+    return prof
 
 
 class profiler(Profile):  # noqa: N801  (used as a context manager, like torch.profiler.profile)
@@ -102,10 +102,12 @@ class profiler(Profile):  # noqa: N801  (used as a context manager, like torch.p
 
 
 # -------------------------------------------------------------------------------------------------
-class _NeedsRealData(Exception):
-    def __init__(self, where: str, reason: str) -> None:
-        super().__init__(f"{where}: {reason}")
-        self.where, self.reason = where, reason
+class _FakeRunError(Exception):
+    """A fake-mode run failed: ``error`` is what an explicit ``mode="fake"`` raises."""
+
+    def __init__(self, error: FlopscopeError, where: str, reason: str) -> None:
+        super().__init__(str(error))
+        self.error, self.where, self.reason = error, where, reason
 
 
 def _run(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], registry: FormulaRegistry, *,
@@ -115,6 +117,7 @@ def _run(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], regist
     try:
         with ExitStack() as stack:
             if fake:
+                stack.enter_context(_quiet_fake_tensor_log())
                 fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
                 convert = FakeConverter(fake_mode)
                 state = {name: convert(t) for name, t in _named_state(model)}
@@ -147,20 +150,39 @@ def _explain(model: nn.Module, error: Exception, recorder: Recorder, tracker: Mo
     failure: OpFailure | None = recorder.failure
     frames = tracker.failed_in(error)
     module = frames[-1].path if frames else (failure.module if failure else "")
-    if fake:
-        limitation = needs_real_data(error)
-        if limitation is not None:
-            func = getattr(limitation, "func", None)
-            op = op_name(func) if func is not None else (failure.op if failure else "an op")
-            where = f"op {op} in module '{module}'"
-            if failure is not None and failure.op == op:
-                where = failure.describe()
-            return _NeedsRealData(where, type(limitation).__name__)
     where = failure.describe() if failure is not None else f"module '{module}'"
-    hint = (" (counting on fake tensors: if the model runs with mode='real', fake tensors are the cause)"
-            if fake else "")
-    return ForwardError(f"{type(model).__name__}.forward raised {type(error).__name__} at {where}: "
-                        f"{error}{hint}")
+    name = type(model).__name__
+    limitation = needs_real_data(error) if fake else None
+    if limitation is not None:
+        func = getattr(limitation, "func", None)
+        if func is not None and (failure is None or failure.op != op_name(func)):
+            where = f"op {op_name(func)} in module '{module}'"
+        reason = f"it needs real data: {type(limitation).__name__}"
+        message = f"{name} cannot be counted on fake tensors: {where} needs real data; use mode='real'"
+        return _FakeRunError(FakeTensorError(message), where, reason)
+    message = f"{name}.forward raised {type(error).__name__} at {where}: {error}"
+    if not fake:
+        return ForwardError(message)
+    reason = f"{type(error).__name__}: {_first_line(str(error))}"
+    hint = " (on fake tensors: if the model runs with mode='real', fake tensors are the cause)"
+    return _FakeRunError(ForwardError(message + hint), where, reason)
+
+
+@contextmanager
+def _quiet_fake_tensor_log() -> Iterator[None]:
+    """FakeTensorMode logs a traceback when an op's fake kernel fails; flopscope reports that itself."""
+    logger = logging.getLogger("torch._subclasses.fake_tensor")
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+def _first_line(text: str, limit: int = 120) -> str:
+    line = text.strip().splitlines()[0] if text.strip() else ""
+    return line if len(line) <= limit else line[: limit - 3] + "..."
 
 
 def _warn_unsupported(prof: Profile) -> None:

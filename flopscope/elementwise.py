@@ -79,6 +79,12 @@ RULES: dict[Any, ElementwiseRule] = {
                      aten.scatter_reduce_, aten.index_put, aten.index_put_, aten._index_put_impl_,
                      aten.embedding_dense_backward], _SCATTER),
     **dict.fromkeys([aten._thnn_fused_lstm_cell, aten._thnn_fused_gru_cell], _CELL),
+    # pointwise ops that lack the `pointwise` tag
+    **dict.fromkeys([aten.floor_divide, aten.floor_divide_, aten.remainder, aten.remainder_, aten.fmod,
+                     aten.fmod_, aten.true_divide, aten.true_divide_, aten.clamp_min, aten.clamp_max,
+                     aten.clamp, aten.clamp_, aten.masked_fill, aten.lerp, aten.addcmul, aten.addcdiv,
+                     aten.hardtanh, aten.hardtanh_, aten.threshold, aten.prelu, aten._prelu_kernel,
+                     aten.glu, aten.logit, aten.polar, aten.complex, aten.heaviside], _POINTWISE),
 }
 
 ZERO_COST: frozenset[Any] = frozenset([

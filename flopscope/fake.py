@@ -58,7 +58,7 @@ def map_tensors(obj: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
         mapped = {k: map_tensors(v, fn) for k, v in obj.items()}
         try:
             return type(obj)(mapped)
-        except Exception:  # noqa: BLE001  a dict subclass with its own constructor
+        except Exception:  # a dict subclass with its own constructor
             return mapped
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         changes = {f.name: map_tensors(getattr(obj, f.name), fn) for f in dataclasses.fields(obj) if f.init}

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, TypeAlias
+from typing import Any, TypeAlias, TypeVar
 
 import torch
 
@@ -28,6 +28,7 @@ from .errors import RegistryError
 Shape: TypeAlias = tuple[int, ...]
 MacCount: TypeAlias = int | Mapping[str, int]
 MacFormula: TypeAlias = Callable[..., MacCount]
+F = TypeVar("F", bound=MacFormula)
 
 aten = torch.ops.aten
 
@@ -49,10 +50,10 @@ class FormulaRegistry:
         self._by_packet: dict[Any, MacFormula] = {}
         self._by_name: dict[str, MacFormula] = {}
 
-    def register(self, *ops: Any) -> Callable[[MacFormula], MacFormula]:
+    def register(self, *ops: Any) -> Callable[[F], F]:
         """Decorator: register ``fn`` for each op (an ATen packet/overload or a ``"ns::name"`` string)."""
 
-        def decorate(fn: MacFormula) -> MacFormula:
+        def decorate(fn: F) -> F:
             for op in ops:
                 self._put(op, fn, replace=False)
             return fn
