@@ -16,7 +16,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from .capture import OpFailure, Recorder, op_name
 from .errors import FakeTensorError, FlopscopeError, FlopscopeWarning, ForwardError, InputError, NotAModuleError
-from .fake import FakeConverter, map_tensors, needs_real_data
+from .fake import FakeConverter, map_tensors, needs_real_data, tensors_in
 from .formulas import REGISTRY, FormulaRegistry
 from .module_tracker import ModuleTracker
 from .profile import Profile
@@ -236,8 +236,7 @@ def _input_names(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
     names: dict[int, tuple[str, str]] = {}
     labelled = [(params[i] if i < len(params) else f"arg{i}", a) for i, a in enumerate(args)] + list(kwargs.items())
     for label, value in labelled:
-        found: list[torch.Tensor] = []
-        map_tensors(value, found.append)
+        found = tensors_in(value)
         for j, t in enumerate(found):
             names.setdefault(id(t), ("placeholder", label if len(found) == 1 else f"{label}_{j}"))
     return names
@@ -248,6 +247,5 @@ def _module_paths(model: nn.Module) -> list[str]:
 
 
 def _on_meta(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
-    found: list[torch.Tensor] = []
-    map_tensors((args, kwargs), found.append)
+    found = tensors_in((args, kwargs))
     return any(t.is_meta for t in itertools.chain((t for _, t in _named_state(model)), found))

@@ -50,8 +50,8 @@ def map_tensors(obj: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
     """Apply ``fn`` to every tensor in nested tuples, named tuples, lists, dicts and dataclasses."""
     if isinstance(obj, torch.Tensor):
         return fn(obj)
-    if isinstance(obj, tuple) and hasattr(obj, "_fields"):
-        return type(obj)(*(map_tensors(v, fn) for v in obj))
+    if isinstance(obj, tuple) and hasattr(obj, "_make"):  # named tuple (PackedSequence among them)
+        return obj._make(map_tensors(v, fn) for v in obj)
     if isinstance(obj, (tuple, list)):
         return type(obj)(map_tensors(v, fn) for v in obj)
     if isinstance(obj, dict):
@@ -64,6 +64,18 @@ def map_tensors(obj: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
         changes = {f.name: map_tensors(getattr(obj, f.name), fn) for f in dataclasses.fields(obj) if f.init}
         return dataclasses.replace(obj, **changes)
     return obj
+
+
+def tensors_in(obj: Any) -> list[torch.Tensor]:
+    """The tensors inside ``obj`` (the structures of :func:`map_tensors`), in order."""
+    found: list[torch.Tensor] = []
+
+    def collect(t: torch.Tensor) -> torch.Tensor:
+        found.append(t)
+        return t
+
+    map_tensors(obj, collect)
+    return found
 
 
 def needs_real_data(error: BaseException) -> BaseException | None:

@@ -1,0 +1,290 @@
+"""How much does counting cost? flopscope's overhead next to a plain forward and FlopCounterMode.
+
+Run from the repository root (the script puts the repository on ``sys.path``; ``transformers`` and
+``tabulate`` are needed)::
+
+    python benchmarks/overhead.py                  # full run, a few minutes on a laptop CPU
+    python benchmarks/overhead.py --quick          # smoke test: small models, few repetitions
+    python benchmarks/overhead.py --threads 4 --reps 11
+
+Part 1: small models, executed for real on the CPU
+---------------------------------------------------
+BERT-base (``BertModel(BertConfig())``), GPT-2 small (``GPT2Model(GPT2Config())``) and a 4-layer
+Llama (d 512, GQA 8/2 heads), all built from configs with random weights, in eval mode, under
+``torch.no_grad()``, batch 1, 128 token ids. For each model four variants are timed:
+
+    plain            ``model(ids)``
+    flopscope real   ``flopscope.profile(model, ids, mode="real")``  (runs the forward, records it)
+    FlopCounterMode  ``with torch.utils.flop_counter.FlopCounterMode(display=False): model(ids)``
+    flopscope fake   ``flopscope.profile(model, ids, mode="fake")``  (fake tensors: nothing is computed)
+
+Each repetition runs every variant once, back to back (the starting variant rotates from one
+repetition to the next so that none always runs first); ``--warmup`` rounds are run and discarded
+first. ``gc.collect()`` runs before each timed call, outside the timing.
+
+How to read the table: ``plain ms`` is the median wall time of the bare forward. The ``x plain``
+columns are the median, over repetitions, of each variant's time divided by the plain forward's
+time *in the same repetition* (so slow drift of the machine cancels); 1.00 means free, 1.30 means
+30 % slower than just running the model. ``fs us/op`` is flopscope real mode's extra time per
+recorded ATen op, ``(real - plain) / ops``: flopscope's cost is a per-op Python cost, so it matters
+most for small/fast models with many cheap ops and vanishes for large matmuls. ``flopscope fake``
+below 1.0 means counting without computing is faster than running the model. The MAC columns show
+what each counter found: FlopCounterMode reports FLOPs (halved here to MACs) and has no formula for
+CPU fused attention (``_scaled_dot_product_flash_attention_for_cpu``), so its count is lower by the
+attention-score and weighted-sum products.
+
+Part 2: Llama-7B shape on ``device="meta"``, counted on fake tensors
+--------------------------------------------------------------------
+``LlamaModel`` with the Llama-7B config (32 layers, d 4096, d_ff 11008, 32 heads, no ``lm_head``)
+built under ``with torch.device("meta")``, input ids ``(1, 2048)`` on meta. This runs in a fresh
+subprocess so that its memory numbers are not polluted by part 1. Reported: the wall time of the
+first (cold) ``flopscope.profile(model, ids, mode="fake")`` call and the median of the following
+``--reps-7b`` calls; the growth of peak RSS (``getrusage(RUSAGE_SELF).ru_maxrss``) from "model
+built" to "after the first count" and "after all counts" (this includes one-time costs such as lazy
+imports inside torch); and the ``tracemalloc`` peak of one extra counting call (Python-level
+allocations only: the fx graph, node metadata, fake-tensor wrappers). The MAC total is compared with
+the analytic count ``L * (B n d (2 d + 2 d_kv) + 3 B n d d_ff + 2 B n^2 d)``, which for the 7B
+shape is 14,362,370,637,824.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import time
+import tracemalloc
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
+
+import flopscope  # noqa: E402
+
+LLAMA_7B_MACS = 14_362_370_637_824
+LLAMA_7B = dict(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32, num_attention_heads=32,
+                num_key_value_heads=32, vocab_size=32000, max_position_embeddings=4096)
+LLAMA_7B_QUICK = {**LLAMA_7B, "num_hidden_layers": 2}
+VARIANTS = ("plain", "flopscope real", "FlopCounterMode", "flopscope fake")
+
+
+# -------------------------------------------------------------------------------------------------
+# part 1
+def small_models(quick: bool) -> list[tuple[str, torch.nn.Module, int]]:
+    """(label, model, sequence length); quick mode shrinks depth and sequence length."""
+    from transformers import BertConfig, BertModel, GPT2Config, GPT2Model, LlamaConfig, LlamaModel
+
+    layers = {"num_hidden_layers": 2} if quick else {}
+    n = 32 if quick else 128
+    torch.manual_seed(0)
+    bert = BertModel(BertConfig(**layers))
+    gpt2 = GPT2Model(GPT2Config(**({"n_layer": 2} if quick else {})))
+    llama = LlamaModel(LlamaConfig(hidden_size=512, intermediate_size=1376, num_attention_heads=8,
+                                   num_key_value_heads=2, vocab_size=32000,
+                                   num_hidden_layers=1 if quick else 4))
+    tag = " (2 layers)" if quick else ""
+    return [(f"BERT-base{tag}", bert, n), (f"GPT-2 small{tag}", gpt2, n),
+            (f"Llama 512d {'1' if quick else '4'}L", llama, n)]
+
+
+def time_model(model: torch.nn.Module, ids: torch.Tensor, reps: int, warmup: int) -> dict[str, Any]:
+    model.eval()
+    last: dict[str, Any] = {}
+
+    def fcm() -> FlopCounterMode:
+        with FlopCounterMode(display=False) as counter:
+            model(ids)
+        return counter
+
+    calls: dict[str, Callable[[], Any]] = {
+        "plain": lambda: model(ids),
+        "flopscope real": lambda: flopscope.profile(model, ids, mode="real"),
+        "FlopCounterMode": fcm,
+        "flopscope fake": lambda: flopscope.profile(model, ids, mode="fake"),
+    }
+    times: dict[str, list[float]] = {v: [] for v in VARIANTS}
+    with torch.no_grad():
+        for rep in range(warmup + reps):
+            order = VARIANTS[rep % len(VARIANTS):] + VARIANTS[:rep % len(VARIANTS)]
+            for variant in order:
+                last.pop(variant, None)
+                gc.collect()
+                start = time.perf_counter()
+                result = calls[variant]()
+                elapsed = time.perf_counter() - start
+                last[variant] = result
+                if rep >= warmup:
+                    times[variant].append(elapsed)
+                del result
+    plain = times["plain"]
+    real_prof = last["flopscope real"]
+    ops = sum(1 for node in real_prof.graph.nodes if node.op == "call_function")
+    extra = statistics.median(r - p for r, p in zip(times["flopscope real"], plain))
+    return {
+        "plain_ms": 1e3 * statistics.median(plain),
+        "ratio": {v: statistics.median(t / p for t, p in zip(times[v], plain)) for v in VARIANTS[1:]},
+        "ms": {v: 1e3 * statistics.median(times[v]) for v in VARIANTS},
+        "ops": ops,
+        "us_per_op": 1e6 * extra / ops if ops else float("nan"),
+        "fs_macs": real_prof.total(),
+        "fs_fake_macs": last["flopscope fake"].total(),
+        "fcm_macs": last["FlopCounterMode"].get_total_flops() // 2,
+    }
+
+
+# -------------------------------------------------------------------------------------------------
+# part 2 (runs in a child process)
+def llama_analytic_macs(cfg: dict[str, int], batch: int, n: int) -> int:
+    d, ff, layers = cfg["hidden_size"], cfg["intermediate_size"], cfg["num_hidden_layers"]
+    d_kv = d // cfg["num_attention_heads"] * cfg["num_key_value_heads"]
+    tokens = batch * n
+    per_layer = tokens * d * (2 * d + 2 * d_kv) + 3 * tokens * d * ff + 2 * batch * n * n * d
+    return layers * per_layer
+
+
+def _max_rss_mib() -> float:
+    kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
+    return kib / (1024 * 1024) if sys.platform == "darwin" else kib / 1024
+
+
+def child_7b(spec: dict[str, Any]) -> dict[str, Any]:
+    from transformers import LlamaConfig, LlamaModel
+
+    if spec["threads"]:
+        torch.set_num_threads(spec["threads"])
+    cfg, n, reps = spec["config"], spec["n"], spec["reps"]
+    with torch.device("meta"):
+        model = LlamaModel(LlamaConfig(**cfg))
+        ids = torch.zeros(1, n, dtype=torch.long)
+    model.eval()
+    gc.collect()
+    rss_built = _max_rss_mib()
+    times = []
+    with torch.no_grad(), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for i in range(1 + reps):
+            start = time.perf_counter()
+            prof = flopscope.profile(model, ids, mode="fake")
+            times.append(time.perf_counter() - start)
+            if i == 0:
+                rss_first = _max_rss_mib()
+                total = prof.total()
+                ops = sum(1 for node in prof.graph.nodes if node.op == "call_function")
+            del prof
+            gc.collect()
+        rss_all = _max_rss_mib()
+        tracemalloc.start()
+        tracemalloc.reset_peak()
+        flopscope.profile(model, ids, mode="fake")
+        _, traced_peak = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+    expected = llama_analytic_macs(cfg, 1, n)
+    return {
+        "first_s": times[0], "median_s": statistics.median(times[1:]), "rss_built_mib": rss_built,
+        "rss_growth_first_mib": rss_first - rss_built, "rss_growth_all_mib": rss_all - rss_built,
+        "tracemalloc_peak_mib": traced_peak / 2**20, "macs": total, "expected": expected, "ops": ops,
+        "warnings": sorted({str(w.message) for w in caught}),
+    }
+
+
+def run_7b(quick: bool, reps: int, threads: int | None) -> dict[str, Any]:
+    spec = {"config": LLAMA_7B_QUICK if quick else LLAMA_7B, "n": 512 if quick else 2048, "reps": reps,
+            "threads": threads}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run([sys.executable, __file__, "--child-7b", json.dumps(spec)], env=env,
+                          capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"7B child process failed:\n{done.stderr[-4000:]}")
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    result.update(spec)
+    return result
+
+
+# -------------------------------------------------------------------------------------------------
+def table(rows: list[list[Any]], headers: list[str]) -> str:
+    try:
+        from tabulate import tabulate
+    except ImportError:
+        widths = [max(len(str(x)) for x in col) for col in zip(headers, *rows)]
+        return "\n".join("  ".join(str(x).rjust(w) for x, w in zip(r, widths)) for r in [headers, *rows])
+    return tabulate(rows, headers=headers, tablefmt="github", disable_numparse=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
+    parser.add_argument("--reps", type=int, default=None, help="timed repetitions per model (default 7; quick 3)")
+    parser.add_argument("--warmup", type=int, default=None, help="discarded rounds first (default 2; quick 1)")
+    parser.add_argument("--reps-7b", type=int, default=3, help="timed fake-mode counts of the 7B shape (default 3)")
+    parser.add_argument("--quick", action="store_true",
+                        help="smoke test: 2-layer BERT/GPT-2, 1-layer Llama, n=32; 2-layer 7B shape at n=512")
+    parser.add_argument("--skip-7b", action="store_true", help="only part 1")
+    parser.add_argument("--child-7b", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+
+    if args.child_7b is not None:
+        print(json.dumps(child_7b(json.loads(args.child_7b))))
+        return
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    reps = args.reps or (3 if args.quick else 7)
+    warmup = args.warmup if args.warmup is not None else (1 if args.quick else 2)
+    import transformers
+
+    print(f"flopscope {flopscope.__version__}, torch {torch.__version__}, transformers {transformers.__version__}, "
+          f"python {platform.python_version()}, {torch.get_num_threads()} torch threads, {os.cpu_count()} CPUs; "
+          f"{reps} reps after {warmup} warm-up{'s' if warmup != 1 else ''}{' (quick)' if args.quick else ''}")
+
+    rows = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for label, model, n in small_models(args.quick):
+            ids = torch.randint(0, 1000, (1, n))
+            r = time_model(model, ids, reps, warmup)
+            same = "=" if r["fs_macs"] == r["fs_fake_macs"] else "!= fake"
+            rows.append([label, n, f"{r['plain_ms']:.1f}", f"{r['ratio']['flopscope real']:.2f}",
+                         f"{r['ratio']['FlopCounterMode']:.2f}", f"{r['ratio']['flopscope fake']:.2f}",
+                         r["ops"], f"{r['us_per_op']:.0f}", f"{r['fs_macs']:,} {same}", f"{r['fcm_macs']:,}"])
+            del model
+    print("\nPart 1: CPU forward, batch 1, eval, no_grad  (x plain = median of per-rep time ratios)")
+    print(table(rows, ["model", "n", "plain ms", "fs real x", "FCM x", "fs fake x", "ops", "fs us/op",
+                       "flopscope MACs (real = fake)", "FCM MACs (FLOPs/2)"]))
+    messages = sorted({str(w.message) for w in caught})
+
+    if not args.skip_7b:
+        r = run_7b(args.quick, args.reps_7b, args.threads)
+        cfg = r["config"]
+        label = f"Llama-7B shape{' (2 layers, quick)' if args.quick else ''}"
+        print(f"\nPart 2: {label} on meta, ids (1, {r['n']}), flopscope.profile(mode='fake'), fresh subprocess")
+        match = r["macs"] == r["expected"]
+        check = f"{'==' if match else '!='} analytic {r['expected']:,}"
+        if cfg == LLAMA_7B and r["n"] == 2048:
+            check += f" ({'matches' if r['macs'] == LLAMA_7B_MACS else 'DIFFERS from'} 14,362,370,637,824)"
+        print(table([[f"{r['first_s']:.2f}", f"{r['median_s']:.2f}", r["ops"], f"{r['rss_built_mib']:.0f}",
+                      f"+{r['rss_growth_first_mib']:.0f}", f"+{r['rss_growth_all_mib']:.0f}",
+                      f"{r['tracemalloc_peak_mib']:.1f}"]],
+                    ["first s", f"median s ({r['reps']})", "ops", "RSS built MiB", "peak RSS +1st", "peak RSS +all",
+                     "tracemalloc peak MiB"]))
+        print(f"MACs: {r['macs']:,} {check}")
+        messages += r["warnings"]
+    for message in sorted(set(messages)):
+        print(f"warning seen: {message}")
+
+
+if __name__ == "__main__":
+    main()

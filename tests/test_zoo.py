@@ -1,0 +1,81 @@
+"""The 17 cases of reference/peers.md and the Llama-7B shape: total() equals the closed form exactly."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+
+import pytest
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+import flopscope
+from closed_forms import add, attention, ffn, times
+from zoo import CASES, LLAMA_7B, llama_7b_on_meta
+
+pytest.importorskip("transformers")
+
+
+@functools.lru_cache(maxsize=2)
+def built(name: str):
+    return CASES[name].build()
+
+
+@contextlib.contextmanager
+def fastpath(enabled: bool | None):
+    if enabled is None:
+        yield
+        return
+    previous = torch.backends.mha.get_fastpath_enabled()
+    torch.backends.mha.set_fastpath_enabled(enabled)
+    try:
+        yield
+    finally:
+        torch.backends.mha.set_fastpath_enabled(previous)
+
+
+def run(name: str, mode: str) -> flopscope.Profile:
+    model, args, kwargs = built(name)
+    with fastpath(CASES[name].fastpath), torch.no_grad():
+        return flopscope.profile(model, *args, mode=mode, **kwargs)
+
+
+@pytest.mark.parametrize("mode", ["fake", "real"])
+@pytest.mark.parametrize("name", list(CASES))
+def test_total_equals_closed_form(name: str, mode: str) -> None:
+    case = CASES[name]
+    prof = run(name, mode)
+    assert prof.mode == mode
+    assert prof.total() == case.total
+    assert prof.total_flops() == 2 * case.total
+    assert prof.by_module()[""] == case.total
+    assert sum(prof.by_op().values()) == case.total
+    assert prof.unsupported() == {}
+    assert case.must_run <= set(prof.by_op()), "the fused kernel this case exists for did not run"
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_agrees_with_flop_counter_mode_on_the_ops_it_counts_right(name: str) -> None:
+    """PyTorch's counter is exact on plain GEMMs and convolutions; per op, the two must agree."""
+    model, args, kwargs = built(name)
+    counter = FlopCounterMode(display=False)
+    with fastpath(CASES[name].fastpath), torch.no_grad(), counter:
+        model(*args, **kwargs)
+    theirs = {str(op): flops for op, flops in counter.get_flop_counts().get("Global", {}).items()}
+    ours = run(name, "real").by_op()
+    for op in ("aten.mm", "aten.addmm", "aten.bmm", "aten.baddbmm", "aten.convolution"):
+        assert 2 * ours.get(op, 0) == theirs.get(op, 0), op
+
+
+def test_llama_7b_shape_on_meta_counts_exactly() -> None:
+    c = LLAMA_7B
+    layer = add(attention(1, c["n"], c["n"], c["d"], c["h"]), ffn(1, c["n"], c["d"], c["d_ff"], gated=True))
+    expected = sum(times(c["L"], layer).values())
+    assert expected == 14_362_370_637_824  # the figure of reference/peers.md
+    model, ids = llama_7b_on_meta()
+    for mode in ("fake", "auto"):
+        prof = flopscope.profile(model, ids, mode=mode)
+        assert prof.mode == "fake"
+        assert prof.total() == expected
+        assert prof.by_op()["aten._scaled_dot_product_flash_attention_for_cpu"] == c["L"] * 2 * c["n"] ** 2 * c["d"]
+    assert all(p.is_meta for p in model.parameters())

@@ -1,0 +1,160 @@
+"""The zoo of reference/peers.md: each case a model, its inputs and its closed-form MACs per role.
+
+Hugging Face models are built from config objects with random weights (never downloaded).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from closed_forms import add, attention, conv_out, ffn, rnn, times
+
+D, H, N = 512, 8, 128  # width, heads and tokens of the small cases
+
+
+@dataclass
+class Case:
+    build: Callable[[], tuple[nn.Module, tuple[Any, ...], dict[str, Any]]]
+    roles: dict[str, int]  # closed form per role (MACs)
+    fastpath: bool | None = None  # None: leave torch.backends.mha alone
+    must_run: set[str] = field(default_factory=set)  # ops the case exists to exercise
+
+    @property
+    def total(self) -> int:
+        return sum(self.roles.values())
+
+
+def _randn(*shape: int, seed: int = 0) -> torch.Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
+
+
+def _ids(B: int, n: int, vocab: int, device: str | None = None) -> torch.Tensor:
+    if device == "meta":
+        return torch.zeros((B, n), dtype=torch.long, device="meta")
+    return torch.randint(0, vocab, (B, n), generator=torch.Generator().manual_seed(n))
+
+
+def hf(cls: str, cfg: str, attn: str | None = None, device: str | None = None, **config: Any) -> nn.Module:
+    import transformers
+
+    conf = getattr(transformers, cfg)(**config)
+    if attn:
+        conf._attn_implementation = attn
+    torch.manual_seed(0)
+    with torch.device(device or "cpu"):
+        model = getattr(transformers, cls)(conf)
+    return model.eval()
+
+
+class SelfAttnMHA(nn.Module):
+    """nn.MultiheadAttention called as self-attention mha(x, x, x)."""
+
+    def __init__(self, d: int, h: int, batch_first: bool = False, need_weights: bool = True):
+        super().__init__()
+        self.mha = nn.MultiheadAttention(d, h, batch_first=batch_first)
+        self.need_weights = need_weights
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.mha(x, x, x, need_weights=self.need_weights)[0]
+
+
+class HandAttention(nn.Module):
+    """q/k/v/o nn.Linear and explicit attention, written with matmul, @ or SDPA."""
+
+    def __init__(self, d: int = D, h: int = H, kind: str = "matmul"):
+        super().__init__()
+        self.h, self.dk, self.kind = h, d // h, kind
+        self.q, self.k, self.v, self.o = (nn.Linear(d, d) for _ in range(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, n, d = x.shape
+        q, k, v = (p(x).view(B, n, self.h, self.dk).transpose(1, 2) for p in (self.q, self.k, self.v))
+        if self.kind == "matmul":
+            y = torch.matmul(F.softmax(torch.matmul(q, k.transpose(-2, -1)) / math.sqrt(self.dk), dim=-1), v)
+        elif self.kind == "at":
+            y = F.softmax(q @ k.transpose(-2, -1) / math.sqrt(self.dk), dim=-1) @ v
+        else:
+            y = F.scaled_dot_product_attention(q, k, v)
+        return self.o(y.transpose(1, 2).reshape(B, n, d))
+
+
+def _module(make: Callable[[], nn.Module], *args: Any) -> Callable[[], tuple[nn.Module, tuple[Any, ...], dict]]:
+    def build() -> tuple[nn.Module, tuple[Any, ...], dict]:
+        torch.manual_seed(0)
+        return make().eval(), args, {}
+    return build
+
+
+def _hf_case(cls: str, cfg: str, inputs: Callable[[], Any], attn: str | None = None, **config: Any):
+    def build() -> tuple[nn.Module, tuple[Any, ...], dict]:
+        return hf(cls, cfg, attn, **config), (inputs(),), {}
+    return build
+
+
+MHA = attention(1, N, N, D, H)
+BERT = add(times(12, add(attention(1, N, N, 768, 12), ffn(1, N, 768, 3072))), {"other": 768 * 768})  # + pooler
+GPT2 = times(12, add(attention(1, N, N, 768, 12), ffn(1, N, 768, 4 * 768)))
+LLAMA4 = times(4, add(attention(1, N, N, 512, 8, n_kv=2), ffn(1, N, 512, 1376, gated=True)))
+VIT_TOKENS = (224 // 16) ** 2 + 1
+VIT = add({"conv": 768 * (224 // 16) ** 2 * 3 * 16 * 16},  # patch embedding, stride 16
+          times(12, add(attention(1, VIT_TOKENS, VIT_TOKENS, 768, 12), ffn(1, VIT_TOKENS, 768, 3072))),
+          {"other": 768 * 768})
+BERT_CFG = dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072)
+LLAMA4_CFG = dict(hidden_size=512, intermediate_size=1376, num_hidden_layers=4, num_attention_heads=8,
+                  num_key_value_heads=2, vocab_size=32000, max_position_embeddings=2048, use_cache=False)
+
+CASES: dict[str, Case] = {
+    "1a_mha_seqfirst_weights": Case(_module(lambda: SelfAttnMHA(D, H), _randn(N, 1, D)), MHA),
+    "1b_mha_sdpa": Case(_module(lambda: SelfAttnMHA(D, H, need_weights=False), _randn(N, 1, D)), MHA),
+    "1c_mha_fastpath": Case(_module(lambda: SelfAttnMHA(D, H, batch_first=True, need_weights=False),
+                                    _randn(1, N, D)), MHA, must_run={"aten._native_multi_head_attention"}),
+    "1d_mha_nofastpath": Case(_module(lambda: SelfAttnMHA(D, H, batch_first=True), _randn(1, N, D)), MHA,
+                              fastpath=False),
+    "2a_encoder_layer_fastpath": Case(
+        _module(lambda: nn.TransformerEncoderLayer(D, H, 2048, batch_first=True), _randn(1, N, D)),
+        add(MHA, ffn(1, N, D, 2048)), must_run={"aten._transformer_encoder_layer_fwd"}),
+    "2b_encoder_layer_nofastpath": Case(
+        _module(lambda: nn.TransformerEncoderLayer(D, H, 2048, batch_first=True), _randn(1, N, D)),
+        add(MHA, ffn(1, N, D, 2048)), fastpath=False),
+    "3a_hand_matmul": Case(_module(lambda: HandAttention(kind="matmul"), _randn(1, N, D)), MHA),
+    "3b_hand_at": Case(_module(lambda: HandAttention(kind="at"), _randn(1, N, D)), MHA),
+    "3c_hand_sdpa": Case(_module(lambda: HandAttention(kind="sdpa"), _randn(1, N, D)), MHA,
+                         must_run={"aten._scaled_dot_product_flash_attention_for_cpu"}),
+    "4a_bert_base_sdpa": Case(_hf_case("BertModel", "BertConfig", lambda: _ids(1, N, 30522), **BERT_CFG), BERT,
+                              must_run={"aten._scaled_dot_product_flash_attention_for_cpu"}),
+    "4b_bert_base_eager": Case(_hf_case("BertModel", "BertConfig", lambda: _ids(1, N, 30522), "eager", **BERT_CFG),
+                               BERT),
+    "5_gpt2": Case(_hf_case("GPT2Model", "GPT2Config", lambda: _ids(1, N, 50257), n_embd=768, n_layer=12,
+                            n_head=12, use_cache=False), GPT2,
+                   must_run={"aten._scaled_dot_product_flash_attention_for_cpu"}),
+    "6a_llama4_sdpa": Case(_hf_case("LlamaModel", "LlamaConfig", lambda: _ids(1, N, 32000), **LLAMA4_CFG), LLAMA4,
+                           must_run={"aten._scaled_dot_product_flash_attention_for_cpu"}),
+    "6b_llama4_eager": Case(_hf_case("LlamaModel", "LlamaConfig", lambda: _ids(1, N, 32000), "eager",
+                                     **LLAMA4_CFG), LLAMA4),
+    "7_vit_base": Case(_hf_case("ViTModel", "ViTConfig", lambda: _randn(1, 3, 224, 224), image_size=224,
+                                patch_size=16, **BERT_CFG), VIT,
+                       must_run={"aten._scaled_dot_product_flash_attention_for_cpu"}),
+    "8_conv1d_x4": Case(_module(lambda: nn.Sequential(*[nn.Conv1d(512, 512, 5, padding=2) for _ in range(4)]),
+                                _randn(1, 512, N)),
+                        {"conv": 4 * 1 * 512 * conv_out(N, k=5, pad=2) * 512 * 5}),
+    "9_lstm": Case(_module(lambda: nn.LSTM(512, 512), _randn(N, 1, 512)),
+                   {"recurrent": rnn(B=1, n=N, gates=4, d_in=512, d_h=512)},
+                   must_run={"aten.mkldnn_rnn_layer"}),
+}
+
+LLAMA_7B = dict(d=4096, d_ff=11008, L=32, h=32, vocab=32000, n=2048)
+
+
+def llama_7b_on_meta() -> tuple[nn.Module, torch.Tensor]:
+    c = LLAMA_7B
+    model = hf("LlamaModel", "LlamaConfig", device="meta", hidden_size=c["d"], intermediate_size=c["d_ff"],
+               num_hidden_layers=c["L"], num_attention_heads=c["h"], num_key_value_heads=c["h"],
+               vocab_size=c["vocab"], max_position_embeddings=4096)
+    return model, _ids(1, c["n"], c["vocab"], device="meta")
