@@ -21,10 +21,10 @@ class ModelSnapshot:
             for m in model.modules()
         ]
         self._requires_grad = [(p, p.requires_grad) for p in model.parameters()]
-        self._buffers: list[tuple[torch.Tensor, int, torch.Tensor]] = []
+        self._buffers: list[tuple[torch.Tensor, torch.Tensor]] = []
         if buffer_values:
             with torch.no_grad():
-                self._buffers = [(b, b._version, b.clone()) for b in model.buffers() if not b.is_meta]
+                self._buffers = [(b, b.clone()) for b in model.buffers() if not b.is_meta]
 
     def restore(self) -> None:
         for module, attrs, params, buffers, children, training in self._modules:
@@ -37,9 +37,8 @@ class ModelSnapshot:
             if p.requires_grad != requires_grad:
                 p.requires_grad_(requires_grad)
         with torch.no_grad():
-            for b, version, saved in self._buffers:
-                if b._version != version:
-                    b.copy_(saved)
+            for b, saved in self._buffers:  # kernels such as batch norm do not bump _version
+                b.copy_(saved)
 
 
 def _restore_dict(current: dict[str, Any], saved: dict[str, Any]) -> None:
