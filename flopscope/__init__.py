@@ -20,6 +20,7 @@ from .errors import (
 )
 from .formulas import REGISTRY, FormulaRegistry
 from .profile import OpRecord, Profile
+from .roles import Role, RoleRule
 
 __version__ = "0.1.0"
 
@@ -35,6 +36,8 @@ __all__ = [
     "OpRecord",
     "Profile",
     "RegistryError",
+    "Role",
+    "RoleRule",
     "profile",
     "profiler",
 ]

@@ -6,7 +6,7 @@ import inspect
 import itertools
 import logging
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from typing import Any
 
@@ -20,13 +20,14 @@ from .fake import FakeConverter, map_tensors, needs_real_data, tensors_in
 from .formulas import REGISTRY, FormulaRegistry
 from .module_tracker import ModuleTracker
 from .profile import Profile
+from .roles import RoleRule
 from .state import ModelSnapshot
 
 MODES = ("auto", "fake", "real")
 
 
 def profile(model: nn.Module, *args: Any, mode: str = "auto", registry: FormulaRegistry | None = None,
-            forward_kwargs: dict[str, Any] | None = None, **kwargs: Any) -> Profile:
+            roles: Sequence[RoleRule] = (), forward_kwargs: dict[str, Any] | None = None, **kwargs: Any) -> Profile:
     """Run ``model(*args, **kwargs)`` once and count its multiplies.
 
     Args:
@@ -37,7 +38,10 @@ def profile(model: nn.Module, *args: Any, mode: str = "auto", registry: FormulaR
             data-dependent op such as ``.item()`` or ``nonzero`` in routing code), runs it for real
             instead and says so in one warning naming the op.
         registry: the formula registry (default :data:`flopscope.formulas.REGISTRY`).
-        forward_kwargs: keyword arguments for the model whose names clash with ``mode`` / ``registry``.
+        roles: :class:`~flopscope.roles.RoleRule` s for your own blocks (module pattern or type -> role);
+            they override what the dataflow finds inside the modules they match.
+        forward_kwargs: keyword arguments for the model whose names clash with ``mode`` / ``registry`` /
+            ``roles``.
 
     The model is left exactly as it was (see :mod:`flopscope.state`), also when its forward raises.
     The current grad mode is kept: call under ``torch.no_grad()`` to count what inference runs (some
@@ -50,9 +54,9 @@ def profile(model: nn.Module, *args: Any, mode: str = "auto", registry: FormulaR
     _check_inputs(model, args, kwargs)
     registry = registry if registry is not None else REGISTRY
     if mode == "real":
-        return _run(model, args, kwargs, registry, fake=False)
+        return _run(model, args, kwargs, registry, tuple(roles), fake=False)
     try:
-        return _run(model, args, kwargs, registry, fake=True)
+        return _run(model, args, kwargs, registry, tuple(roles), fake=True)
     except _FakeRunError as failed:
         if mode == "fake":
             raise failed.error from failed.__cause__
@@ -61,7 +65,7 @@ def profile(model: nn.Module, *args: Any, mode: str = "auto", registry: FormulaR
                                   f"{failed.reason}), and it is on device='meta', so it cannot run for real; "
                                   "build it on a real device and use mode='real'") from failed.__cause__
         note = f"{failed.where} could not run on fake tensors ({failed.reason}); counted in real mode instead"
-    prof = _run(model, args, kwargs, registry, fake=False)
+    prof = _run(model, args, kwargs, registry, tuple(roles), fake=False)
     warnings.warn(f"flopscope: {note}", FlopscopeWarning, stacklevel=2)
     prof._notes.append(note)
     return prof
@@ -75,13 +79,15 @@ class profiler(Profile):  # noqa: N801  (used as a context manager, like torch.p
     of its submodules) runs are counted.
     """
 
-    def __init__(self, model: nn.Module, mode: str = "real", registry: FormulaRegistry | None = None) -> None:
+    def __init__(self, model: nn.Module, mode: str = "real", registry: FormulaRegistry | None = None,
+                 roles: Sequence[RoleRule] = ()) -> None:
         _check_model(model)
         if mode not in ("real", "fake"):
             raise FlopscopeError(f"profiler mode must be 'real' or 'fake'; got {mode!r}")
         self._model = model
         self._mode = mode
         self._registry = registry if registry is not None else REGISTRY
+        self._rules = tuple(roles)
         self._ready = False
         self._stack = ExitStack()
 
@@ -96,8 +102,8 @@ class profiler(Profile):  # noqa: N801  (used as a context manager, like torch.p
 
     def __exit__(self, *exc: object) -> None:
         self._stack.close()
-        self._set(self._recorder.graph, _module_paths(self._model), self._tracker.calls,
-                  self._recorder.unsupported, self._mode, None, None, self._recorder.decomposed)
+        self._set(self._recorder.graph, _module_types(self._model), self._tracker.calls,
+                  self._recorder.unsupported, self._mode, None, None, self._recorder.decomposed, self._rules)
         _warn_unsupported(self)
 
 
@@ -110,7 +116,8 @@ class _FakeRunError(Exception):
         self.error, self.where, self.reason = error, where, reason
 
 
-def _run(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], registry: FormulaRegistry, *,
+def _run(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], registry: FormulaRegistry,
+         roles: tuple[RoleRule, ...], *,
          fake: bool) -> Profile:
     snapshot = ModelSnapshot(model, buffer_values=not fake)
     tracker = ModuleTracker(model)
@@ -138,8 +145,8 @@ def _run(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], regist
                 raise _explain(model, error, recorder, tracker, fake) from error
     finally:
         snapshot.restore()
-    prof = Profile(recorder.graph, _module_paths(model), tracker.calls, recorder.unsupported,
-                   "fake" if fake else "real", output, decomposed=recorder.decomposed)
+    prof = Profile(recorder.graph, _module_types(model), tracker.calls, recorder.unsupported,
+                   "fake" if fake else "real", output, decomposed=recorder.decomposed, role_rules=roles)
     _warn_unsupported(prof)
     return prof
 
@@ -221,29 +228,31 @@ def _named_state(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
                            model.named_buffers(remove_duplicate=False))
 
 
-def _state_names(model: nn.Module, convert: Any) -> dict[int, tuple[str, str]]:
-    names: dict[int, tuple[str, str]] = {}
+def _state_names(model: nn.Module, convert: Any) -> dict[int, tuple[str, str, str]]:
+    names: dict[int, tuple[str, str, str]] = {}
     for name, t in _named_state(model):
-        names.setdefault(id(convert(t)), ("get_attr", name))
+        kind = "parameter" if isinstance(t, nn.Parameter) else "buffer"
+        names.setdefault(id(convert(t)), ("get_attr", name, kind))
     return names
 
 
-def _input_names(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[int, tuple[str, str]]:
+def _input_names(model: nn.Module, args: tuple[Any, ...],
+                 kwargs: dict[str, Any]) -> dict[int, tuple[str, str, str]]:
     try:
         params = list(inspect.signature(model.forward).parameters)
     except (TypeError, ValueError):
         params = []
-    names: dict[int, tuple[str, str]] = {}
+    names: dict[int, tuple[str, str, str]] = {}
     labelled = [(params[i] if i < len(params) else f"arg{i}", a) for i, a in enumerate(args)] + list(kwargs.items())
     for label, value in labelled:
         found = tensors_in(value)
         for j, t in enumerate(found):
-            names.setdefault(id(t), ("placeholder", label if len(found) == 1 else f"{label}_{j}"))
+            names.setdefault(id(t), ("placeholder", label if len(found) == 1 else f"{label}_{j}", "input"))
     return names
 
 
-def _module_paths(model: nn.Module) -> list[str]:
-    return [name for name, _ in model.named_modules()]
+def _module_types(model: nn.Module) -> dict[str, type]:
+    return {name: type(module) for name, module in model.named_modules()}
 
 
 def _on_meta(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:

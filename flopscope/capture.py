@@ -60,12 +60,14 @@ def op_name(func: Any) -> str:
 class Recorder(TorchDispatchMode):
     """Records ops into :attr:`graph` while the tracker's model is running.
 
-    ``leaf_names`` maps ``id(tensor)`` to ``("get_attr" | "placeholder", name)`` for the tensors that
-    enter the forward from outside (parameters, buffers, inputs).
+    ``leaf_names`` maps ``id(tensor)`` to ``(node op, name, leaf kind)`` for the tensors that enter the
+    forward from outside: ``("get_attr", "encoder.weight", "parameter" | "buffer")`` or
+    ``("placeholder", "input_ids", "input")``. Other outside tensors become ``placeholder`` nodes of
+    kind ``"constant"``; the kind is in ``node.meta["leaf"]``.
     """
 
     def __init__(self, tracker: ModuleTracker, registry: FormulaRegistry,
-                 leaf_names: Mapping[int, tuple[str, str]]) -> None:
+                 leaf_names: Mapping[int, tuple[str, str, str]]) -> None:
         super().__init__()
         self.graph = fx.Graph()
         self.tracker = tracker
@@ -76,7 +78,7 @@ class Recorder(TorchDispatchMode):
         self.failure: OpFailure | None = None
         self._producers: dict[int, tuple[weakref.ref[torch.Tensor], fx.Node]] = {}
 
-    def add_leaf_names(self, leaf_names: Mapping[int, tuple[str, str]]) -> None:
+    def add_leaf_names(self, leaf_names: Mapping[int, tuple[str, str, str]]) -> None:
         self.leaf_names.update(leaf_names)
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
@@ -159,9 +161,9 @@ class Recorder(TorchDispatchMode):
         entry = self._producers.get(id(t))
         if entry is not None and entry[0]() is t:
             return entry[1]
-        kind, name = self.leaf_names.get(id(t), ("placeholder", "constant"))
+        kind, name, leaf = self.leaf_names.get(id(t), ("placeholder", "constant", "constant"))
         node = self.graph.create_node(kind, name, name=name.replace(".", "_"))
-        node.meta.update(module=None, module_stack=(), cost="zero", multiplies=0, multiply_parts=None,
+        node.meta.update(leaf=leaf, module=None, module_stack=(), cost="zero", multiplies=0, multiply_parts=None,
                          elementwise=None, input_shapes=(), output_shapes=(tuple(t.shape),), dtype=t.dtype)
         self._producers[id(t)] = (weakref.ref(t), node)
         return node

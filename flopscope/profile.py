@@ -14,6 +14,7 @@ from typing import Any
 from torch import fx
 
 from .errors import FlopscopeError
+from .roles import ROLE_ORDER, Assignment, Role, RoleFinder, RoleRule
 
 Shape = tuple[int, ...]
 
@@ -31,6 +32,9 @@ class OpRecord:
     multiplies: int  # MACs; FLOPs = 2 * multiplies
     parts: Mapping[str, int] | None  # {part: MACs} of a fused op (e.g. attn_scores / attn_weighted_sum)
     node: str  # name of the fx node in Profile.graph
+    role: Role  # the role that got most of this op's MACs
+    roles: Mapping[str, int]  # {role: MACs}, summing to `multiplies` (several for fused ops / fused QKV)
+    block: str  # module path of the attention / FFN / conv block instance it belongs to
 
 
 class Profile:
@@ -39,40 +43,41 @@ class Profile:
     Build it with :func:`flopscope.profile`; the constructor is internal.
     """
 
-    def __init__(self, graph: fx.Graph, module_paths: list[str], module_calls: Mapping[str, int],
+    def __init__(self, graph: fx.Graph, module_types: Mapping[str, type], module_calls: Mapping[str, int],
                  unsupported: Mapping[str, int], mode: str, output: Any = None,
-                 notes: list[str] | None = None, decomposed: Mapping[str, int] | None = None) -> None:
-        self._set(graph, module_paths, module_calls, unsupported, mode, output, notes, decomposed)
+                 notes: list[str] | None = None, decomposed: Mapping[str, int] | None = None,
+                 role_rules: tuple[RoleRule, ...] = ()) -> None:
+        self._set(graph, module_types, module_calls, unsupported, mode, output, notes, decomposed, role_rules)
 
-    def _set(self, graph: fx.Graph, module_paths: list[str], module_calls: Mapping[str, int],
+    def _set(self, graph: fx.Graph, module_types: Mapping[str, type], module_calls: Mapping[str, int],
              unsupported: Mapping[str, int], mode: str, output: Any, notes: list[str] | None,
-             decomposed: Mapping[str, int] | None) -> None:
+             decomposed: Mapping[str, int] | None, role_rules: tuple[RoleRule, ...]) -> None:
         self._graph = graph
-        self._module_paths = list(module_paths)
+        self._module_types = dict(module_types)
+        self._module_paths = list(module_types)
+        self._role_rules = role_rules
+        self._roles: dict[fx.Node, Assignment] | None = None
+        self._records: tuple[OpRecord, ...] | None = None
         self._module_calls = dict(module_calls)
         self._unsupported = dict(unsupported)
         self._decomposed = dict(decomposed or {})
         self._mode = mode
         self._output = output
         self._notes = list(notes or [])
-        records: list[OpRecord] = []
+        counted: list[tuple[str, int, frozenset[str]]] = []
         elementwise: Counter[str] = Counter()
         elementwise_by_op: Counter[str] = Counter()
         for node in graph.nodes:
             meta = node.meta
             cost = meta.get("cost")
             if cost == "formula":
-                records.append(OpRecord(
-                    op=str(node.target.overloadpacket), module=meta["module"],
-                    module_stack=tuple(frame.path for frame in meta["module_stack"]),
-                    call=meta["module_stack"][-1].call, input_shapes=meta["input_shapes"],
-                    output_shapes=meta["output_shapes"], multiplies=meta["multiplies"],
-                    parts=meta["multiply_parts"], node=node.name))
+                paths = frozenset(frame.path for frame in meta["module_stack"])
+                counted.append((str(node.target.overloadpacket), meta["multiplies"], paths))
             elif cost == "elementwise":
                 category, ops = meta["elementwise"]
                 elementwise[category] += ops
                 elementwise_by_op[str(node.target.overloadpacket)] += ops
-        self._records = tuple(records)
+        self._counted = counted  # (op, MACs, module paths on the stack) per counted op
         self._elementwise = dict(elementwise)
         self._elementwise_by_op = dict(elementwise_by_op)
         self._ready = True
@@ -81,14 +86,32 @@ class Profile:
     # what was captured
     @property
     def graph(self) -> fx.Graph:
-        """The captured ``torch.fx`` graph (one node per ATen op; see :mod:`flopscope.capture`)."""
-        self._check_ready()
+        """The captured ``torch.fx`` graph (one node per ATen op; see :mod:`flopscope.capture`), with
+        ``node.meta["role"]`` / ``["role_parts"]`` / ``["block"]`` on every node that multiplies."""
+        self._role_assignments()
         return self._graph
 
     @property
     def records(self) -> tuple[OpRecord, ...]:
-        """Every op with a multiply formula, in execution order."""
-        self._check_ready()
+        """Every op with a multiply formula, in execution order, with its roles."""
+        if self._records is None:
+            assignments = self._role_assignments()
+            records = []
+            for node in self._graph.nodes:
+                meta = node.meta
+                if meta.get("cost") != "formula":
+                    continue
+                assignment = assignments.get(node)
+                roles = dict(assignment.parts) if assignment else {}
+                records.append(OpRecord(
+                    op=str(node.target.overloadpacket), module=meta["module"],
+                    module_stack=tuple(frame.path for frame in meta["module_stack"]),
+                    call=meta["module_stack"][-1].call, input_shapes=meta["input_shapes"],
+                    output_shapes=meta["output_shapes"], multiplies=meta["multiplies"],
+                    parts=meta["multiply_parts"], node=node.name,
+                    role=Role(meta.get("role", Role.OTHER.value)), roles=roles,
+                    block=assignment.block or "" if assignment else meta["module"]))
+            self._records = tuple(records)
         return self._records
 
     @property
@@ -113,9 +136,9 @@ class Profile:
         of the whole run (``module=""``) or of one module, inclusive of its submodules."""
         self._check_ready()
         if module == "":
-            return sum(r.multiplies for r in self._records)
+            return sum(macs for _, macs, _ in self._counted)
         self._check_module(module)
-        return sum(r.multiplies for r in self._records if module in r.module_stack)
+        return sum(macs for _, macs, paths in self._counted if module in paths)
 
     def total_flops(self, module: str = "") -> int:
         """Floating-point operations of the same work: ``2 * total(module)`` (1 MAC = 2 FLOPs)."""
@@ -126,17 +149,17 @@ class Profile:
         ``by_module()[""] == total()``. A module called several times sums its calls."""
         self._check_ready()
         out = dict.fromkeys(self._module_paths, 0)
-        for r in self._records:
-            for path in set(r.module_stack):
-                out[path] = out.get(path, 0) + r.multiplies
+        for _, macs, paths in self._counted:
+            for path in paths:
+                out[path] = out.get(path, 0) + macs
         return out
 
     def by_op(self) -> dict[str, int]:
         """MACs per ATen op (``"aten.mm"``, ``"aten._scaled_dot_product_flash_attention_for_cpu"``)."""
         self._check_ready()
         out: Counter[str] = Counter()
-        for r in self._records:
-            out[r.op] += r.multiplies
+        for op, macs, _ in self._counted:
+            out[op] += macs
         return dict(out)
 
     by_operator = by_op  # fvcore's name
@@ -145,15 +168,51 @@ class Profile:
         """``{module path: {op: MACs}}``, inclusive of submodules."""
         self._check_ready()
         out: dict[str, Counter[str]] = defaultdict(Counter)
-        for r in self._records:
-            for path in set(r.module_stack):
-                out[path][r.op] += r.multiplies
+        for op, macs, paths in self._counted:
+            for path in paths:
+                out[path][op] += macs
         return {path: dict(out[path]) for path in self._module_paths if path in out}
 
     def op_calls(self) -> dict[str, int]:
         """How many times each counted op ran."""
         self._check_ready()
-        return dict(Counter(r.op for r in self._records))
+        return dict(Counter(op for op, _, _ in self._counted))
+
+    # ---------------------------------------------------------------------------------------------
+    # roles
+    def by_role(self) -> dict[str, int]:
+        """MACs per semantic role (:class:`~flopscope.roles.Role` values as keys, in the canonical
+        order); every multiply has exactly one role, so the values sum to ``total()``."""
+        out: Counter[str] = Counter()
+        for assignment in self._role_assignments().values():
+            for role, macs in assignment.parts.items():
+                out[role] += macs
+        return {role: out[role] for role in ROLE_ORDER if role in out}
+
+    def by_block(self) -> dict[str, dict[str, int]]:
+        """``{block path: {role: MACs}}`` per attention / FFN / conv block instance (the module path
+        enclosing its multiplies); multiplies outside such blocks are listed under their own module."""
+        out: dict[str, Counter[str]] = defaultdict(Counter)
+        for assignment in self._role_assignments().values():
+            for role, macs in assignment.parts.items():
+                out[assignment.block or ""][role] += macs
+        return {block: {r: roles[r] for r in ROLE_ORDER if r in roles} for block, roles in out.items()}
+
+    def role_of(self, node: fx.Node | str) -> Role:
+        """The role of a graph node (or node name): for a node split across roles, the one with most MACs."""
+        self._role_assignments()
+        found = node if isinstance(node, fx.Node) else next(n for n in self._graph.nodes if n.name == node)
+        return Role(found.meta.get("role", Role.OTHER.value))
+
+    def _role_assignments(self) -> dict[fx.Node, Assignment]:
+        self._check_ready()
+        if self._roles is None:
+            self._roles = RoleFinder(self._graph, self._module_types, self._role_rules).assign()
+            for node, assignment in self._roles.items():
+                node.meta["role_parts"] = dict(assignment.parts)
+                node.meta["role"] = max(assignment.parts, key=assignment.parts.__getitem__)
+                node.meta["block"] = assignment.block
+        return self._roles
 
     # ---------------------------------------------------------------------------------------------
     # what is not in total()
@@ -197,7 +256,7 @@ class Profile:
         if not getattr(self, "_ready", False):
             return f"<{type(self).__name__} recording>"
         return (f"<{type(self).__name__} mode={self._mode} total={self.total():,} MACs "
-                f"({self.total_flops():,} FLOPs), {len(self._records)} counted ops, "
+                f"({self.total_flops():,} FLOPs), {len(self._counted)} counted ops, "
                 f"{sum(self._unsupported.values())} unsupported calls>")
 
     def _check_ready(self) -> None:
