@@ -16,7 +16,9 @@ qualified names; forward inputs and other outside tensors as ``placeholder`` nod
 - ``multiplies``: MACs of the op (0 for ops without a formula); ``multiply_parts``: the formula's
   ``{part: MACs}`` split for fused ops, else ``None``;
 - ``elementwise``: ``(category, ops)`` for elementwise work, else ``None``;
-- ``cost``: ``"formula"``, ``"elementwise"``, ``"zero"`` or ``"unsupported"``.
+- ``cost``: ``"formula"``, ``"elementwise"``, ``"zero"`` or ``"unsupported"``;
+- ``value``: for small integer / boolean tensors whose values are known (index lists such as
+  ``x[..., [-1], :]``; real-mode results), a copy of the values, so later stages can replay indexing.
 
 Ops run only while a module of the profiled model is on the stack are recorded.
 """
@@ -32,7 +34,8 @@ from typing import Any
 
 import torch
 from torch import fx
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch._subclasses.fake_tensor import FakeTensor
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
 from . import elementwise, formulas
 from .formulas import FormulaRegistry
@@ -91,7 +94,7 @@ class Recorder(TorchDispatchMode):
         rule = None
         cost = "formula"
         if formula is None:
-            rule = elementwise.rule_for(func)
+            rule = None if elementwise.is_zero_cost(func) else elementwise.rule_for(func)
             if rule is not None:
                 cost = "elementwise"
             elif elementwise.is_zero_cost(func):
@@ -139,6 +142,8 @@ class Recorder(TorchDispatchMode):
         if isinstance(out, torch.Tensor):
             meta["output_shapes"] = (tuple(out.shape),)
             meta["dtype"] = out.dtype
+            if out.dtype in _INDEX_DTYPES and out.numel() <= _MAX_VALUE_NUMEL:
+                meta["value"] = _known_value(out)
             self._producers[id(out)] = (weakref.ref(out), node)
         else:
             outs = out if isinstance(out, (tuple, list)) else ()
@@ -165,8 +170,26 @@ class Recorder(TorchDispatchMode):
         node = self.graph.create_node(kind, name, name=name.replace(".", "_"))
         node.meta.update(leaf=leaf, module=None, module_stack=(), cost="zero", multiplies=0, multiply_parts=None,
                          elementwise=None, input_shapes=(), output_shapes=(tuple(t.shape),), dtype=t.dtype)
+        if t.dtype in _INDEX_DTYPES and t.numel() <= _MAX_VALUE_NUMEL:
+            node.meta["value"] = _known_value(t)
         self._producers[id(t)] = (weakref.ref(t), node)
         return node
+
+
+_INDEX_DTYPES = (torch.int64, torch.int32, torch.bool)
+_MAX_VALUE_NUMEL = 4096
+
+
+def _known_value(t: torch.Tensor) -> torch.Tensor | None:
+    """The values of a small index tensor: a real tensor's own, a fake tensor's constant if it has one."""
+    if isinstance(t, FakeTensor):
+        t = t.constant
+        if t is None:
+            return None
+    if t.is_meta:
+        return None
+    with _disable_current_modes():  # a copy of real data, not a fake tensor of the mode below us
+        return t.detach().clone()
 
 
 def _map_tensors(x: Any, fn: Callable[[torch.Tensor], Any]) -> Any:

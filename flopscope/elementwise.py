@@ -82,7 +82,7 @@ RULES: dict[Any, ElementwiseRule] = {
     # pointwise ops that lack the `pointwise` tag
     **dict.fromkeys([aten.floor_divide, aten.floor_divide_, aten.remainder, aten.remainder_, aten.fmod,
                      aten.fmod_, aten.true_divide, aten.true_divide_, aten.clamp_min, aten.clamp_max,
-                     aten.clamp, aten.clamp_, aten.masked_fill, aten.lerp, aten.addcmul, aten.addcdiv,
+                     aten.clamp, aten.clamp_, aten.masked_fill, aten.masked_fill_, aten.lerp, aten.addcmul, aten.addcdiv,
                      aten.hardtanh, aten.hardtanh_, aten.threshold, aten.prelu, aten._prelu_kernel,
                      aten.glu, aten.logit, aten.polar, aten.complex, aten.heaviside], _POINTWISE),
 }
@@ -103,7 +103,7 @@ ZERO_COST: frozenset[Any] = frozenset([
     aten.replication_pad2d, aten.replication_pad3d, aten.tril, aten.triu, aten.tril_, aten.triu_,
     aten.masked_scatter, aten.masked_select, aten.index, aten.index_select, aten.gather, aten.take,
     aten.scatter, aten.scatter_, aten.index_copy, aten.index_copy_, aten.index_fill, aten.index_fill_,
-    aten.masked_fill_, aten.embedding, aten._embedding_bag, aten.embedding_bag, aten.one_hot, aten.nonzero,
+    aten.embedding, aten._embedding_bag, aten.embedding_bag, aten.one_hot, aten.nonzero,
     aten.nonzero_static, aten.argwhere, aten.unique_consecutive, aten._unique2, aten.unique_dim,
     aten.slice_scatter, aten.select_scatter, aten.diagonal_scatter, aten.as_strided_scatter,
     aten.im2col, aten.col2im, aten.pixel_shuffle, aten.pixel_unshuffle, aten.channel_shuffle,

@@ -41,11 +41,38 @@ def op_table(prof: Profile, tablefmt: str = "simple") -> str:
                     colalign=("left", "right", "right", "right", "right"))
 
 
+def where(paths: list[str], limit: int = 3) -> str:
+    """Module paths summarised as patterns: ``layers.0.attn``, ``layers.1.attn`` -> ``layers.*.attn (x2)``."""
+    patterns: dict[str, int] = {}
+    for path in paths:
+        pattern = ".".join("*" if part.isdigit() else part for part in path.split(".")) if path else "(model)"
+        patterns[pattern] = patterns.get(pattern, 0) + 1
+    shown = [f"{p} (x{n})" if n > 1 else p for p, n in list(patterns.items())[:limit]]
+    more = len(patterns) - limit
+    return ", ".join(shown) + (f", +{more} more" if more > 0 else "")
+
+
+def role_table(prof: Profile, tablefmt: str = "simple") -> str:
+    """Role | MACs | FLOPs | share of total | where (the blocks it occurs in)."""
+    total = prof.total() or 1
+    blocks: dict[str, list[str]] = {}
+    for block, roles in prof.by_block().items():
+        for role, macs in roles.items():
+            if macs:
+                blocks.setdefault(role, []).append(block)
+    rows = [[role, f"{macs:,}", human(2 * macs, "FLOP"), f"{100 * macs / total:.1f}%", where(blocks.get(role, []))]
+            for role, macs in prof.by_role().items()]
+    return tabulate(rows, headers=["role", "MACs", "FLOPs", "share", "where"], tablefmt=tablefmt,
+                    colalign=("left", "right", "right", "right", "left"))
+
+
 def summary(prof: Profile, depth: int = 2, tablefmt: str = "simple") -> str:
     """Totals, the module table, the op table, elementwise work and unsupported ops."""
     lines = [
         f"total: {prof.total():,} MACs = {prof.total_flops():,} FLOPs ({human(prof.total_flops(), 'FLOP')}; "
         f"1 MAC = 2 FLOPs), counted in {prof.mode} mode",
+        "",
+        role_table(prof, tablefmt),
         "",
         module_table(prof, depth, tablefmt),
         "",

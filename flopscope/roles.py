@@ -554,6 +554,8 @@ def _replay(n: fx.Node, labels: Mapping[fx.Node, Labels]) -> Labels:
             if isinstance(a, fx.Node):
                 if a in labels:
                     return labels[a].clone() if in_place else labels[a]
+                if a.meta.get("value") is not None:  # an index tensor with known values
+                    return a.meta["value"]
                 shapes = a.meta.get("output_shapes") or ((),)
                 return torch.full(tuple(shapes[0]), -1, dtype=torch.long)
             if isinstance(a, (list, tuple)):

@@ -1,0 +1,213 @@
+"""Every multiply gets one semantic role, found from the dataflow; per role, totals equal closed forms."""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import flopscope
+from closed_forms import add, attention, ffn, times
+from flopscope import Role, RoleRule
+from flopscope.models import TransformerBlock
+from zoo import CASES
+
+transformers = pytest.importorskip("transformers")
+
+d, h, n, m, d_ff, B = 64, 4, 10, 7, 128, 2  # small shapes: width, heads, source / target lengths, FFN, batch
+
+
+def roles(model: nn.Module, *args, mode: str = "fake", **kwargs) -> dict[str, int]:
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        prof = flopscope.profile(model.eval(), *args, mode=mode, **kwargs)
+    by_role = prof.by_role()
+    assert sum(by_role.values()) == prof.total()
+    return {role: macs for role, macs in by_role.items() if macs}
+
+
+def nonzero(expected: dict[str, int]) -> dict[str, int]:
+    return {role: macs for role, macs in expected.items() if macs}
+
+
+@pytest.mark.parametrize("name", [c for c in CASES if not c.startswith(("4", "7"))])
+def test_zoo_roles_equal_closed_forms(name):
+    from test_zoo import built, fastpath
+
+    model, args, kwargs = built(name)
+    with fastpath(CASES[name].fastpath):
+        assert roles(model, *args, **kwargs) == nonzero(CASES[name].roles)
+
+
+def ids(length: int, vocab: int = 100) -> torch.Tensor:
+    return torch.randint(0, vocab, (B, length), generator=torch.Generator().manual_seed(length))
+
+
+def encoder_decoder(layers: int, gated: bool = False) -> dict[str, int]:
+    encoder = times(layers, add(attention(B, n, n, d, h), ffn(B, n, d, d_ff, gated)))
+    decoder = times(layers, add(attention(B, m, m, d, h), attention(B, m, n, d, h), ffn(B, m, d, d_ff, gated)))
+    return add(encoder, decoder)
+
+
+def test_cross_attention_in_torch_decoder_layer_and_transformer():
+    layer = nn.TransformerDecoderLayer(d, h, d_ff, batch_first=True)
+    tgt, memory = torch.randn(B, m, d), torch.randn(B, n, d)
+    assert roles(layer, tgt, memory) == add(attention(B, m, m, d, h), attention(B, m, n, d, h), ffn(B, m, d, d_ff))
+    transformer = nn.Transformer(d, h, 2, 2, d_ff, batch_first=True)
+    assert roles(transformer, torch.randn(B, n, d), tgt) == encoder_decoder(2)
+
+
+@pytest.mark.parametrize("gated", [False, True])
+def test_t5_encoder_decoder(gated):
+    config = transformers.T5Config(d_model=d, d_kv=d // h, d_ff=d_ff, num_layers=2, num_decoder_layers=2,
+                                   num_heads=h, vocab_size=100,
+                                   feed_forward_proj="gated-gelu" if gated else "relu")
+    assert roles(transformers.T5Model(config), input_ids=ids(n), decoder_input_ids=ids(m)) == encoder_decoder(2, gated)
+
+
+def test_bart_encoder_decoder():
+    config = transformers.BartConfig(d_model=d, encoder_layers=2, decoder_layers=2, encoder_attention_heads=h,
+                                     decoder_attention_heads=h, encoder_ffn_dim=d_ff, decoder_ffn_dim=d_ff,
+                                     vocab_size=100)
+    assert roles(transformers.BartModel(config), input_ids=ids(n), decoder_input_ids=ids(m)) == encoder_decoder(2)
+
+
+def test_fused_qkv_layouts():
+    """GPT-NeoX interleaves q, k, v per head in one projection; Falcon's multi-query projection
+    holds h query heads and one key / value head; Phi-3 fuses qkv and gate/up."""
+    neox = transformers.GPTNeoXConfig(hidden_size=d, num_hidden_layers=2, num_attention_heads=h,
+                                      intermediate_size=d_ff, vocab_size=100)
+    assert roles(transformers.GPTNeoXModel(neox), ids(n)) == times(2, add(attention(B, n, n, d, h),
+                                                                          ffn(B, n, d, d_ff)))
+    falcon = transformers.FalconConfig(hidden_size=d, num_hidden_layers=2, num_attention_heads=h, vocab_size=100,
+                                       new_decoder_architecture=False, multi_query=True)
+    assert roles(transformers.FalconModel(falcon), ids(n)) == times(2, add(attention(B, n, n, d, h, n_kv=1),
+                                                                           ffn(B, n, d, 4 * d)))
+    phi3 = transformers.Phi3Config(hidden_size=d, num_hidden_layers=2, num_attention_heads=h, num_key_value_heads=2,
+                                   intermediate_size=d_ff, vocab_size=100, pad_token_id=0, eos_token_id=1,
+                                   bos_token_id=1)
+    assert roles(transformers.Phi3Model(phi3), ids(n)) == times(2, add(attention(B, n, n, d, h, n_kv=2),
+                                                                       ffn(B, n, d, d_ff, gated=True)))
+
+
+def llama(vocab: int = 100) -> nn.Module:
+    config = transformers.LlamaConfig(hidden_size=d, intermediate_size=d_ff, num_hidden_layers=2,
+                                      num_attention_heads=h, num_key_value_heads=2, vocab_size=vocab)
+    torch.manual_seed(0)
+    return transformers.LlamaForCausalLM(config).eval()
+
+
+def test_llama_logits_and_decoding_with_a_kv_cache():
+    model = llama()
+    layers = times(2, add(attention(B, n, n, d, h, n_kv=2), ffn(B, n, d, d_ff, gated=True)))
+    assert roles(model, ids(n)) == add(layers, {"logits": B * n * d * 100})
+    with torch.no_grad():
+        cache = model(ids(n), use_cache=True).past_key_values
+    # one new token: Q, K, V, O projected for it alone; its query meets all n + 1 cached keys
+    d_k, n_kv, t = d // h, 2, n + 1
+    per_layer = {"q_proj": B * 1 * d * h * d_k, "k_proj": B * 1 * d * n_kv * d_k, "v_proj": B * 1 * d * n_kv * d_k,
+                 "attn_scores": B * h * 1 * t * d_k, "attn_weighted_sum": B * h * 1 * t * d_k,
+                 "out_proj": B * 1 * h * d_k * d}
+    step = times(2, add(per_layer, ffn(B, 1, d, d_ff, gated=True)))
+    got = roles(model, ids(1), past_key_values=cache, mode="real")
+    assert got == add(step, {"logits": B * 1 * d * 100})
+
+
+def test_mixture_of_experts_counts_the_experts_that_ran_and_the_router_as_other():
+    experts, top_k = 4, 2
+    config = transformers.MixtralConfig(hidden_size=d, intermediate_size=d_ff, num_hidden_layers=2,
+                                        num_attention_heads=h, num_key_value_heads=2, num_local_experts=experts,
+                                        num_experts_per_tok=top_k, vocab_size=100)
+    torch.manual_seed(0)
+    expected = times(2, add(attention(B, n, n, d, h, n_kv=2),
+                            ffn(B, n * top_k, d, d_ff, gated=True),  # every token meets top_k experts
+                            {"other": B * n * d * experts}))  # the router
+    assert roles(transformers.MixtralModel(config), ids(n), mode="auto") == expected
+
+
+def test_convolutional_model():
+    cnn = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 8, 3, padding=1),
+                        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 10))
+    assert roles(cnn, torch.randn(B, 3, 16, 16)) == {"conv": B * 8 * 16 * 16 * (3 + 8) * 9, "other": B * 8 * 10}
+
+
+# --------------------------------------------------------------------------------------------------
+# names do not matter; rules can add what dataflow cannot see
+class Meaningless(nn.Module):
+    """TransformerBlock with every submodule renamed (and a rotary-style mix on q and k)."""
+
+    def __init__(self, d: int, h: int, d_ff: int):
+        super().__init__()
+        self.h = h
+        self.a, self.b, self.c, self.e = (nn.Linear(d, d) for _ in range(4))
+        self.f, self.g = nn.Linear(d, d_ff), nn.Linear(d_ff, d)
+        self.n1, self.n2 = nn.LayerNorm(d), nn.LayerNorm(d)
+
+    def forward(self, x):
+        B_, n_, d_ = x.shape
+        heads = [p(x).view(B_, n_, self.h, -1).transpose(1, 2) for p in (self.a, self.b, self.c)]
+        q, k = (t * 0.5 + torch.flip(t, [-1]) * 0.5 for t in heads[:2])
+        w = F.softmax(q @ k.transpose(-2, -1) / math.sqrt(d_ // self.h), dim=-1)
+        x = self.n1(x + self.e((w @ heads[2]).transpose(1, 2).reshape(B_, n_, d_)))
+        return self.n2(x + self.g(F.gelu(self.f(x))))
+
+
+def test_renamed_modules_get_the_same_roles():
+    expected = add(attention(B, n, n, d, h), ffn(B, n, d, d_ff))
+    x = torch.randn(B, n, d)
+    assert roles(TransformerBlock(d, h, d_ff), x) == expected
+    assert roles(Meaningless(d, h, d_ff), x) == expected
+
+
+class LinearAttention(nn.Module):
+    """Kernelised attention without a softmax: dataflow alone cannot call it attention."""
+
+    def __init__(self):
+        super().__init__()
+        self.qkv = nn.Linear(d, 3 * d, bias=False)
+
+    def forward(self, x):
+        q, k, v = F.elu(self.qkv(x)).chunk(3, dim=-1)
+        return q @ (k.transpose(-2, -1) @ v)
+
+
+def test_user_rules_override_dataflow_inside_matching_modules():
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.mixer = LinearAttention()
+
+        def forward(self, x):
+            return self.mixer(x)
+
+    x = torch.randn(B, n, d)
+    plain = roles(Net(), x)
+    assert "attn_scores" not in plain
+    rules = [RoleRule("mixer", Role.ATTN_SCORES, op="aten.bmm"), RoleRule(LinearAttention, "q_proj", op="aten.mm")]
+    got = roles(Net(), x, roles=rules)
+    assert got == {"q_proj": B * n * d * 3 * d, "attn_scores": B * d * n * d + B * n * d * d}
+
+
+# --------------------------------------------------------------------------------------------------
+# blocks, nodes, reports
+def test_blocks_group_each_attention_and_ffn_instance():
+    config = transformers.BertConfig(hidden_size=d, num_hidden_layers=2, num_attention_heads=h,
+                                     intermediate_size=d_ff, vocab_size=100)
+    torch.manual_seed(0)
+    prof = flopscope.profile(transformers.BertModel(config).eval(), ids(n))
+    blocks = prof.by_block()
+    assert blocks["encoder.layer.1.attention"] == attention(B, n, n, d, h)
+    assert blocks["encoder.layer.1"] == ffn(B, n, d, d_ff)
+    assert blocks["pooler.dense"] == {"other": B * d * d}
+    scores = next(r for r in prof.records if r.role == "attn_scores")
+    assert prof.role_of(scores.node) is Role.ATTN_SCORES
+    node = next(x for x in prof.graph.nodes if x.name == scores.node)
+    assert node.meta["role"] == "attn_scores" and node.meta["block"] == scores.block
+    from flopscope.report import role_table
+
+    table = role_table(prof)
+    assert "attn_scores" in table and "encoder.layer.*.attention (x2)" in table
