@@ -182,14 +182,11 @@ _MAX_VALUE_NUMEL = 4096
 
 def _known_value(t: torch.Tensor) -> torch.Tensor | None:
     """The values of a small index tensor: a real tensor's own, a fake tensor's constant if it has one."""
-    if isinstance(t, FakeTensor):
-        t = t.constant
-        if t is None:
-            return None
-    if t.is_meta:
+    source: torch.Tensor | None = t.constant if isinstance(t, FakeTensor) else t
+    if source is None or source.is_meta:
         return None
     with _disable_current_modes():  # a copy of real data, not a fake tensor of the mode below us
-        return t.detach().clone()
+        return source.detach().clone()
 
 
 def _map_tensors(x: Any, fn: Callable[[torch.Tensor], Any]) -> Any:

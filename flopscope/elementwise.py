@@ -82,7 +82,8 @@ RULES: dict[Any, ElementwiseRule] = {
     # pointwise ops that lack the `pointwise` tag
     **dict.fromkeys([aten.floor_divide, aten.floor_divide_, aten.remainder, aten.remainder_, aten.fmod,
                      aten.fmod_, aten.true_divide, aten.true_divide_, aten.clamp_min, aten.clamp_max,
-                     aten.clamp, aten.clamp_, aten.masked_fill, aten.masked_fill_, aten.lerp, aten.addcmul, aten.addcdiv,
+                     aten.clamp, aten.clamp_, aten.masked_fill, aten.masked_fill_, aten.lerp, aten.addcmul,
+                     aten.addcdiv,
                      aten.hardtanh, aten.hardtanh_, aten.threshold, aten.prelu, aten._prelu_kernel,
                      aten.glu, aten.logit, aten.polar, aten.complex, aten.heaviside], _POINTWISE),
 }
