@@ -16,6 +16,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from .capture import OpFailure, Recorder, op_name
 from .errors import FakeTensorError, FlopscopeError, FlopscopeWarning, ForwardError, InputError, NotAModuleError
+from .facts import read_facts
 from .fake import FakeConverter, map_tensors, needs_real_data, tensors_in
 from .formulas import REGISTRY, FormulaRegistry
 from .module_tracker import ModuleTracker
@@ -102,8 +103,8 @@ class profiler(Profile):  # noqa: N801  (used as a context manager, like torch.p
 
     def __exit__(self, *exc: object) -> None:
         self._stack.close()
-        self._set(self._recorder.graph, _module_types(self._model), self._tracker.calls,
-                  self._recorder.unsupported, self._mode, None, None, self._recorder.decomposed, self._rules)
+        self._set(self._recorder.graph, read_facts(self._model), self._tracker, self._recorder.unsupported,
+                  self._mode, None, None, self._recorder.decomposed, self._rules)
         _warn_unsupported(self)
 
 
@@ -119,6 +120,7 @@ class _FakeRunError(Exception):
 def _run(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], registry: FormulaRegistry,
          roles: tuple[RoleRule, ...], *,
          fake: bool) -> Profile:
+    facts = read_facts(model)
     snapshot = ModelSnapshot(model, buffer_values=not fake)
     tracker = ModuleTracker(model)
     try:
@@ -145,8 +147,8 @@ def _run(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], regist
                 raise _explain(model, error, recorder, tracker, fake) from error
     finally:
         snapshot.restore()
-    prof = Profile(recorder.graph, _module_types(model), tracker.calls, recorder.unsupported,
-                   "fake" if fake else "real", output, decomposed=recorder.decomposed, role_rules=roles)
+    prof = Profile(recorder.graph, facts, tracker, recorder.unsupported, "fake" if fake else "real", output,
+                   decomposed=recorder.decomposed, role_rules=roles)
     _warn_unsupported(prof)
     return prof
 
@@ -249,10 +251,6 @@ def _input_names(model: nn.Module, args: tuple[Any, ...],
         for j, t in enumerate(found):
             names.setdefault(id(t), ("placeholder", label if len(found) == 1 else f"{label}_{j}", "input"))
     return names
-
-
-def _module_types(model: nn.Module) -> dict[str, type]:
-    return {name: type(module) for name, module in model.named_modules()}
 
 
 def _on_meta(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:

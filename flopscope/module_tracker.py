@@ -14,6 +14,7 @@ import sys
 from collections import Counter
 from typing import Any, NamedTuple
 
+import torch
 from torch import nn
 from torch.nn.modules import module as nn_module
 
@@ -24,19 +25,21 @@ class ModuleCall(NamedTuple):
 
 
 class ModuleTracker:
-    """Context manager keeping :attr:`stack`, the tuple of module calls now running (outermost first)."""
+    """Context manager keeping :attr:`stack`, the tuple of module calls now running (outermost first),
+    and :attr:`inputs`: per module call, the shapes of its tensor arguments (by position or keyword)."""
 
     def __init__(self, root: nn.Module) -> None:
         self.paths: dict[int, str] = {id(m): name for name, m in root.named_modules()}
         self.stack: tuple[ModuleCall, ...] = ()
         self.calls: Counter[str] = Counter()
+        self.inputs: dict[ModuleCall, tuple[tuple[int | str, tuple[int, ...]], ...]] = {}
         self._failed_in: dict[int, tuple[ModuleCall, ...]] = {}
         self._handles: list[Any] = []
 
     def __enter__(self) -> ModuleTracker:
         self._handles = [
             nn_module.register_module_forward_pre_hook(self._pre),
-            nn_module.register_module_forward_hook(self._post, always_call=True),
+            nn_module.register_module_forward_hook(self._post, with_kwargs=True, always_call=True),
         ]
         return self
 
@@ -57,10 +60,14 @@ class ModuleTracker:
         self.calls[path] += 1
         self.stack = (*self.stack, ModuleCall(path, self.calls[path]))
 
-    def _post(self, module: nn.Module, args: Any, output: Any) -> None:
+    def _post(self, module: nn.Module, args: Any, kwargs: Any, output: Any) -> None:
         path = self.paths.get(id(module))
         if path is None:
             return
+        if self.stack and self.stack[-1].path == path:
+            shapes = [(i, tuple(a.shape)) for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
+            shapes += [(k, tuple(v.shape)) for k, v in (kwargs or {}).items() if isinstance(v, torch.Tensor)]
+            self.inputs[self.stack[-1]] = tuple(shapes)
         error = sys.exc_info()[1]  # set while the always-called hook runs for a raising forward
         if error is not None and id(error) not in self._failed_in:
             self._failed_in[id(error)] = self.stack

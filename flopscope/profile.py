@@ -14,6 +14,8 @@ from typing import Any
 from torch import fx
 
 from .errors import FlopscopeError
+from .facts import ModelFacts
+from .module_tracker import ModuleCall, ModuleTracker
 from .roles import ROLE_ORDER, Assignment, Role, RoleFinder, RoleRule
 
 Shape = tuple[int, ...]
@@ -43,18 +45,20 @@ class Profile:
     Build it with :func:`flopscope.profile`; the constructor is internal.
     """
 
-    def __init__(self, graph: fx.Graph, module_types: Mapping[str, type], module_calls: Mapping[str, int],
-                 unsupported: Mapping[str, int], mode: str, output: Any = None,
-                 notes: list[str] | None = None, decomposed: Mapping[str, int] | None = None,
-                 role_rules: tuple[RoleRule, ...] = ()) -> None:
-        self._set(graph, module_types, module_calls, unsupported, mode, output, notes, decomposed, role_rules)
+    def __init__(self, graph: fx.Graph, facts: ModelFacts, tracker: ModuleTracker, unsupported: Mapping[str, int],
+                 mode: str, output: Any = None, notes: list[str] | None = None,
+                 decomposed: Mapping[str, int] | None = None, role_rules: tuple[RoleRule, ...] = ()) -> None:
+        self._set(graph, facts, tracker, unsupported, mode, output, notes, decomposed, role_rules)
 
-    def _set(self, graph: fx.Graph, module_types: Mapping[str, type], module_calls: Mapping[str, int],
-             unsupported: Mapping[str, int], mode: str, output: Any, notes: list[str] | None,
-             decomposed: Mapping[str, int] | None, role_rules: tuple[RoleRule, ...]) -> None:
+    def _set(self, graph: fx.Graph, facts: ModelFacts, tracker: ModuleTracker, unsupported: Mapping[str, int],
+             mode: str, output: Any, notes: list[str] | None, decomposed: Mapping[str, int] | None,
+             role_rules: tuple[RoleRule, ...]) -> None:
         self._graph = graph
-        self._module_types = dict(module_types)
-        self._module_paths = list(module_types)
+        self._facts = facts
+        self._module_types = dict(facts.types)
+        self._module_paths = list(facts.types)
+        self._module_inputs = dict(tracker.inputs)
+        module_calls = tracker.calls
         self._role_rules = role_rules
         self._roles: dict[fx.Node, Assignment] | None = None
         self._records: tuple[OpRecord, ...] | None = None
@@ -123,6 +127,15 @@ class Profile:
     def output(self) -> Any:
         """What the forward returned (fake tensors in fake mode; ``None`` for :func:`flopscope.profiler`)."""
         return self._output
+
+    @property
+    def facts(self) -> ModelFacts:
+        """What the model declares (module attributes, parameter shapes, config), read before it ran."""
+        return self._facts
+
+    def module_inputs(self) -> dict[ModuleCall, tuple[tuple[int | str, Shape], ...]]:
+        """Per module call, the shapes of its tensor arguments (by position or keyword)."""
+        return dict(self._module_inputs)
 
     @property
     def notes(self) -> list[str]:

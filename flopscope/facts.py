@@ -1,0 +1,92 @@
+"""What a model declares about itself, read before it runs (never from the executed op shapes).
+
+Reconciliation predicts each role's multiplies from these facts: module types and their plain
+attributes (``embed_dim``, ``num_heads``, ``kernel_size``, ``hidden_size`` of an LSTM, ...), parameter
+shapes, and the Hugging Face config when the model has one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from torch import nn
+
+Shape = tuple[int, ...]
+_PLAIN = (bool, int, float, str)
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    types: Mapping[str, type]  # module path -> class
+    attributes: Mapping[str, Mapping[str, Any]]  # module path -> plain attributes (numbers, strings, tuples)
+    param_shapes: Mapping[str, Mapping[str, Shape]]  # module path -> {local parameter name: shape}
+    config: Mapping[str, Any] | None = None  # the Hugging Face config as a dict, if any
+    params: int = 0  # unique parameters of the model
+    embedding_params: int = 0  # parameters of nn.Embedding tables (token and position embeddings)
+    tied_embedding: bool = False  # an embedding table is also used as a weight elsewhere (tied LM head)
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    def attr(self, path: str, *names: str) -> Any:
+        """The first of ``names`` set on the module at ``path`` (``None`` if none is)."""
+        values = self.attributes.get(path, {})
+        for name in names:
+            if values.get(name) is not None:
+                return values[name]
+        return None
+
+    def config_value(self, *names: str) -> Any:
+        """The first of ``names`` in the Hugging Face config (or its ``text_config``)."""
+        for config in (self.config, (self.config or {}).get("text_config")):
+            if isinstance(config, Mapping):
+                for name in names:
+                    if config.get(name) is not None:
+                        return config[name]
+        return None
+
+
+def read_facts(model: nn.Module) -> ModelFacts:
+    types, attributes, param_shapes = {}, {}, {}
+    for path, module in model.named_modules():
+        types[path] = type(module)
+        attributes[path] = {k: v for k, v in vars(module).items() if not k.startswith("_") and _is_plain(v)}
+        param_shapes[path] = {k: tuple(p.shape) for k, p in module._parameters.items() if p is not None}
+    unique = {id(p): p for p in model.parameters()}
+    embedding = {id(m.weight): m.weight.numel() for m in model.modules() if isinstance(m, nn.Embedding)}
+    tied = _shares_embedding(model)
+    return ModelFacts(types=types, attributes=attributes, param_shapes=param_shapes, config=_config(model),
+                      params=sum(p.numel() for p in unique.values()), embedding_params=sum(embedding.values()),
+                      tied_embedding=tied)
+
+
+def _shares_embedding(model: nn.Module) -> bool:
+    tables = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
+    owners: dict[int, int] = {}
+    for m in model.modules(remove_duplicate=False):
+        for p in m._parameters.values():
+            if p is not None and id(p) in tables:
+                owners[id(p)] = owners.get(id(p), 0) + 1
+    return any(count > 1 for count in owners.values())
+
+
+def _config(model: nn.Module) -> dict[str, Any] | None:
+    config = getattr(model, "config", None)
+    to_dict = getattr(config, "to_dict", None)
+    if not callable(to_dict):
+        return None
+    try:
+        values = dict(to_dict())
+    except Exception:  # a config that cannot serialise itself: keep its plain attributes
+        values = {k: v for k, v in vars(config).items() if _is_plain(v)}
+    for name in ("hidden_size", "num_attention_heads", "num_hidden_layers", "intermediate_size", "vocab_size"):
+        with contextlib.suppress(AttributeError):  # attribute_map aliases (GPT-2's n_embd) are not dict keys
+            values.setdefault(name, getattr(config, name))
+    return values
+
+
+def _is_plain(value: Any) -> bool:
+    if isinstance(value, _PLAIN) or value is None:
+        return True
+    return isinstance(value, tuple) and all(isinstance(v, _PLAIN) for v in value)
