@@ -19,7 +19,9 @@ from .errors import (
     RegistryError,
 )
 from .formulas import REGISTRY, FormulaRegistry
+from .layer_types import compare, compare_lengths
 from .profile import OpRecord, Profile
+from .reconcile import ReconcileRow, Reconciliation, TransformerSpec
 from .roles import Role, RoleRule
 
 __version__ = "0.1.0"
@@ -35,9 +37,14 @@ __all__ = [
     "NotAModuleError",
     "OpRecord",
     "Profile",
+    "ReconcileRow",
+    "Reconciliation",
     "RegistryError",
     "Role",
     "RoleRule",
+    "TransformerSpec",
+    "compare",
+    "compare_lengths",
     "profile",
     "profiler",
 ]

@@ -16,6 +16,7 @@ from torch import fx
 from .errors import FlopscopeError
 from .facts import ModelFacts
 from .module_tracker import ModuleCall, ModuleTracker
+from .reconcile import Reconciliation, TransformerSpec, reconcile
 from .roles import ROLE_ORDER, Assignment, Role, RoleFinder, RoleRule
 
 Shape = tuple[int, ...]
@@ -216,6 +217,12 @@ class Profile:
         self._role_assignments()
         found = node if isinstance(node, fx.Node) else next(n for n in self._graph.nodes if n.name == node)
         return Role(found.meta.get("role", Role.OTHER.value))
+
+    def reconcile(self, spec: TransformerSpec | None = None) -> Reconciliation:
+        """Measured MACs per block and role against exact closed forms from the model's declared
+        structure (or ``spec``), with the complexity term, useful work under masks, and the reason for
+        any ratio that is not 1. See :mod:`flopscope.reconcile`."""
+        return reconcile(self, spec)
 
     def _role_assignments(self) -> dict[fx.Node, Assignment]:
         self._check_ready()

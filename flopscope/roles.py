@@ -133,6 +133,7 @@ class Assignment:
 
     parts: dict[str, int]
     block: str | None = None  # module path of the attention / FFN block it belongs to
+    kind: str | None = None  # "attention", "ffn", "conv", "recurrent" or None (a lone multiply)
 
 
 class RoleFinder:
@@ -350,15 +351,17 @@ class RoleFinder:
                     break
 
     def _blocks(self) -> None:
-        for _kind, members in self.groups:
+        for kind, members in self.groups:
             paths = [str(m.meta["module"]) for m in members if m.meta.get("module") is not None]
             block = _common_path(paths)
             for m in members:
                 if m in self.result and self.result[m].block is None:
-                    self.result[m].block = block
+                    self.result[m].block, self.result[m].kind = block, kind
         for n, assignment in self.result.items():
             if assignment.block is None:
                 assignment.block = n.meta.get("module") or ""
+                if set(assignment.parts) <= {Role.CONV.value, Role.RECURRENT.value}:
+                    assignment.kind = next(iter(assignment.parts), None)
 
     # ---------------------------------------------------------------------------------------------
     # graph helpers

@@ -1,0 +1,465 @@
+"""Reconciliation: measured multiplies per block and role against exact closed-form predictions.
+
+Predictions use what the model *declares* (:class:`~flopscope.facts.ModelFacts`: module attributes,
+parameter shapes, the Hugging Face config) and the shapes of each block's inputs (its token counts), never
+the shapes of the ops that ran inside it; a user can state the hyper-parameters instead with a
+:class:`TransformerSpec`. Closed forms are those of ``reference/formulas.md`` sections 6 and 7 (MACs):
+
+=================  ==============================  ============
+role               prediction                      term
+=================  ==============================  ============
+q_proj             B·n_q·d·(h·d_k)                 n·d²
+k_proj / v_proj    B·n_k·d·(n_kv·d_k)              n·d²
+attn_scores / AV   B·h·n_q·n_k·d_k                 n²·d
+out_proj           B·n_q·(h·d_k)·d                 n·d²
+ffn_up/gate/down   B·n·d·d_ff  (x top_k experts)   n·d²
+conv               B·C_out·L_out·(C_in/g)·k        k·n·d²
+recurrent          B·T·gates·d_h·(d_in + d_h) ...  n·d²
+logits             B·n·d·V                         n·d·V
+=================  ==============================  ============
+
+For attention the *useful* work is reported beside the executed work: a causal mask executed by a dense
+kernel runs ``n_q·n_k`` pairs but needs ``n_q·n_k − n_q(n_q−1)/2``; a sliding window W needs
+``W·n − W(W−1)/2`` (restricted attention, ``r·n·d``). ``total()`` and ``by_role()`` stay executed work.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from fractions import Fraction
+from typing import TYPE_CHECKING, Any
+
+from tabulate import tabulate
+
+from .facts import ModelFacts
+from .formulas import prod
+
+if TYPE_CHECKING:
+    from .profile import Profile
+
+ATTENTION_ROLES = ("q_proj", "k_proj", "v_proj", "attn_scores", "attn_weighted_sum", "out_proj")
+FFN_ROLES = ("ffn_up", "ffn_gate", "ffn_down")
+TERMS = {"q_proj": "n·d²", "k_proj": "n·d²", "v_proj": "n·d²", "out_proj": "n·d²", "attn_scores": "n²·d",
+         "attn_weighted_sum": "n²·d", "ffn_up": "n·d²", "ffn_gate": "n·d²", "ffn_down": "n·d²",
+         "conv": "k·n·d²", "recurrent": "n·d²", "logits": "n·d·V"}
+QUERY_INPUTS = ("hidden_states", "query", "x", "src", "tgt", "input", "inputs_embeds", 0)
+KEY_INPUTS = ("key_value_states", "encoder_hidden_states", "key", "memory", "context", "kv")
+
+
+@dataclass(frozen=True)
+class TransformerSpec:
+    """Hyper-parameters stated by the user (they win over what the model declares).
+
+    n: tokens per sequence (queries; keys too unless ``n_k``); d: model width; h: query heads;
+    d_ff: FFN width; n_kv: key/value heads (default h); d_k: head width (default d / h);
+    batch: sequences; causal / window: the attention mask, for the useful-work column.
+    """
+
+    n: int | None = None
+    d: int | None = None
+    h: int | None = None
+    d_ff: int | None = None
+    n_kv: int | None = None
+    d_k: int | None = None
+    n_k: int | None = None
+    batch: int | None = None
+    gated: bool | None = None
+    causal: bool | None = None
+    window: int | None = None
+
+
+@dataclass(frozen=True)
+class ReconcileRow:
+    block: str  # module path of the block instance ("" is the root)
+    role: str
+    measured: int  # MACs executed
+    predicted: int | None  # MACs of the closed form (None: no prediction for this role)
+    term: str  # the complexity term it realises: "n·d²", "n²·d", "k·n·d²", "r·n·d"
+    useful: int | None = None  # MACs the mask leaves useful (attention core; None: same as executed)
+    reason: str = ""  # why measured != predicted, when it is not
+    basis: str = ""  # the hyper-parameters behind the prediction and where they came from
+
+    @property
+    def ratio(self) -> Fraction | None:
+        """measured / predicted, exactly (``None`` without a prediction)."""
+        if self.predicted is None:
+            return None
+        if self.predicted == 0:
+            return Fraction(1) if self.measured == 0 else None
+        return Fraction(self.measured, self.predicted)
+
+    @property
+    def exact(self) -> bool:
+        return self.ratio == 1
+
+
+@dataclass(frozen=True)
+class Reconciliation:
+    rows: tuple[ReconcileRow, ...]
+
+    def all_exact(self) -> bool:
+        return all(row.exact for row in self.rows)
+
+    def unexplained(self) -> list[ReconcileRow]:
+        """Rows whose ratio is not 1 and for which no reason was found."""
+        return [r for r in self.rows if not r.exact and not r.reason]
+
+    def by_block(self) -> dict[str, list[ReconcileRow]]:
+        out: dict[str, list[ReconcileRow]] = defaultdict(list)
+        for row in self.rows:
+            out[row.block].append(row)
+        return dict(out)
+
+    def to_table(self, tablefmt: str = "simple") -> str:
+        rows = []
+        for r in self.rows:
+            ratio = "-" if r.ratio is None else (str(r.ratio) if r.ratio.denominator != 1 else f"{r.ratio}")
+            useful = "" if r.useful is None else f"{r.useful:,}"
+            predicted = "-" if r.predicted is None else f"{r.predicted:,}"
+            rows.append([r.block or "(model)", r.role, f"{r.measured:,}", predicted, ratio, r.term, useful, r.reason])
+        return tabulate(rows, headers=["block", "role", "measured MACs", "predicted MACs", "ratio", "term",
+                                       "useful MACs", "reason"], tablefmt=tablefmt,
+                        colalign=("left", "left", "right", "right", "right", "left", "right", "left"))
+
+
+# --------------------------------------------------------------------------------------------------
+def reconcile(prof: Profile, spec: TransformerSpec | None = None) -> Reconciliation:
+    """Per block and role: measured against predicted MACs (see the module docstring)."""
+    measured: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    role_modules: dict[str, dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))
+    kernels: dict[str, set[str]] = defaultdict(set)
+    causal_kernels: set[str] = set()
+    for node, assignment in prof._role_assignments().items():
+        block = assignment.block or ""
+        for role, macs in assignment.parts.items():
+            measured[block][role] += macs
+            role_modules[block][role].add(str(node.meta.get("module") or ""))
+        if node.meta.get("multiply_parts"):
+            kernels[block].add(str(node.target))
+            if _kernel_is_causal(node):
+                causal_kernels.add(block)
+    facts = prof.facts
+    calls = _calls_by_path(prof.module_inputs())
+    rows: list[ReconcileRow] = []
+    for block, roles in measured.items():
+        if any(r in roles for r in ATTENTION_ROLES):
+            rows += _attention_rows(block, roles, facts, calls.get(block, []), spec, block in causal_kernels,
+                                    role_modules[block])
+        if any(r in roles for r in FFN_ROLES):
+            rows += _ffn_rows(block, roles, facts, calls.get(block, []), spec, role_modules[block])
+        if "conv" in roles:
+            rows.append(_conv_row(block, roles["conv"], facts, calls.get(block, [])))
+        if "recurrent" in roles:
+            rows.append(_recurrent_row(block, roles["recurrent"], facts, calls.get(block, [])))
+        if "logits" in roles:
+            rows.append(_logits_row(block, roles["logits"], facts, calls.get(block, []), spec))
+    return Reconciliation(tuple(rows))
+
+
+InputShapes = tuple[tuple[int | str, tuple[int, ...]], ...]
+
+
+def _calls_by_path(inputs: Mapping[Any, InputShapes]) -> dict[str, list[InputShapes]]:
+    out: dict[str, list[InputShapes]] = defaultdict(list)
+    for call, shapes in inputs.items():
+        out[call.path].append(shapes)
+    return out
+
+
+def _kernel_is_causal(node: Any) -> bool:
+    if node.kwargs.get("is_causal"):
+        return True
+    return any(a is True for a in node.args[3:6]) and "scaled_dot_product" in str(node.target)
+
+
+# --------------------------------------------------------------------------------------------------
+# attention
+@dataclass(frozen=True)
+class _Attention:
+    d: int  # model width (projection input)
+    d_q: int  # h·d_k: query width, also the width of scores and weighted sum
+    d_kv: int  # n_kv·d_k: key / value width
+    source: str  # "h=8 n_kv=2 d_k=64 (config)" or "(weight shapes)"
+
+
+def _attention_hyper(block: str, facts: ModelFacts, spec: TransformerSpec | None,
+                     role_modules: Mapping[str, set[str]]) -> _Attention | None:
+    paths = [p for p in facts.types if p == block or p.startswith(block + ".") or block == ""]
+    attr = _first_attr(facts, paths)
+    source = "module attributes"
+    d = attr("embed_dim", "hidden_size", "d_model", "embed_size", "all_head_size", "inner_dim")
+    h = attr("num_heads", "num_attention_heads", "n_heads", "n_head", "num_attention_heads_per_partition", "h")
+    n_kv = attr("num_key_value_heads", "num_kv_heads", "n_kv_heads", "num_key_value_heads_per_partition")
+    groups = attr("num_key_value_groups")
+    d_k = attr("head_dim", "attention_head_size", "key_value_proj_dim", "head_size", "d_kv", "d_k", "dk")
+    if facts.config is not None:
+        d = facts.config_value("hidden_size", "d_model") if d is None else d
+        h = facts.config_value("num_attention_heads", "num_heads", "n_head") if h is None else h
+        if n_kv is None and groups is None:
+            n_kv = facts.config_value("num_key_value_heads", "num_kv_heads")
+            if n_kv is None and facts.config_value("multi_query"):
+                n_kv = 1
+        d_k = facts.config_value("head_dim", "d_kv") if d_k is None else d_k
+        source = "module attributes and config"
+    if spec is not None:
+        d, h = spec.d or d, spec.h or h
+        n_kv, d_k = spec.n_kv or n_kv, spec.d_k or d_k
+        source = "TransformerSpec"
+    if isinstance(d, int) and isinstance(h, int) and h > 0:
+        if n_kv is None and isinstance(groups, int) and groups > 0:
+            n_kv = h // groups
+        n_kv = n_kv if isinstance(n_kv, int) else h
+        d_k = d_k if isinstance(d_k, int) else d // h
+        return _Attention(d, h * d_k, n_kv * d_k, f"h={h} n_kv={n_kv} d_k={d_k} ({source})")
+    # no declared head count: the projection weights give the widths (heads only split them)
+    q_mods, k_mods = role_modules.get("q_proj", set()), role_modules.get("k_proj", set())
+    if len(q_mods) == 1 and len(k_mods) == 1 and q_mods != k_mods:
+        q_mod, k_mod = next(iter(q_mods)), next(iter(k_mods))
+        d_in, d_q = facts.attr(q_mod, "in_features"), facts.attr(q_mod, "out_features")
+        d_kv = facts.attr(k_mod, "out_features")
+        if all(isinstance(v, int) for v in (d_in, d_q, d_kv)):
+            return _Attention(d_in, d_q, d_kv, "widths from the projection weights")
+    return None
+
+
+def _first_attr(facts: ModelFacts, paths: Sequence[str]) -> Any:
+    def attr(*names: str) -> Any:
+        for path in paths:
+            value = facts.attr(path, *names)
+            if isinstance(value, int) and not isinstance(value, bool):
+                return value
+        return None
+    return attr
+
+
+def _tokens(shapes: InputShapes, width: int, names: Sequence[int | str], seq_first: bool = False
+            ) -> tuple[int, int] | None:
+    """(batch, length) of the first named input whose last dim is ``width``."""
+    by_key = dict(shapes)
+    for name in names:
+        shape = by_key.get(name)
+        if shape is not None and len(shape) >= 2 and shape[-1] == width:
+            if seq_first and len(shape) == 3:
+                return shape[1], shape[0]
+            return prod(shape[:-2]), shape[-2]
+        if shape is not None and len(shape) == 1 and shape[-1] == width:
+            return 1, 1
+    return None
+
+
+def _attention_rows(block: str, measured: Mapping[str, int], facts: ModelFacts, calls: list[InputShapes],
+                    spec: TransformerSpec | None, causal_kernel: bool,
+                    role_modules: Mapping[str, set[str]]) -> list[ReconcileRow]:
+    hyper = _attention_hyper(block, facts, spec, role_modules)
+    present = [r for r in ATTENTION_ROLES if r in measured]
+    if hyper is None or (not calls and (spec is None or spec.n is None)):
+        return [ReconcileRow(block, r, measured[r], None, TERMS[r], reason="unrecognised block: no declared "
+                             "width / heads or no recorded input") for r in present]
+    seq_first = facts.attr(block, "batch_first") is False
+    predicted: dict[str, int] = defaultdict(int)
+    useful: dict[str, int] = defaultdict(int)
+    attrs = [p for p in facts.types if p == block or p.startswith(block + ".")]
+    causal = bool(causal_kernel or any(facts.attr(p, "is_causal") is True for p in attrs))
+    window = next((facts.attr(p, "sliding_window") for p in attrs if isinstance(facts.attr(p, "sliding_window"),
+                                                                                   int)), None)
+    if window is None:
+        window = _config_window(block, facts)
+    if spec is not None:
+        causal = spec.causal if spec.causal is not None else causal
+        window = spec.window if spec.window is not None else window
+    basis = ""
+    for shapes in calls or [()]:
+        if spec is not None and spec.n is not None:
+            batch, n_q = spec.batch or 1, spec.n
+            n_k = spec.n_k or spec.n
+        else:
+            q = _tokens(shapes, hyper.d, QUERY_INPUTS, seq_first)
+            if q is None:
+                continue
+            batch, n_q = q
+            kv_names: tuple[int | str, ...] = (*KEY_INPUTS, 1) if seq_first or facts.attr(block, "kdim") else KEY_INPUTS
+            kv = _tokens(shapes, facts.attr(block, "kdim") or hyper.d, kv_names, seq_first)
+            n_k = kv[1] if kv is not None else n_q
+        d, d_q, d_kv = hyper.d, hyper.d_q, hyper.d_kv  # d_q = h·d_k, d_kv = n_kv·d_k
+        predicted["q_proj"] += batch * n_q * d * d_q
+        predicted["k_proj"] += batch * n_k * d * d_kv
+        predicted["v_proj"] += batch * n_k * d * d_kv
+        predicted["attn_scores"] += batch * n_q * n_k * d_q
+        predicted["attn_weighted_sum"] += batch * n_q * n_k * d_q
+        predicted["out_proj"] += batch * n_q * d_q * d
+        pairs = _useful_pairs(n_q, n_k, causal and n_k >= n_q, window)
+        useful["attn_scores"] += batch * pairs * d_q
+        useful["attn_weighted_sum"] += batch * pairs * d_q
+        basis = (f"B={batch} n_q={n_q} n_k={n_k} d={d} {hyper.source}"
+                 f"{' causal' if causal else ''}{f' window={window}' if window else ''}")
+    rows = []
+    for role in ATTENTION_ROLES:
+        if role not in measured and not predicted.get(role):
+            continue
+        got = measured.get(role, 0)
+        row = ReconcileRow(block, role, got, predicted.get(role), TERMS[role],
+                           useful=useful.get(role) if useful.get(role) != predicted.get(role) else None,
+                           basis=basis)
+        rows.append(replace(row, reason=_attention_reason(row, hyper)) if not row.exact else row)
+    return rows
+
+
+def _config_window(block: str, facts: ModelFacts) -> int | None:
+    """The sliding window the config declares for this block's layer (``layer_types`` when it has them)."""
+    window = facts.config_value("sliding_window")
+    if not isinstance(window, int) or facts.config_value("use_sliding_window") is False:
+        return None
+    layer_types = facts.config_value("layer_types")
+    if isinstance(layer_types, (list, tuple)):
+        index = next((int(part) for part in block.split(".") if part.isdigit()), None)
+        if index is None or index >= len(layer_types) or "sliding" not in str(layer_types[index]):
+            return None
+    return window
+
+
+def _useful_pairs(n_q: int, n_k: int, causal: bool, window: int | None) -> int:
+    """(query, key) pairs a causal / sliding-window mask leaves; queries are the last n_q of n_k positions."""
+    if window:
+        offset = n_k - n_q
+        return sum(min(offset + i + 1, window) for i in range(n_q))
+    if causal:
+        return n_q * n_k - n_q * (n_q - 1) // 2
+    return n_q * n_k
+
+
+def _attention_reason(row: ReconcileRow, hyper: _Attention) -> str:
+    ratio = row.ratio
+    if row.measured == 0:
+        return "role not found in this block: its multiplies are attributed elsewhere (see by_block())"
+    if ratio is None:
+        return ""
+    if row.role in ("attn_scores", "attn_weighted_sum") and ratio > 1 and ratio.denominator == 1:
+        return f"keys include cached tokens: each query meets {ratio}x the keys of its input (KV cache)"
+    if row.role in ("k_proj", "v_proj") and ratio == Fraction(hyper.d_q, hyper.d_kv):
+        return "grouped-query attention: K/V projected for the query heads, not n_kv heads"
+    if ratio.denominator == 1 and ratio > 1:
+        return f"executed on {ratio}x the tokens of the block input (padding or repeated calls)"
+    return ""
+
+
+# --------------------------------------------------------------------------------------------------
+# FFN, conv, recurrent, logits
+def _ffn_rows(block: str, measured: Mapping[str, int], facts: ModelFacts, calls: list[InputShapes],
+              spec: TransformerSpec | None, role_modules: Mapping[str, set[str]]) -> list[ReconcileRow]:
+    gated = ("ffn_gate" in measured) if spec is None or spec.gated is None else spec.gated
+    d, d_ff, source = _ffn_widths(block, facts, role_modules, gated)
+    experts = facts.config_value("num_experts_per_tok", "num_experts_per_token", "moe_topk", "top_k")
+    if spec is not None:
+        d, d_ff, source = spec.d or d, spec.d_ff or d_ff, "TransformerSpec"
+    present = [r for r in FFN_ROLES if r in measured]
+    if not isinstance(d, int) or not isinstance(d_ff, int):
+        return [ReconcileRow(block, r, measured[r], None, TERMS[r], reason="unrecognised block") for r in present]
+    top_k = experts if isinstance(experts, int) else 1
+    tokens = 0
+    for shapes in calls:
+        t = _tokens(shapes, d, QUERY_INPUTS)
+        if t is not None:
+            tokens += t[0] * t[1]
+    if spec is not None and spec.n is not None:
+        tokens = (spec.batch or 1) * spec.n
+    predicted = {"ffn_up": tokens * top_k * d * d_ff, "ffn_down": tokens * top_k * d_ff * d}
+    if gated:
+        predicted["ffn_gate"] = tokens * top_k * d * d_ff
+    moe = f" top_k={top_k} experts per token" if top_k > 1 else ""
+    basis = f"tokens={tokens} d={d} d_ff={d_ff}{' gated' if gated else ''}{moe} ({source})"
+    rows = []
+    for role in FFN_ROLES:
+        if role in measured or role in predicted:
+            row = ReconcileRow(block, role, measured.get(role, 0), predicted.get(role), TERMS[role], basis=basis)
+            if not row.exact and row.ratio is not None and row.ratio.denominator == 1 and row.ratio > 1:
+                row = replace(row, reason=f"executed on {row.ratio}x the tokens of the block input")
+            rows.append(row)
+    return rows
+
+
+def _ffn_widths(block: str, facts: ModelFacts, role_modules: Mapping[str, set[str]], gated: bool
+                ) -> tuple[int | None, int | None, str]:
+    """(d, d_ff): from the up projection's declared weight (nn.Linear / GPT-2 Conv1D), else the config."""
+    ups = role_modules.get("ffn_up", set())
+    if len(ups) == 1:
+        up = next(iter(ups))
+        d_in, width = facts.attr(up, "in_features", "nx"), facts.attr(up, "out_features", "nf")
+        if isinstance(d_in, int) and isinstance(width, int):
+            fused = gated and role_modules.get("ffn_gate") == ups  # one gate_up projection, split in two
+            return d_in, width // 2 if fused else width, "weight shapes"
+    d = facts.config_value("hidden_size", "d_model")
+    moe = facts.config_value("num_experts_per_tok", "num_experts_per_token", "moe_topk", "top_k")
+    keys = ("moe_intermediate_size", "intermediate_size") if moe else ("intermediate_size", "ffn_dim", "d_ff")
+    d_ff = facts.config_value(*keys)
+    if isinstance(d, int) and isinstance(d_ff, int):
+        return d, d_ff, "config"
+    # a fused kernel (the encoder-layer fast path): the block's own linear layers declare the widths
+    linears = [p for p in facts.types if (p.startswith(block + ".") or block == "") and facts.attr(p, "in_features")]
+    ins = [facts.attr(p, "in_features") for p in linears]
+    outs = [facts.attr(p, "out_features") for p in linears]
+    if ins and outs:
+        return min(ins), max(outs), "weight shapes"
+    return None, None, "unknown"
+
+
+def _conv_row(block: str, got: int, facts: ModelFacts, calls: list[InputShapes]) -> ReconcileRow:
+    a = facts.attributes.get(block, {})
+    needed = ("in_channels", "out_channels", "kernel_size", "stride", "padding", "dilation", "groups")
+    if not all(k in a for k in needed) or not calls:
+        return ReconcileRow(block, "conv", got, None, TERMS["conv"], reason="unrecognised block")
+    predicted = 0
+    kernel, dims = tuple(a["kernel_size"]), len(tuple(a["kernel_size"]))
+    for shapes in calls:
+        shape = dict(shapes).get(0)
+        if shape is None:
+            continue
+        spatial = shape[-dims:]
+        batch = prod(shape[:-dims - 1]) if len(shape) > dims + 1 else 1
+        if a.get("transposed"):
+            predicted += batch * prod(spatial) * a["in_channels"] * (a["out_channels"] // a["groups"]) * prod(kernel)
+            continue
+        if a["padding"] == "same":
+            out = spatial
+        elif a["padding"] == "valid":
+            out = tuple((s - a["dilation"][i] * (kernel[i] - 1) - 1) // a["stride"][i] + 1
+                        for i, s in enumerate(spatial))
+        else:
+            out = tuple((s + 2 * a["padding"][i] - a["dilation"][i] * (kernel[i] - 1) - 1) // a["stride"][i] + 1
+                        for i, s in enumerate(spatial))
+        predicted += batch * a["out_channels"] * prod(out) * (a["in_channels"] // a["groups"]) * prod(kernel)
+    basis = f"C_in={a['in_channels']} C_out={a['out_channels']} k={kernel} groups={a['groups']}"
+    return ReconcileRow(block, "conv", got, predicted, TERMS["conv"], basis=basis)
+
+
+def _recurrent_row(block: str, got: int, facts: ModelFacts, calls: list[InputShapes]) -> ReconcileRow:
+    a = facts.attributes.get(block, {})
+    gates = {"LSTM": 4, "GRU": 3, "RNN_TANH": 1, "RNN_RELU": 1}.get(str(a.get("mode")))
+    if gates is None or not calls:
+        return ReconcileRow(block, "recurrent", got, None, TERMS["recurrent"], reason="unrecognised block")
+    d_in, d_h, layers = a["input_size"], a["hidden_size"], a["num_layers"]
+    dirs, p = (2 if a["bidirectional"] else 1), a.get("proj_size") or 0
+    out = p or d_h
+    per_token = 0
+    for layer in range(layers):
+        width = d_in if layer == 0 else dirs * out
+        per_token += dirs * (gates * d_h * (width + out) + p * d_h)
+    tokens = 0
+    for shapes in calls:
+        shape = dict(shapes).get(0)
+        if shape is not None:
+            tokens += prod(shape[:-1])
+    basis = f"d_in={d_in} d_h={d_h} gates={gates} layers={layers} directions={dirs}"
+    return ReconcileRow(block, "recurrent", got, tokens * per_token, TERMS["recurrent"], basis=basis)
+
+
+def _logits_row(block: str, got: int, facts: ModelFacts, calls: list[InputShapes],
+                spec: TransformerSpec | None) -> ReconcileRow:
+    d = facts.config_value("hidden_size", "d_model") or facts.attr(block, "in_features")
+    vocab = facts.config_value("vocab_size") or facts.attr(block, "out_features")
+    tokens = sum(t[0] * t[1] for shapes in calls if (t := _tokens(shapes, d, QUERY_INPUTS)) is not None) \
+        if isinstance(d, int) else 0
+    if not isinstance(d, int) or not isinstance(vocab, int) or not tokens:
+        return ReconcileRow(block, "logits", got, None, TERMS["logits"], reason="unrecognised block")
+    return ReconcileRow(block, "logits", got, tokens * d * vocab, TERMS["logits"], basis=f"d={d} V={vocab}")

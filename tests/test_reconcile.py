@@ -1,0 +1,131 @@
+"""Reconciliation: ratio exactly 1 where the model does what the formula says, an explained ratio where not."""
+
+from __future__ import annotations
+
+import warnings
+from fractions import Fraction
+
+import pytest
+import torch
+
+import flopscope
+from flopscope import TransformerSpec
+from zoo import CASES
+
+transformers = pytest.importorskip("transformers")
+
+d, h, n, m, d_ff, B = 64, 4, 10, 7, 128, 2
+
+
+def reconcile(model, *args, mode="fake", spec=None, **kwargs) -> flopscope.Reconciliation:
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        prof = flopscope.profile(model.eval(), *args, mode=mode, **kwargs)
+    result = prof.reconcile(spec)
+    measured = sum(row.measured for row in result.rows)
+    assert measured == prof.total() - prof.by_role().get("other", 0)
+    return result
+
+
+def ids(length: int) -> torch.Tensor:
+    return torch.randint(0, 100, (B, length), generator=torch.Generator().manual_seed(length))
+
+
+@pytest.mark.parametrize("name", [c for c in CASES if not c.startswith(("4", "7"))])
+def test_zoo_reconciles_exactly(name):
+    from test_zoo import built, fastpath
+
+    model, args, kwargs = built(name)
+    with fastpath(CASES[name].fastpath):
+        result = reconcile(model, *args, **kwargs)
+    assert result.rows and result.all_exact(), result.to_table()
+
+
+@pytest.mark.parametrize("family", ["bert", "gpt2", "t5", "bart", "mixtral", "vit"])
+def test_hugging_face_families_reconcile_exactly(family):
+    T = transformers
+    if family == "bert":
+        model, args = T.BertModel(T.BertConfig(hidden_size=d, num_hidden_layers=2, num_attention_heads=h,
+                                               intermediate_size=d_ff, vocab_size=100)), (ids(n),)
+    elif family == "gpt2":
+        model, args = T.GPT2LMHeadModel(T.GPT2Config(n_embd=d, n_layer=2, n_head=h, vocab_size=100)), (ids(n),)
+    elif family == "vit":
+        model = T.ViTModel(T.ViTConfig(hidden_size=d, num_hidden_layers=2, num_attention_heads=h,
+                                       intermediate_size=d_ff, image_size=32, patch_size=8))
+        args = (torch.randn(B, 3, 32, 32),)
+    elif family == "mixtral":
+        model = T.MixtralModel(T.MixtralConfig(hidden_size=d, intermediate_size=d_ff, num_hidden_layers=2,
+                                               num_attention_heads=h, num_key_value_heads=2, num_local_experts=4,
+                                               num_experts_per_tok=2, vocab_size=100))
+        args = (ids(n),)
+    else:
+        config = (T.T5Config(d_model=d, d_kv=d // h, d_ff=d_ff, num_layers=2, num_heads=h, vocab_size=100)
+                  if family == "t5" else
+                  T.BartConfig(d_model=d, encoder_layers=2, decoder_layers=2, encoder_attention_heads=h,
+                               decoder_attention_heads=h, encoder_ffn_dim=d_ff, decoder_ffn_dim=d_ff, vocab_size=100))
+        model = (T.T5Model if family == "t5" else T.BartModel)(config)
+        result = reconcile(model, input_ids=ids(n), decoder_input_ids=ids(m), mode="auto")
+        assert result.all_exact(), result.to_table()
+        return
+    result = reconcile(model, *args, mode="auto")
+    assert result.all_exact(), result.to_table()
+
+
+def llama(**extra) -> torch.nn.Module:
+    config = transformers.LlamaConfig(hidden_size=d, intermediate_size=d_ff, num_hidden_layers=2,
+                                      num_attention_heads=h, num_key_value_heads=2, vocab_size=100, **extra)
+    torch.manual_seed(0)
+    return transformers.LlamaForCausalLM(config).eval()
+
+
+def test_causal_attention_reports_useful_work_beside_executed_work():
+    result = reconcile(llama(), ids(n))
+    assert result.all_exact()
+    scores = next(r for r in result.rows if r.role == "attn_scores")
+    assert scores.measured == B * h * n * n * (d // h)  # the dense kernel executes every pair
+    assert scores.useful == B * h * (n * (n + 1) // 2) * (d // h)  # the causal mask needs n(n+1)/2 of them
+    assert scores.term == "n²·d"
+
+
+def test_sliding_window_useful_work():
+    W = 4
+    config = transformers.MistralConfig(hidden_size=d, intermediate_size=d_ff, num_hidden_layers=1,
+                                        num_attention_heads=h, num_key_value_heads=2, vocab_size=100,
+                                        sliding_window=W)
+    result = reconcile(transformers.MistralModel(config), ids(n))
+    scores = next(r for r in result.rows if r.role == "attn_scores")
+    assert result.all_exact()
+    assert scores.useful == B * h * (W * n - W * (W - 1) // 2) * (d // h)
+
+
+def test_decoding_with_a_cache_is_an_explained_ratio():
+    model = llama()
+    with torch.no_grad():
+        cache = model(ids(n), use_cache=True).past_key_values
+    result = reconcile(model, ids(1), mode="real", past_key_values=cache)
+    scores = [r for r in result.rows if r.role in ("attn_scores", "attn_weighted_sum")]
+    others = [r for r in result.rows if r.role not in ("attn_scores", "attn_weighted_sum")]
+    assert all(r.exact for r in others), result.to_table()
+    for row in scores:  # predicted from the block input (one token); the query also meets n cached keys
+        assert row.ratio == Fraction(n + 1, 1)
+        assert "KV cache" in row.reason
+    assert result.unexplained() == []
+
+
+def test_a_stated_spec_wins_and_a_wrong_one_shows():
+    block = flopscope.models.TransformerBlock(d, h, d_ff)
+    x = torch.randn(1, n, d)
+    assert reconcile(block, x, spec=TransformerSpec(n=n, d=d, h=h, d_ff=d_ff)).all_exact()
+    wrong = reconcile(block, x, spec=TransformerSpec(n=2 * n, d=d, h=h, d_ff=d_ff))
+    q = next(r for r in wrong.rows if r.role == "q_proj")
+    assert q.ratio == Fraction(1, 2)
+
+
+def test_an_unrecognised_block_says_so():
+    class Bare(torch.nn.Module):
+        def forward(self, q, k, v):
+            return torch.softmax(q @ k.transpose(-2, -1), -1) @ v
+
+    q = torch.randn(B, n, d)
+    result = reconcile(Bare(), q, q, q)
+    assert result.rows and all(r.predicted is None and "unrecognised" in r.reason for r in result.rows)
