@@ -23,6 +23,7 @@ from .layer_types import compare, compare_lengths
 from .profile import OpRecord, Profile
 from .reconcile import ReconcileRow, Reconciliation, TransformerSpec
 from .roles import Role, RoleRule
+from .scaling import Polynomial, Scaling, scaling
 
 __version__ = "0.1.0"
 
@@ -36,15 +37,18 @@ __all__ = [
     "InputError",
     "NotAModuleError",
     "OpRecord",
+    "Polynomial",
     "Profile",
     "ReconcileRow",
     "Reconciliation",
     "RegistryError",
     "Role",
     "RoleRule",
+    "Scaling",
     "TransformerSpec",
     "compare",
     "compare_lengths",
     "profile",
     "profiler",
+    "scaling",
 ]

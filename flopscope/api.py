@@ -118,8 +118,8 @@ class _FakeRunError(Exception):
 
 
 def _run(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], registry: FormulaRegistry,
-         roles: tuple[RoleRule, ...], *,
-         fake: bool) -> Profile:
+         roles: tuple[RoleRule, ...], *, fake: bool, converter: FakeConverter | None = None) -> Profile:
+    """One counted forward. ``converter`` reuses a fake mode and its converted state across calls (a sweep)."""
     facts = read_facts(model)
     snapshot = ModelSnapshot(model, buffer_values=not fake)
     tracker = ModuleTracker(model)
@@ -127,8 +127,8 @@ def _run(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], regist
         with ExitStack() as stack:
             if fake:
                 stack.enter_context(_quiet_fake_tensor_log())
-                fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
-                convert = FakeConverter(fake_mode)
+                convert = converter or FakeConverter(FakeTensorMode(allow_non_fake_inputs=True))
+                fake_mode = convert.mode
                 state = {name: convert(t) for name, t in _named_state(model)}
                 args, kwargs = map_tensors((args, kwargs), convert)
                 recorder = Recorder(tracker, registry, _state_names(model, convert))

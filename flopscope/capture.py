@@ -133,12 +133,18 @@ class Recorder(TorchDispatchMode):
     def _add_node(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any,
                   stack: tuple[Any, ...]) -> fx.Node:
         graph = self.graph
-        node = graph.create_node("call_function", func, _map_tensors(args, self._node_of),
-                                 _map_tensors(kwargs, self._node_of), name=func.overloadpacket.__name__)
+        shapes: list[tuple[int, ...]] = []
+
+        def to_node(t: torch.Tensor) -> fx.Node:
+            shapes.append(tuple(t.shape))
+            return self._node_of(t)
+
+        node = graph.create_node("call_function", func, _map_tensors(args, to_node), _map_tensors(kwargs, to_node),
+                                 name=func.overloadpacket.__name__)
         meta = node.meta
         meta["module"] = stack[-1].path
         meta["module_stack"] = stack
-        meta["input_shapes"] = _shapes((args, kwargs))
+        meta["input_shapes"] = tuple(shapes)
         if isinstance(out, torch.Tensor):
             meta["output_shapes"] = (tuple(out.shape),)
             meta["dtype"] = out.dtype

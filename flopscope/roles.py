@@ -154,6 +154,11 @@ class RoleFinder:
             self.dynamic[n] = leaf in ("input", "constant") or any(self.dynamic[p] for p in parents)
             self.weighty[n] = leaf == "parameter" or any(self.weighty[p] for p in parents)
         self.users: dict[fx.Node, list[fx.Node]] = {n: list(n.users) for n in self.nodes}
+        self.packets: dict[fx.Node, Any] = {n: _packet(n) for n in self.nodes}
+        self.op_names: dict[fx.Node, str] = {n: _op(n) for n in self.nodes}
+        self._weight_mm: dict[fx.Node, bool] = {}
+        self._before: dict[fx.Node, list[fx.Node]] = {}
+        self._activated: dict[fx.Node, bool] = {}
         self.result: dict[fx.Node, Assignment] = {}
         # projection demands: node -> [(consumer target, role)]
         self.demands: dict[fx.Node, list[tuple[fx.Node, str]]] = {}
@@ -182,7 +187,7 @@ class RoleFinder:
             if not self.macs[n]:
                 continue
             parts = n.meta.get("multiply_parts")
-            op = _op(n)
+            op = self.op_names[n]
             if parts:
                 self.result[n] = Assignment(dict(parts))
             elif op in CONV_OPS:
@@ -192,7 +197,7 @@ class RoleFinder:
     # pass 2: attention
     def _attention(self) -> None:
         for s in self.nodes:
-            if s.op == "call_function" and _packet(s) in SOFTMAX_OPS:
+            if s.op == "call_function" and self.packets[s] in SOFTMAX_OPS:
                 self._attention_at_softmax(s)
         for n in self.nodes:
             parts = n.meta.get("multiply_parts") or {}
@@ -251,7 +256,7 @@ class RoleFinder:
     def _logits(self) -> None:
         tables = set()
         for n in self.nodes:
-            if n.op == "call_function" and _packet(n) in (aten.embedding, aten._embedding_bag, aten.embedding_bag):
+            if n.op == "call_function" and self.packets[n] in (aten.embedding, aten._embedding_bag, aten.embedding_bag):
                 weight = n.args[0]
                 if isinstance(weight, fx.Node):
                     tables.add(self._leaf_name(weight))
@@ -307,7 +312,7 @@ class RoleFinder:
             if n in seen or self.macs[n]:
                 continue
             seen.add(n)
-            if n.op == "call_function" and _packet(n) in MUL_OPS:
+            if n.op == "call_function" and self.packets[n] in MUL_OPS:
                 a, b = (arg for arg in n.args[:2])
                 if isinstance(a, fx.Node) and isinstance(b, fx.Node):
                     macs_a = {m for m in self._nearest_macs_before(a) if self._is_weight_matmul(m)}
@@ -339,12 +344,12 @@ class RoleFinder:
         if not rules:
             return
         for n, assignment in self.result.items():
-            if only_unfused and (n.meta.get("multiply_parts") or _op(n) in CONV_OPS):
+            if only_unfused and (n.meta.get("multiply_parts") or self.op_names[n] in CONV_OPS):
                 continue
             if not self.macs[n]:
                 continue
             stack = n.meta.get("module_stack") or ()
-            op = _op(n)
+            op = self.op_names[n]
             for rule in rules:
                 if any(rule.matches(frame.path, self.module_types.get(frame.path), op) for frame in stack):
                     assignment.parts = {Role(rule.role).value: self.macs[n]}
@@ -366,15 +371,15 @@ class RoleFinder:
     # ---------------------------------------------------------------------------------------------
     # graph helpers
     def _operands(self, m: fx.Node) -> tuple[fx.Node, fx.Node]:
-        i, j = MATMUL_OPERANDS.get(_op(m), (0, 1))
+        i, j = MATMUL_OPERANDS.get(self.op_names[m], (0, 1))
         a, b = m.args[i], m.args[j]
         assert isinstance(a, fx.Node) and isinstance(b, fx.Node)
         return a, b
 
     def _is_matmul(self, n: fx.Node) -> bool:
-        if _op(n) not in MATMUL_OPERANDS or not self.macs[n]:
+        if self.op_names[n] not in MATMUL_OPERANDS or not self.macs[n]:
             return False
-        i, j = MATMUL_OPERANDS[_op(n)]
+        i, j = MATMUL_OPERANDS[self.op_names[n]]
         return len(n.args) > max(i, j) and isinstance(n.args[i], fx.Node) and isinstance(n.args[j], fx.Node)
 
     def _is_act_act(self, n: fx.Node) -> bool:
@@ -384,6 +389,12 @@ class RoleFinder:
         return self.dynamic[a] and self.dynamic[b]
 
     def _is_weight_matmul(self, n: fx.Node) -> bool:
+        known = self._weight_mm.get(n)
+        if known is None:
+            known = self._weight_mm[n] = self._check_weight_matmul(n)
+        return known
+
+    def _check_weight_matmul(self, n: fx.Node) -> bool:
         if not self._is_matmul(n) or n.meta.get("multiply_parts"):
             return False
         a, b = self._operands(n)
@@ -422,6 +433,8 @@ class RoleFinder:
         """Multiply nodes reached first walking back from ``start`` through ops without multiplies."""
         if not isinstance(start, fx.Node):
             return []
+        if not stop_at_softmax and start in self._before:
+            return self._before[start]
         found: list[fx.Node] = []
         seen: set[fx.Node] = set()
         todo = [start]
@@ -433,9 +446,11 @@ class RoleFinder:
             if self.macs[n]:
                 found.append(n)
                 continue
-            if stop_at_softmax and n is not start and _packet(n) in SOFTMAX_OPS:
+            if stop_at_softmax and n is not start and self.packets[n] in SOFTMAX_OPS:
                 continue
             todo.extend(n.all_input_nodes)
+        if not stop_at_softmax:
+            self._before[start] = found
         return found
 
     def _nearest_macs_after(self, start: fx.Node, through_elementwise: bool = True) -> list[fx.Node]:
@@ -452,7 +467,7 @@ class RoleFinder:
             if self.macs[n]:
                 found.append(n)
                 continue
-            if _packet(n) in SOFTMAX_OPS or (n.meta.get("elementwise") or ("",))[0] in ("norm", "reduction"):
+            if self.packets[n] in SOFTMAX_OPS or (n.meta.get("elementwise") or ("",))[0] in ("norm", "reduction"):
                 continue
             if not through_elementwise and n.meta.get("cost") == "elementwise":
                 continue
@@ -460,6 +475,12 @@ class RoleFinder:
         return found
 
     def _passes_activation(self, start: fx.Node) -> bool:
+        known = self._activated.get(start)
+        if known is None:
+            known = self._activated[start] = self._find_activation(start)
+        return known
+
+    def _find_activation(self, start: fx.Node) -> bool:
         seen: set[fx.Node] = set()
         todo = [start]
         while todo:
@@ -467,7 +488,7 @@ class RoleFinder:
             if n in seen or self.macs[n]:
                 continue
             seen.add(n)
-            if _packet(n) in ACTIVATION_OPS:
+            if self.packets[n] in ACTIVATION_OPS:
                 return True
             todo.extend(n.all_input_nodes)
         return False

@@ -1,0 +1,233 @@
+"""Exact scaling in sequence length: each role's multiplies as a polynomial in n, with exact coefficients.
+
+:func:`scaling` profiles a model at several lengths (fake tensors by default: cheap), then, per role,
+finds the lowest-degree polynomial through the measured counts by exact rational interpolation and
+*checks* it at every remaining length (so at least one more length than the degree needs): a role whose
+counts are not a polynomial of degree <= len(lengths) - 2 is reported as such, never fitted. Each
+polynomial is set beside the one predicted from the model's declared structure (the closed forms of
+:mod:`flopscope.reconcile`), coefficient by coefficient.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any
+
+from tabulate import tabulate
+from torch import nn
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from .api import _check_inputs, _run, profile
+from .errors import FlopscopeError
+from .fake import FakeConverter
+from .formulas import REGISTRY
+from .reconcile import TransformerSpec
+from .roles import ROLE_ORDER
+
+ATTENTION_CORE = ("attn_scores", "attn_weighted_sum")
+PER_TOKEN = ("q_proj", "k_proj", "v_proj", "out_proj", "ffn_up", "ffn_gate", "ffn_down")
+
+
+@dataclass(frozen=True)
+class Polynomial:
+    """``c[0] + c[1]·n + c[2]·n² + ...`` with exact rational coefficients (MACs)."""
+
+    coefficients: tuple[Fraction, ...]
+
+    @property
+    def degree(self) -> int:
+        nonzero = [i for i, c in enumerate(self.coefficients) if c != 0]
+        return nonzero[-1] if nonzero else 0
+
+    def __call__(self, n: int | Fraction) -> Fraction:
+        return sum((c * Fraction(n) ** i for i, c in enumerate(self.coefficients)), Fraction(0))
+
+    def coefficient(self, power: int) -> Fraction:
+        return self.coefficients[power] if power < len(self.coefficients) else Fraction(0)
+
+    def __add__(self, other: Polynomial) -> Polynomial:
+        size = max(len(self.coefficients), len(other.coefficients))
+        return Polynomial(tuple(self.coefficient(i) + other.coefficient(i) for i in range(size)))
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Polynomial):
+            return NotImplemented
+        size = max(len(self.coefficients), len(other.coefficients))
+        return all(self.coefficient(i) == other.coefficient(i) for i in range(size))
+
+    def __hash__(self) -> int:
+        return hash(tuple(self.coefficient(i) for i in range(self.degree + 1)))
+
+    def __str__(self) -> str:
+        terms = []
+        for power in range(len(self.coefficients) - 1, -1, -1):
+            c = self.coefficients[power]
+            if c == 0:
+                continue
+            number = f"{c.numerator:,}" if c.denominator == 1 else f"({c})"
+            terms.append(number + ("" if power == 0 else "·n" if power == 1 else f"·n{_superscript(power)}"))
+        return " + ".join(terms).replace("+ -", "- ") if terms else "0"
+
+
+def _superscript(power: int) -> str:
+    return str(power).translate(str.maketrans("0123456789", "⁰¹²³⁴⁵⁶⁷⁸⁹"))
+
+
+def interpolate(xs: Sequence[int], ys: Sequence[int]) -> Polynomial | None:
+    """The lowest-degree polynomial through every point, checked at each point beyond the degree it needs;
+    ``None`` if no polynomial of degree <= len(xs) - 2 passes through all of them."""
+    if len(xs) != len(ys) or len(set(xs)) != len(xs) or len(xs) < 2:
+        raise ValueError("need at least two distinct lengths, one count each")
+    for degree in range(len(xs) - 1):
+        poly = _through(xs[: degree + 1], ys[: degree + 1])
+        if all(poly(x) == y for x, y in zip(xs, ys, strict=True)):
+            return poly
+    return None
+
+
+def _through(xs: Sequence[int], ys: Sequence[int]) -> Polynomial:
+    """Newton's divided differences in exact arithmetic, expanded to monomial coefficients."""
+    size = len(xs)
+    table = [Fraction(y) for y in ys]
+    newton = [table[0]]
+    for level in range(1, size):
+        table = [(table[i + 1] - table[i]) / (xs[i + level] - xs[i]) for i in range(size - level)]
+        newton.append(table[0])
+    coefficients = [Fraction(0)] * size
+    basis = [Fraction(1)]  # prod (n - x_j) so far, as monomial coefficients
+    for level, a in enumerate(newton):
+        for i, b in enumerate(basis):
+            coefficients[i] += a * b
+        shifted = [Fraction(0), *basis]
+        basis = [shifted[i] - xs[level] * (basis[i] if i < len(basis) else 0) for i in range(len(shifted))]
+    return Polynomial(tuple(coefficients))
+
+
+@dataclass(frozen=True)
+class Scaling:
+    """Per-role counts at each length, their exact polynomials, and the predicted ones."""
+
+    lengths: tuple[int, ...]
+    measured: Mapping[str, tuple[int, ...]]  # role -> MACs at each length
+    polynomials: Mapping[str, Polynomial | None]  # role -> exact polynomial (None: not a polynomial here)
+    predicted: Mapping[str, Polynomial | None]  # role -> polynomial of the closed-form predictions
+
+    def matches(self, role: str) -> bool:
+        """The measured polynomial equals the predicted one, coefficient by coefficient."""
+        measured, predicted = self.polynomials.get(role), self.predicted.get(role)
+        return measured is not None and predicted is not None and measured == predicted
+
+    def attention(self) -> Polynomial:
+        """Scores + weighted sum."""
+        return _sum(self.polynomials, ATTENTION_CORE)
+
+    def per_token(self) -> Polynomial:
+        """Projections + FFN."""
+        return _sum(self.polynomials, PER_TOKEN)
+
+    def crossover(self) -> int | None:
+        """The smallest length at which attention (scores + weighted sum) costs more than projections +
+        FFN, found exactly (``None`` if it never does)."""
+        difference = self.attention() + Polynomial(tuple(-c for c in self.per_token().coefficients))
+        if difference.degree == 0:
+            return None
+        n, step = 1, 1
+        while difference(n) <= 0:  # exponential search, then bisection: exact on integers
+            n, step = n + step, step * 2
+            if n > 10**12:
+                return None
+        low = max(1, n - step // 2)
+        while low < n:
+            mid = (low + n) // 2
+            if difference(mid) > 0:
+                n = mid
+            else:
+                low = mid + 1
+        return n
+
+    def attention_share(self, n: int) -> Fraction:
+        """Attention's share of the total at length n (exact)."""
+        total = sum((p for p in self.polynomials.values() if p is not None), Polynomial((Fraction(0),)))
+        value = total(n)
+        return self.attention()(n) / value if value else Fraction(0)
+
+    def to_table(self, tablefmt: str = "simple") -> str:
+        rows = []
+        for role, poly in self.polynomials.items():
+            predicted = self.predicted.get(role)
+            rows.append([role, str(poly) if poly is not None else "not a polynomial at these lengths",
+                         str(predicted) if predicted is not None else "-",
+                         "yes" if self.matches(role) else ("-" if predicted is None else "NO")])
+        text = tabulate(rows, headers=["role", "measured MACs(n)", "predicted MACs(n)", "match"],
+                        tablefmt=tablefmt)
+        crossover = self.crossover()
+        shares = ", ".join(f"n={n}: {float(self.attention_share(n)):.1%}" for n in self.lengths)
+        lines = [text, "", f"attention share (scores + weighted sum): {shares}"]
+        lines.append("attention never overtakes projections + FFN" if crossover is None else
+                     f"attention (scores + weighted sum) overtakes projections + FFN from n = {crossover:,}")
+        return "\n".join(lines)
+
+
+def _sum(polys: Mapping[str, Polynomial | None], roles: Sequence[str]) -> Polynomial:
+    out = Polynomial((Fraction(0),))
+    for role in roles:
+        poly = polys.get(role)
+        if poly is not None:
+            out = out + poly
+    return out
+
+
+def scaling(model: nn.Module, make_inputs: Callable[[int], Any], lengths: Sequence[int] = (64, 128, 256, 512, 1024),
+            *, mode: str = "fake", spec: Callable[[int], TransformerSpec] | None = None,
+            progress: Callable[[int, int], None] | None = None, **profile_kwargs: Any) -> Scaling:
+    """Profile ``model(*make_inputs(n))`` at each length and recover each role's exact polynomial in n.
+
+    ``make_inputs(n)`` returns a tensor, a tuple of positional inputs, a dict of keyword inputs, or a
+    ``(args, kwargs)`` pair. ``spec(n)`` optionally states the hyper-parameters for the predictions.
+    ``progress(done, total)`` is called after each length.
+    """
+    lengths = tuple(sorted(set(int(n) for n in lengths)))
+    if len(lengths) < 3:
+        raise FlopscopeError("scaling needs at least 3 lengths: a quadratic is checked at one more length")
+    measured: dict[str, list[int]] = {}
+    predicted: dict[str, list[int | None]] = {}
+    converter = FakeConverter(FakeTensorMode(allow_non_fake_inputs=True))  # the model's state, converted once
+    for i, n in enumerate(lengths):
+        args, kwargs = _split_inputs(make_inputs(n))
+        if mode == "fake":
+            _check_inputs(model, args, kwargs)
+            prof = _run(model, args, kwargs, profile_kwargs.get("registry") or REGISTRY,
+                        tuple(profile_kwargs.get("roles", ())), fake=True, converter=converter)
+        else:
+            prof = profile(model, *args, mode=mode, **profile_kwargs, **kwargs)
+        roles = prof.by_role()
+        for role in set(measured) | set(roles):
+            measured.setdefault(role, [0] * i).append(roles.get(role, 0))
+        guesses: dict[str, int | None] = {}
+        for row in prof.reconcile(spec(n) if spec else None).rows:
+            if row.predicted is None or guesses.get(row.role, 0) is None:
+                guesses[row.role] = None
+            else:
+                guesses[row.role] = (guesses.get(row.role) or 0) + row.predicted
+        for role in set(predicted) | set(guesses):
+            predicted.setdefault(role, [0] * i).append(guesses.get(role, 0))
+        if progress is not None:
+            progress(i + 1, len(lengths))
+    polynomials = {role: interpolate(lengths, values) for role, values in measured.items()}
+    predictions = {role: interpolate(lengths, [int(v) for v in values if v is not None])
+                   if all(v is not None for v in values) else None for role, values in predicted.items()}
+    order = [r for r in ROLE_ORDER if r in polynomials]
+    return Scaling(lengths, {r: tuple(measured[r]) for r in order}, {r: polynomials[r] for r in order},
+                   {r: predictions[r] for r in order if r in predictions})
+
+
+def _split_inputs(inputs: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    if isinstance(inputs, dict):
+        return (), dict(inputs)
+    if isinstance(inputs, tuple) and len(inputs) == 2 and isinstance(inputs[0], tuple) and isinstance(inputs[1], dict):
+        return inputs[0], inputs[1]
+    if isinstance(inputs, tuple):
+        return inputs, {}
+    return (inputs,), {}
