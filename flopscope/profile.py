@@ -15,6 +15,7 @@ from torch import fx
 
 from .errors import FlopscopeError
 from .facts import ModelFacts
+from .model_formulas import ModelFormulas, model_formulas
 from .module_tracker import ModuleCall, ModuleTracker
 from .reconcile import Reconciliation, TransformerSpec, reconcile
 from .roles import ROLE_ORDER, Assignment, Role, RoleFinder, RoleRule
@@ -223,6 +224,11 @@ class Profile:
         structure (or ``spec``), with the complexity term, useful work under masks, and the reason for
         any ratio that is not 1. See :mod:`flopscope.reconcile`."""
         return reconcile(self, spec)
+
+    def model_formulas(self) -> ModelFormulas:
+        """Measured forward MACs per token against Kaplan, Chinchilla, Megatron-LM and PaLM, with the
+        difference explained part by part (see :mod:`flopscope.model_formulas`)."""
+        return model_formulas(self)
 
     def _role_assignments(self) -> dict[fx.Node, Assignment]:
         self._check_ready()

@@ -1,0 +1,188 @@
+"""Model-level FLOP formulas against the measured forward: Kaplan, Chinchilla, Megatron-LM, PaLM.
+
+Every formula is turned into multiply-accumulates *per token* of one forward pass (paper FLOPs / 2, GEMM
+terms only), split into the same parts as the measurement (QKV projections, attention core, output
+projection, FFN, logits, embeddings), so that the difference is explained part by part. Sources and exact
+forms: ``reference/formulas.md`` sections 2-5.
+
+- Kaplan et al. 2020, eq. 2.2: C_forward = 2N + 2·L·n_ctx·d_attn FLOPs/token, N = 2·d·L·(2·d_attn + d_ff);
+  its attention term is the causal half of the dense core; the de-embedding (logits) is left out.
+- Hoffmann et al. 2022 (Chinchilla), App. F: embeddings 2·n·V·d, QKV 2·3·n·d·d_attn, QKᵀ and AV
+  2·n²·d_attn each (dense), output 2·n·d_attn·d, dense block 2·n·2·d·d_ff, logits 2·n·d·V per sequence;
+  its softmax (3·h·n²) is elementwise and not a MAC.
+- Narayanan et al. 2021 (Megatron-LM), appendix: 24·B·s·h² + 4·B·s²·h per layer plus 2·B·s·h·V (assumes
+  d_ff = 4h, d_attn = h, multi-head attention).
+- Chowdhery et al. 2022 (PaLM), App. B: 6N + 12·L·H·Q·T per token for a training step, the forward a third:
+  2N + 4·L·H·Q·T, N = all parameters but position embeddings (nanoGPT's convention).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import TYPE_CHECKING
+
+from tabulate import tabulate
+
+from .errors import FlopscopeError
+
+if TYPE_CHECKING:
+    from .profile import Profile
+
+PARTS = ("qkv", "attention core", "output projection", "ffn", "logits", "embeddings", "parameters not in GEMMs",
+         "other")
+WHY = {
+    "qkv": "QKV projections",
+    "attention core": "attention core (scores + weighted sum)",
+    "output projection": "output projection",
+    "ffn": "FFN",
+    "logits": "logits (de-embedding)",
+    "embeddings": "embedding lookups (gathers: 0 MACs measured)",
+    "parameters not in GEMMs": "biases and norm weights counted as MACs",
+    "other": "other multiplies (pooler, router, rotary, ...)",
+}
+
+
+@dataclass(frozen=True)
+class FormulaRow:
+    name: str  # "Kaplan et al. 2020"
+    predicted: Fraction  # forward MACs per token
+    measured: Fraction  # forward MACs per token
+    terms: tuple[tuple[str, Fraction], ...]  # (part: measured - predicted, MACs per token), nonzero only
+    notes: str = ""
+
+    @property
+    def difference_percent(self) -> float:
+        return float(100 * (self.measured - self.predicted) / self.predicted) if self.predicted else float("nan")
+
+    @property
+    def residual(self) -> Fraction:
+        """The part of the difference no term explains (0 when the parts account for all of it)."""
+        return self.measured - self.predicted - sum((v for _, v in self.terms), Fraction(0))
+
+
+@dataclass(frozen=True)
+class ModelFormulas:
+    rows: tuple[FormulaRow, ...]
+    hyper: Mapping[str, int]
+
+    def to_table(self, tablefmt: str = "simple") -> str:
+        table = []
+        for r in self.rows:
+            why = "; ".join(f"{WHY[part]} {_signed(v)}" for part, v in r.terms)
+            table.append([r.name, f"{float(r.predicted):,.0f}", f"{float(r.measured):,.0f}",
+                          f"{r.difference_percent:+.2f}%", why + (f" ({r.notes})" if r.notes else "")])
+        hyper = " ".join(f"{k}={v:,}" for k, v in self.hyper.items())
+        return (f"forward MACs per token (1 MAC = 2 FLOPs); {hyper}\n" +
+                tabulate(table, headers=["formula", "predicted", "measured", "difference", "explained by (MACs/token)"],
+                         tablefmt=tablefmt, colalign=("left", "right", "right", "right", "left")))
+
+
+def _signed(v: Fraction) -> str:
+    return f"{'+' if v > 0 else '-'}{abs(float(v)):,.0f}"
+
+
+def model_formulas(prof: Profile) -> ModelFormulas:
+    """Measured forward MACs per token against the four model-level formulas (see the module docstring)."""
+    facts = prof.facts
+    L = facts.config_value("num_hidden_layers", "n_layer", "num_layers")
+    d = facts.config_value("hidden_size", "d_model", "n_embd")
+    h = facts.config_value("num_attention_heads", "n_head", "num_heads")
+    if not all(isinstance(v, int) for v in (L, d, h)):
+        raise FlopscopeError("model-level formulas need a language-model config with num_hidden_layers, "
+                             "hidden_size and num_attention_heads")
+    assert isinstance(L, int) and isinstance(d, int) and isinstance(h, int)
+    d_k = facts.config_value("head_dim", "d_kv") or d // h
+    n_kv = facts.config_value("num_key_value_heads", "num_kv_heads") or h
+    d_ff = facts.config_value("intermediate_size", "n_inner", "ffn_dim", "d_ff") or 4 * d
+    V = facts.config_value("vocab_size") or 0
+    tokens, n = _tokens(prof)
+    d_attn = h * d_k
+    roles = prof.by_role()
+    per_token = {part: Fraction(macs, tokens) for part, macs in _measured_parts(roles).items()}
+    measured = sum(per_token.values(), Fraction(0))
+    dense_core = Fraction(2 * L * n * d_attn)  # scores + weighted sum per token, every pair
+    gemm_ffn = 2 * d * d_ff
+    params_not_gemm = Fraction(_non_gemm_params(prof))
+    position = _position_embedding_params(prof)
+    token_embedding = facts.embedding_params - position
+
+    def row(name: str, predicted: Mapping[str, Fraction], notes: str = "") -> FormulaRow:
+        total = sum(predicted.values(), Fraction(0))
+        terms = tuple((part, per_token.get(part, Fraction(0)) - predicted.get(part, Fraction(0))) for part in PARTS)
+        return FormulaRow(name, total, measured, tuple((p, v) for p, v in terms if v != 0), notes)
+
+    qkv, out = Fraction(L * 3 * d * d_attn), Fraction(L * d_attn * d)
+    kaplan = row("Kaplan et al. 2020 (2N + 2·L·n·d_attn)", {
+        "qkv": qkv, "attention core": dense_core / 2, "output projection": out, "ffn": Fraction(L * gemm_ffn)},
+        "attention term is the causal half; no logits")
+    chinchilla = row("Hoffmann et al. 2022 (Chinchilla App. F)", {
+        "qkv": qkv, "attention core": dense_core, "output projection": out, "ffn": Fraction(L * gemm_ffn),
+        "logits": Fraction(d * V), "embeddings": Fraction(d * V)}, "its softmax is elementwise, not MACs")
+    megatron = row("Narayanan et al. 2021 (Megatron-LM)", {
+        "qkv": Fraction(L * 3 * d * d), "attention core": Fraction(2 * L * n * d),
+        "output projection": Fraction(L * d * d), "ffn": Fraction(L * 8 * d * d), "logits": Fraction(d * V)},
+        "assumes d_ff = 4d and multi-head attention")
+    # PaLM: N MACs per token (every parameter but position embeddings, each used once) + 2·L·H·Q·T
+    tied = facts.tied_embedding and bool(per_token.get("logits"))
+    weights = Fraction(facts.params - position - token_embedding) - params_not_gemm  # 2-D weights
+    palm_parts: dict[str, Fraction] = {p: per_token[p] for p in ("qkv", "output projection", "ffn", "other")
+                                       if p in per_token}
+    if not tied and "logits" in per_token:
+        palm_parts["logits"] = per_token["logits"]
+    # weights not used once per token (a pooler runs once per sequence) show up as "other"
+    palm_parts["other"] = palm_parts.get("other", Fraction(0)) + weights - sum(palm_parts.values(), Fraction(0))
+    palm_parts.update({"attention core": dense_core, "parameters not in GEMMs": params_not_gemm})
+    palm_parts["logits" if tied else "embeddings"] = Fraction(token_embedding)
+    palm = row("Chowdhery et al. 2022 (PaLM: N + 2·L·H·Q·T)", palm_parts, "N counts every parameter once")
+    hyper = {"L": L, "d": d, "h": h, "n_kv": n_kv, "d_k": d_k, "d_ff": d_ff, "V": V, "n": n, "tokens": tokens}
+    return ModelFormulas((kaplan, chinchilla, megatron, palm), hyper)
+
+
+def _measured_parts(roles: Mapping[str, int]) -> dict[str, int]:
+    parts = {
+        "qkv": roles.get("q_proj", 0) + roles.get("k_proj", 0) + roles.get("v_proj", 0),
+        "attention core": roles.get("attn_scores", 0) + roles.get("attn_weighted_sum", 0),
+        "output projection": roles.get("out_proj", 0),
+        "ffn": roles.get("ffn_up", 0) + roles.get("ffn_gate", 0) + roles.get("ffn_down", 0),
+        "logits": roles.get("logits", 0),
+        "other": sum(v for k, v in roles.items() if k in ("other", "conv", "recurrent")),
+    }
+    return {k: v for k, v in parts.items() if v}
+
+
+def _tokens(prof: Profile) -> tuple[int, int]:
+    """(B·n, n) from the root call's token ids (or embeddings)."""
+    for call, shapes in prof.module_inputs().items():
+        if call.path == "":
+            for key, shape in shapes:
+                if key in (0, "input_ids", "inputs_embeds", "decoder_input_ids") and len(shape) >= 2:
+                    seq = shape[-2] if key == "inputs_embeds" else shape[-1]
+                    batch = shape[0]
+                    return batch * seq, seq
+    raise FlopscopeError("model-level formulas need token ids (or inputs_embeds) as the model's input")
+
+
+def _non_gemm_params(prof: Profile) -> int:
+    """Parameters that are not matmul weights: biases, norm weights (1-D parameters)."""
+    return sum(_numel(shape) for shapes in prof.facts.param_shapes.values() for shape in shapes.values()
+               if len(shape) <= 1)
+
+
+def _position_embedding_params(prof: Profile) -> int:
+    facts = prof.facts
+    positions = facts.config_value("max_position_embeddings", "n_positions")
+    total = 0
+    for path, shapes in facts.param_shapes.items():
+        weight = shapes.get("weight")
+        if weight is not None and facts.attr(path, "num_embeddings") == positions and len(weight) == 2:
+            total += _numel(weight)
+    return total
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    out = 1
+    for s in shape:
+        out *= s
+    return out
