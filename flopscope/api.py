@@ -6,8 +6,9 @@ import inspect
 import itertools
 import logging
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -27,8 +28,17 @@ from .state import ModelSnapshot
 MODES = ("auto", "fake", "real")
 
 
+@dataclass(frozen=True)
+class _Options:
+    registry: FormulaRegistry
+    roles: tuple[RoleRule, ...] = ()
+    backward: bool = False
+    loss: Callable[[Any], torch.Tensor] | None = None
+
+
 def profile(model: nn.Module, *args: Any, mode: str = "auto", registry: FormulaRegistry | None = None,
-            roles: Sequence[RoleRule] = (), forward_kwargs: dict[str, Any] | None = None, **kwargs: Any) -> Profile:
+            roles: Sequence[RoleRule] = (), backward: bool = False, loss: Callable[[Any], torch.Tensor] | None = None,
+            forward_kwargs: dict[str, Any] | None = None, **kwargs: Any) -> Profile:
     """Run ``model(*args, **kwargs)`` once and count its multiplies.
 
     Args:
@@ -41,6 +51,10 @@ def profile(model: nn.Module, *args: Any, mode: str = "auto", registry: FormulaR
         registry: the formula registry (default :data:`flopscope.formulas.REGISTRY`).
         roles: :class:`~flopscope.roles.RoleRule` s for your own blocks (module pattern or type -> role);
             they override what the dataflow finds inside the modules they match.
+        backward: also run and count the backward pass (grad is enabled for it); each gradient op is
+            attributed to the forward op whose autograd node ran it, so to its role and module
+            (``prof.by_phase()``, ``prof.by_role(phase="backward")``). Parameter ``.grad`` is restored.
+        loss: ``loss(output) -> scalar`` to differentiate (default: the sum of every floating output).
         forward_kwargs: keyword arguments for the model whose names clash with ``mode`` / ``registry`` /
             ``roles``.
 
@@ -53,11 +67,11 @@ def profile(model: nn.Module, *args: Any, mode: str = "auto", registry: FormulaR
         raise FlopscopeError(f"mode must be one of {', '.join(MODES)}; got {mode!r}")
     kwargs = {**kwargs, **(forward_kwargs or {})}
     _check_inputs(model, args, kwargs)
-    registry = registry if registry is not None else REGISTRY
+    options = _Options(registry if registry is not None else REGISTRY, tuple(roles), backward, loss)
     if mode == "real":
-        return _run(model, args, kwargs, registry, tuple(roles), fake=False)
+        return _run(model, args, kwargs, options, fake=False)
     try:
-        return _run(model, args, kwargs, registry, tuple(roles), fake=True)
+        return _run(model, args, kwargs, options, fake=True)
     except _FakeRunError as failed:
         if mode == "fake":
             raise failed.error from failed.__cause__
@@ -66,7 +80,7 @@ def profile(model: nn.Module, *args: Any, mode: str = "auto", registry: FormulaR
                                   f"{failed.reason}), and it is on device='meta', so it cannot run for real; "
                                   "build it on a real device and use mode='real'") from failed.__cause__
         note = f"{failed.where} could not run on fake tensors ({failed.reason}); counted in real mode instead"
-    prof = _run(model, args, kwargs, registry, tuple(roles), fake=False)
+    prof = _run(model, args, kwargs, options, fake=False)
     warnings.warn(f"flopscope: {note}", FlopscopeWarning, stacklevel=2)
     prof._notes.append(note)
     return prof
@@ -117,11 +131,13 @@ class _FakeRunError(Exception):
         self.error, self.where, self.reason = error, where, reason
 
 
-def _run(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], registry: FormulaRegistry,
-         roles: tuple[RoleRule, ...], *, fake: bool, converter: FakeConverter | None = None) -> Profile:
-    """One counted forward. ``converter`` reuses a fake mode and its converted state across calls (a sweep)."""
+def _run(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], options: _Options, *, fake: bool,
+         converter: FakeConverter | None = None) -> Profile:
+    """One counted forward (and backward). ``converter`` reuses a fake mode and its converted state across
+    calls (a sweep)."""
+    registry = options.registry
     facts = read_facts(model)
-    snapshot = ModelSnapshot(model, buffer_values=not fake)
+    snapshot = ModelSnapshot(model, buffer_values=not fake, grads=options.backward and not fake)
     tracker = ModuleTracker(model)
     try:
         with ExitStack() as stack:
@@ -138,6 +154,8 @@ def _run(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], regist
             recorder.add_leaf_names(_input_names(model, args, kwargs))
             stack.enter_context(tracker)
             stack.enter_context(recorder)
+            if options.backward:
+                stack.enter_context(torch.enable_grad())
             try:
                 if fake:
                     output = torch.func.functional_call(model, state, args, kwargs, tie_weights=True, strict=False)
@@ -145,12 +163,35 @@ def _run(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], regist
                     output = model(*args, **kwargs)
             except Exception as error:
                 raise _explain(model, error, recorder, tracker, fake) from error
+            if options.backward:
+                _backward(model, output, options.loss, recorder)
     finally:
         snapshot.restore()
     prof = Profile(recorder.graph, facts, tracker, recorder.unsupported, "fake" if fake else "real", output,
-                   decomposed=recorder.decomposed, role_rules=roles)
+                   decomposed=recorder.decomposed, role_rules=options.roles)
     _warn_unsupported(prof)
     return prof
+
+
+def _backward(model: nn.Module, output: Any, loss: Callable[[Any], torch.Tensor] | None, recorder: Recorder) -> None:
+    if loss is not None:
+        value = loss(output)
+    else:
+        floats = [t for t in tensors_in(output) if t.is_floating_point() and t.requires_grad]
+        if not floats:
+            raise FlopscopeError(f"backward=True: no output of {type(model).__name__} requires grad (are its "
+                                 "parameters frozen?); pass loss= to choose what to differentiate")
+        value = sum((t.sum() for t in floats[1:]), floats[0].sum())
+    recorder.backward = True
+    try:
+        value.backward()
+    except Exception as error:
+        failure = recorder.failure
+        where = f" at {failure.describe()}" if failure is not None else ""
+        raise ForwardError(f"the backward pass of {type(model).__name__} raised {type(error).__name__}{where}: "
+                           f"{error}") from error
+    finally:
+        recorder.backward = False
 
 
 def _explain(model: nn.Module, error: Exception, recorder: Recorder, tracker: ModuleTracker,

@@ -17,6 +17,8 @@ qualified names; forward inputs and other outside tensors as ``placeholder`` nod
   ``{part: MACs}`` split for fused ops, else ``None``;
 - ``elementwise``: ``(category, ops)`` for elementwise work, else ``None``;
 - ``cost``: ``"formula"``, ``"elementwise"``, ``"zero"`` or ``"unsupported"``;
+- ``phase``: ``"forward"`` or ``"backward"``; a backward op also has ``forward``: the forward node whose
+  autograd node ran it (matched by autograd sequence number), whose module stack it inherits;
 - ``value``: for small integer / boolean tensors whose values are known (index lists such as
   ``x[..., [-1], :]``; real-mode results), a copy of the values, so later stages can replay indexing.
 
@@ -79,7 +81,9 @@ class Recorder(TorchDispatchMode):
         self.unsupported: Counter[str] = Counter()
         self.decomposed: Counter[str] = Counter()
         self.failure: OpFailure | None = None
+        self.backward = False  # set while the backward pass runs: record ops outside any module call
         self._producers: dict[int, tuple[weakref.ref[torch.Tensor], fx.Node]] = {}
+        self._by_sequence_nr: dict[int, fx.Node] = {}  # autograd sequence number -> forward node
 
     def add_leaf_names(self, leaf_names: Mapping[int, tuple[str, str, str]]) -> None:
         self.leaf_names.update(leaf_names)
@@ -88,7 +92,13 @@ class Recorder(TorchDispatchMode):
                            kwargs: dict[str, Any] | None = None) -> Any:
         kwargs = kwargs or {}
         stack = self.tracker.stack
-        if not stack or func in elementwise.METADATA_OPS or not isinstance(func, torch._ops.OpOverload):
+        forward_node = None
+        if self.backward and not stack:
+            forward_node = self._forward_node()
+            stack = forward_node.meta["module_stack"] if forward_node is not None else ()
+        elif not stack:
+            return func(*args, **kwargs)
+        if func in elementwise.METADATA_OPS or not isinstance(func, torch._ops.OpOverload):
             return func(*args, **kwargs)
         formula = self.registry.get(func)
         rule = None
@@ -110,10 +120,19 @@ class Recorder(TorchDispatchMode):
             out = func(*args, **kwargs)
         except Exception:
             if self.failure is None:
-                self.failure = OpFailure(op_name(func), stack[-1].path, _shapes((args, kwargs)))
+                path = stack[-1].path if stack else ""
+                self.failure = OpFailure(op_name(func), path, _shapes((args, kwargs)))
             raise
         node = self._add_node(func, args, kwargs, out, stack)
         meta = node.meta
+        if self.backward:
+            meta["phase"] = "backward"
+            meta["forward"] = forward_node
+        else:
+            meta["phase"] = "forward"
+            if torch.is_grad_enabled() and _any_requires_grad((args, kwargs)):
+                # the autograd node of this op was created just before it was dispatched here
+                self._by_sequence_nr[torch.autograd._get_sequence_nr() - 1] = node
         meta["cost"] = cost
         meta["multiplies"] = 0
         meta["multiply_parts"] = None
@@ -129,6 +148,11 @@ class Recorder(TorchDispatchMode):
             self.unsupported[op_name(func)] += 1
         return out
 
+    def _forward_node(self) -> fx.Node | None:
+        """The forward node whose autograd node is running now (backward pass), if it was recorded."""
+        grad_fn = torch._C._current_autograd_node()
+        return None if grad_fn is None else self._by_sequence_nr.get(grad_fn._sequence_nr())
+
     # ---------------------------------------------------------------------------------------------
     def _add_node(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any,
                   stack: tuple[Any, ...]) -> fx.Node:
@@ -142,7 +166,7 @@ class Recorder(TorchDispatchMode):
         node = graph.create_node("call_function", func, _map_tensors(args, to_node), _map_tensors(kwargs, to_node),
                                  name=func.overloadpacket.__name__)
         meta = node.meta
-        meta["module"] = stack[-1].path
+        meta["module"] = stack[-1].path if stack else None
         meta["module_stack"] = stack
         meta["input_shapes"] = tuple(shapes)
         if isinstance(out, torch.Tensor):
@@ -160,7 +184,8 @@ class Recorder(TorchDispatchMode):
                     dtype = dtype or item.dtype
                     getter = graph.create_node("call_function", operator.getitem, (node, i),
                                                name=f"{node.name}_{i}")
-                    getter.meta.update(module=meta["module"], module_stack=stack, cost="zero", multiplies=0,
+                    getter.meta.update(phase="backward" if self.backward else "forward",
+                                       module=meta["module"], module_stack=stack, cost="zero", multiplies=0,
                                        multiply_parts=None, elementwise=None, input_shapes=(),
                                        output_shapes=(shapes[-1],), dtype=item.dtype)
                     self._producers[id(item)] = (weakref.ref(item), getter)
@@ -206,6 +231,12 @@ def _map_tensors(x: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
     if isinstance(x, dict):
         return {k: _map_tensors(v, fn) for k, v in x.items()}
     return x
+
+
+def _any_requires_grad(x: Any) -> bool:
+    found: list[bool] = []
+    _map_tensors(x, lambda t: found.append(t.requires_grad))
+    return any(found)
 
 
 def _shapes(x: Any) -> tuple[tuple[int, ...], ...]:

@@ -79,13 +79,24 @@ RULES: dict[Any, ElementwiseRule] = {
                      aten.scatter_reduce_, aten.index_put, aten.index_put_, aten._index_put_impl_,
                      aten.embedding_dense_backward], _SCATTER),
     **dict.fromkeys([aten._thnn_fused_lstm_cell, aten._thnn_fused_gru_cell], _CELL),
+    # backward kernels of elementwise work, under the forward op's convention
+    **dict.fromkeys([aten._softmax_backward_data, aten._log_softmax_backward_data], _SOFTMAX),
+    **dict.fromkeys([aten.native_layer_norm_backward, aten.native_group_norm_backward,
+                     aten.native_batch_norm_backward, aten.cudnn_batch_norm_backward], _NORM),
+    aten._fused_rms_norm_backward: _RMS_NORM,
+    **dict.fromkeys([aten.max_pool2d_with_indices_backward, aten.avg_pool2d_backward,
+                     aten._adaptive_avg_pool2d_backward, aten.upsample_nearest2d_backward,
+                     aten.upsample_bilinear2d_backward], _REDUCTION),
+    **dict.fromkeys([aten._thnn_fused_lstm_cell_backward_impl, aten._thnn_fused_gru_cell_backward], _CELL),
     # pointwise ops that lack the `pointwise` tag
     **dict.fromkeys([aten.floor_divide, aten.floor_divide_, aten.remainder, aten.remainder_, aten.fmod,
                      aten.fmod_, aten.true_divide, aten.true_divide_, aten.clamp_min, aten.clamp_max,
                      aten.clamp, aten.clamp_, aten.masked_fill, aten.masked_fill_, aten.lerp, aten.addcmul,
                      aten.addcdiv,
                      aten.hardtanh, aten.hardtanh_, aten.threshold, aten.prelu, aten._prelu_kernel,
-                     aten.glu, aten.logit, aten.polar, aten.complex, aten.heaviside], _POINTWISE),
+                     aten.glu, aten.logit, aten.polar, aten.complex, aten.heaviside, aten.mish_backward,
+                     aten.hardswish_backward, aten.elu_backward, aten.leaky_relu_backward, aten.softplus_backward,
+                     aten.hardsigmoid_backward, aten.hardtanh_backward, aten.glu_backward], _POINTWISE),
 }
 
 ZERO_COST: frozenset[Any] = frozenset([
@@ -117,6 +128,9 @@ ZERO_COST: frozenset[Any] = frozenset([
     aten._assert_async, aten._assert_scalar, aten.sym_constrain_range, aten._assert_tensor_metadata,
     aten.sym_constrain_range_for_size, aten._functional_sym_constrain_range, aten.bucketize,
     aten.searchsorted, aten._make_dep_token, aten.record_stream,
+    # backward of views and indexing: zeros, then a copy into place
+    aten.slice_backward, aten.select_backward, aten.unfold_backward, aten.diagonal_backward,
+    aten.index_select_backward, aten.embedding_backward, aten.as_strided_scatter,
 ])
 """Ops that do no arithmetic (beyond what is already counted by a formula or rule)."""
 

@@ -369,3 +369,49 @@ def cudnn_rnn(x: Shape, weights: Sequence[Shape], *_: Any, **__: Any) -> dict[st
     """GPU kernels: all layers and directions in one call; ``weights`` lists every layer's matrices."""
     # [T, B, D*H] = _cudnn_rnn([T, B, d_in], [w_ih, w_hh, (b_ih, b_hh), (w_hr)] * layers * dirs, ...)
     return recurrent(x, weights)
+
+
+# --------------------------------------------------------------------------------------------------
+# backward kernels (counted when profiling with backward=True)
+def attention_core_backward(batch_heads: int, n_q: int, n_k: int, d_k: int, d_v: int) -> dict[str, int]:
+    """Flash-style attention backward: recompute S = QKᵀ, then dV = Pᵀ·dO and dP = dO·Vᵀ (the weighted
+    sum's gradients), dQ = dS·K and dK = dSᵀ·Q (the scores' gradients): 2.5x the forward core when
+    d_k == d_v, as PyTorch's counter and FlashAttention-2 count it."""
+    core = attention_core(batch_heads, n_q, n_k, d_k, d_v)
+    return {"attn_scores": 3 * core["attn_scores"], "attn_weighted_sum": 2 * core["attn_weighted_sum"]}
+
+
+@formula(aten._scaled_dot_product_flash_attention_for_cpu_backward, aten._scaled_dot_product_flash_attention_backward,
+         aten._scaled_dot_product_efficient_attention_backward, aten._scaled_dot_product_cudnn_attention_backward,
+         aten._scaled_dot_product_fused_attention_overrideable_backward)
+def sdpa_backward(grad_out: Shape, q: Shape, k: Shape, v: Shape, *_: Any, **__: Any) -> dict[str, int]:
+    # (dQ, dK, dV) = sdpa_backward(dO [*B, h, n_q, d_v], Q [*B, h, n_q, d_k], K, V [*B, h_kv, n_k, d], ...)
+    return attention_core_backward(prod(q[:-2]), q[-2], k[-2], q[-1], v[-1])
+
+
+@formula(aten._flash_attention_backward, aten._efficient_attention_backward)
+def attention_bnhd_backward(grad_out: Shape, q: Shape, k: Shape, v: Shape, *_: Any, **__: Any) -> dict[str, int]:
+    """Backward of the ``[B, n, heads, d]`` CUDA kernels (see :func:`attention_core_backward`)."""
+    if len(q) == 3:
+        q, k, v = (1, *q), (1, *k), (1, *v)
+    return attention_core_backward(q[0] * q[2], q[1], k[1], q[3], v[3])
+
+
+@formula(aten.convolution_backward)
+def convolution_backward(grad_out: Shape, x: Shape, weight: Shape, bias_sizes: Any, stride: Any, padding: Any,
+                         dilation: Any, transposed: bool, output_padding: Any, groups: int, output_mask: Sequence[bool],
+                         **_: Any) -> int:
+    """Gradient of the input and of the weight each cost one forward convolution (bias: adds only)."""
+    forward = conv(x, weight, grad_out, bool(transposed))
+    return forward * (int(bool(output_mask[0])) + int(bool(output_mask[1])))
+
+
+@formula(aten.mkldnn_rnn_layer_backward)
+def mkldnn_rnn_layer_backward(x: Shape, w_ih: Shape, w_hh: Shape, *_: Any, **__: Any) -> dict[str, int]:
+    """Per step, the gradients of the input and hidden state and of both weights: twice the forward GEMMs."""
+    return {"recurrent": 2 * recurrent(x, (w_ih, w_hh))["recurrent"]}
+
+
+@formula(aten._cudnn_rnn_backward)
+def cudnn_rnn_backward(x: Shape, weights: Sequence[Shape], *_: Any, **__: Any) -> dict[str, int]:
+    return {"recurrent": 2 * recurrent(x, weights)["recurrent"]}

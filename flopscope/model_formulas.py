@@ -99,7 +99,7 @@ def model_formulas(prof: Profile) -> ModelFormulas:
     V = facts.config_value("vocab_size") or 0
     tokens, n = _tokens(prof)
     d_attn = h * d_k
-    roles = prof.by_role()
+    roles = prof.by_role(phase="forward")
     per_token = {part: Fraction(macs, tokens) for part, macs in _measured_parts(roles).items()}
     measured = sum(per_token.values(), Fraction(0))
     dense_core = Fraction(2 * L * n * d_attn)  # scores + weighted sum per token, every pair

@@ -36,6 +36,7 @@ class OpRecord:
     multiplies: int  # MACs; FLOPs = 2 * multiplies
     parts: Mapping[str, int] | None  # {part: MACs} of a fused op (e.g. attn_scores / attn_weighted_sum)
     node: str  # name of the fx node in Profile.graph
+    phase: str  # "forward" or "backward"
     role: Role  # the role that got most of this op's MACs
     roles: Mapping[str, int]  # {role: MACs}, summing to `multiplies` (several for fused ops / fused QKV)
     block: str  # module path of the attention / FFN / conv block instance it belongs to
@@ -70,7 +71,7 @@ class Profile:
         self._mode = mode
         self._output = output
         self._notes = list(notes or [])
-        counted: list[tuple[str, int, frozenset[str]]] = []
+        counted: list[tuple[str, int, frozenset[str], str]] = []
         elementwise: Counter[str] = Counter()
         elementwise_by_op: Counter[str] = Counter()
         for node in graph.nodes:
@@ -78,12 +79,12 @@ class Profile:
             cost = meta.get("cost")
             if cost == "formula":
                 paths = frozenset(frame.path for frame in meta["module_stack"])
-                counted.append((str(node.target.overloadpacket), meta["multiplies"], paths))
+                counted.append((str(node.target.overloadpacket), meta["multiplies"], paths, meta["phase"]))
             elif cost == "elementwise":
                 category, ops = meta["elementwise"]
                 elementwise[category] += ops
                 elementwise_by_op[str(node.target.overloadpacket)] += ops
-        self._counted = counted  # (op, MACs, module paths on the stack) per counted op
+        self._counted = counted  # (op, MACs, module paths on the stack, phase) per counted op
         self._elementwise = dict(elementwise)
         self._elementwise_by_op = dict(elementwise_by_op)
         self._ready = True
@@ -110,11 +111,12 @@ class Profile:
                 assignment = assignments.get(node)
                 roles = dict(assignment.parts) if assignment else {}
                 records.append(OpRecord(
-                    op=str(node.target.overloadpacket), module=meta["module"],
+                    op=str(node.target.overloadpacket), module=meta["module"] or "",
                     module_stack=tuple(frame.path for frame in meta["module_stack"]),
-                    call=meta["module_stack"][-1].call, input_shapes=meta["input_shapes"],
+                    call=meta["module_stack"][-1].call if meta["module_stack"] else 0,
+                    input_shapes=meta["input_shapes"],
                     output_shapes=meta["output_shapes"], multiplies=meta["multiplies"],
-                    parts=meta["multiply_parts"], node=node.name,
+                    parts=meta["multiply_parts"], node=node.name, phase=meta["phase"],
                     role=Role(meta.get("role", Role.OTHER.value)), roles=roles,
                     block=assignment.block or "" if assignment else meta["module"]))
             self._records = tuple(records)
@@ -146,25 +148,34 @@ class Profile:
 
     # ---------------------------------------------------------------------------------------------
     # totals
-    def total(self, module: str = "") -> int:
+    def total(self, module: str = "", phase: str | None = None) -> int:
         """Multiply-accumulates (MACs) of linear-algebra work (matmul, conv, attention, recurrent GEMMs),
-        of the whole run (``module=""``) or of one module, inclusive of its submodules."""
+        of the whole run (``module=""``) or of one module, inclusive of its submodules; ``phase``
+        ("forward" / "backward") restricts a profile taken with ``backward=True``."""
         self._check_ready()
-        if module == "":
-            return sum(macs for _, macs, _ in self._counted)
-        self._check_module(module)
-        return sum(macs for _, macs, paths in self._counted if module in paths)
+        if module != "":
+            self._check_module(module)
+        return sum(macs for _, macs, paths, ph in self._counted
+                   if (module == "" or module in paths) and (phase is None or ph == phase))
 
-    def total_flops(self, module: str = "") -> int:
+    def total_flops(self, module: str = "", phase: str | None = None) -> int:
         """Floating-point operations of the same work: ``2 * total(module)`` (1 MAC = 2 FLOPs)."""
-        return 2 * self.total(module)
+        return 2 * self.total(module, phase)
+
+    def by_phase(self) -> dict[str, int]:
+        """MACs of the forward pass and (with ``backward=True``) of the backward pass."""
+        self._check_ready()
+        out: Counter[str] = Counter()
+        for _, macs, _, phase in self._counted:
+            out[phase] += macs
+        return dict(out)
 
     def by_module(self) -> dict[str, int]:
         """MACs per module path, inclusive of submodules, for every module of the model (0 where none);
         ``by_module()[""] == total()``. A module called several times sums its calls."""
         self._check_ready()
         out = dict.fromkeys(self._module_paths, 0)
-        for _, macs, paths in self._counted:
+        for _, macs, paths, _ in self._counted:
             for path in paths:
                 out[path] = out.get(path, 0) + macs
         return out
@@ -173,7 +184,7 @@ class Profile:
         """MACs per ATen op (``"aten.mm"``, ``"aten._scaled_dot_product_flash_attention_for_cpu"``)."""
         self._check_ready()
         out: Counter[str] = Counter()
-        for op, macs, _ in self._counted:
+        for op, macs, _, _ in self._counted:
             out[op] += macs
         return dict(out)
 
@@ -183,7 +194,7 @@ class Profile:
         """``{module path: {op: MACs}}``, inclusive of submodules."""
         self._check_ready()
         out: dict[str, Counter[str]] = defaultdict(Counter)
-        for op, macs, paths in self._counted:
+        for op, macs, paths, _ in self._counted:
             for path in paths:
                 out[path][op] += macs
         return {path: dict(out[path]) for path in self._module_paths if path in out}
@@ -191,15 +202,18 @@ class Profile:
     def op_calls(self) -> dict[str, int]:
         """How many times each counted op ran."""
         self._check_ready()
-        return dict(Counter(op for op, _, _ in self._counted))
+        return dict(Counter(op for op, _, _, _ in self._counted))
 
     # ---------------------------------------------------------------------------------------------
     # roles
-    def by_role(self) -> dict[str, int]:
+    def by_role(self, phase: str | None = None) -> dict[str, int]:
         """MACs per semantic role (:class:`~flopscope.roles.Role` values as keys, in the canonical
-        order); every multiply has exactly one role, so the values sum to ``total()``."""
+        order); every multiply has exactly one role, so the values sum to ``total(phase=phase)``.
+        Backward ops carry the role of the forward op they differentiate."""
         out: Counter[str] = Counter()
-        for assignment in self._role_assignments().values():
+        for node, assignment in self._role_assignments().items():
+            if phase is not None and node.meta.get("phase") != phase:
+                continue
             for role, macs in assignment.parts.items():
                 out[role] += macs
         return {role: out[role] for role in ROLE_ORDER if role in out}

@@ -132,6 +132,8 @@ def reconcile(prof: Profile, spec: TransformerSpec | None = None) -> Reconciliat
     kernels: dict[str, set[str]] = defaultdict(set)
     causal_kernels: set[str] = set()
     for node, assignment in prof._role_assignments().items():
+        if node.meta.get("phase") == "backward":
+            continue
         block = assignment.block or ""
         for role, macs in assignment.parts.items():
             measured[block][role] += macs

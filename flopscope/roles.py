@@ -144,8 +144,10 @@ class RoleFinder:
         self.graph = graph
         self.module_types = module_types
         self.rules = tuple(rules)
-        self.nodes = list(graph.nodes)
-        self.macs = {n: int(n.meta.get("multiplies") or 0) for n in self.nodes}
+        every = list(graph.nodes)
+        self.backward_nodes = [n for n in every if n.meta.get("phase") == "backward"]
+        self.nodes = [n for n in every if n.meta.get("phase") != "backward"]
+        self.macs = {n: int(n.meta.get("multiplies") or 0) for n in every}
         self.dynamic: dict[fx.Node, bool] = {}  # depends on a forward input
         self.weighty: dict[fx.Node, bool] = {}  # depends on a parameter
         for n in self.nodes:
@@ -153,7 +155,8 @@ class RoleFinder:
             leaf = n.meta.get("leaf")
             self.dynamic[n] = leaf in ("input", "constant") or any(self.dynamic[p] for p in parents)
             self.weighty[n] = leaf == "parameter" or any(self.weighty[p] for p in parents)
-        self.users: dict[fx.Node, list[fx.Node]] = {n: list(n.users) for n in self.nodes}
+        self.users: dict[fx.Node, list[fx.Node]] = {
+            n: [u for u in n.users if u.meta.get("phase") != "backward"] for n in self.nodes}
         self.packets: dict[fx.Node, Any] = {n: _packet(n) for n in self.nodes}
         self.op_names: dict[fx.Node, str] = {n: _op(n) for n in self.nodes}
         self._weight_mm: dict[fx.Node, bool] = {}
@@ -178,7 +181,31 @@ class RoleFinder:
         self._apply_rules(BUILTIN_RULES, only_unfused=True)
         self._apply_rules(self.rules, only_unfused=False)
         self._blocks()
+        self._backward()
         return self.result
+
+    def _backward(self) -> None:
+        """A backward op takes the roles of the forward op whose autograd node ran it, in the same
+        proportions (a fused QKV projection's gradient GEMMs split like the projection); a fused
+        backward kernel with its own parts (SDPA backward) keeps them."""
+        for n in self.backward_nodes:
+            macs = self.macs[n]
+            if not macs:
+                continue
+            forward = n.meta.get("forward")
+            source = self.result.get(forward) if forward is not None else None
+            parts = n.meta.get("multiply_parts")
+            if parts:
+                self.result[n] = Assignment(dict(parts))
+            elif source is not None and any(source.parts.values()):
+                self.result[n] = Assignment(_scale(source.parts, macs))
+            else:
+                self.result[n] = Assignment({Role.OTHER.value: macs})
+            assignment = self.result[n]
+            if source is not None:
+                assignment.block, assignment.kind = source.block, source.kind
+            else:
+                assignment.block = (forward.meta.get("module") if forward is not None else None) or ""
 
     # ---------------------------------------------------------------------------------------------
     # pass 1: by op
@@ -505,6 +532,14 @@ class RoleFinder:
             seen.add(x)
             todo.extend(x.all_input_nodes)
         return False
+
+
+def _scale(parts: Mapping[str, int], total: int) -> dict[str, int]:
+    """``parts`` rescaled to sum to ``total`` exactly (largest remainder to the largest part)."""
+    whole = sum(parts.values())
+    out = {role: macs * total // whole for role, macs in parts.items()}
+    out[max(parts, key=parts.__getitem__)] += total - sum(out.values())
+    return out
 
 
 def _common_path(paths: Sequence[str]) -> str:

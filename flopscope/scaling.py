@@ -19,7 +19,7 @@ from tabulate import tabulate
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from .api import _check_inputs, _run, profile
+from .api import _check_inputs, _Options, _run, profile
 from .errors import FlopscopeError
 from .fake import FakeConverter
 from .formulas import REGISTRY
@@ -198,8 +198,8 @@ def scaling(model: nn.Module, make_inputs: Callable[[int], Any], lengths: Sequen
         args, kwargs = _split_inputs(make_inputs(n))
         if mode == "fake":
             _check_inputs(model, args, kwargs)
-            prof = _run(model, args, kwargs, profile_kwargs.get("registry") or REGISTRY,
-                        tuple(profile_kwargs.get("roles", ())), fake=True, converter=converter)
+            options = _Options(profile_kwargs.get("registry") or REGISTRY, tuple(profile_kwargs.get("roles", ())))
+            prof = _run(model, args, kwargs, options, fake=True, converter=converter)
         else:
             prof = profile(model, *args, mode=mode, **profile_kwargs, **kwargs)
         roles = prof.by_role()

@@ -2,8 +2,8 @@
 
 What is restored: every module's attribute dict (attributes a forward added are removed, replaced ones
 put back), its parameter / buffer / submodule tables, its training flag, each parameter's
-``requires_grad``, and, when the run executed for real, the values of buffers the forward changed in
-place (BatchNorm running statistics in training mode, for instance).
+``requires_grad`` and ``.grad`` (after a counted backward pass), and, when the run executed for real,
+the values of buffers the forward changed in place (BatchNorm running statistics in training mode).
 """
 
 from __future__ import annotations
@@ -15,12 +15,13 @@ from torch import nn
 
 
 class ModelSnapshot:
-    def __init__(self, model: nn.Module, *, buffer_values: bool) -> None:
+    def __init__(self, model: nn.Module, *, buffer_values: bool, grads: bool = False) -> None:
         self._modules = [
             (m, dict(m.__dict__), dict(m._parameters), dict(m._buffers), dict(m._modules), m.training)
             for m in model.modules()
         ]
         self._requires_grad = [(p, p.requires_grad) for p in model.parameters()]
+        self._grads = [(p, p.grad) for p in model.parameters()] if grads else []
         self._buffers: list[tuple[torch.Tensor, torch.Tensor]] = []
         if buffer_values:
             with torch.no_grad():
@@ -33,6 +34,8 @@ class ModelSnapshot:
             _restore_dict(module._buffers, buffers)
             _restore_dict(module._modules, children)
             module.training = training
+        for p, grad in self._grads:
+            p.grad = grad
         for p, requires_grad in self._requires_grad:
             if p.requires_grad != requires_grad:
                 p.requires_grad_(requires_grad)
