@@ -109,6 +109,7 @@ class profiler(Profile):  # noqa: N801  (used as a context manager, like torch.p
     def __enter__(self) -> profiler:
         self._tracker = ModuleTracker(self._model)
         self._recorder = Recorder(self._tracker, self._registry, _state_names(self._model, lambda t: t))
+        self._recorder.timed = self._mode == "real"
         if self._mode == "fake":
             self._stack.enter_context(FakeTensorMode(allow_non_fake_inputs=True))
         self._stack.enter_context(self._tracker)
@@ -151,6 +152,7 @@ def _run(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], option
                 stack.enter_context(fake_mode)
             else:
                 recorder = Recorder(tracker, registry, _state_names(model, lambda t: t))
+                recorder.timed = True
             recorder.add_leaf_names(_input_names(model, args, kwargs))
             stack.enter_context(tracker)
             stack.enter_context(recorder)

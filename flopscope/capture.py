@@ -17,6 +17,7 @@ qualified names; forward inputs and other outside tensors as ``placeholder`` nod
   ``{part: MACs}`` split for fused ops, else ``None``;
 - ``elementwise``: ``(category, ops)`` for elementwise work, else ``None``;
 - ``cost``: ``"formula"``, ``"elementwise"``, ``"zero"`` or ``"unsupported"``;
+- ``seconds``: wall time of the op (real mode only);
 - ``phase``: ``"forward"`` or ``"backward"``; a backward op also has ``forward``: the forward node whose
   autograd node ran it (matched by autograd sequence number), whose module stack it inherits;
 - ``value``: for small integer / boolean tensors whose values are known (index lists such as
@@ -28,6 +29,7 @@ Ops run only while a module of the profiled model is on the stack are recorded.
 from __future__ import annotations
 
 import operator
+import time
 import weakref
 from collections import Counter
 from collections.abc import Callable, Mapping
@@ -82,6 +84,7 @@ class Recorder(TorchDispatchMode):
         self.decomposed: Counter[str] = Counter()
         self.failure: OpFailure | None = None
         self.backward = False  # set while the backward pass runs: record ops outside any module call
+        self.timed = False  # record each op's wall time (real execution on the CPU: ops are synchronous)
         self._producers: dict[int, tuple[weakref.ref[torch.Tensor], fx.Node]] = {}
         self._by_sequence_nr: dict[int, fx.Node] = {}  # autograd sequence number -> forward node
 
@@ -116,6 +119,7 @@ class Recorder(TorchDispatchMode):
                     self.decomposed[op_name(func)] += 1
                     return decomposed
                 cost = "unsupported"
+        start = time.perf_counter()
         try:
             out = func(*args, **kwargs)
         except Exception:
@@ -123,8 +127,11 @@ class Recorder(TorchDispatchMode):
                 path = stack[-1].path if stack else ""
                 self.failure = OpFailure(op_name(func), path, _shapes((args, kwargs)))
             raise
+        seconds = time.perf_counter() - start
         node = self._add_node(func, args, kwargs, out, stack)
         meta = node.meta
+        if self.timed:
+            meta["seconds"] = seconds
         if self.backward:
             meta["phase"] = "backward"
             meta["forward"] = forward_node

@@ -19,6 +19,7 @@ from .model_formulas import ModelFormulas, model_formulas
 from .module_tracker import ModuleCall, ModuleTracker
 from .reconcile import Reconciliation, TransformerSpec, reconcile
 from .roles import ROLE_ORDER, Assignment, Role, RoleFinder, RoleRule
+from .timing import Timing, timing
 
 Shape = tuple[int, ...]
 
@@ -243,6 +244,11 @@ class Profile:
         """Measured forward MACs per token against Kaplan, Chinchilla, Megatron-LM and PaLM, with the
         difference explained part by part (see :mod:`flopscope.model_formulas`)."""
         return model_formulas(self)
+
+    def timing(self) -> Timing:
+        """Wall time per role and module of a real-mode run, with GFLOP/s and time share against MAC
+        share (see :mod:`flopscope.timing`)."""
+        return timing(self)
 
     def _role_assignments(self) -> dict[fx.Node, Assignment]:
         self._check_ready()

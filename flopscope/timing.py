@@ -1,0 +1,77 @@
+"""Measured time (real mode): wall time of the ops that ran, per role and per module, against their MACs.
+
+Each op's wall time is taken around its kernel on the CPU (ops are synchronous there; on an accelerator
+the figures would be launch times). A fused op's time is split between its roles in proportion to their
+MACs. Ops without multiplies (softmax, norms, activations, copies) are a row of their own: they take time
+with few multiplies, which is the point of setting time share beside MAC share.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from tabulate import tabulate
+
+from .errors import FlopscopeError
+
+if TYPE_CHECKING:
+    from .profile import Profile
+
+NO_MACS = "(ops without multiplies)"
+
+
+@dataclass(frozen=True)
+class TimingRow:
+    name: str  # a role, or NO_MACS
+    seconds: float  # wall time of its ops
+    macs: int
+
+    @property
+    def gflops_per_second(self) -> float:
+        """Achieved GFLOP/s (2 FLOPs per MAC)."""
+        return 2 * self.macs / self.seconds / 1e9 if self.seconds > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class Timing:
+    rows: tuple[TimingRow, ...]  # per role
+    modules: dict[str, float]  # module path -> seconds, inclusive of submodules
+
+    @property
+    def seconds(self) -> float:
+        return sum(r.seconds for r in self.rows)
+
+    def to_table(self, tablefmt: str = "simple") -> str:
+        seconds = self.seconds or 1.0
+        macs = sum(r.macs for r in self.rows) or 1
+        table = [[r.name, f"{1e3 * r.seconds:.3f}", f"{100 * r.seconds / seconds:.1f}%", f"{100 * r.macs / macs:.1f}%",
+                  f"{r.gflops_per_second:.2f}" if r.macs else "-"] for r in self.rows]
+        return tabulate(table, headers=["role", "time ms", "time share", "MAC share", "GFLOP/s"], tablefmt=tablefmt,
+                        colalign=("left", "right", "right", "right", "right"))
+
+
+def timing(prof: Profile) -> Timing:
+    """Time per role and per module of a real-mode profile."""
+    nodes = [n for n in prof.graph.nodes if "seconds" in n.meta]
+    if not nodes:
+        raise FlopscopeError("no op times: timing needs a profile taken with mode='real'")
+    assignments = prof._role_assignments()
+    seconds: dict[str, float] = defaultdict(float)
+    macs: dict[str, int] = defaultdict(int)
+    modules: dict[str, float] = defaultdict(float)
+    for node in nodes:
+        elapsed = node.meta["seconds"]
+        for frame in {frame.path for frame in node.meta.get("module_stack") or ()}:
+            modules[frame] += elapsed
+        assignment = assignments.get(node)
+        total = sum(assignment.parts.values()) if assignment else 0
+        if not assignment or not total:
+            seconds[NO_MACS] += elapsed
+            continue
+        for role, part in assignment.parts.items():
+            seconds[role] += elapsed * part / total
+            macs[role] += part
+    order = [role for role in prof.by_role() if role in seconds] + ([NO_MACS] if NO_MACS in seconds else [])
+    return Timing(tuple(TimingRow(role, seconds[role], macs.get(role, 0)) for role in order), dict(modules))
