@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 from tabulate import tabulate
 
 from .errors import FlopscopeError
+from .formulas import prod
 
 if TYPE_CHECKING:
     from .profile import Profile
@@ -166,7 +167,7 @@ def _tokens(prof: Profile) -> tuple[int, int]:
 
 def _non_gemm_params(prof: Profile) -> int:
     """Parameters that are not matmul weights: biases, norm weights (1-D parameters)."""
-    return sum(_numel(shape) for shapes in prof.facts.param_shapes.values() for shape in shapes.values()
+    return sum(prod(shape) for shapes in prof.facts.param_shapes.values() for shape in shapes.values()
                if len(shape) <= 1)
 
 
@@ -177,12 +178,6 @@ def _position_embedding_params(prof: Profile) -> int:
     for path, shapes in facts.param_shapes.items():
         weight = shapes.get("weight")
         if weight is not None and facts.attr(path, "num_embeddings") == positions and len(weight) == 2:
-            total += _numel(weight)
+            total += prod(weight)
     return total
 
-
-def _numel(shape: tuple[int, ...]) -> int:
-    out = 1
-    for s in shape:
-        out *= s
-    return out

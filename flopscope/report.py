@@ -1,43 +1,106 @@
-"""Pure renderers: a profile in, text out (never printing). Units are always named."""
+"""Pure renderers: a profile in, text out (never printing). Units are always named.
+
+Tables go through ``tabulate`` (``tablefmt``: "simple", "github", "pipe" (markdown), "html", ...);
+``units`` is ``"macs"`` (multiply-accumulates) or ``"flops"`` (2 x MACs). :func:`to_json` writes the
+versioned schema documented in :data:`JSON_SCHEMA`; :func:`to_csv` one row per counted op.
+"""
 
 from __future__ import annotations
 
+import csv
+import io
+import json
+import platform
+import sys
+from collections import Counter, defaultdict
+from typing import Any
+
 from tabulate import tabulate
 
+from .errors import FlopscopeError
+from .formulas import prod
 from .profile import Profile
 
-PREFIXES = ((10**12, "T"), (10**9, "G"), (10**6, "M"), (10**3, "K"))
+PREFIXES = ((10**15, "P"), (10**12, "T"), (10**9, "G"), (10**6, "M"), (10**3, "K"))
+UNITS = {"macs": ("MAC", 1), "flops": ("FLOP", 2)}
+JSON_SCHEMA = "flopscope.profile/1"
+"""Schema of :func:`to_json` (version 1). Top-level keys:
+
+- ``schema``: this string; ``units``: what ``macs`` / ``flops`` / ``elementwise_ops`` mean;
+- ``mode``: "fake" or "real"; ``totals``: ``{macs, flops, by_phase: {phase: macs}}``;
+- ``modules``: list of ``{path, type, calls, macs, flops, params, dominant_role}`` (inclusive of submodules);
+- ``roles``: ``{role: macs}``; ``blocks``: ``{block path: {role: macs}}``; ``ops``: ``{aten op: macs}``;
+- ``elementwise``: ``{category: elementwise ops}``; ``unsupported``: ``{aten op: calls}``; ``notes``: [str];
+- ``reconciliation``: list of ``{block, role, measured, predicted, ratio, term, useful, reason, basis}``
+  (``ratio`` as a string fraction, ``null`` where there is no prediction);
+- ``environment``: ``{flopscope, torch, transformers, python, platform}``.
+"""
 
 
-def human(value: int, unit: str) -> str:
+def human(value: float, unit: str) -> str:
     """``1234567890, "MAC"`` -> ``"1.23 GMAC"``."""
     for scale, prefix in PREFIXES:
         if abs(value) >= scale:
             return f"{value / scale:.2f} {prefix}{unit}"
-    return f"{value} {unit}"
+    return f"{value:g} {unit}"
 
 
-def module_table(prof: Profile, depth: int = 2, tablefmt: str = "simple") -> str:
-    """Inclusive MACs and FLOPs per module, down to ``depth`` levels below the root."""
+def _unit(units: str) -> tuple[str, int]:
+    if units not in UNITS:
+        raise FlopscopeError(f"units must be 'macs' or 'flops'; got {units!r}")
+    return UNITS[units]
+
+
+def params_by_module(prof: Profile) -> dict[str, int]:
+    """Parameters per module path, inclusive of submodules (shared parameters counted where declared)."""
+    own = {path: sum(prod(s) for s in shapes.values()) for path, shapes in prof.facts.param_shapes.items()}
+    out: dict[str, int] = defaultdict(int)
+    for path, count in own.items():
+        parts = path.split(".") if path else []
+        for i in range(len(parts) + 1):
+            out[".".join(parts[:i])] += count
+    return dict(out)
+
+
+def dominant_roles(prof: Profile) -> dict[str, str]:
+    """Per module path, the role with most MACs among the ops it ran (inclusive)."""
+    per: dict[str, Counter[str]] = defaultdict(Counter)
+    for record in prof.records:
+        for path in set(record.module_stack):
+            for role, macs in record.roles.items():
+                per[path][role] += macs
+    return {path: counter.most_common(1)[0][0] for path, counter in per.items() if counter}
+
+
+def module_tree(prof: Profile, depth: int = 2, units: str = "macs", tablefmt: str = "simple") -> str:
+    """The model's structure with MACs (or FLOPs), parameters, share and dominant role per module, down to
+    ``depth`` levels below the root."""
+    name, factor = _unit(units)
     total = prof.total() or 1
+    params = params_by_module(prof)
+    dominant = dominant_roles(prof)
+    types = prof.facts.types
     rows = []
     for path, macs in prof.by_module().items():
         level = 0 if path == "" else path.count(".") + 1
         if level > depth:
             continue
-        name = "(model)" if path == "" else "· " * level + path.rsplit(".", 1)[-1]
-        rows.append([name, f"{macs:,}", human(2 * macs, "FLOP"), f"{100 * macs / total:.1f}%"])
-    return tabulate(rows, headers=["module", "MACs", "FLOPs", "share"], tablefmt=tablefmt,
-                    colalign=("left", "right", "right", "right"))
+        label = "(model)" if path == "" else "· " * level + path.rsplit(".", 1)[-1]
+        rows.append([label, types[path].__name__ if path in types else "", f"{factor * macs:,}",
+                     human(factor * macs, name), f"{params.get(path, 0):,}", f"{100 * macs / total:.1f}%",
+                     dominant.get(path, "")])
+    return tabulate(rows, headers=["module", "type", f"{name}s", "", "params", "share", "dominant role"],
+                    tablefmt=tablefmt, colalign=("left", "left", "right", "right", "right", "right", "left"))
 
 
-def op_table(prof: Profile, tablefmt: str = "simple") -> str:
-    """MACs per ATen op, largest first, with the number of calls."""
+def op_table(prof: Profile, units: str = "macs", tablefmt: str = "simple") -> str:
+    """Per ATen op, largest first, with the number of calls."""
+    name, factor = _unit(units)
     total = prof.total() or 1
     calls = prof.op_calls()
-    rows = [[op, calls[op], f"{macs:,}", human(2 * macs, "FLOP"), f"{100 * macs / total:.1f}%"]
+    rows = [[op, calls[op], f"{factor * macs:,}", human(factor * macs, name), f"{100 * macs / total:.1f}%"]
             for op, macs in sorted(prof.by_op().items(), key=lambda kv: -kv[1])]
-    return tabulate(rows, headers=["ATen op", "calls", "MACs", "FLOPs", "share"], tablefmt=tablefmt,
+    return tabulate(rows, headers=["ATen op", "calls", f"{name}s", "", "share"], tablefmt=tablefmt,
                     colalign=("left", "right", "right", "right", "right"))
 
 
@@ -52,7 +115,7 @@ def where(paths: list[str], limit: int = 3) -> str:
     return ", ".join(shown) + (f", +{more} more" if more > 0 else "")
 
 
-def role_table(prof: Profile, tablefmt: str = "simple") -> str:
+def role_table(prof: Profile, units: str = "macs", tablefmt: str = "simple") -> str:
     """Role | MACs | FLOPs | share of total | where (the blocks it occurs in)."""
     total = prof.total() or 1
     blocks: dict[str, list[str]] = {}
@@ -60,30 +123,114 @@ def role_table(prof: Profile, tablefmt: str = "simple") -> str:
         for role, macs in roles.items():
             if macs:
                 blocks.setdefault(role, []).append(block)
-    rows = [[role, f"{macs:,}", human(2 * macs, "FLOP"), f"{100 * macs / total:.1f}%", where(blocks.get(role, []))]
-            for role, macs in prof.by_role().items()]
-    return tabulate(rows, headers=["role", "MACs", "FLOPs", "share", "where"], tablefmt=tablefmt,
-                    colalign=("left", "right", "right", "right", "left"))
+    first = "MACs" if units == "macs" else "FLOPs"
+    _unit(units)
+    rows = []
+    for role, macs in prof.by_role().items():
+        shown = macs if units == "macs" else 2 * macs
+        other = human(2 * macs, "FLOP") if units == "macs" else human(macs, "MAC")
+        rows.append([role, f"{shown:,}", other, f"{100 * macs / total:.1f}%", where(blocks.get(role, []))])
+    return tabulate(rows, headers=["role", first, "FLOPs" if units == "macs" else "MACs", "share", "where"],
+                    tablefmt=tablefmt, colalign=("left", "right", "right", "right", "left"))
 
 
-def summary(prof: Profile, depth: int = 2, tablefmt: str = "simple") -> str:
-    """Totals, the module table, the op table, elementwise work and unsupported ops."""
+def unsupported_table(prof: Profile, tablefmt: str = "simple") -> str:
+    rows = [[op, calls] for op, calls in sorted(prof.unsupported().items())]
+    if not rows:
+        return "unsupported ops: none"
+    return "unsupported ops (no formula; they may do arithmetic that the total leaves out):\n" + tabulate(
+        rows, headers=["ATen op", "calls"], tablefmt=tablefmt)
+
+
+def summary(prof: Profile, depth: int = 2, units: str = "macs", tablefmt: str = "simple",
+            reconciliation: bool = True) -> str:
+    """Totals, roles, reconciliation, the module tree, ops, elementwise work and unsupported ops."""
     lines = [
         f"total: {prof.total():,} MACs = {prof.total_flops():,} FLOPs ({human(prof.total_flops(), 'FLOP')}; "
         f"1 MAC = 2 FLOPs), counted in {prof.mode} mode",
-        "",
-        role_table(prof, tablefmt),
-        "",
-        module_table(prof, depth, tablefmt),
-        "",
-        op_table(prof, tablefmt),
     ]
+    phases = prof.by_phase()
+    if len(phases) > 1:
+        lines.append("by phase: " + ", ".join(f"{k} {v:,} MACs" for k, v in phases.items()))
+    lines += ["", role_table(prof, units, tablefmt)]
+    if reconciliation:
+        result = prof.reconcile()
+        if result.rows:
+            exact = sum(r.exact for r in result.rows)
+            lines += ["", f"reconciliation: {exact} of {len(result.rows)} rows exactly as predicted",
+                      result.to_table(tablefmt)]
+    lines += ["", module_tree(prof, depth, units, tablefmt), "", op_table(prof, units, tablefmt)]
     elementwise = prof.elementwise()
     if elementwise:
         parts = ", ".join(f"{k} {v:,}" for k, v in sorted(elementwise.items()))
         lines += ["", f"elementwise ops (not MACs, not in the total): {parts}"]
-    unsupported = prof.unsupported()
-    lines += ["", "unsupported ops: " + (", ".join(f"{op} x{n}" for op, n in sorted(unsupported.items()))
-                                         if unsupported else "none")]
+    lines += ["", unsupported_table(prof, tablefmt)]
     lines += [f"note: {note}" for note in prof.notes]
     return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------------------------------
+# machine-readable
+def to_dict(prof: Profile, reconciliation: bool = True) -> dict[str, Any]:
+    """The JSON document of :data:`JSON_SCHEMA` as a dict."""
+    params = params_by_module(prof)
+    dominant = dominant_roles(prof)
+    calls = prof.module_calls()
+    types = prof.facts.types
+    doc: dict[str, Any] = {
+        "schema": JSON_SCHEMA,
+        "units": {"macs": "multiply-accumulates", "flops": "2 x macs",
+                  "elementwise_ops": "see flopscope.elementwise (per-element conventions)"},
+        "mode": prof.mode,
+        "totals": {"macs": prof.total(), "flops": prof.total_flops(), "by_phase": prof.by_phase()},
+        "modules": [{"path": path, "type": types[path].__name__ if path in types else None,
+                     "calls": calls.get(path, 0), "macs": macs, "flops": 2 * macs, "params": params.get(path, 0),
+                     "dominant_role": dominant.get(path)} for path, macs in prof.by_module().items()],
+        "roles": prof.by_role(),
+        "blocks": prof.by_block(),
+        "ops": prof.by_op(),
+        "elementwise": prof.elementwise(),
+        "unsupported": prof.unsupported(),
+        "notes": prof.notes,
+        "reconciliation": [],
+        "environment": environment(),
+    }
+    if reconciliation:
+        doc["reconciliation"] = [
+            {"block": r.block, "role": r.role, "measured": r.measured, "predicted": r.predicted,
+             "ratio": None if r.ratio is None else str(r.ratio), "term": r.term, "useful": r.useful,
+             "reason": r.reason, "basis": r.basis} for r in prof.reconcile().rows]
+    return doc
+
+
+def to_json(prof: Profile, reconciliation: bool = True, indent: int | None = 2) -> str:
+    return json.dumps(to_dict(prof, reconciliation), indent=indent)
+
+
+def to_csv(prof: Profile) -> str:
+    """One row per counted op: phase, module, op, role split, MACs, FLOPs, input shapes."""
+    out = io.StringIO()
+    writer = csv.writer(out)
+    writer.writerow(["phase", "module", "call", "op", "role", "roles", "macs", "flops", "input_shapes", "block"])
+    for r in prof.records:
+        roles = ";".join(f"{role}={macs}" for role, macs in r.roles.items())
+        shapes = ";".join("x".join(str(s) for s in shape) for shape in r.input_shapes)
+        writer.writerow([r.phase, r.module, r.call, r.op, r.role.value, roles, r.multiplies, 2 * r.multiplies,
+                         shapes, r.block])
+    return out.getvalue()
+
+
+def environment() -> dict[str, str | None]:
+    import torch
+
+    from . import __version__
+
+    try:
+        import transformers
+
+        hf: str | None = transformers.__version__
+    except ImportError:
+        hf = None
+    return {"flopscope": __version__, "torch": torch.__version__, "transformers": hf,
+            "python": sys.version.split()[0], "platform": platform.platform()}
+

@@ -157,7 +157,8 @@ class Scaling:
         rows = []
         for role, poly in self.polynomials.items():
             predicted = self.predicted.get(role)
-            rows.append([role, str(poly) if poly is not None else "not a polynomial at these lengths",
+            rows.append([role, str(poly) if poly is not None else
+                         f"not a polynomial of degree <= {len(self.lengths) - 2} at these lengths",
                          str(predicted) if predicted is not None else "-",
                          "yes" if self.matches(role) else ("-" if predicted is None else "NO")])
         text = tabulate(rows, headers=["role", "measured MACs(n)", "predicted MACs(n)", "match"],
@@ -189,8 +190,9 @@ def scaling(model: nn.Module, make_inputs: Callable[[int], Any], lengths: Sequen
     ``progress(done, total)`` is called after each length.
     """
     lengths = tuple(sorted(set(int(n) for n in lengths)))
-    if len(lengths) < 3:
-        raise FlopscopeError("scaling needs at least 3 lengths: a quadratic is checked at one more length")
+    if len(lengths) < 4:
+        raise FlopscopeError("scaling needs at least 4 lengths: a quadratic (attention) takes 3 and is "
+                             "checked at one more")
     measured: dict[str, list[int]] = {}
     predicted: dict[str, list[int | None]] = {}
     converter = FakeConverter(FakeTensorMode(allow_non_fake_inputs=True))  # the model's state, converted once

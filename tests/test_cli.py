@@ -1,11 +1,17 @@
-"""The command line: the README's demo runs and checks itself against the closed form."""
+"""The command line: the README's demo, profile / compare with every output, and errors with exit codes."""
 
 from __future__ import annotations
 
+import csv
 import doctest
+import io
+import json
+
+import pytest
 
 import flopscope
 from flopscope.cli import main
+from flopscope.report import JSON_SCHEMA
 
 
 def test_demo_matches_its_closed_form(capsys):
@@ -13,7 +19,64 @@ def test_demo_matches_its_closed_form(capsys):
     assert main(["demo", "--n", str(n), "--d", str(d), "--h", str(h), "--d-ff", str(d_ff)]) == 0
     out = capsys.readouterr().out
     assert f"{n * (4 * d * d + 2 * d * d_ff) + 2 * n * n * d:,} MACs: matches" in out
-    assert "FLOPs" in out and "unsupported ops: none" in out
+    assert "reconciliation: 8 of 8 rows exactly as predicted" in out
+    assert "Table 1" in out and "unsupported ops: none" in out
+
+
+def test_profile_a_factory_with_every_output(tmp_path, capsys):
+    d, n = 32, 16
+    json_path, csv_path, png = tmp_path / "p.json", tmp_path / "p.csv", tmp_path / "s.png"
+    code = main(["profile", "flopscope.models:TransformerBlock", "--set", f"d={d}", "--set", "h=4",
+                 "--set", f"d_ff={4 * d}", "--input", f"1x{n}x{d}", "--mode", "real", "--sweep", "8,16,32,64",
+                 "--json", str(json_path), "--csv", str(csv_path), "--plot", str(png), "--units", "flops",
+                 "--format", "github"])
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "time per role" in out and "| role " in out  # github tables
+    assert f"{2 * n * n * d:,}" in out  # --units flops: attention scores as FLOPs
+    assert f"{d}·n²" in out  # attention scores: n²·d for one sequence
+    doc = json.loads(json_path.read_text())
+    assert doc["schema"] == JSON_SCHEMA
+    assert doc["totals"]["macs"] == n * (4 * d * d + 2 * d * 4 * d) + 2 * n * n * d
+    assert doc["totals"]["flops"] == 2 * doc["totals"]["macs"]
+    assert doc["roles"]["attn_scores"] == n * n * d
+    assert {m["path"] for m in doc["modules"]} >= {"", "attention", "attention.q_proj", "ffn.up"}
+    assert all(r["ratio"] == "1" for r in doc["reconciliation"])
+    rows = list(csv.DictReader(io.StringIO(csv_path.read_text())))
+    assert sum(int(r["macs"]) for r in rows) == doc["totals"]["macs"]
+    assert png.stat().st_size > 10_000
+
+
+def test_profile_a_hugging_face_family_with_backward(capsys):
+    pytest.importorskip("transformers")
+    assert main(["profile", "hf:gpt2", "--set", "n_layer=1", "--set", "n_embd=64", "--set", "n_head=4",
+                 "--set", "vocab_size=100", "--input", "1x16", "--backward", "--mode", "fake"]) == 0
+    out = capsys.readouterr().out
+    assert "by phase: forward" in out and "Narayanan" in out
+
+
+def test_compare_command(capsys):
+    assert main(["compare", "--n", "64", "--d", "32", "--h", "4", "--k", "3", "--r", "8", "--lengths", "16,32,64"]) == 0
+    out = capsys.readouterr().out
+    assert f"{64**2 * 32**2:,}" in out  # the fully connected layer: n²·d² weights
+
+
+def test_errors_have_exit_codes_and_say_what_to_do(capsys):
+    assert main(["profile", "no_such_module:factory", "--input", "1x4"]) == 3
+    assert "cannot load" in capsys.readouterr().err
+    assert main(["profile", "flopscope.models:TransformerBlock", "--set", "d=8", "--set", "h=2",
+                 "--input", "1x4x9"]) == 3
+    err = capsys.readouterr().err
+    assert "ForwardError" in err or "raised" in err
+    with pytest.raises(SystemExit) as info:
+        main(["profile"])
+    assert info.value.code == 2
+
+
+def test_help_teaches_by_example(capsys):
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    assert "flopscope profile hf:gpt2 --set n_layer=2" in capsys.readouterr().out
 
 
 def test_package_docstring_examples_run():

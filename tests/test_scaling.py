@@ -59,5 +59,5 @@ def test_llama_scaling_matches_closed_forms_coefficient_by_coefficient():
 
 
 def test_scaling_needs_enough_lengths():
-    with pytest.raises(flopscope.FlopscopeError, match="at least 3"):
-        flopscope.scaling(TransformerBlock(8, 2, 16), lambda n: torch.zeros(1, n, 8), lengths=(4, 8))
+    with pytest.raises(flopscope.FlopscopeError, match="at least 4"):
+        flopscope.scaling(TransformerBlock(8, 2, 16), lambda n: torch.zeros(1, n, 8), lengths=(4, 8, 16))

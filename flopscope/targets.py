@@ -1,0 +1,120 @@
+"""Command-line targets: build a model from ``package.module:factory`` or a Hugging Face family
+(``hf:gpt2``, built from its config, never downloaded), and make inputs from ``1x128``-style shapes."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from .errors import FlopscopeError
+
+HF_HEADS = {"": "AutoModel", "causal-lm": "AutoModelForCausalLM", "seq2seq-lm": "AutoModelForSeq2SeqLM",
+            "masked-lm": "AutoModelForMaskedLM", "classification": "AutoModelForSequenceClassification"}
+
+
+@dataclass
+class Target:
+    model: nn.Module
+    description: str
+    token_inputs: bool  # inputs are token ids (their last dim is the sequence)
+    vocab_size: int | None = None
+    encoder_decoder: bool = False
+
+
+def parse_settings(settings: Sequence[str]) -> dict[str, Any]:
+    """``["n_layer=2", "use_cache=False"]`` -> ``{"n_layer": 2, "use_cache": False}`` (Python literals)."""
+    out: dict[str, Any] = {}
+    for item in settings:
+        if "=" not in item:
+            raise FlopscopeError(f"--set takes key=value, got {item!r}")
+        key, value = item.split("=", 1)
+        try:
+            out[key.strip()] = ast.literal_eval(value.strip())
+        except (ValueError, SyntaxError):
+            out[key.strip()] = value.strip()
+    return out
+
+
+def load_target(spec: str, settings: Sequence[str] = ()) -> Target:
+    """``hf:FAMILY[/HEAD]`` or ``package.module:factory`` (``factory(**settings)`` returns the module)."""
+    overrides = parse_settings(settings)
+    if spec.startswith("hf:"):
+        return _hugging_face(spec[3:], overrides)
+    if ":" not in spec:
+        raise FlopscopeError(f"target must be 'package.module:factory' or 'hf:family'; got {spec!r}")
+    module_name, attr = spec.split(":", 1)
+    try:
+        factory = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as e:
+        raise FlopscopeError(f"cannot load {spec!r}: {e}") from e
+    model = factory(**overrides) if callable(factory) and not isinstance(factory, nn.Module) else factory
+    if not isinstance(model, nn.Module):
+        raise FlopscopeError(f"{spec!r} did not give a torch.nn.Module (got {type(model).__name__})")
+    return Target(model.eval(), spec, token_inputs=False)
+
+
+def _hugging_face(family: str, overrides: dict[str, Any]) -> Target:
+    try:
+        import transformers
+    except ImportError as e:
+        raise FlopscopeError("hf: targets need transformers (pip install 'flopscope[hf]')") from e
+    family, _, head = family.partition("/")
+    if head not in HF_HEADS:
+        raise FlopscopeError(f"unknown head {head!r}; one of: {', '.join(h or '(none)' for h in HF_HEADS)}")
+    try:
+        config = transformers.AutoConfig.for_model(family, **overrides)
+    except ValueError as e:
+        raise FlopscopeError(f"unknown Hugging Face family {family!r}: {e}") from e
+    torch.manual_seed(0)
+    model = getattr(transformers, HF_HEADS[head]).from_config(config).eval()
+    text = getattr(model, "main_input_name", "input_ids") == "input_ids"
+    return Target(model, f"hf:{family}{'/' + head if head else ''}", token_inputs=text,
+                  vocab_size=getattr(config, "vocab_size", None),
+                  encoder_decoder=bool(getattr(config, "is_encoder_decoder", False)))
+
+
+def parse_shape(text: str) -> tuple[int, ...]:
+    try:
+        shape = tuple(int(part) for part in text.lower().split("x"))
+    except ValueError as e:
+        raise FlopscopeError(f"--input takes shapes like 1x128 or 1x3x224x224; got {text!r}") from e
+    if not shape or any(s <= 0 for s in shape):
+        raise FlopscopeError(f"--input shape must be positive; got {text!r}")
+    return shape
+
+
+def make_inputs(target: Target, shapes: Sequence[tuple[int, ...]], dtype: str | None = None
+                ) -> Callable[[int | None], tuple[tuple[Any, ...], dict[str, Any]]]:
+    """A function of the sequence length (``None``: as given) returning ``(args, kwargs)``. The sequence
+    is the last dim of token ids, dim 1 of float inputs."""
+    if not shapes:
+        shapes = [(1, 128)] if target.token_inputs else []
+    if not shapes:
+        raise FlopscopeError("give the input shape with --input (e.g. --input 1x128x512)")
+    tokens = target.token_inputs if dtype is None else dtype in ("long", "int64", "int")
+    torch_dtype = torch.long if tokens else getattr(torch, dtype or "float32", None)
+    if not isinstance(torch_dtype, torch.dtype):
+        raise FlopscopeError(f"unknown --dtype {dtype!r}")
+
+    def build(n: int | None) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        generator = torch.Generator().manual_seed(0)
+        tensors = []
+        for shape in shapes:
+            if n is not None:
+                index = len(shape) - 1 if tokens else min(1, len(shape) - 1)
+                shape = (*shape[:index], n, *shape[index + 1:])
+            if tokens:
+                tensors.append(torch.randint(0, target.vocab_size or 2, shape, generator=generator))
+            else:
+                tensors.append(torch.randn(shape, generator=generator, dtype=torch_dtype))
+        if target.encoder_decoder and tokens and len(tensors) == 1:
+            return (), {"input_ids": tensors[0], "decoder_input_ids": tensors[0]}
+        return tuple(tensors), {}
+
+    return build
