@@ -281,24 +281,28 @@ class RoleFinder:
     # ---------------------------------------------------------------------------------------------
     # pass 3: logits
     def _logits(self) -> None:
-        tables = set()
+        """A weight matmul onto the vocabulary: its weight is a token-embedding table (tied) or has its
+        shape, and its output has one column per token of that table. Token tables are those looked up
+        with indices that come from the inputs (position tables are looked up with ``arange``)."""
+        tables: dict[Any, int] = {}  # leaf name or ("shape", shape) -> vocabulary size
         for n in self.nodes:
             if n.op == "call_function" and self.packets[n] in (aten.embedding, aten._embedding_bag, aten.embedding_bag):
-                weight = n.args[0]
-                if isinstance(weight, fx.Node):
-                    tables.add(self._leaf_name(weight))
-                    shape = weight.meta.get("output_shapes", ((),))[0]
-                    tables.add(("shape", tuple(shape)))
+                weight, indices = n.args[0], n.args[1] if len(n.args) > 1 else None
+                if isinstance(weight, fx.Node) and isinstance(indices, fx.Node) and self.dynamic[indices]:
+                    shape = tuple(weight.meta.get("output_shapes", ((),))[0])
+                    if len(shape) == 2:
+                        tables[self._leaf_name(weight)] = shape[0]
+                        tables[("shape", shape)] = shape[0]
                 self.result[n] = Assignment({Role.EMBEDDING.value: 0})
         if not tables:
             return
         for n in self.nodes:
             if not self._is_weight_matmul(n) or n in self.result or n in self.demands:
                 continue
-            weight = self._weight_operand(n)
-            leaves = {self._leaf_name(x) for x in self._leaves_of(weight)}
-            shapes = {("shape", tuple(x.meta["output_shapes"][0])) for x in self._leaves_of(weight)}
-            if (leaves | shapes) & tables:
+            columns = (n.meta.get("output_shapes") or ((0,),))[0][-1:]
+            leaves = self._leaves_of(self._weight_operand(n))
+            keys = {self._leaf_name(x) for x in leaves} | {("shape", tuple(x.meta["output_shapes"][0])) for x in leaves}
+            if any(tables[key] in columns for key in keys & tables.keys()):
                 self.result[n] = Assignment({Role.LOGITS.value: self.macs[n]})
 
     # ---------------------------------------------------------------------------------------------
