@@ -63,6 +63,7 @@ RULES: dict[Any, ElementwiseRule] = {
                      aten._native_batch_norm_legit, aten._native_batch_norm_legit_no_training,
                      aten.cudnn_batch_norm, aten.miopen_batch_norm], _NORM),
     aten._fused_rms_norm: _RMS_NORM,
+    aten._weight_norm_interface: _RMS_NORM,  # w = g · v / ||v||: square, sum, scale, multiply
     **dict.fromkeys([aten.cumsum, aten.cumprod, aten.topk, aten.sort, aten.argsort, aten.logsumexp, aten.max,
                      aten.min, aten.median, aten.kthvalue, aten.mode, aten.var_mean, aten.std_mean,
                      aten.linalg_vector_norm, aten.histc, aten.bincount, aten._cdist_forward,
@@ -73,7 +74,7 @@ RULES: dict[Any, ElementwiseRule] = {
                      aten.upsample_linear1d, aten.upsample_bilinear2d, aten.upsample_bicubic2d,
                      aten.upsample_trilinear3d, aten._upsample_nearest_exact1d, aten._upsample_nearest_exact2d,
                      aten._upsample_bilinear2d_aa, aten.grid_sampler_2d, aten.mkldnn_max_pool2d,
-                     aten.max_pool2d, aten.max_pool1d], _REDUCTION),
+                     aten.max_pool2d, aten.max_pool1d, aten.multinomial], _REDUCTION),
     **dict.fromkeys([aten.native_dropout, aten.bernoulli, aten.bernoulli_], _DROPOUT),
     # losses (only their backward is recorded: the loss runs outside the model's modules)
     **dict.fromkeys([aten.nll_loss_forward, aten.nll_loss2d_forward, aten.mse_loss, aten.binary_cross_entropy,
@@ -102,7 +103,8 @@ RULES: dict[Any, ElementwiseRule] = {
                      aten.hardtanh, aten.hardtanh_, aten.threshold, aten.prelu, aten._prelu_kernel,
                      aten.glu, aten.logit, aten.polar, aten.complex, aten.heaviside, aten.mish_backward,
                      aten.hardswish_backward, aten.elu_backward, aten.leaky_relu_backward, aten.softplus_backward,
-                     aten.hardsigmoid_backward, aten.hardtanh_backward, aten.glu_backward], _POINTWISE),
+                     aten.hardsigmoid_backward, aten.hardtanh_backward, aten.glu_backward, aten.hardswish,
+                     aten.log_sigmoid_forward, aten.log_sigmoid_backward], _POINTWISE),
 }
 
 ZERO_COST: frozenset[Any] = frozenset([
@@ -137,6 +139,9 @@ ZERO_COST: frozenset[Any] = frozenset([
     # backward of views and indexing: zeros, then a copy into place
     aten.slice_backward, aten.select_backward, aten.unfold_backward, aten.diagonal_backward,
     aten.index_select_backward, aten.embedding_backward, aten.as_strided_scatter,
+    # in-place views and checks
+    aten.as_strided_, aten.squeeze_, aten.unsqueeze_, aten.transpose_, aten.t_, aten._is_all_true,
+    aten._is_any_true,
 ])
 """Ops that do no arithmetic (beyond what is already counted by a formula or rule)."""
 

@@ -226,6 +226,23 @@ def grouped_mm_fallback(x: Shape, weight: Shape, *_: Any, **__: Any) -> int:
     return gemm(x[0], x[1], weight[2])
 
 
+@formula(aten.linalg_solve_triangular, aten.triangular_solve)
+def triangular_solve(a: Shape, b: Shape, *_: Any, out_shape: Shape, **__: Any) -> int:
+    """Substitution with a triangular ``[*, n, n]`` matrix: each of the k right-hand sides takes
+    n(n-1)/2 multiply-adds (the divisions by the diagonal are elementwise)."""
+    # [*, n, k] = linalg_solve_triangular([*, n, n], [*, n, k]); triangular_solve(B, A) has B first
+    n = a[-1] if a[-1] == a[-2] else b[-1]
+    return prod(out_shape) // n * (n * (n - 1) // 2)
+
+
+@formula(aten._euclidean_dist)
+def euclidean_dist(x1: Shape, x2: Shape, **_: Any) -> int:
+    """``cdist`` by matmul: PyTorch appends the squared norms and a column of ones to both operands and
+    multiplies ``[n, d + 2] @ [d + 2, m]``."""
+    # [*, n, m] = _euclidean_dist([*, n, d], [*, m, d])
+    return prod(x1[:-2]) * x1[-2] * x2[-2] * (x1[-1] + 2)
+
+
 # --------------------------------------------------------------------------------------------------
 # convolution
 # --------------------------------------------------------------------------------------------------

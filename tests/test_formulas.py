@@ -135,3 +135,16 @@ def test_registry_rejects_double_registration_and_overrides_on_a_copy():
     assert prof.total() == 3 * 6 * 4 * 5
     assert flopscope.profile(torch.nn.Linear(4, 5, bias=False), torch.zeros(6, 4)).total() == 6 * 4 * 5
     assert "aten::mm" in f.REGISTRY.ops()
+
+
+def test_triangular_solve_and_euclidean_distance():
+    """Substitution: n(n-1)/2 multiply-adds per right-hand side; cdist by matmul on [d + 2] columns."""
+
+    class Ops(torch.nn.Module):
+        def forward(self, a, b, x, y):
+            return torch.linalg.solve_triangular(a, b, upper=False), torch.cdist(x, y,
+                                                                                 compute_mode="use_mm_for_euclid_dist")
+
+    a = torch.randn(2, 5, 5).tril() + 5 * torch.eye(5)
+    prof = flopscope.profile(Ops(), a, torch.randn(2, 5, 3), torch.randn(4, 6), torch.randn(7, 6), mode="real")
+    assert prof.by_op() == {"aten.linalg_solve_triangular": 2 * 3 * (5 * 4 // 2), "aten._euclidean_dist": 4 * 7 * (6 + 2)}
