@@ -20,6 +20,7 @@ from .errors import (
 )
 from .formulas import REGISTRY, FormulaRegistry
 from .layer_types import compare, compare_lengths
+from .peers import crosscheck
 from .profile import OpRecord, Profile
 from .reconcile import ReconcileRow, Reconciliation, TransformerSpec
 from .roles import Role, RoleRule
@@ -48,6 +49,7 @@ __all__ = [
     "TransformerSpec",
     "compare",
     "compare_lengths",
+    "crosscheck",
     "profile",
     "profiler",
     "scaling",
