@@ -149,6 +149,7 @@ def _run(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], option
                 state = {name: convert(t) for name, t in _named_state(model)}
                 args, kwargs = map_tensors((args, kwargs), convert)
                 recorder = Recorder(tracker, registry, _state_names(model, convert))
+                recorder.fake = True
                 stack.enter_context(fake_mode)
             else:
                 recorder = Recorder(tracker, registry, _state_names(model, lambda t: t))

@@ -85,6 +85,7 @@ class Recorder(TorchDispatchMode):
         self.failure: OpFailure | None = None
         self.backward = False  # set while the backward pass runs: record ops outside any module call
         self.timed = False  # record each op's wall time (real execution on the CPU: ops are synchronous)
+        self.fake = False  # running on fake tensors: FAKE_SHAPE_RULES stand in for over-strict fake kernels
         self._producers: dict[int, tuple[weakref.ref[torch.Tensor], fx.Node]] = {}
         self._by_sequence_nr: dict[int, fx.Node] = {}  # autograd sequence number -> forward node
 
@@ -123,10 +124,13 @@ class Recorder(TorchDispatchMode):
         try:
             out = func(*args, **kwargs)
         except Exception:
-            if self.failure is None:
-                path = stack[-1].path if stack else ""
-                self.failure = OpFailure(op_name(func), path, _shapes((args, kwargs)))
-            raise
+            maker = FAKE_SHAPE_RULES.get(func.overloadpacket) if self.fake else None
+            if maker is None:
+                if self.failure is None:
+                    path = stack[-1].path if stack else ""
+                    self.failure = OpFailure(op_name(func), path, _shapes((args, kwargs)))
+                raise
+            out = maker(*args, **kwargs)  # a fake kernel stricter than the real one: make the output here
         seconds = time.perf_counter() - start
         node = self._add_node(func, args, kwargs, out, stack)
         meta = node.meta
@@ -213,6 +217,25 @@ class Recorder(TorchDispatchMode):
         self._producers[id(t)] = (weakref.ref(t), node)
         return node
 
+
+def _grouped_mm_output(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor | None = None, bias: Any = None,
+                       out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """The output of ``_grouped_mm`` (PyTorch's fake kernel accepts only bfloat16; the CPU kernel runs
+    float32): ``[M, K] x [G, K, N] -> [M, N]``, ``[G, M, K] x [G, K, N] -> [G, M, N]``,
+    ``[M, K] x [K, N]`` with offsets over K ``-> [G, M, N]``, ``[G, M, K] x [K, N] -> [M, N]``."""
+    if a.dim() == 2 and b.dim() == 3:
+        shape: tuple[int, ...] = (a.shape[0], b.shape[-1])
+    elif a.dim() == 3 and b.dim() == 3:
+        shape = (a.shape[0], a.shape[1], b.shape[-1])
+    elif a.dim() == 2 and b.dim() == 2:
+        shape = (offs.shape[0] if offs is not None else 1, a.shape[0], b.shape[-1])
+    else:
+        shape = (a.shape[1], b.shape[-1])
+    return torch.empty(shape, dtype=out_dtype or a.dtype, device=a.device)
+
+
+FAKE_SHAPE_RULES: dict[Any, Callable[..., Any]] = {torch.ops.aten._grouped_mm: _grouped_mm_output}
+"""Output makers for ops whose fake kernel rejects what the real kernel runs (used only if it raises)."""
 
 _INDEX_DTYPES = (torch.int64, torch.int32, torch.bool)
 _MAX_VALUE_NUMEL = 4096

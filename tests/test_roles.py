@@ -126,7 +126,10 @@ def test_mixture_of_experts_counts_the_experts_that_ran_and_the_router_as_other(
     expected = times(2, add(attention(B, n, n, d, h, n_kv=2),
                             ffn(B, n * top_k, d, d_ff, gated=True),  # every token meets top_k experts
                             {"other": B * n * d * experts}))  # the router
-    assert roles(transformers.MixtralModel(config), ids(n), mode="auto") == expected
+    assert roles(transformers.MixtralModel(config), ids(n), mode="fake") == expected  # grouped mm on fake tensors
+    with torch.device("meta"):
+        on_meta = transformers.MixtralModel(config)
+    assert roles(on_meta, torch.zeros((B, n), dtype=torch.long, device="meta"), mode="fake") == expected
 
 
 def test_convolutional_model():
