@@ -20,7 +20,8 @@ Llama (d 512, GQA 8/2 heads), all built from configs with random weights, in eva
 
 Each repetition runs every variant once, back to back (the starting variant rotates from one
 repetition to the next so that none always runs first); ``--warmup`` rounds are run and discarded
-first. ``gc.collect()`` runs before each timed call, outside the timing.
+first. ``gc.collect()`` runs before each timed call, outside the timing (after ``gc.freeze()`` of
+the long-lived heap, so that it is cheap).
 
 How to read the table: ``plain ms`` is the median wall time of the bare forward. The ``x plain``
 columns are the median, over repetitions, of each variant's time divided by the plain forward's
@@ -36,15 +37,20 @@ attention-score and weighted-sum products.
 Part 2: Llama-7B shape on ``device="meta"``, counted on fake tensors
 --------------------------------------------------------------------
 ``LlamaModel`` with the Llama-7B config (32 layers, d 4096, d_ff 11008, 32 heads, no ``lm_head``)
-built under ``with torch.device("meta")``, input ids ``(1, 2048)`` on meta. This runs in a fresh
-subprocess so that its memory numbers are not polluted by part 1. Reported: the wall time of the
-first (cold) ``flopscope.profile(model, ids, mode="fake")`` call and the median of the following
-``--reps-7b`` calls; the growth of peak RSS (``getrusage(RUSAGE_SELF).ru_maxrss``) from "model
-built" to "after the first count" and "after all counts" (this includes one-time costs such as lazy
-imports inside torch); and the ``tracemalloc`` peak of one extra counting call (Python-level
-allocations only: the fx graph, node metadata, fake-tensor wrappers). The MAC total is compared with
-the analytic count ``L * (B n d (2 d + 2 d_kv) + 3 B n d d_ff + 2 B n^2 d)``, which for the 7B
-shape is 14,362,370,637,824.
+built under ``with torch.device("meta")``, input ids ``(1, 2048)`` on meta. It runs in a fresh
+subprocess, started before part 1 builds anything, so that its memory numbers are its own (a
+child's ``ru_maxrss`` starts at its parent's RSS: Linux carries the high-water mark across exec).
+Reported: the wall time of the first (cold) ``flopscope.profile(model, ids, mode="fake")`` call
+and the median of the following ``--reps-7b`` calls; ``maxrss built``, the peak RSS
+(``getrusage(RUSAGE_SELF).ru_maxrss``) once the model is built, and its growth after the first
+count and after all counts (+0 means counting never rose above the import/build peak); ``VmHWM
++1st`` (Linux), the peak RSS during the first count above the RSS just before it, after resetting
+the high-water mark through ``/proc/self/clear_refs`` -- the memory counting itself needs,
+including one-time lazy imports; and the ``tracemalloc`` peak of one extra count (Python-level
+allocations only: the fx graph, node metadata, fake-tensor wrappers; nothing is allocated for
+tensor data on fake tensors). The MAC total is compared with the analytic count
+``L * (B n d (2 d + 2 d_kv) + 3 B n d d_ff + 2 B n^2 d)`` (projections, SwiGLU MLP, attention scores
+and weighted sum; no ``lm_head``), which for the 7B shape is 14,362,370,637,824.
 """
 
 from __future__ import annotations
@@ -75,8 +81,15 @@ from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 import flopscope  # noqa: E402
 
 LLAMA_7B_MACS = 14_362_370_637_824
-LLAMA_7B = dict(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32, num_attention_heads=32,
-                num_key_value_heads=32, vocab_size=32000, max_position_embeddings=4096)
+LLAMA_7B = dict(
+    hidden_size=4096,
+    intermediate_size=11008,
+    num_hidden_layers=32,
+    num_attention_heads=32,
+    num_key_value_heads=32,
+    vocab_size=32000,
+    max_position_embeddings=4096,
+)
 LLAMA_7B_QUICK = {**LLAMA_7B, "num_hidden_layers": 2}
 VARIANTS = ("plain", "flopscope real", "FlopCounterMode", "flopscope fake")
 
@@ -87,22 +100,33 @@ def small_models(quick: bool) -> list[tuple[str, torch.nn.Module, int]]:
     """(label, model, sequence length); quick mode shrinks depth and sequence length."""
     from transformers import BertConfig, BertModel, GPT2Config, GPT2Model, LlamaConfig, LlamaModel
 
-    layers = {"num_hidden_layers": 2} if quick else {}
     n = 32 if quick else 128
     torch.manual_seed(0)
-    bert = BertModel(BertConfig(**layers))
-    gpt2 = GPT2Model(GPT2Config(**({"n_layer": 2} if quick else {})))
-    llama = LlamaModel(LlamaConfig(hidden_size=512, intermediate_size=1376, num_attention_heads=8,
-                                   num_key_value_heads=2, vocab_size=32000,
-                                   num_hidden_layers=1 if quick else 4))
+    bert = BertModel(BertConfig(num_hidden_layers=2) if quick else BertConfig())
+    gpt2 = GPT2Model(GPT2Config(n_layer=2) if quick else GPT2Config())
+    llama = LlamaModel(
+        LlamaConfig(
+            hidden_size=512,
+            intermediate_size=1376,
+            num_attention_heads=8,
+            num_key_value_heads=2,
+            vocab_size=32000,
+            num_hidden_layers=1 if quick else 4,
+        )
+    )
     tag = " (2 layers)" if quick else ""
-    return [(f"BERT-base{tag}", bert, n), (f"GPT-2 small{tag}", gpt2, n),
-            (f"Llama 512d {'1' if quick else '4'}L", llama, n)]
+    return [
+        (f"BERT-base{tag}", bert, n),
+        (f"GPT-2 small{tag}", gpt2, n),
+        (f"Llama 512d {'1' if quick else '4'}L", llama, n),
+    ]
 
 
 def time_model(model: torch.nn.Module, ids: torch.Tensor, reps: int, warmup: int) -> dict[str, Any]:
     model.eval()
     last: dict[str, Any] = {}
+    gc.collect()
+    gc.freeze()  # park the long-lived heap (torch, transformers, weights) so per-call gc.collect() is cheap
 
     def fcm() -> FlopCounterMode:
         with FlopCounterMode(display=False) as counter:
@@ -118,7 +142,7 @@ def time_model(model: torch.nn.Module, ids: torch.Tensor, reps: int, warmup: int
     times: dict[str, list[float]] = {v: [] for v in VARIANTS}
     with torch.no_grad():
         for rep in range(warmup + reps):
-            order = VARIANTS[rep % len(VARIANTS):] + VARIANTS[:rep % len(VARIANTS)]
+            order = VARIANTS[rep % len(VARIANTS) :] + VARIANTS[: rep % len(VARIANTS)]
             for variant in order:
                 last.pop(variant, None)
                 gc.collect()
@@ -129,13 +153,14 @@ def time_model(model: torch.nn.Module, ids: torch.Tensor, reps: int, warmup: int
                 if rep >= warmup:
                     times[variant].append(elapsed)
                 del result
+    gc.unfreeze()
     plain = times["plain"]
     real_prof = last["flopscope real"]
     ops = sum(1 for node in real_prof.graph.nodes if node.op == "call_function")
-    extra = statistics.median(r - p for r, p in zip(times["flopscope real"], plain))
+    extra = statistics.median(r - p for r, p in zip(times["flopscope real"], plain, strict=True))
     return {
         "plain_ms": 1e3 * statistics.median(plain),
-        "ratio": {v: statistics.median(t / p for t, p in zip(times[v], plain)) for v in VARIANTS[1:]},
+        "ratio": {v: statistics.median(t / p for t, p in zip(times[v], plain, strict=True)) for v in VARIANTS[1:]},
         "ms": {v: 1e3 * statistics.median(times[v]) for v in VARIANTS},
         "ops": ops,
         "us_per_op": 1e6 * extra / ops if ops else float("nan"),
@@ -160,6 +185,28 @@ def _max_rss_mib() -> float:
     return kib / (1024 * 1024) if sys.platform == "darwin" else kib / 1024
 
 
+def _proc_status_mib(field: str) -> float | None:
+    """``VmRSS`` / ``VmHWM`` of this process from /proc (Linux only), in MiB."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return None
+
+
+def _reset_peak_rss() -> bool:
+    """Reset VmHWM to the current RSS (Linux: write 5 to /proc/self/clear_refs)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
 def child_7b(spec: dict[str, Any]) -> dict[str, Any]:
     from transformers import LlamaConfig, LlamaModel
 
@@ -172,6 +219,8 @@ def child_7b(spec: dict[str, Any]) -> dict[str, Any]:
     model.eval()
     gc.collect()
     rss_built = _max_rss_mib()
+    rss_now = _proc_status_mib("VmRSS")
+    hwm_reset = _reset_peak_rss()
     times = []
     with torch.no_grad(), warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -181,6 +230,7 @@ def child_7b(spec: dict[str, Any]) -> dict[str, Any]:
             times.append(time.perf_counter() - start)
             if i == 0:
                 rss_first = _max_rss_mib()
+                hwm_first = _proc_status_mib("VmHWM")
                 total = prof.total()
                 ops = sum(1 for node in prof.graph.nodes if node.op == "call_function")
             del prof
@@ -191,21 +241,35 @@ def child_7b(spec: dict[str, Any]) -> dict[str, Any]:
         flopscope.profile(model, ids, mode="fake")
         _, traced_peak = tracemalloc.get_traced_memory()
         tracemalloc.stop()
-    expected = llama_analytic_macs(cfg, 1, n)
+    hwm_growth = hwm_first - rss_now if hwm_reset and hwm_first is not None and rss_now is not None else None
     return {
-        "first_s": times[0], "median_s": statistics.median(times[1:]), "rss_built_mib": rss_built,
-        "rss_growth_first_mib": rss_first - rss_built, "rss_growth_all_mib": rss_all - rss_built,
-        "tracemalloc_peak_mib": traced_peak / 2**20, "macs": total, "expected": expected, "ops": ops,
+        "first_s": times[0],
+        "median_s": statistics.median(times[1:]),
+        "rss_built_mib": rss_built,
+        "rss_growth_first_mib": rss_first - rss_built,
+        "rss_growth_all_mib": rss_all - rss_built,
+        "hwm_growth_mib": hwm_growth,
+        "inherited": rss_built <= spec["parent_rss_mib"],
+        "tracemalloc_peak_mib": traced_peak / 2**20,
+        "macs": total,
+        "expected": llama_analytic_macs(cfg, 1, n),
+        "ops": ops,
         "warnings": sorted({str(w.message) for w in caught}),
     }
 
 
 def run_7b(quick: bool, reps: int, threads: int | None) -> dict[str, Any]:
-    spec = {"config": LLAMA_7B_QUICK if quick else LLAMA_7B, "n": 512 if quick else 2048, "reps": reps,
-            "threads": threads}
+    spec = {
+        "config": LLAMA_7B_QUICK if quick else LLAMA_7B,
+        "n": 512 if quick else 2048,
+        "reps": reps,
+        "threads": threads,
+        "parent_rss_mib": _max_rss_mib(),
+    }
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    done = subprocess.run([sys.executable, __file__, "--child-7b", json.dumps(spec)], env=env,
-                          capture_output=True, text=True, check=False)
+    done = subprocess.run(
+        [sys.executable, __file__, "--child-7b", json.dumps(spec)], env=env, capture_output=True, text=True, check=False
+    )
     if done.returncode != 0:
         raise RuntimeError(f"7B child process failed:\n{done.stderr[-4000:]}")
     result = json.loads(done.stdout.strip().splitlines()[-1])
@@ -218,20 +282,24 @@ def table(rows: list[list[Any]], headers: list[str]) -> str:
     try:
         from tabulate import tabulate
     except ImportError:
-        widths = [max(len(str(x)) for x in col) for col in zip(headers, *rows)]
-        return "\n".join("  ".join(str(x).rjust(w) for x, w in zip(r, widths)) for r in [headers, *rows])
+        widths = [max(len(str(x)) for x in col) for col in zip(headers, *rows, strict=True)]
+        return "\n".join("  ".join(str(x).rjust(w) for x, w in zip(r, widths, strict=True)) for r in [headers, *rows])
     return tabulate(rows, headers=headers, tablefmt="github", disable_numparse=True)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
     parser.add_argument("--reps", type=int, default=None, help="timed repetitions per model (default 7; quick 3)")
     parser.add_argument("--warmup", type=int, default=None, help="discarded rounds first (default 2; quick 1)")
     parser.add_argument("--reps-7b", type=int, default=3, help="timed fake-mode counts of the 7B shape (default 3)")
-    parser.add_argument("--quick", action="store_true",
-                        help="smoke test: 2-layer BERT/GPT-2, 1-layer Llama, n=32; 2-layer 7B shape at n=512")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="smoke test: 2-layer BERT/GPT-2, 1-layer Llama, n=32; 2-layer 7B shape at n=512",
+    )
     parser.add_argument("--skip-7b", action="store_true", help="only part 1")
     parser.add_argument("--child-7b", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -244,11 +312,16 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     reps = args.reps or (3 if args.quick else 7)
     warmup = args.warmup if args.warmup is not None else (1 if args.quick else 2)
+    # Part 2 runs first, while this process is still small: a child's ru_maxrss starts at its parent's
+    # RSS (the kernel carries the forked image's high-water mark across exec).
+    big = None if args.skip_7b else run_7b(args.quick, args.reps_7b, args.threads)
     import transformers
 
-    print(f"flopscope {flopscope.__version__}, torch {torch.__version__}, transformers {transformers.__version__}, "
-          f"python {platform.python_version()}, {torch.get_num_threads()} torch threads, {os.cpu_count()} CPUs; "
-          f"{reps} reps after {warmup} warm-up{'s' if warmup != 1 else ''}{' (quick)' if args.quick else ''}")
+    print(
+        f"flopscope {flopscope.__version__}, torch {torch.__version__}, transformers {transformers.__version__}, "
+        f"python {platform.python_version()}, {torch.get_num_threads()} torch threads, {os.cpu_count()} CPUs; "
+        f"{reps} reps after {warmup} warm-up{'s' if warmup != 1 else ''}{' (quick)' if args.quick else ''}"
+    )
 
     rows = []
     with warnings.catch_warnings(record=True) as caught:
@@ -257,30 +330,78 @@ def main() -> None:
             ids = torch.randint(0, 1000, (1, n))
             r = time_model(model, ids, reps, warmup)
             same = "=" if r["fs_macs"] == r["fs_fake_macs"] else "!= fake"
-            rows.append([label, n, f"{r['plain_ms']:.1f}", f"{r['ratio']['flopscope real']:.2f}",
-                         f"{r['ratio']['FlopCounterMode']:.2f}", f"{r['ratio']['flopscope fake']:.2f}",
-                         r["ops"], f"{r['us_per_op']:.0f}", f"{r['fs_macs']:,} {same}", f"{r['fcm_macs']:,}"])
+            rows.append(
+                [
+                    label,
+                    n,
+                    f"{r['plain_ms']:.1f}",
+                    f"{r['ratio']['flopscope real']:.2f}",
+                    f"{r['ratio']['FlopCounterMode']:.2f}",
+                    f"{r['ratio']['flopscope fake']:.2f}",
+                    r["ops"],
+                    f"{r['us_per_op']:.0f}",
+                    f"{r['fs_macs']:,} {same}",
+                    f"{r['fcm_macs']:,}",
+                ]
+            )
             del model
     print("\nPart 1: CPU forward, batch 1, eval, no_grad  (x plain = median of per-rep time ratios)")
-    print(table(rows, ["model", "n", "plain ms", "fs real x", "FCM x", "fs fake x", "ops", "fs us/op",
-                       "flopscope MACs (real = fake)", "FCM MACs (FLOPs/2)"]))
+    print(
+        table(
+            rows,
+            [
+                "model",
+                "n",
+                "plain ms",
+                "fs real x",
+                "FCM x",
+                "fs fake x",
+                "ops",
+                "fs us/op",
+                "flopscope MACs (real = fake)",
+                "FCM MACs (FLOPs/2)",
+            ],
+        )
+    )
     messages = sorted({str(w.message) for w in caught})
 
-    if not args.skip_7b:
-        r = run_7b(args.quick, args.reps_7b, args.threads)
-        cfg = r["config"]
+    if big is not None:
+        r = big
         label = f"Llama-7B shape{' (2 layers, quick)' if args.quick else ''}"
         print(f"\nPart 2: {label} on meta, ids (1, {r['n']}), flopscope.profile(mode='fake'), fresh subprocess")
-        match = r["macs"] == r["expected"]
-        check = f"{'==' if match else '!='} analytic {r['expected']:,}"
-        if cfg == LLAMA_7B and r["n"] == 2048:
+        check = f"{'==' if r['macs'] == r['expected'] else '!='} analytic {r['expected']:,}"
+        if r["config"] == LLAMA_7B and r["n"] == 2048:
             check += f" ({'matches' if r['macs'] == LLAMA_7B_MACS else 'DIFFERS from'} 14,362,370,637,824)"
-        print(table([[f"{r['first_s']:.2f}", f"{r['median_s']:.2f}", r["ops"], f"{r['rss_built_mib']:.0f}",
-                      f"+{r['rss_growth_first_mib']:.0f}", f"+{r['rss_growth_all_mib']:.0f}",
-                      f"{r['tracemalloc_peak_mib']:.1f}"]],
-                    ["first s", f"median s ({r['reps']})", "ops", "RSS built MiB", "peak RSS +1st", "peak RSS +all",
-                     "tracemalloc peak MiB"]))
+        hwm = "n/a" if r["hwm_growth_mib"] is None else f"+{r['hwm_growth_mib']:.0f}"
+        print(
+            table(
+                [
+                    [
+                        f"{r['first_s']:.2f}",
+                        f"{r['median_s']:.2f}",
+                        r["ops"],
+                        f"{r['rss_built_mib']:.0f}",
+                        f"+{r['rss_growth_first_mib']:.0f}",
+                        f"+{r['rss_growth_all_mib']:.0f}",
+                        hwm,
+                        f"{r['tracemalloc_peak_mib']:.1f}",
+                    ]
+                ],
+                [
+                    "first s",
+                    f"median s ({r['reps']})",
+                    "ops",
+                    "maxrss built MiB",
+                    "maxrss +1st",
+                    "maxrss +all",
+                    "VmHWM +1st",
+                    "tracemalloc peak MiB",
+                ],
+            )
+        )
         print(f"MACs: {r['macs']:,} {check}")
+        if r["inherited"]:
+            print("caution: the child's ru_maxrss baseline is its parent's RSS, so the maxrss growth is understated")
         messages += r["warnings"]
     for message in sorted(set(messages)):
         print(f"warning seen: {message}")
