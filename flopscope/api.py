@@ -118,7 +118,7 @@ class profiler(Profile):  # noqa: N801  (used as a context manager, like torch.p
 
     def __exit__(self, *exc: object) -> None:
         self._stack.close()
-        self._set(self._recorder.graph, read_facts(self._model), self._tracker, self._recorder.unsupported,
+        self._set(self._recorder.entries, read_facts(self._model), self._tracker, self._recorder.unsupported,
                   self._mode, None, None, self._recorder.decomposed, self._rules)
         _warn_unsupported(self)
 
@@ -170,7 +170,7 @@ def _run(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], option
                 _backward(model, output, options.loss, recorder)
     finally:
         snapshot.restore()
-    prof = Profile(recorder.graph, facts, tracker, recorder.unsupported, "fake" if fake else "real", output,
+    prof = Profile(recorder.entries, facts, tracker, recorder.unsupported, "fake" if fake else "real", output,
                    decomposed=recorder.decomposed, role_rules=options.roles)
     _warn_unsupported(prof)
     return prof

@@ -59,13 +59,63 @@ class OpFailure:
         return f"op {self.op} in module '{self.module}' with input shapes {shapes}"
 
 
+def _classify(func: Any, registry: FormulaRegistry) -> tuple[Any, Any, str]:
+    """(formula, elementwise rule, cost) of an op; cost "decompose" means: try ``func.decompose()`` first."""
+    formula = registry.get(func)
+    if formula is not None:
+        return formula, None, "formula"
+    if elementwise.is_zero_cost(func):
+        return None, None, "zero"
+    rule = elementwise.rule_for(func)
+    if rule is not None:
+        return None, rule, "elementwise"
+    return None, None, "decompose"
+
+
 def op_name(func: Any) -> str:
     """``"aten.mm"`` for ``torch.ops.aten.mm.default``."""
     return str(getattr(func, "overloadpacket", func))
 
 
+class Entry:
+    """One recorded op (or outside tensor) before it becomes an fx node: the fx graph is built only when
+    someone asks for it (:func:`build_graph`), since counting totals needs only the metadata."""
+
+    __slots__ = ("args", "kind", "kwargs", "meta", "name", "target")
+
+    def __init__(self, kind: str, target: Any, args: Any, kwargs: Any, name: str, meta: dict[str, Any]) -> None:
+        self.kind, self.target, self.args, self.kwargs, self.name, self.meta = kind, target, args, kwargs, name, meta
+
+
+def build_graph(entries: list[Entry]) -> fx.Graph:
+    """The fx graph of the recorded entries, in order; ``node.meta`` is the entry's metadata (with a
+    backward node's ``forward`` pointing at the forward *node*)."""
+    graph = fx.Graph()
+    nodes: dict[int, fx.Node] = {}
+
+    def node_of(x: Any) -> Any:
+        if isinstance(x, Entry):
+            return nodes[id(x)]
+        if isinstance(x, (tuple, list)):
+            return type(x)(node_of(v) for v in x)
+        if isinstance(x, dict):
+            return {k: node_of(v) for k, v in x.items()}
+        return x
+
+    for entry in entries:
+        node = graph.create_node(entry.kind, entry.target, node_of(entry.args), node_of(entry.kwargs),
+                                 name=entry.name)
+        node.meta = entry.meta
+        nodes[id(entry)] = node
+    for entry in entries:
+        forward = entry.meta.get("forward")
+        if isinstance(forward, Entry):
+            entry.meta["forward"] = nodes[id(forward)]
+    return graph
+
+
 class Recorder(TorchDispatchMode):
-    """Records ops into :attr:`graph` while the tracker's model is running.
+    """Records ops as :class:`Entry` s while the tracker's model is running (:meth:`graph` builds fx).
 
     ``leaf_names`` maps ``id(tensor)`` to ``(node op, name, leaf kind)`` for the tensors that enter the
     forward from outside: ``("get_attr", "encoder.weight", "parameter" | "buffer")`` or
@@ -76,7 +126,7 @@ class Recorder(TorchDispatchMode):
     def __init__(self, tracker: ModuleTracker, registry: FormulaRegistry,
                  leaf_names: Mapping[int, tuple[str, str, str]]) -> None:
         super().__init__()
-        self.graph = fx.Graph()
+        self.entries: list[Entry] = []
         self.tracker = tracker
         self.registry = registry
         self.leaf_names = dict(leaf_names)
@@ -86,8 +136,13 @@ class Recorder(TorchDispatchMode):
         self.backward = False  # set while the backward pass runs: record ops outside any module call
         self.timed = False  # record each op's wall time (real execution on the CPU: ops are synchronous)
         self.fake = False  # running on fake tensors: FAKE_SHAPE_RULES stand in for over-strict fake kernels
-        self._producers: dict[int, tuple[weakref.ref[torch.Tensor], fx.Node]] = {}
-        self._by_sequence_nr: dict[int, fx.Node] = {}  # autograd sequence number -> forward node
+        self._producers: dict[int, tuple[weakref.ref[torch.Tensor], Entry]] = {}
+        self._by_sequence_nr: dict[int, Entry] = {}  # autograd sequence number -> forward entry
+        self._classes: dict[Any, tuple[Any, Any, str]] = {}  # op -> (formula, elementwise rule, cost)
+
+    def graph(self) -> fx.Graph:
+        """The recorded ops as an fx graph (built anew on each call)."""
+        return build_graph(self.entries)
 
     def add_leaf_names(self, leaf_names: Mapping[int, tuple[str, str, str]]) -> None:
         self.leaf_names.update(leaf_names)
@@ -104,22 +159,18 @@ class Recorder(TorchDispatchMode):
             return func(*args, **kwargs)
         if func in elementwise.METADATA_OPS or not isinstance(func, torch._ops.OpOverload):
             return func(*args, **kwargs)
-        formula = self.registry.get(func)
-        rule = None
-        cost = "formula"
-        if formula is None:
-            rule = None if elementwise.is_zero_cost(func) else elementwise.rule_for(func)
-            if rule is not None:
-                cost = "elementwise"
-            elif elementwise.is_zero_cost(func):
-                cost = "zero"
-            else:
-                with self:
-                    decomposed = func.decompose(*args, **kwargs)
-                if decomposed is not NotImplemented:
-                    self.decomposed[op_name(func)] += 1
-                    return decomposed
-                cost = "unsupported"
+        known = self._classes.get(func)
+        if known is None:
+            known = self._classes[func] = _classify(func, self.registry)
+        formula, rule, cost = known
+        if cost == "decompose":
+            with self:
+                decomposed = func.decompose(*args, **kwargs)
+            if decomposed is not NotImplemented:
+                self.decomposed[op_name(func)] += 1
+                return decomposed
+            self._classes[func] = (None, None, "unsupported")
+            cost = "unsupported"
         start = time.perf_counter()
         try:
             out = func(*args, **kwargs)
@@ -159,24 +210,24 @@ class Recorder(TorchDispatchMode):
             self.unsupported[op_name(func)] += 1
         return out
 
-    def _forward_node(self) -> fx.Node | None:
-        """The forward node whose autograd node is running now (backward pass), if it was recorded."""
+    def _forward_node(self) -> Entry | None:
+        """The forward entry whose autograd node is running now (backward pass), if it was recorded."""
         grad_fn = torch._C._current_autograd_node()
         return None if grad_fn is None else self._by_sequence_nr.get(grad_fn._sequence_nr())
 
     # ---------------------------------------------------------------------------------------------
     def _add_node(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any,
-                  stack: tuple[Any, ...]) -> fx.Node:
-        graph = self.graph
+                  stack: tuple[Any, ...]) -> Entry:
         shapes: list[tuple[int, ...]] = []
 
-        def to_node(t: torch.Tensor) -> fx.Node:
+        def to_entry(t: torch.Tensor) -> Entry:
             shapes.append(tuple(t.shape))
-            return self._node_of(t)
+            return self._entry_of(t)
 
-        node = graph.create_node("call_function", func, _map_tensors(args, to_node), _map_tensors(kwargs, to_node),
-                                 name=func.overloadpacket.__name__)
-        meta = node.meta
+        meta: dict[str, Any] = {}
+        entry = Entry("call_function", func, _map_tensors(args, to_entry), _map_tensors(kwargs, to_entry),
+                      func.overloadpacket.__name__, meta)
+        self.entries.append(entry)
         meta["module"] = stack[-1].path if stack else None
         meta["module_stack"] = stack
         meta["input_shapes"] = tuple(shapes)
@@ -185,7 +236,7 @@ class Recorder(TorchDispatchMode):
             meta["dtype"] = out.dtype
             if out.dtype in _INDEX_DTYPES and out.numel() <= _MAX_VALUE_NUMEL:
                 meta["value"] = _known_value(out)
-            self._producers[id(out)] = (weakref.ref(out), node)
+            self._producers[id(out)] = (weakref.ref(out), entry)
         else:
             outs = out if isinstance(out, (tuple, list)) else ()
             shapes, dtype = [], None
@@ -193,29 +244,31 @@ class Recorder(TorchDispatchMode):
                 if isinstance(item, torch.Tensor):
                     shapes.append(tuple(item.shape))
                     dtype = dtype or item.dtype
-                    getter = graph.create_node("call_function", operator.getitem, (node, i),
-                                               name=f"{node.name}_{i}")
-                    getter.meta.update(phase="backward" if self.backward else "forward",
-                                       module=meta["module"], module_stack=stack, cost="zero", multiplies=0,
-                                       multiply_parts=None, elementwise=None, input_shapes=(),
-                                       output_shapes=(shapes[-1],), dtype=item.dtype)
+                    getter = Entry("call_function", operator.getitem, (entry, i), {}, f"{entry.name}_{i}", {
+                        "phase": "backward" if self.backward else "forward", "module": meta["module"],
+                        "module_stack": stack, "cost": "zero", "multiplies": 0, "multiply_parts": None,
+                        "elementwise": None, "input_shapes": (), "output_shapes": (shapes[-1],),
+                        "dtype": item.dtype})
+                    self.entries.append(getter)
                     self._producers[id(item)] = (weakref.ref(item), getter)
             meta["output_shapes"] = tuple(shapes)
             meta["dtype"] = dtype
-        return node
+        return entry
 
-    def _node_of(self, t: torch.Tensor) -> fx.Node:
-        entry = self._producers.get(id(t))
-        if entry is not None and entry[0]() is t:
-            return entry[1]
+    def _entry_of(self, t: torch.Tensor) -> Entry:
+        known = self._producers.get(id(t))
+        if known is not None and known[0]() is t:
+            return known[1]
         kind, name, leaf = self.leaf_names.get(id(t), ("placeholder", "constant", "constant"))
-        node = self.graph.create_node(kind, name, name=name.replace(".", "_"))
-        node.meta.update(leaf=leaf, module=None, module_stack=(), cost="zero", multiplies=0, multiply_parts=None,
-                         elementwise=None, input_shapes=(), output_shapes=(tuple(t.shape),), dtype=t.dtype)
+        meta: dict[str, Any] = {"leaf": leaf, "module": None, "module_stack": (), "cost": "zero", "multiplies": 0,
+                "multiply_parts": None, "elementwise": None, "input_shapes": (), "output_shapes": (tuple(t.shape),),
+                "dtype": t.dtype}
         if t.dtype in _INDEX_DTYPES and t.numel() <= _MAX_VALUE_NUMEL:
-            node.meta["value"] = _known_value(t)
-        self._producers[id(t)] = (weakref.ref(t), node)
-        return node
+            meta["value"] = _known_value(t)
+        entry = Entry(kind, name, (), {}, name.replace(".", "_"), meta)
+        self.entries.append(entry)
+        self._producers[id(t)] = (weakref.ref(t), entry)
+        return entry
 
 
 def _grouped_mm_output(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor | None = None, bias: Any = None,
@@ -254,13 +307,17 @@ def _map_tensors(x: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
     """Replace tensors inside (nested) tuples, lists and dicts by ``fn(tensor)``."""
     if isinstance(x, torch.Tensor):
         return fn(x)
-    if isinstance(x, tuple):
-        return tuple(_map_tensors(v, fn) for v in x)
-    if isinstance(x, list):
-        return [_map_tensors(v, fn) for v in x]
+    if isinstance(x, (tuple, list)):
+        if not any(isinstance(v, _CONTAINERS) for v in x):
+            return x  # sizes, strides, dims: nothing to map
+        mapped = [_map_tensors(v, fn) for v in x]
+        return tuple(mapped) if isinstance(x, tuple) else mapped
     if isinstance(x, dict):
-        return {k: _map_tensors(v, fn) for k, v in x.items()}
+        return {k: _map_tensors(v, fn) for k, v in x.items()} if x else x
     return x
+
+
+_CONTAINERS = (torch.Tensor, tuple, list, dict)
 
 
 def _any_requires_grad(x: Any) -> bool:

@@ -13,6 +13,7 @@ from typing import Any
 
 from torch import fx
 
+from .capture import Entry, build_graph
 from .errors import FlopscopeError
 from .facts import ModelFacts
 from .model_formulas import ModelFormulas, model_formulas
@@ -49,15 +50,16 @@ class Profile:
     Build it with :func:`flopscope.profile`; the constructor is internal.
     """
 
-    def __init__(self, graph: fx.Graph, facts: ModelFacts, tracker: ModuleTracker, unsupported: Mapping[str, int],
+    def __init__(self, entries: list[Entry], facts: ModelFacts, tracker: ModuleTracker, unsupported: Mapping[str, int],
                  mode: str, output: Any = None, notes: list[str] | None = None,
                  decomposed: Mapping[str, int] | None = None, role_rules: tuple[RoleRule, ...] = ()) -> None:
-        self._set(graph, facts, tracker, unsupported, mode, output, notes, decomposed, role_rules)
+        self._set(entries, facts, tracker, unsupported, mode, output, notes, decomposed, role_rules)
 
-    def _set(self, graph: fx.Graph, facts: ModelFacts, tracker: ModuleTracker, unsupported: Mapping[str, int],
+    def _set(self, entries: list[Entry], facts: ModelFacts, tracker: ModuleTracker, unsupported: Mapping[str, int],
              mode: str, output: Any, notes: list[str] | None, decomposed: Mapping[str, int] | None,
              role_rules: tuple[RoleRule, ...]) -> None:
-        self._graph = graph
+        self._entries = entries
+        self._graph: fx.Graph | None = None  # built on first use: totals need only the entries' metadata
         self._facts = facts
         self._module_types = dict(facts.types)
         self._module_paths = list(facts.types)
@@ -75,16 +77,16 @@ class Profile:
         counted: list[tuple[str, int, frozenset[str], str]] = []
         elementwise: Counter[str] = Counter()
         elementwise_by_op: Counter[str] = Counter()
-        for node in graph.nodes:
-            meta = node.meta
+        for entry in entries:
+            meta = entry.meta
             cost = meta.get("cost")
             if cost == "formula":
                 paths = frozenset(frame.path for frame in meta["module_stack"])
-                counted.append((str(node.target.overloadpacket), meta["multiplies"], paths, meta["phase"]))
+                counted.append((str(entry.target.overloadpacket), meta["multiplies"], paths, meta["phase"]))
             elif cost == "elementwise":
                 category, ops = meta["elementwise"]
                 elementwise[category] += ops
-                elementwise_by_op[str(node.target.overloadpacket)] += ops
+                elementwise_by_op[str(entry.target.overloadpacket)] += ops
         self._counted = counted  # (op, MACs, module paths on the stack, phase) per counted op
         self._elementwise = dict(elementwise)
         self._elementwise_by_op = dict(elementwise_by_op)
@@ -97,6 +99,12 @@ class Profile:
         """The captured ``torch.fx`` graph (one node per ATen op; see :mod:`flopscope.capture`), with
         ``node.meta["role"]`` / ``["role_parts"]`` / ``["block"]`` on every node that multiplies."""
         self._role_assignments()
+        return self._fx_graph()
+
+    def _fx_graph(self) -> fx.Graph:
+        self._check_ready()
+        if self._graph is None:
+            self._graph = build_graph(self._entries)
         return self._graph
 
     @property
@@ -105,7 +113,7 @@ class Profile:
         if self._records is None:
             assignments = self._role_assignments()
             records = []
-            for node in self._graph.nodes:
+            for node in self._fx_graph().nodes:
                 meta = node.meta
                 if meta.get("cost") != "formula":
                     continue
@@ -231,7 +239,7 @@ class Profile:
     def role_of(self, node: fx.Node | str) -> Role:
         """The role of a graph node (or node name): for a node split across roles, the one with most MACs."""
         self._role_assignments()
-        found = node if isinstance(node, fx.Node) else next(n for n in self._graph.nodes if n.name == node)
+        found = node if isinstance(node, fx.Node) else next(n for n in self._fx_graph().nodes if n.name == node)
         return Role(found.meta.get("role", Role.OTHER.value))
 
     def reconcile(self, spec: TransformerSpec | None = None) -> Reconciliation:
@@ -253,7 +261,7 @@ class Profile:
     def _role_assignments(self) -> dict[fx.Node, Assignment]:
         self._check_ready()
         if self._roles is None:
-            self._roles = RoleFinder(self._graph, self._module_types, self._role_rules).assign()
+            self._roles = RoleFinder(self._fx_graph(), self._module_types, self._role_rules).assign()
             for node, assignment in self._roles.items():
                 node.meta["role_parts"] = dict(assignment.parts)
                 node.meta["role"] = max(assignment.parts, key=assignment.parts.__getitem__)
