@@ -19,7 +19,7 @@ from .facts import ModelFacts
 from .model_formulas import ModelFormulas, model_formulas
 from .module_tracker import ModuleCall, ModuleTracker
 from .reconcile import Reconciliation, TransformerSpec, reconcile
-from .roles import ROLE_ORDER, Assignment, Role, RoleFinder, RoleRule
+from .roles import ROLE_ORDER, Assignment, Role, RoleFinder, RoleRule, scale_parts
 from .timing import Timing, timing
 
 Shape = tuple[int, ...]
@@ -258,14 +258,41 @@ class Profile:
         share (see :mod:`flopscope.timing`)."""
         return timing(self)
 
+    def _adopt_roles(self, template: Profile) -> bool:
+        """Take the roles of ``template``, a profile of the same model at another input length, when both
+        ran the same ops in the same order: each op keeps its template's role fractions (a fused
+        projection splits by columns, independent of length; a fused kernel's parts are its own).
+        Returns False, changing nothing, when the op sequences differ."""
+        pairs = zip(template._entries, self._entries, strict=False)
+        if len(template._entries) != len(self._entries) or any(
+                a.target != b.target or a.kind != b.kind for a, b in pairs):
+            return False
+        theirs = template._role_assignments()
+        roles: dict[fx.Node, Assignment] = {}
+        for mine, other in zip(self._fx_graph().nodes, template._fx_graph().nodes, strict=True):
+            source = theirs.get(other)
+            if source is None:
+                continue
+            macs = int(mine.meta.get("multiplies") or 0)
+            own = mine.meta.get("multiply_parts")
+            parts = dict(own) if own else (scale_parts(source.parts, macs) if macs else dict(source.parts))
+            roles[mine] = Assignment(parts, source.block, source.kind)
+        self._roles = roles
+        self._stamp_roles()
+        return True
+
+    def _stamp_roles(self) -> None:
+        assert self._roles is not None
+        for node, assignment in self._roles.items():
+            node.meta["role_parts"] = dict(assignment.parts)
+            node.meta["role"] = max(assignment.parts, key=assignment.parts.__getitem__)
+            node.meta["block"] = assignment.block
+
     def _role_assignments(self) -> dict[fx.Node, Assignment]:
         self._check_ready()
         if self._roles is None:
             self._roles = RoleFinder(self._fx_graph(), self._module_types, self._role_rules).assign()
-            for node, assignment in self._roles.items():
-                node.meta["role_parts"] = dict(assignment.parts)
-                node.meta["role"] = max(assignment.parts, key=assignment.parts.__getitem__)
-                node.meta["block"] = assignment.block
+            self._stamp_roles()
         return self._roles
 
     # ---------------------------------------------------------------------------------------------

@@ -198,7 +198,7 @@ class RoleFinder:
             if parts:
                 self.result[n] = Assignment(dict(parts))
             elif source is not None and any(source.parts.values()):
-                self.result[n] = Assignment(_scale(source.parts, macs))
+                self.result[n] = Assignment(scale_parts(source.parts, macs))
             else:
                 self.result[n] = Assignment({Role.OTHER.value: macs})
             assignment = self.result[n]
@@ -538,7 +538,7 @@ class RoleFinder:
         return False
 
 
-def _scale(parts: Mapping[str, int], total: int) -> dict[str, int]:
+def scale_parts(parts: Mapping[str, int], total: int) -> dict[str, int]:
     """``parts`` rescaled to sum to ``total`` exactly (largest remainder to the largest part)."""
     whole = sum(parts.values())
     out = {role: macs * total // whole for role, macs in parts.items()}

@@ -19,10 +19,11 @@ from tabulate import tabulate
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from .api import _check_inputs, _Options, _run, profile
+from .api import _check_inputs, _Options, _run, paused_gc, profile
 from .errors import FlopscopeError
 from .fake import FakeConverter
 from .formulas import REGISTRY
+from .profile import Profile
 from .reconcile import TransformerSpec
 from .roles import ROLE_ORDER
 
@@ -193,9 +194,17 @@ def scaling(model: nn.Module, make_inputs: Callable[[int], Any], lengths: Sequen
     if len(lengths) < 4:
         raise FlopscopeError("scaling needs at least 4 lengths: a quadratic (attention) takes 3 and is "
                              "checked at one more")
+    with paused_gc():
+        return _sweep(model, make_inputs, lengths, mode, spec, progress, profile_kwargs)
+
+
+def _sweep(model: nn.Module, make_inputs: Callable[[int], Any], lengths: tuple[int, ...], mode: str,
+           spec: Callable[[int], TransformerSpec] | None, progress: Callable[[int, int], None] | None,
+           profile_kwargs: dict[str, Any]) -> Scaling:
     measured: dict[str, list[int]] = {}
     predicted: dict[str, list[int | None]] = {}
     converter = FakeConverter(FakeTensorMode(allow_non_fake_inputs=True))  # the model's state, converted once
+    template: Profile | None = None  # roles found once, reused where the same ops run at another length
     for i, n in enumerate(lengths):
         args, kwargs = _split_inputs(make_inputs(n))
         if mode == "fake":
@@ -204,6 +213,8 @@ def scaling(model: nn.Module, make_inputs: Callable[[int], Any], lengths: Sequen
             prof = _run(model, args, kwargs, options, fake=True, converter=converter)
         else:
             prof = profile(model, *args, mode=mode, **profile_kwargs, **kwargs)
+        if template is None or not prof._adopt_roles(template):
+            template = prof
         roles = prof.by_role()
         for role in set(measured) | set(roles):
             measured.setdefault(role, [0] * i).append(roles.get(role, 0))
