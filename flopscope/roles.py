@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import fnmatch
 import operator
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
@@ -271,7 +271,7 @@ class RoleFinder:
 
     def _demand_out_proj(self, output: fx.Node) -> set[fx.Node]:
         found = set()
-        for p in self._nearest_macs_after(output, through_elementwise=True):
+        for p in self._nearest_macs_after(output):
             if self._is_weight_matmul(p) and p not in self.result:
                 target = self._operand_from(p, output)
                 self.demands.setdefault(p, []).append((target, Role.OUT_PROJ.value))
@@ -464,32 +464,26 @@ class RoleFinder:
         """Multiply nodes reached first walking back from ``start`` through ops without multiplies."""
         if not isinstance(start, fx.Node):
             return []
-        if not stop_at_softmax and start in self._before:
-            return self._before[start]
-        found: list[fx.Node] = []
-        seen: set[fx.Node] = set()
-        todo = [start]
-        while todo:
-            n = todo.pop()
-            if n in seen:
-                continue
-            seen.add(n)
-            if self.macs[n]:
-                found.append(n)
-                continue
-            if stop_at_softmax and n is not start and self.packets[n] in SOFTMAX_OPS:
-                continue
-            todo.extend(n.all_input_nodes)
-        if not stop_at_softmax:
-            self._before[start] = found
-        return found
+        if stop_at_softmax:
+            return self._frontier([start], lambda n: n.all_input_nodes,
+                                  lambda n: n is not start and self.packets[n] in SOFTMAX_OPS)
+        if start not in self._before:
+            self._before[start] = self._frontier([start], lambda n: n.all_input_nodes, lambda n: False)
+        return self._before[start]
 
-    def _nearest_macs_after(self, start: fx.Node, through_elementwise: bool = True) -> list[fx.Node]:
+    def _nearest_macs_after(self, start: fx.Node) -> list[fx.Node]:
         """Multiply nodes reached first walking forward from ``start`` through ops without multiplies
         (not through another softmax or a normalisation)."""
+        return self._frontier(self.users[start], self.users.__getitem__, lambda n: self.packets[n] in SOFTMAX_OPS or (
+            n.meta.get("elementwise") or ("",))[0] in ("norm", "reduction"))
+
+    def _frontier(self, starts: list[fx.Node], step: Callable[[fx.Node], list[fx.Node]],
+                  blocked: Callable[[fx.Node], bool]) -> list[fx.Node]:
+        """The multiply nodes met first from ``starts``, moving by ``step`` through nodes without
+        multiplies and never past a ``blocked`` one."""
         found: list[fx.Node] = []
         seen: set[fx.Node] = set()
-        todo = list(self.users[start])
+        todo = list(starts)
         while todo:
             n = todo.pop()
             if n in seen:
@@ -497,12 +491,8 @@ class RoleFinder:
             seen.add(n)
             if self.macs[n]:
                 found.append(n)
-                continue
-            if self.packets[n] in SOFTMAX_OPS or (n.meta.get("elementwise") or ("",))[0] in ("norm", "reduction"):
-                continue
-            if not through_elementwise and n.meta.get("cost") == "elementwise":
-                continue
-            todo.extend(self.users[n])
+            elif not blocked(n):
+                todo.extend(step(n))
         return found
 
     def _passes_activation(self, start: fx.Node) -> bool:
