@@ -140,8 +140,6 @@ def _profile(args: argparse.Namespace) -> int:
     with torch.no_grad() if not args.backward else torch.enable_grad():
         prof = profile(target.model, *inputs, mode=args.mode, backward=args.backward, **kwargs)
     print(report.summary(prof, depth=args.depth, units=args.units, tablefmt=args.format))
-    if prof.mode == "real":
-        print("\ntime per role (real mode):\n" + prof.timing().to_table(args.format))
     if target.token_inputs and getattr(target.model, "config", None) is not None:
         with contextlib.suppress(FlopscopeError):  # not a language model: no model-level formulas
             print("\n" + prof.model_formulas().to_table(args.format))

@@ -146,6 +146,7 @@ def reconcile(prof: Profile, spec: TransformerSpec | None = None) -> Reconciliat
     calls = _calls_by_path(prof.module_inputs())
     rows: list[ReconcileRow] = []
     for block, roles in measured.items():
+        before = len(rows)
         if any(r in roles for r in ATTENTION_ROLES):
             rows += _attention_rows(block, roles, facts, calls.get(block, []), spec, block in causal_kernels,
                                     role_modules[block])
@@ -157,6 +158,9 @@ def reconcile(prof: Profile, spec: TransformerSpec | None = None) -> Reconciliat
             rows.append(_recurrent_row(block, roles["recurrent"], facts, calls.get(block, [])))
         if "logits" in roles:
             rows.append(_logits_row(block, roles["logits"], facts, calls.get(block, []), spec))
+        if kernels.get(block):  # a fused kernel ran this block (SDPA, a fast path): say which
+            fused = "fused kernel " + ", ".join(sorted(kernels[block]))
+            rows[before:] = [replace(r, basis=f"{r.basis}; {fused}" if r.basis else fused) for r in rows[before:]]
     return Reconciliation(tuple(rows))
 
 
