@@ -1,0 +1,975 @@
+"""Sweep every base architecture of Hugging Face transformers and compare flopscope with a reference.
+
+For each ``model_type`` in ``transformers.models.auto.modeling_auto.MODEL_MAPPING_NAMES`` (the base
+``AutoModel`` classes), the script
+
+1. instantiates the config class with default arguments and shrinks it generically to a tiny model
+   (hidden size 64, 2 layers, 4 heads, intermediate 128, vocabulary 1024, 4 experts, 64x64 images; every
+   attribute found on the config or any nested sub-config); if that model cannot be built or cannot run,
+   it retries with only the depth shrunk, then with the default config (if it has under
+   ``--max-params`` parameters). Nothing is ever downloaded (``HF_HUB_OFFLINE=1``).
+2. builds inputs generically from the forward signature and the config (``input_ids`` of 16 tokens,
+   ``pixel_values`` from ``image_size``/``num_channels``, ``input_features``/``input_values`` for audio,
+   ``decoder_input_ids`` for encoder-decoders, batch 1) and keeps the first candidate that runs a plain
+   eager CPU forward; architectures with no such input are skipped with the reason.
+3. counts, all on the same weights and inputs:
+
+   - ``flopscope``: ``flopscope.profile(model, mode="auto")`` under ``torch.no_grad()`` with the model
+     as built (SDPA attention, grouped-mm experts, oneDNN enabled): MACs, whether it fell back to real
+     mode (and the warning's reason), ``unsupported()`` ops, or the flopscope error;
+   - ``reference``: ``torch.utils.flop_counter.FlopCounterMode`` with attention forced to ``"eager"``,
+     experts to ``"eager"``, ``sdpa_kernel(SDPBackend.MATH)``, ``torch.backends.mkldnn.flags(enabled=False)``
+     and grad mode on (so ``nn.MultiheadAttention`` and friends take their unfused paths); reference MACs
+     are ``get_total_flops() // 2``;
+   - ``flopscope-eager``: ``flopscope.profile`` in that same reference configuration, so
+     ``flopscope-eager != reference`` isolates formula differences and ``flopscope != flopscope-eager``
+     isolates the handling of fused kernels.
+
+Each architecture runs in a worker process under ``signal.alarm(--timeout)``; a worker that does not
+answer within ``--timeout`` + 30 s is killed and replaced, so one hang or crash does not stop the sweep.
+
+Usage::
+
+    python benchmarks/zoo.py [--only name1,name2] [--jobs N] [--report PATH] [--json PATH] [--timeout S]
+
+Writes a markdown report (default ``benchmarks/zoo_report.md``) and prints a summary.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import inspect
+import json
+import multiprocessing as mp
+import os
+import re
+import signal
+import sys
+import time
+import traceback
+import warnings
+from collections import Counter, defaultdict
+from multiprocessing.connection import wait as mp_wait
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the flopscope checkout
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+HIDDEN, LAYERS, HEADS, INTER, VOCAB, EXPERTS, TOKENS, IMAGE = 64, 2, 4, 128, 1024, 4, 16, 64
+AUDIO_SAMPLES = 4000
+
+# --------------------------------------------------------------------------------------------------
+# config shrinking (generic: attribute names shared by many families)
+# --------------------------------------------------------------------------------------------------
+WIDTH_KEYS = ("hidden_size", "d_model", "n_embd", "hidden_dim", "dim", "width", "embed_dim", "encoder_hidden_size",
+              "embedding_size", "projection_dim", "text_hidden_size", "out_hidden_size", "fpn_hidden_size",
+              "decoder_hidden_size", "projector_hidden_size", "hidden_size_per_layer_input", "output_hidden_size",
+              "encoder_hidden_dim", "d_latents", "cross_attention_hidden_size", "attention_hidden_size",
+              "embedding_dim")
+HEAD_KEYS = ("num_attention_heads", "n_head", "n_heads", "num_heads", "encoder_attention_heads",
+             "decoder_attention_heads", "decoder_num_attention_heads", "swa_num_attention_heads")
+KV_HEAD_KEYS = ("num_key_value_heads", "num_kv_heads", "n_kv_heads", "multi_query_group_num", "swa_num_key_value_heads")
+HEAD_DIM_KEYS = ("head_dim", "d_kv", "attention_head_dim", "swa_head_dim", "kv_channels", "v_head_dim", "qk_head_dim",
+                 "index_head_dim", "linear_key_head_dim", "linear_value_head_dim", "linear_head_dim")
+INTER_KEYS = ("intermediate_size", "ffn_dim", "encoder_ffn_dim", "decoder_ffn_dim", "d_ff", "n_inner", "mlp_dim",
+              "decoder_intermediate_size", "ffn_hidden_size", "dim_feedforward", "encoder_ffn_dim",
+              "intermediate_size_mlp", "iou_head_hidden_dim")
+SMALL_INTER_KEYS = ("moe_intermediate_size", "shared_expert_intermediate_size", "expert_intermediate_size",
+                    "shared_intermediate_size")
+LAYER_KEYS = ("num_hidden_layers", "num_layers", "n_layer", "n_layers", "encoder_layers", "decoder_layers",
+              "num_decoder_layers", "num_encoder_layers", "depth", "num_hidden_groups_layers", "max_window_layers",
+              "num_blocks")
+LAYER_RE = re.compile(r"^(n|num)_\w*layers$")  # n_input_layers, num_mel_layers, ... (not the ones below)
+LAYER_RE_SKIP = ("shared", "nextn", "predict", "dense", "mtp", "adapter", "feat_extract", "conv", "residual")
+EXPERT_KEYS = ("num_experts", "n_routed_experts", "num_local_experts", "moe_num_experts")
+SMALL_KEYS = {"num_experts_per_tok": 2, "moe_k": 2, "num_experts_per_token": 2, "num_expert_group": 1,
+              "linear_num_heads": 4, "num_frames": 4, "moe_topk": 2, "top_k": 2, "n_group": 1, "topk_group": 1,
+              "kv_lora_rank": 32, "q_lora_rank": 32, "qk_rope_head_dim": 8, "qk_nope_head_dim": 8,
+              "first_k_dense_replace": 1, "num_nextn_predict_layers": 0, "index_n_heads": 2, "index_topk": 8,
+              "linear_num_key_heads": 2, "linear_num_value_heads": 4, "max_source_positions": 32,
+              "max_target_positions": 64, "num_queries": 16, "num_denoising": 0, "mamba_d_state": 16,
+              "state_size": 16, "mamba_n_heads": 8, "mamba_chunk_size": 16, "mamba_d_head": 16, "chunk_size": 16, "time_step_rank": 8,
+              "num_kv_shared_layers": 0, "sliding_window": 8, "local_attention": 8, "window_size": 4,
+              "num_position_embeddings": 64, "image_seq_length": 16, "mm_tokens_per_image": 16}
+LIST_SCALE_KEYS = ("hidden_sizes", "embed_dims", "dims", "embed_dim_per_stage", "backbone_channel_list",
+                   "neck_hidden_sizes", "conv_dim", "channels_list")
+LIST_ONES_KEYS = ("depths", "blocks_per_stage", "num_layers_per_stage")
+TOKEN_ID_RE = re.compile(r"(token_id|token_index|token_ids|_start_id|_end_id|_id)$")
+
+
+def _sub_configs(cfg: Any) -> list[Any]:
+    """``cfg`` and every config nested in it (``text_config``, ``vision_config``, ...), depth first."""
+    from transformers import PretrainedConfig
+    out, todo, seen = [], [cfg], set()
+    while todo:
+        c = todo.pop()
+        if id(c) in seen:
+            continue
+        seen.add(id(c))
+        out.append(c)
+        for v in list(vars(c).values()):
+            if isinstance(v, PretrainedConfig):
+                todo.append(v)
+            elif isinstance(v, dict):
+                todo.extend(x for x in v.values() if isinstance(x, PretrainedConfig))
+    return out
+
+
+def _set(c: Any, key: str, value: Any) -> None:
+    try:
+        setattr(c, key, value)
+    except Exception:  # read-only property on some configs
+        pass
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def shrink_config(cfg: Any, level: int, uses_mrope: bool = False) -> Any:
+    """Level 0: tiny everything; level 1: only depth, experts and vocabulary; level 2: unchanged."""
+    _repair(cfg)
+    if level >= 2:
+        return cfg
+    for c in _sub_configs(cfg):
+        attrs = vars(c)
+        _shrink_depth(c)
+        for k in LIST_ONES_KEYS:
+            if isinstance(attrs.get(k), (list, tuple)) and all(_is_int(x) for x in attrs[k]):
+                _set(c, k, type(attrs[k])([1] * len(attrs[k])))
+        for k in EXPERT_KEYS:
+            if _is_int(attrs.get(k)) and attrs[k] > EXPERTS:
+                _set(c, k, EXPERTS)
+        for k in ("num_experts_per_tok", "moe_k", "num_experts_per_token", "moe_topk", "n_group", "topk_group",
+                  "num_expert_group", "num_queries"):
+            if _is_int(attrs.get(k)) and attrs[k] > SMALL_KEYS[k]:
+                _set(c, k, SMALL_KEYS[k])
+        if _is_int(attrs.get("vocab_size")) and attrs["vocab_size"] > VOCAB:
+            _set(c, "vocab_size", VOCAB)
+        if level == 0:
+            _shrink_widths(c)
+    _fix_token_ids(cfg)
+    _repair(cfg)
+    if level == 0:
+        _fix_mrope(cfg, uses_mrope)
+    return cfg
+
+
+INDEX_LIST_KEYS = ("mlp_only_layers", "global_attn_indexes", "global_attention_blocks", "full_attn_idxs",
+                   "attn_layer_indices", "no_rope_layers_idx", "sliding_window_layers", "cross_attention_layers")
+
+
+def _shrink_depth(c: Any) -> None:
+    """``LAYERS`` layers; per-layer lists (``layer_types``, ``mlp_layer_types``, layer-index lists) keep
+    the layers that cover the most distinct kinds, so hybrid models keep an attention and an MoE layer."""
+    attrs = vars(c)
+    stages = {len(v) for k, v in attrs.items() if k in LIST_ONES_KEYS and isinstance(v, (list, tuple))}
+    keys = [k for k, v in attrs.items() if _is_int(v) and v > LAYERS and v not in stages and (
+        k in LAYER_KEYS or (LAYER_RE.match(k) and not any(x in k for x in LAYER_RE_SKIP)))]
+    old = {attrs[k] for k in keys}
+    if not old:
+        return
+    n_old = max(old)
+    for k in keys:
+        _set(c, k, LAYERS)
+    per_layer = {k: v for k, v in attrs.items()
+                 if isinstance(v, (list, tuple)) and len(v) in old and k not in LIST_SCALE_KEYS and not k.startswith("_")}
+    index_lists = {k: v for k, v in attrs.items() if k in INDEX_LIST_KEYS and isinstance(v, (list, tuple))
+                   and v and all(_is_int(x) for x in v)}
+    features: dict[int, set[tuple[str, str]]] = {}
+    for i in range(n_old):
+        f = {(k, repr(v[i])) for k, v in per_layer.items() if len(v) == n_old}
+        f |= {(k, str(i in v)) for k, v in index_lists.items()}
+        features[i] = f
+    chosen: list[int] = []
+    covered: set[tuple[str, str]] = set()
+    while len(chosen) < min(LAYERS, n_old):
+        best = max((i for i in range(n_old) if i not in chosen), key=lambda i: (len(features[i] - covered), -i))
+        chosen.append(best)
+        covered |= features[best]
+    chosen.sort()
+    for k, v in per_layer.items():
+        pick = chosen if len(v) == n_old else list(range(LAYERS))
+        _set(c, k, type(v)(v[i] for i in pick if i < len(v)))
+    for k, v in index_lists.items():
+        _set(c, k, type(v)(pos for pos, i in enumerate(chosen) if i in v))
+    # periodic layer patterns (Jamba: attention every 8th layer from the 4th)
+    for k, v in list(attrs.items()):
+        if not _is_int(v):
+            continue
+        if k.endswith(("_period", "_interval", "_freq")) and "layer" in k and v > LAYERS:
+            _set(c, k, LAYERS)
+        elif k.endswith(("_offset", "_end_index")) and "layer" in k and v >= LAYERS:
+            _set(c, k, LAYERS - 1)
+        elif k in ("first_k_dense_replace", "num_dense_layers", "first_dense_layers") and v >= LAYERS:
+            _set(c, k, 1)
+
+
+def _repair(cfg: Any) -> None:
+    """Derived attributes some default configs leave as ``None`` (the model would fail on them)."""
+    for c in _sub_configs(cfg):
+        attrs = vars(c)
+        heads = next((attrs[k] for k in HEAD_KEYS if _is_int(attrs.get(k))), None)
+        for k in KV_HEAD_KEYS:
+            if k in attrs and attrs[k] is None and heads:
+                _set(c, k, heads)
+        if "num_experts_per_tok" in attrs and attrs["num_experts_per_tok"] is None \
+                and any(_is_int(attrs.get(k)) for k in EXPERT_KEYS):
+            _set(c, "num_experts_per_tok", 2)
+        if "head_dim" in attrs and attrs["head_dim"] is None:
+            hidden = next((attrs[k] for k in WIDTH_KEYS if _is_int(attrs.get(k))), None)
+            heads = next((attrs[k] for k in HEAD_KEYS if _is_int(attrs.get(k))), None)
+            if hidden and heads:
+                _set(c, "head_dim", hidden // heads)
+
+
+def _uses_mrope(cls: Any, cfg: Any) -> bool:
+    """Whether the model (or the model of one of its sub-configs) reads ``mrope_section``."""
+    import transformers
+    from transformers.models.auto.modeling_auto import MODEL_MAPPING_NAMES
+    classes = [cls]
+    for c in _sub_configs(cfg):
+        name = MODEL_MAPPING_NAMES.get(getattr(c, "model_type", ""), None)
+        name = name[0] if isinstance(name, (list, tuple)) else name
+        if name and getattr(transformers, name, None) is not None:
+            classes.append(getattr(transformers, name))
+    for k in classes:
+        try:
+            if "mrope_section" in inspect.getsource(sys.modules[k.__module__]):
+                return True
+        except Exception:
+            pass
+    return False
+
+
+def _fix_mrope(cfg: Any, uses_mrope: bool) -> None:
+    """Multimodal RoPE splits the rotary half-dimension into sections (t, h, w); rescale them."""
+    for c in _sub_configs(cfg):
+        rp = vars(c).get("rope_parameters")
+        if not isinstance(rp, dict) or not (uses_mrope or "mrope_section" in rp):
+            continue
+        hidden = next((vars(c)[k] for k in WIDTH_KEYS if _is_int(vars(c).get(k))), None)
+        heads = next((vars(c)[k] for k in HEAD_KEYS if _is_int(vars(c).get(k))), None)
+        head_dim = vars(c).get("head_dim") if _is_int(vars(c).get("head_dim")) else (hidden // heads if hidden and heads else None)
+        if not head_dim or (hidden is None and "mrope_section" not in rp):
+            continue
+        factor = rp.get("partial_rotary_factor", vars(c).get("partial_rotary_factor", 1.0)) or 1.0
+        target = int(head_dim * factor) // 2
+        section = list(rp.get("mrope_section") or [8, 12, 12])
+        if sum(section) == target:
+            continue
+        scaled = [max(1, x * target // sum(section)) for x in section]
+        scaled[-1] += target - sum(scaled)
+        if scaled[-1] >= 1:
+            rp["mrope_section"] = scaled
+
+
+def _shrink_widths(c: Any) -> None:
+    attrs = vars(c)
+    heads = next((attrs[k] for k in HEAD_KEYS if _is_int(attrs.get(k))), None)
+    rope_is_head_dim = _is_int(attrs.get("head_dim")) and attrs.get("head_dim") == attrs.get("qk_rope_head_dim")
+    kv = next((attrs[k] for k in KV_HEAD_KEYS if _is_int(attrs.get(k))), None)
+    for k in WIDTH_KEYS:
+        if _is_int(attrs.get(k)) and attrs[k] > HIDDEN:
+            _set(c, k, HIDDEN)
+    for k in HEAD_KEYS:
+        if _is_int(attrs.get(k)) and attrs[k] > HEADS:
+            _set(c, k, HEADS)
+    for k in KV_HEAD_KEYS:
+        if _is_int(attrs.get(k)):
+            _set(c, k, HEADS if heads is None or kv == heads else (1 if kv == 1 else 2))
+    for k in HEAD_DIM_KEYS:
+        if _is_int(attrs.get(k)) and attrs[k] > HIDDEN // HEADS:
+            _set(c, k, HIDDEN // HEADS)
+    for k in INTER_KEYS:
+        if _is_int(attrs.get(k)) and attrs[k] > INTER:
+            _set(c, k, INTER)
+    for k in SMALL_INTER_KEYS:
+        if _is_int(attrs.get(k)) and attrs[k] > HIDDEN:
+            _set(c, k, HIDDEN)
+    for k, v in SMALL_KEYS.items():
+        if _is_int(attrs.get(k)) and attrs[k] > v:
+            _set(c, k, v)
+    for k in LIST_SCALE_KEYS:
+        v = attrs.get(k)
+        if isinstance(v, (list, tuple)) and v and all(_is_int(x) for x in v) and max(v) > HIDDEN:
+            _set(c, k, type(v)(max(8, (x * HIDDEN * 2 // max(v)) // 8 * 8) for x in v))
+    if _is_int(attrs.get("rotary_dim")) and attrs["rotary_dim"] > HIDDEN // HEADS // 2:
+        _set(c, "rotary_dim", HIDDEN // HEADS // 2)
+    # multi-head latent attention: keep head_dim / qk_head_dim consistent with the rope / nope split
+    if rope_is_head_dim:
+        _set(c, "head_dim", attrs["qk_rope_head_dim"])
+    if _is_int(attrs.get("qk_head_dim")) and _is_int(attrs.get("qk_rope_head_dim")) and _is_int(attrs.get("qk_nope_head_dim")):
+        _set(c, "qk_head_dim", attrs["qk_rope_head_dim"] + attrs["qk_nope_head_dim"])
+    # list-valued head counts (Swin-style stages): keep them dividing the stage widths
+    for k in ("num_heads", "num_attention_heads", "num_attention_heads_per_stage"):
+        v = attrs.get(k)
+        if isinstance(v, list) and v and all(_is_int(x) for x in v):
+            _set(c, k, [1 << min(i, 3) for i in range(len(v))])
+    # images: 64x64, patches that divide it
+    size = attrs.get("image_size")
+    if _is_int(size) and size > IMAGE:
+        _set(c, "image_size", IMAGE)
+    elif isinstance(size, (list, tuple)) and len(size) == 2 and all(_is_int(s) and s > IMAGE for s in size):
+        _set(c, "image_size", type(size)([IMAGE, IMAGE]))
+    patch = attrs.get("patch_size")
+    if _is_int(patch) and patch > 1 and IMAGE % patch:
+        _set(c, "patch_size", 16)
+    # state-space models: heads * head_dim must equal expand * hidden
+    if _is_int(attrs.get("expand")) and _is_int(attrs.get("num_heads")) and _is_int(attrs.get("head_dim")) \
+            and _is_int(attrs.get("hidden_size")):
+        _set(c, "num_heads", attrs["expand"] * attrs["hidden_size"] // attrs["head_dim"])
+    if _is_int(attrs.get("mamba_expand")) and _is_int(attrs.get("mamba_n_heads")) and _is_int(attrs.get("hidden_size")):
+        _set(c, "mamba_d_head", attrs["mamba_expand"] * attrs["hidden_size"] // attrs["mamba_n_heads"])
+        if _is_int(attrs.get("mamba_d_ssm")):
+            _set(c, "mamba_d_ssm", attrs["mamba_expand"] * attrs["hidden_size"])
+
+
+def _fix_token_ids(cfg: Any) -> None:
+    """Move special-token ids that no longer fit the (shrunk) vocabulary into its top rows."""
+    vocab = min((vars(c)["vocab_size"] for c in _sub_configs(cfg) if _is_int(vars(c).get("vocab_size"))), default=None)
+    if vocab is None:
+        return
+    remap: dict[int, int] = {}
+
+    def fix(x: Any) -> Any:
+        if _is_int(x) and x >= vocab:
+            return remap.setdefault(x, vocab - 1 - len(remap) % 64)
+        return x
+
+    for c in _sub_configs(cfg):
+        for k, v in list(vars(c).items()):
+            if not TOKEN_ID_RE.search(k) or k in ("vocab_size",):
+                continue
+            if _is_int(v):
+                _set(c, k, fix(v))
+            elif isinstance(v, list) and all(_is_int(x) for x in v):
+                _set(c, k, [fix(x) for x in v])
+
+
+def special_ids(cfg: Any) -> set[int]:
+    ids: set[int] = set()
+    for c in _sub_configs(cfg):
+        for k, v in vars(c).items():
+            if TOKEN_ID_RE.search(k):
+                if _is_int(v):
+                    ids.add(v)
+                elif isinstance(v, list):
+                    ids.update(x for x in v if _is_int(x))
+    return ids
+
+
+# --------------------------------------------------------------------------------------------------
+# inputs
+# --------------------------------------------------------------------------------------------------
+def _find(cfg: Any, *keys: str, prefer: str = "") -> Any:
+    """The first value of ``keys`` on the config or a sub-config (sub-configs named ``prefer`` first)."""
+    subs = _sub_configs(cfg)
+    if prefer:
+        subs = sorted(subs, key=lambda c: prefer not in type(c).__name__.lower())
+    for k in keys:
+        for c in subs:
+            v = vars(c).get(k, getattr(c, k, None) if k in dir(type(c)) else None)
+            if v is not None and not isinstance(v, bool):
+                return v
+    return None
+
+
+def input_candidates(model: Any, cfg: Any) -> list[dict[str, Any]]:
+    import torch
+    try:
+        params = inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        params = {}
+    main = getattr(model, "main_input_name", "input_ids")
+    if isinstance(main, (list, tuple)):
+        main = main[0] if main else "input_ids"
+    gen = torch.Generator().manual_seed(0)
+    vocab = min((vars(c)["vocab_size"] for c in _sub_configs(cfg) if _is_int(vars(c).get("vocab_size"))
+                 and vars(c)["vocab_size"] > 16), default=VOCAB)
+    banned = special_ids(cfg)
+    allowed = [i for i in range(min(int(vocab), VOCAB)) if i not in banned and i > 3] or list(range(int(vocab)))
+
+    def ids(n: int = TOKENS) -> torch.Tensor:
+        pick = torch.randint(0, len(allowed), (1, n), generator=gen)
+        return torch.tensor(allowed)[pick]
+
+    text = {"input_ids": ids()}
+    if "decoder_input_ids" in params:
+        text_dec = {"decoder_input_ids": ids()}
+    else:
+        text_dec = {}
+    size = _find(cfg, "image_size", "img_size", prefer="vision") or IMAGE
+    size = tuple(size) if isinstance(size, (list, tuple)) else (int(size), int(size))
+    channels = _find(cfg, "num_channels", "in_channels", "in_chans", prefer="vision")
+    channels = channels if _is_int(channels) else 3
+    pixels = {"pixel_values": torch.randn(1, channels, *size[-2:], generator=gen)}
+    frames_v = _find(cfg, "num_frames", prefer="vision")
+    videos = [{"pixel_values": torch.randn(1, frames_v, channels, *size[-2:], generator=gen)}] \
+        if _is_int(frames_v) and frames_v > 0 else []
+    mel = _find(cfg, "num_mel_bins", "feature_size", "input_feat_per_channel", "n_mels", "num_mel_filters",
+                prefer="audio")
+    mel = mel if _is_int(mel) and mel > 0 else 80
+    src = _find(cfg, "max_source_positions", prefer="audio")
+    frames = [2 * src] if _is_int(src) and src < 4096 else []
+    frames += [64, 128]
+    feats = [{"input_features": torch.randn(1, mel, t, generator=gen)} for t in frames]
+    feats += [{"input_features": torch.randn(1, t, mel, generator=gen)} for t in frames[-2:]]
+    achan = _find(cfg, "audio_channels", "num_input_channels", prefer="audio")
+    values = [{"input_values": torch.randn(1, AUDIO_SAMPLES, generator=gen)},
+              {"input_values": torch.randn(1, achan if _is_int(achan) else 1, AUDIO_SAMPLES, generator=gen)}]
+    max_len = _find(cfg, "max_length", prefer="audio")
+    if _is_int(max_len) and 0 < max_len <= 2048:  # spectrogram patches (AST)
+        values.append({"input_values": torch.randn(1, max_len, mel, generator=gen)})
+    # already-embedded inputs: [1, T, width] for the widths the config names
+    widths = []
+    for c in _sub_configs(cfg):
+        for k, v in vars(c).items():
+            if _is_int(v) and 0 < v <= 4096 and (k == "hidden_size" or k.endswith("input_dim")) and v not in widths:
+                widths.append(v)
+    for w in widths[:3]:
+        feats.append({"input_features": torch.randn(1, 64, w, generator=gen)})
+        values.append({"input_values": torch.randn(1, 64, w, generator=gen)})
+
+    by_name: dict[str, list[dict[str, Any]]] = {"input_ids": [text], "pixel_values": [pixels, *videos],
+                                                "input_features": feats, "input_values": values}
+    out: list[dict[str, Any]] = []
+    for first in by_name.get(main, [text]):
+        out.append({**first, **text_dec})
+    if main == "input_ids" and "attention_mask" in params:
+        out.append({**text, "attention_mask": torch.ones_like(text["input_ids"]), **text_dec})
+    both = {}  # multi-modal models that need every modality (CLIP, CLAP, ...)
+    for name in ("input_ids", "pixel_values", "input_features", "input_values"):
+        if name in params:
+            both.update(by_name[name][0])
+    if len(both) >= 2:
+        out.append({**both, **text_dec})
+    if main != "input_ids" and "input_ids" in params:
+        out.append({**text, **text_dec})
+    for name in ("pixel_values", "input_features", "input_values"):
+        if name in params and name != main:
+            out.extend({**x, **text_dec} for x in by_name[name])
+    unique, seen = [], set()
+    for c in out:
+        key = tuple((k, tuple(v.shape)) for k, v in c.items())
+        if key not in seen and all(k in params or any(p.kind == p.VAR_KEYWORD for p in params.values()) for k in c):
+            seen.add(key)
+            unique.append(c)
+    return unique
+
+
+# --------------------------------------------------------------------------------------------------
+# one architecture (runs in a worker)
+# --------------------------------------------------------------------------------------------------
+class Timeout(Exception):
+    pass
+
+
+def _alarm(signum: int, frame: Any) -> None:
+    raise Timeout("timed out")
+
+
+def _short(e: BaseException, limit: int = 300) -> str:
+    text = f"{type(e).__name__}: {str(e).strip()}"
+    text = text.splitlines()[0] if text else type(e).__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _set_eager(model: Any) -> list[str]:
+    """Attention and experts in eager mode; returns what could not be set."""
+    problems = []
+    try:
+        model.set_attn_implementation("eager")
+    except Exception as e:  # older or unusual classes: set the config field everywhere
+        problems.append(f"set_attn_implementation: {_short(e, 120)}")
+        for c in _sub_configs(model.config):
+            _set(c, "_attn_implementation", "eager")
+    if hasattr(model, "set_experts_implementation"):
+        try:
+            model.set_experts_implementation("eager")
+        except Exception as e:
+            problems.append(f"set_experts_implementation: {_short(e, 120)}")
+            for c in _sub_configs(model.config):
+                if hasattr(c, "_experts_implementation"):
+                    _set(c, "_experts_implementation", "eager")
+    return problems
+
+
+def _profile(model: Any, inputs: dict[str, Any], grad: bool) -> dict[str, Any]:
+    import torch
+    import flopscope
+    out: dict[str, Any] = {}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            torch.manual_seed(0)
+            with torch.set_grad_enabled(grad):
+                prof = flopscope.profile(model, mode="auto", **inputs)
+        except flopscope.FlopscopeError as e:
+            out["error"] = _short(e, 400)
+            out["error_type"] = type(e).__name__
+            cause = e.__cause__
+            out["error_cause"] = _short(cause, 200) if cause is not None else None
+            return out
+        except Timeout:
+            raise
+        except Exception as e:  # not a FlopscopeError: a bug in flopscope (or the model)
+            out["error"] = "non-flopscope " + _short(e, 400)
+            out["error_type"] = type(e).__name__
+            out["traceback"] = traceback.format_exc()[-1500:]
+            return out
+    out["macs"] = prof.total()
+    out["mode"] = prof.mode
+    out["by_op"] = prof.by_op()
+    out["unsupported"] = prof.unsupported()
+    shapes: dict[str, list[Any]] = {}
+    for node in prof.graph.nodes:  # one example call of each unsupported op, with its input shapes
+        if node.meta.get("cost") == "unsupported":
+            name = str(getattr(node.target, "overloadpacket", node.target))
+            shapes.setdefault(name, [list(x) for x in node.meta.get("input_shapes", ())][:4])
+    out["unsupported_shapes"] = shapes
+    out["notes"] = prof.notes
+    fell_back = [str(w.message) for w in caught
+                 if issubclass(w.category, flopscope.FlopscopeWarning) and "real mode" in str(w.message)]
+    out["fallback"] = fell_back[0] if fell_back else None
+    return out
+
+
+def _reference(model: Any, inputs: dict[str, Any]) -> dict[str, Any]:
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+    note = None
+    for grad in (True, False):  # grad on keeps fused inference fast paths off; some models only run without
+        fc = FlopCounterMode(display=False)
+        torch.manual_seed(0)
+        try:
+            with torch.set_grad_enabled(grad), fc:
+                model(**inputs)
+            break
+        except Timeout:
+            raise
+        except Exception as e:
+            if not grad:
+                raise
+            note = f"ran under no_grad (with grad: {_short(e, 150)})"
+    counts = fc.get_flop_counts().get("Global", {})
+    return {"macs": fc.get_total_flops() // 2, "by_op": {str(k): v // 2 for k, v in counts.items()}, "note": note}
+
+
+def _eager_context() -> Any:
+    import contextlib
+    import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    stack = contextlib.ExitStack()
+    stack.enter_context(sdpa_kernel(SDPBackend.MATH))
+    stack.enter_context(torch.backends.mkldnn.flags(enabled=False))
+    return stack
+
+
+def _build(cls: Any, cfg: Any, level: int, max_params: int) -> Any:
+    import torch
+    if level >= 1:  # check the size on the meta device first
+        with torch.device("meta"):
+            meta = cls._from_config(copy.deepcopy(cfg), dtype=torch.float32)
+        n = sum(p.numel() for p in meta.parameters())
+        del meta
+        if n > max_params:
+            raise MemoryError(f"{n / 1e6:.0f}M parameters at shrink level {level} (limit {max_params / 1e6:.0f}M)")
+    torch.manual_seed(0)
+    model = cls._from_config(cfg, dtype=torch.float32)
+    return model.eval()
+
+
+def run_arch(model_type: str, class_name: str, timeout: int, max_params: int) -> dict[str, Any]:
+    import torch
+    import transformers
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+    res: dict[str, Any] = {"arch": model_type, "class": class_name, "status": "skip"}
+    t0 = time.time()
+    old = signal.signal(signal.SIGALRM, _alarm)
+    signal.alarm(timeout)
+    try:
+        cls = getattr(transformers, class_name, None)
+        if cls is None:
+            res["reason"] = f"class {class_name} not importable (missing dependency?)"
+            return res
+        attempts = []
+        model = inputs = None
+        try:
+            uses_mrope = _uses_mrope(cls, CONFIG_MAPPING[model_type]())
+        except Exception:
+            uses_mrope = False
+        for level in (0, 1, 2):
+            try:
+                cfg = shrink_config(CONFIG_MAPPING[model_type](), level, uses_mrope)
+            except Exception as e:
+                attempts.append(f"L{level} config: {_short(e, 200)}")
+                continue
+            try:
+                model = _build(cls, cfg, level, max_params)
+            except Timeout:
+                raise
+            except Exception as e:
+                attempts.append(f"L{level} build: {_short(e, 200)}")
+                if os.environ.get("ZOO_DEBUG"):
+                    traceback.print_exc()
+                model = None
+                if isinstance(e, MemoryError):
+                    break
+                continue
+            errors = []
+            for cand in input_candidates(model, model.config):
+                try:
+                    torch.manual_seed(0)
+                    with torch.no_grad():
+                        model(**cand)
+                    inputs = cand
+                    break
+                except Timeout:
+                    raise
+                except Exception as e:
+                    errors.append(_short(e, 200))
+                    if os.environ.get("ZOO_DEBUG"):
+                        traceback.print_exc()
+            if inputs is not None:
+                res["level"] = level
+                break
+            attempts.append(f"L{level} forward: " + (errors[0] if errors else "no known input in forward signature"))
+            model = None
+        res["attempts"] = attempts
+        if model is None or inputs is None:
+            res["reason"] = attempts[0] if attempts else "no attempt"
+            return res
+        res["params"] = sum(p.numel() for p in model.parameters())
+        res["inputs"] = {k: list(v.shape) for k, v in inputs.items()}
+        # 1. flopscope, model as built, inference
+        res["fs"] = _profile(model, inputs, grad=False)
+        # 2. reference and 3. flopscope on the eager configuration
+        res["eager_problems"] = _set_eager(model)
+        with _eager_context():
+            try:
+                res["ref"] = _reference(model, inputs)
+            except Timeout:
+                raise
+            except Exception as e:
+                res["ref"] = {"error": _short(e, 300)}
+            res["fs_eager"] = _profile(model, inputs, grad=True)
+        res["status"] = classify(res)
+    except Timeout:
+        res["status"] = "timeout"
+        res["reason"] = f"over {timeout} s (stage reached: {', '.join(k for k in ('fs', 'ref', 'fs_eager') if k in res) or 'build/probe'})"
+    except BaseException as e:  # noqa: BLE001
+        res["status"] = "crash"
+        res["reason"] = _short(e, 300)
+        res["traceback"] = traceback.format_exc()[-1500:]
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+        res["seconds"] = round(time.time() - t0, 2)
+    return res
+
+
+def classify(res: dict[str, Any]) -> str:
+    fs, ref = res.get("fs", {}), res.get("ref", {})
+    if "error" in fs:
+        return "error"
+    if "error" in ref:
+        return "ref-error"
+    return "exact" if fs["macs"] == ref["macs"] else "mismatch"
+
+
+def _worker(conn: Any, timeout: int, max_params: int, threads: int) -> None:
+    import logging
+    import torch
+    torch.set_num_threads(threads)
+    warnings.filterwarnings("ignore")
+    logging.disable(logging.WARNING)
+    try:
+        import transformers
+        transformers.logging.set_verbosity_error()
+    except Exception:
+        pass
+    while True:
+        task = conn.recv()
+        if task is None:
+            return
+        res = run_arch(task[0], task[1], timeout, max_params)
+        try:
+            conn.send(res)
+        except Exception as e:  # unpicklable result: keep the essentials
+            conn.send({"arch": task[0], "class": task[1], "status": "crash", "reason": f"result not sendable: {e}"})
+
+
+# --------------------------------------------------------------------------------------------------
+# driver
+# --------------------------------------------------------------------------------------------------
+def architectures() -> list[tuple[str, str]]:
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+    from transformers.models.auto.modeling_auto import MODEL_MAPPING_NAMES
+    out = []
+    for model_type, names in MODEL_MAPPING_NAMES.items():
+        if model_type not in CONFIG_MAPPING_NAMES:
+            continue
+        name = names[0] if isinstance(names, (list, tuple)) else names
+        out.append((model_type, name))
+    return out
+
+
+def sweep(archs: list[tuple[str, str]], jobs: int, timeout: int, max_params: int,
+          progress: bool = True) -> list[dict[str, Any]]:
+    ctx = mp.get_context("fork")
+    threads = max(1, (os.cpu_count() or 1) // jobs)
+    todo = list(archs)
+    results: list[dict[str, Any]] = []
+    workers: dict[Any, dict[str, Any]] = {}
+
+    def spawn() -> None:
+        parent, child = ctx.Pipe()
+        p = ctx.Process(target=_worker, args=(child, timeout, max_params, threads), daemon=True)
+        p.start()
+        child.close()
+        workers[parent] = {"proc": p, "task": None, "start": 0.0}
+
+    def assign(conn: Any) -> None:
+        if todo:
+            task = todo.pop(0)
+            workers[conn].update(task=task, start=time.time())
+            conn.send(task)
+        else:
+            workers[conn]["task"] = None
+
+    def record(res: dict[str, Any]) -> None:
+        results.append(res)
+        if progress:
+            print(f"[{len(results):4d}/{len(archs)}] {res['arch']:<40} {res['status']:<9} {res.get('seconds', 0):6.1f}s"
+                  f"  {res.get('reason', '') if res['status'] in ('skip', 'timeout', 'crash') else ''}"[:200],
+                  flush=True)
+
+    for _ in range(min(jobs, len(todo))):
+        spawn()
+    for conn in list(workers):
+        assign(conn)
+    while any(w["task"] is not None for w in workers.values()):
+        busy = [c for c, w in workers.items() if w["task"] is not None]
+        ready = mp_wait(busy, timeout=5)
+        for conn in ready:
+            w = workers[conn]
+            try:
+                res = conn.recv()
+            except (EOFError, OSError):
+                res = {"arch": w["task"][0], "class": w["task"][1], "status": "crash",
+                       "reason": f"worker died (exit code {w['proc'].exitcode})",
+                       "seconds": round(time.time() - w["start"], 2)}
+                record(res)
+                w["proc"].join(1)
+                del workers[conn]
+                spawn()
+                assign(list(workers)[-1])
+                continue
+            record(res)
+            assign(conn)
+        now = time.time()
+        for conn, w in list(workers.items()):
+            if w["task"] is not None and now - w["start"] > timeout + 30:
+                w["proc"].kill()
+                w["proc"].join(5)
+                record({"arch": w["task"][0], "class": w["task"][1], "status": "timeout",
+                        "reason": f"hard timeout: worker killed after {timeout + 30} s",
+                        "seconds": round(now - w["start"], 2)})
+                del workers[conn]
+                spawn()
+                assign(list(workers)[-1])
+    for conn, w in workers.items():
+        try:
+            conn.send(None)
+        except Exception:
+            pass
+        w["proc"].join(5)
+        if w["proc"].is_alive():
+            w["proc"].kill()
+    order = {a: i for i, (a, _) in enumerate(archs)}
+    return sorted(results, key=lambda r: order.get(r["arch"], 0))
+
+
+# --------------------------------------------------------------------------------------------------
+# grouping and report
+# --------------------------------------------------------------------------------------------------
+def _norm(text: str) -> str:
+    """A grouping key: numbers, shapes and quoted module paths blanked out."""
+    text = re.sub(r"'[^']*'", "'…'", text)
+    text = re.sub(r"\[[\d, ]*\]", "[…]", text)
+    text = re.sub(r"(?<![A-Za-z_\d])\d+", "N", text)
+    return text[:160]
+
+
+def fallback_key(msg: str, normalize: bool = True) -> str:
+    op = re.search(r"op (\S+)", msg)
+    where = op.group(1) if op else "(no op: module-level)"
+    reason = re.search(r"could not run on fake tensors \((.*)\); counted in real mode", msg)
+    norm = _norm if normalize else (lambda t: t)
+    return f"{where}: {norm(reason.group(1)) if reason else norm(msg)}"
+
+
+def op_diff(a: dict[str, int], b: dict[str, int]) -> dict[str, tuple[int, int]]:
+    return {op: (a.get(op, 0), b.get(op, 0)) for op in sorted(set(a) | set(b)) if a.get(op, 0) != b.get(op, 0)}
+
+
+def _fmt(n: Any) -> str:
+    return f"{n:,}" if isinstance(n, int) else "–"
+
+
+def _diff_text(d: dict[str, tuple[int, int]], limit: int = 4) -> str:
+    items = sorted(d.items(), key=lambda kv: -abs(kv[1][0] - kv[1][1]))[:limit]
+    return "; ".join(f"{op} {_fmt(x)} vs {_fmt(y)}" for op, (x, y) in items)
+
+
+def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:
+    status = Counter(r["status"] for r in results)
+    unsupported: dict[str, list[str]] = defaultdict(list)
+    fallbacks: dict[str, list[str]] = defaultdict(list)
+    errors: dict[str, list[str]] = defaultdict(list)
+    skips: dict[str, list[str]] = defaultdict(list)
+    formula_mismatch, fused_mismatch = [], []
+    for r in results:
+        a = r["arch"]
+        if r["status"] in ("skip", "timeout", "crash"):
+            skips[f"{r['status']}: {_norm(r.get('reason', '?'))}"].append(a)
+        for key in ("fs", "fs_eager"):
+            p = r.get(key) or {}
+            tag = "[default] " if key == "fs" else "[eager]   "
+            for op in p.get("unsupported", {}):
+                if a not in unsupported[op]:
+                    unsupported[op].append(a)
+            if p.get("fallback"):
+                fb = tag + fallback_key(p["fallback"])
+                if a not in fallbacks[fb]:
+                    fallbacks[fb].append(a)
+            if p.get("error"):
+                ek = f"{tag}{p.get('error_type')}: {_norm(p['error'])}"
+                if a not in errors[ek]:
+                    errors[ek].append(a)
+        fs, fe, ref = r.get("fs", {}), r.get("fs_eager", {}), r.get("ref", {})
+        if "macs" in fe and "macs" in ref and fe["macs"] != ref["macs"]:
+            formula_mismatch.append(a)
+        if "macs" in fs and "macs" in fe and fs["macs"] != fe["macs"]:
+            fused_mismatch.append(a)
+    return {"status": dict(status), "unsupported": unsupported, "fallbacks": fallbacks, "errors": errors,
+            "skips": skips, "formula_mismatch": formula_mismatch, "fused_mismatch": fused_mismatch}
+
+
+def _group_lines(groups: dict[str, list[str]], limit: int = 6) -> list[str]:
+    rows = sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0]))
+    out = []
+    for key, archs in rows:
+        more = f", … (+{len(archs) - limit})" if len(archs) > limit else ""
+        out.append(f"{len(archs):4d}  {key}  [{', '.join(archs[:limit])}{more}]")
+    return out
+
+
+def write_report(results: list[dict[str, Any]], path: Path, elapsed: float, args: argparse.Namespace) -> None:
+    s = summarize(results)
+    lines = ["# flopscope model zoo sweep", "",
+             f"{len(results)} base architectures of transformers "
+             f"{__import__('transformers').__version__}, torch {__import__('torch').__version__}; "
+             f"{args.jobs} job(s), {elapsed / 60:.1f} min. Tiny configs (hidden {HIDDEN}, {LAYERS} layers, {HEADS} heads, "
+             f"intermediate {INTER}, vocab {VOCAB}, {TOKENS} tokens, images {IMAGE}x{IMAGE}, batch 1).", "",
+             "- **flopscope**: `flopscope.profile(model, mode='auto')` under `no_grad`, model as built (SDPA, "
+             "grouped-mm experts, oneDNN on).",
+             "- **reference**: `FlopCounterMode` total // 2 with eager attention, eager experts, SDPA math kernel, "
+             "oneDNN off, grad on.",
+             "- **fs-eager**: flopscope on that same reference configuration.",
+             "- **level**: 0 = fully shrunk config, 1 = only depth/experts/vocab shrunk, 2 = default config.", "",
+             "## Summary", "", "| status | count |", "|---|---|"]
+    lines += [f"| {k} | {v} |" for k, v in sorted(s["status"].items(), key=lambda kv: -kv[1])]
+    lines += ["", f"fs-eager ≠ reference (formula differences): {len(s['formula_mismatch'])}; "
+                  f"flopscope ≠ fs-eager (fused-kernel handling): {len(s['fused_mismatch'])}", ""]
+    for title, key in (("Unsupported ops (architectures hitting each)", "unsupported"),
+                       ("Fake-mode fallbacks to real mode", "fallbacks"), ("flopscope errors", "errors"),
+                       ("Skipped / timed out / crashed", "skips")):
+        lines += [f"### {title}", "", "```"] + (_group_lines(s[key]) or ["(none)"]) + ["```", ""]
+    lines += ["## Results", "",
+              "| architecture | status | level | flopscope MACs | reference MACs | ratio | fs-eager MACs | "
+              "real-mode fallback (reason) | unsupported ops | notes |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        fs, fe, ref = r.get("fs", {}), r.get("fs_eager", {}), r.get("ref", {})
+        ratio = f"{fs['macs'] / ref['macs']:.4f}" if fs.get("macs") is not None and ref.get("macs") else "–"
+        fb = []
+        for tag, p in (("", fs), ("eager: ", fe)):
+            if p.get("fallback"):
+                fb.append(tag + fallback_key(p["fallback"], normalize=False))
+        uns = sorted(set(fs.get("unsupported", {})) | set(fe.get("unsupported", {})))
+        notes = []
+        if r["status"] in ("skip", "timeout", "crash"):
+            notes.append(r.get("reason", ""))
+        for tag, p in (("flopscope", fs), ("fs-eager", fe)):
+            if p.get("error"):
+                notes.append(f"{tag}: {p['error']}")
+        if ref.get("error"):
+            notes.append(f"reference: {ref['error']}")
+        if "macs" in fe and "macs" in ref and fe["macs"] != ref["macs"]:
+            notes.append("fs-eager vs ref: " + _diff_text(op_diff(fe.get("by_op", {}), ref.get("by_op", {}))))
+        if "macs" in fs and "macs" in fe and fs["macs"] != fe["macs"]:
+            notes.append("flopscope vs fs-eager: " + _diff_text(op_diff(fs.get("by_op", {}), fe.get("by_op", {}))))
+        cell = lambda x: str(x).replace("|", "\\|").replace("\n", " ")  # noqa: E731
+        lines.append(f"| {r['arch']} | {r['status']} | {r.get('level', '–')} | {_fmt(fs.get('macs'))} | "
+                     f"{_fmt(ref.get('macs'))} | {ratio} | {_fmt(fe.get('macs'))} | {cell('; '.join(fb)) or 'no'} | "
+                     f"{cell(', '.join(uns))} | {cell(' / '.join(notes))} |")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines) + "\n")
+
+
+def print_summary(results: list[dict[str, Any]], elapsed: float) -> None:
+    s = summarize(results)
+    st = s["status"]
+    print()
+    print(f"{len(results)} architectures in {elapsed / 60:.1f} min: "
+          + ", ".join(f"{k} {v}" for k, v in sorted(st.items(), key=lambda kv: -kv[1])))
+    print(f"exact {st.get('exact', 0)}, mismatched {st.get('mismatch', 0)}, errored {st.get('error', 0)} "
+          f"(reference errored {st.get('ref-error', 0)}; skipped {st.get('skip', 0)}, "
+          f"timeout {st.get('timeout', 0)}, crash {st.get('crash', 0)})")
+    print(f"fs-eager != reference: {len(s['formula_mismatch'])}; flopscope != fs-eager: {len(s['fused_mismatch'])}")
+    for title, key in (("unsupported ops", "unsupported"), ("fake-mode fallback reasons", "fallbacks"),
+                       ("flopscope errors", "errors"), ("skip reasons", "skips")):
+        print(f"\n{title}:")
+        for line in _group_lines(s[key]) or ["   (none)"]:
+            print(line)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--only", help="comma-separated model types (e.g. bert,gpt2,whisper)")
+    ap.add_argument("--jobs", type=int, default=2, help="worker processes (default 2)")
+    ap.add_argument("--report", default=str(Path(__file__).with_name("zoo_report.md")), help="markdown report path")
+    ap.add_argument("--json", help="also write the raw results as JSON here")
+    ap.add_argument("--timeout", type=int, default=60, help="seconds per architecture (default 60)")
+    ap.add_argument("--max-params", type=float, default=150e6,
+                    help="skip configs that are not shrunk enough and have more parameters (default 150M)")
+    ap.add_argument("--quiet", action="store_true", help="no per-architecture progress lines")
+    args = ap.parse_args(argv)
+
+    archs = architectures()
+    if args.only:
+        wanted = [w.strip() for w in args.only.split(",") if w.strip()]
+        known = dict(archs)
+        missing = [w for w in wanted if w not in known]
+        if missing:
+            print(f"unknown model types: {', '.join(missing)}", file=sys.stderr)
+        archs = [(w, known[w]) for w in wanted if w in known]
+    t0 = time.time()
+    results = sweep(archs, max(1, args.jobs), args.timeout, int(args.max_params), progress=not args.quiet)
+    elapsed = time.time() - t0
+    write_report(results, Path(args.report), elapsed, args)
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1, default=str))
+    print_summary(results, elapsed)
+    print(f"\nreport: {args.report}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
