@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.nn.utils.stateless import _reparametrize_module
 
 from .capture import OpFailure, Recorder, op_name
 from .errors import FakeTensorError, FlopscopeError, FlopscopeWarning, ForwardError, InputError, NotAModuleError
@@ -109,10 +110,16 @@ class profiler(Profile):  # noqa: N801  (used as a context manager, like torch.p
 
     def __enter__(self) -> profiler:
         self._tracker = ModuleTracker(self._model)
-        self._recorder = Recorder(self._tracker, self._registry, _state_names(self._model, lambda t: t))
-        self._recorder.timed = self._mode == "real"
-        if self._mode == "fake":
-            self._stack.enter_context(FakeTensorMode(allow_non_fake_inputs=True))
+        if self._mode == "fake":  # the model's parameters and buffers are swapped for fake ones in the block
+            convert = FakeConverter(FakeTensorMode(allow_non_fake_inputs=True))
+            state = {name: convert(t) for name, t in _named_state(self._model)}
+            self._recorder = Recorder(self._tracker, self._registry, _state_names(self._model, convert))
+            self._recorder.fake = True
+            self._stack.enter_context(_reparametrize_module(self._model, state, tie_weights=True))
+            self._stack.enter_context(convert.mode)
+        else:
+            self._recorder = Recorder(self._tracker, self._registry, _state_names(self._model, lambda t: t))
+            self._recorder.timed = True
         self._stack.enter_context(self._tracker)
         self._stack.enter_context(self._recorder)
         return self

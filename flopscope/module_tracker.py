@@ -60,10 +60,12 @@ class ModuleTracker:
         self.calls[path] += 1
         self.stack = (*self.stack, ModuleCall(path, self.calls[path]))
 
-    def _post(self, module: nn.Module, args: Any, kwargs: Any, output: Any) -> None:
+    def _post(self, module: nn.Module, args: Any, *rest: Any) -> None:
+        # (kwargs, output) normally; torch calls always-called hooks of a raising forward with (output,) only
         path = self.paths.get(id(module))
         if path is None:
             return
+        kwargs = rest[0] if len(rest) == 2 else {}
         if self.stack and self.stack[-1].path == path:
             shapes = [(i, tuple(a.shape)) for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
             shapes += [(k, tuple(v.shape)) for k, v in (kwargs or {}).items() if isinstance(v, torch.Tensor)]

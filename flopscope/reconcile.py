@@ -362,7 +362,10 @@ def _ffn_rows(block: str, measured: Mapping[str, int], facts: ModelFacts, calls:
     present = [r for r in FFN_ROLES if r in measured]
     if not isinstance(d, int) or not isinstance(d_ff, int):
         return [ReconcileRow(block, r, measured[r], None, TERMS[r], reason="unrecognised block") for r in present]
-    top_k = experts if isinstance(experts, int) else 1
+    # routed experts: each token meets top_k of them; a shared expert (or a dense FFN) sees every token once
+    inside = [p for p in facts.types if p == block or p.startswith(block + ".") or block == ""]
+    routed = any(facts.attr(p, "num_experts", "num_local_experts", "n_routed_experts") for p in inside)
+    top_k = experts if isinstance(experts, int) and routed else 1
     tokens = 0
     for shapes in calls:
         t = _tokens(shapes, d, QUERY_INPUTS)

@@ -150,11 +150,17 @@ class RoleFinder:
         self.macs = {n: int(n.meta.get("multiplies") or 0) for n in every}
         self.dynamic: dict[fx.Node, bool] = {}  # depends on a forward input
         self.weighty: dict[fx.Node, bool] = {}  # depends on a parameter
+        self.computed: dict[fx.Node, bool] = {}  # comes out of a multiply (a projected tensor)
         for n in self.nodes:
             parents = n.all_input_nodes
             leaf = n.meta.get("leaf")
             self.dynamic[n] = leaf in ("input", "constant") or any(self.dynamic[p] for p in parents)
             self.weighty[n] = leaf == "parameter" or any(self.weighty[p] for p in parents)
+            self.computed[n] = any(self.computed[p] or self.macs[p] for p in parents)
+        # an activation depends on the input or was computed by a multiply (a learned query projected by
+        # a weight is one); a raw weight is parameter data that no multiply produced
+        self.live = {n: self.dynamic[n] or self.computed[n] for n in self.nodes}
+        self.raw_weight = {n: self.weighty[n] and not self.live[n] for n in self.nodes}
         self.users: dict[fx.Node, list[fx.Node]] = {
             n: [u for u in n.users if u.meta.get("phase") != "backward"] for n in self.nodes}
         self.packets: dict[fx.Node, Any] = {n: _packet(n) for n in self.nodes}
@@ -314,25 +320,23 @@ class RoleFinder:
             x = self._activation_operand(d)
             gate, up = self._gated_branches(x)
             if gate is not None and up is not None:
-                gates = self._demand_branch(gate, Role.FFN_GATE.value)
-                ups = self._demand_branch(up, Role.FFN_UP.value)
-                if gates and ups:
-                    self.result[d] = Assignment({Role.FFN_DOWN.value: self.macs[d]})
-                    self.groups.append(("ffn", {d} | gates | ups))
+                branches = [(gate, Role.FFN_GATE.value), (up, Role.FFN_UP.value)]
+            elif self._passes_activation(x):
+                branches = [(x, Role.FFN_UP.value)]
+            else:
                 continue
-            if self._passes_activation(x):
-                ups = self._demand_branch(x, Role.FFN_UP.value)
-                if ups:
-                    self.result[d] = Assignment({Role.FFN_DOWN.value: self.macs[d]})
-                    self.groups.append(("ffn", {d} | ups))
+            found = [self._projections_of(start, role) for start, role in branches]
+            if all(found):  # every branch reaches a projection: commit the demands, else leave them all
+                for demands in found:
+                    for p, target, role in demands:
+                        self.demands.setdefault(p, []).append((target, role))
+                self.result[d] = Assignment({Role.FFN_DOWN.value: self.macs[d]})
+                self.groups.append(("ffn", {d} | {p for demands in found for p, _, _ in demands}))
 
-    def _demand_branch(self, start: fx.Node, role: str) -> set[fx.Node]:
-        found = set()
-        for p in self._nearest_macs_before(start):
-            if self._is_weight_matmul(p) and (p not in self.result or p in self.demands):
-                self.demands.setdefault(p, []).append((start, role))
-                found.add(p)
-        return found
+    def _projections_of(self, start: fx.Node, role: str) -> list[tuple[fx.Node, fx.Node, str]]:
+        """(projection, consumer target, role) for the weight matmuls nearest behind ``start``."""
+        return [(p, start, role) for p in self._nearest_macs_before(start)
+                if self._is_weight_matmul(p) and (p not in self.result or p in self.demands)]
 
     def _gated_branches(self, x: fx.Node) -> tuple[fx.Node | None, fx.Node | None]:
         """The (activated, plain) inputs of the elementwise product gating an FFN, if there is one."""
@@ -417,7 +421,7 @@ class RoleFinder:
         if not self._is_matmul(n):
             return False
         a, b = self._operands(n)
-        return self.dynamic[a] and self.dynamic[b]
+        return self.live[a] and self.live[b]
 
     def _is_weight_matmul(self, n: fx.Node) -> bool:
         known = self._weight_mm.get(n)
@@ -429,16 +433,16 @@ class RoleFinder:
         if not self._is_matmul(n) or n.meta.get("multiply_parts"):
             return False
         a, b = self._operands(n)
-        return (self.dynamic[a] and not self.dynamic[b] and self.weighty[b]) or (
-            self.dynamic[b] and not self.dynamic[a] and self.weighty[a])
+        # x @ W, W @ x, or a learned query: two raw weights, the second one the weight
+        return self.raw_weight[b] or (self.raw_weight[a] and self.live[b])
 
     def _weight_operand(self, n: fx.Node) -> fx.Node:
         a, b = self._operands(n)
-        return b if self.dynamic[a] else a
+        return b if self.raw_weight[b] else a
 
     def _activation_operand(self, n: fx.Node) -> fx.Node:
         a, b = self._operands(n)
-        return a if self.dynamic[a] else b
+        return a if self.raw_weight[b] else b
 
     def _operand_from(self, p: fx.Node, source: fx.Node) -> fx.Node:
         a, b = self._operands(p)

@@ -22,6 +22,8 @@ class ModelSnapshot:
         ]
         self._requires_grad = [(p, p.requires_grad) for p in model.parameters()]
         self._grads = [(p, p.grad) for p in model.parameters()] if grads else []
+        for p, _ in self._grads:  # a counted backward accumulates into fresh tensors, not into these
+            p.grad = None
         self._buffers: list[tuple[torch.Tensor, torch.Tensor]] = []
         if buffer_values:
             with torch.no_grad():
