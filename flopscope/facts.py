@@ -14,6 +14,8 @@ from typing import Any
 
 from torch import nn
 
+from .errors import FlopscopeError
+
 Shape = tuple[int, ...]
 _PLAIN = (bool, int, float, str)
 
@@ -48,6 +50,10 @@ class ModelFacts:
 
 
 def read_facts(model: nn.Module) -> ModelFacts:
+    lazy = [name for name, p in model.named_parameters() if isinstance(p, nn.parameter.UninitializedParameter)]
+    if lazy:
+        raise FlopscopeError(f"{type(model).__name__} has uninitialized (lazy) parameters ({', '.join(lazy[:3])}): "
+                             "run one forward to materialise them, then profile")
     types, attributes, param_shapes = {}, {}, {}
     for path, module in model.named_modules():
         types[path] = type(module)

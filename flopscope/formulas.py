@@ -226,6 +226,31 @@ def grouped_mm_fallback(x: Shape, weight: Shape, *_: Any, **__: Any) -> int:
     return gemm(x[0], x[1], weight[2])
 
 
+@formula(aten._trilinear)
+def trilinear(i1: Shape, i2: Shape, i3: Shape, expand1: Sequence[int], expand2: Sequence[int],
+              expand3: Sequence[int], sumdim: Sequence[int], *_: Any, **__: Any) -> int:
+    """``nn.Bilinear`` / ``F.bilinear``: every point of the broadcast (batch, out, in1, in2) space is one
+    multiply-add of ``x1_i · W_oij · x2_j``, so B·out·in1·in2 MACs, as fvcore and thop count it."""
+    # [B, out] = _trilinear([B, in1], [out, in1, in2], [B, in2], expand1, expand2, expand3, sumdim=[in1, in2])
+    full = [_expanded(shape, expand) for shape, expand in ((i1, expand1), (i2, expand2), (i3, expand3))]
+    return prod(max(sizes) for sizes in zip(*full, strict=True))
+
+
+def _expanded(shape: Shape, inserted: Sequence[int]) -> list[int]:
+    out = list(shape)
+    for dim in sorted(inserted):
+        out.insert(dim, 1)
+    return out
+
+
+@formula("quantized::linear_dynamic", "quantized::linear", "quantized::linear_relu_dynamic",
+         "quantized::linear_relu", "quantized::linear_dynamic_fp16")
+def quantized_linear(x: Shape, *_: Any, out_shape: Shape, **__: Any) -> int:
+    """Quantized linear layers (packed weights): rows x in_features x out_features."""
+    # [..., out] = quantized::linear_dynamic([..., in], packed_params)
+    return prod(x[:-1]) * x[-1] * out_shape[-1]
+
+
 @formula(aten.linalg_solve_triangular, aten.triangular_solve)
 def triangular_solve(a: Shape, b: Shape, *_: Any, out_shape: Shape, **__: Any) -> int:
     """Substitution with a triangular ``[*, n, n]`` matrix: each of the k right-hand sides takes

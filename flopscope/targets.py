@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import ast
+import difflib
 import importlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -53,7 +54,11 @@ def load_target(spec: str, settings: Sequence[str] = ()) -> Target:
         factory = getattr(importlib.import_module(module_name), attr)
     except (ImportError, AttributeError) as e:
         raise FlopscopeError(f"cannot load {spec!r}: {e}") from e
-    model = factory(**overrides) if callable(factory) and not isinstance(factory, nn.Module) else factory
+    try:
+        model = factory(**overrides) if callable(factory) and not isinstance(factory, nn.Module) else factory
+    except TypeError as e:
+        raise FlopscopeError(f"cannot build {spec!r} with {overrides or 'no arguments'}: {e} (pass them with --set)"
+                             ) from e
     if not isinstance(model, nn.Module):
         raise FlopscopeError(f"{spec!r} did not give a torch.nn.Module (got {type(model).__name__})")
     return Target(model.eval(), spec, token_inputs=False)
@@ -68,9 +73,16 @@ def _hugging_face(family: str, overrides: dict[str, Any]) -> Target:
     if head not in HF_HEADS:
         raise FlopscopeError(f"unknown head {head!r}; one of: {', '.join(h or '(none)' for h in HF_HEADS)}")
     try:
-        config = transformers.AutoConfig.for_model(family, **overrides)
+        default = transformers.AutoConfig.for_model(family)
     except ValueError as e:
         raise FlopscopeError(f"unknown Hugging Face family {family!r}: {e}") from e
+    known = set(default.to_dict()) | set(getattr(default, "attribute_map", {}))
+    for key in overrides:
+        if key not in known and not hasattr(default, key):
+            close = difflib.get_close_matches(key, sorted(known), n=1)
+            hint = f" (did you mean {close[0]}?)" if close else ""
+            raise FlopscopeError(f"{family} config has no {key!r}{hint}")
+    config = transformers.AutoConfig.for_model(family, **overrides)
     torch.manual_seed(0)
     model = getattr(transformers, HF_HEADS[head]).from_config(config).eval()
     text = getattr(model, "main_input_name", "input_ids") == "input_ids"

@@ -81,3 +81,13 @@ def test_help_teaches_by_example(capsys):
 
 def test_package_docstring_examples_run():
     assert doctest.testmod(flopscope, raise_on_error=True).attempted > 0
+
+
+def test_bad_settings_are_caught_with_a_hint(capsys):
+    pytest.importorskip("transformers")
+    assert main(["profile", "hf:gpt2", "--set", "n_layr=2", "--input", "1x8"]) == 3
+    assert "did you mean n_layer" in capsys.readouterr().err
+    assert main(["compare", "--d", "63", "--h", "8"]) == 3
+    assert "divisible" in capsys.readouterr().err
+    assert main(["profile", "torch.nn:Linear", "--input", "2x4"]) == 3
+    assert "pass them with --set" in capsys.readouterr().err

@@ -148,3 +148,14 @@ def test_triangular_solve_and_euclidean_distance():
     a = torch.randn(2, 5, 5).tril() + 5 * torch.eye(5)
     prof = flopscope.profile(Ops(), a, torch.randn(2, 5, 3), torch.randn(4, 6), torch.randn(7, 6), mode="real")
     assert prof.by_op() == {"aten.linalg_solve_triangular": 2 * 3 * (5 * 4 // 2), "aten._euclidean_dist": 4 * 7 * (6 + 2)}
+
+
+def test_bilinear_and_dynamic_int8_linear():
+    """nn.Bilinear: B·out·in1·in2; a dynamically quantized Linear: rows·in·out (formulas keyed by name)."""
+    bilinear = flopscope.profile(torch.nn.Bilinear(6, 7, 4), torch.randn(3, 6), torch.randn(3, 7), mode="real")
+    assert bilinear.by_op() == {"aten._trilinear": 3 * 4 * 6 * 7} and bilinear.unsupported() == {}
+    with pytest.warns(Warning):  # torch's own deprecation notices for eager quantization
+        quantized = torch.ao.quantization.quantize_dynamic(torch.nn.Sequential(torch.nn.Linear(16, 8)),
+                                                           {torch.nn.Linear}, dtype=torch.qint8)
+    prof = flopscope.profile(quantized, torch.randn(5, 16), mode="real")
+    assert prof.total() == 5 * 16 * 8 and prof.unsupported() == {}
