@@ -289,9 +289,13 @@ def _attention_rows(block: str, measured: Mapping[str, int], facts: ModelFacts, 
             kv = _tokens(shapes, facts.attr(block, "kdim") or hyper.d, kv_names, seq_first)
             n_k = kv[1] if kv is not None else n_q
         d, d_q, d_kv = hyper.d, hyper.d_q, hyper.d_kv  # d_q = h·d_k, d_kv = n_kv·d_k
+        # nn.MultiheadAttention declares the key / value input widths and keys appended after projection
+        k_in, v_in = facts.attr(block, "kdim") or d, facts.attr(block, "vdim") or d
+        appended = int("bias_k" in facts.param_shapes.get(block, {})) + int(bool(facts.attr(block, "add_zero_attn")))
         predicted["q_proj"] += batch * n_q * d * d_q
-        predicted["k_proj"] += batch * n_k * d * d_kv
-        predicted["v_proj"] += batch * n_k * d * d_kv
+        predicted["k_proj"] += batch * n_k * k_in * d_kv
+        predicted["v_proj"] += batch * n_k * v_in * d_kv
+        n_k += appended
         predicted["attn_scores"] += batch * n_q * n_k * d_q
         predicted["attn_weighted_sum"] += batch * n_q * n_k * d_q
         predicted["out_proj"] += batch * n_q * d_q * d

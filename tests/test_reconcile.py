@@ -129,3 +129,26 @@ def test_an_unrecognised_block_says_so():
     q = torch.randn(B, n, d)
     result = reconcile(Bare(), q, q, q)
     assert result.rows and all(r.predicted is None and "unrecognised" in r.reason for r in result.rows)
+
+
+@pytest.mark.parametrize("options", [dict(kdim=24, vdim=20), dict(add_bias_kv=True), dict(add_zero_attn=True)])
+def test_multihead_attention_options_are_predicted_from_its_declaration(options):
+    E, heads, n_q, n_k = 32, 4, 5, 7
+    mha = torch.nn.MultiheadAttention(E, heads, batch_first=True, **options)
+
+    class Call(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.mha = mha
+
+        def forward(self, q, k, v):
+            return self.mha(q, k, v)[0]
+
+    k_in, v_in = options.get("kdim", E), options.get("vdim", E)
+    result = reconcile(Call(), torch.randn(1, n_q, E), torch.randn(1, n_k, k_in), torch.randn(1, n_k, v_in))
+    assert result.all_exact(), result.to_table()
+    appended = int(options.get("add_bias_kv", False)) + int(options.get("add_zero_attn", False))
+    scores = next(r for r in result.rows if r.role == "attn_scores")
+    assert scores.measured == n_q * (n_k + appended) * E
+    k_proj = next(r for r in result.rows if r.role == "k_proj")
+    assert k_proj.measured == n_k * k_in * E
