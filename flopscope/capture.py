@@ -42,7 +42,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
 from . import elementwise, formulas
-from .formulas import FormulaRegistry
+from .formulas import FormulaRegistry, shape_of
 from .module_tracker import ModuleTracker
 
 
@@ -221,7 +221,7 @@ class Recorder(TorchDispatchMode):
         shapes: list[tuple[int, ...]] = []
 
         def to_entry(t: torch.Tensor) -> Entry:
-            shapes.append(tuple(t.shape))
+            shapes.append(shape_of(t))
             return self._entry_of(t)
 
         meta: dict[str, Any] = {}
@@ -232,7 +232,7 @@ class Recorder(TorchDispatchMode):
         meta["module_stack"] = stack
         meta["input_shapes"] = tuple(shapes)
         if isinstance(out, torch.Tensor):
-            meta["output_shapes"] = (tuple(out.shape),)
+            meta["output_shapes"] = (shape_of(out),)
             meta["dtype"] = out.dtype
             if out.dtype in _INDEX_DTYPES and out.numel() <= _MAX_VALUE_NUMEL:
                 meta["value"] = _known_value(out)
@@ -242,7 +242,7 @@ class Recorder(TorchDispatchMode):
             shapes, dtype = [], None
             for i, item in enumerate(outs):
                 if isinstance(item, torch.Tensor):
-                    shapes.append(tuple(item.shape))
+                    shapes.append(shape_of(item))
                     dtype = dtype or item.dtype
                     getter = Entry("call_function", operator.getitem, (entry, i), {}, f"{entry.name}_{i}", {
                         "phase": "backward" if self.backward else "forward", "module": meta["module"],
@@ -261,7 +261,7 @@ class Recorder(TorchDispatchMode):
             return known[1]
         kind, name, leaf = self.leaf_names.get(id(t), ("placeholder", "constant", "constant"))
         meta: dict[str, Any] = {"leaf": leaf, "module": None, "module_stack": (), "cost": "zero", "multiplies": 0,
-                "multiply_parts": None, "elementwise": None, "input_shapes": (), "output_shapes": (tuple(t.shape),),
+                "multiply_parts": None, "elementwise": None, "input_shapes": (), "output_shapes": (shape_of(t),),
                 "dtype": t.dtype}
         if t.dtype in _INDEX_DTYPES and t.numel() <= _MAX_VALUE_NUMEL:
             meta["value"] = _known_value(t)
@@ -329,15 +329,15 @@ def _any_requires_grad(x: Any) -> bool:
 def _shapes(x: Any) -> tuple[tuple[int, ...], ...]:
     """Shapes of the tensors inside ``x``, in order."""
     found: list[tuple[int, ...]] = []
-    _map_tensors(x, lambda t: found.append(tuple(t.shape)))
+    _map_tensors(x, lambda t: found.append(shape_of(t)))
     return tuple(found)
 
 
 def _first_shape(out: Any) -> tuple[int, ...] | None:
     if isinstance(out, torch.Tensor):
-        return tuple(out.shape)
+        return shape_of(out)
     if isinstance(out, (tuple, list)):
         for item in out:
             if isinstance(item, torch.Tensor):
-                return tuple(item.shape)
+                return shape_of(item)
     return None

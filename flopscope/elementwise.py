@@ -141,7 +141,7 @@ ZERO_COST: frozenset[Any] = frozenset([
     aten.index_select_backward, aten.embedding_backward, aten.as_strided_scatter,
     # in-place views and checks
     aten.as_strided_, aten.squeeze_, aten.unsqueeze_, aten.transpose_, aten.t_, aten._is_all_true,
-    aten._is_any_true,
+    aten._is_any_true, aten._nested_tensor_from_mask_left_aligned,
 ])
 """Ops that do no arithmetic (beyond what is already counted by a formula or rule)."""
 
@@ -151,7 +151,8 @@ METADATA_OPS: frozenset[Any] = frozenset([
     aten.is_strides_like_format.default, aten.is_non_overlapping_and_dense.default, aten.size.default,
     aten.sym_size.default, aten.stride.default, aten.sym_stride.default, aten.storage_offset.default,
     aten.sym_storage_offset.default, aten.numel.default, aten.sym_numel.default, aten.dim.default,
-    torch.ops.prim.layout.default, torch.ops.prim.device.default,
+    torch.ops.prim.layout.default, torch.ops.prim.device.default, aten._nested_tensor_size.default,
+    aten._nested_tensor_strides.default, aten._nested_tensor_storage_offsets.default,
 ])
 
 

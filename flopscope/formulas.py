@@ -102,6 +102,34 @@ def _qualified_name(packet: Any) -> str:
     return str(name) if name is not None else str(packet)
 
 
+class NestedShape(tuple[int, ...]):
+    """The shape of a nested tensor (one variable-length sequence per batch entry): the padded shape,
+    with ``lengths``, the length of each sequence along dim 1 (nested fast paths skip the padding)."""
+
+    lengths: tuple[int, ...]
+
+    def __new__(cls, padded: Sequence[int], lengths: Sequence[int]) -> NestedShape:
+        new = super().__new__(cls, padded)
+        new.lengths = tuple(int(n) for n in lengths)
+        return new
+
+
+def shape_of(t: torch.Tensor) -> Shape:
+    """``tuple(t.shape)``; for a nested tensor, a :class:`NestedShape`."""
+    if getattr(t, "is_nested", False):
+        sizes = t._nested_tensor_size().tolist()  # [batch, component dims]
+        padded = (len(sizes), *(max(column) for column in zip(*sizes, strict=True)))
+        return NestedShape(padded, [row[0] for row in sizes])
+    return tuple(t.shape)
+
+
+def rows_of(shape: Shape) -> int:
+    """Tokens of a ``[..., features]`` activation: all but the last dim (a nested one: its real tokens)."""
+    if isinstance(shape, NestedShape):
+        return sum(shape.lengths) * prod(shape[2:-1])
+    return prod(shape[:-1])
+
+
 def count(fn: MacFormula, args: Sequence[Any], kwargs: Mapping[str, Any], out_shape: Shape | None) -> MacCount:
     """Call ``fn`` with tensors replaced by their shapes (the calling convention above)."""
     return fn(*[_shape_of(a) for a in args], out_shape=out_shape, **{k: _shape_of(v) for k, v in kwargs.items()})
@@ -109,7 +137,7 @@ def count(fn: MacFormula, args: Sequence[Any], kwargs: Mapping[str, Any], out_sh
 
 def _shape_of(x: Any) -> Any:
     if isinstance(x, torch.Tensor):
-        return tuple(int(s) for s in x.shape)
+        return shape_of(x)
     if isinstance(x, (list, tuple)) and x and any(isinstance(t, torch.Tensor) for t in x):
         return [_shape_of(t) for t in x]
     return x
@@ -191,7 +219,7 @@ def dot(a: Shape, b: Shape, **_: Any) -> int:
 def linear(x: Shape, weight: Shape, bias: Shape | None = None, **_: Any) -> int:
     """``x @ weight.T``; seen only where ``linear`` is not decomposed (mkldnn tensors, some backends)."""
     # [..., n] = linear([..., k], [n, k])
-    return prod(x[:-1]) * weight[0] * weight[1]
+    return rows_of(x) * weight[0] * weight[1]
 
 
 @formula(aten.matmul)
@@ -366,8 +394,19 @@ def native_multi_head_attention(query: Shape, key: Shape, value: Shape, embed_di
                                 *_: Any, **__: Any) -> dict[str, int]:
     """The eval fast path of ``nn.MultiheadAttention`` (batch-first, ``kdim == vdim == embed_dim``)."""
     # [B, n_q, E] = _native_multi_head_attention([B, n_q, E], [B, n_k, E], [B, n_k, E], E, h, [3E, E], ...)
+    if isinstance(query, NestedShape):  # self-attention over variable-length sequences
+        return _nested_self_attention(query.lengths, embed_dim)
     return multi_head_attention(prod(query[:-1]), query[-2] if len(query) > 1 else 1,
                                 key[-2] if len(key) > 1 else 1, embed_dim)
+
+
+def _nested_self_attention(lengths: Sequence[int], embed_dim: int) -> dict[str, int]:
+    """Self-attention of each sequence on its own: projections on its L tokens, core L² each."""
+    parts: dict[str, int] = {}
+    for length in lengths:
+        for role, macs in multi_head_attention(length, length, length, embed_dim).items():
+            parts[role] = parts.get(role, 0) + macs
+    return parts
 
 
 @formula(aten._transformer_encoder_layer_fwd)
@@ -377,8 +416,11 @@ def transformer_encoder_layer(src: Shape, embed_dim: int, num_heads: int, qkv_we
                               ffn_weight_1: Shape, *_: Any, **__: Any) -> dict[str, int]:
     """The fused eval fast path of ``nn.TransformerEncoderLayer``: self-attention plus a two-layer FFN."""
     # [B, n, E] = _transformer_encoder_layer_fwd([B, n, E], E, h, [3E, E], ..., [F, E], [F], [E, F], [E], ...)
-    tokens, n = prod(src[:-1]), (src[-2] if len(src) > 1 else 1)
-    parts = multi_head_attention(tokens, n, n, embed_dim)
+    if isinstance(src, NestedShape):  # padded batch passed as a nested tensor: no work on the padding
+        tokens, parts = sum(src.lengths), _nested_self_attention(src.lengths, embed_dim)
+    else:
+        tokens, n = prod(src[:-1]), (src[-2] if len(src) > 1 else 1)
+        parts = multi_head_attention(tokens, n, n, embed_dim)
     d_ff = ffn_weight_1[0]
     parts["ffn_up"] = tokens * embed_dim * d_ff
     parts["ffn_down"] = tokens * d_ff * embed_dim

@@ -18,6 +18,8 @@ import torch
 from torch import nn
 from torch.nn.modules import module as nn_module
 
+from .formulas import shape_of
+
 
 class ModuleCall(NamedTuple):
     path: str  # "encoder.layer.0.attention"; "" is the root module
@@ -67,8 +69,8 @@ class ModuleTracker:
             return
         kwargs = rest[0] if len(rest) == 2 else {}
         if self.stack and self.stack[-1].path == path:
-            shapes = [(i, tuple(a.shape)) for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
-            shapes += [(k, tuple(v.shape)) for k, v in (kwargs or {}).items() if isinstance(v, torch.Tensor)]
+            shapes = [(i, shape_of(a)) for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
+            shapes += [(k, shape_of(v)) for k, v in (kwargs or {}).items() if isinstance(v, torch.Tensor)]
             self.inputs[self.stack[-1]] = tuple(shapes)
         error = sys.exc_info()[1]  # set while the always-called hook runs for a raising forward
         if error is not None and id(error) not in self._failed_in:

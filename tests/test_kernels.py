@@ -198,3 +198,18 @@ def test_convolutions(make, shape, expected, mode):
     prof = count(make(), torch.randn(*shape), mode=mode)
     assert prof.total() == expected
     assert set(prof.by_op()) == {"aten.convolution"}
+
+
+def test_nested_tensor_fast_path_counts_only_real_tokens():
+    """nn.TransformerEncoder in eval with a padding mask runs on nested tensors: no work on padding."""
+    E, h, F_, L = 32, 4, 64, 2
+    torch.manual_seed(0)
+    encoder = nn.TransformerEncoder(nn.TransformerEncoderLayer(E, h, F_, batch_first=True), L).eval()
+    lengths = (6, 4)
+    mask = torch.tensor([[False] * 6, [False] * 4 + [True] * 2])
+    with torch.no_grad(), pytest.warns(UserWarning):  # torch: nested tensors are a prototype
+        prof = flopscope.profile(encoder, torch.randn(2, 6, E), src_key_padding_mask=mask, mode="real")
+    assert prof.op_calls()["aten._transformer_encoder_layer_fwd"] == L
+    assert prof.total() == L * sum(n * (4 * E * E + 2 * E * F_) + 2 * n * n * E for n in lengths)
+    assert prof.by_role()["attn_scores"] == L * sum(n * n * E for n in lengths)
+    assert prof.unsupported() == {}
