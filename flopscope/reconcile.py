@@ -304,6 +304,9 @@ def _attention_rows(block: str, measured: Mapping[str, int], facts: ModelFacts, 
         useful["attn_weighted_sum"] += batch * pairs * d_q
         basis = (f"B={batch} n_q={n_q} n_k={n_k} d={d} {hyper.source}"
                  f"{' causal' if causal else ''}{f' window={window}' if window else ''}")
+    if not predicted:  # no call input of the declared width: the block's interface is not the usual one
+        return [ReconcileRow(block, r, measured[r], None, TERMS[r], reason=f"unrecognised block: no input of "
+                             f"width d={hyper.d} among its call's inputs") for r in present]
     rows = []
     for role in ATTENTION_ROLES:
         if role not in measured and not predicted.get(role):
@@ -377,6 +380,9 @@ def _ffn_rows(block: str, measured: Mapping[str, int], facts: ModelFacts, calls:
             tokens += t[0] * t[1]
     if spec is not None and spec.n is not None:
         tokens = (spec.batch or 1) * spec.n
+    if not tokens:
+        return [ReconcileRow(block, r, measured[r], None, TERMS[r], reason=f"unrecognised block: no input of "
+                             f"width d={d} among its call's inputs") for r in present]
     predicted = {"ffn_up": tokens * top_k * d * d_ff, "ffn_down": tokens * top_k * d_ff * d}
     if gated:
         predicted["ffn_gate"] = tokens * top_k * d * d_ff
