@@ -74,7 +74,8 @@ RULES: dict[Any, ElementwiseRule] = {
                      aten.upsample_linear1d, aten.upsample_bilinear2d, aten.upsample_bicubic2d,
                      aten.upsample_trilinear3d, aten._upsample_nearest_exact1d, aten._upsample_nearest_exact2d,
                      aten._upsample_bilinear2d_aa, aten.grid_sampler_2d, aten.mkldnn_max_pool2d,
-                     aten.max_pool2d, aten.max_pool1d, aten.multinomial], _REDUCTION),
+                     aten.max_pool2d, aten.max_pool1d, aten.multinomial, aten.cummax, aten.cummin,
+                     aten.isin], _REDUCTION),
     **dict.fromkeys([aten.native_dropout, aten.bernoulli, aten.bernoulli_], _DROPOUT),
     # losses (only their backward is recorded: the loss runs outside the model's modules)
     **dict.fromkeys([aten.nll_loss_forward, aten.nll_loss2d_forward, aten.mse_loss, aten.binary_cross_entropy,
