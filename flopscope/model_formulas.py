@@ -159,9 +159,8 @@ def _tokens(prof: Profile) -> tuple[int, int]:
         if call.path == "":
             for key, shape in shapes:
                 if key in (0, "input_ids", "inputs_embeds", "decoder_input_ids") and len(shape) >= 2:
-                    seq = shape[-2] if key == "inputs_embeds" else shape[-1]
-                    batch = shape[0]
-                    return batch * seq, seq
+                    ids = shape[:-1] if key == "inputs_embeds" else shape  # token ids: [*batch, n]
+                    return prod(ids), ids[-1]
     raise FlopscopeError("model-level formulas need token ids (or inputs_embeds) as the model's input")
 
 
