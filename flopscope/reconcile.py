@@ -196,6 +196,9 @@ def _attention_hyper(block: str, facts: ModelFacts, spec: TransformerSpec | None
     attr = _first_attr(facts, paths)
     source = "module attributes"
     d = attr("embed_dim", "hidden_size", "d_model", "embed_size", "all_head_size", "inner_dim")
+    q_modules = role_modules.get("q_proj", set())
+    if d is None and len(q_modules) == 1:  # the query projection's declared input width (a stage's own d)
+        d = facts.attr(next(iter(q_modules)), "in_features", "nx")
     h = attr("num_heads", "num_attention_heads", "n_heads", "n_head", "num_attention_heads_per_partition", "h")
     n_kv = attr("num_key_value_heads", "num_kv_heads", "n_kv_heads", "num_key_value_heads_per_partition")
     groups = attr("num_key_value_groups")

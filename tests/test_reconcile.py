@@ -152,3 +152,14 @@ def test_multihead_attention_options_are_predicted_from_its_declaration(options)
     assert scores.measured == n_q * (n_k + appended) * E
     k_proj = next(r for r in result.rows if r.role == "k_proj")
     assert k_proj.measured == n_k * k_in * E
+
+
+def test_stages_of_different_widths_use_each_blocks_own_declaration():
+    """Swin: the width doubles per stage; the config's hidden_size is only the last stage's."""
+    config = transformers.SwinConfig(image_size=32, patch_size=4, embed_dim=16, depths=[1, 1], num_heads=[2, 4],
+                                     window_size=4)
+    result = reconcile(transformers.SwinModel(config), torch.randn(1, 3, 32, 32))
+    assert result.all_exact(), result.to_table()
+    first = next(r for r in result.rows if r.block == "encoder.layers.0.blocks.0.attention" and r.role == "q_proj")
+    windows, area, width = (32 // 4 // 4) ** 2, 4 * 4, 16  # 4 windows of 4x4 patches, stage-0 width 16
+    assert first.predicted == windows * area * width * width
