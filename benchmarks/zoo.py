@@ -268,32 +268,27 @@ def _fix_mrope(cfg: Any, uses_mrope: bool) -> None:
             rp["mrope_section"] = scaled
 
 
+def _cap(c: Any, attrs: dict[str, Any], keys: Any, cap: int) -> None:
+    """Lower every integer config field in ``keys`` that exceeds ``cap`` to ``cap``."""
+    for k in keys:
+        if _is_int(attrs.get(k)) and attrs[k] > cap:
+            _set(c, k, cap)
+
+
 def _shrink_widths(c: Any) -> None:
     attrs = vars(c)
     heads = next((attrs[k] for k in HEAD_KEYS if _is_int(attrs.get(k))), None)
     rope_is_head_dim = _is_int(attrs.get("head_dim")) and attrs.get("head_dim") == attrs.get("qk_rope_head_dim")
     kv = next((attrs[k] for k in KV_HEAD_KEYS if _is_int(attrs.get(k))), None)
-    for k in WIDTH_KEYS:
-        if _is_int(attrs.get(k)) and attrs[k] > HIDDEN:
-            _set(c, k, HIDDEN)
-    for k in HEAD_KEYS:
-        if _is_int(attrs.get(k)) and attrs[k] > HEADS:
-            _set(c, k, HEADS)
+    for keys, cap in [(WIDTH_KEYS, HIDDEN), (HEAD_KEYS, HEADS)]:
+        _cap(c, attrs, keys, cap)
     for k in KV_HEAD_KEYS:
         if _is_int(attrs.get(k)):
             _set(c, k, HEADS if heads is None or kv == heads else (1 if kv == 1 else 2))
-    for k in HEAD_DIM_KEYS:
-        if _is_int(attrs.get(k)) and attrs[k] > HIDDEN // HEADS:
-            _set(c, k, HIDDEN // HEADS)
-    for k in INTER_KEYS:
-        if _is_int(attrs.get(k)) and attrs[k] > INTER:
-            _set(c, k, INTER)
-    for k in SMALL_INTER_KEYS:
-        if _is_int(attrs.get(k)) and attrs[k] > HIDDEN:
-            _set(c, k, HIDDEN)
+    for keys, cap in [(HEAD_DIM_KEYS, HIDDEN // HEADS), (INTER_KEYS, INTER), (SMALL_INTER_KEYS, HIDDEN)]:
+        _cap(c, attrs, keys, cap)
     for k, v in SMALL_KEYS.items():
-        if _is_int(attrs.get(k)) and attrs[k] > v:
-            _set(c, k, v)
+        _cap(c, attrs, (k,), v)
     for k in LIST_SCALE_KEYS:
         v = attrs.get(k)
         if isinstance(v, (list, tuple)) and v and all(_is_int(x) for x in v) and max(v) > HIDDEN:

@@ -110,16 +110,11 @@ class profiler(Profile):  # noqa: N801  (used as a context manager, like torch.p
 
     def __enter__(self) -> profiler:
         self._tracker = ModuleTracker(self._model)
-        if self._mode == "fake":  # the model's parameters and buffers are swapped for fake ones in the block
-            convert = FakeConverter(FakeTensorMode(allow_non_fake_inputs=True))
-            state = {name: convert(t) for name, t in _named_state(self._model)}
-            self._recorder = Recorder(self._tracker, self._registry, _state_names(self._model, convert))
-            self._recorder.fake = True
+        convert = FakeConverter(FakeTensorMode(allow_non_fake_inputs=True)) if self._mode == "fake" else None
+        self._recorder, state = _make_recorder(self._model, self._tracker, self._registry, convert)
+        if convert is not None:  # the model's parameters and buffers are swapped for fake ones in the block
             self._stack.enter_context(_reparametrize_module(self._model, state, tie_weights=True))
             self._stack.enter_context(convert.mode)
-        else:
-            self._recorder = Recorder(self._tracker, self._registry, _state_names(self._model, lambda t: t))
-            self._recorder.timed = True
         self._stack.enter_context(self._tracker)
         self._stack.enter_context(self._recorder)
         return self
@@ -144,25 +139,18 @@ def _run(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], option
          converter: FakeConverter | None = None) -> Profile:
     """One counted forward (and backward). ``converter`` reuses a fake mode and its converted state across
     calls (a sweep)."""
-    registry = options.registry
     facts = read_facts(model)
     snapshot = ModelSnapshot(model, buffer_values=not fake, grads=options.backward and not fake)
     tracker = ModuleTracker(model)
     try:
         with ExitStack() as stack:
             stack.enter_context(paused_gc())
-            if fake:
+            convert = (converter or FakeConverter(FakeTensorMode(allow_non_fake_inputs=True))) if fake else None
+            recorder, state = _make_recorder(model, tracker, options.registry, convert)
+            if convert is not None:
                 stack.enter_context(_quiet_fake_tensor_log())
-                convert = converter or FakeConverter(FakeTensorMode(allow_non_fake_inputs=True))
-                fake_mode = convert.mode
-                state = {name: convert(t) for name, t in _named_state(model)}
                 args, kwargs = map_tensors((args, kwargs), convert)
-                recorder = Recorder(tracker, registry, _state_names(model, convert))
-                recorder.fake = True
-                stack.enter_context(fake_mode)
-            else:
-                recorder = Recorder(tracker, registry, _state_names(model, lambda t: t))
-                recorder.timed = True
+                stack.enter_context(convert.mode)
             recorder.add_leaf_names(_input_names(model, args, kwargs))
             stack.enter_context(tracker)
             stack.enter_context(recorder)
@@ -183,6 +171,19 @@ def _run(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], option
                    decomposed=recorder.decomposed, role_rules=options.roles)
     _warn_unsupported(prof)
     return prof
+
+
+def _make_recorder(model: nn.Module, tracker: ModuleTracker, registry: FormulaRegistry,
+                   convert: FakeConverter | None) -> tuple[Recorder, dict[str, torch.Tensor]]:
+    """The recorder of one run (timing ops when real), and for a fake run the model's state as fake tensors."""
+    if convert is None:
+        recorder = Recorder(tracker, registry, _state_names(model, lambda t: t))
+        recorder.timed = True
+        return recorder, {}
+    state = {name: convert(t) for name, t in _named_state(model)}
+    recorder = Recorder(tracker, registry, _state_names(model, convert))
+    recorder.fake = True
+    return recorder, state
 
 
 def _backward(model: nn.Module, output: Any, loss: Callable[[Any], torch.Tensor] | None, recorder: Recorder) -> None:

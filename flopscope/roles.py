@@ -268,12 +268,10 @@ class RoleFinder:
         self.groups.append(("attention", members))
 
     def _demand_projections(self, operand: fx.Node, role: str) -> set[fx.Node]:
-        found = set()
-        for p in self._nearest_macs_before(operand):
-            if self._is_weight_matmul(p) and (p not in self.result or p in self.demands):
-                self.demands.setdefault(p, []).append((operand, role))
-                found.add(p)
-        return found
+        found = self._projections_of(operand, role)
+        for p, target, demanded in found:
+            self.demands.setdefault(p, []).append((target, demanded))
+        return {p for p, _, _ in found}
 
     def _demand_out_proj(self, output: fx.Node) -> set[fx.Node]:
         found = set()
