@@ -21,7 +21,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
-import flopscope  # noqa: E402
+import flopscope
 
 
 def main() -> None:

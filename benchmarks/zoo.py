@@ -38,6 +38,7 @@ Writes a markdown report (default ``benchmarks/zoo_report.md``) and prints a sum
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import inspect
 import json
@@ -92,7 +93,8 @@ SMALL_KEYS = {"num_experts_per_tok": 2, "moe_k": 2, "num_experts_per_token": 2, 
               "first_k_dense_replace": 1, "num_nextn_predict_layers": 0, "index_n_heads": 2, "index_topk": 8,
               "linear_num_key_heads": 2, "linear_num_value_heads": 4, "max_source_positions": 32,
               "max_target_positions": 64, "num_queries": 16, "num_denoising": 0, "mamba_d_state": 16,
-              "state_size": 16, "mamba_n_heads": 8, "mamba_chunk_size": 16, "mamba_d_head": 16, "chunk_size": 16, "time_step_rank": 8,
+              "state_size": 16, "mamba_n_heads": 8, "mamba_chunk_size": 16, "mamba_d_head": 16,
+              "chunk_size": 16, "time_step_rank": 8,
               "num_kv_shared_layers": 0, "sliding_window": 8, "local_attention": 8, "window_size": 4,
               "num_position_embeddings": 64, "image_seq_length": 16, "mm_tokens_per_image": 16}
 LIST_SCALE_KEYS = ("hidden_sizes", "embed_dims", "dims", "embed_dim_per_stage", "backbone_channel_list",
@@ -120,10 +122,8 @@ def _sub_configs(cfg: Any) -> list[Any]:
 
 
 def _set(c: Any, key: str, value: Any) -> None:
-    try:
+    with contextlib.suppress(Exception):  # read-only property on some configs
         setattr(c, key, value)
-    except Exception:  # read-only property on some configs
-        pass
 
 
 def _is_int(v: Any) -> bool:
@@ -177,7 +177,8 @@ def _shrink_depth(c: Any) -> None:
     for k in keys:
         _set(c, k, LAYERS)
     per_layer = {k: v for k, v in attrs.items()
-                 if isinstance(v, (list, tuple)) and len(v) in old and k not in LIST_SCALE_KEYS and not k.startswith("_")}
+                 if isinstance(v, (list, tuple)) and len(v) in old
+                 and k not in LIST_SCALE_KEYS and not k.startswith("_")}
     index_lists = {k: v for k, v in attrs.items() if k in INDEX_LIST_KEYS and isinstance(v, (list, tuple))
                    and v and all(_is_int(x) for x in v)}
     features: dict[int, set[tuple[str, str]]] = {}
@@ -254,7 +255,9 @@ def _fix_mrope(cfg: Any, uses_mrope: bool) -> None:
             continue
         hidden = next((vars(c)[k] for k in WIDTH_KEYS if _is_int(vars(c).get(k))), None)
         heads = next((vars(c)[k] for k in HEAD_KEYS if _is_int(vars(c).get(k))), None)
-        head_dim = vars(c).get("head_dim") if _is_int(vars(c).get("head_dim")) else (hidden // heads if hidden and heads else None)
+        head_dim = vars(c).get("head_dim")
+        if not _is_int(head_dim):
+            head_dim = hidden // heads if hidden and heads else None
         if not head_dim or (hidden is None and "mrope_section" not in rp):
             continue
         factor = rp.get("partial_rotary_factor", vars(c).get("partial_rotary_factor", 1.0)) or 1.0
@@ -298,7 +301,7 @@ def _shrink_widths(c: Any) -> None:
     # multi-head latent attention: keep head_dim / qk_head_dim consistent with the rope / nope split
     if rope_is_head_dim:
         _set(c, "head_dim", attrs["qk_rope_head_dim"])
-    if _is_int(attrs.get("qk_head_dim")) and _is_int(attrs.get("qk_rope_head_dim")) and _is_int(attrs.get("qk_nope_head_dim")):
+    if all(_is_int(attrs.get(k)) for k in ("qk_head_dim", "qk_rope_head_dim", "qk_nope_head_dim")):
         _set(c, "qk_head_dim", attrs["qk_rope_head_dim"] + attrs["qk_nope_head_dim"])
     # list-valued head counts (Swin-style stages): keep them dividing the stage widths
     for k in ("num_heads", "num_attention_heads", "num_attention_heads_per_stage"):
@@ -394,10 +397,7 @@ def input_candidates(model: Any, cfg: Any) -> list[dict[str, Any]]:
         return torch.tensor(allowed)[pick]
 
     text = {"input_ids": ids()}
-    if "decoder_input_ids" in params:
-        text_dec = {"decoder_input_ids": ids()}
-    else:
-        text_dec = {}
+    text_dec = {"decoder_input_ids": ids()} if "decoder_input_ids" in params else {}
     size = _find(cfg, "image_size", "img_size", prefer="vision") or IMAGE
     size = tuple(size) if isinstance(size, (list, tuple)) else (int(size), int(size))
     channels = _find(cfg, "num_channels", "in_channels", "in_chans", prefer="vision")
@@ -460,12 +460,12 @@ def input_candidates(model: Any, cfg: Any) -> list[dict[str, Any]]:
 # --------------------------------------------------------------------------------------------------
 # one architecture (runs in a worker)
 # --------------------------------------------------------------------------------------------------
-class Timeout(Exception):
+class StageTimeoutError(Exception):
     pass
 
 
 def _alarm(signum: int, frame: Any) -> None:
-    raise Timeout("timed out")
+    raise StageTimeoutError("timed out")
 
 
 def _short(e: BaseException, limit: int = 300) -> str:
@@ -496,6 +496,7 @@ def _set_eager(model: Any) -> list[str]:
 
 def _profile(model: Any, inputs: dict[str, Any], grad: bool) -> dict[str, Any]:
     import torch
+
     import flopscope
     out: dict[str, Any] = {}
     with warnings.catch_warnings(record=True) as caught:
@@ -510,7 +511,7 @@ def _profile(model: Any, inputs: dict[str, Any], grad: bool) -> dict[str, Any]:
             cause = e.__cause__
             out["error_cause"] = _short(cause, 200) if cause is not None else None
             return out
-        except Timeout:
+        except StageTimeoutError:
             raise
         except Exception as e:  # not a FlopscopeError: a bug in flopscope (or the model)
             out["error"] = "non-flopscope " + _short(e, 400)
@@ -545,7 +546,7 @@ def _reference(model: Any, inputs: dict[str, Any]) -> dict[str, Any]:
             with torch.set_grad_enabled(grad), fc:
                 model(**inputs)
             break
-        except Timeout:
+        except StageTimeoutError:
             raise
         except Exception as e:
             if not grad:
@@ -556,7 +557,6 @@ def _reference(model: Any, inputs: dict[str, Any]) -> dict[str, Any]:
 
 
 def _eager_context() -> Any:
-    import contextlib
     import torch
     from torch.nn.attention import SDPBackend, sdpa_kernel
     stack = contextlib.ExitStack()
@@ -606,7 +606,7 @@ def run_arch(model_type: str, class_name: str, timeout: int, max_params: int) ->
                 continue
             try:
                 model = _build(cls, cfg, level, max_params)
-            except Timeout:
+            except StageTimeoutError:
                 raise
             except Exception as e:
                 attempts.append(f"L{level} build: {_short(e, 200)}")
@@ -624,7 +624,7 @@ def run_arch(model_type: str, class_name: str, timeout: int, max_params: int) ->
                         model(**cand)
                     inputs = cand
                     break
-                except Timeout:
+                except StageTimeoutError:
                     raise
                 except Exception as e:
                     errors.append(_short(e, 200))
@@ -648,16 +648,17 @@ def run_arch(model_type: str, class_name: str, timeout: int, max_params: int) ->
         with _eager_context():
             try:
                 res["ref"] = _reference(model, inputs)
-            except Timeout:
+            except StageTimeoutError:
                 raise
             except Exception as e:
                 res["ref"] = {"error": _short(e, 300)}
             res["fs_eager"] = _profile(model, inputs, grad=True)
         res["status"] = classify(res)
-    except Timeout:
+    except StageTimeoutError:
         res["status"] = "timeout"
-        res["reason"] = f"over {timeout} s (stage reached: {', '.join(k for k in ('fs', 'ref', 'fs_eager') if k in res) or 'build/probe'})"
-    except BaseException as e:  # noqa: BLE001
+        reached = ", ".join(k for k in ("fs", "ref", "fs_eager") if k in res) or "build/probe"
+        res["reason"] = f"over {timeout} s (stage reached: {reached})"
+    except BaseException as e:
         res["status"] = "crash"
         res["reason"] = _short(e, 300)
         res["traceback"] = traceback.format_exc()[-1500:]
@@ -679,6 +680,7 @@ def classify(res: dict[str, Any]) -> str:
 
 def _worker(conn: Any, timeout: int, max_params: int, threads: int) -> None:
     import logging
+
     import torch
     torch.set_num_threads(threads)
     warnings.filterwarnings("ignore")
@@ -779,10 +781,8 @@ def sweep(archs: list[tuple[str, str]], jobs: int, timeout: int, max_params: int
                 spawn()
                 assign(list(workers)[-1])
     for conn, w in workers.items():
-        try:
+        with contextlib.suppress(Exception):
             conn.send(None)
-        except Exception:
-            pass
         w["proc"].join(5)
         if w["proc"].is_alive():
             w["proc"].kill()
@@ -870,8 +870,9 @@ def write_report(results: list[dict[str, Any]], path: Path, elapsed: float, args
     lines = ["# flopscope model zoo sweep", "",
              f"{len(results)} base architectures of transformers "
              f"{__import__('transformers').__version__}, torch {__import__('torch').__version__}; "
-             f"{args.jobs} job(s), {elapsed / 60:.1f} min. Tiny configs (hidden {HIDDEN}, {LAYERS} layers, {HEADS} heads, "
-             f"intermediate {INTER}, vocab {VOCAB}, {TOKENS} tokens, images {IMAGE}x{IMAGE}, batch 1).", "",
+             f"{args.jobs} job(s), {elapsed / 60:.1f} min. Tiny configs (hidden {HIDDEN}, {LAYERS} layers, "
+             f"{HEADS} heads, intermediate {INTER}, vocab {VOCAB}, {TOKENS} tokens, "
+             f"images {IMAGE}x{IMAGE}, batch 1).", "",
              "- **flopscope**: `flopscope.profile(model, mode='auto')` under `no_grad`, model as built (SDPA, "
              "grouped-mm experts, oneDNN on).",
              "- **reference**: `FlopCounterMode` total // 2 with eager attention, eager experts, SDPA math kernel, "
@@ -936,7 +937,8 @@ def print_summary(results: list[dict[str, Any]], elapsed: float) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--only", help="comma-separated model types (e.g. bert,gpt2,whisper)")
     ap.add_argument("--jobs", type=int, default=2, help="worker processes (default 2)")
     ap.add_argument("--report", default=str(Path(__file__).with_name("zoo_report.md")), help="markdown report path")
