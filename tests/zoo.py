@@ -31,11 +31,11 @@ class Case:
         return sum(self.roles.values())
 
 
-def _randn(*shape: int, seed: int = 0) -> torch.Tensor:
+def seeded_randn(*shape: int, seed: int = 0) -> torch.Tensor:
     return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
 
 
-def _ids(B: int, n: int, vocab: int, device: str | None = None) -> torch.Tensor:
+def token_ids(B: int, n: int, vocab: int, device: str | None = None) -> torch.Tensor:
     if device == "meta":
         return torch.zeros((B, n), dtype=torch.long, device="meta")
     return torch.randint(0, vocab, (B, n), generator=torch.Generator().manual_seed(n))
@@ -85,18 +85,21 @@ class HandAttention(nn.Module):
         return self.o(y.transpose(1, 2).reshape(B, n, d))
 
 
-def _module(make: Callable[[], nn.Module], *args: Any) -> Callable[[], tuple[nn.Module, tuple[Any, ...], dict]]:
+def module_case(make: Callable[[], nn.Module], *args: Any) -> Callable[[], tuple[nn.Module, tuple[Any, ...], dict]]:
     def build() -> tuple[nn.Module, tuple[Any, ...], dict]:
         torch.manual_seed(0)
         return make().eval(), args, {}
     return build
 
 
-def _hf_case(cls: str, cfg: str, inputs: Callable[[], Any], attn: str | None = None, **config: Any):
+def hf_case(cls: str, cfg: str, inputs: Callable[[], Any], attn: str | None = None, **config: Any):
     def build() -> tuple[nn.Module, tuple[Any, ...], dict]:
         return hf(cls, cfg, attn, **config), (inputs(),), {}
     return build
 
+
+# old private names, until tests/test_peers.py imports the public ones
+_randn, _ids, _hf_case = seeded_randn, token_ids, hf_case
 
 MHA = attention(1, N, N, D, H)
 BERT = add(times(12, add(attention(1, N, N, 768, 12), ffn(1, N, 768, 3072))), {"other": 768 * 768})  # + pooler
@@ -111,40 +114,40 @@ LLAMA4_CFG = dict(hidden_size=512, intermediate_size=1376, num_hidden_layers=4, 
                   num_key_value_heads=2, vocab_size=32000, max_position_embeddings=2048, use_cache=False)
 
 CASES: dict[str, Case] = {
-    "1a_mha_seqfirst_weights": Case(_module(lambda: SelfAttnMHA(D, H), _randn(N, 1, D)), MHA),
-    "1b_mha_sdpa": Case(_module(lambda: SelfAttnMHA(D, H, need_weights=False), _randn(N, 1, D)), MHA),
-    "1c_mha_fastpath": Case(_module(lambda: SelfAttnMHA(D, H, batch_first=True, need_weights=False),
-                                    _randn(1, N, D)), MHA, must_run={"aten._native_multi_head_attention"}),
-    "1d_mha_nofastpath": Case(_module(lambda: SelfAttnMHA(D, H, batch_first=True), _randn(1, N, D)), MHA,
+    "1a_mha_seqfirst_weights": Case(module_case(lambda: SelfAttnMHA(D, H), seeded_randn(N, 1, D)), MHA),
+    "1b_mha_sdpa": Case(module_case(lambda: SelfAttnMHA(D, H, need_weights=False), seeded_randn(N, 1, D)), MHA),
+    "1c_mha_fastpath": Case(module_case(lambda: SelfAttnMHA(D, H, batch_first=True, need_weights=False),
+                                    seeded_randn(1, N, D)), MHA, must_run={"aten._native_multi_head_attention"}),
+    "1d_mha_nofastpath": Case(module_case(lambda: SelfAttnMHA(D, H, batch_first=True), seeded_randn(1, N, D)), MHA,
                               fastpath=False),
     "2a_encoder_layer_fastpath": Case(
-        _module(lambda: nn.TransformerEncoderLayer(D, H, 2048, batch_first=True), _randn(1, N, D)),
+        module_case(lambda: nn.TransformerEncoderLayer(D, H, 2048, batch_first=True), seeded_randn(1, N, D)),
         add(MHA, ffn(1, N, D, 2048)), must_run={"aten._transformer_encoder_layer_fwd"}),
     "2b_encoder_layer_nofastpath": Case(
-        _module(lambda: nn.TransformerEncoderLayer(D, H, 2048, batch_first=True), _randn(1, N, D)),
+        module_case(lambda: nn.TransformerEncoderLayer(D, H, 2048, batch_first=True), seeded_randn(1, N, D)),
         add(MHA, ffn(1, N, D, 2048)), fastpath=False),
-    "3a_hand_matmul": Case(_module(lambda: HandAttention(kind="matmul"), _randn(1, N, D)), MHA),
-    "3b_hand_at": Case(_module(lambda: HandAttention(kind="at"), _randn(1, N, D)), MHA),
-    "3c_hand_sdpa": Case(_module(lambda: HandAttention(kind="sdpa"), _randn(1, N, D)), MHA,
+    "3a_hand_matmul": Case(module_case(lambda: HandAttention(kind="matmul"), seeded_randn(1, N, D)), MHA),
+    "3b_hand_at": Case(module_case(lambda: HandAttention(kind="at"), seeded_randn(1, N, D)), MHA),
+    "3c_hand_sdpa": Case(module_case(lambda: HandAttention(kind="sdpa"), seeded_randn(1, N, D)), MHA,
                          must_run={"aten._scaled_dot_product_flash_attention_for_cpu"}),
-    "4a_bert_base_sdpa": Case(_hf_case("BertModel", "BertConfig", lambda: _ids(1, N, 30522), **BERT_CFG), BERT,
+    "4a_bert_base_sdpa": Case(hf_case("BertModel", "BertConfig", lambda: token_ids(1, N, 30522), **BERT_CFG), BERT,
                               must_run={"aten._scaled_dot_product_flash_attention_for_cpu"}),
-    "4b_bert_base_eager": Case(_hf_case("BertModel", "BertConfig", lambda: _ids(1, N, 30522), "eager", **BERT_CFG),
+    "4b_bert_base_eager": Case(hf_case("BertModel", "BertConfig", lambda: token_ids(1, N, 30522), "eager", **BERT_CFG),
                                BERT),
-    "5_gpt2": Case(_hf_case("GPT2Model", "GPT2Config", lambda: _ids(1, N, 50257), n_embd=768, n_layer=12,
+    "5_gpt2": Case(hf_case("GPT2Model", "GPT2Config", lambda: token_ids(1, N, 50257), n_embd=768, n_layer=12,
                             n_head=12, use_cache=False), GPT2,
                    must_run={"aten._scaled_dot_product_flash_attention_for_cpu"}),
-    "6a_llama4_sdpa": Case(_hf_case("LlamaModel", "LlamaConfig", lambda: _ids(1, N, 32000), **LLAMA4_CFG), LLAMA4,
+    "6a_llama4_sdpa": Case(hf_case("LlamaModel", "LlamaConfig", lambda: token_ids(1, N, 32000), **LLAMA4_CFG), LLAMA4,
                            must_run={"aten._scaled_dot_product_flash_attention_for_cpu"}),
-    "6b_llama4_eager": Case(_hf_case("LlamaModel", "LlamaConfig", lambda: _ids(1, N, 32000), "eager",
+    "6b_llama4_eager": Case(hf_case("LlamaModel", "LlamaConfig", lambda: token_ids(1, N, 32000), "eager",
                                      **LLAMA4_CFG), LLAMA4),
-    "7_vit_base": Case(_hf_case("ViTModel", "ViTConfig", lambda: _randn(1, 3, 224, 224), image_size=224,
+    "7_vit_base": Case(hf_case("ViTModel", "ViTConfig", lambda: seeded_randn(1, 3, 224, 224), image_size=224,
                                 patch_size=16, **BERT_CFG), VIT,
                        must_run={"aten._scaled_dot_product_flash_attention_for_cpu"}),
-    "8_conv1d_x4": Case(_module(lambda: nn.Sequential(*[nn.Conv1d(512, 512, 5, padding=2) for _ in range(4)]),
-                                _randn(1, 512, N)),
+    "8_conv1d_x4": Case(module_case(lambda: nn.Sequential(*[nn.Conv1d(512, 512, 5, padding=2) for _ in range(4)]),
+                                seeded_randn(1, 512, N)),
                         {"conv": 4 * 1 * 512 * conv_out(N, k=5, pad=2) * 512 * 5}),
-    "9_lstm": Case(_module(lambda: nn.LSTM(512, 512), _randn(N, 1, 512)),
+    "9_lstm": Case(module_case(lambda: nn.LSTM(512, 512), seeded_randn(N, 1, 512)),
                    {"recurrent": rnn(B=1, n=N, gates=4, d_in=512, d_h=512)},
                    must_run={"aten.mkldnn_rnn_layer"}),
 }
@@ -157,4 +160,4 @@ def llama_7b_on_meta() -> tuple[nn.Module, torch.Tensor]:
     model = hf("LlamaModel", "LlamaConfig", device="meta", hidden_size=c["d"], intermediate_size=c["d_ff"],
                num_hidden_layers=c["L"], num_attention_heads=c["h"], num_key_value_heads=c["h"],
                vocab_size=c["vocab"], max_position_embeddings=4096)
-    return model, _ids(1, c["n"], c["vocab"], device="meta")
+    return model, token_ids(1, c["n"], c["vocab"], device="meta")
