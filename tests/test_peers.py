@@ -14,10 +14,14 @@ from typing import Any
 
 import pytest
 import torch
+from closed_forms import add, attention, ffn, rnn, times, total
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode, flop_registry
+from zoo import CASES, MHA, Case, D, H, N
+from zoo import hf_case as _hf_case
+from zoo import seeded_randn as _randn
+from zoo import token_ids as _ids
 
-from closed_forms import add, attention, ffn, rnn, times, total
 from flopscope.peers import (
     Crosscheck,
     Difference,
@@ -28,7 +32,6 @@ from flopscope.peers import (
     fvcore_handles,
     thop_custom_ops,
 )
-from zoo import CASES, D, H, MHA, N, Case, _hf_case, _ids, _randn
 
 pytest.importorskip("transformers")
 aten = torch.ops.aten
