@@ -7,11 +7,11 @@ import warnings
 
 import pytest
 import torch
+from closed_forms import add, attention, ffn, times
 from torch import nn
 from torch.nn.modules import module as nn_module
 
 import flopscope
-from closed_forms import add, attention, ffn, times
 
 
 class TwoLayer(nn.Module):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 
@@ -62,7 +64,7 @@ def test_grouped_mm_runs_on_cpu_against_the_loop_of_mms():
             if self.grouped:
                 return torch._grouped_mm(x, self.w, offs=offs)
             bounds = [0, *offs.tolist()]
-            return torch.cat([x[s:e] @ self.w[i] for i, (s, e) in enumerate(zip(bounds, bounds[1:]))])
+            return torch.cat([x[s:e] @ self.w[i] for i, (s, e) in enumerate(itertools.pairwise(bounds))])
 
     x = torch.randn(12, 16, dtype=torch.bfloat16)
     offs = torch.tensor([3, 7, 12], dtype=torch.int32)
@@ -142,12 +144,13 @@ def test_triangular_solve_and_euclidean_distance():
 
     class Ops(torch.nn.Module):
         def forward(self, a, b, x, y):
-            return torch.linalg.solve_triangular(a, b, upper=False), torch.cdist(x, y,
-                                                                                 compute_mode="use_mm_for_euclid_dist")
+            triangular = torch.linalg.solve_triangular(a, b, upper=False)
+            return triangular, torch.cdist(x, y, compute_mode="use_mm_for_euclid_dist")
 
     a = torch.randn(2, 5, 5).tril() + 5 * torch.eye(5)
     prof = flopscope.profile(Ops(), a, torch.randn(2, 5, 3), torch.randn(4, 6), torch.randn(7, 6), mode="real")
-    assert prof.by_op() == {"aten.linalg_solve_triangular": 2 * 3 * (5 * 4 // 2), "aten._euclidean_dist": 4 * 7 * (6 + 2)}
+    assert prof.by_op() == {"aten.linalg_solve_triangular": 2 * 3 * (5 * 4 // 2),
+                            "aten._euclidean_dist": 4 * 7 * (6 + 2)}
 
 
 def test_bilinear_and_dynamic_int8_linear():

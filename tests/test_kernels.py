@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from closed_forms import conv_out, rnn
 from torch import nn
 
 import flopscope
-from closed_forms import conv_out, rnn
 
 
 def count(model: nn.Module, *args, mode: str = "real", **kwargs) -> flopscope.Profile:
@@ -29,11 +29,11 @@ RNN_CASES = [
 ]
 
 
-def rnn_closed_form(gates: int, T: int, B: int, d_in: int, d_h: int, num_layers: int = 1,
+def rnn_closed_form(gates: int, steps: int, batch: int, d_in: int, d_h: int, num_layers: int = 1,
                     bidirectional: bool = False, **_) -> int:
     dirs = 2 if bidirectional else 1
-    first = dirs * rnn(B, T, gates, d_in, d_h)
-    rest = (num_layers - 1) * dirs * rnn(B, T, gates, dirs * d_h, d_h)
+    first = dirs * rnn(batch, steps, gates, d_in, d_h)
+    rest = (num_layers - 1) * dirs * rnn(batch, steps, gates, dirs * d_h, d_h)
     return first + rest
 
 

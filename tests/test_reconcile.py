@@ -7,10 +7,10 @@ from fractions import Fraction
 
 import pytest
 import torch
+from zoo import CASES
 
 import flopscope
 from flopscope import TransformerSpec
-from zoo import CASES
 
 transformers = pytest.importorskip("transformers")
 

@@ -6,10 +6,10 @@ import warnings
 
 import pytest
 import torch
+from closed_forms import add, attention, ffn, times
 from torch import nn
 
 import flopscope
-from closed_forms import add, attention, ffn, times
 
 B, n, d, h = 2, 16, 64, 4
 

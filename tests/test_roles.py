@@ -8,13 +8,13 @@ import warnings
 import pytest
 import torch
 import torch.nn.functional as F
+from closed_forms import add, attention, ffn, times
 from torch import nn
+from zoo import CASES
 
 import flopscope
-from closed_forms import add, attention, ffn, times
 from flopscope import Role, RoleRule
 from flopscope.models import TransformerBlock
-from zoo import CASES
 
 transformers = pytest.importorskip("transformers")
 

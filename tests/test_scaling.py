@@ -1,4 +1,4 @@
-"""Exact polynomials in n: interpolation is exact and checked, and equals the closed forms coefficient by coefficient."""
+"""Exact polynomials in n: interpolation is exact and checked, and equals closed forms coefficient by coefficient."""
 
 from __future__ import annotations
 

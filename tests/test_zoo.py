@@ -7,11 +7,11 @@ import functools
 
 import pytest
 import torch
+from closed_forms import add, attention, ffn, times
 from torch.utils.flop_counter import FlopCounterMode
+from zoo import CASES, LLAMA_7B, llama_7b_on_meta
 
 import flopscope
-from closed_forms import add, attention, ffn, times
-from zoo import CASES, LLAMA_7B, llama_7b_on_meta
 
 pytest.importorskip("transformers")
 

@@ -12,9 +12,8 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch import nn
-
 from closed_forms import add, attention, conv_out, ffn, rnn, times
+from torch import nn
 
 D, H, N = 512, 8, 128  # width, heads and tokens of the small cases
 
@@ -35,10 +34,10 @@ def seeded_randn(*shape: int, seed: int = 0) -> torch.Tensor:
     return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
 
 
-def token_ids(B: int, n: int, vocab: int, device: str | None = None) -> torch.Tensor:
+def token_ids(batch: int, n: int, vocab: int, device: str | None = None) -> torch.Tensor:
     if device == "meta":
-        return torch.zeros((B, n), dtype=torch.long, device="meta")
-    return torch.randint(0, vocab, (B, n), generator=torch.Generator().manual_seed(n))
+        return torch.zeros((batch, n), dtype=torch.long, device="meta")
+    return torch.randint(0, vocab, (batch, n), generator=torch.Generator().manual_seed(n))
 
 
 def hf(cls: str, cfg: str, attn: str | None = None, device: str | None = None, **config: Any) -> nn.Module:
