@@ -1,4 +1,5 @@
-"""Capture: record every ATen op a forward executes into a ``torch.fx`` graph, with costs.
+"""Capture: record every ATen op a forward executes, with its costs, as :class:`CapturedOp` records
+that become a ``torch.fx`` graph on demand.
 
 :class:`Recorder` is a ``TorchDispatchMode``: it sees each op below autograd, after Python-level
 composites (``linear``, ``matmul``, ``einsum``, ``@``, ``F.scaled_dot_product_attention``) have
@@ -7,7 +8,8 @@ nodes that produced its input tensors (the dataflow), so later stages can follow
 views, transposes and splits. Parameters and buffers enter as ``get_attr`` nodes named by their
 qualified names; forward inputs and other outside tensors as ``placeholder`` nodes.
 
-``node.meta`` holds:
+Every node carries its :class:`CapturedOp` (read it with :func:`captured`). For users, ``node.meta``
+also holds these plain keys (written in one place, :func:`_public_meta`):
 
 - ``module``: path of the innermost module call running the op (``""`` is the root);
 - ``module_stack``: the :class:`~flopscope.module_tracker.ModuleCall` frames, outermost first;
@@ -16,14 +18,16 @@ qualified names; forward inputs and other outside tensors as ``placeholder`` nod
 - ``multiplies``: MACs of the op (0 for ops without a formula); ``multiply_parts``: the formula's
   ``{part: MACs}`` split for fused ops, else ``None``;
 - ``elementwise``: ``(category, ops)`` for elementwise work, else ``None``;
-- ``cost``: ``"formula"``, ``"elementwise"``, ``"zero"`` or ``"unsupported"``;
+- ``cost``: ``"formula"``, ``"elementwise"``, ``"zero"`` or ``"unsupported"`` (:class:`Cost`);
 - ``seconds``: wall time of the op (real mode only);
 - ``phase``: ``"forward"`` or ``"backward"``; a backward op also has ``forward``: the forward node whose
   autograd node ran it (matched by autograd sequence number), whose module stack it inherits;
 - ``value``: for small integer / boolean tensors whose values are known (index lists such as
-  ``x[..., [-1], :]``; real-mode results), a copy of the values, so later stages can replay indexing.
+  ``x[..., [-1], :]``; real-mode results), a copy of the values, so later stages can replay indexing;
+- ``leaf``: for get_attr / placeholder nodes, ``"parameter"``, ``"buffer"``, ``"input"`` or ``"constant"``.
 
-Ops run only while a module of the profiled model is on the stack are recorded.
+Ops run only while a module of the profiled model is on the stack are recorded. Units: see
+``docs/conventions.md``.
 """
 
 from __future__ import annotations
@@ -32,8 +36,10 @@ import operator
 import time
 import weakref
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
+from enum import Enum
 from typing import Any
 
 import torch
@@ -42,8 +48,46 @@ from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
 from . import elementwise, formulas
-from .formulas import FormulaRegistry, shape_of
-from .module_tracker import ModuleTracker
+from .elementwise import ElementwiseRule
+from .formulas import FormulaRegistry, OpSpec, shape_of
+from .module_tracker import ModuleCall, ModuleTracker
+
+Shape = tuple[int, ...]
+FORWARD, BACKWARD = "forward", "backward"
+"""The two phases of a capture (plain strings: they are keys of :meth:`Profile.by_phase`)."""
+
+
+class Cost(str, Enum):
+    """How an op's work is counted."""
+
+    FORMULA = "formula"  # a registered MAC formula (counted in total())
+    ELEMENTWISE = "elementwise"  # an elementwise rule (counted apart, never MACs)
+    ZERO = "zero"  # no arithmetic: views, data movement, allocation, lookups
+    UNSUPPORTED = "unsupported"  # none of the above: listed by Profile.unsupported()
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class LeafKind(str, Enum):
+    """Where a tensor that enters the forward from outside comes from."""
+
+    PARAMETER = "parameter"
+    BUFFER = "buffer"
+    INPUT = "input"
+    CONSTANT = "constant"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True, slots=True)
+class LeafName:
+    """The name of an outside tensor: a ``get_attr`` of a parameter or buffer, or a ``placeholder``."""
+
+    node_op: str  # "get_attr" or "placeholder"
+    name: str  # "encoder.weight", "input_ids"
+    kind: LeafKind
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,24 +96,62 @@ class OpFailure:
 
     op: str
     module: str
-    input_shapes: tuple[tuple[int, ...], ...]
+    input_shapes: tuple[Shape, ...]
 
     def describe(self) -> str:
         shapes = ", ".join(str(list(s)) for s in self.input_shapes) or "no tensor inputs"
         return f"op {self.op} in module '{self.module}' with input shapes {shapes}"
 
 
-def _classify(func: Any, registry: FormulaRegistry) -> tuple[Any, Any, str]:
-    """(formula, elementwise rule, cost) of an op; cost "decompose" means: try ``func.decompose()`` first."""
-    formula = registry.get(func)
-    if formula is not None:
-        return formula, None, "formula"
-    if elementwise.is_zero_cost(func):
-        return None, None, "zero"
-    rule = elementwise.rule_for(func)
-    if rule is not None:
-        return None, rule, "elementwise"
-    return None, None, "decompose"
+@dataclass(eq=False, slots=True)
+class CapturedOp:
+    """One recorded op (or one outside tensor: a leaf), before and after it becomes an fx node.
+
+    ``args`` / ``kwargs`` hold other :class:`CapturedOp` s where the op took a tensor (the dataflow).
+    The fx graph is built only when someone asks for it (:func:`build_graph`); counting totals needs
+    only these records. Units: ``multiplies`` in MACs, ``seconds`` wall time.
+    """
+
+    node_op: str  # fx node op: "call_function", "get_attr" or "placeholder"
+    target: Any  # the ATen op overload (call_function), or the leaf's name
+    args: Any
+    kwargs: Any
+    name: str
+    phase: str = FORWARD
+    module_stack: tuple[ModuleCall, ...] = ()
+    input_shapes: tuple[Shape, ...] = ()
+    output_shapes: tuple[Shape, ...] = ()
+    dtype: torch.dtype | None = None
+    cost: Cost = Cost.ZERO
+    spec: OpSpec | None = None  # the registry's entry for an op with a formula
+    multiplies: int = 0
+    parts: dict[str, int] | None = None  # {part: MACs} of a fused op's formula
+    elementwise: tuple[str, int] | None = None  # (category, elementwise ops)
+    seconds: float | None = None  # real mode: wall time of the kernel
+    forward: CapturedOp | None = None  # backward op: the forward op whose autograd node ran it
+    value: torch.Tensor | None = None  # a small index tensor's known values
+    leaf: LeafKind | None = None
+    node: fx.Node | None = None  # set by build_graph
+
+    @property
+    def module(self) -> str | None:
+        """Path of the innermost module call running the op (``None`` for a leaf)."""
+        return self.module_stack[-1].path if self.module_stack else None
+
+    @property
+    def op_name(self) -> str:
+        """``"aten.mm"`` for a call; the leaf's node op otherwise."""
+        return op_name(self.target) if self.node_op == "call_function" else self.node_op
+
+
+CAPTURED = "flopscope.op"
+"""The ``node.meta`` key of a node's :class:`CapturedOp`."""
+
+
+def captured(node: fx.Node) -> CapturedOp:
+    """The :class:`CapturedOp` behind a node of a captured graph."""
+    op: CapturedOp = node.meta[CAPTURED]
+    return op
 
 
 def op_name(func: Any) -> str:
@@ -77,84 +159,117 @@ def op_name(func: Any) -> str:
     return str(getattr(func, "overloadpacket", func))
 
 
-class Entry:
-    """One recorded op (or outside tensor) before it becomes an fx node: the fx graph is built only when
-    someone asks for it (:func:`build_graph`), since counting totals needs only the metadata."""
-
-    __slots__ = ("args", "kind", "kwargs", "meta", "name", "target")
-
-    def __init__(self, kind: str, target: Any, args: Any, kwargs: Any, name: str, meta: dict[str, Any]) -> None:
-        self.kind, self.target, self.args, self.kwargs, self.name, self.meta = kind, target, args, kwargs, name, meta
-
-
-def build_graph(entries: list[Entry]) -> fx.Graph:
-    """The fx graph of the recorded entries, in order; ``node.meta`` is the entry's metadata (with a
-    backward node's ``forward`` pointing at the forward *node*)."""
+def build_graph(ops: list[CapturedOp]) -> fx.Graph:
+    """The fx graph of the recorded ops, in order; each node's ``meta`` holds its :class:`CapturedOp`
+    under :data:`CAPTURED` and the public keys of the module docstring."""
     graph = fx.Graph()
-    nodes: dict[int, fx.Node] = {}
 
     def node_of(x: Any) -> Any:
-        if isinstance(x, Entry):
-            return nodes[id(x)]
+        if isinstance(x, CapturedOp):
+            return x.node
         if isinstance(x, (tuple, list)):
             return type(x)(node_of(v) for v in x)
         if isinstance(x, dict):
             return {k: node_of(v) for k, v in x.items()}
         return x
 
-    for entry in entries:
-        node = graph.create_node(entry.kind, entry.target, node_of(entry.args), node_of(entry.kwargs),
-                                 name=entry.name)
-        node.meta = entry.meta
-        nodes[id(entry)] = node
-    for entry in entries:
-        forward = entry.meta.get("forward")
-        if isinstance(forward, Entry):
-            entry.meta["forward"] = nodes[id(forward)]
+    for op in ops:
+        op.node = graph.create_node(op.node_op, op.target, node_of(op.args), node_of(op.kwargs), name=op.name)
+        op.node.meta = _public_meta(op)
     return graph
 
 
-class Recorder(TorchDispatchMode):
-    """Records ops as :class:`Entry` s while the tracker's model is running (:meth:`graph` builds fx).
+def _public_meta(op: CapturedOp) -> dict[str, Any]:
+    meta: dict[str, Any] = {
+        CAPTURED: op, "module": op.module, "module_stack": op.module_stack, "input_shapes": op.input_shapes,
+        "output_shapes": op.output_shapes, "dtype": op.dtype, "multiplies": op.multiplies,
+        "multiply_parts": op.parts, "elementwise": op.elementwise, "cost": op.cost.value, "phase": op.phase,
+    }
+    if op.seconds is not None:
+        meta["seconds"] = op.seconds
+    if op.forward is not None:
+        meta["forward"] = op.forward.node
+    if op.value is not None:
+        meta["value"] = op.value
+    if op.leaf is not None:
+        meta["leaf"] = op.leaf.value
+    return meta
 
-    ``leaf_names`` maps ``id(tensor)`` to ``(node op, name, leaf kind)`` for the tensors that enter the
-    forward from outside: ``("get_attr", "encoder.weight", "parameter" | "buffer")`` or
-    ``("placeholder", "input_ids", "input")``. Other outside tensors become ``placeholder`` nodes of
-    kind ``"constant"``; the kind is in ``node.meta["leaf"]``.
+
+@dataclass(frozen=True, slots=True)
+class _OpClass:
+    """How one op overload is counted (classified once per recorder)."""
+
+    cost: Cost
+    spec: OpSpec | None = None
+    rule: ElementwiseRule | None = None
+    decompose: bool = False  # no formula and no rule: try ``func.decompose()`` first
+
+
+def _classify(func: Any, registry: FormulaRegistry) -> _OpClass:
+    spec = registry.spec(func)
+    if spec is not None:
+        return _OpClass(Cost.FORMULA, spec=spec)
+    if elementwise.is_zero_cost(func):
+        return _OpClass(Cost.ZERO)
+    rule = elementwise.rule_for(func)
+    if rule is not None:
+        return _OpClass(Cost.ELEMENTWISE, rule=rule)
+    return _OpClass(Cost.UNSUPPORTED, decompose=True)
+
+
+_UNSUPPORTED = _OpClass(Cost.UNSUPPORTED)
+
+
+class Recorder(TorchDispatchMode):
+    """Records ops as :class:`CapturedOp` s while the tracker's model is running.
+
+    Args:
+        tracker: the module tracker of the profiled model (ops outside its modules are not recorded).
+        registry: formulas and families.
+        leaf_names: ``id(tensor)`` -> :class:`LeafName` for the tensors that enter the forward from outside
+            (parameters, buffers, inputs); other outside tensors become ``placeholder`` constants.
+        timed: record each op's wall time (real execution on the CPU: ops are synchronous).
+        fake: running on fake tensors: :data:`FAKE_SHAPE_RULES` stand in for over-strict fake kernels.
     """
 
-    def __init__(self, tracker: ModuleTracker, registry: FormulaRegistry,
-                 leaf_names: Mapping[int, tuple[str, str, str]]) -> None:
+    def __init__(self, tracker: ModuleTracker, registry: FormulaRegistry, leaf_names: Mapping[int, LeafName],
+                 *, timed: bool = False, fake: bool = False) -> None:
         super().__init__()
-        self.entries: list[Entry] = []
+        self.ops: list[CapturedOp] = []
         self.tracker = tracker
         self.registry = registry
         self.leaf_names = dict(leaf_names)
+        self.timed = timed
+        self.fake = fake
         self.unsupported: Counter[str] = Counter()
         self.decomposed: Counter[str] = Counter()
         self.failure: OpFailure | None = None
-        self.backward = False  # set while the backward pass runs: record ops outside any module call
-        self.timed = False  # record each op's wall time (real execution on the CPU: ops are synchronous)
-        self.fake = False  # running on fake tensors: FAKE_SHAPE_RULES stand in for over-strict fake kernels
-        self._producers: dict[int, tuple[weakref.ref[torch.Tensor], Entry]] = {}
-        self._by_sequence_nr: dict[int, Entry] = {}  # autograd sequence number -> forward entry
-        self._classes: dict[Any, tuple[Any, Any, str]] = {}  # op -> (formula, elementwise rule, cost)
+        self._backward = False  # while the backward pass runs: record ops outside any module call
+        self._producers: dict[int, tuple[weakref.ref[torch.Tensor], CapturedOp]] = {}
+        self._by_sequence_nr: dict[int, CapturedOp] = {}  # autograd sequence number -> forward op
+        self._classes: dict[Any, _OpClass] = {}
 
-    def graph(self) -> fx.Graph:
-        """The recorded ops as an fx graph (built anew on each call)."""
-        return build_graph(self.entries)
-
-    def add_leaf_names(self, leaf_names: Mapping[int, tuple[str, str, str]]) -> None:
+    def add_leaf_names(self, leaf_names: Mapping[int, LeafName]) -> None:
         self.leaf_names.update(leaf_names)
+
+    @contextmanager
+    def backward_pass(self) -> Iterator[None]:
+        """Record the ops of a backward pass run inside the block (attributed to their forward ops)."""
+        self._backward = True
+        try:
+            yield
+        finally:
+            self._backward = False
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
                            kwargs: dict[str, Any] | None = None) -> Any:
         kwargs = kwargs or {}
         stack = self.tracker.stack
-        forward_node = None
-        if self.backward and not stack:
-            forward_node = self._forward_node()
-            stack = forward_node.meta["module_stack"] if forward_node is not None else ()
+        forward_op = None
+        if self._backward and not stack:
+            forward_op = self._forward_op()
+            stack = forward_op.module_stack if forward_op is not None else ()
         elif not stack:
             return func(*args, **kwargs)
         if func in elementwise.METADATA_OPS or not isinstance(func, torch._ops.OpOverload):
@@ -162,113 +277,92 @@ class Recorder(TorchDispatchMode):
         known = self._classes.get(func)
         if known is None:
             known = self._classes[func] = _classify(func, self.registry)
-        formula, rule, cost = known
-        if cost == "decompose":
+        if known.decompose:
             with self:
                 decomposed = func.decompose(*args, **kwargs)
             if decomposed is not NotImplemented:
                 self.decomposed[op_name(func)] += 1
                 return decomposed
-            self._classes[func] = (None, None, "unsupported")
-            cost = "unsupported"
+            known = self._classes[func] = _UNSUPPORTED
         start = time.perf_counter()
+        out = self._execute(func, args, kwargs, stack)
+        seconds = time.perf_counter() - start
+        op = self._record(func, args, kwargs, out, stack, known)
+        if self.timed:
+            op.seconds = seconds
+        if self._backward:
+            op.forward = forward_op
+        elif torch.is_grad_enabled() and _any_requires_grad((args, kwargs)):
+            # the autograd node of this op was created just before it was dispatched here
+            self._by_sequence_nr[torch.autograd._get_sequence_nr() - 1] = op
+        return out
+
+    def _execute(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], stack: tuple[ModuleCall, ...]
+                 ) -> Any:
+        """Run the op; remember where the first failure happened (for the error the user sees)."""
         try:
-            out = func(*args, **kwargs)
+            return func(*args, **kwargs)
         except Exception:
             maker = FAKE_SHAPE_RULES.get(func.overloadpacket) if self.fake else None
             if maker is None:
                 if self.failure is None:
-                    path = stack[-1].path if stack else ""
-                    self.failure = OpFailure(op_name(func), path, _shapes((args, kwargs)))
+                    self.failure = OpFailure(op_name(func), stack[-1].path if stack else "", _shapes((args, kwargs)))
                 raise
-            out = maker(*args, **kwargs)  # a fake kernel stricter than the real one: make the output here
-        seconds = time.perf_counter() - start
-        node = self._add_node(func, args, kwargs, out, stack)
-        meta = node.meta
-        if self.timed:
-            meta["seconds"] = seconds
-        if self.backward:
-            meta["phase"] = "backward"
-            meta["forward"] = forward_node
-        else:
-            meta["phase"] = "forward"
-            if torch.is_grad_enabled() and _any_requires_grad((args, kwargs)):
-                # the autograd node of this op was created just before it was dispatched here
-                self._by_sequence_nr[torch.autograd._get_sequence_nr() - 1] = node
-        meta["cost"] = cost
-        meta["multiplies"] = 0
-        meta["multiply_parts"] = None
-        meta["elementwise"] = None
-        if formula is not None:
-            macs = formulas.count(formula, args, kwargs, _first_shape(out))
-            meta["multiplies"] = formulas.total_of(macs)
-            if not isinstance(macs, int):
-                meta["multiply_parts"] = dict(macs)
-        elif rule is not None:
-            meta["elementwise"] = (rule.category, elementwise.elementwise_ops(rule, args, out))
-        elif cost == "unsupported":
-            self.unsupported[op_name(func)] += 1
-        return out
+            return maker(*args, **kwargs)  # a fake kernel stricter than the real one: make the output here
 
-    def _forward_node(self) -> Entry | None:
-        """The forward entry whose autograd node is running now (backward pass), if it was recorded."""
+    def _forward_op(self) -> CapturedOp | None:
+        """The forward op whose autograd node is running now (backward pass), if it was recorded."""
         grad_fn = torch._C._current_autograd_node()
         return None if grad_fn is None else self._by_sequence_nr.get(grad_fn._sequence_nr())
 
     # ---------------------------------------------------------------------------------------------
-    def _add_node(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any,
-                  stack: tuple[Any, ...]) -> Entry:
-        shapes: list[tuple[int, ...]] = []
+    def _record(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any,
+                stack: tuple[ModuleCall, ...], known: _OpClass) -> CapturedOp:
+        shapes: list[Shape] = []
 
-        def to_entry(t: torch.Tensor) -> Entry:
+        def to_op(t: torch.Tensor) -> CapturedOp:
             shapes.append(shape_of(t))
-            return self._entry_of(t)
+            return self._producer_of(t)
 
-        meta: dict[str, Any] = {}
-        entry = Entry("call_function", func, _map_tensors(args, to_entry), _map_tensors(kwargs, to_entry),
-                      func.overloadpacket.__name__, meta)
-        self.entries.append(entry)
-        meta["module"] = stack[-1].path if stack else None
-        meta["module_stack"] = stack
-        meta["input_shapes"] = tuple(shapes)
+        phase = BACKWARD if self._backward else FORWARD
+        op = CapturedOp("call_function", func, _map_tensors(args, to_op), _map_tensors(kwargs, to_op),
+                        func.overloadpacket.__name__, phase=phase, module_stack=stack, cost=known.cost,
+                        spec=known.spec)
+        op.input_shapes = tuple(shapes)
+        self.ops.append(op)
         if isinstance(out, torch.Tensor):
-            meta["output_shapes"] = (shape_of(out),)
-            meta["dtype"] = out.dtype
-            if out.dtype in _INDEX_DTYPES and out.numel() <= _MAX_VALUE_NUMEL:
-                meta["value"] = _known_value(out)
-            self._producers[id(out)] = (weakref.ref(out), entry)
+            op.output_shapes, op.dtype, op.value = (shape_of(out),), out.dtype, _small_index_value(out)
+            self._producers[id(out)] = (weakref.ref(out), op)
         else:
-            outs = out if isinstance(out, (tuple, list)) else ()
-            shapes, dtype = [], None
-            for i, item in enumerate(outs):
-                if isinstance(item, torch.Tensor):
-                    shapes.append(shape_of(item))
-                    dtype = dtype or item.dtype
-                    getter = Entry("call_function", operator.getitem, (entry, i), {}, f"{entry.name}_{i}", {
-                        "phase": "backward" if self.backward else "forward", "module": meta["module"],
-                        "module_stack": stack, "cost": "zero", "multiplies": 0, "multiply_parts": None,
-                        "elementwise": None, "input_shapes": (), "output_shapes": (shapes[-1],),
-                        "dtype": item.dtype})
-                    self.entries.append(getter)
-                    self._producers[id(item)] = (weakref.ref(item), getter)
-            meta["output_shapes"] = tuple(shapes)
-            meta["dtype"] = dtype
-        return entry
+            outputs = [(i, item) for i, item in enumerate(out if isinstance(out, (tuple, list)) else ())
+                       if isinstance(item, torch.Tensor)]
+            op.output_shapes = tuple(shape_of(item) for _, item in outputs)
+            op.dtype = outputs[0][1].dtype if outputs else None
+            for i, item in outputs:
+                getter = CapturedOp("call_function", operator.getitem, (op, i), {}, f"{op.name}_{i}", phase=phase,
+                                    module_stack=stack, output_shapes=(shape_of(item),), dtype=item.dtype)
+                self.ops.append(getter)
+                self._producers[id(item)] = (weakref.ref(item), getter)
+        if known.spec is not None:
+            macs = formulas.count(known.spec.formula, args, kwargs, _first_shape(out))
+            op.multiplies = formulas.total_of(macs)
+            op.parts = None if isinstance(macs, int) else dict(macs)
+        elif known.rule is not None:
+            op.elementwise = (known.rule.category, elementwise.elementwise_ops(known.rule, args, out))
+        elif known.cost is Cost.UNSUPPORTED:
+            self.unsupported[op_name(func)] += 1
+        return op
 
-    def _entry_of(self, t: torch.Tensor) -> Entry:
+    def _producer_of(self, t: torch.Tensor) -> CapturedOp:
         known = self._producers.get(id(t))
         if known is not None and known[0]() is t:
             return known[1]
-        kind, name, leaf = self.leaf_names.get(id(t), ("placeholder", "constant", "constant"))
-        meta: dict[str, Any] = {"leaf": leaf, "module": None, "module_stack": (), "cost": "zero", "multiplies": 0,
-                "multiply_parts": None, "elementwise": None, "input_shapes": (), "output_shapes": (shape_of(t),),
-                "dtype": t.dtype}
-        if t.dtype in _INDEX_DTYPES and t.numel() <= _MAX_VALUE_NUMEL:
-            meta["value"] = _known_value(t)
-        entry = Entry(kind, name, (), {}, name.replace(".", "_"), meta)
-        self.entries.append(entry)
-        self._producers[id(t)] = (weakref.ref(t), entry)
-        return entry
+        leaf = self.leaf_names.get(id(t), LeafName("placeholder", "constant", LeafKind.CONSTANT))
+        op = CapturedOp(leaf.node_op, leaf.name, (), {}, leaf.name.replace(".", "_"), output_shapes=(shape_of(t),),
+                        dtype=t.dtype, value=_small_index_value(t), leaf=leaf.kind)
+        self.ops.append(op)
+        self._producers[id(t)] = (weakref.ref(t), op)
+        return op
 
 
 def _grouped_mm_output(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor | None = None, bias: Any = None,
@@ -294,8 +388,11 @@ _INDEX_DTYPES = (torch.int64, torch.int32, torch.bool)
 _MAX_VALUE_NUMEL = 4096
 
 
-def _known_value(t: torch.Tensor) -> torch.Tensor | None:
-    """The values of a small index tensor: a real tensor's own, a fake tensor's constant if it has one."""
+def _small_index_value(t: torch.Tensor) -> torch.Tensor | None:
+    """The values of a small index tensor (int64 / int32 / bool, at most 4,096 elements): a real tensor's
+    own, a fake tensor's constant if it has one; ``None`` for anything else."""
+    if t.dtype not in _INDEX_DTYPES or t.numel() > _MAX_VALUE_NUMEL:
+        return None
     source: torch.Tensor | None = t.constant if isinstance(t, FakeTensor) else t
     if source is None or source.is_meta:
         return None

@@ -157,6 +157,26 @@ METADATA_OPS: frozenset[Any] = frozenset([
 ])
 
 
+def ops_in_category(category: str) -> frozenset[Any]:
+    """The op packets whose explicit rule is of ``category`` (``"softmax"``: the ops that normalise
+    attention scores, forward and backward)."""
+    return frozenset(op for op, rule in RULES.items() if rule.category == category)
+
+
+ACTIVATION_OPS: frozenset[Any] = frozenset({
+    aten.relu, aten.relu_, aten.gelu, aten.gelu_, aten.silu, aten.silu_, aten.sigmoid, aten.sigmoid_, aten.tanh,
+    aten.tanh_, aten.elu, aten.elu_, aten.leaky_relu, aten.leaky_relu_, aten.hardswish, aten.hardswish_,
+    aten.hardsigmoid, aten.hardsigmoid_, aten.mish, aten.mish_, aten.softplus, aten.glu, aten.celu, aten.selu,
+    aten.hardtanh, aten.hardtanh_, aten.erf, aten.prelu, aten._prelu_kernel, aten.log_sigmoid_forward,
+    aten.rrelu_with_noise, aten.threshold, aten.sin,
+})
+"""Pointwise nonlinearities (counted as ``pointwise`` work): the FFN pass looks for one between two
+weight matmuls."""
+
+PRODUCT_OPS: frozenset[Any] = frozenset({aten.mul, aten.mul_})
+"""Elementwise products (counted as ``pointwise`` work): a gated FFN multiplies its two branches."""
+
+
 def rule_for(func: Any) -> ElementwiseRule | None:
     """The elementwise rule of an op overload: explicit rules first, then the op's ATen tags."""
     rule = RULES.get(func.overloadpacket)

@@ -19,16 +19,41 @@ class InputError(FlopscopeError, TypeError):
     """The inputs do not fit the model's ``forward`` signature."""
 
 
-class ForwardError(FlopscopeError, RuntimeError):
-    """The model's forward raised; the original exception is ``__cause__``."""
+class RunError(FlopscopeError, RuntimeError):
+    """A counted run failed. ``on_fake_tensors``: it failed while running on fake tensors (``mode="auto"``
+    then runs the model for real); ``where`` names the op, module and shapes, ``reason`` the cause in one
+    line (both for the fall-back note)."""
+
+    def __init__(self, message: str, *, on_fake_tensors: bool = False, where: str = "", reason: str = "") -> None:
+        super().__init__(message)
+        self.on_fake_tensors = on_fake_tensors
+        self.where = where
+        self.reason = reason
 
 
-class FakeTensorError(FlopscopeError, RuntimeError):
+class ForwardError(RunError):
+    """The model's forward (or backward) raised; the original exception is ``__cause__``."""
+
+
+class FakeTensorError(RunError):
     """The model cannot be counted on fake tensors (and, for a meta model, cannot run for real)."""
 
 
 class RegistryError(FlopscopeError, ValueError):
     """A formula registry was used wrongly (for instance, registering an op twice)."""
+
+
+class FormulaError(FlopscopeError, ValueError):
+    """A formula was called with shapes it cannot count (a missing output shape, a wrong rank)."""
+
+
+class ConfigurationError(FlopscopeError, ValueError):
+    """An argument of a flopscope function is out of its domain (a head count that does not divide the
+    width, an unknown tool or row name, too few sweep lengths)."""
+
+
+class RoleError(FlopscopeError, ValueError):
+    """A role name that is not one of :class:`flopscope.Role`, or a graph node that does not exist."""
 
 
 class FlopscopeWarning(UserWarning):

@@ -8,12 +8,13 @@ shapes, and the Hugging Face config when the model has one.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from torch import nn
 
+from .conventions import CONFIG_ALIASED, Names
 from .errors import FlopscopeError
 
 Shape = tuple[int, ...]
@@ -29,7 +30,6 @@ class ModelFacts:
     params: int = 0  # unique parameters of the model
     embedding_params: int = 0  # parameters of nn.Embedding tables (token and position embeddings)
     tied_embedding: bool = False  # an embedding table is also used as a weight elsewhere (tied LM head)
-    extra: Mapping[str, Any] = field(default_factory=dict)
 
     def attr(self, path: str, *names: str) -> Any:
         """The first of ``names`` set on the module at ``path`` (``None`` if none is)."""
@@ -38,6 +38,18 @@ class ModelFacts:
             if values.get(name) is not None:
                 return values[name]
         return None
+
+    def declared(self, names: Names, paths: Sequence[str] = (), *, config: bool = True) -> int | None:
+        """The first integer a module at ``paths`` declares under ``names.module`` (paths in order), else
+        (with ``config``) the first the config declares under ``names.config`` (see
+        :mod:`flopscope.conventions`)."""
+        for path in paths:
+            for name in names.module:
+                value = self.attributes.get(path, {}).get(name)
+                if isinstance(value, int) and not isinstance(value, bool):
+                    return value
+        value = self.config_value(*names.config) if config else None
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
 
     def config_value(self, *names: str) -> Any:
         """The first of ``names`` in the Hugging Face config (or its ``text_config``)."""
@@ -86,7 +98,7 @@ def _config(model: nn.Module) -> dict[str, Any] | None:
         values = dict(to_dict())
     except Exception:  # a config that cannot serialise itself: keep its plain attributes
         values = {k: v for k, v in vars(config).items() if _is_plain(v)}
-    for name in ("hidden_size", "num_attention_heads", "num_hidden_layers", "intermediate_size", "vocab_size"):
+    for name in CONFIG_ALIASED:
         with contextlib.suppress(AttributeError):  # attribute_map aliases (GPT-2's n_embd) are not dict keys
             values.setdefault(name, getattr(config, name))
     return values

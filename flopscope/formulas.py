@@ -19,11 +19,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from enum import Enum
 from typing import Any, TypeAlias, TypeVar
 
 import torch
 
-from .errors import RegistryError
+from .errors import FormulaError, RegistryError
 
 Shape: TypeAlias = tuple[int, ...]
 MacCount: TypeAlias = int | Mapping[str, int]
@@ -38,31 +40,88 @@ def prod(xs: Iterable[int]) -> int:
     return math.prod(int(x) for x in xs)
 
 
+class OpFamily(str, Enum):
+    """What kind of linear algebra an op does: the one fact, besides its formula, that later stages
+    (roles, the peer plug-ins) need about it. Declared once, where the formula is registered.
+
+    - ``MATMUL``: a product of two matrices at argument positions ``operands = (a, b)``;
+    - ``GROUPED_MATMUL``: one product per group of rows (mixture-of-experts experts), operands as above;
+    - ``CONV``: a convolution (forward or backward);
+    - ``ATTENTION``: an attention kernel, ``operands = (q, k, v)``; its formula returns the parts
+      ``attn_scores`` / ``attn_weighted_sum``;
+    - ``FUSED_LAYER``: a whole fused layer (the ``nn.MultiheadAttention`` / ``nn.TransformerEncoderLayer``
+      fast paths) whose formula returns its parts per role;
+    - ``RECURRENT``: a recurrent kernel (parts ``recurrent``);
+    - ``OTHER``: linear algebra no role pattern looks for (triangular solve, distances, bilinear forms).
+    """
+
+    MATMUL = "matmul"
+    GROUPED_MATMUL = "grouped matmul"
+    CONV = "conv"
+    ATTENTION = "attention"
+    FUSED_LAYER = "fused layer"
+    RECURRENT = "recurrent"
+    OTHER = "other"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+_OPERAND_FAMILIES = {OpFamily.MATMUL: 2, OpFamily.GROUPED_MATMUL: 2, OpFamily.ATTENTION: 3}
+
+
+@dataclass(frozen=True, slots=True)
+class OpSpec:
+    """An op's formula and family; ``operands``: argument positions of its matrix operands (matmuls:
+    ``(a, b)``; attention kernels: ``(q, k, v)``; empty for other families)."""
+
+    formula: MacFormula
+    family: OpFamily
+    operands: tuple[int, ...] = ()
+
+    @property
+    def is_matmul(self) -> bool:
+        """A product of two operands (plain or grouped): what the attention and FFN passes look for."""
+        return self.family in (OpFamily.MATMUL, OpFamily.GROUPED_MATMUL)
+
+
 class FormulaRegistry:
-    """Formulas keyed by ATen op packets (``torch.ops.aten.mm``), or by qualified name for ops that
-    live in a library loaded later (``"transformers::grouped_mm_fallback"``).
+    """Formulas and families keyed by ATen op packets (``torch.ops.aten.mm``), or by qualified name for
+    ops that live in a library loaded later (``"transformers::grouped_mm_fallback"``).
 
     Registering an op twice is an error; to change a formula, :meth:`copy` the registry and
-    :meth:`override` on the copy, then pass it as ``registry=`` to :func:`flopscope.profile`.
+    :meth:`override` on the copy, then pass it as ``registry=`` to :func:`flopscope.profile`. A new op
+    is one registration: its formula, its :class:`OpFamily` and, for a matmul or an attention kernel,
+    the positions of its operands; roles and the peer plug-ins take everything else from here::
+
+        registry = flopscope.REGISTRY.copy()
+        registry.override(torch.ops.mylib.my_mm, my_mm_formula, family=OpFamily.MATMUL, operands=(0, 1))
     """
 
     def __init__(self) -> None:
-        self._by_packet: dict[Any, MacFormula] = {}
-        self._by_name: dict[str, MacFormula] = {}
+        self._by_packet: dict[Any, OpSpec] = {}
+        self._by_name: dict[str, OpSpec] = {}
 
-    def register(self, *ops: Any) -> Callable[[F], F]:
+    def register(self, *ops: Any, family: OpFamily = OpFamily.OTHER,
+                 operands: tuple[int, ...] = ()) -> Callable[[F], F]:
         """Decorator: register ``fn`` for each op (an ATen packet/overload or a ``"ns::name"`` string)."""
 
         def decorate(fn: F) -> F:
+            spec = _spec(fn, family, operands)
             for op in ops:
-                self._put(op, fn, replace=False)
+                self._put(op, spec, replace=False)
             return fn
 
         return decorate
 
-    def override(self, op: Any, fn: MacFormula) -> None:
-        """Replace (or add) the formula of ``op``. Use on a :meth:`copy`, not on the default registry."""
-        self._put(op, fn, replace=True)
+    def override(self, op: Any, fn: MacFormula, family: OpFamily | None = None,
+                 operands: tuple[int, ...] | None = None) -> None:
+        """Replace (or add) the formula of ``op``; its family and operands stay as registered unless
+        given. Use on a :meth:`copy`, not on the default registry."""
+        known = self.spec(op)
+        spec = _spec(fn, family if family is not None else (known.family if known else OpFamily.OTHER),
+                     operands if operands is not None else (known.operands if known else ()))
+        self._put(op, spec, replace=True)
 
     def copy(self) -> FormulaRegistry:
         new = FormulaRegistry()
@@ -70,36 +129,61 @@ class FormulaRegistry:
         new._by_name = dict(self._by_name)
         return new
 
+    def spec(self, func: Any) -> OpSpec | None:
+        """The :class:`OpSpec` of an op overload or packet (looked up by its packet, then by name)."""
+        if isinstance(func, str):
+            return self._by_name.get(func) or self._by_packet.get(packet_named(func))
+        packet = getattr(func, "overloadpacket", func)
+        spec = self._by_packet.get(packet)
+        if spec is None and self._by_name:
+            spec = self._by_name.get(_qualified_name(packet))
+        return spec
+
     def get(self, func: Any) -> MacFormula | None:
         """The formula for an op overload (looked up by its packet, then by its qualified name)."""
-        packet = getattr(func, "overloadpacket", func)
-        fn = self._by_packet.get(packet)
-        if fn is None and self._by_name:
-            fn = self._by_name.get(_qualified_name(packet))
-        return fn
+        spec = self.spec(func)
+        return spec.formula if spec is not None else None
 
     def __contains__(self, func: Any) -> bool:
-        return self.get(func) is not None
+        return self.spec(func) is not None
 
-    def ops(self) -> list[str]:
-        """Names of the ops with a formula, sorted."""
-        names = [_qualified_name(p) for p in self._by_packet] + list(self._by_name)
-        return sorted(names)
+    def ops(self, family: OpFamily | None = None) -> list[str]:
+        """Qualified names (``"aten::mm"``) of the ops with a formula (of one ``family``), sorted."""
+        specs = [(_qualified_name(p), s) for p, s in self._by_packet.items()] + list(self._by_name.items())
+        return sorted(name for name, spec in specs if family is None or spec.family is family)
 
-    def _put(self, op: Any, fn: MacFormula, *, replace: bool) -> None:
+    def _put(self, op: Any, spec: OpSpec, *, replace: bool) -> None:
         if isinstance(op, str):
-            table: dict[Any, MacFormula] = self._by_name
+            table: dict[Any, OpSpec] = self._by_name
             key: Any = op
         else:
             table, key = self._by_packet, getattr(op, "overloadpacket", op)
         if key in table and not replace:
             raise RegistryError(f"a formula for {key} is already registered; copy() the registry and override()")
-        table[key] = fn
+        table[key] = spec
+
+
+def _spec(fn: MacFormula, family: OpFamily, operands: tuple[int, ...]) -> OpSpec:
+    wanted = _OPERAND_FAMILIES.get(family, 0)
+    if len(operands) != wanted:
+        raise RegistryError(f"an op of family {family} takes {wanted} operand positions; got {operands!r}"
+                            + (" (matmul: (a, b); attention: (q, k, v))" if wanted else ""))
+    return OpSpec(fn, family, tuple(operands))
 
 
 def _qualified_name(packet: Any) -> str:
     name = getattr(packet, "_qualified_op_name", None)
     return str(name) if name is not None else str(packet)
+
+
+def packet_named(name: str) -> Any:
+    """``"aten::mm"`` -> ``torch.ops.aten.mm`` (``None`` if that library or op is not loaded)."""
+    namespace, _, op = name.partition("::")
+    try:
+        return getattr(getattr(torch.ops, namespace), op)
+    except (AttributeError, RuntimeError):
+        return None
+
 
 
 class NestedShape(tuple[int, ...]):
@@ -161,68 +245,68 @@ def gemm(m: int, k: int, n: int, batch: int = 1) -> int:
     return batch * m * k * n
 
 
-@formula(aten.mm, aten._int_mm)
+@formula(aten.mm, aten._int_mm, family=OpFamily.MATMUL, operands=(0, 1))
 def mm(a: Shape, b: Shape, **_: Any) -> int:
     """Matrix product; no bias."""
     # [m, n] = mm([m, k], [k, n])
     return gemm(a[0], a[1], b[1])
 
 
-@formula(aten.addmm, aten._addmm_activation)
+@formula(aten.addmm, aten._addmm_activation, family=OpFamily.MATMUL, operands=(1, 2))
 def addmm(bias: Shape, a: Shape, b: Shape, **_: Any) -> int:
     """``bias + a @ b`` (GPT-2 ``Conv1D``, ``nn.Linear`` on 2-D input); the bias add is not a MAC."""
     # [m, n] = addmm([n] | [m, n], [m, k], [k, n])
     return mm(a, b)
 
 
-@formula(aten._scaled_mm)
+@formula(aten._scaled_mm, family=OpFamily.MATMUL, operands=(0, 1))
 def scaled_mm(a: Shape, b: Shape, *_: Any, **__: Any) -> int:
     """Low-precision matmul with scales; the scaling is elementwise, not counted."""
     # [m, n] = _scaled_mm([m, k], [k, n], scale_a, scale_b, ...)
     return mm(a, b)
 
 
-@formula(aten.bmm)
+@formula(aten.bmm, family=OpFamily.MATMUL, operands=(0, 1))
 def bmm(a: Shape, b: Shape, **_: Any) -> int:
     """Batched matrix product."""
     # [B, m, n] = bmm([B, m, k], [B, k, n])
     return gemm(a[1], a[2], b[2], batch=a[0])
 
 
-@formula(aten.baddbmm, aten.addbmm)
+@formula(aten.baddbmm, aten.addbmm, family=OpFamily.MATMUL, operands=(1, 2))
 def baddbmm(bias: Shape, a: Shape, b: Shape, **_: Any) -> int:
     """``bias + bmm(a, b)`` (addbmm also sums over the batch: adds, not counted)."""
     # [B, m, n] = baddbmm(bias, [B, m, k], [B, k, n])
     return bmm(a, b)
 
 
-@formula(aten.mv)
+@formula(aten.mv, family=OpFamily.MATMUL, operands=(0, 1))
 def mv(a: Shape, v: Shape, **_: Any) -> int:
     """Matrix-vector product."""
     # [m] = mv([m, k], [k])
     return a[0] * a[1]
 
 
-@formula(aten.addmv)
+@formula(aten.addmv, family=OpFamily.MATMUL, operands=(1, 2))
 def addmv(bias: Shape, a: Shape, v: Shape, **_: Any) -> int:
     # [m] = addmv([m], [m, k], [k])
     return mv(a, v)
 
 
-@formula(aten.dot, aten.vdot)
+@formula(aten.dot, aten.vdot, family=OpFamily.MATMUL, operands=(0, 1))
 def dot(a: Shape, b: Shape, **_: Any) -> int:
     # [] = dot([k], [k])
     return a[0]
 
 
-@formula(aten.linear)
+@formula(aten.linear, family=OpFamily.MATMUL, operands=(0, 1))
 def linear(x: Shape, weight: Shape, bias: Shape | None = None, **_: Any) -> int:
     """``x @ weight.T``; seen only where ``linear`` is not decomposed (mkldnn tensors, some backends)."""
     # [..., n] = linear([..., k], [n, k])
     return rows_of(x) * weight[0] * weight[1]
 
 
-@formula(aten.matmul)
+@formula(aten.matmul, family=OpFamily.MATMUL, operands=(0, 1))
 def matmul(a: Shape, b: Shape, **_: Any) -> int:
     """``torch.matmul`` with broadcasting; normally decomposed into mm/bmm before it is seen."""
     # [*batch, m, n] = matmul([*batch, m, k], [*batch, k, n]); 1-D operands are vectors
@@ -232,7 +316,7 @@ def matmul(a: Shape, b: Shape, **_: Any) -> int:
     return gemm(a2[-2], a2[-1], b2[-1], batch=prod(batch))
 
 
-@formula(aten._grouped_mm, aten._scaled_grouped_mm)
+@formula(aten._grouped_mm, aten._scaled_grouped_mm, family=OpFamily.GROUPED_MATMUL, operands=(0, 1))
 def grouped_mm(a: Shape, b: Shape, *_: Any, out_shape: Shape | None = None, **__: Any) -> int:
     """Grouped matmul (mixture-of-experts experts).
 
@@ -243,11 +327,12 @@ def grouped_mm(a: Shape, b: Shape, *_: Any, out_shape: Shape | None = None, **__
     """
     if len(a) == 2 and len(b) == 2:
         return gemm(a[0], a[1], b[1])
-    assert out_shape is not None
+    if out_shape is None:
+        raise FormulaError(f"_grouped_mm of {a} and {b} needs the output shape (out_shape=)")
     return prod(out_shape) * a[-1]
 
 
-@formula("transformers::grouped_mm_fallback")
+@formula("transformers::grouped_mm_fallback", family=OpFamily.GROUPED_MATMUL, operands=(0, 1))
 def grouped_mm_fallback(x: Shape, weight: Shape, *_: Any, **__: Any) -> int:
     """transformers' opaque fallback for grouped matmul: every row of ``x`` meets one expert."""
     # [S, N] = grouped_mm_fallback([S, K], [E, K, N], offs[E])
@@ -311,7 +396,7 @@ def conv(x: Shape, weight: Shape, out_shape: Shape, transposed: bool) -> int:
     return prod(x if transposed else out_shape) * taps
 
 
-@formula(aten.convolution, aten._convolution, aten.convolution_overrideable)
+@formula(aten.convolution, aten._convolution, aten.convolution_overrideable, family=OpFamily.CONV)
 def convolution(x: Shape, weight: Shape, bias: Any, stride: Any, padding: Any, dilation: Any, transposed: bool,
                 *_: Any, out_shape: Shape, **__: Any) -> int:
     # [B, C_out, *L_out] = convolution([B, C_in, *L_in], [C_out, C_in/g, *k], ...)
@@ -320,14 +405,15 @@ def convolution(x: Shape, weight: Shape, bias: Any, stride: Any, padding: Any, d
 
 @formula(aten.mkldnn_convolution, aten.cudnn_convolution, aten._slow_conv2d_forward, aten.slow_conv3d_forward,
          aten.slow_conv_dilated2d, aten.slow_conv_dilated3d, aten._conv_depthwise2d, aten.conv_depthwise3d,
-         aten.miopen_convolution, aten.miopen_depthwise_convolution, aten._nnpack_spatial_convolution)
+         aten.miopen_convolution, aten.miopen_depthwise_convolution, aten._nnpack_spatial_convolution,
+         family=OpFamily.CONV)
 def convolution_backend(x: Shape, weight: Shape, *_: Any, out_shape: Shape, **__: Any) -> int:
     """Backend-specific forward convolutions (non-transposed)."""
     return conv(x, weight, out_shape, transposed=False)
 
 
 @formula(aten.cudnn_convolution_transpose, aten.slow_conv_transpose2d, aten.slow_conv_transpose3d,
-         aten.miopen_convolution_transpose)
+         aten.miopen_convolution_transpose, family=OpFamily.CONV)
 def convolution_transpose_backend(x: Shape, weight: Shape, *_: Any, out_shape: Shape, **__: Any) -> int:
     """Backend-specific transposed convolutions."""
     return conv(x, weight, out_shape, transposed=True)
@@ -351,14 +437,15 @@ def attention_core(batch_heads: int, n_q: int, n_k: int, d_k: int, d_v: int) -> 
 @formula(aten._scaled_dot_product_flash_attention_for_cpu, aten._scaled_dot_product_flash_attention,
          aten._scaled_dot_product_efficient_attention, aten._scaled_dot_product_cudnn_attention,
          aten._scaled_dot_product_attention_math, aten._scaled_dot_product_fused_attention_overrideable,
-         aten._scaled_dot_product_attention_math_for_mps)
+         aten._scaled_dot_product_attention_math_for_mps, family=OpFamily.ATTENTION, operands=(0, 1, 2))
 def sdpa(q: Shape, k: Shape, v: Shape, *_: Any, **__: Any) -> dict[str, int]:
     """Every kernel of ``F.scaled_dot_product_attention``; grouped-query K/V (fewer heads) allowed."""
     # [*B, h, n_q, d_v] = sdpa([*B, h, n_q, d_k], [*B, h_kv, n_k, d_k], [*B, h_kv, n_k, d_v])
     return attention_core(prod(q[:-2]), q[-2], k[-2], q[-1], v[-1])
 
 
-@formula(aten._flash_attention_forward, aten._efficient_attention_forward)
+@formula(aten._flash_attention_forward, aten._efficient_attention_forward, family=OpFamily.ATTENTION,
+         operands=(0, 1, 2))
 def attention_bnhd(q: Shape, k: Shape, v: Shape, *_: Any, **__: Any) -> dict[str, int]:
     """CUDA attention kernels in ``[B, n, heads, d]`` layout.
 
@@ -389,7 +476,7 @@ def multi_head_attention(tokens_q: int, n_q: int, n_k: int, embed_dim: int) -> d
     return parts
 
 
-@formula(aten._native_multi_head_attention)
+@formula(aten._native_multi_head_attention, family=OpFamily.FUSED_LAYER)
 def native_multi_head_attention(query: Shape, key: Shape, value: Shape, embed_dim: int, num_head: int,
                                 *_: Any, **__: Any) -> dict[str, int]:
     """The eval fast path of ``nn.MultiheadAttention`` (batch-first, ``kdim == vdim == embed_dim``)."""
@@ -409,7 +496,7 @@ def _nested_self_attention(lengths: Sequence[int], embed_dim: int) -> dict[str, 
     return parts
 
 
-@formula(aten._transformer_encoder_layer_fwd)
+@formula(aten._transformer_encoder_layer_fwd, family=OpFamily.FUSED_LAYER)
 def transformer_encoder_layer(src: Shape, embed_dim: int, num_heads: int, qkv_weight: Shape, qkv_bias: Any,
                               proj_weight: Shape, proj_bias: Any, use_gelu: bool, norm_first: bool, eps: float,
                               norm_weight_1: Any, norm_bias_1: Any, norm_weight_2: Any, norm_bias_2: Any,
@@ -441,14 +528,14 @@ def recurrent(x: Shape, weights: Iterable[Shape | None]) -> dict[str, int]:
     return {"recurrent": prod(x[:-1]) * per_token}
 
 
-@formula(aten.mkldnn_rnn_layer)
+@formula(aten.mkldnn_rnn_layer, family=OpFamily.RECURRENT)
 def mkldnn_rnn_layer(x: Shape, w_ih: Shape, w_hh: Shape, *_: Any, **__: Any) -> dict[str, int]:
     """The CPU (oneDNN) kernel: one layer, one direction per call; LSTM/GRU/RNN set by the weight rows."""
     # [T, B, H] = mkldnn_rnn_layer([T, B, d_in], [G*H, d_in], [G*H, H], b_ih, b_hh, hx, cx, ...)
     return recurrent(x, (w_ih, w_hh))
 
 
-@formula(aten._cudnn_rnn, aten.miopen_rnn)
+@formula(aten._cudnn_rnn, aten.miopen_rnn, family=OpFamily.RECURRENT)
 def cudnn_rnn(x: Shape, weights: Sequence[Shape], *_: Any, **__: Any) -> dict[str, int]:
     """GPU kernels: all layers and directions in one call; ``weights`` lists every layer's matrices."""
     # [T, B, D*H] = _cudnn_rnn([T, B, d_in], [w_ih, w_hh, (b_ih, b_hh), (w_hr)] * layers * dirs, ...)
@@ -467,13 +554,15 @@ def attention_core_backward(batch_heads: int, n_q: int, n_k: int, d_k: int, d_v:
 
 @formula(aten._scaled_dot_product_flash_attention_for_cpu_backward, aten._scaled_dot_product_flash_attention_backward,
          aten._scaled_dot_product_efficient_attention_backward, aten._scaled_dot_product_cudnn_attention_backward,
-         aten._scaled_dot_product_fused_attention_overrideable_backward)
+         aten._scaled_dot_product_fused_attention_overrideable_backward, family=OpFamily.ATTENTION,
+         operands=(1, 2, 3))
 def sdpa_backward(grad_out: Shape, q: Shape, k: Shape, v: Shape, *_: Any, **__: Any) -> dict[str, int]:
     # (dQ, dK, dV) = sdpa_backward(dO [*B, h, n_q, d_v], Q [*B, h, n_q, d_k], K, V [*B, h_kv, n_k, d], ...)
     return attention_core_backward(prod(q[:-2]), q[-2], k[-2], q[-1], v[-1])
 
 
-@formula(aten._flash_attention_backward, aten._efficient_attention_backward)
+@formula(aten._flash_attention_backward, aten._efficient_attention_backward, family=OpFamily.ATTENTION,
+         operands=(1, 2, 3))
 def attention_bnhd_backward(grad_out: Shape, q: Shape, k: Shape, v: Shape, *_: Any, **__: Any) -> dict[str, int]:
     """Backward of the ``[B, n, heads, d]`` CUDA kernels (see :func:`attention_core_backward`)."""
     if len(q) == 3:
@@ -481,7 +570,7 @@ def attention_bnhd_backward(grad_out: Shape, q: Shape, k: Shape, v: Shape, *_: A
     return attention_core_backward(q[0] * q[2], q[1], k[1], q[3], v[3])
 
 
-@formula(aten.convolution_backward)
+@formula(aten.convolution_backward, family=OpFamily.CONV)
 def convolution_backward(grad_out: Shape, x: Shape, weight: Shape, bias_sizes: Any, stride: Any, padding: Any,
                          dilation: Any, transposed: bool, output_padding: Any, groups: int, output_mask: Sequence[bool],
                          **_: Any) -> int:
@@ -490,12 +579,12 @@ def convolution_backward(grad_out: Shape, x: Shape, weight: Shape, bias_sizes: A
     return forward * (int(bool(output_mask[0])) + int(bool(output_mask[1])))
 
 
-@formula(aten.mkldnn_rnn_layer_backward)
+@formula(aten.mkldnn_rnn_layer_backward, family=OpFamily.RECURRENT)
 def mkldnn_rnn_layer_backward(x: Shape, w_ih: Shape, w_hh: Shape, *_: Any, **__: Any) -> dict[str, int]:
     """Per step, the gradients of the input and hidden state and of both weights: twice the forward GEMMs."""
     return {"recurrent": 2 * recurrent(x, (w_ih, w_hh))["recurrent"]}
 
 
-@formula(aten._cudnn_rnn_backward)
+@formula(aten._cudnn_rnn_backward, family=OpFamily.RECURRENT)
 def cudnn_rnn_backward(x: Shape, weights: Sequence[Shape], *_: Any, **__: Any) -> dict[str, int]:
     return {"recurrent": 2 * recurrent(x, weights)["recurrent"]}

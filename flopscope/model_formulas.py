@@ -3,7 +3,7 @@
 Every formula is turned into multiply-accumulates *per token* of one forward pass (paper FLOPs / 2, GEMM
 terms only), split into the same parts as the measurement (QKV projections, attention core, output
 projection, FFN, logits, embeddings), so that the difference is explained part by part. Sources and exact
-forms: ``reference/formulas.md`` sections 2-5.
+forms: ``docs/formulas.md`` sections 2-5.
 
 - Kaplan et al. 2020, eq. 2.2: C_forward = 2N + 2·L·n_ctx·d_attn FLOPs/token, N = 2·d·L·(2·d_attn + d_ff);
   its attention term is the causal half of the dense core; the de-embedding (logits) is left out.
@@ -21,15 +21,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import TYPE_CHECKING
 
 from tabulate import tabulate
 
+from .conventions import FFN_WIDTH, HEAD_WIDTH, HEADS, KV_HEADS, LAYERS, POSITIONS, TOKEN_INPUTS, VOCAB, WIDTH
 from .errors import FlopscopeError
+from .facts import ModelFacts
 from .formulas import prod
-
-if TYPE_CHECKING:
-    from .profile import Profile
+from .module_tracker import ModuleCall
 
 PARTS = ("qkv", "attention core", "output projection", "ffn", "logits", "embeddings", "parameters not in GEMMs",
          "other")
@@ -84,29 +83,26 @@ def _signed(v: Fraction) -> str:
     return f"{'+' if v > 0 else '-'}{abs(float(v)):,.0f}"
 
 
-def model_formulas(prof: Profile) -> ModelFormulas:
-    """Measured forward MACs per token against the four model-level formulas (see the module docstring)."""
-    facts = prof.facts
-    L = facts.config_value("num_hidden_layers", "n_layer", "num_layers")
-    d = facts.config_value("hidden_size", "d_model", "n_embd")
-    h = facts.config_value("num_attention_heads", "n_head", "num_heads")
-    if not all(isinstance(v, int) for v in (L, d, h)):
+def model_formulas(facts: ModelFacts, forward_roles: Mapping[str, int],
+                   module_inputs: Mapping[ModuleCall, tuple[tuple[int | str, tuple[int, ...]], ...]]) -> ModelFormulas:
+    """Measured forward MACs per token (``forward_roles``: MACs per role of the forward pass) against the
+    four model-level formulas (see the module docstring); hyper-parameters from the model's config."""
+    L, d, h = facts.declared(LAYERS), facts.declared(WIDTH), facts.declared(HEADS)
+    if L is None or d is None or h is None:
         raise FlopscopeError("model-level formulas need a language-model config with num_hidden_layers, "
                              "hidden_size and num_attention_heads")
-    assert isinstance(L, int) and isinstance(d, int) and isinstance(h, int)
-    d_k = facts.config_value("head_dim", "d_kv") or d // h
-    n_kv = facts.config_value("num_key_value_heads", "num_kv_heads") or h
-    d_ff = facts.config_value("intermediate_size", "n_inner", "ffn_dim", "d_ff") or 4 * d
-    V = facts.config_value("vocab_size") or 0
-    tokens, n = _tokens(prof)
+    d_k = facts.declared(HEAD_WIDTH) or d // h
+    n_kv = facts.declared(KV_HEADS) or h
+    d_ff = facts.declared(FFN_WIDTH) or 4 * d
+    V = facts.declared(VOCAB) or 0
+    tokens, n = _token_count(module_inputs)
     d_attn = h * d_k
-    roles = prof.by_role(phase="forward")
-    per_token = {part: Fraction(macs, tokens) for part, macs in _measured_parts(roles).items()}
+    per_token = {part: Fraction(macs, tokens) for part, macs in _measured_parts(forward_roles).items()}
     measured = sum(per_token.values(), Fraction(0))
     dense_core = Fraction(2 * L * n * d_attn)  # scores + weighted sum per token, every pair
     gemm_ffn = 2 * d * d_ff
-    params_not_gemm = Fraction(_non_gemm_params(prof))
-    position = _position_embedding_params(prof)
+    params_not_gemm = Fraction(_non_gemm_params(facts))
+    position = _position_embedding_params(facts)
     token_embedding = facts.embedding_params - position
 
     def row(name: str, predicted: Mapping[str, Fraction], notes: str = "") -> FormulaRow:
@@ -153,30 +149,28 @@ def _measured_parts(roles: Mapping[str, int]) -> dict[str, int]:
     return {k: v for k, v in parts.items() if v}
 
 
-def _tokens(prof: Profile) -> tuple[int, int]:
+def _token_count(module_inputs: Mapping[ModuleCall, tuple[tuple[int | str, tuple[int, ...]], ...]]
+                 ) -> tuple[int, int]:
     """(B·n, n) from the root call's token ids (or embeddings)."""
-    for call, shapes in prof.module_inputs().items():
+    for call, shapes in module_inputs.items():
         if call.path == "":
             for key, shape in shapes:
-                if key in (0, "input_ids", "inputs_embeds", "decoder_input_ids") and len(shape) >= 2:
+                if key in TOKEN_INPUTS and len(shape) >= 2:
                     ids = shape[:-1] if key == "inputs_embeds" else shape  # token ids: [*batch, n]
                     return prod(ids), ids[-1]
     raise FlopscopeError("model-level formulas need token ids (or inputs_embeds) as the model's input")
 
 
-def _non_gemm_params(prof: Profile) -> int:
+def _non_gemm_params(facts: ModelFacts) -> int:
     """Parameters that are not matmul weights: biases, norm weights (1-D parameters)."""
-    return sum(prod(shape) for shapes in prof.facts.param_shapes.values() for shape in shapes.values()
-               if len(shape) <= 1)
+    return sum(prod(shape) for shapes in facts.param_shapes.values() for shape in shapes.values() if len(shape) <= 1)
 
 
-def _position_embedding_params(prof: Profile) -> int:
-    facts = prof.facts
-    positions = facts.config_value("max_position_embeddings", "n_positions")
+def _position_embedding_params(facts: ModelFacts) -> int:
+    positions = facts.declared(POSITIONS)
     total = 0
     for path, shapes in facts.param_shapes.items():
         weight = shapes.get("weight")
         if weight is not None and facts.attr(path, "num_embeddings") == positions and len(weight) == 2:
             total += prod(weight)
     return total
-

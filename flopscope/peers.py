@@ -39,7 +39,7 @@ from torch import nn
 
 from .formulas import REGISTRY, FormulaRegistry, MacFormula, Shape, total_of
 from .profile import OpRecord, Profile
-from .roles import ROLE_ORDER
+from .role import ROLE_ORDER
 
 TOOLS: tuple[str, ...] = ("FlopCounterMode", "fvcore", "thop")
 """The peers :func:`crosscheck` knows, in the order it runs them."""
@@ -285,7 +285,7 @@ def _inner_profile(model: nn.Module) -> Iterator[list[Profile]]:
     finally:
         try:
             recorder.__exit__(None, None, None)
-            got.append(recorder)
+            got.append(recorder.result)
         except Exception:
             got.clear()
 

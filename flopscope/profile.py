@@ -7,20 +7,26 @@ Units live in names: ``multiplies`` / MACs (one multiply-accumulate), ``flops`` 
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any
 
 from torch import fx
 
-from .capture import Entry, build_graph
-from .errors import FlopscopeError
+from .capture import FORWARD, CapturedOp, Cost, build_graph, captured
+from .columns import scale_parts
+from .errors import FlopscopeError, RoleError
 from .facts import ModelFacts
 from .model_formulas import ModelFormulas, model_formulas
 from .module_tracker import ModuleCall, ModuleTracker
 from .reconcile import Reconciliation, TransformerSpec, reconcile
-from .roles import ROLE_ORDER, Assignment, Role, RoleFinder, RoleRule, scale_parts
+from .role import ROLE_ORDER, Role
+from .roles import Assignment, RoleRule, find_roles
 from .timing import Timing, timing
+
+if TYPE_CHECKING:
+    from .capture import Recorder
 
 Shape = tuple[int, ...]
 
@@ -44,53 +50,57 @@ class OpRecord:
     block: str  # module path of the attention / FFN / conv block instance it belongs to
 
 
+@dataclass(frozen=True)
+class Capture:
+    """What one recorded run produced: the ops in order, the ops without a formula, and per module call
+    its input shapes (how reconciliation reads token counts) and call counts."""
+
+    ops: list[CapturedOp]
+    unsupported: Mapping[str, int]
+    decomposed: Mapping[str, int]
+    module_inputs: Mapping[ModuleCall, tuple[tuple[int | str, Shape], ...]]
+    module_calls: Mapping[str, int]
+
+    @classmethod
+    def of(cls, recorder: Recorder, tracker: ModuleTracker) -> Capture:
+        return cls(recorder.ops, dict(recorder.unsupported), dict(recorder.decomposed), dict(tracker.inputs),
+                   dict(tracker.calls))
+
+
 class Profile:
     """Counts of one profiled run (or of every forward inside a :func:`flopscope.profiler` block).
 
-    Build it with :func:`flopscope.profile`; the constructor is internal.
+    Build it with :func:`flopscope.profile` or :class:`flopscope.profiler`; the constructor is internal.
+    Units: MACs (``docs/conventions.md``).
     """
 
-    def __init__(self, entries: list[Entry], facts: ModelFacts, tracker: ModuleTracker, unsupported: Mapping[str, int],
-                 mode: str, output: Any = None, notes: list[str] | None = None,
-                 decomposed: Mapping[str, int] | None = None, role_rules: tuple[RoleRule, ...] = ()) -> None:
-        self._set(entries, facts, tracker, unsupported, mode, output, notes, decomposed, role_rules)
-
-    def _set(self, entries: list[Entry], facts: ModelFacts, tracker: ModuleTracker, unsupported: Mapping[str, int],
-             mode: str, output: Any, notes: list[str] | None, decomposed: Mapping[str, int] | None,
-             role_rules: tuple[RoleRule, ...]) -> None:
-        self._entries = entries
-        self._graph: fx.Graph | None = None  # built on first use: totals need only the entries' metadata
+    def __init__(self, capture: Capture, facts: ModelFacts, mode: str, output: Any = None,
+                 notes: Sequence[str] = (), role_rules: tuple[RoleRule, ...] = ()) -> None:
+        self._ops = capture.ops
+        self._capture = capture
+        self._graph: fx.Graph | None = None  # built on first use: totals need only the records
         self._facts = facts
-        self._module_types = dict(facts.types)
         self._module_paths = list(facts.types)
-        self._module_inputs = dict(tracker.inputs)
-        module_calls = tracker.calls
         self._role_rules = role_rules
-        self._roles: dict[fx.Node, Assignment] | None = None
+        self._roles: Mapping[fx.Node, Assignment] | None = None
         self._records: tuple[OpRecord, ...] | None = None
-        self._module_calls = dict(module_calls)
-        self._unsupported = dict(unsupported)
-        self._decomposed = dict(decomposed or {})
         self._mode = mode
         self._output = output
-        self._notes = list(notes or [])
+        self._notes = tuple(notes)
         counted: list[tuple[str, int, frozenset[str], str]] = []
         elementwise: Counter[str] = Counter()
         elementwise_by_op: Counter[str] = Counter()
-        for entry in entries:
-            meta = entry.meta
-            cost = meta.get("cost")
-            if cost == "formula":
-                paths = frozenset(frame.path for frame in meta["module_stack"])
-                counted.append((str(entry.target.overloadpacket), meta["multiplies"], paths, meta["phase"]))
-            elif cost == "elementwise":
-                category, ops = meta["elementwise"]
-                elementwise[category] += ops
-                elementwise_by_op[str(entry.target.overloadpacket)] += ops
+        for op in capture.ops:
+            if op.cost is Cost.FORMULA:
+                paths = frozenset(frame.path for frame in op.module_stack)
+                counted.append((op.op_name, op.multiplies, paths, op.phase))
+            elif op.cost is Cost.ELEMENTWISE and op.elementwise is not None:
+                category, count = op.elementwise
+                elementwise[category] += count
+                elementwise_by_op[op.op_name] += count
         self._counted = counted  # (op, MACs, module paths on the stack, phase) per counted op
         self._elementwise = dict(elementwise)
         self._elementwise_by_op = dict(elementwise_by_op)
-        self._ready = True
 
     # ---------------------------------------------------------------------------------------------
     # what was captured
@@ -98,36 +108,32 @@ class Profile:
     def graph(self) -> fx.Graph:
         """The captured ``torch.fx`` graph (one node per ATen op; see :mod:`flopscope.capture`), with
         ``node.meta["role"]`` / ``["role_parts"]`` / ``["block"]`` on every node that multiplies."""
-        self._role_assignments()
+        self.role_assignments()
         return self._fx_graph()
 
     def _fx_graph(self) -> fx.Graph:
-        self._check_ready()
         if self._graph is None:
-            self._graph = build_graph(self._entries)
+            self._graph = build_graph(self._ops)
         return self._graph
 
     @property
     def records(self) -> tuple[OpRecord, ...]:
         """Every op with a multiply formula, in execution order, with its roles."""
         if self._records is None:
-            assignments = self._role_assignments()
+            assignments = self.role_assignments()
             records = []
             for node in self._fx_graph().nodes:
-                meta = node.meta
-                if meta.get("cost") != "formula":
+                op = captured(node)
+                if op.cost is not Cost.FORMULA:
                     continue
                 assignment = assignments.get(node)
-                roles = dict(assignment.parts) if assignment else {}
                 records.append(OpRecord(
-                    op=str(node.target.overloadpacket), module=meta["module"] or "",
-                    module_stack=tuple(frame.path for frame in meta["module_stack"]),
-                    call=meta["module_stack"][-1].call if meta["module_stack"] else 0,
-                    input_shapes=meta["input_shapes"],
-                    output_shapes=meta["output_shapes"], multiplies=meta["multiplies"],
-                    parts=meta["multiply_parts"], node=node.name, phase=meta["phase"],
-                    role=Role(meta.get("role", Role.OTHER.value)), roles=roles,
-                    block=assignment.block or "" if assignment else meta["module"]))
+                    op=op.op_name, module=op.module or "", module_stack=tuple(frame.path for frame in op.module_stack),
+                    call=op.module_stack[-1].call if op.module_stack else 0, input_shapes=op.input_shapes,
+                    output_shapes=op.output_shapes, multiplies=op.multiplies, parts=op.parts, node=node.name,
+                    phase=op.phase, role=Role(assignment.role) if assignment else Role.OTHER,
+                    roles=dict(assignment.parts) if assignment else {},
+                    block=assignment.block if assignment else op.module or ""))
             self._records = tuple(records)
         return self._records
 
@@ -148,7 +154,7 @@ class Profile:
 
     def module_inputs(self) -> dict[ModuleCall, tuple[tuple[int | str, Shape], ...]]:
         """Per module call, the shapes of its tensor arguments (by position or keyword)."""
-        return dict(self._module_inputs)
+        return dict(self._capture.module_inputs)
 
     @property
     def notes(self) -> list[str]:
@@ -161,7 +167,6 @@ class Profile:
         """Multiply-accumulates (MACs) of linear-algebra work (matmul, conv, attention, recurrent GEMMs),
         of the whole run (``module=""``) or of one module, inclusive of its submodules; ``phase``
         ("forward" / "backward") restricts a profile taken with ``backward=True``."""
-        self._check_ready()
         if module != "":
             self._check_module(module)
         return sum(macs for _, macs, paths, ph in self._counted
@@ -173,7 +178,6 @@ class Profile:
 
     def by_phase(self) -> dict[str, int]:
         """MACs of the forward pass and (with ``backward=True``) of the backward pass."""
-        self._check_ready()
         out: Counter[str] = Counter()
         for _, macs, _, phase in self._counted:
             out[phase] += macs
@@ -182,7 +186,6 @@ class Profile:
     def by_module(self) -> dict[str, int]:
         """MACs per module path, inclusive of submodules, for every module of the model (0 where none);
         ``by_module()[""] == total()``. A module called several times sums its calls."""
-        self._check_ready()
         out = dict.fromkeys(self._module_paths, 0)
         for _, macs, paths, _ in self._counted:
             for path in paths:
@@ -191,7 +194,6 @@ class Profile:
 
     def by_op(self) -> dict[str, int]:
         """MACs per ATen op (``"aten.mm"``, ``"aten._scaled_dot_product_flash_attention_for_cpu"``)."""
-        self._check_ready()
         out: Counter[str] = Counter()
         for op, macs, _, _ in self._counted:
             out[op] += macs
@@ -201,7 +203,6 @@ class Profile:
 
     def by_module_and_op(self) -> dict[str, dict[str, int]]:
         """``{module path: {op: MACs}}``, inclusive of submodules."""
-        self._check_ready()
         out: dict[str, Counter[str]] = defaultdict(Counter)
         for op, macs, paths, _ in self._counted:
             for path in paths:
@@ -210,7 +211,6 @@ class Profile:
 
     def op_calls(self) -> dict[str, int]:
         """How many times each counted op ran."""
-        self._check_ready()
         return dict(Counter(op for op, _, _, _ in self._counted))
 
     # ---------------------------------------------------------------------------------------------
@@ -220,8 +220,8 @@ class Profile:
         order); every multiply has exactly one role, so the values sum to ``total(phase=phase)``.
         Backward ops carry the role of the forward op they differentiate."""
         out: Counter[str] = Counter()
-        for node, assignment in self._role_assignments().items():
-            if phase is not None and node.meta.get("phase") != phase:
+        for node, assignment in self.role_assignments().items():
+            if phase is not None and captured(node).phase != phase:
                 continue
             for role, macs in assignment.parts.items():
                 out[role] += macs
@@ -231,68 +231,72 @@ class Profile:
         """``{block path: {role: MACs}}`` per attention / FFN / conv block instance (the module path
         enclosing its multiplies); multiplies outside such blocks are listed under their own module."""
         out: dict[str, Counter[str]] = defaultdict(Counter)
-        for assignment in self._role_assignments().values():
+        for assignment in self.role_assignments().values():
             for role, macs in assignment.parts.items():
                 out[assignment.block or ""][role] += macs
         return {block: {r: roles[r] for r in ROLE_ORDER if r in roles} for block, roles in out.items()}
 
     def role_of(self, node: fx.Node | str) -> Role:
         """The role of a graph node (or node name): for a node split across roles, the one with most MACs."""
-        self._role_assignments()
-        found = node if isinstance(node, fx.Node) else next(n for n in self._fx_graph().nodes if n.name == node)
-        return Role(found.meta.get("role", Role.OTHER.value))
+        assignments = self.role_assignments()
+        found = node if isinstance(node, fx.Node) else next((n for n in self._fx_graph().nodes if n.name == node), None)
+        if found is None:
+            raise RoleError(f"no node named {node!r} in the captured graph (see prof.graph)")
+        assignment = assignments.get(found)
+        return Role(assignment.role) if assignment is not None else Role.OTHER
+
+    def role_assignments(self) -> Mapping[fx.Node, Assignment]:
+        """Read-only ``{node: Assignment}`` for every node of :attr:`graph` that multiplies (and every
+        embedding lookup, with 0 MACs): its ``{role: MACs}`` split, its block and the block's kind."""
+        if self._roles is None:
+            return self._set_roles(find_roles(self._fx_graph(), self._facts.types, self._role_rules))
+        return self._roles
 
     def reconcile(self, spec: TransformerSpec | None = None) -> Reconciliation:
         """Measured MACs per block and role against exact closed forms from the model's declared
         structure (or ``spec``), with the complexity term, useful work under masks, and the reason for
         any ratio that is not 1. See :mod:`flopscope.reconcile`."""
-        return reconcile(self, spec)
+        return reconcile(self.role_assignments(), self._facts, self._capture.module_inputs, spec)
 
     def model_formulas(self) -> ModelFormulas:
         """Measured forward MACs per token against Kaplan, Chinchilla, Megatron-LM and PaLM, with the
         difference explained part by part (see :mod:`flopscope.model_formulas`)."""
-        return model_formulas(self)
+        return model_formulas(self._facts, self.by_role(phase=FORWARD), self._capture.module_inputs)
 
     def timing(self) -> Timing:
         """Wall time per role and module of a real-mode run, with GFLOP/s and time share against MAC
         share (see :mod:`flopscope.timing`)."""
-        return timing(self)
+        return timing(self.graph, self.role_assignments())
 
-    def _adopt_roles(self, template: Profile) -> bool:
+    def reuse_roles(self, template: Profile) -> bool:
         """Take the roles of ``template``, a profile of the same model at another input length, when both
         ran the same ops in the same order: each op keeps its template's role fractions (a fused
-        projection splits by columns, independent of length; a fused kernel's parts are its own).
-        Returns False, changing nothing, when the op sequences differ."""
-        pairs = zip(template._entries, self._entries, strict=False)
-        if len(template._entries) != len(self._entries) or any(
-                a.target != b.target or a.kind != b.kind for a, b in pairs):
+        projection splits by columns, independent of length; a fused kernel's parts are its own). For
+        sweeps (:func:`flopscope.scaling`). Returns False, changing nothing, when the op sequences differ
+        or this profile's roles are already known."""
+        if self._roles is not None or len(template._ops) != len(self._ops) or any(
+                a.target != b.target or a.node_op != b.node_op for a, b in zip(template._ops, self._ops, strict=True)):
             return False
-        theirs = template._role_assignments()
+        theirs = template.role_assignments()
         roles: dict[fx.Node, Assignment] = {}
         for mine, other in zip(self._fx_graph().nodes, template._fx_graph().nodes, strict=True):
             source = theirs.get(other)
             if source is None:
                 continue
-            macs = int(mine.meta.get("multiplies") or 0)
-            own = mine.meta.get("multiply_parts")
-            parts = dict(own) if own else (scale_parts(source.parts, macs) if macs else dict(source.parts))
-            roles[mine] = Assignment(parts, source.block, source.kind)
-        self._roles = roles
-        self._stamp_roles()
+            op = captured(mine)
+            parts = dict(op.parts) if op.parts else (scale_parts(source.parts, op.multiplies) if op.multiplies
+                                                     else dict(source.parts))
+            roles[mine] = Assignment(parts, source.block)
+        self._set_roles(roles)
         return True
 
-    def _stamp_roles(self) -> None:
-        assert self._roles is not None
-        for node, assignment in self._roles.items():
+    def _set_roles(self, roles: Mapping[fx.Node, Assignment]) -> Mapping[fx.Node, Assignment]:
+        """Keep the assignments (read-only) and stamp the public ``role`` / ``role_parts`` / ``block`` keys."""
+        for node, assignment in roles.items():
             node.meta["role_parts"] = dict(assignment.parts)
-            node.meta["role"] = max(assignment.parts, key=assignment.parts.__getitem__)
+            node.meta["role"] = assignment.role
             node.meta["block"] = assignment.block
-
-    def _role_assignments(self) -> dict[fx.Node, Assignment]:
-        self._check_ready()
-        if self._roles is None:
-            self._roles = RoleFinder(self._fx_graph(), self._module_types, self._role_rules).assign()
-            self._stamp_roles()
+        self._roles = MappingProxyType(dict(roles))
         return self._roles
 
     # ---------------------------------------------------------------------------------------------
@@ -300,23 +304,20 @@ class Profile:
     def unsupported(self) -> dict[str, int]:
         """``{op: calls}`` of ops with neither a formula, an elementwise rule, nor a place in the
         zero-cost list: they may do arithmetic that ``total()`` does not include."""
-        self._check_ready()
-        return dict(self._unsupported)
+        return dict(self._capture.unsupported)
 
     unsupported_ops = unsupported  # fvcore's name
 
     def decomposed(self) -> dict[str, int]:
         """``{op: calls}`` of ops without a formula that were counted through ``op.decompose()``."""
-        return dict(self._decomposed)
+        return dict(self._capture.decomposed)
 
     def elementwise(self) -> dict[str, int]:
         """Elementwise ops (not MACs) per category: pointwise, softmax, norm, reduction, ..."""
-        self._check_ready()
         return dict(self._elementwise)
 
     def elementwise_by_op(self) -> dict[str, int]:
         """Elementwise ops (not MACs) per ATen op."""
-        self._check_ready()
         return dict(self._elementwise_by_op)
 
     def total_elementwise(self) -> int:
@@ -325,24 +326,17 @@ class Profile:
 
     def uncalled_modules(self) -> set[str]:
         """Module paths of the model that never ran (fvcore's name)."""
-        self._check_ready()
-        return {p for p in self._module_paths if p not in self._module_calls}
+        return {p for p in self._module_paths if p not in self._capture.module_calls}
 
     def module_calls(self) -> dict[str, int]:
         """How many times each module ran."""
-        return dict(self._module_calls)
+        return dict(self._capture.module_calls)
 
     # ---------------------------------------------------------------------------------------------
     def __repr__(self) -> str:
-        if not getattr(self, "_ready", False):
-            return f"<{type(self).__name__} recording>"
         return (f"<{type(self).__name__} mode={self._mode} total={self.total():,} MACs "
                 f"({self.total_flops():,} FLOPs), {len(self._counted)} counted ops, "
-                f"{sum(self._unsupported.values())} unsupported calls>")
-
-    def _check_ready(self) -> None:
-        if not getattr(self, "_ready", False):
-            raise FlopscopeError("the profiler is still recording: query it after the `with` block")
+                f"{sum(self._capture.unsupported.values())} unsupported calls>")
 
     def _check_module(self, module: str) -> None:
         if module not in self._module_paths:

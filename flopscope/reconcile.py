@@ -3,7 +3,8 @@
 Predictions use what the model *declares* (:class:`~flopscope.facts.ModelFacts`: module attributes,
 parameter shapes, the Hugging Face config) and the shapes of each block's inputs (its token counts), never
 the shapes of the ops that ran inside it; a user can state the hyper-parameters instead with a
-:class:`TransformerSpec`. Closed forms are those of ``reference/formulas.md`` sections 6 and 7 (MACs):
+:class:`TransformerSpec`. Hyper-parameter names: :mod:`flopscope.conventions`. Closed forms are those
+of ``docs/formulas.md`` sections 6 and 7 (MACs):
 
 =================  ==============================  ============
 role               prediction                      term
@@ -26,26 +27,44 @@ kernel runs ``n_q·n_k`` pairs but needs ``n_q·n_k − n_q(n_q−1)/2``; a slid
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from fractions import Fraction
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from tabulate import tabulate
+from torch import fx
 
+from .capture import BACKWARD, captured
+from .conventions import (
+    EXPERT_FFN_WIDTH,
+    EXPERTS,
+    FFN_WIDTH,
+    HEAD_WIDTH,
+    HEADS,
+    KEY_INPUTS,
+    KV_GROUPS,
+    KV_HEADS,
+    LINEAR_IN,
+    LINEAR_OUT,
+    MULTI_QUERY,
+    QUERY_INPUTS,
+    SLIDING_WINDOW,
+    TOP_K,
+    VOCAB,
+    WIDTH,
+    Names,
+)
 from .facts import ModelFacts
-from .formulas import prod
+from .formulas import OpFamily, prod
+from .module_tracker import ModuleCall
+from .paths import inside
+from .role import ROLE_ORDER, Role, RoleGroup, roles_in
+from .roles import Assignment
 
-if TYPE_CHECKING:
-    from .profile import Profile
-
-ATTENTION_ROLES = ("q_proj", "k_proj", "v_proj", "attn_scores", "attn_weighted_sum", "out_proj")
-FFN_ROLES = ("ffn_up", "ffn_gate", "ffn_down")
-TERMS = {"q_proj": "n·d²", "k_proj": "n·d²", "v_proj": "n·d²", "out_proj": "n·d²", "attn_scores": "n²·d",
-         "attn_weighted_sum": "n²·d", "ffn_up": "n·d²", "ffn_gate": "n·d²", "ffn_down": "n·d²",
-         "conv": "k·n·d²", "recurrent": "n·d²", "logits": "n·d·V"}
-QUERY_INPUTS = ("hidden_states", "query", "x", "src", "tgt", "input", "inputs_embeds", 0)
-KEY_INPUTS = ("key_value_states", "encoder_hidden_states", "key", "memory", "context", "kv")
+ATTENTION_ROLES = roles_in(RoleGroup.ATTENTION)
+FFN_ROLES = roles_in(RoleGroup.FFN)
+TERMS = {r.value: r.term for r in Role if r.term}
 
 
 @dataclass(frozen=True)
@@ -125,42 +144,41 @@ class Reconciliation:
 
 
 # --------------------------------------------------------------------------------------------------
-def reconcile(prof: Profile, spec: TransformerSpec | None = None) -> Reconciliation:
-    """Per block and role: measured against predicted MACs (see the module docstring)."""
+def reconcile(assignments: Mapping[fx.Node, Assignment], facts: ModelFacts,
+              module_inputs: Mapping[ModuleCall, InputShapes], spec: TransformerSpec | None = None) -> Reconciliation:
+    """Per block and role: measured against predicted MACs (see the module docstring). ``assignments``
+    are a profile's role assignments (forward ops are reconciled), ``module_inputs`` the shapes of each
+    module call's inputs (:meth:`flopscope.Profile.module_inputs`)."""
     measured: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     role_modules: dict[str, dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))
     kernels: dict[str, set[str]] = defaultdict(set)
     causal_kernels: set[str] = set()
-    for node, assignment in prof._role_assignments().items():
-        if node.meta.get("phase") == "backward":
+    for node, assignment in assignments.items():
+        op = captured(node)
+        if op.phase == BACKWARD:
             continue
-        block = assignment.block or ""
+        block = assignment.block
         for role, macs in assignment.parts.items():
             measured[block][role] += macs
-            role_modules[block][role].add(str(node.meta.get("module") or ""))
-        if node.meta.get("multiply_parts"):
+            role_modules[block][role].add(op.module or "")
+        if op.parts:
             kernels[block].add(str(node.target))
             if _kernel_is_causal(node):
                 causal_kernels.add(block)
-    facts = prof.facts
-    calls = _calls_by_path(prof.module_inputs())
+    calls = _calls_by_path(module_inputs)
     rows: list[ReconcileRow] = []
     for block, roles in measured.items():
-        before = len(rows)
-        if any(r in roles for r in ATTENTION_ROLES):
-            rows += _attention_rows(block, roles, facts, calls.get(block, []), spec, block in causal_kernels,
-                                    role_modules[block])
-        if any(r in roles for r in FFN_ROLES):
-            rows += _ffn_rows(block, roles, facts, calls.get(block, []), spec, role_modules[block])
-        if "conv" in roles:
-            rows.append(_conv_row(block, roles["conv"], facts, calls.get(block, [])))
-        if "recurrent" in roles:
-            rows.append(_recurrent_row(block, roles["recurrent"], facts, calls.get(block, [])))
-        if "logits" in roles:
-            rows.append(_logits_row(block, roles["logits"], facts, calls.get(block, []), spec))
+        context = _Block(block, roles, facts, calls.get(block, []), spec, block in causal_kernels,
+                         role_modules[block])
+        found: list[ReconcileRow] = []
+        for group in dict.fromkeys(Role(r).group for r in ROLE_ORDER if r in roles):
+            predict = ROW_BUILDERS.get(group)
+            if predict is not None:
+                found += predict(context)
         if kernels.get(block):  # a fused kernel ran this block (SDPA, a fast path): say which
             fused = "fused kernel " + ", ".join(sorted(kernels[block]))
-            rows[before:] = [replace(r, basis=f"{r.basis}; {fused}" if r.basis else fused) for r in rows[before:]]
+            found = [replace(r, basis=f"{r.basis}; {fused}" if r.basis else fused) for r in found]
+        rows += found
     return Reconciliation(tuple(rows))
 
 
@@ -174,10 +192,32 @@ def _calls_by_path(inputs: Mapping[Any, InputShapes]) -> dict[str, list[InputSha
     return out
 
 
-def _kernel_is_causal(node: Any) -> bool:
+def _kernel_is_causal(node: fx.Node) -> bool:
+    """An attention kernel called with ``is_causal`` (by keyword, or among its first flags)."""
     if node.kwargs.get("is_causal"):
         return True
-    return any(a is True for a in node.args[3:6]) and "scaled_dot_product" in str(node.target)
+    spec = captured(node).spec
+    return spec is not None and spec.family is OpFamily.ATTENTION and "scaled_dot_product" in str(node.target) \
+        and any(a is True for a in node.args[3:6])
+
+
+@dataclass(frozen=True)
+class _Block:
+    """What a row builder knows of one block: its path, measured MACs per role, the model's facts, the
+    input shapes of each call of the block, the user's spec, and which modules ran each role."""
+
+    path: str
+    measured: Mapping[str, int]
+    facts: ModelFacts
+    calls: list[InputShapes]
+    spec: TransformerSpec | None
+    causal_kernel: bool
+    role_modules: Mapping[str, set[str]]
+
+    def unrecognised(self, roles: Sequence[str], why: str = "") -> list[ReconcileRow]:
+        """Rows without a prediction, saying why."""
+        reason = "unrecognised block" + (f": {why}" if why else "")
+        return [ReconcileRow(self.path, r, self.measured.get(r, 0), None, TERMS[r], reason=reason) for r in roles]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -190,61 +230,51 @@ class _Attention:
     source: str  # "h=8 n_kv=2 d_k=64 (config)" or "(weight shapes)"
 
 
-def _attention_hyper(block: str, facts: ModelFacts, spec: TransformerSpec | None,
-                     role_modules: Mapping[str, set[str]]) -> _Attention | None:
-    paths = [p for p in facts.types if p == block or p.startswith(block + ".") or block == ""]
-    attr = _first_attr(facts, paths)
+def _attention_hyper(b: _Block) -> _Attention | None:
+    facts, spec = b.facts, b.spec
+    paths = inside(facts.types, b.path)
     source = "module attributes"
-    d = attr("embed_dim", "hidden_size", "d_model", "embed_size", "all_head_size", "inner_dim")
-    q_modules = role_modules.get("q_proj", set())
+    d = facts.declared(WIDTH, paths, config=False)
+    q_modules = b.role_modules.get("q_proj", set())
     if d is None and len(q_modules) == 1:  # the query projection's declared input width (a stage's own d)
-        d = facts.attr(next(iter(q_modules)), "in_features", "nx")
-    h = attr("num_heads", "num_attention_heads", "n_heads", "n_head", "num_attention_heads_per_partition", "h")
-    n_kv = attr("num_key_value_heads", "num_kv_heads", "n_kv_heads", "num_key_value_heads_per_partition")
-    groups = attr("num_key_value_groups")
-    d_k = attr("head_dim", "attention_head_size", "key_value_proj_dim", "head_size", "d_kv", "d_k", "dk")
+        d = facts.declared(LINEAR_IN, [next(iter(q_modules))], config=False)
+    h = facts.declared(HEADS, paths, config=False)
+    n_kv = facts.declared(KV_HEADS, paths, config=False)
+    groups = facts.declared(KV_GROUPS, paths, config=False)
+    d_k = facts.declared(HEAD_WIDTH, paths, config=False)
     if facts.config is not None:
-        d = facts.config_value("hidden_size", "d_model") if d is None else d
-        h = facts.config_value("num_attention_heads", "num_heads", "n_head") if h is None else h
+        d = facts.declared(Names(config=WIDTH.config)) if d is None else d
+        h = facts.declared(Names(config=HEADS.config)) if h is None else h
         if n_kv is None and groups is None:
-            n_kv = facts.config_value("num_key_value_heads", "num_kv_heads")
-            if n_kv is None and facts.config_value("multi_query"):
+            n_kv = facts.declared(Names(config=KV_HEADS.config))
+            if n_kv is None and facts.config_value(*MULTI_QUERY.config):
                 n_kv = 1
-        d_k = facts.config_value("head_dim", "d_kv") if d_k is None else d_k
+        d_k = facts.declared(Names(config=HEAD_WIDTH.config)) if d_k is None else d_k
         source = "module attributes and config"
     if spec is not None:
         d, h = spec.d or d, spec.h or h
         n_kv, d_k = spec.n_kv or n_kv, spec.d_k or d_k
         source = "TransformerSpec"
-    if isinstance(d, int) and isinstance(h, int) and h > 0:
-        if n_kv is None and isinstance(groups, int) and groups > 0:
+    if d is not None and h is not None and h > 0:
+        if n_kv is None and groups is not None and groups > 0:
             n_kv = h // groups
-        n_kv = n_kv if isinstance(n_kv, int) else h
-        d_k = d_k if isinstance(d_k, int) else d // h
+        n_kv = n_kv if n_kv is not None else h
+        d_k = d_k if d_k is not None else d // h
         return _Attention(d, h * d_k, n_kv * d_k, f"h={h} n_kv={n_kv} d_k={d_k} ({source})")
     # no declared head count: the projection weights give the widths (heads only split them)
-    q_mods, k_mods = role_modules.get("q_proj", set()), role_modules.get("k_proj", set())
+    q_mods, k_mods = b.role_modules.get("q_proj", set()), b.role_modules.get("k_proj", set())
     if len(q_mods) == 1 and len(k_mods) == 1 and q_mods != k_mods:
         q_mod, k_mod = next(iter(q_mods)), next(iter(k_mods))
-        d_in, d_q = facts.attr(q_mod, "in_features"), facts.attr(q_mod, "out_features")
-        d_kv = facts.attr(k_mod, "out_features")
-        if all(isinstance(v, int) for v in (d_in, d_q, d_kv)):
+        d_in = facts.declared(Names(module=("in_features",)), [q_mod], config=False)
+        d_q = facts.declared(Names(module=("out_features",)), [q_mod], config=False)
+        d_kv = facts.declared(Names(module=("out_features",)), [k_mod], config=False)
+        if d_in is not None and d_q is not None and d_kv is not None:
             return _Attention(d_in, d_q, d_kv, "widths from the projection weights")
     return None
 
 
-def _first_attr(facts: ModelFacts, paths: Sequence[str]) -> Any:
-    def attr(*names: str) -> Any:
-        for path in paths:
-            value = facts.attr(path, *names)
-            if isinstance(value, int) and not isinstance(value, bool):
-                return value
-        return None
-    return attr
-
-
-def _tokens(shapes: InputShapes, width: int, names: Sequence[int | str], seq_first: bool = False
-            ) -> tuple[int, int] | None:
+def _batch_and_length(shapes: InputShapes, width: int, names: Sequence[int | str], seq_first: bool = False
+                      ) -> tuple[int, int] | None:
     """(batch, length) of the first named input whose last dim is ``width``."""
     by_key = dict(shapes)
     for name in names:
@@ -258,21 +288,18 @@ def _tokens(shapes: InputShapes, width: int, names: Sequence[int | str], seq_fir
     return None
 
 
-def _attention_rows(block: str, measured: Mapping[str, int], facts: ModelFacts, calls: list[InputShapes],
-                    spec: TransformerSpec | None, causal_kernel: bool,
-                    role_modules: Mapping[str, set[str]]) -> list[ReconcileRow]:
-    hyper = _attention_hyper(block, facts, spec, role_modules)
+def _attention_rows(b: _Block) -> list[ReconcileRow]:
+    block, measured, facts, calls, spec = b.path, b.measured, b.facts, b.calls, b.spec
+    hyper = _attention_hyper(b)
     present = [r for r in ATTENTION_ROLES if r in measured]
     if hyper is None or (not calls and (spec is None or spec.n is None)):
-        return [ReconcileRow(block, r, measured[r], None, TERMS[r], reason="unrecognised block: no declared "
-                             "width / heads or no recorded input") for r in present]
+        return b.unrecognised(present, "no declared width / heads or no recorded input")
     seq_first = facts.attr(block, "batch_first") is False
     predicted: dict[str, int] = defaultdict(int)
     useful: dict[str, int] = defaultdict(int)
-    attrs = [p for p in facts.types if p == block or p.startswith(block + ".")]
-    causal = bool(causal_kernel or any(facts.attr(p, "is_causal") is True for p in attrs))
-    window = next((facts.attr(p, "sliding_window") for p in attrs if isinstance(facts.attr(p, "sliding_window"),
-                                                                                   int)), None)
+    paths = inside(facts.types, block)
+    causal = bool(b.causal_kernel or any(facts.attr(p, "is_causal") is True for p in paths))
+    window = facts.declared(SLIDING_WINDOW, paths, config=False)
     if window is None:
         window = _config_window(block, facts)
     if spec is not None:
@@ -284,12 +311,12 @@ def _attention_rows(block: str, measured: Mapping[str, int], facts: ModelFacts, 
             batch, n_q = spec.batch or 1, spec.n
             n_k = spec.n_k or spec.n
         else:
-            q = _tokens(shapes, hyper.d, QUERY_INPUTS, seq_first)
+            q = _batch_and_length(shapes, hyper.d, QUERY_INPUTS, seq_first)
             if q is None:
                 continue
             batch, n_q = q
             kv_names: tuple[int | str, ...] = (*KEY_INPUTS, 1) if seq_first or facts.attr(block, "kdim") else KEY_INPUTS
-            kv = _tokens(shapes, facts.attr(block, "kdim") or hyper.d, kv_names, seq_first)
+            kv = _batch_and_length(shapes, facts.attr(block, "kdim") or hyper.d, kv_names, seq_first)
             n_k = kv[1] if kv is not None else n_q
         d, d_q, d_kv = hyper.d, hyper.d_q, hyper.d_kv  # d_q = h·d_k, d_kv = n_kv·d_k
         # nn.MultiheadAttention declares the key / value input widths and keys appended after projection
@@ -308,8 +335,7 @@ def _attention_rows(block: str, measured: Mapping[str, int], facts: ModelFacts, 
         basis = (f"B={batch} n_q={n_q} n_k={n_k} d={d} {hyper.source}"
                  f"{' causal' if causal else ''}{f' window={window}' if window else ''}")
     if not predicted:  # no call input of the declared width: the block's interface is not the usual one
-        return [ReconcileRow(block, r, measured[r], None, TERMS[r], reason=f"unrecognised block: no input of "
-                             f"width d={hyper.d} among its call's inputs") for r in present]
+        return b.unrecognised(present, f"no input of width d={hyper.d} among its call's inputs")
     rows = []
     for role in ATTENTION_ROLES:
         if role not in measured and not predicted.get(role):
@@ -324,8 +350,8 @@ def _attention_rows(block: str, measured: Mapping[str, int], facts: ModelFacts, 
 
 def _config_window(block: str, facts: ModelFacts) -> int | None:
     """The sliding window the config declares for this block's layer (``layer_types`` when it has them)."""
-    window = facts.config_value("sliding_window")
-    if not isinstance(window, int) or facts.config_value("use_sliding_window") is False:
+    window = facts.declared(Names(config=SLIDING_WINDOW.config))
+    if window is None or facts.config_value("use_sliding_window") is False:
         return None
     layer_types = facts.config_value("layer_types")
     if isinstance(layer_types, (list, tuple)):
@@ -362,30 +388,24 @@ def _attention_reason(row: ReconcileRow, hyper: _Attention) -> str:
 
 # --------------------------------------------------------------------------------------------------
 # FFN, conv, recurrent, logits
-def _ffn_rows(block: str, measured: Mapping[str, int], facts: ModelFacts, calls: list[InputShapes],
-              spec: TransformerSpec | None, role_modules: Mapping[str, set[str]]) -> list[ReconcileRow]:
+def _ffn_rows(b: _Block) -> list[ReconcileRow]:
+    block, measured, facts, calls, spec = b.path, b.measured, b.facts, b.calls, b.spec
     gated = ("ffn_gate" in measured) if spec is None or spec.gated is None else spec.gated
-    d, d_ff, source = _ffn_widths(block, facts, role_modules, gated)
-    experts = facts.config_value("num_experts_per_tok", "num_experts_per_token", "moe_topk", "top_k")
+    d, d_ff, source = _ffn_widths(b, gated)
+    experts = facts.declared(TOP_K)
     if spec is not None:
         d, d_ff, source = spec.d or d, spec.d_ff or d_ff, "TransformerSpec"
     present = [r for r in FFN_ROLES if r in measured]
-    if not isinstance(d, int) or not isinstance(d_ff, int):
-        return [ReconcileRow(block, r, measured[r], None, TERMS[r], reason="unrecognised block") for r in present]
+    if d is None or d_ff is None:
+        return b.unrecognised(present)
     # routed experts: each token meets top_k of them; a shared expert (or a dense FFN) sees every token once
-    inside = [p for p in facts.types if p == block or p.startswith(block + ".") or block == ""]
-    routed = any(facts.attr(p, "num_experts", "num_local_experts", "n_routed_experts") for p in inside)
-    top_k = experts if isinstance(experts, int) and routed else 1
-    tokens = 0
-    for shapes in calls:
-        t = _tokens(shapes, d, QUERY_INPUTS)
-        if t is not None:
-            tokens += t[0] * t[1]
+    routed = facts.declared(EXPERTS, inside(facts.types, block), config=False)
+    top_k = experts if experts is not None and routed else 1
+    tokens = _tokens_of(calls, d)
     if spec is not None and spec.n is not None:
         tokens = (spec.batch or 1) * spec.n
     if not tokens:
-        return [ReconcileRow(block, r, measured[r], None, TERMS[r], reason=f"unrecognised block: no input of "
-                             f"width d={d} among its call's inputs") for r in present]
+        return b.unrecognised(present, f"no input of width d={d} among its call's inputs")
     predicted = {"ffn_up": tokens * top_k * d * d_ff, "ffn_down": tokens * top_k * d_ff * d}
     if gated:
         predicted["ffn_gate"] = tokens * top_k * d * d_ff
@@ -401,24 +421,29 @@ def _ffn_rows(block: str, measured: Mapping[str, int], facts: ModelFacts, calls:
     return rows
 
 
-def _ffn_widths(block: str, facts: ModelFacts, role_modules: Mapping[str, set[str]], gated: bool
-                ) -> tuple[int | None, int | None, str]:
+def _tokens_of(calls: list[InputShapes], width: int) -> int:
+    """Tokens (batch x length) of the block's query inputs of this width, summed over its calls."""
+    found = (_batch_and_length(shapes, width, QUERY_INPUTS) for shapes in calls)
+    return sum(t[0] * t[1] for t in found if t is not None)
+
+
+def _ffn_widths(b: _Block, gated: bool) -> tuple[int | None, int | None, str]:
     """(d, d_ff): from the up projection's declared weight (nn.Linear / GPT-2 Conv1D), else the config."""
-    ups = role_modules.get("ffn_up", set())
+    facts = b.facts
+    ups = b.role_modules.get("ffn_up", set())
     if len(ups) == 1:
         up = next(iter(ups))
-        d_in, width = facts.attr(up, "in_features", "nx"), facts.attr(up, "out_features", "nf")
-        if isinstance(d_in, int) and isinstance(width, int):
-            fused = gated and role_modules.get("ffn_gate") == ups  # one gate_up projection, split in two
+        d_in = facts.declared(LINEAR_IN, [up], config=False)
+        width = facts.declared(LINEAR_OUT, [up], config=False)
+        if d_in is not None and width is not None:
+            fused = gated and b.role_modules.get("ffn_gate") == ups  # one gate_up projection, split in two
             return d_in, width // 2 if fused else width, "weight shapes"
-    d = facts.config_value("hidden_size", "d_model")
-    moe = facts.config_value("num_experts_per_tok", "num_experts_per_token", "moe_topk", "top_k")
-    keys = ("moe_intermediate_size", "intermediate_size") if moe else ("intermediate_size", "ffn_dim", "d_ff")
-    d_ff = facts.config_value(*keys)
-    if isinstance(d, int) and isinstance(d_ff, int):
+    d = facts.declared(Names(config=WIDTH.config))
+    d_ff = facts.declared(EXPERT_FFN_WIDTH if facts.declared(TOP_K) is not None else FFN_WIDTH)
+    if d is not None and d_ff is not None:
         return d, d_ff, "config"
     # a fused kernel (the encoder-layer fast path): the block's own linear layers declare the widths
-    linears = [p for p in facts.types if (p.startswith(block + ".") or block == "") and facts.attr(p, "in_features")]
+    linears = [p for p in inside(facts.types, b.path) if (p != b.path or not p) and facts.attr(p, "in_features")]
     ins = [facts.attr(p, "in_features") for p in linears]
     outs = [facts.attr(p, "out_features") for p in linears]
     if ins and outs:
@@ -426,11 +451,12 @@ def _ffn_widths(block: str, facts: ModelFacts, role_modules: Mapping[str, set[st
     return None, None, "unknown"
 
 
-def _conv_row(block: str, got: int, facts: ModelFacts, calls: list[InputShapes]) -> ReconcileRow:
-    a = facts.attributes.get(block, {})
+def _conv_rows(b: _Block) -> list[ReconcileRow]:
+    block, got, calls = b.path, b.measured.get("conv", 0), b.calls
+    a = b.facts.attributes.get(block, {})
     needed = ("in_channels", "out_channels", "kernel_size", "stride", "padding", "dilation", "groups")
     if not all(k in a for k in needed) or not calls:
-        return ReconcileRow(block, "conv", got, None, TERMS["conv"], reason="unrecognised block")
+        return b.unrecognised(["conv"])
     predicted = 0
     kernel, dims = tuple(a["kernel_size"]), len(tuple(a["kernel_size"]))
     for shapes in calls:
@@ -452,14 +478,15 @@ def _conv_row(block: str, got: int, facts: ModelFacts, calls: list[InputShapes])
                         for i, s in enumerate(spatial))
         predicted += batch * a["out_channels"] * prod(out) * (a["in_channels"] // a["groups"]) * prod(kernel)
     basis = f"C_in={a['in_channels']} C_out={a['out_channels']} k={kernel} groups={a['groups']}"
-    return ReconcileRow(block, "conv", got, predicted, TERMS["conv"], basis=basis)
+    return [ReconcileRow(block, "conv", got, predicted, TERMS["conv"], basis=basis)]
 
 
-def _recurrent_row(block: str, got: int, facts: ModelFacts, calls: list[InputShapes]) -> ReconcileRow:
-    a = facts.attributes.get(block, {})
+def _recurrent_rows(b: _Block) -> list[ReconcileRow]:
+    block, got, calls = b.path, b.measured.get("recurrent", 0), b.calls
+    a = b.facts.attributes.get(block, {})
     gates = {"LSTM": 4, "GRU": 3, "RNN_TANH": 1, "RNN_RELU": 1}.get(str(a.get("mode")))
     if gates is None or not calls:
-        return ReconcileRow(block, "recurrent", got, None, TERMS["recurrent"], reason="unrecognised block")
+        return b.unrecognised(["recurrent"])
     d_in, d_h, layers = a["input_size"], a["hidden_size"], a["num_layers"]
     dirs, p = (2 if a["bidirectional"] else 1), a.get("proj_size") or 0
     out = p or d_h
@@ -473,15 +500,24 @@ def _recurrent_row(block: str, got: int, facts: ModelFacts, calls: list[InputSha
         if shape is not None:
             tokens += prod(shape[:-1])
     basis = f"d_in={d_in} d_h={d_h} gates={gates} layers={layers} directions={dirs}"
-    return ReconcileRow(block, "recurrent", got, tokens * per_token, TERMS["recurrent"], basis=basis)
+    return [ReconcileRow(block, "recurrent", got, tokens * per_token, TERMS["recurrent"], basis=basis)]
 
 
-def _logits_row(block: str, got: int, facts: ModelFacts, calls: list[InputShapes],
-                spec: TransformerSpec | None) -> ReconcileRow:
-    d = facts.config_value("hidden_size", "d_model") or facts.attr(block, "in_features")
-    vocab = facts.config_value("vocab_size") or facts.attr(block, "out_features")
-    tokens = sum(t[0] * t[1] for shapes in calls if (t := _tokens(shapes, d, QUERY_INPUTS)) is not None) \
-        if isinstance(d, int) else 0
-    if not isinstance(d, int) or not isinstance(vocab, int) or not tokens:
-        return ReconcileRow(block, "logits", got, None, TERMS["logits"], reason="unrecognised block")
-    return ReconcileRow(block, "logits", got, tokens * d * vocab, TERMS["logits"], basis=f"d={d} V={vocab}")
+def _logits_rows(b: _Block) -> list[ReconcileRow]:
+    block, got, facts = b.path, b.measured.get("logits", 0), b.facts
+    d = facts.declared(Names(config=WIDTH.config)) or facts.declared(Names(module=("in_features",)), [block])
+    vocab = facts.declared(VOCAB) or facts.declared(Names(module=("out_features",)), [block])
+    tokens = _tokens_of(b.calls, d) if d is not None else 0
+    if d is None or vocab is None or not tokens:
+        return b.unrecognised(["logits"])
+    return [ReconcileRow(block, "logits", got, tokens * d * vocab, TERMS["logits"], basis=f"d={d} V={vocab}")]
+
+
+ROW_BUILDERS: dict[RoleGroup, Callable[[_Block], list[ReconcileRow]]] = {
+    RoleGroup.ATTENTION: _attention_rows,
+    RoleGroup.FFN: _ffn_rows,
+    RoleGroup.CONV: _conv_rows,
+    RoleGroup.RECURRENT: _recurrent_rows,
+    RoleGroup.LOGITS: _logits_rows,
+}
+"""The closed form of each role group: a new group's prediction is one builder here."""

@@ -15,20 +15,20 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
+import torch
 from tabulate import tabulate
 from torch import nn
-from torch._subclasses.fake_tensor import FakeTensorMode
 
-from .api import _check_inputs, _Options, _run, paused_gc, profile
-from .errors import FlopscopeError
-from .fake import FakeConverter
-from .formulas import REGISTRY
+from .errors import ConfigurationError
+from .formulas import FormulaRegistry
 from .profile import Profile
 from .reconcile import TransformerSpec
-from .roles import ROLE_ORDER
+from .role import ROLE_ORDER, Role
+from .roles import RoleRule
+from .runner import CaptureOptions, check_mode, new_converter, paused_gc, run_in_mode
 
-ATTENTION_CORE = ("attn_scores", "attn_weighted_sum")
-PER_TOKEN = ("q_proj", "k_proj", "v_proj", "out_proj", "ffn_up", "ffn_gate", "ffn_down")
+ATTENTION_CORE = tuple(r.value for r in Role if r.attention_core)
+PER_TOKEN = tuple(r.value for r in Role if r.per_token)
 
 
 @dataclass(frozen=True)
@@ -80,7 +80,7 @@ def interpolate(xs: Sequence[int], ys: Sequence[int]) -> Polynomial | None:
     """The lowest-degree polynomial through every point, checked at each point beyond the degree it needs;
     ``None`` if no polynomial of degree <= len(xs) - 2 passes through all of them."""
     if len(xs) != len(ys) or len(set(xs)) != len(xs) or len(xs) < 2:
-        raise ValueError("need at least two distinct lengths, one count each")
+        raise ConfigurationError("interpolation needs at least two distinct lengths, one count each")
     for degree in range(len(xs) - 1):
         poly = _through(xs[: degree + 1], ys[: degree + 1])
         if all(poly(x) == y for x, y in zip(xs, ys, strict=True)):
@@ -183,37 +183,39 @@ def _sum(polys: Mapping[str, Polynomial | None], roles: Sequence[str]) -> Polyno
 
 def scaling(model: nn.Module, make_inputs: Callable[[int], Any], lengths: Sequence[int] = (64, 128, 256, 512, 1024),
             *, mode: str = "fake", spec: Callable[[int], TransformerSpec] | None = None,
-            progress: Callable[[int, int], None] | None = None, **profile_kwargs: Any) -> Scaling:
+            progress: Callable[[int, int], None] | None = None, registry: FormulaRegistry | None = None,
+            roles: Sequence[RoleRule] = (), backward: bool = False, loss: Callable[[Any], torch.Tensor] | None = None,
+            forward_kwargs: dict[str, Any] | None = None) -> Scaling:
     """Profile ``model(*make_inputs(n))`` at each length and recover each role's exact polynomial in n.
 
     ``make_inputs(n)`` returns a tensor, a tuple of positional inputs, a dict of keyword inputs, or a
     ``(args, kwargs)`` pair. ``spec(n)`` optionally states the hyper-parameters for the predictions.
-    ``progress(done, total)`` is called after each length.
+    ``progress(done, total)`` is called after each length. ``mode``, ``registry``, ``roles``, ``backward``,
+    ``loss`` and ``forward_kwargs`` mean what they mean for :func:`flopscope.profile`, at every length
+    (with ``backward=True`` the polynomials are of the forward and backward MACs together).
     """
     lengths = tuple(sorted(set(int(n) for n in lengths)))
     if len(lengths) < 4:
-        raise FlopscopeError("scaling needs at least 4 lengths: a quadratic (attention) takes 3 and is "
-                             "checked at one more")
+        raise ConfigurationError("scaling needs at least 4 lengths: a quadratic (attention) takes 3 and is "
+                                 "checked at one more")
+    check_mode(mode)
+    options = CaptureOptions.of(registry, roles, backward, loss)
     with paused_gc():
-        return _sweep(model, make_inputs, lengths, mode, spec, progress, profile_kwargs)
+        return _sweep(model, make_inputs, lengths, mode, spec, progress, options, forward_kwargs or {})
 
 
 def _sweep(model: nn.Module, make_inputs: Callable[[int], Any], lengths: tuple[int, ...], mode: str,
            spec: Callable[[int], TransformerSpec] | None, progress: Callable[[int, int], None] | None,
-           profile_kwargs: dict[str, Any]) -> Scaling:
+           options: CaptureOptions, forward_kwargs: dict[str, Any]) -> Scaling:
     measured: dict[str, list[int]] = {}
     predicted: dict[str, list[int | None]] = {}
-    converter = FakeConverter(FakeTensorMode(allow_non_fake_inputs=True))  # the model's state, converted once
+    converter = new_converter() if mode != "real" else None  # the model's state, converted once
     template: Profile | None = None  # roles found once, reused where the same ops run at another length
     for i, n in enumerate(lengths):
         args, kwargs = _split_inputs(make_inputs(n))
-        if mode == "fake":
-            _check_inputs(model, args, kwargs)
-            options = _Options(profile_kwargs.get("registry") or REGISTRY, tuple(profile_kwargs.get("roles", ())))
-            prof = _run(model, args, kwargs, options, fake=True, converter=converter)
-        else:
-            prof = profile(model, *args, mode=mode, **profile_kwargs, **kwargs)
-        if template is None or not prof._adopt_roles(template):
+        prof = run_in_mode(model, args, {**kwargs, **forward_kwargs}, options, mode, converter=converter,
+                           stacklevel=4)
+        if template is None or not prof.reuse_roles(template):
             template = prof
         roles = prof.by_role()
         for role in set(measured) | set(roles):

@@ -9,15 +9,16 @@ with few multiplies, which is the point of setting time share beside MAC share.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from tabulate import tabulate
+from torch import fx
 
+from .capture import captured
 from .errors import FlopscopeError
-
-if TYPE_CHECKING:
-    from .profile import Profile
+from .role import ROLE_ORDER
+from .roles import Assignment
 
 NO_MACS = "(ops without multiplies)"
 
@@ -52,19 +53,18 @@ class Timing:
                         colalign=("left", "right", "right", "right", "right"))
 
 
-def timing(prof: Profile) -> Timing:
-    """Time per role and per module of a real-mode profile."""
-    nodes = [n for n in prof.graph.nodes if "seconds" in n.meta]
-    if not nodes:
+def timing(graph: fx.Graph, assignments: Mapping[fx.Node, Assignment]) -> Timing:
+    """Time per role and per module of a real-mode capture (``graph`` and its role ``assignments``)."""
+    timed = [(node, captured(node)) for node in graph.nodes if captured(node).seconds is not None]
+    if not timed:
         raise FlopscopeError("no op times: timing needs a profile taken with mode='real'")
-    assignments = prof._role_assignments()
     seconds: dict[str, float] = defaultdict(float)
     macs: dict[str, int] = defaultdict(int)
     modules: dict[str, float] = defaultdict(float)
-    for node in nodes:
-        elapsed = node.meta["seconds"]
-        for frame in {frame.path for frame in node.meta.get("module_stack") or ()}:
-            modules[frame] += elapsed
+    for node, op in timed:
+        elapsed = op.seconds or 0.0
+        for path in {frame.path for frame in op.module_stack}:
+            modules[path] += elapsed
         assignment = assignments.get(node)
         total = sum(assignment.parts.values()) if assignment else 0
         if not assignment or not total:
@@ -73,5 +73,5 @@ def timing(prof: Profile) -> Timing:
         for role, part in assignment.parts.items():
             seconds[role] += elapsed * part / total
             macs[role] += part
-    order = [role for role in prof.by_role() if role in seconds] + ([NO_MACS] if NO_MACS in seconds else [])
+    order = [role for role in ROLE_ORDER if role in seconds] + ([NO_MACS] if NO_MACS in seconds else [])
     return Timing(tuple(TimingRow(role, seconds[role], macs.get(role, 0)) for role in order), dict(modules))

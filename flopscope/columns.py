@@ -1,0 +1,148 @@
+"""Column replay: which output columns of a fused projection reach each of its consumers.
+
+A projection feeding several roles (``nn.MultiheadAttention.in_proj``, GPT-2 ``c_attn``, GPT-NeoX
+``query_key_value`` with per-head interleaving, a fused ``gate_up_proj``) is split by output columns:
+the index of every column is replayed through the zero-cost ops (views, splits, slices, transposes,
+copies) between the projection and a consumer, on small ``int64`` label tensors, and each role is charged
+exactly its columns. Elementwise ops keep the labels of their input; any other op passes on the set of
+labels it received.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import fx
+
+from .capture import Cost, captured
+from .graph_view import inputs_of, reach
+from .role import ROLE_ORDER, Role
+
+aten = torch.ops.aten
+
+IDENTITY_OPS = frozenset({aten._to_copy, aten.clone, aten.contiguous, aten.detach, aten.alias, aten.lift_fresh,
+                          aten.lift_fresh_copy, aten.copy})
+"""Ops whose output columns are their input's."""
+
+REPLAY_ERRORS = (RuntimeError, TypeError, ValueError, IndexError, NotImplementedError)
+"""What replaying an op on label tensors may raise: it needs real data (an index tensor), or does not
+take int64; the labels then pass on as a set."""
+
+Labels = Any  # a label tensor, a list of them (a multi-output op), or a set of labels
+
+
+def columns(p: fx.Node, target: fx.Node) -> set[int]:
+    """Which output columns (last dim) of ``p`` reach ``target``."""
+    shape = tuple(captured(p).output_shapes[0])
+    labels: dict[fx.Node, Labels] = {p: torch.arange(shape[-1]).expand(shape)}
+    for n in _between(p, target):
+        labels[n] = _replay(n, labels)
+    return {c for c in _union([labels.get(target, set())]) if c >= 0}
+
+
+def split_by_columns(p: fx.Node, wanted: Sequence[tuple[fx.Node, str]], macs: int) -> dict[str, int]:
+    """Charge each role the MACs of the output columns of ``p`` that reach its consumer; columns no
+    consumer takes are ``other``. A role wanted twice for one column keeps the first in role order."""
+    width = int(captured(p).output_shapes[0][-1])
+    owner: dict[int, str] = {}
+    for target, role in sorted(wanted, key=lambda tr: ROLE_ORDER.index(tr[1])):
+        for c in columns(p, target):
+            owner.setdefault(c, role)
+    per_column = macs // width
+    parts: dict[str, int] = {}
+    for c in range(width):
+        role = owner.get(c, Role.OTHER.value)
+        parts[role] = parts.get(role, 0) + per_column
+    return spread_remainder(parts, macs)
+
+
+def spread_remainder(parts: dict[str, int], total: int, largest: str | None = None) -> dict[str, int]:
+    """``parts`` with what they miss of ``total`` (integer division) added to ``largest`` (default: the
+    largest part)."""
+    missing = total - sum(parts.values())
+    if missing:
+        parts[largest if largest is not None else max(parts, key=parts.__getitem__)] += missing
+    return parts
+
+
+def scale_parts(parts: Mapping[str, int], total: int) -> dict[str, int]:
+    """``parts`` rescaled to sum to ``total`` exactly (the remainder to the largest part)."""
+    whole = sum(parts.values())
+    return spread_remainder({role: macs * total // whole for role, macs in parts.items()}, total,
+                            largest=max(parts, key=parts.__getitem__))
+
+
+def _between(p: fx.Node, target: fx.Node) -> list[fx.Node]:
+    """Nodes on paths from ``p`` to ``target`` (excluding ``p``), in graph order."""
+    ancestors = set(reach([target], inputs_of, lambda x: x is not p)) - {p}
+    descendants = [x for x in reach(p.users, lambda x: x.users, lambda x: x in ancestors) if x in ancestors]
+    order = {n: i for i, n in enumerate(p.graph.nodes)}
+    return sorted(descendants, key=order.__getitem__)
+
+
+def _replay(n: fx.Node, labels: Mapping[fx.Node, Labels]) -> Labels:
+    inputs = [labels[a] for a in n.all_input_nodes if a in labels]
+    if n.op != "call_function" or any(isinstance(x, set) for x in inputs):
+        return _union(inputs)
+    if n.target is operator.getitem:
+        source = labels.get(n.args[0]) if isinstance(n.args[0], fx.Node) else None
+        index = n.args[1]
+        return source[index] if isinstance(source, (list, tuple)) and isinstance(index, int) else _union(inputs)
+    op = captured(n)
+    out_shape = tuple(op.output_shapes[0]) if op.output_shapes else ()
+    if op.cost is Cost.ZERO:
+        return _replay_zero_cost(n, labels, inputs, out_shape)
+    if op.cost is Cost.ELEMENTWISE and isinstance(inputs[0], torch.Tensor):
+        first = inputs[0]
+        try:
+            return first if tuple(first.shape) == out_shape else first.expand(out_shape)
+        except RuntimeError:
+            return _union(inputs)
+    return _union(inputs)
+
+
+def _replay_zero_cost(n: fx.Node, labels: Mapping[fx.Node, Labels], inputs: list[Labels],
+                      out_shape: tuple[int, ...]) -> Labels:
+    """Run a view / copy / index op on the label tensors themselves."""
+    packet = getattr(n.target, "overloadpacket", None)
+    if packet in IDENTITY_OPS:
+        return inputs[0]
+    in_place = str(packet).endswith("_")
+
+    def arg(a: Any) -> Any:
+        if isinstance(a, fx.Node):
+            if a in labels:
+                return labels[a].clone() if in_place else labels[a]
+            known = captured(a)
+            if known.value is not None:  # an index tensor with known values
+                return known.value
+            return torch.full(tuple(known.output_shapes[0]) if known.output_shapes else (), -1, dtype=torch.long)
+        if isinstance(a, (list, tuple)):
+            return type(a)(arg(x) for x in a)
+        return a
+
+    try:
+        target: Any = n.target
+        result = target(*arg(n.args), **{k: arg(v) for k, v in n.kwargs.items()})
+    except REPLAY_ERRORS:
+        return _union(inputs)
+    if isinstance(result, torch.Tensor) and result.dtype == torch.long and tuple(result.shape) == out_shape:
+        return result
+    if isinstance(result, (list, tuple)) and all(isinstance(r, torch.Tensor) for r in result):
+        return list(result)
+    return _union(inputs)
+
+
+def _union(values: Sequence[Labels]) -> set[int]:
+    out: set[int] = set()
+    for v in values:
+        if isinstance(v, set):
+            out |= v
+        elif isinstance(v, (list, tuple)):
+            out |= _union(v)
+        else:
+            out |= {int(x) for x in torch.unique(v)}
+    return out

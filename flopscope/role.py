@@ -1,0 +1,103 @@
+"""The role vocabulary: what a multiply does, the group it belongs to and the complexity term it realises.
+
+One place for every fact about a role. Adding a role is one member of :class:`Role` with its group and
+term; the passes that find it live in :mod:`flopscope.roles`, the closed form that predicts it in
+:mod:`flopscope.reconcile` (keyed by group). Definitions in dataflow terms: ``docs/roles.md``.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+from .errors import RoleError
+
+
+class RoleGroup(str, Enum):
+    """The kind of block a role belongs to (reconciliation predicts each group with its own closed form)."""
+
+    ATTENTION = "attention"
+    FFN = "ffn"
+    CONV = "conv"
+    RECURRENT = "recurrent"
+    LOGITS = "logits"
+    EMBEDDING = "embedding"
+    OTHER = "other"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class Role(str, Enum):
+    """What a multiply does. Compare with plain strings: ``Role.Q_PROJ == "q_proj"``.
+
+    Each member knows its :attr:`group` and the complexity :attr:`term` it realises (``n`` tokens, ``d``
+    width, ``k`` kernel width, ``V`` vocabulary; ``""`` where no closed form predicts it).
+    """
+
+    Q_PROJ = "q_proj"
+    K_PROJ = "k_proj"
+    V_PROJ = "v_proj"
+    OUT_PROJ = "out_proj"
+    ATTN_SCORES = "attn_scores"
+    ATTN_WEIGHTED_SUM = "attn_weighted_sum"
+    FFN_UP = "ffn_up"
+    FFN_GATE = "ffn_gate"
+    FFN_DOWN = "ffn_down"
+    CONV = "conv"
+    RECURRENT = "recurrent"
+    EMBEDDING = "embedding"
+    LOGITS = "logits"
+    OTHER = "other"
+
+    def __str__(self) -> str:
+        return self.value
+
+    @property
+    def group(self) -> RoleGroup:
+        return _GROUP[self]
+
+    @property
+    def term(self) -> str:
+        """The complexity term of the role's closed form: ``"n·d²"``, ``"n²·d"``, ``"k·n·d²"``, ``"n·d·V"``."""
+        return _TERM[self]
+
+    @property
+    def per_token(self) -> bool:
+        """A projection or FFN matmul: the same weight meets every token (cost linear in n)."""
+        return self.group in (RoleGroup.ATTENTION, RoleGroup.FFN) and self.term == "n·d²"
+
+    @property
+    def attention_core(self) -> bool:
+        """Scores or weighted sum: a product of two activations over every (query, key) pair."""
+        return self.term == "n²·d"
+
+
+_GROUP = {
+    **dict.fromkeys([Role.Q_PROJ, Role.K_PROJ, Role.V_PROJ, Role.OUT_PROJ, Role.ATTN_SCORES, Role.ATTN_WEIGHTED_SUM],
+                    RoleGroup.ATTENTION),
+    **dict.fromkeys([Role.FFN_UP, Role.FFN_GATE, Role.FFN_DOWN], RoleGroup.FFN),
+    Role.CONV: RoleGroup.CONV, Role.RECURRENT: RoleGroup.RECURRENT, Role.LOGITS: RoleGroup.LOGITS,
+    Role.EMBEDDING: RoleGroup.EMBEDDING, Role.OTHER: RoleGroup.OTHER,
+}
+_TERM = {
+    **dict.fromkeys([Role.Q_PROJ, Role.K_PROJ, Role.V_PROJ, Role.OUT_PROJ, Role.FFN_UP, Role.FFN_GATE, Role.FFN_DOWN,
+                     Role.RECURRENT], "n·d²"),
+    Role.ATTN_SCORES: "n²·d", Role.ATTN_WEIGHTED_SUM: "n²·d", Role.CONV: "k·n·d²", Role.LOGITS: "n·d·V",
+    Role.EMBEDDING: "", Role.OTHER: "",
+}
+
+ROLE_ORDER: tuple[str, ...] = tuple(r.value for r in Role)
+"""Role names in the canonical order of every report."""
+
+
+def roles_in(group: RoleGroup) -> tuple[str, ...]:
+    """Role names of one group, in the canonical order."""
+    return tuple(r.value for r in Role if r.group is group)
+
+
+def parse_role(name: str | Role) -> Role:
+    """``"q_proj"`` -> ``Role.Q_PROJ``; an unknown name is a :class:`~flopscope.errors.RoleError`."""
+    try:
+        return Role(name)
+    except ValueError:
+        raise RoleError(f"unknown role {name!r}; roles: {', '.join(ROLE_ORDER)}") from None

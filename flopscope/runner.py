@@ -1,0 +1,329 @@
+"""The one internal entry point: run a counted capture of a model from :class:`CaptureOptions`.
+
+:func:`flopscope.profile`, :class:`flopscope.profiler` and :func:`flopscope.scaling` (and every later
+integration) call :func:`run` or :class:`Session`; none calls another's internals. A run:
+
+1. reads the model's declared facts and snapshots its state (restored in ``finally``, see
+   :mod:`flopscope.state`);
+2. on fake tensors (``fake=True``) converts the state and the inputs, or executes for real;
+3. runs the forward (and, with ``backward=True``, the backward pass) under the module tracker and the
+   recorder;
+4. returns a :class:`~flopscope.profile.Profile` built once from what was recorded.
+
+Errors are :class:`~flopscope.errors.RunError` s naming the module path, the op and the shapes.
+"""
+
+from __future__ import annotations
+
+import gc
+import inspect
+import itertools
+import logging
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.nn.utils.stateless import _reparametrize_module
+
+from .capture import LeafKind, LeafName, OpFailure, Recorder, op_name
+from .errors import ConfigurationError, FakeTensorError, FlopscopeWarning, ForwardError, InputError, NotAModuleError
+from .facts import read_facts
+from .fake import FakeConverter, map_tensors, needs_real_data, tensors_in
+from .formulas import REGISTRY, FormulaRegistry
+from .module_tracker import ModuleTracker
+from .profile import Capture, Profile
+from .roles import RoleRule
+from .state import ModelSnapshot
+
+MODES = ("auto", "fake", "real")
+"""``profile()`` modes: fake tensors, real execution, or fake with a fall-back to real."""
+BLOCK_MODES = ("real", "fake")
+"""``profiler()`` modes (a block of the user's own calls cannot be re-run, so no ``auto``)."""
+
+Loss = Callable[[Any], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class CaptureOptions:
+    """What to count and how: the formula registry, the user's role rules, and the backward pass
+    (``loss(output) -> scalar`` chooses what to differentiate; default: the sum of every floating output)."""
+
+    registry: FormulaRegistry = REGISTRY
+    roles: tuple[RoleRule, ...] = ()
+    backward: bool = False
+    loss: Loss | None = None
+
+    @classmethod
+    def of(cls, registry: FormulaRegistry | None = None, roles: Sequence[RoleRule] = (), backward: bool = False,
+           loss: Loss | None = None) -> CaptureOptions:
+        """Options from the public keyword arguments (``registry=None``: the default registry)."""
+        return cls(registry if registry is not None else REGISTRY, tuple(roles), backward, loss)
+
+
+# -------------------------------------------------------------------------------------------------
+# validation (one validator per rule)
+def check_model(model: Any) -> None:
+    if not isinstance(model, nn.Module):
+        raise NotAModuleError(f"flopscope profiles torch.nn.Module objects; got {type(model).__name__}")
+
+
+def check_mode(mode: str, allowed: Sequence[str] = MODES, what: str = "mode") -> None:
+    if mode not in allowed:
+        raise ConfigurationError(f"{what} must be one of {', '.join(map(repr, allowed))}; got {mode!r}")
+
+
+def check_inputs(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    """The inputs bind to ``model.forward``'s signature (else an :class:`InputError` listing them)."""
+    try:
+        signature = inspect.signature(model.forward)
+    except (TypeError, ValueError):
+        return
+    try:
+        signature.bind(*args, **kwargs)
+    except TypeError as e:
+        given = ", ".join([_describe(a) for a in args] + [f"{k}={_describe(v)}" for k, v in kwargs.items()])
+        raise InputError(f"inputs do not fit {type(model).__name__}.forward{signature}: {e} (given: {given})") from e
+
+
+def _describe(x: Any) -> str:
+    return f"Tensor{list(x.shape)}" if isinstance(x, torch.Tensor) else type(x).__name__
+
+
+# -------------------------------------------------------------------------------------------------
+def run_in_mode(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], options: CaptureOptions,
+                mode: str, *, converter: FakeConverter | None = None, stacklevel: int = 2) -> Profile:
+    """One counted run in ``mode`` (``"auto"`` falls back to real execution where fake tensors cannot
+    go, with one :class:`~flopscope.errors.FlopscopeWarning` naming the op). ``converter`` reuses a
+    fake mode and the model's converted state across runs (a sweep). Validates model, mode and inputs."""
+    check_model(model)
+    check_mode(mode)
+    check_inputs(model, args, kwargs)
+    if mode == "real":
+        return run(model, args, kwargs, options, fake=False)
+    try:
+        return run(model, args, kwargs, options, fake=True, converter=converter)
+    except (FakeTensorError, ForwardError) as failed:
+        if mode == "fake" or not failed.on_fake_tensors:
+            raise
+        if _on_meta(model, args, kwargs):
+            raise FakeTensorError(f"{type(model).__name__} cannot be counted on fake tensors ({failed.where}: "
+                                  f"{failed.reason}), and it is on device='meta', so it cannot run for real; "
+                                  "build it on a real device and use mode='real'") from failed.__cause__
+        note = f"{failed.where} could not run on fake tensors ({failed.reason}); counted in real mode instead"
+    prof = run(model, args, kwargs, options, fake=False, notes=(note,))
+    warnings.warn(f"flopscope: {note}", FlopscopeWarning, stacklevel=stacklevel + 1)
+    return prof
+
+
+def run(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], options: CaptureOptions, *, fake: bool,
+        converter: FakeConverter | None = None, notes: Sequence[str] = ()) -> Profile:
+    """One counted forward (and backward), on fake tensors or for real; the model is left as it was."""
+    facts = read_facts(model)
+    snapshot = ModelSnapshot(model, buffer_values=not fake, grads=options.backward and not fake)
+    tracker = ModuleTracker(model)
+    try:
+        with ExitStack() as stack:
+            stack.enter_context(paused_gc())
+            convert = (converter or new_converter()) if fake else None
+            recorder, state = _recorder(model, tracker, options.registry, convert)
+            if convert is not None:
+                stack.enter_context(_quiet_fake_tensor_log())
+                args, kwargs = map_tensors((args, kwargs), convert)
+                stack.enter_context(convert.mode)
+            recorder.add_leaf_names(_input_names(model, args, kwargs))
+            stack.enter_context(tracker)
+            stack.enter_context(recorder)
+            if options.backward:
+                stack.enter_context(torch.enable_grad())
+            try:
+                if fake:
+                    output = torch.func.functional_call(model, state, args, kwargs, tie_weights=True, strict=False)
+                else:
+                    output = model(*args, **kwargs)
+            except Exception as error:
+                raise _explain(model, error, recorder, tracker, fake) from error
+            if options.backward:
+                _backward(model, output, options.loss, recorder)
+    finally:
+        snapshot.restore()
+    prof = Profile(Capture.of(recorder, tracker), facts, "fake" if fake else "real", output, notes=notes,
+                   role_rules=options.roles)
+    warn_unsupported(prof)
+    return prof
+
+
+class Session:
+    """Counting every forward of ``model`` run inside a ``with`` block (:class:`flopscope.profiler`):
+    :meth:`start` before the block, :meth:`finish` after it returns the :class:`Profile`.
+
+    ``fake=True`` swaps the model's parameters and buffers for fake ones for the block (nothing is
+    computed); the swap is undone in :meth:`finish`, also when the block raised.
+    """
+
+    def __init__(self, model: nn.Module, options: CaptureOptions, *, fake: bool) -> None:
+        check_model(model)
+        self.model, self.options, self.fake = model, options, fake
+        self._stack = ExitStack()
+        self._tracker: ModuleTracker | None = None
+        self._recorder: Recorder | None = None
+
+    def start(self) -> None:
+        tracker = ModuleTracker(self.model)
+        convert = new_converter() if self.fake else None
+        recorder, state = _recorder(self.model, tracker, self.options.registry, convert)
+        try:
+            if convert is not None:
+                self._stack.enter_context(_reparametrize_module(self.model, state, tie_weights=True))
+                self._stack.enter_context(convert.mode)
+            self._stack.enter_context(tracker)
+            self._stack.enter_context(recorder)
+        except BaseException:
+            self._stack.close()
+            raise
+        self._tracker, self._recorder = tracker, recorder
+
+    def finish(self) -> Profile:
+        self._stack.close()
+        if self._tracker is None or self._recorder is None:
+            raise ConfigurationError("the profiler block was never entered")
+        prof = Profile(Capture.of(self._recorder, self._tracker), read_facts(self.model),
+                       "fake" if self.fake else "real", role_rules=self.options.roles)
+        warn_unsupported(prof)
+        return prof
+
+
+# -------------------------------------------------------------------------------------------------
+def new_converter() -> FakeConverter:
+    """A fresh fake-tensor mode (real tensors from outside are allowed in) and its converter."""
+    return FakeConverter(FakeTensorMode(allow_non_fake_inputs=True))
+
+
+def _recorder(model: nn.Module, tracker: ModuleTracker, registry: FormulaRegistry,
+              convert: FakeConverter | None) -> tuple[Recorder, dict[str, torch.Tensor]]:
+    """The recorder of one run (timing ops when real), and for a fake run the model's state as fake tensors."""
+    if convert is None:
+        return Recorder(tracker, registry, _state_names(model, lambda t: t), timed=True), {}
+    state = {name: convert(t) for name, t in _named_state(model)}
+    return Recorder(tracker, registry, _state_names(model, convert), fake=True), state
+
+
+def _backward(model: nn.Module, output: Any, loss: Loss | None, recorder: Recorder) -> None:
+    if loss is not None:
+        value = loss(output)
+    else:
+        floats = [t for t in tensors_in(output) if t.is_floating_point() and t.requires_grad]
+        if not floats:
+            raise ForwardError(f"backward=True: no output of {type(model).__name__} requires grad (are its "
+                               "parameters frozen?); pass loss= to choose what to differentiate")
+        value = sum((t.sum() for t in floats[1:]), floats[0].sum())
+    with recorder.backward_pass():
+        try:
+            value.backward()
+        except Exception as error:
+            failure = recorder.failure
+            where = f" at {failure.describe()}" if failure is not None else ""
+            raise ForwardError(f"the backward pass of {type(model).__name__} raised {type(error).__name__}{where}: "
+                               f"{error}") from error
+
+
+def _explain(model: nn.Module, error: Exception, recorder: Recorder, tracker: ModuleTracker,
+             fake: bool) -> Exception:
+    """The error to raise for a forward that raised: where it happened, and what to do."""
+    failure: OpFailure | None = recorder.failure
+    frames = tracker.failed_in(error)
+    module = frames[-1].path if frames else (failure.module if failure else "")
+    where = failure.describe() if failure is not None else f"module '{module}'"
+    name = type(model).__name__
+    limitation = needs_real_data(error) if fake else None
+    if limitation is not None:
+        func = getattr(limitation, "func", None)
+        if func is not None and (failure is None or failure.op != op_name(func)):
+            where = f"op {op_name(func)} in module '{module}'"
+        return FakeTensorError(f"{name} cannot be counted on fake tensors: {where} needs real data; use mode='real'",
+                               on_fake_tensors=True, where=where,
+                               reason=f"it needs real data: {type(limitation).__name__}")
+    message = f"{name}.forward raised {type(error).__name__} at {where}: {error}"
+    if not fake:
+        return ForwardError(message)
+    hint = " (on fake tensors: if the model runs with mode='real', fake tensors are the cause)"
+    return ForwardError(message + hint, on_fake_tensors=True, where=where,
+                        reason=f"{type(error).__name__}: {_first_line(str(error))}")
+
+
+@contextmanager
+def paused_gc() -> Iterator[None]:
+    """Pause Python's cyclic garbage collector: a capture allocates tens of thousands of small objects
+    (fake tensors, graph records), and the full collections they trigger cost 10-20 % of the run. Cycles
+    made meanwhile are collected once it is re-enabled."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+@contextmanager
+def _quiet_fake_tensor_log() -> Iterator[None]:
+    """FakeTensorMode logs a traceback when an op's fake kernel fails; flopscope reports that itself."""
+    logger = logging.getLogger("torch._subclasses.fake_tensor")
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+def _first_line(text: str, limit: int = 120) -> str:
+    line = text.strip().splitlines()[0] if text.strip() else ""
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+def warn_unsupported(prof: Profile) -> None:
+    """One warning listing the ops without a formula that may do arithmetic (a count is never silently 0)."""
+    unsupported = prof.unsupported()
+    if unsupported:
+        listed = ", ".join(f"{op} x{calls}" for op, calls in sorted(unsupported.items()))
+        warnings.warn(f"flopscope: no formula for {listed}; they may do arithmetic that total() leaves out "
+                      "(see prof.unsupported())", FlopscopeWarning, stacklevel=4)
+
+
+def _named_state(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    return itertools.chain(model.named_parameters(remove_duplicate=False),
+                           model.named_buffers(remove_duplicate=False))
+
+
+def _state_names(model: nn.Module, convert: Callable[[torch.Tensor], torch.Tensor]) -> dict[int, LeafName]:
+    names: dict[int, LeafName] = {}
+    for name, t in _named_state(model):
+        kind = LeafKind.PARAMETER if isinstance(t, nn.Parameter) else LeafKind.BUFFER
+        names.setdefault(id(convert(t)), LeafName("get_attr", name, kind))
+    return names
+
+
+def _input_names(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[int, LeafName]:
+    try:
+        params = list(inspect.signature(model.forward).parameters)
+    except (TypeError, ValueError):
+        params = []
+    names: dict[int, LeafName] = {}
+    labelled = [(params[i] if i < len(params) else f"arg{i}", a) for i, a in enumerate(args)] + list(kwargs.items())
+    for label, value in labelled:
+        found = tensors_in(value)
+        for j, t in enumerate(found):
+            names.setdefault(id(t), LeafName("placeholder", label if len(found) == 1 else f"{label}_{j}",
+                                             LeafKind.INPUT))
+    return names
+
+
+def _on_meta(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    found = tensors_in((args, kwargs))
+    return any(t.is_meta for t in itertools.chain((t for _, t in _named_state(model)), found))
+
