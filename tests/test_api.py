@@ -10,6 +10,7 @@ import torch
 from closed_forms import add, attention, ffn, times
 from torch import nn
 from torch.nn.modules import module as nn_module
+from zoo import HandAttention
 
 import flopscope
 
@@ -132,8 +133,6 @@ def test_hugging_face_defaults_with_cache_objects(mode):
 # --------------------------------------------------------------------------------------------------
 # the graph
 def test_graph_nodes_carry_module_paths_shapes_and_dataflow():
-    from zoo import HandAttention
-
     d, n = 32, 6
     prof = flopscope.profile(HandAttention(d=d, h=4, kind="matmul"), torch.randn(1, n, d))
     nodes = [node for node in prof.graph.nodes if node.meta.get("multiplies")]

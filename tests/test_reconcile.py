@@ -7,7 +7,7 @@ from fractions import Fraction
 
 import pytest
 import torch
-from zoo import CASES
+from zoo import CASES, built, fastpath
 
 import flopscope
 from flopscope import TransformerSpec
@@ -31,10 +31,9 @@ def ids(length: int) -> torch.Tensor:
     return torch.randint(0, 100, (B, length), generator=torch.Generator().manual_seed(length))
 
 
-@pytest.mark.parametrize("name", [c for c in CASES if not c.startswith(("4", "7"))])
+# base-size BERT and ViT take seconds each here; their families are reconciled at small sizes below
+@pytest.mark.parametrize("name", [name for name, case in CASES.items() if case.family not in ("bert", "vit")])
 def test_zoo_reconciles_exactly(name):
-    from test_zoo import built, fastpath
-
     model, args, kwargs = built(name)
     with fastpath(CASES[name].fastpath):
         result = reconcile(model, *args, **kwargs)

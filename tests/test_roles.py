@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from closed_forms import add, attention, ffn, times
 from torch import nn
-from zoo import CASES
+from zoo import CASES, built, fastpath
 
 import flopscope
 from flopscope import Role, RoleRule
@@ -34,10 +34,9 @@ def nonzero(expected: dict[str, int]) -> dict[str, int]:
     return {role: macs for role, macs in expected.items() if macs}
 
 
-@pytest.mark.parametrize("name", [c for c in CASES if not c.startswith(("4", "7"))])
+# base-size BERT and ViT take seconds each here; their families are reconciled at small sizes below
+@pytest.mark.parametrize("name", [name for name, case in CASES.items() if case.family not in ("bert", "vit")])
 def test_zoo_roles_equal_closed_forms(name):
-    from test_zoo import built, fastpath
-
     model, args, kwargs = built(name)
     with fastpath(CASES[name].fastpath):
         assert roles(model, *args, **kwargs) == nonzero(CASES[name].roles)

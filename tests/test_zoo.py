@@ -2,36 +2,15 @@
 
 from __future__ import annotations
 
-import contextlib
-import functools
-
 import pytest
 import torch
 from closed_forms import add, attention, ffn, times
 from torch.utils.flop_counter import FlopCounterMode
-from zoo import CASES, LLAMA_7B, llama_7b_on_meta
+from zoo import CASES, FASTPATH_KERNELS, LLAMA_7B, built, fastpath, llama_7b_on_meta
 
 import flopscope
 
 pytest.importorskip("transformers")
-
-
-@functools.lru_cache(maxsize=2)
-def built(name: str):
-    return CASES[name].build()
-
-
-@contextlib.contextmanager
-def fastpath(enabled: bool | None):
-    if enabled is None:
-        yield
-        return
-    previous = torch.backends.mha.get_fastpath_enabled()
-    torch.backends.mha.set_fastpath_enabled(enabled)
-    try:
-        yield
-    finally:
-        torch.backends.mha.set_fastpath_enabled(previous)
 
 
 def run(name: str, mode: str) -> flopscope.Profile:
@@ -51,7 +30,15 @@ def test_total_equals_closed_form(name: str, mode: str) -> None:
     assert prof.by_module()[""] == case.total
     assert sum(prof.by_op().values()) == case.total
     assert prof.unsupported() == {}
-    assert case.must_run <= set(prof.by_op()), "the fused kernel this case exists for did not run"
+    ops = set(prof.by_op())
+    assert case.must_run <= ops, "the fused kernel this case exists for did not run"
+    # the case exercises what its attributes say
+    if case.fastpath_kind is not None:
+        assert (FASTPATH_KERNELS[case.fastpath_kind] in ops) == (case.fastpath is not False)
+    sdpa = any("scaled_dot_product" in op for op in ops)
+    fused = any(kernel in ops for kernel in FASTPATH_KERNELS.values())
+    assert sdpa == (case.attention == "sdpa") and fused == (case.attention == "fused")
+    assert (case.attention is None) == ("attn_scores" not in case.roles)
 
 
 @pytest.mark.parametrize("name", list(CASES))

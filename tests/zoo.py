@@ -5,8 +5,10 @@ Hugging Face models are built from config objects with random weights (never dow
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,12 +20,27 @@ from torch import nn
 D, H, N = 512, 8, 128  # width, heads and tokens of the small cases
 
 
+# what a case exercises: the kernel of each torch.backends.mha fast path, and how its attention core runs
+FASTPATH_KERNELS = {"native_mha": "aten._native_multi_head_attention",
+                    "encoder_layer": "aten._transformer_encoder_layer_fwd"}
+SDPA_CPU = "aten._scaled_dot_product_flash_attention_for_cpu"
+ATTENTION_KINDS = (None, "matmul", "sdpa", "fused")  # None: no attention; fused: inside a fast-path kernel
+
+
 @dataclass
 class Case:
     build: Callable[[], tuple[nn.Module, tuple[Any, ...], dict[str, Any]]]
     roles: dict[str, int]  # closed form per role (MACs)
-    fastpath: bool | None = None  # None: leave torch.backends.mha alone
+    fastpath: bool | None = None  # None: leave torch.backends.mha alone; False: switch the fast path off
     must_run: set[str] = field(default_factory=set)  # ops the case exists to exercise
+    family: str = ""  # architecture: mha, encoder_layer, hand_attention, bert, gpt2, llama, vit, conv, lstm
+    source: str = "torch"  # torch (nn modules), hand (written in this file) or huggingface (transformers)
+    attention: str | None = None  # how the attention core runs: one of ATTENTION_KINDS
+    fastpath_kind: str | None = None  # the torch.backends.mha fast path the model is eligible for (FASTPATH_KERNELS)
+
+    def __post_init__(self) -> None:
+        assert self.attention in ATTENTION_KINDS, self.attention
+        assert self.fastpath_kind is None or self.fastpath_kind in FASTPATH_KERNELS, self.fastpath_kind
 
     @property
     def total(self) -> int:
@@ -97,9 +114,6 @@ def hf_case(cls: str, cfg: str, inputs: Callable[[], Any], attn: str | None = No
     return build
 
 
-# old private names, until tests/test_peers.py imports the public ones
-_randn, _ids, _hf_case = seeded_randn, token_ids, hf_case
-
 MHA = attention(1, N, N, D, H)
 BERT = add(times(12, add(attention(1, N, N, 768, 12), ffn(1, N, 768, 3072))), {"other": 768 * 768})  # + pooler
 GPT2 = times(12, add(attention(1, N, N, 768, 12), ffn(1, N, 768, 4 * 768)))
@@ -111,45 +125,87 @@ VIT = add({"conv": 768 * (224 // 16) ** 2 * 3 * 16 * 16},  # patch embedding, st
 BERT_CFG = dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072)
 LLAMA4_CFG = dict(hidden_size=512, intermediate_size=1376, num_hidden_layers=4, num_attention_heads=8,
                   num_key_value_heads=2, vocab_size=32000, max_position_embeddings=2048, use_cache=False)
+ENCODER = add(MHA, ffn(1, N, D, 2048))
+
+
+def _mha(**kwargs: Any) -> Callable[[], nn.Module]:
+    return lambda: SelfAttnMHA(D, H, **kwargs)
+
+
+def _encoder_layer() -> nn.Module:
+    return nn.TransformerEncoderLayer(D, H, 2048, batch_first=True)
+
+
+def _conv_stack() -> nn.Module:
+    return nn.Sequential(*[nn.Conv1d(512, 512, 5, padding=2) for _ in range(4)])
+
+
+TORCH_MHA = dict(family="mha", source="torch")
+HAND = dict(family="hand_attention", source="hand")
+HF = dict(source="huggingface")
 
 CASES: dict[str, Case] = {
-    "1a_mha_seqfirst_weights": Case(module_case(lambda: SelfAttnMHA(D, H), seeded_randn(N, 1, D)), MHA),
-    "1b_mha_sdpa": Case(module_case(lambda: SelfAttnMHA(D, H, need_weights=False), seeded_randn(N, 1, D)), MHA),
-    "1c_mha_fastpath": Case(module_case(lambda: SelfAttnMHA(D, H, batch_first=True, need_weights=False),
-                                    seeded_randn(1, N, D)), MHA, must_run={"aten._native_multi_head_attention"}),
-    "1d_mha_nofastpath": Case(module_case(lambda: SelfAttnMHA(D, H, batch_first=True), seeded_randn(1, N, D)), MHA,
-                              fastpath=False),
-    "2a_encoder_layer_fastpath": Case(
-        module_case(lambda: nn.TransformerEncoderLayer(D, H, 2048, batch_first=True), seeded_randn(1, N, D)),
-        add(MHA, ffn(1, N, D, 2048)), must_run={"aten._transformer_encoder_layer_fwd"}),
-    "2b_encoder_layer_nofastpath": Case(
-        module_case(lambda: nn.TransformerEncoderLayer(D, H, 2048, batch_first=True), seeded_randn(1, N, D)),
-        add(MHA, ffn(1, N, D, 2048)), fastpath=False),
-    "3a_hand_matmul": Case(module_case(lambda: HandAttention(kind="matmul"), seeded_randn(1, N, D)), MHA),
-    "3b_hand_at": Case(module_case(lambda: HandAttention(kind="at"), seeded_randn(1, N, D)), MHA),
+    "1a_mha_seqfirst_weights": Case(module_case(_mha(), seeded_randn(N, 1, D)), MHA,
+                                    attention="matmul", **TORCH_MHA),
+    "1b_mha_sdpa": Case(module_case(_mha(need_weights=False), seeded_randn(N, 1, D)), MHA,
+                        must_run={SDPA_CPU}, attention="sdpa", **TORCH_MHA),
+    "1c_mha_fastpath": Case(module_case(_mha(batch_first=True, need_weights=False), seeded_randn(1, N, D)), MHA,
+                            must_run={FASTPATH_KERNELS["native_mha"]}, attention="fused", fastpath_kind="native_mha",
+                            **TORCH_MHA),
+    "1d_mha_nofastpath": Case(module_case(_mha(batch_first=True), seeded_randn(1, N, D)), MHA, fastpath=False,
+                              attention="matmul", fastpath_kind="native_mha", **TORCH_MHA),
+    "2a_encoder_layer_fastpath": Case(module_case(_encoder_layer, seeded_randn(1, N, D)), ENCODER,
+                                      must_run={FASTPATH_KERNELS["encoder_layer"]}, family="encoder_layer",
+                                      attention="fused", fastpath_kind="encoder_layer"),
+    "2b_encoder_layer_nofastpath": Case(module_case(_encoder_layer, seeded_randn(1, N, D)), ENCODER, fastpath=False,
+                                        family="encoder_layer", attention="sdpa", fastpath_kind="encoder_layer"),
+    "3a_hand_matmul": Case(module_case(lambda: HandAttention(kind="matmul"), seeded_randn(1, N, D)), MHA,
+                           attention="matmul", **HAND),
+    "3b_hand_at": Case(module_case(lambda: HandAttention(kind="at"), seeded_randn(1, N, D)), MHA,
+                       attention="matmul", **HAND),
     "3c_hand_sdpa": Case(module_case(lambda: HandAttention(kind="sdpa"), seeded_randn(1, N, D)), MHA,
-                         must_run={"aten._scaled_dot_product_flash_attention_for_cpu"}),
+                         must_run={SDPA_CPU}, attention="sdpa", **HAND),
     "4a_bert_base_sdpa": Case(hf_case("BertModel", "BertConfig", lambda: token_ids(1, N, 30522), **BERT_CFG), BERT,
-                              must_run={"aten._scaled_dot_product_flash_attention_for_cpu"}),
-    "4b_bert_base_eager": Case(hf_case("BertModel", "BertConfig", lambda: token_ids(1, N, 30522), "eager", **BERT_CFG),
-                               BERT),
+                              must_run={SDPA_CPU}, family="bert", attention="sdpa", **HF),
+    "4b_bert_base_eager": Case(hf_case("BertModel", "BertConfig", lambda: token_ids(1, N, 30522), "eager",
+                                       **BERT_CFG), BERT, family="bert", attention="matmul", **HF),
     "5_gpt2": Case(hf_case("GPT2Model", "GPT2Config", lambda: token_ids(1, N, 50257), n_embd=768, n_layer=12,
-                            n_head=12, use_cache=False), GPT2,
-                   must_run={"aten._scaled_dot_product_flash_attention_for_cpu"}),
-    "6a_llama4_sdpa": Case(hf_case("LlamaModel", "LlamaConfig", lambda: token_ids(1, N, 32000), **LLAMA4_CFG), LLAMA4,
-                           must_run={"aten._scaled_dot_product_flash_attention_for_cpu"}),
+                           n_head=12, use_cache=False), GPT2,
+                   must_run={SDPA_CPU}, family="gpt2", attention="sdpa", **HF),
+    "6a_llama4_sdpa": Case(hf_case("LlamaModel", "LlamaConfig", lambda: token_ids(1, N, 32000), **LLAMA4_CFG),
+                           LLAMA4, must_run={SDPA_CPU}, family="llama", attention="sdpa", **HF),
     "6b_llama4_eager": Case(hf_case("LlamaModel", "LlamaConfig", lambda: token_ids(1, N, 32000), "eager",
-                                     **LLAMA4_CFG), LLAMA4),
+                                    **LLAMA4_CFG), LLAMA4, family="llama", attention="matmul", **HF),
     "7_vit_base": Case(hf_case("ViTModel", "ViTConfig", lambda: seeded_randn(1, 3, 224, 224), image_size=224,
-                                patch_size=16, **BERT_CFG), VIT,
-                       must_run={"aten._scaled_dot_product_flash_attention_for_cpu"}),
-    "8_conv1d_x4": Case(module_case(lambda: nn.Sequential(*[nn.Conv1d(512, 512, 5, padding=2) for _ in range(4)]),
-                                seeded_randn(1, 512, N)),
-                        {"conv": 4 * 1 * 512 * conv_out(N, k=5, pad=2) * 512 * 5}),
+                               patch_size=16, **BERT_CFG), VIT,
+                       must_run={SDPA_CPU}, family="vit", attention="sdpa", **HF),
+    "8_conv1d_x4": Case(module_case(_conv_stack, seeded_randn(1, 512, N)),
+                        {"conv": 4 * 1 * 512 * conv_out(N, k=5, pad=2) * 512 * 5}, family="conv"),
     "9_lstm": Case(module_case(lambda: nn.LSTM(512, 512), seeded_randn(N, 1, 512)),
                    {"recurrent": rnn(B=1, n=N, gates=4, d_in=512, d_h=512)},
-                   must_run={"aten.mkldnn_rnn_layer"}),
+                   must_run={"aten.mkldnn_rnn_layer"}, family="lstm"),
 }
+
+
+@functools.lru_cache(maxsize=2)
+def built(name: str) -> tuple[nn.Module, tuple[Any, ...], dict[str, Any]]:
+    """CASES[name] built once (the last two are kept: test modules sweep the cases in the same order)."""
+    return CASES[name].build()
+
+
+@contextlib.contextmanager
+def fastpath(enabled: bool | None) -> Iterator[None]:
+    """torch.backends.mha's fast path set to `enabled` inside the block (None: left alone)."""
+    if enabled is None:
+        yield
+        return
+    previous = torch.backends.mha.get_fastpath_enabled()
+    torch.backends.mha.set_fastpath_enabled(enabled)
+    try:
+        yield
+    finally:
+        torch.backends.mha.set_fastpath_enabled(previous)
+
 
 LLAMA_7B = dict(d=4096, d_ff=11008, L=32, h=32, vocab=32000, n=2048)
 
