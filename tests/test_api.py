@@ -115,6 +115,36 @@ def test_a_module_called_twice_is_attributed_per_call():
     assert prof.by_module()["proj"] == 7 * 8 * 8
 
 
+def test_a_caught_submodule_error_leaves_attribution_intact():
+    class Fragile(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(8, 8)
+
+        def forward(self, x):
+            self.lin(x)
+            raise RuntimeError("fast path unavailable")
+
+    class Parent(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fast, self.slow, self.head = Fragile(), nn.Linear(8, 8), nn.Linear(8, 4)
+
+        def forward(self, x):
+            try:
+                y = self.fast(x)
+            except RuntimeError:
+                y = self.slow(x)
+            return self.head(y)
+
+    for mode in ("fake", "real"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            prof = flopscope.profile(Parent(), torch.randn(3, 8), mode=mode)
+        assert prof.by_module() == {"": 3 * 8 * 8 * 2 + 3 * 8 * 4, "fast": 3 * 8 * 8, "fast.lin": 3 * 8 * 8,
+                                    "slow": 3 * 8 * 8, "head": 3 * 8 * 4}
+
+
 @pytest.mark.parametrize("mode", ["fake", "real"])
 def test_hugging_face_defaults_with_cache_objects(mode):
     """GPT-2 with its default use_cache=True returns a cache object; the LM head is the logits GEMM."""
@@ -238,6 +268,15 @@ def test_profiler_counts_every_forward_in_the_block(mode):
     assert prof.total() == (4 + 6) * 2 * 8 * 16
     assert prof.module_calls() == {"": 2, "up": 2, "down": 2}
     assert_same_state(before, state_of(model))
+
+
+def test_fake_profiler_does_not_touch_real_buffers():
+    model = nn.Sequential(nn.Linear(8, 8), nn.BatchNorm1d(8)).train()
+    with flopscope.profiler(model, mode="fake") as prof:
+        model(torch.randn(4, 8))
+    assert prof.total() == 4 * 8 * 8
+    assert model[1].num_batches_tracked.item() == 0
+    assert torch.equal(model[1].running_mean, torch.zeros(8))
 
 
 # --------------------------------------------------------------------------------------------------

@@ -45,6 +45,15 @@ def test_training_step_is_three_forwards_with_eager_attention(mode):
     assert prof.unsupported() == {}
 
 
+def test_real_backward_leaves_existing_gradients_alone():
+    model = nn.Linear(8, 8)
+    model.weight.grad = torch.ones_like(model.weight)
+    before = model.weight.grad
+    flopscope.profile(model, torch.randn(3, 8), mode="real", backward=True)
+    assert model.weight.grad is before and torch.equal(before, torch.ones_like(before))
+    assert model.bias.grad is None
+
+
 def test_fused_attention_backward_follows_the_kernel_formula():
     prof = flopscope.profile(llama("sdpa"), torch.randint(0, V, (B, n)), backward=True)
     core = B * h * n * n * (d // h)

@@ -60,6 +60,28 @@ def test_cross_attention_in_torch_decoder_layer_and_transformer():
     assert roles(transformer, torch.randn(B, n, d), tgt) == encoder_decoder(2)
 
 
+class LearnedQuery(nn.Module):
+    """Attention pooling with a learned query (SigLIP's head, Perceiver latents, Q-Former)."""
+
+    def __init__(self, fast: bool, d: int, h: int):
+        super().__init__()
+        self.probe = nn.Parameter(torch.randn(1, 1, d))
+        self.mha = nn.MultiheadAttention(d, h, batch_first=True)
+        self.fast = fast
+
+    def forward(self, x):
+        query = self.probe.repeat(x.shape[0], 1, 1)
+        return self.mha(query, x, x, need_weights=not self.fast)[0]
+
+
+@pytest.mark.parametrize("fast", [False, True])
+def test_a_learned_query_is_still_attention(fast):
+    n = 16  # keys; the query is one learned vector
+    with torch.no_grad():
+        prof = flopscope.profile(LearnedQuery(fast, d, h).eval(), torch.randn(B, n, d))
+    assert {r: m for r, m in prof.by_role().items() if m} == attention(B, 1, n, d, h)
+
+
 @pytest.mark.parametrize("gated", [False, True])
 def test_t5_encoder_decoder(gated):
     config = transformers.T5Config(d_model=d, d_kv=d // h, d_ff=d_ff, num_layers=2, num_decoder_layers=2,
@@ -129,6 +151,25 @@ def test_mixture_of_experts_counts_the_experts_that_ran_and_the_router_as_other(
     with torch.device("meta"):
         on_meta = transformers.MixtralModel(config)
     assert roles(on_meta, torch.zeros((B, n), dtype=torch.long, device="meta"), mode="fake") == expected
+
+
+def test_shared_expert_gate_and_shared_expert_in_a_mixture_of_experts():
+    n, d_ff, experts, top_k, L = 16, 64, 4, 2, 2
+    config = transformers.Qwen2MoeConfig(hidden_size=d, num_hidden_layers=L, num_attention_heads=h,
+                                         num_key_value_heads=h, moe_intermediate_size=d_ff,
+                                         shared_expert_intermediate_size=d_ff, num_experts=experts,
+                                         num_experts_per_tok=top_k, vocab_size=100, intermediate_size=d_ff,
+                                         decoder_sparse_step=1)
+    torch.manual_seed(0)
+    prof = flopscope.profile(transformers.Qwen2MoeModel(config).eval(), torch.randint(0, 100, (1, n)))
+    tokens = n
+    expected = times(L, add(attention(1, n, n, d, h),
+                            ffn(1, tokens * top_k, d, d_ff, gated=True),  # routed experts
+                            ffn(1, tokens, d, d_ff, gated=True),  # the shared expert sees every token
+                            {"other": tokens * d * experts + tokens * d * 1}))  # router, shared-expert gate
+    assert {r: m for r, m in prof.by_role().items() if m} == expected
+    result = prof.reconcile()
+    assert result.unexplained() == [] and result.all_exact(), result.to_table()
 
 
 def test_convolutional_model():
