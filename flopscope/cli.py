@@ -168,10 +168,6 @@ def _profile(args: argparse.Namespace) -> int:
 
 
 def _compare(args: argparse.Namespace) -> int:
-    if min(args.n, args.d, args.h, args.k, args.r) <= 0:
-        raise FlopscopeError("--n, --d, --h, --k and --r must be positive")
-    if args.d % args.h:
-        raise FlopscopeError(f"--d {args.d} must be divisible by --h {args.h} (heads split the width)")
     table = compare(n=args.n, d=args.d, h=args.h, k=args.k, r=args.r)
     print(table.to_table(args.format))
     if args.lengths:

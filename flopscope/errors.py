@@ -49,11 +49,18 @@ class FormulaError(FlopscopeError, ValueError):
 
 class ConfigurationError(FlopscopeError, ValueError):
     """An argument of a flopscope function is out of its domain (a head count that does not divide the
-    width, an unknown tool or row name, too few sweep lengths)."""
+    width, an unknown mode or tool, too few sweep lengths)."""
 
 
 class RoleError(FlopscopeError, ValueError):
-    """A role name that is not one of :class:`flopscope.Role`, or a graph node that does not exist."""
+    """A role name that is not one of :class:`flopscope.Role`."""
+
+
+class NotFoundError(FlopscopeError, KeyError):
+    """A name that is not there: a module path of the profiled model, a graph node, a comparison row."""
+
+    def __str__(self) -> str:  # KeyError quotes its message; this one is a sentence
+        return str(self.args[0]) if self.args else ""
 
 
 class FlopscopeWarning(UserWarning):

@@ -42,6 +42,8 @@ from tabulate import tabulate
 from torch import nn
 
 from .api import profile
+from .checks import check_heads, check_positive
+from .errors import NotFoundError
 from .models import FeedForward, SelfAttention, TransformerBlock
 from .profile import Profile
 from .roles import Role
@@ -66,8 +68,7 @@ CORE_ROLES = (Role.ATTN_SCORES.value, Role.ATTN_WEIGHTED_SUM.value)
 def band_window(r: int) -> tuple[int, int]:
     """``(left, right)`` of the restricted-attention window of size ``r``: query ``i`` sees keys
     ``i - left .. i + right``, with ``left = (r - 1) // 2``, ``right = r // 2``, ``left + right + 1 = r``."""
-    if r < 1:
-        raise ValueError(f"the neighbourhood r must be >= 1; got {r}")
+    check_positive(r=r)
     return (r - 1) // 2, r // 2
 
 
@@ -76,8 +77,7 @@ class _ProjectedAttention(nn.Module):
 
     def __init__(self, d: int, h: int, r: int) -> None:
         super().__init__()
-        if d % h:
-            raise ValueError(f"d={d} must be divisible by h={h}")
+        check_heads(d, h)
         self.h, self.d_k, self.r = h, d // h, r
         self.left, self.right = band_window(r)
         self.q_proj, self.k_proj, self.v_proj, self.out_proj = (nn.Linear(d, d) for _ in range(4))
@@ -176,7 +176,7 @@ class Comparison:
         for row in self.rows:
             if row.key == key:
                 return row
-        raise KeyError(f"no row {key!r}; rows: {', '.join(r.key for r in self.rows)}")
+        raise NotFoundError(f"no row {key!r}; rows: {', '.join(r.key for r in self.rows)}")
 
     @property
     def all_match(self) -> bool:
@@ -295,11 +295,8 @@ def compare(n: int = 512, d: int = 512, h: int = 8, k: int = 5, r: int = 64, d_f
       ``q_proj`` role with ``n`` queries -> ``n·d²``.
     """
     d_ff = 4 * d if d_ff is None else d_ff
-    for name, value in (("n", n), ("d", d), ("h", h), ("k", k), ("r", r), ("d_ff", d_ff)):
-        if value < 1:
-            raise ValueError(f"{name} must be >= 1; got {value}")
-    if d % h:
-        raise ValueError(f"d={d} must be divisible by h={h}")
+    check_positive(n=n, k=k, r=r, d_ff=d_ff)
+    check_heads(d, h)
     n_out = n + 2 * (k // 2) - k + 1  # Conv1d(padding=k//2) output length
     rows: list[ComparisonRow] = []
 
@@ -360,14 +357,12 @@ def compare_lengths(lengths: Iterable[int], d: int = 512, h: int = 8) -> LengthC
     """Measured MACs of the self-attention core (``SelfAttention(d, h)``: scores + weighted sum, ``2·n²·d``)
     and of a recurrent layer (``nn.RNN(d, d)``, ``2·n·d²``) for each sequence length ``n`` in ``lengths``,
     so that the crossover at ``n > d`` shows. One sequence per length, fake mode."""
-    if d % h:
-        raise ValueError(f"d={d} must be divisible by h={h}")
+    check_heads(d, h)
     with torch.device("meta"):
         attention, recurrent = SelfAttention(d, h), nn.RNN(d, d)
     rows = []
     for n in lengths:
-        if n < 1:
-            raise ValueError(f"sequence lengths must be >= 1; got {n}")
+        check_positive(n=n)
         rows.append(LengthRow(n=n, attention_core_predicted_macs=2 * n * n * d,
                               attention_core_measured_macs=_core(_profile(attention, _tokens(n, d))),
                               recurrent_predicted_macs=2 * n * d * d,

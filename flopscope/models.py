@@ -8,6 +8,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .checks import check_heads
+
 
 class SelfAttention(nn.Module):
     """Multi-head self-attention written out as in the seed study: Q = X W_Q, K = X W_K, V = X W_V,
@@ -15,8 +17,7 @@ class SelfAttention(nn.Module):
 
     def __init__(self, d: int, h: int) -> None:
         super().__init__()
-        if d % h:
-            raise ValueError(f"d={d} must be divisible by h={h}")
+        check_heads(d, h)
         self.h, self.d_k = h, d // h
         self.q_proj, self.k_proj, self.v_proj, self.out_proj = (nn.Linear(d, d) for _ in range(4))
 

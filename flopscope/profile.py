@@ -16,7 +16,7 @@ from torch import fx
 
 from .capture import FORWARD, CapturedOp, Cost, build_graph, captured
 from .columns import scale_parts
-from .errors import FlopscopeError, RoleError
+from .errors import NotFoundError
 from .facts import ModelFacts
 from .model_formulas import ModelFormulas, model_formulas
 from .module_tracker import ModuleCall, ModuleTracker
@@ -241,7 +241,7 @@ class Profile:
         assignments = self.role_assignments()
         found = node if isinstance(node, fx.Node) else next((n for n in self._fx_graph().nodes if n.name == node), None)
         if found is None:
-            raise RoleError(f"no node named {node!r} in the captured graph (see prof.graph)")
+            raise NotFoundError(f"no node named {node!r} in the captured graph (see prof.graph)")
         assignment = assignments.get(found)
         return Role(assignment.role) if assignment is not None else Role.OTHER
 
@@ -340,4 +340,4 @@ class Profile:
 
     def _check_module(self, module: str) -> None:
         if module not in self._module_paths:
-            raise FlopscopeError(f"no module with path {module!r} in the profiled model")
+            raise NotFoundError(f"no module with path {module!r} in the profiled model")

@@ -1,0 +1,92 @@
+"""Extending flopscope in one place: a new op is one registration (formula + family), and the options of
+profile() reach every length of a sweep."""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import flopscope
+from flopscope.formulas import OpFamily, mm
+from flopscope.models import TransformerBlock
+from flopscope.scaling import Polynomial
+
+
+@torch.library.custom_op("flopscope_test::plain_mm", mutates_args=())
+def plain_mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """A matrix product that PyTorch does not know as one: an op no formula or role pass has heard of."""
+    return torch.mm(a, b)
+
+
+@plain_mm.register_fake
+def _(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return a.new_empty(a.shape[0], b.shape[1])
+
+
+class CustomOpBlock(nn.Module):
+    """Single-head self-attention and a ReLU FFN, every product through ``plain_mm`` (one sequence)."""
+
+    def __init__(self, d: int, d_ff: int) -> None:
+        super().__init__()
+        self.wq, self.wk, self.wv, self.wo = (nn.Parameter(torch.randn(d, d) / d) for _ in range(4))
+        self.w1, self.w2 = nn.Parameter(torch.randn(d, d_ff) / d), nn.Parameter(torch.randn(d_ff, d) / d_ff)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = plain_mm(x, self.wq), plain_mm(x, self.wk), plain_mm(x, self.wv)
+        weights = F.softmax(plain_mm(q, k.t()) / q.shape[-1] ** 0.5, dim=-1)
+        x = x + plain_mm(plain_mm(weights, v), self.wo)
+        return x + plain_mm(F.relu(plain_mm(x, self.w1)), self.w2)
+
+
+@pytest.mark.parametrize("mode", ["real", "fake"])
+def test_a_new_op_declared_a_matmul_gets_its_roles_without_any_other_edit(mode: str) -> None:
+    n, d, d_ff = 16, 32, 64
+    model, x = CustomOpBlock(d, d_ff), torch.randn(n, d)
+    with pytest.warns(flopscope.FlopscopeWarning, match="flopscope_test.plain_mm"):
+        unknown = flopscope.profile(model, x, mode=mode)
+    assert unknown.total() == 0 and unknown.unsupported() == {"flopscope_test.plain_mm": 8}
+
+    registry = flopscope.REGISTRY.copy()
+    registry.override(torch.ops.flopscope_test.plain_mm, mm, family=OpFamily.MATMUL, operands=(0, 1))
+    prof = flopscope.profile(model, x, mode=mode, registry=registry)
+    assert prof.by_role() == {
+        "q_proj": n * d * d, "k_proj": n * d * d, "v_proj": n * d * d,
+        "attn_scores": n * n * d, "attn_weighted_sum": n * n * d, "out_proj": n * d * d,
+        "ffn_up": n * d * d_ff, "ffn_down": n * d_ff * d,
+    }
+    assert prof.by_block() == {"": prof.by_role()}
+
+
+def test_a_new_op_without_a_family_counts_but_has_no_role() -> None:
+    n, d, d_ff = 8, 16, 32
+    registry = flopscope.REGISTRY.copy()
+    registry.override(torch.ops.flopscope_test.plain_mm, mm)  # a formula, no family: OpFamily.OTHER
+    prof = flopscope.profile(CustomOpBlock(d, d_ff), torch.randn(n, d), registry=registry)
+    assert prof.by_role() == {"other": 4 * n * d * d + 2 * n * n * d + 2 * n * d * d_ff}
+
+
+def test_registering_a_matmul_needs_its_operand_positions() -> None:
+    registry = flopscope.REGISTRY.copy()
+    with pytest.raises(flopscope.RegistryError, match="operand positions"):
+        registry.override(torch.ops.flopscope_test.plain_mm, mm, family=OpFamily.MATMUL)
+
+
+def test_scaling_in_fake_mode_counts_the_backward_pass_like_real_mode() -> None:
+    """backward=True reaches every length of a fake sweep (it used to be dropped there)."""
+    d, h, d_ff = 64, 4, 256
+    lengths = (8, 16, 32, 64)
+
+    def make(n: int) -> torch.Tensor:
+        return torch.zeros(1, n, d)
+
+    fake = flopscope.scaling(TransformerBlock(d, h, d_ff), make, lengths=lengths, mode="fake", backward=True)
+    real = flopscope.scaling(TransformerBlock(d, h, d_ff), make, lengths=lengths, mode="real", backward=True)
+    assert fake.polynomials == real.polynomials
+    # forward Q·Kᵀ (n²·d) and its two gradient GEMMs (dQ, dK: n²·d each)
+    assert fake.polynomials["attn_scores"] == Polynomial((Fraction(0), Fraction(0), Fraction(3 * d)))
+    # forward x·W_1 (n·d·d_ff), gradients of the input and of the weight (n·d·d_ff each)
+    assert fake.polynomials["ffn_up"] == Polynomial((Fraction(0), Fraction(3 * d * d_ff)))
