@@ -60,35 +60,28 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+from flopscope import conventions  # after the checkout is on sys.path
+
 HIDDEN, LAYERS, HEADS, INTER, VOCAB, EXPERTS, TOKENS, IMAGE = 64, 2, 4, 128, 1024, 4, 16, 64
 AUDIO_SAMPLES = 4000
 
 # --------------------------------------------------------------------------------------------------
 # config shrinking (generic: attribute names shared by many families)
 # --------------------------------------------------------------------------------------------------
-WIDTH_KEYS = ("hidden_size", "d_model", "n_embd", "hidden_dim", "dim", "width", "embed_dim", "encoder_hidden_size",
-              "embedding_size", "projection_dim", "text_hidden_size", "out_hidden_size", "fpn_hidden_size",
-              "decoder_hidden_size", "projector_hidden_size", "hidden_size_per_layer_input", "output_hidden_size",
-              "encoder_hidden_dim", "d_latents", "cross_attention_hidden_size", "attention_hidden_size",
-              "embedding_dim")
-HEAD_KEYS = ("num_attention_heads", "n_head", "n_heads", "num_heads", "encoder_attention_heads",
-             "decoder_attention_heads", "decoder_num_attention_heads", "swa_num_attention_heads")
-KV_HEAD_KEYS = ("num_key_value_heads", "num_kv_heads", "n_kv_heads", "multi_query_group_num", "swa_num_key_value_heads")
-HEAD_DIM_KEYS = ("head_dim", "d_kv", "attention_head_dim", "swa_head_dim", "kv_channels", "v_head_dim", "qk_head_dim",
-                 "index_head_dim", "linear_key_head_dim", "linear_value_head_dim", "linear_head_dim")
-INTER_KEYS = ("intermediate_size", "ffn_dim", "encoder_ffn_dim", "decoder_ffn_dim", "d_ff", "n_inner", "mlp_dim",
-              "decoder_intermediate_size", "ffn_hidden_size", "dim_feedforward", "encoder_ffn_dim",
-              "intermediate_size_mlp", "iou_head_hidden_dim")
-SMALL_INTER_KEYS = ("moe_intermediate_size", "shared_expert_intermediate_size", "expert_intermediate_size",
-                    "shared_intermediate_size")
-LAYER_KEYS = ("num_hidden_layers", "num_layers", "n_layer", "n_layers", "encoder_layers", "decoder_layers",
-              "num_decoder_layers", "num_encoder_layers", "depth", "num_hidden_groups_layers", "max_window_layers",
-              "num_blocks")
+# the names families give each hyper-parameter live in flopscope.conventions (one home)
+WIDTH_KEYS = conventions.WIDTH.every_config_key
+HEAD_KEYS = conventions.HEADS.every_config_key
+KV_HEAD_KEYS = conventions.KV_HEADS.every_config_key
+HEAD_DIM_KEYS = conventions.HEAD_WIDTH.every_config_key
+INTER_KEYS = conventions.FFN_WIDTH.every_config_key
+SMALL_INTER_KEYS = conventions.EXPERT_FFN_WIDTH.every_config_key
+LAYER_KEYS = conventions.LAYERS.every_config_key
 LAYER_RE = re.compile(r"^(n|num)_\w*layers$")  # n_input_layers, num_mel_layers, ... (not the ones below)
 LAYER_RE_SKIP = ("shared", "nextn", "predict", "dense", "mtp", "adapter", "feat_extract", "conv", "residual")
-EXPERT_KEYS = ("num_experts", "n_routed_experts", "num_local_experts", "moe_num_experts")
-SMALL_KEYS = {"num_experts_per_tok": 2, "moe_k": 2, "num_experts_per_token": 2, "num_expert_group": 1,
-              "linear_num_heads": 4, "num_frames": 4, "moe_topk": 2, "top_k": 2, "n_group": 1, "topk_group": 1,
+EXPERT_KEYS = conventions.EXPERTS.every_config_key
+ROUTING_KEYS = tuple(k for k in conventions.TOP_K.every_config_key if k != "top_k")  # top_k may be a sampling knob
+SMALL_KEYS = {**dict.fromkeys(conventions.TOP_K.every_config_key, 2), "num_expert_group": 1,
+              "linear_num_heads": 4, "num_frames": 4, "n_group": 1, "topk_group": 1,
               "kv_lora_rank": 32, "q_lora_rank": 32, "qk_rope_head_dim": 8, "qk_nope_head_dim": 8,
               "first_k_dense_replace": 1, "num_nextn_predict_layers": 0, "index_n_heads": 2, "index_topk": 8,
               "linear_num_key_heads": 2, "linear_num_value_heads": 4, "max_source_positions": 32,
@@ -144,8 +137,7 @@ def shrink_config(cfg: Any, level: int, uses_mrope: bool = False) -> Any:
         for k in EXPERT_KEYS:
             if _is_int(attrs.get(k)) and attrs[k] > EXPERTS:
                 _set(c, k, EXPERTS)
-        for k in ("num_experts_per_tok", "moe_k", "num_experts_per_token", "moe_topk", "n_group", "topk_group",
-                  "num_expert_group", "num_queries"):
+        for k in (*ROUTING_KEYS, "n_group", "topk_group", "num_expert_group", "num_queries"):
             if _is_int(attrs.get(k)) and attrs[k] > SMALL_KEYS[k]:
                 _set(c, k, SMALL_KEYS[k])
         if _is_int(attrs.get("vocab_size")) and attrs["vocab_size"] > VOCAB:

@@ -439,7 +439,8 @@ def _ffn_widths(b: _Block, gated: bool) -> tuple[int | None, int | None, str]:
             fused = gated and b.role_modules.get("ffn_gate") == ups  # one gate_up projection, split in two
             return d_in, width // 2 if fused else width, "weight shapes"
     d = facts.declared(Names(config=WIDTH.config))
-    d_ff = facts.declared(EXPERT_FFN_WIDTH if facts.declared(TOP_K) is not None else FFN_WIDTH)
+    moe = facts.declared(TOP_K) is not None
+    d_ff = (facts.declared(EXPERT_FFN_WIDTH) if moe else None) or facts.declared(FFN_WIDTH)
     if d is not None and d_ff is not None:
         return d, d_ff, "config"
     # a fused kernel (the encoder-layer fast path): the block's own linear layers declare the widths
