@@ -2,27 +2,79 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
+from closed_forms import add, attention, ffn
+from torch import nn
 
 import flopscope
 from flopscope.models import TransformerBlock
 from flopscope.timing import NO_MACS
 
 
-def test_time_per_role_covers_every_op_and_keeps_macs():
-    block = TransformerBlock(64, 4, 256).eval()
+def timed(model: nn.Module, x: torch.Tensor) -> tuple[flopscope.Profile, float]:
+    """A real-mode profile and the wall time of the whole profile() call around it."""
+    start = time.perf_counter()
     with torch.no_grad():
-        prof = flopscope.profile(block, torch.randn(1, 32, 64), mode="real")
+        prof = flopscope.profile(model.eval(), x, mode="real")
+    return prof, time.perf_counter() - start
+
+
+def test_role_times_partition_the_timed_ops():
+    d, h, d_ff, n = 128, 4, 512, 64  # matmul-dominated: the FFN holds 2/3 of the multiplies
+    prof, wall = timed(TransformerBlock(d, h, d_ff), torch.randn(1, n, d))
     timing = prof.timing()
     rows = {row.name: row for row in timing.rows}
-    assert {row.name: row.macs for row in timing.rows if row.macs} == prof.by_role()
-    assert NO_MACS in rows and rows[NO_MACS].macs == 0  # softmax, layer norms, activations, copies
-    ops = sum(n.meta["seconds"] for n in prof.graph.nodes if "seconds" in n.meta)
-    assert timing.seconds == pytest.approx(ops)
-    assert timing.modules[""] == pytest.approx(ops)
-    assert all(row.seconds >= 0 for row in timing.rows)
-    assert "GFLOP/s" in timing.to_table()
+    expected = add(attention(1, n, n, d, h), ffn(1, n, d, d_ff))
+    # one row per role that ran, with its closed-form MACs, and one for the ops without multiplies;
+    # roles without ops (logits, gate, conv, ...) have no row and so no time
+    assert {name: row.macs for name, row in rows.items() if name != NO_MACS} == expected
+    assert {name: row.macs for name, row in rows.items() if row.macs} == prof.by_role()
+    assert rows[NO_MACS].macs == 0 and rows[NO_MACS].seconds > 0  # softmax, layer norms, activations, copies
+    assert all(row.seconds > 0 for row in timing.rows)
+    heaviest = max(expected, key=expected.__getitem__)
+    assert heaviest in ("ffn_up", "ffn_down") and rows[heaviest].seconds > 0
+    # the rows partition the ops' time: their sum is the root module's time, counted through the module tree
+    assert sum(row.seconds for row in timing.rows) == pytest.approx(timing.modules[""], rel=1e-9)
+    assert timing.seconds == pytest.approx(timing.modules[""], rel=1e-9)
+    assert 0 < timing.seconds <= wall  # no op is timed twice: the ops ran inside the profile() call
+    # inclusive module times: a module's time covers its submodules' times
+    assert set(timing.modules) >= {"", "attention", "attention.q_proj", "ffn", "ffn.up", "ffn.down"}
+    for path, seconds in timing.modules.items():
+        if path:
+            assert 0 <= seconds <= timing.modules[path.rpartition(".")[0]] * (1 + 1e-9), path
+    assert timing.modules["ffn.up"] + timing.modules["ffn.down"] <= timing.modules["ffn"] * (1 + 1e-9)
+    # the table's MAC share is the closed-form share
+    total = sum(expected.values())
+    line = next(line for line in timing.to_table().splitlines() if line.startswith("ffn_up "))
+    assert f"{100 * n * d * d_ff / total:.1f}%" in line.split()
+    assert "GFLOP/s" in timing.to_table().splitlines()[0]
+
+
+def test_a_fused_op_splits_its_time_between_its_roles_by_macs():
+    """The fast path of nn.MultiheadAttention is one kernel: each role gets its MAC share of that op's time."""
+    d, h, n, B = 64, 4, 16, 2
+
+    class SelfAttention(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.mha = nn.MultiheadAttention(d, h, batch_first=True)
+
+        def forward(self, x):
+            return self.mha(x, x, x, need_weights=False)[0]
+
+    prof, _ = timed(SelfAttention(), torch.randn(B, n, d))
+    assert set(prof.by_op()) == {"aten._native_multi_head_attention"}
+    timing = prof.timing()
+    expected = attention(B, n, n, d, h)
+    assert {row.name: row.macs for row in timing.rows} == expected  # no row for ops without multiplies
+    op_seconds = timing.modules["mha"]  # the module ran the one op and nothing else
+    assert timing.modules[""] == pytest.approx(op_seconds, rel=1e-9)
+    total = sum(expected.values())
+    for row in timing.rows:
+        assert row.seconds == pytest.approx(op_seconds * expected[row.name] / total, rel=1e-9), row.name
 
 
 def test_fake_mode_has_no_times():
