@@ -28,9 +28,9 @@ def profile(model: nn.Module, *args: Any, mode: str = "auto", registry: FormulaR
         model: any ``nn.Module`` (a Hugging Face model, a torchvision-style CNN, your own block).
         mode: ``"fake"`` counts on fake tensors (nothing is computed, no activation memory; a model
             built on ``device="meta"`` works); ``"real"`` executes (``prof.output`` is the result);
-            ``"auto"`` (default) counts on fake tensors and, only if the model needs real data (a
-            data-dependent op such as ``.item()`` or ``nonzero`` in routing code), runs it for real
-            instead and says so in one warning naming the op.
+            ``"auto"`` (default) counts on fake tensors and, if the run fails there (most often
+            because the model needs real data: a data-dependent op such as ``.item()`` or ``nonzero``
+            in routing code), runs it for real instead and says so in one warning naming the op.
         registry: the formula registry (default :data:`flopscope.formulas.REGISTRY`).
         roles: :class:`~flopscope.roles.RoleRule` s for your own blocks (module pattern or type -> role);
             they override what the dataflow finds inside the modules they match.

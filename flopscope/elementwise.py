@@ -22,7 +22,8 @@ recurrent     fused RNN cell ops (``_thnn_fused_lstm_cell``, ...) on precomputed
 cell          gates
 ============  ===============================================================  ======================
 
-"Input element" is the first tensor argument; "output element" the first tensor output.
+"Input element" is the first tensor argument; "output element" the first tensor output. The same table,
+with what the code adds to it: ``docs/conventions.md`` section 3.
 
 Ops in :data:`ZERO_COST` (and every view op) do no arithmetic: data movement, allocation, indexing,
 embedding lookups (a gather: 0 multiplies, as PyTorch and fvcore count it).

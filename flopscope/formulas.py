@@ -2,7 +2,11 @@
 
 Unit: multiply-accumulates (MACs). A GEMM ``[m, k] @ [k, n]`` is ``m * n * k`` MACs (= ``2 * m * n * k``
 FLOPs). Bias adds, scaling and every elementwise step are *not* MACs; they are counted separately by
-:mod:`flopscope.elementwise`.
+:mod:`flopscope.elementwise`. Conventions (dense attention, backward kernels): ``docs/conventions.md``
+sections 2, 5 and 7; closed forms with sources: ``docs/formulas.md``.
+
+A new op is one registration here: its formula, its :class:`OpFamily` and its operand positions
+(``docs/extending.md``).
 
 Calling convention: a formula receives the op's arguments with every tensor replaced by its shape (a
 tuple of ints; a list of tensors becomes a list of shapes; ``None`` stays ``None``), non-tensor

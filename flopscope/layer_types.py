@@ -5,7 +5,7 @@ out of it: separable convolution, position-wise FFN, fully connected), plus the 
 (a whole Transformer block, cross-attention with one query, multi-head vs single-head), profiles each in
 fake mode (nothing is computed; every layer is built on ``device="meta"``, so even the n²·d² weights of
 the fully-connected layer cost no memory), and sets each measured count next to an exact closed form
-computed here from ``n, d, h, k, r, d_ff`` alone.
+computed here from ``n, d, h, k, r, d_ff`` alone (``docs/formulas.md`` section 1).
 
 Conventions:
 

@@ -90,3 +90,59 @@ def test_scaling_in_fake_mode_counts_the_backward_pass_like_real_mode() -> None:
     assert fake.polynomials["attn_scores"] == Polynomial((Fraction(0), Fraction(0), Fraction(3 * d)))
     # forward x·W_1 (n·d·d_ff), gradients of the input and of the weight (n·d·d_ff each)
     assert fake.polynomials["ffn_up"] == Polynomial((Fraction(0), Fraction(3 * d * d_ff)))
+
+
+class _Config:
+    """A config object as Hugging Face models carry one (``to_dict``), naming its width ``d_embed``."""
+
+    def __init__(self, **values: int) -> None:
+        self.values = values
+
+    def to_dict(self) -> dict[str, int]:
+        return dict(self.values)
+
+
+class RawWeightAttention(nn.Module):
+    """Multi-head self-attention on raw weight matrices: no module declares the width or the heads."""
+
+    def __init__(self, d: int, heads: int) -> None:
+        super().__init__()
+        self.heads = heads  # not a name flopscope reads: the config says it
+        self.wq, self.wk, self.wv, self.wo = (nn.Parameter(torch.randn(d, d) / d) for _ in range(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, n, d = x.shape
+        q, k, v = ((x @ w).view(B, n, self.heads, d // self.heads).transpose(1, 2) for w in (self.wq, self.wk, self.wv))
+        y = F.softmax(q @ k.transpose(-2, -1), dim=-1) @ v
+        return y.transpose(1, 2).reshape(B, n, d) @ self.wo
+
+
+class NewFamily(nn.Module):
+    def __init__(self, d: int, h: int) -> None:
+        super().__init__()
+        self.config = _Config(d_embed=d, num_attention_heads=h)
+        self.attn = RawWeightAttention(d, h)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.attn(x)
+
+
+def test_a_new_model_family_is_one_name_in_conventions() -> None:
+    from flopscope import conventions
+
+    n, d, h = 16, 32, 4
+    model, x = NewFamily(d, h), torch.zeros(1, n, d)
+    before = flopscope.profile(model, x).reconcile()
+    assert before.rows and all(row.predicted is None and "unrecognised" in row.reason for row in before.rows)
+
+    known = conventions.WIDTH.config
+    object.__setattr__(conventions.WIDTH, "config", (*known, "d_embed"))  # the one edit, made at run time
+    try:
+        after = flopscope.profile(model, x).reconcile()
+    finally:
+        object.__setattr__(conventions.WIDTH, "config", known)
+    assert after.all_exact()
+    assert {row.role: row.predicted for row in after.rows} == {
+        "q_proj": n * d * d, "k_proj": n * d * d, "v_proj": n * d * d,
+        "attn_scores": n * n * d, "attn_weighted_sum": n * n * d, "out_proj": n * d * d,
+    }
