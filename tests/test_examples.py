@@ -6,6 +6,7 @@ import importlib.util
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
@@ -28,7 +29,24 @@ def test_huggingface_from_config(capsys):
     pytest.importorskip("transformers")
     prof = load("huggingface_from_config").main(["--layers", "1", "--n", "32"])
     assert prof.reconcile().all_exact()
-    assert "Kaplan" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    # the example's Llama: one layer, d 512, 8 heads of 64, 2 key/value heads, SwiGLU d_ff 1376, vocab 32000
+    L, d, h, d_k, n_kv, d_ff, V, n = 1, 512, 8, 64, 2, 1376, 32000, 32
+    d_attn = h * d_k
+    per_token = (L * (d * d_attn + 2 * d * n_kv * d_k  # Q, then grouped K and V
+                      + 2 * n * d_attn  # scores and weighted sum over all n keys
+                      + d_attn * d + 3 * d * d_ff)  # output projection, gate / up / down
+                 + d * V)  # logits
+    assert out.splitlines()[0] == f"{n * per_token:,} MACs = {2 * n * per_token:,} FLOPs for {n} tokens"
+    kaplan_n = 2 * d * L * (2 * d_attn + d_ff)  # Kaplan et al. 2020: N = 2·d·L·(2·d_attn + d_ff)
+    kaplan = kaplan_n + L * n * d_attn  # C_forward / 2 = N + L·n·d_attn MACs per token
+    row = next(line for line in out.splitlines() if line.startswith("Kaplan"))
+    columns = row.split()
+    assert f"{kaplan:,}" in columns and f"{per_token:,}" in columns
+    assert f"{100 * (per_token - kaplan) / kaplan:+.2f}%" in columns
+    assert f"QKV projections -{L * (3 * d * d_attn - d * d_attn - 2 * d * n_kv * d_k):,};" in row  # K/V grouped
+    assert f"FFN +{L * d * d_ff:,};" in row  # the gate: Kaplan's FFN has two matrices
+    assert f"logits (de-embedding) +{d * V:,}" in row  # left out of C_forward
 
 
 def test_training_step():
@@ -46,10 +64,15 @@ def test_custom_block_rule():
 
 
 def test_scaling_plot(tmp_path):
+    image = pytest.importorskip("matplotlib.image")
     result = load("scaling_plot").main(["--out", str(tmp_path / "s.png"), "--d", "64"])
     d = 64
     assert result.crossover() == 2 * d + 4 * d + 1  # 2n²d > n(4d² + 2·d·4d)  <=>  n > 6d
-    assert (tmp_path / "s.png").stat().st_size > 10_000
+    pixels = image.imread(tmp_path / "s.png")
+    assert pixels.shape[:2] == (int(5.5 * 120), 8 * 120)  # flopscope.plots: 8 x 5.5 inches at 120 dpi
+    colours = np.unique(pixels.reshape(-1, pixels.shape[-1]), axis=0)
+    assert len(colours) > 1  # not blank
+    assert (np.ptp(colours[:, :3], axis=1) > 0.2).any()  # and not only greys: the role lines are drawn in colour
 
 
 def test_seed_exercise():
