@@ -11,6 +11,7 @@ from typing import Any, TypeVar
 from torch import fx
 
 from .capture import BACKWARD, CapturedOp, LeafKind, captured
+from .errors import FlopscopeError
 from .formulas import OpSpec
 
 T = TypeVar("T")
@@ -108,7 +109,7 @@ class GraphView:
     def matmul_operands(self, n: fx.Node) -> tuple[fx.Node, fx.Node]:
         found = self.operands(n)
         if found is None or len(found) != 2:
-            raise LookupError(f"{n.name} is not a matmul of two nodes")
+            raise FlopscopeError(f"{n.name} ({n.target}) is not a matmul of two graph nodes")
         return found[0], found[1]
 
     def is_activation_product(self, n: fx.Node) -> bool:
