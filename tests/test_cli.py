@@ -7,11 +7,17 @@ import doctest
 import io
 import json
 
+import numpy as np
 import pytest
+from closed_forms import rnn
 
 import flopscope
 from flopscope.cli import main
 from flopscope.report import JSON_SCHEMA
+
+
+def line_starting(out: str, prefix: str) -> str:
+    return next(line for line in out.splitlines() if line.startswith(prefix))
 
 
 def test_demo_matches_its_closed_form(capsys):
@@ -21,6 +27,18 @@ def test_demo_matches_its_closed_form(capsys):
     assert f"{n * (4 * d * d + 2 * d * d_ff) + 2 * n * n * d:,} MACs: matches" in out
     assert "reconciliation: 8 of 8 rows exactly as predicted" in out
     assert "Table 1" in out and "unsupported ops: none" in out
+    k = 5
+    table_1 = {  # Vaswani et al. 2017, Table 1, as MACs of one sequence
+        "self-attention core (4 heads)": 2 * n * n * d,
+        "convolution (k=5)": n * k * d * d,
+        "recurrent (nn.RNN)": rnn(1, n, 1, d, d),
+        "fully connected (n·d → n·d)": (n * d) ** 2,
+        "Transformer block (d_ff=128)": n * (4 * d * d + 2 * d * d_ff) + 2 * n * n * d,
+    }
+    for layer, macs in table_1.items():
+        columns = line_starting(out, layer)[len(layer):].split()
+        assert columns.count(f"{macs:,}") == 2 and "yes" in columns, layer  # predicted and measured
+    assert line_starting(out, "self-attention core (2·n²·d) exceeds").endswith(f"from n = {d + 1} (n > d = {d})")
 
 
 def test_profile_a_factory_with_every_output(tmp_path, capsys):
@@ -44,7 +62,9 @@ def test_profile_a_factory_with_every_output(tmp_path, capsys):
     assert all(r["ratio"] == "1" for r in doc["reconciliation"])
     rows = list(csv.DictReader(io.StringIO(csv_path.read_text())))
     assert sum(int(r["macs"]) for r in rows) == doc["totals"]["macs"]
-    assert png.stat().st_size > 10_000
+    pixels = pytest.importorskip("matplotlib.image").imread(png)
+    assert pixels.shape[:2] == (int(5.5 * 120), 8 * 120)  # the scaling plot: 8 x 5.5 inches at 120 dpi
+    assert len(np.unique(pixels.reshape(-1, pixels.shape[-1]), axis=0)) > 1  # not blank
 
 
 def test_profile_a_hugging_face_family_with_backward(capsys):
@@ -52,7 +72,16 @@ def test_profile_a_hugging_face_family_with_backward(capsys):
     assert main(["profile", "hf:gpt2", "--set", "n_layer=1", "--set", "n_embd=64", "--set", "n_head=4",
                  "--set", "vocab_size=100", "--input", "1x16", "--backward", "--mode", "fake"]) == 0
     out = capsys.readouterr().out
-    assert "by phase: forward" in out and "Narayanan" in out
+    L, d, h, V, n = 1, 64, 4, 100, 16
+    per_token = L * (12 * d * d + 2 * n * d)  # 4d² projections, 8d² FFN, dense core; GPT2Model has no LM head
+    core = L * h * n * n * (d // h)  # the scores, or the weighted sum, of one sequence
+    forward = n * per_token
+    backward = 2 * (forward - 2 * core) + 3 * core + 2 * core  # GEMMs twice; fused attention: 3 for QKᵀ, 2 for AV
+    assert f"by phase: forward {forward:,} MACs, backward {backward:,} MACs" in out
+    narayanan = L * (24 * d * d + 4 * n * d) // 2 + d * V  # Megatron's FLOPs per token, halved, plus the logits
+    row = line_starting(out, "Narayanan")
+    assert f"{narayanan:,}" in row.split() and f"{per_token:,}" in row.split()
+    assert f"logits (de-embedding) -{d * V:,}" in row  # a GPT2Model has no de-embedding
 
 
 def test_compare_command(capsys):

@@ -43,8 +43,14 @@ def test_llama_gated_ffn_and_grouped_query_terms():
     assert terms["qkv"] == L * (d * h * d_k + 2 * d * n_kv * d_k) - L * 3 * d * d  # grouped-query K/V
     assert terms["ffn"] == L * 3 * d * d_ff - L * 8 * d * d  # SwiGLU with d_ff != 4d
     assert rows["Chowdhery"].measured == Fraction(rows["Narayanan"].measured)
-    assert "Kaplan" in flopscope.profile(transformers.LlamaForCausalLM(config).eval(),
-                                         torch.zeros(1, n, dtype=torch.long)).model_formulas().to_table()
+    table = flopscope.profile(transformers.LlamaForCausalLM(config).eval(),
+                              torch.zeros(1, n, dtype=torch.long)).model_formulas().to_table()
+    d_attn = h * d_k
+    kaplan = 2 * d * L * (2 * d_attn + d_ff) + L * n * d_attn  # N + L·n·d_attn, N = 2·d·L·(2·d_attn + d_ff)
+    measured = L * (d * d_attn + 2 * d * n_kv * d_k + 2 * n * d_attn + d_attn * d + 3 * d * d_ff) + d * V
+    row = next(line for line in table.splitlines() if line.startswith("Kaplan")).split()
+    assert f"{kaplan:,}" in row and f"{measured:,}" in row
+    assert f"{100 * (measured - kaplan) / kaplan:+.2f}%" in row
 
 
 def test_a_model_without_a_language_model_config_is_refused():

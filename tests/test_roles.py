@@ -254,3 +254,11 @@ def test_blocks_group_each_attention_and_ffn_instance():
 
     table = role_table(prof)
     assert "attn_scores" in table and "encoder.layer.*.attention (x2)" in table
+    expected = add(times(2, add(attention(B, n, n, d, h), ffn(B, n, d, d_ff))), {"other": B * d * d})
+    line = next(line for line in table.splitlines() if line.startswith("attn_scores "))
+    scores = 2 * B * h * n * n * (d // h)  # two layers of B·h·n²·d_k
+    assert line.split()[1] == f"{scores:,}"
+    assert f"{100 * scores / sum(expected.values()):.1f}%" in line.split()
+    assert line.rstrip().endswith("encoder.layer.*.attention (x2)")
+    pooler = next(line for line in table.splitlines() if line.startswith("other "))
+    assert pooler.split()[1] == f"{B * d * d:,}" and pooler.rstrip().endswith("pooler.dense")

@@ -35,7 +35,7 @@ def test_transformer_block_scaling_and_crossover():
     # 2n²d > n(4d² + 2·d·d_ff)  <=>  n > 2d + d_ff
     assert result.crossover() == 2 * d + d_ff + 1
     assert result.attention_share(2 * d + d_ff) == Fraction(1, 2)
-    assert "overtakes projections + FFN from n = 385" in result.to_table()
+    assert f"overtakes projections + FFN from n = {2 * d + d_ff + 1:,}" in result.to_table()
 
 
 def test_llama_scaling_matches_closed_forms_coefficient_by_coefficient():
