@@ -54,6 +54,9 @@ def test_training_step():
     prof = load("training_step").main(["--layers", "1", "--n", "16"])
     forward, backward = prof.by_role(phase="forward"), prof.by_role(phase="backward")
     assert backward["ffn_up"] == 2 * forward["ffn_up"] and backward["q_proj"] == 2 * forward["q_proj"]
+    L, B, n, d, V = 1, 2, 16, 256, 1000  # the example's GPT-2: width 256, vocabulary 1000, batch 2
+    assert forward["ffn_up"] == L * B * n * d * 4 * d and forward["q_proj"] == L * B * n * d * d
+    assert forward["logits"] == B * n * d * V
 
 
 def test_custom_block_rule():
