@@ -316,8 +316,8 @@ def compare(n: int = 512, d: int = 512, h: int = 8, k: int = 5, r: int = 64, d_f
         fully_connected = nn.Linear(n * d, n * d)
         block = TransformerBlock(d, h, d_ff)
         mha = nn.MultiheadAttention(d, h, batch_first=True)
-    x = _tokens(n, d)  # (1, n, d)
-    one_query = _tokens(1, d)  # (1, 1, d)
+    x = _sequence_input(n, d)  # (1, n, d)
+    one_query = _sequence_input(1, d)  # (1, 1, d)
 
     prof = _profile(attention, x)
     add("self_attention_core", f"self-attention core ({h} heads)", "O(n²·d)",
@@ -339,7 +339,7 @@ def compare(n: int = 512, d: int = 512, h: int = 8, k: int = 5, r: int = 64, d_f
     add("feed_forward", f"position-wise FFN (d_ff={d_ff})", "O(n·d²)",
         2 * n * d * d_ff, _profile(ffn, x).total(), ffn, path="∞")
     add("fully_connected", "fully connected (n·d → n·d)", "O(n²·d²)",
-        n * n * d * d, _profile(fully_connected, _tokens(1, n * d)[0]).total(), fully_connected)
+        n * n * d * d, _profile(fully_connected, _sequence_input(1, n * d)[0]).total(), fully_connected)
     add("transformer_block", f"Transformer block (d_ff={d_ff})", "O(n²·d + n·d²)",
         n * (4 * d * d + 2 * d * d_ff) + 2 * n * n * d, _profile(block, x).total(), block)
     no_weights = {"need_weights": False}  # nn.MultiheadAttention: skip averaging the attention weights
@@ -364,7 +364,7 @@ def compare_lengths(lengths: Iterable[int], d: int = 512, h: int = 8) -> LengthC
     for n in lengths:
         check_positive(n=n)
         rows.append(LengthRow(n=n, attention_core_predicted_macs=2 * n * n * d,
-                              attention_core_measured_macs=_core(_profile(attention, _tokens(n, d))),
+                              attention_core_measured_macs=_core(_profile(attention, _sequence_input(n, d))),
                               recurrent_predicted_macs=2 * n * d * d,
                               recurrent_measured_macs=_profile(recurrent, _steps(n, d)).total()))
     return LengthComparison(d=d, h=h, rows=tuple(rows))
@@ -390,7 +390,7 @@ def _params(module: nn.Module) -> int:
     return sum(p.numel() for p in module.parameters())
 
 
-def _tokens(n: int, d: int) -> torch.Tensor:
+def _sequence_input(n: int, d: int) -> torch.Tensor:
     return torch.empty(1, n, d, device="meta")  # (batch, sequence, features)
 
 

@@ -143,6 +143,11 @@ class Profile:
         return self._mode
 
     @property
+    def timed(self) -> bool:
+        """Whether op wall times were recorded (a real-mode run): :meth:`timing` needs them."""
+        return any(op.seconds is not None for op in self._ops)
+
+    @property
     def output(self) -> Any:
         """What the forward returned (fake tensors in fake mode; ``None`` for :func:`flopscope.profiler`)."""
         return self._output

@@ -160,7 +160,7 @@ def summary(prof: Profile, depth: int = 2, units: str = "macs", tablefmt: str = 
             lines += ["", f"reconciliation: {exact} of {len(result.rows)} rows exactly as predicted",
                       result.to_table(tablefmt)]
     lines += ["", module_tree(prof, depth, units, tablefmt), "", op_table(prof, units, tablefmt)]
-    if prof.mode == "real" and any("seconds" in node.meta for node in prof.graph.nodes):
+    if prof.timed:
         lines += ["", "time per role (real mode; wall time of the ops that ran):", prof.timing().to_table(tablefmt)]
     elementwise = prof.elementwise()
     if elementwise:
