@@ -109,7 +109,7 @@ class CapturedOp:
 
     ``args`` / ``kwargs`` hold other :class:`CapturedOp` s where the op took a tensor (the dataflow).
     The fx graph is built only when someone asks for it (:func:`build_graph`); counting totals needs
-    only these records. Units: ``multiplies`` in MACs, ``seconds`` wall time.
+    only these records. Units: ``macs`` in MACs, ``seconds`` wall time.
     """
 
     node_op: str  # fx node op: "call_function", "get_attr" or "placeholder"
@@ -124,7 +124,7 @@ class CapturedOp:
     dtype: torch.dtype | None = None
     cost: Cost = Cost.ZERO
     spec: OpSpec | None = None  # the registry's entry for an op with a formula
-    multiplies: int = 0
+    macs: int = 0  # MACs of the op's formula (0 without one); public meta key "multiplies"
     parts: dict[str, int] | None = None  # {part: MACs} of a fused op's formula
     elementwise: tuple[str, int] | None = None  # (category, elementwise ops)
     seconds: float | None = None  # real mode: wall time of the kernel
@@ -182,7 +182,7 @@ def build_graph(ops: list[CapturedOp]) -> fx.Graph:
 def _public_meta(op: CapturedOp) -> dict[str, Any]:
     meta: dict[str, Any] = {
         CAPTURED: op, "module": op.module, "module_stack": op.module_stack, "input_shapes": op.input_shapes,
-        "output_shapes": op.output_shapes, "dtype": op.dtype, "multiplies": op.multiplies,
+        "output_shapes": op.output_shapes, "dtype": op.dtype, "multiplies": op.macs,
         "multiply_parts": op.parts, "elementwise": op.elementwise, "cost": op.cost.value, "phase": op.phase,
     }
     if op.seconds is not None:
@@ -345,7 +345,7 @@ class Recorder(TorchDispatchMode):
                 self._producers[id(item)] = (weakref.ref(item), getter)
         if known.spec is not None:
             macs = formulas.count(known.spec.formula, args, kwargs, _first_shape(out))
-            op.multiplies = formulas.total_of(macs)
+            op.macs = formulas.total_of(macs)
             op.parts = None if isinstance(macs, int) else dict(macs)
         elif known.rule is not None:
             op.elementwise = (known.rule.category, elementwise.elementwise_ops(known.rule, args, out))

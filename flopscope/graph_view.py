@@ -52,7 +52,7 @@ class GraphView:
         self.ops: Mapping[fx.Node, CapturedOp] = MappingProxyType({n: captured(n) for n in every})
         self.nodes: tuple[fx.Node, ...] = tuple(n for n in every if self.ops[n].phase != BACKWARD)
         self.backward_nodes: tuple[fx.Node, ...] = tuple(n for n in every if self.ops[n].phase == BACKWARD)
-        self.macs: Mapping[fx.Node, int] = MappingProxyType({n: self.ops[n].multiplies for n in every})
+        self.macs: Mapping[fx.Node, int] = MappingProxyType({n: self.ops[n].macs for n in every})
         dynamic: dict[fx.Node, bool] = {}
         weighty: dict[fx.Node, bool] = {}
         computed: dict[fx.Node, bool] = {}

@@ -93,7 +93,7 @@ class Profile:
         for op in capture.ops:
             if op.cost is Cost.FORMULA:
                 paths = frozenset(frame.path for frame in op.module_stack)
-                counted.append((op.op_name, op.multiplies, paths, op.phase))
+                counted.append((op.op_name, op.macs, paths, op.phase))
             elif op.cost is Cost.ELEMENTWISE and op.elementwise is not None:
                 category, count = op.elementwise
                 elementwise[category] += count
@@ -130,7 +130,7 @@ class Profile:
                 records.append(OpRecord(
                     op=op.op_name, module=op.module or "", module_stack=tuple(frame.path for frame in op.module_stack),
                     call=op.module_stack[-1].call if op.module_stack else 0, input_shapes=op.input_shapes,
-                    output_shapes=op.output_shapes, multiplies=op.multiplies, parts=op.parts, node=node.name,
+                    output_shapes=op.output_shapes, multiplies=op.macs, parts=op.parts, node=node.name,
                     phase=op.phase, role=Role(assignment.role) if assignment else Role.OTHER,
                     roles=dict(assignment.parts) if assignment else {},
                     block=assignment.block if assignment else op.module or ""))
@@ -289,7 +289,7 @@ class Profile:
             if source is None:
                 continue
             op = captured(mine)
-            parts = dict(op.parts) if op.parts else (scale_parts(source.parts, op.multiplies) if op.multiplies
+            parts = dict(op.parts) if op.parts else (scale_parts(source.parts, op.macs) if op.macs
                                                      else dict(source.parts))
             roles[mine] = Assignment(parts, source.block)
         self._set_roles(roles)
