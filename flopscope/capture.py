@@ -302,7 +302,7 @@ class Recorder(TorchDispatchMode):
         """Run the op; remember where the first failure happened (for the error the user sees)."""
         try:
             return func(*args, **kwargs)
-        except Exception:
+        except Exception:  # any kernel's error: noted here, re-raised unless a fake-shape rule stands in
             maker = FAKE_SHAPE_RULES.get(func.overloadpacket) if self.fake else None
             if maker is None:
                 if self.failure is None:

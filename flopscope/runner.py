@@ -145,7 +145,7 @@ def run(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], options
                     output = torch.func.functional_call(model, state, args, kwargs, tie_weights=True, strict=False)
                 else:
                     output = model(*args, **kwargs)
-            except Exception as error:
+            except Exception as error:  # the model's own code: re-raised as a RunError naming op and module
                 raise _explain(model, error, recorder, tracker, fake) from error
             if options.backward:
                 _backward(model, output, options.loss, recorder)
@@ -224,7 +224,7 @@ def _backward(model: nn.Module, output: Any, loss: Loss | None, recorder: Record
     with recorder.backward_pass():
         try:
             value.backward()
-        except Exception as error:
+        except Exception as error:  # autograd or the model's backward hooks: re-raised as a ForwardError
             failure = recorder.failure
             where = f" at {failure.describe()}" if failure is not None else ""
             raise ForwardError(f"the backward pass of {type(model).__name__} raised {type(error).__name__}{where}: "
