@@ -184,7 +184,7 @@ def _crosscheck(args: argparse.Namespace) -> int:
     with torch.no_grad():
         result = crosscheck(target.model, *inputs, **kwargs)
     print(result.to_table(args.format))
-    return 0
+    return 0 if result.all_explained else 1  # 1: a peer failed, or disagrees by MACs no evidence explains
 
 
 def _progress(label: str) -> Any:

@@ -8,6 +8,8 @@ from __future__ import annotations
 import contextlib
 import copy
 import functools
+import subprocess
+import sys
 from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
@@ -22,7 +24,11 @@ from zoo import hf_case as _hf_case
 from zoo import seeded_randn as _randn
 from zoo import token_ids as _ids
 
+from flopscope.cli import main
+from flopscope.errors import ConfigurationError, FormulaError, RegistryError
+from flopscope.formulas import REGISTRY, FormulaRegistry, OpFamily
 from flopscope.peers import (
+    TOOLS,
     Crosscheck,
     Difference,
     PeerCount,
@@ -200,6 +206,9 @@ def test_a_peer_that_raises_is_reported_not_raised() -> None:
     assert cc["thop"].macs == cc.macs
     with pytest.raises(ValueError, match="unknown tool"):
         crosscheck(ReturnsAnObject(), torch.zeros(4, 16), 1, tools=["ptflops"])
+    with pytest.raises(ConfigurationError, match="unknown tool 'ptflops'; choose from FlopCounterMode, fvcore, thop"):
+        crosscheck(ReturnsAnObject(), torch.zeros(4, 16), 1, tools=["ptflops"])
+    assert TOOLS == ("FlopCounterMode", "fvcore", "thop")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -346,3 +355,179 @@ def test_unexplained_rest_is_reported() -> None:
     assert peer.unexplained == 6 and peer.difference == 10 and peer.ratio == pytest.approx(1.1)
     assert peer.lines() == ["x: +4 MACs — norms", "x: +6 MACs unexplained"]
     assert PeerCount("y", 7, 7).lines() == ["y: agrees exactly"]
+    assert not peer.explained and PeerCount("y", 7, 7).explained
+    assert PeerCount("x", 107, 100, differences=(Difference("x", "extra", 7, "norms"),)).explained
+    assert not PeerCount("z", None, 100, error="RuntimeError: boom").explained
+
+
+# ------------------------------------------------------------------------------------------------
+# (d) thop's differences come from evidence per module, never from amounts that happen to add up
+class MatmulBlock(nn.Module):  # torch.matmul: thop's function hooks count it
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.ones(16, 8))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.matmul(x, self.w)
+
+
+class AddmmBlock(nn.Module):  # torch.addmm, as transformers' Conv1D: thop has neither a rule nor a function hook
+    def __init__(self) -> None:
+        super().__init__()
+        self.w, self.b = nn.Parameter(torch.ones(16, 8)), nn.Parameter(torch.zeros(8))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.addmm(self.b, x, self.w)
+
+
+class TwoBlocks(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.first, self.second = MatmulBlock(), AddmmBlock()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.first(x) + self.second(x)
+
+
+def test_thop_gap_is_placed_in_the_module_where_it_is() -> None:
+    # two blocks of the same size (4·16·8 MACs each): only the module evidence can tell which one thop misses
+    pytest.importorskip("thop")
+    cc = crosscheck(TwoBlocks().eval(), torch.zeros(4, 16), tools=["thop"])
+    block = 4 * 16 * 8
+    assert cc.macs == 2 * block and cc["thop"].macs == block
+    miss = only(cc, "thop", "missing")
+    assert miss.delta == -block and miss.modules == ("second",)
+    assert miss.reason == "no rule for AddmmBlock (aten.addmm)"
+    assert miss.line == f"thop: other missing ({block:,} MACs) — no rule for AddmmBlock (aten.addmm), in second"
+    assert cc["thop"].by_module == {"first": block}
+    assert cc["thop"].by_type == {"(functional)": block} and cc["thop"].unexplained == 0
+
+
+def test_thop_partly_counting_one_module_is_an_undercount_there() -> None:
+    pytest.importorskip("thop")
+
+    class Both(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.matmul, self.addmm = MatmulBlock(), AddmmBlock()
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:  # both products in the root's own code
+            return torch.matmul(x, self.matmul.w) + torch.addmm(self.addmm.b, x, self.addmm.w)
+
+    cc = crosscheck(Both().eval(), torch.zeros(4, 16), tools=["thop"])
+    block = 4 * 16 * 8
+    under = only(cc, "thop", "under")
+    assert under.delta == -block and under.modules == ("",) and dict(under.roles) == {"other": 2 * block}
+    assert under.reason == f"its function hooks count {block:,} of the {2 * block:,} MACs of Both (aten.addmm, aten.mm)"
+    assert cc["thop"].unexplained == 0
+
+
+def test_a_gap_without_module_evidence_stays_unexplained(monkeypatch: pytest.MonkeyPatch) -> None:
+    # without thop's function rules, what its function hooks counted cannot be placed in a module: the gap in the
+    # modules without a rule is left unexplained, not matched against amounts that happen to add up
+    pytest.importorskip("thop")
+    import flopscope.peers.thop as peer
+
+    tables = peer._thop_tables()
+    monkeypatch.setattr(peer, "_thop_tables", lambda: tables._replace(functions={}))
+    cc = crosscheck(TwoBlocks().eval(), torch.zeros(4, 16), tools=["thop"])
+    block = 4 * 16 * 8
+    assert cc["thop"].macs == block and cc["thop"].by_type == {"(functional)": block}
+    assert cc["thop"].differences == () and cc["thop"].unexplained == -block
+    assert cc["thop"].lines() == [f"thop: {-block:+,} MACs unexplained"] and not cc.all_explained
+
+
+def test_op_families_come_from_the_registry() -> None:
+    from flopscope.peers.fvcore import _family
+
+    for op in REGISTRY.ops(family=OpFamily.MATMUL) + REGISTRY.ops(family=OpFamily.GROUPED_MATMUL):
+        assert _family(op) == "matrix products", op
+    for op in REGISTRY.ops(family=OpFamily.CONV):
+        assert _family(op) == "convolution", op
+    # the same ops under fvcore's keys, flopscope's record names and TorchScript's composite names
+    assert {_family(op) for op in ("addmm", "aten.addmm", "aten::linear", "matmul", "aten::einsum")} \
+        == {"matrix products"}
+    assert _family("conv") == _family("aten.convolution") == "convolution"
+    assert _family("scaled_dot_product_attention") == "scaled_dot_product_attention"
+    assert _family("layer_norm") == "layer_norm"
+
+
+def test_plugins_need_their_formulas_in_the_registry() -> None:
+    pytest.importorskip("thop")
+    pytest.importorskip("fvcore")
+    with pytest.raises(RegistryError, match=r"thop's recurrent rule needs a formula for aten\._cudnn_rnn"):
+        thop_custom_ops(registry=FormulaRegistry())
+    with pytest.raises(RegistryError, match=r"aten::scaled_dot_product_attention needs a formula for aten\."):
+        fvcore_handles(registry=FormulaRegistry())
+
+
+def test_fvcore_handle_refuses_a_tensor_without_its_shape() -> None:
+    from flopscope.peers.fvcore import _jit_value
+
+    graph = torch._C.parse_ir("graph(%x : Tensor):\n  %y : Tensor = aten::relu(%x)\n  return (%y)\n")
+    (value,) = list(graph.inputs())
+    with pytest.raises(FormulaError, match="complete shape"):
+        _jit_value(value)
+
+
+def test_importing_flopscope_imports_no_peer() -> None:
+    code = ("import sys, flopscope, flopscope.peers; "
+            "print(sorted({m.split('.')[0] for m in sys.modules} & {'fvcore', 'thop', 'transformers'}))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+# ------------------------------------------------------------------------------------------------
+# (e) `flopscope crosscheck` exits 0 when every peer's difference is explained, 1 when one is not or a peer fails
+def linear_norm() -> nn.Module:
+    """A target for the command line: nn.Linear(16, 8), then nn.LayerNorm(8)."""
+    return nn.Sequential(nn.Linear(16, 8), nn.LayerNorm(8))
+
+
+class ReturnsANamespace(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(16, 8)
+
+    def forward(self, x: torch.Tensor) -> SimpleNamespace:  # fvcore's tracer takes tensors, tuples, lists, dicts
+        return SimpleNamespace(y=self.fc(x))
+
+
+def _columns(table: str) -> dict[str, list[str]]:
+    """``{tool: [MACs, ratio, first word of the explanation]}`` from ``Crosscheck.to_table()``'s rows."""
+    rows = [line.split() for line in table.splitlines()[2:] if line and not line[0].isspace()]
+    return {row[0]: row[1:4] for row in rows}
+
+
+def test_cli_crosscheck_exit_codes(capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("fvcore")
+    pytest.importorskip("thop")
+    rows, elements = 4, 4 * 8  # --input 4x16: 4 rows into the Linear, 4 x 8 elements through the LayerNorm
+    linear = rows * 16 * 8
+    assert main(["crosscheck", f"{__name__}:linear_norm", "--input", "4x16"]) == 0
+    table = capsys.readouterr().out
+    columns = _columns(table)
+    assert columns["flopscope"][0] == f"{linear:,}"
+    assert columns["FlopCounterMode"] == [f"{linear:,}", "1.0000", "agrees"]
+    assert columns["fvcore"][0] == f"{linear + 5 * elements:,}"  # + 5 per element of the affine LayerNorm
+    assert columns["thop"][0] == f"{linear + 4 * elements:,}"  # + 2 per element, doubled for the affine one
+    assert "unexplained" not in table
+
+    assert main(["crosscheck", f"{__name__}:ReturnsANamespace", "--input", "4x16"]) == 1
+    columns = _columns(capsys.readouterr().out)
+    assert columns["FlopCounterMode"][0] == columns["thop"][0] == f"{linear:,}"
+    assert columns["fvcore"] == ["-", "-", "failed"]
+
+
+def test_cli_crosscheck_exits_1_on_an_unexplained_difference(monkeypatch: pytest.MonkeyPatch,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("thop")
+    import flopscope.peers.thop as peer
+
+    target = f"{__name__}:TwoBlocks"
+    assert main(["crosscheck", target, "--input", "4x16"]) == 0  # thop's gap is placed in `second`, explained
+    assert "no rule for AddmmBlock" in capsys.readouterr().out
+    tables = peer._thop_tables()
+    monkeypatch.setattr(peer, "_thop_tables", lambda: tables._replace(functions={}))  # as above: no evidence
+    assert main(["crosscheck", target, "--input", "4x16"]) == 1
+    assert f"{-4 * 16 * 8:+,} MACs unexplained" in capsys.readouterr().out

@@ -1,0 +1,356 @@
+"""The cross-check itself: its results (:class:`Difference`, :class:`PeerCount`, :class:`Crosscheck`),
+:func:`crosscheck`, the table of peer tools and the helpers their runners share.
+
+Each peer's runner lives in its own module beside its plug-in (:mod:`.flop_counter`, :mod:`.fvcore`,
+:mod:`.thop`) and is imported only when :func:`crosscheck` runs it; the peers themselves (fvcore, thop) are
+imported inside those runners, never at import time.
+
+Units: MACs everywhere (FLOPs = 2 x MACs).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import functools
+import importlib
+import importlib.util
+import math
+import warnings
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+from tabulate import tabulate
+from torch import nn
+
+from ..errors import ConfigurationError, FlopscopeError, RegistryError
+from ..formulas import FormulaRegistry, MacFormula
+from ..profile import OpRecord, Profile
+from ..role import ROLE_ORDER
+from ..runner import CaptureOptions, Session
+
+Runner = Callable[[nn.Module, tuple[Any, ...], dict[str, Any], Profile, bool], "PeerCount"]
+"""A peer's runner: ``(model, args, kwargs, flopscope's profile, plugins) -> PeerCount``."""
+
+
+@dataclass(frozen=True)
+class _Tool:
+    name: str  # as results and ``tools=`` name it
+    module: str  # the module of this package holding its runner and its plug-in
+    runner: str  # the runner's name in that module
+    package: str | None  # the third-party package it needs (None: part of torch, always there)
+
+
+_TOOL_TABLE: dict[str, _Tool] = {tool.name: tool for tool in (
+    _Tool("FlopCounterMode", "flop_counter", "_run_flop_counter", None),
+    _Tool("fvcore", "fvcore", "_run_fvcore", "fvcore"),
+    _Tool("thop", "thop", "_run_thop", "thop"),
+)}
+
+TOOLS: tuple[str, ...] = tuple(_TOOL_TABLE)
+"""The peers :func:`crosscheck` knows, in the order it runs them."""
+
+
+# --------------------------------------------------------------------------------------------------
+# results
+# --------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Difference:
+    """One explained part of a peer's difference from flopscope.
+
+    ``delta``: the peer's MACs minus flopscope's on this part (negative: the peer misses work).
+    ``roles``: flopscope's MACs per role on the work concerned (for ``kind="missing"``, exactly what the
+    peer misses, summing to ``-delta``). ``kind``: ``"missing"`` (the peer counts 0 of that work),
+    ``"under"`` / ``"over"`` (it counts that work, but less / more), ``"extra"`` (it counts work that is not
+    multiply-accumulates: norms, softmax, pooling), ``"path"`` (the peer runs the model differently, so
+    different kernels execute). ``modules``: the module paths where the evidence shows this part (thop:
+    the modules where its count and flopscope's differ), in execution order; empty where the evidence is
+    per op (``FlopCounterMode``, fvcore).
+    """
+
+    tool: str
+    kind: str
+    delta: int
+    reason: str
+    roles: Mapping[str, int] = field(default_factory=dict)
+    modules: tuple[str, ...] = ()
+
+    @property
+    def text(self) -> str:
+        """The explanation without the tool name."""
+        where = f", in {_module_list(self.modules)}" if self.modules else ""
+        return self._summary() + where
+
+    def _summary(self) -> str:
+        roles = _role_list(self.roles)
+        if self.kind in ("missing", "under") and not roles:
+            return f"{-self.delta:,} MACs {'missing' if self.kind == 'missing' else 'undercounted'} — {self.reason}"
+        if self.kind == "missing":
+            return f"{roles} missing ({-self.delta:,} MACs) — {self.reason}"
+        if self.kind == "under":
+            return f"{roles} undercounted by {-self.delta:,} MACs — {self.reason}"
+        if self.kind == "over" and roles:
+            return f"{roles} overcounted by {self.delta:,} MACs — {self.reason}"
+        return f"{self.delta:+,} MACs — {self.reason}"
+
+    @property
+    def line(self) -> str:
+        """``"FlopCounterMode: attn_scores and attn_weighted_sum missing (... MACs) — ..."``."""
+        return f"{self.tool}: {self.text}"
+
+
+@dataclass(frozen=True)
+class PeerCount:
+    """What one peer reported, in MACs, and its difference from flopscope explained.
+
+    ``by_op``: MACs per op as the tool names them (``FlopCounterMode``: ``"aten.mm"``; fvcore: ``"addmm"``),
+    ``None`` where the tool has no per-op output (thop). ``by_type``: thop's MACs per module type (the
+    total of its rule over the modules of that type; ``"(functional)"`` for what its function hooks
+    counted). ``by_module``: thop's MACs per module path (its rule there, plus what its function hooks
+    counted in that module's own code, where that could be attributed). ``error``: the exception the tool
+    raised (then ``macs`` is ``None``).
+    """
+
+    tool: str
+    macs: int | None
+    reference: int  # flopscope's total() (MACs)
+    by_op: Mapping[str, int] | None = None
+    by_type: Mapping[str, int] | None = None
+    error: str | None = None
+    differences: tuple[Difference, ...] = ()
+    unsupported: Mapping[str, int] | None = None  # fvcore's unsupported_ops(): {op: calls}
+    by_module: Mapping[str, int] | None = None
+
+    @property
+    def difference(self) -> int | None:
+        """The peer's MACs minus flopscope's."""
+        return None if self.macs is None else self.macs - self.reference
+
+    @property
+    def ratio(self) -> float | None:
+        """The peer's MACs / flopscope's (1.0 is agreement)."""
+        if self.macs is None:
+            return None
+        return self.macs / self.reference if self.reference else (1.0 if self.macs == 0 else math.inf)
+
+    @property
+    def unexplained(self) -> int:
+        """MACs of the difference that no :class:`Difference` explains (0 when fully explained)."""
+        if self.macs is None:
+            return 0
+        return self.macs - self.reference - sum(d.delta for d in self.differences)
+
+    @property
+    def explained(self) -> bool:
+        """The peer ran, and every MAC of its difference from flopscope is explained."""
+        return self.error is None and self.macs is not None and self.unexplained == 0
+
+    def lines(self) -> list[str]:
+        """One line per explained difference, then the unexplained rest (if any)."""
+        if self.error is not None:
+            return [f"{self.tool}: failed — {self.error}"]
+        out = [d.line for d in self.differences]
+        if self.unexplained:
+            out.append(f"{self.tool}: {self.unexplained:+,} MACs unexplained")
+        if not out:
+            out.append(f"{self.tool}: agrees exactly")
+        return out
+
+
+@dataclass(frozen=True)
+class Crosscheck:
+    """flopscope's count and every peer's, per tool (``crosscheck["thop"]``), all in MACs."""
+
+    profile: Profile
+    peers: Mapping[str, PeerCount]
+    plugins: bool = False  # the peers ran with flopscope's plug-ins
+
+    @property
+    def macs(self) -> int:
+        """flopscope's total MACs (the reference)."""
+        return self.profile.total()
+
+    @property
+    def all_explained(self) -> bool:
+        """Every peer ran and every difference is explained (what ``flopscope crosscheck`` exits 0 on)."""
+        return all(peer.explained for peer in self.peers.values())
+
+    def __getitem__(self, tool: str) -> PeerCount:
+        return self.peers[tool]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.peers)
+
+    def lines(self) -> list[str]:
+        """Every peer's explanation lines."""
+        return [line for peer in self.peers.values() for line in peer.lines()]
+
+    def to_table(self, tablefmt: str = "simple") -> str:
+        """A table (``tabulate`` format ``tablefmt``): tool, MACs, ratio to flopscope, explanation."""
+        rows: list[list[str]] = [["flopscope", f"{self.macs:,}", "1.0000", "reference (mode='real')"]]
+        for peer in self.peers.values():
+            if peer.error is not None or peer.macs is None:
+                rows.append([peer.tool, "-", "-", f"failed — {peer.error}"])
+                continue
+            texts = [d.text for d in peer.differences]
+            if peer.unexplained:
+                texts.append(f"{peer.unexplained:+,} MACs unexplained")
+            ratio = f"{peer.ratio:.4f}" if peer.ratio is not None else "-"
+            rows.append([peer.tool + (" + flopscope plug-ins" if self.plugins else ""), f"{peer.macs:,}", ratio,
+                         "\n".join(texts) or "agrees exactly"])
+        return tabulate(rows, headers=["tool", "MACs", "ratio", "explanation"], tablefmt=tablefmt,
+                        colalign=("left", "right", "right", "left"), disable_numparse=True)
+
+    def __repr__(self) -> str:
+        peers = ", ".join(f"{p.tool}={p.macs if p.error is None else 'error'}" for p in self.peers.values())
+        return f"<Crosscheck flopscope={self.macs:,} MACs, {peers}>"
+
+
+_KIND_ORDER = {"path": 0, "missing": 1, "under": 2, "over": 3, "extra": 4}
+
+
+def ordered(differences: Iterable[Difference]) -> tuple[Difference, ...]:
+    """Path differences first, then what the peer misses (largest first), then what it adds."""
+    return tuple(sorted(differences, key=lambda d: (_KIND_ORDER.get(d.kind, 5), -abs(d.delta))))
+
+
+def _role_list(roles: Mapping[str, int]) -> str:
+    names = [r for r in ROLE_ORDER if roles.get(r)] + [r for r in roles if r not in ROLE_ORDER and roles[r]]
+    if len(names) == 2:
+        return f"{names[0]} and {names[1]}"
+    return ", ".join(names)
+
+
+def _module_list(paths: Sequence[str], shown: int = 3) -> str:
+    names = [path or "(root)" for path in paths]
+    if len(names) <= shown:
+        return ", ".join(names)
+    return f"{', '.join(names[:shown])} and {len(names) - shown} more"
+
+
+def sum_roles(records: Iterable[OpRecord]) -> dict[str, int]:
+    """flopscope's MACs per role over ``records``."""
+    out: Counter[str] = Counter()
+    for record in records:
+        for role, macs in record.roles.items():
+            out[role] += macs
+    return dict(out)
+
+
+# --------------------------------------------------------------------------------------------------
+# crosscheck
+# --------------------------------------------------------------------------------------------------
+def crosscheck(model: nn.Module, *args: Any, tools: Sequence[str] | None = None, plugins: bool = False,
+               forward_kwargs: dict[str, Any] | None = None, **kwargs: Any) -> Crosscheck:
+    """Count ``model(*args, **kwargs)`` with flopscope and each installed peer; explain the differences.
+
+    flopscope runs with ``mode="real"`` on ``model`` (which it leaves unchanged); each peer runs on its own
+    ``copy.deepcopy(model)``, so hooks, buffers and attributes a peer adds never reach ``model``. The grad
+    mode and training flags are the caller's (thop always switches to eval mode under ``no_grad``; what
+    that changes is reported as a ``"path"`` difference). A peer that raises is reported with its error.
+
+    Args:
+        tools: which peers to run (default all of :data:`TOOLS`); a peer that is not installed is skipped.
+            An unknown name is a :class:`~flopscope.errors.ConfigurationError`.
+        plugins: run the peers with flopscope's plug-ins (:func:`flop_counter_mapping`,
+            :func:`fvcore_handles` with elementwise counters off, :func:`thop_custom_ops`): they should
+            then agree exactly.
+        forward_kwargs: keyword arguments for the model whose names clash with ``tools`` / ``plugins``.
+
+    All counts are MACs (FLOPs = 2 x MACs).
+    """
+    from ..api import profile
+
+    chosen = [tools] if isinstance(tools, str) else list(tools if tools is not None else TOOLS)
+    for name in chosen:
+        if name not in _TOOL_TABLE:
+            raise ConfigurationError(f"unknown tool {name!r}; choose from {', '.join(TOOLS)}")
+    kwargs = {**kwargs, **(forward_kwargs or {})}
+    prof = profile(model, *args, mode="real", forward_kwargs=kwargs)
+    peers: dict[str, PeerCount] = {}
+    for name in chosen:
+        tool = _TOOL_TABLE[name]
+        if tool.package is not None and importlib.util.find_spec(tool.package) is None:
+            continue
+        run = _runner(tool)
+        try:
+            peers[name] = run(model, args, kwargs, prof, plugins)
+        except Exception as error:
+            # Catching everything is deliberate: a third-party counter failing on the user's model (fvcore's
+            # TorchScript tracer, a thop rule, a FlopCounterMode formula, any of them with flopscope's
+            # plug-ins) is a finding reported beside the others, never a crash of the whole cross-check.
+            peers[name] = PeerCount(name, None, prof.total(), error=f"{type(error).__name__}: {error}"[:300])
+    return Crosscheck(prof, peers, plugins)
+
+
+def _runner(tool: _Tool) -> Runner:
+    """The tool's runner, imported now (its module imports the peer itself only when the runner runs)."""
+    module = importlib.import_module(f"{__package__}.{tool.module}")
+    return cast(Runner, getattr(module, tool.runner))
+
+
+# --------------------------------------------------------------------------------------------------
+# helpers the runners share
+# --------------------------------------------------------------------------------------------------
+def copy_for(model: nn.Module, kwargs: Mapping[str, Any]) -> nn.Module:
+    """A deep copy of ``model`` that a tool may hook; keyword arguments are bound into its ``forward``
+    (fvcore and thop call ``model(*inputs)`` only)."""
+    twin = copy.deepcopy(model)
+    if kwargs:
+        twin.forward = functools.partial(twin.forward, **kwargs)
+    return twin
+
+
+@contextlib.contextmanager
+def quiet() -> Iterator[None]:
+    """The peers' own warnings (tracer warnings, unsupported ops) silenced: crosscheck reports them."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        yield
+
+
+@dataclass
+class Followed:
+    """What :func:`inner_profile` saw: the profile of the run, once the block has ended (``None`` if
+    flopscope could not build one)."""
+
+    profile: Profile | None = None
+
+
+@contextlib.contextmanager
+def inner_profile(model: nn.Module) -> Iterator[Followed]:
+    """flopscope counting the very run a peer makes inside the block (so a peer that changes the execution
+    path is compared with what actually ran). After the block, ``followed.profile`` holds that run's
+    profile, or ``None`` when flopscope could not build it (then the runner compares with the caller's)."""
+    session = Session(model, CaptureOptions(), fake=False)
+    followed = Followed()
+    session.start()
+    try:
+        yield followed
+    finally:
+        try:
+            followed.profile = session.finish()
+        except FlopscopeError:  # flopscope's own failure to build that profile: compare with the caller's
+            followed.profile = None
+
+
+def path_difference(tool: str, reason: str, inner: Profile | None, prof: Profile) -> list[Difference]:
+    """A ``"path"`` difference when the run the peer made executes other MACs than the caller's."""
+    if inner is None or inner.total() == prof.total():
+        return []
+    ours, theirs = prof.by_role(), inner.by_role()
+    roles = {r: theirs.get(r, 0) - ours.get(r, 0) for r in {*ours, *theirs} if theirs.get(r, 0) != ours.get(r, 0)}
+    return [Difference(tool, "path", inner.total() - prof.total(),
+                       f"{reason}, where the model executes {inner.total():,} MACs, not {prof.total():,} "
+                       f"({', '.join(f'{r} {v:+,}' for r, v in roles.items())})")]
+
+
+def required_formula(registry: FormulaRegistry, op: Any, plugin: str) -> MacFormula:
+    """The formula of ``op`` in ``registry``, which the plug-in ``plugin`` builds on."""
+    fn = registry.get(op)
+    if fn is None:
+        raise RegistryError(f"{plugin} needs a formula for {op} in the registry it was given; register one "
+                            "(or start from flopscope.REGISTRY.copy())")
+    return fn
