@@ -1,7 +1,8 @@
 """The ``flopscope`` command line (also ``python -m flopscope``). The only module that prints.
 
-Exit codes: 0 done; 1 a measured count differs from its closed form (demo) or a cross-checked peer
-disagrees; 2 bad usage; 3 a flopscope error (bad target, inputs that do not fit, a forward that raised).
+Exit codes: 0 done; 1 a measured count differs from its closed form (demo, compare) or a cross-checked
+peer fails or differs by MACs that no per-op / per-module evidence explains; 2 bad usage; 3 a flopscope
+error (bad target, inputs that do not fit, a forward that raised).
 """
 
 from __future__ import annotations

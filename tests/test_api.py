@@ -7,12 +7,13 @@ import warnings
 
 import pytest
 import torch
-from closed_forms import add, attention, ffn, times
 from torch import nn
 from torch.nn.modules import module as nn_module
-from zoo import HandAttention
 
 import flopscope
+
+from closed_forms import add, attention, ffn, times
+from zoo import HandAttention
 
 
 class TwoLayer(nn.Module):

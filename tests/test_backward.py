@@ -6,10 +6,11 @@ from collections import Counter
 
 import pytest
 import torch
-from closed_forms import add, attention, ffn, times
 from torch import nn
 
 import flopscope
+
+from closed_forms import add, attention, ffn, times
 
 transformers = pytest.importorskip("transformers")
 d, h, n_kv, d_ff, L, V, B, n = 64, 4, 2, 128, 2, 100, 2, 10

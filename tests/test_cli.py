@@ -9,11 +9,12 @@ import json
 
 import numpy as np
 import pytest
-from closed_forms import rnn
 
 import flopscope
 from flopscope.cli import main
 from flopscope.report import JSON_SCHEMA
+
+from closed_forms import rnn
 
 
 def line_starting(out: str, prefix: str) -> str:

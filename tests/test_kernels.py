@@ -5,10 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from closed_forms import conv_out, rnn
 from torch import nn
 
 import flopscope
+
+from closed_forms import conv_out, rnn
 
 
 def count(model: nn.Module, *args, mode: str = "real", **kwargs) -> flopscope.Profile:

@@ -16,13 +16,8 @@ from typing import Any
 
 import pytest
 import torch
-from closed_forms import add, attention, ffn, rnn, times, total
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode, flop_registry
-from zoo import CASES, MHA, Case, D, H, N
-from zoo import hf_case as _hf_case
-from zoo import seeded_randn as _randn
-from zoo import token_ids as _ids
 
 from flopscope.cli import main
 from flopscope.errors import ConfigurationError, FormulaError, RegistryError
@@ -38,6 +33,12 @@ from flopscope.peers import (
     fvcore_handles,
     thop_custom_ops,
 )
+
+from closed_forms import add, attention, ffn, rnn, times, total
+from zoo import CASES, MHA, Case, D, H, N
+from zoo import hf_case as _hf_case
+from zoo import seeded_randn as _randn
+from zoo import token_ids as _ids
 
 pytest.importorskip("transformers")
 aten = torch.ops.aten

@@ -7,10 +7,11 @@ from fractions import Fraction
 
 import pytest
 import torch
-from zoo import CASES, built, fastpath
 
 import flopscope
 from flopscope import TransformerSpec
+
+from zoo import CASES, built, fastpath
 
 transformers = pytest.importorskip("transformers")
 

@@ -8,13 +8,14 @@ import warnings
 import pytest
 import torch
 import torch.nn.functional as F
-from closed_forms import add, attention, ffn, times
 from torch import nn
-from zoo import CASES, built, fastpath
 
 import flopscope
 from flopscope import Role, RoleRule
 from flopscope.models import TransformerBlock
+
+from closed_forms import add, attention, ffn, times
+from zoo import CASES, built, fastpath
 
 transformers = pytest.importorskip("transformers")
 

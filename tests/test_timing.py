@@ -6,12 +6,13 @@ import time
 
 import pytest
 import torch
-from closed_forms import add, attention, ffn
 from torch import nn
 
 import flopscope
 from flopscope.models import TransformerBlock
 from flopscope.timing import NO_MACS
+
+from closed_forms import add, attention, ffn
 
 
 def timed(model: nn.Module, x: torch.Tensor) -> tuple[flopscope.Profile, float]:

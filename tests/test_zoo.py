@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from closed_forms import add, attention, ffn, times
 from torch.utils.flop_counter import FlopCounterMode
-from zoo import CASES, FASTPATH_KERNELS, LLAMA_7B, built, fastpath, llama_7b_on_meta
 
 import flopscope
+
+from closed_forms import add, attention, ffn, times
+from zoo import CASES, FASTPATH_KERNELS, LLAMA_7B, built, fastpath, llama_7b_on_meta
 
 pytest.importorskip("transformers")
 

@@ -14,8 +14,9 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from closed_forms import add, attention, conv_out, ffn, rnn, times
 from torch import nn
+
+from closed_forms import add, attention, conv_out, ffn, rnn, times
 
 D, H, N = 512, 8, 128  # width, heads and tokens of the small cases
 
