@@ -1,4 +1,4 @@
-"""flopscope: exact multiply counts of PyTorch models, attributed to modules (and, later, roles).
+"""flopscope: exact multiply counts of PyTorch models, attributed to modules and semantic roles.
 
     >>> import torch, flopscope
     >>> prof = flopscope.profile(torch.nn.Linear(512, 256), torch.zeros(8, 512))
@@ -10,41 +10,56 @@
 
 from .api import profile, profiler
 from .errors import (
+    ConfigurationError,
     FakeTensorError,
     FlopscopeError,
     FlopscopeWarning,
+    FormulaError,
     ForwardError,
     InputError,
     NotAModuleError,
+    NotFoundError,
+    RecordingError,
     RegistryError,
+    RoleError,
+    RunError,
 )
-from .formulas import REGISTRY, FormulaRegistry
+from .formulas import REGISTRY, FormulaRegistry, OpFamily
 from .layer_types import compare, compare_lengths
 from .peers import crosscheck
 from .profile import OpRecord, Profile
 from .reconcile import ReconcileRow, Reconciliation, TransformerSpec
-from .roles import Role, RoleRule
+from .role import Role
+from .roles import Assignment, RoleRule
 from .scaling import Polynomial, Scaling, scaling
 
 __version__ = "0.1.0"
 
 __all__ = [
     "REGISTRY",
+    "Assignment",
+    "ConfigurationError",
     "FakeTensorError",
     "FlopscopeError",
     "FlopscopeWarning",
+    "FormulaError",
     "FormulaRegistry",
     "ForwardError",
     "InputError",
     "NotAModuleError",
+    "NotFoundError",
+    "OpFamily",
     "OpRecord",
     "Polynomial",
     "Profile",
     "ReconcileRow",
     "Reconciliation",
+    "RecordingError",
     "RegistryError",
     "Role",
+    "RoleError",
     "RoleRule",
+    "RunError",
     "Scaling",
     "TransformerSpec",
     "compare",

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .errors import FlopscopeError
+from .errors import FlopscopeError, RecordingError
 from .formulas import FormulaRegistry
 from .profile import Profile
 from .roles import RoleRule
@@ -49,6 +49,9 @@ def profile(model: nn.Module, *args: Any, mode: str = "auto", registry: FormulaR
     return run_in_mode(model, args, {**kwargs, **(forward_kwargs or {})}, options, mode, stacklevel=3)
 
 
+_RECORDING = "the profiler is still recording (or never ran): query it after the `with` block"
+
+
 class profiler:  # noqa: N801  (used as a context manager, like torch.profiler.profile)
     """Count every forward of ``model`` run inside a ``with`` block; query the object after the block.
 
@@ -75,19 +78,21 @@ class profiler:  # noqa: N801  (used as a context manager, like torch.profiler.p
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._result = self._session.finish()
+        self._result = self._session.finish(stacklevel=3)
 
     @property
     def result(self) -> Profile:
         """The :class:`~flopscope.profile.Profile` of the block (after it ends)."""
         if self._result is None:
-            raise FlopscopeError("the profiler is still recording (or never ran): query it after the `with` block")
+            raise RecordingError(_RECORDING)
         return self._result
 
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("_") or not hasattr(Profile, name):
+    def __getattr__(self, name: str) -> Any:  # only called for names the profiler itself lacks
+        if name.startswith("_") or not (name == "result" or hasattr(Profile, name)):
             raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-        return getattr(self.result, name)
+        if self._result is None:  # also reached when the `result` property raised
+            raise RecordingError(_RECORDING)
+        return getattr(self._result, name)
 
     def __repr__(self) -> str:
         return repr(self._result) if self._result is not None else f"<{type(self).__name__} recording>"

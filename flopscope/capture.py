@@ -20,8 +20,9 @@ also holds these plain keys (written in one place, :func:`_public_meta`):
 - ``elementwise``: ``(category, ops)`` for elementwise work, else ``None``;
 - ``cost``: ``"formula"``, ``"elementwise"``, ``"zero"`` or ``"unsupported"`` (:class:`Cost`);
 - ``seconds``: wall time of the op (real mode only);
-- ``phase``: ``"forward"`` or ``"backward"``; a backward op also has ``forward``: the forward node whose
-  autograd node ran it (matched by autograd sequence number), whose module stack it inherits;
+- ``phase``: ``"forward"`` or ``"backward"``; a backward op whose autograd node was recorded in the forward
+  also has ``forward``: that forward node (matched by autograd sequence number), whose module stack it
+  inherits (a backward op of work done outside the model, such as a loss, has none);
 - ``value``: for small integer / boolean tensors whose values are known (index lists such as
   ``x[..., [-1], :]``; real-mode results), a copy of the values, so later stages can replay indexing;
 - ``leaf``: for get_attr / placeholder nodes, ``"parameter"``, ``"buffer"``, ``"input"`` or ``"constant"``.
@@ -49,7 +50,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_mod
 
 from . import elementwise, formulas
 from .elementwise import ElementwiseRule
-from .formulas import FormulaRegistry, OpSpec, shape_of
+from .formulas import FormulaRegistry, OpFamily, OpSpec, shape_of
 from .module_tracker import ModuleCall, ModuleTracker
 
 Shape = tuple[int, ...]
@@ -131,7 +132,6 @@ class CapturedOp:
     forward: CapturedOp | None = None  # backward op: the forward op whose autograd node ran it
     value: torch.Tensor | None = None  # a small index tensor's known values
     leaf: LeafKind | None = None
-    node: fx.Node | None = None  # set by build_graph
 
     @property
     def module(self) -> str | None:
@@ -163,10 +163,11 @@ def build_graph(ops: list[CapturedOp]) -> fx.Graph:
     """The fx graph of the recorded ops, in order; each node's ``meta`` holds its :class:`CapturedOp`
     under :data:`CAPTURED` and the public keys of the module docstring."""
     graph = fx.Graph()
+    nodes: dict[CapturedOp, fx.Node] = {}
 
     def node_of(x: Any) -> Any:
         if isinstance(x, CapturedOp):
-            return x.node
+            return nodes[x]
         if isinstance(x, (tuple, list)):
             return type(x)(node_of(v) for v in x)
         if isinstance(x, dict):
@@ -174,12 +175,12 @@ def build_graph(ops: list[CapturedOp]) -> fx.Graph:
         return x
 
     for op in ops:
-        op.node = graph.create_node(op.node_op, op.target, node_of(op.args), node_of(op.kwargs), name=op.name)
-        op.node.meta = _public_meta(op)
+        node = nodes[op] = graph.create_node(op.node_op, op.target, node_of(op.args), node_of(op.kwargs), name=op.name)
+        node.meta = _public_meta(op, nodes)
     return graph
 
 
-def _public_meta(op: CapturedOp) -> dict[str, Any]:
+def _public_meta(op: CapturedOp, nodes: Mapping[CapturedOp, fx.Node]) -> dict[str, Any]:
     meta: dict[str, Any] = {
         CAPTURED: op, "module": op.module, "module_stack": op.module_stack, "input_shapes": op.input_shapes,
         "output_shapes": op.output_shapes, "dtype": op.dtype, "multiplies": op.macs,
@@ -188,7 +189,7 @@ def _public_meta(op: CapturedOp) -> dict[str, Any]:
     if op.seconds is not None:
         meta["seconds"] = op.seconds
     if op.forward is not None:
-        meta["forward"] = op.forward.node
+        meta["forward"] = nodes[op.forward]
     if op.value is not None:
         meta["value"] = op.value
     if op.leaf is not None:
@@ -219,6 +220,7 @@ def _classify(func: Any, registry: FormulaRegistry) -> _OpClass:
 
 
 _UNSUPPORTED = _OpClass(Cost.UNSUPPORTED)
+_ATTENTION_FAMILIES = (OpFamily.ATTENTION, OpFamily.FUSED_LAYER)
 
 
 class Recorder(TorchDispatchMode):
@@ -245,6 +247,7 @@ class Recorder(TorchDispatchMode):
         self.unsupported: Counter[str] = Counter()
         self.decomposed: Counter[str] = Counter()
         self.failure: OpFailure | None = None
+        self.undeclared_kernels: set[str] = set()  # formulas returning attention parts without the family
         self._backward = False  # while the backward pass runs: record ops outside any module call
         self._producers: dict[int, tuple[weakref.ref[torch.Tensor], CapturedOp]] = {}
         self._by_sequence_nr: dict[int, CapturedOp] = {}  # autograd sequence number -> forward op
@@ -347,6 +350,8 @@ class Recorder(TorchDispatchMode):
             macs = formulas.count(known.spec.formula, args, kwargs, _first_shape(out))
             op.macs = formulas.total_of(macs)
             op.parts = None if isinstance(macs, int) else dict(macs)
+            if op.parts and "attn_scores" in op.parts and known.spec.family not in _ATTENTION_FAMILIES:
+                self.undeclared_kernels.add(op_name(func))
         elif known.rule is not None:
             op.elementwise = (known.rule.category, elementwise.elementwise_ops(known.rule, args, out))
         elif known.cost is Cost.UNSUPPORTED:

@@ -47,6 +47,11 @@ class ElementwiseRule:
     category: str
     per_element: int
     basis: str  # "input" (first tensor argument) or "output" (first tensor output)
+    gradient: bool = False  # the backward kernel of an op of this category (same convention)
+
+    def of_gradient(self) -> ElementwiseRule:
+        """The same rule for the backward kernel of such an op."""
+        return ElementwiseRule(self.category, self.per_element, self.basis, gradient=True)
 
 
 _SOFTMAX = ElementwiseRule("softmax", 3, "input")
@@ -89,14 +94,15 @@ RULES: dict[Any, ElementwiseRule] = {
                      aten.embedding_dense_backward], _SCATTER),
     **dict.fromkeys([aten._thnn_fused_lstm_cell, aten._thnn_fused_gru_cell], _CELL),
     # backward kernels of elementwise work, under the forward op's convention
-    **dict.fromkeys([aten._softmax_backward_data, aten._log_softmax_backward_data], _SOFTMAX),
+    **dict.fromkeys([aten._softmax_backward_data, aten._log_softmax_backward_data], _SOFTMAX.of_gradient()),
     **dict.fromkeys([aten.native_layer_norm_backward, aten.native_group_norm_backward,
-                     aten.native_batch_norm_backward, aten.cudnn_batch_norm_backward], _NORM),
-    aten._fused_rms_norm_backward: _RMS_NORM,
+                     aten.native_batch_norm_backward, aten.cudnn_batch_norm_backward], _NORM.of_gradient()),
+    aten._fused_rms_norm_backward: _RMS_NORM.of_gradient(),
     **dict.fromkeys([aten.max_pool2d_with_indices_backward, aten.avg_pool2d_backward,
                      aten._adaptive_avg_pool2d_backward, aten.upsample_nearest2d_backward,
-                     aten.upsample_bilinear2d_backward], _REDUCTION),
-    **dict.fromkeys([aten._thnn_fused_lstm_cell_backward_impl, aten._thnn_fused_gru_cell_backward], _CELL),
+                     aten.upsample_bilinear2d_backward], _REDUCTION.of_gradient()),
+    **dict.fromkeys([aten._thnn_fused_lstm_cell_backward_impl, aten._thnn_fused_gru_cell_backward],
+                    _CELL.of_gradient()),
     # pointwise ops that lack the `pointwise` tag
     **dict.fromkeys([aten.floor_divide, aten.floor_divide_, aten.remainder, aten.remainder_, aten.fmod,
                      aten.fmod_, aten.true_divide, aten.true_divide_, aten.clamp_min, aten.clamp_max,
@@ -159,9 +165,9 @@ METADATA_OPS: frozenset[Any] = frozenset([
 
 
 def ops_in_category(category: str) -> frozenset[Any]:
-    """The op packets whose explicit rule is of ``category`` (``"softmax"``: the ops that normalise
-    attention scores, forward and backward)."""
-    return frozenset(op for op, rule in RULES.items() if rule.category == category)
+    """The forward op packets whose explicit rule is of ``category`` (``"softmax"``: the ops that normalise
+    attention scores; their backward kernels are left out, as a forward may differentiate inside itself)."""
+    return frozenset(op for op, rule in RULES.items() if rule.category == category and not rule.gradient)
 
 
 ACTIVATION_OPS: frozenset[Any] = frozenset({

@@ -63,5 +63,10 @@ class NotFoundError(FlopscopeError, KeyError):
         return str(self.args[0]) if self.args else ""
 
 
+class RecordingError(FlopscopeError, AttributeError):
+    """A :class:`flopscope.profiler` was queried inside its ``with`` block. Also an ``AttributeError``, so
+    ``hasattr()`` and ``getattr(prof, name, default)`` answer as for a missing attribute meanwhile."""
+
+
 class FlopscopeWarning(UserWarning):
     """Warnings about counting: unsupported ops, a fall-back from fake to real execution."""

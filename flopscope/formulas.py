@@ -123,8 +123,10 @@ class FormulaRegistry:
         """Replace (or add) the formula of ``op``; its family and operands stay as registered unless
         given. Use on a :meth:`copy`, not on the default registry."""
         known = self.spec(op)
-        spec = _spec(fn, family if family is not None else (known.family if known else OpFamily.OTHER),
-                     operands if operands is not None else (known.operands if known else ()))
+        if family is None:  # keep what the op was registered as
+            family, operands = (known.family, known.operands if operands is None else operands) if known else (
+                OpFamily.OTHER, operands or ())
+        spec = _spec(fn, family, operands if operands is not None else ())
         self._put(op, spec, replace=True)
 
     def copy(self) -> FormulaRegistry:
@@ -134,13 +136,11 @@ class FormulaRegistry:
         return new
 
     def spec(self, func: Any) -> OpSpec | None:
-        """The :class:`OpSpec` of an op overload or packet (looked up by its packet, then by name)."""
-        if isinstance(func, str):
-            return self._by_name.get(func) or self._by_packet.get(packet_named(func))
-        packet = getattr(func, "overloadpacket", func)
-        spec = self._by_packet.get(packet)
-        if spec is None and self._by_name:
-            spec = self._by_name.get(_qualified_name(packet))
+        """The :class:`OpSpec` of an op overload, packet or name (``"aten::mm"`` or ``"aten.mm"``)."""
+        table, key = self._key(func)
+        spec = table.get(key)
+        if spec is None and table is self._by_packet and self._by_name:  # registered by name before it loaded
+            spec = self._by_name.get(_qualified_name(key))
         return spec
 
     def get(self, func: Any) -> MacFormula | None:
@@ -156,12 +156,17 @@ class FormulaRegistry:
         specs = [(_qualified_name(p), s) for p, s in self._by_packet.items()] + list(self._by_name.items())
         return sorted(name for name, spec in specs if family is None or spec.family is family)
 
-    def _put(self, op: Any, spec: OpSpec, *, replace: bool) -> None:
+    def _key(self, op: Any) -> tuple[dict[Any, OpSpec], Any]:
+        """One key per op, whichever way it is named: its packet when that is loaded, else its
+        qualified name (an op of a library loaded later)."""
         if isinstance(op, str):
-            table: dict[Any, OpSpec] = self._by_name
-            key: Any = op
-        else:
-            table, key = self._by_packet, getattr(op, "overloadpacket", op)
+            name = op if "::" in op else op.replace(".", "::", 1)
+            packet = packet_named(name)
+            return (self._by_packet, packet) if packet is not None else (self._by_name, name)
+        return self._by_packet, getattr(op, "overloadpacket", op)
+
+    def _put(self, op: Any, spec: OpSpec, *, replace: bool) -> None:
+        table, key = self._key(op)
         if key in table and not replace:
             raise RegistryError(f"a formula for {key} is already registered; copy() the registry and override()")
         table[key] = spec

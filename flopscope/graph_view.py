@@ -50,6 +50,7 @@ class GraphView:
         every = list(graph.nodes)
         self.graph = graph
         self.ops: Mapping[fx.Node, CapturedOp] = MappingProxyType({n: captured(n) for n in every})
+        self.node_of: Mapping[CapturedOp, fx.Node] = MappingProxyType({op: n for n, op in self.ops.items()})
         self.nodes: tuple[fx.Node, ...] = tuple(n for n in every if self.ops[n].phase != BACKWARD)
         self.backward_nodes: tuple[fx.Node, ...] = tuple(n for n in every if self.ops[n].phase == BACKWARD)
         self.macs: Mapping[fx.Node, int] = MappingProxyType({n: self.ops[n].macs for n in every})

@@ -46,7 +46,7 @@ from .checks import check_heads, check_positive
 from .errors import NotFoundError
 from .models import FeedForward, SelfAttention, TransformerBlock
 from .profile import Profile
-from .roles import Role
+from .role import Role
 
 __all__ = [
     "BandedSelfAttention",

@@ -29,6 +29,7 @@ from .errors import FlopscopeError
 from .facts import ModelFacts
 from .formulas import prod
 from .module_tracker import ModuleCall
+from .role import Role, RoleGroup
 
 PARTS = ("qkv", "attention core", "output projection", "ffn", "logits", "embeddings", "parameters not in GEMMs",
          "other")
@@ -137,15 +138,20 @@ def model_formulas(facts: ModelFacts, forward_roles: Mapping[str, int],
     return ModelFormulas((kaplan, chinchilla, megatron, palm), hyper)
 
 
+def part_of(role: Role) -> str:
+    """The formula part a role's MACs belong to (by its group: a new role always lands in one)."""
+    if role is Role.OUT_PROJ:
+        return "output projection"
+    if role.attention_core:
+        return "attention core"
+    return {RoleGroup.ATTENTION: "qkv", RoleGroup.FFN: "ffn", RoleGroup.LOGITS: "logits"}.get(role.group, "other")
+
+
 def _measured_parts(roles: Mapping[str, int]) -> dict[str, int]:
-    parts = {
-        "qkv": roles.get("q_proj", 0) + roles.get("k_proj", 0) + roles.get("v_proj", 0),
-        "attention core": roles.get("attn_scores", 0) + roles.get("attn_weighted_sum", 0),
-        "output projection": roles.get("out_proj", 0),
-        "ffn": roles.get("ffn_up", 0) + roles.get("ffn_gate", 0) + roles.get("ffn_down", 0),
-        "logits": roles.get("logits", 0),
-        "other": sum(v for k, v in roles.items() if k in ("other", "conv", "recurrent")),
-    }
+    parts: dict[str, int] = {}
+    for role, macs in roles.items():
+        part = part_of(Role(role))
+        parts[part] = parts.get(part, 0) + macs
     return {k: v for k, v in parts.items() if v}
 
 

@@ -57,14 +57,15 @@ class Capture:
 
     ops: list[CapturedOp]
     unsupported: Mapping[str, int]
+    undeclared_kernels: tuple[str, ...]
     decomposed: Mapping[str, int]
     module_inputs: Mapping[ModuleCall, tuple[tuple[int | str, Shape], ...]]
     module_calls: Mapping[str, int]
 
     @classmethod
     def of(cls, recorder: Recorder, tracker: ModuleTracker) -> Capture:
-        return cls(recorder.ops, dict(recorder.unsupported), dict(recorder.decomposed), dict(tracker.inputs),
-                   dict(tracker.calls))
+        return cls(recorder.ops, dict(recorder.unsupported), tuple(sorted(recorder.undeclared_kernels)),
+                   dict(recorder.decomposed), dict(tracker.inputs), dict(tracker.calls))
 
 
 class Profile:
@@ -163,8 +164,16 @@ class Profile:
 
     @property
     def notes(self) -> list[str]:
-        """One line per thing worth knowing about the run (fall-back to real mode, decompositions)."""
-        return list(self._notes)
+        """One line per thing worth knowing about the run (fall-back to real mode, decompositions, an
+        attention kernel registered without its family)."""
+        return [*self._notes, *self.capture_notes()]
+
+    def capture_notes(self) -> list[str]:
+        """What the recorded ops say about the registry: an op whose formula returns attention parts but
+        is not registered as an attention kernel (its projections cannot be found)."""
+        return [f"the formula of {op} returns attention parts but is not registered with family="
+                "OpFamily.ATTENTION and its (q, k, v) operand positions, so its projections get role 'other' "
+                "(see docs/extending.md)" for op in self._capture.undeclared_kernels]
 
     # ---------------------------------------------------------------------------------------------
     # totals
@@ -252,7 +261,7 @@ class Profile:
 
     def role_assignments(self) -> Mapping[fx.Node, Assignment]:
         """Read-only ``{node: Assignment}`` for every node of :attr:`graph` that multiplies (and every
-        embedding lookup, with 0 MACs): its ``{role: MACs}`` split, its block and the block's kind."""
+        embedding lookup, with 0 MACs): its ``{role: MACs}`` split (read-only) and its block."""
         if self._roles is None:
             return self._set_roles(find_roles(self._fx_graph(), self._facts.types, self._role_rules))
         return self._roles

@@ -62,7 +62,8 @@ from .paths import inside
 from .role import ROLE_ORDER, Role, RoleGroup, roles_in
 from .roles import Assignment
 
-ATTENTION_ROLES = roles_in(RoleGroup.ATTENTION)
+ATTENTION_ROLES = tuple(sorted(roles_in(RoleGroup.ATTENTION), key=lambda r: r == Role.OUT_PROJ))
+"""Attention rows in the order data flows through a block: projections, scores, weighted sum, output."""
 FFN_ROLES = roles_in(RoleGroup.FFN)
 TERMS = {r.value: r.term for r in Role if r.term}
 

@@ -54,12 +54,12 @@ class Role(str, Enum):
 
     @property
     def group(self) -> RoleGroup:
-        return _GROUP[self]
+        return _FACTS[self][0]
 
     @property
     def term(self) -> str:
         """The complexity term of the role's closed form: ``"n·d²"``, ``"n²·d"``, ``"k·n·d²"``, ``"n·d·V"``."""
-        return _TERM[self]
+        return _FACTS[self][1]
 
     @property
     def per_token(self) -> bool:
@@ -72,19 +72,24 @@ class Role(str, Enum):
         return self.term == "n²·d"
 
 
-_GROUP = {
-    **dict.fromkeys([Role.Q_PROJ, Role.K_PROJ, Role.V_PROJ, Role.OUT_PROJ, Role.ATTN_SCORES, Role.ATTN_WEIGHTED_SUM],
-                    RoleGroup.ATTENTION),
-    **dict.fromkeys([Role.FFN_UP, Role.FFN_GATE, Role.FFN_DOWN], RoleGroup.FFN),
-    Role.CONV: RoleGroup.CONV, Role.RECURRENT: RoleGroup.RECURRENT, Role.LOGITS: RoleGroup.LOGITS,
-    Role.EMBEDDING: RoleGroup.EMBEDDING, Role.OTHER: RoleGroup.OTHER,
+_FACTS: dict[Role, tuple[RoleGroup, str]] = {  # role -> (group, complexity term); one row per role
+    Role.Q_PROJ: (RoleGroup.ATTENTION, "n·d²"),
+    Role.K_PROJ: (RoleGroup.ATTENTION, "n·d²"),
+    Role.V_PROJ: (RoleGroup.ATTENTION, "n·d²"),
+    Role.OUT_PROJ: (RoleGroup.ATTENTION, "n·d²"),
+    Role.ATTN_SCORES: (RoleGroup.ATTENTION, "n²·d"),
+    Role.ATTN_WEIGHTED_SUM: (RoleGroup.ATTENTION, "n²·d"),
+    Role.FFN_UP: (RoleGroup.FFN, "n·d²"),
+    Role.FFN_GATE: (RoleGroup.FFN, "n·d²"),
+    Role.FFN_DOWN: (RoleGroup.FFN, "n·d²"),
+    Role.CONV: (RoleGroup.CONV, "k·n·d²"),
+    Role.RECURRENT: (RoleGroup.RECURRENT, "n·d²"),
+    Role.EMBEDDING: (RoleGroup.EMBEDDING, ""),
+    Role.LOGITS: (RoleGroup.LOGITS, "n·d·V"),
+    Role.OTHER: (RoleGroup.OTHER, ""),
 }
-_TERM = {
-    **dict.fromkeys([Role.Q_PROJ, Role.K_PROJ, Role.V_PROJ, Role.OUT_PROJ, Role.FFN_UP, Role.FFN_GATE, Role.FFN_DOWN,
-                     Role.RECURRENT], "n·d²"),
-    Role.ATTN_SCORES: "n²·d", Role.ATTN_WEIGHTED_SUM: "n²·d", Role.CONV: "k·n·d²", Role.LOGITS: "n·d·V",
-    Role.EMBEDDING: "", Role.OTHER: "",
-}
+if set(_FACTS) != set(Role):  # a new member without its row fails at import, not in the middle of a report
+    raise RoleError(f"roles without group and term in flopscope/role.py: {sorted(set(Role) - set(_FACTS))}")
 
 ROLE_ORDER: tuple[str, ...] = tuple(r.value for r in Role)
 """Role names in the canonical order of every report."""

@@ -34,6 +34,7 @@ import fnmatch
 import operator
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 import torch
@@ -87,8 +88,11 @@ BUILTIN_RULES: tuple[RoleRule, ...] = (
 class Assignment:
     """Roles of one multiply node: ``{role: MACs}``, summing to the node's multiplies."""
 
-    parts: Mapping[str, int]
+    parts: Mapping[str, int]  # read-only
     block: str  # module path of the attention / FFN / conv block instance it belongs to
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "parts", MappingProxyType(dict(self.parts)))
 
     @property
     def role(self) -> str:
@@ -348,7 +352,8 @@ def _backward(view: GraphView, forward: Mapping[fx.Node, Assignment]) -> dict[fx
         if not macs:
             continue
         op = view.ops[n]
-        source = forward.get(op.forward.node) if op.forward is not None and op.forward.node is not None else None
+        forward_node = view.node_of.get(op.forward) if op.forward is not None else None
+        source = forward.get(forward_node) if forward_node is not None else None
         if op.parts:
             parts = dict(op.parts)
         elif source is not None and any(source.parts.values()):

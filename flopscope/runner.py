@@ -99,14 +99,15 @@ def run_in_mode(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
                 mode: str, *, converter: FakeConverter | None = None, stacklevel: int = 2) -> Profile:
     """One counted run in ``mode`` (``"auto"`` falls back to real execution where fake tensors cannot
     go, with one :class:`~flopscope.errors.FlopscopeWarning` naming the op). ``converter`` reuses a
-    fake mode and the model's converted state across runs (a sweep). Validates model, mode and inputs."""
+    fake mode and the model's converted state across runs (a sweep). Validates model, mode and inputs.
+    ``stacklevel``: of a warning issued here, so that it points at the user's call (``profile()`` passes 3)."""
     check_model(model)
     check_mode(mode)
     check_inputs(model, args, kwargs)
     if mode == "real":
-        return run(model, args, kwargs, options, fake=False)
+        return run(model, args, kwargs, options, fake=False, stacklevel=stacklevel + 1)
     try:
-        return run(model, args, kwargs, options, fake=True, converter=converter)
+        return run(model, args, kwargs, options, fake=True, converter=converter, stacklevel=stacklevel + 1)
     except (FakeTensorError, ForwardError) as failed:
         if mode == "fake" or not failed.on_fake_tensors:
             raise
@@ -115,17 +116,19 @@ def run_in_mode(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
                                   f"{failed.reason}), and it is on device='meta', so it cannot run for real; "
                                   "build it on a real device and use mode='real'") from failed.__cause__
         note = f"{failed.where} could not run on fake tensors ({failed.reason}); counted in real mode instead"
-    prof = run(model, args, kwargs, options, fake=False, notes=(note,))
-    warnings.warn(f"flopscope: {note}", FlopscopeWarning, stacklevel=stacklevel + 1)
+    prof = run(model, args, kwargs, options, fake=False, notes=(note,), stacklevel=stacklevel + 1)
+    warnings.warn(f"flopscope: {note}", FlopscopeWarning, stacklevel=stacklevel)
     return prof
 
 
 def run(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], options: CaptureOptions, *, fake: bool,
-        converter: FakeConverter | None = None, notes: Sequence[str] = ()) -> Profile:
-    """One counted forward (and backward), on fake tensors or for real; the model is left as it was."""
+        converter: FakeConverter | None = None, notes: Sequence[str] = (), stacklevel: int = 2) -> Profile:
+    """One counted forward (and backward), on fake tensors or for real; the model is left as it was.
+    ``stacklevel`` is that of a warning issued here (unsupported ops)."""
     facts = read_facts(model)
     snapshot = ModelSnapshot(model, buffer_values=not fake, grads=options.backward and not fake)
     tracker = ModuleTracker(model)
+    state: dict[str, torch.Tensor] = {}
     try:
         with ExitStack() as stack:
             stack.enter_context(paused_gc())
@@ -151,9 +154,12 @@ def run(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], options
                 _backward(model, output, options.loss, recorder)
     finally:
         snapshot.restore()
+        if fake and options.backward:  # a reused converter's fake parameters must not carry .grad to the next run
+            for t in state.values():
+                t.grad = None
     prof = Profile(Capture.of(recorder, tracker), facts, "fake" if fake else "real", output, notes=notes,
                    role_rules=options.roles)
-    warn_unsupported(prof)
+    warn_incomplete(prof, stacklevel + 1)
     return prof
 
 
@@ -187,13 +193,13 @@ class Session:
             raise
         self._tracker, self._recorder = tracker, recorder
 
-    def finish(self) -> Profile:
+    def finish(self, stacklevel: int = 2) -> Profile:
         self._stack.close()
         if self._tracker is None or self._recorder is None:
             raise ConfigurationError("the profiler block was never entered")
         prof = Profile(Capture.of(self._recorder, self._tracker), read_facts(self.model),
                        "fake" if self.fake else "real", role_rules=self.options.roles)
-        warn_unsupported(prof)
+        warn_incomplete(prof, stacklevel + 1)
         return prof
 
 
@@ -286,13 +292,17 @@ def _first_line(text: str, limit: int = 120) -> str:
     return line if len(line) <= limit else line[: limit - 3] + "..."
 
 
-def warn_unsupported(prof: Profile) -> None:
-    """One warning listing the ops without a formula that may do arithmetic (a count is never silently 0)."""
+def warn_incomplete(prof: Profile, stacklevel: int) -> None:
+    """Say what the count may miss (``stacklevel`` of a warning issued here): one warning listing the ops
+    without a formula that may do arithmetic (a count is never silently 0), and one per note of the
+    capture (an attention kernel registered without its family)."""
     unsupported = prof.unsupported()
     if unsupported:
         listed = ", ".join(f"{op} x{calls}" for op, calls in sorted(unsupported.items()))
         warnings.warn(f"flopscope: no formula for {listed}; they may do arithmetic that total() leaves out "
-                      "(see prof.unsupported())", FlopscopeWarning, stacklevel=4)
+                      "(see prof.unsupported())", FlopscopeWarning, stacklevel=stacklevel)
+    for note in prof.capture_notes():
+        warnings.warn(f"flopscope: {note}", FlopscopeWarning, stacklevel=stacklevel)
 
 
 def _named_state(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:

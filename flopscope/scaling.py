@@ -185,14 +185,15 @@ def scaling(model: nn.Module, make_inputs: Callable[[int], Any], lengths: Sequen
             *, mode: str = "fake", spec: Callable[[int], TransformerSpec] | None = None,
             progress: Callable[[int, int], None] | None = None, registry: FormulaRegistry | None = None,
             roles: Sequence[RoleRule] = (), backward: bool = False, loss: Callable[[Any], torch.Tensor] | None = None,
-            forward_kwargs: dict[str, Any] | None = None) -> Scaling:
+            forward_kwargs: dict[str, Any] | None = None, **kwargs: Any) -> Scaling:
     """Profile ``model(*make_inputs(n))`` at each length and recover each role's exact polynomial in n.
 
     ``make_inputs(n)`` returns a tensor, a tuple of positional inputs, a dict of keyword inputs, or a
     ``(args, kwargs)`` pair. ``spec(n)`` optionally states the hyper-parameters for the predictions.
     ``progress(done, total)`` is called after each length. ``mode``, ``registry``, ``roles``, ``backward``,
-    ``loss`` and ``forward_kwargs`` mean what they mean for :func:`flopscope.profile`, at every length
-    (with ``backward=True`` the polynomials are of the forward and backward MACs together).
+    ``loss``, ``forward_kwargs`` and other keyword arguments (inputs for the model, at every length) mean
+    what they mean for :func:`flopscope.profile` (with ``backward=True`` the polynomials are of the forward
+    and backward MACs together).
     """
     lengths = tuple(sorted(set(int(n) for n in lengths)))
     if len(lengths) < 4:
@@ -201,7 +202,7 @@ def scaling(model: nn.Module, make_inputs: Callable[[int], Any], lengths: Sequen
     check_mode(mode)
     options = CaptureOptions.of(registry, roles, backward, loss)
     with paused_gc():
-        return _sweep(model, make_inputs, lengths, mode, spec, progress, options, forward_kwargs or {})
+        return _sweep(model, make_inputs, lengths, mode, spec, progress, options, {**kwargs, **(forward_kwargs or {})})
 
 
 def _sweep(model: nn.Module, make_inputs: Callable[[int], Any], lengths: tuple[int, ...], mode: str,

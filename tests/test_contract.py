@@ -95,3 +95,58 @@ def test_a_profiler_runs_one_block() -> None:
         model(torch.zeros(1, 8, 32))
     with pytest.raises(flopscope.FlopscopeError, match="already ran"), prof:
         pass
+
+
+class _NeedsRealData(torch.nn.Module):
+    """A forward that reads a tensor's value (``.item()``): fake tensors cannot run it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = torch.nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(x) * float(x.abs().max().item() > -1)
+
+
+def test_warnings_point_at_the_users_call() -> None:
+    with pytest.warns(flopscope.FlopscopeWarning, match="counted in real mode") as caught:
+        flopscope.profile(_NeedsRealData(), torch.randn(4, 8))  # mode="auto" falls back to real
+    assert {Path(w.filename) for w in caught if issubclass(w.category, flopscope.FlopscopeWarning)} == {
+        Path(__file__)}
+    with pytest.warns(flopscope.FlopscopeWarning, match="no formula for") as caught:
+        flopscope.profile(_Unsupported(), torch.randn(4, 8), mode="real")
+    assert {Path(w.filename) for w in caught if issubclass(w.category, flopscope.FlopscopeWarning)} == {
+        Path(__file__)}
+
+
+class _Unsupported(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.fft.rfft(x).abs()
+
+
+def test_inside_a_profiler_block_hasattr_and_getattr_with_a_default_still_work() -> None:
+    model = TransformerBlock(32, 4, 64)
+    with flopscope.profiler(model, mode="fake") as prof:
+        model(torch.zeros(1, 8, 32))
+        assert not hasattr(prof, "total") and getattr(prof, "total", None) is None
+        with pytest.raises(flopscope.RecordingError):
+            prof.result  # noqa: B018
+    assert hasattr(prof, "total") and prof.total() == prof.result.total()
+
+
+def test_role_assignments_are_read_only() -> None:
+    prof = flopscope.profile(TransformerBlock(32, 4, 64), torch.zeros(1, 8, 32))
+    assignments = prof.role_assignments()
+    node, assignment = next(iter(assignments.items()))
+    with pytest.raises(TypeError):
+        assignment.parts["q_proj"] = 10**9  # type: ignore[index]
+    with pytest.raises(TypeError):
+        assignments[node] = assignment  # type: ignore[index]
+
+
+def test_a_profiler_block_warns_at_the_with_statement() -> None:
+    model = _Unsupported()
+    with pytest.warns(flopscope.FlopscopeWarning, match="no formula for") as caught, flopscope.profiler(model):
+        model(torch.randn(4, 8))
+    assert {Path(w.filename) for w in caught if issubclass(w.category, flopscope.FlopscopeWarning)} == {
+        Path(__file__)}

@@ -146,3 +146,80 @@ def test_a_new_model_family_is_one_name_in_conventions() -> None:
         "q_proj": n * d * d, "k_proj": n * d * d, "v_proj": n * d * d,
         "attn_scores": n * n * d, "attn_weighted_sum": n * n * d, "out_proj": n * d * d,
     }
+
+
+def test_registry_names_an_op_one_way_whatever_way_it_is_written() -> None:
+    """``"aten::mm"``, ``"aten.mm"`` and ``torch.ops.aten.mm`` are one key: no shadow entries."""
+    registry = flopscope.REGISTRY.copy()
+    assert registry.spec("aten.mm") is registry.spec("aten::mm") is registry.spec(torch.ops.aten.mm.default)
+    with pytest.raises(flopscope.RegistryError):
+        registry.register("aten::mm")(mm)
+    registry.override("aten.mm", lambda a, b, **_: 7 * a[0] * a[1] * b[1])
+    prof = flopscope.profile(nn.Linear(4, 5, bias=False), torch.zeros(6, 4), registry=registry)
+    assert prof.total() == 7 * 6 * 4 * 5 and registry.ops().count("aten::mm") == 1
+    registry.override("aten.mm", mm, family=OpFamily.OTHER)  # a new family drops the old operand positions
+    assert registry.spec("aten.mm").operands == ()  # type: ignore[union-attr]
+
+
+@torch.library.custom_op("flopscope_test::attend", mutates_args=())
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Single-head attention as one opaque kernel: softmax(q kᵀ) v."""
+    return torch.softmax(q @ k.t(), dim=-1) @ v
+
+
+@attend.register_fake
+def _(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    return q.new_empty(q.shape[0], v.shape[1])
+
+
+class KernelAttention(nn.Module):
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.q, self.k, self.v, self.o = (nn.Linear(d, d, bias=False) for _ in range(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.o(attend(self.q(x), self.k(x), self.v(x)))
+
+
+def _attend_macs(q: tuple[int, ...], k: tuple[int, ...], v: tuple[int, ...], **_: object) -> dict[str, int]:
+    # [n_q, d_v] = attend([n_q, d], [n_k, d], [n_k, d_v])
+    return {"attn_scores": q[0] * k[0] * q[1], "attn_weighted_sum": q[0] * k[0] * v[1]}
+
+
+def test_an_attention_kernel_is_found_once_declared_and_said_when_not() -> None:
+    n, d = 8, 16
+    model, x = KernelAttention(d), torch.randn(n, d)
+    undeclared = flopscope.REGISTRY.copy()
+    undeclared.override(torch.ops.flopscope_test.attend, _attend_macs)
+    with pytest.warns(flopscope.FlopscopeWarning, match="flopscope_test.attend returns attention parts"):
+        prof = flopscope.profile(model, x, registry=undeclared)
+    assert prof.by_role() == {"attn_scores": n * n * d, "attn_weighted_sum": n * n * d, "other": 4 * n * d * d}
+
+    declared = flopscope.REGISTRY.copy()
+    declared.override(torch.ops.flopscope_test.attend, _attend_macs, family=OpFamily.ATTENTION, operands=(0, 1, 2))
+    assert flopscope.profile(model, x, registry=declared).by_role() == {
+        "q_proj": n * d * d, "k_proj": n * d * d, "v_proj": n * d * d, "out_proj": n * d * d,
+        "attn_scores": n * n * d, "attn_weighted_sum": n * n * d}
+
+
+def test_a_fake_sweep_with_backward_does_not_carry_gradients_between_lengths() -> None:
+    from flopscope.runner import CaptureOptions, new_converter, run_in_mode
+
+    model, converter, options = TransformerBlock(32, 4, 64), new_converter(), CaptureOptions.of(backward=True)
+    runs = [run_in_mode(model, (torch.zeros(1, 8, 32),), {}, options, "fake", converter=converter) for _ in range(2)]
+    assert runs[0].elementwise() == runs[1].elementwise() and runs[0].op_calls() == runs[1].op_calls()
+
+
+def test_scaling_passes_keyword_inputs_to_the_model_at_every_length() -> None:
+    class Scaled(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.proj = nn.Linear(16, 16, bias=False)
+
+        def forward(self, x: torch.Tensor, repeat: int = 1) -> torch.Tensor:
+            for _ in range(repeat):
+                x = self.proj(x)
+            return x
+
+    result = flopscope.scaling(Scaled(), lambda n: torch.zeros(1, n, 16), lengths=(2, 4, 8, 16), repeat=3)
+    assert result.polynomials["other"] == Polynomial((Fraction(0), Fraction(3 * 16 * 16)))

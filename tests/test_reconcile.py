@@ -10,6 +10,7 @@ import torch
 
 import flopscope
 from flopscope import TransformerSpec
+from flopscope.models import TransformerBlock
 
 from zoo import CASES, built, fastpath
 
@@ -163,3 +164,9 @@ def test_stages_of_different_widths_use_each_blocks_own_declaration():
     first = next(r for r in result.rows if r.block == "encoder.layers.0.blocks.0.attention" and r.role == "q_proj")
     windows, area, width = (32 // 4 // 4) ** 2, 4 * 4, 16  # 4 windows of 4x4 patches, stage-0 width 16
     assert first.predicted == windows * area * width * width
+
+
+def test_rows_follow_the_data_through_each_block() -> None:
+    prof = flopscope.profile(TransformerBlock(64, 4, 256), torch.zeros(1, 16, 64))
+    assert [row.role for row in prof.reconcile().rows] == [
+        "q_proj", "k_proj", "v_proj", "attn_scores", "attn_weighted_sum", "out_proj", "ffn_up", "ffn_down"]

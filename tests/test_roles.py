@@ -263,3 +263,30 @@ def test_blocks_group_each_attention_and_ffn_instance():
     assert line.rstrip().endswith("encoder.layer.*.attention (x2)")
     pooler = next(line for line in table.splitlines() if line.startswith("other "))
     assert pooler.split()[1] == f"{B * d * d:,}" and pooler.rstrip().endswith("pooler.dense")
+
+
+class _GradientPenalty(nn.Module):
+    """Self-attention whose forward differentiates its own output (a gradient penalty, a force field): the
+    softmax's backward kernel runs inside the forward and must not be taken for attention."""
+
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.q, self.k, self.v, self.o = (nn.Linear(d, d) for _ in range(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.requires_grad_(True)
+        with torch.enable_grad():
+            weights = (self.q(x) @ self.k(x).transpose(-1, -2)).softmax(-1)
+            y = self.o(weights @ self.v(x))
+            (grad,) = torch.autograd.grad(y.sum(), x, create_graph=True)
+        return y + grad
+
+
+def test_a_softmax_gradient_inside_the_forward_is_not_attention() -> None:
+    B, n, d = 2, 8, 16
+    prof = flopscope.profile(_GradientPenalty(d), torch.randn(B, n, d), mode="real")
+    forward = {r.module: r.role.value for r in prof.records if r.module in ("q", "k", "v", "o")}
+    assert forward == {"q": "q_proj", "k": "k_proj", "v": "v_proj", "o": "out_proj"}
+    first_products = [r for r in prof.records if r.op == "aten.bmm"][:2]  # Q·Kᵀ, then softmax(·)·V
+    assert [(r.role.value, r.multiplies) for r in first_products] == [
+        ("attn_scores", B * n * n * d), ("attn_weighted_sum", B * n * n * d)]
