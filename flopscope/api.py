@@ -12,11 +12,12 @@ from typing import Any
 import torch
 from torch import nn
 
+from .checks import check_mode, check_model
 from .errors import FlopscopeError, RecordingError
 from .formulas import FormulaRegistry
 from .profile import Profile
 from .roles import RoleRule
-from .runner import BLOCK_MODES, CaptureOptions, Session, check_mode, check_model, run_in_mode
+from .runner import BLOCK_MODES, CaptureOptions, Session, run_in_mode
 
 
 def profile(model: nn.Module, *args: Any, mode: str = "auto", registry: FormulaRegistry | None = None,

@@ -1,9 +1,16 @@
 """Validators for the arguments of flopscope's own functions: one function per rule, each raising a
-:class:`~flopscope.errors.ConfigurationError` that names the argument and its value."""
+:class:`~flopscope.errors.FlopscopeError` subclass that names the argument and its value."""
 
 from __future__ import annotations
 
-from .errors import ConfigurationError
+import inspect
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from .errors import ConfigurationError, InputError, NotAModuleError
 
 
 def check_positive(**values: int) -> None:
@@ -18,3 +25,31 @@ def check_heads(d: int, h: int) -> None:
     check_positive(d=d, h=h)
     if d % h:
         raise ConfigurationError(f"d={d} must be divisible by h={h} (heads split the width)")
+
+
+def check_model(model: Any) -> None:
+    if not isinstance(model, nn.Module):
+        raise NotAModuleError(f"flopscope profiles torch.nn.Module objects; got {type(model).__name__}")
+
+
+def check_mode(mode: str, allowed: Sequence[str], what: str = "mode") -> None:
+    """``mode`` is one of ``allowed``."""
+    if mode not in allowed:
+        raise ConfigurationError(f"{what} must be one of {', '.join(map(repr, allowed))}; got {mode!r}")
+
+
+def check_inputs(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    """The inputs bind to ``model.forward``'s signature (else an :class:`InputError` listing them)."""
+    try:
+        signature = inspect.signature(model.forward)
+    except (TypeError, ValueError):
+        return
+    try:
+        signature.bind(*args, **kwargs)
+    except TypeError as e:
+        given = ", ".join([_describe(a) for a in args] + [f"{k}={_describe(v)}" for k, v in kwargs.items()])
+        raise InputError(f"inputs do not fit {type(model).__name__}.forward{signature}: {e} (given: {given})") from e
+
+
+def _describe(x: Any) -> str:
+    return f"Tensor{list(x.shape)}" if isinstance(x, torch.Tensor) else type(x).__name__

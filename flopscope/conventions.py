@@ -84,9 +84,9 @@ LINEAR_IN = Names(module=("in_features", "nx"))
 LINEAR_OUT = Names(module=("out_features", "nf"))
 """Output width of a linear layer."""
 
-CONFIG_ALIASED = (*WIDTH.config[:1], *HEADS.config[:1], *LAYERS.config[:1], *FFN_WIDTH.config[:1], *VOCAB.config)
-"""Config keys read through the config's ``attribute_map`` when its dict lacks them (GPT-2's n_embd is
-``hidden_size``)."""
+CONFIG_ALIASED = ("hidden_size", "num_attention_heads", "num_hidden_layers", "intermediate_size", "vocab_size")
+"""Hugging Face's canonical config keys, read through the config's ``attribute_map`` when its dict lacks them
+(GPT-2's ``n_embd`` is ``hidden_size``)."""
 
 QUERY_INPUTS: tuple[int | str, ...] = ("hidden_states", "query", "x", "src", "tgt", "input", "inputs_embeds", 0)
 """Names (or positions) of a block's query / token input, in order of preference."""

@@ -31,7 +31,8 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.nn.utils.stateless import _reparametrize_module
 
 from .capture import LeafKind, LeafName, OpFailure, Recorder, op_name
-from .errors import ConfigurationError, FakeTensorError, FlopscopeWarning, ForwardError, InputError, NotAModuleError
+from .checks import check_inputs, check_mode, check_model
+from .errors import ConfigurationError, FakeTensorError, FlopscopeWarning, ForwardError
 from .facts import read_facts
 from .fake import FakeConverter, map_tensors, needs_real_data, tensors_in
 from .formulas import REGISTRY, FormulaRegistry
@@ -66,35 +67,6 @@ class CaptureOptions:
 
 
 # -------------------------------------------------------------------------------------------------
-# validation (one validator per rule)
-def check_model(model: Any) -> None:
-    if not isinstance(model, nn.Module):
-        raise NotAModuleError(f"flopscope profiles torch.nn.Module objects; got {type(model).__name__}")
-
-
-def check_mode(mode: str, allowed: Sequence[str] = MODES, what: str = "mode") -> None:
-    if mode not in allowed:
-        raise ConfigurationError(f"{what} must be one of {', '.join(map(repr, allowed))}; got {mode!r}")
-
-
-def check_inputs(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-    """The inputs bind to ``model.forward``'s signature (else an :class:`InputError` listing them)."""
-    try:
-        signature = inspect.signature(model.forward)
-    except (TypeError, ValueError):
-        return
-    try:
-        signature.bind(*args, **kwargs)
-    except TypeError as e:
-        given = ", ".join([_describe(a) for a in args] + [f"{k}={_describe(v)}" for k, v in kwargs.items()])
-        raise InputError(f"inputs do not fit {type(model).__name__}.forward{signature}: {e} (given: {given})") from e
-
-
-def _describe(x: Any) -> str:
-    return f"Tensor{list(x.shape)}" if isinstance(x, torch.Tensor) else type(x).__name__
-
-
-# -------------------------------------------------------------------------------------------------
 def run_in_mode(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], options: CaptureOptions,
                 mode: str, *, converter: FakeConverter | None = None, stacklevel: int = 2) -> Profile:
     """One counted run in ``mode`` (``"auto"`` falls back to real execution where fake tensors cannot
@@ -102,7 +74,7 @@ def run_in_mode(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
     fake mode and the model's converted state across runs (a sweep). Validates model, mode and inputs.
     ``stacklevel``: of a warning issued here, so that it points at the user's call (``profile()`` passes 3)."""
     check_model(model)
-    check_mode(mode)
+    check_mode(mode, MODES)
     check_inputs(model, args, kwargs)
     if mode == "real":
         return run(model, args, kwargs, options, fake=False, stacklevel=stacklevel + 1)

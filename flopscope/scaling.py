@@ -19,13 +19,14 @@ import torch
 from tabulate import tabulate
 from torch import nn
 
+from .checks import check_mode
 from .errors import ConfigurationError
 from .formulas import FormulaRegistry
 from .profile import Profile
 from .reconcile import TransformerSpec
 from .role import ROLE_ORDER, Role
 from .roles import RoleRule
-from .runner import CaptureOptions, check_mode, new_converter, paused_gc, run_in_mode
+from .runner import MODES, CaptureOptions, new_converter, paused_gc, run_in_mode
 
 ATTENTION_CORE = tuple(r.value for r in Role if r.attention_core)
 PER_TOKEN = tuple(r.value for r in Role if r.per_token)
@@ -199,7 +200,7 @@ def scaling(model: nn.Module, make_inputs: Callable[[int], Any], lengths: Sequen
     if len(lengths) < 4:
         raise ConfigurationError("scaling needs at least 4 lengths: a quadratic (attention) takes 3 and is "
                                  "checked at one more")
-    check_mode(mode)
+    check_mode(mode, MODES)
     options = CaptureOptions.of(registry, roles, backward, loss)
     with paused_gc():
         return _sweep(model, make_inputs, lengths, mode, spec, progress, options, {**kwargs, **(forward_kwargs or {})})
