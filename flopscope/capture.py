@@ -40,7 +40,6 @@ from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
-from enum import Enum
 from typing import Any
 
 import torch
@@ -50,6 +49,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_mod
 
 from . import elementwise, formulas
 from .elementwise import ElementwiseRule
+from .enums import StrEnum
 from .formulas import FormulaRegistry, OpFamily, OpSpec, shape_of
 from .module_tracker import ModuleCall, ModuleTracker
 
@@ -58,7 +58,7 @@ FORWARD, BACKWARD = "forward", "backward"
 """The two phases of a capture (plain strings: they are keys of :meth:`Profile.by_phase`)."""
 
 
-class Cost(str, Enum):
+class Cost(StrEnum):
     """How an op's work is counted."""
 
     FORMULA = "formula"  # a registered MAC formula (counted in total())
@@ -66,20 +66,14 @@ class Cost(str, Enum):
     ZERO = "zero"  # no arithmetic: views, data movement, allocation, lookups
     UNSUPPORTED = "unsupported"  # none of the above: listed by Profile.unsupported()
 
-    def __str__(self) -> str:
-        return self.value
 
-
-class LeafKind(str, Enum):
+class LeafKind(StrEnum):
     """Where a tensor that enters the forward from outside comes from."""
 
     PARAMETER = "parameter"
     BUFFER = "buffer"
     INPUT = "input"
     CONSTANT = "constant"
-
-    def __str__(self) -> str:
-        return self.value
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,11 +24,11 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from enum import Enum
 from typing import Any, TypeAlias, TypeVar
 
 import torch
 
+from .enums import StrEnum
 from .errors import FormulaError, RegistryError
 
 Shape: TypeAlias = tuple[int, ...]
@@ -44,7 +44,7 @@ def prod(xs: Iterable[int]) -> int:
     return math.prod(int(x) for x in xs)
 
 
-class OpFamily(str, Enum):
+class OpFamily(StrEnum):
     """What kind of linear algebra an op does: the one fact, besides its formula, that later stages
     (roles, the peer plug-ins) need about it. Declared once, where the formula is registered.
 
@@ -66,9 +66,6 @@ class OpFamily(str, Enum):
     FUSED_LAYER = "fused layer"
     RECURRENT = "recurrent"
     OTHER = "other"
-
-    def __str__(self) -> str:
-        return self.value
 
 
 _OPERAND_FAMILIES = {OpFamily.MATMUL: 2, OpFamily.GROUPED_MATMUL: 2, OpFamily.ATTENTION: 3}

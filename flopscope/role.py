@@ -7,12 +7,11 @@ term; the passes that find it live in :mod:`flopscope.roles`, the closed form th
 
 from __future__ import annotations
 
-from enum import Enum
-
+from .enums import StrEnum
 from .errors import RoleError
 
 
-class RoleGroup(str, Enum):
+class RoleGroup(StrEnum):
     """The kind of block a role belongs to (reconciliation predicts each group with its own closed form)."""
 
     ATTENTION = "attention"
@@ -23,11 +22,8 @@ class RoleGroup(str, Enum):
     EMBEDDING = "embedding"
     OTHER = "other"
 
-    def __str__(self) -> str:
-        return self.value
 
-
-class Role(str, Enum):
+class Role(StrEnum):
     """What a multiply does. Compare with plain strings: ``Role.Q_PROJ == "q_proj"``.
 
     Each member knows its :attr:`group` and the complexity :attr:`term` it realises (``n`` tokens, ``d``
@@ -48,9 +44,6 @@ class Role(str, Enum):
     EMBEDDING = "embedding"
     LOGITS = "logits"
     OTHER = "other"
-
-    def __str__(self) -> str:
-        return self.value
 
     @property
     def group(self) -> RoleGroup:
