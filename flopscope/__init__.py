@@ -25,13 +25,13 @@ from .errors import (
     RunError,
 )
 from .formulas import REGISTRY, FormulaRegistry, OpFamily
-from .layer_types import compare, compare_lengths
 from .peers import crosscheck
 from .profile import OpRecord, Profile
 from .reconcile import ReconcileRow, Reconciliation, TransformerSpec
 from .role import Role
 from .roles import Assignment, RoleRule
 from .scaling import Polynomial, Scaling, scaling
+from .why_self_attention import compare, compare_lengths
 
 __version__ = "0.1.0"
 

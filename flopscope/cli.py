@@ -18,10 +18,10 @@ import torch
 from . import report
 from .api import profile
 from .errors import FlopscopeError
-from .layer_types import compare, compare_lengths
 from .models import TransformerBlock
 from .scaling import scaling
 from .targets import load_target, make_inputs, parse_shape
+from .why_self_attention import compare, compare_lengths
 
 EXAMPLES = """examples:
   flopscope demo                                  the seed study's Transformer block, n = d = 512, h = 8

@@ -1,4 +1,4 @@
-"""flopscope.compare() (flopscope.layer_types): Vaswani et al. Table 1, measured; expectations are closed forms."""
+"""flopscope.compare() (flopscope.why_self_attention): Vaswani et al. Table 1, measured, against closed forms."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import flopscope
-from flopscope.layer_types import (
+from flopscope.why_self_attention import (
     BandedSelfAttention,
     Comparison,
     MaskedBandSelfAttention,
