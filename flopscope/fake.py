@@ -6,11 +6,13 @@ kernels (and is counted the same) as one built on the CPU.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch import nn
 from torch._subclasses.fake_tensor import (
     DataDependentOutputException,
     DynamicOutputShapeException,
@@ -88,3 +90,35 @@ def needs_real_data(error: BaseException) -> BaseException | None:
         seen.add(id(e))
         e = e.__cause__ or e.__context__
     return None
+
+
+_CONTAINERS = (list, dict, set)
+
+
+def shadow_of(model: nn.Module, convert: Callable[[torch.Tensor], torch.Tensor]) -> nn.Module:
+    """A stand-in for ``model`` to run on fake tensors: every module is shallow-copied with its own attribute
+    dict, its own parameter / buffer / submodule tables holding ``convert(t)`` of each tensor, and its own
+    copy of each list / dict / set attribute. Running the shadow never writes to the user's module objects
+    (other threads may run the model meanwhile), and nothing it stores in a container outlives the run.
+    Shared modules and tied weights stay shared (``convert`` is memoised). A TorchScript module runs its
+    own compiled parameters, so it is its own shadow (the fake mode converts them as they are read)."""
+    if isinstance(model, torch.jit.ScriptModule):
+        return model
+    copies: dict[int, nn.Module] = {}
+
+    def shadow(module: nn.Module) -> nn.Module:
+        known = copies.get(id(module))
+        if known is not None:
+            return known
+        twin = copy.copy(module)
+        copies[id(module)] = twin
+        attrs = twin.__dict__
+        for name, value in list(attrs.items()):
+            if type(value) in _CONTAINERS and not name.startswith("_"):
+                attrs[name] = copy.copy(value)
+        attrs["_parameters"] = {k: None if p is None else convert(p) for k, p in module._parameters.items()}
+        attrs["_buffers"] = {k: None if b is None else convert(b) for k, b in module._buffers.items()}
+        attrs["_modules"] = {k: None if m is None else shadow(m) for k, m in module._modules.items()}
+        return twin
+
+    return shadow(model)

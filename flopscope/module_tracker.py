@@ -2,7 +2,9 @@
 
 The hooks are the global module hooks of ``torch.nn`` (removable handles, no patching). Per-module
 hooks would change what runs: ``nn.TransformerEncoderLayer`` leaves its fused eval fast path when any
-of its submodules carries a hook. Modules outside the profiled model are ignored.
+of its submodules carries a hook. Modules outside the profiled model are ignored, and so are calls made
+by other threads than the one that entered the tracker (global hooks fire in every thread): those are
+counted in :attr:`ModuleTracker.foreign_calls` instead.
 
 A frame of the stack is a :class:`ModuleCall`: the module's path (``""`` is the root) and the ordinal
 of this call of that path, so a module called twice is attributed per call.
@@ -11,6 +13,7 @@ of this call of that path, so a module called twice is attributed per call.
 from __future__ import annotations
 
 import sys
+import threading
 from collections import Counter
 from typing import Any, NamedTuple
 
@@ -35,10 +38,13 @@ class ModuleTracker:
         self.stack: tuple[ModuleCall, ...] = ()
         self.calls: Counter[str] = Counter()
         self.inputs: dict[ModuleCall, tuple[tuple[int | str, tuple[int, ...]], ...]] = {}
+        self.foreign_calls = 0  # calls of the root module made by other threads while tracking
         self._failed_in: dict[int, tuple[ModuleCall, ...]] = {}
         self._handles: list[Any] = []
+        self._thread = threading.get_ident()
 
     def __enter__(self) -> ModuleTracker:
+        self._thread = threading.get_ident()
         self._handles = [
             nn_module.register_module_forward_pre_hook(self._pre),
             nn_module.register_module_forward_hook(self._post, with_kwargs=True, always_call=True),
@@ -59,13 +65,17 @@ class ModuleTracker:
         path = self.paths.get(id(module))
         if path is None:
             return
+        if threading.get_ident() != self._thread:
+            if path == "":
+                self.foreign_calls += 1
+            return
         self.calls[path] += 1
         self.stack = (*self.stack, ModuleCall(path, self.calls[path]))
 
     def _post(self, module: nn.Module, args: Any, *rest: Any) -> None:
         # (kwargs, output) normally; torch calls always-called hooks of a raising forward with (output,) only
         path = self.paths.get(id(module))
-        if path is None:
+        if path is None or threading.get_ident() != self._thread:
             return
         kwargs = rest[0] if len(rest) == 2 else {}
         if self.stack and self.stack[-1].path == path:

@@ -19,6 +19,7 @@ import gc
 import inspect
 import itertools
 import logging
+import threading
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
@@ -34,7 +35,7 @@ from .capture import LeafKind, LeafName, OpFailure, Recorder, op_name
 from .checks import check_inputs, check_mode, check_model
 from .errors import ConfigurationError, FakeTensorError, FlopscopeWarning, ForwardError
 from .facts import read_facts
-from .fake import FakeConverter, map_tensors, needs_real_data, tensors_in
+from .fake import FakeConverter, map_tensors, needs_real_data, shadow_of, tensors_in
 from .formulas import REGISTRY, FormulaRegistry
 from .module_tracker import ModuleTracker
 from .profile import Capture, Profile
@@ -99,12 +100,15 @@ def run(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], options
     ``stacklevel`` is that of a warning issued here (unsupported ops)."""
     facts = read_facts(model)
     snapshot = ModelSnapshot(model, buffer_values=not fake, grads=options.backward and not fake)
-    tracker = ModuleTracker(model)
     state: dict[str, torch.Tensor] = {}
     try:
         with ExitStack() as stack:
             stack.enter_context(paused_gc())
             convert = (converter or new_converter()) if fake else None
+            # fake: a shadow of the model holds the fake state, so the user's module objects are never
+            # written to (another thread may be running them); real: the model itself runs
+            target = shadow_of(model, convert) if convert is not None else model
+            tracker = ModuleTracker(target)
             recorder, state = _recorder(model, tracker, options.registry, convert)
             if convert is not None:
                 stack.enter_context(_quiet_fake_tensor_log())
@@ -116,10 +120,7 @@ def run(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], options
             if options.backward:
                 stack.enter_context(torch.enable_grad())
             try:
-                if fake:
-                    output = torch.func.functional_call(model, state, args, kwargs, tie_weights=True, strict=False)
-                else:
-                    output = model(*args, **kwargs)
+                output = target(*args, **kwargs)
             except Exception as error:  # the model's own code: re-raised as a RunError naming op and module
                 raise _explain(model, error, recorder, tracker, fake) from error
             if options.backward:
@@ -172,6 +173,11 @@ class Session:
         prof = Profile(Capture.of(self._recorder, self._tracker), read_facts(self.model),
                        "fake" if self.fake else "real", role_rules=self.options.roles)
         warn_incomplete(prof, stacklevel + 1)
+        foreign = self._tracker.foreign_calls
+        if foreign:
+            warnings.warn(f"flopscope: {foreign} forward(s) of {type(self.model).__name__} ran in other threads "
+                          "during the profiler block and are not counted (a profiler counts the thread that "
+                          "opened it)", FlopscopeWarning, stacklevel=stacklevel + 1)
         return prof
 
 
@@ -247,16 +253,29 @@ def paused_gc() -> Iterator[None]:
             gc.enable()
 
 
+class _ThisThreadOnly(logging.Filter):
+    """Drops the records of one thread (the logger's level, a global, is never touched)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.thread = threading.get_ident()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.thread != self.thread
+
+
 @contextmanager
 def _quiet_fake_tensor_log() -> Iterator[None]:
-    """FakeTensorMode logs a traceback when an op's fake kernel fails; flopscope reports that itself."""
+    """FakeTensorMode logs a traceback when an op's fake kernel fails; flopscope reports that itself. Only
+    this thread's records are dropped, by a filter of its own, so concurrent profiles cannot leave the
+    logger changed."""
     logger = logging.getLogger("torch._subclasses.fake_tensor")
-    level = logger.level
-    logger.setLevel(logging.CRITICAL)
+    quiet = _ThisThreadOnly()
+    logger.addFilter(quiet)
     try:
         yield
     finally:
-        logger.setLevel(level)
+        logger.removeFilter(quiet)
 
 
 def _first_line(text: str, limit: int = 120) -> str:
