@@ -41,6 +41,8 @@ class FakeConverter:
                 with self.mode:
                     fake = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="cpu")
                 fake.requires_grad_(t.requires_grad)
+            elif t.requires_grad and not t.is_leaf:  # its history is outside the model: a leaf that needs grad
+                fake = self.mode.from_tensor(t.detach()).requires_grad_(True)
             else:
                 fake = self.mode.from_tensor(t)
             self._memo[id(t)] = fake

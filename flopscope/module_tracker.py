@@ -54,6 +54,9 @@ class ModuleTracker:
     def __exit__(self, *exc: object) -> None:
         for handle in self._handles:
             handle.remove()
+            # torch's handle does not know the with_kwargs table its hook id was also put in (it leaks one
+            # entry per registration): remove it here, so profiles leave every global hook table as it was
+            nn_module._global_forward_hooks_with_kwargs.pop(handle.id, None)
         self._handles = []
         self.stack = ()
 

@@ -19,6 +19,7 @@ import gc
 import inspect
 import itertools
 import logging
+import sys
 import threading
 import warnings
 from collections.abc import Callable, Iterator, Sequence
@@ -104,6 +105,7 @@ def run(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], options
     try:
         with ExitStack() as stack:
             stack.enter_context(paused_gc())
+            stack.enter_context(deeper_recursion())
             convert = (converter or new_converter()) if fake else None
             # fake: a shadow of the model holds the fake state, so the user's module objects are never
             # written to (another thread may be running them); real: the model itself runs
@@ -123,13 +125,24 @@ def run(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], options
                 output = target(*args, **kwargs)
             except Exception as error:  # the model's own code: re-raised as a RunError naming op and module
                 raise _explain(model, error, recorder, tracker, fake) from error
+            if inspect.isgenerator(output):
+                raise ForwardError(f"{type(model).__name__}.forward is a generator function: calling it ran none "
+                                   "of its code, so there is nothing to count; profile a module whose forward "
+                                   "returns its outputs")
             if options.backward:
                 _backward(model, output, options.loss, recorder)
     finally:
-        snapshot.restore()
+        unrestored = snapshot.restore()  # never raises: an error of the run is not masked
         if fake and options.backward:  # a reused converter's fake parameters must not carry .grad to the next run
             for t in state.values():
                 t.grad = None
+    for problem in unrestored:
+        warnings.warn(f"flopscope: could not restore {problem}", FlopscopeWarning, stacklevel=stacklevel)
+    changed = snapshot.changed_parameters()
+    if changed:
+        warnings.warn(f"flopscope: the forward of {type(model).__name__} changed parameters in place "
+                      f"({', '.join(changed[:5])}{', ...' if len(changed) > 5 else ''}); a real run keeps such "
+                      "changes, as it would without flopscope", FlopscopeWarning, stacklevel=stacklevel)
     prof = Profile(Capture.of(recorder, tracker), facts, "fake" if fake else "real", output, notes=notes,
                    role_rules=options.roles)
     warn_incomplete(prof, stacklevel + 1)
@@ -156,6 +169,7 @@ class Session:
         convert = new_converter() if self.fake else None
         recorder, state = _recorder(self.model, tracker, self.options.registry, convert)
         try:
+            self._stack.enter_context(deeper_recursion())
             if convert is not None:
                 self._stack.enter_context(_reparametrize_module(self.model, state, tie_weights=True))
                 self._stack.enter_context(convert.mode)
@@ -237,6 +251,32 @@ def _explain(model: nn.Module, error: Exception, recorder: Recorder, tracker: Mo
     hint = " (on fake tensors: if the model runs with mode='real', fake tensors are the cause)"
     return ForwardError(message + hint, on_fake_tensors=True, where=where,
                         reason=f"{type(error).__name__}: {_first_line(str(error))}")
+
+
+_DEPTH_LOCK = threading.Lock()
+_DEPTH_USERS = [0, 0]  # [profiles running, the recursion limit before the first of them]
+EXTRA_FRAMES = 400
+"""Python frames flopscope adds to a forward's deepest call (hooks and dispatch at every nesting level): the
+recursion limit is raised by this much while a capture runs, so a model as deep as a plain forward can run
+is as deep as flopscope can count."""
+
+
+@contextmanager
+def deeper_recursion() -> Iterator[None]:
+    """Raise the recursion limit by :data:`EXTRA_FRAMES` while any capture runs (the limit is one per
+    interpreter: the first capture raises it, the last one puts it back)."""
+    with _DEPTH_LOCK:
+        if _DEPTH_USERS[0] == 0:
+            _DEPTH_USERS[1] = sys.getrecursionlimit()
+            sys.setrecursionlimit(_DEPTH_USERS[1] + EXTRA_FRAMES)
+        _DEPTH_USERS[0] += 1
+    try:
+        yield
+    finally:
+        with _DEPTH_LOCK:
+            _DEPTH_USERS[0] -= 1
+            if _DEPTH_USERS[0] == 0:
+                sys.setrecursionlimit(_DEPTH_USERS[1])
 
 
 @contextmanager

@@ -4,10 +4,19 @@ What is restored: every module's attribute dict (attributes a forward added are 
 put back), its parameter / buffer / submodule tables, its training flag, each parameter's
 ``requires_grad`` and ``.grad`` (after a counted backward pass), and, when the run executed for real,
 the values of buffers the forward changed in place (BatchNorm running statistics in training mode).
+
+What is not restored, but reported: a parameter whose values a real forward changed in place (its
+version counter moved; cloning every parameter to restore it would double the model's memory).
+:meth:`ModelSnapshot.restore` never raises: each step runs even when another fails, and what failed
+is returned, so a restore can neither mask the forward's own error nor skip the rest.
+
+TorchScript modules keep their tables in C++ (they cannot be changed from Python code): only their
+training flag, ``requires_grad``, ``.grad`` and buffer values are restored.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -16,12 +25,14 @@ from torch import nn
 
 class ModelSnapshot:
     def __init__(self, model: nn.Module, *, buffer_values: bool, grads: bool = False) -> None:
-        self._modules = [
-            (m, dict(m.__dict__), dict(m._parameters), dict(m._buffers), dict(m._modules), m.training)
-            for m in model.modules()
-        ]
-        self._requires_grad = [(p, p.requires_grad) for p in model.parameters()]
-        self._grads = [(p, p.grad) for p in model.parameters()] if grads else []
+        modules = list(model.modules())
+        self._tables = [(m, dict(m.__dict__), dict(m._parameters), dict(m._buffers), dict(m._modules))
+                        for m in modules if not isinstance(m, torch.jit.ScriptModule)]
+        self._training = [(m, m.training) for m in modules]
+        named = list(model.named_parameters())
+        self._requires_grad = [(p, p.requires_grad) for _, p in named]
+        self._versions = [(name, p, p._version) for name, p in named]
+        self._grads = [(p, p.grad) for _, p in named] if grads else []
         for p, _ in self._grads:  # a counted backward accumulates into fresh tensors, not into these
             p.grad = None
         self._buffers: list[tuple[torch.Tensor, torch.Tensor]] = []
@@ -29,21 +40,37 @@ class ModelSnapshot:
             with torch.no_grad():
                 self._buffers = [(b, b.clone()) for b in model.buffers() if not b.is_meta]
 
-    def restore(self) -> None:
-        for module, attrs, params, buffers, children, training in self._modules:
-            _restore_dict(module.__dict__, attrs)
-            _restore_dict(module._parameters, params)
-            _restore_dict(module._buffers, buffers)
-            _restore_dict(module._modules, children)
-            module.training = training
+    def restore(self) -> list[str]:
+        """Put everything back; returns one line per step that failed (empty when all went well)."""
+        failed: list[str] = []
+
+        def step(what: str, action: Callable[..., object], *args: Any) -> None:
+            try:
+                action(*args)
+            except Exception as error:  # a restore step must not stop the others nor mask the run's error
+                failed.append(f"{what}: {type(error).__name__}: {error}")
+
+        for module, attrs, params, buffers, children in self._tables:
+            name = type(module).__name__
+            step(f"{name} attributes", _restore_dict, module.__dict__, attrs)
+            step(f"{name} parameters", _restore_dict, module._parameters, params)
+            step(f"{name} buffers", _restore_dict, module._buffers, buffers)
+            step(f"{name} submodules", _restore_dict, module._modules, children)
+        for module, training in self._training:
+            step(f"{type(module).__name__} training flag", setattr, module, "training", training)
         for p, grad in self._grads:
-            p.grad = grad
+            step("a parameter's .grad", setattr, p, "grad", grad)
         for p, requires_grad in self._requires_grad:
             if p.requires_grad != requires_grad:
-                p.requires_grad_(requires_grad)
+                step("a parameter's requires_grad", p.requires_grad_, requires_grad)
         with torch.no_grad():
             for b, saved in self._buffers:  # kernels such as batch norm do not bump _version
-                b.copy_(saved)
+                step("a buffer's values", b.copy_, saved)
+        return failed
+
+    def changed_parameters(self) -> list[str]:
+        """Names of the parameters whose values were changed in place since the snapshot."""
+        return [name for name, p, version in self._versions if p._version != version]
 
 
 def _restore_dict(current: dict[str, Any], saved: dict[str, Any]) -> None:

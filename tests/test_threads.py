@@ -104,3 +104,4 @@ def test_a_profiler_block_says_how_many_forwards_other_threads_ran() -> None:
         worker.start()
         worker.join(timeout=60)
     assert prof.total() == TOTAL  # the opening thread's forward, once
+

@@ -1,0 +1,145 @@
+"""What production users do to a profiler: deep models, wrapped modules (TorchScript, DataParallel), inputs that
+need gradients, forwards that change state, and profiling the same process many times."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from torch import nn
+from torch._subclasses.fake_tensor import FakeTensor
+
+import flopscope
+from flopscope.models import TransformerBlock
+
+
+def _mlp() -> nn.Module:
+    return nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+
+
+MLP_MACS = 2 * 8 * 16 + 2 * 16 * 4  # two rows through Linear(8, 16) and Linear(16, 4)
+
+
+def test_profiles_leave_torchs_global_hook_tables_as_they_were() -> None:
+    from torch.nn.modules import module as nn_module
+
+    tables = {name: getattr(nn_module, name) for name in dir(nn_module) if name.startswith("_global_")
+              and isinstance(getattr(nn_module, name), dict)}
+    before = {name: dict(table) for name, table in tables.items()}
+    model, x = TransformerBlock(32, 4, 64), torch.randn(1, 8, 32)
+    for mode in ("fake", "real"):
+        for _ in range(50):
+            flopscope.profile(model, x, mode=mode)
+    with flopscope.profiler(model):
+        model(x)
+    assert {name: dict(table) for name, table in tables.items()} == before
+
+
+def test_a_model_as_deep_as_a_plain_forward_can_run_is_counted_and_deeper_fails_cleanly() -> None:
+    """Depth 248 is the deepest nn.Sequential nesting a plain forward runs at Python's default recursion limit
+    (1,000); FlopCounterMode reaches 194. A failure at 400 is a ForwardError, and the process carries on."""
+    script = textwrap.dedent("""
+        import sys, warnings, torch, flopscope
+        from torch import nn
+        warnings.simplefilter("ignore")
+        sys.setrecursionlimit(1000)
+
+        def nested(depth):
+            m = nn.Linear(4, 4)
+            for _ in range(depth):
+                m = nn.Sequential(m)
+            return m
+
+        for mode in ("fake", "real"):
+            try:
+                flopscope.profile(nested(400), torch.randn(2, 4), mode=mode)
+                print("no error at 400")
+            except flopscope.ForwardError as error:
+                assert "RecursionError" in str(error)
+            print(mode, flopscope.profile(nested(248), torch.randn(2, 4), mode=mode).total())
+        """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["fake", str(2 * 4 * 4), "real", str(2 * 4 * 4)]
+
+
+@pytest.mark.parametrize("mode", ["fake", "real", "auto"])
+@pytest.mark.parametrize("compile_with", ["script", "trace"])
+def test_torchscript_modules_are_counted_at_the_root(mode: str, compile_with: str) -> None:
+    module = _mlp()
+    compiled = torch.jit.script(module) if compile_with == "script" else torch.jit.trace(module, torch.randn(2, 8))
+    prof = flopscope.profile(compiled, torch.randn(2, 8), mode=mode)
+    assert prof.total() == MLP_MACS and prof.by_module()[""] == MLP_MACS  # submodule paths are not visible
+
+
+@pytest.mark.parametrize("mode", ["fake", "real", "auto"])
+def test_data_parallel_is_counted_through_the_wrapper(mode: str) -> None:
+    model = nn.DataParallel(_mlp())
+    prof = flopscope.profile(model, torch.randn(2, 8), mode=mode)
+    assert prof.total() == MLP_MACS and prof.by_module()["module.0"] == 2 * 8 * 16
+    assert prof.unsupported() == {}
+
+
+@pytest.mark.parametrize("mode", ["fake", "real", "auto"])
+def test_backward_through_an_input_that_is_not_a_leaf(mode: str) -> None:
+    class Square(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.mm(x, x)
+
+    x = torch.randn(10, 10, requires_grad=True).clone()  # requires grad, has a history outside the model
+    prof = flopscope.profile(Square(), x, mode=mode, backward=True)
+    # forward 10·10·10; backward: the gradient for each operand, 10·10·10 each
+    assert prof.by_phase() == {"forward": 10 * 10 * 10, "backward": 2 * 10 * 10 * 10}
+
+
+def test_a_generator_forward_is_an_error_not_zero() -> None:
+    class Stream(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(4, 4)
+
+        def forward(self, x: torch.Tensor):  # type: ignore[no-untyped-def]
+            yield self.fc(x)
+
+    with pytest.raises(flopscope.ForwardError, match="generator"):
+        flopscope.profile(Stream(), torch.randn(2, 4))
+
+
+def test_a_real_forward_that_changes_a_parameter_in_place_is_reported_by_name() -> None:
+    class Doubling(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(4, 4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            with torch.no_grad():
+                self.fc.weight.mul_(2)
+            return self.fc(x)
+
+    with pytest.warns(flopscope.FlopscopeWarning, match=r"changed parameters in place \(fc.weight\)"):
+        flopscope.profile(Doubling(), torch.randn(2, 4), mode="real")
+
+
+@pytest.mark.parametrize("mode", ["fake", "auto"])
+def test_no_fake_tensor_outlives_a_profile_in_the_users_containers(mode: str) -> None:
+    class Caching(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(4, 4)
+            self.cache: list[torch.Tensor] = []
+            self.seen: dict[str, torch.Tensor] = {}
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            y = self.fc(x)
+            self.cache.append(y)
+            self.seen["last"] = y
+            return y
+
+    model = Caching()
+    model.cache.append(torch.ones(1))
+    assert flopscope.profile(model, torch.randn(2, 4), mode=mode).total() == 2 * 4 * 4
+    assert len(model.cache) == 1 and torch.equal(model.cache[0], torch.ones(1)) and model.seen == {}
+    assert not any(isinstance(t, FakeTensor) for t in [*model.cache, *model.parameters()])
