@@ -85,6 +85,11 @@ class LeafName:
     kind: LeafKind
 
 
+class RefusedInput(RuntimeError):  # noqa: N818  (a kernel's refusal, raised as the kernel would)
+    """What a real kernel would refuse, found on fake tensors (whose kernels check shapes only): operands of
+    different dtypes, an index out of its table's range. Raised from inside the op, like the real error."""
+
+
 @dataclass(frozen=True, slots=True)
 class OpFailure:
     """Where an op raised: the op, the innermost module path and the shapes of its tensor inputs."""
@@ -242,6 +247,9 @@ class Recorder(TorchDispatchMode):
         self.decomposed: Counter[str] = Counter()
         self.failure: OpFailure | None = None
         self.undeclared_kernels: set[str] = set()  # formulas returning attention parts without the family
+        self.unchecked_lookups = 0  # fake mode: embedding lookups whose index values were not known
+        self.bytes_out = 0  # bytes of every recorded op's outputs (what a real run would allocate, at most)
+        self.leaf_values: dict[int, torch.Tensor] = {}  # id(fake tensor) -> the values it stands for
         self._backward = False  # while the backward pass runs: record ops outside any module call
         self._producers: dict[int, tuple[weakref.ref[torch.Tensor], CapturedOp]] = {}
         self._by_sequence_nr: dict[int, CapturedOp] = {}  # autograd sequence number -> forward op
@@ -296,8 +304,11 @@ class Recorder(TorchDispatchMode):
 
     def _execute(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], stack: tuple[ModuleCall, ...]
                  ) -> Any:
-        """Run the op; remember where the first failure happened (for the error the user sees)."""
+        """Run the op; remember where the first failure happened (for the error the user sees). On fake
+        tensors, first check what the real kernel would check and fake kernels do not."""
         try:
+            if self.fake:
+                self._check_as_the_real_kernel(func, args)
             return func(*args, **kwargs)
         except Exception:  # any kernel's error: noted here, re-raised unless a fake-shape rule stands in
             maker = FAKE_SHAPE_RULES.get(func.overloadpacket) if self.fake else None
@@ -306,6 +317,55 @@ class Recorder(TorchDispatchMode):
                     self.failure = OpFailure(op_name(func), stack[-1].path if stack else "", _shapes((args, kwargs)))
                 raise
             return maker(*args, **kwargs)  # a fake kernel stricter than the real one: make the output here
+
+    def _check_as_the_real_kernel(self, func: Any, args: tuple[Any, ...]) -> None:
+        """Operands of one dtype for products, convolutions and attention; indices inside embedding tables."""
+        spec = self.registry.spec(func)
+        if spec is not None and func.overloadpacket not in MIXED_DTYPE_OPS:
+            positions = spec.operands or (range(3) if spec.family is OpFamily.CONV else ())
+            operands = [args[i] for i in positions if i < len(args) and isinstance(args[i], torch.Tensor)]
+            dtypes = {t.dtype for t in operands}
+            if len(dtypes) > 1:
+                raise RefusedInput(f"{op_name(func)} got operands of dtypes {', '.join(str(t.dtype) for t in operands)}"
+                                   "; a real kernel refuses operands of different dtypes")
+        if func.overloadpacket in EMBEDDING_LOOKUPS and len(args) > 1 and isinstance(args[1], torch.Tensor):
+            rows = int(args[0].shape[0])
+            values = self.value_of(args[1])
+            if values is None:
+                self.unchecked_lookups += 1
+            elif values.numel():
+                with _disable_current_modes():  # real values: no fake mode below may take them
+                    low, high = int(values.min()), int(values.max())
+                if high < rows and low >= 0:
+                    return
+                bad = high if high >= rows else low
+                raise RefusedInput(f"index {bad} is out of range for an embedding table of {rows} rows; a real "
+                                   "forward refuses it (token ids >= vocab_size, or more positions than the table)")
+
+    def value_of(self, t: torch.Tensor) -> torch.Tensor | None:
+        """The known values of an index tensor (an input's real values, or what propagated to it)."""
+        known = self._producers.get(id(t))
+        if known is not None and known[0]() is t:
+            return known[1].value
+        return self.leaf_values.get(id(t))
+
+    def _propagate(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], cost: Cost) -> torch.Tensor | None:
+        """On fake tensors, the values of a small index tensor made from known values (``arange``, views and
+        arithmetic on known ids): the op is run again on those values, for real, on the CPU."""
+        if cost not in (Cost.ZERO, Cost.ELEMENTWISE):
+            return None
+        known: dict[int, torch.Tensor] = {}
+        for t in _tensors((args, kwargs)):
+            value = self.value_of(t)
+            if value is None:
+                return None
+            known[id(t)] = value
+        with _disable_current_modes():
+            try:
+                out = func(*_map_tensors(args, lambda t: known[id(t)]), **_map_tensors(kwargs, lambda t: known[id(t)]))
+            except (RuntimeError, TypeError, ValueError, IndexError, NotImplementedError):
+                return None
+        return out if isinstance(out, torch.Tensor) and not out.is_meta else None
 
     def _forward_op(self) -> CapturedOp | None:
         """The forward op whose autograd node is running now (backward pass), if it was recorded."""
@@ -329,6 +389,8 @@ class Recorder(TorchDispatchMode):
         self.ops.append(op)
         if isinstance(out, torch.Tensor):
             op.output_shapes, op.dtype, op.value = (shape_of(out),), out.dtype, _small_index_value(out)
+            if self.fake and op.value is None and out.dtype in INDEX_DTYPES and out.numel() <= MAX_KNOWN_NUMEL:
+                op.value = self._propagate(func, args, kwargs, known.cost)
             self._producers[id(out)] = (weakref.ref(out), op)
         else:
             outputs = [(i, item) for i, item in enumerate(out if isinstance(out, (tuple, list)) else ())
@@ -340,6 +402,7 @@ class Recorder(TorchDispatchMode):
                                     module_stack=stack, output_shapes=(shape_of(item),), dtype=item.dtype)
                 self.ops.append(getter)
                 self._producers[id(item)] = (weakref.ref(item), getter)
+        self.bytes_out += sum(t.numel() * t.element_size() for t in _tensors(out) if not t.is_nested)
         if known.spec is not None:
             macs = formulas.count(known.spec.formula, args, kwargs, _first_shape(out))
             op.macs = formulas.total_of(macs)
@@ -357,8 +420,9 @@ class Recorder(TorchDispatchMode):
         if known is not None and known[0]() is t:
             return known[1]
         leaf = self.leaf_names.get(id(t), LeafName("placeholder", "constant", LeafKind.CONSTANT))
+        value = self.leaf_values.get(id(t))
         op = CapturedOp(leaf.node_op, leaf.name, (), {}, leaf.name.replace(".", "_"), output_shapes=(shape_of(t),),
-                        dtype=t.dtype, value=_small_index_value(t), leaf=leaf.kind)
+                        dtype=t.dtype, value=value if value is not None else _small_index_value(t), leaf=leaf.kind)
         self.ops.append(op)
         self._producers[id(t)] = (weakref.ref(t), op)
         return op
@@ -383,14 +447,20 @@ def _grouped_mm_output(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor | No
 FAKE_SHAPE_RULES: dict[Any, Callable[..., Any]] = {torch.ops.aten._grouped_mm: _grouped_mm_output}
 """Output makers for ops whose fake kernel rejects what the real kernel runs (used only if it raises)."""
 
-_INDEX_DTYPES = (torch.int64, torch.int32, torch.bool)
+INDEX_DTYPES = (torch.int64, torch.int32, torch.bool)
 _MAX_VALUE_NUMEL = 4096
+MAX_KNOWN_NUMEL = 1 << 16
+"""On fake tensors, index tensors up to this many elements keep their values (inputs' real ids, ``arange``
+positions and what is computed from them), so lookups can be checked as a real forward would."""
+EMBEDDING_LOOKUPS = frozenset({torch.ops.aten.embedding, torch.ops.aten._embedding_bag, torch.ops.aten.embedding_bag})
+MIXED_DTYPE_OPS = frozenset({torch.ops.aten._scaled_mm, torch.ops.aten._scaled_grouped_mm})
+"""Products whose kernels take operands of different dtypes (fp8 formats with scales)."""
 
 
 def _small_index_value(t: torch.Tensor) -> torch.Tensor | None:
     """The values of a small index tensor (int64 / int32 / bool, at most 4,096 elements): a real tensor's
     own, a fake tensor's constant if it has one; ``None`` for anything else."""
-    if t.dtype not in _INDEX_DTYPES or t.numel() > _MAX_VALUE_NUMEL:
+    if t.dtype not in INDEX_DTYPES or t.numel() > _MAX_VALUE_NUMEL:
         return None
     source: torch.Tensor | None = t.constant if isinstance(t, FakeTensor) else t
     if source is None or source.is_meta:
@@ -420,6 +490,12 @@ def _any_requires_grad(x: Any) -> bool:
     found: list[bool] = []
     _map_tensors(x, lambda t: found.append(t.requires_grad))
     return any(found)
+
+
+def _tensors(x: Any) -> list[torch.Tensor]:
+    found: list[torch.Tensor] = []
+    _map_tensors(x, found.append)
+    return found
 
 
 def _shapes(x: Any) -> tuple[tuple[int, ...], ...]:

@@ -70,3 +70,16 @@ class RecordingError(FlopscopeError, AttributeError):
 
 class FlopscopeWarning(UserWarning):
     """Warnings about counting: unsupported ops, a fall-back from fake to real execution."""
+
+
+def cause_of_kind(error: BaseException, kinds: type[BaseException] | tuple[type[BaseException], ...]
+                  ) -> BaseException | None:
+    """``error`` itself or the first exception of one of ``kinds`` in its chain of causes / contexts."""
+    seen: set[int] = set()
+    e: BaseException | None = error
+    while e is not None and id(e) not in seen:
+        if isinstance(e, kinds):
+            return e
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return None

@@ -21,6 +21,8 @@ from torch._subclasses.fake_tensor import (
 )
 from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 
+from .errors import cause_of_kind
+
 NEEDS_REAL_DATA = (DataDependentOutputException, DynamicOutputShapeException, GuardOnDataDependentSymNode,
                    UnsupportedOperatorException)
 """Exceptions meaning "this model needs real tensor data here", not "this model is wrong"."""
@@ -84,14 +86,7 @@ def tensors_in(obj: Any) -> list[torch.Tensor]:
 
 def needs_real_data(error: BaseException) -> BaseException | None:
     """The fake-tensor limitation behind ``error`` (itself or a cause in its chain), if any."""
-    seen: set[int] = set()
-    e: BaseException | None = error
-    while e is not None and id(e) not in seen:
-        if isinstance(e, NEEDS_REAL_DATA):
-            return e
-        seen.add(id(e))
-        e = e.__cause__ or e.__context__
-    return None
+    return cause_of_kind(error, NEEDS_REAL_DATA)
 
 
 _CONTAINERS = (list, dict, set)

@@ -58,6 +58,7 @@ class Capture:
     ops: list[CapturedOp]
     unsupported: Mapping[str, int]
     undeclared_kernels: tuple[str, ...]
+    unchecked_lookups: int
     decomposed: Mapping[str, int]
     module_inputs: Mapping[ModuleCall, tuple[tuple[int | str, Shape], ...]]
     module_calls: Mapping[str, int]
@@ -65,7 +66,7 @@ class Capture:
     @classmethod
     def of(cls, recorder: Recorder, tracker: ModuleTracker) -> Capture:
         return cls(recorder.ops, dict(recorder.unsupported), tuple(sorted(recorder.undeclared_kernels)),
-                   dict(recorder.decomposed), dict(tracker.inputs), dict(tracker.calls))
+                   recorder.unchecked_lookups, dict(recorder.decomposed), dict(tracker.inputs), dict(tracker.calls))
 
 
 class Profile:
@@ -169,11 +170,17 @@ class Profile:
         return [*self._notes, *self.capture_notes()]
 
     def capture_notes(self) -> list[str]:
-        """What the recorded ops say about the registry: an op whose formula returns attention parts but
-        is not registered as an attention kernel (its projections cannot be found)."""
-        return [f"the formula of {op} returns attention parts but is not registered with family="
-                "OpFamily.ATTENTION and its (q, k, v) operand positions, so its projections get role 'other' "
-                "(see docs/extending.md)" for op in self._capture.undeclared_kernels]
+        """What the recording could not establish: an op whose formula returns attention parts but is not
+        registered as an attention kernel (its projections cannot be found); on fake tensors, embedding
+        lookups whose index values were unknown (not checked against the table, as a real forward would)."""
+        notes = [f"the formula of {op} returns attention parts but is not registered with family="
+                 "OpFamily.ATTENTION and its (q, k, v) operand positions, so its projections get role 'other' "
+                 "(see docs/extending.md)" for op in self._capture.undeclared_kernels]
+        if self._capture.unchecked_lookups:
+            notes.append(f"fake mode: the index values of {self._capture.unchecked_lookups} embedding lookup(s) "
+                         "were not known, so they were not checked against their tables' sizes (a real forward "
+                         "refuses out-of-range ids)")
+        return notes
 
     # ---------------------------------------------------------------------------------------------
     # totals

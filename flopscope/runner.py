@@ -32,9 +32,9 @@ from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.nn.utils.stateless import _reparametrize_module
 
-from .capture import LeafKind, LeafName, OpFailure, Recorder, op_name
+from .capture import INDEX_DTYPES, MAX_KNOWN_NUMEL, LeafKind, LeafName, OpFailure, Recorder, RefusedInput, op_name
 from .checks import check_inputs, check_mode, check_model
-from .errors import ConfigurationError, FakeTensorError, FlopscopeWarning, ForwardError
+from .errors import ConfigurationError, FakeTensorError, FlopscopeWarning, ForwardError, cause_of_kind
 from .facts import read_facts
 from .fake import FakeConverter, map_tensors, needs_real_data, shadow_of, tensors_in
 from .formulas import REGISTRY, FormulaRegistry
@@ -114,7 +114,9 @@ def run(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], options
             recorder, state = _recorder(model, tracker, options.registry, convert)
             if convert is not None:
                 stack.enter_context(_quiet_fake_tensor_log())
+                real = tensors_in((args, kwargs)) + [t for _, t in _named_state(model)]
                 args, kwargs = map_tensors((args, kwargs), convert)
+                recorder.leaf_values.update(_index_values(real, convert))
                 stack.enter_context(convert.mode)
             recorder.add_leaf_names(_input_names(model, args, kwargs))
             stack.enter_context(tracker)
@@ -245,6 +247,9 @@ def _explain(model: nn.Module, error: Exception, recorder: Recorder, tracker: Mo
         return FakeTensorError(f"{name} cannot be counted on fake tensors: {where} needs real data; use mode='real'",
                                on_fake_tensors=True, where=where,
                                reason=f"it needs real data: {type(limitation).__name__}")
+    refused = cause_of_kind(error, RefusedInput)
+    if refused is not None:  # what the real kernel would refuse: the same error in every mode, no fall-back
+        return ForwardError(f"{name}.forward cannot run: {where}: {refused}")
     message = f"{name}.forward raised {type(error).__name__} at {where}: {error}"
     if not fake:
         return ForwardError(message)
@@ -362,6 +367,13 @@ def _input_names(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
             names.setdefault(id(t), LeafName("placeholder", label if len(found) == 1 else f"{label}_{j}",
                                              LeafKind.INPUT))
     return names
+
+
+def _index_values(tensors: Sequence[torch.Tensor], convert: FakeConverter) -> dict[int, torch.Tensor]:
+    """``id(fake) -> values`` of the small index tensors among ``tensors`` (inputs' ids, integer buffers such as
+    position ids): fake tensors keep shapes only, and a lookup's ids are checked against its table."""
+    return {id(convert(t)): t.detach().clone() for t in tensors
+            if t.dtype in INDEX_DTYPES and not t.is_meta and t.numel() <= MAX_KNOWN_NUMEL}
 
 
 def _on_meta(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:

@@ -143,3 +143,49 @@ def test_no_fake_tensor_outlives_a_profile_in_the_users_containers(mode: str) ->
     assert flopscope.profile(model, torch.randn(2, 4), mode=mode).total() == 2 * 4 * 4
     assert len(model.cache) == 1 and torch.equal(model.cache[0], torch.ones(1)) and model.seen == {}
     assert not any(isinstance(t, FakeTensor) for t in [*model.cache, *model.parameters()])
+
+
+@pytest.mark.parametrize("mode", ["fake", "auto"])
+@pytest.mark.parametrize("dtype", [torch.int8, torch.float64])
+def test_inputs_a_real_kernel_refuses_are_refused_on_fake_tensors_too(mode: str, dtype: torch.dtype) -> None:
+    with pytest.raises(flopscope.ForwardError, match=r"aten.addmm.*different dtypes") as caught:
+        flopscope.profile(_mlp(), torch.ones(2, 8, dtype=dtype), mode=mode)
+    assert "module '0'" in str(caught.value) and "[2, 8]" in str(caught.value)
+    with pytest.raises(flopscope.ForwardError, match="same dtype"):  # what the real kernel says
+        flopscope.profile(_mlp(), torch.ones(2, 8, dtype=dtype), mode="real")
+
+
+def _gpt2(vocab: int, positions: int) -> nn.Module:
+    from transformers import GPT2Config, GPT2Model
+
+    config = GPT2Config(n_layer=1, n_embd=32, n_head=4, vocab_size=vocab, n_positions=positions, bos_token_id=0,
+                        eos_token_id=0)
+    return GPT2Model(config).eval()
+
+
+@pytest.mark.parametrize("mode", ["fake", "auto"])
+def test_token_ids_and_positions_are_checked_against_their_tables(mode: str) -> None:
+    model = _gpt2(vocab=100, positions=32)
+    with pytest.raises(flopscope.ForwardError, match="index 150 is out of range for an embedding table of 100 rows"):
+        flopscope.profile(model, torch.full((1, 8), 150), mode=mode)
+    with pytest.raises(flopscope.ForwardError, match=r"'wpe'.*index 39 is out of range for an embedding table of 32"):
+        flopscope.profile(model, torch.zeros(1, 40, dtype=torch.long), mode=mode)
+    prof = flopscope.profile(model, torch.zeros(1, 16, dtype=torch.long), mode=mode)
+    assert prof.notes == [] and prof.by_role()["attn_scores"] == 16 * 16 * 32  # B·n_q·n_k·(h·d_k)
+
+
+def test_a_lookup_whose_ids_are_not_known_on_fake_tensors_is_said_in_the_notes() -> None:
+    class Hashed(nn.Module):
+        """Ids computed from a float input: their values exist only in a real run."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.table = nn.Embedding(10, 4)
+            self.fc = nn.Linear(4, 4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.fc(self.table((x.abs() * 1000).long() % 10))
+
+    prof = flopscope.profile(Hashed(), torch.randn(3, 5), mode="fake")
+    assert prof.total() == 3 * 5 * 4 * 4
+    assert any("1 embedding lookup(s) were not known" in note for note in prof.notes)
