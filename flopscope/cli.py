@@ -1,14 +1,21 @@
 """The ``flopscope`` command line (also ``python -m flopscope``). The only module that prints.
 
 Exit codes: 0 done; 1 a measured count differs from its closed form (demo, compare) or a cross-checked
-peer fails or differs by MACs that no per-op / per-module evidence explains; 2 bad usage; 3 a flopscope
-error (bad target, inputs that do not fit, a forward that raised).
+peer fails or differs by MACs that no per-op / per-module evidence explains; 2 bad usage (argparse's
+message names the option: a negative ``--depth``, a ``--sweep`` / ``--lengths`` item that is not a
+positive integer, a ``--json`` / ``--csv`` / ``--plot`` path whose directory is missing or not writable,
+or that names a directory, an image format matplotlib cannot write; all checked before anything is
+built or profiled); 3 a flopscope error (bad target, inputs that do not fit, such as a token sequence
+longer than the model's learned position table, refused before the inputs are built; a missing optional
+dependency; a forward that raised).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -19,7 +26,7 @@ from . import report
 from .api import profile
 from .errors import FlopscopeError
 from .models import TransformerBlock
-from .scaling import scaling
+from .scaling import MIN_LENGTHS, scaling
 from .targets import load_target, make_inputs, parse_shape
 from .why_self_attention import compare, compare_lengths
 
@@ -73,11 +80,13 @@ def _parser() -> argparse.ArgumentParser:
     _target_options(prof)
     prof.add_argument("--mode", choices=["auto", "fake", "real"], default="auto",
                       help="fake: count without computing; real: execute (times per role); auto (default)")
-    prof.add_argument("--sweep", help="comma-separated lengths: exact polynomial per role in n")
+    prof.add_argument("--sweep", type=_sweep_lengths, metavar="N,N,...",
+                      help=f"comma-separated lengths (at least {MIN_LENGTHS}): exact polynomial per role in n")
     prof.add_argument("--backward", action="store_true", help="count the backward pass too")
-    prof.add_argument("--json", type=Path, help="write the JSON report (schema flopscope.profile/1) here")
-    prof.add_argument("--csv", type=Path, help="write one CSV row per counted op here")
-    prof.add_argument("--plot", type=Path, help="write a PNG: the scaling plot with --sweep, else role shares")
+    prof.add_argument("--json", type=_output_path, help="write the JSON report (schema flopscope.profile/1) here")
+    prof.add_argument("--csv", type=_output_path, help="write one CSV row per counted op here")
+    prof.add_argument("--plot", type=_plot_path, help="write a PNG (or another format matplotlib writes, by the "
+                                                      "suffix): the scaling plot with --sweep, else role shares")
     _output_options(prof)
     prof.set_defaults(run=_profile)
 
@@ -89,7 +98,8 @@ def _parser() -> argparse.ArgumentParser:
     comp.add_argument("--h", type=int, default=8)
     comp.add_argument("--k", type=int, default=5, help="convolution width")
     comp.add_argument("--r", type=int, default=64, help="neighbourhood of restricted attention")
-    comp.add_argument("--lengths", help="comma-separated lengths: self-attention against recurrence")
+    comp.add_argument("--lengths", type=_lengths, metavar="N,N,...",
+                      help="comma-separated lengths: self-attention against recurrence")
     comp.add_argument("--format", choices=FORMATS, default="simple")
     comp.set_defaults(run=_compare)
 
@@ -114,7 +124,74 @@ def _target_options(parser: argparse.ArgumentParser) -> None:
 def _output_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--format", choices=FORMATS, default="simple", help="table format (tabulate)")
     parser.add_argument("--units", choices=["macs", "flops"], default="macs")
-    parser.add_argument("--depth", type=int, default=2, help="module tree depth shown (default 2)")
+    parser.add_argument("--depth", type=_depth, default=2,
+                        help="module tree depth shown (default 2; 0: the model only)")
+
+
+# argument types: a bad value is bad usage (exit 2), and argparse's message names the option
+def _integer(text: str) -> int:
+    try:
+        return int(text.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+
+
+def _depth(text: str) -> int:
+    depth = _integer(text)
+    if depth < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0 (0: the model only); got {depth}")
+    return depth
+
+
+def _lengths(text: str) -> list[int]:
+    """``"128,256"`` -> ``[128, 256]``: positive integers, each bad item named."""
+    items = [item.strip() for item in text.split(",") if item.strip()]
+    if not items:
+        raise argparse.ArgumentTypeError(f"give comma-separated lengths such as 128,256,512; got {text!r}")
+    lengths = []
+    for item in items:
+        try:
+            lengths.append(int(item))
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{item!r} is not a length (a positive integer) in {text!r}") from None
+        if lengths[-1] < 1:
+            raise argparse.ArgumentTypeError(f"length {item} is not positive in {text!r}")
+    return lengths
+
+
+def _sweep_lengths(text: str) -> list[int]:
+    lengths = _lengths(text)
+    if len(set(lengths)) < MIN_LENGTHS:
+        raise argparse.ArgumentTypeError(f"give at least {MIN_LENGTHS} distinct lengths (a quadratic takes 3 and "
+                                         f"is checked at one more); got {text!r}")
+    return lengths
+
+
+def _output_path(text: str) -> Path:
+    """A file flopscope can write: not a directory, in a directory that exists and is writable."""
+    path = Path(text).expanduser()
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is a directory; give a file name in it")
+    directory = path.parent
+    if not directory.is_dir():
+        raise argparse.ArgumentTypeError(f"cannot write {text}: directory {directory} does not exist")
+    if not os.access(directory, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise argparse.ArgumentTypeError(f"cannot write {text}: permission denied")
+    return path
+
+
+def _plot_path(text: str) -> Path:
+    """An output path whose suffix names an image format matplotlib writes (when matplotlib is there;
+    without it the command stops before profiling, exit 3)."""
+    path = _output_path(text)
+    if importlib.util.find_spec("matplotlib") is not None:
+        from matplotlib.backend_bases import FigureCanvasBase
+
+        formats = FigureCanvasBase.get_supported_filetypes()
+        if path.suffix[1:].lower() not in formats:
+            raise argparse.ArgumentTypeError(f"{text}: give a file name ending in .png (or "
+                                             f"{', '.join('.' + f for f in sorted(formats) if f != 'png')})")
+    return path
 
 
 # --------------------------------------------------------------------------------------------------
@@ -137,8 +214,13 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _profile(args: argparse.Namespace) -> int:
+    if args.plot and importlib.util.find_spec("matplotlib") is None:  # say so now, not after profiling
+        raise FlopscopeError("--plot needs matplotlib: pip install 'flopscope[plot]'")
     target = load_target(args.target, args.set)
-    build = make_inputs(target, [parse_shape(s) for s in args.input], args.dtype)
+    build = make_inputs(target, [parse_shape(s) for s in args.input], args.dtype)  # refuses too long sequences
+    if target.token_inputs:
+        for n in args.sweep or ():
+            target.check_sequence(n, "--sweep length: a sequence")
     inputs, kwargs = build(None)
     print(f"{target.description}: {sum(p.numel() for p in target.model.parameters()):,} parameters", flush=True)
     with torch.no_grad() if not args.backward else torch.enable_grad():
@@ -149,8 +231,7 @@ def _profile(args: argparse.Namespace) -> int:
             print("\n" + prof.model_formulas().to_table(args.format))
     result = None
     if args.sweep:
-        lengths = [int(x) for x in args.sweep.split(",") if x.strip()]
-        result = scaling(target.model, build, lengths=lengths, mode="fake" if args.mode != "real"
+        result = scaling(target.model, build, lengths=args.sweep, mode="fake" if args.mode != "real"
                          else "real", progress=_progress("sweep"))
         print("\nscaling in n (exact polynomials, checked at one more length than their degree needs):")
         print(result.to_table(args.format))
@@ -172,8 +253,7 @@ def _compare(args: argparse.Namespace) -> int:
     table = compare(n=args.n, d=args.d, h=args.h, k=args.k, r=args.r)
     print(table.to_table(args.format))
     if args.lengths:
-        lengths = [int(x) for x in args.lengths.split(",") if x.strip()]
-        print("\n" + compare_lengths(lengths, d=args.d, h=args.h).to_table(args.format))
+        print("\n" + compare_lengths(args.lengths, d=args.d, h=args.h).to_table(args.format))
     return 0 if table.all_match else 1
 
 

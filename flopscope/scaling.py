@@ -19,7 +19,7 @@ import torch
 from tabulate import tabulate
 from torch import nn
 
-from .checks import check_mode
+from .checks import check_mode, check_positive
 from .errors import ConfigurationError
 from .formulas import FormulaRegistry
 from .profile import Profile
@@ -30,6 +30,8 @@ from .runner import MODES, CaptureOptions, new_converter, paused_gc, run_in_mode
 
 ATTENTION_CORE = tuple(r.value for r in Role if r.attention_core)
 PER_TOKEN = tuple(r.value for r in Role if r.per_token)
+MIN_LENGTHS = 4
+"""Fewest distinct lengths :func:`scaling` takes: a quadratic (attention) takes 3 and is checked at one more."""
 
 
 @dataclass(frozen=True)
@@ -194,12 +196,15 @@ def scaling(model: nn.Module, make_inputs: Callable[[int], Any], lengths: Sequen
     ``progress(done, total)`` is called after each length. ``mode``, ``registry``, ``roles``, ``backward``,
     ``loss``, ``forward_kwargs`` and other keyword arguments (inputs for the model, at every length) mean
     what they mean for :func:`flopscope.profile` (with ``backward=True`` the polynomials are of the forward
-    and backward MACs together).
+    and backward MACs together). Every length must be >= 1: else a :class:`~flopscope.errors.ConfigurationError`
+    naming it, before anything is profiled.
     """
+    for n in lengths:
+        check_positive(length=n)
     lengths = tuple(sorted(set(int(n) for n in lengths)))
-    if len(lengths) < 4:
-        raise ConfigurationError("scaling needs at least 4 lengths: a quadratic (attention) takes 3 and is "
-                                 "checked at one more")
+    if len(lengths) < MIN_LENGTHS:
+        raise ConfigurationError(f"scaling needs at least {MIN_LENGTHS} distinct lengths: a quadratic (attention) "
+                                 f"takes 3 and is checked at one more; got {', '.join(map(str, lengths))}")
     check_mode(mode, MODES)
     options = CaptureOptions.of(registry, roles, backward, loss)
     with paused_gc():

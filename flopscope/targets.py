@@ -13,7 +13,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from .errors import FlopscopeError
+from .conventions import POSITIONS
+from .errors import FlopscopeError, InputError
 
 HF_HEADS = {"": "AutoModel", "causal-lm": "AutoModelForCausalLM", "seq2seq-lm": "AutoModelForSeq2SeqLM",
             "masked-lm": "AutoModelForMaskedLM", "classification": "AutoModelForSequenceClassification"}
@@ -26,6 +27,18 @@ class Target:
     token_inputs: bool  # inputs are token ids (their last dim is the sequence)
     vocab_size: int | None = None
     encoder_decoder: bool = False
+    positions: int | None = None  # rows of a learned position table: the longest sequence a forward takes
+    positions_key: str = ""  # the config key that declares them (for the hint: --set KEY=...)
+
+    def check_sequence(self, n: int, what: str = "a sequence") -> None:
+        """Refuse a sequence of ``n`` tokens longer than the model's learned position table (a real forward
+        would fail looking its positions up); models without one (rotary, relative, no positions) take any
+        length. Raises :class:`~flopscope.errors.InputError`."""
+        if self.positions is not None and n > self.positions:
+            raise InputError(f"{what} of {n:,} tokens is longer than {self.description}'s position table "
+                             f"({self.positions:,} rows, config {self.positions_key}={self.positions}): a real "
+                             f"forward would fail; give at most {self.positions:,} tokens or "
+                             f"--set {self.positions_key}={n}")
 
 
 def parse_settings(settings: Sequence[str]) -> dict[str, Any]:
@@ -72,10 +85,9 @@ def _hugging_face(family: str, overrides: dict[str, Any]) -> Target:
     family, _, head = family.partition("/")
     if head not in HF_HEADS:
         raise FlopscopeError(f"unknown head {head!r}; one of: {', '.join(h or '(none)' for h in HF_HEADS)}")
-    try:
-        default = transformers.AutoConfig.for_model(family)
-    except ValueError as e:
-        raise FlopscopeError(f"unknown Hugging Face family {family!r}: {e}") from e
+    if family not in transformers.CONFIG_MAPPING:
+        raise FlopscopeError(_unknown_family(family, sorted(transformers.CONFIG_MAPPING.keys())))
+    default = transformers.AutoConfig.for_model(family)
     known = set(default.to_dict()) | set(getattr(default, "attribute_map", {}))
     for key in overrides:
         if key not in known and not hasattr(default, key):
@@ -86,9 +98,41 @@ def _hugging_face(family: str, overrides: dict[str, Any]) -> Target:
     torch.manual_seed(0)
     model = getattr(transformers, HF_HEADS[head]).from_config(config).eval()
     text = getattr(model, "main_input_name", "input_ids") == "input_ids"
+    positions_key, positions = _position_table(model, config) if text else ("", None)
     return Target(model, f"hf:{family}{'/' + head if head else ''}", token_inputs=text,
                   vocab_size=getattr(config, "vocab_size", None),
-                  encoder_decoder=bool(getattr(config, "is_encoder_decoder", False)))
+                  encoder_decoder=bool(getattr(config, "is_encoder_decoder", False)),
+                  positions=positions, positions_key=positions_key)
+
+
+def _unknown_family(family: str, families: Sequence[str]) -> str:
+    """The closest few family names, and how to list them all (there are hundreds)."""
+    close = difflib.get_close_matches(family.lower(), families, n=5, cutoff=0.5)
+    hint = f"closest: {', '.join(close)}" if close else "no family has a similar name"
+    return (f"unknown Hugging Face family {family!r}; {hint}. All {len(families)}: "
+            "python -c \"import transformers; print(*sorted(transformers.CONFIG_MAPPING))\"")
+
+
+def _position_table(model: nn.Module, config: Any) -> tuple[str, int | None]:
+    """``(config key, rows)`` of the model's learned position table: the config declares a position count
+    under a :data:`~flopscope.conventions.POSITIONS` name and an ``nn.Embedding`` other than the token
+    table has that many rows (after its ``offset``: OPT and BART keep two extra rows). Models whose config
+    declares positions but that have no such table (rotary, relative) give ``("", None)``: any length runs."""
+    declared = config.to_dict()
+    for key in POSITIONS.config:
+        value = declared.get(key)
+        if isinstance(value, int) and not isinstance(value, bool):
+            break
+    else:
+        return "", None
+    get_tokens = getattr(model, "get_input_embeddings", None)
+    tokens = get_tokens() if callable(get_tokens) else None
+    token_weight = getattr(tokens, "weight", None)
+    for module in model.modules():
+        if (isinstance(module, nn.Embedding) and module is not tokens and module.weight is not token_weight
+                and module.num_embeddings - int(getattr(module, "offset", 0) or 0) == value):
+            return key, value
+    return "", None
 
 
 def parse_shape(text: str) -> tuple[int, ...]:
@@ -104,7 +148,10 @@ def parse_shape(text: str) -> tuple[int, ...]:
 def make_inputs(target: Target, shapes: Sequence[tuple[int, ...]], dtype: str | None = None
                 ) -> Callable[[int | None], tuple[tuple[Any, ...], dict[str, Any]]]:
     """A function of the sequence length (``None``: as given) returning ``(args, kwargs)``. The sequence
-    is the last dim of token ids, dim 1 of float inputs."""
+    is the last dim of token ids, dim 1 of float inputs. Token ids are drawn below the vocabulary size; a
+    sequence of token ids longer than the model's learned position table is refused (an
+    :class:`~flopscope.errors.InputError`) here for the given shapes and by the returned function for
+    ``n``, before any input is built (see :meth:`Target.check_sequence`)."""
     if not shapes:
         shapes = [(1, 128)] if target.token_inputs else []
     if not shapes:
@@ -113,8 +160,13 @@ def make_inputs(target: Target, shapes: Sequence[tuple[int, ...]], dtype: str | 
     torch_dtype = torch.long if tokens else getattr(torch, dtype or "float32", None)
     if not isinstance(torch_dtype, torch.dtype):
         raise FlopscopeError(f"unknown --dtype {dtype!r}")
+    if tokens:
+        for shape in shapes:
+            target.check_sequence(shape[-1], f"--input {'x'.join(map(str, shape))}: a sequence")
 
     def build(n: int | None) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        if tokens and n is not None:
+            target.check_sequence(n)
         generator = torch.Generator().manual_seed(0)
         tensors = []
         for shape in shapes:

@@ -23,7 +23,12 @@ Conventions:
   scores and ``r·d`` for its weighted sum, ``2·r·n·d`` in all, for any ``r >= 1`` (also ``r > n``).
 * Convolutions use ``padding = k // 2``, stride 1, so their output length is
   ``n_out = n + 2·(k // 2) - k + 1`` (``= n`` for odd ``k``, ``n + 1`` for even ``k``); the closed forms use
-  ``n_out``, which is the ``n`` of the paper's ``k·n·d²`` for odd ``k``.
+  ``n_out``, which is the ``n`` of the paper's ``k·n·d²`` for odd ``k``. Also for ``k > n``: the padded
+  input has ``n + 2·(k // 2) >= k`` positions, so the layer has ``n_out >= n >= 1`` outputs, each a full
+  window of ``k`` taps of which at most ``n`` fall on the sequence; the taps on the zero padding are
+  executed and counted like the others, so ``k·n_out·d²`` stays exact (measured equals predicted). Such a
+  ``k`` (or an ``r > n``) is therefore accepted; :meth:`Comparison.to_table` notes that the windows reach
+  past the sequence, so the count includes work on padding.
 * Sequential operations and maximum path lengths are the paper's (not measured). For the convolutions the
   paper's ``O(log_k(n))`` assumes dilated kernels (``O(n/k)`` for contiguous ones); the position-wise FFN
   never mixes positions, so its path length is ``∞`` (the paper's commented-out row).
@@ -206,6 +211,12 @@ class Comparison:
                      f"(n > d = {self.d:,})")
         fc, block = self.row("fully_connected").params, self.row("transformer_block").params
         lines.append(f"parameters: fully connected {fc:,} vs Transformer block {block:,} ({fc / block:,.0f}x)")
+        if self.k > self.n:
+            lines.append(f"k={self.k} > n={self.n}: every convolution window reaches into the zero padding; its "
+                         f"taps there are executed and counted (k·n_out·d² is still exact)")
+        if self.r > self.n:
+            lines.append(f"r={self.r} > n={self.n}: every restricted-attention window reaches past the sequence; "
+                         f"those keys are scored, then masked out (2·r·n·d is still exact)")
         return "\n".join(lines)
 
 
@@ -269,7 +280,8 @@ def compare(n: int = 512, d: int = 512, h: int = 8, k: int = 5, r: int = 64, d_f
     Args:
         n: sequence length (tokens). d: model width. h: attention heads (``d % h == 0``).
         k: convolution kernel width. r: restricted-attention neighbourhood (keys per query, see
-        :func:`band_window`). d_ff: FFN inner width (default ``4 * d``).
+        :func:`band_window`). Both may exceed ``n``: the windows then reach into padding, whose work the
+        kernels execute and the closed forms count (module docstring). d_ff: FFN inner width (default ``4 * d``).
 
     Returns:
         a :class:`Comparison`; every ``predicted_macs`` is an exact closed form, never read from a profile.
@@ -358,11 +370,13 @@ def compare_lengths(lengths: Iterable[int], d: int = 512, h: int = 8) -> LengthC
     and of a recurrent layer (``nn.RNN(d, d)``, ``2·n·d²``) for each sequence length ``n`` in ``lengths``,
     so that the crossover at ``n > d`` shows. One sequence per length, fake mode."""
     check_heads(d, h)
+    lengths = tuple(lengths)
+    for n in lengths:  # all checked before any is profiled
+        check_positive(n=n)
     with torch.device("meta"):
         attention, recurrent = SelfAttention(d, h), nn.RNN(d, d)
     rows = []
     for n in lengths:
-        check_positive(n=n)
         rows.append(LengthRow(n=n, attention_core_predicted_macs=2 * n * n * d,
                               attention_core_measured_macs=_core(_profile(attention, _sequence_input(n, d))),
                               recurrent_predicted_macs=2 * n * d * d,
