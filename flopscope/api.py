@@ -22,7 +22,8 @@ from .runner import BLOCK_MODES, CaptureOptions, Session, run_in_mode
 
 def profile(model: nn.Module, *args: Any, mode: str = "auto", registry: FormulaRegistry | None = None,
             roles: Sequence[RoleRule] = (), backward: bool = False, loss: Callable[[Any], torch.Tensor] | None = None,
-            forward_kwargs: dict[str, Any] | None = None, **kwargs: Any) -> Profile:
+            forward_kwargs: dict[str, Any] | None = None, fallback_limit_bytes: int | None = None,
+            **kwargs: Any) -> Profile:
     """Run ``model(*args, **kwargs)`` once and count its multiplies.
 
     Args:
@@ -41,12 +42,15 @@ def profile(model: nn.Module, *args: Any, mode: str = "auto", registry: FormulaR
         loss: ``loss(output) -> scalar`` to differentiate (default: the sum of every floating output).
         forward_kwargs: keyword arguments for the model whose names clash with ``mode`` / ``registry`` /
             ``roles``.
+        fallback_limit_bytes: in ``mode="auto"``, a fall-back to a real run is refused (with a
+            :class:`~flopscope.errors.FakeTensorError` naming the op and the estimate) when the largest
+            tensor the fake run made is bigger than this; default: half the memory available now.
 
     The model is left exactly as it was (see :mod:`flopscope.state`), also when its forward raises.
     The current grad mode is kept: call under ``torch.no_grad()`` to count what inference runs (some
     fused fast paths are taken only then; the counts are the same either way).
     """
-    options = CaptureOptions.of(registry, roles, backward, loss)
+    options = CaptureOptions.of(registry, roles, backward, loss, fallback_limit_bytes)
     return run_in_mode(model, args, {**kwargs, **(forward_kwargs or {})}, options, mode, stacklevel=3)
 
 

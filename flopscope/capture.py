@@ -248,7 +248,7 @@ class Recorder(TorchDispatchMode):
         self.failure: OpFailure | None = None
         self.undeclared_kernels: set[str] = set()  # formulas returning attention parts without the family
         self.unchecked_lookups = 0  # fake mode: embedding lookups whose index values were not known
-        self.bytes_out = 0  # bytes of every recorded op's outputs (what a real run would allocate, at most)
+        self.largest_out = 0  # bytes of the largest tensor a recorded op made: a real run's peak is at least this
         self.leaf_values: dict[int, torch.Tensor] = {}  # id(fake tensor) -> the values it stands for
         self._backward = False  # while the backward pass runs: record ops outside any module call
         self._producers: dict[int, tuple[weakref.ref[torch.Tensor], CapturedOp]] = {}
@@ -402,7 +402,8 @@ class Recorder(TorchDispatchMode):
                                     module_stack=stack, output_shapes=(shape_of(item),), dtype=item.dtype)
                 self.ops.append(getter)
                 self._producers[id(item)] = (weakref.ref(item), getter)
-        self.bytes_out += sum(t.numel() * t.element_size() for t in _tensors(out) if not t.is_nested)
+        self.largest_out = max([self.largest_out, *(t.numel() * t.element_size() for t in _tensors(out)
+                                                    if not t.is_nested)])
         if known.spec is not None:
             macs = formulas.count(known.spec.formula, args, kwargs, _first_shape(out))
             op.macs = formulas.total_of(macs)

@@ -24,11 +24,13 @@ class RunError(FlopscopeError, RuntimeError):
     then runs the model for real); ``where`` names the op, module and shapes, ``reason`` the cause in one
     line (both for the fall-back note)."""
 
-    def __init__(self, message: str, *, on_fake_tensors: bool = False, where: str = "", reason: str = "") -> None:
+    def __init__(self, message: str, *, on_fake_tensors: bool = False, where: str = "", reason: str = "",
+                 largest_tensor_bytes: int = 0) -> None:
         super().__init__(message)
         self.on_fake_tensors = on_fake_tensors
         self.where = where
         self.reason = reason
+        self.largest_tensor_bytes = largest_tensor_bytes  # the largest tensor the failed run made (bytes)
 
 
 class ForwardError(RunError):

@@ -60,12 +60,13 @@ class CaptureOptions:
     roles: tuple[RoleRule, ...] = ()
     backward: bool = False
     loss: Loss | None = None
+    fallback_limit_bytes: int | None = None  # mode "auto": refuse a real fall-back needing more (None: default)
 
     @classmethod
     def of(cls, registry: FormulaRegistry | None = None, roles: Sequence[RoleRule] = (), backward: bool = False,
-           loss: Loss | None = None) -> CaptureOptions:
+           loss: Loss | None = None, fallback_limit_bytes: int | None = None) -> CaptureOptions:
         """Options from the public keyword arguments (``registry=None``: the default registry)."""
-        return cls(registry if registry is not None else REGISTRY, tuple(roles), backward, loss)
+        return cls(registry if registry is not None else REGISTRY, tuple(roles), backward, loss, fallback_limit_bytes)
 
 
 # -------------------------------------------------------------------------------------------------
@@ -89,6 +90,14 @@ def run_in_mode(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
             raise FakeTensorError(f"{type(model).__name__} cannot be counted on fake tensors ({failed.where}: "
                                   f"{failed.reason}), and it is on device='meta', so it cannot run for real; "
                                   "build it on a real device and use mode='real'") from failed.__cause__
+        limit = options.fallback_limit_bytes if options.fallback_limit_bytes is not None else default_fallback_limit()
+        if limit is not None and failed.largest_tensor_bytes > limit:
+            raise FakeTensorError(
+                f"{type(model).__name__} cannot be counted on fake tensors ({failed.where}: {failed.reason}), and a "
+                f"real run would need at least {failed.largest_tensor_bytes / 2**30:,.2f} GiB (the largest tensor "
+                f"the fake run made before it stopped), above the limit of {limit / 2**30:,.2f} GiB for a "
+                "fall-back: not run. Pass fallback_limit_bytes= to profile() to allow it, or count smaller inputs",
+                where=failed.where, reason=failed.reason) from failed.__cause__
         note = f"{failed.where} could not run on fake tensors ({failed.reason}); counted in real mode instead"
     prof = run(model, args, kwargs, options, fake=False, notes=(note,), stacklevel=stacklevel + 1)
     warnings.warn(f"flopscope: {note}", FlopscopeWarning, stacklevel=stacklevel)
@@ -246,7 +255,8 @@ def _explain(model: nn.Module, error: Exception, recorder: Recorder, tracker: Mo
             where = f"op {op_name(func)} in module '{module}'"
         return FakeTensorError(f"{name} cannot be counted on fake tensors: {where} needs real data; use mode='real'",
                                on_fake_tensors=True, where=where,
-                               reason=f"it needs real data: {type(limitation).__name__}")
+                               reason=f"it needs real data: {type(limitation).__name__}",
+                               largest_tensor_bytes=recorder.largest_out)
     refused = cause_of_kind(error, RefusedInput)
     if refused is not None:  # what the real kernel would refuse: the same error in every mode, no fall-back
         return ForwardError(f"{name}.forward cannot run: {where}: {refused}")
@@ -255,7 +265,8 @@ def _explain(model: nn.Module, error: Exception, recorder: Recorder, tracker: Mo
         return ForwardError(message)
     hint = " (on fake tensors: if the model runs with mode='real', fake tensors are the cause)"
     return ForwardError(message + hint, on_fake_tensors=True, where=where,
-                        reason=f"{type(error).__name__}: {_first_line(str(error))}")
+                        reason=f"{type(error).__name__}: {_first_line(str(error))}",
+                        largest_tensor_bytes=recorder.largest_out)
 
 
 _DEPTH_LOCK = threading.Lock()
@@ -367,6 +378,19 @@ def _input_names(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
             names.setdefault(id(t), LeafName("placeholder", label if len(found) == 1 else f"{label}_{j}",
                                              LeafKind.INPUT))
     return names
+
+
+def default_fallback_limit() -> int | None:
+    """Half of the memory the system has available now (``MemAvailable`` of ``/proc/meminfo``; ``None``,
+    no limit, where that cannot be read)."""
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024 // 2
+    except OSError:
+        return None
+    return None
 
 
 def _index_values(tensors: Sequence[torch.Tensor], convert: FakeConverter) -> dict[int, torch.Tensor]:

@@ -189,3 +189,26 @@ def test_a_lookup_whose_ids_are_not_known_on_fake_tensors_is_said_in_the_notes()
     prof = flopscope.profile(Hashed(), torch.randn(3, 5), mode="fake")
     assert prof.total() == 3 * 5 * 4 * 4
     assert any("1 embedding lookup(s) were not known" in note for note in prof.notes)
+
+
+class _BranchOnData(nn.Module):
+    """A projection, then a branch on a value: fake tensors cannot take it, so mode="auto" runs it for real."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(64, 64)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.fc(x)
+        return y * 2 if y.sum().item() > 0 else y
+
+
+def test_a_fall_back_that_would_need_too_much_memory_is_refused_before_it_runs() -> None:
+    rows = 200_000  # the projection's output alone: rows · 64 · 4 bytes = 51.2 MB
+    x = torch.zeros(1, 64).expand(rows, 64)  # a real input that takes no memory of its own
+    with pytest.raises(flopscope.FakeTensorError, match=r"at least 0\.05 GiB.*above the limit of 0\.01 GiB") as caught:
+        flopscope.profile(_BranchOnData(), x, fallback_limit_bytes=10 * 2**20)
+    assert "aten._local_scalar_dense" in str(caught.value)
+    with pytest.warns(flopscope.FlopscopeWarning, match="counted in real mode"):
+        small = flopscope.profile(_BranchOnData(), torch.randn(4, 64), fallback_limit_bytes=10 * 2**20)
+    assert small.total() == 4 * 64 * 64
