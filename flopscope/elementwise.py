@@ -25,8 +25,14 @@ cell          gates
 "Input element" is the first tensor argument; "output element" the first tensor output. The same table,
 with what the code adds to it: ``docs/conventions.md`` section 3.
 
-Ops in :data:`ZERO_COST` (and every view op) do no arithmetic: data movement, allocation, indexing,
-embedding lookups (a gather: 0 multiplies, as PyTorch and fvcore count it).
+Ops in :data:`ZERO_COST` (and every view op, and every op of a namespace in :data:`ZERO_COST_NAMESPACES`)
+do no arithmetic: data movement, allocation, indexing, embedding lookups (a gather: 0 multiplies, as PyTorch
+and fvcore count it), profiler bookkeeping.
+
+Every table here is written by functional op (``aten.relu``). An in-place variant (``aten.relu_``) and an
+``out=`` overload (``aten.relu.out``) inherit the class of their functional op by rule
+(:func:`flopscope.formulas.functional_overload`): its explicit rule, its tags, its place in the zero-cost
+set. :data:`ACTIVATION_OPS` and :data:`PRODUCT_OPS` hold the in-place twins by the same rule.
 """
 
 from __future__ import annotations
@@ -36,6 +42,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+
+from .formulas import functional_overload, with_inplace
 
 aten = torch.ops.aten
 
@@ -82,15 +90,14 @@ RULES: dict[Any, ElementwiseRule] = {
                      aten._upsample_bilinear2d_aa, aten.grid_sampler_2d, aten.mkldnn_max_pool2d,
                      aten.max_pool2d, aten.max_pool1d, aten.multinomial, aten.cummax, aten.cummin,
                      aten.isin], _REDUCTION),
-    **dict.fromkeys([aten.native_dropout, aten.bernoulli, aten.bernoulli_], _DROPOUT),
+    **dict.fromkeys([aten.native_dropout, aten.bernoulli], _DROPOUT),
     # losses (only their backward is recorded: the loss runs outside the model's modules)
     **dict.fromkeys([aten.nll_loss_forward, aten.nll_loss2d_forward, aten.mse_loss, aten.binary_cross_entropy,
                      aten.binary_cross_entropy_with_logits, aten.smooth_l1_loss, aten.huber_loss], _REDUCTION),
     **dict.fromkeys([aten.nll_loss_backward, aten.nll_loss2d_backward, aten.mse_loss_backward,
                      aten.binary_cross_entropy_backward, aten.smooth_l1_loss_backward,
                      aten.huber_loss_backward], _SCATTER),
-    **dict.fromkeys([aten.scatter_add, aten.scatter_add_, aten.index_add, aten.index_add_, aten.scatter_reduce,
-                     aten.scatter_reduce_, aten.index_put, aten.index_put_, aten._index_put_impl_,
+    **dict.fromkeys([aten.scatter_add, aten.index_add, aten.scatter_reduce, aten.index_put, aten._index_put_impl,
                      aten.embedding_dense_backward], _SCATTER),
     **dict.fromkeys([aten._thnn_fused_lstm_cell, aten._thnn_fused_gru_cell], _CELL),
     # backward kernels of elementwise work, under the forward op's convention
@@ -104,15 +111,16 @@ RULES: dict[Any, ElementwiseRule] = {
     **dict.fromkeys([aten._thnn_fused_lstm_cell_backward_impl, aten._thnn_fused_gru_cell_backward],
                     _CELL.of_gradient()),
     # pointwise ops that lack the `pointwise` tag
-    **dict.fromkeys([aten.floor_divide, aten.floor_divide_, aten.remainder, aten.remainder_, aten.fmod,
-                     aten.fmod_, aten.true_divide, aten.true_divide_, aten.clamp_min, aten.clamp_max,
-                     aten.clamp, aten.clamp_, aten.masked_fill, aten.masked_fill_, aten.lerp, aten.addcmul,
-                     aten.addcdiv,
-                     aten.hardtanh, aten.hardtanh_, aten.threshold, aten.prelu, aten._prelu_kernel,
+    **dict.fromkeys([aten.floor_divide, aten.remainder, aten.fmod, aten.true_divide, aten.clamp_min,
+                     aten.clamp_max, aten.clamp, aten.masked_fill, aten.lerp, aten.addcmul, aten.addcdiv,
+                     aten.hardtanh, aten.threshold, aten.prelu, aten._prelu_kernel, aten.rrelu_with_noise,
                      aten.glu, aten.logit, aten.polar, aten.complex, aten.heaviside, aten.mish_backward,
                      aten.hardswish_backward, aten.elu_backward, aten.leaky_relu_backward, aten.softplus_backward,
                      aten.hardsigmoid_backward, aten.hardtanh_backward, aten.glu_backward, aten.hardswish,
                      aten.log_sigmoid_forward, aten.log_sigmoid_backward], _POINTWISE),
+    # quantization: scale, round, shift and clamp each element (the quantized kernels themselves have formulas)
+    **dict.fromkeys([aten.quantize_per_tensor, aten.quantize_per_tensor_dynamic, aten.quantize_per_channel,
+                     aten.dequantize], _POINTWISE),
 }
 
 ZERO_COST: frozenset[Any] = frozenset([
@@ -121,16 +129,16 @@ ZERO_COST: frozenset[Any] = frozenset([
     aten.zeros_like, aten.new_zeros, aten.ones, aten.ones_like, aten.new_ones, aten.full, aten.full_like,
     aten.new_full, aten.scalar_tensor, aten.arange, aten.linspace, aten.logspace, aten.eye, aten.rand,
     aten.rand_like, aten.randn, aten.randn_like, aten.randint, aten.randint_like, aten.randperm, aten.normal,
-    aten.normal_, aten.uniform_, aten.fill_, aten.zero_, aten.lift_fresh, aten.lift_fresh_copy, aten.lift,
-    aten.resize_, aten.set_, aten.tril_indices, aten.triu_indices,
+    aten.uniform, aten.fill, aten.zero, aten.lift_fresh, aten.lift_fresh_copy, aten.lift, aten.resize, aten.set,
+    aten.tril_indices, aten.triu_indices,
     # copies and data movement
-    aten.clone, aten.copy_, aten._to_copy, aten.copy, aten.contiguous, aten._unsafe_view, aten.cat, aten.stack,
+    aten.clone, aten._to_copy, aten.copy, aten.contiguous, aten._unsafe_view, aten.cat, aten.stack,
     aten.split, aten.split_with_sizes, aten.unsafe_split, aten.unsafe_split_with_sizes, aten.unbind, aten.chunk,
     aten.unsafe_chunk, aten.repeat, aten.repeat_interleave, aten.flip, aten.roll, aten.constant_pad_nd,
     aten.reflection_pad1d, aten.reflection_pad2d, aten.reflection_pad3d, aten.replication_pad1d,
-    aten.replication_pad2d, aten.replication_pad3d, aten.tril, aten.triu, aten.tril_, aten.triu_,
+    aten.replication_pad2d, aten.replication_pad3d, aten.tril, aten.triu,
     aten.masked_scatter, aten.masked_select, aten.index, aten.index_select, aten.gather, aten.take,
-    aten.scatter, aten.scatter_, aten.index_copy, aten.index_copy_, aten.index_fill, aten.index_fill_,
+    aten.scatter, aten.index_copy, aten.index_fill,
     aten.embedding, aten._embedding_bag, aten.embedding_bag, aten.one_hot, aten.nonzero,
     aten.nonzero_static, aten.argwhere, aten.unique_consecutive, aten._unique2, aten.unique_dim,
     aten.slice_scatter, aten.select_scatter, aten.diagonal_scatter, aten.as_strided_scatter,
@@ -147,11 +155,15 @@ ZERO_COST: frozenset[Any] = frozenset([
     # backward of views and indexing: zeros, then a copy into place
     aten.slice_backward, aten.select_backward, aten.unfold_backward, aten.diagonal_backward,
     aten.index_select_backward, aten.embedding_backward, aten.as_strided_scatter,
-    # in-place views and checks
-    aten.as_strided_, aten.squeeze_, aten.unsqueeze_, aten.transpose_, aten.t_, aten._is_all_true,
-    aten._is_any_true, aten._nested_tensor_from_mask_left_aligned,
+    # checks
+    aten._is_all_true, aten._is_any_true, aten._nested_tensor_from_mask_left_aligned,
 ])
-"""Ops that do no arithmetic (beyond what is already counted by a formula or rule)."""
+"""Ops that do no arithmetic (beyond what is already counted by a formula or rule). In-place variants of these
+ops and of views (``aten.fill_``, ``aten.squeeze_``) and their ``out=`` overloads are zero-cost by rule."""
+
+ZERO_COST_NAMESPACES: frozenset[str] = frozenset({"profiler"})
+"""Namespaces whose ops do no arithmetic: ``profiler::_record_function_enter_new`` / ``_record_function_exit``
+are the bookkeeping of ``torch.profiler.record_function`` blocks (``nn.DataParallel.forward`` opens one)."""
 
 # Metadata queries dispatched while a tensor is inspected; they are not ops of the model.
 METADATA_OPS: frozenset[Any] = frozenset([
@@ -170,26 +182,27 @@ def ops_in_category(category: str) -> frozenset[Any]:
     return frozenset(op for op, rule in RULES.items() if rule.category == category and not rule.gradient)
 
 
-ACTIVATION_OPS: frozenset[Any] = frozenset({
-    aten.relu, aten.relu_, aten.gelu, aten.gelu_, aten.silu, aten.silu_, aten.sigmoid, aten.sigmoid_, aten.tanh,
-    aten.tanh_, aten.elu, aten.elu_, aten.leaky_relu, aten.leaky_relu_, aten.hardswish, aten.hardswish_,
-    aten.hardsigmoid, aten.hardsigmoid_, aten.mish, aten.mish_, aten.softplus, aten.glu, aten.celu, aten.selu,
-    aten.hardtanh, aten.hardtanh_, aten.erf, aten.prelu, aten._prelu_kernel, aten.log_sigmoid_forward,
-    aten.rrelu_with_noise, aten.threshold, aten.sin,
+ACTIVATION_OPS: frozenset[Any] = with_inplace({
+    aten.relu, aten.gelu, aten.silu, aten.sigmoid, aten.tanh, aten.elu, aten.leaky_relu, aten.hardswish,
+    aten.hardsigmoid, aten.mish, aten.softplus, aten.glu, aten.celu, aten.selu, aten.hardtanh, aten.erf,
+    aten.prelu, aten._prelu_kernel, aten.log_sigmoid_forward, aten.rrelu_with_noise, aten.threshold, aten.sin,
 })
-"""Pointwise nonlinearities (counted as ``pointwise`` work): the FFN pass looks for one between two
-weight matmuls."""
+"""Pointwise nonlinearities (counted as ``pointwise`` work), with their in-place twins (``aten.relu_``): the
+FFN pass looks for one between two weight matmuls."""
 
-PRODUCT_OPS: frozenset[Any] = frozenset({aten.mul, aten.mul_})
-"""Elementwise products (counted as ``pointwise`` work): a gated FFN multiplies its two branches."""
+PRODUCT_OPS: frozenset[Any] = with_inplace({aten.mul})
+"""Elementwise products (counted as ``pointwise`` work), in-place too: a gated FFN multiplies its two branches."""
 
 
 def rule_for(func: Any) -> ElementwiseRule | None:
-    """The elementwise rule of an op overload: explicit rules first, then the op's ATen tags."""
-    rule = RULES.get(func.overloadpacket)
-    if rule is not None:
-        return rule
-    tags = func.tags
+    """The elementwise rule of an op overload: explicit rules first, then the op's ATen tags; an in-place or
+    ``out=`` overload inherits those of its functional op."""
+    ops = _with_functional(func)
+    for op in ops:
+        rule = RULES.get(op.overloadpacket)
+        if rule is not None:
+            return rule
+    tags = {tag for op in ops for tag in op.tags}
     if torch.Tag.pointwise in tags:
         return _POINTWISE
     if torch.Tag.reduction in tags:
@@ -198,8 +211,17 @@ def rule_for(func: Any) -> ElementwiseRule | None:
 
 
 def is_zero_cost(func: Any) -> bool:
-    """True for views and for the ops of :data:`ZERO_COST`."""
-    return func.is_view or func.overloadpacket in ZERO_COST
+    """True for views, the ops of :data:`ZERO_COST` and of :data:`ZERO_COST_NAMESPACES`, and the in-place and
+    ``out=`` variants of all of these."""
+    if func.namespace in ZERO_COST_NAMESPACES:
+        return True
+    return any(op.is_view or op.overloadpacket in ZERO_COST for op in _with_functional(func))
+
+
+def _with_functional(func: Any) -> tuple[Any, ...]:
+    """``func``, then the functional overload it inherits from, if it is an in-place or ``out=`` variant."""
+    functional = functional_overload(func)
+    return (func,) if functional is func else (func, functional)
 
 
 def elementwise_ops(rule: ElementwiseRule, args: Sequence[Any], out: Any) -> int:

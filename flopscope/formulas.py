@@ -5,6 +5,16 @@ FLOPs). Bias adds, scaling and every elementwise step are *not* MACs; they are c
 :mod:`flopscope.elementwise`. Conventions (dense attention, backward kernels): ``docs/conventions.md``
 sections 2, 5 and 7; closed forms with sources: ``docs/formulas.md``.
 
+One MAC is one multiply-accumulate *in the operands' dtype*, whatever that dtype is: formulas see shapes,
+never dtypes. A complex64 / complex128 GEMM ``[m, k] @ [k, n]`` is ``m * n * k`` MACs, each a complex
+multiply-add (four real multiplies and four real adds on the hardware), as ``torch.utils.flop_counter``
+counts it (``2 * m * n * k`` "FLOPs" for a complex ``mm``); int8, fp8 and quantized products count like
+float ones. To convert a complex count to real multiplies, multiply by 4 (``docs/conventions.md`` section 1).
+
+In-place and ``out=`` variants of an op (``aten.addmm_``, ``aten.mm.out``) are counted by the formula of the
+op itself: ``out=`` overloads share its packet, and :meth:`FormulaRegistry.spec` resolves an in-place op
+to its functional twin (:func:`functional_packet`).
+
 A new op is one registration here: its formula, its :class:`OpFamily` and its operand positions
 (``docs/extending.md``).
 
@@ -27,6 +37,7 @@ from dataclasses import dataclass
 from typing import Any, TypeAlias, TypeVar
 
 import torch
+from torch.utils._python_dispatch import _disable_current_modes
 
 from .enums import StrEnum
 from .errors import FormulaError, RegistryError
@@ -133,11 +144,16 @@ class FormulaRegistry:
         return new
 
     def spec(self, func: Any) -> OpSpec | None:
-        """The :class:`OpSpec` of an op overload, packet or name (``"aten::mm"`` or ``"aten.mm"``)."""
+        """The :class:`OpSpec` of an op overload, packet or name (``"aten::mm"`` or ``"aten.mm"``). An
+        ``out=`` overload (``aten.mm.out``) shares its op's packet; an in-place op (``aten.addmm_``) has the
+        spec of its functional twin (``aten.addmm``) unless it is registered itself."""
         table, key = self._key(func)
         spec = table.get(key)
         if spec is None and table is self._by_packet and self._by_name:  # registered by name before it loaded
             spec = self._by_name.get(_qualified_name(key))
+        if spec is None and table is self._by_packet:
+            twin = functional_packet(key)
+            spec = self.spec(twin) if twin is not None else None
         return spec
 
     def get(self, func: Any) -> MacFormula | None:
@@ -189,6 +205,60 @@ def packet_named(name: str) -> Any:
         return getattr(getattr(torch.ops, namespace), op)
     except (AttributeError, RuntimeError):
         return None
+
+
+# In-place and out= variants. ATen names the in-place variant of ``foo`` ``foo_`` (``relu_``, ``addmm_``,
+# ``rrelu_with_noise_``; dunder ops such as ``__iand__`` are not of this form), and gives ``foo`` an ``out=``
+# overload (``foo.out``, ``foo.Tensor_out``: the schema has an ``out`` argument). Both do the work of ``foo``,
+# so every table keyed by op (formulas, elementwise rules and tags, the zero-cost set) resolves them to it.
+def functional_packet(packet: Any) -> Any:
+    """The functional twin of an in-place op packet: ``aten.relu_`` -> ``aten.relu`` (``None`` if ``packet``
+    is not an in-place op or its twin does not exist)."""
+    namespace, _, name = _qualified_name(packet).partition("::")
+    if not name.endswith("_") or name.endswith("__") or not name.rstrip("_"):
+        return None
+    return packet_named(f"{namespace}::{name[:-1]}")
+
+
+def inplace_packet(packet: Any) -> Any:
+    """The in-place twin of a functional op packet: ``aten.relu`` -> ``aten.relu_`` (``None`` if none)."""
+    name = _qualified_name(packet)
+    return packet_named(name + "_") if "::" in name and not name.endswith("_") else None
+
+
+def with_inplace(packets: Iterable[Any]) -> frozenset[Any]:
+    """``packets`` and the in-place twin of each (a set of ops written once, by their functional names)."""
+    ops = set(packets)
+    return frozenset(ops | {twin for twin in map(inplace_packet, ops) if twin is not None})
+
+
+def functional_overload(func: Any) -> Any:
+    """The functional overload whose class an in-place or ``out=`` overload inherits (``func`` itself for
+    any other op): the overload of the functional op taking the same inputs, else the one of the same
+    name, else its first. ``aten.relu_.default`` -> ``aten.relu.default``, ``aten.threshold.out`` ->
+    ``aten.threshold.default``, ``aten.add.out`` -> ``aten.add.Tensor``."""
+    twin = functional_packet(func.overloadpacket)
+    if twin is None and not _writes_out(func):
+        return func
+    packet = twin if twin is not None else func.overloadpacket
+    overloads = {name: getattr(packet, name) for name in packet.overloads()}
+    functional = {name: op for name, op in overloads.items() if not _writes_out(op)}
+    inputs = _inputs(func)
+    for op in functional.values():
+        if _inputs(op) == inputs:
+            return op
+    name = func._overloadname.removesuffix("out").removesuffix("_") or "default"  # "Tensor_out" -> "Tensor"
+    return functional.get(name) or next(iter(functional.values()), func)
+
+
+def _inputs(func: Any) -> tuple[tuple[str, str], ...]:
+    """(name, type) of the arguments an overload reads (its ``out`` arguments left out)."""
+    return tuple((argument.name, str(argument.type)) for argument in func._schema.arguments if not argument.is_out)
+
+
+def _writes_out(func: Any) -> bool:
+    """An ``out=`` overload: its schema has an ``out`` argument."""
+    return any(argument.is_out for argument in func._schema.arguments)
 
 
 
@@ -363,11 +433,22 @@ def _expanded(shape: Shape, inserted: Sequence[int]) -> list[int]:
 
 
 @formula("quantized::linear_dynamic", "quantized::linear", "quantized::linear_relu_dynamic",
-         "quantized::linear_relu", "quantized::linear_dynamic_fp16")
+         "quantized::linear_relu", "quantized::linear_dynamic_fp16", "quantized::linear_relu_dynamic_fp16",
+         "quantized::linear_tanh", "quantized::linear_leaky_relu")
 def quantized_linear(x: Shape, *_: Any, out_shape: Shape, **__: Any) -> int:
-    """Quantized linear layers (packed weights): rows x in_features x out_features."""
+    """Quantized linear layers: rows x in_features x out_features, like the float ``nn.Linear``.
+
+    Family ``OTHER``, not ``MATMUL``: the weight arrives packed (a ``LinearPackedParamsBase`` script
+    object, not a tensor), so there is no weight operand in the graph for a role pass to follow."""
     # [..., out] = quantized::linear_dynamic([..., in], packed_params)
     return prod(x[:-1]) * x[-1] * out_shape[-1]
+
+
+@formula("quantized::linear_dynamic_fp16_unpacked_weight", family=OpFamily.MATMUL, operands=(0, 1))
+def quantized_linear_unpacked(x: Shape, weight: Shape, *_: Any, **__: Any) -> int:
+    """The fp16 dynamic linear with its weight as a tensor ``[out, in]``: as :func:`linear`."""
+    # [..., out] = linear_dynamic_fp16_unpacked_weight([..., in], [out, in], bias)
+    return linear(x, weight)
 
 
 @formula(aten.linalg_solve_triangular, aten.triangular_solve)
@@ -423,6 +504,37 @@ def convolution_backend(x: Shape, weight: Shape, *_: Any, out_shape: Shape, **__
 def convolution_transpose_backend(x: Shape, weight: Shape, *_: Any, out_shape: Shape, **__: Any) -> int:
     """Backend-specific transposed convolutions."""
     return conv(x, weight, out_shape, transposed=True)
+
+
+_QUANTIZED_CONVS = tuple(f"quantized::{kind}{dims}d{suffix}" for dims in (1, 2, 3)
+                         for kind, suffix in (("conv", ""), ("conv", "_relu"), ("conv", "_dynamic"),
+                                              ("conv_transpose", ""), ("conv_transpose", "_dynamic")))
+
+
+@formula(*_QUANTIZED_CONVS, family=OpFamily.CONV)
+def quantized_convolution(x: Shape, packed: Any, *_: Any, out_shape: Shape, **__: Any) -> int:
+    """Quantized convolutions (``torch.ao.nn.quantized.Conv{1,2,3}d``, ``ConvTranspose*``, the fused
+    ``ConvReLU*``, the dynamic ones): the multiplies of the float convolution. Weight shape (groups act
+    through it) and direction come from the packed parameters; stride, padding and dilation through
+    ``out_shape``. A 1-D convolution's packed weight is ``[C_out, C_in/g, 1, k]``: the 1 changes nothing."""
+    # [B, C_out, *L_out] = quantized::conv2d([B, C_in, *L_in], packed [C_out, C_in/g, *k], scale, zero_point)
+    weight, transposed = _packed_conv(packed)
+    return conv(x, weight, out_shape, transposed)
+
+
+@formula("quantized::conv2d_add", "quantized::conv2d_add_relu", family=OpFamily.CONV)
+def quantized_convolution_add(x: Shape, accumulator: Shape, packed: Any, *_: Any, out_shape: Shape,
+                              **__: Any) -> int:
+    """A quantized convolution whose output is added to ``accumulator`` (a residual; the add is not a MAC)."""
+    # [B, C_out, *L_out] = quantized::conv2d_add([B, C_in, *L_in], [B, C_out, *L_out], packed, scale, zero_point)
+    return quantized_convolution(x, packed, out_shape=out_shape)
+
+
+def _packed_conv(packed: Any) -> tuple[Shape, bool]:
+    """(weight shape, transposed) of a ``Conv{2,3}dPackedParamsBase``; read outside every dispatch mode
+    (it is metadata of the model, not an op of it), so that no fake or recording mode sees the read."""
+    with _disable_current_modes():
+        return tuple(packed.weight().shape), bool(packed.transpose())
 
 
 # --------------------------------------------------------------------------------------------------
