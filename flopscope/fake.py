@@ -17,15 +17,29 @@ from torch._subclasses.fake_tensor import (
     DataDependentOutputException,
     DynamicOutputShapeException,
     FakeTensorMode,
+    UnsupportedFakeTensorException,
     UnsupportedOperatorException,
+    _BypassDispatchCache,
 )
 from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 
-from .errors import cause_of_kind
+from .errors import FakeTensorError, cause_of_kind
 
 NEEDS_REAL_DATA = (DataDependentOutputException, DynamicOutputShapeException, GuardOnDataDependentSymNode,
                    UnsupportedOperatorException)
 """Exceptions meaning "this model needs real tensor data here", not "this model is wrong"."""
+
+
+class CountingFakeTensorMode(FakeTensorMode):
+    """The fake mode of a capture. Its dispatch cache (torch's, shared by every fake mode of the process and
+    keyed on an op's arguments) skips ops with a TorchScript-object argument: packed quantized weights come
+    in a fresh wrapper on every call and cannot be compared (their ``__eq__`` raises). ``_cache_key`` and
+    ``_BypassDispatchCache`` are torch's private hook for exactly this; here is the one place that uses it."""
+
+    def _cache_key(self, state: Any, func: Any, args: Any, kwargs: Any) -> Any:
+        if any(isinstance(a, torch.ScriptObject) for a in (*args, *kwargs.values())):
+            raise _BypassDispatchCache("script object argument")
+        return super()._cache_key(state, func, args, kwargs)
 
 
 class FakeConverter:
@@ -46,7 +60,12 @@ class FakeConverter:
             elif t.requires_grad and not t.is_leaf:  # its history is outside the model: a leaf that needs grad
                 fake = self.mode.from_tensor(t.detach()).requires_grad_(True)
             else:
-                fake = self.mode.from_tensor(t)
+                try:
+                    fake = self.mode.from_tensor(t)
+                except UnsupportedFakeTensorException as error:  # quantized tensors, among others
+                    where = f"a {t.dtype} tensor of shape {list(t.shape)}"
+                    raise FakeTensorError(f"{where} cannot be a fake tensor ({error}); use mode='real'",
+                                          on_fake_tensors=True, where=where, reason=str(error)) from error
             self._memo[id(t)] = fake
             self._keep.append(t)
         return fake

@@ -29,14 +29,13 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.nn.utils.stateless import _reparametrize_module
 
 from .capture import INDEX_DTYPES, MAX_KNOWN_NUMEL, LeafKind, LeafName, OpFailure, Recorder, RefusedInput, op_name
 from .checks import check_inputs, check_mode, check_model
 from .errors import ConfigurationError, FakeTensorError, FlopscopeWarning, ForwardError, cause_of_kind
 from .facts import read_facts
-from .fake import FakeConverter, map_tensors, needs_real_data, shadow_of, tensors_in
+from .fake import CountingFakeTensorMode, FakeConverter, map_tensors, needs_real_data, shadow_of, tensors_in
 from .formulas import REGISTRY, FormulaRegistry
 from .module_tracker import ModuleTracker
 from .profile import Capture, Profile
@@ -209,7 +208,7 @@ class Session:
 # -------------------------------------------------------------------------------------------------
 def new_converter() -> FakeConverter:
     """A fresh fake-tensor mode (real tensors from outside are allowed in) and its converter."""
-    return FakeConverter(FakeTensorMode(allow_non_fake_inputs=True))
+    return FakeConverter(CountingFakeTensorMode(allow_non_fake_inputs=True))
 
 
 def _recorder(model: nn.Module, tracker: ModuleTracker, registry: FormulaRegistry,
