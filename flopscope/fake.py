@@ -126,7 +126,8 @@ def shadow_of(model: nn.Module, convert: Callable[[torch.Tensor], torch.Tensor])
         known = copies.get(id(module))
         if known is not None:
             return known
-        twin = copy.copy(module)
+        twin = object.__new__(type(module))  # not copy.copy: parametrized modules refuse to be pickled
+        twin.__dict__.update(module.__dict__)
         copies[id(module)] = twin
         attrs = twin.__dict__
         for name, value in list(attrs.items()):

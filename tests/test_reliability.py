@@ -212,3 +212,11 @@ def test_a_fall_back_that_would_need_too_much_memory_is_refused_before_it_runs()
     with pytest.warns(flopscope.FlopscopeWarning, match="counted in real mode"):
         small = flopscope.profile(_BranchOnData(), torch.randn(4, 64), fallback_limit_bytes=10 * 2**20)
     assert small.total() == 4 * 64 * 64
+
+
+@pytest.mark.parametrize("mode", ["fake", "real"])
+def test_parametrized_modules_are_counted(mode: str) -> None:
+    """Weight norm as a parametrization (HuBERT, EnCodec): the weight is computed from its parametrization's
+    own parameters, and the module cannot be pickled."""
+    model = nn.Sequential(nn.utils.parametrizations.weight_norm(nn.Linear(8, 16)), nn.ReLU(), nn.Linear(16, 4))
+    assert flopscope.profile(model, torch.randn(2, 8), mode=mode).total() == MLP_MACS
