@@ -290,7 +290,7 @@ class Recorder(TorchDispatchMode):
                 return decomposed
             known = self._classes[func] = _UNSUPPORTED
         start = time.perf_counter()
-        out = self._execute(func, args, kwargs, stack)
+        out = self._execute(func, args, kwargs, stack, known.spec)
         seconds = time.perf_counter() - start
         op = self._record(func, args, kwargs, out, stack, known)
         if self.timed:
@@ -302,13 +302,13 @@ class Recorder(TorchDispatchMode):
             self._by_sequence_nr[torch.autograd._get_sequence_nr() - 1] = op
         return out
 
-    def _execute(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], stack: tuple[ModuleCall, ...]
-                 ) -> Any:
+    def _execute(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], stack: tuple[ModuleCall, ...],
+                 spec: OpSpec | None) -> Any:
         """Run the op; remember where the first failure happened (for the error the user sees). On fake
         tensors, first check what the real kernel would check and fake kernels do not."""
         try:
             if self.fake:
-                self._check_as_the_real_kernel(func, args)
+                self._check_as_the_real_kernel(func, args, spec)
             return func(*args, **kwargs)
         except Exception:  # any kernel's error: noted here, re-raised unless a fake-shape rule stands in
             maker = FAKE_SHAPE_RULES.get(func.overloadpacket) if self.fake else None
@@ -318,9 +318,8 @@ class Recorder(TorchDispatchMode):
                 raise
             return maker(*args, **kwargs)  # a fake kernel stricter than the real one: make the output here
 
-    def _check_as_the_real_kernel(self, func: Any, args: tuple[Any, ...]) -> None:
+    def _check_as_the_real_kernel(self, func: Any, args: tuple[Any, ...], spec: OpSpec | None) -> None:
         """Operands of one dtype for products, convolutions and attention; indices inside embedding tables."""
-        spec = self.registry.spec(func)
         if spec is not None and func.overloadpacket not in MIXED_DTYPE_OPS:
             positions = spec.operands or (range(3) if spec.family is OpFamily.CONV else ())
             operands = [args[i] for i in positions if i < len(args) and isinstance(args[i], torch.Tensor)]

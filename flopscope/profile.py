@@ -169,14 +169,15 @@ class Profile:
         attention kernel registered without its family)."""
         return [*self._notes, *self.capture_notes()]
 
-    def capture_notes(self) -> list[str]:
+    def capture_notes(self, unchecked: bool = True) -> list[str]:
         """What the recording could not establish: an op whose formula returns attention parts but is not
-        registered as an attention kernel (its projections cannot be found); on fake tensors, embedding
-        lookups whose index values were unknown (not checked against the table, as a real forward would)."""
+        registered as an attention kernel (its projections cannot be found); with ``unchecked``, on fake
+        tensors, embedding lookups whose index values were unknown (not checked against the table, as a
+        real forward would: inputs on ``device="meta"`` have no values)."""
         notes = [f"the formula of {op} returns attention parts but is not registered with family="
                  "OpFamily.ATTENTION and its (q, k, v) operand positions, so its projections get role 'other' "
                  "(see docs/extending.md)" for op in self._capture.undeclared_kernels]
-        if self._capture.unchecked_lookups:
+        if unchecked and self._capture.unchecked_lookups:
             notes.append(f"fake mode: the index values of {self._capture.unchecked_lookups} embedding lookup(s) "
                          "were not known, so they were not checked against their tables' sizes (a real forward "
                          "refuses out-of-range ids)")

@@ -347,7 +347,7 @@ def warn_incomplete(prof: Profile, stacklevel: int) -> None:
         listed = ", ".join(f"{op} x{calls}" for op, calls in sorted(unsupported.items()))
         warnings.warn(f"flopscope: no formula for {listed}; they may do arithmetic that total() leaves out "
                       "(see prof.unsupported())", FlopscopeWarning, stacklevel=stacklevel)
-    for note in prof.capture_notes():
+    for note in prof.capture_notes(unchecked=False):  # unchecked lookups are notes, not warnings
         warnings.warn(f"flopscope: {note}", FlopscopeWarning, stacklevel=stacklevel)
 
 
