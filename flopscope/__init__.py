@@ -31,6 +31,7 @@ from .reconcile import ReconcileRow, Reconciliation, TransformerSpec
 from .role import Role
 from .roles import Assignment, RoleRule
 from .scaling import Polynomial, Scaling, scaling
+from .training import BatchPricer, Throughput, flops_per_batch, measure_flops
 from .why_self_attention import compare, compare_lengths
 
 __version__ = "0.1.0"
@@ -38,6 +39,7 @@ __version__ = "0.1.0"
 __all__ = [
     "REGISTRY",
     "Assignment",
+    "BatchPricer",
     "ConfigurationError",
     "FakeTensorError",
     "FlopscopeError",
@@ -61,10 +63,13 @@ __all__ = [
     "RoleRule",
     "RunError",
     "Scaling",
+    "Throughput",
     "TransformerSpec",
     "compare",
     "compare_lengths",
     "crosscheck",
+    "flops_per_batch",
+    "measure_flops",
     "profile",
     "profiler",
     "scaling",

@@ -190,6 +190,14 @@ class Session:
             raise
         self._tracker, self._recorder = tracker, recorder
 
+    @contextmanager
+    def backward_pass(self) -> Iterator[None]:
+        """Record a backward pass run inside the block (attributed to the forward ops it differentiates)."""
+        if self._recorder is None:
+            raise ConfigurationError("the profiler block was never entered")
+        with self._recorder.backward_pass():
+            yield
+
     def finish(self, stacklevel: int = 2) -> Profile:
         self._stack.close()
         if self._tracker is None or self._recorder is None:

@@ -1,0 +1,216 @@
+"""Exact FLOPs inside training loops: a drop-in ``measure_flops``, a batch pricer built from exact
+polynomials, and a throughput meter for plain PyTorch loops (MFU).
+
+Units: these functions speak **FLOPs** (2 per MAC), as Lightning, Hugging Face and torchtitan do; the rest of
+flopscope speaks MACs. Conventions (what a padded or packed batch costs): ``docs/conventions.md``.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any
+
+import torch
+from torch import nn
+
+from .errors import ConfigurationError, FlopscopeError, InputError
+from .fake import tensors_in
+from .role import Role
+from .runner import CaptureOptions, Session
+from .scaling import Polynomial, scaling
+from .state import ModelSnapshot
+
+__all__ = ["BatchPricer", "Throughput", "flops_per_batch", "measure_flops"]
+
+
+def measure_flops(model: nn.Module, forward_fn: Callable[[], Any],
+                  loss_fn: Callable[[Any], torch.Tensor] | None = None) -> int:
+    """FLOPs of ``forward_fn()`` (and of ``loss_fn(output).backward()`` when ``loss_fn`` is given): the
+    signature and unit of ``lightning.fabric.utilities.throughput.measure_flops``, counted exactly (CPU
+    scaled-dot-product attention, fused ``nn.MultiheadAttention`` / encoder-layer paths and grouped expert
+    matmuls included, which Lightning's ``FlopCounterMode`` counts as 0).
+
+    ``forward_fn`` calls ``model`` (built on ``device="meta"`` if you like: nothing is then allocated). Only
+    the work of ``model`` and of its backward pass is counted. The model's gradients, buffers and flags are
+    left as they were."""
+    snapshot = ModelSnapshot(model, buffer_values=True, grads=loss_fn is not None)
+    session = Session(model, CaptureOptions(), fake=False)
+    try:
+        session.start()
+        try:
+            output = forward_fn()
+            if not tensors_in(output):
+                raise InputError(f"forward_fn returned {type(output).__name__}, no tensor: it must call the model "
+                                 "and return its output")
+            if loss_fn is not None:
+                loss = loss_fn(output)
+                if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+                    raise InputError(f"loss_fn must return a scalar tensor; got {_describe(loss)}")
+                with session.backward_pass():
+                    loss.backward()
+        finally:
+            prof = session.finish(stacklevel=3)
+    finally:
+        snapshot.restore()
+    return prof.total_flops()
+
+
+def _describe(x: Any) -> str:
+    return f"Tensor{list(x.shape)}" if isinstance(x, torch.Tensor) else type(x).__name__
+
+
+# --------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class BatchPricer:
+    """Prices a batch in FLOPs from exact per-role polynomials in the sequence length (MACs of one sequence of
+    ``n`` tokens, forward and, if ``backward``, backward), without tracing again.
+
+    - a tensor of token ids ``[B, n]``, or a dict with ``input_ids`` and perhaps a padding ``attention_mask``:
+      ``B`` rows of ``n`` tokens, padding included (the work that executes);
+    - a dict whose ``position_ids`` restart inside a row, or with ``cu_seqlens`` (offsets of packed sequences):
+      a packed row; per-token roles are priced at the row's token count, the attention core (scores and
+      weighted sum) per sequence, ``Σ Lᵢ²``, as variable-length kernels execute it;
+    - a sequence of ints: that many sequences, each of its own length, run unpadded.
+    """
+
+    polynomials: Mapping[str, Polynomial]  # role -> MACs of one sequence of n tokens
+    backward: bool
+
+    def __call__(self, batch: Any) -> int:
+        """FLOPs of the batch (2 per MAC)."""
+        return 2 * sum(self.macs_by_role(batch).values())
+
+    def flops_by_role(self, batch: Any) -> dict[str, int]:
+        """FLOPs per role."""
+        return {role: 2 * macs for role, macs in self.macs_by_role(batch).items()}
+
+    def macs_by_role(self, batch: Any) -> dict[str, int]:
+        rows = _rows(batch)
+        out: dict[str, Fraction] = {}
+        for role, poly in self.polynomials.items():
+            core = Role(role).attention_core
+            total = Fraction(0)
+            for segments in rows:
+                total += sum((poly(n) for n in segments), Fraction(0)) if core else poly(sum(segments))
+            out[role] = total
+        if any(v.denominator != 1 for v in out.values()):
+            raise FlopscopeError("a role's polynomial gave a fractional count at these lengths; price the batch by "
+                                 "profiling it instead")
+        return {role: int(v) for role, v in out.items()}
+
+
+def _rows(batch: Any) -> list[list[int]]:
+    """Per row of the batch, the lengths of the sequences it holds (one unless packed)."""
+    if isinstance(batch, torch.Tensor):
+        return _dense_rows(batch)
+    if isinstance(batch, Mapping):
+        if batch.get("cu_seqlens") is not None:
+            offsets = [int(v) for v in torch.as_tensor(batch["cu_seqlens"]).flatten().tolist()]
+            lengths = [b - a for a, b in itertools.pairwise(offsets)]
+            if not lengths or min(lengths) < 0:
+                raise InputError(f"cu_seqlens must be increasing offsets starting at 0; got {offsets}")
+            return [lengths]
+        positions = batch.get("position_ids")
+        if isinstance(positions, torch.Tensor) and positions.dim() >= 1:
+            rows = positions.reshape(-1, positions.shape[-1]).tolist()
+            if any(row[i] <= row[i - 1] for row in rows for i in range(1, len(row))):  # restarts: packed
+                return [_segments(row) for row in rows]
+        ids = batch.get("input_ids", batch.get("inputs_embeds"))
+        if isinstance(ids, torch.Tensor):
+            return _dense_rows(ids if "input_ids" in batch else ids[..., 0])
+        raise InputError(f"cannot price a batch with keys {sorted(batch)}: give input_ids, position_ids or "
+                         "cu_seqlens")
+    if isinstance(batch, Sequence) and batch and all(isinstance(n, int) and n > 0 for n in batch):
+        return [[int(n)] for n in batch]
+    raise InputError(f"cannot price {_describe(batch)}: give token ids [B, n], a dict of model inputs, or a list of "
+                     "sequence lengths")
+
+
+def _dense_rows(ids: torch.Tensor) -> list[list[int]]:
+    if ids.dim() < 1 or ids.shape[-1] < 1:
+        raise InputError(f"token ids need a sequence dimension (last); got shape {list(ids.shape)}")
+    rows = int(torch.tensor(ids.shape[:-1]).prod()) if ids.dim() > 1 else 1
+    return [[int(ids.shape[-1])]] * rows
+
+
+def _segments(positions: list[int]) -> list[int]:
+    lengths, current = [], 0
+    for i, p in enumerate(positions):
+        if i and p <= positions[i - 1]:
+            lengths.append(current)
+            current = 0
+        current += 1
+    return [*lengths, current]
+
+
+def flops_per_batch(model: nn.Module, make_inputs: Callable[[int], Any], *, backward: bool = True,
+                    lengths: Sequence[int] = (16, 32, 64, 128, 256), mode: str = "fake",
+                    loss: Callable[[Any], torch.Tensor] | None = None, **profile_kwargs: Any) -> BatchPricer:
+    """Profile ``model(*make_inputs(n))`` (one sequence of ``n`` tokens) at a few ``lengths``, recover each
+    role's exact polynomial in ``n`` (:func:`flopscope.scaling`, checked at one more length than its degree
+    needs) and return a :class:`BatchPricer` that prices any batch in FLOPs without tracing again. A role whose
+    count is not a polynomial at these lengths is an error (give more lengths)."""
+    result = scaling(model, make_inputs, lengths, mode=mode, backward=backward, loss=loss, **profile_kwargs)
+    missing = [role for role, poly in result.polynomials.items() if poly is None]
+    if missing:
+        raise FlopscopeError(f"the MACs of {', '.join(missing)} are not a polynomial of degree <= "
+                             f"{len(result.lengths) - 2} in n at lengths {result.lengths}; give more lengths")
+    return BatchPricer({role: poly for role, poly in result.polynomials.items() if poly is not None}, backward)
+
+
+# --------------------------------------------------------------------------------------------------
+class Throughput:
+    """FLOP/s, MFU, tokens/s and FLOPs per role of a plain PyTorch training loop.
+
+    ``flops``: a :class:`BatchPricer` (prices each batch) or a fixed number of FLOPs per batch. ``peak``:
+    the device's dense peak FLOP/s (default: :func:`flopscope.peaks.peak_flops` of ``device`` and ``dtype``;
+    ``None`` when the device is unknown, then MFU is ``None``). ``recompute_flops``: FLOPs recomputed per batch
+    by activation checkpointing (hardware FLOPs: HFU counts them, MFU does not)."""
+
+    def __init__(self, flops: BatchPricer | int, *, peak: float | None = None, device: Any = None,
+                 dtype: torch.dtype = torch.float32, recompute_flops: int = 0) -> None:
+        if isinstance(flops, int) and flops < 0:
+            raise ConfigurationError(f"flops per batch must be >= 0; got {flops}")
+        if peak is None:
+            from .peaks import peak_flops
+
+            peak = peak_flops(device, dtype)
+        elif peak <= 0:
+            raise ConfigurationError(f"peak must be > 0 FLOP/s; got {peak}")
+        self.flops, self.peak, self.recompute_flops = flops, peak, recompute_flops
+        self.steps = 0
+        self.seconds = 0.0
+        self.model_flops = 0
+        self.tokens = 0
+
+    def update(self, batch: Any, seconds: float) -> dict[str, Any]:
+        """Account one step that took ``seconds`` (wall time) on ``batch``; returns this step's metrics:
+        ``flops``, ``flops_per_sec``, ``mfu`` and ``hfu`` (``None`` without a peak), ``peak`` (the denominator),
+        ``tokens_per_sec`` and ``flops_by_role`` (when priced by a :class:`BatchPricer`)."""
+        if not seconds > 0:
+            raise ConfigurationError(f"a step's time must be > 0 seconds; got {seconds}")
+        by_role = self.flops.flops_by_role(batch) if isinstance(self.flops, BatchPricer) else {}
+        flops = sum(by_role.values()) if isinstance(self.flops, BatchPricer) else int(self.flops)
+        tokens = sum(sum(row) for row in _rows(batch)) if isinstance(self.flops, BatchPricer) else 0
+        self.steps += 1
+        self.seconds += seconds
+        self.model_flops += flops
+        self.tokens += tokens
+        rate = flops / seconds
+        return {"flops": flops, "flops_per_sec": rate, "peak": self.peak,
+                "mfu": rate / self.peak if self.peak else None,
+                "hfu": (flops + self.recompute_flops) / seconds / self.peak if self.peak else None,
+                "tokens_per_sec": tokens / seconds, "flops_by_role": by_role}
+
+    def summary(self) -> dict[str, Any]:
+        """Totals over every step so far (same keys as :meth:`update`, without ``flops_by_role``)."""
+        if not self.steps:
+            raise FlopscopeError("no step was recorded yet (call update() after each step)")
+        rate = self.model_flops / self.seconds
+        hardware = (self.model_flops + self.steps * self.recompute_flops) / self.seconds
+        return {"flops": self.model_flops, "flops_per_sec": rate, "peak": self.peak,
+                "mfu": rate / self.peak if self.peak else None, "hfu": hardware / self.peak if self.peak else None,
+                "tokens_per_sec": self.tokens / self.seconds, "steps": self.steps}

@@ -1,0 +1,106 @@
+"""Counting inside training loops: measure_flops (Lightning's drop-in), flops_per_batch, Throughput."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import flopscope
+from flopscope.models import TransformerBlock
+from flopscope.training import Throughput, flops_per_batch, measure_flops
+
+D, H, D_FF = 64, 4, 128
+
+
+def _block_macs(n: int, batch: int = 1) -> int:
+    """TransformerBlock forward: n·(4·d² + 2·d·d_ff) + 2·n²·d per sequence."""
+    return batch * (n * (4 * D * D + 2 * D * D_FF) + 2 * n * n * D)
+
+
+class SdpaBlock(nn.Module):
+    """Self-attention through F.scaled_dot_product_attention (the CPU flash kernel FlopCounterMode misses)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.qkv, self.out = nn.Linear(D, 3 * D), nn.Linear(D, D)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, n, _ = x.shape
+        q, k, v = (t.view(B, n, H, D // H).transpose(1, 2) for t in self.qkv(x).chunk(3, dim=-1))
+        return self.out(F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(B, n, D))
+
+
+def test_measure_flops_equals_lightning_where_flop_counter_mode_is_right() -> None:
+    from lightning.fabric.utilities.throughput import measure_flops as lightning_measure_flops
+
+    with torch.device("meta"):  # as Lightning's docs build it: nothing allocated
+        model, x = TransformerBlock(D, H, D_FF), torch.randn(2, 16, D)
+    ours = measure_flops(model, lambda: model(x))
+    assert ours == 2 * _block_macs(16, batch=2) == lightning_measure_flops(model, lambda: model(x))
+    with_backward = measure_flops(model, lambda: model(x), lambda y: y.sum())
+    assert with_backward == lightning_measure_flops(model, lambda: model(x), lambda y: y.sum())
+    # every GEMM's backward computes its weight's gradient and its input's, but for Q, K and V: x needs no gradient
+    assert with_backward == 3 * ours - 2 * 3 * (2 * 16 * D * D)
+
+
+def test_measure_flops_exceeds_lightning_by_exactly_the_attention_it_misses() -> None:
+    from lightning.fabric.utilities.throughput import measure_flops as lightning_measure_flops
+
+    model, x = SdpaBlock().eval(), torch.randn(2, 16, D)
+    with torch.no_grad():
+        ours = measure_flops(model, lambda: model(x))
+        theirs = lightning_measure_flops(model, lambda: model(x))
+    B, n = 2, 16
+    projections = B * n * D * 3 * D + B * n * D * D
+    core = 2 * B * n * n * D  # scores and weighted sum: B·h·n²·d_k each
+    assert ours == 2 * (projections + core)
+    assert ours - theirs == 2 * core
+
+
+def test_measure_flops_leaves_gradients_alone_and_refuses_bad_callables() -> None:
+    model, x = TransformerBlock(D, H, D_FF), torch.randn(1, 8, D)
+    measure_flops(model, lambda: model(x), lambda y: y.sum())
+    assert all(p.grad is None for p in model.parameters())
+    with pytest.raises(flopscope.InputError, match="no tensor"):
+        measure_flops(model, lambda: None)
+    with pytest.raises(flopscope.InputError, match="scalar"):
+        measure_flops(model, lambda: model(x), lambda y: y)
+
+
+def test_flops_per_batch_prices_padded_packed_and_ragged_batches_exactly() -> None:
+    pricer = flops_per_batch(TransformerBlock(D, H, D_FF), lambda n: torch.zeros(1, n, D), backward=False)
+    per_token = 4 * D * D + 2 * D * D_FF
+    ids = torch.zeros(3, 40, dtype=torch.long)
+    assert pricer(ids) == 2 * _block_macs(40, batch=3)  # padded: every row executes all 40 positions
+    assert pricer({"input_ids": ids, "attention_mask": torch.ones(3, 40)}) == 2 * _block_macs(40, batch=3)
+    assert pricer([10, 25, 40]) == 2 * sum(_block_macs(n) for n in (10, 25, 40))
+    packed = {"position_ids": torch.tensor([list(range(10)) + list(range(25)) + list(range(5))])}
+    assert pricer(packed) == 2 * (40 * per_token + 2 * D * (10**2 + 25**2 + 5**2))  # Σ Lᵢ² attention
+    assert pricer({"cu_seqlens": torch.tensor([0, 10, 35, 40])}) == pricer(packed)
+    assert pricer.flops_by_role([8])["attn_scores"] == 2 * 8 * 8 * D
+    with pytest.raises(flopscope.InputError):
+        pricer({"labels": ids})
+
+
+def test_flops_per_batch_with_backward_matches_a_profile_of_the_same_batch() -> None:
+    model = TransformerBlock(D, H, D_FF)
+    pricer = flops_per_batch(model, lambda n: torch.zeros(1, n, D), backward=True)
+    assert pricer([24]) == flopscope.profile(model, torch.zeros(1, 24, D), mode="fake", backward=True).total_flops()
+
+
+def test_throughput_reports_mfu_with_its_denominator() -> None:
+    pricer = flops_per_batch(TransformerBlock(D, H, D_FF), lambda n: torch.zeros(1, n, D), backward=False)
+    meter = Throughput(pricer, peak=1e12)
+    step = meter.update(torch.zeros(2, 32, dtype=torch.long), seconds=0.5)
+    flops = 2 * _block_macs(32, batch=2)
+    assert step["flops"] == flops and step["peak"] == 1e12
+    assert step["mfu"] == pytest.approx(flops / 0.5 / 1e12) and step["tokens_per_sec"] == 2 * 32 / 0.5
+    assert sum(step["flops_by_role"].values()) == flops
+    meter.update([16], seconds=0.25)
+    assert meter.summary()["flops"] == flops + 2 * _block_macs(16)
+    with pytest.raises(flopscope.ConfigurationError):
+        meter.update([16], seconds=0.0)
+    with pytest.raises(flopscope.ConfigurationError):
+        Throughput(pricer, peak=-1.0)
