@@ -1,0 +1,415 @@
+"""Peak FLOP/s per device and dtype: the denominator of MFU.
+
+Three rules, each against a recurring bug of other tools' tables (issue 10; Lightning, nanoGPT, torchtitan):
+
+* **Dense figures only.** NVIDIA prints tensor-core figures "with sparsity" (2:4 structured sparsity, 2x the
+  dense rate). Every entry below is the dense figure: either printed as dense, or the sparse figure halved,
+  written as that arithmetic (``242 * _T / 2``) so the datasheet number stays visible.
+* **Never another GPU's figure.** A device the matcher does not recognise (an H100 NVL, an L40 without S, a
+  GB200, an A10) gives ``None`` and one :class:`~flopscope.errors.FlopscopeWarning`, not the A100 row.
+* **An override everywhere:** ``peak_flops(..., peak=...)``.
+
+FLOPs are 2 per MAC, as on every datasheet.
+
+``torch.float32`` means IEEE FP32 arithmetic as a default ``torch.matmul`` does it
+(``torch.get_float32_matmul_precision() == "highest"``). On NVIDIA that is the plain FP32 (CUDA-core,
+non-tensor-core) figure; TF32 is a reduced-precision tensor-core mode (opt-in with
+``torch.backends.cuda.matmul.allow_tf32`` / ``set_float32_matmul_precision("high")``) and is *not* listed
+under ``torch.float32``: there is no TF32 torch dtype and this table does not invent one. The dense TF32 figure
+is in each entry's comment; a run with TF32 on should pass it as ``peak=``. On AMD Instinct the FP32 matrix
+cores compute full FP32 (no reduced mantissa) and rocBLAS / hipBLASLt use them for SGEMM, so the FP32 *matrix*
+figure is listed.
+
+Figures are per torch device: an MI250X package holds two GCDs that PyTorch sees as two devices, so its
+datasheet figures are halved.
+
+On CPU there is no table: :func:`measure_cpu_peak` times square matmuls and returns the best achieved rate
+(``flopscope peak`` prints it), so an MFU on a CPU run is a fraction of what this machine's GEMM reaches.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import threading
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .errors import ConfigurationError, FlopscopeWarning
+
+__all__ = ["PEAKS", "device_name", "match_device", "measure_cpu_peak", "peak_flops", "register_cli"]
+
+_T = 1e12  # TFLOP/s
+_P = 1e15  # PFLOP/s
+
+_FP8_NV = (torch.float8_e4m3fn, torch.float8_e5m2)  # the OCP FP8 formats of Hopper / Ada / Blackwell
+_FP8_AMD = (torch.float8_e4m3fnuz, torch.float8_e5m2fnuz)  # MI300's FP8 formats (no inf, unsigned zero)
+
+
+def _same(value: float, *dtypes: torch.dtype) -> dict[torch.dtype, float]:
+    return dict.fromkeys(dtypes, value)
+
+
+# normalised device name -> {dtype: dense FLOP/s}. Per entry: the source, and the figures as printed.
+# NVIDIA footnote "*" = "With sparsity"; the dense rate is half of it.
+PEAKS: dict[str, dict[torch.dtype, float]] = {
+    # NVIDIA A100 Tensor Core GPU datasheet (nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf), columns
+    # "A100 40GB PCIe / 80GB PCIe / 40GB SXM / 80GB SXM" (same figures for all four): "FP32 19.5 TFLOPS",
+    # "Tensor Float 32 (TF32) 156 TFLOPS | 312 TFLOPS*" (TF32 dense 156, not listed), "BFLOAT16 Tensor Core
+    # 312 TFLOPS | 624 TFLOPS*", "FP16 Tensor Core 312 TFLOPS | 624 TFLOPS*". No FP8 on Ampere.
+    "A100": {torch.float32: 19.5 * _T, torch.bfloat16: 312 * _T, torch.float16: 312 * _T},
+    # NVIDIA H100 Tensor Core GPU Architecture whitepaper (GTC 2022), Table "NVIDIA H100 SXM5" column, printed
+    # dense/sparse: "Peak BF16 Tensor TFLOPS with FP32 Accumulate 989.4/1978.9", same for FP16,
+    # "Peak FP8 Tensor TFLOPS with FP32 Accumulate 1978.9/3957.8", "Peak TF32 Tensor TFLOPS 494.7/989.4"
+    # (TF32 not listed). The H100 datasheet prints the rounded sparse figures "BF16 Tensor Core 1,979
+    # teraFLOPS*", "FP8 3,958 teraFLOPS*" and "FP32 67 teraFLOPS" (SXM column); 1979 / 2 = 989.5 is the same
+    # figure rounded differently.
+    "H100 SXM": {torch.float32: 67 * _T, torch.bfloat16: 989.4 * _T, torch.float16: 989.4 * _T,
+                 **_same(1978.9 * _T, *_FP8_NV)},
+    # Same whitepaper, "NVIDIA H100 PCIe" column: "Peak BF16 Tensor TFLOPS with FP32 Accumulate 756/1513",
+    # FP16 the same, "Peak FP8 ... 1513/3026", "Peak TF32 ... 378/756" (not listed); H100 datasheet, PCIe
+    # column: "FP32 51 teraFLOPS".
+    "H100 PCIe": {torch.float32: 51 * _T, torch.bfloat16: 756 * _T, torch.float16: 756 * _T,
+                  **_same(1513 * _T, *_FP8_NV)},
+    # NVIDIA H200 Tensor Core GPU datasheet, "H200 SXM" column: "FP32 67 TFLOPS", "BFLOAT16 Tensor Core 1,979
+    # TFLOPS*", "FP16 Tensor Core 1,979 TFLOPS*", "FP8 Tensor Core 3,958 TFLOPS*", "TF32 989 TFLOPS*" (not
+    # listed): the H100 SXM5 figures (same GH100 die and clocks, more memory), so the whitepaper's dense
+    # 989.4 / 1978.9 are used. The H200 NVL (600 W, lower figures) is deliberately not matched.
+    "H200": {torch.float32: 67 * _T, torch.bfloat16: 989.4 * _T, torch.float16: 989.4 * _T,
+             **_same(1978.9 * _T, *_FP8_NV)},
+    # NVIDIA HGX B200 specifications (HGX platform page / Blackwell datasheet), "Individual Blackwell GPU
+    # Specifications", HGX B200 column (1,000 W): "FP8/FP6 Tensor Core 9 PFLOPS", "FP16/BF16 Tensor Core
+    # 4.5 PFLOPS", "TF32 Tensor Core 2.2 PFLOPS" (all "with sparsity": dense 4.5, 2.25, 1.1), "FP32 75 TFLOPS".
+    # UNSURE: FP32 — some versions of NVIDIA's Blackwell material print 80 TFLOPS for a B200 (the GB200 column
+    # of the same table prints 80); 75 is the HGX B200 figure as printed. GB200 (1,200 W, 5 PFLOPS BF16
+    # sparse) is a different entry and is not matched.
+    "B200": {torch.float32: 75 * _T, torch.bfloat16: 4.5 * _P / 2, torch.float16: 4.5 * _P / 2,
+             **_same(9 * _P / 2, *_FP8_NV)},
+    # NVIDIA L4 Tensor Core GPU datasheet: "FP32 30.3 teraFLOPS", "TF32 Tensor Core 120 teraFLOPS*" (not
+    # listed), "FP16 Tensor Core 242 teraFLOPS*", "BFLOAT16 Tensor Core 242 teraFLOPS*", "FP8 Tensor Core 485
+    # teraFLOPs*" (* with sparsity; dense 121 / 121 / 242.5).
+    "L4": {torch.float32: 30.3 * _T, torch.bfloat16: 242 * _T / 2, torch.float16: 242 * _T / 2,
+           **_same(485 * _T / 2, *_FP8_NV)},
+    # NVIDIA L40S GPU datasheet: "FP32 91.6 TFLOPS", "TF32 Tensor Core 183 | 366* TFLOPS" (not listed),
+    # "BF16 Tensor Core 362.05 | 733* TFLOPS", "FP16 Tensor Core 362.05 | 733* TFLOPS", "FP8 Tensor Core 733 |
+    # 1,466* TFLOPS" (dense | sparse, as printed).
+    "L40S": {torch.float32: 91.6 * _T, torch.bfloat16: 362.05 * _T, torch.float16: 362.05 * _T,
+             **_same(733 * _T, *_FP8_NV)},
+    # AMD Instinct MI250X accelerator datasheet (OAM package = 2 GCDs): "Peak FP32 Vector 47.9 TFLOPs",
+    # "Peak FP32 Matrix 95.7 TFLOPs", "Peak FP16 383 TFLOPs", "Peak bfloat16 383 TFLOPs". PyTorch sees each GCD
+    # as one device, so each figure is halved (the FP32 matrix figure, full FP32, see the module docstring).
+    # No FP8 on CDNA 2; AMD prints no sparse figures for the MI200 series.
+    "MI250X": {torch.float32: 95.7 * _T / 2, torch.bfloat16: 383 * _T / 2, torch.float16: 383 * _T / 2},
+    # AMD Instinct MI300X accelerator datasheet: "Peak FP32 Vector 163.4 TFLOPs", "Peak FP32 Matrix 163.4
+    # TFLOPs", "Peak TF32 653.7 TFLOPs" (not listed), "Peak FP16 / Peak bfloat16 1307.4 TFLOPs" (2614.9 with
+    # structured sparsity), "Peak FP8 2614.9 TFLOPs" (5229.8 with sparsity). One device = the whole MI300X in
+    # the default SPX partition mode (CPX mode shows 8 devices with 1/8 each: not handled). MI300X computes
+    # FP8 in the FNUZ formats, so those are the FP8 keys here.
+    "MI300X": {torch.float32: 163.4 * _T, torch.bfloat16: 1307.4 * _T, torch.float16: 1307.4 * _T,
+               **_same(2614.9 * _T, *_FP8_AMD)},
+}
+
+# The matcher: (pattern on the name torch.cuda.get_device_name returns, PEAKS key), first match wins; a name
+# that matches an exclusion first is unknown. Patterns are case-insensitive; \b keeps "A100" from matching
+# "A10", "L4" from matching "L40", "B200" from matching "GB200".
+_EXCLUDE = [
+    r"\bNVL\b",  # H100 NVL / H200 NVL: lower clocks, own datasheets (figures not in PEAKS)
+    r"\bGB200\b|\bGH200\b",  # Grace superchips: other power limits and figures
+]
+_PATTERNS: list[tuple[str, str]] = [
+    (r"\bA100\b", "A100"),  # "NVIDIA A100-SXM4-80GB", "NVIDIA A100-SXM4-40GB", "NVIDIA A100-PCIE-40GB", "... 80GB PCIe"
+    (r"\bH100\b.*\bPCIe\b", "H100 PCIe"),  # "NVIDIA H100 PCIe"
+    (r"\bH100\b.*(\bSXM|\bHBM3\b)", "H100 SXM"),  # "NVIDIA H100 80GB HBM3" (SXM5 has HBM3, PCIe HBM2e)
+    (r"\bH200\b", "H200"),  # "NVIDIA H200" (the SXM part; NVL excluded above)
+    (r"\bB200\b", "B200"),  # "NVIDIA B200"
+    (r"\bL40S\b", "L40S"),  # "NVIDIA L40S"
+    (r"\bL4\b", "L4"),  # "NVIDIA L4"
+    (r"\bMI250X\b(?!\s*/)", "MI250X"),  # "AMD Instinct MI250X" (not the ambiguous "MI250X / MI250", see below)
+    (r"\bMI300X\b", "MI300X"),  # "AMD Instinct MI300X"
+]
+# ROCm may report a gfx90a GCD as "AMD Instinct MI250X / MI250": the compute-unit count tells them apart
+# (MI250X: 220 CUs per package = 110 per GCD; MI250: 208 = 104 per GCD).
+_MI250_AMBIGUOUS = r"\bMI250X\s*/\s*MI250\b"
+_MI250X_CUS_PER_GCD = 110
+
+
+def match_device(name: str, *, compute_units: int | None = None) -> str | None:
+    """The :data:`PEAKS` key for a device name as ``torch.cuda.get_device_name`` returns it (or a key itself),
+    or ``None`` when the name is not one of the table's devices. ``compute_units`` (the device's
+    ``multi_processor_count``) settles ROCm's "MI250X / MI250" name."""
+    text = " ".join(name.split())
+    for key in PEAKS:
+        if text.casefold() == key.casefold():
+            return key
+    if any(re.search(p, text, re.IGNORECASE) for p in _EXCLUDE):
+        return None
+    if re.search(_MI250_AMBIGUOUS, text, re.IGNORECASE):
+        return "MI250X" if compute_units == _MI250X_CUS_PER_GCD else None
+    for pattern, key in _PATTERNS:
+        if re.search(pattern, text, re.IGNORECASE):
+            return key
+    return None
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.lower().startswith(("model name", "hardware", "cpu model")):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "cpu"
+
+
+def _resolve(device: str | torch.device | None) -> tuple[torch.device | None, str]:
+    """(torch device or None for a bare device name, the raw name)."""
+    if device is None:
+        device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else "cpu"
+    if isinstance(device, str):
+        try:
+            device = torch.device(device)
+        except RuntimeError:  # not a device string: a device name ("NVIDIA H100 PCIe", "H100 SXM")
+            return None, str(device)
+    if device.type == "cpu":
+        return device, _cpu_model()
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigurationError(f"device {str(device)!r}: CUDA is not available here; pass a device name "
+                                     "(\"NVIDIA H100 80GB HBM3\", \"H100 SXM\") or peak=")
+        return device, torch.cuda.get_device_name(device)
+    return device, device.type  # mps, xpu, meta, ...: not in the table
+
+
+def _cuda_compute_units(device: torch.device) -> int | None:
+    try:
+        return int(torch.cuda.get_device_properties(device).multi_processor_count)
+    except Exception:  # no driver in a test, or an old torch
+        return None
+
+
+def device_name(device: str | torch.device | None = None) -> str:
+    """The name :func:`peak_flops` looks up: the :data:`PEAKS` key of a known GPU (``"H100 SXM"``), else the
+    raw name (``torch.cuda.get_device_name``, the CPU model for ``"cpu"``, the device type otherwise). ``device``
+    as in :func:`peak_flops`."""
+    dev, raw = _resolve(device)
+    if dev is not None and dev.type == "cpu":
+        return raw
+    units = _cuda_compute_units(dev) if dev is not None and dev.type == "cuda" else None
+    return match_device(raw, compute_units=units) or raw
+
+
+_WARNED: set[tuple[str, torch.dtype]] = set()
+_LOCK = threading.Lock()
+
+
+def _warn_once(name: str, dtype: torch.dtype, message: str) -> None:
+    with _LOCK:
+        if (name, dtype) in _WARNED:
+            return
+        _WARNED.add((name, dtype))
+    warnings.warn(message, FlopscopeWarning, stacklevel=3)
+
+
+def peak_flops(device: str | torch.device | None = None, dtype: torch.dtype = torch.bfloat16, *,
+               peak: float | None = None) -> float | None:
+    """Dense peak FLOP/s (2 FLOPs per MAC) of ``device`` for ``dtype``, the denominator of MFU.
+
+    ``peak`` overrides: returned as is after a positivity check (``<= 0`` or not a number:
+    :class:`~flopscope.errors.ConfigurationError`). ``device``: ``None`` = the current CUDA device if there is
+    one, else ``"cpu"``; a ``torch.device`` or device string; or a device name as
+    ``torch.cuda.get_device_name`` returns it (``"NVIDIA H100 80GB HBM3"``) or a :data:`PEAKS` key. A GPU is
+    looked up in :data:`PEAKS` through :func:`match_device`; an unknown device, or a dtype the table has no
+    figure for on a known one, gives ``None`` and one :class:`~flopscope.errors.FlopscopeWarning` per
+    (device name, dtype) per process, never another device's figure. ``"cpu"`` returns the measured figure of
+    :func:`measure_cpu_peak` (cached; ``None`` and a warning for a dtype the CPU cannot matmul)."""
+    if peak is not None:
+        if isinstance(peak, bool) or not isinstance(peak, (int, float)) or not peak > 0 or peak == float("inf"):
+            raise ConfigurationError(f"peak= must be a positive, finite number of FLOP/s, got {peak!r}")
+        return float(peak)
+    if not isinstance(dtype, torch.dtype):
+        raise ConfigurationError(f"dtype must be a torch.dtype (torch.bfloat16, ...), got {dtype!r}")
+    dev, raw = _resolve(device)
+    if dev is not None and dev.type == "cpu":
+        try:
+            return measure_cpu_peak(dtype)
+        except ConfigurationError as e:
+            _warn_once(raw, dtype, f"no CPU peak for {dtype}: {e}; MFU is not available (pass peak=)")
+            return None
+    units = _cuda_compute_units(dev) if dev is not None and dev.type == "cuda" else None
+    key = match_device(raw, compute_units=units)
+    if key is None:
+        _warn_once(raw, dtype, f"peak FLOP/s unknown for device {raw!r} (known: {', '.join(PEAKS)}); MFU is "
+                               "not available: pass peak= with the dense datasheet figure")
+        return None
+    figure = PEAKS[key].get(dtype)
+    if figure is None:
+        listed = ", ".join(str(d).removeprefix("torch.") for d in PEAKS[key])
+        _warn_once(raw, dtype, f"peak FLOP/s of {key} ({raw!r}) unknown for {dtype} (listed: {listed}); MFU is "
+                               "not available: pass peak=")
+        return None
+    return figure
+
+
+# ---------------------------------------------------------------------------------------------------- CPU
+
+_CPU_CACHE: dict[tuple[torch.dtype, int], float] = {}
+_CPU_DTYPES = (torch.float64, torch.float32, torch.bfloat16, torch.float16)
+
+
+def _cache_file() -> Path:
+    root = os.environ.get("FLOPSCOPE_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "flopscope")
+    return Path(root) / "peaks.json"
+
+
+def _disk_key(dtype: torch.dtype, threads: int) -> str:
+    return f"{_cpu_model()}|threads={threads}|{str(dtype).removeprefix('torch.')}"
+
+
+def _read_disk(key: str) -> float | None:
+    try:
+        value = json.loads(_cache_file().read_text(encoding="utf-8")).get(key)
+    except (OSError, ValueError, AttributeError):
+        return None
+    return float(value) if isinstance(value, (int, float)) and value > 0 else None
+
+
+def _write_disk(key: str, value: float) -> None:
+    path = _cache_file()
+    try:
+        data: dict[str, Any] = {}
+        if path.exists():
+            loaded = json.loads(path.read_text(encoding="utf-8"))
+            data = loaded if isinstance(loaded, dict) else {}
+        data[key] = value
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(data, indent=1, sort_keys=True), encoding="utf-8")
+        tmp.replace(path)
+    except (OSError, ValueError):
+        pass  # a cache that cannot be written is no error
+
+
+def _benchmark(dtype: torch.dtype, seconds: float, max_n: int = 1024) -> tuple[float, int, int]:
+    """(best FLOP/s, matrix size, matmuls timed) of square ``torch.mm`` in ``dtype`` for about ``seconds``."""
+    n = 128
+    with torch.inference_mode():
+        # grow the size while one product stays well inside the budget (a slow dtype keeps small matrices)
+        while True:
+            a = torch.randn(n, n).to(dtype)
+            b = torch.randn(n, n).to(dtype)
+            out = torch.mm(a, b)  # warm-up (and: can this CPU matmul this dtype at all)
+            dt = float("inf")
+            for _ in range(3):  # best of 3: the first products after start-up are slow
+                t0 = time.perf_counter()
+                torch.mm(a, b, out=out)
+                dt = min(dt, time.perf_counter() - t0)
+            if n >= max_n or dt * 8 * 4 > seconds:  # the next size costs 8x; keep >= ~4 products in budget
+                break
+            n *= 2
+        best, count = 0.0, 0
+        deadline = time.perf_counter() + seconds
+        while True:
+            t0 = time.perf_counter()
+            torch.mm(a, b, out=out)
+            dt = time.perf_counter() - t0
+            count += 1
+            if dt > 0:
+                best = max(best, 2.0 * n ** 3 / dt)
+            if time.perf_counter() >= deadline:
+                break
+    return best, n, count
+
+
+def measure_cpu_peak(dtype: torch.dtype = torch.float32, *, seconds: float = 0.5,
+                     disk_cache: bool = False) -> float:
+    """Achieved GEMM FLOP/s (2 per MAC) of this CPU for ``dtype``: square ``torch.mm`` products (up to
+    1024 x 1024, smaller for a dtype this CPU computes slowly) timed for about ``seconds``; the best rate.
+
+    Cached per (dtype, ``torch.get_num_threads()``) for the process: a second call returns the first figure
+    without measuring. ``disk_cache=True`` also reads / writes ``~/.cache/flopscope/peaks.json`` (the folder
+    ``$FLOPSCOPE_CACHE_DIR`` if set), keyed by the CPU model name, thread count and dtype. A dtype that is not
+    a floating type, or that this build of PyTorch cannot matmul on CPU (FP8), is a
+    :class:`~flopscope.errors.ConfigurationError`."""
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise ConfigurationError(f"measure_cpu_peak needs a floating-point torch.dtype, got {dtype!r}")
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not seconds > 0:
+        raise ConfigurationError(f"seconds must be positive, got {seconds!r}")
+    threads = torch.get_num_threads()
+    cached = _CPU_CACHE.get((dtype, threads))
+    if cached is not None:
+        return cached
+    key = _disk_key(dtype, threads)
+    value = _read_disk(key) if disk_cache else None
+    if value is None:
+        try:
+            value, _, _ = _benchmark(dtype, float(seconds))
+        except (RuntimeError, NotImplementedError, TypeError) as e:
+            raise ConfigurationError(f"this CPU build of PyTorch cannot matmul {dtype}: {e}") from e
+        if not value > 0:
+            raise ConfigurationError(f"the {dtype} matmul benchmark measured no time (timer resolution)")
+        if disk_cache:
+            _write_disk(key, value)
+    _CPU_CACHE[(dtype, threads)] = value
+    return value
+
+
+# ---------------------------------------------------------------------------------------------------- CLI
+
+_CLI_DTYPES = {str(d).removeprefix("torch."): d for d in _CPU_DTYPES}
+
+
+def register_cli(subparsers: Any) -> argparse.ArgumentParser:
+    """Add ``flopscope peak`` to the ``add_subparsers()`` object of flopscope's command line."""
+    cmd = subparsers.add_parser(
+        "peak", help="measure this CPU's GEMM peak (or show a GPU's table figure)",
+        description="Measure the achieved GEMM throughput of this CPU for a dtype (square matmuls, best rate): "
+                    "the MFU denominator of a CPU run. With --device cuda[:N], print the GPU's dense "
+                    "datasheet figure from flopscope.peaks.PEAKS instead.")
+    cmd.add_argument("--dtype", choices=[*sorted(_CLI_DTYPES), "float8_e4m3fn", "float8_e4m3fnuz"], default="float32",
+                     help="dtype (default float32)")
+    cmd.add_argument("--seconds", type=float, default=1.0, help="benchmark time on CPU (default 1.0)")
+    cmd.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:N, or a GPU name")
+    cmd.add_argument("--save", action="store_true",
+                     help="store the CPU figure in ~/.cache/flopscope/peaks.json for measure_cpu_peak(disk_cache=True)")
+    cmd.set_defaults(run=_cli_peak)
+    return cmd
+
+
+def _cli_peak(args: argparse.Namespace) -> int:
+    dtype = getattr(torch, args.dtype)
+    label = args.dtype
+    dev, raw = _resolve(args.device)
+    if dev is not None and dev.type == "cpu":
+        if not args.seconds > 0:
+            raise ConfigurationError(f"--seconds must be positive, got {args.seconds}")
+        if not dtype.is_floating_point or dtype not in _CPU_DTYPES:
+            raise ConfigurationError(f"no CPU GEMM benchmark for {label}")
+        try:
+            value, n, count = _benchmark(dtype, args.seconds)
+        except (RuntimeError, NotImplementedError, TypeError) as e:
+            raise ConfigurationError(f"this CPU build of PyTorch cannot matmul {label}: {e}") from e
+        threads = torch.get_num_threads()
+        _CPU_CACHE[(dtype, threads)] = value
+        if args.save:
+            _write_disk(_disk_key(dtype, threads), value)
+        print(f"{raw} ({threads} threads), {label}: {value / 1e9:.1f} GFLOP/s "
+              f"(achieved GEMM peak: best of {count} {n}x{n} matmuls in {args.seconds:g} s; 2 FLOPs per MAC)")
+        return 0
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", FlopscopeWarning)
+        value_or_none = peak_flops(args.device, dtype)
+    name = device_name(args.device)
+    if value_or_none is None:
+        reason = str(caught[0].message) if caught else "unknown"
+        print(f"{name}, {label}: no peak in the table ({reason})")
+        return 1
+    print(f"{name}, {label}: {value_or_none / 1e12:.1f} TFLOP/s dense (datasheet, 2 FLOPs per MAC)")
+    return 0
