@@ -26,6 +26,7 @@ from . import report
 from .api import profile
 from .errors import FlopscopeError
 from .models import TransformerBlock
+from .peaks import register_cli as register_peak_cli
 from .scaling import MIN_LENGTHS, scaling
 from .targets import load_target, make_inputs, parse_shape
 from .why_self_attention import compare, compare_lengths
@@ -63,6 +64,7 @@ def _parser() -> argparse.ArgumentParser:
                                      "per module, per semantic role, against closed forms.", epilog=EXAMPLES,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    register_peak_cli(commands)  # flopscope peak: this CPU's measured GEMM throughput
 
     demo = commands.add_parser("demo", help="profile the Transformer block the package ships",
                                description="Roles, reconciliation and the layer-type comparison for "

@@ -22,7 +22,8 @@ def load(name: str):
 
 def test_every_example_is_tested():
     assert {p.stem for p in EXAMPLES.glob("*.py")} == {"huggingface_from_config", "training_step",
-                                                       "custom_block_rule", "scaling_plot", "seed_exercise"}
+                                                       "custom_block_rule", "scaling_plot", "seed_exercise",
+                                                       "training_loop_mfu"}
 
 
 def test_huggingface_from_config(capsys):
@@ -84,3 +85,20 @@ def test_seed_exercise():
     assert ours == theirs == {"q_proj": B * n * d * d, "k_proj": B * n * d * d, "v_proj": B * n * d * d,
                               "out_proj": B * n * d * d, "attn_scores": B * n * n * d,
                               "attn_weighted_sum": B * n * n * d}
+
+
+def test_training_loop_mfu(capsys):
+    pytest.importorskip("transformers")
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    import flopscope
+
+    steps = load("training_loop_mfu").main(["--steps", "2"])
+    model = GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=128, n_head=4, vocab_size=1000, n_positions=256))
+    for step in steps:  # the priced FLOPs are those of a profile of that very batch, forward and backward
+        ids = torch.zeros(2, step["length"], dtype=torch.long)
+        profiled = flopscope.profile(model, ids, mode="fake", backward=True, loss=lambda out: out.logits.mean())
+        assert step["flops"] == profiled.total_flops()
+        assert step["mfu"] == step["flops_per_sec"] / step["peak"] and 0 < step["mfu"] < 1
+    assert "MFU" in capsys.readouterr().out
