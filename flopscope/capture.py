@@ -250,6 +250,8 @@ class Recorder(TorchDispatchMode):
         self.unchecked_lookups = 0  # fake mode: embedding lookups whose index values were not known
         self.largest_out = 0  # bytes of the largest tensor a recorded op made: a real run's peak is at least this
         self.leaf_values: dict[int, torch.Tensor] = {}  # id(fake tensor) -> the values it stands for
+        self._known: dict[int, torch.Tensor] = {}  # id(captured op) -> values propagated to its output
+        self._written: dict[Any, tuple[int, ...]] = {}  # op -> positions of the arguments it writes
         self._backward = False  # while the backward pass runs: record ops outside any module call
         self._producers: dict[int, tuple[weakref.ref[torch.Tensor], CapturedOp]] = {}
         self._by_sequence_nr: dict[int, CapturedOp] = {}  # autograd sequence number -> forward op
@@ -345,13 +347,19 @@ class Recorder(TorchDispatchMode):
         """The known values of an index tensor (an input's real values, or what propagated to it)."""
         known = self._producers.get(id(t))
         if known is not None and known[0]() is t:
-            return known[1].value
+            op = known[1]
+            return self._known.get(id(op), op.value)
         return self.leaf_values.get(id(t))
 
     def _propagate(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], cost: Cost) -> torch.Tensor | None:
         """On fake tensors, the values of a small index tensor made from known values (``arange``, views and
-        arithmetic on known ids): the op is run again on those values, for real, on the CPU."""
-        if cost not in (Cost.ZERO, Cost.ELEMENTWISE):
+        arithmetic on known ids): the op is run again on those values, for real, on the CPU. Not for ops that
+        write to an argument (the known values of what shares its storage would go stale: all are forgotten
+        when an index tensor is written), nor for uninitialised memory or random numbers."""
+        if self._writes(func, args):
+            return None
+        if (cost not in (Cost.ZERO, Cost.ELEMENTWISE) or func.overloadpacket in UNINITIALISED
+                or torch.Tag.nondeterministic_seeded in func.tags):
             return None
         known: dict[int, torch.Tensor] = {}
         for t in _tensors((args, kwargs)):
@@ -365,6 +373,19 @@ class Recorder(TorchDispatchMode):
             except (RuntimeError, TypeError, ValueError, IndexError, NotImplementedError):
                 return None
         return out if isinstance(out, torch.Tensor) and not out.is_meta else None
+
+    def _writes(self, func: Any, args: tuple[Any, ...]) -> bool:
+        """Whether ``func`` writes to one of its arguments; when it writes to an index tensor, every known
+        value is forgotten (views share storage with what they view)."""
+        positions = self._written.get(func)
+        if positions is None:
+            positions = self._written[func] = tuple(
+                i for i, a in enumerate(func._schema.arguments) if a.alias_info is not None and a.alias_info.is_write)
+        written = [args[i] for i in positions if i < len(args) and isinstance(args[i], torch.Tensor)]
+        if any(t.dtype in INDEX_DTYPES for t in written):
+            self._known.clear()
+            self.leaf_values.clear()
+        return bool(positions)
 
     def _forward_op(self) -> CapturedOp | None:
         """The forward op whose autograd node is running now (backward pass), if it was recorded."""
@@ -389,7 +410,9 @@ class Recorder(TorchDispatchMode):
         if isinstance(out, torch.Tensor):
             op.output_shapes, op.dtype, op.value = (shape_of(out),), out.dtype, _small_index_value(out)
             if self.fake and op.value is None and out.dtype in INDEX_DTYPES and out.numel() <= MAX_KNOWN_NUMEL:
-                op.value = self._propagate(func, args, kwargs, known.cost)
+                value = self._propagate(func, args, kwargs, known.cost)
+                if value is not None:
+                    self._known[id(op)] = value
             self._producers[id(out)] = (weakref.ref(out), op)
         else:
             outputs = [(i, item) for i, item in enumerate(out if isinstance(out, (tuple, list)) else ())
@@ -453,6 +476,9 @@ MAX_KNOWN_NUMEL = 1 << 16
 """On fake tensors, index tensors up to this many elements keep their values (inputs' real ids, ``arange``
 positions and what is computed from them), so lookups can be checked as a real forward would."""
 EMBEDDING_LOOKUPS = frozenset({torch.ops.aten.embedding, torch.ops.aten._embedding_bag, torch.ops.aten.embedding_bag})
+UNINITIALISED = frozenset({torch.ops.aten.empty, torch.ops.aten.empty_like, torch.ops.aten.new_empty,
+                           torch.ops.aten.empty_strided, torch.ops.aten.new_empty_strided})
+"""Ops whose output's values are whatever memory held: never known."""
 MIXED_DTYPE_OPS = frozenset({torch.ops.aten._scaled_mm, torch.ops.aten._scaled_grouped_mm})
 """Products whose kernels take operands of different dtypes (fp8 formats with scales)."""
 

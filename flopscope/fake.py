@@ -6,8 +6,12 @@ kernels (and is counted the same) as one built on the CPU.
 
 from __future__ import annotations
 
+import collections
 import copy
 import dataclasses
+import functools
+import types
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -91,6 +95,49 @@ def map_tensors(obj: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
     return obj
 
 
+def isolate_objects(obj: Any, convert: Callable[[torch.Tensor], torch.Tensor]) -> Any:
+    """``obj`` with every argument object that is not a tensor or a plain container (a KV cache, a config
+    holding tensors) replaced by a deep copy whose tensors are ``convert``'s fake ones: no memory is
+    allocated, and the run can append to it without touching the user's object."""
+    if isinstance(obj, (torch.Tensor, str, bytes, int, float, bool, type(None), torch.dtype, torch.device,
+                        torch.Size, nn.Module)) or callable(obj):
+        return obj
+    if isinstance(obj, tuple) and hasattr(obj, "_make"):
+        return obj._make(isolate_objects(v, convert) for v in obj)
+    if isinstance(obj, (tuple, list)):
+        return type(obj)(isolate_objects(v, convert) for v in obj)
+    if isinstance(obj, dict):
+        return {k: isolate_objects(v, convert) for k, v in obj.items()}
+    if hasattr(obj, "__dict__") and not dataclasses.is_dataclass(obj):
+        memo: dict[int, Any] = {id(t): convert(t) for t in _reachable_tensors(obj)}
+        return copy.deepcopy(obj, memo)
+    return obj
+
+
+def _reachable_tensors(obj: Any, depth: int = 6) -> list[torch.Tensor]:
+    """Tensors reachable from ``obj`` through attributes, lists, tuples and dicts (``depth`` levels)."""
+    found: list[torch.Tensor] = []
+    seen: set[int] = set()
+
+    def walk(x: Any, level: int) -> None:
+        if id(x) in seen or level > depth:
+            return
+        seen.add(id(x))
+        if isinstance(x, torch.Tensor):
+            found.append(x)
+        elif isinstance(x, dict):
+            for v in x.values():
+                walk(v, level + 1)
+        elif isinstance(x, (list, tuple, set)):
+            for v in x:
+                walk(v, level + 1)
+        elif hasattr(x, "__dict__") and not isinstance(x, (type, nn.Module)):
+            walk(vars(x), level + 1)
+
+    walk(obj, 0)
+    return found
+
+
 def tensors_in(obj: Any) -> list[torch.Tensor]:
     """The tensors inside ``obj`` (the structures of :func:`map_tensors`), in order."""
     found: list[torch.Tensor] = []
@@ -108,34 +155,73 @@ def needs_real_data(error: BaseException) -> BaseException | None:
     return cause_of_kind(error, NEEDS_REAL_DATA)
 
 
-_CONTAINERS = (list, dict, set)
+_CONTAINERS = (list, tuple, dict, set, collections.deque)
 
 
 def shadow_of(model: nn.Module, convert: Callable[[torch.Tensor], torch.Tensor]) -> nn.Module:
-    """A stand-in for ``model`` to run on fake tensors: every module is shallow-copied with its own attribute
-    dict, its own parameter / buffer / submodule tables holding ``convert(t)`` of each tensor, and its own
-    copy of each list / dict / set attribute. Running the shadow never writes to the user's module objects
-    (other threads may run the model meanwhile), and nothing it stores in a container outlives the run.
-    Shared modules and tied weights stay shared (``convert`` is memoised). A TorchScript module runs its
-    own compiled parameters, so it is its own shadow (the fake mode converts them as they are read)."""
+    """A stand-in for ``model`` to run on fake tensors. Every module is copied with its own attribute dict, its
+    own parameter / buffer / submodule tables holding ``convert(t)`` of each tensor, and its own copies of the
+    containers among its attributes (lists, dicts, sets, deques, hook tables); plain tensor attributes become
+    fake too, and every reference an attribute holds to one of the model's modules (a bound method, a
+    ``functools.partial`` forward patch, a weak reference, a list of modules) is pointed at that module's
+    twin. Running the shadow never writes to the user's module objects (other threads may run the model
+    meanwhile) and nothing it stores outlives the run. Shared modules and tied weights stay shared
+    (``convert`` is memoised). A TorchScript module runs its own compiled parameters, so it is its own shadow
+    (the fake mode converts them as they are read)."""
     if isinstance(model, torch.jit.ScriptModule):
         return model
-    copies: dict[int, nn.Module] = {}
-
-    def shadow(module: nn.Module) -> nn.Module:
-        known = copies.get(id(module))
-        if known is not None:
-            return known
+    originals = {id(m): m for m in model.modules()}
+    twins: dict[int, nn.Module] = {}
+    for module in originals.values():
         twin = object.__new__(type(module))  # not copy.copy: parametrized modules refuse to be pickled
         twin.__dict__.update(module.__dict__)
-        copies[id(module)] = twin
+        for cls in type(module).__mro__:  # __slots__ values live outside __dict__
+            for slot in getattr(cls, "__slots__", ()):
+                if slot != "__dict__" and hasattr(module, slot):
+                    object.__setattr__(twin, slot, getattr(module, slot))
+        twins[id(module)] = twin
+
+    def rewire(value: Any, depth: int = 0) -> Any:
+        """``value`` with the model's modules replaced by their twins and tensors by fake ones (containers
+        copied, two levels deep)."""
+        if isinstance(value, nn.Module):
+            return twins.get(id(value), value)
+        if isinstance(value, torch.Tensor):
+            return convert(value)
+        if isinstance(value, types.MethodType) and isinstance(value.__self__, nn.Module):
+            return types.MethodType(value.__func__, rewire(value.__self__))
+        if isinstance(value, functools.partial):
+            return functools.partial(rewire(value.func, depth), *(rewire(a, depth) for a in value.args),
+                                     **{k: rewire(v, depth) for k, v in value.keywords.items()})
+        if isinstance(value, weakref.ref) and not isinstance(value, weakref.WeakMethod):
+            target = value()
+            return weakref.ref(twins[id(target)]) if target is not None and id(target) in twins else value
+        if depth < 2 and (type(value) in _CONTAINERS or isinstance(value, (dict, collections.deque))):
+            return _copy_container(value, lambda v: rewire(v, depth + 1))
+        return value
+
+    for module in originals.values():
+        twin = twins[id(module)]
         attrs = twin.__dict__
         for name, value in list(attrs.items()):
-            if type(value) in _CONTAINERS and not name.startswith("_"):
-                attrs[name] = copy.copy(value)
+            if name not in ("_parameters", "_buffers", "_modules"):
+                attrs[name] = rewire(value)
         attrs["_parameters"] = {k: None if p is None else convert(p) for k, p in module._parameters.items()}
         attrs["_buffers"] = {k: None if b is None else convert(b) for k, b in module._buffers.items()}
-        attrs["_modules"] = {k: None if m is None else shadow(m) for k, m in module._modules.items()}
-        return twin
+        attrs["_modules"] = {k: None if m is None else twins[id(m)] for k, m in module._modules.items()}
+    return twins[id(model)]
 
-    return shadow(model)
+
+def _copy_container(value: Any, item: Callable[[Any], Any]) -> Any:
+    """A copy of a list / tuple / set / deque / dict (subclasses such as ``OrderedDict`` kept) with ``item``
+    applied to each element (to each value of a dict)."""
+    if isinstance(value, dict):
+        copied = copy.copy(value)
+        for key in list(copied):
+            copied[key] = item(copied[key])
+        return copied
+    if isinstance(value, collections.deque):
+        return collections.deque((item(v) for v in value), maxlen=value.maxlen)
+    if isinstance(value, tuple) and hasattr(value, "_make"):
+        return value._make(item(v) for v in value)
+    return type(value)(item(v) for v in value)

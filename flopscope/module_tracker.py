@@ -38,10 +38,16 @@ class ModuleTracker:
         self.stack: tuple[ModuleCall, ...] = ()
         self.calls: Counter[str] = Counter()
         self.inputs: dict[ModuleCall, tuple[tuple[int | str, tuple[int, ...]], ...]] = {}
-        self.foreign_calls = 0  # calls of the root module made by other threads while tracking
+        self.foreign_calls = 0  # outermost calls of the model's modules made by other threads while tracking
+        self._foreign_depth = threading.local()  # per other thread: how many of its calls are running
         self._failed_in: dict[int, tuple[ModuleCall, ...]] = {}
         self._handles: list[Any] = []
         self._thread = threading.get_ident()
+
+    def add_paths(self, root: nn.Module) -> None:
+        """Also attribute the calls of ``root``'s modules (the same paths: a model and its shadow)."""
+        for name, module in root.named_modules():
+            self.paths.setdefault(id(module), name)
 
     def __enter__(self) -> ModuleTracker:
         self._thread = threading.get_ident()
@@ -69,7 +75,9 @@ class ModuleTracker:
         if path is None:
             return
         if threading.get_ident() != self._thread:
-            if path == "":
+            depth = getattr(self._foreign_depth, "value", 0)
+            self._foreign_depth.value = depth + 1
+            if depth == 0:  # the outermost call of that thread: the model or one of its submodules
                 self.foreign_calls += 1
             return
         self.calls[path] += 1
@@ -78,7 +86,10 @@ class ModuleTracker:
     def _post(self, module: nn.Module, args: Any, *rest: Any) -> None:
         # (kwargs, output) normally; torch calls always-called hooks of a raising forward with (output,) only
         path = self.paths.get(id(module))
-        if path is None or threading.get_ident() != self._thread:
+        if path is None:
+            return
+        if threading.get_ident() != self._thread:
+            self._foreign_depth.value = max(0, getattr(self._foreign_depth, "value", 0) - 1)
             return
         kwargs = rest[0] if len(rest) == 2 else {}
         if self.stack and self.stack[-1].path == path:

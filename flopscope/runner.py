@@ -22,6 +22,7 @@ import logging
 import sys
 import threading
 import warnings
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
@@ -35,7 +36,15 @@ from .capture import INDEX_DTYPES, MAX_KNOWN_NUMEL, LeafKind, LeafName, OpFailur
 from .checks import check_inputs, check_mode, check_model
 from .errors import ConfigurationError, FakeTensorError, FlopscopeWarning, ForwardError, cause_of_kind
 from .facts import read_facts
-from .fake import CountingFakeTensorMode, FakeConverter, map_tensors, needs_real_data, shadow_of, tensors_in
+from .fake import (
+    CountingFakeTensorMode,
+    FakeConverter,
+    isolate_objects,
+    map_tensors,
+    needs_real_data,
+    shadow_of,
+    tensors_in,
+)
 from .formulas import REGISTRY, FormulaRegistry
 from .module_tracker import ModuleTracker
 from .profile import Capture, Profile
@@ -106,9 +115,31 @@ def run_in_mode(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
 def run(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], options: CaptureOptions, *, fake: bool,
         converter: FakeConverter | None = None, notes: Sequence[str] = (), stacklevel: int = 2) -> Profile:
     """One counted forward (and backward), on fake tensors or for real; the model is left as it was.
-    ``stacklevel`` is that of a warning issued here (unsupported ops)."""
+    ``stacklevel`` is that of a warning issued here (unsupported ops). Real runs of one model are serialised
+    (their snapshots and restores of the model's state must not interleave); fake runs run side by side."""
+    if fake:
+        return _run(model, args, kwargs, options, True, converter, notes, stacklevel + 1)
+    with _real_run_lock(model):
+        return _run(model, args, kwargs, options, False, None, notes, stacklevel + 1)
+
+
+_REAL_RUNS: weakref.WeakKeyDictionary[nn.Module, threading.RLock] = weakref.WeakKeyDictionary()
+_REAL_RUNS_LOCK = threading.Lock()
+
+
+def _real_run_lock(model: nn.Module) -> threading.RLock:
+    with _REAL_RUNS_LOCK:
+        lock = _REAL_RUNS.get(model)
+        if lock is None:
+            lock = _REAL_RUNS[model] = threading.RLock()
+        return lock
+
+
+def _run(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], options: CaptureOptions, fake: bool,
+         converter: FakeConverter | None, notes: Sequence[str], stacklevel: int) -> Profile:
     facts = read_facts(model)
-    snapshot = ModelSnapshot(model, buffer_values=not fake, grads=options.backward and not fake)
+    # fake: the shadow runs, so the user's tables are not restored (another thread may be changing them)
+    snapshot = ModelSnapshot(model, buffer_values=not fake, grads=options.backward, tables=not fake)
     state: dict[str, torch.Tensor] = {}
     try:
         with ExitStack() as stack:
@@ -119,11 +150,13 @@ def run(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], options
             # written to (another thread may be running them); real: the model itself runs
             target = shadow_of(model, convert) if convert is not None else model
             tracker = ModuleTracker(target)
+            if target is not model:  # an original module reached through a closure still has its path
+                tracker.add_paths(model)
             recorder, state = _recorder(model, tracker, options.registry, convert)
             if convert is not None:
                 stack.enter_context(_quiet_fake_tensor_log())
                 real = tensors_in((args, kwargs)) + [t for _, t in _named_state(model)]
-                args, kwargs = map_tensors((args, kwargs), convert)
+                args, kwargs = map_tensors(isolate_objects((args, kwargs), convert), convert)
                 recorder.leaf_values.update(_index_values(real, convert))
                 stack.enter_context(convert.mode)
             recorder.add_leaf_names(_input_names(model, args, kwargs))

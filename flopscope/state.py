@@ -10,6 +10,9 @@ version counter moved; cloning every parameter to restore it would double the mo
 :meth:`ModelSnapshot.restore` never raises: each step runs even when another fails, and what failed
 is returned, so a restore can neither mask the forward's own error nor skip the rest.
 
+With ``tables=False`` (fake mode, where a shadow of the model runs and the user's objects are never written)
+only ``.grad`` is saved and restored: a TorchScript submodule runs its own parameters even on fake tensors.
+
 TorchScript modules keep their tables in C++ (they cannot be changed from Python code): only their
 training flag, ``requires_grad``, ``.grad`` and buffer values are restored.
 """
@@ -24,14 +27,18 @@ from torch import nn
 
 
 class ModelSnapshot:
-    def __init__(self, model: nn.Module, *, buffer_values: bool, grads: bool = False) -> None:
+    def __init__(self, model: nn.Module, *, buffer_values: bool, grads: bool = False, tables: bool = True) -> None:
         modules = list(model.modules())
         self._tables = [(m, dict(m.__dict__), dict(m._parameters), dict(m._buffers), dict(m._modules))
-                        for m in modules if not isinstance(m, torch.jit.ScriptModule)]
-        self._training = [(m, m.training) for m in modules]
+                        for m in modules if tables and not isinstance(m, torch.jit.ScriptModule)]
+        # hook tables are changed in place (register_forward_hook during a forward): their contents
+        self._hooks = [(table, dict(table)) for m, *_ in self._tables for name, table in vars(m).items()
+                       if "hook" in name and isinstance(table, dict)]
+        self._training = [(m, m.training) for m in modules] if tables else []
         named = list(model.named_parameters())
-        self._requires_grad = [(p, p.requires_grad) for _, p in named]
-        self._versions = [(name, p, p._version) for name, p in named]
+        self._requires_grad = [(p, p.requires_grad) for _, p in named] if tables else []
+        # inference tensors have no version counter (a model built under torch.inference_mode)
+        self._versions = [(name, p, p._version) for name, p in named if tables and not p.is_inference()]
         self._grads = [(p, p.grad) for _, p in named] if grads else []
         for p, _ in self._grads:  # a counted backward accumulates into fresh tensors, not into these
             p.grad = None
@@ -56,6 +63,8 @@ class ModelSnapshot:
             step(f"{name} parameters", _restore_dict, module._parameters, params)
             step(f"{name} buffers", _restore_dict, module._buffers, buffers)
             step(f"{name} submodules", _restore_dict, module._modules, children)
+        for hooks, saved_hooks in self._hooks:
+            step("a hook table", _restore_dict, hooks, saved_hooks)
         for module, training in self._training:
             step(f"{type(module).__name__} training flag", setattr, module, "training", training)
         for p, grad in self._grads:

@@ -220,3 +220,125 @@ def test_parametrized_modules_are_counted(mode: str) -> None:
     own parameters, and the module cannot be pickled."""
     model = nn.Sequential(nn.utils.parametrizations.weight_norm(nn.Linear(8, 16)), nn.ReLU(), nn.Linear(16, 4))
     assert flopscope.profile(model, torch.randn(2, 8), mode=mode).total() == MLP_MACS
+
+
+class _Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.up, self.down = nn.Linear(8, 16), nn.Linear(16, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(torch.relu(self.up(x)))
+
+
+def test_modules_reached_through_patched_forwards_and_bound_methods_run_as_their_shadow() -> None:
+    """accelerate's hooks replace forward with a functools.partial; some models keep bound methods: in fake mode
+    those must reach the shadow's modules (attribution, and no write to the user's weights)."""
+    import functools
+
+    model = _Block()
+    for module in (model.up, model.down):
+        original = module.forward
+        module.forward = functools.partial(lambda m, fwd, x: fwd(x), module, original)
+    model.step = model.up.forward  # a bound attribute
+    before = model.up.weight.detach().clone()
+    real = flopscope.profile(model, torch.randn(2, 8), mode="real").by_module()
+    fake = flopscope.profile(model, torch.randn(2, 8), mode="fake").by_module()
+    assert fake == real == {"": 2 * 8 * 16 * 2, "up": 2 * 8 * 16, "down": 2 * 16 * 8}
+    assert torch.equal(model.up.weight, before) and not isinstance(model.up.weight, FakeTensor)
+
+
+def test_written_index_tensors_are_never_taken_for_known_ids() -> None:
+    """A table lookup whose ids were filled in place (idx[0] = ...) may not be refused with stale values."""
+
+    class Scatter(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.table, self.score = nn.Embedding(10, 4), nn.Linear(4, 10)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            s = self.score(x)
+            idx = torch.full((2, x.shape[0]), -1)
+            idx[0] = s.argmax(-1)
+            idx[1] = s.argmin(-1)
+            return self.table(idx)
+
+    for mode in ("real", "fake", "auto"):
+        assert flopscope.profile(Scatter(), torch.randn(6, 4), mode=mode).total() == 6 * 4 * 10
+
+    class Sampling(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.table = nn.Embedding(10, 4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.table(torch.randint(0, 10, (x.shape[0],)))
+
+    model, x = Sampling(), torch.randn(3, 4)
+    before = torch.get_rng_state()
+    flopscope.profile(model, x, mode="fake")
+    assert torch.equal(torch.get_rng_state(), before)  # a fake profile draws no random numbers for real
+
+
+def test_a_model_built_under_inference_mode_is_counted() -> None:
+    with torch.inference_mode():
+        model = _mlp()
+    for mode in ("real", "fake", "auto"):
+        with torch.no_grad():  # inference tensors cannot be saved for backward, with or without flopscope
+            assert flopscope.profile(model, torch.randn(2, 8), mode=mode).total() == MLP_MACS
+
+
+def test_a_kv_cache_passed_in_is_left_as_it_was() -> None:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    model = LlamaForCausalLM(LlamaConfig(num_hidden_layers=1, hidden_size=32, num_attention_heads=2,
+                                         num_key_value_heads=1, intermediate_size=64, vocab_size=100)).eval()
+    ids = torch.randint(0, 100, (1, 10))
+    with torch.no_grad():
+        cache = model(ids, use_cache=True).past_key_values
+        flopscope.profile(model, ids[:, -1:], past_key_values=cache)  # default mode: fake tensors
+        assert cache.get_seq_length() == 10
+        assert not isinstance(model(ids[:, -1:], past_key_values=cache).logits, FakeTensor)
+
+
+@pytest.mark.parametrize("mode", ["real", "fake"])
+def test_hooks_and_tensor_attributes_a_forward_changes_are_put_back(mode: str) -> None:
+    class Hooking(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(4, 4)
+            self.calls = torch.zeros(())  # a plain tensor attribute, not a buffer
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            self.fc.register_forward_hook(lambda *args: None)
+            self.calls.add_(1)
+            return self.fc(x)
+
+    model = Hooking()
+    for _ in range(3):
+        flopscope.profile(model, torch.randn(2, 4), mode=mode)
+    assert len(model.fc._forward_hooks) == 0
+    assert float(model.calls) == (3.0 if mode == "real" else 0.0)  # a real forward's own work stays
+
+
+def test_real_profiles_of_one_model_from_several_threads_leave_its_buffers_as_they_were() -> None:
+    import threading
+
+    model = nn.Sequential(nn.Linear(8, 8), nn.BatchNorm1d(8)).train()
+    before = {name: b.clone() for name, b in model.named_buffers()}
+    errors: list[BaseException] = []
+
+    def work() -> None:
+        try:
+            for _ in range(5):
+                assert flopscope.profile(model, torch.randn(4, 8), mode="real").total() == 4 * 8 * 8
+        except BaseException as error:  # reported below
+            errors.append(error)
+
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors
+    assert all(torch.equal(b, before[name]) for name, b in model.named_buffers())

@@ -105,3 +105,13 @@ def test_a_profiler_block_says_how_many_forwards_other_threads_ran() -> None:
         worker.join(timeout=60)
     assert prof.total() == TOTAL  # the opening thread's forward, once
 
+
+
+def test_a_profiler_block_counts_a_submodule_called_by_another_thread_as_foreign() -> None:
+    model, x = TransformerBlock(D, H, D_FF).eval(), torch.randn(1, N, D)
+    with pytest.warns(flopscope.FlopscopeWarning, match="1 forward.*other threads"), torch.no_grad(), \
+            flopscope.profiler(model) as prof:
+        worker = threading.Thread(target=lambda: model.ffn(x))
+        worker.start()
+        worker.join(timeout=60)
+    assert prof.total() == 0
