@@ -1,0 +1,105 @@
+"""Lightning: a callback that prices every training batch exactly and logs MFU (``pip install flopscope[lightning]``).
+
+    trainer = lightning.Trainer(callbacks=[FlopscopeCallback(lambda n: torch.zeros(1, n, dtype=torch.long))])
+
+On fit start it traces the module once at a few lengths (:func:`flopscope.flops_per_batch`, forward and
+backward); on each step it sets ``pl_module.flops_per_batch`` (what Lightning's ``ThroughputMonitor`` reads) to
+the exact FLOPs of that batch and logs ``throughput/flops_per_batch``, ``throughput/device/flops_per_sec``,
+``throughput/device/mfu`` (with ``throughput/device/peak_flops``, its denominator, when the peak is known),
+``throughput/tokens_per_sec`` and ``throughput/flops/<role>``. A failure is logged once and disables the
+callback: it never stops training.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+
+from ..errors import FlopscopeWarning
+from ..training import BatchPricer, Throughput, flops_per_batch
+
+
+class FlopscopeCallback(pl.Callback):
+    """Exact FLOPs per batch and MFU for a ``lightning.Trainer``.
+
+    Args:
+        make_inputs: ``make_inputs(n)`` -> the module's inputs for one sequence of ``n`` tokens.
+        batch_inputs: ``batch_inputs(batch)`` -> what :class:`~flopscope.training.BatchPricer` prices (token ids
+            ``[B, n]``, a dict of model inputs, or lengths); default: the batch itself, or its ``input_ids``.
+        model: ``model(pl_module)`` -> the module to trace (default: the LightningModule itself).
+        peak, dtype: the device's dense peak FLOP/s (default: looked up for the module's device and ``dtype``).
+        lengths: sequence lengths traced once on fit start.
+    """
+
+    def __init__(self, make_inputs: Callable[[int], Any], *, batch_inputs: Callable[[Any], Any] | None = None,
+                 model: Callable[[pl.LightningModule], torch.nn.Module] | None = None, peak: float | None = None,
+                 dtype: torch.dtype = torch.float32, lengths: tuple[int, ...] = (8, 16, 32, 64, 128)) -> None:
+        super().__init__()
+        self.make_inputs, self.batch_inputs, self.model = make_inputs, batch_inputs, model
+        self.peak, self.dtype, self.lengths = peak, dtype, lengths
+        self.pricer: BatchPricer | None = None
+        self.meter: Throughput | None = None
+        self.disabled = False
+        self.history: list[dict[str, Any]] = []  # the metrics of every step, as logged
+        self._start = 0.0
+
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._guard(self._prepare, pl_module)
+
+    def _prepare(self, pl_module: pl.LightningModule) -> None:
+        module = self.model(pl_module) if self.model is not None else pl_module
+        self.pricer = flops_per_batch(module, self.make_inputs, backward=True, lengths=self.lengths)
+        self.meter = Throughput(self.pricer, peak=self.peak, device=pl_module.device, dtype=self.dtype)
+
+    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any,
+                             batch_idx: int) -> None:
+        if not self.disabled:
+            self._guard(self._price, pl_module, batch)
+        self._start = time.perf_counter()
+
+    def _price(self, pl_module: pl.LightningModule, batch: Any) -> None:
+        if self.pricer is not None:  # what ThroughputMonitor reads
+            setattr(pl_module, "flops_per_batch", self.pricer(self._inputs(batch)))  # noqa: B010  (nn.Module typing)
+
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        seconds = time.perf_counter() - self._start
+        if not self.disabled and self.meter is not None:
+            self._guard(self._log, pl_module, batch, seconds)
+
+    def _log(self, pl_module: pl.LightningModule, batch: Any, seconds: float) -> None:
+        meter = self.meter
+        if meter is None:
+            return
+        step = meter.update(self._inputs(batch), seconds)
+        self.history.append(step)
+        metrics = {"throughput/flops_per_batch": float(step["flops"]),
+                   "throughput/device/flops_per_sec": float(step["flops_per_sec"]),
+                   "throughput/tokens_per_sec": float(step["tokens_per_sec"])}
+        if step["mfu"] is not None:
+            metrics["throughput/device/mfu"] = float(step["mfu"])
+            metrics["throughput/device/hfu"] = float(step["hfu"])
+            metrics["throughput/device/peak_flops"] = float(step["peak"])
+        metrics.update({f"throughput/flops/{role}": float(v) for role, v in step["flops_by_role"].items()})
+        pl_module.log_dict(metrics, on_step=True, on_epoch=False)
+
+    def _inputs(self, batch: Any) -> Any:
+        if self.batch_inputs is not None:
+            return self.batch_inputs(batch)
+        if isinstance(batch, (tuple, list)) and batch and isinstance(batch[0], torch.Tensor):
+            return batch[0]
+        return batch
+
+    def _guard(self, action: Callable[..., Any], *args: Any) -> None:
+        """Run ``action``; a failure warns once and disables the callback (training goes on)."""
+        try:
+            action(*args)
+        except Exception as error:  # a metrics callback must never stop training
+            self.disabled = True
+            warnings.warn(f"flopscope: FlopscopeCallback disabled itself: {type(error).__name__}: {error}",
+                          FlopscopeWarning, stacklevel=2)
