@@ -512,23 +512,20 @@ def _map_tensors(x: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
 _CONTAINERS = (torch.Tensor, tuple, list, dict)
 
 
-def _any_requires_grad(x: Any) -> bool:
-    found: list[bool] = []
-    _map_tensors(x, lambda t: found.append(t.requires_grad))
-    return any(found)
-
-
 def _tensors(x: Any) -> list[torch.Tensor]:
+    """The tensors inside (nested) tuples, lists and dicts, in order."""
     found: list[torch.Tensor] = []
     _map_tensors(x, found.append)
     return found
 
 
+def _any_requires_grad(x: Any) -> bool:
+    return any(t.requires_grad for t in _tensors(x))
+
+
 def _shapes(x: Any) -> tuple[tuple[int, ...], ...]:
     """Shapes of the tensors inside ``x``, in order."""
-    found: list[tuple[int, ...]] = []
-    _map_tensors(x, lambda t: found.append(shape_of(t)))
-    return tuple(found)
+    return tuple(shape_of(t) for t in _tensors(x))
 
 
 def _first_shape(out: Any) -> tuple[int, ...] | None:

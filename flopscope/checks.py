@@ -47,9 +47,10 @@ def check_inputs(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
     try:
         signature.bind(*args, **kwargs)
     except TypeError as e:
-        given = ", ".join([_describe(a) for a in args] + [f"{k}={_describe(v)}" for k, v in kwargs.items()])
+        given = ", ".join([describe(a) for a in args] + [f"{k}={describe(v)}" for k, v in kwargs.items()])
         raise InputError(f"inputs do not fit {type(model).__name__}.forward{signature}: {e} (given: {given})") from e
 
 
-def _describe(x: Any) -> str:
+def describe(x: Any) -> str:
+    """``Tensor[2, 8]`` for a tensor, the type name of anything else (for error messages)."""
     return f"Tensor{list(x.shape)}" if isinstance(x, torch.Tensor) else type(x).__name__

@@ -75,43 +75,34 @@ class FakeConverter:
         return fake
 
 
-def map_tensors(obj: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
-    """Apply ``fn`` to every tensor in nested tuples, named tuples, lists, dicts and dataclasses."""
+def map_tensors(obj: Any, fn: Callable[[torch.Tensor], Any], objects: Callable[[Any], Any] | None = None) -> Any:
+    """Apply ``fn`` to every tensor in nested tuples, named tuples, lists, dicts and dataclasses, and
+    ``objects`` (if given) to every other object with attributes found there (a KV cache, say)."""
     if isinstance(obj, torch.Tensor):
         return fn(obj)
     if isinstance(obj, tuple) and hasattr(obj, "_make"):  # named tuple (PackedSequence among them)
-        return obj._make(map_tensors(v, fn) for v in obj)
+        return obj._make(map_tensors(v, fn, objects) for v in obj)
     if isinstance(obj, (tuple, list)):
-        return type(obj)(map_tensors(v, fn) for v in obj)
+        return type(obj)(map_tensors(v, fn, objects) for v in obj)
     if isinstance(obj, dict):
-        mapped = {k: map_tensors(v, fn) for k, v in obj.items()}
+        mapped = {k: map_tensors(v, fn, objects) for k, v in obj.items()}
         try:
             return type(obj)(mapped)
         except Exception:  # a dict subclass with its own constructor
             return mapped
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        changes = {f.name: map_tensors(getattr(obj, f.name), fn) for f in dataclasses.fields(obj) if f.init}
+        changes = {f.name: map_tensors(getattr(obj, f.name), fn, objects) for f in dataclasses.fields(obj) if f.init}
         return dataclasses.replace(obj, **changes)
+    if objects is not None and hasattr(obj, "__dict__") and not (isinstance(obj, (type, nn.Module)) or callable(obj)):
+        return objects(obj)
     return obj
 
 
-def isolate_objects(obj: Any, convert: Callable[[torch.Tensor], torch.Tensor]) -> Any:
-    """``obj`` with every argument object that is not a tensor or a plain container (a KV cache, a config
-    holding tensors) replaced by a deep copy whose tensors are ``convert``'s fake ones: no memory is
-    allocated, and the run can append to it without touching the user's object."""
-    if isinstance(obj, (torch.Tensor, str, bytes, int, float, bool, type(None), torch.dtype, torch.device,
-                        torch.Size, nn.Module)) or callable(obj):
-        return obj
-    if isinstance(obj, tuple) and hasattr(obj, "_make"):
-        return obj._make(isolate_objects(v, convert) for v in obj)
-    if isinstance(obj, (tuple, list)):
-        return type(obj)(isolate_objects(v, convert) for v in obj)
-    if isinstance(obj, dict):
-        return {k: isolate_objects(v, convert) for k, v in obj.items()}
-    if hasattr(obj, "__dict__") and not dataclasses.is_dataclass(obj):
-        memo: dict[int, Any] = {id(t): convert(t) for t in _reachable_tensors(obj)}
-        return copy.deepcopy(obj, memo)
-    return obj
+def isolated_copy(obj: Any, convert: Callable[[torch.Tensor], torch.Tensor]) -> Any:
+    """A deep copy of an argument object (a KV cache, a config holding tensors) whose tensors are ``convert``'s
+    fake ones: no memory is allocated, and the run can append to it without touching the user's object."""
+    memo: dict[int, Any] = {id(t): convert(t) for t in _reachable_tensors(obj)}
+    return copy.deepcopy(obj, memo)
 
 
 def _reachable_tensors(obj: Any, depth: int = 6) -> list[torch.Tensor]:

@@ -244,13 +244,13 @@ def _attention_hyper(b: _Block) -> _Attention | None:
     groups = facts.declared(KV_GROUPS, paths, config=False)
     d_k = facts.declared(HEAD_WIDTH, paths, config=False)
     if facts.config is not None:
-        d = facts.declared(Names(config=WIDTH.config)) if d is None else d
-        h = facts.declared(Names(config=HEADS.config)) if h is None else h
+        d = facts.declared(WIDTH) if d is None else d
+        h = facts.declared(HEADS) if h is None else h
         if n_kv is None and groups is None:
-            n_kv = facts.declared(Names(config=KV_HEADS.config))
+            n_kv = facts.declared(KV_HEADS)
             if n_kv is None and facts.config_value(*MULTI_QUERY.config):
                 n_kv = 1
-        d_k = facts.declared(Names(config=HEAD_WIDTH.config)) if d_k is None else d_k
+        d_k = facts.declared(HEAD_WIDTH) if d_k is None else d_k
         source = "module attributes and config"
     if spec is not None:
         d, h = spec.d or d, spec.h or h
@@ -351,7 +351,7 @@ def _attention_rows(b: _Block) -> list[ReconcileRow]:
 
 def _config_window(block: str, facts: ModelFacts) -> int | None:
     """The sliding window the config declares for this block's layer (``layer_types`` when it has them)."""
-    window = facts.declared(Names(config=SLIDING_WINDOW.config))
+    window = facts.declared(SLIDING_WINDOW)
     if window is None or facts.config_value("use_sliding_window") is False:
         return None
     layer_types = facts.config_value("layer_types")
@@ -439,7 +439,7 @@ def _ffn_widths(b: _Block, gated: bool) -> tuple[int | None, int | None, str]:
         if d_in is not None and width is not None:
             fused = gated and b.role_modules.get("ffn_gate") == ups  # one gate_up projection, split in two
             return d_in, width // 2 if fused else width, "weight shapes"
-    d = facts.declared(Names(config=WIDTH.config))
+    d = facts.declared(WIDTH)
     moe = facts.declared(TOP_K) is not None
     d_ff = (facts.declared(EXPERT_FFN_WIDTH) if moe else None) or facts.declared(FFN_WIDTH)
     if d is not None and d_ff is not None:
@@ -507,7 +507,7 @@ def _recurrent_rows(b: _Block) -> list[ReconcileRow]:
 
 def _logits_rows(b: _Block) -> list[ReconcileRow]:
     block, got, facts = b.path, b.measured.get("logits", 0), b.facts
-    d = facts.declared(Names(config=WIDTH.config)) or facts.declared(Names(module=("in_features",)), [block])
+    d = facts.declared(WIDTH) or facts.declared(Names(module=("in_features",)), [block])
     vocab = facts.declared(VOCAB) or facts.declared(Names(module=("out_features",)), [block])
     tokens = _tokens_of(b.calls, d) if d is not None else 0
     if d is None or vocab is None or not tokens:

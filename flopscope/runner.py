@@ -39,7 +39,7 @@ from .facts import read_facts
 from .fake import (
     CountingFakeTensorMode,
     FakeConverter,
-    isolate_objects,
+    isolated_copy,
     map_tensors,
     needs_real_data,
     shadow_of,
@@ -156,7 +156,7 @@ def _run(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], option
             if convert is not None:
                 stack.enter_context(_quiet_fake_tensor_log())
                 real = tensors_in((args, kwargs)) + [t for _, t in _named_state(model)]
-                args, kwargs = map_tensors(isolate_objects((args, kwargs), convert), convert)
+                args, kwargs = map_tensors((args, kwargs), convert, objects=lambda obj: isolated_copy(obj, convert))
                 recorder.leaf_values.update(_index_values(real, convert))
                 stack.enter_context(convert.mode)
             recorder.add_leaf_names(_input_names(model, args, kwargs))

@@ -16,8 +16,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from .checks import describe
 from .errors import ConfigurationError, FlopscopeError, InputError
 from .fake import tensors_in
+from .formulas import prod
 from .role import Role
 from .runner import CaptureOptions, Session
 from .scaling import Polynomial, scaling
@@ -48,7 +50,7 @@ def measure_flops(model: nn.Module, forward_fn: Callable[[], Any],
             if loss_fn is not None:
                 loss = loss_fn(output)
                 if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
-                    raise InputError(f"loss_fn must return a scalar tensor; got {_describe(loss)}")
+                    raise InputError(f"loss_fn must return a scalar tensor; got {describe(loss)}")
                 with session.backward_pass():
                     loss.backward()
         finally:
@@ -56,10 +58,6 @@ def measure_flops(model: nn.Module, forward_fn: Callable[[], Any],
     finally:
         snapshot.restore()
     return prof.total_flops()
-
-
-def _describe(x: Any) -> str:
-    return f"Tensor{list(x.shape)}" if isinstance(x, torch.Tensor) else type(x).__name__
 
 
 # --------------------------------------------------------------------------------------------------
@@ -125,15 +123,14 @@ def _rows(batch: Any) -> list[list[int]]:
                          "cu_seqlens")
     if isinstance(batch, Sequence) and batch and all(isinstance(n, int) and n > 0 for n in batch):
         return [[int(n)] for n in batch]
-    raise InputError(f"cannot price {_describe(batch)}: give token ids [B, n], a dict of model inputs, or a list of "
+    raise InputError(f"cannot price {describe(batch)}: give token ids [B, n], a dict of model inputs, or a list of "
                      "sequence lengths")
 
 
 def _dense_rows(ids: torch.Tensor) -> list[list[int]]:
     if ids.dim() < 1 or ids.shape[-1] < 1:
         raise InputError(f"token ids need a sequence dimension (last); got shape {list(ids.shape)}")
-    rows = int(torch.tensor(ids.shape[:-1]).prod()) if ids.dim() > 1 else 1
-    return [[int(ids.shape[-1])]] * rows
+    return [[int(ids.shape[-1])]] * prod(ids.shape[:-1])
 
 
 def _segments(positions: list[int]) -> list[int]:
@@ -199,18 +196,18 @@ class Throughput:
         self.seconds += seconds
         self.model_flops += flops
         self.tokens += tokens
-        rate = flops / seconds
-        return {"flops": flops, "flops_per_sec": rate, "peak": self.peak,
-                "mfu": rate / self.peak if self.peak else None,
-                "hfu": (flops + self.recompute_flops) / seconds / self.peak if self.peak else None,
-                "tokens_per_sec": tokens / seconds, "flops_by_role": by_role}
+        return {**self._rates(flops, self.recompute_flops, tokens, seconds), "flops_by_role": by_role}
 
     def summary(self) -> dict[str, Any]:
         """Totals over every step so far (same keys as :meth:`update`, without ``flops_by_role``)."""
         if not self.steps:
             raise FlopscopeError("no step was recorded yet (call update() after each step)")
-        rate = self.model_flops / self.seconds
-        hardware = (self.model_flops + self.steps * self.recompute_flops) / self.seconds
-        return {"flops": self.model_flops, "flops_per_sec": rate, "peak": self.peak,
-                "mfu": rate / self.peak if self.peak else None, "hfu": hardware / self.peak if self.peak else None,
-                "tokens_per_sec": self.tokens / self.seconds, "steps": self.steps}
+        return {**self._rates(self.model_flops, self.steps * self.recompute_flops, self.tokens, self.seconds),
+                "steps": self.steps}
+
+    def _rates(self, flops: int, recomputed: int, tokens: int, seconds: float) -> dict[str, Any]:
+        """MFU counts the model's FLOPs, HFU also the recomputed ones; both ``None`` without a peak."""
+        return {"flops": flops, "flops_per_sec": flops / seconds, "peak": self.peak,
+                "mfu": flops / seconds / self.peak if self.peak else None,
+                "hfu": (flops + recomputed) / seconds / self.peak if self.peak else None,
+                "tokens_per_sec": tokens / seconds}
