@@ -20,9 +20,14 @@ also holds these plain keys (written in one place, :func:`_public_meta`):
 - ``elementwise``: ``(category, ops)`` for elementwise work, else ``None``;
 - ``cost``: ``"formula"``, ``"elementwise"``, ``"zero"`` or ``"unsupported"`` (:class:`Cost`);
 - ``seconds``: wall time of the op (real mode only);
-- ``phase``: ``"forward"`` or ``"backward"``; a backward op whose autograd node was recorded in the forward
-  also has ``forward``: that forward node (matched by autograd sequence number), whose module stack it
-  inherits (a backward op of work done outside the model, such as a loss, has none);
+- ``phase``: ``"forward"``, ``"backward"`` or ``"recompute"``; a backward op whose autograd node was recorded in
+  the forward also has ``forward``: that forward node (matched by autograd sequence number), whose module stack
+  it inherits (a backward op of work done outside the model, such as a loss, has none). A ``"recompute"`` op is
+  a forward op run again inside the backward pass by activation checkpointing (``torch.utils.checkpoint``,
+  reentrant or not): an op of the backward pass that runs with grad mode on (flopscope's backward passes never
+  use ``create_graph``, so gradient formulas run with it off). Its ``forward`` is the forward op it repeats (same
+  op, input shapes and innermost module), whose module stack and roles it takes: hardware FLOPs (HFU) count it,
+  model FLOPs (MFU) do not;
 - ``value``: for small integer / boolean tensors whose values are known (index lists such as
   ``x[..., [-1], :]``; real-mode results), a copy of the values, so later stages can replay indexing;
 - ``leaf``: for get_attr / placeholder nodes, ``"parameter"``, ``"buffer"``, ``"input"`` or ``"constant"``.
@@ -54,8 +59,9 @@ from .formulas import FormulaRegistry, OpFamily, OpSpec, shape_of
 from .module_tracker import ModuleCall, ModuleTracker
 
 Shape = tuple[int, ...]
-FORWARD, BACKWARD = "forward", "backward"
-"""The two phases of a capture (plain strings: they are keys of :meth:`Profile.by_phase`)."""
+FORWARD, BACKWARD, RECOMPUTE = "forward", "backward", "recompute"
+"""The phases of a capture (plain strings: they are keys of :meth:`Profile.by_phase`); ``RECOMPUTE`` is the
+forward work that activation checkpointing runs again during the backward pass."""
 
 
 class Cost(StrEnum):
@@ -128,7 +134,8 @@ class CapturedOp:
     parts: dict[str, int] | None = None  # {part: MACs} of a fused op's formula
     elementwise: tuple[str, int] | None = None  # (category, elementwise ops)
     seconds: float | None = None  # real mode: wall time of the kernel
-    forward: CapturedOp | None = None  # backward op: the forward op whose autograd node ran it
+    forward: CapturedOp | None = None  # backward op: the forward op whose autograd node ran it; recompute: the
+    # forward op it repeats
     value: torch.Tensor | None = None  # a small index tensor's known values
     leaf: LeafKind | None = None
 
@@ -255,6 +262,8 @@ class Recorder(TorchDispatchMode):
         self._backward = False  # while the backward pass runs: record ops outside any module call
         self._producers: dict[int, tuple[weakref.ref[torch.Tensor], CapturedOp]] = {}
         self._by_sequence_nr: dict[int, CapturedOp] = {}  # autograd sequence number -> forward op
+        self._twins: dict[tuple[Any, ...], list[CapturedOp]] | None = None  # recompute key -> forward ops
+        self._replayed: Counter[tuple[Any, ...]] = Counter()  # recompute key -> recompute ops matched so far
         self._classes: dict[Any, _OpClass] = {}
 
     def add_leaf_names(self, leaf_names: Mapping[int, LeafName]) -> None:
@@ -263,17 +272,18 @@ class Recorder(TorchDispatchMode):
     @contextmanager
     def backward_pass(self) -> Iterator[None]:
         """Record the ops of a backward pass run inside the block (attributed to their forward ops)."""
-        self._backward = True
+        self._backward = self.tracker.replaying = True
         try:
             yield
         finally:
-            self._backward = False
+            self._backward = self.tracker.replaying = False
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
                            kwargs: dict[str, Any] | None = None) -> Any:
         kwargs = kwargs or {}
         stack = self.tracker.stack
         forward_op = None
+        recompute = self._backward and torch.is_grad_enabled()
         if self._backward and not stack:
             forward_op = self._forward_op()
             stack = forward_op.module_stack if forward_op is not None else ()
@@ -297,11 +307,14 @@ class Recorder(TorchDispatchMode):
         op = self._record(func, args, kwargs, out, stack, known)
         if self.timed:
             op.seconds = seconds
-        if self._backward:
+        if recompute:
+            self._match_twin(op)
+        elif self._backward:
             op.forward = forward_op
-        elif torch.is_grad_enabled() and _any_requires_grad((args, kwargs)):
-            # the autograd node of this op was created just before it was dispatched here
-            self._by_sequence_nr[torch.autograd._get_sequence_nr() - 1] = op
+        if torch.is_grad_enabled() and (recompute or not self._backward) and _any_requires_grad((args, kwargs)):
+            # the autograd node of this op was created just before it was dispatched here (a recomputed op's
+            # node is differentiated by a reentrant checkpoint: its gradient belongs to the forward op it repeats)
+            self._by_sequence_nr[torch.autograd._get_sequence_nr() - 1] = op.forward if recompute and op.forward else op
         return out
 
     def _execute(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], stack: tuple[ModuleCall, ...],
@@ -387,6 +400,26 @@ class Recorder(TorchDispatchMode):
             self.leaf_values.clear()
         return bool(positions)
 
+    def _match_twin(self, op: CapturedOp) -> None:
+        """A recompute op takes the forward op it repeats (same op, input shapes and innermost module; the
+        k-th repeat of a key matches the k-th forward op of that key, cyclically) as ``forward``, and that
+        op's module stack: a re-run module call is the same call."""
+        if self._twins is None:  # built once, at the first recompute op
+            self._twins = {}
+            for earlier in self.ops:
+                if earlier.phase == FORWARD and earlier.node_op == "call_function":
+                    self._twins.setdefault(_twin_key(earlier), []).append(earlier)
+        key = _twin_key(op)
+        twins = self._twins.get(key)
+        if twins:
+            twin = twins[self._replayed[key] % len(twins)]
+            self._replayed[key] += 1
+            op.forward, op.module_stack = twin, twin.module_stack
+            for getter in reversed(self.ops):  # the getters of a tuple output follow the op
+                if getter is op:
+                    break
+                getter.module_stack = twin.module_stack
+
     def _forward_op(self) -> CapturedOp | None:
         """The forward op whose autograd node is running now (backward pass), if it was recorded."""
         grad_fn = torch._C._current_autograd_node()
@@ -401,7 +434,7 @@ class Recorder(TorchDispatchMode):
             shapes.append(shape_of(t))
             return self._producer_of(t)
 
-        phase = BACKWARD if self._backward else FORWARD
+        phase = FORWARD if not self._backward else RECOMPUTE if torch.is_grad_enabled() else BACKWARD
         op = CapturedOp("call_function", func, _map_tensors(args, to_op), _map_tensors(kwargs, to_op),
                         func.overloadpacket.__name__, phase=phase, module_stack=stack, cost=known.cost,
                         spec=known.spec)
@@ -526,6 +559,10 @@ def _any_requires_grad(x: Any) -> bool:
 def _shapes(x: Any) -> tuple[tuple[int, ...], ...]:
     """Shapes of the tensors inside ``x``, in order."""
     return tuple(shape_of(t) for t in _tensors(x))
+
+
+def _twin_key(op: CapturedOp) -> tuple[Any, ...]:
+    return op.target, op.input_shapes, op.module_stack[-1].path if op.module_stack else None
 
 
 def _first_shape(out: Any) -> tuple[int, ...] | None:

@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 
 from torch import fx
 
-from .capture import BACKWARD, CapturedOp, LeafKind, captured
+from .capture import FORWARD, CapturedOp, LeafKind, captured
 from .errors import FlopscopeError
 from .formulas import OpSpec
 
@@ -51,8 +51,9 @@ class GraphView:
         self.graph = graph
         self.ops: Mapping[fx.Node, CapturedOp] = MappingProxyType({n: captured(n) for n in every})
         self.node_of: Mapping[CapturedOp, fx.Node] = MappingProxyType({op: n for n, op in self.ops.items()})
-        self.nodes: tuple[fx.Node, ...] = tuple(n for n in every if self.ops[n].phase != BACKWARD)
-        self.backward_nodes: tuple[fx.Node, ...] = tuple(n for n in every if self.ops[n].phase == BACKWARD)
+        self.nodes: tuple[fx.Node, ...] = tuple(n for n in every if self.ops[n].phase == FORWARD)
+        # backward and recomputed ops: each takes the roles of the forward op it differentiates or repeats
+        self.backward_nodes: tuple[fx.Node, ...] = tuple(n for n in every if self.ops[n].phase != FORWARD)
         self.macs: Mapping[fx.Node, int] = MappingProxyType({n: self.ops[n].macs for n in every})
         dynamic: dict[fx.Node, bool] = {}
         weighty: dict[fx.Node, bool] = {}
@@ -67,7 +68,7 @@ class GraphView:
         self.live: Mapping[fx.Node, bool] = MappingProxyType({n: dynamic[n] or computed[n] for n in self.nodes})
         self.raw_weight: Mapping[fx.Node, bool] = MappingProxyType(
             {n: weighty[n] and not self.live[n] for n in self.nodes})
-        self._users = {n: tuple(u for u in n.users if self.ops[u].phase != BACKWARD) for n in self.nodes}
+        self._users = {n: tuple(u for u in n.users if self.ops[u].phase == FORWARD) for n in self.nodes}
         self._memo: dict[tuple[str, fx.Node], Any] = {}
 
     def cached(self, kind: str, node: fx.Node, compute: Callable[[], T]) -> T:

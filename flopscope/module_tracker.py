@@ -39,6 +39,7 @@ class ModuleTracker:
         self.calls: Counter[str] = Counter()
         self.inputs: dict[ModuleCall, tuple[tuple[int | str, tuple[int, ...]], ...]] = {}
         self.foreign_calls = 0  # outermost calls of the model's modules made by other threads while tracking
+        self.replaying = False  # backward pass: a module called now re-runs its forward (activation checkpointing)
         self._foreign_depth = threading.local()  # per other thread: how many of its calls are running
         self._failed_in: dict[int, tuple[ModuleCall, ...]] = {}
         self._handles: list[Any] = []
@@ -80,7 +81,8 @@ class ModuleTracker:
             if depth == 0:  # the outermost call of that thread: the model or one of its submodules
                 self.foreign_calls += 1
             return
-        self.calls[path] += 1
+        if not self.replaying:  # a re-run is not a new call: it keeps the number of the last forward call
+            self.calls[path] += 1
         self.stack = (*self.stack, ModuleCall(path, self.calls[path]))
 
     def _post(self, module: nn.Module, args: Any, *rest: Any) -> None:
@@ -92,7 +94,7 @@ class ModuleTracker:
             self._foreign_depth.value = max(0, getattr(self._foreign_depth, "value", 0) - 1)
             return
         kwargs = rest[0] if len(rest) == 2 else {}
-        if self.stack and self.stack[-1].path == path:
+        if self.stack and self.stack[-1].path == path and not self.replaying:
             shapes = [(i, shape_of(a)) for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
             shapes += [(k, shape_of(v)) for k, v in (kwargs or {}).items() if isinstance(v, torch.Tensor)]
             self.inputs[self.stack[-1]] = tuple(shapes)

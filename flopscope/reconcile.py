@@ -35,7 +35,7 @@ from typing import Any
 from tabulate import tabulate
 from torch import fx
 
-from .capture import BACKWARD, captured
+from .capture import FORWARD, captured
 from .conventions import (
     EXPERT_FFN_WIDTH,
     EXPERTS,
@@ -156,7 +156,7 @@ def reconcile(assignments: Mapping[fx.Node, Assignment], facts: ModelFacts,
     causal_kernels: set[str] = set()
     for node, assignment in assignments.items():
         op = captured(node)
-        if op.phase == BACKWARD:
+        if op.phase != FORWARD:
             continue
         block = assignment.block
         for role, macs in assignment.parts.items():

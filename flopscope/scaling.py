@@ -11,7 +11,7 @@ polynomial is set beside the one predicted from the model's declared structure (
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
@@ -19,6 +19,7 @@ import torch
 from tabulate import tabulate
 from torch import nn
 
+from .capture import RECOMPUTE
 from .checks import check_mode, check_positive
 from .errors import ConfigurationError
 from .formulas import FormulaRegistry
@@ -117,6 +118,9 @@ class Scaling:
     measured: Mapping[str, tuple[int, ...]]  # role -> MACs at each length
     polynomials: Mapping[str, Polynomial | None]  # role -> exact polynomial (None: not a polynomial here)
     predicted: Mapping[str, Polynomial | None]  # role -> polynomial of the closed-form predictions
+    recomputed: Mapping[str, Polynomial | None] = field(default_factory=dict)
+    """role -> MACs that activation checkpointing recomputes in the backward pass (hardware work; kept out of
+    ``measured`` and ``polynomials``, which are the model's work: forward, and backward when asked)"""
 
     def matches(self, role: str) -> bool:
         """The measured polynomial equals the predicted one, coefficient by coefficient."""
@@ -196,7 +200,8 @@ def scaling(model: nn.Module, make_inputs: Callable[[int], Any], lengths: Sequen
     ``progress(done, total)`` is called after each length. ``mode``, ``registry``, ``roles``, ``backward``,
     ``loss``, ``forward_kwargs`` and other keyword arguments (inputs for the model, at every length) mean
     what they mean for :func:`flopscope.profile` (with ``backward=True`` the polynomials are of the forward
-    and backward MACs together). Every length must be >= 1: else a :class:`~flopscope.errors.ConfigurationError`
+    and backward MACs together; forward work that activation checkpointing recomputes in the backward pass is
+    apart, in ``recomputed``). Every length must be >= 1: else a :class:`~flopscope.errors.ConfigurationError`
     naming it, before anything is profiled.
     """
     for n in lengths:
@@ -215,6 +220,7 @@ def _sweep(model: nn.Module, make_inputs: Callable[[int], Any], lengths: tuple[i
            spec: Callable[[int], TransformerSpec] | None, progress: Callable[[int, int], None] | None,
            options: CaptureOptions, forward_kwargs: dict[str, Any]) -> Scaling:
     measured: dict[str, list[int]] = {}
+    recomputed: dict[str, list[int]] = {}
     predicted: dict[str, list[int | None]] = {}
     converter = new_converter() if mode != "real" else None  # the model's state, converted once
     template: Profile | None = None  # roles found once, reused where the same ops run at another length
@@ -224,9 +230,12 @@ def _sweep(model: nn.Module, make_inputs: Callable[[int], Any], lengths: tuple[i
                            stacklevel=4)
         if template is None or not prof.reuse_roles(template):
             template = prof
-        roles = prof.by_role()
+        again = prof.by_role(phase=RECOMPUTE) if options.backward else {}
+        roles = {role: macs - again.get(role, 0) for role, macs in prof.by_role().items()}
         for role in set(measured) | set(roles):
             measured.setdefault(role, [0] * i).append(roles.get(role, 0))
+        for role in set(recomputed) | {role for role, macs in again.items() if macs}:
+            recomputed.setdefault(role, [0] * i).append(again.get(role, 0))
         guesses: dict[str, int | None] = {}
         for row in prof.reconcile(spec(n) if spec else None).rows:
             if row.predicted is None or guesses.get(row.role, 0) is None:
@@ -242,7 +251,8 @@ def _sweep(model: nn.Module, make_inputs: Callable[[int], Any], lengths: tuple[i
                    if all(v is not None for v in values) else None for role, values in predicted.items()}
     order = [r for r in ROLE_ORDER if r in polynomials]
     return Scaling(lengths, {r: tuple(measured[r]) for r in order}, {r: polynomials[r] for r in order},
-                   {r: predictions[r] for r in order if r in predictions})
+                   {r: predictions[r] for r in order if r in predictions},
+                   {r: interpolate(lengths, recomputed[r]) for r in ROLE_ORDER if r in recomputed})
 
 
 def _split_inputs(inputs: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:

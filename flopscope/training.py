@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
 import torch
 from torch import nn
 
+from .capture import RECOMPUTE
 from .checks import describe
 from .errors import ConfigurationError, FlopscopeError, InputError
 from .fake import tensors_in
@@ -36,8 +37,10 @@ def measure_flops(model: nn.Module, forward_fn: Callable[[], Any],
     matmuls included, which Lightning's ``FlopCounterMode`` counts as 0).
 
     ``forward_fn`` calls ``model`` (built on ``device="meta"`` if you like: nothing is then allocated). Only
-    the work of ``model`` and of its backward pass is counted. The model's gradients, buffers and flags are
-    left as they were."""
+    the work of ``model`` and of its backward pass is counted: model FLOPs, the numerator of MFU, so forward
+    work that activation checkpointing recomputes in the backward pass is left out (``FlopCounterMode`` counts
+    it; :func:`flops_per_batch` prices it apart, for HFU). The model's gradients, buffers and flags are left
+    as they were."""
     snapshot = ModelSnapshot(model, buffer_values=True, grads=loss_fn is not None)
     session = Session(model, CaptureOptions(), fake=False)
     try:
@@ -57,7 +60,7 @@ def measure_flops(model: nn.Module, forward_fn: Callable[[], Any],
             prof = session.finish(stacklevel=3)
     finally:
         snapshot.restore()
-    return prof.total_flops()
+    return prof.total_flops() - prof.total_flops(phase=RECOMPUTE)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -76,28 +79,41 @@ class BatchPricer:
 
     polynomials: Mapping[str, Polynomial]  # role -> MACs of one sequence of n tokens
     backward: bool
+    recomputed: Mapping[str, Polynomial] = field(default_factory=dict)
+    """role -> MACs that activation checkpointing recomputes for one sequence of n tokens (hardware work)"""
 
     def __call__(self, batch: Any) -> int:
-        """FLOPs of the batch (2 per MAC)."""
+        """Model FLOPs of the batch (2 per MAC; recomputed work not included: see :meth:`recompute_flops`)."""
         return 2 * sum(self.macs_by_role(batch).values())
 
     def flops_by_role(self, batch: Any) -> dict[str, int]:
-        """FLOPs per role."""
+        """Model FLOPs per role."""
         return {role: 2 * macs for role, macs in self.macs_by_role(batch).items()}
 
+    def recompute_flops(self, batch: Any) -> int:
+        """FLOPs that activation checkpointing recomputes for the batch (0 without checkpointing): what
+        hardware FLOPs (HFU) add to the model's."""
+        return 2 * sum(_price(self.recomputed, _rows(batch)).values())
+
     def macs_by_role(self, batch: Any) -> dict[str, int]:
-        rows = _rows(batch)
-        out: dict[str, Fraction] = {}
-        for role, poly in self.polynomials.items():
-            core = Role(role).attention_core
-            total = Fraction(0)
-            for segments in rows:
-                total += sum((poly(n) for n in segments), Fraction(0)) if core else poly(sum(segments))
-            out[role] = total
-        if any(v.denominator != 1 for v in out.values()):
-            raise FlopscopeError("a role's polynomial gave a fractional count at these lengths; price the batch by "
-                                 "profiling it instead")
-        return {role: int(v) for role, v in out.items()}
+        """Model MACs per role."""
+        return _price(self.polynomials, _rows(batch))
+
+
+def _price(polynomials: Mapping[str, Polynomial], rows: list[list[int]]) -> dict[str, int]:
+    """MACs per role of rows of packed sequences: per-token roles at each row's token count, the attention
+    core per sequence."""
+    out: dict[str, Fraction] = {}
+    for role, poly in polynomials.items():
+        core = Role(role).attention_core
+        total = Fraction(0)
+        for segments in rows:
+            total += sum((poly(n) for n in segments), Fraction(0)) if core else poly(sum(segments))
+        out[role] = total
+    if any(v.denominator != 1 for v in out.values()):
+        raise FlopscopeError("a role's polynomial gave a fractional count at these lengths; price the batch by "
+                             "profiling it instead")
+    return {role: int(v) for role, v in out.items()}
 
 
 def _rows(batch: Any) -> list[list[int]]:
@@ -151,11 +167,13 @@ def flops_per_batch(model: nn.Module, make_inputs: Callable[[int], Any], *, back
     needs) and return a :class:`BatchPricer` that prices any batch in FLOPs without tracing again. A role whose
     count is not a polynomial at these lengths is an error (give more lengths)."""
     result = scaling(model, make_inputs, lengths, mode=mode, backward=backward, loss=loss, **profile_kwargs)
-    missing = [role for role, poly in result.polynomials.items() if poly is None]
+    polynomials = {**result.polynomials, **{f"{role} (recomputed)": p for role, p in result.recomputed.items()}}
+    missing = [role for role, poly in polynomials.items() if poly is None]
     if missing:
         raise FlopscopeError(f"the MACs of {', '.join(missing)} are not a polynomial of degree <= "
                              f"{len(result.lengths) - 2} in n at lengths {result.lengths}; give more lengths")
-    return BatchPricer({role: poly for role, poly in result.polynomials.items() if poly is not None}, backward)
+    return BatchPricer({role: poly for role, poly in result.polynomials.items() if poly is not None}, backward,
+                       {role: poly for role, poly in result.recomputed.items() if poly is not None})
 
 
 # --------------------------------------------------------------------------------------------------
@@ -165,7 +183,8 @@ class Throughput:
     ``flops``: a :class:`BatchPricer` (prices each batch) or a fixed number of FLOPs per batch. ``peak``:
     the device's dense peak FLOP/s (default: :func:`flopscope.peaks.peak_flops` of ``device`` and ``dtype``;
     ``None`` when the device is unknown, then MFU is ``None``). ``recompute_flops``: FLOPs recomputed per batch
-    by activation checkpointing (hardware FLOPs: HFU counts them, MFU does not)."""
+    by activation checkpointing when ``flops`` is a number (a :class:`BatchPricer` prices them itself): hardware
+    FLOPs, which HFU counts and MFU does not."""
 
     def __init__(self, flops: BatchPricer | int, *, peak: float | None = None, device: Any = None,
                  dtype: torch.dtype = torch.float32, recompute_flops: int = 0) -> None:
@@ -181,28 +200,38 @@ class Throughput:
         self.steps = 0
         self.seconds = 0.0
         self.model_flops = 0
+        self.recomputed_flops = 0
         self.tokens = 0
 
     def update(self, batch: Any, seconds: float) -> dict[str, Any]:
         """Account one step that took ``seconds`` (wall time) on ``batch``; returns this step's metrics:
-        ``flops``, ``flops_per_sec``, ``mfu`` and ``hfu`` (``None`` without a peak), ``peak`` (the denominator),
-        ``tokens_per_sec`` and ``flops_by_role`` (when priced by a :class:`BatchPricer`)."""
+        ``flops`` (model FLOPs), ``flops_per_sec``, ``mfu`` and ``hfu`` (``None`` without a peak), ``peak`` (the
+        denominator), ``recomputed_flops``, ``tokens_per_sec`` and ``flops_by_role`` (when priced by a
+        :class:`BatchPricer`)."""
+        if not isinstance(self.flops, BatchPricer):
+            return self.record(int(self.flops), seconds, recomputed=self.recompute_flops)
+        by_role = self.flops.flops_by_role(batch)
+        return self.record(sum(by_role.values()), seconds, recomputed=self.flops.recompute_flops(batch),
+                           tokens=sum(sum(row) for row in _rows(batch)), flops_by_role=by_role)
+
+    def record(self, flops: int, seconds: float, *, recomputed: int = 0, tokens: int = 0,
+               flops_by_role: Mapping[str, int] | None = None) -> dict[str, Any]:
+        """Account one step already priced (``flops`` model FLOPs, ``recomputed`` FLOPs of activation
+        checkpointing, ``tokens``) that took ``seconds``; returns the metrics of :meth:`update`."""
         if not seconds > 0:
             raise ConfigurationError(f"a step's time must be > 0 seconds; got {seconds}")
-        by_role = self.flops.flops_by_role(batch) if isinstance(self.flops, BatchPricer) else {}
-        flops = sum(by_role.values()) if isinstance(self.flops, BatchPricer) else int(self.flops)
-        tokens = sum(sum(row) for row in _rows(batch)) if isinstance(self.flops, BatchPricer) else 0
         self.steps += 1
         self.seconds += seconds
         self.model_flops += flops
+        self.recomputed_flops += recomputed
         self.tokens += tokens
-        return {**self._rates(flops, self.recompute_flops, tokens, seconds), "flops_by_role": by_role}
+        return {**self._rates(flops, recomputed, tokens, seconds), "flops_by_role": dict(flops_by_role or {})}
 
     def summary(self) -> dict[str, Any]:
         """Totals over every step so far (same keys as :meth:`update`, without ``flops_by_role``)."""
         if not self.steps:
             raise FlopscopeError("no step was recorded yet (call update() after each step)")
-        return {**self._rates(self.model_flops, self.steps * self.recompute_flops, self.tokens, self.seconds),
+        return {**self._rates(self.model_flops, self.recomputed_flops, self.tokens, self.seconds),
                 "steps": self.steps}
 
     def _rates(self, flops: int, recomputed: int, tokens: int, seconds: float) -> dict[str, Any]:
@@ -210,4 +239,4 @@ class Throughput:
         return {"flops": flops, "flops_per_sec": flops / seconds, "peak": self.peak,
                 "mfu": flops / seconds / self.peak if self.peak else None,
                 "hfu": (flops + recomputed) / seconds / self.peak if self.peak else None,
-                "tokens_per_sec": tokens / seconds}
+                "recomputed_flops": recomputed, "tokens_per_sec": tokens / seconds}

@@ -95,3 +95,26 @@ def test_backward_needs_something_to_differentiate():
     with pytest.raises(flopscope.FlopscopeError, match="requires grad"):
         flopscope.profile(frozen, torch.randn(2, 4), backward=True)
     assert all(not p.requires_grad for p in frozen.parameters())
+
+
+@pytest.mark.parametrize("reentrant", [False, True])
+@pytest.mark.parametrize("mode", ["fake", "real"])
+def test_activation_checkpointing_recompute_is_its_own_phase_with_the_forward_roles(mode, reentrant):
+    plain = llama("eager").train()
+    checkpointed = llama("eager").train()
+    checkpointed.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": reentrant})
+    ids = torch.randint(0, V, (B, n))
+    baseline = flopscope.profile(plain, ids, mode=mode, backward=True)
+    prof = flopscope.profile(checkpointed, ids, mode=mode, backward=True)
+    layers = times(L, add(attention(B, n, n, d, h, n_kv), ffn(B, n, d, d_ff, gated=True)))
+    if not reentrant:
+        # PyTorch's non-reentrant checkpoint stops recomputing once every saved activation is back: no backward
+        # node saves down_proj's output (only the residual add reads it), so the last GEMM of a layer is not re-run
+        del layers["ffn_down"]
+    assert {role: macs for role, macs in prof.by_role(phase="recompute").items() if macs} == layers
+    assert prof.by_role(phase="forward") == baseline.by_role(phase="forward")
+    assert prof.by_role(phase="backward") == baseline.by_role(phase="backward")
+    assert prof.total() == baseline.total() + sum(layers.values())  # totals are executed work
+    for i in range(L):  # a re-run layer is the same module call, attributed like its forward
+        assert prof.total(f"model.layers.{i}", phase="recompute") == sum(layers.values()) // L
+    assert prof.module_calls() == baseline.module_calls()

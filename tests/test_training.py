@@ -104,3 +104,34 @@ def test_throughput_reports_mfu_with_its_denominator() -> None:
         meter.update([16], seconds=0.0)
     with pytest.raises(flopscope.ConfigurationError):
         Throughput(pricer, peak=-1.0)
+
+
+def test_activation_checkpointing_counts_in_hfu_but_not_in_mfu() -> None:
+    transformers = pytest.importorskip("transformers")
+    d, h, d_ff, layers, vocab, n = 32, 4, 64, 2, 50, 12
+
+    def llama(checkpointing: bool) -> nn.Module:
+        config = transformers.LlamaConfig(hidden_size=d, intermediate_size=d_ff, num_hidden_layers=layers,
+                                          num_attention_heads=h, num_key_value_heads=h, vocab_size=vocab)
+        config._attn_implementation = "eager"
+        model = transformers.LlamaForCausalLM(config).train()
+        if checkpointing:  # reentrant: every layer's forward runs again in the backward pass
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": True})
+        return model
+
+    def ids(n: int) -> torch.Tensor:
+        return torch.zeros(1, n, dtype=torch.long)
+
+    plain, checkpointed = llama(False), llama(True)
+    batch = torch.zeros(3, n, dtype=torch.long)
+    # model FLOPs are what the model computes, whatever the memory strategy
+    assert measure_flops(checkpointed, lambda: checkpointed(batch).logits, lambda y: y.sum()) == \
+        measure_flops(plain, lambda: plain(batch).logits, lambda y: y.sum())
+    pricer = flops_per_batch(checkpointed, ids, lengths=(4, 8, 16, 32, 64))
+    assert pricer(batch) == flops_per_batch(plain, ids, lengths=(4, 8, 16, 32, 64))(batch)
+    layer_forward = n * (4 * d * d + 3 * d * d_ff) + 2 * n * n * d  # projections, gated FFN, scores + weighted sum
+    assert pricer.recompute_flops(batch) == 2 * 3 * layers * layer_forward
+    assert flops_per_batch(plain, ids, lengths=(4, 8, 16, 32, 64)).recompute_flops(batch) == 0
+    step = Throughput(pricer, peak=1e12).update(batch, seconds=0.5)
+    assert step["recomputed_flops"] == pricer.recompute_flops(batch)
+    assert step["hfu"] == pytest.approx(step["mfu"] * (pricer(batch) + pricer.recompute_flops(batch)) / pricer(batch))
