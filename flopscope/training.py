@@ -7,7 +7,9 @@ flopscope speaks MACs. Conventions (what a padded or packed batch costs): ``docs
 
 from __future__ import annotations
 
+import copy
 import itertools
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -99,6 +101,10 @@ class BatchPricer:
         """Model MACs per role."""
         return _price(self.polynomials, _rows(batch))
 
+    def tokens(self, batch: Any) -> int:
+        """Tokens in the batch, padding included."""
+        return sum(sum(row) for row in _rows(batch))
+
 
 def _price(polynomials: Mapping[str, Polynomial], rows: list[list[int]]) -> dict[str, int]:
     """MACs per role of rows of packed sequences: per-token roles at each row's token count, the attention
@@ -161,12 +167,21 @@ def _segments(positions: list[int]) -> list[int]:
 
 def flops_per_batch(model: nn.Module, make_inputs: Callable[[int], Any], *, backward: bool = True,
                     lengths: Sequence[int] = (16, 32, 64, 128, 256), mode: str = "fake",
-                    loss: Callable[[Any], torch.Tensor] | None = None, **profile_kwargs: Any) -> BatchPricer:
+                    loss: Callable[[Any], torch.Tensor] | None = None, training: bool | None = None,
+                    **profile_kwargs: Any) -> BatchPricer:
     """Profile ``model(*make_inputs(n))`` (one sequence of ``n`` tokens) at a few ``lengths``, recover each
     role's exact polynomial in ``n`` (:func:`flopscope.scaling`, checked at one more length than its degree
     needs) and return a :class:`BatchPricer` that prices any batch in FLOPs without tracing again. A role whose
-    count is not a polynomial at these lengths is an error (give more lengths)."""
-    result = scaling(model, make_inputs, lengths, mode=mode, backward=backward, loss=loss, **profile_kwargs)
+    count is not a polynomial at these lengths is an error (give more lengths). ``training=True`` traces the
+    model in training mode (what activation checkpointing and dropout need; every module's flag is put back
+    after), ``None`` in the mode it is in."""
+    snapshot = ModelSnapshot(model, buffer_values=False)
+    try:
+        if training is not None:
+            model.train(training)
+        result = scaling(model, make_inputs, lengths, mode=mode, backward=backward, loss=loss, **profile_kwargs)
+    finally:
+        snapshot.restore()
     polynomials = {**result.polynomials, **{f"{role} (recomputed)": p for role, p in result.recomputed.items()}}
     missing = [role for role, poly in polynomials.items() if poly is None]
     if missing:
@@ -197,22 +212,33 @@ class Throughput:
         elif peak <= 0:
             raise ConfigurationError(f"peak must be > 0 FLOP/s; got {peak}")
         self.flops, self.peak, self.recompute_flops = flops, peak, recompute_flops
+        self._zero()
+
+    def _zero(self) -> None:
         self.steps = 0
         self.seconds = 0.0
         self.model_flops = 0
         self.recomputed_flops = 0
         self.tokens = 0
+        self.flops_by_role: Counter[str] = Counter()
+
+    def fresh(self) -> Throughput:
+        """A meter with the same pricing and peak and no steps yet (for a window of steps, such as a log
+        interval)."""
+        meter = copy.copy(self)
+        meter._zero()
+        return meter
 
     def update(self, batch: Any, seconds: float) -> dict[str, Any]:
         """Account one step that took ``seconds`` (wall time) on ``batch``; returns this step's metrics:
         ``flops`` (model FLOPs), ``flops_per_sec``, ``mfu`` and ``hfu`` (``None`` without a peak), ``peak`` (the
-        denominator), ``recomputed_flops``, ``tokens_per_sec`` and ``flops_by_role`` (when priced by a
-        :class:`BatchPricer`)."""
+        denominator), ``recomputed_flops``, ``tokens``, ``tokens_per_sec``, ``seconds`` and ``flops_by_role``
+        (when priced by a :class:`BatchPricer`)."""
         if not isinstance(self.flops, BatchPricer):
             return self.record(int(self.flops), seconds, recomputed=self.recompute_flops)
         by_role = self.flops.flops_by_role(batch)
         return self.record(sum(by_role.values()), seconds, recomputed=self.flops.recompute_flops(batch),
-                           tokens=sum(sum(row) for row in _rows(batch)), flops_by_role=by_role)
+                           tokens=self.flops.tokens(batch), flops_by_role=by_role)
 
     def record(self, flops: int, seconds: float, *, recomputed: int = 0, tokens: int = 0,
                flops_by_role: Mapping[str, int] | None = None) -> dict[str, Any]:
@@ -225,18 +251,20 @@ class Throughput:
         self.model_flops += flops
         self.recomputed_flops += recomputed
         self.tokens += tokens
+        self.flops_by_role.update(flops_by_role or {})
         return {**self._rates(flops, recomputed, tokens, seconds), "flops_by_role": dict(flops_by_role or {})}
 
     def summary(self) -> dict[str, Any]:
-        """Totals over every step so far (same keys as :meth:`update`, without ``flops_by_role``)."""
+        """Totals and rates over every step so far (the keys of :meth:`update`, and ``steps``)."""
         if not self.steps:
             raise FlopscopeError("no step was recorded yet (call update() after each step)")
         return {**self._rates(self.model_flops, self.recomputed_flops, self.tokens, self.seconds),
-                "steps": self.steps}
+                "flops_by_role": dict(self.flops_by_role), "steps": self.steps}
 
     def _rates(self, flops: int, recomputed: int, tokens: int, seconds: float) -> dict[str, Any]:
         """MFU counts the model's FLOPs, HFU also the recomputed ones; both ``None`` without a peak."""
         return {"flops": flops, "flops_per_sec": flops / seconds, "peak": self.peak,
                 "mfu": flops / seconds / self.peak if self.peak else None,
                 "hfu": (flops + recomputed) / seconds / self.peak if self.peak else None,
-                "recomputed_flops": recomputed, "tokens_per_sec": tokens / seconds}
+                "recomputed_flops": recomputed, "tokens": tokens, "tokens_per_sec": tokens / seconds,
+                "seconds": seconds}
