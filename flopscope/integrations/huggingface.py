@@ -156,7 +156,7 @@ def _empty_step() -> dict[str, Any]:
 
 def _lengths(model: torch.nn.Module, longest: int = 128) -> tuple[int, ...]:
     """Five lengths up to ``longest``, or up to the position count the config declares when it is smaller."""
-    declared = getattr(getattr(model, "config", None), "to_dict", dict)()
+    declared: dict[str, Any] = getattr(getattr(model, "config", None), "to_dict", dict)()
     positions = next((declared[key] for key in POSITIONS.config if isinstance(declared.get(key), int)), longest)
     top = max(5, min(longest, positions))
     return tuple(sorted({max(1, top * k // 16) for k in (1, 2, 4, 8, 16)}))
