@@ -15,8 +15,11 @@ FLOPs are 2 per MAC, as on every datasheet.
 (``torch.get_float32_matmul_precision() == "highest"``). On NVIDIA that is the plain FP32 (CUDA-core,
 non-tensor-core) figure; TF32 is a reduced-precision tensor-core mode (opt-in with
 ``torch.backends.cuda.matmul.allow_tf32`` / ``set_float32_matmul_precision("high")``) and is *not* listed
-under ``torch.float32``: there is no TF32 torch dtype and this table does not invent one. The dense TF32 figure
-is in each entry's comment; a run with TF32 on should pass it as ``peak=``. On AMD Instinct the FP32 matrix
+under ``torch.float32``: there is no TF32 torch dtype and this table does not invent one. The dense TF32 figures
+are in :data:`TF32_PEAKS` (sources in the comments of :data:`PEAKS`): :func:`peak_flops` returns the TF32 figure
+for ``torch.float32`` on an NVIDIA GPU when float32 matmuls run as TF32 (``tf32=None``: as torch is set now,
+``torch.get_float32_matmul_precision() != "highest"``), else MFU of a TF32 run would be measured against the
+FP32 figure and exceed 100%. On AMD Instinct the FP32 matrix
 cores compute full FP32 (no reduced mantissa) and rocBLAS / hipBLASLt use them for SGEMM, so the FP32 *matrix*
 figure is listed.
 
@@ -44,7 +47,7 @@ import torch
 
 from .errors import ConfigurationError, FlopscopeWarning
 
-__all__ = ["PEAKS", "device_name", "match_device", "measure_cpu_peak", "peak_flops", "register_cli"]
+__all__ = ["PEAKS", "TF32_PEAKS", "device_name", "match_device", "measure_cpu_peak", "peak_flops", "register_cli"]
 
 _T = 1e12  # TFLOP/s
 _P = 1e15  # PFLOP/s
@@ -114,6 +117,13 @@ PEAKS: dict[str, dict[torch.dtype, float]] = {
     # FP8 in the FNUZ formats, so those are the FP8 keys here.
     "MI300X": {torch.float32: 163.4 * _T, torch.bfloat16: 1307.4 * _T, torch.float16: 1307.4 * _T,
                **_same(2614.9 * _T, *_FP8_AMD)},
+}
+
+# Dense TF32 tensor-core FLOP/s of the NVIDIA entries, from the datasheet lines quoted above each PEAKS entry
+# (sparse figures halved); float32 matmuls run at this rate when torch allows TF32.
+TF32_PEAKS: dict[str, float] = {
+    "A100": 156 * _T, "H100 SXM": 494.7 * _T, "H100 PCIe": 378 * _T, "H200": 494.7 * _T,
+    "B200": 2.2 * _P / 2, "L4": 120 * _T / 2, "L40S": 183 * _T,
 }
 
 # The matcher: (pattern on the name torch.cuda.get_device_name returns, PEAKS key), first match wins; a name
@@ -219,7 +229,7 @@ def _warn_once(name: str, dtype: torch.dtype, message: str) -> None:
 
 
 def peak_flops(device: str | torch.device | None = None, dtype: torch.dtype = torch.bfloat16, *,
-               peak: float | None = None) -> float | None:
+               peak: float | None = None, tf32: bool | None = None) -> float | None:
     """Dense peak FLOP/s (2 FLOPs per MAC) of ``device`` for ``dtype``, the denominator of MFU.
 
     ``peak`` overrides: returned as is after a positivity check (``<= 0`` or not a number:
@@ -229,7 +239,9 @@ def peak_flops(device: str | torch.device | None = None, dtype: torch.dtype = to
     looked up in :data:`PEAKS` through :func:`match_device`; an unknown device, or a dtype the table has no
     figure for on a known one, gives ``None`` and one :class:`~flopscope.errors.FlopscopeWarning` per
     (device name, dtype) per process, never another device's figure. ``"cpu"`` returns the measured figure of
-    :func:`measure_cpu_peak` (cached; ``None`` and a warning for a dtype the CPU cannot matmul)."""
+    :func:`measure_cpu_peak` (cached; ``None`` and a warning for a dtype the CPU cannot matmul). ``tf32``: whether
+    float32 matmuls run as TF32 on an NVIDIA GPU (``None``: as torch is set now); then ``torch.float32`` gives the
+    :data:`TF32_PEAKS` figure."""
     if peak is not None:
         if isinstance(peak, bool) or not isinstance(peak, (int, float)) or not peak > 0 or peak == float("inf"):
             raise ConfigurationError(f"peak= must be a positive, finite number of FLOP/s, got {peak!r}")
@@ -249,7 +261,9 @@ def peak_flops(device: str | torch.device | None = None, dtype: torch.dtype = to
         _warn_once(raw, dtype, f"peak FLOP/s unknown for device {raw!r} (known: {', '.join(PEAKS)}); MFU is "
                                "not available: pass peak= with the dense datasheet figure")
         return None
-    figure = PEAKS[key].get(dtype)
+    if tf32 is None:
+        tf32 = torch.get_float32_matmul_precision() != "highest"
+    figure = TF32_PEAKS.get(key) if dtype == torch.float32 and tf32 and key in TF32_PEAKS else PEAKS[key].get(dtype)
     if figure is None:
         listed = ", ".join(str(d).removeprefix("torch.") for d in PEAKS[key])
         _warn_once(raw, dtype, f"peak FLOP/s of {key} ({raw!r}) unknown for {dtype} (listed: {listed}); MFU is "

@@ -88,8 +88,23 @@ def test_dense_figures_never_sparse():
 
 
 def test_float32_is_plain_fp32_not_tf32():
+    assert torch.get_float32_matmul_precision() == "highest"  # torch's default: IEEE FP32 matmuls
     assert peak_flops("NVIDIA A100-SXM4-40GB", torch.float32) == 19.5e12  # TF32 would be 156e12
     assert peak_flops("NVIDIA H100 80GB HBM3", torch.float32) == 67e12  # TF32 would be 494.7e12
+
+
+def test_float32_with_tf32_on_is_the_tf32_tensor_core_figure():
+    assert peak_flops("NVIDIA A100-SXM4-40GB", torch.float32, tf32=True) == 156e12
+    assert peak_flops("NVIDIA L4", torch.float32, tf32=True) == 120e12 / 2  # "120 teraFLOPS*", with sparsity
+    assert peak_flops("NVIDIA A100-SXM4-40GB", torch.bfloat16, tf32=True) == 312e12  # other dtypes: unchanged
+    before = torch.get_float32_matmul_precision()
+    try:
+        torch.set_float32_matmul_precision("high")  # what turns TF32 on for float32 matmuls
+        assert peak_flops("NVIDIA H100 80GB HBM3", torch.float32) == 494.7e12
+        assert peak_flops("NVIDIA H100 80GB HBM3", torch.float32, tf32=False) == 67e12
+        assert peak_flops("AMD Instinct MI300X", torch.float32) == 163.4e12  # full FP32 matrix cores: no TF32 row
+    finally:
+        torch.set_float32_matmul_precision(before)
 
 
 def test_unknown_device_is_none_with_exactly_one_warning():
