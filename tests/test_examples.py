@@ -23,7 +23,7 @@ def load(name: str):
 def test_every_example_is_tested():
     assert {p.stem for p in EXAMPLES.glob("*.py")} == {"huggingface_from_config", "training_step",
                                                        "custom_block_rule", "scaling_plot", "seed_exercise",
-                                                       "training_loop_mfu"}
+                                                       "training_loop_mfu", "lightning_mfu"}
 
 
 def test_huggingface_from_config(capsys):
@@ -102,3 +102,31 @@ def test_training_loop_mfu(capsys):
         assert step["flops"] == profiled.total_flops()
         assert step["mfu"] == step["flops_per_sec"] / step["peak"] and 0 < step["mfu"] < 1
     assert "MFU" in capsys.readouterr().out
+
+
+def test_lightning_mfu(capsys):
+    pytest.importorskip("transformers")
+    pytest.importorskip("lightning")
+    import torch
+
+    import flopscope
+
+    example = load("lightning_mfu")
+    rows = example.main(["--steps", "3"])
+    lines = capsys.readouterr().out.splitlines()
+    assert len({row["shape"] for row in rows}) == 3  # every batch padded to its own length
+    model = example.TinyGPT()
+    L, d = 2, 64  # the example's GPT-2; HF's non-embedding parameters: per block 2 LayerNorms, c_attn, c_proj,
+    n_params = L * (12 * d * d + 13 * d) + 2 * d  # c_fc and the MLP's c_proj (weights and biases), + ln_f
+    for i, row in enumerate(rows):  # the priced FLOPs are those of a profile of that very batch, forward and backward
+        batch, tokens = torch.zeros(row["shape"], dtype=torch.long), row["shape"][0] * row["shape"][1]
+        exact = flopscope.profile(model, batch, mode="fake", backward=True).total_flops()
+        assert row["flops"] == exact and row["tokens"] == tokens and row["hf_flops"] == 6 * n_params * tokens
+        assert row["mfu"] == row["flops_per_sec"] / row["peak"] and 0 < row["mfu"] < 1
+        printed = next(line.split() for line in lines if line.startswith(f"{i + 1:>4} "))
+        assert printed[:5] == [str(i + 1), "×".join(map(str, row["shape"])), str(tokens), f"{exact:,}",
+                               f"{6 * n_params * tokens:,}"]
+        # ThroughputMonitor read flops_per_batch: its FLOP/s (over the whole loop, callbacks included) is lower
+        monitored = row["monitor_flops_per_sec"]
+        assert (monitored is None) if i == 0 else (0 < monitored <= row["flops_per_sec"])
+    assert f"MFU = FLOP/s ÷ {rows[0]['peak'] / 1e9:,.1f} GFLOP/s" in lines[-1]
