@@ -33,14 +33,18 @@ class FlopscopeCallback(pl.Callback):
             ``[B, n]``, a dict of model inputs, or lengths); default: the batch itself, or its ``input_ids``.
         model: ``model(pl_module)`` -> the module to trace (default: the LightningModule itself).
         peak, dtype: the device's dense peak FLOP/s (default: looked up for the module's device and ``dtype``).
-        lengths: sequence lengths traced once on fit start.
+        lengths: sequence lengths traced once on fit start (in training mode, so activation checkpointing shows
+            as recomputed work: HFU).
+        loss: ``loss(output)`` -> the scalar whose backward is priced (default: the sum of the floating outputs;
+            the backward's multiplies are the same for any loss of the logits).
     """
 
     def __init__(self, make_inputs: Callable[[int], Any], *, batch_inputs: Callable[[Any], Any] | None = None,
                  model: Callable[[pl.LightningModule], torch.nn.Module] | None = None, peak: float | None = None,
-                 dtype: torch.dtype = torch.float32, lengths: tuple[int, ...] = (8, 16, 32, 64, 128)) -> None:
+                 dtype: torch.dtype = torch.float32, lengths: tuple[int, ...] = (8, 16, 32, 64, 128),
+                 loss: Callable[[Any], torch.Tensor] | None = None) -> None:
         super().__init__()
-        self.make_inputs, self.batch_inputs, self.model = make_inputs, batch_inputs, model
+        self.make_inputs, self.batch_inputs, self.model, self.loss = make_inputs, batch_inputs, model, loss
         self.peak, self.dtype, self.lengths = peak, dtype, lengths
         self.pricer: BatchPricer | None = None
         self.meter: Throughput | None = None
@@ -53,7 +57,8 @@ class FlopscopeCallback(pl.Callback):
 
     def _prepare(self, pl_module: pl.LightningModule) -> None:
         module = self.model(pl_module) if self.model is not None else pl_module
-        self.pricer = flops_per_batch(module, self.make_inputs, backward=True, lengths=self.lengths)
+        self.pricer = flops_per_batch(module, self.make_inputs, backward=True, lengths=self.lengths, loss=self.loss,
+                                      training=True)
         self.meter = Throughput(self.pricer, peak=self.peak, device=pl_module.device, dtype=self.dtype)
 
     def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any,
