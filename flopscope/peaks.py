@@ -28,6 +28,23 @@ datasheet figures are halved.
 
 On CPU there is no table: :func:`measure_cpu_peak` times square matmuls and returns the best achieved rate
 (``flopscope peak`` prints it), so an MFU on a CPU run is a fraction of what this machine's GEMM reaches.
+
+**Memory bandwidth** (issue 11, serving and the roofline): :data:`BANDWIDTH` holds each device's peak DRAM
+(HBM / GDDR) bandwidth in **bytes per second**, decimal as datasheets print it (1 TB/s = 1e12 B/s, 1 GB/s = 1e9
+B/s), under the same rules: the datasheet line quoted beside each entry, per torch device (an MI250X GCD gets
+half the package), ``None`` and one :class:`~flopscope.errors.FlopscopeWarning` for a device not in the table,
+and an override, ``peak_bandwidth(..., bandwidth=...)``. One PEAKS row can hide several memory variants: the
+A100 40GB (1,555 GB/s), 80GB PCIe (1,935 GB/s) and 80GB SXM (2,039 GB/s) compute alike but do not read alike,
+so :func:`peak_bandwidth` tells them apart by the name torch reports (``"NVIDIA A100-SXM4-80GB"``) and gives
+``None`` and a warning for a name that does not say (a bare ``"A100"``), never a guess. On CPU
+:func:`measure_cpu_bandwidth` times a STREAM-like copy (read + write bytes counted).
+
+The roofline: a kernel's arithmetic intensity is its FLOPs per byte moved to and from that memory; the
+**ridge point** = peak FLOP/s / bandwidth (FLOPs per byte) separates memory-bound kernels (intensity below it:
+time = bytes / bandwidth) from compute-bound ones (above: time = FLOPs / peak). H100 SXM, bf16:
+989.4e12 / 3.35e12 = 295 FLOPs per byte, while batch-1 decoding of a bf16 model does about 1 FLOP per weight
+byte (2 FLOPs per MAC, 2 bytes per weight): memory-bound by two orders of magnitude. Datasheet bandwidths are
+peaks; a copy kernel achieves less.
 """
 
 from __future__ import annotations
@@ -47,10 +64,13 @@ import torch
 
 from .errors import ConfigurationError, FlopscopeWarning
 
-__all__ = ["PEAKS", "TF32_PEAKS", "device_name", "match_device", "measure_cpu_peak", "peak_flops", "register_cli"]
+__all__ = ["BANDWIDTH", "PEAKS", "TF32_PEAKS", "device_name", "match_device", "measure_cpu_bandwidth",
+           "measure_cpu_peak", "peak_bandwidth", "peak_flops", "register_cli"]
 
 _T = 1e12  # TFLOP/s
 _P = 1e15  # PFLOP/s
+_GB = 1e9  # GB/s, decimal as datasheets print it (bytes per second)
+_TB = 1e12  # TB/s
 
 _FP8_NV = (torch.float8_e4m3fn, torch.float8_e5m2)  # the OCP FP8 formats of Hopper / Ada / Blackwell
 _FP8_AMD = (torch.float8_e4m3fnuz, torch.float8_e5m2fnuz)  # MI300's FP8 formats (no inf, unsigned zero)
@@ -205,6 +225,12 @@ def _cuda_compute_units(device: torch.device) -> int | None:
         return None
 
 
+def _table_key(dev: torch.device | None, raw: str) -> str | None:
+    """The :data:`PEAKS` key of a resolved device (:func:`_resolve`), or ``None``."""
+    units = _cuda_compute_units(dev) if dev is not None and dev.type == "cuda" else None
+    return match_device(raw, compute_units=units)
+
+
 def device_name(device: str | torch.device | None = None) -> str:
     """The name :func:`peak_flops` looks up: the :data:`PEAKS` key of a known GPU (``"H100 SXM"``), else the
     raw name (``torch.cuda.get_device_name``, the CPU model for ``"cpu"``, the device type otherwise). ``device``
@@ -212,20 +238,33 @@ def device_name(device: str | torch.device | None = None) -> str:
     dev, raw = _resolve(device)
     if dev is not None and dev.type == "cpu":
         return raw
-    units = _cuda_compute_units(dev) if dev is not None and dev.type == "cuda" else None
-    return match_device(raw, compute_units=units) or raw
+    return _table_key(dev, raw) or raw
 
 
-_WARNED: set[tuple[str, torch.dtype]] = set()
+_WARNED: set[tuple[str, torch.dtype | str]] = set()
 _LOCK = threading.Lock()
 
 
-def _warn_once(name: str, dtype: torch.dtype, message: str) -> None:
+def _warn_once(name: str, what: torch.dtype | str, message: str) -> None:
+    """Warn once per (device name, what) per process: ``what`` is the dtype of a FLOP/s lookup, or
+    ``"bandwidth"``."""
     with _LOCK:
-        if (name, dtype) in _WARNED:
+        if (name, what) in _WARNED:
             return
-        _WARNED.add((name, dtype))
+        _WARNED.add((name, what))
     warnings.warn(message, FlopscopeWarning, stacklevel=3)
+
+
+def _check_override(value: Any, arg: str, unit: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 or value == float("inf"):
+        raise ConfigurationError(f"{arg}= must be a positive, finite number of {unit}, got {value!r}")
+    return float(value)
+
+
+def _check_seconds(seconds: Any) -> float:
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not seconds > 0:
+        raise ConfigurationError(f"seconds must be positive, got {seconds!r}")
+    return float(seconds)
 
 
 def peak_flops(device: str | torch.device | None = None, dtype: torch.dtype = torch.bfloat16, *,
@@ -243,9 +282,7 @@ def peak_flops(device: str | torch.device | None = None, dtype: torch.dtype = to
     float32 matmuls run as TF32 on an NVIDIA GPU (``None``: as torch is set now); then ``torch.float32`` gives the
     :data:`TF32_PEAKS` figure."""
     if peak is not None:
-        if isinstance(peak, bool) or not isinstance(peak, (int, float)) or not peak > 0 or peak == float("inf"):
-            raise ConfigurationError(f"peak= must be a positive, finite number of FLOP/s, got {peak!r}")
-        return float(peak)
+        return _check_override(peak, "peak", "FLOP/s")
     if not isinstance(dtype, torch.dtype):
         raise ConfigurationError(f"dtype must be a torch.dtype (torch.bfloat16, ...), got {dtype!r}")
     dev, raw = _resolve(device)
@@ -255,8 +292,7 @@ def peak_flops(device: str | torch.device | None = None, dtype: torch.dtype = to
         except ConfigurationError as e:
             _warn_once(raw, dtype, f"no CPU peak for {dtype}: {e}; MFU is not available (pass peak=)")
             return None
-    units = _cuda_compute_units(dev) if dev is not None and dev.type == "cuda" else None
-    key = match_device(raw, compute_units=units)
+    key = _table_key(dev, raw)
     if key is None:
         _warn_once(raw, dtype, f"peak FLOP/s unknown for device {raw!r} (known: {', '.join(PEAKS)}); MFU is "
                                "not available: pass peak= with the dense datasheet figure")
@@ -272,6 +308,113 @@ def peak_flops(device: str | torch.device | None = None, dtype: torch.dtype = to
     return figure
 
 
+# ---------------------------------------------------------------------------------------------- bandwidth
+
+# device -> peak DRAM bandwidth in bytes/s (decimal: 1 TB/s = 1e12), per torch device. Per entry: the source and
+# the line as printed. Keys are the PEAKS keys, except where one PEAKS row covers memory variants of different
+# bandwidth (the A100): those get a key per variant, found by _BANDWIDTH_VARIANTS below.
+BANDWIDTH: dict[str, float] = {
+    # NVIDIA A100 Tensor Core GPU datasheet (nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf), columns
+    # "A100 40GB PCIe / A100 80GB PCIe / A100 40GB SXM / A100 80GB SXM": "GPU Memory Bandwidth 1,555GB/s |
+    # 1,935GB/s | 1,555GB/s | 2,039GB/s" (40GB: HBM2; 80GB: HBM2e, clocked lower on the 300 W PCIe card).
+    "A100 40GB": 1555 * _GB,
+    "A100 80GB PCIe": 1935 * _GB,
+    "A100 80GB SXM": 2039 * _GB,
+    # NVIDIA H100 Tensor Core GPU datasheet, H100 SXM column: "GPU memory bandwidth 3.35TB/s" (HBM3); the H100
+    # architecture whitepaper, Table "NVIDIA H100 SXM5": "Memory Bandwidth 3352 GB/sec" (the same, unrounded:
+    # 3.352e12 would move the ridge point by 0.06%; the datasheet figure is used).
+    "H100 SXM": 3.35 * _TB,
+    # Same datasheet, H100 PCIe column: "GPU memory bandwidth 2TB/s" (HBM2e); whitepaper, "NVIDIA H100 PCIe"
+    # column: "Memory Bandwidth 2000 GB/sec"; the PCIe product brief: "memory bandwidth greater than 2,000
+    # gigabytes per second". (The H100 NVL, 3.9 TB/s, is not matched.)
+    "H100 PCIe": 2 * _TB,
+    # NVIDIA H200 Tensor Core GPU datasheet, H200 SXM column: "GPU Memory Bandwidth 4.8TB/s" (141GB HBM3e).
+    # The H200 NVL prints 4.8TB/s too, but is not matched (its FLOP/s figures differ; one rule for both tables).
+    "H200": 4.8 * _TB,
+    # NVIDIA DGX B200 datasheet: "GPU Memory 1,440GB total GPU memory", "64TB/s HBM3e bandwidth", for 8 B200
+    # GPUs: 8 TB/s each, the per-GPU figure of NVIDIA's Blackwell launch material ("8 TB/s" HBM3e).
+    # UNSURE: NVIDIA's per-GPU tables have changed between versions (192 GB at launch, 180 GB shipping); I could
+    # not verify whether a later HGX B200 table prints a lower per-GPU figure. 8 TB/s = 64 / 8 is used.
+    "B200": 8 * _TB,
+    # NVIDIA L4 Tensor Core GPU datasheet: "GPU memory bandwidth 300GB/s" (24GB GDDR6).
+    "L4": 300 * _GB,
+    # NVIDIA L40S GPU datasheet: "GPU Memory Bandwidth 864GB/s" (48GB GDDR6 with ECC).
+    "L40S": 864 * _GB,
+    # AMD Instinct MI250X accelerator datasheet (OAM package = 2 GCDs): "Peak Memory Bandwidth 3.2 TB/s"
+    # (128GB HBM2e, 8192-bit). Each GCD has its own 4 of the 8 HBM2e stacks and PyTorch sees each GCD as one
+    # device, so the figure is halved, as PEAKS halves the FLOPs. (The interface rate, 8192 bits x 3.2 Gb/s /
+    # 8 = 3,276.8 GB/s, is what AMD rounds to 3.2.)
+    "MI250X": 3.2 * _TB / 2,
+    # AMD Instinct MI300X accelerator datasheet: "Peak Memory Bandwidth 5.3 TB/s" (192GB HBM3, 8192-bit); one
+    # device = the whole MI300X in the default SPX / NPS1 mode, as in PEAKS.
+    "MI300X": 5.3 * _TB,
+}
+
+# PEAKS keys that cover memory variants of different bandwidth: (pattern on the name
+# torch.cuda.get_device_name returns, or a BANDWIDTH key, -> BANDWIDTH key), first match wins, case-insensitive.
+# A name that matches none of them (a bare "A100", an "A100 80GB" without the form factor) is ambiguous: None
+# and a warning, not the nearest variant.
+_BANDWIDTH_VARIANTS: dict[str, list[tuple[str, str]]] = {
+    "A100": [
+        (r"\b40\s*GB\b", "A100 40GB"),  # "NVIDIA A100-SXM4-40GB", "NVIDIA A100-PCIE-40GB": 1,555 GB/s both
+        (r"\b80\s*GB\b.*\bPCIe\b|\bPCIe\b.*\b80\s*GB\b", "A100 80GB PCIe"),  # "NVIDIA A100 80GB PCIe"
+        (r"\b80\s*GB\b.*\bSXM\d?\b|\bSXM\d?\b.*\b80\s*GB\b", "A100 80GB SXM"),  # "NVIDIA A100-SXM4-80GB"
+    ],
+}
+
+
+def _bandwidth_key(row: str | None, name: str) -> str | None:
+    """The :data:`BANDWIDTH` key of the device called ``name`` whose :data:`PEAKS` key is ``row``
+    (:func:`match_device`); ``None`` for a device not in the table or a name that does not say which memory
+    variant it is."""
+    if row is None:
+        return None
+    variants = _BANDWIDTH_VARIANTS.get(row)
+    if variants is None:
+        return row if row in BANDWIDTH else None
+    text = " ".join(name.split())
+    return next((key for pattern, key in variants if re.search(pattern, text, re.IGNORECASE)), None)
+
+
+def _format_bandwidth(value: float) -> str:
+    return f"{value / _TB:.4g} TB/s" if value >= _TB else f"{value / _GB:.4g} GB/s"
+
+
+def peak_bandwidth(device: str | torch.device | None = None, *, bandwidth: float | None = None) -> float | None:
+    """Peak memory (DRAM / HBM) bandwidth of ``device`` in bytes per second (decimal, as on datasheets:
+    3.35 TB/s = 3.35e12), the denominator of a memory-bound kernel's time and of the roofline's ridge point
+    (peak FLOP/s / bandwidth, in FLOPs per byte).
+
+    ``bandwidth`` overrides: returned as is after a positivity check (``<= 0``, infinite or not a number:
+    :class:`~flopscope.errors.ConfigurationError`). ``device`` as in :func:`peak_flops`. A GPU is looked up in
+    :data:`BANDWIDTH` through :func:`match_device`, and for a PEAKS row with memory variants (the A100) by the
+    memory size and form factor in its name; an unknown device, or a name that does not say which variant it
+    is, gives ``None`` and one :class:`~flopscope.errors.FlopscopeWarning` per device name per process, never
+    another device's figure. ``"cpu"`` returns the measured figure of :func:`measure_cpu_bandwidth` (cached)."""
+    if bandwidth is not None:
+        return _check_override(bandwidth, "bandwidth", "bytes/s")
+    dev, raw = _resolve(device)
+    if dev is not None and dev.type == "cpu":
+        try:
+            return measure_cpu_bandwidth()
+        except ConfigurationError as e:
+            _warn_once(raw, "bandwidth", f"no CPU memory bandwidth: {e} (pass bandwidth=)")
+            return None
+    row = _table_key(dev, raw)
+    key = _bandwidth_key(row, raw)
+    if key is not None:
+        return BANDWIDTH[key]
+    if row is not None and row in _BANDWIDTH_VARIANTS:
+        options = ", ".join(f"{k} {_format_bandwidth(BANDWIDTH[k])}" for _, k in _BANDWIDTH_VARIANTS[row])
+        _warn_once(raw, "bandwidth", f"memory bandwidth of {raw!r} unknown: the {row} comes as {options}, and "
+                                     "the name does not say which; pass bandwidth=, or the name "
+                                     "torch.cuda.get_device_name returns")
+    else:
+        _warn_once(raw, "bandwidth", f"memory bandwidth unknown for device {raw!r} (known: "
+                                     f"{', '.join(BANDWIDTH)}): pass bandwidth= with the datasheet figure in bytes/s")
+    return None
+
+
 # ---------------------------------------------------------------------------------------------------- CPU
 
 _CPU_CACHE: dict[tuple[torch.dtype, int], float] = {}
@@ -283,8 +426,9 @@ def _cache_file() -> Path:
     return Path(root) / "peaks.json"
 
 
-def _disk_key(dtype: torch.dtype, threads: int) -> str:
-    return f"{_cpu_model()}|threads={threads}|{str(dtype).removeprefix('torch.')}"
+def _disk_key(what: torch.dtype | str, threads: int) -> str:
+    """``what``: the dtype of a GEMM peak, or ``"copy_bandwidth"``."""
+    return f"{_cpu_model()}|threads={threads}|{str(what).removeprefix('torch.')}"
 
 
 def _read_disk(key: str) -> float | None:
@@ -354,8 +498,7 @@ def measure_cpu_peak(dtype: torch.dtype = torch.float32, *, seconds: float = 0.5
     :class:`~flopscope.errors.ConfigurationError`."""
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise ConfigurationError(f"measure_cpu_peak needs a floating-point torch.dtype, got {dtype!r}")
-    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not seconds > 0:
-        raise ConfigurationError(f"seconds must be positive, got {seconds!r}")
+    seconds = _check_seconds(seconds)
     threads = torch.get_num_threads()
     cached = _CPU_CACHE.get((dtype, threads))
     if cached is not None:
@@ -375,6 +518,99 @@ def measure_cpu_peak(dtype: torch.dtype = torch.float32, *, seconds: float = 0.5
     return value
 
 
+_CPU_BW_CACHE: dict[int, float] = {}
+_COPY_MIN_BYTES = 256 * 2**20  # each of the two buffers: a few hundred MB,
+_COPY_MAX_BYTES = 512 * 2**20  # 4x the last-level cache (STREAM's rule) where that fits in 512 MiB
+
+
+def _size_bytes(text: str) -> int:
+    units = {"K": 2**10, "M": 2**20, "G": 2**30}
+    text = text.strip().upper()
+    if text and text[-1] in units:
+        return int(text[:-1]) * units[text[-1]]
+    return int(text)
+
+
+def _last_level_cache_bytes() -> int:
+    """The summed size of this machine's last-level caches from Linux sysfs (each shared cache counted once);
+    0 where that is not readable."""
+    caches: dict[tuple[int, str], int] = {}
+    for index in Path("/sys/devices/system/cpu").glob("cpu[0-9]*/cache/index[0-9]*"):
+        try:
+            if (index / "type").read_text().strip() == "Instruction":
+                continue
+            level = int((index / "level").read_text())
+            shared = (index / "shared_cpu_list").read_text().strip()
+            caches[(level, shared)] = _size_bytes((index / "size").read_text())
+        except (OSError, ValueError):
+            continue
+    if not caches:
+        return 0
+    top = max(level for level, _ in caches)
+    return sum(size for (level, _), size in caches.items() if level == top)
+
+
+def _copy_bytes() -> int:
+    """Bytes of each buffer of the copy benchmark: 4x the last-level cache (STREAM's rule, so the copy streams
+    from memory, not from cache), at least 256 MiB, at most 512 MiB."""
+    return min(max(4 * _last_level_cache_bytes(), _COPY_MIN_BYTES), _COPY_MAX_BYTES)
+
+
+def _copy_benchmark(seconds: float, nbytes: int) -> tuple[float, int, int]:
+    """(best bytes/s, buffer bytes, copies timed) of ``dst.copy_(src)`` between two float32 buffers of
+    ``nbytes`` for about ``seconds`` (at least 3 copies); each copy moves 2 * nbytes (read + write)."""
+    n = max(nbytes // 4, 1)
+    moved = 2.0 * 4 * n
+    with torch.inference_mode():
+        src = torch.ones(n, dtype=torch.float32)  # written: its pages are committed
+        dst = torch.empty_like(src)
+        dst.copy_(src)  # warm-up: commits dst's pages, starts the thread pool
+        best, count = 0.0, 0
+        deadline = time.perf_counter() + seconds
+        while True:
+            t0 = time.perf_counter()
+            dst.copy_(src)
+            dt = time.perf_counter() - t0
+            count += 1
+            if dt > 0:
+                best = max(best, moved / dt)
+            if count >= 3 and time.perf_counter() >= deadline:
+                break
+        del src, dst
+    return best, 4 * n, count
+
+
+def measure_cpu_bandwidth(*, seconds: float = 0.5, disk_cache: bool = False) -> float:
+    """Achieved memory bandwidth of this CPU in bytes per second (decimal: 1 GB/s = 1e9): a STREAM-like copy,
+    ``dst.copy_(src)`` of two float32 buffers of 256-512 MiB each (4x the last-level cache, as STREAM asks, within
+    those bounds), timed for about ``seconds`` (at least 3 copies); the best rate, counting the bytes read plus
+    the bytes written (STREAM's convention: the extra read of a write-allocate cache is not counted). Multithreaded
+    as torch is (``torch.get_num_threads()``).
+
+    Cached like :func:`measure_cpu_peak`: per ``torch.get_num_threads()`` for the process (a second call returns
+    the first figure without measuring), and with ``disk_cache=True`` in ``~/.cache/flopscope/peaks.json`` (the
+    folder ``$FLOPSCOPE_CACHE_DIR`` if set), keyed by the CPU model name and thread count. Buffers that cannot be
+    allocated, or a timer that measured nothing, are a :class:`~flopscope.errors.ConfigurationError`."""
+    seconds = _check_seconds(seconds)
+    threads = torch.get_num_threads()
+    cached = _CPU_BW_CACHE.get(threads)
+    if cached is not None:
+        return cached
+    key = _disk_key("copy_bandwidth", threads)
+    value = _read_disk(key) if disk_cache else None
+    if value is None:
+        try:
+            value, _, _ = _copy_benchmark(seconds, _copy_bytes())
+        except RuntimeError as e:  # "DefaultCPUAllocator: not enough memory"
+            raise ConfigurationError(f"the copy benchmark could not run: {e}") from e
+        if not value > 0:
+            raise ConfigurationError("the copy benchmark measured no time (timer resolution)")
+        if disk_cache:
+            _write_disk(key, value)
+    _CPU_BW_CACHE[threads] = value
+    return value
+
+
 # ---------------------------------------------------------------------------------------------------- CLI
 
 _CLI_DTYPES = {str(d).removeprefix("torch."): d for d in _CPU_DTYPES}
@@ -383,23 +619,53 @@ _CLI_DTYPES = {str(d).removeprefix("torch."): d for d in _CPU_DTYPES}
 def register_cli(subparsers: Any) -> argparse.ArgumentParser:
     """Add ``flopscope peak`` to the ``add_subparsers()`` object of flopscope's command line."""
     cmd = subparsers.add_parser(
-        "peak", help="measure this CPU's GEMM peak (or show a GPU's table figure)",
+        "peak", help="measure this CPU's GEMM peak and memory bandwidth (or show a GPU's table figures)",
         description="Measure the achieved GEMM throughput of this CPU for a dtype (square matmuls, best rate): "
-                    "the MFU denominator of a CPU run. With --device cuda[:N], print the GPU's dense "
-                    "datasheet figure from flopscope.peaks.PEAKS instead.")
+                    "the MFU denominator of a CPU run, and its memory bandwidth (a STREAM-like copy). With "
+                    "--device cuda[:N] or a GPU name, print the GPU's dense datasheet figure from "
+                    "flopscope.peaks.PEAKS and its memory bandwidth from BANDWIDTH instead; with --table, "
+                    "every device of the table. The ridge point (FLOP/s / bandwidth) is the roofline's knee.")
     cmd.add_argument("--dtype", choices=[*sorted(_CLI_DTYPES), "float8_e4m3fn", "float8_e4m3fnuz"], default="float32",
                      help="dtype (default float32)")
-    cmd.add_argument("--seconds", type=float, default=1.0, help="benchmark time on CPU (default 1.0)")
+    cmd.add_argument("--seconds", type=float, default=1.0,
+                     help="benchmark time on CPU, for each of the two benchmarks (default 1.0)")
     cmd.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:N, or a GPU name")
+    cmd.add_argument("--table", action="store_true",
+                     help="print the whole GPU table for --dtype: FLOP/s, memory bandwidth, ridge point")
     cmd.add_argument("--save", action="store_true",
-                     help="store the CPU figure in ~/.cache/flopscope/peaks.json for measure_cpu_peak(disk_cache=True)")
+                     help="store the CPU figures in ~/.cache/flopscope/peaks.json for measure_cpu_peak / "
+                          "measure_cpu_bandwidth(disk_cache=True)")
     cmd.set_defaults(run=_cli_peak)
     return cmd
+
+
+def _ridge(flops: float | None, bandwidth: float | None) -> str:
+    return f"{flops / bandwidth:.1f} FLOPs/byte" if flops and bandwidth else "-"
+
+
+def _cli_table(dtype: torch.dtype, label: str) -> int:
+    rows = []
+    for row in PEAKS:
+        variants = [key for _, key in _BANDWIDTH_VARIANTS.get(row, [])] or [row]
+        for key in variants:
+            flops = PEAKS[row].get(dtype)
+            bandwidth = BANDWIDTH.get(key)
+            rows.append((key, "-" if flops is None else f"{flops / _T:.1f}",
+                         "-" if bandwidth is None else _format_bandwidth(bandwidth), _ridge(flops, bandwidth)))
+    head = ("device", f"{label} TFLOP/s dense", "memory bandwidth", "ridge point")
+    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(4)]
+    for r in [head, *rows]:
+        cells = [cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(r, widths, strict=True))]
+        print("  ".join(cells))
+    print("(datasheet figures, dense, per torch device; 2 FLOPs per MAC; bandwidth in decimal bytes/s)")
+    return 0
 
 
 def _cli_peak(args: argparse.Namespace) -> int:
     dtype = getattr(torch, args.dtype)
     label = args.dtype
+    if args.table:
+        return _cli_table(dtype, label)
     dev, raw = _resolve(args.device)
     if dev is not None and dev.type == "cpu":
         if not args.seconds > 0:
@@ -416,6 +682,16 @@ def _cli_peak(args: argparse.Namespace) -> int:
             _write_disk(_disk_key(dtype, threads), value)
         print(f"{raw} ({threads} threads), {label}: {value / 1e9:.1f} GFLOP/s "
               f"(achieved GEMM peak: best of {count} {n}x{n} matmuls in {args.seconds:g} s; 2 FLOPs per MAC)")
+        try:
+            bandwidth, nbytes, copies = _copy_benchmark(args.seconds, _copy_bytes())
+        except RuntimeError as e:
+            raise ConfigurationError(f"the copy benchmark could not run: {e}") from e
+        _CPU_BW_CACHE[threads] = bandwidth
+        if args.save:
+            _write_disk(_disk_key("copy_bandwidth", threads), bandwidth)
+        print(f"{raw} ({threads} threads), memory bandwidth: {bandwidth / _GB:.1f} GB/s (STREAM-like copy: best of "
+              f"{copies} copies of {nbytes / 2**20:.0f} MiB, read + write bytes counted); ridge point "
+              f"{_ridge(value, bandwidth)}")
         return 0
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", FlopscopeWarning)
@@ -424,6 +700,16 @@ def _cli_peak(args: argparse.Namespace) -> int:
     if value_or_none is None:
         reason = str(caught[0].message) if caught else "unknown"
         print(f"{name}, {label}: no peak in the table ({reason})")
-        return 1
-    print(f"{name}, {label}: {value_or_none / 1e12:.1f} TFLOP/s dense (datasheet, 2 FLOPs per MAC)")
-    return 0
+    else:
+        print(f"{name}, {label}: {value_or_none / 1e12:.1f} TFLOP/s dense (datasheet, 2 FLOPs per MAC)")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", FlopscopeWarning)
+        bandwidth_or_none = peak_bandwidth(args.device)
+    if bandwidth_or_none is None:
+        reason = str(caught[0].message) if caught else "unknown"
+        print(f"{name}: memory bandwidth not in the table ({reason})")
+    else:
+        key = _bandwidth_key(_table_key(dev, raw), raw) or name
+        print(f"{key}: memory bandwidth {_format_bandwidth(bandwidth_or_none)} (datasheet); ridge point "
+              f"{_ridge(value_or_none, bandwidth_or_none)} ({label})")
+    return 0 if value_or_none is not None else 1

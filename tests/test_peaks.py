@@ -13,7 +13,16 @@ import torch
 
 from flopscope import peaks
 from flopscope.errors import ConfigurationError, FlopscopeWarning
-from flopscope.peaks import PEAKS, device_name, match_device, measure_cpu_peak, peak_flops
+from flopscope.peaks import (
+    BANDWIDTH,
+    PEAKS,
+    device_name,
+    match_device,
+    measure_cpu_bandwidth,
+    measure_cpu_peak,
+    peak_bandwidth,
+    peak_flops,
+)
 
 # what torch.cuda.get_device_name returns on each device (ROCm included), and the table entry it must map to
 NAMES = {
@@ -244,13 +253,229 @@ def _cli(argv):
 
 def test_cli_measures_this_cpu(capsys, monkeypatch):
     monkeypatch.setattr(peaks, "_CPU_CACHE", {})
+    monkeypatch.setattr(peaks, "_CPU_BW_CACHE", {})
+    monkeypatch.setattr(peaks, "_copy_bytes", lambda: 16 * 2**20)  # a short copy: the real size is tested above
     assert _cli(["peak", "--dtype", "float32", "--seconds", "0.1"]) == 0
     out = capsys.readouterr().out
     assert "float32" in out and "GFLOP/s" in out and "threads" in out
+    assert "memory bandwidth" in out and "GB/s" in out and "16 MiB" in out and "ridge point" in out
+    assert peaks._CPU_BW_CACHE[torch.get_num_threads()] > 0  # the measured figure is the cached one
 
 
 def test_cli_prints_a_gpu_table_figure(capsys):
     assert _cli(["peak", "--device", "NVIDIA H100 80GB HBM3", "--dtype", "bfloat16"]) == 0
-    assert "H100 SXM, bfloat16: 989.4 TFLOP/s dense" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "H100 SXM, bfloat16: 989.4 TFLOP/s dense" in out
+    assert "H100 SXM: memory bandwidth 3.35 TB/s (datasheet); ridge point 295.3 FLOPs/byte" in out
+    assert _cli(["peak", "--device", "NVIDIA A100-SXM4-80GB", "--dtype", "bfloat16"]) == 0
+    assert "A100 80GB SXM: memory bandwidth 2.039 TB/s" in capsys.readouterr().out
     assert _cli(["peak", "--device", "NVIDIA L40", "--dtype", "bfloat16"]) == 1
-    assert "no peak in the table" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "no peak in the table" in out and "memory bandwidth not in the table" in out
+
+
+def test_cli_table_has_a_bandwidth_column(capsys):
+    assert _cli(["peak", "--table", "--dtype", "bfloat16"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "memory bandwidth" in lines[0] and "ridge point" in lines[0]
+    rows = {line.split("  ")[0].strip(): line for line in lines[1:]}
+    assert set(BANDWIDTH) <= set(rows)  # one row per BANDWIDTH key: the A100 variants each get their own
+    assert "2.039 TB/s" in rows["A100 80GB SXM"] and "1.555 TB/s" in rows["A100 40GB"]
+    assert "989.4" in rows["H100 SXM"] and "295.3 FLOPs/byte" in rows["H100 SXM"]
+    assert "864 GB/s" in rows["L40S"]
+
+
+# ------------------------------------------------------------------------------------------ memory bandwidth
+
+# what torch.cuda.get_device_name returns -> bytes/s as the datasheet prints it (decimal: 1 GB/s = 1e9 B/s)
+BANDWIDTH_NAMES = {
+    "NVIDIA A100-SXM4-80GB": 2039e9,  # "2,039GB/s" (80GB SXM column)
+    "NVIDIA A100-SXM4-40GB": 1555e9,  # "1,555GB/s" (40GB SXM)
+    "NVIDIA A100-PCIE-40GB": 1555e9,  # "1,555GB/s" (40GB PCIe)
+    "NVIDIA A100 80GB PCIe": 1935e9,  # "1,935GB/s" (80GB PCIe)
+    "NVIDIA H100 80GB HBM3": 3.35e12,  # "3.35TB/s"
+    "NVIDIA H100 PCIe": 2e12,  # "2TB/s"
+    "NVIDIA H200": 4.8e12,  # "4.8TB/s"
+    "NVIDIA B200": 8e12,  # 64 TB/s for 8 GPUs
+    "NVIDIA L4": 300e9,  # "300GB/s"
+    "NVIDIA L40S": 864e9,  # "864GB/s"
+    "AMD Instinct MI250X": 3.2e12 / 2,  # "3.2 TB/s" per package of 2 GCDs = 2 torch devices
+    "AMD Instinct MI300X": 5.3e12,  # "5.3 TB/s"
+}
+
+
+@pytest.mark.parametrize("raw,value", sorted(BANDWIDTH_NAMES.items()))
+def test_bandwidth_of_each_torch_name(raw, value):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a known device never warns
+        assert peak_bandwidth(raw) == value
+        assert peak_bandwidth(raw.lower()) == value
+
+
+def test_every_peaks_device_has_a_bandwidth_or_is_deliberately_ambiguous():
+    covered = set()
+    for row in PEAKS:
+        variants = [key for _, key in peaks._BANDWIDTH_VARIANTS.get(row, [])]
+        if variants:  # the A100: one FLOP/s row, three memory systems
+            assert row not in BANDWIDTH, row  # no figure for the bare row: it would be a guess
+            assert all(key in BANDWIDTH for key in variants), row
+            covered.update(variants)
+        else:
+            assert row in BANDWIDTH, row
+            covered.add(row)
+    assert covered == set(BANDWIDTH)  # and nothing else: no device the FLOP table does not know
+    assert set(peaks._BANDWIDTH_VARIANTS) == {"A100"}
+    for key, value in BANDWIDTH.items():
+        assert peak_bandwidth(key) == value, key  # a BANDWIDTH key is a name too
+        assert 100e9 <= value <= 10e12, key  # bytes/s: a GB/s or TB/s figure left unscaled would fail
+    assert peak_bandwidth("NVIDIA H200") > peak_bandwidth("NVIDIA H100 80GB HBM3")  # same compute, faster HBM3e
+
+
+def test_a100_variants_resolve_to_their_own_figures_and_a_bare_a100_is_not_guessed():
+    assert peak_bandwidth("NVIDIA A100-SXM4-80GB") == 2039e9
+    assert peak_bandwidth("NVIDIA A100 80GB PCIe") == 1935e9
+    assert peak_bandwidth("NVIDIA A100-SXM4-40GB") == peak_bandwidth("NVIDIA A100-PCIE-40GB") == 1555e9
+    assert len({peak_flops(name, torch.bfloat16) for name in BANDWIDTH_NAMES if "A100" in name}) == 1  # same FLOPs
+    for ambiguous in ("A100", "NVIDIA A100", "NVIDIA A100 80GB"):  # the 80GB without its form factor: 1,935 or 2,039
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            assert peak_bandwidth(ambiguous) is None
+            assert peak_bandwidth(ambiguous) is None
+        ours = [str(w.message) for w in caught if issubclass(w.category, FlopscopeWarning)]
+        assert len(ours) == 1, ambiguous
+        assert "A100 80GB SXM 2.039 TB/s" in ours[0] and "bandwidth=" in ours[0]
+    assert peak_bandwidth("A100", bandwidth=2039e9) == 2039e9  # the way out: say it
+
+
+@pytest.mark.parametrize("raw", UNKNOWN)
+def test_unknown_device_bandwidth_is_none_with_exactly_one_warning(raw):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert peak_bandwidth(raw) is None
+        assert peak_bandwidth(raw) is None
+    ours = [w for w in caught if issubclass(w.category, FlopscopeWarning)]
+    assert len(ours) == 1
+    assert repr(raw) in str(ours[0].message) and "bandwidth=" in str(ours[0].message)
+    assert ours[0].filename == __file__  # points at the caller
+
+
+def test_bandwidth_warning_is_its_own_from_the_flops_warning():
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert peak_flops("NVIDIA H100 NVL", torch.bfloat16) is None
+        assert peak_bandwidth("NVIDIA H100 NVL") is None  # not swallowed by the FLOP/s warning of the same name
+    messages = [str(w.message) for w in caught if issubclass(w.category, FlopscopeWarning)]
+    assert len(messages) == 2 and "peak FLOP/s" in messages[0] and "memory bandwidth" in messages[1]
+    with pytest.warns(FlopscopeWarning, match="meta"):
+        assert peak_bandwidth("meta") is None
+
+
+def test_bandwidth_override_and_its_errors():
+    assert peak_bandwidth("NVIDIA L4", bandwidth=250e9) == 250e9
+    assert peak_bandwidth("no such gpu", bandwidth=1) == 1.0  # no lookup, no warning
+    assert isinstance(peak_bandwidth("no such gpu", bandwidth=1), float)
+    for bad in (0, -1.0, float("nan"), float("inf"), "3.35e12", True, [3.35e12]):
+        with pytest.raises(ConfigurationError, match="bandwidth="):
+            peak_bandwidth("NVIDIA L4", bandwidth=bad)  # type: ignore[arg-type]
+    with pytest.raises(ValueError):  # ConfigurationError is a ValueError
+        peak_bandwidth(bandwidth=-5)
+
+
+def test_cuda_device_bandwidth_is_looked_up_by_its_name(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA A100 80GB PCIe")
+    assert peak_bandwidth() == 1935e9  # device None = the current CUDA device
+    assert peak_bandwidth("cuda:0") == 1935e9
+    assert device_name("cuda") == "A100"  # the FLOP/s row: one for all A100s
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "AMD Instinct MI250X / MI250")
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device=None: argparse.Namespace(
+        multi_processor_count=110))  # ROCm's ambiguous name, settled by the CU count as for FLOP/s
+    assert peak_bandwidth("cuda") == 1.6e12
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ConfigurationError, match="CUDA is not available"):
+        peak_bandwidth("cuda:0")
+
+
+def test_ridge_point_of_h100_sxm_bf16():
+    # ridge point = peak FLOP/s / bandwidth = 989.4e12 / 3.35e12 FLOPs per byte = 989.4 / 3.35;
+    # 3.35 x 295 = 988.25, and the remaining 1.15 / 3.35 = 0.34: about 295.3 FLOPs per byte. A kernel with fewer
+    # FLOPs per byte of HBM traffic than that (batch-1 bf16 decoding: ~1) is memory-bound on an H100 SXM.
+    ridge = peak_flops("NVIDIA H100 80GB HBM3", torch.bfloat16) / peak_bandwidth("NVIDIA H100 80GB HBM3")
+    assert ridge == pytest.approx(295.34, abs=0.01)
+    assert round(ridge) == 295
+
+
+def test_every_bandwidth_entry_has_a_source_comment():
+    source = Path(peaks.__file__).read_text(encoding="utf-8")
+    lines = source[source.index("BANDWIDTH: dict"):source.index("_BANDWIDTH_VARIANTS: dict")].splitlines()
+    for key in BANDWIDTH:
+        at = next(i for i, line in enumerate(lines) if line.lstrip().startswith(f'"{key}":'))
+        while not lines[at - 1].lstrip().startswith("#"):  # A100 variants share the comment above the first
+            at -= 1
+            assert lines[at].lstrip().startswith('"'), key
+        comment = []
+        for line in reversed(lines[:at]):
+            if not line.lstrip().startswith("#"):
+                break
+            comment.append(line)
+        text = " ".join(comment)
+        assert any(word in text.lower() for word in ("datasheet", "whitepaper", "specifications")), key
+        assert "GB/s" in text or "TB/s" in text, key  # the figure as printed
+
+
+def test_measure_cpu_bandwidth_is_plausible_and_cached(monkeypatch):
+    monkeypatch.setattr(peaks, "_CPU_BW_CACHE", {})
+    t0 = time.perf_counter()
+    first = measure_cpu_bandwidth(seconds=0.01)  # a tiny budget: still at least 3 copies of >= 256 MiB
+    t1 = time.perf_counter()
+    second = measure_cpu_bandwidth(seconds=0.01)
+    t2 = time.perf_counter()
+    assert isinstance(first, float) and first > 1e8  # > 0.1 GB/s
+    assert first < 1e13  # no CPU's DRAM reaches 10 TB/s: a broken timer or an unscaled figure would
+    assert second is first
+    assert t2 - t1 < (t1 - t0) / 10
+    assert peak_bandwidth("cpu") is first  # "cpu" goes through the same cache
+    with pytest.raises(ConfigurationError):
+        measure_cpu_bandwidth(seconds=0)
+
+
+def test_copy_benchmark_counts_read_plus_write_bytes(monkeypatch):
+    clock = iter(range(1000))  # every perf_counter call is one second later: every copy takes 1 s
+
+    class FakeTime:
+        @staticmethod
+        def perf_counter():
+            return float(next(clock))
+
+    monkeypatch.setattr(peaks, "time", FakeTime)
+    rate, nbytes, copies = peaks._copy_benchmark(0.5, 2**20)
+    assert nbytes == 2**20 and copies == 3  # the budget is spent, but best of at least 3
+    assert rate == 2 * 2**20  # bytes read + bytes written, per second
+
+
+def test_copy_size_follows_streams_rule_within_bounds(monkeypatch):
+    assert peaks._size_bytes("307200K") == 300 * 2**20 and peaks._size_bytes("32M") == 32 * 2**20
+    for llc, expected in ((0, 256 * 2**20), (100 * 2**20, 400 * 2**20), (300 * 2**20, 512 * 2**20)):
+        monkeypatch.setattr(peaks, "_last_level_cache_bytes", lambda llc=llc: llc)
+        assert peaks._copy_bytes() == expected
+
+
+def test_bandwidth_disk_cache(monkeypatch, tmp_path):
+    monkeypatch.setenv("FLOPSCOPE_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(peaks, "_CPU_BW_CACHE", {})
+    calls = []
+
+    def fake(seconds, nbytes):
+        calls.append(nbytes)
+        return 2e10, nbytes, 3
+
+    monkeypatch.setattr(peaks, "_copy_benchmark", fake)
+    assert measure_cpu_bandwidth(disk_cache=True) == 2e10
+    stored = json.loads((tmp_path / "peaks.json").read_text())
+    assert list(stored.values()) == [2e10]
+    key = next(iter(stored))
+    assert key.endswith("copy_bandwidth") and f"threads={torch.get_num_threads()}" in key
+    monkeypatch.setattr(peaks, "_CPU_BW_CACHE", {})  # a new process: read from disk, no benchmark
+    assert measure_cpu_bandwidth(disk_cache=True) == 2e10
+    assert len(calls) == 1
