@@ -15,6 +15,7 @@ also holds these plain keys (written in one place, :func:`_public_meta`):
 - ``module_stack``: the :class:`~flopscope.module_tracker.ModuleCall` frames, outermost first;
 - ``input_shapes`` / ``output_shapes``: shapes of the tensor arguments / outputs, in order;
 - ``dtype``: dtype of the first tensor output (``None`` if there is none);
+- ``bytes``: the minimum bytes the op reads and writes (:mod:`flopscope.traffic`; 0 for views);
 - ``multiplies``: MACs of the op (0 for ops without a formula); ``multiply_parts``: the formula's
   ``{part: MACs}`` split for fused ops, else ``None``;
 - ``elementwise``: ``(category, ops)`` for elementwise work, else ``None``;
@@ -52,7 +53,7 @@ from torch import fx
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
-from . import elementwise, formulas
+from . import elementwise, formulas, traffic
 from .elementwise import ElementwiseRule
 from .enums import StrEnum
 from .formulas import FormulaRegistry, OpFamily, OpSpec, shape_of
@@ -131,6 +132,7 @@ class CapturedOp:
     cost: Cost = Cost.ZERO
     spec: OpSpec | None = None  # the registry's entry for an op with a formula
     macs: int = 0  # MACs of the op's formula (0 without one); public meta key "multiplies"
+    bytes: int = 0  # minimum bytes read and written (flopscope.traffic); public meta key "bytes"
     parts: dict[str, int] | None = None  # {part: MACs} of a fused op's formula
     elementwise: tuple[str, int] | None = None  # (category, elementwise ops)
     seconds: float | None = None  # real mode: wall time of the kernel
@@ -189,7 +191,7 @@ def build_graph(ops: list[CapturedOp]) -> fx.Graph:
 def _public_meta(op: CapturedOp, nodes: Mapping[CapturedOp, fx.Node]) -> dict[str, Any]:
     meta: dict[str, Any] = {
         CAPTURED: op, "module": op.module, "module_stack": op.module_stack, "input_shapes": op.input_shapes,
-        "output_shapes": op.output_shapes, "dtype": op.dtype, "multiplies": op.macs,
+        "output_shapes": op.output_shapes, "dtype": op.dtype, "multiplies": op.macs, "bytes": op.bytes,
         "multiply_parts": op.parts, "elementwise": op.elementwise, "cost": op.cost.value, "phase": op.phase,
     }
     if op.seconds is not None:
@@ -429,9 +431,11 @@ class Recorder(TorchDispatchMode):
     def _record(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any,
                 stack: tuple[ModuleCall, ...], known: _OpClass) -> CapturedOp:
         shapes: list[Shape] = []
+        inputs: list[torch.Tensor] = []
 
         def to_op(t: torch.Tensor) -> CapturedOp:
             shapes.append(shape_of(t))
+            inputs.append(t)
             return self._producer_of(t)
 
         phase = FORWARD if not self._backward else RECOMPUTE if torch.is_grad_enabled() else BACKWARD
@@ -457,8 +461,9 @@ class Recorder(TorchDispatchMode):
                                     module_stack=stack, output_shapes=(shape_of(item),), dtype=item.dtype)
                 self.ops.append(getter)
                 self._producers[id(item)] = (weakref.ref(item), getter)
-        self.largest_out = max([self.largest_out, *(t.numel() * t.element_size() for t in _tensors(out)
-                                                    if not t.is_nested)])
+        results = _tensors(out)
+        op.bytes = traffic.bytes_moved(func, inputs, results)
+        self.largest_out = max([self.largest_out, *(traffic.nbytes(t) for t in results)])
         if known.spec is not None:
             macs = formulas.count(known.spec.formula, args, kwargs, _first_shape(out))
             op.macs = formulas.total_of(macs)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import sys
 import threading
+import time
 from collections import Counter
 from typing import Any, NamedTuple
 
@@ -39,6 +40,8 @@ class ModuleTracker:
         self.calls: Counter[str] = Counter()
         self.inputs: dict[ModuleCall, tuple[tuple[int | str, tuple[int, ...]], ...]] = {}
         self.foreign_calls = 0  # outermost calls of the model's modules made by other threads while tracking
+        self.root_seconds: dict[int, float] = {}  # call number of the root module -> wall time of that call
+        self._root_start = 0.0
         self.replaying = False  # backward pass: a module called now re-runs its forward (activation checkpointing)
         self._foreign_depth = threading.local()  # per other thread: how many of its calls are running
         self._failed_in: dict[int, tuple[ModuleCall, ...]] = {}
@@ -84,6 +87,8 @@ class ModuleTracker:
         if not self.replaying:  # a re-run is not a new call: it keeps the number of the last forward call
             self.calls[path] += 1
         self.stack = (*self.stack, ModuleCall(path, self.calls[path]))
+        if path == "" and len(self.stack) == 1:
+            self._root_start = time.perf_counter()
 
     def _post(self, module: nn.Module, args: Any, *rest: Any) -> None:
         # (kwargs, output) normally; torch calls always-called hooks of a raising forward with (output,) only
@@ -94,6 +99,8 @@ class ModuleTracker:
             self._foreign_depth.value = max(0, getattr(self._foreign_depth, "value", 0) - 1)
             return
         kwargs = rest[0] if len(rest) == 2 else {}
+        if path == "" and len(self.stack) == 1 and not self.replaying:
+            self.root_seconds[self.stack[0].call] = time.perf_counter() - self._root_start
         if self.stack and self.stack[-1].path == path and not self.replaying:
             shapes = [(i, shape_of(a)) for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
             shapes += [(k, shape_of(v)) for k, v in (kwargs or {}).items() if isinstance(v, torch.Tensor)]

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from torch import fx
 
+from . import generation
 from .capture import FORWARD, CapturedOp, Cost, build_graph, captured
 from .columns import scale_parts
 from .errors import NotFoundError
@@ -27,8 +28,12 @@ from .timing import Timing, timing
 
 if TYPE_CHECKING:
     from .capture import Recorder
+    from .generation import Step
+    from .scaling import Scaling
 
 Shape = tuple[int, ...]
+NO_MULTIPLY = "no_multiply"
+"""The :meth:`Profile.bytes_by_role` key of the bytes moved by ops that do not multiply."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,11 +67,13 @@ class Capture:
     decomposed: Mapping[str, int]
     module_inputs: Mapping[ModuleCall, tuple[tuple[int | str, Shape], ...]]
     module_calls: Mapping[str, int]
+    root_seconds: Mapping[int, float]  # wall time of each call of the root module (call number -> seconds)
 
     @classmethod
     def of(cls, recorder: Recorder, tracker: ModuleTracker) -> Capture:
         return cls(recorder.ops, dict(recorder.unsupported), tuple(sorted(recorder.undeclared_kernels)),
-                   recorder.unchecked_lookups, dict(recorder.decomposed), dict(tracker.inputs), dict(tracker.calls))
+                   recorder.unchecked_lookups, dict(recorder.decomposed), dict(tracker.inputs), dict(tracker.calls),
+                   dict(tracker.root_seconds))
 
 
 class Profile:
@@ -90,9 +97,12 @@ class Profile:
         self._output = output
         self._notes = tuple(notes)
         counted: list[tuple[str, int, frozenset[str], str]] = []
+        moved: list[tuple[int, frozenset[str], str]] = []
         elementwise: Counter[str] = Counter()
         elementwise_by_op: Counter[str] = Counter()
         for op in capture.ops:
+            if op.bytes:
+                moved.append((op.bytes, frozenset(frame.path for frame in op.module_stack), op.phase))
             if op.cost is Cost.FORMULA:
                 paths = frozenset(frame.path for frame in op.module_stack)
                 counted.append((op.op_name, op.macs, paths, op.phase))
@@ -101,6 +111,7 @@ class Profile:
                 elementwise[category] += count
                 elementwise_by_op[op.op_name] += count
         self._counted = counted  # (op, MACs, module paths on the stack, phase) per counted op
+        self._moved = moved  # (bytes, module paths on the stack, phase) per op that moves memory
         self._elementwise = dict(elementwise)
         self._elementwise_by_op = dict(elementwise_by_op)
 
@@ -162,6 +173,21 @@ class Profile:
     def module_inputs(self) -> dict[ModuleCall, tuple[tuple[int | str, Shape], ...]]:
         """Per module call, the shapes of its tensor arguments (by position or keyword)."""
         return dict(self._capture.module_inputs)
+
+    @property
+    def root_seconds(self) -> Mapping[int, float]:
+        """Wall time of each call of the root module (call number -> seconds); 0 in fake mode is meaningless, so
+        read it in real mode."""
+        return MappingProxyType(dict(self._capture.root_seconds))
+
+    def steps(self) -> list[Step]:
+        """One row per forward of the model (a generation step: prefill or decode), with its batch, new tokens,
+        context, MACs by role, bytes and wall time (:mod:`flopscope.generation`)."""
+        return generation.steps(self)
+
+    def decode_scaling(self) -> Scaling:
+        """The decode steps' MACs per sequence, per role, as exact polynomials in the context length."""
+        return generation.decode_scaling(self)
 
     @property
     def notes(self) -> list[str]:
@@ -234,6 +260,41 @@ class Profile:
     def op_calls(self) -> dict[str, int]:
         """How many times each counted op ran."""
         return dict(Counter(op for op, _, _, _ in self._counted))
+
+    # ---------------------------------------------------------------------------------------------
+    # bytes moved (the memory side of the roofline; the model is flopscope.traffic's)
+    def total_bytes(self, module: str = "", phase: str | None = None) -> int:
+        """Minimum bytes read and written by every recorded op (multiplies or not: norms, softmax and copies
+        move memory too), of the whole run or of one module inclusive of its submodules."""
+        if module != "":
+            self._check_module(module)
+        return sum(size for size, paths, ph in self._moved
+                   if (module == "" or module in paths) and (phase is None or ph == phase))
+
+    def bytes_by_module(self) -> dict[str, int]:
+        """Bytes moved per module path, inclusive of submodules (0 where none); ``[""] == total_bytes()``."""
+        out = dict.fromkeys(self._module_paths, 0)
+        for size, paths, _ in self._moved:
+            for path in paths:
+                out[path] = out.get(path, 0) + size
+        return out
+
+    def bytes_by_role(self, phase: str | None = None) -> dict[str, int]:
+        """Bytes moved per role: an op that multiplies splits its bytes over its roles as it splits its MACs;
+        the bytes of ops that do not multiply (elementwise work, norms, softmax, copies such as KV-cache
+        updates) are under :data:`NO_MULTIPLY`. The values sum to ``total_bytes(phase=phase)``."""
+        assignments = self.role_assignments()
+        out: Counter[str] = Counter()
+        for node in self._fx_graph().nodes:
+            op = captured(node)
+            if not op.bytes or (phase is not None and op.phase != phase):
+                continue
+            assignment = assignments.get(node)
+            if assignment is None or not any(assignment.parts.values()):
+                out[NO_MULTIPLY] += op.bytes
+            else:
+                out.update(scale_parts(assignment.parts, op.bytes))
+        return {role: out[role] for role in (*ROLE_ORDER, NO_MULTIPLY) if role in out}
 
     # ---------------------------------------------------------------------------------------------
     # roles

@@ -76,20 +76,19 @@ class FlopscopeTrainerCallback(TrainerCallback):
         """Model FLOPs (forward + backward) of one micro-batch: the ``Trainer.floating_point_ops`` hook."""
         if not self.disabled and self.pricer is not None:
             try:
-                return self._price(inputs)
+                return self._price(self.pricer, inputs)
             except Exception as error:  # a metrics hook must never stop training
                 self._disable(error)
         return int(self._original(inputs)) if self._original is not None else 0
 
-    def _price(self, inputs: Mapping[str, Any]) -> int:
-        assert self.pricer is not None
+    def _price(self, pricer: BatchPricer, inputs: Mapping[str, Any]) -> int:
         batch = self.batch_inputs(inputs) if self.batch_inputs is not None else inputs
-        by_role = self.pricer.flops_by_role(batch)
+        by_role = pricer.flops_by_role(batch)
         flops = sum(by_role.values())
         pending = self._pending
         pending["flops"] += flops
-        pending["recomputed"] += self.pricer.recompute_flops(batch)
-        pending["tokens"] += self.pricer.tokens(batch)
+        pending["recomputed"] += pricer.recompute_flops(batch)
+        pending["tokens"] += pricer.tokens(batch)
         pending["by_role"].update(by_role)
         return flops
 

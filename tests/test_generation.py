@@ -1,0 +1,106 @@
+"""Generation step by step (prefill vs decode) and bytes moved, against closed forms."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import flopscope
+from flopscope.generation import DECODE, PREFILL
+
+transformers = pytest.importorskip("transformers")
+d, h, n_kv, d_ff, L, V = 64, 4, 2, 128, 2, 100
+d_k = d // h
+B, PROMPT, NEW = 2, 7, 5
+
+
+def llama() -> nn.Module:
+    config = transformers.LlamaConfig(hidden_size=d, intermediate_size=d_ff, num_hidden_layers=L,
+                                      num_attention_heads=h, num_key_value_heads=n_kv, vocab_size=V)
+    torch.manual_seed(0)
+    return transformers.LlamaForCausalLM(config).eval()
+
+
+def decode_roles(c: int) -> dict[str, int]:
+    """One new token per sequence attending to c positions: per layer, projections d·(h·d_k) for Q,
+    2·d·(h_kv·d_k) for K and V, (h·d_k)·d for the output, the gated FFN 3·d·d_ff, scores and weighted sum
+    h·c·d_k each; then the LM head d·V; times the batch."""
+    layer = {"q_proj": d * h * d_k, "k_proj": d * n_kv * d_k, "v_proj": d * n_kv * d_k, "out_proj": h * d_k * d,
+             "attn_scores": h * c * d_k, "attn_weighted_sum": h * c * d_k,
+             "ffn_up": d * d_ff, "ffn_gate": d * d_ff, "ffn_down": d_ff * d}
+    return {**{role: B * L * macs for role, macs in layer.items()}, "logits": B * d * V}
+
+
+@pytest.fixture(scope="module")
+def generated() -> tuple[nn.Module, torch.Tensor, flopscope.Profile]:
+    model = llama()
+    ids = torch.randint(1, V, (B, PROMPT))
+    with flopscope.profiler(model, mode="real") as prof:
+        model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW, min_new_tokens=NEW,
+                       do_sample=False, pad_token_id=0)
+    return model, ids, prof.result
+
+
+def test_generate_is_one_prefill_then_one_decode_step_per_new_token(generated) -> None:
+    model, ids, prof = generated
+    steps = prof.steps()
+    assert [s.phase for s in steps] == [PREFILL] + [DECODE] * (NEW - 1)
+    assert [(s.batch, s.tokens, s.context) for s in steps] == \
+        [(B, PROMPT, PROMPT)] + [(B, 1, PROMPT + i) for i in range(1, NEW)]
+    # the prefill is a plain forward of the prompt (generate keeps the logits of the last position only)
+    plain = flopscope.profile(model, ids, logits_to_keep=1).by_role()
+    assert steps[0].by_role == {role: macs for role, macs in plain.items() if macs}
+    for step in steps[1:]:
+        assert dict(step.by_role) == decode_roles(step.context)
+        assert step.kv_macs == 2 * B * L * h * step.context * d_k
+        assert step.seconds is not None and step.seconds > 0
+    assert sum(s.macs for s in steps) == prof.total()
+    assert sum(s.bytes for s in steps) == prof.total_bytes()
+
+
+def test_decode_flops_per_token_is_the_exact_polynomial_in_the_context(generated) -> None:
+    _, _, prof = generated
+    scaling = prof.decode_scaling()
+    assert scaling.lengths == tuple(PROMPT + i for i in range(1, NEW))
+    per_sequence = {role: macs // B for role, macs in decode_roles(0).items()}  # the constant terms
+    for role, poly in scaling.polynomials.items():
+        assert poly is not None
+        slope = L * h * d_k if role in ("attn_scores", "attn_weighted_sum") else 0
+        assert (poly.coefficient(0), poly.coefficient(1), poly.degree) == (per_sequence[role], slope, int(bool(slope)))
+
+
+def test_decode_scaling_needs_three_decode_steps() -> None:
+    model = llama()
+    with flopscope.profiler(model, mode="real") as prof:
+        model.generate(torch.ones(1, 4, dtype=torch.long), max_new_tokens=2, min_new_tokens=2, do_sample=False,
+                       pad_token_id=0)
+    with pytest.raises(flopscope.FlopscopeError, match="3 or more distinct contexts"):
+        prof.result.decode_scaling()
+
+
+def test_bytes_are_operand_and_result_sizes() -> None:
+    x = torch.randn(3, 5, 8)
+    lin = nn.Linear(8, 16)
+    prof = flopscope.profile(lin, x, mode="real")
+    # addmm reads x [15, 8], Wᵀ [8, 16] (a view: 0 bytes to make) and the bias [16]; writes [15, 16]; fp32
+    assert prof.total_bytes() == 4 * (15 * 8 + 8 * 16 + 16 + 15 * 16)
+    assert prof.bytes_by_role() == {"other": prof.total_bytes()}
+    half = flopscope.profile(nn.Linear(8, 16, bias=False).to(torch.bfloat16), x.to(torch.bfloat16))
+    assert half.total_bytes() == 2 * (15 * 8 + 8 * 16 + 15 * 16)  # mm: no bias; 2 bytes per element
+
+
+def test_a_lookup_reads_its_rows_not_the_table() -> None:
+    table = nn.Embedding(1000, 32)
+    ids = torch.randint(0, 1000, (2, 6))
+    prof = flopscope.profile(table, ids)
+    assert prof.total_bytes() == 8 * 2 * 6 + 2 * 4 * 2 * 6 * 32  # int64 ids; 12 rows read and written
+    assert prof.bytes_by_role() == {"no_multiply": prof.total_bytes()}
+
+
+def test_bytes_by_role_and_module_add_up(generated) -> None:
+    _, _, prof = generated
+    assert sum(prof.bytes_by_role().values()) == prof.total_bytes() == prof.bytes_by_module()[""]
+    decode = prof.steps()[-1]
+    # the KV cache read by a decode step: K and V of every layer, [B, h_kv, c, d_k] each, fp32
+    assert decode.kv_bytes >= L * 2 * B * n_kv * decode.context * d_k * 4
