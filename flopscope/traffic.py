@@ -32,7 +32,6 @@ PURE_WRITES = frozenset({aten.copy_, aten.fill_, aten.zero_})
 """In-place ops that overwrite their first argument without reading it."""
 UNSAFE_VIEWS = frozenset({aten._unsafe_view})
 """Ops that return a view but whose schema does not say so (``matmul`` reshapes its result with it)."""
-"""In-place ops that overwrite their first argument without reading it."""
 
 
 def nbytes(t: torch.Tensor) -> int:
