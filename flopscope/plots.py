@@ -1,4 +1,5 @@
-"""Plots (the ``plot`` extra: matplotlib): the scaling plot and the role-share bar chart, saved as PNG."""
+"""Plots (the ``plot`` extra: matplotlib): the scaling plot, the role-share bar chart and the roofline, saved as
+PNG."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from .errors import FlopscopeError
 
 if TYPE_CHECKING:
     from .profile import Profile
+    from .roofline import Roofline
     from .scaling import Scaling
 
 
@@ -82,3 +84,34 @@ def _save(fig: Any, plt: Any, path: str | Path) -> Path:
     fig.savefig(out, dpi=120)
     plt.close(fig)
     return out
+
+
+def roofline_plot(result: Roofline, path: str | Path, title: str = "") -> Path:
+    """Log-log roofline: attainable FLOP/s against arithmetic intensity, a point per role (circles) and per step
+    (squares) at its intensity and its roofline-limited rate (the measured rate in real mode, hollow)."""
+    plt = _pyplot()
+    if result.peak_flops is None or result.bandwidth is None:
+        raise FlopscopeError("a roofline plot needs the device's peak FLOP/s and bandwidth (pass peak= and "
+                             "bandwidth=)")
+    peak, bandwidth = result.peak_flops, result.bandwidth
+    points = [p for p in (*result.roles, *result.steps) if p.intensity]
+    lows = [p.intensity for p in points if p.intensity] + [result.ridge or 1.0]
+    x = [min(lows) / 4, max(lows) * 4]
+    fig, ax = plt.subplots(figsize=(8, 5.5))
+    ridge = peak / bandwidth
+    ax.plot([x[0], ridge, x[1]], [x[0] * bandwidth, peak, peak], color="black", linewidth=1.5)
+    for p in points:
+        intensity = p.intensity or 0.0
+        attainable = min(peak, intensity * bandwidth)
+        marker = "s" if p in result.steps else "o"
+        ax.scatter([intensity], [attainable], marker=marker, zorder=3)
+        ax.annotate(p.name, (intensity, attainable), fontsize=7, xytext=(3, 3), textcoords="offset points")
+        if p.measured_seconds:
+            ax.scatter([intensity], [p.flops / p.measured_seconds], marker=marker, facecolors="none",
+                       edgecolors="grey", zorder=3)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("arithmetic intensity (FLOPs per byte)")
+    ax.set_ylabel("FLOP/s")
+    ax.set_title(title or f"roofline: ridge at {ridge:.1f} FLOPs/byte ({result.dtype})")
+    return _save(fig, plt, path)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 import torch
 from torch import nn
@@ -104,3 +106,60 @@ def test_bytes_by_role_and_module_add_up(generated) -> None:
     decode = prof.steps()[-1]
     # the KV cache read by a decode step: K and V of every layer, [B, h_kv, c, d_k] each, fp32
     assert decode.kv_bytes >= L * 2 * B * n_kv * decode.context * d_k * 4
+
+
+def test_roofline_of_a_7b_shape_decode_is_memory_bound_and_its_prefill_compute_bound() -> None:
+    from flopscope.roofline import COMPUTE, MEMORY, roofline
+
+    config = transformers.LlamaConfig(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
+                                      num_attention_heads=32, num_key_value_heads=32, vocab_size=32000)
+    with torch.device("meta"):  # nothing allocated: a 7B shape in bf16
+        model = transformers.LlamaForCausalLM(config).to(torch.bfloat16).eval()
+        cache = model(torch.zeros(1, 2048, dtype=torch.long), use_cache=True).past_key_values
+    key = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"  # renamed in 5.x
+    decode = flopscope.profile(model, torch.zeros(1, 1, dtype=torch.long), mode="fake", **{key: cache})
+    prefill = flopscope.profile(model, torch.zeros(1, 2048, dtype=torch.long), mode="fake")
+    h100 = {"device": "H100 SXM", "dtype": torch.bfloat16}
+    assert roofline(decode, **h100).ridge == pytest.approx(989.4e12 / 3.35e12)  # about 295 FLOPs per byte
+    projections = ("q_proj", "k_proj", "v_proj", "out_proj", "ffn_up", "ffn_gate", "ffn_down", "logits")
+    at_decode = {p.name: p for p in roofline(decode, **h100).roles}
+    for role in projections:  # each weight element (2 bytes) is read for one multiply-add (2 FLOPs)
+        assert at_decode[role].bound == MEMORY
+        assert at_decode[role].intensity == pytest.approx(1.0, rel=1e-3)
+    weights = 2 * 32 * (4 * 4096 * 4096 + 3 * 4096 * 11008) + 2 * 4096 * 32000
+    assert decode.total_bytes() > weights  # a decode step reads at least every weight once
+    at_prefill = {p.name: p for p in roofline(prefill, **h100).roles}
+    for role in projections:  # 2,048 tokens share each weight read
+        assert at_prefill[role].bound == COMPUTE
+    # q_proj: 2·n·d² FLOPs over 2 bytes × (input n·d + weight d² + output n·d)
+    q_flops, q_bytes = 2 * 2048 * 4096 * 4096, 2 * (2 * 2048 * 4096 + 4096 * 4096)
+    assert at_prefill["q_proj"].intensity == pytest.approx(q_flops / q_bytes)
+    step = roofline(decode, **h100)
+    assert sum(p.bytes for p in step.roles) == decode.total_bytes()
+
+
+def test_a_device_without_a_bandwidth_keeps_the_counts_and_warns() -> None:
+    from flopscope.roofline import roofline
+
+    prof = flopscope.profile(nn.Linear(64, 64), torch.randn(8, 64))
+    with pytest.warns(flopscope.FlopscopeWarning, match="bandwidth"):
+        result = roofline(prof, device="NVIDIA A100 80GB", dtype=torch.float32)  # PCIe or SXM: not said
+    assert result.bandwidth is None and result.ridge is None
+    assert [(p.name, p.flops, p.bound) for p in result.roles] == [("other", 2 * 8 * 64 * 64, None)]
+
+
+def test_roofline_in_real_mode_measures_time_mfu_and_mbu(generated, tmp_path) -> None:
+    from flopscope.roofline import roofline
+
+    _, _, prof = generated
+    result = roofline(prof, peak=1e11, bandwidth=1e10)
+    assert result.ridge == 10.0
+    assert len(result.steps) == NEW
+    for point, step in zip(result.steps, prof.steps(), strict=True):
+        assert point.measured_seconds == step.seconds
+        mfu, mbu = result.utilisation(point)
+        assert mfu == pytest.approx(step.flops / step.seconds / 1e11)
+        assert mbu == pytest.approx(step.bytes / step.seconds / 1e10)
+    assert all(p.measured_seconds is not None for p in result.roles)
+    assert result.plot(tmp_path / "roofline.png").stat().st_size > 0
+
