@@ -25,11 +25,13 @@ from .errors import (
     RunError,
 )
 from .formulas import REGISTRY, FormulaRegistry, OpFamily
+from .generation import Step
 from .peers import crosscheck
 from .profile import OpRecord, Profile
 from .reconcile import ReconcileRow, Reconciliation, TransformerSpec
 from .role import Role
 from .roles import Assignment, RoleRule
+from .roofline import Roofline, roofline
 from .scaling import Polynomial, Scaling, scaling
 from .training import BatchPricer, Throughput, flops_per_batch, measure_flops
 from .why_self_attention import compare, compare_lengths
@@ -61,8 +63,10 @@ __all__ = [
     "Role",
     "RoleError",
     "RoleRule",
+    "Roofline",
     "RunError",
     "Scaling",
+    "Step",
     "Throughput",
     "TransformerSpec",
     "compare",
@@ -72,5 +76,6 @@ __all__ = [
     "measure_flops",
     "profile",
     "profiler",
+    "roofline",
     "scaling",
 ]

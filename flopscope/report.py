@@ -27,7 +27,9 @@ JSON_SCHEMA = "flopscope.profile/1"
 """Schema of :func:`to_json` (version 1). Top-level keys:
 
 - ``schema``: this string; ``units``: what ``macs`` / ``flops`` / ``elementwise_ops`` mean;
-- ``mode``: "fake" or "real"; ``totals``: ``{macs, flops, by_phase: {phase: macs}}``;
+- ``mode``: "fake" or "real"; ``totals``: ``{macs, flops, bytes, by_phase: {phase: macs}}``;
+- ``bytes``: ``{role: bytes}`` (``bytes_by_role``; ``"no_multiply"`` for ops that do not multiply);
+- ``steps``: one row per forward (``Step.row()``: phase, batch, tokens, context, macs, flops, bytes, ...);
 - ``modules``: list of ``{path, type, calls, macs, flops, params, dominant_role}`` (inclusive of submodules);
 - ``roles``: ``{role: macs}``; ``blocks``: ``{block path: {role: macs}}``; ``ops``: ``{aten op: macs}``;
 - ``elementwise``: ``{category: elementwise ops}``; ``unsupported``: ``{aten op: calls}``; ``notes``: [str];
@@ -148,6 +150,8 @@ def summary(prof: Profile, depth: int = 2, units: str = "macs", tablefmt: str = 
     lines = [
         f"total: {prof.total():,} MACs = {prof.total_flops():,} FLOPs ({human(prof.total_flops(), 'FLOP')}; "
         f"1 MAC = 2 FLOPs), counted in {prof.mode} mode",
+        f"bytes moved at least: {prof.total_bytes():,} ({human(prof.total_bytes(), 'B')}; each tensor read and "
+        "written once, see flopscope.traffic)",
     ]
     phases = prof.by_phase()
     if len(phases) > 1:
@@ -184,7 +188,10 @@ def to_dict(prof: Profile, reconciliation: bool = True) -> dict[str, Any]:
         "units": {"macs": "multiply-accumulates", "flops": "2 x macs",
                   "elementwise_ops": "see flopscope.elementwise (per-element conventions)"},
         "mode": prof.mode,
-        "totals": {"macs": prof.total(), "flops": prof.total_flops(), "by_phase": prof.by_phase()},
+        "totals": {"macs": prof.total(), "flops": prof.total_flops(), "bytes": prof.total_bytes(),
+                   "by_phase": prof.by_phase()},
+        "bytes": prof.bytes_by_role(),
+        "steps": [step.row() for step in prof.steps()],
         "modules": [{"path": path, "type": types[path].__name__ if path in types else None,
                      "calls": calls.get(path, 0), "macs": macs, "flops": 2 * macs, "params": params.get(path, 0),
                      "dominant_role": dominant.get(path)} for path, macs in prof.by_module().items()],
