@@ -6,10 +6,12 @@ the decode steps' exact MACs per sequence as a polynomial in the context length.
 
 What a step's fields are read from (no cache object is read, so any cache class works):
 
-- ``tokens`` and ``context``: the attention core's own operands (queries and keys of the scores product or of
-  a fused attention kernel): ``tokens`` new positions per sequence attend to ``context`` positions (the cached
-  ones and their own). A step whose model has no attention core found has ``context = None``: the KV-cache
-  split is unknown, and ``tokens`` is then the last dimension of the first 2-D input (token ids);
+- ``tokens``: new positions per sequence: the last dimension of the call's token ids (``decoder_input_ids``,
+  ``input_ids`` or a 2-D first argument), else the queries of the attention core;
+- ``context``: the keys of the attention core's own operands (of the scores product or of a fused attention
+  kernel): the positions the kernels attend over, cached and new. That is executed work: a static cache's
+  kernels attend over the whole buffer (masked), so its context is the buffer's length at every step. A step
+  whose model has no attention core found has ``context = None``: the KV-cache split is unknown;
 - ``batch``: the leading dimension of the first tensor input of the call;
 - ``phase``: ``"decode"`` when a step brings one new position per sequence and attends to more, else
   ``"prefill"``;
@@ -39,6 +41,8 @@ if TYPE_CHECKING:
     from .scaling import Scaling
 
 PREFILL, DECODE = "prefill", "decode"
+TOKEN_KEYS = ("decoder_input_ids", "input_ids", 0)
+"""Where a step's new token ids are, in this order (a keyword, or the first positional argument)."""
 CORE = (Role.ATTN_SCORES.value, Role.ATTN_WEIGHTED_SUM.value)
 
 
@@ -97,11 +101,12 @@ def steps(prof: Profile) -> list[Step]:
     seconds = prof.root_seconds
     out = []
     for call in sorted(set(macs) | set(moved) | {c.call for c in inputs if c.path == ""}):
-        first = next((shape for _, shape in inputs.get(_root(call), ())), None)
+        given = dict(inputs.get(_root(call), ()))
+        first = next(iter(given.values()), None)
         batch = first[0] if first else None
-        tokens, context = shapes.get(call, (None, None))
-        if tokens is None and first is not None and len(first) == 2:
-            tokens = first[1]
+        queries, context = shapes.get(call, (None, None))
+        ids = next((given[key] for key in TOKEN_KEYS if key in given and len(given[key]) == 2), None)
+        tokens = ids[1] if ids is not None else queries
         by_role = {role: macs[call][role] for role in ROLE_ORDER if macs[call][role]}
         phase = DECODE if tokens == 1 and context is not None and context > 1 else PREFILL
         out.append(Step(call, phase, batch, tokens, context, sum(by_role.values()), by_role, moved[call],
@@ -124,6 +129,10 @@ def decode_scaling(prof: Profile) -> Scaling:
             raise FlopscopeError(f"decode step {step.step}: MACs do not divide by its batch of {step.batch}")
         by_context.setdefault(step.context, per_sequence)
     contexts = sorted(by_context)
+    if len(contexts) == 1 and len([s for s in steps(prof) if s.phase == DECODE]) > 1:
+        raise FlopscopeError(f"every decode step attends over the same {contexts[0]} positions (a static cache: its "
+                             "kernels run over the whole buffer), so a decode step's cost does not depend on the "
+                             "context; see steps()")
     if len(contexts) < 3:
         raise FlopscopeError("decode_scaling needs decode steps at 3 or more distinct contexts; got "
                              f"{contexts or 'none'} (generate more new tokens, with a KV cache)")

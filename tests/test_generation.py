@@ -163,3 +163,21 @@ def test_roofline_in_real_mode_measures_time_mfu_and_mbu(generated, tmp_path) ->
     assert all(p.measured_seconds is not None for p in result.roles)
     assert result.plot(tmp_path / "roofline.png").stat().st_size > 0
 
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+def test_a_static_cache_attends_over_its_whole_buffer_at_every_step(attention) -> None:
+    model = llama()
+    model.config._attn_implementation = attention
+    ids = torch.randint(1, V, (B, PROMPT))
+    with flopscope.profiler(model, mode="real") as prof:
+        model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW, min_new_tokens=NEW,
+                       do_sample=False, pad_token_id=0, cache_implementation="static")
+    steps = prof.result.steps()
+    buffer = PROMPT + NEW - 1  # the static cache holds every position generate will attend to
+    assert [s.phase for s in steps] == [PREFILL] + [DECODE] * (NEW - 1)
+    for step in steps[1:]:  # executed work: the masked positions of the buffer are computed too
+        assert (step.tokens, step.context) == (1, buffer)
+        assert dict(step.by_role) == decode_roles(buffer)
+    with pytest.raises(flopscope.FlopscopeError, match="static cache"):
+        prof.result.decode_scaling()
