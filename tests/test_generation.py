@@ -118,6 +118,7 @@ def test_roofline_of_a_7b_shape_decode_is_memory_bound_and_its_prefill_compute_b
         cache = model(torch.zeros(1, 2048, dtype=torch.long), use_cache=True).past_key_values
     key = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"  # renamed in 5.x
     decode = flopscope.profile(model, torch.zeros(1, 1, dtype=torch.long), mode="fake", **{key: cache})
+    assert cache.get_seq_length() == 2048  # the profile ran on a copy: the user's cache did not grow
     prefill = flopscope.profile(model, torch.zeros(1, 2048, dtype=torch.long), mode="fake")
     h100 = {"device": "H100 SXM", "dtype": torch.bfloat16}
     assert roofline(decode, **h100).ridge == pytest.approx(989.4e12 / 3.35e12)  # about 295 FLOPs per byte
