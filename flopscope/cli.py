@@ -3,11 +3,13 @@
 Exit codes: 0 done; 1 a measured count differs from its closed form (demo, compare) or a cross-checked
 peer fails or differs by MACs that no per-op / per-module evidence explains; 2 bad usage (argparse's
 message names the option: a negative ``--depth``, a ``--sweep`` / ``--lengths`` item that is not a
-positive integer, a ``--json`` / ``--csv`` / ``--plot`` path whose directory is missing or not writable,
-or that names a directory, an image format matplotlib cannot write; all checked before anything is
-built or profiled); 3 a flopscope error (bad target, inputs that do not fit, such as a token sequence
-longer than the model's learned position table, refused before the inputs are built; a missing optional
-dependency; a forward that raised).
+positive integer, a ``--prompt`` / ``--new`` / ``--batch`` below 1, a ``--dtype`` that is not a
+floating-point torch dtype, a ``--peak`` / ``--bandwidth`` that is not a positive number, a ``--json`` /
+``--csv`` / ``--plot`` path whose directory is missing or not writable, or that names a directory, an
+image format matplotlib cannot write; all checked before anything is built or profiled); 3 a flopscope
+error (bad target, a ``generate`` target without a ``generate()`` method, inputs that do not fit, such
+as a token sequence longer than the model's learned position table, refused before the inputs are
+built; a missing optional dependency; a forward that raised).
 """
 
 from __future__ import annotations
@@ -15,19 +17,24 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib.util
+import json
 import os
 import sys
+from dataclasses import replace
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
 import torch
+from tabulate import tabulate
 
 from . import report
-from .api import profile
+from .api import profile, profiler
 from .errors import FlopscopeError
+from .generation import CORE, DECODE, steps_table
 from .models import TransformerBlock
 from .peaks import register_cli as register_peak_cli
-from .scaling import MIN_LENGTHS, scaling
+from .scaling import MIN_LENGTHS, Polynomial, Scaling, scaling
 from .targets import load_target, make_inputs, parse_shape
 from .why_self_attention import compare, compare_lengths
 
@@ -39,6 +46,7 @@ EXAMPLES = """examples:
   flopscope profile torchvision.models:resnet18 --input 1x3x224x224 --json resnet.json
   flopscope compare --n 512 --d 512 --h 8 --k 5 --r 64 --lengths 256,512,1024
   flopscope crosscheck hf:gpt2 --set n_layer=2 --input 1x128
+  flopscope generate hf:llama --set num_hidden_layers=2 --prompt 128 --new 32 --device "H100 SXM" --plot roofline.png
 
 units: MACs (multiply-accumulates) everywhere; FLOPs = 2 x MACs, always labelled (--units flops).
 """
@@ -110,6 +118,34 @@ def _parser() -> argparse.ArgumentParser:
     _target_options(cross)
     cross.add_argument("--format", choices=FORMATS, default="simple")
     cross.set_defaults(run=_crosscheck)
+
+    gen = commands.add_parser("generate", help="generation step by step: prefill, decode, per-token polynomial, "
+                                               "roofline", epilog=EXAMPLES,
+                              formatter_class=argparse.RawDescriptionHelpFormatter,
+                              description="Run TARGET's generate() for real (random weights and token ids, greedy, "
+                                          "exactly --new tokens) and report each forward as a step, the FLOPs per "
+                                          "generated token as an exact polynomial in the context, and the roofline.")
+    gen.add_argument("target", help="hf:FAMILY (the causal-lm head unless another is named) or "
+                                    "package.module:factory giving a model with a generate() method")
+    gen.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                     help="config / factory argument, repeatable (e.g. --set num_hidden_layers=2)")
+    gen.add_argument("--prompt", type=_positive, default=128, help="prompt tokens per sequence (default 128)")
+    gen.add_argument("--new", type=_positive, default=32,
+                     help="tokens to generate (default 32; at least 4 for the per-token polynomial)")
+    gen.add_argument("--batch", type=_positive, default=1, help="sequences (default 1)")
+    gen.add_argument("--dtype", type=_float_dtype, default=torch.float32,
+                     help="the model's dtype, and the roofline's (default float32; e.g. bfloat16)")
+    gen.add_argument("--device", help="the device whose peak and bandwidth place the roofline: a table name such as "
+                                      "'H100 SXM' (see flopscope peak --table); default: this CPU, measured "
+                                      "(takes a few seconds). The model runs on this CPU either way")
+    gen.add_argument("--peak", type=_positive_float, metavar="FLOP/S", help="peak FLOP/s (overrides the device's)")
+    gen.add_argument("--bandwidth", type=_positive_float, metavar="BYTES/S",
+                     help="memory bandwidth in bytes/s (overrides the device's)")
+    gen.add_argument("--json", type=_output_path,
+                     help="write steps, polynomials and roofline rows (schema flopscope.generate/1) here")
+    gen.add_argument("--plot", type=_plot_path, help="write the roofline plot (PNG, or another format by the suffix)")
+    gen.add_argument("--format", choices=FORMATS, default="simple", help="table format (tabulate)")
+    gen.set_defaults(run=_generate)
     return parser
 
 
@@ -136,6 +172,30 @@ def _integer(text: str) -> int:
         return int(text.strip())
     except ValueError:
         raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+
+
+def _positive(text: str) -> int:
+    value = _integer(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1; got {value}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number (e.g. 989e12); got {text!r}")
+    return value
+
+
+def _float_dtype(text: str) -> torch.dtype:
+    dtype = getattr(torch, text.strip().removeprefix("torch."), None)
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise argparse.ArgumentTypeError(f"not a floating-point torch dtype: {text!r} (float32, bfloat16, float16)")
+    return dtype
 
 
 def _depth(text: str) -> int:
@@ -268,6 +328,131 @@ def _crosscheck(args: argparse.Namespace) -> int:
         result = crosscheck(target.model, *inputs, **kwargs)
     print(result.to_table(args.format))
     return 0 if result.all_explained else 1  # 1: a peer failed, or disagrees by MACs no evidence explains
+
+
+def _generate(args: argparse.Namespace) -> int:
+    from .roofline import Roofline, roofline
+
+    if args.plot and importlib.util.find_spec("matplotlib") is None:  # say so now, not after generating
+        raise FlopscopeError("--plot needs matplotlib: pip install 'flopscope[plot]'")
+    spec = args.target
+    if spec.startswith("hf:") and "/" not in spec:
+        spec += "/causal-lm"  # generating needs the language-model head
+    target = load_target(spec, args.set)
+    model = target.model
+    generate: Any = getattr(model, "generate", None)
+    can_generate: Any = getattr(model, "can_generate", None)
+    if not callable(generate) or (callable(can_generate) and not can_generate()):
+        raise FlopscopeError(f"{target.description} ({type(model).__name__}) has no generate() method: give a "
+                             "model that generates, such as hf:llama (its causal-lm head) or a factory returning a "
+                             "Hugging Face ...ForCausalLM")
+    target.check_sequence(args.prompt + args.new - 1, "--prompt + --new - 1 (the last new token is not fed back): "
+                          "a sequence")
+    vocab = target.vocab_size or getattr(getattr(model, "config", None), "vocab_size", None) or 2
+    model = model.to(args.dtype)
+    ids = torch.randint(1, max(vocab, 2), (args.batch, args.prompt), generator=torch.Generator().manual_seed(0))
+    dtype = str(args.dtype).removeprefix("torch.")
+    print(f"{target.description}: {sum(p.numel() for p in model.parameters()):,} parameters, {dtype}; generating "
+          f"{args.new} tokens after a prompt of {args.prompt}, batch {args.batch}", flush=True)
+    with torch.no_grad(), profiler(model, mode="real") as recording:
+        generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=args.new, min_new_tokens=args.new,
+                 do_sample=False, pad_token_id=0)
+    prof = recording.result
+    steps = prof.steps()
+    print(steps_table(steps, args.format))
+    try:
+        decode: Scaling | None = prof.decode_scaling()
+    except FlopscopeError as e:
+        decode = None
+        print(f"\nno per-token polynomial: {e}")
+    if decode is not None:
+        print("\n" + _per_token_text(decode, args.format))
+    if args.device is None and (args.peak is None or args.bandwidth is None):
+        print("\nmeasuring this CPU's peak FLOP/s and memory bandwidth (a few seconds) ...", file=sys.stderr,
+              flush=True)
+    result: Roofline = roofline(prof, device=args.device or "cpu", dtype=args.dtype, peak=args.peak,
+                                bandwidth=args.bandwidth)
+    where = "this CPU" if args.device in (None, "cpu") else args.device
+    if where != "this CPU":  # the times were measured here: against another device's figures they mean nothing
+        result = replace(result, roles=tuple(replace(p, measured_seconds=None) for p in result.roles),
+                         steps=tuple(replace(p, measured_seconds=None) for p in result.steps))
+    print(f"\nroofline on {where}{'' if where == 'this CPU' else ' (times measured on this CPU: not shown)'}:")
+    print(result.to_table(args.format))
+    if args.json:
+        args.json.write_text(json.dumps(_generate_json(args, target.description, steps, decode, result, where),
+                                        indent=2) + "\n")
+        print(f"wrote {args.json}")
+    if args.plot:
+        title = f"{target.description}, batch {args.batch}, prompt {args.prompt} + {args.new} new, on {where}"
+        print(f"wrote {result.plot(args.plot, title=title)}")
+    return 0
+
+
+def _in_context(poly: Polynomial, scale: int = 1) -> str:
+    """A polynomial (in n, as :class:`Polynomial` prints) times ``scale``, written in the context c."""
+    return str(Polynomial(tuple(scale * c for c in poly.coefficients))).replace("·n", "·c")
+
+
+def _total(polys: list[Polynomial | None]) -> Polynomial | None:
+    if any(p is None for p in polys):
+        return None
+    out = Polynomial((Fraction(0),))
+    for poly in polys:
+        if poly is not None:
+            out = out + poly
+    return out
+
+
+def _per_token_text(decode: Scaling, tablefmt: str) -> str:
+    """FLOPs per generated token (one decode step, one sequence) by role, the total, and its KV-cache term."""
+    polys = decode.polynomials
+    rows = [[role, "not a polynomial" if poly is None else _in_context(poly, 2)] for role, poly in polys.items()]
+    total = _total(list(polys.values()))
+    kv = _total([polys[role] for role in CORE if role in polys])
+    rest = _total([poly for role, poly in polys.items() if role not in CORE])
+    lines = [f"FLOPs per generated token (one decode step, one sequence) in the context c (positions attended: "
+             f"cached + new), exact at c = {decode.lengths[0]}..{decode.lengths[-1]}:",
+             tabulate(rows, headers=["role", "FLOPs per token"], tablefmt=tablefmt, disable_numparse=True)]
+    if total is not None:
+        lines.append(f"total: {_in_context(total, 2)} FLOPs per generated token")
+    if kv is not None:
+        lines.append(f"  KV-cache term (attention core, scores + weighted sum, reads the cache): {_in_context(kv, 2)}")
+    if rest is not None:
+        lines.append(f"  per new token, whatever the context (projections, FFN, logits, ...): {_in_context(rest, 2)}")
+    return "\n".join(lines)
+
+
+def _coefficients(poly: Polynomial | None, scale: int = 1) -> list[str] | None:
+    """Constant term first, exact (``"3/2"``)."""
+    return None if poly is None else [str(scale * c) for c in poly.coefficients[:poly.degree + 1]]
+
+
+def _generate_json(args: argparse.Namespace, description: str, steps: list[Any], decode: Scaling | None,
+                   result: Any, where: str) -> dict[str, Any]:
+    polynomials = None
+    if decode is not None:
+        polys = decode.polynomials
+        polynomials = {
+            "variable": "c: positions each new token attends to (cached + new)",
+            "coefficients": "constant term first; exact, as strings (fractions as 'p/q')",
+            "contexts": list(decode.lengths),
+            "macs_by_role": {role: _coefficients(poly) for role, poly in polys.items()},
+            "flops_per_token": _coefficients(_total(list(polys.values())), 2),
+            "kv_cache_flops_per_token": _coefficients(_total([polys[r] for r in CORE if r in polys]), 2),
+        }
+    rows = []
+    for kind, points in (("role", result.roles), ("step", result.steps)):
+        for p in points:
+            mfu, mbu = result.utilisation(p)
+            rows.append({"kind": kind, "name": p.name, "flops": p.flops, "bytes": p.bytes, "intensity": p.intensity,
+                         "bound": p.bound, "predicted_seconds": p.predicted_seconds,
+                         "measured_seconds": p.measured_seconds, "mfu": mfu, "mbu": mbu})
+    return {"schema": "flopscope.generate/1", "target": description, "batch": args.batch, "prompt": args.prompt,
+            "new": args.new, "dtype": str(args.dtype).removeprefix("torch."), "units": "MACs, FLOPs = 2 x MACs, bytes",
+            "steps": [s.row() for s in steps], "decode_steps": sum(s.phase == DECODE for s in steps),
+            "polynomials": polynomials,
+            "roofline": {"device": where, "peak_flops": result.peak_flops, "bandwidth": result.bandwidth,
+                         "ridge": result.ridge, "rows": rows}}
 
 
 def _progress(label: str) -> Any:

@@ -121,3 +121,55 @@ def test_bad_settings_are_caught_with_a_hint(capsys):
     assert "divisible" in capsys.readouterr().err
     assert main(["profile", "torch.nn:Linear", "--input", "2x4"]) == 3
     assert "pass them with --set" in capsys.readouterr().err
+
+
+TINY_LLAMA = ["--set", "hidden_size=64", "--set", "intermediate_size=128", "--set", "num_hidden_layers=2",
+              "--set", "num_attention_heads=4", "--set", "num_key_value_heads=2", "--set", "vocab_size=100"]
+
+
+def test_generate_prints_steps_the_per_token_polynomial_and_the_roofline(tmp_path, capsys):
+    pytest.importorskip("transformers")
+    pytest.importorskip("matplotlib")
+    prompt, new = 8, 5
+    json_path, png = tmp_path / "g.json", tmp_path / "roofline.png"
+    code = main(["generate", "hf:llama", *TINY_LLAMA, "--prompt", str(prompt), "--new", str(new), "--peak", "1e11",
+                 "--bandwidth", "1e10", "--json", str(json_path), "--plot", str(png)])
+    assert code == 0
+    out = capsys.readouterr().out
+    L, d, h, n_kv, d_ff, V = 2, 64, 4, 2, 128, 100
+    d_k = d // h
+    decode_rows = [line.split() for line in out.splitlines() if line.split()[1:2] == ["decode"]]
+    assert [row[2:5] for row in decode_rows] == [["1", "1", str(prompt + i)] for i in range(1, new)]
+    # per generated token and sequence: scores + weighted sum are 2·L·h·d_k MACs per context position,
+    # 4·L·h·d_k FLOPs; the rest (projections, FFN, LM head) does not depend on the context
+    slope = 4 * L * h * d_k
+    rest = 2 * (L * (d * h * d_k + 2 * d * n_kv * d_k + h * d_k * d + 3 * d * d_ff) + d * V)
+    assert f"total: {slope:,}·c + {rest:,} FLOPs per generated token" in out
+    assert f"KV-cache term (attention core, scores + weighted sum, reads the cache): {slope:,}·c" in out
+    assert "ridge 10.0 FLOPs/byte" in out and "step 2 (decode)" in out
+    doc = json.loads(json_path.read_text())
+    assert doc["schema"] == "flopscope.generate/1"
+    assert [s["phase"] for s in doc["steps"]] == ["prefill"] + ["decode"] * (new - 1)  # one step per forward
+    assert doc["polynomials"]["flops_per_token"] == [str(rest), str(slope)]
+    assert doc["polynomials"]["macs_by_role"]["attn_scores"] == ["0", str(L * h * d_k)]
+    assert doc["polynomials"]["contexts"] == [prompt + i for i in range(1, new)]
+    roofline = doc["roofline"]
+    assert roofline["ridge"] == 10.0
+    assert {row["name"]: row["bound"] for row in roofline["rows"] if row["kind"] == "step"} == \
+        {f"step {i} ({'prefill' if i == 1 else 'decode'})": "memory" for i in range(1, new + 1)}
+    assert all(row["measured_seconds"] > 0 for row in roofline["rows"] if row["kind"] == "step")
+    assert png.stat().st_size > 0
+
+
+def test_generate_refuses_what_cannot_generate(capsys):
+    assert main(["generate", "flopscope.models:TransformerBlock", "--set", "d=8", "--set", "h=2"]) == 3
+    err = capsys.readouterr().err
+    assert "flopscope.models:TransformerBlock (TransformerBlock) has no generate() method" in err
+    for option in ("--new", "--prompt", "--batch"):
+        with pytest.raises(SystemExit) as info:
+            main(["generate", "hf:llama", option, "0"])
+        assert info.value.code == 2
+        assert f"argument {option}: must be at least 1; got 0" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as info:
+        main(["generate", "hf:llama", "--dtype", "int8"])
+    assert info.value.code == 2 and "not a floating-point torch dtype" in capsys.readouterr().err

@@ -23,7 +23,7 @@ def load(name: str):
 def test_every_example_is_tested():
     assert {p.stem for p in EXAMPLES.glob("*.py")} == {"huggingface_from_config", "training_step",
                                                        "custom_block_rule", "scaling_plot", "seed_exercise",
-                                                       "training_loop_mfu", "lightning_mfu"}
+                                                       "training_loop_mfu", "lightning_mfu", "generation_roofline"}
 
 
 def test_huggingface_from_config(capsys):
@@ -130,3 +130,29 @@ def test_lightning_mfu(capsys):
         monitored = row["monitor_flops_per_sec"]
         assert (monitored is None) if i == 0 else (0 < monitored <= row["flops_per_sec"])
     assert f"MFU = FLOP/s ÷ {rows[0]['peak'] / 1e9:,.1f} GFLOP/s" in lines[-1]
+
+
+def test_generation_roofline(tmp_path, capsys):
+    pytest.importorskip("transformers")
+    pytest.importorskip("matplotlib")
+    prompt, new = 8, 5
+    result = load("generation_roofline").main(["--prompt", str(prompt), "--new", str(new),
+                                               "--out", str(tmp_path / "roofline.png")])
+    out = capsys.readouterr().out
+    decode_rows = [row[:5] for row in map(str.split, out.splitlines()) if row[:2] and row[0].isdigit()
+                   and row[1] == "decode"]  # the step table's decode rows
+    assert decode_rows == [[str(1 + i), "decode", "1", "1", str(prompt + i)] for i in range(1, new)]
+    assert (tmp_path / "roofline.png").stat().st_size > 0
+    # the example's Llama: 2 layers, d 128, 4 heads of 32, 2 key/value heads, d_ff 256, vocab 1000
+    L, d, h, d_k, n_kv, d_ff, V = 2, 128, 4, 32, 2, 256, 1000
+    slope = 4 * L * h * d_k  # FLOPs per context position: scores + weighted sum, 2·L·h·d_k MACs
+    constant = 2 * (L * (d * h * d_k + 2 * d * n_kv * d_k + h * d_k * d + 3 * d * d_ff) + d * V)
+    assert f"FLOPs per generated token at context c: {slope:,}·c + {constant:,} (KV cache: {slope:,}·c)" in out
+    assert result["scaling"].lengths == tuple(prompt + i for i in range(1, new))
+    assert all(p.bound == "memory" for p in result["roofline"].steps)  # tiny, batch 1: memory-bound on an H100
+    projections = ("q_proj", "k_proj", "v_proj", "out_proj", "ffn_up", "ffn_gate", "ffn_down", "logits")
+    decode = {p.name: p for p in result["decode"].roles}
+    prefill = {p.name: p for p in result["prefill"].roles}
+    for role in projections:  # the 7B shape: a weight read per multiply-add at decode, shared by 2,048 at prefill
+        assert decode[role].bound == "memory" and decode[role].intensity == pytest.approx(1.0, rel=1e-3)
+        assert prefill[role].bound == "compute"
