@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import argparse
 import inspect
-from dataclasses import replace
-from functools import reduce
 
 import torch
 from tabulate import tabulate
@@ -49,16 +47,14 @@ def main(argv: list[str] | None = None) -> dict:
 
     # 2. per generated token: exact polynomials in the context c, per role (MACs per sequence)
     scaling = prof.decode_scaling()
-    per_token = reduce(lambda a, b: a + b, scaling.polynomials.values())  # every role is a polynomial here
+    per_token = scaling.total()  # every role together
+    assert per_token is not None  # every role is a polynomial of the context here
     kv = scaling.attention()  # scores + weighted sum: the part that reads the KV cache
     slope, constant, kv_slope = (int(2 * p.coefficient(i)) for p, i in ((per_token, 1), (per_token, 0), (kv, 1)))
     print(f"\nFLOPs per generated token at context c: {slope:,}·c + {constant:,} (KV cache: {kv_slope:,}·c)")
 
     # 3. the roofline of those steps on an H100 (the tiny model at batch 1 is memory-bound throughout)
-    tiny = roofline(prof, **H100)
-    # its times were measured on this CPU: against an H100's figures MFU and MBU would mean nothing, so drop them
-    tiny = replace(tiny, roles=tuple(replace(p, measured_seconds=None) for p in tiny.roles),
-                   steps=tuple(replace(p, measured_seconds=None) for p in tiny.steps))
+    tiny = roofline(prof, **H100)  # a named device: the times measured on this CPU are left out
     print(tiny.to_table())
     print("wrote", tiny.plot(args.out, title="tiny Llama, batch 1, on H100 SXM (bf16)"))
 

@@ -20,7 +20,6 @@ import importlib.util
 import json
 import os
 import sys
-from dataclasses import replace
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
@@ -370,12 +369,10 @@ def _generate(args: argparse.Namespace) -> int:
     if args.device is None and (args.peak is None or args.bandwidth is None):
         print("\nmeasuring this CPU's peak FLOP/s and memory bandwidth (a few seconds) ...", file=sys.stderr,
               flush=True)
-    result: Roofline = roofline(prof, device=args.device or "cpu", dtype=args.dtype, peak=args.peak,
-                                bandwidth=args.bandwidth)
     where = "this CPU" if args.device in (None, "cpu") else args.device
-    if where != "this CPU":  # the times were measured here: against another device's figures they mean nothing
-        result = replace(result, roles=tuple(replace(p, measured_seconds=None) for p in result.roles),
-                         steps=tuple(replace(p, measured_seconds=None) for p in result.steps))
+    # the times were measured here: against another device's figures they mean nothing
+    result: Roofline = roofline(prof, device=args.device or "cpu", dtype=args.dtype, peak=args.peak,
+                                bandwidth=args.bandwidth, measured=where == "this CPU")
     print(f"\nroofline on {where}{'' if where == 'this CPU' else ' (times measured on this CPU: not shown)'}:")
     print(result.to_table(args.format))
     if args.json:
@@ -390,7 +387,7 @@ def _generate(args: argparse.Namespace) -> int:
 
 def _in_context(poly: Polynomial, scale: int = 1) -> str:
     """A polynomial (in n, as :class:`Polynomial` prints) times ``scale``, written in the context c."""
-    return str(Polynomial(tuple(scale * c for c in poly.coefficients))).replace("·n", "·c")
+    return Polynomial(tuple(scale * c for c in poly.coefficients)).text("c")
 
 
 def _total(polys: list[Polynomial | None]) -> Polynomial | None:

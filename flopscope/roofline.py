@@ -98,21 +98,25 @@ class Roofline:
 
 
 def roofline(prof: Profile, *, device: Any = None, dtype: torch.dtype | None = None, peak: float | None = None,
-             bandwidth: float | None = None) -> Roofline:
-    """Place every role (forward work) and, when the profile holds several forwards, every step on the
-    roofline of ``device`` (default: the current CUDA device, else this CPU, measured) for ``dtype`` (default:
-    the dtype most of the multiplies ran in). ``peak`` (FLOP/s) and ``bandwidth`` (bytes/s) override."""
+             bandwidth: float | None = None, measured: bool | None = None) -> Roofline:
+    """Place every role and, when the profile holds several forwards, every step on the roofline of
+    ``device`` (default: the current CUDA device, else this CPU, measured) for ``dtype`` (default: the dtype
+    most of the multiplies ran in). ``peak`` (FLOP/s) and ``bandwidth`` (bytes/s) override. ``measured``: put a
+    real-mode profile's measured times beside the roofline (default: only when no other ``device`` is named,
+    since times taken here say nothing about another device)."""
     from .peaks import peak_bandwidth, peak_flops
 
     dtype = dtype if dtype is not None else _main_dtype(prof)
     top = peak_flops(device, dtype or torch.float32, peak=peak)
     band = peak_bandwidth(device, bandwidth=bandwidth)
-    measured = _measured_by_role(prof) if prof.mode == "real" else {}
+    timed = prof.mode == "real" and (measured if measured is not None else device is None)
+    measured_by_role = _measured_by_role(prof) if timed else {}
     macs, moved = prof.by_role(), prof.bytes_by_role()
-    roles = tuple(_point(role, 2 * macs.get(role, 0), moved.get(role, 0), top, band, measured.get(role))
+    roles = tuple(_point(role, 2 * macs.get(role, 0), moved.get(role, 0), top, band, measured_by_role.get(role))
                   for role in (*macs, *(r for r in moved if r not in macs)) if macs.get(role) or moved.get(role))
     steps = prof.steps()
-    step_points = tuple(_point(f"step {s.step} ({s.phase})", s.flops, s.bytes, top, band, s.seconds)
+    step_points = tuple(_point(f"step {s.step} ({s.phase})", s.flops, s.bytes, top, band,
+                               s.seconds if timed else None)
                         for s in steps) if len(steps) > 1 else ()
     return Roofline(top, band, dtype, roles, step_points)
 

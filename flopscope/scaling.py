@@ -66,13 +66,18 @@ class Polynomial:
         return hash(tuple(self.coefficient(i) for i in range(self.degree + 1)))
 
     def __str__(self) -> str:
+        return self.text()
+
+    def text(self, variable: str = "n") -> str:
+        """``"2,048·n² + 1,048,576·n"``, in ``variable`` (``"c"`` for a context length)."""
         terms = []
         for power in range(len(self.coefficients) - 1, -1, -1):
             c = self.coefficients[power]
             if c == 0:
                 continue
             number = f"{c.numerator:,}" if c.denominator == 1 else f"({c})"
-            terms.append(number + ("" if power == 0 else "·n" if power == 1 else f"·n{_superscript(power)}"))
+            terms.append(number + ("" if power == 0 else f"·{variable}" if power == 1 else
+                                   f"·{variable}{_superscript(power)}"))
         return " + ".join(terms).replace("+ -", "- ") if terms else "0"
 
 
@@ -134,6 +139,12 @@ class Scaling:
     def per_token(self) -> Polynomial:
         """Projections + FFN."""
         return _sum(self.polynomials, PER_TOKEN)
+
+    def total(self) -> Polynomial | None:
+        """Every role together (``None`` if a role is not a polynomial at these lengths)."""
+        if any(poly is None for poly in self.polynomials.values()):
+            return None
+        return _sum(self.polynomials, tuple(self.polynomials))
 
     def crossover(self) -> int | None:
         """The smallest length at which attention (scores + weighted sum) costs more than projections +
