@@ -16,6 +16,7 @@ also holds these plain keys (written in one place, :func:`_public_meta`):
 - ``input_shapes`` / ``output_shapes``: shapes of the tensor arguments / outputs, in order;
 - ``dtype``: dtype of the first tensor output (``None`` if there is none);
 - ``bytes``: the minimum bytes the op reads and writes (:mod:`flopscope.traffic`; 0 for views);
+- ``collective``: for a collective, ``(kind, message bytes, group size)`` (:mod:`flopscope.communication`);
 - ``multiplies``: MACs of the op (0 for ops without a formula); ``multiply_parts``: the formula's
   ``{part: MACs}`` split for fused ops, else ``None``;
 - ``elementwise``: ``(category, ops)`` for elementwise work, else ``None``;
@@ -40,6 +41,7 @@ Ops run only while a module of the profiled model is on the stack are recorded. 
 from __future__ import annotations
 
 import operator
+import sys
 import time
 import weakref
 from collections import Counter
@@ -53,13 +55,18 @@ from torch import fx
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
-from . import elementwise, formulas, traffic
+from . import communication, elementwise, formulas, traffic
 from .elementwise import ElementwiseRule
 from .enums import StrEnum
 from .formulas import FormulaRegistry, OpFamily, OpSpec, shape_of
 from .module_tracker import ModuleCall, ModuleTracker
 
 Shape = tuple[int, ...]
+_DTensor: type | None
+try:  # torch.distributed is optional in torch builds
+    from torch.distributed.tensor import DTensor as _DTensor
+except ImportError:  # pragma: no cover
+    _DTensor = None
 FORWARD, BACKWARD, RECOMPUTE = "forward", "backward", "recompute"
 """The phases of a capture (plain strings: they are keys of :meth:`Profile.by_phase`); ``RECOMPUTE`` is the
 forward work that activation checkpointing runs again during the backward pass."""
@@ -71,6 +78,7 @@ class Cost(StrEnum):
     FORMULA = "formula"  # a registered MAC formula (counted in total())
     ELEMENTWISE = "elementwise"  # an elementwise rule (counted apart, never MACs)
     ZERO = "zero"  # no arithmetic: views, data movement, allocation, lookups
+    COMMUNICATION = "communication"  # a collective (flopscope.communication): listed by Profile.collectives()
     UNSUPPORTED = "unsupported"  # none of the above: listed by Profile.unsupported()
 
 
@@ -140,6 +148,7 @@ class CapturedOp:
     # forward op it repeats
     value: torch.Tensor | None = None  # a small index tensor's known values
     leaf: LeafKind | None = None
+    collective: tuple[str, int, int | None] | None = None  # (kind, message bytes, group size) of a collective
 
     @property
     def module(self) -> str | None:
@@ -194,6 +203,8 @@ def _public_meta(op: CapturedOp, nodes: Mapping[CapturedOp, fx.Node]) -> dict[st
         "output_shapes": op.output_shapes, "dtype": op.dtype, "multiplies": op.macs, "bytes": op.bytes,
         "multiply_parts": op.parts, "elementwise": op.elementwise, "cost": op.cost.value, "phase": op.phase,
     }
+    if op.collective is not None:
+        meta["collective"] = op.collective
     if op.seconds is not None:
         meta["seconds"] = op.seconds
     if op.forward is not None:
@@ -213,13 +224,17 @@ class _OpClass:
     spec: OpSpec | None = None
     rule: ElementwiseRule | None = None
     decompose: bool = False  # no formula and no rule: try ``func.decompose()`` first
+    collective: str | None = None  # the kind of collective (Cost.COMMUNICATION)
 
 
 def _classify(func: Any, registry: FormulaRegistry) -> _OpClass:
     spec = registry.spec(func)
     if spec is not None:
         return _OpClass(Cost.FORMULA, spec=spec)
-    if elementwise.is_zero_cost(func):
+    kind = communication.kind_of(func)
+    if kind is not None:
+        return _OpClass(Cost.COMMUNICATION, collective=kind)
+    if elementwise.is_zero_cost(func) or communication.is_bookkeeping(func):
         return _OpClass(Cost.ZERO)
     rule = elementwise.rule_for(func)
     if rule is not None:
@@ -264,6 +279,8 @@ class Recorder(TorchDispatchMode):
         self._backward = False  # while the backward pass runs: record ops outside any module call
         self._producers: dict[int, tuple[weakref.ref[torch.Tensor], CapturedOp]] = {}
         self._by_sequence_nr: dict[int, CapturedOp] = {}  # autograd sequence number -> forward op
+        self._dtensor_seen = False
+        self._deferred: tuple[Any, int] | None = None  # a DTensor op left to DTensor: (op, autograd sequence nr)
         self._twins: dict[tuple[Any, ...], list[CapturedOp]] | None = None  # recompute key -> forward ops
         self._replayed: Counter[tuple[Any, ...]] = Counter()  # recompute key -> recompute ops matched so far
         self._classes: dict[Any, _OpClass] = {}
@@ -283,6 +300,16 @@ class Recorder(TorchDispatchMode):
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
                            kwargs: dict[str, Any] | None = None) -> Any:
         kwargs = kwargs or {}
+        if _DTensor is not None and any(issubclass(t, _DTensor) for t in types):
+            # DTensor runs its own ops on its local shards (and its collectives): those count. Its autograd node
+            # was made for this op: the local op of the same overload that follows is the one it differentiates.
+            self._dtensor_seen = True
+            if torch.is_grad_enabled() and not self._backward and _any_requires_grad((args, kwargs)):
+                self._deferred = (func, torch.autograd._get_sequence_nr() - 1)
+            return NotImplemented
+        if (not self.fake and any(issubclass(t, FakeTensor) for t in types)) or (
+                self._dtensor_seen and _in_shape_propagation()):
+            return func(*args, **kwargs)  # DTensor working out output shapes on fake tensors: not this rank's work
         stack = self.tracker.stack
         forward_op = None
         recompute = self._backward and torch.is_grad_enabled()
@@ -313,7 +340,10 @@ class Recorder(TorchDispatchMode):
             self._match_twin(op)
         elif self._backward:
             op.forward = forward_op
-        if torch.is_grad_enabled() and (recompute or not self._backward) and _any_requires_grad((args, kwargs)):
+        if self._deferred is not None and self._deferred[0] is func:
+            self._by_sequence_nr[self._deferred[1]] = op
+            self._deferred = None
+        elif torch.is_grad_enabled() and (recompute or not self._backward) and _any_requires_grad((args, kwargs)):
             # the autograd node of this op was created just before it was dispatched here (a recomputed op's
             # node is differentiated by a reentrant checkpoint: its gradient belongs to the forward op it repeats)
             self._by_sequence_nr[torch.autograd._get_sequence_nr() - 1] = op.forward if recompute and op.forward else op
@@ -463,6 +493,9 @@ class Recorder(TorchDispatchMode):
                 self._producers[id(item)] = (weakref.ref(item), getter)
         results = _tensors(out)
         op.bytes = traffic.bytes_moved(func, inputs, results)
+        if known.collective is not None:
+            op.collective = (known.collective, communication.message_bytes(known.collective, inputs, results),
+                             communication.group_size(args, kwargs))
         self.largest_out = max([self.largest_out, *(traffic.nbytes(t) for t in results)])
         if known.spec is not None:
             macs = formulas.count(known.spec.formula, args, kwargs, _first_shape(out))
@@ -564,6 +597,28 @@ def _any_requires_grad(x: Any) -> bool:
 def _shapes(x: Any) -> tuple[tuple[int, ...], ...]:
     """Shapes of the tensors inside ``x``, in order."""
     return tuple(shape_of(t) for t in _tensors(x))
+
+
+def _shape_propagation_code() -> Any:
+    try:
+        from torch.distributed.tensor._sharding_prop import ShardingPropagator
+    except ImportError:  # pragma: no cover
+        return None
+    return getattr(getattr(ShardingPropagator, "_propagate_tensor_meta_non_cached", None), "__code__", None)
+
+
+_SHAPE_PROPAGATION = _shape_propagation_code()
+"""The code of DTensor's output-shape propagation, which runs the op once more on fake tensors of the global
+shapes (on flopscope's own fake mode in a fake run, where no other sign tells those ops apart)."""
+
+
+def _in_shape_propagation() -> bool:
+    frame = sys._getframe(2)
+    while frame is not None:
+        if frame.f_code is _SHAPE_PROPAGATION:
+            return True
+        frame = frame.f_back  # type: ignore[assignment]
+    return False
 
 
 def _twin_key(op: CapturedOp) -> tuple[Any, ...]:

@@ -28,6 +28,7 @@ from .timing import Timing, timing
 
 if TYPE_CHECKING:
     from .capture import Recorder
+    from .communication import CollectiveRow
     from .generation import Step
     from .scaling import Scaling
 
@@ -184,6 +185,18 @@ class Profile:
         """One row per forward of the model (a generation step: prefill or decode), with its batch, new tokens,
         context, MACs by role, bytes and wall time (:mod:`flopscope.generation`)."""
         return generation.steps(self)
+
+    def collectives(self) -> list[CollectiveRow]:
+        """Every collective this rank issued (all-reduce, all-gather, reduce-scatter, all-to-all, broadcast,
+        send / recv), grouped by kind, group size, module, carried role and phase, with calls and message bytes
+        (:mod:`flopscope.communication`)."""
+        from .communication import collectives
+
+        return collectives(self)
+
+    def total_collective_bytes(self, phase: str | None = None) -> int:
+        """Message bytes of every collective (see :meth:`collectives`)."""
+        return sum(row.bytes for row in self.collectives() if phase is None or row.phase == phase)
 
     def decode_scaling(self) -> Scaling:
         """The decode steps' MACs per sequence, per role, as exact polynomials in the context length."""

@@ -401,7 +401,11 @@ def _state_names(model: nn.Module, convert: Callable[[torch.Tensor], torch.Tenso
     names: dict[int, LeafName] = {}
     for name, t in _named_state(model):
         kind = LeafKind.PARAMETER if isinstance(t, nn.Parameter) else LeafKind.BUFFER
-        names.setdefault(id(convert(t)), LeafName("get_attr", name, kind))
+        converted = convert(t)
+        names.setdefault(id(converted), LeafName("get_attr", name, kind))
+        shard = getattr(converted, "_local_tensor", None)  # a DTensor's shard: what its local ops read
+        if isinstance(shard, torch.Tensor):
+            names.setdefault(id(shard), LeafName("get_attr", name, kind))
     return names
 
 

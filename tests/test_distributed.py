@@ -1,0 +1,76 @@
+"""Sharded models on a fake world: per-rank MACs and collectives against Megatron's closed forms."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import flopscope
+from flopscope.distributed import fake_world
+
+from closed_forms import add, attention, ffn, times
+
+dist = pytest.importorskip("torch.distributed")
+transformers = pytest.importorskip("transformers")
+tp = pytest.importorskip("torch.distributed.tensor.parallel")
+d, h, d_ff, L, V, B, n = 64, 8, 128, 2, 128, 2, 10
+SHARDED = ("q_proj", "k_proj", "v_proj", "out_proj", "attn_scores", "attn_weighted_sum", "ffn_up", "ffn_gate",
+           "ffn_down")
+
+
+def tensor_parallel_llama(mesh) -> torch.nn.Module:
+    """Megatron-style: Q, K, V, gate and up split by columns (heads / FFN width), output and down by rows."""
+    config = transformers.LlamaConfig(hidden_size=d, intermediate_size=d_ff, num_hidden_layers=L,
+                                      num_attention_heads=h, num_key_value_heads=h, vocab_size=V)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config)
+    plan = {"self_attn.q_proj": tp.ColwiseParallel(), "self_attn.k_proj": tp.ColwiseParallel(),
+            "self_attn.v_proj": tp.ColwiseParallel(), "self_attn.o_proj": tp.RowwiseParallel(),
+            "mlp.gate_proj": tp.ColwiseParallel(), "mlp.up_proj": tp.ColwiseParallel(),
+            "mlp.down_proj": tp.RowwiseParallel()}
+    for layer in model.model.layers:
+        tp.parallelize_module(layer, mesh, plan)
+    return model
+
+
+@pytest.mark.parametrize("mode", ["fake", "real"])
+@pytest.mark.parametrize("t", [2, 4, 8])
+def test_tensor_parallel_rank_does_its_share_and_megatrons_all_reduces(t, mode) -> None:
+    with fake_world(t) as mesh:
+        model = tensor_parallel_llama(mesh)
+        prof = flopscope.profile(model, torch.randint(0, V, (B, n)), mode=mode, backward=True)
+    unsharded = add(times(L, add(attention(B, n, n, d, h), ffn(B, n, d, d_ff, gated=True))),
+                    {"logits": B * n * d * V})
+    forward = {role: macs for role, macs in prof.by_role(phase="forward").items() if macs}
+    # heads and FFN columns split t ways; the LM head is replicated (every rank computes all of it)
+    assert forward == {role: macs // t if role in SHARDED else macs for role, macs in unsharded.items()}
+    activation = B * n * d * 4  # fp32 bytes of one [B, n, d] activation
+    rows = prof.collectives()
+    assert all(row.kind == "all_reduce" and row.group == t for row in rows)
+    # forward: Megatron's g operator, one all-reduce after each row-parallel GEMM (attention output, FFN down)
+    ahead = [(row.module, row.role, row.calls, row.bytes) for row in rows if row.phase == "forward"]
+    assert ahead == [(f"model.layers.{i}.{m}", role, 1, activation) for i in range(L)
+                     for m, role in (("self_attn.o_proj", "out_proj"), ("mlp.down_proj", "ffn_down"))]
+    # backward: Megatron's f operator all-reduces the input gradient of each column-parallel block once (its
+    # GEMMs are fused); DTensor's plan makes each of Q, K, V, gate and up its own module, so each sends its own
+    behind = [row for row in prof.collectives() if row.phase == "backward"]
+    assert sorted(row.module.rsplit(".", 1)[-1] for row in behind) == sorted(["q_proj", "k_proj", "v_proj",
+                                                                              "gate_proj", "up_proj"] * L)
+    assert all((row.calls, row.bytes) == (1, activation) for row in behind)
+    assert prof.total_collective_bytes() == (2 + 5) * L * activation
+    assert not dist.is_initialized()  # the fake world is gone
+
+
+def test_fake_world_creates_and_destroys_only_its_own_group() -> None:
+    with fake_world(4, mesh_shape=(2, 2), mesh_dim_names=("dp", "tp")) as mesh:
+        assert dist.get_world_size() == 4 and mesh.shape == (2, 2) and mesh.mesh_dim_names == ("dp", "tp")
+    assert not dist.is_initialized()
+    with pytest.raises(flopscope.ConfigurationError, match="mesh_shape"):
+        with fake_world(4, mesh_shape=(3,)):
+            pass
+    with fake_world(2):
+        with pytest.raises(flopscope.ConfigurationError, match="already initialised"):
+            with fake_world(2):
+                pass
+        assert dist.is_initialized()  # the refused inner world did not destroy the outer one
+    assert not dist.is_initialized()
