@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import copy
 import itertools
+import math
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from fractions import Fraction
 from typing import Any
 
 import torch
@@ -95,74 +95,132 @@ class BatchPricer:
     def recompute_flops(self, batch: Any) -> int:
         """FLOPs that activation checkpointing recomputes for the batch (0 without checkpointing): what
         hardware FLOPs (HFU) add to the model's."""
-        return 2 * sum(_price(self.recomputed, _rows(batch)).values())
+        return 2 * sum(_price(self._integer(self.recomputed), layout(batch)).values())
 
     def macs_by_role(self, batch: Any) -> dict[str, int]:
         """Model MACs per role."""
-        return _price(self.polynomials, _rows(batch))
+        return _price(self._integer(self.polynomials), layout(batch))
+
+    def price(self, batch: Any) -> dict[str, Any]:
+        """Everything about one batch from one reading of it: ``flops_by_role``, ``flops``, ``recomputed_flops``
+        and ``tokens`` (what a per-step callback needs)."""
+        shape = layout(batch)
+        by_role = {role: 2 * macs for role, macs in _price(self._integer(self.polynomials), shape).items()}
+        recomputed = 2 * sum(_price(self._integer(self.recomputed), shape).values())
+        return {"flops_by_role": by_role, "flops": sum(by_role.values()), "recomputed_flops": recomputed,
+                "tokens": shape.tokens}
 
     def tokens(self, batch: Any) -> int:
         """Tokens in the batch, padding included."""
-        return sum(sum(row) for row in _rows(batch))
+        return layout(batch).tokens
+
+    def _integer(self, polynomials: Mapping[str, Polynomial]) -> dict[str, _IntegerPolynomial]:
+        cache = self.__dict__.setdefault("_integers", {})  # frozen dataclass: a cache beside the fields
+        key = id(polynomials)
+        if key not in cache:
+            cache[key] = {role: _IntegerPolynomial.of(poly, Role(role).attention_core)
+                          for role, poly in polynomials.items()}
+        return cache[key]
 
 
-def _price(polynomials: Mapping[str, Polynomial], rows: list[list[int]]) -> dict[str, int]:
-    """MACs per role of rows of packed sequences: per-token roles at each row's token count, the attention
-    core per sequence."""
-    out: dict[str, Fraction] = {}
-    for role, poly in polynomials.items():
-        core = Role(role).attention_core
-        total = Fraction(0)
-        for segments in rows:
-            total += sum((poly(n) for n in segments), Fraction(0)) if core else poly(sum(segments))
-        out[role] = total
-    if any(v.denominator != 1 for v in out.values()):
-        raise FlopscopeError("a role's polynomial gave a fractional count at these lengths; price the batch by "
-                             "profiling it instead")
-    return {role: int(v) for role, v in out.items()}
+@dataclass(frozen=True)
+class Layout:
+    """What pricing needs of a batch: how many rows hold each token count (per-token roles run over a row's
+    tokens) and how many sequences have each length (the attention core runs per sequence)."""
+
+    rows: Counter[int]  # tokens in a row -> rows
+    sequences: Counter[int]  # sequence length -> sequences
+
+    @property
+    def tokens(self) -> int:
+        return sum(n * count for n, count in self.rows.items())
 
 
-def _rows(batch: Any) -> list[list[int]]:
-    """Per row of the batch, the lengths of the sequences it holds (one unless packed)."""
+@dataclass(frozen=True)
+class _IntegerPolynomial:
+    """A polynomial with rational coefficients as integers over one denominator (fast exact evaluation)."""
+
+    numerators: tuple[int, ...]
+    denominator: int
+    per_sequence: bool  # the attention core: evaluated per sequence, not per row
+
+    @classmethod
+    def of(cls, poly: Polynomial, per_sequence: bool) -> _IntegerPolynomial:
+        denominator = math.lcm(*(c.denominator for c in poly.coefficients)) if poly.coefficients else 1
+        return cls(tuple(int(c * denominator) for c in poly.coefficients), denominator, per_sequence)
+
+    def total(self, lengths: Counter[int]) -> int:
+        """Σ count · P(n) over ``{n: count}``, exactly."""
+        scaled = 0
+        for n, count in lengths.items():
+            value = 0
+            for c in reversed(self.numerators):
+                value = value * n + c
+            scaled += count * value
+        whole, rest = divmod(scaled, self.denominator)
+        if rest:
+            raise FlopscopeError("a role's polynomial gave a fractional count at these lengths; price the batch by "
+                                 "profiling it instead")
+        return whole
+
+
+def _price(polynomials: Mapping[str, _IntegerPolynomial], shape: Layout) -> dict[str, int]:
+    """MACs per role: per-token roles at each row's token count, the attention core per sequence."""
+    return {role: poly.total(shape.sequences if poly.per_sequence else shape.rows)
+            for role, poly in polynomials.items()}
+
+
+def layout(batch: Any) -> Layout:
+    """The :class:`Layout` of a batch: token ids ``[..., n]`` (padding included), a dict of model inputs
+    (``input_ids`` / ``inputs_embeds``, packed ``position_ids`` that restart inside a row, or ``cu_seqlens``
+    offsets), or a sequence of lengths (unpadded sequences)."""
     if isinstance(batch, torch.Tensor):
-        return _dense_rows(batch)
+        return _dense(batch)
     if isinstance(batch, Mapping):
         if batch.get("cu_seqlens") is not None:
             offsets = [int(v) for v in torch.as_tensor(batch["cu_seqlens"]).flatten().tolist()]
             lengths = [b - a for a, b in itertools.pairwise(offsets)]
             if not lengths or min(lengths) < 0:
                 raise InputError(f"cu_seqlens must be increasing offsets starting at 0; got {offsets}")
-            return [lengths]
+            return Layout(Counter({sum(lengths): 1}), Counter(lengths))
         positions = batch.get("position_ids")
-        if isinstance(positions, torch.Tensor) and positions.dim() >= 1:
-            rows = positions.reshape(-1, positions.shape[-1]).tolist()
-            if any(row[i] <= row[i - 1] for row in rows for i in range(1, len(row))):  # restarts: packed
-                return [_segments(row) for row in rows]
+        if isinstance(positions, torch.Tensor) and positions.dim() >= 1 and positions.shape[-1] > 1:
+            packed = _packed(positions.reshape(-1, positions.shape[-1]))
+            if packed is not None:
+                return packed
         ids = batch.get("input_ids", batch.get("inputs_embeds"))
         if isinstance(ids, torch.Tensor):
-            return _dense_rows(ids if "input_ids" in batch else ids[..., 0])
+            return _dense(ids if "input_ids" in batch else ids[..., 0])
         raise InputError(f"cannot price a batch with keys {sorted(batch)}: give input_ids, position_ids or "
                          "cu_seqlens")
     if isinstance(batch, Sequence) and batch and all(isinstance(n, int) and n > 0 for n in batch):
-        return [[int(n)] for n in batch]
+        unpadded = Counter(int(n) for n in batch)
+        return Layout(unpadded, unpadded)
     raise InputError(f"cannot price {describe(batch)}: give token ids [B, n], a dict of model inputs, or a list of "
                      "sequence lengths")
 
 
-def _dense_rows(ids: torch.Tensor) -> list[list[int]]:
+def _dense(ids: torch.Tensor) -> Layout:
     if ids.dim() < 1 or ids.shape[-1] < 1:
         raise InputError(f"token ids need a sequence dimension (last); got shape {list(ids.shape)}")
-    return [[int(ids.shape[-1])]] * prod(ids.shape[:-1])
+    rows = Counter({int(ids.shape[-1]): prod(ids.shape[:-1])})
+    return Layout(rows, rows)
 
 
-def _segments(positions: list[int]) -> list[int]:
-    lengths, current = [], 0
-    for i, p in enumerate(positions):
-        if i and p <= positions[i - 1]:
-            lengths.append(current)
-            current = 0
-        current += 1
-    return [*lengths, current]
+def _packed(positions: torch.Tensor) -> Layout | None:
+    """Rows whose positions restart hold several sequences (``None`` when no row restarts: a dense batch)."""
+    restarts = positions[:, 1:] <= positions[:, :-1]
+    if not bool(restarts.any()):
+        return None
+    width, count = positions.shape[-1], positions.shape[0]
+    starts: list[list[int]] = [[0] for _ in range(count)]
+    owners, columns = restarts.nonzero(as_tuple=True)  # only the restarts are read into Python
+    for row, column in zip(owners.tolist(), columns.tolist(), strict=True):
+        starts[row].append(column + 1)
+    sequences: Counter[int] = Counter()
+    for row_starts in starts:
+        sequences.update(b - a for a, b in itertools.pairwise([*row_starts, width]))
+    return Layout(Counter({width: count}), sequences)
 
 
 def flops_per_batch(model: nn.Module, make_inputs: Callable[[int], Any], *, backward: bool = True,
@@ -236,9 +294,9 @@ class Throughput:
         (when priced by a :class:`BatchPricer`)."""
         if not isinstance(self.flops, BatchPricer):
             return self.record(int(self.flops), seconds, recomputed=self.recompute_flops)
-        by_role = self.flops.flops_by_role(batch)
-        return self.record(sum(by_role.values()), seconds, recomputed=self.flops.recompute_flops(batch),
-                           tokens=self.flops.tokens(batch), flops_by_role=by_role)
+        priced = self.flops.price(batch)
+        return self.record(priced["flops"], seconds, recomputed=priced["recomputed_flops"], tokens=priced["tokens"],
+                           flops_by_role=priced["flops_by_role"])
 
     def record(self, flops: int, seconds: float, *, recomputed: int = 0, tokens: int = 0,
                flops_by_role: Mapping[str, int] | None = None) -> dict[str, Any]:

@@ -82,15 +82,13 @@ class FlopscopeTrainerCallback(TrainerCallback):
         return int(self._original(inputs)) if self._original is not None else 0
 
     def _price(self, pricer: BatchPricer, inputs: Mapping[str, Any]) -> int:
-        batch = self.batch_inputs(inputs) if self.batch_inputs is not None else inputs
-        by_role = pricer.flops_by_role(batch)
-        flops = sum(by_role.values())
+        priced = pricer.price(self.batch_inputs(inputs) if self.batch_inputs is not None else inputs)
         pending = self._pending
-        pending["flops"] += flops
-        pending["recomputed"] += pricer.recompute_flops(batch)
-        pending["tokens"] += pricer.tokens(batch)
-        pending["by_role"].update(by_role)
-        return flops
+        pending["flops"] += priced["flops"]
+        pending["recomputed"] += priced["recomputed_flops"]
+        pending["tokens"] += priced["tokens"]
+        pending["by_role"].update(priced["flops_by_role"])
+        return int(priced["flops"])
 
     # ---------------------------------------------------------------------------------------------
     def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,

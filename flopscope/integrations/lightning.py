@@ -4,10 +4,11 @@
 
 On fit start it traces the module once at a few lengths (:func:`flopscope.flops_per_batch`, forward and
 backward); on each step it sets ``pl_module.flops_per_batch`` (what Lightning's ``ThroughputMonitor`` reads) to
-the exact FLOPs of that batch and logs ``throughput/flops_per_batch``, ``throughput/device/flops_per_sec``,
-``throughput/device/mfu`` (with ``throughput/device/peak_flops``, its denominator, when the peak is known),
-``throughput/tokens_per_sec`` and ``throughput/flops/<role>``. A failure is logged once and disables the
-callback: it never stops training.
+the exact FLOPs of that batch, and every ``log_every_n_steps`` it sends the trainer's loggers, over the steps since
+the last time: ``throughput/flops_per_batch`` (mean), ``throughput/device/flops_per_sec``, ``throughput/device/mfu``
+and ``hfu`` (with ``throughput/device/peak_flops``, their denominator, when the peak is known),
+``throughput/tokens_per_sec`` and ``throughput/flops/<role>`` (mean per batch). A failure is logged once and
+disables the callback: it never stops training.
 """
 
 from __future__ import annotations
@@ -49,7 +50,10 @@ class FlopscopeCallback(pl.Callback):
         self.pricer: BatchPricer | None = None
         self.meter: Throughput | None = None
         self.disabled = False
-        self.history: list[dict[str, Any]] = []  # the metrics of every step, as logged
+        self.history: list[dict[str, Any]] = []  # every step's metrics (Throughput.record)
+        self.logged: list[dict[str, float]] = []  # what was sent to the loggers, per logging step
+        self.window: Throughput | None = None  # the steps since the last logging step
+        self._priced: dict[str, Any] | None = None
         self._start = 0.0
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -68,30 +72,44 @@ class FlopscopeCallback(pl.Callback):
         self._start = time.perf_counter()
 
     def _price(self, pl_module: pl.LightningModule, batch: Any) -> None:
-        if self.pricer is not None:  # what ThroughputMonitor reads
-            setattr(pl_module, "flops_per_batch", self.pricer(self._inputs(batch)))  # noqa: B010  (nn.Module typing)
+        if self.pricer is not None:
+            self._priced = self.pricer.price(self._inputs(batch))  # read the batch once per step
+            setattr(pl_module, "flops_per_batch", self._priced["flops"])  # noqa: B010  what ThroughputMonitor reads
 
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
         seconds = time.perf_counter() - self._start
-        if not self.disabled and self.meter is not None:
-            self._guard(self._log, pl_module, batch, seconds)
+        if not self.disabled and self.meter is not None and self._priced is not None:
+            self._guard(self._log, trainer, seconds)
 
-    def _log(self, pl_module: pl.LightningModule, batch: Any, seconds: float) -> None:
-        meter = self.meter
-        if meter is None:
+    def _log(self, trainer: pl.Trainer, seconds: float) -> None:
+        """Account the step; at each logging step (``log_every_n_steps``) send the rates of the steps since the
+        last one to the trainer's loggers, as ``ThroughputMonitor`` does (``LightningModule.log`` costs about
+        half a millisecond per metric)."""
+        priced, self._priced = self._priced, None
+        if priced is None or self.meter is None:
             return
-        step = meter.update(self._inputs(batch), seconds)
-        self.history.append(step)
-        metrics = {"throughput/flops_per_batch": float(step["flops"]),
-                   "throughput/device/flops_per_sec": float(step["flops_per_sec"]),
-                   "throughput/tokens_per_sec": float(step["tokens_per_sec"])}
-        if step["mfu"] is not None:
-            metrics["throughput/device/mfu"] = float(step["mfu"])
-            metrics["throughput/device/hfu"] = float(step["hfu"])
-            metrics["throughput/device/peak_flops"] = float(step["peak"])
-        metrics.update({f"throughput/flops/{role}": float(v) for role, v in step["flops_by_role"].items()})
-        pl_module.log_dict(metrics, on_step=True, on_epoch=False)
+        step = dict(seconds=seconds, recomputed=priced["recomputed_flops"], tokens=priced["tokens"],
+                    flops_by_role=priced["flops_by_role"])
+        self.history.append(self.meter.record(priced["flops"], **step))
+        window = self.window if self.window is not None else self.meter.fresh()
+        window.record(priced["flops"], **step)
+        self.window = window
+        every = max(1, int(getattr(trainer, "log_every_n_steps", 1) or 1))
+        if trainer.global_step % every and not trainer.is_last_batch:
+            return
+        self.window = self.meter.fresh()
+        summary = window.summary()
+        metrics = {"throughput/flops_per_batch": summary["flops"] / summary["steps"],
+                   "throughput/device/flops_per_sec": summary["flops_per_sec"],
+                   "throughput/tokens_per_sec": summary["tokens_per_sec"]}
+        if summary["mfu"] is not None:
+            metrics |= {"throughput/device/mfu": summary["mfu"], "throughput/device/hfu": summary["hfu"],
+                        "throughput/device/peak_flops": summary["peak"]}
+        metrics |= {f"throughput/flops/{role}": v / summary["steps"] for role, v in summary["flops_by_role"].items()}
+        self.logged.append(metrics)
+        for logger in trainer.loggers:
+            logger.log_metrics(metrics, step=trainer.global_step)
 
     def _inputs(self, batch: Any) -> Any:
         if self.batch_inputs is not None:
