@@ -494,7 +494,7 @@ class Recorder(TorchDispatchMode):
         results = _tensors(out)
         op.bytes = traffic.bytes_moved(func, inputs, results)
         if known.collective is not None:
-            op.collective = (known.collective, communication.message_bytes(known.collective, inputs, results),
+            op.collective = (known.collective, communication.message_bytes(inputs, results),
                              communication.group_size(args, kwargs))
         self.largest_out = max([self.largest_out, *(traffic.nbytes(t) for t in results)])
         if known.spec is not None:
@@ -513,7 +513,10 @@ class Recorder(TorchDispatchMode):
         known = self._producers.get(id(t))
         if known is not None and known[0]() is t:
             return known[1]
-        leaf = self.leaf_names.get(id(t), LeafName("placeholder", "constant", LeafKind.CONSTANT))
+        leaf = self.leaf_names.get(id(t))
+        if leaf is None:  # a parameter the model registered during the run (FSDP2's unsharded ones) is one still
+            leaf = (LeafName("get_attr", "parameter", LeafKind.PARAMETER) if isinstance(t, torch.nn.Parameter)
+                    else LeafName("placeholder", "constant", LeafKind.CONSTANT))
         value = self.leaf_values.get(id(t))
         op = CapturedOp(leaf.node_op, leaf.name, (), {}, leaf.name.replace(".", "_"), output_shapes=(shape_of(t),),
                         dtype=t.dtype, value=value if value is not None else _small_index_value(t), leaf=leaf.kind)

@@ -29,7 +29,6 @@ if TYPE_CHECKING:
 
 ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER, ALL_TO_ALL, BROADCAST, SEND, RECV = (
     "all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "send", "recv")
-_GATHERING = (ALL_GATHER, RECV)  # the message is the output
 
 _KINDS: dict[str, str] = {
     # functional collectives (torch.distributed._functional_collectives, DTensor, FSDP2)
@@ -58,14 +57,19 @@ def kind_of(func: Any) -> str | None:
 
 
 def is_bookkeeping(func: Any) -> bool:
-    """A torch.distributed op that moves no data of its own (``wait_tensor``, autograd wrappers, barriers)."""
-    return getattr(func, "namespace", None) in _NAMESPACES and kind_of(func) is None
+    """A torch.distributed op that communicates nothing: ``wait_tensor``, autograd wrappers, barriers, and
+    FSDP2's copies into and out of its communication buffers (``fsdp.all_gather_copy_in``, ``chunk_cat``,
+    ``split_with_sizes_copy``: data movement, no arithmetic; their bytes are counted as any op's)."""
+    namespace = getattr(func, "namespace", None)
+    return namespace == "fsdp" or (namespace in _NAMESPACES and kind_of(func) is None)
 
 
-def message_bytes(kind: str, inputs: list[torch.Tensor], outputs: list[torch.Tensor]) -> int:
-    """The collective's message size in bytes (see the module docstring)."""
-    tensors = outputs if kind in _GATHERING else inputs
-    return sum(nbytes(t) for t in {id(t): t for t in tensors}.values())
+def message_bytes(inputs: list[torch.Tensor], outputs: list[torch.Tensor]) -> int:
+    """The collective's message size in bytes: the larger of what it takes (tensor arguments that it does not
+    also return: an in-place op's buffer is its output) and what it returns (see the module docstring)."""
+    returned = {id(t) for t in outputs}
+    taken = sum(nbytes(t) for t in {id(t): t for t in inputs if id(t) not in returned}.values())
+    return max(taken, sum(nbytes(t) for t in {id(t): t for t in outputs}.values()))
 
 
 def group_size(args: Any, kwargs: dict[str, Any]) -> int | None:
@@ -79,12 +83,10 @@ def group_size(args: Any, kwargs: dict[str, Any]) -> int | None:
                 return int(_resolve_process_group(value).size())  # type: ignore[arg-type]  # a GroupName is a str
             except Exception:  # not a group name
                 continue
-        size = getattr(value, "size", None)
-        if callable(size) and not isinstance(value, torch.Tensor):
-            try:
-                return int(size())
-            except Exception:  # not a process group
-                continue
+        if isinstance(value, torch.ScriptObject) and value._type().qualified_name().endswith("c10d.ProcessGroup"):
+            import torch.distributed as dist
+
+            return int(dist.ProcessGroup.unbox(value).size())
     return None
 
 

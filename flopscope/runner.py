@@ -118,9 +118,25 @@ def run(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], options
     ``stacklevel`` is that of a warning issued here (unsupported ops). Real runs of one model are serialised
     (their snapshots and restores of the model's state must not interleave); fake runs run side by side."""
     if fake:
+        sharded = _fully_sharded(model)
+        if sharded is not None:
+            reason = ("FSDP2 (fully_shard) swaps its parameters on the original modules, which a fake run does not "
+                      "touch")
+            raise FakeTensorError(f"module '{sharded}' of {type(model).__name__} is sharded with FSDP2: {reason}; "
+                                  "use mode='real' or 'auto' (on a fake world nothing is communicated)",
+                                  on_fake_tensors=True, where=f"module '{sharded}'", reason=reason)
         return _run(model, args, kwargs, options, True, converter, notes, stacklevel + 1)
     with _real_run_lock(model):
         return _run(model, args, kwargs, options, False, None, notes, stacklevel + 1)
+
+
+def _fully_sharded(model: nn.Module) -> str | None:
+    """The path of the first module sharded with FSDP2 (``fully_shard``), if any."""
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:  # pragma: no cover  (a torch build without torch.distributed)
+        return None
+    return next((path for path, module in model.named_modules() if isinstance(module, FSDPModule)), None)
 
 
 _REAL_RUNS: weakref.WeakKeyDictionary[nn.Module, threading.RLock] = weakref.WeakKeyDictionary()

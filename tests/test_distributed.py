@@ -74,3 +74,43 @@ def test_fake_world_creates_and_destroys_only_its_own_group() -> None:
                 pass
         assert dist.is_initialized()  # the refused inner world did not destroy the outer one
     assert not dist.is_initialized()
+
+
+def llama() -> torch.nn.Module:
+    config = transformers.LlamaConfig(hidden_size=d, intermediate_size=d_ff, num_hidden_layers=L,
+                                      num_attention_heads=h, num_key_value_heads=h, vocab_size=V)
+    torch.manual_seed(0)
+    return transformers.LlamaForCausalLM(config)
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_fsdp2_gathers_every_parameter_per_forward_and_reduce_scatters_every_gradient(world) -> None:
+    from torch.distributed.fsdp import fully_shard
+
+    ids = torch.randint(0, V, (B, n))
+    plain = flopscope.profile(llama(), ids, mode="real", backward=True)
+    with fake_world(world) as mesh:
+        model = llama()
+        layer_bytes = 4 * sum(p.numel() for p in model.model.layers[0].parameters())  # fp32, unsharded
+        every_bytes = 4 * sum(p.numel() for p in model.parameters())
+        for layer in model.model.layers:
+            fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        with pytest.raises(flopscope.FakeTensorError, match="FSDP2"):
+            flopscope.profile(model, ids, mode="fake")
+        with pytest.warns(flopscope.FlopscopeWarning, match="real mode"):
+            prof = flopscope.profile(model, ids, mode="auto", backward=True)
+    assert prof.by_role() == plain.by_role()  # FSDP shards memory, not work: each rank runs the whole model
+    rows = prof.collectives()
+    assert all(row.group == world for row in rows)
+
+    def total(kind: str, phase: str) -> tuple[int, int]:
+        chosen = [row for row in rows if row.kind == kind and row.phase == phase]
+        return sum(row.calls for row in chosen), sum(row.bytes for row in chosen)
+
+    # forward: one all-gather per FSDP unit (the root's own parameters, then each layer): every parameter once
+    assert total("all_gather", "forward") == (1 + L, every_bytes)
+    # backward: the layers were resharded after the forward, so each is gathered again; the root was not
+    assert total("all_gather", "backward") == (L, L * layer_bytes)
+    # and every gradient is reduce-scattered once, one call per unit
+    assert total("reduce_scatter", "backward") == (1 + L, every_bytes)
