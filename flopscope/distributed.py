@@ -4,7 +4,10 @@ torch ships a fake process group (``torch.testing._internal.distributed.fake_pg`
 collective returns at once and moves nothing, so a model can be sharded for any world size in one process and
 counted as the rank it plays would run it (local shapes: what its kernels execute). A profile of a sharded model
 (DTensor tensor / sequence parallel, FSDP2, functional collectives) reports that rank's MACs and its collectives
-(:meth:`flopscope.Profile.collectives`), whether the world is fake or real (``torchrun`` with gloo / NCCL).
+(:meth:`flopscope.Profile.collectives`), whether the world is fake or real (``torchrun`` with gloo / NCCL). In a
+real world, :func:`gather` brings every rank's summary to one rank and :func:`rank_table` sets them side by side
+(the job's total is their sum: exact, also when ranks differ). DDP's backward cannot run on torch's fake process
+group (its reducer needs a real one); profile it in a real world.
 
     with flopscope.distributed.fake_world(8) as mesh:          # 8 ranks; this process is rank 0
         parallelize_module(model, mesh, plan)
@@ -15,11 +18,16 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from tabulate import tabulate
 
 from .errors import ConfigurationError
 
-__all__ = ["fake_world"]
+if TYPE_CHECKING:
+    from .profile import Profile
+
+__all__ = ["fake_world", "gather", "rank_table"]
 
 
 @contextmanager
@@ -62,3 +70,40 @@ def _product(shape: Sequence[int]) -> int:
         out *= int(size)
     return out
 
+
+
+def summary(prof: Profile) -> dict[str, Any]:
+    """What one rank reports: its rank and world size, MACs (total and by role), bytes moved, and its
+    collectives (:meth:`flopscope.CollectiveRow.row`)."""
+    import torch.distributed as dist
+
+    ready = dist.is_available() and dist.is_initialized()
+    return {"rank": dist.get_rank() if ready else 0, "world": dist.get_world_size() if ready else 1,
+            "macs": prof.total(), "by_role": prof.by_role(), "bytes": prof.total_bytes(),
+            "collectives": [row.row() for row in prof.collectives()]}
+
+
+def gather(prof: Profile, *, dst: int = 0, group: Any = None) -> list[dict[str, Any]] | None:
+    """Every rank's :func:`summary` of its profile, on rank ``dst`` (in rank order); ``None`` on the others.
+    Call it on every rank of ``group`` (default: the world), as any collective."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        raise ConfigurationError("gather needs an initialised process group (call it on every rank of the job)")
+    mine = summary(prof)
+    gathered: list[Any] | None = [None] * dist.get_world_size(group) if dist.get_rank() == dst else None
+    dist.gather_object(mine, gathered, dst=dst, group=group)
+    return None if gathered is None else sorted(gathered, key=lambda s: s["rank"])
+
+
+def rank_table(summaries: Sequence[dict[str, Any]], tablefmt: str = "simple") -> str:
+    """Per rank: MACs, FLOPs, collective calls and bytes; then the job's total (their sum) and the imbalance
+    (the busiest rank's MACs over the mean)."""
+    rows = [[s["rank"], f"{s['macs']:,}", f"{2 * s['macs']:,}", sum(c["calls"] for c in s["collectives"]),
+             f"{sum(c['bytes'] for c in s['collectives']):,}"] for s in summaries]
+    total = sum(s["macs"] for s in summaries)
+    mean = total / len(summaries) if summaries else 0
+    imbalance = max(s["macs"] for s in summaries) / mean if mean else 1.0
+    table = tabulate(rows, headers=["rank", "MACs", "FLOPs", "collectives", "collective bytes"], tablefmt=tablefmt,
+                     disable_numparse=True)
+    return f"{table}\njob: {total:,} MACs over {len(summaries)} ranks; imbalance (max / mean) {imbalance:.3f}"

@@ -65,13 +65,11 @@ def test_fake_world_creates_and_destroys_only_its_own_group() -> None:
     with fake_world(4, mesh_shape=(2, 2), mesh_dim_names=("dp", "tp")) as mesh:
         assert dist.get_world_size() == 4 and mesh.shape == (2, 2) and mesh.mesh_dim_names == ("dp", "tp")
     assert not dist.is_initialized()
-    with pytest.raises(flopscope.ConfigurationError, match="mesh_shape"):
-        with fake_world(4, mesh_shape=(3,)):
-            pass
+    with pytest.raises(flopscope.ConfigurationError, match="mesh_shape"), fake_world(4, mesh_shape=(3,)):
+        pass
     with fake_world(2):
-        with pytest.raises(flopscope.ConfigurationError, match="already initialised"):
-            with fake_world(2):
-                pass
+        with pytest.raises(flopscope.ConfigurationError, match="already initialised"), fake_world(2):
+            pass
         assert dist.is_initialized()  # the refused inner world did not destroy the outer one
     assert not dist.is_initialized()
 
@@ -114,3 +112,63 @@ def test_fsdp2_gathers_every_parameter_per_forward_and_reduce_scatters_every_gra
     assert total("all_gather", "backward") == (L, L * layer_bytes)
     # and every gradient is reduce-scattered once, one call per unit
     assert total("reduce_scatter", "backward") == (1 + L, every_bytes)
+
+
+D_IN, D_HIDDEN, ROWS = 64, 256, 8
+
+
+def _rank_work(rank: int, world: int, store: str, out: str) -> None:
+    """One rank of a real gloo job: a tensor-parallel MLP and a DDP one, each profiled, gathered on rank 0."""
+    import json
+    import warnings
+
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.nn.parallel import DistributedDataParallel
+
+    from flopscope.distributed import gather
+
+    warnings.simplefilter("ignore")
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    try:
+        mesh = init_device_mesh("cpu", (world,))
+        torch.manual_seed(0)
+        mlp = torch.nn.Sequential(torch.nn.Linear(D_IN, D_HIDDEN), torch.nn.ReLU(), torch.nn.Linear(D_HIDDEN, D_IN))
+        tp.parallelize_module(mlp, mesh, {"0": tp.ColwiseParallel(), "2": tp.RowwiseParallel()})
+        sharded = gather(flopscope.profile(mlp, torch.randn(ROWS, D_IN), mode="real"))
+        plain = torch.nn.Sequential(torch.nn.Linear(D_IN, D_HIDDEN), torch.nn.ReLU(), torch.nn.Linear(D_HIDDEN, D_IN))
+        replicated = gather(flopscope.profile(DistributedDataParallel(plain), torch.randn(ROWS, D_IN), mode="real",
+                                              backward=True))
+        if rank == 0:
+            with open(out, "w") as f:
+                json.dump({"tensor_parallel": sharded, "ddp": replicated}, f)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_real_gloo_job_each_rank_counts_its_share_and_rank_0_gathers_them(tmp_path) -> None:
+    import json
+
+    import torch.multiprocessing as mp
+
+    from flopscope.distributed import rank_table
+
+    world = 2
+    out = tmp_path / "ranks.json"
+    mp.spawn(_rank_work, args=(world, str(tmp_path / "store"), str(out)), nprocs=world)
+    ranks = json.loads(out.read_text())
+    sharded, replicated = ranks["tensor_parallel"], ranks["ddp"]
+    assert [s["rank"] for s in sharded] == [0, 1] and all(s["world"] == world for s in sharded)
+    # each rank runs half of each GEMM (columns of the first, rows of the second), then one all-reduce of the output
+    assert [s["macs"] for s in sharded] == [2 * ROWS * D_IN * D_HIDDEN // world] * world
+    for s in sharded:
+        assert [(c["kind"], c["group"], c["calls"], c["bytes"]) for c in s["collectives"]] == \
+            [("all_reduce", world, 1, 4 * ROWS * D_IN)]
+    assert "imbalance (max / mean) 1.000" in rank_table(sharded)
+    # DDP: every rank runs the whole model and all-reduces every gradient once (one bucket here)
+    parameters = D_IN * D_HIDDEN + D_HIDDEN + D_HIDDEN * D_IN + D_IN
+    for s in replicated:
+        gemm = ROWS * D_IN * D_HIDDEN  # MACs of either Linear
+        # forward, both weight gradients, and the input gradient of the second only (the input needs none)
+        assert s["macs"] == 2 * gemm + 2 * gemm + gemm
+        assert [(c["kind"], c["phase"], c["bytes"]) for c in s["collectives"]] == \
+            [("all_reduce", "backward", 4 * parameters)]
