@@ -172,3 +172,59 @@ def test_a_real_gloo_job_each_rank_counts_its_share_and_rank_0_gathers_them(tmp_
         assert s["macs"] == 2 * gemm + 2 * gemm + gemm
         assert [(c["kind"], c["phase"], c["bytes"]) for c in s["collectives"]] == \
             [("all_reduce", "backward", 4 * parameters)]
+
+
+class _Attention(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.q, self.k, self.v, self.o = (torch.nn.Linear(d, d, bias=False) for _ in range(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, _ = x.shape  # heads as -1: a rank holds h / t of them
+        q, k, v = (p(x).view(b, t, -1, d // h).transpose(1, 2) for p in (self.q, self.k, self.v))
+        core = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+        return self.o(core.transpose(1, 2).reshape(b, t, -1))
+
+
+class _Block(torch.nn.Module):
+    """Pre-norm attention and FFN, as Megatron's sequence-parallel layer is drawn."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm1, self.norm2 = torch.nn.LayerNorm(d), torch.nn.LayerNorm(d)
+        self.attn = _Attention()
+        self.up, self.down = torch.nn.Linear(d, d_ff, bias=False), torch.nn.Linear(d_ff, d, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.norm1(x))
+        return x + self.down(torch.nn.functional.gelu(self.up(self.norm2(x))))
+
+
+@pytest.mark.parametrize("mode", ["fake", "real"])
+def test_sequence_parallel_turns_each_all_reduce_into_an_all_gather_and_a_reduce_scatter(mode) -> None:
+    from torch.distributed.tensor import Replicate, Shard
+
+    t, seq = 4, 16
+    with fake_world(t) as mesh:
+        block = _Block()
+        gather_sequence = {"input_layouts": (Shard(1),), "desired_input_layouts": (Replicate(),)}
+        tp.parallelize_module(block, mesh, {
+            "norm1": tp.SequenceParallel(), "norm2": tp.SequenceParallel(),
+            "attn": tp.PrepareModuleInput(**gather_sequence), "attn.q": tp.ColwiseParallel(),
+            "attn.k": tp.ColwiseParallel(), "attn.v": tp.ColwiseParallel(),
+            "attn.o": tp.RowwiseParallel(output_layouts=Shard(1)),
+            "up": tp.ColwiseParallel(input_layouts=Shard(1)),  # gathers its sequence-sharded input itself
+            "down": tp.RowwiseParallel(output_layouts=Shard(1))})
+        prof = flopscope.profile(block, torch.randn(B, seq // t, d), mode=mode, backward=True)  # a sequence shard
+    unsharded = add(attention(B, seq, seq, d, h), {"ffn_up": B * seq * d * d_ff, "ffn_down": B * seq * d_ff * d})
+    forward = {role: macs for role, macs in prof.by_role(phase="forward").items() if macs}
+    assert forward == {role: macs // t for role, macs in unsharded.items()}  # whole sequence, a quarter of the heads
+    activation = B * seq * d * 4  # the whole [B, n, d] activation in fp32: Megatron's volume
+    ahead = [(row.kind, row.role, row.calls, row.bytes) for row in prof.collectives() if row.phase == "forward"]
+    # Megatron (Korthikanti et al. 2022, §4.2.2): g becomes an all-gather, ḡ a reduce-scatter, before and after each
+    assert ahead == [("all_gather", "", 1, activation), ("reduce_scatter", "out_proj", 1, activation),
+                     ("all_gather", "", 1, activation), ("reduce_scatter", "ffn_down", 1, activation)]
+    behind = [row for row in prof.collectives() if row.phase == "backward"]
+    calls = {kind: sum(row.calls for row in behind if row.kind == kind) for kind in ("all_gather", "reduce_scatter")}
+    assert calls == {"all_gather": 2, "reduce_scatter": 2}  # the same in reverse
+    assert sum(row.bytes for row in behind) == 4 * activation
