@@ -15,10 +15,12 @@ receive. Bus traffic per rank follows from it (an all-reduce ring moves ``2·(p-
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
+from tabulate import tabulate
 
 from .traffic import nbytes
 
@@ -140,3 +142,74 @@ def _carried(node: fx.Node, assignments: Any, depth: int = 8) -> fx.Node | None:
         if not frontier:
             break
     return None
+
+
+# -------------------------------------------------------------------------------------------------- closed forms
+@dataclass(frozen=True)
+class PredictedCollective:
+    """What a parallelism scheme's closed form says a rank sends: ``calls`` collectives of ``kind`` in ``phase``,
+    ``bytes`` of messages in all; ``basis`` names the source."""
+
+    kind: str
+    phase: str
+    calls: int
+    bytes: int
+    basis: str
+
+
+def megatron(batch: int, tokens: int, width: int, layers: int, *, element_bytes: int, backward: bool = False,
+             sequence_parallel: bool = False) -> list[PredictedCollective]:
+    """Megatron-LM tensor parallelism (Shoeybi et al. 2019, §3: the f and g operators): per layer, one all-reduce
+    of the ``[batch, tokens, width]`` activation after each row-parallel GEMM (attention output, FFN down) in
+    the forward pass, and one per column-parallel block (its input gradient) in the backward pass. With sequence
+    parallelism (Korthikanti et al. 2022, §4.2.2) each all-reduce becomes an all-gather and a reduce-scatter of
+    the same volume. Messages are whole activations (:func:`message_bytes`)."""
+    volume = batch * tokens * width * element_bytes
+    basis = "Megatron-LM sequence parallel" if sequence_parallel else "Megatron-LM tensor parallel"
+    phases = ("forward", "backward") if backward else ("forward",)
+    out = []
+    for phase in phases:
+        if sequence_parallel:
+            out += [PredictedCollective(ALL_GATHER, phase, 2 * layers, 2 * layers * volume, basis),
+                    PredictedCollective(REDUCE_SCATTER, phase, 2 * layers, 2 * layers * volume, basis)]
+        else:
+            out.append(PredictedCollective(ALL_REDUCE, phase, 2 * layers, 2 * layers * volume, basis))
+    return out
+
+
+def fsdp(unit_bytes: Sequence[int], *, resharded: Sequence[bool] | None = None,
+         backward: bool = True) -> list[PredictedCollective]:
+    """FSDP (ZeRO-3; FSDP2's ``fully_shard``): every unit's parameters (``unit_bytes``, unsharded) are all-gathered
+    once in the forward pass, again in the backward pass for each unit resharded after its forward (default:
+    all but the first, the root, which FSDP2 keeps), and every gradient is reduce-scattered once."""
+    again = list(resharded) if resharded is not None else [False, *([True] * (len(unit_bytes) - 1))]
+    out = [PredictedCollective(ALL_GATHER, "forward", len(unit_bytes), sum(unit_bytes), "FSDP: gather per forward")]
+    if backward:
+        gathered = [size for size, redo in zip(unit_bytes, again, strict=True) if redo]
+        out += [PredictedCollective(ALL_GATHER, "backward", len(gathered), sum(gathered),
+                                    "FSDP: resharded units gathered again"),
+                PredictedCollective(REDUCE_SCATTER, "backward", len(unit_bytes), sum(unit_bytes),
+                                    "FSDP: gradients reduce-scattered")]
+    return out
+
+
+def ddp(gradient_bytes: int, buckets: int = 1) -> list[PredictedCollective]:
+    """DDP: every gradient all-reduced once per backward pass, in ``buckets`` messages."""
+    return [PredictedCollective(ALL_REDUCE, "backward", buckets, gradient_bytes, "DDP: gradient all-reduce")]
+
+
+def compare(measured: Sequence[CollectiveRow], predicted: Sequence[PredictedCollective],
+            tablefmt: str = "simple") -> str:
+    """Measured against predicted collectives, per kind and phase: calls and bytes side by side."""
+    keys = list(dict.fromkeys([(p.kind, p.phase) for p in predicted] + [(m.kind, m.phase) for m in measured]))
+    rows = []
+    for kind, phase in keys:
+        got = [m for m in measured if (m.kind, m.phase) == (kind, phase)]
+        want = [p for p in predicted if (p.kind, p.phase) == (kind, phase)]
+        got_calls, got_bytes = sum(m.calls for m in got), sum(m.bytes for m in got)
+        want_calls, want_bytes = sum(p.calls for p in want), sum(p.bytes for p in want)
+        same = "yes" if (got_calls, got_bytes) == (want_calls, want_bytes) else "NO"
+        rows.append([kind, phase, got_calls, f"{got_bytes:,}", want_calls, f"{want_bytes:,}", same,
+                     "; ".join(dict.fromkeys(p.basis for p in want)) or "-"])
+    return tabulate(rows, headers=["collective", "phase", "calls", "bytes", "predicted calls", "predicted bytes",
+                                   "match", "basis"], tablefmt=tablefmt, disable_numparse=True)

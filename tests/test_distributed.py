@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import flopscope
+from flopscope.communication import compare, fsdp, megatron
 from flopscope.distributed import fake_world
 
 from closed_forms import add, attention, ffn, times
@@ -59,6 +60,9 @@ def test_tensor_parallel_rank_does_its_share_and_megatrons_all_reduces(t, mode) 
     assert all((row.calls, row.bytes) == (1, activation) for row in behind)
     assert prof.total_collective_bytes() == (2 + 5) * L * activation
     assert not dist.is_initialized()  # the fake world is gone
+    predicted = megatron(B, n, d, L, element_bytes=4, backward=True)
+    table = compare(rows, predicted)
+    assert [line.split()[6] for line in table.splitlines()[2:]] == ["yes", "NO"]  # forward agrees, backward not
 
 
 def test_fake_world_creates_and_destroys_only_its_own_group() -> None:
@@ -112,6 +116,9 @@ def test_fsdp2_gathers_every_parameter_per_forward_and_reduce_scatters_every_gra
     assert total("all_gather", "backward") == (L, L * layer_bytes)
     # and every gradient is reduce-scattered once, one call per unit
     assert total("reduce_scatter", "backward") == (1 + L, every_bytes)
+    root_bytes = every_bytes - L * layer_bytes
+    table = compare(rows, fsdp([root_bytes] + [layer_bytes] * L))
+    assert [line.split()[6] for line in table.splitlines()[2:]] == ["yes"] * 3
 
 
 D_IN, D_HIDDEN, ROWS = 64, 256, 8
@@ -228,3 +235,5 @@ def test_sequence_parallel_turns_each_all_reduce_into_an_all_gather_and_a_reduce
     calls = {kind: sum(row.calls for row in behind if row.kind == kind) for kind in ("all_gather", "reduce_scatter")}
     assert calls == {"all_gather": 2, "reduce_scatter": 2}  # the same in reverse
     assert sum(row.bytes for row in behind) == 4 * activation
+    table = compare(prof.collectives(), megatron(B, seq, d, 1, element_bytes=4, backward=True, sequence_parallel=True))
+    assert [line.split()[6] for line in table.splitlines()[2:]] == ["yes"] * 4
