@@ -30,6 +30,25 @@ def check_heads(d: int, h: int) -> None:
 def check_model(model: Any) -> None:
     if not isinstance(model, nn.Module):
         raise NotAModuleError(f"flopscope profiles torch.nn.Module objects; got {type(model).__name__}")
+    check_process_group(model)
+
+
+def check_process_group(model: nn.Module) -> None:
+    """A model holding DTensors (sharded with torch.distributed) runs only inside its job: its collectives need
+    the process group it was sharded on."""
+    try:
+        import torch.distributed as dist
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # pragma: no cover  (a torch build without torch.distributed)
+        return
+    if dist.is_initialized():
+        return
+    for name, tensor in model.named_parameters():
+        if isinstance(tensor, DTensor):
+            raise ConfigurationError(
+                f"parameter '{name}' of {type(model).__name__} is a DTensor on mesh {tensor.device_mesh}, but no "
+                "process group is initialised: profile it inside the job that sharded it (or inside "
+                "flopscope.distributed.fake_world)")
 
 
 def check_mode(mode: str, allowed: Sequence[str], what: str = "mode") -> None:

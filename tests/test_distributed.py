@@ -237,3 +237,11 @@ def test_sequence_parallel_turns_each_all_reduce_into_an_all_gather_and_a_reduce
     assert sum(row.bytes for row in behind) == 4 * activation
     table = compare(prof.collectives(), megatron(B, seq, d, 1, element_bytes=4, backward=True, sequence_parallel=True))
     assert [line.split()[6] for line in table.splitlines()[2:]] == ["yes"] * 4
+
+
+def test_a_sharded_model_outside_its_world_is_refused_by_name() -> None:
+    with fake_world(2) as mesh:
+        model = torch.nn.Sequential(torch.nn.Linear(8, 8))
+        tp.parallelize_module(model, mesh, {"0": tp.ColwiseParallel()})
+    with pytest.raises(flopscope.ConfigurationError, match=r"parameter '0.weight'.*no process group is initialised"):
+        flopscope.profile(model, torch.randn(2, 8))
