@@ -6,7 +6,8 @@ message names the option: a negative ``--depth``, a ``--sweep`` / ``--lengths`` 
 positive integer, a ``--prompt`` / ``--new`` / ``--batch`` below 1, a ``--dtype`` that is not a
 floating-point torch dtype, a ``--peak`` / ``--bandwidth`` that is not a positive number, a ``--json`` /
 ``--csv`` / ``--plot`` path whose directory is missing or not writable, or that names a directory, an
-image format matplotlib cannot write; all checked before anything is built or profiled); 3 a flopscope
+image format matplotlib cannot write, ``--tp`` with ``--sweep`` / ``--plot`` / ``--mode real`` or ``--dp``
+without ``--tp``; all checked before anything is built or profiled); 3 a flopscope
 error (bad target, a ``generate`` target without a ``generate()`` method, inputs that do not fit, such
 as a token sequence longer than the model's learned position table, refused before the inputs are
 built; a missing optional dependency; a forward that raised).
@@ -46,6 +47,7 @@ EXAMPLES = """examples:
   flopscope compare --n 512 --d 512 --h 8 --k 5 --r 64 --lengths 256,512,1024
   flopscope crosscheck hf:gpt2 --set n_layer=2 --input 1x128
   flopscope generate hf:llama --set num_hidden_layers=2 --prompt 128 --new 32 --device "H100 SXM" --plot roofline.png
+  flopscope profile hf:llama/causal-lm --set num_hidden_layers=2 --input 1x2048 --tp 8 --dp 4 --backward
 
 units: MACs (multiply-accumulates) everywhere; FLOPs = 2 x MACs, always labelled (--units flops).
 """
@@ -96,6 +98,13 @@ def _parser() -> argparse.ArgumentParser:
     prof.add_argument("--csv", type=_output_path, help="write one CSV row per counted op here")
     prof.add_argument("--plot", type=_plot_path, help="write a PNG (or another format matplotlib writes, by the "
                                                       "suffix): the scaling plot with --sweep, else role shares")
+    prof.add_argument("--tp", type=_positive, metavar="T",
+                      help="tensor-parallel ranks: shard the model (built on meta) with its own Hugging Face plan on "
+                           "a fake world and count rank 0 on fake tensors: MACs per role beside the unsharded "
+                           "model's, its collectives against Megatron-LM, bytes per MAC per layer")
+    prof.add_argument("--dp", "--fsdp", type=_positive, default=1, metavar="D",
+                      help="data-parallel (FSDP) ranks with --tp (mesh D x T): FSDP's collectives per decoder layer, "
+                           "predicted (FSDP2 does not run on fake tensors)")
     _output_options(prof)
     prof.set_defaults(run=_profile)
 
@@ -275,6 +284,8 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _profile(args: argparse.Namespace) -> int:
+    if args.tp is not None or args.dp > 1:
+        return _profile_sharded(args)
     if args.plot and importlib.util.find_spec("matplotlib") is None:  # say so now, not after profiling
         raise FlopscopeError("--plot needs matplotlib: pip install 'flopscope[plot]'")
     target = load_target(args.target, args.set)
@@ -307,6 +318,65 @@ def _profile(args: argparse.Namespace) -> int:
 
         written = scaling_plot(result, args.plot) if result is not None else role_share_plot(prof, args.plot)
         print(f"wrote {written}")
+    return 0
+
+
+def _profile_sharded(args: argparse.Namespace) -> int:
+    """``profile --tp T [--dp D]``: rank 0 of a fake world of D x T ranks, counted on fake tensors."""
+    from . import distributed as dist
+    from .communication import compare as compare_collectives
+
+    conflicts = [flag for flag, given in (("--sweep", args.sweep), ("--plot", args.plot),
+                                          ("--mode real", args.mode == "real")) if given]
+    usage = ("--dp needs --tp (--tp 1: data parallel only)" if args.tp is None
+             else f"--tp counts on fake tensors; it cannot be combined with {', '.join(conflicts)}" if conflicts
+             else None)
+    if usage is not None:
+        print(f"flopscope profile: error: {usage}", file=sys.stderr)
+        return 2
+    tp, dp = args.tp, args.dp
+    with torch.device("meta"):  # nothing allocated: any size counts
+        target = load_target(args.target, args.set)
+    model = target.model
+    dist.check_tensor_parallel(model, tp)  # before anything is counted
+    inputs, kwargs = make_inputs(target, [parse_shape(s) for s in args.input], args.dtype)(None)
+    ids = next((t for t in (*inputs, *kwargs.values()) if isinstance(t, torch.Tensor)), None)
+    parameters = sum(p.numel() for p in model.parameters())
+    world = dp * tp
+    print(f"{target.description}: {parameters:,} parameters; rank 0 of a fake world of {world} ranks (mesh dp {dp} x "
+          f"tp {tp}), counted on fake tensors", flush=True)
+    with torch.no_grad() if not args.backward else torch.enable_grad():
+        unsharded = profile(model, *inputs, mode="fake", backward=args.backward, **kwargs)
+        with dist.fake_world(world, mesh_shape=(dp, tp), mesh_dim_names=("dp", "tp")) as mesh:
+            dist.tensor_parallel(model, mesh)
+            prof = profile(model, *inputs, mode="fake", backward=args.backward, **kwargs)
+            units = dist.fsdp_units(model)
+            predicted = None
+            if ids is not None and ids.dim() == 2:
+                with contextlib.suppress(FlopscopeError):  # not a decoder with a width and layers
+                    predicted = dist.predicted_collectives(model, ids.shape[0], ids.shape[1], backward=args.backward)
+    phases = "forward + backward" if args.backward else "forward"
+    print(f"\nMACs by role, {phases} (share: this rank's part of the unsharded model's):")
+    print(dist.role_table(prof, unsharded, tablefmt=args.format))
+    rows = prof.collectives()
+    print("\ncollectives of rank 0 (layers folded):")
+    print(dist.collective_table(rows, tablefmt=args.format) if rows else "none")
+    if predicted:
+        print("\nmeasured against Megatron-LM's closed form:")
+        print(compare_collectives(rows, predicted, tablefmt=args.format))
+    if dp > 1:
+        print(f"\nFSDP over {dp} data-parallel ranks, per decoder-layer unit: predicted (FSDP2 does not run on fake "
+              "tensors):")
+        print(dist.fsdp_table(units, dp, backward=args.backward, tablefmt=args.format))
+    print("\ncommunication per MAC (collective message bytes per multiply-accumulate of this rank):")
+    fsdp_backward = args.backward if dp > 1 else None
+    print(dist.communication_per_mac(prof, units, fsdp_backward=fsdp_backward, tablefmt=args.format))
+    if args.json:
+        args.json.write_text(report.to_json(prof))
+        print(f"wrote {args.json}")
+    if args.csv:
+        args.csv.write_text(report.to_csv(prof))
+        print(f"wrote {args.csv}")
     return 0
 
 

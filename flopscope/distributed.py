@@ -16,18 +16,26 @@ group (its reducer needs a real one); profile it in a real world.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+import re
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
+import torch
 from tabulate import tabulate
+from torch import nn
 
+from .communication import CollectiveRow, PredictedCollective
 from .errors import ConfigurationError
 
 if TYPE_CHECKING:
     from .profile import Profile
 
-__all__ = ["fake_world", "gather", "rank_table"]
+__all__ = ["check_tensor_parallel", "collective_table", "communication_per_mac", "fake_world", "fsdp_table",
+           "fsdp_units", "gather", "hf_plan", "predicted_collectives", "rank_table", "role_table", "shard_bytes",
+           "tensor_parallel"]
 
 
 @contextmanager
@@ -107,3 +115,323 @@ def rank_table(summaries: Sequence[dict[str, Any]], tablefmt: str = "simple") ->
     table = tabulate(rows, headers=["rank", "MACs", "FLOPs", "collectives", "collective bytes"], tablefmt=tablefmt,
                      disable_numparse=True)
     return f"{table}\njob: {total:,} MACs over {len(summaries)} ranks; imbalance (max / mean) {imbalance:.3f}"
+
+
+# ------------------------------------------------------------------------------------------------ tensor parallel
+_HEADS_AND_WIDTHS = ("num_attention_heads", "num_key_value_heads", "intermediate_size")
+
+
+def _styles() -> dict[str, Callable[[], Any] | None]:
+    """Hugging Face's tensor-parallel style names (``transformers.distributed.tensor_parallel``) that have a DTensor
+    equivalent, and a maker of that style (``None``: the module stays as it is, replicated)."""
+    from torch.distributed.tensor import Replicate
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    def gather_output() -> Any:
+        return ColwiseParallel(output_layouts=Replicate())
+
+    def split_input() -> Any:
+        return RowwiseParallel(input_layouts=Replicate())
+
+    return {
+        "colwise": ColwiseParallel,  # weight Shard(0): heads / FFN columns split, output left sharded
+        "rowwise": RowwiseParallel,  # weight Shard(1): sharded input, partial outputs all-reduced
+        "colwise_gather_output": gather_output,  # ... and the output all-gathered (the LM head's logits)
+        "colwise_rep": gather_output,
+        "rowwise_split_input": split_input,  # a replicated input split locally (no collective)
+        "rowwise_rep": split_input,
+        "embedding_rowwise": split_input,  # vocabulary-parallel embedding: partial lookups all-reduced
+        "replicate": None,
+    }
+
+
+def hf_plan(model: nn.Module) -> dict[str, str]:
+    """The tensor-parallel plan a Hugging Face model declares, keyed by module paths from ``model`` (``*`` for a
+    layer index): its ``tp_plan`` where transformers merges one (transformers 5: the config's
+    ``base_model_tp_plan`` under the base model's prefix, the head's ``_tp_plan``, and a vocabulary-parallel
+    ``embed_tokens``), else the config's ``base_model_tp_plan`` under the base model's prefix and the head
+    class's ``_tp_plan``. Raises :class:`~flopscope.errors.ConfigurationError` if the model declares none."""
+    merged = getattr(model, "tp_plan", None)
+    if isinstance(merged, dict) and merged:
+        return {str(k): str(v) for k, v in merged.items()}
+    base_plan = getattr(getattr(model, "config", None), "base_model_tp_plan", None) or {}
+    base = getattr(model, "base_model", model)
+    prefix = next((name for name, module in model.named_modules() if module is base), "")
+    plan = {f"{prefix}.{key}" if prefix else key: value for key, value in base_plan.items()}
+    plan.update(getattr(type(model), "_tp_plan", None) or {})
+    if not plan:
+        raise ConfigurationError(f"{type(model).__name__} declares no tensor-parallel plan (no config "
+                                 "base_model_tp_plan, no _tp_plan); pass plan={module path: style} to tensor_parallel")
+    return plan
+
+
+def tensor_parallel(model: nn.Module, mesh: Any, plan: Mapping[str, Any] | None = None) -> nn.Module:
+    """Shard ``model`` for tensor parallelism over ``mesh`` (its ``"tp"`` dimension if it has several) with
+    ``torch.distributed.tensor.parallel.parallelize_module``, and return it.
+
+    ``plan`` maps module paths (``*`` matches one path component, a layer index) to a DTensor ``ParallelStyle``
+    or a Hugging Face style name: ``"colwise"`` (``ColwiseParallel()``), ``"rowwise"`` (``RowwiseParallel()``),
+    ``"colwise_gather_output"`` / ``"colwise_rep"`` (``ColwiseParallel(output_layouts=Replicate())``),
+    ``"rowwise_split_input"`` / ``"rowwise_rep"`` / ``"embedding_rowwise"``
+    (``RowwiseParallel(input_layouts=Replicate())``; on an embedding: vocabulary-parallel), ``"replicate"``
+    (left as is). Default: the model's own plan (:func:`hf_plan`).
+
+    Refused with a :class:`~flopscope.errors.ConfigurationError`: a mesh size that does not divide the config's
+    query or key/value heads or its FFN width, a style without a DTensor equivalent (naming module and style),
+    a pattern of a given ``plan`` that matches no module. A model built on ``device="meta"`` gets storage-less
+    fake shards in place of its meta ones, so that ``flopscope.profile(model, ..., mode="fake")`` counts it (a fake
+    count cannot run a DTensor whose shard is on meta); such a model is for counting, not for running or
+    materialising (``to_empty``)."""
+    from torch.distributed.tensor.parallel import ParallelStyle, parallelize_module
+
+    tp_mesh = _tp_mesh(mesh)
+    size = tp_mesh.size()
+    check_tensor_parallel(model, size)
+    given = plan is not None
+    patterns = dict(plan) if plan is not None else hf_plan(model)
+    styles = _styles()
+    names = [name for name, _ in model.named_modules()]
+    expanded: dict[str, Any] = {}
+    for pattern, style in patterns.items():
+        regex = re.compile(r"\.".join("[^.]+" if part == "*" else re.escape(part) for part in pattern.split(".")))
+        matched = [name for name in names if regex.fullmatch(name)]
+        if not matched and given:
+            raise ConfigurationError(f"tensor-parallel plan entry {pattern!r} matches no module of "
+                                     f"{type(model).__name__}")
+        for name in matched:
+            if isinstance(style, ParallelStyle):
+                expanded[name] = style
+            elif isinstance(style, str) and style in styles:
+                maker = styles[style]
+                if maker is not None:
+                    expanded[name] = maker()
+            else:
+                known = ", ".join(sorted(styles))
+                raise ConfigurationError(f"module '{name}': tensor-parallel style {style!r} has no DTensor equivalent "
+                                         f"here (known: {known}); pass plan= with a ParallelStyle for it")
+    parallelize_module(model, tp_mesh, expanded)
+    _fake_meta_shards(model)
+    return model
+
+
+def _tp_mesh(mesh: Any) -> Any:
+    if mesh.ndim == 1:
+        return mesh
+    names = tuple(mesh.mesh_dim_names or ())
+    if "tp" in names:
+        return mesh["tp"]
+    raise ConfigurationError(f"a {mesh.ndim}-dimensional mesh needs a dimension named 'tp' for tensor parallelism; "
+                             f"its dimensions are {list(names) or 'unnamed'}")
+
+
+def check_tensor_parallel(model: nn.Module, size: int) -> None:
+    """Refuse (:class:`~flopscope.errors.ConfigurationError`, naming the config key, its value and the mesh size) a
+    tensor-parallel mesh of ``size`` ranks that does not divide the config's query heads, key/value heads or FFN
+    width: each rank holds whole heads and an equal share of the FFN columns."""
+    config = getattr(model, "config", None)
+    text = getattr(config, "get_text_config", None)
+    config = text() if callable(text) else config
+    for key in _HEADS_AND_WIDTHS:
+        value = getattr(config, key, None)
+        if isinstance(value, int) and not isinstance(value, bool) and value % size:
+            raise ConfigurationError(f"a tensor-parallel mesh of size {size} does not divide config {key}={value} "
+                                     f"of {type(model).__name__}: each rank must hold whole heads and an equal share "
+                                     f"of the FFN width; use a mesh size that divides {key}")
+
+
+def _fake_meta_shards(model: nn.Module) -> None:
+    """Replace each DTensor parameter whose local shard is on ``device="meta"`` by one whose shard is a fake CPU
+    tensor (no storage either): a fake count reads a DTensor's shard, and a meta shard is not one it can run."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.distributed.tensor import DTensor
+
+    mode: FakeTensorMode | None = None
+    done: dict[int, nn.Parameter] = {}  # tied weights stay tied
+    for module in model.modules():
+        for name, param in list(module._parameters.items()):
+            if not isinstance(param, DTensor) or not param._local_tensor.is_meta:
+                continue
+            if id(param) not in done:
+                mode = mode or FakeTensorMode()
+                local = param._local_tensor
+                with mode:
+                    fake = torch.empty_strided(local.shape, local.stride(), dtype=local.dtype, device="cpu")
+                shard = DTensor.from_local(fake, param.device_mesh, param.placements, run_check=False,
+                                           shape=param.shape, stride=param.stride())
+                done[id(param)] = nn.Parameter(shard, requires_grad=param.requires_grad)
+            module._parameters[name] = done[id(param)]
+
+
+# ------------------------------------------------------------------------------------------------ reporting
+def shard_bytes(module: nn.Module) -> int:
+    """Bytes of this rank's parameters of ``module``: a DTensor's local shard, any other parameter whole (each
+    parameter once)."""
+    from torch.distributed.tensor import DTensor
+
+    seen: dict[int, int] = {}
+    for param in module.parameters():
+        local = param._local_tensor if isinstance(param, DTensor) else param
+        seen[id(param)] = local.numel() * local.element_size()
+    return sum(seen.values())
+
+
+def fsdp_units(model: nn.Module, units: Sequence[str] | None = None) -> list[tuple[str, int]]:
+    """``(module path, bytes)`` per FSDP unit, as :func:`flopscope.communication.fsdp` takes them: the root first
+    (``""``: every parameter no other unit holds), then each unit, with this rank's bytes (:func:`shard_bytes`:
+    a tensor-parallel shard is what FSDP shards further). ``units`` default: the modules of the classes a Hugging
+    Face model names in ``_no_split_modules`` (its decoder layers, what FSDP wraps one by one)."""
+    modules = dict(model.named_modules())
+    if units is None:
+        kinds = set(getattr(model, "_no_split_modules", None) or ())
+        units = [name for name, module in modules.items() if name and type(module).__name__ in kinds]
+    missing = [name for name in units if name not in modules]
+    if missing:
+        raise ConfigurationError(f"no module {missing[0]!r} in {type(model).__name__}")
+    inside = {id(p) for name in units for p in modules[name].parameters()}
+    root = sum(_param_bytes(model).values()) - sum(_param_bytes(model, inside).values())
+    return [("", root)] + [(name, shard_bytes(modules[name])) for name in units]
+
+
+def _param_bytes(model: nn.Module, only: set[int] | None = None) -> dict[int, int]:
+    from torch.distributed.tensor import DTensor
+
+    out = {}
+    for param in model.parameters():
+        if only is None or id(param) in only:
+            local = param._local_tensor if isinstance(param, DTensor) else param
+            out[id(param)] = local.numel() * local.element_size()
+    return out
+
+
+def predicted_collectives(model: nn.Module, batch: int, tokens: int, *,
+                          backward: bool = False) -> list[PredictedCollective]:
+    """What Megatron-LM's closed form says a tensor-parallel rank of a Hugging Face decoder sends
+    (:func:`flopscope.communication.megatron`, the config's width and layers, the parameters' element size), and,
+    where the model's embedding or LM head is sharded: the vocabulary-parallel embedding's forward all-reduce of
+    its ``[batch, tokens, width]`` output (Megatron-LM shards it so too), and the LM head's all-gather of the
+    ``[batch, tokens, vocab]`` logits (``colwise_gather_output``) with, in the backward pass, the all-reduce of its
+    input gradient. Nothing when the model is not sharded, or on a mesh of one rank."""
+    from torch.distributed.tensor import DTensor
+
+    from .communication import ALL_GATHER, ALL_REDUCE, megatron
+
+    if next((p.device_mesh.size() for p in model.parameters() if isinstance(p, DTensor)), 1) == 1:
+        return []
+    config = getattr(model, "config", None)
+    text = getattr(config, "get_text_config", None)
+    config = text() if callable(text) else config
+    width, layers = getattr(config, "hidden_size", None), getattr(config, "num_hidden_layers", None)
+    if not isinstance(width, int) or not isinstance(layers, int):
+        raise ConfigurationError(f"{type(model).__name__} has no config hidden_size / num_hidden_layers")
+    element = next((p.element_size() for p in model.parameters() if p.is_floating_point()), 4)
+    out = megatron(batch, tokens, width, layers, element_bytes=element, backward=backward)
+    activation = batch * tokens * width * element
+    embeddings = getattr(model, "get_input_embeddings", None)
+    table = embeddings() if callable(embeddings) else None
+    if isinstance(getattr(table, "weight", None), DTensor):
+        out.append(PredictedCollective(ALL_REDUCE, "forward", 1, activation, "vocabulary-parallel embedding"))
+    head_of = getattr(model, "get_output_embeddings", None)
+    head = head_of() if callable(head_of) else None
+    weight = getattr(head, "weight", None)
+    if isinstance(weight, DTensor):
+        logits = batch * tokens * weight.shape[0] * element
+        out.append(PredictedCollective(ALL_GATHER, "forward", 1, logits, "LM head: logits gathered"))
+        if backward:
+            out.append(PredictedCollective(ALL_REDUCE, "backward", 1, activation,
+                                           "LM head: input gradient all-reduced"))
+    return out
+
+
+def role_table(sharded: Profile, unsharded: Profile, *, phase: str | None = None, tablefmt: str = "simple") -> str:
+    """Per role: the unsharded model's MACs, this rank's, and this rank's share (exact: ``1/8``; ``1``:
+    replicated, every rank computes all of it), then the totals."""
+    mine, whole = sharded.by_role(phase=phase), unsharded.by_role(phase=phase)
+    rows = []
+    for role in dict.fromkeys([*whole, *mine]):
+        a, b = whole.get(role, 0), mine.get(role, 0)
+        if a or b:
+            rows.append([role, f"{a:,}", f"{b:,}", _share(b, a)])
+    a, b = unsharded.total(phase=phase), sharded.total(phase=phase)
+    rows.append(["total", f"{a:,}", f"{b:,}", _share(b, a)])
+    return tabulate(rows, headers=["role", "unsharded MACs", "this rank's MACs", "share"], tablefmt=tablefmt,
+                    disable_numparse=True)
+
+
+def _share(part: int, whole: int) -> str:
+    if not whole:
+        return "-"
+    share = Fraction(part, whole)
+    return str(share) if share.denominator <= 1024 else f"{float(share):.4f}"
+
+
+def collective_table(rows: Sequence[CollectiveRow], tablefmt: str = "simple") -> str:
+    """:class:`~flopscope.communication.CollectiveRow` s with layer indices folded (``model.layers.*.mlp``): calls
+    and message bytes of every layer together."""
+    calls: Counter[tuple[str, int | None, str, str, str]] = Counter()
+    sizes: Counter[tuple[str, int | None, str, str, str]] = Counter()
+    for row in rows:
+        key = (row.kind, row.group, re.sub(r"(?<=\.)\d+(?=\.|$)", "*", row.module) or "(root)", row.role, row.phase)
+        calls[key] += row.calls
+        sizes[key] += row.bytes
+    table = [[kind, group, module, role or "-", phase, calls[key], f"{sizes[key]:,}"]
+             for key in calls for kind, group, module, role, phase in [key]]
+    return tabulate(table, headers=["collective", "group", "module", "role", "phase", "calls", "bytes"],
+                    tablefmt=tablefmt, disable_numparse=True)
+
+
+def communication_per_mac(prof: Profile, units: Sequence[tuple[str, int]], *, fsdp_backward: bool | None = None,
+                          tablefmt: str = "simple") -> str:
+    """Per unit (:func:`fsdp_units`: the root, then each decoder layer): this rank's MACs, the bytes of the
+    collectives it issued there (measured), and, if ``fsdp_backward`` is not ``None``, what FSDP would add
+    (:func:`flopscope.communication.fsdp` per unit, predicted), and the collective bytes per MAC. Consecutive units
+    with the same numbers are one row (``model.layers.0..79``, each)."""
+    from .communication import fsdp
+
+    paths = [path for path, _ in units if path]
+    measured: Counter[str] = Counter()
+    for row in prof.collectives():
+        owner = next((p for p in paths if row.module == p or row.module.startswith(p + ".")), "")
+        measured[owner] += row.bytes
+    macs = {path: prof.total(module=path) for path in paths}
+    macs[""] = prof.total() - sum(macs.values())
+    lines: list[tuple[str, int, int, int | None]] = []
+    for path, size in units:
+        extra = None
+        if fsdp_backward is not None:
+            resharded = [bool(path)]  # FSDP2 keeps the root unsharded after its forward
+            extra = sum(p.bytes for p in fsdp([size], resharded=resharded, backward=fsdp_backward))
+        lines.append((path, macs[path], measured[path], extra))
+    rows: list[list[Any]] = []
+    start = 0
+    while start < len(lines):
+        end = start
+        while end + 1 < len(lines) and lines[end + 1][1:] == lines[start][1:] and lines[start][0]:
+            end += 1
+        name = lines[start][0] or "(root: outside the layers)"
+        if end > start:
+            name = f"{name}..{lines[end][0].rsplit('.', 1)[-1]} (each)"
+        path, mac, tp_bytes, extra = lines[start]
+        total = tp_bytes + (extra or 0)
+        cells = [name, f"{mac:,}", f"{tp_bytes:,}"] + ([f"{extra:,}"] if fsdp_backward is not None else [])
+        rows.append([*cells, f"{total / mac:.4f}" if mac else "-"])
+        start = end + 1
+    headers = ["unit", "MACs (this rank)", "TP bytes (measured)"]
+    if fsdp_backward is not None:
+        headers.append("FSDP bytes (predicted)")
+    return tabulate(rows, headers=[*headers, "bytes per MAC"], tablefmt=tablefmt, disable_numparse=True)
+
+
+def fsdp_table(units: Sequence[tuple[str, int]], group: int, *, backward: bool = True,
+               tablefmt: str = "simple") -> str:
+    """FSDP's predicted collectives (:func:`flopscope.communication.fsdp`) for ``units`` (:func:`fsdp_units`) on a
+    data-parallel group of ``group`` ranks: calls, message bytes, and the bytes each rank holds per unit."""
+    from .communication import fsdp
+
+    sizes = [size for _, size in units]
+    rows = [[p.kind, group, p.phase, p.calls, f"{p.bytes:,}", p.basis]
+            for p in fsdp(sizes, backward=backward)]
+    held = sum(-(-size // group) for size in sizes)
+    table = tabulate(rows, headers=["collective", "group", "phase", "calls", "bytes", "basis"], tablefmt=tablefmt,
+                     disable_numparse=True)
+    return (f"{table}\n{len(units)} units (the root and {len(units) - 1} decoder layers), {sum(sizes):,} parameter "
+            f"bytes of this rank's tensor-parallel shard; FSDP over {group} ranks leaves {held:,} on each")

@@ -173,3 +173,55 @@ def test_generate_refuses_what_cannot_generate(capsys):
     with pytest.raises(SystemExit) as info:
         main(["generate", "hf:llama", "--dtype", "int8"])
     assert info.value.code == 2 and "not a floating-point torch dtype" in capsys.readouterr().err
+
+
+SHARDED_LLAMA = ["--set", "hidden_size=64", "--set", "intermediate_size=128", "--set", "num_hidden_layers=2",
+                 "--set", "num_attention_heads=8", "--set", "num_key_value_heads=4", "--set", "vocab_size=160"]
+
+
+def test_profile_tensor_parallel_on_a_fake_world(capsys):
+    pytest.importorskip("transformers")
+    dist = pytest.importorskip("torch.distributed")
+    t, dp, B, n, L, d, d_ff, V, kv_width = 4, 2, 2, 16, 2, 64, 128, 160, 32  # kv_width: 4 KV heads of 8
+    assert main(["profile", "hf:llama/causal-lm", *SHARDED_LLAMA, "--input", f"{B}x{n}", "--tp", str(t), "--dp",
+                 str(dp), "--backward"]) == 0
+    out = capsys.readouterr().out
+    assert not dist.is_initialized()  # the fake world is gone
+    assert "rank 0 of a fake world of 8 ranks (mesh dp 2 x tp 4)" in out
+    # forward + backward: each projection's GEMM three times (output, input gradient, weight gradient), 1/4 per rank
+    for role, macs in (("q_proj", 3 * L * B * n * d * d), ("k_proj", 3 * L * B * n * d * kv_width),
+                       ("ffn_down", 3 * L * B * n * d_ff * d), ("logits", 3 * B * n * d * V)):
+        assert line_starting(out, role + " ").split() == [role, f"{macs:,}", f"{macs // t:,}", "1/4"]
+    activation = B * n * d * 4
+    assert line_starting(out, "all_gather    4").split() == ["all_gather", "4", "lm_head", "logits", "forward", "1",
+                                                           f"{B * n * V * 4:,}"]
+    assert line_starting(out, "all_reduce    4        model.layers.*.mlp.down_proj").split()[-2:] == \
+        [str(L), f"{L * activation:,}"]
+    comparison = out.split("Megatron-LM's closed form:")[1].split("\n\n")[0]
+    assert line_starting(comparison, "all_reduce    forward").split()[1:7] == \
+        ["forward", str(2 * L + 1), f"{(2 * L + 1) * activation:,}", str(2 * L + 1), f"{(2 * L + 1) * activation:,}",
+         "yes"]
+    assert "predicted (FSDP2 does not run on fake tensors)" in out
+    layer = 4 * ((2 * d * d + 2 * d * kv_width + 3 * d * d_ff) // t + 2 * d)  # this rank's shard of one layer
+    root = 4 * (2 * V * d // t + d)
+    assert line_starting(out, "reduce_scatter  2").split()[:5] == ["reduce_scatter", "2", "backward", str(1 + L),
+                                                                    f"{root + L * layer:,}"]
+    # per layer: its GEMMs three times, the scores four (forward, and QKᵀ's three in backward), the weighted sum three
+    gemms, core = B * n * (2 * d * d + 2 * d * kv_width + 3 * d * d_ff), B * n * n * d
+    macs = (3 * gemms + 7 * core) // t
+    # 2 all-reduces forward and 5 backward (one per column-parallel projection); FSDP: gather, re-gather, scatter
+    assert line_starting(out, "model.layers.0..1 (each)").split()[2:] == \
+        [f"{macs:,}", f"{7 * activation:,}", f"{3 * layer:,}", f"{(7 * activation + 3 * layer) / macs:.4f}"]
+
+
+def test_profile_tensor_parallel_errors(capsys):
+    pytest.importorskip("transformers")
+    with pytest.raises(SystemExit) as info:
+        main(["profile", "hf:llama", "--tp", "0"])
+    assert info.value.code == 2 and "--tp: must be at least 1" in capsys.readouterr().err
+    assert main(["profile", "hf:llama/causal-lm", *SHARDED_LLAMA, "--tp", "3"]) == 3
+    assert "mesh of size 3 does not divide config num_attention_heads=8" in capsys.readouterr().err
+    assert main(["profile", "hf:llama", *SHARDED_LLAMA, "--dp", "2"]) == 2
+    assert "--dp needs --tp" in capsys.readouterr().err
+    assert main(["profile", "hf:llama", *SHARDED_LLAMA, "--tp", "2", "--mode", "real"]) == 2
+    assert "cannot be combined with --mode real" in capsys.readouterr().err

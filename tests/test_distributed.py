@@ -245,3 +245,87 @@ def test_a_sharded_model_outside_its_world_is_refused_by_name() -> None:
         tp.parallelize_module(model, mesh, {"0": tp.ColwiseParallel()})
     with pytest.raises(flopscope.ConfigurationError, match=r"parameter '0.weight'.*no process group is initialised"):
         flopscope.profile(model, torch.randn(2, 8))
+
+
+# ------------------------------------------------------------------------------------- tensor_parallel (the HF plan)
+V_HF = 160  # not the FFN width: a token table shaped like an FFN weight would be taken for the LM head's
+
+
+def hf_llama(kv: int, device: str = "cpu", d_ff_: int = d_ff) -> torch.nn.Module:
+    config = transformers.LlamaConfig(hidden_size=d, intermediate_size=d_ff_, num_hidden_layers=L,
+                                      num_attention_heads=h, num_key_value_heads=kv, vocab_size=V_HF)
+    torch.manual_seed(0)
+    with torch.device(device):
+        return transformers.LlamaForCausalLM(config)
+
+
+def _layer_rows(prof) -> list[tuple]:
+    return [(row.kind, row.group, row.module, row.role, row.phase, row.calls, row.bytes) for row in prof.collectives()
+            if row.module.startswith("model.layers.")]
+
+
+@pytest.mark.parametrize(("kv", "t", "device"), [(h, 2, "cpu"), (h, 8, "cpu"), (2, 2, "cpu"), (2, 2, "meta")])
+def test_tensor_parallel_applies_the_models_own_plan(kv, t, device) -> None:
+    from flopscope.distributed import fsdp_units, hf_plan, predicted_collectives, tensor_parallel
+
+    ids = torch.randint(0, V_HF, (B, n))
+    model = hf_llama(kv, device)
+    plan = hf_plan(model)
+    assert plan["lm_head"] == "colwise_gather_output" and plan["model.layers.*.self_attn.q_proj"] == "colwise"
+    with fake_world(t) as mesh:
+        tensor_parallel(model, mesh)
+        prof = flopscope.profile(model, ids, mode="fake", backward=True)
+        predicted = predicted_collectives(model, B, n, backward=True)
+        units = fsdp_units(model)
+        if kv == h:  # the hand-written Megatron plan of the first test, on the same world
+            by_hand = flopscope.profile(tensor_parallel_llama(mesh), torch.randint(0, V, (B, n)), mode="fake",
+                                        backward=True)
+    assert not dist.is_initialized()
+    unsharded = add(times(L, add(attention(B, n, n, d, h, kv), ffn(B, n, d, d_ff, gated=True))),
+                    {"logits": B * n * d * V_HF})
+    forward = {role: macs for role, macs in prof.by_role(phase="forward").items() if macs}
+    # every projection and the attention core split t ways; the LM head too (colwise_gather_output)
+    assert forward == {role: macs // t for role, macs in unsharded.items()}
+    activation, logits = B * n * d * 4, B * n * V_HF * 4  # fp32 [B, n, d] and [B, n, V]
+    rows = prof.collectives()
+    assert all(row.group == t for row in rows)
+    ahead = [(row.kind, row.module, row.role, row.calls, row.bytes) for row in rows if row.phase == "forward"]
+    # the vocabulary-parallel embedding sums its ranks' partial lookups (no multiply: attributed where it ran);
+    # Megatron's two all-reduces per layer; the LM head's sharded logits all-gathered
+    assert ahead == [("all_reduce", "model", "", 1, activation)] + [
+        ("all_reduce", f"model.layers.{i}.{m}", role, 1, activation) for i in range(L)
+        for m, role in (("self_attn.o_proj", "out_proj"), ("mlp.down_proj", "ffn_down"))] + [
+        ("all_gather", "lm_head", "logits", 1, logits)]
+    behind = [(row.kind, row.module.rsplit(".", 1)[-1], row.calls, row.bytes) for row in rows
+              if row.phase == "backward"]
+    # the input gradient of each column-parallel module (the LM head among them) all-reduced once
+    assert sorted(behind) == sorted([("all_reduce", "lm_head", 1, activation)] + [
+        ("all_reduce", m, 1, activation) for m in ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")] * L)
+    if kv == h:  # the layers' collectives and every role but the LM head's as with the plan written by hand
+        assert _layer_rows(prof) == _layer_rows(by_hand)
+        mine, theirs = prof.by_role(), by_hand.by_role()
+        assert {r: m for r, m in mine.items() if r != "logits"} == {r: m for r, m in theirs.items() if r != "logits"}
+    table = compare(rows, predicted)
+    assert [line.split()[6] for line in table.splitlines()[2:]] == ["yes", "NO", "yes"]  # DTensor's backward: 5 / layer
+    # FSDP units: the root (embedding and LM head shards, the final norm), then each layer's shard and its norms
+    layer = 4 * ((2 * d * d + 2 * d * (kv * d // h) + 3 * d * d_ff) // t + 2 * d)
+    assert units == [("", 4 * (2 * V_HF * d // t + d))] + [(f"model.layers.{i}", layer) for i in range(L)]
+
+
+def test_tensor_parallel_refuses_what_it_cannot_shard() -> None:
+    from flopscope.distributed import tensor_parallel
+
+    cases = [(3, hf_llama(h), {}, "mesh of size 3 does not divide config num_attention_heads=8"),
+             (4, hf_llama(2), {}, "size 4 does not divide config num_key_value_heads=2"),
+             (8, hf_llama(h, d_ff_=100), {}, "size 8 does not divide config intermediate_size=100"),
+             (2, hf_llama(h), {"plan": {"model.layers.*.mlp.up_proj": "packed_colwise"}},
+              r"module 'model.layers.0.mlp.up_proj': tensor-parallel style 'packed_colwise'"),
+             (2, hf_llama(h), {"plan": {"model.decoder.*": "colwise"}}, "'model.decoder.\\*' matches no module")]
+    for world, model, kwargs, message in cases:
+        with fake_world(world) as mesh, pytest.raises(flopscope.ConfigurationError, match=message):
+            tensor_parallel(model, mesh, **kwargs)
+        assert not any(isinstance(p, torch.distributed.tensor.DTensor) for p in model.parameters())  # untouched
+    with fake_world(4, mesh_shape=(2, 2), mesh_dim_names=("dp", "cp")) as mesh, \
+            pytest.raises(flopscope.ConfigurationError, match="named 'tp'"):
+        tensor_parallel(hf_llama(h), mesh)
+    assert not dist.is_initialized()

@@ -23,7 +23,8 @@ def load(name: str):
 def test_every_example_is_tested():
     assert {p.stem for p in EXAMPLES.glob("*.py")} == {"huggingface_from_config", "training_step",
                                                        "custom_block_rule", "scaling_plot", "seed_exercise",
-                                                       "training_loop_mfu", "lightning_mfu", "generation_roofline"}
+                                                       "training_loop_mfu", "lightning_mfu", "generation_roofline",
+                                                       "distributed_70b"}
 
 
 def test_huggingface_from_config(capsys):
@@ -156,3 +157,34 @@ def test_generation_roofline(tmp_path, capsys):
     for role in projections:  # the 7B shape: a weight read per multiply-add at decode, shared by 2,048 at prefill
         assert decode[role].bound == "memory" and decode[role].intensity == pytest.approx(1.0, rel=1e-3)
         assert prefill[role].bound == "compute"
+
+
+def test_distributed_70b(capsys):
+    pytest.importorskip("transformers")
+    dist = pytest.importorskip("torch.distributed")
+    # the example's 70B shape shrunk: 2 layers, d 256, 16 heads of 16, 8 KV heads, FFN 512, vocab 1000; TP 8 x DP 8
+    L, d, h, kv, d_ff, V, n, t, dp = 2, 256, 16, 8, 512, 1000, 32, 8, 8
+    result = load("distributed_70b").main(["--layers", str(L), "--width", str(d), "--heads", str(h), "--kv-heads",
+                                           str(kv), "--ffn", str(d_ff), "--vocab", str(V), "--tokens", str(n)])
+    out = capsys.readouterr().out
+    assert not dist.is_initialized()
+    whole, mine = result["unsharded"].by_role(phase="forward"), result["sharded"].by_role(phase="forward")
+    d_kv = kv * d // h
+    assert whole["q_proj"] == L * n * d * d and mine["q_proj"] == whole["q_proj"] // t
+    assert mine["k_proj"] == L * n * d * d_kv // t and mine["ffn_down"] == L * n * d_ff * d // t
+    assert mine["logits"] == n * d * V // t  # the LM head is sharded by vocabulary too
+    assert all(line.split()[-1] == "1/8" for line in out.split("share\n")[1].split("\n\n")[0].splitlines()[1:])
+    rows = result["sharded"].collectives()
+    activation = n * d * 2  # one bf16 [1, n, d] activation
+    forward = [(r.kind, r.calls, r.bytes) for r in rows if r.phase == "forward"]
+    assert sum(c for k, c, _ in forward if k == "all_reduce") == 2 * L + 1  # Megatron's two per layer + embedding
+    assert sum(b for k, _, b in forward if k == "all_reduce") == (2 * L + 1) * activation
+    assert [(k, b) for k, _, b in forward if k == "all_gather"] == [("all_gather", n * V * 2)]  # bf16 logits
+    assert sum(r.calls for r in rows if r.phase == "backward") == 5 * L + 1
+    layer = 2 * ((2 * d * d + 2 * d * d_kv + 3 * d * d_ff) // t + 2 * d)  # bf16 bytes of a layer's TP shard
+    assert result["units"] == [("", 2 * (2 * V * d // t + d))] + [(f"model.layers.{i}", layer) for i in range(L)]
+    assert "predicted (FSDP2 does not run on fake tensors)" in out
+    assert f"FSDP over {dp} ranks leaves" in out
+    macs = result["sharded"].total(module="model.layers.0")
+    row = next(line for line in out.splitlines() if line.startswith("model.layers.0..1 (each)")).split()
+    assert row[2:5] == [f"{macs:,}", f"{7 * activation:,}", f"{3 * layer:,}"]
