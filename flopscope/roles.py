@@ -43,7 +43,7 @@ from torch import fx, nn
 from . import elementwise
 from .columns import columns, scale_parts, split_by_columns
 from .formulas import OpFamily
-from .graph_view import GraphView, inputs_of
+from .graph_view import GraphView, inputs_of, reach
 from .paths import common_path
 from .role import Role, parse_role
 
@@ -222,7 +222,8 @@ def _demand_out_proj(view: GraphView, state: RoleState, output: fx.Node) -> set[
 # pass 3: logits
 def logits(view: GraphView, state: RoleState) -> None:
     """A weight matmul onto the vocabulary: its weight is a token-embedding table (tied) or has its
-    shape, and its output has one column per token of that table. Token tables are those looked up
+    shape and no weight matmul takes its result (the last projection), and its output has one column per
+    token of that table. Token tables are those looked up
     with indices that come from the inputs (position tables are looked up with ``arange``)."""
     tables: dict[Any, int] = {}  # leaf name or ("shape", shape) -> vocabulary size
     for n in view.nodes:
@@ -242,9 +243,18 @@ def logits(view: GraphView, state: RoleState) -> None:
             continue
         width = view.ops[n].output_shapes[0][-1:]
         leaves = view.leaves_of(view.weight_operand(n))
-        keys = {_leaf_key(x) for x in leaves} | {("shape", tuple(view.ops[x].output_shapes[0])) for x in leaves}
-        if any(tables[key] in width for key in keys & tables.keys()):
+        tied = {_leaf_key(x) for x in leaves} & tables.keys()
+        shaped = {("shape", tuple(view.ops[x].output_shapes[0])) for x in leaves} & tables.keys()
+        if any(tables[key] in width for key in tied) or (
+                any(tables[key] in width for key in shaped) and not _feeds_a_weight_matmul(view, n)):
             state.parts[n] = {Role.LOGITS.value: view.macs[n]}
+
+
+def _feeds_a_weight_matmul(view: GraphView, n: fx.Node) -> bool:
+    """Some weight matmul takes ``n``'s result (through any ops): ``n`` is not the model's last projection.
+    Tells an untied LM head from an FFN up projection whose width happens to equal the vocabulary."""
+    return view.cached("feeds_weight_matmul", n, lambda: any(
+        view.is_weight_matmul(x) for x in reach(view.users(n), view.users, lambda x: not view.is_weight_matmul(x))))
 
 
 def _leaf_key(n: fx.Node) -> Any:

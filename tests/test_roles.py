@@ -290,3 +290,14 @@ def test_a_softmax_gradient_inside_the_forward_is_not_attention() -> None:
     first_products = [r for r in prof.records if r.op == "aten.bmm"][:2]  # Q·Kᵀ, then softmax(·)·V
     assert [(r.role.value, r.multiplies) for r in first_products] == [
         ("attn_scores", B * n * n * d), ("attn_weighted_sum", B * n * n * d)]
+
+
+def test_an_ffn_as_wide_as_the_vocabulary_is_not_taken_for_the_lm_head() -> None:
+    d, h, width, layers, batch, n = 64, 8, 128, 2, 2, 10  # vocabulary = FFN width: same weight shapes
+    config = transformers.LlamaConfig(hidden_size=d, intermediate_size=width, num_hidden_layers=layers,
+                                      num_attention_heads=h, num_key_value_heads=h, vocab_size=width,
+                                      tie_word_embeddings=False)
+    prof = flopscope.profile(transformers.LlamaForCausalLM(config), torch.randint(0, width, (batch, n)))
+    expected = add(times(layers, add(attention(batch, n, n, d, h), ffn(batch, n, d, width, gated=True))),
+                   {"logits": batch * n * d * width})
+    assert {role: macs for role, macs in prof.by_role().items() if macs} == expected
