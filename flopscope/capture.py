@@ -280,6 +280,7 @@ class Recorder(TorchDispatchMode):
         self._producers: dict[int, tuple[weakref.ref[torch.Tensor], CapturedOp]] = {}
         self._by_sequence_nr: dict[int, CapturedOp] = {}  # autograd sequence number -> forward op
         self._dtensor_seen = False
+        self._late_parameters = 0  # parameters first seen during the run (not in leaf_names)
         self._deferred: tuple[Any, int] | None = None  # a DTensor op left to DTensor: (op, autograd sequence nr)
         self._twins: dict[tuple[Any, ...], list[CapturedOp]] | None = None  # recompute key -> forward ops
         self._replayed: Counter[tuple[Any, ...]] = Counter()  # recompute key -> recompute ops matched so far
@@ -515,8 +516,11 @@ class Recorder(TorchDispatchMode):
             return known[1]
         leaf = self.leaf_names.get(id(t))
         if leaf is None:  # a parameter the model registered during the run (FSDP2's unsharded ones) is one still
-            leaf = (LeafName("get_attr", "parameter", LeafKind.PARAMETER) if isinstance(t, torch.nn.Parameter)
-                    else LeafName("placeholder", "constant", LeafKind.CONSTANT))
+            if isinstance(t, torch.nn.Parameter):
+                self._late_parameters += 1  # each its own name: a shared one would make them all one tied weight
+                leaf = LeafName("get_attr", f"parameter_{self._late_parameters}", LeafKind.PARAMETER)
+            else:
+                leaf = LeafName("placeholder", "constant", LeafKind.CONSTANT)
         value = self.leaf_values.get(id(t))
         op = CapturedOp(leaf.node_op, leaf.name, (), {}, leaf.name.replace(".", "_"), output_shapes=(shape_of(t),),
                         dtype=t.dtype, value=value if value is not None else _small_index_value(t), leaf=leaf.kind)

@@ -23,7 +23,6 @@ from contextlib import contextmanager
 from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
-import torch
 from tabulate import tabulate
 from torch import nn
 
@@ -178,10 +177,8 @@ def tensor_parallel(model: nn.Module, mesh: Any, plan: Mapping[str, Any] | None 
 
     Refused with a :class:`~flopscope.errors.ConfigurationError`: a mesh size that does not divide the config's
     query or key/value heads or its FFN width, a style without a DTensor equivalent (naming module and style),
-    a pattern of a given ``plan`` that matches no module. A model built on ``device="meta"`` gets storage-less
-    fake shards in place of its meta ones, so that ``flopscope.profile(model, ..., mode="fake")`` counts it (a fake
-    count cannot run a DTensor whose shard is on meta); such a model is for counting, not for running or
-    materialising (``to_empty``)."""
+    a pattern of a given ``plan`` that matches no module. A model built on ``device="meta"`` stays there and
+    counts in ``mode="fake"`` (its meta shards become fake ones for the count)."""
     from torch.distributed.tensor.parallel import ParallelStyle, parallelize_module
 
     tp_mesh = _tp_mesh(mesh)
@@ -210,7 +207,6 @@ def tensor_parallel(model: nn.Module, mesh: Any, plan: Mapping[str, Any] | None 
                 raise ConfigurationError(f"module '{name}': tensor-parallel style {style!r} has no DTensor equivalent "
                                          f"here (known: {known}); pass plan= with a ParallelStyle for it")
     parallelize_module(model, tp_mesh, expanded)
-    _fake_meta_shards(model)
     return model
 
 
@@ -237,29 +233,6 @@ def check_tensor_parallel(model: nn.Module, size: int) -> None:
             raise ConfigurationError(f"a tensor-parallel mesh of size {size} does not divide config {key}={value} "
                                      f"of {type(model).__name__}: each rank must hold whole heads and an equal share "
                                      f"of the FFN width; use a mesh size that divides {key}")
-
-
-def _fake_meta_shards(model: nn.Module) -> None:
-    """Replace each DTensor parameter whose local shard is on ``device="meta"`` by one whose shard is a fake CPU
-    tensor (no storage either): a fake count reads a DTensor's shard, and a meta shard is not one it can run."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.distributed.tensor import DTensor
-
-    mode: FakeTensorMode | None = None
-    done: dict[int, nn.Parameter] = {}  # tied weights stay tied
-    for module in model.modules():
-        for name, param in list(module._parameters.items()):
-            if not isinstance(param, DTensor) or not param._local_tensor.is_meta:
-                continue
-            if id(param) not in done:
-                mode = mode or FakeTensorMode()
-                local = param._local_tensor
-                with mode:
-                    fake = torch.empty_strided(local.shape, local.stride(), dtype=local.dtype, device="cpu")
-                shard = DTensor.from_local(fake, param.device_mesh, param.placements, run_check=False,
-                                           shape=param.shape, stride=param.stride())
-                done[id(param)] = nn.Parameter(shard, requires_grad=param.requires_grad)
-            module._parameters[name] = done[id(param)]
 
 
 # ------------------------------------------------------------------------------------------------ reporting

@@ -13,7 +13,7 @@ import functools
 import types
 import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -57,7 +57,17 @@ class FakeConverter:
     def __call__(self, t: torch.Tensor) -> torch.Tensor:
         fake = self._memo.get(id(t))
         if fake is None:
-            if t.is_meta:
+            local = getattr(t, "_local_tensor", None)
+            if local is not None and local.is_meta:  # a DTensor sharded on device="meta": a fake shard, same layout
+                from torch.distributed.tensor import DTensor
+
+                spec = cast(DTensor, t)
+                fake = DTensor.from_local(self(local), spec.device_mesh, spec.placements, run_check=False,
+                                          shape=t.shape, stride=t.stride())
+                fake = fake.detach().requires_grad_(t.requires_grad) if t.requires_grad else fake
+                if isinstance(t, nn.Parameter):
+                    fake = nn.Parameter(fake, requires_grad=t.requires_grad)
+            elif t.is_meta:
                 with self.mode:
                     fake = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="cpu")
                 fake.requires_grad_(t.requires_grad)

@@ -329,3 +329,25 @@ def test_tensor_parallel_refuses_what_it_cannot_shard() -> None:
             pytest.raises(flopscope.ConfigurationError, match="named 'tp'"):
         tensor_parallel(hf_llama(h), mesh)
     assert not dist.is_initialized()
+
+
+def test_a_model_sharded_on_meta_counts_on_fake_tensors_and_stays_on_meta() -> None:
+    vocab = 160  # not the FFN width
+    config = transformers.LlamaConfig(hidden_size=d, intermediate_size=d_ff, num_hidden_layers=L,
+                                      num_attention_heads=h, num_key_value_heads=h, vocab_size=vocab)
+    t = 4
+    with fake_world(t) as mesh:
+        with torch.device("meta"):
+            model = transformers.LlamaForCausalLM(config)
+        plan = {"self_attn.q_proj": tp.ColwiseParallel(), "self_attn.k_proj": tp.ColwiseParallel(),
+                "self_attn.v_proj": tp.ColwiseParallel(), "self_attn.o_proj": tp.RowwiseParallel(),
+                "mlp.gate_proj": tp.ColwiseParallel(), "mlp.up_proj": tp.ColwiseParallel(),
+                "mlp.down_proj": tp.RowwiseParallel()}
+        for layer in model.model.layers:
+            tp.parallelize_module(layer, mesh, plan)
+        prof = flopscope.profile(model, torch.zeros(B, n, dtype=torch.long), mode="fake")
+    unsharded = add(times(L, add(attention(B, n, n, d, h), ffn(B, n, d, d_ff, gated=True))),
+                    {"logits": B * n * d * vocab})
+    assert {role: macs for role, macs in prof.by_role().items() if macs} == \
+        {role: macs // t if role in SHARDED else macs for role, macs in unsharded.items()}
+    assert model.model.layers[0].self_attn.q_proj.weight.to_local().is_meta  # the user's shards are untouched
