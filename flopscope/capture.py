@@ -495,7 +495,7 @@ class Recorder(TorchDispatchMode):
         results = _tensors(out)
         op.bytes = traffic.bytes_moved(func, inputs, results)
         if known.collective is not None:
-            op.collective = (known.collective, communication.message_bytes(inputs, results),
+            op.collective = (known.collective, communication.message_bytes(func, args, kwargs, results),
                              communication.group_size(args, kwargs))
         self.largest_out = max([self.largest_out, *(traffic.nbytes(t) for t in results)])
         if known.spec is not None:

@@ -47,6 +47,11 @@ _KINDS: dict[str, str] = {
     "send": SEND, "recv_": RECV, "recv_any_source_": RECV,
 }
 _NAMESPACES = ("_c10d_functional", "c10d", "_c10d_functional_autograd")
+_FIRST_WRITTEN = frozenset({
+    "allreduce_", "allreduce_coalesced_", "broadcast_", "recv_", "recv_any_source_", "allgather_", "_allgather_base_",
+    "allgather_coalesced_", "allgather_into_tensor_coalesced_", "reduce_scatter_", "_reduce_scatter_base_",
+    "reduce_scatter_tensor_coalesced_", "alltoall_", "alltoall_base_"})
+"""c10d ops whose first argument is what they write (their schemas do not say so)."""
 
 
 def kind_of(func: Any) -> str | None:
@@ -66,12 +71,24 @@ def is_bookkeeping(func: Any) -> bool:
     return namespace == "fsdp" or (namespace in _NAMESPACES and kind_of(func) is None)
 
 
-def message_bytes(inputs: list[torch.Tensor], outputs: list[torch.Tensor]) -> int:
-    """The collective's message size in bytes: the larger of what it takes (tensor arguments that it does not
-    also return: an in-place op's buffer is its output) and what it returns (see the module docstring)."""
-    returned = {id(t) for t in outputs}
-    taken = sum(nbytes(t) for t in {id(t): t for t in inputs if id(t) not in returned}.values())
-    return max(taken, sum(nbytes(t) for t in {id(t): t for t in outputs}.values()))
+def message_bytes(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], outputs: list[torch.Tensor]) -> int:
+    """The collective's message size in bytes: the larger of what it reads and what it writes. Written are the
+    tensors it returns, the arguments its schema marks as written (``Tensor(a!)``) and the first argument of the
+    c10d ops, whose schemas do not mark it (their output buffer, or the tensors an all-reduce overwrites); read
+    are the other tensor arguments (see the module docstring)."""
+    written: dict[int, torch.Tensor] = {id(t): t for t in outputs}
+    read: dict[int, torch.Tensor] = {}
+    schema = getattr(func, "_schema", None)
+    for i, argument in enumerate(schema.arguments if schema is not None else ()):
+        value = args[i] if i < len(args) else kwargs.get(argument.name)
+        tensors = [value] if isinstance(value, torch.Tensor) else [
+            t for t in (value if isinstance(value, (list, tuple)) else ()) if isinstance(t, torch.Tensor)]
+        alias = argument.alias_info
+        writes = (alias is not None and alias.is_write) or (i == 0 and func.overloadpacket.__name__ in _FIRST_WRITTEN)
+        target = written if writes else read
+        target.update((id(t), t) for t in tensors)
+    taken = sum(nbytes(t) for key, t in read.items() if key not in written)
+    return max(taken, sum(nbytes(t) for t in written.values()))
 
 
 def group_size(args: Any, kwargs: dict[str, Any]) -> int | None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 
@@ -122,6 +124,46 @@ def test_fsdp2_gathers_every_parameter_per_forward_and_reduce_scatters_every_gra
 
 
 D_IN, D_HIDDEN, ROWS = 64, 256, 8
+EXPERTS, TOKENS = 4, 24
+
+
+class ExpertParallelMoE(torch.nn.Module):
+    """Top-1 mixture of experts with the experts split across ranks (expert parallelism): each rank routes its
+    tokens, sends each to the rank holding its expert (``all_to_all_single``, split sizes from the routing), runs
+    its own experts on what it received, and sends the results back."""
+
+    def __init__(self, world: int) -> None:
+        super().__init__()
+        self.world, self.local = world, EXPERTS // world
+        self.router = torch.nn.Linear(D_IN, EXPERTS, bias=False)
+        self.up = torch.nn.ModuleList(torch.nn.Linear(D_IN, D_HIDDEN, bias=False) for _ in range(self.local))
+        self.down = torch.nn.ModuleList(torch.nn.Linear(D_HIDDEN, D_IN, bias=False) for _ in range(self.local))
+        self.routed: list[int] = []  # tokens this rank sent to each expert, as the forward routed them
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        expert = self.router(x).argmax(-1)
+        order = expert.argsort()
+        counts = torch.bincount(expert, minlength=EXPERTS)
+        self.routed[:] = counts.tolist()  # in place: a profile puts the module's attributes back afterwards
+        send = counts.view(self.world, self.local).sum(1)
+        receive = torch.empty_like(send)
+        dist.all_to_all_single(receive, send)  # how many tokens each rank will send here
+        arrived = x.new_empty(int(receive.sum()), D_IN)
+        dist.all_to_all_single(arrived, x[order], receive.tolist(), send.tolist())
+        local_counts = torch.empty(self.world * self.local, dtype=torch.long)
+        dist.all_to_all_single(local_counts, counts)  # per sender, per local expert
+        per_expert = local_counts.view(self.world, self.local)
+        out = torch.empty_like(arrived)
+        start = 0
+        for sender in range(self.world):  # arrived rows: by sender, then by that sender's expert order
+            for e in range(self.local):
+                rows = int(per_expert[sender, e])
+                piece = arrived[start:start + rows]
+                out[start:start + rows] = self.down[e](torch.relu(self.up[e](piece)))
+                start += rows
+        back = x.new_empty(x.shape[0], D_IN)
+        dist.all_to_all_single(back, out, send.tolist(), receive.tolist())
+        return back[order.argsort()]
 
 
 def _rank_work(rank: int, world: int, store: str, out: str) -> None:
@@ -145,9 +187,16 @@ def _rank_work(rank: int, world: int, store: str, out: str) -> None:
         plain = torch.nn.Sequential(torch.nn.Linear(D_IN, D_HIDDEN), torch.nn.ReLU(), torch.nn.Linear(D_HIDDEN, D_IN))
         replicated = gather(flopscope.profile(DistributedDataParallel(plain), torch.randn(ROWS, D_IN), mode="real",
                                               backward=True))
+        torch.manual_seed(1)
+        moe = ExpertParallelMoE(world)
+        moe.router.weight.data = torch.randn(EXPERTS, D_IN, generator=torch.Generator().manual_seed(7))
+        torch.manual_seed(100 + rank)  # each rank its own tokens, so each routes differently
+        experts = gather(flopscope.profile(moe, torch.randn(TOKENS, D_IN), mode="real"))
+        routing: list[Any] | None = [None] * world if rank == 0 else None
+        dist.gather_object(moe.routed, routing, dst=0)  # what the model routed (not what flopscope saw)
         if rank == 0:
             with open(out, "w") as f:
-                json.dump({"tensor_parallel": sharded, "ddp": replicated}, f)
+                json.dump({"tensor_parallel": sharded, "ddp": replicated, "experts": experts, "routing": routing}, f)
     finally:
         dist.destroy_process_group()
 
@@ -165,6 +214,18 @@ def test_a_real_gloo_job_each_rank_counts_its_share_and_rank_0_gathers_them(tmp_
     ranks = json.loads(out.read_text())
     sharded, replicated = ranks["tensor_parallel"], ranks["ddp"]
     assert [s["rank"] for s in sharded] == [0, 1] and all(s["world"] == world for s in sharded)
+    # expert parallel: the work and the all-to-all traffic follow the routing actually taken
+    routing, local = ranks["routing"], EXPERTS // world  # routing[r][e]: tokens rank r sent to expert e
+    for rank, s in enumerate(ranks["experts"]):
+        mine = range(rank * local, (rank + 1) * local)
+        received = sum(routing[sender][e] for sender in range(world) for e in mine)
+        assert s["by_role"]["ffn_up"] == s["by_role"]["ffn_down"] == received * D_IN * D_HIDDEN  # its experts
+        assert s["macs"] == TOKENS * D_IN * EXPERTS + 2 * received * D_IN * D_HIDDEN  # and the router
+        to_all = [c for c in s["collectives"] if c["kind"] == "all_to_all"]
+        # counts (int64), tokens out, per-expert counts, results back: each message the larger of sent and received
+        tokens = max(TOKENS, received) * D_IN * 4
+        assert sum(c["calls"] for c in to_all) == 4
+        assert sum(c["bytes"] for c in to_all) == 8 * world + tokens + 8 * world * local + tokens
     # each rank runs half of each GEMM (columns of the first, rows of the second), then one all-reduce of the output
     assert [s["macs"] for s in sharded] == [2 * ROWS * D_IN * D_HIDDEN // world] * world
     for s in sharded:
