@@ -4,12 +4,13 @@ Both families of torch.distributed ops reach the dispatcher, so a profile sees e
 from Python (DTensor redistribution, FSDP2, functional collectives, ``dist.all_reduce``): the functional ones
 (``_c10d_functional.all_reduce``, ``all_gather_into_tensor``, ``reduce_scatter_tensor``, ``all_to_all_single``,
 ``broadcast``) and the in-place c10d ones (``c10d.allreduce_``, ``_allgather_base_``, ``_reduce_scatter_base_``,
-``alltoall_base_``, ``broadcast_``, ``send``, ``recv_``). DDP's gradient all-reduce is issued by its C++
-reducer, not through the dispatcher, and is not seen (``docs/conventions.md`` §12).
+``alltoall_base_``, ``broadcast_``, ``send``, ``recv_``), DDP's gradient all-reduce included (its reducer goes
+through ``c10d.allreduce_``). Conventions: ``docs/conventions.md`` §12.
 
 **Message bytes** are the size of the whole (unsharded) buffer, as NCCL's tests print a collective's size: the
-input of an all-reduce, a reduce-scatter, an all-to-all, a broadcast or a send; the output of an all-gather or a
-receive. Bus traffic per rank follows from it (an all-reduce ring moves ``2·(p-1)/p`` of it per rank).
+larger of what the collective reads and what it writes, so the input of an all-reduce, a reduce-scatter or a
+broadcast, the output of an all-gather, and for an all-to-all the larger of the tokens sent and received. Bus
+traffic per rank follows from it (an all-reduce ring moves ``2·(p-1)/p`` of it per rank).
 """
 
 from __future__ import annotations
