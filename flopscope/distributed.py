@@ -33,8 +33,8 @@ if TYPE_CHECKING:
     from .profile import Profile
 
 __all__ = ["check_tensor_parallel", "collective_table", "communication_per_mac", "fake_world", "fsdp_table",
-           "fsdp_units", "gather", "hf_plan", "predicted_collectives", "rank_table", "role_table", "shard_bytes",
-           "tensor_parallel"]
+           "fsdp_units", "gather", "hf_plan", "predicted_collectives", "profile_world", "rank_table", "role_table",
+           "shard_bytes", "tensor_parallel"]
 
 
 @contextmanager
@@ -71,6 +71,23 @@ def fake_world(world_size: int, *, rank: int = 0, mesh_shape: Sequence[int] | No
         dist.destroy_process_group()
 
 
+def profile_world(make_model: Callable[[Any], nn.Module], *args: Any, world_size: int,
+                  mesh_shape: Sequence[int] | None = None, mesh_dim_names: Sequence[str] | None = None,
+                  ranks: Sequence[int] | None = None, **profile_kwargs: Any) -> list[Profile]:
+    """Profile every rank (or ``ranks``) of a sharded job on fake worlds, one rank after another: for each,
+    ``make_model(mesh)`` builds and shards the model as that rank would, and ``flopscope.profile(model, *args,
+    **profile_kwargs)`` counts it. The job's total is the sum of the ranks' (:func:`rank_table` of their
+    :func:`summary`), exact also when ranks differ (uneven shards, pipeline stages)."""
+    from .api import profile
+
+    chosen = list(ranks) if ranks is not None else list(range(world_size))
+    profiles = []
+    for rank in chosen:
+        with fake_world(world_size, rank=rank, mesh_shape=mesh_shape, mesh_dim_names=mesh_dim_names) as mesh:
+            profiles.append(profile(make_model(mesh), *args, **profile_kwargs))
+    return profiles
+
+
 def _product(shape: Sequence[int]) -> int:
     out = 1
     for size in shape:
@@ -79,13 +96,15 @@ def _product(shape: Sequence[int]) -> int:
 
 
 
-def summary(prof: Profile) -> dict[str, Any]:
-    """What one rank reports: its rank and world size, MACs (total and by role), bytes moved, and its
+def summary(prof: Profile, *, rank: int | None = None, world: int | None = None) -> dict[str, Any]:
+    """What one rank reports (also of a profile taken on a fake world, when the group is gone: pass ``rank`` and
+    ``world``): its rank and world size, MACs (total and by role), bytes moved, and its
     collectives (:meth:`flopscope.CollectiveRow.row`)."""
     import torch.distributed as dist
 
     ready = dist.is_available() and dist.is_initialized()
-    return {"rank": dist.get_rank() if ready else 0, "world": dist.get_world_size() if ready else 1,
+    return {"rank": rank if rank is not None else dist.get_rank() if ready else 0,
+            "world": world if world is not None else dist.get_world_size() if ready else 1,
             "macs": prof.total(), "by_role": prof.by_role(), "bytes": prof.total_bytes(),
             "collectives": [row.row() for row in prof.collectives()]}
 

@@ -412,3 +412,27 @@ def test_a_model_sharded_on_meta_counts_on_fake_tensors_and_stays_on_meta() -> N
     assert {role: macs for role, macs in prof.by_role().items() if macs} == \
         {role: macs // t if role in SHARDED else macs for role, macs in unsharded.items()}
     assert model.model.layers[0].self_attn.q_proj.weight.to_local().is_meta  # the user's shards are untouched
+
+
+def test_the_job_total_is_the_sum_of_its_ranks_also_when_they_differ() -> None:
+    from flopscope.distributed import profile_world, rank_table, summary
+
+    widths = [64, 256, 512, 256, 64]  # four Linear layers, split unevenly over two pipeline stages
+    stages = {0: range(0, 3), 1: range(3, 4)}
+
+    def build(mesh) -> torch.nn.Module:
+        rank = mesh.get_local_rank()
+        return torch.nn.Sequential(*(torch.nn.Linear(widths[i], widths[i + 1]) for i in stages[rank]))
+
+    def stage_input(rank: int) -> torch.Tensor:
+        return torch.zeros(ROWS, widths[stages[rank][0]])
+
+    ranks = [profile_world(build, stage_input(r), world_size=2, ranks=[r], mode="fake")[0] for r in (0, 1)]
+    per_rank = [prof.total() for prof in ranks]
+    assert per_rank == [sum(ROWS * widths[i] * widths[i + 1] for i in stages[r]) for r in (0, 1)]
+    assert per_rank[0] != per_rank[1]
+    assert sum(per_rank) == ROWS * (64 * 256 + 256 * 512 + 512 * 256 + 256 * 64)  # the whole model, once
+    table = rank_table([summary(prof, rank=r, world=2) for r, prof in enumerate(ranks)])
+    assert f"job: {sum(per_rank):,} MACs over 2 ranks" in table
+    assert f"imbalance (max / mean) {max(per_rank) / (sum(per_rank) / 2):.3f}" in table
+    assert not dist.is_initialized()
