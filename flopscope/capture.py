@@ -144,6 +144,7 @@ class CapturedOp:
     parts: dict[str, int] | None = None  # {part: MACs} of a fused op's formula
     elementwise: tuple[str, int] | None = None  # (category, elementwise ops)
     seconds: float | None = None  # real mode: wall time of the kernel
+    started: float | None = None  # real mode: time.perf_counter() when the kernel started
     forward: CapturedOp | None = None  # backward op: the forward op whose autograd node ran it; recompute: the
     # forward op it repeats
     value: torch.Tensor | None = None  # a small index tensor's known values
@@ -336,7 +337,7 @@ class Recorder(TorchDispatchMode):
         seconds = time.perf_counter() - start
         op = self._record(func, args, kwargs, out, stack, known)
         if self.timed:
-            op.seconds = seconds
+            op.seconds, op.started = seconds, start
         if recompute:
             self._match_twin(op)
         elif self._backward:

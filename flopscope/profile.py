@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
@@ -185,6 +186,15 @@ class Profile:
         """One row per forward of the model (a generation step: prefill or decode), with its batch, new tokens,
         context, MACs by role, bytes and wall time (:mod:`flopscope.generation`)."""
         return generation.steps(self)
+
+    def export_chrome_trace(self, path: str | Path, *, peak: float | None = None,
+                            bandwidth: float | None = None) -> Path:
+        """Write the profile as a trace-event JSON file (Perfetto, ``chrome://tracing``): one track per role and
+        the module calls, MACs / FLOPs / bytes / role / module / shapes in every event (:mod:`flopscope.trace`).
+        Real mode: measured times; fake mode: roofline times with ``peak`` and ``bandwidth``, else order only."""
+        from .trace import export_chrome_trace
+
+        return export_chrome_trace(self, path, peak=peak, bandwidth=bandwidth)
 
     def collectives(self) -> list[CollectiveRow]:
         """Every collective this rank issued (all-reduce, all-gather, reduce-scatter, all-to-all, broadcast,
