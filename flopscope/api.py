@@ -64,16 +64,20 @@ class profiler:  # noqa: N801  (used as a context manager, like torch.profiler.p
     nothing is computed and the calls return fake tensors. Only ops executed while the model (or one
     of its submodules) runs are counted.
 
+    ``trace=True`` marks each module call as a ``torch.profiler`` range named ``flopscope/<module path>``, so a
+    ``torch.profiler.profile()`` around the block shows them in its trace and ``key_averages()`` groups by them;
+    :func:`flopscope.trace.merge_torch_trace` then lays the roles over its exported trace.
+
     After the block, every query of :class:`~flopscope.profile.Profile` works on this object
     (``prof.total()``, ``prof.by_role()``, ...), and :attr:`result` is that ``Profile``; inside the block
     every query raises the same :class:`~flopscope.errors.FlopscopeError`.
     """
 
     def __init__(self, model: nn.Module, mode: str = "real", registry: FormulaRegistry | None = None,
-                 roles: Sequence[RoleRule] = ()) -> None:
+                 roles: Sequence[RoleRule] = (), trace: bool = False) -> None:
         check_model(model)
         check_mode(mode, BLOCK_MODES, "profiler mode")
-        self._session = Session(model, CaptureOptions.of(registry, roles), fake=mode == "fake")
+        self._session = Session(model, CaptureOptions.of(registry, roles), fake=mode == "fake", ranges=trace)
         self._result: Profile | None = None
 
     def __enter__(self) -> profiler:

@@ -34,7 +34,7 @@ class ModuleTracker:
     """Context manager keeping :attr:`stack`, the tuple of module calls now running (outermost first),
     and :attr:`inputs`: per module call, the shapes of its tensor arguments (by position or keyword)."""
 
-    def __init__(self, root: nn.Module) -> None:
+    def __init__(self, root: nn.Module, *, ranges: bool = False) -> None:
         self.paths: dict[int, str] = {id(m): name for name, m in root.named_modules()}
         self.stack: tuple[ModuleCall, ...] = ()
         self.calls: Counter[str] = Counter()
@@ -43,6 +43,8 @@ class ModuleTracker:
         self.root_seconds: dict[int, float] = {}  # call number of the root module -> wall time of that call
         self._root_start = 0.0
         self.replaying = False  # backward pass: a module called now re-runs its forward (activation checkpointing)
+        self.ranges = ranges  # open a torch.profiler range (record_function "flopscope/<path>") per module call
+        self._open: list[Any] = []  # the ranges now open, innermost last
         self._foreign_depth = threading.local()  # per other thread: how many of its calls are running
         self._failed_in: dict[int, tuple[ModuleCall, ...]] = {}
         self._handles: list[Any] = []
@@ -68,6 +70,8 @@ class ModuleTracker:
             # entry per registration): remove it here, so profiles leave every global hook table as it was
             nn_module._global_forward_hooks_with_kwargs.pop(handle.id, None)
         self._handles = []
+        while self._open:  # a forward that raised past its hooks
+            self._open.pop().__exit__(None, None, None)
         self.stack = ()
 
     def failed_in(self, error: BaseException) -> tuple[ModuleCall, ...]:
@@ -87,6 +91,10 @@ class ModuleTracker:
         if not self.replaying:  # a re-run is not a new call: it keeps the number of the last forward call
             self.calls[path] += 1
         self.stack = (*self.stack, ModuleCall(path, self.calls[path]))
+        if self.ranges:
+            span = torch.autograd.profiler.record_function(f"flopscope/{path or '(root)'}")
+            span.__enter__()
+            self._open.append(span)
         if path == "" and len(self.stack) == 1:
             self._root_start = time.perf_counter()
 
@@ -110,6 +118,8 @@ class ModuleTracker:
             self._failed_in[id(error)] = self.stack
         for i in range(len(self.stack) - 1, -1, -1):
             if self.stack[i].path == path:
+                while self.ranges and len(self._open) > i:  # close this call's range (and any left open inside)
+                    self._open.pop().__exit__(None, None, None)
                 self.stack = self.stack[:i]
                 return
 

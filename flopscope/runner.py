@@ -213,18 +213,19 @@ class Session:
     :meth:`start` before the block, :meth:`finish` after it returns the :class:`Profile`.
 
     ``fake=True`` swaps the model's parameters and buffers for fake ones for the block (nothing is
-    computed); the swap is undone in :meth:`finish`, also when the block raised.
+    computed); the swap is undone in :meth:`finish`, also when the block raised. ``ranges=True`` marks each
+    module call as a ``torch.profiler`` range (``record_function("flopscope/<path>")``).
     """
 
-    def __init__(self, model: nn.Module, options: CaptureOptions, *, fake: bool) -> None:
+    def __init__(self, model: nn.Module, options: CaptureOptions, *, fake: bool, ranges: bool = False) -> None:
         check_model(model)
-        self.model, self.options, self.fake = model, options, fake
+        self.model, self.options, self.fake, self.ranges = model, options, fake, ranges
         self._stack = ExitStack()
         self._tracker: ModuleTracker | None = None
         self._recorder: Recorder | None = None
 
     def start(self) -> None:
-        tracker = ModuleTracker(self.model)
+        tracker = ModuleTracker(self.model, ranges=self.ranges)
         convert = new_converter() if self.fake else None
         recorder, state = _recorder(self.model, tracker, self.options.registry, convert)
         try:

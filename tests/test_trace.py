@@ -94,3 +94,18 @@ def test_role_ranges_over_a_torch_profiler_trace_of_the_same_run(tmp_path) -> No
     assert sum(e["args"]["macs"] for e in ranges) == ours.result.total()
     torch_ops = {e["name"] for e in merged["traceEvents"] if e.get("cat") == "cpu_op"}
     assert {f"aten::{e['args']['op'].split('.')[-1]}" for e in ranges} <= torch_ops  # on torch's own events
+
+
+def test_profiler_trace_marks_each_module_call_as_a_torch_profiler_range() -> None:
+    block, x = TransformerBlock(D, H, D_FF), torch.randn(1, N, D)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as torch_prof, \
+            flopscope.profiler(block, mode="real", trace=True) as ours:
+        block(x)
+        block(x)
+    averages = {event.key: event.count for event in torch_prof.key_averages()}
+    for path, calls in ours.result.module_calls().items():
+        assert averages[f"flopscope/{path or '(root)'}"] == calls == 2
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as plain, \
+            flopscope.profiler(block, mode="real"):
+        block(x)
+    assert not any(event.key.startswith("flopscope/") for event in plain.key_averages())  # only when asked
