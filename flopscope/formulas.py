@@ -67,6 +67,9 @@ class OpFamily(StrEnum):
     - ``FUSED_LAYER``: a whole fused layer (the ``nn.MultiheadAttention`` / ``nn.TransformerEncoderLayer``
       fast paths) whose formula returns its parts per role;
     - ``RECURRENT``: a recurrent kernel (parts ``recurrent``);
+    - ``TRANSFORM``: a fast linear transform along whole dimensions (the FFT kernels ``_fft_c2c``,
+      ``_fft_r2c``, ``_fft_c2r``): every output position mixes every input position along the transformed
+      dims, so its role is ``token_mixing``; no operands (the transform's matrix is implicit);
     - ``OTHER``: linear algebra no role pattern looks for (triangular solve, distances, bilinear forms).
     """
 
@@ -76,6 +79,7 @@ class OpFamily(StrEnum):
     ATTENTION = "attention"
     FUSED_LAYER = "fused layer"
     RECURRENT = "recurrent"
+    TRANSFORM = "transform"
     OTHER = "other"
 
 
@@ -658,6 +662,80 @@ def cudnn_rnn(x: Shape, weights: Sequence[Shape], *_: Any, **__: Any) -> dict[st
     """GPU kernels: all layers and directions in one call; ``weights`` lists every layer's matrices."""
     # [T, B, D*H] = _cudnn_rnn([T, B, d_in], [w_ih, w_hh, (b_ih, b_hh), (w_hr)] * layers * dirs, ...)
     return recurrent(x, weights)
+
+
+# --------------------------------------------------------------------------------------------------
+# Fourier transforms
+# --------------------------------------------------------------------------------------------------
+# Convention (docs/conventions.md section 2.3; closed forms: docs/formulas.md section 12). A complex FFT of
+# length N is counted as the radix-2 decimation-in-time FFT (Cooley & Tukey 1965): log2 N stages of N/2
+# butterflies, each one complex multiply by a twiddle factor and two complex adds, so (N/2)·log2 N complex
+# multiplies (Oppenheim & Schafer, Discrete-Time Signal Processing, §9.3). One MAC is one multiply-add in
+# the operands' dtype (a complex one: 4 real multiplies), and a butterfly's adds ride along as the adds of a
+# dot product do: (N/2)·log2 N MACs. Any other N takes the same count with both factors rounded up,
+# ⌈N/2⌉·⌈log2 N⌉: an exact integer convention, not the mixed-radix / Bluestein algorithm the library runs.
+# A real-input (r2c) or real-output (c2r) transform of length N uses the half-length trick (Numerical
+# Recipes §12.3, ``realft``): a complex FFT of ⌈N/2⌉ points and a split pass of ⌊N/4⌋ twiddle multiplies,
+# exactly half the complex count when N is a power of two >= 4, the ratio of FFTW's benchmark convention
+# (5·N·log2 N real flops for a complex transform, 2.5·N·log2 N for a real one; 10 flops per butterfly).
+# Normalisation (1/N, 1/√N) is elementwise scaling, not counted.
+def fft_macs(n: int) -> int:
+    """Complex MACs of one complex FFT of length ``n``: ``⌈n/2⌉`` butterflies in each of ``⌈log2 n⌉``
+    stages (``(n/2)·log2 n`` for a power of two; 0 for ``n <= 1``)."""
+    return (n + 1) // 2 * (n - 1).bit_length() if n > 1 else 0
+
+
+def real_fft_macs(n: int) -> int:
+    """MACs of one real-input (r2c) or real-output (c2r) FFT of length ``n``: a complex FFT of ``⌈n/2⌉``
+    points plus the split pass's ``⌊n/4⌋`` twiddle multiplies (half of :func:`fft_macs` for a power of two
+    >= 4)."""
+    return fft_macs((n + 1) // 2) + n // 4 if n > 1 else 0
+
+
+def fft_along(shape: Sequence[int], dim: int, macs_per_transform: int) -> int:
+    """MACs of the 1-D transforms along ``dim`` of a tensor of ``shape``: one per element of the other
+    dims (the batch), ``macs_per_transform`` each."""
+    return prod(s for i, s in enumerate(shape) if i != dim) * macs_per_transform
+
+
+def _dims(shape: Sequence[int], dims: Sequence[int]) -> list[int]:
+    return [int(d) % len(shape) for d in dims] if shape else []
+
+
+@formula(aten._fft_c2c, family=OpFamily.TRANSFORM)
+def fft_c2c(x: Shape, dim: Sequence[int], *_: Any, **__: Any) -> int:
+    """Complex-to-complex FFT (``fft``, ``ifft``, ``fftn`` / ``fft2``, and ``fft`` of a real tensor cast to
+    complex): a length-``N_d`` transform along each dim of ``dim`` for every element of the other dims."""
+    # [*] = _fft_c2c([*], dim, normalization, forward)
+    return sum(fft_along(x, d, fft_macs(x[d])) for d in _dims(x, dim))
+
+
+@formula(aten._fft_r2c, family=OpFamily.TRANSFORM)
+def fft_r2c(x: Shape, dim: Sequence[int], *_: Any, **__: Any) -> int:
+    """Real-to-complex FFT (``rfft``, ``rfftn``, ``ihfft``, ``stft``, ``fft`` of a real 1-D signal): a real
+    transform along the last dim of ``dim``, then complex transforms along the others over the half
+    spectrum (``N // 2 + 1`` bins), as pocketfft and MKL run it. A two-sided output (``onesided=False``)
+    is the half spectrum mirrored (data movement, not counted)."""
+    # [..., N // 2 + 1] (or [..., N] two-sided) = _fft_r2c([..., N], dim, normalization, onesided)
+    dims = _dims(x, dim)
+    if not dims:
+        return 0
+    last = dims[-1]
+    half = tuple(s // 2 + 1 if i == last else s for i, s in enumerate(x))
+    return fft_along(x, last, real_fft_macs(x[last])) + sum(fft_along(half, d, fft_macs(half[d])) for d in dims[:-1])
+
+
+@formula(aten._fft_c2r, family=OpFamily.TRANSFORM)
+def fft_c2r(x: Shape, dim: Sequence[int], normalization: int, last_dim_size: int, *_: Any, **__: Any) -> int:
+    """Complex-to-real FFT (``irfft``, ``irfftn``, ``hfft``, ``istft``): complex transforms along all but the
+    last dim of ``dim`` over the half spectrum ``x``, then a real-output transform of length
+    ``last_dim_size`` along the last."""
+    # [..., last_dim_size] = _fft_c2r([..., last_dim_size // 2 + 1], dim, normalization, last_dim_size)
+    dims = _dims(x, dim)
+    if not dims:
+        return 0
+    complex_part = sum(fft_along(x, d, fft_macs(x[d])) for d in dims[:-1])
+    return complex_part + fft_along(x, dims[-1], real_fft_macs(int(last_dim_size)))
 
 
 # --------------------------------------------------------------------------------------------------

@@ -13,11 +13,15 @@ q_proj             B·n_q·d·(h·d_k)                 n·d²
 k_proj / v_proj    B·n_k·d·(n_kv·d_k)              n·d²
 attn_scores / AV   B·h·n_q·n_k·d_k                 n²·d
 out_proj           B·n_q·(h·d_k)·d                 n·d²
+token_mixing       B·(d·F(n) + n·F(d))             n·d·log(n·d)
 ffn_up/gate/down   B·n·d·d_ff  (x top_k experts)   n·d²
 conv               B·C_out·L_out·(C_in/g)·k        k·n·d²
 recurrent          B·T·gates·d_h·(d_in + d_h) ...  n·d²
 logits             B·n·d·V                         n·d·V
 =================  ==============================  ============
+
+``token_mixing`` is FNet's Fourier sublayer, a 2-D FFT over (n, d) of the block's input, with F(N) the MACs
+of one length-N complex FFT (:func:`~flopscope.formulas.fft_macs`, ``docs/formulas.md`` section 12).
 
 For attention the *useful* work is reported beside the executed work: a causal mask executed by a dense
 kernel runs ``n_q·n_k`` pairs but needs ``n_q·n_k − n_q(n_q−1)/2``; a sliding window W needs
@@ -56,7 +60,7 @@ from .conventions import (
     Names,
 )
 from .facts import ModelFacts
-from .formulas import OpFamily, prod
+from .formulas import OpFamily, fft_macs, prod
 from .module_tracker import ModuleCall
 from .paths import inside
 from .role import ROLE_ORDER, Role, RoleGroup, roles_in
@@ -515,8 +519,27 @@ def _logits_rows(b: _Block) -> list[ReconcileRow]:
     return [ReconcileRow(block, "logits", got, tokens * d * vocab, TERMS["logits"], basis=f"d={d} V={vocab}")]
 
 
+def _mixing_rows(b: _Block) -> list[ReconcileRow]:
+    """FNet's Fourier mixing (Lee-Thorp et al. 2021, ``Re(F_seq(F_hidden(x)))``): a complex 2-D FFT
+    over (n, d) of each ``[B, n, d]`` input of the declared width, i.e. B·(d·F(n) + n·F(d)) MACs."""
+    spec, got = b.spec, b.measured.get("token_mixing", 0)
+    d, source = (spec.d, "TransformerSpec") if spec is not None and spec.d else (b.facts.declared(WIDTH), "config")
+    if spec is not None and spec.n is not None:
+        shapes = [(spec.batch or 1, spec.n)]
+    else:
+        shapes = [s for s in (_batch_and_length(call, d, QUERY_INPUTS) for call in b.calls) if s] if d else []
+    if d is None or not shapes:
+        return b.unrecognised(["token_mixing"], "no declared width d or no [B, n, d] input")
+    predicted = sum(batch * (d * fft_macs(n) + n * fft_macs(d)) for batch, n in shapes)
+    row = ReconcileRow(b.path, "token_mixing", got, predicted, TERMS["token_mixing"],
+                       basis=f"2-D FFT over (n, d) d={d} ({source})")
+    return [row if row.exact else replace(row, reason="not FNet's 2-D FFT over (n, d) of the block input: "
+                                                      "no closed form for this transform")]
+
+
 ROW_BUILDERS: dict[RoleGroup, Callable[[_Block], list[ReconcileRow]]] = {
     RoleGroup.ATTENTION: _attention_rows,
+    RoleGroup.MIXING: _mixing_rows,
     RoleGroup.FFN: _ffn_rows,
     RoleGroup.CONV: _conv_rows,
     RoleGroup.RECURRENT: _recurrent_rows,

@@ -15,6 +15,7 @@ class RoleGroup(StrEnum):
     """The kind of block a role belongs to (reconciliation predicts each group with its own closed form)."""
 
     ATTENTION = "attention"
+    MIXING = "mixing"
     FFN = "ffn"
     CONV = "conv"
     RECURRENT = "recurrent"
@@ -28,6 +29,8 @@ class Role(StrEnum):
 
     Each member knows its :attr:`group` and the complexity :attr:`term` it realises (``n`` tokens, ``d``
     width, ``k`` kernel width, ``V`` vocabulary; ``""`` where no closed form predicts it).
+    ``token_mixing`` is the work of a Fourier transform (an op of family ``OpFamily.TRANSFORM``): FNet's
+    replacement for attention, a 2-D FFT over (n, d), ``(B·n·d/2)·log2(n·d)`` MACs for powers of two.
     """
 
     Q_PROJ = "q_proj"
@@ -36,6 +39,7 @@ class Role(StrEnum):
     OUT_PROJ = "out_proj"
     ATTN_SCORES = "attn_scores"
     ATTN_WEIGHTED_SUM = "attn_weighted_sum"
+    TOKEN_MIXING = "token_mixing"
     FFN_UP = "ffn_up"
     FFN_GATE = "ffn_gate"
     FFN_DOWN = "ffn_down"
@@ -51,7 +55,8 @@ class Role(StrEnum):
 
     @property
     def term(self) -> str:
-        """The complexity term of the role's closed form: ``"n·d²"``, ``"n²·d"``, ``"k·n·d²"``, ``"n·d·V"``."""
+        """The complexity term of the role's closed form: ``"n·d²"``, ``"n²·d"``, ``"n·d·log(n·d)"``,
+        ``"k·n·d²"``, ``"n·d·V"``."""
         return _FACTS[self][1]
 
     @property
@@ -72,6 +77,7 @@ _FACTS: dict[Role, tuple[RoleGroup, str]] = {  # role -> (group, complexity term
     Role.OUT_PROJ: (RoleGroup.ATTENTION, "n·d²"),
     Role.ATTN_SCORES: (RoleGroup.ATTENTION, "n²·d"),
     Role.ATTN_WEIGHTED_SUM: (RoleGroup.ATTENTION, "n²·d"),
+    Role.TOKEN_MIXING: (RoleGroup.MIXING, "n·d·log(n·d)"),  # a Fourier transform: FNet's mixing sublayer
     Role.FFN_UP: (RoleGroup.FFN, "n·d²"),
     Role.FFN_GATE: (RoleGroup.FFN, "n·d²"),
     Role.FFN_DOWN: (RoleGroup.FFN, "n·d²"),

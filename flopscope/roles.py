@@ -7,7 +7,8 @@ claimed; projections a pass asks for are settled (split by columns where several
 projection) before the next pass starts. Definitions: ``docs/roles.md``.
 
 1. **by family**: fused kernels (SDPA, the ``nn.MultiheadAttention`` / ``nn.TransformerEncoderLayer`` fast
-   paths, recurrent kernels) are split by their formula's parts; convolutions are ``conv``.
+   paths, recurrent kernels) are split by their formula's parts; convolutions are ``conv``, Fourier
+   transforms (``OpFamily.TRANSFORM``: the FFT kernels) ``token_mixing``.
 2. **attention**: a *softmax* whose nearest multiply ancestor multiplies two activations is attention;
    that matmul is ``attn_scores``, the activation x activation matmuls that consume the softmax are
    ``attn_weighted_sum``. The weight matmuls (one operand a parameter, the other an activation) nearest
@@ -52,6 +53,8 @@ aten = torch.ops.aten
 SOFTMAX_OPS = elementwise.ops_in_category("softmax")
 EMBEDDING_OPS = frozenset({aten.embedding, aten._embedding_bag, aten.embedding_bag})
 BARRIER_CATEGORIES = ("norm", "reduction")  # the attention output does not flow to out_proj through these
+FAMILY_ROLES = {OpFamily.CONV: Role.CONV, OpFamily.TRANSFORM: Role.TOKEN_MIXING}
+"""Families whose every op has one role of its own, whatever the dataflow around it."""
 
 
 @dataclass(frozen=True)
@@ -145,7 +148,8 @@ def find_roles(graph: fx.Graph, module_types: Mapping[str, type], rules: Sequenc
 # --------------------------------------------------------------------------------------------------
 # pass 1: by family
 def by_family(view: GraphView, state: RoleState) -> None:
-    """Fused kernels keep their formula's parts; convolutions are ``conv``."""
+    """Fused kernels keep their formula's parts; convolutions are ``conv``, Fourier transforms
+    ``token_mixing`` (:data:`FAMILY_ROLES`)."""
     for n in view.nodes:
         if not view.macs[n]:
             continue
@@ -153,8 +157,8 @@ def by_family(view: GraphView, state: RoleState) -> None:
         spec = view.spec(n)
         if parts:
             state.parts[n] = dict(parts)
-        elif spec is not None and spec.family is OpFamily.CONV:
-            state.parts[n] = {Role.CONV.value: view.macs[n]}
+        elif spec is not None and spec.family in FAMILY_ROLES:
+            state.parts[n] = {FAMILY_ROLES[spec.family].value: view.macs[n]}
 
 
 # --------------------------------------------------------------------------------------------------
@@ -314,14 +318,14 @@ def unclaimed_are_other(view: GraphView, state: RoleState) -> None:
 
 def rules_pass(rules: tuple[RoleRule, ...], module_types: Mapping[str, type], only_unfused: bool) -> Pass:
     """A pass forcing ``rules`` on the multiplies inside matching modules (``only_unfused``: not on fused
-    kernels or convolutions, whose roles are their own)."""
+    kernels, convolutions or Fourier transforms, whose roles are their own)."""
 
     def apply(view: GraphView, state: RoleState) -> None:
         if not rules:
             return
         for n in state.parts:
             spec = view.spec(n)
-            if not view.macs[n] or (only_unfused and (view.parts(n) or (spec and spec.family is OpFamily.CONV))):
+            if not view.macs[n] or (only_unfused and (view.parts(n) or (spec and spec.family in FAMILY_ROLES))):
                 continue
             op, stack = view.ops[n].op_name, view.ops[n].module_stack
             for rule in rules:
