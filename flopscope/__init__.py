@@ -10,6 +10,7 @@
 
 from .api import profile, profiler
 from .errors import (
+    BudgetError,
     ConfigurationError,
     FakeTensorError,
     FlopscopeError,
@@ -42,6 +43,7 @@ __all__ = [
     "REGISTRY",
     "Assignment",
     "BatchPricer",
+    "BudgetError",
     "ConfigurationError",
     "FakeTensorError",
     "FlopscopeError",

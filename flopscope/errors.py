@@ -65,6 +65,11 @@ class NotFoundError(FlopscopeError, KeyError):
         return str(self.args[0]) if self.args else ""
 
 
+class BudgetError(FlopscopeError, AssertionError):
+    """A count differs from its budget (:mod:`flopscope.testing`): an ``AssertionError``, so test runners report
+    a failure, not an error."""
+
+
 class RecordingError(FlopscopeError, AttributeError):
     """A :class:`flopscope.profiler` was queried inside its ``with`` block. Also an ``AttributeError``, so
     ``hasattr()`` and ``getattr(prof, name, default)`` answer as for a missing attribute meanwhile."""

@@ -24,7 +24,7 @@ from tabulate import tabulate
 from torch import nn
 
 from .api import profile
-from .errors import ConfigurationError
+from .errors import BudgetError, ConfigurationError
 from .profile import Profile
 
 __all__ = ["FlopBudget", "assert_macs", "diff_table"]
@@ -35,8 +35,9 @@ SNAPSHOT_SCHEMA = "flopscope.snapshot/1"
 def assert_macs(model: nn.Module, *inputs: Any, expected: int | None = None, roles: Mapping[str, int] | None = None,
                 rel: float = 0.0, **profile_kwargs: Any) -> Profile:
     """Profile ``model(*inputs)`` (``profile_kwargs`` as for :func:`flopscope.profile`; ``mode="auto"`` by default)
-    and fail with an ``AssertionError`` and a per-role table unless its total is ``expected`` and each role of
-    ``roles`` has its count, within a relative tolerance ``rel`` (0: exactly). Returns the profile."""
+    and fail with a :class:`~flopscope.errors.BudgetError` (an ``AssertionError``) and a per-role table unless
+    its total is ``expected`` and each role of ``roles`` has its count, within a relative tolerance ``rel`` (0:
+    exactly). Returns the profile."""
     if expected is None and not roles:
         raise ConfigurationError("assert_macs needs expected= (total MACs) or roles= ({role: MACs})")
     if rel < 0:
@@ -51,7 +52,7 @@ def assert_macs(model: nn.Module, *inputs: Any, expected: int | None = None, rol
         if expected is not None:
             rows["total"] = (expected, prof.total())
         within = "exactly" if rel == 0 else f"within {rel:.2%}"
-        raise AssertionError(f"{type(model).__name__}: MACs not as expected ({within}):\n"
+        raise BudgetError(f"{type(model).__name__}: MACs not as expected ({within}):\n"
                              f"{diff_table(rows, ('expected', 'measured'))}")
     return prof
 
@@ -94,7 +95,7 @@ class FlopBudget:
         if before["macs"] != now["macs"] or before["roles"] != now["roles"] or before["modules"] != now["modules"]:
             roles = _changed(before["roles"], now["roles"]) | {"total": (before["macs"], now["macs"])}
             modules = _changed(before["modules"], now["modules"], only_changed=True)
-            raise AssertionError(
+            raise BudgetError(
                 f"{type(model).__name__}: MACs differ from the snapshot {path} (pytest --flops-update accepts "
                 f"them):\nby role:\n{diff_table(roles)}\nby module (changed only):\n"
                 f"{diff_table(modules) if modules else '(none)'}")
