@@ -1,5 +1,6 @@
-"""Command-line targets: build a model from ``package.module:factory`` or a Hugging Face family
-(``hf:gpt2``, built from its config, never downloaded), and make inputs from ``1x128``-style shapes."""
+"""Command-line targets: build a model from ``package.module:factory``, a Hugging Face family (``hf:gpt2``, its
+default config), a model's own ``config.json`` (``hf:ORG/NAME`` from the hub, or a local file or directory; the
+config only, never weights), and make inputs from ``1x128``-style shapes."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import difflib
 import importlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -56,9 +58,20 @@ def parse_settings(settings: Sequence[str]) -> dict[str, Any]:
 
 
 def load_target(spec: str, settings: Sequence[str] = ()) -> Target:
-    """``hf:FAMILY[/HEAD]`` or ``package.module:factory`` (``factory(**settings)`` returns the module)."""
+    """``hf:FAMILY[/HEAD]`` (a family's default config), ``hf:ORG/NAME[/HEAD]`` (a model's own ``config.json``
+    from the Hugging Face hub: the config only, never weights), a local ``config.json`` or a directory holding
+    one, or ``package.module:factory`` (``factory(**settings)`` returns the module). Hugging Face models from a
+    config file are built on ``device="meta"`` in the config's dtype: nothing is allocated, so count them in
+    fake mode."""
     overrides = parse_settings(settings)
+    local = Path(spec)
+    if local.suffix == ".json" or (local.is_dir() and (local / "config.json").is_file()):
+        return _config_file(local if local.suffix == ".json" else local / "config.json", "", overrides, spec)
     if spec.startswith("hf:"):
+        name, _, head = spec[3:].partition("/")
+        if "/" in spec[3:] and head.partition("/")[0] not in HF_HEADS:  # ORG/NAME[/HEAD]: a model on the hub
+            repo, _, head = spec[3:].partition("/")[2].partition("/")
+            return _config_file(_hub_config(f"{name}/{repo}"), head, overrides, spec)
         return _hugging_face(spec[3:], overrides)
     if ":" not in spec:
         raise FlopscopeError(f"target must be 'package.module:factory' or 'hf:family'; got {spec!r}")
@@ -87,20 +100,67 @@ def _hugging_face(family: str, overrides: dict[str, Any]) -> Target:
         raise FlopscopeError(f"unknown head {head!r}; one of: {', '.join(h or '(none)' for h in HF_HEADS)}")
     if family not in transformers.CONFIG_MAPPING:
         raise FlopscopeError(_unknown_family(family, sorted(transformers.CONFIG_MAPPING.keys())))
-    default = transformers.AutoConfig.for_model(family)
-    known = set(default.to_dict()) | set(getattr(default, "attribute_map", {}))
-    for key in overrides:
-        if key not in known and not hasattr(default, key):
-            close = difflib.get_close_matches(key, sorted(known), n=1)
-            hint = f" (did you mean {close[0]}?)" if close else ""
-            raise FlopscopeError(f"{family} config has no {key!r}{hint}")
+    _check_overrides(transformers.AutoConfig.for_model(family), overrides, family)
     config = transformers.AutoConfig.for_model(family, **overrides)
     torch.manual_seed(0)
     model = getattr(transformers, HF_HEADS[head]).from_config(config).eval()
+    return _target(model, config, f"hf:{family}{'/' + head if head else ''}")
+
+
+def _hub_config(repo: str) -> Path:
+    """The ``config.json`` of a hub model (downloaded once into the Hugging Face cache; no weights)."""
+    try:
+        from huggingface_hub import hf_hub_download
+    except ImportError as e:
+        raise FlopscopeError("hf:ORG/NAME targets need huggingface_hub (pip install 'flopscope[hf]')") from e
+    try:
+        return Path(hf_hub_download(repo, "config.json"))
+    except Exception as e:  # offline, a gated or missing repo: say which and what to do instead
+        raise FlopscopeError(f"cannot fetch the config.json of {repo!r} from the Hugging Face hub "
+                             f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); download it yourself "
+                             "and pass its path (flopscope profile path/to/config.json)") from e
+
+
+def _config_file(path: Path, head: str, overrides: dict[str, Any], description: str) -> Target:
+    """A model built from a ``config.json`` on ``device="meta"``: the class its ``architectures`` names (or the
+    ``head``'s auto class), in the config's dtype."""
+    try:
+        import transformers
+    except ImportError as e:
+        raise FlopscopeError("config targets need transformers (pip install 'flopscope[hf]')") from e
+    if not path.is_file():
+        raise FlopscopeError(f"no config file at {path}")
+    if head not in HF_HEADS:
+        raise FlopscopeError(f"unknown head {head!r}; one of: {', '.join(h or '(none)' for h in HF_HEADS)}")
+    try:
+        config = transformers.AutoConfig.from_pretrained(str(path.parent) if path.name == "config.json" else
+                                                         str(path))
+    except Exception as e:
+        raise FlopscopeError(f"{path} is not a Hugging Face config transformers can read: {e}") from e
+    _check_overrides(config, overrides, description)
+    for key, value in overrides.items():
+        setattr(config, key, value)
+    named = [name for name in (getattr(config, "architectures", None) or []) if hasattr(transformers, name)]
+    builder = getattr(transformers, named[0]) if named and not head else getattr(transformers, HF_HEADS[head])
+    with torch.device("meta"):
+        model = (builder._from_config(config) if hasattr(builder, "_from_config") else
+                 builder.from_config(config)).eval()
+    return _target(model, config, description)
+
+
+def _check_overrides(config: Any, overrides: dict[str, Any], what: str) -> None:
+    known = set(config.to_dict()) | set(getattr(config, "attribute_map", {}))
+    for key in overrides:
+        if key not in known and not hasattr(config, key):
+            close = difflib.get_close_matches(key, sorted(known), n=1)
+            hint = f" (did you mean {close[0]}?)" if close else ""
+            raise FlopscopeError(f"{what} config has no {key!r}{hint}")
+
+
+def _target(model: nn.Module, config: Any, description: str) -> Target:
     text = getattr(model, "main_input_name", "input_ids") == "input_ids"
     positions_key, positions = _position_table(model, config) if text else ("", None)
-    return Target(model, f"hf:{family}{'/' + head if head else ''}", token_inputs=text,
-                  vocab_size=getattr(config, "vocab_size", None),
+    return Target(model, description, token_inputs=text, vocab_size=getattr(config, "vocab_size", None),
                   encoder_decoder=bool(getattr(config, "is_encoder_decoder", False)),
                   positions=positions, positions_key=positions_key)
 
