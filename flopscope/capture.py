@@ -273,6 +273,7 @@ class Recorder(TorchDispatchMode):
         self.failure: OpFailure | None = None
         self.undeclared_kernels: set[str] = set()  # formulas returning attention parts without the family
         self.unchecked_lookups = 0  # fake mode: embedding lookups whose index values were not known
+        self.upper_bounds: Counter[str] = Counter()  # ops counted as upper bounds (their data was not known)
         self.largest_out = 0  # bytes of the largest tensor a recorded op made: a real run's peak is at least this
         self.leaf_values: dict[int, torch.Tensor] = {}  # id(fake tensor) -> the values it stands for
         self._known: dict[int, torch.Tensor] = {}  # id(captured op) -> values propagated to its output
@@ -500,7 +501,9 @@ class Recorder(TorchDispatchMode):
                              communication.group_size(args, kwargs))
         self.largest_out = max([self.largest_out, *(traffic.nbytes(t) for t in results)])
         if known.spec is not None:
-            macs = formulas.count(known.spec.formula, args, kwargs, _first_shape(out))
+            macs = formulas.count(known.spec.formula, args, kwargs, _first_shape(out), values=self.value_of)
+            if isinstance(macs, formulas.UpperBound):
+                self.upper_bounds[op_name(func)] += 1
             op.macs = formulas.total_of(macs)
             op.parts = None if isinstance(macs, int) else dict(macs)
             if op.parts and "attn_scores" in op.parts and known.spec.family not in _ATTENTION_FAMILIES:

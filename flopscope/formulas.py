@@ -31,6 +31,7 @@ Layouts follow PyTorch: ``scaled_dot_product_attention`` takes ``[..., heads, n,
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -294,16 +295,40 @@ def rows_of(shape: Shape) -> int:
     return prod(shape[:-1])
 
 
-def count(fn: MacFormula, args: Sequence[Any], kwargs: Mapping[str, Any], out_shape: Shape | None) -> MacCount:
-    """Call ``fn`` with tensors replaced by their shapes (the calling convention above)."""
-    return fn(*[_shape_of(a) for a in args], out_shape=out_shape, **{k: _shape_of(v) for k, v in kwargs.items()})
+class KnownShape(tuple[int, ...]):
+    """The shape of a small integer tensor whose ``values`` are known (a real tensor, or a fake one whose values
+    flopscope propagated): what a formula whose work depends on data reads (variable-length offsets)."""
+
+    values: tuple[int, ...]
+
+    def __new__(cls, shape: Sequence[int], values: Sequence[int]) -> KnownShape:
+        new = super().__new__(cls, shape)
+        new.values = tuple(int(v) for v in values)
+        return new
 
 
-def _shape_of(x: Any) -> Any:
+class UpperBound(dict[str, int]):
+    """A formula's parts that bound the work from above because the data it depends on is not known (fake
+    mode): counted as they are, and named in ``Profile.notes``."""
+
+
+Values = Callable[[torch.Tensor], "torch.Tensor | None"]
+
+
+def count(fn: MacFormula, args: Sequence[Any], kwargs: Mapping[str, Any], out_shape: Shape | None,
+          values: Values | None = None) -> MacCount:
+    """Call ``fn`` with tensors replaced by their shapes (the calling convention above); an integer tensor
+    whose values ``values(t)`` knows becomes a :class:`KnownShape`."""
+    return fn(*[_shape_of(a, values) for a in args], out_shape=out_shape,
+              **{k: _shape_of(v, values) for k, v in kwargs.items()})
+
+
+def _shape_of(x: Any, values: Values | None = None) -> Any:
     if isinstance(x, torch.Tensor):
-        return shape_of(x)
+        known = values(x) if values is not None and not x.is_floating_point() and not x.is_nested else None
+        return KnownShape(shape_of(x), known.flatten().tolist()) if known is not None else shape_of(x)
     if isinstance(x, (list, tuple)) and x and any(isinstance(t, torch.Tensor) for t in x):
-        return [_shape_of(t) for t in x]
+        return [_shape_of(t, values) for t in x]
     return x
 
 
@@ -566,18 +591,42 @@ def sdpa(q: Shape, k: Shape, v: Shape, *_: Any, **__: Any) -> dict[str, int]:
     return attention_core(prod(q[:-2]), q[-2], k[-2], q[-1], v[-1])
 
 
-@formula(aten._flash_attention_forward, aten._efficient_attention_forward, family=OpFamily.ATTENTION,
-         operands=(0, 1, 2))
-def attention_bnhd(q: Shape, k: Shape, v: Shape, *_: Any, **__: Any) -> dict[str, int]:
-    """CUDA attention kernels in ``[B, n, heads, d]`` layout.
+@formula(aten._flash_attention_forward, family=OpFamily.ATTENTION, operands=(0, 1, 2))
+def flash_attention(q: Shape, k: Shape, v: Shape, cum_seq_q: Shape | None = None, cum_seq_k: Shape | None = None,
+                    max_q: int = 0, max_k: int = 0, *_: Any, **__: Any) -> dict[str, int]:
+    """FlashAttention's kernel (``[B, n, heads, d]``; variable-length: packed ``[total, heads, d]`` with
+    ``cum_seq_q`` / ``cum_seq_k`` offsets): see :func:`attention_bnhd`."""
+    # [B, n_q, h, d_v] = _flash_attention_forward(q, k, v, cum_seq_q, cum_seq_k, max_q, max_k, dropout, causal, ...)
+    return attention_bnhd(q, k, v, cum_seq_q, cum_seq_k, max_q, max_k)
 
-    Variable-length (packed ``[total, heads, d]``) calls are counted as one sequence of all tokens:
-    an upper bound, since the per-sequence lengths are data.
-    """
-    # [B, n_q, h, d_v] = attn([B, n_q, h, d_k], [B, n_k, h_kv, d_k], [B, n_k, h_kv, d_v])
-    if len(q) == 3:
-        q, k, v = (1, *q), (1, *k), (1, *v)
-    return attention_core(q[0] * q[2], q[1], k[1], q[3], v[3])
+
+@formula(aten._efficient_attention_forward, family=OpFamily.ATTENTION, operands=(0, 1, 2))
+def efficient_attention(q: Shape, k: Shape, v: Shape, bias: Shape | None = None, cu_seqlens_q: Shape | None = None,
+                        cu_seqlens_k: Shape | None = None, max_seqlen_q: int | None = None,
+                        max_seqlen_k: int | None = None, *_: Any, **__: Any) -> dict[str, int]:
+    """The memory-efficient kernel (same layouts; its offsets come after the bias): see :func:`attention_bnhd`."""
+    # [B, n_q, h, d_v] = _efficient_attention_forward(q, k, v, bias, cu_seqlens_q, cu_seqlens_k, max_q, max_k, ...)
+    return attention_bnhd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q or 0, max_seqlen_k or 0)
+
+
+def attention_bnhd(q: Shape, k: Shape, v: Shape, offsets_q: Shape | None, offsets_k: Shape | None, max_q: int,
+                   max_k: int) -> dict[str, int]:
+    """Attention kernels in ``[B, n, heads, d]`` layout. Variable-length calls (packed ``[total, heads, d]``
+    with offsets of ``b`` sequences) compute each sequence against itself: exactly ``Σ Lq_i · Lk_i`` pairs
+    per head when the offsets' values are known (real mode), else the bound ``b · max_q · max_k`` (what the
+    kernel is launched for: an :class:`UpperBound`)."""
+    if offsets_q is None or offsets_k is None:
+        if len(q) == 3:  # packed without offsets: one sequence
+            q, k, v = (1, *q), (1, *k), (1, *v)
+        return attention_core(q[0] * q[2], q[1], k[1], q[3], v[3])
+    heads, d_k, d_v = q[-2], q[-1], v[-1]
+    values_q, values_k = getattr(offsets_q, "values", None), getattr(offsets_k, "values", None)
+    if values_q is not None and values_k is not None:
+        pairs = sum((b - a) * (y - x) for (a, b), (x, y) in zip(itertools.pairwise(values_q),
+                                                                  itertools.pairwise(values_k), strict=True))
+        return {"attn_scores": heads * pairs * d_k, "attn_weighted_sum": heads * pairs * d_v}
+    sequences = offsets_q[0] - 1
+    return UpperBound(attention_core(sequences * heads, max_q, max_k, d_k, d_v))
 
 
 def multi_head_attention(tokens_q: int, n_q: int, n_k: int, embed_dim: int) -> dict[str, int]:

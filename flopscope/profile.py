@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
@@ -70,12 +70,13 @@ class Capture:
     module_inputs: Mapping[ModuleCall, tuple[tuple[int | str, Shape], ...]]
     module_calls: Mapping[str, int]
     root_seconds: Mapping[int, float]  # wall time of each call of the root module (call number -> seconds)
+    upper_bounds: Mapping[str, int] = field(default_factory=dict)  # op -> calls counted as upper bounds
 
     @classmethod
     def of(cls, recorder: Recorder, tracker: ModuleTracker) -> Capture:
         return cls(recorder.ops, dict(recorder.unsupported), tuple(sorted(recorder.undeclared_kernels)),
                    recorder.unchecked_lookups, dict(recorder.decomposed), dict(tracker.inputs), dict(tracker.calls),
-                   dict(tracker.root_seconds))
+                   dict(tracker.root_seconds), dict(recorder.upper_bounds))
 
 
 class Profile:
@@ -226,6 +227,10 @@ class Profile:
         notes = [f"the formula of {op} returns attention parts but is not registered with family="
                  "OpFamily.ATTENTION and its (q, k, v) operand positions, so its projections get role 'other' "
                  "(see docs/extending.md)" for op in self._capture.undeclared_kernels]
+        for op, calls in self._capture.upper_bounds.items():
+            notes.append(f"{op} x{calls}: counted as an upper bound, since the values its work depends on were not "
+                         "known (variable-length offsets on fake tensors: every sequence as long as the longest); "
+                         "mode='real' counts it exactly")
         if unchecked and self._capture.unchecked_lookups:
             notes.append(f"fake mode: the index values of {self._capture.unchecked_lookups} embedding lookup(s) "
                          "were not known, so they were not checked against their tables' sizes (a real forward "
