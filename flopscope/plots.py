@@ -1,9 +1,11 @@
-"""Plots (the ``plot`` extra: matplotlib): the scaling plot, the role-share bar chart and the roofline, saved as
-PNG."""
+"""Plots (the ``plot`` extra: matplotlib): the scaling plot, the role-share bar chart, the roofline and a trace's
+timeline, saved as PNG."""
 
 from __future__ import annotations
 
+import json
 import math
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -115,3 +117,123 @@ def roofline_plot(result: Roofline, path: str | Path, title: str = "") -> Path:
     ax.set_ylabel("FLOP/s")
     ax.set_title(title or f"roofline: ridge at {ridge:.1f} FLOPs/byte ({result.dtype})")
     return _save(fig, plt, path)
+
+
+def trace_plot(trace: Mapping[str, Any] | str | Path, path: str | Path, title: str = "") -> Path:
+    """A timeline of a trace (:meth:`Profile.export_chrome_trace`'s JSON, its dict, or a ``torch.profiler`` trace
+    that :func:`flopscope.trace.merge_torch_trace` laid role ranges over): one row per role track, a bar at each
+    op's start and duration, labelled with the role and its MACs; above them one row of module calls, nested calls
+    in lanes below their callers (``profiler(trace=True)``'s ``flopscope/<path>`` ranges in a torch trace), each
+    named where it is wide enough. Headless (matplotlib's Agg backend): what a trace viewer shows, as a PNG."""
+    plt = _pyplot()
+    doc = _trace_doc(trace)
+    roles, calls = _trace_rows(doc)
+    if not roles and not calls:
+        raise FlopscopeError("no flopscope events in this trace: give the JSON of Profile.export_chrome_trace, or "
+                             "a torch.profiler trace after flopscope.trace.merge_torch_trace")
+    starts = [s for bars in roles.values() for s, *_ in bars] + [s for _, s, _, _ in calls]
+    ends = [s + d for bars in roles.values() for s, d, *_ in bars] + [e for _, _, e, _ in calls]
+    origin, span = min(starts), max(max(ends) - min(starts), 1e-9)
+    scale, unit = (1e-3, "ms") if span > 5e3 else (1.0, "µs")
+    lanes = 1 + max((depth for *_, depth in calls), default=0) if calls else 0
+    module_height = 0.8 * min(lanes, 3)  # the module row: up to three rows high, a lane per depth of nesting
+    lane = module_height / max(lanes, 1)
+    fig, ax = plt.subplots(figsize=(12, 0.42 * len(roles) + 0.42 * module_height / 0.8 + 1.6))
+    colours = plt.get_cmap("tab20").colors
+    ticks, labels = [], []
+    if calls:
+        for name, start, end, depth in calls:
+            y = depth * lane
+            ax.broken_barh([((start - origin) * scale, (end - start) * scale)], (y, lane * 0.92),
+                           facecolors="#c8d3e0", edgecolors="#5a6b80", linewidth=0.4)
+            if (end - start) > 0.035 * span:
+                ax.text((start - origin + (end - start) / 2) * scale, y + lane * 0.46, _short(name), ha="center",
+                        va="center", fontsize=6, clip_on=True)
+        ticks.append(module_height / 2)
+        labels.append("module calls")
+    top = module_height + (0.3 if calls else 0.0)
+    for k, (role, bars) in enumerate(roles.items()):
+        y = top + k
+        macs = sum(m for _, _, m, _ in bars)
+        ax.broken_barh([((s - origin) * scale, max(d * scale, span * scale * 1e-3)) for s, d, _, _ in bars],
+                       (y, 0.8), facecolors=colours[k % len(colours)])
+        ticks.append(y + 0.4)
+        carried = list(dict.fromkeys([role, *(r for *_, parts in bars for r in parts)]))  # a fused QKV GEMM: 3
+        labels.append(f"{', '.join(carried)} ({_si(macs)} MACs)" if macs else role)
+    ax.set_yticks(ticks, labels, fontsize=8)
+    ax.set_ylim(top + len(roles) + 0.1, -0.1)
+    ax.set_xlim(0, span * scale * 1.01)
+    ax.set_xlabel(f"time ({unit})")
+    other = doc.get("otherData", {})
+    clock = other.get("time", "torch.profiler's clock" if "flopscope" in other else "")
+    total = other.get("total_macs", other.get("flopscope", {}).get("total_macs"))
+    ax.set_title(title or (f"{_si(total)} MACs" if total else "trace") + (f"; time: {clock}" if clock else ""),
+                 fontsize=10)
+    ax.grid(True, axis="x", alpha=0.2)
+    return _save(fig, plt, path)
+
+
+def _trace_doc(trace: Mapping[str, Any] | str | Path) -> Mapping[str, Any]:
+    if not isinstance(trace, (str, Path)):
+        return trace
+    try:
+        doc = json.loads(Path(trace).read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise FlopscopeError(f"cannot read the trace {trace}: {e}") from e
+    if not isinstance(doc, dict):
+        raise FlopscopeError(f"{trace} is not a trace (a JSON object with traceEvents)")
+    return doc
+
+
+def _trace_rows(doc: Mapping[str, Any]) -> tuple[dict[str, list[tuple[float, float, int, list[str]]]],
+                                                 list[tuple[str, float, float, int]]]:
+    """``({track role: [(start, duration, MACs, roles with MACs)]}, [(module, start, end, depth)])`` of a trace's
+    flopscope events."""
+    events = [e for e in doc.get("traceEvents", []) if isinstance(e, dict)]
+    processes = {e.get("pid"): e.get("args", {}).get("name") for e in events
+                 if e.get("ph") == "M" and e.get("name") == "process_name"}
+    threads = {(e.get("pid"), e.get("tid")): e.get("args", {}).get("name") for e in events
+               if e.get("ph") == "M" and e.get("name") == "thread_name"}
+    role_pids = {pid for pid, name in processes.items() if name in ("ops by role", "flopscope roles")}
+    roles: dict[str, list[tuple[float, float, int, list[str]]]] = {}
+    for e in sorted((e for e in events if e.get("ph") == "X" and e.get("pid") in role_pids),
+                    key=lambda e: (e.get("tid", 0), float(e["ts"]))):
+        args = e.get("args", {})
+        role = threads.get((e["pid"], e.get("tid"))) or args.get("role") or e["name"]
+        parts = [r for r, macs in args.get("roles", {}).items() if macs]
+        roles.setdefault(role, []).append((float(e["ts"]), float(e.get("dur", 0)), int(args.get("macs", 0)), parts))
+    spans: list[tuple[str, float, float]] = []
+    module_pids = {pid for pid, name in processes.items() if name == "module calls"}
+    open_calls: dict[Any, list[tuple[str, float]]] = {}
+    for e in events:
+        if e.get("pid") in module_pids and e.get("ph") in ("B", "E"):
+            stack = open_calls.setdefault((e["pid"], e.get("tid")), [])
+            if e["ph"] == "B":
+                stack.append((e["name"], float(e["ts"])))
+            elif stack:
+                name, start = stack.pop()
+                spans.append((name, start, float(e["ts"])))
+        elif e.get("ph") == "X" and str(e.get("name", "")).startswith("flopscope/"):  # profiler(trace=True)
+            spans.append((e["name"][len("flopscope/"):], float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0))))
+    calls: list[tuple[str, float, float, int]] = []
+    enclosing: list[float] = []  # the ends of the calls the next one may sit in
+    for name, start, end in sorted(spans, key=lambda s: (s[1], -s[2])):
+        while enclosing and start >= enclosing[-1]:
+            enclosing.pop()
+        calls.append((name, start, end, len(enclosing)))
+        enclosing.append(end)
+    return roles, calls
+
+
+def _short(module: str) -> str:
+    """The last part of a module path (with its parent's for a numbered layer: ``h.0``)."""
+    parts = module.split(".")
+    return ".".join(parts[-2:]) if len(parts) > 1 and parts[-1].isdigit() else parts[-1]
+
+
+def _si(value: float | None) -> str:
+    value = float(value or 0)
+    for factor, suffix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(value) >= factor:
+            return f"{value / factor:.3g}{suffix}"
+    return f"{value:.0f}"

@@ -1,12 +1,15 @@
 """Command-line targets: build a model from ``package.module:factory``, a Hugging Face family (``hf:gpt2``, its
 default config), a model's own ``config.json`` (``hf:ORG/NAME`` from the hub, or a local file or directory; the
-config only, never weights), and make inputs from ``1x128``-style shapes."""
+config only, never weights), a timm model (``timm:resnet50``) or a torchvision one (``torchvision.models:resnet50``;
+both without weights, with the input size their weights were trained at as the default input), and make inputs from
+``1x128``-style shapes."""
 
 from __future__ import annotations
 
 import ast
 import difflib
 import importlib
+import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +34,7 @@ class Target:
     encoder_decoder: bool = False
     positions: int | None = None  # rows of a learned position table: the longest sequence a forward takes
     positions_key: str = ""  # the config key that declares them (for the hint: --set KEY=...)
+    input_shape: tuple[int, ...] | None = None  # the default input without --input (an image model's 1x3xHxW)
 
     def check_sequence(self, n: int, what: str = "a sequence") -> None:
         """Refuse a sequence of ``n`` tokens longer than the model's learned position table (a real forward
@@ -60,9 +64,12 @@ def parse_settings(settings: Sequence[str]) -> dict[str, Any]:
 def load_target(spec: str, settings: Sequence[str] = ()) -> Target:
     """``hf:FAMILY[/HEAD]`` (a family's default config), ``hf:ORG/NAME[/HEAD]`` (a model's own ``config.json``
     from the Hugging Face hub: the config only, never weights), a local ``config.json`` or a directory holding
-    one, or ``package.module:factory`` (``factory(**settings)`` returns the module). Hugging Face models from a
-    config file are built on ``device="meta"`` in the config's dtype: nothing is allocated, so count them in
-    fake mode."""
+    one, ``timm:NAME`` (``timm.create_model(NAME, pretrained=False, **settings)``) or ``package.module:factory``
+    (``factory(**settings)`` returns the module). Hugging Face models from a config file are built on
+    ``device="meta"`` in the config's dtype: nothing is allocated, so count them in fake mode. timm models, and
+    torchvision's classification models (``torchvision.models:NAME``), get a default input of one image at the size
+    their weights were trained at (timm: ``pretrained_cfg["input_size"]``; torchvision: the crop size of the
+    ``DEFAULT`` weights' transforms, else 224)."""
     overrides = parse_settings(settings)
     local = Path(spec)
     if local.suffix == ".json" or (local.is_dir() and (local / "config.json").is_file()):
@@ -73,12 +80,15 @@ def load_target(spec: str, settings: Sequence[str] = ()) -> Target:
             repo, _, head = spec[3:].partition("/")[2].partition("/")
             return _config_file(_hub_config(f"{name}/{repo}"), head, overrides, spec)
         return _hugging_face(spec[3:], overrides)
+    if spec.startswith("timm:"):
+        return _timm(spec[5:], overrides)
     if ":" not in spec:
-        raise FlopscopeError(f"target must be 'package.module:factory' or 'hf:family'; got {spec!r}")
+        raise FlopscopeError(f"target must be 'package.module:factory', 'hf:family' or 'timm:name'; got {spec!r}")
     module_name, attr = spec.split(":", 1)
+    module = _import(module_name, spec)
     try:
-        factory = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as e:
+        factory = getattr(module, attr)
+    except AttributeError as e:
         raise FlopscopeError(f"cannot load {spec!r}: {e}") from e
     try:
         model = factory(**overrides) if callable(factory) and not isinstance(factory, nn.Module) else factory
@@ -87,7 +97,51 @@ def load_target(spec: str, settings: Sequence[str] = ()) -> Target:
                              ) from e
     if not isinstance(model, nn.Module):
         raise FlopscopeError(f"{spec!r} did not give a torch.nn.Module (got {type(model).__name__})")
-    return Target(model.eval(), spec, token_inputs=False)
+    shape = _torchvision_input(module, attr) if module_name == "torchvision.models" else None
+    return Target(model.eval(), spec, token_inputs=False, input_shape=shape)
+
+
+def _import(module_name: str, spec: str, hint: str = "") -> Any:
+    """``importlib.import_module``, any failure a :class:`FlopscopeError` (a package built for another torch, such
+    as a torchvision wheel whose compiled ops do not load, fails with a ``RuntimeError``, not an ``ImportError``)."""
+    try:
+        return importlib.import_module(module_name)
+    except ImportError as e:
+        raise FlopscopeError(f"cannot load {spec!r}: {e}{hint}") from e
+    except Exception as e:
+        raise FlopscopeError(f"cannot load {spec!r}: importing {module_name} failed with torch {torch.__version__} "
+                             f"({type(e).__name__}: {e}); is it built for this torch? (torchvision: install the "
+                             "release made for this torch, from the same index)") from e
+
+
+def _timm(name: str, overrides: dict[str, Any]) -> Target:
+    """A timm model without weights, its default input one image of ``pretrained_cfg["input_size"]``."""
+    timm = _import("timm", f"timm:{name}", " (pip install 'flopscope[vision]')")
+    if not timm.is_model(name):
+        names = timm.list_models()
+        close = difflib.get_close_matches(name, names, n=5, cutoff=0.6)
+        hint = f"closest: {', '.join(close)}" if close else "no model has a similar name"
+        raise FlopscopeError(f"unknown timm model {name!r}; {hint}. All {len(names)}: "
+                             "python -c \"import timm; print(*timm.list_models())\"")
+    torch.manual_seed(0)
+    try:
+        model = timm.create_model(name, pretrained=False, **overrides)
+    except TypeError as e:
+        raise FlopscopeError(f"cannot build timm:{name} with {overrides}: {e}") from e
+    size = (getattr(model, "pretrained_cfg", None) or {}).get("input_size") or (3, 224, 224)
+    return Target(model.eval(), f"timm:{name}", token_inputs=False, input_shape=(1, *(int(s) for s in size)))
+
+
+def _torchvision_input(models: Any, name: str) -> tuple[int, ...]:
+    """One image at the crop size of the ``DEFAULT`` weights' transforms of torchvision's model ``name`` (what
+    those weights were trained and evaluated at: 299 for Inception v3, 518 for ViT-H/14), else 224."""
+    size = 224
+    try:
+        crop = models.get_model_weights(name).DEFAULT.transforms().crop_size
+        size = int(crop[0])
+    except Exception:  # no weights for this builder, or transforms without a crop: the usual 224
+        pass
+    return (1, 3, size, size)
 
 
 def _hugging_face(family: str, overrides: dict[str, Any]) -> Target:
@@ -132,6 +186,7 @@ def _config_file(path: Path, head: str, overrides: dict[str, Any], description: 
         raise FlopscopeError(f"no config file at {path}")
     if head not in HF_HEADS:
         raise FlopscopeError(f"unknown head {head!r}; one of: {', '.join(h or '(none)' for h in HF_HEADS)}")
+    _check_config_file(path, transformers)
     try:
         config = transformers.AutoConfig.from_pretrained(str(path.parent) if path.name == "config.json" else
                                                          str(path))
@@ -146,6 +201,35 @@ def _config_file(path: Path, head: str, overrides: dict[str, Any], description: 
         model = (builder._from_config(config) if hasattr(builder, "_from_config") else
                  builder.from_config(config)).eval()
     return _target(model, config, description)
+
+
+def _check_config_file(path: Path, transformers: Any) -> None:
+    """A config file is a JSON object with a ``model_type`` (transformers picks the config class by it): say what
+    is wrong, and for a missing ``model_type`` the one its ``architectures`` imply."""
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise FlopscopeError(f"{path} is not a JSON config file ({type(e).__name__}: {e})") from e
+    if not isinstance(doc, dict):
+        raise FlopscopeError(f"{path} is not a model config: a JSON object of settings was expected, got a "
+                             f"{type(doc).__name__}")
+    if doc.get("model_type"):
+        return
+    implied: dict[str, str] = {}
+    for name in doc.get("architectures") or []:
+        try:
+            model_type = getattr(getattr(transformers, str(name)).config_class, "model_type", None)
+        except Exception:  # not a class transformers has, or one without a config class
+            continue
+        if isinstance(model_type, str) and model_type:
+            implied[str(name)] = model_type
+    if implied:
+        which = ", ".join(f"{name} is {model_type!r}" for name, model_type in implied.items())
+        hint = f"; its architectures say which ({which}): add \"model_type\": \"{next(iter(implied.values()))}\""
+    else:
+        hint = ("; add the model_type of the model it configures (\"llama\", \"mistral\", ...: the config.json on "
+                "its model card has it)")
+    raise FlopscopeError(f"{path} has no \"model_type\": transformers cannot tell which model it configures{hint}")
 
 
 def _check_overrides(config: Any, overrides: dict[str, Any], what: str) -> None:
@@ -213,7 +297,7 @@ def make_inputs(target: Target, shapes: Sequence[tuple[int, ...]], dtype: str | 
     :class:`~flopscope.errors.InputError`) here for the given shapes and by the returned function for
     ``n``, before any input is built (see :meth:`Target.check_sequence`)."""
     if not shapes:
-        shapes = [(1, 128)] if target.token_inputs else []
+        shapes = [(1, 128)] if target.token_inputs else [target.input_shape] if target.input_shape else []
     if not shapes:
         raise FlopscopeError("give the input shape with --input (e.g. --input 1x128x512)")
     tokens = target.token_inputs if dtype is None else dtype in ("long", "int64", "int")

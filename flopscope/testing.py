@@ -26,6 +26,7 @@ from torch import nn
 from .api import profile
 from .errors import BudgetError, ConfigurationError
 from .profile import Profile
+from .trace import write_atomically
 
 __all__ = ["FlopBudget", "assert_macs", "diff_table"]
 
@@ -85,13 +86,14 @@ class FlopBudget:
         path = self.directory / f"{self.name}{'.' + key if key else ''}.json"
         now = _snapshot(prof)
         if self.update or not path.exists():
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps(now, indent=2, sort_keys=True) + "\n")
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+            except OSError as e:
+                raise ConfigurationError(f"cannot make the snapshot directory {path.parent}: {e.strerror or e}"
+                                         ) from e
+            write_atomically(path, json.dumps(now, indent=2, sort_keys=True) + "\n", "the snapshot")
             return prof
-        before = json.loads(path.read_text())
-        if before.get("schema") != SNAPSHOT_SCHEMA:
-            raise ConfigurationError(f"{path} is not a flopscope snapshot ({SNAPSHOT_SCHEMA}); delete it or run "
-                                     "pytest --flops-update")
+        before = _read_snapshot(path)
         if before["macs"] != now["macs"] or before["roles"] != now["roles"] or before["modules"] != now["modules"]:
             roles = _changed(before["roles"], now["roles"]) | {"total": (before["macs"], now["macs"])}
             modules = _changed(before["modules"], now["modules"], only_changed=True)
@@ -100,6 +102,25 @@ class FlopBudget:
                 f"them):\nby role:\n{diff_table(roles)}\nby module (changed only):\n"
                 f"{diff_table(modules) if modules else '(none)'}")
         return prof
+
+
+def _read_snapshot(path: Path) -> dict[str, Any]:
+    """The baseline at ``path``, or a :class:`~flopscope.errors.ConfigurationError` saying what is wrong with the
+    file and how to replace it."""
+    fix = "delete it, or run pytest --flops-update to write it from this run's counts"
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ConfigurationError(f"the FLOP snapshot {path} is not JSON ({e}); {fix}") from e
+    except OSError as e:
+        raise ConfigurationError(f"cannot read the FLOP snapshot {path}: {e.strerror or e}") from e
+    if not isinstance(doc, dict) or doc.get("schema") != SNAPSHOT_SCHEMA:
+        schema = doc.get("schema") if isinstance(doc, dict) else None
+        found = f"schema {schema!r}" if schema else "no schema"
+        raise ConfigurationError(f"{path} is not a flopscope snapshot ({SNAPSHOT_SCHEMA}; it has {found}); {fix}")
+    if not all(isinstance(doc.get(key), kind) for key, kind in (("macs", int), ("roles", dict), ("modules", dict))):
+        raise ConfigurationError(f"the FLOP snapshot {path} lacks its macs, roles or modules; {fix}")
+    return doc
 
 
 def _snapshot(prof: Profile) -> dict[str, Any]:

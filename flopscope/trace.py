@@ -23,12 +23,16 @@ from __future__ import annotations
 
 import json
 import operator
+import os
+import secrets
 from collections import Counter
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .capture import FORWARD, CapturedOp, captured
+from .elementwise import ZERO_COST_NAMESPACES
+from .errors import FlopscopeError
 from .profile import NO_MULTIPLY
 
 if TYPE_CHECKING:
@@ -44,7 +48,7 @@ def chrome_trace(prof: Profile, *, peak: float | None = None, bandwidth: float |
     ops: list[tuple[CapturedOp, Mapping[str, int]]] = []
     for node in prof.graph.nodes:
         op = captured(node)
-        if op.node_op != "call_function" or op.target is operator.getitem:
+        if not _model_op(op):
             continue
         assignment = assignments.get(node)
         ops.append((op, assignment.parts if assignment is not None else {}))
@@ -74,9 +78,31 @@ def chrome_trace(prof: Profile, *, peak: float | None = None, bandwidth: float |
 
 
 def export_chrome_trace(prof: Profile, path: str | Path, **kwargs: Any) -> Path:
-    """Write :func:`chrome_trace` to ``path`` (JSON)."""
+    """Write :func:`chrome_trace` to ``path`` (JSON), atomically: a path that cannot be written raises a
+    :class:`~flopscope.errors.FlopscopeError` naming it, and leaves any file already there as it was."""
+    return write_atomically(path, json.dumps(chrome_trace(prof, **kwargs)), "the trace")
+
+
+def write_atomically(path: str | Path, text: str, what: str = "the file") -> Path:
+    """Write ``text`` to ``path`` all or nothing: into a temporary file in the same directory, then renamed over
+    ``path`` (``os.replace``, atomic on POSIX and Windows), so a reader never sees half a file and a failed write
+    leaves the old one. Any failure raises a :class:`~flopscope.errors.FlopscopeError` naming ``path``."""
     out = Path(path)
-    out.write_text(json.dumps(chrome_trace(prof, **kwargs)))
+    temporary = out.with_name(f".{out.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    try:
+        # os.open applies the umask, as a plain open() would (tempfile's files are private to their owner)
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(temporary, out)
+    except OSError as e:
+        temporary.unlink(missing_ok=True)
+        raise FlopscopeError(f"cannot write {what} to {out}: {e.strerror or e}") from e
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
     return out
 
 
@@ -149,8 +175,7 @@ def merge_torch_trace(torch_trace: Mapping[str, Any] | str | Path, prof: Profile
                  key=lambda e: float(e["ts"]))
     theirs = _dispatched(cpu)
     assignments = prof.role_assignments()
-    ours = [(node, captured(node)) for node in prof.graph.nodes
-            if captured(node).node_op == "call_function" and captured(node).target is not operator.getitem]
+    ours = [(node, captured(node)) for node in prof.graph.nodes if _model_op(captured(node))]
     pid = 1 + max((e["pid"] for e in doc.get("traceEvents", []) if isinstance(e.get("pid"), int)), default=0)
     tracks: dict[str, int] = {}
     added: list[dict[str, Any]] = []
@@ -184,6 +209,13 @@ def merge_torch_trace(torch_trace: Mapping[str, Any] | str | Path, prof: Profile
 
 
 _LOOKAHEAD = 16
+
+
+def _model_op(op: CapturedOp) -> bool:
+    """An op the model ran: not a tuple index of the graph, nor the bookkeeping of a ``record_function`` range
+    (``profiler(trace=True)`` opens one per module call; the ``profiler`` namespace does no arithmetic)."""
+    return (op.node_op == "call_function" and op.target is not operator.getitem
+            and op.op_name.split(".")[0] not in ZERO_COST_NAMESPACES)
 
 
 def _dispatched(events: list[dict[str, Any]]) -> list[dict[str, Any]]:

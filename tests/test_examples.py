@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import sys
 from pathlib import Path
 
@@ -24,7 +25,7 @@ def test_every_example_is_tested():
     assert {p.stem for p in EXAMPLES.glob("*.py")} == {"huggingface_from_config", "training_step",
                                                        "custom_block_rule", "scaling_plot", "seed_exercise",
                                                        "training_loop_mfu", "lightning_mfu", "generation_roofline",
-                                                       "distributed_70b"}
+                                                       "distributed_70b", "trace_roles", "flop_budget", "real_config"}
 
 
 def test_huggingface_from_config(capsys):
@@ -188,3 +189,50 @@ def test_distributed_70b(capsys):
     macs = result["sharded"].total(module="model.layers.0")
     row = next(line for line in out.splitlines() if line.startswith("model.layers.0..1 (each)")).split()
     assert row[2:5] == [f"{macs:,}", f"{7 * activation:,}", f"{3 * layer:,}"]
+
+
+def test_trace_roles(tmp_path, capsys):
+    pytest.importorskip("transformers")
+    pytest.importorskip("matplotlib")
+    L, n, d, h, V = 1, 16, 64, 4, 100
+    result = load("trace_roles").main(["--out", str(tmp_path), "--layers", str(L), "--n", str(n), "--width", str(d),
+                                       "--heads", str(h), "--vocab", str(V)])
+    # GPT-2: fused QKV, output projection, scores and weighted sum, a 4d FFN; the LM head
+    expected = L * (4 * n * d * d + 2 * n * n * d + 8 * n * d * d) + n * d * V
+    ops = [e for e in result["trace"]["traceEvents"] if e["ph"] == "X"]
+    assert result["profile"].total() == sum(e["args"]["macs"] for e in ops) == expected
+    ranges = [e for e in result["merged"]["traceEvents"] if e.get("cat") == "flopscope"]
+    assert sum(e["args"]["macs"] for e in ranges) == expected  # every multiply on one of torch's events
+    calls = {role: sum(e["name"] == role for e in ranges) for role in ("attn_scores", "ffn_up", "logits")}
+    assert calls == {"attn_scores": L, "ffn_up": L, "logits": 1}
+    assert result["module_ranges"]["flopscope/transformer.h.0.attn"] == 1  # key_averages() groups by module
+    assert {p.name for p in tmp_path.iterdir()} == {"flopscope_trace.json", "torch_trace.json",
+                                                    "torch_trace_roles.json", "trace.png"}
+    assert result["png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and result["png"].stat().st_size > 20_000
+    assert f"{expected:,} MACs" in capsys.readouterr().out
+
+
+def test_flop_budget(capsys):
+    result = load("flop_budget").main(["--n", "16", "--d", "64"])
+    n, d, d_ff = 16, 64, 256
+    assert result["profile"].total() == 4 * n * d * d + 2 * n * n * d + 2 * n * d * d_ff
+    failure = result["failure"].splitlines()
+    up = n * d * d_ff  # the FFN doubled: each of its GEMMs gains one more of itself
+    assert any(line.split()[:5] == ["ffn_up", f"{up:,}", f"{2 * up:,}", f"+{up:,}", "CHANGED"] for line in failure)
+    assert not any(line.startswith("attn_scores") and "CHANGED" in line for line in failure)
+    assert json.loads(result["baseline"])["roles"]["ffn_up"] == 2 * up  # updated, as pytest --flops-update does
+    assert f"closed form holds: {result['profile'].total():,} MACs" in capsys.readouterr().out
+
+
+def test_real_config(capsys):
+    pytest.importorskip("transformers")
+    from closed_forms import add, attention, ffn, times
+
+    L, n = 2, 64
+    prof = load("real_config").main(["--layers", str(L), "--n", str(n)])
+    d, d_ff, vocab = 4096, 14336, 128256  # Llama-3.1-8B: GQA 32 heads over 8 key/value heads, SwiGLU
+    layer = add(attention(1, n, n, d, 32, 8), ffn(1, n, d, d_ff, gated=True))
+    assert {r: m for r, m in prof.by_role().items() if m} == add(times(L, layer), {"logits": n * d * vocab})
+    out = capsys.readouterr().out
+    weights = L * (2 * d * d + 2 * d * 1024 + 3 * d * d_ff) + d * vocab  # a MAC per weight per token
+    assert f"per token: {prof.total() // n:,} MACs = {weights:,} (a MAC per weight) + {2 * L * n * d:,}" in out

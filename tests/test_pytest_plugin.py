@@ -77,3 +77,47 @@ def test_routed(flops):
 """)
     pytester.runpytest().assert_outcomes(passed=1)
     assert json.loads((pytester.path / "__flops__" / "test_routed.json").read_text())["macs"] == 4 * 8 * 8
+
+
+@pytest.mark.parametrize(("content", "says"), [
+    ('{"macs": 1, ', "is not JSON"),  # cut short
+    ("\x89PNG\r\n", "is not JSON"),  # not even text
+    ('{"schema": "flopscope.snapshot/0", "macs": 1}', "it has schema 'flopscope.snapshot/0'"),
+    ('[1, 2]', "it has no schema"),
+])
+def test_a_baseline_that_is_not_a_snapshot_says_which_file_and_how_to_fix_it(pytester: pytest.Pytester, content,
+                                                                            says) -> None:
+    pytester.makepyfile(test_budget=BLOCK_TEST.format(d_ff=D_FF))
+    baseline = pytester.path / "__flops__" / "test_block.json"
+    baseline.parent.mkdir()
+    baseline.write_bytes(content.encode("latin-1"))
+    result = pytester.runpytest()
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines([f"*ConfigurationError*{baseline}*{says}*delete it, or run pytest --flops-update*"])
+    assert baseline.read_bytes() == content.encode("latin-1")  # left for the user to look at
+    pytester.runpytest("--flops-update").assert_outcomes(passed=1)
+    assert json.loads(baseline.read_text())["schema"] == "flopscope.snapshot/1"
+    pytester.runpytest().assert_outcomes(passed=1)
+
+
+def test_snapshots_are_written_whole(tmp_path, monkeypatch) -> None:
+    import os
+
+    from flopscope.testing import FlopBudget
+
+    block, x = TransformerBlock(D, H, D_FF), torch.randn(1, N, D)
+    budget = FlopBudget(tmp_path / "__flops__", "test_block")
+    budget.check(block, x)
+    path = tmp_path / "__flops__" / "test_block.json"
+    before = path.read_text()
+
+    def interrupted(source, destination):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", interrupted)
+    with pytest.raises(flopscope.FlopscopeError, match=r"cannot write the snapshot to .*test_block\.json: No space"):
+        FlopBudget(tmp_path / "__flops__", "test_block", update=True).check(TransformerBlock(D, H, 2 * D_FF), x)
+    monkeypatch.undo()
+    assert path.read_text() == before  # the old baseline, whole
+    assert [p.name for p in path.parent.iterdir()] == ["test_block.json"]  # no temporary file left
+    budget.check(block, x)

@@ -1,17 +1,21 @@
-"""Models from their own config.json (no weights, no network): built on meta, counted on fake tensors."""
+"""Models from their own config.json (no weights, no network): built on meta, counted on fake tensors; timm and
+torchvision models by name, at the input size of their weights."""
 
 from __future__ import annotations
 
+import importlib
 import json
+import sys
+import types
 
 import pytest
 import torch
 
 import flopscope
 from flopscope.cli import main
-from flopscope.targets import load_target
+from flopscope.targets import load_target, make_inputs
 
-from closed_forms import add, attention, ffn, times
+from closed_forms import add, attention, conv_out, ffn, times
 
 transformers = pytest.importorskip("transformers")
 N = 128
@@ -92,3 +96,137 @@ def test_a_hub_model_offline_says_what_to_do(monkeypatch) -> None:
     assert load_target("hf:llama/causal-lm", ["num_hidden_layers=1", "hidden_size=64", "intermediate_size=64",
                                               "num_attention_heads=4", "num_key_value_heads=4"]).description \
         == "hf:llama/causal-lm"  # FAMILY/HEAD is still a family
+
+
+def test_a_config_without_model_type_says_which_to_add(tmp_path) -> None:
+    config = {key: value for key, value in LLAMA_3_1_8B.items() if key != "model_type"}
+    with pytest.raises(flopscope.FlopscopeError, match=r"config.json has no \"model_type\".*LlamaForCausalLM is "
+                                                      r"'llama'.*add \"model_type\": \"llama\""):
+        load_target(write(tmp_path, config))
+    del config["architectures"]
+    with pytest.raises(flopscope.FlopscopeError, match=r"has no \"model_type\".*model card"):
+        load_target(write(tmp_path, config))
+    (tmp_path / "config.json").write_text('{"model_type": "llama",')  # cut short
+    with pytest.raises(flopscope.FlopscopeError, match=r"config.json is not a JSON config file"):
+        load_target(str(tmp_path))
+
+
+# timm and torchvision (the vision extra). A torchvision wheel built for another torch (the CUDA one beside a CPU
+# torch) fails to import with a RuntimeError, not an ImportError: skip on any failure, saying which.
+def vision(name: str):
+    try:
+        return importlib.import_module(name)
+    except Exception as e:
+        pytest.skip(f"{name} does not import here ({type(e).__name__}: {e})")
+
+
+def resnet18_convolutions(size: int) -> int:
+    """ResNet-18's convolution MACs on one size x size image (He et al. 2016, Table 1): a 7x7 stem of stride 2 and a
+    3x3 max pool of stride 2, then four stages of two basic blocks (two 3x3 convolutions each) at widths 64, 128,
+    256, 512, each stage after the first halving the side in its first convolution and adding a 1x1 projection."""
+    side = conv_out(size, 7, stride=2, pad=3)
+    macs = side * side * 64 * 3 * 7 * 7
+    side = conv_out(side, 3, stride=2, pad=1)
+    c_in = 64
+    for stage, c in enumerate((64, 128, 256, 512)):
+        if stage:
+            side = conv_out(side, 3, stride=2, pad=1)
+        projection = c_in if c != c_in else 0
+        macs += side * side * c * (c_in * 9 + 3 * c * 9 + projection)
+        c_in = c
+    return macs
+
+
+def test_timm_resnet18_with_its_own_input_size(capsys) -> None:
+    vision("timm")
+    from torch.utils.flop_counter import FlopCounterMode
+
+    target = load_target("timm:resnet18")
+    assert target.input_shape == (1, 3, 224, 224)  # its pretrained_cfg["input_size"]
+    (x,), _ = make_inputs(target, [])(None)
+    assert x.shape == (1, 3, 224, 224)
+    prof = flopscope.profile(target.model, x)
+    assert resnet18_convolutions(224) == 1_813_561_344  # the 1.8 GMACs usually quoted
+    assert prof.by_role()["conv"] == resnet18_convolutions(224)
+    assert prof.total() == resnet18_convolutions(224) + 512 * 1000  # and the classifier
+    with FlopCounterMode(display=False) as counter, torch.no_grad():
+        target.model(x)
+    assert prof.total() == counter.get_total_flops() // 2
+    assert main(["profile", "timm:resnet18", "--depth", "0"]) == 0  # no --input: its own size
+    assert f"{prof.total():,}" in capsys.readouterr().out
+
+
+def test_a_timm_vit_counts_attention_over_its_197_tokens() -> None:
+    vision("timm")
+    target = load_target("timm:vit_tiny_patch16_224")
+    prof = flopscope.profile(target.model, *make_inputs(target, [])(None)[0])
+    depth, heads, n, d = 12, 3, 14 * 14 + 1, 192  # 196 patches and the class token
+    roles = prof.by_role()
+    assert roles["attn_scores"] == roles["attn_weighted_sum"] == depth * heads * n * n * (d // heads)
+    assert roles["q_proj"] == depth * n * d * d and roles["ffn_up"] == depth * n * d * 4 * d
+    assert roles["conv"] == 14 * 14 * d * 3 * 16 * 16  # the patch embedding
+
+
+def test_torchvision_models_get_their_weights_input_size() -> None:
+    vision("torchvision")
+    target = load_target("torchvision.models:resnet18")
+    assert target.input_shape == (1, 3, 224, 224)
+    prof = flopscope.profile(target.model, *make_inputs(target, [])(None)[0])
+    assert prof.total() == resnet18_convolutions(224) + 512 * 1000  # the same network as timm's
+    assert load_target("torchvision.models:inception_v3", ["init_weights=False"]).input_shape == (1, 3, 299, 299)
+    assert load_target("torchvision.models:resnet18", ["num_classes=10"]).input_shape == (1, 3, 224, 224)
+
+
+def test_an_unknown_timm_name_offers_the_closest() -> None:
+    vision("timm")
+    with pytest.raises(flopscope.FlopscopeError, match=r"unknown timm model 'resnet181'; closest: resnet18, .*"
+                                                      r"timm.list_models"):
+        load_target("timm:resnet181")
+
+
+def test_vision_targets_on_stand_ins(monkeypatch, tmp_path) -> None:
+    """The loaders' logic without the vision extra (stand-in modules): timm's input size from its pretrained_cfg,
+    the settings passed on, the closest names; torchvision's crop size, else 224; import failures explained."""
+    built: dict = {}
+
+    def create_model(name: str, pretrained: bool, **settings):
+        built.update(name=name, pretrained=pretrained, **settings)
+        model = torch.nn.Conv2d(3, 8, 3)
+        model.pretrained_cfg = {"input_size": (3, 288, 288)}
+        return model
+
+    names = ["convnext_tiny", "resnet50", "resnet50d"]
+    timm = types.SimpleNamespace(create_model=create_model, list_models=lambda: names, is_model=names.__contains__)
+    monkeypatch.setitem(sys.modules, "timm", timm)
+    target = load_target("timm:resnet50", ["drop_rate=0.1"])
+    assert built == {"name": "resnet50", "pretrained": False, "drop_rate": 0.1}
+    assert (target.description, target.input_shape, target.token_inputs) == ("timm:resnet50", (1, 3, 288, 288), False)
+    assert make_inputs(target, [])(None)[0][0].shape == (1, 3, 288, 288)
+    assert make_inputs(target, [(2, 3, 64, 64)])(None)[0][0].shape == (2, 3, 64, 64)  # --input still wins
+    with pytest.raises(flopscope.FlopscopeError, match=r"unknown timm model 'resnet5'; closest: resnet50, resnet50d\. "
+                                                      r"All 3"):
+        load_target("timm:resnet5")
+    monkeypatch.setitem(sys.modules, "timm", None)  # not installed
+    with pytest.raises(flopscope.FlopscopeError, match=r"pip install 'flopscope\[vision\]'"):
+        load_target("timm:resnet50")
+
+    def get_model_weights(name: str):
+        if name != "inception_v3":
+            raise ValueError(f"Unknown model {name}")
+        return types.SimpleNamespace(DEFAULT=types.SimpleNamespace(
+            transforms=lambda: types.SimpleNamespace(crop_size=[299])))
+
+    models = types.SimpleNamespace(inception_v3=lambda: torch.nn.Conv2d(3, 8, 3),
+                                   squeezenet=lambda: torch.nn.Conv2d(3, 8, 3), get_model_weights=get_model_weights)
+    monkeypatch.setitem(sys.modules, "torchvision", types.ModuleType("torchvision"))
+    monkeypatch.setitem(sys.modules, "torchvision.models", models)
+    assert load_target("torchvision.models:inception_v3").input_shape == (1, 3, 299, 299)
+    assert load_target("torchvision.models:squeezenet").input_shape == (1, 3, 224, 224)  # no weights: 224
+
+    (tmp_path / "brokenvision").mkdir()  # a package built for another torch
+    (tmp_path / "brokenvision" / "__init__.py").write_text(
+        "raise RuntimeError('operator torchvision::nms does not exist')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(flopscope.FlopscopeError, match=r"cannot load 'brokenvision:resnet18': importing brokenvision "
+                                                      r"failed with torch .*RuntimeError: operator torchvision::nms"):
+        load_target("brokenvision:resnet18")

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import re
 from collections import defaultdict
 
+import numpy as np
 import pytest
 import torch
 
 import flopscope
+import flopscope.trace
 from flopscope.models import TransformerBlock
 
 D, H, D_FF, N = 64, 4, 256, 16
@@ -109,3 +112,71 @@ def test_profiler_trace_marks_each_module_call_as_a_torch_profiler_range() -> No
             flopscope.profiler(block, mode="real"):
         block(x)
     assert not any(event.key.startswith("flopscope/") for event in plain.key_averages())  # only when asked
+
+
+def test_a_trace_path_that_cannot_be_written_is_named_and_nothing_is_half_written(tmp_path, monkeypatch) -> None:
+    import os
+
+    prof = flopscope.profile(torch.nn.Linear(D, D_FF), torch.randn(N, D))
+    missing = tmp_path / "no such directory" / "t.json"
+    with pytest.raises(flopscope.FlopscopeError, match=rf"cannot write the trace to {re.escape(str(missing))}: No "):
+        prof.export_chrome_trace(missing)
+    with pytest.raises(flopscope.FlopscopeError, match=rf"cannot write the trace to {re.escape(str(tmp_path))}"):
+        prof.export_chrome_trace(tmp_path)  # a directory
+    path = tmp_path / "t.json"
+    path.write_text("the previous trace")
+
+    def interrupted(source, destination):  # the rename fails: a full disk, a crash
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", interrupted)
+    with pytest.raises(flopscope.FlopscopeError, match=r"cannot write the trace to .*t\.json: No space left"):
+        prof.export_chrome_trace(path)
+    monkeypatch.undo()
+    assert path.read_text() == "the previous trace"  # untouched
+    assert [p.name for p in tmp_path.iterdir()] == ["t.json"]  # and no temporary file left beside it
+    prof.export_chrome_trace(path)
+    assert json.loads(path.read_text())["otherData"]["total_macs"] == N * D * D_FF
+    umask = os.umask(0)
+    os.umask(umask)
+    assert path.stat().st_mode & 0o777 == 0o666 & ~umask  # as a plain open() makes it, not a private temp file
+
+
+def test_module_ranges_are_not_ops_of_the_trace(tmp_path) -> None:
+    block, x = TransformerBlock(D, H, D_FF), torch.randn(1, N, D)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as torch_prof, \
+            flopscope.profiler(block, mode="real", trace=True) as ours:
+        block(x)
+    torch_prof.export_chrome_trace(str(tmp_path / "torch.json"))
+    merged = flopscope.trace.merge_torch_trace(tmp_path / "torch.json", ours.result)
+    assert set(merged["otherData"]["flopscope"]["unmatched"]) <= {"aten.detach"}  # record_function's ops: not ours
+    ops = [e for e in validate(ours.result.export_chrome_trace(tmp_path / "t.json") and
+                               json.loads((tmp_path / "t.json").read_text())) if e["ph"] == "X"]
+    assert not any(e["args"]["op"].startswith("profiler.") for e in ops)
+
+
+def test_a_png_of_a_trace(tmp_path) -> None:
+    image = pytest.importorskip("matplotlib.image")
+    from flopscope.plots import trace_plot
+    from flopscope.trace import merge_torch_trace
+
+    block, x = TransformerBlock(D, H, D_FF), torch.randn(1, N, D)
+    prof = flopscope.profile(block, x, mode="real")
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as torch_prof, \
+            flopscope.profiler(block, mode="real", trace=True) as ours:
+        block(x)
+    torch_prof.export_chrome_trace(str(tmp_path / "torch.json"))
+    for name, trace in (("own", prof.export_chrome_trace(tmp_path / "t.json")),  # a path
+                        ("merged", merge_torch_trace(tmp_path / "torch.json", ours.result))):  # a dict
+        png = trace_plot(trace, tmp_path / f"{name}.png")
+        data = png.read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 20_000, name
+        pixels = image.imread(png)
+        assert pixels.shape[1] == 12 * 120 and pixels.shape[0] > 6 * 120  # 12 inches at 120 dpi; nine role rows
+        colours = np.unique(pixels.reshape(-1, pixels.shape[-1]), axis=0)
+        assert (np.ptp(colours[:, :3], axis=1) > 0.2).sum() >= 8, name  # the role tracks' bars, in colour
+    with pytest.raises(flopscope.FlopscopeError, match="no flopscope events in this trace"):
+        trace_plot({"traceEvents": []}, tmp_path / "empty.png")
+    (tmp_path / "bad.json").write_text("{")
+    with pytest.raises(flopscope.FlopscopeError, match=r"cannot read the trace .*bad\.json"):
+        trace_plot(tmp_path / "bad.json", tmp_path / "bad.png")
