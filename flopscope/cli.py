@@ -85,7 +85,8 @@ def _parser() -> argparse.ArgumentParser:
     _output_options(demo)
     demo.set_defaults(run=_demo)
 
-    prof = commands.add_parser("profile", help="profile a model: hf:FAMILY or package.module:factory",
+    prof = commands.add_parser("profile", help="profile a model: hf:FAMILY, hf:ORG/NAME, a config.json, timm:NAME "
+                                               "or package.module:factory",
                                description="Profile one forward of TARGET.", epilog=EXAMPLES,
                                formatter_class=argparse.RawDescriptionHelpFormatter)
     _target_options(prof)
@@ -158,12 +159,14 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _target_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("target", help="hf:FAMILY[/causal-lm|seq2seq-lm|masked-lm|classification] (built from "
-                                       "its config, no download) or package.module:factory")
+    parser.add_argument("target", help="hf:FAMILY[/causal-lm|seq2seq-lm|masked-lm|classification] (its default "
+                                       "config), hf:ORG/NAME or path/to/config.json (that model's config, no "
+                                       "weights), timm:NAME, torchvision.models:NAME or package.module:factory")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="config / factory argument, repeatable (e.g. --set n_layer=2)")
     parser.add_argument("--input", action="append", default=[], metavar="SHAPE",
-                        help="input shape, repeatable for several inputs (default 1x128 token ids for hf:)")
+                        help="input shape, repeatable for several inputs (default: 1x128 token ids for Hugging "
+                             "Face targets; the weights' image size for timm: and torchvision targets)")
     parser.add_argument("--dtype", help="input dtype: long for token ids, float32 (default for factories), ...")
 
 
