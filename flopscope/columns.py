@@ -143,6 +143,10 @@ def _union(values: Sequence[Labels]) -> set[int]:
             out |= v
         elif isinstance(v, (list, tuple)):
             out |= _union(v)
-        else:
+        elif v.numel() and int(v.min()) >= -1:
+            # labels are column indices, or -1 where unknown: counting them is linear, where torch.unique sorts
+            counts = torch.bincount(v.flatten() + 1)
+            out |= {int(x) - 1 for x in torch.nonzero(counts).flatten()}
+        elif v.numel():
             out |= {int(x) for x in torch.unique(v)}
     return out
