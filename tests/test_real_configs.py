@@ -62,7 +62,7 @@ def test_llama_3_1_8b_from_its_config(tmp_path) -> None:
 
 
 def test_mixtral_from_its_config_counts_the_two_experts_each_token_takes(tmp_path) -> None:
-    # two of its 32 layers: finding the experts' roles costs about 1.5 s a layer at this width (columns.py)
+    # two of its 32 layers: finding the experts' roles costs about half a second a layer at this width (columns.py)
     model = load_target(write(tmp_path, MIXTRAL_8X7B), ["num_hidden_layers=2"]).model
     prof = flopscope.profile(model, torch.zeros(1, N, dtype=torch.long), mode="fake")
     expected = decoder(2, 4096, 32, 8, 14336, 32000, experts_per_token=2)
