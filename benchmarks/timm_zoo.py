@@ -488,7 +488,7 @@ def _attn_cell(r: dict[str, Any]) -> str:
 
 
 def _other_share(fs: dict[str, Any]) -> str:
-    if not fs.get("macs"):
+    if not fs.get("macs") or "by_role" not in fs:
         return "–"
     return f"{100 * fs.get('by_role', {}).get('other', 0) / fs['macs']:.1f}%"
 
@@ -593,8 +593,8 @@ def write_report(results: list[dict[str, Any]], path: Path, elapsed: float, args
                   "flopscope vs fs-eager (by op) |", "|---|---|---|---|---|---|---|"]
         for r in mism:
             fs, fe, ref = r.get("fs", {}), r.get("fs_eager", {}), r.get("ref", {})
-            d1 = _diff_text(op_diff(fe.get("by_op", {}), ref.get("by_op", {}))) if "macs" in fe else \
-                fe.get("error", "")
+            d1 = (_diff_text(op_diff(fe.get("by_op", {}), ref.get("by_op", {}))) or "equal") if "macs" in fe \
+                else fe.get("error", "")
             d2 = _diff_text(op_diff(fs.get("by_op", {}), fe.get("by_op", {}))) if "macs" in fe else ""
             lines.append(f"| {r['model']} | {_fmt(fs.get('macs'))} | {_fmt(ref.get('macs'))} | {_ratio(r)} | "
                          f"{_fmt(fe.get('macs'))} | {_cell(d1)} | {_cell(d2)} |")
@@ -622,7 +622,7 @@ def write_report(results: list[dict[str, Any]], path: Path, elapsed: float, args
         device = r.get("device", "–")
         c = _attention_coverage(r)
         cov = "–" if c is None else f"{c:.3f}"
-        roles = "–" if "macs" not in fs else ("ok" if fs.get("roles_sum_ok") else "**no**")
+        roles = "–" if "by_role" not in fs else ("ok" if fs.get("roles_sum_ok") else "**no**")
         params = f"{r['params'] / 1e6:.1f}M" if isinstance(r.get("params"), int) else "–"
         inp = "x".join(str(v) for v in r.get("input", [])[1:]) or "–"
         lines.append(f"| {r['model']} | {r.get('family', '?')} | {r['status']} | {device} | {params} | {inp} | "
@@ -659,7 +659,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--report", default=str(Path(__file__).with_name("timm_zoo_report.md")),
                     help="markdown report path")
     ap.add_argument("--json", help="also write the raw results as JSON here")
-    ap.add_argument("--timeout", type=int, default=180, help="seconds per model (default 180)")
+    ap.add_argument("--timeout", type=int, default=300, help="seconds per model (default 300)")
     ap.add_argument("--max-params", type=float, default=300e6,
                     help="models with more parameters are built and counted on the meta device (default 300M)")
     ap.add_argument("--max-macs", type=float, default=100e9,
