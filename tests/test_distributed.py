@@ -27,13 +27,18 @@ def tensor_parallel_llama(mesh) -> torch.nn.Module:
                                       num_attention_heads=h, num_key_value_heads=h, vocab_size=V)
     torch.manual_seed(0)
     model = transformers.LlamaForCausalLM(config)
+    shard_layers(model, mesh)
+    return model
+
+
+def shard_layers(model: torch.nn.Module, mesh) -> None:
+    """Megatron's plan on every decoder layer: Q, K, V, gate and up by columns, output and down by rows."""
     plan = {"self_attn.q_proj": tp.ColwiseParallel(), "self_attn.k_proj": tp.ColwiseParallel(),
             "self_attn.v_proj": tp.ColwiseParallel(), "self_attn.o_proj": tp.RowwiseParallel(),
             "mlp.gate_proj": tp.ColwiseParallel(), "mlp.up_proj": tp.ColwiseParallel(),
             "mlp.down_proj": tp.RowwiseParallel()}
     for layer in model.model.layers:
         tp.parallelize_module(layer, mesh, plan)
-    return model
 
 
 @pytest.mark.parametrize("mode", ["fake", "real"])
@@ -400,12 +405,7 @@ def test_a_model_sharded_on_meta_counts_on_fake_tensors_and_stays_on_meta() -> N
     with fake_world(t) as mesh:
         with torch.device("meta"):
             model = transformers.LlamaForCausalLM(config)
-        plan = {"self_attn.q_proj": tp.ColwiseParallel(), "self_attn.k_proj": tp.ColwiseParallel(),
-                "self_attn.v_proj": tp.ColwiseParallel(), "self_attn.o_proj": tp.RowwiseParallel(),
-                "mlp.gate_proj": tp.ColwiseParallel(), "mlp.up_proj": tp.ColwiseParallel(),
-                "mlp.down_proj": tp.RowwiseParallel()}
-        for layer in model.model.layers:
-            tp.parallelize_module(layer, mesh, plan)
+        shard_layers(model, mesh)
         prof = flopscope.profile(model, torch.zeros(B, n, dtype=torch.long), mode="fake")
     unsharded = add(times(L, add(attention(B, n, n, d, h), ffn(B, n, d, d_ff, gated=True))),
                     {"logits": B * n * d * vocab})
