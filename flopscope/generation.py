@@ -18,6 +18,10 @@ What a step's fields are read from (no cache object is read, so any cache class 
 - ``kv_macs`` / ``kv_bytes``: the attention core's MACs and bytes (scores and weighted sum), the part of the
   step that grows with the context because it reads the KV cache; the rest is per new token.
 
+``attention`` (:func:`steps`, :func:`decode_scaling`): the convention of the attention core's MACs (``macs``,
+``by_role``, ``kv_macs``): ``"executed"`` (default), ``"causal"`` or ``"mask"`` (:mod:`flopscope.attention_mask`);
+bytes stay what the kernels move.
+
 Units: MACs and bytes (FLOPs = 2 x MACs, ``Step.flops``); ``seconds`` is the wall time of the call (real mode).
 """
 
@@ -30,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from tabulate import tabulate
 
+from .attention_mask import EXECUTED, parts_under
 from .capture import CapturedOp, captured
 from .columns import scale_parts
 from .errors import FlopscopeError
@@ -74,9 +79,10 @@ class Step:
                 "by_role": dict(self.by_role)}
 
 
-def steps(prof: Profile) -> list[Step]:
+def steps(prof: Profile, attention: str = EXECUTED) -> list[Step]:
     """One :class:`Step` per call of the root module, in order (see the module docstring)."""
     assignments = prof.role_assignments()
+    priced = parts_under(prof, attention)
     macs: dict[int, Counter[str]] = defaultdict(Counter)
     moved: Counter[int] = Counter()
     kv_bytes: Counter[int] = Counter()
@@ -90,7 +96,7 @@ def steps(prof: Profile) -> list[Step]:
         assignment = assignments.get(node)
         if assignment is None:
             continue
-        macs[call].update(assignment.parts)
+        macs[call].update(priced[node])
         core = {role: v for role, v in assignment.parts.items() if role in CORE and v}
         if core and op.bytes:
             kv_bytes[call] += sum(scale_parts(assignment.parts, op.bytes)[role] for role in core)
@@ -114,14 +120,15 @@ def steps(prof: Profile) -> list[Step]:
     return out
 
 
-def decode_scaling(prof: Profile) -> Scaling:
+def decode_scaling(prof: Profile, attention: str = EXECUTED) -> Scaling:
     """The decode steps' MACs **per sequence** by role as exact polynomials in the context length (checked at
     every decode step beyond the degree; ``None`` for a role that is not a polynomial of degree <= count - 2).
     Needs at least three decode steps of distinct contexts (a linear term checked once)."""
     from .scaling import Scaling, interpolate
 
     by_context: dict[int, Mapping[str, int]] = {}
-    for step in steps(prof):
+    found = steps(prof, attention)
+    for step in found:
         if step.phase != DECODE or step.context is None or not step.batch:
             continue
         per_sequence = {role: v // step.batch for role, v in step.by_role.items()}
@@ -129,7 +136,7 @@ def decode_scaling(prof: Profile) -> Scaling:
             raise FlopscopeError(f"decode step {step.step}: MACs do not divide by its batch of {step.batch}")
         by_context.setdefault(step.context, per_sequence)
     contexts = sorted(by_context)
-    if len(contexts) == 1 and len([s for s in steps(prof) if s.phase == DECODE]) > 1:
+    if len(contexts) == 1 and len([s for s in found if s.phase == DECODE]) > 1:
         raise FlopscopeError(f"every decode step attends over the same {contexts[0]} positions (a static cache: its "
                              "kernels run over the whole buffer), so a decode step's cost does not depend on the "
                              "context; see steps()")

@@ -14,6 +14,11 @@ forms: ``docs/formulas.md`` sections 2-5.
   d_ff = 4h, d_attn = h, multi-head attention).
 - Chowdhery et al. 2022 (PaLM), App. B: 6N + 12·L·H·Q·T per token for a training step, the forward a third:
   2N + 4·L·H·Q·T, N = all parameters but position embeddings (nanoGPT's convention).
+
+The measured side counts the attention core by a convention (``attention``: ``"executed"``, the default, every
+pair the kernels compute; ``"causal"``, the causal half; ``"mask"``, the pairs the mask allows; see
+:mod:`flopscope.attention_mask`). The formulas keep their own: Kaplan's core is the causal half (so under
+``"causal"`` its attention term matches a causal model's), Chinchilla, Megatron-LM and PaLM charge it dense.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from fractions import Fraction
 
 from tabulate import tabulate
 
+from .attention_mask import EXECUTED, check_attention
 from .conventions import FFN_WIDTH, HEAD_WIDTH, HEADS, KV_HEADS, LAYERS, POSITIONS, TOKEN_INPUTS, VOCAB, WIDTH
 from .errors import FlopscopeError
 from .facts import ModelFacts
@@ -67,6 +73,12 @@ class FormulaRow:
 class ModelFormulas:
     rows: tuple[FormulaRow, ...]
     hyper: Mapping[str, int]
+    attention: str = EXECUTED  # the convention of the measured attention core (flopscope.attention_mask)
+
+    @property
+    def measured(self) -> Fraction:
+        """Measured forward MACs per token (the attention core under :attr:`attention`)."""
+        return self.rows[0].measured if self.rows else Fraction(0)
 
     def to_table(self, tablefmt: str = "simple") -> str:
         table = []
@@ -75,7 +87,7 @@ class ModelFormulas:
             table.append([r.name, f"{float(r.predicted):,.0f}", f"{float(r.measured):,.0f}",
                           f"{r.difference_percent:+.2f}%", why + (f" ({r.notes})" if r.notes else "")])
         hyper = " ".join(f"{k}={v:,}" for k, v in self.hyper.items())
-        return (f"forward MACs per token (1 MAC = 2 FLOPs); {hyper}\n" +
+        return (f"forward MACs per token (1 MAC = 2 FLOPs; measured attention core: {self.attention}); {hyper}\n" +
                 tabulate(table, headers=["formula", "predicted", "measured", "difference", "explained by (MACs/token)"],
                          tablefmt=tablefmt, colalign=("left", "right", "right", "right", "left")))
 
@@ -85,9 +97,12 @@ def _signed(v: Fraction) -> str:
 
 
 def model_formulas(facts: ModelFacts, forward_roles: Mapping[str, int],
-                   module_inputs: Mapping[ModuleCall, tuple[tuple[int | str, tuple[int, ...]], ...]]) -> ModelFormulas:
-    """Measured forward MACs per token (``forward_roles``: MACs per role of the forward pass) against the
-    four model-level formulas (see the module docstring); hyper-parameters from the model's config."""
+                   module_inputs: Mapping[ModuleCall, tuple[tuple[int | str, tuple[int, ...]], ...]],
+                   attention: str = EXECUTED) -> ModelFormulas:
+    """Measured forward MACs per token (``forward_roles``: MACs per role of the forward pass, its attention core
+    counted by the convention ``attention`` names) against the four model-level formulas (see the module
+    docstring); hyper-parameters from the model's config."""
+    check_attention(attention)
     L, d, h = facts.declared(LAYERS), facts.declared(WIDTH), facts.declared(HEADS)
     if L is None or d is None or h is None:
         raise FlopscopeError("model-level formulas need a language-model config with num_hidden_layers, "
@@ -135,7 +150,7 @@ def model_formulas(facts: ModelFacts, forward_roles: Mapping[str, int],
     palm_parts["logits" if tied else "embeddings"] = Fraction(token_embedding)
     palm = row("Chowdhery et al. 2022 (PaLM: N + 2·L·H·Q·T)", palm_parts, "N counts every parameter once")
     hyper = {"L": L, "d": d, "h": h, "n_kv": n_kv, "d_k": d_k, "d_ff": d_ff, "V": V, "n": n, "tokens": tokens}
-    return ModelFormulas((kaplan, chinchilla, megatron, palm), hyper)
+    return ModelFormulas((kaplan, chinchilla, megatron, palm), hyper, attention)
 
 
 def part_of(role: Role) -> str:

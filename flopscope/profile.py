@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 from torch import fx
 
-from . import generation
+from . import attention_mask, generation
+from .attention_mask import EXECUTED
 from .capture import FORWARD, CapturedOp, Cost, build_graph, captured
 from .columns import scale_parts
 from .errors import NotFoundError
@@ -183,10 +184,11 @@ class Profile:
         read it in real mode."""
         return MappingProxyType(dict(self._capture.root_seconds))
 
-    def steps(self) -> list[Step]:
+    def steps(self, attention: str = EXECUTED) -> list[Step]:
         """One row per forward of the model (a generation step: prefill or decode), with its batch, new tokens,
-        context, MACs by role, bytes and wall time (:mod:`flopscope.generation`)."""
-        return generation.steps(self)
+        context, MACs by role (the attention core under ``attention``: :mod:`flopscope.attention_mask`), bytes
+        and wall time (:mod:`flopscope.generation`)."""
+        return generation.steps(self, attention)
 
     def export_chrome_trace(self, path: str | Path, *, peak: float | None = None,
                             bandwidth: float | None = None) -> Path:
@@ -209,9 +211,9 @@ class Profile:
         """Message bytes of every collective (see :meth:`collectives`)."""
         return sum(row.bytes for row in self.collectives() if phase is None or row.phase == phase)
 
-    def decode_scaling(self) -> Scaling:
+    def decode_scaling(self, attention: str = EXECUTED) -> Scaling:
         """The decode steps' MACs per sequence, per role, as exact polynomials in the context length."""
-        return generation.decode_scaling(self)
+        return generation.decode_scaling(self, attention)
 
     @property
     def notes(self) -> list[str]:
@@ -239,18 +241,20 @@ class Profile:
 
     # ---------------------------------------------------------------------------------------------
     # totals
-    def total(self, module: str = "", phase: str | None = None) -> int:
+    def total(self, module: str = "", phase: str | None = None, attention: str = EXECUTED) -> int:
         """Multiply-accumulates (MACs) of linear-algebra work (matmul, conv, attention, recurrent GEMMs),
         of the whole run (``module=""``) or of one module, inclusive of its submodules; ``phase``
-        ("forward" / "backward") restricts a profile taken with ``backward=True``."""
+        ("forward" / "backward") restricts a profile taken with ``backward=True``; ``attention`` ("executed",
+        "causal" or "mask") prices the attention core by that convention (:mod:`flopscope.attention_mask`)."""
         if module != "":
             self._check_module(module)
         return sum(macs for _, macs, paths, ph in self._counted
-                   if (module == "" or module in paths) and (phase is None or ph == phase))
+                   if (module == "" or module in paths) and (phase is None or ph == phase)
+                   ) - attention_mask.saved(self, attention, module, phase)
 
-    def total_flops(self, module: str = "", phase: str | None = None) -> int:
+    def total_flops(self, module: str = "", phase: str | None = None, attention: str = EXECUTED) -> int:
         """Floating-point operations of the same work: ``2 * total(module)`` (1 MAC = 2 FLOPs)."""
-        return 2 * self.total(module, phase)
+        return 2 * self.total(module, phase, attention)
 
     def by_phase(self) -> dict[str, int]:
         """MACs of the forward pass and (with ``backward=True``) of the backward pass."""
@@ -326,25 +330,28 @@ class Profile:
 
     # ---------------------------------------------------------------------------------------------
     # roles
-    def by_role(self, phase: str | None = None) -> dict[str, int]:
+    def by_role(self, phase: str | None = None, attention: str = EXECUTED) -> dict[str, int]:
         """MACs per semantic role (:class:`~flopscope.roles.Role` values as keys, in the canonical
         order); every multiply has exactly one role, so the values sum to ``total(phase=phase)``.
-        Backward ops carry the role of the forward op they differentiate."""
+        Backward ops carry the role of the forward op they differentiate. ``attention``: the convention of
+        the ``attn_scores`` / ``attn_weighted_sum`` rows (:mod:`flopscope.attention_mask`)."""
         out: Counter[str] = Counter()
-        for node, assignment in self.role_assignments().items():
+        for node, parts in attention_mask.parts_under(self, attention).items():
             if phase is not None and captured(node).phase != phase:
                 continue
-            for role, macs in assignment.parts.items():
+            for role, macs in parts.items():
                 out[role] += macs
         return {role: out[role] for role in ROLE_ORDER if role in out}
 
-    def by_block(self) -> dict[str, dict[str, int]]:
+    def by_block(self, attention: str = EXECUTED) -> dict[str, dict[str, int]]:
         """``{block path: {role: MACs}}`` per attention / FFN / conv block instance (the module path
-        enclosing its multiplies); multiplies outside such blocks are listed under their own module."""
+        enclosing its multiplies); multiplies outside such blocks are listed under their own module.
+        ``attention``: the convention of the attention core (:mod:`flopscope.attention_mask`)."""
         out: dict[str, Counter[str]] = defaultdict(Counter)
-        for assignment in self.role_assignments().values():
-            for role, macs in assignment.parts.items():
-                out[assignment.block or ""][role] += macs
+        assignments = self.role_assignments()
+        for node, parts in attention_mask.parts_under(self, attention).items():
+            for role, macs in parts.items():
+                out[assignments[node].block or ""][role] += macs
         return {block: {r: roles[r] for r in ROLE_ORDER if r in roles} for block, roles in out.items()}
 
     def role_of(self, node: fx.Node | str) -> Role:
@@ -369,10 +376,12 @@ class Profile:
         any ratio that is not 1. See :mod:`flopscope.reconcile`."""
         return reconcile(self.role_assignments(), self._facts, self._capture.module_inputs, spec)
 
-    def model_formulas(self) -> ModelFormulas:
+    def model_formulas(self, attention: str = EXECUTED) -> ModelFormulas:
         """Measured forward MACs per token against Kaplan, Chinchilla, Megatron-LM and PaLM, with the
-        difference explained part by part (see :mod:`flopscope.model_formulas`)."""
-        return model_formulas(self._facts, self.by_role(phase=FORWARD), self._capture.module_inputs)
+        difference explained part by part (see :mod:`flopscope.model_formulas`); the measured attention core
+        under ``attention`` (:mod:`flopscope.attention_mask`)."""
+        return model_formulas(self._facts, self.by_role(phase=FORWARD, attention=attention),
+                              self._capture.module_inputs, attention)
 
     def timing(self) -> Timing:
         """Wall time per role and module of a real-mode run, with GFLOP/s and time share against MAC

@@ -39,6 +39,7 @@ from typing import Any
 from tabulate import tabulate
 from torch import fx
 
+from .attention_mask import declared_mask, kernel_is_causal, useful_pairs
 from .capture import FORWARD, captured
 from .conventions import (
     EXPERT_FFN_WIDTH,
@@ -53,14 +54,13 @@ from .conventions import (
     LINEAR_OUT,
     MULTI_QUERY,
     QUERY_INPUTS,
-    SLIDING_WINDOW,
     TOP_K,
     VOCAB,
     WIDTH,
     Names,
 )
 from .facts import ModelFacts
-from .formulas import OpFamily, fft_macs, prod
+from .formulas import fft_macs, prod
 from .module_tracker import ModuleCall
 from .paths import inside
 from .role import ROLE_ORDER, Role, RoleGroup, roles_in
@@ -168,7 +168,7 @@ def reconcile(assignments: Mapping[fx.Node, Assignment], facts: ModelFacts,
             role_modules[block][role].add(op.module or "")
         if op.parts:
             kernels[block].add(str(node.target))
-            if _kernel_is_causal(node):
+            if kernel_is_causal(node):
                 causal_kernels.add(block)
     calls = _calls_by_path(module_inputs)
     rows: list[ReconcileRow] = []
@@ -195,15 +195,6 @@ def _calls_by_path(inputs: Mapping[Any, InputShapes]) -> dict[str, list[InputSha
     for call, shapes in inputs.items():
         out[call.path].append(shapes)
     return out
-
-
-def _kernel_is_causal(node: fx.Node) -> bool:
-    """An attention kernel called with ``is_causal`` (by keyword, or among its first flags)."""
-    if node.kwargs.get("is_causal"):
-        return True
-    spec = captured(node).spec
-    return spec is not None and spec.family is OpFamily.ATTENTION and "scaled_dot_product" in str(node.target) \
-        and any(a is True for a in node.args[3:6])
 
 
 @dataclass(frozen=True)
@@ -233,6 +224,24 @@ class _Attention:
     d_q: int  # h·d_k: query width, also the width of scores and weighted sum
     d_kv: int  # n_kv·d_k: key / value width
     source: str  # "h=8 n_kv=2 d_k=64 (config)" or "(weight shapes)"
+    d_k: int | None = None  # head width (None: not declared, only the projection widths are known)
+
+
+LINEAR_CORE = (Role.ATTN_KV_STATE.value, Role.ATTN_READOUT.value, Role.ATTN_NORMALISER.value)
+
+
+def _core_macs(measured: Mapping[str, int], batch: int, n_q: int, n_k: int, hyper: _Attention) -> dict[str, int]:
+    """The attention core's MACs for one call: the quadratic form (scores, weighted sum: B·h·n_q·n_k·d_k
+    each), or, where the block's core was found in the linear form, φ(K)ᵀV (B·n_k·n_kv·d_k·d_v), φ(Q)·state
+    (B·n_q·h·d_k·d_v) and, where there is one, the normaliser φ(Q)·Σφ(K) (B·n_q·h·d_k), with d_v = d_k."""
+    if not any(role in measured for role in LINEAR_CORE):
+        return {"attn_scores": batch * n_q * n_k * hyper.d_q, "attn_weighted_sum": batch * n_q * n_k * hyper.d_q}
+    if hyper.d_k is None:
+        return {}
+    core = {"attn_kv_state": batch * n_k * hyper.d_kv * hyper.d_k, "attn_readout": batch * n_q * hyper.d_q * hyper.d_k}
+    if "attn_normaliser" in measured:  # present or not by the block's design, as the gate of a gated FFN
+        core["attn_normaliser"] = batch * n_q * hyper.d_q
+    return core
 
 
 def _attention_hyper(b: _Block) -> _Attention | None:
@@ -265,7 +274,7 @@ def _attention_hyper(b: _Block) -> _Attention | None:
             n_kv = h // groups
         n_kv = n_kv if n_kv is not None else h
         d_k = d_k if d_k is not None else d // h
-        return _Attention(d, h * d_k, n_kv * d_k, f"h={h} n_kv={n_kv} d_k={d_k} ({source})")
+        return _Attention(d, h * d_k, n_kv * d_k, f"h={h} n_kv={n_kv} d_k={d_k} ({source})", d_k)
     # no declared head count: the projection weights give the widths (heads only split them)
     q_mods, k_mods = b.role_modules.get("q_proj", set()), b.role_modules.get("k_proj", set())
     if len(q_mods) == 1 and len(k_mods) == 1 and q_mods != k_mods:
@@ -302,11 +311,8 @@ def _attention_rows(b: _Block) -> list[ReconcileRow]:
     seq_first = facts.attr(block, "batch_first") is False
     predicted: dict[str, int] = defaultdict(int)
     useful: dict[str, int] = defaultdict(int)
-    paths = inside(facts.types, block)
-    causal = bool(b.causal_kernel or any(facts.attr(p, "is_causal") is True for p in paths))
-    window = facts.declared(SLIDING_WINDOW, paths, config=False)
-    if window is None:
-        window = _config_window(block, facts)
+    declared_causal, window = declared_mask(block, facts)  # one source: flopscope.attention_mask
+    causal = b.causal_kernel or declared_causal
     if spec is not None:
         causal = spec.causal if spec.causal is not None else causal
         window = spec.window if spec.window is not None else window
@@ -331,10 +337,10 @@ def _attention_rows(b: _Block) -> list[ReconcileRow]:
         predicted["k_proj"] += batch * n_k * k_in * d_kv
         predicted["v_proj"] += batch * n_k * v_in * d_kv
         n_k += appended
-        predicted["attn_scores"] += batch * n_q * n_k * d_q
-        predicted["attn_weighted_sum"] += batch * n_q * n_k * d_q
+        for role, macs in _core_macs(measured, batch, n_q, n_k, hyper).items():
+            predicted[role] += macs
         predicted["out_proj"] += batch * n_q * d_q * d
-        pairs = _useful_pairs(n_q, n_k, causal and n_k >= n_q, window)
+        pairs = useful_pairs(n_q, n_k, causal and n_k >= n_q, window)
         useful["attn_scores"] += batch * pairs * d_q
         useful["attn_weighted_sum"] += batch * pairs * d_q
         basis = (f"B={batch} n_q={n_q} n_k={n_k} d={d} {hyper.source}"
@@ -351,29 +357,6 @@ def _attention_rows(b: _Block) -> list[ReconcileRow]:
                            basis=basis)
         rows.append(replace(row, reason=_attention_reason(row, hyper)) if not row.exact else row)
     return rows
-
-
-def _config_window(block: str, facts: ModelFacts) -> int | None:
-    """The sliding window the config declares for this block's layer (``layer_types`` when it has them)."""
-    window = facts.declared(SLIDING_WINDOW)
-    if window is None or facts.config_value("use_sliding_window") is False:
-        return None
-    layer_types = facts.config_value("layer_types")
-    if isinstance(layer_types, (list, tuple)):
-        index = next((int(part) for part in block.split(".") if part.isdigit()), None)
-        if index is None or index >= len(layer_types) or "sliding" not in str(layer_types[index]):
-            return None
-    return window
-
-
-def _useful_pairs(n_q: int, n_k: int, causal: bool, window: int | None) -> int:
-    """(query, key) pairs a causal / sliding-window mask leaves; queries are the last n_q of n_k positions."""
-    if window:
-        offset = n_k - n_q
-        return sum(min(offset + i + 1, window) for i in range(n_q))
-    if causal:
-        return n_q * n_k - n_q * (n_q - 1) // 2
-    return n_q * n_k
 
 
 def _attention_reason(row: ReconcileRow, hyper: _Attention) -> str:

@@ -17,6 +17,8 @@ from typing import Any
 
 from tabulate import tabulate
 
+from . import attention_mask
+from .attention_mask import EXECUTED
 from .errors import FlopscopeError
 from .formulas import prod
 from .profile import Profile
@@ -35,6 +37,10 @@ JSON_SCHEMA = "flopscope.profile/1"
 - ``elementwise``: ``{category: elementwise ops}``; ``unsupported``: ``{aten op: calls}``; ``notes``: [str];
 - ``reconciliation``: list of ``{block, role, measured, predicted, ratio, term, useful, reason, basis}``
   (``ratio`` as a string fraction, ``null`` where there is no prediction);
+- ``attention``: ``{convention, macs, flops, roles, blocks, steps, notes}``: the attention core counted by the
+  convention asked for (``"executed"``, ``"causal"`` or ``"mask"``, :mod:`flopscope.attention_mask`), with the
+  totals, roles, blocks and steps that follow from it (``totals`` / ``roles`` / ``blocks`` / ``steps`` above stay
+  executed work);
 - ``environment``: ``{flopscope, torch, transformers, python, platform}``.
 """
 
@@ -177,8 +183,10 @@ def summary(prof: Profile, depth: int = 2, units: str = "macs", tablefmt: str = 
 
 # --------------------------------------------------------------------------------------------------
 # machine-readable
-def to_dict(prof: Profile, reconciliation: bool = True) -> dict[str, Any]:
-    """The JSON document of :data:`JSON_SCHEMA` as a dict."""
+def to_dict(prof: Profile, reconciliation: bool = True, attention: str = EXECUTED) -> dict[str, Any]:
+    """The JSON document of :data:`JSON_SCHEMA` as a dict; ``attention``: the convention of its ``attention``
+    section."""
+    attention_mask.check_attention(attention)
     params = params_by_module(prof)
     dominant = dominant_roles(prof)
     calls = prof.module_calls()
@@ -202,6 +210,11 @@ def to_dict(prof: Profile, reconciliation: bool = True) -> dict[str, Any]:
         "unsupported": prof.unsupported(),
         "notes": prof.notes,
         "reconciliation": [],
+        "attention": {"convention": attention, "macs": prof.total(attention=attention),
+                      "flops": prof.total_flops(attention=attention), "roles": prof.by_role(attention=attention),
+                      "blocks": prof.by_block(attention=attention),
+                      "steps": [step.row() for step in prof.steps(attention)],
+                      "notes": attention_mask.notes(prof, attention)},
         "environment": environment(),
     }
     if reconciliation:
@@ -212,8 +225,8 @@ def to_dict(prof: Profile, reconciliation: bool = True) -> dict[str, Any]:
     return doc
 
 
-def to_json(prof: Profile, reconciliation: bool = True, indent: int | None = 2) -> str:
-    return json.dumps(to_dict(prof, reconciliation), indent=indent)
+def to_json(prof: Profile, reconciliation: bool = True, indent: int | None = 2, attention: str = EXECUTED) -> str:
+    return json.dumps(to_dict(prof, reconciliation, attention), indent=indent)
 
 
 def to_csv(prof: Profile) -> str:

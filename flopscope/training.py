@@ -3,6 +3,11 @@ polynomials, and a throughput meter for plain PyTorch loops (MFU).
 
 Units: these functions speak **FLOPs** (2 per MAC), as Lightning, Hugging Face and torchtitan do; the rest of
 flopscope speaks MACs. Conventions (what a padded or packed batch costs): ``docs/conventions.md``.
+
+``attention=`` (every function here): how the attention core is charged, ``"executed"`` (default: every pair the
+kernels compute), ``"causal"`` (the causal half, FlashAttention / Megatron-LM / MaxText) or ``"mask"`` (the pairs
+the mask allows, padding included where the batch says which tokens are padding); see
+:mod:`flopscope.attention_mask`. MFU computed from such a price is MFU under that convention.
 """
 
 from __future__ import annotations
@@ -13,11 +18,13 @@ import math
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from fractions import Fraction
 from typing import Any
 
 import torch
 from torch import nn
 
+from .attention_mask import CORE_ROLES, EXECUTED, MASK, check_attention, core_ops, pairs
 from .capture import RECOMPUTE
 from .checks import describe
 from .errors import ConfigurationError, FlopscopeError, InputError
@@ -32,7 +39,7 @@ __all__ = ["BatchPricer", "Throughput", "flops_per_batch", "measure_flops"]
 
 
 def measure_flops(model: nn.Module, forward_fn: Callable[[], Any],
-                  loss_fn: Callable[[Any], torch.Tensor] | None = None) -> int:
+                  loss_fn: Callable[[Any], torch.Tensor] | None = None, *, attention: str = EXECUTED) -> int:
     """FLOPs of ``forward_fn()`` (and of ``loss_fn(output).backward()`` when ``loss_fn`` is given): the
     signature and unit of ``lightning.fabric.utilities.throughput.measure_flops``, counted exactly (CPU
     scaled-dot-product attention, fused ``nn.MultiheadAttention`` / encoder-layer paths and grouped expert
@@ -42,7 +49,8 @@ def measure_flops(model: nn.Module, forward_fn: Callable[[], Any],
     the work of ``model`` and of its backward pass is counted: model FLOPs, the numerator of MFU, so forward
     work that activation checkpointing recomputes in the backward pass is left out (``FlopCounterMode`` counts
     it; :func:`flops_per_batch` prices it apart, for HFU). The model's gradients, buffers and flags are left
-    as they were."""
+    as they were. ``attention``: the convention of the attention core (see the module docstring)."""
+    check_attention(attention)
     snapshot = ModelSnapshot(model, buffer_values=True, grads=loss_fn is not None)
     session = Session(model, CaptureOptions(), fake=False)
     try:
@@ -62,7 +70,7 @@ def measure_flops(model: nn.Module, forward_fn: Callable[[], Any],
             prof = session.finish(stacklevel=3)
     finally:
         snapshot.restore()
-    return prof.total_flops() - prof.total_flops(phase=RECOMPUTE)
+    return prof.total_flops(attention=attention) - prof.total_flops(phase=RECOMPUTE, attention=attention)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -77,12 +85,18 @@ class BatchPricer:
       a packed row; per-token roles are priced at the row's token count, the attention core (scores and
       weighted sum) per sequence, ``Σ Lᵢ²``, as variable-length kernels execute it;
     - a sequence of ints: that many sequences, each of its own length, run unpadded.
+
+    ``attention`` other than ``"executed"``: the attention core is priced per sequence from ``attention_terms``
+    (MACs per (query, key) pair of each core op, with its mask facts) times the pairs the convention charges;
+    under ``"mask"`` a padded batch's ``attention_mask`` gives each row's real tokens.
     """
 
     polynomials: Mapping[str, Polynomial]  # role -> MACs of one sequence of n tokens
     backward: bool
     recomputed: Mapping[str, Polynomial] = field(default_factory=dict)
     """role -> MACs that activation checkpointing recomputes for one sequence of n tokens (hardware work)"""
+    attention: str = EXECUTED
+    attention_terms: tuple[AttentionTerm, ...] = ()
 
     def __call__(self, batch: Any) -> int:
         """Model FLOPs of the batch (2 per MAC; recomputed work not included: see :meth:`recompute_flops`)."""
@@ -95,24 +109,38 @@ class BatchPricer:
     def recompute_flops(self, batch: Any) -> int:
         """FLOPs that activation checkpointing recomputes for the batch (0 without checkpointing): what
         hardware FLOPs (HFU) add to the model's."""
-        return 2 * sum(_price(self._integer(self.recomputed), layout(batch)).values())
+        return 2 * sum(self._macs(self.recomputed, layout(batch), recomputed=True).values())
 
     def macs_by_role(self, batch: Any) -> dict[str, int]:
         """Model MACs per role."""
-        return _price(self._integer(self.polynomials), layout(batch))
+        return self._macs(self.polynomials, layout(batch))
 
     def price(self, batch: Any) -> dict[str, Any]:
         """Everything about one batch from one reading of it: ``flops_by_role``, ``flops``, ``recomputed_flops``
         and ``tokens`` (what a per-step callback needs)."""
         shape = layout(batch)
-        by_role = {role: 2 * macs for role, macs in _price(self._integer(self.polynomials), shape).items()}
-        recomputed = 2 * sum(_price(self._integer(self.recomputed), shape).values())
+        by_role = {role: 2 * macs for role, macs in self._macs(self.polynomials, shape).items()}
+        recomputed = 2 * sum(self._macs(self.recomputed, shape, recomputed=True).values())
         return {"flops_by_role": by_role, "flops": sum(by_role.values()), "recomputed_flops": recomputed,
-                "tokens": shape.tokens}
+                "tokens": shape.tokens, "attention": self.attention}
 
     def tokens(self, batch: Any) -> int:
         """Tokens in the batch, padding included."""
         return layout(batch).tokens
+
+    def _macs(self, polynomials: Mapping[str, Polynomial], shape: Layout, recomputed: bool = False) -> dict[str, int]:
+        """MACs per role of a batch: the polynomials, the attention core by the convention's terms."""
+        out = _price(self._integer(polynomials), shape)
+        if self.attention == EXECUTED:
+            return out
+        core: dict[str, Fraction] = {}
+        sequences = shape.unpadded if self.attention == MASK and shape.unpadded is not None else shape.sequences
+        for term in self.attention_terms:
+            if term.recomputed == recomputed and term.role in out:
+                priced = sum((count * pairs(self.attention, n, n, term.causal, term.window)
+                              for n, count in sequences.items()), Fraction(0))
+                core[term.role] = core.get(term.role, Fraction(0)) + term.macs_per_pair * priced
+        return {**out, **{role: math.floor(macs) for role, macs in core.items()}}
 
     def _integer(self, polynomials: Mapping[str, Polynomial]) -> dict[str, _IntegerPolynomial]:
         cache = self.__dict__.setdefault("_integers", {})  # frozen dataclass: a cache beside the fields
@@ -124,12 +152,26 @@ class BatchPricer:
 
 
 @dataclass(frozen=True)
+class AttentionTerm:
+    """The attention core of one sequence, per role and mask: MACs per (query, key) pair (executed MACs of its ops
+    over ``n²``) and whether the ops are causal / windowed (:class:`flopscope.attention_mask.CoreOp`)."""
+
+    role: str
+    macs_per_pair: Fraction
+    causal: bool
+    window: int | None
+    recomputed: bool = False  # work activation checkpointing runs again (HFU)
+
+
+@dataclass(frozen=True)
 class Layout:
     """What pricing needs of a batch: how many rows hold each token count (per-token roles run over a row's
-    tokens) and how many sequences have each length (the attention core runs per sequence)."""
+    tokens) and how many sequences have each length (the attention core runs per sequence); ``unpadded``: real
+    tokens per row when a padding ``attention_mask`` says so (the ``"mask"`` convention prices the core on them)."""
 
     rows: Counter[int]  # tokens in a row -> rows
     sequences: Counter[int]  # sequence length -> sequences
+    unpadded: Counter[int] | None = None  # real (unmasked) tokens in a row -> rows
 
     @property
     def tokens(self) -> int:
@@ -190,7 +232,12 @@ def layout(batch: Any) -> Layout:
                 return packed
         ids = batch.get("input_ids", batch.get("inputs_embeds"))
         if isinstance(ids, torch.Tensor):
-            return _dense(ids if "input_ids" in batch else ids[..., 0])
+            dense = _dense(ids if "input_ids" in batch else ids[..., 0])
+            mask = batch.get("attention_mask")
+            if isinstance(mask, torch.Tensor) and mask.dim() == 2 and tuple(mask.shape) == tuple(ids.shape[:2]):
+                real = Counter(int(n) for n in (mask != 0).sum(-1).tolist())
+                return Layout(dense.rows, dense.sequences, real)
+            return dense
         raise InputError(f"cannot price a batch with keys {sorted(batch)}: give input_ids, position_ids or "
                          "cu_seqlens")
     if isinstance(batch, Sequence) and batch and all(isinstance(n, int) and n > 0 for n in batch):
@@ -226,18 +273,24 @@ def _packed(positions: torch.Tensor) -> Layout | None:
 def flops_per_batch(model: nn.Module, make_inputs: Callable[[int], Any], *, backward: bool = True,
                     lengths: Sequence[int] = (16, 32, 64, 128, 256), mode: str = "fake",
                     loss: Callable[[Any], torch.Tensor] | None = None, training: bool | None = None,
-                    **profile_kwargs: Any) -> BatchPricer:
+                    attention: str = EXECUTED, **profile_kwargs: Any) -> BatchPricer:
     """Profile ``model(*make_inputs(n))`` (one sequence of ``n`` tokens) at a few ``lengths``, recover each
     role's exact polynomial in ``n`` (:func:`flopscope.scaling`, checked at one more length than its degree
     needs) and return a :class:`BatchPricer` that prices any batch in FLOPs without tracing again. A role whose
     count is not a polynomial at these lengths is an error (give more lengths). ``training=True`` traces the
     model in training mode (what activation checkpointing and dropout need; every module's flag is put back
-    after), ``None`` in the mode it is in."""
+    after), ``None`` in the mode it is in. ``attention``: the convention of the attention core; other than
+    ``"executed"`` the model is profiled once more, at the longest length, to read each core op's MACs per pair
+    and mask (self-attention only: a core whose keys are not its queries is an error)."""
+    check_attention(attention)
     snapshot = ModelSnapshot(model, buffer_values=False)
     try:
         if training is not None:
             model.train(training)
         result = scaling(model, make_inputs, lengths, mode=mode, backward=backward, loss=loss, **profile_kwargs)
+        terms = () if attention == EXECUTED else _attention_terms(
+            model, make_inputs, max(lengths), result.polynomials, mode=mode, backward=backward, loss=loss,
+            **profile_kwargs)
     finally:
         snapshot.restore()
     polynomials = {**result.polynomials, **{f"{role} (recomputed)": p for role, p in result.recomputed.items()}}
@@ -246,7 +299,45 @@ def flops_per_batch(model: nn.Module, make_inputs: Callable[[int], Any], *, back
         raise FlopscopeError(f"the MACs of {', '.join(missing)} are not a polynomial of degree <= "
                              f"{len(result.lengths) - 2} in n at lengths {result.lengths}; give more lengths")
     return BatchPricer({role: poly for role, poly in result.polynomials.items() if poly is not None}, backward,
-                       {role: poly for role, poly in result.recomputed.items() if poly is not None})
+                       {role: poly for role, poly in result.recomputed.items() if poly is not None}, attention, terms)
+
+
+def _attention_terms(model: nn.Module, make_inputs: Callable[[int], Any], n: int,
+                     polynomials: Mapping[str, Polynomial | None], *, mode: str, backward: bool,
+                     loss: Callable[[Any], torch.Tensor] | None, **profile_kwargs: Any) -> tuple[AttentionTerm, ...]:
+    """The attention core of one sequence of ``n`` tokens as :class:`AttentionTerm` s, checked against the
+    polynomials (every core MAC of the model's work must be in a term)."""
+    from .api import profile
+
+    inputs = make_inputs(n)
+    options = {k: profile_kwargs.pop(k) for k in ("registry", "roles", "forward_kwargs") if k in profile_kwargs}
+    profile_kwargs.pop("spec", None)
+    profile_kwargs.pop("progress", None)
+    if isinstance(inputs, tuple) and len(inputs) == 2 and isinstance(inputs[0], tuple) and isinstance(inputs[1], dict):
+        args, kwargs = inputs
+    elif isinstance(inputs, dict):
+        args, kwargs = (), inputs
+    else:
+        args, kwargs = (inputs if isinstance(inputs, tuple) else (inputs,)), {}
+    prof = profile(model, *args, mode=mode, backward=backward, loss=loss, **options, **kwargs, **profile_kwargs)
+    grouped: dict[tuple[str, bool, int | None, bool], Fraction] = {}
+    for op in core_ops(prof):
+        if op.n_q is None or op.n_k is None or op.n_q != n or op.n_k != n:
+            raise FlopscopeError(f"the attention core op {op.node} is not self-attention over the {n} tokens of one "
+                                 f"sequence (queries {op.n_q}, keys {op.n_k}), so a convention cannot price other "
+                                 "lengths; use attention='executed'")
+        for role, macs in op.parts.items():
+            key = (role, op.causal, op.window, op.phase == RECOMPUTE)
+            grouped[key] = grouped.get(key, Fraction(0)) + Fraction(macs, n * n)
+    terms = tuple(AttentionTerm(role, per_pair, causal, window, again)
+                  for (role, causal, window, again), per_pair in grouped.items())
+    for role in CORE_ROLES:
+        poly = polynomials.get(role)
+        found = sum((t.macs_per_pair * n * n for t in terms if t.role == role and not t.recomputed), Fraction(0))
+        if poly is not None and poly(n) != found:
+            raise FlopscopeError(f"the {role} MACs of one sequence of {n} tokens ({poly(n)}) are not all in attention "
+                                 f"core ops that the convention can price ({found}); use attention='executed'")
+    return terms
 
 
 # --------------------------------------------------------------------------------------------------

@@ -17,6 +17,12 @@ denominator, when the device's peak is known), ``flops_per_second`` (model FLOPs
 ``flops/<role>``. A step's time runs from the end of the previous step (from the first step's start for the
 first). A failure is warned about once and disables the callback; the trainer then prices with its own hook
 again. Training never stops because of it.
+
+``attention="causal"`` or ``"mask"`` prices the attention core by that convention (:mod:`flopscope.attention_mask`;
+default ``"executed"``, every pair the kernels compute): ``total_flos`` and every FLOP-derived metric follow it, and
+those metrics are logged with the convention in their names, ``mfu_causal``, ``hfu_causal``,
+``flops_per_second_causal``, ``flops_causal/<role>`` (``_mask`` likewise), so runs under different conventions are
+never mixed in one chart.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from typing import Any
 import torch
 from transformers import Trainer, TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
+from ..attention_mask import EXECUTED, metric_suffix
 from ..conventions import POSITIONS
 from ..errors import FlopscopeWarning
 from ..training import BatchPricer, Throughput, flops_per_batch
@@ -47,11 +54,16 @@ class FlopscopeTrainerCallback(TrainerCallback):
         peak, dtype: the device's dense peak FLOP/s (default: looked up for the model's device and ``dtype``).
         lengths: sequence lengths traced once on train begin (default: 8 to 128, or up to the config's
             position count when it is smaller).
+        attention: the convention of the attention core, ``"executed"`` (default), ``"causal"`` or ``"mask"``
+            (see the module docstring).
     """
 
     def __init__(self, make_inputs: Callable[[int], Any] | None = None, *,
                  batch_inputs: Callable[[Any], Any] | None = None, peak: float | None = None,
-                 dtype: torch.dtype = torch.float32, lengths: tuple[int, ...] | None = None) -> None:
+                 dtype: torch.dtype = torch.float32, lengths: tuple[int, ...] | None = None,
+                 attention: str = EXECUTED) -> None:
+        self.suffix = metric_suffix(attention)  # checks the name, before training starts
+        self.attention = attention
         self.make_inputs, self.batch_inputs = make_inputs, batch_inputs
         self.peak, self.dtype, self.lengths = peak, dtype, lengths
         self.pricer: BatchPricer | None = None
@@ -98,7 +110,8 @@ class FlopscopeTrainerCallback(TrainerCallback):
         try:
             make_inputs = self.make_inputs or _token_ids(getattr(model, "main_input_name", "input_ids"))
             lengths = self.lengths or _lengths(model)
-            self.pricer = flops_per_batch(model, make_inputs, backward=True, lengths=lengths, training=True)
+            self.pricer = flops_per_batch(model, make_inputs, backward=True, lengths=lengths, training=True,
+                                          attention=self.attention)
             device = next(model.parameters(), torch.empty(0)).device
             self.meter = Throughput(self.pricer, peak=self.peak, device=device, dtype=self.dtype)
             self.window = self.meter.fresh()
@@ -133,10 +146,11 @@ class FlopscopeTrainerCallback(TrainerCallback):
         if self.disabled or logs is None or window is None or not window.steps:
             return
         summary = window.summary()
-        metrics = {"flops_per_second": summary["flops_per_sec"], "tokens_per_second": summary["tokens_per_sec"]}
+        tag = self.suffix  # the convention, in the name of every FLOP-derived metric
+        metrics = {f"flops_per_second{tag}": summary["flops_per_sec"], "tokens_per_second": summary["tokens_per_sec"]}
         if summary["mfu"] is not None:
-            metrics |= {"mfu": summary["mfu"], "hfu": summary["hfu"], "peak_flops": summary["peak"]}
-        metrics |= {f"flops/{role}": float(v) for role, v in summary["flops_by_role"].items()}
+            metrics |= {f"mfu{tag}": summary["mfu"], f"hfu{tag}": summary["hfu"], "peak_flops": summary["peak"]}
+        metrics |= {f"flops{tag}/{role}": float(v) for role, v in summary["flops_by_role"].items()}
         logs.update(metrics)
         if state.log_history and state.log_history[-1].get("step") == state.global_step:
             state.log_history[-1].update(metrics)  # the trainer keeps a copy of the logs

@@ -9,6 +9,11 @@ the last time: ``throughput/flops_per_batch`` (mean), ``throughput/device/flops_
 and ``hfu`` (with ``throughput/device/peak_flops``, their denominator, when the peak is known),
 ``throughput/tokens_per_sec`` and ``throughput/flops/<role>`` (mean per batch). A failure is logged once and
 disables the callback: it never stops training.
+
+``attention="causal"`` or ``"mask"`` prices the attention core by that convention (:mod:`flopscope.attention_mask`;
+default ``"executed"``): ``flops_per_batch`` and every FLOP-derived metric follow it, logged with the convention in
+their names (``throughput/device/mfu_causal``, ``.../hfu_causal``, ``.../flops_per_sec_causal``,
+``throughput/flops_per_batch_causal``, ``throughput/flops_causal/<role>``; ``_mask`` likewise).
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 
+from ..attention_mask import EXECUTED, metric_suffix
 from ..errors import FlopscopeWarning
 from ..training import BatchPricer, Throughput, flops_per_batch
 
@@ -38,13 +44,17 @@ class FlopscopeCallback(pl.Callback):
             as recomputed work: HFU).
         loss: ``loss(output)`` -> the scalar whose backward is priced (default: the sum of the floating outputs;
             the backward's multiplies are the same for any loss of the logits).
+        attention: the convention of the attention core, ``"executed"`` (default), ``"causal"`` or ``"mask"``
+            (see the module docstring).
     """
 
     def __init__(self, make_inputs: Callable[[int], Any], *, batch_inputs: Callable[[Any], Any] | None = None,
                  model: Callable[[pl.LightningModule], torch.nn.Module] | None = None, peak: float | None = None,
                  dtype: torch.dtype = torch.float32, lengths: tuple[int, ...] = (8, 16, 32, 64, 128),
-                 loss: Callable[[Any], torch.Tensor] | None = None) -> None:
+                 loss: Callable[[Any], torch.Tensor] | None = None, attention: str = EXECUTED) -> None:
         super().__init__()
+        self.suffix = metric_suffix(attention)  # checks the name, before training starts
+        self.attention = attention
         self.make_inputs, self.batch_inputs, self.model, self.loss = make_inputs, batch_inputs, model, loss
         self.peak, self.dtype, self.lengths = peak, dtype, lengths
         self.pricer: BatchPricer | None = None
@@ -62,7 +72,7 @@ class FlopscopeCallback(pl.Callback):
     def _prepare(self, pl_module: pl.LightningModule) -> None:
         module = self.model(pl_module) if self.model is not None else pl_module
         self.pricer = flops_per_batch(module, self.make_inputs, backward=True, lengths=self.lengths, loss=self.loss,
-                                      training=True)
+                                      training=True, attention=self.attention)
         self.meter = Throughput(self.pricer, peak=self.peak, device=pl_module.device, dtype=self.dtype)
 
     def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any,
@@ -100,13 +110,15 @@ class FlopscopeCallback(pl.Callback):
             return
         self.window = self.meter.fresh()
         summary = window.summary()
-        metrics = {"throughput/flops_per_batch": summary["flops"] / summary["steps"],
-                   "throughput/device/flops_per_sec": summary["flops_per_sec"],
+        tag = self.suffix  # the convention, in the name of every FLOP-derived metric
+        metrics = {f"throughput/flops_per_batch{tag}": summary["flops"] / summary["steps"],
+                   f"throughput/device/flops_per_sec{tag}": summary["flops_per_sec"],
                    "throughput/tokens_per_sec": summary["tokens_per_sec"]}
         if summary["mfu"] is not None:
-            metrics |= {"throughput/device/mfu": summary["mfu"], "throughput/device/hfu": summary["hfu"],
+            metrics |= {f"throughput/device/mfu{tag}": summary["mfu"], f"throughput/device/hfu{tag}": summary["hfu"],
                         "throughput/device/peak_flops": summary["peak"]}
-        metrics |= {f"throughput/flops/{role}": v / summary["steps"] for role, v in summary["flops_by_role"].items()}
+        metrics |= {f"throughput/flops{tag}/{role}": v / summary["steps"]
+                    for role, v in summary["flops_by_role"].items()}
         self.logged.append(metrics)
         for logger in trainer.loggers:
             logger.log_metrics(metrics, step=trainer.global_step)

@@ -1,0 +1,482 @@
+"""Attention conventions: what the attention core (roles ``attn_scores`` and ``attn_weighted_sum``) is charged,
+and the one place that knows how each attention op is masked (causal flag, sliding window, mask tensor).
+
+``total()`` and ``by_role()`` count **executed** work: a dense kernel computes every (query, key) pair, masked or
+not. Everything that consumes per-role or per-token numbers takes ``attention=`` with one of:
+
+=============  ======================================================================================
+``executed``   (default) every pair the kernel computes: ``n_q·n_k`` per batch and head
+``causal``     the causal half, the convention of FlashAttention's benchmark (``// (2 if causal else 1)``,
+               flash-attention #594), Megatron-LM (``seq_length / 2``) and MaxText (PR #1988, "Divide FLOPs
+               by two due to causal masks"), asked for in torchtitan #341: ``n²/2`` pairs for a square causal
+               mask, generalised to ``n_q·n_k − n_q²/2`` when queries are the last ``n_q`` of ``n_k`` keys (the
+               area below the diagonal). Windows and padding are ignored; attention that is not causal stays dense
+``mask``       exactly the pairs the mask allows: the mask tensor's values where they are known (real mode),
+               else the declared facts: causal ``n_q·n_k − n_q(n_q−1)/2`` (square: ``n(n+1)/2``), a causal
+               sliding window W ``Σ_i min(n_k − n_q + i + 1, W)``; padding only from values
+=============  ======================================================================================
+
+Each core op's MACs under a convention are its executed MACs times ``pairs / (n_q·n_k)``, rounded down to a
+whole MAC (exact whenever ``batch·heads·head width`` is even). Backward ops scale with their forward op: every
+backward GEMM of the core runs over the same ``n_q × n_k`` pairs. Where the facts come from, per op
+(:attr:`CoreOp.source`): a fused kernel's own ``is_causal`` / window / ``attn_mask`` argument; the values of its
+mask tensor (real mode: boolean masks of at most 4,096 elements keep their values, see
+:mod:`flopscope.capture`), followed through ``where(mask, 0, -inf)`` and ``masked_fill``; else the model's
+declaration (a module's ``is_causal``, its or the config's ``sliding_window``), named in :func:`notes`.
+Units: MACs. See ``docs/conventions.md`` section 5.4.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Mapping
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import fx
+
+from .capture import FORWARD, CapturedOp, captured
+from .conventions import SLIDING_WINDOW
+from .errors import ConfigurationError
+from .facts import ModelFacts
+from .formulas import OpFamily
+from .paths import inside
+
+if TYPE_CHECKING:
+    from .profile import Profile
+
+EXECUTED, CAUSAL, MASK = "executed", "causal", "mask"
+ATTENTION_CONVENTIONS = (EXECUTED, CAUSAL, MASK)
+"""The values of every ``attention=`` keyword (see the module docstring)."""
+CORE_ROLES = ("attn_scores", "attn_weighted_sum")
+"""The roles a convention changes: the two products over (query, key) pairs."""
+
+DECLARED, KERNEL, VALUES, UNMASKED, UNKNOWN = "declared", "kernel", "mask values", "no mask", "layout unknown"
+"""Where a :class:`CoreOp`'s mask facts come from (:attr:`CoreOp.source`)."""
+
+
+def check_attention(attention: str) -> str:
+    """``attention`` if it is one of :data:`ATTENTION_CONVENTIONS`, else a :class:`ConfigurationError`."""
+    if attention not in ATTENTION_CONVENTIONS:
+        raise ConfigurationError(f"attention must be one of {', '.join(map(repr, ATTENTION_CONVENTIONS))}; "
+                                 f"got {attention!r}")
+    return attention
+
+
+def metric_suffix(attention: str) -> str:
+    """What logged metric names carry for a convention: ``""`` for executed, else ``"_causal"`` / ``"_mask"``."""
+    return "" if check_attention(attention) == EXECUTED else f"_{attention}"
+
+
+# --------------------------------------------------------------------------------------------------
+# pairs
+def useful_pairs(n_q: int, n_k: int, causal: bool, window: int | None) -> int:
+    """(query, key) pairs a causal / sliding-window mask leaves; queries are the last n_q of n_k positions."""
+    if window:
+        offset = n_k - n_q
+        return sum(min(offset + i + 1, window) for i in range(n_q))
+    if causal:
+        return n_q * n_k - n_q * (n_q - 1) // 2
+    return n_q * n_k
+
+
+def causal_half_pairs(n_q: int, n_k: int) -> Fraction:
+    """The ``causal`` convention: ``n_q·n_k − n_q²/2`` pairs (``n²/2`` for square attention, as FlashAttention's
+    benchmark, Megatron-LM and MaxText count it); queries are the last n_q of n_k positions (``n_k ≥ n_q``)."""
+    return Fraction(2 * n_q * n_k - n_q * n_q, 2)
+
+
+def pairs(attention: str, n_q: int, n_k: int, causal: bool, window: int | None) -> Fraction:
+    """Pairs charged under ``attention`` for one (batch, head) of ``n_q`` queries over ``n_k`` keys, from the
+    mask's facts (no mask values)."""
+    check_attention(attention)
+    if attention == CAUSAL and causal and n_k >= n_q:
+        return causal_half_pairs(n_q, n_k)
+    if attention == MASK:
+        return Fraction(useful_pairs(n_q, n_k, causal and n_k >= n_q, window))
+    return Fraction(n_q * n_k)
+
+
+# --------------------------------------------------------------------------------------------------
+# declared facts and kernel flags
+def config_window(block: str, facts: ModelFacts) -> int | None:
+    """The sliding window the config declares for this block's layer (``layer_types`` when it has them)."""
+    window = facts.declared(SLIDING_WINDOW)
+    if window is None or facts.config_value("use_sliding_window") is False:
+        return None
+    layer_types = facts.config_value("layer_types")
+    if isinstance(layer_types, (list, tuple)):
+        index = next((int(part) for part in block.split(".") if part.isdigit()), None)
+        if index is None or index >= len(layer_types) or "sliding" not in str(layer_types[index]):
+            return None
+    return window
+
+
+def declared_mask(block: str, facts: ModelFacts) -> tuple[bool, int | None]:
+    """(causal, window) a block declares: a module inside it with ``is_causal = True``; a module attribute
+    ``sliding_window``, else the config's (:func:`config_window`)."""
+    paths = inside(facts.types, block)
+    causal = any(facts.attr(p, "is_causal") is True for p in paths)
+    window = facts.declared(SLIDING_WINDOW, paths, config=False)
+    return causal, window if window is not None else config_window(block, facts)
+
+
+def _argument(target: Any, args: Any, kwargs: Mapping[str, Any], *names: str) -> Any:
+    """The value of the first schema argument called one of ``names`` (by keyword or position), else None."""
+    for name in names:
+        if name in kwargs:
+            return kwargs[name]
+    schema = getattr(target, "_schema", None)
+    for i, argument in enumerate(schema.arguments if schema is not None else ()):
+        if argument.name in names and not argument.kwarg_only:
+            return args[i] if i < len(args) else None
+    return None
+
+
+def kernel_flags(target: Any, args: Any, kwargs: Mapping[str, Any]) -> tuple[bool, int | None]:
+    """(causal, window) an attention kernel was called with: ``is_causal`` / ``causal``, the efficient kernel's
+    ``custom_mask_type`` (1 and 2 are causal), FlashAttention's ``window_size_left`` (W − 1 keys before)."""
+    causal = bool(_argument(target, args, kwargs, "is_causal", "causal"))
+    mask_type = _argument(target, args, kwargs, "custom_mask_type")
+    causal = causal or (isinstance(mask_type, int) and mask_type > 0)
+    left = _argument(target, args, kwargs, "window_size_left")
+    return causal, left + 1 if isinstance(left, int) and left >= 0 else None
+
+
+def kernel_is_causal(node: fx.Node) -> bool:
+    """An attention kernel called with ``is_causal`` (read by its schema's argument name)."""
+    spec = captured(node).spec
+    if node.kwargs.get("is_causal"):
+        return True
+    return spec is not None and spec.family is OpFamily.ATTENTION and kernel_flags(node.target, node.args,
+                                                                                    node.kwargs)[0]
+
+
+# --------------------------------------------------------------------------------------------------
+# one core op
+@dataclass(frozen=True)
+class CoreOp:
+    """One op of the attention core (any phase), with its pairs and the mask facts that price them.
+
+    ``parts``: executed MACs per core role; ``n_q`` / ``n_k``: queries and keys per (batch, head) (``None``: not
+    read from this layout, so every convention charges it executed); ``allowed``: the share of the
+    ``batch·heads·n_q·n_k`` pairs the mask tensor allows, from its values (``None``: values unknown)."""
+
+    node: str
+    phase: str
+    module_stack: tuple[str, ...]
+    block: str
+    parts: Mapping[str, int]
+    n_q: int | None
+    n_k: int | None
+    causal: bool
+    window: int | None
+    allowed: Fraction | None
+    source: str  # KERNEL, VALUES, DECLARED, UNMASKED or UNKNOWN
+
+    def share(self, attention: str) -> Fraction:
+        """Pairs charged under ``attention`` over pairs executed."""
+        if self.n_q is None or self.n_k is None or check_attention(attention) == EXECUTED:
+            return Fraction(1)
+        if attention == MASK and self.allowed is not None:
+            return self.allowed
+        return pairs(attention, self.n_q, self.n_k, self.causal, self.window) / (self.n_q * self.n_k)
+
+    def macs(self, attention: str) -> dict[str, int]:
+        """MACs per core role under ``attention`` (rounded down to whole MACs)."""
+        share = self.share(attention)
+        return {role: macs * share.numerator // share.denominator for role, macs in self.parts.items()}
+
+
+_CACHE: weakref.WeakKeyDictionary[Any, tuple[CoreOp, ...]] = weakref.WeakKeyDictionary()
+
+
+def core_ops(prof: Profile) -> tuple[CoreOp, ...]:
+    """Every op of the profile with attention-core MACs, with its pairs and mask facts (computed once)."""
+    if prof not in _CACHE:
+        _CACHE[prof] = tuple(_core_ops(prof))
+    return _CACHE[prof]
+
+
+def parts_under(prof: Profile, attention: str) -> dict[fx.Node, Mapping[str, int]]:
+    """``{node: {role: MACs}}`` of every op that multiplies, its core roles priced under ``attention``."""
+    check_attention(attention)
+    assignments = prof.role_assignments()
+    out: dict[fx.Node, Mapping[str, int]] = {node: a.parts for node, a in assignments.items()}
+    if attention == EXECUTED:
+        return out
+    by_name = {node.name: node for node in assignments}
+    for op in core_ops(prof):
+        node = by_name[op.node]
+        out[node] = {**out[node], **op.macs(attention)}
+    return out
+
+
+def saved(prof: Profile, attention: str, module: str = "", phase: str | None = None) -> int:
+    """Executed MACs minus MACs under ``attention``, of the core ops inside ``module`` (``""``: all) and
+    ``phase``: what :meth:`Profile.total` subtracts."""
+    if check_attention(attention) == EXECUTED:
+        return 0
+    return sum(sum(op.parts.values()) - sum(op.macs(attention).values()) for op in core_ops(prof)
+               if (module == "" or module in op.module_stack) and (phase is None or op.phase == phase))
+
+
+def notes(prof: Profile, attention: str) -> list[str]:
+    """What a convention could not establish from the run itself, one line per kind."""
+    if check_attention(attention) == EXECUTED:
+        return []
+    found = core_ops(prof)
+    out = []
+    declared = sum(op.source == DECLARED for op in found)
+    unknown = [op.node for op in found if op.source == UNKNOWN]
+    if declared:
+        out.append(f"attention={attention!r}: {declared} attention core op(s) priced from the model's declared mask "
+                   "(a module's is_causal, the sliding window of the module or config), not from mask values "
+                   "(fake mode, or a mask of more than 4,096 elements): padding is not taken into account")
+    if unknown:
+        out.append(f"attention={attention!r}: {len(unknown)} attention core op(s) counted as executed: their "
+                   f"queries and keys were not read from the layout (variable-length or fused kernel): "
+                   f"{', '.join(unknown[:3])}")
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
+def _core_ops(prof: Profile) -> list[CoreOp]:
+    assignments = prof.role_assignments()
+    nodes = {captured(node): node for node in prof.graph.nodes}
+    out = []
+    for node, assignment in assignments.items():
+        parts = {role: macs for role, macs in assignment.parts.items() if role in CORE_ROLES and macs}
+        if not parts:
+            continue
+        op = captured(node)
+        facts = _facts_of(node, op, assignment.block, prof.facts, nodes, parts)
+        out.append(CoreOp(node.name, op.phase, tuple(frame.path for frame in op.module_stack), assignment.block,
+                          parts, *facts))
+    return out
+
+
+Facts = tuple[int | None, int | None, bool, int | None, Fraction | None, str]
+
+
+def _facts_of(node: fx.Node, op: CapturedOp, block: str, facts: ModelFacts, nodes: Mapping[CapturedOp, fx.Node],
+              parts: Mapping[str, int]) -> Facts:
+    """(n_q, n_k, causal, window, allowed share, source) of one core op."""
+    declared_causal, declared_window = declared_mask(block, facts)
+    spec = op.spec
+    if spec is not None and spec.family is OpFamily.ATTENTION:  # a fused kernel: its own arguments say it all
+        geometry = _kernel_geometry(op)
+        if geometry is None:
+            return None, None, False, None, None, UNKNOWN
+        n_q, n_k, scores_shape = geometry
+        causal, window = kernel_flags(node.target, node.args, node.kwargs)
+        mask = _argument(node.target, node.args, node.kwargs, "attn_mask", "attn_bias", "bias")
+        if isinstance(mask, fx.Node):
+            return _from_mask(_allowed(mask), scores_shape, n_q, n_k, declared_causal, declared_window)
+        return n_q, n_k, causal, window, None, KERNEL if causal or window else UNMASKED
+    forward = op if op.phase == FORWARD else op.forward  # a backward GEMM runs over its forward op's pairs
+    forward_node = nodes.get(forward) if forward is not None else None
+    if forward is None or forward_node is None or forward.spec is None or len(forward.spec.operands) != 2:
+        return None, None, False, None, None, UNKNOWN
+    a, b = (_shape(forward.args[i]) for i in forward.spec.operands)
+    scores = "attn_scores" in (forward_node.meta.get("role_parts") or parts)
+    if a is None or b is None or len(a) < 2 or len(b) < 2:
+        return None, None, False, None, None, UNKNOWN
+    n_q, n_k = (a[-2], b[-1]) if scores else (a[-2], a[-1])
+    found = _eager_mask(forward_node, scores)
+    if found is None:
+        return n_q, n_k, declared_causal, declared_window, None, DECLARED
+    allowed, shape = found
+    return _from_mask(allowed, shape, n_q, n_k, declared_causal, declared_window)
+
+
+def _from_mask(allowed: torch.Tensor | None, shape: tuple[int, ...] | None, n_q: int, n_k: int,
+               declared_causal: bool, declared_window: int | None) -> Facts:
+    """Facts from a mask tensor: its values when known and broadcastable to the scores, else the declaration."""
+    if allowed is not None and shape is not None:
+        try:
+            full = torch.broadcast_to(allowed, shape)
+        except RuntimeError:
+            full = None
+        if full is not None and full.numel():
+            above = torch.ones(n_q, n_k, dtype=torch.bool).triu(n_k - n_q + 1)
+            causal = bool(full.any()) and not bool((full & above).any())
+            return n_q, n_k, causal, None, Fraction(int(full.sum()), full.numel()), VALUES
+    return n_q, n_k, declared_causal, declared_window, None, DECLARED
+
+
+def _shape(arg: Any) -> tuple[int, ...] | None:
+    return arg.output_shapes[0] if isinstance(arg, CapturedOp) and arg.output_shapes else None
+
+
+_BNHD = ("_flash_attention_forward", "_flash_attention_backward", "_efficient_attention_forward",
+         "_efficient_attention_backward")
+
+
+def _kernel_geometry(op: CapturedOp) -> tuple[int, int, tuple[int, ...]] | None:
+    """(n_q, n_k, scores shape ``[*batch, heads, n_q, n_k]``) of a fused attention kernel, from q and k."""
+    assert op.spec is not None
+    q, k = (_shape(op.args[i]) if i < len(op.args) else None for i in op.spec.operands[:2])
+    if q is None or k is None:
+        return None
+    name = op.op_name
+    if any(name.endswith(kernel) for kernel in _BNHD):  # [B, n, heads, d]; 3-D is packed variable-length
+        return (q[1], k[1], (q[0], q[2], q[1], k[1])) if len(q) == 4 and len(k) == 4 else None
+    if "scaled_dot_product" in name and len(q) >= 3 and len(k) >= 3:  # [*B, heads, n, d]
+        return q[-2], k[-2], (*q[:-1], k[-2])
+    return None
+
+
+# --------------------------------------------------------------------------------------------------
+# masks of eager attention: scores -> (scale) -> + mask / masked_fill / where -> softmax -> @ V
+_SOFTMAX = ("aten._softmax", "aten.softmax", "aten._safe_softmax")
+_THROUGH = frozenset({"aten.view", "aten._unsafe_view", "aten.reshape", "aten.expand", "aten.clone", "aten.mul",
+                      "aten.div", "aten._to_copy", "aten.contiguous", "aten.detach", "aten.alias", "aten.add",
+                      "aten.sub", "aten.masked_fill", "aten.where", "aten.native_dropout", "aten.dropout",
+                      "aten.getitem", "aten.tanh", "aten.transpose", "aten.permute", "aten.squeeze", "aten.unsqueeze"})
+_STEPS = 12
+
+
+def _name(node: Any) -> str:
+    return captured(node).op_name if isinstance(node, fx.Node) else ""
+
+
+def _eager_mask(core: fx.Node, scores: bool) -> tuple[torch.Tensor | None, tuple[int, ...] | None] | None:
+    """The mask between a scores product and its softmax (found from the scores op, or back from the weighted
+    sum through its probabilities): ``(allowed values or None, the masked scores' shape)``; None: no mask op."""
+    softmax = _softmax_after(core) if scores else _softmax_before(core)
+    if softmax is None:
+        return None
+    node, steps = softmax.args[0], 0
+    while isinstance(node, fx.Node) and steps < _STEPS and "attn_scores" not in (node.meta.get("role_parts") or {}):
+        name, steps = _name(node), steps + 1
+        shape = tuple(captured(node).output_shapes[0]) if captured(node).output_shapes else None
+        chain, others = _split(node)
+        if name in ("aten.add", "aten.sub") and others:
+            return _allowed(others[0]), shape
+        if name == "aten.masked_fill" and len(node.args) > 1 and isinstance(node.args[1], fx.Node):
+            masked = _allowed_values(node.args[1])
+            return (~masked if masked is not None and _blocking(node.args[2]) else None), shape
+        if name == "aten.where" and len(node.args) == 3 and isinstance(node.args[0], fx.Node):
+            cond = _allowed_values(node.args[0])
+            keep_first = node.args[1] is chain
+            blocked = node.args[2] if keep_first else node.args[1]
+            if cond is None or not _blocking(blocked):
+                return None, shape
+            return (cond if keep_first else ~cond), shape
+        if chain is None:
+            return None
+        node = chain
+    return None
+
+
+def _split(node: fx.Node) -> tuple[fx.Node | None, list[fx.Node]]:
+    """(the tensor argument the scores flow through, the other tensor arguments) of an op on the chain."""
+    tensors = [a for a in node.args if isinstance(a, fx.Node)]
+    if not tensors:
+        return None, []
+    chain = max(tensors, key=lambda a: (_reaches_scores(a), _numel(a)))
+    return chain, [a for a in tensors if a is not chain]
+
+
+def _numel(node: fx.Node) -> int:
+    shapes = captured(node).output_shapes
+    size = 1
+    for s in shapes[0] if shapes else ():
+        size *= s
+    return size
+
+
+def _reaches_scores(node: fx.Node) -> bool:
+    for _ in range(_STEPS):
+        if "attn_scores" in (node.meta.get("role_parts") or {}):
+            return True
+        nxt = next((a for a in node.args if isinstance(a, fx.Node)), None)
+        if nxt is None:
+            return False
+        node = nxt
+    return False
+
+
+def _softmax_after(node: fx.Node) -> fx.Node | None:
+    frontier = [node]
+    for _ in range(_STEPS):
+        following = [user for n in frontier for user in n.users if _name(user) in (*_THROUGH, *_SOFTMAX)]
+        hit = next((n for n in following if _name(n) in _SOFTMAX), None)
+        if hit is not None or not following:
+            return hit
+        frontier = following[:8]
+    return None
+
+
+def _softmax_before(node: fx.Node) -> fx.Node | None:
+    current: Any = node.args[0] if node.args else None
+    for _ in range(_STEPS):
+        if not isinstance(current, fx.Node) or _name(current) not in (*_THROUGH, *_SOFTMAX):
+            return None
+        if _name(current) in _SOFTMAX:
+            return current
+        current = current.args[0] if current.args else None
+    return None
+
+
+def _blocking(value: Any) -> bool:
+    """A value that removes a pair from a softmax: a number below -1e4 (``-inf``, the dtype's minimum), or a
+    tensor made from one (``scalar_tensor`` / ``full``)."""
+    if isinstance(value, (int, float)):
+        return value <= -1e4
+    if isinstance(value, fx.Node) and _name(value) in ("aten.scalar_tensor", "aten.full", "aten.full_like",
+                                                         "aten.lift_fresh", "aten._to_copy"):
+        return any(_blocking(a) for a in value.args if not isinstance(a, (list, tuple)))
+    return False
+
+
+def _zero(value: Any) -> bool:
+    if isinstance(value, (int, float)):
+        return value == 0
+    return isinstance(value, fx.Node) and (_name(value) in ("aten.zeros", "aten.zeros_like") or (
+        _name(value) in ("aten.scalar_tensor", "aten.full", "aten.full_like") and
+        any(isinstance(a, (int, float)) and a == 0 for a in value.args)))
+
+
+def _allowed(mask: fx.Node) -> torch.Tensor | None:
+    """Which pairs a mask operand allows (True), from known values: a boolean mask as is (``attn_mask``), an
+    additive one built as ``where(mask, 0, -inf)`` / ``where(mask, -inf, 0)``; None when the values are unknown."""
+    node: Any = mask
+    for _ in range(_STEPS):
+        if not isinstance(node, fx.Node):
+            return None
+        value = captured(node).value
+        if value is not None and value.dtype == torch.bool:
+            return value
+        name = _name(node)
+        if name == "aten.where" and len(node.args) == 3 and isinstance(node.args[0], fx.Node):
+            cond = _allowed_values(node.args[0])
+            if cond is None:
+                return None
+            if _zero(node.args[1]) and _blocking(node.args[2]):
+                return cond
+            if _blocking(node.args[1]) and _zero(node.args[2]):
+                return ~cond
+            return None
+        if name not in ("aten.expand", "aten.clone", "aten.detach", "aten.alias", "aten.contiguous"):
+            return None
+        node = node.args[0] if node.args else None
+    return None
+
+
+def _allowed_values(node: fx.Node) -> torch.Tensor | None:
+    """The known boolean values of a condition tensor (through expand / clone / detach)."""
+    current: Any = node
+    for _ in range(_STEPS):
+        if not isinstance(current, fx.Node):
+            return None
+        value = captured(current).value
+        if value is not None:
+            return value.bool()
+        if _name(current) not in ("aten.expand", "aten.clone", "aten.detach", "aten.alias", "aten.contiguous"):
+            return None
+        current = current.args[0] if current.args else None
+    return None
