@@ -280,7 +280,7 @@ def _facts_of(node: fx.Node, op: CapturedOp, block: str, facts: ModelFacts, node
     forward_node = nodes.get(forward) if forward is not None else None
     if forward is None or forward_node is None or forward.spec is None or len(forward.spec.operands) != 2:
         return None, None, False, None, None, UNKNOWN
-    a, b = (_shape(forward.args[i]) for i in forward.spec.operands)
+    a, b = (_shape(forward.args[i]) if i < len(forward.args) else None for i in forward.spec.operands)
     scores = "attn_scores" in (forward_node.meta.get("role_parts") or parts)
     if a is None or b is None or len(a) < 2 or len(b) < 2:
         return None, None, False, None, None, UNKNOWN
