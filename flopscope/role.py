@@ -31,6 +31,13 @@ class Role(StrEnum):
     width, ``k`` kernel width, ``V`` vocabulary; ``""`` where no closed form predicts it).
     ``token_mixing`` is the work of a Fourier transform (an op of family ``OpFamily.TRANSFORM``): FNet's
     replacement for attention, a 2-D FFT over (n, d), ``(B·n·d/2)·log2(n·d)`` MACs for powers of two.
+
+    Attention's core (:attr:`attention_core`) has two forms. The quadratic one (softmax, sigmoid, ReLU,
+    LSH, Bernoulli-sampled attention) builds the ``n_q × n_k`` matrix: ``attn_scores`` (Q·Kᵀ) and
+    ``attn_weighted_sum`` (weights · V). The linear one (φ(Q)(φ(K)ᵀV)) never does: ``attn_kv_state``
+    is φ(K)ᵀV, a contraction over positions into a ``d_k × d_v`` summary per head; ``attn_readout`` is
+    φ(Q)·state, each query reading the summary; ``attn_normaliser`` is φ(Q)·Σφ(K), each query's
+    denominator (a softmax's is elementwise, no MACs). Definitions in dataflow terms: ``docs/roles.md``.
     """
 
     Q_PROJ = "q_proj"
@@ -39,6 +46,9 @@ class Role(StrEnum):
     OUT_PROJ = "out_proj"
     ATTN_SCORES = "attn_scores"
     ATTN_WEIGHTED_SUM = "attn_weighted_sum"
+    ATTN_KV_STATE = "attn_kv_state"
+    ATTN_READOUT = "attn_readout"
+    ATTN_NORMALISER = "attn_normaliser"
     TOKEN_MIXING = "token_mixing"
     FFN_UP = "ffn_up"
     FFN_GATE = "ffn_gate"
@@ -55,37 +65,41 @@ class Role(StrEnum):
 
     @property
     def term(self) -> str:
-        """The complexity term of the role's closed form: ``"n·d²"``, ``"n²·d"``, ``"n·d·log(n·d)"``,
+        """The complexity term of the role's closed form: ``"n·d²"``, ``"n²·d"``, ``"n·d"``, ``"n·d·log(n·d)"``,
         ``"k·n·d²"``, ``"n·d·V"``."""
         return _FACTS[self][1]
 
     @property
     def per_token(self) -> bool:
         """A projection or FFN matmul: the same weight meets every token (cost linear in n)."""
-        return self.group in (RoleGroup.ATTENTION, RoleGroup.FFN) and self.term == "n·d²"
+        return self.group in (RoleGroup.ATTENTION, RoleGroup.FFN) and self.term == "n·d²" and not self.attention_core
 
     @property
     def attention_core(self) -> bool:
-        """Scores or weighted sum: a product of two activations over every (query, key) pair."""
-        return self.term == "n²·d"
+        """A product of two activations that mixes positions: scores and weighted sum (every (query, key)
+        pair, ``n²·d``), or linear attention's KV state, readout and normaliser (``n·d²``, ``n·d``)."""
+        return _FACTS[self][2]
 
 
-_FACTS: dict[Role, tuple[RoleGroup, str]] = {  # role -> (group, complexity term); one row per role
-    Role.Q_PROJ: (RoleGroup.ATTENTION, "n·d²"),
-    Role.K_PROJ: (RoleGroup.ATTENTION, "n·d²"),
-    Role.V_PROJ: (RoleGroup.ATTENTION, "n·d²"),
-    Role.OUT_PROJ: (RoleGroup.ATTENTION, "n·d²"),
-    Role.ATTN_SCORES: (RoleGroup.ATTENTION, "n²·d"),
-    Role.ATTN_WEIGHTED_SUM: (RoleGroup.ATTENTION, "n²·d"),
-    Role.TOKEN_MIXING: (RoleGroup.MIXING, "n·d·log(n·d)"),  # a Fourier transform: FNet's mixing sublayer
-    Role.FFN_UP: (RoleGroup.FFN, "n·d²"),
-    Role.FFN_GATE: (RoleGroup.FFN, "n·d²"),
-    Role.FFN_DOWN: (RoleGroup.FFN, "n·d²"),
-    Role.CONV: (RoleGroup.CONV, "k·n·d²"),
-    Role.RECURRENT: (RoleGroup.RECURRENT, "n·d²"),
-    Role.EMBEDDING: (RoleGroup.EMBEDDING, ""),
-    Role.LOGITS: (RoleGroup.LOGITS, "n·d·V"),
-    Role.OTHER: (RoleGroup.OTHER, ""),
+_FACTS: dict[Role, tuple[RoleGroup, str, bool]] = {  # role -> (group, complexity term, attention core)
+    Role.Q_PROJ: (RoleGroup.ATTENTION, "n·d²", False),
+    Role.K_PROJ: (RoleGroup.ATTENTION, "n·d²", False),
+    Role.V_PROJ: (RoleGroup.ATTENTION, "n·d²", False),
+    Role.OUT_PROJ: (RoleGroup.ATTENTION, "n·d²", False),
+    Role.ATTN_SCORES: (RoleGroup.ATTENTION, "n²·d", True),
+    Role.ATTN_WEIGHTED_SUM: (RoleGroup.ATTENTION, "n²·d", True),
+    Role.ATTN_KV_STATE: (RoleGroup.ATTENTION, "n·d²", True),  # linear attention: φ(K)ᵀV, B·n_k·n_kv·d_k·d_v
+    Role.ATTN_READOUT: (RoleGroup.ATTENTION, "n·d²", True),  # linear attention: φ(Q)·state, B·n_q·h·d_k·d_v
+    Role.ATTN_NORMALISER: (RoleGroup.ATTENTION, "n·d", True),  # linear attention: φ(Q)·Σφ(K), B·n_q·h·d_k
+    Role.TOKEN_MIXING: (RoleGroup.MIXING, "n·d·log(n·d)", False),  # a Fourier transform: FNet's mixing sublayer
+    Role.FFN_UP: (RoleGroup.FFN, "n·d²", False),
+    Role.FFN_GATE: (RoleGroup.FFN, "n·d²", False),
+    Role.FFN_DOWN: (RoleGroup.FFN, "n·d²", False),
+    Role.CONV: (RoleGroup.CONV, "k·n·d²", False),
+    Role.RECURRENT: (RoleGroup.RECURRENT, "n·d²", False),
+    Role.EMBEDDING: (RoleGroup.EMBEDDING, "", False),
+    Role.LOGITS: (RoleGroup.LOGITS, "n·d·V", False),
+    Role.OTHER: (RoleGroup.OTHER, "", False),
 }
 if set(_FACTS) != set(Role):  # a new member without its row fails at import, not in the middle of a report
     raise RoleError(f"roles without group and term in flopscope/role.py: {sorted(set(Role) - set(_FACTS))}")

@@ -182,6 +182,9 @@ def attention(view: GraphView, state: RoleState) -> None:
             state.groups.append(members)
         elif parts:
             state.groups.append({n})
+    for first in view.nodes:
+        if _free_product(view, state, first):
+            _attention_at_products(view, state, first)
 
 
 def _attention_at_softmax(view: GraphView, state: RoleState, s: fx.Node) -> None:
@@ -205,6 +208,58 @@ def _attention_at_softmax(view: GraphView, state: RoleState, s: fx.Node) -> None
     state.groups.append(members)
 
 
+def _attention_at_products(view: GraphView, state: RoleState, first: fx.Node) -> None:
+    """Attention without a softmax: ``first`` (a product of two activations) reaches an operand of
+    another activation product through ops without multiplies (any normalisation: exp / logsumexp,
+    sigmoid, ReLU, acos, none). Its result is the *left* operand of the second (weights x values):
+    the quadratic form, ``attn_scores`` then ``attn_weighted_sum``; the *right* operand (queries x
+    summary): the linear form, ``attn_kv_state`` (φ(K)ᵀV) then ``attn_readout`` (φ(Q)·state), with
+    ``attn_normaliser`` for the other products of the same queries with a sum of the same keys."""
+    a, b = view.matmul_operands(first)
+    if _from_attention(view, state, a) or _from_attention(view, state, b):
+        return  # a product of attention's own results (a pseudo-inverse's iterations): not a new instance
+    seconds = [m for m in _nearest_after(view, first) if m is not first and _free_product(view, state, m)]
+    if not seconds:
+        return
+    quadratic = [m for m in seconds if view.descends_from(view.matmul_operands(m)[0], first)]
+    members = {first, *seconds}
+    if quadratic:
+        state.parts[first] = {Role.ATTN_SCORES.value: view.macs[first]}
+        members |= _demand_projections(view, state, a, Role.Q_PROJ.value)
+        members |= _demand_projections(view, state, b, Role.K_PROJ.value)
+        for m in quadratic:
+            state.parts[m] = {Role.ATTN_WEIGHTED_SUM.value: view.macs[m]}
+            members |= _demand_projections(view, state, view.matmul_operands(m)[1], Role.V_PROJ.value)
+            members |= _demand_out_proj(view, state, m, through_reductions=True)  # a sum over hash rounds (LSH)
+        state.groups.append(members - (set(seconds) - set(quadratic)))
+        return
+    state.parts[first] = {Role.ATTN_KV_STATE.value: view.macs[first]}
+    keys = {p for p in _nearest_before(view, a) if view.is_weight_matmul(p)}
+    members |= _demand_projections(view, state, a, Role.K_PROJ.value)
+    members |= _demand_projections(view, state, b, Role.V_PROJ.value)
+    for m in seconds:
+        state.parts[m] = {Role.ATTN_READOUT.value: view.macs[m]}
+        query = view.matmul_operands(m)[0]
+        members |= _demand_projections(view, state, query, Role.Q_PROJ.value)
+        members |= _demand_out_proj(view, state, m, through_reductions=True)
+        for z in view.frontier(view.through_no_macs(query), view.users):  # φ(Q)·Σφ(K): the same queries
+            if z is not m and _free_product(view, state, z) and keys & {  # against a sum of the same keys
+                    p for p in _nearest_before(view, view.matmul_operands(z)[1]) if view.is_weight_matmul(p)}:
+                state.parts[z] = {Role.ATTN_NORMALISER.value: view.macs[z]}
+                members.add(z)
+    state.groups.append(members)
+
+
+def _free_product(view: GraphView, state: RoleState, n: fx.Node) -> bool:
+    """An activation product no pass has claimed."""
+    return view.is_activation_product(n) and n not in state.parts
+
+
+def _from_attention(view: GraphView, state: RoleState, operand: fx.Node) -> bool:
+    """``operand`` is computed from an attention core product already found (without another multiply)."""
+    return any(Role(role).attention_core for m in _nearest_before(view, operand) for role in state.parts.get(m, {}))
+
+
 def _demand_projections(view: GraphView, state: RoleState, operand: fx.Node, role: str) -> set[fx.Node]:
     found = _projections_of(view, state, operand, role)
     for p, target, demanded in found:
@@ -212,9 +267,10 @@ def _demand_projections(view: GraphView, state: RoleState, operand: fx.Node, rol
     return {p for p, _, _ in found}
 
 
-def _demand_out_proj(view: GraphView, state: RoleState, output: fx.Node) -> set[fx.Node]:
+def _demand_out_proj(view: GraphView, state: RoleState, output: fx.Node, through_reductions: bool = False
+                     ) -> set[fx.Node]:
     found = set()
-    for p in _nearest_after(view, output):
+    for p in _nearest_after(view, output, through_reductions):
         if view.is_weight_matmul(p) and p not in state.parts:
             a, b = view.matmul_operands(p)
             state.demand(p, a if view.descends_from(a, output) else b, Role.OUT_PROJ.value)
@@ -399,11 +455,12 @@ def _nearest_before(view: GraphView, start: Any, stop_at_softmax: bool = False) 
     return view.cached("before", start, lambda: view.frontier([start], inputs_of))
 
 
-def _nearest_after(view: GraphView, start: fx.Node) -> list[fx.Node]:
+def _nearest_after(view: GraphView, start: fx.Node, through_reductions: bool = False) -> list[fx.Node]:
     """Multiply nodes reached first walking forward from ``start`` through ops without multiplies
-    (not through another softmax or a normalisation / reduction)."""
+    (not through another softmax or a normalisation, nor a reduction unless ``through_reductions``)."""
+    barriers = ("norm",) if through_reductions else BARRIER_CATEGORIES
     return view.frontier(view.users(start), view.users, lambda n: view.packet(n) in SOFTMAX_OPS or (
-        view.ops[n].elementwise or ("",))[0] in BARRIER_CATEGORIES)
+        view.ops[n].elementwise or ("",))[0] in barriers)
 
 
 def _passes_activation(view: GraphView, start: fx.Node) -> bool:
