@@ -7,6 +7,7 @@ kernels (and is counted the same) as one built on the CPU.
 from __future__ import annotations
 
 import collections
+import contextlib
 import copy
 import dataclasses
 import functools
@@ -61,10 +62,9 @@ class FakeConverter:
             if local is not None and local.is_meta:  # a DTensor sharded on device="meta": a fake shard, same layout
                 from torch.distributed.tensor import DTensor
 
-                spec = cast(DTensor, t)
-                fake = DTensor.from_local(self(local), spec.device_mesh, spec.placements, run_check=False,
-                                          shape=t.shape, stride=t.stride())
-                fake = fake.detach().requires_grad_(t.requires_grad) if t.requires_grad else fake
+                # the same spec (mesh, placements, global shape, stride, dtype) around a fake shard: DTensor's
+                # own constructor, as from_local ends in, without its autograd function and checks
+                fake = DTensor(self(local), cast(DTensor, t)._spec, requires_grad=t.requires_grad)
                 if isinstance(t, nn.Parameter):
                     fake = nn.Parameter(fake, requires_grad=t.requires_grad)
             elif t.is_meta:
@@ -83,6 +83,36 @@ class FakeConverter:
             self._memo[id(t)] = fake
             self._keep.append(t)
         return fake
+
+
+class MetaConverter:
+    """Converts tensors to new ``device="meta"`` tensors (memoised, so tied weights stay tied), for a model whose
+    state is already on meta: its ops then run on PyTorch's meta kernels directly, with no fake-tensor mode
+    between them and the recorder (the fast way to count a model too large to build). Even a meta tensor gets a
+    new one, so the run never touches the user's (their ``.grad``, their version counters). ``mode`` is a no-op
+    context, so a run enters it as it enters a :class:`FakeConverter`'s fake mode."""
+
+    def __init__(self) -> None:
+        self.mode = contextlib.nullcontext()
+        self._memo: dict[int, torch.Tensor] = {}
+        self._keep: list[torch.Tensor] = []  # keeps sources alive so their ids stay unique
+
+    def __call__(self, t: torch.Tensor) -> torch.Tensor:
+        meta = self._memo.get(id(t))
+        if meta is None:
+            local = getattr(t, "_local_tensor", None)
+            if local is not None:  # a DTensor: a new meta shard in the same spec
+                from torch.distributed.tensor import DTensor
+
+                meta = DTensor(self(local), cast(DTensor, t)._spec, requires_grad=t.requires_grad)
+            else:
+                meta = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
+                meta.requires_grad_(t.requires_grad)
+            if isinstance(t, nn.Parameter):
+                meta = nn.Parameter(meta, requires_grad=t.requires_grad)
+            self._memo[id(t)] = meta
+            self._keep.append(t)
+        return meta
 
 
 def map_tensors(obj: Any, fn: Callable[[torch.Tensor], Any], objects: Callable[[Any], Any] | None = None) -> Any:

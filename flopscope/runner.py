@@ -39,6 +39,7 @@ from .facts import read_facts
 from .fake import (
     CountingFakeTensorMode,
     FakeConverter,
+    MetaConverter,
     isolated_copy,
     map_tensors,
     needs_real_data,
@@ -125,6 +126,11 @@ def run(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], options
             raise FakeTensorError(f"module '{sharded}' of {type(model).__name__} is sharded with FSDP2: {reason}; "
                                   "use mode='real' or 'auto' (on a fake world nothing is communicated)",
                                   on_fake_tensors=True, where=f"module '{sharded}'", reason=reason)
+        if converter is None and _state_on_meta(model):
+            try:  # on meta kernels directly: no fake-tensor mode in between (a model too large to build)
+                return _run(model, args, kwargs, options, True, MetaConverter(), notes, stacklevel + 1)
+            except Exception:  # it needs fake CPU tensors (say, it makes a tensor without a device): counted on
+                pass  # them, where an error of the model's own is raised and explained
         return _run(model, args, kwargs, options, True, converter, notes, stacklevel + 1)
     with _real_run_lock(model):
         return _run(model, args, kwargs, options, False, None, notes, stacklevel + 1)
@@ -152,7 +158,7 @@ def _real_run_lock(model: nn.Module) -> threading.RLock:
 
 
 def _run(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], options: CaptureOptions, fake: bool,
-         converter: FakeConverter | None, notes: Sequence[str], stacklevel: int) -> Profile:
+         converter: FakeConverter | MetaConverter | None, notes: Sequence[str], stacklevel: int) -> Profile:
     facts = read_facts(model)
     # fake: the shadow runs, so the user's tables are not restored (another thread may be changing them)
     snapshot = ModelSnapshot(model, buffer_values=not fake, grads=options.backward, tables=not fake)
@@ -459,6 +465,12 @@ def _index_values(tensors: Sequence[torch.Tensor], convert: FakeConverter) -> di
     position ids): fake tensors keep shapes only, and a lookup's ids are checked against its table."""
     return {id(convert(t)): t.detach().clone() for t in tensors
             if t.dtype in INDEX_DTYPES and not t.is_meta and t.numel() <= MAX_KNOWN_NUMEL}
+
+
+def _state_on_meta(model: nn.Module) -> bool:
+    """Whether every parameter and buffer of ``model`` (at least one) is on ``device="meta"``."""
+    state = [t for _, t in _named_state(model)]
+    return bool(state) and all(t.is_meta for t in state)
 
 
 def _on_meta(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:

@@ -1,0 +1,71 @@
+"""Models built on ``device="meta"``: counted on PyTorch's meta kernels directly (no fake-tensor mode), with the
+same multiplies and roles as a CPU build, and counted on fake CPU tensors when meta kernels cannot run them."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+import flopscope
+
+from closed_forms import add, attention, ffn, times
+
+B, N, D, H, KV, FF, L, V = 2, 16, 64, 4, 2, 128, 2, 100
+
+
+def _llama_config():  # type: ignore[no-untyped-def]
+    from transformers import LlamaConfig
+
+    return LlamaConfig(hidden_size=D, intermediate_size=FF, num_hidden_layers=L, num_attention_heads=H,
+                       num_key_value_heads=KV, vocab_size=V)
+
+
+def _expected() -> dict[str, int]:
+    return {**times(L, add(attention(B, N, N, D, H, KV), ffn(B, N, D, FF, gated=True))), "logits": B * N * D * V}
+
+
+def test_a_meta_llama_runs_on_meta_kernels_with_the_closed_form_roles() -> None:
+    from transformers import LlamaForCausalLM
+
+    with torch.device("meta"):
+        model = LlamaForCausalLM(_llama_config())
+    ids = torch.randint(0, V, (B, N))
+    prof = flopscope.profile(model, ids, mode="fake")
+    assert prof.output.logits.is_meta  # meta kernels ran it: no fake CPU tensor came out
+    roles = {role: macs for role, macs in prof.by_role().items() if macs}
+    assert roles == _expected()
+    on_cpu = flopscope.profile(LlamaForCausalLM(_llama_config()), ids, mode="fake")
+    assert not on_cpu.output.logits.is_meta and on_cpu.by_role() == prof.by_role()
+
+
+def test_the_meta_run_still_refuses_ids_outside_the_table() -> None:
+    from transformers import LlamaForCausalLM
+
+    with torch.device("meta"):
+        model = LlamaForCausalLM(_llama_config())
+    try:
+        flopscope.profile(model, torch.full((B, N), V), mode="fake")
+    except flopscope.FlopscopeError as error:
+        assert f"index {V} is out of range" in str(error)
+    else:
+        raise AssertionError("an id equal to vocab_size was accepted")
+
+
+class _MakesACpuTensor(nn.Module):
+    """Adds a tensor made without a device: meta kernels refuse to mix it with meta activations."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(D, D)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(x) + torch.ones(D)
+
+
+def test_a_meta_model_that_meta_kernels_cannot_run_is_counted_on_fake_cpu_tensors() -> None:
+    with torch.device("meta"):
+        model = _MakesACpuTensor()
+    prof = flopscope.profile(model, torch.zeros(B, N, D), mode="fake")
+    assert prof.total() == B * N * D * D
+    assert not prof.output.is_meta  # the fake CPU run's output
+    assert all(p.is_meta for p in model.parameters()) and not any(p.grad is not None for p in model.parameters())
