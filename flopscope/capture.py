@@ -53,6 +53,7 @@ from typing import Any
 import torch
 from torch import fx
 from torch._subclasses.fake_tensor import FakeTensor
+from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
 from . import communication, elementwise, formulas, traffic
@@ -407,8 +408,9 @@ class Recorder(TorchDispatchMode):
         if self._writes(func, args):
             return None
         if (cost not in (Cost.ZERO, Cost.ELEMENTWISE) or func.overloadpacket in UNINITIALISED
-                or torch.Tag.nondeterministic_seeded in func.tags):
-            return None
+                or torch.Tag.nondeterministic_seeded in func.tags
+                or any(isinstance(a, torch.SymInt) for a in pytree.tree_leaves((args, kwargs)))):
+            return None  # (a symbolic size, as in arange(n), would be pinned to its value by running for real)
         known: dict[int, torch.Tensor] = {}
         for t in _tensors((args, kwargs)):
             value = self.value_of(t)
@@ -479,7 +481,7 @@ class Recorder(TorchDispatchMode):
         self.ops.append(op)
         if isinstance(out, torch.Tensor):
             op.output_shapes, op.dtype, op.value = (shape_of(out),), out.dtype, _small_index_value(out)
-            if self.fake and op.value is None and out.dtype in INDEX_DTYPES and out.numel() <= MAX_KNOWN_NUMEL:
+            if self.fake and op.value is None and out.dtype in INDEX_DTYPES and _at_most(out, MAX_KNOWN_NUMEL):
                 value = self._propagate(func, args, kwargs, known.cost)
                 if value is not None:
                     self._known[id(op)] = value
@@ -499,13 +501,14 @@ class Recorder(TorchDispatchMode):
         if known.collective is not None:
             op.collective = (known.collective, communication.message_bytes(func, args, kwargs, results),
                              communication.group_size(args, kwargs))
-        self.largest_out = max([self.largest_out, *(traffic.nbytes(t) for t in results)])
+        sizes = (traffic.nbytes(t) for t in results)  # a symbolic size (symbolic trace) is not compared: no guard
+        self.largest_out = max([self.largest_out, *(size for size in sizes if isinstance(size, int))])
         if known.spec is not None:
             macs = formulas.count(known.spec.formula, args, kwargs, _first_shape(out), values=self.value_of)
             if isinstance(macs, formulas.UpperBound):
                 self.upper_bounds[op_name(func)] += 1
             op.macs = formulas.total_of(macs)
-            op.parts = None if isinstance(macs, int) else dict(macs)
+            op.parts = dict(macs) if isinstance(macs, Mapping) else None
             if op.parts and "attn_scores" in op.parts and known.spec.family not in _ATTENTION_FAMILIES:
                 self.undeclared_kernels.add(op_name(func))
         elif known.rule is not None:
@@ -568,13 +571,20 @@ MIXED_DTYPE_OPS = frozenset({torch.ops.aten._scaled_mm, torch.ops.aten._scaled_g
 def _small_index_value(t: torch.Tensor) -> torch.Tensor | None:
     """The values of a small index tensor (int64 / int32 / bool, at most 4,096 elements): a real tensor's
     own, a fake tensor's constant if it has one; ``None`` for anything else."""
-    if t.dtype not in INDEX_DTYPES or t.numel() > _MAX_VALUE_NUMEL:
+    if t.dtype not in INDEX_DTYPES or not _at_most(t, _MAX_VALUE_NUMEL):
         return None
     source: torch.Tensor | None = t.constant if isinstance(t, FakeTensor) else t
     if source is None or source.is_meta:
         return None
     with _disable_current_modes():  # a copy of real data, not a fake tensor of the mode below us
         return source.detach().clone()
+
+
+def _at_most(t: torch.Tensor, numel: int) -> bool:
+    """``t`` has at most ``numel`` elements, a plain number: a tensor whose size is a symbol (a symbolic trace,
+    :mod:`flopscope.symbolic`) has no known values, and comparing its size would add a guard on the symbol."""
+    size = t.numel()
+    return isinstance(size, int) and size <= numel
 
 
 def _map_tensors(x: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
@@ -633,7 +643,8 @@ def _in_shape_propagation() -> bool:
 
 
 def _twin_key(op: CapturedOp) -> tuple[Any, ...]:
-    return op.target, op.input_shapes, op.module_stack[-1].path if op.module_stack else None
+    # shapes as text: a symbolic size (torch.SymInt) is not hashable
+    return op.target, str(op.input_shapes), op.module_stack[-1].path if op.module_stack else None
 
 
 def _first_shape(out: Any) -> tuple[int, ...] | None:
