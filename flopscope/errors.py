@@ -75,6 +75,12 @@ class RecordingError(FlopscopeError, AttributeError):
     ``hasattr()`` and ``getattr(prof, name, default)`` answer as for a missing attribute meanwhile."""
 
 
+class SymbolicError(FlopscopeError, RuntimeError):
+    """A symbolic trace (:mod:`flopscope.symbolic`, ``scaling(method="symbolic")``) cannot give the model's
+    polynomials: the model specialises on the variable (the message names the guard and where it was added),
+    its inputs do not vary as dims equal to it, or the trace disagrees with a profile at a sampled length."""
+
+
 class FlopscopeWarning(UserWarning):
     """Warnings about counting: unsupported ops, a fall-back from fake to real execution."""
 

@@ -52,8 +52,8 @@ aten = torch.ops.aten
 
 
 def prod(xs: Iterable[int]) -> int:
-    """Product of integers (1 for an empty sequence)."""
-    return math.prod(int(x) for x in xs)
+    """Product of integers (1 for an empty sequence); a ``torch.SymInt`` (a symbolic size) stays symbolic."""
+    return math.prod(x if isinstance(x, torch.SymInt) else int(x) for x in xs)
 
 
 class OpFamily(StrEnum):
@@ -334,7 +334,7 @@ def _shape_of(x: Any, values: Values | None = None) -> Any:
 
 def total_of(macs: MacCount) -> int:
     """The total MACs of a formula's result (an int, or the sum of its parts)."""
-    return macs if isinstance(macs, int) else sum(macs.values())
+    return sum(macs.values()) if isinstance(macs, Mapping) else macs
 
 
 REGISTRY = FormulaRegistry()

@@ -1,0 +1,219 @@
+"""One counted run with a symbolic size: every op's MACs as an exact expression in one variable.
+
+The model runs once on fake tensors whose mode has a ``ShapeEnv`` (PyTorch's symbolic shapes, as
+``torch.export`` uses them): the dims of the inputs that are the variable (a sequence length n, or a batch size)
+are one symbol, so shapes are ``torch.SymInt`` s and each formula, a pure function of shapes, returns a
+polynomial in that symbol instead of a number. :func:`trace` makes the run; :class:`SymbolicTrace` reads it:
+exact coefficients (:class:`~fractions.Fraction`), the value at a length, and whether the model *specialised*:
+every Python decision on a symbolic size (``if x.shape[1] > 64``, ``int(size)``, a data-dependent op) is a
+*guard* recorded by the ``ShapeEnv``, true at the traced length; the trace stands for another length only if
+every guard holds there too (:meth:`SymbolicTrace.specialisation` names the first that does not, and where it
+was added). Units: MACs, as everywhere (``docs/conventions.md``).
+
+Which dims are the variable is read from the inputs at two lengths: a dim whose size is the length at both is
+the symbol; every other size must be the same at both (else :class:`~flopscope.errors.SymbolicError`).
+"""
+
+from __future__ import annotations
+
+import traceback
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any
+
+import sympy
+import torch
+from torch import fx, nn
+from torch._dynamo.source import ConstantSource
+from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv
+from torch.utils import _pytree as pytree
+from torch.utils._sympy.functions import FloorDiv
+
+from .capture import RECOMPUTE
+from .errors import RunError, SymbolicError
+from .fake import CountingFakeTensorMode, FakeConverter
+from .profile import Profile
+from .reconcile import Reconciliation, TransformerSpec, reconcile
+from .roles import Assignment
+from .runner import CaptureOptions, run_in_mode
+
+Count = int | torch.SymInt
+"""MACs from a symbolic trace: an ``int`` where they do not depend on the variable."""
+
+
+class _SymbolicConverter(FakeConverter):
+    """The fake converter of a symbolic run: the model's state static, as always; the inputs (meta stand-ins,
+    so no index values are known: sizes are symbols) as fake tensors whose variable dims are the symbol."""
+
+    def __init__(self, mode: CountingFakeTensorMode, inputs: Mapping[int, torch.Tensor]) -> None:
+        super().__init__(mode)
+        self._inputs = inputs
+
+    def __call__(self, t: torch.Tensor) -> torch.Tensor:
+        fake = self._inputs.get(id(t))
+        return fake if fake is not None else super().__call__(t)
+
+
+@dataclass(frozen=True)
+class SymbolicTrace:
+    """A profile counted with one symbolic size, the variable (``symbol``, traced at ``hint``)."""
+
+    profile: Profile
+    shape_env: ShapeEnv
+    symbol: sympy.Symbol
+    hint: int
+
+    def expression(self, count: Count) -> sympy.Expr:
+        """``count`` as a sympy expression in :attr:`symbol`."""
+        return sympy.sympify(count if isinstance(count, int) else count.node.expr)  # a constant SymInt's is an int
+
+    def coefficients(self, count: Count) -> tuple[Fraction, ...] | None:
+        """The exact coefficients of ``count`` as a polynomial in the variable, constant first; ``None`` if it
+        is not one (a floor division, say, as a strided convolution's output length)."""
+        expr = sympy.expand(self.expression(count).replace(FloorDiv, self._exact_quotient))
+        if not expr.free_symbols <= {self.symbol} or not expr.is_polynomial(self.symbol):
+            return None
+        coefficients = sympy.Poly(expr, self.symbol).all_coeffs()[::-1] if expr.free_symbols else [expr]
+        return tuple(Fraction(int(c.p), int(c.q)) for c in coefficients)
+
+    def _exact_quotient(self, a: sympy.Expr, b: sympy.Expr) -> sympy.Expr:
+        """``a // b`` as the polynomial ``a / b`` where that has integer coefficients (then the division is
+        exact at every n: ``n²·k // n`` of a role's share is ``n·k``); else left a floor division."""
+        quotient = sympy.cancel(a / b)
+        if quotient.is_polynomial(self.symbol) and all(
+                c.is_Integer for c in sympy.Poly(quotient, self.symbol).all_coeffs()):
+            return quotient
+        return FloorDiv(a, b)
+
+    def at(self, count: Count, n: int) -> int:
+        """The value of ``count`` (or of any size the trace made) at length ``n``."""
+        value = self.expression(count).xreplace({self.symbol: sympy.Integer(n)})
+        if not value.is_Integer:
+            raise SymbolicError(f"{self.text(count)} is not an integer at n = {n}")
+        return int(value)
+
+    def text(self, count: Count | sympy.Basic) -> str:
+        """``count`` (or a guard) written in ``n``."""
+        expr = count if isinstance(count, sympy.Basic) else self.expression(count)
+        return str(expr.xreplace({self.symbol: sympy.Symbol("n", integer=True, positive=True)}))
+
+    def specialisation(self, lengths: Sequence[int]) -> str | None:
+        """The first guard (or bound on the symbol) that is false at one of ``lengths``, with the length and
+        where the guard was added; ``None`` if the trace stands for every one of them."""
+        for guard in self.shape_env.guards:
+            for n in lengths:
+                if guard.expr.xreplace({self.symbol: sympy.Integer(n)}) is not sympy.true:
+                    return f"guard {self.text(guard.expr)} (added at {_where(guard.sloc)}) is false at n = {n}"
+        bounds = self.shape_env.var_to_range.get(self.symbol)  # sizes 0 and 1 are never symbols: n >= 2
+        for n in lengths:
+            if bounds is not None and not bounds.lower <= n <= bounds.upper:
+                why = " (PyTorch's symbolic shapes treat sizes 0 and 1 as constants)" if n < 2 else ""
+                return f"the trace holds for {bounds.lower} <= n <= {bounds.upper}, not at n = {n}{why}"
+        return None
+
+    def conditions(self) -> tuple[str, ...]:
+        """The guards in n that the model's polynomials depend on (each true at every checked length)."""
+        return tuple(dict.fromkeys(self.text(g.expr) for g in self.shape_env.guards))
+
+    def role_counts(self) -> tuple[dict[str, Count], dict[str, Count]]:
+        """``({role: MACs}, {role: recomputed MACs})``: the roles found on the symbolic graph itself (role
+        passes read dataflow and module paths, and compare sizes only where both are known)."""
+        with _quiet_symbolic_graph():
+            try:
+                again: dict[str, Count] = dict(self.profile.by_role(phase=RECOMPUTE))  # SymInts where they vary
+                roles: dict[str, Count] = {role: macs - again.get(role, 0)
+                                           for role, macs in self.profile.by_role().items()}
+            except TypeError as error:  # a role pass that needs a plain size (hashing one, say)
+                raise SymbolicError(f"roles could not be found on symbolic shapes: {error}") from error
+        return roles, {role: macs for role, macs in again.items() if not _is_zero(macs)}
+
+    def reconcile_at(self, n: int, spec: TransformerSpec | None) -> Reconciliation:
+        """The closed-form predictions (:func:`flopscope.reconcile.reconcile`) at length ``n``: every symbolic
+        count and module input shape of the trace evaluated there (roles set by :meth:`role_counts`)."""
+        with _quiet_symbolic_graph():
+            assignments: dict[fx.Node, Assignment] = {
+                node: Assignment({role: self.at(macs, n) for role, macs in a.parts.items()}, a.block)
+                for node, a in self.profile.role_assignments().items()}
+        inputs = {call: tuple((key, tuple(self.at(d, n) for d in shape)) for key, shape in shapes)
+                  for call, shapes in self.profile.module_inputs().items()}
+        return reconcile(assignments, self.profile.facts, inputs, spec)
+
+
+def trace(model: nn.Module, inputs: tuple[Any, Any], lengths: tuple[int, int], options: CaptureOptions,
+          forward_kwargs: dict[str, Any]) -> SymbolicTrace:
+    """Count ``model`` once with the variable symbolic. ``inputs``: the ``(args, kwargs)`` of the model at the
+    two ``lengths`` (a dim whose size is the length at both becomes the symbol); traced at the second length.
+    Raises :class:`SymbolicError` where the inputs do not vary with the length as dims equal to it."""
+    (first, second), (low, high) = inputs, lengths
+    shape_env = ShapeEnv()
+    mode = CountingFakeTensorMode(allow_non_fake_inputs=True, shape_env=shape_env, static_shapes=True)
+    symbol = shape_env.create_symbol(high, source=ConstantSource("n"), dynamic_dim=DimDynamic.DYNAMIC)
+    n = shape_env.create_symintnode(symbol, hint=high)
+    stand_ins: dict[int, torch.Tensor] = {}
+
+    def stand_in(t: torch.Tensor, other: torch.Tensor, where: str) -> torch.Tensor:
+        shape: list[Count] = list(t.shape)
+        if t.dim() != other.dim():
+            raise SymbolicError(f"{where} has {other.dim()} dims at n = {low} and {t.dim()} at n = {high}")
+        for i, (a, b) in enumerate(zip(other.shape, t.shape, strict=True)):
+            if (a, b) == (low, high):
+                shape[i] = n
+            elif a != b:
+                raise SymbolicError(f"dim {i} of {where} is {a} at n = {low} and {b} at n = {high}: it varies "
+                                    "with n but is not n")
+        meta = torch.empty_like(t, device="meta").requires_grad_(t.requires_grad)
+        with mode:
+            stand_ins[id(meta)] = torch.empty(shape, dtype=t.dtype, device="cpu" if t.is_meta else t.device
+                                              ).requires_grad_(t.requires_grad)
+        return meta
+
+    leaves, spec = pytree.tree_flatten_with_path(second)
+    others, other_spec = pytree.tree_flatten(first)
+    if spec != other_spec:
+        raise SymbolicError(f"the inputs at n = {low} and n = {high} are not of one structure")
+    converted = []
+    for (path, leaf), other in zip(leaves, others, strict=True):
+        where = f"input {pytree.keystr(path)}"  # [0]: the first positional input; [1]['mask']: a keyword
+        if isinstance(leaf, torch.Tensor) and isinstance(other, torch.Tensor):
+            converted.append(stand_in(leaf, other, where))
+        elif _same(leaf, other):
+            converted.append(leaf)
+        else:
+            raise SymbolicError(f"{where} is {other!r} at n = {low} and {leaf!r} at n = {high}: only tensor sizes "
+                                "equal to n can be symbolic")
+    args, kwargs = pytree.tree_unflatten(converted, spec)
+    try:
+        profile = run_in_mode(model, args, {**kwargs, **forward_kwargs}, options, "fake",
+                              converter=_SymbolicConverter(mode, stand_ins), stacklevel=5)
+    except RunError as error:
+        raise SymbolicError(f"{type(model).__name__} did not run with a symbolic n: {error}") from error
+    return SymbolicTrace(profile, shape_env, symbol, high)
+
+
+def _where(sloc: Any) -> str:
+    """``"model.py:12 in forward"``: the frame that added a guard (a ``ShapeEnv`` ``SLoc``)."""
+    frame = sloc.framework_loc
+    if isinstance(frame, traceback.FrameSummary):
+        return f"{frame.filename}:{frame.lineno} in {frame.name}"
+    return str(sloc.maybe_user_loc or frame or "an unknown place")
+
+
+def _same(a: Any, b: Any) -> bool:
+    try:
+        return a is b or bool(a == b)
+    except Exception:  # an object whose == does not answer a bool
+        return False
+
+
+def _is_zero(count: Count) -> bool:
+    return isinstance(count, int) and count == 0
+
+
+class _quiet_symbolic_graph(warnings.catch_warnings):  # noqa: N801  (a context manager, named as one)
+    """The fx graph of a symbolic trace holds raw ``SymInt`` arguments (sizes), which fx warns about: expected."""
+
+    def __enter__(self) -> None:
+        super().__enter__()
+        warnings.filterwarnings("ignore", message="Raw SymInt value", category=UserWarning)
