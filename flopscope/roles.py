@@ -15,6 +15,12 @@ projection) before the next pass starts. Definitions: ``docs/roles.md``.
    to the query / key / value operands, through views, transposes, rotary embeddings, norms, repeated
    KV heads and caches, are ``q_proj`` / ``k_proj`` / ``v_proj``; the nearest weight matmul consuming
    the attention output is ``out_proj``. An attention kernel's operands are its q, k, v.
+   **Without a softmax** (LSH's exp(x − logsumexp x), sigmoid, ReLU, YOSO's acos, linear attention): an
+   activation product whose result reaches an operand of another activation product through ops without
+   multiplies. Reaching its left operand (weights x values) is the quadratic form (``attn_scores``,
+   ``attn_weighted_sum``); its right operand (queries x summary) the linear form: ``attn_kv_state``
+   (φ(K)ᵀV), ``attn_readout`` (φ(Q)·state) and ``attn_normaliser`` (φ(Q)·Σφ(K)). Products of an
+   attention's own results (a Nyström pseudo-inverse) start no new instance.
 3. **logits**: a weight matmul whose weight is an embedding table (tied) or has its shape.
 4. **FFN**: a weight matmul whose input passes an activation function from nearer weight matmuls is
    ``ffn_down``; those are ``ffn_up``, or, when two branches are multiplied elementwise (SwiGLU, GeGLU),
@@ -242,12 +248,21 @@ def _attention_at_products(view: GraphView, state: RoleState, first: fx.Node) ->
         query = view.matmul_operands(m)[0]
         members |= _demand_projections(view, state, query, Role.Q_PROJ.value)
         members |= _demand_out_proj(view, state, m, through_reductions=True)
-        for z in view.frontier(view.through_no_macs(query), view.users):  # φ(Q)·Σφ(K): the same queries
-            if z is not m and _free_product(view, state, z) and keys & {  # against a sum of the same keys
-                    p for p in _nearest_before(view, view.matmul_operands(z)[1]) if view.is_weight_matmul(p)}:
+        for z in view.frontier(view.through_no_macs(query), view.users):
+            if z is not m and _free_product(view, state, z) and _is_normaliser(view, z, keys):
                 state.parts[z] = {Role.ATTN_NORMALISER.value: view.macs[z]}
                 members.add(z)
     state.groups.append(members)
+
+
+def _is_normaliser(view: GraphView, z: fx.Node, keys: set[fx.Node]) -> bool:
+    """φ(Q)·Σφ(K): one number per query (its output is one column wide) from a sum over the keys (a
+    reduction between the key projections and its second operand)."""
+    if tuple(view.ops[z].output_shapes[0][-1:]) != (1,):
+        return False
+    summed = view.matmul_operands(z)[1]
+    return bool(keys & {p for p in _nearest_before(view, summed) if view.is_weight_matmul(p)}) and any(
+        (view.ops[x].elementwise or ("",))[0] == "reduction" for x in view.through_no_macs(summed))
 
 
 def _free_product(view: GraphView, state: RoleState, n: fx.Node) -> bool:
