@@ -324,7 +324,7 @@ class _Sweep:
         for n, made in zip(ends, inputs, strict=True):
             checks.append(self.measure(n, made))
             self._step(3)
-        roles, recomputed = traced.role_counts()
+        roles, recomputed = traced.role_counts(checks[-1].profile)
         self._check_guards(traced, lengths)  # again: a guard added by flopscope's own code counts too
         predicted = [_predictions(traced.reconcile_at(n, self.spec(n) if self.spec else None)) for n in lengths]
         for (n, point), guesses in zip(zip(ends, checks, strict=True), (predicted[0], predicted[-1]), strict=True):

@@ -117,11 +117,13 @@ class SymbolicTrace:
         """The guards in n that the model's polynomials depend on (each true at every checked length)."""
         return tuple(dict.fromkeys(self.text(g.expr) for g in self.shape_env.guards))
 
-    def role_counts(self) -> tuple[dict[str, Count], dict[str, Count]]:
-        """``({role: MACs}, {role: recomputed MACs})``: the roles found on the symbolic graph itself (role
-        passes read dataflow and module paths, and compare sizes only where both are known)."""
+    def role_counts(self, template: Profile) -> tuple[dict[str, Count], dict[str, Count]]:
+        """``({role: MACs}, {role: recomputed MACs})``. The roles are ``template``'s, a profile of the same model
+        at a length, where both ran the same ops in the same order (:meth:`Profile.reuse_roles`: cheap); else
+        they are found on the symbolic graph itself (role passes compare sizes only where both are known)."""
         with _quiet_symbolic_graph():
             try:
+                self.profile.reuse_roles(template)
                 again: dict[str, Count] = dict(self.profile.by_role(phase=RECOMPUTE))  # SymInts where they vary
                 roles: dict[str, Count] = {role: macs - again.get(role, 0)
                                            for role, macs in self.profile.by_role().items()}
