@@ -317,8 +317,10 @@ _BNHD = ("_flash_attention_forward", "_flash_attention_backward", "_efficient_at
 
 def _kernel_geometry(op: CapturedOp) -> tuple[int, int, tuple[int, ...]] | None:
     """(n_q, n_k, scores shape ``[*batch, heads, n_q, n_k]``) of a fused attention kernel, from q and k."""
-    assert op.spec is not None
-    q, k = (_shape(op.args[i]) if i < len(op.args) else None for i in op.spec.operands[:2])
+    operands = op.spec.operands[:2] if op.spec is not None else ()
+    if len(operands) != 2:
+        return None
+    q, k = (_shape(op.args[i]) if i < len(op.args) else None for i in operands)
     if q is None or k is None:
         return None
     name = op.op_name
