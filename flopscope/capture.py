@@ -194,7 +194,13 @@ def build_graph(ops: list[CapturedOp]) -> fx.Graph:
         return x
 
     for op in ops:
-        node = nodes[op] = graph.create_node(op.node_op, op.target, node_of(op.args), node_of(op.kwargs), name=op.name)
+        # arguments set after creation: ``create_node`` walks them with pytree (to warn of raw SymInts), which
+        # took a third of the time of building a large graph; the setters keep users and uses the same way
+        node = nodes[op] = graph.create_node(op.node_op, op.target, name=op.name)
+        if op.args:
+            node.args = node_of(op.args)
+        if op.kwargs:
+            node.kwargs = node_of(op.kwargs)
         node.meta = _public_meta(op, nodes)
     return graph
 

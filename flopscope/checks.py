@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import inspect
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -57,11 +58,29 @@ def check_mode(mode: str, allowed: Sequence[str], what: str = "mode") -> None:
         raise ConfigurationError(f"{what} must be one of {', '.join(map(repr, allowed))}; got {mode!r}")
 
 
+_SIGNATURES: weakref.WeakKeyDictionary[Any, inspect.Signature] = weakref.WeakKeyDictionary()
+
+
+def forward_signature(model: nn.Module) -> inspect.Signature | None:
+    """The signature of ``model.forward`` (``None`` if it has none), read once per forward function: reading one
+    costs more than a small model's whole fake count."""
+    forward = model.forward
+    func = getattr(forward, "__func__", None) if getattr(forward, "__self__", None) is model else None
+    signature = _SIGNATURES.get(func) if func is not None else None
+    if signature is None:
+        try:
+            signature = inspect.signature(forward)
+        except (TypeError, ValueError):
+            return None
+        if func is not None:
+            _SIGNATURES[func] = signature
+    return signature
+
+
 def check_inputs(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
     """The inputs bind to ``model.forward``'s signature (else an :class:`InputError` listing them)."""
-    try:
-        signature = inspect.signature(model.forward)
-    except (TypeError, ValueError):
+    signature = forward_signature(model)
+    if signature is None:
         return
     try:
         signature.bind(*args, **kwargs)

@@ -21,6 +21,7 @@ from torch import nn
 from torch._subclasses.fake_tensor import (
     DataDependentOutputException,
     DynamicOutputShapeException,
+    FakeTensor,
     FakeTensorMode,
     UnsupportedFakeTensorException,
     UnsupportedOperatorException,
@@ -73,6 +74,8 @@ class FakeConverter:
                 fake.requires_grad_(t.requires_grad)
             elif t.requires_grad and not t.is_leaf:  # its history is outside the model: a leaf that needs grad
                 fake = self.mode.from_tensor(t.detach()).requires_grad_(True)
+            elif self._plain(t):
+                fake = self._plain_fake(t)
             else:
                 try:
                     fake = self.mode.from_tensor(t)
@@ -82,6 +85,25 @@ class FakeConverter:
                                           on_fake_tensors=True, where=where, reason=str(error)) from error
             self._memo[id(t)] = fake
             self._keep.append(t)
+        return fake
+
+    def _plain(self, t: torch.Tensor) -> bool:
+        """A dense tensor that owns its memory from the start and carries nothing else (no view, offset, grad,
+        quantization, conjugate bit, subclass), converted while no shape is symbolic."""
+        return (type(t) in (torch.Tensor, nn.Parameter) and t.layout == torch.strided and not t._is_view()
+                and t.storage_offset() == 0 and t.grad is None and not t.is_quantized and not t.is_conj()
+                and not t.is_neg() and self.mode.shape_env is None)
+
+    def _plain_fake(self, t: torch.Tensor) -> torch.Tensor:
+        """The fake of a :meth:`_plain` tensor, made directly (its shape, strides, dtype and device): what the fake
+        mode's own conversion makes of it, at a fifth of the cost (that conversion describes every property a
+        tensor can have). The mode remembers it, so the mode converts the tensor to the same fake if the model
+        reaches it some other way."""
+        with torch._C._DisableTorchDispatch():
+            meta = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
+        fake = FakeTensor(self.mode, meta, t.device)
+        fake.requires_grad_(t.requires_grad)
+        self.mode.fake_tensor_converter.set_tensor_memo(t, fake)
         return fake
 
 
@@ -113,6 +135,10 @@ class MetaConverter:
             self._memo[id(t)] = meta
             self._keep.append(t)
         return meta
+
+
+Converter = FakeConverter | MetaConverter
+"""What turns a run's tensors into the ones it computes on: fake tensors, or meta tensors for a meta model."""
 
 
 def map_tensors(obj: Any, fn: Callable[[torch.Tensor], Any], objects: Callable[[Any], Any] | None = None) -> Any:

@@ -33,10 +33,11 @@ from torch import nn
 from torch.nn.utils.stateless import _reparametrize_module
 
 from .capture import INDEX_DTYPES, MAX_KNOWN_NUMEL, LeafKind, LeafName, OpFailure, Recorder, RefusedInput, op_name
-from .checks import check_inputs, check_mode, check_model
+from .checks import check_inputs, check_mode, check_model, forward_signature
 from .errors import ConfigurationError, FakeTensorError, FlopscopeWarning, ForwardError, cause_of_kind
 from .facts import read_facts
 from .fake import (
+    Converter,
     CountingFakeTensorMode,
     FakeConverter,
     MetaConverter,
@@ -126,7 +127,7 @@ def run(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], options
             raise FakeTensorError(f"module '{sharded}' of {type(model).__name__} is sharded with FSDP2: {reason}; "
                                   "use mode='real' or 'auto' (on a fake world nothing is communicated)",
                                   on_fake_tensors=True, where=f"module '{sharded}'", reason=reason)
-        if converter is None and _state_on_meta(model):
+        if converter is None and not options.backward and _state_on_meta(model):
             try:  # on meta kernels directly: no fake-tensor mode in between (a model too large to build)
                 return _run(model, args, kwargs, options, True, MetaConverter(), notes, stacklevel + 1)
             except Exception:  # it needs fake CPU tensors (say, it makes a tensor without a device): counted on
@@ -158,7 +159,7 @@ def _real_run_lock(model: nn.Module) -> threading.RLock:
 
 
 def _run(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], options: CaptureOptions, fake: bool,
-         converter: FakeConverter | MetaConverter | None, notes: Sequence[str], stacklevel: int) -> Profile:
+         converter: Converter | None, notes: Sequence[str], stacklevel: int) -> Profile:
     facts = read_facts(model)
     # fake: the shadow runs, so the user's tables are not restored (another thread may be changing them)
     snapshot = ModelSnapshot(model, buffer_values=not fake, grads=options.backward, tables=not fake)
@@ -208,6 +209,8 @@ def _run(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], option
         warnings.warn(f"flopscope: the forward of {type(model).__name__} changed parameters in place "
                       f"({', '.join(changed[:5])}{', ...' if len(changed) > 5 else ''}); a real run keeps such "
                       "changes, as it would without flopscope", FlopscopeWarning, stacklevel=stacklevel)
+    if isinstance(convert, MetaConverter) and any(op.target is _SDPA_MATH_SOFTMAX for op in recorder.ops):
+        notes = (*notes, META_ATTENTION_NOTE)
     prof = Profile(Capture.of(recorder, tracker), facts, "fake" if fake else "real", output, notes=notes,
                    role_rules=options.roles)
     warn_incomplete(prof, stacklevel + 1)
@@ -276,7 +279,7 @@ def new_converter() -> FakeConverter:
 
 
 def _recorder(model: nn.Module, tracker: ModuleTracker, registry: FormulaRegistry,
-              convert: FakeConverter | None) -> tuple[Recorder, dict[str, torch.Tensor]]:
+              convert: Converter | None) -> tuple[Recorder, dict[str, torch.Tensor]]:
     """The recorder of one run (timing ops when real), and for a fake run the model's state as fake tensors."""
     if convert is None:
         return Recorder(tracker, registry, _state_names(model, lambda t: t), timed=True), {}
@@ -433,10 +436,8 @@ def _state_names(model: nn.Module, convert: Callable[[torch.Tensor], torch.Tenso
 
 
 def _input_names(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[int, LeafName]:
-    try:
-        params = list(inspect.signature(model.forward).parameters)
-    except (TypeError, ValueError):
-        params = []
+    signature = forward_signature(model)
+    params = list(signature.parameters) if signature is not None else []
     names: dict[int, LeafName] = {}
     labelled = [(params[i] if i < len(params) else f"arg{i}", a) for i, a in enumerate(args)] + list(kwargs.items())
     for label, value in labelled:
@@ -460,11 +461,18 @@ def default_fallback_limit() -> int | None:
     return None
 
 
-def _index_values(tensors: Sequence[torch.Tensor], convert: FakeConverter) -> dict[int, torch.Tensor]:
+def _index_values(tensors: Sequence[torch.Tensor], convert: Converter) -> dict[int, torch.Tensor]:
     """``id(fake) -> values`` of the small index tensors among ``tensors`` (inputs' ids, integer buffers such as
     position ids): fake tensors keep shapes only, and a lookup's ids are checked against its table."""
     return {id(convert(t)): t.detach().clone() for t in tensors
             if t.dtype in INDEX_DTYPES and not t.is_meta and t.numel() <= MAX_KNOWN_NUMEL}
+
+
+_SDPA_MATH_SOFTMAX = torch.ops.aten._safe_softmax.default
+"""The softmax of ``scaled_dot_product_attention``'s math path (no other PyTorch code calls it)."""
+META_ATTENTION_NOTE = ("on device='meta', scaled_dot_product_attention ran its math path (two bmm's around a softmax): "
+                       "the same multiplies as a fused kernel, but its bytes include the n x n scores, which a fused "
+                       "kernel on a real device does not write")
 
 
 def _state_on_meta(model: nn.Module) -> bool:

@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 import flopscope
+from flopscope.runner import META_ATTENTION_NOTE
 
 from closed_forms import add, attention, ffn, times
 
@@ -36,6 +37,22 @@ def test_a_meta_llama_runs_on_meta_kernels_with_the_closed_form_roles() -> None:
     assert roles == _expected()
     on_cpu = flopscope.profile(LlamaForCausalLM(_llama_config()), ids, mode="fake")
     assert not on_cpu.output.logits.is_meta and on_cpu.by_role() == prof.by_role()
+    # the math path of scaled_dot_product_attention: its bytes are not a fused kernel's, and the note says so
+    assert META_ATTENTION_NOTE in prof.notes and META_ATTENTION_NOTE not in on_cpu.notes
+
+
+def test_a_meta_llama_with_its_backward_pass_counts_as_on_the_cpu() -> None:
+    """The CPU's fused attention computes the scores again in its backward (QKᵀ forward, then QKᵀ, dS·K, dSᵀ·Q,
+    Pᵀ·dO and dO·Vᵀ: 4 score-sized and 3 weighted-sum-sized products); the math path would not recompute."""
+    from transformers import LlamaForCausalLM
+
+    with torch.device("meta"):
+        model = LlamaForCausalLM(_llama_config())
+    prof = flopscope.profile(model, torch.randint(0, V, (B, N)), mode="fake", backward=True)
+    assert not prof.output.logits.is_meta  # counted on fake CPU tensors
+    core = attention(B, N, N, D, H, KV)
+    assert prof.by_role()["attn_scores"] == 4 * L * core["attn_scores"]
+    assert prof.by_role()["attn_weighted_sum"] == 3 * L * core["attn_weighted_sum"]
 
 
 def test_the_meta_run_still_refuses_ids_outside_the_table() -> None:
