@@ -216,15 +216,17 @@ def _attention_at_softmax(view: GraphView, state: RoleState, s: fx.Node) -> None
 
 def _attention_at_products(view: GraphView, state: RoleState, first: fx.Node) -> None:
     """Attention without a softmax: ``first`` (a product of two activations) reaches an operand of
-    another activation product through ops without multiplies (any normalisation: exp / logsumexp,
-    sigmoid, ReLU, acos, none). Its result is the *left* operand of the second (weights x values):
-    the quadratic form, ``attn_scores`` then ``attn_weighted_sum``; the *right* operand (queries x
-    summary): the linear form, ``attn_kv_state`` (φ(K)ᵀV) then ``attn_readout`` (φ(Q)·state), with
-    ``attn_normaliser`` for the other products of the same queries with a sum of the same keys."""
+    another activation product, whose result a weight matmul projects, through ops without multiplies
+    (any normalisation: exp / logsumexp, sigmoid, ReLU, acos, none). Its result is the *left* operand
+    of the second (weights x values): the quadratic form, ``attn_scores`` then ``attn_weighted_sum``;
+    the *right* operand (queries x summary): the linear form, ``attn_kv_state`` (φ(K)ᵀV) then
+    ``attn_readout`` (φ(Q)·state), with ``attn_normaliser`` for the other products of the same queries
+    with a sum of the same keys."""
     a, b = view.matmul_operands(first)
     if _from_attention(view, state, a) or _from_attention(view, state, b):
         return  # a product of attention's own results (a pseudo-inverse's iterations): not a new instance
-    seconds = [m for m in _nearest_after(view, first) if m is not first and _free_product(view, state, m)]
+    seconds = [m for m in _nearest_after(view, first) if m is not first and _free_product(view, state, m)
+               and _projected(view, state, m)]
     if not seconds:
         return
     quadratic = [m for m in seconds if view.descends_from(view.matmul_operands(m)[0], first)]
@@ -263,6 +265,13 @@ def _is_normaliser(view: GraphView, z: fx.Node, keys: set[fx.Node]) -> bool:
     summed = view.matmul_operands(z)[1]
     return bool(keys & {p for p in _nearest_before(view, summed) if view.is_weight_matmul(p)}) and any(
         (view.ops[x].elementwise or ("",))[0] == "reduction" for x in view.through_no_macs(summed))
+
+
+def _projected(view: GraphView, state: RoleState, output: fx.Node) -> bool:
+    """A weight matmul takes ``output`` (through ops without multiplies, reductions included): the mixed
+    values go on as data. A scoring product whose result only selects (DeepSeek's sparse-attention
+    indexer feeding a top-k) is not attention's output."""
+    return any(view.is_weight_matmul(p) and p not in state.parts for p in _nearest_after(view, output, True))
 
 
 def _free_product(view: GraphView, state: RoleState, n: fx.Node) -> bool:
