@@ -317,6 +317,9 @@ class Recorder(TorchDispatchMode):
             if torch.is_grad_enabled() and not self._backward and _any_requires_grad((args, kwargs)):
                 self._deferred = (func, torch.autograd._get_sequence_nr() - 1)
             return NotImplemented
+        if any(issubclass(t, formulas.JaggedTensor) for t in types):
+            # a jagged nested tensor runs its ops on its packed values (and offsets): those count, at Σ nᵢ tokens
+            return NotImplemented
         if (not self.fake and any(issubclass(t, FakeTensor) for t in types)) or (
                 self._dtensor_seen and _in_shape_propagation()):
             return func(*args, **kwargs)  # DTensor working out output shapes on fake tensors: not this rank's work

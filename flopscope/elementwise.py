@@ -172,7 +172,7 @@ METADATA_OPS: frozenset[Any] = frozenset([
     aten.sym_size.default, aten.stride.default, aten.sym_stride.default, aten.storage_offset.default,
     aten.sym_storage_offset.default, aten.numel.default, aten.sym_numel.default, aten.dim.default,
     torch.ops.prim.layout.default, torch.ops.prim.device.default, aten._nested_tensor_size.default,
-    aten._nested_tensor_strides.default, aten._nested_tensor_storage_offsets.default,
+    aten._nested_tensor_strides.default, aten._nested_tensor_storage_offsets.default, aten.is_same_size.default,
 ])
 
 

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from typing import Any, TypeAlias, TypeVar
 
 import torch
+from torch.nested._internal.nested_tensor import NestedTensor as JaggedTensor
 from torch.utils._python_dispatch import _disable_current_modes
 
 from .enums import StrEnum
@@ -268,30 +269,63 @@ def _writes_out(func: Any) -> bool:
 
 
 class NestedShape(tuple[int, ...]):
-    """The shape of a nested tensor (one variable-length sequence per batch entry): the padded shape,
-    with ``lengths``, the length of each sequence along dim 1 (nested fast paths skip the padding)."""
+    """The shape of a nested tensor (one variable-length sequence per batch entry): the padded shape (each
+    dim its largest size), with ``sizes``, each entry's own shape (the dims after the batch). Nested kernels
+    skip the padding: their work is a sum over ``sizes``.
 
-    lengths: tuple[int, ...]
+    Strided nested tensors (``torch.nested.nested_tensor(...)``, the C++ layout) give their sizes directly;
+    a jagged one (``layout=torch.jagged``) gives them from its offsets. Formulas see strided ones only: the
+    recorder lets a jagged tensor run its ops on its packed values (see ``docs/conventions.md``, nested
+    tensors), so a jagged shape is read only to describe a module's inputs, and where its offsets are not real
+    (a fake tensor) every entry is shown as long as the longest."""
 
-    def __new__(cls, padded: Sequence[int], lengths: Sequence[int]) -> NestedShape:
+    sizes: tuple[tuple[int, ...], ...]
+
+    def __new__(cls, padded: Sequence[int], sizes: Sequence[Sequence[int]]) -> NestedShape:
         new = super().__new__(cls, padded)
-        new.lengths = tuple(int(n) for n in lengths)
+        new.sizes = tuple(tuple(int(d) for d in size) for size in sizes)
         return new
+
+    @property
+    def lengths(self) -> tuple[int, ...]:
+        """The length of each entry along dim 1 (its sequence, in the ``[B, n, ...]`` layout)."""
+        return tuple(size[0] for size in self.sizes)
 
 
 def shape_of(t: torch.Tensor) -> Shape:
     """``tuple(t.shape)``; for a nested tensor, a :class:`NestedShape`."""
+    if isinstance(t, JaggedTensor):
+        return _jagged_shape(t)
     if getattr(t, "is_nested", False):
-        sizes = t._nested_tensor_size().tolist()  # [batch, component dims]
+        with _disable_current_modes():  # reading sizes is no work of the model's
+            sizes = t._nested_tensor_size().tolist()  # [batch, component dims]
         padded = (len(sizes), *(max(column) for column in zip(*sizes, strict=True)))
-        return NestedShape(padded, [row[0] for row in sizes])
+        return NestedShape(padded, sizes)
     return tuple(t.shape)
+
+
+def _jagged_shape(t: Any) -> NestedShape:
+    """A jagged nested tensor ``[B, ..., j, ...]`` (ragged at ``t._ragged_idx``): entry i is ``nᵢ`` long there,
+    ``nᵢ`` the difference of its offsets (or its ``lengths``, where it has holes)."""
+    ragged = t._ragged_idx
+    dims = [d for i, d in enumerate(t._size) if i != ragged]  # every dim but the ragged one is a plain int
+    batch = int(dims[0])
+    with _disable_current_modes():
+        try:
+            lengths = (t._lengths if t._lengths is not None else t._offsets.diff()).tolist()
+        except (RuntimeError, NotImplementedError):  # fake or meta offsets: only the longest length is known
+            longest = t._maybe_max_seqlen
+            lengths = [int(longest) if longest is not None else int(t._values.shape[ragged - 1])] * batch
+    inner = [int(d) for d in dims[1:]]
+    sizes = [[*inner[:ragged - 1], n, *inner[ragged - 1:]] for n in lengths]
+    padded = (batch, *(max(column) for column in zip(*sizes, strict=True)))
+    return NestedShape(padded, sizes)
 
 
 def rows_of(shape: Shape) -> int:
     """Tokens of a ``[..., features]`` activation: all but the last dim (a nested one: its real tokens)."""
     if isinstance(shape, NestedShape):
-        return sum(shape.lengths) * prod(shape[2:-1])
+        return sum(prod(size[:-1]) for size in shape.sizes)
     return prod(shape[:-1])
 
 
@@ -373,8 +407,10 @@ def scaled_mm(a: Shape, b: Shape, *_: Any, **__: Any) -> int:
 
 @formula(aten.bmm, family=OpFamily.MATMUL, operands=(0, 1))
 def bmm(a: Shape, b: Shape, **_: Any) -> int:
-    """Batched matrix product."""
+    """Batched matrix product (of nested tensors: each entry's product on its own shape)."""
     # [B, m, n] = bmm([B, m, k], [B, k, n])
+    if isinstance(a, NestedShape) or isinstance(b, NestedShape):
+        return sum(gemm(x[0], x[1], y[1]) for x, y in _entries(a, b))
     return gemm(a[1], a[2], b[2], batch=a[0])
 
 
@@ -413,12 +449,23 @@ def linear(x: Shape, weight: Shape, bias: Shape | None = None, **_: Any) -> int:
 
 @formula(aten.matmul, family=OpFamily.MATMUL, operands=(0, 1))
 def matmul(a: Shape, b: Shape, **_: Any) -> int:
-    """``torch.matmul`` with broadcasting; normally decomposed into mm/bmm before it is seen."""
+    """``torch.matmul`` with broadcasting; normally decomposed into mm/bmm before it is seen. Seen on nested
+    tensors (their kernel: the math path of SDPA on jagged inputs): each entry's product on its own shape."""
     # [*batch, m, n] = matmul([*batch, m, k], [*batch, k, n]); 1-D operands are vectors
+    if isinstance(a, NestedShape) or isinstance(b, NestedShape):
+        return sum(matmul(x, y) for x, y in _entries(a, b))
     a2 = (1, *a) if len(a) == 1 else a
     b2 = (*b, 1) if len(b) == 1 else b
     batch = torch.broadcast_shapes(tuple(a2[:-2]), tuple(b2[:-2]))
     return gemm(a2[-2], a2[-1], b2[-1], batch=prod(batch))
+
+
+def _entries(*shapes: Shape) -> Iterable[tuple[Shape, ...]]:
+    """The operands of each entry of a nested op: a nested operand's own shape for that entry, a dense one as
+    it is (nested kernels apply it to every entry)."""
+    batch = next(len(s.sizes) for s in shapes if isinstance(s, NestedShape))
+    for i in range(batch):
+        yield tuple(s.sizes[i] if isinstance(s, NestedShape) else s for s in shapes)
 
 
 @formula(aten._grouped_mm, aten._scaled_grouped_mm, family=OpFamily.GROUPED_MATMUL, operands=(0, 1))
@@ -793,8 +840,13 @@ def attention_core_backward(batch_heads: int, n_q: int, n_k: int, d_k: int, d_v:
     """Flash-style attention backward: recompute S = QKᵀ, then dV = Pᵀ·dO and dP = dO·Vᵀ (the weighted
     sum's gradients), dQ = dS·K and dK = dSᵀ·Q (the scores' gradients): 2.5x the forward core when
     d_k == d_v, as PyTorch's counter and FlashAttention-2 count it."""
-    core = attention_core(batch_heads, n_q, n_k, d_k, d_v)
-    return {"attn_scores": 3 * core["attn_scores"], "attn_weighted_sum": 2 * core["attn_weighted_sum"]}
+    return backward_of(attention_core(batch_heads, n_q, n_k, d_k, d_v))
+
+
+def backward_of(core: dict[str, int]) -> dict[str, int]:
+    """The backward of a forward attention core (see :func:`attention_core_backward`); a bound stays a bound."""
+    parts = {"attn_scores": 3 * core["attn_scores"], "attn_weighted_sum": 2 * core["attn_weighted_sum"]}
+    return UpperBound(parts) if isinstance(core, UpperBound) else parts
 
 
 @formula(aten._scaled_dot_product_flash_attention_for_cpu_backward, aten._scaled_dot_product_flash_attention_backward,
@@ -806,13 +858,36 @@ def sdpa_backward(grad_out: Shape, q: Shape, k: Shape, v: Shape, *_: Any, **__: 
     return attention_core_backward(prod(q[:-2]), q[-2], k[-2], q[-1], v[-1])
 
 
-@formula(aten._flash_attention_backward, aten._efficient_attention_backward, family=OpFamily.ATTENTION,
-         operands=(1, 2, 3))
-def attention_bnhd_backward(grad_out: Shape, q: Shape, k: Shape, v: Shape, *_: Any, **__: Any) -> dict[str, int]:
-    """Backward of the ``[B, n, heads, d]`` CUDA kernels (see :func:`attention_core_backward`)."""
-    if len(q) == 3:
-        q, k, v = (1, *q), (1, *k), (1, *v)
-    return attention_core_backward(q[0] * q[2], q[1], k[1], q[3], v[3])
+@formula(aten._flash_attention_backward, family=OpFamily.ATTENTION, operands=(1, 2, 3))
+def flash_attention_backward(grad_out: Shape, q: Shape, k: Shape, v: Shape, out: Shape, logsumexp: Shape,
+                             cum_seq_q: Shape | None = None, cum_seq_k: Shape | None = None, max_q: int = 0,
+                             max_k: int = 0, *_: Any, **__: Any) -> dict[str, int]:
+    """Backward of FlashAttention's kernel, variable-length included (see :func:`attention_bnhd`)."""
+    # (dQ, dK, dV) = _flash_attention_backward(dO, q, k, v, out, logsumexp, cum_seq_q, cum_seq_k, max_q, max_k, ...)
+    return backward_of(attention_bnhd(q, k, v, _varlen(cum_seq_q), _varlen(cum_seq_k), max_q, max_k))
+
+
+@formula(aten._efficient_attention_backward, family=OpFamily.ATTENTION, operands=(1, 2, 3))
+def efficient_attention_backward(grad_out: Shape, q: Shape, k: Shape, v: Shape, bias: Shape | None, out: Shape,
+                                 cu_seqlens_q: Shape | None = None, cu_seqlens_k: Shape | None = None,
+                                 max_seqlen_q: int = 0, max_seqlen_k: int = 0, *_: Any, **__: Any) -> dict[str, int]:
+    """Backward of the memory-efficient kernel, variable-length included (see :func:`attention_bnhd`)."""
+    # (dQ, dK, dV, dBias) = _efficient_attention_backward(dO, q, k, v, bias, out, cu_q, cu_k, max_q, max_k, ...)
+    return backward_of(attention_bnhd(q, k, v, _varlen(cu_seqlens_q), _varlen(cu_seqlens_k), max_seqlen_q,
+                                      max_seqlen_k))
+
+
+def _varlen(offsets: Shape | None) -> Shape | None:
+    """Offsets of a variable-length call; None for a dense one (a backward kernel gets an empty tensor there)."""
+    return offsets if offsets is not None and len(offsets) == 1 and offsets[0] > 0 else None
+
+
+@formula(aten.matmul_backward, family=OpFamily.MATMUL, operands=(1, 2))
+def matmul_backward(grad: Shape, a: Shape, b: Shape, mask: Sequence[bool], **_: Any) -> int:
+    """The gradients of ``torch.matmul`` where it is a kernel of its own (nested tensors): each gradient asked
+    for in ``mask`` (of ``a``: grad·bᵀ, of ``b``: aᵀ·grad) is one product of the forward's size."""
+    # (d_a, d_b) = matmul_backward(grad [*, m, n], a [*, m, k], b [*, k, n], [a needs grad, b needs grad])
+    return matmul(a, b) * sum(bool(wanted) for wanted in mask)
 
 
 @formula(aten.convolution_backward, family=OpFamily.CONV)
