@@ -76,6 +76,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
 import flopscope  # noqa: E402
@@ -91,7 +92,26 @@ LLAMA_7B = dict(
     max_position_embeddings=4096,
 )
 LLAMA_7B_QUICK = {**LLAMA_7B, "num_hidden_layers": 2}
-VARIANTS = ("plain", "flopscope real", "FlopCounterMode", "flopscope fake")
+LLAMA_70B = dict(
+    hidden_size=8192,
+    intermediate_size=28672,
+    num_hidden_layers=80,
+    num_attention_heads=64,
+    num_key_value_heads=8,
+    vocab_size=32000,
+    max_position_embeddings=4096,
+)
+VARIANTS = ("plain", "empty mode", "flopscope real", "FlopCounterMode", "flopscope fake")
+TARGETS = {"real_vs_empty": 1.08, "7b_vs_fcm": 1.0, "7b_vs_plain": 1.6, "70b_s": 1.5, "70b_mib": 600}
+"""Issue 15's targets: real-mode time / an empty dispatch mode's; the 7B count with roles / FlopCounterMode's meta
+count and / the plain meta forward; the 70B count with roles in seconds and its peak memory growth in MiB."""
+
+
+class EmptyMode(TorchDispatchMode):
+    """A dispatch mode that only runs each op: the floor of any counter that sees every ATen op."""
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        return func(*args, **(kwargs or {}))
 
 
 # -------------------------------------------------------------------------------------------------
@@ -133,8 +153,13 @@ def time_model(model: torch.nn.Module, ids: torch.Tensor, reps: int, warmup: int
             model(ids)
         return counter
 
+    def empty() -> None:
+        with EmptyMode():
+            model(ids)
+
     calls: dict[str, Callable[[], Any]] = {
         "plain": lambda: model(ids),
+        "empty mode": empty,
         "flopscope real": lambda: flopscope.profile(model, ids, mode="real"),
         "FlopCounterMode": fcm,
         "flopscope fake": lambda: flopscope.profile(model, ids, mode="fake"),
@@ -161,6 +186,8 @@ def time_model(model: torch.nn.Module, ids: torch.Tensor, reps: int, warmup: int
     return {
         "plain_ms": 1e3 * statistics.median(plain),
         "ratio": {v: statistics.median(t / p for t, p in zip(times[v], plain, strict=True)) for v in VARIANTS[1:]},
+        "real_vs_empty": statistics.median(
+            r / e for r, e in zip(times["flopscope real"], times["empty mode"], strict=True)),
         "ms": {v: 1e3 * statistics.median(times[v]) for v in VARIANTS},
         "ops": ops,
         "us_per_op": 1e6 * extra / ops if ops else float("nan"),
@@ -242,7 +269,9 @@ def child_7b(spec: dict[str, Any]) -> dict[str, Any]:
         _, traced_peak = tracemalloc.get_traced_memory()
         tracemalloc.stop()
     hwm_growth = hwm_first - rss_now if hwm_reset and hwm_first is not None and rss_now is not None else None
+    side = _side_by_side(model, ids, spec["side_reps"]) if spec["side_reps"] else {}
     return {
+        "side": side,
         "first_s": times[0],
         "median_s": statistics.median(times[1:]),
         "rss_built_mib": rss_built,
@@ -258,11 +287,42 @@ def child_7b(spec: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def run_7b(quick: bool, reps: int, threads: int | None) -> dict[str, Any]:
+def _side_by_side(model: torch.nn.Module, ids: torch.Tensor, reps: int) -> dict[str, float]:
+    """Median seconds of the plain meta forward, FlopCounterMode's meta count and flopscope's count with roles,
+    run in turn (the first of each round rotating), under ``no_grad``; and the medians of the per-round ratios."""
+
+    def fcm() -> None:
+        with FlopCounterMode(display=False):
+            model(ids)
+
+    calls: dict[str, Callable[[], Any]] = {
+        "plain": lambda: model(ids),
+        "FlopCounterMode": fcm,
+        "flopscope + roles": lambda: flopscope.profile(model, ids, mode="fake").by_role(),
+    }
+    names = list(calls)
+    times: dict[str, list[float]] = {name: [] for name in names}
+    with torch.no_grad():
+        for rep in range(reps + 1):  # the first round warms up
+            for name in names[rep % len(names):] + names[: rep % len(names)]:
+                gc.collect()
+                start = time.perf_counter()
+                calls[name]()
+                if rep:
+                    times[name].append(time.perf_counter() - start)
+    fs = times["flopscope + roles"]
+    return {**{name: statistics.median(t) for name, t in times.items()},
+            "vs_fcm": statistics.median(a / b for a, b in zip(fs, times["FlopCounterMode"], strict=True)),
+            "vs_plain": statistics.median(a / b for a, b in zip(fs, times["plain"], strict=True))}
+
+
+def run_7b(quick: bool, reps: int, threads: int | None, config: dict[str, int] | None = None, n: int | None = None,
+           side_reps: int = 5) -> dict[str, Any]:
     spec = {
-        "config": LLAMA_7B_QUICK if quick else LLAMA_7B,
-        "n": 512 if quick else 2048,
+        "config": config or (LLAMA_7B_QUICK if quick else LLAMA_7B),
+        "n": n or (512 if quick else 2048),
         "reps": reps,
+        "side_reps": side_reps,
         "threads": threads,
         "parent_rss_mib": _max_rss_mib(),
     }
@@ -314,7 +374,8 @@ def main() -> None:
     warmup = args.warmup if args.warmup is not None else (1 if args.quick else 2)
     # Part 2 runs first, while this process is still small: a child's ru_maxrss starts at its parent's
     # RSS (the kernel carries the forked image's high-water mark across exec).
-    big = None if args.skip_7b else run_7b(args.quick, args.reps_7b, args.threads)
+    big = None if args.skip_7b else run_7b(args.quick, args.reps_7b, args.threads, side_reps=3 if args.quick else 5)
+    huge = None if args.skip_7b or args.quick else run_7b(False, 1, args.threads, LLAMA_70B, 4096, side_reps=0)
     import transformers
 
     print(
@@ -335,7 +396,9 @@ def main() -> None:
                     label,
                     n,
                     f"{r['plain_ms']:.1f}",
+                    f"{r['ratio']['empty mode']:.2f}",
                     f"{r['ratio']['flopscope real']:.2f}",
+                    f"{r['real_vs_empty']:.2f}",
                     f"{r['ratio']['FlopCounterMode']:.2f}",
                     f"{r['ratio']['flopscope fake']:.2f}",
                     r["ops"],
@@ -353,7 +416,9 @@ def main() -> None:
                 "model",
                 "n",
                 "plain ms",
+                "empty mode x",
                 "fs real x",
+                f"fs real / empty (target <= {TARGETS['real_vs_empty']})",
                 "FCM x",
                 "fs fake x",
                 "ops",
@@ -400,6 +465,19 @@ def main() -> None:
             )
         )
         print(f"MACs: {r['macs']:,} {check}")
+        side = r["side"]
+        print(f"side by side, medians of {r['side_reps']} rounds: plain meta forward {side['plain']:.3f} s, "
+              f"FlopCounterMode {side['FlopCounterMode']:.3f} s, flopscope count + by_role() "
+              f"{side['flopscope + roles']:.3f} s: {side['vs_fcm']:.2f}x FlopCounterMode (target <= "
+              f"{TARGETS['7b_vs_fcm']}), {side['vs_plain']:.2f}x plain (target <= {TARGETS['7b_vs_plain']})")
+    if huge is not None:
+        r = huge
+        hwm = float("nan") if r["hwm_growth_mib"] is None else r["hwm_growth_mib"]
+        print(f"\nPart 3: Llama-70B shape (80 layers, d 8192, GQA 64/8, d_ff 28672) on meta, ids (1, {r['n']}): first "
+              f"count {r['first_s']:.2f} s, then {r['median_s']:.2f} s (target < {TARGETS['70b_s']} s); memory the "
+              f"first count needed (VmHWM growth) {hwm:.0f} MiB (target < {TARGETS['70b_mib']} MiB); MACs "
+              f"{r['macs']:,} {'==' if r['macs'] == r['expected'] else '!='} analytic {r['expected']:,}")
+        messages += r["warnings"]
         if r["inherited"]:
             print("caution: the child's ru_maxrss baseline is its parent's RSS, so the maxrss growth is understated")
         messages += r["warnings"]

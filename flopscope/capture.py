@@ -505,13 +505,14 @@ class Recorder(TorchDispatchMode):
                                     module_stack=stack, output_shapes=(shape_of(item),), dtype=item.dtype)
                 self.ops.append(getter)
                 self._producers[id(item)] = (weakref.ref(item), getter)
-        results = _tensors(out)
+        results = [out] if isinstance(out, torch.Tensor) else _tensors(out)
         op.bytes = traffic.bytes_moved(func, inputs, results)
         if known.collective is not None:
             op.collective = (known.collective, communication.message_bytes(func, args, kwargs, results),
                              communication.group_size(args, kwargs))
-        sizes = (traffic.nbytes(t) for t in results)  # a symbolic size (symbolic trace) is not compared: no guard
-        self.largest_out = max([self.largest_out, *(size for size in sizes if isinstance(size, int))])
+        if self.fake:  # the least memory a real run would need (a fall-back's estimate)
+            sizes = (traffic.nbytes(t) for t in results)  # a symbolic size (symbolic trace) is not compared: no guard
+            self.largest_out = max([self.largest_out, *(size for size in sizes if isinstance(size, int))])
         if known.spec is not None:
             macs = formulas.count(known.spec.formula, args, kwargs, _first_shape(out), values=self.value_of)
             if isinstance(macs, formulas.UpperBound):

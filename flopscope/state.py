@@ -57,16 +57,19 @@ class ModelSnapshot:
             except Exception as error:  # a restore step must not stop the others nor mask the run's error
                 failed.append(f"{what}: {type(error).__name__}: {error}")
 
+        # only what changed is put back (most of a model is never touched): a profile's fixed cost
         for module, attrs, params, buffers, children in self._tables:
-            name = type(module).__name__
-            step(f"{name} attributes", _restore_dict, module.__dict__, attrs)
-            step(f"{name} parameters", _restore_dict, module._parameters, params)
-            step(f"{name} buffers", _restore_dict, module._buffers, buffers)
-            step(f"{name} submodules", _restore_dict, module._modules, children)
+            tables = ((module.__dict__, attrs, "attributes"), (module._parameters, params, "parameters"),
+                      (module._buffers, buffers, "buffers"), (module._modules, children, "submodules"))
+            for current, before, table in tables:
+                if not _unchanged(current, before):
+                    step(f"{type(module).__name__} {table}", _restore_dict, current, before)
         for hooks, saved_hooks in self._hooks:
-            step("a hook table", _restore_dict, hooks, saved_hooks)
+            if not _unchanged(hooks, saved_hooks):
+                step("a hook table", _restore_dict, hooks, saved_hooks)
         for module, training in self._training:
-            step(f"{type(module).__name__} training flag", setattr, module, "training", training)
+            if module.training is not training:
+                step(f"{type(module).__name__} training flag", setattr, module, "training", training)
         for p, grad in self._grads:
             step("a parameter's .grad", setattr, p, "grad", grad)
         for p, requires_grad in self._requires_grad:
@@ -82,9 +85,12 @@ class ModelSnapshot:
         return [name for name, p, version in self._versions if p._version != version]
 
 
+def _unchanged(current: dict[str, Any], saved: dict[str, Any]) -> bool:
+    """The same keys holding the same objects."""
+    return current.keys() == saved.keys() and all(current[k] is v for k, v in saved.items())
+
+
 def _restore_dict(current: dict[str, Any], saved: dict[str, Any]) -> None:
-    if current.keys() == saved.keys() and all(current[k] is v for k, v in saved.items()):
-        return
     for key in [k for k in current if k not in saved]:
         del current[key]
     for key, value in saved.items():
