@@ -241,8 +241,11 @@ def _attention_at_products(view: GraphView, state: RoleState, first: fx.Node) ->
             members |= _demand_out_proj(view, state, m, through_reductions=True)  # a sum over hash rounds (LSH)
         state.groups.append(members - (set(seconds) - set(quadratic)))
         return
+    behind_k, behind_v = _nearest_before(view, a), _nearest_before(view, b)
+    if not behind_k or not behind_v or not all(view.is_weight_matmul(p) for p in (*behind_k, *behind_v)):
+        return  # keys and values are projections of the input, nothing else (a residual-stream mix is not)
+    keys = set(behind_k)
     state.parts[first] = {Role.ATTN_KV_STATE.value: view.macs[first]}
-    keys = {p for p in _nearest_before(view, a) if view.is_weight_matmul(p)}
     members |= _demand_projections(view, state, a, Role.K_PROJ.value)
     members |= _demand_projections(view, state, b, Role.V_PROJ.value)
     for m in seconds:
