@@ -30,6 +30,7 @@ from tabulate import tabulate
 
 from . import report
 from .api import profile, profiler
+from .attention_mask import ATTENTION_CONVENTIONS, EXECUTED
 from .errors import FlopscopeError
 from .generation import CORE, DECODE, steps_table
 from .models import TransformerBlock
@@ -95,6 +96,7 @@ def _parser() -> argparse.ArgumentParser:
     prof.add_argument("--sweep", type=_sweep_lengths, metavar="N,N,...",
                       help=f"comma-separated lengths (at least {MIN_LENGTHS}): exact polynomial per role in n")
     prof.add_argument("--backward", action="store_true", help="count the backward pass too")
+    _attention_option(prof, "the total, the role table and the per-token formulas")
     prof.add_argument("--json", type=_output_path, help="write the JSON report (schema flopscope.profile/1) here")
     prof.add_argument("--csv", type=_output_path, help="write one CSV row per counted op here")
     prof.add_argument("--plot", type=_plot_path, help="write a PNG (or another format matplotlib writes, by the "
@@ -153,6 +155,7 @@ def _parser() -> argparse.ArgumentParser:
     gen.add_argument("--json", type=_output_path,
                      help="write steps, polynomials and roofline rows (schema flopscope.generate/1) here")
     gen.add_argument("--plot", type=_plot_path, help="write the roofline plot (PNG, or another format by the suffix)")
+    _attention_option(gen, "the step table and the FLOPs per generated token (the roofline stays executed work)")
     gen.add_argument("--format", choices=FORMATS, default="simple", help="table format (tabulate)")
     gen.set_defaults(run=_generate)
     return parser
@@ -168,6 +171,29 @@ def _target_options(parser: argparse.ArgumentParser) -> None:
                         help="input shape, repeatable for several inputs (default: 1x128 token ids for Hugging "
                              "Face targets; the weights' image size for timm: and torchvision targets)")
     parser.add_argument("--dtype", help="input dtype: long for token ids, float32 (default for factories), ...")
+
+
+def _attention_option(parser: argparse.ArgumentParser, priced: str) -> None:
+    parser.add_argument("--attention", choices=ATTENTION_CONVENTIONS, default=EXECUTED,
+                        help=f"what the attention core is charged in {priced}: executed (default; every pair the "
+                             "kernel computes), causal (the causal half) or mask (the pairs the mask allows); "
+                             "docs/conventions.md section 5.4")
+
+
+def _target_and_inputs(args: argparse.Namespace) -> tuple[Any, Any]:
+    """The target of ``args`` and the builder of its inputs (``--input`` shapes, ``--dtype``)."""
+    target = load_target(args.target, args.set)
+    return target, make_inputs(target, [parse_shape(s) for s in args.input], args.dtype)
+
+
+def _write_reports(args: argparse.Namespace, prof: Any) -> None:
+    """``--json`` and ``--csv`` of ``profile`` (the JSON's ``attention`` section under ``--attention``)."""
+    if args.json:
+        args.json.write_text(report.to_json(prof, attention=args.attention))
+        print(f"wrote {args.json}")
+    if args.csv:
+        args.csv.write_text(report.to_csv(prof))
+        print(f"wrote {args.csv}")
 
 
 def _output_options(parser: argparse.ArgumentParser) -> None:
@@ -291,8 +317,7 @@ def _profile(args: argparse.Namespace) -> int:
         return _profile_sharded(args)
     if args.plot and importlib.util.find_spec("matplotlib") is None:  # say so now, not after profiling
         raise FlopscopeError("--plot needs matplotlib: pip install 'flopscope[plot]'")
-    target = load_target(args.target, args.set)
-    build = make_inputs(target, [parse_shape(s) for s in args.input], args.dtype)  # refuses too long sequences
+    target, build = _target_and_inputs(args)  # refuses too long sequences
     if target.token_inputs:
         for n in args.sweep or ():
             target.check_sequence(n, "--sweep length: a sequence")
@@ -300,22 +325,17 @@ def _profile(args: argparse.Namespace) -> int:
     print(f"{target.description}: {sum(p.numel() for p in target.model.parameters()):,} parameters", flush=True)
     with torch.no_grad() if not args.backward else torch.enable_grad():
         prof = profile(target.model, *inputs, mode=args.mode, backward=args.backward, **kwargs)
-    print(report.summary(prof, depth=args.depth, units=args.units, tablefmt=args.format))
+    print(report.summary(prof, depth=args.depth, units=args.units, tablefmt=args.format, attention=args.attention))
     if target.token_inputs and getattr(target.model, "config", None) is not None:
         with contextlib.suppress(FlopscopeError):  # not a language model: no model-level formulas
-            print("\n" + prof.model_formulas().to_table(args.format))
+            print("\n" + prof.model_formulas(args.attention).to_table(args.format))
     result = None
     if args.sweep:
         result = scaling(target.model, build, lengths=args.sweep, mode="fake" if args.mode != "real"
                          else "real", progress=_progress("sweep"))
         print("\nscaling in n (exact polynomials, checked at one more length than their degree needs):")
         print(result.to_table(args.format))
-    if args.json:
-        args.json.write_text(report.to_json(prof))
-        print(f"wrote {args.json}")
-    if args.csv:
-        args.csv.write_text(report.to_csv(prof))
-        print(f"wrote {args.csv}")
+    _write_reports(args, prof)
     if args.plot:
         from .plots import role_share_plot, scaling_plot
 
@@ -330,7 +350,8 @@ def _profile_sharded(args: argparse.Namespace) -> int:
     from .communication import compare as compare_collectives
 
     conflicts = [flag for flag, given in (("--sweep", args.sweep), ("--plot", args.plot),
-                                          ("--mode real", args.mode == "real")) if given]
+                                          ("--mode real", args.mode == "real"),
+                                          (f"--attention {args.attention}", args.attention != EXECUTED)) if given]
     usage = ("--dp needs --tp (--tp 1: data parallel only)" if args.tp is None
              else f"--tp counts on fake tensors; it cannot be combined with {', '.join(conflicts)}" if conflicts
              else None)
@@ -339,10 +360,10 @@ def _profile_sharded(args: argparse.Namespace) -> int:
         return 2
     tp, dp = args.tp, args.dp
     with torch.device("meta"):  # nothing allocated: any size counts
-        target = load_target(args.target, args.set)
+        target, build = _target_and_inputs(args)
     model = target.model
     dist.check_tensor_parallel(model, tp)  # before anything is counted
-    inputs, kwargs = make_inputs(target, [parse_shape(s) for s in args.input], args.dtype)(None)
+    inputs, kwargs = build(None)
     ids = next((t for t in (*inputs, *kwargs.values()) if isinstance(t, torch.Tensor)), None)
     parameters = sum(p.numel() for p in model.parameters())
     world = dp * tp
@@ -374,12 +395,7 @@ def _profile_sharded(args: argparse.Namespace) -> int:
     print("\ncommunication per MAC (collective message bytes per multiply-accumulate of this rank):")
     fsdp_backward = args.backward if dp > 1 else None
     print(dist.communication_per_mac(prof, units, fsdp_backward=fsdp_backward, tablefmt=args.format))
-    if args.json:
-        args.json.write_text(report.to_json(prof))
-        print(f"wrote {args.json}")
-    if args.csv:
-        args.csv.write_text(report.to_csv(prof))
-        print(f"wrote {args.csv}")
+    _write_reports(args, prof)
     return 0
 
 
@@ -394,8 +410,8 @@ def _compare(args: argparse.Namespace) -> int:
 def _crosscheck(args: argparse.Namespace) -> int:
     from .peers import crosscheck
 
-    target = load_target(args.target, args.set)
-    inputs, kwargs = make_inputs(target, [parse_shape(s) for s in args.input], args.dtype)(None)
+    target, build = _target_and_inputs(args)
+    inputs, kwargs = build(None)
     with torch.no_grad():
         result = crosscheck(target.model, *inputs, **kwargs)
     print(result.to_table(args.format))
@@ -430,15 +446,15 @@ def _generate(args: argparse.Namespace) -> int:
         generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=args.new, min_new_tokens=args.new,
                  do_sample=False, pad_token_id=0)
     prof = recording.result
-    steps = prof.steps()
+    steps = prof.steps(args.attention)
     print(steps_table(steps, args.format))
     try:
-        decode: Scaling | None = prof.decode_scaling()
+        decode: Scaling | None = prof.decode_scaling(args.attention)
     except FlopscopeError as e:
         decode = None
         print(f"\nno per-token polynomial: {e}")
     if decode is not None:
-        print("\n" + _per_token_text(decode, args.format))
+        print("\n" + _per_token_text(decode, args.format, args.attention))
     if args.device is None and (args.peak is None or args.bandwidth is None):
         print("\nmeasuring this CPU's peak FLOP/s and memory bandwidth (a few seconds) ...", file=sys.stderr,
               flush=True)
@@ -473,15 +489,17 @@ def _total(polys: list[Polynomial | None]) -> Polynomial | None:
     return out
 
 
-def _per_token_text(decode: Scaling, tablefmt: str) -> str:
-    """FLOPs per generated token (one decode step, one sequence) by role, the total, and its KV-cache term."""
+def _per_token_text(decode: Scaling, tablefmt: str, attention: str = EXECUTED) -> str:
+    """FLOPs per generated token (one decode step, one sequence) by role, the total, and its KV-cache term (the
+    attention core priced by ``attention``)."""
     polys = decode.polynomials
     rows = [[role, "not a polynomial" if poly is None else _in_context(poly, 2)] for role, poly in polys.items()]
     total = _total(list(polys.values()))
     kv = _total([polys[role] for role in CORE if role in polys])
     rest = _total([poly for role, poly in polys.items() if role not in CORE])
+    priced = "" if attention == EXECUTED else f", attention core priced {attention!r}"
     lines = [f"FLOPs per generated token (one decode step, one sequence) in the context c (positions attended: "
-             f"cached + new), exact at c = {decode.lengths[0]}..{decode.lengths[-1]}:",
+             f"cached + new){priced}, exact at c = {decode.lengths[0]}..{decode.lengths[-1]}:",
              tabulate(rows, headers=["role", "FLOPs per token"], tablefmt=tablefmt, disable_numparse=True)]
     if total is not None:
         lines.append(f"total: {_in_context(total, 2)} FLOPs per generated token")
@@ -519,7 +537,8 @@ def _generate_json(args: argparse.Namespace, description: str, steps: list[Any],
                          "measured_seconds": p.measured_seconds, "mfu": mfu, "mbu": mbu})
     return {"schema": "flopscope.generate/1", "target": description, "batch": args.batch, "prompt": args.prompt,
             "new": args.new, "dtype": str(args.dtype).removeprefix("torch."), "units": "MACs, FLOPs = 2 x MACs, bytes",
-            "steps": [s.row() for s in steps], "decode_steps": sum(s.phase == DECODE for s in steps),
+            "attention": args.attention, "steps": [s.row() for s in steps],
+            "decode_steps": sum(s.phase == DECODE for s in steps),
             "polynomials": polynomials,
             "roofline": {"device": where, "peak_flops": result.peak_flops, "bandwidth": result.bandwidth,
                          "ridge": result.ridge, "rows": rows}}

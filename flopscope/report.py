@@ -123,18 +123,19 @@ def where(paths: list[str], limit: int = 3) -> str:
     return ", ".join(shown) + (f", +{more} more" if more > 0 else "")
 
 
-def role_table(prof: Profile, units: str = "macs", tablefmt: str = "simple") -> str:
-    """Role | MACs | FLOPs | share of total | where (the blocks it occurs in)."""
-    total = prof.total() or 1
+def role_table(prof: Profile, units: str = "macs", tablefmt: str = "simple", attention: str = EXECUTED) -> str:
+    """Role | MACs | FLOPs | share of total | where (the blocks it occurs in); the attention core and the total
+    priced by the ``attention`` convention (:mod:`flopscope.attention_mask`)."""
+    total = prof.total(attention=attention) or 1
     blocks: dict[str, list[str]] = {}
-    for block, roles in prof.by_block().items():
+    for block, roles in prof.by_block(attention=attention).items():
         for role, macs in roles.items():
             if macs:
                 blocks.setdefault(role, []).append(block)
     first = "MACs" if units == "macs" else "FLOPs"
     _unit(units)
     rows = []
-    for role, macs in prof.by_role().items():
+    for role, macs in prof.by_role(attention=attention).items():
         shown = macs if units == "macs" else 2 * macs
         other = human(2 * macs, "FLOP") if units == "macs" else human(macs, "MAC")
         rows.append([role, f"{shown:,}", other, f"{100 * macs / total:.1f}%", where(blocks.get(role, []))])
@@ -151,18 +152,23 @@ def unsupported_table(prof: Profile, tablefmt: str = "simple") -> str:
 
 
 def summary(prof: Profile, depth: int = 2, units: str = "macs", tablefmt: str = "simple",
-            reconciliation: bool = True) -> str:
-    """Totals, roles, reconciliation, the module tree, ops, elementwise work and unsupported ops."""
+            reconciliation: bool = True, attention: str = EXECUTED) -> str:
+    """Totals, roles, reconciliation, the module tree, ops, elementwise work and unsupported ops. ``attention``:
+    the convention of the total and the role table (:mod:`flopscope.attention_mask`); the module tree, ops and
+    reconciliation stay executed work."""
+    macs, flops = prof.total(attention=attention), prof.total_flops(attention=attention)
+    priced = "" if attention_mask.check_attention(attention) == EXECUTED else (
+        f", attention core priced {attention!r} (executed: {prof.total():,} MACs; module tree and ops: executed)")
     lines = [
-        f"total: {prof.total():,} MACs = {prof.total_flops():,} FLOPs ({human(prof.total_flops(), 'FLOP')}; "
-        f"1 MAC = 2 FLOPs), counted in {prof.mode} mode",
+        f"total: {macs:,} MACs = {flops:,} FLOPs ({human(flops, 'FLOP')}; 1 MAC = 2 FLOPs), counted in {prof.mode} "
+        f"mode{priced}",
         f"bytes moved at least: {prof.total_bytes():,} ({human(prof.total_bytes(), 'B')}; each tensor read and "
         "written once, see flopscope.traffic)",
     ]
     phases = prof.by_phase()
     if len(phases) > 1:
         lines.append("by phase: " + ", ".join(f"{k} {v:,} MACs" for k, v in phases.items()))
-    lines += ["", role_table(prof, units, tablefmt)]
+    lines += ["", role_table(prof, units, tablefmt, attention)]
     if reconciliation:
         result = prof.reconcile()
         if result.rows:
@@ -177,7 +183,7 @@ def summary(prof: Profile, depth: int = 2, units: str = "macs", tablefmt: str = 
         parts = ", ".join(f"{k} {v:,}" for k, v in sorted(elementwise.items()))
         lines += ["", f"elementwise ops (not MACs, not in the total): {parts}"]
     lines += ["", unsupported_table(prof, tablefmt)]
-    lines += [f"note: {note}" for note in prof.notes]
+    lines += [f"note: {note}" for note in [*prof.notes, *attention_mask.notes(prof, attention)]]
     return "\n".join(lines)
 
 

@@ -225,3 +225,49 @@ def test_profile_tensor_parallel_errors(capsys):
     assert "--dp needs --tp" in capsys.readouterr().err
     assert main(["profile", "hf:llama", *SHARDED_LLAMA, "--tp", "2", "--mode", "real"]) == 2
     assert "cannot be combined with --mode real" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("attention", ["executed", "causal", "mask"])
+def test_profile_prices_the_attention_core_by_the_convention_asked_for(attention, tmp_path, capsys):
+    pytest.importorskip("transformers")
+    n, L, d, h, n_kv, d_ff, V = 16, 2, 64, 4, 2, 128, 100
+    d_k = d // h
+    option = [] if attention == "executed" else ["--attention", attention]  # executed: the default, unchanged
+    json_path = tmp_path / "p.json"
+    assert main(["profile", "hf:llama/causal-lm", *TINY_LLAMA, "--input", f"1x{n}", "--depth", "0", *option,
+                 "--json", str(json_path)]) == 0
+    out = capsys.readouterr().out
+    pairs = {"executed": n * n, "causal": n * n // 2, "mask": n * (n + 1) // 2}[attention]  # per head and layer
+    core = L * h * d_k * pairs  # MACs of each core role: scores, weighted sum
+    rest = n * L * (d * h * d_k + 2 * d * n_kv * d_k + h * d_k * d + 3 * d * d_ff) + n * d * V
+    executed = rest + 2 * L * h * d_k * n * n
+    assert line_starting(out, "attn_scores").split()[1] == f"{core:,}"
+    assert line_starting(out, "attn_weighted_sum").split()[1] == f"{core:,}"
+    assert line_starting(out, "q_proj").split()[1] == f"{n * L * d * h * d_k:,}"  # projections never change
+    total = line_starting(out, "total: ")
+    assert total.startswith(f"total: {rest + 2 * core:,} MACs = {2 * (rest + 2 * core):,} FLOPs")
+    assert (f"attention core priced '{attention}' (executed: {executed:,} MACs" in total) == (attention != "executed")
+    doc = json.loads(json_path.read_text())
+    assert doc["totals"]["macs"] == executed  # the totals of the report stay executed work
+    assert doc["attention"]["convention"] == attention and doc["attention"]["macs"] == rest + 2 * core
+
+
+def test_generate_steps_and_per_token_numbers_follow_the_convention(capsys):
+    pytest.importorskip("transformers")
+    prompt, new, L, d, h, n_kv, d_ff, V = 8, 4, 2, 64, 4, 2, 128, 100
+    d_k = d // h
+    assert main(["generate", "hf:llama", *TINY_LLAMA, "--prompt", str(prompt), "--new", str(new), "--peak", "1e11",
+                 "--bandwidth", "1e10", "--attention", "causal"]) == 0
+    out = capsys.readouterr().out
+    per_token = L * (d * h * d_k + 2 * d * n_kv * d_k + h * d_k * d + 3 * d * d_ff) + d * V  # MACs, no context
+    rows = {row[0]: row for row in (line.split() for line in out.splitlines()) if row[1:2] in (["prefill"], ["decode"])}
+    # prefill: a causal square of the prompt, charged its half (p²/2 pairs per head, layer and core matmul); the
+    # logits of the last position only (generate keeps one)
+    kv = 2 * L * h * d_k * prompt * prompt // 2
+    assert rows["1"][5:9:3] == [f"{prompt * (per_token - d * V) + d * V + kv:,}", f"{kv:,}"]  # MACs, KV MACs
+    # decode: one query over c = prompt + i keys sees them all (HF's SDPA calls are not causal there): dense, as
+    # executed, so the per-token polynomial is the executed one, in FLOPs 4·L·h·d_k·c + 2·(the rest)
+    for i in range(1, new):
+        assert rows[str(i + 1)][8] == f"{2 * L * h * d_k * (prompt + i):,}"
+    assert "attention core priced 'causal'" in out
+    assert f"total: {4 * L * h * d_k:,}·c + {2 * per_token:,} FLOPs per generated token" in out
