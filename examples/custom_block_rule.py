@@ -1,7 +1,8 @@
-"""A custom block that dataflow alone cannot name, and a user rule that names it.
+"""A custom block that dataflow alone names wrongly, and a user rule that names it.
 
-Kernelised linear attention has no softmax, so its matmuls are not recognised as attention; a
-``RoleRule`` (module pattern or type -> role) says what they are.
+MLP-Mixer's token-mixing MLP is two weight matmuls around an activation, applied along the sequence axis: to
+dataflow it is an FFN (``ffn_up`` / ``ffn_down``), but it mixes positions, as attention does, not channels. A
+``RoleRule`` (module pattern or type -> role) says what it is; user rules apply after dataflow and win.
 
     python examples/custom_block_rule.py
 """
@@ -16,32 +17,26 @@ import flopscope
 from flopscope import Role, RoleRule
 
 
-class LinearAttention(nn.Module):
-    def __init__(self, d: int) -> None:
+class MixerBlock(nn.Module):
+    """Token mixing (an MLP over the ``n`` positions of each channel), then channel mixing (an MLP over ``d``)."""
+
+    def __init__(self, n: int, d: int, token_hidden: int) -> None:
         super().__init__()
-        self.q, self.k, self.v = (nn.Linear(d, d) for _ in range(3))
+        self.token_up, self.token_down = nn.Linear(n, token_hidden), nn.Linear(token_hidden, n)
+        self.channel_up, self.channel_down = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        q, k, v = F.elu(self.q(x)) + 1, F.elu(self.k(x)) + 1, self.v(x)
-        return q @ (k.transpose(-2, -1) @ v)  # O(n·d²) instead of O(n²·d)
-
-
-class Net(nn.Module):
-    def __init__(self, d: int = 64) -> None:
-        super().__init__()
-        self.mixer = LinearAttention(d)
-        self.head = nn.Linear(d, d)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(self.mixer(x))
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [batch, n, d]
+        mixed = self.token_down(F.gelu(self.token_up(x.transpose(1, 2)))).transpose(1, 2)
+        x = x + mixed
+        return x + self.channel_down(F.gelu(self.channel_up(x)))
 
 
 def main(argv: list[str] | None = None) -> dict[str, int]:
-    x = torch.randn(1, 128, 64)
-    print("dataflow alone:", flopscope.profile(Net(), x).by_role())
-    rules = [RoleRule("mixer.q", Role.Q_PROJ), RoleRule("mixer.k", Role.K_PROJ), RoleRule("mixer.v", Role.V_PROJ),
-             RoleRule(LinearAttention, Role.ATTN_SCORES, op="aten.bmm")]
-    roles = flopscope.profile(Net(), x, roles=rules).by_role()
+    n, d, token_hidden = 128, 64, 256
+    model, x = MixerBlock(n, d, token_hidden), torch.randn(1, n, d)
+    print("dataflow alone:", flopscope.profile(model, x).by_role())
+    rules = [RoleRule("token_*", Role.TOKEN_MIXING)]
+    roles = flopscope.profile(model, x, roles=rules).by_role()
     print("with rules:    ", roles)
     return roles
 

@@ -45,7 +45,7 @@ import sys
 import time
 import weakref
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -294,6 +294,7 @@ class Recorder(TorchDispatchMode):
         self._twins: dict[tuple[Any, ...], list[CapturedOp]] | None = None  # recompute key -> forward ops
         self._replayed: Counter[tuple[Any, ...]] = Counter()  # recompute key -> recompute ops matched so far
         self._classes: dict[Any, _OpClass] = {}
+        self._subclasses: dict[tuple[type, ...], str] = {}  # the tensor types of a dispatch -> _subclass_kind
 
     def add_leaf_names(self, leaf_names: Mapping[int, LeafName]) -> None:
         self.leaf_names.update(leaf_names)
@@ -310,18 +311,20 @@ class Recorder(TorchDispatchMode):
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
                            kwargs: dict[str, Any] | None = None) -> Any:
         kwargs = kwargs or {}
-        if _DTensor is not None and any(issubclass(t, _DTensor) for t in types):
+        kind = self._subclasses.get(types)
+        if kind is None:
+            kind = self._subclasses[types] = _subclass_kind(types)
+        if kind == "dtensor":
             # DTensor runs its own ops on its local shards (and its collectives): those count. Its autograd node
             # was made for this op: the local op of the same overload that follows is the one it differentiates.
             self._dtensor_seen = True
             if torch.is_grad_enabled() and not self._backward and _any_requires_grad((args, kwargs)):
                 self._deferred = (func, torch.autograd._get_sequence_nr() - 1)
             return NotImplemented
-        if any(issubclass(t, formulas.JaggedTensor) for t in types):
+        if kind == "jagged":
             # a jagged nested tensor runs its ops on its packed values (and offsets): those count, at Σ nᵢ tokens
             return NotImplemented
-        if (not self.fake and any(issubclass(t, FakeTensor) for t in types)) or (
-                self._dtensor_seen and _in_shape_propagation()):
+        if (kind == "fake" and not self.fake) or (self._dtensor_seen and _in_shape_propagation()):
             return func(*args, **kwargs)  # DTensor working out output shapes on fake tensors: not this rank's work
         stack = self.tracker.stack
         forward_op = None
@@ -544,6 +547,16 @@ class Recorder(TorchDispatchMode):
         self.ops.append(op)
         self._producers[id(t)] = (weakref.ref(t), op)
         return op
+
+
+def _subclass_kind(types: Sequence[type]) -> str:
+    """How the recorder treats a dispatch whose tensors have these types: ``"dtensor"`` and ``"jagged"`` run their
+    ops on their local / packed tensors (those are recorded), ``"fake"`` fake tensors, ``""`` plain tensors."""
+    if _DTensor is not None and any(issubclass(t, _DTensor) for t in types):
+        return "dtensor"
+    if any(issubclass(t, formulas.JaggedTensor) for t in types):
+        return "jagged"
+    return "fake" if any(issubclass(t, FakeTensor) for t in types) else ""
 
 
 def _grouped_mm_output(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor | None = None, bias: Any = None,

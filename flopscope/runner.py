@@ -81,7 +81,7 @@ class CaptureOptions:
 
 # -------------------------------------------------------------------------------------------------
 def run_in_mode(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], options: CaptureOptions,
-                mode: str, *, converter: FakeConverter | None = None, stacklevel: int = 2) -> Profile:
+                mode: str, *, converter: Converter | None = None, stacklevel: int = 2) -> Profile:
     """One counted run in ``mode`` (``"auto"`` falls back to real execution where fake tensors cannot
     go, with one :class:`~flopscope.errors.FlopscopeWarning` naming the op). ``converter`` reuses a
     fake mode and the model's converted state across runs (a sweep). Validates model, mode and inputs.
@@ -115,7 +115,7 @@ def run_in_mode(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
 
 
 def run(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], options: CaptureOptions, *, fake: bool,
-        converter: FakeConverter | None = None, notes: Sequence[str] = (), stacklevel: int = 2) -> Profile:
+        converter: Converter | None = None, notes: Sequence[str] = (), stacklevel: int = 2) -> Profile:
     """One counted forward (and backward), on fake tensors or for real; the model is left as it was.
     ``stacklevel`` is that of a warning issued here (unsupported ops). Real runs of one model are serialised
     (their snapshots and restores of the model's state must not interleave); fake runs run side by side."""
@@ -127,11 +127,13 @@ def run(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], options
             raise FakeTensorError(f"module '{sharded}' of {type(model).__name__} is sharded with FSDP2: {reason}; "
                                   "use mode='real' or 'auto' (on a fake world nothing is communicated)",
                                   on_fake_tensors=True, where=f"module '{sharded}'", reason=reason)
-        if converter is None and not options.backward and _state_on_meta(model):
+        if converter is None and on_meta_kernels(model, options):
+            converter = MetaConverter()
+        if isinstance(converter, MetaConverter):
             try:  # on meta kernels directly: no fake-tensor mode in between (a model too large to build)
-                return _run(model, args, kwargs, options, True, MetaConverter(), notes, stacklevel + 1)
+                return _run(model, args, kwargs, options, True, converter, notes, stacklevel + 1)
             except Exception:  # it needs fake CPU tensors (say, it makes a tensor without a device): counted on
-                pass  # them, where an error of the model's own is raised and explained
+                converter = None  # them, where an error of the model's own is raised and explained
         return _run(model, args, kwargs, options, True, converter, notes, stacklevel + 1)
     with _real_run_lock(model):
         return _run(model, args, kwargs, options, False, None, notes, stacklevel + 1)
@@ -273,9 +275,19 @@ class Session:
 
 
 # -------------------------------------------------------------------------------------------------
-def new_converter() -> FakeConverter:
-    """A fresh fake-tensor mode (real tensors from outside are allowed in) and its converter."""
+def new_converter(model: nn.Module | None = None, options: CaptureOptions | None = None) -> Converter:
+    """A converter for fake runs, to reuse across runs of ``model`` with ``options`` (a sweep): meta tensors where
+    :func:`on_meta_kernels`, else a fresh fake-tensor mode (real tensors from outside are allowed in)."""
+    if model is not None and options is not None and on_meta_kernels(model, options):
+        return MetaConverter()
     return FakeConverter(CountingFakeTensorMode(allow_non_fake_inputs=True))
+
+
+def on_meta_kernels(model: nn.Module, options: CaptureOptions) -> bool:
+    """Whether a fake run of ``model`` goes to meta kernels directly: a forward-only count of a model whose state
+    is all on ``device="meta"`` (with a backward pass the kernels differ: a fused attention's backward computes
+    the scores again, the math path's does not)."""
+    return not options.backward and _state_on_meta(model)
 
 
 def _recorder(model: nn.Module, tracker: ModuleTracker, registry: FormulaRegistry,

@@ -279,7 +279,7 @@ class _Sweep:
                  options: CaptureOptions, forward_kwargs: dict[str, Any]) -> None:
         self.model, self.make_inputs, self.mode, self.spec = model, make_inputs, mode, spec
         self.progress, self.options, self.forward_kwargs = progress, options, forward_kwargs
-        self.converter = new_converter() if mode != "real" else None
+        self.converter = new_converter(model, options) if mode != "real" else None
         self.template: Profile | None = None
         self.done = 0
 

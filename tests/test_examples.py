@@ -64,9 +64,8 @@ def test_training_step():
 
 def test_custom_block_rule():
     roles = load("custom_block_rule").main([])
-    n, d = 128, 64
-    assert roles == {"q_proj": n * d * d, "k_proj": n * d * d, "v_proj": n * d * d,
-                     "attn_scores": d * n * d + n * d * d, "other": n * d * d}
+    n, d, token_hidden = 128, 64, 256  # token mixing: d rows of n positions through n -> token_hidden -> n
+    assert roles == {"token_mixing": 2 * d * n * token_hidden, "ffn_up": n * d * 4 * d, "ffn_down": n * 4 * d * d}
 
 
 def test_scaling_plot(tmp_path):

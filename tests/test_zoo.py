@@ -65,5 +65,7 @@ def test_llama_7b_shape_on_meta_counts_exactly() -> None:
         prof = flopscope.profile(model, ids, mode=mode)
         assert prof.mode == "fake"
         assert prof.total() == expected
-        assert prof.by_op()["aten._scaled_dot_product_flash_attention_for_cpu"] == c["L"] * 2 * c["n"] ** 2 * c["d"]
+        # on meta kernels, scaled_dot_product_attention takes its math path: QKᵀ and the weighted sum as bmm's
+        assert prof.by_op()["aten.bmm"] == c["L"] * 2 * c["n"] ** 2 * c["d"]
+        assert prof.by_role()["attn_scores"] == prof.by_role()["attn_weighted_sum"] == c["L"] * c["n"] ** 2 * c["d"]
     assert all(p.is_meta for p in model.parameters())
