@@ -70,6 +70,9 @@ class GraphView:
             {n: weighty[n] and not self.live[n] for n in self.nodes})
         self._users = {n: tuple(u for u in n.users if self.ops[u].phase == FORWARD) for n in self.nodes}
         self._memo: dict[tuple[str, fx.Node], Any] = {}
+        self._matmul: dict[fx.Node, bool] = {}
+        self._weight_matmul: dict[fx.Node, bool] = {}
+        self._activated: dict[frozenset[Any], dict[fx.Node, bool]] = {}
 
     def cached(self, kind: str, node: fx.Node, compute: Callable[[], T]) -> T:
         """``compute()`` once per ``(kind, node)``: searches over a view that never changes."""
@@ -105,8 +108,12 @@ class GraphView:
 
     def is_matmul(self, n: fx.Node) -> bool:
         """A product of two node operands that multiplies something."""
-        spec = self.spec(n)
-        return spec is not None and spec.is_matmul and bool(self.macs[n]) and self.operands(n) is not None
+        known = self._matmul.get(n)
+        if known is None:
+            spec = self.spec(n)
+            known = self._matmul[n] = (spec is not None and spec.is_matmul and bool(self.macs[n])
+                                       and self.operands(n) is not None)
+        return known
 
     def matmul_operands(self, n: fx.Node) -> tuple[fx.Node, fx.Node]:
         found = self.operands(n)
@@ -123,10 +130,28 @@ class GraphView:
 
     def is_weight_matmul(self, n: fx.Node) -> bool:
         """``x @ W``, ``W @ x``, or a learned query (two raw weights, the second one the weight)."""
-        if not self.is_matmul(n) or self.parts(n):
-            return False
-        a, b = self.matmul_operands(n)
-        return self.raw_weight[b] or (self.raw_weight[a] and self.live[b])
+        known = self._weight_matmul.get(n)
+        if known is None:
+            if not self.is_matmul(n) or self.parts(n):
+                known = False
+            else:
+                a, b = self.matmul_operands(n)
+                known = self.raw_weight[b] or (self.raw_weight[a] and self.live[b])
+            self._weight_matmul[n] = known
+        return known
+
+    def activated(self, n: fx.Node, activations: frozenset[Any]) -> bool:
+        """An op of ``activations`` lies among the nodes without multiplies reached walking back from ``n``
+        without crossing a multiply (``n`` included; a multiply itself is never activated). Computed for every
+        node in one pass over the graph per set of ops: a search from each node would walk a residual stream
+        back to the embedding, O(layers²) in all."""
+        table = self._activated.get(activations)
+        if table is None:
+            table = self._activated[activations] = {}
+            for m in self.nodes:  # in graph order: a node's inputs come first
+                table[m] = not self.macs[m] and (self.packet(m) in activations
+                                                 or any(table.get(p, False) for p in m.all_input_nodes))
+        return table.get(n, False)
 
     def weight_operand(self, n: fx.Node) -> fx.Node:
         a, b = self.matmul_operands(n)

@@ -380,10 +380,12 @@ def _gated_branches(view: GraphView, x: fx.Node) -> tuple[fx.Node | None, fx.Nod
         a, b = n.args[:2]
         if not isinstance(a, fx.Node) or not isinstance(b, fx.Node):
             continue
+        act_a, act_b = _passes_activation(view, a), _passes_activation(view, b)
+        if act_a == act_b:  # (tested first: the searches below walk a residual stream back to the embedding)
+            continue
         macs_a = {m for m in _nearest_before(view, a) if view.is_weight_matmul(m)}
         macs_b = {m for m in _nearest_before(view, b) if view.is_weight_matmul(m)}
-        act_a, act_b = _passes_activation(view, a), _passes_activation(view, b)
-        if macs_a and macs_b and act_a != act_b:
+        if macs_a and macs_b:
             first = next(iter(macs_a))
             if macs_a != macs_b or not (columns(first, a) & columns(first, b)):
                 return (a, b) if act_a else (b, a)
@@ -492,6 +494,5 @@ def _nearest_after(view: GraphView, start: fx.Node, through_reductions: bool = F
 
 def _passes_activation(view: GraphView, start: fx.Node) -> bool:
     """An activation function lies between ``start`` and the multiplies behind it."""
-    return view.cached("activated", start, lambda: any(
-        view.packet(n) in elementwise.ACTIVATION_OPS for n in view.through_no_macs(start)))
+    return view.activated(start, elementwise.ACTIVATION_OPS)
 
