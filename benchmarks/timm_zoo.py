@@ -27,8 +27,8 @@ For each name in ``timm.list_models()`` (no pretrained weights; nothing is downl
    (a product of two batched activations); for those models the report says whether flopscope found
    attention (``attn_scores`` > 0 in ``by_role()``).
 
-Each model runs in a worker process under ``signal.alarm(--timeout)``; a worker that does not answer within
-``--timeout`` + 30 s is killed and replaced, so one hang or crash does not stop the sweep.
+Each model runs in a worker process under ``signal.alarm(--timeout)`` (``zoo_runner.sweep``, shared with
+``benchmarks/zoo.py``), so one hang or crash does not stop the sweep.
 
 Usage::
 
@@ -43,36 +43,22 @@ the families. timm imports torchvision; both must be installed. Writes a markdow
 from __future__ import annotations
 
 import argparse
-import contextlib
 import fnmatch
+import functools
 import json
-import multiprocessing as mp
 import os
-import signal
 import sys
 import time
-import traceback
 import warnings
 from collections import Counter, defaultdict
-from multiprocessing.connection import wait as mp_wait
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the flopscope checkout
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # zoo.py's generic helpers
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # zoo_runner
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from zoo import (  # after the paths are set
-    StageTimeoutError,
-    _alarm,
-    _diff_text,
-    _fmt,
-    _group_lines,
-    _norm,
-    _short,
-    fallback_key,
-    op_diff,
-)
+import zoo_runner as runner  # after the paths are set
 
 # ops through which FlopCounterMode sees a product of two batched activations (attention, mostly)
 REF_ATTENTION_OPS = ("aten.bmm", "aten.baddbmm")
@@ -100,86 +86,6 @@ def _attention_coverage(r: dict[str, Any]) -> float | None:
 # --------------------------------------------------------------------------------------------------
 # one model (runs in a worker)
 # --------------------------------------------------------------------------------------------------
-def _profile(model: Any, x: Any, grad: bool, res: dict[str, Any], key: str) -> dict[str, Any]:
-    """flopscope's count, filled into ``res[key]`` as it goes (a timeout keeps what was reached) and
-    ``res["stage"]`` naming the step being run."""
-    import torch
-
-    import flopscope
-    res[key] = out = {}
-    res["stage"] = f"{key}: profile"
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        try:
-            torch.manual_seed(0)
-            with torch.set_grad_enabled(grad):
-                prof = flopscope.profile(model, x, mode="auto")
-        except flopscope.FlopscopeError as e:
-            out["error"] = _short(e, 400)
-            out["error_type"] = type(e).__name__
-            cause = e.__cause__
-            out["error_cause"] = _short(cause, 200) if cause is not None else None
-            return out
-        except StageTimeoutError:
-            raise
-        except Exception as e:  # not a FlopscopeError: a bug in flopscope (or the model)
-            out["error"] = "non-flopscope " + _short(e, 400)
-            out["error_type"] = type(e).__name__
-            out["traceback"] = traceback.format_exc()[-1500:]
-            return out
-    out["macs"] = prof.total()
-    out["mode"] = prof.mode
-    out["by_op"] = prof.by_op()
-    res["stage"] = f"{key}: by_role"
-    by_role = prof.by_role()
-    out["by_role"] = by_role
-    out["roles_sum_ok"] = sum(by_role.values()) == out["macs"]
-    out["attention"] = by_role.get("attn_scores", 0) > 0
-    out["unsupported"] = prof.unsupported()
-    shapes: dict[str, list[Any]] = {}
-    for node in prof.graph.nodes:  # one example call of each unsupported op, with its input shapes
-        if node.meta.get("cost") == "unsupported":
-            name = str(getattr(node.target, "overloadpacket", node.target))
-            shapes.setdefault(name, [list(s) for s in node.meta.get("input_shapes", ())][:4])
-    out["unsupported_shapes"] = shapes
-    out["notes"] = prof.notes
-    fell_back = [str(w.message) for w in caught
-                 if issubclass(w.category, flopscope.FlopscopeWarning) and "real mode" in str(w.message)]
-    out["fallback"] = fell_back[0] if fell_back else None
-    res["stage"] = f"{key}: done"
-    return out
-
-
-def _reference(model: Any, x: Any) -> dict[str, Any]:
-    import torch
-    from torch.utils.flop_counter import FlopCounterMode
-    note = None
-    for grad in (True, False):  # grad on keeps fused inference fast paths off; some models only run without
-        fc = FlopCounterMode(display=False)
-        torch.manual_seed(0)
-        try:
-            with torch.set_grad_enabled(grad), fc:
-                model(x)
-            break
-        except StageTimeoutError:
-            raise
-        except Exception as e:
-            if not grad:
-                raise
-            note = f"ran under no_grad (with grad: {_short(e, 150)})"
-    counts = fc.get_flop_counts().get("Global", {})
-    return {"macs": fc.get_total_flops() // 2, "by_op": {str(k): v // 2 for k, v in counts.items()}, "note": note}
-
-
-def _eager_context() -> Any:
-    import torch
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-    stack = contextlib.ExitStack()
-    stack.enter_context(sdpa_kernel(SDPBackend.MATH))
-    stack.enter_context(torch.backends.mkldnn.flags(enabled=False))
-    return stack
-
-
 def _unfuse(model: Any) -> int:
     """Set every ``fused_attn`` flag of the model to ``False``; the number of modules changed."""
     n = 0
@@ -201,89 +107,75 @@ def _create(name: str, meta: bool) -> Any:
 
 
 def run_model(name: str, family: str, timeout: int, max_params: int, max_macs: int) -> dict[str, Any]:
-    import torch
     res: dict[str, Any] = {"model": name, "family": family, "status": "skip"}
-    t0 = time.time()
-    old = signal.signal(signal.SIGALRM, _alarm)
-    signal.alarm(timeout)
-    try:
-        res["stage"] = "build"
-        try:
-            meta = _create(name, meta=True)
-        except StageTimeoutError:
-            raise
-        except Exception as e:
-            res["reason"] = f"build (meta): {_short(e, 250)}"
-            return res
-        res["params"] = n = sum(p.numel() for p in meta.parameters())
-        cfg = getattr(meta, "pretrained_cfg", None) or {}
-        size = tuple(cfg.get("input_size") or (3, 224, 224))
-        res["input"] = [1, *size]
-        if n > max_params:
-            model, device = meta, "meta"
-            res["device"] = "meta"
-            res["device_reason"] = f"{n / 1e6:.0f}M parameters > {max_params / 1e6:.0f}M"
-        else:
-            del meta
-            try:
-                model = _create(name, meta=False)
-            except StageTimeoutError:
-                raise
-            except Exception as e:
-                res["reason"] = f"build: {_short(e, 250)}"
-                return res
-            device = "cpu"
-            res["device"] = "cpu"
-        gen = torch.Generator().manual_seed(0)
-        x = torch.randn(1, *size, generator=gen).to(device)
-        # 1. flopscope, model as built (fused attention), inference
-        with torch.no_grad():
-            fs = _profile(model, x, False, res, "fs")
-        # 2. reference: unfused attention, math SDPA, no oneDNN, grad on
-        ref_model, ref_x = model, x
-        res["unfused_modules"] = _unfuse(model)
-        if device == "cpu" and isinstance(fs.get("macs"), int) and fs["macs"] > max_macs:
-            res["ref_device"] = "meta"
-            res["ref_device_reason"] = f"{fs['macs'] / 1e9:.0f} GMACs > {max_macs / 1e9:.0f}G"
-            try:
-                ref_model = _create(name, meta=True)
-                _unfuse(ref_model)
-                ref_x = x.to("meta")
-            except StageTimeoutError:
-                raise
-            except Exception as e:
-                res["ref"] = {"error": f"meta copy: {_short(e, 250)}"}
-        else:
-            res["ref_device"] = device
-        res["stage"] = "reference"
-        with _eager_context():
-            if "ref" not in res:
-                try:
-                    res["ref"] = _reference(ref_model, ref_x)
-                except StageTimeoutError:
-                    raise
-                except Exception as e:
-                    res["ref"] = {"error": _short(e, 300)}
-            res["status"] = classify(res)
-            # 3. flopscope on the reference configuration, to tell formula from fused-kernel differences
-            if res["status"] == "mismatch":
-                _profile(model, x, True, res, "fs_eager")
-        if res["status"] == "skip":
-            res["reason"] = f"forward fails (flopscope and reference): {res['ref']['error']}"
-    except StageTimeoutError:
-        res["status"] = "timeout"
-        macs = res.get("fs", {}).get("macs")
-        res["reason"] = f"over {timeout} s in stage {res.get('stage')}" + (
+
+    def timeout_reason(r: dict[str, Any]) -> str:
+        macs = r.get("fs", {}).get("macs")
+        return f"over {timeout} s in stage {r.get('stage')}" + (
             f" (flopscope total {macs:,} MACs)" if isinstance(macs, int) else "")
-    except BaseException as e:
-        res["status"] = "crash"
-        res["reason"] = _short(e, 300)
-        res["traceback"] = traceback.format_exc()[-1500:]
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, old)
-        res["seconds"] = round(time.time() - t0, 2)
+
+    with runner.guarded(res, timeout, timeout_reason):
+        _count(res, name, max_params, max_macs)
     return res
+
+
+def _count(res: dict[str, Any], name: str, max_params: int, max_macs: int) -> None:
+    import torch
+    res["stage"] = "build"
+    try:
+        meta = _create(name, meta=True)
+    except Exception as e:
+        res["reason"] = f"build (meta): {runner.short(e, 250)}"
+        return
+    res["params"] = n = sum(p.numel() for p in meta.parameters())
+    cfg = getattr(meta, "pretrained_cfg", None) or {}
+    size = tuple(cfg.get("input_size") or (3, 224, 224))
+    res["input"] = [1, *size]
+    if n > max_params:
+        model, device = meta, "meta"
+        res["device"] = "meta"
+        res["device_reason"] = f"{n / 1e6:.0f}M parameters > {max_params / 1e6:.0f}M"
+    else:
+        del meta
+        try:
+            model = _create(name, meta=False)
+        except Exception as e:
+            res["reason"] = f"build: {runner.short(e, 250)}"
+            return
+        device = "cpu"
+        res["device"] = "cpu"
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(1, *size, generator=gen).to(device)
+    # 1. flopscope, model as built (fused attention), inference
+    with torch.no_grad():
+        fs = runner.profile_record(model, (x,), {}, False, res, "fs")
+    # 2. reference: unfused attention, math SDPA, no oneDNN, grad on
+    ref_model, ref_x = model, x
+    res["unfused_modules"] = _unfuse(model)
+    if device == "cpu" and isinstance(fs.get("macs"), int) and fs["macs"] > max_macs:
+        res["ref_device"] = "meta"
+        res["ref_device_reason"] = f"{fs['macs'] / 1e9:.0f} GMACs > {max_macs / 1e9:.0f}G"
+        try:
+            ref_model = _create(name, meta=True)
+            _unfuse(ref_model)
+            ref_x = x.to("meta")
+        except Exception as e:
+            res["ref"] = {"error": f"meta copy: {runner.short(e, 250)}"}
+    else:
+        res["ref_device"] = device
+    res["stage"] = "reference"
+    with runner.eager_context():
+        if "ref" not in res:
+            try:
+                res["ref"] = runner.reference(ref_model, (ref_x,), {})
+            except Exception as e:
+                res["ref"] = {"error": runner.short(e, 300)}
+        res["status"] = classify(res)
+        # 3. flopscope on the reference configuration, to tell formula from fused-kernel differences
+        if res["status"] == "mismatch":
+            runner.profile_record(model, (x,), {}, True, res, "fs_eager")
+    if res["status"] == "skip":
+        res["reason"] = f"forward fails (flopscope and reference): {res['ref']['error']}"
 
 
 def classify(res: dict[str, Any]) -> str:
@@ -295,25 +187,6 @@ def classify(res: dict[str, Any]) -> str:
     if "error" in ref:
         return "ref-error"
     return "exact" if fs["macs"] == ref["macs"] else "mismatch"
-
-
-def _worker(conn: Any, timeout: int, max_params: int, max_macs: int, threads: int) -> None:
-    import logging
-
-    import torch
-    torch.set_num_threads(threads)
-    warnings.filterwarnings("ignore")
-    logging.disable(logging.WARNING)
-    while True:
-        task = conn.recv()
-        if task is None:
-            return
-        res = run_model(task[0], task[1], timeout, max_params, max_macs)
-        try:
-            conn.send(res)
-        except Exception as e:  # unpicklable result: keep the essentials
-            conn.send({"model": task[0], "family": task[1], "status": "crash",
-                       "reason": f"result not sendable: {e}"})
 
 
 # --------------------------------------------------------------------------------------------------
@@ -329,79 +202,17 @@ def models() -> list[tuple[str, str]]:
     return [(name, family.get(name, "?")) for name in timm.list_models()]
 
 
+def _progress(res: dict[str, Any]) -> str:
+    fs, ref = res.get("fs", {}), res.get("ref", {})
+    extra = res.get("reason", "") if res["status"] in ("skip", "timeout", "crash") else \
+        f"fs {runner.fmt(fs.get('macs'))} ref {runner.fmt(ref.get('macs'))}"
+    return f"{res['model']:<48} {res['status']:<9} {res.get('seconds', 0):6.1f}s  {extra}"[:208]
+
+
 def sweep(tasks: list[tuple[str, str]], jobs: int, timeout: int, max_params: int, max_macs: int,
           progress: bool = True) -> list[dict[str, Any]]:
-    ctx = mp.get_context("fork")
-    threads = max(1, (os.cpu_count() or 1) // jobs)
-    todo = list(tasks)
-    results: list[dict[str, Any]] = []
-    workers: dict[Any, dict[str, Any]] = {}
-
-    def spawn() -> Any:
-        parent, child = ctx.Pipe()
-        p = ctx.Process(target=_worker, args=(child, timeout, max_params, max_macs, threads), daemon=True)
-        p.start()
-        child.close()
-        workers[parent] = {"proc": p, "task": None, "start": 0.0}
-        return parent
-
-    def assign(conn: Any) -> None:
-        if todo:
-            task = todo.pop(0)
-            workers[conn].update(task=task, start=time.time())
-            conn.send(task)
-        else:
-            workers[conn]["task"] = None
-
-    def record(res: dict[str, Any]) -> None:
-        results.append(res)
-        if progress:
-            fs, ref = res.get("fs", {}), res.get("ref", {})
-            extra = res.get("reason", "") if res["status"] in ("skip", "timeout", "crash") else \
-                f"fs {_fmt(fs.get('macs'))} ref {_fmt(ref.get('macs'))}"
-            print(f"[{len(results):4d}/{len(tasks)}] {res['model']:<48} {res['status']:<9} "
-                  f"{res.get('seconds', 0):6.1f}s  {extra}"[:220], flush=True)
-
-    def replace(conn: Any) -> None:
-        del workers[conn]
-        assign(spawn())
-
-    for _ in range(min(jobs, len(todo))):
-        spawn()
-    for conn in list(workers):
-        assign(conn)
-    while any(w["task"] is not None for w in workers.values()):
-        busy = [c for c, w in workers.items() if w["task"] is not None]
-        for conn in mp_wait(busy, timeout=5):
-            w = workers[conn]
-            try:
-                res = conn.recv()
-            except (EOFError, OSError):
-                w["proc"].join(1)
-                record({"model": w["task"][0], "family": w["task"][1], "status": "crash",
-                        "reason": f"worker died (exit code {w['proc'].exitcode})",
-                        "seconds": round(time.time() - w["start"], 2)})
-                replace(conn)
-                continue
-            record(res)
-            assign(conn)
-        now = time.time()
-        for conn, w in list(workers.items()):
-            if w["task"] is not None and now - w["start"] > timeout + 30:
-                w["proc"].kill()
-                w["proc"].join(5)
-                record({"model": w["task"][0], "family": w["task"][1], "status": "timeout",
-                        "reason": f"hard timeout: worker killed after {timeout + 30} s",
-                        "seconds": round(now - w["start"], 2)})
-                replace(conn)
-    for conn, w in workers.items():
-        with contextlib.suppress(Exception):
-            conn.send(None)
-        w["proc"].join(5)
-        if w["proc"].is_alive():
-            w["proc"].kill()
-    order = {name: i for i, (name, _) in enumerate(tasks)}
-    return sorted(results, key=lambda r: order.get(r["model"], 0))
+    run = functools.partial(run_model, timeout=timeout, max_params=max_params, max_macs=max_macs)
+    return runner.sweep(tasks, jobs, run, timeout, ("model", "family"), _progress if progress else None)
 
 
 def select(all_models: list[tuple[str, str]], only: str | None, limit: int | None) -> list[tuple[str, str]]:
@@ -421,43 +232,27 @@ def select(all_models: list[tuple[str, str]], only: str | None, limit: int | Non
 # --------------------------------------------------------------------------------------------------
 # grouping and report
 # --------------------------------------------------------------------------------------------------
+SECTIONS = (("Unsupported ops (models hitting each)", "unsupported"),
+            ("Fake-mode fallbacks to real mode", "fallbacks"), ("flopscope errors", "errors"),
+            ("Reference errors", "ref_errors"), ("Skipped / timed out / crashed", "skips"))
+PRINTED_SECTIONS = (("unsupported ops", "unsupported"), ("fake-mode fallback reasons", "fallbacks"),
+                    ("flopscope errors", "errors"), ("reference errors", "ref_errors"), ("skip reasons", "skips"))
+
+
 def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:
-    status = Counter(r["status"] for r in results)
-    unsupported: dict[str, list[str]] = defaultdict(list)
-    fallbacks: dict[str, list[str]] = defaultdict(list)
-    errors: dict[str, list[str]] = defaultdict(list)
-    skips: dict[str, list[str]] = defaultdict(list)
+    s = runner.summarize(results, "model", errors_of_skips=False)
     ref_errors: dict[str, list[str]] = defaultdict(list)
-    formula_mismatch, fused_mismatch, roles_bad = [], [], []
     attn_yes, attn_no, attn_extra, attn_partial = [], [], [], []
     meta_models, meta_refs = [], []
     for r in results:
         a = r["model"]
-        if r["status"] in ("skip", "timeout", "crash"):
-            skips[f"{r['status']}: {_norm(r.get('reason', '?'))}"].append(a)
         if r.get("device") == "meta":
             meta_models.append(a)
         elif r.get("ref_device") == "meta":
             meta_refs.append(a)
-        for key in ("fs", "fs_eager"):
-            p = r.get(key) or {}
-            tag = "[default] " if key == "fs" else "[eager]   "
-            for op in p.get("unsupported", {}):
-                if a not in unsupported[op]:
-                    unsupported[op].append(a)
-            if p.get("fallback"):
-                fallbacks[tag + fallback_key(p["fallback"])].append(a)
-            if p.get("error") and r["status"] != "skip":
-                errors[f"{tag}{p.get('error_type')}: {_norm(p['error'])}"].append(a)
-        fs, fe, ref = r.get("fs", {}), r.get("fs_eager", {}), r.get("ref", {})
+        fs, ref = r.get("fs", {}), r.get("ref", {})
         if r["status"] == "ref-error":
-            ref_errors[_norm(ref.get("error", "?"))].append(a)
-        if "macs" in fs and not fs.get("roles_sum_ok", True):
-            roles_bad.append(a)
-        if "macs" in fe and "macs" in ref and fe["macs"] != ref["macs"]:
-            formula_mismatch.append(a)
-        if "macs" in fs and "macs" in fe and fs["macs"] != fe["macs"]:
-            fused_mismatch.append(a)
+            ref_errors[runner.norm(ref.get("error", "?"))].append(a)
         if "macs" in fs and "by_op" in ref:
             if _ref_sees_attention(ref["by_op"]):
                 (attn_yes if fs.get("attention") else attn_no).append(a)
@@ -466,15 +261,8 @@ def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:
                     attn_partial.append(a)
             elif fs.get("attention"):
                 attn_extra.append(a)
-    return {"status": dict(status), "unsupported": unsupported, "fallbacks": fallbacks, "errors": errors,
-            "skips": skips, "ref_errors": ref_errors, "formula_mismatch": formula_mismatch,
-            "fused_mismatch": fused_mismatch, "roles_bad": roles_bad, "attn_yes": attn_yes, "attn_no": attn_no,
-            "attn_extra": attn_extra, "attn_partial": attn_partial, "meta_models": meta_models, "meta_refs": meta_refs}
-
-
-def _ratio(r: dict[str, Any]) -> str:
-    fs, ref = r.get("fs", {}), r.get("ref", {})
-    return f"{fs['macs'] / ref['macs']:.4f}" if fs.get("macs") is not None and ref.get("macs") else "–"
+    return {**s, "ref_errors": ref_errors, "attn_yes": attn_yes, "attn_no": attn_no, "attn_extra": attn_extra,
+            "attn_partial": attn_partial, "meta_models": meta_models, "meta_refs": meta_refs}
 
 
 def _attn_cell(r: dict[str, Any]) -> str:
@@ -491,10 +279,6 @@ def _other_share(fs: dict[str, Any]) -> str:
     if not fs.get("macs") or "by_role" not in fs:
         return "–"
     return f"{100 * fs.get('by_role', {}).get('other', 0) / fs['macs']:.1f}%"
-
-
-def _cell(x: Any) -> str:
-    return str(x).replace("|", "\\|").replace("\n", " ")
 
 
 def write_report(results: list[dict[str, Any]], path: Path, elapsed: float, args: argparse.Namespace,
@@ -557,8 +341,8 @@ def write_report(results: list[dict[str, Any]], path: Path, elapsed: float, args
             fs, ref = r["fs"], r["ref"]
             core = sum(fs["by_role"].get(k, 0) for k in ("attn_scores", "attn_weighted_sum"))
             shares = ", ".join(f"{k} {100 * v / fs['macs']:.1f}%" for k, v in fs["by_role"].items() if v)
-            lines.append(f"| {r['model']} | {r.get('family', '?')} | {_fmt(_ref_batched(ref['by_op']))} | "
-                         f"{_fmt(core)} | {_attention_coverage(r):.3f} | {shares} |")
+            lines.append(f"| {r['model']} | {r.get('family', '?')} | {runner.fmt(_ref_batched(ref['by_op']))} | "
+                         f"{runner.fmt(core)} | {_attention_coverage(r):.3f} | {shares} |")
         lines.append("")
     # per family
     fam: dict[str, Counter[str]] = defaultdict(Counter)
@@ -566,10 +350,10 @@ def write_report(results: list[dict[str, Any]], path: Path, elapsed: float, args
         c = fam[r.get("family", "?")]
         c["models"] += 1
         c[r["status"]] += 1
-        cell = _attn_cell(r)
-        if cell == "yes":
+        found = _attn_cell(r)
+        if found == "yes":
             c["attn_yes"] += 1
-        elif cell == "**no**":
+        elif found == "**no**":
             c["attn_no"] += 1
     lines += ["## Per family (timm module)", "",
               "| family | models | exact | mismatch | error | other status | attention found / ref sees bmm |",
@@ -582,10 +366,7 @@ def write_report(results: list[dict[str, Any]], path: Path, elapsed: float, args
         lines.append(f"| {f} | {c['models']} | {c['exact']} | {c['mismatch']} | {c['error']} | {rest or ''} | "
                      f"{attn} |")
     lines.append("")
-    for title, key in (("Unsupported ops (models hitting each)", "unsupported"),
-                       ("Fake-mode fallbacks to real mode", "fallbacks"), ("flopscope errors", "errors"),
-                       ("Reference errors", "ref_errors"), ("Skipped / timed out / crashed", "skips")):
-        lines += [f"### {title}", "", "```"] + (_group_lines(s[key]) or ["(none)"]) + ["```", ""]
+    lines += runner.group_sections(s, SECTIONS)
     mism = [r for r in results if r["status"] == "mismatch"]
     lines += ["## Mismatches", ""]
     if mism:
@@ -593,11 +374,11 @@ def write_report(results: list[dict[str, Any]], path: Path, elapsed: float, args
                   "flopscope vs fs-eager (by op) |", "|---|---|---|---|---|---|---|"]
         for r in mism:
             fs, fe, ref = r.get("fs", {}), r.get("fs_eager", {}), r.get("ref", {})
-            d1 = (_diff_text(op_diff(fe.get("by_op", {}), ref.get("by_op", {}))) or "equal") if "macs" in fe \
+            d1 = (runner.by_op_diff(fe, ref) or "equal") if "macs" in fe \
                 else fe.get("error", "")
-            d2 = _diff_text(op_diff(fs.get("by_op", {}), fe.get("by_op", {}))) if "macs" in fe else ""
-            lines.append(f"| {r['model']} | {_fmt(fs.get('macs'))} | {_fmt(ref.get('macs'))} | {_ratio(r)} | "
-                         f"{_fmt(fe.get('macs'))} | {_cell(d1)} | {_cell(d2)} |")
+            d2 = runner.by_op_diff(fs, fe) if "macs" in fe else ""
+            lines.append(f"| {r['model']} | {runner.fmt(fs.get('macs'))} | {runner.fmt(ref.get('macs'))} | "
+                         f"{runner.ratio(r)} | {runner.fmt(fe.get('macs'))} | {runner.cell(d1)} | {runner.cell(d2)} |")
     else:
         lines.append("(none)")
     lines += ["", "## Results", "",
@@ -616,7 +397,7 @@ def write_report(results: list[dict[str, Any]], path: Path, elapsed: float, args
         if ref.get("note"):
             notes.append(f"reference {ref['note']}")
         if fs.get("fallback"):
-            notes.append("real mode: " + fallback_key(fs["fallback"], normalize=False))
+            notes.append("real mode: " + runner.fallback_key(fs["fallback"], normalize=False))
         if r.get("ref_device") == "meta" and r.get("device") != "meta":
             notes.append(f"reference on meta ({r.get('ref_device_reason')})")
         device = r.get("device", "–")
@@ -625,29 +406,23 @@ def write_report(results: list[dict[str, Any]], path: Path, elapsed: float, args
         roles = "–" if "by_role" not in fs else ("ok" if fs.get("roles_sum_ok") else "**no**")
         params = f"{r['params'] / 1e6:.1f}M" if isinstance(r.get("params"), int) else "–"
         inp = "x".join(str(v) for v in r.get("input", [])[1:]) or "–"
+        unsupported = ", ".join(sorted(fs.get("unsupported", {})))
         lines.append(f"| {r['model']} | {r.get('family', '?')} | {r['status']} | {device} | {params} | {inp} | "
-                     f"{_fmt(fs.get('macs'))} | {_fmt(ref.get('macs'))} | {_ratio(r)} | {_attn_cell(r)} | {cov} | "
-                     f"{roles} | {_other_share(fs)} | {_cell(', '.join(sorted(fs.get('unsupported', {}))))} | "
-                     f"{_cell(' / '.join(notes))} |")
+                     f"{runner.fmt(fs.get('macs'))} | {runner.fmt(ref.get('macs'))} | {runner.ratio(r)} | "
+                     f"{_attn_cell(r)} | {cov} | {roles} | {_other_share(fs)} | "
+                     f"{runner.cell(unsupported)} | {runner.cell(' / '.join(notes))} |")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(lines) + "\n")
 
 
 def print_summary(results: list[dict[str, Any]], elapsed: float) -> None:
     s = summarize(results)
-    st = s["status"]
     print()
-    print(f"{len(results)} models in {elapsed / 60:.1f} min: "
-          + ", ".join(f"{k} {v}" for k, v in sorted(st.items(), key=lambda kv: -kv[1])))
+    print(runner.status_line(results, s, "models", elapsed))
     print(f"fs-eager != reference: {len(s['formula_mismatch'])}; flopscope != fs-eager: {len(s['fused_mismatch'])}")
     print(f"roles not summing to total: {len(s['roles_bad'])}; attention found {len(s['attn_yes'])}, "
           f"not found {len(s['attn_no'])} {s['attn_no'][:20]}")
-    for title, key in (("unsupported ops", "unsupported"), ("fake-mode fallback reasons", "fallbacks"),
-                       ("flopscope errors", "errors"), ("reference errors", "ref_errors"),
-                       ("skip reasons", "skips")):
-        print(f"\n{title}:")
-        for line in _group_lines(s[key]) or ["   (none)"]:
-            print(line)
+    runner.print_groups(s, PRINTED_SECTIONS)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -655,16 +430,11 @@ def main(argv: list[str] | None = None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--only", help="comma-separated model names or fnmatch patterns (e.g. 'vit_*,resnet50')")
     ap.add_argument("--limit", type=int, help="at most N models, evenly spaced through the (selected) list")
-    ap.add_argument("--jobs", type=int, default=2, help="worker processes (default 2)")
-    ap.add_argument("--report", default=str(Path(__file__).with_name("timm_zoo_report.md")),
-                    help="markdown report path")
-    ap.add_argument("--json", help="also write the raw results as JSON here")
-    ap.add_argument("--timeout", type=int, default=300, help="seconds per model (default 300)")
+    runner.add_common_arguments(ap, str(Path(__file__).with_name("timm_zoo_report.md")), 300, "model")
     ap.add_argument("--max-params", type=float, default=300e6,
                     help="models with more parameters are built and counted on the meta device (default 300M)")
     ap.add_argument("--max-macs", type=float, default=100e9,
                     help="models flopscope counts above this get their reference on a meta copy (default 100G)")
-    ap.add_argument("--quiet", action="store_true", help="no per-model progress lines")
     args = ap.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)
 

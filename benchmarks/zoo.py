@@ -25,8 +25,8 @@ For each ``model_type`` in ``transformers.models.auto.modeling_auto.MODEL_MAPPIN
      ``flopscope-eager != reference`` isolates formula differences and ``flopscope != flopscope-eager``
      isolates the handling of fused kernels.
 
-Each architecture runs in a worker process under ``signal.alarm(--timeout)``; a worker that does not
-answer within ``--timeout`` + 30 s is killed and replaced, so one hang or crash does not stop the sweep.
+Each architecture runs in a worker process under ``signal.alarm(--timeout)`` (``zoo_runner.sweep``, shared
+with ``benchmarks/timm_zoo.py``), so one hang or crash does not stop the sweep.
 
 Usage::
 
@@ -40,25 +40,24 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
+import functools
 import inspect
 import json
-import multiprocessing as mp
 import os
 import re
-import signal
 import sys
 import time
 import traceback
-import warnings
-from collections import Counter, defaultdict
-from multiprocessing.connection import wait as mp_wait
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the flopscope checkout
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # zoo_runner
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import zoo_runner as runner  # after the paths are set
 
 from flopscope import conventions  # after the checkout is on sys.path
 
@@ -452,109 +451,24 @@ def input_candidates(model: Any, cfg: Any) -> list[dict[str, Any]]:
 # --------------------------------------------------------------------------------------------------
 # one architecture (runs in a worker)
 # --------------------------------------------------------------------------------------------------
-class StageTimeoutError(Exception):
-    pass
-
-
-def _alarm(signum: int, frame: Any) -> None:
-    raise StageTimeoutError("timed out")
-
-
-def _short(e: BaseException, limit: int = 300) -> str:
-    text = f"{type(e).__name__}: {str(e).strip()}"
-    text = text.splitlines()[0] if text else type(e).__name__
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
 def _set_eager(model: Any) -> list[str]:
     """Attention and experts in eager mode; returns what could not be set."""
     problems = []
     try:
         model.set_attn_implementation("eager")
     except Exception as e:  # older or unusual classes: set the config field everywhere
-        problems.append(f"set_attn_implementation: {_short(e, 120)}")
+        problems.append(f"set_attn_implementation: {runner.short(e, 120)}")
         for c in _sub_configs(model.config):
             _set(c, "_attn_implementation", "eager")
     if hasattr(model, "set_experts_implementation"):
         try:
             model.set_experts_implementation("eager")
         except Exception as e:
-            problems.append(f"set_experts_implementation: {_short(e, 120)}")
+            problems.append(f"set_experts_implementation: {runner.short(e, 120)}")
             for c in _sub_configs(model.config):
                 if hasattr(c, "_experts_implementation"):
                     _set(c, "_experts_implementation", "eager")
     return problems
-
-
-def _profile(model: Any, inputs: dict[str, Any], grad: bool) -> dict[str, Any]:
-    import torch
-
-    import flopscope
-    out: dict[str, Any] = {}
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        try:
-            torch.manual_seed(0)
-            with torch.set_grad_enabled(grad):
-                prof = flopscope.profile(model, mode="auto", **inputs)
-        except flopscope.FlopscopeError as e:
-            out["error"] = _short(e, 400)
-            out["error_type"] = type(e).__name__
-            cause = e.__cause__
-            out["error_cause"] = _short(cause, 200) if cause is not None else None
-            return out
-        except StageTimeoutError:
-            raise
-        except Exception as e:  # not a FlopscopeError: a bug in flopscope (or the model)
-            out["error"] = "non-flopscope " + _short(e, 400)
-            out["error_type"] = type(e).__name__
-            out["traceback"] = traceback.format_exc()[-1500:]
-            return out
-    out["macs"] = prof.total()
-    out["mode"] = prof.mode
-    out["by_op"] = prof.by_op()
-    out["unsupported"] = prof.unsupported()
-    shapes: dict[str, list[Any]] = {}
-    for node in prof.graph.nodes:  # one example call of each unsupported op, with its input shapes
-        if node.meta.get("cost") == "unsupported":
-            name = str(getattr(node.target, "overloadpacket", node.target))
-            shapes.setdefault(name, [list(x) for x in node.meta.get("input_shapes", ())][:4])
-    out["unsupported_shapes"] = shapes
-    out["notes"] = prof.notes
-    fell_back = [str(w.message) for w in caught
-                 if issubclass(w.category, flopscope.FlopscopeWarning) and "real mode" in str(w.message)]
-    out["fallback"] = fell_back[0] if fell_back else None
-    return out
-
-
-def _reference(model: Any, inputs: dict[str, Any]) -> dict[str, Any]:
-    import torch
-    from torch.utils.flop_counter import FlopCounterMode
-    note = None
-    for grad in (True, False):  # grad on keeps fused inference fast paths off; some models only run without
-        fc = FlopCounterMode(display=False)
-        torch.manual_seed(0)
-        try:
-            with torch.set_grad_enabled(grad), fc:
-                model(**inputs)
-            break
-        except StageTimeoutError:
-            raise
-        except Exception as e:
-            if not grad:
-                raise
-            note = f"ran under no_grad (with grad: {_short(e, 150)})"
-    counts = fc.get_flop_counts().get("Global", {})
-    return {"macs": fc.get_total_flops() // 2, "by_op": {str(k): v // 2 for k, v in counts.items()}, "note": note}
-
-
-def _eager_context() -> Any:
-    import torch
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-    stack = contextlib.ExitStack()
-    stack.enter_context(sdpa_kernel(SDPBackend.MATH))
-    stack.enter_context(torch.backends.mkldnn.flags(enabled=False))
-    return stack
 
 
 def _build(cls: Any, cfg: Any, level: int, max_params: int) -> Any:
@@ -572,93 +486,77 @@ def _build(cls: Any, cfg: Any, level: int, max_params: int) -> Any:
 
 
 def run_arch(model_type: str, class_name: str, timeout: int, max_params: int) -> dict[str, Any]:
+    res: dict[str, Any] = {"arch": model_type, "class": class_name, "status": "skip"}
+    with runner.guarded(res, timeout, lambda r: f"over {timeout} s (stage reached: {r.get('stage', 'build/probe')})"):
+        _count(res, model_type, class_name, max_params)
+    return res
+
+
+def _count(res: dict[str, Any], model_type: str, class_name: str, max_params: int) -> None:
     import torch
     import transformers
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
-    res: dict[str, Any] = {"arch": model_type, "class": class_name, "status": "skip"}
-    t0 = time.time()
-    old = signal.signal(signal.SIGALRM, _alarm)
-    signal.alarm(timeout)
+    cls = getattr(transformers, class_name, None)
+    if cls is None:
+        res["reason"] = f"class {class_name} not importable (missing dependency?)"
+        return
+    attempts = []
+    model = inputs = None
     try:
-        cls = getattr(transformers, class_name, None)
-        if cls is None:
-            res["reason"] = f"class {class_name} not importable (missing dependency?)"
-            return res
-        attempts = []
-        model = inputs = None
+        uses_mrope = _uses_mrope(cls, CONFIG_MAPPING[model_type]())
+    except Exception:
+        uses_mrope = False
+    for level in (0, 1, 2):
         try:
-            uses_mrope = _uses_mrope(cls, CONFIG_MAPPING[model_type]())
-        except Exception:
-            uses_mrope = False
-        for level in (0, 1, 2):
+            cfg = shrink_config(CONFIG_MAPPING[model_type](), level, uses_mrope)
+        except Exception as e:
+            attempts.append(f"L{level} config: {runner.short(e, 200)}")
+            continue
+        try:
+            model = _build(cls, cfg, level, max_params)
+        except Exception as e:
+            attempts.append(f"L{level} build: {runner.short(e, 200)}")
+            if os.environ.get("ZOO_DEBUG"):
+                traceback.print_exc()
+            model = None
+            if isinstance(e, MemoryError):
+                break
+            continue
+        errors = []
+        for cand in input_candidates(model, model.config):
             try:
-                cfg = shrink_config(CONFIG_MAPPING[model_type](), level, uses_mrope)
+                torch.manual_seed(0)
+                with torch.no_grad():
+                    model(**cand)
+                inputs = cand
+                break
             except Exception as e:
-                attempts.append(f"L{level} config: {_short(e, 200)}")
-                continue
-            try:
-                model = _build(cls, cfg, level, max_params)
-            except StageTimeoutError:
-                raise
-            except Exception as e:
-                attempts.append(f"L{level} build: {_short(e, 200)}")
+                errors.append(runner.short(e, 200))
                 if os.environ.get("ZOO_DEBUG"):
                     traceback.print_exc()
-                model = None
-                if isinstance(e, MemoryError):
-                    break
-                continue
-            errors = []
-            for cand in input_candidates(model, model.config):
-                try:
-                    torch.manual_seed(0)
-                    with torch.no_grad():
-                        model(**cand)
-                    inputs = cand
-                    break
-                except StageTimeoutError:
-                    raise
-                except Exception as e:
-                    errors.append(_short(e, 200))
-                    if os.environ.get("ZOO_DEBUG"):
-                        traceback.print_exc()
-            if inputs is not None:
-                res["level"] = level
-                break
-            attempts.append(f"L{level} forward: " + (errors[0] if errors else "no known input in forward signature"))
-            model = None
-        res["attempts"] = attempts
-        if model is None or inputs is None:
-            res["reason"] = attempts[0] if attempts else "no attempt"
-            return res
-        res["params"] = sum(p.numel() for p in model.parameters())
-        res["inputs"] = {k: list(v.shape) for k, v in inputs.items()}
-        # 1. flopscope, model as built, inference
-        res["fs"] = _profile(model, inputs, grad=False)
-        # 2. reference and 3. flopscope on the eager configuration
-        res["eager_problems"] = _set_eager(model)
-        with _eager_context():
-            try:
-                res["ref"] = _reference(model, inputs)
-            except StageTimeoutError:
-                raise
-            except Exception as e:
-                res["ref"] = {"error": _short(e, 300)}
-            res["fs_eager"] = _profile(model, inputs, grad=True)
-        res["status"] = classify(res)
-    except StageTimeoutError:
-        res["status"] = "timeout"
-        reached = ", ".join(k for k in ("fs", "ref", "fs_eager") if k in res) or "build/probe"
-        res["reason"] = f"over {timeout} s (stage reached: {reached})"
-    except BaseException as e:
-        res["status"] = "crash"
-        res["reason"] = _short(e, 300)
-        res["traceback"] = traceback.format_exc()[-1500:]
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, old)
-        res["seconds"] = round(time.time() - t0, 2)
-    return res
+        if inputs is not None:
+            res["level"] = level
+            break
+        attempts.append(f"L{level} forward: " + (errors[0] if errors else "no known input in forward signature"))
+        model = None
+    res["attempts"] = attempts
+    if model is None or inputs is None:
+        res["reason"] = attempts[0] if attempts else "no attempt"
+        return
+    res["params"] = sum(p.numel() for p in model.parameters())
+    res["inputs"] = {k: list(v.shape) for k, v in inputs.items()}
+    # 1. flopscope, model as built, inference
+    runner.profile_record(model, (), inputs, False, res, "fs")
+    # 2. reference and 3. flopscope on the eager configuration
+    res["eager_problems"] = _set_eager(model)
+    with runner.eager_context():
+        res["stage"] = "reference"
+        try:
+            res["ref"] = runner.reference(model, (), inputs)
+        except Exception as e:
+            res["ref"] = {"error": runner.short(e, 300)}
+        runner.profile_record(model, (), inputs, True, res, "fs_eager")
+    res["status"] = classify(res)
 
 
 def classify(res: dict[str, Any]) -> str:
@@ -670,27 +568,12 @@ def classify(res: dict[str, Any]) -> str:
     return "exact" if fs["macs"] == ref["macs"] else "mismatch"
 
 
-def _worker(conn: Any, timeout: int, max_params: int, threads: int) -> None:
-    import logging
-
-    import torch
-    torch.set_num_threads(threads)
-    warnings.filterwarnings("ignore")
-    logging.disable(logging.WARNING)
+def _quiet_transformers() -> None:
     try:
         import transformers
         transformers.logging.set_verbosity_error()
     except Exception:
         pass
-    while True:
-        task = conn.recv()
-        if task is None:
-            return
-        res = run_arch(task[0], task[1], timeout, max_params)
-        try:
-            conn.send(res)
-        except Exception as e:  # unpicklable result: keep the essentials
-            conn.send({"arch": task[0], "class": task[1], "status": "crash", "reason": f"result not sendable: {e}"})
 
 
 # --------------------------------------------------------------------------------------------------
@@ -708,157 +591,29 @@ def architectures() -> list[tuple[str, str]]:
     return out
 
 
+def _progress(res: dict[str, Any]) -> str:
+    return (f"{res['arch']:<40} {res['status']:<9} {res.get('seconds', 0):6.1f}s"
+            f"  {res.get('reason', '') if res['status'] in ('skip', 'timeout', 'crash') else ''}")[:188]
+
+
 def sweep(archs: list[tuple[str, str]], jobs: int, timeout: int, max_params: int,
           progress: bool = True) -> list[dict[str, Any]]:
-    ctx = mp.get_context("fork")
-    threads = max(1, (os.cpu_count() or 1) // jobs)
-    todo = list(archs)
-    results: list[dict[str, Any]] = []
-    workers: dict[Any, dict[str, Any]] = {}
-
-    def spawn() -> None:
-        parent, child = ctx.Pipe()
-        p = ctx.Process(target=_worker, args=(child, timeout, max_params, threads), daemon=True)
-        p.start()
-        child.close()
-        workers[parent] = {"proc": p, "task": None, "start": 0.0}
-
-    def assign(conn: Any) -> None:
-        if todo:
-            task = todo.pop(0)
-            workers[conn].update(task=task, start=time.time())
-            conn.send(task)
-        else:
-            workers[conn]["task"] = None
-
-    def record(res: dict[str, Any]) -> None:
-        results.append(res)
-        if progress:
-            print(f"[{len(results):4d}/{len(archs)}] {res['arch']:<40} {res['status']:<9} {res.get('seconds', 0):6.1f}s"
-                  f"  {res.get('reason', '') if res['status'] in ('skip', 'timeout', 'crash') else ''}"[:200],
-                  flush=True)
-
-    for _ in range(min(jobs, len(todo))):
-        spawn()
-    for conn in list(workers):
-        assign(conn)
-    while any(w["task"] is not None for w in workers.values()):
-        busy = [c for c, w in workers.items() if w["task"] is not None]
-        ready = mp_wait(busy, timeout=5)
-        for conn in ready:
-            w = workers[conn]
-            try:
-                res = conn.recv()
-            except (EOFError, OSError):
-                res = {"arch": w["task"][0], "class": w["task"][1], "status": "crash",
-                       "reason": f"worker died (exit code {w['proc'].exitcode})",
-                       "seconds": round(time.time() - w["start"], 2)}
-                record(res)
-                w["proc"].join(1)
-                del workers[conn]
-                spawn()
-                assign(list(workers)[-1])
-                continue
-            record(res)
-            assign(conn)
-        now = time.time()
-        for conn, w in list(workers.items()):
-            if w["task"] is not None and now - w["start"] > timeout + 30:
-                w["proc"].kill()
-                w["proc"].join(5)
-                record({"arch": w["task"][0], "class": w["task"][1], "status": "timeout",
-                        "reason": f"hard timeout: worker killed after {timeout + 30} s",
-                        "seconds": round(now - w["start"], 2)})
-                del workers[conn]
-                spawn()
-                assign(list(workers)[-1])
-    for conn, w in workers.items():
-        with contextlib.suppress(Exception):
-            conn.send(None)
-        w["proc"].join(5)
-        if w["proc"].is_alive():
-            w["proc"].kill()
-    order = {a: i for i, (a, _) in enumerate(archs)}
-    return sorted(results, key=lambda r: order.get(r["arch"], 0))
+    return runner.sweep(archs, jobs, functools.partial(run_arch, timeout=timeout, max_params=max_params),
+                            timeout, ("arch", "class"), _progress if progress else None, _quiet_transformers)
 
 
 # --------------------------------------------------------------------------------------------------
 # grouping and report
 # --------------------------------------------------------------------------------------------------
-def _norm(text: str) -> str:
-    """A grouping key: numbers, shapes and quoted module paths blanked out."""
-    text = re.sub(r"'[^']*'", "'…'", text)
-    text = re.sub(r"\[[\d, ]*\]", "[…]", text)
-    text = re.sub(r"(?<![A-Za-z_\d])\d+", "N", text)
-    return text[:160]
-
-
-def fallback_key(msg: str, normalize: bool = True) -> str:
-    op = re.search(r"op (\S+)", msg)
-    where = op.group(1) if op else "(no op: module-level)"
-    reason = re.search(r"could not run on fake tensors \((.*)\); counted in real mode", msg)
-    norm = _norm if normalize else (lambda t: t)
-    return f"{where}: {norm(reason.group(1)) if reason else norm(msg)}"
-
-
-def op_diff(a: dict[str, int], b: dict[str, int]) -> dict[str, tuple[int, int]]:
-    return {op: (a.get(op, 0), b.get(op, 0)) for op in sorted(set(a) | set(b)) if a.get(op, 0) != b.get(op, 0)}
-
-
-def _fmt(n: Any) -> str:
-    return f"{n:,}" if isinstance(n, int) else "–"
-
-
-def _diff_text(d: dict[str, tuple[int, int]], limit: int = 4) -> str:
-    items = sorted(d.items(), key=lambda kv: -abs(kv[1][0] - kv[1][1]))[:limit]
-    return "; ".join(f"{op} {_fmt(x)} vs {_fmt(y)}" for op, (x, y) in items)
-
-
-def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:
-    status = Counter(r["status"] for r in results)
-    unsupported: dict[str, list[str]] = defaultdict(list)
-    fallbacks: dict[str, list[str]] = defaultdict(list)
-    errors: dict[str, list[str]] = defaultdict(list)
-    skips: dict[str, list[str]] = defaultdict(list)
-    formula_mismatch, fused_mismatch = [], []
-    for r in results:
-        a = r["arch"]
-        if r["status"] in ("skip", "timeout", "crash"):
-            skips[f"{r['status']}: {_norm(r.get('reason', '?'))}"].append(a)
-        for key in ("fs", "fs_eager"):
-            p = r.get(key) or {}
-            tag = "[default] " if key == "fs" else "[eager]   "
-            for op in p.get("unsupported", {}):
-                if a not in unsupported[op]:
-                    unsupported[op].append(a)
-            if p.get("fallback"):
-                fb = tag + fallback_key(p["fallback"])
-                if a not in fallbacks[fb]:
-                    fallbacks[fb].append(a)
-            if p.get("error"):
-                ek = f"{tag}{p.get('error_type')}: {_norm(p['error'])}"
-                if a not in errors[ek]:
-                    errors[ek].append(a)
-        fs, fe, ref = r.get("fs", {}), r.get("fs_eager", {}), r.get("ref", {})
-        if "macs" in fe and "macs" in ref and fe["macs"] != ref["macs"]:
-            formula_mismatch.append(a)
-        if "macs" in fs and "macs" in fe and fs["macs"] != fe["macs"]:
-            fused_mismatch.append(a)
-    return {"status": dict(status), "unsupported": unsupported, "fallbacks": fallbacks, "errors": errors,
-            "skips": skips, "formula_mismatch": formula_mismatch, "fused_mismatch": fused_mismatch}
-
-
-def _group_lines(groups: dict[str, list[str]], limit: int = 6) -> list[str]:
-    rows = sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0]))
-    out = []
-    for key, archs in rows:
-        more = f", … (+{len(archs) - limit})" if len(archs) > limit else ""
-        out.append(f"{len(archs):4d}  {key}  [{', '.join(archs[:limit])}{more}]")
-    return out
+SECTIONS = (("Unsupported ops (architectures hitting each)", "unsupported"),
+            ("Fake-mode fallbacks to real mode", "fallbacks"), ("flopscope errors", "errors"),
+            ("Skipped / timed out / crashed", "skips"))
+PRINTED_SECTIONS = (("unsupported ops", "unsupported"), ("fake-mode fallback reasons", "fallbacks"),
+                    ("flopscope errors", "errors"), ("skip reasons", "skips"))
 
 
 def write_report(results: list[dict[str, Any]], path: Path, elapsed: float, args: argparse.Namespace) -> None:
-    s = summarize(results)
+    s = runner.summarize(results, "arch")
     lines = ["# flopscope model zoo sweep", "",
              f"{len(results)} base architectures of transformers "
              f"{__import__('transformers').__version__}, torch {__import__('torch').__version__}; "
@@ -875,21 +630,17 @@ def write_report(results: list[dict[str, Any]], path: Path, elapsed: float, args
     lines += [f"| {k} | {v} |" for k, v in sorted(s["status"].items(), key=lambda kv: -kv[1])]
     lines += ["", f"fs-eager ≠ reference (formula differences): {len(s['formula_mismatch'])}; "
                   f"flopscope ≠ fs-eager (fused-kernel handling): {len(s['fused_mismatch'])}", ""]
-    for title, key in (("Unsupported ops (architectures hitting each)", "unsupported"),
-                       ("Fake-mode fallbacks to real mode", "fallbacks"), ("flopscope errors", "errors"),
-                       ("Skipped / timed out / crashed", "skips")):
-        lines += [f"### {title}", "", "```"] + (_group_lines(s[key]) or ["(none)"]) + ["```", ""]
+    lines += runner.group_sections(s, SECTIONS)
     lines += ["## Results", "",
               "| architecture | status | level | flopscope MACs | reference MACs | ratio | fs-eager MACs | "
               "real-mode fallback (reason) | unsupported ops | notes |",
               "|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         fs, fe, ref = r.get("fs", {}), r.get("fs_eager", {}), r.get("ref", {})
-        ratio = f"{fs['macs'] / ref['macs']:.4f}" if fs.get("macs") is not None and ref.get("macs") else "–"
         fb = []
         for tag, p in (("", fs), ("eager: ", fe)):
             if p.get("fallback"):
-                fb.append(tag + fallback_key(p["fallback"], normalize=False))
+                fb.append(tag + runner.fallback_key(p["fallback"], normalize=False))
         uns = sorted(set(fs.get("unsupported", {})) | set(fe.get("unsupported", {})))
         notes = []
         if r["status"] in ("skip", "timeout", "crash"):
@@ -900,45 +651,36 @@ def write_report(results: list[dict[str, Any]], path: Path, elapsed: float, args
         if ref.get("error"):
             notes.append(f"reference: {ref['error']}")
         if "macs" in fe and "macs" in ref and fe["macs"] != ref["macs"]:
-            notes.append("fs-eager vs ref: " + _diff_text(op_diff(fe.get("by_op", {}), ref.get("by_op", {}))))
+            notes.append("fs-eager vs ref: " + runner.by_op_diff(fe, ref))
         if "macs" in fs and "macs" in fe and fs["macs"] != fe["macs"]:
-            notes.append("flopscope vs fs-eager: " + _diff_text(op_diff(fs.get("by_op", {}), fe.get("by_op", {}))))
-        cell = lambda x: str(x).replace("|", "\\|").replace("\n", " ")  # noqa: E731
-        lines.append(f"| {r['arch']} | {r['status']} | {r.get('level', '–')} | {_fmt(fs.get('macs'))} | "
-                     f"{_fmt(ref.get('macs'))} | {ratio} | {_fmt(fe.get('macs'))} | {cell('; '.join(fb)) or 'no'} | "
-                     f"{cell(', '.join(uns))} | {cell(' / '.join(notes))} |")
+            notes.append("flopscope vs fs-eager: " + runner.by_op_diff(fs, fe))
+        lines.append(f"| {r['arch']} | {r['status']} | {r.get('level', '–')} | {runner.fmt(fs.get('macs'))} | "
+                     f"{runner.fmt(ref.get('macs'))} | {runner.ratio(r)} | {runner.fmt(fe.get('macs'))} | "
+                     f"{runner.cell('; '.join(fb)) or 'no'} | {runner.cell(', '.join(uns))} | "
+                     f"{runner.cell(' / '.join(notes))} |")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(lines) + "\n")
 
 
 def print_summary(results: list[dict[str, Any]], elapsed: float) -> None:
-    s = summarize(results)
+    s = runner.summarize(results, "arch")
     st = s["status"]
     print()
-    print(f"{len(results)} architectures in {elapsed / 60:.1f} min: "
-          + ", ".join(f"{k} {v}" for k, v in sorted(st.items(), key=lambda kv: -kv[1])))
+    print(runner.status_line(results, s, "architectures", elapsed))
     print(f"exact {st.get('exact', 0)}, mismatched {st.get('mismatch', 0)}, errored {st.get('error', 0)} "
           f"(reference errored {st.get('ref-error', 0)}; skipped {st.get('skip', 0)}, "
           f"timeout {st.get('timeout', 0)}, crash {st.get('crash', 0)})")
     print(f"fs-eager != reference: {len(s['formula_mismatch'])}; flopscope != fs-eager: {len(s['fused_mismatch'])}")
-    for title, key in (("unsupported ops", "unsupported"), ("fake-mode fallback reasons", "fallbacks"),
-                       ("flopscope errors", "errors"), ("skip reasons", "skips")):
-        print(f"\n{title}:")
-        for line in _group_lines(s[key]) or ["   (none)"]:
-            print(line)
+    runner.print_groups(s, PRINTED_SECTIONS)
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--only", help="comma-separated model types (e.g. bert,gpt2,whisper)")
-    ap.add_argument("--jobs", type=int, default=2, help="worker processes (default 2)")
-    ap.add_argument("--report", default=str(Path(__file__).with_name("zoo_report.md")), help="markdown report path")
-    ap.add_argument("--json", help="also write the raw results as JSON here")
-    ap.add_argument("--timeout", type=int, default=60, help="seconds per architecture (default 60)")
+    runner.add_common_arguments(ap, str(Path(__file__).with_name("zoo_report.md")), 60, "architecture")
     ap.add_argument("--max-params", type=float, default=150e6,
                     help="skip configs that are not shrunk enough and have more parameters (default 150M)")
-    ap.add_argument("--quiet", action="store_true", help="no per-architecture progress lines")
     args = ap.parse_args(argv)
 
     archs = architectures()
