@@ -76,6 +76,11 @@ class FakeConverter:
                 fake = self.mode.from_tensor(t.detach()).requires_grad_(True)
             elif self._plain(t):
                 fake = self._plain_fake(t)
+            elif t.is_nested and t.layout == torch.jagged:  # its fake needs symbolic sizes (its ragged dim)
+                where = f"a jagged nested tensor of {t.size(0)} entries"
+                reason = "a jagged tensor's fake stand-in needs symbolic shapes, which a fake count does not use"
+                raise FakeTensorError(f"{where} cannot be a fake tensor ({reason}); use mode='real'",
+                                      on_fake_tensors=True, where=where, reason=reason)
             else:
                 try:
                     fake = self.mode.from_tensor(t)

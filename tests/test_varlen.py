@@ -100,6 +100,15 @@ def test_jagged_sdpa_counts_each_sequence_against_itself_in_real_mode() -> None:
 
 
 @pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors is in prototype stage")
+def test_a_jagged_batch_cannot_be_fake_so_auto_counts_it_for_real() -> None:
+    with pytest.raises(flopscope.FakeTensorError, match="a jagged nested tensor of 4 entries cannot be a fake"):
+        flopscope.profile(JaggedSelfAttention(), jagged_batch(), mode="fake")
+    with pytest.warns(flopscope.FlopscopeWarning, match="counted in real mode instead"):
+        prof = flopscope.profile(JaggedSelfAttention(), jagged_batch())
+    assert prof.mode == "real" and prof.by_role()["attn_scores"] == PER_SEQUENCE
+
+
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors is in prototype stage")
 def test_jagged_sdpa_backward_differentiates_each_sequence() -> None:
     prof = flopscope.profile(JaggedSelfAttention(), jagged_batch(), mode="real", backward=True,
                              loss=lambda out: out.values().sum())
