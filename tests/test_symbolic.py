@@ -37,7 +37,8 @@ def test_llama_sequence_length_closed_forms_and_same_as_sampled():
         "q_proj": poly(0, L * B * d * h * d_k), "k_proj": poly(0, L * B * d * n_kv * d_k),
         "v_proj": poly(0, L * B * d * n_kv * d_k), "out_proj": poly(0, L * B * h * d_k * d),
         "attn_scores": poly(0, 0, L * B * h * d_k), "attn_weighted_sum": poly(0, 0, L * B * h * d_k),
-        "ffn_up": poly(0, L * B * d * d_ff), "ffn_gate": poly(0, L * B * d * d_ff), "ffn_down": poly(0, L * B * d_ff * d),
+        "ffn_up": poly(0, L * B * d * d_ff), "ffn_gate": poly(0, L * B * d * d_ff),
+        "ffn_down": poly(0, L * B * d_ff * d),
         "logits": poly(0, B * d * V),
     }
     assert result.method == "symbolic" and result.fallback is None
