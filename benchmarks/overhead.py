@@ -51,6 +51,19 @@ allocations only: the fx graph, node metadata, fake-tensor wrappers; nothing is 
 tensor data on fake tensors). The MAC total is compared with the analytic count
 ``L * (B n d (2 d + 2 d_kv) + 3 B n d d_ff + 2 B n^2 d)`` (projections, SwiGLU MLP, attention scores
 and weighted sum; no ``lm_head``), which for the 7B shape is 14,362,370,637,824.
+
+Then, side by side in the same child (rounds in turn, the first of each rotating, under ``no_grad``): the
+plain meta forward, ``FlopCounterMode``'s meta count, and ``flopscope.profile(...).by_role()`` (the count with
+roles); printed are the medians and the medians of the per-round ratios, against issue 15's targets (<= 1.0x
+FlopCounterMode, <= 1.6x the plain forward). A meta model's forward-only count runs on meta kernels directly
+(``docs/conventions.md``, the modes table), as FlopCounterMode's does.
+
+Part 1 also times an empty ``TorchDispatchMode`` (the floor of any counter that sees every ATen op) and
+prints flopscope real / empty mode per round (target <= 1.08).
+
+Part 3: the Llama-70B shape (80 layers, d 8192, GQA 64/8 heads, d_ff 28672) at n 4096, one count after the
+first in its own child: seconds (target < 1.5 s) and the memory the first count needed (VmHWM growth, target
+< 600 MiB). Skipped with ``--quick``.
 """
 
 from __future__ import annotations
