@@ -266,6 +266,10 @@ class Recorder(TorchDispatchMode):
         fake: running on fake tensors: :data:`FAKE_SHAPE_RULES` stand in for over-strict fake kernels.
     """
 
+    supports_higher_order_operators = True
+    """Higher-order ops (FlexAttention, ``cond``, ...) come here too: those with a formula are counted, the others
+    run as they are and are listed as unsupported (what they run inside is not seen)."""
+
     def __init__(self, tracker: ModuleTracker, registry: FormulaRegistry, leaf_names: Mapping[int, LeafName],
                  *, timed: bool = False, fake: bool = False) -> None:
         super().__init__()
@@ -311,6 +315,7 @@ class Recorder(TorchDispatchMode):
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
                            kwargs: dict[str, Any] | None = None) -> Any:
         kwargs = kwargs or {}
+        types = tuple(types)  # (a list for a higher-order op)
         kind = self._subclasses.get(types)
         if kind is None:
             kind = self._subclasses[types] = _subclass_kind(types)
@@ -334,11 +339,18 @@ class Recorder(TorchDispatchMode):
             stack = forward_op.module_stack if forward_op is not None else ()
         elif not stack:
             return func(*args, **kwargs)
-        if func in elementwise.METADATA_OPS or not isinstance(func, torch._ops.OpOverload):
+        if func in elementwise.METADATA_OPS:
             return func(*args, **kwargs)
         known = self._classes.get(func)
         if known is None:
-            known = self._classes[func] = _classify(func, self.registry)
+            if isinstance(func, torch._ops.HigherOrderOperator):
+                spec = self.registry.spec(func)
+                known = _OpClass(Cost.FORMULA, spec=spec) if spec is not None else _UNSUPPORTED
+            elif not isinstance(func, torch._ops.OpOverload):
+                return func(*args, **kwargs)
+            else:
+                known = _classify(func, self.registry)
+            self._classes[func] = known
         if known.decompose:
             with self:
                 decomposed = func.decompose(*args, **kwargs)
@@ -374,7 +386,7 @@ class Recorder(TorchDispatchMode):
                 self._check_as_the_real_kernel(func, args, spec)
             return func(*args, **kwargs)
         except Exception:  # any kernel's error: noted here, re-raised unless a fake-shape rule stands in
-            maker = FAKE_SHAPE_RULES.get(func.overloadpacket) if self.fake else None
+            maker = FAKE_SHAPE_RULES.get(_packet(func)) if self.fake else None
             if maker is None:
                 if self.failure is None:
                     self.failure = OpFailure(op_name(func), stack[-1].path if stack else "", _shapes((args, kwargs)))
@@ -383,14 +395,14 @@ class Recorder(TorchDispatchMode):
 
     def _check_as_the_real_kernel(self, func: Any, args: tuple[Any, ...], spec: OpSpec | None) -> None:
         """Operands of one dtype for products, convolutions and attention; indices inside embedding tables."""
-        if spec is not None and func.overloadpacket not in MIXED_DTYPE_OPS:
+        if spec is not None and _packet(func) not in MIXED_DTYPE_OPS:
             positions = spec.operands or (range(3) if spec.family is OpFamily.CONV else ())
             operands = [args[i] for i in positions if i < len(args) and isinstance(args[i], torch.Tensor)]
             dtypes = {t.dtype for t in operands}
             if len(dtypes) > 1:
                 raise RefusedInput(f"{op_name(func)} got operands of dtypes {', '.join(str(t.dtype) for t in operands)}"
                                    "; a real kernel refuses operands of different dtypes")
-        if func.overloadpacket in EMBEDDING_LOOKUPS and len(args) > 1 and isinstance(args[1], torch.Tensor):
+        if _packet(func) in EMBEDDING_LOOKUPS and len(args) > 1 and isinstance(args[1], torch.Tensor):
             rows = int(args[0].shape[0])
             values = self.value_of(args[1])
             if values is None:
@@ -487,7 +499,7 @@ class Recorder(TorchDispatchMode):
 
         phase = FORWARD if not self._backward else RECOMPUTE if torch.is_grad_enabled() else BACKWARD
         op = CapturedOp("call_function", func, _map_tensors(args, to_op), _map_tensors(kwargs, to_op),
-                        func.overloadpacket.__name__, phase=phase, module_stack=stack, cost=known.cost,
+                        op_name(func).rsplit(".", 1)[-1], phase=phase, module_stack=stack, cost=known.cost,
                         spec=known.spec)
         op.input_shapes = tuple(shapes)
         self.ops.append(op)
@@ -547,6 +559,11 @@ class Recorder(TorchDispatchMode):
         self.ops.append(op)
         self._producers[id(t)] = (weakref.ref(t), op)
         return op
+
+
+def _packet(func: Any) -> Any:
+    """An op overload's packet (``aten.mm`` for ``aten.mm.default``); a higher-order op is its own."""
+    return getattr(func, "overloadpacket", func)
 
 
 def _subclass_kind(types: Sequence[type]) -> str:

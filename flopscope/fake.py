@@ -42,10 +42,24 @@ class CountingFakeTensorMode(FakeTensorMode):
     in a fresh wrapper on every call and cannot be compared (their ``__eq__`` raises). ``_cache_key`` and
     ``_BypassDispatchCache`` are torch's private hook for exactly this; here is the one place that uses it."""
 
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        _share_fake_rules()
+
     def _cache_key(self, state: Any, func: Any, args: Any, kwargs: Any) -> Any:
         if any(isinstance(a, torch.ScriptObject) for a in (*args, *kwargs.values())):
             raise _BypassDispatchCache("script object argument")
         return super()._cache_key(state, func, args, kwargs)
+
+
+def _share_fake_rules() -> None:
+    """Give :class:`CountingFakeTensorMode` the fake-tensor rule of every higher-order op that has one
+    (FlexAttention's, say): an op looks its rule up by the exact class of the mode, so a subclass has none. Run
+    at each new mode, as higher-order ops are made when their module is first imported."""
+    for op in list(torch._ops._higher_order_ops.values()):
+        rule = op.python_key_table.get(FakeTensorMode)
+        if rule is not None and CountingFakeTensorMode not in op.python_key_table:
+            op.py_impl(CountingFakeTensorMode)(rule)
 
 
 class FakeConverter:

@@ -360,7 +360,10 @@ def count(fn: MacFormula, args: Sequence[Any], kwargs: Mapping[str, Any], out_sh
 def _shape_of(x: Any, values: Values | None = None) -> Any:
     if isinstance(x, torch.Tensor):
         known = values(x) if values is not None and not x.is_floating_point() and not x.is_nested else None
-        return KnownShape(shape_of(x), known.flatten().tolist()) if known is not None else shape_of(x)
+        if known is None:
+            return shape_of(x)
+        with _disable_current_modes():  # real values: a fake mode below the recorder must not take them
+            return KnownShape(shape_of(x), known.flatten().tolist())
     if isinstance(x, (list, tuple)) and x and any(isinstance(t, torch.Tensor) for t in x):
         return [_shape_of(t, values) for t in x]
     return x
@@ -636,6 +639,27 @@ def sdpa(q: Shape, k: Shape, v: Shape, *_: Any, **__: Any) -> dict[str, int]:
     """Every kernel of ``F.scaled_dot_product_attention``; grouped-query K/V (fewer heads) allowed."""
     # [*B, h, n_q, d_v] = sdpa([*B, h, n_q, d_k], [*B, h_kv, n_k, d_k], [*B, h_kv, n_k, d_v])
     return attention_core(prod(q[:-2]), q[-2], k[-2], q[-1], v[-1])
+
+
+def _flex_attention_op() -> Any:
+    try:
+        from torch._higher_order_ops.flex_attention import flex_attention as hop
+    except ImportError:  # pragma: no cover  (a torch without FlexAttention)
+        return None
+    return hop
+
+
+FLEX_ATTENTION = _flex_attention_op()
+"""FlexAttention's higher-order op (``torch.nn.attention.flex_attention.flex_attention`` calls it)."""
+
+if FLEX_ATTENTION is not None:
+    @formula(FLEX_ATTENTION, family=OpFamily.ATTENTION, operands=(0, 1, 2))
+    def flex_attention(q: Shape, k: Shape, v: Shape, *_: Any, **__: Any) -> dict[str, int]:
+        """FlexAttention as its eager implementation (the CPU's, and any device's without ``torch.compile``)
+        executes it: dense, every (query, key) pair of every head; the block mask and ``score_mod`` change the
+        scores, not how many are computed (``docs/conventions.md``). Grouped-query K/V heads allowed."""
+        # [B, h, n_q, d_v] = flex_attention(q [B, h, n_q, d_k], k [B, h_kv, n_k, d_k], v [B, h_kv, n_k, d_v], ...)
+        return attention_core(prod(q[:-2]), q[-2], k[-2], q[-1], v[-1])
 
 
 @formula(aten._flash_attention_forward, family=OpFamily.ATTENTION, operands=(0, 1, 2))

@@ -170,6 +170,7 @@ def _run(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], option
         with ExitStack() as stack:
             stack.enter_context(paused_gc())
             stack.enter_context(deeper_recursion())
+            stack.enter_context(eager_flex_attention())
             convert = (converter or new_converter()) if fake else None
             # fake: a shadow of the model holds the fake state, so the user's module objects are never
             # written to (another thread may be running them); real: the model itself runs
@@ -241,6 +242,7 @@ class Session:
         recorder, state = _recorder(self.model, tracker, self.options.registry, convert)
         try:
             self._stack.enter_context(deeper_recursion())
+            self._stack.enter_context(eager_flex_attention())
             if convert is not None:
                 self._stack.enter_context(_reparametrize_module(self.model, state, tie_weights=True))
                 self._stack.enter_context(convert.mode)
@@ -347,30 +349,55 @@ def _explain(model: nn.Module, error: Exception, recorder: Recorder, tracker: Mo
                         largest_tensor_bytes=recorder.largest_out)
 
 
-_DEPTH_LOCK = threading.Lock()
-_DEPTH_USERS = [0, 0]  # [profiles running, the recursion limit before the first of them]
+class WhileCapturing:
+    """A process-wide setting changed while any capture runs: the first capture to enter saves it and sets it,
+    the last one to leave puts it back (captures may run in several threads at once)."""
+
+    def __init__(self, read: Callable[[], Any], write: Callable[[Any], None], value: Callable[[Any], Any]) -> None:
+        self._read, self._write, self._value = read, write, value  # value: the setting while capturing, from the old
+        self._lock = threading.Lock()
+        self._users = 0
+        self._saved: Any = None
+
+    @contextmanager
+    def __call__(self) -> Iterator[None]:
+        with self._lock:
+            if self._users == 0:
+                self._saved = self._read()
+                self._write(self._value(self._saved))
+            self._users += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._users -= 1
+                if self._users == 0:
+                    self._write(self._saved)
+
+
 EXTRA_FRAMES = 400
 """Python frames flopscope adds to a forward's deepest call (hooks and dispatch at every nesting level): the
 recursion limit is raised by this much while a capture runs, so a model as deep as a plain forward can run
 is as deep as flopscope can count."""
+deeper_recursion = WhileCapturing(sys.getrecursionlimit, sys.setrecursionlimit, lambda limit: limit + EXTRA_FRAMES)
+"""Raise the recursion limit by :data:`EXTRA_FRAMES` while any capture runs (the limit is one per interpreter)."""
 
 
-@contextmanager
-def deeper_recursion() -> Iterator[None]:
-    """Raise the recursion limit by :data:`EXTRA_FRAMES` while any capture runs (the limit is one per
-    interpreter: the first capture raises it, the last one puts it back)."""
-    with _DEPTH_LOCK:
-        if _DEPTH_USERS[0] == 0:
-            _DEPTH_USERS[1] = sys.getrecursionlimit()
-            sys.setrecursionlimit(_DEPTH_USERS[1] + EXTRA_FRAMES)
-        _DEPTH_USERS[0] += 1
-    try:
-        yield
-    finally:
-        with _DEPTH_LOCK:
-            _DEPTH_USERS[0] -= 1
-            if _DEPTH_USERS[0] == 0:
-                sys.setrecursionlimit(_DEPTH_USERS[1])
+def _flex_module() -> Any:
+    return sys.modules.get("torch.nn.attention.flex_attention")
+
+
+def _set_flex_debug(value: Any) -> None:
+    module = _flex_module()
+    if module is not None and value is not None:
+        module._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG = value
+
+
+eager_flex_attention = WhileCapturing(lambda: getattr(_flex_module(), "_FLEX_ATTENTION_DISABLE_COMPILE_DEBUG", None),
+                                      _set_flex_debug, lambda old: None if old is None else True)
+"""While a capture runs, FlexAttention (once imported) calls its op directly, as its documented debug switch makes
+it do: outside ``torch.compile`` it wraps the op in ``torch.compile(fullgraph=True)``, which Dynamo refuses under
+any dispatch mode; called directly, the op runs the same eager (dense) implementation it compiles to there."""
 
 
 @contextmanager

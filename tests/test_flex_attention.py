@@ -1,0 +1,58 @@
+"""FlexAttention (``torch.nn.attention.flex_attention``, a higher-order op): counted as its eager implementation
+executes it on the CPU (dense: every query-key pair of every head, whatever the block mask), with its roles."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import flopscope
+
+flex = pytest.importorskip("torch.nn.attention.flex_attention")
+
+B, H, N, D = 2, 4, 128, 16
+E = H * D
+WINDOW = 32
+
+
+def causal(b: torch.Tensor, h: torch.Tensor, q: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
+    return q >= kv
+
+
+def sliding_window(b: torch.Tensor, h: torch.Tensor, q: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
+    return (q >= kv) & (q - kv < WINDOW)
+
+
+class FlexSelfAttention(nn.Module):
+    def __init__(self, mask_mod) -> None:  # type: ignore[no-untyped-def]
+        super().__init__()
+        self.q_proj, self.k_proj, self.v_proj, self.out_proj = (nn.Linear(E, E) for _ in range(4))
+        self.block_mask = flex.create_block_mask(mask_mod, B, H, N, N, device="cpu")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = (p(x).unflatten(-1, (H, D)).transpose(1, 2) for p in (self.q_proj, self.k_proj, self.v_proj))
+        out = flex.flex_attention(q, k, v, block_mask=self.block_mask)
+        return self.out_proj(out.transpose(1, 2).flatten(-2))
+
+
+EXPECTED = {"q_proj": B * N * E * E, "k_proj": B * N * E * E, "v_proj": B * N * E * E, "out_proj": B * N * E * E,
+            "attn_scores": B * H * N * N * D, "attn_weighted_sum": B * H * N * N * D}
+
+
+@pytest.mark.parametrize("mask_mod", [causal, sliding_window])
+@pytest.mark.parametrize("mode", ["real", "fake"])
+def test_flex_attention_counts_its_dense_eager_work_with_roles(mask_mod, mode) -> None:  # type: ignore[no-untyped-def]
+    before = flex._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG
+    with torch.no_grad():
+        prof = flopscope.profile(FlexSelfAttention(mask_mod), torch.randn(B, N, E), mode=mode)
+    assert prof.mode == mode
+    assert prof.by_role() == EXPECTED  # the block mask changes which scores count, not how many are computed
+    assert prof.by_op()["flex_attention"] == 2 * B * H * N * N * D
+    assert prof.unsupported() == {}
+    assert flex._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG is before  # the switch is put back after the capture
+
+
+def test_flex_attention_backward_is_refused_by_torch_on_the_cpu() -> None:
+    with pytest.raises(flopscope.ForwardError, match="FlexAttention does not support backward on CPU"):
+        flopscope.profile(FlexSelfAttention(causal), torch.randn(B, N, E), mode="real", backward=True)
