@@ -499,7 +499,7 @@ class Recorder(TorchDispatchMode):
 
         phase = FORWARD if not self._backward else RECOMPUTE if torch.is_grad_enabled() else BACKWARD
         op = CapturedOp("call_function", func, _map_tensors(args, to_op), _map_tensors(kwargs, to_op),
-                        op_name(func).rsplit(".", 1)[-1], phase=phase, module_stack=stack, cost=known.cost,
+                        getattr(_packet(func), "__name__", "op"), phase=phase, module_stack=stack, cost=known.cost,
                         spec=known.spec)
         op.input_shapes = tuple(shapes)
         self.ops.append(op)
