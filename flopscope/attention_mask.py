@@ -23,6 +23,7 @@ backward GEMM of the core runs over the same ``n_q × n_k`` pairs. Where the fac
 mask tensor (real mode: boolean masks of at most 4,096 elements keep their values, see
 :mod:`flopscope.capture`), followed through ``where(mask, 0, -inf)`` and ``masked_fill``; else the model's
 declaration (a module's ``is_causal``, its or the config's ``sliding_window``), named in :func:`notes`.
+FlexAttention's block mask: its ``mask_mod`` evaluated at every pair (a function of indices, so in any mode).
 Units: MACs. See ``docs/conventions.md`` section 5.4.
 """
 
@@ -271,6 +272,10 @@ def _facts_of(node: fx.Node, op: CapturedOp, block: str, facts: ModelFacts, node
         if geometry is None:
             return None, None, False, None, None, UNKNOWN
         n_q, n_k, scores_shape = geometry
+        mask_mod = _flex_mask_mod(op)
+        if mask_mod is not None:  # FlexAttention: its block mask's mask_mod, evaluated at every pair
+            return _from_mask(_flex_allowed(mask_mod, scores_shape), scores_shape, n_q, n_k, declared_causal,
+                              declared_window)
         causal, window = kernel_flags(node.target, node.args, node.kwargs)
         mask = _argument(node.target, node.args, node.kwargs, "attn_mask", "attn_bias", "bias")
         if isinstance(mask, fx.Node):
@@ -307,6 +312,35 @@ def _from_mask(allowed: torch.Tensor | None, shape: tuple[int, ...] | None, n_q:
     return n_q, n_k, declared_causal, declared_window, None, DECLARED
 
 
+_FLEX_BLOCK_MASK = 4
+"""The position of FlexAttention's block mask (``BlockMask.as_tuple()``, its ``mask_mod`` last) among its op's
+arguments (query, key, value, score_mod, block mask, scale, kernel options)."""
+MAX_FLEX_PAIRS = 1 << 26
+"""FlexAttention masks are evaluated at every (batch, head, query, key) up to this many pairs (bytes of memory)."""
+
+
+def _flex_mask_mod(op: CapturedOp) -> Any:
+    """The ``mask_mod`` of a FlexAttention op (``None`` for any other op)."""
+    if op.op_name != "flex_attention" or len(op.args) <= _FLEX_BLOCK_MASK:
+        return None
+    block_mask = op.args[_FLEX_BLOCK_MASK]
+    return block_mask[-1] if isinstance(block_mask, (tuple, list)) and block_mask and callable(block_mask[-1]) \
+        else None
+
+
+def _flex_allowed(mask_mod: Any, shape: tuple[int, ...]) -> torch.Tensor | None:
+    """Which pairs a FlexAttention ``mask_mod`` allows, as a ``[B, h, n_q, n_k]`` boolean tensor (``None`` for a
+    grid above :data:`MAX_FLEX_PAIRS` or a mask_mod that cannot run outside the kernel)."""
+    if len(shape) != 4 or shape[0] * shape[1] * shape[2] * shape[3] > MAX_FLEX_PAIRS:
+        return None
+    from torch.nn.attention.flex_attention import create_mask
+
+    try:
+        return create_mask(mask_mod, shape[0], shape[1], shape[2], shape[3], device="cpu")
+    except Exception:  # a mask_mod reading tensors that only the run had (fake ones): the declaration stands
+        return None
+
+
 def _shape(arg: Any) -> tuple[int, ...] | None:
     return arg.output_shapes[0] if isinstance(arg, CapturedOp) and arg.output_shapes else None
 
@@ -326,7 +360,7 @@ def _kernel_geometry(op: CapturedOp) -> tuple[int, int, tuple[int, ...]] | None:
     name = op.op_name
     if any(name.endswith(kernel) for kernel in _BNHD):  # [B, n, heads, d]; 3-D is packed variable-length
         return (q[1], k[1], (q[0], q[2], q[1], k[1])) if len(q) == 4 and len(k) == 4 else None
-    if "scaled_dot_product" in name and len(q) >= 3 and len(k) >= 3:  # [*B, heads, n, d]
+    if ("scaled_dot_product" in name or name == "flex_attention") and len(q) >= 3 and len(k) >= 3:  # [*B, h, n, d]
         return q[-2], k[-2], (*q[:-1], k[-2])
     return None
 

@@ -53,6 +53,22 @@ def test_flex_attention_counts_its_dense_eager_work_with_roles(mask_mod, mode) -
     assert flex._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG is before  # the switch is put back after the capture
 
 
+ALLOWED = {causal: N * (N + 1) // 2, sliding_window: sum(min(i + 1, WINDOW) for i in range(N))}
+"""Pairs each mask allows, per (batch, head): query i sees keys 0..i, or the last WINDOW of them."""
+
+
+@pytest.mark.parametrize("mask_mod", [causal, sliding_window])
+@pytest.mark.parametrize("mode", ["real", "fake"])
+def test_the_mask_convention_reads_the_block_masks_mask_mod(mask_mod, mode) -> None:  # type: ignore[no-untyped-def]
+    with torch.no_grad():
+        prof = flopscope.profile(FlexSelfAttention(mask_mod), torch.randn(B, N, E), mode=mode)
+    useful = prof.by_role(attention="mask")
+    assert useful["attn_scores"] == useful["attn_weighted_sum"] == B * H * ALLOWED[mask_mod] * D
+    assert useful["q_proj"] == B * N * E * E  # the projections are not attention pairs
+    half = prof.by_role(attention="causal")  # the causal half, n²/2, where the mask is causal
+    assert half["attn_scores"] == B * H * N * N * D // 2
+
+
 def test_flex_attention_backward_is_refused_by_torch_on_the_cpu() -> None:
     with pytest.raises(flopscope.ForwardError, match="FlexAttention does not support backward on CPU"):
         flopscope.profile(FlexSelfAttention(causal), torch.randn(B, N, E), mode="real", backward=True)
