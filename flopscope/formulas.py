@@ -641,16 +641,17 @@ def sdpa(q: Shape, k: Shape, v: Shape, *_: Any, **__: Any) -> dict[str, int]:
     return attention_core(prod(q[:-2]), q[-2], k[-2], q[-1], v[-1])
 
 
-def _flex_attention_op() -> Any:
+def _flex_attention_ops() -> tuple[Any, Any]:
     try:
-        from torch._higher_order_ops.flex_attention import flex_attention as hop
+        from torch._higher_order_ops.flex_attention import flex_attention, flex_attention_backward
     except ImportError:  # pragma: no cover  (a torch without FlexAttention)
-        return None
-    return hop
+        return None, None
+    return flex_attention, flex_attention_backward
 
 
-FLEX_ATTENTION = _flex_attention_op()
-"""FlexAttention's higher-order op (``torch.nn.attention.flex_attention.flex_attention`` calls it)."""
+FLEX_ATTENTION, FLEX_ATTENTION_BACKWARD = _flex_attention_ops()
+"""FlexAttention's higher-order ops (``torch.nn.attention.flex_attention.flex_attention`` calls the first; its
+autograd function the second)."""
 
 if FLEX_ATTENTION is not None:
     @formula(FLEX_ATTENTION, family=OpFamily.ATTENTION, operands=(0, 1, 2))
@@ -880,6 +881,15 @@ def backward_of(core: dict[str, int]) -> dict[str, int]:
 def sdpa_backward(grad_out: Shape, q: Shape, k: Shape, v: Shape, *_: Any, **__: Any) -> dict[str, int]:
     # (dQ, dK, dV) = sdpa_backward(dO [*B, h, n_q, d_v], Q [*B, h, n_q, d_k], K, V [*B, h_kv, n_k, d], ...)
     return attention_core_backward(prod(q[:-2]), q[-2], k[-2], q[-1], v[-1])
+
+
+if FLEX_ATTENTION_BACKWARD is not None:
+    @formula(FLEX_ATTENTION_BACKWARD, family=OpFamily.ATTENTION, operands=(0, 1, 2))
+    def flex_attention_backward(q: Shape, k: Shape, v: Shape, *_: Any, **__: Any) -> dict[str, int]:
+        """FlexAttention's backward as its eager implementation runs it: dense, the scores recomputed, then the
+        four gradient products (:func:`attention_core_backward`). In torch 2.13 the CPU refuses it."""
+        # (dQ, dK, dV, ...) = flex_attention_backward(q, k, v, out, logsumexp, grad_out, grad_logsumexp, ...)
+        return attention_core_backward(prod(q[:-2]), q[-2], k[-2], q[-1], v[-1])
 
 
 @formula(aten._flash_attention_backward, family=OpFamily.ATTENTION, operands=(1, 2, 3))

@@ -72,3 +72,14 @@ def test_the_mask_convention_reads_the_block_masks_mask_mod(mask_mod, mode) -> N
 def test_flex_attention_backward_is_refused_by_torch_on_the_cpu() -> None:
     with pytest.raises(flopscope.ForwardError, match="FlexAttention does not support backward on CPU"):
         flopscope.profile(FlexSelfAttention(causal), torch.randn(B, N, E), mode="real", backward=True)
+
+
+def test_the_backward_formula_is_the_dense_core_backward() -> None:
+    """The CPU refuses FlexAttention's backward (above), so its op's formula is checked on shapes: the scores
+    recomputed and dQ, dK (score-sized), dV, dP (weighted-sum-sized), with grouped-query K/V of 2 heads."""
+    from flopscope import formulas
+
+    spec = flopscope.REGISTRY.spec(formulas.FLEX_ATTENTION_BACKWARD)
+    q, kv = torch.empty(B, H, N, D, device="meta"), torch.empty(B, 2, 3 * N, D, device="meta")
+    parts = formulas.count(spec.formula, (q, kv, kv, q, None, q, None), {}, None)
+    assert parts == {"attn_scores": 3 * B * H * N * 3 * N * D, "attn_weighted_sum": 2 * B * H * N * 3 * N * D}
