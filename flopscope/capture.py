@@ -505,7 +505,8 @@ class Recorder(TorchDispatchMode):
         self.ops.append(op)
         if isinstance(out, torch.Tensor):
             op.output_shapes, op.dtype, op.value = (shape_of(out),), out.dtype, _small_index_value(out)
-            if self.fake and op.value is None and out.dtype in INDEX_DTYPES and _at_most(out, MAX_KNOWN_NUMEL):
+            if (self.fake and op.value is None and out.dtype in INDEX_DTYPES and _at_most(out, MAX_KNOWN_NUMEL)
+                    and isinstance(func, torch._ops.OpOverload)):  # (a higher-order op has no schema to read)
                 value = self._propagate(func, args, kwargs, known.cost)
                 if value is not None:
                     self._known[id(op)] = value

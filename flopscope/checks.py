@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import inspect
+import types
 import weakref
 from collections.abc import Sequence
 from typing import Any
@@ -66,6 +67,7 @@ def forward_signature(model: nn.Module) -> inspect.Signature | None:
     costs more than a small model's whole fake count."""
     forward = model.forward
     func = getattr(forward, "__func__", None) if getattr(forward, "__self__", None) is model else None
+    func = func if isinstance(func, types.FunctionType) else None  # (a callable object may not be hashable)
     signature = _SIGNATURES.get(func) if func is not None else None
     if signature is None:
         try:

@@ -7,10 +7,10 @@ kernels (and is counted the same) as one built on the CPU.
 from __future__ import annotations
 
 import collections
-import contextlib
 import copy
 import dataclasses
 import functools
+import threading
 import types
 import weakref
 from collections.abc import Callable
@@ -52,14 +52,19 @@ class CountingFakeTensorMode(FakeTensorMode):
         return super()._cache_key(state, func, args, kwargs)
 
 
+_RULES_LOCK = threading.Lock()
+
+
 def _share_fake_rules() -> None:
     """Give :class:`CountingFakeTensorMode` the fake-tensor rule of every higher-order op that has one
     (FlexAttention's, say): an op looks its rule up by the exact class of the mode, so a subclass has none. Run
-    at each new mode, as higher-order ops are made when their module is first imported."""
-    for op in list(torch._ops._higher_order_ops.values()):
-        rule = op.python_key_table.get(FakeTensorMode)
-        if rule is not None and CountingFakeTensorMode not in op.python_key_table:
-            op.py_impl(CountingFakeTensorMode)(rule)
+    at each new mode, as higher-order ops are made when their module is first imported; under a lock, as modes
+    are made in several threads at once (registering a rule twice is an error)."""
+    with _RULES_LOCK:
+        for op in list(torch._ops._higher_order_ops.values()):
+            rule = op.python_key_table.get(FakeTensorMode)
+            if rule is not None and CountingFakeTensorMode not in op.python_key_table:
+                op.py_impl(CountingFakeTensorMode)(rule)
 
 
 class FakeConverter:
@@ -111,7 +116,7 @@ class FakeConverter:
         quantization, conjugate bit, subclass), converted while no shape is symbolic."""
         return (type(t) in (torch.Tensor, nn.Parameter) and t.layout == torch.strided and not t._is_view()
                 and t.storage_offset() == 0 and t.grad is None and not t.is_quantized and not t.is_conj()
-                and not t.is_neg() and self.mode.shape_env is None)
+                and not t.is_neg() and not t.is_inference() and self.mode.shape_env is None)
 
     def _plain_fake(self, t: torch.Tensor) -> torch.Tensor:
         """The fake of a :meth:`_plain` tensor, made directly (its shape, strides, dtype and device): what the fake
@@ -122,6 +127,8 @@ class FakeConverter:
             meta = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
         fake = FakeTensor(self.mode, meta, t.device)
         fake.requires_grad_(t.requires_grad)
+        if isinstance(t, nn.Parameter):
+            fake._is_param = True  # isinstance(fake, nn.Parameter), as the mode's own conversion makes it
         self.mode.fake_tensor_converter.set_tensor_memo(t, fake)
         return fake
 
@@ -130,13 +137,19 @@ class MetaConverter:
     """Converts tensors to new ``device="meta"`` tensors (memoised, so tied weights stay tied), for a model whose
     state is already on meta: its ops then run on PyTorch's meta kernels directly, with no fake-tensor mode
     between them and the recorder (the fast way to count a model too large to build). Even a meta tensor gets a
-    new one, so the run never touches the user's (their ``.grad``, their version counters). ``mode`` is a no-op
-    context, so a run enters it as it enters a :class:`FakeConverter`'s fake mode."""
+    new one, so the run never touches the user's (their ``.grad``, their version counters). A run enters
+    :attr:`mode` as it enters a :class:`FakeConverter`'s fake mode."""
 
     def __init__(self) -> None:
-        self.mode = contextlib.nullcontext()
         self._memo: dict[int, torch.Tensor] = {}
         self._keep: list[torch.Tensor] = []  # keeps sources alive so their ids stay unique
+        self.fallback: FakeConverter | None = None  # set when meta kernels could not run the model: used instead
+
+    @property
+    def mode(self) -> Any:
+        """``torch.device("meta")`` as the default device: a tensor the forward makes without a device is a meta
+        tensor too, never made for real (no memory, no draw from the CPU's random generator)."""
+        return torch.device("meta")
 
     def __call__(self, t: torch.Tensor) -> torch.Tensor:
         meta = self._memo.get(id(t))

@@ -129,11 +129,15 @@ def run(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], options
                                   on_fake_tensors=True, where=f"module '{sharded}'", reason=reason)
         if converter is None and on_meta_kernels(model, options):
             converter = MetaConverter()
-        if isinstance(converter, MetaConverter):
+        if isinstance(converter, MetaConverter) and converter.fallback is None:
             try:  # on meta kernels directly: no fake-tensor mode in between (a model too large to build)
                 return _run(model, args, kwargs, options, True, converter, notes, stacklevel + 1)
-            except Exception:  # it needs fake CPU tensors (say, it makes a tensor without a device): counted on
-                converter = None  # them, where an error of the model's own is raised and explained
+            except Exception as error:
+                if not meta_kernels_cannot(error):
+                    raise  # the model's own error (fake tensors would meet it too), or what a real kernel refuses
+                converter.fallback = fake_converter()  # this run and the next ones of a sweep: fake CPU tensors
+        if isinstance(converter, MetaConverter):
+            converter = converter.fallback
         return _run(model, args, kwargs, options, True, converter, notes, stacklevel + 1)
     with _real_run_lock(model):
         return _run(model, args, kwargs, options, False, None, notes, stacklevel + 1)
@@ -282,6 +286,11 @@ def new_converter(model: nn.Module | None = None, options: CaptureOptions | None
     :func:`on_meta_kernels`, else a fresh fake-tensor mode (real tensors from outside are allowed in)."""
     if model is not None and options is not None and on_meta_kernels(model, options):
         return MetaConverter()
+    return fake_converter()
+
+
+def fake_converter() -> FakeConverter:
+    """A fresh fake-tensor mode (real tensors from outside are allowed in) and its converter."""
     return FakeConverter(CountingFakeTensorMode(allow_non_fake_inputs=True))
 
 
@@ -507,11 +516,24 @@ def _index_values(tensors: Sequence[torch.Tensor], convert: Converter) -> dict[i
             if t.dtype in INDEX_DTYPES and not t.is_meta and t.numel() <= MAX_KNOWN_NUMEL}
 
 
+def meta_kernels_cannot(error: BaseException) -> bool:
+    """Whether a run on meta kernels failed because they cannot do what the model asks (an op without a meta
+    kernel, a value read from a meta tensor, a CPU tensor met on the way): then fake CPU tensors can."""
+    if cause_of_kind(error, RefusedInput) is not None:
+        return False
+    seen: BaseException | None = error
+    while seen is not None:
+        if isinstance(seen, NotImplementedError) or "meta" in str(seen).lower():
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
 _SDPA_MATH_SOFTMAX = torch.ops.aten._safe_softmax.default
 """The softmax of ``scaled_dot_product_attention``'s math path (no other PyTorch code calls it)."""
-META_ATTENTION_NOTE = ("on device='meta', scaled_dot_product_attention ran its math path (two bmm's around a softmax): "
-                       "the same multiplies as a fused kernel, but its bytes include the n x n scores, which a fused "
-                       "kernel on a real device does not write")
+META_ATTENTION_NOTE = ("on device='meta', scaled_dot_product_attention (and nn.MultiheadAttention's fast path) ran "
+                       "the composite math path (two bmm's around a softmax): the same multiplies as a fused kernel, "
+                       "but its bytes include the n x n scores, which a fused kernel on a real device does not write")
 
 
 def _state_on_meta(model: nn.Module) -> bool:

@@ -69,14 +69,14 @@ def test_the_meta_run_still_refuses_ids_outside_the_table() -> None:
 
 
 class _MakesACpuTensor(nn.Module):
-    """Adds a tensor made without a device: meta kernels refuse to mix it with meta activations."""
+    """Adds a tensor made on the CPU: meta kernels refuse to mix it with meta activations."""
 
     def __init__(self) -> None:
         super().__init__()
         self.proj = nn.Linear(D, D)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.proj(x) + torch.ones(D)
+        return self.proj(x) + torch.ones(D, device="cpu")
 
 
 def test_a_meta_model_that_meta_kernels_cannot_run_is_counted_on_fake_cpu_tensors() -> None:
@@ -86,3 +86,65 @@ def test_a_meta_model_that_meta_kernels_cannot_run_is_counted_on_fake_cpu_tensor
     assert prof.total() == B * N * D * D
     assert not prof.output.is_meta  # the fake CPU run's output
     assert all(p.is_meta for p in model.parameters()) and not any(p.grad is not None for p in model.parameters())
+
+
+class _DrawsNoise(nn.Module):
+    """Makes tensors without a device (noise, a mask) and counts its calls."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(D, D)
+        self.calls = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        noise = torch.randn(x.shape).to(x.device)
+        return self.proj(x + noise) * torch.ones(N, N).tril().to(x.device)[: x.shape[1], :1]
+
+
+def test_the_meta_run_makes_device_less_tensors_on_meta_and_draws_no_random_numbers() -> None:
+    with torch.device("meta"):
+        model = _DrawsNoise()
+    state = torch.get_rng_state()
+    prof = flopscope.profile(model, torch.zeros(B, N, D), mode="fake")
+    assert prof.total() == B * N * D * D and prof.output.is_meta  # counted on meta, nothing made for real
+    assert torch.equal(torch.get_rng_state(), state)  # the user's random stream is where it was
+
+
+class _Fails(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(D, D)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(x.transpose(-1, -2))  # [B, D, N] @ a D x D weight: N != D, a shape error
+
+
+def test_a_meta_models_own_error_is_raised_after_one_run() -> None:
+    """Not retried on fake CPU tensors (they would meet it too): the forward and its hooks run once."""
+    with torch.device("meta"):
+        model = _Fails()
+    runs: list[str] = []
+    model.register_forward_pre_hook(lambda module, args: runs.append("forward"))
+    try:
+        flopscope.profile(model, torch.zeros(B, N, D), mode="fake")
+    except flopscope.ForwardError as error:
+        assert "module 'proj'" in str(error)
+    else:
+        raise AssertionError("a shape error was not raised")
+    assert runs == ["forward"]
+
+
+class _ChecksItsParameters(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(D, D))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not isinstance(self.w, nn.Parameter):
+            raise TypeError("w is not a parameter")
+        return x @ self.w
+
+
+def test_fake_parameters_are_still_parameters() -> None:
+    assert flopscope.profile(_ChecksItsParameters(), torch.zeros(B, N, D), mode="fake").total() == B * N * D * D
