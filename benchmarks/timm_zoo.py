@@ -27,8 +27,8 @@ For each name in ``timm.list_models()`` (no pretrained weights; nothing is downl
    (a product of two batched activations); for those models the report says whether flopscope found
    attention (``attn_scores`` > 0 in ``by_role()``).
 
-Each model runs in a worker process under ``signal.alarm(--timeout)`` (``zoo_runner.sweep``, shared with
-``benchmarks/zoo.py``), so one hang or crash does not stop the sweep.
+Each model runs in its own process, forked from a warmed-up parent, under ``signal.alarm(--timeout)``
+(``zoo_runner.sweep``, shared with ``benchmarks/zoo.py``), so one hang or crash does not stop the sweep.
 
 Usage::
 
@@ -84,7 +84,7 @@ def _attention_coverage(r: dict[str, Any]) -> float | None:
 
 
 # --------------------------------------------------------------------------------------------------
-# one model (runs in a worker)
+# one model (runs in its own process)
 # --------------------------------------------------------------------------------------------------
 def _unfuse(model: Any) -> int:
     """Set every ``fused_attn`` flag of the model to ``False``; the number of modules changed."""
@@ -212,7 +212,8 @@ def _progress(res: dict[str, Any]) -> str:
 def sweep(tasks: list[tuple[str, str]], jobs: int, timeout: int, max_params: int, max_macs: int,
           progress: bool = True) -> list[dict[str, Any]]:
     run = functools.partial(run_model, timeout=timeout, max_params=max_params, max_macs=max_macs)
-    return runner.sweep(tasks, jobs, run, timeout, ("model", "family"), _progress if progress else None)
+    warm_up = functools.partial(run, "vit_tiny_patch16_224", "vision_transformer")  # imports, first calls: once
+    return runner.sweep(tasks, jobs, run, timeout, ("model", "family"), _progress if progress else None, warm_up)
 
 
 def select(all_models: list[tuple[str, str]], only: str | None, limit: int | None) -> list[tuple[str, str]]:

@@ -2,8 +2,9 @@
 
 - one model's counts: flopscope (``profile_record``), the reference ``FlopCounterMode`` (``reference``) in
   the eager configuration (``eager_context``), under a per-model alarm (``guarded``);
-- the worker pool (``sweep``): worker processes that each take one task after another, a worker that does not
-  answer within the timeout + 30 s killed and replaced, results in task order;
+- the sweep (``sweep``): ``jobs`` worker processes forked from a warmed-up parent, each retired after a few
+  tasks or one that timed out or crashed; one that does not answer within the timeout + 30 s is killed;
+  results in task order;
 - the grouping and report helpers (``summarize``, ``group_lines``, ``op_diff``, ...) and the shared
   command-line options (``add_common_arguments``).
 
@@ -28,11 +29,11 @@ from collections.abc import Callable, Iterator
 from multiprocessing.connection import wait as mp_wait
 from typing import Any
 
-HARD_TIMEOUT_GRACE = 30  # seconds a worker gets past --timeout before the driver kills it
+HARD_TIMEOUT_GRACE = 30  # seconds a task's process gets past --timeout before the driver kills it
 
 
 # --------------------------------------------------------------------------------------------------
-# one model (runs in a worker)
+# one model (runs in its own process)
 # --------------------------------------------------------------------------------------------------
 class StageTimeoutError(BaseException):
     """The per-model alarm: a ``BaseException`` (like ``KeyboardInterrupt``), so that the ``except Exception``
@@ -152,56 +153,76 @@ def eager_context() -> Any:
 
 
 # --------------------------------------------------------------------------------------------------
-# the worker pool
+# the sweep
 # --------------------------------------------------------------------------------------------------
 def _worker(conn: Any, run: Callable[..., dict[str, Any]], names: tuple[str, str], threads: int,
-            setup: Callable[[], None] | None) -> None:
-    import logging
-
+            tasks_per_process: int) -> None:
     import torch
     torch.set_num_threads(threads)
-    warnings.filterwarnings("ignore")
-    logging.disable(logging.WARNING)
-    if setup is not None:
-        setup()
-    while True:
+    for _ in range(tasks_per_process):
         task = conn.recv()
-        if task is None:
-            return
         res = run(*task)
         try:
             conn.send(res)
         except Exception as e:  # unpicklable result: keep the essentials
             conn.send({names[0]: task[0], names[1]: task[1], "status": "crash",
                        "reason": f"result not sendable: {e}"})
+        if res.get("status") in LEAVES_STATE:
+            return
+
+
+LEAVES_STATE = ("timeout", "crash")  # a task cut short by the alarm or an exception: its process is retired
 
 
 def sweep(tasks: list[tuple[str, str]], jobs: int, run: Callable[..., dict[str, Any]], timeout: int,
           names: tuple[str, str], progress: Callable[[dict[str, Any]], str] | None = None,
-          setup: Callable[[], None] | None = None) -> list[dict[str, Any]]:
-    """``run(*task)`` for every task in ``jobs`` worker processes (forked: ``run`` and ``setup`` need not
-    pickle); ``progress(res)`` is the text printed after each record's counter. Results in task order."""
+          warm_up: Callable[[], Any] | None = None, tasks_per_process: int = 20) -> list[dict[str, Any]]:
+    """``run(*task)`` for every task in ``jobs`` processes forked from this one (``run`` need not pickle), each
+    retired after ``tasks_per_process`` tasks or a task that timed out or crashed, and replaced by a fresh fork;
+    ``progress(res)`` is the text printed after each record's counter. Results in task order.
+
+    A worker that took every task one after another slowed down: after a task cut short by the alarm (a
+    dispatch mode or hooks left behind) and with gigabytes of heap, the same reference count ran 10-30x slower
+    late in a sweep, and some later tasks crashed. ``warm_up()`` runs here first, so that what every task
+    imports and initialises is done once and inherited by each fork."""
+    import gc
+    import logging
+
+    import torch
     ctx = mp.get_context("fork")
     threads = max(1, (os.cpu_count() or 1) // jobs)
+    warnings.filterwarnings("ignore")  # here and, inherited, in every worker
+    logging.disable(logging.WARNING)
+    if warm_up is not None:
+        previous = torch.get_num_threads()
+        torch.set_num_threads(1)  # no OpenMP pool in the parent: the workers start their own
+        warm_up()
+        torch.set_num_threads(previous)
+    gc.collect()
+    gc.freeze()  # what the parent holds is never collected in the workers: no copy-on-write of it
     todo = list(tasks)
     results: list[dict[str, Any]] = []
     workers: dict[Any, dict[str, Any]] = {}
+    retired: list[Any] = []
 
     def spawn() -> Any:
         parent, child = ctx.Pipe()
-        p = ctx.Process(target=_worker, args=(child, run, names, threads, setup), daemon=True)
+        p = ctx.Process(target=_worker, args=(child, run, names, threads, tasks_per_process), daemon=True)
         p.start()
         child.close()
-        workers[parent] = {"proc": p, "task": None, "start": 0.0}
+        workers[parent] = {"proc": p, "task": None, "start": 0.0, "done": 0}
         return parent
 
     def assign(conn: Any) -> None:
+        task = todo.pop(0)
+        workers[conn].update(task=task, start=time.time())
+        conn.send(task)
+
+    def retire(conn: Any) -> None:
+        retired.append(workers.pop(conn)["proc"])
+        conn.close()
         if todo:
-            task = todo.pop(0)
-            workers[conn].update(task=task, start=time.time())
-            conn.send(task)
-        else:
-            workers[conn]["task"] = None
+            assign(spawn())
 
     def record(res: dict[str, Any]) -> None:
         results.append(res)
@@ -212,40 +233,36 @@ def sweep(tasks: list[tuple[str, str]], jobs: int, run: Callable[..., dict[str, 
         record({names[0]: w["task"][0], names[1]: w["task"][1], "status": status, "reason": reason,
                 "seconds": round(now - w["start"], 2)})
 
-    def replace(conn: Any) -> None:
-        del workers[conn]
-        assign(spawn())
-
     for _ in range(min(jobs, len(todo))):
-        spawn()
-    for conn in list(workers):
-        assign(conn)
-    while any(w["task"] is not None for w in workers.values()):
-        busy = [c for c, w in workers.items() if w["task"] is not None]
-        for conn in mp_wait(busy, timeout=5):
+        assign(spawn())
+    while workers:
+        for conn in mp_wait(list(workers), timeout=5):
             w = workers[conn]
             try:
                 res = conn.recv()
             except (EOFError, OSError):
                 w["proc"].join(1)
                 lost(w, "crash", f"worker died (exit code {w['proc'].exitcode})", time.time())
-                replace(conn)
+                retire(conn)
                 continue
             record(res)
-            assign(conn)
+            w["done"] += 1
+            if w["done"] == tasks_per_process or res.get("status") in LEAVES_STATE or not todo:
+                retire(conn)
+            else:
+                assign(conn)
         now = time.time()
         for conn, w in list(workers.items()):
-            if w["task"] is not None and now - w["start"] > timeout + HARD_TIMEOUT_GRACE:
+            if now - w["start"] > timeout + HARD_TIMEOUT_GRACE:
                 w["proc"].kill()
-                w["proc"].join(5)
                 lost(w, "timeout", f"hard timeout: worker killed after {timeout + HARD_TIMEOUT_GRACE} s", now)
-                replace(conn)
-    for conn, w in workers.items():
-        with contextlib.suppress(Exception):
-            conn.send(None)
-        w["proc"].join(5)
-        if w["proc"].is_alive():
-            w["proc"].kill()
+                retire(conn)
+        retired = [p for p in retired if p.is_alive()]  # reaped once they have exited
+    for p in retired:
+        p.join(5)
+        if p.is_alive():
+            p.kill()
+    gc.unfreeze()
     order = {name: i for i, (name, _) in enumerate(tasks)}
     return sorted(results, key=lambda r: order.get(r[names[0]], 0))
 
@@ -285,6 +302,18 @@ def diff_text(d: dict[str, tuple[int, int]], limit: int = 4) -> str:
 def by_op_diff(a: dict[str, Any], b: dict[str, Any]) -> str:
     """The largest per-op differences between two counts (records with ``by_op``)."""
     return diff_text(op_diff(a.get("by_op", {}), b.get("by_op", {})))
+
+
+def reference_blind(counted: dict[str, Any], ref: dict[str, Any]) -> dict[str, int] | None:
+    """``{op: MACs}`` where ``counted`` (a flopscope record on the reference's own path: fs-eager) is above the
+    reference only by ops that ``FlopCounterMode`` has no formula for (it counts them as 0); None when the two
+    are equal or differ otherwise."""
+    from torch.utils.flop_counter import flop_registry
+    known = {str(op) for op in flop_registry}
+    d = op_diff(counted.get("by_op", {}), ref.get("by_op", {}))
+    if not d or any(op in known or theirs != 0 or ours <= 0 for op, (ours, theirs) in d.items()):
+        return None
+    return {op: ours for op, (ours, _) in d.items()}
 
 
 def cell(x: Any) -> str:
