@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import fx
 
-from .capture import Cost, captured
+from .capture import UNINITIALISED, Cost, captured
 from .graph_view import inputs_of, reach
 from .role import ROLE_ORDER, Role
 
@@ -32,6 +32,9 @@ REPLAY_ERRORS = (RuntimeError, TypeError, ValueError, IndexError, NotImplemented
 take int64; the labels then pass on as a set."""
 
 Labels = Any  # a label tensor, a list of them (a multi-output op), or a set of labels
+MAX_COUNTED_LABEL = 1 << 24
+"""Labels below this are collected by counting (``bincount`` allocates one slot per value up to the largest);
+larger values, which no real column index reaches, by sorting."""
 
 
 def columns(p: fx.Node, target: fx.Node) -> set[int]:
@@ -110,6 +113,8 @@ def _replay_zero_cost(n: fx.Node, labels: Mapping[fx.Node, Labels], inputs: list
     packet = getattr(n.target, "overloadpacket", None)
     if packet in IDENTITY_OPS:
         return inputs[0]
+    if packet in UNINITIALISED:  # whatever memory held: no column of the projection
+        return torch.full(out_shape, -1, dtype=torch.long)
     in_place = str(packet).endswith("_")
 
     def arg(a: Any) -> Any:
@@ -143,7 +148,7 @@ def _union(values: Sequence[Labels]) -> set[int]:
             out |= v
         elif isinstance(v, (list, tuple)):
             out |= _union(v)
-        elif v.numel() and int(v.min()) >= -1:
+        elif v.numel() and int(v.min()) >= -1 and int(v.max()) < MAX_COUNTED_LABEL:
             # labels are column indices, or -1 where unknown: counting them is linear, where torch.unique sorts
             counts = torch.bincount(v.flatten() + 1)
             out |= {int(x) - 1 for x in torch.nonzero(counts).flatten()}

@@ -301,3 +301,28 @@ def test_an_ffn_as_wide_as_the_vocabulary_is_not_taken_for_the_lm_head() -> None
     expected = add(times(layers, add(attention(batch, n, n, d, h), ffn(batch, n, d, width, gated=True))),
                    {"logits": batch * n * d * width})
     assert {role: macs for role, macs in prof.by_role().items() if macs} == expected
+
+
+class _FusedQkvIntoABuffer(nn.Module):
+    """A fused QKV projection copied into a buffer made with new_empty (uninitialised memory) before the split."""
+
+    def __init__(self, d: int = 32, h: int = 4) -> None:
+        super().__init__()
+        self.h, self.qkv, self.out = h, nn.Linear(d, 3 * d), nn.Linear(d, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        fused = self.qkv(x)
+        buffer = fused.new_empty(fused.shape)
+        buffer.copy_(fused)
+        q, k, v = (t.unflatten(-1, (self.h, -1)).transpose(1, 2) for t in buffer.chunk(3, dim=-1))
+        return self.out(F.scaled_dot_product_attention(q, k, v).transpose(1, 2).flatten(-2))
+
+
+def test_columns_through_uninitialised_memory_are_no_columns_and_any_label_value_is_safe() -> None:
+    from flopscope.columns import _union
+
+    assert _union([torch.tensor([0, 5, 1 << 40, -1])]) == {-1, 0, 5, 1 << 40}  # a huge value: sorted, not counted
+    B, n, d = 2, 16, 32
+    roles = flopscope.profile(_FusedQkvIntoABuffer(), torch.randn(B, n, d), mode="real").by_role()
+    third = B * n * d * d  # each of q, k, v: a third of the fused projection's columns
+    assert (roles["q_proj"], roles["k_proj"], roles["v_proj"], roles["out_proj"]) == (third, third, third, third)
