@@ -21,7 +21,6 @@ import gc
 import os
 import statistics
 import sys
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -31,6 +30,8 @@ from torch.utils.flop_counter import FlopCounterMode
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+from rounds import median_ratio, rounds  # benchmarks/, the script's own directory
 
 import flopscope
 
@@ -62,17 +63,9 @@ def side_by_side(model: nn.Module, inputs: tuple[torch.Tensor, ...], reps: int) 
         "FlopCounterMode": fcm,
         "flopscope": lambda: flopscope.profile(model, *inputs).by_role(),
     }
-    names = list(calls)
-    times: dict[str, list[float]] = {name: [] for name in names}
     with torch.no_grad():
-        for rep in range(reps + 3):
-            for name in names[rep % len(names):] + names[: rep % len(names)]:
-                gc.collect()
-                start = time.perf_counter()
-                calls[name]()
-                if rep >= 3:
-                    times[name].append(time.perf_counter() - start)
-    ratio = statistics.median(a / b for a, b in zip(times["flopscope"], times["FlopCounterMode"], strict=True))
+        times, _ = rounds(calls, reps, warmup=3)
+    ratio = median_ratio(times["flopscope"], times["FlopCounterMode"])
     return {**{name: 1e3 * statistics.median(t) for name, t in times.items()}, "ratio": ratio}
 
 

@@ -89,6 +89,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
+from rounds import median_ratio, rounds  # noqa: E402  (benchmarks/, the script's own directory)
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
@@ -157,7 +158,6 @@ def small_models(quick: bool) -> list[tuple[str, torch.nn.Module, int]]:
 
 def time_model(model: torch.nn.Module, ids: torch.Tensor, reps: int, warmup: int) -> dict[str, Any]:
     model.eval()
-    last: dict[str, Any] = {}
     gc.collect()
     gc.freeze()  # park the long-lived heap (torch, transformers, weights) so per-call gc.collect() is cheap
 
@@ -177,20 +177,8 @@ def time_model(model: torch.nn.Module, ids: torch.Tensor, reps: int, warmup: int
         "FlopCounterMode": fcm,
         "flopscope fake": lambda: flopscope.profile(model, ids, mode="fake"),
     }
-    times: dict[str, list[float]] = {v: [] for v in VARIANTS}
     with torch.no_grad():
-        for rep in range(warmup + reps):
-            order = VARIANTS[rep % len(VARIANTS) :] + VARIANTS[: rep % len(VARIANTS)]
-            for variant in order:
-                last.pop(variant, None)
-                gc.collect()
-                start = time.perf_counter()
-                result = calls[variant]()
-                elapsed = time.perf_counter() - start
-                last[variant] = result
-                if rep >= warmup:
-                    times[variant].append(elapsed)
-                del result
+        times, last = rounds(calls, reps, warmup)
     gc.unfreeze()
     plain = times["plain"]
     real_prof = last["flopscope real"]
@@ -198,9 +186,8 @@ def time_model(model: torch.nn.Module, ids: torch.Tensor, reps: int, warmup: int
     extra = statistics.median(r - p for r, p in zip(times["flopscope real"], plain, strict=True))
     return {
         "plain_ms": 1e3 * statistics.median(plain),
-        "ratio": {v: statistics.median(t / p for t, p in zip(times[v], plain, strict=True)) for v in VARIANTS[1:]},
-        "real_vs_empty": statistics.median(
-            r / e for r, e in zip(times["flopscope real"], times["empty mode"], strict=True)),
+        "ratio": {v: median_ratio(times[v], plain) for v in VARIANTS[1:]},
+        "real_vs_empty": median_ratio(times["flopscope real"], times["empty mode"]),
         "ms": {v: 1e3 * statistics.median(times[v]) for v in VARIANTS},
         "ops": ops,
         "us_per_op": 1e6 * extra / ops if ops else float("nan"),
@@ -313,20 +300,11 @@ def _side_by_side(model: torch.nn.Module, ids: torch.Tensor, reps: int) -> dict[
         "FlopCounterMode": fcm,
         "flopscope + roles": lambda: flopscope.profile(model, ids, mode="fake").by_role(),
     }
-    names = list(calls)
-    times: dict[str, list[float]] = {name: [] for name in names}
     with torch.no_grad():
-        for rep in range(reps + 1):  # the first round warms up
-            for name in names[rep % len(names):] + names[: rep % len(names)]:
-                gc.collect()
-                start = time.perf_counter()
-                calls[name]()
-                if rep:
-                    times[name].append(time.perf_counter() - start)
+        times, _ = rounds(calls, reps)
     fs = times["flopscope + roles"]
     return {**{name: statistics.median(t) for name, t in times.items()},
-            "vs_fcm": statistics.median(a / b for a, b in zip(fs, times["FlopCounterMode"], strict=True)),
-            "vs_plain": statistics.median(a / b for a, b in zip(fs, times["plain"], strict=True))}
+            "vs_fcm": median_ratio(fs, times["FlopCounterMode"]), "vs_plain": median_ratio(fs, times["plain"])}
 
 
 def run_7b(quick: bool, reps: int, threads: int | None, config: dict[str, int] | None = None, n: int | None = None,
