@@ -42,7 +42,7 @@ from .capture import FORWARD, CapturedOp, captured
 from .conventions import SLIDING_WINDOW
 from .errors import ConfigurationError
 from .facts import ModelFacts
-from .formulas import OpFamily
+from .formulas import FLEX_ATTENTION, OpFamily
 from .paths import inside
 
 if TYPE_CHECKING:
@@ -321,7 +321,7 @@ MAX_FLEX_PAIRS = 1 << 26
 
 def _flex_mask_mod(op: CapturedOp) -> Any:
     """The ``mask_mod`` of a FlexAttention op (``None`` for any other op)."""
-    if op.op_name != "flex_attention" or len(op.args) <= _FLEX_BLOCK_MASK:
+    if op.target is not FLEX_ATTENTION or len(op.args) <= _FLEX_BLOCK_MASK:
         return None
     block_mask = op.args[_FLEX_BLOCK_MASK]
     return block_mask[-1] if isinstance(block_mask, (tuple, list)) and block_mask and callable(block_mask[-1]) \
@@ -360,7 +360,7 @@ def _kernel_geometry(op: CapturedOp) -> tuple[int, int, tuple[int, ...]] | None:
     name = op.op_name
     if any(name.endswith(kernel) for kernel in _BNHD):  # [B, n, heads, d]; 3-D is packed variable-length
         return (q[1], k[1], (q[0], q[2], q[1], k[1])) if len(q) == 4 and len(k) == 4 else None
-    if ("scaled_dot_product" in name or name == "flex_attention") and len(q) >= 3 and len(k) >= 3:  # [*B, h, n, d]
+    if ("scaled_dot_product" in name or op.target is FLEX_ATTENTION) and len(q) >= 3 and len(k) >= 3:  # [*B, h, n, d]
         return q[-2], k[-2], (*q[:-1], k[-2])
     return None
 

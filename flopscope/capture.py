@@ -239,6 +239,8 @@ def _classify(func: Any, registry: FormulaRegistry) -> _OpClass:
     spec = registry.spec(func)
     if spec is not None:
         return _OpClass(Cost.FORMULA, spec=spec)
+    if isinstance(func, torch._ops.HigherOrderOperator):  # without a formula: run as it is, listed as unsupported
+        return _UNSUPPORTED
     kind = communication.kind_of(func)
     if kind is not None:
         return _OpClass(Cost.COMMUNICATION, collective=kind)
@@ -343,14 +345,9 @@ class Recorder(TorchDispatchMode):
             return func(*args, **kwargs)
         known = self._classes.get(func)
         if known is None:
-            if isinstance(func, torch._ops.HigherOrderOperator):
-                spec = self.registry.spec(func)
-                known = _OpClass(Cost.FORMULA, spec=spec) if spec is not None else _UNSUPPORTED
-            elif not isinstance(func, torch._ops.OpOverload):
+            if not isinstance(func, (torch._ops.OpOverload, torch._ops.HigherOrderOperator)):
                 return func(*args, **kwargs)
-            else:
-                known = _classify(func, self.registry)
-            self._classes[func] = known
+            known = self._classes[func] = _classify(func, self.registry)
         if known.decompose:
             with self:
                 decomposed = func.decompose(*args, **kwargs)
