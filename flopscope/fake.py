@@ -80,21 +80,13 @@ class FakeConverter:
         if fake is None:
             local = getattr(t, "_local_tensor", None)
             if local is not None and local.is_meta:  # a DTensor sharded on device="meta": a fake shard, same layout
-                from torch.distributed.tensor import DTensor
-
-                # the same spec (mesh, placements, global shape, stride, dtype) around a fake shard: DTensor's
-                # own constructor, as from_local ends in, without its autograd function and checks
-                fake = DTensor(self(local), cast(DTensor, t)._spec, requires_grad=t.requires_grad)
-                if isinstance(t, nn.Parameter):
-                    fake = nn.Parameter(fake, requires_grad=t.requires_grad)
+                fake = _dtensor_like(t, self(local))
             elif t.is_meta:
-                with self.mode:
-                    fake = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="cpu")
-                fake.requires_grad_(t.requires_grad)
+                fake = self._direct_fake(t, torch.device("cpu"))
             elif t.requires_grad and not t.is_leaf:  # its history is outside the model: a leaf that needs grad
                 fake = self.mode.from_tensor(t.detach()).requires_grad_(True)
             elif self._plain(t):
-                fake = self._plain_fake(t)
+                fake = self._direct_fake(t, t.device)
             elif t.is_nested and t.layout == torch.jagged:  # its fake needs symbolic sizes (its ragged dim)
                 where = f"a jagged nested tensor of {t.size(0)} entries"
                 reason = "a jagged tensor's fake stand-in needs symbolic shapes, which a fake count does not use"
@@ -118,14 +110,14 @@ class FakeConverter:
                 and t.storage_offset() == 0 and t.grad is None and not t.is_quantized and not t.is_conj()
                 and not t.is_neg() and not t.is_inference() and self.mode.shape_env is None)
 
-    def _plain_fake(self, t: torch.Tensor) -> torch.Tensor:
-        """The fake of a :meth:`_plain` tensor, made directly (its shape, strides, dtype and device): what the fake
-        mode's own conversion makes of it, at a fifth of the cost (that conversion describes every property a
-        tensor can have). The mode remembers it, so the mode converts the tensor to the same fake if the model
-        reaches it some other way."""
+    def _direct_fake(self, t: torch.Tensor, device: torch.device) -> torch.Tensor:
+        """The fake of a :meth:`_plain` or meta tensor on ``device``, made directly (its shape, strides, dtype):
+        what the fake mode's own conversion makes of a plain tensor, at a fifth of the cost (that conversion
+        describes every property a tensor can have). The mode remembers it, so the mode converts the tensor to the
+        same fake if the model reaches it some other way."""
         with torch._C._DisableTorchDispatch():
             meta = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
-        fake = FakeTensor(self.mode, meta, t.device)
+        fake = FakeTensor(self.mode, meta, device)
         fake.requires_grad_(t.requires_grad)
         if isinstance(t, nn.Parameter):
             fake._is_param = True  # isinstance(fake, nn.Parameter), as the mode's own conversion makes it
@@ -156,17 +148,25 @@ class MetaConverter:
         if meta is None:
             local = getattr(t, "_local_tensor", None)
             if local is not None:  # a DTensor: a new meta shard in the same spec
-                from torch.distributed.tensor import DTensor
-
-                meta = DTensor(self(local), cast(DTensor, t)._spec, requires_grad=t.requires_grad)
+                meta = _dtensor_like(t, self(local))
             else:
                 meta = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
                 meta.requires_grad_(t.requires_grad)
-            if isinstance(t, nn.Parameter):
-                meta = nn.Parameter(meta, requires_grad=t.requires_grad)
+                if isinstance(t, nn.Parameter):
+                    meta = nn.Parameter(meta, requires_grad=t.requires_grad)
             self._memo[id(t)] = meta
             self._keep.append(t)
         return meta
+
+
+def _dtensor_like(t: torch.Tensor, local: torch.Tensor) -> torch.Tensor:
+    """The DTensor ``t``'s spec (mesh, placements, global shape, stride, dtype) makes around the shard ``local``
+    (DTensor's own constructor, as ``from_local`` ends in, without its autograd function and checks); a
+    parameter if ``t`` is one."""
+    from torch.distributed.tensor import DTensor
+
+    out = DTensor(local, cast(DTensor, t)._spec, requires_grad=t.requires_grad)
+    return nn.Parameter(out, requires_grad=t.requires_grad) if isinstance(t, nn.Parameter) else out
 
 
 Converter = FakeConverter | MetaConverter
