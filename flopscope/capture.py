@@ -40,6 +40,7 @@ Ops run only while a module of the profiled model is on the stack are recorded. 
 
 from __future__ import annotations
 
+import dataclasses
 import operator
 import sys
 import time
@@ -188,7 +189,7 @@ def build_graph(ops: list[CapturedOp]) -> fx.Graph:
         if isinstance(x, CapturedOp):
             return nodes[x]
         if isinstance(x, (tuple, list)):
-            return type(x)(node_of(v) for v in x)
+            return type(x)([node_of(v) for v in x])
         if isinstance(x, dict):
             return {k: node_of(v) for k, v in x.items()}
         return x
@@ -201,7 +202,7 @@ def build_graph(ops: list[CapturedOp]) -> fx.Graph:
             node.args = node_of(op.args)
         if op.kwargs:
             node.kwargs = node_of(op.kwargs)
-        node.meta = _public_meta(op, nodes)
+        node.meta.update(_public_meta(op, nodes))  # (an attribute set would re-file the node in fx's lookup table)
     return graph
 
 
@@ -233,9 +234,22 @@ class _OpClass:
     rule: ElementwiseRule | None = None
     decompose: bool = False  # no formula and no rule: try ``func.decompose()`` first
     collective: str | None = None  # the kind of collective (Cost.COMMUNICATION)
+    name: str = "op"  # the packet's name, the stem of its nodes' names
+    passed: bool = False  # a metadata query or a callable that is no op: run, not recorded
+    access: str = traffic.ANY  # how it touches its tensors (traffic.access_of)
+
+
+_OP_TYPES = (torch._ops.OpOverload, torch._ops.HigherOrderOperator)
 
 
 def _classify(func: Any, registry: FormulaRegistry) -> _OpClass:
+    if func in elementwise.METADATA_OPS or not isinstance(func, _OP_TYPES):
+        return _PASSED
+    return dataclasses.replace(_classify_op(func, registry), name=getattr(_packet(func), "__name__", "op"),
+                               access=traffic.access_of(func))
+
+
+def _classify_op(func: Any, registry: FormulaRegistry) -> _OpClass:
     spec = registry.spec(func)
     if spec is not None:
         return _OpClass(Cost.FORMULA, spec=spec)
@@ -253,6 +267,7 @@ def _classify(func: Any, registry: FormulaRegistry) -> _OpClass:
 
 
 _UNSUPPORTED = _OpClass(Cost.UNSUPPORTED)
+_PASSED = _OpClass(Cost.ZERO, passed=True)
 _ATTENTION_FAMILIES = (OpFamily.ATTENTION, OpFamily.FUSED_LAYER)
 
 
@@ -299,7 +314,7 @@ class Recorder(TorchDispatchMode):
         self._deferred: tuple[Any, int] | None = None  # a DTensor op left to DTensor: (op, autograd sequence nr)
         self._twins: dict[tuple[Any, ...], list[CapturedOp]] | None = None  # recompute key -> forward ops
         self._replayed: Counter[tuple[Any, ...]] = Counter()  # recompute key -> recompute ops matched so far
-        self._classes: dict[Any, _OpClass] = {}
+        self._classes: dict[int, _OpClass] = {}  # id(op overload) -> how it is counted
         self._subclasses: dict[tuple[type, ...], str] = {}  # the tensor types of a dispatch -> _subclass_kind
 
     def add_leaf_names(self, leaf_names: Mapping[int, LeafName]) -> None:
@@ -333,28 +348,28 @@ class Recorder(TorchDispatchMode):
             return NotImplemented
         if (kind == "fake" and not self.fake) or (self._dtensor_seen and _in_shape_propagation()):
             return func(*args, **kwargs)  # DTensor working out output shapes on fake tensors: not this rank's work
+        known = self._classes.get(id(func))  # (an op overload is long-lived and hashes in Python: keyed by id)
+        if known is None:
+            known = _classify(func, self.registry)
+            if isinstance(func, _OP_TYPES):  # (another callable may not live long: its id could be reused)
+                self._classes[id(func)] = known
         stack = self.tracker.stack
         forward_op = None
         recompute = self._backward and torch.is_grad_enabled()
+        if known.passed:
+            return func(*args, **kwargs)
         if self._backward and not stack:
             forward_op = self._forward_op()
             stack = forward_op.module_stack if forward_op is not None else ()
         elif not stack:
             return func(*args, **kwargs)
-        if func in elementwise.METADATA_OPS:
-            return func(*args, **kwargs)
-        known = self._classes.get(func)
-        if known is None:
-            if not isinstance(func, (torch._ops.OpOverload, torch._ops.HigherOrderOperator)):
-                return func(*args, **kwargs)
-            known = self._classes[func] = _classify(func, self.registry)
         if known.decompose:
             with self:
                 decomposed = func.decompose(*args, **kwargs)
             if decomposed is not NotImplemented:
                 self.decomposed[op_name(func)] += 1
                 return decomposed
-            known = self._classes[func] = _UNSUPPORTED
+            known = self._classes[id(func)] = dataclasses.replace(_UNSUPPORTED, name=known.name, access=known.access)
         start = time.perf_counter()
         out = self._execute(func, args, kwargs, stack, known.spec)
         seconds = time.perf_counter() - start
@@ -488,26 +503,29 @@ class Recorder(TorchDispatchMode):
                 stack: tuple[ModuleCall, ...], known: _OpClass) -> CapturedOp:
         shapes: list[Shape] = []
         inputs: list[torch.Tensor] = []
+        producers = self._producers
 
         def to_op(t: torch.Tensor) -> CapturedOp:
             shapes.append(shape_of(t))
             inputs.append(t)
-            return self._producer_of(t)
+            found = producers.get(id(t))
+            return found[1] if found is not None and found[0]() is t else self._leaf_of(t)
 
         phase = FORWARD if not self._backward else RECOMPUTE if torch.is_grad_enabled() else BACKWARD
-        op = CapturedOp("call_function", func, _map_tensors(args, to_op), _map_tensors(kwargs, to_op),
-                        getattr(_packet(func), "__name__", "op"), phase=phase, module_stack=stack, cost=known.cost,
-                        spec=known.spec)
+        op = CapturedOp("call_function", func, _map_tensors(args, to_op), _map_tensors(kwargs, to_op) if kwargs else {},
+                        known.name, phase, stack, cost=known.cost, spec=known.spec)
         op.input_shapes = tuple(shapes)
         self.ops.append(op)
         if isinstance(out, torch.Tensor):
-            op.output_shapes, op.dtype, op.value = (shape_of(out),), out.dtype, _small_index_value(out)
-            if (self.fake and op.value is None and out.dtype in INDEX_DTYPES and _at_most(out, MAX_KNOWN_NUMEL)
-                    and isinstance(func, torch._ops.OpOverload)):  # (a higher-order op has no schema to read)
-                value = self._propagate(func, args, kwargs, known.cost)
-                if value is not None:
-                    self._known[id(op)] = value
-            self._producers[id(out)] = (weakref.ref(out), op)
+            op.output_shapes, op.dtype = (shape_of(out),), out.dtype
+            if out.dtype in INDEX_DTYPES:
+                op.value = _small_index_value(out)
+                if (self.fake and op.value is None and _at_most(out, MAX_KNOWN_NUMEL)
+                        and isinstance(func, torch._ops.OpOverload)):  # (a higher-order op has no schema to read)
+                    value = self._propagate(func, args, kwargs, known.cost)
+                    if value is not None:
+                        self._known[id(op)] = value
+            producers[id(out)] = (weakref.ref(out), op)
         else:
             outputs = [(i, item) for i, item in enumerate(out if isinstance(out, (tuple, list)) else ())
                        if isinstance(item, torch.Tensor)]
@@ -517,9 +535,9 @@ class Recorder(TorchDispatchMode):
                 getter = CapturedOp("call_function", operator.getitem, (op, i), {}, f"{op.name}_{i}", phase=phase,
                                     module_stack=stack, output_shapes=(shape_of(item),), dtype=item.dtype)
                 self.ops.append(getter)
-                self._producers[id(item)] = (weakref.ref(item), getter)
+                producers[id(item)] = (weakref.ref(item), getter)
         results = [out] if isinstance(out, torch.Tensor) else _tensors(out)
-        op.bytes = traffic.bytes_moved(func, inputs, results)
+        op.bytes = traffic.bytes_moved(known.access, inputs, results)
         if known.collective is not None:
             op.collective = (known.collective, communication.message_bytes(func, args, kwargs, results),
                              communication.group_size(args, kwargs))
@@ -540,10 +558,8 @@ class Recorder(TorchDispatchMode):
             self.unsupported[op_name(func)] += 1
         return op
 
-    def _producer_of(self, t: torch.Tensor) -> CapturedOp:
-        known = self._producers.get(id(t))
-        if known is not None and known[0]() is t:
-            return known[1]
+    def _leaf_of(self, t: torch.Tensor) -> CapturedOp:
+        """A new record for a tensor no recorded op made (a parameter, buffer, input or outside constant)."""
         leaf = self.leaf_names.get(id(t))
         if leaf is None:  # a parameter the model registered during the run (FSDP2's unsharded ones) is one still
             if isinstance(t, torch.nn.Parameter):

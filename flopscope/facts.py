@@ -62,25 +62,39 @@ class ModelFacts:
 
 
 def read_facts(model: nn.Module) -> ModelFacts:
-    lazy = [name for name, p in model.named_parameters() if isinstance(p, nn.parameter.UninitializedParameter)]
+    """The model's facts, read in one walk over its modules (a profile's fixed cost)."""
+    types: dict[str, type] = {}
+    attributes: dict[str, dict[str, Any]] = {}
+    param_shapes: dict[str, dict[str, tuple[int, ...]]] = {}
+    unique: dict[int, nn.Parameter] = {}
+    lazy: list[str] = []
+    embedding: dict[int, int] = {}  # id(table) -> its size (a table two modules share counts once)
+    for path, module in model.named_modules():
+        types[path] = type(module)
+        attributes[path] = {k: v for k, v in vars(module).items() if k[0] != "_" and _is_plain(v)}
+        shapes = param_shapes[path] = {}
+        for name, p in module._parameters.items():
+            if p is None:
+                continue
+            if isinstance(p, nn.parameter.UninitializedParameter):
+                lazy.append(f"{path}.{name}" if path else name)
+                continue
+            shapes[name] = tuple(p.shape)
+            unique[id(p)] = p
+        if isinstance(module, nn.Embedding):
+            embedding[id(module.weight)] = module.weight.numel()
     if lazy:
         raise FlopscopeError(f"{type(model).__name__} has uninitialized (lazy) parameters ({', '.join(lazy[:3])}): "
                              "run one forward to materialise them, then profile")
-    types, attributes, param_shapes = {}, {}, {}
-    for path, module in model.named_modules():
-        types[path] = type(module)
-        attributes[path] = {k: v for k, v in vars(module).items() if not k.startswith("_") and _is_plain(v)}
-        param_shapes[path] = {k: tuple(p.shape) for k, p in module._parameters.items() if p is not None}
-    unique = {id(p): p for p in model.parameters()}
-    embedding = {id(m.weight): m.weight.numel() for m in model.modules() if isinstance(m, nn.Embedding)}
-    tied = _shares_embedding(model)
     return ModelFacts(types=types, attributes=attributes, param_shapes=param_shapes, config=_config(model),
                       params=sum(p.numel() for p in unique.values()), embedding_params=sum(embedding.values()),
-                      tied_embedding=tied)
+                      tied_embedding=_shares_embedding(model))
 
 
 def _shares_embedding(model: nn.Module) -> bool:
     tables = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
+    if not tables:
+        return False
     owners: dict[int, int] = {}
     for m in model.modules(remove_duplicate=False):
         for p in m._parameters.values():

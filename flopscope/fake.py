@@ -245,6 +245,7 @@ def needs_real_data(error: BaseException) -> BaseException | None:
 
 
 _CONTAINERS = (list, tuple, dict, set, collections.deque)
+_ATOMS = frozenset({int, float, str, bool, type(None)})  # attribute values that hold nothing to rewire
 
 
 def shadow_of(model: nn.Module, convert: Callable[[torch.Tensor], torch.Tensor]) -> nn.Module:
@@ -273,6 +274,8 @@ def shadow_of(model: nn.Module, convert: Callable[[torch.Tensor], torch.Tensor])
     def rewire(value: Any, depth: int = 0) -> Any:
         """``value`` with the model's modules replaced by their twins and tensors by fake ones (containers
         copied, two levels deep)."""
+        if type(value) in _ATOMS:
+            return value
         if isinstance(value, nn.Module):
             return twins.get(id(value), value)
         if isinstance(value, torch.Tensor):
@@ -305,7 +308,7 @@ def _copy_container(value: Any, item: Callable[[Any], Any]) -> Any:
     """A copy of a list / tuple / set / deque / dict (subclasses such as ``OrderedDict`` kept) with ``item``
     applied to each element (to each value of a dict)."""
     if isinstance(value, dict):
-        copied = copy.copy(value)
+        copied = value.copy() if type(value) in (dict, collections.OrderedDict) else copy.copy(value)
         for key in list(copied):
             copied[key] = item(copied[key])
         return copied

@@ -294,14 +294,14 @@ class NestedShape(tuple[int, ...]):
 
 def shape_of(t: torch.Tensor) -> Shape:
     """``tuple(t.shape)``; for a nested tensor, a :class:`NestedShape`."""
+    if not t.is_nested:
+        return tuple(t.shape)
     if isinstance(t, JaggedTensor):
         return _jagged_shape(t)
-    if getattr(t, "is_nested", False):
-        with _disable_current_modes():  # reading sizes is no work of the model's
-            sizes = t._nested_tensor_size().tolist()  # [batch, component dims]
-        padded = (len(sizes), *(max(column) for column in zip(*sizes, strict=True)))
-        return NestedShape(padded, sizes)
-    return tuple(t.shape)
+    with _disable_current_modes():  # reading sizes is no work of the model's
+        sizes = t._nested_tensor_size().tolist()  # [batch, component dims]
+    padded = (len(sizes), *(max(column) for column in zip(*sizes, strict=True)))
+    return NestedShape(padded, sizes)
 
 
 def _jagged_shape(t: Any) -> NestedShape:

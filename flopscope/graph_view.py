@@ -72,7 +72,7 @@ class GraphView:
         self._memo: dict[tuple[str, fx.Node], Any] = {}
         self._matmul: dict[fx.Node, bool] = {}
         self._weight_matmul: dict[fx.Node, bool] = {}
-        self._activated: dict[frozenset[Any], dict[fx.Node, bool]] = {}
+        self._behind: dict[Any, dict[fx.Node, bool]] = {}  # key -> node -> found behind it (behind())
 
     def cached(self, kind: str, node: fx.Node, compute: Callable[[], T]) -> T:
         """``compute()`` once per ``(kind, node)``: searches over a view that never changes."""
@@ -142,15 +142,19 @@ class GraphView:
 
     def activated(self, n: fx.Node, activations: frozenset[Any]) -> bool:
         """An op of ``activations`` lies among the nodes without multiplies reached walking back from ``n``
-        without crossing a multiply (``n`` included; a multiply itself is never activated). Computed for every
-        node in one pass over the graph per set of ops: a search from each node would walk a residual stream
-        back to the embedding, O(layers²) in all."""
-        table = self._activated.get(activations)
+        without crossing a multiply (``n`` included; a multiply itself is never activated)."""
+        return self.behind(n, activations, lambda m: self.packet(m) in activations)
+
+    def behind(self, n: fx.Node, key: Any, test: Callable[[fx.Node], bool]) -> bool:
+        """A node passing ``test`` lies among the nodes without multiplies reached walking back from ``n`` without
+        crossing a multiply (``n`` included; a multiply never passes). Computed for every node in one pass over
+        the graph per ``key`` (which names ``test``): a search from each node would walk a residual stream back
+        to the embedding, O(layers²) in all."""
+        table = self._behind.get(key)
         if table is None:
-            table = self._activated[activations] = {}
+            table = self._behind[key] = {}
             for m in self.nodes:  # in graph order: a node's inputs come first
-                table[m] = not self.macs[m] and (self.packet(m) in activations
-                                                 or any(table.get(p, False) for p in m.all_input_nodes))
+                table[m] = not self.macs[m] and (any(table.get(p, False) for p in m.all_input_nodes) or test(m))
         return table.get(n, False)
 
     def weight_operand(self, n: fx.Node) -> fx.Node:

@@ -104,11 +104,14 @@ class Profile:
         moved: list[tuple[int, frozenset[str], str]] = []
         elementwise: Counter[str] = Counter()
         elementwise_by_op: Counter[str] = Counter()
+        paths_of: dict[int, frozenset[str]] = {}  # id(module stack) -> its paths (the ops of a call share one stack)
         for op in capture.ops:
+            paths = paths_of.get(id(op.module_stack))
+            if paths is None:
+                paths = paths_of[id(op.module_stack)] = frozenset(frame.path for frame in op.module_stack)
             if op.bytes:
-                moved.append((op.bytes, frozenset(frame.path for frame in op.module_stack), op.phase))
+                moved.append((op.bytes, paths, op.phase))
             if op.cost is Cost.FORMULA:
-                paths = frozenset(frame.path for frame in op.module_stack)
                 counted.append((op.op_name, op.macs, paths, op.phase))
             elif op.cost is Cost.ELEMENTWISE and op.elementwise is not None:
                 category, count = op.elementwise

@@ -374,15 +374,13 @@ def ffn(view: GraphView, state: RoleState) -> None:
 
 def _gated_branches(view: GraphView, x: fx.Node) -> tuple[fx.Node | None, fx.Node | None]:
     """The (activated, plain) inputs of the elementwise product gating an FFN, if there is one."""
+    if not view.behind(x, "gating product", lambda n: _gating(view, n)):
+        return None, None  # (one pass for all: the search below would walk a residual stream to the embedding)
     for n in view.through_no_macs(x):
-        if view.packet(n) not in elementwise.PRODUCT_OPS:
+        if not _gating(view, n):
             continue
         a, b = n.args[:2]
-        if not isinstance(a, fx.Node) or not isinstance(b, fx.Node):
-            continue
-        act_a, act_b = _passes_activation(view, a), _passes_activation(view, b)
-        if act_a == act_b:  # (tested first: the searches below walk a residual stream back to the embedding)
-            continue
+        act_a = _passes_activation(view, a)
         macs_a = {m for m in _nearest_before(view, a) if view.is_weight_matmul(m)}
         macs_b = {m for m in _nearest_before(view, b) if view.is_weight_matmul(m)}
         if macs_a and macs_b:
@@ -390,6 +388,15 @@ def _gated_branches(view: GraphView, x: fx.Node) -> tuple[fx.Node | None, fx.Nod
             if macs_a != macs_b or not (columns(first, a) & columns(first, b)):
                 return (a, b) if act_a else (b, a)
     return None, None
+
+
+def _gating(view: GraphView, n: fx.Node) -> bool:
+    """An elementwise product of two nodes, one of them behind an activation and the other not."""
+    if view.packet(n) not in elementwise.PRODUCT_OPS or len(n.args) < 2:
+        return False
+    a, b = n.args[:2]
+    return isinstance(a, fx.Node) and isinstance(b, fx.Node) and _passes_activation(view, a) != _passes_activation(
+        view, b)
 
 
 # --------------------------------------------------------------------------------------------------

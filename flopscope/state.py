@@ -19,6 +19,7 @@ training flag, ``requires_grad``, ``.grad`` and buffer values are restored.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable
 from typing import Any
 
@@ -32,8 +33,10 @@ class ModelSnapshot:
         self._tables = [(m, dict(m.__dict__), dict(m._parameters), dict(m._buffers), dict(m._modules))
                         for m in modules if tables and not isinstance(m, torch.jit.ScriptModule)]
         # hook tables are changed in place (register_forward_hook during a forward): their contents
-        self._hooks = [(table, dict(table)) for m, *_ in self._tables for name, table in vars(m).items()
+        hook_tables = [table for m, *_ in self._tables for name, table in vars(m).items()
                        if "hook" in name and isinstance(table, dict)]
+        self._hooks = [(table, dict(table)) for table in hook_tables if table]
+        self._empty_hooks = [table for table in hook_tables if not table]  # most: checked for emptiness only
         self._training = [(m, m.training) for m in modules] if tables else []
         named = list(model.named_parameters())
         self._requires_grad = [(p, p.requires_grad) for _, p in named] if tables else []
@@ -67,6 +70,9 @@ class ModelSnapshot:
         for hooks, saved_hooks in self._hooks:
             if not _unchanged(hooks, saved_hooks):
                 step("a hook table", _restore_dict, hooks, saved_hooks)
+        for hooks in self._empty_hooks:
+            if hooks:
+                step("a hook table", hooks.clear)
         for module, training in self._training:
             if module.training is not training:
                 step(f"{type(module).__name__} training flag", setattr, module, "training", training)
@@ -86,8 +92,9 @@ class ModelSnapshot:
 
 
 def _unchanged(current: dict[str, Any], saved: dict[str, Any]) -> bool:
-    """The same keys holding the same objects."""
-    return current.keys() == saved.keys() and all(current[k] is v for k, v in saved.items())
+    """The same keys, in the same order, holding the same objects."""
+    return (len(current) == len(saved) and all(map(operator.is_, current.values(), saved.values()))
+            and list(current) == list(saved))
 
 
 def _restore_dict(current: dict[str, Any], saved: dict[str, Any]) -> None:

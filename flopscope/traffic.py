@@ -35,24 +35,38 @@ UNSAFE_VIEWS = frozenset({aten._unsafe_view})
 
 
 def nbytes(t: torch.Tensor) -> int:
-    """``numel · element_size`` (0 for a nested tensor)."""
+    """``numel · element_size`` (0 for a nested tensor; ``Tensor.nbytes`` refuses symbolic sizes)."""
     return 0 if t.is_nested else t.numel() * t.element_size()
 
 
-def bytes_moved(func: Any, inputs: list[torch.Tensor], outputs: list[torch.Tensor]) -> int:
-    """Minimum bytes read and written by ``func`` given its tensor arguments ``inputs`` (in order, duplicates
-    allowed) and tensor results ``outputs`` (see the module docstring)."""
+VIEW, GATHER, SCATTER, PURE_WRITE, ANY = "view", "gather", "scatter", "pure write", ""
+"""How an op touches its tensors (:func:`access_of`), read once per op overload."""
+
+
+def access_of(func: Any) -> str:
+    """Which of the module docstring's cases ``func`` is: :data:`VIEW`, :data:`GATHER`, :data:`SCATTER`,
+    :data:`PURE_WRITE`, or :data:`ANY` (reads each input once, writes each output once)."""
     packet = getattr(func, "overloadpacket", func)
     if getattr(func, "is_view", False) or packet in UNSAFE_VIEWS:
+        return VIEW
+    return (GATHER if packet in GATHERS else SCATTER if packet in SCATTERS else PURE_WRITE if packet in PURE_WRITES
+            else ANY)
+
+
+def bytes_moved(access: str, inputs: list[torch.Tensor], outputs: list[torch.Tensor]) -> int:
+    """Minimum bytes read and written by an op of ``access`` (:func:`access_of`) given its tensor arguments
+    ``inputs`` (in order, duplicates allowed) and tensor results ``outputs`` (see the module docstring)."""
+    if access == VIEW:
         return 0
-    distinct = list({id(t): t for t in inputs}.values())
-    written = sum(nbytes(t) for t in outputs)
-    if packet in GATHERS:
-        indices = sum(nbytes(t) for t in distinct[1:])
-        return indices + 2 * written
-    if packet in SCATTERS and len(distinct) > 1:
+    distinct = list({id(t): t for t in inputs}.values()) if len(inputs) > 1 else inputs
+    written = sum(map(nbytes, outputs))
+    if access == ANY:
+        return sum(map(nbytes, distinct)) + written
+    if access == GATHER:
+        return sum(map(nbytes, distinct[1:])) + 2 * written
+    if access == SCATTER and len(distinct) > 1:
         rest = distinct[1:]  # indices and values; the destination is written only where they point
-        return sum(nbytes(t) for t in rest) + nbytes(rest[-1])
-    if packet in PURE_WRITES and distinct:
-        return sum(nbytes(t) for t in distinct[1:]) + written
-    return sum(nbytes(t) for t in distinct) + written
+        return sum(map(nbytes, rest)) + nbytes(rest[-1])
+    if access == PURE_WRITE and distinct:
+        return sum(map(nbytes, distinct[1:])) + written
+    return sum(map(nbytes, distinct)) + written
