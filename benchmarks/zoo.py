@@ -23,7 +23,9 @@ For each ``model_type`` in ``transformers.models.auto.modeling_auto.MODEL_MAPPIN
      are ``get_total_flops() // 2``;
    - ``flopscope-eager``: ``flopscope.profile`` in that same reference configuration, so
      ``flopscope-eager != reference`` isolates formula differences and ``flopscope != flopscope-eager``
-     isolates the handling of fused kernels.
+     isolates the handling of fused kernels. It explains differences, so it runs only where flopscope and
+     the reference differ (or either failed); ``--eager-always`` runs it for every architecture (a third more
+     time: its unsupported ops, fallbacks and errors then appear in the report for the exact ones too).
 
 Each architecture runs in its own process, forked from a warmed-up parent, under ``signal.alarm(--timeout)``
 (``zoo_runner.sweep``, shared with ``benchmarks/timm_zoo.py``), so one hang or crash does not stop the sweep.
@@ -485,14 +487,15 @@ def _build(cls: Any, cfg: Any, level: int, max_params: int) -> Any:
     return model.eval()
 
 
-def run_arch(model_type: str, class_name: str, timeout: int, max_params: int) -> dict[str, Any]:
+def run_arch(model_type: str, class_name: str, timeout: int, max_params: int,
+             eager_always: bool = False) -> dict[str, Any]:
     res: dict[str, Any] = {"arch": model_type, "class": class_name, "status": "skip"}
     with runner.guarded(res, timeout, lambda r: f"over {timeout} s (stage reached: {r.get('stage', 'build/probe')})"):
-        _count(res, model_type, class_name, max_params)
+        _count(res, model_type, class_name, max_params, eager_always)
     return res
 
 
-def _count(res: dict[str, Any], model_type: str, class_name: str, max_params: int) -> None:
+def _count(res: dict[str, Any], model_type: str, class_name: str, max_params: int, eager_always: bool) -> None:
     import torch
     import transformers
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
@@ -555,7 +558,8 @@ def _count(res: dict[str, Any], model_type: str, class_name: str, max_params: in
             res["ref"] = runner.reference(model, (), inputs)
         except Exception as e:
             res["ref"] = {"error": runner.short(e, 300)}
-        runner.profile_record(model, (), inputs, True, res, "fs_eager")
+        if eager_always or res["fs"].get("macs") is None or res["fs"].get("macs") != res["ref"].get("macs"):
+            runner.profile_record(model, (), inputs, True, res, "fs_eager")  # explains a difference
     res["status"] = classify(res)
 
 
@@ -598,8 +602,9 @@ def _progress(res: dict[str, Any]) -> str:
 
 
 def sweep(archs: list[tuple[str, str]], jobs: int, timeout: int, max_params: int,
-          progress: bool = True) -> list[dict[str, Any]]:
-    return runner.sweep(archs, jobs, functools.partial(run_arch, timeout=timeout, max_params=max_params),
+          progress: bool = True, eager_always: bool = False) -> list[dict[str, Any]]:
+    return runner.sweep(archs, jobs, functools.partial(run_arch, timeout=timeout, max_params=max_params,
+                                                       eager_always=eager_always),
                             timeout, ("arch", "class"), _progress if progress else None,
                             functools.partial(_warm_up, timeout, max_params))
 
@@ -714,7 +719,8 @@ def write_report(results: list[dict[str, Any]], path: Path, elapsed: float, args
              "grouped-mm experts, oneDNN on).",
              "- **reference**: `FlopCounterMode` total // 2 with eager attention, eager experts, SDPA math kernel, "
              "oneDNN off, grad on.",
-             "- **fs-eager**: flopscope on that same reference configuration.",
+             "- **fs-eager**: flopscope on that same reference configuration"
+             f"{' (every architecture)' if args.eager_always else ' (only where flopscope and the reference differ)'}.",
              "- **level**: 0 = fully shrunk config, 1 = only depth/experts/vocab shrunk, 2 = default config.", "",
              "## Summary", "", "| status | count |", "|---|---|"]
     lines += [f"| {k} | {v} |" for k, v in sorted(s["status"].items(), key=lambda kv: -kv[1])]
@@ -773,6 +779,8 @@ def main(argv: list[str] | None = None) -> int:
     runner.add_common_arguments(ap, str(Path(__file__).with_name("zoo_report.md")), 60, "architecture")
     ap.add_argument("--max-params", type=float, default=150e6,
                     help="skip configs that are not shrunk enough and have more parameters (default 150M)")
+    ap.add_argument("--eager-always", action="store_true",
+                    help="run fs-eager for every architecture, not only where flopscope and the reference differ")
     args = ap.parse_args(argv)
 
     archs = architectures()
@@ -784,7 +792,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"unknown model types: {', '.join(missing)}", file=sys.stderr)
         archs = [(w, known[w]) for w in wanted if w in known]
     t0 = time.time()
-    results = sweep(archs, max(1, args.jobs), args.timeout, int(args.max_params), progress=not args.quiet)
+    results = sweep(archs, max(1, args.jobs), args.timeout, int(args.max_params), progress=not args.quiet,
+                    eager_always=args.eager_always)
     elapsed = time.time() - t0
     write_report(results, Path(args.report), elapsed, args)
     if args.json:
