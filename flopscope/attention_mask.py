@@ -146,13 +146,12 @@ def kernel_flags(target: Any, args: Any, kwargs: Mapping[str, Any]) -> tuple[boo
     return causal, left + 1 if isinstance(left, int) and left >= 0 else None
 
 
-def kernel_is_causal(node: fx.Node) -> bool:
+def kernel_is_causal(op: CapturedOp) -> bool:
     """An attention kernel called with ``is_causal`` (read by its schema's argument name)."""
-    spec = captured(node).spec
-    if node.kwargs.get("is_causal"):
+    if op.kwargs.get("is_causal"):
         return True
-    return spec is not None and spec.family is OpFamily.ATTENTION and kernel_flags(node.target, node.args,
-                                                                                    node.kwargs)[0]
+    return op.spec is not None and op.spec.family is OpFamily.ATTENTION and kernel_flags(op.target, op.args,
+                                                                                          op.kwargs)[0]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -201,17 +200,16 @@ def core_ops(prof: Profile) -> tuple[CoreOp, ...]:
     return _CACHE[prof]
 
 
-def parts_under(prof: Profile, attention: str) -> dict[fx.Node, Mapping[str, int]]:
-    """``{node: {role: MACs}}`` of every op that multiplies, its core roles priced under ``attention``."""
+def parts_under(prof: Profile, attention: str) -> dict[CapturedOp, Mapping[str, int]]:
+    """``{record: {role: MACs}}`` of every op that multiplies, its core roles priced under ``attention``."""
     check_attention(attention)
-    assignments = prof.role_assignments()
-    out: dict[fx.Node, Mapping[str, int]] = {node: a.parts for node, a in assignments.items()}
+    out: dict[CapturedOp, Mapping[str, int]] = {op: a.parts for op, a in prof.role_assignments_by_op().items()}
     if attention == EXECUTED:
         return out
-    by_name = {node.name: node for node in assignments}
-    for op in core_ops(prof):
-        node = by_name[op.node]
-        out[node] = {**out[node], **op.macs(attention)}
+    by_name = {node.name: captured(node) for node in prof.role_assignments()}
+    for core in core_ops(prof):
+        op = by_name[core.node]
+        out[op] = {**out[op], **core.macs(attention)}
     return out
 
 

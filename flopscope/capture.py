@@ -152,6 +152,10 @@ class CapturedOp:
     value: torch.Tensor | None = None  # a small index tensor's known values
     leaf: LeafKind | None = None
     collective: tuple[str, int, int | None] | None = None  # (kind, message bytes, group size) of a collective
+    # the dataflow, set by link() (the role passes walk it without an fx graph)
+    index: int = -1  # position among the capture's records (graph order)
+    inputs: tuple[CapturedOp, ...] = ()  # the records among args / kwargs, each once, in order (fx's all_input_nodes)
+    users: tuple[CapturedOp, ...] = ()  # the records that take this one's output, in order
 
     @property
     def module(self) -> str | None:
@@ -162,6 +166,35 @@ class CapturedOp:
     def op_name(self) -> str:
         """``"aten.mm"`` for a call; the leaf's node op otherwise."""
         return op_name(self.target) if self.node_op == "call_function" else self.node_op
+
+
+def link(ops: Sequence[CapturedOp]) -> None:
+    """Set each record's :attr:`~CapturedOp.index`, :attr:`~CapturedOp.inputs` and :attr:`~CapturedOp.users`
+    (once: a capture's records do not change after the run)."""
+    if ops and ops[-1].index == len(ops) - 1:
+        return
+    users: dict[CapturedOp, list[CapturedOp]] = {}
+    for i, op in enumerate(ops):
+        op.index = i
+        found: dict[CapturedOp, None] = {}
+        _collect(op.args, found)
+        _collect(op.kwargs, found)
+        op.inputs = tuple(found)
+        for source in op.inputs:
+            users.setdefault(source, []).append(op)
+    for op in ops:
+        op.users = tuple(users.get(op, ()))
+
+
+def _collect(x: Any, found: dict[CapturedOp, None]) -> None:
+    if isinstance(x, CapturedOp):
+        found[x] = None
+    elif isinstance(x, (tuple, list)):
+        for v in x:
+            _collect(v, found)
+    elif isinstance(x, dict):
+        for v in x.values():
+            _collect(v, found)
 
 
 CAPTURED = "flopscope.op"

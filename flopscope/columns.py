@@ -15,9 +15,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
-from torch import fx
 
-from .capture import UNINITIALISED, Cost, captured
+from .capture import UNINITIALISED, CapturedOp, Cost
 from .graph_view import inputs_of, reach
 from .role import ROLE_ORDER, Role
 
@@ -37,19 +36,19 @@ MAX_COUNTED_LABEL = 1 << 24
 larger values, which no real column index reaches, by sorting."""
 
 
-def columns(p: fx.Node, target: fx.Node) -> set[int]:
+def columns(p: CapturedOp, target: CapturedOp) -> set[int]:
     """Which output columns (last dim) of ``p`` reach ``target``."""
-    shape = tuple(captured(p).output_shapes[0])
-    labels: dict[fx.Node, Labels] = {p: torch.arange(shape[-1]).expand(shape)}
+    shape = tuple(p.output_shapes[0])
+    labels: dict[CapturedOp, Labels] = {p: torch.arange(shape[-1]).expand(shape)}
     for n in _between(p, target):
         labels[n] = _replay(n, labels)
     return {c for c in _union([labels.get(target, set())]) if c >= 0}
 
 
-def split_by_columns(p: fx.Node, wanted: Sequence[tuple[fx.Node, str]], macs: int) -> dict[str, int]:
+def split_by_columns(p: CapturedOp, wanted: Sequence[tuple[CapturedOp, str]], macs: int) -> dict[str, int]:
     """Charge each role the MACs of the output columns of ``p`` that reach its consumer; columns no
     consumer takes are ``other``. A role wanted twice for one column keeps the first in role order."""
-    width = int(captured(p).output_shapes[0][-1])
+    width = int(p.output_shapes[0][-1])
     owner: dict[int, str] = {}
     for target, role in sorted(wanted, key=lambda tr: ROLE_ORDER.index(tr[1])):
         for c in columns(p, target):
@@ -78,27 +77,25 @@ def scale_parts(parts: Mapping[str, int], total: int) -> dict[str, int]:
                             largest=max(parts, key=parts.__getitem__))
 
 
-def _between(p: fx.Node, target: fx.Node) -> list[fx.Node]:
+def _between(p: CapturedOp, target: CapturedOp) -> list[CapturedOp]:
     """Nodes on paths from ``p`` to ``target`` (excluding ``p``), in graph order."""
     ancestors = set(reach([target], inputs_of, lambda x: x is not p)) - {p}
     descendants = [x for x in reach(p.users, lambda x: x.users, lambda x: x in ancestors) if x in ancestors]
-    order = {n: i for i, n in enumerate(p.graph.nodes)}
-    return sorted(descendants, key=order.__getitem__)
+    return sorted(descendants, key=lambda x: x.index)
 
 
-def _replay(n: fx.Node, labels: Mapping[fx.Node, Labels]) -> Labels:
-    inputs = [labels[a] for a in n.all_input_nodes if a in labels]
-    if n.op != "call_function" or any(isinstance(x, set) for x in inputs):
+def _replay(n: CapturedOp, labels: Mapping[CapturedOp, Labels]) -> Labels:
+    inputs = [labels[a] for a in n.inputs if a in labels]
+    if n.node_op != "call_function" or any(isinstance(x, set) for x in inputs):
         return _union(inputs)
     if n.target is operator.getitem:
-        source = labels.get(n.args[0]) if isinstance(n.args[0], fx.Node) else None
+        source = labels.get(n.args[0]) if isinstance(n.args[0], CapturedOp) else None
         index = n.args[1]
         return source[index] if isinstance(source, (list, tuple)) and isinstance(index, int) else _union(inputs)
-    op = captured(n)
-    out_shape = tuple(op.output_shapes[0]) if op.output_shapes else ()
-    if op.cost is Cost.ZERO:
+    out_shape = tuple(n.output_shapes[0]) if n.output_shapes else ()
+    if n.cost is Cost.ZERO:
         return _replay_zero_cost(n, labels, inputs, out_shape)
-    if op.cost is Cost.ELEMENTWISE and isinstance(inputs[0], torch.Tensor):
+    if n.cost is Cost.ELEMENTWISE and isinstance(inputs[0], torch.Tensor):
         first = inputs[0]
         try:
             return first if tuple(first.shape) == out_shape else first.expand(out_shape)
@@ -107,7 +104,7 @@ def _replay(n: fx.Node, labels: Mapping[fx.Node, Labels]) -> Labels:
     return _union(inputs)
 
 
-def _replay_zero_cost(n: fx.Node, labels: Mapping[fx.Node, Labels], inputs: list[Labels],
+def _replay_zero_cost(n: CapturedOp, labels: Mapping[CapturedOp, Labels], inputs: list[Labels],
                       out_shape: tuple[int, ...]) -> Labels:
     """Run a view / copy / index op on the label tensors themselves."""
     packet = getattr(n.target, "overloadpacket", None)
@@ -118,13 +115,12 @@ def _replay_zero_cost(n: fx.Node, labels: Mapping[fx.Node, Labels], inputs: list
     in_place = str(packet).endswith("_")
 
     def arg(a: Any) -> Any:
-        if isinstance(a, fx.Node):
+        if isinstance(a, CapturedOp):
             if a in labels:
                 return labels[a].clone() if in_place else labels[a]
-            known = captured(a)
-            if known.value is not None:  # an index tensor with known values
-                return known.value
-            return torch.full(tuple(known.output_shapes[0]) if known.output_shapes else (), -1, dtype=torch.long)
+            if a.value is not None:  # an index tensor with known values
+                return a.value
+            return torch.full(tuple(a.output_shapes[0]) if a.output_shapes else (), -1, dtype=torch.long)
         if isinstance(a, (list, tuple)):
             return type(a)(arg(x) for x in a)
         return a

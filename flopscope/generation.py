@@ -96,7 +96,7 @@ def steps(prof: Profile, attention: str = EXECUTED) -> list[Step]:
         assignment = assignments.get(node)
         if assignment is None:
             continue
-        macs[call].update(priced[node])
+        macs[call].update(priced[op])
         core = {role: v for role, v in assignment.parts.items() if role in CORE and v}
         if core and op.bytes:
             kv_bytes[call] += sum(scale_parts(assignment.parts, op.bytes)[role] for role in core)

@@ -95,7 +95,8 @@ class Profile:
         self._facts = facts
         self._module_paths = list(facts.types)
         self._role_rules = role_rules
-        self._roles: Mapping[fx.Node, Assignment] | None = None
+        self._roles: Mapping[fx.Node, Assignment] | None = None  # role_assignments(): on the fx graph's nodes
+        self._op_roles: Mapping[CapturedOp, Assignment] | None = None  # the same on the records (no graph needed)
         self._records: tuple[OpRecord, ...] | None = None
         self._mode = mode
         self._output = output
@@ -318,13 +319,12 @@ class Profile:
         """Bytes moved per role: an op that multiplies splits its bytes over its roles as it splits its MACs;
         the bytes of ops that do not multiply (elementwise work, norms, softmax, copies such as KV-cache
         updates) are under :data:`NO_MULTIPLY`. The values sum to ``total_bytes(phase=phase)``."""
-        assignments = self.role_assignments()
+        assignments = self.role_assignments_by_op()
         out: Counter[str] = Counter()
-        for node in self._fx_graph().nodes:
-            op = captured(node)
+        for op in self._ops:
             if not op.bytes or (phase is not None and op.phase != phase):
                 continue
-            assignment = assignments.get(node)
+            assignment = assignments.get(op)
             if assignment is None or not any(assignment.parts.values()):
                 out[NO_MULTIPLY] += op.bytes
             else:
@@ -339,8 +339,8 @@ class Profile:
         Backward ops carry the role of the forward op they differentiate. ``attention``: the convention of
         the ``attn_scores`` / ``attn_weighted_sum`` rows (:mod:`flopscope.attention_mask`)."""
         out: Counter[str] = Counter()
-        for node, parts in attention_mask.parts_under(self, attention).items():
-            if phase is not None and captured(node).phase != phase:
+        for op, parts in attention_mask.parts_under(self, attention).items():
+            if phase is not None and op.phase != phase:
                 continue
             for role, macs in parts.items():
                 out[role] += macs
@@ -351,10 +351,10 @@ class Profile:
         enclosing its multiplies); multiplies outside such blocks are listed under their own module.
         ``attention``: the convention of the attention core (:mod:`flopscope.attention_mask`)."""
         out: dict[str, Counter[str]] = defaultdict(Counter)
-        assignments = self.role_assignments()
-        for node, parts in attention_mask.parts_under(self, attention).items():
+        assignments = self.role_assignments_by_op()
+        for op, parts in attention_mask.parts_under(self, attention).items():
             for role, macs in parts.items():
-                out[assignments[node].block or ""][role] += macs
+                out[assignments[op].block or ""][role] += macs
         return {block: {r: roles[r] for r in ROLE_ORDER if r in roles} for block, roles in out.items()}
 
     def role_of(self, node: fx.Node | str) -> Role:
@@ -368,16 +368,31 @@ class Profile:
 
     def role_assignments(self) -> Mapping[fx.Node, Assignment]:
         """Read-only ``{node: Assignment}`` for every node of :attr:`graph` that multiplies (and every
-        embedding lookup, with 0 MACs): its ``{role: MACs}`` split (read-only) and its block."""
+        embedding lookup, with 0 MACs): its ``{role: MACs}`` split (read-only) and its block. Also stamps the
+        nodes' ``role`` / ``role_parts`` / ``block`` meta keys."""
         if self._roles is None:
-            return self._set_roles(find_roles(self._fx_graph(), self._facts.types, self._role_rules))
+            by_op = self.role_assignments_by_op()
+            roles: dict[fx.Node, Assignment] = {}
+            for node in self._fx_graph().nodes:
+                assignment = by_op.get(captured(node))
+                if assignment is not None:
+                    node.meta.update(role_parts=dict(assignment.parts), role=assignment.role, block=assignment.block)
+                    roles[node] = assignment
+            self._roles = MappingProxyType(roles)
         return self._roles
+
+    def role_assignments_by_op(self) -> Mapping[CapturedOp, Assignment]:
+        """:meth:`role_assignments` keyed by the capture's records (:class:`~flopscope.capture.CapturedOp`):
+        what the role passes find on the records' dataflow, without building the fx graph."""
+        if self._op_roles is None:
+            self._op_roles = MappingProxyType(find_roles(self._ops, self._facts.types, self._role_rules))
+        return self._op_roles
 
     def reconcile(self, spec: TransformerSpec | None = None) -> Reconciliation:
         """Measured MACs per block and role against exact closed forms from the model's declared
         structure (or ``spec``), with the complexity term, useful work under masks, and the reason for
         any ratio that is not 1. See :mod:`flopscope.reconcile`."""
-        return reconcile(self.role_assignments(), self._facts, self._capture.module_inputs, spec)
+        return reconcile(self.role_assignments_by_op(), self._facts, self._capture.module_inputs, spec)
 
     def model_formulas(self, attention: str = EXECUTED) -> ModelFormulas:
         """Measured forward MACs per token against Kaplan, Chinchilla, Megatron-LM and PaLM, with the
@@ -397,30 +412,20 @@ class Profile:
         projection splits by columns, independent of length; a fused kernel's parts are its own). For
         sweeps (:func:`flopscope.scaling`). Returns False, changing nothing, when the op sequences differ
         or this profile's roles are already known."""
-        if self._roles is not None or len(template._ops) != len(self._ops) or any(
+        if self._op_roles is not None or len(template._ops) != len(self._ops) or any(
                 a.target != b.target or a.node_op != b.node_op for a, b in zip(template._ops, self._ops, strict=True)):
             return False
-        theirs = template.role_assignments()
-        roles: dict[fx.Node, Assignment] = {}
-        for mine, other in zip(self._fx_graph().nodes, template._fx_graph().nodes, strict=True):
+        theirs = template.role_assignments_by_op()
+        roles: dict[CapturedOp, Assignment] = {}
+        for mine, other in zip(self._ops, template._ops, strict=True):
             source = theirs.get(other)
             if source is None:
                 continue
-            op = captured(mine)
-            parts = dict(op.parts) if op.parts else (scale_parts(source.parts, op.macs) if op.macs
-                                                     else dict(source.parts))
+            parts = dict(mine.parts) if mine.parts else (scale_parts(source.parts, mine.macs) if mine.macs
+                                                         else dict(source.parts))
             roles[mine] = Assignment(parts, source.block)
-        self._set_roles(roles)
+        self._op_roles = MappingProxyType(roles)
         return True
-
-    def _set_roles(self, roles: Mapping[fx.Node, Assignment]) -> Mapping[fx.Node, Assignment]:
-        """Keep the assignments (read-only) and stamp the public ``role`` / ``role_parts`` / ``block`` keys."""
-        for node, assignment in roles.items():
-            node.meta["role_parts"] = dict(assignment.parts)
-            node.meta["role"] = assignment.role
-            node.meta["block"] = assignment.block
-        self._roles = MappingProxyType(dict(roles))
-        return self._roles
 
     # ---------------------------------------------------------------------------------------------
     # what is not in total()

@@ -37,10 +37,9 @@ from fractions import Fraction
 from typing import Any
 
 from tabulate import tabulate
-from torch import fx
 
 from .attention_mask import declared_mask, kernel_is_causal, useful_pairs
-from .capture import FORWARD, captured
+from .capture import FORWARD, CapturedOp
 from .conventions import (
     EXPERT_FFN_WIDTH,
     EXPERTS,
@@ -149,17 +148,16 @@ class Reconciliation:
 
 
 # --------------------------------------------------------------------------------------------------
-def reconcile(assignments: Mapping[fx.Node, Assignment], facts: ModelFacts,
+def reconcile(assignments: Mapping[CapturedOp, Assignment], facts: ModelFacts,
               module_inputs: Mapping[ModuleCall, InputShapes], spec: TransformerSpec | None = None) -> Reconciliation:
     """Per block and role: measured against predicted MACs (see the module docstring). ``assignments``
-    are a profile's role assignments (forward ops are reconciled), ``module_inputs`` the shapes of each
+    are a profile's role assignments by record (forward ops are reconciled), ``module_inputs`` the shapes of each
     module call's inputs (:meth:`flopscope.Profile.module_inputs`)."""
     measured: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     role_modules: dict[str, dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))
     kernels: dict[str, set[str]] = defaultdict(set)
     causal_kernels: set[str] = set()
-    for node, assignment in assignments.items():
-        op = captured(node)
+    for op, assignment in assignments.items():
         if op.phase != FORWARD:
             continue
         block = assignment.block
@@ -167,8 +165,8 @@ def reconcile(assignments: Mapping[fx.Node, Assignment], facts: ModelFacts,
             measured[block][role] += macs
             role_modules[block][role].add(op.module or "")
         if op.parts:
-            kernels[block].add(str(node.target))
-            if kernel_is_causal(node):
+            kernels[block].add(str(op.target))
+            if kernel_is_causal(op):
                 causal_kernels.add(block)
     calls = _calls_by_path(module_inputs)
     rows: list[ReconcileRow] = []

@@ -45,9 +45,10 @@ from types import MappingProxyType
 from typing import Any
 
 import torch
-from torch import fx, nn
+from torch import nn
 
 from . import elementwise
+from .capture import CapturedOp
 from .columns import columns, scale_parts, split_by_columns
 from .formulas import OpFamily
 from .graph_view import GraphView, inputs_of, reach
@@ -115,14 +116,14 @@ class RoleState:
     """What the passes have claimed: ``{role: MACs}`` per node, the projections asked for (settled after
     each pass), and the groups of nodes that form one attention / FFN instance."""
 
-    parts: dict[fx.Node, dict[str, int]] = field(default_factory=dict)
-    demands: dict[fx.Node, list[tuple[fx.Node, str]]] = field(default_factory=dict)
-    groups: list[set[fx.Node]] = field(default_factory=list)
+    parts: dict[CapturedOp, dict[str, int]] = field(default_factory=dict)
+    demands: dict[CapturedOp, list[tuple[CapturedOp, str]]] = field(default_factory=dict)
+    groups: list[set[CapturedOp]] = field(default_factory=list)
 
-    def claimed(self, n: fx.Node) -> bool:
+    def claimed(self, n: CapturedOp) -> bool:
         return n in self.parts or n in self.demands
 
-    def demand(self, projection: fx.Node, consumer: fx.Node, role: str) -> None:
+    def demand(self, projection: CapturedOp, consumer: CapturedOp, role: str) -> None:
         """Ask for ``projection``'s columns that reach ``consumer`` to be ``role``."""
         self.demands.setdefault(projection, []).append((consumer, role))
 
@@ -130,18 +131,18 @@ class RoleState:
         """Claim every demanded projection: whole when one role wants it, else split by columns."""
         for p, wanted in self.demands.items():
             roles = {role for _, role in wanted}
-            self.parts[p] = {roles.pop(): view.macs[p]} if len(roles) == 1 else split_by_columns(p, wanted,
-                                                                                                   view.macs[p])
+            self.parts[p] = {roles.pop(): p.macs} if len(roles) == 1 else split_by_columns(p, wanted,
+                                                                                                   p.macs)
         self.demands = {}
 
 
 Pass = Callable[[GraphView, RoleState], None]
 
 
-def find_roles(graph: fx.Graph, module_types: Mapping[str, type], rules: Sequence[RoleRule] = ()
-               ) -> dict[fx.Node, Assignment]:
-    """The role split of every node with multiplies (forward and backward) of a captured graph."""
-    view = GraphView(graph)
+def find_roles(ops: Sequence[CapturedOp], module_types: Mapping[str, type], rules: Sequence[RoleRule] = ()
+               ) -> dict[CapturedOp, Assignment]:
+    """The role split of every record with multiplies (forward and backward) of a capture (its ops in order)."""
+    view = GraphView(ops)
     state = RoleState()
     for step in (*PASSES, rules_pass(BUILTIN_RULES, module_types, only_unfused=True),
                  rules_pass(tuple(rules), module_types, only_unfused=False)):
@@ -157,14 +158,14 @@ def by_family(view: GraphView, state: RoleState) -> None:
     """Fused kernels keep their formula's parts; convolutions are ``conv``, Fourier transforms
     ``token_mixing`` (:data:`FAMILY_ROLES`)."""
     for n in view.nodes:
-        if not view.macs[n]:
+        if not n.macs:
             continue
         parts = view.parts(n)
         spec = view.spec(n)
         if parts:
             state.parts[n] = dict(parts)
         elif spec is not None and spec.family in FAMILY_ROLES:
-            state.parts[n] = {FAMILY_ROLES[spec.family].value: view.macs[n]}
+            state.parts[n] = {FAMILY_ROLES[spec.family].value: n.macs}
 
 
 # --------------------------------------------------------------------------------------------------
@@ -181,7 +182,7 @@ def attention(view: GraphView, state: RoleState) -> None:
             members = {n}
             qkv = [n.args[i] if len(n.args) > i else None for i in spec.operands]
             for operand, role in zip(qkv, (Role.Q_PROJ, Role.K_PROJ, Role.V_PROJ), strict=True):
-                if isinstance(operand, fx.Node):
+                if isinstance(operand, CapturedOp):
                     members |= _demand_projections(view, state, operand, role.value)
             output = next((u for u in view.users(n) if u.target is operator.getitem and u.args[1] == 0), n)
             members |= _demand_out_proj(view, state, output)
@@ -193,20 +194,20 @@ def attention(view: GraphView, state: RoleState) -> None:
             _attention_at_products(view, state, first)
 
 
-def _attention_at_softmax(view: GraphView, state: RoleState, s: fx.Node) -> None:
+def _attention_at_softmax(view: GraphView, state: RoleState, s: CapturedOp) -> None:
     scores = [m for m in _nearest_before(view, s.args[0], stop_at_softmax=True)
               if view.is_activation_product(m) and m not in state.parts]
     if not scores:
         return
     weighted = [m for m in _nearest_after(view, s) if view.is_activation_product(m) and m not in state.parts]
-    members: set[fx.Node] = set(scores) | set(weighted)
+    members: set[CapturedOp] = set(scores) | set(weighted)
     for m in scores:
-        state.parts[m] = {Role.ATTN_SCORES.value: view.macs[m]}
+        state.parts[m] = {Role.ATTN_SCORES.value: m.macs}
         a, b = view.matmul_operands(m)
         members |= _demand_projections(view, state, a, Role.Q_PROJ.value)
         members |= _demand_projections(view, state, b, Role.K_PROJ.value)
     for m in weighted:
-        state.parts[m] = {Role.ATTN_WEIGHTED_SUM.value: view.macs[m]}
+        state.parts[m] = {Role.ATTN_WEIGHTED_SUM.value: m.macs}
         a, b = view.matmul_operands(m)
         value_side = b if view.descends_from(a, s) else a
         members |= _demand_projections(view, state, value_side, Role.V_PROJ.value)
@@ -214,7 +215,7 @@ def _attention_at_softmax(view: GraphView, state: RoleState, s: fx.Node) -> None
     state.groups.append(members)
 
 
-def _attention_at_products(view: GraphView, state: RoleState, first: fx.Node) -> None:
+def _attention_at_products(view: GraphView, state: RoleState, first: CapturedOp) -> None:
     """Attention without a softmax: ``first`` (a product of two activations) reaches an operand of
     another activation product, whose result a weight matmul projects, through ops without multiplies
     (any normalisation: exp / logsumexp, sigmoid, ReLU, acos, none). Its result is the *left* operand
@@ -232,11 +233,11 @@ def _attention_at_products(view: GraphView, state: RoleState, first: fx.Node) ->
     quadratic = [m for m in seconds if view.descends_from(view.matmul_operands(m)[0], first)]
     members = {first, *seconds}
     if quadratic:
-        state.parts[first] = {Role.ATTN_SCORES.value: view.macs[first]}
+        state.parts[first] = {Role.ATTN_SCORES.value: first.macs}
         members |= _demand_projections(view, state, a, Role.Q_PROJ.value)
         members |= _demand_projections(view, state, b, Role.K_PROJ.value)
         for m in quadratic:
-            state.parts[m] = {Role.ATTN_WEIGHTED_SUM.value: view.macs[m]}
+            state.parts[m] = {Role.ATTN_WEIGHTED_SUM.value: m.macs}
             members |= _demand_projections(view, state, view.matmul_operands(m)[1], Role.V_PROJ.value)
             members |= _demand_out_proj(view, state, m, through_reductions=True)  # a sum over hash rounds (LSH)
         state.groups.append(members - (set(seconds) - set(quadratic)))
@@ -245,57 +246,57 @@ def _attention_at_products(view: GraphView, state: RoleState, first: fx.Node) ->
     if not behind_k or not behind_v or not all(view.is_weight_matmul(p) for p in (*behind_k, *behind_v)):
         return  # keys and values are projections of the input, nothing else (a residual-stream mix is not)
     keys = set(behind_k)
-    state.parts[first] = {Role.ATTN_KV_STATE.value: view.macs[first]}
+    state.parts[first] = {Role.ATTN_KV_STATE.value: first.macs}
     members |= _demand_projections(view, state, a, Role.K_PROJ.value)
     members |= _demand_projections(view, state, b, Role.V_PROJ.value)
     for m in seconds:
-        state.parts[m] = {Role.ATTN_READOUT.value: view.macs[m]}
+        state.parts[m] = {Role.ATTN_READOUT.value: m.macs}
         query = view.matmul_operands(m)[0]
         members |= _demand_projections(view, state, query, Role.Q_PROJ.value)
         members |= _demand_out_proj(view, state, m, through_reductions=True)
         for z in view.frontier(view.through_no_macs(query), view.users):
             if z is not m and _free_product(view, state, z) and _is_normaliser(view, z, keys):
-                state.parts[z] = {Role.ATTN_NORMALISER.value: view.macs[z]}
+                state.parts[z] = {Role.ATTN_NORMALISER.value: z.macs}
                 members.add(z)
     state.groups.append(members)
 
 
-def _is_normaliser(view: GraphView, z: fx.Node, keys: set[fx.Node]) -> bool:
+def _is_normaliser(view: GraphView, z: CapturedOp, keys: set[CapturedOp]) -> bool:
     """φ(Q)·Σφ(K): one number per query (its output is one column wide) from a sum over the keys (a
     reduction between the key projections and its second operand)."""
-    if tuple(view.ops[z].output_shapes[0][-1:]) != (1,):
+    if tuple(z.output_shapes[0][-1:]) != (1,):
         return False
     summed = view.matmul_operands(z)[1]
     return bool(keys & {p for p in _nearest_before(view, summed) if view.is_weight_matmul(p)}) and any(
-        (view.ops[x].elementwise or ("",))[0] == "reduction" for x in view.through_no_macs(summed))
+        (x.elementwise or ("",))[0] == "reduction" for x in view.through_no_macs(summed))
 
 
-def _projected(view: GraphView, state: RoleState, output: fx.Node) -> bool:
+def _projected(view: GraphView, state: RoleState, output: CapturedOp) -> bool:
     """A weight matmul takes ``output`` (through ops without multiplies, reductions included): the mixed
     values go on as data. A scoring product whose result only selects (DeepSeek's sparse-attention
     indexer feeding a top-k) is not attention's output."""
     return any(view.is_weight_matmul(p) and p not in state.parts for p in _nearest_after(view, output, True))
 
 
-def _free_product(view: GraphView, state: RoleState, n: fx.Node) -> bool:
+def _free_product(view: GraphView, state: RoleState, n: CapturedOp) -> bool:
     """An activation product no pass has claimed."""
     return view.is_activation_product(n) and n not in state.parts
 
 
-def _from_attention(view: GraphView, state: RoleState, operand: fx.Node) -> bool:
+def _from_attention(view: GraphView, state: RoleState, operand: CapturedOp) -> bool:
     """``operand`` is computed from an attention core product already found (without another multiply)."""
     return any(Role(role).attention_core for m in _nearest_before(view, operand) for role in state.parts.get(m, {}))
 
 
-def _demand_projections(view: GraphView, state: RoleState, operand: fx.Node, role: str) -> set[fx.Node]:
+def _demand_projections(view: GraphView, state: RoleState, operand: CapturedOp, role: str) -> set[CapturedOp]:
     found = _projections_of(view, state, operand, role)
     for p, target, demanded in found:
         state.demand(p, target, demanded)
     return {p for p, _, _ in found}
 
 
-def _demand_out_proj(view: GraphView, state: RoleState, output: fx.Node, through_reductions: bool = False
-                     ) -> set[fx.Node]:
+def _demand_out_proj(view: GraphView, state: RoleState, output: CapturedOp, through_reductions: bool = False
+                     ) -> set[CapturedOp]:
     found = set()
     for p in _nearest_after(view, output, through_reductions):
         if view.is_weight_matmul(p) and p not in state.parts:
@@ -317,8 +318,8 @@ def logits(view: GraphView, state: RoleState) -> None:
         if view.packet(n) not in EMBEDDING_OPS:
             continue
         weight, indices = n.args[0], n.args[1] if len(n.args) > 1 else None
-        if isinstance(weight, fx.Node) and isinstance(indices, fx.Node) and view.dynamic[indices]:
-            shape = tuple(view.ops[weight].output_shapes[0])
+        if isinstance(weight, CapturedOp) and isinstance(indices, CapturedOp) and view.dynamic[indices]:
+            shape = tuple(weight.output_shapes[0])
             if len(shape) == 2:
                 tables[_leaf_key(weight)] = shape[0]
                 tables[("shape", shape)] = shape[0]
@@ -328,24 +329,24 @@ def logits(view: GraphView, state: RoleState) -> None:
     for n in view.nodes:
         if not view.is_weight_matmul(n) or state.claimed(n):
             continue
-        width = view.ops[n].output_shapes[0][-1:]
+        width = n.output_shapes[0][-1:]
         leaves = view.leaves_of(view.weight_operand(n))
         tied = {_leaf_key(x) for x in leaves} & tables.keys()
-        shaped = {("shape", tuple(view.ops[x].output_shapes[0])) for x in leaves} & tables.keys()
+        shaped = {("shape", tuple(x.output_shapes[0])) for x in leaves} & tables.keys()
         if any(tables[key] in width for key in tied) or (
                 any(tables[key] in width for key in shaped) and not _feeds_a_weight_matmul(view, n)):
-            state.parts[n] = {Role.LOGITS.value: view.macs[n]}
+            state.parts[n] = {Role.LOGITS.value: n.macs}
 
 
-def _feeds_a_weight_matmul(view: GraphView, n: fx.Node) -> bool:
+def _feeds_a_weight_matmul(view: GraphView, n: CapturedOp) -> bool:
     """Some weight matmul takes ``n``'s result (through any ops): ``n`` is not the model's last projection.
     Tells an untied LM head from an FFN up projection whose width happens to equal the vocabulary."""
     return view.cached("feeds_weight_matmul", n, lambda: any(
         view.is_weight_matmul(x) for x in reach(view.users(n), view.users, lambda x: not view.is_weight_matmul(x))))
 
 
-def _leaf_key(n: fx.Node) -> Any:
-    return ("leaf", n.target) if n.op == "get_attr" else ("node", n.name)
+def _leaf_key(n: CapturedOp) -> Any:
+    return ("leaf", n.target) if n.node_op == "get_attr" else ("node", n)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -368,11 +369,11 @@ def ffn(view: GraphView, state: RoleState) -> None:
             for demands in found:
                 for p, target, role in demands:
                     state.demand(p, target, role)
-            state.parts[d] = {Role.FFN_DOWN.value: view.macs[d]}
+            state.parts[d] = {Role.FFN_DOWN.value: d.macs}
             state.groups.append({d} | {p for demands in found for p, _, _ in demands})
 
 
-def _gated_branches(view: GraphView, x: fx.Node) -> tuple[fx.Node | None, fx.Node | None]:
+def _gated_branches(view: GraphView, x: CapturedOp) -> tuple[CapturedOp | None, CapturedOp | None]:
     """The (activated, plain) inputs of the elementwise product gating an FFN, if there is one."""
     if not view.behind(x, "gating product", lambda n: _gating(view, n)):
         return None, None  # (one pass for all: the search below would walk a residual stream to the embedding)
@@ -390,13 +391,13 @@ def _gated_branches(view: GraphView, x: fx.Node) -> tuple[fx.Node | None, fx.Nod
     return None, None
 
 
-def _gating(view: GraphView, n: fx.Node) -> bool:
+def _gating(view: GraphView, n: CapturedOp) -> bool:
     """An elementwise product of two nodes, one of them behind an activation and the other not."""
     if view.packet(n) not in elementwise.PRODUCT_OPS or len(n.args) < 2:
         return False
     a, b = n.args[:2]
-    return isinstance(a, fx.Node) and isinstance(b, fx.Node) and _passes_activation(view, a) != _passes_activation(
-        view, b)
+    return (isinstance(a, CapturedOp) and isinstance(b, CapturedOp)
+            and _passes_activation(view, a) != _passes_activation(view, b))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -404,8 +405,8 @@ def _gating(view: GraphView, n: fx.Node) -> bool:
 def unclaimed_are_other(view: GraphView, state: RoleState) -> None:
     """Every multiply no pass claimed is ``other``."""
     for n in view.nodes:
-        if view.macs[n] and n not in state.parts:
-            state.parts[n] = {Role.OTHER.value: view.macs[n]}
+        if n.macs and n not in state.parts:
+            state.parts[n] = {Role.OTHER.value: n.macs}
 
 
 def rules_pass(rules: tuple[RoleRule, ...], module_types: Mapping[str, type], only_unfused: bool) -> Pass:
@@ -417,12 +418,12 @@ def rules_pass(rules: tuple[RoleRule, ...], module_types: Mapping[str, type], on
             return
         for n in state.parts:
             spec = view.spec(n)
-            if not view.macs[n] or (only_unfused and (view.parts(n) or (spec and spec.family in FAMILY_ROLES))):
+            if not n.macs or (only_unfused and (view.parts(n) or (spec and spec.family in FAMILY_ROLES))):
                 continue
-            op, stack = view.ops[n].op_name, view.ops[n].module_stack
+            op, stack = n.op_name, n.module_stack
             for rule in rules:
                 if any(rule.matches(frame.path, module_types.get(frame.path), op) for frame in stack):
-                    state.parts[n] = {parse_role(rule.role).value: view.macs[n]}
+                    state.parts[n] = {parse_role(rule.role).value: n.macs}
                     break
 
     return apply
@@ -436,32 +437,30 @@ found before the FFN pass could take it for a down projection."""
 
 # --------------------------------------------------------------------------------------------------
 # blocks and the backward pass
-def _with_blocks(view: GraphView, state: RoleState) -> dict[fx.Node, Assignment]:
+def _with_blocks(view: GraphView, state: RoleState) -> dict[CapturedOp, Assignment]:
     """Each claim with its block: the deepest module enclosing its group (the first group that has it),
     else its own module."""
-    blocks: dict[fx.Node, str] = {}
+    blocks: dict[CapturedOp, str] = {}
     for members in state.groups:
-        block = common_path([m for m in (view.ops[n].module for n in members) if m is not None])
+        block = common_path([m for m in (n.module for n in members) if m is not None])
         for n in members:
             blocks.setdefault(n, block)
-    return {n: Assignment(dict(parts), blocks[n] if n in blocks else view.ops[n].module or "")
+    return {n: Assignment(dict(parts), blocks.get(n, n.module or ""))
             for n, parts in state.parts.items()}
 
 
-def _backward(view: GraphView, forward: Mapping[fx.Node, Assignment]) -> dict[fx.Node, Assignment]:
+def _backward(view: GraphView, forward: Mapping[CapturedOp, Assignment]) -> dict[CapturedOp, Assignment]:
     """A backward op takes the roles of the forward op whose autograd node ran it, in the same
     proportions (a fused QKV projection's gradient GEMMs split like the projection); a fused
     backward kernel with its own parts (SDPA backward) keeps them."""
     out = {}
     for n in view.backward_nodes:
-        macs = view.macs[n]
+        macs = n.macs
         if not macs:
             continue
-        op = view.ops[n]
-        forward_node = view.node_of.get(op.forward) if op.forward is not None else None
-        source = forward.get(forward_node) if forward_node is not None else None
-        if op.parts:
-            parts = dict(op.parts)
+        source = forward.get(n.forward) if n.forward is not None else None
+        if n.parts:
+            parts = dict(n.parts)
         elif source is not None and any(source.parts.values()):
             parts = scale_parts(source.parts, macs)
         else:
@@ -469,37 +468,37 @@ def _backward(view: GraphView, forward: Mapping[fx.Node, Assignment]) -> dict[fx
         if source is not None:
             out[n] = Assignment(parts, source.block)
         else:
-            out[n] = Assignment(parts, (op.forward.module if op.forward is not None else None) or "")
+            out[n] = Assignment(parts, (n.forward.module if n.forward is not None else None) or "")
     return out
 
 
 # --------------------------------------------------------------------------------------------------
 # searches shared by the passes
-def _projections_of(view: GraphView, state: RoleState, start: fx.Node, role: str
-                    ) -> list[tuple[fx.Node, fx.Node, str]]:
+def _projections_of(view: GraphView, state: RoleState, start: CapturedOp, role: str
+                    ) -> list[tuple[CapturedOp, CapturedOp, str]]:
     """(projection, consumer target, role) for the weight matmuls nearest behind ``start``."""
     return [(p, start, role) for p in _nearest_before(view, start)
             if view.is_weight_matmul(p) and (p not in state.parts or p in state.demands)]
 
 
-def _nearest_before(view: GraphView, start: Any, stop_at_softmax: bool = False) -> list[fx.Node]:
+def _nearest_before(view: GraphView, start: Any, stop_at_softmax: bool = False) -> list[CapturedOp]:
     """Multiply nodes reached first walking back from ``start`` through ops without multiplies."""
-    if not isinstance(start, fx.Node):
+    if not isinstance(start, CapturedOp):
         return []
     if stop_at_softmax:
         return view.frontier([start], inputs_of, lambda n: n is not start and view.packet(n) in SOFTMAX_OPS)
     return view.cached("before", start, lambda: view.frontier([start], inputs_of))
 
 
-def _nearest_after(view: GraphView, start: fx.Node, through_reductions: bool = False) -> list[fx.Node]:
+def _nearest_after(view: GraphView, start: CapturedOp, through_reductions: bool = False) -> list[CapturedOp]:
     """Multiply nodes reached first walking forward from ``start`` through ops without multiplies
     (not through another softmax or a normalisation, nor a reduction unless ``through_reductions``)."""
     barriers = ("norm",) if through_reductions else BARRIER_CATEGORIES
     return view.frontier(view.users(start), view.users, lambda n: view.packet(n) in SOFTMAX_OPS or (
-        view.ops[n].elementwise or ("",))[0] in barriers)
+        n.elementwise or ("",))[0] in barriers)
 
 
-def _passes_activation(view: GraphView, start: fx.Node) -> bool:
+def _passes_activation(view: GraphView, start: CapturedOp) -> bool:
     """An activation function lies between ``start`` and the multiplies behind it."""
     return view.activated(start, elementwise.ACTIVATION_OPS)
 

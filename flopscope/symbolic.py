@@ -25,13 +25,13 @@ from typing import Any
 
 import sympy
 import torch
-from torch import fx, nn
+from torch import nn
 from torch._dynamo.source import ConstantSource
 from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv
 from torch.utils import _pytree as pytree
 from torch.utils._sympy.functions import FloorDiv
 
-from .capture import RECOMPUTE
+from .capture import RECOMPUTE, CapturedOp
 from .errors import RunError, SymbolicError
 from .fake import CountingFakeTensorMode, FakeConverter
 from .profile import Profile
@@ -135,9 +135,9 @@ class SymbolicTrace:
         """The closed-form predictions (:func:`flopscope.reconcile.reconcile`) at length ``n``: every symbolic
         count and module input shape of the trace evaluated there (roles set by :meth:`role_counts`)."""
         with _quiet_symbolic_graph():
-            assignments: dict[fx.Node, Assignment] = {
-                node: Assignment({role: self.at(macs, n) for role, macs in a.parts.items()}, a.block)
-                for node, a in self.profile.role_assignments().items()}
+            assignments: dict[CapturedOp, Assignment] = {
+                op: Assignment({role: self.at(macs, n) for role, macs in a.parts.items()}, a.block)
+                for op, a in self.profile.role_assignments_by_op().items()}
         inputs = {call: tuple((key, tuple(self.at(d, n) for d in shape)) for key, shape in shapes)
                   for call, shapes in self.profile.module_inputs().items()}
         return reconcile(assignments, self.profile.facts, inputs, spec)
