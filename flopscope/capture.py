@@ -681,16 +681,15 @@ def _map_tensors(x: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
     if isinstance(x, torch.Tensor):
         return fn(x)
     if isinstance(x, (tuple, list)):
-        if not any(isinstance(v, _CONTAINERS) for v in x):
-            return x  # sizes, strides, dims: nothing to map
-        mapped = [_map_tensors(v, fn) for v in x]
+        mapped = [fn(v) if isinstance(v, torch.Tensor) else _map_tensors(v, fn) if isinstance(v, _NESTED) else v
+                  for v in x]
         return tuple(mapped) if isinstance(x, tuple) else mapped
     if isinstance(x, dict):
         return {k: _map_tensors(v, fn) for k, v in x.items()} if x else x
     return x
 
 
-_CONTAINERS = (torch.Tensor, tuple, list, dict)
+_NESTED = (tuple, list, dict)
 
 
 def _tensors(x: Any) -> list[torch.Tensor]:
