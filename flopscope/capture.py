@@ -270,6 +270,7 @@ class _OpClass:
     name: str = "op"  # the packet's name, the stem of its nodes' names
     passed: bool = False  # a metadata query or a callable that is no op: run, not recorded
     access: str = traffic.ANY  # how it touches its tensors (traffic.access_of)
+    checked: bool = False  # fake tensors: checked as the real kernel would (operand dtypes, lookup indices)
 
 
 _OP_TYPES = (torch._ops.OpOverload, torch._ops.HigherOrderOperator)
@@ -278,8 +279,9 @@ _OP_TYPES = (torch._ops.OpOverload, torch._ops.HigherOrderOperator)
 def _classify(func: Any, registry: FormulaRegistry) -> _OpClass:
     if func in elementwise.METADATA_OPS or not isinstance(func, _OP_TYPES):
         return _PASSED
-    return dataclasses.replace(_classify_op(func, registry), name=getattr(_packet(func), "__name__", "op"),
-                               access=traffic.access_of(func))
+    found = _classify_op(func, registry)
+    return dataclasses.replace(found, name=getattr(_packet(func), "__name__", "op"), access=traffic.access_of(func),
+                               checked=found.spec is not None or _packet(func) in EMBEDDING_LOOKUPS)
 
 
 def _classify_op(func: Any, registry: FormulaRegistry) -> _OpClass:
@@ -403,9 +405,10 @@ class Recorder(TorchDispatchMode):
             if decomposed is not NotImplemented:
                 self.decomposed[op_name(func)] += 1
                 return decomposed
-            known = self._classes[id(func)] = dataclasses.replace(_UNSUPPORTED, name=known.name, access=known.access)
+            known = self._classes[id(func)] = dataclasses.replace(_UNSUPPORTED, name=known.name, access=known.access,
+                                                                  checked=known.checked)
         start = time.perf_counter()
-        out = self._execute(func, args, kwargs, stack, known.spec)
+        out = self._execute(func, args, kwargs, stack, known)
         seconds = time.perf_counter() - start
         op = self._record(func, args, kwargs, out, stack, known)
         if self.timed:
@@ -424,12 +427,12 @@ class Recorder(TorchDispatchMode):
         return out
 
     def _execute(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], stack: tuple[ModuleCall, ...],
-                 spec: OpSpec | None) -> Any:
+                 known: _OpClass) -> Any:
         """Run the op; remember where the first failure happened (for the error the user sees). On fake
         tensors, first check what the real kernel would check and fake kernels do not."""
         try:
-            if self.fake:
-                self._check_as_the_real_kernel(func, args, spec)
+            if self.fake and known.checked:
+                self._check_as_the_real_kernel(func, args, known.spec)
             return func(*args, **kwargs)
         except Exception:  # any kernel's error: noted here, re-raised unless a fake-shape rule stands in
             maker = FAKE_SHAPE_RULES.get(_packet(func)) if self.fake else None
