@@ -271,6 +271,7 @@ class _OpClass:
     passed: bool = False  # a metadata query or a callable that is no op: run, not recorded
     access: str = traffic.ANY  # how it touches its tensors (traffic.access_of)
     checked: bool = False  # fake tensors: checked as the real kernel would (operand dtypes, lookup indices)
+    constructor: bool = False  # makes a tensor from no tensor, on the device its ``device`` argument names
 
 
 _OP_TYPES = (torch._ops.OpOverload, torch._ops.HigherOrderOperator)
@@ -281,7 +282,14 @@ def _classify(func: Any, registry: FormulaRegistry) -> _OpClass:
         return _PASSED
     found = _classify_op(func, registry)
     return dataclasses.replace(found, name=getattr(_packet(func), "__name__", "op"), access=traffic.access_of(func),
-                               checked=found.spec is not None or _packet(func) in EMBEDDING_LOOKUPS)
+                               checked=found.spec is not None or _packet(func) in EMBEDDING_LOOKUPS,
+                               constructor=_is_constructor(func))
+
+
+def _is_constructor(func: Any) -> bool:
+    """An op with a ``device`` argument and no tensor argument (``zeros``, ``randn``, ``arange``, ``full``, ...)."""
+    arguments = getattr(getattr(func, "_schema", None), "arguments", ())
+    return any(a.name == "device" for a in arguments) and not any("Tensor" in str(a.type) for a in arguments)
 
 
 def _classify_op(func: Any, registry: FormulaRegistry) -> _OpClass:
@@ -302,6 +310,7 @@ def _classify_op(func: Any, registry: FormulaRegistry) -> _OpClass:
 
 
 _UNSUPPORTED = _OpClass(Cost.UNSUPPORTED)
+_LIFT_FRESH = torch.ops.aten.lift_fresh.default
 _PASSED = _OpClass(Cost.ZERO, passed=True)
 _ATTENTION_FAMILIES = (OpFamily.ATTENTION, OpFamily.FUSED_LAYER)
 
@@ -316,6 +325,11 @@ class Recorder(TorchDispatchMode):
             (parameters, buffers, inputs); other outside tensors become ``placeholder`` constants.
         timed: record each op's wall time (real execution on the CPU: ops are synchronous).
         fake: running on fake tensors: :data:`FAKE_SHAPE_RULES` stand in for over-strict fake kernels.
+        device: the device of every tensor the run makes (``meta`` for a count on meta kernels): a constructor
+            (``zeros``, ``randn``, ``arange``, ... ; a device-less one arrives here as ``device="cpu"``) makes it
+            there, and a tensor made from data (``torch.tensor``) is moved there, so nothing is made for real (no
+            memory, no draw from the CPU's random generator). One check per op, where a default-device context
+            (``with torch.device("meta")``) would add a Python call to every torch function the model calls.
     """
 
     supports_higher_order_operators = True
@@ -323,8 +337,9 @@ class Recorder(TorchDispatchMode):
     run as they are and are listed as unsupported (what they run inside is not seen)."""
 
     def __init__(self, tracker: ModuleTracker, registry: FormulaRegistry, leaf_names: Mapping[int, LeafName],
-                 *, timed: bool = False, fake: bool = False) -> None:
+                 *, timed: bool = False, fake: bool = False, device: torch.device | None = None) -> None:
         super().__init__()
+        self.device = device
         self.ops: list[CapturedOp] = []
         self.tracker = tracker
         self.registry = registry
@@ -389,6 +404,11 @@ class Recorder(TorchDispatchMode):
             known = _classify(func, self.registry)
             if isinstance(func, _OP_TYPES):  # (another callable may not live long: its id could be reused)
                 self._classes[id(func)] = known
+        if self.device is not None:
+            if known.constructor and kwargs.get("device") != self.device:
+                kwargs = {**kwargs, "device": self.device}
+            elif func is _LIFT_FRESH and args[0].device != self.device:  # torch.tensor(data): made on the CPU first
+                args = (args[0].to(self.device),)
         stack = self.tracker.stack
         forward_op = None
         recompute = self._backward and torch.is_grad_enabled()

@@ -7,6 +7,7 @@ kernels (and is counted the same) as one built on the CPU.
 from __future__ import annotations
 
 import collections
+import contextlib
 import copy
 import dataclasses
 import functools
@@ -130,7 +131,10 @@ class MetaConverter:
     state is already on meta: its ops then run on PyTorch's meta kernels directly, with no fake-tensor mode
     between them and the recorder (the fast way to count a model too large to build). Even a meta tensor gets a
     new one, so the run never touches the user's (their ``.grad``, their version counters). A run enters
-    :attr:`mode` as it enters a :class:`FakeConverter`'s fake mode."""
+    :attr:`mode` as it enters a :class:`FakeConverter`'s fake mode; its recorder makes every new tensor on
+    :attr:`device` (``Recorder(device=...)``)."""
+
+    device = torch.device("meta")
 
     def __init__(self) -> None:
         self._memo: dict[int, torch.Tensor] = {}
@@ -139,9 +143,8 @@ class MetaConverter:
 
     @property
     def mode(self) -> Any:
-        """``torch.device("meta")`` as the default device: a tensor the forward makes without a device is a meta
-        tensor too, never made for real (no memory, no draw from the CPU's random generator)."""
-        return torch.device("meta")
+        """Nothing to enter: the tensors are meta tensors, and the recorder makes new ones on meta too."""
+        return contextlib.nullcontext()
 
     def __call__(self, t: torch.Tensor) -> torch.Tensor:
         meta = self._memo.get(id(t))

@@ -307,7 +307,8 @@ def _recorder(model: nn.Module, tracker: ModuleTracker, registry: FormulaRegistr
     if convert is None:
         return Recorder(tracker, registry, _state_names(model, lambda t: t), timed=True), {}
     state = {name: convert(t) for name, t in _named_state(model)}
-    return Recorder(tracker, registry, _state_names(model, convert), fake=True), state
+    device = convert.device if isinstance(convert, MetaConverter) else None
+    return Recorder(tracker, registry, _state_names(model, convert), fake=True, device=device), state
 
 
 def _backward(model: nn.Module, output: Any, loss: Loss | None, recorder: Recorder) -> None:

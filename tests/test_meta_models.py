@@ -68,20 +68,42 @@ def test_the_meta_run_still_refuses_ids_outside_the_table() -> None:
         raise AssertionError("an id equal to vocab_size was accepted")
 
 
-class _MakesACpuTensor(nn.Module):
-    """Adds a tensor made on the CPU: meta kernels refuse to mix it with meta activations."""
+class _ReadsAValue(nn.Module):
+    """Reads the value of a tensor made from data: a meta tensor has none (fake tensors keep small constants)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.proj = nn.Linear(D, D)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.proj(x) + torch.ones(D, device="cpu")
+        return self.proj(x) * torch.tensor(2.0).item()
+
+
+class _MakesTensorsOnTheCpu(nn.Module):
+    """Makes tensors with ``device="cpu"`` and from data (``torch.tensor``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(D, D)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(x) * torch.tensor(2.0) + torch.rand(D, device="cpu")
+
+
+def test_a_meta_run_makes_the_tensors_the_forward_makes_on_meta() -> None:
+    """A tensor the forward makes (on the CPU by name, or from data) is made on meta in a meta run: the count stays
+    on meta kernels, allocates nothing and draws nothing from the CPU's random generator."""
+    with torch.device("meta"):
+        model = _MakesTensorsOnTheCpu()
+    state = torch.get_rng_state()
+    prof = flopscope.profile(model, torch.zeros(B, N, D), mode="fake")
+    assert prof.total() == B * N * D * D and prof.output.is_meta
+    assert torch.equal(torch.get_rng_state(), state)
 
 
 def test_a_meta_model_that_meta_kernels_cannot_run_is_counted_on_fake_cpu_tensors() -> None:
     with torch.device("meta"):
-        model = _MakesACpuTensor()
+        model = _ReadsAValue()
     prof = flopscope.profile(model, torch.zeros(B, N, D), mode="fake")
     assert prof.total() == B * N * D * D
     assert not prof.output.is_meta  # the fake CPU run's output
