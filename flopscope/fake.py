@@ -249,6 +249,7 @@ def needs_real_data(error: BaseException) -> BaseException | None:
 
 _CONTAINERS = (list, tuple, dict, set, collections.deque)
 _ATOMS = frozenset({int, float, str, bool, type(None)})  # attribute values that hold nothing to rewire
+_EMPTY_COPIES = frozenset({dict, collections.OrderedDict, list, set})  # an empty one is copied as a new one
 
 
 def shadow_of(model: nn.Module, convert: Callable[[torch.Tensor], torch.Tensor]) -> nn.Module:
@@ -279,6 +280,8 @@ def shadow_of(model: nn.Module, convert: Callable[[torch.Tensor], torch.Tensor])
         copied, two levels deep)."""
         if type(value) in _ATOMS:
             return value
+        if type(value) in _EMPTY_COPIES and not value:  # most hook tables: a new empty one
+            return type(value)()
         if isinstance(value, nn.Module):
             return twins.get(id(value), value)
         if isinstance(value, torch.Tensor):
