@@ -120,7 +120,7 @@ class OpFailure:
         return f"op {self.op} in module '{self.module}' with input shapes {shapes}"
 
 
-@dataclass(eq=False, slots=True)
+@dataclass(eq=False, slots=True, repr=False)
 class CapturedOp:
     """One recorded op (or one outside tensor: a leaf), before and after it becomes an fx node.
 
@@ -157,6 +157,12 @@ class CapturedOp:
     inputs: tuple[CapturedOp, ...] = ()  # the records among args / kwargs, each once, in order (fx's all_input_nodes)
     users: tuple[CapturedOp, ...] = ()  # the records that take this one's output, in order
 
+    def __repr__(self) -> str:
+        # short: its arguments, forward op, inputs and users lead through the whole graph
+        where = f", module={self.module!r}" if self.module_stack else ""
+        return (f"CapturedOp({self.name}, {self.op_name}{where}, phase={self.phase}, inputs={list(self.input_shapes)}, "
+                f"outputs={list(self.output_shapes)}, macs={self.macs})")
+
     @property
     def module(self) -> str | None:
         """Path of the innermost module call running the op (``None`` for a leaf)."""
@@ -171,19 +177,19 @@ class CapturedOp:
 def link(ops: Sequence[CapturedOp]) -> None:
     """Set each record's :attr:`~CapturedOp.index`, :attr:`~CapturedOp.inputs` and :attr:`~CapturedOp.users`
     (once: a capture's records do not change after the run)."""
-    if ops and ops[-1].index == len(ops) - 1:
+    if ops and ops[-1].index == len(ops) - 1:  # (set last: a link interrupted or running in another thread is redone)
         return
     users: dict[CapturedOp, list[CapturedOp]] = {}
-    for i, op in enumerate(ops):
-        op.index = i
+    for op in ops:
         found: dict[CapturedOp, None] = {}
         _collect(op.args, found)
         _collect(op.kwargs, found)
         op.inputs = tuple(found)
         for source in op.inputs:
             users.setdefault(source, []).append(op)
-    for op in ops:
+    for i, op in enumerate(ops):
         op.users = tuple(users.get(op, ()))
+        op.index = i
 
 
 def _collect(x: Any, found: dict[CapturedOp, None]) -> None:

@@ -371,13 +371,12 @@ class Profile:
         embedding lookup, with 0 MACs): its ``{role: MACs}`` split (read-only) and its block. Also stamps the
         nodes' ``role`` / ``role_parts`` / ``block`` meta keys."""
         if self._roles is None:
-            by_op = self.role_assignments_by_op()
+            node_of = {captured(node): node for node in self._fx_graph().nodes}
             roles: dict[fx.Node, Assignment] = {}
-            for node in self._fx_graph().nodes:
-                assignment = by_op.get(captured(node))
-                if assignment is not None:
-                    node.meta.update(role_parts=dict(assignment.parts), role=assignment.role, block=assignment.block)
-                    roles[node] = assignment
+            for op, assignment in self.role_assignments_by_op().items():  # (in the order the passes claimed them)
+                node = node_of[op]
+                node.meta.update(role_parts=dict(assignment.parts), role=assignment.role, block=assignment.block)
+                roles[node] = assignment
             self._roles = MappingProxyType(roles)
         return self._roles
 

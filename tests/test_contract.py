@@ -8,8 +8,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch import nn
 
 import flopscope
+from flopscope.capture import captured
 from flopscope.models import TransformerBlock
 
 PACKAGE = Path(flopscope.__file__).parent
@@ -142,6 +144,16 @@ def test_role_assignments_are_read_only() -> None:
         assignment.parts["q_proj"] = 10**9  # type: ignore[index]
     with pytest.raises(TypeError):
         assignments[node] = assignment  # type: ignore[index]
+
+
+def test_role_assignments_on_nodes_and_on_records_agree_in_order_and_records_print_short() -> None:
+    """The fx-keyed and record-keyed assignments list the same ops in the same order; a record's repr is one line
+    (linked records lead through the whole graph: a repr that followed them grew exponentially with depth)."""
+    prof = flopscope.profile(nn.Sequential(*(TransformerBlock(32, 4, 64) for _ in range(6))), torch.zeros(1, 8, 32))
+    by_op = prof.role_assignments_by_op()
+    assert [captured(node) for node in prof.role_assignments()] == list(by_op)
+    assert [a for a in prof.role_assignments().values()] == list(by_op.values())
+    assert max(len(repr(captured(node))) for node in prof.graph.nodes) < 1000
 
 
 def test_a_profiler_block_warns_at_the_with_statement() -> None:
