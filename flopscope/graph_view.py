@@ -55,11 +55,12 @@ class GraphView:
         weighty: dict[CapturedOp, bool] = {}
         computed: dict[CapturedOp, bool] = {}
         for n in self.nodes:
-            parents = n.inputs
             leaf = n.leaf
-            dynamic[n] = leaf in (LeafKind.INPUT, LeafKind.CONSTANT) or any(dynamic[p] for p in parents)
-            weighty[n] = leaf is LeafKind.PARAMETER or any(weighty[p] for p in parents)
-            computed[n] = any(computed[p] or p.macs for p in parents)
+            d, w, c = leaf is LeafKind.INPUT or leaf is LeafKind.CONSTANT, leaf is LeafKind.PARAMETER, False
+            for p in n.inputs:
+                d, w, c = d or dynamic[p], w or weighty[p], c or computed[p] or bool(p.macs)
+            dynamic[n], weighty[n], computed[n] = d, w, c
+        self._packets = {n: getattr(n.target, "overloadpacket", None) for n in ops}
         self.dynamic: Mapping[CapturedOp, bool] = MappingProxyType(dynamic)
         self.live: Mapping[CapturedOp, bool] = MappingProxyType({n: dynamic[n] or computed[n] for n in self.nodes})
         self.raw_weight: Mapping[CapturedOp, bool] = MappingProxyType(
@@ -85,7 +86,7 @@ class GraphView:
 
     def packet(self, n: CapturedOp) -> Any:
         """The ATen op packet of a call node (``None`` for leaves and ``getitem``)."""
-        return getattr(n.target, "overloadpacket", None)
+        return self._packets[n]
 
     def spec(self, n: CapturedOp) -> OpSpec | None:
         return n.spec
