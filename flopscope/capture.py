@@ -606,8 +606,10 @@ class Recorder(TorchDispatchMode):
             op.collective = (known.collective, communication.message_bytes(func, args, kwargs, results),
                              communication.group_size(args, kwargs))
         if self.fake:  # the least memory a real run would need (a fall-back's estimate)
-            sizes = (traffic.nbytes(t) for t in results)  # a symbolic size (symbolic trace) is not compared: no guard
-            self.largest_out = max([self.largest_out, *(size for size in sizes if isinstance(size, int))])
+            for t in results:
+                size = traffic.nbytes(t)  # a symbolic size (symbolic trace) is not compared: no guard
+                if isinstance(size, int) and size > self.largest_out:
+                    self.largest_out = size
         if known.spec is not None:
             macs = formulas.count(known.spec.formula, args, kwargs, _first_shape(out), values=self.value_of)
             if isinstance(macs, formulas.UpperBound):

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
@@ -80,6 +81,14 @@ class Capture:
                    dict(tracker.root_seconds), dict(recorder.upper_bounds))
 
 
+@dataclass(frozen=True)
+class _Tally:
+    counted: list[tuple[str, int, frozenset[str], str]]  # (op, MACs, module paths on the stack, phase) per counted op
+    moved: list[tuple[int, frozenset[str], str]]  # (bytes, module paths on the stack, phase) per op that moves memory
+    elementwise: dict[str, int]  # elementwise ops per category
+    elementwise_by_op: dict[str, int]  # elementwise ops per op name
+
+
 class Profile:
     """Counts of one profiled run (or of every forward inside a :func:`flopscope.profiler` block).
 
@@ -101,12 +110,16 @@ class Profile:
         self._mode = mode
         self._output = output
         self._notes = tuple(notes)
+
+    @cached_property
+    def _tally(self) -> _Tally:
+        """The records summed once, on the first query that needs them (finding roles does not)."""
         counted: list[tuple[str, int, frozenset[str], str]] = []
         moved: list[tuple[int, frozenset[str], str]] = []
         elementwise: Counter[str] = Counter()
         elementwise_by_op: Counter[str] = Counter()
         paths_of: dict[int, frozenset[str]] = {}  # id(module stack) -> its paths (the ops of a call share one stack)
-        for op in capture.ops:
+        for op in self._ops:
             paths = paths_of.get(id(op.module_stack))
             if paths is None:
                 paths = paths_of[id(op.module_stack)] = frozenset(frame.path for frame in op.module_stack)
@@ -118,10 +131,7 @@ class Profile:
                 category, count = op.elementwise
                 elementwise[category] += count
                 elementwise_by_op[op.op_name] += count
-        self._counted = counted  # (op, MACs, module paths on the stack, phase) per counted op
-        self._moved = moved  # (bytes, module paths on the stack, phase) per op that moves memory
-        self._elementwise = dict(elementwise)
-        self._elementwise_by_op = dict(elementwise_by_op)
+        return _Tally(counted, moved, dict(elementwise), dict(elementwise_by_op))
 
     # ---------------------------------------------------------------------------------------------
     # what was captured
@@ -252,7 +262,7 @@ class Profile:
         "causal" or "mask") prices the attention core by that convention (:mod:`flopscope.attention_mask`)."""
         if module != "":
             self._check_module(module)
-        return sum(macs for _, macs, paths, ph in self._counted
+        return sum(macs for _, macs, paths, ph in self._tally.counted
                    if (module == "" or module in paths) and (phase is None or ph == phase)
                    ) - attention_mask.saved(self, attention, module, phase)
 
@@ -263,7 +273,7 @@ class Profile:
     def by_phase(self) -> dict[str, int]:
         """MACs of the forward pass and (with ``backward=True``) of the backward pass."""
         out: Counter[str] = Counter()
-        for _, macs, _, phase in self._counted:
+        for _, macs, _, phase in self._tally.counted:
             out[phase] += macs
         return dict(out)
 
@@ -271,7 +281,7 @@ class Profile:
         """MACs per module path, inclusive of submodules, for every module of the model (0 where none);
         ``by_module()[""] == total()``. A module called several times sums its calls."""
         out = dict.fromkeys(self._module_paths, 0)
-        for _, macs, paths, _ in self._counted:
+        for _, macs, paths, _ in self._tally.counted:
             for path in paths:
                 out[path] = out.get(path, 0) + macs
         return out
@@ -279,7 +289,7 @@ class Profile:
     def by_op(self) -> dict[str, int]:
         """MACs per ATen op (``"aten.mm"``, ``"aten._scaled_dot_product_flash_attention_for_cpu"``)."""
         out: Counter[str] = Counter()
-        for op, macs, _, _ in self._counted:
+        for op, macs, _, _ in self._tally.counted:
             out[op] += macs
         return dict(out)
 
@@ -288,14 +298,14 @@ class Profile:
     def by_module_and_op(self) -> dict[str, dict[str, int]]:
         """``{module path: {op: MACs}}``, inclusive of submodules."""
         out: dict[str, Counter[str]] = defaultdict(Counter)
-        for op, macs, paths, _ in self._counted:
+        for op, macs, paths, _ in self._tally.counted:
             for path in paths:
                 out[path][op] += macs
         return {path: dict(out[path]) for path in self._module_paths if path in out}
 
     def op_calls(self) -> dict[str, int]:
         """How many times each counted op ran."""
-        return dict(Counter(op for op, _, _, _ in self._counted))
+        return dict(Counter(op for op, _, _, _ in self._tally.counted))
 
     # ---------------------------------------------------------------------------------------------
     # bytes moved (the memory side of the roofline; the model is flopscope.traffic's)
@@ -304,13 +314,13 @@ class Profile:
         move memory too), of the whole run or of one module inclusive of its submodules."""
         if module != "":
             self._check_module(module)
-        return sum(size for size, paths, ph in self._moved
+        return sum(size for size, paths, ph in self._tally.moved
                    if (module == "" or module in paths) and (phase is None or ph == phase))
 
     def bytes_by_module(self) -> dict[str, int]:
         """Bytes moved per module path, inclusive of submodules (0 where none); ``[""] == total_bytes()``."""
         out = dict.fromkeys(self._module_paths, 0)
-        for size, paths, _ in self._moved:
+        for size, paths, _ in self._tally.moved:
             for path in paths:
                 out[path] = out.get(path, 0) + size
         return out
@@ -441,11 +451,11 @@ class Profile:
 
     def elementwise(self) -> dict[str, int]:
         """Elementwise ops (not MACs) per category: pointwise, softmax, norm, reduction, ..."""
-        return dict(self._elementwise)
+        return dict(self._tally.elementwise)
 
     def elementwise_by_op(self) -> dict[str, int]:
         """Elementwise ops (not MACs) per ATen op."""
-        return dict(self._elementwise_by_op)
+        return dict(self._tally.elementwise_by_op)
 
     def total_elementwise(self) -> int:
         """All elementwise ops (softmax, norms, activations, adds, ...); never part of ``total()``."""
@@ -462,7 +472,7 @@ class Profile:
     # ---------------------------------------------------------------------------------------------
     def __repr__(self) -> str:
         return (f"<{type(self).__name__} mode={self._mode} total={self.total():,} MACs "
-                f"({self.total_flops():,} FLOPs), {len(self._counted)} counted ops, "
+                f"({self.total_flops():,} FLOPs), {len(self._tally.counted)} counted ops, "
                 f"{sum(self._capture.unsupported.values())} unsupported calls>")
 
     def _check_module(self, module: str) -> None:
