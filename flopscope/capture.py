@@ -446,7 +446,7 @@ class Recorder(TorchDispatchMode):
         if self._deferred is not None and self._deferred[0] is func:
             self._by_sequence_nr[self._deferred[1]] = op
             self._deferred = None
-        elif self._inputs_need_grad and (recompute or not self._backward) and torch.is_grad_enabled():
+        elif self._inputs_need_grad and (recompute or not self._backward):  # (grad mode on: _record)
             # the autograd node of this op was created just before it was dispatched here (a recomputed op's
             # node is differentiated by a reentrant checkpoint: its gradient belongs to the forward op it repeats)
             self._by_sequence_nr[torch.autograd._get_sequence_nr() - 1] = op.forward if recompute and op.forward else op
@@ -578,7 +578,7 @@ class Recorder(TorchDispatchMode):
         op = CapturedOp("call_function", func, _map_tensors(args, to_op), _map_tensors(kwargs, to_op) if kwargs else {},
                         known.name, phase, stack, cost=known.cost, spec=known.spec)
         op.input_shapes = tuple(shapes)
-        self._inputs_need_grad = any(t.requires_grad for t in inputs)
+        self._inputs_need_grad = torch.is_grad_enabled() and any(t.requires_grad for t in inputs)
         self.ops.append(op)
         if isinstance(out, torch.Tensor):
             op.output_shapes, op.dtype = (shape_of(out),), out.dtype

@@ -182,10 +182,11 @@ def _run(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], option
             tracker = ModuleTracker(target)
             if target is not model:  # an original module reached through a closure still has its path
                 tracker.add_paths(model)
-            recorder, state = _recorder(model, tracker, options.registry, convert)
+            named_state = list(_named_state(model))
+            recorder, state = _recorder(named_state, tracker, options.registry, convert)
             if convert is not None:
                 stack.enter_context(_quiet_fake_tensor_log())
-                real = tensors_in((args, kwargs)) + [t for _, t in _named_state(model)]
+                real = tensors_in((args, kwargs)) + [t for _, t in named_state]
                 args, kwargs = map_tensors((args, kwargs), convert, objects=lambda obj: isolated_copy(obj, convert))
                 recorder.leaf_values.update(_index_values(real, convert))
                 stack.enter_context(convert.mode)
@@ -243,7 +244,7 @@ class Session:
     def start(self) -> None:
         tracker = ModuleTracker(self.model, ranges=self.ranges)
         convert = new_converter() if self.fake else None
-        recorder, state = _recorder(self.model, tracker, self.options.registry, convert)
+        recorder, state = _recorder(list(_named_state(self.model)), tracker, self.options.registry, convert)
         try:
             self._stack.enter_context(deeper_recursion())
             self._stack.enter_context(eager_flex_attention())
@@ -301,14 +302,15 @@ def on_meta_kernels(model: nn.Module, options: CaptureOptions) -> bool:
     return not options.backward and _state_on_meta(model)
 
 
-def _recorder(model: nn.Module, tracker: ModuleTracker, registry: FormulaRegistry,
+def _recorder(named_state: list[tuple[str, torch.Tensor]], tracker: ModuleTracker, registry: FormulaRegistry,
               convert: Converter | None) -> tuple[Recorder, dict[str, torch.Tensor]]:
-    """The recorder of one run (timing ops when real), and for a fake run the model's state as fake tensors."""
+    """The recorder of one run (timing ops when real), and for a fake run the model's state (``named_state``:
+    :func:`_named_state`) as fake tensors."""
     if convert is None:
-        return Recorder(tracker, registry, _state_names(model, lambda t: t), timed=True), {}
-    state = {name: convert(t) for name, t in _named_state(model)}
+        return Recorder(tracker, registry, _state_names(named_state, lambda t: t), timed=True), {}
+    state = {name: convert(t) for name, t in named_state}
     device = convert.device if isinstance(convert, MetaConverter) else None
-    return Recorder(tracker, registry, _state_names(model, convert), fake=True, device=device), state
+    return Recorder(tracker, registry, _state_names(named_state, convert), fake=True, device=device), state
 
 
 def _backward(model: nn.Module, output: Any, loss: Loss | None, recorder: Recorder) -> None:
@@ -472,9 +474,10 @@ def _named_state(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
                            model.named_buffers(remove_duplicate=False))
 
 
-def _state_names(model: nn.Module, convert: Callable[[torch.Tensor], torch.Tensor]) -> dict[int, LeafName]:
+def _state_names(named_state: list[tuple[str, torch.Tensor]], convert: Callable[[torch.Tensor], torch.Tensor]
+                 ) -> dict[int, LeafName]:
     names: dict[int, LeafName] = {}
-    for name, t in _named_state(model):
+    for name, t in named_state:
         kind = LeafKind.PARAMETER if isinstance(t, nn.Parameter) else LeafKind.BUFFER
         converted = convert(t)
         names.setdefault(id(converted), LeafName("get_attr", name, kind))

@@ -29,7 +29,7 @@ from torch import nn
 
 class ModelSnapshot:
     def __init__(self, model: nn.Module, *, buffer_values: bool, grads: bool = False, tables: bool = True) -> None:
-        modules = list(model.modules())
+        modules = list(model.modules()) if tables else []
         self._tables = [(m, dict(m.__dict__), dict(m._parameters), dict(m._buffers), dict(m._modules))
                         for m in modules if tables and not isinstance(m, torch.jit.ScriptModule)]
         # hook tables are changed in place (register_forward_hook during a forward): their contents
@@ -38,7 +38,7 @@ class ModelSnapshot:
         self._hooks = [(table, dict(table)) for table in hook_tables if table]
         self._empty_hooks = [table for table in hook_tables if not table]  # most: checked for emptiness only
         self._training = [(m, m.training) for m in modules] if tables else []
-        named = list(model.named_parameters())
+        named = list(model.named_parameters()) if tables or grads else []
         self._requires_grad = [(p, p.requires_grad) for _, p in named] if tables else []
         # inference tensors have no version counter (a model built under torch.inference_mode)
         self._versions = [(name, p, p._version) for name, p in named if tables and not p.is_inference()]
