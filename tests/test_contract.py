@@ -156,6 +156,20 @@ def test_role_assignments_on_nodes_and_on_records_agree_in_order_and_records_pri
     assert max(len(repr(captured(node))) for node in prof.graph.nodes) < 1000
 
 
+def test_the_records_dataflow_is_the_fx_graphs() -> None:
+    """The role passes walk the records (capture.link): each record's inputs and users are its fx node's
+    ``all_input_nodes`` and ``users``, in the same order, forward and backward."""
+    model = TransformerBlock(32, 4, 64)
+    prof = flopscope.profile(model, torch.zeros(2, 8, 32), backward=True)
+    prof.by_role()  # links the records
+    nodes = list(prof.graph.nodes)
+    assert [captured(node).index for node in nodes] == list(range(len(nodes)))
+    for node in nodes:
+        op = captured(node)
+        assert list(op.inputs) == [captured(x) for x in node.all_input_nodes]
+        assert list(op.users) == [captured(x) for x in node.users]
+
+
 def test_a_profiler_block_warns_at_the_with_statement() -> None:
     model = _Unsupported()
     with pytest.warns(flopscope.FlopscopeWarning, match="no formula for") as caught, flopscope.profiler(model):
