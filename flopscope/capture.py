@@ -182,8 +182,7 @@ def link(ops: Sequence[CapturedOp]) -> None:
     users: dict[CapturedOp, list[CapturedOp]] = {}
     for op in ops:
         found: dict[CapturedOp, None] = {}
-        _collect(op.args, found)
-        _collect(op.kwargs, found)
+        _map_records((op.args, op.kwargs), found.setdefault)
         op.inputs = tuple(found)
         for source in op.inputs:
             users.setdefault(source, []).append(op)
@@ -192,15 +191,15 @@ def link(ops: Sequence[CapturedOp]) -> None:
         op.index = i
 
 
-def _collect(x: Any, found: dict[CapturedOp, None]) -> None:
+def _map_records(x: Any, fn: Callable[[CapturedOp], Any]) -> Any:
+    """``x`` (a record's args or kwargs) with ``fn(record)`` for each record inside its tuples, lists and dicts."""
     if isinstance(x, CapturedOp):
-        found[x] = None
-    elif isinstance(x, (tuple, list)):
-        for v in x:
-            _collect(v, found)
-    elif isinstance(x, dict):
-        for v in x.values():
-            _collect(v, found)
+        return fn(x)
+    if isinstance(x, (tuple, list)):
+        return type(x)([_map_records(v, fn) for v in x])
+    if isinstance(x, dict):
+        return {k: _map_records(v, fn) for k, v in x.items()}
+    return x
 
 
 CAPTURED = "flopscope.op"
@@ -224,23 +223,14 @@ def build_graph(ops: list[CapturedOp]) -> fx.Graph:
     graph = fx.Graph()
     nodes: dict[CapturedOp, fx.Node] = {}
 
-    def node_of(x: Any) -> Any:
-        if isinstance(x, CapturedOp):
-            return nodes[x]
-        if isinstance(x, (tuple, list)):
-            return type(x)([node_of(v) for v in x])
-        if isinstance(x, dict):
-            return {k: node_of(v) for k, v in x.items()}
-        return x
-
     for op in ops:
         # arguments set after creation: ``create_node`` walks them with pytree (to warn of raw SymInts), which
         # took a third of the time of building a large graph; the setters keep users and uses the same way
         node = nodes[op] = graph.create_node(op.node_op, op.target, name=op.name)
         if op.args:
-            node.args = node_of(op.args)
+            node.args = _map_records(op.args, nodes.__getitem__)
         if op.kwargs:
-            node.kwargs = node_of(op.kwargs)
+            node.kwargs = _map_records(op.kwargs, nodes.__getitem__)
         node.meta.update(_public_meta(op, nodes))  # (an attribute set would re-file the node in fx's lookup table)
     return graph
 
@@ -431,8 +421,7 @@ class Recorder(TorchDispatchMode):
             if decomposed is not NotImplemented:
                 self.decomposed[op_name(func)] += 1
                 return decomposed
-            known = self._classes[id(func)] = dataclasses.replace(_UNSUPPORTED, name=known.name, access=known.access,
-                                                                  checked=known.checked)
+            known = self._classes[id(func)] = dataclasses.replace(known, decompose=False)
         start = time.perf_counter()
         out = self._execute(func, args, kwargs, stack, known)
         seconds = time.perf_counter() - start

@@ -314,7 +314,7 @@ def _copy_container(value: Any, item: Callable[[Any], Any]) -> Any:
     """A copy of a list / tuple / set / deque / dict (subclasses such as ``OrderedDict`` kept) with ``item``
     applied to each element (to each value of a dict)."""
     if isinstance(value, dict):
-        copied = value.copy() if type(value) in (dict, collections.OrderedDict) else copy.copy(value)
+        copied = copy.copy(value)
         for key in list(copied):
             copied[key] = item(copied[key])
         return copied

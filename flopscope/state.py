@@ -31,13 +31,13 @@ class ModelSnapshot:
     def __init__(self, model: nn.Module, *, buffer_values: bool, grads: bool = False, tables: bool = True) -> None:
         modules = list(model.modules()) if tables else []
         self._tables = [(m, dict(m.__dict__), dict(m._parameters), dict(m._buffers), dict(m._modules))
-                        for m in modules if tables and not isinstance(m, torch.jit.ScriptModule)]
+                        for m in modules if not isinstance(m, torch.jit.ScriptModule)]
         # hook tables are changed in place (register_forward_hook during a forward): their contents
         hook_tables = [table for m, *_ in self._tables for name, table in vars(m).items()
                        if "hook" in name and isinstance(table, dict)]
         self._hooks = [(table, dict(table)) for table in hook_tables if table]
         self._empty_hooks = [table for table in hook_tables if not table]  # most: checked for emptiness only
-        self._training = [(m, m.training) for m in modules] if tables else []
+        self._training = [(m, m.training) for m in modules]
         named = list(model.named_parameters()) if tables or grads else []
         self._requires_grad = [(p, p.requires_grad) for _, p in named] if tables else []
         # inference tensors have no version counter (a model built under torch.inference_mode)

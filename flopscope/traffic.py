@@ -60,8 +60,6 @@ def bytes_moved(access: str, inputs: list[torch.Tensor], outputs: list[torch.Ten
         return 0
     distinct = list({id(t): t for t in inputs}.values()) if len(inputs) > 1 else inputs
     written = sum(map(nbytes, outputs))
-    if access == ANY:
-        return sum(map(nbytes, distinct)) + written
     if access == GATHER:
         return sum(map(nbytes, distinct[1:])) + 2 * written
     if access == SCATTER and len(distinct) > 1:
