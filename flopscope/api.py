@@ -44,7 +44,8 @@ def profile(model: nn.Module, *args: Any, mode: str = "auto", registry: FormulaR
             ``roles``.
         fallback_limit_bytes: in ``mode="auto"``, a fall-back to a real run is refused (with a
             :class:`~flopscope.errors.FakeTensorError` naming the op and the estimate) when the largest
-            tensor the fake run made is bigger than this; default: half the memory available now.
+            tensor the fake run made is bigger than this; default: half the memory available now where the real
+            run would allocate (the host's; a CUDA model's GPU's).
 
     The model is left exactly as it was (see :mod:`flopscope.state`), also when its forward raises.
     The current grad mode is kept: call under ``torch.no_grad()`` to count what inference runs (some

@@ -23,7 +23,7 @@ import sys
 import threading
 import warnings
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -100,7 +100,8 @@ def run_in_mode(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
             raise FakeTensorError(f"{type(model).__name__} cannot be counted on fake tensors ({failed.where}: "
                                   f"{failed.reason}), and it is on device='meta', so it cannot run for real; "
                                   "build it on a real device and use mode='real'") from failed.__cause__
-        limit = options.fallback_limit_bytes if options.fallback_limit_bytes is not None else default_fallback_limit()
+        limit = (options.fallback_limit_bytes if options.fallback_limit_bytes is not None
+                 else default_fallback_limit(_devices(model, args, kwargs)))
         if limit is not None and failed.largest_tensor_bytes > limit:
             raise FakeTensorError(
                 f"{type(model).__name__} cannot be counted on fake tensors ({failed.where}: {failed.reason}), and a "
@@ -204,7 +205,7 @@ def _run(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], option
                                    "of its code, so there is nothing to count; profile a module whose forward "
                                    "returns its outputs")
             if options.backward:
-                _backward(model, output, options.loss, recorder)
+                _backward(model, output, options.loss, recorder, fake)
     finally:
         unrestored = snapshot.restore()  # never raises: an error of the run is not masked
         if fake and options.backward:  # a reused converter's fake parameters must not carry .grad to the next run
@@ -313,7 +314,7 @@ def _recorder(named_state: list[tuple[str, torch.Tensor]], tracker: ModuleTracke
     return Recorder(tracker, registry, _state_names(named_state, convert), fake=True, device=device), state
 
 
-def _backward(model: nn.Module, output: Any, loss: Loss | None, recorder: Recorder) -> None:
+def _backward(model: nn.Module, output: Any, loss: Loss | None, recorder: Recorder, fake: bool) -> None:
     if loss is not None:
         value = loss(output)
     else:
@@ -327,9 +328,17 @@ def _backward(model: nn.Module, output: Any, loss: Loss | None, recorder: Record
             value.backward()
         except Exception as error:  # autograd or the model's backward hooks: re-raised as a ForwardError
             failure = recorder.failure
-            where = f" at {failure.describe()}" if failure is not None else ""
-            raise ForwardError(f"the backward pass of {type(model).__name__} raised {type(error).__name__}{where}: "
-                               f"{error}") from error
+            where = failure.describe() if failure is not None else f"the backward pass of {type(model).__name__}"
+            message = f"the backward pass of {type(model).__name__} raised {type(error).__name__} at {where}: {error}"
+            if not fake:
+                raise ForwardError(message) from error
+            # a fake kernel's backward can fail where the real one runs (a fake cuDNN RNN has no flat weight buffer)
+            raise ForwardError(message + _ON_FAKE_TENSORS, on_fake_tensors=True, where=where,
+                               reason=f"{type(error).__name__}: {_first_line(str(error))}",
+                               largest_tensor_bytes=recorder.largest_out) from error
+
+
+_ON_FAKE_TENSORS = " (on fake tensors: if the model runs with mode='real', fake tensors are the cause)"
 
 
 def _explain(model: nn.Module, error: Exception, recorder: Recorder, tracker: ModuleTracker,
@@ -355,8 +364,7 @@ def _explain(model: nn.Module, error: Exception, recorder: Recorder, tracker: Mo
     message = f"{name}.forward raised {type(error).__name__} at {where}: {error}"
     if not fake:
         return ForwardError(message)
-    hint = " (on fake tensors: if the model runs with mode='real', fake tensors are the cause)"
-    return ForwardError(message + hint, on_fake_tensors=True, where=where,
+    return ForwardError(message + _ON_FAKE_TENSORS, on_fake_tensors=True, where=where,
                         reason=f"{type(error).__name__}: {_first_line(str(error))}",
                         largest_tensor_bytes=recorder.largest_out)
 
@@ -500,17 +508,31 @@ def _input_names(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
     return names
 
 
-def default_fallback_limit() -> int | None:
-    """Half of the memory the system has available now (``MemAvailable`` of ``/proc/meminfo``; ``None``,
-    no limit, where that cannot be read)."""
+def default_fallback_limit(devices: Collection[torch.device] = ()) -> int | None:
+    """Half of the memory available now where a real run would allocate, in bytes: the free memory of each CUDA
+    device among ``devices`` (``torch.cuda.mem_get_info``), the system's (``MemAvailable`` of ``/proc/meminfo``)
+    for the CPU and the rest; the least of them. ``None`` (no limit) where none of that can be read."""
+    free: list[int | None] = [torch.cuda.mem_get_info(d)[0] for d in set(devices) if d.type == "cuda"]
+    if not free or any(d.type != "cuda" for d in devices):  # the CPU's tensors (and any other's): the system's
+        free.append(_system_available())
+    known = [bytes_free for bytes_free in free if bytes_free is not None]
+    return min(known) // 2 if known else None
+
+
+def _system_available() -> int | None:
     try:
         with open("/proc/meminfo") as meminfo:
             for line in meminfo:
                 if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024 // 2
+                    return int(line.split()[1]) * 1024
     except OSError:
         return None
     return None
+
+
+def _devices(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> set[torch.device]:
+    """The devices of the model's parameters and buffers and of the inputs."""
+    return {t.device for t in itertools.chain((t for _, t in _named_state(model)), tensors_in((args, kwargs)))}
 
 
 def _index_values(tensors: Sequence[torch.Tensor], convert: Converter) -> dict[int, torch.Tensor]:

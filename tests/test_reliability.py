@@ -6,6 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+from typing import Any
 
 import pytest
 import torch
@@ -212,6 +213,50 @@ def test_a_fall_back_that_would_need_too_much_memory_is_refused_before_it_runs()
     with pytest.warns(flopscope.FlopscopeWarning, match="counted in real mode"):
         small = flopscope.profile(_BranchOnData(), torch.randn(4, 64), fallback_limit_bytes=10 * 2**20)
     assert small.total() == 4 * 64 * 64
+
+
+class _BranchInBackward(torch.autograd.Function):
+    """Identity forward; its backward branches on a value, which fake tensors cannot give."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x)
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        (x,) = ctx.saved_tensors
+        return grad * 2 if x.sum().item() > 0 else grad
+
+
+class _ProjectThenBranchInBackward(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _BranchInBackward.apply(self.fc(x))
+
+
+def test_a_backward_that_cannot_run_on_fake_tensors_falls_back_to_a_real_run() -> None:
+    """As a forward does: mode="auto" counts it for real (PyTorch's fake cuDNN RNN backward is one such case)."""
+    model, x = _ProjectThenBranchInBackward(), torch.randn(2, 8)
+    with pytest.raises(flopscope.ForwardError, match=r"backward pass of _ProjectThenBranchInBackward.*fake tensors"):
+        flopscope.profile(model, x, mode="fake", backward=True)
+    with pytest.warns(flopscope.FlopscopeWarning, match="counted in real mode"):
+        prof = flopscope.profile(model, x, backward=True)
+    assert prof.by_phase() == {"forward": 2 * 8 * 4, "backward": 2 * 8 * 4}  # the weight's gradient only
+    assert prof.mode == "real" and all(p.grad is None for p in model.parameters())
+
+
+def test_the_default_fall_back_limit_is_half_the_free_memory_of_the_host(monkeypatch) -> None:
+    """A CPU model's fall-back allocates in the host's memory (a CUDA model's on its GPU: tests/test_cuda.py)."""
+    from flopscope import runner
+
+    monkeypatch.setattr(runner, "_system_available", lambda: 6 * 2**30)
+    assert runner.default_fallback_limit(()) == runner.default_fallback_limit({torch.device("cpu")}) == 3 * 2**30
+    monkeypatch.setattr(runner, "_system_available", lambda: None)  # no /proc/meminfo: no limit
+    assert runner.default_fallback_limit({torch.device("cpu")}) is None
 
 
 @pytest.mark.parametrize("mode", ["fake", "real"])
