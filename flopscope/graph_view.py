@@ -17,6 +17,10 @@ from .formulas import OpSpec
 T = TypeVar("T")
 
 
+_DYNAMIC, _WEIGHT, _COMPUTED = 1, 2, 4  # depends on an input or outside constant; on a parameter; on a multiply
+_LEAF_FACTS = {LeafKind.INPUT: _DYNAMIC, LeafKind.CONSTANT: _DYNAMIC, LeafKind.PARAMETER: _WEIGHT}
+
+
 def reach(starts: Iterable[CapturedOp], step: Callable[[CapturedOp], Iterable[CapturedOp]],
           expand: Callable[[CapturedOp], bool]) -> Iterator[CapturedOp]:
     """Every node reachable from ``starts`` (each once, depth first), moving by ``step`` out of the nodes
@@ -52,20 +56,23 @@ class GraphView:
         # backward and recomputed ops: each takes the roles of the forward op it differentiates or repeats
         self.backward_nodes: tuple[CapturedOp, ...] = tuple(n for n in ops if n.phase != FORWARD)
         dynamic: dict[CapturedOp, bool] = {}
-        weighty: dict[CapturedOp, bool] = {}
-        computed: dict[CapturedOp, bool] = {}
-        for n in self.nodes:
-            leaf = n.leaf
-            d, w, c = leaf is LeafKind.INPUT or leaf is LeafKind.CONSTANT, leaf is LeafKind.PARAMETER, False
+        live: dict[CapturedOp, bool] = {}
+        raw_weight: dict[CapturedOp, bool] = {}
+        passed_on: dict[CapturedOp, int] = {}  # what a node's users inherit: its facts, _COMPUTED if it multiplies
+        for n in self.nodes:  # in graph order: a node's inputs come first
+            facts = _LEAF_FACTS.get(n.leaf, 0)
             for p in n.inputs:
-                d, w, c = d or dynamic[p], w or weighty[p], c or computed[p] or bool(p.macs)
-            dynamic[n], weighty[n], computed[n] = d, w, c
+                facts |= passed_on[p]
+            dynamic[n] = bool(facts & _DYNAMIC)
+            live[n] = is_live = bool(facts & (_DYNAMIC | _COMPUTED))
+            raw_weight[n] = bool(facts & _WEIGHT) and not is_live
+            passed_on[n] = facts | _COMPUTED if n.macs else facts
         self._packets = {n: getattr(n.target, "overloadpacket", None) for n in ops}
         self.dynamic: Mapping[CapturedOp, bool] = MappingProxyType(dynamic)
-        self.live: Mapping[CapturedOp, bool] = MappingProxyType({n: dynamic[n] or computed[n] for n in self.nodes})
-        self.raw_weight: Mapping[CapturedOp, bool] = MappingProxyType(
-            {n: weighty[n] and not self.live[n] for n in self.nodes})
-        self._users = {n: tuple(u for u in n.users if u.phase == FORWARD) for n in self.nodes}
+        self.live: Mapping[CapturedOp, bool] = MappingProxyType(live)
+        self.raw_weight: Mapping[CapturedOp, bool] = MappingProxyType(raw_weight)
+        self._users = ({n: tuple(u for u in n.users if u.phase == FORWARD) for n in self.nodes} if self.backward_nodes
+                       else {n: tuple(n.users) for n in self.nodes})
         self._memo: dict[tuple[str, CapturedOp], Any] = {}
         self._matmul: dict[CapturedOp, bool] = {}
         self._weight_matmul: dict[CapturedOp, bool] = {}
@@ -151,7 +158,7 @@ class GraphView:
         if table is None:
             table = self._behind[key] = {}
             for m in self.nodes:  # in graph order: a node's inputs come first
-                table[m] = not m.macs and (any(table.get(p, False) for p in m.inputs) or test(m))
+                table[m] = not m.macs and (any(map(table.__getitem__, m.inputs)) or test(m))
         return table.get(n, False)
 
     def weight_operand(self, n: CapturedOp) -> CapturedOp:
