@@ -250,6 +250,7 @@ def needs_real_data(error: BaseException) -> BaseException | None:
 _CONTAINERS = (list, tuple, dict, set, collections.deque)
 _ATOMS = frozenset({int, float, str, bool, type(None)})  # attribute values that hold nothing to rewire
 _EMPTY_COPIES = frozenset({dict, collections.OrderedDict, list, set})  # an empty one is copied as a new one
+_TABLES = frozenset({"_parameters", "_buffers", "_modules"})  # a module's tables: made anew by shadow_of
 
 
 def shadow_of(model: nn.Module, convert: Callable[[torch.Tensor], torch.Tensor]) -> nn.Module:
@@ -264,50 +265,75 @@ def shadow_of(model: nn.Module, convert: Callable[[torch.Tensor], torch.Tensor])
     (the fake mode converts them as they are read)."""
     if isinstance(model, torch.jit.ScriptModule):
         return model
-    originals = {id(m): m for m in model.modules()}
-    twins: dict[int, nn.Module] = {}
-    for module in originals.values():
-        twin = object.__new__(type(module))  # not copy.copy: parametrized modules refuse to be pickled
-        twin.__dict__.update(module.__dict__)
-        for cls in type(module).__mro__:  # __slots__ values live outside __dict__
-            for slot in getattr(cls, "__slots__", ()):
-                if slot != "__dict__" and hasattr(module, slot):
-                    object.__setattr__(twin, slot, getattr(module, slot))
-        twins[id(module)] = twin
+    originals = _modules_of(model)
+    # not copy.copy: parametrized modules refuse to be pickled
+    twins: dict[int, nn.Module] = {key: object.__new__(type(m)) for key, m in originals.items()}
 
     def rewire(value: Any, depth: int = 0) -> Any:
         """``value`` with the model's modules replaced by their twins and tensors by fake ones (containers
-        copied, two levels deep)."""
-        if type(value) in _ATOMS:
+        copied, two levels deep). Tested by type (``issubclass``): ``isinstance`` of an object that is none of
+        these asks its ``__class__``, a Python call on a Hugging Face config."""
+        kind = type(value)
+        if kind in _ATOMS:
             return value
-        if type(value) in _EMPTY_COPIES and not value:  # most hook tables: a new empty one
-            return type(value)()
-        if isinstance(value, nn.Module):
+        if kind in _EMPTY_COPIES and not value:  # most hook tables: a new empty one
+            return kind()
+        if issubclass(kind, nn.Module):
             return twins.get(id(value), value)
-        if isinstance(value, torch.Tensor):
+        if issubclass(kind, torch.Tensor):
             return convert(value)
-        if isinstance(value, types.MethodType) and isinstance(value.__self__, nn.Module):
+        if kind is types.MethodType and isinstance(value.__self__, nn.Module):
             return types.MethodType(value.__func__, rewire(value.__self__))
-        if isinstance(value, functools.partial):
+        if issubclass(kind, functools.partial):
             return functools.partial(rewire(value.func, depth), *(rewire(a, depth) for a in value.args),
                                      **{k: rewire(v, depth) for k, v in value.keywords.items()})
-        if isinstance(value, weakref.ref) and not isinstance(value, weakref.WeakMethod):
+        if issubclass(kind, weakref.ref) and not issubclass(kind, weakref.WeakMethod):
             target = value()
             return weakref.ref(twins[id(target)]) if target is not None and id(target) in twins else value
-        if depth < 2 and (type(value) in _CONTAINERS or isinstance(value, (dict, collections.deque))):
+        if depth < 2 and (kind in _CONTAINERS or issubclass(kind, (dict, collections.deque))):
             return _copy_container(value, lambda v: rewire(v, depth + 1))
         return value
 
-    for module in originals.values():
-        twin = twins[id(module)]
-        attrs = twin.__dict__
-        for name, value in list(attrs.items()):
-            if name not in ("_parameters", "_buffers", "_modules"):
-                attrs[name] = rewire(value)
+    for key, module in originals.items():
+        twin = twins[key]
+        attrs = {name: value if type(value) in _ATOMS or name in _TABLES else rewire(value)
+                 for name, value in module.__dict__.items()}
         attrs["_parameters"] = {k: None if p is None else convert(p) for k, p in module._parameters.items()}
         attrs["_buffers"] = {k: None if b is None else convert(b) for k, b in module._buffers.items()}
         attrs["_modules"] = {k: None if m is None else twins[id(m)] for k, m in module._modules.items()}
+        object.__setattr__(twin, "__dict__", attrs)
+        for slot in _slots(type(module)):  # __slots__ values live outside __dict__
+            if hasattr(module, slot):
+                object.__setattr__(twin, slot, getattr(module, slot))
     return twins[id(model)]
+
+
+def _slots(cls: type) -> tuple[str, ...]:
+    """The ``__slots__`` names of ``cls`` and its bases (``__dict__`` aside), read once per class."""
+    found = _SLOTS.get(cls)
+    if found is None:
+        names: list[str] = []
+        for c in cls.__mro__:
+            declared = getattr(c, "__slots__", ())
+            names += [declared] if isinstance(declared, str) else declared
+        found = _SLOTS[cls] = tuple(name for name in names if name != "__dict__")
+    return found
+
+
+_SLOTS: dict[type, tuple[str, ...]] = {}
+
+
+def _modules_of(model: nn.Module) -> dict[int, nn.Module]:
+    """``id(module) -> module`` for ``model`` and every module under it, each once (``model.modules()``
+    without the names it builds)."""
+    found: dict[int, nn.Module] = {}
+    todo = [model]
+    while todo:
+        module = todo.pop()
+        if id(module) not in found:
+            found[id(module)] = module
+            todo.extend(child for child in module._modules.values() if child is not None)
+    return found
 
 
 def _copy_container(value: Any, item: Callable[[Any], Any]) -> Any:

@@ -18,7 +18,8 @@ T = TypeVar("T")
 
 
 _DYNAMIC, _WEIGHT, _COMPUTED = 1, 2, 4  # depends on an input or outside constant; on a parameter; on a multiply
-_LEAF_FACTS = {LeafKind.INPUT: _DYNAMIC, LeafKind.CONSTANT: _DYNAMIC, LeafKind.PARAMETER: _WEIGHT}
+_LEAF_FACTS: dict[LeafKind | None, int] = {LeafKind.INPUT: _DYNAMIC, LeafKind.CONSTANT: _DYNAMIC,
+                                           LeafKind.PARAMETER: _WEIGHT}
 
 
 def reach(starts: Iterable[CapturedOp], step: Callable[[CapturedOp], Iterable[CapturedOp]],
