@@ -21,7 +21,8 @@ whole MAC (exact whenever ``batch·heads·head width`` is even). Backward ops sc
 backward GEMM of the core runs over the same ``n_q × n_k`` pairs. Where the facts come from, per op
 (:attr:`CoreOp.source`): a fused kernel's own ``is_causal`` / window / ``attn_mask`` argument; the values of its
 mask tensor (real mode: boolean masks of at most 4,096 elements keep their values, see
-:mod:`flopscope.capture`), followed through ``where(mask, 0, -inf)`` and ``masked_fill``; else the model's
+:mod:`flopscope.capture`), followed through ``where(mask, 0, -inf)`` (0 and -inf as numbers, or as one-element
+constants made from data) and ``masked_fill``; else the model's
 declaration (a module's ``is_causal``, its or the config's ``sliding_window``), named in :func:`notes`.
 FlexAttention's block mask: its ``mask_mod`` evaluated at every pair (a function of indices, so in any mode).
 Units: MACs. See ``docs/conventions.md`` section 5.4.
@@ -458,9 +459,10 @@ def _softmax_before(node: fx.Node) -> fx.Node | None:
 
 def _blocking(value: Any) -> bool:
     """A value that removes a pair from a softmax: a number below -1e4 (``-inf``, the dtype's minimum), or a
-    tensor made from one (``scalar_tensor`` / ``full``)."""
-    if isinstance(value, (int, float)):
-        return value <= -1e4
+    tensor made from one (``scalar_tensor`` / ``full``, a constant ``torch.tensor(...)``)."""
+    number = _number(value)
+    if number is not None:
+        return number <= -1e4
     if isinstance(value, fx.Node) and _name(value) in ("aten.scalar_tensor", "aten.full", "aten.full_like",
                                                          "aten.lift_fresh", "aten._to_copy"):
         return any(_blocking(a) for a in value.args if not isinstance(a, (list, tuple)))
@@ -468,11 +470,31 @@ def _blocking(value: Any) -> bool:
 
 
 def _zero(value: Any) -> bool:
-    if isinstance(value, (int, float)):
-        return value == 0
+    if _number(value) == 0:
+        return True
     return isinstance(value, fx.Node) and (_name(value) in ("aten.zeros", "aten.zeros_like") or (
         _name(value) in ("aten.scalar_tensor", "aten.full", "aten.full_like") and
         any(isinstance(a, (int, float)) and a == 0 for a in value.args)))
+
+
+_COPIES = ("aten.lift_fresh", "aten.lift_fresh_copy", "aten._to_copy", "aten.clone", "aten.detach", "aten.alias")
+
+
+def _number(value: Any) -> float | None:
+    """``value`` as a number: a Python number, or a one-element constant made from data (``torch.tensor(0.0)``,
+    transformers' additive masks in 5.17) whose value the capture kept, through copies; else ``None``."""
+    for _ in range(_STEPS):
+        if isinstance(value, (int, float)):
+            return float(value)
+        if not isinstance(value, fx.Node):
+            return None
+        known = captured(value).value
+        if known is not None and known.numel() == 1 and known.is_floating_point():
+            return float(known.item())
+        if _name(value) not in _COPIES or not value.args:
+            return None
+        value = value.args[0]
+    return None
 
 
 def _allowed(mask: fx.Node) -> torch.Tensor | None:

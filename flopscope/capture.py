@@ -149,7 +149,7 @@ class CapturedOp:
     started: float | None = None  # real mode: time.perf_counter() when the kernel started
     forward: CapturedOp | None = None  # backward op: the forward op whose autograd node ran it; recompute: the
     # forward op it repeats
-    value: torch.Tensor | None = None  # a small index tensor's known values
+    value: torch.Tensor | None = None  # a small index tensor's known values (or a one-element constant leaf's)
     leaf: LeafKind | None = None
     collective: tuple[str, int, int | None] | None = None  # (kind, message bytes, group size) of a collective
     # the dataflow, set by link() (the role passes walk it without an fx graph)
@@ -623,8 +623,10 @@ class Recorder(TorchDispatchMode):
             else:
                 leaf = LeafName("placeholder", "constant", LeafKind.CONSTANT)
         value = self.leaf_values.get(id(t))
+        if value is None:
+            value = _small_index_value(t) if t.dtype in INDEX_DTYPES else _scalar_constant(t, leaf.kind)
         op = CapturedOp(leaf.node_op, leaf.name, (), {}, leaf.name.replace(".", "_"), output_shapes=(shape_of(t),),
-                        dtype=t.dtype, value=value if value is not None else _small_index_value(t), leaf=leaf.kind)
+                        dtype=t.dtype, value=value, leaf=leaf.kind)
         self.ops.append(op)
         self._producers[id(t)] = (weakref.ref(t), op)
         return op
@@ -687,6 +689,15 @@ def _small_index_value(t: torch.Tensor) -> torch.Tensor | None:
         return None
     with _disable_current_modes():  # a copy of real data, not a fake tensor of the mode below us
         return source.detach().clone()
+
+
+def _scalar_constant(t: torch.Tensor, kind: LeafKind) -> torch.Tensor | None:
+    """The value of a one-element constant the forward made from data (``torch.tensor(0.0)``: an additive mask's
+    "allowed" value, read by :mod:`flopscope.attention_mask`); ``None`` for anything else."""
+    if kind is not LeafKind.CONSTANT or not _at_most(t, 1) or isinstance(t, FakeTensor) or t.is_meta:
+        return None
+    with _disable_current_modes():
+        return t.detach().clone()
 
 
 def _at_most(t: torch.Tensor, numel: int) -> bool:

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from .capture import UNINITIALISED, CapturedOp, Cost
+from .capture import INDEX_DTYPES, UNINITIALISED, CapturedOp, Cost
 from .graph_view import inputs_of, reach
 from .role import ROLE_ORDER, Role
 
@@ -118,7 +118,7 @@ def _replay_zero_cost(n: CapturedOp, labels: Mapping[CapturedOp, Labels], inputs
         if isinstance(a, CapturedOp):
             if a in labels:
                 return labels[a].clone() if in_place else labels[a]
-            if a.value is not None:  # an index tensor with known values
+            if a.value is not None and a.value.dtype in INDEX_DTYPES:  # an index tensor with known values
                 return a.value
             return torch.full(tuple(a.output_shapes[0]) if a.output_shapes else (), -1, dtype=torch.long)
         if isinstance(a, (list, tuple)):

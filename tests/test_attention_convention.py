@@ -120,6 +120,34 @@ def test_padding_counts_from_mask_values_in_real_mode(impl: str) -> None:
     assert any("padding is not taken into account" in note for note in notes(fake, "mask"))
 
 
+class _PaddedAttention(torch.nn.Module):
+    """Eager attention whose additive mask is made as transformers 5.17 made it: a ``where`` between two
+    constants made from data, ``torch.tensor(0.0)`` (allowed) and ``torch.tensor(min)`` (blocked)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.q, self.k, self.v, self.o = (torch.nn.Linear(D, D, bias=False) for _ in range(4))
+
+    def forward(self, x: torch.Tensor, padding: torch.Tensor) -> torch.Tensor:
+        batch, n, _ = x.shape
+        q, k, v = (p(x).view(batch, n, H, D_K).transpose(1, 2) for p in (self.q, self.k, self.v))
+        allowed = padding.bool()[:, None, None, :].expand(batch, 1, n, n)
+        bias = torch.where(allowed, torch.tensor(0.0), torch.tensor(torch.finfo(x.dtype).min))
+        weights = (q @ k.transpose(-2, -1) / D_K**0.5 + bias).softmax(-1)
+        return self.o((weights @ v).transpose(1, 2).reshape(batch, n, D))
+
+
+def test_an_additive_mask_between_constant_tensors_is_read_from_its_values() -> None:
+    padding = torch.ones(B, N, dtype=torch.long)
+    padding[1, :4] = 0  # the second row attends to 8 of its 12 keys
+    torch.manual_seed(0)
+    prof = flopscope.profile(_PaddedAttention(), torch.randn(B, N, D), padding, mode="real")
+    assert {op.source for op in core_ops(prof)} == {"mask values"}
+    assert prof.by_role(attention="mask")["attn_scores"] == H * D_K * N * (N + 8)
+    assert prof.by_role(attention="mask")["attn_weighted_sum"] == H * D_K * N * (N + 8)
+    assert prof.by_role()["attn_scores"] == B * H * N * N * D_K  # executed: every pair
+
+
 @pytest.mark.parametrize(("impl", "scores", "weighted"), [("sdpa", 1 + 3, 1 + 2), ("eager", 1 + 2, 1 + 2)])
 def test_backward_core_follows_the_convention_of_its_forward(impl: str, scores: int, weighted: int) -> None:
     # fused backward: scores 3x (recompute QKᵀ, dQ, dK), weighted sum 2x; eager: 2x each (docs/conventions.md §7)

@@ -62,7 +62,7 @@ def test_llama_training_step_on_each_attention_kernel(backend, mode):
         prof = flopscope.profile(model, torch.randint(0, V, (B, n), device="cuda"), mode=mode, backward=True)
     expected = add(times(L, add(attention(B, n, n, d, h), ffn(B, n, d, d_ff, gated=True))), {"logits": B * n * d * V})
     forward = nonzero(prof.by_role(phase="forward"))
-    # transformers before 5.2x computes the rotary angles as a product of the frequencies and the positions
+    # transformers before 5.19 computes the rotary angles as a product of the frequencies and the positions
     assert forward.pop("other", 0) in (0, (d // h // 2) * n)
     assert forward == expected
     kernel = BACKENDS[backend]
