@@ -694,7 +694,7 @@ def _small_index_value(t: torch.Tensor) -> torch.Tensor | None:
 def _scalar_constant(t: torch.Tensor, kind: LeafKind) -> torch.Tensor | None:
     """The value of a one-element constant the forward made from data (``torch.tensor(0.0)``: an additive mask's
     "allowed" value, read by :mod:`flopscope.attention_mask`); ``None`` for anything else."""
-    if kind is not LeafKind.CONSTANT or not _at_most(t, 1) or isinstance(t, FakeTensor) or t.is_meta:
+    if kind is not LeafKind.CONSTANT or isinstance(t, FakeTensor) or t.is_meta or t.numel() != 1:
         return None
     with _disable_current_modes():
         return t.detach().clone()

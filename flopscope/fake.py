@@ -320,7 +320,8 @@ def _slots(cls: type) -> tuple[str, ...]:
     return found
 
 
-_SLOTS: dict[type, tuple[str, ...]] = {}
+_SLOTS: weakref.WeakKeyDictionary[type, tuple[str, ...]] = weakref.WeakKeyDictionary()
+""":func:`_slots`' cache, weak: classes are made at run time too (a parametrized module gets one of its own)."""
 
 
 def _modules_of(model: nn.Module) -> dict[int, nn.Module]:

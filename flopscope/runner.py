@@ -205,7 +205,7 @@ def _run(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], option
                                    "of its code, so there is nothing to count; profile a module whose forward "
                                    "returns its outputs")
             if options.backward:
-                _backward(model, output, options.loss, recorder, fake)
+                _backward(model, output, options.loss, recorder, tracker, fake)
     finally:
         unrestored = snapshot.restore()  # never raises: an error of the run is not masked
         if fake and options.backward:  # a reused converter's fake parameters must not carry .grad to the next run
@@ -314,7 +314,8 @@ def _recorder(named_state: list[tuple[str, torch.Tensor]], tracker: ModuleTracke
     return Recorder(tracker, registry, _state_names(named_state, convert), fake=True, device=device), state
 
 
-def _backward(model: nn.Module, output: Any, loss: Loss | None, recorder: Recorder, fake: bool) -> None:
+def _backward(model: nn.Module, output: Any, loss: Loss | None, recorder: Recorder, tracker: ModuleTracker,
+              fake: bool) -> None:
     if loss is not None:
         value = loss(output)
     else:
@@ -326,29 +327,23 @@ def _backward(model: nn.Module, output: Any, loss: Loss | None, recorder: Record
     with recorder.backward_pass():
         try:
             value.backward()
-        except Exception as error:  # autograd or the model's backward hooks: re-raised as a ForwardError
-            failure = recorder.failure
-            where = failure.describe() if failure is not None else f"the backward pass of {type(model).__name__}"
-            message = f"the backward pass of {type(model).__name__} raised {type(error).__name__} at {where}: {error}"
-            if not fake:
-                raise ForwardError(message) from error
-            # a fake kernel's backward can fail where the real one runs (a fake cuDNN RNN has no flat weight buffer)
-            raise ForwardError(message + _ON_FAKE_TENSORS, on_fake_tensors=True, where=where,
-                               reason=f"{type(error).__name__}: {_first_line(str(error))}",
-                               largest_tensor_bytes=recorder.largest_out) from error
-
-
-_ON_FAKE_TENSORS = " (on fake tensors: if the model runs with mode='real', fake tensors are the cause)"
+        except Exception as error:  # autograd or the model's backward hooks: re-raised as a RunError
+            raise _explain(model, error, recorder, tracker, fake, backward=True) from error
 
 
 def _explain(model: nn.Module, error: Exception, recorder: Recorder, tracker: ModuleTracker,
-             fake: bool) -> Exception:
-    """The error to raise for a forward that raised: where it happened, and what to do."""
+             fake: bool, *, backward: bool = False) -> Exception:
+    """The error to raise for a forward (or, ``backward``, its backward pass) that raised: where it happened, and
+    what to do. On fake tensors it may be theirs, and ``mode="auto"`` runs the model for real (a fake kernel's
+    backward can fail where the real one runs: a fake cuDNN RNN has no flat weight buffer); not when a real kernel
+    would refuse the same input."""
     failure: OpFailure | None = recorder.failure
     frames = tracker.failed_in(error)
     module = frames[-1].path if frames else (failure.module if failure else "")
-    where = failure.describe() if failure is not None else f"module '{module}'"
     name = type(model).__name__
+    what = f"the backward pass of {name}" if backward else f"{name}.forward"
+    where = failure.describe() if failure is not None else f"module '{module}'" if frames or not backward else what
+    at = f" at {where}" if where != what else ""
     limitation = needs_real_data(error) if fake else None
     if limitation is not None:
         func = getattr(limitation, "func", None)
@@ -360,11 +355,12 @@ def _explain(model: nn.Module, error: Exception, recorder: Recorder, tracker: Mo
                                largest_tensor_bytes=recorder.largest_out)
     refused = cause_of_kind(error, RefusedInput)
     if refused is not None:  # what the real kernel would refuse: the same error in every mode, no fall-back
-        return ForwardError(f"{name}.forward cannot run: {where}: {refused}")
-    message = f"{name}.forward raised {type(error).__name__} at {where}: {error}"
+        return ForwardError(f"{what} cannot run{at}: {refused}")
+    message = f"{what} raised {type(error).__name__}{at}: {error}"
     if not fake:
         return ForwardError(message)
-    return ForwardError(message + _ON_FAKE_TENSORS, on_fake_tensors=True, where=where,
+    return ForwardError(message + " (on fake tensors: if the model runs with mode='real', fake tensors are the "
+                        "cause)", on_fake_tensors=True, where=where,
                         reason=f"{type(error).__name__}: {_first_line(str(error))}",
                         largest_tensor_bytes=recorder.largest_out)
 
@@ -509,14 +505,20 @@ def _input_names(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
 
 
 def default_fallback_limit(devices: Collection[torch.device] = ()) -> int | None:
-    """Half of the memory available now where a real run would allocate, in bytes: the free memory of each CUDA
-    device among ``devices`` (``torch.cuda.mem_get_info``), the system's (``MemAvailable`` of ``/proc/meminfo``)
-    for the CPU and the rest; the least of them. ``None`` (no limit) where none of that can be read."""
-    free: list[int | None] = [torch.cuda.mem_get_info(d)[0] for d in set(devices) if d.type == "cuda"]
+    """Half of the memory available now where a real run would allocate, in bytes: on each CUDA device among
+    ``devices``, its free memory (``torch.cuda.mem_get_info``) and what PyTorch's caching allocator holds unused;
+    the system's (``MemAvailable`` of ``/proc/meminfo``) for the CPU and the rest; the least of them. ``None`` (no
+    limit) where none of that can be read."""
+    free: list[int | None] = [_cuda_available(d) for d in set(devices) if d.type == "cuda"]
     if not free or any(d.type != "cuda" for d in devices):  # the CPU's tensors (and any other's): the system's
         free.append(_system_available())
     known = [bytes_free for bytes_free in free if bytes_free is not None]
     return min(known) // 2 if known else None
+
+
+def _cuda_available(device: torch.device) -> int:
+    cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+    return torch.cuda.mem_get_info(device)[0] + cached
 
 
 def _system_available() -> int | None:

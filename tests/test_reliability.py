@@ -6,6 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+import warnings
 from typing import Any
 
 import pytest
@@ -241,12 +242,43 @@ class _ProjectThenBranchInBackward(nn.Module):
 def test_a_backward_that_cannot_run_on_fake_tensors_falls_back_to_a_real_run() -> None:
     """As a forward does: mode="auto" counts it for real (PyTorch's fake cuDNN RNN backward is one such case)."""
     model, x = _ProjectThenBranchInBackward(), torch.randn(2, 8)
-    with pytest.raises(flopscope.ForwardError, match=r"backward pass of _ProjectThenBranchInBackward.*fake tensors"):
+    with pytest.raises(flopscope.FakeTensorError, match=r"cannot be counted on fake tensors.*needs real data"):
         flopscope.profile(model, x, mode="fake", backward=True)
     with pytest.warns(flopscope.FlopscopeWarning, match="counted in real mode"):
         prof = flopscope.profile(model, x, backward=True)
     assert prof.by_phase() == {"forward": 2 * 8 * 4, "backward": 2 * 8 * 4}  # the weight's gradient only
     assert prof.mode == "real" and all(p.grad is None for p in model.parameters())
+
+
+class _MixedDtypeBackward(torch.autograd.Function):
+    """Identity forward; its backward multiplies float32 by float64, which a real kernel refuses too."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(w)
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        (w,) = ctx.saved_tensors
+        return grad @ w.t().double(), None
+
+
+class _ProjectThenMixDtypesInBackward(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _MixedDtypeBackward.apply(self.fc(x), torch.eye(4))
+
+
+def test_a_backward_a_real_kernel_would_refuse_is_not_run_again_for_real() -> None:
+    model, x = _ProjectThenMixDtypesInBackward(), torch.randn(2, 8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", flopscope.FlopscopeWarning)  # no fall-back (it would warn)
+        with pytest.raises(flopscope.ForwardError, match=r"backward pass of .* cannot run at op aten\.mm.*dtypes"):
+            flopscope.profile(model, x, backward=True)
 
 
 def test_the_default_fall_back_limit_is_half_the_free_memory_of_the_host(monkeypatch) -> None:
