@@ -459,30 +459,23 @@ def _softmax_before(node: fx.Node) -> fx.Node | None:
 
 def _blocking(value: Any) -> bool:
     """A value that removes a pair from a softmax: a number below -1e4 (``-inf``, the dtype's minimum), or a
-    tensor made from one (``scalar_tensor`` / ``full``, a constant ``torch.tensor(...)``)."""
+    tensor made from one (see :func:`_number`)."""
     number = _number(value)
-    if number is not None:
-        return number <= -1e4
-    if isinstance(value, fx.Node) and _name(value) in ("aten.scalar_tensor", "aten.full", "aten.full_like",
-                                                         "aten.lift_fresh", "aten._to_copy"):
-        return any(_blocking(a) for a in value.args if not isinstance(a, (list, tuple)))
-    return False
+    return number is not None and number <= -1e4
 
 
 def _zero(value: Any) -> bool:
-    if _number(value) == 0:
-        return True
-    return isinstance(value, fx.Node) and (_name(value) in ("aten.zeros", "aten.zeros_like") or (
-        _name(value) in ("aten.scalar_tensor", "aten.full", "aten.full_like") and
-        any(isinstance(a, (int, float)) and a == 0 for a in value.args)))
+    return _number(value) == 0 or (isinstance(value, fx.Node) and _name(value) in ("aten.zeros", "aten.zeros_like"))
 
 
 _COPIES = ("aten.lift_fresh", "aten.lift_fresh_copy", "aten._to_copy", "aten.clone", "aten.detach", "aten.alias")
+_FILLS = {"aten.scalar_tensor": 0, "aten.full": 1, "aten.full_like": 1}  # op -> position of its fill value
 
 
 def _number(value: Any) -> float | None:
-    """``value`` as a number: a Python number, or a one-element constant made from data (``torch.tensor(0.0)``,
-    transformers' additive masks in 5.17) whose value the capture kept, through copies; else ``None``."""
+    """``value`` as a number: a Python number; a tensor filled with one (``scalar_tensor``, ``full``,
+    ``full_like``); a one-element constant made from data (``torch.tensor(0.0)``, transformers' additive masks in
+    5.17) whose value the capture kept; each through copies. Else ``None``."""
     for _ in range(_STEPS):
         if isinstance(value, (int, float)):
             return float(value)
@@ -491,9 +484,11 @@ def _number(value: Any) -> float | None:
         known = captured(value).value
         if known is not None and known.numel() == 1 and known.is_floating_point():
             return float(known.item())
-        if _name(value) not in _COPIES or not value.args:
+        name = _name(value)
+        position = _FILLS.get(name, 0 if name in _COPIES else None)
+        if position is None or len(value.args) <= position:
             return None
-        value = value.args[0]
+        value = value.args[position]
     return None
 
 

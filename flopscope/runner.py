@@ -96,12 +96,13 @@ def run_in_mode(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
     except (FakeTensorError, ForwardError) as failed:
         if mode == "fake" or not failed.on_fake_tensors:
             raise
-        if _on_meta(model, args, kwargs):
+        devices = _devices(model, args, kwargs)
+        if any(d.type == "meta" for d in devices):
             raise FakeTensorError(f"{type(model).__name__} cannot be counted on fake tensors ({failed.where}: "
                                   f"{failed.reason}), and it is on device='meta', so it cannot run for real; "
                                   "build it on a real device and use mode='real'") from failed.__cause__
         limit = (options.fallback_limit_bytes if options.fallback_limit_bytes is not None
-                 else default_fallback_limit(_devices(model, args, kwargs)))
+                 else default_fallback_limit(devices))
         if limit is not None and failed.largest_tensor_bytes > limit:
             raise FakeTensorError(
                 f"{type(model).__name__} cannot be counted on fake tensors ({failed.where}: {failed.reason}), and a "
@@ -568,9 +569,3 @@ def _state_on_meta(model: nn.Module) -> bool:
     """Whether every parameter and buffer of ``model`` (at least one) is on ``device="meta"``."""
     state = [t for _, t in _named_state(model)]
     return bool(state) and all(t.is_meta for t in state)
-
-
-def _on_meta(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
-    found = tensors_in((args, kwargs))
-    return any(t.is_meta for t in itertools.chain((t for _, t in _named_state(model)), found))
-

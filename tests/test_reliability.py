@@ -230,18 +230,33 @@ class _BranchInBackward(torch.autograd.Function):
         return grad * 2 if x.sum().item() > 0 else grad
 
 
-class _ProjectThenBranchInBackward(nn.Module):
-    def __init__(self) -> None:
+class _MixedDtypeBackward(torch.autograd.Function):
+    """Identity forward; its backward multiplies float32 by float64, which a real kernel refuses too."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        return grad @ torch.eye(grad.shape[-1], dtype=torch.float64)
+
+
+class _ProjectThen(nn.Module):
+    """A projection, then ``function`` (an autograd function of one tensor)."""
+
+    def __init__(self, function: type[torch.autograd.Function]) -> None:
         super().__init__()
         self.fc = nn.Linear(8, 4)
+        self.function = function
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return _BranchInBackward.apply(self.fc(x))
+        return self.function.apply(self.fc(x))
 
 
 def test_a_backward_that_cannot_run_on_fake_tensors_falls_back_to_a_real_run() -> None:
     """As a forward does: mode="auto" counts it for real (PyTorch's fake cuDNN RNN backward is one such case)."""
-    model, x = _ProjectThenBranchInBackward(), torch.randn(2, 8)
+    model, x = _ProjectThen(_BranchInBackward), torch.randn(2, 8)
     with pytest.raises(flopscope.FakeTensorError, match=r"cannot be counted on fake tensors.*needs real data"):
         flopscope.profile(model, x, mode="fake", backward=True)
     with pytest.warns(flopscope.FlopscopeWarning, match="counted in real mode"):
@@ -250,31 +265,8 @@ def test_a_backward_that_cannot_run_on_fake_tensors_falls_back_to_a_real_run() -
     assert prof.mode == "real" and all(p.grad is None for p in model.parameters())
 
 
-class _MixedDtypeBackward(torch.autograd.Function):
-    """Identity forward; its backward multiplies float32 by float64, which a real kernel refuses too."""
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        ctx.save_for_backward(w)
-        return x.clone()
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        (w,) = ctx.saved_tensors
-        return grad @ w.t().double(), None
-
-
-class _ProjectThenMixDtypesInBackward(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.fc = nn.Linear(8, 4)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return _MixedDtypeBackward.apply(self.fc(x), torch.eye(4))
-
-
 def test_a_backward_a_real_kernel_would_refuse_is_not_run_again_for_real() -> None:
-    model, x = _ProjectThenMixDtypesInBackward(), torch.randn(2, 8)
+    model, x = _ProjectThen(_MixedDtypeBackward), torch.randn(2, 8)
     with warnings.catch_warnings():
         warnings.simplefilter("error", flopscope.FlopscopeWarning)  # no fall-back (it would warn)
         with pytest.raises(flopscope.ForwardError, match=r"backward pass of .* cannot run at op aten\.mm.*dtypes"):
