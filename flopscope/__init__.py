@@ -8,6 +8,8 @@
     True
 """
 
+from importlib import metadata as _metadata
+
 from .api import profile, profiler
 from .errors import (
     BudgetError,
@@ -37,7 +39,11 @@ from .scaling import Polynomial, Scaling, scaling
 from .training import BatchPricer, Throughput, flops_per_batch, measure_flops
 from .why_self_attention import compare, compare_lengths
 
-__version__ = "0.1.0"
+_DISTRIBUTION = "torch-flopscope"  # pyproject.toml's name on the package index (its "flopscope" is another project)
+try:
+    __version__ = _metadata.version(_DISTRIBUTION)  # the installed metadata, so the wheel and the code agree
+except _metadata.PackageNotFoundError:  # imported from a source tree that was never installed
+    __version__ = "0+unknown"
 
 __all__ = [
     "REGISTRY",

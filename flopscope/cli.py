@@ -316,7 +316,7 @@ def _profile(args: argparse.Namespace) -> int:
     if args.tp is not None or args.dp > 1:
         return _profile_sharded(args)
     if args.plot and importlib.util.find_spec("matplotlib") is None:  # say so now, not after profiling
-        raise FlopscopeError("--plot needs matplotlib: pip install 'flopscope[plot]'")
+        raise FlopscopeError("--plot needs matplotlib: pip install 'torch-flopscope[plot]'")
     target, build = _target_and_inputs(args)  # refuses too long sequences
     if target.token_inputs:
         for n in args.sweep or ():
@@ -422,7 +422,7 @@ def _generate(args: argparse.Namespace) -> int:
     from .roofline import Roofline, roofline
 
     if args.plot and importlib.util.find_spec("matplotlib") is None:  # say so now, not after generating
-        raise FlopscopeError("--plot needs matplotlib: pip install 'flopscope[plot]'")
+        raise FlopscopeError("--plot needs matplotlib: pip install 'torch-flopscope[plot]'")
     spec = args.target
     if spec.startswith("hf:") and "/" not in spec:
         spec += "/causal-lm"  # generating needs the language-model head

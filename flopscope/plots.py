@@ -24,7 +24,7 @@ def _pyplot() -> Any:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError as e:
-        raise FlopscopeError("plots need matplotlib: pip install 'flopscope[plot]'") from e
+        raise FlopscopeError("plots need matplotlib: pip install 'torch-flopscope[plot]'") from e
     return plt
 
 

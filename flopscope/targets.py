@@ -116,7 +116,7 @@ def _import(module_name: str, spec: str, hint: str = "") -> Any:
 
 def _timm(name: str, overrides: dict[str, Any]) -> Target:
     """A timm model without weights, its default input one image of ``pretrained_cfg["input_size"]``."""
-    timm = _import("timm", f"timm:{name}", " (pip install 'flopscope[vision]')")
+    timm = _import("timm", f"timm:{name}", " (pip install 'torch-flopscope[vision]')")
     if not timm.is_model(name):
         names = timm.list_models()
         close = difflib.get_close_matches(name, names, n=5, cutoff=0.6)
@@ -148,7 +148,7 @@ def _hugging_face(family: str, overrides: dict[str, Any]) -> Target:
     try:
         import transformers
     except ImportError as e:
-        raise FlopscopeError("hf: targets need transformers (pip install 'flopscope[hf]')") from e
+        raise FlopscopeError("hf: targets need transformers (pip install 'torch-flopscope[hf]')") from e
     family, _, head = family.partition("/")
     if head not in HF_HEADS:
         raise FlopscopeError(f"unknown head {head!r}; one of: {', '.join(h or '(none)' for h in HF_HEADS)}")
@@ -166,7 +166,7 @@ def _hub_config(repo: str) -> Path:
     try:
         from huggingface_hub import hf_hub_download
     except ImportError as e:
-        raise FlopscopeError("hf:ORG/NAME targets need huggingface_hub (pip install 'flopscope[hf]')") from e
+        raise FlopscopeError("hf:ORG/NAME targets need huggingface_hub (pip install 'torch-flopscope[hf]')") from e
     try:
         return Path(hf_hub_download(repo, "config.json"))
     except Exception as e:  # offline, a gated or missing repo: say which and what to do instead
@@ -181,7 +181,7 @@ def _config_file(path: Path, head: str, overrides: dict[str, Any], description: 
     try:
         import transformers
     except ImportError as e:
-        raise FlopscopeError("config targets need transformers (pip install 'flopscope[hf]')") from e
+        raise FlopscopeError("config targets need transformers (pip install 'torch-flopscope[hf]')") from e
     if not path.is_file():
         raise FlopscopeError(f"no config file at {path}")
     if head not in HF_HEADS:

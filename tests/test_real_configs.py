@@ -186,7 +186,7 @@ def test_an_unknown_timm_name_offers_the_closest() -> None:
 def test_vision_targets_explain_a_missing_or_broken_package(monkeypatch, tmp_path) -> None:
     """The real packages are tested above when the vision extra imports; here only what a user without it sees."""
     monkeypatch.setitem(sys.modules, "timm", None)  # not installed
-    with pytest.raises(flopscope.FlopscopeError, match=r"pip install 'flopscope\[vision\]'"):
+    with pytest.raises(flopscope.FlopscopeError, match=r"pip install 'torch-flopscope\[vision\]'"):
         load_target("timm:resnet50")
     (tmp_path / "brokenvision").mkdir()  # a package built for another torch
     (tmp_path / "brokenvision" / "__init__.py").write_text(

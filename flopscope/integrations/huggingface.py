@@ -1,4 +1,4 @@
-"""Hugging Face ``Trainer``: exact ``total_flos`` and MFU in the logs (``pip install flopscope[hf]``).
+"""Hugging Face ``Trainer``: exact ``total_flos`` and MFU in the logs (``pip install "torch-flopscope[hf]"``).
 
     trainer = transformers.Trainer(model=model, args=args, train_dataset=data)
     FlopscopeTrainerCallback(peak=...).attach(trainer)

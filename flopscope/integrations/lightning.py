@@ -1,4 +1,5 @@
-"""Lightning: a callback that prices every training batch exactly and logs MFU (``pip install flopscope[lightning]``).
+"""Lightning: a callback that prices every training batch exactly and logs MFU
+(``pip install "torch-flopscope[lightning]"``).
 
     trainer = lightning.Trainer(callbacks=[FlopscopeCallback(lambda n: torch.zeros(1, n, dtype=torch.long))])
 
