@@ -60,6 +60,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_mod
 from . import communication, elementwise, formulas, traffic
 from .elementwise import ElementwiseRule
 from .enums import StrEnum
+from .fake import CountingFakeTensorMode
 from .formulas import FormulaRegistry, OpFamily, OpSpec, shape_of
 from .module_tracker import ModuleCall, ModuleTracker
 
@@ -105,6 +106,15 @@ class LeafName:
 class RefusedInput(RuntimeError):  # noqa: N818  (a kernel's refusal, raised as the kernel would)
     """What a real kernel would refuse, found on fake tensors (whose kernels check shapes only): operands of
     different dtypes, an index out of its table's range. Raised from inside the op, like the real error."""
+
+
+class FakeTensorInRealRun(RuntimeError):  # noqa: N818  (raised from inside the op, as a kernel's error)
+    """A real run met a fake tensor: ``where`` the op, module and shapes; ``ours``: a fake tensor made by one of
+    flopscope's fake runs (a cache of the model's code kept it), else one the caller made."""
+
+    def __init__(self, where: OpFailure, ours: bool) -> None:
+        super().__init__(f"{where.describe()} got a fake tensor in a real run")
+        self.where, self.ours = where, ours
 
 
 @dataclass(frozen=True, slots=True)
@@ -393,8 +403,11 @@ class Recorder(TorchDispatchMode):
         if kind == "jagged":
             # a jagged nested tensor runs its ops on its packed values (and offsets): those count, at Σ nᵢ tokens
             return NotImplemented
-        if (kind == "fake" and not self.fake) or (self._dtensor_seen and _in_shape_propagation()):
+        if self._dtensor_seen and _in_shape_propagation():
             return func(*args, **kwargs)  # DTensor working out output shapes on fake tensors: not this rank's work
+        if kind == "fake" and not self.fake:
+            self._met_fake_tensor(func, args, kwargs)  # raises inside the model
+            return func(*args, **kwargs)
         known = self._classes.get(id(func))  # (an op overload is long-lived and hashes in Python: keyed by id)
         if known is None:
             known = _classify(func, self.registry)
@@ -440,6 +453,19 @@ class Recorder(TorchDispatchMode):
             # node is differentiated by a reentrant checkpoint: its gradient belongs to the forward op it repeats)
             self._by_sequence_nr[torch.autograd._get_sequence_nr() - 1] = op.forward if recompute and op.forward else op
         return out
+
+    def _met_fake_tensor(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """A real run met a fake tensor inside the model (or its backward pass): it cannot be counted, and what
+        it returns would be fake too. Raises :class:`FakeTensorInRealRun` naming the op, the module and the
+        shapes (ops outside the model's modules are the caller's, not counted: passed)."""
+        stack = self.tracker.stack
+        if not stack and not self._backward:
+            return
+        where = OpFailure(op_name(func), stack[-1].path if stack else "", _shapes((args, kwargs)))
+        if self.failure is None:
+            self.failure = where
+        fakes = [t for t in _tensors((args, kwargs)) if isinstance(t, FakeTensor)]
+        raise FakeTensorInRealRun(where, ours=any(isinstance(t.fake_mode, CountingFakeTensorMode) for t in fakes))
 
     def _execute(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], stack: tuple[ModuleCall, ...],
                  known: _OpClass) -> Any:

@@ -14,7 +14,7 @@ import functools
 import threading
 import types
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, cast
 
 import torch
@@ -80,7 +80,9 @@ class FakeConverter:
         fake = self._memo.get(id(t))
         if fake is None:
             local = getattr(t, "_local_tensor", None)
-            if local is not None and local.is_meta:  # a DTensor sharded on device="meta": a fake shard, same layout
+            if isinstance(t, FakeTensor):  # the caller's own fake tensor: a new one of the same mode
+                fake = self._refake(t)
+            elif local is not None and local.is_meta:  # a DTensor sharded on device="meta": a fake shard, same layout
                 fake = _dtensor_like(t, self(local))
             elif t.is_meta:
                 fake = self._direct_fake(t, torch.device("cpu"))
@@ -102,6 +104,24 @@ class FakeConverter:
                                           on_fake_tensors=True, where=where, reason=str(error)) from error
             self._memo[id(t)] = fake
             self._keep.append(t)
+        return fake
+
+    def _refake(self, t: FakeTensor) -> torch.Tensor:
+        """A new fake tensor of ``t``'s shape, strides, dtype and device in the same mode (the run must not write
+        to the caller's tensor: its ``.grad``, its version counter); ``t`` itself when its sizes are symbolic."""
+        if t.fake_mode is not self.mode:
+            where = f"a fake tensor of shape {list(t.shape)}"
+            reason = "it belongs to another FakeTensorMode than the model's other fake tensors"
+            raise FakeTensorError(f"{where} cannot be counted: {reason}; make the model and its inputs under one mode",
+                                  where=where, reason=reason)
+        if any(isinstance(n, torch.SymInt) for n in (*t.shape, *t.stride())):
+            return t
+        with torch._C._DisableTorchDispatch():
+            meta = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
+        fake = FakeTensor(self.mode, meta, t.device)
+        fake.requires_grad_(t.requires_grad)
+        if isinstance(t, nn.Parameter):
+            fake._is_param = True
         return fake
 
     def _plain(self, t: torch.Tensor) -> bool:
@@ -170,6 +190,17 @@ def _dtensor_like(t: torch.Tensor, local: torch.Tensor) -> torch.Tensor:
 
     out = DTensor(local, cast(DTensor, t)._spec, requires_grad=t.requires_grad)
     return nn.Parameter(out, requires_grad=t.requires_grad) if isinstance(t, nn.Parameter) else out
+
+
+def callers_fake_mode(tensors: Iterable[torch.Tensor]) -> FakeTensorMode | None:
+    """The ``FakeTensorMode`` of the fake tensors among ``tensors`` (a model and inputs the caller made under a mode
+    of their own), ``None`` if there are none; an error if they belong to several modes."""
+    modes = {id(t.fake_mode): t.fake_mode for t in tensors if isinstance(t, FakeTensor)}
+    if len(modes) > 1:
+        reason = f"the model's state and inputs hold fake tensors of {len(modes)} different FakeTensorModes"
+        raise FakeTensorError(f"{reason}; make the model and its inputs under one mode", where="the model's state",
+                              reason=reason)
+    return next(iter(modes.values()), None)
 
 
 Converter = FakeConverter | MetaConverter
@@ -265,7 +296,7 @@ def shadow_of(model: nn.Module, convert: Callable[[torch.Tensor], torch.Tensor])
     (the fake mode converts them as they are read)."""
     if isinstance(model, torch.jit.ScriptModule):
         return model
-    originals = _modules_of(model)
+    originals = modules_of(model)
     # not copy.copy: parametrized modules refuse to be pickled
     twins: dict[int, nn.Module] = {key: object.__new__(type(m)) for key, m in originals.items()}
 
@@ -324,7 +355,7 @@ _SLOTS: weakref.WeakKeyDictionary[type, tuple[str, ...]] = weakref.WeakKeyDictio
 """:func:`_slots`' cache, weak: classes are made at run time too (a parametrized module gets one of its own)."""
 
 
-def _modules_of(model: nn.Module) -> dict[int, nn.Module]:
+def modules_of(model: nn.Module) -> dict[int, nn.Module]:
     """``id(module) -> module`` for ``model`` and every module under it, each once (``model.modules()``
     without the names it builds)."""
     found: dict[int, nn.Module] = {}

@@ -26,13 +26,24 @@ import weakref
 from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
+from torch._subclasses.fake_tensor import FakeTensor
 from torch.nn.utils.stateless import _reparametrize_module
 
-from .capture import INDEX_DTYPES, MAX_KNOWN_NUMEL, LeafKind, LeafName, OpFailure, Recorder, RefusedInput, op_name
+from .capture import (
+    INDEX_DTYPES,
+    MAX_KNOWN_NUMEL,
+    FakeTensorInRealRun,
+    LeafKind,
+    LeafName,
+    OpFailure,
+    Recorder,
+    RefusedInput,
+    op_name,
+)
 from .checks import check_inputs, check_mode, check_model, forward_signature
 from .errors import ConfigurationError, FakeTensorError, FlopscopeWarning, ForwardError, cause_of_kind
 from .facts import read_facts
@@ -41,6 +52,7 @@ from .fake import (
     CountingFakeTensorMode,
     FakeConverter,
     MetaConverter,
+    callers_fake_mode,
     isolated_copy,
     map_tensors,
     needs_real_data,
@@ -48,6 +60,7 @@ from .fake import (
     tensors_in,
 )
 from .formulas import REGISTRY, FormulaRegistry
+from .model_caches import CacheGuard, fake_tensors_held
 from .module_tracker import ModuleTracker
 from .profile import Capture, Profile
 from .roles import RoleRule
@@ -97,9 +110,10 @@ def run_in_mode(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
         if mode == "fake" or not failed.on_fake_tensors:
             raise
         devices = _devices(model, args, kwargs)
-        if any(d.type == "meta" for d in devices):
+        if any(d.type == "meta" for d in devices) or _callers_fake_mode(model, args, kwargs) is not None:
+            made = "on device='meta'" if any(d.type == "meta" for d in devices) else "of fake tensors"
             raise FakeTensorError(f"{type(model).__name__} cannot be counted on fake tensors ({failed.where}: "
-                                  f"{failed.reason}), and it is on device='meta', so it cannot run for real; "
+                                  f"{failed.reason}), and it is made {made}, so it cannot run for real; "
                                   "build it on a real device and use mode='real'") from failed.__cause__
         limit = (options.fallback_limit_bytes if options.fallback_limit_bytes is not None
                  else default_fallback_limit(devices))
@@ -121,7 +135,17 @@ def run(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], options
     """One counted forward (and backward), on fake tensors or for real; the model is left as it was.
     ``stacklevel`` is that of a warning issued here (unsupported ops). Real runs of one model are serialised
     (their snapshots and restores of the model's state must not interleave); fake runs run side by side."""
+    callers = _callers_fake_mode(model, args, kwargs)
+    if not fake and callers is not None:
+        raise FakeTensorError(f"{type(model).__name__} cannot run for real (mode='real'): its state or inputs are "
+                              "fake tensors made under a FakeTensorMode of the caller's; count it with mode='fake' "
+                              "(flopscope then runs on that mode)", where="the model's state and inputs",
+                              reason="fake tensors cannot execute")
     if fake:
+        ours = isinstance(converter, FakeConverter) and converter.mode is callers
+        meta = converter is None and on_meta_kernels(model, options)  # (a meta model with fake inputs: meta kernels)
+        if callers is not None and not ours and not meta:
+            converter = FakeConverter(callers)  # the caller's mode, not a second one beside it
         sharded = _fully_sharded(model)
         if sharded is not None:
             reason = ("FSDP2 (fully_shard) swaps its parameters on the original modules, which a fake run does not "
@@ -171,6 +195,7 @@ def _run(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], option
     facts = read_facts(model)
     # fake: the shadow runs, so the user's tables are not restored (another thread may be changing them)
     snapshot = ModelSnapshot(model, buffer_values=not fake, grads=options.backward, tables=not fake)
+    caches = CacheGuard(model) if fake else None  # what the model's code keeps must not keep fake tensors
     state: dict[str, torch.Tensor] = {}
     try:
         with ExitStack() as stack:
@@ -209,6 +234,8 @@ def _run(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], option
                 _backward(model, output, options.loss, recorder, tracker, fake)
     finally:
         unrestored = snapshot.restore()  # never raises: an error of the run is not masked
+        if caches is not None:
+            unrestored += [line for line in caches.restore() if line.startswith("could not")]
         if fake and options.backward:  # a reused converter's fake parameters must not carry .grad to the next run
             for t in state.values():
                 t.grad = None
@@ -245,12 +272,18 @@ class Session:
 
     def start(self) -> None:
         tracker = ModuleTracker(self.model, ranges=self.ranges)
-        convert = new_converter() if self.fake else None
+        callers = _callers_fake_mode(self.model, (), {})
+        if callers is not None and not self.fake:
+            raise FakeTensorError(f"{type(self.model).__name__}'s state is fake tensors made under a FakeTensorMode "
+                                  "of the caller's, which a real run cannot execute; use mode='fake'",
+                                  where="the model's state", reason="fake tensors cannot execute")
+        convert = (FakeConverter(callers) if callers is not None else new_converter()) if self.fake else None
         recorder, state = _recorder(list(_named_state(self.model)), tracker, self.options.registry, convert)
         try:
             self._stack.enter_context(deeper_recursion())
             self._stack.enter_context(eager_flex_attention())
             if convert is not None:
+                self._stack.callback(_restore_caches, CacheGuard(self.model))  # runs last, after the swap back
                 self._stack.enter_context(_reparametrize_module(self.model, state, tie_weights=True))
                 self._stack.enter_context(convert.mode)
             self._stack.enter_context(tracker)
@@ -281,6 +314,12 @@ class Session:
                           "during the profiler block and are not counted (a profiler counts the thread that "
                           "opened it)", FlopscopeWarning, stacklevel=stacklevel + 1)
         return prof
+
+
+def _restore_caches(caches: CacheGuard) -> None:
+    for line in caches.restore():
+        if line.startswith("could not"):
+            warnings.warn(f"flopscope: {line}", FlopscopeWarning, stacklevel=4)
 
 
 # -------------------------------------------------------------------------------------------------
@@ -345,6 +384,18 @@ def _explain(model: nn.Module, error: Exception, recorder: Recorder, tracker: Mo
     what = f"the backward pass of {name}" if backward else f"{name}.forward"
     where = failure.describe() if failure is not None else f"module '{module}'" if frames or not backward else what
     at = f" at {where}" if where != what else ""
+    met = cast(FakeTensorInRealRun | None, cause_of_kind(error, FakeTensorInRealRun))
+    if met is not None:
+        if met.ours:
+            held = fake_tensors_held(model, possible=True)
+            origin = ("it was made by an earlier fake run of flopscope and kept by the model's code"
+                      + (f", probably in {'; '.join(held)}" if held else " where flopscope cannot see it")
+                      + "; empty that cache (cache_clear()) and count again")
+        else:
+            origin = ("it was made under a FakeTensorMode of the caller's (a tensor the model's code keeps, or "
+                      "one reached from outside its state and inputs); count the model with mode='fake'")
+        return ForwardError(f"{what} cannot be counted for real: {met.where.describe()} got a fake tensor, which a "
+                            f"real run cannot execute; {origin}")
     limitation = needs_real_data(error) if fake else None
     if limitation is not None:
         func = getattr(limitation, "func", None)
@@ -533,6 +584,11 @@ def _system_available() -> int | None:
     return None
 
 
+def _callers_fake_mode(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """The FakeTensorMode of the fake tensors among the model's state and the inputs (the caller's), if any."""
+    return callers_fake_mode(itertools.chain((t for _, t in _named_state(model)), tensors_in((args, kwargs))))
+
+
 def _devices(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> set[torch.device]:
     """The devices of the model's parameters and buffers and of the inputs."""
     return {t.device for t in itertools.chain((t for _, t in _named_state(model)), tensors_in((args, kwargs)))}
@@ -542,7 +598,8 @@ def _index_values(tensors: Sequence[torch.Tensor], convert: Converter) -> dict[i
     """``id(fake) -> values`` of the small index tensors among ``tensors`` (inputs' ids, integer buffers such as
     position ids): fake tensors keep shapes only, and a lookup's ids are checked against its table."""
     return {id(convert(t)): t.detach().clone() for t in tensors
-            if t.dtype in INDEX_DTYPES and not t.is_meta and t.numel() <= MAX_KNOWN_NUMEL}
+            if t.dtype in INDEX_DTYPES and not t.is_meta and not isinstance(t, FakeTensor)
+            and t.numel() <= MAX_KNOWN_NUMEL}
 
 
 def meta_kernels_cannot(error: BaseException) -> bool:
