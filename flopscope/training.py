@@ -13,6 +13,7 @@ the mask allows, padding included where the batch says which tokens are padding)
 from __future__ import annotations
 
 import copy
+import dataclasses
 import itertools
 import math
 from collections import Counter
@@ -97,6 +98,11 @@ class BatchPricer:
     """role -> MACs that activation checkpointing recomputes for one sequence of n tokens (hardware work)"""
     attention: str = EXECUTED
     attention_terms: tuple[AttentionTerm, ...] = ()
+    sequence: SequenceLayout | None = None
+    """How a batch given as one tensor holds its sequences (read from ``make_inputs`` by :func:`flops_per_batch`):
+    a tensor of that rank is read so, an integer tensor of another as token ids ``[..., n]``, a float one refused;
+    ``None``: token ids ``[..., n]``, and a float tensor of rank > 2 (hidden states, whose last dimension is a width)
+    refused."""
 
     def __call__(self, batch: Any) -> int:
         """Model FLOPs of the batch (2 per MAC; recomputed work not included: see :meth:`recompute_flops`)."""
@@ -109,16 +115,16 @@ class BatchPricer:
     def recompute_flops(self, batch: Any) -> int:
         """FLOPs that activation checkpointing recomputes for the batch (0 without checkpointing): what
         hardware FLOPs (HFU) add to the model's."""
-        return 2 * sum(self._macs(self.recomputed, layout(batch), recomputed=True).values())
+        return 2 * sum(self._macs(self.recomputed, self.layout(batch), recomputed=True).values())
 
     def macs_by_role(self, batch: Any) -> dict[str, int]:
         """Model MACs per role."""
-        return self._macs(self.polynomials, layout(batch))
+        return self._macs(self.polynomials, self.layout(batch))
 
     def price(self, batch: Any) -> dict[str, Any]:
         """Everything about one batch from one reading of it: ``flops_by_role``, ``flops``, ``recomputed_flops``
         and ``tokens`` (what a per-step callback needs)."""
-        shape = layout(batch)
+        shape = self.layout(batch)
         by_role = {role: 2 * macs for role, macs in self._macs(self.polynomials, shape).items()}
         recomputed = 2 * sum(self._macs(self.recomputed, shape, recomputed=True).values())
         return {"flops_by_role": by_role, "flops": sum(by_role.values()), "recomputed_flops": recomputed,
@@ -126,7 +132,11 @@ class BatchPricer:
 
     def tokens(self, batch: Any) -> int:
         """Tokens in the batch, padding included."""
-        return layout(batch).tokens
+        return self.layout(batch).tokens
+
+    def layout(self, batch: Any) -> Layout:
+        """The :class:`Layout` of ``batch``, a tensor read as :attr:`sequence` says (see :func:`layout`)."""
+        return layout(batch, self.sequence)
 
     def _macs(self, polynomials: Mapping[str, Polynomial], shape: Layout, recomputed: bool = False) -> dict[str, int]:
         """MACs per role of a batch: the polynomials, the attention core by the convention's terms."""
@@ -212,11 +222,68 @@ def _price(polynomials: Mapping[str, _IntegerPolynomial], shape: Layout) -> dict
             for role, poly in polynomials.items()}
 
 
-def layout(batch: Any) -> Layout:
-    """The :class:`Layout` of a batch: token ids ``[..., n]`` (padding included), a dict of model inputs
-    (``input_ids`` / ``inputs_embeds``, packed ``position_ids`` that restart inside a row, or ``cu_seqlens``
-    offsets), or a sequence of lengths (unpadded sequences)."""
+@dataclass(frozen=True)
+class SequenceLayout:
+    """Where a tensor input holds its sequences: ``rank`` dimensions, the tokens at ``dim`` (counted from the end:
+    -1 for token ids ``[B, n]``, -2 for hidden states ``[B, n, d]``), the batch in the dimensions before it."""
+
+    rank: int
+    dim: int
+
+    def rows(self, t: torch.Tensor) -> Layout:
+        """The layout of a tensor of this rank; token ids ``[..., n]`` otherwise (an error for floats)."""
+        if t.dim() != self.rank:
+            if not t.is_floating_point() and not t.is_complex():
+                return _dense(t)
+            raise InputError(f"cannot price a float tensor of shape {list(t.shape)}: the pricer was made from inputs "
+                             f"of rank {self.rank} with the tokens in dimension {self.rank + self.dim}; give token ids "
+                             "[B, n], a dict of model inputs or a list of sequence lengths")
+        rows = Counter({int(t.shape[self.dim]): prod(t.shape[: self.rank + self.dim])})
+        return Layout(rows, rows)
+
+
+def sequence_layout(make_inputs: Callable[[int], Any], lengths: Sequence[int]) -> tuple[SequenceLayout, int]:
+    """Where ``make_inputs(n)`` puts its tokens, and how many sequences it holds (its batch): read from its first
+    tensor at two lengths (the first dimension that follows ``n`` is the tokens', those before it the batch). An
+    error where no dimension follows ``n``, or where one input holds sequences of several lengths."""
+    short, long = sorted(lengths)[:2]
+    first = [_first_tensor(make_inputs(n), n) for n in (short, long)]
+    if first[0].dim() != first[1].dim():
+        raise InputError(f"make_inputs gives tensors of ranks {first[0].dim()} and {first[1].dim()} at n = {short} "
+                         f"and {long}: the pricer cannot tell where the tokens are")
+    follows = [i for i in range(first[0].dim()) if (first[0].shape[i], first[1].shape[i]) == (short, long)]
+    if not follows:
+        raise InputError(f"no dimension of make_inputs(n)'s first tensor is n (shapes {list(first[0].shape)} and "
+                         f"{list(first[1].shape)} at n = {short} and {long}); flops_per_batch prices sequences of n "
+                         "tokens")
+    dim = follows[0] - first[0].dim()
+    return SequenceLayout(first[0].dim(), dim), prod(first[0].shape[: follows[0]])
+
+
+def _first_tensor(inputs: Any, n: int) -> torch.Tensor:
+    """The tensor of ``make_inputs(n)`` that holds its tokens: ``input_ids`` (or ``inputs_embeds``) of a dict, else
+    its first tensor."""
+    if isinstance(inputs, tuple) and len(inputs) == 2 and isinstance(inputs[0], tuple) and isinstance(inputs[1], dict):
+        inputs = inputs[1] if not inputs[0] else inputs[0]
+    if isinstance(inputs, Mapping):
+        inputs = inputs.get("input_ids", inputs.get("inputs_embeds", inputs))
+    found = tensors_in(inputs)
+    if not found:
+        raise InputError(f"make_inputs({n}) gave {describe(inputs)}, no tensor: the pricer cannot read its batch")
+    return found[0]
+
+
+def layout(batch: Any, sequence: SequenceLayout | None = None) -> Layout:
+    """The :class:`Layout` of a batch: token ids ``[..., n]`` (padding included; a tensor read by ``sequence`` when
+    given), a dict of model inputs (``input_ids`` / ``inputs_embeds``, packed ``position_ids`` that restart inside a
+    row, or ``cu_seqlens`` offsets), or a sequence of lengths (unpadded sequences)."""
     if isinstance(batch, torch.Tensor):
+        if sequence is not None:
+            return sequence.rows(batch)
+        if batch.is_floating_point() and batch.dim() > 2:
+            raise InputError(f"cannot price a float tensor of shape {list(batch.shape)}: its last dimension may be a "
+                             "width, not tokens; give token ids [B, n], or make the pricer with flops_per_batch, "
+                             "which reads where make_inputs puts the tokens")
         return _dense(batch)
     if isinstance(batch, Mapping):
         if batch.get("cu_seqlens") is not None:
@@ -274,8 +341,9 @@ def flops_per_batch(model: nn.Module, make_inputs: Callable[[int], Any], *, back
                     lengths: Sequence[int] = (16, 32, 64, 128, 256), mode: str = "fake",
                     loss: Callable[[Any], torch.Tensor] | None = None, training: bool | None = None,
                     attention: str = EXECUTED, **profile_kwargs: Any) -> BatchPricer:
-    """Profile ``model(*make_inputs(n))`` (one sequence of ``n`` tokens) at a few ``lengths``, recover each
-    role's exact polynomial in ``n`` (:func:`flopscope.scaling`, checked at one more length than its degree
+    """Profile ``model(*make_inputs(n))`` (``n`` tokens in each of its sequences: a batch of several is priced per
+    sequence, the batch read from the dimensions before the one that follows ``n``) at a few ``lengths``, recover
+    each role's exact polynomial in ``n`` (:func:`flopscope.scaling`, checked at one more length than its degree
     needs) and return a :class:`BatchPricer` that prices any batch in FLOPs without tracing again. A role whose
     count is not a polynomial at these lengths is an error (give more lengths). ``training=True`` traces the
     model in training mode (what activation checkpointing and dropout need; every module's flag is put back
@@ -283,6 +351,9 @@ def flops_per_batch(model: nn.Module, make_inputs: Callable[[int], Any], *, back
     ``"executed"`` the model is profiled once more, at the longest length, to read each core op's MACs per pair
     and mask (self-attention only: a core whose keys are not its queries is an error)."""
     check_attention(attention)
+    if len(set(lengths)) < 2:
+        raise ConfigurationError(f"flops_per_batch needs at least two lengths; got {tuple(lengths)}")
+    sequence, batch = sequence_layout(make_inputs, lengths)
     snapshot = ModelSnapshot(model, buffer_values=False)
     try:
         if training is not None:
@@ -298,8 +369,15 @@ def flops_per_batch(model: nn.Module, make_inputs: Callable[[int], Any], *, back
     if missing:
         raise FlopscopeError(f"the MACs of {', '.join(missing)} are not a polynomial of degree <= "
                              f"{len(result.lengths) - 2} in n at lengths {result.lengths}; give more lengths")
-    return BatchPricer({role: poly for role, poly in result.polynomials.items() if poly is not None}, backward,
-                       {role: poly for role, poly in result.recomputed.items() if poly is not None}, attention, terms)
+    per_sequence = {role: _per_sequence(poly, batch) for role, poly in result.polynomials.items() if poly is not None}
+    recomputed = {role: _per_sequence(poly, batch) for role, poly in result.recomputed.items() if poly is not None}
+    terms = tuple(dataclasses.replace(t, macs_per_pair=t.macs_per_pair / batch) for t in terms)
+    return BatchPricer(per_sequence, backward, recomputed, attention, terms, sequence)
+
+
+def _per_sequence(poly: Polynomial, batch: int) -> Polynomial:
+    """One sequence's polynomial from that of a batch of ``batch`` equal sequences."""
+    return Polynomial(tuple(c / batch for c in poly.coefficients))
 
 
 def _attention_terms(model: nn.Module, make_inputs: Callable[[int], Any], n: int,

@@ -135,3 +135,35 @@ def test_activation_checkpointing_counts_in_hfu_but_not_in_mfu() -> None:
     step = Throughput(pricer, peak=1e12).update(batch, seconds=0.5)
     assert step["recomputed_flops"] == pricer.recompute_flops(batch)
     assert step["hfu"] == pytest.approx(step["mfu"] * (pricer(batch) + pricer.recompute_flops(batch)) / pricer(batch))
+
+
+def test_a_batched_make_inputs_is_priced_per_sequence() -> None:
+    """At 3bbe37a make_inputs(n) = [2, n] ids priced a (2, 77) batch at twice its FLOPs (the batch counted twice)."""
+    transformers = pytest.importorskip("transformers")
+    d, d_ff, layers, h, vocab = 32, 64, 2, 4, 100
+    config = transformers.LlamaConfig(hidden_size=d, intermediate_size=d_ff, num_hidden_layers=layers,
+                                      num_attention_heads=h, num_key_value_heads=h, vocab_size=vocab)
+    model = transformers.LlamaForCausalLM(config).eval()
+
+    def forward_macs(n: int) -> int:  # one sequence: projections, gated FFN, scores + weighted sum, logits
+        return layers * (n * (4 * d * d + 3 * d * d_ff) + 2 * n * n * d) + n * d * vocab
+
+    batch = torch.randint(0, vocab, (2, 77))
+    for rows in (1, 2, 3):
+        pricer = flops_per_batch(model, lambda n, rows=rows: torch.randint(0, vocab, (rows, n)), backward=False)
+        assert pricer(batch) == 2 * 2 * forward_macs(77)
+        assert pricer(batch) == measure_flops(model, lambda: model(batch).logits)
+    embeds = flops_per_batch(TransformerBlock(D, H, D_FF), lambda n: torch.zeros(4, n, D), backward=False)
+    assert embeds(torch.zeros(3, 40, D)) == 2 * _block_macs(40, batch=3)  # hidden states, read as make_inputs was
+    assert embeds(torch.zeros(3, 40, dtype=torch.long)) == 2 * _block_macs(40, batch=3)  # token ids
+
+
+def test_batches_whose_tokens_cannot_be_read_are_refused() -> None:
+    block = TransformerBlock(D, H, D_FF)
+    pricer = flops_per_batch(block, lambda n: torch.zeros(1, n, D), backward=False)
+    with pytest.raises(flopscope.InputError, match=r"float tensor of shape \[3, 40\]"):
+        pricer(torch.zeros(3, 40))  # hidden states of another rank: the tokens' dimension is not known
+    with pytest.raises(flopscope.InputError, match="no dimension of make_inputs"):
+        flops_per_batch(block, lambda n: torch.zeros(1, 16, D), backward=False)  # n does not reach the inputs
+    with pytest.raises(flopscope.InputError, match="last dimension may be a width"):
+        flopscope.BatchPricer(pricer.polynomials, backward=False)(torch.zeros(3, 40, D))
