@@ -106,7 +106,8 @@ def _create(name: str, meta: bool) -> Any:
     return timm.create_model(name, pretrained=False).eval()
 
 
-def run_model(name: str, family: str, timeout: int, max_params: int, max_macs: int) -> dict[str, Any]:
+def run_model(name: str, family: str, timeout: int, max_params: int, max_macs: int,
+              invariant_macs: int = 0) -> dict[str, Any]:
     res: dict[str, Any] = {"model": name, "family": family, "status": "skip"}
 
     def timeout_reason(r: dict[str, Any]) -> str:
@@ -115,11 +116,11 @@ def run_model(name: str, family: str, timeout: int, max_params: int, max_macs: i
             f" (flopscope total {macs:,} MACs)" if isinstance(macs, int) else "")
 
     with runner.guarded(res, timeout, timeout_reason):
-        _count(res, name, max_params, max_macs)
+        _count(res, name, max_params, max_macs, invariant_macs)
     return res
 
 
-def _count(res: dict[str, Any], name: str, max_params: int, max_macs: int) -> None:
+def _count(res: dict[str, Any], name: str, max_params: int, max_macs: int, invariant_macs: int) -> None:
     import torch
     res["stage"] = "build"
     try:
@@ -149,6 +150,8 @@ def _count(res: dict[str, Any], name: str, max_params: int, max_macs: int) -> No
     # 1. flopscope, model as built (fused attention), inference
     with torch.no_grad():
         fs = runner.profile_record(model, (x,), {}, False, res, "fs")
+        if device == "cpu" and isinstance(fs.get("macs"), int) and fs["macs"] <= invariant_macs:
+            runner.invariants_record(model, (x,), {}, res)  # (several real runs: small models only)
     # 2. reference: unfused attention, math SDPA, no oneDNN, grad on
     ref_model, ref_x = model, x
     res["unfused_modules"] = _unfuse(model)
@@ -210,8 +213,9 @@ def _progress(res: dict[str, Any]) -> str:
 
 
 def sweep(tasks: list[tuple[str, str]], jobs: int, timeout: int, max_params: int, max_macs: int,
-          progress: bool = True) -> list[dict[str, Any]]:
-    run = functools.partial(run_model, timeout=timeout, max_params=max_params, max_macs=max_macs)
+          progress: bool = True, invariant_macs: int = 0) -> list[dict[str, Any]]:
+    run = functools.partial(run_model, timeout=timeout, max_params=max_params, max_macs=max_macs,
+                            invariant_macs=invariant_macs)
     warm_up = functools.partial(run, "vit_tiny_patch16_224", "vision_transformer")  # imports, first calls: once
     return runner.sweep(tasks, jobs, run, timeout, ("model", "family"), _progress if progress else None, warm_up)
 
@@ -368,6 +372,7 @@ def write_report(results: list[dict[str, Any]], path: Path, elapsed: float, args
                      f"{attn} |")
     lines.append("")
     lines += runner.group_sections(s, SECTIONS)
+    lines += runner.invariant_lines(results, "model")
     mism = [r for r in results if r["status"] == "mismatch"]
     lines += ["## Mismatches", ""]
     if mism:
@@ -436,6 +441,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="models with more parameters are built and counted on the meta device (default 300M)")
     ap.add_argument("--max-macs", type=float, default=100e9,
                     help="models flopscope counts above this get their reference on a meta copy (default 100G)")
+    ap.add_argument("--invariant-macs", type=float, default=2e9,
+                    help="check flopscope.invariants on CPU models counted at or below this (default 2G; 0: none)")
+    runner.add_against_argument(ap)
     args = ap.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)
 
@@ -444,8 +452,9 @@ def main(argv: list[str] | None = None) -> int:
     tasks = select(all_models, args.only, args.limit)
     t0 = time.time()
     results = sweep(tasks, max(1, args.jobs), args.timeout, int(args.max_params), int(args.max_macs),
-                    progress=not args.quiet)
+                    progress=not args.quiet, invariant_macs=int(args.invariant_macs))
     elapsed = time.time() - t0
+    runner.compare_runs(results, args.against, "model")
     write_report(results, Path(args.report), elapsed, args, len(all_models), len(tasks) < len(all_models))
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1, default=str))

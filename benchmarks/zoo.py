@@ -488,14 +488,15 @@ def _build(cls: Any, cfg: Any, level: int, max_params: int) -> Any:
 
 
 def run_arch(model_type: str, class_name: str, timeout: int, max_params: int,
-             eager_always: bool = False) -> dict[str, Any]:
+             eager_always: bool = False, invariants: bool = True) -> dict[str, Any]:
     res: dict[str, Any] = {"arch": model_type, "class": class_name, "status": "skip"}
     with runner.guarded(res, timeout, lambda r: f"over {timeout} s (stage reached: {r.get('stage', 'build/probe')})"):
-        _count(res, model_type, class_name, max_params, eager_always)
+        _count(res, model_type, class_name, max_params, eager_always, invariants)
     return res
 
 
-def _count(res: dict[str, Any], model_type: str, class_name: str, max_params: int, eager_always: bool) -> None:
+def _count(res: dict[str, Any], model_type: str, class_name: str, max_params: int, eager_always: bool,
+           invariants: bool) -> None:
     import torch
     import transformers
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
@@ -550,6 +551,8 @@ def _count(res: dict[str, Any], model_type: str, class_name: str, max_params: in
     res["inputs"] = {k: list(v.shape) for k, v in inputs.items()}
     # 1. flopscope, model as built, inference
     runner.profile_record(model, (), inputs, False, res, "fs")
+    if invariants:
+        runner.invariants_record(model, (), inputs, res)
     # 2. reference and 3. flopscope on the eager configuration
     res["eager_problems"] = _set_eager(model)
     with runner.eager_context():
@@ -602,9 +605,9 @@ def _progress(res: dict[str, Any]) -> str:
 
 
 def sweep(archs: list[tuple[str, str]], jobs: int, timeout: int, max_params: int,
-          progress: bool = True, eager_always: bool = False) -> list[dict[str, Any]]:
+          progress: bool = True, eager_always: bool = False, invariants: bool = True) -> list[dict[str, Any]]:
     return runner.sweep(archs, jobs, functools.partial(run_arch, timeout=timeout, max_params=max_params,
-                                                       eager_always=eager_always),
+                                                       eager_always=eager_always, invariants=invariants),
                             timeout, ("arch", "class"), _progress if progress else None,
                             functools.partial(_warm_up, timeout, max_params))
 
@@ -726,6 +729,7 @@ def write_report(results: list[dict[str, Any]], path: Path, elapsed: float, args
     lines += [f"| {k} | {v} |" for k, v in sorted(s["status"].items(), key=lambda kv: -kv[1])]
     lines += ["", *_summary_lines(results, s)]
     lines += runner.group_sections(s, SECTIONS)
+    lines += runner.invariant_lines(results, "arch")
     lines += _mismatch_lines(results) + _variant_lines(results)
     lines += ["## Results", "",
               "| architecture | status | level | flopscope MACs | reference MACs | ratio | fs-eager MACs | "
@@ -781,6 +785,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="skip configs that are not shrunk enough and have more parameters (default 150M)")
     ap.add_argument("--eager-always", action="store_true",
                     help="run fs-eager for every architecture, not only where flopscope and the reference differ")
+    ap.add_argument("--no-invariants", action="store_true", help="skip flopscope.invariants (a third of the time)")
+    runner.add_against_argument(ap)
     args = ap.parse_args(argv)
 
     archs = architectures()
@@ -793,8 +799,9 @@ def main(argv: list[str] | None = None) -> int:
         archs = [(w, known[w]) for w in wanted if w in known]
     t0 = time.time()
     results = sweep(archs, max(1, args.jobs), args.timeout, int(args.max_params), progress=not args.quiet,
-                    eager_always=args.eager_always)
+                    eager_always=args.eager_always, invariants=not args.no_invariants)
     elapsed = time.time() - t0
+    runner.compare_runs(results, args.against, "arch")
     write_report(results, Path(args.report), elapsed, args)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1, default=str))

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import multiprocessing as mp
 import os
 import re
@@ -27,6 +28,7 @@ import warnings
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator
 from multiprocessing.connection import wait as mp_wait
+from pathlib import Path
 from typing import Any
 
 HARD_TIMEOUT_GRACE = 30  # seconds a task's process gets past --timeout before the driver kills it
@@ -120,6 +122,67 @@ def profile_record(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any], gr
     out["fallback"] = fell_back[0] if fell_back else None
     res["stage"] = f"{key}: done"
     return out
+
+
+def invariants_record(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any], res: dict[str, Any]) -> None:
+    """``flopscope.invariants.check_invariants`` on the model as built (under ``no_grad``): ``res["invariants"]``
+    maps each invariant to ``"ok"``, ``"violated: ..."`` or ``"skipped: ..."``; ``res["signature"]`` holds the
+    total and roles of each mode counted, for the comparison with a run under another ``PYTHONHASHSEED``
+    (:func:`hash_seed_lines`)."""
+    from flopscope.invariants import INVARIANTS, check_invariants
+
+    res["stage"] = "invariants"
+    try:
+        report = check_invariants(model, *args, **kwargs)
+    except Exception as e:  # a bug of the checks themselves: a violation to look at
+        res["invariants"] = {"checks": f"violated: the checks raised {short(e, 300)}"}
+        res["invariants_traceback"] = traceback.format_exc()[-1500:]
+        return
+    res["invariants"] = {name: report.status(name) for name in INVARIANTS}
+    res["signature"] = {label: {"total": c.total, "roles": c.roles} for label, c in report.counts.items()}
+    res["hash_seed"] = os.environ.get("PYTHONHASHSEED", "random")
+
+
+def add_against_argument(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--against", help="the --json of a run under another PYTHONHASHSEED: the invariant 'hash seed' "
+                                      "compares each architecture's totals and roles with it")
+
+
+def compare_runs(results: list[dict[str, Any]], against: str | None, name: str) -> None:
+    """Fill each result's ``invariants["hash seed"]`` from the run in ``against`` (the same counts, mode by mode)."""
+    if not against:
+        return
+    other = {r[name]: r for r in json.loads(Path(against).read_text())}
+    for r in results:
+        mine, theirs = r.get("signature"), other.get(r[name], {}).get("signature")
+        if mine is None or theirs is None:
+            continue
+        seeds = f"PYTHONHASHSEED {r.get('hash_seed')} vs {other[r[name]].get('hash_seed')}"
+        differing = [label for label in mine if label in theirs and mine[label] != theirs[label]]
+        r["invariants"]["hash seed"] = (f"violated: {', '.join(differing)} differ ({seeds})" if differing
+                                        else f"ok ({seeds})")
+
+
+def invariant_lines(results: list[dict[str, Any]], name: str) -> list[str]:
+    """The report's invariant section: per invariant, how many hold, are violated, are skipped; each violation by
+    architecture."""
+    checked = [r for r in results if r.get("invariants")]
+    names: dict[str, None] = {}
+    for r in checked:
+        names.update(dict.fromkeys(r["invariants"]))
+    lines = ["## Invariants", "", f"Checked on {len(checked)} of {len(results)} "
+             "(`flopscope.invariants.check_invariants`: repeat, modes = fake / real / meta, attention = eager / SDPA, "
+             "forward after = before, caches hold no fake tensor; hash seed = against another run's JSON).", "",
+             "| invariant | ok | violated | skipped |", "|---|---|---|---|"]
+    for inv in names:
+        states = [r["invariants"].get(inv, "") for r in checked]
+        counts = [sum(s.startswith(kind) for s in states) for kind in ("ok", "violated", "skipped")]
+        lines.append(f"| {inv} | " + " | ".join(map(str, counts)) + " |")
+    violations = [(r[name], inv, state) for r in checked for inv, state in r["invariants"].items()
+                  if state.startswith("violated")]
+    lines += ["", "### Violations", ""]
+    lines += [f"- **{who}** {inv}: {cell(state[len('violated: '):])}" for who, inv, state in violations] or ["(none)"]
+    return [*lines, ""]
 
 
 def reference(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:

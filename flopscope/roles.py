@@ -384,10 +384,10 @@ def _gated_branches(view: GraphView, x: CapturedOp) -> tuple[CapturedOp | None, 
         act_a = _passes_activation(view, a)
         macs_a = {m for m in _nearest_before(view, a) if view.is_weight_matmul(m)}
         macs_b = {m for m in _nearest_before(view, b) if view.is_weight_matmul(m)}
-        if macs_a and macs_b:
-            first = next(iter(macs_a))
-            if macs_a != macs_b or not (columns(first, a) & columns(first, b)):
-                return (a, b) if act_a else (b, a)
+        # gated: two projections, or one whose output columns the two branches split (GPT-OSS interleaves them);
+        # every shared projection is asked (in no order: the answer must not depend on a set's order)
+        if macs_a and macs_b and (macs_a != macs_b or any(not (columns(m, a) & columns(m, b)) for m in macs_a)):
+            return (a, b) if act_a else (b, a)
     return None, None
 
 

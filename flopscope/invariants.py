@@ -1,0 +1,233 @@
+"""Invariants every count must satisfy, whatever the model: checked over whole zoos (``benchmarks/zoo.py``,
+``benchmarks/timm_zoo.py``) and in test suites, where closed forms cannot reach 600 architectures.
+
+:func:`check_invariants` profiles one model several ways and names each invariant that does not hold:
+
+- ``repeat``: two profiles in one process give the same total, roles and module totals;
+- ``modes``: fake, real and meta (a copy of the model on ``device="meta"``) give the same total, roles and module
+  totals, where each can run. A model that reads its data cannot run on fake or meta tensors (skipped, with the
+  reason); a count on fake tensors that is an upper bound, as ``prof.notes`` says, is not compared; on meta a
+  fused-layer fast path is not taken (PyTorch checks the device), so module totals are not compared there when
+  the real run took one;
+- ``attention``: a Hugging Face model's eager attention and its SDPA attention give the same total and roles (on a
+  copy switched with ``set_attn_implementation``; skipped where the model has only one);
+- ``forward``: a plain forward after the profiles returns real tensors equal to those of one before them;
+- ``caches``: no fake tensor sits in the caches and stores the model's code reaches
+  (:func:`flopscope.model_caches.fake_tensors_held`).
+
+The same roles in two processes with different ``PYTHONHASHSEED`` is the sixth: it needs two interpreters, so the
+zoo scripts compare two runs' JSON (``--against``) and the test suite runs two subprocesses. Units: MACs.
+"""
+
+from __future__ import annotations
+
+import copy
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+import torch
+from torch import nn
+from torch._subclasses.fake_tensor import FakeTensor
+
+from .api import profile
+from .errors import FlopscopeError
+from .fake import map_tensors, tensors_in
+from .formulas import REGISTRY, OpFamily
+from .model_caches import fake_tensors_held
+from .profile import Profile
+
+INVARIANTS = ("repeat", "modes", "attention", "forward", "caches")
+"""The invariants :func:`check_invariants` checks, in the order it checks them."""
+
+
+@dataclass(frozen=True)
+class Counted:
+    """What the invariants compare of one profile (MACs)."""
+
+    mode: str
+    total: int
+    roles: dict[str, int]
+    modules: dict[str, int]
+    fused_layers: bool = False  # a fused-layer kernel ran (FUSED_LAYER: nn.MultiheadAttention's fast path, ...)
+
+    @classmethod
+    def of(cls, prof: Profile) -> Counted:
+        fused = {op.replace("::", ".") for op in REGISTRY.ops(OpFamily.FUSED_LAYER)}  # (by_op names: "aten.x")
+        return cls(prof.mode, prof.total(), dict(prof.by_role()), dict(prof.by_module()),
+                   any(op in fused for op in prof.by_op()))
+
+    def differences(self, other: Counted, *, modules: bool = True) -> str:
+        """What differs from ``other``, in one line ("" when nothing does)."""
+        parts = []
+        if self.total != other.total:
+            parts.append(f"total {self.total:,} vs {other.total:,}")
+        roles = [f"{r} {self.roles.get(r, 0):,} vs {other.roles.get(r, 0):,}" for r in sorted({*self.roles,
+                                                                                               *other.roles})
+                 if self.roles.get(r, 0) != other.roles.get(r, 0)]
+        if roles:
+            parts.append("roles: " + ", ".join(roles[:4]) + (", ..." if len(roles) > 4 else ""))
+        if modules and self.total == other.total:
+            paths = [p for p in sorted({*self.modules, *other.modules}) if self.modules.get(p) != other.modules.get(p)]
+            if paths:
+                parts.append(f"{len(paths)} module totals, first '{paths[0]}' {self.modules.get(paths[0], 0):,} vs "
+                             f"{other.modules.get(paths[0], 0):,}")
+        return "; ".join(parts)
+
+
+@dataclass
+class InvariantReport:
+    """The outcome of :func:`check_invariants`: ``violations`` (invariant -> what differs), ``skipped`` (invariant
+    -> why it could not be checked) and the ``counts`` compared (label -> :class:`Counted`)."""
+
+    violations: dict[str, str] = field(default_factory=dict)
+    skipped: dict[str, str] = field(default_factory=dict)
+    counts: dict[str, Counted] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+    def status(self, invariant: str) -> str:
+        """``"ok"``, ``"violated: ..."`` or ``"skipped: ..."``."""
+        if invariant in self.violations:
+            return f"violated: {self.violations[invariant]}"
+        if invariant in self.skipped:
+            return f"skipped: {self.skipped[invariant]}"
+        return "ok"
+
+
+def check_invariants(model: nn.Module, *args: Any, grad: bool = False, **kwargs: Any) -> InvariantReport:
+    """Check :data:`INVARIANTS` on ``model(*args, **kwargs)`` (under ``torch.set_grad_enabled(grad)``; the random
+    seed is set before each forward). The model is left as it was: the meta and eager-attention counts run on
+    copies."""
+    report = InvariantReport()
+    with torch.set_grad_enabled(grad), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # fall-backs and notes: the counts say what matters here
+        before = _forward(model, args, kwargs)
+        real = _count(report, "real", lambda: profile(model, *args, mode="real", **kwargs))
+        again = _count(report, "real again", lambda: profile(model, *args, mode="real", **kwargs))
+        fake = _count(report, "fake", lambda: profile(model, *args, mode="fake", **kwargs))
+        fake_again = _count(report, "fake again", lambda: profile(model, *args, mode="fake", **kwargs))
+        meta = _count(report, "meta", lambda: _on_meta(model, args, kwargs))
+        eager = _count(report, "eager", lambda: _eager(model, args, kwargs))
+        after = _forward(model, args, kwargs)
+    _repeat(report, [(real, again), (fake, fake_again)])
+    _modes(report, real, fake, meta)
+    _attention(report, real, eager)
+    _same_forward(report, before, after)
+    held = fake_tensors_held(model)
+    if held:
+        report.violations["caches"] = "fake tensors in " + "; ".join(held)
+    return report
+
+
+def _count(report: InvariantReport, label: str, run: Callable[[], Profile | None]) -> Counted | str:
+    """The count of one run, or why it could not run (a :class:`FlopscopeError`'s first line, or "n/a: ...")."""
+    try:
+        prof = run()
+    except FlopscopeError as error:
+        return f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"
+    except Exception as error:  # not flopscope's error: the model's own (a copy on meta, say)
+        return f"the model raised {type(error).__name__}: {str(error).splitlines()[0][:200] if str(error) else ''}"
+    if prof is None:
+        return "n/a"
+    counted = Counted.of(prof)
+    if any("upper bound" in note for note in prof.notes):
+        return f"an upper bound ({label}): " + next(n for n in prof.notes if "upper bound" in n)[:160]
+    report.counts[label] = counted
+    return counted
+
+
+def _repeat(report: InvariantReport, pairs: list[tuple[Counted | str, Counted | str]]) -> None:
+    found = [f"{a.mode}: {a.differences(b)}" for a, b in pairs
+             if isinstance(a, Counted) and isinstance(b, Counted) and a.differences(b)]
+    if found:
+        report.violations["repeat"] = " | ".join(found)
+    elif not any(isinstance(a, Counted) and isinstance(b, Counted) for a, b in pairs):
+        report.skipped["repeat"] = "no mode ran twice"
+
+
+def _modes(report: InvariantReport, real: Counted | str, fake: Counted | str, meta: Counted | str) -> None:
+    if not isinstance(real, Counted):
+        report.skipped["modes"] = f"real: {real}"
+        return
+    found, missing = [], []
+    for label, other in (("fake", fake), ("meta", meta)):
+        if isinstance(other, Counted):
+            # PyTorch takes its fused-layer fast paths on CPU and CUDA tensors only: on meta the layer runs unfused,
+            # its multiplies in its submodules (same total and roles, other module totals)
+            difference = other.differences(real, modules=not (label == "meta" and real.fused_layers))
+            if difference:
+                found.append(f"{label} vs real: {difference}")
+        else:
+            missing.append(f"{label}: {other}")
+    if found:
+        report.violations["modes"] = " | ".join(found)
+    elif len(missing) == 2:
+        report.skipped["modes"] = " | ".join(missing)
+
+
+def _attention(report: InvariantReport, sdpa: Counted | str, eager: Counted | str) -> None:
+    if not isinstance(eager, Counted) or not isinstance(sdpa, Counted):
+        report.skipped["attention"] = eager if isinstance(eager, str) else f"sdpa: {sdpa}"
+        return
+    difference = eager.differences(sdpa, modules=False)
+    if difference:
+        report.violations["attention"] = f"eager vs sdpa: {difference}"
+
+
+def _same_forward(report: InvariantReport, before: Any, after: Any) -> None:
+    if isinstance(before, str) or isinstance(after, str):
+        report.skipped["forward"] = before if isinstance(before, str) else after
+        return
+    if any(isinstance(t, FakeTensor) for t in after):
+        report.violations["forward"] = f"{sum(isinstance(t, FakeTensor) for t in after)} fake tensors in the output"
+        return
+    if len(before) != len(after):
+        report.violations["forward"] = f"{len(before)} output tensors before, {len(after)} after"
+        return
+    for i, (a, b) in enumerate(zip(before, after, strict=True)):
+        if a.shape != b.shape or not torch.equal(a.nan_to_num(), b.nan_to_num()):
+            report.violations["forward"] = f"output tensor {i} (shape {list(a.shape)}) differs after the profiles"
+            return
+
+
+def _forward(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[torch.Tensor] | str:
+    """The output tensors of a plain forward (detached), or why it raised."""
+    torch.manual_seed(0)
+    try:
+        output = model(*args, **kwargs)
+    except Exception as error:  # the model's own error: the forward invariant cannot be checked
+        return f"a plain forward raised {type(error).__name__}"
+    return [t.detach() for t in tensors_in(_plain(output))]
+
+
+def _plain(output: Any) -> Any:
+    """A Hugging Face ``ModelOutput`` as a tuple of its values (``tensors_in`` walks tuples, lists, dicts)."""
+    to_tuple = getattr(output, "to_tuple", None)
+    return to_tuple() if callable(to_tuple) else output
+
+
+def _on_meta(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Profile | None:
+    """A profile of a copy of the model, and of the inputs, on ``device="meta"``."""
+    if any(t.is_meta for t in model.parameters()):
+        return None
+    copied = copy.deepcopy(model).to("meta")
+    meta_args, meta_kwargs = map_tensors((args, kwargs), lambda t: t.to("meta"))
+    return profile(copied, *meta_args, **meta_kwargs)
+
+
+def _eager(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Profile | None:
+    """A profile of a copy of a Hugging Face model switched to eager attention (``None`` where it has no other)."""
+    config = getattr(model, "config", None)
+    switch = getattr(model, "set_attn_implementation", None)
+    if config is None or switch is None or getattr(config, "_attn_implementation", None) in (None, "eager"):
+        return None
+    copied = copy.deepcopy(model)
+    try:
+        cast(Any, copied).set_attn_implementation("eager")
+    except Exception:  # the model supports only the implementation it has
+        return None
+    return profile(copied, *args, mode="real", **kwargs)
