@@ -60,7 +60,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_mod
 from . import communication, elementwise, formulas, traffic
 from .elementwise import ElementwiseRule
 from .enums import StrEnum
-from .fake import CountingFakeTensorMode
+from .fake import CountingFakeTensorMode, needs_real_data
 from .formulas import FormulaRegistry, OpFamily, OpSpec, shape_of
 from .module_tracker import ModuleCall, ModuleTracker
 
@@ -317,6 +317,9 @@ def _classify_op(func: Any, registry: FormulaRegistry) -> _OpClass:
 
 _UNSUPPORTED = _OpClass(Cost.UNSUPPORTED)
 _LIFT_FRESH = torch.ops.aten.lift_fresh.default
+_SCALAR_READS = (torch.ops.aten._local_scalar_dense.default, torch.ops.aten.item.default)
+"""Reads of a one-element tensor's value into Python (``.item()``, ``.tolist()``, ``int(t)``): on fake tensors they are
+answered from the values the recorder knows (an integer input's, and what is computed from known values)."""
 _PASSED = _OpClass(Cost.ZERO, passed=True)
 _ATTENTION_FAMILIES = (OpFamily.ATTENTION, OpFamily.FUSED_LAYER)
 
@@ -361,6 +364,7 @@ class Recorder(TorchDispatchMode):
         self.largest_out = 0  # bytes of the largest tensor a recorded op made: a real run's peak is at least this
         self.leaf_values: dict[int, torch.Tensor] = {}  # id(fake tensor) -> the values it stands for
         self._known: dict[int, torch.Tensor] = {}  # id(captured op) -> values propagated to its output
+        self._stale: set[int] = set()  # id(captured op) whose output's storage was written since: values unknown
         self._written: dict[Any, tuple[int, ...]] = {}  # op -> positions of the arguments it writes
         self._backward = False  # while the backward pass runs: record ops outside any module call
         self._producers: dict[int, tuple[weakref.ref[torch.Tensor], CapturedOp]] = {}
@@ -474,14 +478,31 @@ class Recorder(TorchDispatchMode):
         try:
             if self.fake and known.checked:
                 self._check_as_the_real_kernel(func, args, known.spec)
+            if self.fake and func in _SCALAR_READS:  # .item() / .tolist() / int(t) of a tensor with known values
+                value = self.value_of(args[0])
+                if value is not None and value.numel() == 1:
+                    with _disable_current_modes():  # real values: no fake mode below may take them
+                        return value.item()
             return func(*args, **kwargs)
-        except Exception:  # any kernel's error: noted here, re-raised unless a fake-shape rule stands in
+        except Exception as error:  # any kernel's error: noted here, re-raised unless a fake-shape rule stands in
+            if self.fake and needs_real_data(error) is not None and isinstance(func, torch._ops.OpOverload):
+                known_out = self._propagate(func, args, kwargs, known.cost)
+                if isinstance(known_out, torch.Tensor):  # its data was known: the output the values make
+                    return self._stand_in(known_out)
             maker = FAKE_SHAPE_RULES.get(_packet(func)) if self.fake else None
             if maker is None:
                 if self.failure is None:
                     self.failure = OpFailure(op_name(func), stack[-1].path if stack else "", _shapes((args, kwargs)))
                 raise
             return maker(*args, **kwargs)  # a fake kernel stricter than the real one: make the output here
+
+    def _stand_in(self, real: torch.Tensor) -> torch.Tensor:
+        """``real`` (an op's output computed from known values) as a tensor of this run: a fake tensor of the fake
+        mode below the recorder, or a meta tensor on meta kernels."""
+        mode = torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE)
+        if mode is None:
+            return real.to("meta")
+        return mode.from_tensor(real)
 
     def _check_as_the_real_kernel(self, func: Any, args: tuple[Any, ...], spec: OpSpec | None) -> None:
         """Operands of one dtype for products, convolutions and attention; indices inside embedding tables."""
@@ -511,10 +532,11 @@ class Recorder(TorchDispatchMode):
         known = self._producers.get(id(t))
         if known is not None and known[0]() is t:
             op = known[1]
-            return self._known.get(id(op), op.value)
+            return None if id(op) in self._stale else self._known.get(id(op), op.value)
         return self.leaf_values.get(id(t))
 
-    def _propagate(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], cost: Cost) -> torch.Tensor | None:
+    def _propagate(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], cost: Cost
+                   ) -> torch.Tensor | list[torch.Tensor] | None:
         """On fake tensors, the values of a small index tensor made from known values (``arange``, views and
         arithmetic on known ids): the op is run again on those values, for real, on the CPU. Not for ops that
         write to an argument (the known values of what shares its storage would go stale: all are forgotten
@@ -536,19 +558,26 @@ class Recorder(TorchDispatchMode):
                 out = func(*_map_tensors(args, lambda t: known[id(t)]), **_map_tensors(kwargs, lambda t: known[id(t)]))
             except (RuntimeError, TypeError, ValueError, IndexError, NotImplementedError):
                 return None
+        if isinstance(out, (tuple, list)) and all(isinstance(t, torch.Tensor) and not t.is_meta for t in out):
+            return list(out)  # a multi-output op (unbind, split): the values of each output
         return out if isinstance(out, torch.Tensor) and not out.is_meta else None
 
     def _writes(self, func: Any, args: tuple[Any, ...]) -> bool:
-        """Whether ``func`` writes to one of its arguments; when it writes to an index tensor, every known
-        value is forgotten (views share storage with what they view)."""
+        """Whether ``func`` writes to one of its arguments; when it writes to an index tensor, the known values of
+        every tensor sharing its storage are forgotten (views share storage with what they view)."""
         positions = self._written.get(func)
         if positions is None:
             positions = self._written[func] = tuple(
                 i for i, a in enumerate(func._schema.arguments) if a.alias_info is not None and a.alias_info.is_write)
         written = [args[i] for i in positions if i < len(args) and isinstance(args[i], torch.Tensor)]
-        if any(t.dtype in INDEX_DTYPES for t in written):
-            self._known.clear()
-            self.leaf_values.clear()
+        storages = {_storage_of(t) for t in written if t.dtype in INDEX_DTYPES}
+        if storages:
+            for key, (ref, op) in list(self._producers.items()):
+                t = ref()
+                if t is not None and t.dtype in INDEX_DTYPES and _storage_of(t) in storages:
+                    self._known.pop(id(op), None)
+                    self._stale.add(id(op))
+                    self.leaf_values.pop(key, None)
         return bool(positions)
 
     def _match_twin(self, op: CapturedOp) -> None:
@@ -602,7 +631,7 @@ class Recorder(TorchDispatchMode):
                 if (self.fake and op.value is None and _at_most(out, MAX_KNOWN_NUMEL)
                         and isinstance(func, torch._ops.OpOverload)):  # (a higher-order op has no schema to read)
                     value = self._propagate(func, args, kwargs, known.cost)
-                    if value is not None:
+                    if isinstance(value, torch.Tensor):
                         self._known[id(op)] = value
             producers[id(out)] = (weakref.ref(out), op)
         else:
@@ -610,11 +639,19 @@ class Recorder(TorchDispatchMode):
                        if isinstance(item, torch.Tensor)]
             op.output_shapes = tuple(shape_of(item) for _, item in outputs)
             op.dtype = outputs[0][1].dtype if outputs else None
+            values = None
+            if (self.fake and outputs and all(item.dtype in INDEX_DTYPES for _, item in outputs)
+                    and isinstance(func, torch._ops.OpOverload)
+                    and sum(item.numel() for _, item in outputs) <= MAX_KNOWN_NUMEL):
+                found = self._propagate(func, args, kwargs, known.cost)
+                values = found if isinstance(found, list) and len(found) == len(out) else None
             for i, item in outputs:
                 getter = CapturedOp("call_function", operator.getitem, (op, i), {}, f"{op.name}_{i}", phase=phase,
                                     module_stack=stack, output_shapes=(shape_of(item),), dtype=item.dtype)
                 self.ops.append(getter)
                 producers[id(item)] = (weakref.ref(item), getter)
+                if values is not None:
+                    self._known[id(getter)] = values[i]
         results = [out] if isinstance(out, torch.Tensor) else _tensors(out)
         op.bytes = traffic.bytes_moved(known.access, inputs, results)
         if known.collective is not None:
@@ -656,6 +693,14 @@ class Recorder(TorchDispatchMode):
         self.ops.append(op)
         self._producers[id(t)] = (weakref.ref(t), op)
         return op
+
+
+def _storage_of(t: torch.Tensor) -> int:
+    """The identity of ``t``'s storage (views of one tensor share it); ``id(t)`` where it has none."""
+    try:
+        return int(t.untyped_storage()._cdata)
+    except (RuntimeError, NotImplementedError):
+        return id(t)
 
 
 def _packet(func: Any) -> Any:

@@ -229,9 +229,11 @@ def _sam3() -> tuple[nn.Module, dict[str, torch.Tensor]]:
 
 @pytest.mark.parametrize("order", ORDERS, ids=["-".join(o) for o in ORDERS])
 def test_sam3_counts_the_same_in_every_mode_and_order(order: tuple[str, ...]) -> None:
-    """SAM 3 caches its sine position embedding in an lru_cache (keyed on shape, device, dtype) and reads a value
-    in its DETR decoder (auto falls back to a real run). At 3bbe37a auto counted 18,278,528 of 35,662,208 MACs and
-    the user's forward returned fake tensors afterwards."""
+    """SAM 3 caches its sine position embedding in an lru_cache (keyed on shape, device, dtype). At 3bbe37a auto
+    counted 18,278,528 of 35,662,208 MACs and the user's forward returned fake tensors afterwards: its DETR decoder
+    read a value (``arange(0, height)`` of a tensor), the fake run failed there after filling the cache, and the
+    real fall-back met the cached fake tables. Now that value is known on fake tensors (it is computed from
+    constants), so every mode runs and the cache is filled by fake and real runs alike."""
     model, inputs = _sam3()
     with torch.no_grad(), sdpa_kernel(SDPBackend.MATH):  # the reference counts the math path's bmm's
         with FlopCounterMode(display=False) as reference:
@@ -239,16 +241,13 @@ def test_sam3_counts_the_same_in_every_mode_and_order(order: tuple[str, ...]) ->
         for cache in _sam3_caches(model):
             cache.cache_clear()  # a fresh process's state: nothing cached yet
         for mode in order:
-            if mode == "fake":
-                with pytest.raises(FakeTensorError, match="_local_scalar_dense"):
-                    flopscope.profile(model, **inputs, mode=mode)
-                continue
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 prof = flopscope.profile(model, **inputs, mode=mode)
-            assert prof.mode == "real"
+            assert prof.mode == ("real" if mode == "real" else "fake")  # its decoder's value reads are known values
             assert prof.total() == reference.get_total_flops() // 2, mode
-            assert _is_real(prof.output)
+            if mode == "real":
+                assert _is_real(prof.output)
         after = model(**inputs)
     assert _is_real(after)
     torch.testing.assert_close(after.pred_masks, before.pred_masks)

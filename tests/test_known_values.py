@@ -1,0 +1,113 @@
+"""Integer inputs keep their values on fake and meta tensors wherever the model reads them (``.item()``,
+``.tolist()``, ``int(t)``, ops whose output shape depends on them), so a vision tower that reads its grid sizes
+counts without running (issue 23, item 6)."""
+
+from __future__ import annotations
+
+import copy
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+import flopscope
+from flopscope.errors import FakeTensorError
+
+D = 8
+
+
+class GridReader(nn.Module):
+    """Splits its tokens by sizes read from an integer grid (``.tolist()``), repeats them by a data-dependent count
+    (``repeat_interleave``) and runs one more projection per ``int(grid[0, 0])``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(D, D, bias=False)
+
+    def forward(self, x: torch.Tensor, grid: torch.Tensor) -> torch.Tensor:
+        sizes = grid.prod(-1).tolist()
+        owners = torch.repeat_interleave(torch.arange(len(sizes)), grid.prod(-1))  # output length: sum(sizes)
+        h = torch.cat([self.proj(part) for part in x.split(sizes, 0)]) + owners[:, None]
+        for _ in range(int(grid[0, 0].item())):
+            h = self.proj(h)
+        return h
+
+
+GRID = [[1, 2, 3], [1, 2, 2]]
+TOKENS = 6 + 4
+
+
+@pytest.mark.parametrize("mode", ["real", "fake", "meta"])
+def test_values_of_integer_inputs_are_read_on_fake_and_meta_tensors(mode: str) -> None:
+    """At 3bbe37a the fake and meta counts stopped at `_local_scalar_dense` (.tolist()), and then at
+    repeat_interleave's data-dependent output shape."""
+    model, x, grid = GridReader(), torch.randn(TOKENS, D), torch.tensor(GRID)
+    if mode == "meta":
+        model, x = model.to("meta"), x.to("meta")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no fall-back
+        prof = flopscope.profile(model, x, grid, mode="real" if mode == "real" else "fake")
+    assert prof.total() == (1 + GRID[0][0]) * TOKENS * D * D
+
+
+class WritesItsIndex(nn.Module):
+    """Reads a count from an integer tensor after writing into it in place: a stale value must never be used."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(D, D, bias=False)
+
+    def forward(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        counts = counts.clone()
+        before = int(counts[0])
+        view = counts[:1]
+        view.add_(x.shape[0] > 0)  # written through a view: the value is no longer what the input said
+        for _ in range(before + int(counts[0])):
+            x = self.proj(x)
+        return x
+
+
+def test_a_value_written_in_place_is_not_read_stale() -> None:
+    model, x, counts = WritesItsIndex(), torch.randn(4, D), torch.tensor([2, 5])
+    expected = (2 + 3) * 4 * D * D
+    assert flopscope.profile(model, x, counts, mode="real").total() == expected
+    with pytest.raises(FakeTensorError, match="needs real data"):
+        flopscope.profile(model, x, counts, mode="fake")  # the written value is not known: refused, never stale
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert flopscope.profile(model, x, counts).total() == expected  # auto: counted for real
+
+
+def test_qwen2_vl_vision_tower_counts_on_meta() -> None:
+    """The vision tower reads image_grid_thw with .tolist() and repeat_interleave (a FakeTensorError on meta at
+    3bbe37a)."""
+    transformers = pytest.importorskip("transformers")
+    if not hasattr(transformers, "Qwen2VLForConditionalGeneration"):
+        pytest.skip("this transformers has no Qwen2-VL")
+    embed, depth, ratio, patch, merge, t_patch, hidden = 32, 2, 2, 14, 2, 2, 64
+    config = transformers.Qwen2VLConfig(
+        text_config=dict(hidden_size=hidden, intermediate_size=128, num_hidden_layers=1, num_attention_heads=4,
+                         num_key_value_heads=2, vocab_size=1000),
+        vision_config=dict(depth=depth, embed_dim=embed, hidden_size=hidden, num_heads=4, mlp_ratio=ratio,
+                           patch_size=patch, spatial_merge_size=merge, temporal_patch_size=t_patch))
+    torch.manual_seed(0)
+    visual = transformers.Qwen2VLForConditionalGeneration(config).eval().model.visual
+    grid = torch.tensor([[1, 4, 4]])
+    patches, width = 16, 3 * t_patch * patch * patch
+    pixels = torch.randn(patches, width)
+    merged, merged_width = patches // merge**2, embed * merge**2
+    expected = {"conv": patches * width * embed,
+                "q_proj": depth * patches * embed * embed, "k_proj": depth * patches * embed * embed,
+                "v_proj": depth * patches * embed * embed, "out_proj": depth * patches * embed * embed,
+                "attn_scores": depth * patches * patches * embed,
+                "attn_weighted_sum": depth * patches * patches * embed,
+                "ffn_up": depth * patches * embed * ratio * embed + merged * merged_width * merged_width,
+                "ffn_down": depth * patches * ratio * embed * embed + merged * merged_width * hidden}
+    with torch.no_grad():
+        real = flopscope.profile(visual, pixels, grid_thw=grid, mode="real")
+        meta = flopscope.profile(copy.deepcopy(visual).to("meta"), pixels.to("meta"), grid_thw=grid)
+        fake = flopscope.profile(visual, pixels, grid_thw=grid, mode="fake")
+    assert meta.mode == fake.mode == "fake"
+    for prof in (real, meta, fake):
+        assert {role: macs for role, macs in prof.by_role().items() if macs} == expected
