@@ -10,6 +10,8 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any, TypeVar
 
+import torch
+
 from .capture import FORWARD, CapturedOp, LeafKind, link
 from .errors import FlopscopeError
 from .formulas import OpSpec
@@ -39,7 +41,49 @@ def reach(starts: Iterable[CapturedOp], step: Callable[[CapturedOp], Iterable[Ca
 
 
 def inputs_of(n: CapturedOp) -> tuple[CapturedOp, ...]:
+    """Every record ``n`` takes (data and control: what its value depends on)."""
     return n.inputs
+
+
+aten = torch.ops.aten
+CONTROL_ARGUMENTS: dict[Any, tuple[int, ...]] = {
+    **dict.fromkeys((aten.index, aten.index_put, aten.index_put_, aten._index_put_impl_, aten._unsafe_index,
+                     aten._unsafe_index_put, aten.take_along_dim, aten.embedding, aten.masked_fill,
+                     aten.masked_fill_, aten.masked_scatter, aten.masked_select), (1,)),
+    **dict.fromkeys((aten.index_select, aten.gather, aten.scatter, aten.scatter_, aten.scatter_add,
+                     aten.scatter_add_, aten.scatter_reduce, aten.scatter_reduce_, aten.index_add, aten.index_add_,
+                     aten.index_copy, aten.index_copy_, aten.index_fill, aten.index_fill_), (2,)),
+    **dict.fromkeys((aten.where,), (0,)),
+}
+"""The argument positions that say *where* an op reads or writes (indices, masks, a selection's condition),
+not *what*: control, never data for a role search (a router's scores reach the experts only through top-k
+indices; a mask reaches the scores only through where they are kept). Values still depend on them
+(:attr:`GraphView.dynamic`)."""
+
+
+def data_inputs(n: CapturedOp) -> tuple[CapturedOp, ...]:
+    """The records ``n`` takes as data: :attr:`~CapturedOp.inputs` less those found only at its
+    :data:`CONTROL_ARGUMENTS` positions."""
+    positions = CONTROL_ARGUMENTS.get(getattr(n.target, "overloadpacket", None))
+    if positions is None:
+        return n.inputs
+    data: dict[CapturedOp, None] = {}
+    for i, a in enumerate(n.args):
+        if i not in positions:
+            _records_in(a, data)
+    _records_in(n.kwargs, data)
+    return tuple(x for x in n.inputs if x in data)
+
+
+def _records_in(x: Any, found: dict[CapturedOp, None]) -> None:
+    if isinstance(x, CapturedOp):
+        found[x] = None
+    elif isinstance(x, (tuple, list)):
+        for v in x:
+            _records_in(v, found)
+    elif isinstance(x, dict):
+        for v in x.values():
+            _records_in(v, found)
 
 
 class GraphView:
@@ -72,8 +116,13 @@ class GraphView:
         self.dynamic: Mapping[CapturedOp, bool] = MappingProxyType(dynamic)
         self.live: Mapping[CapturedOp, bool] = MappingProxyType(live)
         self.raw_weight: Mapping[CapturedOp, bool] = MappingProxyType(raw_weight)
-        self._users = ({n: tuple(u for u in n.users if u.phase == FORWARD) for n in self.nodes} if self.backward_nodes
-                       else {n: tuple(n.users) for n in self.nodes})
+        self._inputs = {n: data_inputs(n) for n in self.nodes}
+        users: dict[CapturedOp, list[CapturedOp]] = {n: [] for n in self.nodes}
+        for n in self.nodes:  # (graph order: each node's users in order)
+            for p in self._inputs[n]:
+                if p in users:
+                    users[p].append(n)
+        self._users = {n: tuple(u) for n, u in users.items()}
         self._memo: dict[tuple[str, CapturedOp], Any] = {}
         self._matmul: dict[CapturedOp, bool] = {}
         self._weight_matmul: dict[CapturedOp, bool] = {}
@@ -89,8 +138,12 @@ class GraphView:
 
     # ---------------------------------------------------------------------------------------------
     def users(self, n: CapturedOp) -> tuple[CapturedOp, ...]:
-        """Forward nodes that take ``n``'s output."""
+        """Forward nodes that take ``n``'s output as data (not as an index or mask: :data:`CONTROL_ARGUMENTS`)."""
         return self._users[n]
+
+    def inputs(self, n: CapturedOp) -> tuple[CapturedOp, ...]:
+        """The records ``n`` takes as data (:func:`data_inputs`): what the role searches walk back through."""
+        return self._inputs.get(n, n.inputs)
 
     def packet(self, n: CapturedOp) -> Any:
         """The ATen op packet of a call node (``None`` for leaves and ``getitem``)."""
@@ -159,7 +212,7 @@ class GraphView:
         if table is None:
             table = self._behind[key] = {}
             for m in self.nodes:  # in graph order: a node's inputs come first
-                table[m] = not m.macs and (any(map(table.__getitem__, m.inputs)) or test(m))
+                table[m] = not m.macs and (any(map(table.__getitem__, self._inputs[m])) or test(m))
         return table.get(n, False)
 
     def weight_operand(self, n: CapturedOp) -> CapturedOp:
@@ -180,7 +233,7 @@ class GraphView:
 
     def through_no_macs(self, start: CapturedOp) -> Iterator[CapturedOp]:
         """Nodes without multiplies reached walking back from ``start`` without crossing a multiply."""
-        return (n for n in reach([start], inputs_of, lambda n: not n.macs) if not n.macs)
+        return (n for n in reach([start], self.inputs, lambda n: not n.macs) if not n.macs)
 
     def leaves_of(self, n: CapturedOp) -> list[CapturedOp]:
         """The parameter / buffer leaves (``get_attr``) ``n`` is computed from."""
@@ -188,4 +241,4 @@ class GraphView:
 
     def descends_from(self, n: CapturedOp, ancestor: CapturedOp) -> bool:
         """``n`` is computed from ``ancestor`` without crossing another multiply."""
-        return any(x is ancestor for x in reach([n], inputs_of, lambda x: x is n or not x.macs))
+        return any(x is ancestor for x in reach([n], self.inputs, lambda x: x is n or not x.macs))

@@ -124,7 +124,10 @@ def check_invariants(model: nn.Module, *args: Any, grad: bool = False, **kwargs:
 
 
 def _count(report: InvariantReport, label: str, run: Callable[[], Profile | None]) -> Counted | str:
-    """The count of one run, or why it could not run (a :class:`FlopscopeError`'s first line, or "n/a: ...")."""
+    """The count of one run, or why it could not run (a :class:`FlopscopeError`'s first line, or "n/a: ...").
+    The random seed is set first: a model that draws random numbers in its forward (a stochastic duration
+    predictor, say) may execute other work for other draws."""
+    torch.manual_seed(0)
     try:
         prof = run()
     except FlopscopeError as error:

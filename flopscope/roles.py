@@ -51,7 +51,7 @@ from . import elementwise
 from .capture import CapturedOp
 from .columns import columns, scale_parts, split_by_columns
 from .formulas import OpFamily
-from .graph_view import GraphView, inputs_of, reach
+from .graph_view import GraphView, reach
 from .paths import common_path
 from .role import Role, parse_role
 
@@ -486,8 +486,8 @@ def _nearest_before(view: GraphView, start: Any, stop_at_softmax: bool = False) 
     if not isinstance(start, CapturedOp):
         return []
     if stop_at_softmax:
-        return view.frontier([start], inputs_of, lambda n: n is not start and view.packet(n) in SOFTMAX_OPS)
-    return view.cached("before", start, lambda: view.frontier([start], inputs_of))
+        return view.frontier([start], view.inputs, lambda n: n is not start and view.packet(n) in SOFTMAX_OPS)
+    return view.cached("before", start, lambda: view.frontier([start], view.inputs))
 
 
 def _nearest_after(view: GraphView, start: CapturedOp, through_reductions: bool = False) -> list[CapturedOp]:

@@ -326,3 +326,37 @@ def test_columns_through_uninitialised_memory_are_no_columns_and_any_label_value
     roles = flopscope.profile(_FusedQkvIntoABuffer(), torch.randn(B, n, d), mode="real").by_role()
     third = B * n * d * d  # each of q, k, v: a third of the fused projection's columns
     assert (roles["q_proj"], roles["k_proj"], roles["v_proj"], roles["out_proj"]) == (third, third, third, third)
+
+
+class SigmoidRoutedExperts(nn.Module):
+    """DeepSeek-V3's routing: a sigmoid router picks top-k experts; each expert gathers its tokens with
+    ``hidden[token_idx]`` (an index that comes from the router), runs a gated FFN and adds its output back."""
+
+    def __init__(self, d: int = 16, d_ff: int = 32, experts: int = 4, k: int = 2) -> None:
+        super().__init__()
+        self.k = k
+        self.router = nn.Linear(d, experts, bias=False)
+        self.gate = nn.ModuleList(nn.Linear(d, d_ff, bias=False) for _ in range(experts))
+        self.up = nn.ModuleList(nn.Linear(d, d_ff, bias=False) for _ in range(experts))
+        self.down = nn.ModuleList(nn.Linear(d_ff, d, bias=False) for _ in range(experts))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weights, chosen = torch.sigmoid(self.router(x)).topk(self.k, dim=-1)
+        out = torch.zeros_like(x)
+        for e in range(len(self.up)):
+            token_idx, slot = torch.where(chosen == e)
+            h = x[token_idx]
+            y = self.down[e](F.silu(self.gate[e](h)) * self.up[e](h)) * weights[token_idx, slot, None]
+            out = out.index_add(0, token_idx, y)
+        return out
+
+
+def test_a_router_is_other_and_index_operands_are_not_walked() -> None:
+    """At 3bbe37a the role searches walked back through the index of hidden[token_idx] to the router and read its
+    sigmoid as an FFN activation: the router became ffn_up."""
+    n, d, d_ff, experts, k = 12, 16, 32, 4, 2
+    torch.manual_seed(0)
+    prof = flopscope.profile(SigmoidRoutedExperts(d, d_ff, experts, k), torch.randn(n, d), mode="real")
+    routed = n * k  # every token goes to k experts
+    assert prof.by_role() == {"other": n * d * experts, "ffn_gate": routed * d * d_ff, "ffn_up": routed * d * d_ff,
+                              "ffn_down": routed * d_ff * d}
