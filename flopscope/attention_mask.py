@@ -43,7 +43,7 @@ from .capture import FORWARD, CapturedOp, captured
 from .conventions import SLIDING_WINDOW
 from .errors import ConfigurationError
 from .facts import ModelFacts
-from .formulas import FLEX_ATTENTION, OpFamily
+from .formulas import FLEX_ATTENTION, OpFamily, argument
 from .paths import inside
 
 if TYPE_CHECKING:
@@ -125,25 +125,13 @@ def declared_mask(block: str, facts: ModelFacts) -> tuple[bool, int | None]:
     return causal, window if window is not None else config_window(block, facts)
 
 
-def _argument(target: Any, args: Any, kwargs: Mapping[str, Any], *names: str) -> Any:
-    """The value of the first schema argument called one of ``names`` (by keyword or position), else None."""
-    for name in names:
-        if name in kwargs:
-            return kwargs[name]
-    schema = getattr(target, "_schema", None)
-    for i, argument in enumerate(schema.arguments if schema is not None else ()):
-        if argument.name in names and not argument.kwarg_only:
-            return args[i] if i < len(args) else None
-    return None
-
-
 def kernel_flags(target: Any, args: Any, kwargs: Mapping[str, Any]) -> tuple[bool, int | None]:
     """(causal, window) an attention kernel was called with: ``is_causal`` / ``causal``, the efficient kernel's
     ``custom_mask_type`` (1 and 2 are causal), FlashAttention's ``window_size_left`` (W − 1 keys before)."""
-    causal = bool(_argument(target, args, kwargs, "is_causal", "causal"))
-    mask_type = _argument(target, args, kwargs, "custom_mask_type")
+    causal = bool(argument(target, args, kwargs, "is_causal", "causal"))
+    mask_type = argument(target, args, kwargs, "custom_mask_type")
     causal = causal or (isinstance(mask_type, int) and mask_type > 0)
-    left = _argument(target, args, kwargs, "window_size_left")
+    left = argument(target, args, kwargs, "window_size_left")
     return causal, left + 1 if isinstance(left, int) and left >= 0 else None
 
 
@@ -276,7 +264,7 @@ def _facts_of(node: fx.Node, op: CapturedOp, block: str, facts: ModelFacts, node
             return _from_mask(_flex_allowed(mask_mod, scores_shape), scores_shape, n_q, n_k, declared_causal,
                               declared_window)
         causal, window = kernel_flags(node.target, node.args, node.kwargs)
-        mask = _argument(node.target, node.args, node.kwargs, "attn_mask", "attn_bias", "bias")
+        mask = argument(node.target, node.args, node.kwargs, "attn_mask", "attn_bias", "bias")
         if isinstance(mask, fx.Node):
             return _from_mask(_allowed(mask), scores_shape, n_q, n_k, declared_causal, declared_window)
         return n_q, n_k, causal, window, None, KERNEL if causal or window else UNMASKED

@@ -57,6 +57,18 @@ def prod(xs: Iterable[int]) -> int:
     return math.prod(x if isinstance(x, torch.SymInt) else int(x) for x in xs)
 
 
+def argument(target: Any, args: Any, kwargs: Mapping[str, Any], *names: str) -> Any:
+    """The value of an op's first schema argument called one of ``names`` (by keyword or position), else None."""
+    for name in names:
+        if name in kwargs:
+            return kwargs[name]
+    schema = getattr(target, "_schema", None)
+    for i, a in enumerate(schema.arguments if schema is not None else ()):
+        if a.name in names and not a.kwarg_only:
+            return args[i] if i < len(args) else None
+    return None
+
+
 class OpFamily(StrEnum):
     """What kind of linear algebra an op does: the one fact, besides its formula, that later stages
     (roles, the peer plug-ins) need about it. Declared once, where the formula is registered.

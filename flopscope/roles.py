@@ -50,7 +50,7 @@ from torch import nn
 from . import elementwise
 from .capture import CapturedOp
 from .columns import columns, scale_parts, split_by_columns
-from .formulas import OpFamily
+from .formulas import OpFamily, argument
 from .graph_view import GraphView, reach
 from .paths import common_path
 from .role import Role, parse_role
@@ -184,6 +184,7 @@ def attention(view: GraphView, state: RoleState) -> None:
             for operand, role in zip(qkv, (Role.Q_PROJ, Role.K_PROJ, Role.V_PROJ), strict=True):
                 if isinstance(operand, CapturedOp):
                     members |= _demand_projections(view, state, operand, role.value)
+            members |= _scores_in_the_bias(view, state, n)
             output = next((u for u in view.users(n) if u.target is operator.getitem and u.args[1] == 0), n)
             members |= _demand_out_proj(view, state, output)
             state.groups.append(members)
@@ -192,6 +193,24 @@ def attention(view: GraphView, state: RoleState) -> None:
     for first in view.nodes:
         if _free_product(view, state, first):
             _attention_at_products(view, state, first)
+
+
+def _scores_in_the_bias(view: GraphView, state: RoleState, kernel: CapturedOp) -> set[CapturedOp]:
+    """Score work passed to an attention kernel as its additive mask: a product of two activations that reaches the
+    kernel's ``attn_mask`` / ``attn_bias`` through ops without multiplies (relative-position scores q·rᵀ of
+    Transformer-XL / Conformer attention) is ``attn_scores``, its operands' projections ``q_proj`` / ``k_proj``: what
+    the same model's eager attention gives, where that product is added to q·kᵀ before the softmax."""
+    bias = argument(kernel.target, kernel.args, kernel.kwargs, "attn_mask", "attn_bias", "bias")
+    if not isinstance(bias, CapturedOp):
+        return set()
+    members: set[CapturedOp] = set()
+    for m in _nearest_before(view, bias):
+        if view.is_activation_product(m) and m not in state.parts:
+            state.parts[m] = {Role.ATTN_SCORES.value: m.macs}
+            a, b = view.matmul_operands(m)
+            members |= {m, *_demand_projections(view, state, a, Role.Q_PROJ.value),
+                        *_demand_projections(view, state, b, Role.K_PROJ.value)}
+    return members
 
 
 def _attention_at_softmax(view: GraphView, state: RoleState, s: CapturedOp) -> None:

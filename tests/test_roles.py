@@ -360,3 +360,29 @@ def test_a_router_is_other_and_index_operands_are_not_walked() -> None:
     routed = n * k  # every token goes to k experts
     assert prof.by_role() == {"other": n * d * experts, "ffn_gate": routed * d * d_ff, "ffn_up": routed * d * d_ff,
                               "ffn_down": routed * d_ff * d}
+
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_relative_position_scores_are_attention_scores_with_sdpa_as_without(attn: str) -> None:
+    """Parakeet's (Transformer-XL) attention adds position scores q·rᵀ to q·kᵀ: eager attention before its softmax,
+    SDPA as its attn_mask. At b06dc02 the SDPA path left them and the position projection in other (ten speech
+    encoders of the zoo: Parakeet, Canary, wav2vec2-Conformer, ...); both are attention scores and keys."""
+    transformers = pytest.importorskip("transformers")
+    if not hasattr(transformers, "ParakeetEncoder"):
+        pytest.skip("this transformers has no Parakeet")
+    d, L, h, d_ff, frames = 64, 2, 4, 128, 64
+    config = transformers.ParakeetEncoderConfig(hidden_size=d, num_hidden_layers=L, num_attention_heads=h,
+                                                num_key_value_heads=h, intermediate_size=d_ff,
+                                                subsampling_conv_channels=16)
+    config._attn_implementation = attn
+    torch.manual_seed(0)
+    model = transformers.ParakeetEncoder(config).eval()
+    n = frames // config.subsampling_factor  # tokens after the subsampling convolutions
+    positions = 2 * n - 1  # relative distances -(n-1) .. n-1
+    with torch.no_grad():
+        roles = flopscope.profile(model, torch.randn(1, frames, config.num_mel_bins)).by_role()
+    assert roles["attn_scores"] == L * (n * n + n * positions) * d
+    assert roles["k_proj"] == L * (n + positions) * d * d
+    assert roles["q_proj"] == roles["v_proj"] == roles["out_proj"] == L * n * d * d
+    assert roles["attn_weighted_sum"] == L * n * n * d
