@@ -144,8 +144,9 @@ def find_roles(ops: Sequence[CapturedOp], module_types: Mapping[str, type], rule
     """The role split of every record with multiplies (forward and backward) of a capture (its ops in order)."""
     view = GraphView(ops)
     state = RoleState()
-    for step in (*PASSES, rules_pass(BUILTIN_RULES, module_types, only_unfused=True),
-                 rules_pass(tuple(rules), module_types, only_unfused=False)):
+    builtin = rules_pass(BUILTIN_RULES, module_types, only_unfused=True)
+    first, *rest = PASSES
+    for step in (first, builtin, *rest, builtin, rules_pass(tuple(rules), module_types, only_unfused=False)):
         step(view, state)
         state.settle(view)
     forward = _with_blocks(view, state)
@@ -435,7 +436,7 @@ def rules_pass(rules: tuple[RoleRule, ...], module_types: Mapping[str, type], on
     def apply(view: GraphView, state: RoleState) -> None:
         if not rules:
             return
-        for n in state.parts:
+        for n in [*state.parts, *(n for n in view.nodes if n.macs and n not in state.parts)]:
             spec = view.spec(n)
             if not n.macs or (only_unfused and (view.parts(n) or (spec and spec.family in FAMILY_ROLES))):
                 continue
@@ -451,7 +452,10 @@ def rules_pass(rules: tuple[RoleRule, ...], module_types: Mapping[str, type], on
 PASSES: tuple[Pass, ...] = (by_family, attention, logits, ffn, unclaimed_are_other)
 """The dataflow passes, in order (rules follow). Order matters: each pass claims only multiplies no
 earlier pass claimed, so logits (a weight matmul onto the vocabulary, often behind an activation) is
-found before the FFN pass could take it for a down projection."""
+found before the FFN pass could take it for a down projection. The built-in rules (multiplies inside recurrent
+modules are ``recurrent``) also run right after the first pass: an unfused LSTM (on meta, or with projections)
+gates its state with products of activations, which the FFN pass would read as a gated FFN feeding the
+projection after the LSTM."""
 
 
 # --------------------------------------------------------------------------------------------------

@@ -386,3 +386,26 @@ def test_relative_position_scores_are_attention_scores_with_sdpa_as_without(attn
     assert roles["k_proj"] == L * (n + positions) * d * d
     assert roles["q_proj"] == roles["v_proj"] == roles["out_proj"] == L * n * d * d
     assert roles["attn_weighted_sum"] == L * n * n * d
+
+
+class LSTMThenProjector(nn.Module):
+    """A recurrent decoder and the projection after it (Parakeet's RNN-T / TDT decoder)."""
+
+    def __init__(self, d: int, d_h: int) -> None:
+        super().__init__()
+        self.lstm = nn.LSTM(d, d_h, batch_first=True)
+        self.projector = nn.Linear(d_h, d, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.projector(self.lstm(x)[0])
+
+
+@pytest.mark.parametrize("device", ["cpu", "meta"])
+def test_the_projection_after_an_unfused_lstm_is_not_an_ffn(device: str) -> None:
+    """On meta the LSTM runs unfused: its gates are products of activations (o · tanh(c)), and at fef9486 the FFN pass
+    read them as a gated FFN, making the projector ffn_down (the CPU kernel is one op: other)."""
+    d, d_h, n = 16, 32, 8
+    model = LSTMThenProjector(d, d_h).to(device)
+    with torch.no_grad():
+        roles = flopscope.profile(model, torch.randn(1, n, d, device=device)).by_role()
+    assert roles == {"recurrent": n * 4 * d_h * (d + d_h), "other": n * d_h * d}
