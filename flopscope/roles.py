@@ -215,13 +215,11 @@ def _scores_in_the_bias(view: GraphView, state: RoleState, kernel: CapturedOp) -
 
 
 def _attention_at_softmax(view: GraphView, state: RoleState, s: CapturedOp) -> None:
-    before = _nearest_before(view, s.args[0], stop_at_softmax=True)
-    scores = [m for m in before if view.is_activation_product(m) and m not in state.parts]
-    weighted = [m for m in _nearest_after(view, s) if view.is_activation_product(m) and m not in state.parts]
-    if not scores and weighted:  # a learned query (a parameter, unprojected) scored against keys: an attention pool
-        scores = [m for m in before if _learned_query_scores(view, m) and m not in state.parts]
+    scores = [m for m in _nearest_before(view, s.args[0], stop_at_softmax=True)
+              if view.is_activation_product(m) and m not in state.parts]
     if not scores:
         return
+    weighted = [m for m in _nearest_after(view, s) if view.is_activation_product(m) and m not in state.parts]
     members: set[CapturedOp] = set(scores) | set(weighted)
     for m in scores:
         state.parts[m] = {Role.ATTN_SCORES.value: m.macs}
@@ -235,16 +233,6 @@ def _attention_at_softmax(view: GraphView, state: RoleState, s: CapturedOp) -> N
         members |= _demand_projections(view, state, value_side, Role.V_PROJ.value)
         members |= _demand_out_proj(view, state, m)
     state.groups.append(members)
-
-
-def _learned_query_scores(view: GraphView, m: CapturedOp) -> bool:
-    """``query @ keysᵀ`` with a raw-weight query as its *first* operand (a learned query or CLS token that no weight
-    projects: attention pooling heads, Perceiver latents) and activations as keys. A router's logits put the weight
-    second (``x @ Wᵀ``), and their softmax weighs no product of activations."""
-    if not view.is_matmul(m) or view.parts(m):
-        return False
-    a, b = view.matmul_operands(m)
-    return view.raw_weight[a] and view.live[b]
 
 
 def _attention_at_products(view: GraphView, state: RoleState, first: CapturedOp) -> None:

@@ -409,37 +409,3 @@ def test_the_projection_after_an_unfused_lstm_is_not_an_ffn(device: str) -> None
     with torch.no_grad():
         roles = flopscope.profile(model, torch.randn(1, n, d, device=device)).by_role()
     assert roles == {"recurrent": n * 4 * d_h * (d + d_h), "other": n * d_h * d}
-
-
-class LearnedQueryPool(nn.Module):
-    """An attention-pooling head (AIMv2's, Perceiver latents): a learned query, projected by no weight, attends to
-    projected keys and values (SDPA, or written out with a softmax)."""
-
-    def __init__(self, d: int, h: int, sdpa: bool) -> None:
-        super().__init__()
-        self.h, self.sdpa = h, sdpa
-        self.query = nn.Parameter(torch.randn(1, 1, d))
-        self.k, self.v = nn.Linear(d, d, bias=False), nn.Linear(d, d, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        B, _, d = x.shape
-
-        def heads(t: torch.Tensor) -> torch.Tensor:
-            return t.reshape(B, -1, self.h, d // self.h).transpose(1, 2)
-
-        q, k, v = heads(self.query.expand(B, 1, d)), heads(self.k(x)), heads(self.v(x))
-        if self.sdpa:
-            return F.scaled_dot_product_attention(q, k, v)
-        return torch.softmax(q @ k.transpose(-1, -2) * (d // self.h) ** -0.5, dim=-1) @ v
-
-
-@pytest.mark.parametrize("device", ["cpu", "meta"])
-@pytest.mark.parametrize("sdpa", [True, False], ids=["sdpa", "softmax"])
-def test_a_learned_query_attention_pool_is_attention_on_every_path(sdpa: bool, device: str) -> None:
-    """At 308dd02 the pool's scores were other where no kernel ran (its query is a parameter, so q·kᵀ looked like
-    a weight matmul): on meta SDPA takes the math path, and AIMv2's head changed roles between CPU and meta."""
-    d, h, n = 32, 4, 16
-    model = LearnedQueryPool(d, h, sdpa).to(device)
-    with torch.no_grad():
-        roles = flopscope.profile(model, torch.randn(1, n, d, device=device)).by_role()
-    assert roles == {"k_proj": n * d * d, "v_proj": n * d * d, "attn_scores": n * d, "attn_weighted_sum": n * d}
