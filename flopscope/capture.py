@@ -41,8 +41,10 @@ Ops run only while a module of the profiled model is on the stack are recorded. 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import operator
 import sys
+import threading
 import time
 import weakref
 from collections import Counter
@@ -60,16 +62,11 @@ from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_mod
 from . import communication, elementwise, formulas, traffic
 from .elementwise import ElementwiseRule
 from .enums import StrEnum
-from .fake import CountingFakeTensorMode, needs_real_data
+from .fake import CountingFakeTensorMode, loaded_dtensor, needs_real_data
 from .formulas import FormulaRegistry, OpFamily, OpSpec, shape_of
 from .module_tracker import ModuleCall, ModuleTracker
 
 Shape = tuple[int, ...]
-_DTensor: type | None
-try:  # torch.distributed is optional in torch builds
-    from torch.distributed.tensor import DTensor as _DTensor
-except ImportError:  # pragma: no cover
-    _DTensor = None
 FORWARD, BACKWARD, RECOMPUTE = "forward", "backward", "recompute"
 """The phases of a capture (plain strings: they are keys of :meth:`Profile.by_phase`); ``RECOMPUTE`` is the
 forward work that activation checkpointing runs again during the backward pass."""
@@ -321,6 +318,7 @@ _SCALAR_READS = (torch.ops.aten._local_scalar_dense.default, torch.ops.aten.item
 """Reads of a one-element tensor's value into Python (``.item()``, ``.tolist()``, ``int(t)``): on fake tensors they are
 answered from the values the recorder knows (an integer input's, and what is computed from known values)."""
 _PASSED = _OpClass(Cost.ZERO, passed=True)
+_TRACING_MODES = (torch._C._TorchDispatchModeKey.FAKE, torch._C._TorchDispatchModeKey.PROXY)
 _ATTENTION_FAMILIES = (OpFamily.ATTENTION, OpFamily.FUSED_LAYER)
 
 
@@ -348,6 +346,8 @@ class Recorder(TorchDispatchMode):
     def __init__(self, tracker: ModuleTracker, registry: FormulaRegistry, leaf_names: Mapping[int, LeafName],
                  *, timed: bool = False, fake: bool = False, device: torch.device | None = None) -> None:
         super().__init__()
+        if not hasattr(TorchDispatchMode, "supports_higher_order_operators"):
+            _route_higher_order_ops()
         self.device = device
         self.ops: list[CapturedOp] = []
         self.tracker = tracker
@@ -465,6 +465,8 @@ class Recorder(TorchDispatchMode):
         stack = self.tracker.stack
         if not stack and not self._backward:
             return
+        if any(torch._C._get_dispatch_mode(key) is not None for key in _TRACING_MODES):
+            return  # torch tracing a graph on its own fake tensors (FlexAttention's backward on torch 2.9)
         where = OpFailure(op_name(func), stack[-1].path if stack else "", _shapes((args, kwargs)))
         if self.failure is None:
             self.failure = where
@@ -703,6 +705,23 @@ def _storage_of(t: torch.Tensor) -> int:
         return id(t)
 
 
+_HOPS_LOCK = threading.Lock()
+
+
+def _route_higher_order_ops() -> None:
+    """On a torch whose higher-order ops know no ``supports_higher_order_operators`` (2.6), an op finds a mode's
+    rule by the mode's exact class: give :class:`Recorder` one for each, passing the op to its dispatch as later
+    torch does. Run at each new recorder (higher-order ops are made as their modules are imported), under a lock."""
+    with _HOPS_LOCK:
+        for op in list(torch._ops._higher_order_ops.values()):
+            if Recorder not in op.python_key_table:
+                op.py_impl(Recorder)(functools.partial(_dispatch_higher_order_op, op))
+
+
+def _dispatch_higher_order_op(op: Any, mode: Recorder, *args: Any, **kwargs: Any) -> Any:
+    return mode.__torch_dispatch__(op, [], args, kwargs)
+
+
 def _packet(func: Any) -> Any:
     """An op overload's packet (``aten.mm`` for ``aten.mm.default``); a higher-order op is its own."""
     return getattr(func, "overloadpacket", func)
@@ -711,7 +730,8 @@ def _packet(func: Any) -> Any:
 def _subclass_kind(types: Sequence[type]) -> str:
     """How the recorder treats a dispatch whose tensors have these types: ``"dtensor"`` and ``"jagged"`` run their
     ops on their local / packed tensors (those are recorded), ``"fake"`` fake tensors, ``""`` plain tensors."""
-    if _DTensor is not None and any(issubclass(t, _DTensor) for t in types):
+    dtensor = loaded_dtensor()
+    if dtensor is not None and any(issubclass(t, dtensor) for t in types):
         return "dtensor"
     if any(issubclass(t, formulas.JaggedTensor) for t in types):
         return "jagged"
@@ -734,7 +754,7 @@ def _grouped_mm_output(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor | No
     return torch.empty(shape, dtype=out_dtype or a.dtype, device=a.device)
 
 
-FAKE_SHAPE_RULES: dict[Any, Callable[..., Any]] = {torch.ops.aten._grouped_mm: _grouped_mm_output}
+FAKE_SHAPE_RULES: dict[Any, Callable[..., Any]] = dict.fromkeys(formulas.aten_ops("_grouped_mm"), _grouped_mm_output)
 """Output makers for ops whose fake kernel rejects what the real kernel runs (used only if it raises)."""
 
 INDEX_DTYPES = (torch.int64, torch.int32, torch.bool)
@@ -746,7 +766,7 @@ EMBEDDING_LOOKUPS = frozenset({torch.ops.aten.embedding, torch.ops.aten._embeddi
 UNINITIALISED = frozenset({torch.ops.aten.empty, torch.ops.aten.empty_like, torch.ops.aten.new_empty,
                            torch.ops.aten.empty_strided, torch.ops.aten.new_empty_strided})
 """Ops whose output's values are whatever memory held: never known."""
-MIXED_DTYPE_OPS = frozenset({torch.ops.aten._scaled_mm, torch.ops.aten._scaled_grouped_mm})
+MIXED_DTYPE_OPS = frozenset({torch.ops.aten._scaled_mm, *formulas.aten_ops("_scaled_grouped_mm")})
 """Products whose kernels take operands of different dtypes (fp8 formats with scales)."""
 
 
@@ -810,23 +830,21 @@ def _shapes(x: Any) -> tuple[tuple[int, ...], ...]:
     return tuple(shape_of(t) for t in _tensors(x))
 
 
+@functools.cache
 def _shape_propagation_code() -> Any:
-    try:
-        from torch.distributed.tensor._sharding_prop import ShardingPropagator
-    except ImportError:  # pragma: no cover
-        return None
+    """The code of DTensor's output-shape propagation, which runs the op once more on fake tensors of the global
+    shapes (on flopscope's own fake mode in a fake run, where no other sign tells those ops apart). Asked only
+    once a DTensor op was seen, so torch.distributed.tensor is imported already."""
+    from torch.distributed.tensor._sharding_prop import ShardingPropagator
+
     return getattr(getattr(ShardingPropagator, "_propagate_tensor_meta_non_cached", None), "__code__", None)
 
 
-_SHAPE_PROPAGATION = _shape_propagation_code()
-"""The code of DTensor's output-shape propagation, which runs the op once more on fake tensors of the global
-shapes (on flopscope's own fake mode in a fake run, where no other sign tells those ops apart)."""
-
-
 def _in_shape_propagation() -> bool:
+    code = _shape_propagation_code()
     frame = sys._getframe(2)
     while frame is not None:
-        if frame.f_code is _SHAPE_PROPAGATION:
+        if frame.f_code is code:
             return True
         frame = frame.f_back  # type: ignore[assignment]
     return False

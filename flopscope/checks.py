@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from .errors import ConfigurationError, InputError, NotAModuleError
+from .fake import loaded_dtensor
 
 
 def check_positive(**values: int) -> None:
@@ -38,17 +39,14 @@ def check_model(model: Any) -> None:
 def check_process_group(model: nn.Module) -> None:
     """A model holding DTensors (sharded with torch.distributed) runs only inside its job: its collectives need
     the process group it was sharded on."""
-    try:
-        import torch.distributed as dist
-        from torch.distributed.tensor import DTensor
-    except ImportError:  # pragma: no cover  (a torch build without torch.distributed)
-        return
-    if dist.is_initialized():
+    DTensor = loaded_dtensor()
+    if DTensor is None or torch.distributed.is_initialized():
         return
     for name, tensor in model.named_parameters():
         if isinstance(tensor, DTensor):
+            mesh = getattr(tensor, "device_mesh", None)
             raise ConfigurationError(
-                f"parameter '{name}' of {type(model).__name__} is a DTensor on mesh {tensor.device_mesh}, but no "
+                f"parameter '{name}' of {type(model).__name__} is a DTensor on mesh {mesh}, but no "
                 "process group is initialised: profile it inside the job that sharded it (or inside "
                 "flopscope.distributed.fake_world)")
 

@@ -180,9 +180,9 @@ def _attention_option(parser: argparse.ArgumentParser, priced: str) -> None:
                              "docs/conventions.md section 5.4")
 
 
-def _target_and_inputs(args: argparse.Namespace) -> tuple[Any, Any]:
-    """The target of ``args`` and the builder of its inputs (``--input`` shapes, ``--dtype``)."""
-    target = load_target(args.target, args.set)
+def _target_and_inputs(args: argparse.Namespace, device: str | None = None) -> tuple[Any, Any]:
+    """The target of ``args`` (built on ``device``) and the builder of its inputs (``--input`` shapes, ``--dtype``)."""
+    target = load_target(args.target, args.set, device)
     return target, make_inputs(target, [parse_shape(s) for s in args.input], args.dtype)
 
 
@@ -359,8 +359,7 @@ def _profile_sharded(args: argparse.Namespace) -> int:
         print(f"flopscope profile: error: {usage}", file=sys.stderr)
         return 2
     tp, dp = args.tp, args.dp
-    with torch.device("meta"):  # nothing allocated: any size counts
-        target, build = _target_and_inputs(args)
+    target, build = _target_and_inputs(args, device="meta")  # nothing allocated: any size counts
     model = target.model
     dist.check_tensor_parallel(model, tp)  # before anything is counted
     inputs, kwargs = build(None)

@@ -43,7 +43,7 @@ from typing import Any
 
 import torch
 
-from .formulas import functional_overload, with_inplace
+from .formulas import aten_ops, functional_overload, with_inplace
 
 aten = torch.ops.aten
 
@@ -76,7 +76,7 @@ RULES: dict[Any, ElementwiseRule] = {
     **dict.fromkeys([aten.native_layer_norm, aten.native_group_norm, aten.native_batch_norm,
                      aten._native_batch_norm_legit, aten._native_batch_norm_legit_no_training,
                      aten.cudnn_batch_norm, aten.miopen_batch_norm], _NORM),
-    aten._fused_rms_norm: _RMS_NORM,
+    **dict.fromkeys(aten_ops("_fused_rms_norm"), _RMS_NORM),
     aten._weight_norm_interface: _RMS_NORM,  # w = g · v / ||v||: square, sum, scale, multiply
     **dict.fromkeys([aten.cumsum, aten.cumprod, aten.topk, aten.sort, aten.argsort, aten.logsumexp, aten.max,
                      aten.min, aten.median, aten.kthvalue, aten.mode, aten.var_mean, aten.std_mean,
@@ -104,7 +104,7 @@ RULES: dict[Any, ElementwiseRule] = {
     **dict.fromkeys([aten._softmax_backward_data, aten._log_softmax_backward_data], _SOFTMAX.of_gradient()),
     **dict.fromkeys([aten.native_layer_norm_backward, aten.native_group_norm_backward,
                      aten.native_batch_norm_backward, aten.cudnn_batch_norm_backward], _NORM.of_gradient()),
-    aten._fused_rms_norm_backward: _RMS_NORM.of_gradient(),
+    **dict.fromkeys(aten_ops("_fused_rms_norm_backward"), _RMS_NORM.of_gradient()),
     **dict.fromkeys([aten.max_pool2d_with_indices_backward, aten.avg_pool2d_backward,
                      aten._adaptive_avg_pool2d_backward, aten.upsample_nearest2d_backward,
                      aten.upsample_bilinear2d_backward], _REDUCTION.of_gradient()),
@@ -168,9 +168,9 @@ are the bookkeeping of ``torch.profiler.record_function`` blocks (``nn.DataParal
 
 # Metadata queries dispatched while a tensor is inspected; they are not ops of the model.
 METADATA_OPS: frozenset[Any] = frozenset([
-    aten.sym_is_contiguous.default, aten.is_contiguous.default, aten.is_contiguous.memory_format,
-    aten.is_strides_like_format.default, aten.is_non_overlapping_and_dense.default, aten.size.default,
-    aten.sym_size.default, aten.stride.default, aten.sym_stride.default, aten.storage_offset.default,
+    *(op.default for op in aten_ops("sym_is_contiguous")), aten.is_contiguous.default,
+    aten.is_contiguous.memory_format, aten.is_strides_like_format.default, aten.is_non_overlapping_and_dense.default,
+    aten.size.default, aten.sym_size.default, aten.stride.default, aten.sym_stride.default, aten.storage_offset.default,
     aten.sym_storage_offset.default, aten.numel.default, aten.sym_numel.default, aten.dim.default,
     torch.ops.prim.layout.default, torch.ops.prim.device.default, aten._nested_tensor_size.default,
     aten._nested_tensor_strides.default, aten._nested_tensor_storage_offsets.default, aten.is_same_size.default,
@@ -195,6 +195,15 @@ PRODUCT_OPS: frozenset[Any] = with_inplace({aten.mul})
 """Elementwise products (counted as ``pointwise`` work), in-place too: a gated FFN multiplies its two branches."""
 
 
+TAGGED_REDUCTIONS = ("all", "amax", "amin", "aminmax", "any", "argmax", "argmin", "count_nonzero", "linalg__powsum",
+                     "mean", "nansum", "norm", "prod", "std", "sum", "var")
+"""The ops that torch tags ``reduction`` (2.10 and later) and :data:`RULES` does not list; a torch without that
+tag gives them the reduction rule by name."""
+_REDUCTION_TAG = getattr(torch.Tag, "reduction", None)
+if _REDUCTION_TAG is None:
+    RULES.update(dict.fromkeys(aten_ops(*TAGGED_REDUCTIONS), _REDUCTION))
+
+
 def rule_for(func: Any) -> ElementwiseRule | None:
     """The elementwise rule of an op overload: explicit rules first, then the op's ATen tags; an in-place or
     ``out=`` overload inherits those of its functional op."""
@@ -206,7 +215,7 @@ def rule_for(func: Any) -> ElementwiseRule | None:
     tags = {tag for op in ops for tag in op.tags}
     if torch.Tag.pointwise in tags:
         return _POINTWISE
-    if torch.Tag.reduction in tags:
+    if _REDUCTION_TAG in tags:
         return _REDUCTION
     return None
 

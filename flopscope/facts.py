@@ -96,7 +96,7 @@ def _shares_embedding(model: nn.Module) -> bool:
     if not tables:
         return False
     owners: dict[int, int] = {}
-    for m in model.modules(remove_duplicate=False):
+    for _, m in model.named_modules(remove_duplicate=False):  # older modules() has no remove_duplicate
         for p in m._parameters.values():
             if p is not None and id(p) in tables:
                 owners[id(p)] = owners.get(id(p), 0) + 1

@@ -11,6 +11,7 @@ import contextlib
 import copy
 import dataclasses
 import functools
+import sys
 import threading
 import types
 import weakref
@@ -28,13 +29,12 @@ from torch._subclasses.fake_tensor import (
     UnsupportedOperatorException,
     _BypassDispatchCache,
 )
-from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 
 from .errors import FakeTensorError, cause_of_kind
 
-NEEDS_REAL_DATA = (DataDependentOutputException, DynamicOutputShapeException, GuardOnDataDependentSymNode,
-                   UnsupportedOperatorException)
-"""Exceptions meaning "this model needs real tensor data here", not "this model is wrong"."""
+NEEDS_REAL_DATA = (DataDependentOutputException, DynamicOutputShapeException, UnsupportedOperatorException)
+"""Exceptions meaning "this model needs real tensor data here", not "this model is wrong" (and symbolic shapes'
+``GuardOnDataDependentSymNode``: :func:`needs_real_data`)."""
 
 
 class CountingFakeTensorMode(FakeTensorMode):
@@ -273,9 +273,18 @@ def tensors_in(obj: Any) -> list[torch.Tensor]:
     return found
 
 
+def loaded_dtensor() -> type | None:
+    """``DTensor`` if ``torch.distributed.tensor`` is imported, else ``None``: no tensor is a DTensor before that
+    (importing it takes half a second, so flopscope leaves it to the models that use it)."""
+    return getattr(sys.modules.get("torch.distributed.tensor"), "DTensor", None)
+
+
 def needs_real_data(error: BaseException) -> BaseException | None:
     """The fake-tensor limitation behind ``error`` (itself or a cause in its chain), if any."""
-    return cause_of_kind(error, NEEDS_REAL_DATA)
+    # symbolic_shapes (with sympy: most of a second) is not imported here: what raised its guard error imported it
+    shapes = sys.modules.get("torch.fx.experimental.symbolic_shapes")
+    guard = getattr(shapes, "GuardOnDataDependentSymNode", None)
+    return cause_of_kind(error, NEEDS_REAL_DATA if guard is None else (*NEEDS_REAL_DATA, guard))
 
 
 _CONTAINERS = (list, tuple, dict, set, collections.deque)

@@ -52,6 +52,13 @@ F = TypeVar("F", bound=MacFormula)
 aten = torch.ops.aten
 
 
+def aten_ops(*names: str) -> list[Any]:
+    """The ATen op packets of ``names`` that this torch has. An op newer than the oldest torch supported
+    (``_grouped_mm``, ``_fused_rms_norm``: 2.8; ``_fused_rms_norm_backward``: 2.9) gets its formula, rule or table
+    entry only where it exists."""
+    return [getattr(aten, name) for name in names if hasattr(aten, name)]
+
+
 def prod(xs: Iterable[int]) -> int:
     """Product of integers (1 for an empty sequence); a ``torch.SymInt`` (a symbolic size) stays symbolic."""
     return math.prod(x if isinstance(x, torch.SymInt) else int(x) for x in xs)
@@ -483,7 +490,7 @@ def _entries(*shapes: Shape) -> Iterable[tuple[Shape, ...]]:
         yield tuple(s.sizes[i] if isinstance(s, NestedShape) else s for s in shapes)
 
 
-@formula(aten._grouped_mm, aten._scaled_grouped_mm, family=OpFamily.GROUPED_MATMUL, operands=(0, 1))
+@formula(*aten_ops("_grouped_mm", "_scaled_grouped_mm"), family=OpFamily.GROUPED_MATMUL, operands=(0, 1))
 def grouped_mm(a: Shape, b: Shape, *_: Any, out_shape: Shape | None = None, **__: Any) -> int:
     """Grouped matmul (mixture-of-experts experts).
 

@@ -54,6 +54,7 @@ from .fake import (
     MetaConverter,
     callers_fake_mode,
     isolated_copy,
+    loaded_dtensor,
     map_tensors,
     needs_real_data,
     shadow_of,
@@ -171,6 +172,8 @@ def run(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], options
 
 def _fully_sharded(model: nn.Module) -> str | None:
     """The path of the first module sharded with FSDP2 (``fully_shard``), if any."""
+    if loaded_dtensor() is None:  # FSDP2 makes DTensor parameters: none before torch.distributed.tensor is imported
+        return None
     try:
         from torch.distributed.fsdp import FSDPModule
     except ImportError:  # pragma: no cover  (a torch build without torch.distributed)

@@ -7,6 +7,7 @@ both without weights, with the input size their weights were trained at as the d
 from __future__ import annotations
 
 import ast
+import contextlib
 import difflib
 import importlib
 import json
@@ -61,7 +62,7 @@ def parse_settings(settings: Sequence[str]) -> dict[str, Any]:
     return out
 
 
-def load_target(spec: str, settings: Sequence[str] = ()) -> Target:
+def load_target(spec: str, settings: Sequence[str] = (), device: str | None = None) -> Target:
     """``hf:FAMILY[/HEAD]`` (a family's default config), ``hf:ORG/NAME[/HEAD]`` (a model's own ``config.json``
     from the Hugging Face hub: the config only, never weights), a local ``config.json`` or a directory holding
     one, ``timm:NAME`` (``timm.create_model(NAME, pretrained=False, **settings)``) or ``package.module:factory``
@@ -69,7 +70,9 @@ def load_target(spec: str, settings: Sequence[str] = ()) -> Target:
     ``device="meta"`` in the config's dtype: nothing is allocated, so count them in fake mode. timm models, and
     torchvision's classification models (``torchvision.models:NAME``), get a default input of one image at the size
     their weights were trained at (timm: ``pretrained_cfg["input_size"]``; torchvision: the crop size of the
-    ``DEFAULT`` weights' transforms, else 224)."""
+    ``DEFAULT`` weights' transforms, else 224). ``device``: build the model there (``"meta"``: nothing allocated);
+    the modules it needs are imported first, outside that device (torch 2.6's ``torch._dynamo``, which transformers
+    imports with a model's module, cannot be first imported under ``torch.device("meta")``)."""
     overrides = parse_settings(settings)
     local = Path(spec)
     if local.suffix == ".json" or (local.is_dir() and (local / "config.json").is_file()):
@@ -79,9 +82,9 @@ def load_target(spec: str, settings: Sequence[str] = ()) -> Target:
         if "/" in spec[3:] and head.partition("/")[0] not in HF_HEADS:  # ORG/NAME[/HEAD]: a model on the hub
             repo, _, head = spec[3:].partition("/")[2].partition("/")
             return _config_file(_hub_config(f"{name}/{repo}"), head, overrides, spec)
-        return _hugging_face(spec[3:], overrides)
+        return _hugging_face(spec[3:], overrides, device)
     if spec.startswith("timm:"):
-        return _timm(spec[5:], overrides)
+        return _timm(spec[5:], overrides, device)
     if ":" not in spec:
         raise FlopscopeError(f"target must be 'package.module:factory', 'hf:family' or 'timm:name'; got {spec!r}")
     module_name, attr = spec.split(":", 1)
@@ -91,7 +94,8 @@ def load_target(spec: str, settings: Sequence[str] = ()) -> Target:
     except AttributeError as e:
         raise FlopscopeError(f"cannot load {spec!r}: {e}") from e
     try:
-        model = factory(**overrides) if callable(factory) and not isinstance(factory, nn.Module) else factory
+        with _on(device):
+            model = factory(**overrides) if callable(factory) and not isinstance(factory, nn.Module) else factory
     except TypeError as e:
         raise FlopscopeError(f"cannot build {spec!r} with {overrides or 'no arguments'}: {e} (pass them with --set)"
                              ) from e
@@ -114,7 +118,20 @@ def _import(module_name: str, spec: str, hint: str = "") -> Any:
                              "release made for this torch, from the same index)") from e
 
 
-def _timm(name: str, overrides: dict[str, Any]) -> Target:
+def _on(device: str | None) -> Any:
+    """``torch.device(device)`` as a context, or none."""
+    return torch.device(device) if device is not None else contextlib.nullcontext()
+
+
+def _import_model_of(builder: Any, config: Any) -> None:
+    """Import the module of the class an auto class (``AutoModelForCausalLM``) builds for ``config`` (transformers
+    imports it on first use), so that it is not first imported where the model is built."""
+    mapping = getattr(builder, "_model_mapping", None)
+    with contextlib.suppress(KeyError):  # a config the auto class does not know: its own error, from from_config
+        _ = mapping[type(config)] if mapping is not None else None
+
+
+def _timm(name: str, overrides: dict[str, Any], device: str | None = None) -> Target:
     """A timm model without weights, its default input one image of ``pretrained_cfg["input_size"]``."""
     timm = _import("timm", f"timm:{name}", " (pip install 'torch-flopscope[vision]')")
     if not timm.is_model(name):
@@ -125,7 +142,8 @@ def _timm(name: str, overrides: dict[str, Any]) -> Target:
                              "python -c \"import timm; print(*timm.list_models())\"")
     torch.manual_seed(0)
     try:
-        model = timm.create_model(name, pretrained=False, **overrides)
+        with _on(device):
+            model = timm.create_model(name, pretrained=False, **overrides)
     except TypeError as e:
         raise FlopscopeError(f"cannot build timm:{name} with {overrides}: {e}") from e
     size = (getattr(model, "pretrained_cfg", None) or {}).get("input_size") or (3, 224, 224)
@@ -144,7 +162,7 @@ def _torchvision_input(models: Any, name: str) -> tuple[int, ...]:
     return (1, 3, size, size)
 
 
-def _hugging_face(family: str, overrides: dict[str, Any]) -> Target:
+def _hugging_face(family: str, overrides: dict[str, Any], device: str | None = None) -> Target:
     try:
         import transformers
     except ImportError as e:
@@ -157,7 +175,10 @@ def _hugging_face(family: str, overrides: dict[str, Any]) -> Target:
     _check_overrides(transformers.AutoConfig.for_model(family), overrides, family)
     config = transformers.AutoConfig.for_model(family, **overrides)
     torch.manual_seed(0)
-    model = getattr(transformers, HF_HEADS[head]).from_config(config).eval()
+    builder = getattr(transformers, HF_HEADS[head])
+    _import_model_of(builder, config)
+    with _on(device):
+        model = builder.from_config(config).eval()
     return _target(model, config, f"hf:{family}{'/' + head if head else ''}")
 
 
@@ -197,6 +218,7 @@ def _config_file(path: Path, head: str, overrides: dict[str, Any], description: 
         setattr(config, key, value)
     named = [name for name in (getattr(config, "architectures", None) or []) if hasattr(transformers, name)]
     builder = getattr(transformers, named[0]) if named and not head else getattr(transformers, HF_HEADS[head])
+    _import_model_of(builder, config)
     with torch.device("meta"):
         model = (builder._from_config(config) if hasattr(builder, "_from_config") else
                  builder.from_config(config)).eval()

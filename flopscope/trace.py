@@ -220,11 +220,13 @@ def _model_op(op: CapturedOp) -> bool:
 
 def _dispatched(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """torch's events of the ATen ops that went through a Python dispatch mode (flopscope's): an ``aten::`` event
-    whose first nested event is ``PythonDispatchMode``."""
+    whose first nested event is ``PythonDispatchMode``. An older torch's trace has no such events: there the first
+    nested event is the op's own again (the call the mode made)."""
+    marker = "PythonDispatchMode" if any(e["name"] == "PythonDispatchMode" for e in events) else None
     out = []
     for k, event in enumerate(events[:-1]):
         following = events[k + 1]
         inside = float(following["ts"]) <= float(event["ts"]) + float(event.get("dur", 0))
-        if event["name"].startswith("aten::") and following["name"] == "PythonDispatchMode" and inside:
+        if event["name"].startswith("aten::") and following["name"] == (marker or event["name"]) and inside:
             out.append(event)
     return out

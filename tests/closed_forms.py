@@ -6,6 +6,8 @@ n / n_q / n_k lengths, d width, h query heads, n_kv key/value heads, d_k = d/h, 
 
 from __future__ import annotations
 
+import functools
+
 
 def attention(batch: int, n_q: int, n_k: int, d: int, h: int, n_kv: int | None = None) -> dict[str, int]:
     """One attention layer: Q/K/V/O projections and the two core matmuls (formulas.md section 7)."""
@@ -53,3 +55,38 @@ def times(k: int, part: dict[str, int]) -> dict[str, int]:
 
 def total(part: dict[str, int]) -> int:
     return sum(part.values())
+
+
+def rotary(n: int, d_k: int, rows: int = 1) -> dict[str, int]:
+    """Hugging Face's rotary embedding (Llama and its kin) before transformers 5.19 makes its angles as a matmul of
+    the frequencies by the positions, [rows, d_k/2, 1] @ [rows, 1, n]: rows · d_k/2 · n MACs in role "other", once
+    per forward of the model (its layers share the angles); ``rows``: those of the position ids (1 when the model
+    makes them, the batch when ``generate`` passes them). 5.19 and later multiply them elementwise: nothing."""
+    return {"other": rows * (d_k // 2) * n} if rotary_is_a_matmul() else {}
+
+
+@functools.cache
+def rotary_is_a_matmul() -> bool:
+    """Whether this transformers' LlamaRotaryEmbedding runs a matmul (asked of it, on a tiny config)."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    try:
+        import transformers
+    except ImportError:
+        return False
+
+    class Ops(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.seen: set[str] = set()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            self.seen.add(func.__name__.split(".")[0])
+            return func(*args, **(kwargs or {}))
+
+    rotary = transformers.models.llama.modeling_llama.LlamaRotaryEmbedding(
+        transformers.LlamaConfig(hidden_size=16, num_attention_heads=2))
+    with Ops() as ops:
+        rotary(torch.zeros(1, 3, 16), torch.arange(3)[None])
+    return bool(ops.seen & {"mm", "bmm", "matmul"})

@@ -14,7 +14,7 @@ import flopscope
 from flopscope import Role, RoleRule
 from flopscope.models import TransformerBlock
 
-from closed_forms import add, attention, ffn, times
+from closed_forms import add, attention, ffn, rotary, times
 from zoo import CASES, built, fastpath
 
 transformers = pytest.importorskip("transformers")
@@ -103,17 +103,20 @@ def test_fused_qkv_layouts():
     holds h query heads and one key / value head; Phi-3 fuses qkv and gate/up."""
     neox = transformers.GPTNeoXConfig(hidden_size=d, num_hidden_layers=2, num_attention_heads=h,
                                       intermediate_size=d_ff, vocab_size=100)
-    assert roles(transformers.GPTNeoXModel(neox), ids(n)) == times(2, add(attention(B, n, n, d, h),
-                                                                          ffn(B, n, d, d_ff)))
+    assert roles(transformers.GPTNeoXModel(neox), ids(n)) == add(times(2, add(attention(B, n, n, d, h),
+                                                                              ffn(B, n, d, d_ff))),
+                                                                 rotary(n, d // h // 4))  # (a quarter rotates)
     falcon = transformers.FalconConfig(hidden_size=d, num_hidden_layers=2, num_attention_heads=h, vocab_size=100,
                                        new_decoder_architecture=False, multi_query=True)
-    assert roles(transformers.FalconModel(falcon), ids(n)) == times(2, add(attention(B, n, n, d, h, n_kv=1),
-                                                                           ffn(B, n, d, 4 * d)))
+    assert roles(transformers.FalconModel(falcon), ids(n)) == add(times(2, add(attention(B, n, n, d, h, n_kv=1),
+                                                                               ffn(B, n, d, 4 * d))),
+                                                                  rotary(n, d // h))
     phi3 = transformers.Phi3Config(hidden_size=d, num_hidden_layers=2, num_attention_heads=h, num_key_value_heads=2,
                                    intermediate_size=d_ff, vocab_size=100, pad_token_id=0, eos_token_id=1,
                                    bos_token_id=1)
-    assert roles(transformers.Phi3Model(phi3), ids(n)) == times(2, add(attention(B, n, n, d, h, n_kv=2),
-                                                                       ffn(B, n, d, d_ff, gated=True)))
+    assert roles(transformers.Phi3Model(phi3), ids(n)) == add(times(2, add(attention(B, n, n, d, h, n_kv=2),
+                                                                           ffn(B, n, d, d_ff, gated=True))),
+                                                              rotary(n, d // h))
 
 
 def llama(vocab: int = 100) -> nn.Module:
@@ -126,7 +129,7 @@ def llama(vocab: int = 100) -> nn.Module:
 def test_llama_logits_and_decoding_with_a_kv_cache():
     model = llama()
     layers = times(2, add(attention(B, n, n, d, h, n_kv=2), ffn(B, n, d, d_ff, gated=True)))
-    assert roles(model, ids(n)) == add(layers, {"logits": B * n * d * 100})
+    assert roles(model, ids(n)) == add(layers, {"logits": B * n * d * 100}, rotary(n, d // h))
     with torch.no_grad():
         cache = model(ids(n), use_cache=True).past_key_values
     # one new token: Q, K, V, O projected for it alone; its query meets all n + 1 cached keys
@@ -136,7 +139,7 @@ def test_llama_logits_and_decoding_with_a_kv_cache():
                  "out_proj": B * 1 * h * d_k * d}
     step = times(2, add(per_layer, ffn(B, 1, d, d_ff, gated=True)))
     got = roles(model, ids(1), past_key_values=cache, mode="real")
-    assert got == add(step, {"logits": B * 1 * d * 100})
+    assert got == add(step, {"logits": B * 1 * d * 100}, rotary(1, d_k))
 
 
 def test_mixture_of_experts_counts_the_experts_that_ran_and_the_router_as_other():
@@ -148,6 +151,7 @@ def test_mixture_of_experts_counts_the_experts_that_ran_and_the_router_as_other(
     expected = times(2, add(attention(B, n, n, d, h, n_kv=2),
                             ffn(B, n * top_k, d, d_ff, gated=True),  # every token meets top_k experts
                             {"other": B * n * d * experts}))  # the router
+    expected = add(expected, rotary(n, d // h))
     assert roles(transformers.MixtralModel(config), ids(n), mode="fake") == expected  # grouped mm on fake tensors
     with torch.device("meta"):
         on_meta = transformers.MixtralModel(config)
@@ -168,6 +172,7 @@ def test_shared_expert_gate_and_shared_expert_in_a_mixture_of_experts():
                             ffn(1, tokens * top_k, d, d_ff, gated=True),  # routed experts
                             ffn(1, tokens, d, d_ff, gated=True),  # the shared expert sees every token
                             {"other": tokens * d * experts + tokens * d * 1}))  # router, shared-expert gate
+    expected = add(expected, rotary(n, d // h))
     assert {r: m for r, m in prof.by_role().items() if m} == expected
     result = prof.reconcile()
     assert result.unexplained() == [] and result.all_exact(), result.to_table()
@@ -299,7 +304,7 @@ def test_an_ffn_as_wide_as_the_vocabulary_is_not_taken_for_the_lm_head() -> None
                                       tie_word_embeddings=False)
     prof = flopscope.profile(transformers.LlamaForCausalLM(config), torch.randint(0, width, (batch, n)))
     expected = add(times(layers, add(attention(batch, n, n, d, h), ffn(batch, n, d, width, gated=True))),
-                   {"logits": batch * n * d * width})
+                   {"logits": batch * n * d * width}, rotary(n, d // h))
     assert {role: macs for role, macs in prof.by_role().items() if macs} == expected
 
 

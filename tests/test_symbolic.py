@@ -19,6 +19,44 @@ def poly(*coefficients: int) -> Polynomial:
     return Polynomial(tuple(Fraction(c) for c in coefficients))
 
 
+def _symbolic_limits() -> dict[str, str | None]:
+    """What keeps this torch from running ops with n symbolic under a dispatch mode, by op: torch 2.8's meta kernel
+    of nn.Linear's view on a [B, n, d] input refuses symbolic sizes; older torch's batched matmul reads the concrete
+    sizes of a symbolic tensor (a guard n == the traced length: every attention specialises). None: it runs."""
+    from torch._dynamo.source import ConstantSource
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Passing(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            return func(*args, **(kwargs or {}))
+
+    linear = nn.Linear(16, 16)
+    limits: dict[str, str | None] = {}
+    for key, what, run in (
+            ("linear", "nn.Linear on [B, n, d] fails", lambda x: linear(x)),
+            ("matmul", "batched matmul specialises on n", lambda x: x.unsqueeze(0) @ x.unsqueeze(0).transpose(-2, -1))):
+        env = ShapeEnv()
+        n = env.create_symintnode(env.create_symbol(16, source=ConstantSource("n"), dynamic_dim=DimDynamic.DYNAMIC),
+                                  hint=16)
+        with FakeTensorMode(shape_env=env, static_shapes=True, allow_non_fake_inputs=True) as fake:
+            x = torch.empty(2, n, 16)
+        try:
+            with Passing(), fake:
+                run(x)
+            limits[key] = f"this torch's {what}" if env.guards else None
+        except RuntimeError:
+            limits[key] = f"this torch's {what}"
+    return limits
+
+
+LIMITS = _symbolic_limits()
+SYMBOLIC_LIMIT = LIMITS["linear"] or LIMITS["matmul"]
+needs_symbolic_n = pytest.mark.skipif(SYMBOLIC_LIMIT is not None, reason=str(SYMBOLIC_LIMIT))
+needs_symbolic_linear = pytest.mark.skipif(LIMITS["linear"] is not None, reason=str(LIMITS["linear"]))
+
+
 def llama(d: int = 64, h: int = 4, n_kv: int = 2, d_ff: int = 128, layers: int = 2, vocab: int = 100) -> nn.Module:
     transformers = pytest.importorskip("transformers")
     config = transformers.LlamaConfig(hidden_size=d, intermediate_size=d_ff, num_hidden_layers=layers,
@@ -26,6 +64,7 @@ def llama(d: int = 64, h: int = 4, n_kv: int = 2, d_ff: int = 128, layers: int =
     return transformers.LlamaForCausalLM(config).eval()
 
 
+@needs_symbolic_n
 def test_llama_sequence_length_closed_forms_and_same_as_sampled():
     d, h, n_kv, d_ff, L, V, B = 64, 4, 2, 128, 2, 100, 2
     model = llama(d, h, n_kv, d_ff, L, V)
@@ -53,6 +92,7 @@ def test_llama_sequence_length_closed_forms_and_same_as_sampled():
     assert result.measured == sampled.measured
 
 
+@needs_symbolic_n
 def test_batch_size_is_a_symbol_too():
     d, h, n_kv, d_ff, L, V, n = 64, 4, 2, 128, 2, 100, 12
     result = flopscope.scaling(llama(d, h, n_kv, d_ff, L, V), lambda b: torch.zeros(b, n, dtype=torch.long),
@@ -63,6 +103,7 @@ def test_batch_size_is_a_symbol_too():
     assert result.polynomials["logits"] == poly(0, n * d * V)
 
 
+@needs_symbolic_n
 def test_backward_pass_polynomials_equal_the_sampled_ones():
     d, h, d_ff = 32, 4, 64
     block = TransformerBlock(d, h, d_ff)
@@ -75,6 +116,21 @@ def test_backward_pass_polynomials_equal_the_sampled_ones():
     # forward n²·d, backward twice that (a gradient for each operand): 3·n²·d
     assert symbolic.polynomials["attn_scores"] == poly(0, 0, 3 * d)
     assert symbolic.polynomials == sampled.polynomials
+
+
+@pytest.mark.skipif(SYMBOLIC_LIMIT is None, reason="this torch runs a Transformer block with n symbolic")
+def test_where_torch_cannot_trace_n_auto_samples_and_says_why():
+    block = TransformerBlock(32, 4, 64)
+
+    def make(n: int) -> torch.Tensor:
+        return torch.zeros(1, n, 32)
+
+    why = r"TransformerBlock (specialises on n: guard Eq|did not run with a symbolic)"
+    with pytest.raises(SymbolicError, match=why):
+        flopscope.scaling(block, make, lengths=(8, 16, 32, 64), method="symbolic")
+    result = flopscope.scaling(block, make, lengths=(8, 16, 32, 64), method="auto")
+    assert result.method == "sampled" and result.fallback
+    assert result.polynomials["attn_scores"] == poly(0, 0, 32)  # n²·d, sampled
 
 
 class Branchy(nn.Module):
@@ -93,6 +149,7 @@ class Branchy(nn.Module):
 BRANCH_LINE = Branchy.forward.__code__.co_firstlineno + 1
 
 
+@needs_symbolic_linear
 def test_a_branch_on_n_falls_back_to_sampling_and_names_the_guard():
     model = Branchy()
     result = flopscope.scaling(model, lambda n: torch.zeros(2, n, 8), lengths=(16, 32, 128, 256), method="auto")
@@ -105,6 +162,7 @@ def test_a_branch_on_n_falls_back_to_sampling_and_names_the_guard():
         flopscope.scaling(model, lambda n: torch.zeros(2, n, 8), lengths=(16, 32, 128, 256), method="symbolic")
 
 
+@needs_symbolic_linear
 def test_a_branch_on_n_that_holds_at_every_length_is_a_condition():
     result = flopscope.scaling(Branchy(), lambda n: torch.zeros(2, n, 8), lengths=(128, 256, 512, 1024),
                                method="auto")

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from closed_forms import add, attention, conv_out, ffn, rnn, times
+from closed_forms import add, attention, conv_out, ffn, rnn, rotary, times
 
 D, H, N = 512, 8, 128  # width, heads and tokens of the small cases
 
@@ -26,6 +26,43 @@ FASTPATH_KERNELS = {"native_mha": "aten._native_multi_head_attention",
                     "encoder_layer": "aten._transformer_encoder_layer_fwd"}
 SDPA_CPU = "aten._scaled_dot_product_flash_attention_for_cpu"
 ATTENTION_KINDS = (None, "matmul", "sdpa", "fused")  # None: no attention; fused: inside a fast-path kernel
+
+
+def _cpu_sdpa_fuses_grouped_query() -> bool:
+    """Whether this torch's CPU SDPA runs grouped-query attention (``enable_gqa``: fewer K/V heads, as Hugging
+    Face's Llama passes it) in its fused kernel; torch 2.8 and before take the math path there (bmm's, as eager
+    attention, whose backward computes the scores' gradients 2x, not the fused 3x)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Ops(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.seen: set[str] = set()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            self.seen.add(str(func.overloadpacket))
+            return func(*args, **(kwargs or {}))
+
+    q, kv = torch.zeros(1, 4, 8, 16), torch.zeros(1, 2, 8, 16)
+    with Ops() as ops:
+        F.scaled_dot_product_attention(q, kv, kv, is_causal=True, enable_gqa=True)
+    return SDPA_CPU in ops.seen
+
+
+CPU_FUSED_GQA = _cpu_sdpa_fuses_grouped_query()
+
+
+def hf_plan_shards_the_embedding() -> bool:
+    """Whether this transformers' tensor-parallel plan for Llama shards the token embedding by vocabulary (newer
+    transformers; older ones leave it whole, and the LM head's shard then has no token table of its shape: flopscope
+    counts it as "other", not "logits")."""
+    import transformers
+
+    from flopscope.distributed import hf_plan
+
+    tiny = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, vocab_size=32))
+    return "model.embed_tokens" in hf_plan(tiny)
 
 
 @dataclass
@@ -38,6 +75,7 @@ class Case:
     source: str = "torch"  # torch (nn modules), hand (written in this file) or huggingface (transformers)
     attention: str | None = None  # how the attention core runs: one of ATTENTION_KINDS
     fastpath_kind: str | None = None  # the torch.backends.mha fast path the model is eligible for (FASTPATH_KERNELS)
+    grouped_query: bool = False  # fewer K/V heads than query heads (SDPA's enable_gqa)
 
     def __post_init__(self) -> None:
         assert self.attention in ATTENTION_KINDS, self.attention
@@ -118,7 +156,7 @@ def hf_case(cls: str, cfg: str, inputs: Callable[[], Any], attn: str | None = No
 MHA = attention(1, N, N, D, H)
 BERT = add(times(12, add(attention(1, N, N, 768, 12), ffn(1, N, 768, 3072))), {"other": 768 * 768})  # + pooler
 GPT2 = times(12, add(attention(1, N, N, 768, 12), ffn(1, N, 768, 4 * 768)))
-LLAMA4 = times(4, add(attention(1, N, N, 512, 8, n_kv=2), ffn(1, N, 512, 1376, gated=True)))
+LLAMA4 = add(times(4, add(attention(1, N, N, 512, 8, n_kv=2), ffn(1, N, 512, 1376, gated=True))), rotary(N, 512 // 8))
 VIT_TOKENS = (224 // 16) ** 2 + 1
 VIT = add({"conv": 768 * (224 // 16) ** 2 * 3 * 16 * 16},  # patch embedding, stride 16
           times(12, add(attention(1, VIT_TOKENS, VIT_TOKENS, 768, 12), ffn(1, VIT_TOKENS, 768, 3072))),
@@ -174,7 +212,7 @@ CASES: dict[str, Case] = {
                            n_head=12, use_cache=False), GPT2,
                    must_run={SDPA_CPU}, family="gpt2", attention="sdpa", **HF),
     "6a_llama4_sdpa": Case(hf_case("LlamaModel", "LlamaConfig", lambda: token_ids(1, N, 32000), **LLAMA4_CFG),
-                           LLAMA4, must_run={SDPA_CPU}, family="llama", attention="sdpa", **HF),
+                           LLAMA4, must_run={SDPA_CPU}, family="llama", attention="sdpa", grouped_query=True, **HF),
     "6b_llama4_eager": Case(hf_case("LlamaModel", "LlamaConfig", lambda: token_ids(1, N, 32000), "eager",
                                     **LLAMA4_CFG), LLAMA4, family="llama", attention="matmul", **HF),
     "7_vit_base": Case(hf_case("ViTModel", "ViTConfig", lambda: seeded_randn(1, 3, 224, 224), image_size=224,
