@@ -300,9 +300,10 @@ def _demo(args: argparse.Namespace) -> int:
     with torch.no_grad():
         prof = profile(block, torch.zeros(1, n, d), mode="fake")
     params = sum(p.numel() for p in block.parameters())
+    weights = sum(p.numel() for p in block.parameters() if p.dim() >= 2)  # matrices: biases and norms left out
     closed = n * (4 * d * d + 2 * d * d_ff) + 2 * n * n * d
-    print(f"Transformer block n={n} d={d} h={h} d_ff={d_ff}: {params:,} parameters "
-          f"(12·d² + 13·d = {12 * d * d + 13 * d:,} when d_ff = 4d)")
+    print(f"Transformer block n={n} d={d} h={h} d_ff={d_ff}: {weights:,} weights, {params:,} parameters with "
+          f"biases and norms (12·d² = {12 * d * d:,} and 12·d² + 13·d = {12 * d * d + 13 * d:,} when d_ff = 4d)")
     print(report.summary(prof, depth=args.depth, units=args.units, tablefmt=args.format))
     print(f"\nclosed form n·(4d² + 2·d·d_ff) + 2n²d = {closed:,} MACs: "
           f"{'matches' if closed == prof.total() else 'DIFFERS FROM'} the measured total")

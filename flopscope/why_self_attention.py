@@ -10,7 +10,10 @@ computed here from ``n, d, h, k, r, d_ff`` alone (``docs/formulas.md`` section 1
 Conventions:
 
 * Units are in the names: ``*_macs`` are multiply-accumulates (1 MAC = 2 FLOPs); ``params`` are scalar
-  parameters (``sum(p.numel())``); all counts are for **one sequence** (batch 1) of ``n`` tokens of width
+  parameters (``sum(p.numel())``, biases and norm scales included), ``weights`` the scalars of the parameters
+  that multiply (matrices and convolution kernels: every parameter of two or more dimensions; biases and norm
+  scales left out), so that the seed note's ``512^4`` weights of the fully-connected layer read straight off
+  the table; all counts are for **one sequence** (batch 1) of ``n`` tokens of width
   ``d``, forward pass only. Softmax, scaling, masking, biases, norms and activations are elementwise work,
   not MACs, and are in neither column (see :meth:`flopscope.Profile.elementwise`).
 * Attention uses ``h`` heads of width ``d_k = d_v = d / h``.
@@ -145,7 +148,8 @@ class ComparisonRow:
     complexity: str  # the paper's complexity class, e.g. "O(n²·d)"
     predicted_macs: int  # exact closed form from (n, d, h, k, r, d_ff), never from a profile
     measured_macs: int  # from flopscope.profile(..., mode="fake")
-    params: int  # parameters of the profiled layer (sum of numel), also for partial rows
+    params: int  # parameters of the profiled layer (sum of numel, biases included), also for partial rows
+    weights: int  # of those, the scalars of its >= 2-D parameters (matrices, kernels): params less biases, norms
     sequential_ops: str  # minimum number of sequential operations, as in the paper
     max_path_length: str  # maximum path length between positions, as in the paper
     match: bool = field(init=False)  # measured_macs == predicted_macs
@@ -198,19 +202,21 @@ class Comparison:
         """The comparison as text (a tabulate table, MACs with thousands separators), with a header line
         naming the shapes and units and footer lines with the crossover and the parameter ratio."""
         rows = [[row.layer, row.complexity, f"{row.predicted_macs:,}", f"{row.measured_macs:,}",
-                 "yes" if row.match else "NO", f"{row.params:,}", row.sequential_ops, row.max_path_length]
-                for row in self.rows]
+                 "yes" if row.match else "NO", f"{row.weights:,}", f"{row.params:,}", row.sequential_ops,
+                 row.max_path_length] for row in self.rows]
         table = tabulate(rows, headers=["layer", "complexity", "predicted MACs", "measured MACs", "match",
-                                        "params", "sequential", "max path"],
-                         tablefmt=tablefmt, colalign=("left", "left", "right", "right", "left", "right", "left",
-                                                      "left"), disable_numparse=True)
+                                        "weights", "params (+ biases)", "sequential", "max path"],
+                         tablefmt=tablefmt, colalign=("left", "left", "right", "right", "left", "right", "right",
+                                                      "left", "left"), disable_numparse=True)
         lines = [f"Vaswani et al. 2017, Table 1, measured: n={self.n}, d={self.d}, h={self.h}, k={self.k}, "
                  f"r={self.r}, d_ff={self.d_ff}; one sequence, forward, MACs (1 MAC = 2 FLOPs)", "", table, ""]
         crossover = self.crossover_self_attention_vs_recurrence()
         lines.append(f"self-attention core (2·n²·d) exceeds the recurrent layer (2·n·d²) from n = {crossover:,} "
                      f"(n > d = {self.d:,})")
-        fc, block = self.row("fully_connected").params, self.row("transformer_block").params
-        lines.append(f"parameters: fully connected {fc:,} vs Transformer block {block:,} ({fc / block:,.0f}x)")
+        fc, block = self.row("fully_connected"), self.row("transformer_block")
+        lines.append(f"weights: fully connected {fc.weights:,} vs Transformer block {block.weights:,} "
+                     f"({fc.weights / block.weights:,.0f}x); with biases (and the block's norms): {fc.params:,} vs "
+                     f"{block.params:,} ({fc.params / block.params:,.0f}x)")
         if self.k > self.n:
             lines.append(f"k={self.k} > n={self.n}: every convolution window reaches into the zero padding; its "
                          f"taps there are executed and counted (k·n_out·d² is still exact)")
@@ -298,9 +304,10 @@ def compare(n: int = 512, d: int = 512, h: int = 8, k: int = 5, r: int = 64, d_f
     * ``recurrent``: ``nn.RNN(d, d)`` -> ``2·n·d²`` (input GEMM ``n·d²`` + hidden GEMMs ``n·d²``).
     * ``feed_forward``: :class:`~flopscope.models.FeedForward` ``(d, d_ff)`` -> ``2·n·d·d_ff``.
     * ``fully_connected``: ``nn.Linear(n·d, n·d)`` on the flattened sequence -> ``n²·d²``
-      (``n²·d² + n·d`` parameters).
+      (``n²·d²`` weights, ``n²·d² + n·d`` parameters with the biases).
     * ``transformer_block``: :class:`~flopscope.models.TransformerBlock` ``(d, h, d_ff)`` ->
-      ``n·(4·d² + 2·d·d_ff) + 2·n²·d`` (``12·d² + 13·d`` parameters when ``d_ff = 4·d``).
+      ``n·(4·d² + 2·d·d_ff) + 2·n²·d`` (``12·d²`` weights, ``12·d² + 13·d`` parameters with biases and norms,
+      when ``d_ff = 4·d``).
     * ``cross_attention_one_query``: ``nn.MultiheadAttention(d, h)`` with one query against ``n`` keys /
       values -> ``d²`` (Q) + ``2·n·d²`` (K, V) + ``2·n·d`` (core) + ``d²`` (O);
       ``cross_attention_q_proj``: its ``q_proj`` role -> ``d²``; ``self_attention_q_proj``: the same layer's
@@ -314,7 +321,8 @@ def compare(n: int = 512, d: int = 512, h: int = 8, k: int = 5, r: int = 64, d_f
 
     def add(key: str, layer: str, complexity: str, predicted: int, measured: int, module: nn.Module,
             sequential: str = "O(1)", path: str = "O(1)") -> None:
-        rows.append(ComparisonRow(key, layer, complexity, predicted, measured, _params(module), sequential, path))
+        rows.append(ComparisonRow(key, layer, complexity, predicted, measured, _params(module), _weights(module),
+                                  sequential, path))
 
     with torch.device("meta"):
         attention = SelfAttention(d, h)
@@ -402,6 +410,11 @@ def _core(prof: Profile) -> int:
 
 def _params(module: nn.Module) -> int:
     return sum(p.numel() for p in module.parameters())
+
+
+def _weights(module: nn.Module) -> int:
+    # the parameters that multiply: weight matrices and convolution kernels (>= 2 dims); biases and norm scales are 1-D
+    return sum(p.numel() for p in module.parameters() if p.dim() >= 2)
 
 
 def _sequence_input(n: int, d: int) -> torch.Tensor:

@@ -39,7 +39,15 @@ def test_demo_matches_its_closed_form(capsys):
     }
     for layer, macs in table_1.items():
         columns = line_starting(out, layer)[len(layer):].split()
-        assert columns.count(f"{macs:,}") == 2 and "yes" in columns, layer  # predicted and measured
+        # predicted and measured; the fully-connected layer's weights, (n·d)², are its MACs too
+        assert columns.count(f"{macs:,}") == 2 + (layer.startswith("fully connected")) and "yes" in columns, layer
+    fully_connected = line_starting(out, "fully connected (n·d → n·d)").split()
+    assert fully_connected[-4:-2] == [f"{(n * d) ** 2:,}", f"{(n * d) ** 2 + n * d:,}"]  # weights, + biases
+    block = line_starting(out, "Transformer block (d_ff=128)").split()
+    weights, biases, norms = 4 * d * d + 2 * d * d_ff, 4 * d + d_ff + d, 2 * 2 * d  # d_ff = 4d here
+    assert block[-4:-2] == [f"{weights:,}", f"{weights + biases + norms:,}"]
+    assert line_starting(out, "Transformer block n=").startswith(
+        f"Transformer block n={n} d={d} h={h} d_ff={d_ff}: {12 * d * d:,} weights, {12 * d * d + 13 * d:,} parameters")
     assert line_starting(out, "self-attention core (2·n²·d) exceeds").endswith(f"from n = {d + 1} (n > d = {d})")
 
 

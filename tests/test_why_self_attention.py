@@ -74,14 +74,49 @@ def test_parameters(case: tuple[dict[str, int], Comparison]) -> None:
     assert result.row("separable_convolution").params == (shape["k"] * d + d) + (d * d + d)
 
 
+def test_weights_without_biases(case: tuple[dict[str, int], Comparison]) -> None:
+    shape, result = case
+    d, n, k, d_ff = shape["d"], shape["n"], shape["k"], shape["d_ff"]
+    weights = {  # the >= 2-D parameters: matrices and kernels; biases and norm scales are 1-D
+        "self_attention_core": 4 * d * d,  # a partial row: the whole layer's weights
+        "self_attention": 4 * d * d,
+        "self_attention_single_head": 4 * d * d,
+        "restricted_banded_core": 4 * d * d,
+        "restricted_masked_dense_core": 4 * d * d,
+        "convolution": k * d * d,
+        "separable_convolution": k * d + d * d,  # depthwise [d, 1, k] and pointwise [d, d, 1]
+        "recurrent": 2 * d * d,
+        "feed_forward": 2 * d * d_ff,
+        "fully_connected": (n * d) ** 2,
+        "transformer_block": 4 * d * d + 2 * d * d_ff,
+        "cross_attention_one_query": 4 * d * d,
+        "cross_attention_q_proj": 4 * d * d,
+        "self_attention_q_proj": 4 * d * d,
+    }
+    assert {row.key: row.weights for row in result.rows} == weights
+    biases = {"fully_connected": n * d, "transformer_block": 4 * d + d_ff + d + 2 * 2 * d,  # + two LayerNorms
+              "recurrent": 2 * d, "convolution": d, "separable_convolution": 2 * d, "feed_forward": d_ff + d}
+    for key, extra in biases.items():
+        assert result.row(key).params == weights[key] + extra, key
+
+
 def test_fully_connected_vs_transformer_block_at_512() -> None:
     result = compare()
-    assert result.row("fully_connected").params == 512**4 + 512 * 512
-    assert result.row("transformer_block").params == 12 * 512**2 + 13 * 512 == 3_152_384
+    fc, block = result.row("fully_connected"), result.row("transformer_block")
+    assert fc.params == 512**4 + 512 * 512 == 68_719_738_880  # weights and biases
+    assert fc.weights == 512**4 == 68_719_476_736  # the seed note's "64 Gi": the weights alone
+    assert block.params == 12 * 512**2 + 13 * 512 == 3_152_384
+    assert block.weights == 12 * 512**2 == 3_145_728  # the note's "~3 M"
     table = result.to_table()
-    assert f"{512**4 + 512 * 512:,}" in table and f"{12 * 512**2 + 13 * 512:,}" in table
-    assert f"{512**4:,}" in table  # the MACs of the fully-connected layer
-    assert "NO" not in table
+    fc_line = next(line for line in table.splitlines() if line.startswith("fully connected"))
+    assert fc_line.split()[-4:-2] == [f"{512**4:,}", f"{512**4 + 512 * 512:,}"]  # weights, + biases
+    block_line = next(line for line in table.splitlines() if line.startswith("Transformer block"))
+    assert block_line.split()[-4:-2] == [f"{12 * 512**2:,}", f"{12 * 512**2 + 13 * 512:,}"]
+    assert f"{512**4:,}" in fc_line.split()[:-4]  # the MACs of the fully-connected layer, n²·d² = 512^4 too
+    weights_line = next(line for line in table.splitlines() if line.startswith("weights:"))
+    assert f"{512**4:,} vs Transformer block {12 * 512**2:,} ({512**2 // 12:,}x)" in weights_line
+    assert f"{512**4 + 512 * 512:,} vs {12 * 512**2 + 13 * 512:,}" in weights_line
+    assert " NO " not in table
 
 
 def test_multi_head_equals_single_head(case: tuple[dict[str, int], Comparison]) -> None:
