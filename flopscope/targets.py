@@ -11,6 +11,8 @@ import contextlib
 import difflib
 import importlib
 import json
+import os
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -182,18 +184,63 @@ def _hugging_face(family: str, overrides: dict[str, Any], device: str | None = N
     return _target(model, config, f"hf:{family}{'/' + head if head else ''}")
 
 
+HUB_PROBE_SECONDS = 5.0
+"""How long :func:`_hub_config` waits for the hub's endpoint to answer before it says the hub cannot be reached."""
+
+
 def _hub_config(repo: str) -> Path:
-    """The ``config.json`` of a hub model (downloaded once into the Hugging Face cache; no weights)."""
+    """The ``config.json`` of a hub model (downloaded once into the Hugging Face cache; no weights).
+
+    Offline it fails at once instead of after the hub client's retries (five, about 25 s): with ``HF_HUB_OFFLINE``
+    (or ``TRANSFORMERS_OFFLINE``) set, or when the endpoint (``HF_ENDPOINT``, default ``https://huggingface.co``)
+    does not answer one request within :data:`HUB_PROBE_SECONDS`, the cached ``config.json`` is used if there is one
+    (unreachable: with a warning), and otherwise the error says what to do. Both variables are read when the target
+    is loaded, so a change after ``huggingface_hub`` was imported counts."""
     try:
-        from huggingface_hub import hf_hub_download
+        from huggingface_hub import constants, hf_hub_download
     except ImportError as e:
         raise FlopscopeError("hf:ORG/NAME targets need huggingface_hub (pip install 'torch-flopscope[hf]')") from e
+    what = f"the config.json of {repo!r}"
+    instead = "download it yourself and pass its path (flopscope profile path/to/config.json)"
+    endpoint = (os.environ.get("HF_ENDPOINT") or constants.ENDPOINT).rstrip("/")
+    offline = _env_true("HF_HUB_OFFLINE") or _env_true("TRANSFORMERS_OFFLINE") or constants.is_offline_mode()
+    unreachable = None if offline else _unreachable(endpoint)
+    if offline or unreachable:
+        try:
+            path = Path(hf_hub_download(repo, "config.json", local_files_only=True))
+        except Exception as e:  # not in the cache (LocalEntryNotFoundError), or a cache that cannot be read
+            why = ("HF_HUB_OFFLINE is set" if offline else
+                   f"the Hugging Face hub at {endpoint} cannot be reached ({unreachable})")
+            raise FlopscopeError(f"cannot fetch {what}: {why}, and the Hugging Face cache has no copy "
+                                 f"({type(e).__name__}); {instead}"
+                                 + ("" if offline else ", or check the connection, HF_ENDPOINT and the proxy "
+                                    "settings")) from e
+        if unreachable:
+            warnings.warn(f"the Hugging Face hub at {endpoint} cannot be reached ({unreachable}): using the cached "
+                          f"copy of {what}", stacklevel=3)
+        return path
     try:
-        return Path(hf_hub_download(repo, "config.json"))
-    except Exception as e:  # offline, a gated or missing repo: say which and what to do instead
-        raise FlopscopeError(f"cannot fetch the config.json of {repo!r} from the Hugging Face hub "
-                             f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); download it yourself "
-                             "and pass its path (flopscope profile path/to/config.json)") from e
+        return Path(hf_hub_download(repo, "config.json", endpoint=endpoint))
+    except Exception as e:  # a gated or missing repo, or a connection lost after the probe: say which
+        raise FlopscopeError(f"cannot fetch {what} from the Hugging Face hub at {endpoint} "
+                             f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); {instead}") from e
+
+
+def _env_true(name: str) -> bool:
+    # huggingface_hub's reading of a boolean variable ("1", "ON", "YES", "TRUE", any case)
+    return os.environ.get(name, "").upper() in {"1", "ON", "YES", "TRUE"}
+
+
+def _unreachable(endpoint: str) -> str | None:
+    """Why ``endpoint`` gives no HTTP answer within :data:`HUB_PROBE_SECONDS` (one request, no retries, through
+    the hub client's own session: its proxies and headers), or ``None`` if it answers (any status)."""
+    from huggingface_hub.utils import get_session  # lazy: only hf:ORG/NAME targets need the hub client
+
+    try:
+        get_session().head(endpoint, timeout=HUB_PROBE_SECONDS)
+    except Exception as e:  # connection refused, no DNS, a timeout: no answer at all
+        return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else 'no answer'}"
+    return None
 
 
 def _config_file(path: Path, head: str, overrides: dict[str, Any], description: str) -> Target:

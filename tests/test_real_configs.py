@@ -6,6 +6,8 @@ from __future__ import annotations
 import importlib
 import json
 import sys
+import time
+import warnings
 
 import pytest
 import torch
@@ -90,14 +92,83 @@ def test_the_cli_takes_a_config_path_and_settings(tmp_path, capsys) -> None:
         load_target(path, ["num_layer=2"])
 
 
-def test_a_hub_model_offline_says_what_to_do(monkeypatch) -> None:
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    with pytest.raises(flopscope.FlopscopeError, match=r"cannot fetch the config.json of 'acme/no-such-model'.*"
-                                                      r"pass its path"):
-        load_target("hf:acme/no-such-model")
+TINY_LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
+              "intermediate_size": 128, "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 4,
+              "vocab_size": 256, "max_position_embeddings": 2 * N}
+
+
+def cache_config(cache, repo: str, config: dict) -> None:
+    """A config.json in a Hugging Face hub cache, laid out as huggingface_hub writes it (refs/main -> snapshot)."""
+    folder, commit = cache / f"models--{repo.replace('/', '--')}", "0" * 40
+    (folder / "snapshots" / commit).mkdir(parents=True)
+    (folder / "refs").mkdir()
+    (folder / "refs" / "main").write_text(commit)
+    (folder / "snapshots" / commit / "config.json").write_text(json.dumps(config))
+
+
+@pytest.fixture
+def hub_cache(tmp_path, monkeypatch):
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path))  # read by hf_hub_download at each call
+    return tmp_path
+
+
+@pytest.fixture
+def unreachable_hub(monkeypatch):
+    """Online (tests/conftest.py sets HF_HUB_OFFLINE), with the hub at a local port where nothing listens."""
+    from huggingface_hub import constants
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)  # read by huggingface_hub at its import
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # the discard port: refused at once
+
+
+def timed_error(spec: str) -> tuple[str, float]:
+    start = time.perf_counter()
+    with pytest.raises(flopscope.FlopscopeError) as error:
+        load_target(spec)
+    return str(error.value), time.perf_counter() - start
+
+
+def test_a_hub_model_offline_says_what_to_do(monkeypatch, hub_cache) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # after huggingface_hub read its constants: still respected
+    message, seconds = timed_error("hf:acme/no-such-model")
+    assert message.startswith("cannot fetch the config.json of 'acme/no-such-model': HF_HUB_OFFLINE is set, and "
+                              "the Hugging Face cache has no copy")
+    assert "pass its path" in message
+    assert seconds < 10  # the hub client's retries take about 25 s; no request is made at all here
     assert load_target("hf:llama/causal-lm", ["num_hidden_layers=1", "hidden_size=64", "intermediate_size=64",
                                               "num_attention_heads=4", "num_key_value_heads=4"]).description \
         == "hf:llama/causal-lm"  # FAMILY/HEAD is still a family
+
+
+def test_an_unreachable_hub_fails_at_once(unreachable_hub, hub_cache) -> None:
+    message, seconds = timed_error("hf:acme/no-such-model")
+    assert message.startswith("cannot fetch the config.json of 'acme/no-such-model': the Hugging Face hub at "
+                              "http://127.0.0.1:9 cannot be reached (")
+    assert "the Hugging Face cache has no copy" in message and "pass its path" in message and "HF_ENDPOINT" in message
+    assert seconds < 10  # one probe, no retries (the hub client alone retries five times, about 25 s)
+
+
+@pytest.mark.parametrize("offline", [True, False])
+def test_a_cached_hub_config_is_used_offline(request, monkeypatch, hub_cache, offline) -> None:
+    cache_config(hub_cache, "acme/tiny-llama", TINY_LLAMA)
+    if offline:
+        monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    else:  # online, but the hub does not answer: the cached copy, with a warning naming the endpoint
+        request.getfixturevalue("unreachable_hub")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        target = load_target("hf:acme/tiny-llama")
+    unreachable = [str(w.message) for w in caught if "cannot be reached" in str(w.message)]
+    assert len(unreachable) == (0 if offline else 1)
+    if not offline:
+        assert unreachable[0].startswith("the Hugging Face hub at http://127.0.0.1:9 cannot be reached (")
+        assert unreachable[0].endswith("): using the cached copy of the config.json of 'acme/tiny-llama'")
+    prof = flopscope.profile(target.model, torch.zeros(1, N, dtype=torch.long), mode="fake")
+    assert {role: macs for role, macs in prof.by_role().items() if macs} == decoder(1, 64, 4, 4, 128, 256)
 
 
 def test_a_config_without_model_type_says_which_to_add(tmp_path) -> None:
