@@ -5,7 +5,8 @@ peer fails or differs by MACs that no per-op / per-module evidence explains; 2 b
 message names the option: a negative ``--depth``, a ``--sweep`` / ``--lengths`` item that is not a
 positive integer, a ``--prompt`` / ``--new`` / ``--batch`` below 1, a ``--dtype`` that is not a
 floating-point torch dtype, a ``--peak`` / ``--bandwidth`` that is not a positive number, a ``--json`` /
-``--csv`` / ``--plot`` path whose directory is missing or not writable, or that names a directory, an
+``--csv`` / ``--html`` / ``--folded`` / ``--speedscope`` / ``--plot`` path whose directory is missing or not
+writable, or that names a directory, an
 image format matplotlib cannot write, ``--tp`` with ``--sweep`` / ``--plot`` / ``--mode real`` or ``--dp``
 without ``--tp``; all checked before anything is built or profiled); 3 a flopscope
 error (bad target, a ``generate`` target without a ``generate()`` method, inputs that do not fit, such
@@ -45,6 +46,7 @@ EXAMPLES = """examples:
   flopscope profile hf:llama/causal-lm --set num_hidden_layers=2 --sweep 128,256,512,1024 --plot scaling.png
   flopscope profile flopscope.models:TransformerBlock --input 1x512x512 --backward --format github
   flopscope profile torchvision.models:resnet18 --input 1x3x224x224 --json resnet.json
+  flopscope profile hf:gpt2 --set n_layer=2 --input 1x128 --html gpt2.html --folded gpt2.folded
   flopscope compare --n 512 --d 512 --h 8 --k 5 --r 64 --lengths 256,512,1024
   flopscope crosscheck hf:gpt2 --set n_layer=2 --input 1x128
   flopscope generate hf:llama --set num_hidden_layers=2 --prompt 128 --new 32 --device "H100 SXM" --plot roofline.png
@@ -99,6 +101,12 @@ def _parser() -> argparse.ArgumentParser:
     _attention_option(prof, "the total, the role table and the per-token formulas")
     prof.add_argument("--json", type=_output_path, help="write the JSON report (schema flopscope.profile/1) here")
     prof.add_argument("--csv", type=_output_path, help="write one CSV row per counted op here")
+    prof.add_argument("--html", type=_output_path, help="write the HTML report here (one self-contained file: the "
+                                                        "module tree as an icicle chart by MACs, roles, "
+                                                        "reconciliation, unsupported ops, the --sweep polynomials)")
+    prof.add_argument("--folded", type=_output_path, help="write folded stacks (flamegraph.pl, inferno, speedscope; "
+                                                          "weights in MACs) here, one file per phase with --backward")
+    prof.add_argument("--speedscope", type=_output_path, help="write a speedscope profile (weights in MACs) here")
     prof.add_argument("--plot", type=_plot_path, help="write a PNG (or another format matplotlib writes, by the "
                                                       "suffix): the scaling plot with --sweep, else role shares")
     prof.add_argument("--tp", type=_positive, metavar="T",
@@ -186,14 +194,21 @@ def _target_and_inputs(args: argparse.Namespace, device: str | None = None) -> t
     return target, make_inputs(target, [parse_shape(s) for s in args.input], args.dtype)
 
 
-def _write_reports(args: argparse.Namespace, prof: Any) -> None:
-    """``--json`` and ``--csv`` of ``profile`` (the JSON's ``attention`` section under ``--attention``)."""
+def _write_reports(args: argparse.Namespace, prof: Any, scaled: Scaling | None = None) -> None:
+    """``--json``, ``--csv``, ``--html`` (with ``scaled``'s polynomials), ``--folded`` and ``--speedscope`` of
+    ``profile`` (the JSON's ``attention`` section under ``--attention``)."""
     if args.json:
         args.json.write_text(report.to_json(prof, attention=args.attention))
         print(f"wrote {args.json}")
     if args.csv:
         args.csv.write_text(report.to_csv(prof))
         print(f"wrote {args.csv}")
+    if args.html:
+        print(f"wrote {prof.to_html(args.html, scaling=scaled, title=f'flopscope: {args.target}')}")
+    if args.folded:
+        print("wrote " + ", ".join(str(path) for path in prof.export_folded(args.folded)))
+    if args.speedscope:
+        print(f"wrote {prof.export_speedscope(args.speedscope)}")
 
 
 def _output_options(parser: argparse.ArgumentParser) -> None:
@@ -336,7 +351,7 @@ def _profile(args: argparse.Namespace) -> int:
                          else "real", progress=_progress("sweep"))
         print("\nscaling in n (exact polynomials, checked at one more length than their degree needs):")
         print(result.to_table(args.format))
-    _write_reports(args, prof)
+    _write_reports(args, prof, result)
     if args.plot:
         from .plots import role_share_plot, scaling_plot
 

@@ -213,6 +213,48 @@ class Profile:
 
         return export_chrome_trace(self, path, peak=peak, bandwidth=bandwidth)
 
+    def export_folded(self, path: str | Path) -> list[Path]:
+        """Write Brendan Gregg's folded stacks (``flamegraph.pl``, inferno, speedscope read them): a line
+        ``frame;frame;frame MACs`` per module call stack (:meth:`by_stack`), frames the module paths (the root is
+        ``(model)``), weights the stack's self MACs as integers (FLOPs = 2 x MACs), so a frame's drawn width is its
+        module's inclusive ``by_module()`` MACs. One phase: the file ``path``. Several (``backward=True``,
+        activation checkpointing): one file per phase beside it, ``<stem>.<phase><suffix>`` (``out.folded`` ->
+        ``out.forward.folded``, ``out.backward.folded``, ``out.recompute.folded``). Returns the paths written
+        (:mod:`flopscope.flame`)."""
+        from .flame import export_folded
+
+        return export_folded(path, {phase: self.by_stack(phase) for phase in self.by_phase()})
+
+    def export_speedscope(self, path: str | Path) -> Path:
+        """Write the module call stacks as a speedscope file (https://www.speedscope.app: JSON, schema
+        ``file-format-schema.json``): one ``"sampled"`` profile per phase, a sample per stack, its weight the
+        stack's self MACs (unit ``"none"``; FLOPs = 2 x MACs), as :meth:`export_folded` (:mod:`flopscope.flame`)."""
+        from .flame import export_speedscope
+
+        return export_speedscope(path, {phase: self.by_stack(phase) for phase in self.by_phase()})
+
+    def to_html(self, path: str | Path, *, scaling: Scaling | None = None, title: str | None = None) -> Path:
+        """Write a self-contained HTML report (no network: inline SVG, CSS and script): an icicle chart of the
+        module call tree sized by MACs and coloured by dominant role (hover for path, type, MACs, FLOPs, share,
+        parameters, input shapes; click to zoom), the role table, the reconciliation with its reasons, the
+        unsupported-op ledger, the generation steps of a profile of several forwards, and ``scaling``'s
+        polynomials when given (:func:`flopscope.scaling`). See :mod:`flopscope.html_report`."""
+        from .html_report import write_html
+
+        return write_html(self, path, scaling=scaling, title=title)
+
+    def _repr_html_(self) -> str:
+        """The notebook view (Jupyter): totals, the role table and a compact module tree (:mod:`flopscope.notebook`)."""
+        from .notebook import notebook_html
+
+        return notebook_html(self)
+
+    def _repr_markdown_(self) -> str:
+        """The notebook view as Markdown: totals, the role table and a compact module tree."""
+        from .notebook import notebook_markdown
+
+        return notebook_markdown(self)
+
     def collectives(self) -> list[CollectiveRow]:
         """Every collective this rank issued (all-reduce, all-gather, reduce-scatter, all-to-all, broadcast,
         send / recv), grouped by kind, group size, module, carried role and phase, with calls and message bytes
@@ -284,6 +326,23 @@ class Profile:
         for _, macs, paths, _ in self._tally.counted:
             for path in paths:
                 out[path] = out.get(path, 0) + macs
+        return out
+
+    def by_stack(self, phase: str | None = None) -> dict[tuple[str, ...], int]:
+        """Self MACs per module call stack: ``{(outermost module path, ..., innermost): MACs}`` of the ops run by
+        the innermost module of that stack outside any submodule (the root ``""`` opens every stack), in the order
+        the stacks first ran; ``phase`` restricts it to one phase. A module's inclusive MACs, ``by_module()[path]``,
+        are the sum over the stacks that hold its path; the values sum to ``total(phase=phase)``. What flame graphs
+        draw (:meth:`export_folded`, :meth:`export_speedscope`, :meth:`to_html`)."""
+        out: dict[tuple[str, ...], int] = {}
+        stack_of: dict[int, tuple[str, ...]] = {}  # id(module stack) -> its paths (the ops of a call share one)
+        for op in self._ops:
+            if op.cost is not Cost.FORMULA or (phase is not None and op.phase != phase):
+                continue
+            stack = stack_of.get(id(op.module_stack))
+            if stack is None:
+                stack = stack_of[id(op.module_stack)] = tuple(frame.path for frame in op.module_stack) or ("",)
+            out[stack] = out.get(stack, 0) + op.macs
         return out
 
     def by_op(self) -> dict[str, int]:

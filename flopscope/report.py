@@ -12,7 +12,6 @@ import io
 import json
 import platform
 import sys
-from collections import Counter, defaultdict
 from typing import Any
 
 from tabulate import tabulate
@@ -20,7 +19,8 @@ from tabulate import tabulate
 from . import attention_mask
 from .attention_mask import EXECUTED
 from .errors import FlopscopeError
-from .formulas import prod
+from .module_stats import dominant_roles as module_dominant_roles
+from .module_stats import params_inclusive
 from .profile import Profile
 
 PREFIXES = ((10**15, "P"), (10**12, "T"), (10**9, "G"), (10**6, "M"), (10**3, "K"))
@@ -61,23 +61,12 @@ def _unit(units: str) -> tuple[str, int]:
 
 def params_by_module(prof: Profile) -> dict[str, int]:
     """Parameters per module path, inclusive of submodules (shared parameters counted where declared)."""
-    own = {path: sum(prod(s) for s in shapes.values()) for path, shapes in prof.facts.param_shapes.items()}
-    out: dict[str, int] = defaultdict(int)
-    for path, count in own.items():
-        parts = path.split(".") if path else []
-        for i in range(len(parts) + 1):
-            out[".".join(parts[:i])] += count
-    return dict(out)
+    return params_inclusive(prof.facts.param_shapes)
 
 
 def dominant_roles(prof: Profile) -> dict[str, str]:
     """Per module path, the role with most MACs among the ops it ran (inclusive)."""
-    per: dict[str, Counter[str]] = defaultdict(Counter)
-    for record in prof.records:
-        for path in set(record.module_stack):
-            for role, macs in record.roles.items():
-                per[path][role] += macs
-    return {path: counter.most_common(1)[0][0] for path, counter in per.items() if counter}
+    return module_dominant_roles((record.module_stack, record.roles) for record in prof.records)
 
 
 def module_tree(prof: Profile, depth: int = 2, units: str = "macs", tablefmt: str = "simple") -> str:

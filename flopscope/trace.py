@@ -23,8 +23,6 @@ from __future__ import annotations
 
 import json
 import operator
-import os
-import secrets
 from collections import Counter
 from collections.abc import Mapping
 from pathlib import Path
@@ -32,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from .capture import FORWARD, CapturedOp, captured
 from .elementwise import ZERO_COST_NAMESPACES
-from .errors import FlopscopeError
+from .files import write_atomically
 from .profile import NO_MULTIPLY
 
 if TYPE_CHECKING:
@@ -81,29 +79,6 @@ def export_chrome_trace(prof: Profile, path: str | Path, **kwargs: Any) -> Path:
     """Write :func:`chrome_trace` to ``path`` (JSON), atomically: a path that cannot be written raises a
     :class:`~flopscope.errors.FlopscopeError` naming it, and leaves any file already there as it was."""
     return write_atomically(path, json.dumps(chrome_trace(prof, **kwargs)), "the trace")
-
-
-def write_atomically(path: str | Path, text: str, what: str = "the file") -> Path:
-    """Write ``text`` to ``path`` all or nothing: into a temporary file in the same directory, then renamed over
-    ``path`` (``os.replace``, atomic on POSIX and Windows), so a reader never sees half a file and a failed write
-    leaves the old one. Any failure raises a :class:`~flopscope.errors.FlopscopeError` naming ``path``."""
-    out = Path(path)
-    temporary = out.with_name(f".{out.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
-    try:
-        # os.open applies the umask, as a plain open() would (tempfile's files are private to their owner)
-        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(temporary, out)
-    except OSError as e:
-        temporary.unlink(missing_ok=True)
-        raise FlopscopeError(f"cannot write {what} to {out}: {e.strerror or e}") from e
-    except BaseException:
-        temporary.unlink(missing_ok=True)
-        raise
-    return out
 
 
 def _timeline(ops: list[tuple[CapturedOp, Mapping[str, int]]], timed: bool, peak: float | None,

@@ -1,0 +1,290 @@
+"""A profile as one self-contained HTML page: an icicle chart of the module call tree, and the tables.
+
+The page needs no network (its style and script are inline; no library, no font, no CDN): an icicle chart of
+the module call tree (the root on top, each module as wide as its inclusive **MACs**, in the order the modules
+first ran, coloured by its dominant role; hover for path, type, calls, MACs, FLOPs = 2 x MACs, share of the total,
+parameters, input shapes of its first call and dominant role; click a module to zoom into it, an ancestor to zoom
+out), the role table, the reconciliation against closed forms with its reasons, the ledger of ops without a
+formula, the notes, and where present the generation steps (a profile of several forwards) and the scaling
+polynomials (``scaling=``, a :class:`flopscope.Scaling`).
+
+The tables are HTML written here, so they show before any script runs; the chart is drawn by the page's script
+from a compact JSON document (:func:`report_data`) embedded in the page. Modules narrower than
+:data:`MIN_PIXELS` at the current zoom are drawn as one rectangle per run of neighbours (``+N``), so a model of
+thousands of modules stays light. Every rectangle the script draws carries ``data-macs`` (its MACs) and
+``data-path`` (the module path; an aggregate: ``data-members``, the paths it holds, ``|``-separated), which the
+browser test reads back.
+
+This module never imports :mod:`flopscope.profile` (``Profile.to_html`` delegates here): it reads the profile
+through its public queries.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from collections.abc import Mapping, Sequence
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from .errors import FlopscopeError
+from .files import write_atomically
+from .module_stats import dominant_roles, params_inclusive
+from .role import ROLE_ORDER
+
+MIN_PIXELS = 1.0
+"""Below this width (CSS pixels) a module is drawn inside its run of narrow neighbours' aggregate rectangle."""
+
+ROLE_COLOURS = {
+    "q_proj": "#4e79a7", "k_proj": "#6b93c4", "v_proj": "#8fb0d9", "out_proj": "#2f5b8a",
+    "attn_scores": "#e15759", "attn_weighted_sum": "#f28e8e", "attn_kv_state": "#c44e52", "attn_readout": "#e8a0a0",
+    "attn_normaliser": "#b07aa1", "token_mixing": "#d37295",
+    "ffn_up": "#59a14f", "ffn_gate": "#8cd17d", "ffn_down": "#3b7a36",
+    "conv": "#f28e2b", "recurrent": "#edc948", "embedding": "#9c755f", "logits": "#76b7b2", "other": "#bab0ac",
+}
+"""A colour per role (:class:`flopscope.Role` values): attention blues / reds, FFN greens."""
+_NO_ROLE = "#d9d9d9"
+_SHAPES_LIMIT = 160  # characters of a module's input shapes kept for the tooltip
+
+
+def report_data(prof: Any, *, scaling: Any = None, title: str | None = None) -> dict[str, Any]:
+    """The page's content as plain, JSON-ready data (units: MACs; FLOPs = 2 x MACs). ``prof`` is a
+    :class:`flopscope.Profile`, ``scaling`` a :class:`flopscope.Scaling` or ``None``.
+
+    ``tree`` is the module call tree, a row per node (parent before child, children in the order they first ran):
+    ``[parent index (-1: the root), module path, type index into "types", inclusive MACs, parameters (inclusive),
+    dominant role (or ""), calls, input shapes of the first call, self MACs, dominant role of the self MACs]``; a
+    node's MACs are the sum of ``prof.by_stack()`` over the stacks through it, so for a module called from one
+    place they are ``prof.by_module()[path]``; its self MACs (the ops it ran outside any submodule, such as an
+    attention kernel called in the attention module's own forward) are ``prof.by_stack()[its stack]``."""
+    types = prof.facts.types
+    params = params_inclusive(prof.facts.param_shapes)
+    records = prof.records
+    dominant = dominant_roles((record.module_stack, record.roles) for record in records)
+    own = dominant_roles((record.module_stack[-1:], record.roles) for record in records)  # of its own ops
+    calls = prof.module_calls()
+    shapes: dict[str, str] = {}
+    for call, arguments in prof.module_inputs().items():
+        if call.call == 1:
+            shapes[call.path] = _shapes(arguments)
+    type_names: dict[str, int] = {}
+    index: dict[tuple[str, ...], int] = {}
+    tree: list[list[Any]] = []
+    for stack, macs in prof.by_stack().items():
+        for depth in range(1, len(stack) + 1):
+            key = stack[:depth]
+            if key not in index:
+                path = key[-1]
+                kind = types[path].__name__ if path in types else ""
+                index[key] = len(tree)
+                tree.append([index[key[:-1]] if depth > 1 else -1, path, type_names.setdefault(kind, len(type_names)),
+                             0, params.get(path, 0), dominant.get(path, ""), calls.get(path, 0), shapes.get(path, ""),
+                             0, own.get(path, "")])
+            tree[index[key]][3] += macs
+        tree[index[stack]][8] += macs
+    if not tree:
+        root_type = types[""].__name__ if "" in types else ""
+        tree.append([-1, "", type_names.setdefault(root_type, 0), 0, params.get("", 0), "", calls.get("", 0),
+                     shapes.get("", ""), 0, ""])
+    return {
+        "title": title or f"flopscope: {tree[0][1] or (types[''].__name__ if '' in types else 'model')}",
+        "mode": prof.mode,
+        "macs": prof.total(),
+        "params": params.get("", 0),
+        "phases": prof.by_phase(),
+        "roles": list(prof.by_role().items()),
+        "blocks": _blocks_per_role(prof.by_block()),
+        "colours": {role: ROLE_COLOURS.get(role, _NO_ROLE) for role in ROLE_ORDER},
+        "types": list(type_names),
+        "tree": tree,
+        "reconciliation": [[r.block, r.role, r.measured, r.predicted, None if r.ratio is None else str(r.ratio),
+                            r.term, r.useful, r.reason, r.basis] for r in prof.reconcile().rows],
+        "unsupported": sorted(prof.unsupported().items()),
+        "elementwise": sorted(prof.elementwise().items()),
+        "notes": list(prof.notes),
+        "steps": _steps(prof),
+        "decode": _decode(prof),
+        "scaling": _scaling(scaling) if scaling is not None else None,
+    }
+
+
+def html_document(data: Mapping[str, Any]) -> str:
+    """The page for :func:`report_data`'s ``data``: one string, style and script inline."""
+    total = data["macs"]
+    phases = data["phases"]
+    head = [f"<b>{total:,}</b> MACs = <b>{2 * total:,}</b> FLOPs ({si(2 * total, 'FLOP')}; 1 MAC = 2 FLOPs)",
+            f"counted in {html.escape(data['mode'])} mode", f"{data['params']:,} parameters"]
+    if len(phases) > 1:
+        head.append("by phase: " + ", ".join(f"{html.escape(p)} {m:,} MACs" for p, m in phases.items()))
+    sections = [
+        f"<h1>{html.escape(data['title'])}</h1>",
+        f"<p class=summary>{' · '.join(head)}</p>",
+        "<section id=chart-section><h2>Module tree, sized by MACs</h2>"
+        "<p class=hint>Each module is as wide as its MACs (its submodules' included), below the module that called "
+        "it, in the order they first ran; colour: its dominant role. Hover for details, click to zoom in, click an "
+        "ancestor (or <button id=reset type=button>reset</button>) to zoom out.</p>"
+        "<div id=crumbs></div><div id=chart></div><div id=legend></div></section>",
+        _role_section(data),
+        _reconciliation_section(data["reconciliation"]),
+        _unsupported_section(data["unsupported"], data["elementwise"]),
+    ]
+    if data["steps"]:
+        sections.append(_steps_section(data["steps"], data["decode"]))
+    if data["scaling"]:
+        sections.append(_scaling_section(data["scaling"]))
+    if data["notes"]:
+        sections.append("<section><h2>Notes</h2><ul>" + "".join(f"<li>{html.escape(n)}</li>" for n in data["notes"])
+                        + "</ul></section>")
+    payload = json.dumps(data, separators=(",", ":")).replace("</", "<\\/")
+    return ("<!DOCTYPE html>\n<html lang=en><head><meta charset=utf-8>"
+            "<meta name=viewport content='width=device-width, initial-scale=1'>"
+            f"<title>{html.escape(data['title'])}</title><style>{_asset('html_report.css')}</style></head>"
+            f"<body>{''.join(sections)}<div id=tip role=tooltip></div>"
+            f"<footer>flopscope · units: MACs (multiply-accumulates); FLOPs = 2 × MACs</footer>"
+            f"<script type=application/json id=data>{payload}</script>"
+            f"<script>{_asset('html_report.js')}</script></body></html>\n")
+
+
+def write_html(prof: Any, path: str | Path, *, scaling: Any = None, title: str | None = None) -> Path:
+    """Write the page of ``prof`` to ``path``, whole or not at all (a path that cannot be written raises a
+    :class:`~flopscope.errors.FlopscopeError` naming it)."""
+    return write_atomically(path, html_document(report_data(prof, scaling=scaling, title=title)), "the HTML report")
+
+
+# --------------------------------------------------------------------------------------------------
+# the data
+def _shapes(arguments: Sequence[tuple[int | str, tuple[int, ...]]]) -> str:
+    text = ", ".join(f"{key}: {'x'.join(map(str, shape)) or 'scalar'}" for key, shape in arguments)
+    return text if len(text) <= _SHAPES_LIMIT else text[: _SHAPES_LIMIT - 1] + "…"
+
+
+def _blocks_per_role(blocks: Mapping[str, Mapping[str, int]]) -> dict[str, int]:
+    """How many block instances (attention / FFN / conv blocks, or modules outside them) each role occurs in."""
+    out: dict[str, int] = {}
+    for roles in blocks.values():
+        for role, macs in roles.items():
+            if macs:
+                out[role] = out.get(role, 0) + 1
+    return out
+
+
+def _steps(prof: Any) -> list[dict[str, Any]]:
+    """The generation steps, when the profile holds more than one forward (else nothing to show)."""
+    steps = prof.steps()
+    return [step.row() for step in steps] if len(steps) > 1 else []
+
+
+def _decode(prof: Any) -> list[list[str]] | None:
+    """Per role, the decode steps' MACs per sequence as a polynomial in the context ``c`` (``None`` without three
+    decode steps at distinct contexts)."""
+    try:
+        decode = prof.decode_scaling()
+    except FlopscopeError:
+        return None
+    return [[role, "not a polynomial" if poly is None else poly.text("c")] for role, poly in decode.polynomials.items()]
+
+
+def _scaling(scaling: Any) -> dict[str, Any]:
+    rows = []
+    for role, poly in scaling.polynomials.items():
+        predicted = scaling.predicted.get(role)
+        rows.append([role, "not a polynomial" if poly is None else str(poly),
+                     "" if predicted is None else str(predicted), scaling.matches(role)])
+    total = scaling.total()
+    return {"lengths": list(scaling.lengths), "method": scaling.method, "rows": rows,
+            "total": None if total is None else str(total)}
+
+
+# --------------------------------------------------------------------------------------------------
+# the tables
+def _table(headers: Sequence[str], rows: Sequence[Sequence[Any]], numeric: Sequence[int] = ()) -> str:
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
+    body = []
+    for row in rows:
+        cells = []
+        for i, cell in enumerate(row):
+            text = cell if isinstance(cell, _Raw) else html.escape(f"{cell:,}" if isinstance(cell, int)
+                                                                     and not isinstance(cell, bool) else str(cell))
+            cells.append(f"<td class=num>{text}</td>" if i in numeric else f"<td>{text}</td>")
+        body.append("<tr>" + "".join(cells) + "</tr>")
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+
+
+class _Raw(str):
+    """Table cell text that is HTML already."""
+
+
+def _role_section(data: Mapping[str, Any]) -> str:
+    total = data["macs"] or 1
+    rows = []
+    for role, macs in data["roles"]:
+        swatch = _Raw(f"<span class=swatch style='background:{data['colours'].get(role, _NO_ROLE)}'></span>"
+                      f"{html.escape(role)}")
+        rows.append([swatch, macs, 2 * macs, f"{100 * macs / total:.1f}%", data["blocks"].get(role, 0)])
+    table = _table(["role", "MACs", "FLOPs", "share", "blocks"], rows, numeric=(1, 2, 3, 4))
+    return f"<section id=roles><h2>Roles</h2>{table}</section>"
+
+
+def _reconciliation_section(rows: Sequence[Sequence[Any]]) -> str:
+    if not rows:
+        return ("<section id=reconciliation><h2>Reconciliation</h2><p>No block with a closed form was found "
+                "(attention, FFN, convolution, recurrent, logits blocks are reconciled).</p></section>")
+    exact = sum(1 for r in rows if r[4] == "1")
+    shown = [[block or "(model)", role, measured, "—" if predicted is None else predicted,
+              "—" if ratio is None else ratio, term, "" if useful is None else useful, reason, basis]
+             for block, role, measured, predicted, ratio, term, useful, reason, basis in rows]
+    table = _table(["block", "role", "measured MACs", "predicted MACs", "ratio", "term", "useful MACs", "reason",
+                    "basis"], shown, numeric=(2, 3, 4, 6))
+    return (f"<section id=reconciliation><h2>Reconciliation</h2><details{' open' if len(rows) <= 60 else ''}>"
+            f"<summary>{exact} of {len(rows)} rows exactly as predicted by the closed forms</summary>{table}"
+            "</details></section>")
+
+
+def _unsupported_section(unsupported: Sequence[Sequence[Any]], elementwise: Sequence[Sequence[Any]]) -> str:
+    if unsupported:
+        body = ("<p>Ops without a formula: they may do arithmetic that the total leaves out.</p>"
+                + _table(["ATen op", "calls"], unsupported, numeric=(1,)))
+    else:
+        body = "<p>None: every op that ran has a formula, an elementwise rule or a place in the zero-cost list.</p>"
+    if elementwise:
+        body += ("<p>Elementwise ops (not MACs, not in the total): "
+                 + ", ".join(f"{html.escape(k)} {v:,}" for k, v in elementwise) + "</p>")
+    return f"<section id=unsupported><h2>Unsupported ops</h2>{body}</section>"
+
+
+def _steps_section(steps: Sequence[Mapping[str, Any]], decode: Sequence[Sequence[str]] | None) -> str:
+    rows = [[s["step"], s["phase"], _dash(s["batch"]), _dash(s["tokens"]), _dash(s["context"]), s["macs"], s["flops"],
+             s["bytes"], s["kv_macs"]] for s in steps]
+    body = _table(["step", "phase", "batch", "tokens", "context", "MACs", "FLOPs", "bytes", "KV MACs"], rows,
+                  numeric=(0, 2, 3, 4, 5, 6, 7, 8))
+    if decode:
+        body += ("<p>Decode MACs per sequence and step, exact polynomials in the context c:</p>"
+                 + _table(["role", "MACs per decode step"], decode))
+    return f"<section id=steps><h2>Generation steps</h2>{body}</section>"
+
+
+def _scaling_section(scaling: Mapping[str, Any]) -> str:
+    rows = [[role, poly, predicted or "—", "yes" if matches else "no"] for role, poly, predicted, matches
+            in scaling["rows"]]
+    total = f"<p>Total: {html.escape(scaling['total'])} MACs</p>" if scaling["total"] else ""
+    lengths = ", ".join(f"{n:,}" for n in scaling["lengths"])
+    return (f"<section id=scaling><h2>Scaling in n</h2><p>Exact polynomials per role ({html.escape(scaling['method'])}"
+            f", lengths {lengths}), MACs:</p>"
+            + _table(["role", "measured", "closed form", "equal"], rows) + total + "</section>")
+
+
+def _dash(value: Any) -> Any:
+    return "—" if value is None else value
+
+
+def si(value: float, unit: str) -> str:
+    """``1234567890, "MAC"`` -> ``"1.23 GMAC"`` (as :func:`flopscope.report.human`)."""
+    for scale, prefix in ((10**15, "P"), (10**12, "T"), (10**9, "G"), (10**6, "M"), (10**3, "K")):
+        if abs(value) >= scale:
+            return f"{value / scale:.2f} {prefix}{unit}"
+    return f"{value:g} {unit}"
+
+
+def _asset(name: str) -> str:
+    return resources.files("flopscope").joinpath(name).read_text(encoding="utf-8")

@@ -1,0 +1,271 @@
+"""The HTML report (flopscope.html_report), opened in a real browser: headless Chromium loads the file, runs its
+script and dumps the DOM; the chart's rectangles (data-macs, written by the page's script at render time) are
+checked against by_module() and the closed forms, the tables against the queries, and the console must stay silent.
+
+Without a chromium binary the browser tests skip, saying so (CI installs Debian's chromium: .ci/run)."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import time
+import warnings
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import flopscope
+from flopscope.html_report import report_data
+from flopscope.models import TransformerBlock
+
+CHROMIUM = next((found for name in ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
+                 if (found := shutil.which(name))), None)
+needs_browser = pytest.mark.skipif(CHROMIUM is None, reason="no chromium binary on PATH (Debian: apt-get install "
+                                                             "chromium; CI's .ci/run installs it)")
+WIDTH = 1400  # the window, CSS pixels: the chart is as wide as the page allows
+
+
+class Dom(HTMLParser):
+    """What the tests read from the rendered page: the chart's rects, the body's attributes, each section's table
+    cells (section id -> rows of cell texts)."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.rects: list[dict[str, str]] = []
+        self.body: dict[str, str] = {}
+        self.tables: dict[str, list[list[str]]] = {}
+        self.text: dict[str, str] = {}  # section id -> its text
+        self._section = ""
+        self._cell: list[str] | None = None
+        self.feed(text)
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        values = {k: v or "" for k, v in attrs}
+        if tag == "rect":
+            self.rects.append(values)
+        elif tag == "body":
+            self.body = values
+        elif tag == "section":
+            self._section = values.get("id", "")
+        elif tag == "tr":
+            self.tables.setdefault(self._section, []).append([])
+        elif tag == "td":
+            self._cell = []
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "td" and self._cell is not None:
+            self.tables[self._section][-1].append("".join(self._cell).strip())
+            self._cell = None
+
+    def handle_data(self, data: str) -> None:
+        self.text[self._section] = self.text.get(self._section, "") + data
+        if self._cell is not None:
+            self._cell.append(data)
+
+    def nodes(self) -> dict[str, int]:
+        """Module path -> MACs of its rect (each module drawn once in these tests)."""
+        out: dict[str, int] = {}
+        for rect in self.rects:
+            if rect.get("class", "").split()[0:1] == ["node"]:
+                assert rect["data-path"] not in out, f"{rect['data-path']!r} drawn twice"
+                out[rect["data-path"]] = int(rect["data-macs"])
+        return out
+
+    def rows(self, section: str) -> dict[str, list[str]]:
+        """First cell -> the row, of the section's table."""
+        return {row[0]: row for row in self.tables.get(section, []) if row}
+
+
+def render(page: Path, tmp_path: Path, width: int = WIDTH) -> tuple[Dom, list[str], float]:
+    """The DOM after the page's script ran, the console lines Chromium logged, and the wall time of the run."""
+    assert CHROMIUM is not None
+    command = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
+               f"--user-data-dir={tmp_path / 'chromium-profile'}", f"--window-size={width},900",
+               "--enable-logging=stderr", "--v=0", "--dump-dom", page.resolve().as_uri()]
+    started = time.perf_counter()
+    result = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
+    seconds = time.perf_counter() - started
+    assert result.returncode == 0, result.stderr[-2000:]
+    console = [line for line in result.stderr.splitlines() if ":CONSOLE" in line]  # console.* and uncaught errors
+    return Dom(result.stdout), console, seconds
+
+
+def rendered_cleanly(dom: Dom, console: list[str]) -> None:
+    assert console == []
+    assert "data-error" not in dom.body
+    assert int(dom.body["data-rendered"]) == len(dom.rects) > 0
+
+
+def gpt2(n_layer: int = 2, d: int = 64, h: int = 4, vocab: int = 500) -> nn.Module:
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(n_layer=n_layer, n_embd=d, n_head=h, vocab_size=vocab, n_positions=128,
+                                     bos_token_id=0, eos_token_id=0)
+    return transformers.GPT2LMHeadModel(config).eval()
+
+
+# --------------------------------------------------------------------------------------------------
+# without a browser: the data and the file
+def test_tree_data_is_the_call_tree_by_macs() -> None:
+    n, d, h, d_ff = 64, 256, 4, 1024
+    prof = flopscope.profile(TransformerBlock(d, h, d_ff), torch.zeros(1, n, d))
+    data = report_data(prof)
+    tree = {row[1]: row for row in data["tree"]}
+    assert {path: row[3] for path, row in tree.items()} == {p: m for p, m in prof.by_module().items() if m}
+    projections, core = n * d * d, n * n * d  # each of Q, K, V, out; scores = weighted sum = n²·d
+    assert tree[""][3] == n * (4 * d * d + 2 * d * d_ff) + 2 * n * n * d
+    assert tree["attention"][3] == 4 * projections + 2 * core
+    assert tree["attention"][8] == 2 * core  # its own ops: the attention core, outside the projections
+    assert tree["ffn.up"][3] == tree["ffn.down"][3] == n * d * d_ff
+    assert tree[""][8] == 0  # the root runs nothing itself
+    parents = {row[1]: data["tree"][row[0]][1] for row in data["tree"] if row[0] >= 0}
+    assert parents["attention.q_proj"] == "attention" and parents["attention"] == ""
+    assert tree["attention.q_proj"][5] == "q_proj" and tree["ffn.down"][5] == "ffn_down"  # dominant roles
+    assert tree["attention.q_proj"][4] == d * d + d  # parameters: weight and bias
+    assert tree["attention.q_proj"][7] == f"0: 1x{n}x{d}"  # input shapes of the first call
+
+
+def test_page_is_self_contained(tmp_path: Path) -> None:
+    prof = flopscope.profile(TransformerBlock(128, 4, 512), torch.zeros(1, 32, 128))
+    text = prof.to_html(tmp_path / "block.html").read_text()
+    assert set(re.findall(r"https?://[^\s\"'<>)]+", text)) <= {"http://www.w3.org/2000/svg"}  # a namespace, no fetch
+    assert not re.search(r"<(link|img|iframe)\b|\bsrc\s*=|@import|url\(", text)
+    embedded = re.search(r"<script type=application/json id=data>(.*?)</script>", text, re.S)
+    assert embedded is not None and json.loads(embedded.group(1))["macs"] == prof.total()
+
+
+def test_unwritable_path_is_named(tmp_path: Path) -> None:
+    prof = flopscope.profile(TransformerBlock(64, 4, 256), torch.zeros(1, 8, 64))
+    with pytest.raises(flopscope.FlopscopeError, match=r"report\.html"):
+        prof.to_html(tmp_path / "missing" / "report.html")
+
+
+def test_cli_html_with_sweep(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from flopscope.cli import main
+
+    n, d, d_ff = 128, 512, 2048  # TransformerBlock's defaults: h = 8
+    out = tmp_path / "block.html"
+    assert main(["profile", "flopscope.models:TransformerBlock", "--input", f"1x{n}x{d}", "--sweep",
+                 "64,128,256,512", "--html", str(out)]) == 0
+    assert f"wrote {out}" in capsys.readouterr().out
+    text = out.read_text()
+    data = json.loads(re.search(r"<script type=application/json id=data>(.*?)</script>", text, re.S).group(1))
+    assert data["macs"] == n * (4 * d * d + 2 * d * d_ff) + 2 * n * n * d
+    polynomials = {role: poly for role, poly, _, _ in data["scaling"]["rows"]}
+    assert polynomials["q_proj"] == f"{d * d:,}·n" and polynomials["ffn_up"] == f"{d * d_ff:,}·n"
+    assert polynomials["attn_scores"] == f"{d:,}·n²"
+    assert data["scaling"]["lengths"] == [64, 128, 256, 512]
+    assert f"<td>{d * d:,}·n</td>" in text  # the table is in the page itself, before any script
+
+
+def test_steps_of_several_forwards() -> None:
+    d, h, d_ff = 128, 4, 512
+    block = TransformerBlock(d, h, d_ff)
+    with flopscope.profiler(block, mode="fake") as recorder:
+        block(torch.zeros(1, 16, d))
+        block(torch.zeros(1, 48, d))
+    data = report_data(recorder.result)
+    assert [s["macs"] for s in data["steps"]] == [n * (4 * d * d + 2 * d * d_ff) + 2 * n * n * d for n in (16, 48)]
+
+
+# --------------------------------------------------------------------------------------------------
+# in the browser
+@needs_browser
+def test_gpt2_report_in_chromium(tmp_path: Path) -> None:
+    L, d, h, V, n = 2, 64, 4, 500, 32
+    model = gpt2(L, d, h, V)
+    prof = flopscope.profile(model, torch.zeros(1, n, dtype=torch.long))
+    dom, console, _ = render(prof.to_html(tmp_path / "gpt2.html"), tmp_path)
+    rendered_cleanly(dom, console)
+    drawn = dom.nodes()
+    assert drawn == {path: macs for path, macs in prof.by_module().items() if macs}
+    layer = n * d * 3 * d + n * d * d + 2 * n * n * d + 2 * n * d * 4 * d  # fused QKV, out, core, MLP up / down
+    assert drawn[""] == L * layer + n * d * V
+    assert drawn["lm_head"] == n * d * V
+    for i in range(L):
+        assert drawn[f"transformer.h.{i}.attn.c_attn"] == n * d * 3 * d  # Conv1D: an addmm
+        assert drawn[f"transformer.h.{i}.mlp.c_fc"] == n * d * 4 * d
+    own = {r["data-path"]: int(r["data-macs"]) for r in dom.rects if r.get("class") == "self"}
+    assert own == {f"transformer.h.{i}.attn": 2 * n * n * d for i in range(L)}  # SDPA inside GPT2Attention
+    assert not [r for r in dom.rects if r.get("class") == "agg"]  # every module wide enough at this width
+    roles = dom.rows("roles")
+    assert roles["q_proj"][1:3] == [f"{L * n * d * d:,}", f"{2 * L * n * d * d:,}"]
+    assert roles["logits"][1] == f"{n * d * V:,}"
+    reconciliation = dom.tables["reconciliation"][1:]  # (the header row first)
+    assert len(reconciliation) == len(prof.reconcile().rows) and all(row[4] == "1" for row in reconciliation)
+    assert prof.unsupported() == {} and "None: every op that ran has a formula" in dom.text["unsupported"]
+
+
+@needs_browser
+def test_narrow_modules_are_aggregated_in_chromium(tmp_path: Path) -> None:
+    n, d, tiny = 64, 1024, 200
+
+    class Wide(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.big = nn.Linear(d, d, bias=False)
+            self.small = nn.ModuleList(nn.Linear(1, 1, bias=False) for _ in range(tiny))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            y = self.big(x)
+            for layer in self.small:
+                y = y + layer(x[..., :1])
+            return y
+
+    prof = flopscope.profile(Wide(), torch.zeros(1, n, d))
+    dom, console, _ = render(prof.to_html(tmp_path / "wide.html"), tmp_path)
+    rendered_cleanly(dom, console)
+    assert dom.nodes() == {"": n * d * d + tiny * n, "big": n * d * d}  # n·1·1 each: far below a pixel
+    (aggregate,) = [r for r in dom.rects if r.get("class") == "agg"]
+    assert aggregate["data-members"].split("|") == [f"small.{i}" for i in range(tiny)]
+    assert int(aggregate["data-macs"]) == tiny * n == sum(prof.by_module()[f"small.{i}"] for i in range(tiny))
+
+
+@needs_browser
+def test_ledger_in_chromium(tmp_path: Path) -> None:
+    class Inverts(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.proj = nn.Linear(16, 16)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.linalg.inv(self.proj(x))
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", flopscope.FlopscopeWarning)
+        prof = flopscope.profile(Inverts(), torch.zeros(16, 16))
+    dom, console, _ = render(prof.to_html(tmp_path / "inverts.html"), tmp_path)
+    rendered_cleanly(dom, console)
+    assert dom.nodes() == {"": 16 * 16 * 16, "proj": 16 * 16 * 16}
+    ledger = dom.rows("unsupported")
+    assert {op: int(row[1]) for op, row in ledger.items()} == prof.unsupported()
+    assert "aten.linalg_inv_ex" in ledger
+
+
+@needs_browser
+def test_llama_7b_shape_report_in_chromium(tmp_path: Path) -> None:
+    """The 7B shape (32 layers, d 4096, n 2048, on meta): the file stays small and draws fast."""
+    from zoo import LLAMA_7B, llama_7b_on_meta
+
+    c = LLAMA_7B
+    model, ids = llama_7b_on_meta()
+    prof = flopscope.profile(model, ids)
+    page = prof.to_html(tmp_path / "llama7b.html")
+    size = page.stat().st_size
+    assert size < 2_000_000, f"{size:,} bytes"
+    dom, console, seconds = render(page, tmp_path)
+    rendered_cleanly(dom, console)
+    assert float(dom.body["data-render-ms"]) < 1000  # the page's script, parse to chart drawn
+    drawn = dom.nodes()
+    assert drawn == {path: macs for path, macs in prof.by_module().items() if macs}
+    n, d, d_ff = c["n"], c["d"], c["d_ff"]
+    for i in range(c["L"]):
+        assert drawn[f"layers.{i}.self_attn.q_proj"] == n * d * d
+        assert drawn[f"layers.{i}.mlp.down_proj"] == n * d_ff * d
+    assert drawn[""] == prof.total()
+    assert seconds < 20
