@@ -155,7 +155,17 @@
     item.innerHTML = "<span class=swatch style='background:" + c + "'></span>" + esc(role);
     legend.appendChild(item);
   }
-  render(0);
+  // the address may name a module to zoom into and one whose details to pin: report.html#focus=PATH&tip=PATH
+  const wanted = new URLSearchParams(location.hash.slice(1));
+  const focus = wanted.has("focus") ? tree.findIndex((row) => row[1] === wanted.get("focus")) : 0;
+  render(Math.max(focus, 0));
+  if (wanted.has("tip")) {
+    const r = [...chart.querySelectorAll("rect.node")].find((x) => x.getAttribute("data-path") === wanted.get("tip"));
+    if (r) {
+      const box = r.getBoundingClientRect();
+      show({ target: r, clientX: box.left + Math.min(box.width / 2, 40), clientY: box.bottom - 8 });
+    }
+  }
   document.body.setAttribute("data-rendered", String(chart.querySelectorAll("rect").length));
   document.body.setAttribute("data-render-ms", (performance.now() - started).toFixed(1));
 })();

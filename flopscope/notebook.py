@@ -146,7 +146,7 @@ def _runs(paths: Sequence[str], macs: Mapping[str, int], types: Mapping[str, typ
         name = path.rsplit(".", 1)[-1]
         previous = run[-1] if run else ""
         if run and name.isdigit() and previous.rsplit(".", 1)[-1].isdigit() and types.get(path) is types.get(previous) \
-                and macs[path] == macs[previous] and path.rsplit(".", 1)[0] == previous.rsplit(".", 1)[0]:
+                and macs[path] == macs[previous] and path.rpartition(".")[0] == previous.rpartition(".")[0]:
             run.append(path)
             continue
         if run:

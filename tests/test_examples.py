@@ -27,7 +27,8 @@ def test_every_example_is_tested():
     assert {p.stem for p in EXAMPLES.glob("*.py")} == {"huggingface_from_config", "training_step",
                                                        "custom_block_rule", "scaling_plot", "seed_exercise",
                                                        "training_loop_mfu", "lightning_mfu", "generation_roofline",
-                                                       "distributed_70b", "trace_roles", "flop_budget", "real_config"}
+                                                       "distributed_70b", "trace_roles", "flop_budget", "real_config",
+                                                       "notebook_view"}
 
 
 def test_huggingface_from_config(capsys):
@@ -243,3 +244,21 @@ def test_real_config(capsys):
     out = capsys.readouterr().out
     weights = L * (2 * d * d + 2 * d * 1024 + 3 * d * d_ff) + d * vocab  # a MAC per weight per token
     assert f"per token: {prof.total() // n:,} MACs = {weights:,} (a MAC per weight) + {2 * L * n * d:,}" in out
+
+
+def test_notebook_view(tmp_path, capsys):
+    n, d = 64, 256  # the example's block: h = 8, d_ff = 4d
+    d_ff = 4 * d
+    fragment, page = tmp_path / "cell.html", tmp_path / "report.html"
+    prof = load("notebook_view").main(["--n", str(n), "--d", str(d), "--fragment", str(fragment),
+                                       "--report", str(page)])
+    total = n * (4 * d * d + 2 * d * d_ff) + 2 * n * n * d
+    assert prof.total() == total
+    out = capsys.readouterr().out
+    assert out.startswith(f"TransformerBlock: {total:,} MACs = {2 * total:,} FLOPs")
+    assert f"| q_proj | {n * d * d:,} | {2 * n * d * d:,} |" in out
+    assert f"| attn_scores | {n * n * d:,} | {2 * n * n * d:,} |" in out
+    assert f"| ffn_up | {n * d * d_ff:,} | {2 * n * d * d_ff:,} |" in out
+    assert f"| · ffn | FeedForward |  | {2 * n * d * d_ff:,} |" in out
+    assert "<script" not in fragment.read_text() and f"{n * d * d:,}" in fragment.read_text()
+    assert f"wrote {page}" in out and f"{total:,}" in page.read_text()

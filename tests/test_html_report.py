@@ -37,6 +37,9 @@ class Dom(HTMLParser):
     def __init__(self, text: str) -> None:
         super().__init__()
         self.rects: list[dict[str, str]] = []
+        self.svg: dict[str, str] = {}
+        self.tip = ""  # the tooltip's text
+        self._in_tip = False
         self.body: dict[str, str] = {}
         self.tables: dict[str, list[list[str]]] = {}
         self.text: dict[str, str] = {}  # section id -> its text
@@ -50,6 +53,10 @@ class Dom(HTMLParser):
             self.rects.append(values)
         elif tag == "body":
             self.body = values
+        elif tag == "svg":
+            self.svg = values
+        elif tag == "div" and values.get("id") == "tip":
+            self._in_tip = True
         elif tag == "section":
             self._section = values.get("id", "")
         elif tag == "tr":
@@ -58,12 +65,16 @@ class Dom(HTMLParser):
             self._cell = []
 
     def handle_endtag(self, tag: str) -> None:
+        if tag == "div":
+            self._in_tip = False
         if tag == "td" and self._cell is not None:
             self.tables[self._section][-1].append("".join(self._cell).strip())
             self._cell = None
 
     def handle_data(self, data: str) -> None:
         self.text[self._section] = self.text.get(self._section, "") + data
+        if self._in_tip:
+            self.tip += data
         if self._cell is not None:
             self._cell.append(data)
 
@@ -81,12 +92,14 @@ class Dom(HTMLParser):
         return {row[0]: row for row in self.tables.get(section, []) if row}
 
 
-def render(page: Path, tmp_path: Path, width: int = WIDTH) -> tuple[Dom, list[str], float]:
-    """The DOM after the page's script ran, the console lines Chromium logged, and the wall time of the run."""
+def render(page: Path, tmp_path: Path, width: int = WIDTH, fragment: str = "") -> tuple[Dom, list[str], float]:
+    """The DOM after the page's script ran (the address ending in ``#fragment`` if given), the console lines
+    Chromium logged, and the wall time of the run."""
     assert CHROMIUM is not None
     command = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
                f"--user-data-dir={tmp_path / 'chromium-profile'}", f"--window-size={width},900",
-               "--enable-logging=stderr", "--v=0", "--dump-dom", page.resolve().as_uri()]
+               "--enable-logging=stderr", "--v=0", "--dump-dom",
+               page.resolve().as_uri() + (f"#{fragment}" if fragment else "")]
     started = time.perf_counter()
     result = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
     seconds = time.perf_counter() - started
@@ -269,3 +282,27 @@ def test_llama_7b_shape_report_in_chromium(tmp_path: Path) -> None:
         assert drawn[f"layers.{i}.mlp.down_proj"] == n * d_ff * d
     assert drawn[""] == prof.total()
     assert seconds < 20
+
+
+@needs_browser
+def test_zoom_and_details_from_the_address_in_chromium(tmp_path: Path) -> None:
+    L, d, h, V, n = 2, 64, 4, 500, 32
+    prof = flopscope.profile(gpt2(L, d, h, V), torch.zeros(1, n, dtype=torch.long))
+    page = prof.to_html(tmp_path / "gpt2.html")
+    dom, console, _ = render(page, tmp_path, fragment="focus=transformer.h.1&tip=transformer.h.1.attn")
+    rendered_cleanly(dom, console)
+    assert dom.svg["data-focus"] == "transformer.h.1"
+    drawn = dom.nodes()  # the ancestors, then the zoomed module's subtree only
+    inside = {path for path, macs in prof.by_module().items() if path.startswith("transformer.h.1.") and macs}
+    assert set(drawn) == {"", "transformer", "transformer.h.1"} | inside
+    ancestors = [r["data-path"] for r in dom.rects if "ancestor" in r.get("class", "")]
+    assert ancestors == ["", "transformer"]
+    widths = {r["data-path"]: float(r["width"]) for r in dom.rects if r.get("class", "").startswith("node")}
+    assert widths["transformer.h.1"] == pytest.approx(widths[""], abs=0.01)  # the zoomed module fills the width
+    attention = n * d * 3 * d + n * d * d + 2 * n * n * d
+    assert widths["transformer.h.1.attn"] == pytest.approx(widths[""] * attention / drawn["transformer.h.1"], abs=0.02)
+    params = 3 * d * d + 3 * d + d * d + d  # c_attn and c_proj, weights and biases
+    for shown in ("transformer.h.1.attn", "GPT2Attention", f"{attention:,} MACs", f"{2 * attention:,} FLOPs",
+                  f"share {100 * attention / prof.total():.2f}% of the total", f"parameters {params:,}",
+                  "dominant role q_proj", f"0: 1x{n}x{d}"):
+        assert shown in dom.tip

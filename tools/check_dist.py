@@ -3,10 +3,11 @@
     python tools/check_dist.py [DIST_DIR]        # default: dist/
 
 The wheel must hold every module of ``flopscope/`` (a subpackage that setuptools does not find is missing from it),
-``flopscope/py.typed``, nothing outside ``flopscope/`` and its ``.dist-info``, the metadata pyproject.toml declares
-(name, version, extras, the README as Markdown) and the entry points: the ``flopscope`` console script and the
-``pytest11`` plug-in. The sdist must hold the same modules, the README, the changelog and the tests with their
-helpers. Prints one line per artefact; exits 1 listing every problem found.
+the HTML report's style and script (``flopscope/*.css``, ``*.js``), ``flopscope/py.typed``, nothing outside
+``flopscope/`` and its ``.dist-info``, the metadata pyproject.toml declares (name, version, extras, the README as
+Markdown) and the entry points: the ``flopscope`` console script and the ``pytest11`` plug-in. The sdist must hold
+the same modules, the README, the changelog and the tests with their helpers. Prints one line per artefact; exits 1
+listing every problem found.
 """
 
 from __future__ import annotations
@@ -26,8 +27,10 @@ PACKAGE = "flopscope"
 
 
 def _source_modules() -> set[str]:
-    """The package's files as paths inside a wheel: every .py under flopscope/, and py.typed."""
-    found = {p.relative_to(ROOT).as_posix() for p in (ROOT / PACKAGE).rglob("*.py") if "__pycache__" not in p.parts}
+    """The package's files as paths inside a wheel: every .py under flopscope/, the HTML report's .css and .js, and
+    py.typed."""
+    found = {p.relative_to(ROOT).as_posix() for p in (ROOT / PACKAGE).rglob("*")
+             if p.suffix in (".py", ".css", ".js") and "__pycache__" not in p.parts}
     return found | {f"{PACKAGE}/py.typed"}
 
 
