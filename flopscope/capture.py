@@ -220,8 +220,18 @@ def captured(node: fx.Node) -> CapturedOp:
 
 
 def op_name(func: Any) -> str:
-    """``"aten.mm"`` for ``torch.ops.aten.mm.default``."""
+    """``"aten.mm"`` for ``torch.ops.aten.mm.default``; ``"flopscope.after_write"`` for :func:`after_write`."""
+    if func is after_write:
+        return "flopscope.after_write"
     return str(getattr(func, "overloadpacket", func))
+
+
+def after_write(value: Any, write: Any) -> Any:
+    """The target of a version record: the value a tensor holds after ``write`` (an in-place op, a copy into a
+    slice or view, an ``out=`` op) changed its storage, where ``value`` is what it held before (its producer).
+    It runs nothing (cost zero); it makes the dataflow single-assignment: every later read of a written storage
+    takes the write as an input, as functionalization's ``*_scatter`` ops do for ``torch.export``."""
+    return value
 
 
 def build_graph(ops: list[CapturedOp]) -> fx.Graph:
@@ -365,7 +375,10 @@ class Recorder(TorchDispatchMode):
         self.leaf_values: dict[int, torch.Tensor] = {}  # id(fake tensor) -> the values it stands for
         self._known: dict[int, torch.Tensor] = {}  # id(captured op) -> values propagated to its output
         self._stale: set[int] = set()  # id(captured op) whose output's storage was written since: values unknown
-        self._written: dict[Any, tuple[int, ...]] = {}  # op -> positions of the arguments it writes
+        self._written: dict[Any, tuple[str | int, ...]] = {}  # op -> positions / names of the arguments it writes
+        self._last_write: dict[int, tuple[int, CapturedOp]] = {}  # storage -> (position in ops, the latest write)
+        self._made_at: dict[int, int] = {}  # id(record) -> its position in ops when its tensor was made
+        self._versions: dict[tuple[int, int], CapturedOp] = {}  # (id(producer), id(write)) -> version record
         self._backward = False  # while the backward pass runs: record ops outside any module call
         self._producers: dict[int, tuple[weakref.ref[torch.Tensor], CapturedOp]] = {}
         self._by_sequence_nr: dict[int, CapturedOp] = {}  # autograd sequence number -> forward op
@@ -567,11 +580,7 @@ class Recorder(TorchDispatchMode):
     def _writes(self, func: Any, args: tuple[Any, ...]) -> bool:
         """Whether ``func`` writes to one of its arguments; when it writes to an index tensor, the known values of
         every tensor sharing its storage are forgotten (views share storage with what they view)."""
-        positions = self._written.get(func)
-        if positions is None:
-            positions = self._written[func] = tuple(
-                i for i, a in enumerate(func._schema.arguments) if a.alias_info is not None and a.alias_info.is_write)
-        written = [args[i] for i in positions if i < len(args) and isinstance(args[i], torch.Tensor)]
+        written = self._written_tensors(func, args, {})
         storages = {_storage_of(t) for t in written if t.dtype in INDEX_DTYPES}
         if storages:
             for key, (ref, op) in list(self._producers.items()):
@@ -580,7 +589,53 @@ class Recorder(TorchDispatchMode):
                     self._known.pop(id(op), None)
                     self._stale.add(id(op))
                     self.leaf_values.pop(key, None)
-        return bool(positions)
+        return bool(self._written[func])
+
+    def _written_tensors(self, func: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> list[torch.Tensor]:
+        """The tensors ``func`` writes to (its schema's mutable arguments: ``self`` of an in-place op, ``out=``)."""
+        positions = self._written.get(func)
+        if positions is None:
+            schema = getattr(func, "_schema", None)  # (a higher-order op has none)
+            arguments = schema.arguments if schema is not None else ()
+            positions = self._written[func] = tuple(
+                i if not a.kwarg_only else a.name for i, a in enumerate(arguments)
+                if a.alias_info is not None and a.alias_info.is_write)
+        found = []
+        for at in positions:
+            value = (args[at] if at < len(args) else None) if isinstance(at, int) else kwargs.get(at)
+            found.extend(v for v in (value if isinstance(value, (list, tuple)) else (value,))
+                         if isinstance(v, torch.Tensor))
+        return found
+
+    def _note_writes(self, func: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any], op: CapturedOp) -> None:
+        """After ``op`` ran: the storages it wrote to were last written by it (:meth:`_current`)."""
+        if not isinstance(func, torch._ops.OpOverload):
+            return
+        for t in self._written_tensors(func, args, kwargs):
+            self._last_write[_storage_of(t)] = (len(self.ops), op)
+
+    def _current(self, t: torch.Tensor, producer: CapturedOp) -> CapturedOp:
+        """The record of ``t``'s value now: ``producer``, or a version record (:func:`after_write`) when an op
+        wrote to ``t``'s storage after ``producer`` made it (through ``t``, a view of it or the tensor it views).
+        (``t`` held its storage all the while, so a write to that storage since was a write to ``t``'s.)"""
+        if not self._last_write:
+            return producer
+        last = self._last_write.get(_storage_of(t))
+        if last is None or last[1] is producer or last[0] <= self._made_at.get(id(producer), -1):
+            return producer
+        write = last[1]
+        key = (id(producer), id(write))
+        version = self._versions.get(key)
+        if version is None:
+            phase = FORWARD if not self._backward else RECOMPUTE if torch.is_grad_enabled() else BACKWARD
+            version = self._versions[key] = CapturedOp(
+                "call_function", after_write, (producer, write), {}, f"{producer.name}_after_{write.name}",
+                phase=phase, module_stack=self.tracker.stack or write.module_stack, output_shapes=(shape_of(t),),
+                dtype=t.dtype)
+            self._made_at[id(version)] = len(self.ops)
+            self.ops.append(version)
+        self._producers[id(t)] = (weakref.ref(t), version)
+        return version
 
     def _match_twin(self, op: CapturedOp) -> None:
         """A recompute op takes the forward op it repeats (same op, input shapes and innermost module; the
@@ -618,14 +673,16 @@ class Recorder(TorchDispatchMode):
             shapes.append(shape_of(t))
             inputs.append(t)
             found = producers.get(id(t))
-            return found[1] if found is not None and found[0]() is t else self._leaf_of(t)
+            return self._current(t, found[1]) if found is not None and found[0]() is t else self._leaf_of(t)
 
         phase = FORWARD if not self._backward else RECOMPUTE if torch.is_grad_enabled() else BACKWARD
         op = CapturedOp("call_function", func, _map_tensors(args, to_op), _map_tensors(kwargs, to_op) if kwargs else {},
                         known.name, phase, stack, cost=known.cost, spec=known.spec)
         op.input_shapes = tuple(shapes)
         self._inputs_need_grad = torch.is_grad_enabled() and any(t.requires_grad for t in inputs)
+        self._made_at[id(op)] = len(self.ops)
         self.ops.append(op)
+        self._note_writes(func, args, kwargs, op)
         if isinstance(out, torch.Tensor):
             op.output_shapes, op.dtype = (shape_of(out),), out.dtype
             if out.dtype in INDEX_DTYPES:
@@ -650,6 +707,7 @@ class Recorder(TorchDispatchMode):
             for i, item in outputs:
                 getter = CapturedOp("call_function", operator.getitem, (op, i), {}, f"{op.name}_{i}", phase=phase,
                                     module_stack=stack, output_shapes=(shape_of(item),), dtype=item.dtype)
+                self._made_at[id(getter)] = len(self.ops)
                 self.ops.append(getter)
                 producers[id(item)] = (weakref.ref(item), getter)
                 if values is not None:
@@ -692,6 +750,8 @@ class Recorder(TorchDispatchMode):
             value = _small_index_value(t) if t.dtype in INDEX_DTYPES else _scalar_constant(t, leaf.kind)
         op = CapturedOp(leaf.node_op, leaf.name, (), {}, leaf.name.replace(".", "_"), output_shapes=(shape_of(t),),
                         dtype=t.dtype, value=value, leaf=leaf.kind)
+        # a parameter, buffer or input held its storage since before the run: every write to it since counts
+        self._made_at[id(op)] = -1 if leaf.kind is not LeafKind.CONSTANT else len(self.ops)
         self.ops.append(op)
         self._producers[id(t)] = (weakref.ref(t), op)
         return op

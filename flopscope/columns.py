@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from .capture import INDEX_DTYPES, UNINITIALISED, CapturedOp, Cost
+from .capture import INDEX_DTYPES, UNINITIALISED, CapturedOp, Cost, after_write
 from .graph_view import inputs_of, reach
 from .role import ROLE_ORDER, Role
 
@@ -93,6 +93,8 @@ def _replay(n: CapturedOp, labels: Mapping[CapturedOp, Labels]) -> Labels:
         index = n.args[1]
         return source[index] if isinstance(source, (list, tuple)) and isinstance(index, int) else _union(inputs)
     out_shape = tuple(n.output_shapes[0]) if n.output_shapes else ()
+    if n.target is after_write:
+        return _replay_write(n, labels, inputs, out_shape)
     if n.cost is Cost.ZERO:
         return _replay_zero_cost(n, labels, inputs, out_shape)
     if n.cost is Cost.ELEMENTWISE and isinstance(inputs[0], torch.Tensor):
@@ -102,6 +104,68 @@ def _replay(n: CapturedOp, labels: Mapping[CapturedOp, Labels]) -> Labels:
         except RuntimeError:
             return _union(inputs)
     return _union(inputs)
+
+
+def _replay_write(n: CapturedOp, labels: Mapping[CapturedOp, Labels], inputs: list[Labels],
+                  out_shape: tuple[int, ...]) -> Labels:
+    """A version record (``after_write(before, write)``): the labels of the tensor ``before`` names, with the
+    region the write went through (a chain of views of the same tensor: ``key[..., :k].copy_(k_nope)``) holding
+    the write's labels. Where the chains do not meet in one tensor, the labels pass on as a set."""
+    before, write = n.args
+    written = write.args[0] if write.args and isinstance(write.args[0], CapturedOp) else None
+    if written is None or not isinstance(labels.get(write), torch.Tensor):
+        return _union(inputs)
+    root, into = _view_chain(written)
+    start, out_of = _view_chain(before)
+    if _unversioned(root) is not _unversioned(start):
+        return _union(inputs)
+    base = labels.get(root)
+    if isinstance(base, set):
+        return _union(inputs)
+    shape = tuple(root.output_shapes[0]) if root.output_shapes else ()
+    whole = base.clone() if isinstance(base, torch.Tensor) else torch.full(shape, -1, dtype=torch.long)
+    try:
+        region = _along(whole, into)
+        if region is not None:
+            region.copy_(labels[write])
+        result = _along(whole, out_of) if region is not None else None
+    except REPLAY_ERRORS:
+        return _union(inputs)
+    return result if result is not None and tuple(result.shape) == out_shape else _union(inputs)
+
+
+def _view_chain(n: CapturedOp) -> tuple[CapturedOp, list[CapturedOp]]:
+    """The record whose tensor ``n`` views, and the view ops (and their tuple getters) from it to ``n``."""
+    chain: list[CapturedOp] = []
+    while n.node_op == "call_function":
+        source = n.args[0] if n.args and isinstance(n.args[0], CapturedOp) else None
+        viewed = n if n.target is not operator.getitem else source  # (a getter of a multi-output view: split)
+        if source is None or viewed is None or not getattr(viewed.target, "is_view", False):
+            break
+        chain.append(n)
+        n = source
+    return n, chain[::-1]
+
+
+def _unversioned(n: CapturedOp) -> CapturedOp:
+    """The record a chain of version records starts from (they all name one tensor)."""
+    while n.target is after_write:
+        n = n.args[0]
+    return n
+
+
+def _along(whole: torch.Tensor, chain: Sequence[CapturedOp]) -> torch.Tensor | None:
+    """``whole`` seen through the view ops of ``chain`` (a view of it: a write into the result writes into it);
+    ``None`` where a view takes a tensor argument or the chain ends in a tuple."""
+    x: Any = whole
+    for v in chain:
+        if v.target is operator.getitem:
+            x = x[v.args[1]]
+        elif any(isinstance(a, CapturedOp) for a in (*v.args[1:], *v.kwargs.values())):
+            return None
+        else:
+            x = v.target(x, *v.args[1:], **v.kwargs)
+    return x if isinstance(x, torch.Tensor) else None
 
 
 def _replay_zero_cost(n: CapturedOp, labels: Mapping[CapturedOp, Labels], inputs: list[Labels],

@@ -53,7 +53,7 @@ from .columns import columns, scale_parts, split_by_columns
 from .formulas import OpFamily, argument
 from .graph_view import GraphView, reach
 from .paths import common_path
-from .role import Role, parse_role
+from .role import ROLE_ORDER, Role, parse_role
 
 aten = torch.ops.aten
 
@@ -422,6 +422,36 @@ def _gating(view: GraphView, n: CapturedOp) -> bool:
 
 # --------------------------------------------------------------------------------------------------
 # pass 5 and rules
+# --------------------------------------------------------------------------------------------------
+# pass 5: factored projections
+PROJECTION_ROLES = frozenset({Role.Q_PROJ.value, Role.K_PROJ.value, Role.V_PROJ.value})
+
+
+def factored_projections(view: GraphView, state: RoleState) -> None:
+    """A weight matmul whose output only attention projections read (through ops without multiplies,
+    normalisations included) is a factor of those projections and takes their roles: the low-rank query and
+    key / value factors of multi-head latent attention (DeepSeek's ``q_a_proj`` before ``q_b_proj``), a LoRA
+    adapter's first matrix. A factor feeding projections of several roles (MLA's key / value latent, which
+    ``kv_b_proj`` expands into keys and values) is split by the columns reaching each; a column shared by
+    keys and values counts as ``k_proj``, the first in role order (docs/roles.md, section 3.5)."""
+    for n in view.nodes:
+        if not n.macs or state.claimed(n) or not view.is_weight_matmul(n):
+            continue
+        readers = view.frontier(view.users(n), view.users)
+        if not readers or not all(_projection_roles(state, r) for r in readers):
+            continue
+        for r in readers:
+            target = view.activation_operand(r)
+            for role in sorted(_projection_roles(state, r), key=ROLE_ORDER.index):
+                state.demand(n, target, role)
+
+
+def _projection_roles(state: RoleState, n: CapturedOp) -> set[str]:
+    """The attention projection roles of ``n`` (empty unless all its roles are projection roles)."""
+    roles = {role for role, macs in state.parts.get(n, {}).items() if macs}
+    return roles if roles and roles <= PROJECTION_ROLES else set()
+
+
 def unclaimed_are_other(view: GraphView, state: RoleState) -> None:
     """Every multiply no pass claimed is ``other``."""
     for n in view.nodes:
@@ -449,13 +479,14 @@ def rules_pass(rules: tuple[RoleRule, ...], module_types: Mapping[str, type], on
     return apply
 
 
-PASSES: tuple[Pass, ...] = (by_family, attention, logits, ffn, unclaimed_are_other)
+PASSES: tuple[Pass, ...] = (by_family, attention, logits, ffn, factored_projections, unclaimed_are_other)
 """The dataflow passes, in order (rules follow). Order matters: each pass claims only multiplies no
 earlier pass claimed, so logits (a weight matmul onto the vocabulary, often behind an activation) is
 found before the FFN pass could take it for a down projection. The built-in rules (multiplies inside recurrent
 modules are ``recurrent``) also run right after the first pass: an unfused LSTM (on meta, or with projections)
 gates its state with products of activations, which the FFN pass would read as a gated FFN feeding the
-projection after the LSTM."""
+projection after the LSTM. Factored projections come after the FFN pass, so that the FFN down projection that
+ends an encoder (whose output only the decoder's key / value projections read) stays ``ffn_down``."""
 
 
 # --------------------------------------------------------------------------------------------------
