@@ -600,7 +600,7 @@ class Recorder(TorchDispatchMode):
             positions = self._written[func] = tuple(
                 i if not a.kwarg_only else a.name for i, a in enumerate(arguments)
                 if a.alias_info is not None and a.alias_info.is_write)
-        found = []
+        found: list[torch.Tensor] = []
         for at in positions:
             value = (args[at] if at < len(args) else None) if isinstance(at, int) else kwargs.get(at)
             found.extend(v for v in (value if isinstance(value, (list, tuple)) else (value,))
