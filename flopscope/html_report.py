@@ -13,7 +13,9 @@ from a compact JSON document (:func:`report_data`) embedded in the page. Modules
 :data:`MIN_PIXELS` at the current zoom are drawn as one rectangle per run of neighbours (``+N``), so a model of
 thousands of modules stays light. Every rectangle the script draws carries ``data-macs`` (its MACs) and
 ``data-path`` (the module path; an aggregate: ``data-members``, the paths it holds, ``|``-separated), which the
-browser test reads back. The page's address may name a module to zoom into and one whose details to show:
+browser test reads back, and the body ``data-render-ms`` (the script's time, JSON parsed to chart drawn) and
+``data-drawn-ms`` (from the start of navigation to the chart drawn: the whole page read and parsed first). The
+page's address may name a module to zoom into and one whose details to show:
 ``report.html#focus=transformer.h.0&tip=transformer.h.0.attn``.
 
 This module never imports :mod:`flopscope.profile` (``Profile.to_html`` delegates here): it reads the profile

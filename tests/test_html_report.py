@@ -20,8 +20,12 @@ import torch
 from torch import nn
 
 import flopscope
+from flopscope.cli import main
 from flopscope.html_report import report_data
 from flopscope.models import TransformerBlock
+from flopscope.targets import load_target
+
+from closed_forms import add, attention, ffn, rotary, times, total
 
 CHROMIUM = next((found for name in ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
                  if (found := shutil.which(name))), None)
@@ -159,8 +163,6 @@ def test_unwritable_path_is_named(tmp_path: Path) -> None:
 
 
 def test_cli_html_with_sweep(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from flopscope.cli import main
-
     n, d, d_ff = 128, 512, 2048  # TransformerBlock's defaults: h = 8
     out = tmp_path / "block.html"
     assert main(["profile", "flopscope.models:TransformerBlock", "--input", f"1x{n}x{d}", "--sweep",
@@ -189,11 +191,17 @@ def test_steps_of_several_forwards() -> None:
 # --------------------------------------------------------------------------------------------------
 # in the browser
 @needs_browser
-def test_gpt2_report_in_chromium(tmp_path: Path) -> None:
+def test_gpt2_report_by_the_cli_in_chromium(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("transformers")
     L, d, h, V, n = 2, 64, 4, 500, 32
-    model = gpt2(L, d, h, V)
-    prof = flopscope.profile(model, torch.zeros(1, n, dtype=torch.long))
-    dom, console, _ = render(prof.to_html(tmp_path / "gpt2.html"), tmp_path)
+    settings = [f"n_layer={L}", f"n_embd={d}", f"n_head={h}", f"vocab_size={V}", "bos_token_id=0", "eos_token_id=0"]
+    page = tmp_path / "gpt2.html"
+    options = [option for setting in settings for option in ("--set", setting)]
+    assert main(["profile", "hf:gpt2/causal-lm", *options, "--input", f"1x{n}", "--mode", "fake", "--html",
+                 str(page)]) == 0
+    assert f"wrote {page}" in capsys.readouterr().out
+    prof = flopscope.profile(load_target("hf:gpt2/causal-lm", settings).model, torch.zeros(1, n, dtype=torch.long))
+    dom, console, _ = render(page, tmp_path)
     rendered_cleanly(dom, console)
     drawn = dom.nodes()
     assert drawn == {path: macs for path, macs in prof.by_module().items() if macs}
@@ -260,27 +268,39 @@ def test_ledger_in_chromium(tmp_path: Path) -> None:
     assert "aten.linalg_inv_ex" in ledger
 
 
-@needs_browser
-def test_llama_7b_shape_report_in_chromium(tmp_path: Path) -> None:
-    """The 7B shape (32 layers, d 4096, n 2048, on meta): the file stays small and draws fast."""
-    from zoo import LLAMA_7B, llama_7b_on_meta
+LLAMA_2_7B = {  # the published config.json of Llama-2-7b (the 7B shape): 32 layers, d 4096, 32 heads, d_ff 11008
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096, "intermediate_size": 11008,
+    "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 32, "vocab_size": 32000,
+    "max_position_embeddings": 4096, "torch_dtype": "float16", "tie_word_embeddings": False}
 
-    c = LLAMA_7B
-    model, ids = llama_7b_on_meta()
-    prof = flopscope.profile(model, ids)
-    page = prof.to_html(tmp_path / "llama7b.html")
+
+@needs_browser
+def test_llama_7b_report_by_the_cli_in_chromium(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The 7B shape from its config.json, built on meta by the CLI (nothing allocated): the page stays small and
+    draws fast, every rectangle at its module's MACs."""
+    pytest.importorskip("transformers")
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(LLAMA_2_7B))
+    L, d, h, d_ff, V, n = 32, 4096, 32, 11008, 32000, 2048
+    page = tmp_path / "llama7b.html"
+    assert main(["profile", str(config), "--input", f"1x{n}", "--html", str(page)]) == 0
+    assert f"wrote {page}" in capsys.readouterr().out
     size = page.stat().st_size
     assert size < 2_000_000, f"{size:,} bytes"
     dom, console, seconds = render(page, tmp_path)
     rendered_cleanly(dom, console)
-    assert float(dom.body["data-render-ms"]) < 1000  # the page's script, parse to chart drawn
+    assert float(dom.body["data-render-ms"]) < 1000  # the page's script: JSON parsed, chart drawn
+    assert float(dom.body["data-drawn-ms"]) < 1000  # from navigation start: page read, tables parsed, chart drawn
     drawn = dom.nodes()
+    layer = add(attention(1, n, n, d, h), ffn(1, n, d, d_ff, gated=True))
+    assert drawn[""] == total(add(times(L, layer), {"logits": n * d * V}, rotary(n, d // h)))
+    assert drawn["lm_head"] == n * d * V
+    for i in range(L):
+        assert drawn[f"model.layers.{i}.self_attn.q_proj"] == n * d * d
+        assert drawn[f"model.layers.{i}.mlp.down_proj"] == n * d_ff * d
+    target = load_target(str(config))  # the same model once more, on meta: every module as by_module() has it
+    prof = flopscope.profile(target.model, torch.zeros(1, n, dtype=torch.long, device="meta"))
     assert drawn == {path: macs for path, macs in prof.by_module().items() if macs}
-    n, d, d_ff = c["n"], c["d"], c["d_ff"]
-    for i in range(c["L"]):
-        assert drawn[f"layers.{i}.self_attn.q_proj"] == n * d * d
-        assert drawn[f"layers.{i}.mlp.down_proj"] == n * d_ff * d
-    assert drawn[""] == prof.total()
     assert seconds < 20
 
 
