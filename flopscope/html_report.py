@@ -120,13 +120,15 @@ def html_document(data: Mapping[str, Any]) -> str:
             f"counted in {html.escape(data['mode'])} mode", f"{data['params']:,} parameters"]
     if len(phases) > 1:
         head.append("by phase: " + ", ".join(f"{html.escape(p)} {m:,} MACs" for p, m in phases.items()))
+    together = (" The MACs are those of every phase together (" + ", ".join(html.escape(p) for p in phases)
+                + "), as <code>by_module()</code> has them." if len(phases) > 1 else "")
     sections = [
         f"<h1>{html.escape(data['title'])}</h1>",
         f"<p class=summary>{' · '.join(head)}</p>",
         "<section id=chart-section><h2>Module tree, sized by MACs</h2>"
         "<p class=hint>Each module is as wide as its MACs (its submodules' included), below the module that called "
         "it, in the order they first ran; colour: its dominant role. Hover for details, click to zoom in, click an "
-        "ancestor (or <button id=reset type=button>reset</button>) to zoom out.</p>"
+        f"ancestor (or <button id=reset type=button>reset</button>) to zoom out.{together}</p>"
         "<div id=crumbs></div><div id=chart></div><div id=legend></div></section>",
         _role_section(data),
         _reconciliation_section(data["reconciliation"]),

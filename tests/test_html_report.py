@@ -188,6 +188,34 @@ def test_steps_of_several_forwards() -> None:
     assert [s["macs"] for s in data["steps"]] == [n * (4 * d * d + 2 * d * d_ff) + 2 * n * n * d for n in (16, 48)]
 
 
+def test_generation_steps_and_decode_polynomials(tmp_path: Path) -> None:
+    L, d, h, V, n, new = 2, 64, 4, 500, 8, 4
+    model = gpt2(L, d, h, V)
+    ids = torch.randint(1, V, (1, n))
+    with flopscope.profiler(model, mode="real") as recorder:
+        model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, min_new_tokens=new,
+                       do_sample=False, pad_token_id=0)
+    data = report_data(recorder.result)
+    body = L * (4 * d * d + 2 * d * 4 * d)  # projections and MLP of one position
+    assert [(s["phase"], s["context"]) for s in data["steps"]] == [("prefill", n)] + [
+        ("decode", n + k) for k in range(1, new)]
+    # generate() takes the logits of the prompt's last position only; a new position scores its c cached ones
+    assert [s["macs"] for s in data["steps"]] == [n * body + L * 2 * n * n * d + d * V] + [
+        body + L * 2 * (n + k) * d + d * V for k in range(1, new)]
+    decode = dict(data["decode"])
+    assert decode["q_proj"] == f"{L * d * d:,}" and decode["logits"] == f"{d * V:,}"
+    assert decode["attn_scores"] == decode["attn_weighted_sum"] == f"{L * d:,}·c"
+    text = recorder.result.to_html(tmp_path / "generate.html").read_text()
+    assert "<h2>Generation steps</h2>" in text and f"<td>{L * d:,}·c</td>" in text
+
+
+def test_a_model_without_macs() -> None:
+    prof = flopscope.profile(nn.ReLU(), torch.zeros(4, 4))
+    data = report_data(prof)
+    assert data["macs"] == 0 and [row[3] for row in data["tree"]] == [0]
+    assert "<table>" in prof._repr_html_() and prof._repr_markdown_().startswith("ReLU: 0 MACs = 0 FLOPs")
+
+
 # --------------------------------------------------------------------------------------------------
 # in the browser
 @needs_browser
