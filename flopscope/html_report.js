@@ -7,18 +7,21 @@
   window.addEventListener("error", (e) => { document.body.setAttribute("data-error", String(e.message)); });
   const data = JSON.parse(document.getElementById("data").textContent);
   const MIN_PIXELS = 1.0, ROW = 18, SVG = "http://www.w3.org/2000/svg";
-  const tree = data.tree, n = tree.length, total = data.macs || 1;
+  // MACs above 2^53 come as strings (a JSON number would round them): Number() to draw, BigInt() to print exactly
+  const tree = data.tree, n = tree.length, total = Number(data.macs) || 1;
+  const macs = (i) => Number(tree[i][3]);
   const children = Array.from({ length: n }, () => []), depth = new Array(n).fill(0);
   for (let i = 0; i < n; i++) {
     const parent = tree[i][0];
     if (parent >= 0) { children[parent].push(i); depth[i] = depth[parent] + 1; }
   }
-  const maxDepth = Math.max(...depth);
+  const maxDepth = depth.reduce((a, b) => Math.max(a, b), 0);
   const chart = document.getElementById("chart"), tip = document.getElementById("tip");
   const crumbs = document.getElementById("crumbs");
-  const fmt = (x) => x.toLocaleString("en-US");
-  function si(x, unit) {
-    const prefixes = [[1e15, "P"], [1e12, "T"], [1e9, "G"], [1e6, "M"], [1e3, "K"]];
+  const fmt = (x) => BigInt(x).toLocaleString("en-US");
+  const twice = (x) => (2n * BigInt(x)).toString();
+  function si(value, unit) {
+    const x = Number(value), prefixes = [[1e15, "P"], [1e12, "T"], [1e9, "G"], [1e6, "M"], [1e3, "K"]];
     for (const [scale, p] of prefixes) if (Math.abs(x) >= scale) return (x / scale).toFixed(2) + " " + p + unit;
     return x + " " + unit;
   }
@@ -60,29 +63,29 @@
     svg.setAttribute("width", width); svg.setAttribute("height", rows * ROW);
     svg.setAttribute("data-focus", tree[focus][1]);
     ancestors.forEach((a, k) => node(svg, a, 0, k * ROW, width, "node ancestor"));
-    const scale = width / (tree[focus][3] || 1);
+    const scale = width / (macs(focus) || 1);
     const top = ancestors.length * ROW;
     function lay(i, x, y) {
-      const w = tree[i][3] * scale;
+      const w = macs(i) * scale;
       node(svg, i, x, y, w, "node");
       let cx = x, run = [], runX = 0;
       const flush = () => {
         if (!run.length) return;
-        const macs = run.reduce((s, c) => s + tree[c][3], 0);
-        rect(svg, runX, y + ROW, macs * scale, { "class": "agg", "data-macs": macs,
+        const sum = run.reduce((s, c) => s + BigInt(tree[c][3]), 0n);
+        rect(svg, runX, y + ROW, Number(sum) * scale, { "class": "agg", "data-macs": sum.toString(),
              "data-members": run.map((c) => tree[c][1]).join("|"), "data-parent": tree[i][1],
              "data-pi": i }, "+" + run.length);
         run = [];
       };
-      const own = tree[i][8];
-      if (own > 0 && children[i].some((c) => tree[c][3] > 0)) {  // the module's own ops, after its submodules
+      const own = Number(tree[i][8]);
+      if (own > 0 && children[i].some((c) => macs(c) > 0)) {  // the module's own ops, after its submodules
         const ox = x + w - own * scale;
         rect(svg, ox, y + ROW, own * scale, { "data-i": i, "data-self": "", "data-path": tree[i][1],
-             "data-macs": own, "class": "self", "fill": colour(tree[i][9]) }, "self (" + si(own, "MAC") + ")");
+             "data-macs": tree[i][8], "class": "self", "fill": colour(tree[i][9]) }, "self (" + si(own, "MAC") + ")");
       }
       for (const c of children[i]) {
-        const cw = tree[c][3] * scale;
-        if (tree[c][3] === 0) continue;
+        const cw = macs(c) * scale;
+        if (macs(c) === 0) continue;
         if (cw < MIN_PIXELS) { if (!run.length) runX = cx; run.push(c); }
         else { flush(); lay(c, cx, y + ROW); }
         cx += cw;
@@ -111,12 +114,12 @@
     tip.style.left = Math.max(x, 0) + "px"; tip.style.top = (e.clientY + 16) + "px";
   }
   function describe(r) {
-    const share = (macs) => fmt(macs) + " MACs (" + si(macs, "MAC") + ") = " + fmt(2 * macs) + " FLOPs ("
-      + si(2 * macs, "FLOP") + ")<br>share " + (100 * macs / total).toFixed(2) + "% of the total";
+    const share = (m) => fmt(m) + " MACs (" + si(m, "MAC") + ") = " + fmt(twice(m)) + " FLOPs ("
+      + si(twice(m), "FLOP") + ")<br>share " + (100 * Number(m) / total).toFixed(2) + "% of the total";
     if (r.hasAttribute("data-members")) {
       const members = r.getAttribute("data-members").split("|");
       return "<b>" + members.length + " narrow modules</b> under " + esc(r.getAttribute("data-parent") || "(model)")
-        + "<br>" + share(Number(r.getAttribute("data-macs"))) + "<br>click to zoom into their parent";
+        + "<br>" + share(r.getAttribute("data-macs")) + "<br>click to zoom into their parent";
     }
     const row = tree[Number(r.getAttribute("data-i"))];
     if (r.hasAttribute("data-self")) {

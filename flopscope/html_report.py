@@ -48,6 +48,7 @@ ROLE_COLOURS = {
 }
 """A colour per role (:class:`flopscope.Role` values): attention blues / reds, FFN greens."""
 _NO_ROLE = "#d9d9d9"
+_SAFE = 2**53  # the largest integer range a double (a JSON number in the page) holds exactly
 _SHAPES_LIMIT = 160  # characters of a module's input shapes kept for the tooltip
 
 
@@ -60,7 +61,8 @@ def report_data(prof: Any, *, scaling: Any = None, title: str | None = None) -> 
     dominant role (or ""), calls, input shapes of the first call, self MACs, dominant role of the self MACs]``; a
     node's MACs are the sum of ``prof.by_stack()`` over the stacks through it, so for a module called from one
     place they are ``prof.by_module()[path]``; its self MACs (the ops it ran outside any submodule, such as an
-    attention kernel called in the attention module's own forward) are ``prof.by_stack()[its stack]``."""
+    attention kernel called in the attention module's own forward) are ``prof.by_stack()[its stack]``. MACs above
+    2^53 (``macs`` and the tree's) are strings of their digits: a JSON number, a double, would round them."""
     types = prof.facts.types
     params = params_inclusive(prof.facts.param_shapes)
     records = prof.records
@@ -86,14 +88,16 @@ def report_data(prof: Any, *, scaling: Any = None, title: str | None = None) -> 
                              0, own.get(path, "")])
             tree[index[key]][3] += macs
         tree[index[stack]][8] += macs
+    for row in tree:  # JSON numbers are doubles: larger counts go as strings, which the page reads exactly
+        row[3], row[8] = _exact(row[3]), _exact(row[8])
     if not tree:
         root_type = types[""].__name__ if "" in types else ""
         tree.append([-1, "", type_names.setdefault(root_type, 0), 0, params.get("", 0), "", calls.get("", 0),
                      shapes.get("", ""), 0, ""])
     return {
-        "title": title or f"flopscope: {tree[0][1] or (types[''].__name__ if '' in types else 'model')}",
+        "title": title or f"flopscope: {types[''].__name__ if '' in types else 'model'}",
         "mode": prof.mode,
-        "macs": prof.total(),
+        "macs": _exact(prof.total()),
         "params": params.get("", 0),
         "phases": prof.by_phase(),
         "roles": list(prof.by_role().items()),
@@ -114,7 +118,7 @@ def report_data(prof: Any, *, scaling: Any = None, title: str | None = None) -> 
 
 def html_document(data: Mapping[str, Any]) -> str:
     """The page for :func:`report_data`'s ``data``: one string, style and script inline."""
-    total = data["macs"]
+    total = int(data["macs"])
     phases = data["phases"]
     head = [f"<b>{total:,}</b> MACs = <b>{2 * total:,}</b> FLOPs ({si(2 * total, 'FLOP')}; 1 MAC = 2 FLOPs)",
             f"counted in {html.escape(data['mode'])} mode", f"{data['params']:,} parameters"]
@@ -159,6 +163,12 @@ def write_html(prof: Any, path: str | Path, *, scaling: Any = None, title: str |
 
 # --------------------------------------------------------------------------------------------------
 # the data
+def _exact(macs: int) -> int | str:
+    """``macs`` as JSON keeps it exactly: a number up to 2^53 (a double holds every integer that far), else a
+    string."""
+    return macs if macs <= _SAFE else str(macs)
+
+
 def _shapes(arguments: Sequence[tuple[int | str, tuple[int, ...]]]) -> str:
     text = ", ".join(f"{key}: {'x'.join(map(str, shape)) or 'scalar'}" for key, shape in arguments)
     return text if len(text) <= _SHAPES_LIMIT else text[: _SHAPES_LIMIT - 1] + "…"
@@ -221,7 +231,7 @@ class _Raw(str):
 
 
 def _role_section(data: Mapping[str, Any]) -> str:
-    total = data["macs"] or 1
+    total = int(data["macs"]) or 1
     rows = []
     for role, macs in data["roles"]:
         swatch = _Raw(f"<span class=swatch style='background:{data['colours'].get(role, _NO_ROLE)}'></span>"

@@ -21,7 +21,7 @@ from torch import nn
 
 import flopscope
 from flopscope.cli import main
-from flopscope.html_report import report_data
+from flopscope.html_report import ROLE_COLOURS, report_data
 from flopscope.models import TransformerBlock
 from flopscope.targets import load_target
 
@@ -145,6 +145,11 @@ def test_tree_data_is_the_call_tree_by_macs() -> None:
     assert tree["attention.q_proj"][5] == "q_proj" and tree["ffn.down"][5] == "ffn_down"  # dominant roles
     assert tree["attention.q_proj"][4] == d * d + d  # parameters: weight and bias
     assert tree["attention.q_proj"][7] == f"0: 1x{n}x{d}"  # input shapes of the first call
+
+
+def test_every_role_has_its_colour() -> None:
+    assert set(ROLE_COLOURS) == {role.value for role in flopscope.Role}
+    assert len(set(ROLE_COLOURS.values())) == len(ROLE_COLOURS)
 
 
 def test_page_is_self_contained(tmp_path: Path) -> None:
@@ -330,6 +335,19 @@ def test_llama_7b_report_by_the_cli_in_chromium(tmp_path: Path, capsys: pytest.C
     prof = flopscope.profile(target.model, torch.zeros(1, n, dtype=torch.long, device="meta"))
     assert drawn == {path: macs for path, macs in prof.by_module().items() if macs}
     assert seconds < 20
+
+
+@needs_browser
+def test_counts_beyond_2_to_the_53_stay_exact_in_chromium(tmp_path: Path) -> None:
+    """A JSON number is a double: past 2^53 the page gets MACs as digits, and draws and prints them exactly."""
+    B, n, d = 3, 2**21 + 1, 65537  # odd, past 2^53: no double holds it (on meta: nothing is allocated)
+    prof = flopscope.profile(nn.Linear(d, d, bias=False, device="meta"), torch.zeros(B, n, d, device="meta"))
+    expected = B * n * d * d
+    assert prof.total() == expected and float(expected) != expected  # a double would round it
+    dom, console, _ = render(prof.to_html(tmp_path / "huge.html"), tmp_path, fragment="tip=")
+    rendered_cleanly(dom, console)
+    assert dom.nodes() == {"": expected}
+    assert f"{expected:,} MACs" in dom.tip and f"{2 * expected:,} FLOPs" in dom.tip
 
 
 @needs_browser
