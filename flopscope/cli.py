@@ -132,9 +132,12 @@ def _parser() -> argparse.ArgumentParser:
     comp.add_argument("--format", choices=FORMATS, default="simple")
     comp.set_defaults(run=_compare)
 
-    cross = commands.add_parser("crosscheck", help="flopscope beside fvcore, thop and FlopCounterMode",
+    cross = commands.add_parser("crosscheck", help="flopscope beside FlopCounterMode, fvcore, thop, DeepSpeed's "
+                                                   "flops profiler, calflops and torchprofile",
                                 description="Run every installed counter and explain each difference per role.")
     _target_options(cross)
+    cross.add_argument("--tools", type=lambda text: [t for t in text.split(",") if t], metavar="TOOL,TOOL,...",
+                       help="the peers to run (default: every installed one of flopscope.peers.TOOLS)")
     cross.add_argument("--format", choices=FORMATS, default="simple")
     cross.set_defaults(run=_crosscheck)
 
@@ -428,7 +431,7 @@ def _crosscheck(args: argparse.Namespace) -> int:
     target, build = _target_and_inputs(args)
     inputs, kwargs = build(None)
     with torch.no_grad():
-        result = crosscheck(target.model, *inputs, **kwargs)
+        result = crosscheck(target.model, *inputs, tools=args.tools, forward_kwargs=kwargs)
     print(result.to_table(args.format))
     return 0 if result.all_explained else 1  # 1: a peer failed, or disagrees by MACs no evidence explains
 

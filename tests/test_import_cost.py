@@ -1,6 +1,7 @@
 """``import flopscope`` costs little on top of ``import torch``: the heavy modules (DTensor, symbolic shapes with
-sympy, dynamo, transformers, matplotlib, lightning, fvcore, thop) are imported only when a model, an option or a
-command needs them. ``benchmarks/import_time.py`` measures the time; this checks which modules, in a fresh process."""
+sympy, dynamo, transformers, matplotlib, lightning, the peers fvcore, thop, DeepSpeed, calflops, torchprofile) are
+imported only when a model, an option or a command needs them. ``benchmarks/import_time.py`` measures the time;
+this checks which modules, in a fresh process."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 import torch
 
 HEAVY = ("torch.distributed.tensor", "torch._dynamo", "torch.fx.experimental.symbolic_shapes", "sympy",
-         "transformers", "matplotlib", "lightning", "fvcore", "thop")
+         "transformers", "matplotlib", "lightning", "fvcore", "thop", "deepspeed", "calflops", "torchprofile", "einops")
 
 
 def _imported_by(code: str) -> list[str]:

@@ -102,10 +102,14 @@ def fastpath(enabled: bool | None) -> Iterator[None]:
         torch.backends.mha.set_fastpath_enabled(previous)
 
 
+THREE = ("FlopCounterMode", "fvcore", "thop")  # the peers tested here (tests/test_peers_counters.py: the others)
+
+
 def check(name: str, **options: Any) -> Crosscheck:
     pytest.importorskip("fvcore")
     pytest.importorskip("thop")
     model, args, kwargs = built(name)
+    options.setdefault("tools", THREE)
     with fastpath(ALL[name].fastpath), torch.no_grad():
         cc = crosscheck(model, *args, **options, **kwargs)
     assert cc.macs == ALL[name].total
@@ -209,7 +213,7 @@ def test_a_peer_that_raises_is_reported_not_raised() -> None:
                 x = torch.cat([self.fc(x), self.fc(x)], dim=-1)
             return SimpleNamespace(y=x)
 
-    cc = crosscheck(ReturnsAnObject().eval(), torch.zeros(4, 16), 1)
+    cc = crosscheck(ReturnsAnObject().eval(), torch.zeros(4, 16), 1, tools=THREE)
     assert cc.macs == 2 * 4 * 16 * 8
     assert cc["FlopCounterMode"].macs == cc.macs
     fv = cc["fvcore"]
@@ -218,9 +222,10 @@ def test_a_peer_that_raises_is_reported_not_raised() -> None:
     assert cc["thop"].macs == cc.macs
     with pytest.raises(ValueError, match="unknown tool"):
         crosscheck(ReturnsAnObject(), torch.zeros(4, 16), 1, tools=["ptflops"])
-    with pytest.raises(ConfigurationError, match="unknown tool 'ptflops'; choose from FlopCounterMode, fvcore, thop"):
+    with pytest.raises(ConfigurationError, match="unknown tool 'ptflops'; choose from FlopCounterMode, fvcore, thop, "
+                                                 "deepspeed, calflops, torchprofile"):
         crosscheck(ReturnsAnObject(), torch.zeros(4, 16), 1, tools=["ptflops"])
-    assert TOOLS == ("FlopCounterMode", "fvcore", "thop")
+    assert TOOLS[:3] == THREE
 
 
 # ------------------------------------------------------------------------------------------------
@@ -340,8 +345,11 @@ def test_model_unchanged(name: str, train: bool) -> None:
     assert all(torch.equal(before["values"][k], v) for k, v in after["values"].items())
     assert after["hooks"] == before["hooks"] and after["attrs"] == before["attrs"]
     assert after["training"] == before["training"]
-    assert not any(hasattr(m, "total_ops") or hasattr(m, "total_params") for m in model.modules())
-    assert all(peer.error is None for peer in cc.peers.values()), cc.lines()
+    assert not any(hasattr(m, "total_ops") or hasattr(m, "total_params") or hasattr(m, "__macs__")
+                   for m in model.modules())
+    crashes = {("1c_mha_fastpath", "torchprofile")}  # its TorchScript handler reads the fused node's missing name
+    assert all(peer.error is None for peer in cc.peers.values() if (name, peer.tool) not in crashes), cc.lines()
+    assert all(peer.leaks == () for peer in cc.peers.values()), cc.lines()
 
 
 def test_thop_switching_to_eval_is_a_path_difference() -> None:
@@ -484,8 +492,9 @@ def test_fvcore_handle_refuses_a_tensor_without_its_shape() -> None:
 
 
 def test_importing_flopscope_imports_no_peer() -> None:
+    peers = {"fvcore", "thop", "transformers", "deepspeed", "calflops", "torchprofile"}
     code = ("import sys, flopscope, flopscope.peers; "
-            "print(sorted({m.split('.')[0] for m in sys.modules} & {'fvcore', 'thop', 'transformers'}))")
+            f"print(sorted({{m.split('.')[0] for m in sys.modules}} & {peers!r}))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
 

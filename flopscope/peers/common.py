@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import functools
 import importlib
 import importlib.util
@@ -30,6 +31,7 @@ from ..formulas import FormulaRegistry, MacFormula
 from ..profile import OpRecord, Profile
 from ..role import ROLE_ORDER
 from ..runner import CaptureOptions, Session
+from .isolation import isolated, track_copy
 
 Runner = Callable[[nn.Module, tuple[Any, ...], dict[str, Any], Profile, bool], "PeerCount"]
 """A peer's runner: ``(model, args, kwargs, flopscope's profile, plugins) -> PeerCount``."""
@@ -41,16 +43,25 @@ class _Tool:
     module: str  # the module of this package holding its runner and its plug-in
     runner: str  # the runner's name in that module
     package: str | None  # the third-party package it needs (None: part of torch, always there)
+    patches: tuple[str, ...] = ()  # namespaces beyond torch / F / Tensor it patches (checked and restored after)
+    imports: tuple[str, ...] = ()  # what to import before the run's snapshot (the tool's own import changes)
 
 
 _TOOL_TABLE: dict[str, _Tool] = {tool.name: tool for tool in (
     _Tool("FlopCounterMode", "flop_counter", "_run_flop_counter", None),
-    _Tool("fvcore", "fvcore", "_run_fvcore", "fvcore"),
+    _Tool("fvcore", "fvcore", "_run_fvcore", "fvcore", imports=("fvcore.nn",)),
     _Tool("thop", "thop", "_run_thop", "thop"),
+    _Tool("deepspeed", "patching", "_run_deepspeed", "deepspeed", patches=("einops",),
+          imports=("deepspeed.profiling.flops_profiler.profiler",)),
+    _Tool("calflops", "patching", "_run_calflops", "calflops", imports=("calflops.calculate_pipline",)),
+    _Tool("torchprofile", "torchprofile", "_run_torchprofile", "torchprofile"),
 )}
 
 TOOLS: tuple[str, ...] = tuple(_TOOL_TABLE)
 """The peers :func:`crosscheck` knows, in the order it runs them."""
+
+_PLUGIN_TOOLS = frozenset({"FlopCounterMode", "fvcore", "thop"})
+"""The peers with flopscope plug-ins (``plugins=True``); the others run as they are."""
 
 
 # --------------------------------------------------------------------------------------------------
@@ -122,6 +133,7 @@ class PeerCount:
     differences: tuple[Difference, ...] = ()
     unsupported: Mapping[str, int] | None = None  # fvcore's unsupported_ops(): {op: calls}
     by_module: Mapping[str, int] | None = None
+    leaks: tuple[str, ...] = ()  # what the tool left behind (patched functions, hooks), undone before the next
 
     @property
     def difference(self) -> int | None:
@@ -149,14 +161,15 @@ class PeerCount:
 
     def lines(self) -> list[str]:
         """One line per explained difference, then the unexplained rest (if any)."""
+        leaks = [f"{self.tool}: {leak}" for leak in self.leaks]
         if self.error is not None:
-            return [f"{self.tool}: failed — {self.error}"]
+            return [f"{self.tool}: failed — {self.error}", *leaks]
         out = [d.line for d in self.differences]
         if self.unexplained:
             out.append(f"{self.tool}: {self.unexplained:+,} MACs unexplained")
         if not out:
             out.append(f"{self.tool}: agrees exactly")
-        return out
+        return out + leaks
 
 
 @dataclass(frozen=True)
@@ -192,14 +205,15 @@ class Crosscheck:
         rows: list[list[str]] = [["flopscope", f"{self.macs:,}", "1.0000", "reference (mode='real')"]]
         for peer in self.peers.values():
             if peer.error is not None or peer.macs is None:
-                rows.append([peer.tool, "-", "-", f"failed — {peer.error}"])
+                rows.append([peer.tool, "-", "-", "\n".join([f"failed — {peer.error}", *peer.leaks])])
                 continue
             texts = [d.text for d in peer.differences]
             if peer.unexplained:
                 texts.append(f"{peer.unexplained:+,} MACs unexplained")
             ratio = f"{peer.ratio:.4f}" if peer.ratio is not None else "-"
-            rows.append([peer.tool + (" + flopscope plug-ins" if self.plugins else ""), f"{peer.macs:,}", ratio,
-                         "\n".join(texts) or "agrees exactly"])
+            plugged = self.plugins and peer.tool in _PLUGIN_TOOLS
+            rows.append([peer.tool + (" + flopscope plug-ins" if plugged else ""), f"{peer.macs:,}", ratio,
+                         "\n".join([*texts, *peer.leaks]) or "agrees exactly"])
         return tabulate(rows, headers=["tool", "MACs", "ratio", "explanation"], tablefmt=tablefmt,
                         colalign=("left", "right", "right", "left"), disable_numparse=True)
 
@@ -250,13 +264,20 @@ def crosscheck(model: nn.Module, *args: Any, tools: Sequence[str] | None = None,
     ``copy.deepcopy(model)``, so hooks, buffers and attributes a peer adds never reach ``model``. The grad
     mode and training flags are the caller's (thop always switches to eval mode under ``no_grad``; what
     that changes is reported as a ``"path"`` difference). A peer that raises is reported with its error.
+    After each peer, what it left behind (functions of ``torch``, ``torch.nn.functional``, ``torch.Tensor``
+    still patched, global module hooks, hooks on its copy: DeepSpeed and calflops after a forward that raises)
+    is undone before the next runs and listed in :attr:`PeerCount.leaks` (:mod:`.isolation`).
+
+    Peers (:data:`TOOLS`, each in its own unit converted to MACs): PyTorch's ``FlopCounterMode`` (FLOPs,
+    halved), fvcore (MACs), thop (MACs and elementwise operations), DeepSpeed's flops profiler and calflops
+    (their MACs: ``get_total_macs()``), torchprofile (MACs).
 
     Args:
         tools: which peers to run (default all of :data:`TOOLS`); a peer that is not installed is skipped.
             An unknown name is a :class:`~flopscope.errors.ConfigurationError`.
         plugins: run the peers with flopscope's plug-ins (:func:`flop_counter_mapping`,
             :func:`fvcore_handles` with elementwise counters off, :func:`thop_custom_ops`): they should
-            then agree exactly.
+            then agree exactly. DeepSpeed, calflops and torchprofile have none and run as they are.
         forward_kwargs: keyword arguments for the model whose names clash with ``tools`` / ``plugins``.
 
     All counts are MACs (FLOPs = 2 x MACs).
@@ -275,14 +296,26 @@ def crosscheck(model: nn.Module, *args: Any, tools: Sequence[str] | None = None,
         if tool.package is not None and importlib.util.find_spec(tool.package) is None:
             continue
         run = _runner(tool)
-        try:
-            peers[name] = run(model, args, kwargs, prof, plugins)
-        except Exception as error:
-            # Catching everything is deliberate: a third-party counter failing on the user's model (fvcore's
-            # TorchScript tracer, a thop rule, a FlopCounterMode formula, any of them with flopscope's
-            # plug-ins) is a finding reported beside the others, never a crash of the whole cross-check.
-            peers[name] = PeerCount(name, None, prof.total(), error=f"{type(error).__name__}: {error}"[:300])
+        modules = {space: _imported(space) for space in (*tool.imports, *tool.patches)}  # before the snapshot
+        extra = [modules[space] for space in tool.patches if modules[space] is not None]
+        with isolated(model, extra) as isolation:
+            try:
+                peer = run(model, args, kwargs, prof, plugins)
+            except Exception as error:
+                # Catching everything is deliberate: a third-party counter failing on the user's model (fvcore's
+                # TorchScript tracer, a thop rule, a FlopCounterMode formula, any of them with flopscope's
+                # plug-ins) is a finding reported beside the others, never a crash of the whole cross-check.
+                peer = PeerCount(name, None, prof.total(), error=f"{type(error).__name__}: {error}"[:300])
+        peers[name] = dataclasses.replace(peer, leaks=tuple(isolation.leaks)) if isolation.leaks else peer
     return Crosscheck(prof, peers, plugins)
+
+
+def _imported(name: str) -> Any:
+    """The module ``name``, imported now (``None`` where it is not installed or fails to import)."""
+    try:
+        return importlib.import_module(name)
+    except Exception:  # an optional peer's import failing: its runner reports the error itself
+        return None
 
 
 def _runner(tool: _Tool) -> Runner:
@@ -298,6 +331,7 @@ def copy_for(model: nn.Module, kwargs: Mapping[str, Any]) -> nn.Module:
     """A deep copy of ``model`` that a tool may hook; keyword arguments are bound into its ``forward``
     (fvcore and thop call ``model(*inputs)`` only)."""
     twin = copy.deepcopy(model)
+    track_copy(twin, model)  # isolation: the hooks the peer leaves on it are reported
     if kwargs:
         twin.forward = functools.partial(twin.forward, **kwargs)
     return twin

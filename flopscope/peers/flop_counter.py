@@ -7,7 +7,6 @@ flopscope's MACs. It keys its counts by ATen op packet, as flopscope does, so th
 
 from __future__ import annotations
 
-import copy
 import functools
 from collections.abc import Callable
 from typing import Any
@@ -17,7 +16,7 @@ from torch import nn
 
 from ..formulas import REGISTRY, FormulaRegistry, MacFormula, Shape, packet_named, total_of
 from ..profile import Profile
-from .common import Difference, PeerCount, ordered, quiet, sum_roles
+from .common import Difference, PeerCount, copy_for, ordered, quiet, sum_roles
 
 TOOL = "FlopCounterMode"
 
@@ -27,7 +26,7 @@ def _run_flop_counter(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str,
     """``FlopCounterMode`` on a copy of ``model``; per op, its count (halved) against flopscope's."""
     from torch.utils.flop_counter import FlopCounterMode, flop_registry
 
-    twin = copy.deepcopy(model)  # its forward may update buffers (running stats, caches)
+    twin = copy_for(model, {})  # its forward may update buffers (running stats, caches)
     mapping = flop_counter_mapping() if plugins else {}
     counter = FlopCounterMode(display=False, custom_mapping=mapping or None)
     with quiet(), counter:

@@ -79,7 +79,7 @@ _FAMILY_GROUPS = {OpFamily.MATMUL: "matrix products", OpFamily.GROUPED_MATMUL: "
                   OpFamily.CONV: "convolution"}
 
 
-def _torchscript_name(op: str) -> str:
+def torchscript_name(op: str) -> str:
     """``"addmm"`` (fvcore's key) / ``"aten.addmm"`` (flopscope's record) / ``"aten::addmm"`` ->
     ``"aten::addmm"``."""
     if "::" in op:
@@ -88,9 +88,9 @@ def _torchscript_name(op: str) -> str:
     return f"{namespace}::{name.split('.', 1)[0]}" if dot else f"aten::{op}"
 
 
-def _op_family(op: str, registry: FormulaRegistry = REGISTRY) -> OpFamily | None:
+def op_family(op: str, registry: FormulaRegistry = REGISTRY) -> OpFamily | None:
     """The registry's family of an op under any of its names (``None``: flopscope has no formula for it)."""
-    name = _torchscript_name(op)
+    name = torchscript_name(op)
     if name in _TRACED_FAMILIES:
         return _TRACED_FAMILIES[name]
     spec = registry.spec(_COMPOSITE_HANDLES[name][0] if name in _COMPOSITE_HANDLES else name)
@@ -102,8 +102,8 @@ def _family(op: str) -> str:
     on TorchScript ops (fvcore) and on dispatched ATen ops (flopscope) can be matched: ``"matrix
     products"`` for the registry's ``MATMUL`` / ``GROUPED_MATMUL`` ops, ``"convolution"`` for ``CONV``,
     else the op's own name."""
-    family = _op_family(op)
-    return _FAMILY_GROUPS[family] if family in _FAMILY_GROUPS else _torchscript_name(op).partition("::")[2]
+    family = op_family(op)
+    return _FAMILY_GROUPS[family] if family in _FAMILY_GROUPS else torchscript_name(op).partition("::")[2]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -276,7 +276,7 @@ def fvcore_analysis(model: nn.Module, inputs: Any, elementwise: bool = False, ro
     defaults = _fvcore_defaults()
     ours = _handles(None, roles)
     for name, handle in defaults.items():
-        if not elementwise and _op_family(name) is None:
+        if not elementwise and op_family(name) is None:
             analysis.set_op_handle(name, None)
         elif not roles or name not in ours:
             analysis.set_op_handle(name, _named(handle, name.partition("::")[2]) if roles else handle)
