@@ -45,6 +45,7 @@ from .capture import (
     op_name,
 )
 from .checks import check_inputs, check_mode, check_model, forward_signature
+from .compiled import eager_module
 from .errors import ConfigurationError, FakeTensorError, FlopscopeWarning, ForwardError, cause_of_kind
 from .facts import read_facts
 from .fake import (
@@ -99,14 +100,19 @@ def run_in_mode(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
     """One counted run in ``mode`` (``"auto"`` falls back to real execution where fake tensors cannot
     go, with one :class:`~flopscope.errors.FlopscopeWarning` naming the op). ``converter`` reuses a
     fake mode and the model's converted state across runs (a sweep). Validates model, mode and inputs.
-    ``stacklevel``: of a warning issued here, so that it points at the user's call (``profile()`` passes 3)."""
+    ``stacklevel``: of a warning issued here, so that it points at the user's call (``profile()`` passes 3).
+    A ``torch.compile``'d model is counted through its eager module, an ``ExportedProgram`` through its
+    unflattened module (:mod:`flopscope.compiled`; ``prof.notes`` says so)."""
+    model, counted_as = eager_module(model)
+    notes = (counted_as,) if counted_as else ()
     check_model(model)
     check_mode(mode, MODES)
     check_inputs(model, args, kwargs)
     if mode == "real":
-        return run(model, args, kwargs, options, fake=False, stacklevel=stacklevel + 1)
+        return run(model, args, kwargs, options, fake=False, notes=notes, stacklevel=stacklevel + 1)
     try:
-        return run(model, args, kwargs, options, fake=True, converter=converter, stacklevel=stacklevel + 1)
+        return run(model, args, kwargs, options, fake=True, converter=converter, notes=notes,
+                   stacklevel=stacklevel + 1)
     except (FakeTensorError, ForwardError) as failed:
         if mode == "fake" or not failed.on_fake_tensors:
             raise
@@ -126,7 +132,7 @@ def run_in_mode(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
                 "fall-back: not run. Pass fallback_limit_bytes= to profile() to allow it, or count smaller inputs",
                 where=failed.where, reason=failed.reason) from failed.__cause__
         note = f"{failed.where} could not run on fake tensors ({failed.reason}); counted in real mode instead"
-    prof = run(model, args, kwargs, options, fake=False, notes=(note,), stacklevel=stacklevel + 1)
+    prof = run(model, args, kwargs, options, fake=False, notes=(*notes, note), stacklevel=stacklevel + 1)
     warnings.warn(f"flopscope: {note}", FlopscopeWarning, stacklevel=stacklevel)
     return prof
 
