@@ -56,6 +56,7 @@ from typing import Any
 import torch
 from torch import fx
 from torch._subclasses.fake_tensor import FakeTensor
+from torch.overrides import TorchFunctionMode
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
@@ -542,6 +543,14 @@ class Recorder(TorchDispatchMode):
                 raise RefusedInput(f"index {bad} is out of range for an embedding table of {rows} rows; a real "
                                    "forward refuses it (token ids >= vocab_size, or more positions than the table)")
 
+    def learn(self, t: torch.Tensor, values: torch.Tensor) -> None:
+        """``t`` (a fake tensor just made) holds ``values`` (real)."""
+        known = self._producers.get(id(t))
+        if known is not None and known[0]() is t:
+            self._known[id(known[1])] = values
+        else:
+            self.leaf_values[id(t)] = values
+
     def value_of(self, t: torch.Tensor) -> torch.Tensor | None:
         """The known values of an index tensor (an input's real values, or what propagated to it)."""
         known = self._producers.get(id(t))
@@ -556,8 +565,9 @@ class Recorder(TorchDispatchMode):
         arithmetic on known ids): the op is run again on those values, for real, on the CPU. Not for ops that
         write to an argument (the known values of what shares its storage would go stale: all are forgotten
         when an index tensor is written), nor for uninitialised memory or random numbers."""
-        if self._writes(func, args):
-            return None
+        writes, written = self._writes(func, args, kwargs)
+        if writes:
+            return written  # (an in-place or out= op returns the tensor it wrote)
         if (cost not in (Cost.ZERO, Cost.ELEMENTWISE) or func.overloadpacket in UNINITIALISED
                 or torch.Tag.nondeterministic_seeded in func.tags
                 or any(isinstance(a, torch.SymInt) for a in pytree.tree_leaves((args, kwargs)))):
@@ -577,19 +587,72 @@ class Recorder(TorchDispatchMode):
             return list(out)  # a multi-output op (unbind, split): the values of each output
         return out if isinstance(out, torch.Tensor) and not out.is_meta else None
 
-    def _writes(self, func: Any, args: tuple[Any, ...]) -> bool:
-        """Whether ``func`` writes to one of its arguments; when it writes to an index tensor, the known values of
-        every tensor sharing its storage are forgotten (views share storage with what they view)."""
-        written = self._written_tensors(func, args, {})
-        storages = {_storage_of(t) for t in written if t.dtype in INDEX_DTYPES}
-        if storages:
+    def _writes(self, func: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any]
+                ) -> tuple[bool, torch.Tensor | None]:
+        """Whether ``func`` writes to one of its arguments, and the values of the first one it writes after the
+        write, if known. When it writes to an index tensor, the known values of every tensor sharing its storage
+        are updated (:meth:`_write_values`: the op is run on the values of the whole storage), or, where they
+        cannot be, forgotten."""
+        written = [t for t in self._written_tensors(func, args, kwargs) if t.dtype in INDEX_DTYPES]
+        values = []
+        for t in written:
+            value = self._write_values(func, args, kwargs, t)
+            if value is None:
+                self._forget_storage(_storage_of(t))
+            values.append(value)
+        return bool(self._written[func]), values[0] if values else None
+
+    def _write_values(self, func: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any], t: torch.Tensor
+                      ) -> torch.Tensor | None:
+        """Run the in-place op ``func`` for real on the known values of the storage of ``t`` (the tensor it writes,
+        or the one it views), give every tensor on that storage its values after the write, and return ``t``'s.
+        ``None`` where a value is not known or the known values are not laid out as the storage (then nothing
+        changed)."""
+        root = t._base if t._base is not None else t
+        whole = self.value_of(root)
+        if whole is None or root.storage_offset() != 0 or not root.is_contiguous() or whole.shape != root.shape:
+            return None
+        known: dict[int, torch.Tensor] = {}
+        with _disable_current_modes():
+            whole = whole.contiguous().clone()
+            known[id(t)] = whole.as_strided(t.size(), t.stride(), t.storage_offset())
+        for x in _tensors((args, kwargs)):
+            if id(x) not in known:
+                value = self.value_of(x)
+                if value is None:
+                    return None
+                known[id(x)] = value
+        storage = _storage_of(t)
+        with _disable_current_modes():
+            try:
+                func(*_map_tensors(args, lambda x: known[id(x)]), **_map_tensors(dict(kwargs), lambda x: known[id(x)]))
+            except (RuntimeError, TypeError, ValueError, IndexError, NotImplementedError):
+                return None
             for key, (ref, op) in list(self._producers.items()):
-                t = ref()
-                if t is not None and t.dtype in INDEX_DTYPES and _storage_of(t) in storages:
+                alias = ref()
+                if alias is None or alias.dtype != whole.dtype or _storage_of(alias) != storage:
+                    continue
+                try:
+                    value = whole.as_strided(alias.size(), alias.stride(), alias.storage_offset()).clone()
+                except RuntimeError:
+                    value = None
+                if value is None:
                     self._known.pop(id(op), None)
                     self._stale.add(id(op))
                     self.leaf_values.pop(key, None)
-        return bool(self._written[func])
+                else:
+                    self._known[id(op)] = value
+                    self._stale.discard(id(op))
+            return known[id(t)].clone()
+
+    def _forget_storage(self, storage: int) -> None:
+        """The known values of every index tensor on ``storage`` are forgotten (it was written)."""
+        for key, (ref, op) in list(self._producers.items()):
+            t = ref()
+            if t is not None and t.dtype in INDEX_DTYPES and _storage_of(t) == storage:
+                self._known.pop(id(op), None)
+                self._stale.add(id(op))
+                self.leaf_values.pop(key, None)
 
     def _written_tensors(self, func: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> list[torch.Tensor]:
         """The tensors ``func`` writes to (its schema's mutable arguments: ``self`` of an in-place op, ``out=``)."""
@@ -634,6 +697,10 @@ class Recorder(TorchDispatchMode):
                 dtype=t.dtype)
             self._made_at[id(version)] = len(self.ops)
             self.ops.append(version)
+            if id(producer) in self._stale:  # (what the tensor holds now is known under its producer, or not at all)
+                self._stale.add(id(version))
+            elif id(producer) in self._known:
+                self._known[id(version)] = self._known[id(producer)]
         self._producers[id(t)] = (weakref.ref(t), version)
         return version
 
@@ -692,6 +759,11 @@ class Recorder(TorchDispatchMode):
                     value = self._propagate(func, args, kwargs, known.cost)
                     if isinstance(value, torch.Tensor):
                         self._known[id(op)] = value
+            elif (self.fake and out.is_floating_point() and _at_most(out, MAX_KNOWN_FLOAT_NUMEL)
+                    and isinstance(func, torch._ops.OpOverload)):
+                value = self._propagate(func, args, kwargs, known.cost)  # (arange(t) * interval, then .long())
+                if isinstance(value, torch.Tensor):
+                    self._known[id(op)] = value
             producers[id(out)] = (weakref.ref(out), op)
         else:
             outputs = [(i, item) for i, item in enumerate(out if isinstance(out, (tuple, list)) else ())
@@ -755,6 +827,59 @@ class Recorder(TorchDispatchMode):
         self.ops.append(op)
         self._producers[id(t)] = (weakref.ref(t), op)
         return op
+
+
+_CONSTRUCTORS_FROM_DATA = (torch.tensor, torch.as_tensor, torch.asarray)
+
+
+class KnownValuesInConstructors(TorchFunctionMode):
+    """Fake runs: ``torch.tensor(data)`` (and ``as_tensor``, ``asarray``) of Python data holding one-element fake
+    tensors whose values the recorder knows (``torch.tensor([positions.max() + 1 - n, ...])``: Qwen2-VL's rotary
+    position deltas) gets those values; torch reads such data's memory directly, which a fake tensor has not, and
+    no op reaches a dispatch mode. The new tensor's values are known too. Other calls pass through; with a value
+    not known, the call fails as it would (the fake run needs real data there)."""
+
+    def __init__(self, recorder: Recorder) -> None:
+        super().__init__()
+        self.recorder = recorder
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
+                           kwargs: dict[str, Any] | None = None) -> Any:
+        kwargs = kwargs or {}
+        if func not in _CONSTRUCTORS_FROM_DATA or not args or not isinstance(args[0], (list, tuple)):
+            return func(*args, **kwargs)
+        known = self._values(args[0])
+        if known is None:
+            return func(*args, **kwargs)
+        out = func(known, *args[1:], **kwargs)
+        if isinstance(out, torch.Tensor) and out.dtype in INDEX_DTYPES:
+            with _disable_current_modes():
+                self.recorder.learn(out, torch.tensor(known, dtype=out.dtype))
+        return out
+
+    def _values(self, data: Any) -> Any:
+        """``data`` with each one-element fake tensor replaced by its known value; ``None`` if one is unknown or
+        there is none."""
+        found = False
+
+        def value(x: Any) -> Any:
+            nonlocal found
+            if isinstance(x, (list, tuple)):
+                return type(x)(value(v) for v in x)
+            if isinstance(x, FakeTensor):
+                known = self.recorder.value_of(x)
+                if known is None or known.numel() != 1:
+                    raise LookupError
+                found = True
+                with _disable_current_modes():
+                    return known.item()
+            return x
+
+        try:
+            out = value(data)
+        except LookupError:
+            return None
+        return out if found else None
 
 
 def _storage_of(t: torch.Tensor) -> int:
@@ -822,6 +947,9 @@ _MAX_VALUE_NUMEL = 4096
 MAX_KNOWN_NUMEL = 1 << 16
 """On fake tensors, index tensors up to this many elements keep their values (inputs' real ids, ``arange``
 positions and what is computed from them), so lookups can be checked as a real forward would."""
+MAX_KNOWN_FLOAT_NUMEL = 1 << 10
+"""On fake tensors, floating-point tensors up to this many elements computed only from known values keep theirs
+(``torch.arange(t) * time_interval`` before ``.long()``: Qwen2-VL's temporal positions)."""
 EMBEDDING_LOOKUPS = frozenset({torch.ops.aten.embedding, torch.ops.aten._embedding_bag, torch.ops.aten.embedding_bag})
 UNINITIALISED = frozenset({torch.ops.aten.empty, torch.ops.aten.empty_like, torch.ops.aten.new_empty,
                            torch.ops.aten.empty_strided, torch.ops.aten.new_empty_strided})

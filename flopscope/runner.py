@@ -37,6 +37,7 @@ from .capture import (
     INDEX_DTYPES,
     MAX_KNOWN_NUMEL,
     FakeTensorInRealRun,
+    KnownValuesInConstructors,
     LeafKind,
     LeafName,
     OpFailure,
@@ -229,6 +230,8 @@ def _run(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], option
             recorder.add_leaf_names(_input_names(model, args, kwargs))
             stack.enter_context(tracker)
             stack.enter_context(recorder)
+            if convert is not None:
+                stack.enter_context(KnownValuesInConstructors(recorder))
             if options.backward:
                 stack.enter_context(torch.enable_grad())
             try:
@@ -297,6 +300,8 @@ class Session:
                 self._stack.enter_context(convert.mode)
             self._stack.enter_context(tracker)
             self._stack.enter_context(recorder)
+            if convert is not None:
+                self._stack.enter_context(KnownValuesInConstructors(recorder))
         except BaseException:
             self._stack.close()
             raise

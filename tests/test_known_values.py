@@ -72,8 +72,8 @@ def test_a_value_written_in_place_is_not_read_stale() -> None:
     model, x, counts = WritesItsIndex(), torch.randn(4, D), torch.tensor([2, 5])
     expected = (2 + 3) * 4 * D * D
     assert flopscope.profile(model, x, counts, mode="real").total() == expected
-    with pytest.raises(FakeTensorError, match="needs real data"):
-        flopscope.profile(model, x, counts, mode="fake")  # the written value is not known: refused, never stale
+    # the write is replayed on the known values of the storage (counts[0] = 3 after it): counted, never stale
+    assert flopscope.profile(model, x, counts, mode="fake").total() == expected
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         assert flopscope.profile(model, x, counts).total() == expected  # auto: counted for real
@@ -111,3 +111,101 @@ def test_qwen2_vl_vision_tower_counts_on_meta() -> None:
     assert meta.mode == fake.mode == "fake"
     for prof in (real, meta, fake):
         assert {role: macs for role, macs in prof.by_role().items() if macs} == expected
+
+
+class PositionsWrittenInPlace(nn.Module):
+    """Qwen2-VL's multimodal rotary positions: a float multiply of known positions cast back to integers, a write
+    into a row of a stacked grid (``v[0] += start``), and ``torch.tensor`` of a list of one-element tensors
+    computed from them (whose memory torch reads directly); the last value sets how often a projection runs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(D, D, bias=False)
+
+    def forward(self, x: torch.Tensor, grid: torch.Tensor) -> torch.Tensor:
+        t = (torch.arange(grid[0].item()) * 1.0).long()
+        v = torch.stack([t, t + 1, t + 2]).reshape(3, -1)
+        v[0] += 5
+        deltas = torch.tensor([v.max() + 1, v.min()])
+        for _ in range(int(deltas[0])):
+            x = self.proj(x)
+        return x
+
+
+@pytest.mark.parametrize("mode", ["real", "fake"])
+def test_values_follow_writes_floats_and_tensor_of_a_list(mode: str) -> None:
+    """grid[0] = 3: t = [0, 1, 2], v[0] = [5, 6, 7], so max + 1 = 8 projections. At 47d4c63 a fake run lost the
+    values at the float multiply and at the in-place add, and torch.tensor([...]) failed reading fake memory."""
+    prof = flopscope.profile(PositionsWrittenInPlace(), torch.randn(2, D), torch.tensor([3, 5]), mode=mode)
+    assert prof.mode == mode
+    assert prof.total() == 8 * 2 * D * D
+
+
+def test_qwen2_vl_counts_on_meta_as_on_the_cpu() -> None:
+    """The whole model: the vision tower (grid sizes read with .tolist()) and the language model, whose multimodal
+    rotary positions are computed from the grid (get_rope_index: in-place writes, torch.tensor of a list of fake
+    one-element tensors). On meta it failed at 47d4c63 (FakeTensorError: "data is not allocated yet")."""
+    transformers = pytest.importorskip("transformers")
+    if not hasattr(transformers, "Qwen2VLForConditionalGeneration"):
+        pytest.skip("this transformers has no Qwen2-VL")
+    embed, depth, ratio, patch, merge, t_patch, hidden, heads, kv, d_ff, vocab = 32, 2, 2, 14, 2, 2, 64, 4, 2, 128, 1000
+    config = transformers.Qwen2VLConfig(
+        text_config=dict(hidden_size=hidden, intermediate_size=d_ff, num_hidden_layers=1, num_attention_heads=heads,
+                         num_key_value_heads=kv, vocab_size=vocab,
+                         rope_parameters=dict(rope_type="default", rope_theta=10000.0, mrope_section=[2, 3, 3])),
+        vision_config=dict(depth=depth, embed_dim=embed, hidden_size=hidden, num_heads=4, mlp_ratio=ratio,
+                           patch_size=patch, spatial_merge_size=merge, temporal_patch_size=t_patch),
+        image_token_id=900, video_token_id=901, vision_start_token_id=902, vision_end_token_id=903)
+    torch.manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = transformers.Qwen2VLForConditionalGeneration(config).eval()
+    patches, width = 16, 3 * t_patch * patch * patch  # one image, grid 1 x 4 x 4
+    merged, merged_width = patches // merge**2, embed * merge**2
+    ids = torch.tensor([[5] * 3 + [902] + [900] * merged + [903] + [7] * 3])
+    n, d_k = ids.shape[1], hidden // heads
+    inputs = dict(input_ids=ids, pixel_values=torch.randn(patches, width), image_grid_thw=torch.tensor([[1, 4, 4]]),
+                  mm_token_type_ids=(ids == 900).long())
+    vision = {"conv": patches * width * embed, "q_proj": depth * patches * embed * embed,
+              "k_proj": depth * patches * embed * embed, "v_proj": depth * patches * embed * embed,
+              "out_proj": depth * patches * embed * embed, "attn_scores": depth * patches * patches * embed,
+              "attn_weighted_sum": depth * patches * patches * embed,
+              "ffn_up": depth * patches * embed * ratio * embed + merged * merged_width * merged_width,
+              "ffn_down": depth * patches * ratio * embed * embed + merged * merged_width * hidden}
+    text = {"q_proj": n * hidden * hidden, "k_proj": n * hidden * kv * d_k, "v_proj": n * hidden * kv * d_k,
+            "out_proj": n * hidden * hidden, "attn_scores": heads * n * n * d_k,
+            "attn_weighted_sum": heads * n * n * d_k,
+            "ffn_up": n * hidden * d_ff, "ffn_gate": n * hidden * d_ff, "ffn_down": n * d_ff * hidden,
+            "logits": n * hidden * vocab}
+    expected = {role: vision.get(role, 0) + text.get(role, 0) for role in {*vision, *text}}
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        real = flopscope.profile(model, **inputs, mode="real")
+        fake = flopscope.profile(model, **inputs, mode="fake")
+        meta = flopscope.profile(copy.deepcopy(model).to("meta"),
+                                 **{**inputs, "pixel_values": inputs["pixel_values"].to("meta")})
+    assert (real.mode, fake.mode, meta.mode) == ("real", "fake", "fake")
+    for prof in (real, fake, meta):
+        assert {role: macs for role, macs in prof.by_role().items() if macs} == expected
+
+
+class WritesAnUnknownValue(nn.Module):
+    """Writes a value computed from the activations (unknown on fake tensors) into its count, then reads it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(D, D, bias=False)
+
+    def forward(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        counts = counts.clone()
+        counts[:1].add_((x > 100).sum())  # 0 for these inputs, but only a real run knows
+        for _ in range(int(counts[0])):
+            x = self.proj(x)
+        return x
+
+
+def test_a_value_written_from_unknown_data_is_refused_never_stale() -> None:
+    model, x, counts = WritesAnUnknownValue(), torch.randn(4, D), torch.tensor([2, 5])
+    assert flopscope.profile(model, x, counts, mode="real").total() == 2 * 4 * D * D
+    with pytest.raises(FakeTensorError, match="needs real data"):
+        flopscope.profile(model, x, counts, mode="fake")
