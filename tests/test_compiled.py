@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 import torch
+import torch._dynamo  # reset() between tests
 
 import flopscope
 from flopscope.compiled import COMPILED_NOTE, EXPORTED_NOTE
@@ -37,6 +38,9 @@ class Counting:
 
 
 def block() -> tuple[TransformerBlock, torch.Tensor]:
+    # Dynamo's caches start empty: a compiled call made under a dispatch mode anywhere before in this process (a
+    # FlopCounterMode, a profiler block) would have marked TransformerBlock.forward's code as not to be compiled
+    torch._dynamo.reset()
     torch.manual_seed(0)
     return TransformerBlock(d, h, d_ff).eval(), torch.randn(1, n, d)
 
