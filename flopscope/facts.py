@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from torch import nn
@@ -30,6 +30,7 @@ class ModelFacts:
     params: int = 0  # unique parameters of the model
     embedding_params: int = 0  # parameters of nn.Embedding tables (token and position embeddings)
     tied_embedding: bool = False  # an embedding table is also used as a weight elsewhere (tied LM head)
+    aliases: Mapping[str, str] = field(default_factory=dict)  # other name of a shared module -> its path in `types`
 
     def attr(self, path: str, *names: str) -> Any:
         """The first of ``names`` set on the module at ``path`` (``None`` if none is)."""
@@ -88,7 +89,33 @@ def read_facts(model: nn.Module) -> ModelFacts:
                              "run one forward to materialise them, then profile")
     return ModelFacts(types=types, attributes=attributes, param_shapes=param_shapes, config=_config(model),
                       params=sum(p.numel() for p in unique.values()), embedding_params=sum(embedding.values()),
-                      tied_embedding=_shares_embedding(model))
+                      tied_embedding=_shares_embedding(model), aliases=_aliases(model, len(types)))
+
+
+def _aliases(model: nn.Module, unique: int) -> dict[str, str]:
+    """``{other name: path}`` for every other name a module registered in several places has (what
+    ``named_modules(remove_duplicate=False)`` lists: ``submod2.submod`` of a module first found as ``submod1.submod``,
+    and its submodules' names under it), the path being its first name in that walk, the one ``named_modules()``
+    gives and profiles attribute its calls to (fvcore's canonical name). ``unique``: how many modules
+    ``named_modules()`` lists; where each module is registered once (registrations = modules - 1), nothing is walked
+    again. A module registered inside itself (a child holding its parent) is named there, not walked again."""
+    registrations = sum(1 for m in model.modules() for child in m._modules.values() if child is not None)
+    if registrations == unique - 1:
+        return {}
+    first: dict[int, str] = {}
+    aliases: dict[str, str] = {}
+    todo: list[tuple[nn.Module, str, frozenset[int]]] = [(model, "", frozenset())]
+    while todo:  # depth first, each module before its children, in order: named_modules' order and first names
+        module, path, above = todo.pop()  # above: the modules this path goes through
+        canonical = first.setdefault(id(module), path)
+        if canonical != path:
+            aliases[path] = canonical
+        if id(module) in above:  # a module inside itself: named, not walked again
+            continue
+        inside = above | {id(module)}
+        todo.extend(reversed([(child, f"{path}.{name}" if path else name, inside)
+                              for name, child in module._modules.items() if child is not None]))
+    return aliases
 
 
 def _shares_embedding(model: nn.Module) -> bool:

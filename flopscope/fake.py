@@ -86,7 +86,7 @@ class FakeConverter:
                 fake = _dtensor_like(t, self(local))
             elif t.is_meta:
                 fake = self._direct_fake(t, torch.device("cpu"))
-            elif t.requires_grad and not t.is_leaf:  # its history is outside the model: a leaf that needs grad
+            elif t.requires_grad and not t.is_leaf:  # its history is outside the model: a clone of a fake leaf
                 fake = self.mode.from_tensor(t.detach()).requires_grad_(True)
             elif self._plain(t):
                 fake = self._direct_fake(t, t.device)
@@ -102,6 +102,8 @@ class FakeConverter:
                     where = f"a {t.dtype} tensor of shape {list(t.shape)}"
                     raise FakeTensorError(f"{where} cannot be a fake tensor ({error}); use mode='real'",
                                           on_fake_tensors=True, where=where, reason=str(error)) from error
+            if t.requires_grad and not t.is_leaf and fake.is_leaf:
+                fake = non_leaf(fake)
             self._memo[id(t)] = fake
             self._keep.append(t)
         return fake
@@ -177,9 +179,19 @@ class MetaConverter:
                 meta.requires_grad_(t.requires_grad)
                 if isinstance(t, nn.Parameter):
                     meta = nn.Parameter(meta, requires_grad=t.requires_grad)
+                elif t.requires_grad and not t.is_leaf:  # its history is outside the model: a clone of a leaf
+                    meta = non_leaf(meta)
             self._memo[id(t)] = meta
             self._keep.append(t)
         return meta
+
+
+def non_leaf(leaf: torch.Tensor) -> torch.Tensor:
+    """A non-leaf stand-in for a tensor that requires grad and is not a leaf (``x = w.clone()`` made before the
+    forward): a clone of the leaf ``leaf``, so the forward may change it in place (``x.relu_()``) as a real run does;
+    a leaf that requires grad refuses in-place ops. Made before the run's recorder is entered: not counted."""
+    with torch.enable_grad():
+        return leaf.clone()
 
 
 def _dtensor_like(t: torch.Tensor, local: torch.Tensor) -> torch.Tensor:

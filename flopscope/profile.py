@@ -303,7 +303,7 @@ class Profile:
         ("forward" / "backward") restricts a profile taken with ``backward=True``; ``attention`` ("executed",
         "causal" or "mask") prices the attention core by that convention (:mod:`flopscope.attention_mask`)."""
         if module != "":
-            self._check_module(module)
+            module = self.canonical_module_name(module)
         return sum(macs for _, macs, paths, ph in self._tally.counted
                    if (module == "" or module in paths) and (phase is None or ph == phase)
                    ) - attention_mask.saved(self, attention, module, phase)
@@ -372,7 +372,7 @@ class Profile:
         """Minimum bytes read and written by every recorded op (multiplies or not: norms, softmax and copies
         move memory too), of the whole run or of one module inclusive of its submodules."""
         if module != "":
-            self._check_module(module)
+            module = self.canonical_module_name(module)
         return sum(size for size, paths, ph in self._tally.moved
                    if (module == "" or module in paths) and (phase is None or ph == phase))
 
@@ -534,6 +534,14 @@ class Profile:
                 f"({self.total_flops():,} FLOPs), {len(self._tally.counted)} counted ops, "
                 f"{sum(self._capture.unsupported.values())} unsupported calls>")
 
-    def _check_module(self, module: str) -> None:
-        if module not in self._module_paths:
-            raise NotFoundError(f"no module with path {module!r} in the profiled model")
+    def canonical_module_name(self, name: str) -> str:
+        """The path under which the module called ``name`` is counted: ``name`` itself, or for another name of a
+        module registered in several places (``named_modules(remove_duplicate=False)`` lists each), its first name,
+        the one ``named_modules()`` gives (fvcore's name for this query). Every name of a shared module finds the
+        same calls: ``total("submod2.submod") == total("submod1.submod")``."""
+        if name in self._facts.types:
+            return name
+        canonical = self._facts.aliases.get(name)
+        if canonical is None:
+            raise NotFoundError(f"no module with path {name!r} in the profiled model")
+        return canonical
