@@ -14,6 +14,7 @@ import time
 import warnings
 from html.parser import HTMLParser
 from pathlib import Path
+from urllib.parse import quote
 
 import pytest
 import torch
@@ -42,6 +43,7 @@ class Dom(HTMLParser):
         super().__init__()
         self.rects: list[dict[str, str]] = []
         self.svg: dict[str, str] = {}
+        self.ids: set[str] = set()  # of every element
         self.tip = ""  # the tooltip's text
         self._in_tip = False
         self.body: dict[str, str] = {}
@@ -53,6 +55,8 @@ class Dom(HTMLParser):
 
     def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
         values = {k: v or "" for k, v in attrs}
+        if "id" in values:
+            self.ids.add(values["id"])
         if tag == "rect":
             self.rects.append(values)
         elif tag == "body":
@@ -335,6 +339,18 @@ def test_llama_7b_report_by_the_cli_in_chromium(tmp_path: Path, capsys: pytest.C
     prof = flopscope.profile(target.model, torch.zeros(1, n, dtype=torch.long, device="meta"))
     assert drawn == {path: macs for path, macs in prof.by_module().items() if macs}
     assert seconds < 20
+
+
+@needs_browser
+def test_names_that_look_like_markup_stay_names_in_chromium(tmp_path: Path) -> None:
+    odd = "</script><b id=x>&amp;\"'"  # a ModuleDict key may hold anything but a dot
+    model = nn.ModuleDict({odd: nn.Linear(8, 4, bias=False)})
+    model.forward = lambda x: model[odd](x)  # type: ignore[method-assign]
+    prof = flopscope.profile(model, torch.zeros(2, 8))
+    dom, console, _ = render(prof.to_html(tmp_path / "odd.html"), tmp_path, fragment=f"tip={quote(odd)}")
+    rendered_cleanly(dom, console)
+    assert dom.nodes() == {"": 2 * 8 * 4, odd: 2 * 8 * 4}
+    assert odd in dom.tip and "x" not in dom.ids and {"chart", "tip", "data"} <= dom.ids  # no element made of it
 
 
 @needs_browser
