@@ -126,7 +126,9 @@
       return "<b>" + esc(row[1] || "(model)") + "</b>: its own ops, outside its submodules<br>" + share(row[8])
         + (row[9] ? "<br>dominant role <b>" + esc(row[9]) + "</b>" : "");
     }
-    return "<b>" + esc(row[1] || "(model)") + "</b> " + esc(data.types[row[2]] || "") + "<br>" + share(row[3])
+    const phases = row[10] ? "<br>" + Object.keys(data.phases).map((p, k) => esc(p) + " " + fmt(row[10][k]))
+      .join(" · ") + " MACs" : "";
+    return "<b>" + esc(row[1] || "(model)") + "</b> " + esc(data.types[row[2]] || "") + "<br>" + share(row[3]) + phases
       + "<br>parameters " + fmt(row[4]) + " · calls " + fmt(row[6])
       + (row[5] ? "<br>dominant role <b>" + esc(row[5]) + "</b>" : "")
       + (row[7] ? "<br>inputs (first call): " + esc(row[7]) : "");

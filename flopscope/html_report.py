@@ -61,8 +61,9 @@ def report_data(prof: Any, *, scaling: Any = None, title: str | None = None) -> 
     dominant role (or ""), calls, input shapes of the first call, self MACs, dominant role of the self MACs]``; a
     node's MACs are the sum of ``prof.by_stack()`` over the stacks through it, so for a module called from one
     place they are ``prof.by_module()[path]``; its self MACs (the ops it ran outside any submodule, such as an
-    attention kernel called in the attention module's own forward) are ``prof.by_stack()[its stack]``. MACs above
-    2^53 (``macs`` and the tree's) are strings of their digits: a JSON number, a double, would round them."""
+    attention kernel called in the attention module's own forward) are ``prof.by_stack()[its stack]``. A profile
+    of several phases adds to each row its MACs per phase (a list, in the order of ``phases``). MACs above 2^53
+    (``macs`` and the tree's) are strings of their digits: a JSON number, a double, would round them."""
     types = prof.facts.types
     params = params_inclusive(prof.facts.param_shapes)
     records = prof.records
@@ -88,8 +89,18 @@ def report_data(prof: Any, *, scaling: Any = None, title: str | None = None) -> 
                              0, own.get(path, "")])
             tree[index[key]][3] += macs
         tree[index[stack]][8] += macs
+    phases = list(prof.by_phase())
+    if len(phases) > 1:  # each node's MACs per phase, in the order of "phases"
+        for row in tree:
+            row.append([0] * len(phases))
+        for k, phase in enumerate(phases):
+            for stack, macs in prof.by_stack(phase).items():
+                for depth in range(1, len(stack) + 1):
+                    tree[index[stack[:depth]]][10][k] += macs
     for row in tree:  # JSON numbers are doubles: larger counts go as strings, which the page reads exactly
         row[3], row[8] = _exact(row[3]), _exact(row[8])
+        if len(row) > 10:
+            row[10] = [_exact(macs) for macs in row[10]]
     if not tree:
         root_type = types[""].__name__ if "" in types else ""
         tree.append([-1, "", type_names.setdefault(root_type, 0), 0, params.get("", 0), "", calls.get("", 0),

@@ -354,6 +354,20 @@ def test_names_that_look_like_markup_stay_names_in_chromium(tmp_path: Path) -> N
 
 
 @needs_browser
+def test_phases_in_the_details_in_chromium(tmp_path: Path) -> None:
+    n, d, d_h = 16, 32, 64
+    model = nn.Sequential(nn.Linear(d, d_h, bias=False), nn.Sequential(nn.Linear(d_h, d, bias=False)))
+    x = torch.zeros(n, d, requires_grad=True)  # every operand needs its gradient: backward = 2 x forward
+    prof = flopscope.profile(model, x, backward=True)
+    dom, console, _ = render(prof.to_html(tmp_path / "backward.html"), tmp_path, fragment="tip=1")
+    rendered_cleanly(dom, console)
+    forward = n * d_h * d  # the inner Linear's
+    assert dom.nodes() == {"": 3 * 2 * forward, "0": 3 * forward, "1": 3 * forward, "1.0": 3 * forward}
+    assert f"forward {forward:,} · backward {2 * forward:,} MACs" in dom.tip
+    assert "every phase together (forward, backward)" in dom.text["chart-section"]
+
+
+@needs_browser
 def test_counts_beyond_2_to_the_53_stay_exact_in_chromium(tmp_path: Path) -> None:
     """A JSON number is a double: past 2^53 the page gets MACs as digits, and draws and prints them exactly."""
     B, n, d = 3, 2**21 + 1, 65537  # odd, past 2^53: no double holds it (on meta: nothing is allocated)
