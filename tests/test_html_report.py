@@ -6,7 +6,9 @@ Without a chromium binary the browser tests skip, saying so (CI installs Debian'
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -114,6 +116,92 @@ def render(page: Path, tmp_path: Path, width: int = WIDTH, fragment: str = "") -
     assert result.returncode == 0, result.stderr[-2000:]
     console = [line for line in result.stderr.splitlines() if ":CONSOLE" in line]  # console.* and uncaught errors
     return Dom(result.stdout), console, seconds
+
+
+class Browser:
+    """Headless Chromium driven over its DevTools protocol (``--remote-debugging-pipe``: JSON messages ending in NUL
+    on file descriptors 3 and 4), for real mouse events: one page, its console and exceptions kept as events."""
+
+    def __init__(self, profile: Path) -> None:
+        import fcntl
+
+        assert CHROMIUM is not None
+        to_read, to_write = os.pipe()
+        from_read, from_write = os.pipe()
+
+        def child() -> None:  # the pipes onto fds 3 (commands in) and 4 (replies out), by way of free fds above 9
+            ours, theirs = fcntl.fcntl(to_read, fcntl.F_DUPFD, 10), fcntl.fcntl(from_write, fcntl.F_DUPFD, 10)
+            os.dup2(ours, 3)
+            os.dup2(theirs, 4)
+
+        self.process = subprocess.Popen(
+            [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
+             f"--user-data-dir={profile}", f"--window-size={WIDTH},900", "--remote-debugging-pipe", "about:blank"],
+            preexec_fn=child, pass_fds=(3, 4), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        os.close(to_read)
+        os.close(from_write)
+        self._out, self._in = os.fdopen(to_write, "wb", buffering=0), os.fdopen(from_read, "rb", buffering=0)
+        self._buffer, self._id, self.events, self._session = b"", 0, [], None
+
+    def send(self, method: str, browser: bool = False, **params: object) -> dict:
+        self._id += 1
+        message: dict[str, object] = {"id": self._id, "method": method, "params": params}
+        if self._session is not None and not browser:
+            message["sessionId"] = self._session
+        self._out.write(json.dumps(message).encode() + b"\0")
+        while True:
+            while b"\0" not in self._buffer:
+                chunk = self._in.read(1 << 16)
+                assert chunk, "chromium closed its pipe"
+                self._buffer += chunk
+            raw, self._buffer = self._buffer.split(b"\0", 1)
+            reply = json.loads(raw)
+            if reply.get("id") == self._id:
+                assert "error" not in reply, reply["error"]
+                return reply.get("result", {})
+            self.events.append(reply)
+
+    def open(self, url: str) -> None:
+        target = self.send("Target.createTarget", browser=True, url="about:blank")["targetId"]
+        self._session = self.send("Target.attachToTarget", browser=True, targetId=target, flatten=True)["sessionId"]
+        self.send("Runtime.enable")
+        self.send("Page.navigate", url=url)
+        deadline = time.monotonic() + 30
+        while not self.js("document.readyState === 'complete' && document.body.hasAttribute('data-rendered')"):
+            assert time.monotonic() < deadline, "the page did not render"
+            time.sleep(0.05)
+
+    def js(self, expression: str) -> object:
+        return self.send("Runtime.evaluate", expression=expression, returnByValue=True)["result"].get("value")
+
+    def centre(self, selector: str, path: str) -> tuple[float, float]:
+        """The middle of the element matching ``selector`` whose data-path is ``path``."""
+        box = self.js(f"(() => {{ const r = [...document.querySelectorAll({json.dumps(selector)})].find("
+                      f"e => e.getAttribute('data-path') === {json.dumps(path)}).getBoundingClientRect();"
+                      " return [r.left + r.width / 2, r.top + r.height / 2]; })()")
+        assert isinstance(box, list)
+        return box[0], box[1]
+
+    def mouse(self, kind: str, x: float, y: float) -> None:
+        button = {"button": "left", "clickCount": 1} if kind != "mouseMoved" else {}
+        self.send("Input.dispatchMouseEvent", type=kind, x=x, y=y, **button)
+
+    def click(self, x: float, y: float) -> None:
+        self.mouse("mousePressed", x, y)
+        self.mouse("mouseReleased", x, y)
+
+    def troubles(self) -> list[dict]:
+        """Exceptions thrown and console messages (the page writes none)."""
+        return [e for e in self.events if e.get("method") in ("Runtime.exceptionThrown", "Runtime.consoleAPICalled")]
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.send("Browser.close", browser=True)
+        try:
+            self.process.wait(10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
 
 
 def rendered_cleanly(dom: Dom, console: list[str]) -> None:
@@ -402,3 +490,34 @@ def test_zoom_and_details_from_the_address_in_chromium(tmp_path: Path) -> None:
                   f"share {100 * attention / prof.total():.2f}% of the total", f"parameters {params:,}",
                   "dominant role q_proj", f"0: 1x{n}x{d}"):
         assert shown in dom.tip
+
+
+@needs_browser
+def test_hover_and_click_with_real_mouse_events_in_chromium(tmp_path: Path) -> None:
+    L, d, h, V, n = 2, 64, 4, 500, 32
+    prof = flopscope.profile(gpt2(L, d, h, V), torch.zeros(1, n, dtype=torch.long))
+    page = prof.to_html(tmp_path / "gpt2.html")
+    browser = Browser(tmp_path / "chromium-profile")
+    try:
+        browser.open(page.resolve().as_uri())
+        attention = n * d * 3 * d + n * d * d + 2 * n * n * d
+        browser.mouse("mouseMoved", *browser.centre("rect.node", "transformer.h.1.attn"))
+        tip = browser.js("(t => t.style.display + '|' + t.textContent)(document.getElementById('tip'))")
+        assert isinstance(tip, str) and tip.startswith("block|transformer.h.1.attn GPT2Attention")
+        assert f"{attention:,} MACs" in tip and f"{2 * attention:,} FLOPs" in tip
+        browser.mouse("mouseMoved", 2, 2)  # off the chart: the details go
+        assert browser.js("document.getElementById('tip').style.display") == "none"
+        focus = "document.querySelector('#chart svg').getAttribute('data-focus')"
+        browser.click(*browser.centre("rect.node", "transformer.h.1"))  # zoom in
+        assert browser.js(focus) == "transformer.h.1"
+        width = browser.js("document.querySelector('#chart svg').getAttribute('width')")
+        zoomed = browser.js("[...document.querySelectorAll('rect.node')].find(r => r.getAttribute('data-path') === "
+                            "'transformer.h.1').getAttribute('width')")
+        assert float(str(zoomed)) == pytest.approx(float(str(width)), abs=0.01)
+        browser.click(*browser.centre("rect.node", "transformer"))  # an ancestor: zoom out to it
+        assert browser.js(focus) == "transformer"
+        browser.js("document.getElementById('reset').click()")
+        assert browser.js(focus) == ""
+        assert browser.troubles() == []
+    finally:
+        browser.close()
