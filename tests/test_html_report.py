@@ -165,11 +165,26 @@ class Browser:
         target = self.send("Target.createTarget", browser=True, url="about:blank")["targetId"]
         self._session = self.send("Target.attachToTarget", browser=True, targetId=target, flatten=True)["sessionId"]
         self.send("Runtime.enable")
+        self.send("Page.enable")
+        self.send("Page.setLifecycleEventsEnabled", enabled=True)
         self.send("Page.navigate", url=url)
         deadline = time.monotonic() + 30
         while not self.js("document.readyState === 'complete' && document.body.hasAttribute('data-rendered')"):
             assert time.monotonic() < deadline, "the page did not render"
             time.sleep(0.05)
+
+    def first_paint_ms(self) -> float:
+        """Milliseconds from the navigation's start to the page's first contentful paint (Chromium's own events)."""
+        deadline = time.monotonic() + 10
+        while True:
+            events = {e["params"]["name"]: e["params"]["timestamp"] for e in self.events
+                      if e.get("method") == "Page.lifecycleEvent" and e["params"]["name"] in ("init",
+                                                                                            "firstContentfulPaint")}
+            if len(events) == 2:
+                return 1000 * (events["firstContentfulPaint"] - events["init"])
+            assert time.monotonic() < deadline, "no first contentful paint"
+            time.sleep(0.05)
+            self.js("0")  # (collects the events that came meanwhile)
 
     def js(self, expression: str) -> object:
         return self.send("Runtime.evaluate", expression=expression, returnByValue=True)["result"].get("value")
@@ -427,6 +442,13 @@ def test_llama_7b_report_by_the_cli_in_chromium(tmp_path: Path, capsys: pytest.C
     prof = flopscope.profile(target.model, torch.zeros(1, n, dtype=torch.long, device="meta"))
     assert drawn == {path: macs for path, macs in prof.by_module().items() if macs}
     assert seconds < 20
+    browser = Browser(tmp_path / "chromium-pipe-profile")
+    try:
+        browser.open(page.resolve().as_uri())
+        assert browser.first_paint_ms() < 1000  # Chromium's firstContentfulPaint, from the navigation's start
+        assert browser.troubles() == []
+    finally:
+        browser.close()
 
 
 @needs_browser
