@@ -158,3 +158,27 @@ def test_by_stack_sums_to_the_queries() -> None:
     assert sum(prof.by_stack().values()) == prof.total()
     assert prof.by_stack("forward") == {tuple("" if f == ROOT_FRAME else f for f in stack): macs
                                         for stack, macs in SELF.items()}
+
+
+def test_cli_writes_both_formats(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from flopscope.cli import main
+    from flopscope.models import TransformerBlock
+
+    n, d, h, d_ff = 32, 64, 4, 256
+    folded, speedscope = tmp_path / "block.folded", tmp_path / "block.json"
+    assert main(["profile", "flopscope.models:TransformerBlock", "--set", f"d={d}", "--set", f"h={h}", "--set",
+                 f"d_ff={d_ff}", "--input", f"1x{n}x{d}", "--backward", "--folded", str(folded), "--speedscope",
+                 str(speedscope)]) == 0
+    forward_file, backward_file = tmp_path / "block.forward.folded", tmp_path / "block.backward.folded"
+    assert f"wrote {forward_file}, {backward_file}" in capsys.readouterr().out
+    forward = parse_folded(forward_file)
+    for projection in ("q_proj", "k_proj", "v_proj", "out_proj"):
+        assert forward[(ROOT_FRAME, "attention", f"attention.{projection}")] == n * d * d
+    assert forward[(ROOT_FRAME, "attention")] == 2 * n * n * d  # the attention core, in the module's own forward
+    assert forward[(ROOT_FRAME, "ffn", "ffn.up")] == forward[(ROOT_FRAME, "ffn", "ffn.down")] == n * d * d_ff
+    assert sum(forward.values()) == n * (4 * d * d + 2 * d * d_ff) + 2 * n * n * d
+    prof = flopscope.profile(TransformerBlock(d, h, d_ff), torch.zeros(1, n, d), backward=True)
+    assert parse_folded(backward_file) == {tuple(frame(p) for p in stack): macs
+                                           for stack, macs in prof.by_stack("backward").items() if macs}
+    doc = json.loads(speedscope.read_text())
+    assert [p["endValue"] for p in doc["profiles"]] == [prof.total(phase="forward"), prof.total(phase="backward")]
