@@ -6,6 +6,7 @@ Both are thin: they validate the public arguments and hand :class:`~flopscope.ru
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -13,7 +14,8 @@ import torch
 from torch import nn
 
 from .checks import check_mode, check_model
-from .errors import FlopscopeError, RecordingError
+from .compiled import BLOCK_WARNING, is_compiled
+from .errors import FlopscopeError, FlopscopeWarning, RecordingError
 from .formulas import FormulaRegistry
 from .profile import Profile
 from .roles import RoleRule
@@ -78,6 +80,8 @@ class profiler:  # noqa: N801  (used as a context manager, like torch.profiler.p
                  roles: Sequence[RoleRule] = (), trace: bool = False) -> None:
         check_model(model)
         check_mode(mode, BLOCK_MODES, "profiler mode")
+        if is_compiled(model):  # the block's calls would leave it uncompiled (flopscope.compiled)
+            warnings.warn(f"flopscope: {BLOCK_WARNING}", FlopscopeWarning, stacklevel=2)
         self._session = Session(model, CaptureOptions.of(registry, roles), fake=mode == "fake", ranges=trace)
         self._result: Profile | None = None
 

@@ -31,6 +31,18 @@ FLAT_NOTE = ("ExportedProgram: counted the ATen ops of its graph (ep.module(): e
              "torch.export.unflatten failed: {error})")
 
 
+BLOCK_WARNING = ("a torch.compile'd module called inside a flopscope.profiler block runs eagerly there (Dynamo does "
+                 "not compile under a dispatch mode) and its forward's code is then not compiled again in this "
+                 "process (until torch._dynamo.reset()); count it with flopscope.profile(compiled, ...), which never "
+                 "calls it")
+
+
+def is_compiled(model: Any) -> bool:
+    """Whether ``model`` is a ``torch.compile`` wrapper (an ``OptimizedModule``)."""
+    eval_frame = sys.modules.get("torch._dynamo.eval_frame")
+    return eval_frame is not None and isinstance(model, eval_frame.OptimizedModule)
+
+
 def eager_module(model: Any) -> tuple[Any, str | None]:
     """``(what to count, the note saying so)``: a ``torch.compile`` wrapper's eager module, an ``ExportedProgram``'s
     unflattened module, else ``(model, None)``."""

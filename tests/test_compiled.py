@@ -103,3 +103,22 @@ def test_an_exported_program_is_counted_as_itself(mode: str) -> None:
 def test_something_else_is_still_refused() -> None:
     with pytest.raises(flopscope.NotAModuleError, match="got function"):
         flopscope.profile(lambda x: x, torch.zeros(1))
+
+
+def test_a_profiler_block_around_a_compiled_model_warns() -> None:
+    model, _ = block()
+    compiled = torch.compile(model, backend=Counting())
+    with pytest.warns(flopscope.FlopscopeWarning, match=r"runs eagerly there .* flopscope.profile\(compiled, ...\)"):
+        flopscope.profiler(compiled)
+
+
+def test_crosscheck_of_a_compiled_model_leaves_it_compiled() -> None:
+    model, x = block()
+    backend = Counting()
+    compiled = torch.compile(model, backend=backend)
+    with torch.no_grad():
+        compiled(x)
+        cc = flopscope.crosscheck(compiled, x, tools=["FlopCounterMode"])  # a dispatch mode, on a copy
+        compiled(x)
+    assert cc.macs == sum(ROLES.values()) and cc["FlopCounterMode"].error is None
+    assert (backend.compiled, backend.calls) == (1, 2)

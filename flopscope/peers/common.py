@@ -26,6 +26,7 @@ from typing import Any, cast
 from tabulate import tabulate
 from torch import nn
 
+from ..compiled import eager_module
 from ..errors import ConfigurationError, FlopscopeError, RegistryError
 from ..formulas import FormulaRegistry, MacFormula
 from ..profile import OpRecord, Profile
@@ -290,6 +291,9 @@ def crosscheck(model: nn.Module, *args: Any, tools: Sequence[str] | None = None,
             raise ConfigurationError(f"unknown tool {name!r}; choose from {', '.join(TOOLS)}")
     kwargs = {**kwargs, **(forward_kwargs or {})}
     prof = profile(model, *args, mode="real", forward_kwargs=kwargs)
+    # the peers run on (copies of) the eager module: a compiled call under their hooks and modes would leave the
+    # caller's compiled model uncompiled (flopscope.compiled), and an ExportedProgram is no module
+    model, _ = eager_module(model)
     peers: dict[str, PeerCount] = {}
     for name in chosen:
         tool = _TOOL_TABLE[name]
