@@ -56,7 +56,6 @@ from typing import Any
 import torch
 from torch import fx
 from torch._subclasses.fake_tensor import FakeTensor
-from torch.overrides import TorchFunctionMode
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
@@ -829,57 +828,70 @@ class Recorder(TorchDispatchMode):
         return op
 
 
-_CONSTRUCTORS_FROM_DATA = (torch.tensor, torch.as_tensor, torch.asarray)
+CONSTRUCTORS_FROM_DATA = ("tensor", "as_tensor", "asarray")
+"""The ``torch`` functions that make a tensor from Python data: on fake tensors, :func:`from_known_data` stands in
+for them while a fake run counts (``runner.known_tensor_data``)."""
+_FAKE_RUN = threading.local()  # .recorder: the recorder of this thread's fake run, if one is running
 
 
-class KnownValuesInConstructors(TorchFunctionMode):
-    """Fake runs: ``torch.tensor(data)`` (and ``as_tensor``, ``asarray``) of Python data holding one-element fake
-    tensors whose values the recorder knows (``torch.tensor([positions.max() + 1 - n, ...])``: Qwen2-VL's rotary
-    position deltas) gets those values; torch reads such data's memory directly, which a fake tensor has not, and
-    no op reaches a dispatch mode. The new tensor's values are known too. Other calls pass through; with a value
-    not known, the call fails as it would (the fake run needs real data there)."""
+@contextmanager
+def fake_run_of(recorder: Recorder) -> Iterator[None]:
+    """This thread runs ``recorder``'s fake run: :func:`from_known_data` may answer from its known values."""
+    outer = getattr(_FAKE_RUN, "recorder", None)
+    _FAKE_RUN.recorder = recorder
+    try:
+        yield
+    finally:
+        _FAKE_RUN.recorder = outer
 
-    def __init__(self, recorder: Recorder) -> None:
-        super().__init__()
-        self.recorder = recorder
 
-    def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
-                           kwargs: dict[str, Any] | None = None) -> Any:
-        kwargs = kwargs or {}
-        if func not in _CONSTRUCTORS_FROM_DATA or not args or not isinstance(args[0], (list, tuple)):
-            return func(*args, **kwargs)
-        known = self._values(args[0])
-        if known is None:
-            return func(*args, **kwargs)
-        out = func(known, *args[1:], **kwargs)
+def from_known_data(original: Callable[..., Any]) -> Callable[..., Any]:
+    """``torch.tensor`` (or ``as_tensor``, ``asarray``) that, in a thread running a fake run, takes one-element fake
+    tensors in its Python data at the values the recorder knows (``torch.tensor([positions.max() + 1 - n, ...])``:
+    Qwen2-VL's rotary position deltas). torch reads such data's memory directly, which a fake tensor has not, and
+    no op reaches a dispatch mode; a torch function mode would see the call, but any such mode also turns
+    ``nn.MultiheadAttention``'s fast path off (``has_torch_function``). The new tensor's values are known too.
+    Other calls (other threads, data without fake tensors, a value not known) are the original's."""
+
+    @functools.wraps(original)
+    def constructor(data: Any, *args: Any, **kwargs: Any) -> Any:
+        recorder: Recorder | None = getattr(_FAKE_RUN, "recorder", None)
+        known = _known_data(recorder, data) if recorder is not None and isinstance(data, (list, tuple)) else None
+        if recorder is None or known is None:
+            return original(data, *args, **kwargs)
+        out = original(known, *args, **kwargs)
         if isinstance(out, torch.Tensor) and out.dtype in INDEX_DTYPES:
             with _disable_current_modes():
-                self.recorder.learn(out, torch.tensor(known, dtype=out.dtype))
+                recorder.learn(out, original(known, dtype=out.dtype))
         return out
 
-    def _values(self, data: Any) -> Any:
-        """``data`` with each one-element fake tensor replaced by its known value; ``None`` if one is unknown or
-        there is none."""
-        found = False
+    constructor.__flopscope_original__ = original  # type: ignore[attr-defined]
+    return constructor
 
-        def value(x: Any) -> Any:
-            nonlocal found
-            if isinstance(x, (list, tuple)):
-                return type(x)(value(v) for v in x)
-            if isinstance(x, FakeTensor):
-                known = self.recorder.value_of(x)
-                if known is None or known.numel() != 1:
-                    raise LookupError
-                found = True
-                with _disable_current_modes():
-                    return known.item()
-            return x
 
-        try:
-            out = value(data)
-        except LookupError:
-            return None
-        return out if found else None
+def _known_data(recorder: Recorder, data: Any) -> Any:
+    """``data`` with each one-element fake tensor replaced by its known value; ``None`` if one is unknown or
+    there is none."""
+    found = False
+
+    def value(x: Any) -> Any:
+        nonlocal found
+        if isinstance(x, (list, tuple)):
+            return type(x)(value(v) for v in x)
+        if isinstance(x, FakeTensor):
+            known = recorder.value_of(x)
+            if known is None or known.numel() != 1:
+                raise LookupError
+            found = True
+            with _disable_current_modes():
+                return known.item()
+        return x
+
+    try:
+        out = value(data)
+    except LookupError:
+        return None
+    return out if found else None
 
 
 def _storage_of(t: torch.Tensor) -> int:

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from .capture import INDEX_DTYPES, UNINITIALISED, CapturedOp, Cost, after_write
+from .formulas import OpFamily
 from .graph_view import inputs_of, reach
 from .role import ROLE_ORDER, Role
 
@@ -97,6 +98,8 @@ def _replay(n: CapturedOp, labels: Mapping[CapturedOp, Labels]) -> Labels:
         return _replay_write(n, labels, inputs, out_shape)
     if n.cost is Cost.ZERO:
         return _replay_zero_cost(n, labels, inputs, out_shape)
+    if _channelwise(n) and isinstance(labels.get(n.args[0]), torch.Tensor):
+        return _replay_channelwise(labels[n.args[0]], out_shape, inputs)
     if n.cost is Cost.ELEMENTWISE and isinstance(inputs[0], torch.Tensor):
         first = inputs[0]
         try:
@@ -132,6 +135,23 @@ def _replay_write(n: CapturedOp, labels: Mapping[CapturedOp, Labels], inputs: li
     except REPLAY_ERRORS:
         return _union(inputs)
     return result if result is not None and tuple(result.shape) == out_shape else _union(inputs)
+
+
+def _channelwise(n: CapturedOp) -> bool:
+    """A depthwise convolution (weight ``[C, 1, *k]``, ``C`` input and output channels)."""
+    if n.spec is None or n.spec.family is not OpFamily.CONV or len(n.input_shapes) < 2 or not n.output_shapes:
+        return False
+    x, weight = n.input_shapes[0], n.input_shapes[1]
+    return len(x) >= 3 and len(weight) == len(x) and weight[1] == 1 and weight[0] == x[1] == n.output_shapes[0][1]
+
+
+def _replay_channelwise(x: torch.Tensor, out_shape: tuple[int, ...], inputs: list[Labels]) -> Labels:
+    """A depthwise convolution's output channel holds its input channel's column, where that channel holds one
+    column at every position (it mixes positions, not channels)."""
+    flat = x.flatten(2)
+    if len(out_shape) != x.dim() or not bool((flat == flat[..., :1]).all()):
+        return _union(inputs)
+    return flat[..., :1].reshape(*x.shape[:2], *[1] * (x.dim() - 2)).expand(out_shape)
 
 
 def _view_chain(n: CapturedOp) -> tuple[CapturedOp, list[CapturedOp]]:
@@ -172,8 +192,9 @@ def _replay_zero_cost(n: CapturedOp, labels: Mapping[CapturedOp, Labels], inputs
                       out_shape: tuple[int, ...]) -> Labels:
     """Run a view / copy / index op on the label tensors themselves."""
     packet = getattr(n.target, "overloadpacket", None)
-    if packet in IDENTITY_OPS:
-        return inputs[0]
+    if packet in IDENTITY_OPS:  # (laid out as the op lays its output: a copy is contiguous, as _unsafe_view needs)
+        first = inputs[0]
+        return first.contiguous() if isinstance(first, torch.Tensor) and packet is not aten.detach else first
     if packet in UNINITIALISED:  # whatever memory held: no column of the projection
         return torch.full(out_shape, -1, dtype=torch.long)
     in_place = str(packet).endswith("_")

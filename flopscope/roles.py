@@ -309,7 +309,7 @@ def _from_attention(view: GraphView, state: RoleState, operand: CapturedOp) -> b
 
 
 def _demand_projections(view: GraphView, state: RoleState, operand: CapturedOp, role: str) -> set[CapturedOp]:
-    found = _projections_of(view, state, operand, role)
+    found = _projections_of(view, state, operand, role, through_channelwise=True)
     for p, target, demanded in found:
         state.demand(p, target, demanded)
     return {p for p, _, _ in found}
@@ -384,6 +384,8 @@ def ffn(view: GraphView, state: RoleState) -> None:
             branches = [(x, Role.FFN_UP.value)]
         else:
             continue
+        if any(not view.is_weight_matmul(m) for start, _ in branches for m in _behind_channelwise(view, start)):
+            continue  # a product of activations (a scan, a state) behind the hidden layer: a token mixer, no FFN
         found = [_projections_of(view, state, start, role) for start, role in branches]
         if all(found):  # every branch reaches a projection: commit the demands, else leave them all
             for demands in found:
@@ -421,8 +423,6 @@ def _gating(view: GraphView, n: CapturedOp) -> bool:
 
 
 # --------------------------------------------------------------------------------------------------
-# pass 5 and rules
-# --------------------------------------------------------------------------------------------------
 # pass 5: factored projections
 PROJECTION_ROLES = frozenset({Role.Q_PROJ.value, Role.K_PROJ.value, Role.V_PROJ.value})
 
@@ -452,6 +452,8 @@ def _projection_roles(state: RoleState, n: CapturedOp) -> set[str]:
     return roles if roles and roles <= PROJECTION_ROLES else set()
 
 
+# --------------------------------------------------------------------------------------------------
+# pass 6 and rules
 def unclaimed_are_other(view: GraphView, state: RoleState) -> None:
     """Every multiply no pass claimed is ``other``."""
     for n in view.nodes:
@@ -528,11 +530,32 @@ def _backward(view: GraphView, forward: Mapping[CapturedOp, Assignment]) -> dict
 
 # --------------------------------------------------------------------------------------------------
 # searches shared by the passes
-def _projections_of(view: GraphView, state: RoleState, start: CapturedOp, role: str
+def _projections_of(view: GraphView, state: RoleState, start: CapturedOp, role: str, through_channelwise: bool = False
                     ) -> list[tuple[CapturedOp, CapturedOp, str]]:
-    """(projection, consumer target, role) for the weight matmuls nearest behind ``start``."""
-    return [(p, start, role) for p in _nearest_before(view, start)
+    """(projection, consumer target, role) for the weight matmuls nearest behind ``start``; with
+    ``through_channelwise``, looking through depthwise convolutions (a short convolution over positions, channel by
+    channel, keeps each channel a column of the projection before it: the query, key and value of Mamba-2 and
+    gated DeltaNet; the convolution keeps ``conv``)."""
+    behind = _behind_channelwise(view, start) if through_channelwise else _nearest_before(view, start)
+    return [(p, start, role) for p in behind
             if view.is_weight_matmul(p) and (p not in state.parts or p in state.demands)]
+
+
+def _behind_channelwise(view: GraphView, start: CapturedOp) -> list[CapturedOp]:
+    """The multiplies nearest behind ``start``, with each depthwise convolution among them replaced by the
+    multiplies nearest behind its input."""
+    found: dict[CapturedOp, None] = {}
+    todo, seen = list(_nearest_before(view, start)), set()
+    while todo:
+        m = todo.pop(0)
+        if m in seen:
+            continue
+        seen.add(m)
+        if view.is_channelwise_conv(m) and isinstance(m.args[0], CapturedOp):
+            todo.extend(_nearest_before(view, m.args[0]))
+        else:
+            found[m] = None
+    return list(found)
 
 
 def _nearest_before(view: GraphView, start: Any, stop_at_softmax: bool = False) -> list[CapturedOp]:

@@ -34,15 +34,17 @@ from torch._subclasses.fake_tensor import FakeTensor
 from torch.nn.utils.stateless import _reparametrize_module
 
 from .capture import (
+    CONSTRUCTORS_FROM_DATA,
     INDEX_DTYPES,
     MAX_KNOWN_NUMEL,
     FakeTensorInRealRun,
-    KnownValuesInConstructors,
     LeafKind,
     LeafName,
     OpFailure,
     Recorder,
     RefusedInput,
+    fake_run_of,
+    from_known_data,
     op_name,
 )
 from .checks import check_inputs, check_mode, check_model, forward_signature
@@ -231,7 +233,8 @@ def _run(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], option
             stack.enter_context(tracker)
             stack.enter_context(recorder)
             if convert is not None:
-                stack.enter_context(KnownValuesInConstructors(recorder))
+                stack.enter_context(known_tensor_data())
+                stack.enter_context(fake_run_of(recorder))
             if options.backward:
                 stack.enter_context(torch.enable_grad())
             try:
@@ -301,7 +304,8 @@ class Session:
             self._stack.enter_context(tracker)
             self._stack.enter_context(recorder)
             if convert is not None:
-                self._stack.enter_context(KnownValuesInConstructors(recorder))
+                self._stack.enter_context(known_tensor_data())
+                self._stack.enter_context(fake_run_of(recorder))
         except BaseException:
             self._stack.close()
             raise
@@ -480,6 +484,22 @@ eager_flex_attention = WhileCapturing(lambda: getattr(_flex_module(), "_FLEX_ATT
 """While a capture runs, FlexAttention (once imported) calls its op directly, as its documented debug switch makes
 it do: outside ``torch.compile`` it wraps the op in ``torch.compile(fullgraph=True)``, which Dynamo refuses under
 any dispatch mode; called directly, the op runs the same eager (dense) implementation it compiles to there."""
+
+
+def _constructors() -> tuple[Any, ...]:
+    return tuple(getattr(torch, name) for name in CONSTRUCTORS_FROM_DATA)
+
+
+def _set_constructors(functions: tuple[Any, ...]) -> None:
+    for name, function in zip(CONSTRUCTORS_FROM_DATA, functions, strict=True):
+        setattr(torch, name, function)
+
+
+known_tensor_data = WhileCapturing(_constructors, _set_constructors,
+                                   lambda old: tuple(from_known_data(function) for function in old))
+"""While a fake run counts, ``torch.tensor`` / ``as_tensor`` / ``asarray`` take one-element fake tensors in their data
+at the values the recorder knows (:func:`~flopscope.capture.from_known_data`; in other threads, and for other data,
+the original functions run); put back when the last capture ends."""
 
 
 @contextmanager

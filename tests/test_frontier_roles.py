@@ -101,3 +101,108 @@ def test_gpt_oss_roles_equal_their_closed_forms(mode: str) -> None:
     ids = torch.randint(0, GPT_OSS["vocab_size"], (1, n))
     for _ in range(2):
         assert roles_of(model, ids, "fake" if mode == "meta" else mode) == gpt_oss_roles(GPT_OSS)
+
+
+def hybrid(cls: str, config: str, settings: dict, mode: str) -> dict[str, int]:
+    model = build(cls, config, "eager", mode, settings)
+    ids = torch.randint(0, settings["vocab_size"], (1, n))
+    return roles_of(model, ids, "fake" if mode == "meta" else mode)
+
+
+def attention_layer(d: int, h: int, kv: int, hd: int, q_width: int | None = None) -> dict[str, int]:
+    """One softmax attention layer over n tokens (``q_width``: the query projection's columns, if not h·hd)."""
+    return {"q_proj": n * d * (q_width or h * hd), "k_proj": n * d * kv * hd, "v_proj": n * d * kv * hd,
+            "out_proj": n * h * hd * d, "attn_scores": h * n * n * hd, "attn_weighted_sum": h * n * n * hd}
+
+
+def plus(*parts: dict[str, int]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for part in parts:
+        for role, macs in part.items():
+            out[role] = out.get(role, 0) + macs
+    return out
+
+
+QWEN3_NEXT = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, head_dim=8, linear_num_value_heads=4, linear_num_key_heads=2,
+                  linear_key_head_dim=8, linear_value_head_dim=8, linear_conv_kernel_dim=4, num_experts=4,
+                  num_experts_per_tok=2, moe_intermediate_size=16, shared_expert_intermediate_size=16,
+                  layer_types=["linear_attention", "full_attention"])
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_qwen3_next_gated_deltanet_is_attention_not_ffn(mode: str) -> None:
+    """Gated DeltaNet (the reference chunked kernel: n padded to one chunk of 64). Its query and key columns of
+    in_proj_qkvz reach the in-chunk quadratic form through the short depthwise convolution: q_proj, k_proj; the
+    in-chunk scores q·kᵀ and weighted sum are attention; out_proj is out_proj. The value and gate columns, the
+    delta rule's key Gram matrix, its triangular solve and the state products stay other (docs/roles.md 3.2.2).
+    At 3bbe37a the core was other, in_proj_qkvz ffn_up and out_proj ffn_down. The full-attention layer has an
+    output gate in its query projection (q_proj's columns, one role demanded: all of them)."""
+    c = QWEN3_NEXT
+    d, hk, hv, dk, dv, chunk = 32, 2, 4, 8, 8, 64
+    conv_channels = 2 * hk * dk + hv * dv
+    linear = {"q_proj": n * d * hk * dk, "k_proj": n * d * hk * dk, "out_proj": n * hv * dv * d,
+              "attn_scores": hv * chunk * chunk * dk, "attn_weighted_sum": hv * chunk * chunk * dv,
+              "conv": conv_channels * (n + c["linear_conv_kernel_dim"] - 1) * c["linear_conv_kernel_dim"]}
+    full = attention_layer(d, 4, 2, 8, q_width=2 * 4 * 8)
+    per_moe_branch = (2 * n * d * 16 + n * d * 16)  # two routed experts per token, and the shared expert
+    moe = {"ffn_up": per_moe_branch, "ffn_gate": per_moe_branch, "ffn_down": per_moe_branch}
+    expected = plus(linear, full, moe, moe, {"logits": n * d * c["vocab_size"]})
+    roles = hybrid("Qwen3NextForCausalLM", "Qwen3NextConfig", c, mode)
+    assert {role: macs for role, macs in roles.items() if role != "other"} == expected
+
+
+BAMBA = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, mamba_n_heads=4, mamba_d_head=16, mamba_n_groups=1, mamba_d_state=4,
+             mamba_d_conv=4, mamba_expand=2, attn_layer_indices=[1], mamba_chunk_size=8)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_mamba2_reads_as_its_attention_dual(mode: str) -> None:
+    """Mamba-2 (Bamba) by state-space duality: the in-chunk C·Bᵀ is attn_scores, its product with x
+    attn_weighted_sum; in_proj's C columns are q_proj, B columns k_proj, x columns v_proj (through the depthwise
+    convolution), its z and dt columns other; out_proj out_proj. The inter-chunk state products stay other."""
+    d, heads, d_head, state, k = 32, 4, 16, 4, 4
+    inner = heads * d_head
+    mamba = {"q_proj": n * d * state, "k_proj": n * d * state, "v_proj": n * d * inner, "out_proj": n * inner * d,
+             "attn_scores": heads * n * n * state, "attn_weighted_sum": heads * n * n * d_head,
+             "conv": (inner + 2 * state) * (n + k - 1) * k}
+    mlp = {"ffn_up": n * d * 64, "ffn_gate": n * d * 64, "ffn_down": n * 64 * d}
+    expected = plus(mamba, attention_layer(d, 4, 2, 8), mlp, mlp, {"logits": n * d * BAMBA["vocab_size"]})
+    roles = hybrid("BambaForCausalLM", "BambaConfig", BAMBA, mode)
+    assert {role: macs for role, macs in roles.items() if role != "other"} == expected
+    assert roles["other"] == n * d * (inner + heads) + _state_products(BAMBA)
+
+
+def _state_products(c: dict) -> int:
+    """The inter-chunk state products of Mamba-2's reference kernel over one chunk (n = chunk): the chunk state
+    Bᵀ·x (heads·d_head·state·n), its decay across chunks (heads·2·2·d_head·state) and the readout C·state
+    (heads·n·state·d_head)."""
+    heads, d_head, state = c["mamba_n_heads"], c["mamba_d_head"], c["mamba_d_state"]
+    return heads * d_head * state * n + heads * 2 * 2 * d_head * state + heads * n * state * d_head
+
+
+JAMBA = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, mamba_d_state=4, mamba_d_conv=4, mamba_expand=2, mamba_dt_rank=4,
+             attn_layer_period=2, attn_layer_offset=1, expert_layer_period=2, expert_layer_offset=1, num_experts=2)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_mamba_mixer_is_not_an_ffn(mode: str) -> None:
+    """Mamba-1 (Jamba): the selective scan is elementwise but for its readout, so no attention form is found; its
+    projections are other, never ffn_up / ffn_down (at 3bbe37a in_proj was ffn_up and out_proj ffn_down: the FFN
+    pass read the gate silu(z) · y as a gated FFN; a product of activations behind the hidden layer now says
+    token mixer). Its attention and FFN / MoE layers keep their roles."""
+    d, inner, state, dt_rank, k = 32, 64, 4, 4, 4
+    mlp = n * d * 64
+    routed = 2 * n * d * 64  # two experts, both chosen
+    expected = plus(attention_layer(d, 4, 2, 8), {"ffn_up": mlp + routed, "ffn_gate": mlp + routed,
+                                                  "ffn_down": mlp + routed},
+                    {"conv": inner * (n + k - 1) * k, "logits": n * d * JAMBA["vocab_size"],
+                     "other": (n * d * 2 * inner  # in_proj
+                               + n * inner * (dt_rank + 2 * state)  # x_proj
+                               + n * dt_rank * inner  # dt_proj
+                               + n * inner * state  # the scan's readout C · state
+                               + n * inner * d  # out_proj
+                               + n * d * 2)})  # the router
+    assert hybrid("JambaForCausalLM", "JambaConfig", JAMBA, mode) == expected

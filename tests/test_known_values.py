@@ -209,3 +209,15 @@ def test_a_value_written_from_unknown_data_is_refused_never_stale() -> None:
     assert flopscope.profile(model, x, counts, mode="real").total() == 2 * 4 * D * D
     with pytest.raises(FakeTensorError, match="needs real data"):
         flopscope.profile(model, x, counts, mode="fake")
+
+
+def test_torch_tensor_is_torchs_own_again_after_every_fake_run() -> None:
+    """The stand-in for torch.tensor / as_tensor / asarray lives only while a fake run counts, also when the
+    forward raises; a torch function mode would have done it without patching, but it turns nn.MultiheadAttention's
+    fast path off (tests/test_zoo.py's fast-path cases in fake mode)."""
+    originals = (torch.tensor, torch.as_tensor, torch.asarray)
+    flopscope.profile(PositionsWrittenInPlace(), torch.randn(2, D), torch.tensor([3, 5]), mode="fake")
+    assert (torch.tensor, torch.as_tensor, torch.asarray) == originals
+    with pytest.raises(FakeTensorError):
+        flopscope.profile(WritesAnUnknownValue(), torch.randn(4, D), torch.tensor([2, 5]), mode="fake")
+    assert (torch.tensor, torch.as_tensor, torch.asarray) == originals
