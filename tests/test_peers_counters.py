@@ -82,6 +82,18 @@ def test_their_lstm_rule_counts_flops_and_no_macs(tool: str) -> None:
     assert miss.reason == f"its LSTM rule counts {N * per_step:,} FLOPs and 0 MACs"
 
 
+@pytest.mark.parametrize("tool", PATCHING)
+def test_their_hooks_switch_the_encoder_layer_fast_path_off(tool: str) -> None:
+    cc = run("2a_encoder_layer_fastpath", tool)
+    path, miss = cc[tool].differences
+    assert (path.kind, path.delta) == ("path", 0)
+    assert path.reason.startswith("its module hooks change what runs, with the same MACs: "
+                                  "aten._transformer_encoder_layer_fwd in the caller's run, ")
+    assert "aten._native_multi_head_attention" in path.reason  # their run: the unfused layer around the fused MHA
+    assert (miss.kind, dict(miss.roles), miss.modules) == ("missing", MHA, ("self_attn",))
+    assert cc[tool].macs == total(ffn(1, N, D, 2048))  # the feed-forward's two Linears only
+
+
 def test_calflops_misses_the_at_operator_and_sdpa_deepspeed_counts_both() -> None:
     for name, reason in (("3b_hand_at", "aten.bmm in HandAttention: not counted (it does not patch "
                                         "Tensor.__matmul__, torch.bmm or Tensor.bmm)"),

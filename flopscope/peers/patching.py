@@ -131,6 +131,12 @@ def _run(driver: _Driver, model: nn.Module, args: tuple[Any, ...], kwargs: dict[
         mine.setdefault(canonical.get(owner, owner), []).append(record)
 
     differences = path_difference(driver.tool, "its module hooks change what runs", followed.profile, prof)
+    if followed.profile is not None and not differences:  # the same MACs, maybe through other kernels
+        ours, theirs_ops = set(prof.by_op()), set(followed.profile.by_op())
+        if ours != theirs_ops:
+            differences.append(Difference(driver.tool, "path", 0, "its module hooks change what runs, with the same "
+                                          f"MACs: {', '.join(sorted(ours - theirs_ops)) or 'nothing'} in the "
+                                          f"caller's run, {', '.join(sorted(theirs_ops - ours)) or 'nothing'} in its"))
     groups: dict[tuple[str, str, bool], list[str]] = {}  # (module type, kind, by an RNN rule) -> paths
     for path in [*mine, *(p for p in macs if p not in mine)]:
         counted, executed = macs.get(path, 0), sum(r.multiplies for r in mine.get(path, ()))
