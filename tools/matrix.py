@@ -6,6 +6,9 @@
     python tools/matrix.py floor -- -x -k fft   # arguments after -- go to pytest
     python tools/matrix.py --venvs DIR floor    # keep the cell's venv in DIR/floor (default: a temporary folder,
                                                 # each venv removed once its cell has run)
+    python tools/matrix.py --venvs DIR --prepare floor newest  # only make the venvs and install their requirements
+                                                # (not the checkout, no tests); a later run with the same --venvs
+                                                # reuses them and installs the checkout
 
 A cell: ``python -m venv``, then ``pip install torch==T transformers==H -e ".[dev]"`` with a constraints file that
 holds those two pins (given as PIP_CONSTRAINT, in place of any machine-wide one, so that no other package moves
@@ -13,7 +16,8 @@ them and a release newer than a local cap can be asked for), then the README's `
 repository root. ``pin`` is CI's torch (the local CPU wheel) with the transformers pip picks for the dev extra;
 ``floor`` and ``newest`` pin both. torch from the package index is a CUDA build of several GB (it runs on the CPU).
 Prints one line per cell (the versions installed, pytest's counts, minutes) and the table at the end; exits 1
-if a cell fails. ``.ci/run`` runs ``floor`` and ``newest`` after the pinned suite. The README's compatibility
+if a cell fails. ``.ci/run`` prepares ``floor`` and ``newest`` in the background (the downloads overlap the pinned
+suite) and runs them after it. The README's compatibility
 table holds what these cells measured; pyproject.toml declares floor torch and floor transformers.
 """
 
@@ -61,22 +65,55 @@ class Result:
         return f"{self.name:7s} {self.versions:40s} {counts} ({self.minutes:.1f} min){'' if self.ok else '  FAILED'}"
 
 
-def run_cell(name: str, cell: Cell, venvs: Path, pytest_args: list[str]) -> Result:
-    start = time.monotonic()
+INSTALLED = ".flopscope-cell"
+"""A file in a cell's venv holding the pins its requirements were installed with (written once that succeeded)."""
+
+
+def requirements() -> list[str]:
+    """The checkout's requirements with its ``dev`` extra, from ``pyproject.toml`` (what ``-e ".[dev]"`` pulls)."""
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    return [*project["dependencies"], *project["optional-dependencies"]["dev"]]
+
+
+def install_cell(name: str, cell: Cell, venvs: Path, *, checkout: bool = True
+                 ) -> tuple[list[str], dict[str, str], str | None]:
+    """Make the cell's venv and install the cell's pins and the checkout's requirements, unless ``venvs / name``
+    already holds them; then, with ``checkout``, the checkout itself (editable: ``-e ".[dev]"``, quick once its
+    requirements are in). ``checkout=False`` (``--prepare``) writes nothing into the checkout, so it may run beside
+    other installs and builds of it. Returns (pins, the cell's environment, pip's output if it failed)."""
     venv = venvs / name
-    shutil.rmtree(venv, ignore_errors=True)
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-    python = str(venv / "bin" / "python")
     pins = [f"torch=={cell.torch}"] + ([f"transformers=={cell.transformers}"] if cell.transformers else [])
     constraints = venv / "constraints.txt"
-    constraints.write_text("\n".join(pins) + "\n")
     env = {**os.environ, "PIP_CONSTRAINT": str(constraints)}
     env.pop("VIRTUAL_ENV", None)
-    print(f"== {name}: {' '.join(pins)} ({cell.about})", flush=True)
-    install = subprocess.run([python, "-m", "pip", "install", "-q", *pins, "-e", ".[dev]"], cwd=ROOT, env=env,
-                             capture_output=True, text=True)
-    if install.returncode != 0:
-        print(_without_noise(install.stdout + install.stderr), flush=True)
+    python = str(venv / "bin" / "python")
+    marker = venv / INSTALLED
+    if not (marker.is_file() and marker.read_text() == " ".join(pins)):
+        shutil.rmtree(venv, ignore_errors=True)
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+        constraints.write_text("\n".join(pins) + "\n")
+        install = subprocess.run([python, "-m", "pip", "install", "-q", *pins, *requirements()], env=env,
+                                 capture_output=True, text=True)
+        if install.returncode != 0:
+            return pins, env, _without_noise(install.stdout + install.stderr)
+        marker.write_text(" ".join(pins))
+    if checkout:
+        install = subprocess.run([python, "-m", "pip", "install", "-q", "-e", ".[dev]"], cwd=ROOT, env=env,
+                                 capture_output=True, text=True)
+        if install.returncode != 0:
+            return pins, env, _without_noise(install.stdout + install.stderr)
+    return pins, env, None
+
+
+def run_cell(name: str, cell: Cell, venvs: Path, pytest_args: list[str]) -> Result:
+    start = time.monotonic()
+    python = str(venvs / name / "bin" / "python")
+    print(f"== {name}: {cell.torch} / {cell.transformers or '(newest)'} ({cell.about})", flush=True)
+    pins, env, failed = install_cell(name, cell, venvs)
+    if failed is not None:
+        print(failed, flush=True)
         return Result(name, " ".join(pins), {}, (time.monotonic() - start) / 60, ok=False)
     versions = subprocess.run([python, "-c", "import torch, transformers; "
                                "print(f'torch {torch.__version__}, transformers {transformers.__version__}')"],
@@ -104,6 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("cells", nargs="*", help=f"cells to run: {', '.join(CELLS)} (default: all)")
     parser.add_argument("--list", action="store_true", help="list the cells and exit")
     parser.add_argument("--venvs", type=Path, help="keep the venvs in this folder (default: temporary, removed)")
+    parser.add_argument("--prepare", action="store_true", help="only make and install the cells' venvs (--venvs)")
     args = parser.parse_args(argv)
     if args.list:
         for name, cell in CELLS.items():
@@ -113,6 +151,15 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [name for name in names if name not in CELLS]
     if unknown:
         parser.error(f"unknown cell {', '.join(unknown)}; the cells: {', '.join(CELLS)}")
+    if args.prepare:
+        if args.venvs is None:
+            parser.error("--prepare needs --venvs (where the next run finds them)")
+        failures = [(name, failed) for name in names
+                    if (failed := install_cell(name, CELLS[name], args.venvs, checkout=False)[2])]
+        for name, failed in failures:
+            print(f"== {name}: install failed\n{failed}", flush=True)
+        print(f"prepared: {', '.join(n for n in names if n not in dict(failures))}", flush=True)
+        return 1 if failures else 0
     venvs = args.venvs or Path(tempfile.mkdtemp(prefix="flopscope-matrix-"))
     results = []
     try:
