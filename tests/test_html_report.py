@@ -321,6 +321,24 @@ def test_generation_steps_and_decode_polynomials(tmp_path: Path) -> None:
     assert "<h2>Generation steps</h2>" in text and f"<td>{L * d:,}·c</td>" in text
 
 
+def test_reconciliation_reasons_are_in_the_page(tmp_path: Path) -> None:
+    class Bare(nn.Module):  # attention without projections: no block whose closed form flopscope knows
+        def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            return torch.softmax(q @ k.transpose(-2, -1), -1) @ v
+
+    n, d = 16, 32
+    q = torch.zeros(1, n, d)
+    prof = flopscope.profile(Bare(), q, q, q)
+    rows = prof.reconcile().rows
+    assert rows and all(r.predicted is None and r.reason for r in rows)
+    dom = Dom(prof.to_html(tmp_path / "bare.html").read_text())  # the tables are the page's own HTML
+    shown = dom.tables["reconciliation"][1:]  # (the header row first)
+    assert [(row[1], row[2], row[3], row[4], row[7]) for row in shown] == [
+        (r.role, f"{r.measured:,}", "—", "—", r.reason) for r in rows]
+    assert {row[1]: row[2] for row in shown} == {"attn_scores": f"{n * n * d:,}", "attn_weighted_sum": f"{n * n * d:,}"}
+    assert f"0 of {len(rows)} rows exactly as predicted" in dom.text["reconciliation"]
+
+
 def test_a_model_without_macs() -> None:
     prof = flopscope.profile(nn.ReLU(), torch.zeros(4, 4))
     data = report_data(prof)
