@@ -242,6 +242,47 @@ def _core_macs(measured: Mapping[str, int], batch: int, n_q: int, n_k: int, hype
     return core
 
 
+@dataclass(frozen=True)
+class _LatentAttention:
+    """Multi-head latent attention (DeepSeek-V2 / V3, Kimi K2; formulas.md section 7.3): queries through a low-rank
+    factor of rank ``r_q`` (or one projection where ``r_q`` is 0), keys and values expanded from one latent of rank
+    ``r_kv``, each head's key ``nope`` columns from the latent and ``rope`` rotary columns shared by all heads."""
+
+    h: int
+    r_q: int  # 0: no query factor (q_proj: d -> h·(nope + rope))
+    r_kv: int
+    nope: int
+    rope: int
+    d_v: int
+    source: str
+
+    def macs(self, batch: int, n_q: int, n_k: int, d: int) -> dict[str, int]:
+        """Per role, for one call (docs/roles.md section 3.5: the latent and the shared rotary key are k_proj)."""
+        h, r_q, r_kv, nope, rope, d_v = self.h, self.r_q, self.r_kv, self.nope, self.rope, self.d_v
+        query = d * r_q + r_q * h * (nope + rope) if r_q else d * h * (nope + rope)
+        return {"q_proj": batch * n_q * query,
+                "k_proj": batch * n_k * (d * (r_kv + rope) + r_kv * h * nope),
+                "v_proj": batch * n_k * r_kv * h * d_v,
+                "attn_scores": batch * h * n_q * n_k * (nope + rope),
+                "attn_weighted_sum": batch * h * n_q * n_k * d_v,
+                "out_proj": batch * n_q * h * d_v * d}
+
+
+def _latent_attention(b: _Block) -> _LatentAttention | None:
+    """The block's latent-attention hyper-parameters, where its module declares them (``kv_lora_rank``, ...)."""
+    facts, paths = b.facts, [b.path]
+    values = {name: facts.declared(Names(module=(name,)), paths, config=False)
+              for name in ("num_heads", "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",
+                           "v_head_dim")}
+    needed = ("num_heads", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
+    if any(values[name] is None for name in needed):
+        return None
+    h, r_kv, nope, rope, d_v = (int(values[name] or 0) for name in needed)
+    r_q = int(values["q_lora_rank"] or 0)
+    return _LatentAttention(h, r_q, r_kv, nope, rope, d_v,
+                            f"latent attention r_q={r_q or '-'} r_kv={r_kv} nope={nope} rope={rope} d_v={d_v}")
+
+
 def _attention_hyper(b: _Block) -> _Attention | None:
     facts, spec = b.facts, b.spec
     paths = inside(facts.types, b.path)
@@ -315,6 +356,9 @@ def _attention_rows(b: _Block) -> list[ReconcileRow]:
         causal = spec.causal if spec.causal is not None else causal
         window = spec.window if spec.window is not None else window
     basis = ""
+    latent = _latent_attention(b)
+    if latent is not None:
+        hyper = replace(hyper, source=f"{latent.source} (module attributes)")
     for shapes in calls or [()]:
         if spec is not None and spec.n is not None:
             batch, n_q = spec.batch or 1, spec.n
@@ -331,13 +375,17 @@ def _attention_rows(b: _Block) -> list[ReconcileRow]:
         # nn.MultiheadAttention declares the key / value input widths and keys appended after projection
         k_in, v_in = facts.attr(block, "kdim") or d, facts.attr(block, "vdim") or d
         appended = int("bias_k" in facts.param_shapes.get(block, {})) + int(bool(facts.attr(block, "add_zero_attn")))
-        predicted["q_proj"] += batch * n_q * d * d_q
-        predicted["k_proj"] += batch * n_k * k_in * d_kv
-        predicted["v_proj"] += batch * n_k * v_in * d_kv
-        n_k += appended
-        for role, macs in _core_macs(measured, batch, n_q, n_k, hyper).items():
-            predicted[role] += macs
-        predicted["out_proj"] += batch * n_q * d_q * d
+        if latent is not None:  # multi-head latent attention: its own closed form
+            for role, macs in latent.macs(batch, n_q, n_k, d).items():
+                predicted[role] += macs
+        else:
+            predicted["q_proj"] += batch * n_q * d * d_q
+            predicted["k_proj"] += batch * n_k * k_in * d_kv
+            predicted["v_proj"] += batch * n_k * v_in * d_kv
+            n_k += appended
+            for role, macs in _core_macs(measured, batch, n_q, n_k, hyper).items():
+                predicted[role] += macs
+            predicted["out_proj"] += batch * n_q * d_q * d
         pairs = useful_pairs(n_q, n_k, causal and n_k >= n_q, window)
         useful["attn_scores"] += batch * pairs * d_q
         useful["attn_weighted_sum"] += batch * pairs * d_q

@@ -444,6 +444,10 @@ def factored_projections(view: GraphView, state: RoleState) -> None:
             target = view.activation_operand(r)
             for role in sorted(_projection_roles(state, r), key=ROLE_ORDER.index):
                 state.demand(n, target, role)
+        for group in state.groups:  # one attention instance with the projections it factors
+            if any(r in group for r in readers):
+                group.add(n)
+                break
 
 
 def _projection_roles(state: RoleState, n: CapturedOp) -> set[str]:

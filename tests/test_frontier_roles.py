@@ -206,3 +206,19 @@ def test_a_mamba_mixer_is_not_an_ffn(mode: str) -> None:
                                + n * inner * d  # out_proj
                                + n * d * 2)})  # the router
     assert hybrid("JambaForCausalLM", "JambaConfig", JAMBA, mode) == expected
+
+
+def test_deepseek_v3_reconciles_with_the_latent_attention_closed_form() -> None:
+    """reconcile() predicts MLA from the attention module's own ranks (formulas.md section 7e'): every row exact,
+    the factors inside their attention block (at 47d4c63 q_a_proj was a block of its own, predicted as a whole
+    attention layer)."""
+    model = build("DeepseekV3ForCausalLM", "DeepseekV3Config", "sdpa", "real", DEEPSEEK)
+    with torch.no_grad():
+        prof = flopscope.profile(model, torch.randint(0, DEEPSEEK["vocab_size"], (1, n)))
+    rows = prof.reconcile().rows
+    attention = [row for row in rows if row.block.endswith("self_attn")]
+    assert {row.block for row in rows} >= {f"model.layers.{i}.self_attn" for i in range(DEEPSEEK["num_hidden_layers"])}
+    assert not any(row.block.endswith(("q_a_proj", "kv_a_proj_with_mqa")) for row in rows)
+    per_layer = {role: macs // DEEPSEEK["num_hidden_layers"] for role, macs in deepseek_v3_roles(DEEPSEEK).items()}
+    for row in attention:
+        assert row.predicted == per_layer[row.role] and row.exact, row
