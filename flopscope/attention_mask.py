@@ -332,24 +332,16 @@ def _shape(arg: Any) -> tuple[int, ...] | None:
     return arg.output_shapes[0] if isinstance(arg, CapturedOp) and arg.output_shapes else None
 
 
-_BNHD = ("_flash_attention_forward", "_flash_attention_backward", "_efficient_attention_forward",
-         "_efficient_attention_backward")
-
-
 def _kernel_geometry(op: CapturedOp) -> tuple[int, int, tuple[int, ...]] | None:
-    """(n_q, n_k, scores shape ``[*batch, heads, n_q, n_k]``) of a fused attention kernel, from q and k."""
+    """(n_q, n_k, scores shape ``[*batch, heads, n_q, n_k]``) of a fused attention kernel, from q and k in the
+    layout its registration declares (:meth:`~flopscope.formulas.OpSpec.attention_geometry`)."""
     operands = op.spec.operands[:2] if op.spec is not None else ()
-    if len(operands) != 2:
+    if op.spec is None or len(operands) != 2:
         return None
     q, k = (_shape(op.args[i]) if i < len(op.args) else None for i in operands)
     if q is None or k is None:
         return None
-    name = op.op_name
-    if any(name.endswith(kernel) for kernel in _BNHD):  # [B, n, heads, d]; 3-D is packed variable-length
-        return (q[1], k[1], (q[0], q[2], q[1], k[1])) if len(q) == 4 and len(k) == 4 else None
-    if ("scaled_dot_product" in name or op.target is FLEX_ATTENTION) and len(q) >= 3 and len(k) >= 3:  # [*B, h, n, d]
-        return q[-2], k[-2], (*q[:-1], k[-2])
-    return None
+    return op.spec.attention_geometry(q, k)
 
 
 # --------------------------------------------------------------------------------------------------

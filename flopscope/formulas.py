@@ -107,6 +107,11 @@ class OpFamily(StrEnum):
 _OPERAND_FAMILIES = {OpFamily.MATMUL: 2, OpFamily.GROUPED_MATMUL: 2, OpFamily.ATTENTION: 3}
 
 
+BHND, BNHD = "[*B, heads, n, d]", "[B, n, heads, d]"
+"""The two operand layouts of attention kernels: SDPA's and FlexAttention's ``[*batch, heads, positions, width]``,
+and FlashAttention's / the memory-efficient kernel's own ``[batch, positions, heads, width]``."""
+
+
 @dataclass(frozen=True, slots=True)
 class OpSpec:
     """An op's formula and family; ``operands``: argument positions of its matrix operands (matmuls:
@@ -115,11 +120,24 @@ class OpSpec:
     formula: MacFormula
     family: OpFamily
     operands: tuple[int, ...] = ()
+    layout: str = BHND  # attention kernels: where heads and positions sit in q, k and v (BHND or BNHD)
 
     @property
     def is_matmul(self) -> bool:
         """A product of two operands (plain or grouped): what the attention and FFN passes look for."""
         return self.family in (OpFamily.MATMUL, OpFamily.GROUPED_MATMUL)
+
+    def attention_geometry(self, q: Shape, k: Shape) -> tuple[int, int, Shape] | None:
+        """An attention kernel's (query positions, key positions, scores shape ``[*batch, heads, n_q, n_k]``) from
+        its q and k shapes, read in the kernel's declared :attr:`layout`; ``None`` for another family or shapes
+        the layout does not fit (a packed variable-length ``[total, heads, d]`` call)."""
+        if self.family is not OpFamily.ATTENTION:
+            return None
+        if self.layout == BNHD:  # [B, n, heads, d]
+            return (q[1], k[1], (q[0], q[2], q[1], k[1])) if len(q) == 4 and len(k) == 4 else None
+        if len(q) >= 3 and len(k) >= 3:  # [*B, heads, n, d]
+            return q[-2], k[-2], (*q[:-1], k[-2])
+        return None
 
 
 class FormulaRegistry:
@@ -140,11 +158,12 @@ class FormulaRegistry:
         self._by_name: dict[str, OpSpec] = {}
 
     def register(self, *ops: Any, family: OpFamily = OpFamily.OTHER,
-                 operands: tuple[int, ...] = ()) -> Callable[[F], F]:
-        """Decorator: register ``fn`` for each op (an ATen packet/overload or a ``"ns::name"`` string)."""
+                 operands: tuple[int, ...] = (), layout: str = BHND) -> Callable[[F], F]:
+        """Decorator: register ``fn`` for each op (an ATen packet/overload or a ``"ns::name"`` string); an
+        attention kernel declares its operands' ``layout`` (:data:`BHND`, the default, or :data:`BNHD`)."""
 
         def decorate(fn: F) -> F:
-            spec = _spec(fn, family, operands)
+            spec = _spec(fn, family, operands, layout)
             for op in ops:
                 self._put(op, spec, replace=False)
             return fn
@@ -152,14 +171,15 @@ class FormulaRegistry:
         return decorate
 
     def override(self, op: Any, fn: MacFormula, family: OpFamily | None = None,
-                 operands: tuple[int, ...] | None = None) -> None:
-        """Replace (or add) the formula of ``op``; its family and operands stay as registered unless
+                 operands: tuple[int, ...] | None = None, layout: str | None = None) -> None:
+        """Replace (or add) the formula of ``op``; its family, operands and layout stay as registered unless
         given. Use on a :meth:`copy`, not on the default registry."""
         known = self.spec(op)
         if family is None:  # keep what the op was registered as
             family, operands = (known.family, known.operands if operands is None else operands) if known else (
                 OpFamily.OTHER, operands or ())
-        spec = _spec(fn, family, operands if operands is not None else ())
+        layout = layout or (known.layout if known is not None else BHND)
+        spec = _spec(fn, family, operands if operands is not None else (), layout)
         self._put(op, spec, replace=True)
 
     def copy(self) -> FormulaRegistry:
@@ -210,12 +230,14 @@ class FormulaRegistry:
         table[key] = spec
 
 
-def _spec(fn: MacFormula, family: OpFamily, operands: tuple[int, ...]) -> OpSpec:
+def _spec(fn: MacFormula, family: OpFamily, operands: tuple[int, ...], layout: str = BHND) -> OpSpec:
     wanted = _OPERAND_FAMILIES.get(family, 0)
     if len(operands) != wanted:
         raise RegistryError(f"an op of family {family} takes {wanted} operand positions; got {operands!r}"
                             + (" (matmul: (a, b); attention: (q, k, v))" if wanted else ""))
-    return OpSpec(fn, family, tuple(operands))
+    if layout not in (BHND, BNHD):
+        raise RegistryError(f"an attention layout is {BHND!r} or {BNHD!r}; got {layout!r}")
+    return OpSpec(fn, family, tuple(operands), layout)
 
 
 def _qualified_name(packet: Any) -> str:
@@ -682,7 +704,7 @@ if FLEX_ATTENTION is not None:
         return attention_core(prod(q[:-2]), q[-2], k[-2], q[-1], v[-1])
 
 
-@formula(aten._flash_attention_forward, family=OpFamily.ATTENTION, operands=(0, 1, 2))
+@formula(aten._flash_attention_forward, family=OpFamily.ATTENTION, operands=(0, 1, 2), layout=BNHD)
 def flash_attention(q: Shape, k: Shape, v: Shape, cum_seq_q: Shape | None = None, cum_seq_k: Shape | None = None,
                     max_q: int = 0, max_k: int = 0, *_: Any, **__: Any) -> dict[str, int]:
     """FlashAttention's kernel (``[B, n, heads, d]``; variable-length: packed ``[total, heads, d]`` with
@@ -691,7 +713,7 @@ def flash_attention(q: Shape, k: Shape, v: Shape, cum_seq_q: Shape | None = None
     return attention_bnhd(q, k, v, cum_seq_q, cum_seq_k, max_q, max_k)
 
 
-@formula(aten._efficient_attention_forward, family=OpFamily.ATTENTION, operands=(0, 1, 2))
+@formula(aten._efficient_attention_forward, family=OpFamily.ATTENTION, operands=(0, 1, 2), layout=BNHD)
 def efficient_attention(q: Shape, k: Shape, v: Shape, bias: Shape | None = None, cu_seqlens_q: Shape | None = None,
                         cu_seqlens_k: Shape | None = None, max_seqlen_q: int | None = None,
                         max_seqlen_k: int | None = None, *_: Any, **__: Any) -> dict[str, int]:
@@ -911,7 +933,7 @@ if FLEX_ATTENTION_BACKWARD is not None:
         return attention_core_backward(prod(q[:-2]), q[-2], k[-2], q[-1], v[-1])
 
 
-@formula(aten._flash_attention_backward, family=OpFamily.ATTENTION, operands=(1, 2, 3))
+@formula(aten._flash_attention_backward, family=OpFamily.ATTENTION, operands=(1, 2, 3), layout=BNHD)
 def flash_attention_backward(grad_out: Shape, q: Shape, k: Shape, v: Shape, out: Shape, logsumexp: Shape,
                              cum_seq_q: Shape | None = None, cum_seq_k: Shape | None = None, max_q: int = 0,
                              max_k: int = 0, *_: Any, **__: Any) -> dict[str, int]:
@@ -920,7 +942,7 @@ def flash_attention_backward(grad_out: Shape, q: Shape, k: Shape, v: Shape, out:
     return backward_of(attention_bnhd(q, k, v, _varlen(cum_seq_q), _varlen(cum_seq_k), max_q, max_k))
 
 
-@formula(aten._efficient_attention_backward, family=OpFamily.ATTENTION, operands=(1, 2, 3))
+@formula(aten._efficient_attention_backward, family=OpFamily.ATTENTION, operands=(1, 2, 3), layout=BNHD)
 def efficient_attention_backward(grad_out: Shape, q: Shape, k: Shape, v: Shape, bias: Shape | None, out: Shape,
                                  cu_seqlens_q: Shape | None = None, cu_seqlens_k: Shape | None = None,
                                  max_seqlen_q: int = 0, max_seqlen_k: int = 0, *_: Any, **__: Any) -> dict[str, int]:

@@ -178,8 +178,9 @@ def _queries_and_keys(op: CapturedOp) -> tuple[int, int] | None:
     a, b = shapes
     if a is None or b is None or len(a) < 2 or len(b) < 2:
         return None
-    if spec.family is OpFamily.ATTENTION:  # q [..., n_q, d], k [..., n_k, d]
-        return a[-2], b[-2]
+    if spec.family is OpFamily.ATTENTION:  # in the kernel's declared layout (FlashAttention's [B, n, heads, d])
+        geometry = spec.attention_geometry(a, b)
+        return None if geometry is None else geometry[:2]
     return a[-2], b[-1]  # q [..., n_q, d] @ kᵀ [..., d, n_k]
 
 

@@ -177,3 +177,31 @@ def test_bilinear_and_dynamic_int8_linear():
                                                            {torch.nn.Linear}, dtype=torch.qint8)
     prof = flopscope.profile(quantized, torch.randn(5, 16), mode="real")
     assert prof.total() == 5 * 16 * 8 and prof.unsupported() == {}
+
+
+@pytest.mark.parametrize("kernel, layout", [
+    (torch.ops.aten._flash_attention_forward.default, "bnhd"),
+    (torch.ops.aten._efficient_attention_forward.default, "bnhd"),
+    (torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default, "bhnd"),
+])
+def test_one_place_says_where_an_attention_kernels_positions_are(kernel, layout) -> None:
+    """The operand layout is declared with the kernel's formula and read by every analysis: the generation steps
+    (query / key positions of each step) and the mask geometry agree. At a9f00b3 generation read FlashAttention's
+    [B, n, heads, d] as [B, heads, n, d] and took the head count for the context."""
+    from flopscope import attention_mask, generation
+    from flopscope.capture import CapturedOp
+    from flopscope.formulas import REGISTRY
+
+    B, n_q, n_k, heads, d = 2, 3, 11, 4, 8
+    shapes = {"bnhd": ((B, n_q, heads, d), (B, n_k, heads, d)), "bhnd": ((B, heads, n_q, d), (B, heads, n_k, d))}
+    q_shape, k_shape = shapes[layout]
+    q, k, v = (CapturedOp("placeholder", name, (), {}, name, output_shapes=(shape,))
+               for name, shape in (("q", q_shape), ("k", k_shape), ("v", k_shape)))
+    spec = REGISTRY.spec(kernel)
+    assert spec is not None
+    args: list = [None] * (max(spec.operands) + 1)
+    for position, record in zip(spec.operands, (q, k, v), strict=True):
+        args[position] = record
+    op = CapturedOp("call_function", kernel, tuple(args), {}, "attention", spec=spec)
+    assert generation._queries_and_keys(op) == (n_q, n_k)
+    assert attention_mask._kernel_geometry(op) == (n_q, n_k, (B, heads, n_q, n_k))
