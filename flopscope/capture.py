@@ -390,6 +390,11 @@ class Recorder(TorchDispatchMode):
         self._classes: dict[int, _OpClass] = {}  # id(op overload) -> how it is counted
         self._subclasses: dict[tuple[type, ...], str] = {}  # the tensor types of a dispatch -> _subclass_kind
         self._inputs_need_grad = False  # a tensor argument of the op just recorded requires grad
+        # real mode (flopscope.undispatched): told of each tensor made from data (lift_fresh's output) and of each
+        # outside tensor first met inside a module call (a constant), to find work done outside the dispatcher
+        self.on_lift: Callable[[torch.Tensor], None] | None = None
+        self.on_constant: Callable[[torch.Tensor], None] | None = None
+        self.outside_work: list[Any] = []  # what flopscope.undispatched found (OutsideWork)
 
     def add_leaf_names(self, leaf_names: Mapping[int, LeafName]) -> None:
         self.leaf_names.update(leaf_names)
@@ -456,6 +461,8 @@ class Recorder(TorchDispatchMode):
         out = self._execute(func, args, kwargs, stack, known)
         seconds = time.perf_counter() - start
         op = self._record(func, args, kwargs, out, stack, known)
+        if self.on_lift is not None and func is _LIFT_FRESH:
+            self.on_lift(out)
         if self.timed:
             op.seconds, op.started = seconds, start
         if recompute:
@@ -549,6 +556,34 @@ class Recorder(TorchDispatchMode):
             self._known[id(known[1])] = values
         else:
             self.leaf_values[id(t)] = values
+
+    def made_by(self, t: torch.Tensor) -> CapturedOp | None:
+        """The record of the op that made ``t`` (or of ``t`` as a leaf), if the run has seen ``t``."""
+        found = self._producers.get(id(t))
+        return found[1] if found is not None and found[0]() is t else None
+
+    def unwritten_allocation(self, t: torch.Tensor) -> bool:
+        """Whether ``t`` (or what it views) was made by an allocation of uninitialised memory (``empty``,
+        ``empty_like``, ``new_empty``, ``empty_strided``) that no recorded op has written since: what a kernel outside
+        the dispatcher fills (a C++ / CUDA extension's ``torch::empty_like`` and a loop over its data pointer)."""
+        op = self.made_by(t)
+        for _ in range(64):  # back through the views of it
+            if op is None or not isinstance(op.target, torch._ops.OpOverload):
+                return False
+            if op.target.overloadpacket in UNINITIALISED:
+                last = self._last_write.get(_storage_of(t))
+                return last is None or last[0] <= self._made_at.get(id(op), -1)
+            if not op.target.is_view or not op.args or not isinstance(op.args[0], CapturedOp):
+                return False
+            op = op.args[0]
+        return False
+
+    def known_storage(self, t: torch.Tensor) -> bool:
+        """Whether ``t`` shares its storage with a tensor the run has seen (``t.data`` of a parameter, an alias
+        made outside the dispatcher). A scan of every tensor seen: for the rare tensor the run has not seen."""
+        storage = _storage_of(t)
+        return any(seen is not None and _storage_of(seen) == storage
+                   for seen in (ref() for ref, _ in list(self._producers.values())))
 
     def value_of(self, t: torch.Tensor) -> torch.Tensor | None:
         """The known values of an index tensor (an input's real values, or what propagated to it)."""
@@ -825,6 +860,8 @@ class Recorder(TorchDispatchMode):
         self._made_at[id(op)] = -1 if leaf.kind is not LeafKind.CONSTANT else len(self.ops)
         self.ops.append(op)
         self._producers[id(t)] = (weakref.ref(t), op)
+        if self.on_constant is not None and leaf.kind is LeafKind.CONSTANT:
+            self.on_constant(t)
         return op
 
 

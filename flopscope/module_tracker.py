@@ -16,6 +16,7 @@ import sys
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import torch
@@ -49,6 +50,8 @@ class ModuleTracker:
         self._failed_in: dict[int, tuple[ModuleCall, ...]] = {}
         self._handles: list[Any] = []
         self._thread = threading.get_ident()
+        # told of each module call that returns (module, its call, args, kwargs, output): flopscope.undispatched
+        self.on_return: Callable[[nn.Module, ModuleCall, tuple[Any, ...], dict[str, Any], Any], None] | None = None
 
     def add_paths(self, root: nn.Module) -> None:
         """Also attribute the calls of ``root``'s modules (the same paths: a model and its shadow)."""
@@ -114,6 +117,9 @@ class ModuleTracker:
             shapes += [(k, shape_of(v)) for k, v in (kwargs or {}).items() if isinstance(v, torch.Tensor)]
             self.inputs[self.stack[-1]] = tuple(shapes)
         error = sys.exc_info()[1]  # set while the always-called hook runs for a raising forward
+        if (self.on_return is not None and error is None and len(rest) == 2 and self.stack
+                and self.stack[-1].path == path and not self.replaying):
+            self.on_return(module, self.stack[-1], args, kwargs or {}, rest[1])
         if error is not None and id(error) not in self._failed_in:
             self._failed_in[id(error)] = self.stack
         for i in range(len(self.stack) - 1, -1, -1):

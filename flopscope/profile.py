@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from torch import fx
 
-from . import attention_mask, generation
+from . import attention_mask, generation, undispatched
 from .attention_mask import EXECUTED
 from .capture import FORWARD, CapturedOp, Cost, build_graph, captured
 from .columns import scale_parts
@@ -28,6 +28,7 @@ from .reconcile import Reconciliation, TransformerSpec, reconcile
 from .role import ROLE_ORDER, Role
 from .roles import Assignment, RoleRule, find_roles
 from .timing import Timing, timing
+from .undispatched import OutsideWork
 
 if TYPE_CHECKING:
     from .capture import Recorder
@@ -73,12 +74,13 @@ class Capture:
     module_calls: Mapping[str, int]
     root_seconds: Mapping[int, float]  # wall time of each call of the root module (call number -> seconds)
     upper_bounds: Mapping[str, int] = field(default_factory=dict)  # op -> calls counted as upper bounds
+    outside: tuple[OutsideWork, ...] = ()  # real mode: tensors computed outside the ATen dispatcher
 
     @classmethod
     def of(cls, recorder: Recorder, tracker: ModuleTracker) -> Capture:
         return cls(recorder.ops, dict(recorder.unsupported), tuple(sorted(recorder.undeclared_kernels)),
                    recorder.unchecked_lookups, dict(recorder.decomposed), dict(tracker.inputs), dict(tracker.calls),
-                   dict(tracker.root_seconds), dict(recorder.upper_bounds))
+                   dict(tracker.root_seconds), dict(recorder.upper_bounds), tuple(recorder.outside_work))
 
 
 @dataclass(frozen=True)
@@ -289,6 +291,7 @@ class Profile:
             notes.append(f"{op} x{calls}: counted as an upper bound, since the values its work depends on were not "
                          "known (variable-length offsets on fake tensors: every sequence as long as the longest); "
                          "mode='real' counts it exactly")
+        notes += undispatched.notes_of(self._capture.outside)
         if unchecked and self._capture.unchecked_lookups:
             notes.append(f"fake mode: the index values of {self._capture.unchecked_lookups} embedding lookup(s) "
                          "were not known, so they were not checked against their tables' sizes (a real forward "
@@ -499,8 +502,10 @@ class Profile:
     # what is not in total()
     def unsupported(self) -> dict[str, int]:
         """``{op: calls}`` of ops with neither a formula, an elementwise rule, nor a place in the
-        zero-cost list: they may do arithmetic that ``total()`` does not include."""
-        return dict(self._capture.unsupported)
+        zero-cost list: they may do arithmetic that ``total()`` does not include. A real run also lists, per module
+        path, the tensors computed outside the ATen dispatcher (NumPy, a C++ / CUDA extension filling memory
+        itself: :mod:`flopscope.undispatched`) as ``{"outside the ATen dispatcher: <module path>": tensors}``."""
+        return {**self._capture.unsupported, **undispatched.unsupported_of(self._capture.outside)}
 
     unsupported_ops = unsupported  # fvcore's name
 

@@ -33,6 +33,7 @@ from torch import nn
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.nn.utils.stateless import _reparametrize_module
 
+from . import undispatched
 from .capture import (
     CONSTRUCTORS_FROM_DATA,
     INDEX_DTYPES,
@@ -366,7 +367,9 @@ def _recorder(named_state: list[tuple[str, torch.Tensor]], tracker: ModuleTracke
     """The recorder of one run (timing ops when real), and for a fake run the model's state (``named_state``:
     :func:`_named_state`) as fake tensors."""
     if convert is None:
-        return Recorder(tracker, registry, _state_names(named_state, lambda t: t), timed=True), {}
+        recorder = Recorder(tracker, registry, _state_names(named_state, lambda t: t), timed=True)
+        undispatched.watch(recorder, tracker)  # work outside the dispatcher, reported by module path
+        return recorder, {}
     state = {name: convert(t) for name, t in named_state}
     device = convert.device if isinstance(convert, MetaConverter) else None
     return Recorder(tracker, registry, _state_names(named_state, convert), fake=True, device=device), state
@@ -426,6 +429,12 @@ def _explain(model: nn.Module, error: Exception, recorder: Recorder, tracker: Mo
     refused = cause_of_kind(error, RefusedInput)
     if refused is not None:  # what the real kernel would refuse: the same error in every mode, no fall-back
         return ForwardError(f"{what} cannot run{at}: {refused}")
+    if fake and undispatched.converts_to_numpy(error):
+        reason = "it converts a tensor to NumPy (.numpy()), work outside the ATen dispatcher a fake tensor cannot do"
+        return FakeTensorError(f"{name} cannot be counted on fake tensors{at}: {reason}; count it with mode='real', "
+                               "which lists that work in prof.unsupported() (its multiplies are not counted)",
+                               on_fake_tensors=True, where=where, reason=reason,
+                               largest_tensor_bytes=recorder.largest_out)
     message = f"{what} raised {type(error).__name__}{at}: {error}"
     if not fake:
         return ForwardError(message)
@@ -550,8 +559,8 @@ def warn_incomplete(prof: Profile, stacklevel: int) -> None:
     """Say what the count may miss (``stacklevel`` of a warning issued here): one warning listing the ops
     without a formula that may do arithmetic (a count is never silently 0), and one per note of the
     capture (an attention kernel registered without its family)."""
-    unsupported = prof.unsupported()
-    if unsupported:
+    unsupported = {op: calls for op, calls in prof.unsupported().items() if not op.startswith(undispatched.OUTSIDE)}
+    if unsupported:  # (work outside the dispatcher: a note of its own, below)
         listed = ", ".join(f"{op} x{calls}" for op, calls in sorted(unsupported.items()))
         warnings.warn(f"flopscope: no formula for {listed}; they may do arithmetic that total() leaves out "
                       "(see prof.unsupported())", FlopscopeWarning, stacklevel=stacklevel)
