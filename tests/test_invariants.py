@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ import pytest
 import torch
 from torch import nn
 
+import flopscope
 from flopscope.invariants import INVARIANTS, check_invariants
 
 from zoo import CASES, built, fastpath, hf
@@ -118,3 +120,54 @@ def test_the_same_counts_and_roles_under_every_hash_seed() -> None:
     first, second = _counts_under_hash_seed("0"), _counts_under_hash_seed("12345")
     assert first == second
     assert first["gpt_oss fake"][1]["ffn_gate"] > 0
+
+
+def _meta_and_real_roles(model: torch.nn.Module, x: torch.Tensor) -> tuple[dict[str, int], dict[str, int]]:
+    import copy
+
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        real = flopscope.profile(model, x, mode="real")
+        meta = flopscope.profile(copy.deepcopy(model).to("meta"), x.to("meta") if x.is_floating_point() else x)
+    assert real.total() == meta.total()
+    return ({role: macs for role, macs in real.by_role().items() if macs},
+            {role: macs for role, macs in meta.by_role().items() if macs})
+
+
+def test_documented_exception_falcon_multi_query_on_meta_kernels() -> None:
+    """docs/guarantees.md: Falcon's multi-query split indexes its fused projection with a Python list
+    (fused_qkv[..., [-1], :]); torch's indexing makes that index tensor itself, below the Python dispatcher, and on
+    meta kernels directly on meta, so its values are nowhere to be read and the value columns go to other (on the
+    CPU, fake or real, the index is a real tensor and they are v_proj). This test pins the exception: when it fails,
+    the exception is gone, and the document should say so."""
+    transformers = pytest.importorskip("transformers")
+    n, d, h = 8, 32, 4
+    config = transformers.FalconConfig(vocab_size=64, hidden_size=d, num_hidden_layers=1, num_attention_heads=h,
+                                       multi_query=True, new_decoder_architecture=False)
+    torch.manual_seed(0)
+    real, meta = _meta_and_real_roles(transformers.FalconModel(config).eval(), torch.randint(0, 64, (1, n)))
+    value = n * d * (d // h)  # one key / value head
+    assert real["v_proj"] == value
+    assert meta == {**{role: macs for role, macs in real.items() if role != "v_proj"},
+                    "other": real.get("other", 0) + value}
+
+
+def test_documented_exception_aimv2_pooling_head_on_meta_kernels() -> None:
+    """docs/guarantees.md: AIMv2's attention-pooling head scores an unprojected learned query against projected
+    keys. Where SDPA's fused kernel runs (CPU) the kernel is attention by its family; on meta SDPA runs its math
+    path, whose first product has a raw parameter for an operand, not two activations, so the head is other there.
+    A rule for learned queries (7421412) was reverted for changing other models' FFN roles (74128b2)."""
+    transformers = pytest.importorskip("transformers")
+    if not hasattr(transformers, "Aimv2VisionModel"):
+        pytest.skip("this transformers has no AIMv2")
+    d, image, patch = 32, 32, 8
+    config = transformers.Aimv2VisionConfig(hidden_size=d, intermediate_size=64, num_hidden_layers=1,
+                                            num_attention_heads=4, image_size=image, patch_size=patch, use_head=True)
+    torch.manual_seed(0)
+    real, meta = _meta_and_real_roles(transformers.Aimv2VisionModel(config).eval(), torch.randn(1, 3, image, image))
+    patches = (image // patch) ** 2
+    head = {"k_proj": patches * d * d, "v_proj": patches * d * d, "attn_scores": patches * d,
+            "attn_weighted_sum": patches * d}  # one learned query
+    moved = {role: real[role] - macs for role, macs in head.items()}
+    assert meta == {**real, **{role: macs for role, macs in moved.items() if macs},
+                    "other": real.get("other", 0) + sum(head.values())}
