@@ -13,11 +13,11 @@ from .errors import FlopscopeError
 
 if TYPE_CHECKING:
     from .profile import Profile
-    from .roofline import Roofline
     from .scaling import Scaling
 
 
-def _pyplot() -> Any:
+def pyplot() -> Any:
+    """matplotlib's pyplot on the headless Agg backend (a clear error naming the extra without matplotlib)."""
     try:
         import matplotlib
 
@@ -31,7 +31,7 @@ def _pyplot() -> Any:
 def scaling_plot(result: Scaling, path: str | Path, title: str = "") -> Path:
     """Measured points and exact polynomial per role on log-log axes, reference slopes 1 (n·d²) and 2
     (n²·d), and the length at which attention overtakes projections + FFN."""
-    plt = _pyplot()
+    plt = pyplot()
     lengths = list(result.lengths)
     fig, ax = plt.subplots(figsize=(8, 5.5))
     steps = int(8 * math.log2(lengths[-1] / lengths[0])) + 1
@@ -59,12 +59,12 @@ def scaling_plot(result: Scaling, path: str | Path, title: str = "") -> Path:
     ax.set_title(title or "multiplies per role against sequence length (points measured, lines exact)")
     ax.legend(fontsize=7, loc="upper left")
     ax.grid(True, which="both", alpha=0.2)
-    return _save(fig, plt, path)
+    return save_figure(fig, plt, path)
 
 
 def role_share_plot(prof: Profile, path: str | Path, title: str = "") -> Path:
     """A horizontal bar per role: its share of all multiplies, with its MACs."""
-    plt = _pyplot()
+    plt = pyplot()
     roles = {role: macs for role, macs in prof.by_role().items() if macs}
     total = sum(roles.values()) or 1
     fig, ax = plt.subplots(figsize=(8, 0.45 * len(roles) + 1.5))
@@ -77,46 +77,16 @@ def role_share_plot(prof: Profile, path: str | Path, title: str = "") -> Path:
     ax.set_xlabel("share of multiplies (%)")
     ax.set_xlim(0, max(shares) * 1.35)
     ax.set_title(title or f"roles: {total:,} MACs = {2 * total:,} FLOPs")
-    return _save(fig, plt, path)
+    return save_figure(fig, plt, path)
 
 
-def _save(fig: Any, plt: Any, path: str | Path) -> Path:
+def save_figure(fig: Any, plt: Any, path: str | Path) -> Path:
+    """Write ``fig`` to ``path`` (PNG, 120 dpi) and close it."""
     out = Path(path)
     fig.tight_layout()
     fig.savefig(out, dpi=120)
     plt.close(fig)
     return out
-
-
-def roofline_plot(result: Roofline, path: str | Path, title: str = "") -> Path:
-    """Log-log roofline: attainable FLOP/s against arithmetic intensity, a point per role (circles) and per step
-    (squares) at its intensity and its roofline-limited rate (the measured rate in real mode, hollow)."""
-    plt = _pyplot()
-    if result.peak_flops is None or result.bandwidth is None:
-        raise FlopscopeError("a roofline plot needs the device's peak FLOP/s and bandwidth (pass peak= and "
-                             "bandwidth=)")
-    peak, bandwidth = result.peak_flops, result.bandwidth
-    points = [p for p in (*result.roles, *result.steps) if p.intensity]
-    lows = [p.intensity for p in points if p.intensity] + [result.ridge or 1.0]
-    x = [min(lows) / 4, max(lows) * 4]
-    fig, ax = plt.subplots(figsize=(8, 5.5))
-    ridge = peak / bandwidth
-    ax.plot([x[0], ridge, x[1]], [x[0] * bandwidth, peak, peak], color="black", linewidth=1.5)
-    for p in points:
-        intensity = p.intensity or 0.0
-        attainable = min(peak, intensity * bandwidth)
-        marker = "s" if p in result.steps else "o"
-        ax.scatter([intensity], [attainable], marker=marker, zorder=3)
-        ax.annotate(p.name, (intensity, attainable), fontsize=7, xytext=(3, 3), textcoords="offset points")
-        if p.measured_seconds:
-            ax.scatter([intensity], [p.flops / p.measured_seconds], marker=marker, facecolors="none",
-                       edgecolors="grey", zorder=3)
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("arithmetic intensity (FLOPs per byte)")
-    ax.set_ylabel("FLOP/s")
-    ax.set_title(title or f"roofline: ridge at {ridge:.1f} FLOPs/byte ({result.dtype})")
-    return _save(fig, plt, path)
 
 
 def trace_plot(trace: Mapping[str, Any] | str | Path, path: str | Path, title: str = "") -> Path:
@@ -125,7 +95,7 @@ def trace_plot(trace: Mapping[str, Any] | str | Path, path: str | Path, title: s
     op's start and duration, labelled with the role and its MACs; above them one row of module calls, nested calls
     in lanes below their callers (``profiler(trace=True)``'s ``flopscope/<path>`` ranges in a torch trace), each
     named where it is wide enough. Headless (matplotlib's Agg backend): what a trace viewer shows, as a PNG."""
-    plt = _pyplot()
+    plt = pyplot()
     doc = _trace_doc(trace)
     roles, calls = _trace_rows(doc)
     if not roles and not calls:
@@ -170,7 +140,7 @@ def trace_plot(trace: Mapping[str, Any] | str | Path, path: str | Path, title: s
     ax.set_title(title or (f"{_si(total)} MACs" if total else "trace") + (f"; time: {clock}" if clock else ""),
                  fontsize=10)
     ax.grid(True, axis="x", alpha=0.2)
-    return _save(fig, plt, path)
+    return save_figure(fig, plt, path)
 
 
 def _trace_doc(trace: Mapping[str, Any] | str | Path) -> Mapping[str, Any]:

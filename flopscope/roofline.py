@@ -25,6 +25,8 @@ import torch
 from tabulate import tabulate
 
 from .capture import captured
+from .errors import FlopscopeError
+from .plots import pyplot, save_figure
 from .profile import NO_MULTIPLY
 from .timing import NO_MACS
 
@@ -92,8 +94,6 @@ class Roofline:
 
     def plot(self, path: str | Path, title: str = "") -> Path:
         """The roofline on log-log axes, a point per role and per step (PNG)."""
-        from .plots import roofline_plot
-
         return roofline_plot(self, path, title)
 
 
@@ -150,3 +150,34 @@ def _fmt(value: float | None, spec: str) -> str:
 def bounds(points: Sequence[RooflinePoint]) -> dict[str, str | None]:
     """``{name: "compute" / "memory" / None}``."""
     return {p.name: p.bound for p in points}
+
+
+def roofline_plot(result: Roofline, path: str | Path, title: str = "") -> Path:
+    """Log-log roofline: attainable FLOP/s against arithmetic intensity, a point per role (circles) and per step
+    (squares) at its intensity and its roofline-limited rate (the measured rate in real mode, hollow)."""
+    plt = pyplot()
+    if result.peak_flops is None or result.bandwidth is None:
+        raise FlopscopeError("a roofline plot needs the device's peak FLOP/s and bandwidth (pass peak= and "
+                             "bandwidth=)")
+    peak, bandwidth = result.peak_flops, result.bandwidth
+    points = [p for p in (*result.roles, *result.steps) if p.intensity]
+    lows = [p.intensity for p in points if p.intensity] + [result.ridge or 1.0]
+    x = [min(lows) / 4, max(lows) * 4]
+    fig, ax = plt.subplots(figsize=(8, 5.5))
+    ridge = peak / bandwidth
+    ax.plot([x[0], ridge, x[1]], [x[0] * bandwidth, peak, peak], color="black", linewidth=1.5)
+    for p in points:
+        intensity = p.intensity or 0.0
+        attainable = min(peak, intensity * bandwidth)
+        marker = "s" if p in result.steps else "o"
+        ax.scatter([intensity], [attainable], marker=marker, zorder=3)
+        ax.annotate(p.name, (intensity, attainable), fontsize=7, xytext=(3, 3), textcoords="offset points")
+        if p.measured_seconds:
+            ax.scatter([intensity], [p.flops / p.measured_seconds], marker=marker, facecolors="none",
+                       edgecolors="grey", zorder=3)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("arithmetic intensity (FLOPs per byte)")
+    ax.set_ylabel("FLOP/s")
+    ax.set_title(title or f"roofline: ridge at {ridge:.1f} FLOPs/byte ({result.dtype})")
+    return save_figure(fig, plt, path)

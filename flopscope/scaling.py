@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from fractions import Fraction
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from tabulate import tabulate
@@ -28,9 +28,7 @@ from .reconcile import Reconciliation, TransformerSpec
 from .role import ROLE_ORDER, Role
 from .roles import RoleRule
 from .runner import MODES, CaptureOptions, new_converter, paused_gc, run_in_mode
-
-if TYPE_CHECKING:
-    from .symbolic import SymbolicTrace
+from .symbolic import SymbolicTrace, trace
 
 ATTENTION_CORE = tuple(r.value for r in Role if r.attention_core)
 PER_TOKEN = tuple(r.value for r in Role if r.per_token)
@@ -316,8 +314,6 @@ class _Sweep:
         """One symbolic trace, checked against profiles at the shortest and the longest length."""
         if self.mode == "real":
             raise SymbolicError("a symbolic trace runs on fake tensors, and mode='real' was asked for")
-        from .symbolic import trace  # sympy and torch._dynamo take most of a second to import: only for this method
-
         ends = (lengths[0], lengths[-1])
         inputs = [self.make_inputs(n) for n in ends]
         traced = trace(self.model, (_split_inputs(inputs[0]), _split_inputs(inputs[1])), ends,

@@ -21,15 +21,11 @@ import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import sympy
 import torch
 from torch import nn
-from torch._dynamo.source import ConstantSource
-from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv
 from torch.utils import _pytree as pytree
-from torch.utils._sympy.functions import FloorDiv
 
 from .capture import RECOMPUTE, CapturedOp
 from .errors import RunError, SymbolicError
@@ -38,6 +34,13 @@ from .profile import Profile
 from .reconcile import Reconciliation, TransformerSpec, reconcile
 from .roles import Assignment
 from .runner import CaptureOptions, run_in_mode
+
+if TYPE_CHECKING:
+    import sympy
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+# sympy and torch's symbolic shapes (with dynamo) take most of a second to import: the functions below import them
+# when a symbolic trace is asked for, so that `import flopscope` (which imports this module) does not pay for them.
 
 Count = int | torch.SymInt
 """MACs from a symbolic trace: an ``int`` where they do not depend on the variable."""
@@ -67,11 +70,16 @@ class SymbolicTrace:
 
     def expression(self, count: Count) -> sympy.Expr:
         """``count`` as a sympy expression in :attr:`symbol`."""
+        import sympy  # (lazy: see the imports above)
+
         return sympy.sympify(count if isinstance(count, int) else count.node.expr)  # a constant SymInt's is an int
 
     def coefficients(self, count: Count) -> tuple[Fraction, ...] | None:
         """The exact coefficients of ``count`` as a polynomial in the variable, constant first; ``None`` if it
         is not one (a floor division, say, as a strided convolution's output length)."""
+        import sympy  # (lazy: see the imports above)
+        from torch.utils._sympy.functions import FloorDiv
+
         expr = sympy.expand(self.expression(count).replace(FloorDiv, self._exact_quotient))
         if not expr.free_symbols <= {self.symbol} or not expr.is_polynomial(self.symbol):
             return None
@@ -81,6 +89,9 @@ class SymbolicTrace:
     def _exact_quotient(self, a: sympy.Expr, b: sympy.Expr) -> sympy.Expr:
         """``a // b`` as the polynomial ``a / b`` where that has integer coefficients (then the division is
         exact at every n: ``n²·k // n`` of a role's share is ``n·k``); else left a floor division."""
+        import sympy  # (lazy: see the imports above)
+        from torch.utils._sympy.functions import FloorDiv
+
         quotient = sympy.cancel(a / b)
         if quotient.is_polynomial(self.symbol) and all(
                 c.is_Integer for c in sympy.Poly(quotient, self.symbol).all_coeffs()):
@@ -89,6 +100,8 @@ class SymbolicTrace:
 
     def at(self, count: Count, n: int) -> int:
         """The value of ``count`` (or of any size the trace made) at length ``n``."""
+        import sympy  # (lazy: see the imports above)
+
         value = self.expression(count).xreplace({self.symbol: sympy.Integer(n)})
         if not value.is_Integer:
             raise SymbolicError(f"{self.text(count)} is not an integer at n = {n}")
@@ -96,12 +109,16 @@ class SymbolicTrace:
 
     def text(self, count: Count | sympy.Basic) -> str:
         """``count`` (or a guard) written in ``n``."""
+        import sympy  # (lazy: see the imports above)
+
         expr = count if isinstance(count, sympy.Basic) else self.expression(count)
         return str(expr.xreplace({self.symbol: sympy.Symbol("n", integer=True, positive=True)}))
 
     def specialisation(self, lengths: Sequence[int]) -> str | None:
         """The first guard (or bound on the symbol) that is false at one of ``lengths``, with the length and
         where the guard was added; ``None`` if the trace stands for every one of them."""
+        import sympy  # (lazy: see the imports above)
+
         for guard in self.shape_env.guards:
             for n in lengths:
                 if guard.expr.xreplace({self.symbol: sympy.Integer(n)}) is not sympy.true:
@@ -148,6 +165,9 @@ def trace(model: nn.Module, inputs: tuple[Any, Any], lengths: tuple[int, int], o
     """Count ``model`` once with the variable symbolic. ``inputs``: the ``(args, kwargs)`` of the model at the
     two ``lengths`` (a dim whose size is the length at both becomes the symbol); traced at the second length.
     Raises :class:`SymbolicError` where the inputs do not vary with the length as dims equal to it."""
+    from torch._dynamo.source import ConstantSource  # (lazy: see the imports above)
+    from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv
+
     (first, second), (low, high) = inputs, lengths
     shape_env = ShapeEnv()
     mode = CountingFakeTensorMode(allow_non_fake_inputs=True, shape_env=shape_env, static_shapes=True)
