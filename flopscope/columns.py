@@ -17,8 +17,7 @@ from typing import Any
 import torch
 
 from .capture import INDEX_DTYPES, UNINITIALISED, CapturedOp, Cost, after_write
-from .formulas import OpFamily
-from .graph_view import inputs_of, reach
+from .graph_view import inputs_of, is_channelwise_conv, reach
 from .role import ROLE_ORDER, Role
 
 aten = torch.ops.aten
@@ -98,7 +97,7 @@ def _replay(n: CapturedOp, labels: Mapping[CapturedOp, Labels]) -> Labels:
         return _replay_write(n, labels, inputs, out_shape)
     if n.cost is Cost.ZERO:
         return _replay_zero_cost(n, labels, inputs, out_shape)
-    if _channelwise(n) and isinstance(labels.get(n.args[0]), torch.Tensor):
+    if is_channelwise_conv(n) and isinstance(labels.get(n.args[0]), torch.Tensor):
         return _replay_channelwise(labels[n.args[0]], out_shape, inputs)
     if n.cost is Cost.ELEMENTWISE and isinstance(inputs[0], torch.Tensor):
         first = inputs[0]
@@ -135,14 +134,6 @@ def _replay_write(n: CapturedOp, labels: Mapping[CapturedOp, Labels], inputs: li
     except REPLAY_ERRORS:
         return _union(inputs)
     return result if result is not None and tuple(result.shape) == out_shape else _union(inputs)
-
-
-def _channelwise(n: CapturedOp) -> bool:
-    """A depthwise convolution (weight ``[C, 1, *k]``, ``C`` input and output channels)."""
-    if n.spec is None or n.spec.family is not OpFamily.CONV or len(n.input_shapes) < 2 or not n.output_shapes:
-        return False
-    x, weight = n.input_shapes[0], n.input_shapes[1]
-    return len(x) >= 3 and len(weight) == len(x) and weight[1] == 1 and weight[0] == x[1] == n.output_shapes[0][1]
 
 
 def _replay_channelwise(x: torch.Tensor, out_shape: tuple[int, ...], inputs: list[Labels]) -> Labels:

@@ -86,6 +86,20 @@ def _records_in(x: Any, found: dict[CapturedOp, None]) -> None:
             _records_in(v, found)
 
 
+def is_channelwise_conv(n: CapturedOp) -> bool:
+    """A depthwise convolution with one filter per channel (``groups == C_in == C_out``, weight
+    ``[C, 1, *k]``): it mixes positions within each channel, never channels (Mamba's and gated DeltaNet's short
+    causal convolution after the input projection, SegFormer's Mix-FFN). Its output channel ``c`` is computed
+    from its input channel ``c`` alone."""
+    spec = n.spec
+    if spec is None or spec.family is not OpFamily.CONV or len(n.input_shapes) < 2 or not n.output_shapes:
+        return False
+    x, weight = n.input_shapes[0], n.input_shapes[1]
+    transposed = len(n.args) > 6 and n.args[6] is True
+    return (not transposed and len(x) >= 3 and len(weight) == len(x) and x[1] > 1 and weight[1] == 1
+            and weight[0] == x[1] == n.output_shapes[0][1])
+
+
 class GraphView:
     """The forward part of a captured graph, with facts computed once and never changed.
 
@@ -197,19 +211,6 @@ class GraphView:
                 known = self.raw_weight[b] or (self.raw_weight[a] and self.live[b])
             self._weight_matmul[n] = known
         return known
-
-    def is_channelwise_conv(self, n: CapturedOp) -> bool:
-        """A depthwise convolution with one filter per channel (``groups == C_in == C_out``, weight
-        ``[C, 1, *k]``): it mixes positions within each channel, never channels (Mamba's and gated DeltaNet's short
-        causal convolution after the input projection, SegFormer's Mix-FFN). Its output channel ``c`` is computed
-        from its input channel ``c`` alone."""
-        spec = self.spec(n)
-        if spec is None or spec.family is not OpFamily.CONV or len(n.input_shapes) < 2 or not n.output_shapes:
-            return False
-        x, weight = n.input_shapes[0], n.input_shapes[1]
-        transposed = len(n.args) > 6 and n.args[6] is True
-        return (not transposed and len(x) >= 3 and len(weight) == len(x) and x[1] > 1 and weight[1] == 1
-                and weight[0] == x[1] == n.output_shapes[0][1])
 
     def activated(self, n: CapturedOp, activations: frozenset[Any]) -> bool:
         """An op of ``activations`` lies among the nodes without multiplies reached walking back from ``n``

@@ -51,7 +51,7 @@ from . import elementwise
 from .capture import CapturedOp
 from .columns import columns, scale_parts, split_by_columns
 from .formulas import OpFamily, argument
-from .graph_view import GraphView, reach
+from .graph_view import GraphView, is_channelwise_conv, reach
 from .paths import common_path
 from .role import ROLE_ORDER, Role, parse_role
 
@@ -555,7 +555,7 @@ def _behind_channelwise(view: GraphView, start: CapturedOp) -> list[CapturedOp]:
         if m in seen:
             continue
         seen.add(m)
-        if view.is_channelwise_conv(m) and isinstance(m.args[0], CapturedOp):
+        if is_channelwise_conv(m) and isinstance(m.args[0], CapturedOp):
             todo.extend(_nearest_before(view, m.args[0]))
         else:
             found[m] = None

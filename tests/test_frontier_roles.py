@@ -11,6 +11,7 @@ import torch
 
 import flopscope
 
+from closed_forms import add
 from zoo import hf
 
 transformers = pytest.importorskip("transformers")
@@ -115,14 +116,6 @@ def attention_layer(d: int, h: int, kv: int, hd: int, q_width: int | None = None
             "out_proj": n * h * hd * d, "attn_scores": h * n * n * hd, "attn_weighted_sum": h * n * n * hd}
 
 
-def plus(*parts: dict[str, int]) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for part in parts:
-        for role, macs in part.items():
-            out[role] = out.get(role, 0) + macs
-    return out
-
-
 QWEN3_NEXT = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
                   num_key_value_heads=2, head_dim=8, linear_num_value_heads=4, linear_num_key_heads=2,
                   linear_key_head_dim=8, linear_value_head_dim=8, linear_conv_kernel_dim=4, num_experts=4,
@@ -147,7 +140,7 @@ def test_qwen3_next_gated_deltanet_is_attention_not_ffn(mode: str) -> None:
     full = attention_layer(d, 4, 2, 8, q_width=2 * 4 * 8)
     per_moe_branch = (2 * n * d * 16 + n * d * 16)  # two routed experts per token, and the shared expert
     moe = {"ffn_up": per_moe_branch, "ffn_gate": per_moe_branch, "ffn_down": per_moe_branch}
-    expected = plus(linear, full, moe, moe, {"logits": n * d * c["vocab_size"]})
+    expected = add(linear, full, moe, moe, {"logits": n * d * c["vocab_size"]})
     roles = hybrid("Qwen3NextForCausalLM", "Qwen3NextConfig", c, mode)
     assert {role: macs for role, macs in roles.items() if role != "other"} == expected
 
@@ -168,7 +161,7 @@ def test_mamba2_reads_as_its_attention_dual(mode: str) -> None:
              "attn_scores": heads * n * n * state, "attn_weighted_sum": heads * n * n * d_head,
              "conv": (inner + 2 * state) * (n + k - 1) * k}
     mlp = {"ffn_up": n * d * 64, "ffn_gate": n * d * 64, "ffn_down": n * 64 * d}
-    expected = plus(mamba, attention_layer(d, 4, 2, 8), mlp, mlp, {"logits": n * d * BAMBA["vocab_size"]})
+    expected = add(mamba, attention_layer(d, 4, 2, 8), mlp, mlp, {"logits": n * d * BAMBA["vocab_size"]})
     roles = hybrid("BambaForCausalLM", "BambaConfig", BAMBA, mode)
     assert {role: macs for role, macs in roles.items() if role != "other"} == expected
     assert roles["other"] == n * d * (inner + heads) + _state_products(BAMBA)
@@ -196,7 +189,7 @@ def test_a_mamba_mixer_is_not_an_ffn(mode: str) -> None:
     d, inner, state, dt_rank, k = 32, 64, 4, 4, 4
     mlp = n * d * 64
     routed = 2 * n * d * 64  # two experts, both chosen
-    expected = plus(attention_layer(d, 4, 2, 8), {"ffn_up": mlp + routed, "ffn_gate": mlp + routed,
+    expected = add(attention_layer(d, 4, 2, 8), {"ffn_up": mlp + routed, "ffn_gate": mlp + routed,
                                                   "ffn_down": mlp + routed},
                     {"conv": inner * (n + k - 1) * k, "logits": n * d * JAMBA["vocab_size"],
                      "other": (n * d * 2 * inner  # in_proj
