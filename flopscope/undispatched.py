@@ -195,11 +195,8 @@ def _attribute_of(module: nn.Module, t: torch.Tensor) -> bool:
     return False
 
 
-_APPLY = torch.autograd.Function.apply.__func__.__code__  # type: ignore[attr-defined]
-
-
 def _function_of(t: torch.Tensor) -> str | None:
-    """The ``autograd.Function`` whose forward made ``t``: its autograd node's, else the one whose ``apply`` is
+    """The ``autograd.Function`` whose forward made ``t``: its autograd node's, else the one whose ``forward`` is
     running now (its forward has not returned yet; with grad mode off there is no node)."""
     node = t.grad_fn
     if isinstance(node, _FUNCTION_NODE):
@@ -209,13 +206,25 @@ def _function_of(t: torch.Tensor) -> str | None:
 
 
 def _running_function() -> str | None:
-    """The ``autograd.Function`` whose ``apply`` is running now (64 frames up at most), if any."""
+    """The ``autograd.Function`` whose ``forward`` is running now (64 frames up at most), if any.
+
+    Found by its forward's code object among the subclasses of ``torch.autograd.Function`` (from torch 2.15
+    ``Function.apply`` is C code with no Python frame to find). Only called for a finding, so the walk over the
+    subclasses costs nothing on a clean run."""
+    forwards: dict[object, str] = {}
+    pending = list(torch.autograd.Function.__subclasses__())
+    while pending:
+        cls = pending.pop()
+        pending.extend(cls.__subclasses__())
+        code = getattr(cls.forward, "__code__", None) if "forward" in cls.__dict__ else None
+        if code is not None:
+            forwards[code] = cls.__qualname__
     frame = sys._getframe(1)
     for _ in range(64):
         if frame is None:
             break
-        if frame.f_code is _APPLY:
-            return getattr(frame.f_locals.get("cls"), "__qualname__", None)
+        if frame.f_code in forwards:
+            return forwards[frame.f_code]
         frame = frame.f_back  # type: ignore[assignment]
     return None
 

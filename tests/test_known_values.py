@@ -14,6 +14,8 @@ from torch import nn
 import flopscope
 from flopscope.errors import FakeTensorError
 
+from closed_forms import add, rotary
+
 D = 8
 
 
@@ -177,7 +179,7 @@ def test_qwen2_vl_counts_on_meta_as_on_the_cpu() -> None:
             "attn_weighted_sum": heads * n * n * d_k,
             "ffn_up": n * hidden * d_ff, "ffn_gate": n * hidden * d_ff, "ffn_down": n * d_ff * hidden,
             "logits": n * hidden * vocab}
-    expected = {role: vision.get(role, 0) + text.get(role, 0) for role in {*vision, *text}}
+    expected = add(vision, text, rotary(n, d_k, rows=3))  # multimodal rotary: 3 rows of positions (t, h, w)
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         real = flopscope.profile(model, **inputs, mode="real")
