@@ -1,4 +1,5 @@
-"""Real-mode profiles of every Hugging Face base architecture, listing what ``flopscope.undispatched`` flags as work
+"""Real-mode profiles of every Hugging Face base architecture, listing what
+``flopscope.capture.undispatched`` flags as work
 outside the ATen dispatcher (docs/guarantees.md section 8): a false positive, unless the model really computes
 outside it. Models and inputs are ``benchmarks/zoo.py``'s (tiny configs, generic inputs, nothing downloaded).
 
@@ -39,7 +40,7 @@ def _one(model_type: str, class_name: str) -> dict[str, Any]:
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
     import flopscope
-    from flopscope.undispatched import OUTSIDE
+    from flopscope.capture.undispatched import OUTSIDE
 
     import zoo
 

@@ -11,6 +11,7 @@
 from importlib import metadata as _metadata
 
 from .api import profile, profiler
+from .attribute.roles import Assignment, RoleRule
 from .errors import (
     BudgetError,
     ConfigurationError,
@@ -27,13 +28,12 @@ from .errors import (
     RoleError,
     RunError,
 )
-from .formulas import REGISTRY, FormulaRegistry, OpFamily
+from .formulas.registry import REGISTRY, FormulaRegistry, OpFamily
 from .generation import Step
 from .peers import crosscheck
+from .predict.reconcile import ReconcileRow, Reconciliation, TransformerSpec
 from .profile import OpRecord, Profile
-from .reconcile import ReconcileRow, Reconciliation, TransformerSpec
 from .role import Role
-from .roles import Assignment, RoleRule
 from .roofline import Roofline, roofline
 from .scaling import Polynomial, Scaling, scaling
 from .training import BatchPricer, Throughput, flops_per_batch, measure_flops

@@ -13,12 +13,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from .checks import check_mode, check_model
-from .compiled import BLOCK_WARNING, is_compiled
+from .attribute.roles import RoleRule
+from .capture.checks import check_mode, check_model
+from .capture.compiled import BLOCK_WARNING, is_compiled
 from .errors import FlopscopeError, FlopscopeWarning, RecordingError
-from .formulas import FormulaRegistry
+from .formulas.registry import FormulaRegistry
 from .profile import Profile
-from .roles import RoleRule
 from .runner import BLOCK_MODES, CaptureOptions, Session, run_in_mode
 
 
@@ -35,8 +35,8 @@ def profile(model: nn.Module, *args: Any, mode: str = "auto", registry: FormulaR
             ``"auto"`` (default) counts on fake tensors and, if the run fails there (most often
             because the model needs real data: a data-dependent op such as ``.item()`` or ``nonzero``
             in routing code), runs it for real instead and says so in one warning naming the op.
-        registry: the formula registry (default :data:`flopscope.formulas.REGISTRY`).
-        roles: :class:`~flopscope.roles.RoleRule` s for your own blocks (module pattern or type -> role);
+        registry: the formula registry (default :data:`flopscope.formulas.registry.REGISTRY`).
+        roles: :class:`~flopscope.attribute.roles.RoleRule` s for your own blocks (module pattern or type -> role);
             they override what the dataflow finds inside the modules they match.
         backward: also run and count the backward pass (grad is enabled for it); each gradient op is
             attributed to the forward op whose autograd node ran it, so to its role and module
@@ -49,7 +49,7 @@ def profile(model: nn.Module, *args: Any, mode: str = "auto", registry: FormulaR
             tensor the fake run made is bigger than this; default: half the memory available now where the real
             run would allocate (the host's; a CUDA model's GPU's).
 
-    The model is left exactly as it was (see :mod:`flopscope.state`), also when its forward raises.
+    The model is left exactly as it was (see :mod:`flopscope.capture.state`), also when its forward raises.
     The current grad mode is kept: call under ``torch.no_grad()`` to count what inference runs (some
     fused fast paths are taken only then; the counts are the same either way).
     """
@@ -80,7 +80,7 @@ class profiler:  # noqa: N801  (used as a context manager, like torch.profiler.p
                  roles: Sequence[RoleRule] = (), trace: bool = False) -> None:
         check_model(model)
         check_mode(mode, BLOCK_MODES, "profiler mode")
-        if is_compiled(model):  # the block's calls would leave it uncompiled (flopscope.compiled)
+        if is_compiled(model):  # the block's calls would leave it uncompiled (flopscope.capture.compiled)
             warnings.warn(f"flopscope: {BLOCK_WARNING}", FlopscopeWarning, stacklevel=2)
         self._session = Session(model, CaptureOptions.of(registry, roles), fake=mode == "fake", ranges=trace)
         self._result: Profile | None = None

@@ -31,11 +31,11 @@ from tabulate import tabulate
 
 from . import report
 from .api import profile, profiler
-from .attention_mask import ATTENTION_CONVENTIONS, EXECUTED
 from .errors import FlopscopeError
 from .generation import CORE, DECODE, steps_table
 from .models import TransformerBlock
 from .peaks import register_cli as register_peak_cli
+from .predict.attention import ATTENTION_CONVENTIONS, EXECUTED
 from .scaling import MIN_LENGTHS, Polynomial, Scaling, scaling
 from .targets import load_target, make_inputs, parse_shape
 from .why_self_attention import compare, compare_lengths

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from tabulate import tabulate
 
-from .traffic import nbytes
+from .formulas.traffic import nbytes
 
 if TYPE_CHECKING:
     from torch import fx
@@ -129,7 +129,7 @@ class CollectiveRow:
 
 def collectives(prof: Profile) -> list[CollectiveRow]:
     """Every collective of the profile, grouped (see :class:`CollectiveRow`), in first-seen order."""
-    from .capture import captured
+    from .capture.recorder import captured
 
     assignments = prof.role_assignments()
     calls: Counter[tuple[str, int | None, str, str, str]] = Counter()

@@ -19,7 +19,7 @@ What a step's fields are read from (no cache object is read, so any cache class 
   step that grows with the context because it reads the KV cache; the rest is per new token.
 
 ``attention`` (:func:`steps`, :func:`decode_scaling`): the convention of the attention core's MACs (``macs``,
-``by_role``, ``kv_macs``): ``"executed"`` (default), ``"causal"`` or ``"mask"`` (:mod:`flopscope.attention_mask`);
+``by_role``, ``kv_macs``): ``"executed"`` (default), ``"causal"`` or ``"mask"`` (:mod:`flopscope.predict.attention`);
 bytes stay what the kernels move.
 
 Units: MACs and bytes (FLOPs = 2 x MACs, ``Step.flops``); ``seconds`` is the wall time of the call (real mode).
@@ -34,11 +34,11 @@ from typing import TYPE_CHECKING, Any
 
 from tabulate import tabulate
 
-from .attention_mask import EXECUTED, parts_under
-from .capture import CapturedOp, captured
-from .columns import scale_parts
+from .attribute.columns import scale_parts
+from .capture.recorder import CapturedOp, captured
 from .errors import FlopscopeError
-from .formulas import OpFamily
+from .formulas.registry import OpFamily
+from .predict.attention import EXECUTED, parts_under
 from .role import ROLE_ORDER, Role
 
 if TYPE_CHECKING:
@@ -159,7 +159,7 @@ def steps_table(rows: list[Step], tablefmt: str = "simple") -> str:
 
 
 def _root(call: int) -> Any:
-    from .module_tracker import ModuleCall
+    from .capture.module_tracker import ModuleCall
 
     return ModuleCall("", call)
 

@@ -13,7 +13,7 @@
   copy switched with ``set_attn_implementation``; skipped where the model has only one);
 - ``forward``: a plain forward after the profiles returns real tensors equal to those of one before them;
 - ``caches``: no fake tensor sits in the caches and stores the model's code reaches
-  (:func:`flopscope.model_caches.fake_tensors_held`).
+  (:func:`flopscope.capture.model_caches.fake_tensors_held`).
 
 The same roles in two processes with different ``PYTHONHASHSEED`` is the sixth: it needs two interpreters, so the
 zoo scripts compare two runs' JSON (``--against``) and the test suite runs two subprocesses. Units: MACs.
@@ -32,10 +32,10 @@ from torch import nn
 from torch._subclasses.fake_tensor import FakeTensor
 
 from .api import profile
+from .capture.fake import map_tensors, tensors_in
+from .capture.model_caches import fake_tensors_held
 from .errors import FlopscopeError
-from .fake import map_tensors, tensors_in
-from .formulas import REGISTRY, OpFamily
-from .model_caches import fake_tensors_held
+from .formulas.registry import REGISTRY, OpFamily
 from .profile import Profile
 
 INVARIANTS = ("repeat", "modes", "attention", "forward", "caches")

@@ -1,7 +1,7 @@
 """The result of a profile: per-op records and the queries people ask of them.
 
 Units live in names: ``multiplies`` / MACs (one multiply-accumulate), ``flops`` (= 2 x MACs), and
-``elementwise ops`` (see :mod:`flopscope.elementwise`). The root module's path is ``""``.
+``elementwise ops`` (see :mod:`flopscope.formulas.elementwise`). The root module's path is ``""``.
 """
 
 from __future__ import annotations
@@ -16,22 +16,24 @@ from typing import TYPE_CHECKING, Any
 
 from torch import fx
 
-from . import attention_mask, generation, undispatched
-from .attention_mask import EXECUTED
-from .capture import FORWARD, CapturedOp, Cost, build_graph, captured
-from .columns import scale_parts
+from . import generation
+from .attribute.columns import scale_parts
+from .attribute.roles import Assignment, RoleRule, find_roles
+from .capture import undispatched
+from .capture.facts import ModelFacts
+from .capture.module_tracker import ModuleCall, ModuleTracker
+from .capture.recorder import FORWARD, CapturedOp, Cost, build_graph, captured
+from .capture.undispatched import OutsideWork
 from .errors import NotFoundError
-from .facts import ModelFacts
-from .model_formulas import ModelFormulas, model_formulas
-from .module_tracker import ModuleCall, ModuleTracker
-from .reconcile import Reconciliation, TransformerSpec, reconcile
+from .predict import attention as attention_mask
+from .predict.attention import EXECUTED
+from .predict.model_formulas import ModelFormulas, model_formulas
+from .predict.reconcile import Reconciliation, TransformerSpec, reconcile
+from .predict.timing import Timing, timing
 from .role import ROLE_ORDER, Role
-from .roles import Assignment, RoleRule, find_roles
-from .timing import Timing, timing
-from .undispatched import OutsideWork
 
 if TYPE_CHECKING:
-    from .capture import Recorder
+    from .capture.recorder import Recorder
     from .communication import CollectiveRow
     from .generation import Step
     from .scaling import Scaling
@@ -139,7 +141,7 @@ class Profile:
     # what was captured
     @property
     def graph(self) -> fx.Graph:
-        """The captured ``torch.fx`` graph (one node per ATen op; see :mod:`flopscope.capture`), with
+        """The captured ``torch.fx`` graph (one node per ATen op; see :mod:`flopscope.capture.recorder`), with
         ``node.meta["role"]`` / ``["role_parts"]`` / ``["block"]`` on every node that multiplies."""
         self.role_assignments()
         return self._fx_graph()
@@ -202,7 +204,7 @@ class Profile:
 
     def steps(self, attention: str = EXECUTED) -> list[Step]:
         """One row per forward of the model (a generation step: prefill or decode), with its batch, new tokens,
-        context, MACs by role (the attention core under ``attention``: :mod:`flopscope.attention_mask`), bytes
+        context, MACs by role (the attention core under ``attention``: :mod:`flopscope.predict.attention`), bytes
         and wall time (:mod:`flopscope.generation`)."""
         return generation.steps(self, attention)
 
@@ -222,16 +224,17 @@ class Profile:
         module's inclusive ``by_module()`` MACs. One phase: the file ``path``. Several (``backward=True``,
         activation checkpointing): one file per phase beside it, ``<stem>.<phase><suffix>`` (``out.folded`` ->
         ``out.forward.folded``, ``out.backward.folded``, ``out.recompute.folded``). Returns the paths written
-        (:mod:`flopscope.flame`)."""
-        from .flame import export_folded
+        (:mod:`flopscope.render.flame`)."""
+        from .render.flame import export_folded
 
         return export_folded(path, {phase: self.by_stack(phase) for phase in self.by_phase()})
 
     def export_speedscope(self, path: str | Path) -> Path:
         """Write the module call stacks as a speedscope file (https://www.speedscope.app: JSON, schema
         ``file-format-schema.json``): one ``"sampled"`` profile per phase, a sample per stack, its weight the
-        stack's self MACs (unit ``"none"``; FLOPs = 2 x MACs), as :meth:`export_folded` (:mod:`flopscope.flame`)."""
-        from .flame import export_speedscope
+        stack's self MACs (unit ``"none"``; FLOPs = 2 x MACs), as :meth:`export_folded`
+        (:mod:`flopscope.render.flame`)."""
+        from .render.flame import export_speedscope
 
         return export_speedscope(path, {phase: self.by_stack(phase) for phase in self.by_phase()})
 
@@ -240,20 +243,21 @@ class Profile:
         module call tree sized by MACs and coloured by dominant role (hover for path, type, MACs, FLOPs, share,
         parameters, input shapes; click to zoom), the role table, the reconciliation with its reasons, the
         unsupported-op ledger, the generation steps of a profile of several forwards, and ``scaling``'s
-        polynomials when given (:func:`flopscope.scaling`). See :mod:`flopscope.html_report`."""
-        from .html_report import write_html
+        polynomials when given (:func:`flopscope.scaling`). See :mod:`flopscope.render.html`."""
+        from .render.html import write_html
 
         return write_html(self, path, scaling=scaling, title=title)
 
     def _repr_html_(self) -> str:
-        """The notebook view (Jupyter): totals, the role table and a compact module tree (:mod:`flopscope.notebook`)."""
-        from .notebook import notebook_html
+        """The notebook view (Jupyter): totals, the role table and a compact module tree
+        (:mod:`flopscope.render.notebook`)."""
+        from .render.notebook import notebook_html
 
         return notebook_html(self)
 
     def _repr_markdown_(self) -> str:
         """The notebook view as Markdown: totals, the role table and a compact module tree."""
-        from .notebook import notebook_markdown
+        from .render.notebook import notebook_markdown
 
         return notebook_markdown(self)
 
@@ -304,7 +308,7 @@ class Profile:
         """Multiply-accumulates (MACs) of linear-algebra work (matmul, conv, attention, recurrent GEMMs),
         of the whole run (``module=""``) or of one module, inclusive of its submodules; ``phase``
         ("forward" / "backward") restricts a profile taken with ``backward=True``; ``attention`` ("executed",
-        "causal" or "mask") prices the attention core by that convention (:mod:`flopscope.attention_mask`)."""
+        "causal" or "mask") prices the attention core by that convention (:mod:`flopscope.predict.attention`)."""
         if module != "":
             module = self.canonical_module_name(module)
         return sum(macs for _, macs, paths, ph in self._tally.counted
@@ -370,7 +374,7 @@ class Profile:
         return dict(Counter(op for op, _, _, _ in self._tally.counted))
 
     # ---------------------------------------------------------------------------------------------
-    # bytes moved (the memory side of the roofline; the model is flopscope.traffic's)
+    # bytes moved (the memory side of the roofline; the model is flopscope.formulas.traffic's)
     def total_bytes(self, module: str = "", phase: str | None = None) -> int:
         """Minimum bytes read and written by every recorded op (multiplies or not: norms, softmax and copies
         move memory too), of the whole run or of one module inclusive of its submodules."""
@@ -406,10 +410,10 @@ class Profile:
     # ---------------------------------------------------------------------------------------------
     # roles
     def by_role(self, phase: str | None = None, attention: str = EXECUTED) -> dict[str, int]:
-        """MACs per semantic role (:class:`~flopscope.roles.Role` values as keys, in the canonical
+        """MACs per semantic role (:class:`~flopscope.attribute.roles.Role` values as keys, in the canonical
         order); every multiply has exactly one role, so the values sum to ``total(phase=phase)``.
         Backward ops carry the role of the forward op they differentiate. ``attention``: the convention of
-        the ``attn_scores`` / ``attn_weighted_sum`` rows (:mod:`flopscope.attention_mask`)."""
+        the ``attn_scores`` / ``attn_weighted_sum`` rows (:mod:`flopscope.predict.attention`)."""
         out: Counter[str] = Counter()
         for op, parts in attention_mask.parts_under(self, attention).items():
             if phase is not None and op.phase != phase:
@@ -421,7 +425,7 @@ class Profile:
     def by_block(self, attention: str = EXECUTED) -> dict[str, dict[str, int]]:
         """``{block path: {role: MACs}}`` per attention / FFN / conv block instance (the module path
         enclosing its multiplies); multiplies outside such blocks are listed under their own module.
-        ``attention``: the convention of the attention core (:mod:`flopscope.attention_mask`)."""
+        ``attention``: the convention of the attention core (:mod:`flopscope.predict.attention`)."""
         out: dict[str, Counter[str]] = defaultdict(Counter)
         assignments = self.role_assignments_by_op()
         for op, parts in attention_mask.parts_under(self, attention).items():
@@ -453,7 +457,7 @@ class Profile:
         return self._roles
 
     def role_assignments_by_op(self) -> Mapping[CapturedOp, Assignment]:
-        """:meth:`role_assignments` keyed by the capture's records (:class:`~flopscope.capture.CapturedOp`):
+        """:meth:`role_assignments` keyed by the capture's records (:class:`~flopscope.capture.recorder.CapturedOp`):
         what the role passes find on the records' dataflow, without building the fx graph."""
         if self._op_roles is None:
             self._op_roles = MappingProxyType(find_roles(self._ops, self._facts.types, self._role_rules))
@@ -462,19 +466,19 @@ class Profile:
     def reconcile(self, spec: TransformerSpec | None = None) -> Reconciliation:
         """Measured MACs per block and role against exact closed forms from the model's declared
         structure (or ``spec``), with the complexity term, useful work under masks, and the reason for
-        any ratio that is not 1. See :mod:`flopscope.reconcile`."""
+        any ratio that is not 1. See :mod:`flopscope.predict.reconcile`."""
         return reconcile(self.role_assignments_by_op(), self._facts, self._capture.module_inputs, spec)
 
     def model_formulas(self, attention: str = EXECUTED) -> ModelFormulas:
         """Measured forward MACs per token against Kaplan, Chinchilla, Megatron-LM and PaLM, with the
-        difference explained part by part (see :mod:`flopscope.model_formulas`); the measured attention core
-        under ``attention`` (:mod:`flopscope.attention_mask`)."""
+        difference explained part by part (see :mod:`flopscope.predict.model_formulas`); the measured attention core
+        under ``attention`` (:mod:`flopscope.predict.attention`)."""
         return model_formulas(self._facts, self.by_role(phase=FORWARD, attention=attention),
                               self._capture.module_inputs, attention)
 
     def timing(self) -> Timing:
         """Wall time per role and module of a real-mode run, with GFLOP/s and time share against MAC
-        share (see :mod:`flopscope.timing`)."""
+        share (see :mod:`flopscope.predict.timing`)."""
         return timing(self.graph, self.role_assignments())
 
     def reuse_roles(self, template: Profile) -> bool:
@@ -504,7 +508,8 @@ class Profile:
         """``{op: calls}`` of ops with neither a formula, an elementwise rule, nor a place in the
         zero-cost list: they may do arithmetic that ``total()`` does not include. A real run also lists, per module
         path, the tensors computed outside the ATen dispatcher (NumPy, a C++ / CUDA extension filling memory
-        itself: :mod:`flopscope.undispatched`) as ``{"outside the ATen dispatcher: <module path>": tensors}``."""
+        itself: :mod:`flopscope.capture.undispatched`) as
+        ``{"outside the ATen dispatcher: <module path>": tensors}``."""
         return {**self._capture.unsupported, **undispatched.unsupported_of(self._capture.outside)}
 
     unsupported_ops = unsupported  # fvcore's name

@@ -16,12 +16,12 @@ from typing import Any
 
 from tabulate import tabulate
 
-from . import attention_mask
-from .attention_mask import EXECUTED
 from .errors import FlopscopeError
-from .module_stats import dominant_roles as module_dominant_roles
-from .module_stats import params_inclusive
+from .predict import attention as attention_mask
+from .predict.attention import EXECUTED
 from .profile import Profile
+from .render.module_stats import dominant_roles as module_dominant_roles
+from .render.module_stats import params_inclusive
 
 PREFIXES = ((10**15, "P"), (10**12, "T"), (10**9, "G"), (10**6, "M"), (10**3, "K"))
 UNITS = {"macs": ("MAC", 1), "flops": ("FLOP", 2)}
@@ -38,7 +38,7 @@ JSON_SCHEMA = "flopscope.profile/1"
 - ``reconciliation``: list of ``{block, role, measured, predicted, ratio, term, useful, reason, basis}``
   (``ratio`` as a string fraction, ``null`` where there is no prediction);
 - ``attention``: ``{convention, macs, flops, roles, blocks, steps, notes}``: the attention core counted by the
-  convention asked for (``"executed"``, ``"causal"`` or ``"mask"``, :mod:`flopscope.attention_mask`), with the
+  convention asked for (``"executed"``, ``"causal"`` or ``"mask"``, :mod:`flopscope.predict.attention`), with the
   totals, roles, blocks and steps that follow from it (``totals`` / ``roles`` / ``blocks`` / ``steps`` above stay
   executed work);
 - ``environment``: ``{flopscope, torch, transformers, python, platform}``.
@@ -114,7 +114,7 @@ def where(paths: list[str], limit: int = 3) -> str:
 
 def role_table(prof: Profile, units: str = "macs", tablefmt: str = "simple", attention: str = EXECUTED) -> str:
     """Role | MACs | FLOPs | share of total | where (the blocks it occurs in); the attention core and the total
-    priced by the ``attention`` convention (:mod:`flopscope.attention_mask`)."""
+    priced by the ``attention`` convention (:mod:`flopscope.predict.attention`)."""
     total = prof.total(attention=attention) or 1
     blocks: dict[str, list[str]] = {}
     for block, roles in prof.by_block(attention=attention).items():
@@ -143,7 +143,7 @@ def unsupported_table(prof: Profile, tablefmt: str = "simple") -> str:
 def summary(prof: Profile, depth: int = 2, units: str = "macs", tablefmt: str = "simple",
             reconciliation: bool = True, attention: str = EXECUTED) -> str:
     """Totals, roles, reconciliation, the module tree, ops, elementwise work and unsupported ops. ``attention``:
-    the convention of the total and the role table (:mod:`flopscope.attention_mask`); the module tree, ops and
+    the convention of the total and the role table (:mod:`flopscope.predict.attention`); the module tree, ops and
     reconciliation stay executed work."""
     macs, flops = prof.total(attention=attention), prof.total_flops(attention=attention)
     priced = "" if attention_mask.check_attention(attention) == EXECUTED else (
@@ -152,7 +152,7 @@ def summary(prof: Profile, depth: int = 2, units: str = "macs", tablefmt: str = 
         f"total: {macs:,} MACs = {flops:,} FLOPs ({human(flops, 'FLOP')}; 1 MAC = 2 FLOPs), counted in {prof.mode} "
         f"mode{priced}",
         f"bytes moved at least: {prof.total_bytes():,} ({human(prof.total_bytes(), 'B')}; each tensor read and "
-        "written once, see flopscope.traffic)",
+        "written once, see flopscope.formulas.traffic)",
     ]
     phases = prof.by_phase()
     if len(phases) > 1:
@@ -189,7 +189,7 @@ def to_dict(prof: Profile, reconciliation: bool = True, attention: str = EXECUTE
     doc: dict[str, Any] = {
         "schema": JSON_SCHEMA,
         "units": {"macs": "multiply-accumulates", "flops": "2 x macs",
-                  "elementwise_ops": "see flopscope.elementwise (per-element conventions)"},
+                  "elementwise_ops": "see flopscope.formulas.elementwise (per-element conventions)"},
         "mode": prof.mode,
         "totals": {"macs": prof.total(), "flops": prof.total_flops(), "bytes": prof.total_bytes(),
                    "by_phase": prof.by_phase()},

@@ -1,8 +1,8 @@
 """The role vocabulary: what a multiply does, the group it belongs to and the complexity term it realises.
 
 One place for every fact about a role. Adding a role is one member of :class:`Role` with its group and
-term; the passes that find it live in :mod:`flopscope.roles`, the closed form that predicts it in
-:mod:`flopscope.reconcile` (keyed by group). Definitions in dataflow terms: ``docs/roles.md``.
+term; the passes that find it live in :mod:`flopscope.attribute.roles`, the closed form that predicts it in
+:mod:`flopscope.predict.reconcile` (keyed by group). Definitions in dataflow terms: ``docs/roles.md``.
 """
 
 from __future__ import annotations

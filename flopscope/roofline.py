@@ -1,6 +1,6 @@
 """The roofline: each role (and each generation step) against a device's peak FLOP/s and memory bandwidth.
 
-A kernel that does ``F`` FLOPs and must move ``Q`` bytes (:mod:`flopscope.traffic`) takes at least
+A kernel that does ``F`` FLOPs and must move ``Q`` bytes (:mod:`flopscope.formulas.traffic`) takes at least
 ``max(F / peak, Q / bandwidth)`` seconds. Its arithmetic intensity ``I = F / Q`` (FLOPs per byte) against the
 device's ridge point ``peak / bandwidth`` says which bound applies: **memory-bound** when ``I < ridge``,
 **compute-bound** otherwise (Williams, Waterman, Patterson, "Roofline", CACM 2009). A decode step at batch 1
@@ -9,7 +9,7 @@ long prefill reuses each weight for every token: compute-bound.
 
 Peaks come from :mod:`flopscope.peaks` (``peak=`` / ``bandwidth=`` override); a device without a figure gives
 one warning and rows without a classification (the counts stay). In real mode each row also carries the
-measured time of its ops (:mod:`flopscope.timing`; a step's is the wall time of its forward), and steps carry
+measured time of its ops (:mod:`flopscope.predict.timing`; a step's is the wall time of its forward), and steps carry
 MFU and MBU (memory-bandwidth utilisation: bytes moved per second over the bandwidth).
 """
 
@@ -24,11 +24,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 from tabulate import tabulate
 
-from .capture import captured
+from .capture.recorder import captured
 from .errors import FlopscopeError
 from .plots import pyplot, save_figure
+from .predict.timing import NO_MACS
 from .profile import NO_MULTIPLY
-from .timing import NO_MACS
 
 if TYPE_CHECKING:
     from .profile import Profile

@@ -4,7 +4,7 @@
 integration) call :func:`run` or :class:`Session`; none calls another's internals. A run:
 
 1. reads the model's declared facts and snapshots its state (restored in ``finally``, see
-   :mod:`flopscope.state`);
+   :mod:`flopscope.capture.state`);
 2. on fake tensors (``fake=True``) converts the state and the inputs, or executes for real;
 3. runs the forward (and, with ``backward=True``, the backward pass) under the module tracker and the
    recorder;
@@ -33,8 +33,27 @@ from torch import nn
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.nn.utils.stateless import _reparametrize_module
 
-from . import undispatched
-from .capture import (
+from .attribute.roles import RoleRule
+from .capture import undispatched
+from .capture.checks import check_inputs, check_mode, check_model, forward_signature
+from .capture.compiled import eager_module
+from .capture.facts import read_facts
+from .capture.fake import (
+    Converter,
+    CountingFakeTensorMode,
+    FakeConverter,
+    MetaConverter,
+    callers_fake_mode,
+    isolated_copy,
+    loaded_dtensor,
+    map_tensors,
+    needs_real_data,
+    shadow_of,
+    tensors_in,
+)
+from .capture.model_caches import CacheGuard, fake_tensors_held
+from .capture.module_tracker import ModuleTracker
+from .capture.recorder import (
     CONSTRUCTORS_FROM_DATA,
     INDEX_DTYPES,
     MAX_KNOWN_NUMEL,
@@ -48,29 +67,10 @@ from .capture import (
     from_known_data,
     op_name,
 )
-from .checks import check_inputs, check_mode, check_model, forward_signature
-from .compiled import eager_module
+from .capture.state import ModelSnapshot
 from .errors import ConfigurationError, FakeTensorError, FlopscopeWarning, ForwardError, cause_of_kind
-from .facts import read_facts
-from .fake import (
-    Converter,
-    CountingFakeTensorMode,
-    FakeConverter,
-    MetaConverter,
-    callers_fake_mode,
-    isolated_copy,
-    loaded_dtensor,
-    map_tensors,
-    needs_real_data,
-    shadow_of,
-    tensors_in,
-)
-from .formulas import REGISTRY, FormulaRegistry
-from .model_caches import CacheGuard, fake_tensors_held
-from .module_tracker import ModuleTracker
+from .formulas.registry import REGISTRY, FormulaRegistry
 from .profile import Capture, Profile
-from .roles import RoleRule
-from .state import ModelSnapshot
 
 MODES = ("auto", "fake", "real")
 """``profile()`` modes: fake tensors, real execution, or fake with a fall-back to real."""
@@ -106,7 +106,7 @@ def run_in_mode(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
     fake mode and the model's converted state across runs (a sweep). Validates model, mode and inputs.
     ``stacklevel``: of a warning issued here, so that it points at the user's call (``profile()`` passes 3).
     A ``torch.compile``'d model is counted through its eager module, an ``ExportedProgram`` through its
-    unflattened module (:mod:`flopscope.compiled`; ``prof.notes`` says so)."""
+    unflattened module (:mod:`flopscope.capture.compiled`; ``prof.notes`` says so)."""
     model, counted_as = eager_module(model)
     notes = (counted_as,) if counted_as else ()
     check_model(model)
@@ -507,8 +507,8 @@ def _set_constructors(functions: tuple[Any, ...]) -> None:
 known_tensor_data = WhileCapturing(_constructors, _set_constructors,
                                    lambda old: tuple(from_known_data(function) for function in old))
 """While a fake run counts, ``torch.tensor`` / ``as_tensor`` / ``asarray`` take one-element fake tensors in their data
-at the values the recorder knows (:func:`~flopscope.capture.from_known_data`; in other threads, and for other data,
-the original functions run); put back when the last capture ends."""
+at the values the recorder knows (:func:`~flopscope.capture.recorder.from_known_data`; in other threads, and for
+other data, the original functions run); put back when the last capture ends."""
 
 
 @contextmanager

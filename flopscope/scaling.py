@@ -5,7 +5,7 @@ finds the lowest-degree polynomial through the measured counts by exact rational
 *checks* it at every remaining length (so at least one more length than the degree needs): a role whose
 counts are not a polynomial of degree <= len(lengths) - 2 is reported as such, never fitted. Each
 polynomial is set beside the one predicted from the model's declared structure (the closed forms of
-:mod:`flopscope.reconcile`), coefficient by coefficient.
+:mod:`flopscope.predict.reconcile`), coefficient by coefficient.
 """
 
 from __future__ import annotations
@@ -19,14 +19,14 @@ import torch
 from tabulate import tabulate
 from torch import nn
 
-from .capture import RECOMPUTE
-from .checks import check_mode, check_positive
+from .attribute.roles import RoleRule
+from .capture.checks import check_mode, check_positive
+from .capture.recorder import RECOMPUTE
 from .errors import ConfigurationError, SymbolicError
-from .formulas import FormulaRegistry
+from .formulas.registry import FormulaRegistry
+from .predict.reconcile import Reconciliation, TransformerSpec
 from .profile import Profile
-from .reconcile import Reconciliation, TransformerSpec
 from .role import ROLE_ORDER, Role
-from .roles import RoleRule
 from .runner import MODES, CaptureOptions, new_converter, paused_gc, run_in_mode
 from .symbolic import SymbolicTrace, trace
 

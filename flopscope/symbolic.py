@@ -27,12 +27,12 @@ import torch
 from torch import nn
 from torch.utils import _pytree as pytree
 
-from .capture import RECOMPUTE, CapturedOp
+from .attribute.roles import Assignment
+from .capture.fake import CountingFakeTensorMode, FakeConverter
+from .capture.recorder import RECOMPUTE, CapturedOp
 from .errors import RunError, SymbolicError
-from .fake import CountingFakeTensorMode, FakeConverter
+from .predict.reconcile import Reconciliation, TransformerSpec, reconcile
 from .profile import Profile
-from .reconcile import Reconciliation, TransformerSpec, reconcile
-from .roles import Assignment
 from .runner import CaptureOptions, run_in_mode
 
 if TYPE_CHECKING:
@@ -149,7 +149,7 @@ class SymbolicTrace:
         return roles, {role: macs for role, macs in again.items() if not _is_zero(macs)}
 
     def reconcile_at(self, n: int, spec: TransformerSpec | None) -> Reconciliation:
-        """The closed-form predictions (:func:`flopscope.reconcile.reconcile`) at length ``n``: every symbolic
+        """The closed-form predictions (:func:`flopscope.predict.reconcile.reconcile`) at length ``n``: every symbolic
         count and module input shape of the trace evaluated there (roles set by :meth:`role_counts`)."""
         with _quiet_symbolic_graph():
             assignments: dict[CapturedOp, Assignment] = {

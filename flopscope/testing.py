@@ -25,8 +25,8 @@ from torch import nn
 
 from .api import profile
 from .errors import BudgetError, ConfigurationError
-from .files import write_atomically
 from .profile import Profile
+from .render.files import write_atomically
 
 __all__ = ["FlopBudget", "assert_macs", "diff_table"]
 

@@ -28,10 +28,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .capture import FORWARD, CapturedOp, captured
-from .elementwise import ZERO_COST_NAMESPACES
-from .files import write_atomically
+from .capture.recorder import FORWARD, CapturedOp, captured
+from .formulas.elementwise import ZERO_COST_NAMESPACES
 from .profile import NO_MULTIPLY
+from .render.files import write_atomically
 
 if TYPE_CHECKING:
     from .profile import Profile

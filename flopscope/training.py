@@ -7,7 +7,7 @@ flopscope speaks MACs. Conventions (what a padded or packed batch costs): ``docs
 ``attention=`` (every function here): how the attention core is charged, ``"executed"`` (default: every pair the
 kernels compute), ``"causal"`` (the causal half, FlashAttention / Megatron-LM / MaxText) or ``"mask"`` (the pairs
 the mask allows, padding included where the batch says which tokens are padding); see
-:mod:`flopscope.attention_mask`. MFU computed from such a price is MFU under that convention.
+:mod:`flopscope.predict.attention`. MFU computed from such a price is MFU under that convention.
 """
 
 from __future__ import annotations
@@ -25,16 +25,16 @@ from typing import Any
 import torch
 from torch import nn
 
-from .attention_mask import CORE_ROLES, EXECUTED, MASK, check_attention, core_ops, pairs
-from .capture import RECOMPUTE
-from .checks import describe
+from .capture.checks import describe
+from .capture.fake import tensors_in
+from .capture.recorder import RECOMPUTE
+from .capture.state import ModelSnapshot
 from .errors import ConfigurationError, FlopscopeError, InputError
-from .fake import tensors_in
-from .formulas import prod
+from .formulas.registry import prod
+from .predict.attention import CORE_ROLES, EXECUTED, MASK, check_attention, core_ops, pairs
 from .role import Role
 from .runner import CaptureOptions, Session
 from .scaling import Polynomial, scaling
-from .state import ModelSnapshot
 
 __all__ = ["BatchPricer", "Throughput", "flops_per_batch", "measure_flops"]
 
@@ -164,7 +164,7 @@ class BatchPricer:
 @dataclass(frozen=True)
 class AttentionTerm:
     """The attention core of one sequence, per role and mask: MACs per (query, key) pair (executed MACs of its ops
-    over ``n²``) and whether the ops are causal / windowed (:class:`flopscope.attention_mask.CoreOp`)."""
+    over ``n²``) and whether the ops are causal / windowed (:class:`flopscope.predict.attention.CoreOp`)."""
 
     role: str
     macs_per_pair: Fraction

@@ -50,7 +50,7 @@ from tabulate import tabulate
 from torch import nn
 
 from .api import profile
-from .checks import check_heads, check_positive
+from .capture.checks import check_heads, check_positive
 from .errors import NotFoundError
 from .models import FeedForward, SelfAttention, TransformerBlock
 from .profile import Profile

@@ -16,8 +16,8 @@ import torch
 
 import flopscope
 from flopscope import report
-from flopscope.attention_mask import core_ops, notes
 from flopscope.errors import ConfigurationError
+from flopscope.predict.attention import core_ops, notes
 
 from closed_forms import add, attention, ffn, rotary, times, total
 from zoo import CPU_FUSED_GQA

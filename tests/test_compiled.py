@@ -10,7 +10,7 @@ import torch
 import torch._dynamo  # reset() between tests
 
 import flopscope
-from flopscope.compiled import COMPILED_NOTE, EXPORTED_NOTE
+from flopscope.capture.compiled import COMPILED_NOTE, EXPORTED_NOTE
 from flopscope.models import TransformerBlock
 
 n, d, h, d_ff = 16, 32, 4, 128

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import flopscope
-from flopscope.formulas import OpFamily, mm
+from flopscope.formulas.registry import OpFamily, mm
 from flopscope.models import TransformerBlock
 from flopscope.scaling import Polynomial
 

@@ -15,9 +15,9 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
 import flopscope
+from flopscope.capture.fake import tensors_in
+from flopscope.capture.model_caches import fake_tensors_held
 from flopscope.errors import FakeTensorError, ForwardError
-from flopscope.fake import tensors_in
-from flopscope.model_caches import fake_tensors_held
 
 from closed_forms import add, attention, ffn, rotary, times
 
@@ -254,7 +254,7 @@ def test_sam3_counts_the_same_in_every_mode_and_order(order: tuple[str, ...]) ->
 
 
 def _sam3_caches(model: nn.Module) -> list[Any]:
-    from flopscope.model_caches import CacheGuard
+    from flopscope.capture.model_caches import CacheGuard
 
     guard = CacheGuard(model)
     return [cache for cache, _, _ in guard._caches.values()]

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 import flopscope
-from flopscope.formulas import REGISTRY, OpFamily
+from flopscope.formulas.registry import REGISTRY, OpFamily
 from flopscope.role import Role, RoleGroup
 
 from closed_forms import attention, ffn

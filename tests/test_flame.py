@@ -1,4 +1,4 @@
-"""Flame-graph files (flopscope.flame): folded stacks and speedscope, parsed back, weights against closed forms
+"""Flame-graph files (flopscope.render.flame): folded stacks and speedscope, parsed back, weights against closed forms
 and against by_module().
 
 Weights are *self* MACs: a line (sample) holds the MACs of the ops its innermost module ran outside any submodule;
@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 import flopscope
-from flopscope.flame import ROOT_FRAME, folded_paths, frame_name
+from flopscope.render.flame import ROOT_FRAME, folded_paths, frame_name
 
 N, D, D_H, D_OUT = 128, 512, 1024, 256
 

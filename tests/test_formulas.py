@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import flopscope
-from flopscope import formulas as f
+from flopscope.formulas import registry as f
 from flopscope.errors import RegistryError
 
 aten = torch.ops.aten
@@ -188,9 +188,10 @@ def test_one_place_says_where_an_attention_kernels_positions_are(kernel, layout)
     """The operand layout is declared with the kernel's formula and read by every analysis: the generation steps
     (query / key positions of each step) and the mask geometry agree. At a9f00b3 generation read FlashAttention's
     [B, n, heads, d] as [B, heads, n, d] and took the head count for the context."""
-    from flopscope import attention_mask, generation
-    from flopscope.capture import CapturedOp
-    from flopscope.formulas import REGISTRY
+    from flopscope import generation
+    from flopscope.capture.recorder import CapturedOp
+    from flopscope.formulas.registry import REGISTRY
+    from flopscope.predict import attention as attention_mask
 
     B, n_q, n_k, heads, d = 2, 3, 11, 4, 8
     shapes = {"bnhd": ((B, n_q, heads, d), (B, n_k, heads, d)), "bhnd": ((B, heads, n_q, d), (B, heads, n_k, d))}

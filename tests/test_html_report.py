@@ -1,4 +1,4 @@
-"""The HTML report (flopscope.html_report), opened in a real browser: headless Chromium loads the file, runs its
+"""The HTML report (flopscope.render.html), opened in a real browser: headless Chromium loads the file, runs its
 script and dumps the DOM; the chart's rectangles (data-macs, written by the page's script at render time) are
 checked against by_module() and the closed forms, the tables against the queries, and the console must stay silent.
 
@@ -24,8 +24,8 @@ from torch import nn
 
 import flopscope
 from flopscope.cli import main
-from flopscope.html_report import ROLE_COLOURS, report_data
 from flopscope.models import TransformerBlock
+from flopscope.render.html import ROLE_COLOURS, report_data
 from flopscope.targets import load_target
 
 from closed_forms import add, attention, ffn, rotary, times, total

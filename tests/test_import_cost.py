@@ -53,6 +53,6 @@ def test_what_needs_them_imports_them() -> None:
 def test_a_dtensor_is_recognised_once_its_module_is_imported() -> None:
     from torch.distributed.tensor import DTensor
 
-    from flopscope.fake import loaded_dtensor
+    from flopscope.capture.fake import loaded_dtensor
 
     assert loaded_dtensor() is DTensor

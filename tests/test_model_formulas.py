@@ -15,7 +15,7 @@ transformers = pytest.importorskip("transformers")
 n, B = 16, 2
 
 
-def formulas(model) -> dict[str, flopscope.model_formulas.FormulaRow]:
+def formulas(model) -> dict[str, flopscope.predict.model_formulas.FormulaRow]:
     prof = flopscope.profile(model.eval(), torch.zeros(B, n, dtype=torch.long))
     rows = prof.model_formulas().rows
     assert all(row.residual == 0 for row in rows)  # every difference is explained part by part

@@ -1,4 +1,4 @@
-"""What a notebook shows (flopscope.notebook): Profile._repr_html_ and _repr_markdown_, against closed forms."""
+"""What a notebook shows (flopscope.render.notebook): Profile._repr_html_ and _repr_markdown_, against closed forms."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from torch import nn
 
 import flopscope
 from flopscope.models import TransformerBlock
-from flopscope.notebook import tree_rows
+from flopscope.render.notebook import tree_rows
 
 
 def markdown_tables(text: str) -> list[list[list[str]]]:

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 import flopscope
-from flopscope.facts import read_facts
+from flopscope.capture.facts import read_facts
 
 N = 10
 

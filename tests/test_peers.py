@@ -21,7 +21,7 @@ from torch.utils.flop_counter import FlopCounterMode, flop_registry
 
 from flopscope.cli import main
 from flopscope.errors import ConfigurationError, FormulaError, RegistryError
-from flopscope.formulas import REGISTRY, FormulaRegistry, OpFamily, aten_ops
+from flopscope.formulas.registry import REGISTRY, FormulaRegistry, OpFamily, aten_ops
 from flopscope.peers import (
     TOOLS,
     Crosscheck,

@@ -324,7 +324,7 @@ class _FusedQkvIntoABuffer(nn.Module):
 
 
 def test_columns_through_uninitialised_memory_are_no_columns_and_any_label_value_is_safe() -> None:
-    from flopscope.columns import _union
+    from flopscope.attribute.columns import _union
 
     assert _union([torch.tensor([0, 5, 1 << 40, -1])]) == {-1, 0, 5, 1 << 40}  # a huge value: sorted, not counted
     B, n, d = 2, 16, 32

@@ -10,7 +10,7 @@ from torch import nn
 
 import flopscope
 from flopscope.models import TransformerBlock
-from flopscope.timing import NO_MACS
+from flopscope.predict.timing import NO_MACS
 
 from closed_forms import add, attention, ffn
 

@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 import flopscope
-from flopscope.undispatched import OUTSIDE
+from flopscope.capture.undispatched import OUTSIDE
 
 B, K, N, D = 3, 4, 5, 2
 PHRASE = "computed outside the ATen dispatcher: its multiplies are not counted"

@@ -25,8 +25,9 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 import flopscope
-from flopscope import elementwise, formulas
 from flopscope.errors import FakeTensorError, FlopscopeWarning
+from flopscope.formulas import elementwise
+from flopscope.formulas import registry as formulas
 
 aten = torch.ops.aten
 DOCS = Path(__file__).resolve().parent.parent / "docs"
@@ -181,7 +182,7 @@ def test_statically_quantized_classifier_counts_what_its_float_twin_counts():
 
 
 def test_quantized_input_in_auto_mode_falls_back_to_real():
-    """Needs the conversion fix in flopscope/fake.py (FakeConverter: a tensor fake mode cannot represent is a
+    """Needs the conversion fix in flopscope/capture/fake.py (FakeConverter: a tensor fake mode cannot represent is a
     FakeTensorError on fake tensors): the default mode falls back to real with the usual warning."""
     conv = nnq.Conv2d(16, 32, 3, padding=1)
     with pytest.warns(FlopscopeWarning, match="counted in real mode instead"):

@@ -18,7 +18,7 @@ denominator, when the device's peak is known), ``flops_per_second`` (model FLOPs
 first). A failure is warned about once and disables the callback; the trainer then prices with its own hook
 again. Training never stops because of it.
 
-``attention="causal"`` or ``"mask"`` prices the attention core by that convention (:mod:`flopscope.attention_mask`;
+``attention="causal"`` or ``"mask"`` prices the attention core by that convention (:mod:`flopscope.predict.attention`;
 default ``"executed"``, every pair the kernels compute): ``total_flos`` and every FLOP-derived metric follow it, and
 those metrics are logged with the convention in their names, ``mfu_causal``, ``hfu_causal``,
 ``flops_per_second_causal``, ``flops_causal/<role>`` (``_mask`` likewise), so runs under different conventions are
@@ -36,9 +36,9 @@ from typing import Any
 import torch
 from transformers import Trainer, TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
-from ..attention_mask import EXECUTED, metric_suffix
 from ..conventions import POSITIONS
 from ..errors import FlopscopeWarning
+from ..predict.attention import EXECUTED, metric_suffix
 from ..training import BatchPricer, Throughput, flops_per_batch
 
 

@@ -11,7 +11,7 @@ and ``hfu`` (with ``throughput/device/peak_flops``, their denominator, when the 
 ``throughput/tokens_per_sec`` and ``throughput/flops/<role>`` (mean per batch). A failure is logged once and
 disables the callback: it never stops training.
 
-``attention="causal"`` or ``"mask"`` prices the attention core by that convention (:mod:`flopscope.attention_mask`;
+``attention="causal"`` or ``"mask"`` prices the attention core by that convention (:mod:`flopscope.predict.attention`;
 default ``"executed"``): ``flops_per_batch`` and every FLOP-derived metric follow it, logged with the convention in
 their names (``throughput/device/mfu_causal``, ``.../hfu_causal``, ``.../flops_per_sec_causal``,
 ``throughput/flops_per_batch_causal``, ``throughput/flops_causal/<role>``; ``_mask`` likewise).
@@ -27,8 +27,8 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 
-from ..attention_mask import EXECUTED, metric_suffix
 from ..errors import FlopscopeWarning
+from ..predict.attention import EXECUTED, metric_suffix
 from ..training import BatchPricer, Throughput, flops_per_batch
 
 

@@ -10,7 +10,7 @@ inputs, and explains each peer's difference from evidence per op (``FlopCounterM
 module (thop): which work it does not count, which roles that work carries in flopscope's records, and
 where; whatever that evidence does not show is reported as unexplained, never forced to add up.
 
-The plug-ins are built from flopscope's formula registry (:data:`flopscope.formulas.REGISTRY`), so each
+The plug-ins are built from flopscope's formula registry (:data:`flopscope.formulas.registry.REGISTRY`), so each
 tool counts what flopscope counts:
 
 - :func:`flop_counter_mapping`: ``FlopCounterMode(custom_mapping=flop_counter_mapping())``;

@@ -26,9 +26,9 @@ from typing import Any, cast
 from tabulate import tabulate
 from torch import nn
 
-from ..compiled import eager_module
+from ..capture.compiled import eager_module
 from ..errors import ConfigurationError, FlopscopeError, RegistryError
-from ..formulas import FormulaRegistry, MacFormula
+from ..formulas.registry import FormulaRegistry, MacFormula
 from ..profile import OpRecord, Profile
 from ..role import ROLE_ORDER
 from ..runner import CaptureOptions, Session
@@ -292,7 +292,7 @@ def crosscheck(model: nn.Module, *args: Any, tools: Sequence[str] | None = None,
     kwargs = {**kwargs, **(forward_kwargs or {})}
     prof = profile(model, *args, mode="real", forward_kwargs=kwargs)
     # the peers run on (copies of) the eager module: a compiled call under their hooks and modes would leave the
-    # caller's compiled model uncompiled (flopscope.compiled), and an ExportedProgram is no module
+    # caller's compiled model uncompiled (flopscope.capture.compiled), and an ExportedProgram is no module
     model, _ = eager_module(model)
     peers: dict[str, PeerCount] = {}
     for name in chosen:

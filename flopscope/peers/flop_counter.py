@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..formulas import REGISTRY, FormulaRegistry, MacFormula, Shape, packet_named, total_of
+from ..formulas.registry import REGISTRY, FormulaRegistry, MacFormula, Shape, packet_named, total_of
 from ..profile import Profile
 from .common import Difference, PeerCount, copy_for, ordered, quiet, sum_roles
 

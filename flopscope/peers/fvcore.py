@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from ..errors import FormulaError
-from ..formulas import REGISTRY, FormulaRegistry, MacFormula, OpFamily, total_of
+from ..formulas.registry import REGISTRY, FormulaRegistry, MacFormula, OpFamily, total_of
 from ..profile import Profile
 from .common import Difference, PeerCount, copy_for, ordered, quiet, required_formula, sum_roles
 

@@ -33,8 +33,8 @@ import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
-from ..formulas import REGISTRY, FormulaRegistry, Shape, total_of
-from ..module_tracker import ModuleTracker
+from ..capture.module_tracker import ModuleTracker
+from ..formulas.registry import REGISTRY, FormulaRegistry, Shape, total_of
 from ..profile import OpRecord, Profile
 from .common import (
     Difference,

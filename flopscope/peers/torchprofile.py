@@ -19,7 +19,7 @@ from typing import Any, cast
 
 from torch import nn
 
-from ..formulas import OpFamily
+from ..formulas.registry import OpFamily
 from ..profile import OpRecord, Profile
 from .common import Difference, PeerCount, copy_for, ordered, sum_roles
 from .fvcore import op_family, torchscript_name

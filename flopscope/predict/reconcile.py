@@ -1,6 +1,6 @@
 """Reconciliation: measured multiplies per block and role against exact closed-form predictions.
 
-Predictions use what the model *declares* (:class:`~flopscope.facts.ModelFacts`: module attributes,
+Predictions use what the model *declares* (:class:`~flopscope.capture.facts.ModelFacts`: module attributes,
 parameter shapes, the Hugging Face config) and the shapes of each block's inputs (its token counts), never
 the shapes of the ops that ran inside it; a user can state the hyper-parameters instead with a
 :class:`TransformerSpec`. Hyper-parameter names: :mod:`flopscope.conventions`. Closed forms are those
@@ -21,7 +21,7 @@ logits             B·n·d·V                         n·d·V
 =================  ==============================  ============
 
 ``token_mixing`` is FNet's Fourier sublayer, a 2-D FFT over (n, d) of the block's input, with F(N) the MACs
-of one length-N complex FFT (:func:`~flopscope.formulas.fft_macs`, ``docs/formulas.md`` section 12).
+of one length-N complex FFT (:func:`~flopscope.formulas.registry.fft_macs`, ``docs/formulas.md`` section 12).
 
 For attention the *useful* work is reported beside the executed work: a causal mask executed by a dense
 kernel runs ``n_q·n_k`` pairs but needs ``n_q·n_k − n_q(n_q−1)/2``; a sliding window W needs
@@ -38,9 +38,12 @@ from typing import Any
 
 from tabulate import tabulate
 
-from .attention_mask import declared_mask, kernel_is_causal, useful_pairs
-from .capture import FORWARD, CapturedOp
-from .conventions import (
+from ..attribute.paths import inside
+from ..attribute.roles import Assignment
+from ..capture.facts import ModelFacts
+from ..capture.module_tracker import ModuleCall
+from ..capture.recorder import FORWARD, CapturedOp
+from ..conventions import (
     EXPERT_FFN_WIDTH,
     EXPERTS,
     FFN_WIDTH,
@@ -58,12 +61,9 @@ from .conventions import (
     WIDTH,
     Names,
 )
-from .facts import ModelFacts
-from .formulas import fft_macs, prod
-from .module_tracker import ModuleCall
-from .paths import inside
-from .role import ROLE_ORDER, Role, RoleGroup, roles_in
-from .roles import Assignment
+from ..formulas.registry import fft_macs, prod
+from ..role import ROLE_ORDER, Role, RoleGroup, roles_in
+from .attention import declared_mask, kernel_is_causal, useful_pairs
 
 ATTENTION_ROLES = tuple(sorted(roles_in(RoleGroup.ATTENTION), key=lambda r: r == Role.OUT_PROJ))
 """Attention rows in the order data flows through a block: projections, scores, weighted sum, output."""
@@ -350,7 +350,7 @@ def _attention_rows(b: _Block) -> list[ReconcileRow]:
     seq_first = facts.attr(block, "batch_first") is False
     predicted: dict[str, int] = defaultdict(int)
     useful: dict[str, int] = defaultdict(int)
-    declared_causal, window = declared_mask(block, facts)  # one source: flopscope.attention_mask
+    declared_causal, window = declared_mask(block, facts)  # one source: flopscope.predict.attention
     causal = b.causal_kernel or declared_causal
     if spec is not None:
         causal = spec.causal if spec.causal is not None else causal

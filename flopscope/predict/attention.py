@@ -21,7 +21,7 @@ whole MAC (exact whenever ``batch·heads·head width`` is even). Backward ops sc
 backward GEMM of the core runs over the same ``n_q × n_k`` pairs. Where the facts come from, per op
 (:attr:`CoreOp.source`): a fused kernel's own ``is_causal`` / window / ``attn_mask`` argument; the values of its
 mask tensor (real mode: boolean masks of at most 4,096 elements keep their values, see
-:mod:`flopscope.capture`), followed through ``where(mask, 0, -inf)`` (0 and -inf as numbers, or as one-element
+:mod:`flopscope.capture.recorder`), followed through ``where(mask, 0, -inf)`` (0 and -inf as numbers, or as one-element
 constants made from data) and ``masked_fill``; else the model's
 declaration (a module's ``is_causal``, its or the config's ``sliding_window``), named in :func:`notes`.
 FlexAttention's block mask: its ``mask_mod`` evaluated at every pair (a function of indices, so in any mode).
@@ -39,15 +39,15 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import fx
 
-from .capture import FORWARD, CapturedOp, captured
-from .conventions import SLIDING_WINDOW
-from .errors import ConfigurationError
-from .facts import ModelFacts
-from .formulas import FLEX_ATTENTION, OpFamily, argument
-from .paths import inside
+from ..attribute.paths import inside
+from ..capture.facts import ModelFacts
+from ..capture.recorder import FORWARD, CapturedOp, captured
+from ..conventions import SLIDING_WINDOW
+from ..errors import ConfigurationError
+from ..formulas.registry import FLEX_ATTENTION, OpFamily, argument
 
 if TYPE_CHECKING:
-    from .profile import Profile
+    from ..profile import Profile
 
 EXECUTED, CAUSAL, MASK = "executed", "causal", "mask"
 ATTENTION_CONVENTIONS = (EXECUTED, CAUSAL, MASK)
@@ -334,7 +334,7 @@ def _shape(arg: Any) -> tuple[int, ...] | None:
 
 def _kernel_geometry(op: CapturedOp) -> tuple[int, int, tuple[int, ...]] | None:
     """(n_q, n_k, scores shape ``[*batch, heads, n_q, n_k]``) of a fused attention kernel, from q and k in the
-    layout its registration declares (:meth:`~flopscope.formulas.OpSpec.attention_geometry`)."""
+    layout its registration declares (:meth:`~flopscope.formulas.registry.OpSpec.attention_geometry`)."""
     operands = op.spec.operands[:2] if op.spec is not None else ()
     if op.spec is None or len(operands) != 2:
         return None

@@ -30,7 +30,7 @@ from torch._subclasses.fake_tensor import (
     _BypassDispatchCache,
 )
 
-from .errors import FakeTensorError, cause_of_kind
+from ..errors import FakeTensorError, cause_of_kind
 
 NEEDS_REAL_DATA = (DataDependentOutputException, DynamicOutputShapeException, UnsupportedOperatorException)
 """Exceptions meaning "this model needs real tensor data here", not "this model is wrong" (and symbolic shapes'

@@ -31,10 +31,10 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from .errors import FlopscopeError
+from ..errors import FlopscopeError
+from ..role import ROLE_ORDER
 from .files import write_atomically
 from .module_stats import dominant_roles, params_inclusive
-from .role import ROLE_ORDER
 
 MIN_PIXELS = 1.0
 """Below this width (CSS pixels) a module is drawn inside its run of narrow neighbours' aggregate rectangle."""
@@ -159,11 +159,11 @@ def html_document(data: Mapping[str, Any]) -> str:
     payload = json.dumps(data, separators=(",", ":")).replace("</", "<\\/")
     return ("<!DOCTYPE html>\n<html lang=en><head><meta charset=utf-8>"
             "<meta name=viewport content='width=device-width, initial-scale=1'>"
-            f"<title>{html.escape(data['title'])}</title><style>{_asset('html_report.css')}</style></head>"
+            f"<title>{html.escape(data['title'])}</title><style>{_asset('html.css')}</style></head>"
             f"<body>{''.join(sections)}<div id=tip role=tooltip></div>"
             f"<footer>flopscope · units: MACs (multiply-accumulates); FLOPs = 2 × MACs</footer>"
             f"<script type=application/json id=data>{payload}</script>"
-            f"<script>{_asset('html_report.js')}</script></body></html>\n")
+            f"<script>{_asset('html.js')}</script></body></html>\n")
 
 
 def write_html(prof: Any, path: str | Path, *, scaling: Any = None, title: str | None = None) -> Path:
@@ -313,4 +313,4 @@ def si(value: float, unit: str) -> str:
 
 
 def _asset(name: str) -> str:
-    return resources.files("flopscope").joinpath(name).read_text(encoding="utf-8")
+    return resources.files("flopscope.render").joinpath(name).read_text(encoding="utf-8")

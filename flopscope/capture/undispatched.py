@@ -34,8 +34,8 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
+from ..formulas.registry import shape_of
 from .fake import tensors_in
-from .formulas import shape_of
 from .module_tracker import ModuleCall, ModuleTracker
 
 OUTSIDE = "outside the ATen dispatcher: "
@@ -70,7 +70,7 @@ class OutsideWork:
 
 
 class Watched(Protocol):
-    """What the check needs of a run's recorder (:class:`flopscope.capture.Recorder`; not imported here, which
+    """What the check needs of a run's recorder (:class:`flopscope.capture.recorder.Recorder`; not imported here, which
     would put this module in the capture / profile import cycle)."""
 
     outside_work: list[Any]

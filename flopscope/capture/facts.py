@@ -14,8 +14,8 @@ from typing import Any
 
 from torch import nn
 
-from .conventions import CONFIG_ALIASED, Names
-from .errors import FlopscopeError
+from ..conventions import CONFIG_ALIASED, Names
+from ..errors import FlopscopeError
 
 Shape = tuple[int, ...]
 _PLAIN = (bool, int, float, str)

@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from .errors import FlopscopeError
+from ..errors import FlopscopeError
 from .files import write_atomically
 
 ROOT_FRAME = "(model)"

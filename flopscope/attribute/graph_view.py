@@ -1,7 +1,7 @@
 """A read-only view of a capture's dataflow for the role passes: per record (a node of the graph), its op,
 MACs, family and what its value depends on, and one walk helper (:func:`reach`) that every graph search is
-written with. It walks the :class:`~flopscope.capture.CapturedOp` records themselves (linked by
-:func:`~flopscope.capture.link`): finding roles needs no ``torch.fx`` graph.
+written with. It walks the :class:`~flopscope.capture.recorder.CapturedOp` records themselves (linked by
+:func:`~flopscope.capture.recorder.link`): finding roles needs no ``torch.fx`` graph.
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from typing import Any, TypeVar
 
 import torch
 
-from .capture import FORWARD, CapturedOp, LeafKind, link
-from .errors import FlopscopeError
-from .formulas import OpFamily, OpSpec
+from ..capture.recorder import FORWARD, CapturedOp, LeafKind, link
+from ..errors import FlopscopeError
+from ..formulas.registry import OpFamily, OpSpec
 
 T = TypeVar("T")
 

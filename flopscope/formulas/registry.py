@@ -2,7 +2,7 @@
 
 Unit: multiply-accumulates (MACs). A GEMM ``[m, k] @ [k, n]`` is ``m * n * k`` MACs (= ``2 * m * n * k``
 FLOPs). Bias adds, scaling and every elementwise step are *not* MACs; they are counted separately by
-:mod:`flopscope.elementwise`. Conventions (dense attention, backward kernels): ``docs/conventions.md``
+:mod:`flopscope.formulas.elementwise`. Conventions (dense attention, backward kernels): ``docs/conventions.md``
 sections 2, 5 and 7; closed forms with sources: ``docs/formulas.md``.
 
 One MAC is one multiply-accumulate *in the operands' dtype*, whatever that dtype is: formulas see shapes,
@@ -41,8 +41,85 @@ import torch
 from torch.nested._internal.nested_tensor import NestedTensor as JaggedTensor
 from torch.utils._python_dispatch import _disable_current_modes
 
-from .enums import StrEnum
-from .errors import FormulaError, RegistryError
+from ..enums import StrEnum
+from ..errors import FormulaError, RegistryError
+
+__all__ = [  # the public face of flopscope.formulas (its __init__ re-exports them)
+    'REGISTRY',
+    'FormulaRegistry',
+    'KnownShape',
+    'MacCount',
+    'MacFormula',
+    'NestedShape',
+    'OpFamily',
+    'OpSpec',
+    'Shape',
+    'UpperBound',
+    'Values',
+    'addmm',
+    'addmv',
+    'argument',
+    'aten_ops',
+    'attention_bnhd',
+    'attention_core',
+    'attention_core_backward',
+    'backward_of',
+    'baddbmm',
+    'bmm',
+    'conv',
+    'convolution',
+    'convolution_backend',
+    'convolution_backward',
+    'convolution_transpose_backend',
+    'count',
+    'cudnn_rnn',
+    'cudnn_rnn_backward',
+    'dot',
+    'efficient_attention',
+    'efficient_attention_backward',
+    'euclidean_dist',
+    'fft_along',
+    'fft_c2c',
+    'fft_c2r',
+    'fft_macs',
+    'fft_r2c',
+    'flash_attention',
+    'flash_attention_backward',
+    'formula',
+    'functional_overload',
+    'functional_packet',
+    'gemm',
+    'grouped_mm',
+    'grouped_mm_fallback',
+    'inplace_packet',
+    'linear',
+    'matmul',
+    'matmul_backward',
+    'mkldnn_rnn_layer',
+    'mkldnn_rnn_layer_backward',
+    'mm',
+    'multi_head_attention',
+    'mv',
+    'native_multi_head_attention',
+    'packet_named',
+    'prod',
+    'quantized_convolution',
+    'quantized_convolution_add',
+    'quantized_linear',
+    'quantized_linear_unpacked',
+    'real_fft_macs',
+    'recurrent',
+    'rows_of',
+    'scaled_mm',
+    'sdpa',
+    'sdpa_backward',
+    'shape_of',
+    'total_of',
+    'transformer_encoder_layer',
+    'triangular_solve',
+    'trilinear',
+    'with_inplace',
+]
 
 Shape: TypeAlias = tuple[int, ...]
 MacCount: TypeAlias = int | Mapping[str, int]

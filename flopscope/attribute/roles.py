@@ -1,8 +1,8 @@
 """Semantic roles: which multiplies are Q/K/V projections, attention scores, FFN, convolution, ...
 
-Roles are found from the dataflow of the captured graph (see :mod:`flopscope.capture`), not from module
+Roles are found from the dataflow of the captured graph (see :mod:`flopscope.capture.recorder`), not from module
 names, by an ordered pipeline of small passes (:data:`PASSES`) over a read-only
-:class:`~flopscope.graph_view.GraphView`. Each pass claims only multiplies that no earlier pass
+:class:`~flopscope.attribute.graph_view.GraphView`. Each pass claims only multiplies that no earlier pass
 claimed; projections a pass asks for are settled (split by columns where several roles want one
 projection) before the next pass starts. Definitions: ``docs/roles.md``.
 
@@ -31,7 +31,7 @@ projection) before the next pass starts. Definitions: ``docs/roles.md``.
    then the user's rules, which win.
 
 Which ops are matmuls (and where their operands are), convolutions or attention kernels comes from the
-formula registry (:class:`~flopscope.formulas.OpFamily`), so a new op is found once it is registered.
+formula registry (:class:`~flopscope.formulas.registry.OpFamily`), so a new op is found once it is registered.
 A backward op takes the roles of the forward op whose autograd node ran it.
 """
 
@@ -47,13 +47,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from . import elementwise
-from .capture import CapturedOp
+from ..capture.recorder import CapturedOp
+from ..formulas import elementwise
+from ..formulas.registry import OpFamily, argument
+from ..role import ROLE_ORDER, Role, parse_role
 from .columns import columns, scale_parts, split_by_columns
-from .formulas import OpFamily, argument
 from .graph_view import GraphView, is_channelwise_conv, reach
 from .paths import common_path
-from .role import ROLE_ORDER, Role, parse_role
 
 aten = torch.ops.aten
 

@@ -15,10 +15,10 @@ from dataclasses import dataclass
 from tabulate import tabulate
 from torch import fx
 
-from .capture import captured
-from .errors import FlopscopeError
-from .role import ROLE_ORDER
-from .roles import Assignment
+from ..attribute.roles import Assignment
+from ..capture.recorder import captured
+from ..errors import FlopscopeError
+from ..role import ROLE_ORDER
 
 NO_MACS = "(ops without multiplies)"
 

@@ -18,7 +18,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .html_report import si
+from .html import si
 from .module_stats import dominant_roles, params_inclusive
 
 DEPTH = 3

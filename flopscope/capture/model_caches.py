@@ -29,7 +29,7 @@ What it cannot cover: caches in modules that define none of the model's classes 
 time (through ``getattr`` on an imported module, say), caches in C++ extensions, tensors stored on other
 tensors' attributes, and a forward of the same model that another thread runs *during* the fake run (it may
 read a fake entry before the restore). A real run that meets a fake tensor anyway stops with an error
-(:class:`flopscope.capture.FakeTensorInRealRun`); :func:`fake_tensors_held` names where they sit.
+(:class:`flopscope.capture.recorder.FakeTensorInRealRun`); :func:`fake_tensors_held` names where they sit.
 """
 
 from __future__ import annotations

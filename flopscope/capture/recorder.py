@@ -12,10 +12,10 @@ Every node carries its :class:`CapturedOp` (read it with :func:`captured`). For 
 also holds these plain keys (written in one place, :func:`_public_meta`):
 
 - ``module``: path of the innermost module call running the op (``""`` is the root);
-- ``module_stack``: the :class:`~flopscope.module_tracker.ModuleCall` frames, outermost first;
+- ``module_stack``: the :class:`~flopscope.capture.module_tracker.ModuleCall` frames, outermost first;
 - ``input_shapes`` / ``output_shapes``: shapes of the tensor arguments / outputs, in order;
 - ``dtype``: dtype of the first tensor output (``None`` if there is none);
-- ``bytes``: the minimum bytes the op reads and writes (:mod:`flopscope.traffic`; 0 for views);
+- ``bytes``: the minimum bytes the op reads and writes (:mod:`flopscope.formulas.traffic`; 0 for views);
 - ``collective``: for a collective, ``(kind, message bytes, group size)`` (:mod:`flopscope.communication`);
 - ``multiplies``: MACs of the op (0 for ops without a formula); ``multiply_parts``: the formula's
   ``{part: MACs}`` split for fused ops, else ``None``;
@@ -59,11 +59,13 @@ from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
-from . import communication, elementwise, formulas, traffic
-from .elementwise import ElementwiseRule
-from .enums import StrEnum
+from .. import communication
+from ..enums import StrEnum
+from ..formulas import elementwise, traffic
+from ..formulas import registry as formulas
+from ..formulas.elementwise import ElementwiseRule
+from ..formulas.registry import FormulaRegistry, OpFamily, OpSpec, shape_of
 from .fake import CountingFakeTensorMode, loaded_dtensor, needs_real_data
-from .formulas import FormulaRegistry, OpFamily, OpSpec, shape_of
 from .module_tracker import ModuleCall, ModuleTracker
 
 Shape = tuple[int, ...]
@@ -149,7 +151,7 @@ class CapturedOp:
     cost: Cost = Cost.ZERO
     spec: OpSpec | None = None  # the registry's entry for an op with a formula
     macs: int = 0  # MACs of the op's formula (0 without one); public meta key "multiplies"
-    bytes: int = 0  # minimum bytes read and written (flopscope.traffic); public meta key "bytes"
+    bytes: int = 0  # minimum bytes read and written (flopscope.formulas.traffic); public meta key "bytes"
     parts: dict[str, int] | None = None  # {part: MACs} of a fused op's formula
     elementwise: tuple[str, int] | None = None  # (category, elementwise ops)
     seconds: float | None = None  # real mode: wall time of the kernel
@@ -390,11 +392,11 @@ class Recorder(TorchDispatchMode):
         self._classes: dict[int, _OpClass] = {}  # id(op overload) -> how it is counted
         self._subclasses: dict[tuple[type, ...], str] = {}  # the tensor types of a dispatch -> _subclass_kind
         self._inputs_need_grad = False  # a tensor argument of the op just recorded requires grad
-        # real mode (flopscope.undispatched): told of each tensor made from data (lift_fresh's output) and of each
-        # outside tensor first met inside a module call (a constant), to find work done outside the dispatcher
+        # real mode (flopscope.capture.undispatched): told of each tensor made from data (lift_fresh's output)
+        # and of each outside tensor first met inside a module call (a constant): work done outside the dispatcher
         self.on_lift: Callable[[torch.Tensor], None] | None = None
         self.on_constant: Callable[[torch.Tensor], None] | None = None
-        self.outside_work: list[Any] = []  # what flopscope.undispatched found (OutsideWork)
+        self.outside_work: list[Any] = []  # what flopscope.capture.undispatched found (OutsideWork)
 
     def add_leaf_names(self, leaf_names: Mapping[int, LeafName]) -> None:
         self.leaf_names.update(leaf_names)
@@ -1021,7 +1023,7 @@ def _small_index_value(t: torch.Tensor) -> torch.Tensor | None:
 
 def _scalar_constant(t: torch.Tensor, kind: LeafKind) -> torch.Tensor | None:
     """The value of a one-element constant the forward made from data (``torch.tensor(0.0)``: an additive mask's
-    "allowed" value, read by :mod:`flopscope.attention_mask`); ``None`` for anything else."""
+    "allowed" value, read by :mod:`flopscope.predict.attention`); ``None`` for anything else."""
     if kind is not LeafKind.CONSTANT or isinstance(t, FakeTensor) or t.is_meta or t.numel() != 1:
         return None
     with _disable_current_modes():

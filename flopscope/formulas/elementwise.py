@@ -31,7 +31,7 @@ and fvcore count it), profiler bookkeeping.
 
 Every table here is written by functional op (``aten.relu``). An in-place variant (``aten.relu_``) and an
 ``out=`` overload (``aten.relu.out``) inherit the class of their functional op by rule
-(:func:`flopscope.formulas.functional_overload`): its explicit rule, its tags, its place in the zero-cost
+(:func:`flopscope.formulas.registry.functional_overload`): its explicit rule, its tags, its place in the zero-cost
 set. :data:`ACTIVATION_OPS` and :data:`PRODUCT_OPS` hold the in-place twins by the same rule.
 """
 
@@ -43,7 +43,7 @@ from typing import Any
 
 import torch
 
-from .formulas import aten_ops, functional_overload, with_inplace
+from .registry import aten_ops, functional_overload, with_inplace
 
 aten = torch.ops.aten
 

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .errors import ConfigurationError, InputError, NotAModuleError
+from ..errors import ConfigurationError, InputError, NotAModuleError
 from .fake import loaded_dtensor
 
 

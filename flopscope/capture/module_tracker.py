@@ -23,7 +23,7 @@ import torch
 from torch import nn
 from torch.nn.modules import module as nn_module
 
-from .formulas import shape_of
+from ..formulas.registry import shape_of
 
 
 class ModuleCall(NamedTuple):
@@ -50,7 +50,7 @@ class ModuleTracker:
         self._failed_in: dict[int, tuple[ModuleCall, ...]] = {}
         self._handles: list[Any] = []
         self._thread = threading.get_ident()
-        # told of each module call that returns (module, its call, args, kwargs, output): flopscope.undispatched
+        # told of each module call that returns (module, its call, args, kwargs, output): flopscope.capture.undispatched
         self.on_return: Callable[[nn.Module, ModuleCall, tuple[Any, ...], dict[str, Any], Any], None] | None = None
 
     def add_paths(self, root: nn.Module) -> None:

@@ -17,7 +17,7 @@ forms: ``docs/formulas.md`` sections 2-5.
 
 The measured side counts the attention core by a convention (``attention``: ``"executed"``, the default, every
 pair the kernels compute; ``"causal"``, the causal half; ``"mask"``, the pairs the mask allows; see
-:mod:`flopscope.attention_mask`). The formulas keep their own: Kaplan's core is the causal half (so under
+:mod:`flopscope.predict.attention`). The formulas keep their own: Kaplan's core is the causal half (so under
 ``"causal"`` its attention term matches a causal model's), Chinchilla, Megatron-LM and PaLM charge it dense.
 """
 
@@ -29,13 +29,13 @@ from fractions import Fraction
 
 from tabulate import tabulate
 
-from .attention_mask import EXECUTED, check_attention
-from .conventions import FFN_WIDTH, HEAD_WIDTH, HEADS, KV_HEADS, LAYERS, POSITIONS, TOKEN_INPUTS, VOCAB, WIDTH
-from .errors import FlopscopeError
-from .facts import ModelFacts
-from .formulas import prod
-from .module_tracker import ModuleCall
-from .role import Role, RoleGroup
+from ..capture.facts import ModelFacts
+from ..capture.module_tracker import ModuleCall
+from ..conventions import FFN_WIDTH, HEAD_WIDTH, HEADS, KV_HEADS, LAYERS, POSITIONS, TOKEN_INPUTS, VOCAB, WIDTH
+from ..errors import FlopscopeError
+from ..formulas.registry import prod
+from ..role import Role, RoleGroup
+from .attention import EXECUTED, check_attention
 
 PARTS = ("qkv", "attention core", "output projection", "ffn", "logits", "embeddings", "parameters not in GEMMs",
          "other")
@@ -73,7 +73,7 @@ class FormulaRow:
 class ModelFormulas:
     rows: tuple[FormulaRow, ...]
     hyper: Mapping[str, int]
-    attention: str = EXECUTED  # the convention of the measured attention core (flopscope.attention_mask)
+    attention: str = EXECUTED  # the convention of the measured attention core (flopscope.predict.attention)
 
     @property
     def measured(self) -> Fraction:

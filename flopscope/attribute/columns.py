@@ -16,9 +16,9 @@ from typing import Any
 
 import torch
 
-from .capture import INDEX_DTYPES, UNINITIALISED, CapturedOp, Cost, after_write
+from ..capture.recorder import INDEX_DTYPES, UNINITIALISED, CapturedOp, Cost, after_write
+from ..role import ROLE_ORDER, Role
 from .graph_view import inputs_of, is_channelwise_conv, reach
-from .role import ROLE_ORDER, Role
 
 aten = torch.ops.aten
 

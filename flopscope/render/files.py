@@ -6,7 +6,7 @@ import os
 import secrets
 from pathlib import Path
 
-from .errors import FlopscopeError
+from ..errors import FlopscopeError
 
 
 def write_atomically(path: str | Path, text: str, what: str = "the file") -> Path:

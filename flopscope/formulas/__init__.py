@@ -1,0 +1,15 @@
+"""Layer 1, what one ATen op costs: pure functions of an op's arguments and shapes, and the registry that declares
+each formula with its family and operand positions (``docs/extending.md``).
+
+- ``registry``: :class:`FormulaRegistry`, :class:`OpSpec`, :class:`OpFamily`, ``@formula`` and every multiply
+  formula (matmul, convolution, attention, recurrent, FFT, their backward kernels), in MACs;
+- ``elementwise``: work that is not a multiply (elementwise ops, their own unit) and the ops known to do none;
+- ``traffic``: the bytes an op must move at minimum;
+- ``collectives``: what a collective op sends (kind, message bytes, group size).
+
+May import: ``flopscope.errors``, ``flopscope.enums``, ``flopscope.role``, ``flopscope.conventions`` and this
+package; nothing above it. ``from flopscope.formulas import OpFamily, mm`` is the public path of the registry.
+"""
+
+from .registry import *  # noqa: F403
+from .registry import __all__  # noqa: F401
