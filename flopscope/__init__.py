@@ -8,8 +8,6 @@
     True
 """
 
-from importlib import metadata as _metadata
-
 from .api import profile, profiler
 from .attribute.roles import Assignment, RoleRule
 from .errors import (
@@ -37,13 +35,8 @@ from .role import Role
 from .roofline import Roofline, roofline
 from .scaling import Polynomial, Scaling, scaling
 from .training import BatchPricer, Throughput, flops_per_batch, measure_flops
+from .version import __version__ as __version__
 from .why_self_attention import compare, compare_lengths
-
-_DISTRIBUTION = "torch-flopscope"  # pyproject.toml's name on the package index (its "flopscope" is another project)
-try:
-    __version__ = _metadata.version(_DISTRIBUTION)  # the installed metadata, so the wheel and the code agree
-except _metadata.PackageNotFoundError:  # imported from a source tree that was never installed
-    __version__ = "0+unknown"
 
 __all__ = [
     "REGISTRY",

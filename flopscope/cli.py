@@ -29,14 +29,21 @@ from typing import Any
 import torch
 from tabulate import tabulate
 
+from . import distributed as dist
 from . import report
 from .api import profile, profiler
+from .communication import compare as compare_collectives
+from .conventions import ATTENTION_CONVENTIONS, EXECUTED
 from .errors import FlopscopeError
-from .generation import CORE, DECODE, steps_table
+from .generation import DECODE, steps_table
 from .models import TransformerBlock
 from .peaks import register_cli as register_peak_cli
-from .predict.attention import ATTENTION_CONVENTIONS, EXECUTED
-from .scaling import MIN_LENGTHS, Polynomial, Scaling, scaling
+from .peers import crosscheck
+from .plots import role_share_plot, scaling_plot
+from .predict.polynomial import Polynomial, Scaling
+from .role import PAIR_ROLES
+from .roofline import Roofline, roofline
+from .scaling import MIN_LENGTHS, scaling
 from .targets import load_target, make_inputs, parse_shape
 from .why_self_attention import compare, compare_lengths
 
@@ -356,8 +363,6 @@ def _profile(args: argparse.Namespace) -> int:
         print(result.to_table(args.format))
     _write_reports(args, prof, result)
     if args.plot:
-        from .plots import role_share_plot, scaling_plot
-
         written = scaling_plot(result, args.plot) if result is not None else role_share_plot(prof, args.plot)
         print(f"wrote {written}")
     return 0
@@ -365,9 +370,6 @@ def _profile(args: argparse.Namespace) -> int:
 
 def _profile_sharded(args: argparse.Namespace) -> int:
     """``profile --tp T [--dp D]``: rank 0 of a fake world of D x T ranks, counted on fake tensors."""
-    from . import distributed as dist
-    from .communication import compare as compare_collectives
-
     conflicts = [flag for flag, given in (("--sweep", args.sweep), ("--plot", args.plot),
                                           ("--mode real", args.mode == "real"),
                                           (f"--attention {args.attention}", args.attention != EXECUTED)) if given]
@@ -426,8 +428,6 @@ def _compare(args: argparse.Namespace) -> int:
 
 
 def _crosscheck(args: argparse.Namespace) -> int:
-    from .peers import crosscheck
-
     target, build = _target_and_inputs(args)
     inputs, kwargs = build(None)
     with torch.no_grad():
@@ -437,8 +437,6 @@ def _crosscheck(args: argparse.Namespace) -> int:
 
 
 def _generate(args: argparse.Namespace) -> int:
-    from .roofline import Roofline, roofline
-
     if args.plot and importlib.util.find_spec("matplotlib") is None:  # say so now, not after generating
         raise FlopscopeError("--plot needs matplotlib: pip install 'torch-flopscope[plot]'")
     spec = args.target
@@ -513,8 +511,8 @@ def _per_token_text(decode: Scaling, tablefmt: str, attention: str = EXECUTED) -
     polys = decode.polynomials
     rows = [[role, "not a polynomial" if poly is None else _in_context(poly, 2)] for role, poly in polys.items()]
     total = _total(list(polys.values()))
-    kv = _total([polys[role] for role in CORE if role in polys])
-    rest = _total([poly for role, poly in polys.items() if role not in CORE])
+    kv = _total([polys[role] for role in PAIR_ROLES if role in polys])
+    rest = _total([poly for role, poly in polys.items() if role not in PAIR_ROLES])
     priced = "" if attention == EXECUTED else f", attention core priced {attention!r}"
     lines = [f"FLOPs per generated token (one decode step, one sequence) in the context c (positions attended: "
              f"cached + new){priced}, exact at c = {decode.lengths[0]}..{decode.lengths[-1]}:",
@@ -544,7 +542,7 @@ def _generate_json(args: argparse.Namespace, description: str, steps: list[Any],
             "contexts": list(decode.lengths),
             "macs_by_role": {role: _coefficients(poly) for role, poly in polys.items()},
             "flops_per_token": _coefficients(_total(list(polys.values())), 2),
-            "kv_cache_flops_per_token": _coefficients(_total([polys[r] for r in CORE if r in polys]), 2),
+            "kv_cache_flops_per_token": _coefficients(_total([polys[r] for r in PAIR_ROLES if r in polys]), 2),
         }
     rows = []
     for kind, points in (("role", result.roles), ("step", result.steps)):

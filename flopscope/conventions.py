@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .errors import ConfigurationError
+
 
 @dataclass(frozen=True)
 class Names:
@@ -92,5 +94,22 @@ QUERY_INPUTS: tuple[int | str, ...] = ("hidden_states", "query", "x", "src", "tg
 """Names (or positions) of a block's query / token input, in order of preference."""
 KEY_INPUTS: tuple[int | str, ...] = ("key_value_states", "encoder_hidden_states", "key", "memory", "context", "kv")
 """Names of a cross-attention block's key / value input."""
-TOKEN_INPUTS: tuple[int | str, ...] = (0, "input_ids", "inputs_embeds", "decoder_input_ids")
-"""A language model's token input: ids ``[*batch, n]`` or embeddings ``[*batch, n, d]`` (inputs_embeds)."""
+TOKEN_INPUTS: tuple[int | str, ...] = ("decoder_input_ids", "input_ids", 0, "inputs_embeds")
+"""A language model's token input: ids ``[*batch, n]`` or embeddings ``[*batch, n, d]`` (inputs_embeds), in order
+of preference (a generation step's new tokens are the decoder's where there is one)."""
+
+
+# --------------------------------------------------------------------------------------------------
+# attention conventions: how the attention core's (query, key) pairs are charged (docs/conventions.md)
+EXECUTED, CAUSAL, MASK = "executed", "causal", "mask"
+ATTENTION_CONVENTIONS = (EXECUTED, CAUSAL, MASK)
+"""The values of every ``attention=`` keyword: ``"executed"`` (what the kernels ran, the default), ``"causal"``
+(the pairs a causal or sliding-window mask allows), ``"mask"`` (the pairs the mask tensor allows)."""
+
+
+def check_attention(attention: str) -> str:
+    """``attention`` if it is one of :data:`ATTENTION_CONVENTIONS`, else a :class:`ConfigurationError`."""
+    if attention not in ATTENTION_CONVENTIONS:
+        raise ConfigurationError(f"attention must be one of {', '.join(map(repr, ATTENTION_CONVENTIONS))}; "
+                                 f"got {attention!r}")
+    return attention

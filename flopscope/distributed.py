@@ -26,7 +26,8 @@ from typing import TYPE_CHECKING, Any
 from tabulate import tabulate
 from torch import nn
 
-from .communication import CollectiveRow, PredictedCollective
+from .api import profile
+from .communication import ALL_GATHER, ALL_REDUCE, CollectiveRow, PredictedCollective, fsdp, megatron
 from .errors import ConfigurationError
 
 if TYPE_CHECKING:
@@ -78,8 +79,6 @@ def profile_world(make_model: Callable[[Any], nn.Module], *args: Any, world_size
     ``make_model(mesh)`` builds and shards the model as that rank would, and ``flopscope.profile(model, *args,
     **profile_kwargs)`` counts it. The job's total is the sum of the ranks' (:func:`rank_table` of their
     :func:`summary`), exact also when ranks differ (uneven shards, pipeline stages)."""
-    from .api import profile
-
     chosen = list(ranks) if ranks is not None else list(range(world_size))
     profiles = []
     for rank in chosen:
@@ -305,8 +304,6 @@ def predicted_collectives(model: nn.Module, batch: int, tokens: int, *,
     input gradient. Nothing when the model is not sharded, or on a mesh of one rank."""
     from torch.distributed.tensor import DTensor
 
-    from .communication import ALL_GATHER, ALL_REDUCE, megatron
-
     if next((p.device_mesh.size() for p in model.parameters() if isinstance(p, DTensor)), 1) == 1:
         return []
     config = getattr(model, "config", None)
@@ -377,8 +374,6 @@ def communication_per_mac(prof: Profile, units: Sequence[tuple[str, int]], *, fs
     collectives it issued there (measured), and, if ``fsdp_backward`` is not ``None``, what FSDP would add
     (:func:`flopscope.communication.fsdp` per unit, predicted), and the collective bytes per MAC. Consecutive units
     with the same numbers are one row (``model.layers.0..79``, each)."""
-    from .communication import fsdp
-
     paths = [path for path, _ in units if path]
     measured: Counter[str] = Counter()
     for row in prof.collectives():
@@ -417,8 +412,6 @@ def fsdp_table(units: Sequence[tuple[str, int]], group: int, *, backward: bool =
                tablefmt: str = "simple") -> str:
     """FSDP's predicted collectives (:func:`flopscope.communication.fsdp`) for ``units`` (:func:`fsdp_units`) on a
     data-parallel group of ``group`` ranks: calls, message bytes, and the bytes each rank holds per unit."""
-    from .communication import fsdp
-
     sizes = [size for _, size in units]
     rows = [[p.kind, group, p.phase, p.calls, f"{p.bytes:,}", p.basis]
             for p in fsdp(sizes, backward=backward)]

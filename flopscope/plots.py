@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING, Any
 from .errors import FlopscopeError
 
 if TYPE_CHECKING:
+    from .predict.polynomial import Scaling
     from .profile import Profile
-    from .scaling import Scaling
 
 
 def pyplot() -> Any:

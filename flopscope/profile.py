@@ -8,39 +8,34 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from torch import fx
 
-from . import generation
 from .attribute.columns import scale_parts
 from .attribute.roles import Assignment, RoleRule, find_roles
 from .capture import undispatched
 from .capture.facts import ModelFacts
-from .capture.module_tracker import ModuleCall, ModuleTracker
-from .capture.recorder import FORWARD, CapturedOp, Cost, build_graph, captured
-from .capture.undispatched import OutsideWork
+from .capture.module_tracker import ModuleCall
+from .capture.recorder import FORWARD, Capture, CapturedOp, Cost, build_graph, captured
+from .conventions import EXECUTED
 from .errors import NotFoundError
-from .predict import attention as attention_mask
-from .predict.attention import EXECUTED
+from .predict import steps
+from .predict.attention import CoreOp, check_attention, core_ops, parts_under, saved
+from .predict.collectives import CollectiveRow, collectives
 from .predict.model_formulas import ModelFormulas, model_formulas
+from .predict.polynomial import Scaling
 from .predict.reconcile import Reconciliation, TransformerSpec, reconcile
+from .predict.steps import Step
 from .predict.timing import Timing, timing
-from .role import ROLE_ORDER, Role
-
-if TYPE_CHECKING:
-    from .capture.recorder import Recorder
-    from .communication import CollectiveRow
-    from .generation import Step
-    from .scaling import Scaling
+from .render import chrome_trace, flame, html, notebook
+from .role import NO_MULTIPLY, ROLE_ORDER, Role
 
 Shape = tuple[int, ...]
-NO_MULTIPLY = "no_multiply"
-"""The :meth:`Profile.bytes_by_role` key of the bytes moved by ops that do not multiply."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,29 +55,6 @@ class OpRecord:
     role: Role  # the role that got most of this op's MACs
     roles: Mapping[str, int]  # {role: MACs}, summing to `multiplies` (several for fused ops / fused QKV)
     block: str  # module path of the attention / FFN / conv block instance it belongs to
-
-
-@dataclass(frozen=True)
-class Capture:
-    """What one recorded run produced: the ops in order, the ops without a formula, and per module call
-    its input shapes (how reconciliation reads token counts) and call counts."""
-
-    ops: list[CapturedOp]
-    unsupported: Mapping[str, int]
-    undeclared_kernels: tuple[str, ...]
-    unchecked_lookups: int
-    decomposed: Mapping[str, int]
-    module_inputs: Mapping[ModuleCall, tuple[tuple[int | str, Shape], ...]]
-    module_calls: Mapping[str, int]
-    root_seconds: Mapping[int, float]  # wall time of each call of the root module (call number -> seconds)
-    upper_bounds: Mapping[str, int] = field(default_factory=dict)  # op -> calls counted as upper bounds
-    outside: tuple[OutsideWork, ...] = ()  # real mode: tensors computed outside the ATen dispatcher
-
-    @classmethod
-    def of(cls, recorder: Recorder, tracker: ModuleTracker) -> Capture:
-        return cls(recorder.ops, dict(recorder.unsupported), tuple(sorted(recorder.undeclared_kernels)),
-                   recorder.unchecked_lookups, dict(recorder.decomposed), dict(tracker.inputs), dict(tracker.calls),
-                   dict(tracker.root_seconds), dict(recorder.upper_bounds), tuple(recorder.outside_work))
 
 
 @dataclass(frozen=True)
@@ -111,6 +83,7 @@ class Profile:
         self._roles: Mapping[fx.Node, Assignment] | None = None  # role_assignments(): on the fx graph's nodes
         self._op_roles: Mapping[CapturedOp, Assignment] | None = None  # the same on the records (no graph needed)
         self._records: tuple[OpRecord, ...] | None = None
+        self._core: tuple[CoreOp, ...] | None = None  # attention_core(): on the fx graph, for the conventions
         self._mode = mode
         self._output = output
         self._notes = tuple(notes)
@@ -206,16 +179,17 @@ class Profile:
         """One row per forward of the model (a generation step: prefill or decode), with its batch, new tokens,
         context, MACs by role (the attention core under ``attention``: :mod:`flopscope.predict.attention`), bytes
         and wall time (:mod:`flopscope.generation`)."""
-        return generation.steps(self, attention)
+        return steps.steps(self.graph, self.role_assignments(), self._priced(attention), self._capture.module_inputs,
+                           self._capture.root_seconds)
 
     def export_chrome_trace(self, path: str | Path, *, peak: float | None = None,
                             bandwidth: float | None = None) -> Path:
         """Write the profile as a trace-event JSON file (Perfetto, ``chrome://tracing``): one track per role and
         the module calls, MACs / FLOPs / bytes / role / module / shapes in every event (:mod:`flopscope.trace`).
         Real mode: measured times; fake mode: roofline times with ``peak`` and ``bandwidth``, else order only."""
-        from .trace import export_chrome_trace
-
-        return export_chrome_trace(self, path, peak=peak, bandwidth=bandwidth)
+        trace = chrome_trace.chrome_trace(self.graph, self.role_assignments(), self._mode, self.total(), peak=peak,
+                                          bandwidth=bandwidth)
+        return chrome_trace.export_chrome_trace(path, trace)
 
     def export_folded(self, path: str | Path) -> list[Path]:
         """Write Brendan Gregg's folded stacks (``flamegraph.pl``, inferno, speedscope read them): a line
@@ -225,18 +199,14 @@ class Profile:
         activation checkpointing): one file per phase beside it, ``<stem>.<phase><suffix>`` (``out.folded`` ->
         ``out.forward.folded``, ``out.backward.folded``, ``out.recompute.folded``). Returns the paths written
         (:mod:`flopscope.render.flame`)."""
-        from .render.flame import export_folded
-
-        return export_folded(path, {phase: self.by_stack(phase) for phase in self.by_phase()})
+        return flame.export_folded(path, {phase: self.by_stack(phase) for phase in self.by_phase()})
 
     def export_speedscope(self, path: str | Path) -> Path:
         """Write the module call stacks as a speedscope file (https://www.speedscope.app: JSON, schema
         ``file-format-schema.json``): one ``"sampled"`` profile per phase, a sample per stack, its weight the
         stack's self MACs (unit ``"none"``; FLOPs = 2 x MACs), as :meth:`export_folded`
         (:mod:`flopscope.render.flame`)."""
-        from .render.flame import export_speedscope
-
-        return export_speedscope(path, {phase: self.by_stack(phase) for phase in self.by_phase()})
+        return flame.export_speedscope(path, {phase: self.by_stack(phase) for phase in self.by_phase()})
 
     def to_html(self, path: str | Path, *, scaling: Scaling | None = None, title: str | None = None) -> Path:
         """Write a self-contained HTML report (no network: inline SVG, CSS and script): an icicle chart of the
@@ -244,30 +214,22 @@ class Profile:
         parameters, input shapes; click to zoom), the role table, the reconciliation with its reasons, the
         unsupported-op ledger, the generation steps of a profile of several forwards, and ``scaling``'s
         polynomials when given (:func:`flopscope.scaling`). See :mod:`flopscope.render.html`."""
-        from .render.html import write_html
-
-        return write_html(self, path, scaling=scaling, title=title)
+        return html.write_html(self, path, scaling=scaling, title=title)
 
     def _repr_html_(self) -> str:
         """The notebook view (Jupyter): totals, the role table and a compact module tree
         (:mod:`flopscope.render.notebook`)."""
-        from .render.notebook import notebook_html
-
-        return notebook_html(self)
+        return notebook.notebook_html(self)
 
     def _repr_markdown_(self) -> str:
         """The notebook view as Markdown: totals, the role table and a compact module tree."""
-        from .render.notebook import notebook_markdown
-
-        return notebook_markdown(self)
+        return notebook.notebook_markdown(self)
 
     def collectives(self) -> list[CollectiveRow]:
         """Every collective this rank issued (all-reduce, all-gather, reduce-scatter, all-to-all, broadcast,
         send / recv), grouped by kind, group size, module, carried role and phase, with calls and message bytes
         (:mod:`flopscope.communication`)."""
-        from .communication import collectives
-
-        return collectives(self)
+        return collectives(self.graph, self.role_assignments())
 
     def total_collective_bytes(self, phase: str | None = None) -> int:
         """Message bytes of every collective (see :meth:`collectives`)."""
@@ -275,7 +237,7 @@ class Profile:
 
     def decode_scaling(self, attention: str = EXECUTED) -> Scaling:
         """The decode steps' MACs per sequence, per role, as exact polynomials in the context length."""
-        return generation.decode_scaling(self, attention)
+        return steps.decode_scaling(self.steps(attention))
 
     @property
     def notes(self) -> list[str]:
@@ -313,7 +275,7 @@ class Profile:
             module = self.canonical_module_name(module)
         return sum(macs for _, macs, paths, ph in self._tally.counted
                    if (module == "" or module in paths) and (phase is None or ph == phase)
-                   ) - attention_mask.saved(self, attention, module, phase)
+                   ) - saved(self._core_if(attention), attention, module, phase)
 
     def total_flops(self, module: str = "", phase: str | None = None, attention: str = EXECUTED) -> int:
         """Floating-point operations of the same work: ``2 * total(module)`` (1 MAC = 2 FLOPs)."""
@@ -415,7 +377,7 @@ class Profile:
         Backward ops carry the role of the forward op they differentiate. ``attention``: the convention of
         the ``attn_scores`` / ``attn_weighted_sum`` rows (:mod:`flopscope.predict.attention`)."""
         out: Counter[str] = Counter()
-        for op, parts in attention_mask.parts_under(self, attention).items():
+        for op, parts in self._priced(attention).items():
             if phase is not None and op.phase != phase:
                 continue
             for role, macs in parts.items():
@@ -428,7 +390,7 @@ class Profile:
         ``attention``: the convention of the attention core (:mod:`flopscope.predict.attention`)."""
         out: dict[str, Counter[str]] = defaultdict(Counter)
         assignments = self.role_assignments_by_op()
-        for op, parts in attention_mask.parts_under(self, attention).items():
+        for op, parts in self._priced(attention).items():
             for role, macs in parts.items():
                 out[assignments[op].block or ""][role] += macs
         return {block: {r: roles[r] for r in ROLE_ORDER if r in roles} for block, roles in out.items()}
@@ -462,6 +424,22 @@ class Profile:
         if self._op_roles is None:
             self._op_roles = MappingProxyType(find_roles(self._ops, self._facts.types, self._role_rules))
         return self._op_roles
+
+    def attention_core(self) -> tuple[CoreOp, ...]:
+        """Every op of the attention core (scores, weighted sum; any phase) with its (query, key) pairs and the mask
+        facts that price it under ``attention="causal"`` / ``"mask"``, and where they come from (``source``):
+        :mod:`flopscope.predict.attention`. Computed once."""
+        if self._core is None:
+            self._core = core_ops(self.graph, self.role_assignments(), self._facts)
+        return self._core
+
+    def _core_if(self, convention: str) -> tuple[CoreOp, ...]:
+        """The attention core where ``convention`` reads it (not for executed work: totals need no graph)."""
+        return () if check_attention(convention) == EXECUTED else self.attention_core()
+
+    def _priced(self, convention: str) -> dict[CapturedOp, Mapping[str, int]]:
+        """``{record: {role: MACs}}`` with the attention core under ``convention``."""
+        return parts_under(self.role_assignments_by_op(), self._core_if(convention), convention)
 
     def reconcile(self, spec: TransformerSpec | None = None) -> Reconciliation:
         """Measured MACs per block and role against exact closed forms from the model's declared

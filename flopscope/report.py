@@ -16,12 +16,13 @@ from typing import Any
 
 from tabulate import tabulate
 
+from .conventions import EXECUTED, check_attention
 from .errors import FlopscopeError
-from .predict import attention as attention_mask
-from .predict.attention import EXECUTED
+from .predict.attention import notes as attention_notes
 from .profile import Profile
 from .render.module_stats import dominant_roles as module_dominant_roles
 from .render.module_stats import params_inclusive
+from .version import __version__
 
 PREFIXES = ((10**15, "P"), (10**12, "T"), (10**9, "G"), (10**6, "M"), (10**3, "K"))
 UNITS = {"macs": ("MAC", 1), "flops": ("FLOP", 2)}
@@ -146,7 +147,7 @@ def summary(prof: Profile, depth: int = 2, units: str = "macs", tablefmt: str = 
     the convention of the total and the role table (:mod:`flopscope.predict.attention`); the module tree, ops and
     reconciliation stay executed work."""
     macs, flops = prof.total(attention=attention), prof.total_flops(attention=attention)
-    priced = "" if attention_mask.check_attention(attention) == EXECUTED else (
+    priced = "" if check_attention(attention) == EXECUTED else (
         f", attention core priced {attention!r} (executed: {prof.total():,} MACs; module tree and ops: executed)")
     lines = [
         f"total: {macs:,} MACs = {flops:,} FLOPs ({human(flops, 'FLOP')}; 1 MAC = 2 FLOPs), counted in {prof.mode} "
@@ -172,7 +173,7 @@ def summary(prof: Profile, depth: int = 2, units: str = "macs", tablefmt: str = 
         parts = ", ".join(f"{k} {v:,}" for k, v in sorted(elementwise.items()))
         lines += ["", f"elementwise ops (not MACs, not in the total): {parts}"]
     lines += ["", unsupported_table(prof, tablefmt)]
-    lines += [f"note: {note}" for note in [*prof.notes, *attention_mask.notes(prof, attention)]]
+    lines += [f"note: {note}" for note in [*prof.notes, *attention_notes(prof.attention_core(), attention)]]
     return "\n".join(lines)
 
 
@@ -181,7 +182,7 @@ def summary(prof: Profile, depth: int = 2, units: str = "macs", tablefmt: str = 
 def to_dict(prof: Profile, reconciliation: bool = True, attention: str = EXECUTED) -> dict[str, Any]:
     """The JSON document of :data:`JSON_SCHEMA` as a dict; ``attention``: the convention of its ``attention``
     section."""
-    attention_mask.check_attention(attention)
+    check_attention(attention)
     params = params_by_module(prof)
     dominant = dominant_roles(prof)
     calls = prof.module_calls()
@@ -209,7 +210,7 @@ def to_dict(prof: Profile, reconciliation: bool = True, attention: str = EXECUTE
                       "flops": prof.total_flops(attention=attention), "roles": prof.by_role(attention=attention),
                       "blocks": prof.by_block(attention=attention),
                       "steps": [step.row() for step in prof.steps(attention)],
-                      "notes": attention_mask.notes(prof, attention)},
+                      "notes": attention_notes(prof.attention_core(), attention)},
         "environment": environment(),
     }
     if reconciliation:
@@ -239,8 +240,6 @@ def to_csv(prof: Profile) -> str:
 
 def environment() -> dict[str, str | None]:
     import torch
-
-    from . import __version__
 
     try:
         import transformers

@@ -106,6 +106,18 @@ if set(_FACTS) != set(Role):  # a new member without its row fails at import, no
 
 ROLE_ORDER: tuple[str, ...] = tuple(r.value for r in Role)
 """Role names in the canonical order of every report."""
+ATTENTION_CORE: tuple[str, ...] = tuple(r.value for r in Role if r.attention_core)
+"""Attention's core, both forms (:attr:`Role.attention_core`)."""
+PAIR_ROLES: tuple[str, ...] = tuple(r.value for r in Role if r.attention_core and r.term == "n²·d")
+"""The quadratic core: the products over (query, key) pairs (scores and weighted sum), what an attention
+convention prices (``docs/conventions.md``)."""
+LINEAR_CORE: tuple[str, ...] = tuple(r for r in ATTENTION_CORE if r not in PAIR_ROLES)
+"""Linear attention's core: KV state, readout, normaliser."""
+PER_TOKEN: tuple[str, ...] = tuple(r.value for r in Role if r.per_token)
+"""Projections and FFN matmuls (:attr:`Role.per_token`)."""
+NO_MULTIPLY = "no_multiply"
+"""The key, beside the roles, of what ops that do not multiply took (bytes, time): :meth:`Profile.bytes_by_role`,
+:meth:`Profile.timing`, the trace's tracks."""
 
 
 def roles_in(group: RoleGroup) -> tuple[str, ...]:

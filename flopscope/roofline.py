@@ -26,9 +26,8 @@ from tabulate import tabulate
 
 from .capture.recorder import captured
 from .errors import FlopscopeError
+from .peaks import peak_bandwidth, peak_flops
 from .plots import pyplot, save_figure
-from .predict.timing import NO_MACS
-from .profile import NO_MULTIPLY
 
 if TYPE_CHECKING:
     from .profile import Profile
@@ -104,8 +103,6 @@ def roofline(prof: Profile, *, device: Any = None, dtype: torch.dtype | None = N
     most of the multiplies ran in). ``peak`` (FLOP/s) and ``bandwidth`` (bytes/s) override. ``measured``: put a
     real-mode profile's measured times beside the roofline (default: only when no other ``device`` is named,
     since times taken here say nothing about another device)."""
-    from .peaks import peak_bandwidth, peak_flops
-
     dtype = dtype if dtype is not None else _main_dtype(prof)
     top = peak_flops(device, dtype or torch.float32, peak=peak)
     band = peak_bandwidth(device, bandwidth=bandwidth)
@@ -140,7 +137,7 @@ def _main_dtype(prof: Profile) -> torch.dtype | None:
 
 def _measured_by_role(prof: Profile) -> dict[str, float]:
     rows = prof.timing().rows
-    return {NO_MULTIPLY if row.name == NO_MACS else row.name: row.seconds for row in rows}
+    return {row.name: row.seconds for row in rows}
 
 
 def _fmt(value: float | None, spec: str) -> str:

@@ -57,6 +57,7 @@ from .capture.recorder import (
     CONSTRUCTORS_FROM_DATA,
     INDEX_DTYPES,
     MAX_KNOWN_NUMEL,
+    Capture,
     FakeTensorInRealRun,
     LeafKind,
     LeafName,
@@ -70,7 +71,7 @@ from .capture.recorder import (
 from .capture.state import ModelSnapshot
 from .errors import ConfigurationError, FakeTensorError, FlopscopeWarning, ForwardError, cause_of_kind
 from .formulas.registry import REGISTRY, FormulaRegistry
-from .profile import Capture, Profile
+from .profile import Profile
 
 MODES = ("auto", "fake", "real")
 """``profile()`` modes: fake tensors, real execution, or fake with a fall-back to real."""

@@ -11,12 +11,10 @@ polynomial is set beside the one predicted from the model's declared structure (
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
-from fractions import Fraction
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
-from tabulate import tabulate
 from torch import nn
 
 from .attribute.roles import RoleRule
@@ -24,188 +22,17 @@ from .capture.checks import check_mode, check_positive
 from .capture.recorder import RECOMPUTE
 from .errors import ConfigurationError, SymbolicError
 from .formulas.registry import FormulaRegistry
+from .predict.polynomial import Polynomial, Scaling, interpolate
 from .predict.reconcile import Reconciliation, TransformerSpec
 from .profile import Profile
-from .role import ROLE_ORDER, Role
+from .role import ROLE_ORDER
 from .runner import MODES, CaptureOptions, new_converter, paused_gc, run_in_mode
 from .symbolic import SymbolicTrace, trace
 
-ATTENTION_CORE = tuple(r.value for r in Role if r.attention_core)
-PER_TOKEN = tuple(r.value for r in Role if r.per_token)
+__all__ = ["METHODS", "MIN_LENGTHS", "Polynomial", "Scaling", "interpolate", "scaling"]
+
 MIN_LENGTHS = 4
 """Fewest distinct lengths :func:`scaling` takes: a quadratic (attention) takes 3 and is checked at one more."""
-
-
-@dataclass(frozen=True)
-class Polynomial:
-    """``c[0] + c[1]·n + c[2]·n² + ...`` with exact rational coefficients (MACs)."""
-
-    coefficients: tuple[Fraction, ...]
-
-    @property
-    def degree(self) -> int:
-        nonzero = [i for i, c in enumerate(self.coefficients) if c != 0]
-        return nonzero[-1] if nonzero else 0
-
-    def __call__(self, n: int | Fraction) -> Fraction:
-        return sum((c * Fraction(n) ** i for i, c in enumerate(self.coefficients)), Fraction(0))
-
-    def coefficient(self, power: int) -> Fraction:
-        return self.coefficients[power] if power < len(self.coefficients) else Fraction(0)
-
-    def __add__(self, other: Polynomial) -> Polynomial:
-        size = max(len(self.coefficients), len(other.coefficients))
-        return Polynomial(tuple(self.coefficient(i) + other.coefficient(i) for i in range(size)))
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, Polynomial):
-            return NotImplemented
-        size = max(len(self.coefficients), len(other.coefficients))
-        return all(self.coefficient(i) == other.coefficient(i) for i in range(size))
-
-    def __hash__(self) -> int:
-        return hash(tuple(self.coefficient(i) for i in range(self.degree + 1)))
-
-    def __str__(self) -> str:
-        return self.text()
-
-    def text(self, variable: str = "n") -> str:
-        """``"2,048·n² + 1,048,576·n"``, in ``variable`` (``"c"`` for a context length)."""
-        terms = []
-        for power in range(len(self.coefficients) - 1, -1, -1):
-            c = self.coefficients[power]
-            if c == 0:
-                continue
-            number = f"{c.numerator:,}" if c.denominator == 1 else f"({c})"
-            terms.append(number + ("" if power == 0 else f"·{variable}" if power == 1 else
-                                   f"·{variable}{_superscript(power)}"))
-        return " + ".join(terms).replace("+ -", "- ") if terms else "0"
-
-
-def _superscript(power: int) -> str:
-    return str(power).translate(str.maketrans("0123456789", "⁰¹²³⁴⁵⁶⁷⁸⁹"))
-
-
-def interpolate(xs: Sequence[int], ys: Sequence[int]) -> Polynomial | None:
-    """The lowest-degree polynomial through every point, checked at each point beyond the degree it needs;
-    ``None`` if no polynomial of degree <= len(xs) - 2 passes through all of them."""
-    if len(xs) != len(ys) or len(set(xs)) != len(xs) or len(xs) < 2:
-        raise ConfigurationError("interpolation needs at least two distinct lengths, one count each")
-    for degree in range(len(xs) - 1):
-        poly = _through(xs[: degree + 1], ys[: degree + 1])
-        if all(poly(x) == y for x, y in zip(xs, ys, strict=True)):
-            return poly
-    return None
-
-
-def _through(xs: Sequence[int], ys: Sequence[int]) -> Polynomial:
-    """Newton's divided differences in exact arithmetic, expanded to monomial coefficients."""
-    size = len(xs)
-    table = [Fraction(y) for y in ys]
-    newton = [table[0]]
-    for level in range(1, size):
-        table = [(table[i + 1] - table[i]) / (xs[i + level] - xs[i]) for i in range(size - level)]
-        newton.append(table[0])
-    coefficients = [Fraction(0)] * size
-    basis = [Fraction(1)]  # prod (n - x_j) so far, as monomial coefficients
-    for level, a in enumerate(newton):
-        for i, b in enumerate(basis):
-            coefficients[i] += a * b
-        shifted = [Fraction(0), *basis]
-        basis = [shifted[i] - xs[level] * (basis[i] if i < len(basis) else 0) for i in range(len(shifted))]
-    return Polynomial(tuple(coefficients))
-
-
-@dataclass(frozen=True)
-class Scaling:
-    """Per-role counts at each length, their exact polynomials, and the predicted ones."""
-
-    lengths: tuple[int, ...]
-    measured: Mapping[str, tuple[int, ...]]  # role -> MACs at each length
-    polynomials: Mapping[str, Polynomial | None]  # role -> exact polynomial (None: not a polynomial here)
-    predicted: Mapping[str, Polynomial | None]  # role -> polynomial of the closed-form predictions
-    recomputed: Mapping[str, Polynomial | None] = field(default_factory=dict)
-    """role -> MACs that activation checkpointing recomputes in the backward pass (hardware work; kept out of
-    ``measured`` and ``polynomials``, which are the model's work: forward, and backward when asked)"""
-    method: str = "sampled"
-    """``"sampled"`` (a profile at each length, interpolated) or ``"symbolic"`` (one symbolic trace; then
-    ``measured`` holds its values at each length, of which the shortest and longest were profiled and agree)"""
-    fallback: str | None = None
-    """``scaling(method="auto")`` that sampled: why the symbolic trace was not used (the guard that specialised
-    on n and where it was added, or what else stopped it)"""
-    conditions: tuple[str, ...] = ()
-    """symbolic: the guards in n the polynomials rest on (each true at every length), e.g. ``"n <= 4096"``"""
-
-    def matches(self, role: str) -> bool:
-        """The measured polynomial equals the predicted one, coefficient by coefficient."""
-        measured, predicted = self.polynomials.get(role), self.predicted.get(role)
-        return measured is not None and predicted is not None and measured == predicted
-
-    def attention(self) -> Polynomial:
-        """Scores + weighted sum."""
-        return _sum(self.polynomials, ATTENTION_CORE)
-
-    def per_token(self) -> Polynomial:
-        """Projections + FFN."""
-        return _sum(self.polynomials, PER_TOKEN)
-
-    def total(self) -> Polynomial | None:
-        """Every role together (``None`` if a role is not a polynomial at these lengths)."""
-        if any(poly is None for poly in self.polynomials.values()):
-            return None
-        return _sum(self.polynomials, tuple(self.polynomials))
-
-    def crossover(self) -> int | None:
-        """The smallest length at which attention (scores + weighted sum) costs more than projections +
-        FFN, found exactly (``None`` if it never does)."""
-        difference = self.attention() + Polynomial(tuple(-c for c in self.per_token().coefficients))
-        if difference.degree == 0:
-            return None
-        n, step = 1, 1
-        while difference(n) <= 0:  # exponential search, then bisection: exact on integers
-            n, step = n + step, step * 2
-            if n > 10**12:
-                return None
-        low = max(1, n - step // 2)
-        while low < n:
-            mid = (low + n) // 2
-            if difference(mid) > 0:
-                n = mid
-            else:
-                low = mid + 1
-        return n
-
-    def attention_share(self, n: int) -> Fraction:
-        """Attention's share of the total at length n (exact)."""
-        total = sum((p for p in self.polynomials.values() if p is not None), Polynomial((Fraction(0),)))
-        value = total(n)
-        return self.attention()(n) / value if value else Fraction(0)
-
-    def to_table(self, tablefmt: str = "simple") -> str:
-        rows = []
-        for role, poly in self.polynomials.items():
-            predicted = self.predicted.get(role)
-            rows.append([role, str(poly) if poly is not None else
-                         f"not a polynomial of degree <= {len(self.lengths) - 2} at these lengths",
-                         str(predicted) if predicted is not None else "-",
-                         "yes" if self.matches(role) else ("-" if predicted is None else "NO")])
-        text = tabulate(rows, headers=["role", "measured MACs(n)", "predicted MACs(n)", "match"],
-                        tablefmt=tablefmt)
-        crossover = self.crossover()
-        shares = ", ".join(f"n={n}: {float(self.attention_share(n)):.1%}" for n in self.lengths)
-        lines = [text, "", f"attention share (scores + weighted sum): {shares}"]
-        lines.append("attention never overtakes projections + FFN" if crossover is None else
-                     f"attention (scores + weighted sum) overtakes projections + FFN from n = {crossover:,}")
-        return "\n".join(lines)
-
-
-def _sum(polys: Mapping[str, Polynomial | None], roles: Sequence[str]) -> Polynomial:
-    out = Polynomial((Fraction(0),))
-    for role in roles:
-        poly = polys.get(role)
-        if poly is not None:
-            out = out + poly
-    return out
 
 
 METHODS = ("sampled", "auto", "symbolic")

@@ -25,18 +25,27 @@ from typing import Any
 import torch
 from torch import nn
 
+from .api import profile
 from .capture.checks import describe
 from .capture.fake import tensors_in
 from .capture.recorder import RECOMPUTE
 from .capture.state import ModelSnapshot
+from .conventions import EXECUTED, MASK, check_attention
 from .errors import ConfigurationError, FlopscopeError, InputError
 from .formulas.registry import prod
-from .predict.attention import CORE_ROLES, EXECUTED, MASK, check_attention, core_ops, pairs
-from .role import Role
+from .peaks import peak_flops
+from .predict.attention import pairs
+from .predict.polynomial import Polynomial
+from .role import PAIR_ROLES, Role
 from .runner import CaptureOptions, Session
-from .scaling import Polynomial, scaling
+from .scaling import scaling
 
-__all__ = ["BatchPricer", "Throughput", "flops_per_batch", "measure_flops"]
+__all__ = ["BatchPricer", "Throughput", "flops_per_batch", "measure_flops", "metric_suffix"]
+
+
+def metric_suffix(attention: str) -> str:
+    """What logged metric names carry for a convention: ``""`` for executed, else ``"_causal"`` / ``"_mask"``."""
+    return "" if check_attention(attention) == EXECUTED else f"_{attention}"
 
 
 def measure_flops(model: nn.Module, forward_fn: Callable[[], Any],
@@ -385,8 +394,6 @@ def _attention_terms(model: nn.Module, make_inputs: Callable[[int], Any], n: int
                      loss: Callable[[Any], torch.Tensor] | None, **profile_kwargs: Any) -> tuple[AttentionTerm, ...]:
     """The attention core of one sequence of ``n`` tokens as :class:`AttentionTerm` s, checked against the
     polynomials (every core MAC of the model's work must be in a term)."""
-    from .api import profile
-
     inputs = make_inputs(n)
     options = {k: profile_kwargs.pop(k) for k in ("registry", "roles", "forward_kwargs") if k in profile_kwargs}
     profile_kwargs.pop("spec", None)
@@ -399,7 +406,7 @@ def _attention_terms(model: nn.Module, make_inputs: Callable[[int], Any], n: int
         args, kwargs = (inputs if isinstance(inputs, tuple) else (inputs,)), {}
     prof = profile(model, *args, mode=mode, backward=backward, loss=loss, **options, **kwargs, **profile_kwargs)
     grouped: dict[tuple[str, bool, int | None, bool], Fraction] = {}
-    for op in core_ops(prof):
+    for op in prof.attention_core():
         if op.n_q is None or op.n_k is None or op.n_q != n or op.n_k != n:
             raise FlopscopeError(f"the attention core op {op.node} is not self-attention over the {n} tokens of one "
                                  f"sequence (queries {op.n_q}, keys {op.n_k}), so a convention cannot price other "
@@ -409,7 +416,7 @@ def _attention_terms(model: nn.Module, make_inputs: Callable[[int], Any], n: int
             grouped[key] = grouped.get(key, Fraction(0)) + Fraction(macs, n * n)
     terms = tuple(AttentionTerm(role, per_pair, causal, window, again)
                   for (role, causal, window, again), per_pair in grouped.items())
-    for role in CORE_ROLES:
+    for role in PAIR_ROLES:
         poly = polynomials.get(role)
         found = sum((t.macs_per_pair * n * n for t in terms if t.role == role and not t.recomputed), Fraction(0))
         if poly is not None and poly(n) != found:
@@ -433,8 +440,6 @@ class Throughput:
         if isinstance(flops, int) and flops < 0:
             raise ConfigurationError(f"flops per batch must be >= 0; got {flops}")
         if peak is None:
-            from .peaks import peak_flops
-
             peak = peak_flops(device, dtype)
         elif peak <= 0:
             raise ConfigurationError(f"peak must be > 0 FLOP/s; got {peak}")

@@ -17,7 +17,7 @@ import torch
 import flopscope
 from flopscope import report
 from flopscope.errors import ConfigurationError
-from flopscope.predict.attention import core_ops, notes
+from flopscope.predict.attention import notes
 
 from closed_forms import add, attention, ffn, rotary, times, total
 from zoo import CPU_FUSED_GQA
@@ -94,13 +94,13 @@ def test_causal_llama_core_under_each_convention(impl: str, mode: str) -> None:
     assert prof.total_flops(attention="causal") == 2 * prof.total(attention="causal")
     assert prof.total("layers.1", attention="causal") == (total(forward_closed_form()) - ROTARY) // L - 2 * (
         executed() - causal_half()) // L
-    sources = {op.source for op in core_ops(prof)}
+    sources = {op.source for op in prof.attention_core()}
     # SDPA's kernel says is_causal itself (its math path is eager attention); eager attention's mask values are
     # known in real mode, declared otherwise
     kernel = impl == "sdpa" and CPU_FUSED_GQA
     assert sources == ({"kernel"} if kernel else {"mask values"} if mode == "real" else {"declared"})
     if sources == {"declared"}:
-        assert any("declared mask" in note for note in notes(prof, "mask"))
+        assert any("declared mask" in note for note in notes(prof.attention_core(), "mask"))
 
 
 @pytest.mark.parametrize("mode", ["fake", "real"])
@@ -113,7 +113,7 @@ def test_sliding_window_mask_counts_the_pairs_the_window_allows(impl: str, mode:
     assert prof.by_role(attention="causal")["attn_scores"] == causal_half()  # the causal half ignores windows
     assert prof.by_role()["attn_scores"] == executed()
     # real mode: counted from the mask's values; fake mode: from the config's sliding_window, and said so
-    assert {op.source for op in core_ops(prof)} == {"mask values" if mode == "real" else "declared"}
+    assert {op.source for op in prof.attention_core()} == {"mask values" if mode == "real" else "declared"}
 
 
 @pytest.mark.parametrize("impl", ["sdpa", "eager"])
@@ -126,7 +126,7 @@ def test_padding_counts_from_mask_values_in_real_mode(impl: str) -> None:
     assert real.by_role(attention="causal")["attn_scores"] == causal_half()
     fake = flopscope.profile(llama(impl), ids(), attention_mask=mask, mode="fake")
     assert fake.by_role(attention="mask")["attn_scores"] == causal_exact()  # padding unknown: the declared mask
-    assert any("padding is not taken into account" in note for note in notes(fake, "mask"))
+    assert any("padding is not taken into account" in note for note in notes(fake.attention_core(), "mask"))
 
 
 class _PaddedAttention(torch.nn.Module):
@@ -151,7 +151,7 @@ def test_an_additive_mask_between_constant_tensors_is_read_from_its_values() -> 
     padding[1, :4] = 0  # the second row attends to 8 of its 12 keys
     torch.manual_seed(0)
     prof = flopscope.profile(_PaddedAttention(), torch.randn(B, N, D), padding, mode="real")
-    assert {op.source for op in core_ops(prof)} == {"mask values"}
+    assert {op.source for op in prof.attention_core()} == {"mask values"}
     assert prof.by_role(attention="mask")["attn_scores"] == H * D_K * N * (N + 8)
     assert prof.by_role(attention="mask")["attn_weighted_sum"] == H * D_K * N * (N + 8)
     assert prof.by_role()["attn_scores"] == B * H * N * N * D_K  # executed: every pair

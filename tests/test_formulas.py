@@ -9,8 +9,8 @@ import pytest
 import torch
 
 import flopscope
-from flopscope.formulas import registry as f
 from flopscope.errors import RegistryError
+from flopscope.formulas import registry as f
 
 aten = torch.ops.aten
 needs_grouped_mm = pytest.mark.skipif(not hasattr(aten, "_grouped_mm"), reason="this torch has no _grouped_mm")
@@ -188,10 +188,10 @@ def test_one_place_says_where_an_attention_kernels_positions_are(kernel, layout)
     """The operand layout is declared with the kernel's formula and read by every analysis: the generation steps
     (query / key positions of each step) and the mask geometry agree. At a9f00b3 generation read FlashAttention's
     [B, n, heads, d] as [B, heads, n, d] and took the head count for the context."""
-    from flopscope import generation
     from flopscope.capture.recorder import CapturedOp
     from flopscope.formulas.registry import REGISTRY
     from flopscope.predict import attention as attention_mask
+    from flopscope.predict import steps
 
     B, n_q, n_k, heads, d = 2, 3, 11, 4, 8
     shapes = {"bnhd": ((B, n_q, heads, d), (B, n_k, heads, d)), "bhnd": ((B, heads, n_q, d), (B, heads, n_k, d))}
@@ -204,5 +204,5 @@ def test_one_place_says_where_an_attention_kernels_positions_are(kernel, layout)
     for position, record in zip(spec.operands, (q, k, v), strict=True):
         args[position] = record
     op = CapturedOp("call_function", kernel, tuple(args), {}, "attention", spec=spec)
-    assert generation._queries_and_keys(op) == (n_q, n_k)
+    assert steps._queries_and_keys(op) == (n_q, n_k)
     assert attention_mask._kernel_geometry(op) == (n_q, n_k, (B, heads, n_q, n_k))

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 import flopscope
+import flopscope.version
 
 DIST = "torch-flopscope"
 ROOT = Path(__file__).resolve().parent.parent  # the checkout (in .ci/run's wheel phase: its copy without flopscope/)
@@ -76,10 +77,11 @@ def test_version_without_metadata_is_unknown(monkeypatch: pytest.MonkeyPatch) ->
     try:
         with monkeypatch.context() as patch:
             patch.setattr(importlib.metadata, "version", missing)
-            assert importlib.reload(flopscope).__version__ == "0+unknown"
+            assert importlib.reload(flopscope.version).__version__ == "0+unknown"
     finally:
+        importlib.reload(flopscope.version)
         importlib.reload(flopscope)
-    assert flopscope.__version__ == importlib.metadata.version(DIST)
+    assert flopscope.__version__ == flopscope.version.__version__ == importlib.metadata.version(DIST)
 
 
 def test_entry_points_and_py_typed_are_installed() -> None:

@@ -10,7 +10,7 @@ from torch import nn
 
 import flopscope
 from flopscope.models import TransformerBlock
-from flopscope.predict.timing import NO_MACS
+from flopscope.role import NO_MULTIPLY
 
 from closed_forms import add, attention, ffn
 
@@ -31,9 +31,9 @@ def test_role_times_partition_the_timed_ops():
     expected = add(attention(1, n, n, d, h), ffn(1, n, d, d_ff))
     # one row per role that ran, with its closed-form MACs, and one for the ops without multiplies;
     # roles without ops (logits, gate, conv, ...) have no row and so no time
-    assert {name: row.macs for name, row in rows.items() if name != NO_MACS} == expected
+    assert {name: row.macs for name, row in rows.items() if name != NO_MULTIPLY} == expected
     assert {name: row.macs for name, row in rows.items() if row.macs} == prof.by_role()
-    assert rows[NO_MACS].macs == 0 and rows[NO_MACS].seconds > 0  # softmax, layer norms, activations, copies
+    assert rows[NO_MULTIPLY].macs == 0 and rows[NO_MULTIPLY].seconds > 0  # softmax, layer norms, activations, copies
     assert all(row.seconds > 0 for row in timing.rows)
     heaviest = max(expected, key=expected.__getitem__)
     assert heaviest in ("ffn_up", "ffn_down") and rows[heaviest].seconds > 0

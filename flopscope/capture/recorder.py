@@ -50,7 +50,7 @@ import weakref
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -59,14 +59,14 @@ from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
-from .. import communication
 from ..enums import StrEnum
-from ..formulas import elementwise, traffic
+from ..formulas import collectives, elementwise, traffic
 from ..formulas import registry as formulas
 from ..formulas.elementwise import ElementwiseRule
 from ..formulas.registry import FormulaRegistry, OpFamily, OpSpec, shape_of
 from .fake import CountingFakeTensorMode, loaded_dtensor, needs_real_data
 from .module_tracker import ModuleCall, ModuleTracker
+from .undispatched import OutsideWork
 
 Shape = tuple[int, ...]
 FORWARD, BACKWARD, RECOMPUTE = "forward", "backward", "recompute"
@@ -313,10 +313,10 @@ def _classify_op(func: Any, registry: FormulaRegistry) -> _OpClass:
         return _OpClass(Cost.FORMULA, spec=spec)
     if isinstance(func, torch._ops.HigherOrderOperator):  # without a formula: run as it is, listed as unsupported
         return _UNSUPPORTED
-    kind = communication.kind_of(func)
+    kind = collectives.kind_of(func)
     if kind is not None:
         return _OpClass(Cost.COMMUNICATION, collective=kind)
-    if elementwise.is_zero_cost(func) or communication.is_bookkeeping(func):
+    if elementwise.is_zero_cost(func) or collectives.is_bookkeeping(func):
         return _OpClass(Cost.ZERO)
     rule = elementwise.rule_for(func)
     if rule is not None:
@@ -823,8 +823,8 @@ class Recorder(TorchDispatchMode):
         results = [out] if isinstance(out, torch.Tensor) else _tensors(out)
         op.bytes = traffic.bytes_moved(known.access, inputs, results)
         if known.collective is not None:
-            op.collective = (known.collective, communication.message_bytes(func, args, kwargs, results),
-                             communication.group_size(args, kwargs))
+            op.collective = (known.collective, collectives.message_bytes(func, args, kwargs, results),
+                             collectives.group_size(args, kwargs))
         if self.fake:  # the least memory a real run would need (a fall-back's estimate)
             for t in results:
                 size = traffic.nbytes(t)  # a symbolic size (symbolic trace) is not compared: no guard
@@ -1102,3 +1102,27 @@ def _first_shape(out: Any) -> tuple[int, ...] | None:
             if isinstance(item, torch.Tensor):
                 return shape_of(item)
     return None
+
+
+@dataclass(frozen=True)
+class Capture:
+    """What one recorded run produced: the ops in order, the ops without a formula, and per module call
+    its input shapes (how reconciliation reads token counts) and call counts."""
+
+    ops: list[CapturedOp]
+    unsupported: Mapping[str, int]
+    undeclared_kernels: tuple[str, ...]
+    unchecked_lookups: int
+    decomposed: Mapping[str, int]
+    module_inputs: Mapping[ModuleCall, tuple[tuple[int | str, Shape], ...]]
+    module_calls: Mapping[str, int]
+    root_seconds: Mapping[int, float]  # wall time of each call of the root module (call number -> seconds)
+    upper_bounds: Mapping[str, int] = field(default_factory=dict)  # op -> calls counted as upper bounds
+    outside: tuple[OutsideWork, ...] = ()  # real mode: tensors computed outside the ATen dispatcher
+
+    @classmethod
+    def of(cls, recorder: Recorder, tracker: ModuleTracker) -> Capture:
+        """What ``recorder`` and ``tracker`` hold at the end of a run."""
+        return cls(recorder.ops, dict(recorder.unsupported), tuple(sorted(recorder.undeclared_kernels)),
+                   recorder.unchecked_lookups, dict(recorder.decomposed), dict(tracker.inputs), dict(tracker.calls),
+                   dict(tracker.root_seconds), dict(recorder.upper_bounds), tuple(recorder.outside_work))

@@ -36,10 +36,9 @@ from typing import Any
 import torch
 from transformers import Trainer, TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
-from ..conventions import POSITIONS
+from ..conventions import EXECUTED, POSITIONS
 from ..errors import FlopscopeWarning
-from ..predict.attention import EXECUTED, metric_suffix
-from ..training import BatchPricer, Throughput, flops_per_batch
+from ..training import BatchPricer, Throughput, flops_per_batch, metric_suffix
 
 
 class FlopscopeTrainerCallback(TrainerCallback):

@@ -27,9 +27,9 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 
+from ..conventions import EXECUTED
 from ..errors import FlopscopeWarning
-from ..predict.attention import EXECUTED, metric_suffix
-from ..training import BatchPricer, Throughput, flops_per_batch
+from ..training import BatchPricer, Throughput, flops_per_batch, metric_suffix
 
 
 class FlopscopeCallback(pl.Callback):

@@ -26,6 +26,7 @@ from typing import Any, cast
 from tabulate import tabulate
 from torch import nn
 
+from ..api import profile
 from ..capture.compiled import eager_module
 from ..errors import ConfigurationError, FlopscopeError, RegistryError
 from ..formulas.registry import FormulaRegistry, MacFormula
@@ -283,8 +284,6 @@ def crosscheck(model: nn.Module, *args: Any, tools: Sequence[str] | None = None,
 
     All counts are MACs (FLOPs = 2 x MACs).
     """
-    from ..api import profile
-
     chosen = [tools] if isinstance(tools, str) else list(tools if tools is not None else TOOLS)
     for name in chosen:
         if name not in _TOOL_TABLE:

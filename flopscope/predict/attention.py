@@ -30,46 +30,24 @@ Units: MACs. See ``docs/conventions.md`` section 5.4.
 
 from __future__ import annotations
 
-import weakref
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import fx
 
 from ..attribute.paths import inside
+from ..attribute.roles import Assignment
 from ..capture.facts import ModelFacts
 from ..capture.recorder import FORWARD, CapturedOp, captured
-from ..conventions import SLIDING_WINDOW
-from ..errors import ConfigurationError
+from ..conventions import CAUSAL, EXECUTED, MASK, SLIDING_WINDOW, check_attention
 from ..formulas.registry import FLEX_ATTENTION, OpFamily, argument
-
-if TYPE_CHECKING:
-    from ..profile import Profile
-
-EXECUTED, CAUSAL, MASK = "executed", "causal", "mask"
-ATTENTION_CONVENTIONS = (EXECUTED, CAUSAL, MASK)
-"""The values of every ``attention=`` keyword (see the module docstring)."""
-CORE_ROLES = ("attn_scores", "attn_weighted_sum")
-"""The roles a convention changes: the two products over (query, key) pairs."""
+from ..role import PAIR_ROLES
 
 DECLARED, KERNEL, VALUES, UNMASKED, UNKNOWN = "declared", "kernel", "mask values", "no mask", "layout unknown"
 """Where a :class:`CoreOp`'s mask facts come from (:attr:`CoreOp.source`)."""
-
-
-def check_attention(attention: str) -> str:
-    """``attention`` if it is one of :data:`ATTENTION_CONVENTIONS`, else a :class:`ConfigurationError`."""
-    if attention not in ATTENTION_CONVENTIONS:
-        raise ConfigurationError(f"attention must be one of {', '.join(map(repr, ATTENTION_CONVENTIONS))}; "
-                                 f"got {attention!r}")
-    return attention
-
-
-def metric_suffix(attention: str) -> str:
-    """What logged metric names carry for a convention: ``""`` for executed, else ``"_causal"`` / ``"_mask"``."""
-    return "" if check_attention(attention) == EXECUTED else f"_{attention}"
 
 
 # --------------------------------------------------------------------------------------------------
@@ -164,6 +142,7 @@ class CoreOp:
     window: int | None
     allowed: Fraction | None
     source: str  # KERNEL, VALUES, DECLARED, UNMASKED or UNKNOWN
+    record: CapturedOp = field(repr=False, compare=False)  # the op (``node`` is its name in the fx graph)
 
     def share(self, attention: str) -> Fraction:
         """Pairs charged under ``attention`` over pairs executed."""
@@ -179,46 +158,50 @@ class CoreOp:
         return {role: macs * share.numerator // share.denominator for role, macs in self.parts.items()}
 
 
-_CACHE: weakref.WeakKeyDictionary[Any, tuple[CoreOp, ...]] = weakref.WeakKeyDictionary()
+def core_ops(graph: fx.Graph, assignments: Mapping[fx.Node, Assignment], facts: ModelFacts) -> tuple[CoreOp, ...]:
+    """Every op of the captured ``graph`` with attention-core MACs (its ``assignments``: ``{node: Assignment}``),
+    with its pairs and mask facts (``facts``: what the model declares). :meth:`Profile.attention_core` keeps it."""
+    nodes = {captured(node): node for node in graph.nodes}
+    out = []
+    for node, assignment in assignments.items():
+        parts = {role: macs for role, macs in assignment.parts.items() if role in PAIR_ROLES and macs}
+        if not parts:
+            continue
+        op = captured(node)
+        found = _facts_of(node, op, assignment.block, facts, nodes, parts)
+        out.append(CoreOp(node.name, op.phase, tuple(frame.path for frame in op.module_stack), assignment.block,
+                          parts, *found, record=op))
+    return tuple(out)
 
 
-def core_ops(prof: Profile) -> tuple[CoreOp, ...]:
-    """Every op of the profile with attention-core MACs, with its pairs and mask facts (computed once)."""
-    if prof not in _CACHE:
-        _CACHE[prof] = tuple(_core_ops(prof))
-    return _CACHE[prof]
-
-
-def parts_under(prof: Profile, attention: str) -> dict[CapturedOp, Mapping[str, int]]:
-    """``{record: {role: MACs}}`` of every op that multiplies, its core roles priced under ``attention``."""
-    check_attention(attention)
-    out: dict[CapturedOp, Mapping[str, int]] = {op: a.parts for op, a in prof.role_assignments_by_op().items()}
-    if attention == EXECUTED:
+def parts_under(assignments: Mapping[CapturedOp, Assignment], core: Sequence[CoreOp] | None,
+                attention: str) -> dict[CapturedOp, Mapping[str, int]]:
+    """``{record: {role: MACs}}`` of every op that multiplies (``assignments``: ``{record: Assignment}``), its core
+    roles priced under ``attention`` (``core``: :func:`core_ops`; not read for ``"executed"``)."""
+    out: dict[CapturedOp, Mapping[str, int]] = {op: a.parts for op, a in assignments.items()}
+    if check_attention(attention) == EXECUTED:
         return out
-    by_name = {node.name: captured(node) for node in prof.role_assignments()}
-    for core in core_ops(prof):
-        op = by_name[core.node]
-        out[op] = {**out[op], **core.macs(attention)}
+    for op in core or ():
+        out[op.record] = {**out[op.record], **op.macs(attention)}
     return out
 
 
-def saved(prof: Profile, attention: str, module: str = "", phase: str | None = None) -> int:
+def saved(core: Sequence[CoreOp], attention: str, module: str = "", phase: str | None = None) -> int:
     """Executed MACs minus MACs under ``attention``, of the core ops inside ``module`` (``""``: all) and
     ``phase``: what :meth:`Profile.total` subtracts."""
     if check_attention(attention) == EXECUTED:
         return 0
-    return sum(sum(op.parts.values()) - sum(op.macs(attention).values()) for op in core_ops(prof)
+    return sum(sum(op.parts.values()) - sum(op.macs(attention).values()) for op in core
                if (module == "" or module in op.module_stack) and (phase is None or op.phase == phase))
 
 
-def notes(prof: Profile, attention: str) -> list[str]:
+def notes(core: Sequence[CoreOp], attention: str) -> list[str]:
     """What a convention could not establish from the run itself, one line per kind."""
     if check_attention(attention) == EXECUTED:
         return []
-    found = core_ops(prof)
     out = []
-    declared = sum(op.source == DECLARED for op in found)
-    unknown = [op.node for op in found if op.source == UNKNOWN]
+    declared = sum(op.source == DECLARED for op in core)
+    unknown = [op.node for op in core if op.source == UNKNOWN]
     if declared:
         out.append(f"attention={attention!r}: {declared} attention core op(s) priced from the model's declared mask "
                    "(a module's is_causal, the sliding window of the module or config), not from mask values "
@@ -231,21 +214,6 @@ def notes(prof: Profile, attention: str) -> list[str]:
 
 
 # --------------------------------------------------------------------------------------------------
-def _core_ops(prof: Profile) -> list[CoreOp]:
-    assignments = prof.role_assignments()
-    nodes = {captured(node): node for node in prof.graph.nodes}
-    out = []
-    for node, assignment in assignments.items():
-        parts = {role: macs for role, macs in assignment.parts.items() if role in CORE_ROLES and macs}
-        if not parts:
-            continue
-        op = captured(node)
-        facts = _facts_of(node, op, assignment.block, prof.facts, nodes, parts)
-        out.append(CoreOp(node.name, op.phase, tuple(frame.path for frame in op.module_stack), assignment.block,
-                          parts, *facts))
-    return out
-
-
 Facts = tuple[int | None, int | None, bool, int | None, Fraction | None, str]
 
 

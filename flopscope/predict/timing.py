@@ -18,14 +18,12 @@ from torch import fx
 from ..attribute.roles import Assignment
 from ..capture.recorder import captured
 from ..errors import FlopscopeError
-from ..role import ROLE_ORDER
-
-NO_MACS = "(ops without multiplies)"
+from ..role import NO_MULTIPLY, ROLE_ORDER
 
 
 @dataclass(frozen=True)
 class TimingRow:
-    name: str  # a role, or NO_MACS
+    name: str  # a role, or NO_MULTIPLY
     seconds: float  # wall time of its ops
     macs: int
 
@@ -68,10 +66,10 @@ def timing(graph: fx.Graph, assignments: Mapping[fx.Node, Assignment]) -> Timing
         assignment = assignments.get(node)
         total = sum(assignment.parts.values()) if assignment else 0
         if not assignment or not total:
-            seconds[NO_MACS] += elapsed
+            seconds[NO_MULTIPLY] += elapsed
             continue
         for role, part in assignment.parts.items():
             seconds[role] += elapsed * part / total
             macs[role] += part
-    order = [role for role in ROLE_ORDER if role in seconds] + ([NO_MACS] if NO_MACS in seconds else [])
+    order = [role for role in ROLE_ORDER if role in seconds] + ([NO_MULTIPLY] if NO_MULTIPLY in seconds else [])
     return Timing(tuple(TimingRow(role, seconds[role], macs.get(role, 0)) for role in order), dict(modules))

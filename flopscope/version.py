@@ -1,0 +1,10 @@
+"""The installed version: ``flopscope.__version__``, from the distribution's metadata (so the wheel and the code
+agree; ``"0+unknown"`` in a source tree that was never installed)."""
+
+from importlib import metadata
+
+DISTRIBUTION = "torch-flopscope"  # pyproject.toml's name on the package index (its "flopscope" is another project)
+try:
+    __version__ = metadata.version(DISTRIBUTION)
+except metadata.PackageNotFoundError:  # imported from a source tree that was never installed
+    __version__ = "0+unknown"
