@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .errors import FlopscopeError
+from .render.numbers import human
 
 if TYPE_CHECKING:
     from .predict.polynomial import Scaling
@@ -129,7 +130,7 @@ def trace_plot(trace: Mapping[str, Any] | str | Path, path: str | Path, title: s
                        (y, 0.8), facecolors=colours[k % len(colours)])
         ticks.append(y + 0.4)
         carried = list(dict.fromkeys([role, *(r for *_, parts in bars for r in parts)]))  # a fused QKV GEMM: 3
-        labels.append(f"{', '.join(carried)} ({_si(macs)} MACs)" if macs else role)
+        labels.append(f"{', '.join(carried)} ({human(macs, 'MACs')})" if macs else role)
     ax.set_yticks(ticks, labels, fontsize=8)
     ax.set_ylim(top + len(roles) + 0.1, -0.1)
     ax.set_xlim(0, span * scale * 1.01)
@@ -137,7 +138,7 @@ def trace_plot(trace: Mapping[str, Any] | str | Path, path: str | Path, title: s
     other = doc.get("otherData", {})
     clock = other.get("time", "torch.profiler's clock" if "flopscope" in other else "")
     total = other.get("total_macs", other.get("flopscope", {}).get("total_macs"))
-    ax.set_title(title or (f"{_si(total)} MACs" if total else "trace") + (f"; time: {clock}" if clock else ""),
+    ax.set_title(title or (human(total, "MACs") if total else "trace") + (f"; time: {clock}" if clock else ""),
                  fontsize=10)
     ax.grid(True, axis="x", alpha=0.2)
     return save_figure(fig, plt, path)
@@ -200,10 +201,3 @@ def _short(module: str) -> str:
     parts = module.split(".")
     return ".".join(parts[-2:]) if len(parts) > 1 and parts[-1].isdigit() else parts[-1]
 
-
-def _si(value: float | None) -> str:
-    value = float(value or 0)
-    for factor, suffix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
-        if abs(value) >= factor:
-            return f"{value / factor:.3g}{suffix}"
-    return f"{value:.0f}"

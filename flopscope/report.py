@@ -22,9 +22,9 @@ from .predict.attention import notes as attention_notes
 from .profile import Profile
 from .render.module_stats import dominant_roles as module_dominant_roles
 from .render.module_stats import params_inclusive
+from .render.numbers import human
 from .version import __version__
 
-PREFIXES = ((10**15, "P"), (10**12, "T"), (10**9, "G"), (10**6, "M"), (10**3, "K"))
 UNITS = {"macs": ("MAC", 1), "flops": ("FLOP", 2)}
 JSON_SCHEMA = "flopscope.profile/1"
 """Schema of :func:`to_json` (version 1). Top-level keys:
@@ -44,14 +44,6 @@ JSON_SCHEMA = "flopscope.profile/1"
   executed work);
 - ``environment``: ``{flopscope, torch, transformers, python, platform}``.
 """
-
-
-def human(value: float, unit: str) -> str:
-    """``1234567890, "MAC"`` -> ``"1.23 GMAC"``."""
-    for scale, prefix in PREFIXES:
-        if abs(value) >= scale:
-            return f"{value / scale:.2f} {prefix}{unit}"
-    return f"{value:g} {unit}"
 
 
 def _unit(units: str) -> tuple[str, int]:

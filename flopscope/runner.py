@@ -670,3 +670,16 @@ def _state_on_meta(model: nn.Module) -> bool:
     """Whether every parameter and buffer of ``model`` (at least one) is on ``device="meta"``."""
     state = [t for _, t in _named_state(model)]
     return bool(state) and all(t.is_meta for t in state)
+
+
+def split_inputs(inputs: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """A model's inputs as ``(args, kwargs)``, as ``make_inputs(n)`` (:func:`flopscope.scaling`,
+    :func:`flopscope.measure_flops`) may give them: a dict of keywords, an ``(args tuple, kwargs dict)`` pair, a
+    tuple of positional arguments, or one positional argument."""
+    if isinstance(inputs, dict):
+        return (), dict(inputs)
+    if isinstance(inputs, tuple) and len(inputs) == 2 and isinstance(inputs[0], tuple) and isinstance(inputs[1], dict):
+        return inputs[0], inputs[1]
+    if isinstance(inputs, tuple):
+        return inputs, {}
+    return (inputs,), {}

@@ -26,7 +26,7 @@ from .predict.polynomial import Polynomial, Scaling, interpolate
 from .predict.reconcile import Reconciliation, TransformerSpec
 from .profile import Profile
 from .role import ROLE_ORDER
-from .runner import MODES, CaptureOptions, new_converter, paused_gc, run_in_mode
+from .runner import MODES, CaptureOptions, new_converter, paused_gc, run_in_mode, split_inputs
 from .symbolic import SymbolicTrace, trace
 
 __all__ = ["METHODS", "MIN_LENGTHS", "Polynomial", "Scaling", "interpolate", "scaling"]
@@ -117,7 +117,7 @@ class _Sweep:
 
     def measure(self, n: int, inputs: Any = None) -> _Point:
         """Profile at length ``n`` (``inputs``: ``make_inputs(n)`` if already made)."""
-        args, kwargs = _split_inputs(self.make_inputs(n) if inputs is None else inputs)
+        args, kwargs = split_inputs(self.make_inputs(n) if inputs is None else inputs)
         prof = run_in_mode(self.model, args, {**kwargs, **self.forward_kwargs}, self.options, self.mode,
                            converter=self.converter, stacklevel=5)
         if self.template is None or not prof.reuse_roles(self.template):
@@ -143,7 +143,7 @@ class _Sweep:
             raise SymbolicError("a symbolic trace runs on fake tensors, and mode='real' was asked for")
         ends = (lengths[0], lengths[-1])
         inputs = [self.make_inputs(n) for n in ends]
-        traced = trace(self.model, (_split_inputs(inputs[0]), _split_inputs(inputs[1])), ends,
+        traced = trace(self.model, (split_inputs(inputs[0]), split_inputs(inputs[1])), ends,
                                 self.options, self.forward_kwargs)
         self._step(3)
         self._check_guards(traced, lengths)
@@ -216,12 +216,3 @@ def _scaling(lengths: tuple[int, ...], measured: Sequence[Mapping[str, int]],
                    {r: predictions[r] for r in order if r in predictions},
                    {r: interpolate(lengths, column(recomputed, r)) for r in ROLE_ORDER if r in _union(recomputed)})
 
-
-def _split_inputs(inputs: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    if isinstance(inputs, dict):
-        return (), dict(inputs)
-    if isinstance(inputs, tuple) and len(inputs) == 2 and isinstance(inputs[0], tuple) and isinstance(inputs[1], dict):
-        return inputs[0], inputs[1]
-    if isinstance(inputs, tuple):
-        return inputs, {}
-    return (inputs,), {}

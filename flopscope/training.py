@@ -37,7 +37,7 @@ from .peaks import peak_flops
 from .predict.attention import pairs
 from .predict.polynomial import Polynomial
 from .role import PAIR_ROLES, Role
-from .runner import CaptureOptions, Session
+from .runner import CaptureOptions, Session, split_inputs
 from .scaling import scaling
 
 __all__ = ["BatchPricer", "Throughput", "flops_per_batch", "measure_flops", "metric_suffix"]
@@ -398,12 +398,7 @@ def _attention_terms(model: nn.Module, make_inputs: Callable[[int], Any], n: int
     options = {k: profile_kwargs.pop(k) for k in ("registry", "roles", "forward_kwargs") if k in profile_kwargs}
     profile_kwargs.pop("spec", None)
     profile_kwargs.pop("progress", None)
-    if isinstance(inputs, tuple) and len(inputs) == 2 and isinstance(inputs[0], tuple) and isinstance(inputs[1], dict):
-        args, kwargs = inputs
-    elif isinstance(inputs, dict):
-        args, kwargs = (), inputs
-    else:
-        args, kwargs = (inputs if isinstance(inputs, tuple) else (inputs,)), {}
+    args, kwargs = split_inputs(inputs)
     prof = profile(model, *args, mode=mode, backward=backward, loss=loss, **options, **kwargs, **profile_kwargs)
     grouped: dict[tuple[str, bool, int | None, bool], Fraction] = {}
     for op in prof.attention_core():

@@ -54,7 +54,7 @@ from .capture.checks import check_heads, check_positive
 from .errors import NotFoundError
 from .models import FeedForward, SelfAttention, TransformerBlock
 from .profile import Profile
-from .role import Role
+from .role import PAIR_ROLES, Role
 
 __all__ = [
     "BandedSelfAttention",
@@ -67,8 +67,6 @@ __all__ = [
     "compare",
     "compare_lengths",
 ]
-
-CORE_ROLES = (Role.ATTN_SCORES.value, Role.ATTN_WEIGHTED_SUM.value)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -405,7 +403,7 @@ def _profile(module: nn.Module, *inputs: torch.Tensor, forward_kwargs: dict[str,
 
 def _core(prof: Profile) -> int:
     roles = prof.by_role()
-    return sum(roles.get(role, 0) for role in CORE_ROLES)
+    return sum(roles.get(role, 0) for role in PAIR_ROLES)
 
 
 def _params(module: nn.Module) -> int:

@@ -3,7 +3,14 @@ profile() reach every length of a sweep."""
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
+import subprocess
+import sys
+import warnings
 from fractions import Fraction
+from pathlib import Path
 
 import pytest
 import torch
@@ -11,6 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import flopscope
+from flopscope.formulas import registry as formulas
 from flopscope.formulas.registry import OpFamily, mm
 from flopscope.models import TransformerBlock
 from flopscope.scaling import Polynomial
@@ -223,3 +231,112 @@ def test_scaling_passes_keyword_inputs_to_the_model_at_every_length() -> None:
 
     result = flopscope.scaling(Scaled(), lambda n: torch.zeros(1, n, 16), lengths=(2, 4, 8, 16), repeat=3)
     assert result.polynomials["other"] == Polynomial((Fraction(0), Fraction(3 * 16 * 16)))
+
+
+# --------------------------------------------------------------------------------------------------
+# docs/extending.md: a new attention kernel is one registration, a new role one row and its pass
+@torch.library.custom_op("flopscope_test::bnhd_attention", mutates_args=())
+def bnhd_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool) -> torch.Tensor:
+    """Attention over ``[B, n, heads, d]`` operands (FlashAttention's layout), causal or not."""
+    out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=is_causal)
+    return out.transpose(1, 2).contiguous()
+
+
+@bnhd_attention.register_fake
+def _(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool) -> torch.Tensor:
+    return q.new_empty(*q.shape[:-1], v.shape[-1])
+
+
+def _bnhd_macs(q: tuple[int, ...], k: tuple[int, ...], v: tuple[int, ...], *_: object, **__: object) -> dict[str, int]:
+    # [B, n_q, h, d_v] = attention([B, n_q, h, d], [B, n_k, h, d], [B, n_k, h, d_v])
+    return formulas.attention_core(q[0] * q[2], q[1], k[1], q[3], v[3])
+
+
+class BnhdAttention(nn.Module):
+    """Causal self-attention through the custom kernel: projections, heads in the third dimension."""
+
+    def __init__(self, d: int, heads: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.q_proj, self.k_proj, self.v_proj, self.o_proj = (nn.Linear(d, d, bias=False) for _ in range(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, n, d = x.shape
+        q, k, v = (p(x).view(b, n, self.heads, d // self.heads) for p in (self.q_proj, self.k_proj, self.v_proj))
+        return self.o_proj(bnhd_attention(q, k, v, True).reshape(b, n, d))
+
+
+def test_a_new_attention_kernel_is_one_registration() -> None:
+    """The registration of docs/extending.md ("A new attention kernel") on a registry copy: the projections are
+    found through its operands, the causal and mask conventions read n_q, n_k from the declared layout and the
+    kernel's is_causal, the generation step reads its context there. Declared in the other layout, the head
+    count is read as the positions: the declaration is what is read."""
+    B, n, h, d = 2, 16, 4, 32
+    d_k = d // h
+    model, x = BnhdAttention(d, h), torch.randn(B, n, d)
+    registry = flopscope.REGISTRY.copy()
+    registry.override(torch.ops.flopscope_test.bnhd_attention, _bnhd_macs, family=OpFamily.ATTENTION,
+                      operands=(0, 1, 2), layout=formulas.BNHD)
+    prof = flopscope.profile(model, x, registry=registry)
+    projections = B * n * d * d
+    core = B * h * n * n * d_k
+    assert prof.by_role() == {"q_proj": projections, "k_proj": projections, "v_proj": projections,
+                              "out_proj": projections, "attn_scores": core, "attn_weighted_sum": core}
+    assert prof.total(attention="causal") == 4 * projections + 2 * B * h * (n * n // 2) * d_k  # n²/2 pairs
+    assert prof.total(attention="mask") == 4 * projections + 2 * B * h * (n * (n + 1) // 2) * d_k  # exact
+    assert [(step.tokens, step.context) for step in prof.steps()] == [(n, n)]
+    misdeclared = flopscope.REGISTRY.copy()
+    misdeclared.override(torch.ops.flopscope_test.bnhd_attention, _bnhd_macs, family=OpFamily.ATTENTION,
+                         operands=(0, 1, 2), layout=formulas.BHND)
+    assert [(s.tokens, s.context) for s in flopscope.profile(model, x, registry=misdeclared).steps()] == [(h, h)]
+
+
+MIXTRAL = dict(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+               num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2)
+ROLES_OF = """
+import json, sys, warnings
+import torch, transformers, flopscope
+config = transformers.MixtralConfig(**json.loads(sys.argv[1]))
+torch.manual_seed(0)
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    model = transformers.MixtralForCausalLM(config).eval()
+    ids = torch.randint(0, config.vocab_size, (1, int(sys.argv[2])))
+    out = {mode: flopscope.profile(model, ids, mode=mode).by_role() for mode in ("real", "fake")}
+print(json.dumps({"file": flopscope.__file__, "roles": out}))
+"""
+
+
+def _diffs_of(section: str) -> str:
+    """The ``diff`` blocks of a section of docs/extending.md, as one patch."""
+    text = (Path(__file__).resolve().parents[1] / "docs" / "extending.md").read_text(encoding="utf-8")
+    body = text.split(f"\n## {section}\n", 1)[1].split("\n## ", 1)[0]
+    return "".join(block.split("\n", 1)[1] for block in body.split("```diff")[1:]).replace("```", "")
+
+
+def test_a_new_role_is_one_row_and_its_pass(tmp_path: Path) -> None:
+    """docs/extending.md's "A new role" diff, applied as written to a copy of the installed package: Mixtral's
+    routers (d -> experts, one per MoE layer) become role ``router``; every other role is as before."""
+    transformers = pytest.importorskip("transformers")
+    copy = tmp_path / "flopscope"
+    shutil.copytree(Path(flopscope.__file__).parent, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    patch = tmp_path / "router.diff"
+    patch.write_text(_diffs_of("A new role"))
+    applied = subprocess.run(["git", "apply", str(patch)], cwd=tmp_path, capture_output=True, text=True, check=False)
+    assert applied.returncode == 0, applied.stderr
+    n = 8
+    run = subprocess.run([sys.executable, "-c", ROLES_OF, json.dumps(MIXTRAL), str(n)], capture_output=True, text=True,
+                         check=False, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(tmp_path)}, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    found = json.loads(run.stdout.strip().splitlines()[-1])
+    assert Path(found["file"]).parent == copy
+    router = MIXTRAL["num_hidden_layers"] * n * MIXTRAL["hidden_size"] * MIXTRAL["num_local_experts"]
+    torch.manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = transformers.MixtralForCausalLM(transformers.MixtralConfig(**MIXTRAL)).eval()
+        ids = torch.randint(0, MIXTRAL["vocab_size"], (1, n))
+        before = {mode: flopscope.profile(model, ids, mode=mode).by_role() for mode in ("real", "fake")}
+    for mode, roles in found["roles"].items():
+        expected = {**before[mode], "router": router, "other": before[mode].get("other", 0) - router}
+        assert {r: m for r, m in roles.items() if m} == {r: m for r, m in expected.items() if m}

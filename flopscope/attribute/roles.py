@@ -49,6 +49,7 @@ from torch import nn
 
 from ..capture.recorder import CapturedOp
 from ..formulas import elementwise
+from ..formulas.elementwise import EMBEDDING_LOOKUPS, SOFTMAX_OPS
 from ..formulas.registry import OpFamily, argument
 from ..role import ROLE_ORDER, Role, parse_role
 from .columns import columns, scale_parts, split_by_columns
@@ -57,8 +58,6 @@ from .paths import common_path
 
 aten = torch.ops.aten
 
-SOFTMAX_OPS = elementwise.ops_in_category("softmax")
-EMBEDDING_OPS = frozenset({aten.embedding, aten._embedding_bag, aten.embedding_bag})
 BARRIER_CATEGORIES = ("norm", "reduction")  # the attention output does not flow to out_proj through these
 FAMILY_ROLES = {OpFamily.CONV: Role.CONV, OpFamily.TRANSFORM: Role.TOKEN_MIXING}
 """Families whose every op has one role of its own, whatever the dataflow around it."""
@@ -335,7 +334,7 @@ def logits(view: GraphView, state: RoleState) -> None:
     with indices that come from the inputs (position tables are looked up with ``arange``)."""
     tables: dict[Any, int] = {}  # leaf name or ("shape", shape) -> vocabulary size
     for n in view.nodes:
-        if view.packet(n) not in EMBEDDING_OPS:
+        if view.packet(n) not in EMBEDDING_LOOKUPS:
             continue
         weight, indices = n.args[0], n.args[1] if len(n.args) > 1 else None
         if isinstance(weight, CapturedOp) and isinstance(indices, CapturedOp) and view.dynamic[indices]:

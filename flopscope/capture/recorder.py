@@ -62,7 +62,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_mod
 from ..enums import StrEnum
 from ..formulas import collectives, elementwise, traffic
 from ..formulas import registry as formulas
-from ..formulas.elementwise import ElementwiseRule
+from ..formulas.elementwise import EMBEDDING_LOOKUPS, ElementwiseRule
 from ..formulas.registry import FormulaRegistry, OpFamily, OpSpec, shape_of
 from .fake import CountingFakeTensorMode, loaded_dtensor, needs_real_data
 from .module_tracker import ModuleCall, ModuleTracker
@@ -1001,7 +1001,6 @@ positions and what is computed from them), so lookups can be checked as a real f
 MAX_KNOWN_FLOAT_NUMEL = 1 << 10
 """On fake tensors, floating-point tensors up to this many elements computed only from known values keep theirs
 (``torch.arange(t) * time_interval`` before ``.long()``: Qwen2-VL's temporal positions)."""
-EMBEDDING_LOOKUPS = frozenset({torch.ops.aten.embedding, torch.ops.aten._embedding_bag, torch.ops.aten.embedding_bag})
 UNINITIALISED = frozenset({torch.ops.aten.empty, torch.ops.aten.empty_like, torch.ops.aten.new_empty,
                            torch.ops.aten.empty_strided, torch.ops.aten.new_empty_strided})
 """Ops whose output's values are whatever memory held: never known."""

@@ -183,6 +183,12 @@ def ops_in_category(category: str) -> frozenset[Any]:
     return frozenset(op for op, rule in RULES.items() if rule.category == category and not rule.gradient)
 
 
+SOFTMAX_OPS = ops_in_category("softmax")
+"""The ops that normalise attention scores (softmax, log-softmax, SDPA's safe softmax)."""
+EMBEDDING_LOOKUPS = frozenset({aten.embedding, aten._embedding_bag, aten.embedding_bag})
+"""Table lookups by index: no multiply (a row copied per index), the token tables the logits pass and the index
+checks look for."""
+
 ACTIVATION_OPS: frozenset[Any] = with_inplace({
     aten.relu, aten.gelu, aten.silu, aten.sigmoid, aten.tanh, aten.elu, aten.leaky_relu, aten.hardswish,
     aten.hardsigmoid, aten.mish, aten.softplus, aten.glu, aten.celu, aten.selu, aten.hardtanh, aten.erf,

@@ -43,6 +43,7 @@ from ..attribute.roles import Assignment
 from ..capture.facts import ModelFacts
 from ..capture.recorder import FORWARD, CapturedOp, captured
 from ..conventions import CAUSAL, EXECUTED, MASK, SLIDING_WINDOW, check_attention
+from ..formulas.elementwise import SOFTMAX_OPS
 from ..formulas.registry import FLEX_ATTENTION, OpFamily, argument
 from ..role import PAIR_ROLES
 
@@ -314,7 +315,7 @@ def _kernel_geometry(op: CapturedOp) -> tuple[int, int, tuple[int, ...]] | None:
 
 # --------------------------------------------------------------------------------------------------
 # masks of eager attention: scores -> (scale) -> + mask / masked_fill / where -> softmax -> @ V
-_SOFTMAX = ("aten._softmax", "aten.softmax", "aten._safe_softmax")
+_SOFTMAX = frozenset(str(op) for op in SOFTMAX_OPS)  # by name, as fx nodes are read here
 _THROUGH = frozenset({"aten.view", "aten._unsafe_view", "aten.reshape", "aten.expand", "aten.clone", "aten.mul",
                       "aten.div", "aten._to_copy", "aten.contiguous", "aten.detach", "aten.alias", "aten.add",
                       "aten.sub", "aten.masked_fill", "aten.where", "aten.native_dropout", "aten.dropout",

@@ -62,7 +62,7 @@ from ..conventions import (
     Names,
 )
 from ..formulas.registry import fft_macs, prod
-from ..role import ROLE_ORDER, Role, RoleGroup, roles_in
+from ..role import LINEAR_CORE, ROLE_ORDER, Role, RoleGroup, roles_in
 from .attention import declared_mask, kernel_is_causal, useful_pairs
 
 ATTENTION_ROLES = tuple(sorted(roles_in(RoleGroup.ATTENTION), key=lambda r: r == Role.OUT_PROJ))
@@ -223,9 +223,6 @@ class _Attention:
     d_kv: int  # n_kv·d_k: key / value width
     source: str  # "h=8 n_kv=2 d_k=64 (config)" or "(weight shapes)"
     d_k: int | None = None  # head width (None: not declared, only the projection widths are known)
-
-
-LINEAR_CORE = (Role.ATTN_KV_STATE.value, Role.ATTN_READOUT.value, Role.ATTN_NORMALISER.value)
 
 
 def _core_macs(measured: Mapping[str, int], batch: int, n_q: int, n_k: int, hyper: _Attention) -> dict[str, int]:

@@ -35,6 +35,7 @@ from ..errors import FlopscopeError
 from ..role import ROLE_ORDER
 from .files import write_atomically
 from .module_stats import dominant_roles, params_inclusive
+from .numbers import human
 
 MIN_PIXELS = 1.0
 """Below this width (CSS pixels) a module is drawn inside its run of narrow neighbours' aggregate rectangle."""
@@ -131,7 +132,7 @@ def html_document(data: Mapping[str, Any]) -> str:
     """The page for :func:`report_data`'s ``data``: one string, style and script inline."""
     total = int(data["macs"])
     phases = data["phases"]
-    head = [f"<b>{total:,}</b> MACs = <b>{2 * total:,}</b> FLOPs ({si(2 * total, 'FLOP')}; 1 MAC = 2 FLOPs)",
+    head = [f"<b>{total:,}</b> MACs = <b>{2 * total:,}</b> FLOPs ({human(2 * total, 'FLOP')}; 1 MAC = 2 FLOPs)",
             f"counted in {html.escape(data['mode'])} mode", f"{data['params']:,} parameters"]
     if len(phases) > 1:
         head.append("by phase: " + ", ".join(f"{html.escape(p)} {m:,} MACs" for p, m in phases.items()))
@@ -302,14 +303,6 @@ def _scaling_section(scaling: Mapping[str, Any]) -> str:
 
 def _dash(value: Any) -> Any:
     return "—" if value is None else value
-
-
-def si(value: float, unit: str) -> str:
-    """``1234567890, "MAC"`` -> ``"1.23 GMAC"`` (as :func:`flopscope.report.human`)."""
-    for scale, prefix in ((10**15, "P"), (10**12, "T"), (10**9, "G"), (10**6, "M"), (10**3, "K")):
-        if abs(value) >= scale:
-            return f"{value / scale:.2f} {prefix}{unit}"
-    return f"{value:g} {unit}"
 
 
 def _asset(name: str) -> str:

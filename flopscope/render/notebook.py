@@ -18,8 +18,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .html import si
 from .module_stats import dominant_roles, params_inclusive
+from .numbers import human
 
 DEPTH = 3
 """Levels below the root that the compact tree shows."""
@@ -60,7 +60,7 @@ def summary_line(prof: Any) -> str:
               if unsupported else "every op counted or known to cost nothing")
     phases = prof.by_phase()
     by_phase = ("; " + ", ".join(f"{p} {m:,}" for p, m in phases.items())) if len(phases) > 1 else ""
-    return (f"{name}: {total:,} MACs = {2 * total:,} FLOPs ({si(2 * total, 'FLOP')}; 1 MAC = 2 FLOPs){by_phase}, "
+    return (f"{name}: {total:,} MACs = {2 * total:,} FLOPs ({human(2 * total, 'FLOP')}; 1 MAC = 2 FLOPs){by_phase}, "
             f"{prof.mode} mode, {params:,} parameters; {ledger}")
 
 

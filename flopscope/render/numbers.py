@@ -1,0 +1,14 @@
+"""Numbers for people: SI prefixes (``1234567890, "MAC"`` -> ``"1.23 GMAC"``), used by every report and plot."""
+
+from __future__ import annotations
+
+PREFIXES = ((10**15, "P"), (10**12, "T"), (10**9, "G"), (10**6, "M"), (10**3, "K"))
+"""The prefixes of :func:`human`, largest first."""
+
+
+def human(value: float, unit: str) -> str:
+    """``1234567890, "MAC"`` -> ``"1.23 GMAC"``; below a thousand the plain value (``"512 MAC"``)."""
+    for scale, prefix in PREFIXES:
+        if abs(value) >= scale:
+            return f"{value / scale:.2f} {prefix}{unit}"
+    return f"{value:g} {unit}"
