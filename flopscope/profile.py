@@ -69,7 +69,26 @@ class Profile:
     """Counts of one profiled run (or of every forward inside a :func:`flopscope.profiler` block).
 
     Build it with :func:`flopscope.profile` or :class:`flopscope.profiler`; the constructor is internal.
-    Units: MACs (``docs/conventions.md``).
+    Units: MACs (``docs/conventions.md``). The class is the façade over one :class:`Capture`: it sums the
+    records, finds their roles once (:mod:`flopscope.attribute`) and caches what the analyses of
+    :mod:`flopscope.predict` and :mod:`flopscope.render` compute from its data; each query below is a sum over the
+    records or a one-line call of one of those, so the queries people ask are in one place:
+
+    - what was captured: :attr:`graph`, :attr:`records`, :attr:`mode`, :attr:`timed`, :attr:`output`,
+      :attr:`facts`, :meth:`module_inputs`, :attr:`root_seconds`, :attr:`notes`;
+    - MACs: :meth:`total`, :meth:`total_flops`, :meth:`by_phase`, :meth:`by_module`, :meth:`by_stack`,
+      :meth:`by_op` (``by_operator``: fvcore's name), :meth:`by_module_and_op`, :meth:`op_calls`;
+    - bytes: :meth:`total_bytes`, :meth:`bytes_by_module`, :meth:`bytes_by_role`;
+    - roles: :meth:`by_role`, :meth:`by_block`, :meth:`role_of`, :meth:`role_assignments` (by fx node),
+      :meth:`role_assignments_by_op` (by record, no graph built), :meth:`attention_core`;
+    - closed forms and time: :meth:`reconcile`, :meth:`model_formulas`, :meth:`timing`;
+    - several forwards and ranks: :meth:`steps`, :meth:`decode_scaling`, :meth:`collectives`;
+    - what ``total()`` leaves out: :meth:`unsupported` (``unsupported_ops``: fvcore's name), :meth:`decomposed`,
+      :meth:`elementwise`, :meth:`elementwise_by_op`, :meth:`total_elementwise`, :meth:`uncalled_modules`,
+      :meth:`module_calls`, :meth:`canonical_module_name`;
+    - files and views: :meth:`export_chrome_trace`, :meth:`export_folded`, :meth:`export_speedscope`,
+      :meth:`to_html`, the notebook's ``_repr_html_`` / ``_repr_markdown_``;
+    - for sweeps: :meth:`reuse_roles` (:func:`flopscope.scaling` gives a length the roles of another).
     """
 
     def __init__(self, capture: Capture, facts: ModelFacts, mode: str, output: Any = None,
@@ -231,10 +250,6 @@ class Profile:
         (:mod:`flopscope.communication`)."""
         return collectives(self.graph, self.role_assignments())
 
-    def total_collective_bytes(self, phase: str | None = None) -> int:
-        """Message bytes of every collective (see :meth:`collectives`)."""
-        return sum(row.bytes for row in self.collectives() if phase is None or row.phase == phase)
-
     def decode_scaling(self, attention: str = EXECUTED) -> Scaling:
         """The decode steps' MACs per sequence, per role, as exact polynomials in the context length."""
         return steps.decode_scaling(self.steps(attention))
@@ -243,26 +258,7 @@ class Profile:
     def notes(self) -> list[str]:
         """One line per thing worth knowing about the run (fall-back to real mode, decompositions, an
         attention kernel registered without its family)."""
-        return [*self._notes, *self.capture_notes()]
-
-    def capture_notes(self, unchecked: bool = True) -> list[str]:
-        """What the recording could not establish: an op whose formula returns attention parts but is not
-        registered as an attention kernel (its projections cannot be found); with ``unchecked``, on fake
-        tensors, embedding lookups whose index values were unknown (not checked against the table, as a
-        real forward would: inputs on ``device="meta"`` have no values)."""
-        notes = [f"the formula of {op} returns attention parts but is not registered with family="
-                 "OpFamily.ATTENTION and its (q, k, v) operand positions, so its projections get role 'other' "
-                 "(see docs/extending.md)" for op in self._capture.undeclared_kernels]
-        for op, calls in self._capture.upper_bounds.items():
-            notes.append(f"{op} x{calls}: counted as an upper bound, since the values its work depends on were not "
-                         "known (variable-length offsets on fake tensors: every sequence as long as the longest); "
-                         "mode='real' counts it exactly")
-        notes += undispatched.notes_of(self._capture.outside)
-        if unchecked and self._capture.unchecked_lookups:
-            notes.append(f"fake mode: the index values of {self._capture.unchecked_lookups} embedding lookup(s) "
-                         "were not known, so they were not checked against their tables' sizes (a real forward "
-                         "refuses out-of-range ids)")
-        return notes
+        return [*self._notes, *self._capture.notes()]
 
     # ---------------------------------------------------------------------------------------------
     # totals

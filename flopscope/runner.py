@@ -265,9 +265,10 @@ def _run(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], option
                       "changes, as it would without flopscope", FlopscopeWarning, stacklevel=stacklevel)
     if isinstance(convert, MetaConverter) and any(op.target is _SDPA_MATH_SOFTMAX for op in recorder.ops):
         notes = (*notes, META_ATTENTION_NOTE)
-    prof = Profile(Capture.of(recorder, tracker), facts, "fake" if fake else "real", output, notes=notes,
+    capture = Capture.of(recorder, tracker)
+    prof = Profile(capture, facts, "fake" if fake else "real", output, notes=notes,
                    role_rules=options.roles)
-    warn_incomplete(prof, stacklevel + 1)
+    warn_incomplete(capture, stacklevel + 1)
     return prof
 
 
@@ -325,9 +326,10 @@ class Session:
         self._stack.close()
         if self._tracker is None or self._recorder is None:
             raise ConfigurationError("the profiler block was never entered")
-        prof = Profile(Capture.of(self._recorder, self._tracker), read_facts(self.model),
+        capture = Capture.of(self._recorder, self._tracker)
+        prof = Profile(capture, read_facts(self.model),
                        "fake" if self.fake else "real", role_rules=self.options.roles)
-        warn_incomplete(prof, stacklevel + 1)
+        warn_incomplete(capture, stacklevel + 1)
         foreign = self._tracker.foreign_calls
         if foreign:
             warnings.warn(f"flopscope: {foreign} forward(s) of {type(self.model).__name__} ran in other threads "
@@ -556,16 +558,16 @@ def _first_line(text: str, limit: int = 120) -> str:
     return line if len(line) <= limit else line[: limit - 3] + "..."
 
 
-def warn_incomplete(prof: Profile, stacklevel: int) -> None:
+def warn_incomplete(capture: Capture, stacklevel: int) -> None:
     """Say what the count may miss (``stacklevel`` of a warning issued here): one warning listing the ops
     without a formula that may do arithmetic (a count is never silently 0), and one per note of the
     capture (an attention kernel registered without its family)."""
-    unsupported = {op: calls for op, calls in prof.unsupported().items() if not op.startswith(undispatched.OUTSIDE)}
+    unsupported = dict(capture.unsupported)
     if unsupported:  # (work outside the dispatcher: a note of its own, below)
         listed = ", ".join(f"{op} x{calls}" for op, calls in sorted(unsupported.items()))
         warnings.warn(f"flopscope: no formula for {listed}; they may do arithmetic that total() leaves out "
                       "(see prof.unsupported())", FlopscopeWarning, stacklevel=stacklevel)
-    for note in prof.capture_notes(unchecked=False):  # unchecked lookups are notes, not warnings
+    for note in capture.notes(unchecked=False):  # unchecked lookups are notes, not warnings
         warnings.warn(f"flopscope: {note}", FlopscopeWarning, stacklevel=stacklevel)
 
 

@@ -66,7 +66,7 @@ from ..formulas.elementwise import EMBEDDING_LOOKUPS, ElementwiseRule
 from ..formulas.registry import FormulaRegistry, OpFamily, OpSpec, shape_of
 from .fake import CountingFakeTensorMode, loaded_dtensor, needs_real_data
 from .module_tracker import ModuleCall, ModuleTracker
-from .undispatched import OutsideWork
+from .undispatched import OutsideWork, notes_of
 
 Shape = tuple[int, ...]
 FORWARD, BACKWARD, RECOMPUTE = "forward", "backward", "recompute"
@@ -1125,3 +1125,22 @@ class Capture:
         return cls(recorder.ops, dict(recorder.unsupported), tuple(sorted(recorder.undeclared_kernels)),
                    recorder.unchecked_lookups, dict(recorder.decomposed), dict(tracker.inputs), dict(tracker.calls),
                    dict(tracker.root_seconds), dict(recorder.upper_bounds), tuple(recorder.outside_work))
+
+    def notes(self, unchecked: bool = True) -> list[str]:
+        """What the recording could not establish: an op whose formula returns attention parts but is not
+        registered as an attention kernel (its projections cannot be found); with ``unchecked``, on fake
+        tensors, embedding lookups whose index values were unknown (not checked against the table, as a
+        real forward would: inputs on ``device="meta"`` have no values)."""
+        notes = [f"the formula of {op} returns attention parts but is not registered with family="
+                 "OpFamily.ATTENTION and its (q, k, v) operand positions, so its projections get role 'other' "
+                 "(see docs/extending.md)" for op in self.undeclared_kernels]
+        for op, calls in self.upper_bounds.items():
+            notes.append(f"{op} x{calls}: counted as an upper bound, since the values its work depends on were not "
+                         "known (variable-length offsets on fake tensors: every sequence as long as the longest); "
+                         "mode='real' counts it exactly")
+        notes += notes_of(self.outside)
+        if unchecked and self.unchecked_lookups:
+            notes.append(f"fake mode: the index values of {self.unchecked_lookups} embedding lookup(s) "
+                         "were not known, so they were not checked against their tables' sizes (a real forward "
+                         "refuses out-of-range ids)")
+        return notes
