@@ -21,7 +21,7 @@ from .attribute.roles import Assignment, RoleRule, find_roles
 from .capture import undispatched
 from .capture.facts import ModelFacts
 from .capture.module_tracker import ModuleCall
-from .capture.recorder import FORWARD, Capture, CapturedOp, Cost, build_graph, captured
+from .capture.records import FORWARD, Capture, CapturedOp, Cost, build_graph, captured
 from .conventions import EXECUTED
 from .errors import NotFoundError
 from .predict import steps
@@ -415,7 +415,7 @@ class Profile:
         return self._roles
 
     def role_assignments_by_op(self) -> Mapping[CapturedOp, Assignment]:
-        """:meth:`role_assignments` keyed by the capture's records (:class:`~flopscope.capture.recorder.CapturedOp`):
+        """:meth:`role_assignments` keyed by the capture's records (:class:`~flopscope.capture.records.CapturedOp`):
         what the role passes find on the records' dataflow, without building the fx graph."""
         if self._op_roles is None:
             self._op_roles = MappingProxyType(find_roles(self._ops, self._facts.types, self._role_rules))

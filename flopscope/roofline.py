@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from tabulate import tabulate
 
-from .capture.recorder import captured
+from .capture.records import captured
 from .errors import FlopscopeError
 from .peaks import peak_bandwidth, peak_flops
 from .plots import pyplot, save_figure

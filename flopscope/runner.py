@@ -57,17 +57,15 @@ from .capture.recorder import (
     CONSTRUCTORS_FROM_DATA,
     INDEX_DTYPES,
     MAX_KNOWN_NUMEL,
-    Capture,
     FakeTensorInRealRun,
-    LeafKind,
-    LeafName,
     OpFailure,
     Recorder,
     RefusedInput,
+    capture_of,
     fake_run_of,
     from_known_data,
-    op_name,
 )
+from .capture.records import Capture, LeafKind, LeafName, op_name
 from .capture.state import ModelSnapshot
 from .errors import ConfigurationError, FakeTensorError, FlopscopeWarning, ForwardError, cause_of_kind
 from .formulas.registry import REGISTRY, FormulaRegistry
@@ -265,7 +263,7 @@ def _run(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], option
                       "changes, as it would without flopscope", FlopscopeWarning, stacklevel=stacklevel)
     if isinstance(convert, MetaConverter) and any(op.target is _SDPA_MATH_SOFTMAX for op in recorder.ops):
         notes = (*notes, META_ATTENTION_NOTE)
-    capture = Capture.of(recorder, tracker)
+    capture = capture_of(recorder, tracker)
     prof = Profile(capture, facts, "fake" if fake else "real", output, notes=notes,
                    role_rules=options.roles)
     warn_incomplete(capture, stacklevel + 1)
@@ -326,7 +324,7 @@ class Session:
         self._stack.close()
         if self._tracker is None or self._recorder is None:
             raise ConfigurationError("the profiler block was never entered")
-        capture = Capture.of(self._recorder, self._tracker)
+        capture = capture_of(self._recorder, self._tracker)
         prof = Profile(capture, read_facts(self.model),
                        "fake" if self.fake else "real", role_rules=self.options.roles)
         warn_incomplete(capture, stacklevel + 1)

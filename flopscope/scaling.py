@@ -19,7 +19,7 @@ from torch import nn
 
 from .attribute.roles import RoleRule
 from .capture.checks import check_mode, check_positive
-from .capture.recorder import RECOMPUTE
+from .capture.records import RECOMPUTE
 from .errors import ConfigurationError, SymbolicError
 from .formulas.registry import FormulaRegistry
 from .predict.polynomial import Polynomial, Scaling, interpolate

@@ -29,7 +29,7 @@ from torch.utils import _pytree as pytree
 
 from .attribute.roles import Assignment
 from .capture.fake import CountingFakeTensorMode, FakeConverter
-from .capture.recorder import RECOMPUTE, CapturedOp
+from .capture.records import RECOMPUTE, CapturedOp
 from .errors import RunError, SymbolicError
 from .predict.reconcile import Reconciliation, TransformerSpec, reconcile
 from .profile import Profile

@@ -28,7 +28,7 @@ from torch import nn
 from .api import profile
 from .capture.checks import describe
 from .capture.fake import tensors_in
-from .capture.recorder import RECOMPUTE
+from .capture.records import RECOMPUTE
 from .capture.state import ModelSnapshot
 from .conventions import EXECUTED, MASK, check_attention
 from .errors import ConfigurationError, FlopscopeError, InputError

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 import flopscope
-from flopscope.capture.recorder import captured
+from flopscope.capture.records import captured
 from flopscope.models import TransformerBlock
 
 PACKAGE = Path(flopscope.__file__).parent

@@ -18,8 +18,9 @@ import torch.nn.functional as F
 from torch import nn
 
 import flopscope
-from flopscope.formulas import registry as formulas
-from flopscope.formulas.registry import OpFamily, mm
+from flopscope import formulas
+from flopscope.formulas.linear_algebra import mm
+from flopscope.formulas.registry import OpFamily
 from flopscope.models import TransformerBlock
 from flopscope.scaling import Polynomial
 

@@ -109,7 +109,7 @@ def test_flex_attention_backward_where_the_cpu_runs_it(mode) -> None:  # type: i
 def test_the_backward_formula_is_the_dense_core_backward() -> None:
     """The CPU refuses FlexAttention's backward (above), so its op's formula is checked on shapes: the scores
     recomputed and dQ, dK (score-sized), dV, dP (weighted-sum-sized), with grouped-query K/V of 2 heads."""
-    from flopscope.formulas import registry as formulas
+    from flopscope import formulas
 
     spec = flopscope.REGISTRY.spec(formulas.FLEX_ATTENTION_BACKWARD)
     q, kv = torch.empty(B, H, N, D, device="meta"), torch.empty(B, 2, 3 * N, D, device="meta")

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 import flopscope
+from flopscope import formulas as f
 from flopscope.errors import RegistryError
-from flopscope.formulas import registry as f
 
 aten = torch.ops.aten
 needs_grouped_mm = pytest.mark.skipif(not hasattr(aten, "_grouped_mm"), reason="this torch has no _grouped_mm")
@@ -188,7 +188,7 @@ def test_one_place_says_where_an_attention_kernels_positions_are(kernel, layout)
     """The operand layout is declared with the kernel's formula and read by every analysis: the generation steps
     (query / key positions of each step) and the mask geometry agree. At a9f00b3 generation read FlashAttention's
     [B, n, heads, d] as [B, heads, n, d] and took the head count for the context."""
-    from flopscope.capture.recorder import CapturedOp
+    from flopscope.capture.records import CapturedOp
     from flopscope.formulas.registry import REGISTRY
     from flopscope.predict import attention as attention_mask
     from flopscope.predict import steps

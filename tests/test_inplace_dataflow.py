@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import flopscope
-from flopscope.capture.recorder import captured
+from flopscope.capture.records import captured
 
 B, n, d, h = 2, 8, 32, 4
 dh = d // h

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import flopscope
-from flopscope.formulas import registry as formulas
+from flopscope import formulas
 
 H, D = 4, 16
 OFFSETS = [0, 30, 60, 90, 123]  # four packed sequences: 30, 30, 30 and 33 tokens

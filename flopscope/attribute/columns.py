@@ -16,15 +16,16 @@ from typing import Any
 
 import torch
 
-from ..capture.recorder import INDEX_DTYPES, UNINITIALISED, CapturedOp, Cost, after_write
+from ..capture.recorder import INDEX_DTYPES, UNINITIALISED
+from ..capture.records import CapturedOp, Cost, after_write
+from ..formulas.elementwise import VALUE_COPIES
 from ..role import ROLE_ORDER, Role
 from .graph_view import inputs_of, is_channelwise_conv, reach
 
 aten = torch.ops.aten
 
-IDENTITY_OPS = frozenset({aten._to_copy, aten.clone, aten.contiguous, aten.detach, aten.alias, aten.lift_fresh,
-                          aten.lift_fresh_copy, aten.copy})
-"""Ops whose output columns are their input's."""
+IDENTITY_OPS = VALUE_COPIES | {aten.copy}
+"""Ops whose output columns are their first input's (``copy``: the functional form of ``copy_``)."""
 
 REPLAY_ERRORS = (RuntimeError, TypeError, ValueError, IndexError, NotImplementedError)
 """What replaying an op on label tensors may raise: it needs real data (an index tensor), or does not

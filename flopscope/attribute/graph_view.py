@@ -1,6 +1,6 @@
 """A read-only view of a capture's dataflow for the role passes: per record (a node of the graph), its op,
 MACs, family and what its value depends on, and one walk helper (:func:`reach`) that every graph search is
-written with. It walks the :class:`~flopscope.capture.recorder.CapturedOp` records themselves (linked by
+written with. It walks the :class:`~flopscope.capture.records.CapturedOp` records themselves (linked by
 :func:`~flopscope.capture.recorder.link`): finding roles needs no ``torch.fx`` graph.
 """
 
@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 
 import torch
 
-from ..capture.recorder import FORWARD, CapturedOp, LeafKind, link
+from ..capture.records import FORWARD, CapturedOp, LeafKind, link
 from ..errors import FlopscopeError
 from ..formulas.registry import OpFamily, OpSpec
 

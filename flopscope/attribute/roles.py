@@ -47,7 +47,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..capture.recorder import CapturedOp
+from ..capture.records import CapturedOp
 from ..formulas import elementwise
 from ..formulas.elementwise import EMBEDDING_LOOKUPS, SOFTMAX_OPS
 from ..formulas.registry import OpFamily, argument

@@ -1,8 +1,8 @@
 """Layer 2, run the model and record its ops: what executed, never what it means.
 
-- ``recorder``: the dispatch mode that records every ATen op (:class:`~flopscope.capture.recorder.CapturedOp`,
-  its dataflow and versions, its cost from the formulas) and :class:`~flopscope.capture.recorder.Capture`, what
-  one run produced;
+- ``records``: :class:`~flopscope.capture.records.CapturedOp` (one op, its dataflow and versions, its cost), the
+  fx graph built from them and :class:`~flopscope.capture.records.Capture`, what one run produced;
+- ``recorder``: the dispatch mode that records every ATen op, with its cost from the formulas;
 - ``module_tracker``: which module call is running; ``facts``: what the model declares, read before it runs;
 - ``fake``: the model's state and inputs as fake tensors; ``state``: the model put back as it was;
   ``model_caches``: fake tensors kept out of the model code's caches; ``undispatched``: work that never reached

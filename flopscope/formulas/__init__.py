@@ -1,8 +1,9 @@
 """Layer 1, what one ATen op costs: pure functions of an op's arguments and shapes, and the registry that declares
 each formula with its family and operand positions (``docs/extending.md``).
 
-- ``registry``: :class:`FormulaRegistry`, :class:`OpSpec`, :class:`OpFamily`, ``@formula`` and every multiply
-  formula (matmul, convolution, attention, recurrent, FFT, their backward kernels), in MACs;
+- ``registry``: :class:`FormulaRegistry`, :class:`OpSpec`, :class:`OpFamily`, ``@formula``, the calling
+  convention and the shape helpers; ``linear_algebra``: every multiply formula of the default registry (matmul,
+  convolution, attention, recurrent, FFT, their backward kernels), in MACs;
 - ``elementwise``: work that is not a multiply (elementwise ops, their own unit) and the ops known to do none;
 - ``traffic``: the bytes an op must move at minimum;
 - ``collectives``: what a collective op sends (kind, message bytes, group size).
@@ -11,5 +12,8 @@ May import: ``flopscope.errors``, ``flopscope.enums``, ``flopscope.role``, ``flo
 package; nothing above it. ``from flopscope.formulas import OpFamily, mm`` is the public path of the registry.
 """
 
+from . import linear_algebra, registry
+from .linear_algebra import *  # noqa: F403
 from .registry import *  # noqa: F403
-from .registry import __all__  # noqa: F401
+
+__all__ = [*registry.__all__, *linear_algebra.__all__]

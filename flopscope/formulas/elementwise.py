@@ -185,6 +185,9 @@ def ops_in_category(category: str) -> frozenset[Any]:
 
 SOFTMAX_OPS = ops_in_category("softmax")
 """The ops that normalise attention scores (softmax, log-softmax, SDPA's safe softmax)."""
+VALUE_COPIES = frozenset({aten._to_copy, aten.clone, aten.contiguous, aten.detach, aten.alias, aten.lift_fresh,
+                          aten.lift_fresh_copy})
+"""Ops whose output holds their first argument's values unchanged (copies, aliases, dtype and layout changes)."""
 EMBEDDING_LOOKUPS = frozenset({aten.embedding, aten._embedding_bag, aten.embedding_bag})
 """Table lookups by index: no multiply (a row copied per index), the token tables the logits pass and the index
 checks look for."""

@@ -41,10 +41,11 @@ from torch import fx
 from ..attribute.paths import inside
 from ..attribute.roles import Assignment
 from ..capture.facts import ModelFacts
-from ..capture.recorder import FORWARD, CapturedOp, captured
+from ..capture.records import FORWARD, CapturedOp, argument_shape, captured
 from ..conventions import CAUSAL, EXECUTED, MASK, SLIDING_WINDOW, check_attention
-from ..formulas.elementwise import SOFTMAX_OPS
-from ..formulas.registry import FLEX_ATTENTION, OpFamily, argument
+from ..formulas.elementwise import SOFTMAX_OPS, VALUE_COPIES
+from ..formulas.linear_algebra import FLEX_ATTENTION
+from ..formulas.registry import OpFamily, argument
 from ..role import PAIR_ROLES
 
 DECLARED, KERNEL, VALUES, UNMASKED, UNKNOWN = "declared", "kernel", "mask values", "no mask", "layout unknown"
@@ -241,7 +242,7 @@ def _facts_of(node: fx.Node, op: CapturedOp, block: str, facts: ModelFacts, node
     forward_node = nodes.get(forward) if forward is not None else None
     if forward is None or forward_node is None or forward.spec is None or len(forward.spec.operands) != 2:
         return None, None, False, None, None, UNKNOWN
-    a, b = (_shape(forward.args[i]) if i < len(forward.args) else None for i in forward.spec.operands)
+    a, b = (argument_shape(forward, i) for i in forward.spec.operands)
     scores = "attn_scores" in (forward_node.meta.get("role_parts") or parts)
     if a is None or b is None or len(a) < 2 or len(b) < 2:
         return None, None, False, None, None, UNKNOWN
@@ -297,17 +298,13 @@ def _flex_allowed(mask_mod: Any, shape: tuple[int, ...]) -> torch.Tensor | None:
         return None
 
 
-def _shape(arg: Any) -> tuple[int, ...] | None:
-    return arg.output_shapes[0] if isinstance(arg, CapturedOp) and arg.output_shapes else None
-
-
 def _kernel_geometry(op: CapturedOp) -> tuple[int, int, tuple[int, ...]] | None:
     """(n_q, n_k, scores shape ``[*batch, heads, n_q, n_k]``) of a fused attention kernel, from q and k in the
     layout its registration declares (:meth:`~flopscope.formulas.registry.OpSpec.attention_geometry`)."""
     operands = op.spec.operands[:2] if op.spec is not None else ()
     if op.spec is None or len(operands) != 2:
         return None
-    q, k = (_shape(op.args[i]) if i < len(op.args) else None for i in operands)
+    q, k = (argument_shape(op, i) for i in operands)
     if q is None or k is None:
         return None
     return op.spec.attention_geometry(q, k)
@@ -417,7 +414,7 @@ def _zero(value: Any) -> bool:
     return _number(value) == 0 or (isinstance(value, fx.Node) and _name(value) in ("aten.zeros", "aten.zeros_like"))
 
 
-_COPIES = ("aten.lift_fresh", "aten.lift_fresh_copy", "aten._to_copy", "aten.clone", "aten.detach", "aten.alias")
+_COPIES = frozenset(str(op) for op in VALUE_COPIES)  # their value is their first argument's
 _FILLS = {"aten.scalar_tensor": 0, "aten.full": 1, "aten.full_like": 1}  # op -> position of its fill value
 
 

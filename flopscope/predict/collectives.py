@@ -12,7 +12,7 @@ from typing import Any
 from torch import fx
 
 from ..attribute.roles import Assignment
-from ..capture.recorder import captured
+from ..capture.records import captured
 from ..formulas.collectives import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER
 
 

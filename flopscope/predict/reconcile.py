@@ -42,7 +42,7 @@ from ..attribute.paths import inside
 from ..attribute.roles import Assignment
 from ..capture.facts import ModelFacts
 from ..capture.module_tracker import ModuleCall
-from ..capture.recorder import FORWARD, CapturedOp
+from ..capture.records import FORWARD, CapturedOp
 from ..conventions import (
     EXPERT_FFN_WIDTH,
     EXPERTS,
@@ -61,7 +61,8 @@ from ..conventions import (
     WIDTH,
     Names,
 )
-from ..formulas.registry import fft_macs, prod
+from ..formulas.linear_algebra import fft_macs
+from ..formulas.registry import prod
 from ..role import LINEAR_CORE, ROLE_ORDER, Role, RoleGroup, roles_in
 from .attention import declared_mask, kernel_is_causal, useful_pairs
 

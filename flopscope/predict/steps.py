@@ -37,7 +37,7 @@ from torch import fx
 from ..attribute.columns import scale_parts
 from ..attribute.roles import Assignment
 from ..capture.module_tracker import ModuleCall
-from ..capture.recorder import CapturedOp, captured
+from ..capture.records import CapturedOp, argument_shape, captured
 from ..conventions import TOKEN_INPUTS
 from ..errors import FlopscopeError
 from ..formulas.registry import OpFamily
@@ -157,7 +157,7 @@ def _queries_and_keys(op: CapturedOp) -> tuple[int, int] | None:
     spec = op.spec
     if spec is None or not spec.operands:
         return None
-    shapes = [_arg_shape(op, i) for i in spec.operands[:2]]
+    shapes = [argument_shape(op, i) for i in spec.operands[:2]]
     a, b = shapes
     if a is None or b is None or len(a) < 2 or len(b) < 2:
         return None
@@ -166,7 +166,3 @@ def _queries_and_keys(op: CapturedOp) -> tuple[int, int] | None:
         return None if geometry is None else geometry[:2]
     return a[-2], b[-1]  # q [..., n_q, d] @ kᵀ [..., d, n_k]
 
-
-def _arg_shape(op: CapturedOp, position: int) -> tuple[int, ...] | None:
-    arg = op.args[position] if position < len(op.args) else None
-    return arg.output_shapes[0] if isinstance(arg, CapturedOp) and arg.output_shapes else None

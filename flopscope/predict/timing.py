@@ -16,7 +16,7 @@ from tabulate import tabulate
 from torch import fx
 
 from ..attribute.roles import Assignment
-from ..capture.recorder import captured
+from ..capture.records import captured
 from ..errors import FlopscopeError
 from ..role import NO_MULTIPLY, ROLE_ORDER
 

@@ -32,7 +32,7 @@ from typing import Any
 from torch import fx
 
 from ..attribute.roles import Assignment
-from ..capture.recorder import FORWARD, CapturedOp, captured
+from ..capture.records import FORWARD, CapturedOp, captured
 from ..formulas.elementwise import ZERO_COST_NAMESPACES
 from ..role import NO_MULTIPLY
 from .files import write_atomically
