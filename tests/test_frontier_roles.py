@@ -222,3 +222,24 @@ def test_deepseek_v3_reconciles_with_the_latent_attention_closed_form() -> None:
     per_layer = {role: macs // DEEPSEEK["num_hidden_layers"] for role, macs in deepseek_v3_roles(DEEPSEEK).items()}
     for row in attention:
         assert row.predicted == per_layer[row.role] and row.exact, row
+
+
+RWKV = dict(vocab_size=64, hidden_size=32, attention_hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+            context_length=64)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_rwkv_time_mixing_is_not_an_ffn(mode: str) -> None:
+    """RWKV: time mixing is a token mixer (its WKV recurrence writes its output a position at a time,
+    ``output[:, t] = ...``, elementwise work), so key / value / receptance / output are other; channel mixing is a
+    squared-ReLU FFN (key ffn_up, value ffn_down) whose sigmoid(receptance) gate, applied after the down
+    projection, stays other. Before, the FFN pass read sigmoid(receptance) · wkv as a gated FFN: key and value
+    ffn_up, receptance ffn_gate, output ffn_down."""
+    c = RWKV
+    d, att, ff, L = c["hidden_size"], c["attention_hidden_size"], c["intermediate_size"], c["num_hidden_layers"]
+    expected = {"ffn_up": L * n * d * ff, "ffn_down": L * n * ff * d, "logits": n * d * c["vocab_size"],
+                "other": L * n * (3 * d * att + att * d)  # time mixing: key, value, receptance; output
+                + L * n * d * d}  # channel mixing's receptance
+    model = build("RwkvForCausalLM", "RwkvConfig", "eager", mode, RWKV)
+    ids = torch.randint(0, RWKV["vocab_size"], (1, n))
+    assert roles_of(model, ids, "fake" if mode == "meta" else mode) == expected

@@ -47,10 +47,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..capture.records import CapturedOp
+from ..capture.records import CapturedOp, after_write
 from ..formulas import elementwise
 from ..formulas.elementwise import EMBEDDING_LOOKUPS, SOFTMAX_OPS
-from ..formulas.registry import OpFamily, argument
+from ..formulas.registry import OpFamily, argument, prod
 from ..role import ROLE_ORDER, Role, parse_role
 from .columns import columns, scale_parts, split_by_columns
 from .graph_view import GraphView, is_channelwise_conv, reach
@@ -385,6 +385,8 @@ def ffn(view: GraphView, state: RoleState) -> None:
             continue
         if any(not view.is_weight_matmul(m) for start, _ in branches for m in _behind_channelwise(view, start)):
             continue  # a product of activations (a scan, a state) behind the hidden layer: a token mixer, no FFN
+        if any(_assembled_in_parts(view, start) for start, _ in branches):
+            continue  # a hidden layer written a part at a time (a scan's positions, RWKV's WKV): a token mixer
         found = [_projections_of(view, state, start, role) for start, role in branches]
         if all(found):  # every branch reaches a projection: commit the demands, else leave them all
             for demands in found:
@@ -392,6 +394,19 @@ def ffn(view: GraphView, state: RoleState) -> None:
                     state.demand(p, target, role)
             state.parts[d] = {Role.FFN_DOWN.value: d.macs}
             state.groups.append({d} | {p for demands in found for p, _, _ in demands})
+
+
+def _assembled_in_parts(view: GraphView, start: CapturedOp) -> bool:
+    """``start`` is (computed without multiplies from) a buffer that writes filled a part at a time: a version
+    record whose write covers less than the whole tensor (``out[:, t] = ...`` in a loop over positions). An FFN's
+    hidden layer is computed whole, position by position alike."""
+    def partial(n: CapturedOp) -> bool:
+        write = n.args[1] if len(n.args) > 1 else None
+        return (isinstance(write, CapturedOp) and bool(write.output_shapes) and bool(n.output_shapes)
+                and prod(write.output_shapes[0]) < prod(n.output_shapes[0]))
+
+    return view.cached("assembled in parts", start, lambda: any(
+        n.target is after_write and partial(n) for n in view.through_no_macs(start)))
 
 
 def _gated_branches(view: GraphView, x: CapturedOp) -> tuple[CapturedOp | None, CapturedOp | None]:
