@@ -3,7 +3,7 @@
     python tools/check_dist.py [DIST_DIR]        # default: dist/
 
 The wheel must hold every module of ``flopscope/`` (a subpackage that setuptools does not find is missing from it),
-the HTML report's style and script (``flopscope/*.css``, ``*.js``), ``flopscope/py.typed``, nothing outside
+the HTML report's style and script (``flopscope/render/html.css``, ``html.js``), ``flopscope/py.typed``, nothing outside
 ``flopscope/`` and its ``.dist-info``, the metadata pyproject.toml declares (name, version, extras, the README as
 Markdown) and the entry points: the ``flopscope`` console script and the ``pytest11`` plug-in. The sdist must hold
 the same modules, the README, the changelog and the tests with their helpers. Prints one line per artefact; exits 1
