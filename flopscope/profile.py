@@ -198,16 +198,16 @@ class Profile:
         """One row per forward of the model (a generation step: prefill or decode), with its batch, new tokens,
         context, MACs by role (the attention core under ``attention``: :mod:`flopscope.predict.attention`), bytes
         and wall time (:mod:`flopscope.generation`)."""
-        return steps.steps(self.graph, self.role_assignments(), self._priced(attention), self._capture.module_inputs,
-                           self._capture.root_seconds)
+        return steps.steps(self._ops, self.role_assignments_by_op(), self._priced(attention),
+                           self._capture.module_inputs, self._capture.root_seconds)
 
     def export_chrome_trace(self, path: str | Path, *, peak: float | None = None,
                             bandwidth: float | None = None) -> Path:
         """Write the profile as a trace-event JSON file (Perfetto, ``chrome://tracing``): one track per role and
         the module calls, MACs / FLOPs / bytes / role / module / shapes in every event (:mod:`flopscope.trace`).
         Real mode: measured times; fake mode: roofline times with ``peak`` and ``bandwidth``, else order only."""
-        trace = chrome_trace.chrome_trace(self.graph, self.role_assignments(), self._mode, self.total(), peak=peak,
-                                          bandwidth=bandwidth)
+        trace = chrome_trace.chrome_trace(self._ops, self.role_assignments_by_op(), self._mode, self.total(),
+                                          peak=peak, bandwidth=bandwidth)
         return chrome_trace.export_chrome_trace(path, trace)
 
     def export_folded(self, path: str | Path) -> list[Path]:
@@ -248,7 +248,7 @@ class Profile:
         """Every collective this rank issued (all-reduce, all-gather, reduce-scatter, all-to-all, broadcast,
         send / recv), grouped by kind, group size, module, carried role and phase, with calls and message bytes
         (:mod:`flopscope.communication`)."""
-        return collectives(self.graph, self.role_assignments())
+        return collectives(self._ops, self.role_assignments_by_op())
 
     def decode_scaling(self, attention: str = EXECUTED) -> Scaling:
         """The decode steps' MACs per sequence, per role, as exact polynomials in the context length."""
@@ -426,7 +426,7 @@ class Profile:
         facts that price it under ``attention="causal"`` / ``"mask"``, and where they come from (``source``):
         :mod:`flopscope.predict.attention`. Computed once."""
         if self._core is None:
-            self._core = core_ops(self.graph, self.role_assignments(), self._facts)
+            self._core = core_ops(self._ops, self.role_assignments_by_op(), self._facts)
         return self._core
 
     def _core_if(self, convention: str) -> tuple[CoreOp, ...]:
@@ -453,7 +453,7 @@ class Profile:
     def timing(self) -> Timing:
         """Wall time per role and module of a real-mode run, with GFLOP/s and time share against MAC
         share (see :mod:`flopscope.predict.timing`)."""
-        return timing(self.graph, self.role_assignments())
+        return timing(self._ops, self.role_assignments_by_op())
 
     def reuse_roles(self, template: Profile) -> bool:
         """Take the roles of ``template``, a profile of the same model at another input length, when both

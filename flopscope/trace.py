@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .capture.records import captured
 from .render import chrome_trace
 
 if TYPE_CHECKING:
@@ -20,4 +21,5 @@ def merge_torch_trace(torch_trace: Mapping[str, Any] | str | Path, prof: Profile
     after its role is laid over it with torch's own time and flopscope's counts in ``args``. Profile the same run
     with both (``torch.profiler.profile()`` around ``flopscope.profiler(model, mode="real")``). How many ops
     were matched is in ``otherData.flopscope``."""
-    return chrome_trace.merge_torch_trace(torch_trace, prof.graph, prof.role_assignments(), prof.total())
+    records = [captured(node) for node in prof.graph.nodes]
+    return chrome_trace.merge_torch_trace(torch_trace, records, prof.role_assignments_by_op(), prof.total())

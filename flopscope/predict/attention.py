@@ -36,12 +36,11 @@ from fractions import Fraction
 from typing import Any
 
 import torch
-from torch import fx
 
 from ..attribute.paths import inside
 from ..attribute.roles import Assignment
 from ..capture.facts import ModelFacts
-from ..capture.records import FORWARD, CapturedOp, argument_shape, captured
+from ..capture.records import FORWARD, CapturedOp, argument_shape, link
 from ..conventions import CAUSAL, EXECUTED, MASK, SLIDING_WINDOW, check_attention
 from ..formulas.elementwise import SOFTMAX_OPS, VALUE_COPIES
 from ..formulas.linear_algebra import FLEX_ATTENTION
@@ -160,18 +159,20 @@ class CoreOp:
         return {role: macs * share.numerator // share.denominator for role, macs in self.parts.items()}
 
 
-def core_ops(graph: fx.Graph, assignments: Mapping[fx.Node, Assignment], facts: ModelFacts) -> tuple[CoreOp, ...]:
-    """Every op of the captured ``graph`` with attention-core MACs (its ``assignments``: ``{node: Assignment}``),
-    with its pairs and mask facts (``facts``: what the model declares). :meth:`Profile.attention_core` keeps it."""
-    nodes = {captured(node): node for node in graph.nodes}
+def core_ops(ops: Sequence[CapturedOp], assignments: Mapping[CapturedOp, Assignment],
+             facts: ModelFacts) -> tuple[CoreOp, ...]:
+    """Every record of a capture (``ops``, in order) with attention-core MACs (``assignments``:
+    ``{record: Assignment}``), with its pairs and mask facts (``facts``: what the model declares), found on the
+    records' own dataflow. :meth:`Profile.attention_core` keeps it."""
+    link(ops)
+    parts_of = {op: assignment.parts for op, assignment in assignments.items()}
     out = []
-    for node, assignment in assignments.items():
+    for op, assignment in assignments.items():
         parts = {role: macs for role, macs in assignment.parts.items() if role in PAIR_ROLES and macs}
         if not parts:
             continue
-        op = captured(node)
-        found = _facts_of(node, op, assignment.block, facts, nodes, parts)
-        out.append(CoreOp(node.name, op.phase, tuple(frame.path for frame in op.module_stack), assignment.block,
+        found = _facts_of(op, assignment.block, facts, parts_of, parts)
+        out.append(CoreOp(op.name, op.phase, tuple(frame.path for frame in op.module_stack), assignment.block,
                           parts, *found, record=op))
     return tuple(out)
 
@@ -219,7 +220,7 @@ def notes(core: Sequence[CoreOp], attention: str) -> list[str]:
 Facts = tuple[int | None, int | None, bool, int | None, Fraction | None, str]
 
 
-def _facts_of(node: fx.Node, op: CapturedOp, block: str, facts: ModelFacts, nodes: Mapping[CapturedOp, fx.Node],
+def _facts_of(op: CapturedOp, block: str, facts: ModelFacts, parts_of: Mapping[CapturedOp, Mapping[str, int]],
               parts: Mapping[str, int]) -> Facts:
     """(n_q, n_k, causal, window, allowed share, source) of one core op."""
     declared_causal, declared_window = declared_mask(block, facts)
@@ -233,21 +234,20 @@ def _facts_of(node: fx.Node, op: CapturedOp, block: str, facts: ModelFacts, node
         if mask_mod is not None:  # FlexAttention: its block mask's mask_mod, evaluated at every pair
             return _from_mask(_flex_allowed(mask_mod, scores_shape), scores_shape, n_q, n_k, declared_causal,
                               declared_window)
-        causal, window = kernel_flags(node.target, node.args, node.kwargs)
-        mask = argument(node.target, node.args, node.kwargs, "attn_mask", "attn_bias", "bias")
-        if isinstance(mask, fx.Node):
+        causal, window = kernel_flags(op.target, op.args, op.kwargs)
+        mask = argument(op.target, op.args, op.kwargs, "attn_mask", "attn_bias", "bias")
+        if isinstance(mask, CapturedOp):
             return _from_mask(_allowed(mask), scores_shape, n_q, n_k, declared_causal, declared_window)
         return n_q, n_k, causal, window, None, KERNEL if causal or window else UNMASKED
     forward = op if op.phase == FORWARD else op.forward  # a backward GEMM runs over its forward op's pairs
-    forward_node = nodes.get(forward) if forward is not None else None
-    if forward is None or forward_node is None or forward.spec is None or len(forward.spec.operands) != 2:
+    if forward is None or forward.spec is None or len(forward.spec.operands) != 2:
         return None, None, False, None, None, UNKNOWN
     a, b = (argument_shape(forward, i) for i in forward.spec.operands)
-    scores = "attn_scores" in (forward_node.meta.get("role_parts") or parts)
+    scores = "attn_scores" in (parts_of.get(forward) or parts)
     if a is None or b is None or len(a) < 2 or len(b) < 2:
         return None, None, False, None, None, UNKNOWN
     n_q, n_k = (a[-2], b[-1]) if scores else (a[-2], a[-1])
-    found = _eager_mask(forward_node, scores)
+    found = _eager_mask(forward, scores, parts_of)
     if found is None:
         return n_q, n_k, declared_causal, declared_window, None, DECLARED
     allowed, shape = found
@@ -312,7 +312,7 @@ def _kernel_geometry(op: CapturedOp) -> tuple[int, int, tuple[int, ...]] | None:
 
 # --------------------------------------------------------------------------------------------------
 # masks of eager attention: scores -> (scale) -> + mask / masked_fill / where -> softmax -> @ V
-_SOFTMAX = frozenset(str(op) for op in SOFTMAX_OPS)  # by name, as fx nodes are read here
+_SOFTMAX = frozenset(str(op) for op in SOFTMAX_OPS)  # by name, as the walks below read ops
 _THROUGH = frozenset({"aten.view", "aten._unsafe_view", "aten.reshape", "aten.expand", "aten.clone", "aten.mul",
                       "aten.div", "aten._to_copy", "aten.contiguous", "aten.detach", "aten.alias", "aten.add",
                       "aten.sub", "aten.masked_fill", "aten.where", "aten.native_dropout", "aten.dropout",
@@ -321,26 +321,27 @@ _STEPS = 12
 
 
 def _name(node: Any) -> str:
-    return captured(node).op_name if isinstance(node, fx.Node) else ""
+    return node.op_name if isinstance(node, CapturedOp) else ""
 
 
-def _eager_mask(core: fx.Node, scores: bool) -> tuple[torch.Tensor | None, tuple[int, ...] | None] | None:
+def _eager_mask(core: CapturedOp, scores: bool, parts_of: Mapping[CapturedOp, Mapping[str, int]]
+                ) -> tuple[torch.Tensor | None, tuple[int, ...] | None] | None:
     """The mask between a scores product and its softmax (found from the scores op, or back from the weighted
     sum through its probabilities): ``(allowed values or None, the masked scores' shape)``; None: no mask op."""
     softmax = _softmax_after(core) if scores else _softmax_before(core)
     if softmax is None:
         return None
     node, steps = softmax.args[0], 0
-    while isinstance(node, fx.Node) and steps < _STEPS and "attn_scores" not in (node.meta.get("role_parts") or {}):
+    while isinstance(node, CapturedOp) and steps < _STEPS and "attn_scores" not in parts_of.get(node, {}):
         name, steps = _name(node), steps + 1
-        shape = tuple(captured(node).output_shapes[0]) if captured(node).output_shapes else None
-        chain, others = _split(node)
+        shape = tuple(node.output_shapes[0]) if node.output_shapes else None
+        chain, others = _split(node, parts_of)
         if name in ("aten.add", "aten.sub") and others:
             return _allowed(others[0]), shape
-        if name == "aten.masked_fill" and len(node.args) > 1 and isinstance(node.args[1], fx.Node):
+        if name == "aten.masked_fill" and len(node.args) > 1 and isinstance(node.args[1], CapturedOp):
             masked = _allowed_values(node.args[1])
             return (~masked if masked is not None and _blocking(node.args[2]) else None), shape
-        if name == "aten.where" and len(node.args) == 3 and isinstance(node.args[0], fx.Node):
+        if name == "aten.where" and len(node.args) == 3 and isinstance(node.args[0], CapturedOp):
             cond = _allowed_values(node.args[0])
             keep_first = node.args[1] is chain
             blocked = node.args[2] if keep_first else node.args[1]
@@ -353,35 +354,36 @@ def _eager_mask(core: fx.Node, scores: bool) -> tuple[torch.Tensor | None, tuple
     return None
 
 
-def _split(node: fx.Node) -> tuple[fx.Node | None, list[fx.Node]]:
+def _split(node: CapturedOp, parts_of: Mapping[CapturedOp, Mapping[str, int]]
+           ) -> tuple[CapturedOp | None, list[CapturedOp]]:
     """(the tensor argument the scores flow through, the other tensor arguments) of an op on the chain."""
-    tensors = [a for a in node.args if isinstance(a, fx.Node)]
+    tensors = [a for a in node.args if isinstance(a, CapturedOp)]
     if not tensors:
         return None, []
-    chain = max(tensors, key=lambda a: (_reaches_scores(a), _numel(a)))
+    chain = max(tensors, key=lambda a: (_reaches_scores(a, parts_of), _numel(a)))
     return chain, [a for a in tensors if a is not chain]
 
 
-def _numel(node: fx.Node) -> int:
-    shapes = captured(node).output_shapes
+def _numel(node: CapturedOp) -> int:
+    shapes = node.output_shapes
     size = 1
     for s in shapes[0] if shapes else ():
         size *= s
     return size
 
 
-def _reaches_scores(node: fx.Node) -> bool:
+def _reaches_scores(node: CapturedOp, parts_of: Mapping[CapturedOp, Mapping[str, int]]) -> bool:
     for _ in range(_STEPS):
-        if "attn_scores" in (node.meta.get("role_parts") or {}):
+        if "attn_scores" in parts_of.get(node, {}):
             return True
-        nxt = next((a for a in node.args if isinstance(a, fx.Node)), None)
+        nxt = next((a for a in node.args if isinstance(a, CapturedOp)), None)
         if nxt is None:
             return False
         node = nxt
     return False
 
 
-def _softmax_after(node: fx.Node) -> fx.Node | None:
+def _softmax_after(node: CapturedOp) -> CapturedOp | None:
     frontier = [node]
     for _ in range(_STEPS):
         following = [user for n in frontier for user in n.users if _name(user) in (*_THROUGH, *_SOFTMAX)]
@@ -392,10 +394,10 @@ def _softmax_after(node: fx.Node) -> fx.Node | None:
     return None
 
 
-def _softmax_before(node: fx.Node) -> fx.Node | None:
+def _softmax_before(node: CapturedOp) -> CapturedOp | None:
     current: Any = node.args[0] if node.args else None
     for _ in range(_STEPS):
-        if not isinstance(current, fx.Node) or _name(current) not in (*_THROUGH, *_SOFTMAX):
+        if not isinstance(current, CapturedOp) or _name(current) not in (*_THROUGH, *_SOFTMAX):
             return None
         if _name(current) in _SOFTMAX:
             return current
@@ -411,7 +413,7 @@ def _blocking(value: Any) -> bool:
 
 
 def _zero(value: Any) -> bool:
-    return _number(value) == 0 or (isinstance(value, fx.Node) and _name(value) in ("aten.zeros", "aten.zeros_like"))
+    return _number(value) == 0 or (isinstance(value, CapturedOp) and _name(value) in ("aten.zeros", "aten.zeros_like"))
 
 
 _COPIES = frozenset(str(op) for op in VALUE_COPIES)  # their value is their first argument's
@@ -425,9 +427,9 @@ def _number(value: Any) -> float | None:
     for _ in range(_STEPS):
         if isinstance(value, (int, float)):
             return float(value)
-        if not isinstance(value, fx.Node):
+        if not isinstance(value, CapturedOp):
             return None
-        known = captured(value).value
+        known = value.value
         if known is not None and known.numel() == 1 and known.is_floating_point():
             return float(known.item())
         name = _name(value)
@@ -438,18 +440,18 @@ def _number(value: Any) -> float | None:
     return None
 
 
-def _allowed(mask: fx.Node) -> torch.Tensor | None:
+def _allowed(mask: CapturedOp) -> torch.Tensor | None:
     """Which pairs a mask operand allows (True), from known values: a boolean mask as is (``attn_mask``), an
     additive one built as ``where(mask, 0, -inf)`` / ``where(mask, -inf, 0)``; None when the values are unknown."""
     node: Any = mask
     for _ in range(_STEPS):
-        if not isinstance(node, fx.Node):
+        if not isinstance(node, CapturedOp):
             return None
-        value = captured(node).value
+        value = node.value
         if value is not None and value.dtype == torch.bool:
             return value
         name = _name(node)
-        if name == "aten.where" and len(node.args) == 3 and isinstance(node.args[0], fx.Node):
+        if name == "aten.where" and len(node.args) == 3 and isinstance(node.args[0], CapturedOp):
             cond = _allowed_values(node.args[0])
             if cond is None:
                 return None
@@ -464,13 +466,13 @@ def _allowed(mask: fx.Node) -> torch.Tensor | None:
     return None
 
 
-def _allowed_values(node: fx.Node) -> torch.Tensor | None:
+def _allowed_values(node: CapturedOp) -> torch.Tensor | None:
     """The known boolean values of a condition tensor (through expand / clone / detach)."""
     current: Any = node
     for _ in range(_STEPS):
-        if not isinstance(current, fx.Node):
+        if not isinstance(current, CapturedOp):
             return None
-        value = captured(current).value
+        value = current.value
         if value is not None:
             return value.bool()
         if _name(current) not in ("aten.expand", "aten.clone", "aten.detach", "aten.alias", "aten.contiguous"):

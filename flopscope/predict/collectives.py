@@ -9,10 +9,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from torch import fx
-
 from ..attribute.roles import Assignment
-from ..capture.records import captured
+from ..capture.records import CapturedOp, link
 from ..formulas.collectives import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER
 
 
@@ -33,34 +31,34 @@ class CollectiveRow:
                 "phase": self.phase, "calls": self.calls, "bytes": self.bytes}
 
 
-def collectives(graph: fx.Graph, assignments: Mapping[fx.Node, Assignment]) -> list[CollectiveRow]:
-    """Every collective of the captured ``graph`` (its ``{node: Assignment}``: the role a collective carries),
-    grouped (see :class:`CollectiveRow`), in first-seen order."""
+def collectives(ops: Sequence[CapturedOp], assignments: Mapping[CapturedOp, Assignment]) -> list[CollectiveRow]:
+    """Every collective among a capture's records (``ops``, in order; ``assignments``: ``{record: Assignment}``,
+    for the role a collective carries), grouped (see :class:`CollectiveRow`), in first-seen order."""
+    link(ops)
     calls: Counter[tuple[str, int | None, str, str, str]] = Counter()
     sizes: Counter[tuple[str, int | None, str, str, str]] = Counter()
-    for node in graph.nodes:
-        op = captured(node)
+    for op in ops:
         if op.collective is None:
             continue
         kind, size, group = op.collective
-        source = _carried(node, assignments)
+        source = _carried(op, assignments)
         role = "" if source is None else max(assignments[source].parts, key=assignments[source].parts.__getitem__)
-        module = captured(source).module if source is not None else op.module  # the caller, not the hook's parent
+        module = source.module if source is not None else op.module  # the caller, not the hook's parent
         key = (kind, group, module or "", role, op.phase)
         calls[key] += 1
         sizes[key] += size
     return [CollectiveRow(*key, calls[key], sizes[key]) for key in calls]
 
 
-def _carried(node: fx.Node, assignments: Mapping[fx.Node, Assignment], depth: int = 8) -> fx.Node | None:
-    """The nearest multiply upstream of ``node`` through ops that do not multiply (whose result it carries)."""
-    frontier = list(node.all_input_nodes)
+def _carried(op: CapturedOp, assignments: Mapping[CapturedOp, Assignment], depth: int = 8) -> CapturedOp | None:
+    """The nearest multiply upstream of ``op`` through ops that do not multiply (whose result it carries)."""
+    frontier = list(op.inputs)
     for _ in range(depth):
         for candidate in frontier:
             assignment = assignments.get(candidate)
             if assignment is not None and any(assignment.parts.values()):
                 return candidate
-        frontier = [arg for candidate in frontier for arg in candidate.all_input_nodes]
+        frontier = [arg for candidate in frontier for arg in candidate.inputs]
         if not frontier:
             break
     return None

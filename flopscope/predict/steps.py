@@ -32,12 +32,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from torch import fx
-
 from ..attribute.columns import scale_parts
 from ..attribute.roles import Assignment
 from ..capture.module_tracker import ModuleCall
-from ..capture.records import CapturedOp, argument_shape, captured
+from ..capture.records import CapturedOp, argument_shape
 from ..conventions import TOKEN_INPUTS
 from ..errors import FlopscopeError
 from ..formulas.registry import OpFamily
@@ -75,24 +73,24 @@ class Step:
                 "by_role": dict(self.by_role)}
 
 
-def steps(graph: fx.Graph, assignments: Mapping[fx.Node, Assignment], priced: Mapping[CapturedOp, Mapping[str, int]],
+def steps(ops: Sequence[CapturedOp], assignments: Mapping[CapturedOp, Assignment],
+          priced: Mapping[CapturedOp, Mapping[str, int]],
           inputs: Mapping[ModuleCall, tuple[tuple[int | str, tuple[int, ...]], ...]],
           seconds: Mapping[int, float]) -> list[Step]:
     """One :class:`Step` per call of the root module, in order (see the module docstring), from the captured
-    ``graph``, its ``{node: Assignment}``, each record's ``{role: MACs}`` under the chosen attention convention
-    (``priced``: :func:`flopscope.predict.attention.parts_under`), the module calls' input shapes and the root
-    calls' wall times."""
+    records ``ops`` (in order), their ``{record: Assignment}``, each record's ``{role: MACs}`` under the chosen
+    attention convention (``priced``: :func:`flopscope.predict.attention.parts_under`), the module calls' input
+    shapes and the root calls' wall times."""
     macs: dict[int, Counter[str]] = defaultdict(Counter)
     moved: Counter[int] = Counter()
     kv_bytes: Counter[int] = Counter()
     shapes: dict[int, tuple[int, int]] = {}  # call -> (new positions, context) of its widest attention core
-    for node in graph.nodes:
-        op = captured(node)
+    for op in ops:
         call = _root_call(op)
         if call is None:
             continue
         moved[call] += op.bytes
-        assignment = assignments.get(node)
+        assignment = assignments.get(op)
         if assignment is None:
             continue
         macs[call].update(priced[op])

@@ -9,14 +9,13 @@ with few multiplies, which is the point of setting time share beside MAC share.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from tabulate import tabulate
-from torch import fx
 
 from ..attribute.roles import Assignment
-from ..capture.records import captured
+from ..capture.records import CapturedOp
 from ..errors import FlopscopeError
 from ..role import NO_MULTIPLY, ROLE_ORDER
 
@@ -51,19 +50,19 @@ class Timing:
                         colalign=("left", "right", "right", "right", "right"))
 
 
-def timing(graph: fx.Graph, assignments: Mapping[fx.Node, Assignment]) -> Timing:
-    """Time per role and per module of a real-mode capture (``graph`` and its role ``assignments``)."""
-    timed = [(node, captured(node)) for node in graph.nodes if captured(node).seconds is not None]
+def timing(ops: Sequence[CapturedOp], assignments: Mapping[CapturedOp, Assignment]) -> Timing:
+    """Time per role and per module of a real-mode capture (its records ``ops`` and their role ``assignments``)."""
+    timed = [op for op in ops if op.seconds is not None]
     if not timed:
         raise FlopscopeError("no op times: timing needs a profile taken with mode='real'")
     seconds: dict[str, float] = defaultdict(float)
     macs: dict[str, int] = defaultdict(int)
     modules: dict[str, float] = defaultdict(float)
-    for node, op in timed:
+    for op in timed:
         elapsed = op.seconds or 0.0
         for path in {frame.path for frame in op.module_stack}:
             modules[path] += elapsed
-        assignment = assignments.get(node)
+        assignment = assignments.get(op)
         total = sum(assignment.parts.values()) if assignment else 0
         if not assignment or not total:
             seconds[NO_MULTIPLY] += elapsed

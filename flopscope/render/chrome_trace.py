@@ -1,5 +1,5 @@
 """A capture as a trace (the trace-event JSON that Perfetto, ``chrome://tracing`` and TensorBoard open), from its
-fx graph and roles (:meth:`Profile.export_chrome_trace` and :func:`flopscope.trace.merge_torch_trace` call it).
+records and roles (:meth:`Profile.export_chrome_trace` and :func:`flopscope.trace.merge_torch_trace` call it).
 
 Two processes in the trace:
 
@@ -25,14 +25,12 @@ from __future__ import annotations
 import json
 import operator
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from torch import fx
-
 from ..attribute.roles import Assignment
-from ..capture.records import FORWARD, CapturedOp, captured
+from ..capture.records import FORWARD, CapturedOp
 from ..formulas.elementwise import ZERO_COST_NAMESPACES
 from ..role import NO_MULTIPLY
 from .files import write_atomically
@@ -40,17 +38,17 @@ from .files import write_atomically
 OPS, MODULES = 1, 2  # pids
 
 
-def chrome_trace(graph: fx.Graph, assignments: Mapping[fx.Node, Assignment], mode: str, total_macs: int, *,
+def chrome_trace(records: Sequence[CapturedOp], assignments: Mapping[CapturedOp, Assignment], mode: str,
+                 total_macs: int, *,
                  peak: float | None = None, bandwidth: float | None = None) -> dict[str, Any]:
-    """The trace of a capture as a dict (see the module docstring): its fx ``graph`` and ``{node: Assignment}``,
+    """The trace of a capture as a dict (see the module docstring): its records (in order) and their roles,
     the ``mode`` it ran in and its total MACs. ``peak`` (FLOP/s) and ``bandwidth`` (bytes/s) time a fake-mode
     capture's ops by the roofline."""
     ops: list[tuple[CapturedOp, Mapping[str, int]]] = []
-    for node in graph.nodes:
-        op = captured(node)
+    for op in records:
         if not _model_op(op):
             continue
-        assignment = assignments.get(node)
+        assignment = assignments.get(op)
         ops.append((op, assignment.parts if assignment is not None else {}))
     timed = mode == "real" and all(op.started is not None and op.seconds is not None for op, _ in ops)
     spans = _timeline(ops, timed, peak, bandwidth)
@@ -140,21 +138,21 @@ def _label(key: Any) -> str:
     return frame.path or "(root)"
 
 
-def merge_torch_trace(torch_trace: Mapping[str, Any] | str | Path, graph: fx.Graph,
-                      assignments: Mapping[fx.Node, Assignment], total_macs: int) -> dict[str, Any]:
-    """``torch_trace`` with a process of role ranges laid over its ATen events, from a capture's fx ``graph``, its
-    ``{node: Assignment}`` and total MACs (what :func:`flopscope.trace.merge_torch_trace` says)."""
+def merge_torch_trace(torch_trace: Mapping[str, Any] | str | Path, records: Sequence[CapturedOp],
+                      assignments: Mapping[CapturedOp, Assignment], total_macs: int) -> dict[str, Any]:
+    """``torch_trace`` with a process of role ranges laid over its ATen events, from a capture's records (in order),
+    their ``{record: Assignment}`` and total MACs (what :func:`flopscope.trace.merge_torch_trace` says)."""
     doc = json.loads(Path(torch_trace).read_text()) if isinstance(torch_trace, (str, Path)) else dict(torch_trace)
     cpu = sorted((e for e in doc.get("traceEvents", []) if e.get("ph") == "X" and e.get("cat") == "cpu_op"),
                  key=lambda e: float(e["ts"]))
     theirs = _dispatched(cpu)
-    ours = [(node, captured(node)) for node in graph.nodes if _model_op(captured(node))]
+    ours = [op for op in records if _model_op(op)]
     pid = 1 + max((e["pid"] for e in doc.get("traceEvents", []) if isinstance(e.get("pid"), int)), default=0)
     tracks: dict[str, int] = {}
     added: list[dict[str, Any]] = []
     matched, j = 0, 0
     unmatched: Counter[str] = Counter()  # ops torch lists no event of their own for (autograd's detach)
-    for node, op in ours:
+    for op in ours:
         # the next of torch's dispatched ops with this op's name, looking a few ahead (ops the mode passed on
         # without recording, such as size queries, sit between)
         found = next((k for k in range(j, min(j + _LOOKAHEAD, len(theirs))) if theirs[k]["name"] == f"aten::{op.name}"),
@@ -164,7 +162,7 @@ def merge_torch_trace(torch_trace: Mapping[str, Any] | str | Path, graph: fx.Gra
             continue
         event, j = theirs[found], found + 1
         matched += 1
-        assignment = assignments.get(node)
+        assignment = assignments.get(op)
         parts = dict(assignment.parts) if assignment is not None else {}
         role = max(parts, key=parts.__getitem__) if parts and any(parts.values()) else NO_MULTIPLY
         tid = tracks.setdefault(role, len(tracks) + 1)
