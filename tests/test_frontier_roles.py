@@ -132,14 +132,17 @@ QWEN3_NEXT = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidde
 def test_qwen3_next_gated_deltanet_is_attention_not_ffn(mode: str) -> None:
     """Gated DeltaNet (the reference chunked kernel: n padded to one chunk of 64). Its query and key columns of
     in_proj_qkvz reach the in-chunk quadratic form through the short depthwise convolution: q_proj, k_proj; the
-    in-chunk scores q·kᵀ and weighted sum are attention; out_proj is out_proj. The value and gate columns, the
-    delta rule's key Gram matrix, its triangular solve and the state products stay other (docs/roles.md 3.2.2).
+    in-chunk scores q·kᵀ and weighted sum are attention; its value columns reach the weighted sum through the delta
+    rule's triangular solve (its right-hand side β·V: looked through, the one-column β left aside): v_proj;
+    out_proj is out_proj. The gate columns, in_proj_ba (β and the decay), the key Gram matrix, the solve and the
+    state products stay other (docs/roles.md 3.2.2).
     At 3bbe37a the core was other, in_proj_qkvz ffn_up and out_proj ffn_down. The full-attention layer has an
     output gate in its query projection (q_proj's columns, one role demanded: all of them)."""
     c = QWEN3_NEXT
     d, hk, hv, dk, dv, chunk = 32, 2, 4, 8, 8, 64
     conv_channels = 2 * hk * dk + hv * dv
-    linear = {"q_proj": n * d * hk * dk, "k_proj": n * d * hk * dk, "out_proj": n * hv * dv * d,
+    linear = {"q_proj": n * d * hk * dk, "k_proj": n * d * hk * dk, "v_proj": n * d * hv * dv,
+              "out_proj": n * hv * dv * d,
               "attn_scores": hv * chunk * chunk * dk, "attn_weighted_sum": hv * chunk * chunk * dv,
               "conv": conv_channels * (n + c["linear_conv_kernel_dim"] - 1) * c["linear_conv_kernel_dim"]}
     full = attention_layer(d, 4, 2, 8, q_width=2 * 4 * 8)

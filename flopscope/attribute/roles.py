@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import fnmatch
 import operator
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
@@ -257,7 +257,7 @@ def _attention_at_products(view: GraphView, state: RoleState, first: CapturedOp)
         members |= _demand_projections(view, state, b, Role.K_PROJ.value)
         for m in quadratic:
             state.parts[m] = {Role.ATTN_WEIGHTED_SUM.value: m.macs}
-            members |= _demand_projections(view, state, view.matmul_operands(m)[1], Role.V_PROJ.value)
+            members |= _demand_values(view, state, view.matmul_operands(m)[1])
             members |= _demand_out_proj(view, state, m, through_reductions=True)  # a sum over hash rounds (LSH)
         state.groups.append(members - (set(seconds) - set(quadratic)))
         return
@@ -312,6 +312,45 @@ def _demand_projections(view: GraphView, state: RoleState, operand: CapturedOp, 
     for p, target, demanded in found:
         state.demand(p, target, demanded)
     return {p for p, _, _ in found}
+
+
+SOLVE_RHS = {aten.linalg_solve_triangular: 1, aten.triangular_solve: 0}
+"""Triangular solves, and the position of their right-hand side ``B`` (``linalg_solve_triangular(A, B)``,
+``triangular_solve(B, A)``): the solution's columns are ``B``'s."""
+
+
+def _demand_values(view: GraphView, state: RoleState, operand: CapturedOp) -> set[CapturedOp]:
+    """``v_proj`` for the weight matmuls the values of a weighted sum (without a softmax) come from
+    (:func:`_value_sources`)."""
+    found = [p for p in _value_sources(view, operand) if view.is_weight_matmul(p)
+             and (p not in state.parts or p in state.demands)]
+    for p in found:
+        state.demand(p, operand, Role.V_PROJ.value)
+    return set(found)
+
+
+def _value_sources(view: GraphView, start: CapturedOp) -> list[CapturedOp]:
+    """The multiplies nearest behind ``start``, walking back through what carries values without making them: ops
+    without multiplies, depthwise convolutions (their input), a triangular solve (its right-hand side: the delta
+    rule's corrected values ``solve(I + β·K·Kᵀ, β·V)``), and past a per-position scale (the one-column operand of
+    ``v * beta[..., None]``: a gate, not a source of the values' columns)."""
+    def carries(n: CapturedOp) -> bool:
+        return not n.macs or is_channelwise_conv(n) or view.packet(n) in SOLVE_RHS
+
+    def step(n: CapturedOp) -> Iterable[CapturedOp]:
+        packet = view.packet(n)
+        if packet in SOLVE_RHS:
+            rhs = n.args[SOLVE_RHS[packet]] if len(n.args) > SOLVE_RHS[packet] else None
+            return (rhs,) if isinstance(rhs, CapturedOp) else ()
+        if is_channelwise_conv(n):
+            return (n.args[0],) if isinstance(n.args[0], CapturedOp) else ()
+        inputs = view.inputs(n)
+        if packet is aten.mul and n.output_shapes and n.output_shapes[0][-1:] != (1,):
+            wide = tuple(x for x in inputs if x.output_shapes and x.output_shapes[0][-1:] == n.output_shapes[0][-1:])
+            return wide or inputs
+        return inputs
+
+    return [n for n in reach([start], step, carries) if not carries(n)]
 
 
 def _demand_out_proj(view: GraphView, state: RoleState, output: CapturedOp, through_reductions: bool = False
