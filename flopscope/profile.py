@@ -87,8 +87,9 @@ class Profile:
       :meth:`elementwise`, :meth:`elementwise_by_op`, :meth:`total_elementwise`, :meth:`uncalled_modules`,
       :meth:`module_calls`, :meth:`canonical_module_name`;
     - files and views: :meth:`export_chrome_trace`, :meth:`export_folded`, :meth:`export_speedscope`,
-      :meth:`to_html`, the notebook's ``_repr_html_`` / ``_repr_markdown_``;
-    - for sweeps: :meth:`reuse_roles` (:func:`flopscope.scaling` gives a length the roles of another).
+      :meth:`to_html`, the notebook's ``_repr_html_`` / ``_repr_markdown_``.
+
+    What is not a query lives beside it: :func:`reuse_roles` (a sweep gives one length the roles of another).
     """
 
     def __init__(self, capture: Capture, facts: ModelFacts, mode: str, output: Any = None,
@@ -455,27 +456,6 @@ class Profile:
         share (see :mod:`flopscope.predict.timing`)."""
         return timing(self._ops, self.role_assignments_by_op())
 
-    def reuse_roles(self, template: Profile) -> bool:
-        """Take the roles of ``template``, a profile of the same model at another input length, when both
-        ran the same ops in the same order: each op keeps its template's role fractions (a fused
-        projection splits by columns, independent of length; a fused kernel's parts are its own). For
-        sweeps (:func:`flopscope.scaling`). Returns False, changing nothing, when the op sequences differ
-        or this profile's roles are already known."""
-        if self._op_roles is not None or len(template._ops) != len(self._ops) or any(
-                a.target != b.target or a.node_op != b.node_op for a, b in zip(template._ops, self._ops, strict=True)):
-            return False
-        theirs = template.role_assignments_by_op()
-        roles: dict[CapturedOp, Assignment] = {}
-        for mine, other in zip(self._ops, template._ops, strict=True):
-            source = theirs.get(other)
-            if source is None:
-                continue
-            parts = dict(mine.parts) if mine.parts else (scale_parts(source.parts, mine.macs) if mine.macs
-                                                         else dict(source.parts))
-            roles[mine] = Assignment(parts, source.block)
-        self._op_roles = MappingProxyType(roles)
-        return True
-
     # ---------------------------------------------------------------------------------------------
     # what is not in total()
     def unsupported(self) -> dict[str, int]:
@@ -529,3 +509,25 @@ class Profile:
         if canonical is None:
             raise NotFoundError(f"no module with path {name!r} in the profiled model")
         return canonical
+
+
+def reuse_roles(prof: Profile, template: Profile) -> bool:
+    """Give ``prof`` the roles of ``template``, a profile of the same model at another input length, when both
+    ran the same ops in the same order: each op keeps its template's role fractions (a fused
+    projection splits by columns, independent of length; a fused kernel's parts are its own). For
+    sweeps (:func:`flopscope.scaling`). Returns False, changing nothing, when the op sequences differ
+    or ``prof``'s roles are already known."""
+    if prof._op_roles is not None or len(template._ops) != len(prof._ops) or any(
+            a.target != b.target or a.node_op != b.node_op for a, b in zip(template._ops, prof._ops, strict=True)):
+        return False
+    theirs = template.role_assignments_by_op()
+    roles: dict[CapturedOp, Assignment] = {}
+    for mine, other in zip(prof._ops, template._ops, strict=True):
+        source = theirs.get(other)
+        if source is None:
+            continue
+        parts = dict(mine.parts) if mine.parts else (scale_parts(source.parts, mine.macs) if mine.macs
+                                                     else dict(source.parts))
+        roles[mine] = Assignment(parts, source.block)
+    prof._op_roles = MappingProxyType(roles)
+    return True

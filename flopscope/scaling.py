@@ -24,7 +24,7 @@ from .errors import ConfigurationError, SymbolicError
 from .formulas.registry import FormulaRegistry
 from .predict.polynomial import Polynomial, Scaling, interpolate
 from .predict.reconcile import Reconciliation, TransformerSpec
-from .profile import Profile
+from .profile import Profile, reuse_roles
 from .role import ROLE_ORDER
 from .runner import MODES, CaptureOptions, new_converter, paused_gc, run_in_mode, split_inputs
 from .symbolic import SymbolicTrace, trace
@@ -120,7 +120,7 @@ class _Sweep:
         args, kwargs = split_inputs(self.make_inputs(n) if inputs is None else inputs)
         prof = run_in_mode(self.model, args, {**kwargs, **self.forward_kwargs}, self.options, self.mode,
                            converter=self.converter, stacklevel=5)
-        if self.template is None or not prof.reuse_roles(self.template):
+        if self.template is None or not reuse_roles(prof, self.template):
             self.template = prof
         again = prof.by_role(phase=RECOMPUTE) if self.options.backward else {}
         roles = {role: macs - again.get(role, 0) for role, macs in prof.by_role().items()}

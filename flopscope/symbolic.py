@@ -32,7 +32,7 @@ from .capture.fake import CountingFakeTensorMode, FakeConverter
 from .capture.records import RECOMPUTE, CapturedOp
 from .errors import RunError, SymbolicError
 from .predict.reconcile import Reconciliation, TransformerSpec, reconcile
-from .profile import Profile
+from .profile import Profile, reuse_roles
 from .runner import CaptureOptions, run_in_mode
 
 if TYPE_CHECKING:
@@ -136,11 +136,11 @@ class SymbolicTrace:
 
     def role_counts(self, template: Profile) -> tuple[dict[str, Count], dict[str, Count]]:
         """``({role: MACs}, {role: recomputed MACs})``. The roles are ``template``'s, a profile of the same model
-        at a length, where both ran the same ops in the same order (:meth:`Profile.reuse_roles`: cheap); else
+        at a length, where both ran the same ops in the same order (:func:`flopscope.profile.reuse_roles`: cheap); else
         they are found on the symbolic graph itself (role passes compare sizes only where both are known)."""
         with _quiet_symbolic_graph():
             try:
-                self.profile.reuse_roles(template)
+                reuse_roles(self.profile, template)
                 again: dict[str, Count] = dict(self.profile.by_role(phase=RECOMPUTE))  # SymInts where they vary
                 roles: dict[str, Count] = {role: macs - again.get(role, 0)
                                            for role, macs in self.profile.by_role().items()}
