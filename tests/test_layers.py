@@ -14,7 +14,13 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parents[1] / "flopscope"
+try:
+    import flopscope
+except ImportError:  # run as a script from a checkout that is not installed
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    import flopscope
+
+PACKAGE = Path(flopscope.__file__).resolve().parent  # the package the tests import (installed, in CI's wheel run)
 
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (  # lowest first: (layer, its top-level modules and folders)
     ("vocabulary", ("errors", "enums", "role", "conventions", "version")),
