@@ -62,6 +62,35 @@ def split_by_columns(p: CapturedOp, wanted: Sequence[tuple[CapturedOp, str]], ma
     return spread_remainder(parts, macs)
 
 
+def split_by_rows(p: CapturedOp, x: CapturedOp, wanted: Sequence[tuple[CapturedOp, str]], macs: int
+                  ) -> dict[str, int]:
+    """Charge each role the MACs of the rows of ``p`` (the columns of its input ``x``, the contracted dim) that hold
+    the values of its source; rows no source holds are ``other``. A row wanted twice keeps the first role in role
+    order."""
+    width = int(x.output_shapes[0][-1])
+    owner: dict[int, str] = {}
+    for source, role in sorted(wanted, key=lambda sr: ROLE_ORDER.index(sr[1])):
+        for c in held_by(source, x):
+            owner.setdefault(c, role)
+    per_row = macs // width
+    parts: dict[str, int] = {}
+    for c in range(width):
+        role = owner.get(c, Role.OTHER.value)
+        parts[role] = parts.get(role, 0) + per_row
+    return spread_remainder(parts, macs)
+
+
+def held_by(source: CapturedOp, target: CapturedOp) -> set[int]:
+    """Which columns (last dim) of ``target`` hold values of ``source`` (a concatenation's part), replayed on labels."""
+    labels: dict[CapturedOp, Labels] = {source: torch.zeros(tuple(source.output_shapes[0]), dtype=torch.long)}
+    for n in _between(source, target):
+        labels[n] = _replay(n, labels)
+    found = labels.get(target)
+    if not isinstance(found, torch.Tensor) or not found.dim():
+        return set()
+    return {int(c) for c in torch.nonzero((found.reshape(-1, found.shape[-1]) == 0).any(0)).flatten()}
+
+
 def spread_remainder(parts: dict[str, int], total: int, largest: str | None = None) -> dict[str, int]:
     """``parts`` with what they miss of ``total`` (integer division) added to ``largest`` (default: the
     largest part)."""

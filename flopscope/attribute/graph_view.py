@@ -229,6 +229,17 @@ class GraphView:
                 table[m] = not m.macs and (any(map(table.__getitem__, self._inputs[m])) or test(m))
         return table.get(n, False)
 
+    def ahead(self, n: CapturedOp, key: Any, test: Callable[[CapturedOp, CapturedOp], bool]) -> bool:
+        """Some user ``u`` of ``n``'s value, among the nodes reached walking forward from ``n`` through nodes without
+        multiplies, passes ``test(u, its input)``. Computed for every node in one pass over the graph per ``key``
+        (which names ``test``), as :meth:`behind`."""
+        table = self._behind.get(("ahead", key))
+        if table is None:
+            table = self._behind[("ahead", key)] = {}
+            for m in reversed(self.nodes):  # a node's users come after it
+                table[m] = any(test(u, m) or (not u.macs and table.get(u, False)) for u in self._users[m])
+        return table.get(n, False)
+
     def weight_operand(self, n: CapturedOp) -> CapturedOp:
         a, b = self.matmul_operands(n)
         return b if self.raw_weight[b] else a

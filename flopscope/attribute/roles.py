@@ -38,6 +38,7 @@ A backward op takes the roles of the forward op whose autograd node ran it.
 from __future__ import annotations
 
 import fnmatch
+import math
 import operator
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -47,12 +48,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..capture.records import CapturedOp, after_write
+from ..capture.records import CapturedOp, Cost, after_write
 from ..formulas import elementwise
-from ..formulas.elementwise import EMBEDDING_LOOKUPS, SOFTMAX_OPS
+from ..formulas.elementwise import EMBEDDING_LOOKUPS, PRODUCT_OPS, SOFTMAX_OPS
 from ..formulas.registry import OpFamily, argument, prod
 from ..role import ROLE_ORDER, Role, parse_role
-from .columns import columns, scale_parts, split_by_columns
+from .columns import columns, scale_parts, split_by_columns, split_by_rows
 from .graph_view import GraphView, is_channelwise_conv, reach
 from .paths import common_path
 
@@ -117,14 +118,25 @@ class RoleState:
 
     parts: dict[CapturedOp, dict[str, int]] = field(default_factory=dict)
     demands: dict[CapturedOp, list[tuple[CapturedOp, str]]] = field(default_factory=dict)
+    row_demands: dict[CapturedOp, list[tuple[CapturedOp, str]]] = field(default_factory=dict)
     groups: list[set[CapturedOp]] = field(default_factory=list)
 
     def claimed(self, n: CapturedOp) -> bool:
-        return n in self.parts or n in self.demands
+        return n in self.parts or n in self.demands or n in self.row_demands
 
     def demand(self, projection: CapturedOp, consumer: CapturedOp, role: str) -> None:
         """Ask for ``projection``'s columns that reach ``consumer`` to be ``role``."""
         self.demands.setdefault(projection, []).append((consumer, role))
+
+    def demand_rows(self, projection: CapturedOp, source: CapturedOp, role: str) -> None:
+        """Ask for the rows of ``projection`` (its input's columns) that hold ``source``'s values to be ``role``:
+        ``projection`` reads a concatenation of several values. Settled by :func:`concatenated_inputs`, after every
+        pass that may ask for the others."""
+        self.row_demands.setdefault(projection, []).append((source, role))
+
+    def rows_only(self, n: CapturedOp) -> bool:
+        """Only rows of ``n`` are asked for (more of its rows may still be)."""
+        return n in self.row_demands and n not in self.parts and n not in self.demands
 
     def settle(self, view: GraphView) -> None:
         """Claim every demanded projection: whole when one role wants it, else split by columns."""
@@ -359,7 +371,12 @@ def _demand_out_proj(view: GraphView, state: RoleState, output: CapturedOp, thro
     for p in _nearest_after(view, output, through_reductions):
         if view.is_weight_matmul(p) and p not in state.parts:
             a, b = view.matmul_operands(p)
-            state.demand(p, a if view.descends_from(a, output) else b, Role.OUT_PROJ.value)
+            sources = [x for x in concatenated(view, view.activation_operand(p)) if view.descends_from(x, output)]
+            if sources:  # the attention output is one of several values the projection reads (a parallel block)
+                for x in sources:
+                    state.demand_rows(p, x, Role.OUT_PROJ.value)
+            else:
+                state.demand(p, a if view.descends_from(a, output) else b, Role.OUT_PROJ.value)
             found.add(p)
     return found
 
@@ -410,29 +427,96 @@ def _leaf_key(n: CapturedOp) -> Any:
 # --------------------------------------------------------------------------------------------------
 # pass 4: FFN
 def ffn(view: GraphView, state: RoleState) -> None:
-    """Down projections behind an activation (or a gated product), and the projections feeding them."""
+    """Down projections behind an activation (or a gated product), and the projections feeding them. A down
+    projection that reads a concatenation (a parallel block's ``proj_out(cat([attention, mlp]))``) is one for the
+    rows that hold a hidden layer."""
     for d in view.nodes:
-        if not view.is_weight_matmul(d) or state.claimed(d):
+        if not view.is_weight_matmul(d) or (state.claimed(d) and not state.rows_only(d)):
             continue
         x = view.activation_operand(d)
-        gate, up = _gated_branches(view, x)
-        if gate is not None and up is not None:
-            branches = [(gate, Role.FFN_GATE.value), (up, Role.FFN_UP.value)]
-        elif _passes_activation(view, x):
-            branches = [(x, Role.FFN_UP.value)]
-        else:
-            continue
-        if any(not view.is_weight_matmul(m) for start, _ in branches for m in _behind_channelwise(view, start)):
-            continue  # a product of activations (a scan, a state) behind the hidden layer: a token mixer, no FFN
-        if any(_assembled_in_parts(view, start) for start, _ in branches):
-            continue  # a hidden layer written a part at a time (a scan's positions, RWKV's WKV): a token mixer
-        found = [_projections_of(view, state, start, role) for start, role in branches]
-        if all(found):  # every branch reaches a projection: commit the demands, else leave them all
+        sources = concatenated(view, x)
+        taken = {source for source, _ in state.row_demands.get(d, ())}
+        for hidden in [s for s in sources if s not in taken] if sources else [x]:
+            found = _hidden_layer(view, state, hidden)
+            if found is None or _per_sample(view, d):
+                continue  # (per sample: one vector per sample broadcast over the positions is conditioning)
             for demands in found:
                 for p, target, role in demands:
                     state.demand(p, target, role)
-            state.parts[d] = {Role.FFN_DOWN.value: d.macs}
+            if sources:
+                state.demand_rows(d, hidden, Role.FFN_DOWN.value)
+            else:
+                state.parts[d] = {Role.FFN_DOWN.value: d.macs}
             state.groups.append({d} | {p for demands in found for p, _, _ in demands})
+
+
+def _hidden_layer(view: GraphView, state: RoleState, x: CapturedOp
+                  ) -> list[list[tuple[CapturedOp, CapturedOp, str]]] | None:
+    """The projections an FFN hidden layer ``x`` is made from, per branch (gate and up, or up), if ``x`` is one: it
+    passes an activation function (or a gated product) from weight matmuls, each branch reaching one."""
+    gate, up = _gated_branches(view, x)
+    if gate is not None and up is not None:
+        branches = [(gate, Role.FFN_GATE.value), (up, Role.FFN_UP.value)]
+    elif _passes_activation(view, x):
+        branches = [(x, Role.FFN_UP.value)]
+    else:
+        return None
+    if any(not view.is_weight_matmul(m) for start, _ in branches for m in _behind_channelwise(view, start)):
+        return None  # a product of activations (a scan, a state) behind the hidden layer: a token mixer, no FFN
+    if any(_assembled_in_parts(view, start) for start, _ in branches):
+        return None  # a hidden layer written a part at a time (a scan's positions, RWKV's WKV): a token mixer
+    found = [_projections_of(view, state, start, role) for start, role in branches]
+    return found if all(found) else None  # every branch reaches a projection, else none is committed
+
+
+def concatenated(view: GraphView, x: CapturedOp) -> list[CapturedOp]:
+    """The values ``x`` concatenates along its last dim (through views and copies), when there are several."""
+    while not x.macs and view.packet(x) is not aten.cat:
+        inputs = view.inputs(x)
+        if len(inputs) != 1 or x.cost is not Cost.ZERO:
+            return []
+        x = inputs[0]
+    if view.packet(x) is not aten.cat or not x.output_shapes:
+        return []
+    dim = x.args[1] if len(x.args) > 1 else x.kwargs.get("dim", 0)
+    parts = [v for v in x.args[0] if isinstance(v, CapturedOp)] if isinstance(x.args[0], (list, tuple)) else []
+    last = len(x.output_shapes[0]) - 1
+    return parts if len(parts) > 1 and isinstance(dim, int) and dim % (last + 1) == last else []
+
+
+# --------------------------------------------------------------------------------------------------
+# settling rows
+def concatenated_inputs(view: GraphView, state: RoleState) -> None:
+    """Claim every projection whose rows were asked for: each role the rows (input columns) that hold the value it
+    asked for, the rest ``other`` (Flux's single-stream ``proj_out(cat([attention, mlp]))``: ``out_proj`` for the
+    attention's rows, ``ffn_down`` for the MLP's)."""
+    for p, wanted in state.row_demands.items():
+        if p not in state.parts:
+            state.parts[p] = split_by_rows(p, view.activation_operand(p), wanted, p.macs)
+    state.row_demands = {}
+
+
+def _per_sample(view: GraphView, d: CapturedOp) -> bool:
+    """``d``'s result, or the result of a weight matmul that reads it next, is broadcast over positions: an
+    elementwise op spreads it along an axis other than the last, where it has one entry (or none) and the op's output
+    many (``x * (1 + scale[:, None]) + shift[:, None]`` of adaLN, a UNet's ``h + temb[:, :, None, None]``). Such a
+    hidden layer ran on one vector per sample (a timestep, a class, pooled text), not on every position: it conditions
+    the positions, it is no FFN (docs/roles.md section 3.4)."""
+    def spread(n: CapturedOp) -> bool:
+        return view.ahead(n, "broadcast over positions", _broadcasts)
+
+    return spread(d) or any(view.is_weight_matmul(m) and spread(m) for m in view.frontier(view.users(d), view.users))
+
+
+def _broadcasts(user: CapturedOp, n: CapturedOp) -> bool:
+    """The elementwise op ``user`` spreads ``n``'s value along an axis other than the last."""
+    if user.cost is not Cost.ELEMENTWISE or not user.output_shapes or not n.output_shapes:
+        return False
+    out, shape = tuple(user.output_shapes[0]), tuple(n.output_shapes[0])
+    if len(shape) > len(out) or len(out) < 2:
+        return False
+    padded = (1,) * (len(out) - len(shape)) + shape
+    return any(padded[i] == 1 < out[i] for i in range(len(out) - 1)) and len(shape) > 0 and math.prod(shape) > 1
 
 
 def _assembled_in_parts(view: GraphView, start: CapturedOp) -> bool:
@@ -476,7 +560,109 @@ def _gating(view: GraphView, n: CapturedOp) -> bool:
 
 
 # --------------------------------------------------------------------------------------------------
-# pass 5: factored projections
+# pass 5: low-rank updates
+SUM_OPS = frozenset({aten.add, aten.add_, aten.sub, aten.sub_})
+"""Elementwise sums: where an update meets the output of the projection it updates."""
+PASS_THROUGH = frozenset({aten.native_dropout, aten.dropout, aten.feature_dropout, aten.alpha_dropout})
+"""Ops besides the zero-cost ones that carry a value to a matmul as the same input (dropout on an adapter's
+branch keeps it the projection's input)."""
+RANDOM_OPS = frozenset({aten.bernoulli, aten.bernoulli_, aten.rand, aten.rand_like, aten.uniform_, aten.uniform,
+                        aten.randn, aten.randn_like, aten.normal, aten.normal_})
+"""Random sources: a product with a mask drawn from one is dropout (fake tensors run ``x * bernoulli_(...)``)."""
+
+
+def low_rank_updates(view: GraphView, state: RoleState) -> None:
+    """A chain of weight matmuls that starts from a projection's input and whose result is added to the projection's
+    output is part of that projection: ``W·x + B·(A·x) = (W + B·A)·x``. It takes the projection's roles, in the
+    projection's proportions: LoRA's ``lora_B`` and ``lora_A`` (DoRA's and rsLoRA's too, which scale the two
+    results before the sum) on every projection, whichever factor an earlier pass found (``lora_A`` of an output
+    projection or FFN down projection reads the same input as the projection; ``lora_B`` of an up projection is
+    behind the same activation), and a weight split in two (``W₁·x + W₂·x``)."""
+    for p in view.nodes:
+        roles = state.parts.get(p)
+        if not roles or not view.is_weight_matmul(p) or set(roles) <= {Role.OTHER.value}:
+            continue
+        source = _pass_through_root(view, view.activation_operand(p))
+        for total in _first_sums(view, p):
+            for operand in view.inputs(total):
+                if p in _scaled_from(view, operand):
+                    continue
+                for last in _nearest_before(view, operand):
+                    chain = _chain_from(view, last, source)
+                    for m in chain:
+                        if m not in state.parts and m not in state.demands:
+                            state.parts[m] = scale_parts(roles, m.macs)
+                            _join_group(state, p, m)
+
+
+def _pass_through_root(view: GraphView, n: CapturedOp) -> CapturedOp:
+    """The record ``n`` holds the value of, walking back through views, copies and dropout (one data input each)."""
+    while not n.macs:
+        inputs = view.inputs(n)
+        if view.packet(n) in PRODUCT_OPS and len(inputs) == 2:
+            inputs = tuple(x for x in inputs if not _random(view, x))  # dropout as x * mask
+        if len(inputs) != 1 or not (n.cost is Cost.ZERO or view.packet(n) in PASS_THROUGH | PRODUCT_OPS):
+            break
+        n = inputs[0]
+    return n
+
+
+def _random(view: GraphView, n: CapturedOp) -> bool:
+    """A random op lies behind ``n`` (without multiplies): ``n`` is a mask drawn at random."""
+    return view.behind(n, "random", lambda m: view.packet(m) in RANDOM_OPS)
+
+
+def _scaled_from(view: GraphView, n: CapturedOp) -> list[CapturedOp]:
+    """The records ``n`` is ``x`` of, walking back through ops without multiplies that take one input depending on
+    the forward inputs (views, casts, dropout, a scale by a constant or by weights: ``x * scaling``,
+    ``mag_norm_scale * x``): ``n`` is a scaled copy of each of them."""
+    found = [n]
+    while not n.macs:
+        dynamic = [x for x in view.inputs(n) if view.dynamic[x]]
+        if len(dynamic) != 1 or view.packet(n) in SUM_OPS or n.elementwise and n.elementwise[0] != "pointwise":
+            break
+        n = dynamic[0]
+        found.append(n)
+    return found
+
+
+def _first_sums(view: GraphView, p: CapturedOp) -> list[CapturedOp]:
+    """The sums that take a scaled copy of ``p``'s output (:func:`_scaled_from`) and another dynamic value."""
+    return [s for s in reach(view.users(p), view.users, lambda x: not x.macs and view.packet(x) not in SUM_OPS)
+            if view.packet(s) in SUM_OPS and p in _scaled_from(view, _operand_from(view, s, p))
+            and sum(view.dynamic[x] for x in view.inputs(s)) >= 2]
+
+
+def _operand_from(view: GraphView, s: CapturedOp, p: CapturedOp) -> CapturedOp:
+    """The input of ``s`` that descends from ``p``."""
+    return next((x for x in view.inputs(s) if view.descends_from(x, p)), s)
+
+
+def _chain_from(view: GraphView, last: CapturedOp, source: CapturedOp, depth: int = 3) -> list[CapturedOp]:
+    """``last`` and the weight matmuls behind it, when they form a chain that starts from ``source`` (every multiply
+    nearest behind each link is a weight matmul, the first link reads ``source``); else nothing."""
+    if not view.is_weight_matmul(last) or depth == 0:
+        return []
+    start = view.activation_operand(last)
+    if _pass_through_root(view, start) is source:
+        return [last]
+    behind = _nearest_before(view, start)
+    chains = [_chain_from(view, m, source, depth - 1) for m in behind]
+    if not behind or not all(chains) or view.cached("activated", start, lambda: _passes_activation(view, start)):
+        return []
+    return [last, *(m for chain in chains for m in chain)]
+
+
+def _join_group(state: RoleState, member: CapturedOp, new: CapturedOp) -> None:
+    """Put ``new`` in the first block instance that has ``member``."""
+    for group in state.groups:
+        if member in group:
+            group.add(new)
+            return
+
+
+# --------------------------------------------------------------------------------------------------
+# pass 6: factored projections
 PROJECTION_ROLES = frozenset({Role.Q_PROJ.value, Role.K_PROJ.value, Role.V_PROJ.value})
 
 
@@ -491,7 +677,7 @@ def factored_projections(view: GraphView, state: RoleState) -> None:
         if not n.macs or state.claimed(n) or not view.is_weight_matmul(n):
             continue
         readers = view.frontier(view.users(n), view.users)
-        if not readers or not all(_projection_roles(state, r) for r in readers):
+        if not readers or not all(_projection_roles(state, r) for r in readers) or not _only_itself(view, n):
             continue
         for r in readers:
             target = view.activation_operand(r)
@@ -503,6 +689,15 @@ def factored_projections(view: GraphView, state: RoleState) -> None:
                 break
 
 
+def _only_itself(view: GraphView, n: CapturedOp) -> bool:
+    """The ops without multiplies between ``n`` and the multiplies that read it combine its value with nothing else
+    that depends on the inputs (a norm of it, weights and constants only): the value is ``n``'s, transformed. A
+    modulation (adaLN's ``norm(x) * (1 + scale) + shift`` with ``scale`` and ``shift`` from ``n``) is not: there ``n``
+    conditions another value, and is no factor of the projections that read the result."""
+    between = {x for x in reach(view.users(n), view.users, lambda x: not x.macs) if not x.macs}
+    return all(not view.dynamic[i] or i is n or i in between for x in between for i in view.inputs(x))
+
+
 def _projection_roles(state: RoleState, n: CapturedOp) -> set[str]:
     """The attention projection roles of ``n`` (empty unless all its roles are projection roles)."""
     roles = {role for role, macs in state.parts.get(n, {}).items() if macs}
@@ -510,7 +705,7 @@ def _projection_roles(state: RoleState, n: CapturedOp) -> set[str]:
 
 
 # --------------------------------------------------------------------------------------------------
-# pass 6 and rules
+# pass 7 and rules
 def unclaimed_are_other(view: GraphView, state: RoleState) -> None:
     """Every multiply no pass claimed is ``other``."""
     for n in view.nodes:
@@ -538,7 +733,8 @@ def rules_pass(rules: tuple[RoleRule, ...], module_types: Mapping[str, type], on
     return apply
 
 
-PASSES: tuple[Pass, ...] = (by_family, attention, logits, ffn, factored_projections, unclaimed_are_other)
+PASSES: tuple[Pass, ...] = (by_family, attention, logits, ffn, concatenated_inputs, low_rank_updates,
+                           factored_projections, unclaimed_are_other)
 """The dataflow passes, in order (rules follow). Order matters: each pass claims only multiplies no
 earlier pass claimed, so logits (a weight matmul onto the vocabulary, often behind an activation) is
 found before the FFN pass could take it for a down projection. The built-in rules (multiplies inside recurrent
