@@ -4,7 +4,8 @@ Roles are found from the dataflow of the captured graph (see :mod:`flopscope.cap
 names, by an ordered pipeline of small passes (:data:`PASSES`) over a read-only
 :class:`~flopscope.attribute.graph_view.GraphView`. Each pass claims only multiplies that no earlier pass
 claimed; projections a pass asks for are settled (split by columns where several roles want one
-projection) before the next pass starts. Definitions: ``docs/roles.md``.
+projection) before the next pass starts; rows asked for (a projection reading a concatenation) are settled
+after the FFN pass. Definitions: ``docs/roles.md``.
 
 1. **by family**: fused kernels (SDPA, the ``nn.MultiheadAttention`` / ``nn.TransformerEncoderLayer`` fast
    paths, recurrent kernels) are split by their formula's parts; convolutions are ``conv``, Fourier
@@ -24,9 +25,13 @@ projection) before the next pass starts. Definitions: ``docs/roles.md``.
 3. **logits**: a weight matmul whose weight is an embedding table (tied) or has its shape.
 4. **FFN**: a weight matmul whose input passes an activation function from nearer weight matmuls is
    ``ffn_down``; those are ``ffn_up``, or, when two branches are multiplied elementwise (SwiGLU, GeGLU),
-   the branch through the activation is ``ffn_gate`` and the other ``ffn_up``.
-5. everything left is ``other`` (routers, poolers, classifier heads, rotary frequencies, ...);
-6. **rules**: :class:`RoleRule` data (module type or module-path pattern -> role) for what dataflow
+   the branch through the activation is ``ffn_gate`` and the other ``ffn_up``. Position-wise only: a hidden
+   layer whose result is broadcast over positions (one vector per sample: a timestep MLP, adaLN) is
+   conditioning. A down projection reading a concatenation is judged per part, and split by rows.
+5. **low-rank updates and factors**: a weight-matmul chain from a projection's input added to its output (LoRA's
+   B·A) takes the projection's roles; so does a weight matmul only attention projections read (MLA's latents).
+6. everything left is ``other`` (routers, poolers, classifier heads, rotary frequencies, conditioning, ...);
+7. **rules**: :class:`RoleRule` data (module type or module-path pattern -> role) for what dataflow
    cannot see; built in: every multiply inside an ``nn.RNNBase`` / ``nn.RNNCellBase`` is ``recurrent``;
    then the user's rules, which win.
 
@@ -741,7 +746,9 @@ found before the FFN pass could take it for a down projection. The built-in rule
 modules are ``recurrent``) also run right after the first pass: an unfused LSTM (on meta, or with projections)
 gates its state with products of activations, which the FFN pass would read as a gated FFN feeding the
 projection after the LSTM. Factored projections come after the FFN pass, so that the FFN down projection that
-ends an encoder (whose output only the decoder's key / value projections read) stays ``ffn_down``."""
+ends an encoder (whose output only the decoder's key / value projections read) stays ``ffn_down``. Rows asked for
+are settled after the FFN pass (attention and the FFN each ask for their part of a parallel block's
+``proj_out``); low-rank updates follow, once every projection they extend is known."""
 
 
 # --------------------------------------------------------------------------------------------------
