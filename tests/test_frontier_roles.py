@@ -134,8 +134,10 @@ def test_qwen3_next_gated_deltanet_is_attention_not_ffn(mode: str) -> None:
     in_proj_qkvz reach the in-chunk quadratic form through the short depthwise convolution: q_proj, k_proj; the
     in-chunk scores q·kᵀ and weighted sum are attention; its value columns reach the weighted sum through the delta
     rule's triangular solve (its right-hand side β·V: looked through, the one-column β left aside): v_proj;
-    out_proj is out_proj. The gate columns, in_proj_ba (β and the decay), the key Gram matrix, the solve and the
-    state products stay other (docs/roles.md 3.2.2).
+    out_proj is out_proj. The recurrent state's products: kᵀ·v_new (the same values the chunk's weights multiply)
+    writes the state, attn_kv_state (h_v·chunk·d_k·d_v per chunk); q·S and the delta rule's k_cumdecay·S read it,
+    attn_readout (twice that), the first chunk's reading the initial zero state. The gate columns, in_proj_ba (β and
+    the decay), the key Gram matrix and the solve stay other (docs/roles.md 3.2.2).
     At 3bbe37a the core was other, in_proj_qkvz ffn_up and out_proj ffn_down. The full-attention layer has an
     output gate in its query projection (q_proj's columns, one role demanded: all of them)."""
     c = QWEN3_NEXT
@@ -144,6 +146,7 @@ def test_qwen3_next_gated_deltanet_is_attention_not_ffn(mode: str) -> None:
     linear = {"q_proj": n * d * hk * dk, "k_proj": n * d * hk * dk, "v_proj": n * d * hv * dv,
               "out_proj": n * hv * dv * d,
               "attn_scores": hv * chunk * chunk * dk, "attn_weighted_sum": hv * chunk * chunk * dv,
+              "attn_kv_state": hv * dk * chunk * dv, "attn_readout": 2 * hv * chunk * dk * dv,
               "conv": conv_channels * (n + c["linear_conv_kernel_dim"] - 1) * c["linear_conv_kernel_dim"]}
     full = attention_layer(d, 4, 2, 8, q_width=2 * 4 * 8)
     per_moe_branch = (2 * n * d * 16 + n * d * 16)  # two routed experts per token, and the shared expert
@@ -151,6 +154,17 @@ def test_qwen3_next_gated_deltanet_is_attention_not_ffn(mode: str) -> None:
     expected = add(linear, full, moe, moe, {"logits": n * d * c["vocab_size"]})
     roles = hybrid("Qwen3NextForCausalLM", "Qwen3NextConfig", c, mode)
     assert {role: macs for role, macs in roles.items() if role != "other"} == expected
+
+
+@pytest.mark.skipif(TRANSFORMERS < (5, 23), reason="transformers 5.23's reference kernel (as above)")
+def test_qwen3_next_state_products_scale_with_the_chunks() -> None:
+    """Over 130 tokens (three chunks of 64): one state write and two reads per chunk."""
+    hv, dk, dv, chunk, chunks = 4, 8, 8, 64, 3
+    model = build("Qwen3NextForCausalLM", "Qwen3NextConfig", "eager", "fake", QWEN3_NEXT)
+    with torch.no_grad():
+        roles = flopscope.profile(model, torch.randint(0, 64, (1, 130)), mode="fake").by_role()
+    assert roles["attn_kv_state"] == chunks * hv * dk * chunk * dv
+    assert roles["attn_readout"] == chunks * 2 * hv * chunk * dk * dv
 
 
 BAMBA = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,

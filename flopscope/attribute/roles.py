@@ -210,6 +210,50 @@ def attention(view: GraphView, state: RoleState) -> None:
     for first in view.nodes:
         if _free_product(view, state, first):
             _attention_at_products(view, state, first)
+    _state_products(view, state)
+
+
+def _state_products(view: GraphView, state: RoleState) -> None:
+    """The recurrent state of chunked linear attention (gated DeltaNet, Kimi's KDA, Mamba-2's SSD), beside its in-chunk
+    quadratic form: a product of two activations whose right operand is the values of a weighted sum found (``kᵀ·v``
+    with the same ``v`` the chunk's weights multiply) and whose left operand is not attention's weights writes the
+    state, ``attn_kv_state``; the state is its result and what it is accumulated with (``S·decay + kᵀ·v``: tensors of
+    the state's shape, the initial state included); every product whose right operand is a state reads it,
+    ``attn_readout`` (``q·S``, and the delta rule's ``k·S``, the part of the values the state already predicts). Each
+    joins the attention instance of its weighted sum."""
+    values: dict[CapturedOp, CapturedOp] = {}
+    for m, parts in state.parts.items():
+        if Role.ATTN_WEIGHTED_SUM.value in parts and view.is_matmul(m):
+            values.setdefault(_pass_through_root(view, view.matmul_operands(m)[1]), m)
+    if not values:
+        return
+    writes: dict[CapturedOp, CapturedOp] = {}  # state product -> its weighted sum
+    for m in view.nodes:
+        if _free_product(view, state, m):
+            a, b = view.matmul_operands(m)
+            weighted = values.get(_pass_through_root(view, b))
+            if weighted is not None and not _from_attention(view, state, a):
+                state.parts[m] = {Role.ATTN_KV_STATE.value: m.macs}
+                writes[m] = weighted
+    states: dict[CapturedOp, CapturedOp] = {}  # a state -> the weighted sum whose instance it belongs to
+    for m, weighted in writes.items():
+        shape = tuple(m.output_shapes[0][-2:])
+        for x in reach(view.users(m), view.users, lambda x: not x.macs):
+            if x.macs:
+                continue
+            states.setdefault(x, weighted)
+            for y in reach([x], view.inputs, lambda y: not y.macs and tuple(y.output_shapes[0][-2:]) == shape
+                           if y.output_shapes else False):
+                if not y.macs and y.output_shapes and tuple(y.output_shapes[0][-2:]) == shape:
+                    states.setdefault(y, weighted)
+    for m in view.nodes:
+        if view.is_matmul(m) and m not in state.parts and not view.parts(m):
+            source = states.get(_pass_through_root(view, view.matmul_operands(m)[1]))
+            if source is not None:
+                state.parts[m] = {Role.ATTN_READOUT.value: m.macs}
+                writes[m] = source
+    for m, weighted in writes.items():
+        _join_group(state, weighted, m)
 
 
 def _scores_in_the_bias(view: GraphView, state: RoleState, kernel: CapturedOp) -> set[CapturedOp]:
