@@ -49,8 +49,8 @@ def llama_forward() -> dict[str, int]:
 
 def llama_backward() -> dict[str, int]:
     """Per role, the backward of ``logits.sum()`` with frozen base weights and trainable adapters. A frozen W computes
-    its input's gradient only (n·in·out), where its input needs one; an adapter computes its weight's gradient and, where
-    its input needs one, its input's. Layer 0's query / key / value read the embedding's output, which needs no
+    its input's gradient only (n·in·out), where its input needs one; an adapter computes its weight's gradient and,
+    where its input needs one, its input's. Layer 0's query / key / value read the embedding's output, which needs no
     gradient (the embedding is frozen): their W computes nothing and their A only its weight gradient. Everything after
     them needs gradients (the adapters' outputs do). The core's two products each differentiate both operands (2×);
     the LM head is frozen (n·d·V)."""
@@ -109,8 +109,8 @@ def test_dropout_and_rslora_scaling_keep_the_roles():
 
 
 def test_lora_on_gpt2_fused_projections_splits_like_them():
-    """GPT-2's c_attn is one Conv1D d -> 3d split into q, k, v by columns: its adapter's B (r -> 3d) splits the same way,
-    and its A (d -> r), which serves all three, in the same proportions (a third each)."""
+    """GPT-2's c_attn is one Conv1D d -> 3d split into q, k, v by columns: its adapter's B (r -> 3d) splits the same
+    way, and its A (d -> r), which serves all three, in the same proportions (a third each)."""
     config = transformers.GPT2Config(n_embd=d, n_layer=L, n_head=h, vocab_size=V, n_positions=64)
     torch.manual_seed(0)
     model = peft.get_peft_model(transformers.GPT2LMHeadModel(config),

@@ -212,7 +212,8 @@ def flux_roles() -> dict[str, int]:
 @pytest.mark.parametrize("mode", MODES)
 def test_flux_double_and_single_stream_roles(mode):
     c = FLUX
-    inputs = dict(hidden_states=torch.randn(1, c["n"], c["C"]), encoder_hidden_states=torch.randn(1, c["m"], c["d_text"]),
+    inputs = dict(hidden_states=torch.randn(1, c["n"], c["C"]),
+                  encoder_hidden_states=torch.randn(1, c["m"], c["d_text"]),
                   pooled_projections=torch.randn(1, c["pooled"]), timestep=torch.tensor([0.5]),
                   img_ids=torch.zeros(c["n"], 3), txt_ids=torch.zeros(c["m"], 3))
     assert roles_of(build_flux, inputs, mode) == flux_roles()
@@ -232,3 +233,19 @@ def test_flux_single_block_splits_proj_out_by_rows():
     assert dict(record.roles) == {"out_proj": tokens * d * d, "ffn_down": tokens * 4 * d * d}
     assert record.block == "single_transformer_blocks.0"
     assert total(flux_roles()) == prof.total()
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+def test_one_token_per_sample_is_still_position_wise(batch):
+    """The conditioning rule reads shapes where a value meets the positions; a language model run on one token per
+    sample (a decode step's shape) has FFNs whose rows equal the batch, and they stay FFNs: nothing spreads them."""
+    transformers = pytest.importorskip("transformers")
+    d, d_ff, L, h, kv, V = 32, 64, 2, 4, 2, 64
+    config = transformers.LlamaConfig(hidden_size=d, intermediate_size=d_ff, num_hidden_layers=L,
+                                      num_attention_heads=h, num_key_value_heads=kv, vocab_size=V)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config).eval()
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        roles = flopscope.profile(model, torch.randint(0, V, (batch, 1)), mode="fake").by_role()
+    assert {role: roles[role] for role in ("ffn_up", "ffn_gate", "ffn_down")} == times(L, mlp(batch, d, d_ff, True))

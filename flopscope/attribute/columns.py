@@ -19,6 +19,7 @@ import torch
 from ..capture.recorder import INDEX_DTYPES, UNINITIALISED
 from ..capture.records import CapturedOp, Cost, after_write
 from ..formulas.elementwise import VALUE_COPIES
+from ..formulas.registry import OpFamily
 from ..role import ROLE_ORDER, Role
 from .graph_view import inputs_of, is_channelwise_conv, reach
 
@@ -37,10 +38,17 @@ MAX_COUNTED_LABEL = 1 << 24
 larger values, which no real column index reaches, by sorting."""
 
 
+def feature_axis(p: CapturedOp) -> int:
+    """The axis of ``p``'s output that holds its columns: a convolution's channels (dim 1), else the last dim."""
+    return 1 if p.spec is not None and p.spec.family is OpFamily.CONV else -1
+
+
 def columns(p: CapturedOp, target: CapturedOp) -> set[int]:
-    """Which output columns (last dim) of ``p`` reach ``target``."""
+    """Which output columns (last dim; a convolution's channels) of ``p`` reach ``target``."""
     shape = tuple(p.output_shapes[0])
-    labels: dict[CapturedOp, Labels] = {p: torch.arange(shape[-1]).expand(shape)}
+    axis = feature_axis(p) % len(shape)
+    index = torch.arange(shape[axis]).reshape(*([1] * axis), shape[axis], *([1] * (len(shape) - axis - 1)))
+    labels: dict[CapturedOp, Labels] = {p: index.expand(shape)}
     for n in _between(p, target):
         labels[n] = _replay(n, labels)
     return {c for c in _union([labels.get(target, set())]) if c >= 0}
@@ -49,7 +57,7 @@ def columns(p: CapturedOp, target: CapturedOp) -> set[int]:
 def split_by_columns(p: CapturedOp, wanted: Sequence[tuple[CapturedOp, str]], macs: int) -> dict[str, int]:
     """Charge each role the MACs of the output columns of ``p`` that reach its consumer; columns no
     consumer takes are ``other``. A role wanted twice for one column keeps the first in role order."""
-    width = int(p.output_shapes[0][-1])
+    width = int(p.output_shapes[0][feature_axis(p)])
     owner: dict[int, str] = {}
     for target, role in sorted(wanted, key=lambda tr: ROLE_ORDER.index(tr[1])):
         for c in columns(p, target):
@@ -132,9 +140,11 @@ def _replay(n: CapturedOp, labels: Mapping[CapturedOp, Labels]) -> Labels:
     if n.cost is Cost.ELEMENTWISE and isinstance(inputs[0], torch.Tensor):
         first = inputs[0]
         try:
-            return first if tuple(first.shape) == out_shape else first.expand(out_shape)
+            result = first if tuple(first.shape) == out_shape else first.expand(out_shape)
         except RuntimeError:
             return _union(inputs)
+        # an op with several outputs (eval batch norm: the output, then its statistics) labels its first
+        return [result, *[set() for _ in n.output_shapes[1:]]] if len(n.output_shapes) > 1 else result
     return _union(inputs)
 
 

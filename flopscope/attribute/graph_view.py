@@ -6,6 +6,7 @@ written with. It walks the :class:`~flopscope.capture.records.CapturedOp` record
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any, TypeVar
@@ -100,6 +101,19 @@ def is_channelwise_conv(n: CapturedOp) -> bool:
             and weight[0] == x[1] == n.output_shapes[0][1])
 
 
+def is_pointwise_conv(n: CapturedOp) -> bool:
+    """A 1×1 convolution over all channels (``groups == 1``, every kernel dim 1, not transposed): at each position the
+    same linear map of the channels, a projection written as a convolution (YOLO11's C2PSA ``qkv`` and ``proj``,
+    EfficientViT, non-local blocks). Its output channel (dim 1) is its column."""
+    spec = n.spec
+    if spec is None or spec.family is not OpFamily.CONV or len(n.input_shapes) < 2 or not n.output_shapes:
+        return False
+    x, weight = n.input_shapes[0], n.input_shapes[1]
+    transposed = len(n.args) > 6 and n.args[6] is True
+    return (not transposed and len(x) >= 3 and len(weight) == len(x) and weight[1] == x[1]
+            and all(k == 1 for k in weight[2:]))
+
+
 class GraphView:
     """The forward part of a captured graph, with facts computed once and never changed.
 
@@ -138,9 +152,24 @@ class GraphView:
                     users[p].append(n)
         self._users = {n: tuple(u) for n, u in users.items()}
         self._memo: dict[tuple[str, CapturedOp], Any] = {}
+        self._memo_plain: dict[str, Any] = {}
         self._matmul: dict[CapturedOp, bool] = {}
         self._weight_matmul: dict[CapturedOp, bool] = {}
         self._behind: dict[Any, dict[CapturedOp, bool]] = {}  # key -> node -> found behind it (behind())
+
+    @property
+    def batch(self) -> int | None:
+        """The batch size of the forward's inputs: the leading dim most of its input tensors share (``None``
+        without inputs)."""
+        def compute() -> int | None:
+            leading = Counter(n.output_shapes[0][0] for n in self.nodes
+                              if n.leaf is LeafKind.INPUT and n.output_shapes and len(n.output_shapes[0]) >= 1)
+            return max(leading, key=lambda size: (leading[size], -size)) if leading else None
+
+        if "batch" not in self._memo_plain:
+            self._memo_plain["batch"] = compute()
+        batch: int | None = self._memo_plain["batch"]
+        return batch
 
     def cached(self, kind: str, node: CapturedOp, compute: Callable[[], T]) -> T:
         """``compute()`` once per ``(kind, node)``: searches over a view that never changes."""
@@ -229,22 +258,32 @@ class GraphView:
                 table[m] = not m.macs and (any(map(table.__getitem__, self._inputs[m])) or test(m))
         return table.get(n, False)
 
-    def ahead(self, n: CapturedOp, key: Any, test: Callable[[CapturedOp, CapturedOp], bool]) -> bool:
-        """Some user ``u`` of ``n``'s value, among the nodes reached walking forward from ``n`` through nodes without
-        multiplies, passes ``test(u, its input)``. Computed for every node in one pass over the graph per ``key``
-        (which names ``test``), as :meth:`behind`."""
+    def ahead(self, n: CapturedOp, key: Any, test: Callable[[CapturedOp, CapturedOp], bool],
+              through: Callable[[CapturedOp, CapturedOp], bool] = lambda user, n: True) -> bool:
+        """Some user ``u`` of ``n``'s value passes ``test(u, its input)``, walking forward from ``n`` through users
+        without multiplies that pass ``through(u, its input)``. Computed for every node in one pass over the graph
+        per ``key`` (which names ``test`` and ``through``), as :meth:`behind`."""
         table = self._behind.get(("ahead", key))
         if table is None:
             table = self._behind[("ahead", key)] = {}
             for m in reversed(self.nodes):  # a node's users come after it
-                table[m] = any(test(u, m) or (not u.macs and table.get(u, False)) for u in self._users[m])
+                table[m] = any(test(u, m) or (not u.macs and through(u, m) and table.get(u, False))
+                               for u in self._users[m])
         return table.get(n, False)
 
     def weight_operand(self, n: CapturedOp) -> CapturedOp:
         a, b = self.matmul_operands(n)
         return b if self.raw_weight[b] else a
 
+    def is_conv_projection(self, n: CapturedOp) -> bool:
+        """A pointwise convolution (:func:`is_pointwise_conv`) of an activation by a raw weight."""
+        return (is_pointwise_conv(n) and isinstance(n.args[0], CapturedOp) and isinstance(n.args[1], CapturedOp)
+                and self.live[n.args[0]] and self.raw_weight[n.args[1]])
+
     def activation_operand(self, n: CapturedOp) -> CapturedOp:
+        if self.is_conv_projection(n):
+            first: CapturedOp = n.args[0]
+            return first
         a, b = self.matmul_operands(n)
         return a if self.raw_weight[b] else b
 

@@ -237,15 +237,8 @@ def _state_products(view: GraphView, state: RoleState) -> None:
                 writes[m] = weighted
     states: dict[CapturedOp, CapturedOp] = {}  # a state -> the weighted sum whose instance it belongs to
     for m, weighted in writes.items():
-        shape = tuple(m.output_shapes[0][-2:])
-        for x in reach(view.users(m), view.users, lambda x: not x.macs):
-            if x.macs:
-                continue
+        for x in _states_of(view, m):
             states.setdefault(x, weighted)
-            for y in reach([x], view.inputs, lambda y: not y.macs and tuple(y.output_shapes[0][-2:]) == shape
-                           if y.output_shapes else False):
-                if not y.macs and y.output_shapes and tuple(y.output_shapes[0][-2:]) == shape:
-                    states.setdefault(y, weighted)
     for m in view.nodes:
         if view.is_matmul(m) and m not in state.parts and not view.parts(m):
             source = states.get(_pass_through_root(view, view.matmul_operands(m)[1]))
@@ -254,6 +247,21 @@ def _state_products(view: GraphView, state: RoleState) -> None:
                 writes[m] = source
     for m, weighted in writes.items():
         _join_group(state, weighted, m)
+
+
+def _states_of(view: GraphView, write: CapturedOp) -> list[CapturedOp]:
+    """The state a state product writes: the records without multiplies its result reaches, and those each of them is
+    accumulated from that have the state's shape (its last two dims: the previous or initial state)."""
+    shape = tuple(write.output_shapes[0][-2:])
+
+    def state_shaped(y: CapturedOp) -> bool:
+        return not y.macs and bool(y.output_shapes) and tuple(y.output_shapes[0][-2:]) == shape
+
+    found: dict[CapturedOp, None] = {}
+    for x in reach(view.users(write), view.users, lambda x: not x.macs):
+        if not x.macs:
+            found.update(dict.fromkeys(y for y in reach([x], view.inputs, state_shaped) if state_shaped(y)))
+    return list(found)
 
 
 def _scores_in_the_bias(view: GraphView, state: RoleState, kernel: CapturedOp) -> set[CapturedOp]:
@@ -418,7 +426,10 @@ def _demand_out_proj(view: GraphView, state: RoleState, output: CapturedOp, thro
                      ) -> set[CapturedOp]:
     found = set()
     for p in _nearest_after(view, output, through_reductions):
-        if view.is_weight_matmul(p) and p not in state.parts:
+        if view.is_conv_projection(p) and _claimed_by_family(state, p):
+            state.demand(p, view.activation_operand(p), Role.OUT_PROJ.value)
+            found.add(p)
+        elif view.is_weight_matmul(p) and p not in state.parts:
             a, b = view.matmul_operands(p)
             sources = [x for x in concatenated(view, view.activation_operand(p)) if view.descends_from(x, output)]
             if sources:  # the attention output is one of several values the projection reads (a parallel block)
@@ -546,20 +557,42 @@ def concatenated_inputs(view: GraphView, state: RoleState) -> None:
 
 
 def _per_sample(view: GraphView, d: CapturedOp) -> bool:
-    """``d``'s result, or the result of a weight matmul that reads it next, is broadcast over positions: an
-    elementwise op spreads it along an axis other than the last, where it has one entry (or none) and the op's output
-    many (``x * (1 + scale[:, None]) + shift[:, None]`` of adaLN, a UNet's ``h + temb[:, :, None, None]``). Such a
-    hidden layer ran on one vector per sample (a timestep, a class, pooled text), not on every position: it conditions
-    the positions, it is no FFN (docs/roles.md section 3.4)."""
-    def spread(n: CapturedOp) -> bool:
-        return view.ahead(n, "broadcast over positions", _broadcasts)
+    """``d``'s result is broadcast over positions, or it is read only by weight matmuls whose results are: an
+    elementwise op spreads the value along an axis other than the last, where it has one entry (or none) and the op's
+    output many (``x * (1 + scale[:, None]) + shift[:, None]`` of adaLN, a UNet's ``h + temb[:, :, None, None]``),
+    the value having kept every row it had on the way (no reduction, no selection of a position: a pooled token
+    broadcast back is the stream's, not a per-sample vector's). Such a hidden layer ran on one vector per sample (a
+    timestep, a class, pooled text), not on every position: it conditions the positions, it is no FFN (docs/roles.md
+    section 3.4)."""
+    readers = view.frontier(view.users(d), view.users)
+    return _spread(view, d) or (bool(readers) and all(view.is_weight_matmul(m) and _spread(view, m) for m in readers))
 
-    return spread(d) or any(view.is_weight_matmul(m) and spread(m) for m in view.frontier(view.users(d), view.users))
+
+def _spread(view: GraphView, n: CapturedOp) -> bool:
+    """``n`` holds one row per sample (as many rows as the inputs' batch), and its value, with every row it has, is
+    broadcast over positions (:func:`_per_sample`)."""
+    return (bool(n.output_shapes) and _rows(n.output_shapes[0]) == view.batch
+            and view.ahead(n, "broadcast over positions", _broadcasts, _keeps_rows))
+
+
+def _rows(shape: Sequence[int]) -> int:
+    return math.prod(shape[:-1]) if shape else 1
+
+
+def _keeps_rows(user: CapturedOp, n: CapturedOp) -> bool:
+    """``user``'s output has at least the rows (all dims but the last) of ``n``'s."""
+    return bool(user.output_shapes and n.output_shapes) and _rows(user.output_shapes[0]) >= _rows(n.output_shapes[0])
+
+
+BROADCASTING_OPS = frozenset({aten.add, aten.add_, aten.sub, aten.sub_, aten.mul, aten.mul_, aten.div, aten.div_,
+                              aten.addcmul, aten.addcdiv, aten.where, aten.lerp})
+"""Elementwise ops that broadcast their operands to one shape (a scatter such as ``index_add_`` does not)."""
 
 
 def _broadcasts(user: CapturedOp, n: CapturedOp) -> bool:
     """The elementwise op ``user`` spreads ``n``'s value along an axis other than the last."""
-    if user.cost is not Cost.ELEMENTWISE or not user.output_shapes or not n.output_shapes:
+    if getattr(user.target, "overloadpacket", None) not in BROADCASTING_OPS or not user.output_shapes \
+            or not n.output_shapes:
         return False
     out, shape = tuple(user.output_shapes[0]), tuple(n.output_shapes[0])
     if len(shape) > len(out) or len(out) < 2:
@@ -668,7 +701,7 @@ def _scaled_from(view: GraphView, n: CapturedOp) -> list[CapturedOp]:
     found = [n]
     while not n.macs:
         dynamic = [x for x in view.inputs(n) if view.dynamic[x]]
-        if len(dynamic) != 1 or view.packet(n) in SUM_OPS or n.elementwise and n.elementwise[0] != "pointwise":
+        if len(dynamic) != 1 or view.packet(n) in SUM_OPS or (n.elementwise and n.elementwise[0] != "pointwise"):
             break
         n = dynamic[0]
         found.append(n)
@@ -842,7 +875,15 @@ def _projections_of(view: GraphView, state: RoleState, start: CapturedOp, role: 
     gated DeltaNet; the convolution keeps ``conv``)."""
     behind = _behind_channelwise(view, start) if through_channelwise else _nearest_before(view, start)
     return [(p, start, role) for p in behind
-            if view.is_weight_matmul(p) and (p not in state.parts or p in state.demands)]
+            if (view.is_weight_matmul(p) and (p not in state.parts or p in state.demands))
+            or (through_channelwise and view.is_conv_projection(p) and (_claimed_by_family(state, p)
+                                                                        or p in state.demands))]
+
+
+def _claimed_by_family(state: RoleState, p: CapturedOp) -> bool:
+    """``p`` holds only the role its op family gave it (a convolution's ``conv``): attention may still ask for it as
+    a projection (a pointwise convolution)."""
+    return state.parts.get(p) == {Role.CONV.value: p.macs} and p not in state.demands
 
 
 def _behind_channelwise(view: GraphView, start: CapturedOp) -> list[CapturedOp]:
