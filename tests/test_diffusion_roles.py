@@ -34,6 +34,21 @@ def roles_of(build, inputs, mode: str) -> dict[str, int]:
     return {role: macs for role, macs in by_role.items() if macs}
 
 
+INPUTS = {
+    "dit": lambda c: dict(hidden_states=torch.randn(1, c["C"], c["s"], c["s"]), timestep=torch.tensor([3]),
+                          class_labels=torch.tensor([1])),
+    "unet": lambda c: dict(sample=torch.randn(1, c["C"], c["s"], c["s"]), timestep=torch.tensor([3]),
+                           encoder_hidden_states=torch.randn(1, c["m"], c["d_ctx"])),
+    "sd3": lambda c: dict(hidden_states=torch.randn(1, c["C"], c["s"], c["s"]), timestep=torch.tensor([3]),
+                          encoder_hidden_states=torch.randn(1, c["m"], c["d_text"]),
+                          pooled_projections=torch.randn(1, c["pooled"])),
+    "flux": lambda c: dict(hidden_states=torch.randn(1, c["n"], c["C"]),
+                           encoder_hidden_states=torch.randn(1, c["m"], c["d_text"]),
+                           pooled_projections=torch.randn(1, c["pooled"]), timestep=torch.tensor([0.5]),
+                           img_ids=torch.zeros(c["n"], 3), txt_ids=torch.zeros(c["m"], 3)),
+}
+
+
 def self_attention(n: int, d: int) -> dict[str, int]:
     """q, k, v, out (d -> d each) and the core (h·d_k = d) over n tokens."""
     return {"q_proj": n * d * d, "k_proj": n * d * d, "v_proj": n * d * d, "out_proj": n * d * d,
@@ -249,3 +264,18 @@ def test_one_token_per_sample_is_still_position_wise(batch):
         warnings.simplefilter("ignore")
         roles = flopscope.profile(model, torch.randint(0, V, (batch, 1)), mode="fake").by_role()
     assert {role: roles[role] for role in ("ffn_up", "ffn_gate", "ffn_down")} == times(L, mlp(batch, d, d_ff, True))
+
+
+@pytest.mark.parametrize("name", ["dit", "unet", "sd3", "flux"])
+def test_reconcile_is_exact_off_the_language_model_zoo(name):
+    """Every reconcile row equals its closed form: cross-attention's keys on the context's m tokens of width d_ctx,
+    joint attention over n + m tokens with per-stream projections, Flux's single stream over cat([text, image]) made
+    inside the block (out_proj and ffn_down for their rows of proj_out), an FFN whose block is a container never
+    called (diffusers' ``ff.net``), convolutions."""
+    build, config = globals()[f"build_{name}"], globals()[name.upper()]
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        prof = flopscope.profile(build().eval(), **INPUTS[name](config), mode="fake")
+    rows = prof.reconcile().rows
+    assert rows and [(r.block, r.role, r.measured, r.predicted) for r in rows if not r.exact] == []
+    assert {r.role for r in rows} >= {"q_proj", "attn_scores", "out_proj", "ffn_up", "ffn_down"}

@@ -173,7 +173,7 @@ def reconcile(assignments: Mapping[CapturedOp, Assignment], facts: ModelFacts,
     rows: list[ReconcileRow] = []
     for block, roles in measured.items():
         context = _Block(block, roles, facts, calls.get(block, []), spec, block in causal_kernels,
-                         role_modules[block])
+                         role_modules[block], calls)
         found: list[ReconcileRow] = []
         for group in dict.fromkeys(Role(r).group for r in ROLE_ORDER if r in roles):
             predict = ROW_BUILDERS.get(group)
@@ -208,11 +208,42 @@ class _Block:
     spec: TransformerSpec | None
     causal_kernel: bool
     role_modules: Mapping[str, set[str]]
+    module_calls: Mapping[str, list[InputShapes]]  # every module's calls (a projection's own inputs)
+
+    def linear_calls(self, role: str) -> list[_LinearCalls] | None:
+        """Each module that ran ``role`` in this block, as a linear layer with its declared widths and the
+        (batch, tokens) of each of its calls; ``None`` unless every one declares its widths and was called on inputs
+        of its declared width."""
+        found = []
+        for path in sorted(self.role_modules.get(role, set())):
+            width_in = self.facts.declared(LINEAR_IN, [path], config=False)
+            width_out = self.facts.declared(LINEAR_OUT, [path], config=False)
+            calls = [_batch_and_length(shapes, width_in, (0, *QUERY_INPUTS)) if width_in else None
+                     for shapes in self.module_calls.get(path, [])]
+            if width_in is None or width_out is None or not calls or any(c is None for c in calls):
+                return None
+            found.append(_LinearCalls(path, width_in, width_out, [c for c in calls if c is not None]))
+        return found or None
 
     def unrecognised(self, roles: Sequence[str], why: str = "") -> list[ReconcileRow]:
         """Rows without a prediction, saying why."""
         reason = "unrecognised block" + (f": {why}" if why else "")
         return [ReconcileRow(self.path, r, self.measured.get(r, 0), None, TERMS[r], reason=reason) for r in roles]
+
+
+@dataclass(frozen=True)
+class _LinearCalls:
+    """A linear layer that ran one role: its declared widths and the (batch, tokens) of each call's input."""
+
+    path: str
+    width_in: int
+    width_out: int
+    calls: list[tuple[int, int]]
+
+    def macs(self, width_in: int | None = None) -> int:
+        """B·n·in·out summed over its calls (``width_in``: the rows that belong to the role, where its input is a
+        concatenation)."""
+        return sum(batch * n for batch, n in self.calls) * (width_in or self.width_in) * self.width_out
 
 
 # --------------------------------------------------------------------------------------------------
@@ -343,6 +374,9 @@ def _attention_rows(b: _Block) -> list[ReconcileRow]:
     block, measured, facts, calls, spec = b.path, b.measured, b.facts, b.calls, b.spec
     hyper = _attention_hyper(b)
     present = [r for r in ATTENTION_ROLES if r in measured]
+    streams = _stream_attention_rows(b) if spec is None else None
+    if streams is not None:
+        return streams
     if hyper is None or (not calls and (spec is None or spec.n is None)):
         return b.unrecognised(present, "no declared width / heads or no recorded input")
     seq_first = facts.attr(block, "batch_first") is False
@@ -367,11 +401,13 @@ def _attention_rows(b: _Block) -> list[ReconcileRow]:
                 continue
             batch, n_q = q
             kv_names: tuple[int | str, ...] = (*KEY_INPUTS, 1) if seq_first or facts.attr(block, "kdim") else KEY_INPUTS
-            kv = _batch_and_length(shapes, facts.attr(block, "kdim") or hyper.d, kv_names, seq_first)
+            kv = _batch_and_length(shapes, facts.attr(block, "kdim") or _key_width(b) or hyper.d, kv_names, seq_first)
             n_k = kv[1] if kv is not None else n_q
         d, d_q, d_kv = hyper.d, hyper.d_q, hyper.d_kv  # d_q = h·d_k, d_kv = n_kv·d_k
-        # nn.MultiheadAttention declares the key / value input widths and keys appended after projection
-        k_in, v_in = facts.attr(block, "kdim") or d, facts.attr(block, "vdim") or d
+        # nn.MultiheadAttention declares the key / value input widths and keys appended after projection; a
+        # cross-attention's key projection declares the width of the context it reads (a UNet's text tokens)
+        k_in = facts.attr(block, "kdim") or _key_width(b) or d
+        v_in = facts.attr(block, "vdim") or _key_width(b, "v_proj") or d
         appended = int("bias_k" in facts.param_shapes.get(block, {})) + int(bool(facts.attr(block, "add_zero_attn")))
         if latent is not None:  # multi-head latent attention: its own closed form
             for role, macs in latent.macs(batch, n_q, n_k, d).items():
@@ -400,6 +436,62 @@ def _attention_rows(b: _Block) -> list[ReconcileRow]:
                            useful=useful.get(role) if useful.get(role) != predicted.get(role) else None,
                            basis=basis)
         rows.append(replace(row, reason=_attention_reason(row, hyper)) if not row.exact else row)
+    return rows
+
+
+def _key_width(b: _Block, role: str = "k_proj") -> int | None:
+    """The input width the block's one key (or value) projection declares, where it differs from the queries': a
+    cross-attention reading a context of another width."""
+    keys, queries = b.role_modules.get(role, set()), b.role_modules.get("q_proj", set())
+    if len(keys) != 1 or len(queries) != 1:
+        return None
+    width = b.facts.declared(LINEAR_IN, list(keys), config=False)
+    return width if width != b.facts.declared(LINEAR_IN, list(queries), config=False) else None
+
+
+def _stream_attention_rows(b: _Block) -> list[ReconcileRow] | None:
+    """Attention over the concatenation of token streams, each with its own projections: joint attention (SD3,
+    Flux's double-stream blocks, HunyuanVideo: image tokens through ``to_q`` / ``to_k`` / ``to_v``, text tokens
+    through ``add_q_proj`` / ...) and a single-stream block whose attention runs on ``cat([text, image])`` made inside
+    the block. Each projection's MACs are B·n·in·out from its declared widths and the tokens of its own input; the
+    core runs over n_q = Σ of the query projections' tokens and n_k = Σ of the key projections', B·n_q·n_k·(h·d_k)
+    each for scores and weighted sum. Used where the block's own inputs do not say the attention's tokens: several
+    projections per role, or a query projection that sees other tokens than the block's query input. ``None``
+    otherwise, or where a projection is no declared linear layer."""
+    linears = {role: b.linear_calls(role) for role in ("q_proj", "k_proj", "v_proj", "out_proj")}
+    q, k, v = linears["q_proj"], linears["k_proj"], linears["v_proj"]
+    if q is None or k is None or v is None or any(role in b.measured for role in LINEAR_CORE):
+        return None
+    query_input = next((t for t in (_batch_and_length(shapes, q[0].width_in, QUERY_INPUTS) for shapes in b.calls)
+                        if t is not None), None)
+    joint = len(q) > 1 or len(k) > 1
+    if not joint and query_input is not None and query_input == q[0].calls[0]:
+        return None  # the block's input says the tokens: the declared closed form applies
+    calls = len(q[0].calls)
+    if any(len(m.calls) != calls for m in (*q, *k)) or len({m.width_out for m in q}) != 1:
+        return None
+    d_q, d_v = q[0].width_out, v[0].width_out
+    predicted = {role: sum(m.macs() for m in linears[role] or []) for role in ("q_proj", "k_proj", "v_proj")}
+    scores = weighted = 0
+    for i in range(calls):
+        batch = q[0].calls[i][0]
+        n_q, n_k = sum(m.calls[i][1] for m in q), sum(m.calls[i][1] for m in k)
+        scores += batch * n_q * n_k * d_q
+        weighted += batch * n_q * n_k * d_v
+    predicted |= {"attn_scores": scores, "attn_weighted_sum": weighted}
+    outs = linears["out_proj"]
+    if outs is not None:  # an output projection reading a concatenation is out_proj for the attention's rows only
+        predicted["out_proj"] = sum(m.macs(min(m.width_in, d_v)) for m in outs)
+    names = ", ".join(f"{m.path.rsplit('.', 1)[-1]} {m.width_in}->{m.width_out} n={m.calls[0][1]}"
+                      for m in (*q, *k, *v))
+    basis = (f"{'joint' if joint else 'single-stream'} attention over n_q={sum(m.calls[0][1] for m in q)} "
+             f"n_k={sum(m.calls[0][1] for m in k)} tokens, h·d_k={d_q}; per-stream projections ({names}; "
+             "widths declared, tokens of each projection's input)")
+    rows = []
+    for role in ATTENTION_ROLES:
+        if role in b.measured or predicted.get(role):
+            rows.append(ReconcileRow(b.path, role, b.measured.get(role, 0), predicted.get(role), TERMS[role],
+                                     basis=basis))
     return rows
 
 
@@ -434,6 +526,13 @@ def _ffn_rows(b: _Block) -> list[ReconcileRow]:
     routed = facts.declared(EXPERTS, inside(facts.types, block), config=False)
     top_k = experts if experts is not None and routed else 1
     tokens = _tokens_of(calls, d)
+    ups = b.linear_calls("ffn_up")
+    up_tokens = sum(batch * n for m in ups for batch, n in m.calls) if ups is not None else 0
+    source_of_tokens = ""
+    if up_tokens and top_k == 1 and up_tokens != tokens:
+        # the hidden layer runs on other tokens than the block's query input (a container never called, a parallel
+        # block over cat([text, image]) made inside it): the up projection's own input says them
+        tokens, source_of_tokens = up_tokens, ", tokens of the up projection's input"
     if spec is not None and spec.n is not None:
         tokens = (spec.batch or 1) * spec.n
     if not tokens:
@@ -442,7 +541,7 @@ def _ffn_rows(b: _Block) -> list[ReconcileRow]:
     if gated:
         predicted["ffn_gate"] = tokens * top_k * d * d_ff
     moe = f" top_k={top_k} experts per token" if top_k > 1 else ""
-    basis = f"tokens={tokens} d={d} d_ff={d_ff}{' gated' if gated else ''}{moe} ({source})"
+    basis = f"tokens={tokens} d={d} d_ff={d_ff}{' gated' if gated else ''}{moe} ({source}{source_of_tokens})"
     rows = []
     for role in FFN_ROLES:
         if role in measured or role in predicted:
