@@ -102,15 +102,16 @@ def is_channelwise_conv(n: CapturedOp) -> bool:
 
 
 def is_pointwise_conv(n: CapturedOp) -> bool:
-    """A 1×1 convolution over all channels (``groups == 1``, every kernel dim 1, not transposed): at each position the
-    same linear map of the channels, a projection written as a convolution (YOLO11's C2PSA ``qkv`` and ``proj``,
-    EfficientViT, non-local blocks). Its output channel (dim 1) is its column."""
+    """A 1×1 convolution that mixes channels (every kernel dim 1, not transposed, not depthwise; grouped or not): at
+    each position the same linear map of the channels (block-diagonal when grouped), a projection written as a
+    convolution (YOLO11's C2PSA ``qkv`` and ``proj``, EfficientViT, SqueezeBERT, non-local blocks). Its output
+    channel (dim 1) is its column."""
     spec = n.spec
     if spec is None or spec.family is not OpFamily.CONV or len(n.input_shapes) < 2 or not n.output_shapes:
         return False
     x, weight = n.input_shapes[0], n.input_shapes[1]
     transposed = len(n.args) > 6 and n.args[6] is True
-    return (not transposed and len(x) >= 3 and len(weight) == len(x) and weight[1] == x[1]
+    return (not transposed and len(x) >= 3 and len(weight) == len(x) and weight[1] > 1 and x[1] % weight[1] == 0
             and all(k == 1 for k in weight[2:]))
 
 

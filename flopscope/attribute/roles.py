@@ -125,6 +125,7 @@ class RoleState:
     demands: dict[CapturedOp, list[tuple[CapturedOp, str]]] = field(default_factory=dict)
     row_demands: dict[CapturedOp, list[tuple[CapturedOp, str]]] = field(default_factory=dict)
     groups: list[set[CapturedOp]] = field(default_factory=list)
+    settled: dict[CapturedOp, list[tuple[CapturedOp, str]]] = field(default_factory=dict)  # column demands so far
 
     def claimed(self, n: CapturedOp) -> bool:
         return n in self.parts or n in self.demands or n in self.row_demands
@@ -144,12 +145,18 @@ class RoleState:
         return n in self.row_demands and n not in self.parts and n not in self.demands
 
     def settle(self, view: GraphView) -> None:
-        """Claim every demanded projection: whole when one role wants it, else split by columns."""
+        """Claim every demanded projection: whole when one role wants it, else split by columns (with the columns
+        an earlier pass asked for: a fused projection whose columns feed attention and an MLP)."""
         for p, wanted in self.demands.items():
+            wanted = [*self.settled.get(p, ()), *wanted]
             roles = {role for _, role in wanted}
-            self.parts[p] = {roles.pop(): p.macs} if len(roles) == 1 else split_by_columns(p, wanted,
-                                                                                                   p.macs)
+            self.parts[p] = {roles.pop(): p.macs} if len(roles) == 1 else split_by_columns(p, wanted, p.macs)
+            self.settled[p] = wanted
         self.demands = {}
+
+    def has_free_columns(self, p: CapturedOp) -> bool:
+        """``p`` was split by columns and some of its columns no consumer asked for yet (``other``)."""
+        return p in self.settled and bool(self.parts.get(p, {}).get(Role.OTHER.value))
 
 
 Pass = Callable[[GraphView, RoleState], None]
@@ -875,7 +882,7 @@ def _projections_of(view: GraphView, state: RoleState, start: CapturedOp, role: 
     gated DeltaNet; the convolution keeps ``conv``)."""
     behind = _behind_channelwise(view, start) if through_channelwise else _nearest_before(view, start)
     return [(p, start, role) for p in behind
-            if (view.is_weight_matmul(p) and (p not in state.parts or p in state.demands))
+            if (view.is_weight_matmul(p) and (p not in state.parts or p in state.demands or state.has_free_columns(p)))
             or (through_channelwise and view.is_conv_projection(p) and (_claimed_by_family(state, p)
                                                                         or p in state.demands))]
 

@@ -520,6 +520,12 @@ def _ffn_rows(b: _Block) -> list[ReconcileRow]:
     if spec is not None:
         d, d_ff, source = spec.d or d, spec.d_ff or d_ff, "TransformerSpec"
     present = [r for r in FFN_ROLES if r in measured]
+    fused = {m for role in ("q_proj", "k_proj", "v_proj") for m in b.role_modules.get(role, set())}
+    shared = {m for m in fused & b.role_modules.get("ffn_up", set())
+              if facts.declared(LINEAR_IN, [m], config=False) is not None}  # a linear layer whose width would be read
+    if shared and spec is None and source == "weight shapes":
+        return b.unrecognised(present, f"the up projection {sorted(shared)[0]} is fused with attention's "
+                                       "projections: its declared width is not the FFN's (a TransformerSpec says d_ff)")
     if d is None or d_ff is None:
         return b.unrecognised(present)
     # routed experts: each token meets top_k of them; a shared expert (or a dense FFN) sees every token once
