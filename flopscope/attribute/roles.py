@@ -571,6 +571,8 @@ def _per_sample(view: GraphView, d: CapturedOp) -> bool:
     broadcast back is the stream's, not a per-sample vector's). Such a hidden layer ran on one vector per sample (a
     timestep, a class, pooled text), not on every position: it conditions the positions, it is no FFN (docs/roles.md
     section 3.4)."""
+    if not d.output_shapes or _rows(d.output_shapes[0]) != view.batch:
+        return False  # more rows than samples: it ran on positions
     readers = view.frontier(view.users(d), view.users)
     return _spread(view, d) or (bool(readers) and all(view.is_weight_matmul(m) and _spread(view, m) for m in readers))
 
@@ -672,20 +674,25 @@ def low_rank_updates(view: GraphView, state: RoleState) -> None:
         if not roles or not view.is_weight_matmul(p) or set(roles) <= {Role.OTHER.value}:
             continue
         source = _pass_through_root(view, view.activation_operand(p))
+        width = p.output_shapes[0][-1:]
         for total in _first_sums(view, p):
             for operand in view.inputs(total):
-                if p in _scaled_from(view, operand):
-                    continue
-                for last in _nearest_before(view, operand):
-                    chain = _chain_from(view, last, source)
-                    for m in chain:
-                        if m not in state.parts and m not in state.demands:
-                            state.parts[m] = scale_parts(roles, m.macs)
-                            _join_group(state, p, m)
+                copies = _scaled_from(view, operand)
+                last = copies[-1]  # the update is a scaled copy of the last link's result
+                if p in copies or not last.macs or last.output_shapes[0][-1:] != width:
+                    continue  # (an update has the projection's output columns)
+                for m in _chain_from(view, state, last, source, roles):
+                    if m not in state.parts and m not in state.demands:
+                        state.parts[m] = scale_parts(roles, m.macs)
+                        _join_group(state, p, m)
 
 
 def _pass_through_root(view: GraphView, n: CapturedOp) -> CapturedOp:
     """The record ``n`` holds the value of, walking back through views, copies and dropout (one data input each)."""
+    return view.cached("pass-through root", n, lambda: _walk_to_root(view, n))
+
+
+def _walk_to_root(view: GraphView, n: CapturedOp) -> CapturedOp:
     while not n.macs:
         inputs = view.inputs(n)
         if view.packet(n) in PRODUCT_OPS and len(inputs) == 2:
@@ -707,7 +714,7 @@ def _scaled_from(view: GraphView, n: CapturedOp) -> list[CapturedOp]:
     ``mag_norm_scale * x``): ``n`` is a scaled copy of each of them."""
     found = [n]
     while not n.macs:
-        dynamic = [x for x in view.inputs(n) if view.dynamic[x]]
+        dynamic = [x for x in view.inputs(n) if view.dynamic[x] and not _random(view, x)]
         if len(dynamic) != 1 or view.packet(n) in SUM_OPS or (n.elementwise and n.elementwise[0] != "pointwise"):
             break
         n = dynamic[0]
@@ -718,28 +725,32 @@ def _scaled_from(view: GraphView, n: CapturedOp) -> list[CapturedOp]:
 def _first_sums(view: GraphView, p: CapturedOp) -> list[CapturedOp]:
     """The sums that take a scaled copy of ``p``'s output (:func:`_scaled_from`) and another dynamic value."""
     return [s for s in reach(view.users(p), view.users, lambda x: not x.macs and view.packet(x) not in SUM_OPS)
-            if view.packet(s) in SUM_OPS and p in _scaled_from(view, _operand_from(view, s, p))
+            if view.packet(s) in SUM_OPS and any(p in _scaled_from(view, x) for x in view.inputs(s))
             and sum(view.dynamic[x] for x in view.inputs(s)) >= 2]
 
 
-def _operand_from(view: GraphView, s: CapturedOp, p: CapturedOp) -> CapturedOp:
-    """The input of ``s`` that descends from ``p``."""
-    return next((x for x in view.inputs(s) if view.descends_from(x, p)), s)
-
-
-def _chain_from(view: GraphView, last: CapturedOp, source: CapturedOp, depth: int = 3) -> list[CapturedOp]:
+def _chain_from(view: GraphView, state: RoleState, last: CapturedOp, source: CapturedOp, roles: Mapping[str, int],
+                depth: int = 3) -> list[CapturedOp]:
     """``last`` and the weight matmuls behind it, when they form a chain that starts from ``source`` (every multiply
-    nearest behind each link is a weight matmul, the first link reads ``source``); else nothing."""
-    if not view.is_weight_matmul(last) or depth == 0:
+    nearest behind each link is a weight matmul unclaimed or claimed with the projection's roles, no activation
+    function between links, the first link reads ``source``); else nothing."""
+    claimed = state.parts.get(last)
+    if (not view.is_weight_matmul(last) or depth == 0 or last in state.demands
+            or (claimed is not None and set(claimed) != set(roles))):
         return []
     start = view.activation_operand(last)
     if _pass_through_root(view, start) is source:
         return [last]
-    behind = _nearest_before(view, start)
-    chains = [_chain_from(view, m, source, depth - 1) for m in behind]
-    if not behind or not all(chains) or view.cached("activated", start, lambda: _passes_activation(view, start)):
+    if _passes_activation(view, start):
         return []
-    return [last, *(m for chain in chains for m in chain)]
+    behind = _nearest_before(view, start)
+    chains = []
+    for m in behind:
+        chain = _chain_from(view, state, m, source, roles, depth - 1)
+        if not chain:
+            return []
+        chains.append(chain)
+    return [last, *(m for chain in chains for m in chain)] if chains else []
 
 
 def _join_group(state: RoleState, member: CapturedOp, new: CapturedOp) -> None:
