@@ -167,6 +167,28 @@ def test_qwen3_next_state_products_scale_with_the_chunks() -> None:
     assert roles["attn_readout"] == chunks * 2 * hv * chunk * dk * dv
 
 
+KIMI_LINEAR = dict(vocab_size=64, pad_token_id=0, bos_token_id=1, eos_token_id=2, hidden_size=32, intermediate_size=64,
+                   moe_intermediate_size=16, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
+                   kv_lora_rank=8, qk_rope_head_dim=4, v_head_dim=8, qk_nope_head_dim=8, num_local_experts=4,
+                   num_experts_per_tok=2, linear_head_dim=8, linear_num_heads=4,
+                   layer_types=["linear_attention", "full_attention"], mlp_layer_types=["dense", "dense"])
+
+
+@pytest.mark.parametrize(("tokens", "chunks"), [(8, 1), (130, 3)])
+def test_kimi_delta_attention_state_products(tokens: int, chunks: int) -> None:
+    """Kimi-Linear's KDA (the reference chunked kernel, chunks of 64): its in-chunk scores are elementwise (a decay per
+    channel), so no weighted sum is found; the state products are by the delta rule, the values corrected by a read of
+    the state they update: kᵀ·v_new writes it (attn_kv_state, h·chunk·d_k·d_v per chunk), q·S and k_cumdecay·S read it
+    (attn_readout, twice that); before, all three were other."""
+    h, dk, dv, chunk = 4, 8, 8, 64
+    model = build("KimiLinearForCausalLM", "KimiLinearConfig", "eager", "fake", KIMI_LINEAR)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        roles = flopscope.profile(model, torch.randint(0, 64, (1, tokens)), mode="fake").by_role()
+    assert roles["attn_kv_state"] == chunks * h * dk * chunk * dv
+    assert roles["attn_readout"] == chunks * 2 * h * chunk * dk * dv
+
+
 BAMBA = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
              num_key_value_heads=2, mamba_n_heads=4, mamba_d_head=16, mamba_n_groups=1, mamba_d_state=4,
              mamba_d_conv=4, mamba_expand=2, attn_layer_indices=[1], mamba_chunk_size=8)

@@ -221,39 +221,54 @@ def attention(view: GraphView, state: RoleState) -> None:
 
 
 def _state_products(view: GraphView, state: RoleState) -> None:
-    """The recurrent state of chunked linear attention (gated DeltaNet, Kimi's KDA, Mamba-2's SSD), beside its in-chunk
-    quadratic form: a product of two activations whose right operand is the values of a weighted sum found (``kᵀ·v``
-    with the same ``v`` the chunk's weights multiply) and whose left operand is not attention's weights writes the
-    state, ``attn_kv_state``; the state is its result and what it is accumulated with (``S·decay + kᵀ·v``: tensors of
+    """The recurrent state of chunked linear attention (gated DeltaNet, Kimi's KDA), beside or without its in-chunk
+    quadratic form. A product of two activations writes the state, ``attn_kv_state``, when its right operand is the
+    values of a weighted sum found (``kᵀ·v`` with the same ``v`` the chunk's weights multiply; its left operand not
+    attention's weights), or when its right operand is computed from a read of the very state it writes (the delta
+    rule: ``v_new = v − k·S``, then ``S·decay + kᵀ·v_new``; KDA's in-chunk scores are elementwise, so no weighted sum
+    is found there). The state is the write's result and what it is accumulated with (``S·decay + kᵀ·v``: tensors of
     the state's shape, the initial state included); every product whose right operand is a state reads it,
     ``attn_readout`` (``q·S``, and the delta rule's ``k·S``, the part of the values the state already predicts). Each
-    joins the attention instance of its weighted sum."""
+    joins the attention instance of its weighted sum, or forms one. Mamba-2's chunk states (``Bᵀ·x``, with ``x`` read
+    by no state) stay ``other``."""
     values: dict[CapturedOp, CapturedOp] = {}
     for m, parts in state.parts.items():
         if Role.ATTN_WEIGHTED_SUM.value in parts and view.is_matmul(m):
             values.setdefault(_pass_through_root(view, view.matmul_operands(m)[1]), m)
-    if not values:
-        return
-    writes: dict[CapturedOp, CapturedOp] = {}  # state product -> its weighted sum
-    for m in view.nodes:
-        if _free_product(view, state, m):
-            a, b = view.matmul_operands(m)
-            weighted = values.get(_pass_through_root(view, b))
-            if weighted is not None and not _from_attention(view, state, a):
-                state.parts[m] = {Role.ATTN_KV_STATE.value: m.macs}
-                writes[m] = weighted
-    states: dict[CapturedOp, CapturedOp] = {}  # a state -> the weighted sum whose instance it belongs to
-    for m, weighted in writes.items():
-        for x in _states_of(view, m):
-            states.setdefault(x, weighted)
+    readers_of: dict[CapturedOp, list[CapturedOp]] = {}  # a right operand's root -> the free matmuls reading it
     for m in view.nodes:
         if view.is_matmul(m) and m not in state.parts and not view.parts(m):
-            source = states.get(_pass_through_root(view, view.matmul_operands(m)[1]))
-            if source is not None:
+            readers_of.setdefault(_pass_through_root(view, view.matmul_operands(m)[1]), []).append(m)
+    writes: dict[CapturedOp, CapturedOp] = {}  # state product -> the weighted sum (or write) it belongs with
+    for m in view.nodes:
+        if not _free_product(view, state, m):
+            continue
+        a, b = view.matmul_operands(m)
+        weighted = values.get(_pass_through_root(view, b))
+        if weighted is not None and not _from_attention(view, state, a):
+            writes[m] = weighted
+        elif any(view.descends_from(b, r) for x in _states_of(view, m) for r in readers_of.get(x, ()) if r is not m):
+            writes[m] = m  # the delta rule: its values are corrected by a read of its own state
+    for m in writes:
+        state.parts[m] = {Role.ATTN_KV_STATE.value: m.macs}
+    states: dict[CapturedOp, CapturedOp] = {}  # a state -> the weighted sum (or write) whose instance it belongs to
+    for m, anchor in writes.items():
+        for x in _states_of(view, m):
+            states.setdefault(x, anchor)
+    for root, readers in readers_of.items():
+        for m in readers:
+            if root in states and m not in state.parts:
                 state.parts[m] = {Role.ATTN_READOUT.value: m.macs}
-                writes[m] = source
-    for m, weighted in writes.items():
-        _join_group(state, weighted, m)
+                writes[m] = states[root]
+    instances: dict[CapturedOp, set[CapturedOp]] = {}
+    for m, anchor in writes.items():
+        instances.setdefault(anchor, {anchor}).add(m)
+    for anchor, members in instances.items():
+        group = next((g for g in state.groups if anchor in g), None)
+        if group is None:
+            state.groups.append(members)
+        else:
+            group |= members
 
 
 def _states_of(view: GraphView, write: CapturedOp) -> list[CapturedOp]:
