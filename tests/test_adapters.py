@@ -141,3 +141,16 @@ def test_lora_on_convolutions_is_convolution():
     base = pixels * (16 * 3 * 9 + 8 * 16 * 9)
     adapters = pixels * (4 * 3 * 9 + 16 * 4) + pixels * (4 * 16 * 9 + 8 * 4)
     assert nonzero(prof.by_role()) == {"conv": base + adapters}
+
+
+def test_dora_keeps_the_projection_roles_and_its_weight_norm_is_other():
+    """DoRA scales the base output and the adapter's by a magnitude over the norm of W + B·A: the adapter keeps its
+    projection's roles; the weight-norm products (B·A applied to an identity, in·in·r + in·r·out per adapted layer,
+    once per call whatever the tokens) are other, never a projection the scale multiplies."""
+    model = lora_llama(use_dora=True)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        roles = nonzero(flopscope.profile(model, torch.randint(0, V, (1, n)), mode="fake").by_role())
+    weight_norms = L * sum(width_in * width_in * r + width_in * r * width_out
+                           for _, _, width_in, width_out in LLAMA_PROJECTIONS)
+    assert roles == add(llama_forward(), rotary(n, d_k), {"other": weight_norms})

@@ -192,6 +192,19 @@ def by_family(view: GraphView, state: RoleState) -> None:
             state.parts[n] = {FAMILY_ROLES[spec.family].value: n.macs}
 
 
+def weight_work(view: GraphView, state: RoleState) -> None:
+    """Products that compute a weight, not a projection of tokens: a multiply that depends on none of the forward's
+    inputs and is computed from an identity matrix made in the forward (DoRA's ``lora_B(lora_A(eye))``, the adapter's
+    ``B·A`` for its weight norm, once per call whatever the tokens) is ``other``, so that no projection search takes
+    it for a projection of the values it scales."""
+    from_eye: dict[CapturedOp, bool] = {}
+    for n in view.nodes:  # in graph order: a node's inputs come first
+        from_eye[n] = not view.dynamic[n] and (view.packet(n) is aten.eye or any(from_eye.get(x, False)
+                                                                                 for x in n.inputs))
+        if from_eye[n] and n.macs and not state.claimed(n):
+            state.parts[n] = {Role.OTHER.value: n.macs}
+
+
 # --------------------------------------------------------------------------------------------------
 # pass 2: attention
 def attention(view: GraphView, state: RoleState) -> None:
@@ -848,7 +861,7 @@ def rules_pass(rules: tuple[RoleRule, ...], module_types: Mapping[str, type], on
     return apply
 
 
-PASSES: tuple[Pass, ...] = (by_family, attention, logits, ffn, concatenated_inputs, low_rank_updates,
+PASSES: tuple[Pass, ...] = (by_family, weight_work, attention, logits, ffn, concatenated_inputs, low_rank_updates,
                            factored_projections, unclaimed_are_other)
 """The dataflow passes, in order (rules follow). Order matters: each pass claims only multiplies no
 earlier pass claimed, so logits (a weight matmul onto the vocabulary, often behind an activation) is
