@@ -161,10 +161,11 @@ class GraphView:
     @property
     def batch(self) -> int | None:
         """The batch size of the forward's inputs: the leading dim most of its input tensors share (``None``
-        without inputs)."""
+        without inputs, or where the sizes are symbolic)."""
         def compute() -> int | None:
             leading = Counter(n.output_shapes[0][0] for n in self.nodes
-                              if n.leaf is LeafKind.INPUT and n.output_shapes and len(n.output_shapes[0]) >= 1)
+                              if n.leaf is LeafKind.INPUT and n.output_shapes and len(n.output_shapes[0]) >= 1
+                              and type(n.output_shapes[0][0]) is int)  # (symbolic sizes: no batch to compare)
             return max(leading, key=lambda size: (leading[size], -size)) if leading else None
 
         if "batch" not in self._memo_plain:

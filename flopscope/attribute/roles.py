@@ -599,8 +599,9 @@ def _per_sample(view: GraphView, d: CapturedOp) -> bool:
     broadcast back is the stream's, not a per-sample vector's). Such a hidden layer ran on one vector per sample (a
     timestep, a class, pooled text), not on every position: it conditions the positions, it is no FFN (docs/roles.md
     section 3.4)."""
-    if not d.output_shapes or _rows(d.output_shapes[0]) != view.batch:
-        return False  # more rows than samples: it ran on positions
+    batch = view.batch
+    if batch is None or not d.output_shapes or _rows(d.output_shapes[0]) != batch:
+        return False  # more rows than samples: it ran on positions (or the sizes are symbolic)
     readers = view.frontier(view.users(d), view.users)
     return _spread(view, d) or (bool(readers) and all(view.is_weight_matmul(m) and _spread(view, m) for m in readers))
 
@@ -608,7 +609,7 @@ def _per_sample(view: GraphView, d: CapturedOp) -> bool:
 def _spread(view: GraphView, n: CapturedOp) -> bool:
     """``n`` holds one row per sample (as many rows as the inputs' batch), and its value, with every row it has, is
     broadcast over positions (:func:`_per_sample`)."""
-    return (bool(n.output_shapes) and _rows(n.output_shapes[0]) == view.batch
+    return (view.batch is not None and bool(n.output_shapes) and _rows(n.output_shapes[0]) == view.batch
             and view.ahead(n, "broadcast over positions", _broadcasts, _keeps_rows))
 
 
