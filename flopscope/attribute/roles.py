@@ -239,7 +239,7 @@ def _state_products(view: GraphView, state: RoleState) -> None:
     values of a weighted sum found (``kᵀ·v`` with the same ``v`` the chunk's weights multiply; its left operand not
     attention's weights), or when its right operand is computed from a read of the very state it writes (the delta
     rule: ``v_new = v − k·S``, then ``S·decay + kᵀ·v_new``; KDA's in-chunk scores are elementwise, so no weighted sum
-    is found there). The state is the write's result and what it is accumulated with (``S·decay + kᵀ·v``: tensors of
+    is found there; ``v − k·S``, a subtraction). The state is the write's result and what it is accumulated with (``S·decay + kᵀ·v``: tensors of
     the state's shape, the initial state included); every product whose right operand is a state reads it,
     ``attn_readout`` (``q·S``, and the delta rule's ``k·S``, the part of the values the state already predicts). Each
     joins the attention instance of its weighted sum, or forms one. Mamba-2's chunk states (``Bᵀ·x``, with ``x`` read
@@ -260,7 +260,7 @@ def _state_products(view: GraphView, state: RoleState) -> None:
         weighted = values.get(_pass_through_root(view, b))
         if weighted is not None and not _from_attention(view, state, a):
             writes[m] = weighted
-        elif any(view.descends_from(b, r) for x in _states_of(view, m) for r in readers_of.get(x, ()) if r is not m):
+        elif _corrected_by_a_read(view, b, {r for x in _states_of(view, m) for r in readers_of.get(x, ())} - {m}):
             writes[m] = m  # the delta rule: its values are corrected by a read of its own state
     for m in writes:
         state.parts[m] = {Role.ATTN_KV_STATE.value: m.macs}
@@ -282,6 +282,14 @@ def _state_products(view: GraphView, state: RoleState) -> None:
             state.groups.append(members)
         else:
             group |= members
+
+
+def _corrected_by_a_read(view: GraphView, values: CapturedOp, reads: set[CapturedOp]) -> bool:
+    """``values`` is ``v − read`` (through views and copies) with ``read`` one of ``reads``: the delta rule's correction
+    of the values by what the state already predicts."""
+    correction = _pass_through_root(view, values)
+    return view.packet(correction) in (aten.sub, aten.sub_) and any(
+        _pass_through_root(view, x) in reads for x in view.inputs(correction)[1:])
 
 
 def _states_of(view: GraphView, write: CapturedOp) -> list[CapturedOp]:
