@@ -237,10 +237,11 @@ def _state_products(view: GraphView, state: RoleState) -> None:
     """The recurrent state of chunked linear attention (gated DeltaNet, Kimi's KDA), beside or without its in-chunk
     quadratic form. A product of two activations writes the state, ``attn_kv_state``, when its right operand is the
     values of a weighted sum found (``kᵀ·v`` with the same ``v`` the chunk's weights multiply; its left operand not
-    attention's weights), or when its right operand is computed from a read of the very state it writes (the delta
-    rule: ``v_new = v − k·S``, then ``S·decay + kᵀ·v_new``; KDA's in-chunk scores are elementwise, so no weighted sum
-    is found there; ``v − k·S``, a subtraction). The state is the write's result and what it is accumulated with (``S·decay + kᵀ·v``: tensors of
-    the state's shape, the initial state included); every product whose right operand is a state reads it,
+    attention's weights), or when its right operand is the values less a read of the very state it writes (the
+    delta rule: ``v_new = v − k·S``, then ``S·decay + kᵀ·v_new``; KDA's in-chunk scores are elementwise, so no
+    weighted sum is found there). The state is the write's result and what it is accumulated with (``S·decay +
+    kᵀ·v``: tensors of the state's shape, the initial state included); every product whose right operand is a state
+    reads it,
     ``attn_readout`` (``q·S``, and the delta rule's ``k·S``, the part of the values the state already predicts). Each
     joins the attention instance of its weighted sum, or forms one. Mamba-2's chunk states (``Bᵀ·x``, with ``x`` read
     by no state) stay ``other``."""
