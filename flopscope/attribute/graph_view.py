@@ -173,6 +173,13 @@ class GraphView:
         batch: int | None = self._memo_plain["batch"]
         return batch
 
+    def runs(self, packets: frozenset[Any]) -> bool:
+        """Some forward node runs an op of ``packets``."""
+        if "packets" not in self._memo_plain:
+            self._memo_plain["packets"] = frozenset(self._packets[n] for n in self.nodes)
+        present: frozenset[Any] = self._memo_plain["packets"]
+        return not present.isdisjoint(packets)
+
     def cached(self, kind: str, node: CapturedOp, compute: Callable[[], T]) -> T:
         """``compute()`` once per ``(kind, node)``: searches over a view that never changes."""
         key = (kind, node)

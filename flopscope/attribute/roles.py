@@ -245,6 +245,9 @@ def _state_products(view: GraphView, state: RoleState) -> None:
     ``attn_readout`` (``q·S``, and the delta rule's ``k·S``, the part of the values the state already predicts). Each
     joins the attention instance of its weighted sum, or forms one. Mamba-2's chunk states (``Bᵀ·x``, with ``x`` read
     by no state) stay ``other``."""
+    free = [m for m in view.nodes if _free_product(view, state, m)]
+    if not free:
+        return  # every product of two activations is attention's already
     values: dict[CapturedOp, CapturedOp] = {}
     for m, parts in state.parts.items():
         if Role.ATTN_WEIGHTED_SUM.value in parts and view.is_matmul(m):
@@ -254,9 +257,7 @@ def _state_products(view: GraphView, state: RoleState) -> None:
         if view.is_matmul(m) and m not in state.parts and not view.parts(m):
             readers_of.setdefault(_pass_through_root(view, view.matmul_operands(m)[1]), []).append(m)
     writes: dict[CapturedOp, CapturedOp] = {}  # state product -> the weighted sum (or write) it belongs with
-    for m in view.nodes:
-        if not _free_product(view, state, m):
-            continue
+    for m in free:
         a, b = view.matmul_operands(m)
         weighted = values.get(_pass_through_root(view, b))
         if weighted is not None and not _from_attention(view, state, a):
@@ -707,6 +708,8 @@ def low_rank_updates(view: GraphView, state: RoleState) -> None:
     results before the sum) on every projection, whichever factor an earlier pass found (``lora_A`` of an output
     projection or FFN down projection reads the same input as the projection; ``lora_B`` of an up projection is
     behind the same activation), and a weight split in two (``W₁·x + W₂·x``)."""
+    if all(state.claimed(n) for n in view.nodes if n.macs and view.is_weight_matmul(n)):
+        return  # nothing left to take a role (a model without adapters)
     for p in view.nodes:
         roles = state.parts.get(p)
         if not roles or not view.is_weight_matmul(p) or set(roles) <= {Role.OTHER.value}:
@@ -743,7 +746,7 @@ def _walk_to_root(view: GraphView, n: CapturedOp) -> CapturedOp:
 
 def _random(view: GraphView, n: CapturedOp) -> bool:
     """A random op lies behind ``n`` (without multiplies): ``n`` is a mask drawn at random."""
-    return view.behind(n, "random", lambda m: view.packet(m) in RANDOM_OPS)
+    return view.runs(RANDOM_OPS) and view.behind(n, "random", lambda m: view.packet(m) in RANDOM_OPS)
 
 
 def _scaled_from(view: GraphView, n: CapturedOp) -> list[CapturedOp]:
