@@ -62,7 +62,7 @@ from ..conventions import (
     Names,
 )
 from ..formulas.linear_algebra import fft_macs
-from ..formulas.registry import prod
+from ..formulas.registry import OpFamily, prod
 from ..role import LINEAR_CORE, ROLE_ORDER, Role, RoleGroup, roles_in
 from .attention import declared_mask, kernel_is_causal, useful_pairs
 
@@ -158,10 +158,12 @@ def reconcile(assignments: Mapping[CapturedOp, Assignment], facts: ModelFacts,
     role_modules: dict[str, dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))
     kernels: dict[str, set[str]] = defaultdict(set)
     causal_kernels: set[str] = set()
+    block_ops: dict[str, list[CapturedOp]] = defaultdict(list)
     for op, assignment in assignments.items():
         if op.phase != FORWARD:
             continue
         block = assignment.block
+        block_ops[block].append(op)
         for role, macs in assignment.parts.items():
             measured[block][role] += macs
             role_modules[block][role].add(op.module or "")
@@ -173,7 +175,7 @@ def reconcile(assignments: Mapping[CapturedOp, Assignment], facts: ModelFacts,
     rows: list[ReconcileRow] = []
     for block, roles in measured.items():
         context = _Block(block, roles, facts, calls.get(block, []), spec, block in causal_kernels,
-                         role_modules[block], calls)
+                         role_modules[block], calls, block_ops[block])
         found: list[ReconcileRow] = []
         for group in dict.fromkeys(Role(r).group for r in ROLE_ORDER if r in roles):
             predict = ROW_BUILDERS.get(group)
@@ -209,6 +211,7 @@ class _Block:
     causal_kernel: bool
     role_modules: Mapping[str, set[str]]
     module_calls: Mapping[str, list[InputShapes]]  # every module's calls (a projection's own inputs)
+    ops: Sequence[CapturedOp] = ()  # the block's forward ops with multiplies (what ran: for the reasons only)
 
     def linear_calls(self, role: str) -> list[_LinearCalls] | None:
         """Each module that ran ``role`` in this block, as a linear layer with its declared widths and the
@@ -391,7 +394,9 @@ def _attention_rows(b: _Block) -> list[ReconcileRow]:
     latent = _latent_attention(b)
     if latent is not None:
         hyper = replace(hyper, source=f"{latent.source} (module attributes)")
-    for shapes in calls or [()]:
+    keys = b.linear_calls("k_proj") if spec is None else None
+    key_calls = keys[0].calls if keys is not None and len(keys) == 1 and len(keys[0].calls) == len(calls) else None
+    for i, shapes in enumerate(calls or [()]):
         if spec is not None and spec.n is not None:
             batch, n_q = spec.batch or 1, spec.n
             n_k = spec.n_k or spec.n
@@ -402,6 +407,8 @@ def _attention_rows(b: _Block) -> list[ReconcileRow]:
             batch, n_q = q
             kv_names: tuple[int | str, ...] = (*KEY_INPUTS, 1) if seq_first or facts.attr(block, "kdim") else KEY_INPUTS
             kv = _batch_and_length(shapes, facts.attr(block, "kdim") or _key_width(b) or hyper.d, kv_names, seq_first)
+            if kv is None and key_calls is not None and key_calls[i][0] == batch:
+                kv = key_calls[i]  # a context passed by position: the key projection's own input says its tokens
             n_k = kv[1] if kv is not None else n_q
         d, d_q, d_kv = hyper.d, hyper.d_q, hyper.d_kv  # d_q = h·d_k, d_kv = n_kv·d_k
         # nn.MultiheadAttention declares the key / value input widths and keys appended after projection; a
@@ -595,28 +602,43 @@ def _conv_rows(b: _Block) -> list[ReconcileRow]:
     needed = ("in_channels", "out_channels", "kernel_size", "stride", "padding", "dilation", "groups")
     if not all(k in a for k in needed) or not calls:
         return b.unrecognised(["conv"])
-    predicted = 0
-    kernel, dims = tuple(a["kernel_size"]), len(tuple(a["kernel_size"]))
-    for shapes in calls:
-        shape = dict(shapes).get(0)
-        if shape is None:
-            continue
-        spatial = shape[-dims:]
-        batch = prod(shape[:-dims - 1]) if len(shape) > dims + 1 else 1
-        if a.get("transposed"):
-            predicted += batch * prod(spatial) * a["in_channels"] * (a["out_channels"] // a["groups"]) * prod(kernel)
-            continue
-        if a["padding"] == "same":
-            out = spatial
-        elif a["padding"] == "valid":
-            out = tuple((s - a["dilation"][i] * (kernel[i] - 1) - 1) // a["stride"][i] + 1
-                        for i, s in enumerate(spatial))
-        else:
-            out = tuple((s + 2 * a["padding"][i] - a["dilation"][i] * (kernel[i] - 1) - 1) // a["stride"][i] + 1
-                        for i, s in enumerate(spatial))
-        predicted += batch * a["out_channels"] * prod(out) * (a["in_channels"] // a["groups"]) * prod(kernel)
+    kernel = tuple(a["kernel_size"])
+    predicted = sum(_conv_macs(a, shape, a["padding"]) for shape in (dict(shapes).get(0) for shapes in calls)
+                    if shape is not None)
     basis = f"C_in={a['in_channels']} C_out={a['out_channels']} k={kernel} groups={a['groups']}"
-    return [ReconcileRow(block, "conv", got, predicted, TERMS["conv"], basis=basis)]
+    row = ReconcileRow(block, "conv", got, predicted, TERMS["conv"], basis=basis)
+    if row.exact:
+        return [row]
+    # a module that pads its input in its forward (a causal convolution's time padding) runs the declared convolution
+    # on a larger input than it was given: the closed form on the input the convolution ran on says so
+    ran = [op for op in b.ops if op.spec is not None and op.spec.family is OpFamily.CONV and op.input_shapes
+           and len(op.args) > 4 and isinstance(op.args[4], (list, tuple))]
+    given = [dict(shapes).get(0) for shapes in calls]
+    if ran and sum(_conv_macs(a, op.input_shapes[0], tuple(op.args[4])) for op in ran) == got and any(
+            tuple(op.input_shapes[0]) not in given for op in ran):
+        sizes = (", ".join(sorted({str(tuple(g)) for g in given if g is not None})) + " -> "
+                 + ", ".join(sorted({str(tuple(op.input_shapes[0])) for op in ran})))
+        row = replace(row, reason=f"the module pads its input in its forward before the convolution ({sizes}): "
+                                  "on the padded input the declared convolution is exact")
+    return [row]
+
+
+def _conv_macs(a: Mapping[str, Any], shape: Sequence[int], padding: Any) -> int:
+    """B·C_out·Π(L_out)·(C_in/g)·Π(k) of a convolution with the declared attributes ``a`` on an input of ``shape``
+    (``padding``: the declared one, or what the convolution was called with)."""
+    kernel = tuple(a["kernel_size"])
+    dims = len(kernel)
+    spatial = tuple(shape[-dims:])
+    batch = prod(shape[:-dims - 1]) if len(shape) > dims + 1 else 1
+    if a.get("transposed"):
+        return batch * prod(spatial) * a["in_channels"] * (a["out_channels"] // a["groups"]) * prod(kernel)
+    if padding == "same":
+        out = spatial
+    else:
+        pad = (0,) * dims if padding == "valid" else tuple(padding)
+        out = tuple((s + 2 * pad[i] - a["dilation"][i] * (kernel[i] - 1) - 1) // a["stride"][i] + 1
+                    for i, s in enumerate(spatial))
+    return batch * a["out_channels"] * prod(out) * (a["in_channels"] // a["groups"]) * prod(kernel)
 
 
 def _recurrent_rows(b: _Block) -> list[ReconcileRow]:
