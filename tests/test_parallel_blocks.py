@@ -54,3 +54,4 @@ def test_fused_parallel_block_reconciles():
     assert {r.role for r in rows if not r.exact} == {"ffn_up", "ffn_down"}
     assert all("fused" in r.reason for r in rows if not r.exact)
     assert prof.reconcile(flopscope.TransformerSpec(d=d, h=h, d_ff=d_ff)).all_exact()
+

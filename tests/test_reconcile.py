@@ -170,3 +170,23 @@ def test_rows_follow_the_data_through_each_block() -> None:
     prof = flopscope.profile(TransformerBlock(64, 4, 256), torch.zeros(1, 16, 64))
     assert [row.role for row in prof.reconcile().rows] == [
         "q_proj", "k_proj", "v_proj", "attn_scores", "attn_weighted_sum", "out_proj", "ffn_up", "ffn_down"]
+
+
+class CausalConv3d(torch.nn.Conv3d):
+    """A causal 3-D convolution as video VAEs write it: pad the time axis on the left in forward, convolve unpadded."""
+
+    def __init__(self) -> None:
+        super().__init__(4, 8, kernel_size=3, padding=0)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(torch.nn.functional.pad(x, (1, 1, 1, 1, 2, 0)))
+
+
+def test_a_convolution_that_pads_its_own_input_is_explained():
+    """Declared padding 0, executed on the padded input: T·H·W outputs (5·6·6) instead of (T-2)·(H-2)·(W-2), each
+    8 × 4 × 27 MACs; the row is not exact and says why."""
+    prof = flopscope.profile(CausalConv3d(), torch.randn(1, 4, 5, 6, 6), mode="fake")
+    (row,) = prof.reconcile().rows
+    assert row.measured == 5 * 6 * 6 * 8 * 4 * 27
+    assert row.predicted == 3 * 4 * 4 * 8 * 4 * 27
+    assert "pads its input" in row.reason and not prof.reconcile().unexplained()
