@@ -1133,14 +1133,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="also run flopscope.invariants.check_invariants on each class (more time)")
     args = ap.parse_args(argv)
 
-    tasks = classes()
-    if args.only:
-        wanted = [w.strip() for w in args.only.split(",") if w.strip()]
-        known = dict(tasks)
-        missing = [w for w in wanted if w not in known]
-        if missing:
-            print(f"unknown classes: {', '.join(missing)}", file=sys.stderr)
-        tasks = [(w, known[w]) for w in wanted if w in known]
+    tasks = runner.only(classes(), args.only, "classes")
     import flopscope
     args.checkout = _checkout(Path(flopscope.__file__).resolve().parent.parent)
     t0 = time.time()

@@ -789,14 +789,7 @@ def main(argv: list[str] | None = None) -> int:
     runner.add_against_argument(ap)
     args = ap.parse_args(argv)
 
-    archs = architectures()
-    if args.only:
-        wanted = [w.strip() for w in args.only.split(",") if w.strip()]
-        known = dict(archs)
-        missing = [w for w in wanted if w not in known]
-        if missing:
-            print(f"unknown model types: {', '.join(missing)}", file=sys.stderr)
-        archs = [(w, known[w]) for w in wanted if w in known]
+    archs = runner.only(architectures(), args.only, "model types")
     t0 = time.time()
     results = sweep(archs, max(1, args.jobs), args.timeout, int(args.max_params), progress=not args.quiet,
                     eager_always=args.eager_always, invariants=not args.no_invariants)

@@ -22,6 +22,7 @@ import multiprocessing as mp
 import os
 import re
 import signal
+import sys
 import time
 import traceback
 import warnings
@@ -461,3 +462,16 @@ def add_common_arguments(ap: argparse.ArgumentParser, report: str, timeout: int,
     ap.add_argument("--json", help="also write the raw results as JSON here")
     ap.add_argument("--timeout", type=int, default=timeout, help=f"seconds per {what} (default {timeout})")
     ap.add_argument("--quiet", action="store_true", help=f"no per-{what} progress lines")
+
+
+def only(tasks: list[tuple[str, str]], names: str | None, what: str) -> list[tuple[str, str]]:
+    """The tasks ``--only`` names (comma-separated, in that order), saying on stderr which ``what`` are unknown; all
+    tasks without ``--only``."""
+    if not names:
+        return tasks
+    wanted = [w.strip() for w in names.split(",") if w.strip()]
+    known = dict(tasks)
+    missing = [w for w in wanted if w not in known]
+    if missing:
+        print(f"unknown {what}: {', '.join(missing)}", file=sys.stderr)
+    return [(w, known[w]) for w in wanted if w in known]

@@ -57,17 +57,8 @@ def columns(p: CapturedOp, target: CapturedOp) -> set[int]:
 def split_by_columns(p: CapturedOp, wanted: Sequence[tuple[CapturedOp, str]], macs: int) -> dict[str, int]:
     """Charge each role the MACs of the output columns of ``p`` that reach its consumer; columns no
     consumer takes are ``other``. A role wanted twice for one column keeps the first in role order."""
-    width = int(p.output_shapes[0][feature_axis(p)])
-    owner: dict[int, str] = {}
-    for target, role in sorted(wanted, key=lambda tr: ROLE_ORDER.index(tr[1])):
-        for c in columns(p, target):
-            owner.setdefault(c, role)
-    per_column = macs // width
-    parts: dict[str, int] = {}
-    for c in range(width):
-        role = owner.get(c, Role.OTHER.value)
-        parts[role] = parts.get(role, 0) + per_column
-    return spread_remainder(parts, macs)
+    return _charge(int(p.output_shapes[0][feature_axis(p)]), [(columns(p, target), role) for target, role in wanted],
+                   macs)
 
 
 def split_by_rows(p: CapturedOp, x: CapturedOp, wanted: Sequence[tuple[CapturedOp, str]], macs: int
@@ -75,16 +66,20 @@ def split_by_rows(p: CapturedOp, x: CapturedOp, wanted: Sequence[tuple[CapturedO
     """Charge each role the MACs of the rows of ``p`` (the columns of its input ``x``, the contracted dim) that hold
     the values of its source; rows no source holds are ``other``. A row wanted twice keeps the first role in role
     order."""
-    width = int(x.output_shapes[0][-1])
+    return _charge(int(x.output_shapes[0][-1]), [(held_by(source, x), role) for source, role in wanted], macs)
+
+
+def _charge(width: int, wanted: Sequence[tuple[set[int], str]], macs: int) -> dict[str, int]:
+    """``macs // width`` per index to the role that wants it (the first in role order where several do), ``other``
+    for indices no one wants, the remainder to the largest part."""
     owner: dict[int, str] = {}
-    for source, role in sorted(wanted, key=lambda sr: ROLE_ORDER.index(sr[1])):
-        for c in held_by(source, x):
+    for indices, role in sorted(wanted, key=lambda ir: ROLE_ORDER.index(ir[1])):
+        for c in indices:
             owner.setdefault(c, role)
-    per_row = macs // width
     parts: dict[str, int] = {}
     for c in range(width):
         role = owner.get(c, Role.OTHER.value)
-        parts[role] = parts.get(role, 0) + per_row
+        parts[role] = parts.get(role, 0) + macs // width
     return spread_remainder(parts, macs)
 
 

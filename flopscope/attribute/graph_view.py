@@ -92,13 +92,21 @@ def is_channelwise_conv(n: CapturedOp) -> bool:
     ``[C, 1, *k]``): it mixes positions within each channel, never channels (Mamba's and gated DeltaNet's short
     causal convolution after the input projection, SegFormer's Mix-FFN). Its output channel ``c`` is computed
     from its input channel ``c`` alone."""
+    shapes = _forward_conv_shapes(n)
+    if shapes is None:
+        return False
+    x, weight = shapes
+    return x[1] > 1 and weight[1] == 1 and weight[0] == x[1] == n.output_shapes[0][1]
+
+
+def _forward_conv_shapes(n: CapturedOp) -> tuple[Sequence[int], Sequence[int]] | None:
+    """(input, weight) shapes of a convolution that is not transposed, with channels and at least one spatial dim."""
     spec = n.spec
     if spec is None or spec.family is not OpFamily.CONV or len(n.input_shapes) < 2 or not n.output_shapes:
-        return False
+        return None
     x, weight = n.input_shapes[0], n.input_shapes[1]
     transposed = len(n.args) > 6 and n.args[6] is True
-    return (not transposed and len(x) >= 3 and len(weight) == len(x) and x[1] > 1 and weight[1] == 1
-            and weight[0] == x[1] == n.output_shapes[0][1])
+    return None if transposed or len(x) < 3 or len(weight) != len(x) else (x, weight)
 
 
 def is_pointwise_conv(n: CapturedOp) -> bool:
@@ -106,13 +114,11 @@ def is_pointwise_conv(n: CapturedOp) -> bool:
     each position the same linear map of the channels (block-diagonal when grouped), a projection written as a
     convolution (YOLO11's C2PSA ``qkv`` and ``proj``, EfficientViT, SqueezeBERT, non-local blocks). Its output
     channel (dim 1) is its column."""
-    spec = n.spec
-    if spec is None or spec.family is not OpFamily.CONV or len(n.input_shapes) < 2 or not n.output_shapes:
+    shapes = _forward_conv_shapes(n)
+    if shapes is None:
         return False
-    x, weight = n.input_shapes[0], n.input_shapes[1]
-    transposed = len(n.args) > 6 and n.args[6] is True
-    return (not transposed and len(x) >= 3 and len(weight) == len(x) and weight[1] > 1 and x[1] % weight[1] == 0
-            and all(k == 1 for k in weight[2:]))
+    x, weight = shapes
+    return weight[1] > 1 and x[1] % weight[1] == 0 and all(k == 1 for k in weight[2:])
 
 
 class GraphView:

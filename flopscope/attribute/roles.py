@@ -575,12 +575,8 @@ def _hidden_layer(view: GraphView, state: RoleState, x: CapturedOp
 
 
 def concatenated(view: GraphView, x: CapturedOp) -> list[CapturedOp]:
-    """The values ``x`` concatenates along its last dim (through views and copies), when there are several."""
-    while not x.macs and view.packet(x) is not aten.cat:
-        inputs = view.inputs(x)
-        if len(inputs) != 1 or x.cost is not Cost.ZERO:
-            return []
-        x = inputs[0]
+    """The values ``x`` concatenates along its last dim (through views, copies and dropout), when there are several."""
+    x = _pass_through_root(view, x)
     if view.packet(x) is not aten.cat or not x.output_shapes:
         return []
     dim = x.args[1] if len(x.args) > 1 else x.kwargs.get("dim", 0)
