@@ -1,17 +1,27 @@
 """The ``flopscope`` command line (also ``python -m flopscope``). The only module that prints.
 
+Targets (``hf:``, config files, ``timm:``, factories) are built on ``device="meta"``: nothing is allocated, and a
+count on fake tensors (``profile``'s default) runs on them as they are, whatever the model's size. A run that needs
+real weights (``profile --mode real``, ``auto``'s fall-back to a real run, ``crosscheck``, whose peers execute,
+``generate``, whose ``generate()`` reads values) first checks that the parameters and buffers, plus the largest
+activation of a fake run, fit in the memory available (:mod:`flopscope.memory`), and only then builds the model again
+with real weights; a factory that cannot be built on meta is built for real as given.
+
 Exit codes: 0 done; 1 a measured count differs from its closed form (demo, compare) or a cross-checked
 peer fails or differs by MACs that no per-op / per-module evidence explains; 2 bad usage (argparse's
-message names the option: a negative ``--depth``, a ``--sweep`` / ``--lengths`` item that is not a
-positive integer, a ``--prompt`` / ``--new`` / ``--batch`` below 1, a ``--dtype`` that is not a
+message names the option: an ``--input`` that is not a shape of positive integers such as ``1x128``, a
+``--dtype`` that is not a torch dtype, a negative ``--depth``, a ``--sweep`` / ``--lengths`` item that is not a
+positive integer, a ``--prompt`` / ``--new`` / ``--batch`` below 1, a ``generate --dtype`` that is not a
 floating-point torch dtype, a ``--peak`` / ``--bandwidth`` that is not a positive number, a ``--json`` /
 ``--csv`` / ``--html`` / ``--folded`` / ``--speedscope`` / ``--plot`` path whose directory is missing or not
 writable, or that names a directory, an
 image format matplotlib cannot write, ``--tp`` with ``--sweep`` / ``--plot`` / ``--mode real`` or ``--dp``
 without ``--tp``; all checked before anything is built or profiled); 3 a flopscope
 error (bad target, a ``generate`` target without a ``generate()`` method, inputs that do not fit, such
-as a token sequence longer than the model's learned position table, refused before the inputs are
-built; a missing optional dependency; a forward that raised).
+as a token sequence longer than the model's learned position table, refused once the model is built on meta and
+before the inputs are built; a real run that would not fit in the memory available, refused before any weight is
+allocated, its message naming the GiB needed and available and the way out, ``--mode fake`` or fewer layers; a
+missing optional dependency; a forward that raised).
 """
 
 from __future__ import annotations
@@ -19,9 +29,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib.util
+import itertools
 import json
 import os
 import sys
+from collections.abc import Callable
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
@@ -34,17 +46,19 @@ from . import report
 from .api import profile, profiler
 from .communication import compare as compare_collectives
 from .conventions import ATTENTION_CONVENTIONS, EXECUTED
-from .errors import FlopscopeError
+from .errors import FlopscopeError, RunError
 from .generation import DECODE, steps_table
+from .memory import check_fits, state_bytes
 from .models import TransformerBlock
 from .peaks import register_cli as register_peak_cli
 from .peers import crosscheck
 from .plots import role_share_plot, scaling_plot
 from .predict.polynomial import Polynomial, Scaling
+from .profile import Profile
 from .role import PAIR_ROLES
 from .roofline import Roofline, roofline
 from .scaling import MIN_LENGTHS, scaling
-from .targets import load_target, make_inputs, parse_shape
+from .targets import Target, load_target, make_inputs, parse_shape
 from .why_self_attention import compare, compare_lengths
 
 EXAMPLES = """examples:
@@ -61,6 +75,9 @@ EXAMPLES = """examples:
 
 units: MACs (multiply-accumulates) everywhere; FLOPs = 2 x MACs, always labelled (--units flops).
 """
+
+MODE_FAKE = "use --mode fake (counted on fake tensors: nothing allocated)"
+"""The way out of a real run that does not fit, where the command has ``--mode``."""
 
 FORMATS = ["simple", "github", "pipe", "grid", "html", "plain"]
 
@@ -153,7 +170,11 @@ def _parser() -> argparse.ArgumentParser:
                               formatter_class=argparse.RawDescriptionHelpFormatter,
                               description="Run TARGET's generate() for real (random weights and token ids, greedy, "
                                           "exactly --new tokens) and report each forward as a step, the FLOPs per "
-                                          "generated token as an exact polynomial in the context, and the roofline.")
+                                          "generated token as an exact polynomial in the context, and the roofline. "
+                                          "generate() reads values (the attention mask, the stopping criteria on "
+                                          "each new token), so the weights are real: a model whose weights and "
+                                          "largest activation do not fit in the memory available is refused "
+                                          "before they are allocated.")
     gen.add_argument("target", help="hf:FAMILY (the causal-lm head unless another is named) or "
                                     "package.module:factory giving a model with a generate() method")
     gen.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
@@ -185,10 +206,11 @@ def _target_options(parser: argparse.ArgumentParser) -> None:
                                        "weights), timm:NAME, torchvision.models:NAME or package.module:factory")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="config / factory argument, repeatable (e.g. --set n_layer=2)")
-    parser.add_argument("--input", action="append", default=[], metavar="SHAPE",
+    parser.add_argument("--input", action="append", default=[], metavar="SHAPE", type=_shape,
                         help="input shape, repeatable for several inputs (default: 1x128 token ids for Hugging "
                              "Face targets; the weights' image size for timm: and torchvision targets)")
-    parser.add_argument("--dtype", help="input dtype: long for token ids, float32 (default for factories), ...")
+    parser.add_argument("--dtype", type=_input_dtype,
+                        help="input dtype: long for token ids, float32 (default for factories), ...")
 
 
 def _attention_option(parser: argparse.ArgumentParser, priced: str) -> None:
@@ -199,9 +221,91 @@ def _attention_option(parser: argparse.ArgumentParser, priced: str) -> None:
 
 
 def _target_and_inputs(args: argparse.Namespace, device: str | None = None) -> tuple[Any, Any]:
-    """The target of ``args`` (built on ``device``) and the builder of its inputs (``--input`` shapes, ``--dtype``)."""
+    """The target of ``args`` (built on ``device``) and the builder of its inputs (``--input`` shapes, ``--dtype``;
+    a sequence longer than the model's position table is refused here, before any input is built)."""
     target = load_target(args.target, args.set, device)
-    return target, make_inputs(target, [parse_shape(s) for s in args.input], args.dtype)
+    return target, make_inputs(target, args.input, args.dtype)
+
+
+def _on_meta(spec: str, settings: list[str]) -> Target:
+    """The target built on ``device="meta"`` (nothing allocated: any size is built in seconds); a factory that
+    cannot build there (its constructor reads a tensor's values) is built for real, as it was given."""
+    try:
+        return load_target(spec, settings, "meta")
+    except FlopscopeError:
+        raise
+    except Exception:  # the factory's own code failing on meta tensors: build it where it runs
+        return load_target(spec, settings)
+
+
+def _materialised(target: Target, spec: str, settings: list[str], what: str, activation: int | Callable[[], int], *,
+                  copies: int = 1, dtype: torch.dtype | None = None, instead: str = MODE_FAKE) -> Target:
+    """``target`` with real weights: the same target when it has them, else built again on the CPU once
+    :func:`flopscope.memory.check_fits` found that ``copies`` of its parameters (in ``dtype``) and ``activation``
+    bytes (or what ``activation()`` gives: called only when the parameters alone fit) fit; a
+    :class:`~flopscope.errors.DoesNotFitError` naming both sizes otherwise, nothing allocated. ``what``: the run
+    that needs real weights; ``instead``: what else to do, besides a smaller configuration."""
+    if not any(t.is_meta for t in itertools.chain(target.model.parameters(), target.model.buffers())):
+        return target
+    way_out = f"{instead + ', or ' if instead else ''}count a smaller configuration ({_fewer_layers(target)})"
+    parameters = state_bytes(target.model) if dtype is None else \
+        max(state_bytes(target.model), state_bytes(target.model, dtype))  # built as declared, then converted
+    if callable(activation):  # the parameters alone first: the estimate's fake run is skipped when they do not fit
+        check_fits(what, parameters, 0, "cpu", copies=copies, way_out=way_out)
+        activation = activation()
+    check_fits(what, parameters, activation, "cpu", copies=copies, way_out=way_out)
+    return load_target(spec, settings, "cpu")
+
+
+def _fewer_layers(target: Target) -> str:
+    """The ``--set`` that shrinks ``target`` (its config's layer count), or the general hint."""
+    config = getattr(target.model, "config", None)
+    for key in ("num_hidden_layers", "n_layer", "num_layers", "n_layers"):
+        if isinstance(getattr(config, key, None), int):
+            return f"--set {key}=2"
+    return "fewer layers or a smaller width with --set"
+
+
+def _count(args: argparse.Namespace, target: Target, inputs: tuple[Any, ...], kwargs: dict[str, Any],
+           estimate: tuple[tuple[Any, ...], dict[str, Any]]) -> tuple[Target, Profile]:
+    """``profile`` of ``target`` (built on meta by :func:`_on_meta`) in ``--mode``: on fake tensors the meta model is
+    counted as it is; a real run (``--mode real``, ``auto``'s fall-back, a model that cannot be counted on meta
+    kernels) first has its memory estimated on fake tensors with the ``estimate`` inputs (the longest of a sweep)
+    and is refused ahead when it would not fit, else the model is built for real (:func:`_materialised`)."""
+    copies = 2 if args.backward else 1  # the gradients, as large as the parameters
+    grad = torch.enable_grad() if args.backward else torch.no_grad()
+    if args.mode == "real":
+        target = _materialised(target, args.target, args.set, f"a real run (--mode real) of {target.description}",
+                               lambda: _largest_activation(target, *estimate), copies=copies)
+        with grad:
+            return target, profile(target.model, *inputs, mode="real", backward=args.backward, **kwargs)
+    try:
+        with grad:
+            return target, profile(target.model, *inputs, mode="fake", backward=args.backward, **kwargs)
+    except RunError as failed:
+        if not failed.on_fake_tensors or not any(p.is_meta for p in target.model.parameters()):
+            raise
+        if args.mode == "fake":  # fake tensors of the real model's state may go where meta kernels cannot
+            what = f"{target.description} built for real (its fake run on meta tensors failed: {failed.reason})"
+            activation = 0
+        else:
+            what = (f"auto's fall-back to a real run of {target.description} (it cannot be counted on fake tensors: "
+                    f"{failed.where}: {failed.reason})")
+            activation = failed.largest_tensor_bytes
+        target = _materialised(target, args.target, args.set, what, activation, copies=copies,
+                               instead="" if args.mode == "fake" else MODE_FAKE)
+    with grad:
+        return target, profile(target.model, *inputs, mode=args.mode, backward=args.backward, **kwargs)
+
+
+def _largest_activation(target: Target, inputs: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
+    """Bytes of the largest tensor a forward of ``target`` on ``inputs`` makes, from a count on fake tensors (the
+    part of it that ran, where the count fails: a real run needs at least that)."""
+    try:
+        with torch.no_grad():
+            return profile(target.model, *inputs, mode="fake", **kwargs).largest_tensor_bytes
+    except RunError as failed:
+        return failed.largest_tensor_bytes
 
 
 def _write_reports(args: argparse.Namespace, prof: Any, scaled: Scaling | None = None) -> None:
@@ -258,6 +362,22 @@ def _float_dtype(text: str) -> torch.dtype:
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise argparse.ArgumentTypeError(f"not a floating-point torch dtype: {text!r} (float32, bfloat16, float16)")
     return dtype
+
+
+def _shape(text: str) -> tuple[int, ...]:
+    """``"1x128"`` -> ``(1, 128)``: positive integers (an ``--input``, checked before anything is built)."""
+    try:
+        return parse_shape(text)
+    except FlopscopeError as e:
+        raise argparse.ArgumentTypeError(str(e).removeprefix("--input ")) from None
+
+
+def _input_dtype(text: str) -> str:
+    """A dtype name for the inputs: ``long`` / ``int64`` / ``int`` (token ids) or a torch dtype (``float16``)."""
+    name = text.strip().removeprefix("torch.")
+    if name not in ("long", "int64", "int") and not isinstance(getattr(torch, name, None), torch.dtype):
+        raise argparse.ArgumentTypeError(f"not a torch dtype: {text!r} (long for token ids, float32, bfloat16, ...)")
+    return name
 
 
 def _depth(text: str) -> int:
@@ -343,14 +463,16 @@ def _profile(args: argparse.Namespace) -> int:
         return _profile_sharded(args)
     if args.plot and importlib.util.find_spec("matplotlib") is None:  # say so now, not after profiling
         raise FlopscopeError("--plot needs matplotlib: pip install 'torch-flopscope[plot]'")
-    target, build = _target_and_inputs(args)  # refuses too long sequences
+    target = _on_meta(args.target, args.set)  # nothing allocated: built for real only if a real run needs it
+    build = make_inputs(target, args.input, args.dtype)  # refuses too long sequences
     if target.token_inputs:
         for n in args.sweep or ():
             target.check_sequence(n, "--sweep length: a sequence")
     inputs, kwargs = build(None)
-    print(f"{target.description}: {sum(p.numel() for p in target.model.parameters()):,} parameters", flush=True)
-    with torch.no_grad() if not args.backward else torch.enable_grad():
-        prof = profile(target.model, *inputs, mode=args.mode, backward=args.backward, **kwargs)
+    where = "built on meta: nothing allocated" if any(p.is_meta for p in target.model.parameters()) else "built"
+    print(f"{target.description}: {sum(p.numel() for p in target.model.parameters()):,} parameters ({where})",
+          flush=True)
+    target, prof = _count(args, target, inputs, kwargs, build(max(args.sweep)) if args.sweep else (inputs, kwargs))
     print(report.summary(prof, depth=args.depth, units=args.units, tablefmt=args.format, attention=args.attention))
     if target.token_inputs and getattr(target.model, "config", None) is not None:
         with contextlib.suppress(FlopscopeError):  # not a language model: no model-level formulas
@@ -428,8 +550,13 @@ def _compare(args: argparse.Namespace) -> int:
 
 
 def _crosscheck(args: argparse.Namespace) -> int:
-    target, build = _target_and_inputs(args)
-    inputs, kwargs = build(None)
+    target = _on_meta(args.target, args.set)  # the memory estimate first: the peers need real weights
+    inputs, kwargs = make_inputs(target, args.input, args.dtype)(None)
+    # flopscope's real run, then each peer on its own copy of the model: two copies of the weights at a time
+    meta = target
+    target = _materialised(target, args.target, args.set, f"crosscheck of {target.description} (flopscope and "
+                           "the peers run it for real, each peer on its own copy)",
+                           lambda: _largest_activation(meta, inputs, kwargs), copies=2)
     with torch.no_grad():
         result = crosscheck(target.model, *inputs, tools=args.tools, forward_kwargs=kwargs)
     print(result.to_table(args.format))
@@ -442,7 +569,7 @@ def _generate(args: argparse.Namespace) -> int:
     spec = args.target
     if spec.startswith("hf:") and "/" not in spec:
         spec += "/causal-lm"  # generating needs the language-model head
-    target = load_target(spec, args.set)
+    target = _on_meta(spec, args.set)  # the checks and the memory estimate first: generate() runs for real
     model = target.model
     generate: Any = getattr(model, "generate", None)
     can_generate: Any = getattr(model, "can_generate", None)
@@ -453,8 +580,16 @@ def _generate(args: argparse.Namespace) -> int:
     target.check_sequence(args.prompt + args.new - 1, "--prompt + --new - 1 (the last new token is not fed back): "
                           "a sequence")
     vocab = target.vocab_size or getattr(getattr(model, "config", None), "vocab_size", None) or 2
-    model = model.to(args.dtype)
     ids = torch.randint(1, max(vocab, 2), (args.batch, args.prompt), generator=torch.Generator().manual_seed(0))
+    meta = target
+    # generate() reads values outside the model's forward (the attention mask, each step's stopping criteria on the
+    # token just drawn), which fake tensors do not have: it runs for real, refused ahead when it would not fit
+    target = _materialised(target, spec, args.set, f"generate() of {target.description} (it runs for real)",
+                           lambda: _largest_activation(meta, (ids,), {}), dtype=args.dtype,
+                           instead=f"count one forward on fake tensors (flopscope profile {spec} --input "
+                                   f"{args.batch}x{args.prompt}; nothing allocated)")
+    model = target.model.to(args.dtype)
+    generate = model.generate
     dtype = str(args.dtype).removeprefix("torch.")
     print(f"{target.description}: {sum(p.numel() for p in model.parameters()):,} parameters, {dtype}; generating "
           f"{args.new} tokens after a prompt of {args.prompt}, batch {args.batch}", flush=True)

@@ -41,6 +41,17 @@ class FakeTensorError(RunError):
     """The model cannot be counted on fake tensors (and, for a meta model, cannot run for real)."""
 
 
+class DoesNotFitError(RunError, MemoryError):
+    """A real run refused before anything is allocated: the model's parameters and buffers plus the largest
+    activation of its fake run (``needed_bytes``) exceed the memory available where it would run
+    (``available_bytes``); see :mod:`flopscope.memory`. The message names both sizes and what to do instead."""
+
+    def __init__(self, message: str, *, needed_bytes: int, available_bytes: int) -> None:
+        super().__init__(message)
+        self.needed_bytes = needed_bytes  # bytes
+        self.available_bytes = available_bytes  # bytes
+
+
 class RegistryError(FlopscopeError, ValueError):
     """A formula registry was used wrongly (for instance, registering an op twice)."""
 

@@ -256,6 +256,13 @@ class Profile:
         return steps.decode_scaling(self.steps(attention))
 
     @property
+    def largest_tensor_bytes(self) -> int:
+        """Bytes of the largest tensor an op of the model made in a fake run (0 in a real run, which does not
+        track it): with the parameters, the least memory a real run of the same inputs needs
+        (:mod:`flopscope.memory`)."""
+        return self._capture.largest_tensor_bytes
+
+    @property
     def notes(self) -> list[str]:
         """One line per thing worth knowing about the run (fall-back to real mode, decompositions, an
         attention kernel registered without its family)."""

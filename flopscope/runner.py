@@ -67,8 +67,18 @@ from .capture.recorder import (
 )
 from .capture.records import Capture, LeafKind, LeafName, op_name
 from .capture.state import ModelSnapshot
-from .errors import ConfigurationError, FakeTensorError, FlopscopeWarning, ForwardError, cause_of_kind
+from .errors import (
+    ConfigurationError,
+    DoesNotFitError,
+    FakeTensorError,
+    FlopscopeWarning,
+    ForwardError,
+    cause_of_kind,
+)
 from .formulas.registry import REGISTRY, FormulaRegistry
+from .memory import cuda_available as _cuda_available
+from .memory import gib, least_available, state_bytes
+from .memory import system_available as _system_available
 from .profile import Profile
 
 MODES = ("auto", "fake", "real")
@@ -120,10 +130,11 @@ def run_in_mode(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
         if mode == "fake" or not failed.on_fake_tensors:
             raise
         devices = _devices(model, args, kwargs)
-        if any(d.type == "meta" for d in devices) or _callers_fake_mode(model, args, kwargs) is not None:
-            made = "on device='meta'" if any(d.type == "meta" for d in devices) else "of fake tensors"
+        if any(d.type == "meta" for d in devices):
+            _refuse_meta_fallback(model, devices, failed)
+        if _callers_fake_mode(model, args, kwargs) is not None:
             raise FakeTensorError(f"{type(model).__name__} cannot be counted on fake tensors ({failed.where}: "
-                                  f"{failed.reason}), and it is made {made}, so it cannot run for real; "
+                                  f"{failed.reason}), and it is made of fake tensors, so it cannot run for real; "
                                   "build it on a real device and use mode='real'") from failed.__cause__
         limit = (options.fallback_limit_bytes if options.fallback_limit_bytes is not None
                  else default_fallback_limit(devices))
@@ -138,6 +149,27 @@ def run_in_mode(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
     prof = run(model, args, kwargs, options, fake=False, notes=(*notes, note), stacklevel=stacklevel + 1)
     warnings.warn(f"flopscope: {note}", FlopscopeWarning, stacklevel=stacklevel)
     return prof
+
+
+def _refuse_meta_fallback(model: nn.Module, devices: set[torch.device], failed: FakeTensorError | ForwardError
+                          ) -> None:
+    """``mode="auto"`` on a model made on ``device="meta"`` whose fake run failed: it cannot run for real without
+    being built again on a real device. Raises :class:`~flopscope.errors.DoesNotFitError` when that real run would
+    not fit where it would allocate (its parameters and buffers plus the largest tensor of the fake run, bytes;
+    :mod:`flopscope.memory`), else :class:`~flopscope.errors.FakeTensorError`; both name the sizes."""
+    why = f"{type(model).__name__} cannot be counted on fake tensors ({failed.where}: {failed.reason})"
+    parameters, activation = state_bytes(model), failed.largest_tensor_bytes
+    need = parameters + activation
+    free = least_available({d for d in devices if d.type != "meta"})
+    sizes = (f"a real run needs at least {gib(need)} ({gib(parameters)} of parameters and buffers, "
+             f"{gib(activation)} for the largest tensor of the fake run)"
+             + ("" if free is None else f", {gib(free)} are available"))
+    if free is not None and need > free:
+        raise DoesNotFitError(f"{why}, and it is made on device='meta': {sizes}, so it is not built for real; count "
+                              "a smaller configuration (fewer layers)", needed_bytes=need,
+                              available_bytes=free) from failed.__cause__
+    raise FakeTensorError(f"{why}, and it is made on device='meta', so it cannot run for real ({sizes}); build it "
+                          "on a real device and use mode='real'") from failed.__cause__
 
 
 def run(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], options: CaptureOptions, *, fake: bool,
@@ -610,22 +642,6 @@ def default_fallback_limit(devices: Collection[torch.device] = ()) -> int | None
         free.append(_system_available())
     known = [bytes_free for bytes_free in free if bytes_free is not None]
     return min(known) // 2 if known else None
-
-
-def _cuda_available(device: torch.device) -> int:
-    cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
-    return torch.cuda.mem_get_info(device)[0] + cached
-
-
-def _system_available() -> int | None:
-    try:
-        with open("/proc/meminfo") as meminfo:
-            for line in meminfo:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        return None
-    return None
 
 
 def _callers_fake_mode(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

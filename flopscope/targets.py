@@ -69,7 +69,8 @@ def load_target(spec: str, settings: Sequence[str] = (), device: str | None = No
     from the Hugging Face hub: the config only, never weights), a local ``config.json`` or a directory holding
     one, ``timm:NAME`` (``timm.create_model(NAME, pretrained=False, **settings)``) or ``package.module:factory``
     (``factory(**settings)`` returns the module). Hugging Face models from a config file are built on
-    ``device="meta"`` in the config's dtype: nothing is allocated, so count them in fake mode. timm models, and
+    ``device="meta"`` in the config's dtype unless ``device`` names another: nothing is allocated, so count them in
+    fake mode. timm models, and
     torchvision's classification models (``torchvision.models:NAME``), get a default input of one image at the size
     their weights were trained at (timm: ``pretrained_cfg["input_size"]``; torchvision: the crop size of the
     ``DEFAULT`` weights' transforms, else 224). ``device``: build the model there (``"meta"``: nothing allocated);
@@ -78,12 +79,12 @@ def load_target(spec: str, settings: Sequence[str] = (), device: str | None = No
     overrides = parse_settings(settings)
     local = Path(spec)
     if local.suffix == ".json" or (local.is_dir() and (local / "config.json").is_file()):
-        return _config_file(local if local.suffix == ".json" else local / "config.json", "", overrides, spec)
+        return _config_file(local if local.suffix == ".json" else local / "config.json", "", overrides, spec, device)
     if spec.startswith("hf:"):
         name, _, head = spec[3:].partition("/")
         if "/" in spec[3:] and head.partition("/")[0] not in HF_HEADS:  # ORG/NAME[/HEAD]: a model on the hub
             repo, _, head = spec[3:].partition("/")[2].partition("/")
-            return _config_file(_hub_config(f"{name}/{repo}"), head, overrides, spec)
+            return _config_file(_hub_config(f"{name}/{repo}"), head, overrides, spec, device)
         return _hugging_face(spec[3:], overrides, device)
     if spec.startswith("timm:"):
         return _timm(spec[5:], overrides, device)
@@ -243,9 +244,10 @@ def _unreachable(endpoint: str) -> str | None:
     return None
 
 
-def _config_file(path: Path, head: str, overrides: dict[str, Any], description: str) -> Target:
-    """A model built from a ``config.json`` on ``device="meta"``: the class its ``architectures`` names (or the
-    ``head``'s auto class), in the config's dtype."""
+def _config_file(path: Path, head: str, overrides: dict[str, Any], description: str, device: str | None = None
+                 ) -> Target:
+    """A model built from a ``config.json`` on ``device`` (default ``"meta"``): the class its ``architectures``
+    names (or the ``head``'s auto class), in the config's dtype."""
     try:
         import transformers
     except ImportError as e:
@@ -266,7 +268,7 @@ def _config_file(path: Path, head: str, overrides: dict[str, Any], description: 
     named = [name for name in (getattr(config, "architectures", None) or []) if hasattr(transformers, name)]
     builder = getattr(transformers, named[0]) if named and not head else getattr(transformers, HF_HEADS[head])
     _import_model_of(builder, config)
-    with torch.device("meta"):
+    with torch.device(device or "meta"):
         model = (builder._from_config(config) if hasattr(builder, "_from_config") else
                  builder.from_config(config)).eval()
     return _target(model, config, description)

@@ -632,7 +632,8 @@ class Recorder(TorchDispatchMode):
         if known.collective is not None:
             op.collective = (known.collective, collectives.message_bytes(func, args, kwargs, results),
                              collectives.group_size(args, kwargs))
-        if self.fake:  # the least memory a real run would need (a fall-back's estimate)
+        if self.fake and not getattr(func, "is_view", False):  # the least memory a real run would need (a view, such
+            # as a weight's transpose, allocates nothing)
             for t in results:
                 size = traffic.nbytes(t)  # a symbolic size (symbolic trace) is not compared: no guard
                 if isinstance(size, int) and size > self.largest_out:
@@ -914,4 +915,5 @@ def capture_of(recorder: Recorder, tracker: ModuleTracker) -> Capture:
     """What ``recorder`` and ``tracker`` hold at the end of a run."""
     return Capture(recorder.ops, dict(recorder.unsupported), tuple(sorted(recorder.undeclared_kernels)),
                    recorder.unchecked_lookups, dict(recorder.decomposed), dict(tracker.inputs), dict(tracker.calls),
-                   dict(tracker.root_seconds), dict(recorder.upper_bounds), tuple(recorder.outside_work))
+                   dict(tracker.root_seconds), dict(recorder.upper_bounds), tuple(recorder.outside_work),
+                   recorder.largest_out)

@@ -245,6 +245,7 @@ class Capture:
     root_seconds: Mapping[int, float]  # wall time of each call of the root module (call number -> seconds)
     upper_bounds: Mapping[str, int] = field(default_factory=dict)  # op -> calls counted as upper bounds
     outside: tuple[OutsideWork, ...] = ()  # real mode: tensors computed outside the ATen dispatcher
+    largest_tensor_bytes: int = 0  # fake mode: bytes of the largest tensor an op made (a real run needs at least it)
 
     def notes(self, unchecked: bool = True) -> list[str]:
         """What the recording could not establish: an op whose formula returns attention parts but is not
