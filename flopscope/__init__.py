@@ -13,6 +13,7 @@ from .attribute.roles import Assignment, RoleRule
 from .errors import (
     BudgetError,
     ConfigurationError,
+    DoesNotFitError,
     FakeTensorError,
     FlopscopeError,
     FlopscopeWarning,
@@ -44,6 +45,7 @@ __all__ = [
     "BatchPricer",
     "BudgetError",
     "ConfigurationError",
+    "DoesNotFitError",
     "FakeTensorError",
     "FlopscopeError",
     "FlopscopeWarning",

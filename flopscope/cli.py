@@ -556,7 +556,9 @@ def _crosscheck(args: argparse.Namespace) -> int:
     meta = target
     target = _materialised(target, args.target, args.set, f"crosscheck of {target.description} (flopscope and "
                            "the peers run it for real, each peer on its own copy)",
-                           lambda: _largest_activation(meta, inputs, kwargs), copies=2)
+                           lambda: _largest_activation(meta, inputs, kwargs), copies=2,
+                           instead=f"count it with flopscope profile {args.target} (on fake tensors: nothing "
+                                   "allocated)")
     with torch.no_grad():
         result = crosscheck(target.model, *inputs, tools=args.tools, forward_kwargs=kwargs)
     print(result.to_table(args.format))
