@@ -251,7 +251,7 @@ def _materialised(target: Target, spec: str, settings: list[str], what: str, act
     parameters = state_bytes(target.model) if dtype is None else \
         max(state_bytes(target.model), state_bytes(target.model, dtype))  # built as declared, then converted
     if callable(activation):  # the parameters alone first: the estimate's fake run is skipped when they do not fit
-        check_fits(what, parameters, 0, "cpu", copies=copies, way_out=way_out)
+        check_fits(what, parameters, None, "cpu", copies=copies, way_out=way_out)
         activation = activation()
     check_fits(what, parameters, activation, "cpu", copies=copies, way_out=way_out)
     return load_target(spec, settings, "cpu")

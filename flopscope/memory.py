@@ -101,18 +101,20 @@ def least_available(devices: Collection[torch.device]) -> int | None:
     return min(known) if known else None
 
 
-def check_fits(what: str, parameters: int, activation: int, device: torch.device | str = "cpu", *,
+def check_fits(what: str, parameters: int, activation: int | None, device: torch.device | str = "cpu", *,
                copies: int = 1, way_out: str = "") -> None:
     """Raise :class:`~flopscope.errors.DoesNotFitError` when ``copies`` x ``parameters`` bytes (the model's
-    state, and that many copies of it) plus ``activation`` bytes (the largest tensor of its forward) exceed
-    :func:`available_bytes` on ``device``. ``what``: the run refused ("a real run of hf:llama"); ``way_out``:
-    what to do instead (appended to the message). Unknown availability: no refusal."""
+    state, and that many copies of it) plus ``activation`` bytes (the largest tensor of its forward; ``None``: not
+    estimated, the parameters alone) exceed :func:`available_bytes` on ``device``. ``what``: the run refused ("a
+    real run of hf:llama"); ``way_out``: what to do instead (appended to the message). Unknown availability: no
+    refusal."""
     free = available_bytes(device)
-    need = copies * parameters + activation
+    need = copies * parameters + (activation or 0)
     if free is None or need <= free:
         return
     state = f"{copies} x {gib(parameters)}" if copies > 1 else gib(parameters)
-    raise DoesNotFitError(f"{what} needs at least {gib(need)} ({state} of parameters and buffers, "
-                          f"{gib(activation)} for the largest activation of a fake run) but "
+    activations = (" alone, the activations not counted" if activation is None else
+                   f", {gib(activation)} for the largest activation of a fake run")
+    raise DoesNotFitError(f"{what} needs at least {gib(need)} ({state} of parameters and buffers{activations}) but "
                           f"{gib(free)} are available on {torch.device(device)}: not run"
                           + (f"; {way_out}" if way_out else ""), needed_bytes=need, available_bytes=free)

@@ -107,6 +107,7 @@ def test_a_real_run_that_cannot_fit_is_refused_before_allocating(argv: list[str]
     _refused(out, weights, copies)
     assert instead in out
     assert f"needs at least {copies * weights / GIB:,.2f} GiB" in out  # the parameters alone: no estimate run
+    assert "of parameters and buffers alone, the activations not counted" in out
     assert peak < 2 * GIB
 
 
@@ -185,3 +186,19 @@ def test_state_bytes_counts_tied_weights_once_and_converts_floating_state() -> N
     model.register_buffer("steps", torch.zeros(3, dtype=torch.long, device="meta"))
     assert memory.state_bytes(model) == 10 * 4 * 4 + 3 * 8
     assert memory.state_bytes(model, torch.bfloat16) == 10 * 4 * 2 + 3 * 8  # integer buffers keep their dtype
+
+
+def test_check_fits_adds_the_copies_of_the_state_and_the_activation(monkeypatch: pytest.MonkeyPatch) -> None:
+    mib = 2**20
+    monkeypatch.setattr(memory, "system_available", lambda: 100 * mib)
+    monkeypatch.setattr(memory, "address_space_left", lambda: 80 * mib)  # the smaller of the two counts
+    memory.check_fits("a run", 30 * mib, 20 * mib, copies=2)  # 80 MiB: fits exactly
+    with pytest.raises(flopscope.DoesNotFitError) as caught:
+        memory.check_fits("a run", 30 * mib, 21 * mib, copies=2, way_out="count less")
+    assert (caught.value.needed_bytes, caught.value.available_bytes) == (81 * mib, 80 * mib)
+    assert str(caught.value) == (f"a run needs at least {81 / 1024:.2f} GiB (2 x {30 / 1024:.2f} GiB of parameters and "
+                                 f"buffers, {21 / 1024:.2f} GiB for the largest activation of a fake run) but "
+                                 f"{80 / 1024:.2f} GiB are available on cpu: not run; count less")
+    monkeypatch.setattr(memory, "system_available", lambda: None)
+    monkeypatch.setattr(memory, "address_space_left", lambda: None)
+    memory.check_fits("a run", 2**50, 2**50)  # nothing known: no refusal
