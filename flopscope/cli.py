@@ -293,7 +293,7 @@ def _count(args: argparse.Namespace, target: Target, inputs: tuple[Any, ...], kw
                     f"{failed.where}: {failed.reason})")
             activation = failed.largest_tensor_bytes
         target = _materialised(target, args.target, args.set, what, activation, copies=copies,
-                               instead="" if args.mode == "fake" else MODE_FAKE)
+                               instead="")  # (--mode fake failed already)
     with grad:
         return target, profile(target.model, *inputs, mode=args.mode, backward=args.backward, **kwargs)
 

@@ -111,6 +111,38 @@ def test_a_real_run_that_cannot_fit_is_refused_before_allocating(argv: list[str]
     assert peak < 2 * GIB
 
 
+BRANCH = """
+from torch import nn
+
+
+class Branch(nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.fc = nn.Linear(d, d)
+
+    def forward(self, x):
+        y = self.fc(x)
+        return y * 2 if y.sum().item() > 0 else y  # a value: fake tensors cannot go on
+"""
+
+
+def test_autos_fall_back_to_a_real_run_that_cannot_fit_is_refused(tmp_path, monkeypatch) -> None:
+    (tmp_path / "branching.py").write_text(BRANCH)
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    d = 65536
+    code, out, _, _, peak = run_cli("profile", "branching:Branch", "--set", f"d={d}", "--input", f"4x{d}")
+    assert code == 3, out
+    weights, activation = (d * d + d) * 4, 4 * d * 4  # 16 GiB of fp32; fc's output, before .item() stopped it
+    assert "auto's fall-back to a real run of branching:Branch (it cannot be counted on fake tensors" in out
+    assert (f"needs at least {(weights + activation) / GIB:,.2f} GiB ({weights / GIB:,.2f} GiB of parameters and "
+            f"buffers, {activation / GIB:.3g} GiB for the largest activation of a fake run)") in out
+    assert "--mode fake" not in out  # it cannot be counted on fake tensors: not a way out
+    assert peak < 2 * GIB
+    code, out, *_ = run_cli("profile", "branching:Branch", "--set", "d=64", "--input", "4x64")
+    assert code == 0, out
+    assert f"total: {4 * 64 * 64:,} MACs" in out and "counted in real mode" in out  # small: built for real, run
+
+
 def test_a_bad_input_fails_before_any_model_is_built() -> None:
     _, _, _, import_cpu, _ = _python("import flopscope.cli")
     code, out, _, cpu, peak = run_cli("profile", "hf:llama", "--input", "1x0")
