@@ -41,7 +41,7 @@ WIDTH = Names(config=("hidden_size", "d_model", "n_embd"),
 """Model width d (the projections' input width)."""
 HEADS = Names(config=("num_attention_heads", "num_heads", "n_head"),
               module=("num_heads", "num_attention_heads", "n_heads", "n_head", "num_attention_heads_per_partition",
-                      "h"),
+                      "h", "heads"),
               towers=("n_heads", "encoder_attention_heads", "decoder_attention_heads", "decoder_num_attention_heads",
                       "swa_num_attention_heads"))
 """Query heads h."""

@@ -45,13 +45,30 @@ def feature_axis(p: CapturedOp) -> int:
 
 def columns(p: CapturedOp, target: CapturedOp) -> set[int]:
     """Which output columns (last dim; a convolution's channels) of ``p`` reach ``target``."""
+    return {c for c in _union([_column_labels(p, target)]) if c >= 0}
+
+
+def holds_columns_along(p: CapturedOp, target: CapturedOp, axis: int) -> bool | None:
+    """Whether ``axis`` of ``target`` runs over ``p``'s output columns (a head's features: the labels change along
+    it) rather than its rows (positions: every entry along it holds the same column). ``None`` where the labels did
+    not reach ``target`` as a tensor."""
+    found = _column_labels(p, target)
+    if not isinstance(found, torch.Tensor) or not found.dim() or not found.numel():
+        return None
+    along = found.movedim(axis, -1)
+    return bool((along != along[..., :1]).any())
+
+
+def _column_labels(p: CapturedOp, target: CapturedOp) -> Labels:
+    """Each output column's index replayed from ``p`` to ``target``: a label tensor of ``target``'s shape, or a set
+    where an op between could not be replayed."""
     shape = tuple(p.output_shapes[0])
     axis = feature_axis(p) % len(shape)
     index = torch.arange(shape[axis]).reshape(*([1] * axis), shape[axis], *([1] * (len(shape) - axis - 1)))
     labels: dict[CapturedOp, Labels] = {p: index.expand(shape)}
     for n in _between(p, target):
         labels[n] = _replay(n, labels)
-    return {c for c in _union([labels.get(target, set())]) if c >= 0}
+    return labels.get(target, set())
 
 
 def split_by_columns(p: CapturedOp, wanted: Sequence[tuple[CapturedOp, str]], macs: int) -> dict[str, int]:

@@ -257,9 +257,10 @@ class GraphView:
         return known
 
     def activated(self, n: CapturedOp, activations: frozenset[Any]) -> bool:
-        """An op of ``activations`` lies among the nodes without multiplies reached walking back from ``n``
-        without crossing a multiply (``n`` included; a multiply itself is never activated)."""
-        return self.behind(n, activations, lambda m: self.packet(m) in activations)
+        """An op of ``activations`` on an activation (:attr:`live`) lies among the nodes without multiplies reached
+        walking back from ``n`` without crossing a multiply (``n`` included; a multiply itself is never activated; a
+        learned scalar squashed by a sigmoid to blend two streams, SVD's ``AlphaBlender``, activates nothing)."""
+        return self.behind(n, activations, lambda m: self.packet(m) in activations and self.live[m])
 
     def behind(self, n: CapturedOp, key: Any, test: Callable[[CapturedOp], bool]) -> bool:
         """A node passing ``test`` lies among the nodes without multiplies reached walking back from ``n`` without

@@ -58,7 +58,7 @@ from ..formulas import elementwise
 from ..formulas.elementwise import EMBEDDING_LOOKUPS, PRODUCT_OPS, SOFTMAX_OPS
 from ..formulas.registry import OpFamily, argument, prod
 from ..role import ROLE_ORDER, Role, parse_role
-from .columns import columns, scale_parts, split_by_columns, split_by_rows
+from .columns import columns, holds_columns_along, scale_parts, split_by_columns, split_by_rows
 from .graph_view import GraphView, is_channelwise_conv, reach
 from .paths import common_path
 
@@ -363,7 +363,8 @@ def _attention_at_products(view: GraphView, state: RoleState, first: CapturedOp)
                and _projected(view, state, m)]
     if not seconds:
         return
-    quadratic = [m for m in seconds if view.descends_from(view.matmul_operands(m)[0], first)]
+    linear = _contracts_positions(view, first)
+    quadratic = [] if linear else [m for m in seconds if view.descends_from(view.matmul_operands(m)[0], first)]
     members = {first, *seconds}
     if quadratic:
         state.parts[first] = {Role.ATTN_SCORES.value: first.macs}
@@ -375,6 +376,8 @@ def _attention_at_products(view: GraphView, state: RoleState, first: CapturedOp)
             members |= _demand_out_proj(view, state, m, through_reductions=True)  # a sum over hash rounds (LSH)
         state.groups.append(members - (set(seconds) - set(quadratic)))
         return
+    if all(view.descends_from(view.matmul_operands(m)[0], first) for m in seconds):
+        a, b = b, a  # the state read from the left, S·φ(Q) (Sana's (V·φ(K)ᵀ)·φ(Q)): its right factor is the keys
     behind_k, behind_v = _nearest_before(view, a), _nearest_before(view, b)
     if not behind_k or not behind_v or not all(view.is_weight_matmul(p) for p in (*behind_k, *behind_v)):
         return  # keys and values are projections of the input, nothing else (a residual-stream mix is not)
@@ -384,7 +387,8 @@ def _attention_at_products(view: GraphView, state: RoleState, first: CapturedOp)
     members |= _demand_projections(view, state, b, Role.V_PROJ.value)
     for m in seconds:
         state.parts[m] = {Role.ATTN_READOUT.value: m.macs}
-        query = view.matmul_operands(m)[0]
+        x, y = view.matmul_operands(m)
+        query = y if view.descends_from(x, first) else x  # φ(Q)·S, or S·φ(Q)
         members |= _demand_projections(view, state, query, Role.Q_PROJ.value)
         members |= _demand_out_proj(view, state, m, through_reductions=True)
         for z in view.frontier(view.through_no_macs(query), view.users):
@@ -392,6 +396,15 @@ def _attention_at_products(view: GraphView, state: RoleState, first: CapturedOp)
                 state.parts[z] = {Role.ATTN_NORMALISER.value: z.macs}
                 members.add(z)
     state.groups.append(members)
+
+
+def _contracts_positions(view: GraphView, first: CapturedOp) -> bool:
+    """``first`` sums over positions, not over a head's features: along the axis its left operand contracts, every
+    entry holds the same column of the projection behind it. That is a state product (φ(K)ᵀ·V, written either way
+    round), whichever side the next product reads it from; scores (Q·Kᵀ) contract the features."""
+    left = view.matmul_operands(first)[0]
+    behind = [p for p in _nearest_before(view, left) if view.is_weight_matmul(p)]
+    return len(behind) == 1 and holds_columns_along(behind[0], left, -1) is False
 
 
 def _is_normaliser(view: GraphView, z: CapturedOp, keys: set[CapturedOp]) -> bool:
@@ -540,6 +553,8 @@ def ffn(view: GraphView, state: RoleState) -> None:
             continue
         x = view.activation_operand(d)
         sources = concatenated(view, x)
+        if _fourier_features(view, sources):
+            continue  # cat([sin(x·B), cos(x·B)]): a Fourier embedding of positions or of a timestep, no hidden layer
         taken = {source for source, _ in state.row_demands.get(d, ())}
         for hidden in [s for s in sources if s not in taken] if sources else [x]:
             found = _hidden_layer(view, state, hidden)
@@ -553,6 +568,14 @@ def ffn(view: GraphView, state: RoleState) -> None:
             else:
                 state.parts[d] = {Role.FFN_DOWN.value: d.macs}
             state.groups.append({d} | {p for demands in found for p, _, _ in demands})
+
+
+def _fourier_features(view: GraphView, sources: Sequence[CapturedOp]) -> bool:
+    """The concatenated values are sines and cosines (of one product, ``[sin(2πx·B), cos(2πx·B)]``): Fourier features
+    of a timestep or of coordinates (Gaussian Fourier projections, NeRF and SAM positional encodings), not a hidden
+    layer whose activation happens to be periodic."""
+    found = {view.packet(_pass_through_root(view, s)) for s in sources}
+    return bool(sources) and found == {aten.sin, aten.cos}
 
 
 def _hidden_layer(view: GraphView, state: RoleState, x: CapturedOp
@@ -598,51 +621,57 @@ def concatenated_inputs(view: GraphView, state: RoleState) -> None:
 
 
 def _per_sample(view: GraphView, d: CapturedOp) -> bool:
-    """``d``'s result is broadcast over positions, or it is read only by weight matmuls whose results are: an
-    elementwise op spreads the value along an axis other than the last, where it has one entry (or none) and the op's
-    output many (``x * (1 + scale[:, None]) + shift[:, None]`` of adaLN, a UNet's ``h + temb[:, :, None, None]``),
-    the value having kept every row it had on the way (no reduction, no selection of a position: a pooled token
-    broadcast back is the stream's, not a per-sample vector's). Such a hidden layer ran on one vector per sample (a
-    timestep, a class, pooled text), not on every position: it conditions the positions, it is no FFN (docs/roles.md
-    section 3.4)."""
-    batch = view.batch
-    if batch is None or not d.output_shapes or _rows(d.output_shapes[0]) != batch:
-        return False  # more rows than samples: it ran on positions (or the sizes are symbolic)
+    """``d``'s result is spread over positions, or it is read only by weight matmuls whose results are: an
+    elementwise op broadcasts it (or an ``expand`` repeats it) along an axis other than the last, and it has no
+    positions there or on any later axis but the last, where the op's output has many (``x * (1 + scale[:, None]) +
+    shift[:, None]`` of adaLN, a UNet's ``h + temb[:, :, None, None]``, a video model's per-frame ``temb[:, :, None]``
+    over each frame's tokens), the value keeping its rows on the way (reshaped or chunked, never reduced). Such a
+    hidden layer ran on one vector per sample or per frame (a timestep, a class, pooled text), not on every position:
+    it conditions the positions, it is no FFN (docs/roles.md section 3.4). A value that has positions (GQA's keys
+    repeated over the heads of a group, a positional table added over the batch) is not spread."""
     readers = view.frontier(view.users(d), view.users)
     return _spread(view, d) or (bool(readers) and all(view.is_weight_matmul(m) and _spread(view, m) for m in readers))
 
 
 def _spread(view: GraphView, n: CapturedOp) -> bool:
-    """``n`` holds one row per sample (as many rows as the inputs' batch), and its value, with every row it has, is
-    broadcast over positions (:func:`_per_sample`)."""
-    return (view.batch is not None and bool(n.output_shapes) and _rows(n.output_shapes[0]) == view.batch
-            and view.ahead(n, "broadcast over positions", _broadcasts, _keeps_rows))
+    """``n``'s value, with at least the rows it has, is spread over positions (:func:`_per_sample`)."""
+    rows = _rows(n.output_shapes[0]) if n.output_shapes else None
+    if rows is None:
+        return False  # (symbolic sizes: nothing to compare)
+    return view.ahead(n, ("spread over positions", rows), _spreads, lambda user, _: _keeps_rows(user, rows))
 
 
-def _rows(shape: Sequence[int]) -> int:
-    return math.prod(shape[:-1]) if shape else 1
+def _rows(shape: Sequence[Any]) -> int | None:
+    """The rows of a value of this shape (the product of all dims but the last); None where a size is symbolic."""
+    return math.prod(shape[:-1]) if all(type(s) is int for s in shape) else None
 
 
-def _keeps_rows(user: CapturedOp, n: CapturedOp) -> bool:
-    """``user``'s output has at least the rows (all dims but the last) of ``n``'s."""
-    return bool(user.output_shapes and n.output_shapes) and _rows(user.output_shapes[0]) >= _rows(n.output_shapes[0])
+def _keeps_rows(user: CapturedOp, rows: int) -> bool:
+    """``user``'s output has ``rows`` rows (all dims but the last) or more: a value reshaped or cut into chunks along
+    a middle axis (adaLN's ``emb.reshape(B, 6, d).chunk(6, dim=1)``) keeps its rows; one reduced over them does not."""
+    found = _rows(user.output_shapes[0]) if user.output_shapes else None
+    return found is not None and found >= rows
 
 
 BROADCASTING_OPS = frozenset({aten.add, aten.add_, aten.sub, aten.sub_, aten.mul, aten.mul_, aten.div, aten.div_,
-                              aten.addcmul, aten.addcdiv, aten.where, aten.lerp})
-"""Elementwise ops that broadcast their operands to one shape (a scatter such as ``index_add_`` does not)."""
+                              aten.addcmul, aten.addcdiv, aten.where, aten.lerp, aten.expand})
+"""Ops that broadcast their operands to one shape: the elementwise ones, and ``expand`` (a scatter such as
+``index_add_`` does not)."""
 
 
-def _broadcasts(user: CapturedOp, n: CapturedOp) -> bool:
-    """The elementwise op ``user`` spreads ``n``'s value along an axis other than the last."""
+def _spreads(user: CapturedOp, n: CapturedOp) -> bool:
+    """``user`` broadcasts ``n``'s value along an axis other than the last, where ``n`` has one entry and the output
+    many (or none), and ``n`` has one entry on every later axis but the last: the value holds no positions, the
+    output does."""
     if getattr(user.target, "overloadpacket", None) not in BROADCASTING_OPS or not user.output_shapes \
             or not n.output_shapes:
         return False
     out, shape = tuple(user.output_shapes[0]), tuple(n.output_shapes[0])
-    if len(shape) > len(out) or len(out) < 2:
+    if len(shape) > len(out) or len(out) < 2 or not shape or math.prod(shape) <= 1:
         return False
     padded = (1,) * (len(out) - len(shape)) + shape
-    return any(padded[i] == 1 < out[i] for i in range(len(out) - 1)) and len(shape) > 0 and math.prod(shape) > 1
+    first = next((i for i in range(len(out) - 1) if padded[i] == 1 != out[i]), None)  # (0: repeated for no frame)
+    return first is not None and all(size == 1 for size in padded[first:-1])
 
 
 def _assembled_in_parts(view: GraphView, start: CapturedOp) -> bool:
@@ -809,13 +838,18 @@ def factored_projections(view: GraphView, state: RoleState) -> None:
     key / value factors of multi-head latent attention (DeepSeek's ``q_a_proj`` before ``q_b_proj``), a LoRA
     adapter's first matrix. A factor feeding projections of several roles (MLA's key / value latent, which
     ``kv_b_proj`` expands into keys and values) is split by the columns reaching each; a column shared by
-    keys and values counts as ``k_proj``, the first in role order (docs/roles.md, section 3.5)."""
+    keys and values counts as ``k_proj``, the first in role order (docs/roles.md, section 3.5). A matmul read by the
+    projections of several attention instances is not one attention's factor: it stays for the later passes."""
     for n in view.nodes:
         if not n.macs or state.claimed(n) or not view.is_weight_matmul(n):
             continue
         readers = view.frontier(view.users(n), view.users)
         if not readers or not all(_projection_roles(state, r) for r in readers) or not _only_itself(view, n):
             continue
+        owners = {next((i for i, group in enumerate(state.groups) if r in group), None) for r in readers}
+        if len(owners - {None}) > 1:
+            continue  # read by the projections of several attentions: an input embedding they share (every block's
+            # text keys and values from one text projection), no factor of one attention's projections
         for r in readers:
             target = view.activation_operand(r)
             for role in sorted(_projection_roles(state, r), key=ROLE_ORDER.index):

@@ -30,7 +30,7 @@ kernel runs ``n_q·n_k`` pairs but needs ``n_q·n_k − n_q(n_q−1)/2``; a slid
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from fractions import Fraction
@@ -466,9 +466,15 @@ def _stream_attention_rows(b: _Block) -> list[ReconcileRow] | None:
     projections per role, or a query projection that sees other tokens than the block's query input. ``None``
     otherwise, or where a projection is no declared linear layer."""
     linears = {role: b.linear_calls(role) for role in ("q_proj", "k_proj", "v_proj", "out_proj")}
-    q, k, v = linears["q_proj"], linears["k_proj"], linears["v_proj"]
-    if q is None or k is None or v is None or any(role in b.measured for role in LINEAR_CORE):
+    if any(linears[role] is None for role in ("q_proj", "k_proj", "v_proj")) \
+            or any(role in b.measured for role in LINEAR_CORE):
         return None
+    # a fused projection (one qkv linear per stream) gives each of its roles an equal share of its output columns
+    shares = Counter(m.path for role in ("q_proj", "k_proj", "v_proj") for m in linears[role] or [])
+    for role in ("q_proj", "k_proj", "v_proj"):
+        linears[role] = [replace(m, width_out=m.width_out // shares[m.path]) for m in linears[role] or []]
+    q, k, v = linears["q_proj"], linears["k_proj"], linears["v_proj"]
+    assert q is not None and k is not None and v is not None
     query_input = next((t for t in (_batch_and_length(shapes, q[0].width_in, QUERY_INPUTS) for shapes in b.calls)
                         if t is not None), None)
     joint = len(q) > 1 or len(k) > 1
@@ -489,8 +495,10 @@ def _stream_attention_rows(b: _Block) -> list[ReconcileRow] | None:
     outs = linears["out_proj"]
     if outs is not None:  # an output projection reading a concatenation is out_proj for the attention's rows only
         predicted["out_proj"] = sum(m.macs(min(m.width_in, d_v)) for m in outs)
-    names = ", ".join(f"{m.path.rsplit('.', 1)[-1]} {m.width_in}->{m.width_out} n={m.calls[0][1]}"
-                      for m in (*q, *k, *v))
+    names = ", ".join(dict.fromkeys(
+        f"{m.path.rsplit('.', 1)[-1]} {m.width_in}->{m.width_out * shares[m.path]}"
+        f"{f' (fused: {m.width_out} per role)' if shares[m.path] > 1 else ''} n={m.calls[0][1]}"
+        for m in (*q, *k, *v)))
     basis = (f"{'joint' if joint else 'single-stream'} attention over n_q={sum(m.calls[0][1] for m in q)} "
              f"n_k={sum(m.calls[0][1] for m in k)} tokens, h·d_k={d_q}; per-stream projections ({names}; "
              "widths declared, tokens of each projection's input)")
@@ -510,6 +518,9 @@ def _attention_reason(row: ReconcileRow, hyper: _Attention) -> str:
         return ""
     if row.role in ("attn_scores", "attn_weighted_sum") and ratio > 1 and ratio.denominator == 1:
         return f"keys include cached tokens: each query meets {ratio}x the keys of its input (KV cache)"
+    if row.role in LINEAR_CORE and hyper.d_k and ratio == Fraction(hyper.d_k + 1, hyper.d_k):
+        return ("values padded with a row of ones: the normaliser φ(Q)·Σφ(K) computed inside the state (d_v + 1 "
+                "per head, Sana)")
     if row.role in ("k_proj", "v_proj") and ratio == Fraction(hyper.d_q, hyper.d_kv):
         return "grouped-query attention: K/V projected for the query heads, not n_kv heads"
     if ratio.denominator == 1 and ratio > 1:
@@ -550,11 +561,13 @@ def _ffn_rows(b: _Block) -> list[ReconcileRow]:
         tokens = (spec.batch or 1) * spec.n
     if not tokens:
         return b.unrecognised(present, f"no input of width d={d} among its call's inputs")
-    predicted = {"ffn_up": tokens * top_k * d * d_ff, "ffn_down": tokens * top_k * d_ff * d}
+    d_out = _ffn_output_width(b) if spec is None else None
+    predicted = {"ffn_up": tokens * top_k * d * d_ff, "ffn_down": tokens * top_k * d_ff * (d_out or d)}
     if gated:
         predicted["ffn_gate"] = tokens * top_k * d * d_ff
     moe = f" top_k={top_k} experts per token" if top_k > 1 else ""
-    basis = f"tokens={tokens} d={d} d_ff={d_ff}{' gated' if gated else ''}{moe} ({source}{source_of_tokens})"
+    out = f" d_out={d_out}" if d_out not in (None, d) else ""
+    basis = f"tokens={tokens} d={d} d_ff={d_ff}{out}{' gated' if gated else ''}{moe} ({source}{source_of_tokens})"
     rows = []
     for role in FFN_ROLES:
         if role in measured or role in predicted:
@@ -569,6 +582,13 @@ def _tokens_of(calls: list[InputShapes], width: int) -> int:
     """Tokens (batch x length) of the block's query inputs of this width, summed over its calls."""
     found = (_batch_and_length(shapes, width, QUERY_INPUTS) for shapes in calls)
     return sum(t[0] * t[1] for t in found if t is not None)
+
+
+def _ffn_output_width(b: _Block) -> int | None:
+    """The width the down projection writes, from its declared weight where it is one linear layer: an MLP that
+    changes the width (a timestep embedder's 256 → d → d) writes d_out ≠ d."""
+    downs = b.role_modules.get("ffn_down", set())
+    return b.facts.declared(LINEAR_OUT, list(downs), config=False) if len(downs) == 1 else None
 
 
 def _ffn_widths(b: _Block, gated: bool) -> tuple[int | None, int | None, str]:
