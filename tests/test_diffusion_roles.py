@@ -279,3 +279,29 @@ def test_reconcile_is_exact_off_the_language_model_zoo(name):
     rows = prof.reconcile().rows
     assert rows and [(r.block, r.role, r.measured, r.predicted) for r in rows if not r.exact] == []
     assert {r.role for r in rows} >= {"q_proj", "attn_scores", "out_proj", "ffn_up", "ffn_down"}
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Sana: ReLU linear self-attention written (V·φ(K)ᵀ)·φ(Q), values padded with a row of ones (the normaliser inside the
+# state), and softmax cross-attention to m text tokens; h heads of d_k, side s, patch 1: n = s² tokens
+SANA = dict(h=2, d_k=8, L=2, s=8, C=4, m=5)
+
+
+def test_sana_linear_attention_is_a_state_and_its_readout():
+    c = SANA
+    h, d_k, L, n, m = c["h"], c["d_k"], c["L"], c["s"] ** 2, c["m"]
+    d = h * d_k
+    model = diffusers.SanaTransformer2DModel(
+        in_channels=c["C"], out_channels=c["C"], num_attention_heads=h, attention_head_dim=d_k, num_layers=L,
+        num_cross_attention_heads=h, cross_attention_head_dim=d_k, cross_attention_dim=d, caption_channels=d,
+        mlp_ratio=2.0, sample_size=c["s"], patch_size=1).eval()
+    inputs = dict(hidden_states=torch.randn(1, c["C"], c["s"], c["s"]), encoder_hidden_states=torch.randn(1, m, d),
+                  timestep=torch.tensor([3]))
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        prof = flopscope.profile(model, **inputs, mode="fake")
+    roles = prof.by_role()
+    state = L * h * (d_k + 1) * n * d_k  # each head's state: its d_v + 1 value rows by its d_k key columns, over n
+    assert (roles["attn_kv_state"], roles["attn_readout"]) == (state, state)
+    assert (roles["attn_scores"], roles["attn_weighted_sum"]) == (L * n * m * d, L * n * m * d)  # cross-attention only
+    assert prof.reconcile().unexplained() == []

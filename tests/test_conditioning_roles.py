@@ -1,0 +1,189 @@
+"""Roles decided by what a value is, off the language-model zoo's shapes (docs/roles.md 3.4 and 3.5), each against
+closed forms written from the modules' widths:
+
+- a timestep MLP run once per *frame* (B·F rows) and repeated over each frame's tokens by ``expand`` is conditioning,
+  as is one whose adaLN output is reshaped and chunked before it modulates the tokens;
+- a blend of two streams by a learned scalar squashed by a sigmoid (SVD's ``AlphaBlender``) is no activation: the
+  projections around it are no FFN;
+- ``cat([sin(t·B), cos(t·B)])`` is a Fourier embedding, no hidden layer: the MLP after it keeps its FFN roles, with a
+  down projection narrower than its input (reconcile predicts it from its own width);
+- a text projection read by the key / value projections of several attention layers is no factor of one of them;
+- joint attention whose streams each have one fused q/k/v projection reconciles exactly.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import flopscope
+
+
+def profile(model: nn.Module, *inputs: torch.Tensor) -> flopscope.Profile:
+    torch.manual_seed(0)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        prof = flopscope.profile(model.eval(), *inputs, mode="fake")
+    assert sum(prof.by_role().values()) == prof.total()
+    return prof
+
+
+def nonzero(roles: dict[str, int]) -> dict[str, int]:
+    return {role: macs for role, macs in roles.items() if macs}
+
+
+class PerFrame(nn.Module):
+    """Video tokens (B, F, P, d) conditioned per frame: a timestep MLP (f -> d -> d) on each frame's timestep, its
+    result repeated over the frame's P tokens by ``expand``, then a position-wise FFN (d -> 4d -> d)."""
+
+    def __init__(self, d: int, f: int) -> None:
+        super().__init__()
+        self.f = f
+        self.time_1, self.time_2 = nn.Linear(f, d), nn.Linear(d, d)
+        self.up, self.down = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+
+    def forward(self, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        b, frames, p, d = x.shape
+        freqs = t.reshape(b * frames, 1) * torch.ones(1, self.f)
+        emb = self.time_2(F.silu(self.time_1(freqs)))  # (B·F, d): one row per frame
+        h = x + emb.view(b, frames, 1, d).expand(b, frames, p, d)
+        return h + self.down(F.gelu(self.up(h)))
+
+
+def test_per_frame_timestep_mlp_is_conditioning():
+    b, frames, p, d, f = 2, 3, 5, 8, 16
+    prof = profile(PerFrame(d, f), torch.randn(b, frames, p, d), torch.rand(b, frames))
+    n = b * frames * p
+    assert nonzero(prof.by_role()) == {"ffn_up": n * d * 4 * d, "ffn_down": n * 4 * d * d,
+                                       "other": b * frames * (f * d + d * d)}
+
+
+class ChunkedAdaLN(nn.Module):
+    """A timestep MLP (f -> d -> d), then adaLN (d -> 6d) reshaped to (B, 6, d) and chunked along the middle axis
+    (Sana's and PixArt's ``scale_shift_table + t.reshape(B, 6, -1)``), modulating n tokens; a position-wise FFN."""
+
+    def __init__(self, d: int, f: int) -> None:
+        super().__init__()
+        self.time_1, self.time_2, self.ada = nn.Linear(f, d), nn.Linear(d, d), nn.Linear(d, 6 * d)
+        self.table = nn.Parameter(torch.zeros(1, 6, d))
+        self.up, self.down = nn.Linear(d, 2 * d), nn.Linear(2 * d, d)
+
+    def forward(self, x: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
+        emb = self.time_2(F.silu(self.time_1(freqs)))
+        mod = self.table + self.ada(F.silu(emb)).reshape(x.shape[0], 6, -1)
+        shift, scale, gate, *_ = mod.chunk(6, dim=1)  # (B, 1, d) each
+        h = F.layer_norm(x, x.shape[-1:]) * (1 + scale) + shift
+        return x + gate * self.down(F.gelu(self.up(h)))
+
+
+def test_chunked_adaln_timestep_mlp_is_conditioning():
+    b, n, d, f = 2, 7, 8, 16
+    prof = profile(ChunkedAdaLN(d, f), torch.randn(b, n, d), torch.randn(b, f))
+    assert nonzero(prof.by_role()) == {"ffn_up": b * n * d * 2 * d, "ffn_down": b * n * 2 * d * d,
+                                       "other": b * (f * d + d * d + d * 6 * d)}
+
+
+class AlphaBlend(nn.Module):
+    """proj_in, a spatial and a temporal stream, blended by sigmoid(a learned scalar), proj_out (SVD's
+    ``TransformerSpatioTemporalModel`` with its ``AlphaBlender``): no hidden layer anywhere."""
+
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.proj_in, self.mix, self.proj_out = nn.Linear(d, d), nn.Linear(d, d), nn.Linear(d, d)
+        self.mix_factor = nn.Parameter(torch.tensor([0.5]))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.proj_in(x)
+        temporal = h + self.mix(h)
+        alpha = torch.sigmoid(self.mix_factor)
+        return self.proj_out(alpha * h + (1.0 - alpha) * temporal)
+
+
+def test_a_sigmoid_of_a_learned_scalar_is_no_activation():
+    b, n, d = 2, 6, 8
+    prof = profile(AlphaBlend(d), torch.randn(b, n, d))
+    assert nonzero(prof.by_role()) == {"other": 3 * b * n * d * d}
+
+
+class FourierTimestep(nn.Module):
+    """A Gaussian Fourier projection of the timestep (t·B, B a fixed (1, k) matrix), cat([sin, cos]), then an MLP
+    (2k -> d -> d) whose output joins the sequence as one more token (so it is not spread over the positions)."""
+
+    def __init__(self, d: int, k: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(1, k), requires_grad=False)
+        self.linear_1, self.linear_2 = nn.Linear(2 * k, d), nn.Linear(d, d)
+
+    def forward(self, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        proj = 2 * torch.pi * t[:, None] @ self.weight
+        features = torch.cat([torch.sin(proj), torch.cos(proj)], dim=-1)
+        token = self.linear_2(F.silu(self.linear_1(features)))
+        return torch.cat([token[:, None], x], dim=1)
+
+
+def test_fourier_features_are_no_hidden_layer():
+    b, n, d, k = 2, 4, 8, 6
+    prof = profile(FourierTimestep(d, k), torch.randn(b, n, d), torch.rand(b))
+    assert nonzero(prof.by_role()) == {"ffn_up": b * 2 * k * d, "ffn_down": b * d * d, "other": b * k}
+    rows = prof.reconcile().rows
+    assert [(r.role, r.measured, r.predicted) for r in rows] == [("ffn_up", b * 2 * k * d, b * 2 * k * d),
+                                                               ("ffn_down", b * d * d, b * d * d)]
+
+
+class JointAttention(nn.Module):
+    """Joint attention over image and text tokens, one fused q/k/v projection per stream (``img_qkv``, ``txt_qkv``:
+    d -> 3d), h heads; the text stream enters through ``txt_in`` once per model when ``shared`` says so."""
+
+    def __init__(self, d: int, heads: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.img_qkv, self.txt_qkv, self.to_out = nn.Linear(d, 3 * d), nn.Linear(d, 3 * d), nn.Linear(d, d)
+
+    def forward(self, x: torch.Tensor, text: torch.Tensor) -> torch.Tensor:
+        b, n, d = x.shape
+        qkv = torch.cat([self.txt_qkv(text), self.img_qkv(x)], dim=1)
+        q, k, v = (t.unflatten(-1, (self.heads, -1)).transpose(1, 2) for t in qkv.chunk(3, dim=-1))
+        out = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).flatten(2)
+        return x + self.to_out(out[:, text.shape[1]:])
+
+
+class TwoJointLayers(nn.Module):
+    def __init__(self, d: int, heads: int) -> None:
+        super().__init__()
+        self.txt_in = nn.Linear(d, d)
+        self.layers = nn.ModuleList(JointAttention(d, heads) for _ in range(2))
+
+    def forward(self, x: torch.Tensor, text: torch.Tensor) -> torch.Tensor:
+        text = self.txt_in(text)
+        for layer in self.layers:
+            x = layer(x, text)
+        return x
+
+
+def joint_attention(b: int, n: int, m: int, d: int) -> dict[str, int]:
+    """Per layer: q, k, v over the n image and m text tokens (d -> d each), the core over n + m tokens, the output
+    projection on the image tokens."""
+    tokens = b * (n + m)
+    return {"q_proj": tokens * d * d, "k_proj": tokens * d * d, "v_proj": tokens * d * d,
+            "attn_scores": b * (n + m) ** 2 * d, "attn_weighted_sum": b * (n + m) ** 2 * d, "out_proj": b * n * d * d}
+
+
+def test_joint_attention_with_fused_per_stream_projections_reconciles():
+    b, n, m, d, heads = 2, 6, 3, 8, 2
+    prof = profile(JointAttention(d, heads), torch.randn(b, n, d), torch.randn(b, m, d))
+    assert nonzero(prof.by_role()) == joint_attention(b, n, m, d)
+    rows = prof.reconcile().rows
+    assert rows and [(r.role, r.measured, r.predicted) for r in rows if not r.exact] == []
+
+
+def test_a_projection_read_by_several_attentions_is_no_factor():
+    """``txt_in`` feeds the text keys and values of both layers: an input embedding they share, ``other``."""
+    b, n, m, d, heads = 2, 6, 3, 8, 2
+    prof = profile(TwoJointLayers(d, heads), torch.randn(b, n, d), torch.randn(b, m, d))
+    layer = joint_attention(b, n, m, d)
+    assert nonzero(prof.by_role()) == {**{role: 2 * macs for role, macs in layer.items()}, "other": b * m * d * d}
+    assert [(r.block, r.role) for r in prof.reconcile().rows if not r.exact] == []
