@@ -187,3 +187,32 @@ def test_a_projection_read_by_several_attentions_is_no_factor():
     layer = joint_attention(b, n, m, d)
     assert nonzero(prof.by_role()) == {**{role: 2 * macs for role, macs in layer.items()}, "other": b * m * d * d}
     assert [(r.block, r.role) for r in prof.reconcile().rows if not r.exact] == []
+
+
+class TanhGatedLayers(nn.Module):
+    """Lumina-2 / Z-Image style layers: ``x + tanh(gate) * norm(ffn(norm(x) * (1 + scale)))`` with ``gate`` and
+    ``scale`` from an adaLN Linear (d -> 2d) on one vector per sample, a SwiGLU FFN (d -> d_ff -> d). The tanh gate
+    spreads a vector per sample over the tokens: it gates no hidden layer, and the next layer's projections are no
+    down projection of it."""
+
+    def __init__(self, d: int, d_ff: int, layers: int) -> None:
+        super().__init__()
+        self.ada = nn.ModuleList(nn.Linear(d, 2 * d) for _ in range(layers))
+        self.w1 = nn.ModuleList(nn.Linear(d, d_ff, bias=False) for _ in range(layers))
+        self.w3 = nn.ModuleList(nn.Linear(d, d_ff, bias=False) for _ in range(layers))
+        self.w2 = nn.ModuleList(nn.Linear(d_ff, d, bias=False) for _ in range(layers))
+
+    def forward(self, x: torch.Tensor, emb: torch.Tensor) -> torch.Tensor:
+        for ada, w1, w3, w2 in zip(self.ada, self.w1, self.w3, self.w2, strict=True):
+            gate, scale = ada(F.silu(emb)).unsqueeze(1).chunk(2, dim=-1)
+            h = F.layer_norm(x, x.shape[-1:]) * (1 + scale)
+            x = x + torch.tanh(gate) * F.layer_norm(w2(F.silu(w1(h)) * w3(h)), x.shape[-1:])
+        return x
+
+
+def test_a_tanh_gate_per_sample_gates_no_hidden_layer():
+    b, n, d, d_ff, layers = 2, 5, 8, 24, 3
+    prof = profile(TanhGatedLayers(d, d_ff, layers), torch.randn(b, n, d), torch.randn(b, d))
+    tokens = b * n
+    assert nonzero(prof.by_role()) == {"ffn_up": layers * tokens * d * d_ff, "ffn_gate": layers * tokens * d * d_ff,
+                                       "ffn_down": layers * tokens * d_ff * d, "other": layers * b * d * 2 * d}

@@ -6,6 +6,7 @@ written with. It walks the :class:`~flopscope.capture.records.CapturedOp` record
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from types import MappingProxyType
@@ -259,19 +260,24 @@ class GraphView:
     def activated(self, n: CapturedOp, activations: frozenset[Any]) -> bool:
         """An op of ``activations`` on an activation (:attr:`live`) lies among the nodes without multiplies reached
         walking back from ``n`` without crossing a multiply (``n`` included; a multiply itself is never activated; a
-        learned scalar squashed by a sigmoid to blend two streams, SVD's ``AlphaBlender``, activates nothing)."""
-        return self.behind(n, activations, lambda m: self.packet(m) in activations and self.live[m])
+        learned scalar squashed by a sigmoid to blend two streams, SVD's ``AlphaBlender``, activates nothing; nor
+        does one behind a value without positions spread over the tokens: adaLN's ``tanh(gate)`` conditions them)."""
+        return self.behind(n, activations, lambda m: self.packet(m) in activations and self.live[m],
+                           through=lambda m, x: not spreads(m, x))
 
-    def behind(self, n: CapturedOp, key: Any, test: Callable[[CapturedOp], bool]) -> bool:
+    def behind(self, n: CapturedOp, key: Any, test: Callable[[CapturedOp], bool],
+               through: Callable[[CapturedOp, CapturedOp], bool] | None = None) -> bool:
         """A node passing ``test`` lies among the nodes without multiplies reached walking back from ``n`` without
-        crossing a multiply (``n`` included; a multiply never passes). Computed for every node in one pass over
+        crossing a multiply (``n`` included; a multiply never passes), along the inputs ``x`` of each node ``m`` that
+        pass ``through(m, x)`` (default: all). Computed for every node in one pass over
         the graph per ``key`` (which names ``test``): a search from each node would walk a residual stream back
         to the embedding, O(layers²) in all."""
         table = self._behind.get(key)
         if table is None:
             table = self._behind[key] = {}
             for m in self.nodes:  # in graph order: a node's inputs come first
-                table[m] = not m.macs and (any(map(table.__getitem__, self._inputs[m])) or test(m))
+                inputs = self._inputs[m] if through is None else [x for x in self._inputs[m] if through(m, x)]
+                table[m] = not m.macs and (any(map(table.__getitem__, inputs)) or test(m))
         return table.get(n, False)
 
     def ahead(self, n: CapturedOp, key: Any, test: Callable[[CapturedOp, CapturedOp], bool],
@@ -322,3 +328,24 @@ class GraphView:
     def descends_from(self, n: CapturedOp, ancestor: CapturedOp) -> bool:
         """``n`` is computed from ``ancestor`` without crossing another multiply."""
         return any(x is ancestor for x in reach([n], self.inputs, lambda x: x is n or not x.macs))
+
+
+BROADCASTING_OPS = frozenset({aten.add, aten.add_, aten.sub, aten.sub_, aten.mul, aten.mul_, aten.div, aten.div_,
+                              aten.addcmul, aten.addcdiv, aten.where, aten.lerp, aten.expand})
+"""Ops that broadcast their operands to one shape: the elementwise ones, and ``expand`` (a scatter such as
+``index_add_`` does not)."""
+
+
+def spreads(user: CapturedOp, n: CapturedOp) -> bool:
+    """``user`` broadcasts ``n``'s value along an axis other than the last, where ``n`` has one entry and the output
+    many (or none), and ``n`` has one entry on every later axis but the last: the value holds no positions, the
+    output does."""
+    if getattr(user.target, "overloadpacket", None) not in BROADCASTING_OPS or not user.output_shapes \
+            or not n.output_shapes:
+        return False
+    out, shape = tuple(user.output_shapes[0]), tuple(n.output_shapes[0])
+    if len(shape) > len(out) or len(out) < 2 or not shape or math.prod(shape) <= 1:
+        return False
+    padded = (1,) * (len(out) - len(shape)) + shape
+    first = next((i for i in range(len(out) - 1) if padded[i] == 1 != out[i]), None)  # (0: repeated for no frame)
+    return first is not None and all(size == 1 for size in padded[first:-1])

@@ -59,7 +59,7 @@ from ..formulas.elementwise import EMBEDDING_LOOKUPS, PRODUCT_OPS, SOFTMAX_OPS
 from ..formulas.registry import OpFamily, argument, prod
 from ..role import ROLE_ORDER, Role, parse_role
 from .columns import columns, holds_columns_along, scale_parts, split_by_columns, split_by_rows
-from .graph_view import GraphView, is_channelwise_conv, reach
+from .graph_view import GraphView, is_channelwise_conv, reach, spreads
 from .paths import common_path
 
 aten = torch.ops.aten
@@ -638,7 +638,7 @@ def _spread(view: GraphView, n: CapturedOp) -> bool:
     rows = _rows(n.output_shapes[0]) if n.output_shapes else None
     if rows is None:
         return False  # (symbolic sizes: nothing to compare)
-    return view.ahead(n, ("spread over positions", rows), _spreads, lambda user, _: _keeps_rows(user, rows))
+    return view.ahead(n, ("spread over positions", rows), spreads, lambda user, _: _keeps_rows(user, rows))
 
 
 def _rows(shape: Sequence[Any]) -> int | None:
@@ -651,27 +651,6 @@ def _keeps_rows(user: CapturedOp, rows: int) -> bool:
     a middle axis (adaLN's ``emb.reshape(B, 6, d).chunk(6, dim=1)``) keeps its rows; one reduced over them does not."""
     found = _rows(user.output_shapes[0]) if user.output_shapes else None
     return found is not None and found >= rows
-
-
-BROADCASTING_OPS = frozenset({aten.add, aten.add_, aten.sub, aten.sub_, aten.mul, aten.mul_, aten.div, aten.div_,
-                              aten.addcmul, aten.addcdiv, aten.where, aten.lerp, aten.expand})
-"""Ops that broadcast their operands to one shape: the elementwise ones, and ``expand`` (a scatter such as
-``index_add_`` does not)."""
-
-
-def _spreads(user: CapturedOp, n: CapturedOp) -> bool:
-    """``user`` broadcasts ``n``'s value along an axis other than the last, where ``n`` has one entry and the output
-    many (or none), and ``n`` has one entry on every later axis but the last: the value holds no positions, the
-    output does."""
-    if getattr(user.target, "overloadpacket", None) not in BROADCASTING_OPS or not user.output_shapes \
-            or not n.output_shapes:
-        return False
-    out, shape = tuple(user.output_shapes[0]), tuple(n.output_shapes[0])
-    if len(shape) > len(out) or len(out) < 2 or not shape or math.prod(shape) <= 1:
-        return False
-    padded = (1,) * (len(out) - len(shape)) + shape
-    first = next((i for i in range(len(out) - 1) if padded[i] == 1 != out[i]), None)  # (0: repeated for no frame)
-    return first is not None and all(size == 1 for size in padded[first:-1])
 
 
 def _assembled_in_parts(view: GraphView, start: CapturedOp) -> bool:
@@ -695,6 +674,8 @@ def _gated_branches(view: GraphView, x: CapturedOp) -> tuple[CapturedOp | None, 
         if not _gating(view, n):
             continue
         a, b = n.args[:2]
+        if any(isinstance(v, CapturedOp) and spreads(n, v) for v in (a, b)):
+            continue  # a vector per sample scaling the tokens (adaLN-Zero's tanh(gate) * ffn(x)): conditioning
         act_a = _passes_activation(view, a)
         macs_a = {m for m in _nearest_before(view, a) if view.is_weight_matmul(m)}
         macs_b = {m for m in _nearest_before(view, b) if view.is_weight_matmul(m)}
