@@ -30,7 +30,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (  # lowest first: (layer, its
     ("predict: closed forms and conventions over data", ("predict",)),
     ("render: a result's data written for people", ("render",)),
     ("the façade", ("profile",)),
-    ("entry points", ("runner", "api", "symbolic", "scaling")),
+    ("entry points", ("runner", "api", "symbolic", "scaling", "memory")),
     ("results and workloads", ("report", "trace", "plots", "peaks", "roofline", "training", "generation",
                                "communication", "distributed", "invariants", "testing", "targets", "models",
                                "why_self_attention")),
