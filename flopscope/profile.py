@@ -535,6 +535,6 @@ def reuse_roles(prof: Profile, template: Profile) -> bool:
             continue
         parts = dict(mine.parts) if mine.parts else (scale_parts(source.parts, mine.macs) if mine.macs
                                                      else dict(source.parts))
-        roles[mine] = Assignment(parts, source.block)
+        roles[mine] = Assignment(parts, source.block, source.factor)
     prof._op_roles = MappingProxyType(roles)
     return True

@@ -153,7 +153,7 @@ class SymbolicTrace:
         count and module input shape of the trace evaluated there (roles set by :meth:`role_counts`)."""
         with _quiet_symbolic_graph():
             assignments: dict[CapturedOp, Assignment] = {
-                op: Assignment({role: self.at(macs, n) for role, macs in a.parts.items()}, a.block)
+                op: Assignment({role: self.at(macs, n) for role, macs in a.parts.items()}, a.block, a.factor)
                 for op, a in self.profile.role_assignments_by_op().items()}
         inputs = {call: tuple((key, tuple(self.at(d, n) for d in shape)) for key, shape in shapes)
                   for call, shapes in self.profile.module_inputs().items()}

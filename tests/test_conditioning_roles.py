@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import warnings
 
-import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -144,7 +143,6 @@ class JointAttention(nn.Module):
         self.img_qkv, self.txt_qkv, self.to_out = nn.Linear(d, 3 * d), nn.Linear(d, 3 * d), nn.Linear(d, d)
 
     def forward(self, x: torch.Tensor, text: torch.Tensor) -> torch.Tensor:
-        b, n, d = x.shape
         qkv = torch.cat([self.txt_qkv(text), self.img_qkv(x)], dim=1)
         q, k, v = (t.unflatten(-1, (self.heads, -1)).transpose(1, 2) for t in qkv.chunk(3, dim=-1))
         out = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).flatten(2)
@@ -216,3 +214,82 @@ def test_a_tanh_gate_per_sample_gates_no_hidden_layer():
     tokens = b * n
     assert nonzero(prof.by_role()) == {"ffn_up": layers * tokens * d * d_ff, "ffn_gate": layers * tokens * d * d_ff,
                                        "ffn_down": layers * tokens * d_ff * d, "other": layers * b * d * 2 * d}
+
+
+class ExpandedTimestep(nn.Module):
+    """A timestep MLP (f -> d -> d) whose result is repeated over the tokens by ``expand`` before a per-token
+    modulation Linear (d -> 2d) reads silu of it (Flux-3's modulations on packed sequences), then a position-wise FFN.
+    The modulation runs on every token, but its hidden layer is a vector per sample spread over them: conditioning."""
+
+    def __init__(self, d: int, f: int) -> None:
+        super().__init__()
+        self.time_1, self.time_2, self.mod = nn.Linear(f, d), nn.Linear(d, d), nn.Linear(d, 2 * d)
+        self.up, self.down = nn.Linear(d, 3 * d), nn.Linear(3 * d, d)
+
+    def forward(self, x: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
+        temb = self.time_2(F.silu(self.time_1(freqs)))[:, None].expand(-1, x.shape[1], -1)
+        scale, shift = self.mod(F.silu(temb)).chunk(2, dim=-1)
+        h = x * (1 + scale) + shift
+        return x + self.down(F.gelu(self.up(h)))
+
+
+def test_a_timestep_expanded_to_the_tokens_before_its_modulation_is_conditioning():
+    b, n, d, f = 2, 6, 8, 16
+    prof = profile(ExpandedTimestep(d, f), torch.randn(b, n, d), torch.randn(b, f))
+    assert nonzero(prof.by_role()) == {"ffn_up": b * n * d * 3 * d, "ffn_down": b * n * 3 * d * d,
+                                       "other": b * (f * d + d * d) + b * n * d * 2 * d}
+
+
+class FactoredTextKeys(nn.Module):
+    """Image queries attend to image and text keys (NucleusMoE's blocks): the text goes through ``encoder_proj``
+    (d -> d) and then its own key / value projections, so ``encoder_proj`` is a factor of both; h heads declared."""
+
+    def __init__(self, d: int, heads: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.to_q, self.to_k, self.to_v = nn.Linear(d, d), nn.Linear(d, d), nn.Linear(d, d)
+        self.encoder_proj, self.add_k_proj, self.add_v_proj = nn.Linear(d, d), nn.Linear(d, d), nn.Linear(d, d)
+        self.to_out = nn.Linear(d, d)
+
+    def forward(self, x: torch.Tensor, text: torch.Tensor) -> torch.Tensor:
+        c = self.encoder_proj(text)
+        k = torch.cat([self.to_k(x), self.add_k_proj(c)], dim=1)
+        v = torch.cat([self.to_v(x), self.add_v_proj(c)], dim=1)
+        q, k, v = (t.unflatten(-1, (self.heads, -1)).transpose(1, 2) for t in (self.to_q(x), k, v))
+        return self.to_out(F.scaled_dot_product_attention(q, k, v).transpose(1, 2).flatten(2))
+
+
+def test_a_factor_before_a_streams_projections_adds_no_keys():
+    b, n, m, d, heads = 2, 6, 3, 8, 2
+    prof = profile(FactoredTextKeys(d, heads), torch.randn(b, n, d), torch.randn(b, m, d))
+    # encoder_proj's columns reach both the text keys and values: k_proj, the first in role order (docs/roles.md 3.5)
+    assert nonzero(prof.by_role()) == {"q_proj": b * n * d * d, "k_proj": b * (n + m) * d * d + b * m * d * d,
+                                       "v_proj": b * (n + m) * d * d, "attn_scores": b * n * (n + m) * d,
+                                       "attn_weighted_sum": b * n * (n + m) * d, "out_proj": b * n * d * d}
+    assert [(r.role, r.measured, r.predicted) for r in prof.reconcile().rows if not r.exact] == []
+
+
+class OneHeadKeys(nn.Module):
+    """Cross-attention whose keys and values are one head wide (d_ctx -> d_k), shared by the h query heads
+    (DreamLite's UNet): the module declares ``heads`` and no key / value head count."""
+
+    def __init__(self, d: int, d_ctx: int, heads: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.to_q, self.to_out = nn.Linear(d, d), nn.Linear(d, d)
+        self.to_k, self.to_v = nn.Linear(d_ctx, d // heads), nn.Linear(d_ctx, d // heads)
+
+    def forward(self, x: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
+        q = self.to_q(x).unflatten(-1, (self.heads, -1)).transpose(1, 2)
+        k, v = (p(context)[:, None].expand(-1, self.heads, -1, -1) for p in (self.to_k, self.to_v))
+        return self.to_out(F.scaled_dot_product_attention(q, k, v).transpose(1, 2).flatten(2))
+
+
+def test_keys_one_head_wide_reconcile_from_the_key_projection_width():
+    b, n, m, d, d_ctx, heads = 2, 6, 3, 8, 12, 4
+    prof = profile(OneHeadKeys(d, d_ctx, heads), torch.randn(b, n, d), torch.randn(b, m, d_ctx))
+    d_k = d // heads
+    assert nonzero(prof.by_role()) == {"q_proj": b * n * d * d, "k_proj": b * m * d_ctx * d_k,
+                                       "v_proj": b * m * d_ctx * d_k, "attn_scores": b * n * m * d,
+                                       "attn_weighted_sum": b * n * m * d, "out_proj": b * n * d * d}
+    assert [(r.role, r.measured, r.predicted) for r in prof.reconcile().rows if not r.exact] == []

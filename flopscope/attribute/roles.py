@@ -105,6 +105,7 @@ class Assignment:
 
     parts: Mapping[str, int]  # read-only
     block: str  # module path of the attention / FFN / conv block instance it belongs to
+    factor: bool = False  # a factor of projections it feeds (section 3.5): its tokens are theirs, not more tokens
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "parts", MappingProxyType(dict(self.parts)))
@@ -126,6 +127,7 @@ class RoleState:
     row_demands: dict[CapturedOp, list[tuple[CapturedOp, str]]] = field(default_factory=dict)
     groups: list[set[CapturedOp]] = field(default_factory=list)
     settled: dict[CapturedOp, list[tuple[CapturedOp, str]]] = field(default_factory=dict)  # column demands so far
+    factors: set[CapturedOp] = field(default_factory=set)  # factors of the projections they feed (section 3.5)
 
     def claimed(self, n: CapturedOp) -> bool:
         return n in self.parts or n in self.demands or n in self.row_demands
@@ -558,8 +560,10 @@ def ffn(view: GraphView, state: RoleState) -> None:
         taken = {source for source, _ in state.row_demands.get(d, ())}
         for hidden in [s for s in sources if s not in taken] if sources else [x]:
             found = _hidden_layer(view, state, hidden)
-            if found is None or _per_sample(view, d):
-                continue  # (per sample: one vector per sample broadcast over the positions is conditioning)
+            if found is None or _per_sample(view, d) \
+                    or any(_spread(view, p) for demands in found for p, _, _ in demands):
+                continue  # one vector per sample (or frame) spread over the positions, after D or before its hidden
+                # layer (Flux-3's per-token modulations of silu(temb expanded to the tokens)), is conditioning
             for demands in found:
                 for p, target, role in demands:
                     state.demand(p, target, role)
@@ -831,6 +835,7 @@ def factored_projections(view: GraphView, state: RoleState) -> None:
         if len(owners - {None}) > 1:
             continue  # read by the projections of several attentions: an input embedding they share (every block's
             # text keys and values from one text projection), no factor of one attention's projections
+        state.factors.add(n)
         for r in readers:
             target = view.activation_operand(r)
             for role in sorted(_projection_roles(state, r), key=ROLE_ORDER.index):
@@ -908,7 +913,7 @@ def _with_blocks(view: GraphView, state: RoleState) -> dict[CapturedOp, Assignme
         block = common_path([m for m in (n.module for n in members) if m is not None])
         for n in members:
             blocks.setdefault(n, block)
-    return {n: Assignment(dict(parts), blocks.get(n, n.module or ""))
+    return {n: Assignment(dict(parts), blocks.get(n, n.module or ""), n in state.factors)
             for n, parts in state.parts.items()}
 
 

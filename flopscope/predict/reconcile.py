@@ -156,6 +156,7 @@ def reconcile(assignments: Mapping[CapturedOp, Assignment], facts: ModelFacts,
     module call's inputs (:meth:`flopscope.Profile.module_inputs`)."""
     measured: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     role_modules: dict[str, dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))
+    factor_modules: dict[str, set[str]] = defaultdict(set)
     kernels: dict[str, set[str]] = defaultdict(set)
     causal_kernels: set[str] = set()
     block_ops: dict[str, list[CapturedOp]] = defaultdict(list)
@@ -167,6 +168,8 @@ def reconcile(assignments: Mapping[CapturedOp, Assignment], facts: ModelFacts,
         for role, macs in assignment.parts.items():
             measured[block][role] += macs
             role_modules[block][role].add(op.module or "")
+        if assignment.factor:
+            factor_modules[block].add(op.module or "")
         if op.parts:
             kernels[block].add(str(op.target))
             if kernel_is_causal(op):
@@ -175,7 +178,7 @@ def reconcile(assignments: Mapping[CapturedOp, Assignment], facts: ModelFacts,
     rows: list[ReconcileRow] = []
     for block, roles in measured.items():
         context = _Block(block, roles, facts, calls.get(block, []), spec, block in causal_kernels,
-                         role_modules[block], calls, block_ops[block])
+                         role_modules[block], calls, block_ops[block], frozenset(factor_modules[block]))
         found: list[ReconcileRow] = []
         for group in dict.fromkeys(Role(r).group for r in ROLE_ORDER if r in roles):
             predict = ROW_BUILDERS.get(group)
@@ -212,6 +215,7 @@ class _Block:
     role_modules: Mapping[str, set[str]]
     module_calls: Mapping[str, list[InputShapes]]  # every module's calls (a projection's own inputs)
     ops: Sequence[CapturedOp] = ()  # the block's forward ops with multiplies (what ran: for the reasons only)
+    factors: frozenset[str] = frozenset()  # modules that are factors of the projections they feed (roles 3.5)
 
     def linear_calls(self, role: str) -> list[_LinearCalls] | None:
         """Each module that ran ``role`` in this block, as a linear layer with its declared widths and the
@@ -258,6 +262,16 @@ class _Attention:
     d_kv: int  # n_kv·d_k: key / value width
     source: str  # "h=8 n_kv=2 d_k=64 (config)" or "(weight shapes)"
     d_k: int | None = None  # head width (None: not declared, only the projection widths are known)
+
+
+def _own_linear_width(b: _Block, role: str) -> int | None:
+    """The declared output width of the one linear layer that ran ``role`` in this block, where it runs that role
+    alone (not a fused q/k/v projection)."""
+    modules = b.role_modules.get(role, set())
+    if len(modules) != 1 or any(modules == b.role_modules.get(other) for other in ("q_proj", "k_proj", "v_proj")
+                                if other != role):
+        return None
+    return b.facts.declared(LINEAR_OUT, list(modules), config=False)
 
 
 def _core_macs(measured: Mapping[str, int], batch: int, n_q: int, n_k: int, hyper: _Attention) -> dict[str, int]:
@@ -343,8 +357,12 @@ def _attention_hyper(b: _Block) -> _Attention | None:
     if d is not None and h is not None and h > 0:
         if n_kv is None and groups is not None and groups > 0:
             n_kv = h // groups
-        n_kv = n_kv if n_kv is not None else h
         d_k = d_k if d_k is not None else d // h
+        if n_kv is None and d_k:  # no key / value head count declared: the key projection's width says it
+            k_out = _own_linear_width(b, "k_proj")
+            if k_out is not None and k_out % d_k == 0 and k_out != h * d_k:
+                n_kv, source = k_out // d_k, f"{source}; n_kv from the key projection's width"
+        n_kv = n_kv if n_kv is not None else h
         return _Attention(d, h * d_k, n_kv * d_k, f"h={h} n_kv={n_kv} d_k={d_k} ({source})", d_k)
     # no declared head count: the projection weights give the widths (heads only split them)
     q_mods, k_mods = b.role_modules.get("q_proj", set()), b.role_modules.get("k_proj", set())
@@ -377,8 +395,8 @@ def _attention_rows(b: _Block) -> list[ReconcileRow]:
     block, measured, facts, calls, spec = b.path, b.measured, b.facts, b.calls, b.spec
     hyper = _attention_hyper(b)
     present = [r for r in ATTENTION_ROLES if r in measured]
-    streams = _stream_attention_rows(b) if spec is None else None
-    if streams is not None:
+    streams = _stream_attention_rows(b) if spec is None and _latent_attention(b) is None else None
+    if streams is not None:  # (latent attention has its own closed form, below)
         return streams
     if hyper is None or (not calls and (spec is None or spec.n is None)):
         return b.unrecognised(present, "no declared width / heads or no recorded input")
@@ -473,8 +491,11 @@ def _stream_attention_rows(b: _Block) -> list[ReconcileRow] | None:
     shares = Counter(m.path for role in ("q_proj", "k_proj", "v_proj") for m in linears[role] or [])
     for role in ("q_proj", "k_proj", "v_proj"):
         linears[role] = [replace(m, width_out=m.width_out // shares[m.path]) for m in linears[role] or []]
-    q, k, v = linears["q_proj"], linears["k_proj"], linears["v_proj"]
-    assert q is not None and k is not None and v is not None
+    every = {role: linears[role] or [] for role in ("q_proj", "k_proj", "v_proj")}
+    # the streams: the projections that write the core's queries, keys and values (a factor before one of them,
+    # NucleusMoE's encoder_proj before add_k_proj / add_v_proj, is no stream of its own: its tokens are theirs)
+    q, k, v = ([m for m in every[role] if m.path not in b.factors] or every[role]
+               for role in ("q_proj", "k_proj", "v_proj"))
     query_input = next((t for t in (_batch_and_length(shapes, q[0].width_in, QUERY_INPUTS) for shapes in b.calls)
                         if t is not None), None)
     joint = len(q) > 1 or len(k) > 1
@@ -484,7 +505,7 @@ def _stream_attention_rows(b: _Block) -> list[ReconcileRow] | None:
     if any(len(m.calls) != calls for m in (*q, *k)) or len({m.width_out for m in q}) != 1:
         return None
     d_q, d_v = q[0].width_out, v[0].width_out
-    predicted = {role: sum(m.macs() for m in linears[role] or []) for role in ("q_proj", "k_proj", "v_proj")}
+    predicted = {role: sum(m.macs() for m in every[role]) for role in every}
     scores = weighted = 0
     for i in range(calls):
         batch = q[0].calls[i][0]
@@ -498,7 +519,7 @@ def _stream_attention_rows(b: _Block) -> list[ReconcileRow] | None:
     names = ", ".join(dict.fromkeys(
         f"{m.path.rsplit('.', 1)[-1]} {m.width_in}->{m.width_out * shares[m.path]}"
         f"{f' (fused: {m.width_out} per role)' if shares[m.path] > 1 else ''} n={m.calls[0][1]}"
-        for m in (*q, *k, *v)))
+        for m in (*every["q_proj"], *every["k_proj"], *every["v_proj"])))
     basis = (f"{'joint' if joint else 'single-stream'} attention over n_q={sum(m.calls[0][1] for m in q)} "
              f"n_k={sum(m.calls[0][1] for m in k)} tokens, h·d_k={d_q}; per-stream projections ({names}; "
              "widths declared, tokens of each projection's input)")
