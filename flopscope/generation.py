@@ -3,16 +3,19 @@
 Wrap ``model.generate(...)`` (or any loop of forwards) in :class:`flopscope.profiler`, then ask
 :meth:`Profile.steps` for one :class:`Step` per call of the root module, :meth:`Profile.decode_scaling` for the
 decode steps' exact MACs per sequence as polynomials in the context length, and :func:`steps_table` for a table.
-What each field of a step is read from: :mod:`flopscope.predict.steps`. Units: MACs (FLOPs = 2 x MACs).
+On fake tensors, where ``generate()`` cannot run (it reads values), :func:`greedy_decode` runs the forwards that
+greedy ``generate()`` runs (:mod:`flopscope.decoding`). What each field of a step is read from:
+:mod:`flopscope.predict.steps`. Units: MACs (FLOPs = 2 x MACs).
 """
 
 from __future__ import annotations
 
 from tabulate import tabulate
 
+from .decoding import greedy_decode
 from .predict.steps import DECODE, PREFILL, Step, decode_scaling, steps
 
-__all__ = ["DECODE", "PREFILL", "Step", "decode_scaling", "steps", "steps_table"]
+__all__ = ["DECODE", "PREFILL", "Step", "decode_scaling", "greedy_decode", "steps", "steps_table"]
 
 
 def steps_table(rows: list[Step], tablefmt: str = "simple") -> str:

@@ -198,9 +198,9 @@ class Profile:
     def steps(self, attention: str = EXECUTED) -> list[Step]:
         """One row per forward of the model (a generation step: prefill or decode), with its batch, new tokens,
         context, MACs by role (the attention core under ``attention``: :mod:`flopscope.predict.attention`), bytes
-        and wall time (:mod:`flopscope.generation`)."""
+        and wall time (real mode; ``None`` in fake mode, where nothing ran) (:mod:`flopscope.generation`)."""
         return steps.steps(self._ops, self.role_assignments_by_op(), self._priced(attention),
-                           self._capture.module_inputs, self._capture.root_seconds)
+                           self._capture.module_inputs, self._capture.root_seconds if self._mode == "real" else {})
 
     def export_chrome_trace(self, path: str | Path, *, peak: float | None = None,
                             bandwidth: float | None = None) -> Path:

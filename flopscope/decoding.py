@@ -1,0 +1,125 @@
+"""Greedy decoding with a KV cache, as Hugging Face's ``generate()`` runs it, without reading a single value: the
+forwards of ``model.generate(ids, max_new_tokens=N, min_new_tokens=N, do_sample=False)`` for a count on fake
+tensors (``generate()`` itself cannot run there: it reads values, such as ``(attention_mask == 1).all()`` and each
+step's stopping criteria).
+
+:func:`greedy_decode` runs the model's forward ``N`` times for ``N`` new tokens, with what transformers 5.x's
+``generate()`` passes it for a decoder-only model and a prompt without padding (an attention mask of ones):
+
+1. before the first forward: position ids ``0 .. P-1`` for each sequence (``[B, P]``, what ``generate()`` derives
+   from the mask of ones), when the forward takes ``position_ids``; no attention mask (``generate()`` drops a mask
+   of ones: no padding); ``logits_to_keep=1`` when the forward takes it (the head computes the logits of the last
+   position only); a ``DynamicCache`` built from the decoder's config (its sliding-window layers where the config
+   has them), unless the model makes its own cache or its generation config says ``use_cache=False``;
+2. the prefill: one forward over the prompt, its inputs made by the model's own ``prepare_inputs_for_generation``;
+3. ``N - 1`` decode forwards of one token per sequence: the argmax of the last position's logits (a fake tensor on
+   fake tensors: only its shape is used) appended to the sequences; ``prepare_inputs_for_generation`` keeps the
+   last token, ``_update_model_kwargs_for_generation`` takes the grown cache and adds one position id per step.
+   The ``N``-th token is drawn from the last forward's logits and never fed back: ``N`` new tokens, ``N`` forwards.
+
+What is left out changes no multiply of the model: logits processors and stopping criteria (exactly ``N`` tokens
+are generated, as with ``min_new_tokens = max_new_tokens = N``), the float32 copy of the logits before the argmax.
+
+Not mimicked, refused with a :class:`~flopscope.errors.ConfigurationError` before any forward: encoder-decoder
+models, a generation config asking for another cache (static, offloaded, quantized), a model without
+``prepare_inputs_for_generation`` (not a Hugging Face ``GenerationMixin``).
+
+Units: nothing is counted here. Wrap the call in :class:`flopscope.profiler` (``mode="fake"``: nothing is computed,
+a model built on ``device="meta"`` works) and read :meth:`~flopscope.profile.Profile.steps` (MACs; FLOPs = 2 x MACs).
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import torch
+from torch import nn
+
+from .errors import ConfigurationError, InputError
+
+__all__ = ["greedy_decode"]
+
+
+def greedy_decode(model: nn.Module, input_ids: torch.Tensor, new_tokens: int) -> torch.Tensor:
+    """Run ``model``'s forwards as greedy ``generate()`` would to draw ``new_tokens`` tokens after ``input_ids``
+    (``[B, P]`` token ids, no padding): one prefill forward, then ``new_tokens - 1`` decode forwards of one token per
+    sequence (see the module docstring). Returns the sequences ``[B, P + new_tokens]`` (fake tensors when run in a
+    fake-tensor mode). Runs under ``torch.no_grad()``, as ``generate()`` does."""
+    if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
+        raise InputError(f"input_ids must be a [batch, prompt] tensor of token ids; got {_shape(input_ids)}")
+    if isinstance(new_tokens, bool) or not isinstance(new_tokens, int) or new_tokens < 1:
+        raise InputError(f"new_tokens must be a positive integer; got {new_tokens!r}")
+    forward_keys, cache_key = _check(model)
+    hf: Any = model  # a transformers GenerationMixin (checked): its methods are not submodules
+    batch, prompt = input_ids.shape
+    kwargs: dict[str, Any] = {"use_cache": _generation_setting(model, "use_cache", True)}
+    with torch.no_grad():
+        if "position_ids" in forward_keys:  # generate(): the mask of ones' cumsum - 1, one row per sequence
+            kwargs["position_ids"] = torch.arange(prompt, dtype=torch.long,
+                                                  device=input_ids.device).expand(batch, prompt).contiguous()
+        if "logits_to_keep" in forward_keys:
+            kwargs["logits_to_keep"] = 1
+        cache = _new_cache(model) if kwargs["use_cache"] else None
+        if cache is not None:
+            kwargs[cache_key] = cache
+        sequences = input_ids
+        prepare = hf.prepare_inputs_for_generation
+        slicing = "next_sequence_length" in inspect.signature(prepare).parameters
+        for step in range(new_tokens):
+            step_kwargs = dict(kwargs)
+            if slicing:  # the positions fed: the prompt (a cache of attention layers), then 1 with a cache, else all
+                step_kwargs["next_sequence_length"] = (
+                    (prompt if cache is not None and not all(getattr(cache, "is_linear", [False])) else None)
+                    if step == 0 else (1 if kwargs["use_cache"] else None))
+            inputs = prepare(sequences, is_first_iteration=step == 0, **step_kwargs)
+            outputs = model(**inputs, return_dict=True)
+            kwargs = hf._update_model_kwargs_for_generation(outputs, kwargs, is_encoder_decoder=False)
+            sequences = torch.cat([sequences, outputs.logits[:, -1].argmax(-1)[:, None]], dim=-1)
+    return sequences
+
+
+def _check(model: nn.Module) -> tuple[set[str], str]:
+    """The names the forward of ``model`` takes and the name of its cache argument; a ConfigurationError for a model
+    :func:`greedy_decode` does not mimic ``generate()`` for."""
+    name = type(model).__name__
+    config = getattr(model, "config", None)
+    if not callable(getattr(model, "prepare_inputs_for_generation", None)) or config is None or \
+            not callable(getattr(model, "_update_model_kwargs_for_generation", None)):
+        raise ConfigurationError(f"{name} is not a Hugging Face model that generates (no "
+                                 "prepare_inputs_for_generation): its generate() can only run for real")
+    if getattr(config, "is_encoder_decoder", False):
+        raise ConfigurationError(f"{name} is an encoder-decoder: greedy_decode mimics generate() for decoder-only "
+                                 "models; run generate() for real")
+    implementation = _generation_setting(model, "cache_implementation", None)
+    if implementation not in (None, "dynamic"):
+        raise ConfigurationError(f"{name}'s generation config asks for a {implementation!r} cache, which greedy_decode "
+                                 "does not build (it builds generate()'s default DynamicCache); run generate() for "
+                                 "real")
+    keys = set(inspect.signature(model.forward).parameters)
+    return keys, "cache" if "cache" in keys else "past_key_values"  # (renamed in transformers 5.x)
+
+
+def _new_cache(model: nn.Module) -> Any:
+    """The cache ``generate()`` gives the model: none when the model makes its own, else a ``DynamicCache`` of its
+    decoder's config."""
+    supports: Any = getattr(model, "_supports_default_dynamic_cache", None)
+    if callable(supports) and not supports():
+        return None  # (Mamba-like models: prepare_inputs_for_generation makes theirs)
+    from transformers import DynamicCache  # (the model is a transformers model: transformers is installed)
+
+    config: Any = model.config
+    text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    try:
+        return DynamicCache(config=text)
+    except TypeError:  # a DynamicCache that takes no config
+        return DynamicCache()
+
+
+def _generation_setting(model: nn.Module, key: str, default: Any) -> Any:
+    value = getattr(getattr(model, "generation_config", None), key, default)
+    return default if value is None and default is not None else value
+
+
+def _shape(value: Any) -> str:
+    return f"shape {tuple(value.shape)}" if isinstance(value, torch.Tensor) else type(value).__name__

@@ -1,0 +1,170 @@
+"""flopscope.decoding.greedy_decode: on fake tensors, the forwards Hugging Face's greedy ``generate()`` runs.
+
+Each family's count is held against a real ``model.generate(...)`` under ``flopscope.profiler(mode="real")``: the same
+number of steps and, step by step, the same shape (batch, new tokens, context), the same MACs by role and the same
+bytes. Llama (rotary positions, grouped KV heads), GPT-2 (a learned position table, a fused ``c_attn``), Mistral
+with a sliding window shorter than the sequence (the cache generate() builds from the config keeps only the
+window), and Llama without a cache (``use_cache=False``: every step runs over the whole sequence). Then a decode
+step and the prefill against closed forms written here.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import flopscope
+from flopscope.decoding import greedy_decode
+from flopscope.generation import DECODE, PREFILL
+
+from closed_forms import add, rotary
+
+transformers = pytest.importorskip("transformers")
+B, PROMPT, NEW = 2, 5, 4
+d, h, n_kv, d_ff, L, V = 32, 4, 2, 64, 2, 64
+d_k = d // h
+WINDOW = 6  # Mistral's sliding window: shorter than PROMPT + NEW - 1 = 8
+
+
+def llama(use_cache: bool = True) -> nn.Module:
+    config = transformers.LlamaConfig(hidden_size=d, intermediate_size=d_ff, num_hidden_layers=L,
+                                      num_attention_heads=h, num_key_value_heads=n_kv, vocab_size=V)
+    model = transformers.LlamaForCausalLM(config).eval()
+    model.generation_config.use_cache = use_cache
+    return model
+
+
+def gpt2() -> nn.Module:
+    config = transformers.GPT2Config(n_embd=d, n_layer=L, n_head=h, vocab_size=V, n_positions=64, bos_token_id=0,
+                                     eos_token_id=0)
+    return transformers.GPT2LMHeadModel(config).eval()
+
+
+def mistral() -> nn.Module:
+    config = transformers.MistralConfig(hidden_size=d, intermediate_size=d_ff, num_hidden_layers=L,
+                                        num_attention_heads=h, num_key_value_heads=n_kv, vocab_size=V,
+                                        sliding_window=WINDOW)
+    return transformers.MistralForCausalLM(config).eval()
+
+
+FAMILIES = {"llama": llama, "gpt2": gpt2, "mistral-sliding": mistral, "llama-no-cache": lambda: llama(False)}
+
+
+def prompt_ids() -> torch.Tensor:
+    return torch.randint(1, V, (B, PROMPT), generator=torch.Generator().manual_seed(0))
+
+
+def hf_generate(model: nn.Module, ids: torch.Tensor) -> flopscope.Profile:
+    """What the CLI's --mode real runs: HF's generate(), greedy, exactly NEW tokens, counted for real."""
+    with flopscope.profiler(model, mode="real") as prof:
+        model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW, min_new_tokens=NEW,
+                       do_sample=False, pad_token_id=0)
+    return prof.result
+
+
+def decoded(model: nn.Module, ids: torch.Tensor) -> tuple[flopscope.Profile, torch.Tensor]:
+    with flopscope.profiler(model, mode="fake") as prof:
+        out = greedy_decode(model, ids, NEW)
+    return prof.result, out
+
+
+def shape_and_work(prof: flopscope.Profile, moved: bool = True) -> list[tuple]:
+    """Each step's shape, MACs by role and (``moved``) bytes."""
+    return [(s.phase, s.batch, s.tokens, s.context, s.macs, dict(s.by_role), s.kv_macs,
+             *((s.bytes, s.kv_bytes) if moved else ())) for s in prof.steps()]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_greedy_decode_runs_the_forwards_hf_generate_runs(family: str) -> None:
+    torch.manual_seed(0)
+    model = FAMILIES[family]()
+    ids = prompt_ids()
+    real = hf_generate(model, ids)
+    fake, out = decoded(model, ids)
+    assert fake.mode == "fake" and real.mode == "real"
+    assert len(real.steps()) == NEW  # one forward per new token: the last one is never fed back
+    # bytes too, except without a cache: there transformers' mask code looks for packed sequences in the position
+    # ids (masking_utils.find_packed_sequence_indices), which it cannot read on fake tensors, so it builds an explicit
+    # causal mask (SDPA then repeats the KV heads) where on real tensors it finds none and runs SDPA is_causal: the
+    # same MACs, other bytes. It is the same on one forward: flopscope.profile(model, ids, use_cache=False)
+    moved = family != "llama-no-cache"
+    assert shape_and_work(fake, moved) == shape_and_work(real, moved)
+    assert fake.by_module() == real.by_module()
+    assert tuple(out.shape) == (B, PROMPT + NEW)
+    assert all(s.seconds is None for s in fake.steps())  # nothing ran: no wall time
+    with torch.device("meta"):  # what the command line counts: the model built on meta, nothing allocated
+        torch.manual_seed(0)
+        on_meta = FAMILIES[family]()
+    assert shape_and_work(decoded(on_meta, ids)[0], moved) == shape_and_work(real, moved)
+
+
+def test_the_cache_and_the_window_shape_the_steps() -> None:
+    """The two variants' steps differ from plain Llama's where they should: without a cache every step runs over
+    the whole sequence; Mistral's window caps the context of each decode step at WINDOW positions."""
+    ids = prompt_ids()
+    no_cache = decoded(llama(use_cache=False), ids)[0].steps()
+    assert [(s.tokens, s.context) for s in no_cache] == [(PROMPT + i, PROMPT + i) for i in range(NEW)]
+    assert {s.phase for s in no_cache} == {PREFILL}  # each brings several new positions
+    sliding = decoded(mistral(), ids)[0].steps()
+    assert [(s.tokens, s.context) for s in sliding] == \
+        [(PROMPT, PROMPT)] + [(1, min(PROMPT + i, WINDOW)) for i in range(1, NEW)]
+
+
+def llama_decode_step(c: int) -> dict[str, int]:
+    """One new token per sequence attending to c positions (B sequences): per layer Q d·(h·d_k), K and V
+    d·(n_kv·d_k) each, the output (h·d_k)·d, the gated FFN 3·d·d_ff, scores and weighted sum h·c·d_k each; then
+    the LM head d·V for the one position; rotary angles where this transformers makes them with a matmul."""
+    layer = {"q_proj": d * h * d_k, "k_proj": d * n_kv * d_k, "v_proj": d * n_kv * d_k, "out_proj": h * d_k * d,
+             "attn_scores": h * c * d_k, "attn_weighted_sum": h * c * d_k,
+             "ffn_up": d * d_ff, "ffn_gate": d * d_ff, "ffn_down": d_ff * d}
+    return add({role: B * L * macs for role, macs in layer.items()}, {"logits": B * d * V}, rotary(1, d_k, rows=B))
+
+
+def test_llama_steps_against_the_closed_form() -> None:
+    steps = decoded(llama(), prompt_ids())[0].steps()
+    assert [s.phase for s in steps] == [PREFILL] + [DECODE] * (NEW - 1)
+    for step in steps[1:]:
+        assert step.context is not None
+        assert dict(step.by_role) == llama_decode_step(step.context)
+    c = PROMPT + 1  # the first decode step, written out: B·L·(Q 1,024 + K, V 2·512 + out 1,024 + FFN 3·2,048
+    # + scores and weighted sum 2·4·6·8) + B·(head 32·64) = 4·9,600 + 2·2,048
+    assert steps[1].macs == B * L * (d * d + 2 * d * n_kv * d_k + d * d + 3 * d * d_ff + 2 * h * c * d_k) + \
+        B * d * V + sum(rotary(1, d_k, rows=B).values()) == 42_496 + sum(rotary(1, d_k, rows=B).values())
+    # the prefill: every projection and the FFN on P positions, the attention core over P x P (executed: SDPA
+    # computes the masked half too), the LM head on the last position only (generate's logits_to_keep=1)
+    n = PROMPT
+    prefill = B * L * (n * (2 * d * d + 2 * d * n_kv * d_k + 3 * d * d_ff) + 2 * h * n * n * d_k) + B * d * V
+    assert steps[0].macs == prefill + sum(rotary(n, d_k, rows=B).values())
+    assert steps[0].by_role["logits"] == B * d * V
+
+
+def test_gpt2_decode_step_against_the_closed_form() -> None:
+    """GPT-2 per layer and new token: c_attn d·3d, c_proj d·d, the MLP d·4d twice, scores and weighted sum c·d
+    each; the tied LM head d·V; B sequences."""
+    steps = decoded(gpt2(), prompt_ids())[0].steps()
+    for step in steps[1:]:
+        c = step.context
+        assert c is not None
+        assert step.macs == B * (L * (3 * d * d + d * d + 8 * d * d + 2 * c * d) + d * V)
+
+
+def test_what_greedy_decode_does_not_mimic_is_refused_before_any_forward() -> None:
+    t5 = transformers.T5ForConditionalGeneration(transformers.T5Config(
+        d_model=16, d_ff=32, num_layers=1, num_heads=2, d_kv=8, vocab_size=V)).eval()
+    calls: list[int] = []
+    t5.register_forward_pre_hook(lambda *_: calls.append(1))
+    with pytest.raises(flopscope.ConfigurationError, match="encoder-decoder"):
+        greedy_decode(t5, prompt_ids(), NEW)
+    with pytest.raises(flopscope.ConfigurationError, match="not a Hugging Face model that generates"):
+        greedy_decode(nn.Linear(4, 4), prompt_ids(), NEW)
+    static = llama()
+    static.generation_config.cache_implementation = "static"
+    with pytest.raises(flopscope.ConfigurationError, match="'static' cache"):
+        greedy_decode(static, prompt_ids(), NEW)
+    for new in (0, 2.0, True):
+        with pytest.raises(flopscope.InputError, match="new_tokens must be a positive integer"):
+            greedy_decode(llama(), prompt_ids(), new)  # type: ignore[arg-type]
+    with pytest.raises(flopscope.InputError, match=r"\[batch, prompt\]"):
+        greedy_decode(llama(), torch.zeros(PROMPT, dtype=torch.long), NEW)
+    assert calls == []
