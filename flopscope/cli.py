@@ -1,11 +1,13 @@
 """The ``flopscope`` command line (also ``python -m flopscope``). The only module that prints.
 
 Targets (``hf:``, config files, ``timm:``, factories) are built on ``device="meta"``: nothing is allocated, and a
-count on fake tensors (``profile``'s default) runs on them as they are, whatever the model's size. A run that needs
-real weights (``profile --mode real``, ``auto``'s fall-back to a real run, ``crosscheck``, whose peers execute,
-``generate``, whose ``generate()`` reads values) first checks that the parameters and buffers, plus the largest
-activation of a fake run, fit in the memory available (:mod:`flopscope.memory`), and only then builds the model again
-with real weights; a factory that cannot be built on meta is built for real as given.
+count on fake tensors (the default of ``profile`` and ``generate``) runs on them as they are, whatever the model's
+size; ``generate`` counts there the forwards of greedy decoding as Hugging Face's ``generate()`` runs them
+(:func:`flopscope.decoding.greedy_decode`: ``generate()`` itself reads values). A run that needs real weights
+(``--mode real``, ``auto``'s fall-back to a real run, ``crosscheck``, whose peers execute) first checks that the
+parameters and buffers, plus the largest activation of a fake run, fit in the memory available
+(:mod:`flopscope.memory`), and only then builds the model again with real weights; a factory that cannot be built
+on meta is built for real as given.
 
 Exit codes: 0 done; 1 a measured count differs from its closed form (demo, compare) or a cross-checked
 peer fails or differs by MACs that no per-op / per-module evidence explains; 2 bad usage (argparse's
@@ -17,7 +19,9 @@ floating-point torch dtype, a ``--peak`` / ``--bandwidth`` that is not a positiv
 writable, or that names a directory, an
 image format matplotlib cannot write, ``--tp`` with ``--sweep`` / ``--plot`` / ``--mode real`` or ``--dp``
 without ``--tp``; all checked before anything is built or profiled); 3 a flopscope
-error (bad target, a ``generate`` target without a ``generate()`` method, inputs that do not fit, such
+error (bad target, a ``generate`` target without a ``generate()`` method, ``generate --mode fake`` of a model whose
+``generate()`` greedy decoding does not mimic (an encoder-decoder, a cache other than the default), inputs that do
+not fit, such
 as a token sequence longer than the model's learned position table, refused once the model is built on meta and
 before the inputs are built; a real run that would not fit in the memory available, refused before any weight is
 allocated, its message naming the GiB needed and available and the way out, ``--mode fake`` or fewer layers; a
@@ -47,7 +51,7 @@ from .api import profile, profiler
 from .communication import compare as compare_collectives
 from .conventions import ATTENTION_CONVENTIONS, EXECUTED
 from .errors import FlopscopeError, RunError
-from .generation import DECODE, steps_table
+from .generation import DECODE, greedy_decode, steps_table
 from .memory import check_fits, state_bytes
 from .models import TransformerBlock
 from .peaks import register_cli as register_peak_cli
@@ -71,6 +75,7 @@ EXAMPLES = """examples:
   flopscope compare --n 512 --d 512 --h 8 --k 5 --r 64 --lengths 256,512,1024
   flopscope crosscheck hf:gpt2 --set n_layer=2 --input 1x128
   flopscope generate hf:llama --set num_hidden_layers=2 --prompt 128 --new 32 --device "H100 SXM" --plot roofline.png
+  flopscope generate hf:llama --prompt 16 --new 4   Llama-2-7B's shape on meta, counted on fake tensors (seconds)
   flopscope profile hf:llama/causal-lm --set num_hidden_layers=2 --input 1x2048 --tp 8 --dp 4 --backward
 
 units: MACs (multiply-accumulates) everywhere; FLOPs = 2 x MACs, always labelled (--units flops).
@@ -168,13 +173,17 @@ def _parser() -> argparse.ArgumentParser:
     gen = commands.add_parser("generate", help="generation step by step: prefill, decode, per-token polynomial, "
                                                "roofline", epilog=EXAMPLES,
                               formatter_class=argparse.RawDescriptionHelpFormatter,
-                              description="Run TARGET's generate() for real (random weights and token ids, greedy, "
-                                          "exactly --new tokens) and report each forward as a step, the FLOPs per "
+                              description="Count TARGET's greedy generation (random token ids, exactly --new "
+                                          "tokens) step by step: one prefill forward over the prompt, then one decode "
+                                          "forward per new token after the first against the KV cache, as Hugging "
+                                          "Face's generate() runs them; report each forward as a step, the FLOPs per "
                                           "generated token as an exact polynomial in the context, and the roofline. "
-                                          "generate() reads values (the attention mask, the stopping criteria on "
-                                          "each new token), so the weights are real: a model whose weights and "
-                                          "largest activation do not fit in the memory available is refused "
-                                          "before they are allocated.")
+                                          "By default the model is built on meta and the forwards run on fake "
+                                          "tensors (flopscope.decoding.greedy_decode; generate() itself reads values "
+                                          "and cannot run there): nothing is allocated, any size counts in seconds. "
+                                          "--mode real runs generate() itself with real (random) weights, refused "
+                                          "before they are allocated when the weights and the largest activation do "
+                                          "not fit in the memory available.")
     gen.add_argument("target", help="hf:FAMILY (the causal-lm head unless another is named) or "
                                     "package.module:factory giving a model with a generate() method")
     gen.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
@@ -185,9 +194,13 @@ def _parser() -> argparse.ArgumentParser:
     gen.add_argument("--batch", type=_positive, default=1, help="sequences (default 1)")
     gen.add_argument("--dtype", type=_float_dtype, default=torch.float32,
                      help="the model's dtype, and the roofline's (default float32; e.g. bfloat16)")
+    gen.add_argument("--mode", choices=["auto", "fake", "real"], default="auto",
+                     help="fake: greedy decoding on fake tensors (nothing computed or allocated); real: HF generate() "
+                          "executed on this CPU (times per step and role); auto (default): fake, and real when the "
+                          "model cannot be counted on fake tensors")
     gen.add_argument("--device", help="the device whose peak and bandwidth place the roofline: a table name such as "
                                       "'H100 SXM' (see flopscope peak --table); default: this CPU, measured "
-                                      "(takes a few seconds). The model runs on this CPU either way")
+                                      "(takes a few seconds). A real run runs on this CPU either way")
     gen.add_argument("--peak", type=_positive_float, metavar="FLOP/S", help="peak FLOP/s (overrides the device's)")
     gen.add_argument("--bandwidth", type=_positive_float, metavar="BYTES/S",
                      help="memory bandwidth in bytes/s (overrides the device's)")
@@ -571,7 +584,7 @@ def _generate(args: argparse.Namespace) -> int:
     spec = args.target
     if spec.startswith("hf:") and "/" not in spec:
         spec += "/causal-lm"  # generating needs the language-model head
-    target = _on_meta(spec, args.set)  # the checks and the memory estimate first: generate() runs for real
+    target = _on_meta(spec, args.set)  # nothing allocated: built for real only if generate() has to run for real
     model = target.model
     generate: Any = getattr(model, "generate", None)
     can_generate: Any = getattr(model, "can_generate", None)
@@ -583,22 +596,25 @@ def _generate(args: argparse.Namespace) -> int:
                           "a sequence")
     vocab = target.vocab_size or getattr(getattr(model, "config", None), "vocab_size", None) or 2
     ids = torch.randint(1, max(vocab, 2), (args.batch, args.prompt), generator=torch.Generator().manual_seed(0))
-    meta = target
-    # generate() reads values outside the model's forward (the attention mask, each step's stopping criteria on the
-    # token just drawn), which fake tensors do not have: it runs for real, refused ahead when it would not fit
-    target = _materialised(target, spec, args.set, f"generate() of {target.description} (it runs for real)",
-                           lambda: _largest_activation(meta, (ids,), {}), dtype=args.dtype,
-                           instead=f"count one forward on fake tensors (flopscope profile {spec} --input "
-                                   f"{args.batch}x{args.prompt}; nothing allocated)")
-    model = target.model.to(args.dtype)
-    generate = model.generate
     dtype = str(args.dtype).removeprefix("torch.")
-    print(f"{target.description}: {sum(p.numel() for p in model.parameters()):,} parameters, {dtype}; generating "
-          f"{args.new} tokens after a prompt of {args.prompt}, batch {args.batch}", flush=True)
-    with torch.no_grad(), profiler(model, mode="real") as recording:
-        generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=args.new, min_new_tokens=args.new,
-                 do_sample=False, pad_token_id=0)
-    prof = recording.result
+    what = f"generating {args.new} tokens after a prompt of {args.prompt}, batch {args.batch}"
+    prof = _generate_on_fake_tensors(args, target, ids, what) if args.mode != "real" else None
+    if prof is None:  # --mode real, or auto's fall-back: HF's generate() for real, refused ahead when it cannot fit
+        meta = target
+        how = "--mode real" if args.mode == "real" else "auto's fall-back"
+        target = _materialised(target, spec, args.set, f"generate() of {target.description} ({how}: it runs for "
+                               "real)", lambda: _largest_activation(meta, (ids,), {}), dtype=args.dtype,
+                               instead=MODE_FAKE if args.mode == "real" else
+                               f"count one forward on fake tensors (flopscope profile {spec} --input "
+                               f"{args.batch}x{args.prompt}; nothing allocated)")
+        model = target.model.to(args.dtype)
+        generate = model.generate
+        print(f"{target.description}: {sum(p.numel() for p in model.parameters()):,} parameters, {dtype}; {what} "
+              "(HF generate(), run for real)", flush=True)
+        with torch.no_grad(), profiler(model, mode="real") as recording:
+            generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=args.new,
+                           min_new_tokens=args.new, do_sample=False, pad_token_id=0)
+        prof = recording.result
     steps = prof.steps(args.attention)
     print(steps_table(steps, args.format))
     try:
@@ -612,19 +628,44 @@ def _generate(args: argparse.Namespace) -> int:
         print("\nmeasuring this CPU's peak FLOP/s and memory bandwidth (a few seconds) ...", file=sys.stderr,
               flush=True)
     where = "this CPU" if args.device in (None, "cpu") else args.device
-    # the times were measured here: against another device's figures they mean nothing
+    # the times were measured here: against another device's figures they mean nothing; a fake run has none
+    timed = prof.mode == "real" and where == "this CPU"
     result: Roofline = roofline(prof, device=args.device or "cpu", dtype=args.dtype, peak=args.peak,
-                                bandwidth=args.bandwidth, measured=where == "this CPU")
-    print(f"\nroofline on {where}{'' if where == 'this CPU' else ' (times measured on this CPU: not shown)'}:")
+                                bandwidth=args.bandwidth, measured=timed)
+    untimed = (" (counted on fake tensors: nothing ran, no time measured)" if prof.mode != "real" else
+               "" if timed else " (times measured on this CPU: not shown)")
+    print(f"\nroofline on {where}{untimed}:")
     print(result.to_table(args.format))
     if args.json:
-        args.json.write_text(json.dumps(_generate_json(args, target.description, steps, decode, result, where),
-                                        indent=2) + "\n")
+        args.json.write_text(json.dumps(_generate_json(args, target.description, steps, decode, result, where,
+                                                       prof.mode), indent=2) + "\n")
         print(f"wrote {args.json}")
     if args.plot:
         title = f"{target.description}, batch {args.batch}, prompt {args.prompt} + {args.new} new, on {where}"
         print(f"wrote {result.plot(args.plot, title=title)}")
     return 0
+
+
+def _generate_on_fake_tensors(args: argparse.Namespace, target: Target, ids: torch.Tensor, what: str) -> Any:
+    """The profile of greedy decoding (:func:`flopscope.decoding.greedy_decode`: the forwards HF's ``generate()``
+    runs) of ``target`` (built on meta: nothing allocated) on fake tensors; ``None`` in ``--mode auto`` when it
+    cannot be counted there (a model greedy_decode does not mimic, a forward fake tensors cannot run), said on
+    stderr: the caller runs ``generate()`` for real."""
+    model = target.model.to(args.dtype)  # (on meta: nothing converted)
+    where = "built on meta: nothing allocated" if any(p.is_meta for p in model.parameters()) else "built"
+    dtype = str(args.dtype).removeprefix("torch.")
+    print(f"{target.description}: {sum(p.numel() for p in model.parameters()):,} parameters, {dtype} ({where}); "
+          f"{what}, counted on fake tensors", flush=True)
+    try:
+        with profiler(model, mode="fake") as recording:
+            greedy_decode(model, ids, args.new)
+        return recording.result
+    except Exception as failed:  # auto: any failure of the fake run means a real one
+        if args.mode == "fake":
+            raise
+        print(f"flopscope: generation cannot be counted on fake tensors ({type(failed).__name__}: {failed}); "
+              "running generate() for real instead", file=sys.stderr, flush=True)
+        return None
 
 
 def _in_context(poly: Polynomial, scale: int = 1) -> str:
@@ -669,7 +710,7 @@ def _coefficients(poly: Polynomial | None, scale: int = 1) -> list[str] | None:
 
 
 def _generate_json(args: argparse.Namespace, description: str, steps: list[Any], decode: Scaling | None,
-                   result: Any, where: str) -> dict[str, Any]:
+                   result: Any, where: str, mode: str) -> dict[str, Any]:
     polynomials = None
     if decode is not None:
         polys = decode.polynomials
@@ -688,9 +729,9 @@ def _generate_json(args: argparse.Namespace, description: str, steps: list[Any],
             rows.append({"kind": kind, "name": p.name, "flops": p.flops, "bytes": p.bytes, "intensity": p.intensity,
                          "bound": p.bound, "predicted_seconds": p.predicted_seconds,
                          "measured_seconds": p.measured_seconds, "mfu": mfu, "mbu": mbu})
-    return {"schema": "flopscope.generate/1", "target": description, "batch": args.batch, "prompt": args.prompt,
-            "new": args.new, "dtype": str(args.dtype).removeprefix("torch."), "units": "MACs, FLOPs = 2 x MACs, bytes",
-            "attention": args.attention, "steps": [s.row() for s in steps],
+    return {"schema": "flopscope.generate/1", "target": description, "mode": mode, "batch": args.batch,
+            "prompt": args.prompt, "new": args.new, "dtype": str(args.dtype).removeprefix("torch."),
+            "units": "MACs, FLOPs = 2 x MACs, bytes", "attention": args.attention, "steps": [s.row() for s in steps],
             "decode_steps": sum(s.phase == DECODE for s in steps),
             "polynomials": polynomials,
             "roofline": {"device": where, "peak_flops": result.peak_flops, "bandwidth": result.bandwidth,

@@ -136,15 +136,19 @@ TINY_LLAMA = ["--set", "hidden_size=64", "--set", "intermediate_size=128", "--se
               "--set", "num_attention_heads=4", "--set", "num_key_value_heads=2", "--set", "vocab_size=100"]
 
 
-def test_generate_prints_steps_the_per_token_polynomial_and_the_roofline(tmp_path, capsys):
+@pytest.mark.parametrize("mode", ["auto", "real"])  # auto: greedy decoding on fake tensors; real: HF generate()
+def test_generate_prints_steps_the_per_token_polynomial_and_the_roofline(mode, tmp_path, capsys):
     pytest.importorskip("transformers")
     pytest.importorskip("matplotlib")
     prompt, new = 8, 5
     json_path, png = tmp_path / "g.json", tmp_path / "roofline.png"
     code = main(["generate", "hf:llama", *TINY_LLAMA, "--prompt", str(prompt), "--new", str(new), "--peak", "1e11",
-                 "--bandwidth", "1e10", "--json", str(json_path), "--plot", str(png)])
+                 "--bandwidth", "1e10", "--json", str(json_path), "--plot", str(png), "--mode", mode])
     assert code == 0
     out = capsys.readouterr().out
+    fake = mode != "real"
+    assert ("counted on fake tensors" in line_starting(out, "hf:llama/causal-lm: ")) is fake
+    assert ("built on meta: nothing allocated" in out) is fake
     L, d, h, n_kv, d_ff, V = 2, 64, 4, 2, 128, 100
     d_k = d // h
     decode_rows = [line.split() for line in out.splitlines() if line.split()[1:2] == ["decode"]]
@@ -167,8 +171,49 @@ def test_generate_prints_steps_the_per_token_polynomial_and_the_roofline(tmp_pat
     assert roofline["ridge"] == 10.0
     assert {row["name"]: row["bound"] for row in roofline["rows"] if row["kind"] == "step"} == \
         {f"step {i} ({'prefill' if i == 1 else 'decode'})": "memory" for i in range(1, new + 1)}
-    assert all(row["measured_seconds"] > 0 for row in roofline["rows"] if row["kind"] == "step")
+    assert doc["mode"] == ("fake" if fake else "real")
+    measured = [row["measured_seconds"] for row in roofline["rows"] if row["kind"] == "step"]
+    if fake:  # nothing ran: no time, no MFU
+        assert measured == [None] * new and all(s["seconds"] is None for s in doc["steps"])
+        assert "roofline on this CPU (counted on fake tensors: nothing ran, no time measured):" in out
+    else:
+        assert all(seconds > 0 for seconds in measured)
     assert png.stat().st_size > 0
+
+
+STATIC_CACHE_LLAMA = """
+import transformers
+
+
+def llama():
+    config = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                                      num_key_value_heads=2, vocab_size=100)
+    model = transformers.LlamaForCausalLM(config)
+    model.generation_config.cache_implementation = "static"  # greedy_decode builds generate()'s DynamicCache only
+    return model
+"""
+
+
+def test_generate_falls_back_to_a_real_generate_where_greedy_decoding_does_not_mimic_it(tmp_path, monkeypatch,
+                                                                                         capsys):
+    pytest.importorskip("transformers")
+    (tmp_path / "static_llama.py").write_text(STATIC_CACHE_LLAMA)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    prompt, new = 6, 4
+    argv = ["generate", "static_llama:llama", "--prompt", str(prompt), "--new", str(new), "--peak", "1e11",
+            "--bandwidth", "1e10"]
+    assert main([*argv, "--mode", "fake"]) == 3
+    assert "asks for a 'static' cache, which greedy_decode does not build" in capsys.readouterr().err
+    assert main(argv) == 0  # auto: HF's generate() for real, with its static cache
+    captured = capsys.readouterr()
+    assert "generation cannot be counted on fake tensors (ConfigurationError: " in captured.err
+    assert "running generate() for real instead" in captured.err
+    assert "(HF generate(), run for real)" in captured.out
+    rows = [line.split() for line in captured.out.splitlines() if line.split()[1:2] in (["prefill"], ["decode"])]
+    buffer = prompt + new - 1  # a static cache's kernels attend over the whole buffer at every decode step
+    assert [row[1:5] for row in rows] == [["prefill", "1", str(prompt), str(prompt)]] + \
+        [["decode", "1", "1", str(buffer)]] * (new - 1)
+    assert all(float(row[-1]) > 0 for row in rows)  # measured: it ran
 
 
 def test_generate_refuses_what_cannot_generate(capsys):

@@ -1,7 +1,8 @@
 """The command line never exhausts the machine (issue 35): on Llama-2-7B's shape (``hf:llama``'s default config,
 27 GB of fp32 weights), run in a subprocess whose address space is limited to 8 GiB, ``profile`` counts on meta,
-a real run is refused before anything is allocated with both sizes named, and a bad ``--input`` fails before any
-model code runs. Each child's peak resident memory and CPU time come from ``os.wait4`` (that child's own rusage)."""
+``generate`` counts greedy decoding on meta (fake tensors), a real run is refused before anything is allocated with
+both sizes named, and a bad ``--input`` fails before any model code runs. Each child's peak resident memory and CPU
+time come from ``os.wait4`` (that child's own rusage)."""
 
 from __future__ import annotations
 
@@ -83,6 +84,35 @@ def test_profile_counts_the_7b_shape_on_meta_under_the_limit() -> None:
     assert peak < 2 * GIB  # the weights alone are 24.6 GiB
 
 
+def decode_macs(c: int) -> int:
+    """LlamaForCausalLM's MACs for one new token of one sequence attending to c positions (cached + new): per layer
+    the four projections 4·d², the gated FFN 3·d·d_ff and the attention core 2·c·d; the head d·V."""
+    s = llama_7b()
+    return s["L"] * (4 * s["d"] ** 2 + 3 * s["d"] * s["d_ff"] + 2 * c * s["d"]) + s["d"] * s["V"]
+
+
+def test_generate_counts_the_7b_shape_on_meta_under_the_limit() -> None:
+    """Greedy generation of 3 tokens after 16 (one prefill, two decode steps) on fake tensors: nothing allocated;
+    the prefill is the forward over the prompt with the head on its last position only (generate's
+    logits_to_keep=1)."""
+    code, out, _, _, peak = run_cli("generate", "hf:llama", "--prompt", "16", "--new", "3")
+    assert code == 0, out
+    assert (f"hf:llama/causal-lm: {parameters(lm_head=True):,} parameters, float32 (built on meta: nothing "
+            "allocated); generating 3 tokens after a prompt of 16, batch 1, counted on fake tensors") in out
+    rows = [line.split() for line in out.splitlines() if line.split()[1:2] in (["prefill"], ["decode"])]
+    s = llama_7b()
+    assert [row[1:6] for row in rows] == [
+        ["prefill", "1", "16", "16", f"{forward_macs(16) + s['d'] * s['V']:,}"],  # 103,814,266,880
+        ["decode", "1", "1", "17", f"{decode_macs(17):,}"],  # 6,611,533,824
+        ["decode", "1", "1", "18", f"{decode_macs(18):,}"],
+    ]
+    assert forward_macs(16) + s["d"] * s["V"] == 103_814_266_880
+    assert [row[-1] for row in rows] == ["-"] * 3  # nothing ran: no wall time
+    assert "roofline on this CPU (counted on fake tensors: nothing ran, no time measured)" in out
+    assert "can't allocate memory" not in out
+    assert peak < 2 * GIB  # the weights alone are 25.1 GiB with the head
+
+
 def _refused(out: str, need: int, copies: int = 1) -> None:
     """The refusal names the bytes needed (parameters, ``copies`` of them) and available, and the way out."""
     state = f"{copies} x {need / GIB:,.2f} GiB" if copies > 1 else f"{need / GIB:,.2f} GiB"
@@ -97,7 +127,7 @@ def _refused(out: str, need: int, copies: int = 1) -> None:
 @pytest.mark.parametrize(("argv", "lm_head", "copies", "instead"), [
     (["profile", "hf:llama", "--input", "1x16", "--mode", "real"], False, 1, "use --mode fake"),
     (["crosscheck", "hf:llama", "--input", "1x16"], False, 2, "count it with flopscope profile hf:llama"),
-    (["generate", "hf:llama", "--prompt", "16", "--new", "4"], True, 1, "count one forward on fake tensors"),
+    (["generate", "hf:llama", "--prompt", "16", "--new", "4", "--mode", "real"], True, 1, "use --mode fake"),
 ])
 def test_a_real_run_that_cannot_fit_is_refused_before_allocating(argv: list[str], lm_head: bool, copies: int,
                                                                  instead: str) -> None:
