@@ -30,6 +30,7 @@ from .errors import (
 from .formulas.registry import REGISTRY, FormulaRegistry, OpFamily
 from .generation import Step
 from .peers import crosscheck
+from .pipeline import DenoisingStep, PipelineProfile, profile_pipeline
 from .predict.reconcile import ReconcileRow, Reconciliation, TransformerSpec
 from .profile import OpRecord, Profile
 from .role import Role
@@ -45,6 +46,7 @@ __all__ = [
     "BatchPricer",
     "BudgetError",
     "ConfigurationError",
+    "DenoisingStep",
     "DoesNotFitError",
     "FakeTensorError",
     "FlopscopeError",
@@ -57,6 +59,7 @@ __all__ = [
     "NotFoundError",
     "OpFamily",
     "OpRecord",
+    "PipelineProfile",
     "Polynomial",
     "Profile",
     "ReconcileRow",
@@ -78,6 +81,7 @@ __all__ = [
     "flops_per_batch",
     "measure_flops",
     "profile",
+    "profile_pipeline",
     "profiler",
     "roofline",
     "scaling",

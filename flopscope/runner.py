@@ -23,6 +23,7 @@ import sys
 import threading
 import warnings
 import weakref
+from collections import Counter
 from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
@@ -307,13 +308,17 @@ class Session:
     :meth:`start` before the block, :meth:`finish` after it returns the :class:`Profile`.
 
     ``fake=True`` swaps the model's parameters and buffers for fake ones for the block (nothing is
-    computed); the swap is undone in :meth:`finish`, also when the block raised. ``ranges=True`` marks each
-    module call as a ``torch.profiler`` range (``record_function("flopscope/<path>")``).
+    computed); the swap is undone in :meth:`finish`, also when the block raised. ``fake_block=False``: the fake
+    mode is not entered for the block, so only ops on the fake state (and what they make) are fake, and the caller's
+    own code runs on real tensors (a diffusion pipeline's scheduler, :mod:`flopscope.pipeline`). ``ranges=True``
+    marks each module call as a ``torch.profiler`` range (``record_function("flopscope/<path>")``).
     """
 
-    def __init__(self, model: nn.Module, options: CaptureOptions, *, fake: bool, ranges: bool = False) -> None:
+    def __init__(self, model: nn.Module, options: CaptureOptions, *, fake: bool, ranges: bool = False,
+                 fake_block: bool = True) -> None:
         check_model(model)
         self.model, self.options, self.fake, self.ranges = model, options, fake, ranges
+        self.fake_block = fake_block
         self._stack = ExitStack()
         self._tracker: ModuleTracker | None = None
         self._recorder: Recorder | None = None
@@ -333,7 +338,8 @@ class Session:
             if convert is not None:
                 self._stack.callback(_restore_caches, CacheGuard(self.model))  # runs last, after the swap back
                 self._stack.enter_context(_reparametrize_module(self.model, state, tie_weights=True))
-                self._stack.enter_context(convert.mode)
+                if self.fake_block:
+                    self._stack.enter_context(convert.mode)
             self._stack.enter_context(tracker)
             self._stack.enter_context(recorder)
             if convert is not None:
@@ -343,6 +349,10 @@ class Session:
             self._stack.close()
             raise
         self._tracker, self._recorder = tracker, recorder
+
+    def calls_by_path(self) -> Counter[str]:
+        """Calls of each module path so far in the block (a copy: ``{"unet": 3, "unet.conv_in": 3, ...}``)."""
+        return Counter(self._tracker.calls) if self._tracker is not None else Counter()
 
     @contextmanager
     def backward_pass(self) -> Iterator[None]:

@@ -1,0 +1,304 @@
+"""Diffusion pipelines profiled as a whole: every multiply of one call of a diffusers pipeline (text encoders, the
+denoiser at every step, ControlNets beside it, the VAE decoder), by component and by denoising step.
+
+:func:`profile_pipeline` runs ``pipe(**call_kwargs)`` once, counting every forward of the pipeline's ``nn.Module``
+components (``pipe.components``, by attribute name: ``text_encoder``, ``transformer`` or ``unet``, ``vae``, ...). By
+default the components count on **fake tensors**: their parameters are swapped for fake ones for the call (a pipeline
+built on ``device="meta"`` works: nothing is allocated for weights or activations), while the pipeline's own code
+(the scheduler, the loop, the initial noise, CFG's arithmetic on the denoiser's output) runs as written on the small
+real tensors it makes, so every data-dependent step of a scheduler works. The denoiser's outputs are fake tensors, and
+so are the latents after the first step and the returned images: their shapes are right, their values are not (the
+returned images are a ``"pt"`` tensor unless the call says otherwise, as PIL and numpy need values). ``mode="real"``
+runs everything.
+
+Steps: each call of ``pipe.scheduler.step`` closes a denoising step; the component calls since the previous one belong
+to it. Classifier-free guidance is stated per step: ``"batch"`` (one call of the denoiser on twice the latents'
+batch: Stable Diffusion), ``"passes"`` (several calls per step: Flux's true CFG, Wan's), or ``"none"`` (Flux-dev's
+guidance-distilled single pass).
+
+The pipeline is left as it was: its attributes (the ``_guidance_scale`` and other fields a call sets), its scheduler's
+state (``timesteps``, ``sigmas``, step index) and its components (parameters, buffers, devices: the swap is undone).
+Offloading hooks are not run on fake tensors: profile a pipeline without them (or in real mode).
+
+Units: MACs (multiply-accumulates; FLOPs = 2 x MACs), as everywhere in flopscope.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import inspect
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from tabulate import tabulate
+from torch import nn
+
+from .attribute.roles import RoleRule
+from .capture.checks import check_mode
+from .errors import ConfigurationError, NotAModuleError
+from .formulas.registry import FormulaRegistry
+from .profile import Profile
+from .role import ROLE_ORDER
+from .runner import BLOCK_MODES, CaptureOptions, Session
+
+GUIDANCE = ("none", "batch", "passes")
+"""How a step applies classifier-free guidance: not at all (one call on the latents' batch), by batch (one call on
+twice the batch: unconditional and conditional together), by passes (several calls of the denoiser per step)."""
+
+
+class PipelineComponents(nn.Module):
+    """The pipeline's ``nn.Module`` components as children named by their attribute names, so that module paths read
+    ``transformer.transformer_blocks.0.attn`` and the first part of a path is the component. The components are not
+    copied: the same modules, also held by the pipeline. Never called itself."""
+
+    def __init__(self, components: Mapping[str, nn.Module]) -> None:
+        super().__init__()
+        for name, module in components.items():
+            self.add_module(name, module)
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        raise ConfigurationError("PipelineComponents is never called: call the pipeline")
+
+
+@dataclass(frozen=True)
+class DenoisingStep:
+    """One denoising step: the component calls since the previous ``scheduler.step`` (its MACs per component and
+    calls per component), the latents' batch the scheduler stepped, and how guidance was applied (:data:`GUIDANCE`)."""
+
+    step: int
+    macs: Mapping[str, int]  # component -> MACs in this step
+    calls: Mapping[str, int]  # component -> calls in this step
+    batch: int | None  # the latents' batch (the scheduler's ``sample``); None where it was not a tensor
+    denoiser_batch: int | None  # the batch of the denoiser's first tensor input (each call)
+    guidance: str
+
+    @property
+    def total(self) -> int:
+        return sum(self.macs.values())
+
+
+class PipelineProfile:
+    """The profile of one pipeline call. :attr:`profile` is the :class:`~flopscope.profile.Profile` of every
+    multiply of the call (module paths start with the component's name); every query of a ``Profile`` works on this
+    object too (``total()``, ``by_role()``, ``by_module()``, ``reconcile()``, ``to_html()``, ...), except ``steps()``,
+    which here are the denoising steps. :attr:`output` is what the pipeline returned."""
+
+    def __init__(self, profile: Profile, components: Sequence[str], denoisers: Sequence[str],
+                 steps: Sequence[DenoisingStep], output: Any) -> None:
+        self.profile = profile
+        self.components = tuple(components)
+        self.denoisers = tuple(denoisers)
+        self._steps = tuple(steps)
+        self.output = output
+
+    def __getattr__(self, name: str) -> Any:  # only called for names this object lacks
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self.profile, name)
+
+    def by_component(self) -> dict[str, int]:
+        """MACs per component (every ``nn.Module`` component of the pipeline, in the pipeline's order; 0 for one
+        that did not run)."""
+        out = dict.fromkeys(self.components, 0)
+        for op in self.profile._ops:
+            component = (op.module or "").split(".", 1)[0]
+            if op.macs and component in out:
+                out[component] += op.macs
+        return out
+
+    def by_component_role(self) -> dict[str, dict[str, int]]:
+        """``{component: {role: MACs}}``: each component's roles, in the canonical role order."""
+        out: dict[str, Counter[str]] = {name: Counter() for name in self.components}
+        for op, assignment in self.profile.role_assignments_by_op().items():
+            component = (op.module or "").split(".", 1)[0]
+            if component in out:
+                for role, macs in assignment.parts.items():
+                    out[component][role] += macs
+        return {name: {r: roles[r] for r in ROLE_ORDER if roles.get(r)} for name, roles in out.items()}
+
+    def steps(self) -> list[DenoisingStep]:
+        """The denoising steps, in order (one per ``scheduler.step`` call)."""
+        return list(self._steps)
+
+    def denoising_macs(self) -> int:
+        """MACs of every denoising step together."""
+        return sum(step.total for step in self._steps)
+
+    def steps_table(self, tablefmt: str = "simple") -> str:
+        """The steps as a table: MACs per component called in the steps, calls, batches, guidance."""
+        names = [c for c in self.components if any(c in s.macs for s in self._steps)]
+        body = [[s.step, *[f"{s.macs.get(c, 0):,}" for c in names], f"{s.total:,}",
+                 " ".join(f"{c}x{n}" for c, n in s.calls.items()), s.batch, s.denoiser_batch, s.guidance]
+                for s in self._steps]
+        return tabulate(body, headers=["step", *[f"{c} MACs" for c in names], "MACs", "calls", "latents batch",
+                                       "denoiser batch", "guidance"], tablefmt=tablefmt, disable_numparse=True)
+
+    def summary_table(self, tablefmt: str = "simple") -> str:
+        """MACs and FLOPs per component, with the share of the call."""
+        total = self.profile.total() or 1
+        body = [[name, f"{macs:,}", f"{2 * macs:,}", f"{100 * macs / total:.1f}%"]
+                for name, macs in self.by_component().items()]
+        body.append(["total", f"{self.profile.total():,}", f"{2 * self.profile.total():,}", "100.0%"])
+        return tabulate(body, headers=["component", "MACs", "FLOPs", "share"], tablefmt=tablefmt,
+                        disable_numparse=True)
+
+    def __repr__(self) -> str:
+        parts = ", ".join(f"{name}={macs:,}" for name, macs in self.by_component().items() if macs)
+        return f"<PipelineProfile {self.profile.total():,} MACs: {parts}; {len(self._steps)} steps>"
+
+
+def profile_pipeline(pipe: Any, *, mode: str = "fake", registry: FormulaRegistry | None = None,
+                     roles: Sequence[RoleRule] = (), **call_kwargs: Any) -> PipelineProfile:
+    """Run ``pipe(**call_kwargs)`` once (a diffusers ``DiffusionPipeline``, or any object with ``components`` and a
+    ``scheduler``) and count every multiply of its components: see the module docstring.
+
+    Args:
+        pipe: the pipeline; built from configs on ``device="meta"`` is fine in fake mode.
+        mode: ``"fake"`` (default: nothing computed in the components, no weights needed) or ``"real"``.
+        registry, roles: as :func:`flopscope.profile`.
+        call_kwargs: the pipeline call's arguments (``prompt`` or ``prompt_embeds``, ``num_inference_steps``,
+            ``guidance_scale``, ``height``, ``width``, ``num_frames``, ...). In fake mode ``output_type`` defaults to
+            ``"pt"`` where the call takes one.
+    """
+    check_mode(mode, BLOCK_MODES, "profile_pipeline mode")
+    modules = _module_components(pipe)
+    scheduler = getattr(pipe, "scheduler", None)
+    if mode == "fake" and "output_type" in _parameters(pipe) and "output_type" not in call_kwargs:
+        call_kwargs["output_type"] = "pt"  # PIL and numpy read values, which fake images have not
+    box = PipelineComponents(modules)
+    session = Session(box, CaptureOptions.of(registry, roles), fake=mode == "fake", fake_block=False)
+    marks: list[tuple[Counter[str], int | None]] = []
+    begun: list[Counter[str]] = [Counter()]  # the calls made when the loop began (the last set_timesteps)
+
+    def start() -> None:
+        if not marks:
+            begun[0] = session.calls_by_path()
+
+    with _pipeline_kept(pipe):
+        session.start()
+        try:
+            with _marking_steps(scheduler, start,
+                                lambda sample: marks.append((session.calls_by_path(), _batch(sample)))):
+                output = pipe(**call_kwargs)
+        finally:
+            prof = session.finish(stacklevel=3)
+    steps, denoisers = _steps(prof, list(modules), begun[0], marks)
+    return PipelineProfile(prof, list(modules), denoisers, steps, output)
+
+
+def _module_components(pipe: Any) -> dict[str, nn.Module]:
+    components = getattr(pipe, "components", None)
+    if not isinstance(components, Mapping):
+        raise NotAModuleError(f"{type(pipe).__name__} has no `components` mapping: give a diffusers pipeline (a "
+                              "DiffusionPipeline), or profile a module with flopscope.profile")
+    modules = {name: c for name, c in components.items() if isinstance(c, nn.Module)}
+    if not modules:
+        raise NotAModuleError(f"{type(pipe).__name__} has no nn.Module components to count")
+    return modules
+
+
+def _parameters(pipe: Any) -> Mapping[str, inspect.Parameter]:
+    try:
+        return inspect.signature(pipe.__call__).parameters
+    except (TypeError, ValueError):
+        return {}
+
+
+@contextmanager
+def _pipeline_kept(pipe: Any) -> Iterator[None]:
+    """Restore the pipeline's own attributes (a call sets ``_guidance_scale``, ``_num_timesteps``, ...) and its
+    scheduler's state (``set_timesteps`` writes ``timesteps``, ``sigmas``, the step index) afterwards, also when the
+    call raised. Progress bars are off for the call."""
+    attributes = dict(vars(pipe))
+    scheduler = getattr(pipe, "scheduler", None)
+    state = copy.deepcopy(vars(scheduler)) if scheduler is not None and hasattr(scheduler, "__dict__") else None
+    if hasattr(pipe, "set_progress_bar_config"):
+        pipe.set_progress_bar_config(disable=True)
+    try:
+        yield
+    finally:
+        vars(pipe).clear()
+        vars(pipe).update(attributes)
+        if state is not None:
+            vars(scheduler).clear()
+            vars(scheduler).update(state)
+
+
+@contextmanager
+def _marking_steps(scheduler: Any, start: Callable[[], None], mark: Callable[[Any], None]) -> Iterator[None]:
+    """For the call: ``start()`` at each ``scheduler.set_timesteps`` (the loop is about to begin: what ran before,
+    the prompt's encoding, is no step), ``mark(sample)`` at each ``scheduler.step(model_output, timestep, sample,
+    ...)``. The scheduler's methods are wrapped on the instance and unwrapped afterwards."""
+    if scheduler is None:
+        yield
+        return
+    wrapped = {}
+    for name, before in (("set_timesteps", lambda *args, **kwargs: start()),
+                         ("step", lambda *args, **kwargs: mark(kwargs.get("sample", args[2] if len(args) > 2
+                                                                          else None)))):
+        method = getattr(scheduler, name, None)
+        if callable(method):
+            wrapped[name] = (method, name in vars(scheduler))
+            setattr(scheduler, name, _before(before, method))
+    try:
+        yield
+    finally:
+        for name, (method, had_own) in wrapped.items():
+            if had_own:
+                setattr(scheduler, name, method)
+            else:
+                delattr(scheduler, name)
+
+
+def _before(hook: Callable[..., None], method: Callable[..., Any]) -> Callable[..., Any]:
+    """``method`` with ``hook`` called first; its signature stays ``method``'s (pipelines inspect
+    ``set_timesteps`` for the arguments it takes)."""
+    @functools.wraps(method)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        hook(*args, **kwargs)
+        return method(*args, **kwargs)
+
+    return call
+
+
+def _batch(sample: Any) -> int | None:
+    return int(sample.shape[0]) if isinstance(sample, torch.Tensor) and sample.dim() else None
+
+
+def _steps(prof: Profile, components: list[str], begun: Counter[str], marks: list[tuple[Counter[str], int | None]]
+           ) -> tuple[list[DenoisingStep], list[str]]:
+    """The denoising steps between the scheduler's marks (the first from ``begun``, the calls made when the loop
+    began): each component's calls and MACs per step; the denoisers are the components called in every step."""
+    if not marks:
+        return [], []
+    macs_of_call: Counter[tuple[str, int]] = Counter()
+    for op in prof._ops:
+        if op.module_stack and op.macs:
+            frame = op.module_stack[0]
+            macs_of_call[(frame.path.split(".", 1)[0], frame.call)] += op.macs
+    # calls of each component's outermost frames, numbered per path: map each outermost call to its component
+    calls_at = [Counter({c: n for c, n in counts.items() if c in components}) for counts, _ in marks]
+    start = Counter({c: n for c, n in begun.items() if c in components})
+    per_step = [calls_at[0] - start, *[calls_at[i] - calls_at[i - 1] for i in range(1, len(calls_at))]]
+    denoisers = [c for c in components if all(step.get(c) for step in per_step)]
+    inputs = prof._capture.module_inputs
+    steps = []
+    for i, (calls, (_, batch)) in enumerate(zip(per_step, marks, strict=True)):
+        first = calls_at[i - 1] if i else start
+        macs = {c: sum(macs_of_call[(c, k)] for k in range(first[c] + 1, first[c] + n + 1))
+                for c, n in calls.items() if n}
+        denoiser_batch = None
+        if denoisers:
+            name = denoisers[0]
+            shapes = next((s for call, s in inputs.items() if call.path == name and call.call == first[name] + 1), ())
+            denoiser_batch = next((int(shape[0]) for _, shape in shapes if len(shape) and type(shape[0]) is int),
+                                  None)
+        passes = calls.get(denoisers[0], 0) if denoisers else 0
+        guidance = ("passes" if passes > 1 else "batch" if batch and denoiser_batch == 2 * batch else "none")
+        steps.append(DenoisingStep(i, macs, {c: n for c, n in calls.items() if n}, batch, denoiser_batch, guidance))
+    return steps, denoisers

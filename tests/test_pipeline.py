@@ -1,0 +1,170 @@
+"""``flopscope.profile_pipeline``: one call of a diffusers pipeline counted as a whole, by component and by denoising
+step, in fake mode (meta-built components included) and real mode alike. Each component's MACs equal profiling that
+component alone on the inputs it received, times its calls; guidance by batch (Stable Diffusion) and by passes
+(Flux's true CFG) both stated; the pipeline and its scheduler left as they were."""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+import flopscope
+
+diffusers = pytest.importorskip("diffusers")
+transformers = pytest.importorskip("transformers")
+
+STEPS, SIDE, TEXT = 3, 32, 77  # denoising steps, image side (pixels), CLIP's padded prompt length
+D_TEXT = 32
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory):
+    """A CLIP tokenizer from a tiny vocabulary written here (no download): prompts pad to 77 tokens."""
+    folder = tmp_path_factory.mktemp("clip")
+    vocab = {"<|startoftext|>": 0, "<|endoftext|>": 1, **{f"{c}</w>": 2 + i for i, c in enumerate("abcdefgh")}}
+    (folder / "vocab.json").write_text(json.dumps(vocab))
+    (folder / "merges.txt").write_text("#version: 0.2\n")
+    return transformers.CLIPTokenizer(str(folder / "vocab.json"), str(folder / "merges.txt"),
+                                      model_max_length=TEXT)
+
+
+def sd_components(device: str = "cpu") -> dict:
+    with torch.device(device), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        unet = diffusers.UNet2DConditionModel(
+            block_out_channels=(32, 64), layers_per_block=1, sample_size=SIDE // 2, in_channels=4, out_channels=4,
+            down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"),
+            up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"), cross_attention_dim=D_TEXT, norm_num_groups=32)
+        vae = diffusers.AutoencoderKL(block_out_channels=[32, 64], in_channels=3, out_channels=3, latent_channels=4,
+                                      down_block_types=["DownEncoderBlock2D"] * 2,
+                                      up_block_types=["UpDecoderBlock2D"] * 2, norm_num_groups=32)
+        text_encoder = transformers.CLIPTextModel(transformers.CLIPTextConfig(
+            hidden_size=D_TEXT, intermediate_size=37, num_attention_heads=4, num_hidden_layers=2, vocab_size=1000,
+            max_position_embeddings=TEXT))
+    return dict(unet=unet.eval(), vae=vae.eval(), text_encoder=text_encoder.eval(), scheduler=diffusers.DDIMScheduler(),
+                safety_checker=None, feature_extractor=None, requires_safety_checker=False)
+
+
+def stable_diffusion(tokenizer, device: str = "cpu"):
+    return diffusers.StableDiffusionPipeline(tokenizer=tokenizer, **sd_components(device))
+
+
+def run_sd(pipe, mode: str) -> flopscope.PipelineProfile:
+    torch.manual_seed(0)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return flopscope.profile_pipeline(pipe, mode=mode, prompt="abc", num_inference_steps=STEPS, guidance_scale=7.5,
+                                          height=SIDE, width=SIDE)
+
+
+def alone(module: nn.Module, *args, **kwargs) -> int:
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return flopscope.profile(module, *args, mode="fake", **kwargs).total()
+
+
+class Decode(nn.Module):
+    """The VAE's decode as a forward (the pipeline calls ``vae.decode``)."""
+
+    def __init__(self, vae: nn.Module) -> None:
+        super().__init__()
+        self.vae = vae
+
+    def forward(self, latents: torch.Tensor) -> torch.Tensor:
+        return self.vae.decode(latents).sample
+
+
+def test_stable_diffusion_components_are_their_calls(tokenizer):
+    """Text encoder twice (the prompt and the empty negative prompt, 77 tokens each), the UNet once per step on the
+    doubled batch (guidance by batch), the VAE decoder once on the latents (side / 2: two stages)."""
+    pipe = stable_diffusion(tokenizer)
+    prof = run_sd(pipe, "fake")
+    latent = SIDE // 2
+    unet = alone(pipe.unet, torch.randn(2, 4, latent, latent), torch.tensor(10), torch.randn(2, TEXT, D_TEXT))
+    text = alone(pipe.text_encoder, torch.zeros(1, TEXT, dtype=torch.long))
+    vae = alone(Decode(pipe.vae), torch.randn(1, 4, latent, latent))
+    assert prof.by_component() == {"vae": vae, "text_encoder": 2 * text, "unet": STEPS * unet}
+    assert prof.total() == vae + 2 * text + STEPS * unet == sum(prof.by_role().values())
+    steps = prof.steps()
+    assert prof.denoisers == ("unet",)
+    assert [(s.step, dict(s.macs), dict(s.calls), s.batch, s.denoiser_batch, s.guidance) for s in steps] == [
+        (i, {"unet": unet}, {"unet": 1}, 1, 2, "batch") for i in range(STEPS)]
+    assert prof.denoising_macs() == STEPS * unet
+    roles = prof.by_component_role()
+    assert sum(roles["unet"].values()) == STEPS * unet and roles["unet"]["attn_scores"] > 0
+    layers = pipe.text_encoder.config.num_hidden_layers
+    assert roles["text_encoder"]["q_proj"] == 2 * layers * TEXT * D_TEXT * D_TEXT  # two calls: 77 tokens, d -> d
+
+
+@pytest.mark.parametrize("device", ["cpu", "meta"])
+def test_fake_and_meta_count_what_a_real_call_runs(tokenizer, device):
+    real = run_sd(stable_diffusion(tokenizer), "real")
+    fake = run_sd(stable_diffusion(tokenizer, device), "fake")
+    assert fake.by_component() == real.by_component()
+    assert fake.by_role() == real.by_role()
+    assert [s.macs for s in fake.steps()] == [s.macs for s in real.steps()]
+    assert isinstance(real.output.images, torch.Tensor) or real.output.images is not None
+
+
+def test_the_pipeline_is_left_as_it_was(tokenizer):
+    pipe = stable_diffusion(tokenizer)
+    pipe.scheduler.set_timesteps(7)
+    scheduler_before = {k: (v.clone() if isinstance(v, torch.Tensor) else v)
+                        for k, v in vars(pipe.scheduler).items()}
+    attributes_before = dict(vars(pipe))
+    state_before = {name: {k: v for k, v in m.state_dict(keep_vars=True).items()}
+                    for name, m in pipe.components.items() if isinstance(m, nn.Module)}
+    run_sd(pipe, "fake")
+    assert set(vars(pipe.scheduler)) == set(scheduler_before)
+    for key, value in vars(pipe.scheduler).items():
+        before = scheduler_before[key]
+        assert torch.equal(value, before) if isinstance(value, torch.Tensor) else value == before, key
+    assert "step" not in vars(pipe.scheduler)  # the step marker is gone
+    assert vars(pipe) == attributes_before
+    for name, state in state_before.items():
+        now = getattr(pipe, name).state_dict(keep_vars=True)
+        assert now.keys() == state.keys() and all(now[k] is state[k] for k in state), name
+        assert all(not isinstance(t, torch._subclasses.fake_tensor.FakeTensor) for t in now.values())
+
+
+def flux(device: str = "cpu"):
+    with torch.device(device):
+        transformer = diffusers.FluxTransformer2DModel(
+            patch_size=1, in_channels=4, num_layers=1, num_single_layers=1, attention_head_dim=16,
+            num_attention_heads=2, joint_attention_dim=D_TEXT, pooled_projection_dim=D_TEXT, axes_dims_rope=[4, 4, 8])
+        vae = diffusers.AutoencoderKL(sample_size=SIDE, in_channels=3, out_channels=3, block_out_channels=(4,),
+                                      layers_per_block=1, latent_channels=1, norm_num_groups=1, use_quant_conv=False,
+                                      use_post_quant_conv=False, shift_factor=0.0609, scaling_factor=1.5035)
+    return diffusers.FluxPipeline(scheduler=diffusers.FlowMatchEulerDiscreteScheduler(), vae=vae, text_encoder=None,
+                                  tokenizer=None, text_encoder_2=None, tokenizer_2=None, transformer=transformer)
+
+
+@pytest.mark.parametrize(("true_cfg", "passes", "guidance"), [(1.0, 1, "none"), (2.0, 2, "passes")])
+def test_flux_guidance_by_passes(true_cfg, passes, guidance):
+    """Flux-dev is guidance-distilled (one pass per step); true CFG with a negative prompt runs the transformer twice
+    per step. Text as embeddings (m tokens), latents packed 2x2: (side/2)² tokens of 4 channels."""
+    m = 8
+    pipe = flux()
+    torch.manual_seed(0)
+    text, pooled = torch.randn(1, m, D_TEXT), torch.randn(1, D_TEXT)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        prof = flopscope.profile_pipeline(pipe, prompt_embeds=text, pooled_prompt_embeds=pooled,
+                                          negative_prompt_embeds=text, negative_pooled_prompt_embeds=pooled,
+                                          true_cfg_scale=true_cfg, num_inference_steps=2, height=SIDE, width=SIDE)
+    n = (SIDE // 2) ** 2
+    one = alone(pipe.transformer, hidden_states=torch.randn(1, n, 4), encoder_hidden_states=text,
+                pooled_projections=pooled, timestep=torch.tensor([1.0]), img_ids=torch.zeros(n, 3),
+                txt_ids=torch.zeros(m, 3), guidance=None)
+    assert [(s.calls, s.macs, s.guidance) for s in prof.steps()] == [({"transformer": passes},
+                                                                       {"transformer": passes * one}, guidance)] * 2
+    assert prof.by_component()["transformer"] == 2 * passes * one
+
+
+def test_not_a_pipeline_is_refused():
+    with pytest.raises(flopscope.NotAModuleError, match="components"):
+        flopscope.profile_pipeline(object())
