@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib.util
+import inspect
 import itertools
 import json
 import os
@@ -145,6 +146,13 @@ def _parser() -> argparse.ArgumentParser:
     prof.add_argument("--dp", "--fsdp", type=_positive, default=1, metavar="D",
                       help="data-parallel (FSDP) ranks with --tp (mesh D x T): FSDP's collectives per decoder layer, "
                            "predicted (FSDP2 does not run on fake tensors)")
+    pipeline = prof.add_argument_group("diffusers:SOURCE targets (a pipeline folder or hub repo, built from its "
+                                       "configs on meta: one whole generation, by component and by step)")
+    pipeline.add_argument("--steps", type=_positive, metavar="N", help="denoising steps (default: the pipeline's)")
+    pipeline.add_argument("--size", type=_image_size, metavar="HxW", help="image size in pixels, e.g. 1024x1024")
+    pipeline.add_argument("--frames", type=_positive, metavar="F", help="video frames (video pipelines)")
+    pipeline.add_argument("--guidance", type=float, metavar="G", help="guidance_scale (default: the pipeline's)")
+    pipeline.add_argument("--prompt", default="a photo of a cat", help="the prompt (only its padded length counts)")
     _output_options(prof)
     prof.set_defaults(run=_profile)
 
@@ -353,6 +361,13 @@ def _integer(text: str) -> int:
         raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
 
 
+def _image_size(text: str) -> tuple[int, int]:
+    parts = text.lower().split("x")
+    if len(parts) != 2 or not all(p.isdigit() and int(p) > 0 for p in parts):
+        raise argparse.ArgumentTypeError(f"{text!r}: write HEIGHTxWIDTH in pixels, e.g. 1024x1024")
+    return int(parts[0]), int(parts[1])
+
+
 def _positive(text: str) -> int:
     value = _integer(text)
     if value < 1:
@@ -472,6 +487,12 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _profile(args: argparse.Namespace) -> int:
+    if args.target.startswith("diffusers:"):
+        return _profile_pipeline(args)
+    given = [flag for flag in ("steps", "size", "frames", "guidance") if getattr(args, flag) is not None]
+    if given:
+        print(f"flopscope profile: error: --{', --'.join(given)}: only for diffusers: targets", file=sys.stderr)
+        return 2
     if args.tp is not None or args.dp > 1:
         return _profile_sharded(args)
     if args.plot and importlib.util.find_spec("matplotlib") is None:  # say so now, not after profiling
@@ -501,6 +522,68 @@ def _profile(args: argparse.Namespace) -> int:
         written = scaling_plot(result, args.plot) if result is not None else role_share_plot(prof, args.plot)
         print(f"wrote {written}")
     return 0
+
+
+def _profile_pipeline(args: argparse.Namespace) -> int:
+    """``profile diffusers:SOURCE``: one call of the pipeline, its components built from their configs on meta and
+    counted on fake tensors (:mod:`flopscope.pipeline`, :mod:`flopscope.pipeline_configs`)."""
+    conflicts = [flag for flag, given in (("--input", args.input), ("--sweep", args.sweep),
+                                          ("--backward", args.backward), ("--tp", args.tp is not None),
+                                          ("--dp", args.dp > 1), ("--plot", args.plot),
+                                          ("--mode real", args.mode == "real")) if given]
+    if conflicts:
+        print(f"flopscope profile: error: a diffusers: target counts one pipeline call on fake tensors; it cannot be "
+              f"combined with {', '.join(conflicts)}", file=sys.stderr)
+        return 2
+    from .pipeline import profile_pipeline
+    from .pipeline_configs import pipeline_from_configs
+    from .targets import parse_settings
+
+    source = args.target.removeprefix("diffusers:")
+    pipe = pipeline_from_configs(source, overrides=parse_settings(args.set))
+    call: dict[str, Any] = {"prompt": args.prompt}
+    if args.steps is not None:
+        call["num_inference_steps"] = args.steps
+    if args.size is not None:
+        call["height"], call["width"] = args.size
+    if args.frames is not None:
+        call["num_frames"] = args.frames
+    if args.guidance is not None:
+        call["guidance_scale"] = args.guidance
+    accepted = inspect.signature(pipe.__call__).parameters
+    unknown = [k for k in call if k not in accepted and not any(p.kind is p.VAR_KEYWORD for p in accepted.values())]
+    if unknown:
+        raise FlopscopeError(f"{type(pipe).__name__} takes no {', '.join(unknown)} (from --steps / --size / --frames / "
+                             "--guidance / --prompt)")
+    modules = {name: c for name, c in pipe.components.items() if isinstance(c, torch.nn.Module)}
+    parameters = sum(p.numel() for m in modules.values() for p in m.parameters())
+    print(f"diffusers:{source} ({type(pipe).__name__}): {parameters:,} parameters in {len(modules)} components "
+          "(built on meta: nothing allocated)", flush=True)
+    with torch.no_grad():
+        prof = profile_pipeline(pipe, **call)
+    print(prof.summary_table(args.format))
+    print(f"\ndenoising steps ({len(prof.steps())}; denoiser: {', '.join(prof.denoisers) or 'none found'}):")
+    print(prof.steps_table(args.format))
+    roles = prof.by_component_role()
+    names = [name for name, r in roles.items() if r]
+    order = [role for role in prof.by_role() if any(roles[n].get(role) for n in names)]
+    print("\nMACs by role and component:")
+    print(tabulate([[role, *[f"{roles[n].get(role, 0):,}" for n in names]] for role in order],
+                   headers=["role", *names], tablefmt=args.format, disable_numparse=True))
+    if args.json:
+        args.json.write_text(json.dumps(_pipeline_json(args.target, call, prof), indent=2) + "\n")
+        print(f"wrote {args.json}")
+    args.json = None  # (written above: the other reports are the whole call's profile)
+    _write_reports(args, prof.profile)
+    return 0
+
+
+def _pipeline_json(target: str, call: dict[str, Any], prof: Any) -> dict[str, Any]:
+    return {"schema": "flopscope.pipeline/1", "target": target, "call": call, "units": "MACs (FLOPs = 2 x MACs)",
+            "total": prof.total(), "components": prof.by_component(), "roles": prof.by_component_role(),
+            "denoisers": list(prof.denoisers),
+            "steps": [{"step": s.step, "macs": dict(s.macs), "calls": dict(s.calls), "latents_batch": s.batch,
+                       "denoiser_batch": s.denoiser_batch, "guidance": s.guidance} for s in prof.steps()]}
 
 
 def _profile_sharded(args: argparse.Namespace) -> int:

@@ -168,3 +168,66 @@ def test_flux_guidance_by_passes(true_cfg, passes, guidance):
 def test_not_a_pipeline_is_refused():
     with pytest.raises(flopscope.NotAModuleError, match="components"):
         flopscope.profile_pipeline(object())
+
+
+def configs_only(folder, tokenizer_length: int | None = None):
+    """The tiny Stable Diffusion pipeline written as configs alone (model_index.json and each component's config; the
+    tokenizer named but without files, as a configs-only download has it)."""
+    pipe = diffusers.StableDiffusionPipeline(tokenizer=None, **sd_components())
+    pipe.save_config(folder)
+    index = json.loads((folder / "model_index.json").read_text())
+    index["tokenizer"] = ["transformers", "CLIPTokenizer"]
+    (folder / "model_index.json").write_text(json.dumps(index))
+    for name, component in pipe.components.items():
+        if isinstance(component, nn.Module) or hasattr(component, "save_config"):
+            (component.save_config if hasattr(component, "save_config") else component.config.save_pretrained)(
+                folder / name)
+    if tokenizer_length is not None:
+        (folder / "tokenizer").mkdir()
+        (folder / "tokenizer" / "tokenizer_config.json").write_text(json.dumps({"model_max_length": tokenizer_length}))
+    return pipe
+
+
+def test_a_pipeline_built_from_configs_on_meta_counts_as_the_real_one(tmp_path, tokenizer):
+    """Built from configs alone on meta, with a stand-in tokenizer padding to CLIP's 77 tokens: the same counts as the
+    pipeline built in memory with a real tokenizer."""
+    from flopscope.pipeline_configs import ShapeTokenizer, pipeline_from_configs
+    configs_only(tmp_path)
+    built = pipeline_from_configs(tmp_path)
+    assert isinstance(built.tokenizer, ShapeTokenizer) and built.tokenizer.model_max_length == TEXT
+    assert all(p.is_meta for name in ("unet", "vae", "text_encoder") for p in getattr(built, name).parameters())
+    assert run_sd(built, "fake").by_component() == run_sd(stable_diffusion(tokenizer), "fake").by_component()
+
+
+def test_the_stand_in_tokenizer_pads_to_its_config_length(tmp_path):
+    """The text encoder reads as many tokens as the tokenizer config says (here 20 instead of 77): its MACs follow."""
+    from flopscope.pipeline_configs import pipeline_from_configs
+    pipe = configs_only(tmp_path, tokenizer_length=20)
+    prof = run_sd(pipeline_from_configs(tmp_path), "fake")
+    assert prof.by_component()["text_encoder"] == 2 * alone(pipe.text_encoder, torch.zeros(1, 20, dtype=torch.long))
+
+
+def test_cli_profiles_a_diffusers_folder(tmp_path, capsys):
+    from flopscope.cli import main
+    configs_only(tmp_path)
+    out = tmp_path / "pipe.json"
+    assert main(["profile", f"diffusers:{tmp_path}", "--steps", "2", "--size", "32x32", "--guidance", "7.5",
+                 "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["schema"] == "flopscope.pipeline/1" and len(report["steps"]) == 2
+    assert report["total"] == sum(report["components"].values())
+    assert [s["guidance"] for s in report["steps"]] == ["batch", "batch"]
+    assert "denoising steps (2; denoiser: unet)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv", [["--input", "1x3"], ["--sweep", "8,16,24,32"], ["--mode", "real"]])
+def test_cli_refuses_options_a_pipeline_does_not_take(tmp_path, argv, capsys):
+    from flopscope.cli import main
+    assert main(["profile", f"diffusers:{tmp_path}", *argv]) == 2
+    assert "diffusers: target" in capsys.readouterr().err
+
+
+def test_cli_refuses_pipeline_options_for_a_model(capsys):
+    from flopscope.cli import main
+    assert main(["profile", "flopscope.models:TransformerBlock", "--steps", "4"]) == 2
+    assert "only for diffusers: targets" in capsys.readouterr().err

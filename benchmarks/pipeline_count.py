@@ -1,0 +1,96 @@
+"""Whole diffusion pipelines counted on meta: Flux.1-dev (12 B transformer, T5-XXL and CLIP-L text encoders, the
+16-channel VAE) at 1024², 28 steps, guidance 3.5 (guidance-distilled: one transformer pass per step), built from
+configs written here (the published shapes; no download, no weights), with the time and the peak memory of the count.
+
+    python benchmarks/pipeline_count.py [--steps 28] [--size 1024]
+
+Prints the component table, the per-step MACs, the wall time of building on meta and of the count, and the peak RSS
+of this process (``ru_maxrss``). Units: MACs (FLOPs = 2 x MACs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the flopscope checkout
+
+FLUX_DEV = {
+    "transformer": ("diffusers", "FluxTransformer2DModel", {
+        "patch_size": 1, "in_channels": 64, "num_layers": 19, "num_single_layers": 38, "attention_head_dim": 128,
+        "num_attention_heads": 24, "joint_attention_dim": 4096, "pooled_projection_dim": 768, "guidance_embeds": True,
+        "axes_dims_rope": [16, 56, 56]}),
+    "vae": ("diffusers", "AutoencoderKL", {
+        "in_channels": 3, "out_channels": 3, "latent_channels": 16, "block_out_channels": [128, 256, 512, 512],
+        "layers_per_block": 2, "down_block_types": ["DownEncoderBlock2D"] * 4,
+        "up_block_types": ["UpDecoderBlock2D"] * 4, "norm_num_groups": 32, "use_quant_conv": False,
+        "use_post_quant_conv": False, "scaling_factor": 0.3611, "shift_factor": 0.1159, "sample_size": 1024}),
+    "text_encoder": ("transformers", "CLIPTextModel", {
+        "model_type": "clip_text_model", "hidden_size": 768, "intermediate_size": 3072, "num_attention_heads": 12,
+        "num_hidden_layers": 12, "max_position_embeddings": 77, "vocab_size": 49408, "projection_dim": 768}),
+    "text_encoder_2": ("transformers", "T5EncoderModel", {
+        "model_type": "t5", "d_model": 4096, "d_ff": 10240, "d_kv": 64, "num_heads": 64, "num_layers": 24,
+        "vocab_size": 32128, "feed_forward_proj": "gated-gelu", "is_encoder_decoder": False}),
+    "scheduler": ("diffusers", "FlowMatchEulerDiscreteScheduler", {
+        "shift": 3.0, "use_dynamic_shifting": True, "base_shift": 0.5, "max_shift": 1.15, "base_image_seq_len": 256,
+        "max_image_seq_len": 4096}),
+    "tokenizer": ("transformers", "CLIPTokenizer", {"model_max_length": 77}),
+    "tokenizer_2": ("transformers", "T5TokenizerFast", {"model_max_length": 512}),
+}
+
+
+def write_configs(folder: Path, pipeline: str, components: dict) -> Path:
+    """A configs-only pipeline folder: model_index.json, each model's config.json, the scheduler's config, and each
+    tokenizer's tokenizer_config.json (its length: flopscope's stand-in tokenizer pads to it)."""
+    index = {"_class_name": pipeline}
+    for name, (library, cls, config) in components.items():
+        index[name] = [library, cls]
+        sub = folder / name
+        sub.mkdir(parents=True, exist_ok=True)
+        file = ("scheduler_config.json" if "Scheduler" in cls else "tokenizer_config.json" if "Tokenizer" in cls
+                else "config.json")
+        (sub / file).write_text(json.dumps({"_class_name": cls, **config}))
+    (folder / "model_index.json").write_text(json.dumps(index))
+    return folder
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--steps", type=int, default=28)
+    ap.add_argument("--size", type=int, default=1024)
+    args = ap.parse_args()
+    import torch
+
+    from flopscope import profile_pipeline
+    from flopscope.pipeline_configs import pipeline_from_configs
+    warnings.simplefilter("ignore")
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = write_configs(Path(tmp), "FluxPipeline", FLUX_DEV)
+        t0 = time.perf_counter()
+        pipe = pipeline_from_configs(folder)
+        built = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            prof = profile_pipeline(pipe, prompt="a photo of a cat", num_inference_steps=args.steps,
+                                    guidance_scale=3.5, height=args.size, width=args.size)
+        counted = time.perf_counter() - t0
+    parameters = sum(p.numel() for c in pipe.components.values() if isinstance(c, torch.nn.Module)
+                     for p in c.parameters())
+    print(f"Flux.1-dev shapes, {args.size}x{args.size}, {args.steps} steps: {parameters:,} parameters on meta")
+    print(prof.summary_table("github"))
+    per_step = {s.total for s in prof.steps()}
+    print(f"\nper step: {', '.join(f'{m:,}' for m in sorted(per_step))} MACs ({len(prof.steps())} steps, guidance "
+          f"{prof.steps()[0].guidance if prof.steps() else '-'})")
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB -> GiB (Linux)
+    print(f"built on meta in {built:.1f} s; counted in {counted:.1f} s; peak RSS {peak:.2f} GiB")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
