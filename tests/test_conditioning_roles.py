@@ -293,3 +293,49 @@ def test_keys_one_head_wide_reconcile_from_the_key_projection_width():
                                        "v_proj": b * m * d_ctx * d_k, "attn_scores": b * n * m * d,
                                        "attn_weighted_sum": b * n * m * d, "out_proj": b * n * d * d}
     assert [(r.role, r.measured, r.predicted) for r in prof.reconcile().rows if not r.exact] == []
+
+
+class HyperConnections(nn.Module):
+    """Token embeddings kept as ``hc`` parallel streams (B, n, hc, d) (DeepSeek-V4's and Hunyuan's hyper-connections):
+    the FFN reads a mix of the streams and its output is written back to every stream, ``out[:, :, None, :]``
+    broadcast over the ``hc`` axis. That value has a row per token: no condition, the FFN stays an FFN."""
+
+    def __init__(self, vocab: int, d: int, d_ff: int, hc: int) -> None:
+        super().__init__()
+        self.hc = hc
+        self.embed = nn.Embedding(vocab, d)
+        self.mix = nn.Parameter(torch.full((hc,), 1.0 / hc))
+        self.up, self.down = nn.Linear(d, d_ff), nn.Linear(d_ff, d)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        h = self.embed(ids)[:, :, None, :].expand(-1, -1, self.hc, -1)
+        x = (h * self.mix[:, None]).sum(2)
+        return h + self.down(F.gelu(self.up(x)))[:, :, None, :]
+
+
+def test_a_token_stream_written_back_to_parallel_streams_is_no_condition():
+    b, n, d, d_ff, hc, vocab = 2, 5, 8, 16, 4, 11
+    prof = profile(HyperConnections(vocab, d, d_ff, hc), torch.randint(0, vocab, (b, n)))
+    assert nonzero(prof.by_role()) == {"ffn_up": b * n * d * d_ff, "ffn_down": b * n * d_ff * d}
+
+
+class XIELU(nn.Module):
+    """An FFN whose activation is written out with ``expm1`` (transformers' xIELU of Apertus:
+    ``where(x > 0, a·x² + b·x, (expm1(min(x, eps)) - x)·a_n + b·x)`` with a = softplus of a learned scalar)."""
+
+    def __init__(self, d: int, d_ff: int) -> None:
+        super().__init__()
+        self.up, self.down = nn.Linear(d, d_ff), nn.Linear(d_ff, d)
+        self.alpha_p, self.alpha_n = nn.Parameter(torch.tensor([0.8])), nn.Parameter(torch.tensor([0.8]))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.up(x)
+        a_p, a_n = F.softplus(self.alpha_p), 0.5 + F.softplus(self.alpha_n)
+        act = torch.where(h > 0, a_p * h * h + 0.5 * h, (torch.expm1(torch.clamp(h, max=-1e-6)) - h) * a_n + 0.5 * h)
+        return self.down(act)
+
+
+def test_an_activation_written_with_expm1_makes_a_hidden_layer():
+    b, n, d, d_ff = 2, 5, 8, 16
+    prof = profile(XIELU(d, d_ff), torch.randn(b, n, d))
+    assert nonzero(prof.by_role()) == {"ffn_up": b * n * d * d_ff, "ffn_down": b * n * d_ff * d}

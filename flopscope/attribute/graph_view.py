@@ -180,6 +180,38 @@ class GraphView:
         batch: int | None = self._memo_plain["batch"]
         return batch
 
+    def inputs_behind(self, n: CapturedOp) -> tuple[int, bool]:
+        """(the most elements of any forward input ``n`` is computed from, whether any of them is not floating-point:
+        token ids, masks); ``(0, False)`` for a value of weights and constants only."""
+        if "inputs behind" not in self._memo_plain:
+            table: dict[CapturedOp, tuple[int, bool]] = {}
+            for m in self.nodes:  # in graph order: a node's inputs come first
+                own = (0, False)
+                if m.leaf is LeafKind.INPUT and m.output_shapes and all(type(s) is int for s in m.output_shapes[0]):
+                    own = (math.prod(m.output_shapes[0]), m.dtype is not None and not m.dtype.is_floating_point)
+                found = [own, *(table.get(x, (0, False)) for x in inputs_of(m))]  # (token ids index a table)
+                table[m] = (max(f[0] for f in found), any(f[1] for f in found))
+            self._memo_plain["inputs behind"] = table
+        result: tuple[int, bool] = self._memo_plain["inputs behind"].get(n, (0, False))
+        return result
+
+    def is_condition(self, n: CapturedOp) -> bool:
+        """``n`` holds a vector per sample (as many rows as the inputs' batch), or per frame: more rows, all computed
+        from floating-point inputs of no more elements than that (a timestep per frame), not from the token stream
+        (token ids: hyper-connections' streams; an encoder's features: an RNN-T joint's per-frame projections)."""
+        if not n.output_shapes or not all(type(s) is int for s in n.output_shapes[0]):
+            return False
+        rows = math.prod(n.output_shapes[0][:-1])
+        if rows == self.batch:
+            return True
+        largest, not_float = self.inputs_behind(n)
+        return not not_float and largest <= rows
+
+    def spreads_a_condition(self, user: CapturedOp, n: CapturedOp) -> bool:
+        """``user`` spreads ``n`` over the positions (:func:`spreads`) and ``n`` is a condition
+        (:meth:`is_condition`)."""
+        return spreads(user, n) and self.is_condition(n)
+
     def runs(self, packets: frozenset[Any]) -> bool:
         """Some forward node runs an op of ``packets``."""
         if "packets" not in self._memo_plain:
@@ -263,7 +295,7 @@ class GraphView:
         learned scalar squashed by a sigmoid to blend two streams, SVD's ``AlphaBlender``, activates nothing; nor
         does one behind a value without positions spread over the tokens: adaLN's ``tanh(gate)`` conditions them)."""
         return self.behind(n, activations, lambda m: self.packet(m) in activations and self.live[m],
-                           through=lambda m, x: not spreads(m, x))
+                           through=lambda m, x: not self.spreads_a_condition(m, x))
 
     def behind(self, n: CapturedOp, key: Any, test: Callable[[CapturedOp], bool],
                through: Callable[[CapturedOp, CapturedOp], bool] | None = None) -> bool:

@@ -640,8 +640,8 @@ def _per_sample(view: GraphView, d: CapturedOp) -> bool:
 def _spread(view: GraphView, n: CapturedOp) -> bool:
     """``n``'s value, with at least the rows it has, is spread over positions (:func:`_per_sample`)."""
     rows = _rows(n.output_shapes[0]) if n.output_shapes else None
-    if rows is None:
-        return False  # (symbolic sizes: nothing to compare)
+    if rows is None or not view.is_condition(n):
+        return False  # (symbolic sizes: nothing to compare; a value of the token stream: no condition)
     return view.ahead(n, ("spread over positions", rows), spreads, lambda user, _: _keeps_rows(user, rows))
 
 
@@ -678,7 +678,7 @@ def _gated_branches(view: GraphView, x: CapturedOp) -> tuple[CapturedOp | None, 
         if not _gating(view, n):
             continue
         a, b = n.args[:2]
-        if any(isinstance(v, CapturedOp) and spreads(n, v) for v in (a, b)):
+        if any(isinstance(v, CapturedOp) and view.spreads_a_condition(n, v) for v in (a, b)):
             continue  # a vector per sample scaling the tokens (adaLN-Zero's tanh(gate) * ffn(x)): conditioning
         act_a = _passes_activation(view, a)
         macs_a = {m for m in _nearest_before(view, a) if view.is_weight_matmul(m)}

@@ -196,6 +196,7 @@ ACTIVATION_OPS: frozenset[Any] = with_inplace({
     aten.relu, aten.gelu, aten.silu, aten.sigmoid, aten.tanh, aten.elu, aten.leaky_relu, aten.hardswish,
     aten.hardsigmoid, aten.mish, aten.softplus, aten.glu, aten.celu, aten.selu, aten.hardtanh, aten.erf,
     aten.prelu, aten._prelu_kernel, aten.log_sigmoid_forward, aten.rrelu_with_noise, aten.threshold, aten.sin,
+    aten.expm1,  # (ELU's family written out: xIELU's torch.expm1(torch.min(x, eps)), Apertus' MLP)
 })
 """Pointwise nonlinearities (counted as ``pointwise`` work), with their in-place twins (``aten.relu_``): the
 FFN pass looks for one between two weight matmuls."""
