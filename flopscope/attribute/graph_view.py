@@ -185,12 +185,16 @@ class GraphView:
         token ids, masks); ``(0, False)`` for a value of weights and constants only."""
         if "inputs behind" not in self._memo_plain:
             table: dict[CapturedOp, tuple[int, bool]] = {}
+            none = (0, False)
             for m in self.nodes:  # in graph order: a node's inputs come first
-                own = (0, False)
+                largest, not_float = 0, False
                 if m.leaf is LeafKind.INPUT and m.output_shapes and all(type(s) is int for s in m.output_shapes[0]):
-                    own = (math.prod(m.output_shapes[0]), m.dtype is not None and not m.dtype.is_floating_point)
-                found = [own, *(table.get(x, (0, False)) for x in inputs_of(m))]  # (token ids index a table)
-                table[m] = (max(f[0] for f in found), any(f[1] for f in found))
+                    largest = math.prod(m.output_shapes[0])
+                    not_float = m.dtype is not None and not m.dtype.is_floating_point
+                for x in inputs_of(m):  # (all inputs: token ids index a table)
+                    size, integer = table.get(x, none)
+                    largest, not_float = max(largest, size), not_float or integer
+                table[m] = (largest, not_float)
             self._memo_plain["inputs behind"] = table
         result: tuple[int, bool] = self._memo_plain["inputs behind"].get(n, (0, False))
         return result
@@ -295,7 +299,8 @@ class GraphView:
         learned scalar squashed by a sigmoid to blend two streams, SVD's ``AlphaBlender``, activates nothing; nor
         does one behind a value without positions spread over the tokens: adaLN's ``tanh(gate)`` conditions them)."""
         return self.behind(n, activations, lambda m: self.packet(m) in activations and self.live[m],
-                           through=lambda m, x: not self.spreads_a_condition(m, x))
+                           through=lambda m, x: self._packets[m] not in BROADCASTING_OPS
+                           or not self.spreads_a_condition(m, x))
 
     def behind(self, n: CapturedOp, key: Any, test: Callable[[CapturedOp], bool],
                through: Callable[[CapturedOp, CapturedOp], bool] | None = None) -> bool:

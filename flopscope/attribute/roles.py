@@ -633,16 +633,21 @@ def _per_sample(view: GraphView, d: CapturedOp) -> bool:
     hidden layer ran on one vector per sample or per frame (a timestep, a class, pooled text), not on every position:
     it conditions the positions, it is no FFN (docs/roles.md section 3.4). A value that has positions (GQA's keys
     repeated over the heads of a group, a positional table added over the batch) is not spread."""
+    if not view.is_condition(d):
+        return False  # a value of the token stream (its readers' values are too)
+    if _spread(view, d):
+        return True
     readers = view.frontier(view.users(d), view.users)
-    return _spread(view, d) or (bool(readers) and all(view.is_weight_matmul(m) and _spread(view, m) for m in readers))
+    return bool(readers) and all(view.is_weight_matmul(m) and _spread(view, m) for m in readers)
 
 
 def _spread(view: GraphView, n: CapturedOp) -> bool:
     """``n``'s value, with at least the rows it has, is spread over positions (:func:`_per_sample`)."""
     rows = _rows(n.output_shapes[0]) if n.output_shapes else None
-    if rows is None or not view.is_condition(n):
-        return False  # (symbolic sizes: nothing to compare; a value of the token stream: no condition)
-    return view.ahead(n, ("spread over positions", rows), spreads, lambda user, _: _keeps_rows(user, rows))
+    if rows is None:
+        return False  # (symbolic sizes: nothing to compare)
+    return (view.ahead(n, ("spread over positions", rows), spreads, lambda user, _: _keeps_rows(user, rows))
+            and view.is_condition(n))  # (a value of the token stream is no condition)
 
 
 def _rows(shape: Sequence[Any]) -> int | None:
