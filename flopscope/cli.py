@@ -57,13 +57,15 @@ from .memory import check_fits, state_bytes
 from .models import TransformerBlock
 from .peaks import register_cli as register_peak_cli
 from .peers import crosscheck
+from .pipeline import profile_pipeline
+from .pipeline_configs import pipeline_from_configs
 from .plots import role_share_plot, scaling_plot
 from .predict.polynomial import Polynomial, Scaling
 from .profile import Profile
 from .role import PAIR_ROLES
 from .roofline import Roofline, roofline
 from .scaling import MIN_LENGTHS, scaling
-from .targets import Target, load_target, make_inputs, parse_shape
+from .targets import Target, load_target, make_inputs, parse_settings, parse_shape
 from .why_self_attention import compare, compare_lengths
 
 EXAMPLES = """examples:
@@ -535,10 +537,6 @@ def _profile_pipeline(args: argparse.Namespace) -> int:
         print(f"flopscope profile: error: a diffusers: target counts one pipeline call on fake tensors; it cannot be "
               f"combined with {', '.join(conflicts)}", file=sys.stderr)
         return 2
-    from .pipeline import profile_pipeline
-    from .pipeline_configs import pipeline_from_configs
-    from .targets import parse_settings
-
     source = args.target.removeprefix("diffusers:")
     pipe = pipeline_from_configs(source, overrides=parse_settings(args.set))
     call: dict[str, Any] = {"prompt": args.prompt}

@@ -21,6 +21,8 @@ import flopscope
 from flopscope import memory
 from flopscope.cli import main
 
+from closed_forms import rotary
+
 transformers = pytest.importorskip("transformers")
 
 LIMIT = 8 * 2**30
@@ -67,7 +69,8 @@ def forward_macs(n: int) -> int:
     full n x n scores and weighted sum, docs/conventions.md): per layer the four projections 4·n·d², the gated FFN
     3·n·d·d_ff and the attention core 2·n²·d; no head (hf:llama is the bare model)."""
     s = llama_7b()
-    return s["L"] * (4 * n * s["d"] ** 2 + 3 * n * s["d"] * s["d_ff"] + 2 * n * n * s["d"])
+    angles = sum(rotary(n, s["d"] // s["h"]).values())  # the rotary angles, where this transformers makes a matmul
+    return s["L"] * (4 * n * s["d"] ** 2 + 3 * n * s["d"] * s["d_ff"] + 2 * n * n * s["d"]) + angles
 
 
 def test_the_limit_is_below_the_weights() -> None:
@@ -88,7 +91,8 @@ def decode_macs(c: int) -> int:
     """LlamaForCausalLM's MACs for one new token of one sequence attending to c positions (cached + new): per layer
     the four projections 4·d², the gated FFN 3·d·d_ff and the attention core 2·c·d; the head d·V."""
     s = llama_7b()
-    return s["L"] * (4 * s["d"] ** 2 + 3 * s["d"] * s["d_ff"] + 2 * c * s["d"]) + s["d"] * s["V"]
+    angles = sum(rotary(1, s["d"] // s["h"]).values())
+    return s["L"] * (4 * s["d"] ** 2 + 3 * s["d"] * s["d_ff"] + 2 * c * s["d"]) + s["d"] * s["V"] + angles
 
 
 def test_generate_counts_the_7b_shape_on_meta_under_the_limit() -> None:
@@ -106,7 +110,7 @@ def test_generate_counts_the_7b_shape_on_meta_under_the_limit() -> None:
         ["decode", "1", "1", "17", f"{decode_macs(17):,}"],  # 6,611,533,824
         ["decode", "1", "1", "18", f"{decode_macs(18):,}"],
     ]
-    assert forward_macs(16) + s["d"] * s["V"] == 103_814_266_880
+    assert forward_macs(16) + s["d"] * s["V"] == 103_814_266_880 + sum(rotary(16, s["d"] // s["h"]).values())
     assert [row[-1] for row in rows] == ["-"] * 3  # nothing ran: no wall time
     assert "roofline on this CPU (counted on fake tensors: nothing ran, no time measured)" in out
     assert "can't allocate memory" not in out

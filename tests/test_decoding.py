@@ -21,6 +21,11 @@ from flopscope.generation import DECODE, PREFILL
 from closed_forms import add, rotary
 
 transformers = pytest.importorskip("transformers")
+TRANSFORMERS = tuple(int(part) for part in transformers.__version__.split(".")[:2])
+MASK_READS_VALUES = TRANSFORMERS < (5, 24)
+"""Measured on transformers 5.15: its mask code checks whether the attention mask is all ones on real tensors
+(``_to_copy``, ``sum``, ``eq`` and ``.item()`` in the model: 118 bytes at batch 2 x 5, no multiply), which fake tensors
+cannot answer: the bytes of the prefill differ by those, the MACs not. 5.24 reads no values there."""
 B, PROMPT, NEW = 2, 5, 4
 d, h, n_kv, d_ff, L, V = 32, 4, 2, 64, 2, 64
 d_k = d // h
@@ -88,7 +93,7 @@ def test_greedy_decode_runs_the_forwards_hf_generate_runs(family: str) -> None:
     # ids (masking_utils.find_packed_sequence_indices), which it cannot read on fake tensors, so it builds an explicit
     # causal mask (SDPA then repeats the KV heads) where on real tensors it finds none and runs SDPA is_causal: the
     # same MACs, other bytes. It is the same on one forward: flopscope.profile(model, ids, use_cache=False)
-    moved = family != "llama-no-cache"
+    moved = family != "llama-no-cache" and not MASK_READS_VALUES
     assert shape_and_work(fake, moved) == shape_and_work(real, moved)
     assert fake.by_module() == real.by_module()
     assert tuple(out.shape) == (B, PROMPT + NEW)
