@@ -231,3 +231,59 @@ def test_cli_refuses_pipeline_options_for_a_model(capsys):
     from flopscope.cli import main
     assert main(["profile", "flopscope.models:TransformerBlock", "--steps", "4"]) == 2
     assert "only for diffusers: targets" in capsys.readouterr().err
+
+
+def wan(device: str = "cpu"):
+    with torch.device(device):
+        transformer = diffusers.WanTransformer3DModel(
+            patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12, in_channels=16, out_channels=16,
+            text_dim=D_TEXT, freq_dim=256, ffn_dim=32, num_layers=2, cross_attn_norm=True,
+            qk_norm="rms_norm_across_heads", rope_max_seq_len=32)
+        vae = diffusers.AutoencoderKLWan(base_dim=3, z_dim=16, dim_mult=[1, 1, 1, 1], num_res_blocks=1,
+                                         temperal_downsample=[False, True, True])
+    return diffusers.WanPipeline(tokenizer=None, text_encoder=None, vae=vae, transformer=transformer,
+                                 scheduler=diffusers.FlowMatchEulerDiscreteScheduler(shift=7.0))
+
+
+@pytest.mark.parametrize("mode", ["fake", "real", "meta"])
+def test_a_video_pipeline_per_step_and_per_frame(mode):
+    """Wan 2.1 (tiny): 9 frames of 32² are latents of 1 + (9 - 1) / 4 = 3 frames of 4² (the VAE compresses time by 4
+    and space by 8); classifier-free guidance by two transformer passes per step, each the transformer alone on those
+    latents; fake, real and meta count the same."""
+    m, frames, side, steps = 8, 9, 32, 2
+    pipe = wan("meta" if mode == "meta" else "cpu")
+    torch.manual_seed(0)
+    text = torch.randn(1, m, D_TEXT)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        prof = flopscope.profile_pipeline(pipe, mode="real" if mode == "real" else "fake", prompt_embeds=text,
+                                          negative_prompt_embeds=text, num_inference_steps=steps, height=side,
+                                          width=side, num_frames=frames, guidance_scale=5.0)
+    latent_frames = 1 + (frames - 1) // 4
+    one = alone(wan().transformer, hidden_states=torch.randn(1, 16, latent_frames, side // 8, side // 8),
+                timestep=torch.tensor([500]), encoder_hidden_states=text)
+    assert [(s.calls, s.macs, s.guidance) for s in prof.steps()] == [({"transformer": 2},
+                                                                       {"transformer": 2 * one}, "passes")] * steps
+    assert prof.by_component()["transformer"] == steps * 2 * one
+    assert prof.by_component()["vae"] > 0 and prof.total() == sum(prof.by_component().values())
+
+
+def test_a_controlnet_runs_beside_the_denoiser_at_every_step():
+    """A ControlNet pipeline: the ControlNet and the UNet are both called once per step on the doubled batch (its
+    conditioning image doubled too); each step is the two alone, and both are denoisers."""
+    components = sd_components()
+    controlnet = diffusers.ControlNetModel.from_unet(components["unet"], conditioning_embedding_out_channels=(16, 32))
+    pipe = diffusers.StableDiffusionControlNetPipeline(tokenizer=None, controlnet=controlnet.eval(), **components)
+    torch.manual_seed(0)
+    text = torch.randn(1, TEXT, D_TEXT)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        prof = flopscope.profile_pipeline(pipe, prompt_embeds=text, negative_prompt_embeds=text,
+                                          image=torch.rand(1, 3, SIDE, SIDE), num_inference_steps=2, height=SIDE,
+                                          width=SIDE, guidance_scale=7.5)
+    latents, t, context = torch.randn(2, 4, SIDE // 2, SIDE // 2), torch.tensor(10), torch.randn(2, TEXT, D_TEXT)
+    unet = alone(pipe.unet, latents, t, context)
+    control = alone(pipe.controlnet, latents, t, context, controlnet_cond=torch.rand(2, 3, SIDE, SIDE))
+    assert set(prof.denoisers) == {"unet", "controlnet"}
+    assert [(dict(s.calls), dict(s.macs), s.guidance) for s in prof.steps()] == [
+        ({"unet": 1, "controlnet": 1}, {"unet": unet, "controlnet": control}, "batch")] * 2
