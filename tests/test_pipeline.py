@@ -287,3 +287,37 @@ def test_a_controlnet_runs_beside_the_denoiser_at_every_step():
     assert set(prof.denoisers) == {"unet", "controlnet"}
     assert [(dict(s.calls), dict(s.macs), s.guidance) for s in prof.steps()] == [
         ({"unet": 1, "controlnet": 1}, {"unet": unet, "controlnet": control}, "batch")] * 2
+
+
+def test_sd3_joint_attention_pipeline_by_batch():
+    """SD3 (tiny): guidance by batch, one transformer call per step on the doubled latents, text and pooled text
+    doubled too; each step the transformer alone on those inputs; the VAE decode once."""
+    m, d_text, pooled = 7, 24, 20
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        transformer = diffusers.SD3Transformer2DModel(
+            sample_size=8, patch_size=2, in_channels=4, num_layers=2, attention_head_dim=8, num_attention_heads=2,
+            joint_attention_dim=d_text, caption_projection_dim=16, pooled_projection_dim=pooled, out_channels=4).eval()
+        vae = diffusers.AutoencoderKL(block_out_channels=[32, 64], in_channels=3, out_channels=3, latent_channels=4,
+                                      down_block_types=["DownEncoderBlock2D"] * 2,
+                                      up_block_types=["UpDecoderBlock2D"] * 2, norm_num_groups=32,
+                                      use_quant_conv=False, use_post_quant_conv=False, shift_factor=0.0609,
+                                      scaling_factor=1.5035).eval()
+    pipe = diffusers.StableDiffusion3Pipeline(
+        transformer=transformer, scheduler=diffusers.FlowMatchEulerDiscreteScheduler(), vae=vae, text_encoder=None,
+        tokenizer=None, text_encoder_2=None, tokenizer_2=None, text_encoder_3=None, tokenizer_3=None)
+    torch.manual_seed(0)
+    text, pooled_text = torch.randn(1, m, d_text), torch.randn(1, pooled)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        prof = flopscope.profile_pipeline(pipe, prompt_embeds=text, pooled_prompt_embeds=pooled_text,
+                                          negative_prompt_embeds=text, negative_pooled_prompt_embeds=pooled_text,
+                                          num_inference_steps=2, height=SIDE, width=SIDE, guidance_scale=5.0)
+    latent = SIDE // 2
+    one = alone(transformer, hidden_states=torch.randn(2, 4, latent, latent),
+                encoder_hidden_states=text.repeat(2, 1, 1), pooled_projections=pooled_text.repeat(2, 1),
+                timestep=torch.tensor([500, 500]))
+    decode = alone(Decode(vae), torch.randn(1, 4, latent, latent))
+    assert [(s.calls, s.macs, s.denoiser_batch, s.guidance) for s in prof.steps()] == [
+        ({"transformer": 1}, {"transformer": one}, 2, "batch")] * 2
+    assert prof.by_component() == {"vae": decode, "transformer": 2 * one}
