@@ -321,3 +321,24 @@ def test_sd3_joint_attention_pipeline_by_batch():
     assert [(s.calls, s.macs, s.denoiser_batch, s.guidance) for s in prof.steps()] == [
         ({"transformer": 1}, {"transformer": one}, 2, "batch")] * 2
     assert prof.by_component() == {"vae": decode, "transformer": 2 * one}
+
+
+@pytest.mark.parametrize("name", ["sd", "flux", "wan"])
+def test_a_whole_pipeline_reconciles(name):
+    """reconcile() of the whole call: every block of every component against its closed form, summed over the calls
+    (the denoiser's over its steps), each row exact or explained."""
+    torch.manual_seed(0)
+    if name == "sd":
+        pipe, text = diffusers.StableDiffusionPipeline(tokenizer=None, **sd_components()), torch.randn(1, TEXT, D_TEXT)
+        call = dict(prompt_embeds=text, negative_prompt_embeds=text)
+    elif name == "flux":
+        pipe, call = flux(), dict(prompt_embeds=torch.randn(1, 8, D_TEXT), pooled_prompt_embeds=torch.randn(1, D_TEXT))
+    else:
+        text = torch.randn(1, 8, D_TEXT)
+        pipe, call = wan(), dict(prompt_embeds=text, negative_prompt_embeds=text, num_frames=9)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        prof = flopscope.profile_pipeline(pipe, num_inference_steps=2, height=SIDE, width=SIDE, **call)
+    rows = prof.reconcile().rows
+    assert {r.block.split(".", 1)[0] for r in rows} >= set(prof.denoisers) | {"vae"}
+    assert [(r.block, r.role, r.measured, r.predicted) for r in rows if not r.exact and not r.reason] == []
