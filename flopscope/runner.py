@@ -34,6 +34,7 @@ from torch import nn
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.nn.utils.stateless import _reparametrize_module
 
+from . import memory
 from .attribute.roles import RoleRule
 from .capture import undispatched
 from .capture.checks import check_inputs, check_mode, check_model, forward_signature
@@ -77,9 +78,7 @@ from .errors import (
     cause_of_kind,
 )
 from .formulas.registry import REGISTRY, FormulaRegistry
-from .memory import cuda_available as _cuda_available
 from .memory import gib, least_available, state_bytes
-from .memory import system_available as _system_available
 from .profile import Profile
 
 MODES = ("auto", "fake", "real")
@@ -647,9 +646,9 @@ def default_fallback_limit(devices: Collection[torch.device] = ()) -> int | None
     ``devices``, its free memory (``torch.cuda.mem_get_info``) and what PyTorch's caching allocator holds unused;
     the system's (``MemAvailable`` of ``/proc/meminfo``) for the CPU and the rest; the least of them. ``None`` (no
     limit) where none of that can be read."""
-    free: list[int | None] = [_cuda_available(d) for d in set(devices) if d.type == "cuda"]
+    free: list[int | None] = [memory.cuda_available(d) for d in set(devices) if d.type == "cuda"]
     if not free or any(d.type != "cuda" for d in devices):  # the CPU's tensors (and any other's): the system's
-        free.append(_system_available())
+        free.append(memory.system_available())
     known = [bytes_free for bytes_free in free if bytes_free is not None]
     return min(known) // 2 if known else None
 
