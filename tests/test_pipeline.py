@@ -53,12 +53,16 @@ def stable_diffusion(tokenizer, device: str = "cpu"):
     return diffusers.StableDiffusionPipeline(tokenizer=tokenizer, **sd_components(device))
 
 
-def run_sd(pipe, mode: str) -> flopscope.PipelineProfile:
-    torch.manual_seed(0)
+def count(pipe, mode: str = "fake", **call) -> flopscope.PipelineProfile:
+    """``profile_pipeline(pipe, mode=mode, **call)`` under ``no_grad``, the libraries' warnings silenced."""
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return flopscope.profile_pipeline(pipe, mode=mode, prompt="abc", num_inference_steps=STEPS, guidance_scale=7.5,
-                                          height=SIDE, width=SIDE)
+        return flopscope.profile_pipeline(pipe, mode=mode, **call)
+
+
+def run_sd(pipe, mode: str) -> flopscope.PipelineProfile:
+    torch.manual_seed(0)
+    return count(pipe, mode, prompt="abc", num_inference_steps=STEPS, guidance_scale=7.5, height=SIDE, width=SIDE)
 
 
 def alone(module: nn.Module, *args, **kwargs) -> int:
@@ -151,11 +155,9 @@ def test_flux_guidance_by_passes(true_cfg, passes, guidance):
     pipe = flux()
     torch.manual_seed(0)
     text, pooled = torch.randn(1, m, D_TEXT), torch.randn(1, D_TEXT)
-    with torch.no_grad(), warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        prof = flopscope.profile_pipeline(pipe, prompt_embeds=text, pooled_prompt_embeds=pooled,
-                                          negative_prompt_embeds=text, negative_pooled_prompt_embeds=pooled,
-                                          true_cfg_scale=true_cfg, num_inference_steps=2, height=SIDE, width=SIDE)
+    prof = count(pipe, prompt_embeds=text, pooled_prompt_embeds=pooled,
+                 negative_prompt_embeds=text, negative_pooled_prompt_embeds=pooled,
+                 true_cfg_scale=true_cfg, num_inference_steps=2, height=SIDE, width=SIDE)
     n = (SIDE // 2) ** 2
     one = alone(pipe.transformer, hidden_states=torch.randn(1, n, 4), encoder_hidden_states=text,
                 pooled_projections=pooled, timestep=torch.tensor([1.0]), img_ids=torch.zeros(n, 3),
@@ -254,11 +256,9 @@ def test_a_video_pipeline_per_step_and_per_frame(mode):
     pipe = wan("meta" if mode == "meta" else "cpu")
     torch.manual_seed(0)
     text = torch.randn(1, m, D_TEXT)
-    with torch.no_grad(), warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        prof = flopscope.profile_pipeline(pipe, mode="real" if mode == "real" else "fake", prompt_embeds=text,
-                                          negative_prompt_embeds=text, num_inference_steps=steps, height=side,
-                                          width=side, num_frames=frames, guidance_scale=5.0)
+    prof = count(pipe, "real" if mode == "real" else "fake", prompt_embeds=text,
+                 negative_prompt_embeds=text, num_inference_steps=steps, height=side,
+                 width=side, num_frames=frames, guidance_scale=5.0)
     latent_frames = 1 + (frames - 1) // 4
     one = alone(wan().transformer, hidden_states=torch.randn(1, 16, latent_frames, side // 8, side // 8),
                 timestep=torch.tensor([500]), encoder_hidden_states=text)
@@ -276,11 +276,9 @@ def test_a_controlnet_runs_beside_the_denoiser_at_every_step():
     pipe = diffusers.StableDiffusionControlNetPipeline(tokenizer=None, controlnet=controlnet.eval(), **components)
     torch.manual_seed(0)
     text = torch.randn(1, TEXT, D_TEXT)
-    with torch.no_grad(), warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        prof = flopscope.profile_pipeline(pipe, prompt_embeds=text, negative_prompt_embeds=text,
-                                          image=torch.rand(1, 3, SIDE, SIDE), num_inference_steps=2, height=SIDE,
-                                          width=SIDE, guidance_scale=7.5)
+    prof = count(pipe, prompt_embeds=text, negative_prompt_embeds=text,
+                 image=torch.rand(1, 3, SIDE, SIDE), num_inference_steps=2, height=SIDE,
+                 width=SIDE, guidance_scale=7.5)
     latents, t, context = torch.randn(2, 4, SIDE // 2, SIDE // 2), torch.tensor(10), torch.randn(2, TEXT, D_TEXT)
     unet = alone(pipe.unet, latents, t, context)
     control = alone(pipe.controlnet, latents, t, context, controlnet_cond=torch.rand(2, 3, SIDE, SIDE))
@@ -308,11 +306,9 @@ def test_sd3_joint_attention_pipeline_by_batch():
         tokenizer=None, text_encoder_2=None, tokenizer_2=None, text_encoder_3=None, tokenizer_3=None)
     torch.manual_seed(0)
     text, pooled_text = torch.randn(1, m, d_text), torch.randn(1, pooled)
-    with torch.no_grad(), warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        prof = flopscope.profile_pipeline(pipe, prompt_embeds=text, pooled_prompt_embeds=pooled_text,
-                                          negative_prompt_embeds=text, negative_pooled_prompt_embeds=pooled_text,
-                                          num_inference_steps=2, height=SIDE, width=SIDE, guidance_scale=5.0)
+    prof = count(pipe, prompt_embeds=text, pooled_prompt_embeds=pooled_text,
+                 negative_prompt_embeds=text, negative_pooled_prompt_embeds=pooled_text,
+                 num_inference_steps=2, height=SIDE, width=SIDE, guidance_scale=5.0)
     latent = SIDE // 2
     one = alone(transformer, hidden_states=torch.randn(2, 4, latent, latent),
                 encoder_hidden_states=text.repeat(2, 1, 1), pooled_projections=pooled_text.repeat(2, 1),
@@ -336,9 +332,7 @@ def test_a_whole_pipeline_reconciles(name):
     else:
         text = torch.randn(1, 8, D_TEXT)
         pipe, call = wan(), dict(prompt_embeds=text, negative_prompt_embeds=text, num_frames=9)
-    with torch.no_grad(), warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        prof = flopscope.profile_pipeline(pipe, num_inference_steps=2, height=SIDE, width=SIDE, **call)
+    prof = count(pipe, num_inference_steps=2, height=SIDE, width=SIDE, **call)
     rows = prof.reconcile().rows
     assert {r.block.split(".", 1)[0] for r in rows} >= set(prof.denoisers) | {"vae"}
     assert [(r.block, r.role, r.measured, r.predicted) for r in rows if not r.exact and not r.reason] == []
