@@ -582,7 +582,8 @@ def _ffn_rows(b: _Block) -> list[ReconcileRow]:
         tokens = (spec.batch or 1) * spec.n
     if not tokens:
         return b.unrecognised(present, f"no input of width d={d} among its call's inputs")
-    d_out = _ffn_output_width(b) if spec is None else None
+    # the width the down projection writes: an MLP that changes the width (a timestep embedder's 256 → d → d)
+    d_out = _own_linear_width(b, "ffn_down") if spec is None else None
     predicted = {"ffn_up": tokens * top_k * d * d_ff, "ffn_down": tokens * top_k * d_ff * (d_out or d)}
     if gated:
         predicted["ffn_gate"] = tokens * top_k * d * d_ff
@@ -603,13 +604,6 @@ def _tokens_of(calls: list[InputShapes], width: int) -> int:
     """Tokens (batch x length) of the block's query inputs of this width, summed over its calls."""
     found = (_batch_and_length(shapes, width, QUERY_INPUTS) for shapes in calls)
     return sum(t[0] * t[1] for t in found if t is not None)
-
-
-def _ffn_output_width(b: _Block) -> int | None:
-    """The width the down projection writes, from its declared weight where it is one linear layer: an MLP that
-    changes the width (a timestep embedder's 256 → d → d) writes d_out ≠ d."""
-    downs = b.role_modules.get("ffn_down", set())
-    return b.facts.declared(LINEAR_OUT, list(downs), config=False) if len(downs) == 1 else None
 
 
 def _ffn_widths(b: _Block, gated: bool) -> tuple[int | None, int | None, str]:
