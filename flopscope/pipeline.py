@@ -30,7 +30,7 @@ import functools
 import inspect
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,7 +44,7 @@ from .errors import ConfigurationError, NotAModuleError
 from .formulas.registry import FormulaRegistry
 from .profile import Profile
 from .role import ROLE_ORDER
-from .runner import BLOCK_MODES, CaptureOptions, Session
+from .runner import BLOCK_MODES, CaptureOptions, Session, paused_gc
 
 GUIDANCE = ("none", "batch", "passes")
 """How a step applies classifier-free guidance: not at all (one call on the latents' batch), by batch (one call on
@@ -89,12 +89,15 @@ class PipelineProfile:
     which here are the denoising steps. :attr:`output` is what the pipeline returned."""
 
     def __init__(self, profile: Profile, components: Sequence[str], denoisers: Sequence[str],
-                 steps: Sequence[DenoisingStep], output: Any) -> None:
+                 steps: Sequence[DenoisingStep], output: Any, reuse: Sequence[str] = ()) -> None:
         self.profile = profile
         self.components = tuple(components)
         self.denoisers = tuple(denoisers)
         self._steps = tuple(steps)
         self.output = output
+        self.reuse = tuple(reuse)
+        """How repeated calls were counted: per component, the calls replayed from an earlier call's records, or
+        why its calls were captured again (:mod:`flopscope.capture.replay`); empty without reuse."""
 
     def __getattr__(self, name: str) -> Any:  # only called for names this object lacks
         if name.startswith("_"):
@@ -153,7 +156,7 @@ class PipelineProfile:
 
 
 def profile_pipeline(pipe: Any, *, mode: str = "fake", registry: FormulaRegistry | None = None,
-                     roles: Sequence[RoleRule] = (), **call_kwargs: Any) -> PipelineProfile:
+                     roles: Sequence[RoleRule] = (), reuse: bool = True, **call_kwargs: Any) -> PipelineProfile:
     """Run ``pipe(**call_kwargs)`` once (a diffusers ``DiffusionPipeline``, or any object with ``components`` and a
     ``scheduler``) and count every multiply of its components: see the module docstring.
 
@@ -161,6 +164,10 @@ def profile_pipeline(pipe: Any, *, mode: str = "fake", registry: FormulaRegistry
         pipe: the pipeline; built from configs on ``device="meta"`` is fine in fake mode.
         mode: ``"fake"`` (default: nothing computed in the components, no weights needed) or ``"real"``.
         registry, roles: as :func:`flopscope.profile`.
+        reuse: in fake mode, a call of a component whose records are provably those of an earlier call (the same
+            inputs' shapes and plain arguments, no value read: the denoiser at every step after the first) is
+            replayed from them, not run again (:mod:`flopscope.capture.replay`); ``False`` runs every call. The
+            counts are the same; :attr:`PipelineProfile.reuse` says what was replayed.
         call_kwargs: the pipeline call's arguments (``prompt`` or ``prompt_embeds``, ``num_inference_steps``,
             ``guidance_scale``, ``height``, ``width``, ``num_frames``, ...). In fake mode ``output_type`` defaults to
             ``"pt"`` where the call takes one.
@@ -179,16 +186,21 @@ def profile_pipeline(pipe: Any, *, mode: str = "fake", registry: FormulaRegistry
         if not marks:
             begun[0] = session.calls_by_path()
 
+    notes: list[str] = []
     with _pipeline_kept(pipe):
         session.start()
         try:
-            with _marking_steps(scheduler, start,
-                                lambda sample: marks.append((session.calls_by_path(), _batch(sample)))):
+            with ExitStack() as stack:
+                stack.enter_context(_marking_steps(
+                    scheduler, start, lambda sample: marks.append((session.calls_by_path(), _batch(sample)))))
+                replayer = stack.enter_context(session.replaying(modules)) if reuse and mode == "fake" else None
+                stack.enter_context(paused_gc())
                 output = pipe(**call_kwargs)
+                notes = replayer.notes() if replayer is not None else []
         finally:
             prof = session.finish(stacklevel=3)
     steps, denoisers = _steps(prof, list(modules), begun[0], marks)
-    return PipelineProfile(prof, list(modules), denoisers, steps, output)
+    return PipelineProfile(prof, list(modules), denoisers, steps, output, notes)
 
 
 def _module_components(pipe: Any) -> dict[str, nn.Module]:

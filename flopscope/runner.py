@@ -24,7 +24,7 @@ import threading
 import warnings
 import weakref
 from collections import Counter
-from collections.abc import Callable, Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from typing import Any, cast
@@ -68,6 +68,7 @@ from .capture.recorder import (
     from_known_data,
 )
 from .capture.records import Capture, LeafKind, LeafName, op_name
+from .capture.replay import CallReplayer
 from .capture.state import ModelSnapshot
 from .errors import (
     ConfigurationError,
@@ -348,6 +349,15 @@ class Session:
             self._stack.close()
             raise
         self._tracker, self._recorder = tracker, recorder
+
+    @contextmanager
+    def replaying(self, modules: Mapping[str, nn.Module]) -> Iterator[CallReplayer]:
+        """Inside the started block, on fake tensors, a call of one of ``modules`` whose records are provably an
+        earlier call's is replayed from them, not run (:mod:`flopscope.capture.replay`)."""
+        if self._recorder is None or self._tracker is None:
+            raise ConfigurationError("the profiler block was never entered")
+        with CallReplayer(self._recorder, self._tracker).wrapping(modules) as replayer:
+            yield replayer
 
     def calls_by_path(self) -> Counter[str]:
         """Calls of each module path so far in the block (a copy: ``{"unet": 3, "unet.conv_in": 3, ...}``)."""

@@ -99,6 +99,21 @@ class _OpClass:
 _OP_TYPES = (torch._ops.OpOverload, torch._ops.HigherOrderOperator)
 
 
+@dataclass
+class Window:
+    """A call being watched (:meth:`Recorder.watching`): its records start at ``start`` in :attr:`Recorder.ops`;
+    ``storages``: the storages the ops recorded since allocated (views excluded); ``outside_writes``: writes since to
+    a storage not among them (an input's, a parameter's, a cache's made before the call)."""
+
+    start: int
+    storages: set[int] = dataclasses.field(default_factory=set)
+    outside_writes: int = 0
+
+    def allocated(self, t: torch.Tensor) -> bool:
+        """Whether ``t``'s storage was allocated by an op recorded in the window."""
+        return _storage_of(t) in self.storages
+
+
 def _classify(func: Any, registry: FormulaRegistry) -> _OpClass:
     if func in elementwise.METADATA_OPS or not isinstance(func, _OP_TYPES):
         return _PASSED
@@ -204,9 +219,24 @@ class Recorder(TorchDispatchMode):
         self.on_lift: Callable[[torch.Tensor], None] | None = None
         self.on_constant: Callable[[torch.Tensor], None] | None = None
         self.outside_work: list[Any] = []  # what flopscope.capture.undispatched found (OutsideWork)
+        # fake mode: values of tensors read where they decide what runs or what it costs (a scalar read, an output
+        # made from known values, a formula or an index check reading them): flopscope.capture.replay refuses a
+        # call that read any
+        self.value_reads = 0
+        self.windows: list[Window] = []  # calls being watched for flopscope.capture.replay (innermost last)
 
     def add_leaf_names(self, leaf_names: Mapping[int, LeafName]) -> None:
         self.leaf_names.update(leaf_names)
+
+    @contextmanager
+    def watching(self) -> Iterator[Window]:
+        """Watch the ops recorded inside the block (:class:`Window`): what they allocate and where they write."""
+        window = Window(len(self.ops))
+        self.windows.append(window)
+        try:
+            yield window
+        finally:
+            self.windows.remove(window)
 
     @contextmanager
     def backward_pass(self) -> Iterator[None]:
@@ -310,6 +340,7 @@ class Recorder(TorchDispatchMode):
             if self.fake and known.checked:
                 self._check_as_the_real_kernel(func, args, known.spec)
             if self.fake and func in _SCALAR_READS:  # .item() / .tolist() / int(t) of a tensor with known values
+                self.value_reads += 1
                 value = self.value_of(args[0])
                 if value is not None and value.numel() == 1:
                     with _disable_current_modes():  # real values: no fake mode below may take them
@@ -319,6 +350,7 @@ class Recorder(TorchDispatchMode):
             if self.fake and needs_real_data(error) is not None and isinstance(func, torch._ops.OpOverload):
                 known_out = self._propagate(func, args, kwargs, known.cost)
                 if isinstance(known_out, torch.Tensor):  # its data was known: the output the values make
+                    self.value_reads += 1
                     return self._stand_in(known_out)
             maker = FAKE_SHAPE_RULES.get(_packet(func)) if self.fake else None
             if maker is None:
@@ -350,6 +382,7 @@ class Recorder(TorchDispatchMode):
             if values is None:
                 self.unchecked_lookups += 1
             elif values.numel():
+                self.value_reads += 1
                 with _disable_current_modes():  # real values: no fake mode below may take them
                     low, high = int(values.min()), int(values.max())
                 if high < rows and low >= 0:
@@ -393,6 +426,49 @@ class Recorder(TorchDispatchMode):
         storage = _storage_of(t)
         return any(seen is not None and _storage_of(seen) == storage
                    for seen in (ref() for ref, _ in list(self._producers.values())))
+
+    def read_value(self, t: torch.Tensor) -> torch.Tensor | None:
+        """:meth:`value_of`, counted in :attr:`value_reads` when known (what runs, or what it costs, depends on it)."""
+        value = self.value_of(t)
+        if value is not None:
+            self.value_reads += 1
+        return value
+
+    def record_of(self, t: torch.Tensor) -> CapturedOp:
+        """The record of ``t``'s value now (what an op taking ``t`` takes as its argument): its producer, a version
+        record after a write to its storage, or a new leaf for a tensor the run has not seen."""
+        found = self._producers.get(id(t))
+        return self._current(t, found[1]) if found is not None and found[0]() is t else self._leaf_of(t)
+
+    def values_known(self, t: torch.Tensor) -> bool:
+        """Whether the run knows ``t``'s values (an input's, a small real tensor's, what propagated to it): what a
+        record of it carries."""
+        if self.value_of(t) is not None:
+            return True
+        found = self._producers.get(id(t))
+        if found is not None and found[0]() is t:
+            return found[1].value is not None
+        kind = self.leaf_names[id(t)].kind if id(t) in self.leaf_names else LeafKind.CONSTANT
+        return _small_index_value(t) is not None or _scalar_constant(t, kind) is not None
+
+    def made_at(self, op: CapturedOp) -> int:
+        """The position in :attr:`ops` at which ``op``'s tensor was made (-1 for a parameter, buffer or input)."""
+        return self._made_at.get(id(op), -1)
+
+    def add_records(self, ops: Sequence[CapturedOp]) -> None:
+        """Append ``ops``, records made outside :meth:`__torch_dispatch__` (:mod:`flopscope.capture.replay`)."""
+        start = len(self.ops)
+        self._made_at.update((id(op), start + i) for i, op in enumerate(ops))
+        self.ops.extend(ops)
+
+    def set_producer(self, t: torch.Tensor, op: CapturedOp) -> None:
+        """``op`` is the record of ``t``'s value (a tensor made outside :meth:`__torch_dispatch__`)."""
+        self._producers[id(t)] = (weakref.ref(t), op)
+
+    def leaves_alive(self, ops: Sequence[CapturedOp]) -> set[int]:
+        """``id(record)`` of the leaves among ``ops`` whose tensors are alive (held by the model or the caller)."""
+        wanted = {id(op) for op in ops if op.node_op != "call_function"}
+        return {id(op) for ref, op in list(self._producers.values()) if id(op) in wanted and ref() is not None}
 
     def value_of(self, t: torch.Tensor) -> torch.Tensor | None:
         """The known values of an index tensor (an input's real values, or what propagated to it)."""
@@ -518,7 +594,11 @@ class Recorder(TorchDispatchMode):
         if not isinstance(func, torch._ops.OpOverload):
             return
         for t in self._written_tensors(func, args, kwargs):
-            self._last_write[_storage_of(t)] = (len(self.ops), op)
+            storage = _storage_of(t)
+            self._last_write[storage] = (len(self.ops), op)
+            for window in self.windows:
+                if storage not in window.storages:
+                    window.outside_writes += 1
 
     def _current(self, t: torch.Tensor, producer: CapturedOp) -> CapturedOp:
         """The record of ``t``'s value now: ``producer``, or a version record (:func:`after_write`) when an op
@@ -582,8 +662,7 @@ class Recorder(TorchDispatchMode):
         def to_op(t: torch.Tensor) -> CapturedOp:
             shapes.append(shape_of(t))
             inputs.append(t)
-            found = producers.get(id(t))
-            return self._current(t, found[1]) if found is not None and found[0]() is t else self._leaf_of(t)
+            return self.record_of(t)
 
         phase = FORWARD if not self._backward else RECOMPUTE if torch.is_grad_enabled() else BACKWARD
         op = CapturedOp("call_function", func, _map_tensors(args, to_op), _map_tensors(kwargs, to_op) if kwargs else {},
@@ -628,6 +707,9 @@ class Recorder(TorchDispatchMode):
                 if values is not None:
                     self._known[id(getter)] = values[i]
         results = [out] if isinstance(out, torch.Tensor) else _tensors(out)
+        if self.windows and not getattr(func, "is_view", False):
+            for window in self.windows:
+                window.storages.update(_storage_of(t) for t in results)
         op.bytes = traffic.bytes_moved(known.access, inputs, results)
         if known.collective is not None:
             op.collective = (known.collective, collectives.message_bytes(func, args, kwargs, results),
@@ -639,7 +721,7 @@ class Recorder(TorchDispatchMode):
                 if isinstance(size, int) and size > self.largest_out:
                     self.largest_out = size
         if known.spec is not None:
-            macs = formulas.count(known.spec.formula, args, kwargs, _first_shape(out), values=self.value_of)
+            macs = formulas.count(known.spec.formula, args, kwargs, _first_shape(out), values=self.read_value)
             if isinstance(macs, formulas.UpperBound):
                 self.upper_bounds[op_name(func)] += 1
             op.macs = formulas.total_of(macs)
@@ -707,6 +789,7 @@ def from_known_data(original: Callable[..., Any]) -> Callable[..., Any]:
         if recorder is None or known is None:
             return original(data, *args, **kwargs)
         out = original(known, *args, **kwargs)
+        recorder.value_reads += 1
         if isinstance(out, torch.Tensor) and out.dtype in INDEX_DTYPES:
             with _disable_current_modes():
                 recorder.learn(out, original(known, dtype=out.dtype))

@@ -1,0 +1,434 @@
+"""Repeated calls counted once: on fake tensors, a call of a module whose records are provably those of an earlier
+call is not run again; its records are copies of the earlier call's, moved to its own module calls.
+
+On fake tensors (and meta) nothing is computed, so what a call records is decided by what it is given and what it
+reads, not by its data: the module (its code, its submodules, their parameters and plain attributes), the structure
+of its arguments, each tensor argument's shape, strides, dtype, device and whether its values are known, every
+non-tensor argument's value, and the values it reads. :class:`CallReplayer` runs the first call of each **key**
+(everything but the values read) for real, watching it (:meth:`~flopscope.capture.recorder.Recorder.watching`), and
+keeps its records as a :class:`CallTemplate` when they are provably the same for every call of that key:
+
+- it read no value (:attr:`~flopscope.capture.recorder.Recorder.value_reads`: no ``.item()``, no output made from
+  known values, no formula or index check reading them): values are not part of the key, so a call reading them could
+  differ with them;
+- it wrote nothing it did not allocate (an input, a parameter, a cache made before it): the next call would see the
+  write;
+- its outputs are tensors it allocated (no input or parameter handed back), none sharing storage with another, none
+  with known values, and plain values (numbers, strings, ``None``);
+- grad mode is off and autocast is off (no autograd graph to build), the module and its submodules carry no hooks of
+  their own and no instance-level ``forward`` (offloading, caching hooks: state the key cannot see), and no parameter
+  appeared during the call.
+
+A later call of the same key is then **replayed**: each record of the template is copied with its arguments mapped
+(the template's inputs to this call's, its parameters kept), its module calls renumbered after the calls made so
+far, and its outputs are new fake tensors of the same sizes, strides and dtypes, produced by the copied records. The
+capture is the same as running the call again (the same ops, shapes, MACs, module calls and dataflow): only the
+order in which the call's inputs first appear as leaves may differ. A call whose key has no template (refused, with
+the reason in :attr:`CallReplayer.refused`) is captured again every time.
+
+What the key cannot see: state a module keeps outside its own attributes (a mutable object's contents, a global) and
+values of real inputs read outside the ATen dispatcher (``.tolist()``, ``.numpy()``). Such a module is profiled with
+reuse off (``profile_pipeline(..., reuse=False)``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import functools
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils import _pytree as pytree
+
+from ..formulas.registry import shape_of
+from .module_tracker import ModuleCall, ModuleTracker
+from .recorder import Recorder, Window
+from .records import CapturedOp, LeafKind, _map_records
+
+_PLAIN = (type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.device, torch.layout,
+          torch.memory_format, enum.Enum)
+"""Non-tensor values a key holds by value (immutable); anything else is held by identity, or refused as an argument."""
+_MAX_PLAIN_ITEMS = 64  # a longer list / tuple / dict attribute is held by identity
+_MODULE_INTERNALS = frozenset(vars(nn.Module()))
+"""The attributes every module has (its tables of parameters, buffers, submodules and hooks, ``training``): a key
+reads the tables and ``training`` itself, and refuses hooks, so only a module's own attributes are held."""
+
+
+class _Refused(Exception):  # noqa: N818  (a reason, not an error: caught here)
+    """Why a call's records cannot be reused."""
+
+
+@dataclass
+class _Counts:
+    """The recorder's tallies that a call adds to (a replay adds the same)."""
+
+    unsupported: Counter[str]
+    decomposed: Counter[str]
+    upper_bounds: Counter[str]
+    unchecked_lookups: int
+    undeclared_kernels: frozenset[str]
+    value_reads: int
+    late_parameters: int
+
+    @classmethod
+    def of(cls, recorder: Recorder) -> _Counts:
+        return cls(Counter(recorder.unsupported), Counter(recorder.decomposed), Counter(recorder.upper_bounds),
+                   recorder.unchecked_lookups, frozenset(recorder.undeclared_kernels), recorder.value_reads,
+                   recorder._late_parameters)
+
+    def since(self, before: _Counts) -> _Counts:
+        return _Counts(self.unsupported - before.unsupported, self.decomposed - before.decomposed,
+                       self.upper_bounds - before.upper_bounds, self.unchecked_lookups - before.unchecked_lookups,
+                       self.undeclared_kernels - before.undeclared_kernels, self.value_reads - before.value_reads,
+                       self.late_parameters - before.late_parameters)
+
+    def add_to(self, recorder: Recorder) -> None:
+        recorder.unsupported.update(self.unsupported)
+        recorder.decomposed.update(self.decomposed)
+        recorder.upper_bounds.update(self.upper_bounds)
+        recorder.unchecked_lookups += self.unchecked_lookups
+        recorder.undeclared_kernels.update(self.undeclared_kernels)
+
+
+_HEAD = ("node_op", "target", "args", "kwargs", "name", "phase", "module_stack")
+_REST = tuple(f.name for f in dataclasses.fields(CapturedOp))[len(_HEAD):]
+_REST = _REST[:_REST.index("index")]  # (the dataflow's fields are set when the capture is linked)
+assert tuple(f.name for f in dataclasses.fields(CapturedOp))[:len(_HEAD)] == _HEAD
+
+
+@dataclass(frozen=True, slots=True)
+class _Copy:
+    """One record of a template: ``records_at`` the positions in its ``args`` that hold records (``(-1,)``: some
+    inside lists or dicts), ``None`` for the leaf of an input (mapped to the replayed call's, not copied);
+    ``kwargs_records``: its ``kwargs`` hold records; ``stack_at``: its module stack's position among the template's;
+    ``rest`` its fields after ``module_stack``, as a copy takes them."""
+
+    op: CapturedOp
+    records_at: tuple[int, ...] | None
+    kwargs_records: bool = False
+    stack_at: int = 0
+    rest: tuple[Any, ...] = ()
+
+    @classmethod
+    def of(cls, op: CapturedOp, stack_at: int) -> _Copy:
+        at = tuple(i for i, a in enumerate(op.args) if isinstance(a, CapturedOp))
+        nested = any(isinstance(a, (list, tuple, dict)) for a in op.args)
+        found: list[CapturedOp] = []
+        _map_records(op.kwargs, found.append)
+        return cls(op, (-1,) if nested else at, bool(found), stack_at, tuple(getattr(op, name) for name in _REST))
+
+
+@dataclass
+class CallTemplate:
+    """The records of one call of a module, ready to be copied into a later call of the same key."""
+
+    path: str  # the module's path
+    plan: list[_Copy]  # the records the call made that a replay copies or maps, in order
+    stacks: list[tuple[ModuleCall, ...]]  # the module stacks of its records (_Copy.stack_at)
+    inputs: dict[int, int]  # id(record) of a tensor argument's value -> its position among the tensor arguments
+    stack: tuple[ModuleCall, ...]  # the module calls running when the call ran (its own last)
+    calls_before: Counter[str]  # calls of each path when the call began (its own counted)
+    inner_calls: Counter[str]  # calls of each path inside the call
+    module_inputs: dict[ModuleCall, tuple[tuple[int | str, tuple[int, ...]], ...]]  # of the calls inside it
+    outputs: list[Any]  # the output's leaves: a tensor's record (its values made anew), or a plain value
+    output_tensors: list[torch.Tensor | None]  # the output's tensors (sizes, strides, dtypes to make anew)
+    output_spec: pytree.TreeSpec
+    counts: _Counts  # what the call added to the recorder's tallies
+    largest_out: int  # bytes of the largest tensor the call made
+    replays: int = 0
+
+
+@dataclass
+class CallReplayer:
+    """Replays repeated calls of the wrapped modules (:meth:`wrapping`) into ``recorder``'s capture; see the module
+    docstring. :attr:`replayed` and :attr:`captured` count calls per module path, :attr:`refused` the reasons a
+    call's key got no template (each reason once per key)."""
+
+    recorder: Recorder
+    tracker: ModuleTracker
+    replayed: Counter[str] = field(default_factory=Counter)
+    captured: Counter[str] = field(default_factory=Counter)
+    refused: dict[str, list[str]] = field(default_factory=dict)
+    _templates: dict[Any, CallTemplate | str] = field(default_factory=dict)
+
+    @contextmanager
+    def wrapping(self, modules: Mapping[str, nn.Module]) -> Iterator[CallReplayer]:
+        """For the block, each module's ``forward`` replays calls whose key has a template (a wrapper set on the
+        instance, removed afterwards; a module with an instance-level ``forward`` already is not wrapped)."""
+        with ExitStack() as stack:
+            for path, module in modules.items():
+                if "forward" in vars(module):
+                    self.refused.setdefault(path, []).append(
+                        "its forward is replaced on the instance (a hook: offloading, caching), state a key cannot "
+                        "see")
+                    continue
+                module.forward = self._wrapped(path, module, module.forward)
+                stack.callback(vars(module).pop, "forward", None)
+            yield self
+
+    def notes(self) -> list[str]:
+        """One line per module whose calls were replayed or refused."""
+        lines = []
+        for path in sorted(set(self.replayed) | set(self.captured) | set(self.refused)):
+            replayed, captured = self.replayed[path], self.captured[path]
+            if replayed:
+                lines.append(f"{path}: {replayed} of {replayed + captured} calls replayed from an earlier call of the "
+                             "same inputs' shapes (fake tensors: the same records)")
+            elif captured > 1 and path not in self.refused:
+                lines.append(f"{path}: {captured} calls, each captured (no two had the same inputs' shapes and plain "
+                             "arguments)")
+            for reason in dict.fromkeys(self.refused.get(path, ())):
+                lines.append(f"{path}: calls captured again each time: {reason}")
+        return lines
+
+    # ---------------------------------------------------------------------------------------------
+    def _wrapped(self, path: str, module: nn.Module, forward: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(forward)
+        def call(*args: Any, **kwargs: Any) -> Any:
+            try:
+                key, tensors = self._key(module, args, kwargs)
+            except _Refused as why:
+                self._refuse(path, None, str(why))
+                self.captured[path] += 1
+                return forward(*args, **kwargs)
+            template = self._templates.get(key)
+            if isinstance(template, CallTemplate):
+                self.replayed[path] += 1
+                return self._replay(template, tensors)
+            self.captured[path] += 1
+            if isinstance(template, str):
+                return forward(*args, **kwargs)
+            return self._first(path, key, forward, args, kwargs, tensors)
+
+        return call
+
+    def _refuse(self, path: str, key: Any, reason: str) -> None:
+        if key is not None:
+            self._templates[key] = reason
+        self.refused.setdefault(path, []).append(reason)
+
+    def _key(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+             ) -> tuple[Any, list[torch.Tensor]]:
+        """The key of a call, and its tensor arguments in order; raises :class:`_Refused` where a call's records
+        cannot be decided by a key."""
+        if not self.recorder.fake:
+            raise _Refused("a real run computes every call")
+        if torch.is_grad_enabled():
+            raise _Refused("grad mode is on (an autograd graph is built)")
+        if torch._C._is_any_autocast_enabled():
+            raise _Refused("autocast is on")
+        leaves, spec = pytree.tree_flatten((args, kwargs))
+        tensors: list[torch.Tensor] = []
+        storages: dict[int, int] = {}
+        described: list[Any] = []
+        for leaf in leaves:
+            if isinstance(leaf, torch.Tensor):
+                if not all(type(s) is int for s in (*leaf.shape, *leaf.stride())):
+                    raise _Refused("an argument has a symbolic size")
+                storage = _storage(leaf)
+                described.append((tuple(leaf.shape), leaf.stride(), leaf.dtype, leaf.device, leaf.requires_grad,
+                                  self.recorder.values_known(leaf), storages.setdefault(storage, len(tensors))))
+                tensors.append(leaf)
+            elif isinstance(leaf, _PLAIN):
+                described.append((type(leaf), leaf))
+            else:
+                raise _Refused(f"an argument is a {type(leaf).__name__} (only tensors and plain values are keyed)")
+        return (id(module), str(spec), tuple(described), _state(module)), tensors
+
+    def _first(self, path: str, key: Any, forward: Callable[..., Any], args: tuple[Any, ...],
+               kwargs: dict[str, Any], tensors: list[torch.Tensor]) -> Any:
+        """Run the call, watched; keep its records as the key's template if they are provably every call's."""
+        recorder, tracker = self.recorder, self.tracker
+        before = _Counts.of(recorder)
+        largest = recorder.largest_out
+        recorder.largest_out = 0
+        calls_before, stack = Counter(tracker.calls), tracker.stack
+        with recorder.watching() as window:
+            try:
+                out = forward(*args, **kwargs)
+            finally:
+                made_largest = recorder.largest_out
+                recorder.largest_out = max(largest, made_largest)
+            try:
+                outputs, output_tensors, spec = self._outputs(out, window)
+            except _Refused as why:
+                self._refuse(path, key, str(why))
+                return out
+        try:
+            template = self._template(path, window, tensors, stack, calls_before, _Counts.of(recorder).since(before),
+                                      outputs, output_tensors, spec, made_largest)
+        except _Refused as why:
+            self._refuse(path, key, str(why))
+        else:
+            self._templates[key] = template
+        return out
+
+    def _outputs(self, out: Any, window: Window) -> tuple[list[Any], list[torch.Tensor | None], pytree.TreeSpec]:
+        leaves, spec = pytree.tree_flatten(out)
+        records: list[Any] = []
+        tensors: list[torch.Tensor | None] = []
+        seen: set[int] = set()
+        for leaf in leaves:
+            if isinstance(leaf, torch.Tensor):
+                if not window.allocated(leaf):
+                    raise _Refused("it returns a tensor it did not allocate (an input, a parameter, a view of one)")
+                if _storage(leaf) in seen:
+                    raise _Refused("two of its outputs share storage")
+                seen.add(_storage(leaf))
+                if self.recorder.value_of(leaf) is not None:
+                    raise _Refused("an output's values are known (a later read of them would differ)")
+                if leaf.requires_grad:
+                    raise _Refused("an output requires grad")
+                records.append(self.recorder.record_of(leaf))  # (after a write to it: its version record)
+                tensors.append(leaf)
+            elif isinstance(leaf, _PLAIN):
+                records.append(leaf)
+                tensors.append(None)
+            else:
+                raise _Refused(f"it returns a {type(leaf).__name__} (only tensors and plain values are remade)")
+        return records, tensors, spec
+
+    def _template(self, path: str, window: Window, tensors: list[torch.Tensor], stack: tuple[ModuleCall, ...],
+                  calls_before: Counter[str], counts: _Counts, outputs: list[Any],
+                  output_tensors: list[torch.Tensor | None], spec: pytree.TreeSpec, largest: int) -> CallTemplate:
+        recorder, tracker = self.recorder, self.tracker
+        if counts.value_reads:
+            raise _Refused(f"it read the values of tensors {counts.value_reads} time(s) (what runs may depend on them)")
+        if window.outside_writes:
+            raise _Refused(f"it wrote {window.outside_writes} time(s) to storage it did not allocate (an input, a "
+                           "parameter, a cache)")
+        if counts.late_parameters:
+            raise _Refused("parameters appeared during the call")
+        records = recorder.ops[window.start:]
+        for op in records:
+            if op.node_op == "call_function" and op.module_stack[:len(stack)] != stack:
+                raise _Refused(f"a record ({op.op_name}) is outside the call's module calls")
+        inner = Counter(tracker.calls)
+        inner.subtract(calls_before)
+        inner = +inner
+        if path in inner:
+            raise _Refused("it calls itself")
+        module_inputs = {}
+        for name, n in inner.items():
+            for number in range(calls_before[name] + 1, calls_before[name] + n + 1):
+                call = ModuleCall(name, number)
+                if call in tracker.inputs:
+                    module_inputs[call] = tracker.inputs[call]
+        inputs: dict[int, int] = {}
+        for i, t in enumerate(tensors):
+            record = recorder.made_by(t)
+            if record is not None:
+                inputs.setdefault(id(record), i)
+        alive = recorder.leaves_alive(records)
+        fresh = {id(op) for op in records if op.node_op != "call_function" and op.leaf is LeafKind.CONSTANT
+                 and id(op) not in alive and id(op) not in inputs}
+        stacks: dict[tuple[ModuleCall, ...], int] = {}
+        plan = [_Copy(op, None) if id(op) in inputs else _Copy.of(op, stacks.setdefault(op.module_stack, len(stacks)))
+                for op in records if id(op) in inputs or op.node_op == "call_function" or id(op) in fresh]
+        return CallTemplate(path, plan, list(stacks), inputs, stack, calls_before, inner, module_inputs, outputs,
+                            output_tensors, spec, counts, largest)
+
+    def _replay(self, template: CallTemplate, tensors: list[torch.Tensor]) -> Any:
+        """Copy the template's records into this call; return its outputs, made anew."""
+        recorder, tracker = self.recorder, self.tracker
+        stack, depth = tracker.stack, len(template.stack)
+        offset = {name: tracker.calls[name] - template.calls_before[name] for name in template.inner_calls}
+        stacks = [frames and (*stack, *(ModuleCall(f.path, f.call + offset.get(f.path, 0)) for f in frames[depth:]))
+                  for frames in template.stacks]  # (a leaf's stack is empty)
+        mapped: dict[int, CapturedOp] = {}
+        clones: list[CapturedOp] = []
+
+        def new(record: CapturedOp) -> CapturedOp:
+            found = mapped.get(id(record))
+            if found is None:
+                position = template.inputs.get(id(record))
+                if position is None:
+                    return record  # a parameter, a buffer, a constant: the same in every call
+                found = mapped[id(record)] = recorder.record_of(tensors[position])
+            return found
+
+        for step in template.plan:  # (the hot loop of a replay: one pass, no call per record but the copy's)
+            op = step.op
+            at = step.records_at
+            if at is None:
+                new(op)  # (a leaf of this call's input, made where the template's was)
+                continue
+            args = op.args
+            if at:
+                if at[0] < 0:  # (records inside lists or dicts)
+                    args = _map_records(args, new)
+                else:
+                    listed = list(args)
+                    for i in at:
+                        record = listed[i]
+                        listed[i] = mapped.get(id(record)) or new(record)
+                    args = tuple(listed)
+            clone = CapturedOp(op.node_op, op.target, args,
+                               _map_records(op.kwargs, new) if step.kwargs_records else op.kwargs, op.name, op.phase,
+                               stacks[step.stack_at], *step.rest)
+            mapped[id(op)] = clone
+            clones.append(clone)
+        recorder.add_records(clones)
+        for name, n in template.inner_calls.items():
+            tracker.calls[name] += n
+        for call, shapes in template.module_inputs.items():
+            tracker.inputs[ModuleCall(call.path, call.call + offset[call.path])] = shapes
+        template.counts.add_to(recorder)
+        recorder.largest_out = max(recorder.largest_out, template.largest_out)
+        template.replays += 1
+        leaves = []
+        tracker.stack = ()  # (so that the recorder passes the allocations below: they are the copies' outputs)
+        try:
+            for value, like in zip(template.outputs, template.output_tensors, strict=True):
+                if like is None:
+                    leaves.append(value)
+                    continue
+                made = like.new_empty_strided(like.shape, like.stride())
+                recorder.set_producer(made, mapped.get(id(value), value))
+                leaves.append(made)
+        finally:
+            tracker.stack = stack
+        return pytree.tree_unflatten(leaves, template.output_spec)
+
+
+def _storage(t: torch.Tensor) -> int:
+    try:
+        return int(t.untyped_storage()._cdata)
+    except (RuntimeError, NotImplementedError):
+        return id(t)
+
+
+def _state(module: nn.Module) -> tuple[Any, ...]:
+    """What a call of ``module`` can read of its modules' state, by value where immutable, else by identity:
+    each submodule's identity, mode, parameters and buffers (identity, shape, dtype) and plain attributes. Raises
+    :class:`_Refused` for a submodule with hooks of its own or an instance-level ``forward``."""
+    state: list[Any] = []
+    for m in module.modules():
+        own = vars(m)
+        if m._forward_hooks or m._forward_pre_hooks or (m is not module and "forward" in own):
+            raise _Refused(f"{type(m).__name__} inside it has hooks of its own (state a key cannot see)")
+        tensors = tuple((name, id(t), tuple(t.shape), t.dtype) if t is not None else (name, None)
+                        for table in (m._parameters, m._buffers) for name, t in table.items())
+        plain = tuple((name, _held(value)) for name, value in own.items()
+                      if name not in _MODULE_INTERNALS and name != "forward")
+        state.append((id(m), m.training, tensors, plain))
+    return tuple(state)
+
+
+def _held(value: Any) -> Any:
+    """``value`` as a key holds it: plain values and short containers of them by value, anything else by identity."""
+    if isinstance(value, _PLAIN):
+        return value
+    if isinstance(value, (tuple, list)) and len(value) <= _MAX_PLAIN_ITEMS:
+        return (type(value), tuple(_held(v) for v in value))
+    if isinstance(value, dict) and len(value) <= _MAX_PLAIN_ITEMS:
+        return (dict, tuple((_held(k), _held(v)) for k, v in value.items()))
+    if isinstance(value, torch.Tensor):
+        return (torch.Tensor, id(value), shape_of(value))
+    return ("id", id(value))

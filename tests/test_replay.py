@@ -1,0 +1,218 @@
+"""Repeated calls counted once (``flopscope.capture.replay``): a call whose key (module state, argument shapes and plain
+values) was seen before is replayed from the first call's records, and the capture is the same as running it again
+(every record, module call and count); a call whose records could differ with the same key (it reads values, writes an
+input, hands back an input) is refused and captured again each time."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+import flopscope
+from flopscope.capture.records import link
+
+D = 16
+
+
+class Net(nn.Module):
+    """Two linear layers (D -> 2D -> D) around a GELU; ``extra`` adds a third product (a plain attribute the key
+    reads)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.up, self.down = nn.Linear(D, 2 * D), nn.Linear(2 * D, D)
+        self.extra = False
+
+    def forward(self, x: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
+        y = self.down(torch.nn.functional.gelu(self.up(x))) * scale
+        return y @ self.down.weight @ self.up.weight if self.extra else y
+
+
+class Prefix(nn.Module):
+    """Multiplies the first ``k`` rows only, ``k`` read from a small integer input (its values are known)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(D, D, bias=False)
+
+    def forward(self, x: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+        return self.proj(x[:, : int(k.item())])
+
+
+class InPlace(nn.Module):
+    """Adds its projection into its input (a write to storage the call did not allocate), then projects it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(D, D, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x.add_(self.proj(x))
+        return self.proj(x)
+
+
+class Loop:
+    """The smallest pipeline: ``components`` and a call running ``net`` once per entry of ``calls`` (arguments of
+    each call), feeding each output to the next call where ``chain``."""
+
+    def __init__(self, net: nn.Module) -> None:
+        self.net = net
+        self.components = {"net": net}
+        self.scheduler = None
+
+    def __call__(self, calls: list[tuple], chain: bool = False) -> list:
+        outputs, previous = [], None
+        for args in calls:
+            if chain and previous is not None:
+                args = (previous, *args[1:])
+            previous = self.net(*args)
+            outputs.append(previous)
+        return outputs
+
+
+def count(pipe, reuse: bool, **call) -> flopscope.PipelineProfile:
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return flopscope.profile_pipeline(pipe, reuse=reuse, **call)
+
+
+def records(prof) -> list:
+    """Every op record of the capture as what a count reads of it (op, module calls, shapes, MACs) and its dataflow:
+    each input as the position of the op record that made it, or as a leaf (its kind, name and shape). (A replay may
+    record the leaf of an input earlier than a run would: leaves are compared by what they are, not where.)"""
+    link(prof.profile._ops)
+    ops = [op for op in prof.profile._ops if op.node_op == "call_function"]
+    at = {id(op): i for i, op in enumerate(ops)}
+
+    def source(op) -> tuple:
+        return ("op", at[id(op)]) if id(op) in at else ("leaf", op.leaf, op.target, op.output_shapes)
+
+    return [(op.op_name, op.module_stack, op.input_shapes, op.output_shapes, op.macs, op.parts, op.elementwise,
+             op.phase, tuple(source(i) for i in op.inputs)) for op in ops]
+
+
+def assert_same_capture(reused, captured) -> None:
+    """Reuse and recapture agree on every record, its dataflow, every module call and every count."""
+    assert records(reused) == records(captured)
+    assert reused.total() == captured.total()
+    assert reused.by_role() == captured.by_role()
+    assert reused.by_module() == captured.by_module()
+    assert reused.profile._capture.module_inputs == captured.profile._capture.module_inputs
+    assert reused.profile._capture.module_calls == captured.profile._capture.module_calls
+
+
+def test_calls_of_one_key_are_replayed_and_count_as_captured():
+    """Four calls on (3, 8, D) inputs, chained (each on the previous output, a fake tensor after the first): the first
+    is captured, the other three replayed; each call is up + down at 3·8 positions."""
+    x = torch.randn(3, 8, D)
+    pipe = Loop(Net())
+    reused, captured = (count(pipe, reuse, calls=[(x,)] * 4, chain=True) for reuse in (True, False))
+    per_call = 3 * 8 * (D * 2 * D + 2 * D * D)
+    assert reused.total() == 4 * per_call
+    assert_same_capture(reused, captured)
+    assert reused.reuse == ("net: 3 of 4 calls replayed from an earlier call of the same inputs' shapes (fake tensors: "
+                            "the same records)",)
+    assert captured.reuse == ()
+    assert pipe.net.up.weight.device.type == "cpu" and "forward" not in vars(pipe.net)  # the wrapper is gone
+
+
+def test_a_new_shape_or_plain_argument_or_attribute_is_a_new_key():
+    """Another batch, another plain argument (scale), or a changed attribute (extra: a third product) is captured; a
+    repeat of any of them is replayed."""
+    net = Net()
+    pipe = Loop(net)
+    a, b = torch.randn(1, 8, D), torch.randn(2, 8, D)
+    calls = [(a,), (b,), (a, 0.5), (a,), (b,), (a, 0.5)]
+    reused, captured = (count(pipe, reuse, calls=calls) for reuse in (True, False))
+    assert_same_capture(reused, captured)
+    assert "3 of 6 calls replayed" in reused.reuse[0]
+    per_token = D * 2 * D + 2 * D * D
+    assert reused.total() == 2 * (8 + 16 + 8) * per_token
+
+    class Toggle(Loop):
+        def __call__(self, calls: list[tuple], chain: bool = False) -> list:
+            out = super().__call__(calls[:2])
+            self.net.extra = True
+            try:
+                return out + super().__call__(calls[2:])
+            finally:
+                self.net.extra = False
+
+    toggled = count(Toggle(net), True, calls=[(a,)] * 4)
+    extra = 8 * (D * 2 * D + 2 * D * D)  # y @ down.weight (D -> 2D) @ up.weight (2D -> D) at 8 positions
+    assert toggled.total() == 4 * 8 * per_token + 2 * extra
+    assert "2 of 4 calls replayed" in toggled.reuse[0]
+
+
+def test_a_call_that_reads_values_is_captured_every_time():
+    """Prefix reads k (known values: a small integer input) to choose how many rows it multiplies: the same key
+    with k = 2 then 5 must count 2 then 5 rows, so the call is refused, never replayed."""
+    x = torch.randn(1, 8, D)
+    pipe = Loop(Prefix())
+    calls = [(x, torch.tensor(2)), (x, torch.tensor(5))]
+    reused, captured = (count(pipe, reuse, calls=calls) for reuse in (True, False))
+    assert reused.total() == (2 + 5) * D * D
+    assert_same_capture(reused, captured)
+    assert reused.reuse == ("net: calls captured again each time: it read the values of tensors 1 time(s) (what runs "
+                            "may depend on them)",)
+
+
+def test_a_call_that_writes_its_input_is_captured_every_time():
+    x = torch.randn(1, 8, D)
+    pipe = Loop(InPlace())
+    reused = count(pipe, True, calls=[(x.clone(),), (x.clone(),)])
+    assert reused.total() == 2 * 2 * 8 * D * D
+    assert reused.reuse == ("net: calls captured again each time: it wrote 1 time(s) to storage it did not allocate "
+                            "(an input, a parameter, a cache)",)
+
+
+def test_a_call_that_hands_back_its_input_is_captured_every_time():
+    pipe = Loop(nn.Identity())
+    reused = count(pipe, True, calls=[(torch.randn(2, D),)] * 2)
+    assert reused.total() == 0
+    assert reused.reuse == ("net: calls captured again each time: it returns a tensor it did not allocate (an input, a "
+                            "parameter, a view of one)",)
+
+
+def test_a_module_with_its_own_hooks_is_not_replayed():
+    net = Net()
+    handle = net.up.register_forward_hook(lambda module, args, out: None)
+    try:
+        reused = count(Loop(net), True, calls=[(torch.randn(1, 8, D),)] * 2)
+    finally:
+        handle.remove()
+    assert reused.total() == 2 * 8 * (D * 2 * D + 2 * D * D)
+    assert any("hooks of its own" in line for line in reused.reuse)
+
+
+@pytest.mark.parametrize("name", ["sd", "flux", "wan"])
+def test_diffusion_pipelines_replay_their_denoiser(name):
+    """Every step's denoiser call after the first is replayed (Flux: true CFG's second pass too; Wan: both passes;
+    SD: one call per step, the timestep a view at another offset each step), and the capture is the one every call
+    makes when run."""
+    diffusers = pytest.importorskip("diffusers")
+    from test_pipeline import D_TEXT, TEXT, flux, sd_components, wan
+    torch.manual_seed(0)
+    steps = 3
+    if name == "sd":
+        text = torch.randn(1, TEXT, D_TEXT)
+        make, call, denoiser, calls = (lambda: diffusers.StableDiffusionPipeline(tokenizer=None, **sd_components()),
+                                       dict(prompt_embeds=text, negative_prompt_embeds=text), "unet", steps)
+    elif name == "flux":
+        text, pooled = torch.randn(1, 8, D_TEXT), torch.randn(1, D_TEXT)
+        make, call, denoiser, calls = flux, dict(prompt_embeds=text, pooled_prompt_embeds=pooled,
+                                                 negative_prompt_embeds=text, negative_pooled_prompt_embeds=pooled,
+                                                 true_cfg_scale=2.0), "transformer", 2 * steps
+    else:
+        text = torch.randn(1, 8, D_TEXT)
+        make, call, denoiser, calls = wan, dict(prompt_embeds=text, negative_prompt_embeds=text, num_frames=9,
+                                                guidance_scale=5.0), "transformer", 2 * steps
+    reused, captured = (count(make(), reuse, num_inference_steps=steps, height=32, width=32, **call)
+                        for reuse in (True, False))
+    assert_same_capture(reused, captured)
+    assert [s.macs for s in reused.steps()] == [s.macs for s in captured.steps()]
+    assert reused.reuse == (f"{denoiser}: {calls - 1} of {calls} calls replayed from an earlier call of the same "
+                            "inputs' shapes (fake tensors: the same records)",)
