@@ -1,11 +1,16 @@
-"""Whole diffusion pipelines counted on meta: Flux.1-dev (12 B transformer, T5-XXL and CLIP-L text encoders, the
-16-channel VAE) at 1024², 28 steps, guidance 3.5 (guidance-distilled: one transformer pass per step), built from
-configs written here (the published shapes; no download, no weights), with the time and the peak memory of the count.
+"""Whole diffusion pipelines counted on meta, built from configs written here (the published shapes; no download, no
+weights), with the time and the peak memory of the count:
 
-    python benchmarks/pipeline_count.py [--steps 28] [--size 1024]
+- ``flux``: Flux.1-dev (12 B transformer, T5-XXL and CLIP-L text encoders, the 16-channel VAE) at 1024², 28 steps,
+  guidance 3.5 (guidance-distilled: one transformer pass per step);
+- ``wan``: Wan 2.1 T2V 14 B (UMT5-XXL text encoder, the causal 3-D VAE) for 81 frames at 480p (832x480), 50 steps,
+  guidance 5.0 (two transformer passes per step).
 
-Prints the component table, the per-step MACs, the wall time of building on meta and of the count, and the peak RSS
-of this process (``ru_maxrss``). Units: MACs (FLOPs = 2 x MACs).
+    python benchmarks/pipeline_count.py [--model flux|wan] [--steps N] [--no-reuse]
+
+Prints the component table, the per-step MACs, how repeated calls were counted, the wall time of building on meta and
+of the count (``profile_pipeline``), and the peak RSS of this process (``ru_maxrss``). ``--no-reuse`` captures every
+call (the count is the same; the time is what replaying repeated calls saves). Units: MACs (FLOPs = 2 x MACs).
 """
 
 from __future__ import annotations
@@ -60,33 +65,67 @@ def write_configs(folder: Path, pipeline: str, components: dict) -> Path:
     return folder
 
 
+WAN_T2V_14B = {
+    "transformer": ("diffusers", "WanTransformer3DModel", {
+        "patch_size": [1, 2, 2], "num_attention_heads": 40, "attention_head_dim": 128, "in_channels": 16,
+        "out_channels": 16, "text_dim": 4096, "freq_dim": 256, "ffn_dim": 13824, "num_layers": 40,
+        "cross_attn_norm": True, "qk_norm": "rms_norm_across_heads", "eps": 1e-6, "rope_max_seq_len": 1024}),
+    "vae": ("diffusers", "AutoencoderKLWan", {
+        "base_dim": 96, "z_dim": 16, "dim_mult": [1, 2, 4, 4], "num_res_blocks": 2, "attn_scales": [],
+        "temperal_downsample": [False, True, True], "dropout": 0.0,
+        "latents_mean": [-0.7571, -0.7089, -0.9113, 0.1075, -0.1745, 0.9653, -0.1517, 1.5508, 0.4134, -0.0715, 0.5517,
+                         -0.3632, -0.1922, -0.9497, 0.2503, -0.2921],
+        "latents_std": [2.8184, 1.4541, 2.3275, 2.6558, 1.2196, 1.7708, 2.6052, 2.0743, 3.2687, 2.1526, 2.8652, 1.5579,
+                        1.6382, 1.1253, 2.8251, 1.916]}),
+    "text_encoder": ("transformers", "UMT5EncoderModel", {
+        "model_type": "umt5", "d_model": 4096, "d_ff": 10240, "d_kv": 64, "num_heads": 64, "num_layers": 24,
+        "vocab_size": 256384, "feed_forward_proj": "gated-gelu", "is_encoder_decoder": False,
+        "relative_attention_num_buckets": 32}),
+    "scheduler": ("diffusers", "UniPCMultistepScheduler", {
+        "prediction_type": "flow_prediction", "use_flow_sigmas": True, "flow_shift": 3.0, "num_train_timesteps": 1000}),
+    "tokenizer": ("transformers", "T5TokenizerFast", {"model_max_length": 512}),
+}
+
+PIPELINES = {
+    # name: (pipeline class, components, call arguments)
+    "flux": ("FluxPipeline", FLUX_DEV, dict(num_inference_steps=28, guidance_scale=3.5, height=1024, width=1024)),
+    "wan": ("WanPipeline", WAN_T2V_14B, dict(num_inference_steps=50, guidance_scale=5.0, height=480, width=832,
+                                            num_frames=81)),
+}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--steps", type=int, default=28)
-    ap.add_argument("--size", type=int, default=1024)
+    ap.add_argument("--model", choices=sorted(PIPELINES), default="flux")
+    ap.add_argument("--steps", type=int, help="denoising steps (default: the model's)")
+    ap.add_argument("--no-reuse", action="store_true", help="capture every call (no replay of repeated calls)")
     args = ap.parse_args()
     import torch
 
     from flopscope import profile_pipeline
     from flopscope.pipeline_configs import pipeline_from_configs
     warnings.simplefilter("ignore")
+    cls, components, call = PIPELINES[args.model]
+    call = {**call, **({"num_inference_steps": args.steps} if args.steps else {})}
     with tempfile.TemporaryDirectory() as tmp:
-        folder = write_configs(Path(tmp), "FluxPipeline", FLUX_DEV)
+        folder = write_configs(Path(tmp), cls, components)
         t0 = time.perf_counter()
         pipe = pipeline_from_configs(folder)
         built = time.perf_counter() - t0
         t0 = time.perf_counter()
         with torch.no_grad():
-            prof = profile_pipeline(pipe, prompt="a photo of a cat", num_inference_steps=args.steps,
-                                    guidance_scale=3.5, height=args.size, width=args.size)
+            prof = profile_pipeline(pipe, prompt="a photo of a cat", reuse=not args.no_reuse, **call)
         counted = time.perf_counter() - t0
     parameters = sum(p.numel() for c in pipe.components.values() if isinstance(c, torch.nn.Module)
                      for p in c.parameters())
-    print(f"Flux.1-dev shapes, {args.size}x{args.size}, {args.steps} steps: {parameters:,} parameters on meta")
+    shape = ", ".join(f"{k}={v}" for k, v in call.items())
+    print(f"{cls} ({args.model}), {shape}: {parameters:,} parameters on meta")
     print(prof.summary_table("github"))
     per_step = {s.total for s in prof.steps()}
     print(f"\nper step: {', '.join(f'{m:,}' for m in sorted(per_step))} MACs ({len(prof.steps())} steps, guidance "
           f"{prof.steps()[0].guidance if prof.steps() else '-'})")
+    for line in prof.reuse:
+        print(f"reuse: {line}")
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB -> GiB (Linux)
     print(f"built on meta in {built:.1f} s; counted in {counted:.1f} s; peak RSS {peak:.2f} GiB")
     return 0

@@ -54,6 +54,18 @@ class InPlace(nn.Module):
         return self.proj(x)
 
 
+class Cached(nn.Module):
+    """Keeps each call's projection in the list it is given (a cache, as a video VAE's decoder keeps frames)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(D, D, bias=False)
+
+    def forward(self, x: torch.Tensor, cache: list) -> torch.Tensor:
+        cache.append(self.proj(x))
+        return self.proj(x)
+
+
 class Loop:
     """The smallest pipeline: ``components`` and a call running ``net`` once per entry of ``calls`` (arguments of
     each call), feeding each output to the next call where ``chain``."""
@@ -167,6 +179,14 @@ def test_a_call_that_writes_its_input_is_captured_every_time():
     assert reused.total() == 2 * 2 * 8 * D * D
     assert reused.reuse == ("net: calls captured again each time: it wrote 1 time(s) to storage it did not allocate "
                             "(an input, a parameter, a cache)",)
+
+
+def test_a_call_that_changes_a_list_it_was_given_is_captured_every_time():
+    cache: list = []
+    reused = count(Loop(Cached()), True, calls=[(torch.randn(1, 8, D), cache)] * 2)
+    assert reused.total() == 2 * 2 * 8 * D * D
+    assert reused.reuse == ("net: calls captured again each time: it changed what its arguments hold (a list or dict "
+                            "it was given: a cache)",)
 
 
 def test_a_call_that_hands_back_its_input_is_captured_every_time():

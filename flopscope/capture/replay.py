@@ -11,8 +11,8 @@ keeps its records as a :class:`CallTemplate` when they are provably the same for
 - it read no value (:attr:`~flopscope.capture.recorder.Recorder.value_reads`: no ``.item()``, no output made from
   known values, no formula or index check reading them): values are not part of the key, so a call reading them could
   differ with them;
-- it wrote nothing it did not allocate (an input, a parameter, a cache made before it): the next call would see the
-  write;
+- it wrote nothing it did not allocate (an input, a parameter, a cache made before it) and left the lists and dicts
+  it was given as they were: the next call would see the change;
 - its outputs are tensors it allocated (no input or parameter handed back), none sharing storage with another, none
   with known values, and plain values (numbers, strings, ``None``);
 - grad mode is off and autocast is off (no autograd graph to build), the module and its submodules carry no hooks of
@@ -249,6 +249,7 @@ class CallReplayer:
         largest = recorder.largest_out
         recorder.largest_out = 0
         calls_before, stack = Counter(tracker.calls), tracker.stack
+        given, given_spec = pytree.tree_flatten((args, kwargs))
         with recorder.watching() as window:
             try:
                 out = forward(*args, **kwargs)
@@ -256,6 +257,9 @@ class CallReplayer:
                 made_largest = recorder.largest_out
                 recorder.largest_out = max(largest, made_largest)
             try:
+                now, now_spec = pytree.tree_flatten((args, kwargs))
+                if str(now_spec) != str(given_spec) or any(a is not b for a, b in zip(now, given, strict=True)):
+                    raise _Refused("it changed what its arguments hold (a list or dict it was given: a cache)")
                 outputs, output_tensors, spec = self._outputs(out, window)
             except _Refused as why:
                 self._refuse(path, key, str(why))
