@@ -30,9 +30,10 @@ from .errors import (
 from .formulas.registry import REGISTRY, FormulaRegistry, OpFamily
 from .generation import Step
 from .peers import crosscheck
-from .pipeline import DenoisingStep, PipelineProfile, profile_pipeline
+from .pipeline import DenoisingStep, PipelineProfile, Workload, WorkloadTerm, profile_pipeline
 from .predict.reconcile import ReconcileRow, Reconciliation, TransformerSpec
 from .profile import OpRecord, Profile
+from .resolution import ResolutionScaling, resolution_scaling
 from .role import Role
 from .roofline import Roofline, roofline
 from .scaling import Polynomial, Scaling, scaling
@@ -66,6 +67,7 @@ __all__ = [
     "Reconciliation",
     "RecordingError",
     "RegistryError",
+    "ResolutionScaling",
     "Role",
     "RoleError",
     "RoleRule",
@@ -75,6 +77,8 @@ __all__ = [
     "Step",
     "Throughput",
     "TransformerSpec",
+    "Workload",
+    "WorkloadTerm",
     "compare",
     "compare_lengths",
     "crosscheck",
@@ -83,6 +87,7 @@ __all__ = [
     "profile",
     "profile_pipeline",
     "profiler",
+    "resolution_scaling",
     "roofline",
     "scaling",
 ]

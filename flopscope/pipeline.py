@@ -40,6 +40,7 @@ from torch import nn
 
 from .attribute.roles import RoleRule
 from .capture.checks import check_mode
+from .capture.module_tracker import ModuleCall
 from .errors import ConfigurationError, NotAModuleError
 from .formulas.registry import FormulaRegistry
 from .profile import Profile
@@ -82,6 +83,85 @@ class DenoisingStep:
         return sum(self.macs.values())
 
 
+@dataclass(frozen=True)
+class WorkloadTerm:
+    """Calls of one entry point of a component (the module a pipeline calls: ``transformer``, ``vae.decoder``) that
+    each cost the same: ``calls`` x ``macs_per_call``. For a denoiser, the steps they ran in and the calls per step
+    (``passes``: 2 for guidance by passes) and the denoiser's batch per call (twice the latents' for guidance by
+    batch)."""
+
+    component: str
+    entry: str  # module path of the calls ("transformer", "vae.decoder")
+    calls: int
+    macs_per_call: int
+    steps: int | None = None  # denoiser: the denoising steps these calls ran in
+    passes: int | None = None  # denoiser: calls per step
+    batch: int | None = None  # denoiser: batch of each call
+    guidance: str | None = None  # denoiser: how its steps applied guidance (GUIDANCE)
+
+    @property
+    def total(self) -> int:
+        return self.calls * self.macs_per_call
+
+    def describe(self) -> str:
+        """``"28 steps x 1 pass x 37,192,326,709,248"`` or ``"1 call x 6,649,251,840"``."""
+        if self.steps is not None and self.passes is not None:
+            batch = (f" (batch {self.batch}" + (f", guidance by {self.guidance}" if self.guidance not in (None, "none")
+                                                else "") + ")") if self.batch is not None else ""
+            return (f"{self.steps} step{'s' * (self.steps != 1)} x {self.passes} pass{'es' * (self.passes != 1)} x "
+                    f"{self.macs_per_call:,}{batch}")
+        return f"{self.calls} call{'s' * (self.calls != 1)} x {self.macs_per_call:,}"
+
+
+@dataclass(frozen=True)
+class ComponentClosedForm:
+    """One component's MACs against the closed forms of its blocks (:meth:`Profile.reconcile` rows): ``predicted``
+    what the closed forms give, ``reconciled`` what was measured in those rows (equal where every row is exact),
+    ``explained`` the rows that differ with their reasons, and ``outside`` the MACs no closed form covers, by role
+    (conditioning MLPs, patch embeddings, timestep projections: role ``other`` mostly)."""
+
+    component: str
+    measured: int
+    reconciled: int
+    predicted: int
+    explained: tuple[str, ...]
+    outside: Mapping[str, int]
+
+
+@dataclass(frozen=True)
+class Workload:
+    """The pipeline call as a sum of terms: every entry point's calls grouped by their MACs (a denoiser's as steps x
+    passes per step x MACs per call), which add up to the measured total exactly, and each component against the
+    closed forms of its blocks. Units: MACs (FLOPs = 2 x MACs)."""
+
+    terms: tuple[WorkloadTerm, ...]
+    components: tuple[ComponentClosedForm, ...]
+    measured: int  # the profile's total
+
+    @property
+    def total(self) -> int:
+        return sum(term.total for term in self.terms)
+
+    def formula(self) -> str:
+        """``"total = transformer: 28 steps x 1 pass x 37,192,326,709,248 + text_encoder: 1 call x ... = ..."``."""
+        parts = " + ".join(f"{t.entry}: {t.describe()}" for t in self.terms)
+        return f"total = {parts} = {self.total:,} MACs"
+
+    def to_table(self, tablefmt: str = "simple") -> str:
+        terms = tabulate([[t.component, t.entry, t.describe(), f"{t.total:,}"] for t in self.terms],
+                         headers=["component", "called as", "calls x MACs per call", "MACs"], tablefmt=tablefmt,
+                         disable_numparse=True)
+        closed = tabulate([[c.component, f"{c.measured:,}", f"{c.reconciled:,}", f"{c.predicted:,}",
+                            "; ".join(f"{role} {macs:,}" for role, macs in c.outside.items()) or "-",
+                            "; ".join(c.explained) or ("-" if c.reconciled == c.predicted else "?")]
+                           for c in self.components],
+                          headers=["component", "measured", "in closed-form rows", "closed forms",
+                                   "outside closed forms", "differences explained"], tablefmt=tablefmt,
+                          disable_numparse=True)
+        check = "equal to" if self.total == self.measured else "DIFFERENT FROM"
+        return f"{terms}\n\n{self.formula()}, {check} the measured total\n\n{closed}"
+
+
 class PipelineProfile:
     """The profile of one pipeline call. :attr:`profile` is the :class:`~flopscope.profile.Profile` of every
     multiply of the call (module paths start with the component's name); every query of a ``Profile`` works on this
@@ -89,13 +169,15 @@ class PipelineProfile:
     which here are the denoising steps. :attr:`output` is what the pipeline returned."""
 
     def __init__(self, profile: Profile, components: Sequence[str], denoisers: Sequence[str],
-                 steps: Sequence[DenoisingStep], output: Any, reuse: Sequence[str] = ()) -> None:
+                 steps: Sequence[DenoisingStep], output: Any, reuse: Sequence[str] = (),
+                 first_call: Mapping[str, int] | None = None) -> None:
         self.profile = profile
         self.components = tuple(components)
         self.denoisers = tuple(denoisers)
         self._steps = tuple(steps)
         self.output = output
         self.reuse = tuple(reuse)
+        self._first_call = dict(first_call or {})  # component -> its calls made before the denoising loop
         """How repeated calls were counted: per component, the calls replayed from an earlier call's records, or
         why its calls were captured again (:mod:`flopscope.capture.replay`); empty without reuse."""
 
@@ -127,6 +209,65 @@ class PipelineProfile:
     def steps(self) -> list[DenoisingStep]:
         """The denoising steps, in order (one per ``scheduler.step`` call)."""
         return list(self._steps)
+
+    def workload(self) -> Workload:
+        """The call as calls x MACs per call of each entry point (a denoiser's as steps x passes), adding up to
+        :meth:`total`, and each component against its blocks' closed forms (:class:`Workload`)."""
+        per_call: Counter[tuple[str, int]] = Counter()
+        for op in self.profile._ops:
+            if op.module_stack and op.macs:
+                per_call[op.module_stack[0]] += op.macs
+        entries = {path: sorted(n for p, n in per_call if p == path) for path, _ in per_call}
+        step_of = self._step_of_call()
+        terms = []
+        for component in self.components:
+            for entry in [p for p in entries if p.split(".", 1)[0] == component]:
+                groups: dict[int, list[int]] = {}
+                for call in entries[entry]:
+                    groups.setdefault(per_call[(entry, call)], []).append(call)
+                for macs, calls in groups.items():
+                    steps = {step_of.get((entry, call)) for call in calls}
+                    if entry in self.denoisers and None not in steps and len(calls) % len(steps) == 0:
+                        batch = self._batch_of_call(entry, calls[0])
+                        guidance = self._steps[step_of[(entry, calls[0])]].guidance
+                        terms.append(WorkloadTerm(component, entry, len(calls), macs, len(steps),
+                                                  len(calls) // len(steps), batch, guidance))
+                    else:
+                        terms.append(WorkloadTerm(component, entry, len(calls), macs))
+        return Workload(tuple(terms), self._closed_forms(), self.profile.total())
+
+    def _step_of_call(self) -> dict[tuple[str, int], int]:
+        """(denoiser, call number) -> the step it ran in."""
+        out = {}
+        for name in self.denoisers:
+            call = 0
+            for step in self._steps:
+                for _ in range(step.calls.get(name, 0)):
+                    call += 1
+                    out[(name, call + self._first_call.get(name, 0))] = step.step
+        return out
+
+    def _batch_of_call(self, path: str, call: int) -> int | None:
+        shapes = self.profile._capture.module_inputs.get(ModuleCall(path, call), ())
+        return next((int(shape[0]) for _, shape in shapes if len(shape) and type(shape[0]) is int), None)
+
+    def _closed_forms(self) -> tuple[ComponentClosedForm, ...]:
+        rows = self.profile.reconcile().rows
+        roles = self.by_component_role()
+        by_component = self.by_component()
+        out = []
+        for component in self.components:
+            mine = [r for r in rows if r.block.split(".", 1)[0] == component]
+            if not by_component[component]:
+                continue
+            covered: Counter[str] = Counter()
+            for r in mine:
+                covered[r.role] += r.measured
+            outside = {role: macs - covered[role] for role, macs in roles[component].items() if macs - covered[role]}
+            explained = tuple(dict.fromkeys(f"{r.role}: {r.reason}" for r in mine if not r.exact and r.reason))
+            out.append(ComponentClosedForm(component, by_component[component], sum(r.measured for r in mine),
+                                           sum(r.predicted or 0 for r in mine), explained, outside))
+        return tuple(out)
 
     def denoising_macs(self) -> int:
         """MACs of every denoising step together."""
@@ -200,7 +341,8 @@ def profile_pipeline(pipe: Any, *, mode: str = "fake", registry: FormulaRegistry
         finally:
             prof = session.finish(stacklevel=3)
     steps, denoisers = _steps(prof, list(modules), begun[0], marks)
-    return PipelineProfile(prof, list(modules), denoisers, steps, output, notes)
+    return PipelineProfile(prof, list(modules), denoisers, steps, output, notes,
+                           {c: n for c, n in begun[0].items() if c in modules})
 
 
 def _module_components(pipe: Any) -> dict[str, nn.Module]:

@@ -117,6 +117,8 @@ class Scaling:
     on n and where it was added, or what else stopped it)"""
     conditions: tuple[str, ...] = ()
     """symbolic: the guards in n the polynomials rest on (each true at every length), e.g. ``"n <= 4096"``"""
+    variable: str = "n"
+    """The name of the variable in tables (``"P"``: pixels of a frame, :mod:`flopscope.resolution`)"""
 
     def matches(self, role: str) -> bool:
         """The measured polynomial equals the predicted one, coefficient by coefficient."""
@@ -164,20 +166,20 @@ class Scaling:
         return self.attention()(n) / value if value else Fraction(0)
 
     def to_table(self, tablefmt: str = "simple") -> str:
-        rows = []
+        rows, x = [], self.variable
         for role, poly in self.polynomials.items():
             predicted = self.predicted.get(role)
-            rows.append([role, str(poly) if poly is not None else
+            rows.append([role, poly.text(x) if poly is not None else
                          f"not a polynomial of degree <= {len(self.lengths) - 2} at these lengths",
-                         str(predicted) if predicted is not None else "-",
+                         predicted.text(x) if predicted is not None else "-",
                          "yes" if self.matches(role) else ("-" if predicted is None else "NO")])
-        text = tabulate(rows, headers=["role", "measured MACs(n)", "predicted MACs(n)", "match"],
+        text = tabulate(rows, headers=["role", f"measured MACs({x})", f"predicted MACs({x})", "match"],
                         tablefmt=tablefmt)
         crossover = self.crossover()
-        shares = ", ".join(f"n={n}: {float(self.attention_share(n)):.1%}" for n in self.lengths)
+        shares = ", ".join(f"{x}={n}: {float(self.attention_share(n)):.1%}" for n in self.lengths)
         lines = [text, "", f"attention share (scores + weighted sum): {shares}"]
         lines.append("attention never overtakes projections + FFN" if crossover is None else
-                     f"attention (scores + weighted sum) overtakes projections + FFN from n = {crossover:,}")
+                     f"attention (scores + weighted sum) overtakes projections + FFN from {x} = {crossover:,}")
         return "\n".join(lines)
 
 
