@@ -336,3 +336,65 @@ def test_a_whole_pipeline_reconciles(name):
     rows = prof.reconcile().rows
     assert {r.block.split(".", 1)[0] for r in rows} >= set(prof.denoisers) | {"vae"}
     assert [(r.block, r.role, r.measured, r.predicted) for r in rows if not r.exact and not r.reason] == []
+
+
+def sdxl_unet(projection: int, context: int) -> nn.Module:
+    """A tiny SDXL UNet: cross-attention over text states of width ``context`` (both encoders' concatenated in the
+    base, the second's alone in the refiner), the pooled text and the size / crop (/ aesthetic score) ids as added
+    conditioning (``text_time``) of ``projection`` inputs."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return diffusers.UNet2DConditionModel(
+            block_out_channels=(32, 64), layers_per_block=1, sample_size=SIDE // 2, in_channels=4, out_channels=4,
+            down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"),
+            up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"), attention_head_dim=(2, 4), use_linear_projection=True,
+            addition_embed_type="text_time", addition_time_embed_dim=8, transformer_layers_per_block=(1, 2),
+            projection_class_embeddings_input_dim=projection, cross_attention_dim=context,
+            norm_num_groups=32).eval()
+
+
+def sdxl_text_encoders() -> tuple[nn.Module, nn.Module]:
+    config = dict(hidden_size=D_TEXT, intermediate_size=37, num_attention_heads=4, num_hidden_layers=2,
+                  vocab_size=1000, max_position_embeddings=TEXT)
+    return (transformers.CLIPTextModel(transformers.CLIPTextConfig(**config)).eval(),
+            transformers.CLIPTextModelWithProjection(transformers.CLIPTextConfig(projection_dim=D_TEXT,
+                                                                                 **config)).eval())
+
+
+def test_sdxl_two_text_encoders_and_the_refiner(tokenizer):
+    """SDXL: each text encoder once (the empty negative prompt is zeros: force_zeros_for_empty_prompt), the UNet once
+    per step on the doubled batch with the pooled text and the six size / crop ids, the decoder once. The refiner
+    (text_encoder_2 only, img2img at strength 0.5 from the base's latents) runs int(steps x 0.5) steps and, given
+    latents, no VAE encode."""
+    text_encoder, text_encoder_2 = sdxl_text_encoders()
+    vae = sd_components()["vae"]
+    base = diffusers.StableDiffusionXLPipeline(
+        vae=vae, text_encoder=text_encoder, text_encoder_2=text_encoder_2, tokenizer=tokenizer, tokenizer_2=tokenizer,
+        unet=sdxl_unet(6 * 8 + D_TEXT, 2 * D_TEXT), scheduler=diffusers.EulerDiscreteScheduler())
+    torch.manual_seed(0)
+    prof = count(base, prompt="abc", num_inference_steps=STEPS, height=SIDE, width=SIDE, guidance_scale=5.0)
+    latent = SIDE // 2
+    ids = torch.zeros(1, TEXT, dtype=torch.long)
+    conditioning = {"text_embeds": torch.randn(2, D_TEXT), "time_ids": torch.randn(2, 6)}
+    unet = alone(base.unet, torch.randn(2, 4, latent, latent), torch.tensor(10.0), torch.randn(2, TEXT, 2 * D_TEXT),
+                 added_cond_kwargs=conditioning)
+    assert prof.by_component() == {
+        "vae": alone(Decode(vae), torch.randn(1, 4, latent, latent)),
+        "text_encoder": alone(text_encoder, ids, output_hidden_states=True),
+        "text_encoder_2": alone(text_encoder_2, ids, output_hidden_states=True), "unet": STEPS * unet}
+    assert [(s.calls, s.denoiser_batch, s.guidance) for s in prof.steps()] == [({"unet": 1}, 2, "batch")] * STEPS
+    assert prof.by_component()["text_encoder_2"] - prof.by_component()["text_encoder"] == D_TEXT * D_TEXT  # pooled
+
+    refiner = diffusers.StableDiffusionXLImg2ImgPipeline(
+        vae=vae, text_encoder=None, text_encoder_2=text_encoder_2, tokenizer=None, tokenizer_2=tokenizer,
+        unet=sdxl_unet(5 * 8 + D_TEXT, D_TEXT), scheduler=diffusers.EulerDiscreteScheduler(), requires_aesthetics_score=True)
+    steps = 4
+    refined = count(refiner, prompt="abc", image=torch.randn(1, 4, latent, latent), strength=0.5,
+                    num_inference_steps=steps, guidance_scale=5.0)
+    conditioning["time_ids"] = torch.randn(2, 5)
+    unet = alone(refiner.unet, torch.randn(2, 4, latent, latent), torch.tensor(10.0),
+                 torch.randn(2, TEXT, D_TEXT), added_cond_kwargs=conditioning)
+    assert len(refined.steps()) == int(steps * 0.5)
+    assert refined.by_component() == {"vae": alone(Decode(vae), torch.randn(1, 4, latent, latent)),
+                                      "text_encoder_2": alone(text_encoder_2, ids, output_hidden_states=True),
+                                      "unet": int(steps * 0.5) * unet}
