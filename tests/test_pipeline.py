@@ -387,7 +387,8 @@ def test_sdxl_two_text_encoders_and_the_refiner(tokenizer):
 
     refiner = diffusers.StableDiffusionXLImg2ImgPipeline(
         vae=vae, text_encoder=None, text_encoder_2=text_encoder_2, tokenizer=None, tokenizer_2=tokenizer,
-        unet=sdxl_unet(5 * 8 + D_TEXT, D_TEXT), scheduler=diffusers.EulerDiscreteScheduler(), requires_aesthetics_score=True)
+        unet=sdxl_unet(5 * 8 + D_TEXT, D_TEXT), scheduler=diffusers.EulerDiscreteScheduler(),
+        requires_aesthetics_score=True)
     steps = 4
     refined = count(refiner, prompt="abc", image=torch.randn(1, 4, latent, latent), strength=0.5,
                     num_inference_steps=steps, guidance_scale=5.0)

@@ -168,7 +168,7 @@ def test_a_call_that_reads_values_is_captured_every_time():
     reused, captured = (count(pipe, reuse, calls=calls) for reuse in (True, False))
     assert reused.total() == (2 + 5) * D * D
     assert_same_capture(reused, captured)
-    assert reused.reuse == ("net: calls captured again each time: it read the values of tensors 1 time(s) (what runs "
+    assert reused.reuse == ("net: not replayed, each call captured: it read the values of tensors 1 time(s) (what runs "
                             "may depend on them)",)
 
 
@@ -177,7 +177,7 @@ def test_a_call_that_writes_its_input_is_captured_every_time():
     pipe = Loop(InPlace())
     reused = count(pipe, True, calls=[(x.clone(),), (x.clone(),)])
     assert reused.total() == 2 * 2 * 8 * D * D
-    assert reused.reuse == ("net: calls captured again each time: it wrote 1 time(s) to storage it did not allocate "
+    assert reused.reuse == ("net: not replayed, each call captured: it wrote 1 time(s) to storage it did not allocate "
                             "(an input, a parameter, a cache)",)
 
 
@@ -185,7 +185,7 @@ def test_a_call_that_changes_a_list_it_was_given_is_captured_every_time():
     cache: list = []
     reused = count(Loop(Cached()), True, calls=[(torch.randn(1, 8, D), cache)] * 2)
     assert reused.total() == 2 * 2 * 8 * D * D
-    assert reused.reuse == ("net: calls captured again each time: it changed what its arguments hold (a list or dict "
+    assert reused.reuse == ("net: not replayed, each call captured: it changed what its arguments hold (a list or dict "
                             "it was given: a cache)",)
 
 
@@ -193,8 +193,8 @@ def test_a_call_that_hands_back_its_input_is_captured_every_time():
     pipe = Loop(nn.Identity())
     reused = count(pipe, True, calls=[(torch.randn(2, D),)] * 2)
     assert reused.total() == 0
-    assert reused.reuse == ("net: calls captured again each time: it returns a tensor it did not allocate (an input, a "
-                            "parameter, a view of one)",)
+    assert reused.reuse == ("net: not replayed, each call captured: it returns a tensor it did not allocate (an "
+                            "input, a parameter, a view of one)",)
 
 
 def test_a_module_with_its_own_hooks_is_not_replayed():

@@ -101,14 +101,59 @@ def _charge(width: int, wanted: Sequence[tuple[set[int], str]], macs: int) -> di
 
 
 def held_by(source: CapturedOp, target: CapturedOp) -> set[int]:
-    """Which columns (last dim) of ``target`` hold values of ``source`` (a concatenation's part), replayed on labels."""
+    """Which columns (last dim) of ``target`` hold values of ``source`` (a concatenation's part), replayed on labels.
+    The replay runs on tensors of the full shapes (a single-stream DiT block at 1024²: hundreds of MB), so its answer
+    is kept per path (:func:`_path_key`): the same ops on the same shapes give the same columns in every block and
+    every call."""
+    between = _between(source, target)
+    key = _path_key(source, target, between)
+    found_before = _HELD_BY.get(key) if key is not None else None
+    if found_before is not None:
+        return set(found_before)
     labels: dict[CapturedOp, Labels] = {source: torch.zeros(tuple(source.output_shapes[0]), dtype=torch.long)}
-    for n in _between(source, target):
+    for n in between:
         labels[n] = _replay(n, labels)
     found = labels.get(target)
-    if not isinstance(found, torch.Tensor) or not found.dim():
-        return set()
-    return {int(c) for c in torch.nonzero((found.reshape(-1, found.shape[-1]) == 0).any(0)).flatten()}
+    held = (set() if not isinstance(found, torch.Tensor) or not found.dim() else
+            {int(c) for c in torch.nonzero((found.reshape(-1, found.shape[-1]) == 0).any(0)).flatten()})
+    if key is not None:
+        if len(_HELD_BY) >= _MAX_KEPT_PATHS:
+            _HELD_BY.clear()
+        _HELD_BY[key] = frozenset(held)
+    return held
+
+
+_HELD_BY: dict[tuple[Any, ...], frozenset[int]] = {}  # path key -> what held_by found on it
+_MAX_KEPT_PATHS = 4096
+
+
+def _path_key(source: CapturedOp, target: CapturedOp, between: Sequence[CapturedOp]) -> tuple[Any, ...] | None:
+    """What a replay from ``source`` to ``target`` depends on: each op between (its target, cost, output shapes and
+    arguments, a record on the path by its position, one off it by its shape and known values), ``None`` where an
+    argument cannot be keyed."""
+    at = {source: 0, **{n: i for i, n in enumerate(between, 1)}}
+
+    def argument(a: Any) -> Any:
+        if isinstance(a, CapturedOp):
+            if a in at:
+                return ("path", at[a])
+            value = a.value
+            return ("off", a.output_shapes, None if value is None else
+                    (value.dtype, tuple(value.shape), tuple(value.flatten().tolist())))
+        if isinstance(a, (list, tuple)):
+            return (type(a).__name__, tuple(argument(x) for x in a))
+        if isinstance(a, dict):
+            return ("dict", tuple((k, argument(v)) for k, v in a.items()))
+        return a
+
+    try:
+        key = (source.output_shapes, at.get(target), tuple(
+            (n.node_op, n.target, n.cost, n.output_shapes, n.spec.family if n.spec is not None else None,
+             argument(n.args), argument(n.kwargs)) for n in between))
+        hash(key)
+    except TypeError:
+        return None
+    return key
 
 
 def spread_remainder(parts: dict[str, int], total: int, largest: str | None = None) -> dict[str, int]:

@@ -184,7 +184,7 @@ class CallReplayer:
                 lines.append(f"{path}: {captured} calls, each captured (no two had the same inputs' shapes and plain "
                              "arguments)")
             for reason in dict.fromkeys(self.refused.get(path, ())):
-                lines.append(f"{path}: calls captured again each time: {reason}")
+                lines.append(f"{path}: not replayed, each call captured: {reason}")
         return lines
 
     # ---------------------------------------------------------------------------------------------
