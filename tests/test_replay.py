@@ -236,3 +236,15 @@ def test_diffusion_pipelines_replay_their_denoiser(name):
     assert [s.macs for s in reused.steps()] == [s.macs for s in captured.steps()]
     assert reused.reuse == (f"{denoiser}: {calls - 1} of {calls} calls replayed from an earlier call of the same "
                             "inputs' shapes (fake tensors: the same records)",)
+
+
+def test_a_copy_passes_the_records_fields_in_their_order():
+    """A replay builds each copy from the fields it maps (the first seven, in order) and the rest as they are."""
+    import dataclasses
+
+    from flopscope.capture import replay
+    from flopscope.capture.records import CapturedOp
+    names = tuple(f.name for f in dataclasses.fields(CapturedOp))
+    assert names[:len(replay._HEAD)] == replay._HEAD
+    assert names[len(replay._HEAD):len(replay._HEAD) + len(replay._REST)] == replay._REST
+    assert names[len(replay._HEAD) + len(replay._REST):] == ("index", "inputs", "users")

@@ -141,7 +141,7 @@ def link(ops: Sequence[CapturedOp]) -> None:
     users: dict[CapturedOp, list[CapturedOp]] = {}
     for op in ops:
         found: dict[CapturedOp, None] = {}
-        _map_records((op.args, op.kwargs), found.setdefault)
+        map_records((op.args, op.kwargs), found.setdefault)
         op.inputs = tuple(found)
         for source in op.inputs:
             users.setdefault(source, []).append(op)
@@ -150,14 +150,14 @@ def link(ops: Sequence[CapturedOp]) -> None:
         op.index = i
 
 
-def _map_records(x: Any, fn: Callable[[CapturedOp], Any]) -> Any:
+def map_records(x: Any, fn: Callable[[CapturedOp], Any]) -> Any:
     """``x`` (a record's args or kwargs) with ``fn(record)`` for each record inside its tuples, lists and dicts."""
     if isinstance(x, CapturedOp):
         return fn(x)
     if isinstance(x, (tuple, list)):
-        return type(x)([_map_records(v, fn) for v in x])
+        return type(x)([map_records(v, fn) for v in x])
     if isinstance(x, dict):
-        return {k: _map_records(v, fn) for k, v in x.items()}
+        return {k: map_records(v, fn) for k, v in x.items()}
     return x
 
 
@@ -204,9 +204,9 @@ def build_graph(ops: list[CapturedOp]) -> fx.Graph:
         # took a third of the time of building a large graph; the setters keep users and uses the same way
         node = nodes[op] = graph.create_node(op.node_op, op.target, name=op.name)
         if op.args:
-            node.args = _map_records(op.args, nodes.__getitem__)
+            node.args = map_records(op.args, nodes.__getitem__)
         if op.kwargs:
-            node.kwargs = _map_records(op.kwargs, nodes.__getitem__)
+            node.kwargs = map_records(op.kwargs, nodes.__getitem__)
         node.meta.update(_public_meta(op, nodes))  # (an attribute set would re-file the node in fx's lookup table)
     return graph
 

@@ -49,7 +49,7 @@ from torch.utils import _pytree as pytree
 from ..formulas.registry import shape_of
 from .module_tracker import ModuleCall, ModuleTracker
 from .recorder import Recorder, Window
-from .records import CapturedOp, LeafKind, _map_records
+from .records import CapturedOp, LeafKind, map_records
 
 _PLAIN = (type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.device, torch.layout,
           torch.memory_format, enum.Enum)
@@ -97,9 +97,9 @@ class _Counts:
 
 
 _HEAD = ("node_op", "target", "args", "kwargs", "name", "phase", "module_stack")
+"""The first fields of :class:`CapturedOp`, in order, which a copy passes first (tests/test_replay.py checks it)."""
 _REST = tuple(f.name for f in dataclasses.fields(CapturedOp))[len(_HEAD):]
 _REST = _REST[:_REST.index("index")]  # (the dataflow's fields are set when the capture is linked)
-assert tuple(f.name for f in dataclasses.fields(CapturedOp))[:len(_HEAD)] == _HEAD
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,7 +120,7 @@ class _Copy:
         at = tuple(i for i, a in enumerate(op.args) if isinstance(a, CapturedOp))
         nested = any(isinstance(a, (list, tuple, dict)) for a in op.args)
         found: list[CapturedOp] = []
-        _map_records(op.kwargs, found.append)
+        map_records(op.kwargs, found.append)
         return cls(op, (-1,) if nested else at, bool(found), stack_at, tuple(getattr(op, name) for name in _REST))
 
 
@@ -366,7 +366,7 @@ class CallReplayer:
             args = op.args
             if at:
                 if at[0] < 0:  # (records inside lists or dicts)
-                    args = _map_records(args, new)
+                    args = map_records(args, new)
                 else:
                     listed = list(args)
                     for i in at:
@@ -374,7 +374,7 @@ class CallReplayer:
                         listed[i] = mapped.get(id(record)) or new(record)
                     args = tuple(listed)
             clone = CapturedOp(op.node_op, op.target, args,
-                               _map_records(op.kwargs, new) if step.kwargs_records else op.kwargs, op.name, op.phase,
+                               map_records(op.kwargs, new) if step.kwargs_records else op.kwargs, op.name, op.phase,
                                stacks[step.stack_at], *step.rest)
             mapped[id(op)] = clone
             clones.append(clone)
