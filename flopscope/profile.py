@@ -21,7 +21,7 @@ from .attribute.roles import Assignment, RoleRule, find_roles
 from .capture import undispatched
 from .capture.facts import ModelFacts
 from .capture.module_tracker import ModuleCall
-from .capture.records import FORWARD, Capture, CapturedOp, Cost, build_graph, captured
+from .capture.records import FORWARD, Capture, CapturedOp, Cost, build_graph, captured, link
 from .conventions import EXECUTED
 from .errors import NotFoundError
 from .predict import steps
@@ -426,8 +426,23 @@ class Profile:
         """:meth:`role_assignments` keyed by the capture's records (:class:`~flopscope.capture.records.CapturedOp`):
         what the role passes find on the records' dataflow, without building the fx graph."""
         if self._op_roles is None:
-            self._op_roles = MappingProxyType(find_roles(self._ops, self._facts.types, self._role_rules))
+            self._op_roles = MappingProxyType(self._find_roles())
         return self._op_roles
+
+    def _find_roles(self) -> dict[CapturedOp, Assignment]:
+        """The role passes over the records, in graph order; a replayed call's records (:attr:`Capture.copies`) take
+        the roles of the records they copy, found once: the passes run over the records of the distinct calls only
+        (linked as a capture of their own, then the whole capture linked again)."""
+        copies = self._capture.copies
+        if not copies:
+            found = find_roles(self._ops, self._facts.types, self._role_rules)
+            return {op: found[op] for op in self._ops if op in found}  # (in graph order, as with copies)
+        distinct = [op for op in self._ops if op not in copies]
+        try:
+            found = find_roles(distinct, self._facts.types, self._role_rules)
+        finally:
+            link(self._ops, again=True)
+        return {op: found[copies.get(op, op)] for op in self._ops if copies.get(op, op) in found}
 
     def attention_core(self) -> tuple[CoreOp, ...]:
         """Every op of the attention core (scores, weighted sum; any phase) with its (query, key) pairs and the mask

@@ -107,8 +107,15 @@ def records(prof) -> list:
 
 
 def assert_same_capture(reused, captured) -> None:
-    """Reuse and recapture agree on every record, its dataflow, every module call and every count."""
+    """Reuse and recapture agree on every record, its dataflow, every module call and every count, and every
+    record's roles (a replayed record takes those of the record it copies; recapture runs the role passes on all)."""
     assert records(reused) == records(captured)
+    mine, theirs = reused.profile.role_assignments_by_op(), captured.profile.role_assignments_by_op()
+    ops = [op for op in reused.profile._ops if op.node_op == "call_function"]
+    again = [op for op in captured.profile._ops if op.node_op == "call_function"]
+    assert [(dict(mine[a].parts), mine[a].block, mine[a].factor) if a in mine else None for a in ops] == [
+        (dict(theirs[b].parts), theirs[b].block, theirs[b].factor) if b in theirs else None for b in again]
+    assert reused.reconcile().rows == captured.reconcile().rows
     assert reused.total() == captured.total()
     assert reused.by_role() == captured.by_role()
     assert reused.by_module() == captured.by_module()

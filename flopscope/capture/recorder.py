@@ -224,6 +224,7 @@ class Recorder(TorchDispatchMode):
         # call that read any
         self.value_reads = 0
         self.windows: list[Window] = []  # calls being watched for flopscope.capture.replay (innermost last)
+        self.copies: dict[CapturedOp, CapturedOp] = {}  # a replayed record -> the record it copies
 
     def add_leaf_names(self, leaf_names: Mapping[int, LeafName]) -> None:
         self.leaf_names.update(leaf_names)
@@ -999,4 +1000,4 @@ def capture_of(recorder: Recorder, tracker: ModuleTracker) -> Capture:
     return Capture(recorder.ops, dict(recorder.unsupported), tuple(sorted(recorder.undeclared_kernels)),
                    recorder.unchecked_lookups, dict(recorder.decomposed), dict(tracker.inputs), dict(tracker.calls),
                    dict(tracker.root_seconds), dict(recorder.upper_bounds), tuple(recorder.outside_work),
-                   recorder.largest_out)
+                   recorder.largest_out, dict(recorder.copies))

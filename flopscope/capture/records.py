@@ -133,10 +133,11 @@ class CapturedOp:
         return op_name(self.target) if self.node_op == "call_function" else self.node_op
 
 
-def link(ops: Sequence[CapturedOp]) -> None:
+def link(ops: Sequence[CapturedOp], again: bool = False) -> None:
     """Set each record's :attr:`~CapturedOp.index`, :attr:`~CapturedOp.inputs` and :attr:`~CapturedOp.users`
-    (once: a capture's records do not change after the run)."""
-    if ops and ops[-1].index == len(ops) - 1:  # (set last: a link interrupted or running in another thread is redone)
+    (once: a capture's records do not change after the run; ``again``: also when they were linked, as after a link
+    of part of them)."""
+    if ops and ops[-1].index == len(ops) - 1 and not again:  # (set last: a link interrupted or running in another thread is redone)
         return
     users: dict[CapturedOp, list[CapturedOp]] = {}
     for op in ops:
@@ -246,6 +247,8 @@ class Capture:
     upper_bounds: Mapping[str, int] = field(default_factory=dict)  # op -> calls counted as upper bounds
     outside: tuple[OutsideWork, ...] = ()  # real mode: tensors computed outside the ATen dispatcher
     largest_tensor_bytes: int = 0  # fake mode: bytes of the largest tensor an op made (a real run needs at least it)
+    copies: Mapping[CapturedOp, CapturedOp] = field(default_factory=dict)  # a replayed call's record -> the record
+    # of the earlier call it copies (flopscope.capture.replay): the same op on the same shapes, in the same place
 
     def notes(self, unchecked: bool = True) -> list[str]:
         """What the recording could not establish: an op whose formula returns attention parts but is not

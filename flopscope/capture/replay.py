@@ -347,6 +347,7 @@ class CallReplayer:
                   for frames in template.stacks]  # (a leaf's stack is empty)
         mapped: dict[int, CapturedOp] = {}
         clones: list[CapturedOp] = []
+        copies = recorder.copies
 
         def new(record: CapturedOp) -> CapturedOp:
             found = mapped.get(id(record))
@@ -378,6 +379,7 @@ class CallReplayer:
                                stacks[step.stack_at], *step.rest)
             mapped[id(op)] = clone
             clones.append(clone)
+            copies[clone] = op
         recorder.add_records(clones)
         for name, n in template.inner_calls.items():
             tracker.calls[name] += n
