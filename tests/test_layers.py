@@ -32,8 +32,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (  # lowest first: (layer, its
     ("the façade", ("profile",)),
     ("entry points", ("runner", "api", "symbolic", "scaling", "memory")),
     ("results and workloads", ("report", "trace", "plots", "peaks", "roofline", "training", "decoding",
-                               "generation", "pipeline", "pipeline_configs", "resolution", "communication", "distributed",
-                               "invariants", "testing", "targets", "models", "why_self_attention")),
+                               "generation", "pipeline", "pipeline_configs", "resolution", "communication",
+                               "distributed", "invariants", "testing", "targets", "models", "why_self_attention")),
     ("tools", ("__init__", "__main__", "cli", "pytest_plugin", "peers", "integrations")),
 )
 LAYER_OF = {name: index for index, (_, names) in enumerate(LAYERS) for name in names}

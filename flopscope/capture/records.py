@@ -137,7 +137,8 @@ def link(ops: Sequence[CapturedOp], again: bool = False) -> None:
     """Set each record's :attr:`~CapturedOp.index`, :attr:`~CapturedOp.inputs` and :attr:`~CapturedOp.users`
     (once: a capture's records do not change after the run; ``again``: also when they were linked, as after a link
     of part of them)."""
-    if ops and ops[-1].index == len(ops) - 1 and not again:  # (set last: a link interrupted or running in another thread is redone)
+    if ops and ops[-1].index == len(ops) - 1 and not again:  # (set last: a link interrupted or running elsewhere
+        # is redone)
         return
     users: dict[CapturedOp, list[CapturedOp]] = {}
     for op in ops:
