@@ -6,6 +6,7 @@ Units live in names: ``multiplies`` / MACs (one multiply-accumulate), ``flops`` 
 
 from __future__ import annotations
 
+import threading
 from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -438,10 +439,11 @@ class Profile:
             found = find_roles(self._ops, self._facts.types, self._role_rules)
             return {op: found[op] for op in self._ops if op in found}  # (in graph order, as with copies)
         distinct = [op for op in self._ops if op not in copies]
-        try:
-            found = find_roles(distinct, self._facts.types, self._role_rules)
-        finally:
-            link(self._ops, again=True)
+        with _PART_LINKED:  # (while part of the records are linked, no other thread reads their links)
+            try:
+                found = find_roles(distinct, self._facts.types, self._role_rules)
+            finally:
+                link(self._ops, again=True)
         return {op: found[copies.get(op, op)] for op in self._ops if copies.get(op, op) in found}
 
     def attention_core(self) -> tuple[CoreOp, ...]:
@@ -531,6 +533,10 @@ class Profile:
         if canonical is None:
             raise NotFoundError(f"no module with path {name!r} in the profiled model")
         return canonical
+
+
+_PART_LINKED = threading.Lock()
+"""Held while the role passes run over part of a capture's records, linked as a capture of their own."""
 
 
 def reuse_roles(prof: Profile, template: Profile) -> bool:
