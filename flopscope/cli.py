@@ -568,6 +568,10 @@ def _profile_pipeline(args: argparse.Namespace) -> int:
     print("\nMACs by role and component:")
     print(tabulate([[role, *[f"{roles[n].get(role, 0):,}" for n in names]] for role in order],
                    headers=["role", *names], tablefmt=args.format, disable_numparse=True))
+    print("\nthe call as a workload:")
+    print(prof.workload().to_table(args.format))
+    for line in prof.reuse:
+        print(f"reuse: {line}")
     if args.json:
         args.json.write_text(json.dumps(_pipeline_json(args.target, call, prof), indent=2) + "\n")
         print(f"wrote {args.json}")
@@ -581,7 +585,11 @@ def _pipeline_json(target: str, call: dict[str, Any], prof: Any) -> dict[str, An
             "total": prof.total(), "components": prof.by_component(), "roles": prof.by_component_role(),
             "denoisers": list(prof.denoisers),
             "steps": [{"step": s.step, "macs": dict(s.macs), "calls": dict(s.calls), "latents_batch": s.batch,
-                       "denoiser_batch": s.denoiser_batch, "guidance": s.guidance} for s in prof.steps()]}
+                       "denoiser_batch": s.denoiser_batch, "guidance": s.guidance} for s in prof.steps()],
+            "workload": [{"component": t.component, "entry": t.entry, "calls": t.calls,
+                          "macs_per_call": t.macs_per_call, "steps": t.steps, "passes": t.passes, "batch": t.batch,
+                          "guidance": t.guidance} for t in prof.workload().terms],
+            "reuse": list(prof.reuse)}
 
 
 def _profile_sharded(args: argparse.Namespace) -> int:

@@ -219,7 +219,15 @@ def test_cli_profiles_a_diffusers_folder(tmp_path, capsys):
     assert report["schema"] == "flopscope.pipeline/1" and len(report["steps"]) == 2
     assert report["total"] == sum(report["components"].values())
     assert [s["guidance"] for s in report["steps"]] == ["batch", "batch"]
-    assert "denoising steps (2; denoiser: unet)" in capsys.readouterr().out
+    (unet,) = [t for t in report["workload"] if t["entry"] == "unet"]
+    assert (unet["steps"], unet["passes"], unet["batch"]) == (2, 1, 2)
+    assert sum(t["calls"] * t["macs_per_call"] for t in report["workload"]) == report["total"]
+    assert report["reuse"] == [  # the text encoder reads its token ids (the embedding's index check)
+        "text_encoder: not replayed, each call captured: it read the values of tensors 1 time(s) (what runs may "
+        "depend on them)",
+        "unet: 1 of 2 calls replayed from an earlier call of the same inputs' shapes (fake tensors: the same records)"]
+    printed = capsys.readouterr().out
+    assert "denoising steps (2; denoiser: unet)" in printed and "equal to the measured total" in printed
 
 
 @pytest.mark.parametrize("argv", [["--input", "1x3"], ["--sweep", "8,16,24,32"], ["--mode", "real"]])
