@@ -42,6 +42,17 @@ class Prefix(nn.Module):
         return self.proj(x[:, : int(k.item())])
 
 
+class PrefixList(nn.Module):
+    """As Prefix, ``k`` read with ``.tolist()`` (no ATen op: the value read outside the dispatcher)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(D, D, bias=False)
+
+    def forward(self, x: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+        return self.proj(x[:, : k.tolist()[0]])
+
+
 class InPlace(nn.Module):
     """Adds its projection into its input (a write to storage the call did not allocate), then projects it."""
 
@@ -177,6 +188,17 @@ def test_a_call_that_reads_values_is_captured_every_time():
     assert_same_capture(reused, captured)
     assert reused.reuse == ("net: not replayed, each call captured: it read the values of tensors 1 time(s) (what runs "
                             "may depend on them)",)
+
+
+def test_a_call_that_reads_values_with_tolist_is_captured_every_time():
+    """.tolist() of a real tensor runs no ATen op: it is counted as a read while the first call is watched, and the
+    methods are as they were afterwards."""
+    x = torch.randn(1, 8, D)
+    methods = {name: vars(torch.Tensor).get(name) for name in ("tolist", "numpy")}
+    reused = count(Loop(PrefixList()), True, calls=[(x, torch.tensor([3])), (x, torch.tensor([6]))])
+    assert reused.total() == (3 + 6) * D * D
+    assert "it read the values of tensors 1 time(s)" in reused.reuse[0]
+    assert {name: vars(torch.Tensor).get(name) for name in methods} == methods
 
 
 def test_a_call_that_writes_its_input_is_captured_every_time():

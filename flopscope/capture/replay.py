@@ -9,8 +9,8 @@ non-tensor argument's value, and the values it reads. :class:`CallReplayer` runs
 keeps its records as a :class:`CallTemplate` when they are provably the same for every call of that key:
 
 - it read no value (:attr:`~flopscope.capture.recorder.Recorder.value_reads`: no ``.item()``, no output made from
-  known values, no formula or index check reading them): values are not part of the key, so a call reading them could
-  differ with them;
+  known values, no formula or index check reading them, no ``.tolist()`` or ``.numpy()`` of a real tensor): values
+  are not part of the key, so a call reading them could differ with them;
 - it wrote nothing it did not allocate (an input, a parameter, a cache made before it) and left the lists and dicts
   it was given as they were: the next call would see the change;
 - its outputs are tensors it allocated (no input or parameter handed back), none sharing storage with another, none
@@ -27,8 +27,8 @@ order in which the call's inputs first appear as leaves may differ. A call whose
 the reason in :attr:`CallReplayer.refused`) is captured again every time.
 
 What the key cannot see: state a module keeps outside its own attributes (a mutable object's contents, a global) and
-values of real inputs read outside the ATen dispatcher (``.tolist()``, ``.numpy()``). Such a module is profiled with
-reuse off (``profile_pipeline(..., reuse=False)``).
+values of real inputs read by other means than ATen ops, ``.tolist()`` and ``.numpy()`` (a raw ``data_ptr()``, a C++
+extension). Such a module is profiled with reuse off (``profile_pipeline(..., reuse=False)``).
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import functools
+import threading
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager
@@ -252,7 +253,8 @@ class CallReplayer:
         given, given_spec = pytree.tree_flatten((args, kwargs))
         with recorder.watching() as window:
             try:
-                out = forward(*args, **kwargs)
+                with _counting_python_reads(recorder):
+                    out = forward(*args, **kwargs)
             finally:
                 made_largest = recorder.largest_out
                 recorder.largest_out = max(largest, made_largest)
@@ -401,6 +403,55 @@ class CallReplayer:
         finally:
             tracker.stack = stack
         return pytree.tree_unflatten(leaves, template.output_spec)
+
+
+_PYTHON_READS = ("tolist", "numpy")
+"""Tensor methods that read a real tensor's values without an ATen op (a fake tensor's raise): counted as value reads
+while a first call is watched."""
+_READING = threading.local()  # .recorders: the recorders of this thread's watched calls
+_PATCH = threading.Lock()
+_patched: dict[str, Any] = {}  # method name -> the original, while any thread watches a call
+_patch_users = 0
+
+
+@contextmanager
+def _counting_python_reads(recorder: Recorder) -> Iterator[None]:
+    """For the block, in this thread, ``Tensor.tolist()`` and ``Tensor.numpy()`` count as value reads of
+    ``recorder`` (the methods are wrapped on ``torch.Tensor`` while any thread is in such a block)."""
+    global _patch_users
+    with _PATCH:
+        if _patch_users == 0:
+            for name in _PYTHON_READS:
+                _patched[name] = vars(torch.Tensor).get(name)
+                setattr(torch.Tensor, name, _counted(getattr(torch.Tensor, name)))
+        _patch_users += 1
+    recorders = getattr(_READING, "recorders", None)
+    if recorders is None:
+        recorders = _READING.recorders = []
+    recorders.append(recorder)
+    try:
+        yield
+    finally:
+        recorders.pop()
+        with _PATCH:
+            _patch_users -= 1
+            if _patch_users == 0:
+                for name, original in _patched.items():
+                    if original is None:
+                        delattr(torch.Tensor, name)
+                    else:
+                        setattr(torch.Tensor, name, original)
+                _patched.clear()
+
+
+def _counted(method: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(method)
+    def read(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        for recorder in getattr(_READING, "recorders", ()):
+            recorder.value_reads += 1
+        return method(self, *args, **kwargs)
+
+    return read
 
 
 def _storage(t: torch.Tensor) -> int:
