@@ -131,6 +131,8 @@ def _path_key(source: CapturedOp, target: CapturedOp, between: Sequence[Captured
     """What a replay from ``source`` to ``target`` depends on: each op between (its target, cost, output shapes and
     arguments, a record on the path by its position, one off it by its shape and known values), ``None`` where an
     argument cannot be keyed."""
+    if any(n.target is after_write for n in between):
+        return None  # (a write's replay follows view chains off the path: not keyed)
     at = {source: 0, **{n: i for i, n in enumerate(between, 1)}}
 
     def argument(a: Any) -> Any:
