@@ -157,6 +157,7 @@ class CallReplayer:
     captured: Counter[str] = field(default_factory=Counter)
     refused: dict[str, list[str]] = field(default_factory=dict)
     _templates: dict[Any, CallTemplate | str] = field(default_factory=dict)
+    _thread: int = field(default_factory=threading.get_ident)  # the thread whose calls are counted
 
     @contextmanager
     def wrapping(self, modules: Mapping[str, nn.Module]) -> Iterator[CallReplayer]:
@@ -192,6 +193,8 @@ class CallReplayer:
     def _wrapped(self, path: str, module: nn.Module, forward: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(forward)
         def call(*args: Any, **kwargs: Any) -> Any:
+            if threading.get_ident() != self._thread:  # another thread's call: not counted (the tracker's rule)
+                return forward(*args, **kwargs)
             try:
                 key, tensors = self._key(module, args, kwargs)
             except _Refused as why:
