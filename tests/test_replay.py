@@ -277,3 +277,22 @@ def test_a_copy_passes_the_records_fields_in_their_order():
     assert names[:len(replay._HEAD)] == replay._HEAD
     assert names[len(replay._HEAD):len(replay._HEAD) + len(replay._REST)] == replay._REST
     assert names[len(replay._HEAD) + len(replay._REST):] == ("index", "inputs", "users")
+
+
+def test_a_call_from_another_thread_is_never_replayed_into_the_capture():
+    """The profiled thread calls net once; another thread then calls it on the same shapes: that call is not the
+    profile's (a foreign forward, warned about), and it is not replayed into it either."""
+    import threading
+
+    class Threads(Loop):
+        def __call__(self, calls: list[tuple], chain: bool = False) -> list:
+            out = super().__call__(calls)
+            other = threading.Thread(target=lambda: torch.no_grad()(self.net)(*calls[0]))
+            other.start()
+            other.join()
+            return out
+
+    x = torch.randn(1, 8, D)
+    prof = count(Threads(Net()), True, calls=[(x,)])
+    assert prof.total() == 8 * (D * 2 * D + 2 * D * D)
+    assert prof.reuse == ()
