@@ -105,8 +105,9 @@ _REST = _REST[:_REST.index("index")]  # (the dataflow's fields are set when the 
 
 @dataclass(frozen=True, slots=True)
 class _Copy:
-    """One record of a template: ``records_at`` the positions in its ``args`` that hold records (``(-1,)``: some
-    inside lists or dicts), ``None`` for the leaf of an input (mapped to the replayed call's, not copied);
+    """One record of a template: ``records_at`` the positions in its ``args`` that hold records a replay maps (made
+    in the call, or an input's; a parameter's leaf is the same in every call) (``(-1,)``: some inside lists or dicts),
+    ``None`` for the leaf of an input (mapped to the replayed call's, not copied);
     ``kwargs_records``: its ``kwargs`` hold records; ``stack_at``: its module stack's position among the template's;
     ``rest`` its fields after ``module_stack``, as a copy takes them."""
 
@@ -117,8 +118,8 @@ class _Copy:
     rest: tuple[Any, ...] = ()
 
     @classmethod
-    def of(cls, op: CapturedOp, stack_at: int) -> _Copy:
-        at = tuple(i for i, a in enumerate(op.args) if isinstance(a, CapturedOp))
+    def of(cls, op: CapturedOp, stack_at: int, mapped: set[int]) -> _Copy:
+        at = tuple(i for i, a in enumerate(op.args) if isinstance(a, CapturedOp) and id(a) in mapped)
         nested = any(isinstance(a, (list, tuple, dict)) for a in op.args)
         found: list[CapturedOp] = []
         map_records(op.kwargs, found.append)
@@ -338,8 +339,10 @@ class CallReplayer:
         fresh = {id(op) for op in records if op.node_op != "call_function" and op.leaf is LeafKind.CONSTANT
                  and id(op) not in alive and id(op) not in inputs}
         stacks: dict[tuple[ModuleCall, ...], int] = {}
-        plan = [_Copy(op, None) if id(op) in inputs else _Copy.of(op, stacks.setdefault(op.module_stack, len(stacks)))
-                for op in records if id(op) in inputs or op.node_op == "call_function" or id(op) in fresh]
+        kept = [op for op in records if id(op) in inputs or op.node_op == "call_function" or id(op) in fresh]
+        mapped = {id(op) for op in kept} | set(inputs)
+        plan = [_Copy(op, None) if id(op) in inputs else
+                _Copy.of(op, stacks.setdefault(op.module_stack, len(stacks)), mapped) for op in kept]
         return CallTemplate(path, plan, list(stacks), inputs, stack, calls_before, inner, module_inputs, outputs,
                             output_tensors, spec, counts, largest)
 
@@ -377,7 +380,7 @@ class CallReplayer:
                     listed = list(args)
                     for i in at:
                         record = listed[i]
-                        listed[i] = mapped.get(id(record)) or new(record)
+                        listed[i] = mapped.get(id(record)) or new(record)  # (an input's, the first time)
                     args = tuple(listed)
             clone = CapturedOp(op.node_op, op.target, args,
                                map_records(op.kwargs, new) if step.kwargs_records else op.kwargs, op.name, op.phase,
