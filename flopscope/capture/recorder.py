@@ -111,7 +111,7 @@ class Window:
 
     def allocated(self, t: torch.Tensor) -> bool:
         """Whether ``t``'s storage was allocated by an op recorded in the window."""
-        return _storage_of(t) in self.storages
+        return storage_of(t) in self.storages
 
 
 def _classify(func: Any, registry: FormulaRegistry) -> _OpClass:
@@ -414,7 +414,7 @@ class Recorder(TorchDispatchMode):
             if op is None or not isinstance(op.target, torch._ops.OpOverload):
                 return False
             if op.target.overloadpacket in UNINITIALISED:
-                last = self._last_write.get(_storage_of(t))
+                last = self._last_write.get(storage_of(t))
                 return last is None or last[0] <= self._made_at.get(id(op), -1)
             if not op.target.is_view or not op.args or not isinstance(op.args[0], CapturedOp):
                 return False
@@ -424,8 +424,8 @@ class Recorder(TorchDispatchMode):
     def known_storage(self, t: torch.Tensor) -> bool:
         """Whether ``t`` shares its storage with a tensor the run has seen (``t.data`` of a parameter, an alias
         made outside the dispatcher). A scan of every tensor seen: for the rare tensor the run has not seen."""
-        storage = _storage_of(t)
-        return any(seen is not None and _storage_of(seen) == storage
+        storage = storage_of(t)
+        return any(seen is not None and storage_of(seen) == storage
                    for seen in (ref() for ref, _ in list(self._producers.values())))
 
     def read_value(self, t: torch.Tensor) -> torch.Tensor | None:
@@ -518,7 +518,7 @@ class Recorder(TorchDispatchMode):
         for t in written:
             value = self._write_values(func, args, kwargs, t)
             if value is None:
-                self._forget_storage(_storage_of(t))
+                self._forget_storage(storage_of(t))
             values.append(value)
         return bool(self._written[func]), values[0] if values else None
 
@@ -542,7 +542,7 @@ class Recorder(TorchDispatchMode):
                 if value is None:
                     return None
                 known[id(x)] = value
-        storage = _storage_of(t)
+        storage = storage_of(t)
         with _disable_current_modes():
             try:
                 func(*_map_tensors(args, lambda x: known[id(x)]), **_map_tensors(dict(kwargs), lambda x: known[id(x)]))
@@ -550,7 +550,7 @@ class Recorder(TorchDispatchMode):
                 return None
             for key, (ref, op) in list(self._producers.items()):
                 alias = ref()
-                if alias is None or alias.dtype != whole.dtype or _storage_of(alias) != storage:
+                if alias is None or alias.dtype != whole.dtype or storage_of(alias) != storage:
                     continue
                 try:
                     value = whole.as_strided(alias.size(), alias.stride(), alias.storage_offset()).clone()
@@ -569,7 +569,7 @@ class Recorder(TorchDispatchMode):
         """The known values of every index tensor on ``storage`` are forgotten (it was written)."""
         for key, (ref, op) in list(self._producers.items()):
             t = ref()
-            if t is not None and t.dtype in INDEX_DTYPES and _storage_of(t) == storage:
+            if t is not None and t.dtype in INDEX_DTYPES and storage_of(t) == storage:
                 self._known.pop(id(op), None)
                 self._stale.add(id(op))
                 self.leaf_values.pop(key, None)
@@ -595,7 +595,7 @@ class Recorder(TorchDispatchMode):
         if not isinstance(func, torch._ops.OpOverload):
             return
         for t in self._written_tensors(func, args, kwargs):
-            storage = _storage_of(t)
+            storage = storage_of(t)
             self._last_write[storage] = (len(self.ops), op)
             for window in self.windows:
                 if storage not in window.storages:
@@ -607,7 +607,7 @@ class Recorder(TorchDispatchMode):
         (``t`` held its storage all the while, so a write to that storage since was a write to ``t``'s.)"""
         if not self._last_write:
             return producer
-        last = self._last_write.get(_storage_of(t))
+        last = self._last_write.get(storage_of(t))
         if last is None or last[1] is producer or last[0] <= self._made_at.get(id(producer), -1):
             return producer
         write = last[1]
@@ -710,7 +710,7 @@ class Recorder(TorchDispatchMode):
         results = [out] if isinstance(out, torch.Tensor) else _tensors(out)
         if self.windows and not getattr(func, "is_view", False):
             for window in self.windows:
-                window.storages.update(_storage_of(t) for t in results)
+                window.storages.update(storage_of(t) for t in results)
         op.bytes = traffic.bytes_moved(known.access, inputs, results)
         if known.collective is not None:
             op.collective = (known.collective, collectives.message_bytes(func, args, kwargs, results),
@@ -825,7 +825,7 @@ def _known_data(recorder: Recorder, data: Any) -> Any:
     return out if found else None
 
 
-def _storage_of(t: torch.Tensor) -> int:
+def storage_of(t: torch.Tensor) -> int:
     """The identity of ``t``'s storage (views of one tensor share it); ``id(t)`` where it has none."""
     try:
         return int(t.untyped_storage()._cdata)

@@ -49,7 +49,7 @@ from torch.utils import _pytree as pytree
 
 from ..formulas.registry import shape_of
 from .module_tracker import ModuleCall, ModuleTracker
-from .recorder import Recorder, Window
+from .recorder import Recorder, Window, storage_of
 from .records import CapturedOp, LeafKind, map_records
 
 _PLAIN = (type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.device, torch.layout,
@@ -236,7 +236,7 @@ class CallReplayer:
             if isinstance(leaf, torch.Tensor):
                 if not all(type(s) is int for s in (*leaf.shape, *leaf.stride())):
                     raise _Refused("an argument has a symbolic size")
-                storage = _storage(leaf)
+                storage = storage_of(leaf)
                 described.append((tuple(leaf.shape), leaf.stride(), leaf.dtype, leaf.device, leaf.requires_grad,
                                   self.recorder.values_known(leaf), storages.setdefault(storage, len(tensors))))
                 tensors.append(leaf)
@@ -288,9 +288,9 @@ class CallReplayer:
             if isinstance(leaf, torch.Tensor):
                 if not window.allocated(leaf):
                     raise _Refused("it returns a tensor it did not allocate (an input, a parameter, a view of one)")
-                if _storage(leaf) in seen:
+                if storage_of(leaf) in seen:
                     raise _Refused("two of its outputs share storage")
-                seen.add(_storage(leaf))
+                seen.add(storage_of(leaf))
                 if self.recorder.value_of(leaf) is not None:
                     raise _Refused("an output's values are known (a later read of them would differ)")
                 if leaf.requires_grad:
@@ -458,13 +458,6 @@ def _counted(method: Callable[..., Any]) -> Callable[..., Any]:
         return method(self, *args, **kwargs)
 
     return read
-
-
-def _storage(t: torch.Tensor) -> int:
-    try:
-        return int(t.untyped_storage()._cdata)
-    except (RuntimeError, NotImplementedError):
-        return id(t)
 
 
 def _state(module: nn.Module) -> tuple[Any, ...]:
