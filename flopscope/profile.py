@@ -433,12 +433,21 @@ class Profile:
     def _find_roles(self) -> dict[CapturedOp, Assignment]:
         """The role passes over the records, in graph order; a replayed call's records (:attr:`Capture.copies`) take
         the roles of the records they copy, found once: the passes run over the records of the distinct calls only
-        (linked as a capture of their own, then the whole capture linked again)."""
+        (linked as a capture of their own, then the whole capture linked again), and over the copies those read."""
         copies = self._capture.copies
         if not copies:
             found = find_roles(self._ops, self._facts.types, self._role_rules)
             return {op: found[op] for op in self._ops if op in found}  # (in graph order, as with copies)
-        distinct = [op for op in self._ops if op not in copies]
+        link(self._ops)
+        needed: set[CapturedOp] = set()  # copies that records of the passes read (a captured call taking a replayed
+        # call's output), and what those copies read: the passes run over them too
+        reading = [source for op in self._ops if op not in copies for source in op.inputs if source in copies]
+        while reading:
+            source = reading.pop()
+            if source not in needed:
+                needed.add(source)
+                reading.extend(x for x in source.inputs if x in copies)
+        distinct = [op for op in self._ops if op not in copies or op in needed]
         with _PART_LINKED:  # (while part of the records are linked, no other thread reads their links)
             try:
                 found = find_roles(distinct, self._facts.types, self._role_rules)

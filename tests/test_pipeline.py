@@ -222,10 +222,11 @@ def test_cli_profiles_a_diffusers_folder(tmp_path, capsys):
     (unet,) = [t for t in report["workload"] if t["entry"] == "unet"]
     assert (unet["steps"], unet["passes"], unet["batch"]) == (2, 1, 2)
     assert sum(t["calls"] * t["macs_per_call"] for t in report["workload"]) == report["total"]
-    assert report["reuse"] == [  # the text encoder reads its token ids (the embedding's index check)
+    assert {  # the text encoder reads its token ids (the embedding's index check); its layers are replayed
         "text_encoder: not replayed, each call captured: it read the values of tensors 1 time(s) (what runs may "
         "depend on them)",
-        "unet: 1 of 2 calls replayed from an earlier call of the same inputs' shapes (fake tensors: the same records)"]
+        "unet: 1 of 2 calls replayed from an earlier call of the same inputs' shapes (fake tensors: the same records)",
+    } <= set(report["reuse"])
     printed = capsys.readouterr().out
     assert "denoising steps (2; denoiser: unet)" in printed and "equal to the measured total" in printed
 

@@ -263,8 +263,9 @@ def test_diffusion_pipelines_replay_their_denoiser(name):
                         for reuse in (True, False))
     assert_same_capture(reused, captured)
     assert [s.macs for s in reused.steps()] == [s.macs for s in captured.steps()]
-    assert reused.reuse == (f"{denoiser}: {calls - 1} of {calls} calls replayed from an earlier call of the same "
-                            "inputs' shapes (fake tensors: the same records)",)
+    assert reused.reuse[0] == (f"{denoiser}: {calls - 1} of {calls} calls replayed from an earlier call of the same "
+                               "inputs' shapes (fake tensors: the same records)")
+    assert any(" block calls replayed " in line for line in reused.reuse[1:])  # (blocks of one structure)
 
 
 def test_a_copy_passes_the_records_fields_in_their_order():
@@ -296,3 +297,60 @@ def test_a_call_from_another_thread_is_never_replayed_into_the_capture():
     prof = count(Threads(Net()), True, calls=[(x,)])
     assert prof.total() == 8 * (D * 2 * D + 2 * D * D)
     assert prof.reuse == ()
+
+
+class Block(nn.Module):
+    """A block of a stack: Net, scaled by a plain attribute."""
+
+    def __init__(self, scale: float = 1.0) -> None:
+        super().__init__()
+        self.net, self.scale = Net(), scale
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x) * self.scale + x
+
+
+class Stack(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList([Block(), Block(), Block(scale=2.0), Block()])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x)
+        return x
+
+
+def test_blocks_of_one_structure_are_replayed_from_one_another():
+    """Blocks 1 and 3 are block 0's structure on the same shapes: replayed, each with its own parameters and module
+    paths; block 2's scale differs (a plain attribute): captured. The capture is every block run."""
+    x = torch.randn(2, 8, D)
+    reused, captured = (count(Loop(Stack()), reuse, calls=[(x,)]) for reuse in (True, False))
+    assert_same_capture(reused, captured)
+    assert reused.total() == 4 * 2 * 8 * (D * 2 * D + 2 * D * D)
+    assert reused.reuse == ("net.blocks: 2 of 4 block calls replayed from an earlier call of a block of the same "
+                            "structure on the same inputs' shapes (fake tensors: the same records)",)
+    weights = {op.target for op in reused.profile._ops if op.node_op == "get_attr" and op.target.endswith("up.weight")}
+    assert weights == {f"net.blocks.{i}.net.up.weight" for i in range(4)}
+
+
+class Two:
+    """A pipeline of two components: ``a`` twice on the same shapes (the second replayed), then ``b`` (captured) on
+    the replayed call's output."""
+
+    def __init__(self) -> None:
+        self.components = {"a": Net(), "b": Stack()}
+        self.scheduler = None
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        self.components["a"](x)
+        return self.components["b"](self.components["a"](x))
+
+
+def test_a_captured_call_reading_a_replayed_calls_output_gets_its_roles():
+    """The role passes run over the distinct calls' records and over the replayed records those read (here the
+    second call of ``a``, read by ``b``): every record's roles equal those of the passes over every call."""
+    x = torch.randn(2, 8, D)
+    reused, captured = (count(Two(), reuse, x=x) for reuse in (True, False))
+    assert_same_capture(reused, captured)
+    assert reused.total() == 2 * 2 * 8 * (D * 2 * D + 2 * D * D) + 4 * 2 * 8 * (D * 2 * D + 2 * D * D)

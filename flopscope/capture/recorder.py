@@ -99,7 +99,7 @@ class _OpClass:
 _OP_TYPES = (torch._ops.OpOverload, torch._ops.HigherOrderOperator)
 
 
-@dataclass
+@dataclass(eq=False)
 class Window:
     """A call being watched (:meth:`Recorder.watching`): its records start at ``start`` in :attr:`Recorder.ops`;
     ``storages``: the storages the ops recorded since allocated (views excluded); ``outside_writes``: writes since to

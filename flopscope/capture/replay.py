@@ -36,9 +36,10 @@ from __future__ import annotations
 import dataclasses
 import enum
 import functools
+import inspect
 import threading
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -143,6 +144,8 @@ class CallTemplate:
     output_spec: pytree.TreeSpec
     counts: _Counts  # what the call added to the recorder's tallies
     largest_out: int  # bytes of the largest tensor the call made
+    parameters: dict[int, str] = field(default_factory=dict)  # structural: id(record) of the module's parameter or
+    # buffer -> its name in the module (a replay into another module of the same structure takes that one's)
     replays: int = 0
 
 
@@ -157,7 +160,10 @@ class CallReplayer:
     replayed: Counter[str] = field(default_factory=Counter)
     captured: Counter[str] = field(default_factory=Counter)
     refused: dict[str, list[str]] = field(default_factory=dict)
+    blocks: bool = True  # also replay a block of a ModuleList from another block of the same structure
     _templates: dict[Any, CallTemplate | str] = field(default_factory=dict)
+    _ours: set[int] = field(default_factory=set)  # id() of the modules whose forward is our wrapper
+    _groups: set[str] = field(default_factory=set)  # the ModuleLists whose blocks are replayed from one another
     _thread: int = field(default_factory=threading.get_ident)  # the thread whose calls are counted
 
     @contextmanager
@@ -171,8 +177,16 @@ class CallReplayer:
                         "its forward is replaced on the instance (a hook: offloading, caching), state a key cannot "
                         "see")
                     continue
-                module.forward = self._wrapped(path, module, module.forward)
-                stack.callback(vars(module).pop, "forward", None)
+                targets = [(path, module, path, False)]
+                if self.blocks:
+                    targets += [(f"{path}.{name}.{i}", block, f"{path}.{name}", True)
+                                for name, blocks in module.named_modules() if _blocks(blocks)
+                                for i, block in enumerate(blocks) if "forward" not in vars(block)]
+                for where, target, label, structural in targets:
+                    self._ours.add(id(target))
+                    target.forward = self._wrapped(where, target, target.forward, label, structural)
+                    stack.callback(vars(target).pop, "forward", None)
+                    stack.callback(self._ours.discard, id(target))
             yield self
 
     def notes(self) -> list[str]:
@@ -180,10 +194,14 @@ class CallReplayer:
         lines = []
         for path in sorted(set(self.replayed) | set(self.captured) | set(self.refused)):
             replayed, captured = self.replayed[path], self.captured[path]
-            if replayed:
+            if replayed and path in self._groups:
+                lines.append(f"{path}: {replayed} of {replayed + captured} block calls replayed from an earlier call "
+                             "of a block of the same structure on the same inputs' shapes (fake tensors: the same "
+                             "records)")
+            elif replayed:
                 lines.append(f"{path}: {replayed} of {replayed + captured} calls replayed from an earlier call of the "
                              "same inputs' shapes (fake tensors: the same records)")
-            elif captured > 1 and path not in self.refused:
+            elif captured > 1 and path not in self.refused and path not in self._groups:
                 lines.append(f"{path}: {captured} calls, each captured (no two had the same inputs' shapes and plain "
                              "arguments)")
             for reason in dict.fromkeys(self.refused.get(path, ())):
@@ -191,25 +209,32 @@ class CallReplayer:
         return lines
 
     # ---------------------------------------------------------------------------------------------
-    def _wrapped(self, path: str, module: nn.Module, forward: Callable[..., Any]) -> Callable[..., Any]:
+    def _wrapped(self, path: str, module: nn.Module, forward: Callable[..., Any], label: str,
+                 structural: bool) -> Callable[..., Any]:
+        """``module.forward`` replaying where it can; ``label`` names its calls in the notes (a block's: its list);
+        ``structural``: keyed by the module's structure, not its identity (a block of a list)."""
+        if structural:
+            self._groups.add(label)
+
         @functools.wraps(forward)
         def call(*args: Any, **kwargs: Any) -> Any:
-            if threading.get_ident() != self._thread:  # another thread's call: not counted (the tracker's rule)
-                return forward(*args, **kwargs)
+            if threading.get_ident() != self._thread or (structural and label in self.refused):
+                return forward(*args, **kwargs)  # another thread's call (not counted: the tracker's rule), or a block
+                # of a list whose calls were refused once: captured without a key's cost
             try:
-                key, tensors = self._key(module, args, kwargs)
+                key, tensors = self._key(module, args, kwargs, structural)
             except _Refused as why:
-                self._refuse(path, None, str(why))
-                self.captured[path] += 1
+                self._refuse(label, None, str(why))
+                self.captured[label] += 1
                 return forward(*args, **kwargs)
             template = self._templates.get(key)
             if isinstance(template, CallTemplate):
-                self.replayed[path] += 1
-                return self._replay(template, tensors)
-            self.captured[path] += 1
+                self.replayed[label] += 1
+                return self._replay(template, tensors, path, module)
+            self.captured[label] += 1
             if isinstance(template, str):
                 return forward(*args, **kwargs)
-            return self._first(path, key, forward, args, kwargs, tensors)
+            return self._first(path, key, forward, args, kwargs, tensors, label, module if structural else None)
 
         return call
 
@@ -218,10 +243,11 @@ class CallReplayer:
             self._templates[key] = reason
         self.refused.setdefault(path, []).append(reason)
 
-    def _key(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+    def _key(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], structural: bool = False
              ) -> tuple[Any, list[torch.Tensor]]:
         """The key of a call, and its tensor arguments in order; raises :class:`_Refused` where a call's records
-        cannot be decided by a key."""
+        cannot be decided by a key. ``structural``: the module by its structure (class, submodules, parameter shapes,
+        attributes), so that blocks of the same structure share keys."""
         if not self.recorder.fake:
             raise _Refused("a real run computes every call")
         if torch.is_grad_enabled():
@@ -244,10 +270,12 @@ class CallReplayer:
                 described.append((type(leaf), leaf))
             else:
                 raise _Refused(f"an argument is a {type(leaf).__name__} (only tensors and plain values are keyed)")
-        return (id(module), str(spec), tuple(described), _state(module)), tensors
+        identity = type(module) if structural else id(module)
+        return (identity, str(spec), tuple(described), _state(module, self._ours, structural)), tensors
 
     def _first(self, path: str, key: Any, forward: Callable[..., Any], args: tuple[Any, ...],
-               kwargs: dict[str, Any], tensors: list[torch.Tensor]) -> Any:
+               kwargs: dict[str, Any], tensors: list[torch.Tensor], label: str | None = None,
+               structural: nn.Module | None = None) -> Any:
         """Run the call, watched; keep its records as the key's template if they are provably every call's."""
         recorder, tracker = self.recorder, self.tracker
         before = _Counts.of(recorder)
@@ -268,13 +296,15 @@ class CallReplayer:
                     raise _Refused("it changed what its arguments hold (a list or dict it was given: a cache)")
                 outputs, output_tensors, spec = self._outputs(out, window)
             except _Refused as why:
-                self._refuse(path, key, str(why))
+                self._refuse(label or path, key, str(why))
                 return out
         try:
+            parameters = {} if structural is None else {
+                id(record): name for name, t in _named_state(structural) if (record := recorder.made_by(t)) is not None}
             template = self._template(path, window, tensors, stack, calls_before, _Counts.of(recorder).since(before),
-                                      outputs, output_tensors, spec, made_largest)
+                                      outputs, output_tensors, spec, made_largest, parameters)
         except _Refused as why:
-            self._refuse(path, key, str(why))
+            self._refuse(label or path, key, str(why))
         else:
             self._templates[key] = template
         return out
@@ -306,7 +336,8 @@ class CallReplayer:
 
     def _template(self, path: str, window: Window, tensors: list[torch.Tensor], stack: tuple[ModuleCall, ...],
                   calls_before: Counter[str], counts: _Counts, outputs: list[Any],
-                  output_tensors: list[torch.Tensor | None], spec: pytree.TreeSpec, largest: int) -> CallTemplate:
+                  output_tensors: list[torch.Tensor | None], spec: pytree.TreeSpec, largest: int,
+                  parameters: dict[int, str]) -> CallTemplate:
         recorder, tracker = self.recorder, self.tracker
         if counts.value_reads:
             raise _Refused(f"it read the values of tensors {counts.value_reads} time(s) (what runs may depend on them)")
@@ -340,30 +371,39 @@ class CallReplayer:
                  and id(op) not in alive and id(op) not in inputs}
         stacks: dict[tuple[ModuleCall, ...], int] = {}
         kept = [op for op in records if id(op) in inputs or op.node_op == "call_function" or id(op) in fresh]
-        mapped = {id(op) for op in kept} | set(inputs)
+        mapped = {id(op) for op in kept} | set(inputs) | set(parameters)
         plan = [_Copy(op, None) if id(op) in inputs else
                 _Copy.of(op, stacks.setdefault(op.module_stack, len(stacks)), mapped) for op in kept]
         return CallTemplate(path, plan, list(stacks), inputs, stack, calls_before, inner, module_inputs, outputs,
-                            output_tensors, spec, counts, largest)
+                            output_tensors, spec, counts, largest, parameters)
 
-    def _replay(self, template: CallTemplate, tensors: list[torch.Tensor]) -> Any:
-        """Copy the template's records into this call; return its outputs, made anew."""
+    def _replay(self, template: CallTemplate, tensors: list[torch.Tensor], path: str, module: nn.Module) -> Any:
+        """Copy the template's records into this call of ``module`` (at ``path``: the template's module, or another
+        of the same structure, whose parameters and module paths its copies take); return its outputs, made anew."""
         recorder, tracker = self.recorder, self.tracker
         stack, depth = tracker.stack, len(template.stack)
-        offset = {name: tracker.calls[name] - template.calls_before[name] for name in template.inner_calls}
-        stacks = [frames and (*stack, *(ModuleCall(f.path, f.call + offset.get(f.path, 0)) for f in frames[depth:]))
+        rename = _renaming(template.path, path)
+        offset = {name: tracker.calls[rename(name)] - template.calls_before[name] for name in template.inner_calls}
+        stacks = [frames and (*stack, *(ModuleCall(rename(f.path), f.call + offset.get(f.path, 0))
+                                        for f in frames[depth:]))
                   for frames in template.stacks]  # (a leaf's stack is empty)
         mapped: dict[int, CapturedOp] = {}
         clones: list[CapturedOp] = []
-        copies = recorder.copies
+        copies = recorder.copies if path == template.path else {}  # (another block's records: their own roles)
+        state = dict(_named_state(module)) if template.parameters else {}
 
         def new(record: CapturedOp) -> CapturedOp:
             found = mapped.get(id(record))
             if found is None:
                 position = template.inputs.get(id(record))
-                if position is None:
+                name = template.parameters.get(id(record))
+                if position is not None:
+                    found = recorder.record_of(tensors[position])
+                elif name is not None and name in state:
+                    found = recorder.record_of(state[name])
+                else:
                     return record  # a parameter, a buffer, a constant: the same in every call
-                found = mapped[id(record)] = recorder.record_of(tensors[position])
+                mapped[id(record)] = found
             return found
 
         for step in template.plan:  # (the hot loop of a replay: one pass, no call per record but the copy's)
@@ -389,10 +429,10 @@ class CallReplayer:
             clones.append(clone)
             copies[clone] = op
         recorder.add_records(clones)
-        for name, n in template.inner_calls.items():
-            tracker.calls[name] += n
         for call, shapes in template.module_inputs.items():
-            tracker.inputs[ModuleCall(call.path, call.call + offset[call.path])] = shapes
+            tracker.inputs[ModuleCall(rename(call.path), call.call + offset[call.path])] = shapes
+        for name, n in template.inner_calls.items():
+            tracker.calls[rename(name)] += n
         template.counts.add_to(recorder)
         recorder.largest_out = max(recorder.largest_out, template.largest_out)
         template.replays += 1
@@ -405,6 +445,8 @@ class CallReplayer:
                     continue
                 made = like.new_empty_strided(like.shape, like.stride())
                 recorder.set_producer(made, mapped.get(id(value), value))
+                for window in recorder.windows:  # (made by this call, inside any call being watched)
+                    window.storages.add(storage_of(made))
                 leaves.append(made)
         finally:
             tracker.stack = stack
@@ -460,21 +502,58 @@ def _counted(method: Callable[..., Any]) -> Callable[..., Any]:
     return read
 
 
-def _state(module: nn.Module) -> tuple[Any, ...]:
+def _state(module: nn.Module, ours: Collection[int] = (), structural: bool = False) -> tuple[Any, ...]:
     """What a call of ``module`` can read of its modules' state, by value where immutable, else by identity:
     each submodule's identity, mode, parameters and buffers (identity, shape, dtype) and plain attributes. Raises
-    :class:`_Refused` for a submodule with hooks of its own or an instance-level ``forward``."""
+    :class:`_Refused` for a submodule with hooks of its own or an instance-level ``forward`` (not ours: ``ours``).
+    ``structural``: submodules by name and class, tensors by shape, dtype and ``requires_grad``, not by identity
+    (two blocks of one structure have the same state), and other objects by class and plain attributes."""
     state: list[Any] = []
-    for m in module.modules():
+    held = _held_alike if structural else _held
+    for name, m in module.named_modules():
         own = vars(m)
-        if m._forward_hooks or m._forward_pre_hooks or (m is not module and "forward" in own):
+        if m._forward_hooks or m._forward_pre_hooks or (m is not module and "forward" in own and id(m) not in ours):
             raise _Refused(f"{type(m).__name__} inside it has hooks of its own (state a key cannot see)")
-        tensors = tuple((name, id(t), tuple(t.shape), t.dtype) if t is not None else (name, None)
-                        for table in (m._parameters, m._buffers) for name, t in table.items())
-        plain = tuple((name, _held(value)) for name, value in own.items()
-                      if name not in _MODULE_INTERNALS and name != "forward")
-        state.append((id(m), m.training, tensors, plain))
+        tensors = tuple(((key, tuple(t.shape), t.dtype, t.requires_grad) if structural else
+                         (key, id(t), tuple(t.shape), t.dtype)) if t is not None else (key, None)
+                        for table in (m._parameters, m._buffers) for key, t in table.items())
+        plain = tuple((key, held(value)) for key, value in own.items()
+                      if key not in _MODULE_INTERNALS and key != "forward")
+        state.append(((name, type(m)) if structural else id(m), m.training, tensors, plain))
     return tuple(state)
+
+
+def _held_alike(value: Any) -> Any:
+    """As :func:`_held`, but an object other than a plain value, a container, a tensor, a function or a class by its
+    class and its plain attributes (an attention processor of each block: equal where they hold the same settings);
+    a tensor that is no parameter by identity (what it holds is not known)."""
+    if isinstance(value, (tuple, list, dict, torch.Tensor, *_PLAIN)):
+        return _held(value)
+    own = getattr(value, "__dict__", None)
+    if isinstance(own, dict) and len(own) <= _MAX_PLAIN_ITEMS and all(isinstance(v, _PLAIN) for v in own.values()) \
+            and not inspect.isroutine(value) and not isinstance(value, type):  # (a function, a class: by identity)
+        return (type(value), tuple(own.items()))
+    return ("id", id(value))
+
+
+def _blocks(modules: nn.Module) -> bool:
+    """Whether ``modules`` is a list of blocks one may be replayed from another: an ``nn.ModuleList`` of at least two
+    modules of one class that hold modules themselves (layers, resnets; not ``[Linear, Dropout]``)."""
+    return (isinstance(modules, nn.ModuleList) and len(modules) > 1 and len({type(m) for m in modules}) == 1
+            and all(next(iter(m.children()), None) is not None for m in modules))
+
+
+def _named_state(module: nn.Module) -> list[tuple[str, torch.Tensor]]:
+    """``module``'s parameters and buffers by their names in it."""
+    return [*module.named_parameters(), *module.named_buffers()]
+
+
+def _renaming(old: str, new: str) -> Callable[[str], str]:
+    """The module path ``p`` under ``old`` as the same path under ``new`` (paths outside ``old`` unchanged)."""
+    if old == new:
+        return lambda p: p
+    prefix = old + "."
+    return lambda p: new + p[len(old):] if p == old or p.startswith(prefix) else p
 
 
 def _held(value: Any) -> Any:
