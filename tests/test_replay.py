@@ -354,3 +354,14 @@ def test_a_captured_call_reading_a_replayed_calls_output_gets_its_roles():
     reused, captured = (count(Two(), reuse, x=x) for reuse in (True, False))
     assert_same_capture(reused, captured)
     assert reused.total() == 2 * 2 * 8 * (D * 2 * D + 2 * D * D) + 4 * 2 * 8 * (D * 2 * D + 2 * D * D)
+
+
+def test_a_block_sharing_a_module_with_another_is_not_replayed():
+    """Block 1 uses block 0's Net (one module in two places, attributed to its first path): a copy renamed to block
+    1's paths would not be what a run records, so block 1 is captured."""
+    stack = Stack()
+    stack.blocks[1].net = stack.blocks[0].net
+    x = torch.randn(2, 8, D)
+    reused, captured = (count(Loop(stack), reuse, calls=[(x,)]) for reuse in (True, False))
+    assert_same_capture(reused, captured)
+    assert any("shared with another place" in line for line in reused.reuse)

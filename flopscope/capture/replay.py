@@ -164,6 +164,7 @@ class CallReplayer:
     _templates: dict[Any, CallTemplate | str] = field(default_factory=dict)
     _ours: set[int] = field(default_factory=set)  # id() of the modules whose forward is our wrapper
     _groups: set[str] = field(default_factory=set)  # the ModuleLists whose blocks are replayed from one another
+    _owned: dict[int, bool] = field(default_factory=dict)  # id(block) -> _own_paths
     _thread: int = field(default_factory=threading.get_ident)  # the thread whose calls are counted
 
     @contextmanager
@@ -222,6 +223,9 @@ class CallReplayer:
                 return forward(*args, **kwargs)  # another thread's call (not counted: the tracker's rule), or a block
                 # of a list whose calls were refused once: captured without a key's cost
             try:
+                if structural and not self._own_paths(path, module):
+                    raise _Refused("a module inside a block is shared with another place (its calls are attributed "
+                                   "to its first path)")
                 key, tensors = self._key(module, args, kwargs, structural)
             except _Refused as why:
                 self._refuse(label, None, str(why))
@@ -237,6 +241,16 @@ class CallReplayer:
             return self._first(path, key, forward, args, kwargs, tensors, label, module if structural else None)
 
         return call
+
+    def _own_paths(self, path: str, module: nn.Module) -> bool:
+        """Whether every module inside ``module`` (at ``path``) has its path under it in the capture (the tracker
+        names a module shared by two places by its first path, which a renamed copy would not)."""
+        found = self._owned.get(id(module))
+        if found is None:
+            paths = self.tracker.paths
+            found = self._owned[id(module)] = all(
+                paths.get(id(m)) == (f"{path}.{name}" if name else path) for name, m in module.named_modules())
+        return found
 
     def _refuse(self, path: str, key: Any, reason: str) -> None:
         if key is not None:
