@@ -365,3 +365,33 @@ def test_a_block_sharing_a_module_with_another_is_not_replayed():
     reused, captured = (count(Loop(stack), reuse, calls=[(x,)]) for reuse in (True, False))
     assert_same_capture(reused, captured)
     assert any("shared with another place" in line for line in reused.reuse)
+
+
+class Split(nn.Module):
+    """Returns two views of one product and the product itself (outputs sharing one storage)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(D, D, bias=False)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        y = self.proj(x)
+        return y[:, :4], y[:, 4:], y
+
+
+class UseSplit(Loop):
+    """Calls Split twice, then multiplies what the second call returned (its views and the whole)."""
+
+    def __call__(self, calls: list[tuple], chain: bool = False) -> list:
+        out = super().__call__(calls)
+        first, second, whole = out[-1]
+        assert first.untyped_storage().nbytes() == whole.untyped_storage().nbytes()  # views of one storage
+        return [first @ second.transpose(1, 2), whole.sum()]
+
+
+def test_outputs_viewing_one_storage_are_remade_as_views_of_one():
+    x = torch.randn(2, 8, D)
+    reused, captured = (count(UseSplit(Split()), reuse, calls=[(x,), (x,)]) for reuse in (True, False))
+    assert_same_capture(reused, captured)
+    assert reused.total() == 2 * 2 * 8 * D * D
+    assert "net: 1 of 2 calls replayed" in reused.reuse[0]

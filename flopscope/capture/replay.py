@@ -13,8 +13,9 @@ keeps its records as a :class:`CallTemplate` when they are provably the same for
   are not part of the key, so a call reading them could differ with them;
 - it wrote nothing it did not allocate (an input, a parameter, a cache made before it) and left the lists and dicts
   it was given as they were: the next call would see the change;
-- its outputs are tensors it allocated (no input or parameter handed back), none sharing storage with another, none
-  with known values, and plain values (numbers, strings, ``None``);
+- its outputs are tensors it allocated (no input or parameter handed back; outputs viewing one storage are remade
+  as views of one storage, an output given twice as one tensor), none with known values, and plain values (numbers,
+  strings, ``None``);
 - grad mode is off and autocast is off (no autograd graph to build), the module and its submodules carry no hooks of
   their own and no instance-level ``forward`` (offloading, caching hooks: state the key cannot see), and no parameter
   appeared during the call.
@@ -327,14 +328,10 @@ class CallReplayer:
         leaves, spec = pytree.tree_flatten(out)
         records: list[Any] = []
         tensors: list[torch.Tensor | None] = []
-        seen: set[int] = set()
         for leaf in leaves:
             if isinstance(leaf, torch.Tensor):
                 if not window.allocated(leaf):
                     raise _Refused("it returns a tensor it did not allocate (an input, a parameter, a view of one)")
-                if storage_of(leaf) in seen:
-                    raise _Refused("two of its outputs share storage")
-                seen.add(storage_of(leaf))
                 if self.recorder.value_of(leaf) is not None:
                     raise _Refused("an output's values are known (a later read of them would differ)")
                 if leaf.requires_grad:
@@ -450,17 +447,31 @@ class CallReplayer:
         template.counts.add_to(recorder)
         recorder.largest_out = max(recorder.largest_out, template.largest_out)
         template.replays += 1
-        leaves = []
+        leaves: list[Any] = []
         tracker.stack = ()  # (so that the recorder passes the allocations below: they are the copies' outputs)
         try:
+            made_for: dict[int, torch.Tensor] = {}  # id(template's output) -> the tensor made for it
+            bases: dict[int, torch.Tensor] = {}  # storage of the template's outputs -> the storage made for them
+            shared = Counter(storage_of(t) for t in template.output_tensors if t is not None)
             for value, like in zip(template.outputs, template.output_tensors, strict=True):
                 if like is None:
                     leaves.append(value)
                     continue
-                made = like.new_empty_strided(like.shape, like.stride())
-                recorder.set_producer(made, mapped.get(id(value), value))
-                for window in recorder.windows:  # (made by this call, inside any call being watched)
-                    window.storages.add(storage_of(made))
+                made = made_for.get(id(like))
+                if made is None:  # (an output twice is one tensor twice; outputs viewing one storage view one)
+                    storage = storage_of(like)
+                    if shared[storage] > 1:
+                        base = bases.get(storage)
+                        if base is None:
+                            base = bases[storage] = like.new_empty(
+                                (like.untyped_storage().nbytes() // like.element_size(),))
+                        made = base.as_strided(like.shape, like.stride(), like.storage_offset())
+                    else:
+                        made = like.new_empty_strided(like.shape, like.stride())
+                    made_for[id(like)] = made
+                    recorder.set_producer(made, mapped.get(id(value), value))
+                    for window in recorder.windows:  # (made by this call, inside any call being watched)
+                        window.storages.add(storage_of(made))
                 leaves.append(made)
         finally:
             tracker.stack = stack
