@@ -170,16 +170,16 @@ class PipelineProfile:
 
     def __init__(self, profile: Profile, components: Sequence[str], denoisers: Sequence[str],
                  steps: Sequence[DenoisingStep], output: Any, reuse: Sequence[str] = (),
-                 first_call: Mapping[str, int] | None = None) -> None:
+                 step_of_call: Mapping[ModuleCall, int] | None = None) -> None:
         self.profile = profile
         self.components = tuple(components)
         self.denoisers = tuple(denoisers)
         self._steps = tuple(steps)
         self.output = output
         self.reuse = tuple(reuse)
-        self._first_call = dict(first_call or {})  # component -> its calls made before the denoising loop
         """How repeated calls were counted: per component, the calls replayed from an earlier call's records, or
         why its calls were captured again (:mod:`flopscope.capture.replay`); empty without reuse."""
+        self._step_of_call = dict(step_of_call or {})  # a component's call in the loop -> the step it ran in
 
     def __getattr__(self, name: str) -> Any:  # only called for names this object lacks
         if name.startswith("_"):
@@ -191,7 +191,7 @@ class PipelineProfile:
         that did not run)."""
         out = dict.fromkeys(self.components, 0)
         for op in self.profile._ops:
-            component = (op.module or "").split(".", 1)[0]
+            component = component_of(op.module)
             if op.macs and component in out:
                 out[component] += op.macs
         return out
@@ -200,7 +200,7 @@ class PipelineProfile:
         """``{component: {role: MACs}}``: each component's roles, in the canonical role order."""
         out: dict[str, Counter[str]] = {name: Counter() for name in self.components}
         for op, assignment in self.profile.role_assignments_by_op().items():
-            component = (op.module or "").split(".", 1)[0]
+            component = component_of(op.module)
             if component in out:
                 for role, macs in assignment.parts.items():
                     out[component][role] += macs
@@ -213,43 +213,25 @@ class PipelineProfile:
     def workload(self) -> Workload:
         """The call as calls x MACs per call of each entry point (a denoiser's as steps x passes), adding up to
         :meth:`total`, and each component against its blocks' closed forms (:class:`Workload`)."""
-        per_call: Counter[tuple[str, int]] = Counter()
-        for op in self.profile._ops:
-            if op.module_stack and op.macs:
-                per_call[op.module_stack[0]] += op.macs
+        per_call = _macs_by_entry(self.profile)
         entries = {path: sorted(n for p, n in per_call if p == path) for path, _ in per_call}
-        step_of = self._step_of_call()
+        step_of = self._step_of_call
         terms = []
         for component in self.components:
-            for entry in [p for p in entries if p.split(".", 1)[0] == component]:
+            for entry in [p for p in entries if component_of(p) == component]:
                 groups: dict[int, list[int]] = {}
                 for call in entries[entry]:
-                    groups.setdefault(per_call[(entry, call)], []).append(call)
+                    groups.setdefault(per_call[ModuleCall(entry, call)], []).append(call)
                 for macs, calls in groups.items():
-                    steps = {step_of.get((entry, call)) for call in calls}
+                    steps = {step_of.get(ModuleCall(entry, call)) for call in calls}
                     if entry in self.denoisers and None not in steps and len(calls) % len(steps) == 0:
-                        batch = self._batch_of_call(entry, calls[0])
-                        guidance = self._steps[step_of[(entry, calls[0])]].guidance
+                        batch = _batch_of(self.profile, ModuleCall(entry, calls[0]))
+                        guidance = self._steps[step_of[ModuleCall(entry, calls[0])]].guidance
                         terms.append(WorkloadTerm(component, entry, len(calls), macs, len(steps),
                                                   len(calls) // len(steps), batch, guidance))
                     else:
                         terms.append(WorkloadTerm(component, entry, len(calls), macs))
         return Workload(tuple(terms), self._closed_forms(), self.profile.total())
-
-    def _step_of_call(self) -> dict[tuple[str, int], int]:
-        """(denoiser, call number) -> the step it ran in."""
-        out = {}
-        for name in self.denoisers:
-            call = 0
-            for step in self._steps:
-                for _ in range(step.calls.get(name, 0)):
-                    call += 1
-                    out[(name, call + self._first_call.get(name, 0))] = step.step
-        return out
-
-    def _batch_of_call(self, path: str, call: int) -> int | None:
-        shapes = self.profile._capture.module_inputs.get(ModuleCall(path, call), ())
-        return next((int(shape[0]) for _, shape in shapes if len(shape) and type(shape[0]) is int), None)
 
     def _closed_forms(self) -> tuple[ComponentClosedForm, ...]:
         rows = self.profile.reconcile().rows
@@ -257,7 +239,7 @@ class PipelineProfile:
         by_component = self.by_component()
         out = []
         for component in self.components:
-            mine = [r for r in rows if r.block.split(".", 1)[0] == component]
+            mine = [r for r in rows if component_of(r.block) == component]
             if not by_component[component]:
                 continue
             covered: Counter[str] = Counter()
@@ -340,9 +322,8 @@ def profile_pipeline(pipe: Any, *, mode: str = "fake", registry: FormulaRegistry
                 notes = replayer.notes() if replayer is not None else []
         finally:
             prof = session.finish(stacklevel=3)
-    steps, denoisers = _steps(prof, list(modules), begun[0], marks)
-    return PipelineProfile(prof, list(modules), denoisers, steps, output, notes,
-                           {c: n for c, n in begun[0].items() if c in modules})
+    steps, denoisers, step_of_call = _steps(prof, list(modules), begun[0], marks)
+    return PipelineProfile(prof, list(modules), denoisers, steps, output, notes, step_of_call)
 
 
 def _module_components(pipe: Any) -> dict[str, nn.Module]:
@@ -424,35 +405,49 @@ def _batch(sample: Any) -> int | None:
     return int(sample.shape[0]) if isinstance(sample, torch.Tensor) and sample.dim() else None
 
 
-def _steps(prof: Profile, components: list[str], begun: Counter[str], marks: list[tuple[Counter[str], int | None]]
-           ) -> tuple[list[DenoisingStep], list[str]]:
-    """The denoising steps between the scheduler's marks (the first from ``begun``, the calls made when the loop
-    began): each component's calls and MACs per step; the denoisers are the components called in every step."""
-    if not marks:
-        return [], []
-    macs_of_call: Counter[tuple[str, int]] = Counter()
+def component_of(path: str | None) -> str:
+    """The component a module path belongs to: its first part (``"transformer"`` of
+    ``"transformer.transformer_blocks.0.attn"``)."""
+    return (path or "").split(".", 1)[0]
+
+
+
+def _macs_by_entry(prof: Profile) -> Counter[ModuleCall]:
+    """MACs of each outermost module call: a component's call, or a call of one of its modules made by another
+    method than ``forward`` (``vae.decode`` calls ``vae.decoder``)."""
+    out: Counter[ModuleCall] = Counter()
     for op in prof._ops:
         if op.module_stack and op.macs:
-            frame = op.module_stack[0]
-            macs_of_call[(frame.path.split(".", 1)[0], frame.call)] += op.macs
-    # calls of each component's outermost frames, numbered per path: map each outermost call to its component
+            out[op.module_stack[0]] += op.macs
+    return out
+
+
+def _batch_of(prof: Profile, call: ModuleCall) -> int | None:
+    """The batch of a module call: the leading size of its first tensor input (``None`` if it had none)."""
+    shapes = prof._capture.module_inputs.get(call, ())
+    return next((int(shape[0]) for _, shape in shapes if len(shape) and type(shape[0]) is int), None)
+
+
+def _steps(prof: Profile, components: list[str], begun: Counter[str], marks: list[tuple[Counter[str], int | None]]
+           ) -> tuple[list[DenoisingStep], list[str], dict[ModuleCall, int]]:
+    """The denoising steps between the scheduler's marks (the first from ``begun``, the calls made when the loop
+    began): each component's calls and MACs per step; the denoisers are the components called in every step; and
+    the step each component call of the loop ran in."""
+    if not marks:
+        return [], [], {}
+    macs_of_call = _macs_by_entry(prof)
     calls_at = [Counter({c: n for c, n in counts.items() if c in components}) for counts, _ in marks]
     start = Counter({c: n for c, n in begun.items() if c in components})
     per_step = [calls_at[0] - start, *[calls_at[i] - calls_at[i - 1] for i in range(1, len(calls_at))]]
     denoisers = [c for c in components if all(step.get(c) for step in per_step)]
-    inputs = prof._capture.module_inputs
-    steps = []
+    steps, step_of_call = [], {}
     for i, (calls, (_, batch)) in enumerate(zip(per_step, marks, strict=True)):
         first = calls_at[i - 1] if i else start
-        macs = {c: sum(macs_of_call[(c, k)] for k in range(first[c] + 1, first[c] + n + 1))
-                for c, n in calls.items() if n}
-        denoiser_batch = None
-        if denoisers:
-            name = denoisers[0]
-            shapes = next((s for call, s in inputs.items() if call.path == name and call.call == first[name] + 1), ())
-            denoiser_batch = next((int(shape[0]) for _, shape in shapes if len(shape) and type(shape[0]) is int),
-                                  None)
+        made = {c: [ModuleCall(c, k) for k in range(first[c] + 1, first[c] + n + 1)] for c, n in calls.items() if n}
+        step_of_call.update({call: i for each in made.values() for call in each})
+        macs = {c: sum(macs_of_call[call] for call in each) for c, each in made.items()}
+        denoiser_batch = _batch_of(prof, ModuleCall(denoisers[0], first[denoisers[0]] + 1)) if denoisers else None
         passes = calls.get(denoisers[0], 0) if denoisers else 0
         guidance = ("passes" if passes > 1 else "batch" if batch and denoiser_batch == 2 * batch else "none")
         steps.append(DenoisingStep(i, macs, {c: n for c, n in calls.items() if n}, batch, denoiser_batch, guidance))
-    return steps, denoisers
+    return steps, denoisers, step_of_call

@@ -27,7 +27,7 @@ from .attribute.roles import RoleRule
 from .capture.checks import check_positive
 from .errors import ConfigurationError
 from .formulas.registry import FormulaRegistry
-from .pipeline import profile_pipeline
+from .pipeline import component_of, profile_pipeline
 from .predict.polynomial import Polynomial, Scaling, interpolate
 from .scaling import MIN_LENGTHS
 
@@ -119,7 +119,7 @@ def _through(pixels: list[int], values: Sequence[int | None]) -> Polynomial | No
 def _predicted(component: str, roles: dict[str, int], rows: Sequence[Any]) -> dict[str, int | None]:
     """Per role of ``component``: the sum of its closed-form rows' predictions, where those rows cover the role's
     measured MACs and each has a prediction; else ``None``."""
-    mine = [r for r in rows if r.block.split(".", 1)[0] == component]
+    mine = [r for r in rows if component_of(r.block) == component]
     out: dict[str, int | None] = {}
     for role, macs in roles.items():
         of_role = [r for r in mine if r.role == role]

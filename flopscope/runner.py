@@ -69,7 +69,7 @@ from .capture.recorder import (
 )
 from .capture.records import Capture, LeafKind, LeafName, op_name
 from .capture.replay import CallReplayer
-from .capture.state import ModelSnapshot
+from .capture.state import ModelSnapshot, named_state
 from .errors import (
     ConfigurationError,
     DoesNotFitError,
@@ -254,11 +254,11 @@ def _run(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], option
             tracker = ModuleTracker(target)
             if target is not model:  # an original module reached through a closure still has its path
                 tracker.add_paths(model)
-            named_state = list(_named_state(model))
-            recorder, state = _recorder(named_state, tracker, options.registry, convert)
+            own_state = list(named_state(model))
+            recorder, state = _recorder(own_state, tracker, options.registry, convert)
             if convert is not None:
                 stack.enter_context(_quiet_fake_tensor_log())
-                real = tensors_in((args, kwargs)) + [t for _, t in named_state]
+                real = tensors_in((args, kwargs)) + [t for _, t in own_state]
                 args, kwargs = map_tensors((args, kwargs), convert, objects=lambda obj: isolated_copy(obj, convert))
                 recorder.leaf_values.update(_index_values(real, convert))
                 stack.enter_context(convert.mode)
@@ -331,7 +331,7 @@ class Session:
                                   "of the caller's, which a real run cannot execute; use mode='fake'",
                                   where="the model's state", reason="fake tensors cannot execute")
         convert = (FakeConverter(callers) if callers is not None else new_converter()) if self.fake else None
-        recorder, state = _recorder(list(_named_state(self.model)), tracker, self.options.registry, convert)
+        recorder, state = _recorder(list(named_state(self.model)), tracker, self.options.registry, convert)
         try:
             self._stack.enter_context(deeper_recursion())
             self._stack.enter_context(eager_flex_attention())
@@ -414,17 +414,17 @@ def on_meta_kernels(model: nn.Module, options: CaptureOptions) -> bool:
     return not options.backward and _state_on_meta(model)
 
 
-def _recorder(named_state: list[tuple[str, torch.Tensor]], tracker: ModuleTracker, registry: FormulaRegistry,
+def _recorder(own_state: list[tuple[str, torch.Tensor]], tracker: ModuleTracker, registry: FormulaRegistry,
               convert: Converter | None) -> tuple[Recorder, dict[str, torch.Tensor]]:
-    """The recorder of one run (timing ops when real), and for a fake run the model's state (``named_state``:
-    :func:`_named_state`) as fake tensors."""
+    """The recorder of one run (timing ops when real), and for a fake run the model's state (``own_state``:
+    :func:`~flopscope.capture.state.named_state`) as fake tensors."""
     if convert is None:
-        recorder = Recorder(tracker, registry, _state_names(named_state, lambda t: t), timed=True)
+        recorder = Recorder(tracker, registry, _state_names(own_state, lambda t: t), timed=True)
         undispatched.watch(recorder, tracker)  # work outside the dispatcher, reported by module path
         return recorder, {}
-    state = {name: convert(t) for name, t in named_state}
+    state = {name: convert(t) for name, t in own_state}
     device = convert.device if isinstance(convert, MetaConverter) else None
-    return Recorder(tracker, registry, _state_names(named_state, convert), fake=True, device=device), state
+    return Recorder(tracker, registry, _state_names(own_state, convert), fake=True, device=device), state
 
 
 def _backward(model: nn.Module, output: Any, loss: Loss | None, recorder: Recorder, tracker: ModuleTracker,
@@ -620,15 +620,10 @@ def warn_incomplete(capture: Capture, stacklevel: int) -> None:
         warnings.warn(f"flopscope: {note}", FlopscopeWarning, stacklevel=stacklevel)
 
 
-def _named_state(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
-    return itertools.chain(model.named_parameters(remove_duplicate=False),
-                           model.named_buffers(remove_duplicate=False))
-
-
-def _state_names(named_state: list[tuple[str, torch.Tensor]], convert: Callable[[torch.Tensor], torch.Tensor]
+def _state_names(own_state: list[tuple[str, torch.Tensor]], convert: Callable[[torch.Tensor], torch.Tensor]
                  ) -> dict[int, LeafName]:
     names: dict[int, LeafName] = {}
-    for name, t in named_state:
+    for name, t in own_state:
         kind = LeafKind.PARAMETER if isinstance(t, nn.Parameter) else LeafKind.BUFFER
         converted = convert(t)
         names.setdefault(id(converted), LeafName("get_attr", name, kind))
@@ -665,12 +660,12 @@ def default_fallback_limit(devices: Collection[torch.device] = ()) -> int | None
 
 def _callers_fake_mode(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """The FakeTensorMode of the fake tensors among the model's state and the inputs (the caller's), if any."""
-    return callers_fake_mode(itertools.chain((t for _, t in _named_state(model)), tensors_in((args, kwargs))))
+    return callers_fake_mode(itertools.chain((t for _, t in named_state(model)), tensors_in((args, kwargs))))
 
 
 def _devices(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> set[torch.device]:
     """The devices of the model's parameters and buffers and of the inputs."""
-    return {t.device for t in itertools.chain((t for _, t in _named_state(model)), tensors_in((args, kwargs)))}
+    return {t.device for t in itertools.chain((t for _, t in named_state(model)), tensors_in((args, kwargs)))}
 
 
 def _index_values(tensors: Sequence[torch.Tensor], convert: Converter) -> dict[int, torch.Tensor]:
@@ -703,7 +698,7 @@ META_ATTENTION_NOTE = ("on device='meta', scaled_dot_product_attention (and nn.M
 
 def _state_on_meta(model: nn.Module) -> bool:
     """Whether every parameter and buffer of ``model`` (at least one) is on ``device="meta"``."""
-    state = [t for _, t in _named_state(model)]
+    state = [t for _, t in named_state(model)]
     return bool(state) and all(t.is_meta for t in state)
 
 

@@ -450,11 +450,7 @@ class Recorder(TorchDispatchMode):
         if found is not None and found[0]() is t:
             return found[1].value is not None
         kind = self.leaf_names[id(t)].kind if id(t) in self.leaf_names else LeafKind.CONSTANT
-        return _small_index_value(t) is not None or _scalar_constant(t, kind) is not None
-
-    def made_at(self, op: CapturedOp) -> int:
-        """The position in :attr:`ops` at which ``op``'s tensor was made (-1 for a parameter, buffer or input)."""
-        return self._made_at.get(id(op), -1)
+        return _leaf_value(t, kind) is not None
 
     def add_records(self, ops: Sequence[CapturedOp]) -> None:
         """Append ``ops``, records made outside :meth:`__torch_dispatch__` (:mod:`flopscope.capture.replay`)."""
@@ -746,7 +742,7 @@ class Recorder(TorchDispatchMode):
                 leaf = LeafName("placeholder", "constant", LeafKind.CONSTANT)
         value = self.leaf_values.get(id(t))
         if value is None:
-            value = _small_index_value(t) if t.dtype in INDEX_DTYPES else _scalar_constant(t, leaf.kind)
+            value = _leaf_value(t, leaf.kind)
         op = CapturedOp(leaf.node_op, leaf.name, (), {}, leaf.name.replace(".", "_"), output_shapes=(shape_of(t),),
                         dtype=t.dtype, value=value, leaf=leaf.kind)
         # a parameter, buffer or input held its storage since before the run: every write to it since counts
@@ -898,6 +894,11 @@ UNINITIALISED = frozenset({torch.ops.aten.empty, torch.ops.aten.empty_like, torc
 """Ops whose output's values are whatever memory held: never known."""
 MIXED_DTYPE_OPS = frozenset({torch.ops.aten._scaled_mm, *formulas.aten_ops("_scaled_grouped_mm")})
 """Products whose kernels take operands of different dtypes (fp8 formats with scales)."""
+
+
+def _leaf_value(t: torch.Tensor, kind: LeafKind) -> torch.Tensor | None:
+    """The values a leaf record of ``t`` carries (a small index tensor's, a one-element constant's), if any."""
+    return _small_index_value(t) if t.dtype in INDEX_DTYPES else _scalar_constant(t, kind)
 
 
 def _small_index_value(t: torch.Tensor) -> torch.Tensor | None:

@@ -53,6 +53,7 @@ from ..formulas.registry import shape_of
 from .module_tracker import ModuleCall, ModuleTracker
 from .recorder import Recorder, Window, storage_of
 from .records import CapturedOp, LeafKind, map_records
+from .state import named_state
 
 _PLAIN = (type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.device, torch.layout,
           torch.memory_format, enum.Enum)
@@ -147,7 +148,6 @@ class CallTemplate:
     largest_out: int  # bytes of the largest tensor the call made
     parameters: dict[int, str] = field(default_factory=dict)  # structural: id(record) of the module's parameter or
     # buffer -> its name in the module (a replay into another module of the same structure takes that one's)
-    replays: int = 0
 
 
 @dataclass
@@ -315,7 +315,7 @@ class CallReplayer:
                 return out
         try:
             parameters = {} if structural is None else {
-                id(record): name for name, t in _named_state(structural) if (record := recorder.made_by(t)) is not None}
+                id(record): name for name, t in named_state(structural) if (record := recorder.made_by(t)) is not None}
             template = self._template(path, window, tensors, stack, calls_before, _Counts.of(recorder).since(before),
                                       outputs, output_tensors, spec, made_largest, parameters)
         except _Refused as why:
@@ -401,7 +401,7 @@ class CallReplayer:
         mapped: dict[int, CapturedOp] = {}
         clones: list[CapturedOp] = []
         copies = recorder.copies if path == template.path else {}  # (another block's records: their own roles)
-        state = dict(_named_state(module)) if template.parameters else {}
+        state = dict(named_state(module)) if template.parameters else {}
 
         def new(record: CapturedOp) -> CapturedOp:
             found = mapped.get(id(record))
@@ -446,7 +446,6 @@ class CallReplayer:
             tracker.calls[rename(name)] += n
         template.counts.add_to(recorder)
         recorder.largest_out = max(recorder.largest_out, template.largest_out)
-        template.replays += 1
         leaves: list[Any] = []
         tracker.stack = ()  # (so that the recorder passes the allocations below: they are the copies' outputs)
         try:
@@ -566,11 +565,6 @@ def _blocks(modules: nn.Module) -> bool:
     modules of one class that hold modules themselves (layers, resnets; not ``[Linear, Dropout]``)."""
     return (isinstance(modules, nn.ModuleList) and len(modules) > 1 and len({type(m) for m in modules}) == 1
             and all(next(iter(m.children()), None) is not None for m in modules))
-
-
-def _named_state(module: nn.Module) -> list[tuple[str, torch.Tensor]]:
-    """``module``'s parameters and buffers by their names in it."""
-    return [*module.named_parameters(), *module.named_buffers()]
 
 
 def _renaming(old: str, new: str) -> Callable[[str], str]:

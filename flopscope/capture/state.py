@@ -19,12 +19,19 @@ training flag, ``requires_grad``, ``.grad`` and buffer values are restored.
 
 from __future__ import annotations
 
+import itertools
 import operator
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 from torch import nn
+
+
+def named_state(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """Every parameter and buffer of ``model`` by its qualified name (a tied or shared tensor under each name)."""
+    return itertools.chain(model.named_parameters(remove_duplicate=False),
+                           model.named_buffers(remove_duplicate=False))
 
 
 class ModelSnapshot:
