@@ -65,15 +65,35 @@ class InPlace(nn.Module):
         return self.proj(x)
 
 
-class Cached(nn.Module):
-    """Keeps each call's projection in the list it is given (a cache, as a video VAE's decoder keeps frames)."""
+class Slot(nn.Module):
+    """Reads the frames its cache holds and leaves its own there with a mark, and steps a counter, as the causal
+    convolutions of a video VAE's decoder do (``feat_cache[idx]``, ``feat_idx[0] += 1``): ``cache`` a list indexed
+    by ``idx[0]``, or a dict keyed by ``"frames"``."""
 
     def __init__(self) -> None:
         super().__init__()
         self.proj = nn.Linear(D, D, bias=False)
 
+    def forward(self, x: torch.Tensor, cache: list | dict, idx: list) -> torch.Tensor:
+        i = idx[0] if isinstance(cache, list) else "frames"
+        y = self.proj(torch.cat([cache[i], x], dim=1))  # (1, 2 + 8, D)
+        cache[i] = y[:, -2:].clone()
+        cache[i + 1 if isinstance(cache, list) else "seen"] = "seen"
+        idx[0] += 1
+        return y[:, 2:]
+
+
+class Stash(nn.Module):
+    """Leaves in the list it is given what a replay could not make again: ``what`` is ``"weight"`` (its parameter)
+    or ``"list"`` (a new list)."""
+
+    def __init__(self, what: str) -> None:
+        super().__init__()
+        self.proj = nn.Linear(D, D, bias=False)
+        self.what = what
+
     def forward(self, x: torch.Tensor, cache: list) -> torch.Tensor:
-        cache.append(self.proj(x))
+        cache[0] = self.proj.weight if self.what == "weight" else [x.shape[0]]
         return self.proj(x)
 
 
@@ -210,12 +230,64 @@ def test_a_call_that_writes_its_input_is_captured_every_time():
                             "(an input, a parameter, a cache)",)
 
 
-def test_a_call_that_changes_a_list_it_was_given_is_captured_every_time():
-    cache: list = []
-    reused = count(Loop(Cached()), True, calls=[(torch.randn(1, 8, D), cache)] * 2)
-    assert reused.total() == 2 * 2 * 8 * D * D
-    assert reused.reuse == ("net: not replayed, each call captured: it changed what its arguments hold (a list or dict "
-                            "it was given: a cache)",)
+@pytest.mark.parametrize("kind", ["list", "dict"])
+def test_a_call_that_changes_the_cache_it_was_given_is_replayed_with_the_same_changes(kind):
+    """Slot reads a cache entry and leaves its own: the first call sees the starting cache (a mark still unset), the
+    second and third the same shapes and marks, so the third is replayed. The replay leaves in the cache what the
+    call would have (new tensors of the same shapes, the mark, the counter), and the count is every call's:
+    3 calls x (2 + 8) rows x D x D."""
+    x = torch.randn(1, 8, D)
+    caches = {}
+    profiles = []
+    for reuse in (True, False):
+        cache = [torch.randn(1, 2, D), None] if kind == "list" else {"frames": torch.randn(1, 2, D), "seen": None}
+        counters = [[0] for _ in range(3)]
+        profiles.append(count(Loop(Slot()), reuse, calls=[(x, cache, idx) for idx in counters]))
+        caches[reuse] = cache
+        assert counters == [[1]] * 3
+    reused, captured = profiles
+    assert reused.total() == 3 * (2 + 8) * D * D
+    assert_same_capture(reused, captured)
+    assert reused.reuse == ("net: 1 of 3 calls replayed from an earlier call of the same inputs' shapes (fake tensors: "
+                            "the same records)",)
+    for cache in caches.values():
+        values = list(cache.values()) if kind == "dict" else cache
+        assert [tuple(v.shape) if isinstance(v, torch.Tensor) else v for v in values] == [(1, 2, D), "seen"]
+    if kind == "dict":
+        assert list(caches[True]) == ["frames", "seen"]
+
+
+@pytest.mark.parametrize(("what", "reason"), [
+    ("weight", "it put a tensor it did not allocate (a parameter, a view of an input) in a list or dict it was given"),
+    ("list", "it put a new list in a list or dict it was given (only tensors and plain values are remade)")])
+def test_a_call_that_leaves_what_a_replay_cannot_remake_in_a_list_is_captured_every_time(what, reason):
+    x = torch.randn(1, 8, D)
+    reused = count(Loop(Stash(what)), True, calls=[(x, [None]) for _ in range(3)])  # (three lists)
+    assert reused.total() == 3 * 8 * D * D
+    assert reused.reuse == (f"net: not replayed, each call captured: {reason}",)
+
+
+def test_a_replay_changes_lists_given_twice_only_where_they_are_one_list():
+    """The template's call was given one list twice (its changes made once); a later call of the same shapes given
+    two lists is captured, not replayed into one of them."""
+
+    class Twice(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.proj = nn.Linear(D, D, bias=False)
+
+        def forward(self, x: torch.Tensor, a: list, b: list) -> torch.Tensor:
+            a[0] = self.proj(x)
+            b[0] = self.proj(a[0])
+            return self.proj(b[0])
+
+    x = torch.randn(1, 8, D)
+    one = [None]
+    calls = [(x, one, one), (x, [None], [None])]
+    reused, captured = (count(Loop(Twice()), reuse, calls=calls) for reuse in (True, False))
+    assert reused.total() == 2 * 3 * 8 * D * D
+    assert_same_capture(reused, captured)
+    assert reused.reuse == ("net: 2 calls, each captured (no two had the same inputs' shapes and plain arguments)",)
 
 
 def test_a_call_that_hands_back_its_input_is_captured_every_time():

@@ -454,13 +454,13 @@ class Recorder(TorchDispatchMode):
 
     def add_records(self, ops: Sequence[CapturedOp]) -> None:
         """Append ``ops``, records made outside :meth:`__torch_dispatch__` (:mod:`flopscope.capture.replay`)."""
-        start = len(self.ops)
-        self._made_at.update((id(op), start + i) for i, op in enumerate(ops))
         self.ops.extend(ops)
 
     def set_producer(self, t: torch.Tensor, op: CapturedOp) -> None:
-        """``op`` is the record of ``t``'s value (a tensor made outside :meth:`__torch_dispatch__`)."""
+        """``op`` is the record of ``t``'s value (a tensor made outside :meth:`__torch_dispatch__`, now: a write to
+        its storage from here on is one after ``op``)."""
         self._producers[id(t)] = (weakref.ref(t), op)
+        self._made_at[id(op)] = len(self.ops)
 
     def leaves_alive(self, ops: Sequence[CapturedOp]) -> set[int]:
         """``id(record)`` of the leaves among ``ops`` whose tensors are alive (held by the model or the caller)."""

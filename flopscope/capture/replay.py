@@ -11,8 +11,9 @@ keeps its records as a :class:`CallTemplate` when they are provably the same for
 - it read no value (:attr:`~flopscope.capture.recorder.Recorder.value_reads`: no ``.item()``, no output made from
   known values, no formula or index check reading them, no ``.tolist()`` or ``.numpy()`` of a real tensor): values
   are not part of the key, so a call reading them could differ with them;
-- it wrote nothing it did not allocate (an input, a parameter, a cache made before it) and left the lists and dicts
-  it was given as they were: the next call would see the change;
+- it wrote nothing it did not allocate (an input, a parameter, a cache made before it), and what it left in the lists
+  and dicts it was given (a cache: ``feat_cache[idx] = frames``, ``feat_idx[0] += 1``) a replay can leave the same:
+  entries they held before, its tensor arguments, tensors it made (remade as outputs are) and plain values;
 - its outputs are tensors it allocated (no input or parameter handed back; outputs viewing one storage are remade
   as views of one storage, an output given twice as one tensor), none with known values, and plain values (numbers,
   strings, ``None``);
@@ -22,10 +23,12 @@ keeps its records as a :class:`CallTemplate` when they are provably the same for
 
 A later call of the same key is then **replayed**: each record of the template is copied with its arguments mapped
 (the template's inputs to this call's, its parameters kept), its module calls renumbered after the calls made so
-far, and its outputs are new fake tensors of the same sizes, strides and dtypes, produced by the copied records. The
-capture is the same as running the call again (the same ops, shapes, MACs, module calls and dataflow): only the
-order in which the call's inputs first appear as leaves may differ. A call whose key has no template (refused, with
-the reason in :attr:`CallReplayer.refused`) is captured again every time.
+far, and its outputs are new fake tensors of the same sizes, strides and dtypes, produced by the copied records;
+the lists and dicts it was given are changed as the template's were (a call whose lists alias otherwise than the
+template's, one list given twice, is captured). The capture is the same as running the call again (the same ops,
+shapes, MACs, module calls and dataflow): only the order in which the call's inputs first appear as leaves may
+differ. A call whose key has no template (refused, with the reason in :attr:`CallReplayer.refused`) is captured
+again every time.
 
 What the key cannot see: state a module keeps outside its own attributes (a mutable object's contents, a global) and
 values of real inputs read by other means than ATen ops, ``.tolist()`` and ``.numpy()`` (a raw ``data_ptr()``, a C++
@@ -109,8 +112,8 @@ _REST = _REST[:_REST.index("index")]  # (the dataflow's fields are set when the 
 @dataclass(frozen=True, slots=True)
 class _Copy:
     """One record of a template: ``records_at`` the positions in its ``args`` that hold records a replay maps (made
-    in the call, or an input's; a parameter's leaf is the same in every call) (``(-1,)``: some inside lists or dicts),
-    ``None`` for the leaf of an input (mapped to the replayed call's, not copied);
+    in the call, or an input's; a parameter's leaf is the same in every call), or lists, tuples or dicts holding
+    some, ``None`` for the leaf of an input (mapped to the replayed call's, not copied);
     ``kwargs_records``: its ``kwargs`` hold records; ``stack_at``: its module stack's position among the template's;
     ``rest`` its fields after ``module_stack``, as a copy takes them."""
 
@@ -122,11 +125,13 @@ class _Copy:
 
     @classmethod
     def of(cls, op: CapturedOp, stack_at: int, mapped: set[int]) -> _Copy:
-        at = tuple(i for i, a in enumerate(op.args) if isinstance(a, CapturedOp) and id(a) in mapped)
-        nested = any(isinstance(a, (list, tuple, dict)) for a in op.args)
-        found: list[CapturedOp] = []
-        map_records(op.kwargs, found.append)
-        return cls(op, (-1,) if nested else at, bool(found), stack_at, tuple(getattr(op, name) for name in _REST))
+        def maps(value: Any) -> bool:
+            found: list[CapturedOp] = []
+            map_records(value, found.append)
+            return any(id(record) in mapped for record in found)
+
+        at = tuple(i for i, a in enumerate(op.args) if isinstance(a, (CapturedOp, list, tuple, dict)) and maps(a))
+        return cls(op, at, maps(op.kwargs), stack_at, tuple(getattr(op, name) for name in _REST))
 
 
 @dataclass
@@ -148,6 +153,8 @@ class CallTemplate:
     largest_out: int  # bytes of the largest tensor the call made
     parameters: dict[int, str] = field(default_factory=dict)  # structural: id(record) of the module's parameter or
     # buffer -> its name in the module (a replay into another module of the same structure takes that one's)
+    changes: tuple[_Change, ...] = ()  # the lists and dicts it was given that it changed, as a replay changes them
+    containers: tuple[int, ...] = ()  # which of the arguments' lists and dicts are one object (_containers)
 
 
 @dataclass
@@ -233,11 +240,12 @@ class CallReplayer:
                 self.captured[label] += 1
                 return forward(*args, **kwargs)
             template = self._templates.get(key)
-            if isinstance(template, CallTemplate):
+            if isinstance(template, CallTemplate) and (
+                    not template.changes or _containers((args, kwargs))[1] == template.containers):
                 self.replayed[label] += 1
-                return self._replay(template, tensors, path, module)
+                return self._replay(template, tensors, path, module, (args, kwargs))
             self.captured[label] += 1
-            if isinstance(template, str):
+            if template is not None:  # (refused, or its lists and dicts alias otherwise than the template's)
                 return forward(*args, **kwargs)
             return self._first(path, key, forward, args, kwargs, tensors, label, module if structural else None)
 
@@ -297,7 +305,8 @@ class CallReplayer:
         largest = recorder.largest_out
         recorder.largest_out = 0
         calls_before, stack = Counter(tracker.calls), tracker.stack
-        given, given_spec = pytree.tree_flatten((args, kwargs))
+        containers, aliasing = _containers((args, kwargs))
+        held = [_contents(c) for c in containers]
         with recorder.watching() as window:
             try:
                 with _counting_python_reads(recorder):
@@ -306,10 +315,8 @@ class CallReplayer:
                 made_largest = recorder.largest_out
                 recorder.largest_out = max(largest, made_largest)
             try:
-                now, now_spec = pytree.tree_flatten((args, kwargs))
-                if str(now_spec) != str(given_spec) or any(a is not b for a, b in zip(now, given, strict=True)):
-                    raise _Refused("it changed what its arguments hold (a list or dict it was given: a cache)")
-                outputs, output_tensors, spec = self._outputs(out, window)
+                changes, made = _changes(containers, held, tensors, window)
+                outputs, output_tensors, spec = self._outputs((out, made), window)
             except _Refused as why:
                 self._refuse(label or path, key, str(why))
                 return out
@@ -318,6 +325,7 @@ class CallReplayer:
                 id(record): name for name, t in named_state(structural) if (record := recorder.made_by(t)) is not None}
             template = self._template(path, window, tensors, stack, calls_before, _Counts.of(recorder).since(before),
                                       outputs, output_tensors, spec, made_largest, parameters)
+            template.changes, template.containers = changes, aliasing
         except _Refused as why:
             self._refuse(label or path, key, str(why))
         else:
@@ -388,9 +396,11 @@ class CallReplayer:
         return CallTemplate(path, plan, list(stacks), inputs, stack, calls_before, inner, module_inputs, outputs,
                             output_tensors, spec, counts, largest, parameters)
 
-    def _replay(self, template: CallTemplate, tensors: list[torch.Tensor], path: str, module: nn.Module) -> Any:
+    def _replay(self, template: CallTemplate, tensors: list[torch.Tensor], path: str, module: nn.Module,
+                given: tuple[tuple[Any, ...], dict[str, Any]]) -> Any:
         """Copy the template's records into this call of ``module`` (at ``path``: the template's module, or another
-        of the same structure, whose parameters and module paths its copies take); return its outputs, made anew."""
+        of the same structure, whose parameters and module paths its copies take) given ``(args, kwargs)``; change
+        the lists and dicts it was given as the template's call did; return its outputs, made anew."""
         recorder, tracker = self.recorder, self.tracker
         stack, depth = tracker.stack, len(template.stack)
         rename = _renaming(template.path, path)
@@ -425,14 +435,14 @@ class CallReplayer:
                 continue
             args = op.args
             if at:
-                if at[0] < 0:  # (records inside lists or dicts)
-                    args = map_records(args, new)
-                else:
-                    listed = list(args)
-                    for i in at:
-                        record = listed[i]
+                listed = list(args)
+                for i in at:
+                    record = listed[i]
+                    if type(record) is CapturedOp:
                         listed[i] = mapped.get(id(record)) or new(record)  # (an input's, the first time)
-                    args = tuple(listed)
+                    else:  # (records inside a list, a tuple, a dict)
+                        listed[i] = map_records(record, new)
+                args = tuple(listed)
             clone = CapturedOp(op.node_op, op.target, args,
                                map_records(op.kwargs, new) if step.kwargs_records else op.kwargs, op.name, op.phase,
                                stacks[step.stack_at], *step.rest)
@@ -474,7 +484,110 @@ class CallReplayer:
                 leaves.append(made)
         finally:
             tracker.stack = stack
-        return pytree.tree_unflatten(leaves, template.output_spec)
+        out, made = pytree.tree_unflatten(leaves, template.output_spec)
+        if template.changes:
+            containers = _containers(given)[0]
+            held = [_contents(c) for c in containers]
+            for change in template.changes:
+                change.apply(containers[change.container], held[change.container], tensors, made)
+        return out
+
+
+_Contents = tuple[tuple[Any, ...] | None, tuple[Any, ...]]
+"""What a list or dict holds: its keys (``None`` for a list) and its values, in order."""
+
+
+def _contents(container: list[Any] | dict[Any, Any]) -> _Contents:
+    if isinstance(container, dict):
+        return tuple(container), tuple(container.values())
+    return None, tuple(container)
+
+
+def _containers(value: Any) -> tuple[list[list[Any] | dict[Any, Any]], tuple[int, ...]]:
+    """The lists and dicts inside ``value`` (through tuples, lists and dicts), each once, in the order first met; and
+    for each one met, its position among them (two arguments may be one list: a replay changes it once)."""
+    found: list[list[Any] | dict[Any, Any]] = []
+    at: dict[int, int] = {}
+    met: list[int] = []
+
+    def visit(v: Any) -> None:
+        if isinstance(v, (list, dict)):
+            first = id(v) not in at
+            met.append(at.setdefault(id(v), len(found)))
+            if not first:
+                return
+            found.append(v)
+        if isinstance(v, (list, tuple)):
+            for item in v:
+                visit(item)
+        elif isinstance(v, dict):
+            for item in v.values():
+                visit(item)
+
+    visit(value)
+    return found, tuple(met)
+
+
+@dataclass(frozen=True)
+class _Change:
+    """A list or dict a call was given and changed, as a replay changes it: ``container`` its position among the
+    arguments' lists and dicts (:func:`_containers`), ``keys`` a dict's keys after the call (``None``: a list),
+    ``items`` its values after the call, each where a replay finds it: ``("was", j)`` the j-th value it held before
+    the call, ``("input", i)`` the i-th tensor argument, ``("made", k)`` the k-th tensor the call made and left in
+    a list or dict (remade as outputs are), ``("plain", value)`` a plain value."""
+
+    container: int
+    keys: tuple[Any, ...] | None
+    items: tuple[tuple[str, Any], ...]
+
+    def apply(self, container: list[Any] | dict[Any, Any], before: _Contents, tensors: list[torch.Tensor],
+              made: list[torch.Tensor]) -> None:
+        sources = {"was": before[1], "input": tensors, "made": made}
+        values = [at if kind == "plain" else sources[kind][at] for kind, at in self.items]
+        if isinstance(container, dict):
+            container.clear()
+            container.update(zip(self.keys or (), values, strict=True))
+        else:
+            container[:] = values
+
+
+def _changes(containers: list[list[Any] | dict[Any, Any]], held: list[_Contents], tensors: list[torch.Tensor],
+             window: Window) -> tuple[tuple[_Change, ...], list[torch.Tensor]]:
+    """How a call changed the lists and dicts it was given (``held``: what they held before it), and the tensors it
+    made and left in them; raises :class:`_Refused` for a change a replay could not make the same (a new list or
+    object put in one, a tensor it did not make, a dict key that is no plain value)."""
+    inputs = {id(t): i for i, t in enumerate(tensors)}
+    made: list[torch.Tensor] = []
+    made_at: dict[int, int] = {}
+    changes = []
+    for position, (container, (keys, values)) in enumerate(zip(containers, held, strict=True)):
+        now_keys, now = _contents(container)
+        if now_keys == keys and len(now) == len(values) and all(a is b for a, b in zip(now, values, strict=True)):
+            continue
+        if now_keys is not None and not all(isinstance(k, _PLAIN) for k in now_keys):
+            raise _Refused("it changed a dict it was given whose keys are not plain values")
+        items: list[tuple[str, Any]] = []
+        for value in now:
+            if isinstance(value, torch.Tensor):
+                if id(value) in inputs:
+                    items.append(("input", inputs[id(value)]))
+                    continue
+                if not window.allocated(value):
+                    raise _Refused("it put a tensor it did not allocate (a parameter, a view of an input) in a list "
+                                   "or dict it was given")
+                items.append(("made", made_at.setdefault(id(value), len(made))))
+                if len(made_at) > len(made):
+                    made.append(value)
+            elif isinstance(value, _PLAIN):
+                items.append(("plain", value))
+            else:
+                was = next((j for j, v in enumerate(values) if v is value), None)
+                if was is None:
+                    raise _Refused(f"it put a new {type(value).__name__} in a list or dict it was given (only "
+                                   "tensors and plain values are remade)")
+                items.append(("was", was))
+        changes.append(_Change(position, now_keys, tuple(items)))
+    return tuple(changes), made
 
 
 _PYTHON_READS = ("tolist", "numpy")
