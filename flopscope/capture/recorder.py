@@ -718,7 +718,8 @@ class Recorder(TorchDispatchMode):
                 if isinstance(size, int) and size > self.largest_out:
                     self.largest_out = size
         if known.spec is not None:
-            macs = formulas.count(known.spec.formula, args, kwargs, _first_shape(out), values=self.read_value)
+            macs = formulas.count(known.spec.formula, args, kwargs, _first_shape(out), values=self.read_value,
+                                  target=func)
             if isinstance(macs, formulas.UpperBound):
                 self.upper_bounds[op_name(func)] += 1
             op.macs = formulas.total_of(macs)

@@ -3,7 +3,8 @@ each formula with its family and operand positions (``docs/extending.md``).
 
 - ``registry``: :class:`FormulaRegistry`, :class:`OpSpec`, :class:`OpFamily`, ``@formula``, the calling
   convention and the shape helpers; ``linear_algebra``: every multiply formula of the default registry (matmul,
-  convolution, attention, recurrent, FFT, their backward kernels), in MACs;
+  convolution, attention, recurrent, FFT, their backward kernels), in MACs; ``kernels``: the kernels production GPUs
+  run, by their libraries' op names (FlashAttention 2 and 3, Hub kernels, causal-conv1d);
 - ``elementwise``: work that is not a multiply (elementwise ops, their own unit) and the ops known to do none;
 - ``traffic``: the bytes an op must move at minimum;
 - ``collectives``: what a collective op sends (kind, message bytes, group size).
@@ -12,8 +13,9 @@ May import: ``flopscope.errors``, ``flopscope.enums``, ``flopscope.role``, ``flo
 package; nothing above it. ``from flopscope.formulas import OpFamily, mm`` is the public path of the registry.
 """
 
-from . import linear_algebra, registry
+from . import kernels, linear_algebra, registry
+from .kernels import *  # noqa: F403
 from .linear_algebra import *  # noqa: F403
 from .registry import *  # noqa: F403
 
-__all__ = [*registry.__all__, *linear_algebra.__all__]
+__all__ = [*registry.__all__, *linear_algebra.__all__, *kernels.__all__]

@@ -26,6 +26,11 @@ an ``int``, or, for a fused op that does several kinds of work, a mapping ``{par
 sum to the op's total; part names are the role names of :mod:`flopscope` (``"q_proj"``,
 ``"attn_scores"``, ...), so later stages can split the op without re-deriving its formula.
 
+A formula marked :func:`by_name` receives instead one mapping of the op's arguments by their schema names (each
+shape- or value-converted as above; an argument left out takes its schema default), plus ``out_shape``: for kernels
+whose libraries publish one op name with more than one schema (a Hub kernel ``flash_attn::fwd`` with FlashAttention
+2's arguments or 3's).
+
 Layouts follow PyTorch: ``scaled_dot_product_attention`` takes ``[..., heads, n, d]``; the CUDA
 ``_flash_attention_forward`` / ``_efficient_attention_forward`` take ``[B, n, heads, d]``.
 """
@@ -33,6 +38,7 @@ Layouts follow PyTorch: ``scaled_dot_product_attention`` takes ``[..., heads, n,
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeAlias, TypeVar
@@ -59,10 +65,12 @@ __all__ = [  # with linear_algebra.__all__, the public face of flopscope.formula
     'Values',
     'argument',
     'aten_ops',
+    'by_name',
     'count',
     'formula',
     'functional_overload',
     'functional_packet',
+    'hub_name',
     'inplace_packet',
     'packet_named',
     'prod',
@@ -219,11 +227,16 @@ class FormulaRegistry:
     def spec(self, func: Any) -> OpSpec | None:
         """The :class:`OpSpec` of an op overload, packet or name (``"aten::mm"`` or ``"aten.mm"``). An
         ``out=`` overload (``aten.mm.out``) shares its op's packet; an in-place op (``aten.addmm_``) has the
-        spec of its functional twin (``aten.addmm``) unless it is registered itself."""
+        spec of its functional twin (``aten.addmm``) unless it is registered itself; an op of a Hub kernel's
+        namespace (``_flash_attn_2b4ec51_dirty::fwd``) has the spec registered for its kernel's name without the
+        build hash (``flash_attn::fwd``: :func:`hub_name`)."""
         table, key = self._key(func)
         spec = table.get(key)
         if spec is None and table is self._by_packet and self._by_name:  # registered by name before it loaded
-            spec = self._by_name.get(_qualified_name(key))
+            name = _qualified_name(key)
+            spec = self._by_name.get(name)
+            if spec is None and name.startswith("_"):
+                spec = self._by_name.get(hub_name(name) or "")
         if spec is None and table is self._by_packet:
             twin = functional_packet(key)
             spec = self.spec(twin) if twin is not None else None
@@ -266,6 +279,25 @@ def _spec(fn: MacFormula, family: OpFamily, operands: tuple[int, ...], layout: s
     if layout not in (BHND, BNHD):
         raise RegistryError(f"an attention layout is {BHND!r} or {BNHD!r}; got {layout!r}")
     return OpSpec(fn, family, tuple(operands), layout)
+
+
+_HUB_NAMESPACE = re.compile(r"_(?P<kernel>[A-Za-z0-9_]+?)_(?:[0-9a-f]{7,40}|[0-9]{8,14})(?:_dirty)?")
+"""A Hub kernel's op namespace (``kernels`` / kernel-builder): ``_<kernel name>_<git hash or build time>``,
+``_dirty`` after a build from a changed tree (``_flash_attn_2b4ec51_dirty``, ``_gsplat_20250920003636``)."""
+
+
+def hub_name(qualified: str) -> str | None:
+    """``"_flash_attn_2b4ec51_dirty::fwd"`` -> ``"flash_attn::fwd"``: a Hub kernel's op by its kernel's name,
+    without the build hash that changes with every build; ``None`` for another namespace."""
+    namespace, _, op = qualified.partition("::")
+    found = _HUB_NAMESPACE.fullmatch(namespace)
+    return f"{found['kernel']}::{op}" if found is not None and op else None
+
+
+def by_name(fn: F) -> F:
+    """Mark ``fn`` as a formula called with the op's arguments by schema name (the module docstring)."""
+    fn.__flopscope_by_name__ = True  # type: ignore[attr-defined]
+    return fn
 
 
 def _qualified_name(packet: Any) -> str:
@@ -419,9 +451,24 @@ Values = Callable[[torch.Tensor], "torch.Tensor | None"]
 
 
 def count(fn: MacFormula, args: Sequence[Any], kwargs: Mapping[str, Any], out_shape: Shape | None,
-          values: Values | None = None) -> MacCount:
+          values: Values | None = None, target: Any = None) -> MacCount:
     """Call ``fn`` with tensors replaced by their shapes (the calling convention above); an integer tensor
-    whose values ``values(t)`` knows becomes a :class:`KnownShape`."""
+    whose values ``values(t)`` knows becomes a :class:`KnownShape`. A :func:`by_name` formula gets the arguments
+    of ``target`` (the op overload) by their schema names."""
+    if getattr(fn, "__flopscope_by_name__", False):
+        schema = getattr(target, "_schema", None)
+        if schema is None:
+            raise RegistryError(f"the formula {getattr(fn, '__name__', fn)} reads arguments by name: it needs the op "
+                                "(count(..., target=op))")
+        named: dict[str, Any] = {}
+        for i, argument in enumerate(schema.arguments):
+            if i < len(args) and not argument.kwarg_only:
+                named[argument.name] = _shape_of(args[i], values)
+            elif argument.name in kwargs:
+                named[argument.name] = _shape_of(kwargs[argument.name], values)
+            else:
+                named[argument.name] = argument.default_value if argument.has_default_value() else None
+        return fn(named, out_shape=out_shape)
     return fn(*[_shape_of(a, values) for a in args], out_shape=out_shape,
               **{k: _shape_of(v, values) for k, v in kwargs.items()})
 

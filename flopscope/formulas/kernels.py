@@ -1,0 +1,153 @@
+"""The kernels production GPUs run, registered by their libraries' op names: they load only where those libraries
+are installed (a CUDA machine), so each is registered by qualified name and found once its library has loaded
+(:meth:`~flopscope.formulas.registry.FormulaRegistry.spec`).
+
+- **FlashAttention 2** (flash-attn >= 2.7 calls its kernels through ``torch.library`` custom ops):
+  ``flash_attn::_flash_attn_forward`` / ``_flash_attn_varlen_forward`` and their backwards;
+- **FlashAttention 3** (``hopper/``): the Python custom ops ``flash_attn_3::_flash_attn_forward`` / ``_backward``
+  and the C++ library's ``flash_attn_3::fwd`` / ``bwd`` they call (a dispatch mode sees the outer op only);
+- **Hub kernels** (``kernels``, ``use_kernels=True``): a Hub kernel's namespace is its name and a build hash
+  (``_flash_attn_2b4ec51_dirty``); the registrations below name the kernel without the hash
+  (:func:`~flopscope.formulas.registry.hub_name`): FlashAttention 2's C++ API as kernels-community/flash-attn builds
+  it (``fwd``, ``varlen_fwd``, ``fwd_kvcache``, ``bwd``, ``varlen_bwd``), and FlashAttention 3's (``flash_attn3``,
+  ``vllm_flash_attn3``);
+- **causal-conv1d** (>= 1.5.2): ``DaoAILab::_causal_conv1d_fwd_cpp``, ``_bwd_cpp``, ``_update_cpp``.
+
+Every attention kernel here is priced as ``aten._flash_attention_forward`` is (``docs/conventions.md`` section 5):
+the (query, key) pairs the kernel is launched for, dense per sequence, so that a model counts the same with
+``attn_implementation="flash_attention_2"`` on a GPU as with ``"sdpa"`` or ``"eager"`` on a CPU; its ``causal`` and
+``window_size_left`` are read by the attention conventions (``"causal"``, ``"mask"``) as the ATen kernels' are.
+Where the keys a sequence uses are data (variable-length offsets, a KV cache's lengths), their values give the
+exact pairs in real mode; on fake tensors the kernel's launch bound (``max_seqlen``, the cache's capacity) is
+counted and flagged as an :class:`~flopscope.formulas.registry.UpperBound`.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Mapping
+from typing import Any
+
+from .linear_algebra import backward_of
+from .registry import BNHD, OpFamily, Shape, UpperBound, by_name, formula
+
+__all__ = [
+    'causal_conv1d',
+    'causal_conv1d_backward',
+    'causal_conv1d_update',
+    'flash_kernel',
+    'flash_kernel_backward',
+    'flash_pairs',
+]
+
+
+def _first(named: Mapping[str, Any], *names: str) -> Any:
+    """The first of ``names`` the op was given (not ``None``): one argument under each library's name for it."""
+    return next((named[name] for name in names if named.get(name) is not None), None)
+
+
+def flash_pairs(q: Shape, k: Shape, cu_q: Shape | None = None, cu_k: Shape | None = None,
+                max_q: int | None = None, max_k: int | None = None, used_k: Shape | None = None,
+                pages: Shape | None = None, k_new: Shape | None = None) -> tuple[int, bool]:
+    """(query-key pairs per head over the whole call, whether exact) of a FlashAttention-style kernel.
+
+    Dense: ``q [B, n_q, h, d]`` against ``k [B, n_k, h_k, d]``, or a KV cache: paged (``pages [B, pages per
+    sequence]`` of ``k [pages, page size, h_k, d]``: ``pages[1] · k[1]`` keys of room per sequence) with
+    ``used_k [B]`` keys used in each (the cache's lengths; ``k_new [B, n_new, h_k, d]`` keys appended after them).
+    Variable-length: packed ``q [total_q, h, d]`` with offsets ``cu_q`` / ``cu_k`` ``[b + 1]`` (``used_k`` overrides
+    the keys of each sequence). Offsets and lengths with known values give the exact pairs; unknown ones the launch
+    bound (``max_q · max_k`` per sequence, or the cache's room), with ``False``."""
+    new = k_new[1] if k_new is not None and len(k_new) == 4 else 0
+    if cu_q is None:
+        if len(q) == 3:  # (one unpadded sequence)
+            q = (1, *q)
+        batch, n_q = q[0], q[1]
+        room = pages[1] * k[1] if pages is not None and len(pages) == 2 else k[1]
+        if used_k is None:
+            return batch * n_q * room, True
+        lengths = getattr(used_k, "values", None)
+        if lengths is None:
+            return batch * n_q * room, False
+        return n_q * sum(int(length) + new for length in lengths), True
+    sequences = cu_q[0] - 1
+    starts_q = getattr(cu_q, "values", None)
+    keys = getattr(used_k, "values", None) if used_k is not None else None
+    starts_k = getattr(cu_k, "values", None) if used_k is None else None
+    if starts_k is not None:
+        keys = [b - a for a, b in itertools.pairwise(starts_k)]
+    if starts_q is None or keys is None:
+        return sequences * (max_q or 0) * (max_k or 0), False
+    return sum((b - a) * (int(n) + new) for (a, b), n in zip(itertools.pairwise(starts_q), keys, strict=True)), True
+
+
+def _flash_forward(named: Mapping[str, Any]) -> dict[str, int]:
+    q = named["q"]
+    kvcache = named.get("kcache") is not None
+    k = named["kcache"] if kvcache else named["k"]
+    v = named["vcache"] if kvcache else named["v"]
+    k_new = named.get("k") if kvcache else named.get("k_new")
+    pairs, exact = flash_pairs(
+        q, k, named.get("cu_seqlens_q"), named.get("cu_seqlens_k"), named.get("max_seqlen_q"),
+        named.get("max_seqlen_k"), _first(named, "seqused_k", "seqused_k_", "seqlens_k"),
+        _first(named, "page_table", "block_table", "block_table_"), k_new)
+    heads, d_k, d_v = q[-2], q[-1], v[-1]
+    qv = _first(named, "qv", "q_v")  # (FlashAttention 3: a second query block scored against V, as in MLA)
+    parts = {"attn_scores": heads * pairs * (d_k + (qv[-1] if qv is not None else 0)),
+             "attn_weighted_sum": heads * pairs * d_v}
+    return parts if exact else UpperBound(parts)
+
+
+_FORWARD = ("flash_attn::_flash_attn_forward", "flash_attn::_flash_attn_varlen_forward",
+            "flash_attn_3::_flash_attn_forward", "flash_attn_3::fwd",
+            # Hub kernels, by kernel name (the build hash dropped)
+            "flash_attn::fwd", "flash_attn::varlen_fwd", "flash_attn::fwd_kvcache", "flash_attn3::fwd",
+            "vllm_flash_attn3::fwd", "vllm_flash_attn::varlen_fwd", "vllm_flash_attn::fwd_kvcache")
+_BACKWARD = ("flash_attn::_flash_attn_backward", "flash_attn::_flash_attn_varlen_backward",
+             "flash_attn_3::_flash_attn_backward", "flash_attn_3::bwd",
+             "flash_attn::bwd", "flash_attn::varlen_bwd", "flash_attn3::bwd", "vllm_flash_attn3::bwd")
+
+
+@formula(*_FORWARD, family=OpFamily.ATTENTION, operands=(0, 1, 2), layout=BNHD)
+@by_name
+def flash_kernel(named: Mapping[str, Any], **_: Any) -> dict[str, int]:
+    """FlashAttention's forward kernels, read by argument name (each library's names for one argument): q, k and v
+    (a KV cache's ``kcache`` / ``vcache``, with new keys ``k`` / ``k_new``), the variable-length offsets, the keys
+    used per sequence (``seqused_k``, ``seqlens_k``) and a page table (:func:`flash_pairs`). Parts: ``attn_scores =
+    h · pairs · d_k`` (plus ``h · pairs · d_qv`` for FlashAttention 3's ``qv``), ``attn_weighted_sum = h · pairs ·
+    d_v``, where h is the number of query heads; softcap, ALiBi and dropout change no product."""
+    # out [B, n_q, h, d_v] = fwd(q [B, n_q, h, d], k [B, n_k, h_k, d], v [B, n_k, h_k, d_v], ...)
+    return _flash_forward(named)
+
+
+@formula(*_BACKWARD, family=OpFamily.ATTENTION, operands=(1, 2, 3), layout=BNHD)
+@by_name
+def flash_kernel_backward(named: Mapping[str, Any], **_: Any) -> dict[str, int]:
+    """FlashAttention's backward kernels: the forward's scores recomputed, then the four gradient products
+    (:func:`~flopscope.formulas.linear_algebra.backward_of`: 3x the scores' part, 2x the weighted sum's)."""
+    # (dq, dk, dv) = bwd(dout, q, k, v, out, softmax_lse, dq, dk, dv, [cu_seqlens_q, cu_seqlens_k, ...], ...)
+    forward = _flash_forward({**named, "seqused_k": _first(named, "seqused_k", "sequed_k")})
+    return backward_of(forward)
+
+
+@formula("DaoAILab::_causal_conv1d_fwd_cpp", family=OpFamily.CONV)
+def causal_conv1d(x: Shape, weight: Shape, *_: Any, **__: Any) -> int:
+    """causal-conv1d's depthwise causal convolution: each of the ``B · D · L`` outputs is a dot product of its
+    channel's ``W`` taps (the kernel computes the L outputs only; ``nn.Conv1d`` with ``padding=W-1`` then cut to L,
+    transformers' reference path, computes ``L + W - 1`` per channel: ``docs/conventions.md``)."""
+    # out [B, D, L] = causal_conv1d_fwd(x [B, D, L], weight [D, W], bias, seq_idx, initial_states, out, ...)
+    return x[0] * x[1] * x[2] * weight[-1]
+
+
+@formula("DaoAILab::_causal_conv1d_bwd_cpp", family=OpFamily.CONV)
+def causal_conv1d_backward(x: Shape, weight: Shape, *_: Any, **__: Any) -> int:
+    """Its backward: the gradient of the input and of the weight, each one forward's products."""
+    # (dx, dweight) = causal_conv1d_bwd(x [B, D, L], weight [D, W], bias, dout, seq_idx, ..., dx, dweight, ...)
+    return 2 * causal_conv1d(x, weight)
+
+
+@formula("DaoAILab::_causal_conv1d_update_cpp", family=OpFamily.CONV)
+def causal_conv1d_update(x: Shape, conv_state: Shape, weight: Shape, *_: Any, **__: Any) -> int:
+    """One decoding step (or a few) against the cached state: ``B · D · L_new · W`` (x ``[B, D]``: one position)."""
+    # out [B, D(, L)] = causal_conv1d_update(x [B, D(, L)], conv_state [B, D, S], weight [D, W], bias, out, ...)
+    new = x[2] if len(x) == 3 else 1
+    return x[0] * x[1] * new * weight[-1]
