@@ -387,3 +387,48 @@ def test_a_cpp_extension_filling_torch_empty_is_found(raw_mm: Any) -> None:
     assert prof.unsupported() == {OUTSIDE + "ext": 1, OUTSIDE + "np": 1}
     ext = next(note for note in prof.notes if "module 'ext'" in note)
     assert "RawMatmul.forward" in ext and "empty" in ext and PHRASE in ext
+
+
+class MixerThroughNorm(nn.Module):
+    """A linear-attention mixer as Qwen3-Next's ``GatedDeltaNet`` runs with fla installed: a kernel outside the
+    dispatcher (here NumPy; there a Triton kernel) fills a buffer from ``torch.empty``, and the module goes on with
+    it, a norm and an output projection, before it returns: the buffer is never a module's output."""
+
+    def __init__(self, filled: bool = False) -> None:
+        super().__init__()
+        self.filled = filled  # the control: the buffer written by an ATen op (copy_), nothing outside
+        self.w = nn.Parameter(torch.randn(K, N))
+        self.norm, self.out_proj = nn.LayerNorm(N), nn.Linear(N, D, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        core = torch.empty(x.shape[0], N)
+        if self.filled:
+            core.copy_(x @ self.w)
+        else:
+            np.matmul(x.detach().numpy(), self.w.detach().numpy(), out=core.numpy())
+        return self.out_proj(self.norm(core))
+
+
+class Mixers(nn.Module):
+    def __init__(self, filled: bool = False) -> None:
+        super().__init__()
+        self.mixer = MixerThroughNorm(filled)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.mixer(x)
+
+
+def test_a_buffer_filled_outside_the_dispatcher_and_read_inside_the_module_is_found() -> None:
+    """The kernel's product (B·K·N MACs) is not seen; the projection's (B·N·D) is; the buffer is listed at the module
+    call that allocated it, naming the op that read it first (the norm's) and where. Its control, the same buffer
+    filled by an ATen op, counts B·K·N + B·N·D and flags nothing."""
+    with torch.no_grad():
+        prof, warned = _profile(Mixers(), torch.randn(B, K), mode="real")
+        control, quiet = _profile(Mixers(filled=True), torch.randn(B, K), mode="real")
+    assert prof.total() == B * N * D
+    assert prof.unsupported() == {OUTSIDE + "mixer": 1}
+    note = next(note for note in prof.notes if "module 'mixer'" in note)
+    assert f"[{B}, {N}]" in note and PHRASE in note and "read by native_layer_norm in module 'mixer.norm'" in note
+    assert sum(PHRASE in message for message in warned) == 1
+    assert control.total() == B * K * N + B * N * D
+    assert control.unsupported() == {} and not any(PHRASE in message for message in quiet)

@@ -218,6 +218,10 @@ class Recorder(TorchDispatchMode):
         # and of each outside tensor first met inside a module call (a constant): work done outside the dispatcher
         self.on_lift: Callable[[torch.Tensor], None] | None = None
         self.on_constant: Callable[[torch.Tensor], None] | None = None
+        # ... and of each op that reads memory an `empty` made and no recorded op wrote since: (the tensor read, the
+        # module call that allocated it, the module call of the op reading it, the op)
+        self.on_unwritten_read: Callable[[torch.Tensor, ModuleCall, ModuleCall, Any], None] | None = None
+        self._unwritten: dict[int, ModuleCall] = {}  # storage of an `empty` no recorded op wrote yet -> its call
         self.outside_work: list[Any] = []  # what flopscope.capture.undispatched found (OutsideWork)
         # fake mode: values of tensors read where they decide what runs or what it costs (a scalar read, an output
         # made from known values, a formula or an index check reading them): flopscope.capture.replay refuses a
@@ -586,6 +590,31 @@ class Recorder(TorchDispatchMode):
                          if isinstance(v, torch.Tensor))
         return found
 
+    def _watch_unwritten(self, func: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any],
+                         inputs: list[torch.Tensor], out: Any, stack: tuple[ModuleCall, ...]) -> None:
+        """Real mode: tell :attr:`on_unwritten_read` of each tensor this op reads (not a view of it, not an argument it
+        writes) whose memory an ``empty`` made and no recorded op wrote since (a kernel outside the dispatcher filled
+        it: a Triton or C++ kernel handed the buffer); remember the ``empty`` this op makes."""
+        unwritten = self._unwritten
+        if unwritten and inputs and stack and not getattr(func, "is_view", False):
+            written: set[int] | None = None
+            for t in inputs:
+                allocated = unwritten.get(storage_of(t))
+                if allocated is None:
+                    continue
+                if written is None:
+                    written = {id(w) for w in self._written_tensors(func, args, kwargs)} if isinstance(
+                        func, torch._ops.OpOverload) else set()
+                if id(t) in written:
+                    continue  # (filled by this op: copy_, fill_, an out= argument)
+                unwritten.pop(storage_of(t))
+                if self.unwritten_allocation(t):  # (its own producer, through views: not another tensor that
+                    # came to live at a freed storage's address)
+                    self.on_unwritten_read(t, allocated, stack[-1], func)  # type: ignore[misc]
+        if (stack and isinstance(out, torch.Tensor) and isinstance(func, torch._ops.OpOverload)
+                and func.overloadpacket in UNINITIALISED and out.numel()):
+            unwritten[storage_of(out)] = stack[-1]
+
     def _note_writes(self, func: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any], op: CapturedOp) -> None:
         """After ``op`` ran: the storages it wrote to were last written by it (:meth:`_current`)."""
         if not isinstance(func, torch._ops.OpOverload):
@@ -593,6 +622,8 @@ class Recorder(TorchDispatchMode):
         for t in self._written_tensors(func, args, kwargs):
             storage = storage_of(t)
             self._last_write[storage] = (len(self.ops), op)
+            if self._unwritten:
+                self._unwritten.pop(storage, None)
             for window in self.windows:
                 if storage not in window.storages:
                     window.outside_writes += 1
@@ -668,6 +699,8 @@ class Recorder(TorchDispatchMode):
         self._inputs_need_grad = torch.is_grad_enabled() and any(t.requires_grad for t in inputs)
         self._made_at[id(op)] = len(self.ops)
         self.ops.append(op)
+        if self.on_unwritten_read is not None:
+            self._watch_unwritten(func, args, kwargs, inputs, out, stack)
         self._note_writes(func, args, kwargs, op)
         if isinstance(out, torch.Tensor):
             op.output_shapes, op.dtype = (shape_of(out),), out.dtype

@@ -10,6 +10,9 @@ the traces such work leaves (three rules, each checked where it costs nothing on
   NumPy's, a DLPack capsule's), inside a module call. ``torch.tensor(list)`` copies into torch's memory: not flagged;
 - **unwritten allocation**: a module call returns a tensor (or a view of one) made by ``empty`` / ``empty_like`` /
   ``new_empty`` / ``empty_strided`` that no recorded op wrote: an extension's ``torch::empty_like`` filled in C++;
+  or an op (not a view, not an op writing it) reads such memory: a Triton kernel launched from Python filled the
+  buffer and the module goes on with it (a norm, an output projection) before returning; flagged at the module
+  call that allocated it;
 - **made by no op**: a tensor no recorded op made, that a module call returns or an op inside one reads, whose
   autograd node is a custom ``autograd.Function``'s made during the run (its forward dispatched nothing that made
   it), or that a module returns holding foreign memory shared with no tensor the run has seen.
@@ -45,6 +48,7 @@ OUTSIDE = "outside the ATen dispatcher: "
 FOREIGN = "its memory came from NumPy or another library: torch.from_numpy, torch.as_tensor, DLPack"
 UNWRITTEN = "it is memory from empty / empty_like that no ATen op wrote"
 UNMADE = "no ATen op made it"
+READ_UNWRITTEN = "it is memory from empty / empty_like that no ATen op wrote, read by"
 
 _PLAIN = (torch.Tensor, nn.Parameter)
 _FUNCTION_NODE = torch.autograd.function.BackwardCFunction
@@ -76,6 +80,7 @@ class Watched(Protocol):
     outside_work: list[Any]
     on_lift: Callable[[torch.Tensor], None] | None
     on_constant: Callable[[torch.Tensor], None] | None
+    on_unwritten_read: Callable[[torch.Tensor, ModuleCall, ModuleCall, Any], None] | None
 
     @property
     def leaf_names(self) -> Mapping[int, Any]: ...
@@ -103,6 +108,7 @@ class OutsideCheck:
         self._flagged: dict[int, weakref.ref[torch.Tensor]] = {}  # storage -> a tensor on it already reported
         recorder.on_lift = self._lifted
         recorder.on_constant = self._constant
+        recorder.on_unwritten_read = self._read_unwritten
         tracker.on_return = self._returned
 
     # the rules ---------------------------------------------------------------------------------
@@ -147,6 +153,13 @@ class OutsideCheck:
                     or self._recorder.known_storage(t)):
                 continue
             self._flag(t, call, UNMADE)
+
+    def _read_unwritten(self, t: torch.Tensor, allocated: ModuleCall, reader: ModuleCall, op: Any) -> None:
+        if self._tracker.replaying or not _plain(t):
+            return
+        name = getattr(getattr(op, "overloadpacket", op), "__name__", str(op))
+        self._flag(t, allocated, f"{READ_UNWRITTEN} {name} in module '{reader.path}': a kernel outside the "
+                                 "dispatcher filled it, such as a Triton kernel")
 
     # helpers -----------------------------------------------------------------------------------
     def _new_function_output(self, t: torch.Tensor) -> bool:
