@@ -37,6 +37,7 @@ from torch.nn.utils.stateless import _reparametrize_module
 from . import memory
 from .attribute.roles import RoleRule
 from .capture import undispatched
+from .capture.catalog import counting_kernels
 from .capture.checks import check_inputs, check_mode, check_model, forward_signature
 from .capture.compiled import eager_module
 from .capture.facts import read_facts
@@ -265,6 +266,7 @@ def _run(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], option
             recorder.add_leaf_names(_input_names(model, args, kwargs))
             stack.enter_context(tracker)
             stack.enter_context(recorder)
+            stack.enter_context(counting_kernels(recorder))
             if convert is not None:
                 stack.enter_context(known_tensor_data())
                 stack.enter_context(fake_run_of(recorder))
@@ -342,6 +344,7 @@ class Session:
                     self._stack.enter_context(convert.mode)
             self._stack.enter_context(tracker)
             self._stack.enter_context(recorder)
+            self._stack.enter_context(counting_kernels(recorder))
             if convert is not None:
                 self._stack.enter_context(known_tensor_data())
                 self._stack.enter_context(fake_run_of(recorder))

@@ -16,8 +16,9 @@ them and a release newer than a local cap can be asked for), then the README's `
 repository root. ``pin`` is CI's torch (the local CPU wheel) with the transformers pip picks for the dev extra;
 ``floor`` and ``newest`` pin both. torch from the package index is a CUDA build of several GB (it runs on the CPU).
 Prints one line per cell (the versions installed, pytest's counts, minutes) and the table at the end; exits 1
-if a cell fails. ``.ci/run`` prepares ``floor`` and ``newest`` in the background (the downloads overlap the pinned
-suite) and runs them after it. The README's compatibility
+if a cell fails. ``kernels`` adds flash-linear-attention's kernels library and runs only the tests that need it.
+``.ci/run`` prepares ``floor``, ``newest`` and ``kernels`` in the background (the downloads overlap the pinned suite)
+and runs them after it. The README's compatibility
 table holds what these cells measured; pyproject.toml declares floor torch and floor transformers.
 """
 
@@ -42,12 +43,18 @@ class Cell:
     torch: str
     transformers: str | None  # None: what pip picks for the dev extra
     about: str
+    extra: tuple[str, ...] = ()  # more packages the cell installs (pinned here)
+    tests: tuple[str, ...] = ()  # the tests it runs (default: the whole suite)
 
 
 CELLS = {
     "floor": Cell("2.6.0", "5.15.0", "the oldest torch and transformers pyproject.toml admits"),
     "pin": Cell("2.13.0", None, "CI's torch (the local CPU wheel), the newest transformers"),
     "newest": Cell("2.15.0", "5.24.0", "the newest torch and transformers on the index (Python 3.11)"),
+    "kernels": Cell("2.13.0", "5.24.0", "CI's torch with flash-linear-attention's kernels library (fla-core, CPU "
+                    "build: Triton imports, its kernels cannot launch): the kernel catalog's tests, apart because "
+                    "transformers binds fla's kernels for every Qwen3-Next of the suite once fla is installed",
+                    extra=("fla-core[cpu]==0.6.0", "packaging"), tests=("tests/test_fla_kernels.py",)),
 }
 COUNTS = re.compile(r"(\d+) (passed|failed|skipped|errors?|xfailed|xpassed)")
 
@@ -85,6 +92,7 @@ def install_cell(name: str, cell: Cell, venvs: Path, *, checkout: bool = True
     other installs and builds of it. Returns (pins, the cell's environment, pip's output if it failed)."""
     venv = venvs / name
     pins = [f"torch=={cell.torch}"] + ([f"transformers=={cell.transformers}"] if cell.transformers else [])
+    pins += list(cell.extra)
     constraints = venv / "constraints.txt"
     env = {**os.environ, "PIP_CONSTRAINT": str(constraints)}
     env.pop("VIRTUAL_ENV", None)
@@ -93,7 +101,7 @@ def install_cell(name: str, cell: Cell, venvs: Path, *, checkout: bool = True
     if not (marker.is_file() and marker.read_text() == " ".join(pins)):
         shutil.rmtree(venv, ignore_errors=True)
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-        constraints.write_text("\n".join(pins) + "\n")
+        constraints.write_text("\n".join(pin.replace("[cpu]", "") for pin in pins) + "\n")  # (no extras there)
         install = subprocess.run([python, "-m", "pip", "install", "-q", *pins, *requirements()], env=env,
                                  capture_output=True, text=True)
         if install.returncode != 0:
@@ -119,7 +127,8 @@ def run_cell(name: str, cell: Cell, venvs: Path, pytest_args: list[str]) -> Resu
                                "print(f'torch {torch.__version__}, transformers {transformers.__version__}')"],
                               capture_output=True, text=True, check=True).stdout.strip()
     print(f"   {versions}", flush=True)
-    tests = subprocess.run([python, "-m", "pytest", *pytest_args], cwd=ROOT, env=env, capture_output=True, text=True)
+    tests = subprocess.run([python, "-m", "pytest", *cell.tests, *pytest_args], cwd=ROOT, env=env,
+                           capture_output=True, text=True)
     output = tests.stdout + tests.stderr
     summary = next((line for line in reversed(output.splitlines()) if COUNTS.search(line)), "")
     counts = {kind: int(n) for n, kind in COUNTS.findall(summary)}

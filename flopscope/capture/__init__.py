@@ -7,7 +7,8 @@
 - ``fake``: the model's state and inputs as fake tensors; ``state``: the model put back as it was;
   ``model_caches``: fake tensors kept out of the model code's caches; ``undispatched``: work that never reached
   the dispatcher; ``compiled``: compiled and exported models; ``checks``: validators of flopscope's arguments;
-- ``replay``: a repeated call replayed from an earlier call's records where they are provably the same.
+- ``replay``: a repeated call replayed from an earlier call's records where they are provably the same;
+- ``catalog``: kernels launched outside the dispatcher (Triton, pybind), counted at their ``autograd.Function``.
 
 May import: ``flopscope.formulas`` and the vocabulary (``errors``, ``enums``, ``role``, ``conventions``); never
 the role passes, the predictions, the renderers or the façade.

@@ -228,6 +228,7 @@ class Recorder(TorchDispatchMode):
         # call that read any
         self.value_reads = 0
         self.windows: list[Window] = []  # calls being watched for flopscope.capture.replay (innermost last)
+        self._suspended = 0  # inside a catalog kernel (flopscope.capture.catalog): ops run, unrecorded
         self.copies: dict[CapturedOp, CapturedOp] = {}  # a replayed record -> the record it copies
 
     def add_leaf_names(self, leaf_names: Mapping[int, LeafName]) -> None:
@@ -255,6 +256,8 @@ class Recorder(TorchDispatchMode):
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
                            kwargs: dict[str, Any] | None = None) -> Any:
         kwargs = kwargs or {}
+        if self._suspended:  # (a catalog kernel's insides: its own record covers them)
+            return func(*args, **kwargs)
         types = tuple(types)  # (a list for a higher-order op)
         kind = self._subclasses.get(types)
         if kind is None:
@@ -321,6 +324,38 @@ class Recorder(TorchDispatchMode):
             # node is differentiated by a reentrant checkpoint: its gradient belongs to the forward op it repeats)
             self._by_sequence_nr[torch.autograd._get_sequence_nr() - 1] = op.forward if recompute and op.forward else op
         return out
+
+    @contextmanager
+    def suspended(self) -> Iterator[None]:
+        """Ops dispatched in the block run unrecorded: the insides of a kernel that
+        :meth:`record_kernel` records as one call."""
+        self._suspended += 1
+        try:
+            yield
+        finally:
+            self._suspended -= 1
+
+    def record_kernel(self, target: Any, spec: OpSpec, args: tuple[Any, ...], out: Any,
+                      differentiated: bool = False) -> CapturedOp | None:
+        """One record for a call of a kernel that runs outside the dispatcher (:mod:`flopscope.capture.catalog`):
+        ``target`` names it, ``args`` are its arguments (tensors among them, as ``spec``'s formula takes them), ``out``
+        what it returned (its tensors get this record as their producer); ``differentiated``: a forward whose
+        ``autograd.Function`` node will run a backward (its backward's record belongs to this one). ``None`` outside
+        the model's module calls."""
+        stack, forward_op = self.tracker.stack, None
+        if self._backward and not stack:
+            forward_op = self._forward_op()
+            stack = forward_op.module_stack if forward_op is not None else ()
+        elif not stack:
+            return None
+        known = _OpClass(Cost.FORMULA, spec=spec, name=str(target).rpartition(".")[2])
+        op = self._record(target, args, {}, out, stack, known)
+        if self._backward:
+            op.forward = forward_op
+        elif differentiated:
+            self._by_sequence_nr[torch.autograd._get_sequence_nr() - 1] = op  # (the Function's node, made before
+            # its forward ran)
+        return op
 
     def _met_fake_tensor(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         """A real run met a fake tensor inside the model (or its backward pass): it cannot be counted, and what

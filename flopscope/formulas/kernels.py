@@ -25,19 +25,21 @@ counted and flagged as an :class:`~flopscope.formulas.registry.UpperBound`.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .linear_algebra import backward_of
 from .registry import BNHD, OpFamily, Shape, UpperBound, by_name, formula
 
 __all__ = [
+    'GATED_DELTA_CHUNK',
     'causal_conv1d',
     'causal_conv1d_backward',
     'causal_conv1d_update',
     'flash_kernel',
     'flash_kernel_backward',
     'flash_pairs',
+    'gated_delta_rule_chunked',
 ]
 
 
@@ -151,3 +153,34 @@ def causal_conv1d_update(x: Shape, conv_state: Shape, weight: Shape, *_: Any, **
     # out [B, D(, L)] = causal_conv1d_update(x [B, D(, L)], conv_state [B, D, S], weight [D, W], bias, out, ...)
     new = x[2] if len(x) == 3 else 1
     return x[0] * x[1] * new * weight[-1]
+
+
+GATED_DELTA_CHUNK = 64
+"""The chunk length of the chunked gated delta rule, as transformers' reference and fla's kernels chunk it."""
+
+
+def gated_delta_rule_chunked(q: Shape, v: Shape, lengths: Sequence[int] | None = None,
+                             chunk: int = GATED_DELTA_CHUNK) -> dict[str, int]:
+    """The gated delta rule over chunks of ``chunk`` positions (Yang et al. 2024, "Gated Delta Networks"), priced as
+    its chunked algorithm computes it (transformers' ``torch_chunk_gated_delta_rule``, which fla's
+    ``chunk_gated_delta_rule`` replaces on a GPU: one price for the algorithm on every device,
+    ``docs/conventions.md``). ``q [B, T, h_k, K]``, ``v [B, T, h, V]`` (h value heads; the queries and keys are
+    repeated to them); ``lengths``: the sequences packed in ``T`` (variable length), each padded to whole chunks.
+
+    Per value head and padded position (T' positions in N chunks of C): the in-chunk scores ``q·kᵀ`` T'·C·K
+    (``attn_scores``) and their product with the corrected values T'·C·V (``attn_weighted_sum``); the state's write
+    ``kᵀ·v_new`` T'·K·V (``attn_kv_state``) and its two reads ``q·S`` and ``k_cumdecay·S`` 2·T'·K·V
+    (``attn_readout``); the key Gram matrix ``β·k·kᵀ`` T'·C·K and the two unit-triangular solves of the UT transform
+    N·(K + V)·C(C−1)/2 (``other``)."""
+    batch, length, k_width = q[0], q[1], q[-1]
+    heads, v_width = v[-2], v[-1]
+    sequences = list(lengths) if lengths is not None else [length] * batch
+    padded = sum(-(-n // chunk) * chunk for n in sequences)
+    chunks = padded // chunk
+    return {
+        "attn_scores": heads * padded * chunk * k_width,
+        "attn_weighted_sum": heads * padded * chunk * v_width,
+        "attn_kv_state": heads * padded * k_width * v_width,
+        "attn_readout": 2 * heads * padded * k_width * v_width,
+        "other": heads * (padded * chunk * k_width + chunks * (k_width + v_width) * (chunk * (chunk - 1) // 2)),
+    }

@@ -51,7 +51,7 @@ from ..enums import StrEnum
 from ..errors import RegistryError
 
 __all__ = [  # with linear_algebra.__all__, the public face of flopscope.formulas
-    'BHND', 'BNHD',
+    'BHND', 'BNHD', 'CHUNKED',
     'REGISTRY',
     'FormulaRegistry',
     'KnownShape',
@@ -143,9 +143,11 @@ class OpFamily(StrEnum):
 _OPERAND_FAMILIES = {OpFamily.MATMUL: 2, OpFamily.GROUPED_MATMUL: 2, OpFamily.ATTENTION: 3}
 
 
-BHND, BNHD = "[*B, heads, n, d]", "[B, n, heads, d]"
-"""The two operand layouts of attention kernels: SDPA's and FlexAttention's ``[*batch, heads, positions, width]``,
-and FlashAttention's / the memory-efficient kernel's own ``[batch, positions, heads, width]``."""
+BHND, BNHD, CHUNKED = "[*B, heads, n, d]", "[B, n, heads, d]", "[B, n, heads, d] in chunks"
+"""The operand layouts of attention kernels: SDPA's and FlexAttention's ``[*batch, heads, positions, width]``,
+FlashAttention's / the memory-efficient kernel's own ``[batch, positions, heads, width]``, and that of a chunked
+linear-attention kernel (the gated delta rule), whose scores are within chunks: no ``n_q × n_k`` geometry for the
+attention conventions to price (they charge its work as executed)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,7 +169,7 @@ class OpSpec:
         """An attention kernel's (query positions, key positions, scores shape ``[*batch, heads, n_q, n_k]``) from
         its q and k shapes, read in the kernel's declared :attr:`layout`; ``None`` for another family or shapes
         the layout does not fit (a packed variable-length ``[total, heads, d]`` call)."""
-        if self.family is not OpFamily.ATTENTION:
+        if self.family is not OpFamily.ATTENTION or self.layout == CHUNKED:
             return None
         if self.layout == BNHD:  # [B, n, heads, d]
             return (q[1], k[1], (q[0], q[2], q[1], k[1])) if len(q) == 4 and len(k) == 4 else None
@@ -276,8 +278,8 @@ def _spec(fn: MacFormula, family: OpFamily, operands: tuple[int, ...], layout: s
     if len(operands) != wanted:
         raise RegistryError(f"an op of family {family} takes {wanted} operand positions; got {operands!r}"
                             + (" (matmul: (a, b); attention: (q, k, v))" if wanted else ""))
-    if layout not in (BHND, BNHD):
-        raise RegistryError(f"an attention layout is {BHND!r} or {BNHD!r}; got {layout!r}")
+    if layout not in (BHND, BNHD, CHUNKED):
+        raise RegistryError(f"an attention layout is {BHND!r}, {BNHD!r} or {CHUNKED!r}; got {layout!r}")
     return OpSpec(fn, family, tuple(operands), layout)
 
 

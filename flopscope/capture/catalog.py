@@ -1,0 +1,227 @@
+"""Kernels launched from Python outside the dispatcher (Triton kernels, pybind modules), counted at the boundary their
+library calls them through: an ``autograd.Function``, whose ``forward`` and ``backward`` are wrapped on the class
+while a profile runs (not a module-level name, which models copy into their own attributes; transformers resolves
+``chunk_gated_delta_rule`` once, at import, through ``use_kernel_func_from_hub_with_fallback``).
+
+Each :class:`Kernel` of :data:`CATALOG` (and of :func:`register`) is one record per call: its formula's MACs and
+parts (roles), its arguments' records as inputs, its outputs produced by it; the ATen ops it runs inside run
+unrecorded (:meth:`~flopscope.capture.recorder.Recorder.suspended`), so nothing is counted twice. On fake tensors and
+meta, where a Triton kernel cannot run, the kernel is not run: :attr:`Kernel.outputs` makes its outputs (shapes,
+dtypes), so the count needs no GPU. A backward's record is its own formula (:attr:`Kernel.backward`), attributed to
+the forward's module.
+
+Only kernels whose library is already imported are wrapped (flopscope imports none of them), and only in the thread
+of the run: another thread's calls run the original. What is not in the catalog stays invisible to the dispatcher;
+in real mode the buffer such a kernel fills is found when an op reads it
+(:mod:`flopscope.capture.undispatched`).
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import itertools
+import sys
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ..errors import RunError
+from ..formulas.kernels import GATED_DELTA_CHUNK, gated_delta_rule_chunked
+from ..formulas.registry import BNHD, CHUNKED, MacCount, OpFamily, OpSpec, UpperBound
+from .recorder import Recorder
+
+Named = Mapping[str, Any]
+"""A call's arguments by parameter name (tensors as they are)."""
+
+
+@dataclass(frozen=True, eq=False)
+class Kernel:
+    """A kernel counted at an ``autograd.Function``: ``name`` (``"fla.chunk_gated_delta_rule"``: its records' op),
+    ``function`` the Function's import path, ``arguments`` the names of the arguments its records take (tensors in
+    that order; the formula gets them as shapes, a tensor's known values where flopscope knows them),
+    ``formula`` / ``backward`` the MACs of a forward / backward call (an int or parts by role) from those shapes,
+    ``outputs`` its forward's outputs on fake tensors (from the call's arguments by name), ``family`` and
+    ``operands`` (positions among ``arguments``: an attention kernel's q, k, v) as a registered formula's."""
+
+    name: str
+    function: str
+    arguments: tuple[str, ...]
+    formula: Callable[..., MacCount]
+    outputs: Callable[[Named], Any]
+    backward: Callable[..., MacCount] | None = None
+    family: OpFamily = OpFamily.OTHER
+    operands: tuple[int, ...] = ()
+    layout: str = BNHD
+    _specs: dict[str, OpSpec] = field(default_factory=dict, repr=False)
+
+    def __str__(self) -> str:
+        return self.name
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:  # (an fx node's target is callable; a record is not run)
+        raise RunError(f"{self.name} is a catalog kernel's record: it is counted, not run again")
+
+    def spec(self, backward: bool = False) -> OpSpec:
+        """The formula of a forward (or backward) call as a registered op's: positional shapes in ``arguments``'
+        order."""
+        key = "backward" if backward else "forward"
+        found = self._specs.get(key)
+        if found is None:
+            formula = (self.backward if backward else None) or self.formula
+            names = self.arguments
+
+            def by_position(*shapes: Any, out_shape: Any = None, **_: Any) -> MacCount:
+                return formula(**dict(zip(names, shapes, strict=False)))
+
+            found = self._specs[key] = OpSpec(by_position, self.family, self.operands, self.layout)
+        return found
+
+
+def _gated_delta_outputs(named: Named) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """fla's chunk_gated_delta_rule: ``o [B, T, h, V]`` in v's dtype, and the final state ``[N, h, K, V]`` (float32)
+    when asked for (N: the batch, or the packed sequences)."""
+    q, v = named["q"], named["v"]
+    out = v.new_empty(v.shape)
+    if not named.get("output_final_state"):
+        return out, None
+    cu = named.get("cu_seqlens")
+    sequences = cu.shape[0] - 1 if isinstance(cu, torch.Tensor) else q.shape[0]
+    widths = (v.shape[-1], q.shape[-1]) if named.get("state_v_first") else (q.shape[-1], v.shape[-1])
+    return out, q.new_empty((sequences, v.shape[-2], *widths), dtype=torch.float32)
+
+
+def _gated_delta_formula(q: Any, k: Any, v: Any, cu_seqlens: Any = None, chunk_size: int | None = None,
+                         **_: Any) -> MacCount:
+    """:func:`~flopscope.formulas.kernels.gated_delta_rule_chunked`; packed sequences by their offsets' values,
+    where known, else an upper bound (each of the b sequences padded by at most C − 1 positions)."""
+    chunk = chunk_size or GATED_DELTA_CHUNK
+    if cu_seqlens is None:
+        return gated_delta_rule_chunked(q, v, None, chunk)
+    starts = getattr(cu_seqlens, "values", None)
+    if starts is not None:
+        return gated_delta_rule_chunked(q, v, [b - a for a, b in itertools.pairwise(starts)], chunk)
+    sequences = cu_seqlens[0] - 1
+    return UpperBound(gated_delta_rule_chunked(q, v, [q[1] + sequences * (chunk - 1)], chunk))
+
+
+def _twice(formula: Callable[..., MacCount]) -> Callable[..., MacCount]:
+    """A backward priced as two gradients of each forward product (``docs/conventions.md`` section 7)."""
+    def backward(**shapes: Any) -> MacCount:
+        forward = formula(**shapes)
+        return {part: 2 * macs for part, macs in forward.items()} if isinstance(forward, Mapping) else 2 * forward
+
+    return backward
+
+
+CATALOG: list[Kernel] = [
+    Kernel("fla.chunk_gated_delta_rule", "fla.ops.gated_delta_rule.chunk.ChunkGatedDeltaRuleFunction",
+           ("q", "k", "v", "g", "beta", "initial_state", "cu_seqlens", "chunk_size"), _gated_delta_formula,
+           _gated_delta_outputs, backward=_twice(_gated_delta_formula), family=OpFamily.ATTENTION, operands=(0, 1, 2),
+           layout=CHUNKED),
+]
+"""The kernels counted at their ``autograd.Function`` (``docs/conventions.md``: the production kernels)."""
+
+_LOCK = threading.Lock()
+_ACTIVE = threading.local()  # .recorders: this thread's recorders counting kernels (innermost last)
+_wrapped: dict[Any, tuple[Any, Any]] = {}  # Function class -> its original forward, backward (while wrapped)
+_users = 0
+
+
+def register(kernel: Kernel) -> None:
+    """Add ``kernel`` to the catalog (its Function is wrapped from the next profile on)."""
+    with _LOCK:
+        CATALOG.append(kernel)
+
+
+@contextmanager
+def counting_kernels(recorder: Recorder) -> Iterator[None]:
+    """For the block, in this thread, calls of the catalog's kernels (whose libraries are imported) are counted by
+    ``recorder``: one record each, their insides unrecorded."""
+    global _users
+    with _LOCK:
+        if _users == 0:
+            for kernel in CATALOG:
+                cls = _loaded(kernel.function)
+                if cls is not None and cls not in _wrapped:
+                    _wrap(cls, kernel)
+        _users += 1
+    recorders = getattr(_ACTIVE, "recorders", None)
+    if recorders is None:
+        recorders = _ACTIVE.recorders = []
+    recorders.append(recorder)
+    try:
+        yield
+    finally:
+        recorders.pop()
+        with _LOCK:
+            _users -= 1
+            if _users == 0:
+                for cls, (forward, backward) in _wrapped.items():
+                    cls.forward, cls.backward = forward, backward
+                _wrapped.clear()
+
+
+def _loaded(path: str) -> type | None:
+    """The class at ``path`` if its module is imported already (flopscope imports no kernel library)."""
+    module, _, name = path.rpartition(".")
+    if module not in sys.modules:
+        return None
+    try:
+        found = getattr(importlib.import_module(module), name, None)
+    except Exception:  # (a library that fails to import is one not in use)
+        return None
+    return found if isinstance(found, type) and issubclass(found, torch.autograd.Function) else None
+
+
+def _wrap(cls: Any, kernel: Kernel) -> None:
+    forward, backward = cls.__dict__["forward"], cls.__dict__.get("backward")
+    original_forward = forward.__func__ if isinstance(forward, staticmethod) else forward
+    original_backward = backward.__func__ if isinstance(backward, staticmethod) else backward
+    signature = inspect.signature(original_forward)
+    _wrapped[cls] = (forward, backward)
+
+    def counted_forward(ctx: Any, *args: Any, **kwargs: Any) -> Any:
+        recorder = _recorder()
+        if recorder is None or not recorder.tracker.stack:
+            return original_forward(ctx, *args, **kwargs)
+        bound = signature.bind(ctx, *args, **kwargs)
+        bound.apply_defaults()
+        named = dict(list(bound.arguments.items())[1:])
+        with recorder.suspended():
+            out = kernel.outputs(named) if recorder.fake else original_forward(ctx, *args, **kwargs)
+        differentiated = any(getattr(ctx, "needs_input_grad", ()))
+        ctx._flopscope_call = ([named.get(name) for name in kernel.arguments], args, recorder.fake)
+        recorder.record_kernel(kernel, kernel.spec(), tuple(named.get(name) for name in kernel.arguments), out,
+                               differentiated)
+        return out
+
+    def counted_backward(ctx: Any, *grads: Any) -> Any:
+        recorder = _recorder()
+        call = getattr(ctx, "_flopscope_call", None)
+        if recorder is None or call is None:
+            return original_backward(ctx, *grads)
+        arguments, args, fake = call
+        with recorder.suspended():
+            if fake:  # (the forward did not run: a gradient of each input's shape, none for the rest)
+                result = tuple(a.new_empty(a.shape) if isinstance(a, torch.Tensor) and a.requires_grad else None
+                               for a in args)
+            else:
+                result = original_backward(ctx, *grads)
+        if kernel.backward is not None:
+            recorder.record_kernel(kernel, kernel.spec(backward=True), tuple(arguments), result)
+        return result
+
+    cls.forward = staticmethod(counted_forward)
+    if original_backward is not None:
+        cls.backward = staticmethod(counted_backward)
+
+
+def _recorder() -> Recorder | None:
+    recorders = getattr(_ACTIVE, "recorders", None)
+    return recorders[-1] if recorders else None
+
+

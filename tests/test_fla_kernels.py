@@ -1,0 +1,93 @@
+"""fla's chunked gated delta rule (Qwen3-Next, Qwen3.5, OLMo hybrid on a GPU), counted at its ``autograd.Function``
+(``flopscope.capture.catalog``) on a CPU: its Triton kernels cannot run here, and on fake tensors and meta they are
+not run. One price for the algorithm: the model with fla counts what it counts on transformers' torch reference path,
+total and roles, each the closed form of the chunked algorithm (``docs/conventions.md``).
+
+Runs where flash-linear-attention is installed: the matrix's ``kernels`` cell (``tools/matrix.py kernels``, part of
+``.ci/run``). It is kept out of the main environment, where transformers would bind fla's Triton kernels on the CPU
+for every Qwen3-Next test (a real run there cannot launch them)."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+import flopscope
+from flopscope.formulas import gated_delta_rule_chunked
+
+fla = pytest.importorskip("fla", reason="flash-linear-attention is installed in the matrix's kernels cell")
+from fla.ops.gated_delta_rule import chunk_gated_delta_rule  # noqa: E402
+from transformers import Qwen3NextConfig, Qwen3NextModel  # noqa: E402
+from transformers.models.qwen3_next import modeling_qwen3_next  # noqa: E402
+
+B, T, D = 2, 100, 64
+HK, H, KW, VW = 2, 4, 16, 32  # key heads, value heads, key width, value width
+
+
+class Core(nn.Module):
+    def __init__(self, function) -> None:
+        super().__init__()
+        self.function = function
+
+    def forward(self, q, k, v, g, beta):
+        return self.function(q, k, v, g, beta, initial_state=None, output_final_state=True)
+
+
+def profile(model, *args, **kwargs) -> flopscope.Profile:
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return flopscope.profile(model, *args, **kwargs)
+
+
+def inputs(device: str = "cpu"):
+    q, k = torch.randn(B, T, HK, KW, device=device), torch.randn(B, T, HK, KW, device=device)
+    v = torch.randn(B, T, H, VW, device=device)
+    return q, k, v, -torch.rand(B, T, H, device=device), torch.rand(B, T, H, device=device)
+
+
+@pytest.mark.parametrize("device", ["cpu", "meta"])
+def test_fla_chunk_gated_delta_rule_is_one_record_priced_as_the_chunked_algorithm(device):
+    """fla's function on fake tensors (and meta): one record, the closed form's total; its outputs' shapes are the
+    kernel's (o like v, the final state [B, h, K, V] in float32)."""
+    prof = profile(Core(chunk_gated_delta_rule), *inputs(device))
+    assert prof.total() == sum(gated_delta_rule_chunked((B, T, HK, KW), (B, T, H, VW)).values())
+    assert [op.op_name for op in prof._ops if op.macs] == ["fla.chunk_gated_delta_rule"]
+    out, state = prof.output
+    assert tuple(out.shape) == (B, T, H, VW) and tuple(state.shape) == (B, H, KW, VW)
+    assert state.dtype == torch.float32
+
+
+def test_the_torch_reference_path_counts_the_same():
+    reference = modeling_qwen3_next.torch_chunk_gated_delta_rule.__wrapped__  # transformers' own, unwrapped
+    ours = profile(Core(chunk_gated_delta_rule), *inputs())
+    theirs = profile(Core(reference), *inputs())
+    assert ours.total() == theirs.total() == sum(gated_delta_rule_chunked((B, T, HK, KW), (B, T, H, VW)).values())
+
+
+def test_qwen3_next_with_fla_counts_and_attributes_as_on_the_reference_path():
+    """A Qwen3-Next linear-attention layer whose core is fla's kernel: projections found through the kernel's q, k, v
+    (closed forms), the core's parts the chunked algorithm's, the conv and the gate columns as on the reference
+    path."""
+    config = Qwen3NextConfig(
+        hidden_size=D, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=16, linear_num_key_heads=HK, linear_num_value_heads=H, linear_key_head_dim=KW,
+        linear_value_head_dim=VW, linear_conv_kernel_dim=4, layer_types=["linear_attention", "full_attention"],
+        num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=32,
+        vocab_size=100, decoder_sparse_step=1)
+    with torch.device("meta"):
+        model = Qwen3NextModel(config).eval()
+    prof = profile(model, torch.zeros(B, T, dtype=torch.long))
+    assert [op.module for op in prof._ops if op.op_name == "fla.chunk_gated_delta_rule"] == [
+        "layers.0.linear_attn"]  # (transformers bound fla's function, not its torch path)
+    core = gated_delta_rule_chunked((B, T, HK, KW), (B, T, H, VW))
+    tokens, channels, width = B * T, 2 * HK * KW + H * VW, 4
+    assert prof.by_block()["layers.0.linear_attn"] == {
+        "q_proj": tokens * D * HK * KW, "k_proj": tokens * D * HK * KW, "v_proj": tokens * D * H * VW,
+        "out_proj": tokens * H * VW * D, "attn_scores": core["attn_scores"],
+        "attn_weighted_sum": core["attn_weighted_sum"], "attn_kv_state": core["attn_kv_state"],
+        "attn_readout": core["attn_readout"],
+        "conv": B * channels * width * (T + width - 1),  # nn.Conv1d(padding=W-1): T + W - 1 outputs per channel
+        "other": core["other"] + tokens * D * H * VW}  # the gate z's columns of in_proj_qkvz
