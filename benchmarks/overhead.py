@@ -56,10 +56,11 @@ tensor data on fake tensors). The MAC total is compared with the analytic count
 and weighted sum; no ``lm_head``), which for the 7B shape is 14,362,370,637,824.
 
 Then, side by side in the same child (rounds in turn, the first of each rotating, under ``no_grad``): the
-plain meta forward, ``FlopCounterMode``'s meta count, and ``flopscope.profile(...).by_role()`` (the count with
-roles); printed are the medians and the medians of the per-round ratios, against issue 15's targets (<= 1.0x
-FlopCounterMode, <= 1.6x the plain forward). A meta model's forward-only count runs on meta kernels directly
-(``docs/conventions.md``, the modes table), as FlopCounterMode's does.
+plain meta forward, the same under an empty dispatch mode, ``FlopCounterMode``'s meta count, ``flopscope.profile``
+(the count) and ``flopscope.profile(...).by_role()`` (the count with roles); printed are the medians and the medians
+of the per-round ratios, against issue 15's targets (<= 1.0x FlopCounterMode, <= 1.6x the plain forward) and issue
+34's (the count <= 1.15x the empty mode, with roles <= 1.25x). A meta model's forward-only count runs on meta
+kernels directly (``docs/conventions.md``, the modes table), as FlopCounterMode's does.
 
 Part 1 also times an empty ``TorchDispatchMode`` (the floor of any counter that sees every ATen op) and
 prints flopscope real / empty mode per round (target <= 1.08).
@@ -119,9 +120,12 @@ LLAMA_70B = dict(
     max_position_embeddings=4096,
 )
 VARIANTS = ("plain", "empty mode", "flopscope real", "FlopCounterMode", "flopscope fake")
-TARGETS = {"real_vs_empty": 1.08, "7b_vs_fcm": 1.0, "7b_vs_plain": 1.6, "70b_s": 1.5, "70b_mib": 600}
+TARGETS = {"real_vs_empty": 1.08, "7b_vs_fcm": 1.0, "7b_vs_plain": 1.6, "70b_s": 1.5, "70b_mib": 600,
+           "7b_count_vs_empty": 1.15, "7b_roles_vs_empty": 1.25}
 """Issue 15's targets: real-mode time / an empty dispatch mode's; the 7B count with roles / FlopCounterMode's meta
-count and / the plain meta forward; the 70B count with roles in seconds and its peak memory growth in MiB."""
+count and / the plain meta forward; the 70B count with roles in seconds and its peak memory growth in MiB. Issue 34's:
+the 7B count (``profile()``) and the count with roles, each / the meta forward under an empty dispatch mode (the
+floor of any dispatch-level counter)."""
 
 
 class EmptyMode(TorchDispatchMode):
@@ -308,23 +312,33 @@ def child_7b(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def _side_by_side(model: torch.nn.Module, ids: torch.Tensor, reps: int) -> dict[str, float]:
-    """Median seconds of the plain meta forward, FlopCounterMode's meta count and flopscope's count with roles,
-    run in turn (the first of each round rotating), under ``no_grad``; and the medians of the per-round ratios."""
+    """Median seconds of the plain meta forward, the same under an empty dispatch mode, FlopCounterMode's meta count,
+    flopscope's count and its count with roles, run in turn (the first of each round rotating), under ``no_grad``;
+    and the medians of the per-round ratios."""
 
     def fcm() -> None:
         with FlopCounterMode(display=False):
             model(ids)
 
+    def empty() -> None:
+        with EmptyMode():
+            model(ids)
+
     calls: dict[str, Callable[[], Any]] = {
         "plain": lambda: model(ids),
+        "empty mode": empty,
         "FlopCounterMode": fcm,
+        "flopscope": lambda: flopscope.profile(model, ids, mode="fake"),
         "flopscope + roles": lambda: flopscope.profile(model, ids, mode="fake").by_role(),
     }
     with torch.no_grad():
         times, _ = rounds(calls, reps)
     fs = times["flopscope + roles"]
     return {**{name: statistics.median(t) for name, t in times.items()},
-            "vs_fcm": median_ratio(fs, times["FlopCounterMode"]), "vs_plain": median_ratio(fs, times["plain"])}
+            "vs_fcm": median_ratio(fs, times["FlopCounterMode"]), "vs_plain": median_ratio(fs, times["plain"]),
+            "count_vs_empty": median_ratio(times["flopscope"], times["empty mode"]),
+            "roles_vs_empty": median_ratio(fs, times["empty mode"]),
+            "fcm_vs_empty": median_ratio(times["FlopCounterMode"], times["empty mode"])}
 
 
 def run_7b(quick: bool, reps: int, threads: int | None, config: dict[str, int] | None = None, n: int | None = None,
@@ -486,6 +500,10 @@ def main() -> None:
               f"FlopCounterMode {side['FlopCounterMode']:.3f} s, flopscope count + by_role() "
               f"{side['flopscope + roles']:.3f} s: {side['vs_fcm']:.2f}x FlopCounterMode (target <= "
               f"{TARGETS['7b_vs_fcm']}), {side['vs_plain']:.2f}x plain (target <= {TARGETS['7b_vs_plain']})")
+        print(f"against the floor, the meta forward under an empty dispatch mode ({side['empty mode']:.3f} s): "
+              f"flopscope count {side['flopscope']:.3f} s, {side['count_vs_empty']:.2f}x (target <= "
+              f"{TARGETS['7b_count_vs_empty']}); with by_role() {side['roles_vs_empty']:.2f}x (target <= "
+              f"{TARGETS['7b_roles_vs_empty']}); FlopCounterMode {side['fcm_vs_empty']:.2f}x")
     if huge is not None:
         r = huge
         hwm = float("nan") if r["hwm_growth_mib"] is None else r["hwm_growth_mib"]
