@@ -8,7 +8,8 @@
   ``model_caches``: fake tensors kept out of the model code's caches; ``undispatched``: work that never reached
   the dispatcher; ``compiled``: compiled and exported models; ``checks``: validators of flopscope's arguments;
 - ``replay``: a repeated call replayed from an earlier call's records where they are provably the same;
-- ``catalog``: kernels launched outside the dispatcher (Triton, pybind), counted at their ``autograd.Function``.
+- ``catalog``: kernels launched outside the dispatcher (Triton, pybind), counted at their ``autograd.Function``;
+  ``scoped_patch``: a patch held while any thread needs it, with each thread's own values (what both wrap).
 
 May import: ``flopscope.formulas`` and the vocabulary (``errors``, ``enums``, ``role``, ``conventions``); never
 the role passes, the predictions, the renderers or the façade.

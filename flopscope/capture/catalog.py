@@ -22,9 +22,8 @@ import importlib
 import inspect
 import itertools
 import sys
-import threading
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,6 +33,7 @@ from ..errors import RunError
 from ..formulas.kernels import GATED_DELTA_CHUNK, gated_delta_rule_chunked
 from ..formulas.registry import BNHD, CHUNKED, MacCount, OpFamily, OpSpec, UpperBound
 from .recorder import Recorder
+from .scoped_patch import ScopedPatch
 
 Named = Mapping[str, Any]
 """A call's arguments by parameter name (tensors as they are)."""
@@ -125,44 +125,34 @@ CATALOG: list[Kernel] = [
 ]
 """The kernels counted at their ``autograd.Function`` (``docs/conventions.md``: the production kernels)."""
 
-_LOCK = threading.Lock()
-_ACTIVE = threading.local()  # .recorders: this thread's recorders counting kernels (innermost last)
 _wrapped: dict[Any, tuple[Any, Any]] = {}  # Function class -> its original forward, backward (while wrapped)
-_users = 0
+
+
+def _wrap_loaded() -> None:
+    for kernel in list(CATALOG):
+        cls = _loaded(kernel.function)
+        if cls is not None and cls not in _wrapped:
+            _wrap(cls, kernel)
+
+
+def _unwrap() -> None:
+    for cls, (forward, backward) in _wrapped.items():
+        cls.forward, cls.backward = forward, backward
+    _wrapped.clear()
+
+
+_PATCH = ScopedPatch(_wrap_loaded, _unwrap)
 
 
 def register(kernel: Kernel) -> None:
     """Add ``kernel`` to the catalog (its Function is wrapped from the next profile on)."""
-    with _LOCK:
-        CATALOG.append(kernel)
+    CATALOG.append(kernel)
 
 
-@contextmanager
-def counting_kernels(recorder: Recorder) -> Iterator[None]:
+def counting_kernels(recorder: Recorder) -> AbstractContextManager[None]:
     """For the block, in this thread, calls of the catalog's kernels (whose libraries are imported) are counted by
     ``recorder``: one record each, their insides unrecorded."""
-    global _users
-    with _LOCK:
-        if _users == 0:
-            for kernel in CATALOG:
-                cls = _loaded(kernel.function)
-                if cls is not None and cls not in _wrapped:
-                    _wrap(cls, kernel)
-        _users += 1
-    recorders = getattr(_ACTIVE, "recorders", None)
-    if recorders is None:
-        recorders = _ACTIVE.recorders = []
-    recorders.append(recorder)
-    try:
-        yield
-    finally:
-        recorders.pop()
-        with _LOCK:
-            _users -= 1
-            if _users == 0:
-                for cls, (forward, backward) in _wrapped.items():
-                    cls.forward, cls.backward = forward, backward
-                _wrapped.clear()
+    return _PATCH.scope(recorder)
 
 
 def _loaded(path: str) -> type | None:
@@ -221,7 +211,7 @@ def _wrap(cls: Any, kernel: Kernel) -> None:
 
 
 def _recorder() -> Recorder | None:
-    recorders = getattr(_ACTIVE, "recorders", None)
+    recorders = _PATCH.values()
     return recorders[-1] if recorders else None
 
 

@@ -56,6 +56,7 @@ from ..formulas.registry import shape_of
 from .module_tracker import ModuleCall, ModuleTracker
 from .recorder import Recorder, Window, storage_of
 from .records import CapturedOp, LeafKind, map_records
+from .scoped_patch import ScopedPatch
 from .state import named_state
 
 _PLAIN = (type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.device, torch.layout,
@@ -309,7 +310,7 @@ class CallReplayer:
         held = [_contents(c) for c in containers]
         with recorder.watching() as window:
             try:
-                with _counting_python_reads(recorder):
+                with _PYTHON_READ_PATCH.scope(recorder):
                     out = forward(*args, **kwargs)
             finally:
                 made_largest = recorder.largest_out
@@ -593,46 +594,33 @@ def _changes(containers: list[list[Any] | dict[Any, Any]], held: list[_Contents]
 _PYTHON_READS = ("tolist", "numpy")
 """Tensor methods that read a real tensor's values without an ATen op (a fake tensor's raise): counted as value reads
 while a first call is watched."""
-_READING = threading.local()  # .recorders: the recorders of this thread's watched calls
-_PATCH = threading.Lock()
 _patched: dict[str, Any] = {}  # method name -> the original, while any thread watches a call
-_patch_users = 0
 
 
-@contextmanager
-def _counting_python_reads(recorder: Recorder) -> Iterator[None]:
-    """For the block, in this thread, ``Tensor.tolist()`` and ``Tensor.numpy()`` count as value reads of
-    ``recorder`` (the methods are wrapped on ``torch.Tensor`` while any thread is in such a block)."""
-    global _patch_users
-    with _PATCH:
-        if _patch_users == 0:
-            for name in _PYTHON_READS:
-                _patched[name] = vars(torch.Tensor).get(name)
-                setattr(torch.Tensor, name, _counted(getattr(torch.Tensor, name)))
-        _patch_users += 1
-    recorders = getattr(_READING, "recorders", None)
-    if recorders is None:
-        recorders = _READING.recorders = []
-    recorders.append(recorder)
-    try:
-        yield
-    finally:
-        recorders.pop()
-        with _PATCH:
-            _patch_users -= 1
-            if _patch_users == 0:
-                for name, original in _patched.items():
-                    if original is None:
-                        delattr(torch.Tensor, name)
-                    else:
-                        setattr(torch.Tensor, name, original)
-                _patched.clear()
+def _wrap_python_reads() -> None:
+    for name in _PYTHON_READS:
+        _patched[name] = vars(torch.Tensor).get(name)
+        setattr(torch.Tensor, name, _counted(getattr(torch.Tensor, name)))
+
+
+def _unwrap_python_reads() -> None:
+    for name, original in _patched.items():
+        if original is None:
+            delattr(torch.Tensor, name)
+        else:
+            setattr(torch.Tensor, name, original)
+    _patched.clear()
+
+
+_PYTHON_READ_PATCH = ScopedPatch(_wrap_python_reads, _unwrap_python_reads)
+"""For a scope, in its thread, ``Tensor.tolist()`` and ``Tensor.numpy()`` count as value reads of the scope's
+recorder (the methods are wrapped on ``torch.Tensor`` while any thread is in such a scope)."""
 
 
 def _counted(method: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(method)
     def read(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-        for recorder in getattr(_READING, "recorders", ()):
+        for recorder in _PYTHON_READ_PATCH.values():
             recorder.value_reads += 1
         return method(self, *args, **kwargs)
 
