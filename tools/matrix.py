@@ -16,7 +16,7 @@ them and a release newer than a local cap can be asked for), then the README's `
 repository root. ``pin`` is CI's torch (the local CPU wheel) with the transformers pip picks for the dev extra;
 ``floor`` and ``newest`` pin both. torch from the package index is a CUDA build of several GB (it runs on the CPU).
 Prints one line per cell (the versions installed, pytest's counts, minutes) and the table at the end; exits 1
-if a cell fails. ``kernels`` adds flash-linear-attention's kernels library and runs only the tests that need it.
+if a cell fails. ``kernels`` adds flash-linear-attention's and Liger's kernels and runs only the tests that need them.
 ``.ci/run`` prepares ``floor``, ``newest`` and ``kernels`` in the background (the downloads overlap the pinned suite)
 and runs them after it. The README's compatibility
 table holds what these cells measured; pyproject.toml declares floor torch and floor transformers.
@@ -52,9 +52,10 @@ CELLS = {
     "pin": Cell("2.13.0", None, "CI's torch (the local CPU wheel), the newest transformers"),
     "newest": Cell("2.15.0", "5.24.0", "the newest torch and transformers on the index (Python 3.11)"),
     "kernels": Cell("2.13.0", "5.24.0", "CI's torch with flash-linear-attention's kernels library (fla-core, CPU "
-                    "build: Triton imports, its kernels cannot launch): the kernel catalog's tests, apart because "
-                    "transformers binds fla's kernels for every Qwen3-Next of the suite once fla is installed",
-                    extra=("fla-core[cpu]==0.6.0", "packaging"), tests=("tests/test_fla_kernels.py",)),
+                    "build: Triton imports, its kernels cannot launch) and Liger's: the kernel catalog's tests, apart "
+                    "because transformers binds fla's kernels for every Qwen3-Next of the suite once fla is installed",
+                    extra=("fla-core[cpu]==0.6.0", "liger-kernel==0.8.5", "packaging"),
+                    tests=("tests/test_fla_kernels.py", "tests/test_liger_kernels.py")),
 }
 COUNTS = re.compile(r"(\d+) (passed|failed|skipped|errors?|xfailed|xpassed)")
 

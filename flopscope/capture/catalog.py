@@ -33,6 +33,7 @@ from ..errors import RunError
 from ..formulas.kernels import GATED_DELTA_CHUNK, gated_delta_rule_chunked
 from ..formulas.registry import BNHD, CHUNKED, MacCount, OpFamily, OpSpec, UpperBound
 from .recorder import Recorder
+from .records import BACKWARD
 from .scoped_patch import ScopedPatch
 
 Named = Mapping[str, Any]
@@ -46,7 +47,10 @@ class Kernel:
     that order; the formula gets them as shapes, a tensor's known values where flopscope knows them),
     ``formula`` / ``backward`` the MACs of a forward / backward call (an int or parts by role) from those shapes,
     ``outputs`` its forward's outputs on fake tensors (from the call's arguments by name), ``family`` and
-    ``operands`` (positions among ``arguments``: an attention kernel's q, k, v) as a registered formula's."""
+    ``operands`` (positions among ``arguments``: an attention kernel's q, k, v) as a registered formula's;
+    ``module`` names the parameter whose module's work the call is (Liger's loss computes the ``lm_head``'s product
+    without calling it: its records get a call of that module), ``gradients`` the MACs of the gradients a forward call
+    computes for the backward (booked to the backward phase, whatever call computes them)."""
 
     name: str
     function: str
@@ -57,6 +61,9 @@ class Kernel:
     family: OpFamily = OpFamily.OTHER
     operands: tuple[int, ...] = ()
     layout: str = BNHD
+    module: Callable[[Named], Any] | None = None  # the parameter whose module the work is (that module not called)
+    gradients: Callable[[Named], MacCount] | None = None  # MACs of gradients its forward computes: booked to the
+    # backward phase, as gradients of the forward's record
     _specs: dict[str, OpSpec] = field(default_factory=dict, repr=False)
 
     def __str__(self) -> str:
@@ -117,11 +124,49 @@ def _twice(formula: Callable[..., MacCount]) -> Callable[..., MacCount]:
     return backward
 
 
+def _linear_cross_entropy_outputs(named: Named) -> tuple[torch.Tensor, ...]:
+    """Liger's fused linear cross-entropy: the loss (per token with ``reduction="none"``), then the z-loss, the token
+    accuracy and the predicted tokens where asked for (``None`` otherwise)."""
+    x = named["_input"]
+    tokens = x.shape[0]
+    loss = x.new_empty((tokens,) if named.get("reduction") == "none" else (), dtype=torch.float32)
+    z_loss = x.new_empty((), dtype=torch.float32) if named.get("return_z_loss") else None
+    accuracy = x.new_empty((), dtype=torch.float32) if named.get("return_token_accuracy") else None
+    predicted = x.new_empty((tokens,), dtype=torch.long) if named.get("return_predicted_tokens") else None
+    return loss, z_loss, accuracy, predicted  # type: ignore[return-value]
+
+
+def _logits(_input: Any, weight: Any, reduction: Any = None, **_: Any) -> MacCount:
+    """The ``lm_head``'s product its fused loss computes chunk by chunk: ``N · d · V`` (x ``[N, d]``, W ``[V, d]``)."""
+    return {"logits": _input[0] * _input[1] * weight[0]}
+
+
+def _linear_cross_entropy_gradients(named: Named) -> MacCount:
+    """The gradients Liger's forward computes (mean or sum reduction, an input or the weight requiring grad): one
+    ``N · d · V`` product for x's gradient, one for W's; with ``reduction="none"`` they wait for the backward."""
+    x, weight = named["_input"], named["weight"]
+    if named.get("reduction") == "none":
+        return 0
+    wanted = int(x.requires_grad) + int(weight.requires_grad)
+    return {"logits": wanted * x.shape[0] * x.shape[1] * weight.shape[0]} if wanted else 0
+
+
+def _linear_cross_entropy_backward(_input: Any, weight: Any, reduction: Any = None, **_: Any) -> MacCount:
+    """Its backward: scaling the gradients the forward computed (no product), or with ``reduction="none"`` the
+    logits again and both gradients (3 · N · d · V)."""
+    return {"logits": 3 * _input[0] * _input[1] * weight[0]} if reduction == "none" else 0
+
+
 CATALOG: list[Kernel] = [
     Kernel("fla.chunk_gated_delta_rule", "fla.ops.gated_delta_rule.chunk.ChunkGatedDeltaRuleFunction",
            ("q", "k", "v", "g", "beta", "initial_state", "cu_seqlens", "chunk_size"), _gated_delta_formula,
            _gated_delta_outputs, backward=_twice(_gated_delta_formula), family=OpFamily.ATTENTION, operands=(0, 1, 2),
            layout=CHUNKED),
+    Kernel("liger.fused_linear_cross_entropy",
+           "liger_kernel.ops.fused_linear_cross_entropy.LigerFusedLinearCrossEntropyFunction",
+           ("_input", "weight", "reduction"), _logits, _linear_cross_entropy_outputs,
+           backward=_linear_cross_entropy_backward, module=lambda named: named["weight"],
+           gradients=_linear_cross_entropy_gradients),
 ]
 """The kernels counted at their ``autograd.Function`` (``docs/conventions.md``: the production kernels)."""
 
@@ -184,9 +229,14 @@ def _wrap(cls: Any, kernel: Kernel) -> None:
         with recorder.suspended():
             out = kernel.outputs(named) if recorder.fake else original_forward(ctx, *args, **kwargs)
         differentiated = any(getattr(ctx, "needs_input_grad", ()))
-        ctx._flopscope_call = ([named.get(name) for name in kernel.arguments], args, recorder.fake)
-        recorder.record_kernel(kernel, kernel.spec(), tuple(named.get(name) for name in kernel.arguments), out,
-                               differentiated)
+        arguments = tuple(named.get(name) for name in kernel.arguments)
+        ctx._flopscope_call = (arguments, args, recorder.fake)
+        owner = kernel.module(named) if kernel.module is not None else None
+        path = recorder.tracker.holder_of(owner) if isinstance(owner, torch.Tensor) else None
+        op = recorder.record_kernel(kernel, kernel.spec(), arguments, out, differentiated, module=path)
+        gradients = kernel.gradients(named) if kernel.gradients is not None and op is not None else 0
+        if gradients:
+            recorder.record_kernel(kernel, _constant(gradients, kernel), arguments, None, phase=BACKWARD, forward=op)
         return out
 
     def counted_backward(ctx: Any, *grads: Any) -> Any:
@@ -208,6 +258,11 @@ def _wrap(cls: Any, kernel: Kernel) -> None:
     cls.forward = staticmethod(counted_forward)
     if original_backward is not None:
         cls.backward = staticmethod(counted_backward)
+
+
+def _constant(macs: MacCount, kernel: Kernel) -> OpSpec:
+    """A spec whose formula is ``macs`` (work decided by more than shapes: which arguments require grad)."""
+    return OpSpec(lambda *_, **__: macs, kernel.family, kernel.operands, kernel.layout)
 
 
 def _recorder() -> Recorder | None:

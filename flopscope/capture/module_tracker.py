@@ -52,11 +52,35 @@ class ModuleTracker:
         self._thread = threading.get_ident()
         # told of each module call that returns (module, its call, args, kwargs, output): flopscope.capture.undispatched
         self.on_return: Callable[[nn.Module, ModuleCall, tuple[Any, ...], dict[str, Any], Any], None] | None = None
+        self._roots = [root]
+        self._holders: dict[int, list[tuple[bool, str]]] | None = None  # id(parameter) -> (not a Linear, path)
 
     def add_paths(self, root: nn.Module) -> None:
         """Also attribute the calls of ``root``'s modules (the same paths: a model and its shadow)."""
         for name, module in root.named_modules():
             self.paths.setdefault(id(module), name)
+        self._roots.append(root)
+        self._holders = None
+
+    def holder_of(self, t: Any) -> str | None:
+        """The path of a module holding ``t`` as a parameter: a ``Linear`` first (a tied ``lm_head``, not the
+        embedding sharing its weight), then the first by path; ``None`` for a tensor no module holds."""
+        if self._holders is None:
+            self._holders = {}
+            for root in self._roots:
+                for name, module in root.named_modules():
+                    for p in module._parameters.values():
+                        if p is not None:
+                            self._holders.setdefault(id(p), []).append((not isinstance(module, nn.Linear), name))
+        found = self._holders.get(id(t))
+        return min(found)[1] if found else None
+
+    def call_of(self, path: str, stack: tuple[ModuleCall, ...]) -> tuple[ModuleCall, ...]:
+        """A new call of the module at ``path`` made inside the calls of ``stack`` that hold it (its ancestors): the
+        stack of work done for a module that was not called (a fused kernel computing with its weight)."""
+        self.calls[path] += 1
+        ancestors = tuple(c for c in stack if c.path == "" or path.startswith(c.path + "."))
+        return (*ancestors, ModuleCall(path, self.calls[path]))
 
     def __enter__(self) -> ModuleTracker:
         self._thread = threading.get_ident()

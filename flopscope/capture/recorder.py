@@ -336,21 +336,30 @@ class Recorder(TorchDispatchMode):
             self._suspended -= 1
 
     def record_kernel(self, target: Any, spec: OpSpec, args: tuple[Any, ...], out: Any,
-                      differentiated: bool = False) -> CapturedOp | None:
+                      differentiated: bool = False, *, module: str | None = None, phase: str | None = None,
+                      forward: CapturedOp | None = None) -> CapturedOp | None:
         """One record for a call of a kernel that runs outside the dispatcher (:mod:`flopscope.capture.catalog`):
         ``target`` names it, ``args`` are its arguments (tensors among them, as ``spec``'s formula takes them), ``out``
         what it returned (its tensors get this record as their producer); ``differentiated``: a forward whose
-        ``autograd.Function`` node will run a backward (its backward's record belongs to this one). ``None`` outside
-        the model's module calls."""
+        ``autograd.Function`` node will run a backward (its backward's record belongs to this one); ``module``: the
+        path of the module whose work it is, when that module was not called (a new call of it is made); ``phase``
+        and ``forward``: a record of another phase than the run's (gradients a forward call computes are the
+        backward's, of ``forward``). ``None`` outside the model's module calls."""
         stack, forward_op = self.tracker.stack, None
         if self._backward and not stack:
             forward_op = self._forward_op()
             stack = forward_op.module_stack if forward_op is not None else ()
         elif not stack:
             return None
+        if forward is not None:
+            stack = forward.module_stack  # (the gradients of a forward record: in its module call)
+        elif module is not None and stack[-1].path != module and not self._backward:
+            stack = self.tracker.call_of(module, stack)
         known = _OpClass(Cost.FORMULA, spec=spec, name=str(target).rpartition(".")[2])
         op = self._record(target, args, {}, out, stack, known)
-        if self._backward:
+        if phase is not None:
+            op.phase, op.forward = phase, forward
+        elif self._backward:
             op.forward = forward_op
         elif differentiated:
             self._by_sequence_nr[torch.autograd._get_sequence_nr() - 1] = op  # (the Function's node, made before
