@@ -62,3 +62,35 @@ def test_liger_fused_linear_cross_entropy_counts_as_the_lm_head_it_replaces(lige
         assert fused.by_role(phase=phase) == plain.by_role(phase=phase), phase
     assert fused.by_module()["lm_head"] == plain.by_module()["lm_head"] == 3 * B * T * D * V
 
+
+
+@pytest.fixture
+def liger_everything():
+    """Every Liger kernel transformers' Llama takes (RoPE, SwiGLU, RMSNorm and the fused loss), put back afterwards;
+    yields the classes' and functions' own (the module attributes Liger replaces)."""
+    saved = {name: getattr(modeling_llama, name) for name in ("apply_rotary_pos_emb", "LlamaRMSNorm", "LlamaMLP")}
+    forward = modeling_llama.LlamaForCausalLM.forward
+    apply_liger_kernel_to_llama()
+    try:
+        yield forward, saved
+    finally:
+        modeling_llama.LlamaForCausalLM.forward = forward
+        for name, value in saved.items():
+            setattr(modeling_llama, name, value)
+
+
+def test_a_llama_with_every_liger_kernel_counts_as_without(liger_everything):
+    """Liger's norms, SwiGLU and RoPE are elementwise (no multiply on either path); on fake tensors they run as the
+    torch computations they stand for, so the step counts as the plain model's, per phase and role (the FFN's gate
+    and up projections found through SwiGLU, the key projection through RoPE)."""
+    fused = step()
+    assert {op.op_name for op in fused._ops if op.op_name.startswith("liger.")} == {"liger.fused_linear_cross_entropy"}
+    # (the elementwise kernels are recorded as the torch ops they stand for)
+    forward, saved = liger_everything
+    modeling_llama.LlamaForCausalLM.forward = forward
+    for name, value in saved.items():
+        setattr(modeling_llama, name, value)
+    plain = step()
+    for phase in ("forward", "backward"):
+        assert fused.total(phase=phase) == plain.total(phase=phase), phase
+        assert fused.by_role(phase=phase) == plain.by_role(phase=phase), phase

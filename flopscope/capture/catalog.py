@@ -50,7 +50,9 @@ class Kernel:
     ``operands`` (positions among ``arguments``: an attention kernel's q, k, v) as a registered formula's;
     ``module`` names the parameter whose module's work the call is (Liger's loss computes the ``lm_head``'s product
     without calling it: its records get a call of that module), ``gradients`` the MACs of the gradients a forward call
-    computes for the backward (booked to the backward phase, whatever call computes them)."""
+    computes for the backward (booked to the backward phase, whatever call computes them); ``reference`` the torch
+    computation the kernel stands for, which a fake run records in its place (Liger's SwiGLU: ``silu(a) * b``, so
+    that the FFN pass finds its gate and up projections as on the torch path)."""
 
     name: str
     function: str
@@ -64,6 +66,8 @@ class Kernel:
     module: Callable[[Named], Any] | None = None  # the parameter whose module the work is (that module not called)
     gradients: Callable[[Named], MacCount] | None = None  # MACs of gradients its forward computes: booked to the
     # backward phase, as gradients of the forward's record
+    reference: Callable[[Named], Any] | None = None  # on fake tensors, the torch computation it stands for, run and
+    # recorded in its place (an elementwise kernel: the same ops, so the role passes see the same dataflow)
     _specs: dict[str, OpSpec] = field(default_factory=dict, repr=False)
 
     def __str__(self) -> str:
@@ -157,6 +161,61 @@ def _linear_cross_entropy_backward(_input: Any, weight: Any, reduction: Any = No
     return {"logits": 3 * _input[0] * _input[1] * weight[0]} if reduction == "none" else 0
 
 
+def _rms_norm(named: Named) -> torch.Tensor:
+    """Liger's RMSNorm as the Llama family's ``RMSNorm`` computes it (in float32, then the input's dtype, times
+    ``offset + W``)."""
+    x, weight = named["X"], named["W"]
+    x32 = x.to(torch.float32)
+    normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + named["eps"])
+    offset = named.get("offset") or 0.0
+    return (weight + offset if offset else weight) * normed.to(x.dtype)
+
+
+def _swiglu(named: Named) -> torch.Tensor:
+    """Liger's SwiGLU: ``silu(a) · b`` (times its multipliers, where they are not 1)."""
+    a, b = named["a"], named["b"]
+    gate, down = named.get("gate_multiplier", 1.0), named.get("down_multiplier", 1.0)
+    out = torch.nn.functional.silu(a if gate == 1.0 else a * gate) * b
+    return out if down == 1.0 else out * down
+
+
+def _rope(named: Named) -> tuple[torch.Tensor, torch.Tensor]:
+    """Liger's RoPE as transformers' ``apply_rotary_pos_emb``: ``x · cos + rotate_half(x) · sin`` over the first
+    ``rotary_dim`` widths (all by default)."""
+    cos, sin = (named[name].unsqueeze(named.get("unsqueeze_dim", 1)) for name in ("cos", "sin"))
+
+    def rotate(x: torch.Tensor) -> torch.Tensor:
+        width = named.get("rotary_dim") or x.shape[-1]
+        part, rest = x[..., :width], x[..., width:]
+        half = torch.cat((-part[..., width // 2:], part[..., :width // 2]), dim=-1)
+        rotated = part * cos[..., :width] + half * sin[..., :width]
+        return rotated if rest.shape[-1] == 0 else torch.cat((rotated, rest), dim=-1)
+
+    return rotate(named["q"]), rotate(named["k"])
+
+
+def _cross_entropy(named: Named) -> tuple[torch.Tensor | None, ...]:
+    """Liger's cross-entropy: torch's (its z-loss, accuracy and predicted tokens shaped as the kernel's)."""
+    loss = torch.nn.functional.cross_entropy(
+        named["_input"], named["target"], ignore_index=named.get("ignore_index", -100),
+        reduction=named.get("reduction", "mean"), label_smoothing=named.get("label_smoothing", 0.0))
+    return (loss, *_linear_cross_entropy_outputs(named)[1:])
+
+
+def _no_multiply(**_: Any) -> MacCount:
+    """A kernel of elementwise work (a norm, an activation, a rotation): no multiply-accumulate, as its torch path."""
+    return 0
+
+
+def _like(*names: str) -> Callable[[Named], Any]:
+    """Outputs of an elementwise kernel: one new tensor like each named argument (one: the tensor itself)."""
+    def outputs(named: Named) -> Any:
+        made = tuple(named[name].new_empty(named[name].shape) for name in names)
+        return made[0] if len(made) == 1 else made
+
+    return outputs
+
+
 CATALOG: list[Kernel] = [
     Kernel("fla.chunk_gated_delta_rule", "fla.ops.gated_delta_rule.chunk.ChunkGatedDeltaRuleFunction",
            ("q", "k", "v", "g", "beta", "initial_state", "cu_seqlens", "chunk_size"), _gated_delta_formula,
@@ -167,6 +226,15 @@ CATALOG: list[Kernel] = [
            ("_input", "weight", "reduction"), _logits, _linear_cross_entropy_outputs,
            backward=_linear_cross_entropy_backward, module=lambda named: named["weight"],
            gradients=_linear_cross_entropy_gradients),
+    # Liger's elementwise kernels (Triton): no multiply; on fake tensors, the torch computation each stands for
+    Kernel("liger.rms_norm", "liger_kernel.ops.rms_norm.LigerRMSNormFunction", ("X", "W"), _no_multiply,
+           _like("X"), reference=_rms_norm),
+    Kernel("liger.swiglu", "liger_kernel.ops.swiglu.LigerSiLUMulFunction", ("a", "b"), _no_multiply, _like("a"),
+           reference=_swiglu),
+    Kernel("liger.rope", "liger_kernel.ops.rope.LigerRopeFunction", ("q", "k", "cos", "sin"), _no_multiply,
+           _like("q", "k"), reference=_rope),
+    Kernel("liger.cross_entropy", "liger_kernel.ops.cross_entropy.LigerCrossEntropyFunction", ("_input", "target"),
+           _no_multiply, _linear_cross_entropy_outputs, reference=_cross_entropy),
 ]
 """The kernels counted at their ``autograd.Function`` (``docs/conventions.md``: the production kernels)."""
 
@@ -226,6 +294,9 @@ def _wrap(cls: Any, kernel: Kernel) -> None:
         bound = signature.bind(ctx, *args, **kwargs)
         bound.apply_defaults()
         named = dict(list(bound.arguments.items())[1:])
+        if recorder.fake and kernel.reference is not None:
+            ctx._flopscope_call = ((), args, True)
+            return kernel.reference(named)  # (recorded op by op, as the torch path it stands for)
         with recorder.suspended():
             out = kernel.outputs(named) if recorder.fake else original_forward(ctx, *args, **kwargs)
         differentiated = any(getattr(ctx, "needs_input_grad", ()))
