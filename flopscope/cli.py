@@ -51,6 +51,7 @@ from . import report
 from .api import profile, profiler
 from .communication import compare as compare_collectives
 from .conventions import ATTENTION_CONVENTIONS, EXECUTED
+from .diff import diff
 from .errors import FlopscopeError, RunError
 from .generation import DECODE, greedy_decode, steps_table
 from .memory import check_fits, state_bytes
@@ -80,8 +81,14 @@ EXAMPLES = """examples:
   flopscope generate hf:llama --set num_hidden_layers=2 --prompt 128 --new 32 --device "H100 SXM" --plot roofline.png
   flopscope generate hf:llama --prompt 16 --new 4   Llama-2-7B's shape on meta, counted on fake tensors (seconds)
   flopscope profile hf:llama/causal-lm --set num_hidden_layers=2 --input 1x2048 --tp 8 --dp 4 --backward
+  flopscope diff hf:llama hf:llama --set num_hidden_layers=2 --set-after num_key_value_heads=8   MHA -> GQA, explained
 
 units: MACs (multiply-accumulates) everywhere; FLOPs = 2 x MACs, always labelled (--units flops).
+"""
+
+DIFF_EXAMPLES = """examples:
+  flopscope diff hf:llama hf:llama --set num_hidden_layers=2 --set-after num_key_value_heads=8   MHA -> GQA
+  flopscope diff before.json after.json --json diff.json     two reports of flopscope profile --json
 """
 
 MODE_FAKE = "use --mode fake (counted on fake tensors: nothing allocated)"
@@ -157,6 +164,32 @@ def _parser() -> argparse.ArgumentParser:
     pipeline.add_argument("--prompt", default="a photo of a cat", help="the prompt (only its padded length counts)")
     _output_options(prof)
     prof.set_defaults(run=_profile)
+
+    dif = commands.add_parser("diff", help="what changed between two models: per role, module and op, each role's "
+                                           "change explained by its closed form",
+                              description="Profile BEFORE and AFTER (JSON reports of flopscope profile --json, or "
+                                          "targets as for profile, built on meta and counted on fake tensors) and "
+                                          "print what changed: the total, every role with the closed-form "
+                                          "hyper-parameters that moved (n_kv 8 -> 2 in k_proj = B·n_k·d·(n_kv·d_k)), "
+                                          "the attention core's useful pairs (a sliding window), and the modules and "
+                                          "ops that changed, largest first.", epilog=DIFF_EXAMPLES,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    dif.add_argument("before", help="a JSON report (flopscope profile TARGET --json FILE) or a target")
+    dif.add_argument("after", help="the same, after")
+    dif.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                     help="config / factory argument for both targets, repeatable")
+    dif.add_argument("--set-before", action="append", default=[], metavar="KEY=VALUE",
+                     help="config / factory argument for BEFORE only, repeatable")
+    dif.add_argument("--set-after", action="append", default=[], metavar="KEY=VALUE",
+                     help="config / factory argument for AFTER only, repeatable")
+    dif.add_argument("--input", action="append", default=[], metavar="SHAPE", type=_shape,
+                     help="input shape for both targets, repeatable (default: as for profile)")
+    dif.add_argument("--dtype", type=_input_dtype, help="input dtype for both targets")
+    dif.add_argument("--limit", type=_positive, default=20, help="module and op rows shown (default 20; all in "
+                                                                  "--json)")
+    dif.add_argument("--json", type=_output_path, help="write the diff (schema flopscope.diff/1) here")
+    dif.add_argument("--format", choices=FORMATS, default="simple", help="table format (tabulate)")
+    dif.set_defaults(run=_diff)
 
     comp = commands.add_parser("compare", help="Vaswani et al. Table 1, measured",
                                description="Self-attention against convolution, recurrence, FFN and a fully "
@@ -524,6 +557,43 @@ def _profile(args: argparse.Namespace) -> int:
         written = scaling_plot(result, args.plot) if result is not None else role_share_plot(prof, args.plot)
         print(f"wrote {written}")
     return 0
+
+
+def _diff(args: argparse.Namespace) -> int:
+    """``diff BEFORE AFTER``: each side a JSON report, or a target built on meta and counted on fake tensors."""
+    sides: list[dict[str, Any]] = []
+    for spec, settings in ((args.before, [*args.set, *args.set_before]), (args.after, [*args.set, *args.set_after])):
+        document = _report_file(spec)
+        if document is None:
+            target = _on_meta(spec, settings)
+            inputs, kwargs = make_inputs(target, args.input, args.dtype)(None)
+            with torch.no_grad():
+                document = report.to_dict(profile(target.model, *inputs, mode="fake", **kwargs))
+        sides.append(document)
+    changes = diff(sides[0], sides[1], _side_label(args.before, args.set_before),
+                   _side_label(args.after, args.set_after))
+    print(changes.to_table(args.format, limit=args.limit))
+    if args.json:
+        args.json.write_text(json.dumps(changes.to_dict(), indent=2) + "\n")
+        print(f"wrote {args.json}")
+    return 0
+
+
+def _report_file(spec: str) -> dict[str, Any] | None:
+    """The JSON report at ``spec`` (a file whose ``schema`` is flopscope's profile schema), else ``None`` (a target:
+    a config.json is one too)."""
+    path = Path(spec)
+    if path.suffix != ".json" or not path.is_file():
+        return None
+    try:
+        document = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return document if isinstance(document, dict) and document.get("schema") == report.JSON_SCHEMA else None
+
+
+def _side_label(spec: str, settings: list[str]) -> str:
+    return " ".join([spec, *settings])
 
 
 def _profile_pipeline(args: argparse.Namespace) -> int:

@@ -33,7 +33,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (  # lowest first: (layer, its
     ("entry points", ("runner", "api", "symbolic", "scaling", "memory")),
     ("results and workloads", ("report", "trace", "plots", "peaks", "roofline", "training", "decoding",
                                "generation", "pipeline", "pipeline_configs", "resolution", "communication",
-                               "distributed", "invariants", "testing", "targets", "models", "why_self_attention")),
+                               "distributed", "invariants", "testing", "targets", "models", "why_self_attention",
+                               "diff")),
     ("tools", ("__init__", "__main__", "cli", "pytest_plugin", "peers", "integrations")),
 )
 LAYER_OF = {name: index for index, (_, names) in enumerate(LAYERS) for name in names}

@@ -72,6 +72,22 @@ FFN_ROLES = roles_in(RoleGroup.FFN)
 TERMS = {r.value: r.term for r in Role if r.term}
 
 
+ROLE_FORMS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "q_proj": ("B·n_q·d·(h·d_k)", ("B", "n_q", "d", "h", "d_k")),
+    "k_proj": ("B·n_k·d·(n_kv·d_k)", ("B", "n_k", "d", "n_kv", "d_k")),
+    "v_proj": ("B·n_k·d·(n_kv·d_k)", ("B", "n_k", "d", "n_kv", "d_k")),
+    "attn_scores": ("B·h·n_q·n_k·d_k", ("B", "h", "n_q", "n_k", "d_k")),
+    "attn_weighted_sum": ("B·h·n_q·n_k·d_k", ("B", "h", "n_q", "n_k", "d_k")),
+    "out_proj": ("B·n_q·(h·d_k)·d", ("B", "n_q", "h", "d_k", "d")),
+    "ffn_up": ("tokens·d·d_ff (× top_k experts)", ("tokens", "d", "d_ff", "top_k")),
+    "ffn_gate": ("tokens·d·d_ff (× top_k experts)", ("tokens", "d", "d_ff", "top_k")),
+    "ffn_down": ("tokens·d·d_ff (× top_k experts)", ("tokens", "d", "d_ff", "top_k")),
+    "logits": ("B·n·d·V", ("B", "n", "d", "V")),
+}
+"""Each role's closed form (the module docstring's table) and the hyper-parameters of a reconciliation row's
+``basis`` it depends on: what explains a change of the role between two models (:mod:`flopscope.diff`)."""
+
+
 @dataclass(frozen=True)
 class TransformerSpec:
     """Hyper-parameters stated by the user (they win over what the model declares).
