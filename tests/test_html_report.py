@@ -44,7 +44,9 @@ class Dom(HTMLParser):
     def __init__(self, text: str) -> None:
         super().__init__()
         self.rects: list[dict[str, str]] = []
-        self.svg: dict[str, str] = {}
+        self.svg: dict[str, str] = {}  # the module tree's
+        self.points: list[dict[str, str]] = []  # the scaling chart's measured points
+        self.crossover: dict[str, str] = {}  # its crossover label
         self.ids: set[str] = set()  # of every element
         self.tip = ""  # the tooltip's text
         self._in_tip = False
@@ -63,8 +65,12 @@ class Dom(HTMLParser):
             self.rects.append(values)
         elif tag == "body":
             self.body = values
-        elif tag == "svg":
+        elif tag == "svg" and values.get("id") != "scaling-chart":
             self.svg = values
+        elif tag == "circle" and "point" in values.get("class", "").split():
+            self.points.append(values)
+        elif tag == "text" and values.get("id") == "crossover":
+            self.crossover = values
         elif tag == "div" and values.get("id") == "tip":
             self._in_tip = True
         elif tag == "section":
@@ -294,6 +300,28 @@ def test_cli_html_with_sweep(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     assert polynomials["attn_scores"] == f"{d:,}·n²"
     assert data["scaling"]["lengths"] == [64, 128, 256, 512]
     assert f"<td>{d * d:,}·n</td>" in text  # the table is in the page itself, before any script
+
+
+@needs_browser
+def test_the_scaling_chart_in_chromium(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The seed study's picture: each measured point of the scaling chart is the role's closed form at its length
+    (projections n·d², FFN n·d·d_ff, scores and weighted sum n²·d), and the crossover is labelled where
+    2·n²·d > n·(4·d² + 2·d·d_ff) first holds: n = 2·d + d_ff + 1; the page logs nothing."""
+    d, d_ff, lengths = 512, 2048, (64, 128, 256, 512)  # TransformerBlock's defaults: h = 8
+    out = tmp_path / "block.html"
+    assert main(["profile", "flopscope.models:TransformerBlock", "--input", f"1x128x{d}", "--sweep",
+                 ",".join(map(str, lengths)), "--html", str(out)]) == 0
+    capsys.readouterr()
+    dom, console, _ = render(out, tmp_path)
+    rendered_cleanly(dom, console)
+    closed = {"q_proj": lambda n: n * d * d, "k_proj": lambda n: n * d * d, "v_proj": lambda n: n * d * d,
+              "out_proj": lambda n: n * d * d, "attn_scores": lambda n: n * n * d,
+              "attn_weighted_sum": lambda n: n * n * d, "ffn_up": lambda n: n * d * d_ff,
+              "ffn_down": lambda n: n * d * d_ff}
+    points = {(p["data-role"], int(p["data-n"])): int(p["data-macs"]) for p in dom.points}
+    assert points == {(role, n): form(n) for role, form in closed.items() for n in lengths}
+    assert int(dom.crossover["data-n"]) == 2 * d + d_ff + 1
+    assert f"from n = {2 * d + d_ff + 1:,}" in dom.text["scaling"]
 
 
 def test_steps_of_several_forwards() -> None:

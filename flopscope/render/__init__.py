@@ -1,7 +1,8 @@
 """Layer 5, a result written for people: self-contained HTML, notebook views, flame-graph files, from a profile's
 data (this layer never imports the façade; the façade calls it).
 
-- ``html``: the HTML report (with ``html.js`` and ``html.css``, inlined); ``notebook``: Jupyter's views;
+- ``html``: the HTML report (with ``html.js`` and ``html.css``, inlined); ``scaling_chart``: its scaling
+  picture, an inline SVG; ``notebook``: Jupyter's views;
 - ``flame``: folded stacks and speedscope files; ``module_stats``: per-module figures from plain data;
 - ``files``: writing a file all or nothing.
 

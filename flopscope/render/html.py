@@ -36,6 +36,7 @@ from ..role import ROLE_ORDER
 from .files import write_atomically
 from .module_stats import dominant_roles, params_inclusive
 from .numbers import human
+from .scaling_chart import chart_data, chart_svg
 
 MIN_PIXELS = 1.0
 """Below this width (CSS pixels) a module is drawn inside its run of narrow neighbours' aggregate rectangle."""
@@ -153,7 +154,7 @@ def html_document(data: Mapping[str, Any]) -> str:
     if data["steps"]:
         sections.append(_steps_section(data["steps"], data["decode"]))
     if data["scaling"]:
-        sections.append(_scaling_section(data["scaling"]))
+        sections.append(_scaling_section(data["scaling"], data["colours"]))
     if data["notes"]:
         sections.append("<section><h2>Notes</h2><ul>" + "".join(f"<li>{html.escape(n)}</li>" for n in data["notes"])
                         + "</ul></section>")
@@ -220,7 +221,7 @@ def _scaling(scaling: Any) -> dict[str, Any]:
                      "" if predicted is None else str(predicted), scaling.matches(role)])
     total = scaling.total()
     return {"lengths": list(scaling.lengths), "method": scaling.method, "rows": rows,
-            "total": None if total is None else str(total)}
+            "total": None if total is None else str(total), "chart": chart_data(scaling)}
 
 
 # --------------------------------------------------------------------------------------------------
@@ -291,13 +292,17 @@ def _steps_section(steps: Sequence[Mapping[str, Any]], decode: Sequence[Sequence
     return f"<section id=steps><h2>Generation steps</h2>{body}</section>"
 
 
-def _scaling_section(scaling: Mapping[str, Any]) -> str:
+def _scaling_section(scaling: Mapping[str, Any], colours: Mapping[str, str]) -> str:
     rows = [[role, poly, predicted or "—", "yes" if matches else "no"] for role, poly, predicted, matches
             in scaling["rows"]]
     total = f"<p>Total: {html.escape(scaling['total'])} MACs</p>" if scaling["total"] else ""
     lengths = ", ".join(f"{n:,}" for n in scaling["lengths"])
-    return (f"<section id=scaling><h2>Scaling in n</h2><p>Exact polynomials per role ({html.escape(scaling['method'])}"
-            f", lengths {lengths}), MACs:</p>"
+    crossover = scaling["chart"]["crossover"]
+    said = (f" The attention core (scores and weighted sum, n²·d) costs more than the projections and the FFN "
+            f"(n·d²) from n = {crossover:,}." if crossover is not None else "")
+    return (f"<section id=scaling><h2>Scaling in n</h2><p>MACs per role against the sequence length: points measured"
+            f", lines the exact polynomials through them.{said}</p>{chart_svg(scaling['chart'], colours)}"
+            f"<p>Exact polynomials per role ({html.escape(scaling['method'])}, lengths {lengths}), MACs:</p>"
             + _table(["role", "measured", "closed form", "equal"], rows) + total + "</section>")
 
 
