@@ -47,6 +47,7 @@ class Dom(HTMLParser):
         self.svg: dict[str, str] = {}  # the module tree's
         self.points: list[dict[str, str]] = []  # the scaling chart's measured points
         self.crossover: dict[str, str] = {}  # its crossover label
+        self.groups: list[dict[str, str]] = []  # the reconciliation's groups of identical blocks
         self.ids: set[str] = set()  # of every element
         self.tip = ""  # the tooltip's text
         self._in_tip = False
@@ -67,6 +68,8 @@ class Dom(HTMLParser):
             self.body = values
         elif tag == "svg" and values.get("id") != "scaling-chart":
             self.svg = values
+        elif tag == "details" and "group" in values.get("class", "").split():
+            self.groups.append(values)
         elif tag == "circle" and "point" in values.get("class", "").split():
             self.points.append(values)
         elif tag == "text" and values.get("id") == "crossover":
@@ -366,10 +369,10 @@ def test_reconciliation_reasons_are_in_the_page(tmp_path: Path) -> None:
     rows = prof.reconcile().rows
     assert rows and all(r.predicted is None and r.reason for r in rows)
     dom = Dom(prof.to_html(tmp_path / "bare.html").read_text())  # the tables are the page's own HTML
-    shown = dom.tables["reconciliation"][1:]  # (the header row first)
-    assert [(row[1], row[2], row[3], row[4], row[7]) for row in shown] == [
-        (r.role, f"{r.measured:,}", "—", "—", r.reason) for r in rows]
-    assert {row[1]: row[2] for row in shown} == {"attn_scores": f"{n * n * d:,}", "attn_weighted_sum": f"{n * n * d:,}"}
+    shown = [row for row in dom.tables["reconciliation"] if row]  # (header rows have no cells)
+    assert [(row[0], row[1], row[2], row[3], row[6]) for row in shown] == [
+        (r.role, f"{r.measured:,}", "no prediction", "—", r.reason) for r in rows]
+    assert {row[0]: row[1] for row in shown} == {"attn_scores": f"{n * n * d:,}", "attn_weighted_sum": f"{n * n * d:,}"}
     assert f"0 of {len(rows)} rows exactly as predicted" in dom.text["reconciliation"]
 
 
@@ -409,8 +412,11 @@ def test_gpt2_report_by_the_cli_in_chromium(tmp_path: Path, capsys: pytest.Captu
     roles = dom.rows("roles")
     assert roles["q_proj"][1:3] == [f"{L * n * d * d:,}", f"{2 * L * n * d * d:,}"]
     assert roles["logits"][1] == f"{n * d * V:,}"
-    reconciliation = dom.tables["reconciliation"][1:]  # (the header row first)
-    assert len(reconciliation) == len(prof.reconcile().rows) and all(row[4] == "1" for row in reconciliation)
+    reconciliation = [row for row in dom.tables["reconciliation"] if row]  # one block's rows per group
+    assert [(g["data-pattern"], int(g["data-count"])) for g in dom.groups] == [
+        ("transformer.h.*.attn", L), ("transformer.h.*.mlp", L), ("lm_head", 1)]
+    assert len(reconciliation) == 6 + 2 + 1 and len(prof.reconcile().rows) == L * (6 + 2) + 1  # (roles per block)
+    assert all(row[3] == "1" for row in reconciliation)
     assert prof.unsupported() == {} and "None: every op that ran has a formula" in dom.text["unsupported"]
 
 
@@ -499,10 +505,26 @@ def test_llama_7b_report_by_the_cli_in_chromium(tmp_path: Path, capsys: pytest.C
     hidden = {m for members in runs for m in members.split("|")}
     assert all(path in drawn or any(path == m or path.startswith(m + ".") for m in hidden) for path in by_module)
     assert seconds < 20
+    # the reconciliation at a glance: one group per block type, the 32 layers' identical blocks each one group
+    assert [(g["data-pattern"], int(g["data-count"])) for g in dom.groups] == [
+        ("model.layers.*.self_attn", L), ("model.layers.*.mlp", L), ("lm_head", 1)]
+    assert f"model.layers.0–{L - 1}.self_attn" in dom.text["reconciliation"]
+    rows = [row for row in dom.tables["reconciliation"] if row]
+    assert [row[0] for row in rows] == ["q_proj", "k_proj", "v_proj", "attn_scores", "attn_weighted_sum", "out_proj",
+                                        "ffn_up", "ffn_gate", "ffn_down", "logits"]
+    assert rows[0][1] == f"{n * d * d:,}" and all(row[3] == "1" for row in rows)
+    assert len(prof.reconcile().rows) == L * 9 + 1
+    formulas = dom.rows("formulas")  # per token against the published formulas, each difference explained
+    assert [row[0] for row in prof.model_formulas().cells()] == list(formulas) and len(formulas) == 4
+    assert all(row[2] == f"{float(prof.model_formulas().measured):,.0f}" for row in formulas.values())
     browser = Browser(tmp_path / "chromium-pipe-profile")
     try:
         browser.open(page.resolve().as_uri())
         assert browser.first_paint_ms() < 1000  # Chromium's firstContentfulPaint, from the navigation's start
+        shown = "document.querySelector('details.group table').checkVisibility()"
+        assert browser.js(shown) is False  # closed: the rows hidden
+        browser.js("document.querySelector('details.group').open = true")
+        assert browser.js(shown) is True  # opened: the attention block's six rows
         assert browser.troubles() == []
     finally:
         browser.close()

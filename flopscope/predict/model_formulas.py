@@ -80,16 +80,24 @@ class ModelFormulas:
         """Measured forward MACs per token (the attention core under :attr:`attention`)."""
         return self.rows[0].measured if self.rows else Fraction(0)
 
-    def to_table(self, tablefmt: str = "simple") -> str:
+    HEADERS = ("formula", "predicted", "measured", "difference", "explained by (MACs/token)")
+
+    def cells(self) -> list[list[str]]:
+        """One row of text per formula, under :attr:`HEADERS` (what the table and the HTML report show)."""
         table = []
         for r in self.rows:
             why = "; ".join(f"{WHY[part]} {_signed(v)}" for part, v in r.terms)
             table.append([r.name, f"{float(r.predicted):,.0f}", f"{float(r.measured):,.0f}",
                           f"{r.difference_percent:+.2f}%", why + (f" ({r.notes})" if r.notes else "")])
+        return table
+
+    def caption(self) -> str:
         hyper = " ".join(f"{k}={v:,}" for k, v in self.hyper.items())
-        return (f"forward MACs per token (1 MAC = 2 FLOPs; measured attention core: {self.attention}); {hyper}\n" +
-                tabulate(table, headers=["formula", "predicted", "measured", "difference", "explained by (MACs/token)"],
-                         tablefmt=tablefmt, colalign=("left", "right", "right", "right", "left")))
+        return f"forward MACs per token (1 MAC = 2 FLOPs; measured attention core: {self.attention}); {hyper}"
+
+    def to_table(self, tablefmt: str = "simple") -> str:
+        return (self.caption() + "\n" + tabulate(self.cells(), headers=list(self.HEADERS), tablefmt=tablefmt,
+                                                 colalign=("left", "right", "right", "right", "left")))
 
 
 def _signed(v: Fraction) -> str:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import html
 import json
+import re
 from collections.abc import Mapping, Sequence
 from importlib import resources
 from pathlib import Path
@@ -126,6 +127,7 @@ def report_data(prof: Any, *, scaling: Any = None, title: str | None = None) -> 
         "steps": _steps(prof),
         "decode": _decode(prof),
         "scaling": _scaling(scaling) if scaling is not None else None,
+        "formulas": _formulas(prof),
     }
 
 
@@ -153,6 +155,11 @@ def html_document(data: Mapping[str, Any]) -> str:
     ]
     if data["steps"]:
         sections.append(_steps_section(data["steps"], data["decode"]))
+    if data["formulas"]:
+        formulas = data["formulas"]
+        sections.append(f"<section id=formulas><h2>Per token, against the published formulas</h2>"
+                        f"<p>{html.escape(formulas['caption'])}; each difference explained by the parts that make it."
+                        f"</p>{_table(formulas['headers'], formulas['rows'], numeric=(1, 2, 3))}</section>")
     if data["scaling"]:
         sections.append(_scaling_section(data["scaling"], data["colours"]))
     if data["notes"]:
@@ -213,6 +220,15 @@ def _decode(prof: Any) -> list[list[str]] | None:
     return [[role, "not a polynomial" if poly is None else poly.text("c")] for role, poly in decode.polynomials.items()]
 
 
+def _formulas(prof: Any) -> dict[str, Any] | None:
+    """The per-token comparison with Kaplan, Chinchilla, Megatron-LM and PaLM (a language model's), or ``None``."""
+    try:
+        result = prof.model_formulas()
+    except FlopscopeError:
+        return None
+    return {"caption": result.caption(), "headers": list(result.HEADERS), "rows": result.cells()}
+
+
 def _scaling(scaling: Any) -> dict[str, Any]:
     rows = []
     for role, poly in scaling.polynomials.items():
@@ -255,18 +271,67 @@ def _role_section(data: Mapping[str, Any]) -> str:
 
 
 def _reconciliation_section(rows: Sequence[Sequence[Any]]) -> str:
+    """The reconciliation, a group per set of identical blocks (the same roles with the same counts, predictions and
+    basis: ``layers.0–31.self_attn × 32``), each expandable to its rows for one block, its basis said once."""
     if not rows:
         return ("<section id=reconciliation><h2>Reconciliation</h2><p>No block with a closed form was found "
                 "(attention, FFN, convolution, recurrent, logits blocks are reconciled).</p></section>")
     exact = sum(1 for r in rows if r[4] == "1")
-    shown = [[block or "(model)", role, measured, "—" if predicted is None else predicted,
-              "—" if ratio is None else ratio, term, "" if useful is None else useful, reason, basis]
-             for block, role, measured, predicted, ratio, term, useful, reason, basis in rows]
-    table = _table(["block", "role", "measured MACs", "predicted MACs", "ratio", "term", "useful MACs", "reason",
-                    "basis"], shown, numeric=(2, 3, 4, 6))
-    return (f"<section id=reconciliation><h2>Reconciliation</h2><details{' open' if len(rows) <= 60 else ''}>"
-            f"<summary>{exact} of {len(rows)} rows exactly as predicted by the closed forms</summary>{table}"
-            "</details></section>")
+    groups = reconciliation_groups(rows)
+    parts = []
+    for group in groups:
+        members = group["rows"]
+        shown = [[role, measured, "no prediction" if predicted is None else predicted, "—" if ratio is None else ratio,
+                  term, "" if useful is None else useful,
+                  reason or ("no closed form for this role" if predicted is None else "")]
+                 for _, role, measured, predicted, ratio, term, useful, reason, _ in members]
+        table = _table(["role", "measured MACs", "predicted MACs", "ratio", "term", "useful MACs", "reason"], shown,
+                       numeric=(1, 2, 3, 5))
+        bases = "; ".join(dict.fromkeys(r[8] for r in members if r[8]))
+        ok = sum(1 for r in members if r[4] == "1")
+        count = len(group["blocks"])
+        parts.append(f"<details class=group data-pattern='{html.escape(group['pattern'])}' data-count={count}>"
+                     f"<summary><b>{html.escape(group['label'])}</b>{f' × {count}' if count > 1 else ''}: {ok} of "
+                     f"{len(members)} roles as predicted{' in each' if count > 1 else ''}"
+                     f"{f' · <span class=basis>{html.escape(bases)}</span>' if bases else ''}</summary>{table}"
+                     "</details>")
+    return (f"<section id=reconciliation><h2>Reconciliation</h2><p>{exact} of {len(rows)} rows exactly as predicted "
+            f"by the closed forms, in {len(groups)} group{'s' if len(groups) != 1 else ''} of identical blocks "
+            f"(open one for its rows, per block):</p>{''.join(parts)}</section>")
+
+
+_INDEX = re.compile(r"(?<=\.)\d+(?=\.|$)|^\d+(?=\.|$)")
+
+
+def reconciliation_groups(rows: Sequence[Sequence[Any]]) -> list[dict[str, Any]]:
+    """The reconciliation rows ``[block, role, measured, predicted, ratio, term, useful, reason, basis]`` grouped by
+    identical blocks: blocks whose path differs only in its indices (``layers.3.mlp``) and whose rows are the same
+    but for the block's path. Each group: ``pattern`` (indices as ``*``), ``label`` (``layers.0–31.mlp``, or the
+    indices listed), ``blocks`` (their paths, in order) and ``rows`` (the first block's)."""
+    by_block: dict[str, list[Sequence[Any]]] = {}
+    for row in rows:
+        by_block.setdefault(row[0], []).append(row)
+    groups: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for block, members in by_block.items():
+        pattern = _INDEX.sub("*", block)
+        key = (pattern, tuple(tuple(r[1:]) for r in members))
+        group = groups.setdefault(key, {"pattern": pattern, "blocks": [], "rows": members})
+        group["blocks"].append(block)
+    for group in groups.values():
+        group["label"] = _label(group["pattern"], group["blocks"])
+    return list(groups.values())
+
+
+def _label(pattern: str, blocks: Sequence[str]) -> str:
+    """``layers.0–31.mlp`` for a run of consecutive indices at one place, ``layers.{0, 2, 5}.mlp`` otherwise, the
+    path itself for one block (``(model)`` for the root)."""
+    if len(blocks) == 1 or pattern.count("*") != 1:
+        return ", ".join(blocks[:3]) + (f", … ({len(blocks)})" if len(blocks) > 3 else "") if blocks[0] else "(model)"
+    indices = [int(_INDEX.findall(block)[0]) for block in blocks]
+    run = indices == list(range(indices[0], indices[0] + len(indices)))
+    shown = f"{indices[0]}–{indices[-1]}" if run else "{" + ", ".join(map(str, indices[:6])) + (
+        ", …}" if len(indices) > 6 else "}")
+    return pattern.replace("*", shown)
 
 
 def _unsupported_section(unsupported: Sequence[Sequence[Any]], elementwise: Sequence[Sequence[Any]]) -> str:
@@ -293,8 +358,8 @@ def _steps_section(steps: Sequence[Mapping[str, Any]], decode: Sequence[Sequence
 
 
 def _scaling_section(scaling: Mapping[str, Any], colours: Mapping[str, str]) -> str:
-    rows = [[role, poly, predicted or "—", "yes" if matches else "no"] for role, poly, predicted, matches
-            in scaling["rows"]]
+    rows = [[role, poly, predicted or "—", "no prediction" if not predicted else "yes" if matches else "no"]
+            for role, poly, predicted, matches in scaling["rows"]]
     total = f"<p>Total: {html.escape(scaling['total'])} MACs</p>" if scaling["total"] else ""
     lengths = ", ".join(f"{n:,}" for n in scaling["lengths"])
     crossover = scaling["chart"]["crossover"]
