@@ -18,8 +18,8 @@ repository root. ``pin`` is CI's torch (the local CPU wheel) with the transforme
 Prints one line per cell (the versions installed, pytest's counts, minutes) and the table at the end; exits 1
 if a cell fails. ``kernels`` adds flash-linear-attention's and Liger's kernels and runs only the tests that need them.
 ``.ci/run`` prepares ``floor``, ``newest`` and ``kernels`` in the background (the downloads overlap the pinned suite)
-and runs them after it. The README's compatibility
-table holds what these cells measured; pyproject.toml declares floor torch and floor transformers.
+and runs them after it. The compatibility table (docs/guide/compatibility.md) holds what these cells measured;
+pyproject.toml declares floor torch and floor transformers.
 """
 
 from __future__ import annotations
