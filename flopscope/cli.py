@@ -188,6 +188,7 @@ def _parser() -> argparse.ArgumentParser:
     dif.add_argument("--limit", type=_positive, default=20, help="module and op rows shown (default 20; all in "
                                                                   "--json)")
     dif.add_argument("--json", type=_output_path, help="write the diff (schema flopscope.diff/1) here")
+    dif.add_argument("--html", type=_output_path, help="write the diff's page here (one self-contained file)")
     dif.add_argument("--format", choices=FORMATS, default="simple", help="table format (tabulate)")
     dif.set_defaults(run=_diff)
 
@@ -576,6 +577,8 @@ def _diff(args: argparse.Namespace) -> int:
     if args.json:
         args.json.write_text(json.dumps(changes.to_dict(), indent=2) + "\n")
         print(f"wrote {args.json}")
+    if args.html:
+        print(f"wrote {changes.to_html(args.html)}")
     return 0
 
 

@@ -15,6 +15,7 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from fractions import Fraction
+from pathlib import Path
 from typing import Any
 
 from tabulate import tabulate
@@ -22,6 +23,7 @@ from tabulate import tabulate
 from .errors import InputError
 from .predict.reconcile import ROLE_FORMS
 from .profile import Profile
+from .render.diff_page import write_diff_html
 from .report import JSON_SCHEMA, to_dict
 from .role import ATTENTION_CORE, ROLE_ORDER
 
@@ -73,6 +75,10 @@ class ProfileDiff:
                 "before": self.before, "after": self.after, "total": self.total.row(),
                 "roles": [c.row() for c in self.roles], "useful": [c.row() for c in self.useful],
                 "modules": [c.row() for c in self.modules], "ops": [c.row() for c in self.ops]}
+
+    def to_html(self, path: str | Path) -> Path:
+        """Write the diff's page (one self-contained file: :mod:`flopscope.render.diff_page`); returns the path."""
+        return write_diff_html(self.to_dict(), path)
 
     def to_table(self, tablefmt: str = "simple", limit: int = 20) -> str:
         """The total, the roles, the useful attention pairs, and the ``limit`` largest module and op changes."""

@@ -5,6 +5,9 @@ unchanged, the attention core's useful pairs cut); and the command on two JSON r
 from __future__ import annotations
 
 import json
+import re
+import shutil
+import subprocess
 import warnings
 
 import pytest
@@ -108,3 +111,31 @@ def test_the_command_profiles_two_targets(capsys):
     assert printed.startswith("hf:llama → hf:llama num_key_value_heads=2: ")
     kv = L * B * N * D * D_K
     assert f"k_proj             {H * kv:,}" in printed and f"n_kv {H} → 2" in printed
+
+
+CHROMIUM = next((found for name in ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
+                 if (found := shutil.which(name))), None)
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="no chromium binary on PATH (Debian: apt-get install chromium; CI's "
+                                              ".ci/run installs it)")
+def test_the_diff_page_in_chromium(tmp_path):
+    """MHA against GQA as a page: every role's row carries its MACs before and after (k_proj and v_proj halved at
+    n_kv = 2, the rest unchanged), the total too, and the page logs nothing."""
+    mha = profile(LlamaModel, LlamaConfig(**BASE, num_key_value_heads=H))
+    gqa = profile(LlamaModel, LlamaConfig(**BASE, num_key_value_heads=2))
+    page = diff(mha, gqa, "MHA", "GQA").to_html(tmp_path / "diff.html")
+    result = subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                             "--no-first-run", f"--user-data-dir={tmp_path / 'profile'}", "--enable-logging=stderr",
+                             "--v=0", "--dump-dom", page.resolve().as_uri()],
+                            capture_output=True, text=True, timeout=120, check=False)
+    assert result.returncode == 0 and [line for line in result.stderr.splitlines() if ":CONSOLE" in line] == []
+    rows = {m["data-role"]: (int(m["data-before"]), int(m["data-after"])) for m in (
+        dict(re.findall(r"([\w-]+)=['\"]?([^'\" >]+)", tag)) for tag in re.findall(r"<tr class=\"role\"[^>]*>",
+                                                                                  result.stdout))}
+    kv = L * B * N * D * D_K
+    assert rows["k_proj"] == rows["v_proj"] == (H * kv, 2 * kv)
+    assert rows["q_proj"] == rows["out_proj"] == (L * B * N * D * D, L * B * N * D * D)
+    assert rows == {c.key: (c.before, c.after) for c in diff(mha, gqa).roles}
+    total = re.search(r"<p id=\"total\" data-before=\"(\d+)\" data-after=\"(\d+)\"", result.stdout)
+    assert (int(total[1]), int(total[2])) == (mha.total(), gqa.total())
