@@ -649,7 +649,10 @@ def _profile_pipeline(args: argparse.Namespace) -> int:
         args.json.write_text(json.dumps(_pipeline_json(args.target, call, prof), indent=2) + "\n")
         print(f"wrote {args.json}")
     args.json = None  # (written above: the other reports are the whole call's profile)
+    html_path, args.html = args.html, None
     _write_reports(args, prof.profile)
+    if html_path:  # (the whole call's page, with the pipeline's section)
+        print(f"wrote {prof.to_html(html_path, title=f'flopscope: {args.target}')}")
     return 0
 
 

@@ -32,6 +32,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -44,6 +45,8 @@ from .capture.module_tracker import ModuleCall
 from .errors import ConfigurationError, NotAModuleError
 from .formulas.registry import FormulaRegistry
 from .profile import Profile
+from .render.files import write_atomically
+from .render.html import html_document, report_data
 from .role import ROLE_ORDER
 from .runner import BLOCK_MODES, CaptureOptions, Session, paused_gc
 
@@ -263,6 +266,21 @@ class PipelineProfile:
                 for s in self._steps]
         return tabulate(body, headers=["step", *[f"{c} MACs" for c in names], "MACs", "calls", "latents batch",
                                        "denoiser batch", "guidance"], tablefmt=tablefmt, disable_numparse=True)
+
+    def to_html(self, path: str | Path, title: str | None = None) -> Path:
+        """The HTML report of the whole call (:meth:`Profile.to_html`'s page) with the pipeline's own section: each
+        component's MACs by role, and each denoising step's MACs by component with its guidance."""
+        data = report_data(self.profile, title=title)
+        roles = self.by_component_role()
+        names = [name for name, r in roles.items() if r]
+        order = [role for role in self.profile.by_role() if any(roles[n].get(role) for n in names)]
+        stepped = [c for c in self.components if any(c in s.macs for s in self._steps)]
+        data["pipeline"] = {
+            "components": names, "stepped": stepped,
+            "roles": [[role, *[roles[n].get(role, 0) for n in names]] for role in order],
+            "totals": [self.by_component()[n] for n in names],
+            "steps": [[s.step, *[s.macs.get(c, 0) for c in stepped], s.total, s.guidance] for s in self._steps]}
+        return write_atomically(path, html_document(data), "the HTML report")
 
     def summary_table(self, tablefmt: str = "simple") -> str:
         """MACs and FLOPs per component, with the share of the call."""

@@ -6,6 +6,7 @@ component alone on the inputs it received, times its calls; guidance by batch (S
 from __future__ import annotations
 
 import json
+import re
 import warnings
 
 import pytest
@@ -408,3 +409,21 @@ def test_sdxl_two_text_encoders_and_the_refiner(tokenizer):
     assert refined.by_component() == {"vae": alone(Decode(vae), torch.randn(1, 4, latent, latent)),
                                       "text_encoder_2": alone(text_encoder_2, ids, output_hidden_states=True),
                                       "unet": int(steps * 0.5) * unet}
+
+
+def test_the_html_report_has_the_pipeline_by_component_and_by_step(tokenizer, tmp_path):
+    """The whole call's page with the pipeline's section: each component's MACs by role (its total the component's)
+    and each denoising step's MACs by component, with its guidance."""
+    prof = run_sd(stable_diffusion(tokenizer), "fake")
+    page = prof.to_html(tmp_path / "sd.html").read_text()
+    section = page[page.index("<section id=pipeline>"):page.index("</section>", page.index("<section id=pipeline>"))]
+    cells = [re.findall(r"<td[^>]*>([^<]*)</td>", row) for row in re.findall(r"<tr>(.*?)</tr>", section)]
+    roles = prof.by_component_role()
+    names = [name for name, r in roles.items() if r]
+    by_role = {row[0]: row[1:] for row in cells if row and row[0] in {*prof.by_role(), "total"}}
+    for role, values in by_role.items():
+        expected = ([prof.by_component()[n] for n in names] if role == "total"
+                    else [roles[n].get(role, 0) for n in names])
+        assert values == [f"{v:,}" for v in expected], role
+    steps = [row for row in cells if row and row[-1] in ("batch", "passes", "none")]
+    assert [(int(row[0]), row[-2]) for row in steps] == [(s.step, f"{s.total:,}") for s in prof.steps()]

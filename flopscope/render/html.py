@@ -155,6 +155,8 @@ def html_document(data: Mapping[str, Any]) -> str:
     ]
     if data["steps"]:
         sections.append(_steps_section(data["steps"], data["decode"]))
+    if data.get("pipeline"):
+        sections.append(_pipeline_section(data["pipeline"]))
     if data["formulas"]:
         formulas = data["formulas"]
         sections.append(f"<section id=formulas><h2>Per token, against the published formulas</h2>"
@@ -369,6 +371,18 @@ def _scaling_section(scaling: Mapping[str, Any], colours: Mapping[str, str]) -> 
             f", lines the exact polynomials through them.{said}</p>{chart_svg(scaling['chart'], colours)}"
             f"<p>Exact polynomials per role ({html.escape(scaling['method'])}, lengths {lengths}), MACs:</p>"
             + _table(["role", "measured", "closed form", "equal"], rows) + total + "</section>")
+
+
+def _pipeline_section(pipeline: Mapping[str, Any]) -> str:
+    """A diffusion pipeline's call: MACs by role in each component, and by component in each denoising step."""
+    names, stepped = pipeline["components"], pipeline["stepped"]
+    roles = _table(["role", *names], [*pipeline["roles"], ["total", *pipeline["totals"]]],
+                   numeric=tuple(range(1, len(names) + 1)))
+    steps = _table(["step", *stepped, "MACs", "guidance"], pipeline["steps"],
+                   numeric=tuple(range(0, len(stepped) + 2)))
+    return ("<section id=pipeline><h2>The pipeline: by component and by step</h2><p>MACs by role in each component:"
+            f"</p>{roles}<p>MACs of each denoising step by component (guidance: how the unconditional pass ran)."
+            f"</p>{steps}</section>")
 
 
 def _dash(value: Any) -> Any:
