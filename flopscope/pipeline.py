@@ -213,6 +213,18 @@ class PipelineProfile:
         """The denoising steps, in order (one per ``scheduler.step`` call)."""
         return list(self._steps)
 
+    def by_step_role(self) -> list[dict[str, int]]:
+        """Each denoising step's MACs by role, in step order (the component calls the step made; each adds up to
+        the step's :attr:`~DenoisingStep.total`)."""
+        out: list[Counter[str]] = [Counter() for _ in self._steps]
+        step_of = self._step_of_call
+        for op, assignment in self.profile.role_assignments_by_op().items():
+            step = next((step_of[call] for call in op.module_stack if call in step_of), None)
+            if step is not None:
+                for role, macs in assignment.parts.items():
+                    out[step][role] += macs
+        return [{r: roles[r] for r in ROLE_ORDER if roles.get(r)} for roles in out]
+
     def workload(self) -> Workload:
         """The call as calls x MACs per call of each entry point (a denoiser's as steps x passes), adding up to
         :meth:`total`, and each component against its blocks' closed forms (:class:`Workload`)."""
@@ -269,7 +281,7 @@ class PipelineProfile:
 
     def to_html(self, path: str | Path, title: str | None = None) -> Path:
         """The HTML report of the whole call (:meth:`Profile.to_html`'s page) with the pipeline's own section: each
-        component's MACs by role, and each denoising step's MACs by component with its guidance."""
+        component's MACs by role, and each denoising step's MACs by component (with its guidance) and by role."""
         data = report_data(self.profile, title=title)
         roles = self.by_component_role()
         names = [name for name, r in roles.items() if r]
@@ -280,6 +292,11 @@ class PipelineProfile:
             "roles": [[role, *[roles[n].get(role, 0) for n in names]] for role in order],
             "totals": [self.by_component()[n] for n in names],
             "steps": [[s.step, *[s.macs.get(c, 0) for c in stepped], s.total, s.guidance] for s in self._steps]}
+        by_step = self.by_step_role()
+        step_roles = [role for role in ROLE_ORDER if any(r.get(role) for r in by_step)]
+        data["pipeline"]["step_roles"] = step_roles
+        data["pipeline"]["steps_by_role"] = [[s.step, *[r.get(role, 0) for role in step_roles], s.total]
+                                             for s, r in zip(self._steps, by_step, strict=True)]
         return write_atomically(path, html_document(data), "the HTML report")
 
     def summary_table(self, tablefmt: str = "simple") -> str:

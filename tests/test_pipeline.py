@@ -427,3 +427,7 @@ def test_the_html_report_has_the_pipeline_by_component_and_by_step(tokenizer, tm
         assert values == [f"{v:,}" for v in expected], role
     steps = [row for row in cells if row and row[-1] in ("batch", "passes", "none")]
     assert [(int(row[0]), row[-2]) for row in steps] == [(s.step, f"{s.total:,}") for s in prof.steps()]
+    by_step = prof.by_step_role()  # each step by role, adding up to the step (the denoiser's roles every step)
+    assert [sum(r.values()) for r in by_step] == [s.total for s in prof.steps()] and len(by_step) > 1
+    assert all(r == by_step[0] for r in by_step) and by_step[0]["attn_scores"] > 0
+    assert sum(by_step[0].values()) == prof.by_component()["unet"] // len(by_step)

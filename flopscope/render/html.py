@@ -380,9 +380,12 @@ def _pipeline_section(pipeline: Mapping[str, Any]) -> str:
                    numeric=tuple(range(1, len(names) + 1)))
     steps = _table(["step", *stepped, "MACs", "guidance"], pipeline["steps"],
                    numeric=tuple(range(0, len(stepped) + 2)))
+    step_roles = pipeline.get("step_roles", [])
+    by_role = _table(["step", *step_roles, "MACs"], pipeline.get("steps_by_role", []),
+                     numeric=tuple(range(0, len(step_roles) + 2)))
     return ("<section id=pipeline><h2>The pipeline: by component and by step</h2><p>MACs by role in each component:"
             f"</p>{roles}<p>MACs of each denoising step by component (guidance: how the unconditional pass ran)."
-            f"</p>{steps}</section>")
+            f"</p>{steps}<p>MACs of each denoising step by role:</p>{by_role}</section>")
 
 
 def _dash(value: Any) -> Any:
