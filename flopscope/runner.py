@@ -197,7 +197,7 @@ def run(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], options
             raise FakeTensorError(f"module '{sharded}' of {type(model).__name__} is sharded with FSDP2: {reason}; "
                                   "use mode='real' or 'auto' (on a fake world nothing is communicated)",
                                   on_fake_tensors=True, where=f"module '{sharded}'", reason=reason)
-        if converter is None and on_meta_kernels(model, options):
+        if converter is None and meta:  # (asked once: a walk over the model's state)
             converter = MetaConverter()
         if isinstance(converter, MetaConverter) and converter.fallback is None:
             try:  # on meta kernels directly: no fake-tensor mode in between (a model too large to build)
