@@ -8,6 +8,9 @@
     True
 """
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from .api import profile, profiler
 from .attribute.roles import Assignment, RoleRule
 from .errors import (
@@ -28,18 +31,43 @@ from .errors import (
     RunError,
 )
 from .formulas.registry import REGISTRY, FormulaRegistry, OpFamily
-from .generation import Step
-from .peers import crosscheck
-from .pipeline import DenoisingStep, PipelineProfile, Workload, WorkloadTerm, profile_pipeline
 from .predict.reconcile import ReconcileRow, Reconciliation, TransformerSpec
 from .profile import OpRecord, Profile
-from .resolution import ResolutionScaling, resolution_scaling
 from .role import Role
-from .roofline import Roofline, roofline
 from .scaling import Polynomial, Scaling, scaling
-from .training import BatchPricer, Throughput, flops_per_batch, measure_flops
 from .version import __version__ as __version__
-from .why_self_attention import compare, compare_lengths
+
+if TYPE_CHECKING:  # (imported when first used: __getattr__ below)
+    from .generation import Step
+    from .peers import crosscheck
+    from .pipeline import DenoisingStep, PipelineProfile, Workload, WorkloadTerm, profile_pipeline
+    from .resolution import ResolutionScaling, resolution_scaling
+    from .roofline import Roofline, roofline
+    from .training import BatchPricer, Throughput, flops_per_batch, measure_flops
+    from .why_self_attention import compare, compare_lengths
+
+_LAZY = {
+    "Step": "generation", "crosscheck": "peers", "DenoisingStep": "pipeline", "PipelineProfile": "pipeline",
+    "Workload": "pipeline", "WorkloadTerm": "pipeline", "profile_pipeline": "pipeline",
+    "ResolutionScaling": "resolution", "resolution_scaling": "resolution", "Roofline": "roofline",
+    "roofline": "roofline", "BatchPricer": "training", "Throughput": "training", "flops_per_batch": "training",
+    "measure_flops": "training", "compare": "why_self_attention", "compare_lengths": "why_self_attention",
+}
+"""Public names of the workloads (pipelines, training, generation, the peers, the seed study's comparison), imported
+on first use: ``import flopscope`` stays as light as the profiling core (``benchmarks/import_time.py``)."""
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'flopscope' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value  # (the next access is a plain lookup)
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})
 
 __all__ = [
     "REGISTRY",
