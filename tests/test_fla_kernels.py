@@ -19,7 +19,7 @@ import flopscope
 from flopscope.formulas import gated_delta_rule_chunked
 
 fla = pytest.importorskip("fla", reason="flash-linear-attention is installed in the matrix's kernels cell")
-from fla.ops.gated_delta_rule import chunk_gated_delta_rule  # noqa: E402
+from fla.ops.gated_delta_rule import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule  # noqa: E402
 from transformers import Qwen3NextConfig, Qwen3NextModel  # noqa: E402
 from transformers.models.qwen3_next import modeling_qwen3_next  # noqa: E402
 
@@ -91,3 +91,28 @@ def test_qwen3_next_with_fla_counts_and_attributes_as_on_the_reference_path():
         "attn_readout": core["attn_readout"],
         "conv": B * channels * width * (T + width - 1),  # nn.Conv1d(padding=W-1): T + W - 1 outputs per channel
         "other": core["other"] + tokens * D * H * VW}  # the gate z's columns of in_proj_qkvz
+
+
+class Recurrent(nn.Module):
+    def __init__(self, function) -> None:
+        super().__init__()
+        self.function = function
+
+    def forward(self, q, k, v, g, beta, state):
+        return self.function(q, k, v, g=g, beta=beta, initial_state=state, output_final_state=True,
+                             use_qk_l2norm_in_kernel=True)  # (by keyword, as transformers calls it)
+
+
+def test_fla_fused_recurrent_counts_as_the_torch_recurrence():
+    """A decoding step's recurrence (fla's fused recurrent kernel; transformers' torch_recurrent_gated_delta_rule on a
+    CPU): on fake tensors the kernel is recorded as the recurrence it computes, so both paths count the same, total
+    and elementwise work (its state products are elementwise products and sums: no MAC on either path)."""
+    reference = modeling_qwen3_next.torch_recurrent_gated_delta_rule.__wrapped__
+    q, k, v, g, beta = (t[:, :1] for t in inputs())  # one new token
+    state = torch.randn(B, H, KW, VW)
+    ours, theirs = (profile(Recurrent(f), q, k, v, g, beta, state)
+                    for f in (fused_recurrent_gated_delta_rule, reference))
+    assert ours.total() == theirs.total() == 0
+    assert ours.elementwise() == theirs.elementwise() and sum(ours.elementwise().values()) > 0
+    (out, final), (expected, expected_state) = ours.output, theirs.output
+    assert out.shape == expected.shape == (B, 1, H, VW) and final.shape == expected_state.shape == (B, H, KW, VW)

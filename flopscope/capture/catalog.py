@@ -202,6 +202,38 @@ def _cross_entropy(named: Named) -> tuple[torch.Tensor | None, ...]:
     return (loss, *_linear_cross_entropy_outputs(named)[1:])
 
 
+def _recurrent_gated_delta(named: Named) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """fla's fused recurrent gated delta rule (decoding, short sequences) as the token-by-token recurrence it computes,
+    in the ops transformers' ``torch_recurrent_gated_delta_rule`` runs (the same records on either path): per token
+    the state decays by ``exp(g)``, reads ``k`` (``(S · k).sum``), takes the delta ``(v − read) · β`` and the
+    queries read it (``(S · q).sum``), all elementwise products and sums (no multiply-accumulate of a matmul: the
+    convention of ``docs/conventions.md``). ``q``, ``k`` ``[B, T, h_k, K]``; ``v`` ``[B, T, h, V]``; ``g``, ``beta``
+    ``[B, T, h]``; returns ``o`` like ``v`` and the final state ``[B, h, K, V]`` where asked for."""
+    q, k, v, g, beta = (named[name] for name in ("q", "k", "v", "g", "beta"))
+    dtype, (batch, length, heads_k, width_k), (heads, width_v) = q.dtype, k.shape, v.shape[-2:]
+    if heads_k != heads:
+        q, k = (x.repeat_interleave(heads // heads_k, dim=2) for x in (q, k))
+    q, k, v, beta = (x.transpose(1, 2).to(torch.float32, memory_format=torch.contiguous_format)
+                     for x in (q, k, v, beta))
+    if g is not None:
+        g = g.transpose(1, 2).to(torch.float32, memory_format=torch.contiguous_format)
+    if named.get("use_qk_l2norm_in_kernel"):
+        q, k = (x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + 1e-6) for x in (q, k))
+    q = q * (named.get("scale") or width_k ** -0.5)
+    initial = named.get("initial_state")
+    state = (torch.zeros((batch, heads, width_k, width_v), dtype=v.dtype, device=v.device) if initial is None
+             else initial.to(v))
+    out = torch.zeros_like(v)
+    for i in range(length):
+        if g is not None:  # (no gate: the state does not decay)
+            state = state * g[:, :, i].exp()[..., None, None]
+        read = (state * k[:, :, i].unsqueeze(-1)).sum(dim=-2)
+        delta = (v[:, :, i] - read) * beta[:, :, i].unsqueeze(-1)
+        state = state + k[:, :, i].unsqueeze(-1) * delta.unsqueeze(-2)
+        out[:, :, i] = (state * q[:, :, i].unsqueeze(-1)).sum(dim=-2)
+    return out.transpose(1, 2).contiguous().to(dtype), state if named.get("output_final_state") else None
+
+
 def _no_multiply(**_: Any) -> MacCount:
     """A kernel of elementwise work (a norm, an activation, a rotation): no multiply-accumulate, as its torch path."""
     return 0
@@ -226,6 +258,8 @@ CATALOG: list[Kernel] = [
            ("_input", "weight", "reduction"), _logits, _linear_cross_entropy_outputs,
            backward=_linear_cross_entropy_backward, module=lambda named: named["weight"],
            gradients=_linear_cross_entropy_gradients),
+    Kernel("fla.fused_recurrent_gated_delta_rule", "fla.ops.gated_delta_rule.fused_recurrent.FusedRecurrentFunction",
+           ("q", "k", "v", "g", "beta", "initial_state"), _no_multiply, _like("v"), reference=_recurrent_gated_delta),
     # Liger's elementwise kernels (Triton): no multiply; on fake tensors, the torch computation each stands for
     Kernel("liger.rms_norm", "liger_kernel.ops.rms_norm.LigerRMSNormFunction", ("X", "W"), _no_multiply,
            _like("X"), reference=_rms_norm),
