@@ -315,7 +315,9 @@ def _loaded(path: str) -> type | None:
 
 
 def _wrap(cls: Any, kernel: Kernel) -> None:
-    forward, backward = cls.__dict__["forward"], cls.__dict__.get("backward")
+    forward, backward = cls.__dict__.get("forward"), cls.__dict__.get("backward")
+    if forward is None or "setup_context" in cls.__dict__:  # (a forward of a base class, or one without ctx: a
+        return  # layout this wrapper does not know; the kernel stays uncounted, and its buffers flagged in real mode)
     original_forward = forward.__func__ if isinstance(forward, staticmethod) else forward
     original_backward = backward.__func__ if isinstance(backward, staticmethod) else backward
     signature = inspect.signature(original_forward)
