@@ -635,11 +635,9 @@ def _profile_pipeline(args: argparse.Namespace) -> int:
     print(prof.summary_table(args.format))
     print(f"\ndenoising steps ({len(prof.steps())}; denoiser: {', '.join(prof.denoisers) or 'none found'}):")
     print(prof.steps_table(args.format))
-    roles = prof.by_component_role()
-    names = [name for name, r in roles.items() if r]
-    order = [role for role in prof.by_role() if any(roles[n].get(role) for n in names)]
+    names, rows = prof.role_rows()
     print("\nMACs by role and component:")
-    print(tabulate([[role, *[f"{roles[n].get(role, 0):,}" for n in names]] for role in order],
+    print(tabulate([[role, *[f"{macs:,}" for macs in values]] for role, *values in rows],
                    headers=["role", *names], tablefmt=args.format, disable_numparse=True))
     print("\nthe call as a workload:")
     print(prof.workload().to_table(args.format))

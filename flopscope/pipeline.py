@@ -45,8 +45,7 @@ from .capture.module_tracker import ModuleCall
 from .errors import ConfigurationError, NotAModuleError
 from .formulas.registry import FormulaRegistry
 from .profile import Profile
-from .render.files import write_atomically
-from .render.html import html_document, report_data
+from .render.html import write_html
 from .role import ROLE_ORDER
 from .runner import BLOCK_MODES, CaptureOptions, Session, paused_gc
 
@@ -270,9 +269,21 @@ class PipelineProfile:
         """MACs of every denoising step together."""
         return sum(step.total for step in self._steps)
 
+    def role_rows(self) -> tuple[list[str], list[list[Any]]]:
+        """The components that multiplied, and a row ``[role, MACs in each of them]`` per role any of them has, in
+        the order of :meth:`by_role` (the command line's table and the HTML report's)."""
+        roles = self.by_component_role()
+        names = [name for name, r in roles.items() if r]
+        order = [role for role in self.profile.by_role() if any(roles[n].get(role) for n in names)]
+        return names, [[role, *[roles[n].get(role, 0) for n in names]] for role in order]
+
+    def _stepped(self) -> list[str]:
+        """The components called in the denoising steps, in the pipeline's order."""
+        return [c for c in self.components if any(c in s.macs for s in self._steps)]
+
     def steps_table(self, tablefmt: str = "simple") -> str:
         """The steps as a table: MACs per component called in the steps, calls, batches, guidance."""
-        names = [c for c in self.components if any(c in s.macs for s in self._steps)]
+        names = self._stepped()
         body = [[s.step, *[f"{s.macs.get(c, 0):,}" for c in names], f"{s.total:,}",
                  " ".join(f"{c}x{n}" for c, n in s.calls.items()), s.batch, s.denoiser_batch, s.guidance]
                 for s in self._steps]
@@ -282,22 +293,18 @@ class PipelineProfile:
     def to_html(self, path: str | Path, title: str | None = None) -> Path:
         """The HTML report of the whole call (:meth:`Profile.to_html`'s page) with the pipeline's own section: each
         component's MACs by role, and each denoising step's MACs by component (with its guidance) and by role."""
-        data = report_data(self.profile, title=title)
-        roles = self.by_component_role()
-        names = [name for name, r in roles.items() if r]
-        order = [role for role in self.profile.by_role() if any(roles[n].get(role) for n in names)]
-        stepped = [c for c in self.components if any(c in s.macs for s in self._steps)]
-        data["pipeline"] = {
-            "components": names, "stepped": stepped,
-            "roles": [[role, *[roles[n].get(role, 0) for n in names]] for role in order],
-            "totals": [self.by_component()[n] for n in names],
-            "steps": [[s.step, *[s.macs.get(c, 0) for c in stepped], s.total, s.guidance] for s in self._steps]}
+        names, rows = self.role_rows()
+        stepped = self._stepped()
         by_step = self.by_step_role()
         step_roles = [role for role in ROLE_ORDER if any(r.get(role) for r in by_step)]
-        data["pipeline"]["step_roles"] = step_roles
-        data["pipeline"]["steps_by_role"] = [[s.step, *[r.get(role, 0) for role in step_roles], s.total]
-                                             for s, r in zip(self._steps, by_step, strict=True)]
-        return write_atomically(path, html_document(data), "the HTML report")
+        section = {
+            "components": names, "stepped": stepped, "roles": rows,
+            "totals": [self.by_component()[n] for n in names],
+            "steps": [[s.step, *[s.macs.get(c, 0) for c in stepped], s.total, s.guidance] for s in self._steps],
+            "step_roles": step_roles,
+            "steps_by_role": [[s.step, *[r.get(role, 0) for role in step_roles], s.total]
+                              for s, r in zip(self._steps, by_step, strict=True)]}
+        return write_html(self.profile, path, title=title, pipeline=section)
 
     def summary_table(self, tablefmt: str = "simple") -> str:
         """MACs and FLOPs per component, with the share of the call."""

@@ -218,3 +218,15 @@ def test_causal_conv1d_counts_its_taps_and_the_buffer_it_fills_is_not_flagged():
         prof = profile(Conv(), x, mode=mode)
         assert prof.total() == B * channels * length * width
         assert prof.unsupported() == {}
+
+
+def test_one_unpadded_sequence_pairs_every_query_with_every_key():
+    """A packed call of one sequence without offsets (``q [total_q, h, d]``, ``k [total_k, h_k, d]``): total_q ·
+    total_k pairs per head, the key count read from k's first dimension, not its heads (aten's kernel and
+    flash-attn's through one helper)."""
+    from flopscope.formulas import attention_bnhd, flash_pairs
+
+    q, k = (12, H, D), (20, 2, D)
+    assert flash_pairs(q, k) == (12 * 20, True)
+    assert attention_bnhd(q, k, (20, 2, D), None, None, 0, 0) == {"attn_scores": H * 12 * 20 * D,
+                                                                  "attn_weighted_sum": H * 12 * 20 * D}

@@ -643,7 +643,8 @@ class Recorder(TorchDispatchMode):
         if unwritten and inputs and stack and not getattr(func, "is_view", False):
             written: set[int] | None = None
             for t in inputs:
-                allocated = unwritten.get(storage_of(t))
+                storage = storage_of(t)
+                allocated = unwritten.get(storage)
                 if allocated is None:
                     continue
                 if written is None:
@@ -651,7 +652,7 @@ class Recorder(TorchDispatchMode):
                         func, torch._ops.OpOverload) else set()
                 if id(t) in written:
                     continue  # (filled by this op: copy_, fill_, an out= argument)
-                unwritten.pop(storage_of(t))
+                del unwritten[storage]
                 if self.unwritten_allocation(t):  # (its own producer, through views: not another tensor that
                     # came to live at a freed storage's address)
                     self.on_unwritten_read(t, allocated, stack[-1], func)  # type: ignore[misc]

@@ -24,11 +24,10 @@ counted and flagged as an :class:`~flopscope.formulas.registry.UpperBound`.
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .linear_algebra import backward_of
+from .linear_algebra import backward_of, flash_pairs
 from .registry import BNHD, OpFamily, Shape, UpperBound, by_name, formula
 
 __all__ = [
@@ -38,7 +37,6 @@ __all__ = [
     'causal_conv1d_update',
     'flash_kernel',
     'flash_kernel_backward',
-    'flash_pairs',
     'gated_delta_rule_chunked',
 ]
 
@@ -46,40 +44,6 @@ __all__ = [
 def _first(named: Mapping[str, Any], *names: str) -> Any:
     """The first of ``names`` the op was given (not ``None``): one argument under each library's name for it."""
     return next((named[name] for name in names if named.get(name) is not None), None)
-
-
-def flash_pairs(q: Shape, k: Shape, cu_q: Shape | None = None, cu_k: Shape | None = None,
-                max_q: int | None = None, max_k: int | None = None, used_k: Shape | None = None,
-                pages: Shape | None = None, k_new: Shape | None = None) -> tuple[int, bool]:
-    """(query-key pairs per head over the whole call, whether exact) of a FlashAttention-style kernel.
-
-    Dense: ``q [B, n_q, h, d]`` against ``k [B, n_k, h_k, d]``, or a KV cache: paged (``pages [B, pages per
-    sequence]`` of ``k [pages, page size, h_k, d]``: ``pages[1] · k[1]`` keys of room per sequence) with
-    ``used_k [B]`` keys used in each (the cache's lengths; ``k_new [B, n_new, h_k, d]`` keys appended after them).
-    Variable-length: packed ``q [total_q, h, d]`` with offsets ``cu_q`` / ``cu_k`` ``[b + 1]`` (``used_k`` overrides
-    the keys of each sequence). Offsets and lengths with known values give the exact pairs; unknown ones the launch
-    bound (``max_q · max_k`` per sequence, or the cache's room), with ``False``."""
-    new = k_new[1] if k_new is not None and len(k_new) == 4 else 0
-    if cu_q is None:
-        if len(q) == 3:  # (one unpadded sequence)
-            q = (1, *q)
-        batch, n_q = q[0], q[1]
-        room = pages[1] * k[1] if pages is not None and len(pages) == 2 else k[1]
-        if used_k is None:
-            return batch * n_q * room, True
-        lengths = getattr(used_k, "values", None)
-        if lengths is None:
-            return batch * n_q * room, False
-        return n_q * sum(int(length) + new for length in lengths), True
-    sequences = cu_q[0] - 1
-    starts_q = getattr(cu_q, "values", None)
-    keys = getattr(used_k, "values", None) if used_k is not None else None
-    starts_k = getattr(cu_k, "values", None) if used_k is None else None
-    if starts_k is not None:
-        keys = [b - a for a, b in itertools.pairwise(starts_k)]
-    if starts_q is None or keys is None:
-        return sequences * (max_q or 0) * (max_k or 0), False
-    return sum((b - a) * (int(n) + new) for (a, b), n in zip(itertools.pairwise(starts_q), keys, strict=True)), True
 
 
 def _flash_forward(named: Mapping[str, Any]) -> dict[str, int]:

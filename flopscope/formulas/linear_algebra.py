@@ -46,6 +46,7 @@ __all__ = [  # every formula; flopscope.formulas re-exports them
     'fft_r2c',
     'flash_attention',
     'flash_attention_backward',
+    'flash_pairs',
     'gemm',
     'grouped_mm',
     'grouped_mm_fallback',
@@ -380,19 +381,49 @@ def attention_bnhd(q: Shape, k: Shape, v: Shape, offsets_q: Shape | None, offset
     """Attention kernels in ``[B, n, heads, d]`` layout. Variable-length calls (packed ``[total, heads, d]``
     with offsets of ``b`` sequences) compute each sequence against itself: exactly ``Σ Lq_i · Lk_i`` pairs
     per head when the offsets' values are known (real mode), else the bound ``b · max_q · max_k`` (what the
-    kernel is launched for: an :class:`UpperBound`)."""
+    kernel is launched for: an :class:`UpperBound`) (:func:`flash_pairs`)."""
     if offsets_q is None or offsets_k is None:
-        if len(q) == 3:  # packed without offsets: one sequence
-            q, k, v = (1, *q), (1, *k), (1, *v)
-        return attention_core(q[0] * q[2], q[1], k[1], q[3], v[3])
+        offsets_q = offsets_k = None
+    pairs, exact = flash_pairs(q, k, offsets_q, offsets_k, max_q, max_k)
     heads, d_k, d_v = q[-2], q[-1], v[-1]
-    values_q, values_k = getattr(offsets_q, "values", None), getattr(offsets_k, "values", None)
-    if values_q is not None and values_k is not None:
-        pairs = sum((b - a) * (y - x) for (a, b), (x, y) in zip(itertools.pairwise(values_q),
-                                                                  itertools.pairwise(values_k), strict=True))
-        return {"attn_scores": heads * pairs * d_k, "attn_weighted_sum": heads * pairs * d_v}
-    sequences = offsets_q[0] - 1
-    return UpperBound(attention_core(sequences * heads, max_q, max_k, d_k, d_v))
+    parts = {"attn_scores": heads * pairs * d_k, "attn_weighted_sum": heads * pairs * d_v}
+    return parts if exact else UpperBound(parts)
+
+
+def flash_pairs(q: Shape, k: Shape, cu_q: Shape | None = None, cu_k: Shape | None = None,
+                max_q: int | None = None, max_k: int | None = None, used_k: Shape | None = None,
+                pages: Shape | None = None, k_new: Shape | None = None) -> tuple[int, bool]:
+    """(query-key pairs per head over the whole call, whether exact) of a FlashAttention-style kernel.
+
+    Dense: ``q [B, n_q, h, d]`` against ``k [B, n_k, h_k, d]``, or a KV cache: paged (``pages [B, pages per
+    sequence]`` of ``k [pages, page size, h_k, d]``: ``pages[1] · k[1]`` keys of room per sequence) with
+    ``used_k [B]`` keys used in each (the cache's lengths; ``k_new [B, n_new, h_k, d]`` keys appended after them).
+    Variable-length: packed ``q [total_q, h, d]`` with offsets ``cu_q`` / ``cu_k`` ``[b + 1]`` (``used_k`` overrides
+    the keys of each sequence). Offsets and lengths with known values give the exact pairs; unknown ones the launch
+    bound (``max_q · max_k`` per sequence, or the cache's room), with ``False``."""
+    new = k_new[1] if k_new is not None and len(k_new) == 4 else 0
+    if cu_q is None:
+        if len(q) == 3:  # (one unpadded sequence)
+            q = (1, *q)
+        if len(k) == 3:
+            k = (1, *k)
+        batch, n_q = q[0], q[1]
+        room = pages[1] * k[1] if pages is not None and len(pages) == 2 else k[1]
+        if used_k is None:
+            return batch * n_q * room, True
+        lengths = getattr(used_k, "values", None)
+        if lengths is None:
+            return batch * n_q * room, False
+        return n_q * sum(int(length) + new for length in lengths), True
+    sequences = cu_q[0] - 1
+    starts_q = getattr(cu_q, "values", None)
+    keys = getattr(used_k, "values", None) if used_k is not None else None
+    starts_k = getattr(cu_k, "values", None) if used_k is None else None
+    if starts_k is not None:
+        keys = [b - a for a, b in itertools.pairwise(starts_k)]
+    if starts_q is None or keys is None:
+        return sequences * (max_q or 0) * (max_k or 0), False
+    return sum((b - a) * (int(n) + new) for (a, b), n in zip(itertools.pairwise(starts_q), keys, strict=True)), True
 
 
 def multi_head_attention(tokens_q: int, n_q: int, n_k: int, embed_dim: int) -> dict[str, int]:

@@ -177,10 +177,15 @@ def html_document(data: Mapping[str, Any]) -> str:
             f"<script>{_asset('html.js')}</script></body></html>\n")
 
 
-def write_html(prof: Any, path: str | Path, *, scaling: Any = None, title: str | None = None) -> Path:
+def write_html(prof: Any, path: str | Path, *, scaling: Any = None, title: str | None = None,
+               pipeline: Mapping[str, Any] | None = None) -> Path:
     """Write the page of ``prof`` to ``path``, whole or not at all (a path that cannot be written raises a
-    :class:`~flopscope.errors.FlopscopeError` naming it)."""
-    return write_atomically(path, html_document(report_data(prof, scaling=scaling, title=title)), "the HTML report")
+    :class:`~flopscope.errors.FlopscopeError` naming it); ``pipeline``: a diffusion pipeline's section (its tables'
+    data, :meth:`flopscope.PipelineProfile.to_html`)."""
+    data = report_data(prof, scaling=scaling, title=title)
+    if pipeline is not None:
+        data["pipeline"] = pipeline
+    return write_atomically(path, html_document(data), "the HTML report")
 
 
 # --------------------------------------------------------------------------------------------------
