@@ -215,6 +215,21 @@ def test_mamba2_reads_as_its_attention_dual(mode: str) -> None:
     assert roles["other"] == n * d * (inner + heads) + _state_products(BAMBA)
 
 
+@pytest.mark.skipif(TRANSFORMERS < (5, 18), reason="the matmul form of Mamba-2's reference kernel (as above)")
+def test_mamba2_padding_to_whole_chunks_adds_no_projection_column() -> None:
+    """12 tokens in chunks of 8: the reference kernel pads x, B and C to 16 positions with zeros. The padding holds no
+    column of in_proj: its C columns (state of them) are q_proj, its B columns k_proj, its x columns v_proj, and
+    nothing else; before, the pad's fill value 0 was read as in_proj's column 0 (a gate column), charged to all
+    three."""
+    d, heads, d_head, state, tokens = 32, 4, 16, 4, 12
+    model = build("BambaForCausalLM", "BambaConfig", "eager", "fake", BAMBA)
+    roles = roles_of(model, torch.randint(0, BAMBA["vocab_size"], (1, tokens)), "fake")
+    # (the attention layer's q, k and v projections: 4·8, 2·8 and 2·8 columns)
+    assert roles["q_proj"] == tokens * d * state + tokens * d * 4 * 8
+    assert roles["k_proj"] == tokens * d * state + tokens * d * 2 * 8
+    assert roles["v_proj"] == tokens * d * heads * d_head + tokens * d * 2 * 8
+
+
 def _state_products(c: dict) -> int:
     """The inter-chunk state products of Mamba-2's reference kernel over one chunk (n = chunk): the chunk state
     Bᵀ·x (heads·d_head·state·n), its decay across chunks (heads·2·2·d_head·state) and the readout C·state
