@@ -45,6 +45,13 @@ class Cell:
     about: str
     extra: tuple[str, ...] = ()  # more packages the cell installs (pinned here)
     tests: tuple[str, ...] = ()  # the tests it runs (default: the whole suite)
+    built: tuple[str, ...] = ()  # source packages built against the cell's torch after the rest (no build isolation,
+    # no dependencies), their CUDA extensions skipped (BUILD_ENV): mamba-ssm's Python and Triton parts on a CPU
+
+
+BUILD_ENV = {"MAMBA_SKIP_CUDA_BUILD": "TRUE", "MAMBA_FORCE_BUILD": "TRUE"}
+"""mamba-ssm builds without CUDA (its extension skipped), and from source: its setup would otherwise look for a
+prebuilt wheel by CUDA version, which a CPU torch has none of."""
 
 
 CELLS = {
@@ -53,9 +60,11 @@ CELLS = {
     "newest": Cell("2.15.0", "5.24.0", "the newest torch and transformers on the index (Python 3.11)"),
     "kernels": Cell("2.13.0", "5.24.0", "CI's torch with flash-linear-attention's kernels library (fla-core, CPU "
                     "build: Triton imports, its kernels cannot launch) and Liger's: the kernel catalog's tests, apart "
-                    "because transformers binds fla's kernels for every Qwen3-Next of the suite once fla is installed",
-                    extra=("fla-core[cpu]==0.6.0", "liger-kernel==0.8.5", "packaging"),
-                    tests=("tests/test_fla_kernels.py", "tests/test_liger_kernels.py")),
+                    "because transformers binds fla's kernels for every Qwen3-Next of the suite once fla is installed "
+                    "(and mamba-ssm's for every Mamba)",
+                    extra=("fla-core[cpu]==0.6.0", "liger-kernel==0.8.5", "packaging", "einops"),
+                    tests=("tests/test_fla_kernels.py", "tests/test_liger_kernels.py", "tests/test_mamba_kernels.py"),
+                    built=("mamba-ssm==2.3.2.post1",)),
 }
 COUNTS = re.compile(r"(\d+) (passed|failed|skipped|errors?|xfailed|xpassed)")
 
@@ -93,7 +102,7 @@ def install_cell(name: str, cell: Cell, venvs: Path, *, checkout: bool = True
     other installs and builds of it. Returns (pins, the cell's environment, pip's output if it failed)."""
     venv = venvs / name
     pins = [f"torch=={cell.torch}"] + ([f"transformers=={cell.transformers}"] if cell.transformers else [])
-    pins += list(cell.extra)
+    pins += [*cell.extra, *cell.built]
     constraints = venv / "constraints.txt"
     env = {**os.environ, "PIP_CONSTRAINT": str(constraints)}
     env.pop("VIRTUAL_ENV", None)
@@ -103,8 +112,12 @@ def install_cell(name: str, cell: Cell, venvs: Path, *, checkout: bool = True
         shutil.rmtree(venv, ignore_errors=True)
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
         constraints.write_text("\n".join(pin.replace("[cpu]", "") for pin in pins) + "\n")  # (no extras there)
-        install = subprocess.run([python, "-m", "pip", "install", "-q", *pins, *requirements()], env=env,
+        plain = [pin for pin in pins if pin not in cell.built]
+        install = subprocess.run([python, "-m", "pip", "install", "-q", *plain, *requirements()], env=env,
                                  capture_output=True, text=True)
+        if install.returncode == 0 and cell.built:
+            install = subprocess.run([python, "-m", "pip", "install", "-q", "--no-build-isolation", "--no-deps",
+                                      *cell.built], env={**env, **BUILD_ENV}, capture_output=True, text=True)
         if install.returncode != 0:
             return pins, env, _without_noise(install.stdout + install.stderr)
         marker.write_text(" ".join(pins))

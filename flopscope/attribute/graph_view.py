@@ -92,7 +92,12 @@ def is_channelwise_conv(n: CapturedOp) -> bool:
     """A depthwise convolution with one filter per channel (``groups == C_in == C_out``, weight
     ``[C, 1, *k]``): it mixes positions within each channel, never channels (Mamba's and gated DeltaNet's short
     causal convolution after the input projection, SegFormer's Mix-FFN). Its output channel ``c`` is computed
-    from its input channel ``c`` alone."""
+    from its input channel ``c`` alone. causal-conv1d's kernels take the weight without its singleton, ``[C, W]``."""
+    spec = n.spec
+    if (spec is not None and spec.family is OpFamily.CONV and len(n.input_shapes) >= 2 and n.output_shapes
+            and len(n.input_shapes[0]) == 3 and len(n.input_shapes[1]) == 2):
+        channels, filters = n.input_shapes[0][1], n.input_shapes[1][0]
+        return channels > 1 and filters == channels == n.output_shapes[0][1]
     shapes = _forward_conv_shapes(n)
     if shapes is None:
         return False

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from ..errors import RunError
-from ..formulas.kernels import GATED_DELTA_CHUNK, gated_delta_rule_chunked
+from ..formulas.kernels import GATED_DELTA_CHUNK, causal_conv1d, gated_delta_rule_chunked, ssd_chunked
 from ..formulas.registry import BNHD, CHUNKED, MacCount, OpFamily, OpSpec, UpperBound
 from .recorder import Recorder
 from .records import BACKWARD
@@ -234,6 +234,164 @@ def _recurrent_gated_delta(named: Named) -> tuple[torch.Tensor, torch.Tensor | N
     return out.transpose(1, 2).contiguous().to(dtype), state if named.get("output_final_state") else None
 
 
+def _ssd_formula(x: Any, chunk_size: int, **shapes: Any) -> MacCount:
+    """:func:`~flopscope.formulas.kernels.ssd_chunked` (packed sequences, ``seq_idx`` / ``cu_seqlens``, chunk the
+    packed length as one sequence: the kernel's chunks run over it, the states reset at each boundary)."""
+    return ssd_chunked(x, shapes["B"], chunk_size)
+
+
+def _ssd_outputs(named: Named) -> Any:
+    """mamba-ssm's ``mamba_chunk_scan_combined``: ``out`` like x; then the final states ``[B, H, P, N]`` and the
+    packed sequences' final states ``[S, H, P, N]`` (float32) where asked for."""
+    x, b = named["x"], named["B"]
+    batch, _, heads, width = x.shape
+    made = [x.new_empty(x.shape)]
+    if named.get("return_final_states"):
+        made.append(x.new_empty((batch, heads, width, b.shape[-1]), dtype=torch.float32))
+    if named.get("return_varlen_states"):
+        made.append(x.new_empty((named["cu_seqlens"].shape[0] - 1, heads, width, b.shape[-1]), dtype=torch.float32))
+    return made[0] if len(made) == 1 else tuple(made)
+
+
+def _causal_conv_outputs(named: Named) -> Any:
+    """causal-conv1d's ``causal_conv1d_fn``: ``out`` like x ``[B, D, L]``, and the final states ``[B, D, W − 1]``
+    where asked for."""
+    x, weight = named["x"], named["weight"]
+    out = x.new_empty(x.shape)
+    if not named.get("return_final_states"):
+        return out
+    return out, x.new_empty((x.shape[0], x.shape[1], weight.shape[-1] - 1))
+
+
+def _split_conv1d_scan(named: Named) -> Any:
+    """mamba-ssm's fused Mamba-2 layer (``mamba_split_conv1d_scan_combined``, transformers' training path) as the
+    steps it fuses, each recorded where the unfused path records it: ``zxbcdt`` split into the gate ``z``, ``xBC``
+    and ``dt`` (and an MLP's halves ``zx0`` before them, where the layer has one); the causal convolution of ``xBC``
+    (:data:`CAUSAL_CONV`) and its SiLU; the chunked scan (:data:`SSD`); the gated
+    RMSNorm by groups (``norm_before_gate=False``: ``y · silu(z)``, then normalised) or the gate ``y · silu(z)`` in
+    the scan; the output projection in ``out_proj``'s module."""
+    zxbcdt, weight, A, D = named["zxbcdt"], named["conv1d_weight"], named["A"], named["D"]
+    heads = A.shape[0]
+    head_width = D.shape[1] if D.dim() == 2 else named["headdim"]
+    groups, width = named.get("ngroups") or 1, heads * head_width
+    state = (weight.shape[0] - width) // groups // 2
+    mlp = (zxbcdt.shape[-1] - 2 * width - 2 * groups * state - heads) // 2
+    zx0, z, xbc, dt = torch.split(zxbcdt, [2 * mlp, width, width + 2 * groups * state, heads], dim=-1)
+    conv = _recorded(CAUSAL_CONV, {"x": xbc.transpose(1, 2), "weight": weight, "bias": named.get("conv1d_bias")})
+    if named.get("activation") in ("silu", "swish"):
+        conv = torch.nn.functional.silu(conv)
+    x, b, c = torch.split(conv.transpose(1, 2), [width, groups * state, groups * state], dim=-1)
+    batch, length = x.shape[:2]
+    norm = named.get("rmsnorm_weight")
+    gate = z.reshape(batch, length, heads, head_width) if norm is None else None
+    scanned = _function(SSD).apply(
+        x.reshape(batch, length, heads, head_width), dt, A, b.reshape(batch, length, groups, state),
+        c.reshape(batch, length, groups, state), named["chunk_size"], D, gate, named["dt_bias"],
+        named.get("initial_states"), named.get("seq_idx"), None, True, named.get("dt_limit", (0.0, float("inf"))),
+        bool(named.get("return_final_states")), False)
+    y, final = scanned if isinstance(scanned, tuple) else (scanned, None)
+    y = y.reshape(batch, length, width)
+    if norm is not None:
+        y = _gated_rms_norm(y, z, norm, named.get("rmsnorm_eps", 1e-6), width // groups,
+                            named.get("norm_before_gate", True))
+    if mlp:
+        a, g = zx0.chunk(2, dim=-1)
+        y = torch.cat((torch.nn.functional.silu(a) * g, y), dim=-1)
+    projection = named.get("outproj_weight")
+    if projection is not None:
+        y = _in_module(projection, torch.nn.functional.linear, y, projection, named.get("outproj_bias"))
+    return y if final is None else (y, final)
+
+
+def _selective_scan_formula(u: Any, **shapes: Any) -> MacCount:
+    """Mamba's selective scan: each of the ``B · D · L`` outputs reads its ``N``-wide state with C (u ``[B, D, L]``,
+    A ``[D, N]``); discretising and updating the state are elementwise, as on transformers' torch path."""
+    return u[0] * u[1] * u[2] * shapes["A"][-1]
+
+
+def _selective_scan_outputs(named: Named) -> Any:
+    """mamba-ssm's ``selective_scan_fn``: ``out`` like u, and the last state ``[B, D, N]`` where asked for."""
+    u, a = named["u"], named["A"]
+    out = u.new_empty(u.shape)
+    return (out, u.new_empty((*u.shape[:2], a.shape[-1]))) if named.get("return_last_state") else out
+
+
+def _mamba_inner(named: Named) -> torch.Tensor:
+    """mamba-ssm's fused Mamba layer (``mamba_inner_fn``, transformers' training path) as the steps it fuses, each
+    recorded where the unfused path records it: ``xz`` halved into x and the gate z; the causal convolution of x
+    (:data:`CAUSAL_CONV`) and its SiLU; ``x_proj`` (in its module) split into the time step, B and C (each
+    RMS-normalised where weights are given); the time step's projection by ``dt_proj``'s weight (in the layer, as
+    the unfused path multiplies by the weight itself); the selective scan (:data:`SELECTIVE_SCAN`); ``out_proj``
+    (in its module)."""
+    xz, weight, a = named["xz"], named["conv1d_weight"], named["A"]
+    x, z = xz.chunk(2, dim=1)
+    conv = torch.nn.functional.silu(_recorded(CAUSAL_CONV, {"x": x, "weight": weight.squeeze(1),
+                                                            "bias": named.get("conv1d_bias")}))
+    rank, state = named["delta_proj_weight"].shape[1], a.shape[-1]
+    projected = _in_module(named["x_proj_weight"], torch.nn.functional.linear, conv.transpose(1, 2),
+                           named["x_proj_weight"])
+    dt, b, c = torch.split(projected, [rank, state, state], dim=-1)
+    eps = named.get("b_c_dt_rms_eps", 1e-6)
+    b, c, dt = (x if w is None else _rms(x, w, eps) for x, w in ((b, named.get("b_rms_weight")),
+                                                                 (c, named.get("c_rms_weight")),
+                                                                 (dt, named.get("dt_rms_weight"))))
+    delta = named["delta_proj_weight"] @ dt.transpose(1, 2)
+    given_b, given_c = named.get("B"), named.get("C")
+    y = _function(SELECTIVE_SCAN).apply(
+        conv, delta, a, b.transpose(1, 2) if given_b is None else given_b,
+        c.transpose(1, 2) if given_c is None else given_c, named.get("D"), z, named.get("delta_bias"),
+        bool(named.get("delta_softplus", True)), False)
+    return _in_module(named["out_proj_weight"], torch.nn.functional.linear, y.transpose(1, 2),
+                      named["out_proj_weight"], named.get("out_proj_bias"))
+
+
+def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """An RMSNorm over the last dim, in float32 (elementwise work only)."""
+    x32 = x.to(torch.float32)
+    return weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+
+def _in_module(weight: torch.Tensor, function: Callable[..., torch.Tensor], *args: Any) -> torch.Tensor:
+    """``function(*args)`` recorded in a call of the module holding ``weight`` (a fused layer computing a
+    projection with its module's weight, never calling the module)."""
+    recorder = _recorder()
+    if recorder is None:
+        return function(*args)
+    with recorder.tracker.inside(recorder.tracker.holder_of(weight)):
+        return function(*args)
+
+
+def _gated_rms_norm(y: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float, group: int,
+                    before_gate: bool) -> torch.Tensor:
+    """The gated RMSNorm by groups of ``group`` widths, in float32, as transformers' ``MambaRMSNormGated``
+    computes it (``before_gate``: normalised first, then times ``silu(z)``)."""
+    dtype = y.dtype
+    y = y.to(torch.float32)
+    gate = torch.nn.functional.silu(z.to(torch.float32))
+    if not before_gate:
+        y = y * gate
+    grouped = y.view(*y.shape[:-1], -1, group)
+    y = (grouped * torch.rsqrt(grouped.pow(2).mean(-1, keepdim=True) + eps)).view(y.shape)
+    if before_gate:
+        y = y * gate
+    return weight * y.to(dtype)
+
+
+def _recorded(kernel: Kernel, named: Named) -> Any:
+    """``kernel``'s outputs on fake tensors, one record of it (in the module holding its ``module`` parameter, as a
+    catalog entry's call): a step of a fused kernel that its library also calls on its own."""
+    recorder = _recorder()
+    if recorder is None:
+        raise RunError(f"{kernel.name} is recorded only inside a profile")
+    with recorder.suspended():
+        out = kernel.outputs(named)
+    owner = kernel.module(named) if kernel.module is not None else None
+    path = recorder.tracker.holder_of(owner) if isinstance(owner, torch.Tensor) else None
+    recorder.record_kernel(kernel, kernel.spec(), tuple(named.get(name) for name in kernel.arguments), out,
+                           module=path)
+    return out
+
+
 def _no_multiply(**_: Any) -> MacCount:
     """A kernel of elementwise work (a norm, an activation, a rotation): no multiply-accumulate, as its torch path."""
     return 0
@@ -248,7 +406,41 @@ def _like(*names: str) -> Callable[[Named], Any]:
     return outputs
 
 
+CAUSAL_CONV = Kernel("causal_conv1d.causal_conv1d_fn", "causal_conv1d.causal_conv1d_interface.CausalConv1dFn",
+                     ("x", "weight"), causal_conv1d, _causal_conv_outputs, backward=_twice(causal_conv1d),
+                     family=OpFamily.CONV)
+"""causal-conv1d's depthwise causal convolution before 1.5.2 (a Function over a pybind module; from 1.5.2 on it
+calls the ``DaoAILab`` ops, :mod:`flopscope.formulas.kernels`), in the calling module (transformers' mixers call it
+with their ``conv1d``'s weight, as their torch path calls ``F.conv1d``)."""
+
+SSD = Kernel("mamba_ssm.mamba_chunk_scan_combined", "mamba_ssm.ops.triton.ssd_combined.MambaChunkScanCombinedFn",
+             ("x", "dt", "A", "B", "C", "chunk_size", "D", "z", "dt_bias", "initial_states"), _ssd_formula,
+             _ssd_outputs, backward=_twice(_ssd_formula), family=OpFamily.ATTENTION, operands=(4, 3, 0),
+             layout=CHUNKED)
+"""mamba-ssm's chunked scan of Mamba-2 (state space duality), priced as transformers' torch path computes it."""
+
+
+SELECTIVE_SCAN = Kernel("mamba_ssm.selective_scan_fn", "mamba_ssm.ops.selective_scan_interface.SelectiveScanFn",
+                        ("u", "delta", "A", "B", "C"), _selective_scan_formula, _selective_scan_outputs,
+                        backward=_twice(_selective_scan_formula))
+"""mamba-ssm's selective scan of Mamba (a CUDA extension), priced as transformers' torch path computes it."""
+
+
+def _function(kernel: Kernel) -> Any:
+    """The Function class of ``kernel`` (imported already: the fused layer calling it is of the same library)."""
+    module, _, name = kernel.function.rpartition(".")
+    return getattr(importlib.import_module(module), name)
+
+
 CATALOG: list[Kernel] = [
+    SSD,
+    Kernel("mamba_ssm.mamba_split_conv1d_scan_combined",
+           "mamba_ssm.ops.triton.ssd_combined.MambaSplitConv1dScanCombinedFn", (), _no_multiply, _like("zxbcdt"),
+           reference=_split_conv1d_scan),
+    CAUSAL_CONV,
+    SELECTIVE_SCAN,
+    Kernel("mamba_ssm.mamba_inner_fn", "mamba_ssm.ops.selective_scan_interface.MambaInnerFn", (), _no_multiply,
+           _like("xz"), reference=_mamba_inner),
     Kernel("fla.chunk_gated_delta_rule", "fla.ops.gated_delta_rule.chunk.ChunkGatedDeltaRuleFunction",
            ("q", "k", "v", "g", "beta", "initial_state", "cu_seqlens", "chunk_size"), _gated_delta_formula,
            _gated_delta_outputs, backward=_twice(_gated_delta_formula), family=OpFamily.ATTENTION, operands=(0, 1, 2),
@@ -331,13 +523,15 @@ def _wrap(cls: Any, kernel: Kernel) -> None:
         bound.apply_defaults()
         named = dict(list(bound.arguments.items())[1:])
         if recorder.fake and kernel.reference is not None:
-            ctx._flopscope_call = ((), args, True)
-            return kernel.reference(named)  # (recorded op by op, as the torch path it stands for)
+            start = len(recorder.ops)
+            out = kernel.reference(named)  # (recorded op by op, as the torch path it stands for)
+            ctx._flopscope_call = ((), args, True, [op for op in recorder.ops[start:] if op.macs])
+            return out
         with recorder.suspended():
             out = kernel.outputs(named) if recorder.fake else original_forward(ctx, *args, **kwargs)
         differentiated = any(getattr(ctx, "needs_input_grad", ()))
         arguments = tuple(named.get(name) for name in kernel.arguments)
-        ctx._flopscope_call = (arguments, args, recorder.fake)
+        ctx._flopscope_call = (arguments, args, recorder.fake, None)
         owner = kernel.module(named) if kernel.module is not None else None
         path = recorder.tracker.holder_of(owner) if isinstance(owner, torch.Tensor) else None
         op = recorder.record_kernel(kernel, kernel.spec(), arguments, out, differentiated, module=path)
@@ -351,14 +545,18 @@ def _wrap(cls: Any, kernel: Kernel) -> None:
         call = getattr(ctx, "_flopscope_call", None)
         if recorder is None or call is None:
             return original_backward(ctx, *grads)
-        arguments, args, fake = call
+        arguments, args, fake, products = call
         with recorder.suspended():
             if fake:  # (the forward did not run: a gradient of each input's shape, none for the rest)
                 result = tuple(a.new_empty(a.shape) if isinstance(a, torch.Tensor) and a.requires_grad else None
                                for a in args)
             else:
                 result = original_backward(ctx, *grads)
-        if kernel.backward is not None:
+        if products is not None:  # (a reference's products: two gradients of each, docs/conventions.md section 7)
+            for op in products:
+                twice = {part: 2 * macs for part, macs in op.parts.items()} if op.parts else 2 * op.macs
+                recorder.record_kernel(kernel, _constant(twice, kernel), (), None, phase=BACKWARD, forward=op)
+        elif kernel.backward is not None:
             recorder.record_kernel(kernel, kernel.spec(backward=True), tuple(arguments), result)
         return result
 

@@ -16,7 +16,8 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any, NamedTuple
 
 import torch
@@ -63,8 +64,9 @@ class ModuleTracker:
         self._holders = None
 
     def holder_of(self, t: Any) -> str | None:
-        """The path of a module holding ``t`` as a parameter: a ``Linear`` first (a tied ``lm_head``, not the
-        embedding sharing its weight), then the first by path; ``None`` for a tensor no module holds."""
+        """The path of a module holding ``t`` (or the tensor ``t`` views) as a parameter: a ``Linear`` first (a
+        tied ``lm_head``, not the embedding sharing its weight), then the first by path; ``None`` for a tensor no module
+        holds."""
         if self._holders is None:
             self._holders = {}
             for root in self._roots:
@@ -73,6 +75,8 @@ class ModuleTracker:
                         if p is not None:
                             self._holders.setdefault(id(p), []).append((not isinstance(module, nn.Linear), name))
         found = self._holders.get(id(t))
+        if not found and isinstance(t, torch.Tensor) and t._base is not None:  # a view of it (``weight.squeeze(1)``)
+            found = self._holders.get(id(t._base))
         return min(found)[1] if found else None
 
     def call_of(self, path: str, stack: tuple[ModuleCall, ...]) -> tuple[ModuleCall, ...]:
@@ -81,6 +85,21 @@ class ModuleTracker:
         self.calls[path] += 1
         ancestors = tuple(c for c in stack if c.path == "" or path.startswith(c.path + "."))
         return (*ancestors, ModuleCall(path, self.calls[path]))
+
+    @contextmanager
+    def inside(self, path: str | None) -> Iterator[None]:
+        """For the block, ops run in a new call of the module at ``path`` (:meth:`call_of`): a fused kernel's step
+        that is that module's work (Mamba-2's fused scan computes ``out_proj``'s product with its weight); a no-op
+        for ``None`` (a weight no module holds)."""
+        if path is None or not self.stack or self.stack[-1].path == path:
+            yield
+            return
+        saved = self.stack
+        self.stack = self.call_of(path, saved)
+        try:
+            yield
+        finally:
+            self.stack = saved
 
     def __enter__(self) -> ModuleTracker:
         self._thread = threading.get_ident()

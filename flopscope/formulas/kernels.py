@@ -38,6 +38,7 @@ __all__ = [
     'flash_kernel',
     'flash_kernel_backward',
     'gated_delta_rule_chunked',
+    'ssd_chunked',
 ]
 
 
@@ -147,4 +148,27 @@ def gated_delta_rule_chunked(q: Shape, v: Shape, lengths: Sequence[int] | None =
         "attn_kv_state": heads * padded * k_width * v_width,
         "attn_readout": 2 * heads * padded * k_width * v_width,
         "other": heads * (padded * chunk * k_width + chunks * (k_width + v_width) * (chunk * (chunk - 1) // 2)),
+    }
+
+
+def ssd_chunked(x: Shape, b: Shape, chunk: int) -> dict[str, int]:
+    """Mamba-2's state space duality over chunks of ``chunk`` positions (Dao & Gu 2024, "Transformers are SSMs"),
+    priced as its chunked algorithm computes it (transformers' ``mamba2_chunk_scan``, which mamba-ssm's
+    ``mamba_chunk_scan_combined`` replaces on a GPU: one price for the algorithm on every device,
+    ``docs/conventions.md``). ``x [B, T, H, P]``, ``b`` (and C) ``[B, T, G, N]`` (G groups of the heads; B and C are
+    repeated to the H heads); T is padded to T' = N_c · chunk.
+
+    Per head: the in-chunk scores ``C·Bᵀ`` B·T'·chunk·N (``attn_scores``) and their product with the inputs
+    B·T'·chunk·P (``attn_weighted_sum``); the chunk states ``Bᵀ·x`` B·T'·P·N, the passing of states between chunks
+    (the initial state and the N_c chunks' states, each start state a sum over the chunks before it)
+    B·(N_c + 1)²·P·N and the states' read ``C·S`` B·T'·N·P (``other``: an SSM's state is read by no query
+    projection, ``flopscope.attribute.roles``)."""
+    batch, length, heads, width = x[0], x[1], x[2], x[3]
+    state = b[-1]
+    chunks = -(-length // chunk)
+    padded = chunks * chunk
+    return {
+        "attn_scores": batch * heads * padded * chunk * state,
+        "attn_weighted_sum": batch * heads * padded * chunk * width,
+        "other": batch * heads * width * state * (2 * padded + (chunks + 1) ** 2),
     }
