@@ -116,3 +116,37 @@ def test_fla_fused_recurrent_counts_as_the_torch_recurrence():
     assert ours.elementwise() == theirs.elementwise() and sum(ours.elementwise().values()) > 0
     (out, final), (expected, expected_state) = ours.output, theirs.output
     assert out.shape == expected.shape == (B, 1, H, VW) and final.shape == expected_state.shape == (B, H, KW, VW)
+
+
+KIMI = dict(vocab_size=64, pad_token_id=0, bos_token_id=1, eos_token_id=2, hidden_size=32, intermediate_size=64,
+            moe_intermediate_size=16, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
+            kv_lora_rank=8, qk_rope_head_dim=4, v_head_dim=8, qk_nope_head_dim=8, num_local_experts=4,
+            num_experts_per_tok=2, linear_head_dim=8, linear_num_heads=4,
+            layer_types=["linear_attention", "full_attention"], mlp_layer_types=["dense", "dense"])
+
+
+@pytest.mark.parametrize(("tokens", "padded"), [(8, 64), (130, 192)])
+def test_kimi_linear_with_fla_counts_as_on_the_reference_path(tokens, padded, monkeypatch):
+    """Kimi-Linear's KDA through fla's ``chunk_kda`` (chunks of 64): one record, priced as transformers' chunked
+    algorithm (``kda_chunked``): the state's write T'·K·V and two reads per head, the UT transform's products with
+    the values and the decayed keys and the in-chunk scores' product with the corrected values, T'·C·(2V + K). The
+    total and the core's parts are the reference path's. Its q, k, v and o projections are found through the
+    kernel's operands (q_proj ...); the reference path, whose in-chunk scores are elementwise, leaves them other."""
+    kimi = pytest.importorskip("transformers.models.kimi_linear.modeling_kimi_linear")
+    heads, width, chunk, d = 4, 8, 64, 32
+    model = kimi.KimiLinearForCausalLM(kimi.KimiLinearConfig(**KIMI)).eval()
+    ids = torch.randint(0, 64, (1, tokens))
+    ours = profile(model, ids, mode="fake")
+    assert [op.module for op in ours._ops if op.op_name == "fla.chunk_kda"] == ["model.layers.0.self_attn"]
+    monkeypatch.setattr(kimi, "chunk_kimi_delta_attention", kimi.chunk_kimi_delta_attention.__wrapped__)
+    theirs = profile(model, ids, mode="fake")
+    assert ours.total() == theirs.total()
+    block = ours.by_block()["model.layers.0.self_attn"]
+    core = {"attn_kv_state": heads * padded * width * width, "attn_readout": 2 * heads * padded * width * width}
+    assert {role: block[role] for role in core} == core
+    projection = tokens * d * heads * width
+    assert [block[role] for role in ("q_proj", "k_proj", "v_proj", "out_proj")] == [projection] * 4
+    reference = theirs.by_block()["model.layers.0.self_attn"]
+    assert {role: reference[role] for role in core} == core
+    ufunc = heads * padded * chunk * (2 * width + width)
+    assert block["other"] == reference["other"] == ufunc

@@ -30,7 +30,14 @@ from typing import Any
 import torch
 
 from ..errors import RunError
-from ..formulas.kernels import GATED_DELTA_CHUNK, causal_conv1d, gated_delta_rule_chunked, ssd_chunked
+from ..formulas.kernels import (
+    GATED_DELTA_CHUNK,
+    KDA_CHUNK,
+    causal_conv1d,
+    gated_delta_rule_chunked,
+    kda_chunked,
+    ssd_chunked,
+)
 from ..formulas.registry import BNHD, CHUNKED, MacCount, OpFamily, OpSpec, UpperBound
 from .recorder import Recorder
 from .records import BACKWARD
@@ -117,6 +124,18 @@ def _gated_delta_formula(q: Any, k: Any, v: Any, cu_seqlens: Any = None, chunk_s
         return gated_delta_rule_chunked(q, v, [b - a for a, b in itertools.pairwise(starts)], chunk)
     sequences = cu_seqlens[0] - 1
     return UpperBound(gated_delta_rule_chunked(q, v, [q[1] + sequences * (chunk - 1)], chunk))
+
+
+def _kda_formula(q: Any, v: Any, cu_seqlens: Any = None, chunk_size: int | None = None, **_: Any) -> MacCount:
+    """:func:`~flopscope.formulas.kernels.kda_chunked`; packed sequences as :func:`_gated_delta_formula` counts
+    them."""
+    chunk = chunk_size or KDA_CHUNK
+    if cu_seqlens is None:
+        return kda_chunked(q, v, None, chunk)
+    starts = getattr(cu_seqlens, "values", None)
+    if starts is not None:
+        return kda_chunked(q, v, [b - a for a, b in itertools.pairwise(starts)], chunk)
+    return UpperBound(kda_chunked(q, v, [q[1] + (cu_seqlens[0] - 1) * (chunk - 1)], chunk))
 
 
 def _twice(formula: Callable[..., MacCount]) -> Callable[..., MacCount]:
@@ -444,6 +463,10 @@ CATALOG: list[Kernel] = [
     Kernel("fla.chunk_gated_delta_rule", "fla.ops.gated_delta_rule.chunk.ChunkGatedDeltaRuleFunction",
            ("q", "k", "v", "g", "beta", "initial_state", "cu_seqlens", "chunk_size"), _gated_delta_formula,
            _gated_delta_outputs, backward=_twice(_gated_delta_formula), family=OpFamily.ATTENTION, operands=(0, 1, 2),
+           layout=CHUNKED),
+    Kernel("fla.chunk_kda", "fla.ops.kda.chunk.ChunkKDAFunction",
+           ("q", "k", "v", "g", "beta", "initial_state", "cu_seqlens", "chunk_size"), _kda_formula,
+           _gated_delta_outputs, backward=_twice(_kda_formula), family=OpFamily.ATTENTION, operands=(0, 1, 2),
            layout=CHUNKED),
     Kernel("liger.fused_linear_cross_entropy",
            "liger_kernel.ops.fused_linear_cross_entropy.LigerFusedLinearCrossEntropyFunction",

@@ -38,6 +38,7 @@ __all__ = [
     'flash_kernel',
     'flash_kernel_backward',
     'gated_delta_rule_chunked',
+    'kda_chunked',
     'ssd_chunked',
 ]
 
@@ -171,4 +172,30 @@ def ssd_chunked(x: Shape, b: Shape, chunk: int) -> dict[str, int]:
         "attn_scores": batch * heads * padded * chunk * state,
         "attn_weighted_sum": batch * heads * padded * chunk * width,
         "other": batch * heads * width * state * (2 * padded + (chunks + 1) ** 2),
+    }
+
+
+KDA_CHUNK = 64
+"""The chunk length of Kimi Delta Attention, as transformers' reference and fla's ``chunk_kda`` chunk it."""
+
+
+def kda_chunked(q: Shape, v: Shape, lengths: Sequence[int] | None = None, chunk: int = KDA_CHUNK) -> dict[str, int]:
+    """Kimi Delta Attention over chunks of ``chunk`` positions (the gated delta rule with a decay per key channel),
+    priced as its chunked algorithm computes it (transformers' ``chunk_kimi_delta_attention``, which fla's
+    ``chunk_kda`` replaces on a GPU: one price for the algorithm on every device, ``docs/conventions.md``).
+    ``q [B, T, h, K]``, ``v [B, T, h, V]``; ``lengths``: the sequences packed in ``T``, each padded to whole chunks.
+
+    Per head and padded position (T' positions): the state's write ``kᵀ·v_new`` T'·K·V (``attn_kv_state``), its two
+    reads ``q·S`` and ``k_cumdecay·S`` 2·T'·K·V (``attn_readout``); the UT transform's products with the values and
+    the decayed keys T'·C·(V + K) and the in-chunk scores' product with the corrected values T'·C·V (``other``: the
+    in-chunk scores themselves, decayed per channel, are elementwise products summed, as the torch path computes
+    them)."""
+    batch, length, k_width = q[0], q[1], q[-1]
+    heads, v_width = v[-2], v[-1]
+    sequences = list(lengths) if lengths is not None else [length] * batch
+    padded = sum(-(-n // chunk) * chunk for n in sequences)
+    return {
+        "attn_kv_state": heads * padded * k_width * v_width,
+        "attn_readout": 2 * heads * padded * k_width * v_width,
+        "other": heads * padded * chunk * (2 * v_width + k_width),
     }
