@@ -8,6 +8,8 @@ its own schema. Skipped where no CUDA device is present. Expected numbers are cl
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 import torch
 from torch import nn
@@ -172,3 +174,80 @@ class _ReadsAValue(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.inner(x)
         return y if y.sum().item() > 0 else -y  # a value read: fake tensors cannot say which branch
+
+
+# --------------------------------------------------------------------------------------------------
+# the kernels production GPUs run (issue 32): a real run on the GPU counts what a fake run on the CPU counts
+
+
+def gpu_and_cpu(make: Callable[[], nn.Module], ids: torch.Tensor, backward: bool = False, labels: bool = False
+                ) -> tuple[flopscope.Profile, flopscope.Profile]:
+    """The model counted by a real run on the GPU (the production kernels launched) and on fake tensors on the CPU
+    (the same kernels, recorded without running); ``labels``: the ids are the labels too (the model's loss)."""
+    torch.manual_seed(0)
+    model = make()
+    profiles = []
+    for device, dtype, mode in (("cuda", torch.bfloat16, "real"), ("cpu", torch.float32, "fake")):
+        batch = ids.to(device)
+        with torch.set_grad_enabled(backward):
+            profiles.append(flopscope.profile(model.to(device, dtype), input_ids=batch, mode=mode, backward=backward,
+                                              **({"labels": batch} if labels else {})))
+    gpu, cpu = profiles
+    assert gpu.unsupported() == {} and cpu.unsupported() == {}
+    return gpu, cpu
+
+
+@pytest.mark.parametrize("backward", [False, True], ids=["inference", "training"])
+def test_llama_with_flash_attention_2_counts_as_with_sdpa(backward):
+    pytest.importorskip("flash_attn")
+
+    def make() -> nn.Module:
+        model = llama()
+        model.config._attn_implementation = "flash_attention_2"
+        return model.train(backward)
+
+    gpu, cpu = gpu_and_cpu(make, torch.randint(0, V, (B, n)), backward)
+    assert any(name.startswith("flash_attn") for name in gpu.by_op())
+    expected = add(times(L, add(attention(B, n, n, d, h), ffn(B, n, d, d_ff, gated=True))), {"logits": B * n * d * V})
+    assert nonzero(gpu.by_role(phase="forward")) == expected
+    assert gpu.by_role() == cpu.by_role()
+
+
+def test_qwen3_next_with_fla_counts_on_the_gpu_as_on_the_cpu():
+    pytest.importorskip("fla")
+    config = transformers.Qwen3NextConfig(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
+        linear_value_head_dim=32, linear_conv_kernel_dim=4, layer_types=["linear_attention", "full_attention"],
+        num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=32,
+        vocab_size=100)
+    gpu, cpu = gpu_and_cpu(lambda: transformers.Qwen3NextForCausalLM(config).eval(), torch.randint(0, 100, (B, 100)))
+    assert gpu.op_calls().get("fla.chunk_gated_delta_rule") == 1
+    assert gpu.by_block() == cpu.by_block()
+
+
+@pytest.mark.parametrize("backward", [False, True], ids=["inference", "training"])
+def test_mamba2_with_mamba_ssm_counts_on_the_gpu_as_on_the_cpu(backward):
+    pytest.importorskip("mamba_ssm")
+    config = transformers.Mamba2Config(hidden_size=64, num_heads=8, head_dim=16, state_size=16, n_groups=2,
+                                       num_hidden_layers=1, vocab_size=100, chunk_size=8, expand=2)
+    gpu, cpu = gpu_and_cpu(lambda: transformers.Mamba2ForCausalLM(config).train(backward),
+                           torch.randint(0, 100, (B, 20)), backward)
+    assert any(name.startswith("mamba_ssm.") for name in gpu.op_calls())
+    assert gpu.by_role() == cpu.by_role() and gpu.by_phase() == cpu.by_phase()
+
+
+def test_a_liger_training_step_counts_on_the_gpu_as_on_the_cpu(monkeypatch):
+    """Liger's fused linear cross-entropy on a Llama: the lm_head's product and its two gradients (3·N·d·V at
+    ``lm_head``), the same per phase and role on the GPU as on the CPU."""
+    liger = pytest.importorskip("liger_kernel.transformers")
+    from transformers.models.llama import modeling_llama
+
+    llama_class = modeling_llama.LlamaForCausalLM
+    monkeypatch.setattr(llama_class, "forward", llama_class.forward)  # (put back after the test)
+    liger.apply_liger_kernel_to_llama(rope=False, swiglu=False, rms_norm=False, cross_entropy=False,
+                                      fused_linear_cross_entropy=True)
+    gpu, cpu = gpu_and_cpu(lambda: llama().train(), torch.randint(0, V, (B, n)), backward=True, labels=True)
+    assert gpu.op_calls().get("liger.fused_linear_cross_entropy")
+    assert gpu.by_phase() == cpu.by_phase() and gpu.by_role() == cpu.by_role()
+    assert gpu.by_module()["lm_head"] == 3 * B * n * d * V
