@@ -20,6 +20,8 @@ from flopscope.formulas import gated_delta_rule_chunked
 
 fla = pytest.importorskip("fla", reason="flash-linear-attention is installed in the matrix's kernels cell")
 from fla.ops.gated_delta_rule import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule  # noqa: E402
+from fla.ops.gla import chunk_gla  # noqa: E402
+from fla.ops.simple_gla import chunk_simple_gla  # noqa: E402
 from transformers import Qwen3NextConfig, Qwen3NextModel  # noqa: E402
 from transformers.models.qwen3_next import modeling_qwen3_next  # noqa: E402
 
@@ -150,3 +152,32 @@ def test_kimi_linear_with_fla_counts_as_on_the_reference_path(tokens, padded, mo
     assert {role: reference[role] for role in core} == core
     ufunc = heads * padded * chunk * (2 * width + width)
     assert block["other"] == reference["other"] == ufunc
+
+
+class Gated(nn.Module):
+    def __init__(self, function) -> None:
+        super().__init__()
+        self.function = function
+
+    def forward(self, q, k, v, g):
+        return self.function(q, k, v, g, output_final_state=True)
+
+
+@pytest.mark.parametrize("device", ["cpu", "meta"])
+@pytest.mark.parametrize(("function", "name", "per_channel"), [(chunk_gla, "fla.chunk_gla", True),
+                                                                (chunk_simple_gla, "fla.chunk_simple_gla", False)])
+def test_gated_linear_attention_is_one_record_priced_as_its_chunks(function, name, per_channel, device):
+    """fla's GLA (a decay per key channel) and simple GLA (one per head) over 100 tokens, in chunks of 64 (padded
+    to 128): per head the in-chunk scores q·kᵀ 128·64·K and their product with v 128·64·V, the state's read q·S and
+    write kᵀ·v, 128·K·V each."""
+    q, k = torch.randn(B, T, H, KW, device=device), torch.randn(B, T, H, KW, device=device)
+    v = torch.randn(B, T, H, VW, device=device)
+    g = -torch.rand(B, T, H, KW, device=device) if per_channel else -torch.rand(B, T, H, device=device)
+    prof = profile(Gated(function), q, k, v, g)
+    padded, chunk = 128, 64
+    assert prof.by_role() == {
+        "attn_scores": B * H * padded * chunk * KW, "attn_weighted_sum": B * H * padded * chunk * VW,
+        "attn_kv_state": B * H * padded * KW * VW, "attn_readout": B * H * padded * KW * VW}
+    assert [op.op_name for op in prof._ops if op.macs] == [name]
+    out, state = prof.output
+    assert tuple(out.shape) == (B, T, H, VW) and tuple(state.shape) == (B, H, KW, VW)

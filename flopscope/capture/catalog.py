@@ -36,6 +36,7 @@ from ..formulas.kernels import (
     causal_conv1d,
     gated_delta_rule_chunked,
     kda_chunked,
+    linear_attention_chunked,
     ssd_chunked,
 )
 from ..formulas.registry import BNHD, CHUNKED, MacCount, OpFamily, OpSpec, UpperBound
@@ -112,30 +113,32 @@ def _gated_delta_outputs(named: Named) -> tuple[torch.Tensor, torch.Tensor | Non
     return out, q.new_empty((sequences, v.shape[-2], *widths), dtype=torch.float32)
 
 
-def _gated_delta_formula(q: Any, k: Any, v: Any, cu_seqlens: Any = None, chunk_size: int | None = None,
-                         **_: Any) -> MacCount:
-    """:func:`~flopscope.formulas.kernels.gated_delta_rule_chunked`; packed sequences by their offsets' values,
-    where known, else an upper bound (each of the b sequences padded by at most C − 1 positions)."""
-    chunk = chunk_size or GATED_DELTA_CHUNK
-    if cu_seqlens is None:
-        return gated_delta_rule_chunked(q, v, None, chunk)
-    starts = getattr(cu_seqlens, "values", None)
-    if starts is not None:
-        return gated_delta_rule_chunked(q, v, [b - a for a, b in itertools.pairwise(starts)], chunk)
-    sequences = cu_seqlens[0] - 1
-    return UpperBound(gated_delta_rule_chunked(q, v, [q[1] + sequences * (chunk - 1)], chunk))
+def _by_sequence(algorithm: Callable[..., dict[str, int]], chunk_of: Callable[[Any], int]
+                 ) -> Callable[..., MacCount]:
+    """A chunked algorithm's formula from a kernel's q and v (``algorithm(q, v, lengths, chunk)``), its chunk given
+    (``chunk_size``) or ``chunk_of(q)``; packed sequences by their offsets' values where known, else an upper bound
+    (each of the b sequences padded by at most C − 1 positions)."""
+    def formula(q: Any, v: Any, cu_seqlens: Any = None, chunk_size: int | None = None, **_: Any) -> MacCount:
+        chunk = chunk_size or chunk_of(q)
+        if cu_seqlens is None:
+            return algorithm(q, v, None, chunk)
+        starts = getattr(cu_seqlens, "values", None)
+        if starts is not None:
+            return algorithm(q, v, [b - a for a, b in itertools.pairwise(starts)], chunk)
+        return UpperBound(algorithm(q, v, [q[1] + (cu_seqlens[0] - 1) * (chunk - 1)], chunk))
+
+    return formula
 
 
-def _kda_formula(q: Any, v: Any, cu_seqlens: Any = None, chunk_size: int | None = None, **_: Any) -> MacCount:
-    """:func:`~flopscope.formulas.kernels.kda_chunked`; packed sequences as :func:`_gated_delta_formula` counts
-    them."""
-    chunk = chunk_size or KDA_CHUNK
-    if cu_seqlens is None:
-        return kda_chunked(q, v, None, chunk)
-    starts = getattr(cu_seqlens, "values", None)
-    if starts is not None:
-        return kda_chunked(q, v, [b - a for a, b in itertools.pairwise(starts)], chunk)
-    return UpperBound(kda_chunked(q, v, [q[1] + (cu_seqlens[0] - 1) * (chunk - 1)], chunk))
+def _gla_chunk(q: Any) -> int:
+    """fla's chunk for GLA: the sequence's length to the next power of two, within 16 to 64."""
+    return min(64, max(16, 1 << max(0, q[1] - 1).bit_length()))
+
+
+_gated_delta_formula = _by_sequence(gated_delta_rule_chunked, lambda _: GATED_DELTA_CHUNK)
+_kda_formula = _by_sequence(kda_chunked, lambda _: KDA_CHUNK)
+_gla_formula = _by_sequence(linear_attention_chunked, _gla_chunk)
+_simple_gla_formula = _by_sequence(linear_attention_chunked, lambda _: 64)
 
 
 def _twice(formula: Callable[..., MacCount]) -> Callable[..., MacCount]:
@@ -467,6 +470,13 @@ CATALOG: list[Kernel] = [
     Kernel("fla.chunk_kda", "fla.ops.kda.chunk.ChunkKDAFunction",
            ("q", "k", "v", "g", "beta", "initial_state", "cu_seqlens", "chunk_size"), _kda_formula,
            _gated_delta_outputs, backward=_twice(_kda_formula), family=OpFamily.ATTENTION, operands=(0, 1, 2),
+           layout=CHUNKED),
+    Kernel("fla.chunk_gla", "fla.ops.gla.chunk.ChunkGLAFunction", ("q", "k", "v", "g", "initial_state", "cu_seqlens"),
+           _gla_formula, _gated_delta_outputs, backward=_twice(_gla_formula), family=OpFamily.ATTENTION,
+           operands=(0, 1, 2), layout=CHUNKED),
+    Kernel("fla.chunk_simple_gla", "fla.ops.simple_gla.chunk.ChunkSimpleGLAFunction",
+           ("q", "k", "v", "g", "initial_state", "cu_seqlens", "chunk_size"), _simple_gla_formula,
+           _gated_delta_outputs, backward=_twice(_simple_gla_formula), family=OpFamily.ATTENTION, operands=(0, 1, 2),
            layout=CHUNKED),
     Kernel("liger.fused_linear_cross_entropy",
            "liger_kernel.ops.fused_linear_cross_entropy.LigerFusedLinearCrossEntropyFunction",

@@ -39,6 +39,7 @@ __all__ = [
     'flash_kernel_backward',
     'gated_delta_rule_chunked',
     'kda_chunked',
+    'linear_attention_chunked',
     'ssd_chunked',
 ]
 
@@ -198,4 +199,25 @@ def kda_chunked(q: Shape, v: Shape, lengths: Sequence[int] | None = None, chunk:
         "attn_kv_state": heads * padded * k_width * v_width,
         "attn_readout": 2 * heads * padded * k_width * v_width,
         "other": heads * padded * chunk * (2 * v_width + k_width),
+    }
+
+
+def linear_attention_chunked(q: Shape, v: Shape, lengths: Sequence[int] | None = None, chunk: int = 64
+                             ) -> dict[str, int]:
+    """Gated linear attention over chunks of ``chunk`` positions (GLA, Yang et al. 2023; simple GLA / RetNet's scalar
+    decay), as fla's chunked kernels compute it: per chunk the decayed in-chunk scores ``q·kᵀ`` and their product with
+    the values, then the state's read ``q·S`` and its write ``kᵀ·v``. ``q [B, T, h, K]``, ``v [B, T, h, V]``;
+    ``lengths``: the sequences packed in ``T``, each padded to whole chunks.
+
+    Per head and padded position (T' positions): ``attn_scores`` T'·C·K, ``attn_weighted_sum`` T'·C·V,
+    ``attn_readout`` T'·K·V, ``attn_kv_state`` T'·K·V."""
+    batch, length, k_width = q[0], q[1], q[-1]
+    heads, v_width = v[-2], v[-1]
+    sequences = list(lengths) if lengths is not None else [length] * batch
+    padded = sum(-(-n // chunk) * chunk for n in sequences)
+    return {
+        "attn_scores": heads * padded * chunk * k_width,
+        "attn_weighted_sum": heads * padded * chunk * v_width,
+        "attn_kv_state": heads * padded * k_width * v_width,
+        "attn_readout": heads * padded * k_width * v_width,
     }
