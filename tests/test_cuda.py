@@ -251,3 +251,20 @@ def test_a_liger_training_step_counts_on_the_gpu_as_on_the_cpu(monkeypatch):
     assert gpu.op_calls().get("liger.fused_linear_cross_entropy")
     assert gpu.by_phase() == cpu.by_phase() and gpu.by_role() == cpu.by_role()
     assert gpu.by_module()["lm_head"] == 3 * B * n * d * V
+
+
+def test_mamba2_decoding_with_mamba_ssm_counts_each_step_at_its_launch():
+    """mamba-ssm's ``selective_state_update`` (a plain function launching a Triton kernel, bound by transformers):
+    one record per decoding step at the launch, B·H·P·N (the state's read by C), nothing unpriced."""
+    pytest.importorskip("mamba_ssm")
+    from flopscope.decoding import greedy_decode
+
+    config = transformers.Mamba2Config(hidden_size=64, num_heads=8, head_dim=16, state_size=16, n_groups=2,
+                                       num_hidden_layers=1, vocab_size=100, chunk_size=8, expand=2)
+    model = transformers.Mamba2ForCausalLM(config).to("cuda", torch.bfloat16).eval()
+    with torch.no_grad(), flopscope.profiler(model, mode="real") as recording:
+        greedy_decode(model, torch.randint(0, 100, (B, 20), device="cuda"), 3)
+    prof = recording.result
+    steps = [op for op in prof._ops if op.op_name == "mamba_ssm.selective_state_update"]
+    assert [op.macs for op in steps] == [B * 8 * 16 * 16] * 2
+    assert prof.unsupported() == {}

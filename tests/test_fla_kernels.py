@@ -181,3 +181,32 @@ def test_gated_linear_attention_is_one_record_priced_as_its_chunks(function, nam
     assert [op.op_name for op in prof._ops if op.macs] == [name]
     out, state = prof.output
     assert tuple(out.shape) == (B, T, H, VW) and tuple(state.shape) == (B, H, KW, VW)
+
+
+def test_kimi_linear_decoding_with_fla_counts_as_on_the_reference_path(monkeypatch):
+    """Greedy decoding of two tokens: the prefill through ``chunk_kda``, each step through ``fused_recurrent_kda``, a
+    plain function launching its Triton kernel (counted at the launch, ``flopscope.capture.launches``: one record per
+    step, 0 MACs, its state products being elementwise as on the reference recurrence). The same total and core as
+    the reference path (the projections' roles differ as in the prefill, above); nothing unpriced."""
+    kimi = pytest.importorskip("transformers.models.kimi_linear.modeling_kimi_linear")
+    from flopscope.decoding import greedy_decode
+
+    model = kimi.KimiLinearForCausalLM(kimi.KimiLinearConfig(**KIMI)).eval()
+    ids = torch.randint(0, 64, (1, 8))
+
+    def decode() -> flopscope.Profile:
+        with torch.no_grad(), warnings.catch_warnings(), flopscope.profiler(model, mode="fake") as recording:
+            warnings.simplefilter("ignore")
+            greedy_decode(model, ids, 2)
+        return recording.result
+
+    ours = decode()
+    assert ours.op_calls()["fla.fused_recurrent_kda"] == 1 and ours.unsupported() == {}
+    for name in ("chunk_kimi_delta_attention", "recurrent_kimi_delta_attention"):
+        monkeypatch.setattr(kimi, name, getattr(kimi, name).__wrapped__)
+    theirs = decode()
+    assert "fla.fused_recurrent_kda" not in theirs.op_calls()
+    assert ours.total() == theirs.total()
+    mine, reference = ours.by_role(), theirs.by_role()
+    assert [mine[role] for role in ("attn_kv_state", "attn_readout", "conv", "logits")] == [
+        reference[role] for role in ("attn_kv_state", "attn_readout", "conv", "logits")]

@@ -63,7 +63,8 @@ CELLS = {
                     "because transformers binds fla's kernels for every Qwen3-Next of the suite once fla is installed "
                     "(and mamba-ssm's for every Mamba)",
                     extra=("fla-core[cpu]==0.6.0", "liger-kernel==0.8.5", "packaging", "einops"),
-                    tests=("tests/test_fla_kernels.py", "tests/test_liger_kernels.py", "tests/test_mamba_kernels.py"),
+                    tests=("tests/test_fla_kernels.py", "tests/test_liger_kernels.py", "tests/test_mamba_kernels.py",
+                           "tests/test_triton_launches.py"),
                     built=("mamba-ssm==2.3.2.post1",)),
 }
 COUNTS = re.compile(r"(\d+) (passed|failed|skipped|errors?|xfailed|xpassed)")

@@ -9,6 +9,7 @@
   the dispatcher; ``compiled``: compiled and exported models; ``checks``: validators of flopscope's arguments;
 - ``replay``: a repeated call replayed from an earlier call's records where they are provably the same;
 - ``catalog``: kernels launched outside the dispatcher (Triton, pybind), counted at their ``autograd.Function``;
+  ``launches``: Triton kernels launched from plain functions, counted (or listed by name) at the launch;
   ``scoped_patch``: a patch held while any thread needs it, with each thread's own values (what both wrap).
 
 May import: ``flopscope.formulas`` and the vocabulary (``errors``, ``enums``, ``role``, ``conventions``); never

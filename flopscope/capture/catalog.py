@@ -40,6 +40,7 @@ from ..formulas.kernels import (
     ssd_chunked,
 )
 from ..formulas.registry import BNHD, CHUNKED, MacCount, OpFamily, OpSpec, UpperBound
+from . import launches
 from .recorder import Recorder
 from .records import BACKWARD
 from .scoped_patch import ScopedPatch
@@ -76,10 +77,16 @@ class Kernel:
     # backward phase, as gradients of the forward's record
     reference: Callable[[Named], Any] | None = None  # on fake tensors, the torch computation it stands for, run and
     # recorded in its place (an elementwise kernel: the same ops, so the role passes see the same dataflow)
+    writes: tuple[str, ...] = ()  # a Triton launch's (``function = "triton:<name>"``, flopscope.capture.launches)
+    # arguments it writes
     _specs: dict[str, OpSpec] = field(default_factory=dict, repr=False)
 
     def __str__(self) -> str:
         return self.name
+
+    @property
+    def __name__(self) -> str:  # (as fx prints a call's target)
+        return self.name.rpartition(".")[2]
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:  # (an fx node's target is callable; a record is not run)
         raise RunError(f"{self.name} is a catalog kernel's record: it is counted, not run again")
@@ -454,8 +461,21 @@ def _function(kernel: Kernel) -> Any:
     return getattr(importlib.import_module(module), name)
 
 
+def _state_update_formula(batch: int, nheads: int, dim: int, dstate: int, **_: Any) -> MacCount:
+    """mamba-ssm's decoding step (``selective_state_update``): each head's ``dim`` outputs read its ``dim × dstate``
+    state with C, ``batch · nheads · dim · dstate`` (transformers' torch path: one ``bmm``); the state's update is
+    elementwise."""
+    return batch * nheads * dim * dstate
+
+
 CATALOG: list[Kernel] = [
     SSD,
+    # Triton kernels launched from plain functions (flopscope.capture.launches), by the @triton.jit function's name
+    Kernel("mamba_ssm.selective_state_update", launches.PREFIX + "_selective_scan_update_kernel",
+           ("x_ptr", "B_ptr", "C_ptr", "batch", "nheads", "dim", "dstate"), _state_update_formula, _like("x_ptr"),
+           writes=("state_ptr", "out_ptr")),
+    Kernel("fla.fused_recurrent_kda", launches.PREFIX + "fused_recurrent_kda_fwd_kernel", ("q", "k", "v", "g", "beta"),
+           _no_multiply, _like("v"), writes=("o", "ht")),
     Kernel("mamba_ssm.mamba_split_conv1d_scan_combined",
            "mamba_ssm.ops.triton.ssd_combined.MambaSplitConv1dScanCombinedFn", (), _no_multiply, _like("zxbcdt"),
            reference=_split_conv1d_scan),
@@ -502,15 +522,23 @@ _wrapped: dict[Any, tuple[Any, Any]] = {}  # Function class -> its original forw
 
 def _wrap_loaded() -> None:
     for kernel in list(CATALOG):
-        cls = _loaded(kernel.function)
+        cls = None if kernel.function.startswith(launches.PREFIX) else _loaded(kernel.function)
         if cls is not None and cls not in _wrapped:
             _wrap(cls, kernel)
+    launches.install(_launch_entry, _recorder)
 
 
 def _unwrap() -> None:
     for cls, (forward, backward) in _wrapped.items():
         cls.forward, cls.backward = forward, backward
     _wrapped.clear()
+    launches.uninstall()
+
+
+def _launch_entry(name: str) -> Kernel | None:
+    """The catalog's entry for the Triton kernel ``name`` (the last registered)."""
+    function = launches.PREFIX + name
+    return next((kernel for kernel in reversed(CATALOG) if kernel.function == function), None)
 
 
 _PATCH = ScopedPatch(_wrap_loaded, _unwrap)

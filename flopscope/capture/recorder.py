@@ -335,16 +335,23 @@ class Recorder(TorchDispatchMode):
         finally:
             self._suspended -= 1
 
-    def record_kernel(self, target: Any, spec: OpSpec, args: tuple[Any, ...], out: Any,
+    @property
+    def recording(self) -> bool:
+        """Whether ops run now are recorded (not the insides of a catalog kernel, whose record covers them)."""
+        return not self._suspended
+
+    def record_kernel(self, target: Any, spec: OpSpec | None, args: tuple[Any, ...], out: Any,
                       differentiated: bool = False, *, module: str | None = None, phase: str | None = None,
-                      forward: CapturedOp | None = None) -> CapturedOp | None:
+                      forward: CapturedOp | None = None, writes: Sequence[torch.Tensor] = ()) -> CapturedOp | None:
         """One record for a call of a kernel that runs outside the dispatcher (:mod:`flopscope.capture.catalog`):
         ``target`` names it, ``args`` are its arguments (tensors among them, as ``spec``'s formula takes them), ``out``
         what it returned (its tensors get this record as their producer); ``differentiated``: a forward whose
         ``autograd.Function`` node will run a backward (its backward's record belongs to this one); ``module``: the
         path of the module whose work it is, when that module was not called (a new call of it is made); ``phase``
         and ``forward``: a record of another phase than the run's (gradients a forward call computes are the
-        backward's, of ``forward``). ``None`` outside the model's module calls."""
+        backward's, of ``forward``); ``writes``: tensors it wrote in place (a Triton kernel's output buffers: what
+        reads them reads this record's work). ``spec=None``: a kernel without a formula, listed by
+        :attr:`unsupported` under its name. ``None`` outside the model's module calls."""
         stack, forward_op = self.tracker.stack, None
         if self._backward and not stack:
             forward_op = self._forward_op()
@@ -355,8 +362,12 @@ class Recorder(TorchDispatchMode):
             stack = forward.module_stack  # (the gradients of a forward record: in its module call)
         elif module is not None and stack[-1].path != module and not self._backward:
             stack = self.tracker.call_of(module, stack)
-        known = _OpClass(Cost.FORMULA, spec=spec, name=str(target).rpartition(".")[2])
+        name = str(target).rpartition(".")[2]
+        known = _OpClass(Cost.FORMULA, spec=spec, name=name) if spec is not None else _OpClass(Cost.UNSUPPORTED,
+                                                                                               name=name)
         op = self._record(target, args, {}, out, stack, known)
+        for t in writes:
+            self._wrote(t, op)
         if phase is not None:
             op.phase, op.forward = phase, forward
         elif self._backward:
@@ -665,13 +676,17 @@ class Recorder(TorchDispatchMode):
         if not isinstance(func, torch._ops.OpOverload):
             return
         for t in self._written_tensors(func, args, kwargs):
-            storage = storage_of(t)
-            self._last_write[storage] = (len(self.ops), op)
-            if self._unwritten:
-                self._unwritten.pop(storage, None)
-            for window in self.windows:
-                if storage not in window.storages:
-                    window.outside_writes += 1
+            self._wrote(t, op)
+
+    def _wrote(self, t: torch.Tensor, op: CapturedOp) -> None:
+        """``op`` wrote ``t``'s storage: its last write."""
+        storage = storage_of(t)
+        self._last_write[storage] = (len(self.ops), op)
+        if self._unwritten:
+            self._unwritten.pop(storage, None)
+        for window in self.windows:
+            if storage not in window.storages:
+                window.outside_writes += 1
 
     def _current(self, t: torch.Tensor, producer: CapturedOp) -> CapturedOp:
         """The record of ``t``'s value now: ``producer``, or a version record (:func:`after_write`) when an op
