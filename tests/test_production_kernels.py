@@ -1,6 +1,6 @@
 """The kernels production GPUs run, counted on a CPU: stand-in custom ops with the real libraries' names, schemas and
-fake implementations (flash-attn 2's and 3's ``torch.library`` ops, a Hub kernel's hashed namespace, causal-conv1d's
-``DaoAILab`` ops), profiled against closed forms and against the torch reference path of the same block."""
+fake implementations (flash-attn 2's and 3's ``torch.library`` ops, a Hub kernel's hashed namespace, xFormers' flash
+ops, causal-conv1d's ``DaoAILab`` ops), profiled against closed forms and against the torch reference path of the same block."""
 
 from __future__ import annotations
 
@@ -46,6 +46,15 @@ SCHEMAS = {
         "(Tensor(a!) q, Tensor k, Tensor v, Tensor(b!)? out_, Tensor? alibi_slopes_, float p_dropout, "
         "float softmax_scale, bool is_causal, int window_size_left, int window_size_right, float softcap, "
         "bool return_softmax, Generator? gen_) -> Tensor[]",
+    "xformers_flash::flash_fwd":
+        "(Tensor query, Tensor key, Tensor value, Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, Tensor? seqused_k, "
+        "SymInt max_seqlen_q, SymInt max_seqlen_k, float p, float softmax_scale, bool is_causal, SymInt window_left, "
+        "SymInt window_right, bool return_softmax, Tensor? block_tables) -> (Tensor, Tensor, Tensor)",
+    "xformers_flash::flash_bwd":
+        "(bool grads_share_storage, Tensor grad, Tensor query, Tensor key, Tensor value, Tensor out, Tensor lse, "
+        "Tensor cu_seqlens_q, Tensor cu_seqlens_k, SymInt max_seqlen_q, SymInt max_seqlen_k, float p, "
+        "float softmax_scale, bool is_causal, SymInt window_left, SymInt window_right, Tensor rng_state) "
+        "-> (Tensor, Tensor, Tensor)",
     "DaoAILab::_causal_conv1d_fwd_cpp":
         "(Tensor x, Tensor weight, Tensor? bias, Tensor? seq_idx, Tensor? initial_states, Tensor(a!) out, "
         "Tensor(b!)? final_states_out, bool silu_activation) -> ()",
@@ -65,6 +74,9 @@ IMPLEMENTATIONS = {  # each op's outputs (the same for the CPU kernel and the fa
     "flash_attn_3::_flash_attn_forward": lambda q, k, v, *a, **kw: _attention_outputs(q, v),
     "_flash_attn_2b4ec51_dirty::fwd": lambda q, k, v, *a: list(_attention_outputs(q, v)),
     "DaoAILab::_causal_conv1d_fwd_cpp": lambda *a: None,
+    "xformers_flash::flash_fwd": lambda q, k, v, *a: _attention_outputs(q, v)[:3],
+    "xformers_flash::flash_bwd": lambda share, grad, q, k, v, *a: (q.new_empty(q.shape), k.new_empty(k.shape),
+                                                                    v.new_empty(v.shape)),
 }
 _LIBRARIES = []
 
@@ -87,7 +99,8 @@ ops = torch.ops
 
 class FlashBlock(nn.Module):
     """A self-attention block whose core is one kernel: ``"sdpa"`` (the torch reference path a CPU runs),
-    ``"flash"`` (flash-attn 2's op), ``"flash3"`` (3's), ``"hub"`` (a Hub kernel's)."""
+    ``"flash"`` (flash-attn 2's op), ``"flash3"`` (3's), ``"hub"`` (a Hub kernel's), ``"xformers"`` (xFormers'
+    flash op)."""
 
     def __init__(self, kernel: str, causal: bool = True) -> None:
         super().__init__()
@@ -105,6 +118,9 @@ class FlashBlock(nn.Module):
             out = ops.flash_attn._flash_attn_forward(q, k, v, 0.0, scale, self.causal, -1, -1, 0.0, None, False)[0]
         elif self.kernel == "flash3":
             out = ops.flash_attn_3._flash_attn_forward(q, k, v, softmax_scale=scale, causal=self.causal)[0]
+        elif self.kernel == "xformers":
+            out = ops.xformers_flash.flash_fwd(q, k, v, None, None, None, n, n, 0.0, scale, self.causal, -1, -1,
+                                               False, None)[0]
         else:
             out = ops._flash_attn_2b4ec51_dirty.fwd(q, k, v, None, None, 0.0, scale, self.causal, -1, -1, 0.0,
                                                     False, None)[0]
@@ -135,7 +151,7 @@ counted: docs/conventions.md section 5)."""
 def test_flash_attention_ops_count_as_the_torch_reference_path():
     """Every kernel of one block counts the same, total and roles, on fake tensors and on meta; the "causal"
     convention reads the flash ops' ``causal`` / ``is_causal`` as it reads SDPA's ``is_causal``: B·H·(N²/2)·D."""
-    for kernel in ("sdpa", "flash", "flash3", "hub"):
+    for kernel in ("sdpa", "flash", "flash3", "hub", "xformers"):
         for device in ("cpu", "meta"):
             with torch.device(device):
                 block = FlashBlock(kernel)
@@ -230,3 +246,29 @@ def test_one_unpadded_sequence_pairs_every_query_with_every_key():
     assert flash_pairs(q, k) == (12 * 20, True)
     assert attention_bnhd(q, k, (20, 2, D), None, None, 0, 0) == {"attn_scores": H * 12 * 20 * D,
                                                                   "attn_weighted_sum": H * 12 * 20 * D}
+
+
+def test_xformers_flash_backward_and_its_sliding_window():
+    """xFormers' backward op (its q, k, v after ``grads_share_storage`` and ``grad``): 3x the scores, 2x the weighted
+    sum; its forward's ``window_left`` is read as FlashAttention's ``window_size_left``: with W = 8 keys, the "mask"
+    convention prices W·N − W(W−1)/2 pairs per head."""
+
+    class Backward(nn.Module):
+        def forward(self, grad, q, k, v, out, lse, cu, rng):
+            return ops.xformers_flash.flash_bwd(False, grad, q, k, v, out, lse, cu, cu, N, N, 0.0, D ** -0.5, True,
+                                                -1, -1, rng)[0]
+
+    q, k, v, grad, out = (torch.randn(B, N, H, D) for _ in range(5))
+    cu, rng = torch.tensor([0, N, 2 * N], dtype=torch.int32), torch.zeros(2, dtype=torch.int64)
+    prof = profile(Backward(), grad, q, k, v, out, torch.randn(B, H, N), cu, rng)
+    assert prof.total() == 3 * B * H * N * N * D + 2 * B * H * N * N * D
+
+    class Window(nn.Module):
+        def forward(self, q, k, v):
+            return ops.xformers_flash.flash_fwd(q, k, v, None, None, None, N, N, 0.0, D ** -0.5, True, 7, 0,
+                                                False, None)[0]
+
+    window = 8
+    prof = profile(Window(), q, k, v)
+    pairs = window * N - window * (window - 1) // 2
+    assert prof.by_role(attention="mask")["attn_scores"] == B * H * pairs * D

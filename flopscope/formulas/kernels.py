@@ -11,6 +11,9 @@ are installed (a CUDA machine), so each is registered by qualified name and foun
   (:func:`~flopscope.formulas.registry.hub_name`): FlashAttention 2's C++ API as kernels-community/flash-attn builds
   it (``fwd``, ``varlen_fwd``, ``fwd_kvcache``, ``bwd``, ``varlen_bwd``), and FlashAttention 3's (``flash_attn3``,
   ``vllm_flash_attn3``);
+- **xFormers' flash op** (``xformers.ops.memory_efficient_attention`` on its flash backend):
+  ``xformers_flash::flash_fwd`` / ``flash_bwd`` (its names for the arguments: ``query``, ``key``, ``value``,
+  ``block_tables``, ``is_causal``, ``window_left``);
 - **causal-conv1d** (>= 1.5.2): ``DaoAILab::_causal_conv1d_fwd_cpp``, ``_bwd_cpp``, ``_update_cpp``.
 
 Every attention kernel here is priced as ``aten._flash_attention_forward`` is (``docs/conventions.md`` section 5):
@@ -40,6 +43,7 @@ __all__ = [
     'gated_delta_rule_chunked',
     'kda_chunked',
     'linear_attention_chunked',
+    'xformers_flash_backward',
     'ssd_chunked',
 ]
 
@@ -49,7 +53,12 @@ def _first(named: Mapping[str, Any], *names: str) -> Any:
     return next((named[name] for name in names if named.get(name) is not None), None)
 
 
+_ALIASES = {"query": "q", "key": "k", "value": "v", "block_tables": "block_table"}
+"""xFormers' names for flash-attn's arguments."""
+
+
 def _flash_forward(named: Mapping[str, Any]) -> dict[str, int]:
+    named = {_ALIASES.get(name, name): value for name, value in named.items()}
     q = named["q"]
     kvcache = named.get("kcache") is not None
     k = named["kcache"] if kvcache else named["k"]
@@ -70,7 +79,8 @@ _FORWARD = ("flash_attn::_flash_attn_forward", "flash_attn::_flash_attn_varlen_f
             "flash_attn_3::_flash_attn_forward", "flash_attn_3::fwd",
             # Hub kernels, by kernel name (the build hash dropped)
             "flash_attn::fwd", "flash_attn::varlen_fwd", "flash_attn::fwd_kvcache", "flash_attn3::fwd",
-            "vllm_flash_attn3::fwd", "vllm_flash_attn::varlen_fwd", "vllm_flash_attn::fwd_kvcache")
+            "vllm_flash_attn3::fwd", "vllm_flash_attn::varlen_fwd", "vllm_flash_attn::fwd_kvcache",
+            "xformers_flash::flash_fwd")
 _BACKWARD = ("flash_attn::_flash_attn_backward", "flash_attn::_flash_attn_varlen_backward",
              "flash_attn_3::_flash_attn_backward", "flash_attn_3::bwd",
              "flash_attn::bwd", "flash_attn::varlen_bwd", "flash_attn3::bwd", "vllm_flash_attn3::bwd")
@@ -96,6 +106,14 @@ def flash_kernel_backward(named: Mapping[str, Any], **_: Any) -> dict[str, int]:
     # (dq, dk, dv) = bwd(dout, q, k, v, out, softmax_lse, dq, dk, dv, [cu_seqlens_q, cu_seqlens_k, ...], ...)
     forward = _flash_forward({**named, "seqused_k": _first(named, "seqused_k", "sequed_k")})
     return backward_of(forward)
+
+
+@formula("xformers_flash::flash_bwd", family=OpFamily.ATTENTION, operands=(2, 3, 4), layout=BNHD)
+@by_name
+def xformers_flash_backward(named: Mapping[str, Any], **_: Any) -> dict[str, int]:
+    """xFormers' flash backward (``flash_bwd(grads_share_storage, grad, query, key, value, ...)``): as
+    :func:`flash_kernel_backward`."""
+    return backward_of(_flash_forward(named))
 
 
 @formula("DaoAILab::_causal_conv1d_fwd_cpp", family=OpFamily.CONV)
