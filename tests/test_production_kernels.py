@@ -1,6 +1,7 @@
 """The kernels production GPUs run, counted on a CPU: stand-in custom ops with the real libraries' names, schemas and
 fake implementations (flash-attn 2's and 3's ``torch.library`` ops, a Hub kernel's hashed namespace, xFormers' flash
-ops, causal-conv1d's ``DaoAILab`` ops), profiled against closed forms and against the torch reference path of the same block."""
+ops, causal-conv1d's ``DaoAILab`` ops), profiled against closed forms and against the torch reference path of the same
+block."""
 
 from __future__ import annotations
 

@@ -43,8 +43,8 @@ __all__ = [
     'gated_delta_rule_chunked',
     'kda_chunked',
     'linear_attention_chunked',
-    'xformers_flash_backward',
     'ssd_chunked',
+    'xformers_flash_backward',
 ]
 
 

@@ -106,7 +106,8 @@ def declared_mask(block: str, facts: ModelFacts) -> tuple[bool, int | None]:
 
 def kernel_flags(target: Any, args: Any, kwargs: Mapping[str, Any]) -> tuple[bool, int | None]:
     """(causal, window) an attention kernel was called with: ``is_causal`` / ``causal``, the efficient kernel's
-    ``custom_mask_type`` (1 and 2 are causal), FlashAttention's ``window_size_left`` (xFormers' ``window_left``: W − 1 keys before)."""
+    ``custom_mask_type`` (1 and 2 are causal), FlashAttention's ``window_size_left`` (xFormers' ``window_left``: W − 1
+    keys before)."""
     causal = bool(argument(target, args, kwargs, "is_causal", "causal"))
     mask_type = argument(target, args, kwargs, "custom_mask_type")
     causal = causal or (isinstance(mask_type, int) and mask_type > 0)
