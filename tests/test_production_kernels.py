@@ -5,6 +5,10 @@ block."""
 
 from __future__ import annotations
 
+import sys
+import types
+
+import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -273,3 +277,49 @@ def test_xformers_flash_backward_and_its_sliding_window():
     prof = profile(Window(), q, k, v)
     pairs = window * N - window * (window - 1) // 2
     assert prof.by_role(attention="mask")["attn_scores"] == B * H * pairs * D
+
+
+@pytest.fixture
+def flash_extension():
+    """A stand-in for flash-attn's CUDA extension ``flash_attn_2_cuda`` (which needs a GPU to build): its
+    ``fwd_kvcache`` with the extension's positional parameters, computing with torch; removed afterwards."""
+
+    def fwd_kvcache(q, kcache, vcache, k, v, seqlens_k, rotary_cos, rotary_sin, cache_batch_idx, leftpad_k,
+                    block_table, alibi_slopes, out, softmax_scale, is_causal, window_size_left, window_size_right,
+                    softcap, is_rotary_interleaved, num_splits):
+        lse = q.new_zeros((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)
+        return (q @ q.transpose(-1, -2)).sum() * 0 + q.new_zeros(q.shape), lse  # (work the record stands for)
+
+    extension = types.ModuleType("flash_attn_2_cuda")
+    extension.fwd_kvcache = fwd_kvcache
+    sys.modules["flash_attn_2_cuda"] = extension
+    try:
+        yield extension
+    finally:
+        del sys.modules["flash_attn_2_cuda"]
+
+
+class KVCacheStep(nn.Module):
+    """One decoding step as ``flash_attn_with_kvcache`` makes it: the extension's function looked up on its module
+    at each call (not a custom op: no dispatcher sees it)."""
+
+    def forward(self, q, kcache, vcache, k, v, lengths):
+        extension = sys.modules["flash_attn_2_cuda"]
+        return extension.fwd_kvcache(q, kcache, vcache, k, v, lengths, None, None, None, None, None, None, None,
+                                     D ** -0.5, True, -1, -1, 0.0, False, 0)[0]
+
+
+def test_flash_attn_with_kvcache_counts_the_keys_each_sequence_uses(flash_extension):
+    """Two sequences whose caches hold 5 and 9 keys (room for 32), one new token each: the query attends 5 + 1 and
+    9 + 1 keys, per head, in real and fake mode (the lengths are an input with known values); the extension's own
+    work is not recorded; its function is put back afterwards."""
+    original = flash_extension.fwd_kvcache
+    cache = [torch.randn(B, 32, H, D) for _ in range(2)]
+    q, k, v = (torch.randn(B, 1, H, D) for _ in range(3))
+    lengths = torch.tensor([5, 9], dtype=torch.int32)
+    for mode in ("real", "fake"):
+        prof = profile(KVCacheStep(), q, *cache, k, v, lengths, mode=mode)
+        assert prof.total() == H * ((5 + 1) + (9 + 1)) * (D + D), mode
+        assert [op.op_name for op in prof._ops if op.macs] == ["flash_attn.fwd_kvcache"], mode
+        assert prof.unsupported() == {}, mode
+    assert flash_extension.fwd_kvcache is original

@@ -1,7 +1,10 @@
 """Kernels launched from Python outside the dispatcher (Triton kernels, pybind modules), counted at the boundary their
 library calls them through: an ``autograd.Function``, whose ``forward`` and ``backward`` are wrapped on the class
 while a profile runs (not a module-level name, which models copy into their own attributes; transformers resolves
-``chunk_gated_delta_rule`` once, at import, through ``use_kernel_func_from_hub_with_fallback``).
+``chunk_gated_delta_rule`` once, at import, through ``use_kernel_func_from_hub_with_fallback``); a Triton launch
+(:mod:`flopscope.capture.launches`, for plain functions with no Function around them); or a pybind extension's
+function that its library looks up on the extension module at each call (:data:`ATTRIBUTE`: flash-attn's
+``fwd_kvcache``).
 
 Each :class:`Kernel` of :data:`CATALOG` (and of :func:`register`) is one record per call: its formula's MACs and
 parts (roles), its arguments' records as inputs, its outputs produced by it; the ATen ops it runs inside run
@@ -34,6 +37,7 @@ from ..formulas.kernels import (
     GATED_DELTA_CHUNK,
     KDA_CHUNK,
     causal_conv1d,
+    flash_kernel,
     gated_delta_rule_chunked,
     kda_chunked,
     linear_attention_chunked,
@@ -47,6 +51,10 @@ from .scoped_patch import ScopedPatch
 
 Named = Mapping[str, Any]
 """A call's arguments by parameter name (tensors as they are)."""
+
+ATTRIBUTE = "attribute:"
+"""How a catalog entry names a callable that its library looks up on a module at each call (a pybind extension's
+function: ``"attribute:flash_attn_2_cuda.fwd_kvcache"``); wrapped on that module while a profile runs."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -468,8 +476,22 @@ def _state_update_formula(batch: int, nheads: int, dim: int, dstate: int, **_: A
     return batch * nheads * dim * dstate
 
 
+def _kvcache_outputs(named: Named) -> tuple[torch.Tensor, torch.Tensor]:
+    """flash-attn's ``fwd_kvcache``: ``out`` ``[B, n_q, h, d_v]`` and the log-sum-exp ``[B, h, n_q]`` (float32)."""
+    q, v = named["q"], named["vcache"]
+    return q.new_empty((*q.shape[:-1], v.shape[-1])), q.new_empty((q.shape[0], q.shape[2], q.shape[1]),
+                                                                   dtype=torch.float32)
+
+
 CATALOG: list[Kernel] = [
     SSD,
+    # a pybind function its library looks up on its extension module at each call
+    Kernel("flash_attn.fwd_kvcache", ATTRIBUTE + "flash_attn_2_cuda.fwd_kvcache",
+           ("q", "kcache", "vcache", "k", "v", "seqlens_k", "rotary_cos", "rotary_sin", "cache_batch_idx",
+            "leftpad_k", "block_table", "alibi_slopes", "out", "softmax_scale", "is_causal", "window_size_left",
+            "window_size_right", "softcap", "is_rotary_interleaved", "num_splits"),
+           lambda **named: flash_kernel(named), _kvcache_outputs, family=OpFamily.ATTENTION, operands=(0, 1, 2),
+           writes=("kcache", "vcache")),
     # Triton kernels launched from plain functions (flopscope.capture.launches), by the @triton.jit function's name
     Kernel("mamba_ssm.selective_state_update", launches.PREFIX + "_selective_scan_update_kernel",
            ("x_ptr", "B_ptr", "C_ptr", "batch", "nheads", "dim", "dstate"), _state_update_formula, _like("x_ptr"),
@@ -520,8 +542,14 @@ CATALOG: list[Kernel] = [
 _wrapped: dict[Any, tuple[Any, Any]] = {}  # Function class -> its original forward, backward (while wrapped)
 
 
+_attributes: dict[tuple[Any, str], Any] = {}  # (module, name) -> the original callable (while wrapped)
+
+
 def _wrap_loaded() -> None:
     for kernel in list(CATALOG):
+        if kernel.function.startswith(ATTRIBUTE):
+            _wrap_attribute(kernel)
+            continue
         cls = None if kernel.function.startswith(launches.PREFIX) else _loaded(kernel.function)
         if cls is not None and cls not in _wrapped:
             _wrap(cls, kernel)
@@ -532,7 +560,35 @@ def _unwrap() -> None:
     for cls, (forward, backward) in _wrapped.items():
         cls.forward, cls.backward = forward, backward
     _wrapped.clear()
+    for (module, name), original in _attributes.items():
+        setattr(module, name, original)
+    _attributes.clear()
     launches.uninstall()
+
+
+def _wrap_attribute(kernel: Kernel) -> None:
+    """Wrap the module attribute ``kernel.function`` names (if its module is imported): a call inside the model's
+    module calls is one record, its ``arguments`` its positional parameters by name; on fake tensors and meta not
+    run (``kernel.outputs`` makes its outputs)."""
+    module_name, _, name = kernel.function.removeprefix(ATTRIBUTE).rpartition(".")
+    module = sys.modules.get(module_name)
+    original = getattr(module, name, None) if module is not None else None
+    if original is None or (module, name) in _attributes:
+        return
+    _attributes[(module, name)] = original
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        recorder = _recorder()
+        if recorder is None or not recorder.recording or not recorder.tracker.stack:
+            return original(*args, **kwargs)
+        named = {**dict(zip(kernel.arguments, args, strict=False)), **kwargs}
+        with recorder.suspended():
+            out = kernel.outputs(named) if recorder.fake else original(*args, **kwargs)
+        recorder.record_kernel(kernel, kernel.spec(), tuple(named.get(a) for a in kernel.arguments), out,
+                               writes=[named[w] for w in kernel.writes if isinstance(named.get(w), torch.Tensor)])
+        return out
+
+    setattr(module, name, counted)
 
 
 def _launch_entry(name: str) -> Kernel | None:
