@@ -37,6 +37,7 @@ from ..formulas.kernels import (
     GATED_DELTA_CHUNK,
     KDA_CHUNK,
     causal_conv1d,
+    causal_conv1d_update,
     flash_kernel,
     gated_delta_rule_chunked,
     kda_chunked,
@@ -492,6 +493,10 @@ CATALOG: list[Kernel] = [
             "window_size_right", "softcap", "is_rotary_interleaved", "num_splits"),
            lambda **named: flash_kernel(named), _kvcache_outputs, family=OpFamily.ATTENTION, operands=(0, 1, 2),
            writes=("kcache", "vcache")),
+    Kernel("causal_conv1d.causal_conv1d_update", ATTRIBUTE + "causal_conv1d_cuda.causal_conv1d_update",
+           ("x", "conv_state", "weight", "bias", "silu_activation", "cache_seqlens"),
+           lambda x, conv_state, weight, **_: causal_conv1d_update(x, conv_state, weight), _like("x"),
+           family=OpFamily.CONV, writes=("conv_state",)),  # (before 1.5.2; from 1.5.2 on, its DaoAILab op)
     # Triton kernels launched from plain functions (flopscope.capture.launches), by the @triton.jit function's name
     Kernel("mamba_ssm.selective_state_update", launches.PREFIX + "_selective_scan_update_kernel",
            ("x_ptr", "B_ptr", "C_ptr", "batch", "nheads", "dim", "dstate"), _state_update_formula, _like("x_ptr"),
