@@ -210,3 +210,34 @@ def test_kimi_linear_decoding_with_fla_counts_as_on_the_reference_path(monkeypat
     mine, reference = ours.by_role(), theirs.by_role()
     assert [mine[role] for role in ("attn_kv_state", "attn_readout", "conv", "logits")] == [
         reference[role] for role in ("attn_kv_state", "attn_readout", "conv", "logits")]
+
+
+class Dplr(nn.Module):
+    def __init__(self, function, **kwargs) -> None:
+        super().__init__()
+        self.function, self.kwargs = function, kwargs
+
+    def forward(self, q, k, v, a, b, gk):
+        return self.function(q, k, v, a, b, gk, **self.kwargs)
+
+
+def test_the_dplr_delta_rule_is_priced_as_fla_s_chunked_reference():
+    """RWKV-7's transition (diagonal plus low rank) through fla's ``chunk_dplr_delta_rule`` over 64 tokens, in fla's
+    chunks of 16: one record, the total of fla's own chunked reference in torch (``dplr_chunkwise``, the same chunks)
+    and the closed form: per head 2·T·C·V weighted sums, 2·T·K·V state writes and reads each, T·C·(2V + K) for the
+    UT transform."""
+    from fla.ops.generalized_delta_rule import chunk_dplr_delta_rule
+    from fla.ops.generalized_delta_rule.dplr.naive import dplr_chunkwise
+
+    length, chunk = 64, 16
+    q, k, a, b = (torch.randn(B, length, H, KW) for _ in range(4))
+    v, gk = torch.randn(B, length, H, VW), -torch.rand(B, length, H, KW)
+    ours = profile(Dplr(chunk_dplr_delta_rule, output_final_state=True), q, k, v, a, b, gk)
+    assert [op.op_name for op in ours._ops if op.macs] == ["fla.chunk_dplr_delta_rule"]
+    expected = B * H * length * (2 * chunk * VW + 4 * KW * VW + chunk * (2 * VW + KW))
+    assert ours.total() == expected
+    heads_first = [t.transpose(1, 2) for t in (q, k, v, a, b, gk)]
+    theirs = profile(Dplr(dplr_chunkwise, chunk_size=chunk), *heads_first)
+    assert theirs.total() == expected
+    out, state = ours.output
+    assert tuple(out.shape) == (B, length, H, VW) and tuple(state.shape) == (B, H, KW, VW)

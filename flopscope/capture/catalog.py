@@ -24,6 +24,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import itertools
+import math
 import sys
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
@@ -38,6 +39,7 @@ from ..formulas.kernels import (
     KDA_CHUNK,
     causal_conv1d,
     causal_conv1d_update,
+    dplr_delta_rule_chunked,
     flash_kernel,
     gated_delta_rule_chunked,
     kda_chunked,
@@ -149,6 +151,15 @@ def _by_sequence(algorithm: Callable[..., dict[str, int]], chunk_of: Callable[[A
 def _gla_chunk(q: Any) -> int:
     """fla's chunk for GLA: the sequence's length to the next power of two, within 16 to 64."""
     return min(64, max(16, 1 << max(0, q[1] - 1).bit_length()))
+
+
+def _dplr_formula(q: Any, v: Any, cu_seqlens: Any = None, chunk_size: int | None = None, lower_bound: Any = None,
+                  **_: Any) -> MacCount:
+    """:func:`~flopscope.formulas.kernels.dplr_delta_rule_chunked` in fla's chunks: 64 positions where the gate's
+    ``lower_bound`` keeps a 64-wide chunk in float32's range (fla 0.6's rule), else 16."""
+    safe = isinstance(lower_bound, float | int) and lower_bound < 0 and abs(lower_bound) * 33 / math.log(2) <= 124
+    chunk = chunk_size or (64 if safe else 16)
+    return _by_sequence(dplr_delta_rule_chunked, lambda _: chunk)(q, v, cu_seqlens, chunk)
 
 
 _gated_delta_formula = _by_sequence(gated_delta_rule_chunked, lambda _: GATED_DELTA_CHUNK)
@@ -517,6 +528,10 @@ CATALOG: list[Kernel] = [
     Kernel("fla.chunk_kda", "fla.ops.kda.chunk.ChunkKDAFunction",
            ("q", "k", "v", "g", "beta", "initial_state", "cu_seqlens", "chunk_size"), _kda_formula,
            _gated_delta_outputs, backward=_twice(_kda_formula), family=OpFamily.ATTENTION, operands=(0, 1, 2),
+           layout=CHUNKED),
+    Kernel("fla.chunk_dplr_delta_rule", "fla.ops.generalized_delta_rule.dplr.chunk.ChunkDPLRDeltaRuleFunction",
+           ("q", "k", "v", "a", "b", "gk", "initial_state", "cu_seqlens", "lower_bound", "chunk_size"), _dplr_formula,
+           _gated_delta_outputs, backward=_twice(_dplr_formula), family=OpFamily.ATTENTION, operands=(0, 1, 2),
            layout=CHUNKED),
     Kernel("fla.chunk_gla", "fla.ops.gla.chunk.ChunkGLAFunction", ("q", "k", "v", "g", "initial_state", "cu_seqlens"),
            _gla_formula, _gated_delta_outputs, backward=_twice(_gla_formula), family=OpFamily.ATTENTION,

@@ -38,6 +38,7 @@ __all__ = [
     'causal_conv1d',
     'causal_conv1d_backward',
     'causal_conv1d_update',
+    'dplr_delta_rule_chunked',
     'flash_kernel',
     'flash_kernel_backward',
     'gated_delta_rule_chunked',
@@ -238,4 +239,28 @@ def linear_attention_chunked(q: Shape, v: Shape, lengths: Sequence[int] | None =
         "attn_weighted_sum": heads * padded * chunk * v_width,
         "attn_kv_state": heads * padded * k_width * v_width,
         "attn_readout": heads * padded * k_width * v_width,
+    }
+
+
+def dplr_delta_rule_chunked(q: Shape, v: Shape, lengths: Sequence[int] | None = None, chunk: int = 16
+                            ) -> dict[str, int]:
+    """The delta rule with a diagonal-plus-low-rank transition (``S ← S·(diag(exp(g)) + a·bᵀ) + kᵀ·v``: RWKV-7, fla's
+    ``chunk_dplr_delta_rule``) over chunks of ``chunk`` positions, priced as fla's own chunked reference computes it
+    (``fla.ops.generalized_delta_rule.dplr.naive.dplr_chunkwise``: no torch path in transformers). ``q [B, T, h, K]``,
+    ``v [B, T, h, V]``; ``lengths``: the sequences packed in ``T``, each padded to whole chunks.
+
+    Per head and padded position (T' positions): the in-chunk scores' products with the values and with the
+    state-corrected values, 2·T'·C·V (``attn_weighted_sum``: the scores themselves are decayed per key channel,
+    products summed, elementwise); the state's two writes ``kᵀ·v`` and ``bᵀ·v₂`` 2·T'·K·V (``attn_kv_state``) and its
+    two reads ``q·S`` and ``w·S`` 2·T'·K·V (``attn_readout``); the UT transform's products ``A_ab·(A_ak·v)`` and
+    ``A_ab·a`` T'·C·(2V + K) (``other``)."""
+    batch, length, k_width = q[0], q[1], q[-1]
+    heads, v_width = v[-2], v[-1]
+    sequences = list(lengths) if lengths is not None else [length] * batch
+    padded = sum(-(-n // chunk) * chunk for n in sequences)
+    return {
+        "attn_weighted_sum": 2 * heads * padded * chunk * v_width,
+        "attn_kv_state": 2 * heads * padded * k_width * v_width,
+        "attn_readout": 2 * heads * padded * k_width * v_width,
+        "other": heads * padded * chunk * (2 * v_width + k_width),
     }
