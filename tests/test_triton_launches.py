@@ -84,3 +84,26 @@ def test_the_launch_is_unwrapped_after_the_profile():
     with torch.no_grad():
         flopscope.profile(Block(), torch.randn(B, D), mode="fake")
     assert jit.__getitem__ is before
+
+
+class Doubled(torch.autograd.Function):
+    """Twice its input; its backward launches the Triton kernel (a Function the catalog does not know)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, grad):
+        return twice(grad)
+
+
+class BackwardBlock(Block):
+    def forward(self, x):
+        return self.proj(Doubled.apply(x))
+
+
+def test_a_launch_in_the_backward_pass_is_listed_too():
+    prof = flopscope.profile(BackwardBlock(), torch.randn(B, D, requires_grad=True), mode="fake", backward=True)
+    assert prof.unsupported() == {"triton kernel _twice_kernel": 1}
+    assert prof.total(phase="backward") == 2 * B * D * D  # (the projection's two gradients)

@@ -599,7 +599,7 @@ def _wrap_attribute(kernel: Kernel) -> None:
 
     def counted(*args: Any, **kwargs: Any) -> Any:
         recorder = _recorder()
-        if recorder is None or not recorder.recording or not recorder.tracker.stack:
+        if recorder is None or not recorder.recording:
             return original(*args, **kwargs)
         named = {**dict(zip(kernel.arguments, args, strict=False)), **kwargs}
         with recorder.suspended():

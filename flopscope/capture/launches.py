@@ -65,7 +65,7 @@ def install(entry_of: Callable[[str], Any], recorder_of: Callable[[], Recorder |
     def launch_of(kernel: Any, grid: Any) -> Any:
         launch = original(kernel, grid)
         recorder = recorder_of()
-        if recorder is None or not recorder.recording or not recorder.tracker.stack:
+        if recorder is None or not recorder.recording:
             return launch
 
         def counted(*args: Any, **kwargs: Any) -> Any:

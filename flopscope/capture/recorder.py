@@ -337,8 +337,9 @@ class Recorder(TorchDispatchMode):
 
     @property
     def recording(self) -> bool:
-        """Whether ops run now are recorded (not the insides of a catalog kernel, whose record covers them)."""
-        return not self._suspended
+        """Whether a kernel called now is the model's work to record: inside the model's module calls or in its
+        backward pass, and not inside a catalog kernel (whose record covers it)."""
+        return not self._suspended and (bool(self.tracker.stack) or self._backward)
 
     def record_kernel(self, target: Any, spec: OpSpec | None, args: tuple[Any, ...], out: Any,
                       differentiated: bool = False, *, module: str | None = None, phase: str | None = None,
