@@ -25,7 +25,7 @@ from .runner import BLOCK_MODES, CaptureOptions, Session, run_in_mode
 def profile(model: nn.Module, *args: Any, mode: str = "auto", registry: FormulaRegistry | None = None,
             roles: Sequence[RoleRule] = (), backward: bool = False, loss: Callable[[Any], torch.Tensor] | None = None,
             forward_kwargs: dict[str, Any] | None = None, fallback_limit_bytes: int | None = None,
-            **kwargs: Any) -> Profile:
+            reuse: bool = True, **kwargs: Any) -> Profile:
     """Run ``model(*args, **kwargs)`` once and count its multiplies.
 
     Args:
@@ -48,12 +48,17 @@ def profile(model: nn.Module, *args: Any, mode: str = "auto", registry: FormulaR
             :class:`~flopscope.errors.FakeTensorError` naming the op and the estimate) when the largest
             tensor the fake run made is bigger than this; default: half the memory available now where the real
             run would allocate (the host's; a CUDA model's GPU's).
+        reuse: on fake tensors, a block of a layer list (``nn.ModuleList`` of one class) whose records are provably
+            those of an earlier block (the same structure, plain attributes, input shapes and plain arguments, no
+            value read, nothing outside it written: :mod:`flopscope.capture.replay`) is not run again: its records
+            are copies of the earlier block's, moved to its own module calls. The count and the records are the same
+            (``prof.notes`` says which lists were replayed); ``False`` captures every block. Not with ``backward``.
 
     The model is left exactly as it was (see :mod:`flopscope.capture.state`), also when its forward raises.
     The current grad mode is kept: call under ``torch.no_grad()`` to count what inference runs (some
     fused fast paths are taken only then; the counts are the same either way).
     """
-    options = CaptureOptions.of(registry, roles, backward, loss, fallback_limit_bytes)
+    options = CaptureOptions.of(registry, roles, backward, loss, fallback_limit_bytes, reuse)
     return run_in_mode(model, args, {**kwargs, **(forward_kwargs or {})}, options, mode, stacklevel=3)
 
 

@@ -101,12 +101,14 @@ class CaptureOptions:
     backward: bool = False
     loss: Loss | None = None
     fallback_limit_bytes: int | None = None  # mode "auto": refuse a real fall-back needing more (None: default)
+    reuse: bool = True  # fake runs: a block replayed from an earlier block's records where provably the same
 
     @classmethod
     def of(cls, registry: FormulaRegistry | None = None, roles: Sequence[RoleRule] = (), backward: bool = False,
-           loss: Loss | None = None, fallback_limit_bytes: int | None = None) -> CaptureOptions:
+           loss: Loss | None = None, fallback_limit_bytes: int | None = None, reuse: bool = True) -> CaptureOptions:
         """Options from the public keyword arguments (``registry=None``: the default registry)."""
-        return cls(registry if registry is not None else REGISTRY, tuple(roles), backward, loss, fallback_limit_bytes)
+        return cls(registry if registry is not None else REGISTRY, tuple(roles), backward, loss, fallback_limit_bytes,
+                   reuse)
 
 
 # -------------------------------------------------------------------------------------------------
@@ -272,6 +274,9 @@ def _run(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], option
                 stack.enter_context(fake_run_of(recorder))
             if options.backward:
                 stack.enter_context(torch.enable_grad())
+            replayer = None
+            if convert is not None and options.reuse and not options.backward:
+                replayer = stack.enter_context(CallReplayer(recorder, tracker).wrapping({"": target}, blocks_only=True))
             try:
                 output = target(*args, **kwargs)
             except Exception as error:  # the model's own code: re-raised as a RunError naming op and module
@@ -298,6 +303,8 @@ def _run(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], option
                       "changes, as it would without flopscope", FlopscopeWarning, stacklevel=stacklevel)
     if isinstance(convert, MetaConverter) and any(op.target is _SDPA_MATH_SOFTMAX for op in recorder.ops):
         notes = (*notes, META_ATTENTION_NOTE)
+    if replayer is not None:
+        notes = (*notes, *replayer.notes(refusals=False))
     capture = capture_of(recorder, tracker)
     prof = Profile(capture, facts, "fake" if fake else "real", output, notes=notes,
                    role_rules=options.roles)

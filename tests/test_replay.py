@@ -290,12 +290,35 @@ def test_a_replay_changes_lists_given_twice_only_where_they_are_one_list():
     assert reused.reuse == ("net: 2 calls, each captured (no two had the same inputs' shapes and plain arguments)",)
 
 
-def test_a_call_that_hands_back_its_input_is_captured_every_time():
-    pipe = Loop(nn.Identity())
-    reused = count(pipe, True, calls=[(torch.randn(2, D),)] * 2)
-    assert reused.total() == 0
-    assert reused.reuse == ("net: not replayed, each call captured: it returns a tensor it did not allocate (an "
-                            "input, a parameter, a view of one)",)
+class Viewed(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.view(-1)
+
+
+class Passing(nn.Module):
+    """Hands back its second argument as it is (as T5's blocks hand back the position bias they are given)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = Net()
+
+    def forward(self, x: torch.Tensor, bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.net(x), bias
+
+
+def test_a_call_that_hands_back_its_argument_is_replayed_handing_back_its_own():
+    """A call returning one of its tensor arguments as it is: replayed, the replay returning its own call's argument
+    (the capture the same as every call run); a call returning a view of its input is captured every time (the view
+    aliases the input: a tensor made anew would not)."""
+    x, bias = torch.randn(2, 8, D), torch.randn(4)
+    reused, captured = (count(Loop(Passing()), reuse, calls=[(x, bias), (x, bias * 2)]) for reuse in (True, False))
+    assert_same_capture(reused, captured)
+    assert reused.reuse == ("net: 1 of 2 calls replayed from an earlier call of the same inputs' shapes (fake "
+                            "tensors: the same records)",)
+    assert reused.total() == 2 * 2 * 8 * (D * 2 * D + 2 * D * D)
+    viewed = count(Loop(Viewed()), True, calls=[(torch.randn(2, D),)] * 2)
+    assert viewed.reuse == ("net: not replayed, each call captured: it returns a tensor it did not allocate (a "
+                            "parameter, a view of an input or a parameter)",)
 
 
 def test_a_module_with_its_own_hooks_is_not_replayed():

@@ -14,9 +14,9 @@ keeps its records as a :class:`CallTemplate` when they are provably the same for
 - it wrote nothing it did not allocate (an input, a parameter, a cache made before it), and what it left in the lists
   and dicts it was given (a cache: ``feat_cache[idx] = frames``, ``feat_idx[0] += 1``) a replay can leave the same:
   entries they held before, its tensor arguments, tensors it made (remade as outputs are) and plain values;
-- its outputs are tensors it allocated (no input or parameter handed back; outputs viewing one storage are remade
-  as views of one storage, an output given twice as one tensor), none with known values, and plain values (numbers,
-  strings, ``None``);
+- its outputs are tensors it allocated (no parameter or view of an input handed back; outputs viewing one storage are
+  remade as views of one storage, an output given twice as one tensor), none with known values, its tensor arguments
+  handed back as they are (a replay hands back its own call's), and plain values (numbers, strings, ``None``);
 - grad mode is off and autocast is off (no autograd graph to build), the module and its submodules carry no hooks of
   their own and no instance-level ``forward`` (offloading, caching hooks: state the key cannot see), and no parameter
   appeared during the call.
@@ -66,6 +66,13 @@ _MAX_PLAIN_ITEMS = 64  # a longer list / tuple / dict attribute is held by ident
 _MODULE_INTERNALS = frozenset(vars(nn.Module()))
 """The attributes every module has (its tables of parameters, buffers, submodules and hooks, ``training``): a key
 reads the tables and ``training`` itself, and refuses hooks, so only a module's own attributes are held."""
+
+
+@dataclass(frozen=True)
+class _Argument:
+    """An output that is the call's tensor argument at ``position`` (among its tensor arguments), handed back."""
+
+    position: int
 
 
 class _Refused(Exception):  # noqa: N818  (a reason, not an error: caught here)
@@ -177,20 +184,22 @@ class CallReplayer:
     _thread: int = field(default_factory=threading.get_ident)  # the thread whose calls are counted
 
     @contextmanager
-    def wrapping(self, modules: Mapping[str, nn.Module]) -> Iterator[CallReplayer]:
+    def wrapping(self, modules: Mapping[str, nn.Module], *, blocks_only: bool = False) -> Iterator[CallReplayer]:
         """For the block, each module's ``forward`` replays calls whose key has a template (a wrapper set on the
-        instance, removed afterwards; a module with an instance-level ``forward`` already is not wrapped)."""
+        instance, removed afterwards; a module with an instance-level ``forward`` already is not wrapped).
+        ``blocks_only``: only the blocks of the lists inside them (a model called once: its layers)."""
         with ExitStack() as stack:
             for path, module in modules.items():
-                if "forward" in vars(module):
+                if "forward" in vars(module) and not blocks_only:
                     self.refused.setdefault(path, []).append(
                         "its forward is replaced on the instance (a hook: offloading, caching), state a key cannot "
                         "see")
                     continue
-                targets = [(path, module, path, False)]
+                targets = [] if blocks_only else [(path, module, path, False)]
                 if self.blocks:
-                    targets += [(f"{path}.{name}.{i}", block, f"{path}.{name}", True)
+                    targets += [(f"{inside}.{i}", block, inside, True)
                                 for name, blocks in module.named_modules() if _blocks(blocks)
+                                for inside in (f"{path}.{name}" if path else name,)
                                 for i, block in enumerate(blocks) if "forward" not in vars(block)]
                 for where, target, label, structural in targets:
                     self._ours.add(id(target))
@@ -199,10 +208,12 @@ class CallReplayer:
                     stack.callback(self._ours.discard, id(target))
             yield self
 
-    def notes(self) -> list[str]:
-        """One line per module whose calls were replayed or refused."""
+    def notes(self, refusals: bool = True) -> list[str]:
+        """One line per module whose calls were replayed or (``refusals``) refused."""
         lines = []
         for path in sorted(set(self.replayed) | set(self.captured) | set(self.refused)):
+            if not refusals and not self.replayed[path]:
+                continue
             replayed, captured = self.replayed[path], self.captured[path]
             if replayed and path in self._groups:
                 lines.append(f"{path}: {replayed} of {replayed + captured} block calls replayed from an earlier call "
@@ -214,7 +225,7 @@ class CallReplayer:
             elif captured > 1 and path not in self.refused and path not in self._groups:
                 lines.append(f"{path}: {captured} calls, each captured (no two had the same inputs' shapes and plain "
                              "arguments)")
-            for reason in dict.fromkeys(self.refused.get(path, ())):
+            for reason in dict.fromkeys(self.refused.get(path, ()) if refusals else ()):
                 lines.append(f"{path}: not replayed, each call captured: {reason}")
         return lines
 
@@ -317,7 +328,7 @@ class CallReplayer:
                 recorder.largest_out = max(largest, made_largest)
             try:
                 changes, made = _changes(containers, held, tensors, window)
-                outputs, output_tensors, spec = self._outputs((out, made), window)
+                outputs, output_tensors, spec = self._outputs((out, made), window, tensors)
             except _Refused as why:
                 self._refuse(label or path, key, str(why))
                 return out
@@ -333,14 +344,21 @@ class CallReplayer:
             self._templates[key] = template
         return out
 
-    def _outputs(self, out: Any, window: Window) -> tuple[list[Any], list[torch.Tensor | None], pytree.TreeSpec]:
+    def _outputs(self, out: Any, window: Window, arguments: list[torch.Tensor]
+                 ) -> tuple[list[Any], list[torch.Tensor | None], pytree.TreeSpec]:
         leaves, spec = pytree.tree_flatten(out)
         records: list[Any] = []
         tensors: list[torch.Tensor | None] = []
         for leaf in leaves:
             if isinstance(leaf, torch.Tensor):
+                given = next((i for i, t in enumerate(arguments) if t is leaf), None)
+                if given is not None:  # (an argument handed back as it is: T5's position bias; a replay hands back
+                    records.append(_Argument(given))  # the same argument of its own call)
+                    tensors.append(None)
+                    continue
                 if not window.allocated(leaf):
-                    raise _Refused("it returns a tensor it did not allocate (an input, a parameter, a view of one)")
+                    raise _Refused("it returns a tensor it did not allocate (a parameter, a view of an input or a "
+                                   "parameter)")
                 if self.recorder.value_of(leaf) is not None:
                     raise _Refused("an output's values are known (a later read of them would differ)")
                 if leaf.requires_grad:
@@ -465,7 +483,7 @@ class CallReplayer:
             shared = Counter(storage_of(t) for t in template.output_tensors if t is not None)
             for value, like in zip(template.outputs, template.output_tensors, strict=True):
                 if like is None:
-                    leaves.append(value)
+                    leaves.append(tensors[value.position] if isinstance(value, _Argument) else value)
                     continue
                 made = made_for.get(id(like))
                 if made is None:  # (an output twice is one tensor twice; outputs viewing one storage view one)

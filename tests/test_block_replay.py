@@ -1,0 +1,148 @@
+"""Repeated blocks counted once in ``flopscope.profile`` (fake mode, ``reuse=True``, the default): a block of a layer
+list whose records are provably an earlier block's (the same structure and plain attributes, the same input shapes and
+plain arguments, no value read, nothing outside it written) is replayed from them (``flopscope.capture.replay``). The
+capture is the one every block run makes: each test compares reuse with ``reuse=False`` record by record, with its
+dataflow, roles, module calls and counts, on models where it applies, and shows it refused where a call depends on
+data or on the block."""
+
+from __future__ import annotations
+
+import warnings
+from types import SimpleNamespace
+
+import pytest
+import torch
+from test_replay import assert_same_capture
+from torch import nn
+
+import flopscope
+
+D = 16
+
+
+def profile(model: nn.Module, *args, reuse: bool = True, **kwargs) -> flopscope.Profile:
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return flopscope.profile(model.eval(), *args, mode="fake", reuse=reuse, **kwargs)
+
+
+def both(model: nn.Module, *args, **kwargs) -> tuple[flopscope.Profile, flopscope.Profile]:
+    """The count with reuse and without, checked equal in everything (the pipeline's check: a profile is its
+    ``profile``)."""
+    reused, captured = (profile(model, *args, reuse=reuse, **kwargs) for reuse in (True, False))
+    assert_same_capture(Wrapped(reused), Wrapped(captured))
+    return reused, captured
+
+
+class Wrapped(SimpleNamespace):
+    """A profile as the pipeline check reads one (``.profile``, and its queries)."""
+
+    def __init__(self, prof: flopscope.Profile) -> None:
+        super().__init__(profile=prof)
+
+    def __getattr__(self, name: str):
+        return getattr(self.profile, name)
+
+
+class Block(nn.Module):
+    def __init__(self, scale: float = 1.0) -> None:
+        super().__init__()
+        self.up, self.down, self.norm = nn.Linear(D, 2 * D), nn.Linear(2 * D, D), nn.LayerNorm(D)
+        self.scale = scale
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.down(torch.relu(self.up(self.norm(x)))) * self.scale
+
+
+class Stack(nn.Module):
+    def __init__(self, blocks: list[nn.Module]) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(blocks)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x)
+        return x
+
+
+def test_blocks_of_one_structure_are_counted_once_and_the_capture_is_the_same():
+    """Six blocks, the fourth with another scale (a plain attribute: its own key): blocks 1, 2, 4 and 5 replayed. Each
+    block is up and down at 2·8 positions."""
+    reused, _ = both(Stack([Block(), Block(), Block(), Block(scale=2.0), Block(), Block()]), torch.randn(2, 8, D))
+    assert reused.total() == 6 * 2 * 8 * (D * 2 * D + 2 * D * D)
+    assert [note for note in reused.notes if "replayed" in note] == [
+        "blocks: 4 of 6 block calls replayed from an earlier call of a block of the same structure on the same "
+        "inputs' shapes (fake tensors: the same records)"]
+
+
+class ValueBlock(Block):
+    """A block whose work depends on a value it reads: it runs its MLP ``int(repeats)`` times (routing, early exits
+    read values the same way)."""
+
+    def forward(self, x: torch.Tensor, repeats: torch.Tensor) -> torch.Tensor:
+        for _ in range(int(repeats)):
+            x = super().forward(x)
+        return x
+
+
+class ValueStack(Stack):
+    def forward(self, x: torch.Tensor, repeats: torch.Tensor) -> torch.Tensor:
+        for block, n in zip(self.blocks, repeats, strict=True):
+            x = block(x, n)
+        return x
+
+
+def test_a_block_that_reads_a_value_is_captured_every_time():
+    """Three blocks given 1, 2 and 3 repeats (the same shapes, other values): each block captured, 1 + 2 + 3 MLPs."""
+    reused, _ = both(ValueStack([ValueBlock() for _ in range(3)]), torch.randn(2, 8, D), torch.tensor([1, 2, 3]))
+    assert not [note for note in reused.notes if "replayed" in note]
+    assert reused.total() == 6 * 2 * 8 * (D * 2 * D + 2 * D * D)
+
+
+def test_grad_mode_and_backward_capture_every_block():
+    """With grad mode on (an autograd graph would be built) no block is replayed; ``backward=True`` counts as
+    without reuse."""
+    model, x = Stack([Block() for _ in range(3)]), torch.randn(2, 8, D)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        graded = flopscope.profile(model, x, mode="fake")
+        trained = flopscope.profile(model, x, mode="fake", backward=True)
+    assert not [note for note in graded.notes if "replayed" in note]
+    assert trained.total(phase="backward") == 2 * 3 * 2 * 8 * (D * 2 * D + 2 * D * D)
+
+
+def test_the_users_modules_are_left_as_they_were():
+    """The replay wraps the blocks of the fake run's shadow of the model, never the user's modules."""
+    model = Stack([Block() for _ in range(3)])
+    forwards = [vars(block).get("forward") for block in model.blocks]
+    profile(model, torch.randn(2, 8, D))
+    assert [vars(block).get("forward") for block in model.blocks] == forwards == [None] * 3
+
+
+transformers = pytest.importorskip("transformers")
+
+
+@pytest.mark.parametrize("name", ["vit", "bert", "t5"])
+def test_transformers_encoders_count_as_without_reuse(name):
+    """Encoders whose layers are a ModuleList, the same capture as every layer run: ViT's layers 1 to 3 are replayed
+    from layer 0; BERT's are not (each holds its own index, a plain attribute its forward may read), nor T5's (its
+    blocks read a tensor's value: what runs may depend on it)."""
+    if name == "vit":
+        model = transformers.ViTModel(transformers.ViTConfig(hidden_size=32, num_hidden_layers=4, num_attention_heads=4,
+                                                             intermediate_size=64, image_size=32, patch_size=8))
+        args = (torch.randn(2, 3, 32, 32),)
+    elif name == "bert":
+        model = transformers.BertModel(transformers.BertConfig(hidden_size=32, num_hidden_layers=4,
+                                                               num_attention_heads=4, intermediate_size=64,
+                                                               vocab_size=100))
+        args = (torch.randint(0, 100, (2, 12)),)
+    else:
+        model = transformers.T5EncoderModel(transformers.T5Config(d_model=32, d_ff=64, d_kv=8, num_heads=4,
+                                                                  num_layers=4, vocab_size=100))
+        args = (torch.randint(0, 100, (2, 12)),)
+    reused, captured = both(model, *args)
+    assert reused.total() == captured.total() > 0
+    replayed = [note for note in reused.notes if "replayed" in note]
+    assert replayed == (["layers: 3 of 4 block calls replayed from an earlier call of a block of the same "
+                         "structure on the same inputs' shapes (fake tensors: the same records)"] if name == "vit"
+                        else [])
