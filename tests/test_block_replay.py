@@ -111,6 +111,24 @@ def test_grad_mode_and_backward_capture_every_block():
     assert trained.total(phase="backward") == 2 * 3 * 2 * 8 * (D * 2 * D + 2 * D * D)
 
 
+class Holes(Stack):
+    """A layer list holding ``None`` where a stage has no block (AutoencoderKLCosmos's lists do)."""
+
+    def __init__(self) -> None:
+        super().__init__([Block(), Block()])
+        self.stages = nn.ModuleList([None, None])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x) if self.stages[0] is None else x
+
+
+def test_a_list_holding_none_is_no_list_of_blocks():
+    """A list of ``None`` s is left as it is (before: an AttributeError of flopscope's, on every fake count of such a
+    model); the blocks are replayed."""
+    reused, _ = both(Holes(), torch.randn(2, 8, D))
+    assert reused.total() == 2 * 2 * 8 * (D * 2 * D + 2 * D * D)
+
+
 def test_the_users_modules_are_left_as_they_were():
     """The replay wraps the blocks of the fake run's shadow of the model, never the user's modules."""
     model = Stack([Block() for _ in range(3)])

@@ -681,9 +681,10 @@ def _held_alike(value: Any) -> Any:
 
 def _blocks(modules: nn.Module) -> bool:
     """Whether ``modules`` is a list of blocks one may be replayed from another: an ``nn.ModuleList`` of at least two
-    modules of one class that hold modules themselves (layers, resnets; not ``[Linear, Dropout]``)."""
+    modules of one class that hold modules themselves (layers, resnets; not ``[Linear, Dropout]``, not a list holding
+    ``None``)."""
     return (isinstance(modules, nn.ModuleList) and len(modules) > 1 and len({type(m) for m in modules}) == 1
-            and all(next(iter(m.children()), None) is not None for m in modules))
+            and all(m is not None and next(iter(m.children()), None) is not None for m in modules))
 
 
 def _renaming(old: str, new: str) -> Callable[[str], str]:
