@@ -41,7 +41,7 @@ class Block(nn.Module):
         self.proj = nn.Linear(D, D, bias=False)
 
     def forward(self, x):
-        return self.proj(twice(x))
+        return self.proj(twice(x)) + x  # (x read again after the launch)
 
 
 @pytest.fixture
@@ -63,6 +63,8 @@ def test_an_unknown_launch_is_listed_by_its_kernels_name(device):
     assert prof.unsupported() == {"triton kernel _twice_kernel": 1}
     assert prof.total() == B * D * D  # (the projection)
     assert "empty_like_after_triton_kernel__twice_kernel" in str(prof.graph)  # (what the projection reads)
+    # its input is read, not written: only the buffer an `empty` made is a version after the launch
+    assert sum(op.target is after_write for op in prof._ops) == 1
 
 
 @pytest.mark.parametrize("device", ["cpu", "meta"])

@@ -9,10 +9,10 @@ record: priced where the catalog has an entry for the kernel's name (:data:`PREF
 name as the entry's ``function``; its formula reads the launch's arguments by the kernel's parameter names), else
 listed by :meth:`Profile.unsupported() <flopscope.profile.Profile.unsupported>` as ``"triton kernel <name>"``: never
 a silent zero. On fake tensors and meta it is not launched (Triton cannot launch on them); its outputs are the
-buffers its caller allocated. The tensors it writes (the entry's ``writes``; every tensor argument of a kernel
-without an entry) are written by its record, so the ops reading them read its work. Launches inside a catalog
-Function run as they are: the Function's record covers them. flopscope imports no Triton: nothing is wrapped unless
-a library has imported it.
+buffers its caller allocated. The tensors it writes (the entry's ``writes``; for a kernel without an entry, its
+arguments that an ``empty`` made and nothing wrote yet) are written by its record, so the ops reading them read its
+work. Launches inside a catalog Function run as they are: the Function's record covers them. flopscope imports no
+Triton: nothing is wrapped unless a library has imported it.
 """
 
 from __future__ import annotations
@@ -74,9 +74,10 @@ def install(entry_of: Callable[[str], Any], recorder_of: Callable[[], Recorder |
             result = None if recorder.fake else launch(*args, **kwargs)
             entry = entry_of(name)
             tensors = [v for v in named.values() if isinstance(v, torch.Tensor)]
-            if entry is None:
+            if entry is None:  # (its outputs: the buffers an `empty` made that nothing wrote yet)
                 target = _unpriced.setdefault(name, UnpricedLaunch(name))
-                recorder.record_kernel(target, None, tuple(tensors), None, writes=tensors)
+                recorder.record_kernel(target, None, tuple(tensors), None,
+                                       writes=[t for t in tensors if recorder.unwritten_allocation(t)])
             else:
                 written = [named[w] for w in entry.writes if isinstance(named.get(w), torch.Tensor)]
                 recorder.record_kernel(entry, entry.spec(), tuple(named.get(a) for a in entry.arguments), None,
