@@ -62,9 +62,11 @@ function: ``"attribute:flash_attn_2_cuda.fwd_kvcache"``); wrapped on that module
 
 @dataclass(frozen=True, eq=False)
 class Kernel:
-    """A kernel counted at an ``autograd.Function``: ``name`` (``"fla.chunk_gated_delta_rule"``: its records' op),
-    ``function`` the Function's import path, ``arguments`` the names of the arguments its records take (tensors in
-    that order; the formula gets them as shapes, a tensor's known values where flopscope knows them),
+    """A kernel counted at an ``autograd.Function``, a Triton launch or a module's function: ``name``
+    (``"fla.chunk_gated_delta_rule"``: its records' op), ``function`` the Function's import path (or
+    ``"triton:<kernel name>"``, :mod:`flopscope.capture.launches`; or :data:`ATTRIBUTE` + ``"<module>.<name>"``),
+    ``arguments`` the names of the arguments its records take (tensors in that order; the formula gets them as shapes,
+    a tensor's known values where flopscope knows them; a launch's or a module function's: its parameters by position),
     ``formula`` / ``backward`` the MACs of a forward / backward call (an int or parts by role) from those shapes,
     ``outputs`` its forward's outputs on fake tensors (from the call's arguments by name), ``family`` and
     ``operands`` (positions among ``arguments``: an attention kernel's q, k, v) as a registered formula's;
@@ -72,7 +74,8 @@ class Kernel:
     without calling it: its records get a call of that module), ``gradients`` the MACs of the gradients a forward call
     computes for the backward (booked to the backward phase, whatever call computes them); ``reference`` the torch
     computation the kernel stands for, which a fake run records in its place (Liger's SwiGLU: ``silu(a) * b``, so
-    that the FFN pass finds its gate and up projections as on the torch path)."""
+    that the FFN pass finds its gate and up projections as on the torch path; its products' backward is two gradients
+    of each); ``writes`` the arguments a launch or a module function writes in place (its outputs)."""
 
     name: str
     function: str
@@ -88,8 +91,7 @@ class Kernel:
     # backward phase, as gradients of the forward's record
     reference: Callable[[Named], Any] | None = None  # on fake tensors, the torch computation it stands for, run and
     # recorded in its place (an elementwise kernel: the same ops, so the role passes see the same dataflow)
-    writes: tuple[str, ...] = ()  # a Triton launch's (``function = "triton:<name>"``, flopscope.capture.launches)
-    # arguments it writes
+    writes: tuple[str, ...] = ()  # a launch's or a module function's arguments it writes in place
     _specs: dict[str, OpSpec] = field(default_factory=dict, repr=False)
 
     def __str__(self) -> str:
