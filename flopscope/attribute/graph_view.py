@@ -92,12 +92,7 @@ def is_channelwise_conv(n: CapturedOp) -> bool:
     """A depthwise convolution with one filter per channel (``groups == C_in == C_out``, weight
     ``[C, 1, *k]``): it mixes positions within each channel, never channels (Mamba's and gated DeltaNet's short
     causal convolution after the input projection, SegFormer's Mix-FFN). Its output channel ``c`` is computed
-    from its input channel ``c`` alone. causal-conv1d's kernels take the weight without its singleton, ``[C, W]``."""
-    spec = n.spec
-    if (spec is not None and spec.family is OpFamily.CONV and len(n.input_shapes) >= 2 and n.output_shapes
-            and len(n.input_shapes[0]) == 3 and len(n.input_shapes[1]) == 2):
-        channels, filters = n.input_shapes[0][1], n.input_shapes[1][0]
-        return channels > 1 and filters == channels == n.output_shapes[0][1]
+    from its input channel ``c`` alone."""
     shapes = _forward_conv_shapes(n)
     if shapes is None:
         return False
@@ -106,11 +101,14 @@ def is_channelwise_conv(n: CapturedOp) -> bool:
 
 
 def _forward_conv_shapes(n: CapturedOp) -> tuple[Sequence[int], Sequence[int]] | None:
-    """(input, weight) shapes of a convolution that is not transposed, with channels and at least one spatial dim."""
+    """(input, weight) shapes of a convolution that is not transposed, with channels and at least one spatial dim.
+    causal-conv1d's kernels take a depthwise weight without its singleton, ``[C, W]``: read as ``[C, 1, W]``."""
     spec = n.spec
     if spec is None or spec.family is not OpFamily.CONV or len(n.input_shapes) < 2 or not n.output_shapes:
         return None
     x, weight = n.input_shapes[0], n.input_shapes[1]
+    if len(x) == 3 and len(weight) == 2:
+        weight = (weight[0], 1, weight[1])
     transposed = len(n.args) > 6 and n.args[6] is True
     return None if transposed or len(x) < 3 or len(weight) != len(x) else (x, weight)
 

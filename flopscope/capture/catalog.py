@@ -104,6 +104,16 @@ class Kernel:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:  # (an fx node's target is callable; a record is not run)
         raise RunError(f"{self.name} is a catalog kernel's record: it is counted, not run again")
 
+    def record(self, recorder: Recorder, named: Named, out: Any, differentiated: bool = False) -> Any:
+        """One record of a call given ``named`` (its arguments by name) that returned ``out``: in the module holding
+        its ``module`` parameter where it has one, its ``writes`` written by it (``None`` outside the model's module
+        calls)."""
+        owner = self.module(named) if self.module is not None else None
+        path = recorder.tracker.holder_of(owner) if isinstance(owner, torch.Tensor) else None
+        written = [named[w] for w in self.writes if isinstance(named.get(w), torch.Tensor)]
+        return recorder.record_kernel(self, self.spec(), tuple(named.get(name) for name in self.arguments), out,
+                                      differentiated, module=path, writes=written)
+
     def spec(self, backward: bool = False) -> OpSpec:
         """The formula of a forward (or backward) call as a registered op's: positional shapes in ``arguments``'
         order."""
@@ -133,13 +143,13 @@ def _gated_delta_outputs(named: Named) -> tuple[torch.Tensor, torch.Tensor | Non
     return out, q.new_empty((sequences, v.shape[-2], *widths), dtype=torch.float32)
 
 
-def _by_sequence(algorithm: Callable[..., dict[str, int]], chunk_of: Callable[[Any], int]
+def _by_sequence(algorithm: Callable[..., dict[str, int]], chunk_of: Callable[[Any, Named], int]
                  ) -> Callable[..., MacCount]:
     """A chunked algorithm's formula from a kernel's q and v (``algorithm(q, v, lengths, chunk)``), its chunk given
-    (``chunk_size``) or ``chunk_of(q)``; packed sequences by their offsets' values where known, else an upper bound
-    (each of the b sequences padded by at most C − 1 positions)."""
-    def formula(q: Any, v: Any, cu_seqlens: Any = None, chunk_size: int | None = None, **_: Any) -> MacCount:
-        chunk = chunk_size or chunk_of(q)
+    (``chunk_size``) or ``chunk_of(q, the other arguments)``; packed sequences by their offsets' values where known,
+    else an upper bound (each of the b sequences padded by at most C − 1 positions)."""
+    def formula(q: Any, v: Any, cu_seqlens: Any = None, chunk_size: int | None = None, **rest: Any) -> MacCount:
+        chunk = chunk_size or chunk_of(q, rest)
         if cu_seqlens is None:
             return algorithm(q, v, None, chunk)
         starts = getattr(cu_seqlens, "values", None)
@@ -150,24 +160,23 @@ def _by_sequence(algorithm: Callable[..., dict[str, int]], chunk_of: Callable[[A
     return formula
 
 
-def _gla_chunk(q: Any) -> int:
+def _gla_chunk(q: Any, _: Named) -> int:
     """fla's chunk for GLA: the sequence's length to the next power of two, within 16 to 64."""
     return min(64, max(16, 1 << max(0, q[1] - 1).bit_length()))
 
 
-def _dplr_formula(q: Any, v: Any, cu_seqlens: Any = None, chunk_size: int | None = None, lower_bound: Any = None,
-                  **_: Any) -> MacCount:
-    """:func:`~flopscope.formulas.kernels.dplr_delta_rule_chunked` in fla's chunks: 64 positions where the gate's
-    ``lower_bound`` keeps a 64-wide chunk in float32's range (fla 0.6's rule), else 16."""
-    safe = isinstance(lower_bound, float | int) and lower_bound < 0 and abs(lower_bound) * 33 / math.log(2) <= 124
-    chunk = chunk_size or (64 if safe else 16)
-    return _by_sequence(dplr_delta_rule_chunked, lambda _: chunk)(q, v, cu_seqlens, chunk)
+def _dplr_chunk(_: Any, named: Named) -> int:
+    """fla's chunk for the DPLR delta rule: 64 positions where the gate's ``lower_bound`` keeps a 64-wide chunk in
+    float32's range (fla 0.6's rule), else 16."""
+    bound = named.get("lower_bound")
+    return 64 if isinstance(bound, float | int) and bound < 0 and abs(bound) * 33 / math.log(2) <= 124 else 16
 
 
-_gated_delta_formula = _by_sequence(gated_delta_rule_chunked, lambda _: GATED_DELTA_CHUNK)
-_kda_formula = _by_sequence(kda_chunked, lambda _: KDA_CHUNK)
+_gated_delta_formula = _by_sequence(gated_delta_rule_chunked, lambda *_: GATED_DELTA_CHUNK)
+_kda_formula = _by_sequence(kda_chunked, lambda *_: KDA_CHUNK)
 _gla_formula = _by_sequence(linear_attention_chunked, _gla_chunk)
-_simple_gla_formula = _by_sequence(linear_attention_chunked, lambda _: 64)
+_simple_gla_formula = _by_sequence(linear_attention_chunked, lambda *_: 64)
+_dplr_formula = _by_sequence(dplr_delta_rule_chunked, _dplr_chunk)
 
 
 def _twice(formula: Callable[..., MacCount]) -> Callable[..., MacCount]:
@@ -436,10 +445,7 @@ def _recorded(kernel: Kernel, named: Named) -> Any:
         raise RunError(f"{kernel.name} is recorded only inside a profile")
     with recorder.suspended():
         out = kernel.outputs(named)
-    owner = kernel.module(named) if kernel.module is not None else None
-    path = recorder.tracker.holder_of(owner) if isinstance(owner, torch.Tensor) else None
-    recorder.record_kernel(kernel, kernel.spec(), tuple(named.get(name) for name in kernel.arguments), out,
-                           module=path)
+    kernel.record(recorder, named, out)
     return out
 
 
@@ -606,8 +612,7 @@ def _wrap_attribute(kernel: Kernel) -> None:
         named = {**dict(zip(kernel.arguments, args, strict=False)), **kwargs}
         with recorder.suspended():
             out = kernel.outputs(named) if recorder.fake else original(*args, **kwargs)
-        recorder.record_kernel(kernel, kernel.spec(), tuple(named.get(a) for a in kernel.arguments), out,
-                               writes=[named[w] for w in kernel.writes if isinstance(named.get(w), torch.Tensor)])
+        kernel.record(recorder, named, out)
         return out
 
     setattr(module, name, counted)
@@ -671,9 +676,7 @@ def _wrap(cls: Any, kernel: Kernel) -> None:
         differentiated = any(getattr(ctx, "needs_input_grad", ()))
         arguments = tuple(named.get(name) for name in kernel.arguments)
         ctx._flopscope_call = (arguments, args, recorder.fake, None)
-        owner = kernel.module(named) if kernel.module is not None else None
-        path = recorder.tracker.holder_of(owner) if isinstance(owner, torch.Tensor) else None
-        op = recorder.record_kernel(kernel, kernel.spec(), arguments, out, differentiated, module=path)
+        op = kernel.record(recorder, named, out, differentiated)
         gradients = kernel.gradients(named) if kernel.gradients is not None and op is not None else 0
         if gradients:
             recorder.record_kernel(kernel, _constant(gradients, kernel), arguments, None, phase=BACKWARD, forward=op)

@@ -79,9 +79,7 @@ def install(entry_of: Callable[[str], Any], recorder_of: Callable[[], Recorder |
                 recorder.record_kernel(target, None, tuple(tensors), None,
                                        writes=[t for t in tensors if recorder.unwritten_allocation(t)])
             else:
-                written = [named[w] for w in entry.writes if isinstance(named.get(w), torch.Tensor)]
-                recorder.record_kernel(entry, entry.spec(), tuple(named.get(a) for a in entry.arguments), None,
-                                       writes=written)
+                entry.record(recorder, named, None)
             return result
 
         return counted

@@ -145,6 +145,13 @@ GATED_DELTA_CHUNK = 64
 """The chunk length of the chunked gated delta rule, as transformers' reference and fla's kernels chunk it."""
 
 
+def _chunked(q: Shape, v: Shape, lengths: Sequence[int] | None, chunk: int) -> tuple[int, int, int, int]:
+    """(value heads, positions padded to whole chunks of ``chunk`` over every sequence, key width, value width) of a
+    chunked kernel's ``q [B, T, h_k, K]`` and ``v [B, T, h, V]``; ``lengths``: the sequences packed in ``T``."""
+    sequences = list(lengths) if lengths is not None else [q[1]] * q[0]
+    return v[-2], sum(-(-n // chunk) * chunk for n in sequences), q[-1], v[-1]
+
+
 def gated_delta_rule_chunked(q: Shape, v: Shape, lengths: Sequence[int] | None = None,
                              chunk: int = GATED_DELTA_CHUNK) -> dict[str, int]:
     """The gated delta rule over chunks of ``chunk`` positions (Yang et al. 2024, "Gated Delta Networks"), priced as
@@ -158,10 +165,7 @@ def gated_delta_rule_chunked(q: Shape, v: Shape, lengths: Sequence[int] | None =
     ``kᵀ·v_new`` T'·K·V (``attn_kv_state``) and its two reads ``q·S`` and ``k_cumdecay·S`` 2·T'·K·V
     (``attn_readout``); the key Gram matrix ``β·k·kᵀ`` T'·C·K and the two unit-triangular solves of the UT transform
     N·(K + V)·C(C−1)/2 (``other``)."""
-    batch, length, k_width = q[0], q[1], q[-1]
-    heads, v_width = v[-2], v[-1]
-    sequences = list(lengths) if lengths is not None else [length] * batch
-    padded = sum(-(-n // chunk) * chunk for n in sequences)
+    heads, padded, k_width, v_width = _chunked(q, v, lengths, chunk)
     chunks = padded // chunk
     return {
         "attn_scores": heads * padded * chunk * k_width,
@@ -210,10 +214,7 @@ def kda_chunked(q: Shape, v: Shape, lengths: Sequence[int] | None = None, chunk:
     the decayed keys T'·C·(V + K) and the in-chunk scores' product with the corrected values T'·C·V (``other``: the
     in-chunk scores themselves, decayed per channel, are elementwise products summed, as the torch path computes
     them)."""
-    batch, length, k_width = q[0], q[1], q[-1]
-    heads, v_width = v[-2], v[-1]
-    sequences = list(lengths) if lengths is not None else [length] * batch
-    padded = sum(-(-n // chunk) * chunk for n in sequences)
+    heads, padded, k_width, v_width = _chunked(q, v, lengths, chunk)
     return {
         "attn_kv_state": heads * padded * k_width * v_width,
         "attn_readout": 2 * heads * padded * k_width * v_width,
@@ -230,10 +231,7 @@ def linear_attention_chunked(q: Shape, v: Shape, lengths: Sequence[int] | None =
 
     Per head and padded position (T' positions): ``attn_scores`` T'·C·K, ``attn_weighted_sum`` T'·C·V,
     ``attn_readout`` T'·K·V, ``attn_kv_state`` T'·K·V."""
-    batch, length, k_width = q[0], q[1], q[-1]
-    heads, v_width = v[-2], v[-1]
-    sequences = list(lengths) if lengths is not None else [length] * batch
-    padded = sum(-(-n // chunk) * chunk for n in sequences)
+    heads, padded, k_width, v_width = _chunked(q, v, lengths, chunk)
     return {
         "attn_scores": heads * padded * chunk * k_width,
         "attn_weighted_sum": heads * padded * chunk * v_width,
@@ -254,10 +252,7 @@ def dplr_delta_rule_chunked(q: Shape, v: Shape, lengths: Sequence[int] | None = 
     products summed, elementwise); the state's two writes ``kᵀ·v`` and ``bᵀ·v₂`` 2·T'·K·V (``attn_kv_state``) and its
     two reads ``q·S`` and ``w·S`` 2·T'·K·V (``attn_readout``); the UT transform's products ``A_ab·(A_ak·v)`` and
     ``A_ab·a`` T'·C·(2V + K) (``other``)."""
-    batch, length, k_width = q[0], q[1], q[-1]
-    heads, v_width = v[-2], v[-1]
-    sequences = list(lengths) if lengths is not None else [length] * batch
-    padded = sum(-(-n // chunk) * chunk for n in sequences)
+    heads, padded, k_width, v_width = _chunked(q, v, lengths, chunk)
     return {
         "attn_weighted_sum": 2 * heads * padded * chunk * v_width,
         "attn_kv_state": 2 * heads * padded * k_width * v_width,
