@@ -99,16 +99,24 @@ def test_a_block_that_reads_a_value_is_captured_every_time():
     assert reused.total() == 6 * 2 * 8 * (D * 2 * D + 2 * D * D)
 
 
-def test_grad_mode_and_backward_capture_every_block():
-    """With grad mode on (an autograd graph would be built) no block is replayed; ``backward=True`` counts as
-    without reuse."""
+def test_grad_mode_replays_as_it_captures_and_backward_captures_every_block():
+    """With grad mode on and no backward (the autograd graph is never used) block 2 is replayed from block 1 (block 0's
+    input requires no grad, block 1's does: another key): the same capture as ``reuse=False``, and the output requires
+    grad as a run's does. ``backward=True`` counts as
+    without reuse (a replay builds no graph to differentiate)."""
     model, x = Stack([Block() for _ in range(3)]), torch.randn(2, 8, D)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        graded = flopscope.profile(model, x, mode="fake")
+        graded, captured = (flopscope.profile(model, x, mode="fake", reuse=reuse) for reuse in (True, False))
         trained = flopscope.profile(model, x, mode="fake", backward=True)
-    assert not [note for note in graded.notes if "replayed" in note]
+    assert_same_capture(Wrapped(graded), Wrapped(captured))
+    assert [note for note in graded.notes if "replayed" in note] == [
+        "blocks: 1 of 3 block calls replayed from an earlier call of a block of the same structure on the same "
+        "inputs' shapes (fake tensors: the same records)"]
+    assert graded.output.requires_grad and captured.output.requires_grad
+    assert graded.total() == 3 * 2 * 8 * (D * 2 * D + 2 * D * D)
     assert trained.total(phase="backward") == 2 * 3 * 2 * 8 * (D * 2 * D + 2 * D * D)
+    assert not [note for note in trained.notes if "replayed" in note]
 
 
 class Holes(Stack):

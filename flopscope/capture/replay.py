@@ -17,7 +17,9 @@ keeps its records as a :class:`CallTemplate` when they are provably the same for
 - its outputs are tensors it allocated (no parameter or view of an input handed back; outputs viewing one storage are
   remade as views of one storage, an output given twice as one tensor), none with known values, its tensor arguments
   handed back as they are (a replay hands back its own call's), and plain values (numbers, strings, ``None``);
-- grad mode is off and autocast is off (no autograd graph to build), the module and its submodules carry no hooks of
+- grad mode is off (no autograd graph to build; or, for a count that runs no backward, :attr:`CallReplayer.grad`, the
+  graph is never used and a replay's outputs require grad as the template's did), autocast is off, the module and its
+  submodules carry no hooks of
   their own and no instance-level ``forward`` (offloading, caching hooks: state the key cannot see), and no parameter
   appeared during the call.
 
@@ -177,6 +179,8 @@ class CallReplayer:
     captured: Counter[str] = field(default_factory=Counter)
     refused: dict[str, list[str]] = field(default_factory=dict)
     blocks: bool = True  # also replay a block of a ModuleList from another block of the same structure
+    grad: bool = False  # grad mode may be on: no backward follows (a forward's count), so the autograd graph is never
+    # used; a replay's outputs require grad as the template's did (the inputs' and parameters' requires_grad are keyed)
     _templates: dict[Any, CallTemplate | str] = field(default_factory=dict)
     _ours: set[int] = field(default_factory=set)  # id() of the modules whose forward is our wrapper
     _groups: set[str] = field(default_factory=set)  # the ModuleLists whose blocks are replayed from one another
@@ -285,7 +289,7 @@ class CallReplayer:
         attributes), so that blocks of the same structure share keys."""
         if not self.recorder.fake:
             raise _Refused("a real run computes every call")
-        if torch.is_grad_enabled():
+        if torch.is_grad_enabled() and not self.grad:
             raise _Refused("grad mode is on (an autograd graph is built)")
         if torch._C._is_any_autocast_enabled():
             raise _Refused("autocast is on")
@@ -361,7 +365,7 @@ class CallReplayer:
                                    "parameter)")
                 if self.recorder.value_of(leaf) is not None:
                     raise _Refused("an output's values are known (a later read of them would differ)")
-                if leaf.requires_grad:
+                if leaf.requires_grad and not self.grad:
                     raise _Refused("an output requires grad")
                 records.append(self.recorder.record_of(leaf))  # (after a write to it: its version record)
                 tensors.append(leaf)
@@ -370,6 +374,12 @@ class CallReplayer:
                 tensors.append(None)
             else:
                 raise _Refused(f"it returns a {type(leaf).__name__} (only tensors and plain values are remade)")
+        flags: dict[int, set[bool]] = {}
+        for t in tensors:
+            if t is not None:
+                flags.setdefault(storage_of(t), set()).add(t.requires_grad)
+        if any(len(f) > 1 for f in flags.values()):
+            raise _Refused("outputs viewing one storage differ in requires_grad (a replay views one base)")
         return records, tensors, spec
 
     def _template(self, path: str, window: Window, tensors: list[torch.Tensor], stack: tuple[ModuleCall, ...],
@@ -492,10 +502,11 @@ class CallReplayer:
                         base = bases.get(storage)
                         if base is None:
                             base = bases[storage] = like.new_empty(
-                                (like.untyped_storage().nbytes() // like.element_size(),))
+                                (like.untyped_storage().nbytes() // like.element_size(),),
+                                requires_grad=like.requires_grad)  # (one flag for a storage's outputs: _outputs)
                         made = base.as_strided(like.shape, like.stride(), like.storage_offset())
                     else:
-                        made = like.new_empty_strided(like.shape, like.stride())
+                        made = like.new_empty_strided(like.shape, like.stride(), requires_grad=like.requires_grad)
                     made_for[id(like)] = made
                     recorder.set_producer(made, mapped.get(id(value), value))
                     for window in recorder.windows:  # (made by this call, inside any call being watched)
