@@ -276,8 +276,10 @@ def _run(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], option
                 stack.enter_context(torch.enable_grad())
             replayer = None
             if convert is not None and options.reuse and not options.backward:
-                replayer = stack.enter_context(  # (no backward: grad mode's graph is never used)
-                    CallReplayer(recorder, tracker, grad=True).wrapping({"": target}, blocks_only=True))
+                # (no backward: grad mode's graph is never used; reads: the shadow's classes may be swapped, never
+                # the model's)
+                replayer = stack.enter_context(CallReplayer(recorder, tracker, grad=True, reads=target is not model)
+                                               .wrapping({"": target}, blocks_only=True))
             try:
                 output = target(*args, **kwargs)
             except Exception as error:  # the model's own code: re-raised as a RunError naming op and module

@@ -119,6 +119,72 @@ def test_grad_mode_replays_as_it_captures_and_backward_captures_every_block():
     assert not [note for note in trained.notes if "replayed" in note]
 
 
+class IndexedBlock(Block):
+    """A block holding its own index (as a Hugging Face layer holds ``layer_idx``), which it reads only when given a
+    cache; with ``doubles_first`` the first block (by its index) doubles its input first, with one more product."""
+
+    def __init__(self, index: int, doubles_first: bool = False) -> None:
+        super().__init__()
+        self.index, self.doubles_first = index, doubles_first
+
+    def forward(self, x: torch.Tensor, cache: list | None = None) -> torch.Tensor:
+        if self.doubles_first and self.index == 0:
+            x = self.down(self.up(x))
+        if cache is not None:
+            cache.append(self.index)
+        return super().forward(x)
+
+
+class IndexedStack(Stack):
+    def forward(self, x: torch.Tensor, cache: list | None = None) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x, cache)
+        return x
+
+
+def test_a_block_is_keyed_on_the_attributes_its_call_reads():
+    """Four blocks, each with its own index: read by none (no cache), blocks 1 to 3 are replayed from block 0; read
+    by every block (a cache), each is captured (a replay would put block 0's index in the cache); read by a branch
+    that runs the first block's extra product, each is captured too (each read its own index)."""
+    x, block = torch.randn(2, 8, D), 2 * 8 * (D * 2 * D + 2 * D * D)
+    unread, _ = both(IndexedStack([IndexedBlock(i) for i in range(4)]), x)
+    assert unread.total() == 4 * block
+    assert [note for note in unread.notes if "replayed" in note] == [
+        "blocks: 3 of 4 block calls replayed from an earlier call of a block of the same structure on the same "
+        "inputs' shapes (fake tensors: the same records)"]
+    cache: list[int] = []
+    read, _ = both(IndexedStack([IndexedBlock(i) for i in range(4)]), x, cache)
+    assert read.total() == 4 * block and not [note for note in read.notes if "replayed" in note]
+    branched, _ = both(IndexedStack([IndexedBlock(i, doubles_first=True) for i in range(4)]), x)
+    assert branched.total() == 5 * block and not [note for note in branched.notes if "replayed" in note]
+
+
+class CountingBlock(Block):
+    """A block that counts its calls in an attribute and, from its second call on, runs its MLP twice."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        return super().forward(super().forward(x) if self.calls > 1 else x)
+
+
+class TwoPasses(Stack):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(super().forward(x))
+
+
+def test_a_block_that_sets_its_attributes_is_captured_every_time():
+    """Three blocks run twice: each second call runs the MLP twice, 9 MLPs in all. A replay does not set ``calls``
+    (before: blocks 1 and 2 were replayed in the first pass, kept ``calls == 0`` and were replayed again in the
+    second, counting 7 MLPs); now a call that sets an attribute of its modules is no template."""
+    reused, _ = both(TwoPasses([CountingBlock() for _ in range(3)]), torch.randn(2, 8, D))
+    assert reused.total() == 9 * 2 * 8 * (D * 2 * D + 2 * D * D)
+    assert not [note for note in reused.notes if "replayed" in note]
+
+
 class Holes(Stack):
     """A layer list holding ``None`` where a stage has no block (AutoencoderKLCosmos's lists do)."""
 
@@ -143,6 +209,7 @@ def test_the_users_modules_are_left_as_they_were():
     forwards = [vars(block).get("forward") for block in model.blocks]
     profile(model, torch.randn(2, 8, D))
     assert [vars(block).get("forward") for block in model.blocks] == forwards == [None] * 3
+    assert all(type(block) is Block for block in model.blocks)  # (the shadow's classes were swapped while watched)
 
 
 transformers = pytest.importorskip("transformers")
@@ -150,9 +217,10 @@ transformers = pytest.importorskip("transformers")
 
 @pytest.mark.parametrize("name", ["vit", "bert", "t5"])
 def test_transformers_encoders_count_as_without_reuse(name):
-    """Encoders whose layers are a ModuleList, the same capture as every layer run: ViT's layers 1 to 3 are replayed
-    from layer 0; BERT's are not (each holds its own index, a plain attribute its forward may read), nor T5's (its
-    blocks read a tensor's value: what runs may depend on it)."""
+    """Encoders whose layers are a ModuleList, the same capture as every layer run: ViT's and BERT's layers 1 to 3 are
+    replayed from layer 0 (each BERT layer holds its own index, which its forward reads only with a cache: the first
+    call read no index, so the index is no part of the key); T5's are not (its blocks read a tensor's value: what runs
+    may depend on it)."""
     if name == "vit":
         model = transformers.ViTModel(transformers.ViTConfig(hidden_size=32, num_hidden_layers=4, num_attention_heads=4,
                                                              intermediate_size=64, image_size=32, patch_size=8))
@@ -171,4 +239,6 @@ def test_transformers_encoders_count_as_without_reuse(name):
     replayed = [note for note in reused.notes if "replayed" in note]
     assert replayed == (["layers: 3 of 4 block calls replayed from an earlier call of a block of the same "
                          "structure on the same inputs' shapes (fake tensors: the same records)"] if name == "vit"
+                        else ["encoder.layer: 3 of 4 block calls replayed from an earlier call of a block of the same "
+                              "structure on the same inputs' shapes (fake tensors: the same records)"] if name == "bert"
                         else [])

@@ -17,6 +17,11 @@ keeps its records as a :class:`CallTemplate` when they are provably the same for
 - its outputs are tensors it allocated (no parameter or view of an input handed back; outputs viewing one storage are
   remade as views of one storage, an output given twice as one tensor), none with known values, its tensor arguments
   handed back as they are (a replay hands back its own call's), and plain values (numbers, strings, ``None``);
+- where its modules are watched (:attr:`CallReplayer.reads`: a block of the fake run's shadow,
+  :mod:`~flopscope.capture.attribute_reads`), it set no attribute of its modules (a replay would not) and left what
+  the attributes it read hold as it was; the key then holds the plain attributes by name, and the template the values
+  of those the call read (a layer's own index, read only with a cache, keys nothing when there is none; a call of
+  other values of what it read is captured, and may become a template of its own);
 - grad mode is off (no autograd graph to build; or, for a count that runs no backward, :attr:`CallReplayer.grad`, the
   graph is never used and a replay's outputs require grad as the template's did), autocast is off, the module and its
   submodules carry no hooks of
@@ -55,6 +60,8 @@ from torch import nn
 from torch.utils import _pytree as pytree
 
 from ..formulas.registry import shape_of
+from . import attribute_reads
+from .attribute_reads import EVERY, own_attributes
 from .module_tracker import ModuleCall, ModuleTracker
 from .recorder import Recorder, Window, storage_of
 from .records import CapturedOp, LeafKind, map_records
@@ -65,9 +72,7 @@ _PLAIN = (type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.
           torch.memory_format, enum.Enum)
 """Non-tensor values a key holds by value (immutable); anything else is held by identity, or refused as an argument."""
 _MAX_PLAIN_ITEMS = 64  # a longer list / tuple / dict attribute is held by identity
-_MODULE_INTERNALS = frozenset(vars(nn.Module()))
-"""The attributes every module has (its tables of parameters, buffers, submodules and hooks, ``training``): a key
-reads the tables and ``training`` itself, and refuses hooks, so only a module's own attributes are held."""
+_ABSENT = object()  # the value of an attribute read that a module does not have
 
 
 @dataclass(frozen=True)
@@ -165,6 +170,18 @@ class CallTemplate:
     # buffer -> its name in the module (a replay into another module of the same structure takes that one's)
     changes: tuple[_Change, ...] = ()  # the lists and dicts it was given that it changed, as a replay changes them
     containers: tuple[int, ...] = ()  # which of the arguments' lists and dicts are one object (_containers)
+    reads: tuple[tuple[str, str], ...] = ()  # the plain attributes it read (module name in it, attribute), where
+    # read attributes are keyed (CallReplayer.reads)
+
+
+@dataclass(frozen=True)
+class _Candidate:
+    """A template of a key (or why the key's calls are captured) for the calls whose modules' attributes ``reads``
+    hold ``values`` (all calls of the key: ``reads`` empty)."""
+
+    reads: tuple[tuple[str, str], ...]
+    values: tuple[Any, ...]
+    found: CallTemplate | str
 
 
 @dataclass
@@ -181,7 +198,9 @@ class CallReplayer:
     blocks: bool = True  # also replay a block of a ModuleList from another block of the same structure
     grad: bool = False  # grad mode may be on: no backward follows (a forward's count), so the autograd graph is never
     # used; a replay's outputs require grad as the template's did (the inputs' and parameters' requires_grad are keyed)
-    _templates: dict[Any, CallTemplate | str] = field(default_factory=dict)
+    reads: bool = False  # a block is keyed by the plain attributes its first call read, not all it holds (the modules
+    # are the fake run's shadow, whose classes may be swapped while watched: flopscope.capture.attribute_reads)
+    _templates: dict[Any, list[_Candidate]] = field(default_factory=dict)
     _ours: set[int] = field(default_factory=set)  # id() of the modules whose forward is our wrapper
     _groups: set[str] = field(default_factory=set)  # the ModuleLists whose blocks are replayed from one another
     _owned: dict[int, bool] = field(default_factory=dict)  # id(block) -> _own_paths
@@ -255,7 +274,7 @@ class CallReplayer:
                 self._refuse(label, None, str(why))
                 self.captured[label] += 1
                 return forward(*args, **kwargs)
-            template = self._templates.get(key)
+            template = self._find(key, module)
             if isinstance(template, CallTemplate) and (
                     not template.changes or _containers((args, kwargs))[1] == template.containers):
                 self.replayed[label] += 1
@@ -277,9 +296,17 @@ class CallReplayer:
                 paths.get(id(m)) == (f"{path}.{name}" if name else path) for name, m in module.named_modules())
         return found
 
-    def _refuse(self, path: str, key: Any, reason: str) -> None:
+    def _find(self, key: Any, module: nn.Module) -> CallTemplate | str | None:
+        """The template of ``key`` for this call of ``module`` (or why its calls are captured), if any."""
+        for candidate in self._templates.get(key, ()):
+            if not candidate.reads or _read_values(module, candidate.reads) == candidate.values:
+                return candidate.found
+        return None
+
+    def _refuse(self, path: str, key: Any, reason: str, reads: tuple[tuple[str, str], ...] = (),
+                values: tuple[Any, ...] = ()) -> None:
         if key is not None:
-            self._templates[key] = reason
+            self._templates.setdefault(key, []).append(_Candidate(reads, values, reason))
         self.refused.setdefault(path, []).append(reason)
 
     def _key(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], structural: bool = False
@@ -310,7 +337,8 @@ class CallReplayer:
             else:
                 raise _Refused(f"an argument is a {type(leaf).__name__} (only tensors and plain values are keyed)")
         identity = type(module) if structural else id(module)
-        return (identity, str(spec), tuple(described), _state(module, self._ours, structural)), tensors
+        state = _state(module, self._ours, structural, by_name=structural and self.reads)
+        return (identity, str(spec), tuple(described), state), tensors
 
     def _first(self, path: str, key: Any, forward: Callable[..., Any], args: tuple[Any, ...],
                kwargs: dict[str, Any], tensors: list[torch.Tensor], label: str | None = None,
@@ -323,29 +351,37 @@ class CallReplayer:
         calls_before, stack = Counter(tracker.calls), tracker.stack
         containers, aliasing = _containers((args, kwargs))
         held = [_contents(c) for c in containers]
+        watched = self.reads and structural is not None
+        modules = dict(structural.named_modules()) if structural is not None and self.reads else {}
+        attributes = _attribute_values(modules)
+        reads: tuple[tuple[str, str], ...] = ()
+        values: tuple[Any, ...] = ()
         with recorder.watching() as window:
             try:
-                with _PYTHON_READ_PATCH.scope(recorder):
+                with _PYTHON_READ_PATCH.scope(recorder), \
+                        attribute_reads.watching(modules) if watched else _no_log() as log:
                     out = forward(*args, **kwargs)
             finally:
                 made_largest = recorder.largest_out
                 recorder.largest_out = max(largest, made_largest)
             try:
+                if watched and structural is not None:
+                    reads, values = _keyed_reads(log, structural, attributes)
                 changes, made = _changes(containers, held, tensors, window)
                 outputs, output_tensors, spec = self._outputs((out, made), window, tensors)
             except _Refused as why:
-                self._refuse(label or path, key, str(why))
+                self._refuse(label or path, key, str(why), reads, values)
                 return out
         try:
             parameters = {} if structural is None else {
                 id(record): name for name, t in named_state(structural) if (record := recorder.made_by(t)) is not None}
             template = self._template(path, window, tensors, stack, calls_before, _Counts.of(recorder).since(before),
                                       outputs, output_tensors, spec, made_largest, parameters)
-            template.changes, template.containers = changes, aliasing
+            template.changes, template.containers, template.reads = changes, aliasing, reads
         except _Refused as why:
-            self._refuse(label or path, key, str(why))
+            self._refuse(label or path, key, str(why), reads, values)
         else:
-            self._templates[key] = template
+            self._templates.setdefault(key, []).append(_Candidate(reads, values, template))
         return out
 
     def _outputs(self, out: Any, window: Window, arguments: list[torch.Tensor]
@@ -441,6 +477,10 @@ class CallReplayer:
         clones: list[CapturedOp] = []
         copies = recorder.copies if path == template.path else {}  # (another block's records: their own roles)
         state = dict(named_state(module)) if template.parameters else {}
+        if template.reads:  # (what the template read, this call read: for a block watched around this one)
+            modules = dict(module.named_modules())
+            for name, attribute in template.reads:
+                attribute_reads.note(modules[name], attribute)
 
         def new(record: CapturedOp) -> CapturedOp:
             found = mapped.get(id(record))
@@ -656,12 +696,14 @@ def _counted(method: Callable[..., Any]) -> Callable[..., Any]:
     return read
 
 
-def _state(module: nn.Module, ours: Collection[int] = (), structural: bool = False) -> tuple[Any, ...]:
+def _state(module: nn.Module, ours: Collection[int] = (), structural: bool = False, by_name: bool = False
+           ) -> tuple[Any, ...]:
     """What a call of ``module`` can read of its modules' state, by value where immutable, else by identity:
     each submodule's identity, mode, parameters and buffers (identity, shape, dtype) and plain attributes. Raises
     :class:`_Refused` for a submodule with hooks of its own or an instance-level ``forward`` (not ours: ``ours``).
     ``structural``: submodules by name and class, tensors by shape, dtype and ``requires_grad``, not by identity
-    (two blocks of one structure have the same state), and other objects by class and plain attributes."""
+    (two blocks of one structure have the same state), and other objects by class and plain attributes.
+    ``by_name``: plain attributes by name only (the values a call reads are keyed apart: :func:`_keyed_reads`)."""
     state: list[Any] = []
     held = _held_alike if structural else _held
     for name, m in module.named_modules():
@@ -671,10 +713,51 @@ def _state(module: nn.Module, ours: Collection[int] = (), structural: bool = Fal
         tensors = tuple(((key, tuple(t.shape), t.dtype, t.requires_grad) if structural else
                          (key, id(t), tuple(t.shape), t.dtype)) if t is not None else (key, None)
                         for table in (m._parameters, m._buffers) for key, t in table.items())
-        plain = tuple((key, held(value)) for key, value in own.items()
-                      if key not in _MODULE_INTERNALS and key != "forward")
+        plain = tuple(own_attributes(m)) if by_name else tuple(
+            (key, held(value)) for key, value in own_attributes(m).items())
         state.append(((name, type(m)) if structural else id(m), m.training, tensors, plain))
     return tuple(state)
+
+
+def _attribute_values(modules: Mapping[str, nn.Module]) -> dict[tuple[str, str], Any]:
+    """The plain attributes of ``modules`` (name -> module) as a key holds them (:func:`_held_alike`)."""
+    return {(name, key): _held_alike(value) for name, m in modules.items()
+            for key, value in own_attributes(m).items()}
+
+
+def _read_values(module: nn.Module, reads: tuple[tuple[str, str], ...],
+                 values: Mapping[tuple[str, str], Any] | None = None) -> tuple[Any, ...]:
+    """The values of the attributes ``reads`` of ``module``'s modules, as a key holds them (``values``: those of
+    :func:`_attribute_values`, else read now); a read of a module's whole ``__dict__`` holds all its attributes."""
+    if values is None:
+        values = _attribute_values({name: m for name, m in module.named_modules()
+                                    if any(name == read for read, _ in reads)})
+    found: list[Any] = []
+    for name, attribute in reads:
+        if attribute == EVERY:
+            found.append(tuple((k, v) for (n, k), v in values.items() if n == name))
+        else:
+            found.append(values.get((name, attribute), _ABSENT))
+    return tuple(found)
+
+
+def _keyed_reads(log: attribute_reads.Log, block: nn.Module, before: Mapping[tuple[str, str], Any]
+                 ) -> tuple[tuple[tuple[str, str], ...], tuple[Any, ...]]:
+    """The attributes a watched first call read, and their values before it; raises :class:`_Refused` where it
+    wrote an attribute of a module, or changed what one it read holds (a list a module keeps): a replay would not."""
+    if log.writes:
+        written = ", ".join(sorted(f"{name or '(block)'}.{attribute}" for name, attribute in log.writes)[:3])
+        raise _Refused(f"it set attributes of its modules ({written}): state a replay would not set")
+    reads = tuple(sorted(log.reads))
+    values = _read_values(block, reads, before)
+    if _read_values(block, reads) != values:
+        raise _Refused("it changed what an attribute it read holds (a list or dict a module keeps)")
+    return reads, values
+
+
+@contextmanager
+def _no_log() -> Iterator[attribute_reads.Log]:
+    yield attribute_reads.Log()
 
 
 def _held_alike(value: Any) -> Any:
