@@ -179,7 +179,7 @@ class TwoPasses(Stack):
 def test_a_block_that_sets_its_attributes_is_captured_every_time():
     """Three blocks run twice: each second call runs the MLP twice, 9 MLPs in all. A replay does not set ``calls``
     (before: blocks 1 and 2 were replayed in the first pass, kept ``calls == 0`` and were replayed again in the
-    second, counting 7 MLPs); now a call that sets an attribute of its modules is no template."""
+    second, counting 7 MLPs); now a call that changes an attribute of its modules is no template."""
     reused, _ = both(TwoPasses([CountingBlock() for _ in range(3)]), torch.randn(2, 8, D))
     assert reused.total() == 9 * 2 * 8 * (D * 2 * D + 2 * D * D)
     assert not [note for note in reused.notes if "replayed" in note]

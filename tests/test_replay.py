@@ -230,6 +230,31 @@ def test_a_call_that_writes_its_input_is_captured_every_time():
                             "(an input, a parameter, a cache)",)
 
 
+class Alternating(nn.Module):
+    """Projects once, then twice, then once...: it flips an attribute at each call (state a schedule keeps)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(D, D, bias=False)
+        self.odd = False
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.odd = not self.odd
+        return self.proj(x) if self.odd else self.proj(self.proj(x))
+
+
+def test_a_call_that_changes_its_modules_attributes_is_captured_every_time():
+    """Four calls: 1 + 2 + 1 + 2 products. Before, the third call (``odd`` False again: the first call's key) was
+    replayed without flipping ``odd``, so the fourth was keyed as the first and counted 1 product: 5 in all. The
+    change is now found by comparing the attributes before and after, and no call of such a module is a template."""
+    pipe = Loop(Alternating())
+    x = torch.randn(1, 8, D)
+    reused = count(pipe, True, calls=[(x,)] * 4)
+    assert reused.total() == (1 + 2 + 1 + 2) * 8 * D * D
+    assert reused.reuse == ("net: not replayed, each call captured: it changed attributes of its modules "
+                            "((module).odd): state a replay would not change",)
+
+
 @pytest.mark.parametrize("kind", ["list", "dict"])
 def test_a_call_that_changes_the_cache_it_was_given_is_replayed_with_the_same_changes(kind):
     """Slot reads a cache entry and leaves its own: the first call sees the starting cache (a mark still unset), the

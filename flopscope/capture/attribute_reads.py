@@ -1,12 +1,13 @@
-"""Which plain attributes of its modules a call reads and writes: what a block's records can depend on besides its
-arguments, parameters and structure (:mod:`flopscope.capture.replay` keys a block on these alone).
+"""Which plain attributes of its modules a call reads: what a block's records can depend on besides its arguments,
+parameters and structure (:mod:`flopscope.capture.replay` keys a block on these alone; what a call changes it finds by
+comparing the attributes before and after).
 
 While a block is watched (:func:`watching`), each of its modules is an instance of a subclass of its own class (made
 once per class, with the same name) whose ``__getattribute__`` notes a read of an attribute in the module's own
 ``__dict__`` (``self.layer_idx``, ``self.scale``; a parameter, buffer or submodule is read through the module's
-tables, which a key holds by structure) and whose ``__setattr__`` / ``__delattr__`` note a write. Reading the whole
-``__dict__`` (``vars(self)``) reads every attribute; ``nn.Module``'s own ``__getattr__`` / ``__setattr__`` reading it
-to find a parameter or submodule does not. The class is put back when the block returns (also when it raises).
+tables, which a key holds by structure). Reading the whole ``__dict__`` (``vars(self)``) reads every attribute;
+``nn.Module``'s own ``__getattr__`` / ``__setattr__`` reading it to find a parameter or submodule does not. The class
+is put back when the block returns (also when it raises).
 
 Only modules no one else runs may be watched: the fake run's shadow of a model
 (:func:`flopscope.capture.fake.shadow_of`), never the user's modules (another thread would see their class change).
@@ -34,11 +35,10 @@ _INTERNAL_DICT_READERS = frozenset(f.__code__ for f in (nn.Module.__getattr__, n
 
 @dataclass
 class Log:
-    """What a watched call did to its modules' attributes: ``reads`` and ``writes`` as ``(module name in the block,
-    attribute name)`` (``""`` the block itself; :data:`EVERY` the whole ``__dict__``)."""
+    """The attributes a watched call read, as ``(module name in the block, attribute name)`` (``""`` the block itself;
+    :data:`EVERY` the whole ``__dict__``)."""
 
     reads: set[tuple[str, str]] = field(default_factory=set)
-    writes: set[tuple[str, str]] = field(default_factory=set)
 
 
 @dataclass
@@ -69,8 +69,8 @@ def note(module: nn.Module, name: str) -> None:
 
 @contextmanager
 def watching(modules: Mapping[str, nn.Module]) -> Iterator[Log]:
-    """For the block, the reads and writes of the plain attributes of ``modules`` (name in the block -> module) are
-    noted in the :class:`Log` it yields. A module whose class cannot be swapped (a compiled or extension class) is
+    """For the block, the reads of the plain attributes of ``modules`` (name in the block -> module) are noted in the
+    :class:`Log` it yields. A module whose class cannot be swapped (a compiled or extension class) is
     noted as read whole."""
     log = Log()
     swapped: list[tuple[nn.Module, type]] = []
@@ -103,13 +103,11 @@ def watching(modules: Mapping[str, nn.Module]) -> Iterator[Log]:
 
 
 def _watcher(cls: type) -> type:
-    """The subclass of ``cls`` whose instances note reads and writes of their own attributes (made once)."""
+    """The subclass of ``cls`` whose instances note reads of their own attributes (made once)."""
     found = _WATCHERS.get(cls)
     if found is not None:
         return found
     get: Any = cls.__getattribute__  # (unbound: the class's own, called with the instance)
-    put: Any = cls.__setattr__
-    remove: Any = cls.__delattr__
 
     def __getattribute__(self: Any, name: str) -> Any:  # noqa: N807
         value = get(self, name)
@@ -125,18 +123,7 @@ def _watcher(cls: type) -> type:
                         watch.log.reads.add((watch.name, name))
         return value
 
-    def __setattr__(self: Any, name: str, value: Any) -> None:  # noqa: N807
-        for watch in _WATCHES.get(id(self), ()):
-            watch.log.writes.add((watch.name, name))
-        put(self, name, value)
-
-    def __delattr__(self: Any, name: str) -> None:  # noqa: N807
-        for watch in _WATCHES.get(id(self), ()):
-            watch.log.writes.add((watch.name, name))
-        remove(self, name)
-
-    found = type(cls.__name__, (cls,), {"__getattribute__": __getattribute__, "__setattr__": __setattr__,
-                                        "__delattr__": __delattr__, "__module__": cls.__module__,
+    found = type(cls.__name__, (cls,), {"__getattribute__": __getattribute__, "__module__": cls.__module__,
                                         "__qualname__": cls.__qualname__})
     with _LOCK:
         found = _WATCHERS.setdefault(cls, found)

@@ -17,16 +17,15 @@ keeps its records as a :class:`CallTemplate` when they are provably the same for
 - its outputs are tensors it allocated (no parameter or view of an input handed back; outputs viewing one storage are
   remade as views of one storage, an output given twice as one tensor), none with known values, its tensor arguments
   handed back as they are (a replay hands back its own call's), and plain values (numbers, strings, ``None``);
+- it changed no plain attribute of its modules (compared before and after: a replay would not change it);
 - where its modules are watched (:attr:`CallReplayer.reads`: a block of the fake run's shadow,
-  :mod:`~flopscope.capture.attribute_reads`), it set no attribute of its modules (a replay would not) and left what
-  the attributes it read hold as it was; the key then holds the plain attributes by name, and the template the values
+  :mod:`~flopscope.capture.attribute_reads`), the key holds the plain attributes by name, and the template the values
   of those the call read (a layer's own index, read only with a cache, keys nothing when there is none; a call of
   other values of what it read is captured, and may become a template of its own);
 - grad mode is off (no autograd graph to build; or, for a count that runs no backward, :attr:`CallReplayer.grad`, the
   graph is never used and a replay's outputs require grad as the template's did), autocast is off, the module and its
-  submodules carry no hooks of
-  their own and no instance-level ``forward`` (offloading, caching hooks: state the key cannot see), and no parameter
-  appeared during the call.
+  submodules carry no hooks of their own and no instance-level ``forward`` (offloading, caching hooks: state the key
+  cannot see), and no parameter appeared during the call.
 
 A later call of the same key is then **replayed**: each record of the template is copied with its arguments mapped
 (the template's inputs to this call's, its parameters kept), its module calls renumbered after the calls made so
@@ -51,7 +50,7 @@ import inspect
 import threading
 from collections import Counter
 from collections.abc import Callable, Collection, Iterator, Mapping
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -282,7 +281,7 @@ class CallReplayer:
             self.captured[label] += 1
             if template is not None:  # (refused, or its lists and dicts alias otherwise than the template's)
                 return forward(*args, **kwargs)
-            return self._first(path, key, forward, args, kwargs, tensors, label, module if structural else None)
+            return self._first(path, key, forward, args, kwargs, tensors, label, module, structural)
 
         return call
 
@@ -341,9 +340,10 @@ class CallReplayer:
         return (identity, str(spec), tuple(described), state), tensors
 
     def _first(self, path: str, key: Any, forward: Callable[..., Any], args: tuple[Any, ...],
-               kwargs: dict[str, Any], tensors: list[torch.Tensor], label: str | None = None,
-               structural: nn.Module | None = None) -> Any:
-        """Run the call, watched; keep its records as the key's template if they are provably every call's."""
+               kwargs: dict[str, Any], tensors: list[torch.Tensor], label: str, module: nn.Module,
+               structural: bool) -> Any:
+        """Run the call of ``module``, watched; keep its records as the key's template if they are provably every
+        call's (``structural``: a block, keyed by its structure)."""
         recorder, tracker = self.recorder, self.tracker
         before = _Counts.of(recorder)
         largest = recorder.largest_out
@@ -351,35 +351,42 @@ class CallReplayer:
         calls_before, stack = Counter(tracker.calls), tracker.stack
         containers, aliasing = _containers((args, kwargs))
         held = [_contents(c) for c in containers]
-        watched = self.reads and structural is not None
-        modules = dict(structural.named_modules()) if structural is not None and self.reads else {}
+        watched = self.reads and structural
+        modules = dict(module.named_modules())
         attributes = _attribute_values(modules)
         reads: tuple[tuple[str, str], ...] = ()
         values: tuple[Any, ...] = ()
         with recorder.watching() as window:
             try:
                 with _PYTHON_READ_PATCH.scope(recorder), \
-                        attribute_reads.watching(modules) if watched else _no_log() as log:
+                        attribute_reads.watching(modules) if watched else nullcontext(attribute_reads.Log()) as log:
                     out = forward(*args, **kwargs)
             finally:
                 made_largest = recorder.largest_out
                 recorder.largest_out = max(largest, made_largest)
             try:
-                if watched and structural is not None:
-                    reads, values = _keyed_reads(log, structural, attributes)
+                changed = _attribute_values(modules)
+                if changed != attributes:
+                    names = sorted({f"{n or '(module)'}.{k}" for n, k in {*changed, *attributes}
+                                    if changed.get((n, k), _ABSENT) != attributes.get((n, k), _ABSENT)})
+                    raise _Refused(f"it changed attributes of its modules ({', '.join(names[:3])}): state a replay "
+                                   "would not change")
+                if watched:
+                    reads = tuple(sorted(log.reads))
+                    values = _read_values(module, reads, attributes)
                 changes, made = _changes(containers, held, tensors, window)
                 outputs, output_tensors, spec = self._outputs((out, made), window, tensors)
             except _Refused as why:
-                self._refuse(label or path, key, str(why), reads, values)
+                self._refuse(label, key, str(why), reads, values)
                 return out
         try:
-            parameters = {} if structural is None else {
-                id(record): name for name, t in named_state(structural) if (record := recorder.made_by(t)) is not None}
+            parameters = {} if not structural else {
+                id(record): name for name, t in named_state(module) if (record := recorder.made_by(t)) is not None}
             template = self._template(path, window, tensors, stack, calls_before, _Counts.of(recorder).since(before),
                                       outputs, output_tensors, spec, made_largest, parameters)
             template.changes, template.containers, template.reads = changes, aliasing, reads
         except _Refused as why:
-            self._refuse(label or path, key, str(why), reads, values)
+            self._refuse(label, key, str(why), reads, values)
         else:
             self._templates.setdefault(key, []).append(_Candidate(reads, values, template))
         return out
@@ -739,25 +746,6 @@ def _read_values(module: nn.Module, reads: tuple[tuple[str, str], ...],
         else:
             found.append(values.get((name, attribute), _ABSENT))
     return tuple(found)
-
-
-def _keyed_reads(log: attribute_reads.Log, block: nn.Module, before: Mapping[tuple[str, str], Any]
-                 ) -> tuple[tuple[tuple[str, str], ...], tuple[Any, ...]]:
-    """The attributes a watched first call read, and their values before it; raises :class:`_Refused` where it
-    wrote an attribute of a module, or changed what one it read holds (a list a module keeps): a replay would not."""
-    if log.writes:
-        written = ", ".join(sorted(f"{name or '(block)'}.{attribute}" for name, attribute in log.writes)[:3])
-        raise _Refused(f"it set attributes of its modules ({written}): state a replay would not set")
-    reads = tuple(sorted(log.reads))
-    values = _read_values(block, reads, before)
-    if _read_values(block, reads) != values:
-        raise _Refused("it changed what an attribute it read holds (a list or dict a module keeps)")
-    return reads, values
-
-
-@contextmanager
-def _no_log() -> Iterator[attribute_reads.Log]:
-    yield attribute_reads.Log()
 
 
 def _held_alike(value: Any) -> Any:
