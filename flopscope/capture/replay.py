@@ -202,6 +202,9 @@ class CallReplayer:
     _templates: dict[Any, list[_Candidate]] = field(default_factory=dict)
     _ours: set[int] = field(default_factory=set)  # id() of the modules whose forward is our wrapper
     _groups: set[str] = field(default_factory=set)  # the ModuleLists whose blocks are replayed from one another
+    _unkeyed: set[str] = field(default_factory=set)  # the lists one of whose blocks' calls could not be keyed (an
+    # argument of another type, a shared module): their blocks' calls are captured without a key's cost
+    # (a call whose records were refused refuses its key only: T5's first block reads values, the others are replayed)
     _owned: dict[int, bool] = field(default_factory=dict)  # id(block) -> _own_paths
     _thread: int = field(default_factory=threading.get_ident)  # the thread whose calls are counted
 
@@ -248,7 +251,7 @@ class CallReplayer:
                 lines.append(f"{path}: {captured} calls, each captured (no two had the same inputs' shapes and plain "
                              "arguments)")
             for reason in dict.fromkeys(self.refused.get(path, ()) if refusals else ()):
-                lines.append(f"{path}: not replayed, each call captured: {reason}")
+                lines.append(f"{path}: {'some calls' if replayed else 'not replayed, each call'} captured: {reason}")
         return lines
 
     # ---------------------------------------------------------------------------------------------
@@ -261,9 +264,9 @@ class CallReplayer:
 
         @functools.wraps(forward)
         def call(*args: Any, **kwargs: Any) -> Any:
-            if threading.get_ident() != self._thread or (structural and label in self.refused):
+            if threading.get_ident() != self._thread or (structural and label in self._unkeyed):
                 return forward(*args, **kwargs)  # another thread's call (not counted: the tracker's rule), or a block
-                # of a list whose calls were refused once: captured without a key's cost
+                # of a list one of whose calls could not be keyed: captured without a key's cost
             try:
                 if structural and not self._own_paths(path, module):
                     raise _Refused("a module inside a block is shared with another place (its calls are attributed "
@@ -271,6 +274,7 @@ class CallReplayer:
                 key, tensors = self._key(module, args, kwargs, structural)
             except _Refused as why:
                 self._refuse(label, None, str(why))
+                self._unkeyed.add(label)
                 self.captured[label] += 1
                 return forward(*args, **kwargs)
             template = self._find(key, module)
