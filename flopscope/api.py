@@ -49,8 +49,9 @@ def profile(model: nn.Module, *args: Any, mode: str = "auto", registry: FormulaR
             tensor the fake run made is bigger than this; default: half the memory available now where the real
             run would allocate (the host's; a CUDA model's GPU's).
         reuse: on fake tensors, a block of a layer list (``nn.ModuleList`` of one class) whose records are provably
-            those of an earlier block (the same structure, plain attributes, input shapes and plain arguments, no
-            value read, nothing outside it written: :mod:`flopscope.capture.replay`) is not run again: its records
+            those of an earlier block (the same structure, the same values of the plain attributes its first call
+            read, input shapes and plain arguments, no value read, nothing outside it written, no attribute changed:
+            :mod:`flopscope.capture.replay`; grad mode may be on) is not run again: its records
             are copies of the earlier block's, moved to its own module calls. The count and the records are the same
             (``prof.notes`` says which lists were replayed); ``False`` captures every block. Not with ``backward``.
 
