@@ -212,6 +212,78 @@ def test_the_users_modules_are_left_as_they_were():
     assert all(type(block) is Block for block in model.blocks)  # (the shadow's classes were swapped while watched)
 
 
+class ToyCache:
+    """A cache of the states each block leaves, by the block's index (the calling convention of a KV cache's
+    ``update(states, layer_idx)``)."""
+
+    def __init__(self, filled: dict[int, int] | None = None) -> None:
+        self.entries = {i: torch.randn(2, n, D) for i, n in (filled or {}).items()}
+
+    def update(self, states: torch.Tensor, index: int) -> torch.Tensor:
+        held = self.entries.get(index)
+        self.entries[index] = states * 1.0 if held is None else torch.cat([held, states], dim=1)
+        return self.entries[index]
+
+
+class CachingBlock(Block):
+    """Attends its input's projection over what its cache entry holds (``how``: ``"update"`` hands its index to the
+    cache; ``"peek"`` also reads the cache's entries; ``"offset"`` hands it ``index + 1``, a use of the number)."""
+
+    def __init__(self, index: int, how: str = "update") -> None:
+        super().__init__()
+        self.index, self.how = index, how
+
+    def forward(self, x: torch.Tensor, cache: ToyCache) -> torch.Tensor:
+        if self.how == "peek" and len(cache.entries) > 8:
+            x = x * 2
+        held = cache.update(self.up(x)[..., :D], self.index + 1 if self.how == "offset" else self.index)
+        return x + self.down(torch.relu(self.up(self.norm(x @ held.transpose(1, 2) @ held))))
+
+
+class CachingStack(Stack):
+    def forward(self, x: torch.Tensor, cache: ToyCache) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x, cache)
+        return x
+
+
+def cached_count(how: str, filled: dict[int, int] | None = None) -> tuple[flopscope.Profile, flopscope.Profile]:
+    """The count of four caching blocks with reuse and without (the same capture), each given its own cache."""
+    model, x = CachingStack([CachingBlock(i, how) for i in range(4)]), torch.randn(2, 8, D)
+    reused, captured = (profile(model, x, ToyCache(filled), reuse=reuse) for reuse in (True, False))
+    assert_same_capture(Wrapped(reused), Wrapped(captured))
+    return reused, captured
+
+
+def test_a_block_handing_its_index_to_a_cache_it_is_given_is_replayed_calling_it_again():
+    """Blocks 1 to 3 are replayed from block 0, each calling ``update`` again with its own index: the same capture
+    as running them (the cache's ``mul`` and ``cat`` included), per block the projection 2·8·D·2D, the two products
+    with the held states 2·(2·8·8·D) and the MLP."""
+    reused, _ = cached_count("update")
+    block = 2 * 8 * D * 2 * D + 2 * (2 * 8 * 8 * D) + 2 * 8 * (D * 2 * D + 2 * D * D)
+    assert reused.total() == 4 * block
+    assert [note for note in reused.notes if "replayed" in note] == [
+        "blocks: 3 of 4 block calls replayed from an earlier call of a block of the same structure on the same "
+        "inputs' shapes (fake tensors: the same records)"]
+
+
+def test_a_block_reading_its_caches_state_or_using_its_index_is_captured():
+    """A block that reads the cache's entries (state a key cannot see), or computes with its index before handing it
+    on (a use of the number: the index is keyed), is captured every time."""
+    for how in ("peek", "offset"):
+        reused, _ = cached_count(how)
+        assert not [note for note in reused.notes if "replayed" in note], how
+
+
+def test_a_block_whose_cache_entry_gives_other_sizes_is_captured():
+    """Entries of 3, 5, 5 and 5 positions before the call: block 0's template takes its states after 3 held ones,
+    the other blocks' entries give theirs after 5, which a copy of the cache shows before anything is copied (the
+    cache is left as it was): every block is captured, and the count is every block's run."""
+    reused, captured = cached_count("update", {0: 3, 1: 5, 2: 5, 3: 5})
+    assert reused.total() == captured.total()
+    assert not [note for note in reused.notes if "replayed" in note]
+
+
 transformers = pytest.importorskip("transformers")
 
 
@@ -244,3 +316,40 @@ def test_transformers_encoders_count_as_without_reuse(name):
                               "structure on the same inputs' shapes (fake tensors: the same records)"] if name == "bert"
                         else ["encoder.block: 2 of 4 block calls replayed from an earlier call of a block of the same "
                               "structure on the same inputs' shapes (fake tensors: the same records)"])
+
+
+def tiny_llama(layers: int = 4, **config) -> nn.Module:
+    torch.manual_seed(0)
+    return transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+        vocab_size=100, **config)).eval()
+
+
+def test_language_model_layers_given_a_cache_are_replayed_and_update_it():
+    """A decoder's layers are given the model's KV cache and read their own ``layer_idx`` only to hand it to
+    ``cache.update``: layers 1 to 3 are replayed from layer 0, each calling ``update`` again with its own index, so
+    the capture is every layer's run (the ``cat`` s into the cache included) and the cache the forward returns holds 12
+    positions in each of its 4 layers. Projections 2·12·(32·32·2 + 32·16·2) + MLP 3·12·32·64, scores and weighted sum
+    2·12·12·32 (causal: counted whole, as SDPA computes them) per layer, and the head 12·32·100."""
+    n, d, kv = 12, 32, 16
+    reused, _ = both(tiny_llama(), torch.randint(0, 100, (1, n)))
+    layer = n * (2 * d * d + 2 * d * kv) + 3 * n * d * 64 + 2 * n * n * d
+    assert reused.total() == 4 * layer + n * d * 100
+    assert [note for note in reused.notes if "replayed" in note] == [
+        "model.layers: 3 of 4 block calls replayed from an earlier call of a block of the same structure on the same "
+        "inputs' shapes (fake tensors: the same records)"]
+    cache = reused.output.past_key_values
+    assert [tuple(layer.keys.shape) for layer in cache.layers] == [(1, 2, n, 8)] * 4
+
+
+def test_a_decoding_step_with_a_filled_cache_is_replayed():
+    """One token after a real 12-token prefill: each layer attends to 13 keys; layers 1 to 3 replayed, the same
+    capture, and each layer of the returned cache holds 13 positions."""
+    model, d, kv = tiny_llama(), 32, 16
+    with torch.no_grad():
+        prefill = model(torch.randint(0, 100, (1, 12)), use_cache=True)
+    reused, _ = both(model, torch.randint(0, 100, (1, 1)), past_key_values=prefill.past_key_values)
+    layer = (2 * d * d + 2 * d * kv) + 3 * d * 64 + 2 * 13 * d
+    assert reused.total() == 4 * layer + d * 100
+    assert [tuple(layer.keys.shape) for layer in reused.output.past_key_values.layers] == [(1, 2, 13, 8)] * 4
+    assert [tuple(layer.keys.shape) for layer in prefill.past_key_values.layers] == [(1, 2, 12, 8)] * 4

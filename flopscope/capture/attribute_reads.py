@@ -9,6 +9,12 @@ tables, which a key holds by structure). Reading the whole ``__dict__`` (``vars(
 ``nn.Module``'s own ``__getattr__`` / ``__setattr__`` reading it to find a parameter or submodule does not. The class
 is put back when the block returns (also when it raises).
 
+An attribute whose value differs between the blocks of a list (a layer's own ``layer_idx``) may be **passed on**: read,
+it is an :class:`Index`, which stands for the number and notes a read at its first use as one (compared, hashed,
+used as an index, in arithmetic, formatted, converted); handed to a method of an object the block is given (a KV
+cache's ``update(k, v, self.layer_idx)``: :mod:`flopscope.capture.given_objects`) it is no read of the block's, so the
+block's key does not hold it, and a replay hands its own block's value to that method.
+
 Only modules no one else runs may be watched: the fake run's shadow of a model
 (:func:`flopscope.capture.fake.shadow_of`), never the user's modules (another thread would see their class change).
 """
@@ -46,6 +52,55 @@ class _Watch:
     name: str  # the module's name in the watched block
     own: frozenset[str]  # its own attributes a read is noted of
     log: Log
+    passed: frozenset[str] = frozenset()  # the int attributes read as an Index
+
+
+class Index:
+    """An int attribute of a watched module as a read gives it (:func:`watching`'s ``passed``): it behaves as the
+    number, and its first use as one notes the read in ``logs``; :func:`value_of` is the number without a use."""
+
+    __slots__ = ("_reads", "_value")
+
+    def __init__(self, value: int, reads: list[tuple[Log, tuple[str, str]]]) -> None:
+        self._value, self._reads = value, reads
+
+    @property  # type: ignore[misc]
+    def __class__(self) -> type:  # isinstance(index, int), as of the number (type() still tells)
+        return int
+
+    def _use(self) -> int:
+        for log, read in self._reads:
+            log.reads.add(read)
+        return self._value
+
+    def __repr__(self) -> str:
+        return repr(self._use())
+
+    def __getattr__(self, name: str) -> Any:  # (bit_length, real, numerator, ...)
+        return getattr(self._use(), name)
+
+
+def _use_as_int(name: str) -> Any:
+    def method(self: Index, *args: Any) -> Any:
+        return getattr(self._use(), name)(*(value_of(a) for a in args))
+
+    method.__name__ = name
+    return method
+
+
+for _name in ("__index__", "__int__", "__float__", "__complex__", "__bool__", "__hash__", "__str__", "__format__",
+              "__eq__", "__ne__", "__lt__", "__le__", "__gt__", "__ge__", "__neg__", "__pos__", "__abs__", "__invert__",
+              "__round__", "__trunc__", "__floor__", "__ceil__", "__add__", "__radd__", "__sub__", "__rsub__",
+              "__mul__", "__rmul__", "__floordiv__", "__rfloordiv__", "__truediv__", "__rtruediv__", "__mod__",
+              "__rmod__", "__divmod__", "__rdivmod__", "__pow__", "__rpow__", "__lshift__", "__rlshift__",
+              "__rshift__", "__rrshift__", "__and__", "__rand__", "__or__", "__ror__", "__xor__", "__rxor__",
+              "__getnewargs__", "__reduce__", "__reduce_ex__", "__copy__", "__deepcopy__", "__sizeof__"):
+    setattr(Index, _name, _use_as_int(_name))
+
+
+def value_of(value: Any) -> Any:
+    """``value``, or the number an :class:`Index` stands for (no use of it)."""
+    return value._value if type(value) is Index else value
 
 
 _WATCHES: dict[int, list[_Watch]] = {}  # id(module) -> the watches it is in (a block inside a watched block: two)
@@ -68,16 +123,17 @@ def note(module: nn.Module, name: str) -> None:
 
 
 @contextmanager
-def watching(modules: Mapping[str, nn.Module]) -> Iterator[Log]:
+def watching(modules: Mapping[str, nn.Module], passed: Mapping[str, frozenset[str]] | None = None
+             ) -> Iterator[Log]:
     """For the block, the reads of the plain attributes of ``modules`` (name in the block -> module) are noted in the
-    :class:`Log` it yields. A module whose class cannot be swapped (a compiled or extension class) is
-    noted as read whole."""
+    :class:`Log` it yields; ``passed``: per module name, the int attributes read as an :class:`Index`. A module
+    whose class cannot be swapped (a compiled or extension class) is noted as read whole."""
     log = Log()
     swapped: list[tuple[nn.Module, type]] = []
     entered: list[tuple[int, _Watch]] = []
     try:
         for name, module in modules.items():
-            watch = _Watch(name, frozenset(own_attributes(module)), log)
+            watch = _Watch(name, frozenset(own_attributes(module)), log, (passed or {}).get(name, frozenset()))
             with _LOCK:
                 _WATCHES.setdefault(id(module), []).append(watch)
             entered.append((id(module), watch))
@@ -117,6 +173,8 @@ def _watcher(cls: type) -> type:
                 if sys._getframe(1).f_code not in _INTERNAL_DICT_READERS:
                     for watch in watches:
                         watch.log.reads.add((watch.name, EVERY))
+            elif type(value) is int and all(name in watch.passed for watch in watches):
+                return Index(value, [(watch.log, (watch.name, name)) for watch in watches])
             else:
                 for watch in watches:
                     if name in watch.own:

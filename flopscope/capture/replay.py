@@ -22,6 +22,10 @@ keeps its records as a :class:`CallTemplate` when they are provably the same for
   :mod:`~flopscope.capture.attribute_reads`), the key holds the plain attributes by name, and the template the values
   of those the call read (a layer's own index, read only with a cache, keys nothing when there is none; a call of
   other values of what it read is captured, and may become a template of its own);
+- where it was given objects (a KV cache; :attr:`CallReplayer.reads` only), it read none of their state and called
+  their methods with tensors, plain values and attributes its blocks differ in: each call is a call-out that a
+  replay calls again (:mod:`~flopscope.capture.given_objects`), once a copy of the object shows that it gives outputs
+  of the template's sizes;
 - grad mode is off (no autograd graph to build; or, for a count that runs no backward, :attr:`CallReplayer.grad`, the
   graph is never used and a replay's outputs require grad as the template's did), autocast is off, the module and its
   submodules carry no hooks of their own and no instance-level ``forward`` (offloading, caching hooks: state the key
@@ -59,8 +63,9 @@ from torch import nn
 from torch.utils import _pytree as pytree
 
 from ..formulas.registry import shape_of
-from . import attribute_reads
-from .attribute_reads import EVERY, own_attributes
+from . import attribute_reads, given_objects
+from .attribute_reads import EVERY, Index, own_attributes
+from .given_objects import CallOut
 from .module_tracker import ModuleCall, ModuleTracker
 from .recorder import Recorder, Window, storage_of
 from .records import CapturedOp, LeafKind, map_records
@@ -171,6 +176,8 @@ class CallTemplate:
     containers: tuple[int, ...] = ()  # which of the arguments' lists and dicts are one object (_containers)
     reads: tuple[tuple[str, str], ...] = ()  # the plain attributes it read (module name in it, attribute), where
     # read attributes are keyed (CallReplayer.reads)
+    callouts: list[tuple[int, CallOut]] = field(default_factory=list)  # its calls of given objects' methods, each
+    # with the number of plan steps before it (a replay calls them again: flopscope.capture.given_objects)
 
 
 @dataclass(frozen=True)
@@ -202,6 +209,8 @@ class CallReplayer:
     _templates: dict[Any, list[_Candidate]] = field(default_factory=dict)
     _ours: set[int] = field(default_factory=set)  # id() of the modules whose forward is our wrapper
     _groups: set[str] = field(default_factory=set)  # the ModuleLists whose blocks are replayed from one another
+    _lists: dict[str, nn.Module] = field(default_factory=dict)  # a list of blocks' path -> the list
+    _passing: dict[str, dict[str, frozenset[str]]] = field(default_factory=dict)  # (_passed)
     _unkeyed: set[str] = field(default_factory=set)  # the lists one of whose blocks' calls could not be keyed (an
     # argument of another type, a shared module): their blocks' calls are captured without a key's cost
     # (a call whose records were refused refuses its key only: T5's first block reads values, the others are replayed)
@@ -226,6 +235,9 @@ class CallReplayer:
                                 for name, blocks in module.named_modules() if _blocks(blocks)
                                 for inside in (f"{path}.{name}" if path else name,)
                                 for i, block in enumerate(blocks) if "forward" not in vars(block)]
+                for name, blocks in (module.named_modules() if self.blocks else ()):
+                    if _blocks(blocks):
+                        self._lists[f"{path}.{name}" if path else name] = blocks
                 for where, target, label, structural in targets:
                     self._ours.add(id(target))
                     target.forward = self._wrapped(where, target, target.forward, label, structural)
@@ -271,7 +283,7 @@ class CallReplayer:
                 if structural and not self._own_paths(path, module):
                     raise _Refused("a module inside a block is shared with another place (its calls are attributed "
                                    "to its first path)")
-                key, tensors = self._key(module, args, kwargs, structural)
+                key, tensors, objects = self._key(module, args, kwargs, structural)
             except _Refused as why:
                 self._refuse(label, None, str(why))
                 self._unkeyed.add(label)
@@ -280,14 +292,94 @@ class CallReplayer:
             template = self._find(key, module)
             if isinstance(template, CallTemplate) and (
                     not template.changes or _containers((args, kwargs))[1] == template.containers):
-                self.replayed[label] += 1
-                return self._replay(template, tensors, path, module, (args, kwargs))
+                if not template.callouts or self._callouts_agree(template, objects, module):
+                    self.replayed[label] += 1
+                    return self._replay(template, tensors, path, module, (args, kwargs), objects)
+                template = None  # (its objects' methods give other sizes here: captured, the objects untouched)
+                self.captured[label] += 1
+                return forward(*args, **kwargs)
             self.captured[label] += 1
             if template is not None:  # (refused, or its lists and dicts alias otherwise than the template's)
                 return forward(*args, **kwargs)
-            return self._first(path, key, forward, args, kwargs, tensors, label, module, structural)
+            return self._first(path, key, forward, args, kwargs, tensors, label, module, structural, objects)
 
         return call
+
+    def _passed(self, label: str, module: nn.Module) -> dict[str, frozenset[str]]:
+        """Per module name in a block of the list ``label``, the attributes whose values differ between its blocks (a
+        layer's own index): read as an :class:`~flopscope.capture.attribute_reads.Index`, which a block may hand to
+        a given object's method without the value keying it."""
+        found = self._passing.get(label)
+        if found is None:
+            blocks: Any = self._lists.get(label, ())
+            values = [_attribute_values(dict(block.named_modules())) for block in blocks]
+            differ: dict[str, set[str]] = {}
+            for key in {k for v in values for k in v}:
+                if any(v.get(key, _ABSENT) != values[0].get(key, _ABSENT) for v in values[1:]):
+                    differ.setdefault(key[0], set()).add(key[1])
+            found = self._passing[label] = {name: frozenset(names) for name, names in differ.items()}
+        return found
+
+    def _callouts_agree(self, template: CallTemplate, objects: list[Any], module: nn.Module) -> bool:
+        """Whether the template's call-outs, called on copies of this call's ``objects`` with the recorder suspended,
+        give outputs of the template's sizes (so that a replay calling them on the objects themselves is the call);
+        the objects are not touched."""
+        if any(given_objects.watched(obj) for obj in objects):
+            return False  # (a block around this one watches them: its first call would take our calls as its own)
+        modules = dict(module.named_modules())
+        twins: dict[int, Any] = {}
+        made: dict[int, torch.Tensor] = {}
+        with self.recorder.suspended():
+            for _, callout in template.callouts:
+                obj = objects[callout.at]
+                twin = twins.get(id(obj))
+                if twin is None:
+                    twin = twins[id(obj)] = given_objects.detached(obj)
+                args, kwargs = _callout_arguments(callout, modules, lambda record, meta: made.get(id(record))
+                                                  or _empty(meta))
+                try:
+                    out = getattr(twin, callout.method)(*args, **kwargs)
+                except Exception:  # (the call itself raises it again, for the user to see)
+                    return False
+                leaves = pytree.tree_leaves(out)
+                if len(leaves) != len(callout.outputs):
+                    return False
+                for leaf, (kind, *rest) in zip(leaves, callout.outputs, strict=True):
+                    if kind != "record":
+                        if isinstance(leaf, torch.Tensor) or leaf != rest[0]:
+                            return False
+                    elif not isinstance(leaf, torch.Tensor) or given_objects.meta_of(leaf) != rest[1]:
+                        return False
+                    else:
+                        made[id(rest[0])] = leaf
+        return True
+
+    def _call_out(self, callout: CallOut, obj: Any, module: nn.Module, frames: tuple[ModuleCall, ...],
+                  mapped: dict[int, CapturedOp], new: Callable[[CapturedOp], CapturedOp]) -> None:
+        """Call ``callout``'s method again on ``obj`` in a replay of a call of ``module`` (in the module calls
+        ``frames``): its tensor arguments made anew with the replay's records, its attribute arguments this block's;
+        its outputs' records are then the replay's (``mapped``)."""
+        recorder, tracker = self.recorder, self.tracker
+        made: dict[int, torch.Tensor] = {}
+
+        def tensor(record: CapturedOp, meta: given_objects.Meta) -> torch.Tensor:
+            found = made.get(id(record))
+            if found is None:
+                found = made[id(record)] = _empty(meta)
+                recorder.set_producer(found, mapped.get(id(record)) or new(record))
+            return found
+
+        saved = tracker.stack
+        tracker.stack = ()  # (the recorder passes the allocations of its arguments)
+        try:
+            args, kwargs = _callout_arguments(callout, dict(module.named_modules()), tensor)
+            tracker.stack = frames
+            out = getattr(obj, callout.method)(*args, **kwargs)
+        finally:
+            tracker.stack = saved
+        for leaf, (kind, *rest) in zip(pytree.tree_leaves(out), callout.outputs, strict=True):
+            if kind == "record":
+                mapped[id(rest[0])] = recorder.record_of(leaf)
 
     def _own_paths(self, path: str, module: nn.Module) -> bool:
         """Whether every module inside ``module`` (at ``path``) has its path under it in the capture (the tracker
@@ -313,7 +405,7 @@ class CallReplayer:
         self.refused.setdefault(path, []).append(reason)
 
     def _key(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], structural: bool = False
-             ) -> tuple[Any, list[torch.Tensor]]:
+             ) -> tuple[Any, list[torch.Tensor], list[Any]]:
         """The key of a call, and its tensor arguments in order; raises :class:`_Refused` where a call's records
         cannot be decided by a key. ``structural``: the module by its structure (class, submodules, parameter shapes,
         attributes), so that blocks of the same structure share keys."""
@@ -325,6 +417,7 @@ class CallReplayer:
             raise _Refused("autocast is on")
         leaves, spec = pytree.tree_flatten((args, kwargs))
         tensors: list[torch.Tensor] = []
+        objects: list[Any] = []  # (given objects: a block of the shadow's, given a KV cache)
         storages: dict[int, int] = {}
         described: list[Any] = []
         for leaf in leaves:
@@ -335,17 +428,22 @@ class CallReplayer:
                 described.append((tuple(leaf.shape), leaf.stride(), leaf.dtype, leaf.device, leaf.requires_grad,
                                   self.recorder.values_known(leaf), storages.setdefault(storage, len(tensors))))
                 tensors.append(leaf)
+            elif type(leaf) is Index:
+                raise _Refused("an argument is a module's attribute as read while a block around it was watched")
             elif isinstance(leaf, _PLAIN):
                 described.append((type(leaf), leaf))
+            elif self.reads and structural and given_objects.can_watch(leaf) and all(o is not leaf for o in objects):
+                described.append(("object", type(leaf)))  # (what the block does with it is its call-outs)
+                objects.append(leaf)
             else:
                 raise _Refused(f"an argument is a {type(leaf).__name__} (only tensors and plain values are keyed)")
         identity = type(module) if structural else id(module)
         state = _state(module, self._ours, structural, by_name=structural and self.reads)
-        return (identity, str(spec), tuple(described), state), tensors
+        return (identity, str(spec), tuple(described), state), tensors, objects
 
     def _first(self, path: str, key: Any, forward: Callable[..., Any], args: tuple[Any, ...],
                kwargs: dict[str, Any], tensors: list[torch.Tensor], label: str, module: nn.Module,
-               structural: bool) -> Any:
+               structural: bool, objects: list[Any]) -> Any:
         """Run the call of ``module``, watched; keep its records as the key's template if they are provably every
         call's (``structural``: a block, keyed by its structure)."""
         recorder, tracker = self.recorder, self.tracker
@@ -362,13 +460,19 @@ class CallReplayer:
         values: tuple[Any, ...] = ()
         with recorder.watching() as window:
             try:
-                with _PYTHON_READ_PATCH.scope(recorder), \
-                        attribute_reads.watching(modules) if watched else nullcontext(attribute_reads.Log()) as log:
+                with ExitStack() as watches:
+                    watches.enter_context(_PYTHON_READ_PATCH.scope(recorder))
+                    log = watches.enter_context(attribute_reads.watching(modules, self._passed(label, module))
+                                                if watched else nullcontext(attribute_reads.Log()))
+                    given = watches.enter_context(given_objects.watching(
+                        objects, log, recorder, tracker, lambda: _Counts.of(recorder)))
                     out = forward(*args, **kwargs)
             finally:
                 made_largest = recorder.largest_out
                 recorder.largest_out = max(largest, made_largest)
             try:
+                if given.problems:
+                    raise _Refused(given.problems[0])
                 changed = _attribute_values(modules)
                 if changed != attributes:
                     names = sorted({f"{n or '(module)'}.{k}" for n, k in {*changed, *attributes}
@@ -387,7 +491,7 @@ class CallReplayer:
             parameters = {} if not structural else {
                 id(record): name for name, t in named_state(module) if (record := recorder.made_by(t)) is not None}
             template = self._template(path, window, tensors, stack, calls_before, _Counts.of(recorder).since(before),
-                                      outputs, output_tensors, spec, made_largest, parameters)
+                                      outputs, output_tensors, spec, made_largest, parameters, given.calls)
             template.changes, template.containers, template.reads = changes, aliasing, reads
         except _Refused as why:
             self._refuse(label, key, str(why), reads, values)
@@ -401,6 +505,8 @@ class CallReplayer:
         records: list[Any] = []
         tensors: list[torch.Tensor | None] = []
         for leaf in leaves:
+            if type(leaf) is Index:
+                raise _Refused("it returns a module's attribute as read (a replay would return the first block's)")
             if isinstance(leaf, torch.Tensor):
                 given = next((i for i, t in enumerate(arguments) if t is leaf), None)
                 if given is not None:  # (an argument handed back as it is: T5's position bias; a replay hands back
@@ -432,8 +538,11 @@ class CallReplayer:
     def _template(self, path: str, window: Window, tensors: list[torch.Tensor], stack: tuple[ModuleCall, ...],
                   calls_before: Counter[str], counts: _Counts, outputs: list[Any],
                   output_tensors: list[torch.Tensor | None], spec: pytree.TreeSpec, largest: int,
-                  parameters: dict[int, str]) -> CallTemplate:
+                  parameters: dict[int, str], callouts: list[CallOut]) -> CallTemplate:
         recorder, tracker = self.recorder, self.tracker
+        for callout in callouts:  # (what its call-outs add, a replay's add again)
+            before, after = callout.tallies or (counts, counts)
+            counts = counts.since(after.since(before))
         if counts.value_reads:
             raise _Refused(f"it read the values of tensors {counts.value_reads} time(s) (what runs may depend on them)")
         if window.outside_writes:
@@ -465,18 +574,24 @@ class CallReplayer:
         fresh = {id(op) for op in records if op.node_op != "call_function" and op.leaf is LeafKind.CONSTANT
                  and id(op) not in alive and id(op) not in inputs}
         stacks: dict[tuple[ModuleCall, ...], int] = {}
-        kept = [op for op in records if id(op) in inputs or op.node_op == "call_function" or id(op) in fresh]
-        mapped = {id(op) for op in kept} | set(inputs) | set(parameters)
+        made_out = {id(op) for c in callouts for op in recorder.ops[c.start:c.end]}  # (a replay's call-outs make them)
+        kept_at = [(at, op) for at, op in enumerate(records, window.start) if id(op) not in made_out and (
+            id(op) in inputs or op.node_op == "call_function" or id(op) in fresh)]
+        kept = [op for _, op in kept_at]
+        given = {id(leaf[1]) for c in callouts for leaf in c.outputs if leaf[0] == "record"}
+        mapped = {id(op) for op in kept} | set(inputs) | set(parameters) | given
         plan = [_Copy(op, None) if id(op) in inputs else
                 _Copy.of(op, stacks.setdefault(op.module_stack, len(stacks)), mapped) for op in kept]
+        placed = [(sum(1 for at, _ in kept_at if at < c.start), c) for c in callouts]
         return CallTemplate(path, plan, list(stacks), inputs, stack, calls_before, inner, module_inputs, outputs,
-                            output_tensors, spec, counts, largest, parameters)
+                            output_tensors, spec, counts, largest, parameters, callouts=placed)
 
     def _replay(self, template: CallTemplate, tensors: list[torch.Tensor], path: str, module: nn.Module,
-                given: tuple[tuple[Any, ...], dict[str, Any]]) -> Any:
+                given: tuple[tuple[Any, ...], dict[str, Any]], objects: list[Any]) -> Any:
         """Copy the template's records into this call of ``module`` (at ``path``: the template's module, or another
-        of the same structure, whose parameters and module paths its copies take) given ``(args, kwargs)``; change
-        the lists and dicts it was given as the template's call did; return its outputs, made anew."""
+        of the same structure, whose parameters and module paths its copies take) given ``(args, kwargs)``, calling
+        its call-outs again on this call's ``objects`` where they fall; change the lists and dicts it was given as
+        the template's call did; return its outputs, made anew."""
         recorder, tracker = self.recorder, self.tracker
         stack, depth = tracker.stack, len(template.stack)
         rename = _renaming(template.path, path)
@@ -507,29 +622,37 @@ class CallReplayer:
                 mapped[id(record)] = found
             return found
 
-        for step in template.plan:  # (the hot loop of a replay: one pass, no call per record but the copy's)
-            op = step.op
-            at = step.records_at
-            if at is None:
-                new(op)  # (a leaf of this call's input, made where the template's was)
-                continue
-            args = op.args
-            if at:
-                listed = list(args)
-                for i in at:
-                    record = listed[i]
-                    if type(record) is CapturedOp:
-                        listed[i] = mapped.get(id(record)) or new(record)  # (an input's, the first time)
-                    else:  # (records inside a list, a tuple, a dict)
-                        listed[i] = map_records(record, new)
-                args = tuple(listed)
-            clone = CapturedOp(op.node_op, op.target, args,
-                               map_records(op.kwargs, new) if step.kwargs_records else op.kwargs, op.name, op.phase,
-                               stacks[step.stack_at], *step.rest)
-            mapped[id(op)] = clone
-            clones.append(clone)
-            copies[clone] = op
-        recorder.add_records(clones)
+        plan, done = template.plan, 0
+        for until, callout in (*template.callouts, (len(plan), None)):
+            for step in plan[done:until]:  # (the hot loop of a replay: one pass, no call per record but the copy's)
+                op = step.op
+                at = step.records_at
+                if at is None:
+                    new(op)  # (a leaf of this call's input, made where the template's was)
+                    continue
+                args = op.args
+                if at:
+                    listed = list(args)
+                    for i in at:
+                        record = listed[i]
+                        if type(record) is CapturedOp:
+                            listed[i] = mapped.get(id(record)) or new(record)  # (an input's, the first time)
+                        else:  # (records inside a list, a tuple, a dict)
+                            listed[i] = map_records(record, new)
+                    args = tuple(listed)
+                clone = CapturedOp(op.node_op, op.target, args,
+                                   map_records(op.kwargs, new) if step.kwargs_records else op.kwargs, op.name,
+                                   op.phase, stacks[step.stack_at], *step.rest)
+                mapped[id(op)] = clone
+                clones.append(clone)
+                copies[clone] = op
+            done = until
+            recorder.add_records(clones)
+            clones = []
+            if callout is not None:  # (its records are made by calling it: after the copies before it)
+                frames = (*stack, *(ModuleCall(rename(f.path), f.call + offset.get(f.path, 0))
+                                    for f in callout.stack[depth:]))
+                self._call_out(callout, objects[callout.at], module, frames, mapped, new)
         for call, shapes in template.module_inputs.items():
             tracker.inputs[ModuleCall(rename(call.path), call.call + offset[call.path])] = shapes
         for name, n in template.inner_calls.items():
@@ -659,7 +782,7 @@ def _changes(containers: list[list[Any] | dict[Any, Any]], held: list[_Contents]
                 items.append(("made", made_at.setdefault(id(value), len(made))))
                 if len(made_at) > len(made):
                     made.append(value)
-            elif isinstance(value, _PLAIN):
+            elif isinstance(value, _PLAIN) and type(value) is not Index:
                 items.append(("plain", value))
             else:
                 was = next((j for j, v in enumerate(values) if v is value), None)
@@ -728,6 +851,31 @@ def _state(module: nn.Module, ours: Collection[int] = (), structural: bool = Fal
             (key, held(value)) for key, value in own_attributes(m).items())
         state.append(((name, type(m)) if structural else id(m), m.training, tensors, plain))
     return tuple(state)
+
+
+def _empty(meta: given_objects.Meta) -> torch.Tensor:
+    """A tensor of ``meta``'s sizes, strides, dtype, device and ``requires_grad`` (fake, or meta: nothing allocated)."""
+    shape, stride, dtype, device, requires_grad = meta
+    return torch.empty_strided(shape, stride, dtype=dtype, device=device, requires_grad=requires_grad)
+
+
+def _callout_arguments(callout: CallOut, modules: Mapping[str, nn.Module],
+                       tensor: Callable[[CapturedOp, given_objects.Meta], torch.Tensor]
+                       ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """``callout``'s ``(args, kwargs)`` in a call of a block whose modules are ``modules``: a tensor argument as
+    ``tensor(record, meta)`` gives it, an attribute argument as that block's module holds it, a plain value as it
+    was."""
+    values = []
+    for kind, *rest in callout.leaves:
+        if kind == "index":
+            name, attribute = rest[0]
+            values.append(vars(modules[name])[attribute])
+        elif kind == "record":
+            values.append(tensor(rest[0], rest[1]))
+        else:
+            values.append(rest[0])
+    args, kwargs = pytree.tree_unflatten(values, callout.spec)
+    return tuple(args), dict(kwargs)
 
 
 def _attribute_values(modules: Mapping[str, nn.Module]) -> dict[tuple[str, str], Any]:

@@ -1,0 +1,229 @@
+"""Objects a block is given (a Hugging Face KV cache): which of their methods the block calls, for a replay to call
+again.
+
+While a block's first call of a key runs (:mod:`flopscope.capture.replay`), each object among its arguments that is no
+tensor, plain value or container (a ``transformers`` ``Cache``) is watched: its class is swapped for a subclass (made
+once per class, with the same name) whose attribute reads give its methods wrapped, and note any other read (the
+object's state: what the block records may depend on it, so the call is no template). A call of a method from the
+block is a :class:`CallOut`, recorded with
+
+- its arguments: a tensor as its record and its sizes, strides, dtype, device and ``requires_grad``; an
+  :class:`~flopscope.capture.attribute_reads.Index` (a layer's own ``layer_idx``) as the attribute it stands for, not
+  as a read of it; a plain value as it is (anything else: the call is no template);
+- the records it made (their positions in the capture), which a replay makes again by calling the method;
+- its outputs: tensors it made, or plain values.
+
+Inside the method nothing is watched: the object's own code reads its state as it likes. A replay calls each method
+again, on its own call's object, with its own tensors and its own block's attribute values, after calling them first
+on a copy of the object (:func:`detached`: its attributes, and the objects in its lists and dicts, copied) with the
+recorder suspended, to check that they give outputs of the same sizes (else the block is captured, and the object was
+not touched). Only objects the run made or copied may be watched (a fake run's, never the user's).
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import threading
+import types
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils import _pytree as pytree
+
+from .attribute_reads import Index, Log, value_of
+from .module_tracker import ModuleCall, ModuleTracker
+from .recorder import Recorder
+
+Meta = tuple[tuple[int, ...], tuple[int, ...], torch.dtype, torch.device, bool]
+"""A tensor as a call-out takes or gives it: sizes, strides, dtype, device, ``requires_grad``."""
+
+
+def meta_of(t: torch.Tensor) -> Meta:
+    return tuple(t.shape), t.stride(), t.dtype, t.device, t.requires_grad
+
+
+@dataclass
+class CallOut:
+    """One call of a method of a given object from a block: ``at`` the object's position among the block's given
+    objects; ``leaves`` and ``spec`` its ``(args, kwargs)``: ``("record", record, meta)``, ``("index", (module name,
+    attribute))`` or ``("plain", value)``; ``start``/``end`` the positions of the records it made in the recorder's
+    ops; ``stack`` the module calls running; ``outputs`` and ``output_spec`` what it returned: ``("record", record,
+    meta)`` or ``("plain", value)``; ``tallies`` the recorder's tallies before and after it (what the call added)."""
+
+    at: int
+    method: str
+    leaves: list[tuple[Any, ...]]
+    spec: pytree.TreeSpec
+    start: int
+    end: int
+    stack: tuple[ModuleCall, ...]
+    outputs: list[tuple[Any, ...]] = field(default_factory=list)
+    output_spec: pytree.TreeSpec | None = None
+    tallies: tuple[Any, Any] | None = None
+
+
+@dataclass
+class ObjectLog:
+    """What a watched call did with the objects it was given: ``calls`` its call-outs, in order; ``problems`` why it
+    can be no template (a read of an object's state, an argument or output a replay could not give again)."""
+
+    calls: list[CallOut] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+
+@dataclass
+class _Watch:
+    at: int
+    log: ObjectLog
+    block: Log  # the attribute log of the same call (an Index is that call's attribute)
+    recorder: Recorder
+    tracker: ModuleTracker
+    tally: Callable[[], Any]
+    thread: int
+    inside: int = 0
+
+
+_WATCHES: dict[int, _Watch] = {}  # id(object) -> its watch
+_WATCHERS: dict[type, type] = {}
+_WATCHING: set[type] = set()
+_LOCK = threading.Lock()
+
+
+def can_watch(obj: Any) -> bool:
+    """Whether ``obj`` may be a given object: an instance of a plain Python class (not a tensor, module, function,
+    class or container), not watched already (by a block around this one)."""
+    return (hasattr(obj, "__dict__") and not isinstance(obj, (torch.Tensor, nn.Module, type, list, tuple, dict))
+            and not inspect.isroutine(obj) and type(obj) not in _WATCHING)
+
+
+@contextmanager
+def watching(objects: Sequence[Any], block: Log, recorder: Recorder, tracker: ModuleTracker,
+             tally: Callable[[], Any]) -> Iterator[ObjectLog]:
+    """For the block, the calls of the methods of ``objects`` made outside their own methods are recorded in the
+    :class:`ObjectLog` it yields (``tally``: the recorder's tallies now)."""
+    log = ObjectLog()
+    swapped: list[tuple[Any, type]] = []
+    try:
+        for at, obj in enumerate(objects):
+            cls = type(obj)
+            with _LOCK:
+                _WATCHES[id(obj)] = _Watch(at, log, block, recorder, tracker, tally, threading.get_ident())
+            try:
+                object.__setattr__(obj, "__class__", _watcher(cls))
+            except TypeError:
+                log.problems.append(f"a {cls.__name__} it was given cannot be watched")
+                continue
+            swapped.append((obj, cls))
+        yield log
+    finally:
+        with _LOCK:
+            for obj in objects:
+                _WATCHES.pop(id(obj), None)
+        for obj, cls in swapped:
+            object.__setattr__(obj, "__class__", cls)
+
+
+def watched(obj: Any) -> bool:
+    """Whether ``obj`` is watched now (by a first call running)."""
+    return id(obj) in _WATCHES
+
+
+def detached(obj: Any) -> Any:
+    """A copy of ``obj`` that a call of its methods can change without changing ``obj``: its attributes copied, and
+    the objects its attributes hold (directly, or in a list or dict) copied too (their attributes; tensors are not
+    copied: a method replaces them, as a cache's ``self.keys = torch.cat(...)`` does)."""
+    twin = copy.copy(obj)
+    own = vars(twin)
+    for key, value in list(own.items()):
+        if type(value) is list:
+            own[key] = [_copied(v) for v in value]
+        elif type(value) is dict:
+            own[key] = {k: _copied(v) for k, v in value.items()}
+        else:
+            own[key] = _copied(value)
+    return twin
+
+
+def _copied(value: Any) -> Any:
+    return copy.copy(value) if can_watch(value) and not isinstance(value, types.ModuleType) else value
+
+
+def _watcher(cls: type) -> type:
+    found = _WATCHERS.get(cls)
+    if found is not None:
+        return found
+    get: Any = cls.__getattribute__
+
+    def __getattribute__(self: Any, name: str) -> Any:  # noqa: N807
+        value = get(self, name)
+        watch = _WATCHES.get(id(self))
+        if watch is None or watch.inside or threading.get_ident() != watch.thread or name == "__class__":
+            return value
+        if isinstance(value, types.MethodType) and value.__self__ is self:
+            return _calling(watch, name, value)
+        watch.log.problems.append(f"it read {name!r} of the {cls.__name__} it was given (state a key cannot see)")
+        return value
+
+    found = type(cls.__name__, (cls,), {"__getattribute__": __getattribute__, "__module__": cls.__module__,
+                                        "__qualname__": cls.__qualname__})
+    with _LOCK:
+        found = _WATCHERS.setdefault(cls, found)
+        _WATCHING.add(found)
+    return found
+
+
+def _calling(watch: _Watch, name: str, method: Callable[..., Any]) -> Callable[..., Any]:
+    """``method``, recording its calls as call-outs of ``watch``'s block."""
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        recorder, log = watch.recorder, watch.log
+        leaves, spec = pytree.tree_flatten((args, kwargs))
+        described: list[tuple[Any, ...]] = []
+        for leaf in leaves:
+            if type(leaf) is Index:
+                read = next((r for block, r in leaf._reads if block is watch.block), None)
+                if read is None:
+                    log.problems.append(f"it gave {name} an attribute of a module outside it")
+                described.append(("index", read))
+            elif isinstance(leaf, torch.Tensor):
+                described.append(("record", recorder.record_of(leaf), meta_of(leaf)))
+            elif leaf is None or isinstance(leaf, (bool, int, float, str, torch.dtype, torch.device)):
+                described.append(("plain", leaf))
+            else:
+                log.problems.append(f"it gave {name} a {type(leaf).__name__} (only tensors, attributes and plain "
+                                    "values are given again)")
+                described.append(("plain", leaf))
+        given = pytree.tree_unflatten([value_of(leaf) for leaf in leaves], spec)
+        before = watch.tally()
+        start, stack = len(recorder.ops), watch.tracker.stack
+        watch.inside += 1
+        try:
+            out = method(*given[0], **given[1])
+        finally:
+            watch.inside -= 1
+        end = len(recorder.ops)
+        made = {id(op) for op in recorder.ops[start:end]}
+        callout = CallOut(watch.at, name, described, spec, start, end, stack)
+        out_leaves, callout.output_spec = pytree.tree_flatten(out)
+        for leaf in out_leaves:
+            if isinstance(leaf, torch.Tensor):
+                record = recorder.record_of(leaf)
+                if id(record) not in made:
+                    log.problems.append(f"{name} returned a tensor it did not make")
+                callout.outputs.append(("record", record, meta_of(leaf)))
+            elif leaf is None or (isinstance(leaf, (bool, int, float, str)) and type(leaf) is not Index):
+                callout.outputs.append(("plain", leaf))
+            else:
+                log.problems.append(f"{name} returned a {type(leaf).__name__}")
+                callout.outputs.append(("plain", leaf))
+        callout.end = len(recorder.ops)
+        callout.tallies = (before, watch.tally())
+        log.calls.append(callout)
+        return out
+
+    return call
