@@ -69,7 +69,7 @@ from .capture.recorder import (
     from_known_data,
 )
 from .capture.records import Capture, LeafKind, LeafName, op_name
-from .capture.replay import CallReplayer
+from .capture.replay import CallReplayer, stand_in_refused
 from .capture.state import ModelSnapshot, named_state
 from .errors import (
     ConfigurationError,
@@ -239,12 +239,13 @@ def _real_run_lock(model: nn.Module) -> threading.RLock:
 
 
 def _run(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], options: CaptureOptions, fake: bool,
-         converter: Converter | None, notes: Sequence[str], stacklevel: int) -> Profile:
+         converter: Converter | None, notes: Sequence[str], stacklevel: int, stand_ins: bool = True) -> Profile:
     facts = read_facts(model)
     # fake: the shadow runs, so the user's tables are not restored (another thread may be changing them)
     snapshot = ModelSnapshot(model, buffer_values=not fake, grads=options.backward, tables=not fake)
     caches = CacheGuard(model) if fake else None  # what the model's code keeps must not keep fake tensors
     state: dict[str, torch.Tensor] = {}
+    given, refused = (args, kwargs), False
     try:
         with ExitStack() as stack:
             stack.enter_context(paused_gc())
@@ -278,12 +279,16 @@ def _run(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], option
             if convert is not None and options.reuse and not options.backward:
                 # (no backward: grad mode's graph is never used; reads: the shadow's classes may be swapped, never
                 # the model's)
-                replayer = stack.enter_context(CallReplayer(recorder, tracker, grad=True, reads=target is not model)
+                replayer = stack.enter_context(CallReplayer(recorder, tracker, grad=True, reads=target is not model,
+                                                            stand_ins=stand_ins)
                                                .wrapping({"": target}, blocks_only=True))
             try:
                 output = target(*args, **kwargs)
             except Exception as error:  # the model's own code: re-raised as a RunError naming op and module
-                raise _explain(model, error, recorder, tracker, fake) from error
+                if replayer is None or not stand_ins or not stand_in_refused(error):
+                    raise _explain(model, error, recorder, tracker, fake) from error
+                refused, output = True, None  # (a torch function refused a layer attribute's stand-in: counted
+                # again without)
             if inspect.isgenerator(output):
                 raise ForwardError(f"{type(model).__name__}.forward is a generator function: calling it ran none "
                                    "of its code, so there is nothing to count; profile a module whose forward "
@@ -299,6 +304,8 @@ def _run(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], option
                 t.grad = None
     for problem in unrestored:
         warnings.warn(f"flopscope: could not restore {problem}", FlopscopeWarning, stacklevel=stacklevel)
+    if refused:  # (the shadow is discarded and the model restored: the run leaves nothing behind)
+        return _run(model, *given, options, fake, converter, notes, stacklevel + 1, stand_ins=False)
     changed = snapshot.changed_parameters()
     if changed:
         warnings.warn(f"flopscope: the forward of {type(model).__name__} changed parameters in place "

@@ -227,15 +227,18 @@ class ToyCache:
 
 class CachingBlock(Block):
     """Attends its input's projection over what its cache entry holds (``how``: ``"update"`` hands its index to the
-    cache; ``"peek"`` also reads the cache's entries; ``"offset"`` hands it ``index + 1``, a use of the number)."""
+    cache; ``"peek"`` also reads the cache's entries; ``"offset"`` hands it ``index + 1``, a use of the number;
+    ``"histc"`` also hands ``bins``, which differs between blocks, to a torch function taking an ``int``)."""
 
     def __init__(self, index: int, how: str = "update") -> None:
         super().__init__()
-        self.index, self.how = index, how
+        self.index, self.how, self.bins = index, how, index + 2
 
     def forward(self, x: torch.Tensor, cache: ToyCache) -> torch.Tensor:
         if self.how == "peek" and len(cache.entries) > 8:
             x = x * 2
+        if self.how == "histc":
+            x = x + torch.histc(x, bins=self.bins).sum()
         held = cache.update(self.up(x)[..., :D], self.index + 1 if self.how == "offset" else self.index)
         return x + self.down(torch.relu(self.up(self.norm(x @ held.transpose(1, 2) @ held))))
 
@@ -273,6 +276,17 @@ def test_a_block_reading_its_caches_state_or_using_its_index_is_captured():
     for how in ("peek", "offset"):
         reused, _ = cached_count(how)
         assert not [note for note in reused.notes if "replayed" in note], how
+
+
+def test_a_torch_function_refusing_an_attributes_stand_in_counts_without_stand_ins():
+    """``torch.histc(x, bins=self.bins)`` refuses the stand-in of ``bins`` (an ``int`` argument, which a stand-in is
+    not): the run is made again without stand-ins, where the attributes are keyed by value; the count is every
+    block's run, and the cache the model was given is left as it was."""
+    cache = ToyCache()
+    model, x = CachingStack([CachingBlock(i, "histc") for i in range(4)]), torch.randn(2, 8, D)
+    reused, captured = (profile(model, x, cache, reuse=reuse) for reuse in (True, False))
+    assert_same_capture(Wrapped(reused), Wrapped(captured))
+    assert cache.entries == {}
 
 
 def test_a_block_whose_cache_entry_gives_other_sizes_is_captured():

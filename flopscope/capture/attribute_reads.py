@@ -10,7 +10,7 @@ tables, which a key holds by structure). Reading the whole ``__dict__`` (``vars(
 is put back when the block returns (also when it raises).
 
 An attribute whose value differs between the blocks of a list (a layer's own ``layer_idx``) may be **passed on**: read,
-it is an :class:`Index`, which stands for the number and notes a read at its first use as one (compared, hashed,
+it is an :class:`StandIn`, which stands for the number and notes a read at its first use as one (compared, hashed,
 used as an index, in arithmetic, formatted, converted); handed to a method of an object the block is given (a KV
 cache's ``update(k, v, self.layer_idx)``: :mod:`flopscope.capture.given_objects`) it is no read of the block's, so the
 block's key does not hold it, and a replay hands its own block's value to that method.
@@ -52,10 +52,10 @@ class _Watch:
     name: str  # the module's name in the watched block
     own: frozenset[str]  # its own attributes a read is noted of
     log: Log
-    passed: frozenset[str] = frozenset()  # the int attributes read as an Index
+    passed: frozenset[str] = frozenset()  # the int attributes read as an StandIn
 
 
-class Index:
+class StandIn:
     """An int attribute of a watched module as a read gives it (:func:`watching`'s ``passed``): it behaves as the
     number, and its first use as one notes the read in ``logs``; :func:`value_of` is the number without a use."""
 
@@ -81,7 +81,7 @@ class Index:
 
 
 def _use_as_int(name: str) -> Any:
-    def method(self: Index, *args: Any) -> Any:
+    def method(self: StandIn, *args: Any) -> Any:
         return getattr(self._use(), name)(*(value_of(a) for a in args))
 
     method.__name__ = name
@@ -95,12 +95,12 @@ for _name in ("__index__", "__int__", "__float__", "__complex__", "__bool__", "_
               "__rmod__", "__divmod__", "__rdivmod__", "__pow__", "__rpow__", "__lshift__", "__rlshift__",
               "__rshift__", "__rrshift__", "__and__", "__rand__", "__or__", "__ror__", "__xor__", "__rxor__",
               "__getnewargs__", "__reduce__", "__reduce_ex__", "__copy__", "__deepcopy__", "__sizeof__"):
-    setattr(Index, _name, _use_as_int(_name))
+    setattr(StandIn, _name, _use_as_int(_name))
 
 
 def value_of(value: Any) -> Any:
-    """``value``, or the number an :class:`Index` stands for (no use of it)."""
-    return value._value if type(value) is Index else value
+    """``value``, or the number an :class:`StandIn` stands for (no use of it)."""
+    return value._value if type(value) is StandIn else value
 
 
 _WATCHES: dict[int, list[_Watch]] = {}  # id(module) -> the watches it is in (a block inside a watched block: two)
@@ -126,7 +126,7 @@ def note(module: nn.Module, name: str) -> None:
 def watching(modules: Mapping[str, nn.Module], passed: Mapping[str, frozenset[str]] | None = None
              ) -> Iterator[Log]:
     """For the block, the reads of the plain attributes of ``modules`` (name in the block -> module) are noted in the
-    :class:`Log` it yields; ``passed``: per module name, the int attributes read as an :class:`Index`. A module
+    :class:`Log` it yields; ``passed``: per module name, the int attributes read as an :class:`StandIn`. A module
     whose class cannot be swapped (a compiled or extension class) is noted as read whole."""
     log = Log()
     swapped: list[tuple[nn.Module, type]] = []
@@ -174,7 +174,7 @@ def _watcher(cls: type) -> type:
                     for watch in watches:
                         watch.log.reads.add((watch.name, EVERY))
             elif type(value) is int and all(name in watch.passed for watch in watches):
-                return Index(value, [(watch.log, (watch.name, name)) for watch in watches])
+                return StandIn(value, [(watch.log, (watch.name, name)) for watch in watches])
             else:
                 for watch in watches:
                     if name in watch.own:

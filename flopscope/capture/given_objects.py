@@ -8,7 +8,7 @@ object's state: what the block records may depend on it, so the call is no templ
 block is a :class:`CallOut`, recorded with
 
 - its arguments: a tensor as its record and its sizes, strides, dtype, device and ``requires_grad``; an
-  :class:`~flopscope.capture.attribute_reads.Index` (a layer's own ``layer_idx``) as the attribute it stands for, not
+  :class:`~flopscope.capture.attribute_reads.StandIn` (a layer's own ``layer_idx``) as the attribute it stands for, not
   as a read of it; a plain value as it is (anything else: the call is no template);
 - the records it made (their positions in the capture), which a replay makes again by calling the method;
 - its outputs: tensors it made, or plain values.
@@ -35,7 +35,7 @@ import torch
 from torch import nn
 from torch.utils import _pytree as pytree
 
-from .attribute_reads import Index, Log, value_of
+from .attribute_reads import Log, StandIn, value_of
 from .module_tracker import ModuleCall, ModuleTracker
 from .recorder import Recorder
 
@@ -80,7 +80,7 @@ class ObjectLog:
 class _Watch:
     at: int
     log: ObjectLog
-    block: Log  # the attribute log of the same call (an Index is that call's attribute)
+    block: Log  # the attribute log of the same call (an StandIn is that call's attribute)
     recorder: Recorder
     tracker: ModuleTracker
     tally: Callable[[], Any]
@@ -185,7 +185,7 @@ def _calling(watch: _Watch, name: str, method: Callable[..., Any]) -> Callable[.
         leaves, spec = pytree.tree_flatten((args, kwargs))
         described: list[tuple[Any, ...]] = []
         for leaf in leaves:
-            if type(leaf) is Index:
+            if type(leaf) is StandIn:
                 read = next((r for block, r in leaf._reads if block is watch.block), None)
                 if read is None:
                     log.problems.append(f"it gave {name} an attribute of a module outside it")
@@ -216,7 +216,7 @@ def _calling(watch: _Watch, name: str, method: Callable[..., Any]) -> Callable[.
                 if id(record) not in made:
                     log.problems.append(f"{name} returned a tensor it did not make")
                 callout.outputs.append(("record", record, meta_of(leaf)))
-            elif leaf is None or (isinstance(leaf, (bool, int, float, str)) and type(leaf) is not Index):
+            elif leaf is None or (isinstance(leaf, (bool, int, float, str)) and type(leaf) is not StandIn):
                 callout.outputs.append(("plain", leaf))
             else:
                 log.problems.append(f"{name} returned a {type(leaf).__name__}")

@@ -64,7 +64,7 @@ from torch.utils import _pytree as pytree
 
 from ..formulas.registry import shape_of
 from . import attribute_reads, given_objects
-from .attribute_reads import EVERY, Index, own_attributes
+from .attribute_reads import EVERY, StandIn, own_attributes
 from .given_objects import CallOut
 from .module_tracker import ModuleCall, ModuleTracker
 from .recorder import Recorder, Window, storage_of
@@ -206,6 +206,9 @@ class CallReplayer:
     # used; a replay's outputs require grad as the template's did (the inputs' and parameters' requires_grad are keyed)
     reads: bool = False  # a block is keyed by the plain attributes its first call read, not all it holds (the modules
     # are the fake run's shadow, whose classes may be swapped while watched: flopscope.capture.attribute_reads)
+    stand_ins: bool = True  # where a block is given objects, the int attributes its blocks differ in are read as
+    # stand-ins (attribute_reads.StandIn); a torch function refusing one fails the run (the runner counts again
+    # without: stand_in_refused)
     _templates: dict[Any, list[_Candidate]] = field(default_factory=dict)
     _ours: set[int] = field(default_factory=set)  # id() of the modules whose forward is our wrapper
     _groups: set[str] = field(default_factory=set)  # the ModuleLists whose blocks are replayed from one another
@@ -307,7 +310,7 @@ class CallReplayer:
 
     def _passed(self, label: str, module: nn.Module) -> dict[str, frozenset[str]]:
         """Per module name in a block of the list ``label``, the attributes whose values differ between its blocks (a
-        layer's own index): read as an :class:`~flopscope.capture.attribute_reads.Index`, which a block may hand to
+        layer's own index): read as an :class:`~flopscope.capture.attribute_reads.StandIn`, which a block may hand to
         a given object's method without the value keying it."""
         found = self._passing.get(label)
         if found is None:
@@ -315,7 +318,8 @@ class CallReplayer:
             values = [_attribute_values(dict(block.named_modules())) for block in blocks]
             differ: dict[str, set[str]] = {}
             for key in {k for v in values for k in v}:
-                if any(v.get(key, _ABSENT) != values[0].get(key, _ABSENT) for v in values[1:]):
+                held = [v[key] for v in values if key in v]  # (blocks of other structures may not have it)
+                if all(type(h) is int for h in held) and len(set(held)) > 1:
                     differ.setdefault(key[0], set()).add(key[1])
             found = self._passing[label] = {name: frozenset(names) for name, names in differ.items()}
         return found
@@ -428,7 +432,7 @@ class CallReplayer:
                 described.append((tuple(leaf.shape), leaf.stride(), leaf.dtype, leaf.device, leaf.requires_grad,
                                   self.recorder.values_known(leaf), storages.setdefault(storage, len(tensors))))
                 tensors.append(leaf)
-            elif type(leaf) is Index:
+            elif type(leaf) is StandIn:
                 raise _Refused("an argument is a module's attribute as read while a block around it was watched")
             elif isinstance(leaf, _PLAIN):
                 described.append((type(leaf), leaf))
@@ -462,7 +466,8 @@ class CallReplayer:
             try:
                 with ExitStack() as watches:
                     watches.enter_context(_PYTHON_READ_PATCH.scope(recorder))
-                    log = watches.enter_context(attribute_reads.watching(modules, self._passed(label, module))
+                    passed = self._passed(label, module) if objects and self.stand_ins else None
+                    log = watches.enter_context(attribute_reads.watching(modules, passed)
                                                 if watched else nullcontext(attribute_reads.Log()))
                     given = watches.enter_context(given_objects.watching(
                         objects, log, recorder, tracker, lambda: _Counts.of(recorder)))
@@ -505,7 +510,7 @@ class CallReplayer:
         records: list[Any] = []
         tensors: list[torch.Tensor | None] = []
         for leaf in leaves:
-            if type(leaf) is Index:
+            if type(leaf) is StandIn:
                 raise _Refused("it returns a module's attribute as read (a replay would return the first block's)")
             if isinstance(leaf, torch.Tensor):
                 given = next((i for i, t in enumerate(arguments) if t is leaf), None)
@@ -782,7 +787,7 @@ def _changes(containers: list[list[Any] | dict[Any, Any]], held: list[_Contents]
                 items.append(("made", made_at.setdefault(id(value), len(made))))
                 if len(made_at) > len(made):
                     made.append(value)
-            elif isinstance(value, _PLAIN) and type(value) is not Index:
+            elif isinstance(value, _PLAIN) and type(value) is not StandIn:
                 items.append(("plain", value))
             else:
                 was = next((j for j, v in enumerate(values) if v is value), None)
@@ -851,6 +856,17 @@ def _state(module: nn.Module, ours: Collection[int] = (), structural: bool = Fal
             (key, held(value)) for key, value in own_attributes(m).items())
         state.append(((name, type(m)) if structural else id(m), m.training, tensors, plain))
     return tuple(state)
+
+
+def stand_in_refused(error: BaseException) -> bool:
+    """Whether ``error`` (or what caused it) is a function refusing an attribute's stand-in (a torch function taking
+    an ``int`` argument: ``histc(bins=self.num_experts)``): the run is made again without stand-ins."""
+    seen: BaseException | None = error
+    while seen is not None:
+        if isinstance(seen, TypeError) and StandIn.__name__ in str(seen):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 def _empty(meta: given_objects.Meta) -> torch.Tensor:
