@@ -285,7 +285,7 @@ def _run(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], option
             try:
                 output = target(*args, **kwargs)
             except Exception as error:  # the model's own code: re-raised as a RunError naming op and module
-                if replayer is None or not stand_ins or not stand_in_refused(error):
+                if replayer is None or not stand_ins or not (replayer.stood_in or stand_in_refused(error)):
                     raise _explain(model, error, recorder, tracker, fake) from error
                 refused, output = True, None  # (a torch function refused a layer attribute's stand-in: counted
                 # again without)

@@ -367,3 +367,29 @@ def test_a_decoding_step_with_a_filled_cache_is_replayed():
     assert reused.total() == 4 * layer + d * 100
     assert [tuple(layer.keys.shape) for layer in reused.output.past_key_values.layers] == [(1, 2, 13, 8)] * 4
     assert [tuple(layer.keys.shape) for layer in prefill.past_key_values.layers] == [(1, 2, 12, 8)] * 4
+
+
+class Marking(CachingBlock):
+    """Also sets an attribute of the cache it is given (``how="roll"``: and rolls its input by its index, a torch
+    function that refuses a stand-in with a ``RuntimeError``)."""
+
+    def forward(self, x: torch.Tensor, cache: ToyCache) -> torch.Tensor:
+        if self.how == "roll":
+            x = x.roll(self.index, 1)
+        cache.last = self.index
+        return super().forward(x, cache)
+
+
+class MarkingStack(CachingStack):
+    def forward(self, x: torch.Tensor, cache: ToyCache) -> torch.Tensor:
+        return super().forward(x, cache)[:, : cache.last + 1]
+
+
+@pytest.mark.parametrize("how", ["update", "roll"])
+def test_a_block_setting_its_caches_attributes_or_rolling_by_its_index_counts_as_running(how):
+    """Setting ``cache.last`` is a change a replay would not make (before: the last block's index was block 0's, and
+    the head read 1 row for 4); ``roll`` refuses the stand-in with a RuntimeError: counted again without stand-ins
+    (before: the run failed)."""
+    model, x = MarkingStack([Marking(i, how) for i in range(4)]), torch.randn(2, 8, D)
+    reused, captured = (profile(model, x, ToyCache(), reuse=reuse) for reuse in (True, False))
+    assert_same_capture(Wrapped(reused), Wrapped(captured))

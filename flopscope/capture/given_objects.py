@@ -169,7 +169,24 @@ def _watcher(cls: type) -> type:
         watch.log.problems.append(f"it read {name!r} of the {cls.__name__} it was given (state a key cannot see)")
         return value
 
-    found = type(cls.__name__, (cls,), {"__getattribute__": __getattribute__, "__module__": cls.__module__,
+    def changed(self: Any, name: str) -> None:
+        watch = _WATCHES.get(id(self))
+        if watch is not None and not watch.inside and threading.get_ident() == watch.thread:
+            watch.log.problems.append(f"it set {name!r} of the {cls.__name__} it was given (a replay would not)")
+
+    put: Any = cls.__setattr__
+    remove: Any = cls.__delattr__
+
+    def __setattr__(self: Any, name: str, value: Any) -> None:  # noqa: N807
+        changed(self, name)
+        put(self, name, value)
+
+    def __delattr__(self: Any, name: str) -> None:  # noqa: N807
+        changed(self, name)
+        remove(self, name)
+
+    found = type(cls.__name__, (cls,), {"__getattribute__": __getattribute__, "__setattr__": __setattr__,
+                                        "__delattr__": __delattr__, "__module__": cls.__module__,
                                         "__qualname__": cls.__qualname__})
     with _LOCK:
         found = _WATCHERS.setdefault(cls, found)

@@ -209,6 +209,8 @@ class CallReplayer:
     stand_ins: bool = True  # where a block is given objects, the int attributes its blocks differ in are read as
     # stand-ins (attribute_reads.StandIn); a torch function refusing one fails the run (the runner counts again
     # without: stand_in_refused)
+    stood_in: bool = False  # whether a first call ran with stand-ins (a failure of the run is then counted again
+    # without: some torch functions refuse a stand-in with a RuntimeError that does not name it)
     _templates: dict[Any, list[_Candidate]] = field(default_factory=dict)
     _ours: set[int] = field(default_factory=set)  # id() of the modules whose forward is our wrapper
     _groups: set[str] = field(default_factory=set)  # the ModuleLists whose blocks are replayed from one another
@@ -467,6 +469,7 @@ class CallReplayer:
                 with ExitStack() as watches:
                     watches.enter_context(_PYTHON_READ_PATCH.scope(recorder))
                     passed = self._passed(label, module) if objects and self.stand_ins else None
+                    self.stood_in = self.stood_in or bool(passed)
                     log = watches.enter_context(attribute_reads.watching(modules, passed)
                                                 if watched else nullcontext(attribute_reads.Log()))
                     given = watches.enter_context(given_objects.watching(
