@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import sys
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -105,8 +105,27 @@ def value_of(value: Any) -> Any:
 
 _WATCHES: dict[int, list[_Watch]] = {}  # id(module) -> the watches it is in (a block inside a watched block: two)
 _LOCK = threading.Lock()
-_WATCHERS: dict[type, type] = {}  # a module class -> its watching subclass
+_WATCHERS: dict[tuple[str, type], type] = {}  # (what it watches for, a class) -> its watching subclass
 _WATCHING: set[type] = set()  # the watching subclasses
+
+
+def watching_subclass(cls: type, kind: str, make: Callable[[type], dict[str, Any]]) -> type:
+    """The subclass of ``cls`` (same name, module and qualified name) that watches its instances for ``kind``, made
+    once from the methods ``make(cls)`` gives (here: attribute reads; :mod:`flopscope.capture.given_objects`: calls
+    of a given object's methods)."""
+    found = _WATCHERS.get((kind, cls))
+    if found is None:
+        found = type(cls.__name__, (cls,), {**make(cls), "__module__": cls.__module__,
+                                            "__qualname__": cls.__qualname__})
+        with _LOCK:
+            found = _WATCHERS.setdefault((kind, cls), found)
+            _WATCHING.add(found)
+    return found
+
+
+def is_watching(cls: type) -> bool:
+    """Whether ``cls`` is a watching subclass (its instances are watched now, by a block around this one)."""
+    return cls in _WATCHING
 
 
 def own_attributes(module: nn.Module) -> dict[str, Any]:
@@ -141,7 +160,7 @@ def watching(modules: Mapping[str, nn.Module], passed: Mapping[str, frozenset[st
             if cls in _WATCHING:
                 continue  # (watched already, by a block around this one)
             try:
-                object.__setattr__(module, "__class__", _watcher(cls))
+                object.__setattr__(module, "__class__", watching_subclass(cls, "reads", _reading))
             except TypeError:
                 log.reads.add((name, EVERY))
                 continue
@@ -158,11 +177,8 @@ def watching(modules: Mapping[str, nn.Module], passed: Mapping[str, frozenset[st
             object.__setattr__(module, "__class__", cls)
 
 
-def _watcher(cls: type) -> type:
-    """The subclass of ``cls`` whose instances note reads of their own attributes (made once)."""
-    found = _WATCHERS.get(cls)
-    if found is not None:
-        return found
+def _reading(cls: type) -> dict[str, Any]:
+    """The methods of the subclass of ``cls`` whose instances note reads of their own attributes."""
     get: Any = cls.__getattribute__  # (unbound: the class's own, called with the instance)
 
     def __getattribute__(self: Any, name: str) -> Any:  # noqa: N807
@@ -181,9 +197,4 @@ def _watcher(cls: type) -> type:
                         watch.log.reads.add((watch.name, name))
         return value
 
-    found = type(cls.__name__, (cls,), {"__getattribute__": __getattribute__, "__module__": cls.__module__,
-                                        "__qualname__": cls.__qualname__})
-    with _LOCK:
-        found = _WATCHERS.setdefault(cls, found)
-        _WATCHING.add(found)
-    return found
+    return {"__getattribute__": __getattribute__}

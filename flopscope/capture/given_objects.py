@@ -35,7 +35,7 @@ import torch
 from torch import nn
 from torch.utils import _pytree as pytree
 
-from .attribute_reads import Log, StandIn, value_of
+from .attribute_reads import Log, StandIn, is_watching, value_of, watching_subclass
 from .module_tracker import ModuleCall, ModuleTracker
 from .recorder import Recorder
 
@@ -89,8 +89,6 @@ class _Watch:
 
 
 _WATCHES: dict[int, _Watch] = {}  # id(object) -> its watch
-_WATCHERS: dict[type, type] = {}
-_WATCHING: set[type] = set()
 _LOCK = threading.Lock()
 
 
@@ -98,7 +96,7 @@ def can_watch(obj: Any) -> bool:
     """Whether ``obj`` may be a given object: an instance of a plain Python class (not a tensor, module, function,
     class or container), not watched already (by a block around this one)."""
     return (hasattr(obj, "__dict__") and not isinstance(obj, (torch.Tensor, nn.Module, type, list, tuple, dict))
-            and not inspect.isroutine(obj) and type(obj) not in _WATCHING)
+            and not inspect.isroutine(obj) and not is_watching(type(obj)))
 
 
 @contextmanager
@@ -114,7 +112,7 @@ def watching(objects: Sequence[Any], block: Log, recorder: Recorder, tracker: Mo
             with _LOCK:
                 _WATCHES[id(obj)] = _Watch(at, log, block, recorder, tracker, tally, threading.get_ident())
             try:
-                object.__setattr__(obj, "__class__", _watcher(cls))
+                object.__setattr__(obj, "__class__", watching_subclass(cls, "calls", _calling_methods))
             except TypeError:
                 log.problems.append(f"a {cls.__name__} it was given cannot be watched")
                 continue
@@ -153,10 +151,8 @@ def _copied(value: Any) -> Any:
     return copy.copy(value) if can_watch(value) and not isinstance(value, types.ModuleType) else value
 
 
-def _watcher(cls: type) -> type:
-    found = _WATCHERS.get(cls)
-    if found is not None:
-        return found
+def _calling_methods(cls: type) -> dict[str, Any]:
+    """The methods of the subclass of ``cls`` whose instances record calls of their methods from a watched block."""
     get: Any = cls.__getattribute__
 
     def __getattribute__(self: Any, name: str) -> Any:  # noqa: N807
@@ -185,13 +181,7 @@ def _watcher(cls: type) -> type:
         changed(self, name)
         remove(self, name)
 
-    found = type(cls.__name__, (cls,), {"__getattribute__": __getattribute__, "__setattr__": __setattr__,
-                                        "__delattr__": __delattr__, "__module__": cls.__module__,
-                                        "__qualname__": cls.__qualname__})
-    with _LOCK:
-        found = _WATCHERS.setdefault(cls, found)
-        _WATCHING.add(found)
-    return found
+    return {"__getattribute__": __getattribute__, "__setattr__": __setattr__, "__delattr__": __delattr__}
 
 
 def _calling(watch: _Watch, name: str, method: Callable[..., Any]) -> Callable[..., Any]:
