@@ -12,6 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from closed_forms import rotary, total
 from test_replay import assert_same_capture
 from torch import nn
 
@@ -344,11 +345,12 @@ def test_language_model_layers_given_a_cache_are_replayed_and_update_it():
     ``cache.update``: layers 1 to 3 are replayed from layer 0, each calling ``update`` again with its own index, so
     the capture is every layer's run (the ``cat`` s into the cache included) and the cache the forward returns holds 12
     positions in each of its 4 layers. Projections 2·12·(32·32·2 + 32·16·2) + MLP 3·12·32·64, scores and weighted sum
-    2·12·12·32 (causal: counted whole, as SDPA computes them) per layer, and the head 12·32·100."""
+    2·12·12·32 (causal: counted whole, as SDPA computes them) per layer, the head 12·32·100, and the rotary angles
+    (a matmul before transformers 5.19: 12 positions by head_dim / 2 = 4 frequencies)."""
     n, d, kv = 12, 32, 16
     reused, _ = both(tiny_llama(), torch.randint(0, 100, (1, n)))
     layer = n * (2 * d * d + 2 * d * kv) + 3 * n * d * 64 + 2 * n * n * d
-    assert reused.total() == 4 * layer + n * d * 100
+    assert reused.total() == 4 * layer + n * d * 100 + total(rotary(n, d // 4))
     assert [note for note in reused.notes if "replayed" in note] == [
         "model.layers: 3 of 4 block calls replayed from an earlier call of a block of the same structure on the same "
         "inputs' shapes (fake tensors: the same records)"]
@@ -358,13 +360,14 @@ def test_language_model_layers_given_a_cache_are_replayed_and_update_it():
 
 def test_a_decoding_step_with_a_filled_cache_is_replayed():
     """One token after a real 12-token prefill: each layer attends to 13 keys; layers 1 to 3 replayed, the same
-    capture, and each layer of the returned cache holds 13 positions."""
+    capture, and each layer of the returned cache holds 13 positions (and the rotary angles of the one position, a
+    matmul before transformers 5.19)."""
     model, d, kv = tiny_llama(), 32, 16
     with torch.no_grad():
         prefill = model(torch.randint(0, 100, (1, 12)), use_cache=True)
     reused, _ = both(model, torch.randint(0, 100, (1, 1)), past_key_values=prefill.past_key_values)
     layer = (2 * d * d + 2 * d * kv) + 3 * d * 64 + 2 * 13 * d
-    assert reused.total() == 4 * layer + d * 100
+    assert reused.total() == 4 * layer + d * 100 + total(rotary(1, d // 4))
     assert [tuple(layer.keys.shape) for layer in reused.output.past_key_values.layers] == [(1, 2, 13, 8)] * 4
     assert [tuple(layer.keys.shape) for layer in prefill.past_key_values.layers] == [(1, 2, 12, 8)] * 4
 
