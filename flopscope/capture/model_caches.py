@@ -17,7 +17,7 @@ classes aside):
   ``compile_compatible_method_lru_cache`` keeps its ``lru_cache`` in a closure), three levels deep;
 - the mutable stores found there: ``dict`` / ``list`` globals and class attributes, closure cells, and the
   ``__dict__`` of the plain objects the model's modules hold as attributes (configs: a fake run's shadow
-  shares them with the model);
+  shares them with the model), with the dicts and lists those objects hold (a table kept by key);
 - ``functools.lru_cache`` / ``functools.cache`` wrappers found the same way.
 
 A store's entry that the run added or replaced, and that holds a fake tensor (itself, or inside tuples, lists,
@@ -163,8 +163,11 @@ class CacheGuard:
                 kind = type(value)
                 if kind not in _PLAIN and _shared_type(kind) and id(value) not in self._stores:
                     attrs = object.__getattribute__(value, "__dict__")  # (a config's own __getattribute__ is slow)
-                    self._store(attrs, f"{type(value).__name__} object in attribute '{name}' of {type(m).__name__}",
-                                key=id(value))
+                    where = f"{type(value).__name__} object in attribute '{name}' of {type(m).__name__}"
+                    self._store(attrs, where, key=id(value))
+                    for inner, held in list(attrs.items()):  # (its dicts and lists: a table kept by key)
+                        if type(held) in (dict, list):
+                            self._store(held, f"'{inner}' of the {where}")
 
     def _root(self, namespace: Any, where: str, store: bool = True) -> None:
         """The stores and caches of a module's globals (itself a store) or a class's ``__dict__`` (a mapping
