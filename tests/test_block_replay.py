@@ -7,16 +7,18 @@ data or on the block."""
 
 from __future__ import annotations
 
+import threading
 import warnings
 from types import SimpleNamespace
 
 import pytest
 import torch
-from closed_forms import rotary, total
 from test_replay import assert_same_capture
 from torch import nn
 
 import flopscope
+
+from closed_forms import rotary, total
 
 D = 16
 
@@ -396,3 +398,107 @@ def test_a_block_setting_its_caches_attributes_or_rolling_by_its_index_counts_as
     model, x = MarkingStack([Marking(i, how) for i in range(4)]), torch.randn(2, 8, D)
     reused, captured = (profile(model, x, ToyCache(), reuse=reuse) for reuse in (True, False))
     assert_same_capture(Wrapped(reused), Wrapped(captured))
+
+
+class Slot:
+    """One block's part of a :class:`SlottedCache`: its states, and the indices it was updated with (a list inside an
+    object inside the cache's list: state two levels down)."""
+
+    def __init__(self) -> None:
+        self.states: torch.Tensor | None = None
+        self.calls: list[int] = []
+
+
+class SlottedCache:
+    def __init__(self, blocks: int = 4) -> None:
+        self.slots = [Slot() for _ in range(blocks)]
+
+    def update(self, states: torch.Tensor, index: int) -> torch.Tensor:
+        slot = self.slots[index]
+        slot.calls.append(index)
+        slot.states = states * 1.0 if slot.states is None else torch.cat([slot.states, states], dim=1)
+        return slot.states
+
+
+class ReturningStack(CachingStack):
+    def forward(self, x: torch.Tensor, cache: SlottedCache) -> tuple[torch.Tensor, SlottedCache]:
+        return super().forward(x, cache), cache
+
+
+def test_checking_a_replays_call_outs_leaves_the_objects_state_as_it_was_at_any_depth():
+    """A replay first calls the cache's ``update`` on a copy (to check the sizes it gives): the copy's slots' lists
+    are copies too, so each slot of the cache the forward returns was updated once, with its own index, as a run
+    updates it (before: the copy shared the slots' lists, and each replayed block's slot was updated twice)."""
+    model, x = ReturningStack([CachingBlock(i) for i in range(4)]), torch.randn(2, 8, D)
+    reused, captured = (profile(model, x, SlottedCache(), reuse=reuse) for reuse in (True, False))
+    assert_same_capture(Wrapped(reused), Wrapped(captured))
+    assert [note for note in reused.notes if "replayed" in note]
+    for prof in (reused, captured):
+        assert [slot.calls for slot in prof.output[1].slots] == [[0], [1], [2], [3]]
+        assert [tuple(slot.states.shape) for slot in prof.output[1].slots] == [(2, 8, D)] * 4
+
+
+SEEN_FROM_ANOTHER_THREAD: list[type] = []
+
+
+class Peeking(CachingBlock):
+    """Has another thread look at the class of the cache its model holds while it runs."""
+
+    def forward(self, x: torch.Tensor, cache: ToyCache) -> torch.Tensor:
+        thread = threading.Thread(target=lambda: SEEN_FROM_ANOTHER_THREAD.append(type(HOLDING.cache)))
+        thread.start()
+        thread.join()
+        return super().forward(x, cache)
+
+
+class HoldingStack(Stack):
+    """Holds the cache its blocks are given (a model's own object, which the fake run's shadow shares)."""
+
+    def __init__(self, blocks: list[nn.Module]) -> None:
+        super().__init__(blocks)
+        self.cache = ToyCache()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x, self.cache)
+        return x
+
+
+HOLDING = HoldingStack([Peeking(i) for i in range(4)])
+
+
+def test_an_object_the_model_holds_is_never_watched():
+    """Watching an object swaps its class while a first call runs: only objects the run made or copied may be
+    watched. A cache the model holds is the user's: another thread sees its own class throughout (before: the
+    watching subclass during block 0), and the blocks are captured, as without reuse."""
+    SEEN_FROM_ANOTHER_THREAD.clear()
+    reused, captured = (profile(HOLDING, torch.randn(2, 8, D), reuse=reuse) for reuse in (True, False))
+    assert_same_capture(Wrapped(reused), Wrapped(captured))
+    assert SEEN_FROM_ANOTHER_THREAD and all(seen is ToyCache for seen in SEEN_FROM_ANOTHER_THREAD)
+    assert type(HOLDING.cache) is ToyCache and not HOLDING.cache.entries
+
+
+class Logging(CachingBlock):
+    """Also appends its index to a list it is given."""
+
+    def forward(self, x: torch.Tensor, cache: ToyCache, log: list[int]) -> torch.Tensor:
+        log.append(self.index)
+        return super().forward(x, cache)
+
+
+class LoggingStack(Stack):
+    def forward(self, x: torch.Tensor, cache: ToyCache) -> tuple[torch.Tensor, list[int]]:
+        log: list[int] = []
+        for block in self.blocks:
+            x = block(x, cache, log)
+        return x, log
+
+
+def test_a_stand_in_never_outlives_the_call_that_read_it():
+    """A block's index read as a stand-in and put in a list the block is given is the number once the call
+    returns (before: the list the forward returns held stand-ins); the call is no template (a replay would put
+    block 0's index there)."""
+    model, x = LoggingStack([Logging(i) for i in range(4)]), torch.randn(2, 8, D)
+    reused, captured = (profile(model, x, ToyCache(), reuse=reuse) for reuse in (True, False))
+    assert_same_capture(Wrapped(reused), Wrapped(captured))
+    assert reused.output[1] == [0, 1, 2, 3] and all(type(i) is int for i in reused.output[1])

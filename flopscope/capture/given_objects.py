@@ -15,9 +15,11 @@ block is a :class:`CallOut`, recorded with
 
 Inside the method nothing is watched: the object's own code reads its state as it likes. A replay calls each method
 again, on its own call's object, with its own tensors and its own block's attribute values, after calling them first
-on a copy of the object (:func:`detached`: its attributes, and the objects in its lists and dicts, copied) with the
-recorder suspended, to check that they give outputs of the same sizes (else the block is captured, and the object was
-not touched). Only objects the run made or copied may be watched (a fake run's, never the user's).
+on a copy of the object (:func:`detached`: the plain objects, lists and dicts it holds copied, four levels down) with
+the recorder suspended, to check that they give outputs of the same sizes (else the block is captured, and the object
+was not touched). Only objects the run made or copied may be watched (a fake run's, never the user's): an object the
+model's modules hold (through their attributes, the lists and dicts there and those objects' own) is refused by
+:mod:`flopscope.capture.replay`; one that only a Python module's globals hold is not seen.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import copy
 import inspect
 import threading
 import types
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,7 +37,7 @@ import torch
 from torch import nn
 from torch.utils import _pytree as pytree
 
-from .attribute_reads import Log, StandIn, is_watching, value_of, watching_subclass
+from .attribute_reads import ATOMS, Log, StandIn, is_watching, own_attributes, value_of, watching_subclass
 from .module_tracker import ModuleCall, ModuleTracker
 from .recorder import Recorder
 
@@ -126,29 +128,77 @@ def watching(objects: Sequence[Any], block: Log, recorder: Recorder, tracker: Mo
             object.__setattr__(obj, "__class__", cls)
 
 
+def held_objects(modules: Iterable[nn.Module], depth: int = 3) -> set[int]:
+    """``id()`` of the objects that could be given objects (:func:`can_watch`) which ``modules`` hold: in their own
+    attributes, the lists, tuples and dicts there, and those objects' own attributes, ``depth`` levels (a config and
+    its sub-configs, a cache a model keeps). They are the user's (a fake run's shadow shares them): never watched."""
+    found: set[int] = set()
+    seen: set[int] = set()
+
+    def visit(value: Any, level: int) -> None:
+        if level > depth or id(value) in seen or type(value) in ATOMS:
+            return
+        seen.add(id(value))
+        if isinstance(value, (list, tuple, set, frozenset)):
+            for item in value:
+                visit(item, level + 1)
+        elif isinstance(value, dict):
+            for item in value.values():
+                visit(item, level + 1)
+        elif can_watch(value) and not isinstance(value, types.ModuleType):
+            found.add(id(value))
+            attrs = getattr(value, "__dict__", None)
+            if type(attrs) is dict:
+                for item in attrs.values():
+                    visit(item, level + 1)
+
+    for module in modules:
+        for value in own_attributes(module).values():
+            visit(value, 0)
+    return found
+
+
+
 def watched(obj: Any) -> bool:
     """Whether ``obj`` is watched now (by a first call running)."""
     return id(obj) in _WATCHES
 
 
-def detached(obj: Any) -> Any:
-    """A copy of ``obj`` that a call of its methods can change without changing ``obj``: its attributes copied, and
-    the objects its attributes hold (directly, or in a list or dict) copied too (their attributes; tensors are not
-    copied: a method replaces them, as a cache's ``self.keys = torch.cat(...)`` does)."""
-    twin = copy.copy(obj)
-    own = vars(twin)
-    for key, value in list(own.items()):
-        if type(value) is list:
-            own[key] = [_copied(v) for v in value]
-        elif type(value) is dict:
-            own[key] = {k: _copied(v) for k, v in value.items()}
+def detached(obj: Any, depth: int = 4) -> Any:
+    """A copy of ``obj`` that a call of its methods can change without changing ``obj``: the plain objects, lists,
+    dicts and sets it holds copied too, ``depth`` levels down (a cache's layers and what they hold), each once
+    (what two of them share, their copies share); tensors, modules and what else they hold are not copied (a method
+    replaces a tensor, as a cache's ``self.keys = torch.cat(...)`` does; a write into one changes no data of a fake
+    tensor)."""
+    memo: dict[int, Any] = {}
+
+    def copied(value: Any, level: int) -> Any:
+        found = memo.get(id(value))
+        if found is not None or level > depth:
+            return value if found is None else found
+        kind = type(value)
+        twin: Any
+        if kind is list:
+            twin = memo[id(value)] = []
+            twin.extend(copied(v, level + 1) for v in value)
+        elif kind is set:
+            twin = memo[id(value)] = set()
+            twin.update(copied(v, level + 1) for v in value)
+        elif kind is dict:
+            twin = memo[id(value)] = {}
+            twin.update((k, copied(v, level + 1)) for k, v in value.items())
+        elif kind is tuple:
+            twin = memo[id(value)] = tuple(copied(v, level + 1) for v in value)
+        elif can_watch(value) and not isinstance(value, types.ModuleType):
+            twin = memo[id(value)] = copy.copy(value)
+            own = vars(twin)
+            for key, held in list(own.items()):
+                own[key] = copied(held, level + 1)
         else:
-            own[key] = _copied(value)
-    return twin
+            return value
+        return twin
 
-
-def _copied(value: Any) -> Any:
-    return copy.copy(value) if can_watch(value) and not isinstance(value, types.ModuleType) else value
+    return copied(obj, 0)
 
 
 def _calling_methods(cls: type) -> dict[str, Any]:

@@ -220,6 +220,8 @@ class CallReplayer:
     # argument of another type, a shared module): their blocks' calls are captured without a key's cost
     # (a call whose records were refused refuses its key only: T5's first block reads values, the others are replayed)
     _owned: dict[int, bool] = field(default_factory=dict)  # id(block) -> _own_paths
+    _roots: list[nn.Module] = field(default_factory=list)  # the wrapped modules
+    _held: set[int] | None = None  # id() of the objects the modules hold (given_objects.held_objects), once needed
     _thread: int = field(default_factory=threading.get_ident)  # the thread whose calls are counted
 
     @contextmanager
@@ -228,6 +230,7 @@ class CallReplayer:
         instance, removed afterwards; a module with an instance-level ``forward`` already is not wrapped).
         ``blocks_only``: only the blocks of the lists inside them (a model called once: its layers)."""
         with ExitStack() as stack:
+            self._roots.extend(modules.values())
             for path, module in modules.items():
                 if "forward" in vars(module) and not blocks_only:
                     self.refused.setdefault(path, []).append(
@@ -439,6 +442,11 @@ class CallReplayer:
             elif isinstance(leaf, _PLAIN):
                 described.append((type(leaf), leaf))
             elif self.reads and structural and given_objects.can_watch(leaf) and all(o is not leaf for o in objects):
+                if self._held is None:
+                    self._held = given_objects.held_objects(m for root in self._roots for m in root.modules())
+                if id(leaf) in self._held:
+                    raise _Refused(f"it is given a {type(leaf).__name__} its model holds (the user's object: only "
+                                   "objects the run made or copied are watched)")
                 described.append(("object", type(leaf)))  # (what the block does with it is its call-outs)
                 objects.append(leaf)
             else:
@@ -464,17 +472,22 @@ class CallReplayer:
         attributes = _attribute_values(modules)
         reads: tuple[tuple[str, str], ...] = ()
         values: tuple[Any, ...] = ()
+        passed = self._passed(label, module) if objects and self.stand_ins and watched else None
+        settled = (containers, objects, [vars(m) for m in modules.values()])  # (where a stand-in may be left)
         with recorder.watching() as window:
             try:
                 with ExitStack() as watches:
                     watches.enter_context(_PYTHON_READ_PATCH.scope(recorder))
-                    passed = self._passed(label, module) if objects and self.stand_ins else None
                     self.stood_in = self.stood_in or bool(passed)
                     log = watches.enter_context(attribute_reads.watching(modules, passed)
                                                 if watched else nullcontext(attribute_reads.Log()))
                     given = watches.enter_context(given_objects.watching(
                         objects, log, recorder, tracker, lambda: _Counts.of(recorder)))
                     out = forward(*args, **kwargs)
+            except BaseException:
+                if passed:
+                    attribute_reads.settle(settled)
+                raise
             finally:
                 made_largest = recorder.largest_out
                 recorder.largest_out = max(largest, made_largest)
@@ -494,7 +507,10 @@ class CallReplayer:
                 outputs, output_tensors, spec = self._outputs((out, made), window, tensors)
             except _Refused as why:
                 self._refuse(label, key, str(why), reads, values)
-                return out
+                return _settled(out, settled) if passed else out
+            finally:
+                if passed:
+                    attribute_reads.settle(settled)
         try:
             parameters = {} if not structural else {
                 id(record): name for name, t in named_state(module) if (record := recorder.made_by(t)) is not None}
@@ -707,6 +723,16 @@ class CallReplayer:
 
 _Contents = tuple[tuple[Any, ...] | None, tuple[Any, ...]]
 """What a list or dict holds: its keys (``None`` for a list) and its values, in order."""
+
+
+def _settled(out: Any, held: Any) -> Any:
+    """``out`` with any stand-in among its leaves replaced by its number (remade only then), after settling what
+    ``held`` holds (:func:`~flopscope.capture.attribute_reads.settle`)."""
+    attribute_reads.settle(held)
+    leaves, spec = pytree.tree_flatten(out)
+    if not any(type(leaf) is StandIn for leaf in leaves):
+        return out
+    return pytree.tree_unflatten([attribute_reads.value_of(leaf) for leaf in leaves], spec)
 
 
 def _contents(container: list[Any] | dict[Any, Any]) -> _Contents:
