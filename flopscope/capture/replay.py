@@ -77,6 +77,7 @@ _PLAIN = (type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.
 """Non-tensor values a key holds by value (immutable); anything else is held by identity, or refused as an argument."""
 _MAX_PLAIN_ITEMS = 64  # a longer list / tuple / dict attribute is held by identity
 _ABSENT = object()  # the value of an attribute read that a module does not have
+_KEPT = 4  # the templates a key keeps (CallReplayer._keep)
 
 
 @dataclass(frozen=True)
@@ -221,6 +222,7 @@ class CallReplayer:
     # (a call whose records were refused refuses its key only: T5's first block reads values, the others are replayed)
     _owned: dict[int, bool] = field(default_factory=dict)  # id(block) -> _own_paths
     _roots: list[nn.Module] = field(default_factory=list)  # the wrapped modules
+    _named: dict[int, dict[str, nn.Module]] = field(default_factory=dict)  # (_modules_of)
     _held: set[int] | None = None  # id() of the objects the modules hold (given_objects.held_objects), once needed
     _thread: int = field(default_factory=threading.get_ident)  # the thread whose calls are counted
 
@@ -297,18 +299,16 @@ class CallReplayer:
                 self._unkeyed.add(label)
                 self.captured[label] += 1
                 return forward(*args, **kwargs)
-            template = self._find(key, module)
-            if isinstance(template, CallTemplate) and (
-                    not template.changes or _containers((args, kwargs))[1] == template.containers):
-                if not template.callouts or self._callouts_agree(template, objects, module):
+            for template in self._found(key, module):  # (the newest first)
+                if isinstance(template, CallTemplate) and (
+                        not template.changes or _containers((args, kwargs))[1] == template.containers):
+                    if template.callouts and not self._callouts_agree(template, objects, module):
+                        continue  # (its objects' methods give other sizes here: a decoding step's grown cache)
                     self.replayed[label] += 1
                     return self._replay(template, tensors, path, module, (args, kwargs), objects)
-                template = None  # (its objects' methods give other sizes here: captured, the objects untouched)
-                self.captured[label] += 1
+                self.captured[label] += 1  # (refused, or its lists and dicts alias otherwise than the template's)
                 return forward(*args, **kwargs)
-            self.captured[label] += 1
-            if template is not None:  # (refused, or its lists and dicts alias otherwise than the template's)
-                return forward(*args, **kwargs)
+            self.captured[label] += 1  # (no template, or none whose call-outs give this call's sizes: a new one)
             return self._first(path, key, forward, args, kwargs, tensors, label, module, structural, objects)
 
         return call
@@ -335,7 +335,7 @@ class CallReplayer:
         the objects are not touched."""
         if any(given_objects.watched(obj) for obj in objects):
             return False  # (a block around this one watches them: its first call would take our calls as its own)
-        modules = dict(module.named_modules())
+        modules = self._modules_of(module)
         twins: dict[int, Any] = {}
         made: dict[int, torch.Tensor] = {}
         with self.recorder.suspended():
@@ -381,7 +381,7 @@ class CallReplayer:
         saved = tracker.stack
         tracker.stack = ()  # (the recorder passes the allocations of its arguments)
         try:
-            args, kwargs = _callout_arguments(callout, dict(module.named_modules()), tensor)
+            args, kwargs = _callout_arguments(callout, self._modules_of(module), tensor)
             tracker.stack = frames
             out = getattr(obj, callout.method)(*args, **kwargs)
         finally:
@@ -400,17 +400,32 @@ class CallReplayer:
                 paths.get(id(m)) == (f"{path}.{name}" if name else path) for name, m in module.named_modules())
         return found
 
-    def _find(self, key: Any, module: nn.Module) -> CallTemplate | str | None:
-        """The template of ``key`` for this call of ``module`` (or why its calls are captured), if any."""
-        for candidate in self._templates.get(key, ()):
-            if not candidate.reads or _read_values(module, candidate.reads) == candidate.values:
-                return candidate.found
-        return None
+    def _found(self, key: Any, module: nn.Module) -> Iterator[CallTemplate | str]:
+        """The templates of ``key`` for this call of ``module`` (or why its calls are captured), the newest first:
+        those whose attributes read hold this call's values (several where their call-outs gave other sizes)."""
+        for candidate in reversed(self._templates.get(key, ())):
+            if not candidate.reads or _read_values(self._modules_of(module), candidate.reads) == candidate.values:
+                yield candidate.found
+
+    def _keep(self, key: Any, candidate: _Candidate) -> None:
+        """Keep ``candidate`` for ``key``; a key keeps its :data:`_KEPT` newest templates (a decoding step's grown
+        cache gives each step's call-outs new sizes: the older steps' templates are never replayed again)."""
+        kept = self._templates.setdefault(key, [])
+        kept.append(candidate)
+        if len(kept) > _KEPT:
+            del kept[0]
+
+    def _modules_of(self, module: nn.Module) -> dict[str, nn.Module]:
+        """``dict(module.named_modules())``, made once per module (a run does not change its structure)."""
+        found = self._named.get(id(module))
+        if found is None:
+            found = self._named[id(module)] = dict(module.named_modules())
+        return found
 
     def _refuse(self, path: str, key: Any, reason: str, reads: tuple[tuple[str, str], ...] = (),
                 values: tuple[Any, ...] = ()) -> None:
         if key is not None:
-            self._templates.setdefault(key, []).append(_Candidate(reads, values, reason))
+            self._keep(key, _Candidate(reads, values, reason))
         self.refused.setdefault(path, []).append(reason)
 
     def _key(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], structural: bool = False
@@ -468,7 +483,7 @@ class CallReplayer:
         containers, aliasing = _containers((args, kwargs))
         held = [_contents(c) for c in containers]
         watched = self.reads and structural
-        modules = dict(module.named_modules())
+        modules = self._modules_of(module)
         attributes = _attribute_values(modules)
         reads: tuple[tuple[str, str], ...] = ()
         values: tuple[Any, ...] = ()
@@ -502,7 +517,7 @@ class CallReplayer:
                                    "would not change")
                 if watched:
                     reads = tuple(sorted(log.reads))
-                    values = _read_values(module, reads, attributes)
+                    values = _read_values(modules, reads, attributes)
                 changes, made = _changes(containers, held, tensors, window)
                 outputs, output_tensors, spec = self._outputs((out, made), window, tensors)
             except _Refused as why:
@@ -520,7 +535,7 @@ class CallReplayer:
         except _Refused as why:
             self._refuse(label, key, str(why), reads, values)
         else:
-            self._templates.setdefault(key, []).append(_Candidate(reads, values, template))
+            self._keep(key, _Candidate(reads, values, template))
         return out
 
     def _outputs(self, out: Any, window: Window, arguments: list[torch.Tensor]
@@ -628,7 +643,7 @@ class CallReplayer:
         copies = recorder.copies if path == template.path else {}  # (another block's records: their own roles)
         state = dict(named_state(module)) if template.parameters else {}
         if template.reads:  # (what the template read, this call read: for a block watched around this one)
-            modules = dict(module.named_modules())
+            modules = self._modules_of(module)
             for name, attribute in template.reads:
                 attribute_reads.note(modules[name], attribute)
 
@@ -929,13 +944,13 @@ def _attribute_values(modules: Mapping[str, nn.Module]) -> dict[tuple[str, str],
             for key, value in own_attributes(m).items()}
 
 
-def _read_values(module: nn.Module, reads: tuple[tuple[str, str], ...],
+def _read_values(modules: Mapping[str, nn.Module], reads: tuple[tuple[str, str], ...],
                  values: Mapping[tuple[str, str], Any] | None = None) -> tuple[Any, ...]:
-    """The values of the attributes ``reads`` of ``module``'s modules, as a key holds them (``values``: those of
-    :func:`_attribute_values`, else read now); a read of a module's whole ``__dict__`` holds all its attributes."""
+    """The values of the attributes ``reads`` of a block's ``modules`` (name -> module), as a key holds them
+    (``values``: those of :func:`_attribute_values`, else read now); a read of a module's whole ``__dict__`` holds
+    all its attributes."""
     if values is None:
-        values = _attribute_values({name: m for name, m in module.named_modules()
-                                    if any(name == read for read, _ in reads)})
+        values = _attribute_values({name: m for name, m in modules.items() if any(name == read for read, _ in reads)})
     found: list[Any] = []
     for name, attribute in reads:
         if attribute == EVERY:
