@@ -38,7 +38,7 @@ from .scaling import Polynomial, Scaling, scaling
 from .version import __version__ as __version__
 
 if TYPE_CHECKING:  # (imported when first used: __getattr__ below)
-    from .generation import Step
+    from .generation import Step, profile_generation
     from .peers import crosscheck
     from .pipeline import DenoisingStep, PipelineProfile, Workload, WorkloadTerm, profile_pipeline
     from .resolution import ResolutionScaling, resolution_scaling
@@ -47,7 +47,8 @@ if TYPE_CHECKING:  # (imported when first used: __getattr__ below)
     from .why_self_attention import compare, compare_lengths
 
 _LAZY = {
-    "Step": "generation", "crosscheck": "peers", "DenoisingStep": "pipeline", "PipelineProfile": "pipeline",
+    "Step": "generation", "profile_generation": "generation", "crosscheck": "peers", "DenoisingStep": "pipeline",
+    "PipelineProfile": "pipeline",
     "Workload": "pipeline", "WorkloadTerm": "pipeline", "profile_pipeline": "pipeline",
     "ResolutionScaling": "resolution", "resolution_scaling": "resolution", "Roofline": "roofline",
     "roofline": "roofline", "BatchPricer": "training", "Throughput": "training", "flops_per_batch": "training",
@@ -113,6 +114,7 @@ __all__ = [
     "flops_per_batch",
     "measure_flops",
     "profile",
+    "profile_generation",
     "profile_pipeline",
     "profiler",
     "resolution_scaling",

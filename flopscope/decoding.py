@@ -38,7 +38,7 @@ from torch import nn
 
 from .errors import ConfigurationError, InputError
 
-__all__ = ["greedy_decode"]
+__all__ = ["check_decoding", "greedy_decode"]
 
 
 def greedy_decode(model: nn.Module, input_ids: torch.Tensor, new_tokens: int) -> torch.Tensor:
@@ -46,11 +46,7 @@ def greedy_decode(model: nn.Module, input_ids: torch.Tensor, new_tokens: int) ->
     (``[B, P]`` token ids, no padding): one prefill forward, then ``new_tokens - 1`` decode forwards of one token per
     sequence (see the module docstring). Returns the sequences ``[B, P + new_tokens]`` (fake tensors when run in a
     fake-tensor mode). Runs under ``torch.no_grad()``, as ``generate()`` does."""
-    if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
-        raise InputError(f"input_ids must be a [batch, prompt] tensor of token ids; got {_shape(input_ids)}")
-    if isinstance(new_tokens, bool) or not isinstance(new_tokens, int) or new_tokens < 1:
-        raise InputError(f"new_tokens must be a positive integer; got {new_tokens!r}")
-    forward_keys, cache_key = _check(model)
+    forward_keys, cache_key = check_decoding(model, input_ids, new_tokens)
     hf: Any = model  # a transformers GenerationMixin (checked): its methods are not submodules
     batch, prompt = input_ids.shape
     kwargs: dict[str, Any] = {"use_cache": _generation_setting(model, "use_cache", True)}
@@ -79,9 +75,15 @@ def greedy_decode(model: nn.Module, input_ids: torch.Tensor, new_tokens: int) ->
     return sequences
 
 
-def _check(model: nn.Module) -> tuple[set[str], str]:
-    """The names the forward of ``model`` takes and the name of its cache argument; a ConfigurationError for a model
-    :func:`greedy_decode` does not mimic ``generate()`` for."""
+def check_decoding(model: nn.Module, input_ids: Any, new_tokens: Any) -> tuple[set[str], str]:
+    """The names the forward of ``model`` takes and the name of its cache argument; an
+    :class:`~flopscope.errors.InputError` for ids that are no ``[batch, prompt]`` tensor or a count of new tokens that
+    is no positive integer, a :class:`~flopscope.errors.ConfigurationError` for a model :func:`greedy_decode` does not
+    mimic ``generate()`` for."""
+    if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
+        raise InputError(f"input_ids must be a [batch, prompt] tensor of token ids; got {_shape(input_ids)}")
+    if isinstance(new_tokens, bool) or not isinstance(new_tokens, int) or new_tokens < 1:
+        raise InputError(f"new_tokens must be a positive integer; got {new_tokens!r}")
     name = type(model).__name__
     config = getattr(model, "config", None)
     if not callable(getattr(model, "prepare_inputs_for_generation", None)) or config is None or \

@@ -89,6 +89,8 @@ BLOCK_MODES = ("real", "fake")
 """``profiler()`` modes (a block of the user's own calls cannot be re-run, so no ``auto``)."""
 
 Loss = Callable[[Any], torch.Tensor]
+Driver = Callable[[nn.Module, tuple[Any, ...], dict[str, Any]], Any]
+"""Runs a counted model (the fake run's shadow, or the model) on the run's ``(args, kwargs)`` and returns the output."""
 
 
 @dataclass(frozen=True)
@@ -102,6 +104,8 @@ class CaptureOptions:
     loss: Loss | None = None
     fallback_limit_bytes: int | None = None  # mode "auto": refuse a real fall-back needing more (None: default)
     reuse: bool = True  # fake runs: a block replayed from an earlier block's records where provably the same
+    driver: Driver | None = None  # how the run calls the model: None, once as model(*args, **kwargs); a generation's
+    # greedy decoding calls it once per step (flopscope.generation.profile_generation)
 
     @classmethod
     def of(cls, registry: FormulaRegistry | None = None, roles: Sequence[RoleRule] = (), backward: bool = False,
@@ -283,7 +287,7 @@ def _run(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], option
                                                             stand_ins=stand_ins)
                                                .wrapping({"": target}, blocks_only=True))
             try:
-                output = target(*args, **kwargs)
+                output = target(*args, **kwargs) if options.driver is None else options.driver(target, args, kwargs)
             except Exception as error:  # the model's own code: re-raised as a RunError naming op and module
                 if replayer is None or not stand_ins or not (replayer.stood_in or stand_in_refused(error)):
                     raise _explain(model, error, recorder, tracker, fake) from error

@@ -298,7 +298,7 @@ def test_a_block_whose_cache_entry_gives_other_sizes_is_captured_as_a_template_o
     as it was): block 1 is captured, a second template of the key, and blocks 2 and 3 are replayed from it (a
     decoding step's layers, whose cache grew since the step before). Per block: the projection, the two products
     with the 1 + held states and the MLP."""
-    reused, captured = cached_count("update", {0: 3, 1: 5, 2: 5, 3: 5})
+    reused, _ = cached_count("update", {0: 3, 1: 5, 2: 5, 3: 5})
     mlp = 2 * 8 * (D * 2 * D + 2 * D * D)
     held = [3 + 8, 5 + 8, 5 + 8, 5 + 8]
     assert reused.total() == sum(2 * 8 * D * 2 * D + 2 * (2 * 8 * n * D) + mlp for n in held)

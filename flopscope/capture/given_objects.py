@@ -28,6 +28,7 @@ import copy
 import inspect
 import threading
 import types
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -96,9 +97,19 @@ _LOCK = threading.Lock()
 
 def can_watch(obj: Any) -> bool:
     """Whether ``obj`` may be a given object: an instance of a plain Python class (not a tensor, module, function,
-    class or container), not watched already (by a block around this one)."""
-    return (hasattr(obj, "__dict__") and not isinstance(obj, (torch.Tensor, nn.Module, type, list, tuple, dict))
-            and not inspect.isroutine(obj) and not is_watching(type(obj)))
+    class or container), not watched already (by a block around this one). Decided once per class."""
+    kind = type(obj)
+    found = _WATCHABLE.get(kind)
+    if found is None:
+        found = _WATCHABLE[kind] = (
+            getattr(kind, "__dictoffset__", 0) != 0 and not issubclass(kind, (torch.Tensor, nn.Module, type, list,
+                                                                              tuple, dict))
+            and not inspect.isroutine(obj) and not is_watching(kind))
+    return found
+
+
+_WATCHABLE: weakref.WeakKeyDictionary[type, bool] = weakref.WeakKeyDictionary()
+""":func:`can_watch` per class (weak: classes are made at run time too)."""
 
 
 @contextmanager
@@ -126,6 +137,30 @@ def watching(objects: Sequence[Any], block: Log, recorder: Recorder, tracker: Mo
                 _WATCHES.pop(id(obj), None)
         for obj, cls in swapped:
             object.__setattr__(obj, "__class__", cls)
+
+
+def _copied_as(kind: type, value: Any) -> str:
+    """How :func:`detached` copies an instance of ``kind`` (``value``): ``"plain"``, a plain object whose class
+    changes nothing of how it is copied (a new instance, its ``__dict__`` copied, as ``copy.copy`` would make it);
+    ``"object"``, one that does (``copy.copy``); ``""``, nothing to copy (a tensor, a number, a module)."""
+    if not can_watch(value) or issubclass(kind, types.ModuleType):
+        return ""
+    plain = (kind.__reduce_ex__ is object.__reduce_ex__ and kind.__reduce__ is object.__reduce__
+             and not hasattr(kind, "__copy__") and not hasattr(kind, "__setstate__")
+             and getattr(kind, "__getstate__", None) is getattr(object, "__getstate__", None)
+             and not any(name not in ("__dict__", "__weakref__") for c in kind.__mro__
+                         for name in _names(vars(c).get("__slots__", ()))))  # (abc.ABC's empty slots are none)
+    return "plain" if plain else "object"
+
+
+def _names(slots: Any) -> tuple[str, ...]:
+    return (slots,) if isinstance(slots, str) else tuple(slots)
+
+
+_CONTAINERS: dict[type, str] = {list: "list", set: "set", dict: "dict", tuple: "tuple"}
+_COPIES: weakref.WeakKeyDictionary[type, str] = weakref.WeakKeyDictionary()
+"""How :func:`detached` copies a value of each class: ``"list"``, ``"set"``, ``"dict"``, ``"tuple"``, or as
+:func:`_copied_as` says."""
 
 
 def held_objects(modules: Iterable[nn.Module], depth: int = 3) -> set[int]:
@@ -173,29 +208,37 @@ def detached(obj: Any, depth: int = 4) -> Any:
     memo: dict[int, Any] = {}
 
     def copied(value: Any, level: int) -> Any:
-        found = memo.get(id(value))
-        if found is not None or level > depth:
-            return value if found is None else found
         kind = type(value)
+        how = _COPIES.get(kind)
+        if how is None:
+            how = _COPIES[kind] = _CONTAINERS.get(kind) or _copied_as(kind, value)
+        if not how or level > depth:
+            return value
+        found = memo.get(id(value))
+        if found is not None:
+            return found
         twin: Any
-        if kind is list:
+        if how == "list":
             twin = memo[id(value)] = []
             twin.extend(copied(v, level + 1) for v in value)
-        elif kind is set:
+        elif how == "set":
             twin = memo[id(value)] = set()
             twin.update(copied(v, level + 1) for v in value)
-        elif kind is dict:
+        elif how == "dict":
             twin = memo[id(value)] = {}
             twin.update((k, copied(v, level + 1)) for k, v in value.items())
-        elif kind is tuple:
+        elif how == "tuple":
             twin = memo[id(value)] = tuple(copied(v, level + 1) for v in value)
-        elif can_watch(value) and not isinstance(value, types.ModuleType):
-            twin = memo[id(value)] = copy.copy(value)
+        else:
+            if how == "plain":  # (what copy.copy does for it, without its protocol's cost)
+                twin = memo[id(value)] = object.__new__(kind)
+                object.__setattr__(twin, "__dict__", dict(vars(value)))
+            else:
+                twin = memo[id(value)] = copy.copy(value)
             own = vars(twin)
             for key, held in list(own.items()):
-                own[key] = copied(held, level + 1)
-        else:
-            return value
+                if _COPIES.get(type(held), True):  # (a tensor, a number: kept as it is, without a call)
+                    own[key] = copied(held, level + 1)
         return twin
 
     return copied(obj, 0)
