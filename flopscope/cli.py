@@ -53,7 +53,7 @@ from .communication import compare as compare_collectives
 from .conventions import ATTENTION_CONVENTIONS, EXECUTED
 from .diff import diff
 from .errors import FlopscopeError, RunError
-from .generation import DECODE, greedy_decode, steps_table
+from .generation import DECODE, profile_generation, steps_table
 from .memory import check_fits, state_bytes
 from .models import TransformerBlock
 from .peaks import register_cli as register_peak_cli
@@ -810,19 +810,17 @@ def _generate(args: argparse.Namespace) -> int:
 
 
 def _generate_on_fake_tensors(args: argparse.Namespace, target: Target, ids: torch.Tensor, what: str) -> Any:
-    """The profile of greedy decoding (:func:`flopscope.decoding.greedy_decode`: the forwards HF's ``generate()``
-    runs) of ``target`` (built on meta: nothing allocated) on fake tensors; ``None`` in ``--mode auto`` when it
-    cannot be counted there (a model greedy_decode does not mimic, a forward fake tensors cannot run), said on
-    stderr: the caller runs ``generate()`` for real."""
+    """The profile of greedy decoding (:func:`flopscope.generation.profile_generation`: the forwards HF's
+    ``generate()`` runs) of ``target`` (built on meta: nothing allocated) on fake tensors; ``None`` in ``--mode auto``
+    when it cannot be counted there (a model greedy_decode does not mimic, a forward fake tensors cannot run), said
+    on stderr: the caller runs ``generate()`` for real."""
     model = target.model.to(args.dtype)  # (on meta: nothing converted)
     where = "built on meta: nothing allocated" if any(p.is_meta for p in model.parameters()) else "built"
     dtype = str(args.dtype).removeprefix("torch.")
     print(f"{target.description}: {sum(p.numel() for p in model.parameters()):,} parameters, {dtype} ({where}); "
           f"{what}, counted on fake tensors", flush=True)
     try:
-        with profiler(model, mode="fake") as recording:
-            greedy_decode(model, ids, args.new)
-        return recording.result
+        return profile_generation(model, ids, args.new, mode="fake")
     except Exception as failed:  # auto: any failure of the fake run means a real one
         if args.mode == "fake":
             raise

@@ -26,7 +26,7 @@ from .decoding import check_decoding, greedy_decode
 from .formulas.registry import FormulaRegistry
 from .predict.steps import DECODE, PREFILL, Step, decode_scaling, steps
 from .profile import Profile
-from .runner import CaptureOptions, run_in_mode
+from .runner import CaptureOptions, fake_converter, run_in_mode
 
 __all__ = ["DECODE", "PREFILL", "Step", "decode_scaling", "greedy_decode", "profile_generation", "steps",
            "steps_table"]
@@ -41,8 +41,11 @@ def profile_generation(model: nn.Module, input_ids: torch.Tensor, new_tokens: in
     :class:`~flopscope.profile.Profile` whose :meth:`~flopscope.profile.Profile.steps` are those forwards and whose
     ``output`` is the sequences ``[batch, prompt + new_tokens]``.
 
-    ``mode``: ``"fake"`` (default: nothing is computed; a model built on ``device="meta"`` runs on meta kernels),
-    ``"real"``, or ``"auto"`` (fake, else real), as :func:`flopscope.profile`. ``reuse``: on fake tensors, a layer
+    ``mode``: ``"fake"`` (default: nothing is computed; a model built on ``device="meta"`` works), ``"real"``, or
+    ``"auto"`` (fake, else real), as :func:`flopscope.profile`. Fake runs are on fake CPU tensors, never on meta
+    kernels (where :func:`flopscope.profile` takes them for a model built on meta): there the values of position ids
+    are unknown and scaled-dot-product attention takes its math path, whose bytes differ from a real run's, and a
+    step's bytes are what its roofline is made of (:mod:`flopscope.roofline`). ``reuse``: on fake tensors, a layer
     whose records are provably an earlier layer's is replayed from them (:mod:`flopscope.capture.replay`): the
     layers of a step from its first, and a step's first layer from the step before where the KV cache gives the
     same sizes (a decoding step's cache is one position longer than the step before's: its first layer is counted,
@@ -54,7 +57,7 @@ def profile_generation(model: nn.Module, input_ids: torch.Tensor, new_tokens: in
     check_decoding(model, input_ids, new_tokens)
     options = replace(CaptureOptions.of(registry, roles, reuse=reuse),
                       driver=functools.partial(_decoding, new_tokens))
-    return run_in_mode(model, (input_ids,), {}, options, mode, stacklevel=3)
+    return run_in_mode(model, (input_ids,), {}, options, mode, converter=fake_converter(), stacklevel=3)
 
 
 def _decoding(new_tokens: int, model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor:

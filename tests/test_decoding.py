@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from test_block_replay import Wrapped
+from test_replay import assert_same_capture
 from torch import nn
 
 import flopscope
@@ -172,4 +174,42 @@ def test_what_greedy_decode_does_not_mimic_is_refused_before_any_forward() -> No
             greedy_decode(llama(), prompt_ids(), new)  # type: ignore[arg-type]
     with pytest.raises(flopscope.InputError, match=r"\[batch, prompt\]"):
         greedy_decode(llama(), torch.zeros(PROMPT, dtype=torch.long), NEW)
+    assert calls == []
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_profile_generation_is_the_profilers_count_with_layers_replayed(family: str) -> None:
+    """``flopscope.profile_generation`` runs greedy_decode's forwards on the fake run's copy of the model: the same
+    steps, MACs by role, bytes and modules as greedy_decode under ``profiler(mode="fake")``, and with layers replayed
+    the capture is the one of ``reuse=False``, record by record. Llama with a cache: in each of the NEW steps layer 1
+    is replayed from layer 0 (layer 0 of a decode step is counted: its cache is one position longer than the step
+    before's); without a cache every step is captured too (another length each step, and the same layers)."""
+    torch.manual_seed(0)
+    model, ids = FAMILIES[family](), prompt_ids()
+    counted = flopscope.profile_generation(model, ids, NEW)
+    captured = flopscope.profile_generation(model, ids, NEW, reuse=False)
+    assert_same_capture(Wrapped(counted), Wrapped(captured))
+    blocked, _ = decoded(model, ids)
+    assert shape_and_work(counted) == shape_and_work(blocked)
+    assert counted.by_module() == blocked.by_module()
+    assert tuple(counted.output.shape) == (B, PROMPT + NEW) and counted.mode == "fake"
+    replayed = [note for note in counted.notes if "replayed" in note]
+    if family == "llama":
+        assert replayed == [f"model.layers: {NEW} of {L * NEW} block calls replayed from an earlier call of a block "
+                            "of the same structure on the same inputs' shapes (fake tensors: the same records)"]
+    with torch.device("meta"):  # built on meta: counted on fake tensors all the same (not on meta kernels, whose
+        torch.manual_seed(0)  # attention writes the scores), the same steps and bytes
+        on_meta = FAMILIES[family]()
+    assert shape_and_work(flopscope.profile_generation(on_meta, ids, NEW)) == shape_and_work(counted)
+
+
+def test_profile_generation_refuses_what_greedy_decode_does_not_mimic_before_any_forward() -> None:
+    t5 = transformers.T5ForConditionalGeneration(transformers.T5Config(
+        d_model=16, d_ff=32, num_layers=1, num_heads=2, d_kv=8, vocab_size=V)).eval()
+    calls: list[int] = []
+    t5.register_forward_pre_hook(lambda *_: calls.append(1))
+    with pytest.raises(flopscope.ConfigurationError, match="encoder-decoder"):
+        flopscope.profile_generation(t5, prompt_ids(), NEW)
+    with pytest.raises(flopscope.InputError, match="new_tokens must be a positive integer"):
+        flopscope.profile_generation(llama(), prompt_ids(), 0)
     assert calls == []
