@@ -65,6 +65,13 @@ kernels directly (``docs/conventions.md``, the modes table), as FlopCounterMode'
 Part 1 also times an empty ``TorchDispatchMode`` (the floor of any counter that sees every ATen op) and
 prints flopscope real / empty mode per round (target <= 1.08).
 
+Part 4: generation, the Llama-7B shape (``LlamaForCausalLM``, with its head) on meta, a prompt of 512 token ids and
+256 new tokens (``--new``), in its own child: the count of the prompt's forward (``flopscope.profile``), the count of
+the whole greedy generation (``flopscope.profile_generation``: the prefill and 255 decode steps, layers replayed) and
+their ratio (issue 34's target: <= 3); then per decode step (from 5 new tokens, prefill taken off) the three ways to
+count it: ``profile_generation``, the same with ``reuse=False``, and ``greedy_decode`` in a ``profiler(mode="fake")``
+block (the way before ``profile_generation``). Skipped with ``--quick`` (then 2 layers, a prompt of 64, 8 tokens).
+
 Part 3: the Llama-70B shape (80 layers, d 8192, GQA 64/8 heads, d_ff 28672) at n 4096, one count after the
 first in its own child: seconds (target < 1.5 s) and the memory the first count needed (VmHWM growth, target
 < 600 MiB). Skipped with ``--quick``.
@@ -121,11 +128,11 @@ LLAMA_70B = dict(
 )
 VARIANTS = ("plain", "empty mode", "flopscope real", "FlopCounterMode", "flopscope fake")
 TARGETS = {"real_vs_empty": 1.08, "7b_vs_fcm": 1.0, "7b_vs_plain": 1.6, "70b_s": 1.5, "70b_mib": 600,
-           "7b_count_vs_empty": 1.15, "7b_roles_vs_empty": 1.25}
+           "7b_count_vs_empty": 1.15, "7b_roles_vs_empty": 1.25, "generation_vs_prefill": 3}
 """Issue 15's targets: real-mode time / an empty dispatch mode's; the 7B count with roles / FlopCounterMode's meta
 count and / the plain meta forward; the 70B count with roles in seconds and its peak memory growth in MiB. Issue 34's:
 the 7B count (``profile()``) and the count with roles, each / the meta forward under an empty dispatch mode (the
-floor of any dispatch-level counter)."""
+floor of any dispatch-level counter); a 7B generation of 256 tokens / the count of its prompt's forward."""
 
 
 class EmptyMode(TorchDispatchMode):
@@ -362,6 +369,59 @@ def run_7b(quick: bool, reps: int, threads: int | None, config: dict[str, int] |
     return result
 
 
+def child_generation(spec: dict[str, Any]) -> dict[str, Any]:
+    """Part 4, in a child: seconds to count the prompt's forward, the whole generation, and one decode step three
+    ways (see the module docstring)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from flopscope.generation import greedy_decode
+
+    if spec["threads"]:
+        torch.set_num_threads(spec["threads"])
+    with torch.device("meta"):
+        model = LlamaForCausalLM(LlamaConfig(**spec["config"])).eval()
+    ids = torch.zeros(1, spec["prompt"], dtype=torch.long)
+    few = 5
+
+    def blocked(new: int) -> flopscope.Profile:
+        with flopscope.profiler(model, mode="fake") as prof:
+            greedy_decode(model, ids, new)
+        return prof.result
+
+    def timed(call: Callable[[], Any]) -> tuple[float, Any]:
+        gc.collect()
+        start = time.perf_counter()
+        out = call()
+        return time.perf_counter() - start, out
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        flopscope.profile_generation(model, ids, 2)  # (warm: lazy imports, the fake kernels' caches)
+        prefill_s, _ = timed(lambda: flopscope.profile(model, ids, mode="fake"))
+        whole_s, whole = timed(lambda: flopscope.profile_generation(model, ids, spec["new"]))
+        per_step = {}
+        for name, count in (("profile_generation", lambda n: flopscope.profile_generation(model, ids, n)),
+                            ("reuse=False", lambda n: flopscope.profile_generation(model, ids, n, reuse=False)),
+                            ("profiler + greedy_decode", blocked)):
+            one_s, _ = timed(lambda count=count: count(1))
+            many_s, many = timed(lambda count=count: count(few))
+            per_step[name] = ((many_s - one_s) / (few - 1), many.total())
+    return {"prefill_s": prefill_s, "whole_s": whole_s, "steps": len(whole.steps()), "per_step": per_step,
+            "same": len({total for _, total in per_step.values()}) == 1,
+            "replayed": [note for note in whole.notes if "replayed" in note]}
+
+
+def run_generation(quick: bool, new: int, threads: int | None) -> dict[str, Any]:
+    spec = {"config": LLAMA_7B_QUICK if quick else LLAMA_7B, "prompt": 64 if quick else 512,
+            "new": 8 if quick else new, "threads": threads}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run([sys.executable, __file__, "--child-generation", json.dumps(spec)], env=env,
+                          capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"generation child process failed:\n{done.stderr[-4000:]}")
+    return {**json.loads(done.stdout.strip().splitlines()[-1]), **spec}
+
+
 # -------------------------------------------------------------------------------------------------
 def table(rows: list[list[Any]], headers: list[str]) -> str:
     try:
@@ -388,11 +448,17 @@ def main() -> None:
     parser.add_argument("--skip-7b", action="store_true", help="only part 1")
     parser.add_argument("--device", default="cpu", help="part 1's device (cuda: each time ends with a synchronize)")
     parser.add_argument("--dtype", default="float32", help="part 1's parameter dtype (bfloat16, ...)")
+    parser.add_argument("--new", type=int, default=256, help="part 4: new tokens of the 7B generation (default 256)")
+    parser.add_argument("--skip-generation", action="store_true", help="no part 4")
     parser.add_argument("--child-7b", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--child-generation", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
 
     if args.child_7b is not None:
         print(json.dumps(child_7b(json.loads(args.child_7b))))
+        return
+    if args.child_generation is not None:
+        print(json.dumps(child_generation(json.loads(args.child_generation))))
         return
 
     if args.threads:
@@ -403,6 +469,7 @@ def main() -> None:
     # RSS (the kernel carries the forked image's high-water mark across exec).
     big = None if args.skip_7b else run_7b(args.quick, args.reps_7b, args.threads, side_reps=3 if args.quick else 5)
     huge = None if args.skip_7b or args.quick else run_7b(False, 1, args.threads, LLAMA_70B, 4096, side_reps=0)
+    generation = None if args.skip_generation else run_generation(args.quick, args.new, args.threads)
     import transformers
 
     print(
@@ -515,6 +582,16 @@ def main() -> None:
         if r["inherited"]:
             print("caution: the child's ru_maxrss baseline is its parent's RSS, so the maxrss growth is understated")
         messages += r["warnings"]
+    if generation is not None:
+        r = generation
+        label = "Llama-7B shape" + (" (2 layers, quick)" if args.quick else "")
+        print(f"\nPart 4: generation, {label} on meta, a prompt of {r['prompt']}, {r['new']} new tokens: the prompt's "
+              f"forward counted in {r['prefill_s']:.2f} s (flopscope.profile), the generation ({r['steps']} steps) in "
+              f"{r['whole_s']:.2f} s (flopscope.profile_generation), {r['whole_s'] / r['prefill_s']:.1f}x (target <= "
+              f"{TARGETS['generation_vs_prefill']}); {'; '.join(r['replayed'])}")
+        print("one decode step counted by " + ", ".join(
+            f"{name} {seconds:.3f} s" for name, (seconds, _) in r["per_step"].items())
+              + f" (the same total each: {r['same']})")
     for message in sorted(set(messages)):
         print(f"warning seen: {message}")
 

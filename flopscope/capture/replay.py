@@ -65,6 +65,7 @@ from torch.utils import _pytree as pytree
 from ..formulas.registry import shape_of
 from . import attribute_reads, given_objects
 from .attribute_reads import EVERY, StandIn, own_attributes
+from .fake import empty_tensor
 from .given_objects import CallOut
 from .module_tracker import ModuleCall, ModuleTracker
 from .recorder import Recorder, Window, storage_of
@@ -719,7 +720,7 @@ class CallReplayer:
                                 requires_grad=like.requires_grad)  # (one flag for a storage's outputs: _outputs)
                         made = base.as_strided(like.shape, like.stride(), like.storage_offset())
                     else:
-                        made = like.new_empty_strided(like.shape, like.stride(), requires_grad=like.requires_grad)
+                        made = empty_tensor(like.shape, like.stride(), like.dtype, like.device, like.requires_grad)
                     made_for[id(like)] = made
                     recorder.set_producer(made, mapped.get(id(value), value))
                     for window in recorder.windows:  # (made by this call, inside any call being watched)
@@ -915,8 +916,7 @@ def stand_in_refused(error: BaseException) -> bool:
 
 def _empty(meta: given_objects.Meta) -> torch.Tensor:
     """A tensor of ``meta``'s sizes, strides, dtype, device and ``requires_grad`` (fake, or meta: nothing allocated)."""
-    shape, stride, dtype, device, requires_grad = meta
-    return torch.empty_strided(shape, stride, dtype=dtype, device=device, requires_grad=requires_grad)
+    return empty_tensor(*meta)
 
 
 def _callout_arguments(callout: CallOut, modules: Mapping[str, nn.Module],
