@@ -508,3 +508,39 @@ def test_a_stand_in_never_outlives_the_call_that_read_it():
     reused, captured = (profile(model, x, ToyCache(), reuse=reuse) for reuse in (True, False))
     assert_same_capture(Wrapped(reused), Wrapped(captured))
     assert reused.output[1] == [0, 1, 2, 3] and all(type(i) is int for i in reused.output[1])
+
+
+class Counted:
+    """Copied by its own ``__copy__`` (which counts its copies): a class that says how it is copied is copied so."""
+
+    copies = 0
+
+    def __init__(self) -> None:
+        self.items: list[int] = []
+
+    def __copy__(self) -> Counted:
+        Counted.copies += 1
+        twin = Counted()
+        twin.items = self.items
+        return twin
+
+
+def test_the_copy_a_call_out_is_checked_on_shares_nothing_the_call_can_change_and_keeps_what_is_shared():
+    """``given_objects.detached``: the plain objects, lists and dicts of a cache copied four levels down, each once
+    (two slots holding one list hold one copied list), tensors kept; a class with its own ``__copy__`` copied by it;
+    changing the copy at any depth leaves the original as it was."""
+    from flopscope.capture.given_objects import detached
+
+    shared, states = [1], torch.zeros(2)
+    cache = SlottedCache(2)
+    cache.slots[0].calls = cache.slots[1].calls = shared
+    cache.slots[0].states = states
+    cache.counted = Counted()
+    twin = detached(cache)
+    twin.slots[0].calls.append(2)
+    twin.slots[1].states = torch.ones(1)
+    twin.counted.items.append(3)
+    assert twin.slots[1].calls is twin.slots[0].calls and twin.slots[1].calls == [1, 2]
+    assert twin.slots[0].states is states
+    assert cache.slots[0].calls == [1] and cache.slots[1].calls is shared and cache.slots[1].states is None
+    assert Counted.copies == 1 and cache.counted.items == []

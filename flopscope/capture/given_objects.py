@@ -146,7 +146,9 @@ def _copied_as(kind: type, value: Any) -> str:
     if not can_watch(value) or issubclass(kind, types.ModuleType):
         return ""
     plain = (kind.__reduce_ex__ is object.__reduce_ex__ and kind.__reduce__ is object.__reduce__
-             and not hasattr(kind, "__copy__") and not hasattr(kind, "__setstate__")
+             and kind.__new__ is object.__new__ and not hasattr(kind, "__getnewargs_ex__")
+             and not hasattr(kind, "__getnewargs__") and not hasattr(kind, "__copy__")
+             and not hasattr(kind, "__setstate__")
              and getattr(kind, "__getstate__", None) is getattr(object, "__getstate__", None)
              and not any(name not in ("__dict__", "__weakref__") for c in kind.__mro__
                          for name in _names(vars(c).get("__slots__", ()))))  # (abc.ABC's empty slots are none)
