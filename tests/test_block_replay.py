@@ -7,6 +7,8 @@ data or on the block."""
 
 from __future__ import annotations
 
+import collections
+import logging
 import threading
 import warnings
 from types import SimpleNamespace
@@ -544,3 +546,175 @@ def test_the_copy_a_call_out_is_checked_on_shares_nothing_the_call_can_change_an
     assert twin.slots[0].states is states
     assert cache.slots[0].calls == [1] and cache.slots[1].calls is shared and cache.slots[1].states is None
     assert Counted.copies == 1 and cache.counted.items == []
+
+
+class Stored:
+    """A cache whose entries live in ``store()`` (a container of another kind, or an object deeper inside it)."""
+
+    def update(self, states: torch.Tensor, index: int) -> torch.Tensor:
+        store = self.store()
+        if isinstance(store, collections.deque):
+            while len(store) <= index:
+                store.append(None)
+        held = store[index] if isinstance(store, collections.deque) else store.get(index)
+        store[index] = states * 1.0 if held is None else torch.cat([held, states], dim=1)
+        return store[index]
+
+
+class Ordered(Stored):
+    def __init__(self) -> None:
+        self.entries: collections.OrderedDict = collections.OrderedDict()
+
+    def store(self):
+        return self.entries
+
+
+class Defaulting(Stored):
+    def __init__(self) -> None:
+        self.entries = collections.defaultdict(lambda: None)
+
+    def store(self):
+        return self.entries
+
+
+class Queued(Stored):
+    def __init__(self) -> None:
+        self.entries: collections.deque = collections.deque()
+
+    def store(self):
+        return self.entries
+
+
+class Deep(Stored):
+    """Its entries seven levels down, deeper than a dry run's copy goes: no copy is made, the blocks are counted."""
+
+    def __init__(self) -> None:
+        self.inner = SimpleNamespace(a=SimpleNamespace(b=SimpleNamespace(c=SimpleNamespace(d=SimpleNamespace(
+            e=SimpleNamespace(f=SimpleNamespace(entries={})))))))
+
+    def store(self):
+        return self.inner.a.b.c.d.e.f.entries
+
+
+class SelfCopying(Stored):
+    """Its store's copy is the store itself (a ``__copy__`` returning ``self``), and it holds a logger (whose copy is
+    itself): no copy its methods could change without changing it."""
+
+    def __init__(self) -> None:
+        self.entries: dict = {}
+        self.log = logging.getLogger("flopscope-test-cache")
+
+    def store(self):
+        return self.entries
+
+    def __copy__(self):
+        return self
+
+
+class PassingTwice(Stack):
+    """Runs its blocks twice, each time handing them the cache: the second pass's blocks attend over 16 positions."""
+
+    def forward(self, x: torch.Tensor, cache: Stored) -> tuple[torch.Tensor, Stored]:
+        for _ in range(2):
+            for block in self.blocks:
+                x = block(x, cache)
+        return x, cache
+
+
+@pytest.mark.parametrize("cache", [Ordered, Defaulting, Queued, Deep, SelfCopying])
+def test_a_cache_of_any_container_or_depth_is_updated_once_per_block(cache):
+    """The dry run of a replay's call-outs runs on a copy of the cache; an ``OrderedDict``, ``defaultdict`` or
+    ``deque`` is copied too (before: shared, so each replayed block's entry was updated twice and the second pass
+    attended over 24 positions for 16), and where no such copy can be made (deeper than it goes, a copy that is
+    the original itself: before, a logger's ``__dict__`` was rewritten) the blocks are captured. Per block and pass:
+    the projection, the two products with the held positions (8, then 16), the MLP."""
+    root_handlers = logging.root.handlers
+    model, x = PassingTwice([CachingBlock(i) for i in range(4)]), torch.randn(2, 8, D)
+    reused, captured = (profile(model, x, cache(), reuse=reuse) for reuse in (True, False))
+    assert_same_capture(Wrapped(reused), Wrapped(captured))
+    mlp = 2 * 8 * (D * 2 * D + 2 * D * D)
+    assert reused.total() == sum(4 * (2 * 8 * D * 2 * D + 2 * (2 * 8 * n * D) + mlp) for n in (8, 16))
+    entries = [t for t in reused.output[1].store() if t is not None] if cache is Queued else \
+        [t for t in reused.output[1].store().values() if t is not None]
+    assert [tuple(t.shape) for t in entries] == [(2, 16, D)] * 4
+    assert logging.root.handlers is root_handlers and logging.getLogger("flopscope-test-cache").manager is \
+        logging.Logger.manager
+
+
+class Widening(CachingBlock):
+    """Runs the ``extra`` submodule its model gives it between two passes, if it has one."""
+
+    def forward(self, x: torch.Tensor, cache: ToyCache) -> torch.Tensor:
+        x = super().forward(x, cache)
+        return self.extra(x) if "extra" in self._modules else x
+
+
+class Extra(nn.Module):
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.width = width
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x[..., : self.width] @ x[..., : self.width].transpose(-1, -2) @ x
+
+
+class Growing(CachingStack):
+    """Gives each block a submodule of its own width between two passes."""
+
+    def forward(self, x: torch.Tensor, cache: ToyCache) -> torch.Tensor:
+        x = super().forward(x, cache)
+        for block in self.blocks:
+            block.extra = Extra(4 * (block.index + 1))
+        return super().forward(x, cache)
+
+
+def test_a_submodule_added_between_two_calls_is_watched_in_the_next():
+    """The second pass's blocks hold a submodule each, whose width they read: watched, so blocks 1 to 3 are not
+    replayed from block 0's width (before: the block's submodules were listed once per run, the new one was not
+    watched, and the second pass counted 4-wide products for all four blocks)."""
+    model, x = Growing([Widening(i) for i in range(4)]), torch.randn(2, 8, D)
+    reused, captured = (profile(model, x, ToyCache(), reuse=reuse) for reuse in (True, False))
+    assert_same_capture(Wrapped(reused), Wrapped(captured))
+    mlp = 2 * 8 * (D * 2 * D + 2 * D * D)
+    blocks = sum(4 * (2 * 8 * D * 2 * D + 2 * (2 * 8 * n * D) + mlp) for n in (8, 16))
+    extra = sum(2 * 8 * 8 * w + 2 * 8 * 8 * D for w in (4, 8, 12, 16))  # (x[..., :w] @ its transpose, then @ x)
+    assert reused.total() == blocks + extra
+
+
+class Tupling(CachingBlock):
+    def forward(self, x: torch.Tensor, cache: ToyCache, log: list) -> torch.Tensor:
+        log.append((self.index, "seen"))
+        return super().forward(x, cache)
+
+
+class TuplingStack(LoggingStack):
+    pass
+
+
+def test_a_stand_in_in_a_tuple_is_the_number_once_the_call_returns():
+    """A tuple cannot change in place: the list is given a new one with the number (before: the stand-in stayed in
+    the tuple, and the forward's log held it)."""
+    model, x = TuplingStack([Tupling(i) for i in range(4)]), torch.randn(2, 8, D)
+    reused = profile(model, x, ToyCache())
+    assert reused.output[1] == [(i, "seen") for i in range(4)]
+    assert all(type(i) is int for i, _ in reused.output[1])
+
+
+class InPlace(Stack):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x)
+            x.mul_(0.5)  # (in place on the block's output)
+        return x
+
+
+def test_a_replayed_output_takes_an_in_place_op_as_a_run_does_in_grad_mode():
+    """With grad mode on (no ``no_grad``) a block's output requires grad and is no leaf: an in-place op on it is
+    allowed. A replay's output is a view of a non-leaf too (before: a leaf, and the op raised with reuse only)."""
+    model, x = InPlace([Block() for _ in range(3)]), torch.randn(2, 8, D)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        reused, captured = (flopscope.profile(model, x, mode="fake", reuse=reuse) for reuse in (True, False))
+    assert_same_capture(Wrapped(reused), Wrapped(captured))
+    assert [note for note in reused.notes if "replayed" in note]
+    assert reused.total() == 3 * 2 * 8 * (D * 2 * D + 2 * D * D)

@@ -4,6 +4,7 @@ count as FlopCounterMode counts them (issue 22, items 1-3)."""
 from __future__ import annotations
 
 import functools
+import types
 import warnings
 from typing import Any, ClassVar
 
@@ -56,6 +57,7 @@ class Settings:
     def __init__(self) -> None:
         self.scale = 1.0
         self.tables: dict[tuple[Any, ...], torch.Tensor] = {}
+        self.holder = types.SimpleNamespace(tables={})  # (a plain object inside it, holding a table)
 
 
 class CachedPositions(nn.Module):
@@ -83,10 +85,11 @@ class CachedPositions(nn.Module):
             if key not in _TABLES:
                 _TABLES[key] = sine_table.__wrapped__(*key)
             return _TABLES[key]
-        if self.where == "config-dict":  # a dict a shared object holds
-            if key not in self.settings.tables:
-                self.settings.tables[key] = sine_table.__wrapped__(*key)
-            return self.settings.tables[key]
+        if self.where in ("config-dict", "holder-dict"):  # a dict a shared object holds, or an object inside it
+            tables = self.settings.tables if self.where == "config-dict" else self.settings.holder.tables
+            if key not in tables:
+                tables[key] = sine_table.__wrapped__(*key)
+            return tables[key]
         cached = getattr(self.settings, "table", None)  # "config": an attribute set on a shared object
         if cached is None:
             cached = self.settings.table = sine_table.__wrapped__(*key)
@@ -100,7 +103,7 @@ class CachedPositions(nn.Module):
 
 
 EXPECTED = 2 * N * D * D  # two D x D projections of N tokens, batch 1 (the table is elementwise work)
-WHERE = ["lru_cache", "closure", "dict", "config", "config-dict"]
+WHERE = ["lru_cache", "closure", "dict", "config", "config-dict", "holder-dict"]
 ORDERS = [("auto", "fake", "real"), ("real", "fake", "auto")]
 
 

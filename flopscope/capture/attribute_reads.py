@@ -26,6 +26,7 @@ the call returns (:func:`settle`).
 
 from __future__ import annotations
 
+import collections
 import sys
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -109,40 +110,54 @@ def value_of(value: Any) -> Any:
     return value._value if type(value) is StandIn else value
 
 
-def settle(roots: Iterable[Any], depth: int = 4) -> None:
-    """Replace, in place, every :class:`StandIn` that ``roots`` hold (in lists and dicts, as a dict's key too, and in
-    the ``__dict__`` of plain objects, ``depth`` levels) by its number: a stand-in never outlives the call that read
-    it (a block may put its index in a list or on an object it is given; that call is no template, and what it left
-    is the number a run leaves)."""
-    seen: set[int] = set()
+def settle(roots: Iterable[Any], depth: int = 6) -> None:
+    """Replace every :class:`StandIn` that ``roots`` hold by its number: in lists, dicts (keys too), sets and deques in
+    place, in tuples and frozensets by a new one put where the old one was, in the ``__dict__`` of plain objects;
+    ``depth`` levels. A stand-in never outlives the call that read it (a block may put its index in a list or on an
+    object it is given; that call is no template, and what it left is the number a run leaves)."""
+    seen: dict[int, Any] = {}
 
-    def visit(value: Any, level: int) -> None:
-        if level > depth or id(value) in seen or type(value) in ATOMS:
-            return
-        seen.add(id(value))
-        if isinstance(value, list):
+    def settled(value: Any, level: int) -> Any:
+        """``value`` with its stand-ins replaced: itself (changed in place where it holds any), or a new tuple or
+        frozenset."""
+        kind = type(value)
+        if kind is StandIn:
+            return value._value
+        if kind in ATOMS or level > depth or isinstance(value, (type, torch.Tensor, nn.Module)):
+            return value
+        if id(value) in seen:
+            return seen[id(value)]
+        seen[id(value)] = value
+        if isinstance(value, (list, collections.deque)):
             for i, item in enumerate(value):
-                if type(item) is StandIn:
-                    value[i] = item._value
-                else:
-                    visit(item, level + 1)
+                now = settled(item, level + 1)
+                if now is not item:
+                    value[i] = now
         elif isinstance(value, dict):
-            if any(type(k) is StandIn or type(v) is StandIn for k, v in value.items()):
-                items = [(value_of(k), value_of(v)) for k, v in value.items()]
+            items = [(settled(k, level + 1), settled(v, level + 1)) for k, v in value.items()]
+            if any(k is not k0 or v is not v0 for (k, v), (k0, v0) in zip(items, value.items(), strict=True)):
                 value.clear()
                 value.update(items)
-            for item in value.values():
-                visit(item, level + 1)
-        elif isinstance(value, (tuple, set, frozenset)):
-            for item in value:
-                visit(item, level + 1)
-        elif not isinstance(value, (type, torch.Tensor, nn.Module)):
+        elif isinstance(value, set):
+            items = [settled(item, level + 1) for item in value]
+            if any(a is not b for a, b in zip(items, value, strict=True)):
+                value.clear()
+                value.update(items)
+        elif isinstance(value, (tuple, frozenset)):
+            items = [settled(item, level + 1) for item in value]
+            if any(a is not b for a, b in zip(items, value, strict=True)):
+                remade = frozenset(items) if isinstance(value, frozenset) else \
+                    kind._make(items) if hasattr(kind, "_make") else tuple(items)
+                seen[id(value)] = remade
+                return remade
+        else:
             attrs = getattr(value, "__dict__", None)
             if type(attrs) is dict:
-                visit(attrs, level)
+                settled(attrs, level)
+        return value
 
     for root in roots:
-        visit(root, 0)
+        settled(root, 0)
 
 
 ATOMS = frozenset({int, float, str, bool, bytes, type(None)})

@@ -15,15 +15,16 @@ block is a :class:`CallOut`, recorded with
 
 Inside the method nothing is watched: the object's own code reads its state as it likes. A replay calls each method
 again, on its own call's object, with its own tensors and its own block's attribute values, after calling them first
-on a copy of the object (:func:`detached`: the plain objects, lists and dicts it holds copied, four levels down) with
+on a copy of the object (:func:`detached`: the plain objects and containers it holds copied, six levels down) with
 the recorder suspended, to check that they give outputs of the same sizes (else the block is captured, and the object
-was not touched). Only objects the run made or copied may be watched (a fake run's, never the user's): an object the
+was not touched; so it is where no such copy can be made: state deeper than that, an object whose copy is itself). Only objects the run made or copied may be watched (a fake run's, never the user's): an object the
 model's modules hold (through their attributes, the lists and dicts there and those objects' own) is refused by
 :mod:`flopscope.capture.replay`; one that only a Python module's globals hold is not seen.
 """
 
 from __future__ import annotations
 
+import collections
 import copy
 import inspect
 import threading
@@ -140,9 +141,19 @@ def watching(objects: Sequence[Any], block: Log, recorder: Recorder, tracker: Mo
 
 
 def _copied_as(kind: type, value: Any) -> str:
-    """How :func:`detached` copies an instance of ``kind`` (``value``): ``"plain"``, a plain object whose class
-    changes nothing of how it is copied (a new instance, its ``__dict__`` copied, as ``copy.copy`` would make it);
-    ``"object"``, one that does (``copy.copy``); ``""``, nothing to copy (a tensor, a number, a module)."""
+    """How :func:`detached` copies an instance of ``kind`` (``value``): ``"dict"``, ``"sequence"`` (a list or a
+    deque), ``"set"``, ``"tuple"`` (a tuple or a named tuple: made anew), any of their subclasses included; for a
+    plain object, ``"plain"`` where its class changes nothing of how it is copied (a new instance, its ``__dict__``
+    copied, as ``copy.copy`` would make it), else ``"object"`` (``copy.copy``); ``""``, nothing to copy (a tensor, a
+    number, a string, a module, a function, a class)."""
+    if issubclass(kind, dict):
+        return "dict"
+    if issubclass(kind, (list, collections.deque)):
+        return "sequence"
+    if issubclass(kind, set):
+        return "set"
+    if kind is tuple or (issubclass(kind, tuple) and hasattr(kind, "_make")):
+        return "tuple"
     if not can_watch(value) or issubclass(kind, types.ModuleType):
         return ""
     plain = (kind.__reduce_ex__ is object.__reduce_ex__ and kind.__reduce__ is object.__reduce__
@@ -159,13 +170,11 @@ def _names(slots: Any) -> tuple[str, ...]:
     return (slots,) if isinstance(slots, str) else tuple(slots)
 
 
-_CONTAINERS: dict[type, str] = {list: "list", set: "set", dict: "dict", tuple: "tuple"}
 _COPIES: weakref.WeakKeyDictionary[type, str] = weakref.WeakKeyDictionary()
-"""How :func:`detached` copies a value of each class: ``"list"``, ``"set"``, ``"dict"``, ``"tuple"``, or as
-:func:`_copied_as` says."""
+""":func:`_copied_as` per class (weak: classes are made at run time too)."""
 
 
-def held_objects(modules: Iterable[nn.Module], depth: int = 3) -> set[int]:
+def held_objects(modules: Iterable[nn.Module], depth: int = 6) -> set[int]:
     """``id()`` of the objects that could be given objects (:func:`can_watch`) which ``modules`` hold: in their own
     attributes, the lists, tuples and dicts there, and those objects' own attributes, ``depth`` levels (a config and
     its sub-configs, a cache a model keeps). They are the user's (a fake run's shadow shares them): never watched."""
@@ -201,42 +210,60 @@ def watched(obj: Any) -> bool:
     return id(obj) in _WATCHES
 
 
-def detached(obj: Any, depth: int = 4) -> Any:
-    """A copy of ``obj`` that a call of its methods can change without changing ``obj``: the plain objects, lists,
-    dicts and sets it holds copied too, ``depth`` levels down (a cache's layers and what they hold), each once
-    (what two of them share, their copies share); tensors, modules and what else they hold are not copied (a method
-    replaces a tensor, as a cache's ``self.keys = torch.cat(...)`` does; a write into one changes no data of a fake
-    tensor)."""
+class NotDetachable(Exception):  # noqa: N818  (a signal between two functions of the package, never raised out)
+    """:func:`detached` cannot make a copy that a call can change without changing the original (why: its text)."""
+
+
+def detached(obj: Any, depth: int = 6) -> Any:
+    """A copy of ``obj`` that a call of its methods can change without changing ``obj``: the plain objects and the
+    containers (lists, dicts, sets, deques and their subclasses, tuples) it holds copied too, ``depth`` levels down
+    (a cache's layers and what they hold), each once (what two of them share, their copies share); tensors, modules,
+    numbers and what else holds no state are not copied (a method replaces a tensor, as a cache's
+    ``self.keys = torch.cat(...)`` does; a write into one changes no data of a fake tensor). Raises
+    :class:`NotDetachable` where it cannot: a container or plain object deeper than ``depth``, one whose copy is
+    itself (a ``__copy__`` returning ``self``, a logger) or that cannot be copied."""
     memo: dict[int, Any] = {}
 
     def copied(value: Any, level: int) -> Any:
         kind = type(value)
         how = _COPIES.get(kind)
         if how is None:
-            how = _COPIES[kind] = _CONTAINERS.get(kind) or _copied_as(kind, value)
-        if not how or level > depth:
+            how = _COPIES[kind] = _copied_as(kind, value)
+        if not how:
             return value
         found = memo.get(id(value))
         if found is not None:
             return found
         twin: Any
-        if how == "list":
-            twin = memo[id(value)] = []
-            twin.extend(copied(v, level + 1) for v in value)
-        elif how == "set":
-            twin = memo[id(value)] = set()
-            twin.update(copied(v, level + 1) for v in value)
-        elif how == "dict":
-            twin = memo[id(value)] = {}
-            twin.update((k, copied(v, level + 1)) for k, v in value.items())
-        elif how == "tuple":
-            twin = memo[id(value)] = tuple(copied(v, level + 1) for v in value)
+        if how == "tuple":  # (immutable: what it holds is copied, at its own depth)
+            items = [copied(v, level + 1) for v in value]
+            twin = memo[id(value)] = tuple(items) if kind is tuple else kind._make(items)
+            return twin
+        if level > depth:
+            raise NotDetachable(f"a {kind.__name__} more than {depth} levels inside it")
+        if how == "plain":  # (what copy.copy does for it, without its protocol's cost)
+            twin = object.__new__(kind)
+            object.__setattr__(twin, "__dict__", dict(vars(value)))
         else:
-            if how == "plain":  # (what copy.copy does for it, without its protocol's cost)
-                twin = memo[id(value)] = object.__new__(kind)
-                object.__setattr__(twin, "__dict__", dict(vars(value)))
-            else:
-                twin = memo[id(value)] = copy.copy(value)
+            try:
+                twin = copy.copy(value)
+            except Exception as error:  # (a lock, a file, a stream: it cannot be copied)
+                raise NotDetachable(f"a {kind.__name__} cannot be copied ({type(error).__name__})") from error
+            if twin is value:
+                raise NotDetachable(f"a copy of a {kind.__name__} is itself")
+        memo[id(value)] = twin
+        if how == "dict":
+            for key in list(twin):
+                twin[key] = copied(twin[key], level + 1)
+        elif how == "sequence":  # (a list or a deque: the same items, copied, in place)
+            items = [copied(v, level + 1) for v in twin]
+            twin.clear()
+            twin.extend(items)
+        elif how == "set":
+            items = [copied(v, level + 1) for v in twin]
+            twin.clear()
+            twin.update(items)
+        else:
             own = vars(twin)
             for key, held in list(own.items()):
                 if _COPIES.get(type(held), True):  # (a tensor, a number: kept as it is, without a call)

@@ -17,7 +17,8 @@ classes aside):
   ``compile_compatible_method_lru_cache`` keeps its ``lru_cache`` in a closure), three levels deep;
 - the mutable stores found there: ``dict`` / ``list`` globals and class attributes, closure cells, and the
   ``__dict__`` of the plain objects the model's modules hold as attributes (configs: a fake run's shadow
-  shares them with the model), with the dicts and lists those objects hold (a table kept by key);
+  shares them with the model), with the dicts and lists those objects hold (a table kept by key) and, three
+  levels down, the same of the plain objects they hold (a cache on a holder);
 - ``functools.lru_cache`` / ``functools.cache`` wrappers found the same way.
 
 A store's entry that the run added or replaced, and that holds a fake tensor (itself, or inside tuples, lists,
@@ -162,12 +163,20 @@ class CacheGuard:
             for name, value in m.__dict__.items():
                 kind = type(value)
                 if kind not in _PLAIN and _shared_type(kind) and id(value) not in self._stores:
-                    attrs = object.__getattribute__(value, "__dict__")  # (a config's own __getattribute__ is slow)
-                    where = f"{type(value).__name__} object in attribute '{name}' of {type(m).__name__}"
-                    self._store(attrs, where, key=id(value))
-                    for inner, held in list(attrs.items()):  # (its dicts and lists: a table kept by key)
-                        if type(held) in (dict, list):
-                            self._store(held, f"'{inner}' of the {where}")
+                    self._shared(value, f"{kind.__name__} object in attribute '{name}' of {type(m).__name__}")
+
+    def _shared(self, obj: Any, where: str, depth: int = _DEPTH) -> None:
+        """The stores of a plain object the model's modules share with a fake run's shadow: its ``__dict__``, the
+        dicts and lists it holds (a table kept by key) and, ``depth`` levels down, the same of the plain objects it
+        holds (a cache on a holder)."""
+        attrs = object.__getattribute__(obj, "__dict__")  # (a config's own __getattribute__ is slow)
+        self._store(attrs, where, key=id(obj))
+        for inner, held in list(attrs.items()):
+            kind = type(held)
+            if kind in (dict, list):
+                self._store(held, f"'{inner}' of the {where}")
+            elif depth > 1 and kind not in _PLAIN and _shared_type(kind) and id(held) not in self._stores:
+                self._shared(held, f"{kind.__name__} object in '{inner}' of the {where}", depth - 1)
 
     def _root(self, namespace: Any, where: str, store: bool = True) -> None:
         """The stores and caches of a module's globals (itself a store) or a class's ``__dict__`` (a mapping

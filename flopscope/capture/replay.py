@@ -65,7 +65,7 @@ from torch.utils import _pytree as pytree
 from ..formulas.registry import shape_of
 from . import attribute_reads, given_objects
 from .attribute_reads import EVERY, StandIn, own_attributes
-from .fake import empty_tensor
+from .fake import empty_tensor, non_leaf
 from .given_objects import CallOut
 from .module_tracker import ModuleCall, ModuleTracker
 from .recorder import Recorder, Window, storage_of
@@ -223,7 +223,7 @@ class CallReplayer:
     # (a call whose records were refused refuses its key only: T5's first block reads values, the others are replayed)
     _owned: dict[int, bool] = field(default_factory=dict)  # id(block) -> _own_paths
     _roots: list[nn.Module] = field(default_factory=list)  # the wrapped modules
-    _named: dict[int, dict[str, nn.Module]] = field(default_factory=dict)  # (_modules_of)
+    _named: dict[int, dict[str, nn.Module]] = field(default_factory=dict)  # (_modules_of, of the calls running)
     _held: set[int] | None = None  # id() of the objects the modules hold (given_objects.held_objects), once needed
     _thread: int = field(default_factory=threading.get_ident)  # the thread whose calls are counted
 
@@ -290,6 +290,7 @@ class CallReplayer:
             if threading.get_ident() != self._thread or (structural and label in self._unkeyed):
                 return forward(*args, **kwargs)  # another thread's call (not counted: the tracker's rule), or a block
                 # of a list one of whose calls could not be keyed: captured without a key's cost
+            self._named.pop(id(module), None)  # (its submodules as they are at this call: a forward may add some)
             try:
                 if structural and not self._own_paths(path, module):
                     raise _Refused("a module inside a block is shared with another place (its calls are attributed "
@@ -344,7 +345,10 @@ class CallReplayer:
                 obj = objects[callout.at]
                 twin = twins.get(id(obj))
                 if twin is None:
-                    twin = twins[id(obj)] = given_objects.detached(obj)
+                    try:
+                        twin = twins[id(obj)] = given_objects.detached(obj)
+                    except given_objects.NotDetachable:
+                        return False  # (a copy its methods could change without changing it cannot be made)
                 args, kwargs = _callout_arguments(callout, modules, lambda record, meta: made.get(id(record))
                                                   or _empty(meta))
                 try:
@@ -417,7 +421,8 @@ class CallReplayer:
             del kept[0]
 
     def _modules_of(self, module: nn.Module) -> dict[str, nn.Module]:
-        """``dict(module.named_modules())``, made once per module (a run does not change its structure)."""
+        """``dict(module.named_modules())``, made once per call of ``module`` (the wrapper drops it at each call:
+        a forward may add submodules between two calls)."""
         found = self._named.get(id(module))
         if found is None:
             found = self._named[id(module)] = dict(module.named_modules())
@@ -712,15 +717,20 @@ class CallReplayer:
                 made = made_for.get(id(like))
                 if made is None:  # (an output twice is one tensor twice; outputs viewing one storage view one)
                     storage = storage_of(like)
-                    if shared[storage] > 1:
+                    cloned = like.requires_grad and like.storage_offset() == 0 and _dense(like)
+                    if shared[storage] > 1 or (like.requires_grad and not cloned):  # (outputs viewing one storage:
+                        # views of one base, as a run's are)
                         base = bases.get(storage)
-                        if base is None:
-                            base = bases[storage] = like.new_empty(
-                                (like.untyped_storage().nbytes() // like.element_size(),),
-                                requires_grad=like.requires_grad)  # (one flag for a storage's outputs: _outputs)
+                        if base is None:  # (one requires_grad for a storage's outputs: _outputs)
+                            size = like.untyped_storage().nbytes() // like.element_size()
+                            base = bases[storage] = empty_tensor((size,), (1,), like.dtype, like.device)
+                            if like.requires_grad:  # (a run's output is no leaf: an in-place op on it is allowed)
+                                base = bases[storage] = non_leaf(base.requires_grad_())
                         made = base.as_strided(like.shape, like.stride(), like.storage_offset())
+                    elif cloned:  # (no leaf, as a run's output: a clone keeps the strides of a dense tensor)
+                        made = non_leaf(empty_tensor(like.shape, like.stride(), like.dtype, like.device, True))
                     else:
-                        made = empty_tensor(like.shape, like.stride(), like.dtype, like.device, like.requires_grad)
+                        made = empty_tensor(like.shape, like.stride(), like.dtype, like.device)
                     made_for[id(like)] = made
                     recorder.set_producer(made, mapped.get(id(value), value))
                     for window in recorder.windows:  # (made by this call, inside any call being watched)
@@ -912,6 +922,17 @@ def stand_in_refused(error: BaseException) -> bool:
             return True
         seen = seen.__cause__ or seen.__context__
     return False
+
+
+def _dense(t: torch.Tensor) -> bool:
+    """Whether ``t``'s elements fill its storage without gaps or overlaps in some order of its dims (a transpose of a
+    contiguous tensor is; an expanded or sliced one is not): a clone keeps its strides."""
+    expected = 1
+    for stride, size in sorted((st, sz) for sz, st in zip(t.shape, t.stride(), strict=True) if sz != 1):
+        if stride != expected:
+            return False
+        expected *= size
+    return t.numel() > 0
 
 
 def _empty(meta: given_objects.Meta) -> torch.Tensor:
