@@ -17,8 +17,9 @@ Inside the method nothing is watched: the object's own code reads its state as i
 again, on its own call's object, with its own tensors and its own block's attribute values, after calling them first
 on a copy of the object (:func:`detached`: the plain objects and containers it holds copied, six levels down) with
 the recorder suspended, to check that they give outputs of the same sizes (else the block is captured, and the object
-was not touched; so it is where no such copy can be made: state deeper than that, an object whose copy is itself). Only objects the run made or copied may be watched (a fake run's, never the user's): an object the
-model's modules hold (through their attributes, the lists and dicts there and those objects' own) is refused by
+was not touched; so it is where no such copy can be made: state deeper than that, an object whose copy is itself).
+Only objects the run made or copied may be watched (a fake run's, never the user's): an object the model's modules
+hold (through their attributes, the lists and dicts there and those objects' own) is refused by
 :mod:`flopscope.capture.replay`; one that only a Python module's globals hold is not seen.
 """
 
