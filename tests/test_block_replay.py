@@ -549,7 +549,14 @@ def test_the_copy_a_call_out_is_checked_on_shares_nothing_the_call_can_change_an
 
 
 class Stored:
-    """A cache whose entries live in ``store()`` (a container of another kind, or an object deeper inside it)."""
+    """A cache whose entries live in ``store()``: ``entries``, a container of the kind each subclass makes (or an
+    object deeper inside it)."""
+
+    def __init__(self, entries) -> None:
+        self.entries = entries
+
+    def store(self):
+        return self.entries
 
     def update(self, states: torch.Tensor, index: int) -> torch.Tensor:
         store = self.store()
@@ -563,26 +570,17 @@ class Stored:
 
 class Ordered(Stored):
     def __init__(self) -> None:
-        self.entries: collections.OrderedDict = collections.OrderedDict()
-
-    def store(self):
-        return self.entries
+        super().__init__(collections.OrderedDict())
 
 
 class Defaulting(Stored):
     def __init__(self) -> None:
-        self.entries = collections.defaultdict(lambda: None)
-
-    def store(self):
-        return self.entries
+        super().__init__(collections.defaultdict(lambda: None))
 
 
 class Queued(Stored):
     def __init__(self) -> None:
-        self.entries: collections.deque = collections.deque()
-
-    def store(self):
-        return self.entries
+        super().__init__(collections.deque())
 
 
 class Deep(Stored):
@@ -601,11 +599,8 @@ class SelfCopying(Stored):
     itself): no copy its methods could change without changing it."""
 
     def __init__(self) -> None:
-        self.entries: dict = {}
+        super().__init__({})
         self.log = logging.getLogger("flopscope-test-cache")
-
-    def store(self):
-        return self.entries
 
     def __copy__(self):
         return self

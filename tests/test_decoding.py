@@ -156,11 +156,17 @@ def test_gpt2_decode_step_against_the_closed_form() -> None:
         assert step.macs == B * (L * (3 * d * d + d * d + 8 * d * d + 2 * c * d) + d * V)
 
 
-def test_what_greedy_decode_does_not_mimic_is_refused_before_any_forward() -> None:
+def counted_t5() -> tuple[nn.Module, list[int]]:
+    """A T5 (an encoder-decoder, which greedy_decode does not mimic) and the list its forward calls append to."""
     t5 = transformers.T5ForConditionalGeneration(transformers.T5Config(
         d_model=16, d_ff=32, num_layers=1, num_heads=2, d_kv=8, vocab_size=V)).eval()
     calls: list[int] = []
     t5.register_forward_pre_hook(lambda *_: calls.append(1))
+    return t5, calls
+
+
+def test_what_greedy_decode_does_not_mimic_is_refused_before_any_forward() -> None:
+    t5, calls = counted_t5()
     with pytest.raises(flopscope.ConfigurationError, match="encoder-decoder"):
         greedy_decode(t5, prompt_ids(), NEW)
     with pytest.raises(flopscope.ConfigurationError, match="not a Hugging Face model that generates"):
@@ -204,10 +210,7 @@ def test_profile_generation_is_the_profilers_count_with_layers_replayed(family: 
 
 
 def test_profile_generation_refuses_what_greedy_decode_does_not_mimic_before_any_forward() -> None:
-    t5 = transformers.T5ForConditionalGeneration(transformers.T5Config(
-        d_model=16, d_ff=32, num_layers=1, num_heads=2, d_kv=8, vocab_size=V)).eval()
-    calls: list[int] = []
-    t5.register_forward_pre_hook(lambda *_: calls.append(1))
+    t5, calls = counted_t5()
     with pytest.raises(flopscope.ConfigurationError, match="encoder-decoder"):
         flopscope.profile_generation(t5, prompt_ids(), NEW)
     with pytest.raises(flopscope.InputError, match="new_tokens must be a positive integer"):

@@ -29,13 +29,15 @@ from __future__ import annotations
 import collections
 import sys
 import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
+
+from .fake import ATOMS
 
 EVERY = "*"
 """The attribute name of a read of a module's whole ``__dict__``."""
@@ -110,11 +112,12 @@ def value_of(value: Any) -> Any:
     return value._value if type(value) is StandIn else value
 
 
-def settle(roots: Iterable[Any], depth: int = 6) -> None:
-    """Replace every :class:`StandIn` that ``roots`` hold by its number: in lists, dicts (keys too), sets and deques in
-    place, in tuples and frozensets by a new one put where the old one was, in the ``__dict__`` of plain objects;
-    ``depth`` levels. A stand-in never outlives the call that read it (a block may put its index in a list or on an
-    object it is given; that call is no template, and what it left is the number a run leaves)."""
+def settle(root: Any, depth: int = 6) -> Any:
+    """``root`` with every :class:`StandIn` it holds replaced by its number: in lists, dicts (keys too), sets and deques
+    in place, in tuples and frozensets by a new one put where the old one was, in the ``__dict__`` of plain objects;
+    ``depth`` levels. Returns ``root`` itself (changed in place), or what stands for it where it cannot change (a
+    stand-in, a tuple). A stand-in never outlives the call that read it (a block may put its index in a list or on an
+    object it is given, or return it; that call is no template, and what it left is the number a run leaves)."""
     seen: dict[int, Any] = {}
 
     def settled(value: Any, level: int) -> Any:
@@ -134,10 +137,14 @@ def settle(roots: Iterable[Any], depth: int = 6) -> None:
                 if now is not item:
                     value[i] = now
         elif isinstance(value, dict):
-            items = [(settled(k, level + 1), settled(v, level + 1)) for k, v in value.items()]
-            if any(k is not k0 or v is not v0 for (k, v), (k0, v0) in zip(items, value.items(), strict=True)):
+            items = [(k0, settled(k0, level + 1), v0, settled(v0, level + 1)) for k0, v0 in value.items()]
+            if any(k is not k0 for k0, k, _, _ in items):  # (a key: the dict made again, in its order)
                 value.clear()
-                value.update(items)
+                value.update((k, v) for _, k, _, v in items)
+            else:  # (values only: each set again, as a dict subclass that refuses clear() takes them)
+                for k, _, v0, v in items:
+                    if v is not v0:
+                        value[k] = v
         elif isinstance(value, set):
             items = [settled(item, level + 1) for item in value]
             if any(a is not b for a, b in zip(items, value, strict=True)):
@@ -156,12 +163,9 @@ def settle(roots: Iterable[Any], depth: int = 6) -> None:
                 settled(attrs, level)
         return value
 
-    for root in roots:
-        settled(root, 0)
+    return settled(root, 0)
 
 
-ATOMS = frozenset({int, float, str, bool, bytes, type(None)})
-"""Types whose values hold nothing (nothing to copy or settle inside)."""
 _WATCHES: dict[int, list[_Watch]] = {}  # id(module) -> the watches it is in (a block inside a watched block: two)
 _LOCK = threading.Lock()
 _WATCHERS: dict[tuple[str, type], type] = {}  # (what it watches for, a class) -> its watching subclass

@@ -314,7 +314,8 @@ def needs_real_data(error: BaseException) -> BaseException | None:
 
 
 _CONTAINERS = (list, tuple, dict, set, collections.deque)
-_ATOMS = frozenset({int, float, str, bool, type(None)})  # attribute values that hold nothing to rewire
+ATOMS = frozenset({int, float, str, bool, bytes, type(None)})
+"""Types whose values hold nothing (nothing to rewire, copy or settle inside)."""
 _EMPTY_COPIES = frozenset({dict, collections.OrderedDict, list, set})  # an empty one is copied as a new one
 _TABLES = frozenset({"_parameters", "_buffers", "_modules"})  # a module's tables: made anew by shadow_of
 
@@ -340,7 +341,7 @@ def shadow_of(model: nn.Module, convert: Callable[[torch.Tensor], torch.Tensor])
         copied, two levels deep). Tested by type (``issubclass``): ``isinstance`` of an object that is none of
         these asks its ``__class__``, a Python call on a Hugging Face config."""
         kind = type(value)
-        if kind in _ATOMS:
+        if kind in ATOMS:
             return value
         if kind in _EMPTY_COPIES and not value:  # most hook tables: a new empty one
             return kind()
@@ -362,7 +363,7 @@ def shadow_of(model: nn.Module, convert: Callable[[torch.Tensor], torch.Tensor])
 
     for key, module in originals.items():
         twin = twins[key]
-        attrs = {name: value if type(value) in _ATOMS or name in _TABLES else rewire(value)
+        attrs = {name: value if type(value) in ATOMS or name in _TABLES else rewire(value)
                  for name, value in module.__dict__.items()}
         attrs["_parameters"] = {k: None if p is None else convert(p) for k, p in module._parameters.items()}
         attrs["_buffers"] = {k: None if b is None else convert(b) for k, b in module._buffers.items()}

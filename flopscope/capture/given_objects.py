@@ -40,7 +40,8 @@ import torch
 from torch import nn
 from torch.utils import _pytree as pytree
 
-from .attribute_reads import ATOMS, Log, StandIn, is_watching, own_attributes, value_of, watching_subclass
+from .attribute_reads import Log, StandIn, is_watching, own_attributes, value_of, watching_subclass
+from .fake import ATOMS
 from .module_tracker import ModuleCall, ModuleTracker
 from .recorder import Recorder
 

@@ -494,7 +494,7 @@ class CallReplayer:
         reads: tuple[tuple[str, str], ...] = ()
         values: tuple[Any, ...] = ()
         passed = self._passed(label, module) if objects and self.stand_ins and watched else None
-        settled = (containers, objects, [vars(m) for m in modules.values()])  # (where a stand-in may be left)
+        settled = [*containers, *objects, *(vars(m) for m in modules.values())]  # (where a stand-in may be left)
         with recorder.watching() as window:
             try:
                 with ExitStack() as watches:
@@ -528,7 +528,7 @@ class CallReplayer:
                 outputs, output_tensors, spec = self._outputs((out, made), window, tensors)
             except _Refused as why:
                 self._refuse(label, key, str(why), reads, values)
-                return _settled(out, settled) if passed else out
+                return attribute_reads.settle(out) if passed else out
             finally:
                 if passed:
                     attribute_reads.settle(settled)
@@ -749,16 +749,6 @@ class CallReplayer:
 
 _Contents = tuple[tuple[Any, ...] | None, tuple[Any, ...]]
 """What a list or dict holds: its keys (``None`` for a list) and its values, in order."""
-
-
-def _settled(out: Any, held: Any) -> Any:
-    """``out`` with any stand-in among its leaves replaced by its number (remade only then), after settling what
-    ``held`` holds (:func:`~flopscope.capture.attribute_reads.settle`)."""
-    attribute_reads.settle(held)
-    leaves, spec = pytree.tree_flatten(out)
-    if not any(type(leaf) is StandIn for leaf in leaves):
-        return out
-    return pytree.tree_unflatten([attribute_reads.value_of(leaf) for leaf in leaves], spec)
 
 
 def _contents(container: list[Any] | dict[Any, Any]) -> _Contents:
