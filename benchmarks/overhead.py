@@ -63,14 +63,19 @@ of the per-round ratios, against issue 15's targets (<= 1.0x FlopCounterMode, <=
 kernels directly (``docs/conventions.md``, the modes table), as FlopCounterMode's does.
 
 Part 1 also times an empty ``TorchDispatchMode`` (the floor of any counter that sees every ATen op) and
-prints flopscope real / empty mode per round (target <= 1.08).
+prints flopscope real / empty mode per round (issue 34's target: <= 1.2), beside two floors of a recorder
+(``benchmarks/floors.py``), each / the empty mode: ``op recorder`` keeps per op only the op, its input shapes and the
+innermost module; ``dataflow recorder`` also maps each tensor argument to its producer's record (the least a counter
+that attributes work through the dataflow does).
 
 Part 4: generation, the Llama-7B shape (``LlamaForCausalLM``, with its head) on meta, a prompt of 512 token ids and
 256 new tokens (``--new``), in its own child: the count of the prompt's forward (``flopscope.profile``), the count of
 the whole greedy generation (``flopscope.profile_generation``: the prefill and 255 decode steps, layers replayed) and
 their ratio (issue 34's target: <= 3); then per decode step (from 5 new tokens, prefill taken off) the three ways to
 count it: ``profile_generation``, the same with ``reuse=False``, and ``greedy_decode`` in a ``profiler(mode="fake")``
-block (the way before ``profile_generation``). Skipped with ``--quick`` (then 2 layers, a prompt of 64, 8 tokens).
+block (the way before ``profile_generation``); and the floor of any count that runs each step: one decode step of
+the same model on fake tensors with nothing recorded (``floors.bare_decode_steps``), next to the target's budget per
+step, ``(3 - 1) x prefill count / decode steps``. Skipped with ``--quick`` (then 2 layers, a prompt of 64, 8 tokens).
 
 Part 3: the Llama-70B shape (80 layers, d 8192, GQA 64/8 heads, d_ff 28672) at n 4096, one count after the
 first in its own child: seconds (target < 1.5 s) and the memory the first count needed (VmHWM growth, target
@@ -100,6 +105,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
+from floors import DataflowRecorder, OpRecorder, bare_decode_steps, recorded  # noqa: E402  (benchmarks/)
 from rounds import median_ratio, rounds  # noqa: E402  (benchmarks/, the script's own directory)
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
@@ -126,13 +132,15 @@ LLAMA_70B = dict(
     vocab_size=32000,
     max_position_embeddings=4096,
 )
-VARIANTS = ("plain", "empty mode", "flopscope real", "FlopCounterMode", "flopscope fake")
-TARGETS = {"real_vs_empty": 1.08, "7b_vs_fcm": 1.0, "7b_vs_plain": 1.6, "70b_s": 1.5, "70b_mib": 600,
+VARIANTS = ("plain", "empty mode", "op recorder", "dataflow recorder", "flopscope real", "FlopCounterMode",
+            "flopscope fake")
+TARGETS = {"real_vs_empty": 1.2, "7b_vs_fcm": 1.0, "7b_vs_plain": 1.6, "70b_s": 1.5, "70b_mib": 600,
            "7b_count_vs_empty": 1.15, "7b_roles_vs_empty": 1.25, "generation_vs_prefill": 3}
-"""Issue 15's targets: real-mode time / an empty dispatch mode's; the 7B count with roles / FlopCounterMode's meta
-count and / the plain meta forward; the 70B count with roles in seconds and its peak memory growth in MiB. Issue 34's:
-the 7B count (``profile()``) and the count with roles, each / the meta forward under an empty dispatch mode (the
-floor of any dispatch-level counter); a 7B generation of 256 tokens / the count of its prompt's forward."""
+"""Issue 34's target for real-mode time / an empty dispatch mode's (issue 15 asked 1.08); issue 15's: the 7B count
+with roles / FlopCounterMode's meta count and / the plain meta forward; the 70B count with roles in seconds and its
+peak memory growth in MiB. Issue 34's: the 7B count (``profile()``) and the count with roles, each / the meta forward
+under an empty dispatch mode (the floor of any dispatch-level counter); a 7B generation of 256 tokens / the count of
+its prompt's forward."""
 
 
 class EmptyMode(TorchDispatchMode):
@@ -187,6 +195,8 @@ def time_model(model: torch.nn.Module, ids: torch.Tensor, reps: int, warmup: int
     calls: dict[str, Callable[[], Any]] = {
         "plain": lambda: model(ids),
         "empty mode": empty,
+        "op recorder": recorded(OpRecorder, lambda: model(ids)),
+        "dataflow recorder": recorded(DataflowRecorder, lambda: model(ids)),
         "flopscope real": lambda: flopscope.profile(model, ids, mode="real"),
         "FlopCounterMode": fcm,
         "flopscope fake": lambda: flopscope.profile(model, ids, mode="fake"),
@@ -211,6 +221,8 @@ def time_model(model: torch.nn.Module, ids: torch.Tensor, reps: int, warmup: int
         "plain_ms": 1e3 * statistics.median(plain),
         "ratio": {v: median_ratio(times[v], plain) if v in times else float("nan") for v in VARIANTS[1:]},
         "real_vs_empty": median_ratio(times["flopscope real"], times["empty mode"]),
+        "floors_vs_empty": {v: median_ratio(times[v], times["empty mode"]) for v in ("op recorder",
+                                                                                    "dataflow recorder")},
         "ops": ops,
         "us_per_op": 1e6 * extra / ops if ops else float("nan"),
         "fs_macs": real_prof.total(),
@@ -406,7 +418,9 @@ def child_generation(spec: dict[str, Any]) -> dict[str, Any]:
             one_s, _ = timed(lambda count=count: count(1))
             many_s, many = timed(lambda count=count: count(few))
             per_step[name] = ((many_s - one_s) / (few - 1), many.total())
-    return {"prefill_s": prefill_s, "whole_s": whole_s, "steps": len(whole.steps()), "per_step": per_step,
+        bare = bare_decode_steps(lambda: LlamaForCausalLM(LlamaConfig(**spec["config"])), spec["prompt"], few)
+    return {"bare_step_s": statistics.median(bare),
+            "prefill_s": prefill_s, "whole_s": whole_s, "steps": len(whole.steps()), "per_step": per_step,
             "same": len({total for _, total in per_step.values()}) == 1,
             "replayed": [note for note in whole.notes if "replayed" in note]}
 
@@ -493,6 +507,8 @@ def main() -> None:
                     f"{r['ratio']['empty mode']:.2f}",
                     f"{r['ratio']['flopscope real']:.2f}",
                     f"{r['real_vs_empty']:.2f}",
+                    f"{r['floors_vs_empty']['op recorder']:.2f}",
+                    f"{r['floors_vs_empty']['dataflow recorder']:.2f}",
                     f"{r['ratio']['FlopCounterMode']:.2f}",
                     f"{r['ratio']['flopscope fake']:.2f}",
                     r["ops"],
@@ -516,6 +532,8 @@ def main() -> None:
                 "empty mode x",
                 "fs real x",
                 f"fs real / empty (target <= {TARGETS['real_vs_empty']})",
+                "op rec. / empty",
+                "dataflow / empty",
                 "FCM x",
                 "fs fake x",
                 "ops",
@@ -592,6 +610,10 @@ def main() -> None:
         print("one decode step counted by " + ", ".join(
             f"{name} {seconds:.3f} s" for name, (seconds, _) in r["per_step"].items())
               + f" (the same total each: {r['same']})")
+        budget = (TARGETS["generation_vs_prefill"] - 1) * r["prefill_s"] / max(1, r["steps"] - 1)
+        print(f"the floor of a count that runs each step: one decode step on fake tensors, nothing recorded "
+              f"(floors.bare_decode_steps), {r['bare_step_s']:.3f} s, against the target's budget of "
+              f"{budget * 1e3:.2f} ms a step ({r['bare_step_s'] / budget:.0f}x)")
     for message in sorted(set(messages)):
         print(f"warning seen: {message}")
 
