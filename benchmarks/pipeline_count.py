@@ -9,8 +9,10 @@ weights), with the time and the peak memory of the count:
     python benchmarks/pipeline_count.py [--model flux|wan] [--steps N] [--no-reuse]
 
 Prints the component table, the per-step MACs, how repeated calls were counted, the wall time of building on meta and
-of the count (``profile_pipeline``), and the peak RSS of this process (``ru_maxrss``). ``--no-reuse`` captures every
-call (the count is the same; the time is what replaying repeated calls saves). Units: MACs (FLOPs = 2 x MACs).
+of the count (``profile_pipeline``), the peak RSS of this process (``ru_maxrss``), and the count of one transformer
+forward alone (``flopscope.profile`` on the input shapes of its call in a one-step run) with the pipeline's ratio to it.
+``--no-reuse`` captures every call (the count is the same; the time is what replaying repeated calls saves). Units:
+MACs (FLOPs = 2 x MACs).
 """
 
 from __future__ import annotations
@@ -18,11 +20,13 @@ from __future__ import annotations
 import argparse
 import json
 import resource
+import statistics
 import sys
 import tempfile
 import time
 import warnings
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the flopscope checkout
 
@@ -94,6 +98,42 @@ PIPELINES = {
 }
 
 
+PIPELINE_VS_FORWARD = 2
+"""Issue 34's target: the whole pipeline's count / one denoiser forward's count."""
+
+
+class first_call:  # noqa: N801  (a hook's holder, named as what it keeps)
+    """The inputs of ``module``'s first call, as meta tensors of the same shapes and dtypes (the call itself runs on the
+    pipeline's fake tensors) and the other arguments as given: ``inputs = (args, kwargs)``."""
+
+    def __init__(self, module: Any) -> None:
+        self.inputs: tuple[tuple[Any, ...], dict[str, Any]] | None = None
+        self.handle = module.register_forward_pre_hook(self._keep, with_kwargs=True)
+
+    def _keep(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        import torch
+        from torch.utils import _pytree as pytree
+
+        if self.inputs is None:
+            self.inputs = pytree.tree_map_only(torch.Tensor, lambda t: torch.empty(t.shape, dtype=t.dtype,
+                                                                                   device="meta"), (args, kwargs))
+
+
+def one_forward_seconds(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> float:
+    """The median wall seconds of 3 counts (``flopscope.profile``, fake) of ``module`` on ``args``, ``kwargs``."""
+    import torch
+
+    import flopscope
+
+    seconds = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            flopscope.profile(module, *args, mode="fake", forward_kwargs=kwargs)
+        seconds.append(time.perf_counter() - t0)
+    return statistics.median(seconds)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", choices=sorted(PIPELINES), default="flux")
@@ -116,6 +156,15 @@ def main() -> int:
         with torch.no_grad():
             prof = profile_pipeline(pipe, prompt="a photo of a cat", reuse=not args.no_reuse, **call)
         counted = time.perf_counter() - t0
+        first = first_call(pipe.transformer)  # (a module with a hook of its own is never replayed: after the count,
+        # in a one-step run of its own)
+        try:
+            with torch.no_grad():
+                profile_pipeline(pipe, prompt="a photo of a cat", **{**call, "num_inference_steps": 1})
+        finally:
+            first.handle.remove()
+        assert first.inputs is not None
+        one = one_forward_seconds(pipe.transformer, *first.inputs)
     parameters = sum(p.numel() for c in pipe.components.values() if isinstance(c, torch.nn.Module)
                      for p in c.parameters())
     shape = ", ".join(f"{k}={v}" for k, v in call.items())
@@ -128,6 +177,9 @@ def main() -> int:
         print(f"reuse: {line}")
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB -> GiB (Linux)
     print(f"built on meta in {built:.1f} s; counted in {counted:.1f} s; peak RSS {peak:.2f} GiB")
+    print(f"one transformer forward (its input shapes in the pipeline, on meta) counted in {one:.2f} s "
+          f"(flopscope.profile, the median of 3): the pipeline is {counted / one:.1f}x it (issue 34's target: <= "
+          f"{PIPELINE_VS_FORWARD})")
     return 0
 
 

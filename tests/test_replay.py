@@ -169,6 +169,35 @@ def test_calls_of_one_key_are_replayed_and_count_as_captured():
     assert pipe.net.up.weight.device.type == "cpu" and "forward" not in vars(pipe.net)  # the wrapper is gone
 
 
+class Kinds(Loop):
+    """:class:`Loop`, keeping the class of each call's output (what the pipeline's own code goes on with) in
+    ``kinds``, a list made beforehand (a count restores the pipeline's attributes afterwards)."""
+
+    def __init__(self, net: nn.Module) -> None:
+        super().__init__(net)
+        self.kinds: list[type] = []
+
+    def __call__(self, calls: list[tuple], chain: bool = False) -> list:
+        outputs = super().__call__(calls, chain)
+        self.kinds.extend(type(out) for out in outputs)
+        return outputs
+
+
+def test_a_replayed_calls_outputs_are_fake_tensors_where_the_pipelines_code_runs_on_real_ones():
+    """A pipeline's own code runs outside the fake mode (its scheduler on real tensors): a replay's outputs must be
+    fake tensors of the run all the same, as the captured call's are. A real tensor there would make every op after
+    it that takes no fake tensor (an upsampling, a norm without weights) compute for real: a VAE decoder's
+    upsampling at 1024² allocated and filled 1 GB."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    x = torch.randn(3, 8, D)
+    pipe = Kinds(Net())
+    prof = count(pipe, True, calls=[(x,)] * 3)
+    assert prof.reuse == ("net: 2 of 3 calls replayed from an earlier call of the same inputs' shapes (fake tensors: "
+                          "the same records)",)
+    assert pipe.kinds == [FakeTensor] * 3
+
+
 def test_a_new_shape_or_plain_argument_or_attribute_is_a_new_key():
     """Another batch, another plain argument (scale), or a changed attribute (extra: a third product) is captured; a
     repeat of any of them is replayed."""
@@ -278,6 +307,8 @@ def test_a_call_that_changes_the_cache_it_was_given_is_replayed_with_the_same_ch
     for cache in caches.values():
         values = list(cache.values()) if kind == "dict" else cache
         assert [tuple(v.shape) if isinstance(v, torch.Tensor) else v for v in values] == [(1, 2, D), "seen"]
+    left = [cache["frames"] if kind == "dict" else cache[0] for cache in caches.values()]
+    assert type(left[0]) is type(left[1])  # (the replay's tensor is the run's kind, as the captured call's: fake)
     if kind == "dict":
         assert list(caches[True]) == ["frames", "seen"]
 

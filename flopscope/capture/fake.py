@@ -187,12 +187,14 @@ class MetaConverter:
 
 
 def empty_tensor(shape: Sequence[int], stride: Sequence[int], dtype: torch.dtype, device: torch.device,
-                 requires_grad: bool = False) -> torch.Tensor:
-    """A tensor of these sizes, strides, dtype and device that holds nothing: under a fake-tensor mode, a fake tensor
-    of that mode made directly around a meta tensor, as the mode makes its outputs (no op is dispatched: six times
-    cheaper than ``torch.empty_strided`` through the mode, and no mode on the stack sees it); else an
-    ``empty_strided`` (on meta: nothing allocated)."""
-    mode = torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE)
+                 requires_grad: bool = False, mode: FakeTensorMode | None = None) -> torch.Tensor:
+    """A tensor of these sizes, strides, dtype and device that holds nothing: a fake tensor of ``mode`` (else of the
+    fake-tensor mode on the stack) made directly around a meta tensor, as the mode makes its outputs (no op is
+    dispatched: six times cheaper than ``torch.empty_strided`` through the mode, and no mode on the stack sees it);
+    without a mode, an ``empty_strided`` (on meta: nothing allocated). Pass the mode of the fake tensor this one
+    stands for: a run whose caller's code runs outside the fake mode (a diffusion pipeline, :mod:`flopscope.pipeline`)
+    has none on the stack, and a real tensor there would be computed on for real by every op that takes no fake one."""
+    mode = mode or torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE)
     if mode is None or device.type == "meta":
         return torch.empty_strided(shape, stride, dtype=dtype, device=device, requires_grad=requires_grad)
     with torch._C._DisableTorchDispatch():

@@ -38,6 +38,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.utils import _pytree as pytree
 
 from .attribute_reads import Log, StandIn, is_watching, own_attributes, value_of, watching_subclass
@@ -45,12 +46,14 @@ from .fake import ATOMS
 from .module_tracker import ModuleCall, ModuleTracker
 from .recorder import Recorder
 
-Meta = tuple[tuple[int, ...], tuple[int, ...], torch.dtype, torch.device, bool]
-"""A tensor as a call-out takes or gives it: sizes, strides, dtype, device, ``requires_grad``."""
+Meta = tuple[tuple[int, ...], tuple[int, ...], torch.dtype, torch.device, bool, FakeTensorMode | None]
+"""A tensor as a call-out takes or gives it: sizes, strides, dtype, device, ``requires_grad``, and the fake-tensor
+mode of a fake one (what :func:`~flopscope.capture.fake.empty_tensor` makes it again with)."""
 
 
 def meta_of(t: torch.Tensor) -> Meta:
-    return tuple(t.shape), t.stride(), t.dtype, t.device, t.requires_grad
+    return (tuple(t.shape), t.stride(), t.dtype, t.device, t.requires_grad,
+            t.fake_mode if isinstance(t, FakeTensor) else None)
 
 
 @dataclass

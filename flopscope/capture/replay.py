@@ -60,6 +60,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils import _pytree as pytree
 
 from ..formulas.registry import shape_of
@@ -717,20 +718,21 @@ class CallReplayer:
                 made = made_for.get(id(like))
                 if made is None:  # (an output twice is one tensor twice; outputs viewing one storage view one)
                     storage = storage_of(like)
+                    mode = like.fake_mode if isinstance(like, FakeTensor) else None  # (the run's, on the stack or not)
                     cloned = like.requires_grad and like.storage_offset() == 0 and _dense(like)
                     if shared[storage] > 1 or (like.requires_grad and not cloned):  # (outputs viewing one storage:
                         # views of one base, as a run's are)
                         base = bases.get(storage)
                         if base is None:  # (one requires_grad for a storage's outputs: _outputs)
                             size = like.untyped_storage().nbytes() // like.element_size()
-                            base = bases[storage] = empty_tensor((size,), (1,), like.dtype, like.device)
+                            base = bases[storage] = empty_tensor((size,), (1,), like.dtype, like.device, mode=mode)
                             if like.requires_grad:  # (a run's output is no leaf: an in-place op on it is allowed)
                                 base = bases[storage] = non_leaf(base.requires_grad_())
                         made = base.as_strided(like.shape, like.stride(), like.storage_offset())
                     elif cloned:  # (no leaf, as a run's output: a clone keeps the strides of a dense tensor)
-                        made = non_leaf(empty_tensor(like.shape, like.stride(), like.dtype, like.device, True))
+                        made = non_leaf(empty_tensor(like.shape, like.stride(), like.dtype, like.device, True, mode))
                     else:
-                        made = empty_tensor(like.shape, like.stride(), like.dtype, like.device)
+                        made = empty_tensor(like.shape, like.stride(), like.dtype, like.device, mode=mode)
                     made_for[id(like)] = made
                     recorder.set_producer(made, mapped.get(id(value), value))
                     for window in recorder.windows:  # (made by this call, inside any call being watched)
