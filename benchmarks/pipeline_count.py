@@ -9,8 +9,9 @@ weights), with the time and the peak memory of the count:
     python benchmarks/pipeline_count.py [--model flux|wan] [--steps N] [--no-reuse]
 
 Prints the component table, the per-step MACs, how repeated calls were counted, the wall time of building on meta and
-of the count (``profile_pipeline``), the peak RSS of this process (``ru_maxrss``), and the count of one transformer
-forward alone (``flopscope.profile`` on the input shapes of its call in a one-step run) with the pipeline's ratio to it.
+of the count (``profile_pipeline``, after a one-step count that warms the process), the peak RSS of this process
+(``ru_maxrss``), and the count of one transformer forward alone (``flopscope.profile`` on the input shapes of its
+call in the one-step run) with the pipeline's ratio to it.
 ``--no-reuse`` captures every call (the count is the same; the time is what replaying repeated calls saves). Units:
 MACs (FLOPs = 2 x MACs).
 """
@@ -152,18 +153,18 @@ def main() -> int:
         t0 = time.perf_counter()
         pipe = pipeline_from_configs(folder)
         built = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        with torch.no_grad():
-            prof = profile_pipeline(pipe, prompt="a photo of a cat", reuse=not args.no_reuse, **call)
-        counted = time.perf_counter() - t0
-        first = first_call(pipe.transformer)  # (a module with a hook of its own is never replayed: after the count,
-        # in a one-step run of its own)
+        first = first_call(pipe.transformer)  # (a module with a hook of its own is never replayed: in a one-step run
+        # of its own, first, which also warms what a first count in a process pays once: lazy imports, kernel caches)
         try:
             with torch.no_grad():
                 profile_pipeline(pipe, prompt="a photo of a cat", **{**call, "num_inference_steps": 1})
         finally:
             first.handle.remove()
         assert first.inputs is not None
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            prof = profile_pipeline(pipe, prompt="a photo of a cat", reuse=not args.no_reuse, **call)
+        counted = time.perf_counter() - t0
         one = one_forward_seconds(pipe.transformer, *first.inputs)
     parameters = sum(p.numel() for c in pipe.components.values() if isinstance(c, torch.nn.Module)
                      for p in c.parameters())
