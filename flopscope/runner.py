@@ -354,7 +354,10 @@ class Session:
                                   "of the caller's, which a real run cannot execute; use mode='fake'",
                                   where="the model's state", reason="fake tensors cannot execute")
         convert = (FakeConverter(callers) if callers is not None else new_converter()) if self.fake else None
-        recorder, state = _recorder(list(named_state(self.model)), tracker, self.options.registry, convert)
+        own_state = list(named_state(self.model))
+        recorder, state = _recorder(own_state, tracker, self.options.registry, convert)
+        if convert is not None:  # (the block's inputs are real tensors the recorder reads the values of)
+            recorder.leaf_values.update(_index_values([t for _, t in own_state], convert))
         try:
             self._stack.enter_context(deeper_recursion())
             self._stack.enter_context(eager_flex_attention())
@@ -447,8 +450,11 @@ def _recorder(own_state: list[tuple[str, torch.Tensor]], tracker: ModuleTracker,
         undispatched.watch(recorder, tracker)  # work outside the dispatcher, reported by module path
         return recorder, {}
     state = {name: convert(t) for name, t in own_state}
-    device = convert.device if isinstance(convert, MetaConverter) else None
-    return Recorder(tracker, registry, _state_names(own_state, convert), fake=True, device=device), state
+    if isinstance(convert, MetaConverter):
+        recorder = Recorder(tracker, registry, _state_names(own_state, convert), fake=True, device=convert.device)
+    else:
+        recorder = Recorder(tracker, registry, _state_names(own_state, convert), fake=True, fake_mode=convert.mode)
+    return recorder, state
 
 
 def _backward(model: nn.Module, output: Any, loss: Loss | None, recorder: Recorder, tracker: ModuleTracker,

@@ -223,3 +223,51 @@ def test_torch_tensor_is_torchs_own_again_after_every_fake_run() -> None:
     with pytest.raises(FakeTensorError):
         flopscope.profile(WritesAnUnknownValue(), torch.randn(4, D), torch.tensor([2, 5]), mode="fake")
     assert (torch.tensor, torch.as_tensor, torch.asarray) == originals
+
+
+class Pick(nn.Module):
+    """Projects, keeps the tokens an integer buffer marks (``nonzero``: an output size its values decide), and
+    projects again."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("marks", torch.tensor([0, 2, 3, 1]))
+        self.proj = nn.Linear(D, D, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        kept = torch.nonzero(self.marks > 1).flatten() + torch.zeros(2, dtype=torch.long)  # 2 of the 4 positions
+        return self.proj(self.proj(x)[:, kept])
+
+
+class PickPipeline:
+    """A pipeline of one :class:`Pick`, whose own code runs outside the fake mode."""
+
+    def __init__(self) -> None:
+        self.pick = Pick()
+        self.components = {"pick": self.pick}
+        self.scheduler = None
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return self.pick(x)
+
+
+@pytest.mark.parametrize("how", ["profile", "profiler", "pipeline"])
+def test_values_of_integer_buffers_are_read_in_every_way_of_counting(how: str) -> None:
+    """The values of a model's integer buffers are known in a ``profiler`` block and a pipeline count as in
+    ``profile``: 2 x 4 tokens x D x D, then the two positions a buffer marks, 2 x 2 tokens x D x D. (A block and a
+    pipeline had no values for the state they swap in: ``nonzero`` raised ``DynamicOutputShapeException``. A
+    pipeline's own code runs outside the fake mode, so what the values make must be a fake tensor of the run all the
+    same: it was a meta tensor, which the CPU tensor ``zeros`` makes there could not be added to.)"""
+    x = torch.randn(2, 4, D)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if how == "profile":
+            prof = flopscope.profile(Pick(), x, mode="fake")
+        elif how == "profiler":
+            model = Pick()
+            with flopscope.profiler(model, mode="fake") as block:
+                model(x)
+            prof = block.result
+        else:
+            prof = flopscope.profile_pipeline(PickPipeline(), x=x)
+    assert prof.total() == 2 * 4 * D * D + 2 * 2 * D * D

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensor
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
@@ -166,6 +166,8 @@ class Recorder(TorchDispatchMode):
             (parameters, buffers, inputs); other outside tensors become ``placeholder`` constants.
         timed: record each op's wall time (real execution on the CPU: ops are synchronous).
         fake: running on fake tensors: :data:`FAKE_SHAPE_RULES` stand in for over-strict fake kernels.
+        fake_mode: the fake-tensor mode of a fake run, for what the recorder makes from known values where that mode
+            is not on the stack (a diffusion pipeline's own code runs outside it: :mod:`flopscope.pipeline`).
         device: the device of every tensor the run makes (``meta`` for a count on meta kernels): a constructor
             (``zeros``, ``randn``, ``arange``, ... ; a device-less one arrives here as ``device="cpu"``) makes it
             there, and a tensor made from data (``torch.tensor``) is moved there, so nothing is made for real (no
@@ -178,7 +180,8 @@ class Recorder(TorchDispatchMode):
     run as they are and are listed as unsupported (what they run inside is not seen)."""
 
     def __init__(self, tracker: ModuleTracker, registry: FormulaRegistry, leaf_names: Mapping[int, LeafName],
-                 *, timed: bool = False, fake: bool = False, device: torch.device | None = None) -> None:
+                 *, timed: bool = False, fake: bool = False, fake_mode: FakeTensorMode | None = None,
+                 device: torch.device | None = None) -> None:
         super().__init__()
         if not hasattr(TorchDispatchMode, "supports_higher_order_operators"):
             _route_higher_order_ops()
@@ -189,6 +192,7 @@ class Recorder(TorchDispatchMode):
         self.leaf_names = dict(leaf_names)
         self.timed = timed
         self.fake = fake
+        self.fake_mode = fake_mode
         self.unsupported: Counter[str] = Counter()
         self.decomposed: Counter[str] = Counter()
         self.failure: OpFailure | None = None
@@ -421,9 +425,10 @@ class Recorder(TorchDispatchMode):
             return maker(*args, **kwargs)  # a fake kernel stricter than the real one: make the output here
 
     def _stand_in(self, real: torch.Tensor) -> torch.Tensor:
-        """``real`` (an op's output computed from known values) as a tensor of this run: a fake tensor of the fake
-        mode below the recorder, or a meta tensor on meta kernels."""
-        mode = torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE)
+        """``real`` (an op's output computed from known values) as a tensor of this run: a fake tensor of the run's
+        fake mode (below the recorder, or :attr:`fake_mode` where none is on the stack), or a meta tensor on meta
+        kernels."""
+        mode = torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE) or self.fake_mode
         if mode is None:
             return real.to("meta")
         return mode.from_tensor(real)
