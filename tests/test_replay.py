@@ -198,36 +198,6 @@ def test_a_replayed_calls_outputs_are_fake_tensors_where_the_pipelines_code_runs
     assert pipe.kinds == [FakeTensor] * 3
 
 
-class Masked(nn.Module):
-    """Builds a causal mask from positions it makes itself (``arange``, as a video VAE's attention does), keeping the
-    class of the mask in ``kinds``."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.proj = nn.Linear(D, D, bias=False)
-        self.kinds: list[type] = []
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        positions = torch.arange(x.shape[1])
-        mask = positions[:, None] >= positions[None, :]
-        self.kinds.append(type(mask))
-        return self.proj(mask.to(x.dtype) @ x)
-
-
-def test_what_a_module_makes_from_nothing_in_a_pipeline_is_fake():
-    """In a pipeline count, a tensor a module makes from nothing (``arange``, ``zeros``) is a fake tensor of the run,
-    as in ``profile``, though the pipeline's own code runs outside the fake mode: a real one would be filled and
-    computed on for real (HunyuanVideo's VAE builds a 655 MB causal mask at 320x512, 33 frames, this way). The
-    count is the product of the mask, 2 x 8 x 8 x D, and the projection, 2 x 8 x D x D."""
-    from torch._subclasses.fake_tensor import FakeTensor
-
-    x = torch.randn(2, 8, D)
-    net = Masked()
-    prof = count(Loop(net), False, calls=[(x,)])
-    assert net.kinds == [FakeTensor]
-    assert prof.total() == 2 * 8 * 8 * D + 2 * 8 * D * D
-
-
 def test_a_new_shape_or_plain_argument_or_attribute_is_a_new_key():
     """Another batch, another plain argument (scale), or a changed attribute (extra: a third product) is captured; a
     repeat of any of them is replayed."""

@@ -152,8 +152,7 @@ _SCALAR_READS = (torch.ops.aten._local_scalar_dense.default, torch.ops.aten.item
 """Reads of a one-element tensor's value into Python (``.item()``, ``.tolist()``, ``int(t)``): on fake tensors they are
 answered from the values the recorder knows (an integer input's, and what is computed from known values)."""
 _PASSED = _OpClass(Cost.ZERO, passed=True)
-_FAKE_KEY = torch._C._TorchDispatchModeKey.FAKE
-_TRACING_MODES = (_FAKE_KEY, torch._C._TorchDispatchModeKey.PROXY)
+_TRACING_MODES = (torch._C._TorchDispatchModeKey.FAKE, torch._C._TorchDispatchModeKey.PROXY)
 _ATTENTION_FAMILIES = (OpFamily.ATTENTION, OpFamily.FUSED_LAYER)
 
 
@@ -411,9 +410,6 @@ class Recorder(TorchDispatchMode):
                 if value is not None and value.numel() == 1:
                     with _disable_current_modes():  # real values: no fake mode below may take them
                         return value.item()
-            if known.constructor and self.fake_mode is not None and torch._C._get_dispatch_mode(_FAKE_KEY) is None:
-                with self.fake_mode:  # (a tensor a module makes from nothing, where the run's caller runs outside
-                    return func(*args, **kwargs)  # the fake mode, as a pipeline's code does: fake, as in profile())
             return func(*args, **kwargs)
         except Exception as error:  # any kernel's error: noted here, re-raised unless a fake-shape rule stands in
             if self.fake and needs_real_data(error) is not None and isinstance(func, torch._ops.OpOverload):
@@ -432,7 +428,7 @@ class Recorder(TorchDispatchMode):
         """``real`` (an op's output computed from known values) as a tensor of this run: a fake tensor of the run's
         fake mode (below the recorder, or :attr:`fake_mode` where none is on the stack), or a meta tensor on meta
         kernels."""
-        mode = torch._C._get_dispatch_mode(_FAKE_KEY) or self.fake_mode
+        mode = torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE) or self.fake_mode
         if mode is None:
             return real.to("meta")
         return mode.from_tensor(real)
