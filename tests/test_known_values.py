@@ -271,3 +271,53 @@ def test_values_of_integer_buffers_are_read_in_every_way_of_counting(how: str) -
         else:
             prof = flopscope.profile_pipeline(PickPipeline(), x=x)
     assert prof.total() == 2 * 4 * D * D + 2 * 2 * D * D
+
+
+class Prefix(nn.Module):
+    """Projects the first ``k`` tokens, ``k`` an integer buffer it reads (``int(self.k)``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("k", torch.tensor(8))
+        self.proj = nn.Linear(D, D, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(x[:, : int(self.k)])
+
+
+class NarrowingPipeline:
+    """Runs :class:`Prefix` twice, narrowing its prefix to 2 in between (the pipeline's own code), and widens it back
+    after."""
+
+    def __init__(self) -> None:
+        self.prefix = Prefix()
+        self.components = {"prefix": self.prefix}
+        self.scheduler = None
+
+    def __call__(self, x: torch.Tensor) -> list[torch.Tensor]:
+        out = [self.prefix(x)]
+        self.prefix.k.fill_(2)
+        out.append(self.prefix(x))
+        self.prefix.k.fill_(8)
+        return out
+
+
+@pytest.mark.parametrize("how", ["profiler", "pipeline"])
+@pytest.mark.parametrize("mode", ["real", "fake"])
+def test_a_buffer_the_callers_code_writes_between_calls_is_read_after_the_write(how: str, mode: str) -> None:
+    """The caller's own code sets a buffer between two forwards of a block (or a pipeline's code between two calls of
+    a component): the second forward reads the new value in every mode, 8 x D x D then 2 x D x D. (Fake runs kept the
+    values read at the block's start: the second forward was counted at 8 tokens, without a word.)"""
+    x = torch.randn(1, 8, D)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if how == "profiler":
+            model = Prefix()
+            with flopscope.profiler(model, mode=mode) as block:
+                model(x)
+                model.k.fill_(2)
+                model(x)
+            prof = block.result
+        else:
+            prof = flopscope.profile_pipeline(NarrowingPipeline(), mode=mode, x=x)
+    assert prof.total() == 8 * D * D + 2 * D * D

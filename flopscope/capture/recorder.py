@@ -300,7 +300,11 @@ class Recorder(TorchDispatchMode):
             forward_op = self._forward_op()
             stack = forward_op.module_stack if forward_op is not None else ()
         elif not stack:
-            return func(*args, **kwargs)
+            out = func(*args, **kwargs)
+            if self.fake and (self.leaf_values or self._known) and isinstance(func, torch._ops.OpOverload):
+                self._writes(func, args, kwargs)  # (the caller's code, between the model's calls in a block, wrote a
+                # tensor whose values are known, such as a buffer: known after the write, or forgotten)
+            return out
         if known.decompose:
             with self:
                 decomposed = func.decompose(*args, **kwargs)
