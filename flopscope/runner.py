@@ -362,7 +362,8 @@ class Session:
             self._stack.enter_context(deeper_recursion())
             self._stack.enter_context(eager_flex_attention())
             if convert is not None:
-                self._stack.callback(_restore_caches, CacheGuard(self.model))  # runs last, after the swap back
+                self._stack.callback(_restore_caches, CacheGuard(self.model, own_attributes=True))  # runs last,
+                # after the swap back
                 self._stack.enter_context(_reparametrize_module(self.model, state, tie_weights=True))
                 if self.fake_block:
                     self._stack.enter_context(convert.mode)

@@ -361,3 +361,52 @@ def test_the_7b_shape_built_under_a_fake_mode_counts_exactly() -> None:
     layer = add(attention(1, c["n"], c["n"], c["d"], c["h"]), ffn(1, c["n"], c["d"], c["d_ff"], gated=True))
     angles = sum(rotary(c["n"], c["d"] // c["h"]).values())  # (transformers before 5.19)
     assert flopscope.profile(model, ids).total() == sum(times(c["L"], layer).values()) + angles
+
+
+class KeepsATable(nn.Module):
+    """Keeps a table it makes from its integer buffer on itself, at its first forward (a lazily built rope or mask)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("positions", torch.arange(4))
+        self.proj = nn.Linear(8, 8, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not hasattr(self, "table"):
+            self.table = self.positions.float()
+        return self.proj(x) + self.table[None, :, None]
+
+
+class TablePipeline:
+    """A pipeline of one :class:`KeepsATable`."""
+
+    def __init__(self) -> None:
+        self.net = KeepsATable()
+        self.components = {"net": self.net}
+        self.scheduler = None
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+
+@pytest.mark.parametrize("how", ["profiler", "pipeline"])
+def test_a_table_a_module_keeps_on_itself_in_a_fake_block_is_not_left_there(how: str) -> None:
+    """A ``profiler(mode="fake")`` block and a pipeline count run the user's own modules: an attribute a forward set
+    on one of them to a fake tensor is taken away afterwards (the next forward makes it again), so the user's next
+    real forward computes for real: 2 x 4 x 8 x 8 MACs and a real output. (It was left there: that forward returned a
+    fake tensor.)"""
+    x = torch.randn(2, 4, 8)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if how == "profiler":
+            net = KeepsATable()
+            with flopscope.profiler(net, mode="fake"):
+                net(x)
+        else:
+            pipe = TablePipeline()
+            flopscope.profile_pipeline(pipe, x=x)
+            net = pipe.net
+        assert not isinstance(getattr(net, "table", None), FakeTensor)
+        out = net(x)
+        assert type(out) is torch.Tensor
+        assert flopscope.profile(net, x, mode="real").total() == 2 * 4 * 8 * 8

@@ -148,9 +148,12 @@ def _filled(cell: Any) -> bool:
 
 class CacheGuard:
     """The caches and stores the code of ``model`` reaches (see the module docstring), taken before a fake run:
-    :meth:`restore` afterwards removes what the run left there holding fake tensors."""
+    :meth:`restore` afterwards removes what the run left there holding fake tensors. ``own_attributes``: also each
+    module's own attributes, for a fake run of the model's own modules (a ``profiler`` block, a pipeline: a forward
+    that keeps a table it built on itself would keep a fake one; a single count runs a shadow, which takes such
+    writes)."""
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: nn.Module, own_attributes: bool = False) -> None:
         self._stores: dict[int, tuple[Any, Any]] = {}  # id -> (dict or list, its shallow copy)
         self._caches: dict[int, tuple[Any, int, str]] = {}  # id -> (lru_cache, misses before, name)
         self._names: dict[int, str] = {}  # id(store) -> where it is (for fake_tensors_held)
@@ -160,6 +163,8 @@ class CacheGuard:
                 self._root(vars(module), f"module {module.__name__}")
             self._root(cls.__dict__, f"class {cls.__module__}.{cls.__qualname__}", store=False)
         for m in modules_of(model).values():  # the objects the modules share with a fake run's shadow (configs, ...)
+            if own_attributes:
+                self._store(m.__dict__, f"the attributes of a {type(m).__name__} module")
             for name, value in m.__dict__.items():
                 kind = type(value)
                 if kind not in _PLAIN and _shared_type(kind) and id(value) not in self._stores:
