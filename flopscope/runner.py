@@ -384,7 +384,11 @@ class Session:
         earlier call's is replayed from them, not run (:mod:`flopscope.capture.replay`)."""
         if self._recorder is None or self._tracker is None:
             raise ConfigurationError("the profiler block was never entered")
-        with CallReplayer(self._recorder, self._tracker).wrapping(modules) as replayer:
+        # (reads: in a fake block the modules are the run's for its duration, their parameters swapped for fake ones
+        # (other threads must not run them: docs/conventions.md), so their classes may be swapped while a first call
+        # is watched; no stand-ins: a function refusing one would fail the user's block, which is not run again)
+        with CallReplayer(self._recorder, self._tracker, reads=self.fake, stand_ins=False).wrapping(modules) \
+                as replayer:
             yield replayer
 
     def calls_by_path(self) -> Counter[str]:

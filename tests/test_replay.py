@@ -485,6 +485,36 @@ def test_blocks_of_one_structure_are_replayed_from_one_another():
     assert weights == {f"net.blocks.{i}.net.up.weight" for i in range(4)}
 
 
+class Indexed(Stack):
+    """Stack whose blocks each hold their own index, which their forward never reads (a text encoder's
+    ``layer_idx``, read only with a cache)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        for i, block in enumerate(self.blocks):
+            block.index = i
+
+
+def test_a_pipelines_blocks_are_keyed_by_the_attributes_they_read():
+    """In a pipeline count the components are the user's modules (their parameters swapped for fake ones for the
+    run): their blocks' first calls are watched as a shadow's are, so blocks 1 and 3 are replayed from block 0 though
+    each holds another index, and block 2 (its scale, read, differs) is captured. Every module's class is its own
+    again afterwards, also where the pipeline raised."""
+    x = torch.randn(2, 8, D)
+    stack = Indexed()
+    reused, captured = (count(Loop(stack), reuse, calls=[(x,)]) for reuse in (True, False))
+    assert_same_capture(reused, captured)
+    assert reused.total() == 4 * 2 * 8 * (D * 2 * D + 2 * D * D)
+    assert reused.reuse == ("net.blocks: 2 of 4 block calls replayed from an earlier call of a block of the same "
+                            "structure on the same inputs' shapes (fake tensors: the same records)",)
+    classes = {name: type(m) for name, m in stack.named_modules()}
+    with pytest.raises(RuntimeError):
+        count(Loop(stack), True, calls=[(x,), (torch.randn(2, 8, D + 1),)])
+    assert {name: type(m) for name, m in stack.named_modules()} == classes
+    assert all(type(m).__module__ in (__name__, "torch.nn.modules.linear", "torch.nn.modules.container")
+               for m in stack.modules())
+
+
 class Two:
     """A pipeline of two components: ``a`` twice on the same shapes (the second replayed), then ``b`` (captured) on
     the replayed call's output."""

@@ -15,8 +15,10 @@ used as an index, in arithmetic, formatted, converted); handed to a method of an
 cache's ``update(k, v, self.layer_idx)``: :mod:`flopscope.capture.given_objects`) it is no read of the block's, so the
 block's key does not hold it, and a replay hands its own block's value to that method.
 
-Only modules no one else runs may be watched: the fake run's shadow of a model
-(:func:`flopscope.capture.fake.shadow_of`), never the user's modules (another thread would see their class change).
+Only modules no one else runs may be watched (another thread would see their class change): the fake run's shadow
+of a model (:func:`flopscope.capture.fake.shadow_of`), or the user's modules in a fake ``profiler`` block or pipeline
+count, whose parameters are swapped for fake ones for its duration (other threads must not run them meanwhile:
+``docs/conventions.md``); never the user's modules in a real run.
 The swap keeps ``isinstance``, the class's name and its methods; only an identity test of the class itself
 (``type(self) is Cls``) sees the subclass: torch's modules, transformers' models and caches and diffusers' models make
 none (searched in their sources, torch 2.13, transformers 5.24, diffusers 0.42). A stand-in a call leaves where it

@@ -208,7 +208,7 @@ class CallReplayer:
     grad: bool = False  # grad mode may be on: no backward follows (a forward's count), so the autograd graph is never
     # used; a replay's outputs require grad as the template's did (the inputs' and parameters' requires_grad are keyed)
     reads: bool = False  # a block is keyed by the plain attributes its first call read, not all it holds (the modules
-    # are the fake run's shadow, whose classes may be swapped while watched: flopscope.capture.attribute_reads)
+    # are the run's for its duration, so their classes may be swapped while watched: flopscope.capture.attribute_reads)
     stand_ins: bool = True  # where a block is given objects, the int attributes its blocks differ in are read as
     # stand-ins (attribute_reads.StandIn); a torch function refusing one fails the run (the runner counts again
     # without: stand_in_refused)
