@@ -359,7 +359,7 @@ def profile_pipeline(pipe: Any, *, mode: str = "fake", registry: FormulaRegistry
                 stack.enter_context(_marking_steps(
                     scheduler, start, lambda sample: marks.append((session.calls_by_path(), _batch(sample)))))
                 replayer = stack.enter_context(session.replaying(modules)) if reuse and mode == "fake" else None
-                stack.enter_context(paused_gc())
+                stack.enter_context(paused_gc(promote=mode == "fake"))
                 output = pipe(**call_kwargs)
                 notes = replayer.notes() if replayer is not None else []
         finally:

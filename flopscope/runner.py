@@ -252,7 +252,7 @@ def _run(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], option
     given, refused = (args, kwargs), False
     try:
         with ExitStack() as stack:
-            stack.enter_context(paused_gc())
+            stack.enter_context(paused_gc(promote=fake))
             stack.enter_context(deeper_recursion())
             stack.enter_context(eager_flex_attention())
             convert = (converter or new_converter()) if fake else None
@@ -599,16 +599,27 @@ other data, the original functions run); put back when the last capture ends."""
 
 
 @contextmanager
-def paused_gc() -> Iterator[None]:
+def paused_gc(promote: bool = False) -> Iterator[None]:
     """Pause Python's cyclic garbage collector: a capture allocates tens of thousands of small objects
     (fake tensors, graph records), and the full collections they trigger cost 10-20 % of the run. Cycles
-    made meanwhile are collected once it is re-enabled."""
+    made meanwhile are collected once it is re-enabled.
+
+    ``promote`` (a fake run, whose objects hold no memory of note): when the collector is re-enabled, the objects the
+    block allocated (the capture's records, alive as long as the profile) are moved to the oldest generation at once
+    (``gc.freeze()`` then ``gc.unfreeze()``: two list splices) instead of being traversed by the two young
+    collections that would move them there (0.4-0.5 s of a 2.6 s count of a 28-step Flux.1-dev pipeline: 565
+    thousand objects). The cycles left by the block, and the caller's young objects, are then collected by the next
+    full collection (``gc.collect()``), not the next young one. Not where the process has frozen objects
+    (``gc.get_freeze_count()``, a pre-fork server's): ``unfreeze`` would thaw them."""
     enabled = gc.isenabled()
     gc.disable()
     try:
         yield
     finally:
         if enabled:
+            if promote and not gc.get_freeze_count():
+                gc.freeze()
+                gc.unfreeze()
             gc.enable()
 
 

@@ -76,7 +76,7 @@ def scaling(model: nn.Module, make_inputs: Callable[[int], Any], lengths: Sequen
     check_mode(mode, MODES)
     options = CaptureOptions.of(registry, roles, backward, loss)
     sweep = _Sweep(model, make_inputs, mode, spec, progress, options, {**kwargs, **(forward_kwargs or {})})
-    with paused_gc():
+    with paused_gc(promote=mode == "fake"):
         if method == "sampled":
             return sweep.sampled(lengths)
         if method == "symbolic":
