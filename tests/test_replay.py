@@ -515,6 +515,37 @@ def test_a_pipelines_blocks_are_keyed_by_the_attributes_they_read():
                for m in stack.modules())
 
 
+class Encode:
+    """A pipeline's prompt encoding: its text encoder run on token ids."""
+
+    def __init__(self, encoder: nn.Module) -> None:
+        self.components = {"text_encoder": encoder}
+        self.scheduler = None
+
+    def __call__(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.components["text_encoder"](input_ids=ids).last_hidden_state
+
+
+def test_a_t5_encoders_blocks_are_replayed_in_a_pipeline():
+    """T5's blocks each hold their own ``layer_idx``, read only with a cache: in a pipeline's prompt encoding blocks 2
+    and 3 are replayed from block 1 (block 0, which holds the relative attention bias, is another structure), as in
+    ``flopscope.profile``; the capture is every block run."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.T5Config(d_model=D, d_kv=4, d_ff=2 * D, num_layers=4, num_heads=4, vocab_size=50)
+    encoder = transformers.T5EncoderModel(config).eval()
+    ids = torch.randint(0, 50, (1, 7))
+    reused, captured = (count(Encode(encoder), reuse, ids=ids) for reuse in (True, False))
+    assert_same_capture(reused, captured)
+    assert "text_encoder.encoder.block: 2 of 4 block calls replayed from an earlier call of a block of the same " \
+           "structure on the same inputs' shapes (fake tensors: the same records)" in reused.reuse
+    blocks, n, heads, d_head = 4, 7, 4, 4  # (4 heads of 4: the projections are D x D)
+    assert {role: macs for role, macs in reused.by_role().items() if macs} == {
+        "q_proj": blocks * n * D * D, "k_proj": blocks * n * D * D, "v_proj": blocks * n * D * D,
+        "out_proj": blocks * n * D * D, "attn_scores": blocks * heads * n * n * d_head,
+        "attn_weighted_sum": blocks * heads * n * n * d_head, "ffn_up": blocks * n * D * 2 * D,
+        "ffn_down": blocks * n * 2 * D * D}
+
+
 class Two:
     """A pipeline of two components: ``a`` twice on the same shapes (the second replayed), then ``b`` (captured) on
     the replayed call's output."""
