@@ -65,7 +65,7 @@ from torch.utils import _pytree as pytree
 
 from ..formulas.registry import shape_of
 from . import attribute_reads, given_objects
-from .attribute_reads import EVERY, NOT_OWN as _NOT_OWN, StandIn, own_attributes
+from .attribute_reads import EVERY, NOT_OWN, StandIn, own_attributes
 from .fake import empty_tensor, non_leaf
 from .given_objects import CallOut
 from .module_tracker import ModuleCall, ModuleTracker
@@ -901,8 +901,8 @@ def _state(module: nn.Module, ours: Collection[int] = (), structural: bool = Fal
             for key, t in table.items():
                 tensors.append((key, None) if t is None else (key, t.shape, t.dtype, t.requires_grad) if structural
                                else (key, id(t), t.shape, t.dtype))
-        plain = [key for key in own if key not in _NOT_OWN] if by_name else [
-            (key, held(value)) for key, value in own.items() if key not in _NOT_OWN]
+        plain = [key for key in own if key not in NOT_OWN] if by_name else [
+            (key, held(value)) for key, value in own.items() if key not in NOT_OWN]
         state.append(((name, type(m)) if structural else id(m), m.training, tuple(tensors), tuple(plain)))
     return tuple(state)
 
