@@ -193,14 +193,10 @@ def is_watching(cls: type) -> bool:
     return cls in _WATCHING
 
 
-NOT_OWN = _MODULE_INTERNALS | {"forward"}
-"""The names in a module's ``__dict__`` that are not its own attributes (:func:`own_attributes`)."""
-
-
 def own_attributes(module: nn.Module) -> dict[str, Any]:
     """The attributes of ``module`` a read is noted of: its own ``__dict__`` but the tables every module has (and a
     ``forward`` set on the instance)."""
-    return {k: v for k, v in vars(module).items() if k not in NOT_OWN}
+    return {k: v for k, v in vars(module).items() if k not in _MODULE_INTERNALS and k != "forward"}
 
 
 def note(module: nn.Module, name: str) -> None:
