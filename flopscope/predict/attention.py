@@ -11,8 +11,8 @@ not. Everything that consumes per-role or per-token numbers takes ``attention=``
                by two due to causal masks"), asked for in torchtitan #341: ``n²/2`` pairs for a square causal
                mask, generalised to ``n_q·n_k − n_q²/2`` when queries are the last ``n_q`` of ``n_k`` keys (the
                area below the diagonal). Windows and padding are ignored; attention that is not causal stays dense
-``mask``       exactly the pairs the mask allows: the mask tensor's values where they are known (real mode),
-               else the declared facts: causal ``n_q·n_k − n_q(n_q−1)/2`` (square: ``n(n+1)/2``), a causal
+``mask``       exactly the pairs the mask allows: the mask tensor's values where they are known, else the
+               declared facts: causal ``n_q·n_k − n_q(n_q−1)/2`` (square: ``n(n+1)/2``), a causal
                sliding window W ``Σ_i min(n_k − n_q + i + 1, W)``; padding only from values
 =============  ======================================================================================
 
@@ -20,16 +20,21 @@ Each core op's MACs under a convention are its executed MACs times ``pairs / (n_
 whole MAC (exact whenever ``batch·heads·head width`` is even). Backward ops scale with their forward op: every
 backward GEMM of the core runs over the same ``n_q × n_k`` pairs. Where the facts come from, per op
 (:attr:`CoreOp.source`): a fused kernel's own ``is_causal`` / window / ``attn_mask`` argument; the values of its
-mask tensor (real mode: boolean masks of at most 4,096 elements keep their values, see
-:mod:`flopscope.capture.recorder`), followed through ``where(mask, 0, -inf)`` (0 and -inf as numbers, or as one-element
-constants made from data) and ``masked_fill``; else the model's
-declaration (a module's ``is_causal``, its or the config's ``sliding_window``), named in :func:`notes`.
+mask tensor, followed through ``where(mask, 0, -inf)`` (0 and -inf as numbers, or as one-element constants made from
+data), ``masked_fill`` and additive masks; else the model's declaration (a module's ``is_causal``, its or the
+config's ``sliding_window``), named in :func:`notes`. A mask's values are known when the run kept them (real mode:
+index tensors of at most 4,096 elements, see :mod:`flopscope.capture.recorder`; the model's integer inputs in fake
+mode) or when they follow from the capture alone (:mod:`flopscope.capture.constant_values`: a mask made from sizes,
+as SDPA's math path makes its causal mask on ``meta``, ``ones(n, n).tril()``, transformers' masks), so the same
+mask gives the same facts in real, fake and meta runs. The window of a mask is read from its values (an exact causal
+band of W keys).
 FlexAttention's block mask: its ``mask_mod`` evaluated at every pair (a function of indices, so in any mode).
 Units: MACs. See ``docs/conventions.md`` section 5.4.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -39,6 +44,7 @@ import torch
 
 from ..attribute.paths import inside
 from ..attribute.roles import Assignment
+from ..capture.constant_values import MAX_NUMEL, ConstantValues
 from ..capture.facts import ModelFacts
 from ..capture.records import FORWARD, CapturedOp, argument_shape, link
 from ..conventions import CAUSAL, EXECUTED, MASK, SLIDING_WINDOW, check_attention
@@ -167,12 +173,13 @@ def core_ops(ops: Sequence[CapturedOp], assignments: Mapping[CapturedOp, Assignm
     records' own dataflow. :meth:`Profile.attention_core` keeps it."""
     link(ops)
     parts_of = {op: assignment.parts for op, assignment in assignments.items()}
+    masks = _Masks(ConstantValues())
     out = []
     for op, assignment in assignments.items():
         parts = {role: macs for role, macs in assignment.parts.items() if role in PAIR_ROLES and macs}
         if not parts:
             continue
-        found = _facts_of(op, assignment.block, facts, parts_of, parts)
+        found = _facts_of(op, assignment.block, facts, parts_of, parts, masks)
         out.append(CoreOp(op.name, op.phase, tuple(frame.path for frame in op.module_stack), assignment.block,
                           parts, *found, record=op))
     return tuple(out)
@@ -209,7 +216,8 @@ def notes(core: Sequence[CoreOp], attention: str) -> list[str]:
     if declared:
         out.append(f"attention={attention!r}: {declared} attention core op(s) priced from the model's declared mask "
                    "(a module's is_causal, the sliding window of the module or config), not from mask values "
-                   "(fake mode, or a mask of more than 4,096 elements): padding is not taken into account")
+                   "(a mask computed from data whose values the run did not keep, or one of more than "
+                   f"{MAX_NUMEL:,} elements): padding is not taken into account")
     if unknown:
         out.append(f"attention={attention!r}: {len(unknown)} attention core op(s) counted as executed: their "
                    f"queries and keys were not read from the layout (variable-length or fused kernel): "
@@ -222,7 +230,7 @@ Facts = tuple[int | None, int | None, bool, int | None, Fraction | None, str]
 
 
 def _facts_of(op: CapturedOp, block: str, facts: ModelFacts, parts_of: Mapping[CapturedOp, Mapping[str, int]],
-              parts: Mapping[str, int]) -> Facts:
+              parts: Mapping[str, int], masks: _Masks) -> Facts:
     """(n_q, n_k, causal, window, allowed share, source) of one core op."""
     declared_causal, declared_window = declared_mask(block, facts)
     spec = op.spec
@@ -233,12 +241,12 @@ def _facts_of(op: CapturedOp, block: str, facts: ModelFacts, parts_of: Mapping[C
         n_q, n_k, scores_shape = geometry
         mask_mod = _flex_mask_mod(op)
         if mask_mod is not None:  # FlexAttention: its block mask's mask_mod, evaluated at every pair
-            return _from_mask(_flex_allowed(mask_mod, scores_shape), scores_shape, n_q, n_k, declared_causal,
-                              declared_window)
+            return masks.facts(_flex_allowed(mask_mod, scores_shape), scores_shape, n_q, n_k, declared_causal,
+                               declared_window)
         causal, window = kernel_flags(op.target, op.args, op.kwargs)
         mask = argument(op.target, op.args, op.kwargs, "attn_mask", "attn_bias", "bias")
         if isinstance(mask, CapturedOp):
-            return _from_mask(_allowed(mask), scores_shape, n_q, n_k, declared_causal, declared_window)
+            return masks.facts(masks.allowed(mask), scores_shape, n_q, n_k, declared_causal, declared_window)
         return n_q, n_k, causal, window, None, KERNEL if causal or window else UNMASKED
     forward = op if op.phase == FORWARD else op.forward  # a backward GEMM runs over its forward op's pairs
     if forward is None or forward.spec is None or len(forward.spec.operands) != 2:
@@ -248,26 +256,11 @@ def _facts_of(op: CapturedOp, block: str, facts: ModelFacts, parts_of: Mapping[C
     if a is None or b is None or len(a) < 2 or len(b) < 2:
         return None, None, False, None, None, UNKNOWN
     n_q, n_k = (a[-2], b[-1]) if scores else (a[-2], a[-1])
-    found = _eager_mask(forward, scores, parts_of)
+    found = masks.eager(forward, scores, parts_of)
     if found is None:
         return n_q, n_k, declared_causal, declared_window, None, DECLARED
     allowed, shape = found
-    return _from_mask(allowed, shape, n_q, n_k, declared_causal, declared_window)
-
-
-def _from_mask(allowed: torch.Tensor | None, shape: tuple[int, ...] | None, n_q: int, n_k: int,
-               declared_causal: bool, declared_window: int | None) -> Facts:
-    """Facts from a mask tensor: its values when known and broadcastable to the scores, else the declaration."""
-    if allowed is not None and shape is not None:
-        try:
-            full = torch.broadcast_to(allowed, shape)
-        except RuntimeError:
-            full = None
-        if full is not None and full.numel():
-            above = torch.ones(n_q, n_k, dtype=torch.bool).triu(n_k - n_q + 1)
-            causal = bool(full.any()) and not bool((full & above).any())
-            return n_q, n_k, causal, None, Fraction(int(full.sum()), full.numel()), VALUES
-    return n_q, n_k, declared_causal, declared_window, None, DECLARED
+    return masks.facts(allowed, shape, n_q, n_k, declared_causal, declared_window)
 
 
 _FLEX_BLOCK_MASK = 4
@@ -321,38 +314,175 @@ _THROUGH = frozenset({"aten.view", "aten._unsafe_view", "aten.reshape", "aten.ex
 _STEPS = 12
 
 
+
+
 def _name(node: Any) -> str:
     return node.op_name if isinstance(node, CapturedOp) else ""
 
 
-def _eager_mask(core: CapturedOp, scores: bool, parts_of: Mapping[CapturedOp, Mapping[str, int]]
-                ) -> tuple[torch.Tensor | None, tuple[int, ...] | None] | None:
-    """The mask between a scores product and its softmax (found from the scores op, or back from the weighted
-    sum through its probabilities): ``(allowed values or None, the masked scores' shape)``; None: no mask op."""
-    softmax = _softmax_after(core) if scores else _softmax_before(core)
-    if softmax is None:
+_COPIES = frozenset(str(op) for op in VALUE_COPIES)  # their value is their first argument's
+_FILLS = {"aten.scalar_tensor": 0, "aten.full": 1, "aten.full_like": 1}  # op -> position of its fill value
+_PASS = ("aten.expand", "aten.clone", "aten.detach", "aten.alias", "aten.contiguous")  # a mask's values, unchanged
+BLOCKING = -1e4
+"""An additive mask's value at or below this removes a pair from the softmax (``-inf``, a dtype's minimum)."""
+
+
+class _Masks:
+    """Mask facts read from the records' values: those the run kept, and those that follow from the capture alone
+    (:class:`~flopscope.capture.constant_values.ConstantValues`: a mask made from sizes has the same values in
+    real, fake and meta runs). One per :func:`core_ops` call: a model's layers share their masks' facts."""
+
+    def __init__(self, values: ConstantValues) -> None:
+        self.values = values
+        self._facts: dict[tuple[int, tuple[int, ...], int, int], tuple[bool, int | None, Fraction]] = {}
+        self._held: list[torch.Tensor] = []  # the masks keyed by id() in _facts, alive while this object is
+
+    # ---------------------------------------------------------------------------------------------
+    def facts(self, allowed: torch.Tensor | None, shape: tuple[int, ...] | None, n_q: int, n_k: int,
+              declared_causal: bool, declared_window: int | None) -> Facts:
+        """Facts from a mask tensor (``allowed``: True where a pair is allowed): its values when known and
+        broadcastable to the masked scores' ``shape``, else the declaration. Broadcasting repeats every value the
+        same number of times, so the allowed share is the mask's own. A mask that allows no pair above the
+        diagonal is causal; one that is exactly a causal band of W keys per query has window W (a declared window
+        stands where the mask shows none because it is at least as wide as the keys)."""
+        if allowed is None or shape is None or not math.prod(shape):
+            return n_q, n_k, declared_causal, declared_window, None, DECLARED
+        try:
+            torch.broadcast_shapes(allowed.shape, tuple(shape))
+        except RuntimeError:
+            return n_q, n_k, declared_causal, declared_window, None, DECLARED
+        key = (id(allowed), tuple(shape), n_q, n_k)
+        found = self._facts.get(key)
+        if found is None:
+            causal, window = (_band(allowed, n_q, n_k) if tuple(shape[-2:]) == (n_q, n_k)  # (the pairs' grid)
+                              else (False, None))
+            found = self._facts[key] = (causal, window, Fraction(int(allowed.sum()), allowed.numel()))
+            self._held.append(allowed)
+        causal, window, share = found
+        if causal and window is None and declared_window is not None and declared_window >= n_k:
+            window = declared_window
+        return n_q, n_k, causal, window, share, VALUES
+
+    def value(self, node: Any) -> torch.Tensor | None:
+        """The values of a record's output when known: kept by the run or evaluated from the capture."""
+        return self.values(node) if isinstance(node, CapturedOp) else None
+
+    # ---------------------------------------------------------------------------------------------
+    def allowed(self, mask: CapturedOp) -> torch.Tensor | None:
+        """Which pairs a mask operand allows (True), from known values: a boolean mask as is (``attn_mask``), an
+        additive one built as ``where(mask, 0, -inf)`` / ``where(mask, -inf, 0)`` or made from constants
+        (``full((n, n), -inf).triu(1)``: allowed where above :data:`BLOCKING`); None when the values are unknown."""
+        node: Any = mask
+        for _ in range(_STEPS):
+            if not isinstance(node, CapturedOp):
+                return None
+            if node.value is not None and node.value.dtype == torch.bool:
+                return node.value
+            name = _name(node)
+            if name == "aten.where" and len(node.args) == 3 and isinstance(node.args[0], CapturedOp):
+                cond = self.allowed_values(node.args[0])
+                if cond is not None:
+                    if self.zero(node.args[1]) and self.blocking(node.args[2]):
+                        return cond
+                    if self.blocking(node.args[1]) and self.zero(node.args[2]):
+                        return ~cond
+            value = self.value(node)
+            if value is not None:
+                return value if value.dtype == torch.bool else value > BLOCKING
+            if name not in _PASS:
+                return None
+            node = node.args[0] if node.args else None
         return None
-    node, steps = softmax.args[0], 0
-    while isinstance(node, CapturedOp) and steps < _STEPS and "attn_scores" not in parts_of.get(node, {}):
-        name, steps = _name(node), steps + 1
-        shape = tuple(node.output_shapes[0]) if node.output_shapes else None
-        chain, others = _split(node, parts_of)
-        if name in ("aten.add", "aten.sub") and others:
-            return _allowed(others[0]), shape
-        if name == "aten.masked_fill" and len(node.args) > 1 and isinstance(node.args[1], CapturedOp):
-            masked = _allowed_values(node.args[1])
-            return (~masked if masked is not None and _blocking(node.args[2]) else None), shape
-        if name == "aten.where" and len(node.args) == 3 and isinstance(node.args[0], CapturedOp):
-            cond = _allowed_values(node.args[0])
-            keep_first = node.args[1] is chain
-            blocked = node.args[2] if keep_first else node.args[1]
-            if cond is None or not _blocking(blocked):
-                return None, shape
-            return (cond if keep_first else ~cond), shape
-        if chain is None:
+
+    def allowed_values(self, node: CapturedOp) -> torch.Tensor | None:
+        """The known boolean values of a condition tensor (through expand / clone / detach)."""
+        current: Any = node
+        for _ in range(_STEPS):
+            if not isinstance(current, CapturedOp):
+                return None
+            value = self.value(current)
+            if value is not None:
+                return value.bool()
+            if _name(current) not in _PASS:
+                return None
+            current = current.args[0] if current.args else None
+        return None
+
+    def number(self, value: Any) -> float | None:
+        """``value`` as a number: a Python number; a tensor filled with one (``scalar_tensor``, ``full``,
+        ``full_like``); a one-element constant (``torch.tensor(0.0)``, transformers' additive masks in 5.17) whose
+        value is known; each through copies. Else ``None``."""
+        for _ in range(_STEPS):
+            if isinstance(value, (int, float)):
+                return float(value)
+            if not isinstance(value, CapturedOp):
+                return None
+            known = value.value if value.value is not None else (
+                self.value(value) if value.output_shapes and not math.prod(value.output_shapes[0]) > 1 else None)
+            if known is not None and known.numel() == 1 and known.is_floating_point():
+                return float(known.item())
+            name = _name(value)
+            position = _FILLS.get(name, 0 if name in _COPIES else None)
+            if position is None or len(value.args) <= position:
+                return None
+            value = value.args[position]
+        return None
+
+    def blocking(self, value: Any) -> bool:
+        """A value that removes a pair from a softmax: a number at or below :data:`BLOCKING`, or a tensor made from
+        one (see :meth:`number`)."""
+        number = self.number(value)
+        return number is not None and number <= BLOCKING
+
+    def zero(self, value: Any) -> bool:
+        return self.number(value) == 0 or (isinstance(value, CapturedOp)
+                                           and _name(value) in ("aten.zeros", "aten.zeros_like"))
+
+    # ---------------------------------------------------------------------------------------------
+    def eager(self, core: CapturedOp, scores: bool, parts_of: Mapping[CapturedOp, Mapping[str, int]]
+              ) -> tuple[torch.Tensor | None, tuple[int, ...] | None] | None:
+        """The mask between a scores product and its softmax (found from the scores op, or back from the weighted
+        sum through its probabilities): ``(allowed values or None, the masked scores' shape)``; None: no mask op."""
+        softmax = _softmax_after(core) if scores else _softmax_before(core)
+        if softmax is None:
             return None
-        node = chain
-    return None
+        node, steps = softmax.args[0], 0
+        while isinstance(node, CapturedOp) and steps < _STEPS and "attn_scores" not in parts_of.get(node, {}):
+            name, steps = _name(node), steps + 1
+            shape = tuple(node.output_shapes[0]) if node.output_shapes else None
+            chain, others = _split(node, parts_of)
+            if name in ("aten.add", "aten.sub") and others:
+                return self.allowed(others[0]), shape
+            if name == "aten.masked_fill" and len(node.args) > 1 and isinstance(node.args[1], CapturedOp):
+                masked = self.allowed_values(node.args[1])
+                return (~masked if masked is not None and self.blocking(node.args[2]) else None), shape
+            if name == "aten.where" and len(node.args) == 3 and isinstance(node.args[0], CapturedOp):
+                cond = self.allowed_values(node.args[0])
+                keep_first = node.args[1] is chain
+                blocked = node.args[2] if keep_first else node.args[1]
+                if cond is None or not self.blocking(blocked):
+                    return None, shape
+                return (cond if keep_first else ~cond), shape
+            if chain is None:
+                return None
+            node = chain
+        return None
+
+
+def _band(allowed: torch.Tensor, n_q: int, n_k: int) -> tuple[bool, int | None]:
+    """(causal, window) of a boolean mask over ``n_q`` queries (the last of ``n_k`` positions) and ``n_k`` keys:
+    causal when it allows some pair and none above the diagonal; window W when it is exactly the causal band of
+    the W latest keys for every query and W < n_k (else ``None``)."""
+    grid = torch.broadcast_to(allowed, torch.broadcast_shapes(allowed.shape, (n_q, n_k)))
+    offset = n_k - n_q
+    above = torch.ones(n_q, n_k, dtype=torch.bool).triu(offset + 1)
+    if not bool(grid.any()) or bool((grid & above).any()):
+        return False, None
+    widest = int(grid.sum(-1).max())
+    if widest >= n_k:
+        return True, None
+    band = ~above & ~torch.ones(n_q, n_k, dtype=torch.bool).tril(offset - widest)
+    return True, widest if bool((grid == band).all()) else None
 
 
 def _split(node: CapturedOp, parts_of: Mapping[CapturedOp, Mapping[str, int]]
@@ -402,81 +532,5 @@ def _softmax_before(node: CapturedOp) -> CapturedOp | None:
             return None
         if _name(current) in _SOFTMAX:
             return current
-        current = current.args[0] if current.args else None
-    return None
-
-
-def _blocking(value: Any) -> bool:
-    """A value that removes a pair from a softmax: a number below -1e4 (``-inf``, the dtype's minimum), or a
-    tensor made from one (see :func:`_number`)."""
-    number = _number(value)
-    return number is not None and number <= -1e4
-
-
-def _zero(value: Any) -> bool:
-    return _number(value) == 0 or (isinstance(value, CapturedOp) and _name(value) in ("aten.zeros", "aten.zeros_like"))
-
-
-_COPIES = frozenset(str(op) for op in VALUE_COPIES)  # their value is their first argument's
-_FILLS = {"aten.scalar_tensor": 0, "aten.full": 1, "aten.full_like": 1}  # op -> position of its fill value
-
-
-def _number(value: Any) -> float | None:
-    """``value`` as a number: a Python number; a tensor filled with one (``scalar_tensor``, ``full``,
-    ``full_like``); a one-element constant made from data (``torch.tensor(0.0)``, transformers' additive masks in
-    5.17) whose value the capture kept; each through copies. Else ``None``."""
-    for _ in range(_STEPS):
-        if isinstance(value, (int, float)):
-            return float(value)
-        if not isinstance(value, CapturedOp):
-            return None
-        known = value.value
-        if known is not None and known.numel() == 1 and known.is_floating_point():
-            return float(known.item())
-        name = _name(value)
-        position = _FILLS.get(name, 0 if name in _COPIES else None)
-        if position is None or len(value.args) <= position:
-            return None
-        value = value.args[position]
-    return None
-
-
-def _allowed(mask: CapturedOp) -> torch.Tensor | None:
-    """Which pairs a mask operand allows (True), from known values: a boolean mask as is (``attn_mask``), an
-    additive one built as ``where(mask, 0, -inf)`` / ``where(mask, -inf, 0)``; None when the values are unknown."""
-    node: Any = mask
-    for _ in range(_STEPS):
-        if not isinstance(node, CapturedOp):
-            return None
-        value = node.value
-        if value is not None and value.dtype == torch.bool:
-            return value
-        name = _name(node)
-        if name == "aten.where" and len(node.args) == 3 and isinstance(node.args[0], CapturedOp):
-            cond = _allowed_values(node.args[0])
-            if cond is None:
-                return None
-            if _zero(node.args[1]) and _blocking(node.args[2]):
-                return cond
-            if _blocking(node.args[1]) and _zero(node.args[2]):
-                return ~cond
-            return None
-        if name not in ("aten.expand", "aten.clone", "aten.detach", "aten.alias", "aten.contiguous"):
-            return None
-        node = node.args[0] if node.args else None
-    return None
-
-
-def _allowed_values(node: CapturedOp) -> torch.Tensor | None:
-    """The known boolean values of a condition tensor (through expand / clone / detach)."""
-    current: Any = node
-    for _ in range(_STEPS):
-        if not isinstance(current, CapturedOp):
-            return None
-        value = current.value
-        if value is not None:
-            return value.bool()
-        if _name(current) not in ("aten.expand", "aten.clone", "aten.detach", "aten.alias", "aten.contiguous"):
-            return None
         current = current.args[0] if current.args else None
     return None
