@@ -5,12 +5,13 @@
 
 - ``repeat``: two profiles in one process give the same total, roles and module totals;
 - ``modes``: fake, real and meta (a copy of the model on ``device="meta"``) give the same total, roles and module
-  totals, where each can run. A model that reads its data cannot run on fake or meta tensors (skipped, with the
-  reason); a count on fake tensors that is an upper bound, as ``prof.notes`` says, is not compared; on meta a
-  fused-layer fast path is not taken (PyTorch checks the device), so module totals are not compared there when
-  the real run took one;
-- ``attention``: a Hugging Face model's eager attention and its SDPA attention give the same total and roles (on a
-  copy switched with ``set_attn_implementation``; skipped where the model has only one);
+  totals, and the same attention core under every convention (``attention="causal"`` and ``"mask"``: one price
+  per algorithm, whatever path ran it), where each can run. A model that reads its data cannot run on fake or
+  meta tensors (skipped, with the reason); a count on fake tensors that is an upper bound, as ``prof.notes`` says,
+  is not compared; on meta a fused-layer fast path is not taken (PyTorch checks the device), so module totals are
+  not compared there when the real run took one;
+- ``attention``: a Hugging Face model's eager attention and its SDPA attention give the same total and roles, under
+  every convention (on a copy switched with ``set_attn_implementation``; skipped where the model has only one);
 - ``forward``: a plain forward after the profiles returns real tensors equal to those of one before them;
 - ``caches``: no fake tensor sits in the caches and stores the model's code reaches
   (:func:`flopscope.capture.model_caches.fake_tensors_held`).
@@ -34,12 +35,16 @@ from torch._subclasses.fake_tensor import FakeTensor
 from .api import profile
 from .capture.fake import map_tensors, tensors_in
 from .capture.model_caches import fake_tensors_held
+from .conventions import CAUSAL, MASK
 from .errors import FlopscopeError
 from .formulas.registry import REGISTRY, OpFamily
 from .profile import Profile
+from .role import PAIR_ROLES
 
 INVARIANTS = ("repeat", "modes", "attention", "forward", "caches")
 """The invariants :func:`check_invariants` checks, in the order it checks them."""
+CONVENTIONS = (CAUSAL, MASK)
+"""The attention conventions other than ``"executed"`` (what ``by_role()`` counts) compared by the invariants."""
 
 
 @dataclass(frozen=True)
@@ -51,12 +56,19 @@ class Counted:
     roles: dict[str, int]
     modules: dict[str, int]
     fused_layers: bool = False  # a fused-layer kernel ran (FUSED_LAYER: nn.MultiheadAttention's fast path, ...)
+    conventions: dict[str, dict[str, int]] = field(default_factory=dict)  # convention -> attention core's roles
 
     @classmethod
     def of(cls, prof: Profile) -> Counted:
         fused = {op.replace("::", ".") for op in REGISTRY.ops(OpFamily.FUSED_LAYER)}  # (by_op names: "aten.x")
-        return cls(prof.mode, prof.total(), dict(prof.by_role()), dict(prof.by_module()),
-                   any(op in fused for op in prof.by_op()))
+        roles = dict(prof.by_role())
+        conventions = {}
+        if any(roles.get(role) for role in PAIR_ROLES):
+            for convention in CONVENTIONS:
+                priced = prof.by_role(attention=convention)
+                conventions[convention] = {role: priced.get(role, 0) for role in PAIR_ROLES}
+        return cls(prof.mode, prof.total(), roles, dict(prof.by_module()), any(op in fused for op in prof.by_op()),
+                   conventions)
 
     def differences(self, other: Counted, *, modules: bool = True) -> str:
         """What differs from ``other``, in one line ("" when nothing does)."""
@@ -68,6 +80,12 @@ class Counted:
                  if self.roles.get(r, 0) != other.roles.get(r, 0)]
         if roles:
             parts.append("roles: " + ", ".join(roles[:4]) + (", ..." if len(roles) > 4 else ""))
+        for convention in CONVENTIONS:
+            mine, theirs = self.conventions.get(convention, {}), other.conventions.get(convention, {})
+            moved = [f"{r} {mine.get(r, 0):,} vs {theirs.get(r, 0):,}" for r in PAIR_ROLES
+                     if mine.get(r, 0) != theirs.get(r, 0)]
+            if moved and not roles:
+                parts.append(f"attention={convention!r}: " + ", ".join(moved))
         if modules and self.total == other.total:
             paths = [p for p in sorted({*self.modules, *other.modules}) if self.modules.get(p) != other.modules.get(p)]
             if paths:

@@ -31,6 +31,9 @@ HF = {
     "bert": ("BertModel", "BertConfig", SMALL),
     "t5": ("T5Model", "T5Config", dict(d_model=64, d_ff=128, num_layers=2, num_heads=4, d_kv=16, vocab_size=1000,
                                        decoder_start_token_id=0)),
+    # a binding sliding window (4 of 16 tokens), and Gemma 2's sliding and global layers alternating
+    "mistral": ("MistralModel", "MistralConfig", dict(num_key_value_heads=2, sliding_window=4, **SMALL)),
+    "gemma2": ("Gemma2Model", "Gemma2Config", dict(num_key_value_heads=2, head_dim=16, sliding_window=4, **SMALL)),
     "gpt_oss": ("GptOssForCausalLM", "GptOssConfig", dict(num_key_value_heads=2, num_local_experts=4,
                                                            num_experts_per_tok=2, head_dim=16, **SMALL)),
 }
@@ -44,12 +47,12 @@ def _hf_inputs(name: str) -> dict[str, torch.Tensor]:
 @pytest.mark.parametrize("name", list(HF))
 def test_hugging_face_models_hold_every_invariant(name: str) -> None:
     cls, config, kwargs = HF[name]
-    model = hf(cls, config, attn=None if name == "gpt_oss" else "sdpa", **kwargs)
+    eager_only = name in ("gpt_oss", "gemma2")  # (their attention: eager only)
+    model = hf(cls, config, attn=None if eager_only else "sdpa", **kwargs)
     with torch.no_grad():
         report = check_invariants(model, **_hf_inputs(name))
     assert report.violations == {}
-    expected_skips = {"gpt_oss": {"attention"}} if name == "gpt_oss" else {}  # (GPT-OSS: eager attention only)
-    assert set(report.skipped) <= set(expected_skips.get(name, set())), report.skipped
+    assert set(report.skipped) <= ({"attention"} if eager_only else set()), report.skipped
     assert {"real", "real again", "fake", "fake again", "meta"} <= set(report.counts)
 
 
@@ -61,6 +64,46 @@ def test_torch_modules_hold_every_invariant(name: str) -> None:
         report = check_invariants(model, *args, **kwargs)
     assert report.violations == {}
     assert "attention" in report.skipped  # not a Hugging Face model: one attention implementation
+
+
+class MaskedAttention(nn.Module):
+    """Causal self-attention written by hand: scores, ``masked_fill`` of a ``tril`` mask made from the sizes, softmax,
+    weighted sum (``kind="sdpa"``: SDPA's ``is_causal``, which runs its math path on meta)."""
+
+    def __init__(self, kind: str, heads: int = 4, width: int = 64) -> None:
+        super().__init__()
+        self.kind, self.heads = kind, heads
+        self.qkv = nn.Linear(width, 3 * width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, n, d = x.shape
+        q, k, v = self.qkv(x).view(b, n, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        if self.kind == "sdpa":
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        allowed = torch.ones(n, n, dtype=torch.bool, device=x.device).tril()
+        scores = (q @ k.transpose(-1, -2)).masked_fill(~allowed, float("-inf"))
+        return scores.softmax(-1) @ v
+
+
+@pytest.mark.parametrize("kind", ["sdpa", "masked_fill"])
+def test_a_hand_written_causal_attention_has_one_price_in_every_mode(kind: str) -> None:
+    with torch.no_grad():
+        report = check_invariants(MaskedAttention(kind), torch.randn(2, 16, 64))
+    assert report.violations == {}
+    b, h, n, d_k = 2, 4, 16, 16
+    for label in ("real", "fake", "meta"):
+        counted = report.counts[label]
+        assert counted.conventions["causal"]["attn_scores"] == b * h * d_k * n * n // 2
+        assert counted.conventions["mask"]["attn_weighted_sum"] == b * h * d_k * n * (n + 1) // 2
+
+
+def test_a_convention_that_differs_between_modes_violates_the_invariants() -> None:
+    from flopscope.invariants import Counted
+
+    roles = {"attn_scores": 10, "attn_weighted_sum": 10}
+    real = Counted("real", 20, roles, {}, conventions={"causal": {"attn_scores": 5, "attn_weighted_sum": 5}})
+    meta = Counted("fake", 20, roles, {}, conventions={"causal": {"attn_scores": 10, "attn_weighted_sum": 10}})
+    assert "attention='causal': attn_scores 10 vs 5" in meta.differences(real)
 
 
 class CallCounting(nn.Module):
