@@ -12,7 +12,7 @@ of an evaluable tensor) over evaluable inputs, or a record whose values the run 
 Anything computed from the model's parameters or inputs is not.
 
 Evaluation is memoised by the records' recipe (target, constant arguments, inputs' recipes), so the identical
-masks of a model's layers are made once. A tensor of more than :data:`MAX_NUMEL` elements is not made.
+masks of a model's layers are made once. A tensor of more than :data:`MAX_BYTES` bytes is not made.
 """
 
 from __future__ import annotations
@@ -27,8 +27,9 @@ from torch.utils._python_dispatch import _disable_current_modes
 
 from .records import CapturedOp, Cost, after_write
 
-MAX_NUMEL = 1 << 26
-"""The most elements one evaluated tensor may have (64 Mi: a causal mask over 8,192 positions; 256 MiB in float32)."""
+MAX_BYTES = 1 << 26
+"""The most bytes one evaluated tensor may have (64 MiB: a boolean causal mask over 8,192 positions, a float32 one
+over 4,096)."""
 
 _UNINITIALISED = frozenset({torch.ops.aten.empty, torch.ops.aten.empty_like, torch.ops.aten.new_empty,
                             torch.ops.aten.empty_strided, torch.ops.aten.new_empty_strided})
@@ -42,13 +43,13 @@ class ConstantValues:
     Values are real CPU tensors (shared between calls: never write to them); a multi-output op's are a list.
     """
 
-    def __init__(self, max_numel: int = MAX_NUMEL) -> None:
-        self.max_numel = max_numel
+    def __init__(self, max_bytes: int = MAX_BYTES) -> None:
+        self.max_bytes = max_bytes
         self._recipes: dict[int, Hashable | None] = {}  # id(record) -> its recipe (None: not evaluable)
         self._values: dict[Hashable, Any] = {}  # recipe -> values (or _UNKNOWN)
         self._held: list[CapturedOp] = []  # the records keyed by id() above, kept alive while this object is
         self._depth = 0  # records being keyed (recursion over inputs)
-        self.too_large = 0  # tensors not made because they have more than max_numel elements
+        self.too_large = 0  # tensors not made because they have more than max_bytes bytes
 
     def __call__(self, op: Any) -> torch.Tensor | None:
         value = self._evaluate(op)
@@ -103,15 +104,16 @@ class ConstantValues:
 
     def _fits(self, op: CapturedOp) -> bool:
         """An op that may run again here: no multiply formula, no memory read uninitialised, no random draw, every
-        output of a known size within :attr:`max_numel`."""
+        output of a known size within :attr:`max_bytes`."""
         target = op.target
         if (op.cost not in (Cost.ZERO, Cost.ELEMENTWISE) or target.overloadpacket in _UNINITIALISED
                 or torch.Tag.nondeterministic_seeded in target.tags):
             return False
+        itemsize = op.dtype.itemsize if op.dtype is not None else 8
         for shape in op.output_shapes:
             if not all(isinstance(size, int) for size in shape):
                 return False  # (a symbolic size)
-            if math.prod(shape) > self.max_numel:
+            if math.prod(shape) * itemsize > self.max_bytes:
                 self.too_large += 1
                 return False
         return True

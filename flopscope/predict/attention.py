@@ -44,7 +44,7 @@ import torch
 
 from ..attribute.paths import inside
 from ..attribute.roles import Assignment
-from ..capture.constant_values import MAX_NUMEL, ConstantValues
+from ..capture.constant_values import MAX_BYTES, ConstantValues
 from ..capture.facts import ModelFacts
 from ..capture.records import FORWARD, CapturedOp, argument_shape, link
 from ..conventions import CAUSAL, EXECUTED, MASK, SLIDING_WINDOW, check_attention
@@ -217,7 +217,7 @@ def notes(core: Sequence[CoreOp], attention: str) -> list[str]:
         out.append(f"attention={attention!r}: {declared} attention core op(s) priced from the model's declared mask "
                    "(a module's is_causal, the sliding window of the module or config), not from mask values "
                    "(a mask computed from data whose values the run did not keep, or one of more than "
-                   f"{MAX_NUMEL:,} elements): padding is not taken into account")
+                   f"{MAX_BYTES >> 20} MiB): padding is not taken into account")
     if unknown:
         out.append(f"attention={attention!r}: {len(unknown)} attention core op(s) counted as executed: their "
                    f"queries and keys were not read from the layout (variable-length or fused kernel): "
@@ -354,9 +354,10 @@ class _Masks:
         key = (id(allowed), tuple(shape), n_q, n_k)
         found = self._facts.get(key)
         if found is None:
-            causal, window = (_band(allowed, n_q, n_k) if tuple(shape[-2:]) == (n_q, n_k)  # (the pairs' grid)
+            count = int(allowed.count_nonzero())
+            causal, window = (_band(allowed, count, n_q, n_k) if tuple(shape[-2:]) == (n_q, n_k)  # (the pairs' grid)
                               else (False, None))
-            found = self._facts[key] = (causal, window, Fraction(int(allowed.sum()), allowed.numel()))
+            found = self._facts[key] = (causal, window, Fraction(count, allowed.numel()))
             self._held.append(allowed)
         causal, window, share = found
         if causal and window is None and declared_window is not None and declared_window >= n_k:
@@ -469,20 +470,22 @@ class _Masks:
         return None
 
 
-def _band(allowed: torch.Tensor, n_q: int, n_k: int) -> tuple[bool, int | None]:
-    """(causal, window) of a boolean mask over ``n_q`` queries (the last of ``n_k`` positions) and ``n_k`` keys:
-    causal when it allows some pair and none above the diagonal; window W when it is exactly the causal band of
-    the W latest keys for every query and W < n_k (else ``None``)."""
+def _band(allowed: torch.Tensor, allowed_pairs: int, n_q: int, n_k: int) -> tuple[bool, int | None]:
+    """(causal, window) of a boolean mask over ``n_q`` queries (the last of ``n_k`` positions) and ``n_k`` keys
+    that allows ``allowed_pairs`` pairs: causal when it allows some pair and none above the diagonal; window W when
+    it is exactly the causal band of the W latest keys for every query and W < n_k (else ``None``)."""
     grid = torch.broadcast_to(allowed, torch.broadcast_shapes(allowed.shape, (n_q, n_k)))
     offset = n_k - n_q
-    above = torch.ones(n_q, n_k, dtype=torch.bool).triu(offset + 1)
-    if not bool(grid.any()) or bool((grid & above).any()):
+    if not allowed_pairs or bool(torch.triu(grid, offset + 1).any()):
         return False, None
-    widest = int(grid.sum(-1).max())
+    widest = int(grid[..., -1, :].count_nonzero(-1).max())  # (in a band, the last query sees the most keys)
     if widest >= n_k:
         return True, None
-    band = ~above & ~torch.ones(n_q, n_k, dtype=torch.bool).tril(offset - widest)
-    return True, widest if bool((grid == band).all()) else None
+    # nothing before the window and as many pairs as the band has: exactly the band
+    grids = grid.numel() // (n_q * n_k)
+    pairs = allowed_pairs * (grid.numel() // allowed.numel())
+    exact = not bool(torch.tril(grid, offset - widest).any()) and pairs == grids * useful_pairs(n_q, n_k, True, widest)
+    return True, widest if exact else None
 
 
 def _split(node: CapturedOp, parts_of: Mapping[CapturedOp, Mapping[str, int]]
