@@ -262,3 +262,25 @@ def test_notebook_view(tmp_path, capsys):
     assert f"| · ffn | FeedForward |  | {2 * n * d * d_ff:,} |" in out
     assert "<script" not in fragment.read_text() and f"{n * d * d:,}" in fragment.read_text()
     assert f"wrote {page}" in out and f"{total:,}" in page.read_text()
+
+
+def test_the_readme_example_runs_as_written_and_prints_what_the_readme_shows():
+    """The README's example, run as written in a fresh interpreter, prints the README's output block, whose numbers
+    are the closed forms of its 4-layer Llama (d 512, 8 heads of 64, 2 key/value heads, d_ff 1376, 128 tokens)."""
+    pytest.importorskip("transformers")
+    import re
+    import subprocess
+
+    readme = (EXAMPLES.parent / "README.md").read_text()
+    section = readme[readme.index("## An example, and what it prints"):]
+    code, shown = re.findall(r"```(?:python)?\n(.*?)```", section, flags=re.S)[:2]
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout == shown
+    L, d, d_k, n_kv, d_ff, V, n = 4, 512, 64, 2, 1376, 32000, 128
+    printed = {line.split()[0]: int(line.split()[1].replace(",", "")) for line in shown.splitlines()[1:-1]}
+    assert printed["q_proj"] == printed["out_proj"] == L * n * d * d
+    assert printed["k_proj"] == printed["v_proj"] == L * n * d * n_kv * d_k
+    assert printed["attn_scores"] == printed["attn_weighted_sum"] == L * 8 * n * n * d_k
+    assert printed["ffn_up"] == printed["ffn_gate"] == printed["ffn_down"] == L * n * d * d_ff
+    assert printed["logits"] == n * d * V
