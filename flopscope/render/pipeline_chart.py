@@ -42,10 +42,11 @@ def component_colours(components: Sequence[str]) -> dict[str, str]:
 def call_bars(before: Mapping[str, int], steps: Sequence[Any], after: Mapping[str, int]) -> list[dict[str, Any]]:
     """The bars of the by-step picture, JSON-ready: ``{"kind", "label", "step", "macs": {component: MACs},
     "calls": {component: calls}, "guidance"}`` for the calls before the loop (if any MACs), each
-    :class:`flopscope.pipeline.DenoisingStep`, and the calls after it (if any MACs)."""
+    :class:`flopscope.pipeline.DenoisingStep`, and the calls after it (if any MACs); without steps, every call is
+    before them (:meth:`flopscope.PipelineProfile.around_steps`), one bar labelled ``the call``."""
     bars = []
-    if any(before.values()):
-        bars.append({"kind": "before", "label": "before steps", "step": None,
+    if any(before.values()):  # (without steps, the whole call)
+        bars.append({"kind": "before", "label": "before steps" if steps else "the call", "step": None,
                      "macs": {c: m for c, m in before.items() if m}, "calls": {}, "guidance": None})
     bars += [{"kind": "step", "label": str(s.step), "step": s.step, "macs": {c: m for c, m in s.macs.items() if m},
               "calls": dict(s.calls), "guidance": s.guidance} for s in steps]
