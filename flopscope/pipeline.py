@@ -46,6 +46,7 @@ from .errors import ConfigurationError, NotAModuleError
 from .formulas.registry import FormulaRegistry
 from .profile import Profile
 from .render.html import write_html
+from .render.pipeline_chart import call_bars, component_colours
 from .role import ROLE_ORDER
 from .runner import BLOCK_MODES, CaptureOptions, Session, paused_gc
 
@@ -172,8 +173,10 @@ class PipelineProfile:
 
     def __init__(self, profile: Profile, components: Sequence[str], denoisers: Sequence[str],
                  steps: Sequence[DenoisingStep], output: Any, reuse: Sequence[str] = (),
-                 step_of_call: Mapping[ModuleCall, int] | None = None) -> None:
+                 step_of_call: Mapping[ModuleCall, int] | None = None, name: str = "pipeline") -> None:
         self.profile = profile
+        self.name = name
+        """The pipeline's class name (``"StableDiffusionPipeline"``): the report's title and its chart's root."""
         self.components = tuple(components)
         self.denoisers = tuple(denoisers)
         self._steps = tuple(steps)
@@ -211,6 +214,25 @@ class PipelineProfile:
     def steps(self) -> list[DenoisingStep]:
         """The denoising steps, in order (one per ``scheduler.step`` call)."""
         return list(self._steps)
+
+    def around_steps(self) -> tuple[dict[str, int], dict[str, int]]:
+        """MACs per component of the calls outside the denoising steps: ``(before, after)``, the calls made before
+        the first step's first call (the prompt's encoding, an image's VAE encode) and the others (after the last
+        step: the VAE decode), each in the order of :attr:`components` (a component without such calls left out).
+        With the steps' MACs they add up to :meth:`by_component`. Without steps every call is before."""
+        before: Counter[str] = Counter()
+        after: Counter[str] = Counter()
+        step_of = self._step_of_call
+        looped = False
+        for op in self.profile._ops:  # (in the order they ran)
+            if not op.module_stack:
+                continue
+            if op.module_stack[0] in step_of:
+                looped = True
+            elif op.macs:
+                (after if looped else before)[component_of(op.module_stack[0].path)] += op.macs
+        return ({c: before[c] for c in self.components if before[c]},
+                {c: after[c] for c in self.components if after[c]})
 
     def by_step_role(self) -> list[dict[str, int]]:
         """Each denoising step's MACs by role, in step order (the component calls the step made; each adds up to
@@ -291,20 +313,25 @@ class PipelineProfile:
                                        "denoiser batch", "guidance"], tablefmt=tablefmt, disable_numparse=True)
 
     def to_html(self, path: str | Path, title: str | None = None) -> Path:
-        """The HTML report of the whole call (:meth:`Profile.to_html`'s page) with the pipeline's own section: each
-        component's MACs by role, and each denoising step's MACs by component (with its guidance) and by role."""
+        """The HTML report of the whole call (:meth:`Profile.to_html`'s page: its module tree rooted at the
+        pipeline, every component below it) with the pipeline's own sections: the call by component and by step as
+        pictures (:mod:`flopscope.render.pipeline_chart`: before the steps, each step, after them), each component's
+        MACs by role, the steps by component and by role (a row per run of identical steps), and the reconciliation
+        grouped by component."""
         names, rows = self.role_rows()
         stepped = self._stepped()
         by_step = self.by_step_role()
         step_roles = [role for role in ROLE_ORDER if any(r.get(role) for r in by_step)]
+        before, after = self.around_steps()
         section = {
-            "components": names, "stepped": stepped, "roles": rows,
-            "totals": [self.by_component()[n] for n in names],
+            "name": self.name, "components": names, "stepped": stepped, "roles": rows,
+            "totals": [self.by_component()[n] for n in names], "denoisers": list(self.denoisers),
+            "colours": component_colours(self.components), "bars": call_bars(before, self._steps, after),
             "steps": [[s.step, *[s.macs.get(c, 0) for c in stepped], s.total, s.guidance] for s in self._steps],
             "step_roles": step_roles,
             "steps_by_role": [[s.step, *[r.get(role, 0) for role in step_roles], s.total]
                               for s, r in zip(self._steps, by_step, strict=True)]}
-        return write_html(self.profile, path, title=title, pipeline=section)
+        return write_html(self.profile, path, title=title or f"flopscope: {self.name}", pipeline=section)
 
     def summary_table(self, tablefmt: str = "simple") -> str:
         """MACs and FLOPs per component, with the share of the call."""
@@ -365,7 +392,7 @@ def profile_pipeline(pipe: Any, *, mode: str = "fake", registry: FormulaRegistry
         finally:
             prof = session.finish(stacklevel=3)
     steps, denoisers, step_of_call = _steps(prof, list(modules), begun[0], marks)
-    return PipelineProfile(prof, list(modules), denoisers, steps, output, notes, step_of_call)
+    return PipelineProfile(prof, list(modules), denoisers, steps, output, notes, step_of_call, type(pipe).__name__)
 
 
 def _module_components(pipe: Any) -> dict[str, nn.Module]:

@@ -16,6 +16,7 @@ import time
 import warnings
 from html.parser import HTMLParser
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote
 
 import pytest
@@ -43,7 +44,11 @@ class Dom(HTMLParser):
 
     def __init__(self, text: str) -> None:
         super().__init__()
-        self.rects: list[dict[str, str]] = []
+        self.rects: list[dict[str, str]] = []  # the module tree's (drawn by the page's script)
+        self.bars: list[dict[str, Any]] = []  # a pipeline's by-step picture: each bar, its "segments" rects in it
+        self.shares: list[dict[str, str]] = []  # its by-component bar's segments
+        self.components: list[dict[str, str]] = []  # the reconciliation's lines per component (a pipeline's)
+        self._in: str = ""  # the id of the picture being read ("chart", "steps-chart", "components-chart")
         self.svg: dict[str, str] = {}  # the module tree's
         self.points: list[dict[str, str]] = []  # the scaling chart's measured points
         self.crossover: dict[str, str] = {}  # its crossover label
@@ -62,11 +67,19 @@ class Dom(HTMLParser):
         values = {k: v or "" for k, v in attrs}
         if "id" in values:
             self.ids.add(values["id"])
-        if tag == "rect":
+        if values.get("id") in ("chart", "steps-chart", "components-chart"):
+            self._in = values["id"]
+        if tag == "rect" and self._in == "chart":
             self.rects.append(values)
+        elif tag == "rect" and "segment" in values.get("class", "").split():
+            (self.bars[-1]["segments"] if self._in == "steps-chart" else self.shares).append(values)
+        elif tag == "g" and "bar" in values.get("class", "").split():
+            self.bars.append({**values, "segments": []})
+        elif tag == "details" and "component" in values.get("class", "").split():
+            self.components.append(values)
         elif tag == "body":
             self.body = values
-        elif tag == "svg" and values.get("id") != "scaling-chart":
+        elif tag == "svg" and self._in == "chart":
             self.svg = values
         elif tag == "details" and "group" in values.get("class", "").split():
             self.groups.append(values)
@@ -86,6 +99,8 @@ class Dom(HTMLParser):
     def handle_endtag(self, tag: str) -> None:
         if tag == "div":
             self._in_tip = False
+        if tag == "svg":
+            self._in = ""
         if tag == "td" and self._cell is not None:
             self.tables[self._section][-1].append("".join(self._cell).strip())
             self._cell = None
@@ -619,6 +634,116 @@ def test_hover_and_click_with_real_mouse_events_in_chromium(tmp_path: Path) -> N
         assert browser.js(focus) == "transformer"
         browser.js("document.getElementById('reset').click()")
         assert browser.js(focus) == ""
+        assert browser.troubles() == []
+    finally:
+        browser.close()
+
+
+# --------------------------------------------------------------------------------------------------
+# a diffusion pipeline's page
+STEPS = 4  # denoising steps of the tiny Stable Diffusion call
+
+
+def tiny_stable_diffusion(folder: Path) -> tuple[Any, dict[str, int]]:
+    """A tiny Stable Diffusion pipeline built from configs (a prompt through a CLIP tokenizer of a tiny vocabulary
+    written here: no download) called for STEPS steps with guidance by batch, and each component's MACs as its
+    calls of it profiled alone on the inputs it received: the text encoder on the prompt and the empty negative
+    prompt (77 tokens each), the UNet once per step on the doubled batch, the VAE decoder once."""
+    diffusers = pytest.importorskip("diffusers")
+    pytest.importorskip("transformers")
+    from test_pipeline import D_TEXT, SIDE, TEXT, Decode, alone, clip_tokenizer, count, sd_components
+
+    pipe = diffusers.StableDiffusionPipeline(tokenizer=clip_tokenizer(folder / "clip"), **sd_components())
+    torch.manual_seed(0)
+    prof = count(pipe, prompt="abc", num_inference_steps=STEPS, guidance_scale=7.5, height=SIDE, width=SIDE)
+    latent = SIDE // 2
+    return prof, {"text_encoder": alone(pipe.text_encoder, torch.zeros(1, TEXT, dtype=torch.long)),
+                  "unet": alone(pipe.unet, torch.randn(2, 4, latent, latent), torch.tensor(10),
+                                torch.randn(2, TEXT, D_TEXT)),
+                  "vae": alone(Decode(pipe.vae), torch.randn(1, 4, latent, latent))}
+
+
+def test_a_pipeline_tree_has_one_root_with_every_component_below_it(tmp_path: Path) -> None:
+    """The pipeline's container is never called and the VAE runs through vae.decode, not its forward: the chart's
+    tree still has one root, the pipeline, holding the whole call, each component a child of it with its MACs, and
+    vae.decoder below vae."""
+    prof, one = tiny_stable_diffusion(tmp_path)
+    macs = {"text_encoder": 2 * one["text_encoder"], "unet": STEPS * one["unet"], "vae": one["vae"]}
+    assert prof.by_component() == {"vae": macs["vae"], "text_encoder": macs["text_encoder"], "unet": macs["unet"]}
+    data = report_data(prof.profile)
+    tree = data["tree"]
+    assert [row[1] for row in tree if row[0] == -1] == [""]
+    assert tree[0][3] == sum(macs.values()) == prof.total()
+    children = {row[1]: row[3] for row in tree if row[0] == 0}
+    assert children == macs  # in the order they ran: the prompt, the steps, the decode
+    assert list(children) == ["text_encoder", "unet", "vae"]
+    parents = {row[1]: tree[row[0]][1] for row in tree if row[0] >= 0}
+    assert parents["vae.decoder"] == "vae" and parents["unet.conv_in"] == "unet"
+    before, after = prof.around_steps()
+    assert before == {"text_encoder": macs["text_encoder"]} and after == {"vae": macs["vae"]}
+
+
+@needs_browser
+def test_a_pipeline_report_in_chromium(tmp_path: Path) -> None:
+    """The page of a diffusion pipeline's call: the module tree rooted at the pipeline, every component reached by
+    clicking down from it (and every module with MACs drawn at some zoom); the call by component; the by-step picture
+    with one bar per step at the UNet's MACs per call, the prompt's encoding before and the decode after, the bars
+    adding up to the total and drawn at heights in proportion; the reconciliation grouped by component."""
+    prof, one = tiny_stable_diffusion(tmp_path)
+    macs = {"text_encoder": 2 * one["text_encoder"], "unet": STEPS * one["unet"], "vae": one["vae"]}
+    total = sum(macs.values())
+    assert prof.total() == total
+    page = prof.to_html(tmp_path / "sd.html")
+    dom, console, _ = render(page, tmp_path)
+    rendered_cleanly(dom, console)
+    drawn = dom.nodes()
+    assert drawn[""] == total and {c: drawn[c] for c in macs} == macs
+    assert "StableDiffusionPipeline" in dom.text[""]  # the title
+    # the call by component, and by part of the call: before the steps, one bar per step, after the steps
+    assert {s["data-component"]: int(s["data-macs"]) for s in dom.shares} == macs
+    assert [(b["data-kind"], b.get("data-step")) for b in dom.bars] == [
+        ("before", None), *[("step", str(i)) for i in range(STEPS)], ("after", None)]
+    assert [int(b["data-macs"]) for b in dom.bars] == [macs["text_encoder"], *[one["unet"]] * STEPS, macs["vae"]]
+    assert [{s["data-component"]: int(s["data-macs"]) for s in b["segments"]} for b in dom.bars] == [
+        {"text_encoder": macs["text_encoder"]}, *[{"unet": one["unet"]}] * STEPS, {"vae": macs["vae"]}]
+    assert sum(int(b["data-macs"]) for b in dom.bars) == total
+    heights = [sum(float(s["height"]) for s in b["segments"]) for b in dom.bars]
+    assert heights[1:-1] == [heights[1]] * STEPS
+    assert heights[-1] / heights[1] == pytest.approx(macs["vae"] / one["unet"], rel=1e-3)
+    assert f"{STEPS} steps × " in dom.text["call"] and "FLOPs = 2 × MACs" in dom.text["call"]
+    steps = dom.rows("pipeline")[f"0–{STEPS - 1}"]  # the steps' table: one row for the run of identical steps
+    assert steps[1:5] == [str(STEPS), f"{one['unet']:,}", f"{one['unet']:,}", f"{macs['unet']:,}"]
+    # the reconciliation by component, identical blocks grouped (the text encoder's two layers are one group)
+    assert [c["data-component"] for c in dom.components] == ["text_encoder", "unet", "vae"]
+    patterns = {g["data-pattern"]: int(g["data-count"]) for g in dom.groups}
+    assert patterns["text_encoder.encoder.layers.*.self_attn"] == patterns["text_encoder.encoder.layers.*.mlp"] == 2
+    assert sum(int(g["data-count"]) for g in dom.groups) == len({r.block for r in prof.reconcile().rows})
+    # every component reached by clicking down from the pipeline; every module with MACs drawn at some zoom
+    with_macs = {path for path, m in prof.by_module().items() if m}
+    browser = Browser(tmp_path / "chromium-pipe-profile")
+    try:
+        browser.open(page.resolve().as_uri())
+        focus = "document.querySelector('#chart svg').getAttribute('data-focus')"
+        nodes = "[...document.querySelectorAll('#chart rect.node')].map(r => r.getAttribute('data-path'))"
+        runs = "[...document.querySelectorAll('#chart rect.agg')].map(r => r.getAttribute('data-members'))"
+        drawn_somewhere: set[str] = set()
+        hidden: set[str] = set()  # too narrow for a rect of their own: in a run of neighbours' rect
+        for component in macs:
+            browser.js("document.getElementById('reset').click()")
+            browser.click(*browser.centre("rect.node", component))
+            assert browser.js(focus) == component
+            shown, narrow = browser.js(nodes), browser.js(runs)
+            assert isinstance(shown, list) and isinstance(narrow, list)
+            drawn_somewhere |= set(shown)
+            hidden |= {path for members in narrow for path in members.split("|")}
+        assert all(path in drawn_somewhere or any(path == m or path.startswith(m + ".") for m in hidden)
+                   for path in with_macs)
+        assert len(drawn_somewhere) > len(hidden)
+        browser.js("location.hash = 'focus=vae'")  # the components' links in the table: zoom into one
+        deadline = time.monotonic() + 5
+        while browser.js(focus) != "vae":
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
         assert browser.troubles() == []
     finally:
         browser.close()

@@ -22,15 +22,19 @@ STEPS, SIDE, TEXT = 3, 32, 77  # denoising steps, image side (pixels), CLIP's pa
 D_TEXT = 32
 
 
-@pytest.fixture(scope="module")
-def tokenizer(tmp_path_factory):
-    """A CLIP tokenizer from a tiny vocabulary written here (no download): prompts pad to 77 tokens."""
-    folder = tmp_path_factory.mktemp("clip")
+def clip_tokenizer(folder):
+    """A CLIP tokenizer from a tiny vocabulary written into ``folder`` (no download): prompts pad to 77 tokens."""
+    folder.mkdir(parents=True, exist_ok=True)
     vocab = {"<|startoftext|>": 0, "<|endoftext|>": 1, **{f"{c}</w>": 2 + i for i, c in enumerate("abcdefgh")}}
     (folder / "vocab.json").write_text(json.dumps(vocab))
     (folder / "merges.txt").write_text("#version: 0.2\n")
     return transformers.CLIPTokenizer(str(folder / "vocab.json"), str(folder / "merges.txt"),
                                       model_max_length=TEXT)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory):
+    return clip_tokenizer(tmp_path_factory.mktemp("clip"))
 
 
 def sd_components(device: str = "cpu") -> dict:
@@ -413,21 +417,26 @@ def test_sdxl_two_text_encoders_and_the_refiner(tokenizer):
 
 def test_the_html_report_has_the_pipeline_by_component_and_by_step(tokenizer, tmp_path):
     """The whole call's page with the pipeline's section: each component's MACs by role (its total the component's)
-    and each denoising step's MACs by component, with its guidance."""
+    and the denoising steps' MACs by component, with their guidance, a row per run of identical steps (here one:
+    every step alike)."""
     prof = run_sd(stable_diffusion(tokenizer), "fake")
     page = prof.to_html(tmp_path / "sd.html").read_text()
     section = page[page.index("<section id=pipeline>"):page.index("</section>", page.index("<section id=pipeline>"))]
-    cells = [re.findall(r"<td[^>]*>([^<]*)</td>", row) for row in re.findall(r"<tr>(.*?)</tr>", section)]
+    by_component, steps, by_role = [  # the section's three tables: a list of cell texts per row
+        [cells for row in re.findall(r"<tr>(.*?)</tr>", table) if (cells := re.findall(r"<td[^>]*>([^<]*)</td>", row))]
+        for table in re.findall(r"<table>(.*?)</table>", section)]
     roles = prof.by_component_role()
     names = [name for name, r in roles.items() if r]
-    by_role = {row[0]: row[1:] for row in cells if row and row[0] in {*prof.by_role(), "total"}}
-    for role, values in by_role.items():
+    assert [row[0] for row in by_component] == [*[r for r, macs in prof.by_role().items() if macs], "total"]
+    for role, *values in by_component:
         expected = ([prof.by_component()[n] for n in names] if role == "total"
                     else [roles[n].get(role, 0) for n in names])
         assert values == [f"{v:,}" for v in expected], role
-    steps = [row for row in cells if row and row[-1] in ("batch", "passes", "none")]
-    assert [(int(row[0]), row[-2]) for row in steps] == [(s.step, f"{s.total:,}") for s in prof.steps()]
+    unet = prof.by_component()["unet"]
+    assert steps == [[f"0–{STEPS - 1}", str(STEPS), f"{unet // STEPS:,}", f"{unet // STEPS:,}", f"{unet:,}", "batch"]]
+    assert [s.total for s in prof.steps()] == [unet // STEPS] * STEPS
     by_step = prof.by_step_role()  # each step by role, adding up to the step (the denoiser's roles every step)
     assert [sum(r.values()) for r in by_step] == [s.total for s in prof.steps()] and len(by_step) > 1
     assert all(r == by_step[0] for r in by_step) and by_step[0]["attn_scores"] > 0
     assert sum(by_step[0].values()) == prof.by_component()["unet"] // len(by_step)
+    assert by_role == [[role, f"{macs:,}"] for role, macs in [*by_step[0].items(), ("total", unet // STEPS)]]

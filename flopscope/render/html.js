@@ -1,4 +1,4 @@
-// flopscope's HTML report (flopscope/html_report.py): draws the icicle chart of the module call tree from the
+// flopscope's HTML report (flopscope/render/html.py): draws the icicle chart of the module call tree from the
 // JSON in #data. Units: MACs; FLOPs = 2 x MACs. Every rect carries data-macs (its MACs) and data-path (a module)
 // or data-members (an aggregate of narrow neighbours, paths joined by "|").
 "use strict";
@@ -25,8 +25,9 @@
     for (const [scale, p] of prefixes) if (Math.abs(x) >= scale) return (x / scale).toFixed(2) + " " + p + unit;
     return x + " " + unit;
   }
+  const rootName = data.root || "(model)";  // a pipeline's root: its class name
   function label(i) {  // the last name of the path; "h.0" rather than "0"
-    if (tree[i][1] === "") return "(model)";
+    if (tree[i][1] === "") return rootName;
     const parts = tree[i][1].split(".");
     return parts.length > 1 && /^\d+$/.test(parts[parts.length - 1]) ? parts.slice(-2).join(".") : parts.pop();
   }
@@ -118,18 +119,18 @@
       + si(twice(m), "FLOP") + ")<br>share " + (100 * Number(m) / total).toFixed(2) + "% of the total";
     if (r.hasAttribute("data-members")) {
       const members = r.getAttribute("data-members").split("|");
-      return "<b>" + members.length + " narrow modules</b> under " + esc(r.getAttribute("data-parent") || "(model)")
+      return "<b>" + members.length + " narrow modules</b> under " + esc(r.getAttribute("data-parent") || rootName)
         + "<br>" + share(r.getAttribute("data-macs")) + "<br>click to zoom into their parent";
     }
     const row = tree[Number(r.getAttribute("data-i"))];
     if (r.hasAttribute("data-self")) {
-      return "<b>" + esc(row[1] || "(model)") + "</b>: its own ops, outside its submodules<br>" + share(row[8])
+      return "<b>" + esc(row[1] || rootName) + "</b>: its own ops, outside its submodules<br>" + share(row[8])
         + (row[9] ? "<br>dominant role <b>" + esc(row[9]) + "</b>" : "");
     }
     const phases = row[10] ? "<br>" + Object.keys(data.phases).map((p, k) => esc(p) + " " + fmt(row[10][k]))
       .join(" · ") + " MACs" : "";
-    return "<b>" + esc(row[1] || "(model)") + "</b> " + esc(data.types[row[2]] || "") + "<br>" + share(row[3]) + phases
-      + "<br>parameters " + fmt(row[4]) + " · calls " + fmt(row[6])
+    return "<b>" + esc(row[1] || rootName) + "</b> " + esc(data.types[row[2]] || "") + "<br>" + share(row[3]) + phases
+      + "<br>parameters " + fmt(row[4]) + " · calls " + (row[6] ? fmt(row[6]) : "0 (its submodules were called)")
       + (row[5] ? "<br>dominant role <b>" + esc(row[5]) + "</b>" : "")
       + (row[7] ? "<br>inputs (first call): " + esc(row[7]) : "");
   }
@@ -162,8 +163,12 @@
   }
   // the address may name a module to zoom into and one whose details to pin: report.html#focus=PATH&tip=PATH
   const wanted = new URLSearchParams(location.hash.slice(1));
-  const focus = wanted.has("focus") ? tree.findIndex((row) => row[1] === wanted.get("focus")) : 0;
-  render(Math.max(focus, 0));
+  const focusOf = (w) => Math.max(w.has("focus") ? tree.findIndex((row) => row[1] === w.get("focus")) : 0, 0);
+  render(focusOf(wanted));
+  window.addEventListener("hashchange", () => {  // a link to #focus=PATH (a pipeline's components): zoom, show
+    render(focusOf(new URLSearchParams(location.hash.slice(1))));
+    document.getElementById("chart-section").scrollIntoView();
+  });
   if (wanted.has("tip")) {
     const r = [...chart.querySelectorAll("rect.node")].find((x) => x.getAttribute("data-path") === wanted.get("tip"));
     if (r) {

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import html
 import json
+import math
 import re
 from collections.abc import Mapping, Sequence
 from importlib import resources
@@ -37,6 +38,7 @@ from ..role import ROLE_ORDER
 from .files import write_atomically
 from .module_stats import dominant_roles, params_inclusive
 from .numbers import human
+from .pipeline_chart import components_svg, steps_svg
 from .scaling_chart import chart_data, chart_svg
 
 MIN_PIXELS = 1.0
@@ -70,7 +72,7 @@ def report_data(prof: Any, *, scaling: Any = None, title: str | None = None) -> 
     types = prof.facts.types
     params = params_inclusive(prof.facts.param_shapes)
     records = prof.records
-    dominant = dominant_roles((record.module_stack, record.roles) for record in records)
+    dominant = dominant_roles((_rooted(record.module_stack), record.roles) for record in records)
     own = dominant_roles((record.module_stack[-1:], record.roles) for record in records)  # of its own ops
     calls = prof.module_calls()
     shapes: dict[str, str] = {}
@@ -80,7 +82,7 @@ def report_data(prof: Any, *, scaling: Any = None, title: str | None = None) -> 
     type_names: dict[str, int] = {}
     index: dict[tuple[str, ...], int] = {}
     tree: list[list[Any]] = []
-    for stack, macs in prof.by_stack().items():
+    for stack, macs in ((_rooted(stack), macs) for stack, macs in prof.by_stack().items()):
         for depth in range(1, len(stack) + 1):
             key = stack[:depth]
             if key not in index:
@@ -97,7 +99,7 @@ def report_data(prof: Any, *, scaling: Any = None, title: str | None = None) -> 
         for row in tree:
             row.append([0] * len(phases))
         for k, phase in enumerate(phases):
-            for stack, macs in prof.by_stack(phase).items():
+            for stack, macs in ((_rooted(stack), macs) for stack, macs in prof.by_stack(phase).items()):
                 for depth in range(1, len(stack) + 1):
                     tree[index[stack[:depth]]][10][k] += macs
     for row in tree:  # JSON numbers are doubles: larger counts go as strings, which the page reads exactly
@@ -150,13 +152,14 @@ def html_document(data: Mapping[str, Any]) -> str:
         f"ancestor (or <button id=reset type=button>reset</button>) to zoom out.{together}</p>"
         "<div id=crumbs></div><div id=chart></div><div id=legend></div></section>",
         _role_section(data),
-        _reconciliation_section(data["reconciliation"]),
+        _reconciliation_section(data["reconciliation"], _as_they_ran(data["pipeline"]) if data.get("pipeline") else ()),
         _unsupported_section(data["unsupported"], data["elementwise"]),
     ]
     if data["steps"]:
         sections.append(_steps_section(data["steps"], data["decode"]))
     if data.get("pipeline"):
         sections.append(_pipeline_section(data["pipeline"]))
+        sections.insert(2, _call_section(data["pipeline"], total))
     if data["formulas"]:
         formulas = data["formulas"]
         sections.append(f"<section id=formulas><h2>Per token, against the published formulas</h2>"
@@ -185,11 +188,26 @@ def write_html(prof: Any, path: str | Path, *, scaling: Any = None, title: str |
     data = report_data(prof, scaling=scaling, title=title)
     if pipeline is not None:
         data["pipeline"] = pipeline
+        data["root"] = pipeline.get("name")
     return write_atomically(path, html_document(data), "the HTML report")
 
 
 # --------------------------------------------------------------------------------------------------
 # the data
+def _rooted(stack: Sequence[str]) -> tuple[str, ...]:
+    """A module call stack as the chart draws it: opened by the root ``""``. A stack whose outermost call is not the
+    root's (a pipeline's components, whose container is never called; ``vae.decoder``, run by ``vae.decode``, a
+    method other than ``forward``) is put under the root by its outermost module's path: ``("", "vae",
+    "vae.decoder", ...)``."""
+    stack = tuple(stack)
+    if stack[:1] == ("",):
+        return stack
+    if not stack:
+        return ("",)
+    parts = stack[0].split(".")
+    return ("", *(".".join(parts[:i]) for i in range(1, len(parts))), *stack)
+
+
 def _exact(macs: int) -> int | str:
     """``macs`` as JSON keeps it exactly: a number up to 2^53 (a double holds every integer that far), else a
     string."""
@@ -277,14 +295,43 @@ def _role_section(data: Mapping[str, Any]) -> str:
     return f"<section id=roles><h2>Roles</h2>{table}</section>"
 
 
-def _reconciliation_section(rows: Sequence[Sequence[Any]]) -> str:
+def _reconciliation_section(rows: Sequence[Sequence[Any]], components: Sequence[str] = ()) -> str:
     """The reconciliation, a group per set of identical blocks (the same roles with the same counts, predictions and
-    basis: ``layers.0–31.self_attn × 32``), each expandable to its rows for one block, its basis said once."""
+    basis: ``layers.0–31.self_attn × 32``), each expandable to its rows for one block, its basis said once. With
+    ``components`` (a pipeline's), the groups are inside one expandable line per component (the first part of the
+    blocks' paths), which says how many of its rows are exact."""
     if not rows:
         return ("<section id=reconciliation><h2>Reconciliation</h2><p>No block with a closed form was found "
                 "(attention, FFN, convolution, recurrent, logits blocks are reconciled).</p></section>")
     exact = sum(1 for r in rows if r[4] == "1")
     groups = reconciliation_groups(rows)
+    if components:
+        mine: dict[str, list[Sequence[Any]]] = {name: [] for name in components}
+        for row in rows:
+            mine.setdefault(row[0].split(".", 1)[0], []).append(row)
+        parts = []
+        for name, members in mine.items():
+            if not members:
+                continue
+            inner = reconciliation_groups(members)
+            blocks = len({r[0] for r in members})
+            ok = sum(1 for r in members if r[4] == "1")
+            parts.append(f"<details class=component data-component='{html.escape(name)}'><summary><b>"
+                         f"{html.escape(name)}</b>: {ok} of {len(members)} rows as predicted, {blocks} block"
+                         f"{'s' * (blocks != 1)} in {len(inner)} group{'s' * (len(inner) != 1)} of identical blocks"
+                         f"</summary>{_groups_html(inner)}</details>")
+        return (f"<section id=reconciliation><h2>Reconciliation</h2><p>{exact} of {len(rows)} rows exactly as "
+                f"predicted by the closed forms, in {len(groups)} group{'s' if len(groups) != 1 else ''} of identical "
+                f"blocks, by component (open one for its groups, a group for its rows, per block):</p>"
+                f"{''.join(parts)}</section>")
+    return (f"<section id=reconciliation><h2>Reconciliation</h2><p>{exact} of {len(rows)} rows exactly as predicted "
+            f"by the closed forms, in {len(groups)} group{'s' if len(groups) != 1 else ''} of identical blocks "
+            f"(open one for its rows, per block):</p>{_groups_html(groups)}</section>")
+
+
+def _groups_html(groups: Sequence[Mapping[str, Any]]) -> str:
+    """Each group of :func:`reconciliation_groups` as an expandable line: its label, count, roles as predicted, and
+    basis; open, one block's rows."""
     parts = []
     for group in groups:
         members = group["rows"]
@@ -302,9 +349,7 @@ def _reconciliation_section(rows: Sequence[Sequence[Any]]) -> str:
                      f"{len(members)} roles as predicted{' in each' if count > 1 else ''}"
                      f"{f' · <span class=basis>{html.escape(bases)}</span>' if bases else ''}</summary>{table}"
                      "</details>")
-    return (f"<section id=reconciliation><h2>Reconciliation</h2><p>{exact} of {len(rows)} rows exactly as predicted "
-            f"by the closed forms, in {len(groups)} group{'s' if len(groups) != 1 else ''} of identical blocks "
-            f"(open one for its rows, per block):</p>{''.join(parts)}</section>")
+    return "".join(parts)
 
 
 _INDEX = re.compile(r"(?<=\.)\d+(?=\.|$)|^\d+(?=\.|$)")
@@ -330,15 +375,21 @@ def reconciliation_groups(rows: Sequence[Sequence[Any]]) -> list[dict[str, Any]]
 
 
 def _label(pattern: str, blocks: Sequence[str]) -> str:
-    """``layers.0–31.mlp`` for a run of consecutive indices at one place, ``layers.{0, 2, 5}.mlp`` otherwise, the
-    path itself for one block (``(model)`` for the root)."""
-    if len(blocks) == 1 or pattern.count("*") != 1:
+    """``layers.0–31.mlp`` for a run of consecutive indices at one place, ``layers.{0, 2, 5}.mlp`` otherwise; with
+    indices at several places, each place's (``up_blocks.0.attentions.0–2.transformer_blocks.0.attn1``) where the
+    blocks are every combination of them, else the paths listed; the path itself for one block (``(model)`` for the
+    root)."""
+    indices = [[int(i) for i in _INDEX.findall(block)] for block in blocks]
+    places = [list(dict.fromkeys(each[k] for each in indices)) for k in range(pattern.count("*"))]
+    if len(blocks) == 1 or not places or math.prod(map(len, places)) != len(blocks):
         return ", ".join(blocks[:3]) + (f", … ({len(blocks)})" if len(blocks) > 3 else "") if blocks[0] else "(model)"
-    indices = [int(_INDEX.findall(block)[0]) for block in blocks]
-    run = indices == list(range(indices[0], indices[0] + len(indices)))
-    shown = f"{indices[0]}–{indices[-1]}" if run else "{" + ", ".join(map(str, indices[:6])) + (
-        ", …}" if len(indices) > 6 else "}")
-    return pattern.replace("*", shown)
+    label = pattern
+    for values in places:
+        run = values == list(range(values[0], values[0] + len(values)))
+        shown = (str(values[0]) if len(values) == 1 else f"{values[0]}–{values[-1]}" if run
+                 else "{" + ", ".join(map(str, values[:6])) + (", …}" if len(values) > 6 else "}"))
+        label = label.replace("*", shown, 1)
+    return label
 
 
 def _unsupported_section(unsupported: Sequence[Sequence[Any]], elementwise: Sequence[Sequence[Any]]) -> str:
@@ -378,19 +429,79 @@ def _scaling_section(scaling: Mapping[str, Any], colours: Mapping[str, str]) -> 
             + _table(["role", "measured", "closed form", "equal"], rows) + total + "</section>")
 
 
+def _call_section(pipeline: Mapping[str, Any], total: int) -> str:
+    """A diffusion pipeline's call at a glance: its MACs by component (each a link that zooms the module tree into
+    it) and by part of the call (before the steps, each denoising step, after them)."""
+    bars, colours = pipeline["bars"], pipeline["colours"]
+    macs_of = dict(zip(pipeline["components"], pipeline["totals"], strict=True))
+    in_order = {name: macs_of[name] for name in _as_they_ran(pipeline)}
+    steps = [bar for bar in bars if bar["kind"] == "step"]
+    rows = []
+    for name, macs in in_order.items():
+        where = [bar["kind"] for bar in bars if bar["macs"].get(name)]
+        said = ", ".join(dict.fromkeys(
+            "before the steps" if kind == "before" else "after the steps" if kind == "after"
+            else f"in {sum(1 for k in where if k == 'step')} of {len(steps)} steps" for kind in where))
+        swatch = _Raw(f"<span class=swatch style='background:{colours.get(name, _NO_ROLE)}'></span>"
+                      f"<a href='#focus={html.escape(name)}'>{html.escape(name)}</a>")
+        rows.append([swatch, macs, 2 * macs, f"{100 * macs / (total or 1):.1f}%", said])
+    table = _table(["component", "MACs", "FLOPs", "share", "ran"], rows, numeric=(1, 2, 3))
+    denoisers = ", ".join(pipeline.get("denoisers", ())) or "none found"
+    guidance = ", ".join(dict.fromkeys(bar["guidance"] for bar in steps))
+    loop = (f"{len(steps)} denoising step{'s' * (len(steps) != 1)} (denoiser: {html.escape(denoisers)}; guidance: "
+            f"{html.escape(guidance)})" if steps else "no denoising step (no scheduler.step call)")
+    return ("<section id=call><h2>The call: by component and by step</h2>"
+            f"<p class=hint>Every multiply of one call of {html.escape(pipeline.get('name', 'the pipeline'))}, "
+            f"{loop}. Units: MACs; 1 MAC = 2 FLOPs. Hover a bar for its exact MACs and FLOPs; click a component's "
+            "name to open it in the module tree.</p>"
+            f"{components_svg(in_order, colours)}{table}"
+            "<p class=hint>Each part of the call, in the order it ran: the calls before the denoising loop, each "
+            "step (its denoisers stacked), the calls after it. Bars of identical steps are labelled once.</p>"
+            f"{steps_svg(bars, colours)}</section>")
+
+
+def _as_they_ran(pipeline: Mapping[str, Any]) -> list[str]:
+    """A pipeline's components with MACs in the order they first ran (by the parts of the call: before the steps,
+    the steps, after them)."""
+    names = pipeline["components"]
+    ran = [*dict.fromkeys(c for bar in pipeline["bars"] for c in bar["macs"] if c in names)]
+    return [*ran, *[c for c in names if c not in ran]]
+
+
 def _pipeline_section(pipeline: Mapping[str, Any]) -> str:
-    """A diffusion pipeline's call: MACs by role in each component, and by component in each denoising step."""
+    """A diffusion pipeline's call: MACs by role in each component, and by component and by role in each denoising
+    step (a row per run of identical steps)."""
     names, stepped = pipeline["components"], pipeline["stepped"]
     roles = _table(["role", *names], [*pipeline["roles"], ["total", *pipeline["totals"]]],
                    numeric=tuple(range(1, len(names) + 1)))
-    steps = _table(["step", *stepped, "MACs", "guidance"], pipeline["steps"],
-                   numeric=tuple(range(0, len(stepped) + 2)))
+    steps = _table(["steps", "count", *[f"{c}, each" for c in stepped], "MACs, each", "MACs, together", "guidance"],
+                   _runs_of_steps(pipeline["steps"], tail=1), numeric=tuple(range(1, len(stepped) + 4)))
     step_roles = pipeline.get("step_roles", [])
-    by_role = _table(["step", *step_roles, "MACs"], pipeline.get("steps_by_role", []),
-                     numeric=tuple(range(0, len(step_roles) + 2)))
-    return ("<section id=pipeline><h2>The pipeline: by component and by step</h2><p>MACs by role in each component:"
-            f"</p>{roles}<p>MACs of each denoising step by component (guidance: how the unconditional pass ran)."
-            f"</p>{steps}<p>MACs of each denoising step by role:</p>{by_role}</section>")
+    runs = _runs_of_steps(pipeline.get("steps_by_role", []), tail=0)  # a column per run, a row per role
+    by_role = _table(["role", *[f"steps {run[0]}, each" if run[1] > 1 else f"step {run[0]}" for run in runs]],
+                     [[name, *[run[2 + k] for run in runs]] for k, name in enumerate([*step_roles, "total"])],
+                     numeric=tuple(range(1, len(runs) + 1)))
+    return ("<section id=pipeline><h2>The pipeline: by role, and the steps</h2><p>MACs by role in each component:"
+            f"</p>{roles}<p>MACs of the denoising steps by component (a row per run of identical steps; guidance: how "
+            f"the unconditional pass ran).</p>{steps}<p>MACs of the denoising steps by role:</p>{by_role}</section>")
+
+
+def _runs_of_steps(rows: Sequence[Sequence[Any]], tail: int) -> list[list[Any]]:
+    """Rows ``[step, *MACs, total, *tail columns]`` of consecutive steps equal but for the step merged into one:
+    ``["0–27", 28, *MACs each, total each, total of the run, *tail columns]``."""
+    out: list[list[Any]] = []
+    runs: list[list[Sequence[Any]]] = []
+    for row in rows:
+        if runs and list(runs[-1][-1][1:]) == list(row[1:]):
+            runs[-1].append(row)
+        else:
+            runs.append([row])
+    for run in runs:
+        first, last = run[0][0], run[-1][0]
+        values = list(run[0][1:len(run[0]) - tail])
+        out.append([str(first) if first == last else f"{first}–{last}", len(run), *values, len(run) * values[-1],
+                    *run[0][len(run[0]) - tail:]])
+    return out
 
 
 def _dash(value: Any) -> Any:
