@@ -9,8 +9,10 @@ parameters and buffers, plus the largest activation of a fake run, fit in the me
 (:mod:`flopscope.memory`), and only then builds the model again with real weights; a factory that cannot be built
 on meta is built for real as given.
 
-Exit codes: 0 done; 1 a measured count differs from its closed form (demo, compare) or a cross-checked
-peer fails or differs by MACs that no per-op / per-module evidence explains; 2 bad usage (argparse's
+Exit codes: 0 done; 1 a measured count differs from its closed form (demo, compare), or ``crosscheck`` had no
+peer that counted, or one that differs by MACs no per-op / per-module evidence explains (a peer that fails is
+reported with why, in its row; a peer that cannot take a Hugging Face model's cache counts the call with
+``use_cache=False``); 2 bad usage (argparse's
 message names the option: an ``--input`` that is not a shape of positive integers such as ``1x128``, a
 ``--dtype`` that is not a torch dtype, a negative ``--depth``, a ``--sweep`` / ``--lengths`` item that is not a
 positive integer, a ``--prompt`` / ``--new`` / ``--batch`` below 1, a ``generate --dtype`` that is not a
@@ -738,7 +740,10 @@ def _crosscheck(args: argparse.Namespace) -> int:
     with torch.no_grad():
         result = crosscheck(target.model, *inputs, tools=args.tools, forward_kwargs=kwargs)
     print(result.to_table(args.format))
-    return 0 if result.all_explained else 1  # 1: a peer failed, or disagrees by MACs no evidence explains
+    if not result.ran:
+        print("flopscope crosscheck: no peer counted: " + ("each one failed, for the reason in its row" if result.peers
+              else "none of them is installed (pip install 'torch-flopscope[crosscheck]')"), file=sys.stderr)
+    return 0 if result.ran_explained else 1  # 1: no peer counted, or one disagrees by MACs no evidence explains
 
 
 def _generate(args: argparse.Namespace) -> int:
