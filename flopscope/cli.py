@@ -54,7 +54,7 @@ from .api import profile, profiler
 from .communication import compare as compare_collectives
 from .conventions import ATTENTION_CONVENTIONS, EXECUTED
 from .diff import diff
-from .errors import FlopscopeError, RunError
+from .errors import FlopscopeError, RunError, SettingError
 from .generation import DECODE, profile_generation, steps_table
 from .memory import check_fits, state_bytes
 from .models import TransformerBlock
@@ -68,7 +68,7 @@ from .profile import Profile
 from .role import PAIR_ROLES
 from .roofline import Roofline, roofline
 from .scaling import MIN_LENGTHS, scaling
-from .targets import Target, load_target, make_inputs, parse_settings, parse_shape
+from .targets import Target, load_target, make_inputs, parse_setting, parse_settings, parse_shape
 from .why_self_attention import compare, compare_lengths
 
 EXAMPLES = """examples:
@@ -104,6 +104,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return int(args.run(args))
+    except SettingError as e:  # a --set value of the wrong type for its key: bad usage, as argparse's errors
+        print(f"{parser.prog} {args.command}: error: {e}", file=sys.stderr)
+        return 2
     except FlopscopeError as e:
         print(f"flopscope: error: {e}", file=sys.stderr)
         return 3
@@ -178,11 +181,11 @@ def _parser() -> argparse.ArgumentParser:
                               formatter_class=argparse.RawDescriptionHelpFormatter)
     dif.add_argument("before", help="a JSON report (flopscope profile TARGET --json FILE) or a target")
     dif.add_argument("after", help="the same, after")
-    dif.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+    dif.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", type=_setting,
                      help="config / factory argument for both targets, repeatable")
-    dif.add_argument("--set-before", action="append", default=[], metavar="KEY=VALUE",
+    dif.add_argument("--set-before", action="append", default=[], metavar="KEY=VALUE", type=_setting,
                      help="config / factory argument for BEFORE only, repeatable")
-    dif.add_argument("--set-after", action="append", default=[], metavar="KEY=VALUE",
+    dif.add_argument("--set-after", action="append", default=[], metavar="KEY=VALUE", type=_setting,
                      help="config / factory argument for AFTER only, repeatable")
     dif.add_argument("--input", action="append", default=[], metavar="SHAPE", type=_shape,
                      help="input shape for both targets, repeatable (default: as for profile)")
@@ -232,7 +235,7 @@ def _parser() -> argparse.ArgumentParser:
                                           "not fit in the memory available.")
     gen.add_argument("target", help="hf:FAMILY (the causal-lm head unless another is named) or "
                                     "package.module:factory giving a model with a generate() method")
-    gen.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+    gen.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", type=_setting,
                      help="config / factory argument, repeatable (e.g. --set num_hidden_layers=2)")
     gen.add_argument("--prompt", type=_positive, default=128, help="prompt tokens per sequence (default 128)")
     gen.add_argument("--new", type=_positive, default=32,
@@ -263,7 +266,7 @@ def _target_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("target", help="hf:FAMILY[/causal-lm|seq2seq-lm|masked-lm|classification] (its default "
                                        "config), hf:ORG/NAME or path/to/config.json (that model's config, no "
                                        "weights), timm:NAME, torchvision.models:NAME or package.module:factory")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", type=_setting,
                         help="config / factory argument, repeatable (e.g. --set n_layer=2)")
     parser.add_argument("--input", action="append", default=[], metavar="SHAPE", type=_shape,
                         help="input shape, repeatable for several inputs (default: 1x128 token ids for Hugging "
@@ -428,6 +431,15 @@ def _float_dtype(text: str) -> torch.dtype:
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise argparse.ArgumentTypeError(f"not a floating-point torch dtype: {text!r} (float32, bfloat16, float16)")
     return dtype
+
+
+def _setting(text: str) -> str:
+    """A ``--set`` item of the form ``KEY=VALUE`` (its value parsed when the target is loaded)."""
+    try:
+        parse_setting(text)
+    except FlopscopeError as e:
+        raise argparse.ArgumentTypeError(str(e).removeprefix("--set ")) from None
+    return text
 
 
 def _shape(text: str) -> tuple[int, ...]:

@@ -65,6 +65,12 @@ class ConfigurationError(FlopscopeError, ValueError):
     width, an unknown mode or tool, too few sweep lengths)."""
 
 
+class SettingError(ConfigurationError):
+    """A setting of a command-line target (``--set KEY=VALUE``, :func:`flopscope.targets.load_target`'s
+    ``settings``) that it cannot take: not ``KEY=VALUE``, or a value of another type than its key's. The command
+    line reports it as bad usage (exit 2)."""
+
+
 class RoleError(FlopscopeError, ValueError):
     """A role name that is not one of :class:`flopscope.Role`."""
 

@@ -10,10 +10,11 @@ import ast
 import contextlib
 import difflib
 import importlib
+import inspect
 import json
 import os
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,7 @@ import torch
 from torch import nn
 
 from .conventions import POSITIONS
-from .errors import FlopscopeError, InputError
+from .errors import FlopscopeError, InputError, SettingError
 
 HF_HEADS = {"": "AutoModel", "causal-lm": "AutoModelForCausalLM", "seq2seq-lm": "AutoModelForSeq2SeqLM",
             "masked-lm": "AutoModelForMaskedLM", "classification": "AutoModelForSequenceClassification"}
@@ -50,18 +51,87 @@ class Target:
                              f"--set {self.positions_key}={n}")
 
 
-def parse_settings(settings: Sequence[str]) -> dict[str, Any]:
-    """``["n_layer=2", "use_cache=False"]`` -> ``{"n_layer": 2, "use_cache": False}`` (Python literals)."""
-    out: dict[str, Any] = {}
-    for item in settings:
-        if "=" not in item:
-            raise FlopscopeError(f"--set takes key=value, got {item!r}")
-        key, value = item.split("=", 1)
+_TRUE = frozenset({"true", "yes", "on"})
+_FALSE = frozenset({"false", "no", "off"})
+_NONE = frozenset({"none", "null"})
+
+
+def parse_value(text: str) -> Any:
+    """A ``--set`` value as a person writes it: ``true`` / ``yes`` / ``on`` and ``false`` / ``no`` / ``off`` (any
+    case) are booleans, ``none`` / ``null`` is ``None``, ``2`` an int, ``0.1`` / ``1e-5`` a float, a Python literal
+    (``[1, 2]``, ``'text'``) that literal, anything else the text itself (``gelu``)."""
+    text = text.strip()
+    lowered = text.lower()
+    if lowered in _TRUE or lowered in _FALSE:
+        return lowered in _TRUE
+    if lowered in _NONE:
+        return None
+    for number in (int, float):
         try:
-            out[key.strip()] = ast.literal_eval(value.strip())
-        except (ValueError, SyntaxError):
-            out[key.strip()] = value.strip()
+            return number(text)
+        except ValueError:
+            pass
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        return text
+
+
+def parse_setting(item: str) -> tuple[str, Any]:
+    """``"n_layer=2"`` -> ``("n_layer", 2)`` (:func:`parse_value`); an item that is not ``KEY=VALUE`` is a
+    :class:`~flopscope.errors.SettingError` naming it and the form."""
+    key, equals, value = item.partition("=")
+    if not equals or not key.strip():
+        raise SettingError(f"--set takes KEY=VALUE (e.g. --set num_hidden_layers=2); got {item!r}")
+    return key.strip(), parse_value(value)
+
+
+def parse_settings(settings: Sequence[str]) -> dict[str, Any]:
+    """``["n_layer=2", "use_cache=false"]`` -> ``{"n_layer": 2, "use_cache": False}`` (:func:`parse_setting`)."""
+    return dict(parse_setting(item) for item in settings)
+
+
+def _type_name(value: Any) -> str:
+    """The type a setting's value must have, as the error names it."""
+    return ("a boolean (true or false)" if isinstance(value, bool) else "an integer" if isinstance(value, int)
+            else "a number" if isinstance(value, float) else f"a {type(value).__name__}")
+
+
+def _typed(current: Mapping[str, Any], overrides: Mapping[str, Any], what: str, source: str = "its default"
+           ) -> dict[str, Any]:
+    """``overrides`` checked against the type of each key's current value (a config's, a factory's default) where
+    that is a boolean, an integer or a float: a value of another type is a :class:`~flopscope.errors.SettingError`
+    naming the key, the value and the type expected; an integer for a float key becomes that float (``1`` for
+    ``rms_norm_eps``). ``source``: what the current values are, as the error names them."""
+    out = dict(overrides)
+    for key, value in overrides.items():
+        if key not in current or value is None:  # None: the key's "unset" (its own error, if any, from the config)
+            continue
+        old = current[key]
+        if isinstance(old, bool):
+            ok = isinstance(value, bool)
+        elif isinstance(old, int):
+            ok = isinstance(value, int) and not isinstance(value, bool)
+        elif isinstance(old, float):
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+            if ok:
+                out[key] = float(value)
+        else:
+            continue
+        if not ok:
+            raise SettingError(f"--set {key}={_written(value)}: {key} of {what} takes {_type_name(old)}, not "
+                               f"{value!r} (e.g. --set {key}={_written(old)}, {source})")
     return out
+
+
+def _settings_text(overrides: Mapping[str, Any]) -> str:
+    """``--set a=1 --set b=true``."""
+    return " ".join(f"--set {key}={_written(value)}" for key, value in overrides.items())
+
+
+def _written(value: Any) -> str:
+    """A value as it is written on the command line (``true``, ``2``, ``1e-05``, ``none``)."""
+    return "none" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def load_target(spec: str, settings: Sequence[str] = (), device: str | None = None) -> Target:
@@ -96,6 +166,8 @@ def load_target(spec: str, settings: Sequence[str] = (), device: str | None = No
         factory = getattr(module, attr)
     except AttributeError as e:
         raise FlopscopeError(f"cannot load {spec!r}: {e}") from e
+    if callable(factory) and not isinstance(factory, nn.Module):
+        overrides = _typed(_defaults(factory), overrides, spec)
     try:
         with _on(device):
             model = factory(**overrides) if callable(factory) and not isinstance(factory, nn.Module) else factory
@@ -106,6 +178,15 @@ def load_target(spec: str, settings: Sequence[str] = (), device: str | None = No
         raise FlopscopeError(f"{spec!r} did not give a torch.nn.Module (got {type(model).__name__})")
     shape = _torchvision_input(module, attr) if module_name == "torchvision.models" else None
     return Target(model.eval(), spec, token_inputs=False, input_shape=shape)
+
+
+def _defaults(factory: Callable[..., Any]) -> dict[str, Any]:
+    """The default values of ``factory``'s parameters (``{}`` where Python cannot read its signature)."""
+    try:
+        parameters = inspect.signature(factory).parameters
+    except (TypeError, ValueError):  # a builtin or an extension without a signature
+        return {}
+    return {name: p.default for name, p in parameters.items() if p.default is not inspect.Parameter.empty}
 
 
 def _import(module_name: str, spec: str, hint: str = "") -> Any:
@@ -175,8 +256,12 @@ def _hugging_face(family: str, overrides: dict[str, Any], device: str | None = N
         raise FlopscopeError(f"unknown head {head!r}; one of: {', '.join(h or '(none)' for h in HF_HEADS)}")
     if family not in transformers.CONFIG_MAPPING:
         raise FlopscopeError(_unknown_family(family, sorted(transformers.CONFIG_MAPPING.keys())))
-    _check_overrides(transformers.AutoConfig.for_model(family), overrides, family)
-    config = transformers.AutoConfig.for_model(family, **overrides)
+    overrides = _check_overrides(transformers.AutoConfig.for_model(family), overrides, f"hf:{family}")
+    try:
+        config = transformers.AutoConfig.for_model(family, **overrides)
+    except Exception as e:  # transformers' own validation of the values (a head count that does not divide, ...)
+        raise SettingError(f"the config of hf:{family} refuses {_settings_text(overrides)}: {type(e).__name__}: "
+                           f"{e}") from e
     torch.manual_seed(0)
     builder = getattr(transformers, HF_HEADS[head])
     _import_model_of(builder, config)
@@ -262,9 +347,13 @@ def _config_file(path: Path, head: str, overrides: dict[str, Any], description: 
                                                          str(path))
     except Exception as e:
         raise FlopscopeError(f"{path} is not a Hugging Face config transformers can read: {e}") from e
-    _check_overrides(config, overrides, description)
-    for key, value in overrides.items():
-        setattr(config, key, value)
+    overrides = _check_overrides(config, overrides, description)
+    try:
+        for key, value in overrides.items():
+            setattr(config, key, value)
+    except Exception as e:  # transformers' own validation of the values
+        raise SettingError(f"the config of {description} refuses {_settings_text(overrides)}: "
+                           f"{type(e).__name__}: {e}") from e
     named = [name for name in (getattr(config, "architectures", None) or []) if hasattr(transformers, name)]
     builder = getattr(transformers, named[0]) if named and not head else getattr(transformers, HF_HEADS[head])
     _import_model_of(builder, config)
@@ -303,13 +392,17 @@ def _check_config_file(path: Path, transformers: Any) -> None:
     raise FlopscopeError(f"{path} has no \"model_type\": transformers cannot tell which model it configures{hint}")
 
 
-def _check_overrides(config: Any, overrides: dict[str, Any], what: str) -> None:
+def _check_overrides(config: Any, overrides: dict[str, Any], what: str) -> dict[str, Any]:
+    """``overrides`` for ``config``: each key one the config has (else the nearest one is suggested), each value of
+    the type of its current value (:func:`_typed`)."""
     known = set(config.to_dict()) | set(getattr(config, "attribute_map", {}))
     for key in overrides:
         if key not in known and not hasattr(config, key):
             close = difflib.get_close_matches(key, sorted(known), n=1)
             hint = f" (did you mean {close[0]}?)" if close else ""
             raise FlopscopeError(f"{what} config has no {key!r}{hint}")
+    return _typed({key: getattr(config, key) for key in overrides if hasattr(config, key)}, overrides, what,
+                  "the config's")
 
 
 def _target(model: nn.Module, config: Any, description: str) -> Target:

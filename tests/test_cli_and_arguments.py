@@ -80,6 +80,54 @@ def test_an_unknown_hugging_face_family_gets_the_closest_few_names(capsys):
 
 
 # --------------------------------------------------------------------------------------------------
+# --set
+@pytest.mark.parametrize(("text", "value"), [
+    ("false", False), ("False", False), ("NO", False), ("off", False), ("true", True), ("Yes", True), ("ON", True),
+    ("2", 2), ("-3", -3), ("0.1", 0.1), ("1e-5", 1e-5), ("none", None), ("Null", None), ("None", None),
+    ("gelu", "gelu"), ("[1, 2]", [1, 2]), ("'two'", "two")])
+def test_set_values_parse_as_a_person_writes_them(text, value):
+    from flopscope.targets import parse_setting
+
+    parsed = parse_setting(f"key={text}")
+    assert parsed == ("key", value) and type(parsed[1]) is type(value)
+
+
+def test_set_values_reach_the_config_with_its_types(capsys):
+    pytest.importorskip("transformers")
+    from flopscope.targets import load_target
+
+    config = load_target("hf:gpt2", ["n_layer=1", "use_cache=false", "scale_attn_weights=No",
+                                     "layer_norm_epsilon=1e-5", "resid_pdrop=0"], "meta").model.config
+    assert (config.use_cache, config.scale_attn_weights, config.layer_norm_epsilon) == (False, False, 1e-5)
+    assert config.resid_pdrop == 0.0 and type(config.resid_pdrop) is float  # an int for a float key: that float
+    assert main([*GPT2, "--set", "use_cache=FALSE", "--input", "1x8"]) == 0
+
+
+def test_a_set_value_of_the_wrong_type_names_key_value_and_type_and_is_bad_usage(capsys):
+    pytest.importorskip("transformers")
+    assert main(["profile", "hf:llama", "--set", "num_hidden_layers=two", "--input", "1x8"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.strip() == ("flopscope profile: error: --set num_hidden_layers=two: num_hidden_layers of "
+                                    "hf:llama takes an integer, not 'two' (e.g. --set num_hidden_layers=32, the "
+                                    "config's)")
+    assert main([*GPT2, "--set", "use_cache=maybe", "--input", "1x8"]) == 2
+    assert "use_cache of hf:gpt2 takes a boolean (true or false), not 'maybe'" in capsys.readouterr().err
+    assert main([*BLOCK, "--set", "d_ff=1.5"]) == 2  # a factory: its default's type
+    assert "d_ff of flopscope.models:TransformerBlock takes an integer, not 1.5 (e.g. --set d_ff=2048, its " \
+        "default)" in capsys.readouterr().err
+    assert main(["profile", "hf:llama", "--set", "hidden_size=65", "--input", "1x8"]) == 2  # the config's validation
+    assert "the config of hf:llama refuses --set hidden_size=65: " in capsys.readouterr().err
+
+
+def test_a_set_without_equals_is_bad_usage_showing_the_form(capsys):
+    assert usage_error([*BLOCK, "--set", "d_ff"], capsys) == (
+        "flopscope profile: error: argument --set: takes KEY=VALUE (e.g. --set num_hidden_layers=2); got 'd_ff'")
+    assert "argument --set-after: takes KEY=VALUE" in usage_error(["diff", "a.json", "b.json", "--set-after", "=2"],
+                                                                  capsys)
+
+
+# --------------------------------------------------------------------------------------------------
 # token sequences against the learned position table
 def test_a_sequence_longer_than_the_position_table_is_refused_before_the_inputs(capsys):
     pytest.importorskip("transformers")
