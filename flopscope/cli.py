@@ -54,7 +54,7 @@ from .api import profile, profiler
 from .communication import compare as compare_collectives
 from .conventions import ATTENTION_CONVENTIONS, EXECUTED
 from .diff import diff
-from .errors import FlopscopeError, RunError, SettingError
+from .errors import FlopscopeError, RunError, UsageError
 from .generation import DECODE, profile_generation, steps_table
 from .memory import check_fits, state_bytes
 from .models import TransformerBlock
@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return int(args.run(args))
-    except SettingError as e:  # a --set value of the wrong type for its key: bad usage, as argparse's errors
+    except UsageError as e:  # a --set or --input the target cannot take: bad usage, as argparse's errors
         print(f"{parser.prog} {args.command}: error: {e}", file=sys.stderr)
         return 2
     except FlopscopeError as e:

@@ -65,10 +65,10 @@ class ConfigurationError(FlopscopeError, ValueError):
     width, an unknown mode or tool, too few sweep lengths)."""
 
 
-class SettingError(ConfigurationError):
-    """A setting of a command-line target (``--set KEY=VALUE``, :func:`flopscope.targets.load_target`'s
-    ``settings``) that it cannot take: not ``KEY=VALUE``, or a value of another type than its key's. The command
-    line reports it as bad usage (exit 2)."""
+class UsageError(ConfigurationError):
+    """An argument a command-line target cannot take (:mod:`flopscope.targets`): a setting (``--set KEY=VALUE``)
+    that is not ``KEY=VALUE`` or whose value is of another type than its key's, an input shape (``--input``) of
+    another form than the model takes. The command line reports it as bad usage (exit 2)."""
 
 
 class RoleError(FlopscopeError, ValueError):

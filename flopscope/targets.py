@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from .conventions import POSITIONS
-from .errors import FlopscopeError, InputError, SettingError
+from .errors import FlopscopeError, InputError, UsageError
 
 HF_HEADS = {"": "AutoModel", "causal-lm": "AutoModelForCausalLM", "seq2seq-lm": "AutoModelForSeq2SeqLM",
             "masked-lm": "AutoModelForMaskedLM", "classification": "AutoModelForSequenceClassification"}
@@ -79,10 +79,10 @@ def parse_value(text: str) -> Any:
 
 def parse_setting(item: str) -> tuple[str, Any]:
     """``"n_layer=2"`` -> ``("n_layer", 2)`` (:func:`parse_value`); an item that is not ``KEY=VALUE`` is a
-    :class:`~flopscope.errors.SettingError` naming it and the form."""
+    :class:`~flopscope.errors.UsageError` naming it and the form."""
     key, equals, value = item.partition("=")
     if not equals or not key.strip():
-        raise SettingError(f"--set takes KEY=VALUE (e.g. --set num_hidden_layers=2); got {item!r}")
+        raise UsageError(f"--set takes KEY=VALUE (e.g. --set num_hidden_layers=2); got {item!r}")
     return key.strip(), parse_value(value)
 
 
@@ -100,7 +100,7 @@ def _type_name(value: Any) -> str:
 def _typed(current: Mapping[str, Any], overrides: Mapping[str, Any], what: str, source: str = "its default"
            ) -> dict[str, Any]:
     """``overrides`` checked against the type of each key's current value (a config's, a factory's default) where
-    that is a boolean, an integer or a float: a value of another type is a :class:`~flopscope.errors.SettingError`
+    that is a boolean, an integer or a float: a value of another type is a :class:`~flopscope.errors.UsageError`
     naming the key, the value and the type expected; an integer for a float key becomes that float (``1`` for
     ``rms_norm_eps``). ``source``: what the current values are, as the error names them."""
     out = dict(overrides)
@@ -119,8 +119,8 @@ def _typed(current: Mapping[str, Any], overrides: Mapping[str, Any], what: str, 
         else:
             continue
         if not ok:
-            raise SettingError(f"--set {key}={_written(value)}: {key} of {what} takes {_type_name(old)}, not "
-                               f"{value!r} (e.g. --set {key}={_written(old)}, {source})")
+            raise UsageError(f"--set {key}={_written(value)}: {key} of {what} takes {_type_name(old)}, not "
+                             f"{value!r} (e.g. --set {key}={_written(old)}, {source})")
     return out
 
 
@@ -260,8 +260,8 @@ def _hugging_face(family: str, overrides: dict[str, Any], device: str | None = N
     try:
         config = transformers.AutoConfig.for_model(family, **overrides)
     except Exception as e:  # transformers' own validation of the values (a head count that does not divide, ...)
-        raise SettingError(f"the config of hf:{family} refuses {_settings_text(overrides)}: {type(e).__name__}: "
-                           f"{e}") from e
+        raise UsageError(f"the config of hf:{family} refuses {_settings_text(overrides)}: {type(e).__name__}: "
+                         f"{e}") from e
     torch.manual_seed(0)
     builder = getattr(transformers, HF_HEADS[head])
     _import_model_of(builder, config)
@@ -352,8 +352,8 @@ def _config_file(path: Path, head: str, overrides: dict[str, Any], description: 
         for key, value in overrides.items():
             setattr(config, key, value)
     except Exception as e:  # transformers' own validation of the values
-        raise SettingError(f"the config of {description} refuses {_settings_text(overrides)}: "
-                           f"{type(e).__name__}: {e}") from e
+        raise UsageError(f"the config of {description} refuses {_settings_text(overrides)}: "
+                         f"{type(e).__name__}: {e}") from e
     named = [name for name in (getattr(config, "architectures", None) or []) if hasattr(transformers, name)]
     builder = getattr(transformers, named[0]) if named and not head else getattr(transformers, HF_HEADS[head])
     _import_model_of(builder, config)
@@ -453,6 +453,25 @@ def parse_shape(text: str) -> tuple[int, ...]:
     return shape
 
 
+def _check_form(target: Target, shapes: Sequence[tuple[int, ...]], tokens: bool) -> None:
+    """Each shape of the form ``target`` takes, else a :class:`~flopscope.errors.UsageError` naming that form:
+    token ids are ``BATCHxSEQUENCE`` (a Hugging Face model flattens the leading dims of more, without a word); an
+    image model with a default input (timm, torchvision) takes that many dims and channels."""
+    for shape in shapes:
+        text = "x".join(map(str, shape))
+        if tokens and len(shape) != 2:
+            example = "x".join(map(str, shape[:2] if len(shape) > 2 else (1, *shape)))
+            raise UsageError(f"--input {text}: {target.description} takes token ids of 2 dims, BATCHxSEQUENCE "
+                             f"(e.g. --input {example}), not {len(shape)}")
+        form = target.input_shape
+        if not tokens and form is not None and (len(shape) != len(form) or (len(form) > 1 and shape[1] != form[1])):
+            same_rank = len(shape) == len(form)
+            example = "x".join(map(str, (shape[0], form[1], *shape[2:]) if same_rank else form))
+            what = "BATCHxCHANNELSxHEIGHTxWIDTH" if len(form) == 4 else f"{len(form)} dims"
+            raise UsageError(f"--input {text}: {target.description} takes {what} with {form[1]} channels "
+                             f"(e.g. --input {example}{'' if same_rank else ', the size its weights were trained at'})")
+
+
 def make_inputs(target: Target, shapes: Sequence[tuple[int, ...]], dtype: str | None = None
                 ) -> Callable[[int | None], tuple[tuple[Any, ...], dict[str, Any]]]:
     """A function of the sequence length (``None``: as given) returning ``(args, kwargs)``. The sequence
@@ -468,6 +487,7 @@ def make_inputs(target: Target, shapes: Sequence[tuple[int, ...]], dtype: str | 
     torch_dtype = torch.long if tokens else getattr(torch, dtype or "float32", None)
     if not isinstance(torch_dtype, torch.dtype):
         raise FlopscopeError(f"unknown --dtype {dtype!r}")
+    _check_form(target, shapes, tokens)
     if tokens:
         for shape in shapes:
             target.check_sequence(shape[-1], f"--input {'x'.join(map(str, shape))}: a sequence")

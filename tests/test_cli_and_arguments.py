@@ -128,6 +128,32 @@ def test_a_set_without_equals_is_bad_usage_showing_the_form(capsys):
 
 
 # --------------------------------------------------------------------------------------------------
+# --input shapes of the form the model takes
+def test_a_token_model_given_another_form_than_batch_x_sequence_is_bad_usage(capsys):
+    pytest.importorskip("transformers")
+    for shape, dims, example in (("1x16x3", 3, "1x16"), ("16", 1, "1x16")):
+        assert main([*GPT2, "--input", shape]) == 2  # GPT-2 would flatten 1x16x3 into 3 sequences of 16, unsaid
+        captured = capsys.readouterr()
+        assert captured.out == ""  # before anything is counted
+        assert captured.err.strip() == (f"flopscope profile: error: --input {shape}: hf:gpt2 takes token ids of 2 "
+                                        f"dims, BATCHxSEQUENCE (e.g. --input {example}), not {dims}")
+    assert main([*GPT2, "--input", "2x16"]) == 0
+
+
+def test_an_image_model_given_another_form_than_its_weights_input_is_refused():
+    from flopscope.targets import Target, make_inputs
+
+    target = Target(torch.nn.Conv2d(3, 8, 3), "a 3-channel model", token_inputs=False, input_shape=(1, 3, 224, 224))
+    with pytest.raises(errors.UsageError, match=r"--input 1x3x224: a 3-channel model takes "
+                                                r"BATCHxCHANNELSxHEIGHTxWIDTH with 3 channels \(e.g. --input "
+                                                r"1x3x224x224, the size its weights were trained at\)"):
+        make_inputs(target, [(1, 3, 224)])
+    with pytest.raises(errors.UsageError, match=r"--input 2x1x64x64: .* with 3 channels \(e.g. --input 2x3x64x64"):
+        make_inputs(target, [(2, 1, 64, 64)])
+    assert make_inputs(target, [(2, 3, 64, 64)])(None)[0][0].shape == (2, 3, 64, 64)  # any batch and size
+
+
+# --------------------------------------------------------------------------------------------------
 # token sequences against the learned position table
 def test_a_sequence_longer_than_the_position_table_is_refused_before_the_inputs(capsys):
     pytest.importorskip("transformers")
