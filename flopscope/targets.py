@@ -153,6 +153,7 @@ def load_target(spec: str, settings: Sequence[str] = (), device: str | None = No
     if spec.startswith("hf:"):
         name, _, head = spec[3:].partition("/")
         if "/" in spec[3:] and head.partition("/")[0] not in HF_HEADS:  # ORG/NAME[/HEAD]: a model on the hub
+            _check_not_a_head(name, head)
             repo, _, head = spec[3:].partition("/")[2].partition("/")
             return _config_file(_hub_config(f"{name}/{repo}"), head, overrides, spec, device)
         return _hugging_face(spec[3:], overrides, device)
@@ -253,7 +254,7 @@ def _hugging_face(family: str, overrides: dict[str, Any], device: str | None = N
         raise FlopscopeError("hf: targets need transformers (pip install 'torch-flopscope[hf]')") from e
     family, _, head = family.partition("/")
     if head not in HF_HEADS:
-        raise FlopscopeError(f"unknown head {head!r}; one of: {', '.join(h or '(none)' for h in HF_HEADS)}")
+        raise FlopscopeError(_unknown_head(head))
     if family not in transformers.CONFIG_MAPPING:
         raise FlopscopeError(_unknown_family(family, sorted(transformers.CONFIG_MAPPING.keys())))
     overrides = _check_overrides(transformers.AutoConfig.for_model(family), overrides, f"hf:{family}")
@@ -340,7 +341,7 @@ def _config_file(path: Path, head: str, overrides: dict[str, Any], description: 
     if not path.is_file():
         raise FlopscopeError(f"no config file at {path}")
     if head not in HF_HEADS:
-        raise FlopscopeError(f"unknown head {head!r}; one of: {', '.join(h or '(none)' for h in HF_HEADS)}")
+        raise FlopscopeError(_unknown_head(head))
     _check_config_file(path, transformers)
     try:
         config = transformers.AutoConfig.from_pretrained(str(path.parent) if path.name == "config.json" else
@@ -411,6 +412,38 @@ def _target(model: nn.Module, config: Any, description: str) -> Target:
     return Target(model, description, token_inputs=text, vocab_size=getattr(config, "vocab_size", None),
                   encoder_decoder=bool(getattr(config, "is_encoder_decoder", False)),
                   positions=positions, positions_key=positions_key)
+
+
+def _close_head(text: str) -> str | None:
+    """The head of :data:`HF_HEADS` that ``text`` is a slip of (``causal_lm``, ``Causal-LM``, ``causallm``), or
+    ``None``."""
+    written = text.strip().lower().replace("_", "-").replace(" ", "-")
+    if written in HF_HEADS and written:
+        return written
+    close = difflib.get_close_matches(written, [h for h in HF_HEADS if h], n=1, cutoff=0.75)
+    return close[0] if close else None
+
+
+def _unknown_head(head: str) -> str:
+    close = _close_head(head)
+    hint = f" (did you mean {close!r}?)" if close else ""
+    return f"unknown head {head!r}{hint}; one of: {', '.join(h or '(none)' for h in HF_HEADS)}"
+
+
+def _check_not_a_head(family: str, text: str) -> None:
+    """``hf:FAMILY/TEXT`` where TEXT is close to a head's name (``hf:llama/causal_lm``) is a slip, not a hub
+    repository ``FAMILY/TEXT``: a :class:`~flopscope.errors.FlopscopeError` saying what was meant, before the hub
+    is asked."""
+    close = _close_head(text.partition("/")[0])
+    if close is None:
+        return
+    try:
+        import transformers
+    except ImportError:  # no families to know FAMILY by: a hub repository, as written
+        return
+    if family.lower() in transformers.CONFIG_MAPPING:
+        raise FlopscopeError(f"unknown head {text!r} of hf:{family}: did you mean hf:{family.lower()}/{close}? (heads: "
+                             f"{', '.join(h for h in HF_HEADS if h)}; hf:ORG/NAME is a model on the Hugging Face hub)")
 
 
 def _unknown_family(family: str, families: Sequence[str]) -> str:

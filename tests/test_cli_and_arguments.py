@@ -79,6 +79,18 @@ def test_an_unknown_hugging_face_family_gets_the_closest_few_names(capsys):
     assert "closest: gpt2" in capsys.readouterr().err  # a case slip finds the family
 
 
+def test_a_slip_in_a_hugging_face_head_is_named_not_sent_to_the_hub(capsys, monkeypatch):
+    pytest.importorskip("transformers")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # were it taken for the repository llama/causal_lm: "cannot fetch"
+    for written, meant in (("llama/causal_lm", "llama/causal-lm"), ("Llama/CausalLM", "llama/causal-lm"),
+                           ("bert/classifcation", "bert/classification")):
+        assert main(["profile", f"hf:{written}", "--input", "1x8"]) == 3
+        err = capsys.readouterr().err
+        assert f"did you mean hf:{meant}?" in err and "cannot fetch" not in err
+    assert main(["profile", "hf:acme/causal_lm", "--input", "1x8"]) == 3  # no family acme: a hub repository
+    assert "cannot fetch the config.json of 'acme/causal_lm'" in capsys.readouterr().err
+
+
 # --------------------------------------------------------------------------------------------------
 # --set
 @pytest.mark.parametrize(("text", "value"), [
