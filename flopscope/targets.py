@@ -13,6 +13,7 @@ import importlib
 import inspect
 import json
 import os
+import sys
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -160,13 +161,21 @@ def load_target(spec: str, settings: Sequence[str] = (), device: str | None = No
     if spec.startswith("timm:"):
         return _timm(spec[5:], overrides, device)
     if ":" not in spec:
-        raise FlopscopeError(f"target must be 'package.module:factory', 'hf:family' or 'timm:name'; got {spec!r}")
+        hint = f" (a Python file: write {local.stem}:FACTORY)" if local.suffix == ".py" else ""
+        raise FlopscopeError(f"target must be 'package.module:factory', 'hf:family' or 'timm:name'; got {spec!r}"
+                             f"{hint}")
     module_name, attr = spec.split(":", 1)
-    module = _import(module_name, spec)
+    folder = _current_folder_importable()
+    module = _import(module_name, spec, f" (looked in the installed packages and the current folder, {folder}: run "
+                                        f"from the folder holding {module_name.split('.')[0]}, or add its folder to "
+                                        "PYTHONPATH)")
     try:
         factory = getattr(module, attr)
     except AttributeError as e:
-        raise FlopscopeError(f"cannot load {spec!r}: {e}") from e
+        names = [n for n in dir(module) if not n.startswith("_") and callable(getattr(module, n, None))]
+        close = difflib.get_close_matches(attr, names, n=1)
+        hint = f" (did you mean {module_name}:{close[0]}?)" if close else ""
+        raise FlopscopeError(f"cannot load {spec!r}: {e}{hint}") from e
     if callable(factory) and not isinstance(factory, nn.Module):
         overrides = _typed(_defaults(factory), overrides, spec)
     try:
@@ -181,6 +190,17 @@ def load_target(spec: str, settings: Sequence[str] = (), device: str | None = No
     return Target(model.eval(), spec, token_inputs=False, input_shape=shape)
 
 
+def _current_folder_importable() -> str:
+    """The current folder, made importable as ``python -m`` makes it (first on ``sys.path``) where it is not
+    already: a ``module:factory`` target in the folder the command runs in loads without ``PYTHONPATH=.`` (the
+    ``flopscope`` script's own folder is what Python puts first)."""
+    here = os.getcwd()
+    if not any(os.path.abspath(entry or os.curdir) == here for entry in sys.path):
+        sys.path.insert(0, here)
+        importlib.invalidate_caches()
+    return here
+
+
 def _defaults(factory: Callable[..., Any]) -> dict[str, Any]:
     """The default values of ``factory``'s parameters (``{}`` where Python cannot read its signature)."""
     try:
@@ -192,11 +212,15 @@ def _defaults(factory: Callable[..., Any]) -> dict[str, Any]:
 
 def _import(module_name: str, spec: str, hint: str = "") -> Any:
     """``importlib.import_module``, any failure a :class:`FlopscopeError` (a package built for another torch, such
-    as a torchvision wheel whose compiled ops do not load, fails with a ``RuntimeError``, not an ``ImportError``)."""
+    as a torchvision wheel whose compiled ops do not load, fails with a ``RuntimeError``, not an ``ImportError``).
+    ``hint`` follows the message where ``module_name`` itself (or a package above it) is not found, not a module it
+    imports."""
     try:
         return importlib.import_module(module_name)
     except ImportError as e:
-        raise FlopscopeError(f"cannot load {spec!r}: {e}{hint}") from e
+        missing = getattr(e, "name", None)
+        itself = isinstance(e, ModuleNotFoundError) and (missing is None or f"{module_name}.".startswith(f"{missing}."))
+        raise FlopscopeError(f"cannot load {spec!r}: {e}{hint if itself else ''}") from e
     except Exception as e:
         raise FlopscopeError(f"cannot load {spec!r}: importing {module_name} failed with torch {torch.__version__} "
                              f"({type(e).__name__}: {e}); is it built for this torch? (torchvision: install the "

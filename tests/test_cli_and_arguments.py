@@ -91,6 +91,23 @@ def test_a_slip_in_a_hugging_face_head_is_named_not_sent_to_the_hub(capsys, monk
     assert "cannot fetch the config.json of 'acme/causal_lm'" in capsys.readouterr().err
 
 
+def test_a_factory_in_the_current_folder_loads_without_pythonpath(tmp_path, monkeypatch, capsys):
+    """As ``python -m`` does: the ``flopscope`` script's sys.path has its own folder first, not the current one."""
+    name = f"local_factory_{tmp_path.name.replace('-', '_')}"
+    (tmp_path / f"{name}.py").write_text("import torch\n\n\ndef build(d: int = 8):\n    return torch.nn.Linear(d, 2 * d)\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", ".") and p != str(tmp_path)])
+    try:
+        assert main(["profile", f"{name}:build", "--set", "d=4", "--input", "3x4", "--depth", "0"]) == 0
+        assert f"total: {3 * 4 * 8:,} MACs" in capsys.readouterr().out
+        assert main(["profile", f"{name}:buld", "--input", "3x4"]) == 3
+        assert f"(did you mean {name}:build?)" in capsys.readouterr().err
+        assert main(["profile", "no_such_local_module:build", "--input", "3x4"]) == 3
+        assert f"looked in the installed packages and the current folder, {tmp_path}" in capsys.readouterr().err
+    finally:
+        sys.modules.pop(name, None)
+
+
 # --------------------------------------------------------------------------------------------------
 # --set
 @pytest.mark.parametrize(("text", "value"), [
