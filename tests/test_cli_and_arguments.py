@@ -94,7 +94,8 @@ def test_a_slip_in_a_hugging_face_head_is_named_not_sent_to_the_hub(capsys, monk
 def test_a_factory_in_the_current_folder_loads_without_pythonpath(tmp_path, monkeypatch, capsys):
     """As ``python -m`` does: the ``flopscope`` script's sys.path has its own folder first, not the current one."""
     name = f"local_factory_{tmp_path.name.replace('-', '_')}"
-    (tmp_path / f"{name}.py").write_text("import torch\n\n\ndef build(d: int = 8):\n    return torch.nn.Linear(d, 2 * d)\n")
+    (tmp_path / f"{name}.py").write_text("import torch\n\n\ndef build(d: int = 8):\n"
+                                         "    return torch.nn.Linear(d, 2 * d)\n")
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", ".") and p != str(tmp_path)])
     try:
