@@ -69,6 +69,7 @@ from .role import PAIR_ROLES
 from .roofline import Roofline, roofline
 from .scaling import MIN_LENGTHS, scaling
 from .targets import Target, load_target, make_inputs, parse_setting, parse_settings, parse_shape
+from .version import DISTRIBUTION, __version__
 from .why_self_attention import compare, compare_lengths
 
 EXAMPLES = """examples:
@@ -119,6 +120,8 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="flopscope", description="Exact multiply counts of PyTorch models: "
                                      "per module, per semantic role, against closed forms.", epilog=EXAMPLES,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"{DISTRIBUTION} {__version__}",
+                        help="print the distribution's name and version, and exit")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     register_peak_cli(commands)  # flopscope peak: this CPU's measured GEMM throughput
 

@@ -133,6 +133,13 @@ def test_crosscheck_of_a_hugging_face_model_counts_with_every_peer_that_can(caps
     assert "unexplained" not in text
 
 
+def test_version_prints_the_distribution_and_its_version(capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["--version"])
+    assert info.value.code == 0
+    assert capsys.readouterr().out.strip() == f"torch-flopscope {flopscope.__version__}"
+
+
 def test_help_teaches_by_example(capsys):
     with pytest.raises(SystemExit):
         main(["--help"])
