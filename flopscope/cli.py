@@ -20,7 +20,11 @@ floating-point torch dtype, a ``--peak`` / ``--bandwidth`` that is not a positiv
 ``--csv`` / ``--html`` / ``--folded`` / ``--speedscope`` / ``--plot`` path whose directory is missing or not
 writable, or that names a directory, an
 image format matplotlib cannot write, ``--tp`` with ``--sweep`` / ``--plot`` / ``--mode real`` or ``--dp``
-without ``--tp``; all checked before anything is built or profiled); 3 a flopscope
+without ``--tp``, a ``--set`` that is not ``KEY=VALUE``: all checked before anything is built or profiled; and,
+once the target is loaded (:class:`~flopscope.errors.UsageError`, before it is built), a ``--set`` value of another
+type than its key's (``num_hidden_layers=two``: booleans, numbers and ``none`` are read as a person writes them,
+:func:`flopscope.targets.parse_value`) or one the config's own validation refuses, an ``--input`` of another form
+than the model takes: token ids not ``BATCHxSEQUENCE``, an image of other dims or channels); 3 a flopscope
 error (bad target, a ``generate`` target without a ``generate()`` method, ``generate --mode fake`` of a model whose
 ``generate()`` greedy decoding does not mimic (an encoder-decoder, a cache other than the default), inputs that do
 not fit, such
