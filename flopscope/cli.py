@@ -9,8 +9,10 @@ parameters and buffers, plus the largest activation of a fake run, fit in the me
 (:mod:`flopscope.memory`), and only then builds the model again with real weights; a factory that cannot be built
 on meta is built for real as given.
 
-Exit codes: 0 done; 1 a measured count differs from its closed form (demo, compare) or a cross-checked
-peer fails or differs by MACs that no per-op / per-module evidence explains; 2 bad usage (argparse's
+Exit codes: 0 done; 1 a measured count differs from its closed form (demo, compare), or ``crosscheck`` had no
+peer that counted, or one that differs by MACs no per-op / per-module evidence explains (a peer that fails is
+reported with why, in its row; a peer that cannot take a Hugging Face model's cache counts the call with
+``use_cache=False``); 2 bad usage (argparse's
 message names the option: an ``--input`` that is not a shape of positive integers such as ``1x128``, a
 ``--dtype`` that is not a torch dtype, a negative ``--depth``, a ``--sweep`` / ``--lengths`` item that is not a
 positive integer, a ``--prompt`` / ``--new`` / ``--batch`` below 1, a ``generate --dtype`` that is not a
@@ -18,7 +20,11 @@ floating-point torch dtype, a ``--peak`` / ``--bandwidth`` that is not a positiv
 ``--csv`` / ``--html`` / ``--folded`` / ``--speedscope`` / ``--plot`` path whose directory is missing or not
 writable, or that names a directory, an
 image format matplotlib cannot write, ``--tp`` with ``--sweep`` / ``--plot`` / ``--mode real`` or ``--dp``
-without ``--tp``; all checked before anything is built or profiled); 3 a flopscope
+without ``--tp``, a ``--set`` that is not ``KEY=VALUE``: all checked before anything is built or profiled; and,
+once the target is loaded (:class:`~flopscope.errors.UsageError`, before it is built), a ``--set`` value of another
+type than its key's (``num_hidden_layers=two``: booleans, numbers and ``none`` are read as a person writes them,
+:func:`flopscope.targets.parse_value`) or one the config's own validation refuses, an ``--input`` of another form
+than the model takes: token ids not ``BATCHxSEQUENCE``, an image of other dims or channels); 3 a flopscope
 error (bad target, a ``generate`` target without a ``generate()`` method, ``generate --mode fake`` of a model whose
 ``generate()`` greedy decoding does not mimic (an encoder-decoder, a cache other than the default), inputs that do
 not fit, such
@@ -52,7 +58,7 @@ from .api import profile, profiler
 from .communication import compare as compare_collectives
 from .conventions import ATTENTION_CONVENTIONS, EXECUTED
 from .diff import diff
-from .errors import FlopscopeError, RunError
+from .errors import FlopscopeError, RunError, UsageError
 from .generation import DECODE, profile_generation, steps_table
 from .memory import check_fits, state_bytes
 from .models import TransformerBlock
@@ -66,7 +72,8 @@ from .profile import Profile
 from .role import PAIR_ROLES
 from .roofline import Roofline, roofline
 from .scaling import MIN_LENGTHS, scaling
-from .targets import Target, load_target, make_inputs, parse_settings, parse_shape
+from .targets import Target, load_target, make_inputs, parse_setting, parse_settings, parse_shape
+from .version import DISTRIBUTION, __version__
 from .why_self_attention import compare, compare_lengths
 
 EXAMPLES = """examples:
@@ -102,6 +109,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return int(args.run(args))
+    except UsageError as e:  # a --set or --input the target cannot take: bad usage, as argparse's errors
+        print(f"{parser.prog} {args.command}: error: {e}", file=sys.stderr)
+        return 2
     except FlopscopeError as e:
         print(f"flopscope: error: {e}", file=sys.stderr)
         return 3
@@ -114,6 +124,8 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="flopscope", description="Exact multiply counts of PyTorch models: "
                                      "per module, per semantic role, against closed forms.", epilog=EXAMPLES,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"{DISTRIBUTION} {__version__}",
+                        help="print the distribution's name and version, and exit")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     register_peak_cli(commands)  # flopscope peak: this CPU's measured GEMM throughput
 
@@ -176,11 +188,11 @@ def _parser() -> argparse.ArgumentParser:
                               formatter_class=argparse.RawDescriptionHelpFormatter)
     dif.add_argument("before", help="a JSON report (flopscope profile TARGET --json FILE) or a target")
     dif.add_argument("after", help="the same, after")
-    dif.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+    dif.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", type=_setting,
                      help="config / factory argument for both targets, repeatable")
-    dif.add_argument("--set-before", action="append", default=[], metavar="KEY=VALUE",
+    dif.add_argument("--set-before", action="append", default=[], metavar="KEY=VALUE", type=_setting,
                      help="config / factory argument for BEFORE only, repeatable")
-    dif.add_argument("--set-after", action="append", default=[], metavar="KEY=VALUE",
+    dif.add_argument("--set-after", action="append", default=[], metavar="KEY=VALUE", type=_setting,
                      help="config / factory argument for AFTER only, repeatable")
     dif.add_argument("--input", action="append", default=[], metavar="SHAPE", type=_shape,
                      help="input shape for both targets, repeatable (default: as for profile)")
@@ -230,7 +242,7 @@ def _parser() -> argparse.ArgumentParser:
                                           "not fit in the memory available.")
     gen.add_argument("target", help="hf:FAMILY (the causal-lm head unless another is named) or "
                                     "package.module:factory giving a model with a generate() method")
-    gen.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+    gen.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", type=_setting,
                      help="config / factory argument, repeatable (e.g. --set num_hidden_layers=2)")
     gen.add_argument("--prompt", type=_positive, default=128, help="prompt tokens per sequence (default 128)")
     gen.add_argument("--new", type=_positive, default=32,
@@ -261,7 +273,7 @@ def _target_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("target", help="hf:FAMILY[/causal-lm|seq2seq-lm|masked-lm|classification] (its default "
                                        "config), hf:ORG/NAME or path/to/config.json (that model's config, no "
                                        "weights), timm:NAME, torchvision.models:NAME or package.module:factory")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", type=_setting,
                         help="config / factory argument, repeatable (e.g. --set n_layer=2)")
     parser.add_argument("--input", action="append", default=[], metavar="SHAPE", type=_shape,
                         help="input shape, repeatable for several inputs (default: 1x128 token ids for Hugging "
@@ -426,6 +438,15 @@ def _float_dtype(text: str) -> torch.dtype:
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise argparse.ArgumentTypeError(f"not a floating-point torch dtype: {text!r} (float32, bfloat16, float16)")
     return dtype
+
+
+def _setting(text: str) -> str:
+    """A ``--set`` item of the form ``KEY=VALUE`` (its value parsed when the target is loaded)."""
+    try:
+        parse_setting(text)
+    except FlopscopeError as e:
+        raise argparse.ArgumentTypeError(str(e).removeprefix("--set ")) from None
+    return text
 
 
 def _shape(text: str) -> tuple[int, ...]:
@@ -738,7 +759,10 @@ def _crosscheck(args: argparse.Namespace) -> int:
     with torch.no_grad():
         result = crosscheck(target.model, *inputs, tools=args.tools, forward_kwargs=kwargs)
     print(result.to_table(args.format))
-    return 0 if result.all_explained else 1  # 1: a peer failed, or disagrees by MACs no evidence explains
+    if not result.ran:
+        print("flopscope crosscheck: no peer counted: " + ("each one failed, for the reason in its row" if result.peers
+              else "none of them is installed (pip install 'torch-flopscope[crosscheck]')"), file=sys.stderr)
+    return 0 if result.ran_explained else 1  # 1: no peer counted, or one disagrees by MACs no evidence explains
 
 
 def _generate(args: argparse.Namespace) -> int:

@@ -65,6 +65,12 @@ class ConfigurationError(FlopscopeError, ValueError):
     width, an unknown mode or tool, too few sweep lengths)."""
 
 
+class UsageError(ConfigurationError):
+    """An argument a command-line target cannot take (:mod:`flopscope.targets`): a setting (``--set KEY=VALUE``)
+    that is not ``KEY=VALUE`` or whose value is of another type than its key's, an input shape (``--input``) of
+    another form than the model takes. The command line reports it as bad usage (exit 2)."""
+
+
 class RoleError(FlopscopeError, ValueError):
     """A role name that is not one of :class:`flopscope.Role`."""
 

@@ -3,9 +3,10 @@
 :func:`pipeline_from_configs` reads a pipeline folder's ``model_index.json`` (a local folder, or a hub repo of which
 only the JSON and tokenizer files are fetched, failing fast offline as ``hf:`` targets do) and builds each component:
 diffusers models and transformers models from their ``config.json`` on the device, schedulers from their
-``scheduler_config.json``, tokenizers from their files. A tokenizer whose files are missing (or cannot be read
-offline) is replaced by a :class:`ShapeTokenizer`: a text encoder's work depends only on how many tokens it reads, and
-the pipelines pad prompts to a fixed length (77 for CLIP, 256 or 512 for T5), which the stand-in keeps.
+``scheduler_config.json``, tokenizers from their files. A tokenizer whose vocabulary files are missing (a configs-only
+download, an empty folder) or cannot be read offline is replaced by a :class:`ShapeTokenizer`: a text encoder's work
+depends only on how many tokens it reads, and the pipelines pad prompts to a fixed length (77 for CLIP, 256 or 512 for
+T5), which the stand-in keeps (``--set tokenizer.model_max_length=N`` sets it).
 """
 
 from __future__ import annotations
@@ -138,7 +139,7 @@ def _component(folder: Path, name: str, library: str, class_name: str, device: s
     if cls is None:
         raise FlopscopeError(f"component {name!r}: {library} has no class {class_name!r}")
     if "Tokenizer" in class_name:
-        return _tokenizer(folder, name, cls)
+        return _tokenizer(folder, name, cls, changes)
     if class_name.endswith(("ImageProcessor", "FeatureExtractor", "Processor")):
         try:
             return cls.from_pretrained(str(folder))
@@ -161,16 +162,45 @@ def _component(folder: Path, name: str, library: str, class_name: str, device: s
     raise FlopscopeError(f"component {name!r}: cannot build a {library}.{class_name} from its config")
 
 
-def _tokenizer(folder: Path, name: str, cls: Any) -> Any:
-    """The tokenizer from its files, else a :class:`ShapeTokenizer` of the length its config gives."""
-    try:
-        return cls.from_pretrained(str(folder))
-    except Exception:  # no files (a configs-only folder), or a tokenizer library missing
-        pass
+def _tokenizer(folder: Path, name: str, cls: Any, changes: Mapping[str, Any]) -> Any:
+    """The tokenizer from its files, else (none of the vocabulary files its class names, such as an empty folder, or
+    files it cannot read) a :class:`ShapeTokenizer` of the length its config gives. ``changes``: ``model_max_length``
+    only (``--set tokenizer.model_max_length=77``), the length prompts are padded to. A tokenizer read from its files
+    without a ``model_max_length`` (transformers' placeholder, about 1e30) is a
+    :class:`~flopscope.errors.FlopscopeError` naming the fix: the pipeline pads prompts to it."""
+    unknown = [key for key in changes if key != "model_max_length"]
+    if unknown:
+        raise FlopscopeError(f"--set {name}.{unknown[0]}: a tokenizer takes only {name}.model_max_length (the length "
+                             "prompts are padded to)")
+    wanted = changes.get("model_max_length")
+    if wanted is not None and not (isinstance(wanted, int) and not isinstance(wanted, bool) and wanted > 0):
+        raise FlopscopeError(f"--set {name}.model_max_length={wanted!r}: give a positive number of tokens (CLIP's is "
+                             "77, T5's 512)")
+    files = [str(file) for file in (getattr(cls, "vocab_files_names", None) or {}).values()]
+    tokenizer = None
+    if not files or any((folder / file).is_file() for file in files):
+        try:
+            tokenizer = cls.from_pretrained(str(folder))
+        except Exception:  # files it cannot read, or a tokenizer library missing
+            tokenizer = None
+    if tokenizer is not None:
+        if wanted is not None:
+            tokenizer.model_max_length = wanted
+        length = getattr(tokenizer, "model_max_length", None)
+        if not (isinstance(length, int) and 0 < length < _UNSET_LENGTH):
+            raise FlopscopeError(f"the tokenizer {name!r} in {folder} has no model_max_length (it reads {length!r}, "
+                                 "transformers' placeholder for none), the length the pipeline pads prompts to: add "
+                                 f"\"model_max_length\" to {folder / 'tokenizer_config.json'}, or --set "
+                                 f"{name}.model_max_length=N (CLIP's is 77, T5's 512)")
+        return tokenizer
     length = DEFAULT_TEXT_LENGTH
     config = folder / "tokenizer_config.json"
     if config.is_file():
         found = json.loads(config.read_text()).get("model_max_length")
-        if isinstance(found, int) and 0 < found < 1_000_000:
+        if isinstance(found, int) and 0 < found < _UNSET_LENGTH:
             length = found
-    return ShapeTokenizer(length, name=name)
+    return ShapeTokenizer(wanted or length, name=name)
+
+
+_UNSET_LENGTH = 1_000_000
+"""A tokenizer's ``model_max_length`` from this on is no length: transformers puts about 1e30 where none is set."""

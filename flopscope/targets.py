@@ -10,10 +10,12 @@ import ast
 import contextlib
 import difflib
 import importlib
+import inspect
 import json
 import os
+import sys
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,7 +24,7 @@ import torch
 from torch import nn
 
 from .conventions import POSITIONS
-from .errors import FlopscopeError, InputError
+from .errors import FlopscopeError, InputError, UsageError
 
 HF_HEADS = {"": "AutoModel", "causal-lm": "AutoModelForCausalLM", "seq2seq-lm": "AutoModelForSeq2SeqLM",
             "masked-lm": "AutoModelForMaskedLM", "classification": "AutoModelForSequenceClassification"}
@@ -50,18 +52,87 @@ class Target:
                              f"--set {self.positions_key}={n}")
 
 
-def parse_settings(settings: Sequence[str]) -> dict[str, Any]:
-    """``["n_layer=2", "use_cache=False"]`` -> ``{"n_layer": 2, "use_cache": False}`` (Python literals)."""
-    out: dict[str, Any] = {}
-    for item in settings:
-        if "=" not in item:
-            raise FlopscopeError(f"--set takes key=value, got {item!r}")
-        key, value = item.split("=", 1)
+_TRUE = frozenset({"true", "yes", "on"})
+_FALSE = frozenset({"false", "no", "off"})
+_NONE = frozenset({"none", "null"})
+
+
+def parse_value(text: str) -> Any:
+    """A ``--set`` value as a person writes it: ``true`` / ``yes`` / ``on`` and ``false`` / ``no`` / ``off`` (any
+    case) are booleans, ``none`` / ``null`` is ``None``, ``2`` an int, ``0.1`` / ``1e-5`` a float, a Python literal
+    (``[1, 2]``, ``'text'``) that literal, anything else the text itself (``gelu``)."""
+    text = text.strip()
+    lowered = text.lower()
+    if lowered in _TRUE or lowered in _FALSE:
+        return lowered in _TRUE
+    if lowered in _NONE:
+        return None
+    for number in (int, float):
         try:
-            out[key.strip()] = ast.literal_eval(value.strip())
-        except (ValueError, SyntaxError):
-            out[key.strip()] = value.strip()
+            return number(text)
+        except ValueError:
+            pass
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        return text
+
+
+def parse_setting(item: str) -> tuple[str, Any]:
+    """``"n_layer=2"`` -> ``("n_layer", 2)`` (:func:`parse_value`); an item that is not ``KEY=VALUE`` is a
+    :class:`~flopscope.errors.UsageError` naming it and the form."""
+    key, equals, value = item.partition("=")
+    if not equals or not key.strip():
+        raise UsageError(f"--set takes KEY=VALUE (e.g. --set num_hidden_layers=2); got {item!r}")
+    return key.strip(), parse_value(value)
+
+
+def parse_settings(settings: Sequence[str]) -> dict[str, Any]:
+    """``["n_layer=2", "use_cache=false"]`` -> ``{"n_layer": 2, "use_cache": False}`` (:func:`parse_setting`)."""
+    return dict(parse_setting(item) for item in settings)
+
+
+def _type_name(value: Any) -> str:
+    """The type a setting's value must have, as the error names it."""
+    return ("a boolean (true or false)" if isinstance(value, bool) else "an integer" if isinstance(value, int)
+            else "a number" if isinstance(value, float) else f"a {type(value).__name__}")
+
+
+def _typed(current: Mapping[str, Any], overrides: Mapping[str, Any], what: str, source: str = "its default"
+           ) -> dict[str, Any]:
+    """``overrides`` checked against the type of each key's current value (a config's, a factory's default) where
+    that is a boolean, an integer or a float: a value of another type is a :class:`~flopscope.errors.UsageError`
+    naming the key, the value and the type expected; an integer for a float key becomes that float (``1`` for
+    ``rms_norm_eps``). ``source``: what the current values are, as the error names them."""
+    out = dict(overrides)
+    for key, value in overrides.items():
+        if key not in current or value is None:  # None: the key's "unset" (its own error, if any, from the config)
+            continue
+        old = current[key]
+        if isinstance(old, bool):
+            ok = isinstance(value, bool)
+        elif isinstance(old, int):
+            ok = isinstance(value, int) and not isinstance(value, bool)
+        elif isinstance(old, float):
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+            if ok:
+                out[key] = float(value)
+        else:
+            continue
+        if not ok:
+            raise UsageError(f"--set {key}={_written(value)}: {key} of {what} takes {_type_name(old)}, not "
+                             f"{value!r} (e.g. --set {key}={_written(old)}, {source})")
     return out
+
+
+def _settings_text(overrides: Mapping[str, Any]) -> str:
+    """``--set a=1 --set b=true``."""
+    return " ".join(f"--set {key}={_written(value)}" for key, value in overrides.items())
+
+
+def _written(value: Any) -> str:
+    """A value as it is written on the command line (``true``, ``2``, ``1e-05``, ``none``)."""
+    return "none" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def load_target(spec: str, settings: Sequence[str] = (), device: str | None = None) -> Target:
@@ -83,19 +154,30 @@ def load_target(spec: str, settings: Sequence[str] = (), device: str | None = No
     if spec.startswith("hf:"):
         name, _, head = spec[3:].partition("/")
         if "/" in spec[3:] and head.partition("/")[0] not in HF_HEADS:  # ORG/NAME[/HEAD]: a model on the hub
+            _check_not_a_head(name, head)
             repo, _, head = spec[3:].partition("/")[2].partition("/")
             return _config_file(_hub_config(f"{name}/{repo}"), head, overrides, spec, device)
         return _hugging_face(spec[3:], overrides, device)
     if spec.startswith("timm:"):
         return _timm(spec[5:], overrides, device)
     if ":" not in spec:
-        raise FlopscopeError(f"target must be 'package.module:factory', 'hf:family' or 'timm:name'; got {spec!r}")
+        hint = f" (a Python file: write {local.stem}:FACTORY)" if local.suffix == ".py" else ""
+        raise FlopscopeError(f"target must be 'package.module:factory', 'hf:family' or 'timm:name'; got {spec!r}"
+                             f"{hint}")
     module_name, attr = spec.split(":", 1)
-    module = _import(module_name, spec)
+    folder = _current_folder_importable()
+    module = _import(module_name, spec, f" (looked in the installed packages and the current folder, {folder}: run "
+                                        f"from the folder holding {module_name.split('.')[0]}, or add its folder to "
+                                        "PYTHONPATH)")
     try:
         factory = getattr(module, attr)
     except AttributeError as e:
-        raise FlopscopeError(f"cannot load {spec!r}: {e}") from e
+        names = [n for n in dir(module) if not n.startswith("_") and callable(getattr(module, n, None))]
+        close = difflib.get_close_matches(attr, names, n=1)
+        hint = f" (did you mean {module_name}:{close[0]}?)" if close else ""
+        raise FlopscopeError(f"cannot load {spec!r}: {e}{hint}") from e
+    if callable(factory) and not isinstance(factory, nn.Module):
+        overrides = _typed(_defaults(factory), overrides, spec)
     try:
         with _on(device):
             model = factory(**overrides) if callable(factory) and not isinstance(factory, nn.Module) else factory
@@ -108,13 +190,37 @@ def load_target(spec: str, settings: Sequence[str] = (), device: str | None = No
     return Target(model.eval(), spec, token_inputs=False, input_shape=shape)
 
 
+def _current_folder_importable() -> str:
+    """The current folder, made importable as ``python -m`` makes it (first on ``sys.path``) where it is not
+    already: a ``module:factory`` target in the folder the command runs in loads without ``PYTHONPATH=.`` (the
+    ``flopscope`` script's own folder is what Python puts first)."""
+    here = os.getcwd()
+    if not any(os.path.abspath(entry or os.curdir) == here for entry in sys.path):
+        sys.path.insert(0, here)
+        importlib.invalidate_caches()
+    return here
+
+
+def _defaults(factory: Callable[..., Any]) -> dict[str, Any]:
+    """The default values of ``factory``'s parameters (``{}`` where Python cannot read its signature)."""
+    try:
+        parameters = inspect.signature(factory).parameters
+    except (TypeError, ValueError):  # a builtin or an extension without a signature
+        return {}
+    return {name: p.default for name, p in parameters.items() if p.default is not inspect.Parameter.empty}
+
+
 def _import(module_name: str, spec: str, hint: str = "") -> Any:
     """``importlib.import_module``, any failure a :class:`FlopscopeError` (a package built for another torch, such
-    as a torchvision wheel whose compiled ops do not load, fails with a ``RuntimeError``, not an ``ImportError``)."""
+    as a torchvision wheel whose compiled ops do not load, fails with a ``RuntimeError``, not an ``ImportError``).
+    ``hint`` follows the message where ``module_name`` itself (or a package above it) is not found, not a module it
+    imports."""
     try:
         return importlib.import_module(module_name)
     except ImportError as e:
-        raise FlopscopeError(f"cannot load {spec!r}: {e}{hint}") from e
+        missing = getattr(e, "name", None)
+        itself = isinstance(e, ModuleNotFoundError) and (missing is None or f"{module_name}.".startswith(f"{missing}."))
+        raise FlopscopeError(f"cannot load {spec!r}: {e}{hint if itself else ''}") from e
     except Exception as e:
         raise FlopscopeError(f"cannot load {spec!r}: importing {module_name} failed with torch {torch.__version__} "
                              f"({type(e).__name__}: {e}); is it built for this torch? (torchvision: install the "
@@ -172,11 +278,15 @@ def _hugging_face(family: str, overrides: dict[str, Any], device: str | None = N
         raise FlopscopeError("hf: targets need transformers (pip install 'torch-flopscope[hf]')") from e
     family, _, head = family.partition("/")
     if head not in HF_HEADS:
-        raise FlopscopeError(f"unknown head {head!r}; one of: {', '.join(h or '(none)' for h in HF_HEADS)}")
+        raise FlopscopeError(_unknown_head(head))
     if family not in transformers.CONFIG_MAPPING:
         raise FlopscopeError(_unknown_family(family, sorted(transformers.CONFIG_MAPPING.keys())))
-    _check_overrides(transformers.AutoConfig.for_model(family), overrides, family)
-    config = transformers.AutoConfig.for_model(family, **overrides)
+    overrides = _check_overrides(transformers.AutoConfig.for_model(family), overrides, f"hf:{family}")
+    try:
+        config = transformers.AutoConfig.for_model(family, **overrides)
+    except Exception as e:  # transformers' own validation of the values (a head count that does not divide, ...)
+        raise UsageError(f"the config of hf:{family} refuses {_settings_text(overrides)}: {type(e).__name__}: "
+                         f"{e}") from e
     torch.manual_seed(0)
     builder = getattr(transformers, HF_HEADS[head])
     _import_model_of(builder, config)
@@ -255,16 +365,20 @@ def _config_file(path: Path, head: str, overrides: dict[str, Any], description: 
     if not path.is_file():
         raise FlopscopeError(f"no config file at {path}")
     if head not in HF_HEADS:
-        raise FlopscopeError(f"unknown head {head!r}; one of: {', '.join(h or '(none)' for h in HF_HEADS)}")
+        raise FlopscopeError(_unknown_head(head))
     _check_config_file(path, transformers)
     try:
         config = transformers.AutoConfig.from_pretrained(str(path.parent) if path.name == "config.json" else
                                                          str(path))
     except Exception as e:
         raise FlopscopeError(f"{path} is not a Hugging Face config transformers can read: {e}") from e
-    _check_overrides(config, overrides, description)
-    for key, value in overrides.items():
-        setattr(config, key, value)
+    overrides = _check_overrides(config, overrides, description)
+    try:
+        for key, value in overrides.items():
+            setattr(config, key, value)
+    except Exception as e:  # transformers' own validation of the values
+        raise UsageError(f"the config of {description} refuses {_settings_text(overrides)}: "
+                         f"{type(e).__name__}: {e}") from e
     named = [name for name in (getattr(config, "architectures", None) or []) if hasattr(transformers, name)]
     builder = getattr(transformers, named[0]) if named and not head else getattr(transformers, HF_HEADS[head])
     _import_model_of(builder, config)
@@ -303,13 +417,17 @@ def _check_config_file(path: Path, transformers: Any) -> None:
     raise FlopscopeError(f"{path} has no \"model_type\": transformers cannot tell which model it configures{hint}")
 
 
-def _check_overrides(config: Any, overrides: dict[str, Any], what: str) -> None:
+def _check_overrides(config: Any, overrides: dict[str, Any], what: str) -> dict[str, Any]:
+    """``overrides`` for ``config``: each key one the config has (else the nearest one is suggested), each value of
+    the type of its current value (:func:`_typed`)."""
     known = set(config.to_dict()) | set(getattr(config, "attribute_map", {}))
     for key in overrides:
         if key not in known and not hasattr(config, key):
             close = difflib.get_close_matches(key, sorted(known), n=1)
             hint = f" (did you mean {close[0]}?)" if close else ""
             raise FlopscopeError(f"{what} config has no {key!r}{hint}")
+    return _typed({key: getattr(config, key) for key in overrides if hasattr(config, key)}, overrides, what,
+                  "the config's")
 
 
 def _target(model: nn.Module, config: Any, description: str) -> Target:
@@ -318,6 +436,38 @@ def _target(model: nn.Module, config: Any, description: str) -> Target:
     return Target(model, description, token_inputs=text, vocab_size=getattr(config, "vocab_size", None),
                   encoder_decoder=bool(getattr(config, "is_encoder_decoder", False)),
                   positions=positions, positions_key=positions_key)
+
+
+def _close_head(text: str) -> str | None:
+    """The head of :data:`HF_HEADS` that ``text`` is a slip of (``causal_lm``, ``Causal-LM``, ``causallm``), or
+    ``None``."""
+    written = text.strip().lower().replace("_", "-").replace(" ", "-")
+    if written in HF_HEADS and written:
+        return written
+    close = difflib.get_close_matches(written, [h for h in HF_HEADS if h], n=1, cutoff=0.75)
+    return close[0] if close else None
+
+
+def _unknown_head(head: str) -> str:
+    close = _close_head(head)
+    hint = f" (did you mean {close!r}?)" if close else ""
+    return f"unknown head {head!r}{hint}; one of: {', '.join(h or '(none)' for h in HF_HEADS)}"
+
+
+def _check_not_a_head(family: str, text: str) -> None:
+    """``hf:FAMILY/TEXT`` where TEXT is close to a head's name (``hf:llama/causal_lm``) is a slip, not a hub
+    repository ``FAMILY/TEXT``: a :class:`~flopscope.errors.FlopscopeError` saying what was meant, before the hub
+    is asked."""
+    close = _close_head(text.partition("/")[0])
+    if close is None:
+        return
+    try:
+        import transformers
+    except ImportError:  # no families to know FAMILY by: a hub repository, as written
+        return
+    if family.lower() in transformers.CONFIG_MAPPING:
+        raise FlopscopeError(f"unknown head {text!r} of hf:{family}: did you mean hf:{family.lower()}/{close}? (heads: "
+                             f"{', '.join(h for h in HF_HEADS if h)}; hf:ORG/NAME is a model on the Hugging Face hub)")
 
 
 def _unknown_family(family: str, families: Sequence[str]) -> str:
@@ -360,6 +510,25 @@ def parse_shape(text: str) -> tuple[int, ...]:
     return shape
 
 
+def _check_form(target: Target, shapes: Sequence[tuple[int, ...]], tokens: bool) -> None:
+    """Each shape of the form ``target`` takes, else a :class:`~flopscope.errors.UsageError` naming that form:
+    token ids are ``BATCHxSEQUENCE`` (a Hugging Face model flattens the leading dims of more, without a word); an
+    image model with a default input (timm, torchvision) takes that many dims and channels."""
+    for shape in shapes:
+        text = "x".join(map(str, shape))
+        if tokens and len(shape) != 2:
+            example = "x".join(map(str, shape[:2] if len(shape) > 2 else (1, *shape)))
+            raise UsageError(f"--input {text}: {target.description} takes token ids of 2 dims, BATCHxSEQUENCE "
+                             f"(e.g. --input {example}), not {len(shape)}")
+        form = target.input_shape
+        if not tokens and form is not None and (len(shape) != len(form) or (len(form) > 1 and shape[1] != form[1])):
+            same_rank = len(shape) == len(form)
+            example = "x".join(map(str, (shape[0], form[1], *shape[2:]) if same_rank else form))
+            what = "BATCHxCHANNELSxHEIGHTxWIDTH" if len(form) == 4 else f"{len(form)} dims"
+            raise UsageError(f"--input {text}: {target.description} takes {what} with {form[1]} channels "
+                             f"(e.g. --input {example}{'' if same_rank else ', the size its weights were trained at'})")
+
+
 def make_inputs(target: Target, shapes: Sequence[tuple[int, ...]], dtype: str | None = None
                 ) -> Callable[[int | None], tuple[tuple[Any, ...], dict[str, Any]]]:
     """A function of the sequence length (``None``: as given) returning ``(args, kwargs)``. The sequence
@@ -375,6 +544,7 @@ def make_inputs(target: Target, shapes: Sequence[tuple[int, ...]], dtype: str | 
     torch_dtype = torch.long if tokens else getattr(torch, dtype or "float32", None)
     if not isinstance(torch_dtype, torch.dtype):
         raise FlopscopeError(f"unknown --dtype {dtype!r}")
+    _check_form(target, shapes, tokens)
     if tokens:
         for shape in shapes:
             target.check_sequence(shape[-1], f"--input {'x'.join(map(str, shape))}: a sequence")

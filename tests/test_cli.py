@@ -112,6 +112,34 @@ def test_errors_have_exit_codes_and_say_what_to_do(capsys):
     assert info.value.code == 2
 
 
+def test_crosscheck_of_a_hugging_face_model_counts_with_every_peer_that_can(capsys):
+    """The example ``--help`` prints: fvcore's TorchScript trace cannot return GPT-2's DynamicCache, so it counts the
+    call without the cache (use_cache=False: the same MACs), and the table says so and why; exit 0."""
+    pytest.importorskip("transformers")
+    pytest.importorskip("fvcore")
+    L, d, h, n = 1, 32, 4, 16
+    assert main(["crosscheck", "hf:gpt2", "--set", f"n_layer={L}", "--set", f"n_embd={d}", "--set", f"n_head={h}",
+                 "--set", "vocab_size=100", "--input", f"1x{n}", "--tools", "FlopCounterMode,fvcore"]) == 0
+    out = capsys.readouterr().out
+    rows = {line.split()[0]: line.split()[1] for line in out.splitlines()[2:] if line and not line[0].isspace()}
+    total = L * (n * 12 * d * d + 2 * n * n * d)  # GPT2Model: 12·d² per token, the dense attention core 2·n²·d
+    core = L * 2 * n * n * d  # SDPA: neither peer counts it
+    layer_norms = 5 * (2 * L + 1) * n * d  # fvcore: 5 "flops" per element of each affine LayerNorm
+    assert rows == {"flopscope": f"{total:,}", "FlopCounterMode": f"{total - core:,}",
+                    "fvcore": f"{total - core + layer_norms:,}"}
+    text = " ".join(out.split())
+    assert ("counted with use_cache=False: with the model's cache, its TorchScript trace takes tensors, tuples, lists "
+            "and dicts only, and the forward gave it a DynamicCache") in text
+    assert "unexplained" not in text
+
+
+def test_version_prints_the_distribution_and_its_version(capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["--version"])
+    assert info.value.code == 0
+    assert capsys.readouterr().out.strip() == f"torch-flopscope {flopscope.__version__}"
+
+
 def test_help_teaches_by_example(capsys):
     with pytest.raises(SystemExit):
         main(["--help"])

@@ -79,6 +79,110 @@ def test_an_unknown_hugging_face_family_gets_the_closest_few_names(capsys):
     assert "closest: gpt2" in capsys.readouterr().err  # a case slip finds the family
 
 
+def test_a_slip_in_a_hugging_face_head_is_named_not_sent_to_the_hub(capsys, monkeypatch):
+    pytest.importorskip("transformers")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # were it taken for the repository llama/causal_lm: "cannot fetch"
+    for written, meant in (("llama/causal_lm", "llama/causal-lm"), ("Llama/CausalLM", "llama/causal-lm"),
+                           ("bert/classifcation", "bert/classification")):
+        assert main(["profile", f"hf:{written}", "--input", "1x8"]) == 3
+        err = capsys.readouterr().err
+        assert f"did you mean hf:{meant}?" in err and "cannot fetch" not in err
+    assert main(["profile", "hf:acme/causal_lm", "--input", "1x8"]) == 3  # no family acme: a hub repository
+    assert "cannot fetch the config.json of 'acme/causal_lm'" in capsys.readouterr().err
+
+
+def test_a_factory_in_the_current_folder_loads_without_pythonpath(tmp_path, monkeypatch, capsys):
+    """As ``python -m`` does: the ``flopscope`` script's sys.path has its own folder first, not the current one."""
+    name = f"local_factory_{tmp_path.name.replace('-', '_')}"
+    (tmp_path / f"{name}.py").write_text("import torch\n\n\ndef build(d: int = 8):\n"
+                                         "    return torch.nn.Linear(d, 2 * d)\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", ".") and p != str(tmp_path)])
+    try:
+        assert main(["profile", f"{name}:build", "--set", "d=4", "--input", "3x4", "--depth", "0"]) == 0
+        assert f"total: {3 * 4 * 8:,} MACs" in capsys.readouterr().out
+        assert main(["profile", f"{name}:buld", "--input", "3x4"]) == 3
+        assert f"(did you mean {name}:build?)" in capsys.readouterr().err
+        assert main(["profile", "no_such_local_module:build", "--input", "3x4"]) == 3
+        assert f"looked in the installed packages and the current folder, {tmp_path}" in capsys.readouterr().err
+    finally:
+        sys.modules.pop(name, None)
+
+
+# --------------------------------------------------------------------------------------------------
+# --set
+@pytest.mark.parametrize(("text", "value"), [
+    ("false", False), ("False", False), ("NO", False), ("off", False), ("true", True), ("Yes", True), ("ON", True),
+    ("2", 2), ("-3", -3), ("0.1", 0.1), ("1e-5", 1e-5), ("none", None), ("Null", None), ("None", None),
+    ("gelu", "gelu"), ("[1, 2]", [1, 2]), ("'two'", "two")])
+def test_set_values_parse_as_a_person_writes_them(text, value):
+    from flopscope.targets import parse_setting
+
+    parsed = parse_setting(f"key={text}")
+    assert parsed == ("key", value) and type(parsed[1]) is type(value)
+
+
+def test_set_values_reach_the_config_with_its_types(capsys):
+    pytest.importorskip("transformers")
+    from flopscope.targets import load_target
+
+    config = load_target("hf:gpt2", ["n_layer=1", "use_cache=false", "scale_attn_weights=No",
+                                     "layer_norm_epsilon=1e-5", "resid_pdrop=0"], "meta").model.config
+    assert (config.use_cache, config.scale_attn_weights, config.layer_norm_epsilon) == (False, False, 1e-5)
+    assert config.resid_pdrop == 0.0 and type(config.resid_pdrop) is float  # an int for a float key: that float
+    assert main([*GPT2, "--set", "use_cache=FALSE", "--input", "1x8"]) == 0
+
+
+def test_a_set_value_of_the_wrong_type_names_key_value_and_type_and_is_bad_usage(capsys):
+    pytest.importorskip("transformers")
+    assert main(["profile", "hf:llama", "--set", "num_hidden_layers=two", "--input", "1x8"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.strip() == ("flopscope profile: error: --set num_hidden_layers=two: num_hidden_layers of "
+                                    "hf:llama takes an integer, not 'two' (e.g. --set num_hidden_layers=32, the "
+                                    "config's)")
+    assert main([*GPT2, "--set", "use_cache=maybe", "--input", "1x8"]) == 2
+    assert "use_cache of hf:gpt2 takes a boolean (true or false), not 'maybe'" in capsys.readouterr().err
+    assert main([*BLOCK, "--set", "d_ff=1.5"]) == 2  # a factory: its default's type
+    assert "d_ff of flopscope.models:TransformerBlock takes an integer, not 1.5 (e.g. --set d_ff=2048, its " \
+        "default)" in capsys.readouterr().err
+    assert main(["profile", "hf:llama", "--set", "hidden_size=65", "--input", "1x8"]) == 2  # the config's validation
+    assert "the config of hf:llama refuses --set hidden_size=65: " in capsys.readouterr().err
+
+
+def test_a_set_without_equals_is_bad_usage_showing_the_form(capsys):
+    assert usage_error([*BLOCK, "--set", "d_ff"], capsys) == (
+        "flopscope profile: error: argument --set: takes KEY=VALUE (e.g. --set num_hidden_layers=2); got 'd_ff'")
+    assert "argument --set-after: takes KEY=VALUE" in usage_error(["diff", "a.json", "b.json", "--set-after", "=2"],
+                                                                  capsys)
+
+
+# --------------------------------------------------------------------------------------------------
+# --input shapes of the form the model takes
+def test_a_token_model_given_another_form_than_batch_x_sequence_is_bad_usage(capsys):
+    pytest.importorskip("transformers")
+    for shape, dims, example in (("1x16x3", 3, "1x16"), ("16", 1, "1x16")):
+        assert main([*GPT2, "--input", shape]) == 2  # GPT-2 would flatten 1x16x3 into 3 sequences of 16, unsaid
+        captured = capsys.readouterr()
+        assert captured.out == ""  # before anything is counted
+        assert captured.err.strip() == (f"flopscope profile: error: --input {shape}: hf:gpt2 takes token ids of 2 "
+                                        f"dims, BATCHxSEQUENCE (e.g. --input {example}), not {dims}")
+    assert main([*GPT2, "--input", "2x16"]) == 0
+
+
+def test_an_image_model_given_another_form_than_its_weights_input_is_refused():
+    from flopscope.targets import Target, make_inputs
+
+    target = Target(torch.nn.Conv2d(3, 8, 3), "a 3-channel model", token_inputs=False, input_shape=(1, 3, 224, 224))
+    with pytest.raises(errors.UsageError, match=r"--input 1x3x224: a 3-channel model takes "
+                                                r"BATCHxCHANNELSxHEIGHTxWIDTH with 3 channels \(e.g. --input "
+                                                r"1x3x224x224, the size its weights were trained at\)"):
+        make_inputs(target, [(1, 3, 224)])
+    with pytest.raises(errors.UsageError, match=r"--input 2x1x64x64: .* with 3 channels \(e.g. --input 2x3x64x64"):
+        make_inputs(target, [(2, 1, 64, 64)])
+    assert make_inputs(target, [(2, 3, 64, 64)])(None)[0][0].shape == (2, 3, 64, 64)  # any batch and size
+
+
 # --------------------------------------------------------------------------------------------------
 # token sequences against the learned position table
 def test_a_sequence_longer_than_the_position_table_is_refused_before_the_inputs(capsys):

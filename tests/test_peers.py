@@ -500,7 +500,8 @@ def test_importing_flopscope_imports_no_peer() -> None:
 
 
 # ------------------------------------------------------------------------------------------------
-# (e) `flopscope crosscheck` exits 0 when every peer's difference is explained, 1 when one is not or a peer fails
+# (e) `flopscope crosscheck` exits 0 when a peer counted and every difference is explained, 1 when one is not or no
+#     peer counted
 def linear_norm() -> nn.Module:
     """A target for the command line: nn.Linear(16, 8), then nn.LayerNorm(8)."""
     return nn.Sequential(nn.Linear(16, 8), nn.LayerNorm(8))
@@ -535,10 +536,18 @@ def test_cli_crosscheck_exit_codes(capsys: pytest.CaptureFixture[str]) -> None:
     assert columns["thop"][0] == f"{linear + 4 * elements:,}"  # + 2 per element, doubled for the affine one
     assert "unexplained" not in table
 
-    assert main(["crosscheck", f"{__name__}:ReturnsANamespace", "--input", "4x16"]) == 1
-    columns = _columns(capsys.readouterr().out)
+    # a peer that fails is reported with why and the way out; the others still count: exit 0
+    assert main(["crosscheck", f"{__name__}:ReturnsANamespace", "--input", "4x16"]) == 0
+    table = capsys.readouterr().out
+    columns = _columns(table)
     assert columns["FlopCounterMode"][0] == columns["thop"][0] == f"{linear:,}"
     assert columns["fvcore"] == ["-", "-", "failed"]
+    assert ("its TorchScript trace takes tensors, tuples, lists and dicts only, and the forward gave it a "
+            "types.SimpleNamespace (RuntimeError); return tensors, tuples or dicts from the forward") in " ".join(
+                table.split())
+    # no peer counted: exit 1, said
+    assert main(["crosscheck", f"{__name__}:ReturnsANamespace", "--input", "4x16", "--tools", "fvcore"]) == 1
+    assert "no peer counted" in capsys.readouterr().err
 
 
 def test_cli_crosscheck_exits_1_on_an_unexplained_difference(monkeypatch: pytest.MonkeyPatch,

@@ -214,6 +214,33 @@ def test_the_stand_in_tokenizer_pads_to_its_config_length(tmp_path):
     assert prof.by_component()["text_encoder"] == 2 * alone(pipe.text_encoder, torch.zeros(1, 20, dtype=torch.long))
 
 
+def test_an_empty_tokenizer_folder_is_a_stand_in_and_a_tokenizer_without_a_length_is_named(tmp_path, capsys):
+    """An empty tokenizer folder is as missing files: the stand-in of CLIP's 77 tokens (transformers reads a tokenizer
+    without vocabulary from it, whose model_max_length placeholder, about 1e30, overflowed the pipeline's padding).
+    A tokenizer read from its files without a model_max_length is refused, naming the fix, which works."""
+    from flopscope.cli import main
+    from flopscope.pipeline_configs import ShapeTokenizer, pipeline_from_configs
+    pipe = configs_only(tmp_path)
+    (tmp_path / "tokenizer").mkdir()
+    built = pipeline_from_configs(tmp_path)
+    assert isinstance(built.tokenizer, ShapeTokenizer) and built.tokenizer.model_max_length == TEXT
+    assert run_sd(built, "fake").by_component()["text_encoder"] == 2 * alone(
+        pipe.text_encoder, torch.zeros(1, TEXT, dtype=torch.long))
+    shorter = pipeline_from_configs(tmp_path, overrides={"tokenizer.model_max_length": 20})
+    assert shorter.tokenizer.model_max_length == 20
+    vocab = {"<|startoftext|>": 0, "<|endoftext|>": 1, **{f"{c}</w>": 2 + i for i, c in enumerate("abcdefgh")}}
+    (tmp_path / "tokenizer" / "vocab.json").write_text(json.dumps(vocab))  # files, but no tokenizer_config.json
+    (tmp_path / "tokenizer" / "merges.txt").write_text("#version: 0.2\n")
+    assert main(["profile", f"diffusers:{tmp_path}", "--steps", "1", "--size", "32x32"]) == 3
+    err = capsys.readouterr().err
+    assert f"the tokenizer 'tokenizer' in {tmp_path / 'tokenizer'} has no model_max_length" in err
+    assert "OverflowError" not in err and "--set tokenizer.model_max_length=N" in err
+    assert main(["profile", f"diffusers:{tmp_path}", "--steps", "1", "--size", "32x32", "--set",
+                 "tokenizer.model_max_length=20", "--json", str(tmp_path / "p.json")]) == 0
+    report = json.loads((tmp_path / "p.json").read_text())
+    assert report["components"]["text_encoder"] == 2 * alone(pipe.text_encoder, torch.zeros(1, 20, dtype=torch.long))
+
+
 def test_cli_profiles_a_diffusers_folder(tmp_path, capsys):
     from flopscope.cli import main
     configs_only(tmp_path)

@@ -16,7 +16,9 @@ import dataclasses
 import functools
 import importlib
 import importlib.util
+import inspect
 import math
+import re
 import warnings
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -136,6 +138,7 @@ class PeerCount:
     unsupported: Mapping[str, int] | None = None  # fvcore's unsupported_ops(): {op: calls}
     by_module: Mapping[str, int] | None = None
     leaks: tuple[str, ...] = ()  # what the tool left behind (patched functions, hooks), undone before the next
+    note: str = ""  # how the peer was run when not as given ("counted with use_cache=False: ..."), and why
 
     @property
     def difference(self) -> int | None:
@@ -171,7 +174,7 @@ class PeerCount:
             out.append(f"{self.tool}: {self.unexplained:+,} MACs unexplained")
         if not out:
             out.append(f"{self.tool}: agrees exactly")
-        return out + leaks
+        return out + ([f"{self.tool}: {self.note}"] if self.note else []) + leaks
 
 
 @dataclass(frozen=True)
@@ -189,8 +192,19 @@ class Crosscheck:
 
     @property
     def all_explained(self) -> bool:
-        """Every peer ran and every difference is explained (what ``flopscope crosscheck`` exits 0 on)."""
+        """Every peer ran and every difference is explained."""
         return all(peer.explained for peer in self.peers.values())
+
+    @property
+    def ran(self) -> tuple[str, ...]:
+        """The peers that counted (did not fail), in the order they ran."""
+        return tuple(name for name, peer in self.peers.items() if peer.error is None and peer.macs is not None)
+
+    @property
+    def ran_explained(self) -> bool:
+        """At least one peer counted, and every difference of those that did is explained (what ``flopscope
+        crosscheck`` exits 0 on: a peer that fails is a finding about that peer, reported with its reason)."""
+        return bool(self.ran) and all(self.peers[name].explained for name in self.ran)
 
     def __getitem__(self, tool: str) -> PeerCount:
         return self.peers[tool]
@@ -215,7 +229,8 @@ class Crosscheck:
             ratio = f"{peer.ratio:.4f}" if peer.ratio is not None else "-"
             plugged = self.plugins and peer.tool in _PLUGIN_TOOLS
             rows.append([peer.tool + (" + flopscope plug-ins" if plugged else ""), f"{peer.macs:,}", ratio,
-                         "\n".join([*texts, *peer.leaks]) or "agrees exactly"])
+                         "\n".join([*(texts or ["agrees exactly"]), *([peer.note] if peer.note else []),
+                                    *peer.leaks])])
         return tabulate(rows, headers=["tool", "MACs", "ratio", "explanation"], tablefmt=tablefmt,
                         colalign=("left", "right", "right", "left"), disable_numparse=True)
 
@@ -265,7 +280,11 @@ def crosscheck(model: nn.Module, *args: Any, tools: Sequence[str] | None = None,
     flopscope runs with ``mode="real"`` on ``model`` (which it leaves unchanged); each peer runs on its own
     ``copy.deepcopy(model)``, so hooks, buffers and attributes a peer adds never reach ``model``. The grad
     mode and training flags are the caller's (thop always switches to eval mode under ``no_grad``; what
-    that changes is reported as a ``"path"`` difference). A peer that raises is reported with its error.
+    that changes is reported as a ``"path"`` difference). A peer that raises is reported with its error, said
+    plainly where it is known (:func:`failure`: a TorchScript trace given a value it cannot take). When the
+    model's forward takes ``use_cache`` (Hugging Face models) and the call does not set it, a peer that raises runs
+    once more with ``use_cache=False`` (fvcore's trace cannot return a ``DynamicCache``), compared with flopscope's
+    count of that call; :attr:`PeerCount.note` says so, and why.
     After each peer, what it left behind (functions of ``torch``, ``torch.nn.functional``, ``torch.Tensor``
     still patched, global module hooks, hooks on its copy: DeepSpeed and calflops after a forward that raises)
     is undone before the next runs and listed in :attr:`PeerCount.leaks` (:mod:`.isolation`).
@@ -294,23 +313,77 @@ def crosscheck(model: nn.Module, *args: Any, tools: Sequence[str] | None = None,
     # caller's compiled model uncompiled (flopscope.capture.compiled), and an ExportedProgram is no module
     model, _ = eager_module(model)
     peers: dict[str, PeerCount] = {}
+    cacheless = _without_cache(model, kwargs)
+    uncached: Profile | None = None  # flopscope's count of the call without the cache, made once if a peer needs it
     for name in chosen:
         tool = _TOOL_TABLE[name]
         if tool.package is not None and importlib.util.find_spec(tool.package) is None:
             continue
-        run = _runner(tool)
-        modules = {space: _imported(space) for space in (*tool.imports, *tool.patches)}  # before the snapshot
-        extra = [modules[space] for space in tool.patches if modules[space] is not None]
-        with isolated(model, extra) as isolation:
-            try:
-                peer = run(model, args, kwargs, prof, plugins)
-            except Exception as error:
-                # Catching everything is deliberate: a third-party counter failing on the user's model (fvcore's
-                # TorchScript tracer, a thop rule, a FlopCounterMode formula, any of them with flopscope's
-                # plug-ins) is a finding reported beside the others, never a crash of the whole cross-check.
-                peer = PeerCount(name, None, prof.total(), error=f"{type(error).__name__}: {error}"[:300])
-        peers[name] = dataclasses.replace(peer, leaks=tuple(isolation.leaks)) if isolation.leaks else peer
+        peer, why = _run_peer(tool, model, args, kwargs, prof, plugins)
+        if peer.error is not None and cacheless is not None:
+            # a peer that cannot take the model's cache (fvcore's TorchScript trace of a DynamicCache output) counts
+            # the same call without one, compared with flopscope's count of that call
+            if uncached is None:
+                uncached = profile(model, *args, mode="real", forward_kwargs=cacheless)
+            retried, _ = _run_peer(tool, model, args, cacheless, uncached, plugins)
+            if retried.error is None:
+                path = path_difference(name, "run with use_cache=False", uncached, prof)
+                peer = dataclasses.replace(retried, reference=prof.total(),
+                                           differences=ordered([*path, *retried.differences]),
+                                           note=f"counted with use_cache=False: with the model's cache, {why}",
+                                           leaks=(*(f"with the cache, {leak}" for leak in peer.leaks),
+                                                  *retried.leaks))
+        peers[name] = peer
     return Crosscheck(prof, peers, plugins)
+
+
+def _run_peer(tool: _Tool, model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], prof: Profile,
+              plugins: bool) -> tuple[PeerCount, str]:
+    """One peer's count of ``model(*args, **kwargs)`` against ``prof``, isolated (:mod:`.isolation`), and why it
+    failed (``""`` when it counted): a peer that raises gives a :class:`PeerCount` whose ``error`` says why and the
+    way out (:func:`failure`)."""
+    why = ""
+    run = _runner(tool)
+    modules = {space: _imported(space) for space in (*tool.imports, *tool.patches)}  # before the snapshot
+    extra = [modules[space] for space in tool.patches if modules[space] is not None]
+    with isolated(model, extra) as isolation:
+        try:
+            peer = run(model, args, kwargs, prof, plugins)
+        except Exception as error:
+            # Catching everything is deliberate: a third-party counter failing on the user's model (fvcore's
+            # TorchScript tracer, a thop rule, a FlopCounterMode formula, any of them with flopscope's
+            # plug-ins) is a finding reported beside the others, never a crash of the whole cross-check.
+            why, fix = failure(error)
+            peer = PeerCount(tool.name, None, prof.total(), error=f"{why}; {fix}" if fix else why)
+    return (dataclasses.replace(peer, leaks=tuple(isolation.leaks)) if isolation.leaks else peer), why
+
+
+def _without_cache(model: nn.Module, kwargs: Mapping[str, Any]) -> dict[str, Any] | None:
+    """``kwargs`` with ``use_cache=False`` when ``model``'s forward takes ``use_cache`` (Hugging Face models) and the
+    caller did not set it, else ``None``. A single forward executes the same MACs with or without its cache: the
+    cache only keeps the keys and values for the next call."""
+    if "use_cache" in kwargs:
+        return None
+    try:
+        parameters = inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):  # a forward without a signature Python can read
+        return None
+    return {**kwargs, "use_cache": False} if "use_cache" in parameters else None
+
+
+_TRACE_TYPE = re.compile(r"supported as JIT inputs/outputs.*unsupported type: ([\w.]+)", re.DOTALL)
+
+
+def failure(error: BaseException) -> tuple[str, str]:
+    """Why a peer failed, in a line, and the way out (``""`` where there is none to give): a TorchScript trace given
+    a value it cannot take (fvcore and torchprofile trace the model with ``torch.jit``: tensors, tuples, lists and
+    dicts only) says which; any other error is its type and message (at most 300 characters)."""
+    traced = _TRACE_TYPE.search(str(error))
+    if traced is not None:
+        return (f"its TorchScript trace takes tensors, tuples, lists and dicts only, and the forward gave it a "
+                f"{traced.group(1)} ({type(error).__name__})",
+                "return tensors, tuples or dicts from the forward (or wrap the model in a module that does)")
+    return f"{type(error).__name__}: {error}"[:300], ""
 
 
 def _imported(name: str) -> Any:
