@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import copy
 import warnings
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -33,13 +34,15 @@ from torch import nn
 from torch._subclasses.fake_tensor import FakeTensor
 
 from .api import profile
+from .attribute.paths import within
 from .capture.fake import map_tensors, tensors_in
 from .capture.model_caches import fake_tensors_held
+from .capture.records import FORWARD
 from .conventions import CAUSAL, MASK
 from .errors import FlopscopeError
 from .formulas.registry import REGISTRY, OpFamily
 from .profile import Profile
-from .role import PAIR_ROLES
+from .role import ATTENTION_CORE, PAIR_ROLES, Role, RoleGroup
 
 INVARIANTS = ("repeat", "modes", "attention", "forward", "caches")
 """The invariants :func:`check_invariants` checks, in the order it checks them."""
@@ -252,3 +255,94 @@ def _eager(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> P
     except Exception:  # the model supports only the implementation it has
         return None
     return profile(copied, *args, mode="real", **kwargs)
+
+
+# --------------------------------------------------------------------------------------------------
+# roles that must balance (issue 47): statements about one layer's roles that hold in every standard block
+BALANCE_RULES = ("ffn", "gate", "attention", "projections", "head")
+"""What :func:`role_balance` checks, per layer (an item of a module list, the outermost one):
+
+- ``ffn``: ``ffn_up == ffn_down`` (an FFN maps d → f → d: both are n·d·f, gated or not, each expert alike);
+- ``gate``: ``ffn_gate`` is 0 or ``ffn_up`` (a GLU's gate has the up projection's shape);
+- ``attention``: scores and weighted sum come together, and the projections balance with them:
+  ``q_proj / out_proj == k_proj / v_proj == attn_scores / attn_weighted_sum`` (each ratio is d_qk / d_v: true for
+  multi-head, grouped-query, multi-query and cross-attention; written as products of integers);
+- ``projections``: a layer with q/k/v/out projections has an attention core (quadratic or linear);
+- ``head``: nothing in a head (a pooler, a classifier, an LM head: the paths given) is an attention or FFN role.
+"""
+
+
+@dataclass(frozen=True)
+class Imbalance:
+    """One rule of :data:`BALANCE_RULES` that one layer (or head) breaks: ``where`` (its module path), ``rule`` and
+    ``detail`` (the MACs that do not balance)."""
+
+    where: str
+    rule: str
+    detail: str
+
+    def __str__(self) -> str:
+        return f"{self.where or '(root)'}: {self.rule}: {self.detail}"
+
+
+def role_balance(prof: Profile, heads: Sequence[str] = ()) -> list[Imbalance]:
+    """The :data:`BALANCE_RULES` that ``prof``'s forward roles break, per layer and per head (``heads``: module
+    paths of the model's heads). A layer is an item of a module list (``layers.3``), the outermost where lists nest
+    (a layer's experts belong to it). No closed form is needed: the rules hold whatever the widths (MACs)."""
+    types = prof.facts.types
+    layers: dict[str, Counter[str]] = {}
+    in_heads: dict[str, Counter[str]] = {head: Counter() for head in heads}
+    layer_of: dict[str, str | None] = {}
+    for record in prof.records:
+        if record.phase != FORWARD or not record.roles:
+            continue
+        path = record.module
+        if path not in layer_of:
+            layer_of[path] = _layer(path, types)
+        layer = layer_of[path]
+        if layer is not None:
+            layers.setdefault(layer, Counter()).update(record.roles)
+        for head, roles in in_heads.items():
+            if within(path, head):
+                roles.update(record.roles)
+    found = [imbalance for layer, roles in layers.items() for imbalance in _layer_balance(layer, roles)]
+    for head, roles in in_heads.items():
+        wrong = {role: macs for role, macs in roles.items()
+                 if macs and Role(role).group in (RoleGroup.ATTENTION, RoleGroup.FFN)}
+        if wrong:
+            found.append(Imbalance(head, "head", ", ".join(f"{r} {m:,}" for r, m in sorted(wrong.items()))))
+    return found
+
+
+def _layer(path: str, types: Mapping[str, type]) -> str | None:
+    """The outermost item of a module list that contains ``path`` (``None``: in no list)."""
+    parts = path.split(".") if path else []
+    for i in range(1, len(parts)):
+        parent = ".".join(parts[:i])
+        if parts[i].isdigit() and isinstance(types.get(parent), type) and issubclass(
+                types[parent], (nn.ModuleList, nn.Sequential)):
+            return ".".join(parts[:i + 1])
+    return None
+
+
+def _layer_balance(layer: str, roles: Mapping[str, int]) -> list[Imbalance]:
+    up, gate, down = roles.get("ffn_up", 0), roles.get("ffn_gate", 0), roles.get("ffn_down", 0)
+    q, k, v, out = (roles.get(r, 0) for r in ("q_proj", "k_proj", "v_proj", "out_proj"))
+    scores, weighted = roles.get("attn_scores", 0), roles.get("attn_weighted_sum", 0)
+    found = []
+    if up != down:
+        found.append(Imbalance(layer, "ffn", f"ffn_up {up:,} != ffn_down {down:,}"))
+    if gate and gate != up:
+        found.append(Imbalance(layer, "gate", f"ffn_gate {gate:,} != ffn_up {up:,}"))
+    if scores or weighted:
+        if not (scores and weighted):
+            found.append(Imbalance(layer, "attention", f"attn_scores {scores:,}, attn_weighted_sum {weighted:,}"))
+        elif (q or out) and q * weighted != out * scores:
+            found.append(Imbalance(layer, "attention", f"q_proj {q:,} / out_proj {out:,} != attn_scores {scores:,} "
+                                                       f"/ attn_weighted_sum {weighted:,}"))
+        elif (k or v) and k * weighted != v * scores:
+            found.append(Imbalance(layer, "attention", f"k_proj {k:,} / v_proj {v:,} != attn_scores {scores:,} "
+                                                       f"/ attn_weighted_sum {weighted:,}"))
+    if (q or k or v or out) and not any(roles.get(r, 0) for r in ATTENTION_CORE):
+        found.append(Imbalance(layer, "projections", f"q/k/v/out {q:,}/{k:,}/{v:,}/{out:,} without an attention core"))
+    return found

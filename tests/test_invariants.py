@@ -214,3 +214,38 @@ def test_documented_exception_aimv2_pooling_head_on_meta_kernels() -> None:
     moved = {role: real[role] - macs for role, macs in head.items()}
     assert meta == {**real, **{role: macs for role, macs in moved.items() if macs},
                     "other": real.get("other", 0) + sum(head.values())}
+
+
+# --------------------------------------------------------------------------------------------------
+# roles that must balance (issue 47)
+def test_role_balance_rules_on_one_layers_roles() -> None:
+    from flopscope.invariants import _layer_balance
+
+    n, d, f, h, kv, d_k, d_v = 16, 64, 96, 4, 2, 24, 32  # d_k != d_v: the attention ratios are d_k / d_v
+    attention = {"q_proj": n * d * h * d_k, "k_proj": n * d * kv * d_k, "v_proj": n * d * kv * d_v,
+                 "out_proj": n * h * d_v * d, "attn_scores": h * n * n * d_k, "attn_weighted_sum": h * n * n * d_v}
+    ffn = {"ffn_up": n * d * f, "ffn_gate": n * d * f, "ffn_down": n * f * d}
+    assert _layer_balance("layers.0", {**attention, **ffn}) == []
+    rules = lambda roles: {i.rule for i in _layer_balance("layers.0", roles)}  # noqa: E731
+    assert rules({**attention, **ffn, "ffn_down": n * f * d // 2}) == {"ffn"}
+    assert rules({**attention, **ffn, "ffn_gate": n * d}) == {"gate"}
+    assert rules({**attention, "out_proj": n * h * d_v * d // 2}) == {"attention"}
+    assert rules({**attention, "k_proj": 0}) == {"attention"}
+    assert rules({"q_proj": n * d * d}) == {"projections"}
+
+
+@pytest.mark.parametrize("name", ["llama", "mistral", "gpt2"])
+def test_standard_layers_balance_with_widths_that_do_not_coincide(name: str) -> None:
+    from flopscope.invariants import role_balance
+
+    wide = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, vocab_size=1000)
+    configs = {"llama": ("LlamaForCausalLM", "LlamaConfig", dict(num_key_value_heads=2, head_dim=24, **wide)),
+               "mistral": ("MistralForCausalLM", "MistralConfig", dict(num_key_value_heads=2, head_dim=24,
+                                                                      sliding_window=4, **wide)),
+               "gpt2": ("GPT2LMHeadModel", "GPT2Config", dict(n_embd=64, n_inner=96, n_layer=2, n_head=4,
+                                                              vocab_size=1000))}
+    cls, config, kwargs = configs[name]
+    model = hf(cls, config, **kwargs)
+    prof = flopscope.profile(model, torch.randint(0, 1000, (1, 16)))
+    assert role_balance(prof, heads=("lm_head",)) == []
+    assert prof.by_role()["ffn_up"] == prof.by_role()["ffn_down"] == 2 * 16 * 64 * 96
