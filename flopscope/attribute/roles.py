@@ -339,6 +339,8 @@ def _attention_at_softmax(view: GraphView, state: RoleState, s: CapturedOp) -> N
     for m in scores:
         state.parts[m] = {Role.ATTN_SCORES.value: m.macs}
         a, b = view.matmul_operands(m)
+        if _transposed_on_the_way(view, m, s):
+            a, b = b, a  # (DeBERTa's position-to-content scores, K·(P_q)ᵀ then transposed: the keys come first)
         members |= _demand_projections(view, state, a, Role.Q_PROJ.value)
         members |= _demand_projections(view, state, b, Role.K_PROJ.value)
     for m in weighted:
@@ -348,6 +350,39 @@ def _attention_at_softmax(view: GraphView, state: RoleState, s: CapturedOp) -> N
         members |= _demand_projections(view, state, value_side, Role.V_PROJ.value)
         members |= _demand_out_proj(view, state, m)
     state.groups.append(members)
+
+
+def _transposed_on_the_way(view: GraphView, product: CapturedOp, softmax: CapturedOp) -> bool:
+    """The scores ``product`` makes reach the ``softmax`` with their last two axes swapped (an odd number of
+    transposes on the way, through ops without multiplies): its left operand's positions end on the softmax's axis,
+    the keys', so its left operand holds the keys. Queries and keys are told by which side's positions the softmax
+    normalises over, not by operand order."""
+    target = softmax.args[0] if softmax.args else None
+    parity: dict[CapturedOp, bool] = {product: False}
+    todo = [product]
+    while todo:
+        n = todo.pop(0)
+        if n is target:
+            return parity[n]
+        for user in view.users(n):
+            if user.macs or user in parity or view.packet(user) in SOFTMAX_OPS:
+                continue
+            parity[user] = parity[n] ^ _swaps_last_axes(user)
+            todo.append(user)
+    return False
+
+
+def _swaps_last_axes(n: CapturedOp) -> bool:
+    """``n`` is a transpose or permute that swaps its input's last two axes."""
+    rank = len(n.output_shapes[0]) if n.output_shapes else 0
+    if rank < 2:
+        return False
+    if n.target in (aten.transpose.int, aten.transpose_copy.int) and len(n.args) >= 3:
+        return {n.args[1] % rank, n.args[2] % rank} == {rank - 2, rank - 1}
+    if n.target in (aten.permute.default, aten.permute_copy.default) and len(n.args) >= 2:
+        dims = [d % rank for d in n.args[1]]
+        return dims[-2:] == [rank - 1, rank - 2]
+    return n.target in (aten.t.default, aten.t_copy.default) and rank == 2
 
 
 def _attention_at_products(view: GraphView, state: RoleState, first: CapturedOp) -> None:
@@ -507,7 +542,9 @@ def logits(view: GraphView, state: RoleState) -> None:
     """A weight matmul onto the vocabulary: its weight is a token-embedding table (tied) or has its
     shape and no weight matmul takes its result (the last projection), and its output has one column per
     token of that table. Token tables are those looked up
-    with indices that come from the inputs (position tables are looked up with ``arange``)."""
+    with indices that come from the inputs (position tables are looked up with ``arange``). A matmul on one vector
+    per sample pooled from the positions (a sequence classifier) matches a table's shape only if that table is the
+    vocabulary (the largest): a classifier whose labels are as many as the token types is no LM head."""
     tables: dict[Any, int] = {}  # leaf name or ("shape", shape) -> vocabulary size
     for n in view.nodes:
         if view.packet(n) not in EMBEDDING_LOOKUPS:
@@ -521,6 +558,7 @@ def logits(view: GraphView, state: RoleState) -> None:
         state.parts[n] = {Role.EMBEDDING.value: 0}
     if not tables:
         return
+    vocabulary = max(tables.values())
     for n in view.nodes:
         if not view.is_weight_matmul(n) or state.claimed(n):
             continue
@@ -528,6 +566,8 @@ def logits(view: GraphView, state: RoleState) -> None:
         leaves = view.leaves_of(view.weight_operand(n))
         tied = {_leaf_key(x) for x in leaves} & tables.keys()
         shaped = {("shape", tuple(x.output_shapes[0])) for x in leaves} & tables.keys()
+        if view.pooled(n):  # one vector per sample pooled from the positions: a classifier, unless the table it
+            shaped = {key for key in shaped if tables[key] == vocabulary}  # has the shape of is the vocabulary
         if any(tables[key] in width for key in tied) or (
                 any(tables[key] in width for key in shaped) and not _feeds_a_weight_matmul(view, n)):
             state.parts[n] = {Role.LOGITS.value: n.macs}
@@ -560,10 +600,11 @@ def ffn(view: GraphView, state: RoleState) -> None:
         taken = {source for source, _ in state.row_demands.get(d, ())}
         for hidden in [s for s in sources if s not in taken] if sources else [x]:
             found = _hidden_layer(view, state, hidden)
-            if found is None or _per_sample(view, d) \
+            if found is None or _per_sample(view, d) or view.pooled(d) \
                     or any(_spread(view, p) for demands in found for p, _, _ in demands):
                 continue  # one vector per sample (or frame) spread over the positions, after D or before its hidden
-                # layer (Flux-3's per-token modulations of silu(temb expanded to the tokens)), is conditioning
+                # layer (Flux-3's per-token modulations of silu(temb expanded to the tokens)), is conditioning; one
+                # pooled from the positions (a pooler and its classifier) is a head
             for demands in found:
                 for p, target, role in demands:
                     state.demand(p, target, role)

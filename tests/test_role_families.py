@@ -1,0 +1,72 @@
+"""Roles of the families issue 47's zoo-wide invariants found misread, each against its closed form, built from tiny
+configs whose widths do not coincide (head width · heads != hidden, d_ff != hidden), so that a role taken for
+another shows. Notation: L layers, B sequences, n tokens, d hidden width, h heads, f FFN width."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import flopscope
+from flopscope.invariants import head_paths, role_balance
+
+from closed_forms import add, attention, ffn, times
+
+transformers = pytest.importorskip("transformers")
+
+L, B, N, D, H, F = 2, 2, 16, 64, 4, 96
+
+
+def roles(model: torch.nn.Module, **inputs: torch.Tensor) -> tuple[dict[str, int], flopscope.Profile]:
+    prof = flopscope.profile(model.eval(), **inputs)
+    return {role: macs for role, macs in prof.by_role().items() if macs}, prof
+
+
+def ids(vocab: int = 1000) -> torch.Tensor:
+    return torch.randint(0, vocab, (B, N), generator=torch.Generator().manual_seed(0))
+
+
+# --------------------------------------------------------------------------------------------------
+# 1. sequence classifiers: a pooler and a classifier on one vector per sample are a head (other), never an FFN,
+# and never logits, even with as many labels as the token-type table has rows
+@pytest.mark.parametrize("labels", [3, 2])  # 2: as many as BERT's token types
+@pytest.mark.parametrize("family", ["bert", "roberta", "distilbert"])
+def test_a_sequence_classifier_head_is_other(family: str, labels: int) -> None:
+    torch.manual_seed(0)
+    if family == "distilbert":
+        config = transformers.DistilBertConfig(dim=D, hidden_dim=F, n_layers=L, n_heads=H, vocab_size=1000,
+                                               num_labels=labels)
+    else:
+        config = getattr(transformers, f"{'Bert' if family == 'bert' else 'Roberta'}Config")(
+            hidden_size=D, intermediate_size=F, num_hidden_layers=L, num_attention_heads=H, vocab_size=1000,
+            type_vocab_size=2, num_labels=labels)
+    model = transformers.AutoModelForSequenceClassification.from_config(config)
+    found, prof = roles(model, input_ids=ids())
+    head = B * D * D + B * D * labels  # pooler (or pre-classifier) d -> d, then the classifier d -> labels
+    assert found == add(times(L, add(attention(B, N, N, D, H), ffn(B, N, D, F))), {"other": head})
+    assert role_balance(prof, head_paths(prof)) == []
+
+
+# --------------------------------------------------------------------------------------------------
+# 2. DeBERTa's disentangled attention: content-to-content Q·Kᵀ, content-to-position Q·P_kᵀ and position-to-content
+# K·P_qᵀ (transposed before it joins the scores): each product's queries are the side whose positions are the
+# scores' rows, whatever the operand order, so key_proj is k_proj and the positions' projections q / k by use
+@pytest.mark.parametrize("share_att_key", [True, False])
+def test_deberta_disentangled_attention_tells_queries_from_keys_by_axis(share_att_key: bool) -> None:
+    torch.manual_seed(0)
+    span = 4  # position buckets: 2·span relative embeddings projected once per layer
+    config = transformers.DebertaV2Config(hidden_size=D, intermediate_size=F, num_hidden_layers=L,
+                                          num_attention_heads=H, vocab_size=1000, relative_attention=True,
+                                          pos_att_type=["p2c", "c2p"], position_buckets=span,
+                                          max_relative_positions=64, share_att_key=share_att_key)
+    found, prof = roles(transformers.DebertaV2Model(config), input_ids=ids())
+    d_k, rel = D // H, 2 * span
+    per_layer = {"q_proj": B * N * D * D + rel * D * D, "k_proj": B * N * D * D + rel * D * D,
+                 "v_proj": B * N * D * D, "out_proj": B * N * D * D,
+                 "attn_scores": B * H * N * N * d_k + 2 * B * H * N * rel * d_k,  # c2c, c2p, p2c
+                 "attn_weighted_sum": B * H * N * N * d_k, **ffn(B, N, D, F)}
+    assert found == times(L, per_layer)
+    self_attention = "encoder.layer.0.attention.self."
+    by_module = {r.module: r.role for r in prof.records if r.module.startswith(self_attention)}
+    assert by_module[self_attention + "query_proj"] == "q_proj"
+    assert by_module[self_attention + "key_proj"] == "k_proj"
