@@ -70,3 +70,29 @@ def test_deberta_disentangled_attention_tells_queries_from_keys_by_axis(share_at
     by_module = {r.module: r.role for r in prof.records if r.module.startswith(self_attention)}
     assert by_module[self_attention + "query_proj"] == "q_proj"
     assert by_module[self_attention + "key_proj"] == "k_proj"
+
+
+# --------------------------------------------------------------------------------------------------
+# 3. Gemma 3n: AltUp predicts each of its streams as a per-position mix of all of them (``streams @ coefs``, the
+# coefficients from a small router MLP): no attention (its product's rows are features, not positions) and no FFN
+# (the router MLP's output only weighs the streams)
+def test_gemma3n_altup_is_neither_attention_nor_an_ffn() -> None:
+    torch.manual_seed(0)
+    head_dim, kv, per_layer, vocab = 24, 2, 16, 1000
+    config = transformers.Gemma3nTextConfig(
+        hidden_size=D, intermediate_size=[F] * L, num_hidden_layers=L, num_attention_heads=H, num_key_value_heads=kv,
+        head_dim=head_dim, vocab_size=vocab, vocab_size_per_layer_input=vocab, hidden_size_per_layer_input=per_layer,
+        laurel_rank=8, altup_num_inputs=4, num_kv_shared_layers=0, activation_sparsity_pattern=[0.0] * L,
+        layer_types=["sliding_attention", "full_attention"])
+    found, prof = roles(transformers.Gemma3nForCausalLM(config), input_ids=ids(vocab))
+    attention_roles = {"q_proj": B * N * D * H * head_dim, "k_proj": B * N * D * kv * head_dim,
+                       "v_proj": B * N * D * kv * head_dim, "out_proj": B * N * H * head_dim * D,
+                       "attn_scores": B * H * N * N * head_dim, "attn_weighted_sum": B * H * N * N * head_dim}
+    assert {role: found[role] for role in attention_roles} == times(L, attention_roles)
+    assert found["logits"] == B * N * D * vocab
+    # the gated MLP of each layer, and each layer's gated per-layer-input branch, whose up projection is one
+    # projection of the input embeddings for every layer (computed before the first)
+    assert found["ffn_gate"] == found["ffn_up"] == found["ffn_down"] == L * B * N * D * (F + per_layer)
+    by_module = {r.module: r.role for r in prof.records}
+    altup = [m for m in by_module if ".altup." in m or "altup_" in m]
+    assert altup and {by_module[m] for m in altup} == {"other"}

@@ -402,6 +402,8 @@ def _attention_at_products(view: GraphView, state: RoleState, first: CapturedOp)
         return
     linear = _contracts_positions(view, first)
     quadratic = [] if linear else [m for m in seconds if view.descends_from(view.matmul_operands(m)[0], first)]
+    if quadratic and not _makes_a_positions_grid(view, first):
+        return  # a product over another axis (Gemma 3n's AltUp mixes its streams at each position): no attention
     members = {first, *seconds}
     if quadratic:
         state.parts[first] = {Role.ATTN_SCORES.value: first.macs}
@@ -433,6 +435,18 @@ def _attention_at_products(view: GraphView, state: RoleState, first: CapturedOp)
                 state.parts[z] = {Role.ATTN_NORMALISER.value: z.macs}
                 members.add(z)
     state.groups.append(members)
+
+
+def _makes_a_positions_grid(view: GraphView, first: CapturedOp) -> bool:
+    """The scores of a quadratic form are a positions × positions grid: no projection behind ``first``'s left
+    operand has its output columns (features) along that operand's rows, nor one behind its right operand along
+    that operand's columns. A product whose rows or columns run over features or streams mixes something else."""
+    a, b = view.matmul_operands(first)
+    for operand, axis in ((a, -2), (b, -1)):
+        for p in _nearest_before(view, operand):
+            if view.is_weight_matmul(p) and holds_columns_along(p, operand, axis) is True:
+                return False
+    return True
 
 
 def _contracts_positions(view: GraphView, first: CapturedOp) -> bool:
@@ -600,7 +614,7 @@ def ffn(view: GraphView, state: RoleState) -> None:
         taken = {source for source, _ in state.row_demands.get(d, ())}
         for hidden in [s for s in sources if s not in taken] if sources else [x]:
             found = _hidden_layer(view, state, hidden)
-            if found is None or _per_sample(view, d) or view.pooled(d) \
+            if found is None or _per_sample(view, d) or view.pooled(d) or _only_weighs(view, d) \
                     or any(_spread(view, p) for demands in found for p, _, _ in demands):
                 continue  # one vector per sample (or frame) spread over the positions, after D or before its hidden
                 # layer (Flux-3's per-token modulations of silu(temb expanded to the tokens)), is conditioning; one
@@ -613,6 +627,37 @@ def ffn(view: GraphView, state: RoleState) -> None:
             else:
                 state.parts[d] = {Role.FFN_DOWN.value: d.macs}
             state.groups.append({d} | {p for demands in found for p, _, _ in demands})
+
+
+def _only_weighs(view: GraphView, d: CapturedOp) -> bool:
+    """``d``'s result only weighs other values, never joins them as data: wherever it meets another activation
+    (walking forward through ops without multiplies, a constant added on the way), it is an operand of an activation
+    product (a mixing matrix: Gemma 3n's AltUp predicts each stream as ``streams @ coefs(router(x))``) or a factor
+    with one entry along the features that the product spreads over them (``innovation * coefs[..., None]``). Such a
+    hidden layer computes coefficients (a router's), not a position-wise FFN of the token stream."""
+    met = False
+    todo, seen = [d], {d}
+    while todo:
+        n = todo.pop()
+        for user in view.users(n):
+            if user in seen:
+                continue
+            seen.add(user)
+            others = [x for x in view.inputs(user) if x is not n and view.live.get(x, False)]
+            if user.macs:
+                if not view.is_activation_product(user):
+                    return False  # read by a projection: data
+                met = True
+            elif others and view.packet(user) in (aten.mul, aten.mul_):
+                if not (n.output_shapes and user.output_shapes and n.output_shapes[0][-1:] == (1,)
+                        and user.output_shapes[0][-1:] != (1,)):
+                    return False  # a product with as many features: data gated or gating
+                met = True
+            elif others or not view.users(user):
+                return False  # added to or concatenated with another activation, or an output: data
+            else:
+                todo.append(user)
+    return met
 
 
 def _fourier_features(view: GraphView, sources: Sequence[CapturedOp]) -> bool:
