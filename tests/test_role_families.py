@@ -96,3 +96,23 @@ def test_gemma3n_altup_is_neither_attention_nor_an_ffn() -> None:
     by_module = {r.module: r.role for r in prof.records}
     altup = [m for m in by_module if ".altup." in m or "altup_" in m]
     assert altup and {by_module[m] for m in altup} == {"other"}
+
+
+# --------------------------------------------------------------------------------------------------
+# 4. Mix-FFN (SegFormer, PVTv2, GLPN): fc1 → depthwise 3×3 conv → GELU → fc2, written back to the residual stream, is
+# an FFN; the convolution keeps conv
+def test_segformer_mix_ffn_is_an_ffn_through_its_depthwise_conv() -> None:
+    torch.manual_seed(0)
+    config = transformers.SegformerConfig(num_encoder_blocks=2, depths=[1, 1], sr_ratios=[2, 1], hidden_sizes=[16, 32],
+                                          num_attention_heads=[1, 2], mlp_ratios=[4, 4], patch_sizes=[7, 3],
+                                          strides=[4, 2])
+    found, _ = roles(transformers.SegformerModel(config), pixel_values=torch.randn(1, 3, 64, 64))
+    # stage 0: 16×16 tokens of width 16, keys reduced 2×2 to 8×8; stage 1: 8×8 tokens of width 32, no reduction
+    stages = [(16 * 16, 8 * 8, 16), (8 * 8, 8 * 8, 32)]
+    assert found["ffn_up"] == found["ffn_down"] == sum(n * d * 4 * d for n, _, d in stages)
+    assert found["q_proj"] == found["out_proj"] == sum(n * d * d for n, _, d in stages)
+    assert found["k_proj"] == found["v_proj"] == sum(k * d * d for _, k, d in stages)
+    assert found["attn_scores"] == sum(n * k * d for n, k, d in stages)
+    depthwise = sum(n * 4 * d * 9 for n, _, d in stages)  # 3×3 per channel of the hidden layer
+    assert found["conv"] > depthwise
+    assert "other" not in found

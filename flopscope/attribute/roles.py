@@ -613,7 +613,7 @@ def ffn(view: GraphView, state: RoleState) -> None:
             continue  # cat([sin(x·B), cos(x·B)]): a Fourier embedding of positions or of a timestep, no hidden layer
         taken = {source for source, _ in state.row_demands.get(d, ())}
         for hidden in [s for s in sources if s not in taken] if sources else [x]:
-            found = _hidden_layer(view, state, hidden)
+            found = _hidden_layer(view, state, hidden, through_channelwise=_writes_back(view, d))
             if found is None or _per_sample(view, d) or view.pooled(d) or _only_weighs(view, d) \
                     or any(_spread(view, p) for demands in found for p, _, _ in demands):
                 continue  # one vector per sample (or frame) spread over the positions, after D or before its hidden
@@ -627,6 +627,24 @@ def ffn(view: GraphView, state: RoleState) -> None:
             else:
                 state.parts[d] = {Role.FFN_DOWN.value: d.macs}
             state.groups.append({d} | {p for demands in found for p, _, _ in demands})
+
+
+def _writes_back(view: GraphView, d: CapturedOp) -> bool:
+    """``d``'s result is added to another activation of as many elements (through ops without multiplies): it writes
+    back to a residual stream, as an FFN's down projection does."""
+    size = _size(d)
+    for n in reach(view.users(d), view.users, lambda n: not n.macs and view.packet(n) not in SUM_OPS):
+        if (size is not None and view.packet(n) in SUM_OPS and not n.macs and _size(n) == size
+                and any(x is not d and view.live.get(x, False) and not view.descends_from(x, d)
+                        for x in view.inputs(n))):
+            return True
+    return False
+
+
+def _size(n: CapturedOp) -> int | None:
+    """Elements of ``n``'s (first) output; None where a size is symbolic."""
+    shape = n.output_shapes[0] if n.output_shapes else None
+    return math.prod(shape) if shape is not None and all(type(s) is int for s in shape) else None
 
 
 def _only_weighs(view: GraphView, d: CapturedOp) -> bool:
@@ -668,10 +686,11 @@ def _fourier_features(view: GraphView, sources: Sequence[CapturedOp]) -> bool:
     return bool(sources) and found == {aten.sin, aten.cos}
 
 
-def _hidden_layer(view: GraphView, state: RoleState, x: CapturedOp
+def _hidden_layer(view: GraphView, state: RoleState, x: CapturedOp, through_channelwise: bool = False
                   ) -> list[list[tuple[CapturedOp, CapturedOp, str]]] | None:
     """The projections an FFN hidden layer ``x`` is made from, per branch (gate and up, or up), if ``x`` is one: it
-    passes an activation function (or a gated product) from weight matmuls, each branch reaching one."""
+    passes an activation function (or a gated product) from weight matmuls, each branch reaching one;
+    ``through_channelwise``: looking through depthwise convolutions on the way (a Mix-FFN's ``fc1 → dwconv → GELU``)."""
     gate, up = _gated_branches(view, x)
     if gate is not None and up is not None:
         branches = [(gate, Role.FFN_GATE.value), (up, Role.FFN_UP.value)]
@@ -683,7 +702,7 @@ def _hidden_layer(view: GraphView, state: RoleState, x: CapturedOp
         return None  # a product of activations (a scan, a state) behind the hidden layer: a token mixer, no FFN
     if any(_assembled_in_parts(view, start) for start, _ in branches):
         return None  # a hidden layer written a part at a time (a scan's positions, RWKV's WKV): a token mixer
-    found = [_projections_of(view, state, start, role) for start, role in branches]
+    found = [_projections_of(view, state, start, role, through_channelwise) for start, role in branches]
     return found if all(found) else None  # every branch reaches a projection, else none is committed
 
 
