@@ -116,3 +116,20 @@ def test_segformer_mix_ffn_is_an_ffn_through_its_depthwise_conv() -> None:
     depthwise = sum(n * 4 * d * 9 for n, _, d in stages)  # 3×3 per channel of the hidden layer
     assert found["conv"] > depthwise
     assert "other" not in found
+
+
+# --------------------------------------------------------------------------------------------------
+# 5. an untied LM head over the leading rows of a token table with a few more (Llama 3.2 Vision's text model: 8
+# image tokens beyond the vocabulary the head predicts) is logits
+def test_an_lm_head_over_a_tables_leading_rows_is_logits() -> None:
+    torch.manual_seed(0)
+    vocab = 1000
+    config = transformers.MllamaTextConfig(hidden_size=D, intermediate_size=F, num_hidden_layers=1,
+                                           num_attention_heads=H, num_key_value_heads=2, vocab_size=vocab,
+                                           pad_token_id=0, cross_attention_layers=[])
+    model = transformers.MllamaForCausalLM(config)
+    assert tuple(model.model.embed_tokens.weight.shape) == (vocab + 8, D)
+    found, prof = roles(model, input_ids=ids(vocab))
+    assert found["logits"] == B * N * D * vocab
+    assert "other" not in found
+    assert role_balance(prof, head_paths(prof)) == []

@@ -573,18 +573,35 @@ def logits(view: GraphView, state: RoleState) -> None:
     if not tables:
         return
     vocabulary = max(tables.values())
+    shapes = [key[1] for key in tables if isinstance(key, tuple) and key[0] == "shape"]
     for n in view.nodes:
         if not view.is_weight_matmul(n) or state.claimed(n):
             continue
         width = n.output_shapes[0][-1:]
         leaves = view.leaves_of(view.weight_operand(n))
         tied = {_leaf_key(x) for x in leaves} & tables.keys()
-        shaped = {("shape", tuple(x.output_shapes[0])) for x in leaves} & tables.keys()
+        shaped = {rows for x in leaves for rows in _leading_rows_of(x, shapes)}
         if view.pooled(n):  # one vector per sample pooled from the positions: a classifier, unless the table it
-            shaped = {key for key in shaped if tables[key] == vocabulary}  # has the shape of is the vocabulary
+            shaped = {rows for rows in shaped if rows[1] == vocabulary}  # has the shape of is the vocabulary
         if any(tables[key] in width for key in tied) or (
-                any(tables[key] in width for key in shaped) and not _feeds_a_weight_matmul(view, n)):
+                any(rows in width for rows, _ in shaped) and not _feeds_a_weight_matmul(view, n)):
             state.parts[n] = {Role.LOGITS.value: n.macs}
+
+
+EXTRA_ROWS = 8
+"""A token table may hold up to one row in this many beyond the tokens its untied LM head predicts (Llama 3.2
+Vision's image tokens, CPM-Ant's prompt tokens): the head's weight matches the table's leading rows."""
+
+
+def _leading_rows_of(leaf: CapturedOp, shapes: Iterable[tuple[int, ...]]) -> list[tuple[int, int]]:
+    """``(rows, table rows)`` for each token table (``shapes``: the tables' shapes) whose leading rows ``leaf`` (a
+    weight ``[rows, d]``) has the shape of: as wide, with as many rows or up to one in :data:`EXTRA_ROWS` fewer."""
+    shape = tuple(leaf.output_shapes[0]) if leaf.output_shapes else ()
+    if len(shape) != 2 or not all(type(s) is int for s in shape):
+        return []
+    rows, width = shape
+    return [(rows, table_rows) for table_rows, table_width in shapes
+            if table_width == width and table_rows - table_rows // EXTRA_ROWS <= rows <= table_rows]
 
 
 def _feeds_a_weight_matmul(view: GraphView, n: CapturedOp) -> bool:
