@@ -133,3 +133,30 @@ def test_an_lm_head_over_a_tables_leading_rows_is_logits() -> None:
     assert found["logits"] == B * N * D * vocab
     assert "other" not in found
     assert role_balance(prof, head_paths(prof)) == []
+
+
+# --------------------------------------------------------------------------------------------------
+# 6. DeepSeek-V4: hyper-connections weigh their streams per row (sigmoid(hc)[..., None] * streams), which is no GLU
+# gate and no activation of a hidden layer; the grouped low-rank output projection's second factor is out_proj
+def test_deepseek_v4_hyper_connections_and_factored_output_projection() -> None:
+    torch.manual_seed(0)
+    q_rank, head_dim, groups, o_rank, expert, experts, top_k, vocab = 48, 32, 2, 40, 80, 4, 2, 1000
+    config = transformers.DeepseekV4Config(
+        vocab_size=vocab, hidden_size=D, moe_intermediate_size=expert, num_hidden_layers=L, num_attention_heads=H,
+        num_key_value_heads=1, head_dim=head_dim, q_lora_rank=q_rank, num_experts_per_tok=top_k,
+        n_routed_experts=experts, n_shared_experts=1, hc_mult=4, o_groups=groups, o_lora_rank=o_rank,
+        index_n_heads=4, index_head_dim=16, index_topk=8, num_nextn_predict_layers=0, sliding_window=8,
+        qk_rope_head_dim=8)
+    found, prof = roles(transformers.DeepseekV4ForCausalLM(config), input_ids=ids(vocab))
+    tokens, width = B * N, H * head_dim
+    per_layer = {
+        "q_proj": tokens * (D * q_rank + q_rank * width),  # q_a then q_b
+        "k_proj": tokens * D * head_dim,  # one latent key / value head
+        "out_proj": tokens * (width * o_rank + groups * o_rank * D),  # o_a per group, then o_b
+        "attn_scores": B * H * N * N * head_dim, "attn_weighted_sum": B * H * N * N * head_dim,
+        "ffn_up": tokens * D * expert * (top_k + 1), "ffn_gate": tokens * D * expert * (top_k + 1),
+        "ffn_down": tokens * expert * D * (top_k + 1)}  # the routed experts a token meets, and the shared one
+    assert {role: found.get(role, 0) for role in per_layer} == times(L, per_layer)
+    assert found["logits"] == tokens * D * vocab
+    hyper = {r.role for r in prof.records if r.module.endswith("_hc") or r.module == "model.hc_head"}
+    assert hyper == {"other"}

@@ -322,10 +322,12 @@ class GraphView:
         """An op of ``activations`` on an activation (:attr:`live`) lies among the nodes without multiplies reached
         walking back from ``n`` without crossing a multiply (``n`` included; a multiply itself is never activated; a
         learned scalar squashed by a sigmoid to blend two streams, SVD's ``AlphaBlender``, activates nothing; nor
-        does one behind a value without positions spread over the tokens: adaLN's ``tanh(gate)`` conditions them)."""
+        does one behind a value without positions spread over the tokens: adaLN's ``tanh(gate)`` conditions them; nor
+        one behind a weight per row spread over the features, ``sigmoid(w)[..., None] * streams``: DeepSeek-V4's
+        hyper-connections weigh their streams)."""
         return self.behind(n, activations, lambda m: self.packet(m) in activations and self.live[m],
                            through=lambda m, x: self._packets[m] not in BROADCASTING_OPS
-                           or not self.spreads_a_condition(m, x))
+                           or not (self.spreads_a_condition(m, x) or _weighs_rows(m, x)))
 
     def behind(self, n: CapturedOp, key: Any, test: Callable[[CapturedOp], bool],
                through: Callable[[CapturedOp, CapturedOp], bool] | None = None) -> bool:
@@ -421,3 +423,9 @@ def _numel(shape: Any) -> int:
 def _rows_of(shape: Any) -> int | None:
     """Rows of a value of this shape (every dim but the last); None where a size is symbolic."""
     return math.prod(shape[:-1]) if all(type(s) is int for s in shape) else None
+
+
+def _weighs_rows(product: CapturedOp, x: CapturedOp) -> bool:
+    """``x`` enters ``product`` with one entry along the last axis, where the product has many: a weight per row."""
+    return (bool(x.output_shapes) and bool(product.output_shapes) and x.output_shapes[0][-1:] == (1,)
+            and product.output_shapes[0][-1:] != (1,))

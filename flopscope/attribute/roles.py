@@ -807,6 +807,8 @@ def _gated_branches(view: GraphView, x: CapturedOp) -> tuple[CapturedOp | None, 
         a, b = n.args[:2]
         if any(isinstance(v, CapturedOp) and view.spreads_a_condition(n, v) for v in (a, b)):
             continue  # a vector per sample scaling the tokens (adaLN-Zero's tanh(gate) * ffn(x)): conditioning
+        if any(isinstance(v, CapturedOp) and _spread_over_features(v, n) for v in (a, b)):
+            continue  # a weight per row (DeepSeek-V4's hyper-connections, sigmoid(hc)[..., None] * block output)
         act_a = _passes_activation(view, a)
         macs_a = {m for m in _nearest_before(view, a) if view.is_weight_matmul(m)}
         macs_b = {m for m in _nearest_before(view, b) if view.is_weight_matmul(m)}
@@ -815,6 +817,13 @@ def _gated_branches(view: GraphView, x: CapturedOp) -> tuple[CapturedOp | None, 
         if macs_a and macs_b and (macs_a != macs_b or any(not (columns(m, a) & columns(m, b)) for m in macs_a)):
             return (a, b) if act_a else (b, a)
     return None, None
+
+
+def _spread_over_features(v: CapturedOp, product: CapturedOp) -> bool:
+    """``v`` has one entry along the last axis, where ``product`` has many: it scales whole rows, as a router's
+    weight does. A GLU's gate has a value per feature of the up branch."""
+    return (bool(v.output_shapes) and bool(product.output_shapes) and v.output_shapes[0][-1:] == (1,)
+            and product.output_shapes[0][-1:] != (1,))
 
 
 def _gating(view: GraphView, n: CapturedOp) -> bool:
@@ -973,6 +982,30 @@ def factored_projections(view: GraphView, state: RoleState) -> None:
                 break
 
 
+def output_factors(view: GraphView, state: RoleState) -> None:
+    """A weight matmul that is the only reader of an output projection's result, and reads nothing else (through
+    ops without multiplies that combine it with no other activation), is that projection's second factor:
+    ``out_proj`` too (DeepSeek-V4's grouped low-rank output projection, ``o_b_proj(o_a_proj(attention))``)."""
+    for n in view.nodes:
+        if not n.macs or state.claimed(n) or not view.is_weight_matmul(n):
+            continue
+        before = _nearest_before(view, view.activation_operand(n))
+        if not before or not all(_roles_of(state, m) == {Role.OUT_PROJ.value} and _only_itself(view, m)
+                                 and view.frontier(view.users(m), view.users) == [n] for m in before):
+            continue
+        state.parts[n] = {Role.OUT_PROJ.value: n.macs}
+        for group in state.groups:
+            if any(m in group for m in before):
+                group.add(n)
+                break
+
+
+def _roles_of(state: RoleState, n: CapturedOp) -> set[str]:
+    """The roles ``n`` was given or asked for so far."""
+    return {role for role, macs in state.parts.get(n, {}).items() if macs} | {
+        role for _, role in state.demands.get(n, ())}
+
+
 def _only_itself(view: GraphView, n: CapturedOp) -> bool:
     """The ops without multiplies between ``n`` and the multiplies that read it combine its value with nothing else
     that depends on the inputs (a norm of it, weights and constants only): the value is ``n``'s, transformed. A
@@ -1018,7 +1051,7 @@ def rules_pass(rules: tuple[RoleRule, ...], module_types: Mapping[str, type], on
 
 
 PASSES: tuple[Pass, ...] = (by_family, weight_work, attention, logits, ffn, concatenated_inputs, low_rank_updates,
-                           factored_projections, unclaimed_are_other)
+                           factored_projections, output_factors, unclaimed_are_other)
 """The dataflow passes, in order (rules follow). Order matters: each pass claims only multiplies no
 earlier pass claimed, so logits (a weight matmul onto the vocabulary, often behind an activation) is
 found before the FFN pass could take it for a down projection. The built-in rules (multiplies inside recurrent
