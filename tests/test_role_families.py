@@ -160,3 +160,32 @@ def test_deepseek_v4_hyper_connections_and_factored_output_projection() -> None:
     assert found["logits"] == tokens * D * vocab
     hyper = {r.role for r in prof.records if r.module.endswith("_hc") or r.module == "model.hc_head"}
     assert hyper == {"other"}
+
+
+# --------------------------------------------------------------------------------------------------
+# 7. DeepSeek-V3.2's sparse-attention indexer reads the query latent beside q_b_proj; its scores only pick keys (a
+# top-k), so q_a_proj is the query's factor (q_proj) as in DeepSeek-V3, and the indexer's own work is other
+@pytest.mark.parametrize("family", ["deepseek_v3", "deepseek_v32"])
+def test_a_sparse_attention_indexer_leaves_the_query_factor_q_proj(family: str) -> None:
+    torch.manual_seed(0)
+    q_rank, kv_rank, nope, rope, v_dim, vocab = 48, 32, 24, 8, 16, 1000
+    common = dict(vocab_size=vocab, hidden_size=D, intermediate_size=F, moe_intermediate_size=80, num_hidden_layers=L,
+                  num_attention_heads=H, num_key_value_heads=H, n_routed_experts=4, num_experts_per_tok=2, n_group=1,
+                  topk_group=1, kv_lora_rank=kv_rank, q_lora_rank=q_rank, qk_rope_head_dim=rope, v_head_dim=v_dim,
+                  qk_nope_head_dim=nope, first_k_dense_replace=L)
+    if family == "deepseek_v32":
+        common.pop("first_k_dense_replace")
+        config = transformers.DeepseekV32Config(**common, index_topk=8, index_head_dim=16, index_n_heads=2,
+                                                mlp_layer_types=["dense"] * L, layer_types=["indexed_attention"] * L)
+        model = transformers.DeepseekV32ForCausalLM(config)
+    else:
+        model = transformers.DeepseekV3ForCausalLM(transformers.DeepseekV3Config(**common))
+    found, prof = roles(model, input_ids=ids(vocab))
+    tokens, qk = B * N, nope + rope
+    per_layer = {"q_proj": tokens * (D * q_rank + q_rank * H * qk),  # q_a, then q_b
+                 "k_proj": tokens * (D * (kv_rank + rope) + kv_rank * H * nope),  # the latent and rope key, kv_b's keys
+                 "v_proj": tokens * kv_rank * H * v_dim, "out_proj": tokens * H * v_dim * D,
+                 "attn_scores": B * H * N * N * qk, "attn_weighted_sum": B * H * N * N * v_dim, **ffn(B, N, D, F, True)}
+    assert {role: found.get(role, 0) for role in per_layer} == times(L, per_layer)
+    indexer = {r.role for r in prof.records if ".indexer" in r.module}
+    assert indexer == ({"other"} if family == "deepseek_v32" else set())

@@ -957,7 +957,9 @@ def factored_projections(view: GraphView, state: RoleState) -> None:
     """A weight matmul whose output only attention projections read (through ops without multiplies,
     normalisations included) is a factor of those projections and takes their roles: the low-rank query and
     key / value factors of multi-head latent attention (DeepSeek's ``q_a_proj`` before ``q_b_proj``), a LoRA
-    adapter's first matrix. A factor feeding projections of several roles (MLA's key / value latent, which
+    adapter's first matrix. A reader whose result only selects (:func:`_only_selects`: a sparse-attention indexer's
+    query projection beside ``q_b_proj``) does not keep a matmul from being a factor. A factor feeding projections of
+    several roles (MLA's key / value latent, which
     ``kv_b_proj`` expands into keys and values) is split by the columns reaching each; a column shared by
     keys and values counts as ``k_proj``, the first in role order (docs/roles.md, section 3.5). A matmul read by the
     projections of several attention instances is not one attention's factor: it stays for the later passes."""
@@ -965,7 +967,9 @@ def factored_projections(view: GraphView, state: RoleState) -> None:
         if not n.macs or state.claimed(n) or not view.is_weight_matmul(n):
             continue
         readers = view.frontier(view.users(n), view.users)
-        if not readers or not all(_projection_roles(state, r) for r in readers) or not _only_itself(view, n):
+        selectors = [r for r in readers if not _projection_roles(state, r)]
+        readers = [r for r in readers if _projection_roles(state, r)]
+        if not readers or not all(_only_selects(view, r) for r in selectors) or not _only_itself(view, n):
             continue
         owners = {next((i for i, group in enumerate(state.groups) if r in group), None) for r in readers}
         if len(owners - {None}) > 1:
@@ -980,6 +984,23 @@ def factored_projections(view: GraphView, state: RoleState) -> None:
             if any(r in group for r in readers):
                 group.add(n)
                 break
+
+
+SELECTIONS = frozenset({aten.topk, aten.sort, aten.argsort, aten.argmax, aten.argmin, aten.kthvalue})
+"""Ops that pick entries by value: what a scoring network's result feeds when it only selects."""
+
+
+def _only_selects(view: GraphView, r: CapturedOp) -> bool:
+    """``r``'s result only selects: every path from it (through any ops, multiplies included) ends in a selection
+    (:data:`SELECTIONS`), never reaching a weight matmul or the output. DeepSeek-V3.2's sparse-attention indexer, whose
+    scores pick each query's keys with a top-k, reads the query latent beside ``q_b_proj``."""
+    found = False
+    for n in reach(view.users(r), view.users, lambda n: view.packet(n) not in SELECTIONS):
+        if view.packet(n) in SELECTIONS:
+            found = True
+        elif view.is_weight_matmul(n) or not view.users(n):
+            return False
+    return found
 
 
 def output_factors(view: GraphView, state: RoleState) -> None:
