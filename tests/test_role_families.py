@@ -189,3 +189,22 @@ def test_a_sparse_attention_indexer_leaves_the_query_factor_q_proj(family: str) 
     assert {role: found.get(role, 0) for role in per_layer} == times(L, per_layer)
     indexer = {r.role for r in prof.records if ".indexer" in r.module}
     assert indexer == ({"other"} if family == "deepseek_v32" else set())
+
+
+# --------------------------------------------------------------------------------------------------
+# 11. Swin V2's continuous position bias: an MLP on a coordinate table the model holds (no input reaches it) computes
+# a table, not an FFN of the tokens
+def test_swinv2_position_bias_mlp_on_a_coordinate_table_is_other() -> None:
+    torch.manual_seed(0)
+    config = transformers.Swinv2Config(image_size=32, patch_size=4, embed_dim=16, depths=[1, 1], num_heads=[2, 4],
+                                       window_size=4)
+    found, _ = roles(transformers.Swinv2Model(config), pixel_values=torch.randn(1, 3, 32, 32))
+    # stage 0: 8×8 tokens of width 16 in 4 windows of 4×4, 2 heads; stage 1: 4×4 tokens of width 32, one window,
+    # 4 heads; patch merging 4·16 -> 2·16 between them
+    stages = [(64, 16, 2, 4), (16, 32, 4, 1)]  # tokens, width, heads, windows
+    assert found["q_proj"] == found["out_proj"] == sum(n * d * d for n, d, _, _ in stages)
+    assert found["attn_scores"] == sum(w * h * (n // w) ** 2 * (d // h) for n, d, h, w in stages)
+    assert found["ffn_up"] == found["ffn_down"] == sum(n * d * 4 * d for n, d, _, _ in stages)
+    coordinates = (2 * 4 - 1) ** 2  # relative offsets in a 4×4 window: the MLP's rows, 2 -> 512 -> heads
+    table = sum(coordinates * (2 * 512 + 512 * h) for _, _, h, _ in stages)
+    assert found["other"] == table + 16 * (4 * 16) * (2 * 16)

@@ -624,6 +624,9 @@ def ffn(view: GraphView, state: RoleState) -> None:
     for d in view.nodes:
         if not view.is_weight_matmul(d) or (state.claimed(d) and not state.rows_only(d)):
             continue
+        if not view.dynamic[d]:
+            continue  # computed from the model's own tables, on no input (Swin V2's position-bias MLP on a coordinate
+            # buffer): a table, the same for every input, not an FFN of the tokens
         x = view.activation_operand(d)
         sources = concatenated(view, x)
         if _fourier_features(view, sources):
