@@ -17,8 +17,9 @@ transformers = pytest.importorskip("transformers")
 L, B, N, D, H, F = 2, 2, 16, 64, 4, 96
 
 
-def roles(model: torch.nn.Module, **inputs: torch.Tensor) -> tuple[dict[str, int], flopscope.Profile]:
-    prof = flopscope.profile(model.eval(), **inputs)
+def roles(model: torch.nn.Module, *args: torch.Tensor, **inputs: torch.Tensor) -> tuple[dict[str, int],
+                                                                                        flopscope.Profile]:
+    prof = flopscope.profile(model.eval(), *args, **inputs)
     return {role: macs for role, macs in prof.by_role().items() if macs}, prof
 
 
@@ -208,3 +209,27 @@ def test_swinv2_position_bias_mlp_on_a_coordinate_table_is_other() -> None:
     coordinates = (2 * 4 - 1) ** 2  # relative offsets in a 4×4 window: the MLP's rows, 2 -> 512 -> heads
     table = sum(coordinates * (2 * 512 + 512 * h) for _, _, h, _ in stages)
     assert found["other"] == table + 16 * (4 * 16) * (2 * 16)
+
+
+# --------------------------------------------------------------------------------------------------
+# 10. GLM-4.1V's patch merger, proj → LayerNorm → GELU → SwiGLU: the GLU is read first, so its gate and up are ffn_gate
+# and ffn_up (not down projections of proj, whose output the GELU activates), down is ffn_down, proj is other
+def test_glm4v_patch_merger_reads_its_swiglu_first() -> None:
+    torch.manual_seed(0)
+    out, merge = 48, 2
+    config = transformers.Glm4vVisionConfig(depth=L, hidden_size=D, intermediate_size=F, num_heads=H, patch_size=4,
+                                            spatial_merge_size=merge, temporal_patch_size=2, out_hidden_size=out,
+                                            image_size=16)
+    model = transformers.Glm4vVisionModel(config)
+    patches = 4 * 4  # one frame pair of 16×16 pixels in 4×4 patches
+    found, prof = roles(model, torch.randn(patches, 3 * 2 * 4 * 4), grid_thw=torch.tensor([[1, 4, 4]]))
+    block_hidden = model.blocks[0].mlp.gate_proj.out_features  # (this vision tower's blocks: a SwiGLU of this width)
+    merger_hidden = model.merger.gate_proj.out_features
+    tokens = patches // merge**2
+    glu = L * patches * D * block_hidden + tokens * out * merger_hidden
+    assert found["ffn_gate"] == found["ffn_up"] == found["ffn_down"] == glu
+    assert found["q_proj"] == L * patches * D * D
+    by_module = {r.module: r.role for r in prof.records}
+    assert by_module["merger.proj"] == "other"
+    assert (by_module["merger.gate_proj"], by_module["merger.up_proj"], by_module["merger.down_proj"]) == (
+        "ffn_gate", "ffn_up", "ffn_down")

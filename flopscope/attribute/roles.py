@@ -620,7 +620,15 @@ def _leaf_key(n: CapturedOp) -> Any:
 def ffn(view: GraphView, state: RoleState) -> None:
     """Down projections behind an activation (or a gated product), and the projections feeding them. A down
     projection that reads a concatenation (a parallel block's ``proj_out(cat([attention, mlp]))``) is one for the
-    rows that hold a hidden layer."""
+    rows that hold a hidden layer. Gated hidden layers are read first: a GLU's gate and up projections are its
+    branches even where an activation lies before them (GLM-4.1V's patch merger, ``SwiGLU(gelu(norm(proj(x))))``:
+    ``gate_proj`` is no down projection of ``proj``)."""
+    for gated in (True, False):
+        _down_projections(view, state, gated)
+
+
+def _down_projections(view: GraphView, state: RoleState, gated: bool) -> None:
+    """The FFN pass over every weight matmul, for the hidden layers that are ``gated`` (a GLU) or not."""
     for d in view.nodes:
         if not view.is_weight_matmul(d) or (state.claimed(d) and not state.rows_only(d)):
             continue
@@ -633,6 +641,8 @@ def ffn(view: GraphView, state: RoleState) -> None:
             continue  # cat([sin(x·B), cos(x·B)]): a Fourier embedding of positions or of a timestep, no hidden layer
         taken = {source for source, _ in state.row_demands.get(d, ())}
         for hidden in [s for s in sources if s not in taken] if sources else [x]:
+            if (_gated_branches(view, hidden)[0] is not None) is not gated:
+                continue
             found = _hidden_layer(view, state, hidden, through_channelwise=_writes_back(view, d))
             if found is None or _per_sample(view, d) or view.pooled(d) or _only_weighs(view, d) \
                     or any(_spread(view, p) for demands in found for p, _, _ in demands):
