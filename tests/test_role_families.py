@@ -233,3 +233,36 @@ def test_glm4v_patch_merger_reads_its_swiglu_first() -> None:
     assert by_module["merger.proj"] == "other"
     assert (by_module["merger.gate_proj"], by_module["merger.up_proj"], by_module["merger.down_proj"]) == (
         "ffn_gate", "ffn_up", "ffn_down")
+
+
+# --------------------------------------------------------------------------------------------------
+# 8 / 11. one score matrix normalised by two softmaxes is two attention instances (LiLT adds its text and layout
+# scores for each of its two streams; Grounding DINO's fusion attends both ways over one matrix): the second
+# softmax's weighted sum, values and output projection are attention's too, the shared scores charged once
+def test_lilt_scores_shared_by_two_softmaxes_make_two_attentions() -> None:
+    torch.manual_seed(0)
+    d, f = 96, 128  # LiLT's layout stream is d / 4 wide (a head d / 4 / h), its FFN f / 4
+    config = transformers.LiltConfig(hidden_size=d, intermediate_size=f, num_hidden_layers=L, num_attention_heads=H,
+                                     vocab_size=1000, channel_shrink_ratio=4, max_2d_position_embeddings=64)
+    found, prof = roles(transformers.LiltModel(config), input_ids=ids(), bbox=torch.zeros(B, N, 4, dtype=torch.long))
+    text, layout = attention(B, N, N, d, H), attention(B, N, N, d // 4, H)
+    assert {role: found[role] for role in text} == times(L, add(text, layout))
+    assert {role: found[role] for role in ("ffn_up", "ffn_down")} == times(L, add(ffn(B, N, d, f),
+                                                                                  ffn(B, N, d // 4, f // 4)))
+    assert role_balance(prof) == []
+
+
+def test_grounding_dino_fusion_attends_both_ways_over_one_score_matrix() -> None:
+    from transformers.models.grounding_dino.modeling_grounding_dino import GroundingDinoBiMultiHeadAttention
+
+    torch.manual_seed(0)
+    config = transformers.GroundingDinoConfig(d_model=D, encoder_ffn_dim=2 * 80, encoder_attention_heads=2 * H)
+    width, vision, text = 80, 20, 12  # the fusion's width (ffn dim / 2) and heads (encoder heads / 2)
+    found, _ = roles(GroundingDinoBiMultiHeadAttention(config), torch.randn(B, vision, D), torch.randn(B, text, D))
+    head = width // H
+    assert found["q_proj"] + found["k_proj"] == B * (vision + text) * D * width  # vision_proj, text_proj
+    assert found["v_proj"] == B * (vision + text) * D * width  # both values
+    assert found["out_proj"] == B * (vision + text) * width * D  # both outputs
+    assert found["attn_scores"] == B * H * vision * text * head  # one matrix
+    assert found["attn_weighted_sum"] == 2 * B * H * vision * text * head  # read both ways
+    assert "other" not in found

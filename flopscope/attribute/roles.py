@@ -330,11 +330,18 @@ def _scores_in_the_bias(view: GraphView, state: RoleState, kernel: CapturedOp) -
 
 
 def _attention_at_softmax(view: GraphView, state: RoleState, s: CapturedOp) -> None:
-    scores = [m for m in _nearest_before(view, s.args[0], stop_at_softmax=True)
-              if view.is_activation_product(m) and m not in state.parts]
-    if not scores:
+    """One attention instance at the softmax ``s``: its score products, weighted sums and projections. Scores that
+    another softmax already took (one score matrix normalised two ways: Grounding DINO's fusion attends vision to
+    text and text to vision; LiLT adds its text and layout scores for each stream) make a second instance, of the
+    weighted sums after ``s``: the product is charged once, as ``attn_scores`` of the first."""
+    behind = [m for m in _nearest_before(view, s.args[0], stop_at_softmax=True) if view.is_activation_product(m)]
+    scores = [m for m in behind if m not in state.parts]
+    shared = [m for m in behind if Role.ATTN_SCORES.value in state.parts.get(m, {})]
+    if not scores and not shared:
         return
     weighted = [m for m in _nearest_after(view, s) if view.is_activation_product(m) and m not in state.parts]
+    if not scores and not weighted:
+        return
     members: set[CapturedOp] = set(scores) | set(weighted)
     for m in scores:
         state.parts[m] = {Role.ATTN_SCORES.value: m.macs}
