@@ -565,7 +565,9 @@ def logits(view: GraphView, state: RoleState) -> None:
     token of that table. Token tables are those looked up
     with indices that come from the inputs (position tables are looked up with ``arange``). A matmul on one vector
     per sample pooled from the positions (a sequence classifier) matches a table's shape only if that table is the
-    vocabulary (the largest): a classifier whose labels are as many as the token types is no LM head."""
+    vocabulary (the largest): a classifier whose labels are as many as the token types is no LM head. The model's last
+    projection onto the whole vocabulary is logits whatever its input width (RemBERT decouples its output embeddings'
+    width from its input embeddings')."""
     tables: dict[Any, int] = {}  # leaf name or ("shape", shape) -> vocabulary size
     for n in view.nodes:
         if view.packet(n) not in EMBEDDING_LOOKUPS:
@@ -590,8 +592,9 @@ def logits(view: GraphView, state: RoleState) -> None:
         shaped = {rows for x in leaves for rows in _leading_rows_of(x, shapes)}
         if view.pooled(n):  # one vector per sample pooled from the positions: a classifier, unless the table it
             shaped = {rows for rows in shaped if rows[1] == vocabulary}  # has the shape of is the vocabulary
+        decoupled = vocabulary in width and not view.pooled(n)  # onto the whole vocabulary, from another width
         if any(tables[key] in width for key in tied) or (
-                any(rows in width for rows, _ in shaped) and not _feeds_a_weight_matmul(view, n)):
+                (decoupled or any(rows in width for rows, _ in shaped)) and not _feeds_a_weight_matmul(view, n)):
             state.parts[n] = {Role.LOGITS.value: n.macs}
 
 
