@@ -150,9 +150,10 @@ def resolved(cell: Cell) -> Cell:
 def install_cell(name: str, cell: Cell, venvs: Path, *, checkout: bool = True
                  ) -> tuple[list[str], dict[str, str], str | None]:
     """Make the cell's venv and install the cell's pins and the checkout's requirements, unless ``venvs / name``
-    already holds them; then, with ``checkout``, the checkout itself (editable: ``-e ".[dev]"``, quick once its
-    requirements are in). ``checkout=False`` (``--prepare``) writes nothing into the checkout, so it may run beside
-    other installs and builds of it. Returns (pins, the cell's environment, pip's output if it failed)."""
+    already holds them; then, with ``checkout``, the checkout itself (its requirements but the pinned packages', then
+    ``-e .`` without dependencies: quick once they are in, and a pin beyond a cap of the checkout's stands).
+    ``checkout=False`` (``--prepare``) writes nothing into the checkout, so it may run beside other installs and
+    builds of it. Returns (pins, the cell's environment, pip's output if it failed)."""
     venv = venvs / name
     cell = resolved(cell)
     pins = [f"torch=={cell.torch}"] + ([f"transformers=={cell.transformers}"] if cell.transformers else [])
