@@ -266,3 +266,18 @@ def test_grounding_dino_fusion_attends_both_ways_over_one_score_matrix() -> None
     assert found["attn_scores"] == B * H * vision * text * head  # one matrix
     assert found["attn_weighted_sum"] == 2 * B * H * vision * text * head  # read both ways
     assert "other" not in found
+
+
+# --------------------------------------------------------------------------------------------------
+# 11. RemBERT decouples its output embeddings' width from its input embeddings': the LM head's decoder projects onto
+# the whole vocabulary from a width no token table has, and is logits; the dense layer before it is other
+def test_rembert_decoupled_lm_head_is_logits() -> None:
+    torch.manual_seed(0)
+    e_in, e_out, vocab = 32, 48, 1000
+    config = transformers.RemBertConfig(hidden_size=D, intermediate_size=F, num_hidden_layers=L,
+                                        num_attention_heads=H, vocab_size=vocab, input_embedding_size=e_in,
+                                        output_embedding_size=e_out)
+    found, prof = roles(transformers.RemBertForMaskedLM(config), input_ids=ids(vocab))
+    assert found == add(times(L, add(attention(B, N, N, D, H), ffn(B, N, D, F))),
+                        {"logits": B * N * e_out * vocab, "other": B * N * (e_in * D + D * e_out)})
+    assert role_balance(prof, head_paths(prof)) == []
