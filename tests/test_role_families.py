@@ -281,3 +281,18 @@ def test_rembert_decoupled_lm_head_is_logits() -> None:
     assert found == add(times(L, add(attention(B, N, N, D, H), ffn(B, N, D, F))),
                         {"logits": B * N * e_out * vocab, "other": B * N * (e_in * D + D * e_out)})
     assert role_balance(prof, head_paths(prof)) == []
+
+
+# --------------------------------------------------------------------------------------------------
+# 11. ZAYA's router is an MLP (fc1 → GELU → fc2 → GELU → out_proj) whose logits only weigh and pick the experts: it
+# is other, and the FFN roles are the experts' alone
+def test_zaya_router_mlp_is_no_ffn() -> None:
+    torch.manual_seed(0)
+    expert, vocab = 80, 1000
+    config = transformers.ZayaConfig(vocab_size=vocab, hidden_size=D, num_hidden_layers=L, num_attention_heads=H,
+                                     num_key_value_heads=2, moe_intermediate_size=expert, num_experts=4,
+                                     num_experts_per_tok=1, head_dim=16, router_hidden_size=32,
+                                     layer_types=["hybrid"] * L)
+    found, prof = roles(transformers.ZayaForCausalLM(config), input_ids=ids(vocab))
+    assert found["ffn_gate"] == found["ffn_up"] == found["ffn_down"] == L * B * N * D * expert  # one expert a token
+    assert {r.role for r in prof.records if ".router_mlp." in r.module} == {"other"}

@@ -43,6 +43,7 @@ A backward op takes the roles of the forward op whose autograd node ran it.
 from __future__ import annotations
 
 import fnmatch
+import heapq
 import math
 import operator
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -651,8 +652,10 @@ def _down_projections(view: GraphView, state: RoleState, gated: bool) -> None:
             continue  # cat([sin(x·B), cos(x·B)]): a Fourier embedding of positions or of a timestep, no hidden layer
         taken = {source for source, _ in state.row_demands.get(d, ())}
         for hidden in [s for s in sources if s not in taken] if sources else [x]:
-            if (_gated_branches(view, hidden)[0] is not None) is not gated:
-                continue
+            if gated and not _gated_here(view, hidden):
+                continue  # (read in the second pass)
+            if not gated and _gated_here(view, hidden):
+                continue  # (judged in the first)
             found = _hidden_layer(view, state, hidden, through_channelwise=_writes_back(view, d))
             if found is None or _per_sample(view, d) or view.pooled(d) or _only_weighs(view, d) \
                     or any(_spread(view, p) for demands in found for p, _, _ in demands):
@@ -667,6 +670,19 @@ def _down_projections(view: GraphView, state: RoleState, gated: bool) -> None:
             else:
                 state.parts[d] = {Role.FFN_DOWN.value: d.macs}
             state.groups.append({d} | {p for demands in found for p, _, _ in demands})
+
+
+def _gated_here(view: GraphView, hidden: CapturedOp) -> bool:
+    """``hidden`` is a GLU's gated product itself, reached walking back through ops that join it with no other
+    activation and normalise nothing (views, copies, dropout, a scale): a gated product behind a residual sum or a
+    norm (RWKV's ``x + sigmoid(r) * v`` before the next block's LayerNorm) is another block's output, read in the
+    second pass as it always was."""
+    def plain(m: CapturedOp) -> bool:
+        return m is hidden or (not m.macs and (m.elementwise or ("",))[0] not in BARRIER_CATEGORIES
+                               and sum(view.live.get(x, False) for x in view.inputs(m)) <= 1)
+
+    return any(_gating(view, n) and _gated_branches(view, n)[0] is not None
+               for n in reach([hidden], view.inputs, plain) if not n.macs)
 
 
 def _writes_back(view: GraphView, d: CapturedOp) -> bool:
@@ -688,34 +704,54 @@ def _size(n: CapturedOp) -> int | None:
 
 
 def _only_weighs(view: GraphView, d: CapturedOp) -> bool:
-    """``d``'s result only weighs other values, never joins them as data: wherever it meets another activation
-    (walking forward through ops without multiplies, a constant added on the way), it is an operand of an activation
-    product (a mixing matrix: Gemma 3n's AltUp predicts each stream as ``streams @ coefs(router(x))``) or a factor
-    with one entry along the features that the product spreads over them (``innovation * coefs[..., None]``). Such a
-    hidden layer computes coefficients (a router's), not a position-wise FFN of the token stream."""
-    met = False
-    todo, seen = [d], {d}
+    """``d``'s result only weighs or selects other values, never joins them as data: following it forward in graph
+    order (through ops that combine it with nothing else, and through the weight matmuls of the same small network),
+    wherever it meets another activation it is an operand of an activation product (a mixing matrix: Gemma 3n's AltUp
+    predicts each stream as ``streams @ coefs(router(x))``), a factor with one entry along the features that the
+    product spreads over them (``innovation * coefs[..., None]``, an expert's routing weight), or indices that pick
+    entries (a top-k's, :data:`SELECTIONS`). Such a hidden layer computes coefficients (a router's: ZAYA's router
+    MLP), not a position-wise FFN of the token stream. The walk gives up (data) after :data:`_WEIGHS_WALK` nodes."""
+    reached, met = {d}, False
+    todo: list[tuple[int, int, CapturedOp]] = [(u.index, id(u), u) for u in view.users(d)]
+    heapq.heapify(todo)
+    done: set[CapturedOp] = set()
     while todo:
-        n = todo.pop()
-        for user in view.users(n):
-            if user in seen:
+        _, _, n = heapq.heappop(todo)
+        if n in done:
+            continue
+        done.add(n)
+        if len(done) > _WEIGHS_WALK:
+            return False
+        inputs = view.inputs(n)
+        mine = [x for x in inputs if x in reached]
+        others = [x for x in inputs if x not in reached and view.live.get(x, False)]
+        packet = view.packet(n)
+        if mine and all(x.dtype is not None and not x.dtype.is_floating_point for x in mine) and (others or n.macs):
+            met = True  # indices, offsets or a mask that pick entries of another value (a grouped matmul's groups)
+            continue
+        if n.macs:
+            if view.is_activation_product(n) and others:
+                met = True  # a mixing matrix
                 continue
-            seen.add(user)
-            others = [x for x in view.inputs(user) if x is not n and view.live.get(x, False)]
-            if user.macs:
-                if not view.is_activation_product(user):
-                    return False  # read by a projection: data
-                met = True
-            elif others and view.packet(user) in (aten.mul, aten.mul_):
-                if not (n.output_shapes and user.output_shapes and n.output_shapes[0][-1:] == (1,)
-                        and user.output_shapes[0][-1:] != (1,)):
-                    return False  # a product with as many features: data gated or gating
-                met = True
-            elif others or not view.users(user):
-                return False  # added to or concatenated with another activation, or an output: data
-            else:
-                todo.append(user)
+            if not view.is_weight_matmul(n) or view.activation_operand(n) not in reached:
+                return False  # read by another product: data
+        elif others:
+            if packet in (aten.mul, aten.mul_) and all(_spread_over_features(x, n) for x in mine):
+                met = True  # a weight per row
+                continue
+            return False  # added to, gated with or concatenated with another activation: data
+        elif packet in SELECTIONS:
+            met = True
+        reached.add(n)
+        for user in view.users(n):
+            if user not in done:
+                heapq.heappush(todo, (user.index, id(user), user))
     return met
+
+
+_WEIGHS_WALK = 512
+"""The most nodes :func:`_only_weighs` follows (a router's few layers and the ops that use its weights take far
+fewer; an FFN's output reaches the residual stream within a few)."""
 
 
 def _fourier_features(view: GraphView, sources: Sequence[CapturedOp]) -> bool:
