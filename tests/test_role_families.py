@@ -296,3 +296,22 @@ def test_zaya_router_mlp_is_no_ffn() -> None:
     found, prof = roles(transformers.ZayaForCausalLM(config), input_ids=ids(vocab))
     assert found["ffn_gate"] == found["ffn_up"] == found["ffn_down"] == L * B * N * D * expert  # one expert a token
     assert {r.role for r in prof.records if ".router_mlp." in r.module} == {"other"}
+
+
+# --------------------------------------------------------------------------------------------------
+# 12. the convention for an output gate: Qwen3-Next's (and Qwen3.5's) q_proj carries the gate of the attention's
+# output beside the queries; its gate columns are other, as a gate of its own is, its query columns q_proj
+def test_qwen3_next_fused_output_gate_columns_are_other() -> None:
+    torch.manual_seed(0)
+    head_dim, kv, vocab = 24, 2, 1000
+    config = transformers.Qwen3NextConfig(
+        vocab_size=vocab, hidden_size=D, intermediate_size=F, moe_intermediate_size=80,
+        shared_expert_intermediate_size=80, num_hidden_layers=L, num_attention_heads=H, num_key_value_heads=kv,
+        head_dim=head_dim, num_experts=4, num_experts_per_tok=2, layer_types=["full_attention"] * L)
+    found, prof = roles(transformers.Qwen3NextForCausalLM(config), input_ids=ids(vocab))
+    per_layer = {"q_proj": B * N * D * H * head_dim, "k_proj": B * N * D * kv * head_dim,
+                 "v_proj": B * N * D * kv * head_dim, "out_proj": B * N * H * head_dim * D,
+                 "attn_scores": B * H * N * N * head_dim, "attn_weighted_sum": B * H * N * N * head_dim}
+    assert {role: found[role] for role in per_layer} == times(L, per_layer)
+    q = next(r for r in prof.records if r.module == "model.layers.0.self_attn.q_proj")
+    assert q.roles == {"q_proj": B * N * D * H * head_dim, "other": B * N * D * H * head_dim}  # queries, gate

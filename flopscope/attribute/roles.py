@@ -148,12 +148,19 @@ class RoleState:
         return n in self.row_demands and n not in self.parts and n not in self.demands
 
     def settle(self, view: GraphView) -> None:
-        """Claim every demanded projection: whole when one role wants it, else split by columns (with the columns
-        an earlier pass asked for: a fused projection whose columns feed attention and an MLP)."""
+        """Claim every demanded projection: whole when one role wants it and one multiply reads it, else split by
+        columns (with the columns an earlier pass asked for: a fused projection whose columns feed attention and an
+        MLP; Qwen3-Next's ``q_proj``, whose other half gates the attention's output, is ``q_proj`` for its query
+        columns and ``other`` for the gate's, as a gate of its own is)."""
         for p, wanted in self.demands.items():
             wanted = [*self.settled.get(p, ()), *wanted]
             roles = {role for _, role in wanted}
-            self.parts[p] = {roles.pop(): p.macs} if len(roles) == 1 else split_by_columns(p, wanted, p.macs)
+            whole = len(roles) == 1 and (len(view.frontier(view.users(p), view.users)) <= 1
+                                         or not all(view.descends_from(target, p) for target, _ in wanted))
+            parts = None if whole else split_by_columns(p, wanted, p.macs)
+            if parts is None or (len(roles) == 1 and not parts.get(next(iter(roles)))):
+                parts = {next(iter(roles)): p.macs}  # (one role, its columns not followed: the whole projection)
+            self.parts[p] = parts
             self.settled[p] = wanted
         self.demands = {}
 
