@@ -315,3 +315,30 @@ def test_qwen3_next_fused_output_gate_columns_are_other() -> None:
     assert {role: found[role] for role in per_layer} == times(L, per_layer)
     q = next(r for r in prof.records if r.module == "model.layers.0.self_attn.q_proj")
     assert q.roles == {"q_proj": B * N * D * H * head_dim, "other": B * N * D * H * head_dim}  # queries, gate
+
+
+# --------------------------------------------------------------------------------------------------
+# 12. Kimi-Linear's KDA gets the projection roles gated DeltaNet gets: its in-chunk scores are elementwise (no
+# quadratic form asks for them), so the state's products do: the keys and values that write it, the queries that
+# read it, the output; the forget gate's decay (q · exp(cumsum(g))) and the output gate are other
+def test_kimi_linear_kda_projections_are_attention_projections() -> None:
+    torch.manual_seed(0)
+    heads, head_dim, vocab = 4, 16, 1000
+    config = transformers.KimiLinearConfig(
+        vocab_size=vocab, hidden_size=D, intermediate_size=F, moe_intermediate_size=80, num_hidden_layers=2,
+        num_attention_heads=H, num_key_value_heads=H, num_experts=4, num_experts_per_token=2, kv_lora_rank=32,
+        qk_rope_head_dim=8, v_head_dim=16, qk_nope_head_dim=16, linear_head_dim=head_dim, linear_num_heads=heads,
+        pad_token_id=0, bos_token_id=1, eos_token_id=2, layer_types=["linear_attention", "full_attention"],
+        mlp_layer_types=["dense", "dense"])
+    _, prof = roles(transformers.KimiLinearForCausalLM(config), input_ids=ids(vocab))
+    kda = "model.layers.0.self_attn."
+    by_module = {r.module[len(kda):]: r.roles for r in prof.records if r.module.startswith(kda) and "." not in
+                 r.module[len(kda):]}
+    width = heads * head_dim
+    for name, role in (("q_proj", "q_proj"), ("k_proj", "k_proj"), ("v_proj", "v_proj"), ("o_proj", "out_proj")):
+        assert by_module[name] == {role: B * N * D * width}
+    gates = {r.role for r in prof.records if r.module.startswith(kda + "forget_gate") or r.module.startswith(
+        kda + "g_") or r.module == kda + "b_proj"}
+    assert gates == {"other"}
+    layer = {role for r in prof.records if r.module.startswith(kda.rstrip(".")) for role in r.roles}
+    assert {"attn_kv_state", "attn_readout"} <= layer

@@ -288,12 +288,40 @@ def _state_products(view: GraphView, state: RoleState) -> None:
     instances: dict[CapturedOp, set[CapturedOp]] = {}
     for m, anchor in writes.items():
         instances.setdefault(anchor, {anchor}).add(m)
+    corrections = {_pass_through_root(view, x) for m in writes if Role.ATTN_KV_STATE.value in state.parts[m]
+                   for x in _correction_reads(view, view.matmul_operands(m)[1])}
+    for m, anchor in writes.items():  # the projections around the state: keys and values that write it, queries
+        a, b = view.matmul_operands(m)  # that read it, the output (KDA's in-chunk scores are elementwise: nothing
+        members = instances[anchor]  # else asks for them)
+        if Role.ATTN_KV_STATE.value in state.parts[m]:
+            members |= _demand_beside_decays(view, state, a, Role.K_PROJ.value) | _demand_values(view, state, b)
+        elif m not in corrections:  # (the delta rule's k·S: the part of the values the state predicts)
+            members |= _demand_beside_decays(view, state, a, Role.Q_PROJ.value)
+            members |= _demand_out_proj(view, state, m, through_reductions=True)
     for anchor, members in instances.items():
         group = next((g for g in state.groups if anchor in g), None)
         if group is None:
             state.groups.append(members)
         else:
             group |= members
+
+
+def _demand_beside_decays(view: GraphView, state: RoleState, operand: CapturedOp, role: str) -> set[CapturedOp]:
+    """``role`` for the projections behind ``operand`` (looking through depthwise convolutions) that reach it without
+    a cumulative sum: a decay accumulated over positions (KDA's ``q * exp(cumsum(g))``, ``g`` from its forget gate's
+    projections) scales the queries and keys, it is no projection of them."""
+    direct = set(_behind_channelwise(view, operand, blocked=lambda n: view.packet(n) is aten.cumsum))
+    found = [demand for demand in _projections_of(view, state, operand, role, through_channelwise=True)
+             if demand[0] in direct]
+    for p, target, demanded in found:
+        state.demand(p, target, demanded)
+    return {p for p, _, _ in found}
+
+
+def _correction_reads(view: GraphView, values: CapturedOp) -> list[CapturedOp]:
+    """The reads ``values`` is corrected by (``v − read``, through views and copies), if it is a correction."""
+    correction = _pass_through_root(view, values)
+    return list(view.inputs(correction)[1:]) if view.packet(correction) in (aten.sub, aten.sub_) else []
 
 
 def _corrected_by_a_read(view: GraphView, values: CapturedOp, reads: set[CapturedOp]) -> bool:
@@ -525,16 +553,19 @@ def _demand_values(view: GraphView, state: RoleState, operand: CapturedOp) -> se
 def _value_sources(view: GraphView, start: CapturedOp) -> list[CapturedOp]:
     """The multiplies nearest behind ``start``, walking back through what carries values without making them: ops
     without multiplies, depthwise convolutions (their input), a triangular solve (its right-hand side: the delta
-    rule's corrected values ``solve(I + β·K·Kᵀ, β·V)``), and past a per-position scale (the one-column operand of
+    rule's corrected values ``solve(I + β·K·Kᵀ, β·V)``), a square mix over positions (its right operand:
+    :func:`_mixes_positions`), and past a per-position scale (the one-column operand of
     ``v * beta[..., None]``: a gate, not a source of the values' columns)."""
     def carries(n: CapturedOp) -> bool:
-        return not n.macs or is_channelwise_conv(n) or view.packet(n) in SOLVE_RHS
+        return not n.macs or is_channelwise_conv(n) or view.packet(n) in SOLVE_RHS or _mixes_positions(view, n)
 
     def step(n: CapturedOp) -> Iterable[CapturedOp]:
         packet = view.packet(n)
         if packet in SOLVE_RHS:
             rhs = n.args[SOLVE_RHS[packet]] if len(n.args) > SOLVE_RHS[packet] else None
             return (rhs,) if isinstance(rhs, CapturedOp) else ()
+        if n.macs and _mixes_positions(view, n):
+            return (view.matmul_operands(n)[1],)
         if is_channelwise_conv(n):
             return (n.args[0],) if isinstance(n.args[0], CapturedOp) else ()
         inputs = view.inputs(n)
@@ -544,6 +575,17 @@ def _value_sources(view: GraphView, start: CapturedOp) -> list[CapturedOp]:
         return inputs
 
     return [n for n in reach([start], step, carries) if not carries(n)]
+
+
+def _mixes_positions(view: GraphView, n: CapturedOp) -> bool:
+    """``n`` is ``A @ V`` with ``A`` a square positions × positions matrix and ``V`` as many rows: a mix over positions
+    keeps ``V``'s columns (KDA's in-chunk ``A @ (β·v)`` of its WY form, as a triangular solve does)."""
+    if not view.is_activation_product(n):
+        return False
+    a, b = view.matmul_operands(n)
+    left = a.output_shapes[0] if a.output_shapes else ()
+    right = b.output_shapes[0] if b.output_shapes else ()
+    return len(left) >= 2 and len(right) >= 2 and left[-1] == left[-2] == right[-2]
 
 
 def _demand_out_proj(view: GraphView, state: RoleState, output: CapturedOp, through_reductions: bool = False
@@ -1208,18 +1250,24 @@ def _claimed_by_family(state: RoleState, p: CapturedOp) -> bool:
     return state.parts.get(p) == {Role.CONV.value: p.macs} and p not in state.demands
 
 
-def _behind_channelwise(view: GraphView, start: CapturedOp) -> list[CapturedOp]:
+def _behind_channelwise(view: GraphView, start: CapturedOp, blocked: Callable[[CapturedOp], bool] | None = None
+                        ) -> list[CapturedOp]:
     """The multiplies nearest behind ``start``, with each depthwise convolution among them replaced by the
-    multiplies nearest behind its input."""
+    multiplies nearest behind its input; ``blocked``: nodes the walk does not pass."""
+    def before(n: CapturedOp) -> list[CapturedOp]:
+        if blocked is None:
+            return _nearest_before(view, n)
+        return view.frontier([n], view.inputs, blocked)
+
     found: dict[CapturedOp, None] = {}
-    todo, seen = list(_nearest_before(view, start)), set()
+    todo, seen = list(before(start)), set()  # (a copy: _nearest_before's lists are cached)
     while todo:
         m = todo.pop(0)
         if m in seen:
             continue
         seen.add(m)
         if is_channelwise_conv(m) and isinstance(m.args[0], CapturedOp):
-            todo.extend(_nearest_before(view, m.args[0]))
+            todo.extend(before(m.args[0]))  # (extends the copy)
         else:
             found[m] = None
     return list(found)
