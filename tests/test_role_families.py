@@ -342,3 +342,22 @@ def test_kimi_linear_kda_projections_are_attention_projections() -> None:
     assert gates == {"other"}
     layer = {role for r in prof.records if r.module.startswith(kda.rstrip(".")) for role in r.roles}
     assert {"attn_kv_state", "attn_readout"} <= layer
+
+
+# --------------------------------------------------------------------------------------------------
+# 11. ConvBERT's output projection reads cat([attention, span-based conv], along the heads) flattened: its rows that
+# hold the attention are out_proj, the conv's other
+def test_convbert_output_projection_is_split_by_rows() -> None:
+    torch.manual_seed(0)
+    config = transformers.ConvBertConfig(hidden_size=D, intermediate_size=F, num_hidden_layers=L,
+                                         num_attention_heads=H, vocab_size=1000, embedding_size=D, head_ratio=2,
+                                         conv_kernel_size=5)
+    found, prof = roles(transformers.ConvBertModel(config), input_ids=ids())
+    heads, width = H // 2, D // 2  # half the heads attend; the span-based convolution makes the other half
+    per_layer = {**{role: B * N * D * width for role in ("q_proj", "k_proj", "v_proj")},
+                 "attn_scores": B * heads * N * N * (width // heads), "attn_weighted_sum": B * heads * N * N * (
+                     width // heads), "out_proj": B * N * width * D, **ffn(B, N, D, F)}
+    assert {role: found[role] for role in per_layer} == times(L, per_layer)
+    dense = next(r for r in prof.records if r.module == "encoder.layer.0.attention.output.dense")
+    assert dense.roles == {"out_proj": B * N * width * D, "other": B * N * width * D}
+    assert role_balance(prof) == []

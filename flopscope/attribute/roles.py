@@ -832,14 +832,22 @@ def _hidden_layer(view: GraphView, state: RoleState, x: CapturedOp, through_chan
 
 
 def concatenated(view: GraphView, x: CapturedOp) -> list[CapturedOp]:
-    """The values ``x`` concatenates along its last dim (through views, copies and dropout), when there are several."""
+    """The values ``x`` concatenates along its last dim (through views, copies and dropout), when there are several:
+    a concatenation along an earlier axis counts when the views merge that axis and every later one into ``x``'s
+    last (ConvBERT's ``cat([attention, span conv], heads axis)`` flattened to the projection's input columns)."""
+    width = x.output_shapes[0][-1] if x.output_shapes and x.output_shapes[0] else None
     x = _pass_through_root(view, x)
     if view.packet(x) is not aten.cat or not x.output_shapes:
         return []
     dim = x.args[1] if len(x.args) > 1 else x.kwargs.get("dim", 0)
     parts = [v for v in x.args[0] if isinstance(v, CapturedOp)] if isinstance(x.args[0], (list, tuple)) else []
-    last = len(x.output_shapes[0]) - 1
-    return parts if len(parts) > 1 and isinstance(dim, int) and dim % (last + 1) == last else []
+    shape = x.output_shapes[0]
+    if len(parts) < 2 or not isinstance(dim, int) or not shape:
+        return []
+    dim %= len(shape)
+    merged = shape[dim:]
+    return parts if dim == len(shape) - 1 or (all(type(s) is int for s in merged) and math.prod(merged) == width) \
+        else []
 
 
 # --------------------------------------------------------------------------------------------------
