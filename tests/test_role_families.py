@@ -361,3 +361,22 @@ def test_convbert_output_projection_is_split_by_rows() -> None:
     dense = next(r for r in prof.records if r.module == "encoder.layer.0.attention.output.dense")
     assert dense.roles == {"out_proj": B * N * width * D, "other": B * N * width * D}
     assert role_balance(prof) == []
+
+
+# --------------------------------------------------------------------------------------------------
+# 11. a softcapped SwiGLU (Inkling2's: softcap(g) · sigmoid(g) · softcap(u), softcap(x) = tanh(x / c) · c): the
+# softcaps bound their branches, the sigmoid gates; gate, up and down keep their roles
+class _SoftcappedSwiGLU(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate, self.up, self.down = torch.nn.Linear(D, F), torch.nn.Linear(D, F), torch.nn.Linear(F, D)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        g, u = self.gate(x), self.up(x)
+        return x + self.down(torch.tanh(g / 4.0) * 4.0 * torch.sigmoid(g) * torch.tanh(u / 25.0) * 25.0)
+
+
+def test_a_softcapped_swiglu_keeps_its_gate() -> None:
+    torch.manual_seed(0)
+    found, _ = roles(_SoftcappedSwiGLU(), torch.randn(B, N, D))
+    assert found == ffn(B, N, D, F, gated=True)

@@ -925,7 +925,7 @@ def _gated_branches(view: GraphView, x: CapturedOp) -> tuple[CapturedOp | None, 
             continue  # a vector per sample scaling the tokens (adaLN-Zero's tanh(gate) * ffn(x)): conditioning
         if any(isinstance(v, CapturedOp) and _spread_over_features(v, n) for v in (a, b)):
             continue  # a weight per row (DeepSeek-V4's hyper-connections, sigmoid(hc)[..., None] * block output)
-        act_a = _passes_activation(view, a)
+        act_a = _gate_side(view, a, b)
         macs_a = {m for m in _nearest_before(view, a) if view.is_weight_matmul(m)}
         macs_b = {m for m in _nearest_before(view, b) if view.is_weight_matmul(m)}
         # gated: two projections, or one whose output columns the two branches split (GPT-OSS interleaves them);
@@ -943,12 +943,29 @@ def _spread_over_features(v: CapturedOp, product: CapturedOp) -> bool:
 
 
 def _gating(view: GraphView, n: CapturedOp) -> bool:
-    """An elementwise product of two nodes, one of them behind an activation and the other not."""
+    """An elementwise product of two nodes, one of them behind an activation and the other not (a bound, a
+    softcap's ``tanh(x / c) · c``, does not count where the other branch passes a gating activation: Inkling2's
+    ``softcap(g) · sigmoid(g) · softcap(u)``)."""
     if view.packet(n) not in elementwise.PRODUCT_OPS or len(n.args) < 2:
         return False
     a, b = n.args[:2]
-    return (isinstance(a, CapturedOp) and isinstance(b, CapturedOp)
-            and _passes_activation(view, a) != _passes_activation(view, b))
+    return isinstance(a, CapturedOp) and isinstance(b, CapturedOp) and _gate_side(view, a, b) is not None
+
+
+def _gate_side(view: GraphView, a: CapturedOp, b: CapturedOp) -> bool | None:
+    """Whether ``a`` (True) or ``b`` (False) is a gating product's activated branch; ``None``: neither, or both
+    alike."""
+    act_a, act_b = _passes_activation(view, a), _passes_activation(view, b)
+    if act_a != act_b:
+        return act_a
+    if not act_a:
+        return None
+    gate_a, gate_b = (view.activated(x, GATING_ACTIVATIONS) for x in (a, b))
+    return gate_a if gate_a != gate_b else None
+
+
+GATING_ACTIVATIONS = elementwise.ACTIVATION_OPS - {aten.tanh, aten.tanh_}
+"""Activations that gate: every one but ``tanh``, which a softcap uses to bound a value (``tanh(x / c) · c``)."""
 
 
 # --------------------------------------------------------------------------------------------------
