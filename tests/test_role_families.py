@@ -380,3 +380,34 @@ def test_a_softcapped_swiglu_keeps_its_gate() -> None:
     torch.manual_seed(0)
     found, _ = roles(_SoftcappedSwiGLU(), torch.randn(B, N, D))
     assert found == ffn(B, N, D, F, gated=True)
+
+
+# --------------------------------------------------------------------------------------------------
+# 11. a learned Fourier positional encoding (LightGlue's cos / sin of projector(keypoints)) rotates the queries and
+# keys: its projector is other, never q_proj or k_proj
+class _FourierRotaryAttention(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.projector = torch.nn.Linear(2, D // H // 2, bias=False)
+        self.q, self.k, self.v, self.o = (torch.nn.Linear(D, D) for _ in range(4))
+
+    def forward(self, x: torch.Tensor, points: torch.Tensor) -> torch.Tensor:
+        b, n, _ = x.shape
+        angles = self.projector(points).repeat_interleave(2, dim=-1)[:, None]  # [B, 1, n, d_k]
+        cos, sin = angles.cos(), angles.sin()
+
+        def heads(t: torch.Tensor) -> torch.Tensor:
+            t = t.view(b, n, H, D // H).transpose(1, 2)
+            pairs = t.unflatten(-1, (-1, 2))
+            rotated = torch.stack((-pairs[..., 1], pairs[..., 0]), dim=-1).flatten(-2)
+            return t * cos + rotated * sin
+
+        q, k, v = heads(self.q(x)), heads(self.k(x)), self.v(x).view(b, n, H, D // H).transpose(1, 2)
+        weights = (q @ k.transpose(-1, -2) / (D // H) ** 0.5).softmax(-1)
+        return self.o((weights @ v).transpose(1, 2).reshape(b, n, D))
+
+
+def test_a_fourier_positional_projector_is_no_query_projection() -> None:
+    torch.manual_seed(0)
+    found, _ = roles(_FourierRotaryAttention(), torch.randn(B, N, D), torch.randn(B, N, 2))
+    assert found == {**attention(B, N, N, D, H), "other": B * N * 2 * (D // H // 2)}

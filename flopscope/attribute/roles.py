@@ -307,15 +307,10 @@ def _state_products(view: GraphView, state: RoleState) -> None:
 
 
 def _demand_beside_decays(view: GraphView, state: RoleState, operand: CapturedOp, role: str) -> set[CapturedOp]:
-    """``role`` for the projections behind ``operand`` (looking through depthwise convolutions) that reach it without
-    a cumulative sum: a decay accumulated over positions (KDA's ``q * exp(cumsum(g))``, ``g`` from its forget gate's
-    projections) scales the queries and keys, it is no projection of them."""
-    direct = set(_behind_channelwise(view, operand, blocked=lambda n: view.packet(n) is aten.cumsum))
-    found = [demand for demand in _projections_of(view, state, operand, role, through_channelwise=True)
-             if demand[0] in direct]
-    for p, target, demanded in found:
-        state.demand(p, target, demanded)
-    return {p for p, _, _ in found}
+    """:func:`_demand_projections`, also not through a cumulative sum: a decay accumulated over positions (KDA's
+    ``q * exp(cumsum(g))``, ``g`` from its forget gate's projections) scales the queries and keys, it is no
+    projection of them."""
+    return _demand_projections(view, state, operand, role, blocked=frozenset({aten.cumsum}))
 
 
 def _correction_reads(view: GraphView, values: CapturedOp) -> list[CapturedOp]:
@@ -528,11 +523,22 @@ def _from_attention(view: GraphView, state: RoleState, operand: CapturedOp) -> b
     return any(Role(role).attention_core for m in _nearest_before(view, operand) for role in state.parts.get(m, {}))
 
 
-def _demand_projections(view: GraphView, state: RoleState, operand: CapturedOp, role: str) -> set[CapturedOp]:
-    found = _projections_of(view, state, operand, role, through_channelwise=True)
+def _demand_projections(view: GraphView, state: RoleState, operand: CapturedOp, role: str,
+                        blocked: frozenset[Any] = frozenset()) -> set[CapturedOp]:
+    """``role`` for the projections behind ``operand`` (looking through depthwise convolutions), except those that
+    reach it only through a sine or cosine (a positional encoding of learned Fourier features, LightGlue's
+    ``cos(projector(keypoints))`` rotating its queries and keys) or an op of ``blocked``."""
+    stops = PERIODIC | blocked
+    direct = set(_behind_channelwise(view, operand, blocked=lambda n: view.packet(n) in stops))
+    found = [demand for demand in _projections_of(view, state, operand, role, through_channelwise=True)
+             if demand[0] in direct]
     for p, target, demanded in found:
         state.demand(p, target, demanded)
     return {p for p, _, _ in found}
+
+
+PERIODIC = frozenset({aten.sin, aten.cos})
+"""Periodic functions: what they make of a projection is a positional encoding, not content."""
 
 
 SOLVE_RHS = {aten.linalg_solve_triangular: 1, aten.triangular_solve: 0}
