@@ -139,7 +139,8 @@ def test_qwen3_next_gated_deltanet_is_attention_not_ffn(mode: str) -> None:
     attn_readout (twice that), the first chunk's reading the initial zero state. The gate columns, in_proj_ba (β and
     the decay), the key Gram matrix and the solve stay other (docs/roles.md 3.2.2).
     At 3bbe37a the core was other, in_proj_qkvz ffn_up and out_proj ffn_down. The full-attention layer has an
-    output gate in its query projection (q_proj's columns, one role demanded: all of them)."""
+    output gate in its query projection: its query columns are q_proj, its gate's other, as a gate projection of its
+    own is (issue 47's convention; before, one role demanded took all the columns)."""
     c = QWEN3_NEXT
     d, hk, hv, dk, dv, chunk = 32, 2, 4, 8, 8, 64
     conv_channels = 2 * hk * dk + hv * dv
@@ -148,7 +149,7 @@ def test_qwen3_next_gated_deltanet_is_attention_not_ffn(mode: str) -> None:
               "attn_scores": hv * chunk * chunk * dk, "attn_weighted_sum": hv * chunk * chunk * dv,
               "attn_kv_state": hv * dk * chunk * dv, "attn_readout": 2 * hv * chunk * dk * dv,
               "conv": conv_channels * (n + c["linear_conv_kernel_dim"] - 1) * c["linear_conv_kernel_dim"]}
-    full = attention_layer(d, 4, 2, 8, q_width=2 * 4 * 8)
+    full = attention_layer(d, 4, 2, 8)  # (the query projection's gate half: other)
     per_moe_branch = (2 * n * d * 16 + n * d * 16)  # two routed experts per token, and the shared expert
     moe = {"ffn_up": per_moe_branch, "ffn_gate": per_moe_branch, "ffn_down": per_moe_branch}
     expected = add(linear, full, moe, moe, {"logits": n * d * c["vocab_size"]})

@@ -411,3 +411,24 @@ def test_a_fourier_positional_projector_is_no_query_projection() -> None:
     torch.manual_seed(0)
     found, _ = roles(_FourierRotaryAttention(), torch.randn(B, N, D), torch.randn(B, N, 2))
     assert found == {**attention(B, N, N, D, H), "other": B * N * 2 * (D // H // 2)}
+
+
+# --------------------------------------------------------------------------------------------------
+# an FFN maps d → f → d, or writes back to a residual stream: an MLP between widths that does neither (a multimodal
+# projector, D-FINE's quality head 20 → 64 → 1) is other; the same MLP added back to its input is an FFN
+class _Projector(torch.nn.Module):
+    def __init__(self, d_in: int, d_out: int, residual: bool) -> None:
+        super().__init__()
+        self.fc1, self.fc2, self.residual = torch.nn.Linear(d_in, d_out), torch.nn.Linear(d_out, d_out), residual
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.fc2(torch.nn.functional.gelu(self.fc1(x)))
+        return y + x[..., : y.shape[-1]] if self.residual else y
+
+
+@pytest.mark.parametrize("residual", [False, True])
+def test_an_mlp_between_widths_is_an_ffn_only_when_it_writes_back(residual: bool) -> None:
+    d_in, d_out = 48, 32
+    found, _ = roles(_Projector(d_in, d_out, residual), torch.randn(B, N, d_in))
+    up, down = B * N * d_in * d_out, B * N * d_out * d_out
+    assert found == ({"ffn_up": up, "ffn_down": down} if residual else {"other": up + down})

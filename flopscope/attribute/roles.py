@@ -711,12 +711,15 @@ def _down_projections(view: GraphView, state: RoleState, gated: bool) -> None:
                 continue  # (read in the second pass)
             if not gated and _gated_here(view, hidden):
                 continue  # (judged in the first)
-            found = _hidden_layer(view, state, hidden, through_channelwise=_writes_back(view, d))
+            writes_back = _writes_back(view, d)
+            found = _hidden_layer(view, state, hidden, through_channelwise=writes_back)
             if found is None or _per_sample(view, d) or view.pooled(d) or _only_weighs(view, d) \
-                    or any(_spread(view, p) for demands in found for p, _, _ in demands):
+                    or any(_spread(view, p) for demands in found for p, _, _ in demands) \
+                    or not (writes_back or sources or _back_to_its_width(view, d, found)):
                 continue  # one vector per sample (or frame) spread over the positions, after D or before its hidden
                 # layer (Flux-3's per-token modulations of silu(temb expanded to the tokens)), is conditioning; one
-                # pooled from the positions (a pooler and its classifier) is a head
+                # pooled from the positions (a pooler and its classifier) is a head; one between widths that writes
+                # back to no residual stream (a projector, a box or quality head) is an MLP, not an FFN
             for demands in found:
                 for p, target, role in demands:
                     state.demand(p, target, role)
@@ -738,6 +741,17 @@ def _gated_here(view: GraphView, hidden: CapturedOp) -> bool:
 
     return any(_gating(view, n) and _gated_branches(view, n)[0] is not None
                for n in reach([hidden], view.inputs, plain) if not n.macs)
+
+
+def _back_to_its_width(view: GraphView, d: CapturedOp, found: Sequence[Sequence[tuple[CapturedOp, Any, str]]]
+                       ) -> bool:
+    """``d`` maps the hidden layer back to the width its projections read: an FFN's d → f → d (a projection that is
+    no plain weight matmul, a pointwise convolution, is not compared)."""
+    width = d.output_shapes[0][-1:] if d.output_shapes else ()
+    projections = [p for demands in found for p, _, _ in demands]
+    if not all(view.is_weight_matmul(p) for p in projections):
+        return True
+    return all(tuple(view.activation_operand(p).output_shapes[0][-1:]) == tuple(width) for p in projections)
 
 
 def _writes_back(view: GraphView, d: CapturedOp) -> bool:
