@@ -125,12 +125,12 @@ class FourierTimestep(nn.Module):
 
 
 def test_fourier_features_are_no_hidden_layer():
+    """The Fourier features are no hidden layer of t·B; the MLP after them maps 2k -> d -> d and writes back to no
+    residual stream (its output joins the sequence as a token): an MLP between widths, other too (issue 47)."""
     b, n, d, k = 2, 4, 8, 6
     prof = profile(FourierTimestep(d, k), torch.randn(b, n, d), torch.rand(b))
-    assert nonzero(prof.by_role()) == {"ffn_up": b * 2 * k * d, "ffn_down": b * d * d, "other": b * k}
-    rows = prof.reconcile().rows
-    assert [(r.role, r.measured, r.predicted) for r in rows] == [("ffn_up", b * 2 * k * d, b * 2 * k * d),
-                                                               ("ffn_down", b * d * d, b * d * d)]
+    assert nonzero(prof.by_role()) == {"other": b * k + b * 2 * k * d + b * d * d}
+    assert not prof.reconcile().rows
 
 
 class JointAttention(nn.Module):
