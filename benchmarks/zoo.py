@@ -95,6 +95,7 @@ HEAD_KEYS = conventions.HEADS.every_config_key
 KV_HEAD_KEYS = conventions.KV_HEADS.every_config_key
 HEAD_DIM_KEYS = conventions.HEAD_WIDTH.every_config_key
 INTER_KEYS = conventions.FFN_WIDTH.every_config_key
+POOLER_KEYS = ("pooler_hidden_size",)  # DeBERTa's sequence-classification pooler: the hidden states' width
 SMALL_INTER_KEYS = conventions.EXPERT_FFN_WIDTH.every_config_key
 LAYER_KEYS = conventions.LAYERS.every_config_key
 LAYER_RE = re.compile(r"^(n|num)_\w*layers$")  # n_input_layers, num_mel_layers, ... (not the ones below)
@@ -297,7 +298,7 @@ def _shrink_widths(c: Any, widths: Widths) -> None:
     heads = next((attrs[k] for k in HEAD_KEYS if _is_int(attrs.get(k))), None)
     rope_is_head_dim = _is_int(attrs.get("head_dim")) and attrs.get("head_dim") == attrs.get("qk_rope_head_dim")
     kv = next((attrs[k] for k in KV_HEAD_KEYS if _is_int(attrs.get(k))), None)
-    for keys, cap in [(WIDTH_KEYS, HIDDEN), (HEAD_KEYS, HEADS)]:
+    for keys, cap in [((*WIDTH_KEYS, *POOLER_KEYS), HIDDEN), (HEAD_KEYS, HEADS)]:
         _cap(c, attrs, keys, cap)
     for k in KV_HEAD_KEYS:
         if _is_int(attrs.get(k)):
@@ -616,6 +617,33 @@ def _count(res: dict[str, Any], model_type: str, class_name: str, max_params: in
     res["status"] = classify(res)
 
 
+def _build_head(cls: Any, kind: str, cfg: Any, level: int, max_params: int) -> Any:
+    """A head class on the base model's config (a causal LM with ``is_decoder`` set, where the config has it), or
+    on its text config where the head class takes that one (``Qwen3_5ForCausalLM``); the build error if neither
+    builds."""
+    error = ""
+    for config in (cfg, cfg.get_text_config()):
+        config = copy.deepcopy(config)
+        if kind == "causal-lm" and hasattr(config, "is_decoder"):
+            _set(config, "is_decoder", True)
+        try:
+            return _build(cls, config, level, max_params)
+        except Exception as e:
+            error = error or runner.short(e, 200)
+    return error
+
+
+def _with_eos(inputs: dict[str, Any], cfg: Any) -> list[dict[str, Any]]:
+    """``inputs`` with the last token of ``input_ids`` the end-of-sequence token (the sequence classifiers of
+    encoder-decoders pool at it and refuse inputs without one), if the config names one."""
+    eos = next((v for c in _sub_configs(cfg) if _is_int(v := vars(c).get("eos_token_id"))), None)
+    if eos is None or "input_ids" not in inputs:
+        return []
+    ids = inputs["input_ids"].clone()
+    ids[..., -1] = eos
+    return [{**inputs, "input_ids": ids}]
+
+
 HEAD_MAPPINGS = (("causal-lm", "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES"),
                  ("seq-cls", "MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES"),
                  ("image-cls", "MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES"))
@@ -666,13 +694,13 @@ def _roles(res: dict[str, Any], model_type: str, class_name: str, max_params: in
         if head_cls is None:
             runs.append({"kind": kind, "class": name, "error": "not importable (missing dependency?)"})
             continue
-        try:
-            head = _build(head_cls, copy.deepcopy(cfg), res["level"], max_params)
-        except Exception as e:
-            runs.append({"kind": kind, "class": name, "error": f"build: {runner.short(e, 200)}"})
+        head = _build_head(head_cls, kind, cfg, res["level"], max_params)
+        if isinstance(head, str):
+            runs.append({"kind": kind, "class": name, "error": f"build: {head}"})
             continue
         errors: list[str] = []
-        head_inputs = _forward_inputs(head, [inputs, *input_candidates(head, head.config)], errors)
+        head_inputs = _forward_inputs(head, [inputs, *_with_eos(inputs, head.config),
+                                             *input_candidates(head, head.config)], errors)
         if head_inputs is None:
             runs.append({"kind": kind, "class": name, "error": f"forward: {errors[0] if errors else 'no input'}"})
             continue
