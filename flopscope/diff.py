@@ -24,6 +24,7 @@ from .errors import InputError
 from .predict.reconcile import ROLE_FORMS
 from .profile import Profile
 from .render.diff_page import write_diff_html
+from .render.numbers import times
 from .report import JSON_SCHEMA, to_dict
 from .role import ATTENTION_CORE, ROLE_ORDER
 
@@ -83,7 +84,7 @@ class ProfileDiff:
     def to_table(self, tablefmt: str = "simple", limit: int = 20) -> str:
         """The total, the roles, the useful attention pairs, and the ``limit`` largest module and op changes."""
         lines = [f"{self.before} → {self.after}: {_line(self.total)}", ""]
-        headers = ["role", "before MACs", "after MACs", "change", "×", "why (closed form)"]
+        headers = ["role", "before MACs", "after MACs", "change", "after / before", "why (closed form)"]
         lines.append(tabulate([_cells(c) for c in self.roles], headers=headers, tablefmt=tablefmt,
                               disable_numparse=True))
         if any(c.delta for c in self.useful):
@@ -186,6 +187,10 @@ def _why(role: str, before: list[Mapping[str, Any]], after: list[Mapping[str, An
     moved += [f"not {flag} → {flag}" for flag in sorted(flags_b - flags_a)]
     if len(before) != len(after):
         moved.append(f"blocks {len(before)} → {len(after)}")
+    if not moved:  # a parameter of the rows' basis that the form does not name (a new row kind's)
+        others = {k for values, _ in parsed_a + parsed_b for k in values} - keys
+        moved = [f"{key} {was or '-'} → {now or '-'}" for key in sorted(others)
+                 if (was := _values(parsed_a, key)) != (now := _values(parsed_b, key))]
     if not moved:
         return "no closed-form parameter moved: see the modules and ops that changed"
     return ", ".join(moved) + (f" ({_USEFUL_FORM})" if useful else f" ({role} = {form})" if form else "")
@@ -198,12 +203,12 @@ def _values(parsed: list[tuple[dict[str, str], set[str]]], key: str) -> str:
 
 def _cells(change: Change) -> list[str]:
     ratio = change.ratio
-    shown = "" if ratio is None or ratio == 1 else (f"{float(ratio):.4g}" if ratio.denominator > 1000 else str(ratio))
+    shown = "" if ratio is None or ratio == 1 else times(float(ratio))
     return [change.key or "(the model)", f"{change.before:,}", f"{change.after:,}",
             f"{change.delta:+,}" if change.delta else "0", shown, change.why]
 
 
 def _line(change: Change) -> str:
     ratio = change.ratio
-    times = f" (×{float(ratio):.4g})" if ratio is not None and ratio != 1 else ""
-    return f"{change.before:,} → {change.after:,} MACs, {change.delta:+,}{times}"
+    factor = f" ({times(float(ratio))})" if ratio is not None and ratio != 1 else ""
+    return f"{change.before:,} → {change.after:,} MACs, {change.delta:+,}{factor}"

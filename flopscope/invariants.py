@@ -314,6 +314,31 @@ def role_balance(prof: Profile, heads: Sequence[str] = ()) -> list[Imbalance]:
     return found
 
 
+def head_paths(prof: Profile) -> list[str]:
+    """The model's heads, found from the run: the outermost modules beside the layers (children of a module that
+    holds a layer list, outside every layer) whose every multiply ran after the last layer's (a pooler, a
+    classifier, an LM head). Empty for a model without a layer list."""
+    types = prof.facts.types
+    records = [r for r in prof.records if r.phase == FORWARD]
+    layers = [_layer(r.module, types) for r in records]
+    last = max((i for i, layer in enumerate(layers) if layer is not None), default=None)
+    if last is None:
+        return []
+    holders = {".".join(layer.split(".")[:i]) for layer in filter(None, layers)
+               for i in range(len(layer.split(".")))}  # every module above a layer (the root "" among them)
+    first: dict[str, int] = {}
+    for i, record in enumerate(records):
+        parts = record.module.split(".") if record.module else []
+        for depth in range(1, len(parts) + 1):
+            path = ".".join(parts[:depth])
+            if path in holders:
+                continue
+            if ".".join(parts[:depth - 1]) in holders:
+                first.setdefault(path, i)
+            break
+    return [path for path, i in first.items() if i > last]
+
+
 def _layer(path: str, types: Mapping[str, type]) -> str | None:
     """The outermost item of a module list that contains ``path`` (``None``: in no list)."""
     parts = path.split(".") if path else []

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+import re
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -81,13 +82,123 @@ def role_share_plot(prof: Profile, path: str | Path, title: str = "") -> Path:
     return save_figure(fig, plt, path)
 
 
-def save_figure(fig: Any, plt: Any, path: str | Path) -> Path:
-    """Write ``fig`` to ``path`` (PNG, 120 dpi) and close it."""
+DPI = 120
+"""Dots per inch of every saved plot (and of the figures whose labels are laid out: the same pixels)."""
+
+
+def save_figure(fig: Any, plt: Any, path: str | Path, layout: bool = True) -> Path:
+    """Write ``fig`` to ``path`` (PNG, :data:`DPI`) and close it; ``layout=False`` when its layout is done (labels
+    placed in pixels: :func:`place_labels`)."""
     out = Path(path)
-    fig.tight_layout()
-    fig.savefig(out, dpi=120)
+    if layout:
+        fig.tight_layout()
+    fig.savefig(out, dpi=DPI)
     plt.close(fig)
     return out
+
+
+_SAME_PLACE = 6.0  # pixels: points closer than this in both directions share one label
+_OFFSETS = tuple((radius * math.cos(math.radians(angle)), radius * math.sin(math.radians(angle)))
+                 for radius in (5, 12, 20, 30, 42, 56, 72, 90, 110, 135, 165)
+                 for angle in (30, -30, 90, -90, 150, -150, 0, 180, 60, -60, 120, -120))
+"""Where a label may go, nearest first: offsets from its point in points (1/72 inch), around it at growing
+distances."""
+
+
+def place_labels(fig: Any, ax: Any, points: Sequence[tuple[float, float, str]],
+                 obstacles: Sequence[tuple[float, float]] = (), fontsize: float = 7) -> list[Any]:
+    """Label ``points`` (``(x, y, text)`` in data coordinates) on ``ax`` so that no two labels overlap, no label
+    covers a point (``points`` and ``obstacles``, data coordinates) and each stays inside the axes: points at the
+    same place (within a few pixels) share one label (their texts joined, :func:`_joined`); each label goes to the
+    nearest free place around its point (:data:`_OFFSETS`), with a thin line to its point when it is not next to
+    it. Call it once the axes' limits and the figure's layout are final (it measures text in pixels); returns the
+    labels (matplotlib ``Annotation`` s)."""
+    renderer = fig.canvas.get_renderer()
+    to_pixels = ax.transData.transform
+    groups: list[tuple[tuple[float, float], list[str], list[tuple[float, float]]]] = []
+    for x, y, text in points:
+        px, py = to_pixels((x, y))
+        for anchor, texts, members in groups:
+            if abs(anchor[0] - px) <= _SAME_PLACE and abs(anchor[1] - py) <= _SAME_PLACE:
+                texts.append(text)
+                members.append((x, y))
+                break
+        else:
+            groups.append(((px, py), [text], [(x, y)]))
+    area = ax.get_window_extent(renderer)
+    marks = [to_pixels(xy) for xy in [(x, y) for x, y, _ in points] + list(obstacles)]
+    taken: list[Any] = []
+    labels = []
+    for _, texts, members in sorted(groups, key=lambda g: (-len(g[1]), g[0][0], -g[0][1])):
+        text, xy = _joined(texts), members[0]
+        for dx, dy in _OFFSETS:
+            label = _label(ax, text, xy, dx, dy, fontsize)
+            box = text_box(label, renderer).padded(2)
+            inside = box.x0 >= area.x0 and box.x1 <= area.x1 and box.y0 >= area.y0 and box.y1 <= area.y1
+            if inside and not any(box.overlaps(other) for other in taken) and not any(
+                    box.x0 <= mx <= box.x1 and box.y0 <= my <= box.y1 for mx, my in marks):
+                break
+            label.remove()
+        else:  # no free place anywhere: the nearest one
+            dx, dy = _OFFSETS[0]
+            label = _label(ax, text, xy, dx, dy, fontsize)
+            box = text_box(label, renderer).padded(2)
+        if math.hypot(dx, dy) > 6:  # away from its point: a thin line to it
+            label.remove()
+            label = _label(ax, text, xy, dx, dy, fontsize, line=True)
+        taken.append(box)
+        labels.append(label)
+    return labels
+
+
+def text_box(label: Any, renderer: Any) -> Any:
+    """The box (display pixels) of an ``Annotation``'s text alone, not of its line to its point."""
+    from matplotlib.text import Text
+
+    label.update_positions(renderer)
+    return Text.get_window_extent(label, renderer)
+
+
+def _label(ax: Any, text: str, xy: tuple[float, float], dx: float, dy: float, fontsize: float,
+           line: bool = False) -> Any:
+    """``text`` at ``(dx, dy)`` points from ``xy``, aligned away from it (a thin grey line to it with ``line``)."""
+    arrow = {"arrowstyle": "-", "color": "grey", "linewidth": 0.5, "shrinkA": 0, "shrinkB": 3} if line else None
+    return ax.annotate(text, xy, xytext=(dx, dy), textcoords="offset points", fontsize=fontsize,
+                       ha="left" if dx > 1e-9 else "right" if dx < -1e-9 else "center",
+                       va="bottom" if dy > 1e-9 else "top" if dy < -1e-9 else "center", arrowprops=arrow)
+
+
+def _joined(texts: Sequence[str]) -> str:
+    """The texts of points at one place as one label: ``step 2 (decode)`` ... ``step 5 (decode)`` as
+    ``steps 2–5 (decode)``, the rest joined by commas, lines of at most :data:`_LINE` characters where they fit."""
+    steps: dict[str, list[int]] = {}
+    others: list[str] = []
+    for text in texts:
+        found = re.fullmatch(r"step (\d+) \((.+)\)", text)
+        if found:
+            steps.setdefault(found[2], []).append(int(found[1]))
+        else:
+            others.append(text)
+    for phase, numbers in steps.items():
+        numbers.sort()
+        runs: list[list[int]] = []
+        for number in numbers:
+            if runs and number == runs[-1][-1] + 1:
+                runs[-1].append(number)
+            else:
+                runs.append([number])
+        shown = ", ".join(f"{run[0]}–{run[-1]}" if len(run) > 1 else f"{run[0]}" for run in runs)
+        others.append(f"step{'s' if len(numbers) > 1 else ''} {shown} ({phase})")
+    lines: list[str] = []
+    for text in others:
+        if lines and len(lines[-1]) + 2 + len(text) <= _LINE:
+            lines[-1] += ", " + text
+        else:
+            lines.append(text)
+    return "\n".join(lines)
+
+
+_LINE = 40  # characters of a label's line
 
 
 def trace_plot(trace: Mapping[str, Any] | str | Path, path: str | Path, title: str = "") -> Path:

@@ -18,6 +18,7 @@ from typing import Any
 from torch import fx
 
 from .attribute.columns import scale_parts
+from .attribute.paths import enclosing
 from .attribute.roles import Assignment, RoleRule, find_roles
 from .capture import undispatched
 from .capture.facts import ModelFacts
@@ -120,7 +121,8 @@ class Profile:
         for op in self._ops:
             paths = paths_of.get(id(op.module_stack))
             if paths is None:
-                paths = paths_of[id(op.module_stack)] = frozenset(frame.path for frame in op.module_stack)
+                paths = paths_of[id(op.module_stack)] = enclosing((frame.path for frame in op.module_stack),
+                                                                  self._uncalled)
             if op.bytes:
                 moved.append((op.bytes, paths, op.phase))
             if op.cost is Cost.FORMULA:
@@ -278,9 +280,15 @@ class Profile:
         "causal" or "mask") prices the attention core by that convention (:mod:`flopscope.predict.attention`)."""
         if module != "":
             module = self.canonical_module_name(module)
+        core = self._core_if(attention)
+        if module in self._uncalled and core:  # a container (never called): the core ops inside it by structure
+            core = tuple(op for op in core if module in enclosing(op.module_stack, self._uncalled))
+            module_of_core = ""
+        else:
+            module_of_core = module
         return sum(macs for _, macs, paths, ph in self._tally.counted
                    if (module == "" or module in paths) and (phase is None or ph == phase)
-                   ) - saved(self._core_if(attention), attention, module, phase)
+                   ) - saved(core, attention, module_of_core, phase)
 
     def total_flops(self, module: str = "", phase: str | None = None, attention: str = EXECUTED) -> int:
         """Floating-point operations of the same work: ``2 * total(module)`` (1 MAC = 2 FLOPs)."""
@@ -295,7 +303,8 @@ class Profile:
 
     def by_module(self) -> dict[str, int]:
         """MACs per module path, inclusive of submodules, for every module of the model (0 where none);
-        ``by_module()[""] == total()``. A module called several times sums its calls."""
+        ``by_module()[""] == total()``. A module called several times sums its calls; a container that is never
+        called itself (a ``ModuleList`` of layers) sums what its submodules ran."""
         out = dict.fromkeys(self._module_paths, 0)
         for _, macs, paths, _ in self._tally.counted:
             for path in paths:
@@ -519,7 +528,13 @@ class Profile:
 
     def uncalled_modules(self) -> set[str]:
         """Module paths of the model that never ran (fvcore's name)."""
-        return {p for p in self._module_paths if p not in self._capture.module_calls}
+        return set(self._uncalled)
+
+    @cached_property
+    def _uncalled(self) -> frozenset[str]:
+        """The module paths that never ran: a container among them (``ModuleList``) sums what its submodules ran
+        (:func:`flopscope.attribute.paths.enclosing`)."""
+        return frozenset(p for p in self._module_paths if p not in self._capture.module_calls)
 
     def module_calls(self) -> dict[str, int]:
         """How many times each module ran."""

@@ -16,6 +16,7 @@ from typing import Any
 
 from tabulate import tabulate
 
+from .attribute.paths import enclosing
 from .conventions import EXECUTED, check_attention
 from .errors import FlopscopeError
 from .predict.attention import notes as attention_notes
@@ -58,8 +59,10 @@ def params_by_module(prof: Profile) -> dict[str, int]:
 
 
 def dominant_roles(prof: Profile) -> dict[str, str]:
-    """Per module path, the role with most MACs among the ops it ran (inclusive)."""
-    return module_dominant_roles((record.module_stack, record.roles) for record in prof.records)
+    """Per module path, the role with most MACs among the ops it ran (inclusive; a container never called, such as a
+    ``ModuleList``, of what its submodules ran)."""
+    uncalled = prof.uncalled_modules()
+    return module_dominant_roles((enclosing(record.module_stack, uncalled), record.roles) for record in prof.records)
 
 
 def module_tree(prof: Profile, depth: int = 2, units: str = "macs", tablefmt: str = "simple") -> str:

@@ -27,7 +27,7 @@ from tabulate import tabulate
 from .capture.records import captured
 from .errors import FlopscopeError
 from .peaks import peak_bandwidth, peak_flops
-from .plots import pyplot, save_figure
+from .plots import DPI, place_labels, pyplot, save_figure
 
 if TYPE_CHECKING:
     from .profile import Profile
@@ -151,7 +151,16 @@ def bounds(points: Sequence[RooflinePoint]) -> dict[str, str | None]:
 
 def roofline_plot(result: Roofline, path: str | Path, title: str = "") -> Path:
     """Log-log roofline: attainable FLOP/s against arithmetic intensity, a point per role (circles) and per step
-    (squares) at its intensity and its roofline-limited rate (the measured rate in real mode, hollow)."""
+    (squares) at its intensity and its roofline-limited rate (the measured rate in real mode, hollow); labels laid
+    out so that none overlaps another (points at one place share one: :func:`flopscope.plots.place_labels`)."""
+    plt = pyplot()
+    fig, _ = roofline_figure(result, title)
+    return save_figure(fig, plt, path, layout=False)
+
+
+def roofline_figure(result: Roofline, title: str = "") -> tuple[Any, list[Any]]:
+    """The figure of :func:`roofline_plot` (laid out at :data:`flopscope.plots.DPI`) and its labels (matplotlib
+    ``Annotation`` s), not saved."""
     plt = pyplot()
     if result.peak_flops is None or result.bandwidth is None:
         raise FlopscopeError("a roofline plot needs the device's peak FLOP/s and bandwidth (pass peak= and "
@@ -160,21 +169,28 @@ def roofline_plot(result: Roofline, path: str | Path, title: str = "") -> Path:
     points = [p for p in (*result.roles, *result.steps) if p.intensity]
     lows = [p.intensity for p in points if p.intensity] + [result.ridge or 1.0]
     x = [min(lows) / 4, max(lows) * 4]
-    fig, ax = plt.subplots(figsize=(8, 5.5))
+    fig, ax = plt.subplots(figsize=(8, 5.5), dpi=DPI)
     ridge = peak / bandwidth
     ax.plot([x[0], ridge, x[1]], [x[0] * bandwidth, peak, peak], color="black", linewidth=1.5)
+    placed: list[tuple[float, float, str]] = []
+    measured: list[tuple[float, float]] = []
     for p in points:
         intensity = p.intensity or 0.0
         attainable = min(peak, intensity * bandwidth)
         marker = "s" if p in result.steps else "o"
         ax.scatter([intensity], [attainable], marker=marker, zorder=3)
-        ax.annotate(p.name, (intensity, attainable), fontsize=7, xytext=(3, 3), textcoords="offset points")
+        placed.append((intensity, attainable, p.name))
         if p.measured_seconds:
-            ax.scatter([intensity], [p.flops / p.measured_seconds], marker=marker, facecolors="none",
-                       edgecolors="grey", zorder=3)
+            measured.append((intensity, p.flops / p.measured_seconds))
+            ax.scatter(*zip(measured[-1], strict=True), marker=marker, facecolors="none", edgecolors="grey",
+                       zorder=3)
     ax.set_xscale("log")
     ax.set_yscale("log")
+    ax.set_xlim(x[0], x[1])
+    low = min([y for _, y in measured] + [x[0] * bandwidth])
+    ax.set_ylim(low / 3, peak * 4)  # room for labels above the roof
     ax.set_xlabel("arithmetic intensity (FLOPs per byte)")
     ax.set_ylabel("FLOP/s")
     ax.set_title(title or f"roofline: ridge at {ridge:.1f} FLOPs/byte ({result.dtype})")
-    return save_figure(fig, plt, path)
+    fig.tight_layout()  # (before the labels: they are placed in pixels)
+    return fig, place_labels(fig, ax, placed, measured)

@@ -421,24 +421,58 @@ def _attention_terms(model: nn.Module, make_inputs: Callable[[int], Any], n: int
 
 
 # --------------------------------------------------------------------------------------------------
+AUTO = "auto"
+"""``peak="auto"``: look the device's peak up (:func:`flopscope.peaks.peak_flops`), the default of :class:`Throughput`
+and the training callbacks."""
+
+
+def resolve_peak(peak: float | str | None, device: Any, dtype: torch.dtype) -> tuple[float | None, str]:
+    """``(peak FLOP/s or None, where it came from)`` of a :class:`Throughput` ``peak`` argument: a number as given
+    (``> 0``), ``"auto"`` looked up for ``device`` and ``dtype``, ``None`` unknown (no MFU)."""
+    if peak is None:
+        return None, "unknown (peak=None): MFU and HFU are not computed; pass the dense datasheet FLOP/s, or 'auto'"
+    if isinstance(peak, str):
+        if peak != AUTO:
+            raise ConfigurationError(f"peak must be a number of FLOP/s, {AUTO!r} (look it up) or None (unknown); "
+                                     f"got {peak!r}")
+        found = peak_flops(device, dtype)
+        if found is None:
+            return None, (f"unknown: no peak for device {device!r} and {dtype} (a warning says why); MFU and HFU "
+                          "are not computed; pass peak= with the dense datasheet FLOP/s")
+        where = "measured on this CPU (a GEMM benchmark)" if _is_cpu(device) else "the device's datasheet"
+        return found, f"looked up: {where}, {dtype}"
+    if isinstance(peak, bool) or not isinstance(peak, (int, float)) or not peak > 0:
+        raise ConfigurationError(f"peak must be > 0 FLOP/s, {AUTO!r} or None; got {peak!r}")
+    return float(peak), "given"
+
+
+def _is_cpu(device: Any) -> bool:
+    """``device`` means this CPU (as :func:`flopscope.peaks.peak_flops` resolves it: ``None`` without CUDA)."""
+    if device is None:
+        return not torch.cuda.is_available()
+    try:
+        return torch.device(device).type == "cpu"
+    except (RuntimeError, TypeError):
+        return False
+
+
 class Throughput:
     """FLOP/s, MFU, tokens/s and FLOPs per role of a plain PyTorch training loop.
 
-    ``flops``: a :class:`BatchPricer` (prices each batch) or a fixed number of FLOPs per batch. ``peak``:
-    the device's dense peak FLOP/s (default: :func:`flopscope.peaks.peak_flops` of ``device`` and ``dtype``;
-    ``None`` when the device is unknown, then MFU is ``None``). ``recompute_flops``: FLOPs recomputed per batch
+    ``flops``: a :class:`BatchPricer` (prices each batch) or a fixed number of FLOPs per batch. ``peak``: the
+    denominator of MFU, the device's dense peak FLOP/s: a number (the datasheet figure); ``"auto"`` (default) looks
+    it up (:func:`flopscope.peaks.peak_flops` of ``device`` and ``dtype``: a known GPU's datasheet figure, this
+    CPU's measured GEMM peak; an unknown device gives ``None`` and one warning); ``None``: unknown, so MFU and HFU
+    are not computed (``None``, and :attr:`peak_source` says why). ``recompute_flops``: FLOPs recomputed per batch
     by activation checkpointing when ``flops`` is a number (a :class:`BatchPricer` prices them itself): hardware
     FLOPs, which HFU counts and MFU does not."""
 
-    def __init__(self, flops: BatchPricer | int, *, peak: float | None = None, device: Any = None,
+    def __init__(self, flops: BatchPricer | int, *, peak: float | str | None = AUTO, device: Any = None,
                  dtype: torch.dtype = torch.float32, recompute_flops: int = 0) -> None:
         if isinstance(flops, int) and flops < 0:
             raise ConfigurationError(f"flops per batch must be >= 0; got {flops}")
-        if peak is None:
-            peak = peak_flops(device, dtype)
-        elif peak <= 0:
-            raise ConfigurationError(f"peak must be > 0 FLOP/s; got {peak}")
-        self.flops, self.peak, self.recompute_flops = flops, peak, recompute_flops
+        self.peak, self.peak_source = resolve_peak(peak, device, dtype)
+        self.flops, self.recompute_flops = flops, recompute_flops
         self._zero()
 
     def _zero(self) -> None:
@@ -459,8 +493,8 @@ class Throughput:
     def update(self, batch: Any, seconds: float) -> dict[str, Any]:
         """Account one step that took ``seconds`` (wall time) on ``batch``; returns this step's metrics:
         ``flops`` (model FLOPs), ``flops_per_sec``, ``mfu`` and ``hfu`` (``None`` without a peak), ``peak`` (the
-        denominator), ``recomputed_flops``, ``tokens``, ``tokens_per_sec``, ``seconds`` and ``flops_by_role``
-        (when priced by a :class:`BatchPricer`)."""
+        denominator) and ``peak_source`` (where it came from, or why there is none), ``recomputed_flops``,
+        ``tokens``, ``tokens_per_sec``, ``seconds`` and ``flops_by_role`` (when priced by a :class:`BatchPricer`)."""
         if not isinstance(self.flops, BatchPricer):
             return self.record(int(self.flops), seconds, recomputed=self.recompute_flops)
         priced = self.flops.price(batch)
@@ -490,7 +524,7 @@ class Throughput:
 
     def _rates(self, flops: int, recomputed: int, tokens: int, seconds: float) -> dict[str, Any]:
         """MFU counts the model's FLOPs, HFU also the recomputed ones; both ``None`` without a peak."""
-        return {"flops": flops, "flops_per_sec": flops / seconds, "peak": self.peak,
+        return {"flops": flops, "flops_per_sec": flops / seconds, "peak": self.peak, "peak_source": self.peak_source,
                 "mfu": flops / seconds / self.peak if self.peak else None,
                 "hfu": (flops + recomputed) / seconds / self.peak if self.peak else None,
                 "recomputed_flops": recomputed, "tokens": tokens, "tokens_per_sec": tokens / seconds,

@@ -11,6 +11,7 @@ from torch import nn
 from torch.nn.modules import module as nn_module
 
 import flopscope
+from flopscope.report import module_tree
 
 from closed_forms import add, attention, ffn, times
 from zoo import HandAttention
@@ -114,6 +115,40 @@ def test_a_module_called_twice_is_attributed_per_call():
     calls = [(r.module, r.call, r.multiplies) for r in prof.records]
     assert calls == [("proj", 1, 5 * 8 * 8), ("proj", 2, 2 * 8 * 8)]
     assert prof.by_module()["proj"] == 7 * 8 * 8
+
+
+class Stacked(nn.Module):
+    """Two layers in a ``ModuleList`` (never called itself) inside an ``nn.ModuleDict``; a head outside both."""
+
+    def __init__(self, d: int = 8) -> None:
+        super().__init__()
+        self.groups = nn.ModuleDict({"body": nn.ModuleList(TwoLayer(d) for _ in range(2))})
+        self.head = nn.Linear(d, 3, bias=False)
+
+    def forward(self, x):
+        for layer in self.groups["body"]:
+            x = layer(x)
+        return self.head(x)
+
+
+@pytest.mark.parametrize("mode", ["fake", "real"])
+def test_a_container_never_called_sums_what_its_submodules_ran(mode):
+    """``layers ModuleList 0 MACs 0.0 %`` was shown under a model whose layers did all the work: a container is
+    never called, so no op's call stack held it. By structure, it holds its submodules' MACs: in ``by_module``,
+    ``total(module)``, ``bytes_by_module``, the text tree (with its share and dominant role) and the JSON report."""
+    tokens, d = 5, 8
+    layer = 2 * tokens * d * 16
+    head = tokens * d * 3
+    prof = flopscope.profile(Stacked(d), torch.randn(tokens, d), mode=mode)
+    by_module = prof.by_module()
+    assert by_module["groups"] == by_module["groups.body"] == 2 * layer
+    assert by_module["groups.body.0"] == layer and by_module[""] == 2 * layer + head == prof.total()
+    assert prof.total("groups.body") == prof.total("groups.body", attention="causal") == 2 * layer
+    assert prof.bytes_by_module()["groups.body"] == prof.total_bytes("groups.body") > 0
+    assert prof.uncalled_modules() == {"groups", "groups.body"}
+    tree = module_tree(prof, depth=3)
+    body = next(line for line in tree.splitlines() if line.split()[:3] == ["·", "·", "body"])
+    assert f"{2 * layer:,}" in body and f"{100 * 2 * layer / (2 * layer + head):.1f}%" in body and "ffn_up" in body
 
 
 def test_a_caught_submodule_error_leaves_attribution_intact():

@@ -142,3 +142,33 @@ def test_the_diff_page_in_chromium(tmp_path):
     assert rows == {c.key: (c.before, c.after) for c in diff(mha, gqa).roles}
     total = re.search(r"<p id=\"total\" data-before=\"(\d+)\" data-after=\"(\d+)\"", result.stdout)
     assert (int(total[1]), int(total[2])) == (mha.total(), gqa.total())
+
+
+def test_more_tokens_move_n_in_the_logits_row_and_ratios_print_as_decimals(tmp_path, capsys):
+    """Two JSON reports of a causal LM at N and 2N tokens: the logits row says n moved (it said "no closed-form
+    parameter moved": its basis named d and V only), and the ratios print as decimals (they printed as fractions,
+    "870/427")."""
+    from transformers import LlamaForCausalLM
+
+    config = LlamaConfig(**BASE, num_key_value_heads=H)
+    paths = []
+    for tokens in (N, 2 * N):
+        with torch.device("meta"):
+            model = LlamaForCausalLM(config).eval()
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            prof = flopscope.profile(model, torch.zeros(B, tokens, dtype=torch.long))
+        paths.append(tmp_path / f"n{tokens}.json")
+        paths[-1].write_text(report.to_json(prof))
+    assert main(["diff", *map(str, paths), "--html", str(tmp_path / "diff.html")]) == 0
+    printed = capsys.readouterr().out
+    logits = next(line for line in printed.splitlines() if line.startswith("logits"))
+    V = BASE["vocab_size"]
+    assert f"{B * N * D * V:,}" in logits and f"{B * 2 * N * D * V:,}" in logits
+    assert f"n {N} → {2 * N} (logits = B·n·d·V)" in logits and " 2x " in logits
+    changes = diff(*(json.loads(p.read_text()) for p in paths))
+    ratio = changes.total.after / changes.total.before  # (not a whole number: the attention core grows by 4)
+    assert f"({ratio:.3g}x)" in printed.splitlines()[0]
+    assert re.search(r"\b\d+/\d+\b", printed) is None  # no fraction anywhere
+    page = (tmp_path / "diff.html").read_text()
+    assert f"{ratio:.3g}x" in page and re.search(r">\d+/\d+<", page) is None

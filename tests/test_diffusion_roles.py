@@ -305,3 +305,27 @@ def test_sana_linear_attention_is_a_state_and_its_readout():
     assert (roles["attn_kv_state"], roles["attn_readout"]) == (state, state)
     assert (roles["attn_scores"], roles["attn_weighted_sum"]) == (L * n * m * d, L * n * m * d)  # cross-attention only
     assert prof.reconcile().unexplained() == []
+
+
+@pytest.mark.parametrize("processor", ["AttnProcessor", "AttnProcessor2_0"])
+@pytest.mark.parametrize("name", ["dit", "unet"])
+def test_each_attention_processor_lists_the_same_unsupported_work_in_real_and_fake_runs(name, processor):
+    """diffusers' classic ``AttnProcessor`` (what ``set_default_attn_processor()`` installs) computes its scores as
+    ``baddbmm(torch.empty(...), q, kᵀ, beta=0, alpha=scale)``: with ``beta=0`` the empty input is not read, so the
+    real run flags nothing outside the dispatcher, as the fake run; the roles are the closed forms either way."""
+    from diffusers.models import attention_processor
+
+    build, config = globals()[f"build_{name}"], globals()[name.upper()]
+    found = {}
+    for mode in ("real", "fake"):
+        torch.manual_seed(0)
+        model = build().eval()
+        for module in model.modules():
+            if isinstance(module, attention_processor.Attention):
+                module.set_processor(getattr(attention_processor, processor)())
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            prof = flopscope.profile(model, **INPUTS[name](config), mode=mode)
+        found[mode] = prof.unsupported()
+        assert {role: macs for role, macs in prof.by_role().items() if macs} == globals()[f"{name}_roles"]()
+    assert found["real"] == found["fake"] == {}

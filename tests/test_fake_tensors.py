@@ -3,6 +3,7 @@ count as FlopCounterMode counts them (issue 22, items 1-3)."""
 
 from __future__ import annotations
 
+import collections
 import functools
 import types
 import warnings
@@ -410,3 +411,57 @@ def test_a_table_a_module_keeps_on_itself_in_a_fake_block_is_not_left_there(how:
         out = net(x)
         assert type(out) is torch.Tensor
         assert flopscope.profile(net, x, mode="real").total() == 2 * 4 * 8 * 8
+
+
+class BuildsOnLookup(collections.OrderedDict):
+    """transformers' ``ClassInstantier`` (its ``ACT2FN``): ``table[name]`` builds a new object each time; building
+    one may warn (xIELU's "CUDA-fused xIELU not available")."""
+
+    built = 0
+
+    def __getitem__(self, key: str) -> nn.Module:
+        type(self).built += 1
+        return super().__getitem__(key)()
+
+
+ACTIVATIONS = BuildsOnLookup(relu=nn.ReLU, gelu=nn.GELU, silu=nn.SiLU)
+
+
+class ActivationsByName(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.up, self.act = nn.Linear(D, D, bias=False), ACTIVATIONS["silu"]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.act(self.up(x))
+
+
+@pytest.mark.parametrize("mode", ["fake", "real"])
+def test_snapshotting_the_caches_builds_nothing_from_a_table_that_builds_on_lookup(mode: str) -> None:
+    """The cache guard copies a module-level dict the model's code reaches as a plain dict: a subclass whose
+    ``__getitem__`` builds an object (transformers' activation table) builds none. (Each count built every entry of
+    transformers' ``ACT2FN``, which printed its xIELU warning.)"""
+    model, x = ActivationsByName(), torch.randn(1, N, D)
+    built = BuildsOnLookup.built
+    assert flopscope.profile(model, x, mode=mode).total() == N * D * D
+    assert fake_tensors_held(model) == []
+    assert BuildsOnLookup.built == built
+
+
+def test_a_hugging_face_count_builds_no_activation_of_transformers_table(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A count of a Llama looks up no entry of transformers' ``ACT2FN`` (each lookup builds a module; the xIELU one
+    warns "CUDA-fused xIELU not available"). The lookups are counted by a spy around the real ``__getitem__``."""
+    model, ids = _llama_under(torch.device("cpu"))  # (skips without transformers)
+    from transformers import activations
+
+    looked_up: list[str] = []
+    lookup = activations.ClassInstantier.__getitem__
+
+    def spy(self: Any, key: str) -> Any:
+        looked_up.append(key)
+        return lookup(self, key)
+
+    monkeypatch.setattr(activations.ClassInstantier, "__getitem__", spy)
+    with torch.no_grad():
+        assert flopscope.profile(model, ids, mode="fake").total() == _llama_expected()
+    assert looked_up == []

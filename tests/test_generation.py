@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+from dataclasses import replace
 
 import pytest
 import torch
@@ -168,6 +169,47 @@ def test_roofline_in_real_mode_measures_time_mfu_and_mbu(generated, tmp_path) ->
     assert result.plot(tmp_path / "roofline.png").stat().st_size > 0
 
 
+
+
+def test_roofline_labels_do_not_overlap(generated, tmp_path) -> None:
+    """The roofline's labels were drawn each beside its point, on top of one another where points bunch (the
+    projections of a layer at one intensity, the decode steps at another). Laid out, no two labels' boxes (as
+    matplotlib's renderer measures them) intersect, each is inside the axes, and every point is named; points at
+    one place share a label (the equal projections; decode steps 3–5 at 0.73–0.74 FLOPs/byte as one range)."""
+    pytest.importorskip("matplotlib")
+    from flopscope.plots import text_box
+    from flopscope.roofline import RooflinePoint, roofline, roofline_figure
+
+    _, _, prof = generated
+    measured = roofline(prof, peak=1e11, bandwidth=1e10)
+    # and points near one another but not at one place: 12 roles 2 % apart in intensity, 6 steps 1 % apart
+    crowded = replace(measured, roles=tuple(RooflinePoint(f"role_{i}", 1000 + 20 * i, 1000, "memory", None)
+                                            for i in range(12)),
+                      steps=tuple(RooflinePoint(f"step {i} (decode)", 1500 + 15 * i, 1000, "memory", None)
+                                  for i in range(1, 7)))
+    for result in (measured, crowded):
+        fig, labels = roofline_figure(result)
+        renderer = fig.canvas.get_renderer()
+        boxes = [text_box(label, renderer) for label in labels]  # (the text, not its line to its point)
+        area = fig.axes[0].get_window_extent(renderer)
+        for i, box in enumerate(boxes):
+            assert area.x0 <= box.x0 and box.x1 <= area.x1 and area.y0 <= box.y0 and box.y1 <= area.y1
+            assert not any(box.overlaps(other) for other in boxes[i + 1:]), labels[i].get_text()
+        text = "\n".join(label.get_text() for label in labels)
+        for point in (*result.roles, *result.steps):
+            name = point.name
+            assert not point.intensity or name in text or (name.startswith("step ") and "steps " in text), name
+        fig.clf()
+    labels = [label.get_text() for label in roofline_figure(measured)[1]]
+    at = {}
+    for point in measured.roles:  # equal work and traffic: one place, one label
+        if point.intensity:
+            at.setdefault((point.flops, point.bytes), []).append(point.name)
+    assert any(len(names) > 1 for names in at.values())
+    for names in at.values():
+        assert any(all(name in label for name in names) for label in labels), names
+    assert any("steps " in label for label in labels)
+    assert measured.plot(tmp_path / "roofline.png").stat().st_size > 0
 
 @pytest.mark.parametrize("attention", ["sdpa", "eager"])
 def test_a_static_cache_attends_over_its_whole_buffer_at_every_step(attention) -> None:

@@ -59,3 +59,37 @@ def test_llama_gated_ffn_and_grouped_query_terms():
 def test_a_model_without_a_language_model_config_is_refused():
     with pytest.raises(flopscope.FlopscopeError, match="language-model config"):
         flopscope.profile(torch.nn.Linear(4, 4), torch.zeros(2, 4)).model_formulas()
+
+
+def palm_terms(model, batch: int = B) -> tuple[dict[str, Fraction], str]:
+    prof = flopscope.profile(model.eval(), torch.zeros(batch, n, dtype=torch.long))
+    formulas = prof.model_formulas()
+    assert all(row.residual == 0 for row in formulas.rows)
+    line = next(line for line in formulas.to_table().splitlines() if line.startswith("Chowdhery"))
+    return dict(formulas.rows[3].terms), line
+
+
+def test_palm_names_the_routed_experts_a_token_does_not_meet():
+    """PaLM's N counts every weight once per token; a token meets top_k of the E routed experts, so the weights of
+    the other E - top_k are a term of their own, named so (it was "other multiplies (pooler, router, rotary, ...)")."""
+    d, L, h, n_kv, d_ff, V, E, k = 64, 2, 4, 2, 96, 100, 4, 2
+    config = transformers.MixtralConfig(hidden_size=d, intermediate_size=d_ff, num_hidden_layers=L,
+                                        num_attention_heads=h, num_key_value_heads=n_kv, vocab_size=V,
+                                        num_local_experts=E, num_experts_per_tok=k)
+    terms, line = palm_terms(transformers.MixtralForCausalLM(config))
+    norms = L * 2 * d + d  # two RMSNorms per layer and the final one: in N, no GEMM
+    assert terms == {"embeddings": -d * V, "parameters not in GEMMs": -norms,
+                     "inactive experts": -L * (E - k) * 3 * d * d_ff}  # gate, up, down of each expert not met
+    assert f"each token meets top_k of them) -{L * (E - k) * 3 * d * d_ff:,}" in line
+    assert f"each token meets {k} of {E} routed experts" in line and "pooler" not in line
+
+
+def test_palm_names_the_weights_a_pooler_uses_once_per_sequence():
+    """BERT's pooler (d x d) runs once per sequence: PaLM's N counts it once per token; the difference is named
+    "weights not used once per token", the pooler's own MACs (d² per sequence) stay measured work."""
+    d, L, h, V = 32, 2, 4, 100
+    config = transformers.BertConfig(hidden_size=d, num_hidden_layers=L, num_attention_heads=h, intermediate_size=64,
+                                     vocab_size=V, max_position_embeddings=n)
+    terms, line = palm_terms(transformers.BertModel(config))
+    assert terms["weights not used once per token"] == Fraction(B * d * d, B * n) - d * d
+    assert "weights not used once per token (a pooler runs once per sequence)" in line

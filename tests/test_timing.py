@@ -82,3 +82,20 @@ def test_fake_mode_has_no_times():
     prof = flopscope.profile(TransformerBlock(16, 2, 32), torch.randn(1, 4, 16), mode="fake")
     with pytest.raises(flopscope.FlopscopeError, match="mode='real'"):
         prof.timing()
+
+
+def test_print_shows_a_table_with_units():
+    """``print(prof.timing())`` printed the dataclass (``Timing(rows=(TimingRow(name='q_proj', ...``); it prints a
+    caption with the total time in ms, the MACs and GFLOP/s, and the table of rows with their units."""
+    d, h, d_ff, n = 32, 2, 64, 8
+    prof, _ = timed(TransformerBlock(d, h, d_ff), torch.randn(1, n, d))
+    timing = prof.timing()
+    text = str(timing)
+    caption, *table = text.splitlines()
+    macs = sum(add(attention(1, n, n, d, h), ffn(1, n, d, d_ff)).values())
+    assert timing.macs == macs
+    assert caption == (f"wall time of the timed ops: {1e3 * timing.seconds:.3f} ms for {macs:,} MACs "
+                       f"({2 * macs / timing.seconds / 1e9:.2f} GFLOP/s; 1 MAC = 2 FLOPs)")
+    assert "\n".join(table) == timing.to_table()
+    assert table[0].split() == ["role", "time", "ms", "time", "share", "MAC", "share", "GFLOP/s"]
+    assert "TimingRow" not in text

@@ -182,3 +182,25 @@ def test_batches_whose_tokens_cannot_be_read_are_refused() -> None:
         flops_per_batch(block, lambda n: torch.zeros(1, 16, D), backward=False)  # n does not reach the inputs
     with pytest.raises(flopscope.InputError, match="last dimension may be a width"):
         flopscope.BatchPricer(pricer.polynomials, backward=False)(torch.zeros(3, 40, D))
+
+
+def test_peak_none_means_unknown_and_auto_looks_it_up() -> None:
+    """``Throughput(peak=None)`` measured this CPU's GEMM peak, where the docs say ``None`` means unknown. ``None``
+    is unknown now: no MFU or HFU, and ``peak_source`` says why; ``"auto"`` (the default) looks the peak up (this
+    CPU's measured figure here, as :func:`flopscope.peaks.peak_flops` gives it); a number is taken as it is."""
+    from flopscope.peaks import peak_flops
+
+    pricer = flops_per_batch(TransformerBlock(D, H, D_FF), lambda n: torch.zeros(1, n, D), backward=False)
+    batch = torch.zeros(2, 32, dtype=torch.long)
+    unknown = Throughput(pricer, peak=None, device="cpu")
+    step = unknown.update(batch, seconds=0.5)
+    assert unknown.peak is None and step["peak"] is None and step["mfu"] is None and step["hfu"] is None
+    assert "unknown (peak=None)" in step["peak_source"] and "not computed" in step["peak_source"]
+    assert step["flops_per_sec"] == 2 * _block_macs(32, batch=2) / 0.5  # the rest is as with a peak
+    looked_up = Throughput(pricer, device="cpu", dtype=torch.float32)
+    assert looked_up.peak == peak_flops("cpu", torch.float32) > 0
+    assert looked_up.peak_source.startswith("looked up: measured on this CPU")
+    assert Throughput(pricer, peak="auto", device="cpu").peak == looked_up.peak
+    assert Throughput(pricer, peak=2e12).update(batch, seconds=0.5)["peak_source"] == "given"
+    with pytest.raises(flopscope.ConfigurationError, match="'auto'"):
+        Throughput(pricer, peak="measure")

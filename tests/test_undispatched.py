@@ -432,3 +432,33 @@ def test_a_buffer_filled_outside_the_dispatcher_and_read_inside_the_module_is_fo
     assert sum(PHRASE in message for message in warned) == 1
     assert control.total() == B * K * N + B * N * D
     assert control.unsupported() == {} and not any(PHRASE in message for message in quiet)
+
+
+class NotRead(nn.Module):
+    """Ops that take an ``empty`` but do not read its values: the ``add*`` products with ``beta=0`` (PyTorch: "if beta
+    is 0, then input will be ignored") and the ``*_like`` / ``new_*`` factories (its shape only). With ``beta=1`` the
+    product reads it (``read``): that one is flagged."""
+
+    def __init__(self, read: bool = False) -> None:
+        super().__init__()
+        self.beta = 1 if read else 0
+
+    def forward(self, a: torch.Tensor, b: torch.Tensor, v: torch.Tensor) -> list[torch.Tensor]:
+        beta = self.beta
+        bmm = torch.baddbmm(torch.empty(2, B, N), a.expand(2, B, K), b.expand(2, K, N), beta=beta, alpha=0.5)
+        return [bmm, torch.addmm(torch.empty(B, N), a, b, beta=beta),
+                torch.addbmm(torch.empty(B, N), a.expand(2, B, K), b.expand(2, K, N), beta=beta),
+                torch.addmv(torch.empty(B), a, v, beta=beta),
+                torch.zeros_like(torch.empty(B, K)) + torch.full_like(torch.empty(B, K), 2.0),
+                torch.empty(B).new_zeros(B, K) + torch.empty(B).new_full((B, K), 1.0)]
+
+
+def test_an_empty_that_an_op_does_not_read_is_not_flagged() -> None:
+    a, b, v = torch.randn(B, K), torch.randn(K, N), torch.randn(K)
+    prof, warned = _profile(NotRead(), a, b, v, mode="real")
+    assert prof.unsupported() == {} and not any(PHRASE in message for message in warned)
+    products = 2 * B * K * N + B * K * N + 2 * B * K * N + B * K
+    assert prof.total() == products
+    read, _ = _profile(NotRead(read=True), a, b, v, mode="real")  # beta=1: each of the four products reads its empty
+    assert read.unsupported() == {OUTSIDE: 4}
+    assert read.total() == products

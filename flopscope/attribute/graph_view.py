@@ -214,6 +214,28 @@ class GraphView:
         largest, not_float = self.inputs_behind(n)
         return not not_float and largest <= rows
 
+    def pooled(self, n: CapturedOp) -> bool:
+        """``n`` holds one vector per sample pooled from the positions: a ``[batch, features]`` value computed (through
+        any ops, multiplies included, each keeping one vector per sample) from a reduction of a value with more rows
+        (``hidden[:, 0]``, a mean or max over the positions). A pooler's and a sequence classifier's input; never a
+        value of the token stream, not even at one position (``[batch, 1, d]`` keeps its positions axis), nor a
+        condition made from a timestep or a class."""
+        if "pooled" not in self._memo_plain:
+            table: dict[CapturedOp, bool] = {}
+            batch = self.batch
+            for m in self.nodes:  # in graph order: a node's inputs come first
+                shape = m.output_shapes[0] if m.output_shapes else None
+                if batch is None or shape is None or len(shape) != 2 or shape[0] != batch or not self.live[m]:
+                    table[m] = False
+                    continue
+                numel = _numel(shape)
+                table[m] = any(table.get(x, False) or (not m.macs and x.output_shapes and _numel(x.output_shapes[0])
+                                                       > numel and (_rows_of(x.output_shapes[0]) or 0) > batch)
+                               for x in self._inputs[m] if self.live.get(x, False))
+            self._memo_plain["pooled"] = table
+        found: bool = self._memo_plain["pooled"].get(n, False)
+        return found
+
     def spreads_a_condition(self, user: CapturedOp, n: CapturedOp) -> bool:
         """``user`` spreads ``n`` over the positions (:func:`spreads`) and ``n`` is a condition
         (:meth:`is_condition`)."""
@@ -300,10 +322,12 @@ class GraphView:
         """An op of ``activations`` on an activation (:attr:`live`) lies among the nodes without multiplies reached
         walking back from ``n`` without crossing a multiply (``n`` included; a multiply itself is never activated; a
         learned scalar squashed by a sigmoid to blend two streams, SVD's ``AlphaBlender``, activates nothing; nor
-        does one behind a value without positions spread over the tokens: adaLN's ``tanh(gate)`` conditions them)."""
+        does one behind a value without positions spread over the tokens: adaLN's ``tanh(gate)`` conditions them; nor
+        one behind a weight per row spread over the features, ``sigmoid(w)[..., None] * streams``: DeepSeek-V4's
+        hyper-connections weigh their streams)."""
         return self.behind(n, activations, lambda m: self.packet(m) in activations and self.live[m],
                            through=lambda m, x: self._packets[m] not in BROADCASTING_OPS
-                           or not self.spreads_a_condition(m, x))
+                           or not (self.spreads_a_condition(m, x) or _weighs_rows(m, x)))
 
     def behind(self, n: CapturedOp, key: Any, test: Callable[[CapturedOp], bool],
                through: Callable[[CapturedOp, CapturedOp], bool] | None = None) -> bool:
@@ -389,3 +413,19 @@ def spreads(user: CapturedOp, n: CapturedOp) -> bool:
     padded = (1,) * (len(out) - len(shape)) + shape
     first = next((i for i in range(len(out) - 1) if padded[i] == 1 != out[i]), None)  # (0: repeated for no frame)
     return first is not None and all(size == 1 for size in padded[first:-1])
+
+
+def _numel(shape: Any) -> int:
+    """Elements of a value of this shape (0 where a size is symbolic: nothing to compare)."""
+    return math.prod(shape) if all(type(s) is int for s in shape) else 0
+
+
+def _rows_of(shape: Any) -> int | None:
+    """Rows of a value of this shape (every dim but the last); None where a size is symbolic."""
+    return math.prod(shape[:-1]) if all(type(s) is int for s in shape) else None
+
+
+def _weighs_rows(product: CapturedOp, x: CapturedOp) -> bool:
+    """``x`` enters ``product`` with one entry along the last axis, where the product has many: a weight per row."""
+    return (bool(x.output_shapes) and bool(product.output_shapes) and x.output_shapes[0][-1:] == (1,)
+            and product.output_shapes[0][-1:] != (1,))

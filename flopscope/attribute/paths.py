@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 
 
 def within(path: str, block: str) -> bool:
@@ -13,6 +13,22 @@ def within(path: str, block: str) -> bool:
 def inside(paths: Iterable[str], block: str) -> list[str]:
     """The paths within ``block``, in order."""
     return [p for p in paths if within(p, block)]
+
+
+def enclosing(stack: Iterable[str], uncalled: Collection[str]) -> frozenset[str]:
+    """The paths of a module call stack, with the modules that hold one of them and never ran themselves (a
+    ``ModuleList`` / ``ModuleDict`` of layers, a root the caller never called): the modules an op run on that stack
+    is inside of, by call or by structure. A module that ran is on the stacks of its own calls only (a module called
+    from another's forward counts under its caller, not under a parent that ran elsewhere)."""
+    paths = set(stack)
+    if uncalled:
+        for path in list(paths):
+            parts = path.split(".") if path else []
+            for i in range(len(parts)):
+                parent = ".".join(parts[:i])
+                if parent in uncalled:
+                    paths.add(parent)
+    return frozenset(paths)
 
 
 def common_path(paths: Sequence[str]) -> str:

@@ -339,6 +339,8 @@ def _attention_at_softmax(view: GraphView, state: RoleState, s: CapturedOp) -> N
     for m in scores:
         state.parts[m] = {Role.ATTN_SCORES.value: m.macs}
         a, b = view.matmul_operands(m)
+        if _transposed_on_the_way(view, m, s):
+            a, b = b, a  # (DeBERTa's position-to-content scores, K·(P_q)ᵀ then transposed: the keys come first)
         members |= _demand_projections(view, state, a, Role.Q_PROJ.value)
         members |= _demand_projections(view, state, b, Role.K_PROJ.value)
     for m in weighted:
@@ -348,6 +350,39 @@ def _attention_at_softmax(view: GraphView, state: RoleState, s: CapturedOp) -> N
         members |= _demand_projections(view, state, value_side, Role.V_PROJ.value)
         members |= _demand_out_proj(view, state, m)
     state.groups.append(members)
+
+
+def _transposed_on_the_way(view: GraphView, product: CapturedOp, softmax: CapturedOp) -> bool:
+    """The scores ``product`` makes reach the ``softmax`` with their last two axes swapped (an odd number of
+    transposes on the way, through ops without multiplies): its left operand's positions end on the softmax's axis,
+    the keys', so its left operand holds the keys. Queries and keys are told by which side's positions the softmax
+    normalises over, not by operand order."""
+    target = softmax.args[0] if softmax.args else None
+    parity: dict[CapturedOp, bool] = {product: False}
+    todo = [product]
+    while todo:
+        n = todo.pop(0)
+        if n is target:
+            return parity[n]
+        for user in view.users(n):
+            if user.macs or user in parity or view.packet(user) in SOFTMAX_OPS:
+                continue
+            parity[user] = parity[n] ^ _swaps_last_axes(user)
+            todo.append(user)
+    return False
+
+
+def _swaps_last_axes(n: CapturedOp) -> bool:
+    """``n`` is a transpose or permute that swaps its input's last two axes."""
+    rank = len(n.output_shapes[0]) if n.output_shapes else 0
+    if rank < 2:
+        return False
+    if n.target in (aten.transpose.int, aten.transpose_copy.int) and len(n.args) >= 3:
+        return {n.args[1] % rank, n.args[2] % rank} == {rank - 2, rank - 1}
+    if n.target in (aten.permute.default, aten.permute_copy.default) and len(n.args) >= 2:
+        dims = [d % rank for d in n.args[1]]
+        return dims[-2:] == [rank - 1, rank - 2]
+    return n.target in (aten.t.default, aten.t_copy.default) and rank == 2
 
 
 def _attention_at_products(view: GraphView, state: RoleState, first: CapturedOp) -> None:
@@ -367,6 +402,8 @@ def _attention_at_products(view: GraphView, state: RoleState, first: CapturedOp)
         return
     linear = _contracts_positions(view, first)
     quadratic = [] if linear else [m for m in seconds if view.descends_from(view.matmul_operands(m)[0], first)]
+    if quadratic and not _makes_a_positions_grid(view, first):
+        return  # a product over another axis (Gemma 3n's AltUp mixes its streams at each position): no attention
     members = {first, *seconds}
     if quadratic:
         state.parts[first] = {Role.ATTN_SCORES.value: first.macs}
@@ -398,6 +435,18 @@ def _attention_at_products(view: GraphView, state: RoleState, first: CapturedOp)
                 state.parts[z] = {Role.ATTN_NORMALISER.value: z.macs}
                 members.add(z)
     state.groups.append(members)
+
+
+def _makes_a_positions_grid(view: GraphView, first: CapturedOp) -> bool:
+    """The scores of a quadratic form are a positions × positions grid: no projection behind ``first``'s left
+    operand has its output columns (features) along that operand's rows, nor one behind its right operand along
+    that operand's columns. A product whose rows or columns run over features or streams mixes something else."""
+    a, b = view.matmul_operands(first)
+    for operand, axis in ((a, -2), (b, -1)):
+        for p in _nearest_before(view, operand):
+            if view.is_weight_matmul(p) and holds_columns_along(p, operand, axis) is True:
+                return False
+    return True
 
 
 def _contracts_positions(view: GraphView, first: CapturedOp) -> bool:
@@ -507,7 +556,9 @@ def logits(view: GraphView, state: RoleState) -> None:
     """A weight matmul onto the vocabulary: its weight is a token-embedding table (tied) or has its
     shape and no weight matmul takes its result (the last projection), and its output has one column per
     token of that table. Token tables are those looked up
-    with indices that come from the inputs (position tables are looked up with ``arange``)."""
+    with indices that come from the inputs (position tables are looked up with ``arange``). A matmul on one vector
+    per sample pooled from the positions (a sequence classifier) matches a table's shape only if that table is the
+    vocabulary (the largest): a classifier whose labels are as many as the token types is no LM head."""
     tables: dict[Any, int] = {}  # leaf name or ("shape", shape) -> vocabulary size
     for n in view.nodes:
         if view.packet(n) not in EMBEDDING_LOOKUPS:
@@ -521,16 +572,36 @@ def logits(view: GraphView, state: RoleState) -> None:
         state.parts[n] = {Role.EMBEDDING.value: 0}
     if not tables:
         return
+    vocabulary = max(tables.values())
+    shapes = [key[1] for key in tables if isinstance(key, tuple) and key[0] == "shape"]
     for n in view.nodes:
         if not view.is_weight_matmul(n) or state.claimed(n):
             continue
         width = n.output_shapes[0][-1:]
         leaves = view.leaves_of(view.weight_operand(n))
         tied = {_leaf_key(x) for x in leaves} & tables.keys()
-        shaped = {("shape", tuple(x.output_shapes[0])) for x in leaves} & tables.keys()
+        shaped = {rows for x in leaves for rows in _leading_rows_of(x, shapes)}
+        if view.pooled(n):  # one vector per sample pooled from the positions: a classifier, unless the table it
+            shaped = {rows for rows in shaped if rows[1] == vocabulary}  # has the shape of is the vocabulary
         if any(tables[key] in width for key in tied) or (
-                any(tables[key] in width for key in shaped) and not _feeds_a_weight_matmul(view, n)):
+                any(rows in width for rows, _ in shaped) and not _feeds_a_weight_matmul(view, n)):
             state.parts[n] = {Role.LOGITS.value: n.macs}
+
+
+EXTRA_ROWS = 8
+"""A token table may hold up to one row in this many beyond the tokens its untied LM head predicts (Llama 3.2
+Vision's image tokens, CPM-Ant's prompt tokens): the head's weight matches the table's leading rows."""
+
+
+def _leading_rows_of(leaf: CapturedOp, shapes: Iterable[tuple[int, ...]]) -> list[tuple[int, int]]:
+    """``(rows, table rows)`` for each token table (``shapes``: the tables' shapes) whose leading rows ``leaf`` (a
+    weight ``[rows, d]``) has the shape of: as wide, with as many rows or up to one in :data:`EXTRA_ROWS` fewer."""
+    shape = tuple(leaf.output_shapes[0]) if leaf.output_shapes else ()
+    if len(shape) != 2 or not all(type(s) is int for s in shape):
+        return []
+    rows, width = shape
+    return [(rows, table_rows) for table_rows, table_width in shapes
+            if table_width == width and table_rows - table_rows // EXTRA_ROWS <= rows <= table_rows]
 
 
 def _feeds_a_weight_matmul(view: GraphView, n: CapturedOp) -> bool:
@@ -559,11 +630,12 @@ def ffn(view: GraphView, state: RoleState) -> None:
             continue  # cat([sin(x·B), cos(x·B)]): a Fourier embedding of positions or of a timestep, no hidden layer
         taken = {source for source, _ in state.row_demands.get(d, ())}
         for hidden in [s for s in sources if s not in taken] if sources else [x]:
-            found = _hidden_layer(view, state, hidden)
-            if found is None or _per_sample(view, d) \
+            found = _hidden_layer(view, state, hidden, through_channelwise=_writes_back(view, d))
+            if found is None or _per_sample(view, d) or view.pooled(d) or _only_weighs(view, d) \
                     or any(_spread(view, p) for demands in found for p, _, _ in demands):
                 continue  # one vector per sample (or frame) spread over the positions, after D or before its hidden
-                # layer (Flux-3's per-token modulations of silu(temb expanded to the tokens)), is conditioning
+                # layer (Flux-3's per-token modulations of silu(temb expanded to the tokens)), is conditioning; one
+                # pooled from the positions (a pooler and its classifier) is a head
             for demands in found:
                 for p, target, role in demands:
                     state.demand(p, target, role)
@@ -574,6 +646,55 @@ def ffn(view: GraphView, state: RoleState) -> None:
             state.groups.append({d} | {p for demands in found for p, _, _ in demands})
 
 
+def _writes_back(view: GraphView, d: CapturedOp) -> bool:
+    """``d``'s result is added to another activation of as many elements (through ops without multiplies): it writes
+    back to a residual stream, as an FFN's down projection does."""
+    size = _size(d)
+    for n in reach(view.users(d), view.users, lambda n: not n.macs and view.packet(n) not in SUM_OPS):
+        if (size is not None and view.packet(n) in SUM_OPS and not n.macs and _size(n) == size
+                and any(x is not d and view.live.get(x, False) and not view.descends_from(x, d)
+                        for x in view.inputs(n))):
+            return True
+    return False
+
+
+def _size(n: CapturedOp) -> int | None:
+    """Elements of ``n``'s (first) output; None where a size is symbolic."""
+    shape = n.output_shapes[0] if n.output_shapes else None
+    return math.prod(shape) if shape is not None and all(type(s) is int for s in shape) else None
+
+
+def _only_weighs(view: GraphView, d: CapturedOp) -> bool:
+    """``d``'s result only weighs other values, never joins them as data: wherever it meets another activation
+    (walking forward through ops without multiplies, a constant added on the way), it is an operand of an activation
+    product (a mixing matrix: Gemma 3n's AltUp predicts each stream as ``streams @ coefs(router(x))``) or a factor
+    with one entry along the features that the product spreads over them (``innovation * coefs[..., None]``). Such a
+    hidden layer computes coefficients (a router's), not a position-wise FFN of the token stream."""
+    met = False
+    todo, seen = [d], {d}
+    while todo:
+        n = todo.pop()
+        for user in view.users(n):
+            if user in seen:
+                continue
+            seen.add(user)
+            others = [x for x in view.inputs(user) if x is not n and view.live.get(x, False)]
+            if user.macs:
+                if not view.is_activation_product(user):
+                    return False  # read by a projection: data
+                met = True
+            elif others and view.packet(user) in (aten.mul, aten.mul_):
+                if not (n.output_shapes and user.output_shapes and n.output_shapes[0][-1:] == (1,)
+                        and user.output_shapes[0][-1:] != (1,)):
+                    return False  # a product with as many features: data gated or gating
+                met = True
+            elif others or not view.users(user):
+                return False  # added to or concatenated with another activation, or an output: data
+            else:
+                todo.append(user)
+    return met
+
+
 def _fourier_features(view: GraphView, sources: Sequence[CapturedOp]) -> bool:
     """The concatenated values are sines and cosines (of one product, ``[sin(2πx·B), cos(2πx·B)]``): Fourier features
     of a timestep or of coordinates (Gaussian Fourier projections, NeRF and SAM positional encodings), not a hidden
@@ -582,10 +703,11 @@ def _fourier_features(view: GraphView, sources: Sequence[CapturedOp]) -> bool:
     return bool(sources) and found == {aten.sin, aten.cos}
 
 
-def _hidden_layer(view: GraphView, state: RoleState, x: CapturedOp
+def _hidden_layer(view: GraphView, state: RoleState, x: CapturedOp, through_channelwise: bool = False
                   ) -> list[list[tuple[CapturedOp, CapturedOp, str]]] | None:
     """The projections an FFN hidden layer ``x`` is made from, per branch (gate and up, or up), if ``x`` is one: it
-    passes an activation function (or a gated product) from weight matmuls, each branch reaching one."""
+    passes an activation function (or a gated product) from weight matmuls, each branch reaching one;
+    ``through_channelwise``: looking through depthwise convolutions on the way (a Mix-FFN's ``fc1 → dwconv → GELU``)."""
     gate, up = _gated_branches(view, x)
     if gate is not None and up is not None:
         branches = [(gate, Role.FFN_GATE.value), (up, Role.FFN_UP.value)]
@@ -597,7 +719,7 @@ def _hidden_layer(view: GraphView, state: RoleState, x: CapturedOp
         return None  # a product of activations (a scan, a state) behind the hidden layer: a token mixer, no FFN
     if any(_assembled_in_parts(view, start) for start, _ in branches):
         return None  # a hidden layer written a part at a time (a scan's positions, RWKV's WKV): a token mixer
-    found = [_projections_of(view, state, start, role) for start, role in branches]
+    found = [_projections_of(view, state, start, role, through_channelwise) for start, role in branches]
     return found if all(found) else None  # every branch reaches a projection, else none is committed
 
 
@@ -685,6 +807,8 @@ def _gated_branches(view: GraphView, x: CapturedOp) -> tuple[CapturedOp | None, 
         a, b = n.args[:2]
         if any(isinstance(v, CapturedOp) and view.spreads_a_condition(n, v) for v in (a, b)):
             continue  # a vector per sample scaling the tokens (adaLN-Zero's tanh(gate) * ffn(x)): conditioning
+        if any(isinstance(v, CapturedOp) and _spread_over_features(v, n) for v in (a, b)):
+            continue  # a weight per row (DeepSeek-V4's hyper-connections, sigmoid(hc)[..., None] * block output)
         act_a = _passes_activation(view, a)
         macs_a = {m for m in _nearest_before(view, a) if view.is_weight_matmul(m)}
         macs_b = {m for m in _nearest_before(view, b) if view.is_weight_matmul(m)}
@@ -693,6 +817,13 @@ def _gated_branches(view: GraphView, x: CapturedOp) -> tuple[CapturedOp | None, 
         if macs_a and macs_b and (macs_a != macs_b or any(not (columns(m, a) & columns(m, b)) for m in macs_a)):
             return (a, b) if act_a else (b, a)
     return None, None
+
+
+def _spread_over_features(v: CapturedOp, product: CapturedOp) -> bool:
+    """``v`` has one entry along the last axis, where ``product`` has many: it scales whole rows, as a router's
+    weight does. A GLU's gate has a value per feature of the up branch."""
+    return (bool(v.output_shapes) and bool(product.output_shapes) and v.output_shapes[0][-1:] == (1,)
+            and product.output_shapes[0][-1:] != (1,))
 
 
 def _gating(view: GraphView, n: CapturedOp) -> bool:
@@ -826,7 +957,9 @@ def factored_projections(view: GraphView, state: RoleState) -> None:
     """A weight matmul whose output only attention projections read (through ops without multiplies,
     normalisations included) is a factor of those projections and takes their roles: the low-rank query and
     key / value factors of multi-head latent attention (DeepSeek's ``q_a_proj`` before ``q_b_proj``), a LoRA
-    adapter's first matrix. A factor feeding projections of several roles (MLA's key / value latent, which
+    adapter's first matrix. A reader whose result only selects (:func:`_only_selects`: a sparse-attention indexer's
+    query projection beside ``q_b_proj``) does not keep a matmul from being a factor. A factor feeding projections of
+    several roles (MLA's key / value latent, which
     ``kv_b_proj`` expands into keys and values) is split by the columns reaching each; a column shared by
     keys and values counts as ``k_proj``, the first in role order (docs/roles.md, section 3.5). A matmul read by the
     projections of several attention instances is not one attention's factor: it stays for the later passes."""
@@ -834,7 +967,9 @@ def factored_projections(view: GraphView, state: RoleState) -> None:
         if not n.macs or state.claimed(n) or not view.is_weight_matmul(n):
             continue
         readers = view.frontier(view.users(n), view.users)
-        if not readers or not all(_projection_roles(state, r) for r in readers) or not _only_itself(view, n):
+        selectors = [r for r in readers if not _projection_roles(state, r)]
+        readers = [r for r in readers if _projection_roles(state, r)]
+        if not readers or not all(_only_selects(view, r) for r in selectors) or not _only_itself(view, n):
             continue
         owners = {next((i for i, group in enumerate(state.groups) if r in group), None) for r in readers}
         if len(owners - {None}) > 1:
@@ -849,6 +984,47 @@ def factored_projections(view: GraphView, state: RoleState) -> None:
             if any(r in group for r in readers):
                 group.add(n)
                 break
+
+
+SELECTIONS = frozenset({aten.topk, aten.sort, aten.argsort, aten.argmax, aten.argmin, aten.kthvalue})
+"""Ops that pick entries by value: what a scoring network's result feeds when it only selects."""
+
+
+def _only_selects(view: GraphView, r: CapturedOp) -> bool:
+    """``r``'s result only selects: every path from it (through any ops, multiplies included) ends in a selection
+    (:data:`SELECTIONS`), never reaching a weight matmul or the output. DeepSeek-V3.2's sparse-attention indexer, whose
+    scores pick each query's keys with a top-k, reads the query latent beside ``q_b_proj``."""
+    found = False
+    for n in reach(view.users(r), view.users, lambda n: view.packet(n) not in SELECTIONS):
+        if view.packet(n) in SELECTIONS:
+            found = True
+        elif view.is_weight_matmul(n) or not view.users(n):
+            return False
+    return found
+
+
+def output_factors(view: GraphView, state: RoleState) -> None:
+    """A weight matmul that is the only reader of an output projection's result, and reads nothing else (through
+    ops without multiplies that combine it with no other activation), is that projection's second factor:
+    ``out_proj`` too (DeepSeek-V4's grouped low-rank output projection, ``o_b_proj(o_a_proj(attention))``)."""
+    for n in view.nodes:
+        if not n.macs or state.claimed(n) or not view.is_weight_matmul(n):
+            continue
+        before = _nearest_before(view, view.activation_operand(n))
+        if not before or not all(_roles_of(state, m) == {Role.OUT_PROJ.value} and _only_itself(view, m)
+                                 and view.frontier(view.users(m), view.users) == [n] for m in before):
+            continue
+        state.parts[n] = {Role.OUT_PROJ.value: n.macs}
+        for group in state.groups:
+            if any(m in group for m in before):
+                group.add(n)
+                break
+
+
+def _roles_of(state: RoleState, n: CapturedOp) -> set[str]:
+    """The roles ``n`` was given or asked for so far."""
+    return {role for role, macs in state.parts.get(n, {}).items() if macs} | {
+        role for _, role in state.demands.get(n, ())}
 
 
 def _only_itself(view: GraphView, n: CapturedOp) -> bool:
@@ -896,7 +1072,7 @@ def rules_pass(rules: tuple[RoleRule, ...], module_types: Mapping[str, type], on
 
 
 PASSES: tuple[Pass, ...] = (by_family, weight_work, attention, logits, ffn, concatenated_inputs, low_rank_updates,
-                           factored_projections, unclaimed_are_other)
+                           factored_projections, output_factors, unclaimed_are_other)
 """The dataflow passes, in order (rules follow). Order matters: each pass claims only multiplies no
 earlier pass claimed, so logits (a weight matmul onto the vocabulary, often behind an activation) is
 found before the FFN pass could take it for a down projection. The built-in rules (multiplies inside recurrent

@@ -68,11 +68,18 @@ def _holds_fake(value: Any, depth: int = _DEPTH) -> bool:
                                         types.FunctionType, types.ModuleType)):
         return False
     if isinstance(value, dict):
-        return any(_holds_fake(k, depth - 1) or _holds_fake(v, depth - 1) for k, v in value.items())
+        return any(_holds_fake(k, depth - 1) or _holds_fake(v, depth - 1) for k, v in _entries(value))
     if isinstance(value, (tuple, list, set, frozenset)):
         return any(_holds_fake(v, depth - 1) for v in value)
     attrs = getattr(value, "__dict__", None)
     return isinstance(attrs, dict) and any(_holds_fake(v, depth - 1) for v in attrs.values())
+
+
+def _entries(table: dict[Any, Any]) -> list[tuple[Any, Any]]:
+    """The ``(key, value)`` pairs ``table`` holds, read as a plain dict: a subclass's own ``__getitem__`` / ``items``
+    is not called (transformers' activation table ``ACT2FN`` builds an activation module at each ``[key]``, and one
+    of them warns when it is built)."""
+    return list(dict.items(table))
 
 
 def _skipped(module_name: str) -> bool:
@@ -202,7 +209,7 @@ class CacheGuard:
     def _store(self, store: Any, where: str, key: int | None = None) -> None:
         key = id(store) if key is None else key
         if key not in self._stores:
-            self._stores[key] = (store, dict(store) if isinstance(store, dict) else list(store))
+            self._stores[key] = (store, dict(_entries(store)) if isinstance(store, dict) else list(store))
             self._names[key] = where
 
     def _cache(self, cache: Any, where: str) -> None:
@@ -232,7 +239,7 @@ class CacheGuard:
         """Where the stores hold fake tensors now (an unbounded ``lru_cache``'s entries included); ``possible``:
         also the bounded ``lru_cache`` s that hold entries (their contents cannot be read)."""
         found = [self._names[key] for key, (store, _) in self._stores.items()
-                 if _holds_fake(list(store.values()) if isinstance(store, dict) else store)]
+                 if _holds_fake([v for _, v in _entries(store)] if isinstance(store, dict) else store)]
         for cache, _, where in self._caches.values():
             info = cache.cache_info()
             if info.maxsize is None:
@@ -259,7 +266,7 @@ def _unbounded_entries(cache: Any) -> list[Any]:
 def _restore_store(store: Any, saved: Any) -> bool:
     """Put back the entries of ``store`` that changed and hold a fake tensor; whether any did."""
     if isinstance(store, dict):
-        bad = [k for k, v in list(store.items()) if saved.get(k, _MISSING) is not v and _holds_fake((k, v))]
+        bad = [k for k, v in _entries(store) if saved.get(k, _MISSING) is not v and _holds_fake((k, v))]
         for key in bad:
             old = saved.get(key, _MISSING)
             if old is _MISSING:

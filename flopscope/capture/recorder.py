@@ -51,6 +51,7 @@ from .records import (
     after_write,
     op_name,
 )
+from .unread import unread_tensors
 
 
 class RefusedInput(RuntimeError):  # noqa: N818  (a kernel's refusal, raised as the kernel would)
@@ -658,8 +659,9 @@ class Recorder(TorchDispatchMode):
     def _watch_unwritten(self, func: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any],
                          inputs: list[torch.Tensor], out: Any, stack: tuple[ModuleCall, ...]) -> None:
         """Real mode: tell :attr:`on_unwritten_read` of each tensor this op reads (not a view of it, not an argument it
-        writes) whose memory an ``empty`` made and no recorded op wrote since (a kernel outside the dispatcher filled
-        it: a Triton or C++ kernel handed the buffer); remember the ``empty`` this op makes."""
+        writes or does not read the values of) whose memory an ``empty`` made and no recorded op wrote since (a kernel
+        outside the dispatcher filled it: a Triton or C++ kernel handed the buffer); remember the ``empty`` this op
+        makes."""
         unwritten = self._unwritten
         if unwritten and inputs and stack and not getattr(func, "is_view", False):
             written: set[int] | None = None
@@ -669,10 +671,12 @@ class Recorder(TorchDispatchMode):
                 if allocated is None:
                     continue
                 if written is None:
-                    written = {id(w) for w in self._written_tensors(func, args, kwargs)} if isinstance(
+                    written = {id(w) for w in (*self._written_tensors(func, args, kwargs),
+                                               *unread_tensors(func, args, kwargs))} if isinstance(
                         func, torch._ops.OpOverload) else set()
                 if id(t) in written:
-                    continue  # (filled by this op: copy_, fill_, an out= argument)
+                    continue  # (filled by this op: copy_, fill_, an out= argument; or not read: the input of
+                    # addmm(..., beta=0), the self of empty_like: flopscope.capture.unread)
                 del unwritten[storage]
                 if self.unwritten_allocation(t):  # (its own producer, through views: not another tensor that
                     # came to live at a freed storage's address)

@@ -10,9 +10,10 @@ the traces such work leaves (three rules, each checked where it costs nothing on
   NumPy's, a DLPack capsule's), inside a module call. ``torch.tensor(list)`` copies into torch's memory: not flagged;
 - **unwritten allocation**: a module call returns a tensor (or a view of one) made by ``empty`` / ``empty_like`` /
   ``new_empty`` / ``empty_strided`` that no recorded op wrote: an extension's ``torch::empty_like`` filled in C++;
-  or an op (not a view, not an op writing it) reads such memory: a Triton kernel launched from Python filled the
-  buffer and the module goes on with it (a norm, an output projection) before returning; flagged at the module
-  call that allocated it;
+  or an op (not a view, not an op writing it, not an argument whose values it ignores: ``baddbmm(empty, q, k,
+  beta=0)``, ``zeros_like(empty)``: :mod:`flopscope.capture.unread`) reads such memory: a Triton kernel launched
+  from Python filled the buffer and the module goes on with it (a norm, an output projection) before returning;
+  flagged at the module call that allocated it;
 - **made by no op**: a tensor no recorded op made, that a module call returns or an op inside one reads, whose
   autograd node is a custom ``autograd.Function``'s made during the run (its forward dispatched nothing that made
   it), or that a module returns holding foreign memory shared with no tensor the run has seen.

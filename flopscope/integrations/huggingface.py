@@ -38,7 +38,7 @@ from transformers import Trainer, TrainerCallback, TrainerControl, TrainerState,
 
 from ..conventions import EXECUTED, POSITIONS
 from ..errors import FlopscopeWarning
-from ..training import BatchPricer, Throughput, flops_per_batch, metric_suffix
+from ..training import AUTO, BatchPricer, Throughput, flops_per_batch, metric_suffix
 
 
 class FlopscopeTrainerCallback(TrainerCallback):
@@ -50,7 +50,8 @@ class FlopscopeTrainerCallback(TrainerCallback):
             encoder-decoder needs its decoder inputs too).
         batch_inputs: ``batch_inputs(inputs)`` -> what :class:`~flopscope.training.BatchPricer` prices (default:
             the trainer's inputs dict as is: ``input_ids`` with their padding, or packed ``position_ids``).
-        peak, dtype: the device's dense peak FLOP/s (default: looked up for the model's device and ``dtype``).
+        peak, dtype: the device's dense peak FLOP/s: a number, ``"auto"`` (default: looked up for the model's
+            device and ``dtype``) or ``None`` (unknown: no MFU), as :class:`~flopscope.training.Throughput` takes it.
         lengths: sequence lengths traced once on train begin (default: 8 to 128, or up to the config's
             position count when it is smaller).
         attention: the convention of the attention core, ``"executed"`` (default), ``"causal"`` or ``"mask"``
@@ -58,7 +59,7 @@ class FlopscopeTrainerCallback(TrainerCallback):
     """
 
     def __init__(self, make_inputs: Callable[[int], Any] | None = None, *,
-                 batch_inputs: Callable[[Any], Any] | None = None, peak: float | None = None,
+                 batch_inputs: Callable[[Any], Any] | None = None, peak: float | str | None = AUTO,
                  dtype: torch.dtype = torch.float32, lengths: tuple[int, ...] | None = None,
                  attention: str = EXECUTED) -> None:
         self.suffix = metric_suffix(attention)  # checks the name, before training starts

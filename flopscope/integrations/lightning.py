@@ -29,7 +29,7 @@ import torch
 
 from ..conventions import EXECUTED
 from ..errors import FlopscopeWarning
-from ..training import BatchPricer, Throughput, flops_per_batch, metric_suffix
+from ..training import AUTO, BatchPricer, Throughput, flops_per_batch, metric_suffix
 
 
 class FlopscopeCallback(pl.Callback):
@@ -40,7 +40,8 @@ class FlopscopeCallback(pl.Callback):
         batch_inputs: ``batch_inputs(batch)`` -> what :class:`~flopscope.training.BatchPricer` prices (token ids
             ``[B, n]``, a dict of model inputs, or lengths); default: the batch itself, or its ``input_ids``.
         model: ``model(pl_module)`` -> the module to trace (default: the LightningModule itself).
-        peak, dtype: the device's dense peak FLOP/s (default: looked up for the module's device and ``dtype``).
+        peak, dtype: the device's dense peak FLOP/s: a number, ``"auto"`` (default: looked up for the module's
+            device and ``dtype``) or ``None`` (unknown: no MFU), as :class:`~flopscope.training.Throughput` takes it.
         lengths: sequence lengths traced once on fit start (in training mode, so activation checkpointing shows
             as recomputed work: HFU).
         loss: ``loss(output)`` -> the scalar whose backward is priced (default: the sum of the floating outputs;
@@ -50,7 +51,7 @@ class FlopscopeCallback(pl.Callback):
     """
 
     def __init__(self, make_inputs: Callable[[int], Any], *, batch_inputs: Callable[[Any], Any] | None = None,
-                 model: Callable[[pl.LightningModule], torch.nn.Module] | None = None, peak: float | None = None,
+                 model: Callable[[pl.LightningModule], torch.nn.Module] | None = None, peak: float | str | None = AUTO,
                  dtype: torch.dtype = torch.float32, lengths: tuple[int, ...] = (8, 16, 32, 64, 128),
                  loss: Callable[[Any], torch.Tensor] | None = None, attention: str = EXECUTED) -> None:
         super().__init__()

@@ -31,14 +31,26 @@ from tabulate import tabulate
 
 from ..capture.facts import ModelFacts
 from ..capture.module_tracker import ModuleCall
-from ..conventions import FFN_WIDTH, HEAD_WIDTH, HEADS, KV_HEADS, LAYERS, POSITIONS, TOKEN_INPUTS, VOCAB, WIDTH
+from ..conventions import (
+    EXPERTS,
+    FFN_WIDTH,
+    HEAD_WIDTH,
+    HEADS,
+    KV_HEADS,
+    LAYERS,
+    POSITIONS,
+    TOKEN_INPUTS,
+    TOP_K,
+    VOCAB,
+    WIDTH,
+)
 from ..errors import FlopscopeError
 from ..formulas.registry import prod
 from ..role import Role, RoleGroup
 from .attention import EXECUTED, check_attention
 
 PARTS = ("qkv", "attention core", "output projection", "ffn", "logits", "embeddings", "parameters not in GEMMs",
-         "other")
+         "inactive experts", "weights not used once per token", "other")
 WHY = {
     "qkv": "QKV projections",
     "attention core": "attention core (scores + weighted sum)",
@@ -47,8 +59,13 @@ WHY = {
     "logits": "logits (de-embedding)",
     "embeddings": "embedding lookups (gathers: 0 MACs measured)",
     "parameters not in GEMMs": "biases and norm weights counted as MACs",
+    "inactive experts": "routed experts' weights a token does not meet (each token meets top_k of them)",
+    "weights not used once per token": "weights not used once per token (a pooler runs once per sequence)",
     "other": "other multiplies (pooler, router, rotary, ...)",
 }
+"""What each part of a difference is: the label of a term, ``measured - predicted`` of that part. A formula that
+counts a part the measurement has no role for (PaLM's N counts every weight once per token: the experts a token
+does not meet, a pooler's weights) gives it a part of its own, so no difference is labelled by another's name."""
 
 
 @dataclass(frozen=True)
@@ -152,11 +169,20 @@ def model_formulas(facts: ModelFacts, forward_roles: Mapping[str, int],
                                        if p in per_token}
     if not tied and "logits" in per_token:
         palm_parts["logits"] = per_token["logits"]
-    # weights not used once per token (a pooler runs once per sequence) show up as "other"
-    palm_parts["other"] = palm_parts.get("other", Fraction(0)) + weights - sum(palm_parts.values(), Fraction(0))
+    # the weights not used once per token: the routed experts a token does not meet (it meets top_k of E; its
+    # share of them is measured in "ffn"), then what is left (a pooler runs once per sequence, a weight shared
+    # by several layers is used more than once)
+    routed, top_k, count = _routed_expert_weights(facts)
+    notes = "N counts every parameter once"
+    if routed and top_k is not None and 0 < top_k <= count:
+        palm_parts["inactive experts"] = Fraction(routed * (count - top_k), count)
+        notes += f"; each token meets {top_k} of {count} routed experts"
+    unused = weights - sum(palm_parts.values(), Fraction(0))
+    if unused:
+        palm_parts["weights not used once per token"] = unused
     palm_parts.update({"attention core": dense_core, "parameters not in GEMMs": params_not_gemm})
     palm_parts["logits" if tied else "embeddings"] = Fraction(token_embedding)
-    palm = row("Chowdhery et al. 2022 (PaLM: N + 2·L·H·Q·T)", palm_parts, "N counts every parameter once")
+    palm = row("Chowdhery et al. 2022 (PaLM: N + 2·L·H·Q·T)", palm_parts, notes)
     hyper = {"L": L, "d": d, "h": h, "n_kv": n_kv, "d_k": d_k, "d_ff": d_ff, "V": V, "n": n, "tokens": tokens}
     return ModelFormulas((kaplan, chinchilla, megatron, palm), hyper, attention)
 
@@ -191,8 +217,51 @@ def _token_count(module_inputs: Mapping[ModuleCall, tuple[tuple[int | str, tuple
 
 
 def _non_gemm_params(facts: ModelFacts) -> int:
-    """Parameters that are not matmul weights: biases, norm weights (1-D parameters)."""
-    return sum(prod(shape) for shapes in facts.param_shapes.values() for shape in shapes.values() if len(shape) <= 1)
+    """Parameters that are not matmul weights: biases, norm weights (1-D parameters, and one vector per expert
+    stacked beside the experts' weights: ``gate_up_proj_bias [E, 2·d_ff]``)."""
+    return sum(prod(shape) for path, shapes in facts.param_shapes.items() for shape in shapes.values()
+               if len(shape) <= 1 or (len(shape) == 2 and shape[0] == _stacked_experts(facts, path)))
+
+
+def _stacked_experts(facts: ModelFacts, path: str) -> int | None:
+    """E when the module at ``path`` declares E routed experts and holds their weights stacked (a parameter of at
+    least 3 dimensions, E first); else ``None`` (a router's ``[E, d]`` weight is a matmul weight)."""
+    experts = facts.declared(EXPERTS, [path], config=False)
+    if not experts:
+        return None
+    stacked = any(len(shape) >= 3 and shape[0] == experts for shape in facts.param_shapes.get(path, {}).values())
+    return experts if stacked else None
+
+
+def _routed_expert_weights(facts: ModelFacts) -> tuple[int, int | None, int]:
+    """(weights of the routed experts, experts a token meets, experts per block): the parameters of every module
+    that declares its routed experts E (``num_experts``, ...: :data:`flopscope.conventions.EXPERTS`) stacked over
+    them (at least 3-D, E first: ``gate_up_proj [E, 2·d_ff, d]``; a router's ``[E, d]`` meets every token), and the
+    weights of its submodules in a list of E (``experts.0`` ... ``experts.{E-1}``); ``top_k`` from the config."""
+    children: dict[str, list[str]] = {}
+    for path in facts.types:
+        if path:
+            children.setdefault(path.rsplit(".", 1)[0] if "." in path else "", []).append(path)
+    total, count = 0, 0
+    members: set[str] = set()
+    for path in facts.types:
+        experts = facts.declared(EXPERTS, [path], config=False)
+        if not experts:
+            continue
+        for shape in facts.param_shapes.get(path, {}).values():
+            if len(shape) >= 3 and shape[0] == experts:  # (a vector per expert beside them is not a weight)
+                total, count = total + prod(shape), experts
+        for child in children.get(path, []):
+            names = [p.rsplit(".", 1)[-1] for p in children.get(child, [])]
+            if sorted(names) == sorted(str(i) for i in range(experts)):  # a list of exactly E modules
+                members.update(children[child])
+                count = experts
+    if members:
+        for path, shapes in facts.param_shapes.items():
+            parts = path.split(".")
+            if any(".".join(parts[:i]) in members for i in range(1, len(parts) + 1)):
+                total += sum(prod(shape) for shape in shapes.values() if len(shape) >= 2)
+    return total, facts.declared(TOP_K), count
 
 
 def _position_embedding_params(facts: ModelFacts) -> int:

@@ -82,7 +82,7 @@ ROLE_FORMS: dict[str, tuple[str, tuple[str, ...]]] = {
     "ffn_up": ("tokens·d·d_ff (× top_k experts)", ("tokens", "d", "d_ff", "top_k")),
     "ffn_gate": ("tokens·d·d_ff (× top_k experts)", ("tokens", "d", "d_ff", "top_k")),
     "ffn_down": ("tokens·d·d_ff (× top_k experts)", ("tokens", "d", "d_ff", "top_k")),
-    "logits": ("B·n·d·V", ("B", "n", "d", "V")),
+    "logits": ("B·n·d·V", ("B", "n", "tokens", "d", "V")),
 }
 """Each role's closed form (the module docstring's table) and the hyper-parameters of a reconciliation row's
 ``basis`` it depends on: what explains a change of the role between two models (:mod:`flopscope.diff`)."""
@@ -721,7 +721,12 @@ def _logits_rows(b: _Block) -> list[ReconcileRow]:
     tokens = _tokens_of(b.calls, d) if d is not None else 0
     if d is None or vocab is None or not tokens:
         return b.unrecognised(["logits"])
-    return [ReconcileRow(block, "logits", got, tokens * d * vocab, TERMS["logits"], basis=f"d={d} V={vocab}")]
+    # B and n as the closed form names them (what a diff says moved), when every call has the same; else tokens
+    shapes = {_batch_and_length(call, d, QUERY_INPUTS) for call in b.calls}
+    only = next(iter(shapes)) if len(shapes) == 1 else None
+    sizes = f"B={only[0]} n={only[1]}" if only is not None else f"tokens={tokens}"
+    return [ReconcileRow(block, "logits", got, tokens * d * vocab, TERMS["logits"],
+                         basis=f"{sizes} d={d} V={vocab}")]
 
 
 def _mixing_rows(b: _Block) -> list[ReconcileRow]:

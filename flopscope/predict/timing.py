@@ -39,7 +39,19 @@ class Timing:
 
     @property
     def seconds(self) -> float:
+        """Wall time of the timed ops, in seconds."""
         return sum(r.seconds for r in self.rows)
+
+    @property
+    def macs(self) -> int:
+        """MACs of the timed ops."""
+        return sum(r.macs for r in self.rows)
+
+    def __str__(self) -> str:
+        """A caption (total wall time in ms, MACs, achieved GFLOP/s) and :meth:`to_table`: what ``print`` shows."""
+        rate = 2 * self.macs / self.seconds / 1e9 if self.seconds > 0 else 0.0
+        return (f"wall time of the timed ops: {1e3 * self.seconds:.3f} ms for {self.macs:,} MACs "
+                f"({rate:.2f} GFLOP/s; 1 MAC = 2 FLOPs)\n{self.to_table()}")
 
     def to_table(self, tablefmt: str = "simple") -> str:
         seconds = self.seconds or 1.0

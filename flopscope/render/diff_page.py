@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import html
 from collections.abc import Mapping, Sequence
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
 from .files import write_atomically
+from .numbers import times
 
 _STYLE = """body{font:14px/1.45 system-ui,sans-serif;margin:1.5em auto;max-width:1200px;color:#222;padding:0 1em}
 table{border-collapse:collapse;margin:.5em 0 1.5em}td,th{padding:.25em .6em;border-bottom:1px solid #ddd;
@@ -35,10 +37,10 @@ def diff_document(data: Mapping[str, Any]) -> str:
     sections = [
         f"<h1>{html.escape(data['before'])} → {html.escape(data['after'])}</h1>",
         f"<p id=total data-before={total['before']} data-after={total['after']}><b>{total['before']:,}</b> → "
-        f"<b>{total['after']:,}</b> MACs ({_delta(total['delta'])}, ×{_ratio(total['ratio']) or '1'}); "
+        f"<b>{total['after']:,}</b> MACs ({_delta(total['delta'])}, {_ratio(total['ratio']) or '1x'}); "
         "1 MAC = 2 FLOPs</p>",
         "<h2>Roles</h2><table><thead><tr><th>role</th><th>before MACs</th><th>after MACs</th><th>change</th>"
-        "<th>×</th><th>before / after</th><th>why (closed form)</th></tr></thead><tbody>" + "".join(rows)
+        "<th>after / before</th><th>before, after</th><th>why (closed form)</th></tr></thead><tbody>" + "".join(rows)
         + "</tbody></table>",
     ]
     if any(r["delta"] for r in data["useful"]):
@@ -59,8 +61,8 @@ def write_diff_html(data: Mapping[str, Any], path: str | Path) -> Path:
 
 
 def _table(changes: Sequence[Mapping[str, Any]], what: str, why: bool = False) -> str:
-    head = "".join(f"<th>{h}</th>" for h in (what, "before MACs", "after MACs", "change", "×", *(["why"] if why
-                                                                                             else [])))
+    titles = (what, "before MACs", "after MACs", "change", "after / before", *(["why"] if why else []))
+    head = "".join(f"<th>{h}</th>" for h in titles)
     rows = []
     for c in changes:
         reason = f"<td class=why>{html.escape(c['why'])}</td>" if why else ""
@@ -80,4 +82,5 @@ def _sign(delta: int) -> str:
 
 
 def _ratio(ratio: str | None) -> str:
-    return "" if ratio in (None, "1") else str(ratio)
+    """The document's exact ratio (a fraction string, ``"870/427"``) as people read it: ``"2.04x"``."""
+    return "" if ratio in (None, "1") else times(float(Fraction(ratio)))

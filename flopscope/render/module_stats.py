@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 
 Shape = tuple[int, ...]
 
@@ -21,7 +21,7 @@ def params_inclusive(param_shapes: Mapping[str, Mapping[str, Shape]]) -> dict[st
     return dict(out)
 
 
-def dominant_roles(ops: Iterable[tuple[Sequence[str], Mapping[str, int]]]) -> dict[str, str]:
+def dominant_roles(ops: Iterable[tuple[Iterable[str], Mapping[str, int]]]) -> dict[str, str]:
     """Per module path, the role with most MACs among the ops run inside it (inclusive), from one
     ``(module stack, {role: MACs})`` per op."""
     per: dict[str, Counter[str]] = defaultdict(Counter)

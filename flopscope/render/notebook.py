@@ -92,10 +92,10 @@ def tree_rows(prof: Any, depth: int = DEPTH) -> list[TreeRow]:
     def shown(path: str) -> Iterator[str]:
         """The children of ``path`` with MACs, a container that never ran itself (a ModuleList) opened."""
         for child in children.get(path, []):
-            if macs[child]:
-                yield child
-            elif child in uncalled:
+            if child in uncalled:
                 yield from shown(child)
+            elif macs[child]:
+                yield child
 
     def walk(path: str, level: int, above: int) -> Iterator[TreeRow]:
         if level >= depth:

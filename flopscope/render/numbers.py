@@ -12,3 +12,9 @@ def human(value: float, unit: str) -> str:
         if abs(value) >= scale:
             return f"{value / scale:.2f} {prefix}{unit}"
     return f"{value:g} {unit}"
+
+
+def times(ratio: float) -> str:
+    """A ratio for people, as a decimal with three significant digits and an ``x``: ``870/427`` -> ``"2.04x"``,
+    ``1/2`` -> ``"0.5x"``, ``2`` -> ``"2x"``; from 1,000 a whole number with separators (``"1,234x"``)."""
+    return f"{ratio:,.0f}x" if abs(ratio) >= 1000 else f"{ratio:.3g}x"

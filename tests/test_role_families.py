@@ -1,0 +1,191 @@
+"""Roles of the families issue 47's zoo-wide invariants found misread, each against its closed form, built from tiny
+configs whose widths do not coincide (head width · heads != hidden, d_ff != hidden), so that a role taken for
+another shows. Notation: L layers, B sequences, n tokens, d hidden width, h heads, f FFN width."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import flopscope
+from flopscope.invariants import head_paths, role_balance
+
+from closed_forms import add, attention, ffn, times
+
+transformers = pytest.importorskip("transformers")
+
+L, B, N, D, H, F = 2, 2, 16, 64, 4, 96
+
+
+def roles(model: torch.nn.Module, **inputs: torch.Tensor) -> tuple[dict[str, int], flopscope.Profile]:
+    prof = flopscope.profile(model.eval(), **inputs)
+    return {role: macs for role, macs in prof.by_role().items() if macs}, prof
+
+
+def ids(vocab: int = 1000) -> torch.Tensor:
+    return torch.randint(0, vocab, (B, N), generator=torch.Generator().manual_seed(0))
+
+
+# --------------------------------------------------------------------------------------------------
+# 1. sequence classifiers: a pooler and a classifier on one vector per sample are a head (other), never an FFN,
+# and never logits, even with as many labels as the token-type table has rows
+@pytest.mark.parametrize("labels", [3, 2])  # 2: as many as BERT's token types
+@pytest.mark.parametrize("family", ["bert", "roberta", "distilbert"])
+def test_a_sequence_classifier_head_is_other(family: str, labels: int) -> None:
+    torch.manual_seed(0)
+    if family == "distilbert":
+        config = transformers.DistilBertConfig(dim=D, hidden_dim=F, n_layers=L, n_heads=H, vocab_size=1000,
+                                               num_labels=labels)
+    else:
+        config = getattr(transformers, f"{'Bert' if family == 'bert' else 'Roberta'}Config")(
+            hidden_size=D, intermediate_size=F, num_hidden_layers=L, num_attention_heads=H, vocab_size=1000,
+            type_vocab_size=2, num_labels=labels)
+    model = transformers.AutoModelForSequenceClassification.from_config(config)
+    found, prof = roles(model, input_ids=ids())
+    head = B * D * D + B * D * labels  # pooler (or pre-classifier) d -> d, then the classifier d -> labels
+    assert found == add(times(L, add(attention(B, N, N, D, H), ffn(B, N, D, F))), {"other": head})
+    assert role_balance(prof, head_paths(prof)) == []
+
+
+# --------------------------------------------------------------------------------------------------
+# 2. DeBERTa's disentangled attention: content-to-content Q·Kᵀ, content-to-position Q·P_kᵀ and position-to-content
+# K·P_qᵀ (transposed before it joins the scores): each product's queries are the side whose positions are the
+# scores' rows, whatever the operand order, so key_proj is k_proj and the positions' projections q / k by use
+@pytest.mark.parametrize("share_att_key", [True, False])
+def test_deberta_disentangled_attention_tells_queries_from_keys_by_axis(share_att_key: bool) -> None:
+    torch.manual_seed(0)
+    span = 4  # position buckets: 2·span relative embeddings projected once per layer
+    config = transformers.DebertaV2Config(hidden_size=D, intermediate_size=F, num_hidden_layers=L,
+                                          num_attention_heads=H, vocab_size=1000, relative_attention=True,
+                                          pos_att_type=["p2c", "c2p"], position_buckets=span,
+                                          max_relative_positions=64, share_att_key=share_att_key)
+    found, prof = roles(transformers.DebertaV2Model(config), input_ids=ids())
+    d_k, rel = D // H, 2 * span
+    per_layer = {"q_proj": B * N * D * D + rel * D * D, "k_proj": B * N * D * D + rel * D * D,
+                 "v_proj": B * N * D * D, "out_proj": B * N * D * D,
+                 "attn_scores": B * H * N * N * d_k + 2 * B * H * N * rel * d_k,  # c2c, c2p, p2c
+                 "attn_weighted_sum": B * H * N * N * d_k, **ffn(B, N, D, F)}
+    assert found == times(L, per_layer)
+    self_attention = "encoder.layer.0.attention.self."
+    by_module = {r.module: r.role for r in prof.records if r.module.startswith(self_attention)}
+    assert by_module[self_attention + "query_proj"] == "q_proj"
+    assert by_module[self_attention + "key_proj"] == "k_proj"
+
+
+# --------------------------------------------------------------------------------------------------
+# 3. Gemma 3n: AltUp predicts each of its streams as a per-position mix of all of them (``streams @ coefs``, the
+# coefficients from a small router MLP): no attention (its product's rows are features, not positions) and no FFN
+# (the router MLP's output only weighs the streams)
+def test_gemma3n_altup_is_neither_attention_nor_an_ffn() -> None:
+    torch.manual_seed(0)
+    head_dim, kv, per_layer, vocab = 24, 2, 16, 1000
+    config = transformers.Gemma3nTextConfig(
+        hidden_size=D, intermediate_size=[F] * L, num_hidden_layers=L, num_attention_heads=H, num_key_value_heads=kv,
+        head_dim=head_dim, vocab_size=vocab, vocab_size_per_layer_input=vocab, hidden_size_per_layer_input=per_layer,
+        laurel_rank=8, altup_num_inputs=4, num_kv_shared_layers=0, activation_sparsity_pattern=[0.0] * L,
+        layer_types=["sliding_attention", "full_attention"])
+    found, prof = roles(transformers.Gemma3nForCausalLM(config), input_ids=ids(vocab))
+    attention_roles = {"q_proj": B * N * D * H * head_dim, "k_proj": B * N * D * kv * head_dim,
+                       "v_proj": B * N * D * kv * head_dim, "out_proj": B * N * H * head_dim * D,
+                       "attn_scores": B * H * N * N * head_dim, "attn_weighted_sum": B * H * N * N * head_dim}
+    assert {role: found[role] for role in attention_roles} == times(L, attention_roles)
+    assert found["logits"] == B * N * D * vocab
+    # the gated MLP of each layer, and each layer's gated per-layer-input branch, whose up projection is one
+    # projection of the input embeddings for every layer (computed before the first)
+    assert found["ffn_gate"] == found["ffn_up"] == found["ffn_down"] == L * B * N * D * (F + per_layer)
+    by_module = {r.module: r.role for r in prof.records}
+    altup = [m for m in by_module if ".altup." in m or "altup_" in m]
+    assert altup and {by_module[m] for m in altup} == {"other"}
+
+
+# --------------------------------------------------------------------------------------------------
+# 4. Mix-FFN (SegFormer, PVTv2, GLPN): fc1 → depthwise 3×3 conv → GELU → fc2, written back to the residual stream, is
+# an FFN; the convolution keeps conv
+def test_segformer_mix_ffn_is_an_ffn_through_its_depthwise_conv() -> None:
+    torch.manual_seed(0)
+    config = transformers.SegformerConfig(num_encoder_blocks=2, depths=[1, 1], sr_ratios=[2, 1], hidden_sizes=[16, 32],
+                                          num_attention_heads=[1, 2], mlp_ratios=[4, 4], patch_sizes=[7, 3],
+                                          strides=[4, 2])
+    found, _ = roles(transformers.SegformerModel(config), pixel_values=torch.randn(1, 3, 64, 64))
+    # stage 0: 16×16 tokens of width 16, keys reduced 2×2 to 8×8; stage 1: 8×8 tokens of width 32, no reduction
+    stages = [(16 * 16, 8 * 8, 16), (8 * 8, 8 * 8, 32)]
+    assert found["ffn_up"] == found["ffn_down"] == sum(n * d * 4 * d for n, _, d in stages)
+    assert found["q_proj"] == found["out_proj"] == sum(n * d * d for n, _, d in stages)
+    assert found["k_proj"] == found["v_proj"] == sum(k * d * d for _, k, d in stages)
+    assert found["attn_scores"] == sum(n * k * d for n, k, d in stages)
+    depthwise = sum(n * 4 * d * 9 for n, _, d in stages)  # 3×3 per channel of the hidden layer
+    assert found["conv"] > depthwise
+    assert "other" not in found
+
+
+# --------------------------------------------------------------------------------------------------
+# 5. an untied LM head over the leading rows of a token table with a few more (Llama 3.2 Vision's text model: 8
+# image tokens beyond the vocabulary the head predicts) is logits
+def test_an_lm_head_over_a_tables_leading_rows_is_logits() -> None:
+    torch.manual_seed(0)
+    vocab = 1000
+    config = transformers.MllamaTextConfig(hidden_size=D, intermediate_size=F, num_hidden_layers=1,
+                                           num_attention_heads=H, num_key_value_heads=2, vocab_size=vocab,
+                                           pad_token_id=0, cross_attention_layers=[])
+    model = transformers.MllamaForCausalLM(config)
+    assert tuple(model.model.embed_tokens.weight.shape) == (vocab + 8, D)
+    found, prof = roles(model, input_ids=ids(vocab))
+    assert found["logits"] == B * N * D * vocab
+    assert "other" not in found
+    assert role_balance(prof, head_paths(prof)) == []
+
+
+# --------------------------------------------------------------------------------------------------
+# 6. DeepSeek-V4: hyper-connections weigh their streams per row (sigmoid(hc)[..., None] * streams), which is no GLU
+# gate and no activation of a hidden layer; the grouped low-rank output projection's second factor is out_proj
+def test_deepseek_v4_hyper_connections_and_factored_output_projection() -> None:
+    torch.manual_seed(0)
+    q_rank, head_dim, groups, o_rank, expert, experts, top_k, vocab = 48, 32, 2, 40, 80, 4, 2, 1000
+    config = transformers.DeepseekV4Config(
+        vocab_size=vocab, hidden_size=D, moe_intermediate_size=expert, num_hidden_layers=L, num_attention_heads=H,
+        num_key_value_heads=1, head_dim=head_dim, q_lora_rank=q_rank, num_experts_per_tok=top_k,
+        n_routed_experts=experts, n_shared_experts=1, hc_mult=4, o_groups=groups, o_lora_rank=o_rank,
+        index_n_heads=4, index_head_dim=16, index_topk=8, num_nextn_predict_layers=0, sliding_window=8,
+        qk_rope_head_dim=8)
+    found, prof = roles(transformers.DeepseekV4ForCausalLM(config), input_ids=ids(vocab))
+    tokens, width = B * N, H * head_dim
+    per_layer = {
+        "q_proj": tokens * (D * q_rank + q_rank * width),  # q_a then q_b
+        "k_proj": tokens * D * head_dim,  # one latent key / value head
+        "out_proj": tokens * (width * o_rank + groups * o_rank * D),  # o_a per group, then o_b
+        "attn_scores": B * H * N * N * head_dim, "attn_weighted_sum": B * H * N * N * head_dim,
+        "ffn_up": tokens * D * expert * (top_k + 1), "ffn_gate": tokens * D * expert * (top_k + 1),
+        "ffn_down": tokens * expert * D * (top_k + 1)}  # the routed experts a token meets, and the shared one
+    assert {role: found.get(role, 0) for role in per_layer} == times(L, per_layer)
+    assert found["logits"] == tokens * D * vocab
+    hyper = {r.role for r in prof.records if r.module.endswith("_hc") or r.module == "model.hc_head"}
+    assert hyper == {"other"}
+
+
+# --------------------------------------------------------------------------------------------------
+# 7. DeepSeek-V3.2's sparse-attention indexer reads the query latent beside q_b_proj; its scores only pick keys (a
+# top-k), so q_a_proj is the query's factor (q_proj) as in DeepSeek-V3, and the indexer's own work is other
+@pytest.mark.parametrize("family", ["deepseek_v3", "deepseek_v32"])
+def test_a_sparse_attention_indexer_leaves_the_query_factor_q_proj(family: str) -> None:
+    torch.manual_seed(0)
+    q_rank, kv_rank, nope, rope, v_dim, vocab = 48, 32, 24, 8, 16, 1000
+    common = dict(vocab_size=vocab, hidden_size=D, intermediate_size=F, moe_intermediate_size=80, num_hidden_layers=L,
+                  num_attention_heads=H, num_key_value_heads=H, n_routed_experts=4, num_experts_per_tok=2, n_group=1,
+                  topk_group=1, kv_lora_rank=kv_rank, q_lora_rank=q_rank, qk_rope_head_dim=rope, v_head_dim=v_dim,
+                  qk_nope_head_dim=nope, first_k_dense_replace=L)
+    if family == "deepseek_v32":
+        common.pop("first_k_dense_replace")
+        config = transformers.DeepseekV32Config(**common, index_topk=8, index_head_dim=16, index_n_heads=2,
+                                                mlp_layer_types=["dense"] * L, layer_types=["indexed_attention"] * L)
+        model = transformers.DeepseekV32ForCausalLM(config)
+    else:
+        model = transformers.DeepseekV3ForCausalLM(transformers.DeepseekV3Config(**common))
+    found, prof = roles(model, input_ids=ids(vocab))
+    tokens, qk = B * N, nope + rope
+    per_layer = {"q_proj": tokens * (D * q_rank + q_rank * H * qk),  # q_a, then q_b
+                 "k_proj": tokens * (D * (kv_rank + rope) + kv_rank * H * nope),  # the latent and rope key, kv_b's keys
+                 "v_proj": tokens * kv_rank * H * v_dim, "out_proj": tokens * H * v_dim * D,
+                 "attn_scores": B * H * N * N * qk, "attn_weighted_sum": B * H * N * N * v_dim, **ffn(B, N, D, F, True)}
+    assert {role: found.get(role, 0) for role in per_layer} == times(L, per_layer)
+    indexer = {r.role for r in prof.records if ".indexer" in r.module}
+    assert indexer == ({"other"} if family == "deepseek_v32" else set())
