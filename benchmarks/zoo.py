@@ -542,10 +542,12 @@ def _forward_inputs(model: Any, candidates: list[dict[str, Any]], errors: list[s
 
 
 def _probe(res: dict[str, Any], model_type: str, cls: Any, max_params: int,
-           levels: tuple[tuple[int, Widths], ...]) -> tuple[Any, dict[str, Any], Any] | None:
-    """The first of ``levels`` whose config builds ``cls`` and runs a plain forward on generated inputs: ``(model,
-    inputs, config)`` (the config as shrunk, before the build), with ``res["level"]`` and ``res["widths"]``; or
-    None, with ``res["reason"]``. ``res["attempts"]`` says what failed before."""
+           levels: tuple[tuple[int, Widths], ...], settings: dict[str, Any] | None = None
+           ) -> tuple[Any, dict[str, Any], Any] | None:
+    """The first of ``levels`` whose config (the default one with ``settings`` set) builds ``cls`` and runs a plain
+    forward on generated inputs: ``(model, inputs, config)`` (the config as shrunk, before the build), with
+    ``res["level"]`` and ``res["widths"]``; or None, with ``res["reason"]``. ``res["attempts"]`` says what failed
+    before."""
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
     attempts = []
     try:
@@ -556,7 +558,7 @@ def _probe(res: dict[str, Any], model_type: str, cls: Any, max_params: int,
     for level, widths in levels:
         tag = f"L{level}" + ("" if widths == TINY else f" {_widths_name(widths)}")
         try:
-            cfg = shrink_config(CONFIG_MAPPING[model_type](), level, uses_mrope, widths)
+            cfg = shrink_config(CONFIG_MAPPING[model_type](**(settings or {})), level, uses_mrope, widths)
         except Exception as e:
             attempts.append(f"{tag} config: {runner.short(e, 200)}")
             continue
@@ -644,6 +646,17 @@ def _with_eos(inputs: dict[str, Any], cfg: Any) -> list[dict[str, Any]]:
     return [{**inputs, "input_ids": ids}]
 
 
+AS_RELEASED = {
+    "deberta": {"relative_attention": True, "pos_att_type": ["c2p", "p2c"], "max_relative_positions": -1,
+                "position_biased_input": False},
+    "deberta-v2": {"relative_attention": True, "pos_att_type": ["p2c", "c2p"], "max_relative_positions": -1,
+                   "position_buckets": 256, "norm_rel_ebd": "layer_norm", "share_att_key": True,
+                   "position_biased_input": False},
+}
+"""Config settings of the released checkpoints where the default config leaves a feature off that changes the
+roles (``--roles``): DeBERTa's disentangled relative attention (deberta-base, deberta-v3-base's config.json)."""
+
+
 HEAD_MAPPINGS = (("causal-lm", "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES"),
                  ("seq-cls", "MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES"),
                  ("image-cls", "MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES"))
@@ -677,7 +690,8 @@ def _roles(res: dict[str, Any], model_type: str, class_name: str, max_params: in
         res["reason"] = f"class {class_name} not importable (missing dependency?)"
         return
     res["stage"] = "probe"
-    probed = _probe(res, model_type, cls, max_params, ROLE_LEVELS)
+    res["settings"] = AS_RELEASED.get(model_type, {})
+    probed = _probe(res, model_type, cls, max_params, ROLE_LEVELS, res["settings"])
     if probed is None:
         return
     model, inputs, cfg = probed

@@ -40,7 +40,7 @@ def balance_record(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any], ki
     import torch
 
     import flopscope
-    from flopscope.invariants import role_balance
+    from flopscope.invariants import head_paths, role_balance
 
     out: dict[str, Any] = {"kind": kind, "class": type(model).__name__,
                            "prefix": getattr(model, "base_model_prefix", "") or ""}
@@ -58,42 +58,19 @@ def balance_record(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any], ki
                 out["traceback"] = traceback.format_exc()[-1500:]
             return out
     out.update(macs=prof.total(), heads=heads, imbalances=[[i.where, i.rule, i.detail] for i in found],
+               parts={i.where: _parts(prof, i.where) for i in found},
                by_role={k: v for k, v in prof.by_role().items() if v})
     return out
 
 
-def head_paths(prof: Any) -> list[str]:
-    """:func:`flopscope.invariants.head_paths` (the outermost modules beside the layers whose multiplies all run
-    after the last layer's)."""
-    from flopscope import invariants
-    found = getattr(invariants, "head_paths", None)
-    return found(prof) if found is not None else _head_paths(prof)
-
-
-def _head_paths(prof: Any) -> list[str]:
-    """The same reading as ``flopscope.invariants.head_paths`` in the lead's working tree, for a checkout that does
-    not have it yet (the sweeps then run on either)."""
-    from flopscope.capture.records import FORWARD
-    from flopscope.invariants import _layer
+def _parts(prof: Any, where: str) -> list[str]:
+    """The submodules of ``where`` that ran multiplies with a role, as ``name:Class`` (``self_attn:LlamaAttention``,
+    ``mixer:NemotronHMamba2Mixer``): what an exception may name where a layer holds several kinds of block."""
+    prefix = where + "." if where else ""
+    names = {prefix + r.module[len(prefix):].split(".")[0] for r in prof.records
+             if r.roles and r.module.startswith(prefix) and len(r.module) > len(prefix)}
     types = prof.facts.types
-    records = [r for r in prof.records if r.phase == FORWARD]
-    layers = [_layer(r.module, types) for r in records]
-    last = max((i for i, layer in enumerate(layers) if layer is not None), default=None)
-    if last is None:
-        return []
-    holders = {".".join(layer.split(".")[:i]) for layer in filter(None, layers)
-               for i in range(len(layer.split(".")))}
-    first: dict[str, int] = {}
-    for i, record in enumerate(records):
-        parts = record.module.split(".") if record.module else []
-        for depth in range(1, len(parts) + 1):
-            path = ".".join(parts[:depth])
-            if path in holders:
-                continue
-            if ".".join(parts[:depth - 1]) in holders:
-                first.setdefault(path, i)
-            break
-    return [path for path, i in first.items() if i > last]
+    return sorted(f"{name[len(prefix):]}:{getattr(types.get(name), '__name__', '?')}" for name in names)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -101,25 +78,106 @@ def _head_paths(prof: Any) -> list[str]:
 # --------------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class RoleException:
-    """``rule`` (of :data:`flopscope.invariants.BALANCE_RULES`) does not apply in ``names`` (model types, timm
-    models, diffusers classes) at the paths ``where`` matches (a regular expression searched in the layer or head
-    path; "" for every path), for ``reason``."""
+    """``label``: ``rule`` (of :data:`flopscope.invariants.BALANCE_RULES`) does not apply in ``names`` (model types,
+    timm models, diffusers classes), for ``reason``. Narrowed by regular expressions searched in the layer or head path
+    (``where``), in what does not balance (``detail``: ``"^k_proj"`` for the k/v check of the attention rule) and in
+    the layer's parts (``parts``: ``name:Class`` of its submodules, ``"linear_attn:"``); "" matches anything."""
 
+    label: str
     rule: str
     names: tuple[str, ...]
     reason: str
     where: str = ""
+    detail: str = ""
+    parts: str = ""
 
-    def covers(self, name: str, where: str, rule: str) -> bool:
-        return rule == self.rule and name in self.names and (not self.where or re.search(self.where, where) is not None)
+    def covers(self, name: str, imbalance: list[str], parts: list[str]) -> bool:
+        where, rule, detail = imbalance
+        return (rule == self.rule and name in self.names and re.search(self.where, where) is not None
+                and re.search(self.detail, detail) is not None and re.search(self.parts, " ".join(parts)) is not None)
 
 
-EXCEPTIONS: tuple[RoleException, ...] = ()
-"""Every documented exception, for every zoo."""
+MLA = ("axk1", "axk2", "bailing_hybrid", "deepseek_v2", "deepseek_v3", "deepseek_v32", "glm4_moe_lite", "glm_moe_dsa",
+       "glm5_next", "glm5_next_text", "hy_v4", "hy_v4_vl", "hy_v4_vl_text", "kimi_k25", "kimi_linear",
+       "longcat_flash", "minicpm3", "mistral4", "sarvam_mla", "youtu")
+RELATIVE = ("canary", "cohere_asr", "fastspeech2_conformer", "fastspeech2_conformer_with_hifigan", "funnel",
+            "gemma4_audio", "nemotron3_5_asr", "nemotron3_5_transcribe_audio", "nemotron_asr_streaming",
+            "nemotron_asr_streaming_encoder", "parakeet_ctc", "parakeet_encoder", "parakeet_rnnt", "parakeet_tdt",
+            "wav2vec2-conformer", "xlnet")
+GATED_DELTANET = ("lara_mini", "minicpm_ocr", "minicpmv4_6", "minicpmv4_7", "olmo_hybrid", "qwen3_5", "qwen3_5_moe",
+                  "qwen3_5_moe_text", "qwen3_5_text", "qwen3_next")
+
+EXCEPTIONS: tuple[RoleException, ...] = (
+    RoleException(
+        "MLA", "attention", MLA, detail="^k_proj", reason=(
+            "multi-head latent attention: kv_a_proj_with_mqa makes a latent shared by k and v (split by kv_b_proj) "
+            "and a rope key shared by every head; the shared part is charged to k_proj (it cannot be split between "
+            "k and v), so k_proj / v_proj = (d·(r + d_rope) + r·h·d_nope) / (r·h·d_v), not d_qk / d_v")),
+    RoleException(
+        "relative position", "attention", RELATIVE, reason=(
+            "relative-position attention (Transformer-XL, Conformer, Funnel, XLNet): beside q·kᵀ a second score "
+            "product q·(W_pos p)ᵀ over the 2n − 1 relative positions (attn_scores, its position projection k_proj); "
+            "the weighted sum is one n × n product, so scores / weighted sum exceeds d_qk / d_v")),
+    RoleException(
+        "sliding chunks", "attention", ("led", "longformer"), reason=(
+            "sliding-chunk attention (LongformerSelfAttention._sliding_chunks_*): the scores multiply overlapping "
+            "2w × 2w chunks, the weighted sum w × 3w diagonalised chunks of the padded values (1.5 times the MACs); "
+            "global attention adds its own projections: scores / weighted sum is no ratio of widths")),
+    RoleException(
+        "gated DeltaNet", "attention", GATED_DELTANET, detail="^q_proj", parts="linear_attn:", reason=(
+            "gated DeltaNet: q and k have linear_num_key_heads heads, v and the output linear_num_value_heads (more), "
+            "each q/k head serving several value heads; the chunked core runs per value head, so q_proj / out_proj = "
+            "h_k·d_k / (h_v·d_v) while scores / weighted sum = d_k / d_v")),
+    RoleException(
+        "Mamba-2", "attention", ("falcon_h1", "nemo_speechlm", "nemotron_h"), parts="(?i)mamba", reason=(
+            "Mamba-2 (SSD) in its dual, attention-like form: C (q_proj) and B (k_proj) have n_groups·d_state columns "
+            "shared by every head, x (v_proj) and out_proj heads·head_dim; scores and weighted sum run per head over "
+            "d_state and head_dim, so the projections do not balance with the core")),
+    RoleException(
+        "query pooling", "attention", ("hiera",), detail="^q_proj", reason=(
+            "query pooling after the projection (HieraMaskUnitAttention with query_stride, each stage's first "
+            "block): qkv runs on every token, the output projection on the pooled queries (a quarter, twice as "
+            "wide), so q_proj / out_proj = 2 where scores / weighted sum = 1")),
+    RoleException(
+        "width-changing attention", "attention", ("levit",), detail="^q_proj", reason=(
+            "an attention that changes the width (LevitAttentionSubsample): q reads the stage's width, the output "
+            "projection writes the next stage's, on the subsampled queries")),
+    RoleException(
+        "grouped projections", "attention", ("squeezebert",), detail="^q_proj", reason=(
+            "grouped projections: q, k and v are 1×1 convolutions in q_groups = k_groups = v_groups = 4 groups (a "
+            "quarter of a dense projection's MACs), the output projection in post_attention_groups = 1")),
+    RoleException(
+        "two input widths", "attention", ("mobilebert",), detail="^q_proj", reason=(
+            "projections from two widths: q and k read the bottleneck (true_hidden_size; key_query_shared_bottleneck: "
+            "one Linear, bottleneck.attention, feeds both and is charged to q_proj), v reads the layer's input "
+            "(hidden_size, use_bottleneck_attention off)")),
+    RoleException(
+        "shared QK", "attention", ("reformer",), detail="^k_proj 0 ", reason=(
+            "shared query-key attention (LSHSelfAttention): one Linear, query_key, makes both q and k (q_proj); "
+            "there is no k projection")),
+    RoleException(
+        "token-count MLP", "ffn", ("groupvit",), where=r"stages\.\d+$", reason=(
+            "a token-mixing MLP between token counts (GroupViTMixerMLP of group_projector: num_prev_group_token → "
+            "hidden/2 → num_group_token tokens, over the transposed features): its up and down have different "
+            "widths by design")),
+    RoleException(
+        "attention-pooling head", "head", ("aimv2", "aimv2_vision_model", "siglip", "siglip_vision_model",
+                                           "siglip2", "siglip2_vision_model"), where=r"(^|\.)head$", reason=(
+            "an attention-pooling head (a learned probe or class token attends over the patch tokens; SigLIP's adds "
+            "an MLP): attention by design, in the head")),
+    RoleException(
+        "projector between widths", "head", ("granite_docling_vision", "nemotron3_5_asr"),
+        where=r"(connector|prompt_projector)$", reason=(
+            "a projector into the language model's width (pixel shuffle → Linear → GELU → Linear; an audio prompt "
+            "projector), per token: the last module of a tower-only class, so head_paths takes it for a head; an "
+            "MLP between widths, its up and down of different sizes")),
+)
+"""Every documented exception, for every zoo: where an invariant truly does not apply (read in the model's code),
+never a misreading."""
 
 
-def exception_for(name: str, where: str, rule: str) -> RoleException | None:
-    return next((e for e in EXCEPTIONS if e.covers(name, where, rule)), None)
+def exception_for(name: str, imbalance: list[str], parts: list[str]) -> RoleException | None:
+    return next((e for e in EXCEPTIONS if e.covers(name, imbalance, parts)), None)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -128,15 +186,23 @@ def exception_for(name: str, where: str, rule: str) -> RoleException | None:
 CONSISTENT, COVERED, MISREAD = "consistent", "covered", "misread"
 
 
+def classified(name: str, run: dict[str, Any], items: list[list[str]] | None = None) -> list[
+        tuple[str, str, str, RoleException | None]]:
+    """``(where, rule, detail, exception or None)`` for each of ``items`` (default: every imbalance of ``run``)."""
+    parts = run.get("parts", {})
+    return [(where, rule, detail, exception_for(name, [where, rule, detail], parts.get(where, [])))
+            for where, rule, detail in (run.get("imbalances", []) if items is None else items)]
+
+
 def _verdict(name: str, runs: list[dict[str, Any]]) -> str | None:
     """``consistent`` (no imbalance), ``covered`` (each one by an exception) or ``misread``; None if nothing ran."""
     ran = [run for run in runs if "imbalances" in run]
     if not ran:
         return None
-    found = [i for run in ran for i in run["imbalances"]]
+    found = [row for run in ran for row in classified(name, run)]
     if not found:
         return CONSISTENT
-    return COVERED if all(exception_for(name, where, rule) for where, rule, _ in found) else MISREAD
+    return COVERED if all(exc for *_, exc in found) else MISREAD
 
 
 def _strip(where: str, prefix: str) -> str:
@@ -150,19 +216,20 @@ def new_in_head(base: dict[str, Any] | None, run: dict[str, Any]) -> list[list[s
     return [[w, r, d] for w, r, d in run.get("imbalances", []) if (_strip(w, run.get("prefix", "")), r, d) not in known]
 
 
-def _layers_collapsed(items: list[list[str]]) -> list[tuple[str, str, str]]:
-    """``(where, rule, detail)`` with the layers of one list that break a rule with the same numbers on one row
+def _collapsed(rows: list[tuple[str, str, str, RoleException | None]]) -> list[
+        tuple[str, str, str, RoleException | None]]:
+    """The layers of one list that break a rule with the same numbers (and the same verdict) on one row
     (``encoder.layer.{0,1}``)."""
-    groups: dict[tuple[str, str, str], list[str]] = defaultdict(list)
-    for where, rule, detail in items:
+    groups: dict[tuple[str, str, str, RoleException | None], list[str]] = defaultdict(list)
+    for where, rule, detail, exc in rows:
         m = re.match(r"^(.*?)(\d+)$", where)
         stem, index = (m.group(1), m.group(2)) if m else (where, "")
-        groups[(stem, rule, detail)].append(index)
-    rows = []
-    for (stem, rule, detail), indices in groups.items():
+        groups[(stem, rule, detail, exc)].append(index)
+    out = []
+    for (stem, rule, detail, exc), indices in groups.items():
         where = stem if indices == [""] else stem + (indices[0] if len(indices) == 1 else "{" + ",".join(indices) + "}")
-        rows.append((where, rule, detail))
-    return rows
+        out.append((where, rule, detail, exc))
+    return out
 
 
 def summary(results: list[dict[str, Any]], name: str) -> dict[str, Any]:
@@ -196,8 +263,8 @@ def share_lines(s: dict[str, Any]) -> list[str]:
 
 def _violation_rows(results: list[dict[str, Any]], name: str, heads: bool,
                     cell: Callable[[Any], str]) -> tuple[list[str], list[str], Counter[str]]:
-    """Markdown rows of the misreadings and of the covered imbalances (base runs, or the head runs' new ones),
-    and how many imbalances (collapsed rows) of each kind."""
+    """Markdown rows of the misreadings and of the covered imbalances (base runs, or what the head runs add), and
+    how many imbalances (collapsed rows) of each kind."""
     misread, covered, counts = [], [], Counter[str]()
     for r in results:
         runs = r.get("roles", {}).get("runs", [])
@@ -205,13 +272,12 @@ def _violation_rows(results: list[dict[str, Any]], name: str, heads: bool,
         for run in runs:
             if (run["kind"] == BASE) == heads or "imbalances" not in run:
                 continue
-            items = new_in_head(base, run) if heads else run["imbalances"]
-            for where, rule, detail in _layers_collapsed(items):
-                exc = exception_for(r[name], where, rule)
-                head_cell = f" {run['class']} |" if heads else ""
-                row = f"| {r[name]} |{head_cell} {cell(where)} | {rule} | {cell(detail)} |"
+            items = new_in_head(base, run) if heads else None
+            for where, rule, detail, exc in _collapsed(classified(r[name], run, items)):
+                row = f"| {r[name]} |" + (f" {run['class']} |" if heads else "") + f" {cell(where)} | {rule} | " \
+                      f"{cell(detail)} |"
                 if exc:
-                    covered.append(row[:-1] + f"| {cell(exc.reason[:90])} |")
+                    covered.append(f"{row} {exc.label} |")
                     counts[COVERED] += 1
                 else:
                     misread.append(row)
@@ -233,12 +299,17 @@ def report_lines(results: list[dict[str, Any]], name: str, cell: Callable[[Any],
                   "same numbers on one row).", "", "### Misreadings", ""]
         lines += [header, sep, *misread] if misread else ["(none)"]
         lines += ["", "### Covered by documented exceptions", ""]
-        lines += [header + " reason |", sep + "---|", *covered] if covered else ["(none)"]
+        lines += [header + " exception |", sep + "---|", *covered] if covered else ["(none)"]
         lines.append("")
-    used = Counter(e for r in results for run in r.get("roles", {}).get("runs", [])
-                   for where, rule, _ in run.get("imbalances", []) if (e := exception_for(r[name], where, rule)))
-    lines += ["## Documented exceptions", "", "| rule | where | architectures | reason | imbalances covered |",
-              "|---|---|---|---|---|"]
-    lines += [f"| {e.rule} | {cell(e.where) or 'any'} | {', '.join(e.names)} | {cell(e.reason)} | {used[e]} |"
-              for e in EXCEPTIONS] or ["(none)"]
+    used = Counter(exc for r in results for run in r.get("roles", {}).get("runs", [])
+                   for *_, exc in classified(r[name], run) if exc)
+    lines += ["## Documented exceptions", "", "`benchmarks/zoo_roles.py`, `EXCEPTIONS`: where an invariant does not "
+              "apply, read in the model's code (a misreading is never one).", "",
+              "| exception | rule | narrowed to | architectures | reason | imbalances covered |",
+              "|---|---|---|---|---|---|"]
+    for e in EXCEPTIONS:
+        narrowed = "; ".join(f"{k} `{v}`" for k, v in (("where", e.where), ("detail", e.detail), ("parts", e.parts))
+                             if v) or "–"
+        lines.append(f"| {e.label} | {e.rule} | {cell(narrowed)} | {', '.join(e.names)} | {cell(e.reason)} | "
+                     f"{used[e]} |")
     return [*lines, ""]
