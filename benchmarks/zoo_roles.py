@@ -114,6 +114,14 @@ EXCEPTIONS: tuple[RoleException, ...] = (
             "and a rope key shared by every head; the shared part is charged to k_proj (it cannot be split between "
             "k and v), so k_proj / v_proj = (d·(r + d_rope) + r·h·d_nope) / (r·h·d_v), not d_qk / d_v")),
     RoleException(
+        "factored projection", "attention", ("deepseek_v4", "glm5_next", "glm5_next_text", "timesformer"),
+        detail="^q_proj", reason=(
+            "a projection factored through a low rank or a second Linear (q_a_proj → q_b_proj through q_lora_rank "
+            "with no rope part; DeepSeek-V4's grouped o_a_proj → o_b_proj; TimeSformer's temporal_dense after the "
+            "temporal attention's output projection): n·r·(d_in + d_out) MACs, no multiple of n·d_in·d_out, so "
+            "q_proj / out_proj is no ratio of head widths (DeepSeek-V3's factored q balances only because "
+            "r·(d + h·d_qk) = d·h·d_qk at the yardstick's widths)")),
+    RoleException(
         "relative position", "attention", RELATIVE, reason=(
             "relative-position attention (Transformer-XL, Conformer, Funnel, XLNet): beside q·kᵀ a second score "
             "product q·(W_pos p)ᵀ over the 2n − 1 relative positions (attn_scores, its position projection k_proj); "
@@ -211,9 +219,15 @@ def _strip(where: str, prefix: str) -> str:
 
 def new_in_head(base: dict[str, Any] | None, run: dict[str, Any]) -> list[list[str]]:
     """The imbalances of a head class's run that its base model does not have (the same rule and numbers at the
-    same path under the head class's base-model attribute are the base's)."""
-    known = {(w, r, d) for w, r, d in (base or {}).get("imbalances", [])}
-    return [[w, r, d] for w, r, d in run.get("imbalances", []) if (_strip(w, run.get("prefix", "")), r, d) not in known]
+    same path under the head class's base-model attribute, or one ending the other, are the base's:
+    ``model.layers.1`` of ``Qwen3_5ForCausalLM`` is ``language_model.layers.1`` of ``Qwen3_5Model``)."""
+    known = [(w, r, d) for w, r, d in (base or {}).get("imbalances", [])]
+
+    def the_base_s(where: str, rule: str, detail: str) -> bool:
+        mine = _strip(where, run.get("prefix", ""))
+        return any(r == rule and d == detail and (w == mine or w.endswith("." + mine) or mine.endswith("." + w))
+                   for w, r, d in known)
+    return [[w, r, d] for w, r, d in run.get("imbalances", []) if not the_base_s(w, r, d)]
 
 
 def _collapsed(rows: list[tuple[str, str, str, RoleException | None]]) -> list[
