@@ -260,7 +260,7 @@ def _eager(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> P
 # --------------------------------------------------------------------------------------------------
 # roles that must balance (issue 47): statements about one layer's roles that hold in every standard block
 BALANCE_RULES = ("ffn", "gate", "attention", "projections", "head")
-"""What :func:`role_balance` checks, per layer (an item of a module list, the outermost one):
+"""What :func:`role_balance` checks, per layer (an item of a module list that has submodules, the outermost one):
 
 - ``ffn``: ``ffn_up == ffn_down`` (an FFN maps d → f → d: both are n·d·f, gated or not, each expert alike);
 - ``gate``: ``ffn_gate`` is 0 or ``ffn_up`` (a GLU's gate has the up projection's shape);
@@ -340,14 +340,20 @@ def head_paths(prof: Profile) -> list[str]:
 
 
 def _layer(path: str, types: Mapping[str, type]) -> str | None:
-    """The outermost item of a module list that contains ``path`` (``None``: in no list)."""
+    """The outermost item of a module list that contains ``path`` and is a block (a module with submodules: a list
+    of plain ``Linear`` s, an MLP's layers, holds no layers); ``None``: in no such item."""
     parts = path.split(".") if path else []
     for i in range(1, len(parts)):
-        parent = ".".join(parts[:i])
-        if parts[i].isdigit() and isinstance(types.get(parent), type) and issubclass(
-                types[parent], (nn.ModuleList, nn.Sequential)):
-            return ".".join(parts[:i + 1])
+        parent, item = ".".join(parts[:i]), ".".join(parts[:i + 1])
+        if (parts[i].isdigit() and isinstance(types.get(parent), type)
+                and issubclass(types[parent], (nn.ModuleList, nn.Sequential)) and _has_submodules(item, types)):
+            return item
     return None
+
+
+def _has_submodules(path: str, types: Mapping[str, type]) -> bool:
+    prefix = path + "."
+    return any(other.startswith(prefix) for other in types)
 
 
 def _layer_balance(layer: str, roles: Mapping[str, int]) -> list[Imbalance]:

@@ -17,8 +17,9 @@ transformers = pytest.importorskip("transformers")
 L, B, N, D, H, F = 2, 2, 16, 64, 4, 96
 
 
-def roles(model: torch.nn.Module, **inputs: torch.Tensor) -> tuple[dict[str, int], flopscope.Profile]:
-    prof = flopscope.profile(model.eval(), **inputs)
+def roles(model: torch.nn.Module, *args: torch.Tensor, **inputs: torch.Tensor) -> tuple[dict[str, int],
+                                                                                        flopscope.Profile]:
+    prof = flopscope.profile(model.eval(), *args, **inputs)
     return {role: macs for role, macs in prof.by_role().items() if macs}, prof
 
 
@@ -189,3 +190,128 @@ def test_a_sparse_attention_indexer_leaves_the_query_factor_q_proj(family: str) 
     assert {role: found.get(role, 0) for role in per_layer} == times(L, per_layer)
     indexer = {r.role for r in prof.records if ".indexer" in r.module}
     assert indexer == ({"other"} if family == "deepseek_v32" else set())
+
+
+# --------------------------------------------------------------------------------------------------
+# 11. Swin V2's continuous position bias: an MLP on a coordinate table the model holds (no input reaches it) computes
+# a table, not an FFN of the tokens
+def test_swinv2_position_bias_mlp_on_a_coordinate_table_is_other() -> None:
+    torch.manual_seed(0)
+    config = transformers.Swinv2Config(image_size=32, patch_size=4, embed_dim=16, depths=[1, 1], num_heads=[2, 4],
+                                       window_size=4)
+    found, _ = roles(transformers.Swinv2Model(config), pixel_values=torch.randn(1, 3, 32, 32))
+    # stage 0: 8×8 tokens of width 16 in 4 windows of 4×4, 2 heads; stage 1: 4×4 tokens of width 32, one window,
+    # 4 heads; patch merging 4·16 -> 2·16 between them
+    stages = [(64, 16, 2, 4), (16, 32, 4, 1)]  # tokens, width, heads, windows
+    assert found["q_proj"] == found["out_proj"] == sum(n * d * d for n, d, _, _ in stages)
+    assert found["attn_scores"] == sum(w * h * (n // w) ** 2 * (d // h) for n, d, h, w in stages)
+    assert found["ffn_up"] == found["ffn_down"] == sum(n * d * 4 * d for n, d, _, _ in stages)
+    coordinates = (2 * 4 - 1) ** 2  # relative offsets in a 4×4 window: the MLP's rows, 2 -> 512 -> heads
+    table = sum(coordinates * (2 * 512 + 512 * h) for _, _, h, _ in stages)
+    assert found["other"] == table + 16 * (4 * 16) * (2 * 16)
+
+
+# --------------------------------------------------------------------------------------------------
+# 10. GLM-4.1V's patch merger, proj → LayerNorm → GELU → SwiGLU: the GLU is read first, so its gate and up are ffn_gate
+# and ffn_up (not down projections of proj, whose output the GELU activates), down is ffn_down, proj is other
+def test_glm4v_patch_merger_reads_its_swiglu_first() -> None:
+    torch.manual_seed(0)
+    out, merge = 48, 2
+    config = transformers.Glm4vVisionConfig(depth=L, hidden_size=D, intermediate_size=F, num_heads=H, patch_size=4,
+                                            spatial_merge_size=merge, temporal_patch_size=2, out_hidden_size=out,
+                                            image_size=16)
+    model = transformers.Glm4vVisionModel(config)
+    patches = 4 * 4  # one frame pair of 16×16 pixels in 4×4 patches
+    found, prof = roles(model, torch.randn(patches, 3 * 2 * 4 * 4), grid_thw=torch.tensor([[1, 4, 4]]))
+    block_hidden = model.blocks[0].mlp.gate_proj.out_features  # (this vision tower's blocks: a SwiGLU of this width)
+    merger_hidden = model.merger.gate_proj.out_features
+    tokens = patches // merge**2
+    glu = L * patches * D * block_hidden + tokens * out * merger_hidden
+    assert found["ffn_gate"] == found["ffn_up"] == found["ffn_down"] == glu
+    assert found["q_proj"] == L * patches * D * D
+    by_module = {r.module: r.role for r in prof.records}
+    assert by_module["merger.proj"] == "other"
+    assert (by_module["merger.gate_proj"], by_module["merger.up_proj"], by_module["merger.down_proj"]) == (
+        "ffn_gate", "ffn_up", "ffn_down")
+
+
+# --------------------------------------------------------------------------------------------------
+# 8 / 11. one score matrix normalised by two softmaxes is two attention instances (LiLT adds its text and layout
+# scores for each of its two streams; Grounding DINO's fusion attends both ways over one matrix): the second
+# softmax's weighted sum, values and output projection are attention's too, the shared scores charged once
+def test_lilt_scores_shared_by_two_softmaxes_make_two_attentions() -> None:
+    torch.manual_seed(0)
+    d, f = 96, 128  # LiLT's layout stream is d / 4 wide (a head d / 4 / h), its FFN f / 4
+    config = transformers.LiltConfig(hidden_size=d, intermediate_size=f, num_hidden_layers=L, num_attention_heads=H,
+                                     vocab_size=1000, channel_shrink_ratio=4, max_2d_position_embeddings=64)
+    found, prof = roles(transformers.LiltModel(config), input_ids=ids(), bbox=torch.zeros(B, N, 4, dtype=torch.long))
+    text, layout = attention(B, N, N, d, H), attention(B, N, N, d // 4, H)
+    assert {role: found[role] for role in text} == times(L, add(text, layout))
+    assert {role: found[role] for role in ("ffn_up", "ffn_down")} == times(L, add(ffn(B, N, d, f),
+                                                                                  ffn(B, N, d // 4, f // 4)))
+    assert role_balance(prof) == []
+
+
+def test_grounding_dino_fusion_attends_both_ways_over_one_score_matrix() -> None:
+    from transformers.models.grounding_dino.modeling_grounding_dino import GroundingDinoBiMultiHeadAttention
+
+    torch.manual_seed(0)
+    config = transformers.GroundingDinoConfig(d_model=D, encoder_ffn_dim=2 * 80, encoder_attention_heads=2 * H)
+    width, vision, text = 80, 20, 12  # the fusion's width (ffn dim / 2) and heads (encoder heads / 2)
+    found, _ = roles(GroundingDinoBiMultiHeadAttention(config), torch.randn(B, vision, D), torch.randn(B, text, D))
+    head = width // H
+    assert found["q_proj"] + found["k_proj"] == B * (vision + text) * D * width  # vision_proj, text_proj
+    assert found["v_proj"] == B * (vision + text) * D * width  # both values
+    assert found["out_proj"] == B * (vision + text) * width * D  # both outputs
+    assert found["attn_scores"] == B * H * vision * text * head  # one matrix
+    assert found["attn_weighted_sum"] == 2 * B * H * vision * text * head  # read both ways
+    assert "other" not in found
+
+
+# --------------------------------------------------------------------------------------------------
+# 11. RemBERT decouples its output embeddings' width from its input embeddings': the LM head's decoder projects onto
+# the whole vocabulary from a width no token table has, and is logits; the dense layer before it is other
+def test_rembert_decoupled_lm_head_is_logits() -> None:
+    torch.manual_seed(0)
+    e_in, e_out, vocab = 32, 48, 1000
+    config = transformers.RemBertConfig(hidden_size=D, intermediate_size=F, num_hidden_layers=L,
+                                        num_attention_heads=H, vocab_size=vocab, input_embedding_size=e_in,
+                                        output_embedding_size=e_out)
+    found, prof = roles(transformers.RemBertForMaskedLM(config), input_ids=ids(vocab))
+    assert found == add(times(L, add(attention(B, N, N, D, H), ffn(B, N, D, F))),
+                        {"logits": B * N * e_out * vocab, "other": B * N * (e_in * D + D * e_out)})
+    assert role_balance(prof, head_paths(prof)) == []
+
+
+# --------------------------------------------------------------------------------------------------
+# 11. ZAYA's router is an MLP (fc1 → GELU → fc2 → GELU → out_proj) whose logits only weigh and pick the experts: it
+# is other, and the FFN roles are the experts' alone
+def test_zaya_router_mlp_is_no_ffn() -> None:
+    torch.manual_seed(0)
+    expert, vocab = 80, 1000
+    config = transformers.ZayaConfig(vocab_size=vocab, hidden_size=D, num_hidden_layers=L, num_attention_heads=H,
+                                     num_key_value_heads=2, moe_intermediate_size=expert, num_experts=4,
+                                     num_experts_per_tok=1, head_dim=16, router_hidden_size=32,
+                                     layer_types=["hybrid"] * L)
+    found, prof = roles(transformers.ZayaForCausalLM(config), input_ids=ids(vocab))
+    assert found["ffn_gate"] == found["ffn_up"] == found["ffn_down"] == L * B * N * D * expert  # one expert a token
+    assert {r.role for r in prof.records if ".router_mlp." in r.module} == {"other"}
+
+
+# --------------------------------------------------------------------------------------------------
+# 12. the convention for an output gate: Qwen3-Next's (and Qwen3.5's) q_proj carries the gate of the attention's
+# output beside the queries; its gate columns are other, as a gate of its own is, its query columns q_proj
+def test_qwen3_next_fused_output_gate_columns_are_other() -> None:
+    torch.manual_seed(0)
+    head_dim, kv, vocab = 24, 2, 1000
+    config = transformers.Qwen3NextConfig(
+        vocab_size=vocab, hidden_size=D, intermediate_size=F, moe_intermediate_size=80,
+        shared_expert_intermediate_size=80, num_hidden_layers=L, num_attention_heads=H, num_key_value_heads=kv,
+        head_dim=head_dim, num_experts=4, num_experts_per_tok=2, layer_types=["full_attention"] * L)
+    found, prof = roles(transformers.Qwen3NextForCausalLM(config), input_ids=ids(vocab))
+    per_layer = {"q_proj": B * N * D * H * head_dim, "k_proj": B * N * D * kv * head_dim,
+                 "v_proj": B * N * D * kv * head_dim, "out_proj": B * N * H * head_dim * D,
+                 "attn_scores": B * H * N * N * head_dim, "attn_weighted_sum": B * H * N * N * head_dim}
+    assert {role: found[role] for role in per_layer} == times(L, per_layer)
+    q = next(r for r in prof.records if r.module == "model.layers.0.self_attn.q_proj")
+    assert q.roles == {"q_proj": B * N * D * H * head_dim, "other": B * N * D * H * head_dim}  # queries, gate

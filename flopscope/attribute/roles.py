@@ -43,6 +43,7 @@ A backward op takes the roles of the forward op whose autograd node ran it.
 from __future__ import annotations
 
 import fnmatch
+import heapq
 import math
 import operator
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -147,12 +148,19 @@ class RoleState:
         return n in self.row_demands and n not in self.parts and n not in self.demands
 
     def settle(self, view: GraphView) -> None:
-        """Claim every demanded projection: whole when one role wants it, else split by columns (with the columns
-        an earlier pass asked for: a fused projection whose columns feed attention and an MLP)."""
+        """Claim every demanded projection: whole when one role wants it and one multiply reads it, else split by
+        columns (with the columns an earlier pass asked for: a fused projection whose columns feed attention and an
+        MLP; Qwen3-Next's ``q_proj``, whose other half gates the attention's output, is ``q_proj`` for its query
+        columns and ``other`` for the gate's, as a gate of its own is)."""
         for p, wanted in self.demands.items():
             wanted = [*self.settled.get(p, ()), *wanted]
             roles = {role for _, role in wanted}
-            self.parts[p] = {roles.pop(): p.macs} if len(roles) == 1 else split_by_columns(p, wanted, p.macs)
+            whole = len(roles) == 1 and (len(view.frontier(view.users(p), view.users)) <= 1
+                                         or not all(view.descends_from(target, p) for target, _ in wanted))
+            parts = None if whole else split_by_columns(p, wanted, p.macs)
+            if parts is None or (len(roles) == 1 and not parts.get(next(iter(roles)))):
+                parts = {next(iter(roles)): p.macs}  # (one role, its columns not followed: the whole projection)
+            self.parts[p] = parts
             self.settled[p] = wanted
         self.demands = {}
 
@@ -330,11 +338,18 @@ def _scores_in_the_bias(view: GraphView, state: RoleState, kernel: CapturedOp) -
 
 
 def _attention_at_softmax(view: GraphView, state: RoleState, s: CapturedOp) -> None:
-    scores = [m for m in _nearest_before(view, s.args[0], stop_at_softmax=True)
-              if view.is_activation_product(m) and m not in state.parts]
-    if not scores:
+    """One attention instance at the softmax ``s``: its score products, weighted sums and projections. Scores that
+    another softmax already took (one score matrix normalised two ways: Grounding DINO's fusion attends vision to
+    text and text to vision; LiLT adds its text and layout scores for each stream) make a second instance, of the
+    weighted sums after ``s``: the product is charged once, as ``attn_scores`` of the first."""
+    behind = [m for m in _nearest_before(view, s.args[0], stop_at_softmax=True) if view.is_activation_product(m)]
+    scores = [m for m in behind if m not in state.parts]
+    shared = [m for m in behind if Role.ATTN_SCORES.value in state.parts.get(m, {})]
+    if not scores and not shared:
         return
     weighted = [m for m in _nearest_after(view, s) if view.is_activation_product(m) and m not in state.parts]
+    if not scores and not weighted:
+        return
     members: set[CapturedOp] = set(scores) | set(weighted)
     for m in scores:
         state.parts[m] = {Role.ATTN_SCORES.value: m.macs}
@@ -558,7 +573,9 @@ def logits(view: GraphView, state: RoleState) -> None:
     token of that table. Token tables are those looked up
     with indices that come from the inputs (position tables are looked up with ``arange``). A matmul on one vector
     per sample pooled from the positions (a sequence classifier) matches a table's shape only if that table is the
-    vocabulary (the largest): a classifier whose labels are as many as the token types is no LM head."""
+    vocabulary (the largest): a classifier whose labels are as many as the token types is no LM head. The model's last
+    projection onto the whole vocabulary is logits whatever its input width (RemBERT decouples its output embeddings'
+    width from its input embeddings')."""
     tables: dict[Any, int] = {}  # leaf name or ("shape", shape) -> vocabulary size
     for n in view.nodes:
         if view.packet(n) not in EMBEDDING_LOOKUPS:
@@ -583,8 +600,9 @@ def logits(view: GraphView, state: RoleState) -> None:
         shaped = {rows for x in leaves for rows in _leading_rows_of(x, shapes)}
         if view.pooled(n):  # one vector per sample pooled from the positions: a classifier, unless the table it
             shaped = {rows for rows in shaped if rows[1] == vocabulary}  # has the shape of is the vocabulary
+        decoupled = vocabulary in width and not view.pooled(n)  # onto the whole vocabulary, from another width
         if any(tables[key] in width for key in tied) or (
-                any(rows in width for rows, _ in shaped) and not _feeds_a_weight_matmul(view, n)):
+                (decoupled or any(rows in width for rows, _ in shaped)) and not _feeds_a_weight_matmul(view, n)):
             state.parts[n] = {Role.LOGITS.value: n.macs}
 
 
@@ -620,16 +638,31 @@ def _leaf_key(n: CapturedOp) -> Any:
 def ffn(view: GraphView, state: RoleState) -> None:
     """Down projections behind an activation (or a gated product), and the projections feeding them. A down
     projection that reads a concatenation (a parallel block's ``proj_out(cat([attention, mlp]))``) is one for the
-    rows that hold a hidden layer."""
+    rows that hold a hidden layer. Gated hidden layers are read first: a GLU's gate and up projections are its
+    branches even where an activation lies before them (GLM-4.1V's patch merger, ``SwiGLU(gelu(norm(proj(x))))``:
+    ``gate_proj`` is no down projection of ``proj``)."""
+    for gated in (True, False):
+        _down_projections(view, state, gated)
+
+
+def _down_projections(view: GraphView, state: RoleState, gated: bool) -> None:
+    """The FFN pass over every weight matmul, for the hidden layers that are ``gated`` (a GLU) or not."""
     for d in view.nodes:
         if not view.is_weight_matmul(d) or (state.claimed(d) and not state.rows_only(d)):
             continue
+        if not view.dynamic[d]:
+            continue  # computed from the model's own tables, on no input (Swin V2's position-bias MLP on a coordinate
+            # buffer): a table, the same for every input, not an FFN of the tokens
         x = view.activation_operand(d)
         sources = concatenated(view, x)
         if _fourier_features(view, sources):
             continue  # cat([sin(x·B), cos(x·B)]): a Fourier embedding of positions or of a timestep, no hidden layer
         taken = {source for source, _ in state.row_demands.get(d, ())}
         for hidden in [s for s in sources if s not in taken] if sources else [x]:
+            if gated and not _gated_here(view, hidden):
+                continue  # (read in the second pass)
+            if not gated and _gated_here(view, hidden):
+                continue  # (judged in the first)
             found = _hidden_layer(view, state, hidden, through_channelwise=_writes_back(view, d))
             if found is None or _per_sample(view, d) or view.pooled(d) or _only_weighs(view, d) \
                     or any(_spread(view, p) for demands in found for p, _, _ in demands):
@@ -644,6 +677,19 @@ def ffn(view: GraphView, state: RoleState) -> None:
             else:
                 state.parts[d] = {Role.FFN_DOWN.value: d.macs}
             state.groups.append({d} | {p for demands in found for p, _, _ in demands})
+
+
+def _gated_here(view: GraphView, hidden: CapturedOp) -> bool:
+    """``hidden`` is a GLU's gated product itself, reached walking back through ops that join it with no other
+    activation and normalise nothing (views, copies, dropout, a scale): a gated product behind a residual sum or a
+    norm (RWKV's ``x + sigmoid(r) * v`` before the next block's LayerNorm) is another block's output, read in the
+    second pass as it always was."""
+    def plain(m: CapturedOp) -> bool:
+        return m is hidden or (not m.macs and (m.elementwise or ("",))[0] not in BARRIER_CATEGORIES
+                               and sum(view.live.get(x, False) for x in view.inputs(m)) <= 1)
+
+    return any(_gating(view, n) and _gated_branches(view, n)[0] is not None
+               for n in reach([hidden], view.inputs, plain) if not n.macs)
 
 
 def _writes_back(view: GraphView, d: CapturedOp) -> bool:
@@ -665,34 +711,54 @@ def _size(n: CapturedOp) -> int | None:
 
 
 def _only_weighs(view: GraphView, d: CapturedOp) -> bool:
-    """``d``'s result only weighs other values, never joins them as data: wherever it meets another activation
-    (walking forward through ops without multiplies, a constant added on the way), it is an operand of an activation
-    product (a mixing matrix: Gemma 3n's AltUp predicts each stream as ``streams @ coefs(router(x))``) or a factor
-    with one entry along the features that the product spreads over them (``innovation * coefs[..., None]``). Such a
-    hidden layer computes coefficients (a router's), not a position-wise FFN of the token stream."""
-    met = False
-    todo, seen = [d], {d}
+    """``d``'s result only weighs or selects other values, never joins them as data: following it forward in graph
+    order (through ops that combine it with nothing else, and through the weight matmuls of the same small network),
+    wherever it meets another activation it is an operand of an activation product (a mixing matrix: Gemma 3n's AltUp
+    predicts each stream as ``streams @ coefs(router(x))``), a factor with one entry along the features that the
+    product spreads over them (``innovation * coefs[..., None]``, an expert's routing weight), or indices that pick
+    entries (a top-k's, :data:`SELECTIONS`). Such a hidden layer computes coefficients (a router's: ZAYA's router
+    MLP), not a position-wise FFN of the token stream. The walk gives up (data) after :data:`_WEIGHS_WALK` nodes."""
+    reached, met = {d}, False
+    todo: list[tuple[int, int, CapturedOp]] = [(u.index, id(u), u) for u in view.users(d)]
+    heapq.heapify(todo)
+    done: set[CapturedOp] = set()
     while todo:
-        n = todo.pop()
-        for user in view.users(n):
-            if user in seen:
+        _, _, n = heapq.heappop(todo)
+        if n in done:
+            continue
+        done.add(n)
+        if len(done) > _WEIGHS_WALK:
+            return False
+        inputs = view.inputs(n)
+        mine = [x for x in inputs if x in reached]
+        others = [x for x in inputs if x not in reached and view.live.get(x, False)]
+        packet = view.packet(n)
+        if mine and all(x.dtype is not None and not x.dtype.is_floating_point for x in mine) and (others or n.macs):
+            met = True  # indices, offsets or a mask that pick entries of another value (a grouped matmul's groups)
+            continue
+        if n.macs:
+            if view.is_activation_product(n) and others:
+                met = True  # a mixing matrix
                 continue
-            seen.add(user)
-            others = [x for x in view.inputs(user) if x is not n and view.live.get(x, False)]
-            if user.macs:
-                if not view.is_activation_product(user):
-                    return False  # read by a projection: data
-                met = True
-            elif others and view.packet(user) in (aten.mul, aten.mul_):
-                if not (n.output_shapes and user.output_shapes and n.output_shapes[0][-1:] == (1,)
-                        and user.output_shapes[0][-1:] != (1,)):
-                    return False  # a product with as many features: data gated or gating
-                met = True
-            elif others or not view.users(user):
-                return False  # added to or concatenated with another activation, or an output: data
-            else:
-                todo.append(user)
+            if not view.is_weight_matmul(n) or view.activation_operand(n) not in reached:
+                return False  # read by another product: data
+        elif others:
+            if packet in (aten.mul, aten.mul_) and all(_spread_over_features(x, n) for x in mine):
+                met = True  # a weight per row
+                continue
+            return False  # added to, gated with or concatenated with another activation: data
+        elif packet in SELECTIONS:
+            met = True
+        reached.add(n)
+        for user in view.users(n):
+            if user not in done:
+                heapq.heappush(todo, (user.index, id(user), user))
     return met
+
+
+_WEIGHS_WALK = 512
+"""The most nodes :func:`_only_weighs` follows (a router's few layers and the ops that use its weights take far
+fewer; an FFN's output reaches the residual stream within a few)."""
 
 
 def _fourier_features(view: GraphView, sources: Sequence[CapturedOp]) -> bool:

@@ -210,6 +210,8 @@ class Recorder(TorchDispatchMode):
         self._versions: dict[tuple[int, int], CapturedOp] = {}  # (id(producer), id(write)) -> version record
         self._backward = False  # while the backward pass runs: record ops outside any module call
         self._producers: dict[int, tuple[weakref.ref[torch.Tensor], CapturedOp]] = {}
+        self._leaf_tensors: dict[int, list[weakref.ref[torch.Tensor]]] = {}  # id(leaf record) -> the tensors it was
+        # made the record of (leaves_alive: a look-up per leaf, not a scan of every tensor the run has seen)
         self._by_sequence_nr: dict[int, CapturedOp] = {}  # autograd sequence number -> forward op
         self._dtensor_seen = False
         self._late_parameters = 0  # parameters first seen during the run (not in leaf_names)
@@ -529,13 +531,27 @@ class Recorder(TorchDispatchMode):
     def set_producer(self, t: torch.Tensor, op: CapturedOp) -> None:
         """``op`` is the record of ``t``'s value (a tensor made outside :meth:`__torch_dispatch__`, now: a write to
         its storage from here on is one after ``op``)."""
-        self._producers[id(t)] = (weakref.ref(t), op)
+        ref = weakref.ref(t)
+        self._producers[id(t)] = (ref, op)
         self._made_at[id(op)] = len(self.ops)
+        if op.node_op != "call_function":
+            self._leaf_tensors.setdefault(id(op), []).append(ref)
 
     def leaves_alive(self, ops: Sequence[CapturedOp]) -> set[int]:
-        """``id(record)`` of the leaves among ``ops`` whose tensors are alive (held by the model or the caller)."""
-        wanted = {id(op) for op in ops if op.node_op != "call_function"}
-        return {id(op) for ref, op in list(self._producers.values()) if id(op) in wanted and ref() is not None}
+        """``id(record)`` of the leaves among ``ops`` whose tensors are alive (held by the model or the caller) and
+        still have them as their record. Looks up each leaf's tensors (before: a scan of every tensor the run had
+        seen, per call captured: a decoding step's first layer took longer each step)."""
+        producers, alive = self._producers, set()
+        for op in ops:
+            if op.node_op == "call_function":
+                continue
+            for ref in self._leaf_tensors.get(id(op), ()):
+                t = ref()
+                found = producers.get(id(t)) if t is not None else None
+                if found is not None and found[1] is op and found[0]() is t:
+                    alive.add(id(op))
+                    break
+        return alive
 
     def value_of(self, t: torch.Tensor) -> torch.Tensor | None:
         """The known values of an index tensor (an input's real values, or what propagated to it)."""
@@ -856,7 +872,9 @@ class Recorder(TorchDispatchMode):
         # a parameter, buffer or input held its storage since before the run: every write to it since counts
         self._made_at[id(op)] = -1 if leaf.kind is not LeafKind.CONSTANT else len(self.ops)
         self.ops.append(op)
-        self._producers[id(t)] = (weakref.ref(t), op)
+        ref = weakref.ref(t)
+        self._producers[id(t)] = (ref, op)
+        self._leaf_tensors.setdefault(id(op), []).append(ref)
         if self.on_constant is not None and leaf.kind is LeafKind.CONSTANT:
             self.on_constant(t)
         return op

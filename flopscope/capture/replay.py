@@ -2,7 +2,8 @@
 call is not run again; its records are copies of the earlier call's, moved to its own module calls.
 
 On fake tensors (and meta) nothing is computed, so what a call records is decided by what it is given and what it
-reads, not by its data: the module (its code, its submodules, their parameters and plain attributes), the structure
+reads, not by its data: the module (its code, its submodules, their parameters and plain attributes; in a block's key, a
+module held as a plain attribute, with no tensors, hooks or ``forward`` of its own, by its structure), the structure
 of its arguments, each tensor argument's shape, strides, dtype, device and whether its values are known, every
 non-tensor argument's value, and the values it reads. :class:`CallReplayer` runs the first call of each **key**
 (everything but the values read) for real, watching it (:meth:`~flopscope.capture.recorder.Recorder.watching`), and
@@ -78,6 +79,7 @@ _PLAIN = (type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.
           torch.memory_format, enum.Enum)
 """Non-tensor values a key holds by value (immutable); anything else is held by identity, or refused as an argument."""
 _MAX_PLAIN_ITEMS = 64  # a longer list / tuple / dict attribute is held by identity
+_MAX_DEPTH = 4  # how deep inside an attribute a block's key holds objects alike (_held_alike); deeper, by identity
 _ABSENT = object()  # the value of an attribute read that a module does not have
 _KEPT = 4  # the templates a key keeps (CallReplayer._keep)
 
@@ -197,13 +199,16 @@ class _Candidate:
 class CallReplayer:
     """Replays repeated calls of the wrapped modules (:meth:`wrapping`) into ``recorder``'s capture; see the module
     docstring. :attr:`replayed` and :attr:`captured` count calls per module path, :attr:`refused` the reasons a
-    call's key got no template (each reason once per key)."""
+    call's key got no template (each reason once per key), :attr:`missed` per list of blocks the first reason a block
+    call was not replayed from an earlier block's (a refusal, or what kept its key from an earlier block's
+    template)."""
 
     recorder: Recorder
     tracker: ModuleTracker
     replayed: Counter[str] = field(default_factory=Counter)
     captured: Counter[str] = field(default_factory=Counter)
     refused: dict[str, list[str]] = field(default_factory=dict)
+    missed: dict[str, str] = field(default_factory=dict)
     blocks: bool = True  # also replay a block of a ModuleList from another block of the same structure
     grad: bool = False  # grad mode may be on: no backward follows (a forward's count), so the autograd graph is never
     # used; a replay's outputs require grad as the template's did (the inputs' and parameters' requires_grad are keyed)
@@ -219,6 +224,7 @@ class CallReplayer:
     _groups: set[str] = field(default_factory=set)  # the ModuleLists whose blocks are replayed from one another
     _lists: dict[str, nn.Module] = field(default_factory=dict)  # a list of blocks' path -> the list
     _passing: dict[str, dict[str, frozenset[str]]] = field(default_factory=dict)  # (_passed)
+    _firsts: dict[str, Any] = field(default_factory=dict)  # a list of blocks' path -> the key of its first call
     _unkeyed: set[str] = field(default_factory=set)  # the lists one of whose blocks' calls could not be keyed (an
     # argument of another type, a shared module): their blocks' calls are captured without a key's cost
     # (a call whose records were refused refuses its key only: T5's first block reads values, the others are replayed)
@@ -258,12 +264,14 @@ class CallReplayer:
             yield self
 
     def notes(self, refusals: bool = True) -> list[str]:
-        """One line per module whose calls were replayed or (``refusals``) refused."""
+        """One line per module whose calls were replayed, and per list of blocks none of whose calls was, the first
+        reason (:attr:`missed`); ``refusals``: also one line per reason a call was refused."""
         lines = []
         for path in sorted(set(self.replayed) | set(self.captured) | set(self.refused)):
-            if not refusals and not self.replayed[path]:
-                continue
             replayed, captured = self.replayed[path], self.captured[path]
+            missed = not replayed and captured > 1 and path in self._groups and path in self.missed
+            if not refusals and not replayed and not missed:
+                continue
             if replayed and path in self._groups:
                 lines.append(f"{path}: {replayed} of {replayed + captured} block calls replayed from an earlier call "
                              "of a block of the same structure on the same inputs' shapes (fake tensors: the same "
@@ -274,8 +282,11 @@ class CallReplayer:
             elif captured > 1 and path not in self.refused and path not in self._groups:
                 lines.append(f"{path}: {captured} calls, each captured (no two had the same inputs' shapes and plain "
                              "arguments)")
-            for reason in dict.fromkeys(self.refused.get(path, ()) if refusals else ()):
+            reasons = dict.fromkeys(self.refused.get(path, ()) if refusals else ())
+            for reason in reasons:
                 lines.append(f"{path}: {'some calls' if replayed else 'not replayed, each call'} captured: {reason}")
+            if missed and self.missed[path] not in reasons:
+                lines.append(f"{path}: not replayed, each of its {captured} block calls captured: {self.missed[path]}")
         return lines
 
     # ---------------------------------------------------------------------------------------------
@@ -302,6 +313,8 @@ class CallReplayer:
                 self._unkeyed.add(label)
                 self.captured[label] += 1
                 return forward(*args, **kwargs)
+            if structural:
+                self._firsts.setdefault(label, key)
             for template in self._found(key, module):  # (the newest first)
                 if isinstance(template, CallTemplate) and (
                         not template.changes or _containers((args, kwargs))[1] == template.containers):
@@ -312,6 +325,8 @@ class CallReplayer:
                 self.captured[label] += 1  # (refused, or its lists and dicts alias otherwise than the template's)
                 return forward(*args, **kwargs)
             self.captured[label] += 1  # (no template, or none whose call-outs give this call's sizes: a new one)
+            if structural and label not in self.missed and self.captured[label] + self.replayed[label] > 1:
+                self.missed[label] = self._missed(label, key, module)
             return self._first(path, key, forward, args, kwargs, tensors, label, module, structural, objects)
 
         return call
@@ -434,6 +449,28 @@ class CallReplayer:
         if key is not None:
             self._keep(key, _Candidate(reads, values, reason))
         self.refused.setdefault(path, []).append(reason)
+        if path in self._groups:
+            self.missed.setdefault(path, reason)
+
+    def _missed(self, label: str, key: Any, module: nn.Module) -> str:
+        """Why a call of a block of the list ``label`` (its key ``key``, its module ``module``) found no template
+        of an earlier block's to replay: what its key or the attributes it reads hold otherwise than the first
+        block's, or (the same key and reads) the sizes its given objects' methods gave."""
+        first = self._firsts.get(label)
+        if first is not None and first != key:
+            return _key_difference(first, key)
+        modules = self._modules_of(module)
+        differ = sorted({f"{name or '(block)'}.{attribute}"
+                         for candidate in self._templates.get(key, ()) if candidate.reads
+                         for (name, attribute), was, now in zip(candidate.reads, candidate.values,
+                                                                _read_values(modules, candidate.reads), strict=True)
+                         if was != now})
+        if differ:
+            return (f"its blocks differ in the plain attributes their calls read ({', '.join(differ[:3])}"
+                    f"{', ...' if len(differ) > 3 else ''}; an object is held alike only where it is a plain value, "
+                    "holds plain values or is a module holding no tensors)")
+        return ("the objects it is given (a cache) gave other sizes than at an earlier block's call (a decoding "
+                "step's grown cache)")
 
     def _key(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], structural: bool = False
              ) -> tuple[Any, list[torch.Tensor], list[Any]]:
@@ -916,6 +953,35 @@ def stand_in_refused(error: BaseException) -> bool:
     return False
 
 
+def _key_difference(first: Any, key: Any) -> str:
+    """What the key of a block's call (:meth:`CallReplayer._key`: class, argument structure, arguments, state) holds
+    otherwise than ``first``, its list's first block call's, in words."""
+    if first[0] != key[0]:
+        return "its blocks are of different classes"
+    if first[1] != key[1] or len(first[2]) != len(key[2]):
+        return "a block was given arguments of another structure than the first block"
+    for i, (was, now) in enumerate(zip(first[2], key[2], strict=True)):
+        if was != now:
+            said = [f"shape {list(v[0])}, {v[2]}" if len(v) == 7 else f"{v[-1]!r}" for v in (was, now)]
+            return (f"a block was given other arguments than the first block (argument {i}: {said[1]}, the first "
+                    f"block's {said[0]})")
+    if len(first[3]) != len(key[3]):
+        return "its blocks hold different submodules"
+    for was, now in zip(first[3], key[3], strict=True):
+        if was != now:
+            name = was[0][0] if isinstance(was[0], tuple) else ""
+            where = f"{name} of the block" if name else "the block itself"
+            if was[0] != now[0]:
+                return f"its blocks hold different submodules ({where}: {was[0][1].__name__}, {now[0][1].__name__})"
+            if was[1] != now[1]:
+                return f"its blocks are in different modes ({where}: training or eval)"
+            if was[2] != now[2]:
+                return f"its blocks' parameters or buffers differ in shape, dtype or requires_grad ({where})"
+            names = sorted({str(item[0] if isinstance(item, tuple) else item) for item in set(was[3]) ^ set(now[3])})
+            return f"its blocks differ in plain attributes ({where}: {', '.join(names[:3])})"
+    return "its blocks' keys differ"
+
+
 def _dense(t: torch.Tensor) -> bool:
     """Whether ``t``'s elements fill its storage without gaps or overlaps in some order of its dims (a transpose of a
     contiguous tensor is; an expanded or sliced one is not): a clone keeps its strides."""
@@ -973,17 +1039,45 @@ def _read_values(modules: Mapping[str, nn.Module], reads: tuple[tuple[str, str],
     return tuple(found)
 
 
-def _held_alike(value: Any) -> Any:
+def _held_alike(value: Any, depth: int = 0) -> Any:
     """As :func:`_held`, but an object other than a plain value, a container, a tensor, a function or a class by its
-    class and its plain attributes (an attention processor of each block: equal where they hold the same settings);
-    a tensor that is no parameter by identity (what it holds is not known)."""
-    if isinstance(value, (tuple, list, dict, torch.Tensor, *_PLAIN)):
+    class and its plain attributes (an attention processor of each block: equal where they hold the same settings),
+    a module that is no submodule as :func:`_module_alike` holds it, and the items of a list, tuple or dict alike too
+    (a dict of such modules: each attention module's own wrappers of kernels' functions, ``_kernel_funcs``); a tensor
+    that is no parameter by identity (what it holds is not known). ``depth``: how deep inside an attribute ``value``
+    is (beyond :data:`_MAX_DEPTH`, by identity: an object may hold itself)."""
+    if isinstance(value, _PLAIN) or depth > _MAX_DEPTH:
+        return _held(value)
+    if isinstance(value, (tuple, list)) and len(value) <= _MAX_PLAIN_ITEMS:
+        return (type(value), tuple(_held_alike(v, depth + 1) for v in value))
+    if isinstance(value, dict) and len(value) <= _MAX_PLAIN_ITEMS:
+        return (dict, tuple((_held(k), _held_alike(v, depth + 1)) for k, v in value.items()))
+    if isinstance(value, nn.Module):
+        return _module_alike(value, depth)
+    if isinstance(value, (tuple, list, dict, torch.Tensor)):
         return _held(value)
     own = getattr(value, "__dict__", None)
     if isinstance(own, dict) and len(own) <= _MAX_PLAIN_ITEMS and all(isinstance(v, _PLAIN) for v in own.values()) \
             and not inspect.isroutine(value) and not isinstance(value, type):  # (a function, a class: by identity)
         return (type(value), tuple(own.items()))
     return ("id", id(value))
+
+
+def _module_alike(module: nn.Module, depth: int) -> Any:
+    """A module held as a plain attribute of a block's module, not as its submodule (kernels' ``use_kernelized_func``
+    gives each attention module its own ``nn.Module`` wrapping a function such as ``apply_rotary_pos_emb``, in a
+    dict): by its modules' classes, modes and plain attributes (alike) where none of them holds a parameter or a
+    buffer, a hook or a ``forward`` of its own: what its calls record is then decided by its code and its arguments,
+    as a block's own submodule's is. Else by identity (a parameter it holds is not the block's, so a replay into
+    another block could not take that block's)."""
+    found: list[Any] = []
+    for name, m in module.named_modules():
+        own = vars(m)
+        if m._parameters or m._buffers or m._forward_hooks or m._forward_pre_hooks or "forward" in own:
+            return ("id", id(module))
+        found.append((name, type(m), m.training,
+                      tuple((k, _held_alike(v, depth + 1)) for k, v in own_attributes(m).items())))
+    return (nn.Module, tuple(found))
 
 
 def _blocks(modules: nn.Module) -> bool:
