@@ -47,6 +47,7 @@ Usage::
 
     python benchmarks/diffusers_zoo.py [--only Class1,Class2] [--jobs N] [--report PATH] [--json PATH]
                                        [--timeout S] [--probe]
+    python benchmarks/diffusers_zoo.py --roles [--only ...]   # the roles yardstick only (issue 47)
 
 Writes a markdown report (default ``benchmarks/diffusers_zoo_report.md``) and prints a summary; ``--probe`` only
 builds each class and finds its inputs (no counting, no report).
@@ -76,10 +77,12 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("DIFFUSERS_VERBOSITY", "error")
 
-import zoo_runner as runner  # after the paths are set
+import zoo_roles  # after the paths are set
+import zoo_runner as runner
 
 WIDTH, FFN, HEADS, HEAD_DIM, LAYERS = 32, 64, 2, 16, 2  # tiny transformer: 2 heads of 16 = 32 wide
 UNET_HEAD_DIM = 8  # a UNet's attention_head_dim (often its head count): divides its 32 / 64 channels
+ROLE_HEAD_DIM = 24  # --roles: 2 heads of 24 = 48, not the 32 of the other widths (a role read as another one shows)
 CHANNELS = 32  # a channel tuple's first stage (the others keep their ratio to it, up to 4 x)
 GROUPS = 8  # group norms
 LATENT, IMAGE, TEXT, FRAMES, VOCAB = 16, 32, 8, (5, 4, 2, 9, 1), 512
@@ -191,8 +194,9 @@ def _rescale_axes(v: Any, total: int) -> Any:
     return type(v)(parts)
 
 
-def shrink(cls: Any, level: int) -> dict[str, Any]:
-    """Constructor arguments. Level 0: tiny everything; level 1: only depths, sizes and vocabularies."""
+def shrink(cls: Any, level: int, head_width: int = HEAD_DIM) -> dict[str, Any]:
+    """Constructor arguments. Level 0: tiny everything (heads ``head_width`` wide); level 1: only depths, sizes and
+    vocabularies."""
     d, required = defaults(cls)
     base = dict(d)
     head_dim = _default_head_dim(d)
@@ -231,7 +235,7 @@ def shrink(cls: Any, level: int) -> dict[str, Any]:
         elif k == "attention_head_dim" and unet and (_is_int(v) or _ints(v)):
             d[k] = UNET_HEAD_DIM if _is_int(v) else type(v)([UNET_HEAD_DIM] * len(v))
         elif HEAD_DIM_NAME.search(k) and (_is_int(v) or _ints(v)):
-            d[k] = HEAD_DIM if _is_int(v) else type(v)([HEAD_DIM] * len(v))
+            d[k] = head_width if _is_int(v) else type(v)([head_width] * len(v))
         elif _is_int(v) and FFN_NAME.search(k):
             d[k] = min(v, FFN)
         elif _is_int(v) and v > 64 and WIDTH_NAME.search(k) and not WIDTH_SKIP.search(k):
@@ -244,10 +248,10 @@ def shrink(cls: Any, level: int) -> dict[str, Any]:
         elif _is_int(v) and GROUPS_NAME.search(k) and v > GROUPS:
             d[k] = GROUPS
         elif _is_int(v) and ("rotary" in k or "rope" in k) and k.endswith("dim") and head_dim and v <= head_dim:
-            d[k] = max(2, v * HEAD_DIM // head_dim // 2 * 2)  # the rotated part of a head keeps its share
+            d[k] = max(2, v * head_width // head_dim // 2 * 2)  # the rotated part of a head keeps its share
         elif _ints(v) and len(v) > 1 and ((head_dim and sum(v) == head_dim and ("axes" in k or "rope" in k))
                                           or (not head_dim and "axes_dim" in k)):
-            d[k] = _rescale_axes(v, HEAD_DIM)
+            d[k] = _rescale_axes(v, head_width)
     if level == 0:
         _keep_ratios(d, base)
     for k in required:  # widths without a default
@@ -657,16 +661,16 @@ def describe(inputs: dict[str, Any]) -> dict[str, Any]:
 # --------------------------------------------------------------------------------------------------
 # one class (runs in its own process)
 # --------------------------------------------------------------------------------------------------
-def constructor(cls_name: str, level: int) -> tuple[Any, dict[str, Any]]:
+def constructor(cls_name: str, level: int, head_width: int = HEAD_DIM) -> tuple[Any, dict[str, Any]]:
     """The class and its constructor arguments at ``level`` (a ``Multi*`` wrapper's list holds the arguments of
     the model it wraps, as ``("__wrapped__", class name, arguments)``)."""
     import diffusers
     cls = getattr(diffusers, cls_name)
-    kwargs = shrink(cls, level)
+    kwargs = shrink(cls, level, head_width)
     if cls_name in WRAPS:
         first = defaults(cls)[1][0]
         inner, count = WRAPS[cls_name]
-        kwargs[first] = [("__wrapped__", inner, shrink(getattr(diffusers, inner), level))] * count
+        kwargs[first] = [("__wrapped__", inner, shrink(getattr(diffusers, inner), level, head_width))] * count
     return cls, kwargs
 
 
@@ -715,18 +719,25 @@ def _params_on_meta(cls: Any, kwargs: dict[str, Any]) -> int:
     return sum(p.numel() for p in meta.parameters())
 
 
-def probe(res: dict[str, Any], cls_name: str, max_params: int) -> tuple[Any, Any, dict[str, Any]] | None:
-    """Build the class (levels 0, 1) and find inputs it runs on: (class, constructor arguments, inputs) or None
-    with ``res["reason"]`` set."""
+LEVELS = ((0, HEAD_DIM), (1, HEAD_DIM))
+"""What the sweep tries, in order, as ``(shrink level, head width)``."""
+ROLE_LEVELS = ((0, ROLE_HEAD_DIM), *LEVELS)
+"""The same for ``--roles``: heads whose total width is not the model's first."""
+
+
+def probe(res: dict[str, Any], cls_name: str, max_params: int,
+          levels: tuple[tuple[int, int], ...] = LEVELS) -> tuple[Any, Any, dict[str, Any]] | None:
+    """Build the class (each of ``levels`` in turn) and find inputs it runs on: (class, constructor arguments,
+    inputs) or None with ``res["reason"]`` set."""
     import torch
     if cls_name in NOT_RUNNABLE:
         res["reason"] = NOT_RUNNABLE[cls_name]
         return None
     attempts = []
-    for level in (0, 1):
+    for level, head_width in levels:
         res["stage"] = f"L{level} build"
         try:
-            cls, kwargs = constructor(cls_name, level)
+            cls, kwargs = constructor(cls_name, level, head_width)
             n = _params_on_meta(cls, kwargs)
         except Exception as e:
             attempts.append(f"L{level} build: {runner.short(e, 240)}")
@@ -745,7 +756,7 @@ def probe(res: dict[str, Any], cls_name: str, max_params: int) -> tuple[Any, Any
         cands, missing = input_candidates(model, cls_name)
         if not cands:
             attempts.append(f"L{level} inputs: no generic value for required forward argument(s) {', '.join(missing)}")
-            break  # the forward signature does not change with the level
+            break  # the forward signature does not change with the level or the widths
         errors = []
         t0 = time.time()
         for cand in cands[:MAX_TRIES]:
@@ -761,8 +772,8 @@ def probe(res: dict[str, Any], cls_name: str, max_params: int) -> tuple[Any, Any
                 if os.environ.get("ZOO_DEBUG"):
                     traceback.print_exc()
                 continue
-            res.update(level=level, params=sum(p.numel() for p in model.parameters()), tries=len(errors) + 1,
-                       inputs=describe(cand), config=changed(cls, kwargs))
+            res.update(level=level, head_width=head_width, params=sum(p.numel() for p in model.parameters()),
+                       tries=len(errors) + 1, inputs=describe(cand), config=changed(cls, kwargs))
             res["attempts"] = attempts
             return cls, kwargs, {"model": model, "inputs": cand}
         attempts.append(f"L{level} forward ({len(errors)} candidates): " + Counter(errors).most_common(1)[0][0]
@@ -869,6 +880,21 @@ def _count(res: dict[str, Any], cls_name: str, max_params: int, probe_only: bool
     res["status"], res["reason"] = classify(res)
 
 
+def run_roles(cls_name: str, kind: str, timeout: int, max_params: int) -> dict[str, Any]:
+    """The roles yardstick of one class (``--roles``): ``zoo_roles.balance_record`` on the first config that builds
+    and runs, heads of ``ROLE_HEAD_DIM`` first, in ``res["roles"]["runs"]``."""
+    res: dict[str, Any] = {"class": cls_name, "kind": kind, "status": "skip"}
+    with runner.guarded(res, timeout, lambda r: f"over {timeout} s (stage reached: {r.get('stage', 'build/probe')})"):
+        found = probe(res, cls_name, max_params, ROLE_LEVELS)
+        if found is not None:
+            built = found[2]
+            res["stage"] = "roles"
+            res["roles"] = {"runs": [zoo_roles.balance_record(built["model"], (), built["inputs"], zoo_roles.BASE)]}
+            res["status"] = "checked" if "imbalances" in res["roles"]["runs"][0] else "error"
+    res.pop("traceback", None) if res["status"] != "crash" else None
+    return res
+
+
 MODES = ("real", "fake", "meta")
 
 
@@ -965,9 +991,51 @@ def sweep(tasks: list[tuple[str, str]], jobs: int, timeout: int, max_params: int
                         functools.partial(_warm_up, timeout, max_params, probe_only))
 
 
+def _roles_progress(res: dict[str, Any]) -> str:
+    runs = res.get("roles", {}).get("runs", [])
+    what = f"{sum(len(run.get('imbalances', [])) for run in runs)} imbalances" if runs else res.get("reason", "")
+    return f"{res['class']:<42} {res['status']:<9} {res.get('seconds', 0):6.1f}s  {what}"[:200]
+
+
+def sweep_roles(tasks: list[tuple[str, str]], jobs: int, timeout: int, max_params: int,
+                progress: bool = True) -> list[dict[str, Any]]:
+    return runner.sweep(tasks, jobs, functools.partial(run_roles, timeout=timeout, max_params=max_params),
+                        timeout, ("class", "kind"), _roles_progress if progress else None,
+                        functools.partial(run_roles, "DiTTransformer2DModel", "transformer", timeout, max_params))
+
+
 # --------------------------------------------------------------------------------------------------
 # report
 # --------------------------------------------------------------------------------------------------
+def write_roles_report(results: list[dict[str, Any]], path: Path, elapsed: float, args: argparse.Namespace) -> None:
+    """The roles yardstick's report (``--roles``): ``zoo_roles.report_lines`` and each class's run."""
+    checked = [r for r in results if r.get("roles")]
+    distinct = sum(r.get("level") == 0 and r.get("head_width") == ROLE_HEAD_DIM for r in checked)
+    lines = ["# flopscope roles yardstick: the roles that must balance, over the diffusers zoo", "",
+             f"{len(results)} model classes of diffusers {__import__('diffusers').__version__}, torch "
+             f"{__import__('torch').__version__}; {args.jobs} job(s), {elapsed / 60:.1f} min. Per class, one profile "
+             "(`mode='auto'`, `no_grad`) checked with `flopscope.invariants.role_balance(prof, head_paths(prof))`: "
+             "per layer (an item of a module list) `ffn_up == ffn_down`, `ffn_gate` 0 or `ffn_up`, q/out = k/v = "
+             "scores/weighted-sum, projections with an attention core; nothing of attention or FFN in a head.", "",
+             f"Tiny models whose heads are {HEADS} of {ROLE_HEAD_DIM} (not the {WIDTH} of the other widths; FFN "
+             f"{FFN}) ran for {distinct} of {len(checked)} checked classes; the others the sweep's tiny model "
+             f"({HEADS} heads of {HEAD_DIM}) or level 1 (depths, sizes and vocabularies only). A transformer whose "
+             "width is heads × head width (DiT, Flux, ...) has no other width to differ from: there q/out = 1 by "
+             "construction. Exceptions: `benchmarks/zoo_roles.py`, `EXCEPTIONS`.", ""]
+    lines += zoo_roles.report_lines(results, "class", runner.cell, "classes")
+    lines += ["## Not checked", "", "```"]
+    lines += runner.group_lines(runner.summarize(results, "class")["skips"]) or ["(none)"]
+    lines += ["```", "", "## Runs", "", "| class | kind | status | config | imbalances (or error) |",
+              "|---|---|---|---|---|"]
+    for r in results:
+        run = (r.get("roles", {}).get("runs") or [{}])[0]
+        config = f"L{r['level']}, heads of {r.get('head_width')}" if "level" in r and run else "–"
+        text = str(len(run["imbalances"])) if "imbalances" in run else run.get("error", r.get("reason", ""))
+        lines.append(f"| {r['class']} | {r['kind']} | {r['status']} | {config} | {runner.cell(text)} |")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines) + "\n")
+
+
 def compact(n: Any) -> str:
     if not isinstance(n, int):
         return "–"
@@ -1131,12 +1199,27 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--probe", action="store_true", help="only build each class and find its inputs")
     ap.add_argument("--invariants", action="store_true",
                     help="also run flopscope.invariants.check_invariants on each class (more time)")
+    ap.add_argument("--roles", action="store_true",
+                    help="the roles yardstick only (issue 47): flopscope.invariants.role_balance on each class, heads "
+                         f"{ROLE_HEAD_DIM} wide (report default: benchmarks/diffusers_zoo_roles_report.md)")
     args = ap.parse_args(argv)
 
     tasks = runner.only(classes(), args.only, "classes")
     import flopscope
     args.checkout = _checkout(Path(flopscope.__file__).resolve().parent.parent)
     t0 = time.time()
+    if args.roles:
+        if args.report == ap.get_default("report"):
+            args.report = str(Path(__file__).with_name("diffusers_zoo_roles_report.md"))
+        results = sweep_roles(tasks, max(1, args.jobs), args.timeout, int(args.max_params), progress=not args.quiet)
+        elapsed = time.time() - t0
+        write_roles_report(results, Path(args.report), elapsed, args)
+        if args.json:
+            Path(args.json).write_text(json.dumps(results, indent=1, default=str))
+        print(f"\n{runner.status_line(results, runner.summarize(results, 'class'), 'classes', elapsed)}")
+        print("\n".join(zoo_roles.share_lines(zoo_roles.summary(results, "class"), "classes")).replace("**", ""))
+        print(f"\nreport: {args.report}")
+        return 0
     results = sweep(tasks, max(1, args.jobs), args.timeout, int(args.max_params), progress=not args.quiet,
                     probe_only=args.probe, invariants=args.invariants)
     elapsed = time.time() - t0

@@ -33,6 +33,7 @@ Each architecture runs in its own process, forked from a warmed-up parent, under
 Usage::
 
     python benchmarks/zoo.py [--only name1,name2] [--jobs N] [--report PATH] [--json PATH] [--timeout S]
+    python benchmarks/zoo.py --roles [--only ...]   # the roles yardstick only (issue 47)
 
 Writes a markdown report (default ``benchmarks/zoo_report.md``) and prints a summary.
 """
@@ -50,6 +51,7 @@ import re
 import sys
 import time
 import traceback
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -59,12 +61,30 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-import zoo_runner as runner  # after the paths are set
+import zoo_roles  # after the paths are set
+import zoo_runner as runner
 
 from flopscope import conventions  # after the checkout is on sys.path
 
 HIDDEN, LAYERS, HEADS, INTER, VOCAB, EXPERTS, TOKENS, IMAGE = 64, 2, 4, 128, 1024, 4, 16, 64
 AUDIO_SAMPLES = 4000
+
+
+@dataclass(frozen=True)
+class Widths:
+    """The caps of the widths a level-0 shrink sets beside ``HIDDEN``: every head-width key (``head_dim``,
+    ``d_kv``, ``v_head_dim``, ...), every FFN width key and every expert FFN width key."""
+
+    head_dim: int
+    inter: int
+    expert_inter: int
+
+
+TINY = Widths(HIDDEN // HEADS, INTER, HIDDEN)
+"""The sweep's tiny config: head_dim · heads = hidden, experts as wide as the model."""
+DISTINCT = Widths(24, 96, 80)
+"""The roles yardstick's tiny config: no two widths coincide (head_dim · heads = 96, d_ff = 96, expert d_ff = 80,
+hidden = 64), so that a role read as another one changes a balance (``--roles``)."""
 
 # --------------------------------------------------------------------------------------------------
 # config shrinking (generic: attribute names shared by many families)
@@ -75,6 +95,7 @@ HEAD_KEYS = conventions.HEADS.every_config_key
 KV_HEAD_KEYS = conventions.KV_HEADS.every_config_key
 HEAD_DIM_KEYS = conventions.HEAD_WIDTH.every_config_key
 INTER_KEYS = conventions.FFN_WIDTH.every_config_key
+POOLER_KEYS = ("pooler_hidden_size",)  # DeBERTa's sequence-classification pooler: the hidden states' width
 SMALL_INTER_KEYS = conventions.EXPERT_FFN_WIDTH.every_config_key
 LAYER_KEYS = conventions.LAYERS.every_config_key
 LAYER_RE = re.compile(r"^(n|num)_\w*layers$")  # n_input_layers, num_mel_layers, ... (not the ones below)
@@ -124,8 +145,9 @@ def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-def shrink_config(cfg: Any, level: int, uses_mrope: bool = False) -> Any:
-    """Level 0: tiny everything; level 1: only depth, experts and vocabulary; level 2: unchanged."""
+def shrink_config(cfg: Any, level: int, uses_mrope: bool = False, widths: Widths = TINY) -> Any:
+    """Level 0: tiny everything (the head, FFN and expert widths capped at ``widths``); level 1: only depth, experts
+    and vocabulary; level 2: unchanged."""
     _repair(cfg)
     if level >= 2:
         return cfg
@@ -144,7 +166,7 @@ def shrink_config(cfg: Any, level: int, uses_mrope: bool = False) -> Any:
         if _is_int(attrs.get("vocab_size")) and attrs["vocab_size"] > VOCAB:
             _set(c, "vocab_size", VOCAB)
         if level == 0:
-            _shrink_widths(c)
+            _shrink_widths(c, widths)
     _fix_token_ids(cfg)
     _repair(cfg)
     if level == 0:
@@ -271,17 +293,18 @@ def _cap(c: Any, attrs: dict[str, Any], keys: Any, cap: int) -> None:
             _set(c, k, cap)
 
 
-def _shrink_widths(c: Any) -> None:
+def _shrink_widths(c: Any, widths: Widths) -> None:
     attrs = vars(c)
     heads = next((attrs[k] for k in HEAD_KEYS if _is_int(attrs.get(k))), None)
     rope_is_head_dim = _is_int(attrs.get("head_dim")) and attrs.get("head_dim") == attrs.get("qk_rope_head_dim")
     kv = next((attrs[k] for k in KV_HEAD_KEYS if _is_int(attrs.get(k))), None)
-    for keys, cap in [(WIDTH_KEYS, HIDDEN), (HEAD_KEYS, HEADS)]:
+    for keys, cap in [((*WIDTH_KEYS, *POOLER_KEYS), HIDDEN), (HEAD_KEYS, HEADS)]:
         _cap(c, attrs, keys, cap)
     for k in KV_HEAD_KEYS:
         if _is_int(attrs.get(k)):
             _set(c, k, HEADS if heads is None or kv == heads else (1 if kv == 1 else 2))
-    for keys, cap in [(HEAD_DIM_KEYS, HIDDEN // HEADS), (INTER_KEYS, INTER), (SMALL_INTER_KEYS, HIDDEN)]:
+    for keys, cap in [(HEAD_DIM_KEYS, widths.head_dim), (INTER_KEYS, widths.inter),
+                      (SMALL_INTER_KEYS, widths.expert_inter)]:
         _cap(c, attrs, keys, cap)
     for k, v in SMALL_KEYS.items():
         _cap(c, attrs, (k,), v)
@@ -495,58 +518,88 @@ def run_arch(model_type: str, class_name: str, timeout: int, max_params: int,
     return res
 
 
-def _count(res: dict[str, Any], model_type: str, class_name: str, max_params: int, eager_always: bool,
-           invariants: bool) -> None:
+LEVELS = ((0, TINY), (1, TINY), (2, TINY))
+"""The configs the sweep tries, in order, as ``(shrink level, widths)``: the first that builds and runs is kept."""
+ROLE_LEVELS = ((0, DISTINCT), *LEVELS)
+"""The same for the roles yardstick: the widths that do not coincide first."""
+
+
+def _forward_inputs(model: Any, candidates: list[dict[str, Any]], errors: list[str]) -> dict[str, Any] | None:
+    """The first of ``candidates`` on which a plain ``no_grad`` forward of ``model`` runs (the errors of the others
+    appended to ``errors``)."""
     import torch
-    import transformers
+    for cand in candidates:
+        try:
+            torch.manual_seed(0)
+            with torch.no_grad():
+                model(**cand)
+            return cand
+        except Exception as e:
+            errors.append(runner.short(e, 200))
+            if os.environ.get("ZOO_DEBUG"):
+                traceback.print_exc()
+    return None
+
+
+def _probe(res: dict[str, Any], model_type: str, cls: Any, max_params: int,
+           levels: tuple[tuple[int, Widths], ...], settings: dict[str, Any] | None = None
+           ) -> tuple[Any, dict[str, Any], Any] | None:
+    """The first of ``levels`` whose config (the default one with ``settings`` set) builds ``cls`` and runs a plain
+    forward on generated inputs: ``(model, inputs, config)`` (the config as shrunk, before the build), with
+    ``res["level"]`` and ``res["widths"]``; or None, with ``res["reason"]``. ``res["attempts"]`` says what failed
+    before."""
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
-    cls = getattr(transformers, class_name, None)
-    if cls is None:
-        res["reason"] = f"class {class_name} not importable (missing dependency?)"
-        return
     attempts = []
-    model = inputs = None
     try:
         uses_mrope = _uses_mrope(cls, CONFIG_MAPPING[model_type]())
     except Exception:
         uses_mrope = False
-    for level in (0, 1, 2):
+    found = None
+    for level, widths in levels:
+        tag = f"L{level}" + ("" if widths == TINY else f" {_widths_name(widths)}")
         try:
-            cfg = shrink_config(CONFIG_MAPPING[model_type](), level, uses_mrope)
+            cfg = shrink_config(CONFIG_MAPPING[model_type](**(settings or {})), level, uses_mrope, widths)
         except Exception as e:
-            attempts.append(f"L{level} config: {runner.short(e, 200)}")
+            attempts.append(f"{tag} config: {runner.short(e, 200)}")
             continue
+        shrunk = copy.deepcopy(cfg)
         try:
             model = _build(cls, cfg, level, max_params)
         except Exception as e:
-            attempts.append(f"L{level} build: {runner.short(e, 200)}")
+            attempts.append(f"{tag} build: {runner.short(e, 200)}")
             if os.environ.get("ZOO_DEBUG"):
                 traceback.print_exc()
-            model = None
             if isinstance(e, MemoryError):
                 break
             continue
-        errors = []
-        for cand in input_candidates(model, model.config):
-            try:
-                torch.manual_seed(0)
-                with torch.no_grad():
-                    model(**cand)
-                inputs = cand
-                break
-            except Exception as e:
-                errors.append(runner.short(e, 200))
-                if os.environ.get("ZOO_DEBUG"):
-                    traceback.print_exc()
+        errors: list[str] = []
+        inputs = _forward_inputs(model, input_candidates(model, model.config), errors)
         if inputs is not None:
-            res["level"] = level
+            res["level"], res["widths"] = level, _widths_name(widths)
+            found = model, inputs, shrunk
             break
-        attempts.append(f"L{level} forward: " + (errors[0] if errors else "no known input in forward signature"))
-        model = None
+        attempts.append(f"{tag} forward: " + (errors[0] if errors else "no known input in forward signature"))
     res["attempts"] = attempts
-    if model is None or inputs is None:
+    if found is None:
         res["reason"] = attempts[0] if attempts else "no attempt"
+    return found
+
+
+def _widths_name(widths: Widths) -> str:
+    return "distinct" if widths == DISTINCT else "tiny"
+
+
+def _count(res: dict[str, Any], model_type: str, class_name: str, max_params: int, eager_always: bool,
+           invariants: bool) -> None:
+    import transformers
+    cls = getattr(transformers, class_name, None)
+    if cls is None:
+        res["reason"] = f"class {class_name} not importable (missing dependency?)"
         return
+    probed = _probe(res, model_type, cls, max_params, LEVELS)
+    if probed is None:
+        return
+    model, inputs, _ = probed
     res["params"] = sum(p.numel() for p in model.parameters())
     res["inputs"] = {k: list(v.shape) for k, v in inputs.items()}
     # 1. flopscope, model as built, inference
@@ -564,6 +617,108 @@ def _count(res: dict[str, Any], model_type: str, class_name: str, max_params: in
         if eager_always or res["fs"].get("macs") is None or res["fs"].get("macs") != res["ref"].get("macs"):
             runner.profile_record(model, (), inputs, True, res, "fs_eager")  # explains a difference
     res["status"] = classify(res)
+
+
+def _build_head(cls: Any, kind: str, cfg: Any, level: int, max_params: int) -> Any:
+    """A head class on the base model's config (a causal LM with ``is_decoder`` set, where the config has it), or
+    on its text config where the head class takes that one (``Qwen3_5ForCausalLM``); the build error if neither
+    builds."""
+    error = ""
+    for config in (cfg, cfg.get_text_config()):
+        config = copy.deepcopy(config)
+        if kind == "causal-lm" and hasattr(config, "is_decoder"):
+            _set(config, "is_decoder", True)
+        try:
+            return _build(cls, config, level, max_params)
+        except Exception as e:
+            error = error or runner.short(e, 200)
+    return error
+
+
+def _with_eos(inputs: dict[str, Any], cfg: Any) -> list[dict[str, Any]]:
+    """``inputs`` with the last token of ``input_ids`` the end-of-sequence token (the sequence classifiers of
+    encoder-decoders pool at it and refuse inputs without one), if the config names one."""
+    eos = next((v for c in _sub_configs(cfg) if _is_int(v := vars(c).get("eos_token_id"))), None)
+    if eos is None or "input_ids" not in inputs:
+        return []
+    ids = inputs["input_ids"].clone()
+    ids[..., -1] = eos
+    return [{**inputs, "input_ids": ids}]
+
+
+AS_RELEASED = {
+    "deberta": {"relative_attention": True, "pos_att_type": ["c2p", "p2c"], "max_relative_positions": -1,
+                "position_biased_input": False},
+    "deberta-v2": {"relative_attention": True, "pos_att_type": ["p2c", "c2p"], "max_relative_positions": -1,
+                   "position_buckets": 256, "norm_rel_ebd": "layer_norm", "share_att_key": True,
+                   "position_biased_input": False},
+}
+"""Config settings of the released checkpoints where the default config leaves a feature off that changes the
+roles (``--roles``): DeBERTa's disentangled relative attention (deberta-base, deberta-v3-base's config.json)."""
+
+
+HEAD_MAPPINGS = (("causal-lm", "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES"),
+                 ("seq-cls", "MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES"),
+                 ("image-cls", "MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES"))
+"""The head classes the roles yardstick checks beside the base model: ``(kind, auto mapping of transformers)``."""
+
+
+def head_classes(model_type: str) -> list[tuple[str, str]]:
+    """``(kind, class name)`` of every head class the auto mappings give ``model_type`` (all of a tuple's)."""
+    from transformers.models.auto import modeling_auto
+    out = []
+    for kind, mapping in HEAD_MAPPINGS:
+        names = getattr(modeling_auto, mapping, {}).get(model_type, ())
+        out += [(kind, n) for n in ((names,) if isinstance(names, str) else names)]
+    return out
+
+
+def run_roles(model_type: str, class_name: str, timeout: int, max_params: int) -> dict[str, Any]:
+    """The roles yardstick of one architecture (``--roles``): its base class and each head class on the first
+    config that builds and runs, the widths that do not coincide (:data:`DISTINCT`) first; per class,
+    ``zoo_roles.balance_record``, in ``res["roles"]["runs"]`` (a class that does not build or run: its error)."""
+    res: dict[str, Any] = {"arch": model_type, "class": class_name, "status": "skip"}
+    with runner.guarded(res, timeout, lambda r: f"over {timeout} s (stage reached: {r.get('stage', 'build/probe')})"):
+        _roles(res, model_type, class_name, max_params)
+    return res
+
+
+def _roles(res: dict[str, Any], model_type: str, class_name: str, max_params: int) -> None:
+    import transformers
+    cls = getattr(transformers, class_name, None)
+    if cls is None:
+        res["reason"] = f"class {class_name} not importable (missing dependency?)"
+        return
+    res["stage"] = "probe"
+    res["settings"] = AS_RELEASED.get(model_type, {})
+    probed = _probe(res, model_type, cls, max_params, ROLE_LEVELS, res["settings"])
+    if probed is None:
+        return
+    model, inputs, cfg = probed
+    res["inputs"] = {k: list(v.shape) for k, v in inputs.items()}
+    res["roles"] = {"runs": []}
+    runs = res["roles"]["runs"]
+    res["stage"] = "roles: base"
+    runs.append(zoo_roles.balance_record(model, (), inputs, zoo_roles.BASE))
+    res["status"] = "checked" if "imbalances" in runs[0] else "error"
+    del model
+    for kind, name in head_classes(model_type):
+        res["stage"] = f"roles: {name}"
+        head_cls = getattr(transformers, name, None)
+        if head_cls is None:
+            runs.append({"kind": kind, "class": name, "error": "not importable (missing dependency?)"})
+            continue
+        head = _build_head(head_cls, kind, cfg, res["level"], max_params)
+        if isinstance(head, str):
+            runs.append({"kind": kind, "class": name, "error": f"build: {head}"})
+            continue
+        errors: list[str] = []
+        head_inputs = _forward_inputs(head, [inputs, *_with_eos(inputs, head.config),
+                                             *input_candidates(head, head.config)], errors)
+        if head_inputs is None:
+            runs.append({"kind": kind, "class": name, "error": f"forward: {errors[0] if errors else 'no input'}"})
+            continue
+        runs.append(zoo_roles.balance_record(head, (), head_inputs, kind))
 
 
 def classify(res: dict[str, Any]) -> str:
@@ -610,6 +765,21 @@ def sweep(archs: list[tuple[str, str]], jobs: int, timeout: int, max_params: int
                                                        eager_always=eager_always, invariants=invariants),
                             timeout, ("arch", "class"), _progress if progress else None,
                             functools.partial(_warm_up, timeout, max_params))
+
+
+def _roles_progress(res: dict[str, Any]) -> str:
+    runs = res.get("roles", {}).get("runs", [])
+    found = sum(len(run.get("imbalances", [])) for run in runs)
+    ran = sum("imbalances" in run for run in runs)
+    what = f"{ran}/{len(runs)} classes, {found} imbalances" if runs else res.get("reason", "")
+    return f"{res['arch']:<40} {res['status']:<9} {res.get('seconds', 0):6.1f}s  {what}"[:188]
+
+
+def sweep_roles(archs: list[tuple[str, str]], jobs: int, timeout: int, max_params: int,
+                progress: bool = True) -> list[dict[str, Any]]:
+    return runner.sweep(archs, jobs, functools.partial(run_roles, timeout=timeout, max_params=max_params),
+                        timeout, ("arch", "class"), _roles_progress if progress else None,
+                        functools.partial(run_roles, "bert", "BertModel", timeout, max_params))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -762,6 +932,48 @@ def write_report(results: list[dict[str, Any]], path: Path, elapsed: float, args
     path.write_text("\n".join(lines) + "\n")
 
 
+def write_roles_report(results: list[dict[str, Any]], path: Path, elapsed: float, args: argparse.Namespace) -> None:
+    """The roles yardstick's report (``--roles``): ``zoo_roles.report_lines`` and each architecture's runs."""
+    checked = [r for r in results if r.get("roles")]
+    distinct = sum(r.get("widths") == "distinct" for r in checked)
+    lines = ["# flopscope roles yardstick: the roles that must balance, over the Hugging Face zoo", "",
+             f"{len(results)} base architectures of transformers {__import__('transformers').__version__}, torch "
+             f"{__import__('torch').__version__}; {args.jobs} job(s), {elapsed / 60:.1f} min. Per architecture, the "
+             "base class and its head classes (the auto mappings of `*ForCausalLM`, `*ForSequenceClassification`, "
+             "`*ForImageClassification`), profiled (`mode='auto'`, `no_grad`) and checked with "
+             "`flopscope.invariants.role_balance(prof, head_paths(prof))`: per layer (an item of a module list) "
+             "`ffn_up == ffn_down`, `ffn_gate` 0 or `ffn_up`, q/out = k/v = scores/weighted-sum, projections with an "
+             "attention core; nothing of attention or FFN in a head.", "",
+             f"Configs whose widths do not coincide (hidden {HIDDEN}, {HEADS} heads, every head-width key "
+             f"{DISTINCT.head_dim}, FFN width {DISTINCT.inter}, expert FFN width {DISTINCT.expert_inter}, {LAYERS} "
+             f"layers, vocab {VOCAB}, {TOKENS} tokens, images {IMAGE}x{IMAGE}, batch 1) ran for {distinct} of "
+             f"{len(checked)} checked architectures; the others ran the sweep's tiny config (head_dim · heads = "
+             f"hidden, experts {TINY.expert_inter} wide) or a less shrunk one (level 1: depth, experts and "
+             "vocabulary only; 2: the default config), the first that builds and runs. Exceptions: "
+             "`benchmarks/zoo_roles.py`, `EXCEPTIONS` (each with its reason, read in the model's code).", ""]
+    lines += zoo_roles.report_lines(results, "arch", runner.cell)
+    s = runner.summarize(results, "arch")
+    lines += ["## Not checked", "", "```"]
+    lines += runner.group_lines(s["skips"]) or ["(none)"]
+    lines += ["```", "", "## Runs", "", "| architecture | status | config | class: imbalances (or error) |",
+              "|---|---|---|---|"]
+    for r in results:
+        runs = r.get("roles", {}).get("runs", [])
+        config = f"L{r['level']} {r.get('widths', '')}" if "level" in r and runs else "–"
+        text = "; ".join(f"{run['class']}: " + (str(len(run["imbalances"])) if "imbalances" in run
+                                                 else run.get("error", "?")) for run in runs)
+        lines.append(f"| {r['arch']} | {r['status']} | {config} | {runner.cell(text or r.get('reason', ''))} |")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines) + "\n")
+
+
+def print_roles_summary(results: list[dict[str, Any]], elapsed: float) -> None:
+    s = runner.summarize(results, "arch")
+    print()
+    print(runner.status_line(results, s, "architectures", elapsed))
+    print("\n".join(zoo_roles.share_lines(zoo_roles.summary(results, "arch"))).replace("**", ""))
+
+
 def print_summary(results: list[dict[str, Any]], elapsed: float) -> None:
     s = runner.summarize(results, "arch")
     st = s["status"]
@@ -786,11 +998,26 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--eager-always", action="store_true",
                     help="run fs-eager for every architecture, not only where flopscope and the reference differ")
     ap.add_argument("--no-invariants", action="store_true", help="skip flopscope.invariants (a third of the time)")
+    ap.add_argument("--roles", action="store_true",
+                    help="the roles yardstick only (issue 47): flopscope.invariants.role_balance on each base class "
+                         "and its head classes, on configs whose widths do not coincide; no reference, no invariants "
+                         "(report default: benchmarks/zoo_roles_report.md)")
     runner.add_against_argument(ap)
     args = ap.parse_args(argv)
 
     archs = runner.only(architectures(), args.only, "model types")
     t0 = time.time()
+    if args.roles:
+        if args.report == ap.get_default("report"):
+            args.report = str(Path(__file__).with_name("zoo_roles_report.md"))
+        results = sweep_roles(archs, max(1, args.jobs), args.timeout, int(args.max_params), progress=not args.quiet)
+        elapsed = time.time() - t0
+        write_roles_report(results, Path(args.report), elapsed, args)
+        if args.json:
+            Path(args.json).write_text(json.dumps(results, indent=1, default=str))
+        print_roles_summary(results, elapsed)
+        print(f"\nreport: {args.report}")
+        return 0
     results = sweep(archs, max(1, args.jobs), args.timeout, int(args.max_params), progress=not args.quiet,
                     eager_always=args.eager_always, invariants=not args.no_invariants)
     elapsed = time.time() - t0
