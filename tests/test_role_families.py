@@ -450,5 +450,29 @@ def test_deformable_attention_is_no_gated_ffn() -> None:
     _, prof = roles(transformers.RTDetrModel(config), pixel_values=torch.randn(1, 3, 64, 64))
     deformable = {r.role for r in prof.records if ".encoder_attn." in r.module}
     assert deformable == {"other"}
-    decoder_ffn = {r.module.rsplit(".", 1)[-1]: r.role for r in prof.records if r.module.startswith("decoder.layers.0.mlp")}
+    decoder_ffn = {r.module.rsplit(".", 1)[-1]: r.role for r in prof.records
+                   if r.module.startswith("decoder.layers.0.mlp")}
     assert decoder_ffn == {"fc1": "ffn_up", "fc2": "ffn_down"}
+
+
+# --------------------------------------------------------------------------------------------------
+# a convolution module (Conformer's, Gemma 4 audio's lconv1d: Linear d -> 2d, GLU, depthwise conv, norm, SiLU,
+# Linear d -> d, added back) is no FFN, though it writes back to the residual stream: the GLU before its depthwise
+# convolution tells it from a Mix-FFN (fc1 -> dwconv -> GELU -> fc2)
+class _ConvModule(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.start, self.end = torch.nn.Linear(D, 2 * D), torch.nn.Linear(D, D)
+        self.depthwise = torch.nn.Conv1d(D, D, 5, padding=2, groups=D)
+        self.norm = torch.nn.LayerNorm(D)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.nn.functional.glu(self.start(x), dim=-1)
+        h = self.depthwise(h.transpose(1, 2)).transpose(1, 2)
+        return x + self.end(torch.nn.functional.silu(self.norm(h)))
+
+
+def test_a_convolution_module_is_no_mix_ffn() -> None:
+    torch.manual_seed(0)
+    found, _ = roles(_ConvModule(), torch.randn(B, N, D))
+    assert found == {"other": B * N * D * 2 * D + B * N * D * D, "conv": B * N * D * 5}

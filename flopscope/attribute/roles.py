@@ -847,7 +847,11 @@ def _hidden_layer(view: GraphView, state: RoleState, x: CapturedOp, through_chan
         return None  # a product of activations (a scan, a state) behind the hidden layer: a token mixer, no FFN
     if any(_assembled_in_parts(view, start) for start, _ in branches):
         return None  # a hidden layer written a part at a time (a scan's positions, RWKV's WKV): a token mixer
-    found = [_projections_of(view, state, start, role, through_channelwise) for start, role in branches]
+
+    def gated_product(n: CapturedOp) -> bool:  # (a GLU before a depthwise convolution: a convolution module's, no
+        return view.packet(n) is aten.glu or _gating(view, n)  # Mix-FFN's: Conformer's, Gemma 4 audio's lconv1d)
+    found = [_projections_of(view, state, start, role, through_channelwise, blocked=gated_product)
+             for start, role in branches]
     return found if all(found) else None  # every branch reaches a projection, else none is committed
 
 
@@ -1276,13 +1280,14 @@ def _backward(view: GraphView, forward: Mapping[CapturedOp, Assignment]) -> dict
 
 # --------------------------------------------------------------------------------------------------
 # searches shared by the passes
-def _projections_of(view: GraphView, state: RoleState, start: CapturedOp, role: str, through_channelwise: bool = False
-                    ) -> list[tuple[CapturedOp, CapturedOp, str]]:
+def _projections_of(view: GraphView, state: RoleState, start: CapturedOp, role: str, through_channelwise: bool = False,
+                    blocked: Callable[[CapturedOp], bool] | None = None) -> list[tuple[CapturedOp, CapturedOp, str]]:
     """(projection, consumer target, role) for the weight matmuls nearest behind ``start``; with
     ``through_channelwise``, looking through depthwise convolutions (a short convolution over positions, channel by
     channel, keeps each channel a column of the projection before it: the query, key and value of Mamba-2 and
-    gated DeltaNet; the convolution keeps ``conv``)."""
-    behind = _behind_channelwise(view, start) if through_channelwise else _nearest_before(view, start)
+    gated DeltaNet; the convolution keeps ``conv``), not past a ``blocked`` node behind a convolution."""
+    behind = _behind_channelwise(view, start, behind_conv=blocked) if through_channelwise else _nearest_before(
+        view, start)
     return [(p, start, role) for p in behind
             if (view.is_weight_matmul(p) and (p not in state.parts or p in state.demands or state.has_free_columns(p)))
             or (through_channelwise and view.is_conv_projection(p) and (_claimed_by_family(state, p)
@@ -1295,24 +1300,28 @@ def _claimed_by_family(state: RoleState, p: CapturedOp) -> bool:
     return state.parts.get(p) == {Role.CONV.value: p.macs} and p not in state.demands
 
 
-def _behind_channelwise(view: GraphView, start: CapturedOp, blocked: Callable[[CapturedOp], bool] | None = None
-                        ) -> list[CapturedOp]:
+def _behind_channelwise(view: GraphView, start: CapturedOp, blocked: Callable[[CapturedOp], bool] | None = None,
+                        behind_conv: Callable[[CapturedOp], bool] | None = None) -> list[CapturedOp]:
     """The multiplies nearest behind ``start``, with each depthwise convolution among them replaced by the
-    multiplies nearest behind its input; ``blocked``: nodes the walk does not pass."""
-    def before(n: CapturedOp) -> list[CapturedOp]:
-        if blocked is None:
+    multiplies nearest behind its input; ``blocked``: nodes the walk does not pass; ``behind_conv``: nodes it does
+    not pass behind a convolution."""
+    def before(n: CapturedOp, stop: Callable[[CapturedOp], bool] | None) -> list[CapturedOp]:
+        if stop is None:
             return _nearest_before(view, n)
-        return view.frontier([n], view.inputs, blocked)
+        return view.frontier([n], view.inputs, stop)
+
+    def both(n: CapturedOp) -> bool:
+        return (blocked is not None and blocked(n)) or (behind_conv is not None and behind_conv(n))
 
     found: dict[CapturedOp, None] = {}
-    todo, seen = list(before(start)), set()  # (a copy: _nearest_before's lists are cached)
+    todo, seen = list(before(start, blocked)), set()  # (a copy: _nearest_before's lists are cached)
     while todo:
         m = todo.pop(0)
         if m in seen:
             continue
         seen.add(m)
         if is_channelwise_conv(m) and isinstance(m.args[0], CapturedOp):
-            todo.extend(before(m.args[0]))  # (extends the copy)
+            todo.extend(before(m.args[0], both if behind_conv is not None else blocked))  # (extends the copy)
         else:
             found[m] = None
     return list(found)
