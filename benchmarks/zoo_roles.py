@@ -125,6 +125,19 @@ EXCEPTIONS: tuple[RoleException, ...] = (
             "q_proj / out_proj is no ratio of head widths (DeepSeek-V3's factored q balances only because "
             "r·(d + h·d_qk) = d·h·d_qk at the yardstick's widths)")),
     RoleException(
+        "per-layer embeddings", "gate", ("gemma3n", "gemma3n_text", "gemma4", "gemma4_text", "embedding_gemma2",
+                                         "embedding_gemma2_text"), reason=(
+            "Gemma 3n's and Gemma 4's per-layer embeddings: each layer gates its per-layer input, "
+            "act(per_layer_input_gate(h)) · per_layer_input, then per_layer_projection back to d (ffn_gate, "
+            "ffn_down); the per-layer input's up projection is one per_layer_model_projection of the input "
+            "embeddings for every layer, before the first (ffn_up outside the layers): model-wide ffn_up = ffn_gate "
+            "= ffn_down, per layer the gate and down have no up of their own")),
+    RoleException(
+        "per-layer embeddings", "ffn", ("gemma3n", "gemma3n_text", "gemma4", "gemma4_text", "embedding_gemma2",
+                                        "embedding_gemma2_text"), reason=(
+            "as above: a layer's ffn_down includes per_layer_projection, whose ffn_up is the model's one "
+            "per_layer_model_projection before the first layer")),
+    RoleException(
         "relative position", "attention", RELATIVE, reason=(
             "relative-position attention (Transformer-XL, Conformer, Funnel, XLNet): beside q·kᵀ a second score "
             "product q·(W_pos p)ᵀ over the 2n − 1 relative positions (attn_scores, its position projection k_proj); "

@@ -341,14 +341,23 @@ def head_paths(prof: Profile) -> list[str]:
 
 def _layer(path: str, types: Mapping[str, type]) -> str | None:
     """The outermost item of a module list that contains ``path`` and is a block (a module with submodules: a list
-    of plain ``Linear`` s, an MLP's layers, holds no layers); ``None``: in no such item."""
+    of plain ``Linear`` s, an MLP's layers, holds no layers) as every other item is (a list that also holds leaves,
+    diffusers' ``FeedForward.net = [GELU(proj), Dropout, Linear]``, holds the steps of one block, no layers; a hybrid
+    model's list of attention and Mamba blocks holds layers); ``None``: in no such item."""
     parts = path.split(".") if path else []
     for i in range(1, len(parts)):
         parent, item = ".".join(parts[:i]), ".".join(parts[:i + 1])
         if (parts[i].isdigit() and isinstance(types.get(parent), type)
-                and issubclass(types[parent], (nn.ModuleList, nn.Sequential)) and _has_submodules(item, types)):
+                and issubclass(types[parent], (nn.ModuleList, nn.Sequential)) and _has_submodules(item, types)
+                and _items_alike(parent, types)):
             return item
     return None
+
+
+def _items_alike(parent: str, types: Mapping[str, type]) -> bool:
+    prefix = parent + "."
+    items = [path for path in types if path.startswith(prefix) and path[len(prefix):].isdigit()]
+    return all(_has_submodules(item, types) for item in items)
 
 
 def _has_submodules(path: str, types: Mapping[str, type]) -> bool:
@@ -368,12 +377,13 @@ def _layer_balance(layer: str, roles: Mapping[str, int]) -> list[Imbalance]:
     if scores or weighted:
         if not (scores and weighted):
             found.append(Imbalance(layer, "attention", f"attn_scores {scores:,}, attn_weighted_sum {weighted:,}"))
-        elif (q or out) and q * weighted != out * scores:
-            found.append(Imbalance(layer, "attention", f"q_proj {q:,} / out_proj {out:,} != attn_scores {scores:,} "
-                                                       f"/ attn_weighted_sum {weighted:,}"))
-        elif (k or v) and k * weighted != v * scores:
-            found.append(Imbalance(layer, "attention", f"k_proj {k:,} / v_proj {v:,} != attn_scores {scores:,} "
-                                                       f"/ attn_weighted_sum {weighted:,}"))
+        else:  # (each ratio on its own: a layer may break both)
+            if (q or out) and q * weighted != out * scores:
+                found.append(Imbalance(layer, "attention", f"q_proj {q:,} / out_proj {out:,} != attn_scores "
+                                                           f"{scores:,} / attn_weighted_sum {weighted:,}"))
+            if (k or v) and k * weighted != v * scores:
+                found.append(Imbalance(layer, "attention", f"k_proj {k:,} / v_proj {v:,} != attn_scores "
+                                                           f"{scores:,} / attn_weighted_sum {weighted:,}"))
     if (q or k or v or out) and not any(roles.get(r, 0) for r in ATTENTION_CORE):
         found.append(Imbalance(layer, "projections", f"q/k/v/out {q:,}/{k:,}/{v:,}/{out:,} without an attention core"))
     return found
