@@ -438,16 +438,17 @@ def test_an_mlp_between_widths_is_an_ffn_only_when_it_writes_back(residual: bool
 # 9. deformable cross-attention (RT-DETR): grid_sample(value_proj(v), locations(q)) · softmax(attention_weights(q)),
 # summed over the sampling points, mixes elementwise (no product of two activations): no gated FFN, its projections
 # other as for every attention whose mixing is elementwise (docs/roles.md 3.2.1); the decoder's FFN stays an FFN
-def test_deformable_attention_is_no_gated_ffn() -> None:
+@pytest.mark.parametrize("training", [False, True])
+def test_deformable_attention_is_no_gated_ffn(training: bool) -> None:
+    """(After a first forward, whose anchors the model keeps, the sampling locations pass a sigmoid behind the
+    sampled values: they were read as a GLU's gate.)"""
     torch.manual_seed(0)
-    backbone = transformers.RTDetrResNetConfig(embedding_size=16, hidden_sizes=[16, 32, 64, 128], depths=[1, 1, 1, 1],
-                                               out_features=["stage2", "stage3", "stage4"])
-    config = transformers.RTDetrConfig(d_model=D, encoder_hidden_dim=D, encoder_ffn_dim=F, decoder_ffn_dim=F,
-                                       num_queries=20, decoder_layers=L, encoder_layers=1, encoder_attention_heads=H,
-                                       decoder_attention_heads=H, num_labels=3, backbone_config=backbone,
-                                       encoder_in_channels=[32, 64, 128], feat_strides=[8, 16, 32],
-                                       num_feature_levels=3, decoder_in_channels=[D] * 3, decoder_n_points=4)
-    _, prof = roles(transformers.RTDetrModel(config), pixel_values=torch.randn(1, 3, 64, 64))
+    backbone = transformers.RTDetrResNetConfig(depths=[1, 1, 1, 1], out_features=["stage2", "stage3", "stage4"])
+    config = transformers.RTDetrConfig(backbone_config=backbone, encoder_layers=1, decoder_layers=L, num_queries=16)
+    model, pixels = transformers.RTDetrModel(config).train(training), torch.randn(1, 3, 64, 64)
+    with torch.no_grad():
+        model(pixel_values=pixels)  # (a forward first, as a user's: the model keeps what it computed once)
+        prof = flopscope.profile(model, pixel_values=pixels)
     deformable = {r.role for r in prof.records if ".encoder_attn." in r.module}
     assert deformable == {"other"}
     decoder_ffn = {r.module.rsplit(".", 1)[-1]: r.role for r in prof.records

@@ -56,10 +56,12 @@ CONTROL_ARGUMENTS: dict[Any, tuple[int, ...]] = {
                      aten.scatter_add_, aten.scatter_reduce, aten.scatter_reduce_, aten.index_add, aten.index_add_,
                      aten.index_copy, aten.index_copy_, aten.index_fill, aten.index_fill_), (2,)),
     **dict.fromkeys((aten.where,), (0,)),
+    **dict.fromkeys((aten.grid_sampler, aten.grid_sampler_2d, aten.grid_sampler_3d, aten.cudnn_grid_sampler), (1,)),
 }
 """The argument positions that say *where* an op reads or writes (indices, masks, a selection's condition),
 not *what*: control, never data for a role search (a router's scores reach the experts only through top-k
-indices; a mask reaches the scores only through where they are kept). Values still depend on them
+indices; a mask reaches the scores only through where they are kept; a grid sampler's grid says where it samples
+its input, deformable attention's sampling locations). Values still depend on them
 (:attr:`GraphView.dynamic`)."""
 
 

@@ -949,6 +949,9 @@ def _gated_branches(view: GraphView, x: CapturedOp) -> tuple[CapturedOp | None, 
             continue  # a vector per sample scaling the tokens (adaLN-Zero's tanh(gate) * ffn(x)): conditioning
         if any(isinstance(v, CapturedOp) and _spread_over_features(v, n) for v in (a, b)):
             continue  # a weight per row (DeepSeek-V4's hyper-connections, sigmoid(hc)[..., None] * block output)
+        if a.output_shapes and b.output_shapes and tuple(a.output_shapes[0]) != tuple(b.output_shapes[0]):
+            continue  # one side broadcast over the other: a GLU's gate and up have one shape (deformable
+            # attention's sampled values · softmax(weights), the weights spread over each head's features)
         act_a = _gate_side(view, a, b)
         macs_a = {m for m in _nearest_before(view, a) if view.is_weight_matmul(m)}
         macs_b = {m for m in _nearest_before(view, b) if view.is_weight_matmul(m)}
