@@ -103,7 +103,8 @@ class RoleException:
 MLA = ("axk1", "axk2", "bailing_hybrid", "deepseek_v2", "deepseek_v3", "deepseek_v32", "glm4_moe_lite", "glm_moe_dsa",
        "glm5_next", "glm5_next_text", "hy_v4", "hy_v4_vl", "hy_v4_vl_text", "kimi_k25", "kimi_linear",
        "longcat_flash", "minicpm3", "mistral4", "sarvam_mla", "youtu")
-RELATIVE = ("canary", "cohere_asr", "fastspeech2_conformer", "fastspeech2_conformer_with_hifigan", "funnel",
+RELATIVE = ("canary", "cohere_asr", "deberta", "deberta-v2", "sew-d", "fastspeech2_conformer",
+            "fastspeech2_conformer_with_hifigan", "funnel",
             "gemma4_audio", "nemotron3_5_asr", "nemotron3_5_transcribe_audio", "nemotron_asr_streaming",
             "nemotron_asr_streaming_encoder", "parakeet_ctc", "parakeet_encoder", "parakeet_rnnt", "parakeet_tdt",
             "wav2vec2-conformer", "xlnet")
@@ -139,19 +140,20 @@ EXCEPTIONS: tuple[RoleException, ...] = (
             "per_layer_model_projection before the first layer")),
     RoleException(
         "relative position", "attention", RELATIVE, reason=(
-            "relative-position attention (Transformer-XL, Conformer, Funnel, XLNet): beside q·kᵀ a second score "
-            "product q·(W_pos p)ᵀ over the 2n − 1 relative positions (attn_scores, its position projection k_proj); "
-            "the weighted sum is one n × n product, so scores / weighted sum exceeds d_qk / d_v")),
+            "relative-position attention (Transformer-XL, Conformer, Funnel, XLNet, DeBERTa): beside q·kᵀ a second "
+            "score product q·(W_pos p)ᵀ over the 2n − 1 relative positions (attn_scores, its position projection "
+            "k_proj; DeBERTa adds a third, position to content, K·(W_q p)ᵀ); the weighted sum is one n × n product, "
+            "so scores / weighted sum exceeds d_qk / d_v")),
     RoleException(
         "sliding chunks", "attention", ("led", "longformer"), reason=(
             "sliding-chunk attention (LongformerSelfAttention._sliding_chunks_*): the scores multiply overlapping "
             "2w × 2w chunks, the weighted sum w × 3w diagonalised chunks of the padded values (1.5 times the MACs); "
             "global attention adds its own projections: scores / weighted sum is no ratio of widths")),
     RoleException(
-        "gated DeltaNet", "attention", GATED_DELTANET, detail="^q_proj", parts="linear_attn:", reason=(
+        "gated DeltaNet", "attention", GATED_DELTANET, parts="linear_attn:", reason=(
             "gated DeltaNet: q and k have linear_num_key_heads heads, v and the output linear_num_value_heads (more), "
             "each q/k head serving several value heads; the chunked core runs per value head, so q_proj / out_proj = "
-            "h_k·d_k / (h_v·d_v) while scores / weighted sum = d_k / d_v")),
+            "h_k·d_k / (h_v·d_v), and k_proj / v_proj too, while scores / weighted sum = d_k / d_v")),
     RoleException(
         "Mamba-2", "attention", ("falcon_h1", "nemo_speechlm", "nemotron_h"), parts="(?i)mamba", reason=(
             "Mamba-2 (SSD) in its dual, attention-like form: C (q_proj) and B (k_proj) have n_groups·d_state columns "
@@ -163,18 +165,23 @@ EXCEPTIONS: tuple[RoleException, ...] = (
             "block): qkv runs on every token, the output projection on the pooled queries (a quarter, twice as "
             "wide), so q_proj / out_proj = 2 where scores / weighted sum = 1")),
     RoleException(
-        "width-changing attention", "attention", ("levit",), detail="^q_proj", reason=(
+        "width-changing attention", "attention", ("levit",), reason=(
             "an attention that changes the width (LevitAttentionSubsample): q reads the stage's width, the output "
-            "projection writes the next stage's, on the subsampled queries")),
+            "projection writes the next stage's, on the subsampled queries; its keys are narrower than its values "
+            "(key_dim < attention_ratio·key_dim), so neither q/out nor k/v is d_qk / d_v")),
     RoleException(
         "grouped projections", "attention", ("squeezebert",), detail="^q_proj", reason=(
             "grouped projections: q, k and v are 1×1 convolutions in q_groups = k_groups = v_groups = 4 groups (a "
             "quarter of a dense projection's MACs), the output projection in post_attention_groups = 1")),
     RoleException(
-        "two input widths", "attention", ("mobilebert",), detail="^q_proj", reason=(
+        "two input widths", "attention", ("mobilebert",), reason=(
             "projections from two widths: q and k read the bottleneck (true_hidden_size; key_query_shared_bottleneck: "
             "one Linear, bottleneck.attention, feeds both and is charged to q_proj), v reads the layer's input "
             "(hidden_size, use_bottleneck_attention off)")),
+    RoleException(
+        "one projection for keys and values", "attention", ("deepseek_v4",), detail="^k_proj", reason=(
+            "DeepSeek-V4's kv_proj makes one latent head that serves as both keys and values (num_key_value_heads=1, "
+            "the same tensor on both sides of the core): charged to k_proj, the first in role order, v_proj 0")),
     RoleException(
         "shared QK", "attention", ("reformer",), detail="^k_proj 0 ", reason=(
             "shared query-key attention (LSHSelfAttention): one Linear, query_key, makes both q and k (q_proj); "
