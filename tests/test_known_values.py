@@ -104,8 +104,10 @@ def test_qwen2_vl_vision_tower_counts_on_meta() -> None:
                 "v_proj": depth * patches * embed * embed, "out_proj": depth * patches * embed * embed,
                 "attn_scores": depth * patches * patches * embed,
                 "attn_weighted_sum": depth * patches * patches * embed,
-                "ffn_up": depth * patches * embed * ratio * embed + merged * merged_width * merged_width,
-                "ffn_down": depth * patches * ratio * embed * embed + merged * merged_width * hidden}
+                "ffn_up": depth * patches * embed * ratio * embed, "ffn_down": depth * patches * ratio * embed * embed,
+                # the patch merger, a projector between widths (merged_width -> merged_width -> hidden) that writes
+                # back to no residual stream: other (issue 47)
+                "other": merged * merged_width * merged_width + merged * merged_width * hidden}
     with torch.no_grad():
         real = flopscope.profile(visual, pixels, grid_thw=grid, mode="real")
         meta = flopscope.profile(copy.deepcopy(visual).to("meta"), pixels.to("meta"), grid_thw=grid)
@@ -172,8 +174,9 @@ def test_qwen2_vl_counts_on_meta_as_on_the_cpu() -> None:
               "k_proj": depth * patches * embed * embed, "v_proj": depth * patches * embed * embed,
               "out_proj": depth * patches * embed * embed, "attn_scores": depth * patches * patches * embed,
               "attn_weighted_sum": depth * patches * patches * embed,
-              "ffn_up": depth * patches * embed * ratio * embed + merged * merged_width * merged_width,
-              "ffn_down": depth * patches * ratio * embed * embed + merged * merged_width * hidden}
+              "ffn_up": depth * patches * embed * ratio * embed, "ffn_down": depth * patches * ratio * embed * embed,
+              # the patch merger, a projector between widths: other (issue 47)
+              "other": merged * merged_width * merged_width + merged * merged_width * hidden}
     text = {"q_proj": n * hidden * hidden, "k_proj": n * hidden * kv * d_k, "v_proj": n * hidden * kv * d_k,
             "out_proj": n * hidden * hidden, "attn_scores": heads * n * n * d_k,
             "attn_weighted_sum": heads * n * n * d_k,
