@@ -191,6 +191,11 @@ def test_documented_exception_falcon_multi_query_on_meta_kernels() -> None:
     real, meta = _meta_and_real_roles(transformers.FalconModel(config).eval(), torch.randint(0, 64, (1, n)))
     value = n * d * (d // h)  # one key / value head
     assert real["v_proj"] == value
+    from transformers.models.falcon import modeling_falcon
+
+    if not hasattr(modeling_falcon.FalconAttention, "_split_heads"):  # transformers 5.25 splits with slices: gone
+        assert meta == real
+        return
     assert meta == {**{role: macs for role, macs in real.items() if role != "v_proj"},
                     "other": real.get("other", 0) + value}
 
