@@ -179,6 +179,14 @@ EXCEPTIONS: tuple[RoleException, ...] = (
             "one Linear, bottleneck.attention, feeds both and is charged to q_proj), v reads the layer's input "
             "(hidden_size, use_bottleneck_attention off)")),
     RoleException(
+        "bidirectional fusion", "attention", ("grounding-dino", "mm-grounding-dino"), where=r"encoder\.layers\.",
+        reason=(
+            "Grounding DINO's fusion layer (GroundingDinoBiMultiHeadAttention) attends text to vision and vision to "
+            "text over one score matrix: one scores product, two weighted sums, each side's projection charged once "
+            "(q_proj for the first softmax's queries, k_proj for the other side), both values and both outputs, so "
+            "q/out and k/v are no ratio of head widths; its other attentions (the text enhancer's, the deformable "
+            "layer's, elementwise) balance on their own (tests/test_role_families.py)")),
+    RoleException(
         "one projection for keys and values", "attention", ("deepseek_v4",), detail="^k_proj", reason=(
             "DeepSeek-V4's kv_proj makes one latent head that serves as both keys and values (num_key_value_heads=1, "
             "the same tensor on both sides of the core): charged to k_proj, the first in role order, v_proj 0")),

@@ -477,3 +477,78 @@ def test_a_convolution_module_is_no_mix_ffn() -> None:
     torch.manual_seed(0)
     found, _ = roles(_ConvModule(), torch.randn(B, N, D))
     assert found == {"other": B * N * D * 2 * D + B * N * D * D, "conv": B * N * D * 5}
+
+
+# --------------------------------------------------------------------------------------------------
+# 9. D-FINE's gateway mixes two streams with sigmoid gates, norm(g1 · x1 + g2 · x2): a gated product behind a sum
+# with another activation is no GLU of the next projection
+class _Gateway(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(D, D), torch.nn.Linear(D, D)
+        self.gate, self.norm, self.next = torch.nn.Linear(2 * D, 2 * D), torch.nn.LayerNorm(D), torch.nn.Linear(D, D)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x1, x2 = self.a(x), self.b(x)
+        g1, g2 = torch.sigmoid(self.gate(torch.cat([x1, x2], dim=-1))).chunk(2, dim=-1)
+        h = self.norm(g1 * x1 + g2 * x2)
+        return h + self.next(h)  # (the next projection writes back to the stream the gateway made)
+
+
+def test_a_gateway_of_two_streams_is_no_glu() -> None:
+    torch.manual_seed(0)
+    found, _ = roles(_Gateway(), torch.randn(B, N, D))
+    assert found == {"other": B * N * (2 * D * D + 2 * D * 2 * D + D * D)}
+
+
+# --------------------------------------------------------------------------------------------------
+# what writes back to a residual stream is added to the stream its hidden layer was computed from: an MLP of the
+# boxes added to the queries as their positional embedding (RT-DETR's query_pos_head) is none, a block's FFN is one
+# even as wide as a small vocabulary (ESM-C: 64 tokens, width 64; its last down projection is no LM head)
+class _PositionalQueries(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.fc2 = torch.nn.Linear(4, 2 * D), torch.nn.Linear(2 * D, D)
+
+    def forward(self, queries: torch.Tensor, boxes: torch.Tensor) -> torch.Tensor:
+        return queries + self.fc2(torch.relu(self.fc1(boxes)))
+
+
+def test_an_mlp_of_the_boxes_added_to_the_queries_is_no_ffn() -> None:
+    torch.manual_seed(0)
+    found, _ = roles(_PositionalQueries(), torch.randn(B, N, D), torch.rand(B, N, 4))
+    assert found == {"other": B * N * (4 * 2 * D + 2 * D * D)}
+
+
+class _TinyVocabularyBlock(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(D, D)  # as many tokens as the width
+        self.gate, self.up, self.down = torch.nn.Linear(D, F), torch.nn.Linear(D, F), torch.nn.Linear(F, D)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        h = self.embed(ids)
+        return h + self.down(torch.nn.functional.silu(self.gate(h)) * self.up(h))
+
+
+def test_an_ffn_as_wide_as_a_small_vocabulary_is_no_lm_head() -> None:
+    found, _ = roles(_TinyVocabularyBlock(), ids(D))
+    assert found == ffn(B, N, D, F, gated=True)
+
+
+# --------------------------------------------------------------------------------------------------
+# Fourier features written as stack([sin, cos], -1).flatten(-2) (SAM 3's box embeddings) are no hidden layer, as
+# cat([sin, cos]) is not
+class _StackedFourier(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj, self.fc = torch.nn.Linear(D, D // 2), torch.nn.Linear(D, D)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        angles = self.proj(x)
+        return x + self.fc(torch.stack([angles.sin(), angles.cos()], dim=-1).flatten(-2))
+
+
+def test_stacked_fourier_features_are_no_hidden_layer() -> None:
+    found, _ = roles(_StackedFourier(), torch.randn(B, N, D))
+    assert found == {"other": B * N * (D * D // 2 + D * D)}

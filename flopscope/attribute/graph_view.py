@@ -326,10 +326,16 @@ class GraphView:
         learned scalar squashed by a sigmoid to blend two streams, SVD's ``AlphaBlender``, activates nothing; nor
         does one behind a value without positions spread over the tokens: adaLN's ``tanh(gate)`` conditions them; nor
         one behind a weight per row spread over the features, ``sigmoid(w)[..., None] * streams``: DeepSeek-V4's
-        hyper-connections weigh their streams)."""
+        hyper-connections weigh their streams; nor one behind a sum of two activations, a stream mixed or written
+        back to: D-FINE's gateway ``norm(sigmoid(g1) · x1 + sigmoid(g2) · x2)``)."""
         return self.behind(n, activations, lambda m: self.packet(m) in activations and self.live[m],
-                           through=lambda m, x: self._packets[m] not in BROADCASTING_OPS
-                           or not (self.spreads_a_condition(m, x) or _weighs_rows(m, x)))
+                           through=lambda m, x: (self._packets[m] not in BROADCASTING_OPS
+                                                 or not (self.spreads_a_condition(m, x) or _weighs_rows(m, x)))
+                           and not self._joins_activations(m))
+
+    def _joins_activations(self, m: CapturedOp) -> bool:
+        """``m`` adds or subtracts two activations (a residual sum, a mix of streams)."""
+        return self._packets[m] in _SUMS and sum(self.live.get(x, False) for x in self._inputs[m]) > 1
 
     def behind(self, n: CapturedOp, key: Any, test: Callable[[CapturedOp], bool],
                through: Callable[[CapturedOp, CapturedOp], bool] | None = None) -> bool:
@@ -396,6 +402,7 @@ class GraphView:
         return any(x is ancestor for x in reach([n], self.inputs, lambda x: x is n or not x.macs))
 
 
+_SUMS = frozenset({aten.add, aten.add_, aten.sub, aten.sub_})
 BROADCASTING_OPS = frozenset({aten.add, aten.add_, aten.sub, aten.sub_, aten.mul, aten.mul_, aten.div, aten.div_,
                               aten.addcmul, aten.addcdiv, aten.where, aten.lerp, aten.expand})
 """Ops that broadcast their operands to one shape: the elementwise ones, and ``expand`` (a scatter such as

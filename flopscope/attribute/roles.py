@@ -648,7 +648,8 @@ def logits(view: GraphView, state: RoleState) -> None:
         shaped = {rows for x in leaves for rows in _leading_rows_of(x, shapes)}
         if view.pooled(n):  # one vector per sample pooled from the positions: a classifier, unless the table it
             shaped = {rows for rows in shaped if rows[1] == vocabulary}  # has the shape of is the vocabulary
-        decoupled = vocabulary in width and not view.pooled(n)  # onto the whole vocabulary, from another width
+        decoupled = (vocabulary in width and not view.pooled(n)  # onto the whole vocabulary, from another width,
+                     and not _writes_back(view, n))  # (not an FFN's down projection as wide as a small vocabulary)
         if any(tables[key] in width for key in tied) or (
                 (decoupled or any(rows in width for rows, _ in shaped)) and not _feeds_a_weight_matmul(view, n)):
             state.parts[n] = {Role.LOGITS.value: n.macs}
@@ -703,7 +704,7 @@ def _down_projections(view: GraphView, state: RoleState, gated: bool) -> None:
             # buffer): a table, the same for every input, not an FFN of the tokens
         x = view.activation_operand(d)
         sources = concatenated(view, x)
-        if _fourier_features(view, sources):
+        if _fourier_features(view, sources or _stacked(view, x)):
             continue  # cat([sin(x·B), cos(x·B)]): a Fourier embedding of positions or of a timestep, no hidden layer
         taken = {source for source, _ in state.row_demands.get(d, ())}
         for hidden in [s for s in sources if s not in taken] if sources else [x]:
@@ -755,15 +756,50 @@ def _back_to_its_width(view: GraphView, d: CapturedOp, found: Sequence[Sequence[
 
 
 def _writes_back(view: GraphView, d: CapturedOp) -> bool:
-    """``d``'s result is added to another activation of as many elements (through ops without multiplies): it writes
-    back to a residual stream, as an FFN's down projection does."""
+    """``d``'s result is added to the stream its hidden layer was computed from (through ops without multiplies, an
+    addend of as many elements that ``d``'s input descends from): it writes back to a residual stream, as an FFN's
+    down projection does. A positional embedding added to queries (RT-DETR's ``query_pos_head`` of the boxes) or a
+    type embedding added to a projector's output is no residual."""
     size = _size(d)
+    if size is None:
+        return False
+    stream = _read_by_hidden_layer(view, d)
     for n in reach(view.users(d), view.users, lambda n: not n.macs and view.packet(n) not in SUM_OPS):
-        if (size is not None and view.packet(n) in SUM_OPS and not n.macs and _size(n) == size
-                and any(x is not d and view.live.get(x, False) and not view.descends_from(x, d)
-                        for x in view.inputs(n))):
+        if view.packet(n) in SUM_OPS and not n.macs and _size(n) == size and any(
+                x is not d and _size(x) == size and _pass_through_root(view, x) in stream
+                and not view.descends_from(x, d) for x in view.inputs(n)):
             return True
     return False
+
+
+_UPSTREAM = 256
+"""The most nodes :func:`_read_by_hidden_layer` walks back."""
+
+
+def _read_by_hidden_layer(view: GraphView, d: CapturedOp) -> set[CapturedOp]:
+    """What ``d``'s hidden layer reads: walking back from ``d``'s input through ops without multiplies and
+    depthwise convolutions to the weight matmuls behind it (its up projections), then from their inputs through ops
+    without multiplies, each value by its pass-through root too (at most :data:`_UPSTREAM` nodes)."""
+    def walk(starts: list[CapturedOp], seen: set[CapturedOp]) -> list[CapturedOp]:
+        projections, todo = [], list(starts)
+        while todo and len(seen) < _UPSTREAM:
+            n = todo.pop()
+            if n in seen:
+                continue
+            seen.add(n)
+            if is_channelwise_conv(n) and isinstance(n.args[0], CapturedOp):
+                todo.append(n.args[0])
+            elif n.macs:
+                projections.append(n)
+            else:
+                todo.extend(view.inputs(n))
+        return projections
+
+    inner: set[CapturedOp] = set()
+    ups = [p for p in walk([view.activation_operand(d)], inner) if view.is_weight_matmul(p)]
+    stream: set[CapturedOp] = set()
+    walk([view.activation_operand(p) for p in ups], stream)
+    return {_pass_through_root(view, n) for n in stream} | stream
 
 
 def _size(n: CapturedOp) -> int | None:
@@ -821,6 +857,16 @@ def _only_weighs(view: GraphView, d: CapturedOp) -> bool:
 _WEIGHS_WALK = 512
 """The most nodes :func:`_only_weighs` follows (a router's few layers and the ops that use its weights take far
 fewer; an FFN's output reaches the residual stream within a few)."""
+
+
+def _stacked(view: GraphView, x: CapturedOp) -> list[CapturedOp]:
+    """The values ``x`` stacks (through views and copies: ``stack([sin, cos], -1).flatten(-2)``), when there are
+    several."""
+    root = _pass_through_root(view, x)
+    if view.packet(root) is not aten.stack or not isinstance(root.args[0], (list, tuple)):
+        return []
+    parts = [v for v in root.args[0] if isinstance(v, CapturedOp)]
+    return parts if len(parts) > 1 else []
 
 
 def _fourier_features(view: GraphView, sources: Sequence[CapturedOp]) -> bool:
@@ -938,10 +984,17 @@ def _assembled_in_parts(view: GraphView, start: CapturedOp) -> bool:
 
 
 def _gated_branches(view: GraphView, x: CapturedOp) -> tuple[CapturedOp | None, CapturedOp | None]:
-    """The (activated, plain) inputs of the elementwise product gating an FFN, if there is one."""
+    """The (activated, plain) inputs of the elementwise product gating an FFN, if there is one: reached walking back
+    from ``x`` through ops that join it with no other activation (views, norms, dropout, a scale; not a residual sum:
+    a gated product behind one is another block's, D-FINE's gateway ``norm(g1 · x1 + g2 · x2)`` before the next
+    layer's projections)."""
     if not view.behind(x, "gating product", lambda n: _gating(view, n)):
         return None, None  # (one pass for all: the search below would walk a residual stream to the embedding)
-    for n in view.through_no_macs(x):
+
+    def alone(m: CapturedOp) -> bool:
+        return m is x or (not m.macs and sum(view.live.get(i, False) for i in view.inputs(m)) <= 1)
+
+    for n in (m for m in reach([x], view.inputs, alone) if not m.macs):
         if not _gating(view, n):
             continue
         a, b = n.args[:2]
