@@ -334,8 +334,19 @@ class GraphView:
                            and not self._joins_activations(m))
 
     def _joins_activations(self, m: CapturedOp) -> bool:
-        """``m`` adds or subtracts two activations (a residual sum, a mix of streams)."""
-        return self._packets[m] in _SUMS and sum(self.live.get(x, False) for x in self._inputs[m]) > 1
+        """``m`` adds or subtracts two activations computed from different multiplies (a residual sum, a mix of
+        streams; not two terms of one activation function of one value, xIELU's ``(expm1(h) − h)·a + b·h``)."""
+        if self._packets[m] not in _SUMS:
+            return False
+        live = [x for x in self._inputs[m] if self.live.get(x, False)]
+        if len(live) < 2:
+            return False
+        sources = {frozenset((x,)) if x.macs else self._multiplies_behind(x) for x in live}
+        return len(sources) > 1
+
+    def _multiplies_behind(self, x: CapturedOp) -> frozenset[CapturedOp]:
+        """The multiplies nearest behind ``x`` (cached)."""
+        return self.cached("multiplies behind", x, lambda: frozenset(self.frontier([x], self.inputs)))
 
     def behind(self, n: CapturedOp, key: Any, test: Callable[[CapturedOp], bool],
                through: Callable[[CapturedOp, CapturedOp], bool] | None = None) -> bool:

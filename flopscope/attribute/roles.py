@@ -752,7 +752,10 @@ def _back_to_its_width(view: GraphView, d: CapturedOp, found: Sequence[Sequence[
     projections = [p for demands in found for p, _, _ in demands]
     if not all(view.is_weight_matmul(p) for p in projections):
         return True
-    return all(tuple(view.activation_operand(p).output_shapes[0][-1:]) == tuple(width) for p in projections)
+    inputs = {p: view.activation_operand(p) for p in projections}
+    first = [p for p in projections  # (not a factor reading another's output: a LoRA adapter's B after its A)
+             if not any(m in projections for m in _nearest_before(view, inputs[p]))]
+    return all(tuple(inputs[p].output_shapes[0][-1:]) == tuple(width) for p in first or projections)
 
 
 def _writes_back(view: GraphView, d: CapturedOp) -> bool:
@@ -764,7 +767,7 @@ def _writes_back(view: GraphView, d: CapturedOp) -> bool:
     if size is None:
         return False
     stream = _read_by_hidden_layer(view, d)
-    for n in reach(view.users(d), view.users, lambda n: not n.macs and view.packet(n) not in SUM_OPS):
+    for n in reach(view.users(d), view.users, lambda n: not n.macs):  # (through a sum with an adapter's update)
         if view.packet(n) in SUM_OPS and not n.macs and _size(n) == size and any(
                 x is not d and _size(x) == size and _pass_through_root(view, x) in stream
                 and not view.descends_from(x, d) for x in view.inputs(n)):
