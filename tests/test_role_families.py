@@ -552,3 +552,22 @@ class _StackedFourier(torch.nn.Module):
 def test_stacked_fourier_features_are_no_hidden_layer() -> None:
     found, _ = roles(_StackedFourier(), torch.randn(B, N, D))
     assert found == {"other": B * N * (D * D // 2 + D * D)}
+
+
+# --------------------------------------------------------------------------------------------------
+# a GLU with a norm written out between its gated product and its down projection (BitNet's ffn_sub_norm:
+# x · rsqrt(mean(x²) + eps)): the norm joins the product with itself, no other stream, so the GLU is still found
+class _SubNormGLU(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate, self.up, self.down = torch.nn.Linear(D, F), torch.nn.Linear(D, F), torch.nn.Linear(F, D)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.nn.functional.silu(self.gate(x)) * self.up(x)
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)
+        return x + self.down(h)
+
+
+def test_a_glu_with_a_written_out_norm_before_its_down_projection() -> None:
+    found, _ = roles(_SubNormGLU(), torch.randn(B, N, D))
+    assert found == ffn(B, N, D, F, gated=True)

@@ -336,8 +336,11 @@ class GraphView:
     def _joins_activations(self, m: CapturedOp) -> bool:
         """``m`` adds or subtracts two activations computed from different multiplies (a residual sum, a mix of
         streams; not two terms of one activation function of one value, xIELU's ``(expm1(h) − h)·a + b·h``)."""
-        if self._packets[m] not in _SUMS:
-            return False
+        return self._packets[m] in _SUMS and self.mixes(m)
+
+    def mixes(self, m: CapturedOp) -> bool:
+        """``m`` combines activations computed from different multiplies (a gated product, a residual sum; not a
+        norm's ``x · rsqrt(mean(x²))`` nor two terms of one function of one value)."""
         live = [x for x in self._inputs[m] if self.live.get(x, False)]
         if len(live) < 2:
             return False

@@ -738,7 +738,7 @@ def _gated_here(view: GraphView, hidden: CapturedOp) -> bool:
     second pass as it always was."""
     def plain(m: CapturedOp) -> bool:
         return m is hidden or (not m.macs and (m.elementwise or ("",))[0] not in BARRIER_CATEGORIES
-                               and sum(view.live.get(x, False) for x in view.inputs(m)) <= 1)
+                               and not view.mixes(m))
 
     return any(_gating(view, n) and _gated_branches(view, n)[0] is not None
                for n in reach([hidden], view.inputs, plain) if not n.macs)
@@ -994,8 +994,8 @@ def _gated_branches(view: GraphView, x: CapturedOp) -> tuple[CapturedOp | None, 
     if not view.behind(x, "gating product", lambda n: _gating(view, n)):
         return None, None  # (one pass for all: the search below would walk a residual stream to the embedding)
 
-    def alone(m: CapturedOp) -> bool:
-        return m is x or (not m.macs and sum(view.live.get(i, False) for i in view.inputs(m)) <= 1)
+    def alone(m: CapturedOp) -> bool:  # (a norm written out, x · rsqrt(mean(x²)), joins x with itself)
+        return m is x or (not m.macs and not view.mixes(m))
 
     for n in (m for m in reach([x], view.inputs, alone) if not m.macs):
         if not _gating(view, n):
