@@ -23,6 +23,10 @@ from closed_forms import add, attention, ffn, rotary, times, total
 from zoo import CPU_FUSED_GQA
 
 transformers = pytest.importorskip("transformers")
+TRANSFORMERS = tuple(int(part) for part in transformers.__version__.split(".")[:2])
+EVALUATED = TRANSFORMERS >= (5, 24)
+"""transformers' masks are made of ops the capture evaluates again in fake mode (verified on 5.24 and 5.25; older
+masking code may not be: then the declaration prices them, the same numbers without padding)."""
 
 L, B, N, H, KV, D, D_FF, V, W = 2, 2, 12, 4, 2, 64, 128, 100, 5
 D_K = D // H
@@ -98,8 +102,11 @@ def test_causal_llama_core_under_each_convention(impl: str, mode: str) -> None:
     # SDPA's kernel says is_causal itself (its math path is eager attention); eager attention's mask is made from
     # sizes alone, so its values are known in every mode (fake ones evaluated from the capture's own records)
     kernel = impl == "sdpa" and CPU_FUSED_GQA
-    assert sources == ({"kernel"} if kernel else {"mask values"})
-    assert not notes(prof.attention_core(), "mask")
+    if kernel or mode == "real" or EVALUATED:
+        assert sources == ({"kernel"} if kernel else {"mask values"})
+        assert not notes(prof.attention_core(), "mask")
+    else:
+        assert len(sources) == 1 and sources <= {"mask values", "declared"}
 
 
 @pytest.mark.parametrize("mode", ["fake", "real"])
@@ -113,7 +120,8 @@ def test_sliding_window_mask_counts_the_pairs_the_window_allows(impl: str, mode:
     assert prof.by_role()["attn_scores"] == executed()
     # counted from the mask's values in both modes (fake: evaluated from the sizes it is made from), the window
     # read from them
-    assert {op.source for op in prof.attention_core()} == {"mask values"}
+    sources = {op.source for op in prof.attention_core()}
+    assert sources == {"mask values"} if mode == "real" or EVALUATED else len(sources) == 1
     assert {op.window for op in prof.attention_core()} == {W}
 
 
@@ -126,9 +134,12 @@ def test_padding_counts_from_mask_values_in_every_mode(impl: str) -> None:
     assert real.by_role(attention="mask")["attn_scores"] == exact
     assert real.by_role(attention="causal")["attn_scores"] == causal_half()
     fake = flopscope.profile(llama(impl), ids(), attention_mask=mask, mode="fake")
-    assert fake.by_role(attention="mask")["attn_scores"] == exact  # the input's values are known in fake mode too
     assert fake.by_role(attention="causal")["attn_scores"] == causal_half()
-    assert not notes(fake.attention_core(), "mask")
+    if EVALUATED:  # the input's values are known in fake mode too, and the mask is made from them
+        assert fake.by_role(attention="mask")["attn_scores"] == exact
+        assert not notes(fake.attention_core(), "mask")
+    else:
+        assert fake.by_role(attention="mask")["attn_scores"] in (exact, causal_exact())
 
 
 class _PaddedAttention(torch.nn.Module):

@@ -267,9 +267,13 @@ def test_notebook_view(tmp_path, capsys):
 def test_the_readme_example_runs_as_written_and_prints_what_the_readme_shows():
     """The README's example, run as written in a fresh interpreter, prints the README's output block, whose numbers
     are the closed forms of its 4-layer Llama (d 512, 8 heads of 64, 2 key/value heads, d_ff 1376, 128 tokens)."""
-    pytest.importorskip("transformers")
+    transformers = pytest.importorskip("transformers")
     import re
     import subprocess
+
+    if tuple(int(part) for part in transformers.__version__.split(".")[:2]) < (5, 19):
+        pytest.skip("the README shows transformers 5.19's output and later: before, the rotary angles are a matmul "
+                    "(one more row, other)")
 
     readme = (EXAMPLES.parent / "README.md").read_text()
     section = readme[readme.index("## An example, and what it prints"):]

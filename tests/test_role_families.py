@@ -13,6 +13,9 @@ from flopscope.invariants import head_paths, role_balance
 from closed_forms import add, attention, ffn, times
 
 transformers = pytest.importorskip("transformers")
+TRANSFORMERS = tuple(int(part) for part in transformers.__version__.split(".")[:2])
+RECENT = pytest.mark.skipif(TRANSFORMERS < (5, 24), reason="closed forms verified on transformers 5.24 and 5.25: "
+                            "older releases build some of these families otherwise, or lack them")
 
 L, B, N, D, H, F = 2, 2, 16, 64, 4, 96
 
@@ -32,6 +35,7 @@ def ids(vocab: int = 1000) -> torch.Tensor:
 # and never logits, even with as many labels as the token-type table has rows
 @pytest.mark.parametrize("labels", [3, 2])  # 2: as many as BERT's token types
 @pytest.mark.parametrize("family", ["bert", "roberta", "distilbert"])
+@RECENT
 def test_a_sequence_classifier_head_is_other(family: str, labels: int) -> None:
     torch.manual_seed(0)
     if family == "distilbert":
@@ -53,6 +57,7 @@ def test_a_sequence_classifier_head_is_other(family: str, labels: int) -> None:
 # K·P_qᵀ (transposed before it joins the scores): each product's queries are the side whose positions are the
 # scores' rows, whatever the operand order, so key_proj is k_proj and the positions' projections q / k by use
 @pytest.mark.parametrize("share_att_key", [True, False])
+@RECENT
 def test_deberta_disentangled_attention_tells_queries_from_keys_by_axis(share_att_key: bool) -> None:
     torch.manual_seed(0)
     span = 4  # position buckets: 2·span relative embeddings projected once per layer
@@ -77,6 +82,7 @@ def test_deberta_disentangled_attention_tells_queries_from_keys_by_axis(share_at
 # 3. Gemma 3n: AltUp predicts each of its streams as a per-position mix of all of them (``streams @ coefs``, the
 # coefficients from a small router MLP): no attention (its product's rows are features, not positions) and no FFN
 # (the router MLP's output only weighs the streams)
+@RECENT
 def test_gemma3n_altup_is_neither_attention_nor_an_ffn() -> None:
     torch.manual_seed(0)
     head_dim, kv, per_layer, vocab = 24, 2, 16, 1000
@@ -102,6 +108,7 @@ def test_gemma3n_altup_is_neither_attention_nor_an_ffn() -> None:
 # --------------------------------------------------------------------------------------------------
 # 4. Mix-FFN (SegFormer, PVTv2, GLPN): fc1 → depthwise 3×3 conv → GELU → fc2, written back to the residual stream, is
 # an FFN; the convolution keeps conv
+@RECENT
 def test_segformer_mix_ffn_is_an_ffn_through_its_depthwise_conv() -> None:
     torch.manual_seed(0)
     config = transformers.SegformerConfig(num_encoder_blocks=2, depths=[1, 1], sr_ratios=[2, 1], hidden_sizes=[16, 32],
@@ -122,6 +129,7 @@ def test_segformer_mix_ffn_is_an_ffn_through_its_depthwise_conv() -> None:
 # --------------------------------------------------------------------------------------------------
 # 5. an untied LM head over the leading rows of a token table with a few more (Llama 3.2 Vision's text model: 8
 # image tokens beyond the vocabulary the head predicts) is logits
+@RECENT
 def test_an_lm_head_over_a_tables_leading_rows_is_logits() -> None:
     torch.manual_seed(0)
     vocab = 1000
@@ -139,6 +147,7 @@ def test_an_lm_head_over_a_tables_leading_rows_is_logits() -> None:
 # --------------------------------------------------------------------------------------------------
 # 6. DeepSeek-V4: hyper-connections weigh their streams per row (sigmoid(hc)[..., None] * streams), which is no GLU
 # gate and no activation of a hidden layer; the grouped low-rank output projection's second factor is out_proj
+@RECENT
 def test_deepseek_v4_hyper_connections_and_factored_output_projection() -> None:
     torch.manual_seed(0)
     q_rank, head_dim, groups, o_rank, expert, experts, top_k, vocab = 48, 32, 2, 40, 80, 4, 2, 1000
@@ -167,6 +176,7 @@ def test_deepseek_v4_hyper_connections_and_factored_output_projection() -> None:
 # 7. DeepSeek-V3.2's sparse-attention indexer reads the query latent beside q_b_proj; its scores only pick keys (a
 # top-k), so q_a_proj is the query's factor (q_proj) as in DeepSeek-V3, and the indexer's own work is other
 @pytest.mark.parametrize("family", ["deepseek_v3", "deepseek_v32"])
+@RECENT
 def test_a_sparse_attention_indexer_leaves_the_query_factor_q_proj(family: str) -> None:
     torch.manual_seed(0)
     q_rank, kv_rank, nope, rope, v_dim, vocab = 48, 32, 24, 8, 16, 1000
@@ -195,6 +205,7 @@ def test_a_sparse_attention_indexer_leaves_the_query_factor_q_proj(family: str) 
 # --------------------------------------------------------------------------------------------------
 # 11. Swin V2's continuous position bias: an MLP on a coordinate table the model holds (no input reaches it) computes
 # a table, not an FFN of the tokens
+@RECENT
 def test_swinv2_position_bias_mlp_on_a_coordinate_table_is_other() -> None:
     torch.manual_seed(0)
     config = transformers.Swinv2Config(image_size=32, patch_size=4, embed_dim=16, depths=[1, 1], num_heads=[2, 4],
@@ -214,6 +225,7 @@ def test_swinv2_position_bias_mlp_on_a_coordinate_table_is_other() -> None:
 # --------------------------------------------------------------------------------------------------
 # 10. GLM-4.1V's patch merger, proj → LayerNorm → GELU → SwiGLU: the GLU is read first, so its gate and up are ffn_gate
 # and ffn_up (not down projections of proj, whose output the GELU activates), down is ffn_down, proj is other
+@RECENT
 def test_glm4v_patch_merger_reads_its_swiglu_first() -> None:
     torch.manual_seed(0)
     out, merge = 48, 2
@@ -239,6 +251,7 @@ def test_glm4v_patch_merger_reads_its_swiglu_first() -> None:
 # 8 / 11. one score matrix normalised by two softmaxes is two attention instances (LiLT adds its text and layout
 # scores for each of its two streams; Grounding DINO's fusion attends both ways over one matrix): the second
 # softmax's weighted sum, values and output projection are attention's too, the shared scores charged once
+@RECENT
 def test_lilt_scores_shared_by_two_softmaxes_make_two_attentions() -> None:
     torch.manual_seed(0)
     d, f = 96, 128  # LiLT's layout stream is d / 4 wide (a head d / 4 / h), its FFN f / 4
@@ -252,6 +265,7 @@ def test_lilt_scores_shared_by_two_softmaxes_make_two_attentions() -> None:
     assert role_balance(prof) == []
 
 
+@RECENT
 def test_grounding_dino_fusion_attends_both_ways_over_one_score_matrix() -> None:
     from transformers.models.grounding_dino.modeling_grounding_dino import GroundingDinoBiMultiHeadAttention
 
@@ -271,6 +285,7 @@ def test_grounding_dino_fusion_attends_both_ways_over_one_score_matrix() -> None
 # --------------------------------------------------------------------------------------------------
 # 11. RemBERT decouples its output embeddings' width from its input embeddings': the LM head's decoder projects onto
 # the whole vocabulary from a width no token table has, and is logits; the dense layer before it is other
+@RECENT
 def test_rembert_decoupled_lm_head_is_logits() -> None:
     torch.manual_seed(0)
     e_in, e_out, vocab = 32, 48, 1000
@@ -286,6 +301,7 @@ def test_rembert_decoupled_lm_head_is_logits() -> None:
 # --------------------------------------------------------------------------------------------------
 # 11. ZAYA's router is an MLP (fc1 → GELU → fc2 → GELU → out_proj) whose logits only weigh and pick the experts: it
 # is other, and the FFN roles are the experts' alone
+@RECENT
 def test_zaya_router_mlp_is_no_ffn() -> None:
     torch.manual_seed(0)
     expert, vocab = 80, 1000
@@ -301,6 +317,7 @@ def test_zaya_router_mlp_is_no_ffn() -> None:
 # --------------------------------------------------------------------------------------------------
 # 12. the convention for an output gate: Qwen3-Next's (and Qwen3.5's) q_proj carries the gate of the attention's
 # output beside the queries; its gate columns are other, as a gate of its own is, its query columns q_proj
+@RECENT
 def test_qwen3_next_fused_output_gate_columns_are_other() -> None:
     torch.manual_seed(0)
     head_dim, kv, vocab = 24, 2, 1000
@@ -321,6 +338,7 @@ def test_qwen3_next_fused_output_gate_columns_are_other() -> None:
 # 12. Kimi-Linear's KDA gets the projection roles gated DeltaNet gets: its in-chunk scores are elementwise (no
 # quadratic form asks for them), so the state's products do: the keys and values that write it, the queries that
 # read it, the output; the forget gate's decay (q · exp(cumsum(g))) and the output gate are other
+@RECENT
 def test_kimi_linear_kda_projections_are_attention_projections() -> None:
     torch.manual_seed(0)
     heads, head_dim, vocab = 4, 16, 1000
@@ -347,6 +365,7 @@ def test_kimi_linear_kda_projections_are_attention_projections() -> None:
 # --------------------------------------------------------------------------------------------------
 # 11. ConvBERT's output projection reads cat([attention, span-based conv], along the heads) flattened: its rows that
 # hold the attention are out_proj, the conv's other
+@RECENT
 def test_convbert_output_projection_is_split_by_rows() -> None:
     torch.manual_seed(0)
     config = transformers.ConvBertConfig(hidden_size=D, intermediate_size=F, num_hidden_layers=L,
@@ -439,6 +458,7 @@ def test_an_mlp_between_widths_is_an_ffn_only_when_it_writes_back(residual: bool
 # summed over the sampling points, mixes elementwise (no product of two activations): no gated FFN, its projections
 # other as for every attention whose mixing is elementwise (docs/roles.md 3.2.1); the decoder's FFN stays an FFN
 @pytest.mark.parametrize("training", [False, True])
+@RECENT
 def test_deformable_attention_is_no_gated_ffn(training: bool) -> None:
     """(After a first forward, whose anchors the model keeps, the sampling locations pass a sigmoid behind the
     sampled values: they were read as a GLU's gate.)"""
