@@ -60,7 +60,8 @@ WHY = {
     "embeddings": "embedding lookups (gathers: 0 MACs measured)",
     "parameters not in GEMMs": "biases and norm weights counted as MACs",
     "inactive experts": "routed experts' weights a token does not meet (each token meets top_k of them)",
-    "weights not used once per token": "weights not used once per token (a pooler runs once per sequence)",
+    "weights not used once per token": "weights not used once per token (a pooler runs once per sequence; rotary "
+                                       "angles made by a matmul, once per forward)",
     "other": "other multiplies (pooler, router, rotary, ...)",
 }
 """What each part of a difference is: the label of a term, ``measured - predicted`` of that part. A formula that
