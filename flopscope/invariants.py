@@ -349,12 +349,12 @@ def _layer(path: str, types: Mapping[str, type]) -> str | None:
         parent, item = ".".join(parts[:i]), ".".join(parts[:i + 1])
         if (parts[i].isdigit() and isinstance(types.get(parent), type)
                 and issubclass(types[parent], (nn.ModuleList, nn.Sequential)) and _has_submodules(item, types)
-                and _items_alike(parent, types)):
+                and _all_blocks(parent, types)):
             return item
     return None
 
 
-def _items_alike(parent: str, types: Mapping[str, type]) -> bool:
+def _all_blocks(parent: str, types: Mapping[str, type]) -> bool:
     prefix = parent + "."
     items = [path for path in types if path.startswith(prefix) and path[len(prefix):].isdigit()]
     return all(_has_submodules(item, types) for item in items)

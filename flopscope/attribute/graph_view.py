@@ -230,9 +230,9 @@ class GraphView:
                 if batch is None or shape is None or len(shape) != 2 or shape[0] != batch or not self.live[m]:
                     table[m] = False
                     continue
-                numel = _numel(shape)
-                table[m] = any(table.get(x, False) or (not m.macs and x.output_shapes and _numel(x.output_shapes[0])
-                                                       > numel and (_rows_of(x.output_shapes[0]) or 0) > batch)
+                numel = numel_of(shape) or 0
+                table[m] = any(table.get(x, False) or (not m.macs and x.output_shapes and (numel_of(
+                    x.output_shapes[0]) or 0) > numel and (rows_of(x.output_shapes[0]) or 0) > batch)
                                for x in self._inputs[m] if self.live.get(x, False))
             self._memo_plain["pooled"] = table
         found: bool = self._memo_plain["pooled"].get(n, False)
@@ -330,13 +330,13 @@ class GraphView:
         back to: D-FINE's gateway ``norm(sigmoid(g1) · x1 + sigmoid(g2) · x2)``)."""
         return self.behind(n, activations, lambda m: self.packet(m) in activations and self.live[m],
                            through=lambda m, x: (self._packets[m] not in BROADCASTING_OPS
-                                                 or not (self.spreads_a_condition(m, x) or _weighs_rows(m, x)))
+                                                 or not (self.spreads_a_condition(m, x) or weighs_rows(m, x)))
                            and not self._joins_activations(m))
 
     def _joins_activations(self, m: CapturedOp) -> bool:
         """``m`` adds or subtracts two activations computed from different multiplies (a residual sum, a mix of
         streams; not two terms of one activation function of one value, xIELU's ``(expm1(h) − h)·a + b·h``)."""
-        return self._packets[m] in _SUMS and self.mixes(m)
+        return self._packets[m] in SUM_OPS and self.mixes(m)
 
     def mixes(self, m: CapturedOp) -> bool:
         """``m`` combines activations computed from different multiplies (a gated product, a residual sum; not a
@@ -416,7 +416,9 @@ class GraphView:
         return any(x is ancestor for x in reach([n], self.inputs, lambda x: x is n or not x.macs))
 
 
-_SUMS = frozenset({aten.add, aten.add_, aten.sub, aten.sub_})
+SUM_OPS = frozenset({aten.add, aten.add_, aten.sub, aten.sub_})
+"""Elementwise sums: where an update meets the output of the projection it updates, a residual stream its
+sublayer's output."""
 BROADCASTING_OPS = frozenset({aten.add, aten.add_, aten.sub, aten.sub_, aten.mul, aten.mul_, aten.div, aten.div_,
                               aten.addcmul, aten.addcdiv, aten.where, aten.lerp, aten.expand})
 """Ops that broadcast their operands to one shape: the elementwise ones, and ``expand`` (a scatter such as
@@ -438,17 +440,18 @@ def spreads(user: CapturedOp, n: CapturedOp) -> bool:
     return first is not None and all(size == 1 for size in padded[first:-1])
 
 
-def _numel(shape: Any) -> int:
-    """Elements of a value of this shape (0 where a size is symbolic: nothing to compare)."""
-    return math.prod(shape) if all(type(s) is int for s in shape) else 0
+def numel_of(shape: Any) -> int | None:
+    """Elements of a value of this shape; None where a size is symbolic (nothing to compare)."""
+    return math.prod(shape) if all(type(s) is int for s in shape) else None
 
 
-def _rows_of(shape: Any) -> int | None:
+def rows_of(shape: Any) -> int | None:
     """Rows of a value of this shape (every dim but the last); None where a size is symbolic."""
     return math.prod(shape[:-1]) if all(type(s) is int for s in shape) else None
 
 
-def _weighs_rows(product: CapturedOp, x: CapturedOp) -> bool:
-    """``x`` enters ``product`` with one entry along the last axis, where the product has many: a weight per row."""
+def weighs_rows(product: CapturedOp, x: CapturedOp) -> bool:
+    """``x`` enters ``product`` with one entry along the last axis, where the product has many: it scales whole
+    rows (a router's weight, a hyper-connection's), no value per feature as a GLU's gate has."""
     return (bool(x.output_shapes) and bool(product.output_shapes) and x.output_shapes[0][-1:] == (1,)
             and product.output_shapes[0][-1:] != (1,))

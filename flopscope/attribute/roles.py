@@ -60,7 +60,7 @@ from ..formulas.elementwise import EMBEDDING_LOOKUPS, PRODUCT_OPS, SOFTMAX_OPS
 from ..formulas.registry import OpFamily, argument, prod
 from ..role import ROLE_ORDER, Role, parse_role
 from .columns import columns, holds_columns_along, scale_parts, split_by_columns, split_by_rows
-from .graph_view import GraphView, is_channelwise_conv, reach, spreads
+from .graph_view import SUM_OPS, GraphView, is_channelwise_conv, numel_of, reach, rows_of, spreads, weighs_rows
 from .paths import common_path
 
 aten = torch.ops.aten
@@ -807,8 +807,7 @@ def _read_by_hidden_layer(view: GraphView, d: CapturedOp) -> set[CapturedOp]:
 
 def _size(n: CapturedOp) -> int | None:
     """Elements of ``n``'s (first) output; None where a size is symbolic."""
-    shape = n.output_shapes[0] if n.output_shapes else None
-    return math.prod(shape) if shape is not None and all(type(s) is int for s in shape) else None
+    return numel_of(n.output_shapes[0]) if n.output_shapes else None
 
 
 def _only_weighs(view: GraphView, d: CapturedOp) -> bool:
@@ -844,7 +843,7 @@ def _only_weighs(view: GraphView, d: CapturedOp) -> bool:
             if not view.is_weight_matmul(n) or view.activation_operand(n) not in reached:
                 return False  # read by another product: data
         elif others:
-            if packet in (aten.mul, aten.mul_) and all(_spread_over_features(x, n) for x in mine):
+            if packet in (aten.mul, aten.mul_) and all(weighs_rows(n, x) for x in mine):
                 met = True  # a weight per row
                 continue
             return False  # added to, gated with or concatenated with another activation: data
@@ -954,22 +953,17 @@ def _per_sample(view: GraphView, d: CapturedOp) -> bool:
 
 def _spread(view: GraphView, n: CapturedOp) -> bool:
     """``n``'s value, with at least the rows it has, is spread over positions (:func:`_per_sample`)."""
-    rows = _rows(n.output_shapes[0]) if n.output_shapes else None
+    rows = rows_of(n.output_shapes[0]) if n.output_shapes else None
     if rows is None:
         return False  # (symbolic sizes: nothing to compare)
     return (view.ahead(n, ("spread over positions", rows), spreads, lambda user, _: _keeps_rows(user, rows))
             and view.is_condition(n))  # (a value of the token stream is no condition)
 
 
-def _rows(shape: Sequence[Any]) -> int | None:
-    """The rows of a value of this shape (the product of all dims but the last); None where a size is symbolic."""
-    return math.prod(shape[:-1]) if all(type(s) is int for s in shape) else None
-
-
 def _keeps_rows(user: CapturedOp, rows: int) -> bool:
     """``user``'s output has ``rows`` rows (all dims but the last) or more: a value reshaped or cut into chunks along
     a middle axis (adaLN's ``emb.reshape(B, 6, d).chunk(6, dim=1)``) keeps its rows; one reduced over them does not."""
-    found = _rows(user.output_shapes[0]) if user.output_shapes else None
+    found = rows_of(user.output_shapes[0]) if user.output_shapes else None
     return found is not None and found >= rows
 
 
@@ -1003,7 +997,7 @@ def _gated_branches(view: GraphView, x: CapturedOp) -> tuple[CapturedOp | None, 
         a, b = n.args[:2]
         if any(isinstance(v, CapturedOp) and view.spreads_a_condition(n, v) for v in (a, b)):
             continue  # a vector per sample scaling the tokens (adaLN-Zero's tanh(gate) * ffn(x)): conditioning
-        if any(isinstance(v, CapturedOp) and _spread_over_features(v, n) for v in (a, b)):
+        if any(isinstance(v, CapturedOp) and weighs_rows(n, v) for v in (a, b)):
             continue  # a weight per row (DeepSeek-V4's hyper-connections, sigmoid(hc)[..., None] * block output)
         if a.output_shapes and b.output_shapes and tuple(a.output_shapes[0]) != tuple(b.output_shapes[0]):
             continue  # one side broadcast over the other: a GLU's gate and up have one shape (deformable
@@ -1016,13 +1010,6 @@ def _gated_branches(view: GraphView, x: CapturedOp) -> tuple[CapturedOp | None, 
         if macs_a and macs_b and (macs_a != macs_b or any(not (columns(m, a) & columns(m, b)) for m in macs_a)):
             return (a, b) if act_a else (b, a)
     return None, None
-
-
-def _spread_over_features(v: CapturedOp, product: CapturedOp) -> bool:
-    """``v`` has one entry along the last axis, where ``product`` has many: it scales whole rows, as a router's
-    weight does. A GLU's gate has a value per feature of the up branch."""
-    return (bool(v.output_shapes) and bool(product.output_shapes) and v.output_shapes[0][-1:] == (1,)
-            and product.output_shapes[0][-1:] != (1,))
 
 
 def _gating(view: GraphView, n: CapturedOp) -> bool:
@@ -1053,8 +1040,6 @@ GATING_ACTIVATIONS = elementwise.ACTIVATION_OPS - {aten.tanh, aten.tanh_}
 
 # --------------------------------------------------------------------------------------------------
 # pass 5: low-rank updates
-SUM_OPS = frozenset({aten.add, aten.add_, aten.sub, aten.sub_})
-"""Elementwise sums: where an update meets the output of the projection it updates."""
 PASS_THROUGH = frozenset({aten.native_dropout, aten.dropout, aten.feature_dropout, aten.alpha_dropout})
 """Ops besides the zero-cost ones that carry a value to a matmul as the same input (dropout on an adapter's
 branch keeps it the projection's input)."""

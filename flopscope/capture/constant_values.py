@@ -25,14 +25,13 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
+from .recorder import UNINITIALISED
 from .records import CapturedOp, Cost, after_write
 
 MAX_BYTES = 1 << 26
 """The most bytes one evaluated tensor may have (64 MiB: a boolean causal mask over 8,192 positions, a float32 one
 over 4,096)."""
 
-_UNINITIALISED = frozenset({torch.ops.aten.empty, torch.ops.aten.empty_like, torch.ops.aten.new_empty,
-                            torch.ops.aten.empty_strided, torch.ops.aten.new_empty_strided})
 _MAX_DEPTH = 64  # the longest chain of records followed back to constructors
 _UNKNOWN: Any = object()  # memo entry of a record whose values cannot be evaluated
 
@@ -106,7 +105,7 @@ class ConstantValues:
         """An op that may run again here: no multiply formula, no memory read uninitialised, no random draw, every
         output of a known size within :attr:`max_bytes`."""
         target = op.target
-        if (op.cost not in (Cost.ZERO, Cost.ELEMENTWISE) or target.overloadpacket in _UNINITIALISED
+        if (op.cost not in (Cost.ZERO, Cost.ELEMENTWISE) or target.overloadpacket in UNINITIALISED
                 or torch.Tag.nondeterministic_seeded in target.tags):
             return False
         itemsize = op.dtype.itemsize if op.dtype is not None else 8
