@@ -160,10 +160,11 @@ EXCEPTIONS: tuple[RoleException, ...] = (
             "shared by every head, x (v_proj) and out_proj heads·head_dim; scores and weighted sum run per head over "
             "d_state and head_dim, so the projections do not balance with the core")),
     RoleException(
-        "query pooling", "attention", ("hiera",), detail="^q_proj", reason=(
-            "query pooling after the projection (HieraMaskUnitAttention with query_stride, each stage's first "
-            "block): qkv runs on every token, the output projection on the pooled queries (a quarter, twice as "
-            "wide), so q_proj / out_proj = 2 where scores / weighted sum = 1")),
+        "query pooling", "attention", ("hiera", "sam2", "sam2_hiera_det_model", "sam2_vision_model", "sam2_video",
+                                       "edgetam", "edgetam_video"), detail="^q_proj", reason=(
+            "query pooling after the projection (HieraMaskUnitAttention, Sam2MultiScaleAttention with "
+            "query_stride, each stage's first block): qkv runs on every token, the output projection on the pooled "
+            "queries (a quarter, twice as wide), so q_proj / out_proj = 2 where scores / weighted sum = 1")),
     RoleException(
         "width-changing attention", "attention", ("levit",), reason=(
             "an attention that changes the width (LevitAttentionSubsample): q reads the stage's width, the output "
@@ -195,10 +196,12 @@ EXCEPTIONS: tuple[RoleException, ...] = (
             "shared query-key attention (LSHSelfAttention): one Linear, query_key, makes both q and k (q_proj); "
             "there is no k projection")),
     RoleException(
-        "token-count MLP", "ffn", ("groupvit",), where=r"stages\.\d+$", reason=(
-            "a token-mixing MLP between token counts (GroupViTMixerMLP of group_projector: num_prev_group_token → "
-            "hidden/2 → num_group_token tokens, over the transposed features): its up and down have different "
-            "widths by design")),
+        "queries and keys mixed", "attention", ("zaya",), detail="^(q_proj|k_proj)", reason=(
+            "compressed convolutional attention (ZayaCCAProjection): the queries are conv(cat[q, k])'s query "
+            "channels + (q + repeat(k)) / 2, the keys its key channels + the mean of that over each group: both "
+            "projections reach both sides of q·kᵀ, so both are charged to q_proj, the side they reach first "
+            "(k_proj 0); the values are half current, half the previous token's (v_proj_current, v_proj_delayed, "
+            "which also runs on one zero row per sequence)")),
     RoleException(
         "attention-pooling head", "head", ("aimv2", "aimv2_vision_model", "siglip", "siglip_vision_model",
                                            "siglip2", "siglip2_vision_model"), where=r"(^|\.)head$", reason=(
@@ -227,20 +230,16 @@ EXCEPTIONS: tuple[RoleException, ...] = (
             "a projector of the context between widths (encoder_proj: joint_attention_dim → dim) whose output feeds "
             "both add_k_proj and add_v_proj, charged to k_proj")),
     RoleException(
-        "a whole model as a layer", "ffn", ("HunyuanDiT2DMultiControlNetModel",), where=r"^nets\.\d+$", checker=True,
-        reason=(
-            "role_balance's reading: the outermost module list is the wrapper's list of ControlNets, so each whole "
-            "ControlNet is one 'layer' and its projectors between widths outside the blocks (the text and time "
-            "embedding MLPs, d_in → d → d) count; the single HunyuanDiT2DControlNetModel is consistent")),
+        "skip joined before the FFN", "ffn", ("StableCascadeUNet",), where=r"^up_blocks\.", reason=(
+            "Stable Cascade's decoder ResBlocks (SDCascadeResBlock with c_skip) concatenate the encoder's skip "
+            "features to the depthwise-convolved input before the channel MLP: its up projection reads c + c_skip "
+            "channels, its down projection writes c back to the residual, so ffn_up / ffn_down = (c + c_skip) / c")),
     RoleException(
-        "an FFN's activation as a layer", "ffn", ("I2VGenXLUNet", "UniDiffuserModel"), where=r"\.ff\.net\.0$",
-        checker=True, reason=(
-            "role_balance's reading: diffusers' FeedForward.net is a ModuleList [GELU (holding the up Linear), "
-            "Dropout, Linear]; its item 0 has a submodule, so it is taken for a layer holding the up projection "
-            "alone, and item 2 (the down) for a head where the FeedForward is outside every block")),
-    RoleException(
-        "an FFN's activation as a layer", "head", ("UniDiffuserModel",), where=r"\.ff\.net\.2$", checker=True,
-        reason="the same reading: the down projection after the up's 'layer' is taken for a head"),
+        "quantization bottleneck", "head", ("AceStepAudioTokenizer",), where=r"^quantizer$", reason=(
+            "a finite scalar quantizer (_AceStepResidualFSQ: project_in d → levels, tanh, rounding to the levels, "
+            "project_out back to d) as the tokenizer's last module, taken for a head by head_paths: by dataflow an "
+            "MLP back to its width that writes back to nothing, as a bare MLP model is (ffn_up, ffn_down), on "
+            "every token, not a head on pooled vectors")),
     RoleException(
         "projector between widths", "head", ("granite_docling_vision", "nemotron3_5_asr"),
         where=r"(connector|prompt_projector)$", reason=(

@@ -591,3 +591,86 @@ class _SubNormGLU(torch.nn.Module):
 def test_a_glu_with_a_written_out_norm_before_its_down_projection() -> None:
     found, _ = roles(_SubNormGLU(), torch.randn(B, N, D))
     assert found == ffn(B, N, D, F, gated=True)
+
+
+# --------------------------------------------------------------------------------------------------
+# Sam2's Hiera attention computes softmax((q · scale) @ kᵀ) over the heads at each position and never reads it (dead
+# code before its real attention): a product whose softmax nothing reads is no attention (other), so the scores
+# balance the weighted sum
+class _DeadScoresAttention(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.qkv, self.proj = torch.nn.Linear(D, 3 * D), torch.nn.Linear(D, D)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.qkv(x).reshape(B, N, 3, H, D // H).unbind(2)  # (B, n, h, d/h) each
+        dropped = torch.softmax(q @ k.transpose(-2, -1), dim=-1).to(torch.float64)  # (B, n, h, h), never read
+        del dropped
+        out = torch.nn.functional.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+        return x + self.proj(out.transpose(1, 2).reshape(B, N, D))
+
+
+def test_scores_nothing_reads_are_no_attention() -> None:
+    found, _ = roles(_DeadScoresAttention(), torch.randn(B, N, D))
+    assert found == add(attention(B, N, N, D, H), {"other": B * N * H * H * (D // H)})
+
+
+# --------------------------------------------------------------------------------------------------
+# an MLP d → f → d whose result a weight matmul projects again before any sum writes back to nothing: it is no FFN,
+# whatever its widths. AXK2's gated norm, y · sigmoid(fc2(silu(fc1(y)))) with y = RMSNorm(x), before a gated FFN; a
+# head of three Linears on one token (SAM's IoU head, d → d → d → masks); a caption projection read by a
+# cross-attention's keys and values, as wide as the model (PixArt's, Sana's): other in each, the FFN beside kept
+class _GatedNormBeforeAnFfn(torch.nn.Module):
+    def __init__(self, rank: int = 16) -> None:
+        super().__init__()
+        self.norm = torch.nn.RMSNorm(D)
+        self.fc1, self.fc2 = torch.nn.Linear(D, rank, bias=False), torch.nn.Linear(rank, D, bias=False)
+        self.gate, self.up = torch.nn.Linear(D, F, bias=False), torch.nn.Linear(D, F, bias=False)
+        self.down = torch.nn.Linear(F, D, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.norm(x)
+        y = y * torch.sigmoid(self.fc2(torch.nn.functional.silu(self.fc1(y))))
+        return x + self.down(torch.nn.functional.silu(self.gate(y)) * self.up(y))
+
+
+def test_a_gated_norms_low_rank_gate_is_no_ffn() -> None:
+    found, _ = roles(_GatedNormBeforeAnFfn(), torch.randn(B, N, D))
+    assert found == {**ffn(B, N, D, F, gated=True), "other": 2 * B * N * D * 16}
+
+
+class _TokenHead(torch.nn.Module):
+    def __init__(self, outputs: int = 4) -> None:
+        super().__init__()
+        self.proj_in, self.hidden, self.proj_out = (torch.nn.Linear(D, D), torch.nn.Linear(D, D),
+                                                    torch.nn.Linear(D, outputs))
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:  # [B, prompts, tokens, d]: the first token's MLP
+        x = torch.relu(self.proj_in(tokens[:, :, 0, :]))
+        return torch.sigmoid(self.proj_out(torch.relu(self.hidden(x))))
+
+
+@pytest.mark.parametrize("prompts", [1, 3])
+def test_an_mlp_head_on_one_token_is_other(prompts: int) -> None:
+    found, _ = roles(_TokenHead(), torch.randn(B, prompts, 5, D))
+    assert found == {"other": B * prompts * (2 * D * D + D * 4)}
+
+
+class _CaptionProjectedCrossAttention(torch.nn.Module):
+    def __init__(self, caption: int) -> None:
+        super().__init__()
+        self.linear_1, self.linear_2 = torch.nn.Linear(caption, D), torch.nn.Linear(D, D)
+        self.blocks = torch.nn.ModuleList(torch.nn.MultiheadAttention(D, H, batch_first=True) for _ in range(L))
+
+    def forward(self, x: torch.Tensor, text: torch.Tensor) -> torch.Tensor:  # every block reads the one projection
+        context = self.linear_2(torch.nn.functional.gelu(self.linear_1(text), approximate="tanh"))
+        for block in self.blocks:
+            x = x + block(x, context, context, need_weights=False)[0]
+        return x
+
+
+@pytest.mark.parametrize("caption", [D, 48])  # as wide as the model, and not
+def test_a_caption_projection_is_other_whatever_its_width(caption: int) -> None:
+    text = 7
+    found, _ = roles(_CaptionProjectedCrossAttention(caption), torch.randn(B, N, D), torch.randn(B, text, caption))
+    assert found == {**times(L, attention(B, N, text, D, H)), "other": B * text * (caption * D + D * D)}

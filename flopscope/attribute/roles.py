@@ -56,7 +56,7 @@ from torch import nn
 
 from ..capture.records import CapturedOp, Cost, after_write
 from ..formulas import elementwise
-from ..formulas.elementwise import EMBEDDING_LOOKUPS, PRODUCT_OPS, SOFTMAX_OPS
+from ..formulas.elementwise import EMBEDDING_LOOKUPS, PRODUCT_OPS, SOFTMAX_OPS, VALUE_COPIES
 from ..formulas.registry import OpFamily, argument, prod
 from ..role import ROLE_ORDER, Role, parse_role
 from .columns import columns, holds_columns_along, scale_parts, split_by_columns, split_by_rows
@@ -371,8 +371,9 @@ def _attention_at_softmax(view: GraphView, state: RoleState, s: CapturedOp) -> N
     if not scores and not shared:
         return
     weighted = [m for m in _nearest_after(view, s) if view.is_activation_product(m) and m not in state.parts]
-    if not scores and not weighted:
-        return
+    if not weighted and (not scores or _unread(view, s)):
+        return  # (a softmax nothing reads but copies: dead code, as Sam2's Hiera computes softmax(q·kᵀ) over its
+        # heads at each position and drops it; its product is no attention)
     members: set[CapturedOp] = set(scores) | set(weighted)
     for m in scores:
         state.parts[m] = {Role.ATTN_SCORES.value: m.macs}
@@ -388,6 +389,12 @@ def _attention_at_softmax(view: GraphView, state: RoleState, s: CapturedOp) -> N
         members |= _demand_projections(view, state, value_side, Role.V_PROJ.value)
         members |= _demand_out_proj(view, state, m)
     state.groups.append(members)
+
+
+def _unread(view: GraphView, n: CapturedOp) -> bool:
+    """Nothing reads ``n``'s result but copies of it (dtype changes, clones), which nothing reads either: a value the
+    forward computes and drops (or returns as it is)."""
+    return all(view.packet(m) in VALUE_COPIES for m in reach(view.users(n), view.users, lambda m: True))
 
 
 def _transposed_on_the_way(view: GraphView, product: CapturedOp, softmax: CapturedOp) -> bool:
@@ -716,11 +723,13 @@ def _down_projections(view: GraphView, state: RoleState, gated: bool) -> None:
             found = _hidden_layer(view, state, hidden, through_channelwise=writes_back)
             if found is None or _per_sample(view, d) or view.pooled(d) or _only_weighs(view, d) \
                     or any(_spread(view, p) for demands in found for p, _, _ in demands) \
-                    or not (writes_back or sources or _back_to_its_width(view, d, found)):
+                    or not (writes_back or sources or (_back_to_its_width(view, d, found)
+                                                       and not _projected_again(view, d))):
                 continue  # one vector per sample (or frame) spread over the positions, after D or before its hidden
                 # layer (Flux-3's per-token modulations of silu(temb expanded to the tokens)), is conditioning; one
-                # pooled from the positions (a pooler and its classifier) is a head; one between widths that writes
-                # back to no residual stream (a projector, a box or quality head) is an MLP, not an FFN
+                # pooled from the positions (a pooler and its classifier) is a head; one between widths, or one
+                # projected again before any sum, that writes back to no residual stream (a projector, a box or
+                # quality head, a gate's generator) is an MLP, not an FFN
             for demands in found:
                 for p, target, role in demands:
                     state.demand(p, target, role)
@@ -756,6 +765,21 @@ def _back_to_its_width(view: GraphView, d: CapturedOp, found: Sequence[Sequence[
     first = [p for p in projections  # (not a factor reading another's output: a LoRA adapter's B after its A)
              if not any(m in projections for m in _nearest_before(view, inputs[p]))]
     return all(tuple(inputs[p].output_shapes[0][-1:]) == tuple(width) for p in first or projections)
+
+
+SUMS = SUM_OPS | {aten.sum}
+"""Ops that add values together: a sum of two tensors, or of the slices along an axis (the top-k experts' outputs)."""
+
+
+def _projected_again(view: GraphView, d: CapturedOp) -> bool:
+    """``d``'s result reaches a weight matmul before it is summed with anything (through ops without multiplies, not
+    through a sum, a scatter-add or a sum over an axis: an MoE's combine): the MLP goes on (a head's or a projector's
+    next layer, a text projection read by the keys and values, a gate generated for a norm's output), it is no FFN's
+    down projection."""
+    def onward(n: CapturedOp) -> bool:
+        return not n.macs and view.packet(n) not in SUMS and (n.elementwise or ("",))[0] != "scatter"
+
+    return any(n.macs and view.is_weight_matmul(n) for n in reach(view.users(d), view.users, onward))
 
 
 def _writes_back(view: GraphView, d: CapturedOp) -> bool:
