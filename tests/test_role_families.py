@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import flopscope
-from flopscope.invariants import head_paths, role_balance
+from flopscope.testing.invariants import head_paths, role_balance
 
 from closed_forms import add, attention, ffn, times
 
@@ -674,3 +674,23 @@ def test_a_caption_projection_is_other_whatever_its_width(caption: int) -> None:
     text = 7
     found, _ = roles(_CaptionProjectedCrossAttention(caption), torch.randn(B, N, D), torch.randn(B, text, caption))
     assert found == {**times(L, attention(B, N, text, D, H)), "other": B * text * (caption * D + D * D)}
+
+
+class _MlpStack(torch.nn.Module):
+    """Blocks d → f → d with no residual, each read by the next one's up projection as it is, then a head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = torch.nn.ModuleList(torch.nn.Sequential(torch.nn.Linear(D, F), torch.nn.GELU(),
+                                                              torch.nn.Linear(F, D)) for _ in range(L))
+        self.head = torch.nn.Linear(D, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+
+def test_a_stack_of_mlp_blocks_keeps_its_ffns() -> None:
+    found, _ = roles(_MlpStack(), torch.randn(B, N, D))
+    assert found == {**times(L, ffn(B, N, D, F)), "other": B * N * D * 3}

@@ -724,7 +724,7 @@ def _down_projections(view: GraphView, state: RoleState, gated: bool) -> None:
             if found is None or _per_sample(view, d) or view.pooled(d) or _only_weighs(view, d) \
                     or any(_spread(view, p) for demands in found for p, _, _ in demands) \
                     or not (writes_back or sources or (_back_to_its_width(view, d, found)
-                                                       and not _projected_again(view, d))):
+                                                       and not _projected_again(view, state, d))):
                 continue  # one vector per sample (or frame) spread over the positions, after D or before its hidden
                 # layer (Flux-3's per-token modulations of silu(temb expanded to the tokens)), is conditioning; one
                 # pooled from the positions (a pooler and its classifier) is a head; one between widths, or one
@@ -771,15 +771,36 @@ SUMS = SUM_OPS | {aten.sum}
 """Ops that add values together: a sum of two tensors, or of the slices along an axis (the top-k experts' outputs)."""
 
 
-def _projected_again(view: GraphView, d: CapturedOp) -> bool:
+def _projected_again(view: GraphView, state: RoleState, d: CapturedOp) -> bool:
     """``d``'s result reaches a weight matmul before it is summed with anything (through ops without multiplies, not
-    through a sum, a scatter-add or a sum over an axis: an MoE's combine): the MLP goes on (a head's or a projector's
-    next layer, a text projection read by the keys and values, a gate generated for a norm's output), it is no FFN's
-    down projection."""
+    through a sum, a scatter-add or a sum over an axis: an MoE's combine), and either passes an activation on the way
+    or is read by an attention projection: the MLP goes on (a head's next layer, after its ReLU; a gate generated
+    for a norm's output, through its sigmoid) or projects keys and values (a caption projection), so ``d`` is no
+    FFN's down projection. A stack of MLP blocks without residuals, one block's result read by the next one's up
+    projection as it is, keeps its FFNs."""
     def onward(n: CapturedOp) -> bool:
         return not n.macs and view.packet(n) not in SUMS and (n.elementwise or ("",))[0] != "scatter"
 
-    return any(n.macs and view.is_weight_matmul(n) for n in reach(view.users(d), view.users, onward))
+    todo, seen = [(u, False) for u in view.users(d)], set()
+    while todo:
+        n, activated = todo.pop()
+        if (n, activated) in seen:
+            continue
+        seen.add((n, activated))
+        if n.macs:
+            if view.is_weight_matmul(n) and (activated or _projection_roles_asked(state, n)):
+                return True
+            continue
+        if onward(n):
+            activated = activated or view.packet(n) in elementwise.ACTIVATION_OPS
+            todo.extend((u, activated) for u in view.users(n))
+    return False
+
+
+def _projection_roles_asked(state: RoleState, n: CapturedOp) -> bool:
+    """``n`` was given or asked for attention projection roles only (``q_proj``, ``k_proj``, ``v_proj``)."""
+    roles = _roles_of(state, n)
+    return bool(roles) and roles <= PROJECTION_ROLES
 
 
 def _writes_back(view: GraphView, d: CapturedOp) -> bool:
