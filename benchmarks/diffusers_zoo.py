@@ -1014,7 +1014,7 @@ def write_roles_report(results: list[dict[str, Any]], path: Path, elapsed: float
     lines = ["# flopscope roles yardstick: the roles that must balance, over the diffusers zoo", "",
              f"{len(results)} model classes of diffusers {__import__('diffusers').__version__}, torch "
              f"{__import__('torch').__version__}; {args.jobs} job(s), {elapsed / 60:.1f} min. Per class, one profile "
-             "(`mode='auto'`, `no_grad`) checked with `flopscope.invariants.role_balance(prof, head_paths(prof))`: "
+             "(`mode='auto'`, `no_grad`) checked with `role_balance(prof, head_paths(prof))`: "
              "per layer (an item of a module list) `ffn_up == ffn_down`, `ffn_gate` 0 or `ffn_up`, q/out = k/v = "
              "scores/weighted-sum, projections with an attention core; nothing of attention or FFN in a head.", "",
              f"Tiny models whose heads are {HEADS} of {ROLE_HEAD_DIM} (not the {WIDTH} of the other widths; FFN "
@@ -1198,9 +1198,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-params", type=float, default=50e6, help="skip models above this size (default 50M)")
     ap.add_argument("--probe", action="store_true", help="only build each class and find its inputs")
     ap.add_argument("--invariants", action="store_true",
-                    help="also run flopscope.invariants.check_invariants on each class (more time)")
+                    help="also run flopscope.testing.invariants.check_invariants on each class (more time)")
     ap.add_argument("--roles", action="store_true",
-                    help="the roles yardstick only (issue 47): flopscope.invariants.role_balance on each class, heads "
+                    help="the roles yardstick only (issue 47): role_balance on each class, heads "
                          f"{ROLE_HEAD_DIM} wide (report default: benchmarks/diffusers_zoo_roles_report.md)")
     args = ap.parse_args(argv)
 

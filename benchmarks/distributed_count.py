@@ -4,7 +4,7 @@
 
 Two copies of the model (32 layers, d 4096, 32 heads, d_ff 11008, vocab 32000, with its LM head) are built on
 device="meta". One is counted as it is (fake mode, one device); the other is sharded with its own Hugging Face
-tensor-parallel plan (``flopscope.distributed.tensor_parallel``) on a fake world of 8 ranks and counted as rank 0
+tensor-parallel plan (``workloads.distributed.tensor_parallel``) on a fake world of 8 ranks and counted as rank 0
 (fake mode: DTensor dispatch, local-shard ops, collectives recorded). Each repetition times both, interleaved, after
 a ``gc.collect()``; the medians are printed side by side with their ratio (target: sharded <= 1.5x single-device).
 ``--cprofile N`` profiles one more sharded count with cProfile and prints the N costliest functions (cumulative).
@@ -28,7 +28,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 import flopscope
-from flopscope.distributed import fake_world, tensor_parallel
+from flopscope.workloads.distributed import fake_world, tensor_parallel
 
 TARGET = 1.5
 

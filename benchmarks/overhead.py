@@ -386,7 +386,7 @@ def child_generation(spec: dict[str, Any]) -> dict[str, Any]:
     ways (see the module docstring)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from flopscope.generation import greedy_decode
+    from flopscope.workloads.generation import greedy_decode
 
     if spec["threads"]:
         torch.set_num_threads(spec["threads"])

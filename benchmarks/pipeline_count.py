@@ -144,7 +144,7 @@ def main() -> int:
     import torch
 
     from flopscope import profile_pipeline
-    from flopscope.pipeline_configs import pipeline_from_configs
+    from flopscope.workloads.pipeline_configs import pipeline_from_configs
     warnings.simplefilter("ignore")
     cls, components, call = PIPELINES[args.model]
     call = {**call, **({"num_inference_steps": args.steps} if args.steps else {})}

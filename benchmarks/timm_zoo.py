@@ -442,7 +442,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-macs", type=float, default=100e9,
                     help="models flopscope counts above this get their reference on a meta copy (default 100G)")
     ap.add_argument("--invariant-macs", type=float, default=2e9,
-                    help="check flopscope.invariants on CPU models counted at or below this (default 2G; 0: none)")
+                    help="check the invariants on CPU models counted at or below this (default 2G; 0: none)")
     runner.add_against_argument(ap)
     args = ap.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)

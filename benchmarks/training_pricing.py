@@ -111,7 +111,7 @@ import torch  # noqa: E402
 
 import flopscope  # noqa: E402
 from flopscope.role import Role  # noqa: E402
-from flopscope.training import BatchPricer, flops_per_batch  # noqa: E402
+from flopscope.workloads.training import BatchPricer, flops_per_batch  # noqa: E402
 
 PRICING_TARGET = 0.01  # pricing a batch costs < 1 % of profiling it again
 CALLBACK_TARGET_MS = 1.0  # a callback adds < 1 ms per training step

@@ -941,7 +941,7 @@ def write_roles_report(results: list[dict[str, Any]], path: Path, elapsed: float
              f"{__import__('torch').__version__}; {args.jobs} job(s), {elapsed / 60:.1f} min. Per architecture, the "
              "base class and its head classes (the auto mappings of `*ForCausalLM`, `*ForSequenceClassification`, "
              "`*ForImageClassification`), profiled (`mode='auto'`, `no_grad`) and checked with "
-             "`flopscope.invariants.role_balance(prof, head_paths(prof))`: per layer (an item of a module list) "
+             "`role_balance(prof, head_paths(prof))`: per layer (an item of a module list) "
              "`ffn_up == ffn_down`, `ffn_gate` 0 or `ffn_up`, q/out = k/v = scores/weighted-sum, projections with an "
              "attention core; nothing of attention or FFN in a head.", "",
              f"Configs whose widths do not coincide (hidden {HIDDEN}, {HEADS} heads, every head-width key "
@@ -997,9 +997,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="skip configs that are not shrunk enough and have more parameters (default 150M)")
     ap.add_argument("--eager-always", action="store_true",
                     help="run fs-eager for every architecture, not only where flopscope and the reference differ")
-    ap.add_argument("--no-invariants", action="store_true", help="skip flopscope.invariants (a third of the time)")
+    ap.add_argument("--no-invariants", action="store_true", help="skip the invariants (a third of the time)")
     ap.add_argument("--roles", action="store_true",
-                    help="the roles yardstick only (issue 47): flopscope.invariants.role_balance on each base class "
+                    help="the roles yardstick only (issue 47): role_balance on each base class "
                          "and its head classes, on configs whose widths do not coincide; no reference, no invariants "
                          "(report default: benchmarks/zoo_roles_report.md)")
     runner.add_against_argument(ap)

@@ -1,10 +1,10 @@
 """The roles yardstick of the zoo sweeps (issue 47): the roles that must balance in every standard layer and head
-(:func:`flopscope.invariants.role_balance`), checked per architecture without a closed form, the exceptions, and
+(:func:`flopscope.testing.invariants.role_balance`), checked per architecture without a closed form, the exceptions, and
 the report.
 
 - :func:`balance_record`: one model's profile (``mode="auto"``, ``no_grad``) and what it breaks: its heads
-  (:func:`flopscope.invariants.head_paths`), its imbalances (layer or head path, rule, the MACs that do not balance)
-  and its roles;
+  (:func:`~flopscope.testing.invariants.head_paths`), its imbalances (layer or head path, rule, the MACs that do
+  not balance) and its roles;
 - :data:`EXCEPTIONS`: every architecture where a rule truly does not apply, with the reason read from the model's
   code (one place for the Hugging Face, timm and diffusers zoos). An imbalance that no exception covers is a
   misreading: a bug of the roles, never an entry here;
@@ -40,7 +40,7 @@ def balance_record(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any], ki
     import torch
 
     import flopscope
-    from flopscope.invariants import head_paths, role_balance
+    from flopscope.testing.invariants import head_paths, role_balance
 
     out: dict[str, Any] = {"kind": kind, "class": type(model).__name__,
                            "prefix": getattr(model, "base_model_prefix", "") or ""}
@@ -78,12 +78,12 @@ def _parts(prof: Any, where: str) -> list[str]:
 # --------------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class RoleException:
-    """``label``: ``rule`` (of :data:`flopscope.invariants.BALANCE_RULES`) does not apply in ``names`` (model types,
-    timm models, diffusers classes), for ``reason``. Narrowed by regular expressions searched in the layer or head path
-    (``where``), in what does not balance (``detail``: ``"^k_proj"`` for the k/v check of the attention rule) and in
-    the layer's parts (``parts``: ``name:Class`` of its submodules, ``"linear_attn:"``); "" matches anything.
-    ``checker``: the imbalance comes from what ``role_balance`` takes for a layer, not from the model (listed apart,
-    until the reading is fixed)."""
+    """``label``: ``rule`` (of :data:`~flopscope.testing.invariants.BALANCE_RULES`) does not apply in ``names``
+    (model types, timm models, diffusers classes), for ``reason``. Narrowed by regular expressions searched in the
+    layer or head path (``where``), in what does not balance (``detail``: ``"^k_proj"`` for the k/v check of the
+    attention rule) and in the layer's parts (``parts``: ``name:Class`` of its submodules, ``"linear_attn:"``); ""
+    matches anything. ``checker``: the imbalance comes from what ``role_balance`` takes for a layer, not from the
+    model (listed apart, until the reading is fixed)."""
 
     label: str
     rule: str

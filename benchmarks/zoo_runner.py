@@ -126,11 +126,11 @@ def profile_record(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any], gr
 
 
 def invariants_record(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any], res: dict[str, Any]) -> None:
-    """``flopscope.invariants.check_invariants`` on the model as built (under ``no_grad``): ``res["invariants"]``
+    """``check_invariants`` on the model as built (under ``no_grad``): ``res["invariants"]``
     maps each invariant to ``"ok"``, ``"violated: ..."`` or ``"skipped: ..."``; ``res["signature"]`` holds the
     total and roles of each mode counted, for the comparison with a run under another ``PYTHONHASHSEED``
     (:func:`hash_seed_lines`)."""
-    from flopscope.invariants import INVARIANTS, check_invariants
+    from flopscope.testing.invariants import INVARIANTS, check_invariants
 
     res["stage"] = "invariants"
     try:
@@ -172,7 +172,7 @@ def invariant_lines(results: list[dict[str, Any]], name: str) -> list[str]:
     for r in checked:
         names.update(dict.fromkeys(r["invariants"]))
     lines = ["## Invariants", "", f"Checked on {len(checked)} of {len(results)} "
-             "(`flopscope.invariants.check_invariants`: repeat, modes = fake / real / meta, attention = eager / SDPA, "
+             "(`check_invariants`: repeat, modes = fake / real / meta, attention = eager / SDPA, "
              "forward after = before, caches hold no fake tensor; hash seed = against another run's JSON).", "",
              "| invariant | ok | violated | skipped |", "|---|---|---|---|"]
     for inv in names:

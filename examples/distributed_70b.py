@@ -4,8 +4,8 @@
 
 The model (Llama-3-70B's shape: 80 layers, width 8,192, 64 query heads, 8 key/value heads, SwiGLU FFN 28,672,
 vocabulary 128,256) is built on ``device="meta"`` in bf16: nothing is allocated. A fake world of 64 ranks
-(``flopscope.distributed.fake_world``: torch's fake process group, mesh ("dp", "tp")) lets the model be sharded
-with its own Hugging Face tensor-parallel plan (``flopscope.distributed.tensor_parallel``); one forward and
+(``workloads.distributed.fake_world``: torch's fake process group, mesh ("dp", "tp")) lets the model be sharded
+with its own Hugging Face tensor-parallel plan (``flopscope.workloads.distributed.tensor_parallel``); one forward and
 backward of a 4,096-token sequence is then counted on fake tensors as rank 0 runs it: its MACs per role beside the
 unsharded model's (every projection and the attention core 1/8, the LM head too), every collective it issues
 against Megatron-LM's closed form, and the communication per MAC of each layer. FSDP2 cannot run on fake tensors,
@@ -21,8 +21,8 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import flopscope
-from flopscope import distributed as dist
-from flopscope.communication import compare
+from flopscope.predict.communication import compare
+from flopscope.workloads import distributed as dist
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from flopscope import BudgetError
-from flopscope.models import TransformerBlock
+from flopscope.studies.models import TransformerBlock
 from flopscope.testing import FlopBudget, assert_macs
 
 

@@ -20,8 +20,8 @@ from tabulate import tabulate
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import flopscope
-from flopscope.generation import steps_table
-from flopscope.roofline import roofline
+from flopscope.workloads.generation import steps_table
+from flopscope.workloads.roofline import roofline
 
 H100 = {"device": "H100 SXM", "dtype": torch.bfloat16}
 

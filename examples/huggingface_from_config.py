@@ -11,7 +11,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import flopscope
-from flopscope import report
+from flopscope.render import text as report
 
 
 def main(argv: list[str] | None = None) -> flopscope.Profile:

@@ -20,8 +20,8 @@ from lightning.pytorch.callbacks import ThroughputMonitor
 from lightning.pytorch.loggers import Logger
 from transformers import GPT2Config, GPT2LMHeadModel
 
+from flopscope.hardware.peaks import measure_cpu_peak
 from flopscope.integrations.lightning import FlopscopeCallback
-from flopscope.peaks import measure_cpu_peak
 
 VOCAB = 1000
 

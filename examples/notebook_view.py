@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 import flopscope
-from flopscope.models import TransformerBlock
+from flopscope.studies.models import TransformerBlock
 
 
 def main(argv: list[str] | None = None) -> flopscope.Profile:

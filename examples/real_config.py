@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 import flopscope
-from flopscope.targets import load_target
+from flopscope.cli.targets import load_target
 
 LLAMA_3_1_8B = {  # the published config.json (the values that matter for the count): GQA 32/8, llama3 rope
     "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336,

@@ -10,8 +10,8 @@ import argparse
 import torch
 
 import flopscope
-from flopscope.models import TransformerBlock
-from flopscope.plots import scaling_plot
+from flopscope.render.plots import scaling_plot
+from flopscope.studies.models import TransformerBlock
 
 
 def main(argv: list[str] | None = None) -> flopscope.Scaling:

@@ -17,8 +17,8 @@ import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
 import flopscope
-from flopscope.plots import trace_plot
-from flopscope.trace import merge_torch_trace
+from flopscope.render.plots import trace_plot
+from flopscope.render.trace import merge_torch_trace
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

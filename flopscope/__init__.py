@@ -34,25 +34,26 @@ from .formulas.registry import REGISTRY, FormulaRegistry, OpFamily
 from .predict.reconcile import ReconcileRow, Reconciliation, TransformerSpec
 from .profile import OpRecord, Profile
 from .role import Role
-from .scaling import Polynomial, Scaling, scaling
 from .version import __version__ as __version__
+from .workloads.scaling import Polynomial, Scaling, scaling
 
 if TYPE_CHECKING:  # (imported when first used: __getattr__ below)
-    from .generation import Step, profile_generation
     from .peers import crosscheck
-    from .pipeline import DenoisingStep, PipelineProfile, Workload, WorkloadTerm, profile_pipeline
-    from .resolution import ResolutionScaling, resolution_scaling
-    from .roofline import Roofline, roofline
-    from .training import BatchPricer, Throughput, flops_per_batch, measure_flops
-    from .why_self_attention import compare, compare_lengths
+    from .studies.why_self_attention import compare, compare_lengths
+    from .workloads.generation import Step, profile_generation
+    from .workloads.pipeline import DenoisingStep, PipelineProfile, Workload, WorkloadTerm, profile_pipeline
+    from .workloads.resolution import ResolutionScaling, resolution_scaling
+    from .workloads.roofline import Roofline, roofline
+    from .workloads.training import BatchPricer, Throughput, flops_per_batch, measure_flops
 
 _LAZY = {
-    "Step": "generation", "profile_generation": "generation", "crosscheck": "peers", "DenoisingStep": "pipeline",
-    "PipelineProfile": "pipeline",
-    "Workload": "pipeline", "WorkloadTerm": "pipeline", "profile_pipeline": "pipeline",
-    "ResolutionScaling": "resolution", "resolution_scaling": "resolution", "Roofline": "roofline",
-    "roofline": "roofline", "BatchPricer": "training", "Throughput": "training", "flops_per_batch": "training",
-    "measure_flops": "training", "compare": "why_self_attention", "compare_lengths": "why_self_attention",
+    "Step": "workloads.generation", "profile_generation": "workloads.generation", "crosscheck": "peers",
+    "DenoisingStep": "workloads.pipeline", "PipelineProfile": "workloads.pipeline", "Workload": "workloads.pipeline",
+    "WorkloadTerm": "workloads.pipeline", "profile_pipeline": "workloads.pipeline",
+    "ResolutionScaling": "workloads.resolution", "resolution_scaling": "workloads.resolution",
+    "Roofline": "workloads.roofline", "roofline": "workloads.roofline", "BatchPricer": "workloads.training",
+    "Throughput": "workloads.training", "flops_per_batch": "workloads.training", "measure_flops": "workloads.training",
+    "compare": "studies.why_self_attention", "compare_lengths": "studies.why_self_attention",
 }
 """Public names of the workloads (pipelines, training, generation, the peers, the seed study's comparison), imported
 on first use: ``import flopscope`` stays as light as the profiling core (``benchmarks/import_time.py``)."""

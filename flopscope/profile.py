@@ -18,6 +18,7 @@ from typing import Any
 from torch import fx
 
 from .attribute.columns import scale_parts
+from .attribute.op_record import OpRecord, Shape
 from .attribute.paths import enclosing
 from .attribute.roles import Assignment, RoleRule, find_roles
 from .capture import undispatched
@@ -36,27 +37,6 @@ from .predict.steps import Step
 from .predict.timing import Timing, timing
 from .render import chrome_trace, flame, html, notebook
 from .role import NO_MULTIPLY, ROLE_ORDER, Role
-
-Shape = tuple[int, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class OpRecord:
-    """One counted op: an ATen op with a multiply formula, as executed once."""
-
-    op: str  # "aten.bmm"
-    module: str  # innermost module path; "" is the root
-    module_stack: tuple[str, ...]  # module paths of the calls running it, outermost first
-    call: int  # which call of `module` (1 = first) executed it
-    input_shapes: tuple[Shape, ...]
-    output_shapes: tuple[Shape, ...]
-    multiplies: int  # MACs; FLOPs = 2 * multiplies
-    parts: Mapping[str, int] | None  # {part: MACs} of a fused op (e.g. attn_scores / attn_weighted_sum)
-    node: str  # name of the fx node in Profile.graph
-    phase: str  # "forward" or "backward"
-    role: Role  # the role that got most of this op's MACs
-    roles: Mapping[str, int]  # {role: MACs}, summing to `multiplies` (several for fused ops / fused QKV)
-    block: str  # module path of the attention / FFN / conv block instance it belongs to
 
 
 @dataclass(frozen=True)

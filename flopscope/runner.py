@@ -34,7 +34,6 @@ from torch import nn
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.nn.utils.stateless import _reparametrize_module
 
-from . import memory
 from .attribute.roles import RoleRule
 from .capture import undispatched
 from .capture.catalog import counting_kernels
@@ -80,7 +79,8 @@ from .errors import (
     cause_of_kind,
 )
 from .formulas.registry import REGISTRY, FormulaRegistry
-from .memory import gib, least_available, state_bytes
+from .hardware import memory
+from .hardware.memory import gib, least_available, state_bytes
 from .profile import Profile
 
 MODES = ("auto", "fake", "real")

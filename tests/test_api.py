@@ -11,7 +11,7 @@ from torch import nn
 from torch.nn.modules import module as nn_module
 
 import flopscope
-from flopscope.report import module_tree
+from flopscope.render.text import module_tree
 
 from closed_forms import add, attention, ffn, times
 from zoo import HandAttention

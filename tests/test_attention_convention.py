@@ -15,9 +15,9 @@ import pytest
 import torch
 
 import flopscope
-from flopscope import report
 from flopscope.errors import ConfigurationError
 from flopscope.predict.attention import notes
+from flopscope.render import text as report
 
 from closed_forms import add, attention, ffn, rotary, times, total
 from zoo import CPU_FUSED_GQA

@@ -12,7 +12,7 @@ import pytest
 
 import flopscope
 from flopscope.cli import main
-from flopscope.report import JSON_SCHEMA
+from flopscope.render.text import JSON_SCHEMA
 
 from closed_forms import rnn, rotary
 from zoo import CPU_FUSED_GQA, hf_plan_shards_the_embedding
@@ -54,7 +54,7 @@ def test_demo_matches_its_closed_form(capsys):
 def test_profile_a_factory_with_every_output(tmp_path, capsys):
     d, n = 32, 16
     json_path, csv_path, png = tmp_path / "p.json", tmp_path / "p.csv", tmp_path / "s.png"
-    code = main(["profile", "flopscope.models:TransformerBlock", "--set", f"d={d}", "--set", "h=4",
+    code = main(["profile", "flopscope.studies.models:TransformerBlock", "--set", f"d={d}", "--set", "h=4",
                  "--set", f"d_ff={4 * d}", "--input", f"1x{n}x{d}", "--mode", "real", "--sweep", "8,16,32,64",
                  "--json", str(json_path), "--csv", str(csv_path), "--plot", str(png), "--units", "flops",
                  "--format", "github"])
@@ -103,7 +103,7 @@ def test_compare_command(capsys):
 def test_errors_have_exit_codes_and_say_what_to_do(capsys):
     assert main(["profile", "no_such_module:factory", "--input", "1x4"]) == 3
     assert "cannot load" in capsys.readouterr().err
-    assert main(["profile", "flopscope.models:TransformerBlock", "--set", "d=8", "--set", "h=2",
+    assert main(["profile", "flopscope.studies.models:TransformerBlock", "--set", "d=8", "--set", "h=2",
                  "--input", "1x4x9"]) == 3
     err = capsys.readouterr().err
     assert "ForwardError" in err or "raised" in err
@@ -249,9 +249,9 @@ def test_generate_falls_back_to_a_real_generate_where_greedy_decoding_does_not_m
 
 
 def test_generate_refuses_what_cannot_generate(capsys):
-    assert main(["generate", "flopscope.models:TransformerBlock", "--set", "d=8", "--set", "h=2"]) == 3
+    assert main(["generate", "flopscope.studies.models:TransformerBlock", "--set", "d=8", "--set", "h=2"]) == 3
     err = capsys.readouterr().err
-    assert "flopscope.models:TransformerBlock (TransformerBlock) has no generate() method" in err
+    assert "flopscope.studies.models:TransformerBlock (TransformerBlock) has no generate() method" in err
     for option in ("--new", "--prompt", "--batch"):
         with pytest.raises(SystemExit) as info:
             main(["generate", "hf:llama", option, "0"])

@@ -13,7 +13,7 @@ import flopscope
 from flopscope import errors
 from flopscope.cli import main
 
-BLOCK = ["profile", "flopscope.models:TransformerBlock", "--set", "d=8", "--set", "h=2", "--set", "d_ff=16",
+BLOCK = ["profile", "flopscope.studies.models:TransformerBlock", "--set", "d=8", "--set", "h=2", "--set", "d_ff=16",
          "--input", "1x4x8"]
 GPT2 = ["profile", "hf:gpt2", "--set", "n_layer=1", "--set", "n_embd=32", "--set", "n_head=4",
         "--set", "vocab_size=100", "--set", "n_positions=16", "--mode", "fake"]
@@ -116,7 +116,7 @@ def test_a_factory_in_the_current_folder_loads_without_pythonpath(tmp_path, monk
     ("2", 2), ("-3", -3), ("0.1", 0.1), ("1e-5", 1e-5), ("none", None), ("Null", None), ("None", None),
     ("gelu", "gelu"), ("[1, 2]", [1, 2]), ("'two'", "two")])
 def test_set_values_parse_as_a_person_writes_them(text, value):
-    from flopscope.targets import parse_setting
+    from flopscope.cli.targets import parse_setting
 
     parsed = parse_setting(f"key={text}")
     assert parsed == ("key", value) and type(parsed[1]) is type(value)
@@ -124,7 +124,7 @@ def test_set_values_parse_as_a_person_writes_them(text, value):
 
 def test_set_values_reach_the_config_with_its_types(capsys):
     pytest.importorskip("transformers")
-    from flopscope.targets import load_target
+    from flopscope.cli.targets import load_target
 
     config = load_target("hf:gpt2", ["n_layer=1", "use_cache=false", "scale_attn_weights=No",
                                      "layer_norm_epsilon=1e-5", "resid_pdrop=0"], "meta").model.config
@@ -144,7 +144,7 @@ def test_a_set_value_of_the_wrong_type_names_key_value_and_type_and_is_bad_usage
     assert main([*GPT2, "--set", "use_cache=maybe", "--input", "1x8"]) == 2
     assert "use_cache of hf:gpt2 takes a boolean (true or false), not 'maybe'" in capsys.readouterr().err
     assert main([*BLOCK, "--set", "d_ff=1.5"]) == 2  # a factory: its default's type
-    assert "d_ff of flopscope.models:TransformerBlock takes an integer, not 1.5 (e.g. --set d_ff=2048, its " \
+    assert "d_ff of flopscope.studies.models:TransformerBlock takes an integer, not 1.5 (e.g. --set d_ff=2048, its " \
         "default)" in capsys.readouterr().err
     assert main(["profile", "hf:llama", "--set", "hidden_size=65", "--input", "1x8"]) == 2  # the config's validation
     assert "the config of hf:llama refuses --set hidden_size=65: " in capsys.readouterr().err
@@ -171,7 +171,7 @@ def test_a_token_model_given_another_form_than_batch_x_sequence_is_bad_usage(cap
 
 
 def test_an_image_model_given_another_form_than_its_weights_input_is_refused():
-    from flopscope.targets import Target, make_inputs
+    from flopscope.cli.targets import Target, make_inputs
 
     target = Target(torch.nn.Conv2d(3, 8, 3), "a 3-channel model", token_inputs=False, input_shape=(1, 3, 224, 224))
     with pytest.raises(errors.UsageError, match=r"--input 1x3x224: a 3-channel model takes "
@@ -204,9 +204,9 @@ def test_a_sequence_longer_than_the_position_table_is_refused_before_the_inputs(
 
 def test_only_a_learned_position_table_limits_the_sequence():
     pytest.importorskip("transformers")
-    from flopscope.targets import load_target, make_inputs
+    from flopscope.cli.targets import load_target, make_inputs
 
-    def tiny(spec: str, **config: int) -> flopscope.targets.Target:
+    def tiny(spec: str, **config: int) -> flopscope.cli.targets.Target:
         return load_target(spec, [f"{k}={v}" for k, v in config.items()])
 
     gpt2 = tiny("hf:gpt2", n_layer=1, n_embd=32, n_head=4, vocab_size=16, n_positions=16)  # vocab = positions
@@ -235,7 +235,7 @@ def test_only_a_learned_position_table_limits_the_sequence():
 # --------------------------------------------------------------------------------------------------
 # scaling() and compare()
 def test_scaling_refuses_a_length_below_one_by_name_before_profiling():
-    block = flopscope.models.TransformerBlock(8, 2, 16)
+    block = flopscope.studies.models.TransformerBlock(8, 2, 16)
     built: list[int] = []
 
     def inputs(n: int) -> torch.Tensor:

@@ -18,8 +18,8 @@ import torch
 from torch import nn
 
 import flopscope
-from flopscope import memory
 from flopscope.cli import main
+from flopscope.hardware import memory
 
 from closed_forms import rotary
 

@@ -11,7 +11,7 @@ import torch._dynamo  # reset() between tests
 
 import flopscope
 from flopscope.capture.compiled import COMPILED_NOTE, EXPORTED_NOTE
-from flopscope.models import TransformerBlock
+from flopscope.studies.models import TransformerBlock
 
 n, d, h, d_ff = 16, 32, 4, 128
 d_k = d // h

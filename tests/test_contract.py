@@ -12,7 +12,7 @@ from torch import nn
 
 import flopscope
 from flopscope.capture.records import captured
-from flopscope.models import TransformerBlock
+from flopscope.studies.models import TransformerBlock
 
 PACKAGE = Path(flopscope.__file__).parent
 BUILTIN_ERRORS = {"ValueError", "KeyError", "TypeError", "RuntimeError", "IndexError", "LookupError", "Exception",

@@ -257,7 +257,7 @@ def test_mamba2_decoding_with_mamba_ssm_counts_each_step_at_its_launch():
     """mamba-ssm's ``selective_state_update`` (a plain function launching a Triton kernel, bound by transformers):
     one record per decoding step at the launch, B·H·P·N (the state's read by C), nothing unpriced."""
     pytest.importorskip("mamba_ssm")
-    from flopscope.decoding import greedy_decode
+    from flopscope.workloads.decoding import greedy_decode
 
     config = transformers.Mamba2Config(hidden_size=64, num_heads=8, head_dim=16, state_size=16, n_groups=2,
                                        num_hidden_layers=1, vocab_size=100, chunk_size=8, expand=2)

@@ -1,4 +1,4 @@
-"""flopscope.decoding.greedy_decode: on fake tensors, the forwards Hugging Face's greedy ``generate()`` runs.
+"""flopscope.workloads.decoding.greedy_decode: on fake tensors, the forwards Hugging Face's greedy ``generate()`` runs.
 
 Each family's count is held against a real ``model.generate(...)`` under ``flopscope.profiler(mode="real")``: the same
 number of steps and, step by step, the same shape (batch, new tokens, context), the same MACs by role and the same
@@ -17,8 +17,8 @@ from test_replay import assert_same_capture
 from torch import nn
 
 import flopscope
-from flopscope.decoding import greedy_decode
-from flopscope.generation import DECODE, PREFILL
+from flopscope.workloads.decoding import greedy_decode
+from flopscope.workloads.generation import DECODE, PREFILL
 
 from closed_forms import add, rotary
 

@@ -15,10 +15,10 @@ import torch
 from transformers import LlamaConfig, LlamaModel, MistralConfig, MistralModel, MixtralConfig, MixtralModel
 
 import flopscope
-from flopscope import report
 from flopscope.cli import main
-from flopscope.diff import diff
 from flopscope.errors import InputError
+from flopscope.render import text as report
+from flopscope.render.diff import diff
 
 from closed_forms import rotary
 

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 import flopscope
-from flopscope.communication import compare, fsdp, megatron
-from flopscope.distributed import fake_world
+from flopscope.predict.communication import compare, fsdp, megatron
+from flopscope.workloads.distributed import fake_world
 
 from closed_forms import add, attention, ffn, rotary, times
 from zoo import hf_plan_shards_the_embedding
@@ -197,7 +197,7 @@ def _rank_work(rank: int, world: int, store: str, out: str) -> None:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.nn.parallel import DistributedDataParallel
 
-    from flopscope.distributed import gather
+    from flopscope.workloads.distributed import gather
 
     warnings.simplefilter("ignore")
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
@@ -233,7 +233,7 @@ def test_a_real_gloo_job_each_rank_counts_its_share_and_rank_0_gathers_them(tmp_
 
     import torch.multiprocessing as mp
 
-    from flopscope.distributed import rank_table
+    from flopscope.workloads.distributed import rank_table
 
     world = 2
     out = tmp_path / "ranks.json"
@@ -354,7 +354,7 @@ def _layer_rows(prof) -> list[tuple]:
 
 @pytest.mark.parametrize(("kv", "t", "device"), [(h, 2, "cpu"), (h, 8, "cpu"), (2, 2, "cpu"), (2, 2, "meta")])
 def test_tensor_parallel_applies_the_models_own_plan(kv, t, device) -> None:
-    from flopscope.distributed import fsdp_units, hf_plan, predicted_collectives, tensor_parallel
+    from flopscope.workloads.distributed import fsdp_units, hf_plan, predicted_collectives, tensor_parallel
 
     ids = torch.randint(0, V_HF, (B, n))
     model = hf_llama(kv, device)
@@ -403,7 +403,7 @@ def test_tensor_parallel_applies_the_models_own_plan(kv, t, device) -> None:
 
 
 def test_tensor_parallel_refuses_what_it_cannot_shard() -> None:
-    from flopscope.distributed import tensor_parallel
+    from flopscope.workloads.distributed import tensor_parallel
 
     cases = [(3, hf_llama(h), {}, "mesh of size 3 does not divide config num_attention_heads=8"),
              (4, hf_llama(2), {}, "size 4 does not divide config num_key_value_heads=2"),
@@ -439,7 +439,7 @@ def test_a_model_sharded_on_meta_counts_on_fake_tensors_and_stays_on_meta() -> N
 
 
 def test_the_job_total_is_the_sum_of_its_ranks_also_when_they_differ() -> None:
-    from flopscope.distributed import profile_world, rank_table, summary
+    from flopscope.workloads.distributed import profile_world, rank_table, summary
 
     widths = [64, 256, 512, 256, 64]  # four Linear layers, split unevenly over two pipeline stages
     stages = {0: range(0, 3), 1: range(3, 4)}

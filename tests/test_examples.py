@@ -78,7 +78,7 @@ def test_scaling_plot(tmp_path):
     d = 64
     assert result.crossover() == 2 * d + 4 * d + 1  # 2n²d > n(4d² + 2·d·4d)  <=>  n > 6d
     pixels = image.imread(tmp_path / "s.png")
-    assert pixels.shape[:2] == (int(5.5 * 120), 8 * 120)  # flopscope.plots: 8 x 5.5 inches at 120 dpi
+    assert pixels.shape[:2] == (int(5.5 * 120), 8 * 120)  # flopscope.render.plots: 8 x 5.5 inches at 120 dpi
     colours = np.unique(pixels.reshape(-1, pixels.shape[-1]), axis=0)
     assert len(colours) > 1  # not blank
     assert (np.ptp(colours[:, :3], axis=1) > 0.2).any()  # and not only greys: the role lines are drawn in colour

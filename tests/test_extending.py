@@ -21,8 +21,8 @@ import flopscope
 from flopscope import formulas
 from flopscope.formulas.linear_algebra import mm
 from flopscope.formulas.registry import OpFamily
-from flopscope.models import TransformerBlock
-from flopscope.scaling import Polynomial
+from flopscope.studies.models import TransformerBlock
+from flopscope.workloads.scaling import Polynomial
 
 
 @torch.library.custom_op("flopscope_test::plain_mm", mutates_args=())

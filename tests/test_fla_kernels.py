@@ -189,7 +189,7 @@ def test_kimi_linear_decoding_with_fla_counts_as_on_the_reference_path(monkeypat
     step, 0 MACs, its state products being elementwise as on the reference recurrence). The same total and core as
     the reference path (the projections' roles differ as in the prefill, above); nothing unpriced."""
     kimi = pytest.importorskip("transformers.models.kimi_linear.modeling_kimi_linear")
-    from flopscope.decoding import greedy_decode
+    from flopscope.workloads.decoding import greedy_decode
 
     model = kimi.KimiLinearForCausalLM(kimi.KimiLinearConfig(**KIMI)).eval()
     ids = torch.randint(0, 64, (1, 8))

@@ -162,11 +162,11 @@ def test_by_stack_sums_to_the_queries() -> None:
 
 def test_cli_writes_both_formats(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from flopscope.cli import main
-    from flopscope.models import TransformerBlock
+    from flopscope.studies.models import TransformerBlock
 
     n, d, h, d_ff = 32, 64, 4, 256
     folded, speedscope = tmp_path / "block.folded", tmp_path / "block.json"
-    assert main(["profile", "flopscope.models:TransformerBlock", "--set", f"d={d}", "--set", f"h={h}", "--set",
+    assert main(["profile", "flopscope.studies.models:TransformerBlock", "--set", f"d={d}", "--set", f"h={h}", "--set",
                  f"d_ff={d_ff}", "--input", f"1x{n}x{d}", "--backward", "--folded", str(folded), "--speedscope",
                  str(speedscope)]) == 0
     forward_file, backward_file = tmp_path / "block.forward.folded", tmp_path / "block.backward.folded"

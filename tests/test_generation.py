@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 import flopscope
-from flopscope.generation import DECODE, PREFILL
+from flopscope.workloads.generation import DECODE, PREFILL
 
 from closed_forms import add, rotary
 
@@ -113,7 +113,7 @@ def test_bytes_by_role_and_module_add_up(generated) -> None:
 
 
 def test_roofline_of_a_7b_shape_decode_is_memory_bound_and_its_prefill_compute_bound() -> None:
-    from flopscope.roofline import COMPUTE, MEMORY, roofline
+    from flopscope.workloads.roofline import COMPUTE, MEMORY, roofline
 
     config = transformers.LlamaConfig(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
                                       num_attention_heads=32, num_key_value_heads=32, vocab_size=32000)
@@ -144,7 +144,7 @@ def test_roofline_of_a_7b_shape_decode_is_memory_bound_and_its_prefill_compute_b
 
 
 def test_a_device_without_a_bandwidth_keeps_the_counts_and_warns() -> None:
-    from flopscope.roofline import roofline
+    from flopscope.workloads.roofline import roofline
 
     prof = flopscope.profile(nn.Linear(64, 64), torch.randn(8, 64))
     with pytest.warns(flopscope.FlopscopeWarning, match="bandwidth"):
@@ -154,7 +154,7 @@ def test_a_device_without_a_bandwidth_keeps_the_counts_and_warns() -> None:
 
 
 def test_roofline_in_real_mode_measures_time_mfu_and_mbu(generated, tmp_path) -> None:
-    from flopscope.roofline import roofline
+    from flopscope.workloads.roofline import roofline
 
     _, _, prof = generated
     result = roofline(prof, peak=1e11, bandwidth=1e10)
@@ -177,8 +177,8 @@ def test_roofline_labels_do_not_overlap(generated, tmp_path) -> None:
     matplotlib's renderer measures them) intersect, each is inside the axes, and every point is named; points at
     one place share a label (the equal projections; decode steps 3–5 at 0.73–0.74 FLOPs/byte as one range)."""
     pytest.importorskip("matplotlib")
-    from flopscope.plots import text_box
-    from flopscope.roofline import RooflinePoint, roofline, roofline_figure
+    from flopscope.render.plots import text_box
+    from flopscope.workloads.roofline import RooflinePoint, roofline, roofline_figure
 
     _, _, prof = generated
     measured = roofline(prof, peak=1e11, bandwidth=1e10)

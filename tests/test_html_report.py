@@ -25,9 +25,9 @@ from torch import nn
 
 import flopscope
 from flopscope.cli import main
-from flopscope.models import TransformerBlock
+from flopscope.cli.targets import load_target
 from flopscope.render.html import ROLE_COLOURS, report_data
-from flopscope.targets import load_target
+from flopscope.studies.models import TransformerBlock
 
 from closed_forms import add, attention, ffn, rotary, times, total
 
@@ -307,7 +307,7 @@ def test_unwritable_path_is_named(tmp_path: Path) -> None:
 def test_cli_html_with_sweep(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     n, d, d_ff = 128, 512, 2048  # TransformerBlock's defaults: h = 8
     out = tmp_path / "block.html"
-    assert main(["profile", "flopscope.models:TransformerBlock", "--input", f"1x{n}x{d}", "--sweep",
+    assert main(["profile", "flopscope.studies.models:TransformerBlock", "--input", f"1x{n}x{d}", "--sweep",
                  "64,128,256,512", "--html", str(out)]) == 0
     assert f"wrote {out}" in capsys.readouterr().out
     text = out.read_text()
@@ -327,7 +327,7 @@ def test_the_scaling_chart_in_chromium(tmp_path: Path, capsys: pytest.CaptureFix
     2·n²·d > n·(4·d² + 2·d·d_ff) first holds: n = 2·d + d_ff + 1; the page logs nothing."""
     d, d_ff, lengths = 512, 2048, (64, 128, 256, 512)  # TransformerBlock's defaults: h = 8
     out = tmp_path / "block.html"
-    assert main(["profile", "flopscope.models:TransformerBlock", "--input", f"1x128x{d}", "--sweep",
+    assert main(["profile", "flopscope.studies.models:TransformerBlock", "--input", f"1x128x{d}", "--sweep",
                  ",".join(map(str, lengths)), "--html", str(out)]) == 0
     capsys.readouterr()
     dom, console, _ = render(out, tmp_path)

@@ -25,7 +25,7 @@ def _imported_by(code: str) -> list[str]:
 
 
 def test_import_flopscope_imports_none_of_the_heavy_modules() -> None:
-    assert _imported_by("import flopscope, flopscope.cli, flopscope.pytest_plugin") == []
+    assert _imported_by("import flopscope, flopscope.cli, flopscope.testing.pytest_plugin") == []
 
 
 def test_a_profile_imports_no_more_than_torch_does_for_any_dispatch_mode() -> None:
@@ -43,7 +43,7 @@ def test_a_profile_imports_no_more_than_torch_does_for_any_dispatch_mode() -> No
 
 def test_what_needs_them_imports_them() -> None:
     """A symbolic scaling needs symbolic shapes (and sympy); a DTensor model has imported DTensor itself."""
-    code = ("import flopscope; from flopscope.models import TransformerBlock; "
+    code = ("import flopscope; from flopscope.studies.models import TransformerBlock; "
             "flopscope.scaling(TransformerBlock(16, 2, 32), lambda n: torch.zeros(1, n, 16), lengths=(8, 16, 32, 64), "
             "method='auto')")
     assert {"torch.fx.experimental.symbolic_shapes", "sympy"} <= set(_imported_by(code))

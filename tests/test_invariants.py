@@ -1,4 +1,4 @@
-"""The zoo-wide invariants (flopscope.invariants) on a fast subset of architectures, and across processes with
+"""The zoo-wide invariants (flopscope.testing.invariants) on a fast subset of architectures, and across processes with
 different hash seeds; benchmarks/zoo.py and benchmarks/timm_zoo.py check them on every architecture."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 import flopscope
-from flopscope.invariants import INVARIANTS, check_invariants
+from flopscope.testing.invariants import INVARIANTS, check_invariants
 
 from zoo import CASES, built, fastpath, hf
 
@@ -98,7 +98,7 @@ def test_a_hand_written_causal_attention_has_one_price_in_every_mode(kind: str) 
 
 
 def test_a_convention_that_differs_between_modes_violates_the_invariants() -> None:
-    from flopscope.invariants import Counted
+    from flopscope.testing.invariants import Counted
 
     roles = {"attn_scores": 10, "attn_weighted_sum": 10}
     real = Counted("real", 20, roles, {}, conventions={"causal": {"attn_scores": 5, "attn_weighted_sum": 5}})
@@ -224,7 +224,7 @@ def test_documented_exception_aimv2_pooling_head_on_meta_kernels() -> None:
 # --------------------------------------------------------------------------------------------------
 # roles that must balance (issue 47)
 def test_role_balance_rules_on_one_layers_roles() -> None:
-    from flopscope.invariants import _layer_balance
+    from flopscope.testing.invariants import _layer_balance
 
     n, d, f, h, kv, d_k, d_v = 16, 64, 96, 4, 2, 24, 32  # d_k != d_v: the attention ratios are d_k / d_v
     attention = {"q_proj": n * d * h * d_k, "k_proj": n * d * kv * d_k, "v_proj": n * d * kv * d_v,
@@ -241,7 +241,7 @@ def test_role_balance_rules_on_one_layers_roles() -> None:
 
 @pytest.mark.parametrize("name", ["llama", "mistral", "gpt2"])
 def test_standard_layers_balance_with_widths_that_do_not_coincide(name: str) -> None:
-    from flopscope.invariants import role_balance
+    from flopscope.testing.invariants import role_balance
 
     wide = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, vocab_size=1000)
     configs = {"llama": ("LlamaForCausalLM", "LlamaConfig", dict(num_key_value_heads=2, head_dim=24, **wide)),

@@ -25,20 +25,20 @@ PACKAGE = Path(flopscope.__file__).resolve().parent  # the package the tests imp
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (  # lowest first: (layer, its top-level modules and folders)
     ("vocabulary", ("errors", "enums", "role", "conventions", "version")),
     ("formulas: what one op costs", ("formulas",)),
+    ("hardware: peaks and memory", ("hardware",)),
     ("capture: run the model, record its ops", ("capture",)),
     ("attribute: a role for every multiply", ("attribute",)),
     ("predict: closed forms and conventions over data", ("predict",)),
     ("render: a result's data written for people", ("render",)),
     ("the façade", ("profile",)),
-    ("entry points", ("runner", "api", "symbolic", "scaling", "memory")),
-    ("results and workloads", ("report", "trace", "plots", "peaks", "roofline", "training", "decoding",
-                               "generation", "pipeline", "pipeline_configs", "resolution", "communication",
-                               "distributed", "invariants", "testing", "targets", "models", "why_self_attention",
-                               "diff")),
-    ("tools", ("__init__", "__main__", "cli", "pytest_plugin", "peers", "integrations")),
+    ("entry points", ("runner", "api")),
+    ("workloads: ways of running a model", ("workloads",)),
+    ("testing and the seed study", ("testing", "studies")),
+    ("tools", ("__init__", "__main__", "cli", "peers", "integrations")),
 )
 LAYER_OF = {name: index for index, (_, names) in enumerate(LAYERS) for name in names}
-FOLDERS = {"formulas", "capture", "attribute", "predict", "render", "peers", "integrations"}
+FOLDERS = {"formulas", "hardware", "capture", "attribute", "predict", "render", "workloads", "testing", "studies",
+           "cli", "peers", "integrations"}
 
 
 def module_name(path: Path, package: Path = PACKAGE) -> str:

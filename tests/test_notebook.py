@@ -9,8 +9,8 @@ import torch
 from torch import nn
 
 import flopscope
-from flopscope.models import TransformerBlock
 from flopscope.render.notebook import tree_rows
+from flopscope.studies.models import TransformerBlock
 
 
 def markdown_tables(text: str) -> list[list[list[str]]]:

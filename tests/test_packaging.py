@@ -87,5 +87,5 @@ def test_version_without_metadata_is_unknown(monkeypatch: pytest.MonkeyPatch) ->
 def test_entry_points_and_py_typed_are_installed() -> None:
     points = {(p.group, p.name): p.value for p in importlib.metadata.distribution(DIST).entry_points}
     assert points == {("console_scripts", "flopscope"): "flopscope.cli:main",
-                      ("pytest11", "flopscope"): "flopscope.pytest_plugin"}
+                      ("pytest11", "flopscope"): "flopscope.testing.pytest_plugin"}
     assert (PACKAGE / "py.typed").is_file()

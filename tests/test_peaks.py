@@ -1,4 +1,4 @@
-"""flopscope.peaks: the dense peak table, the name matcher, the warnings, the override, the CPU benchmark."""
+"""flopscope.hardware.peaks: the dense peak table, the name matcher, the warnings, the override, the CPU benchmark."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from flopscope import peaks
 from flopscope.errors import ConfigurationError, FlopscopeWarning
-from flopscope.peaks import (
+from flopscope.hardware import peaks
+from flopscope.hardware.peaks import (
     BANDWIDTH,
     PEAKS,
     device_name,

@@ -198,7 +198,7 @@ def configs_only(folder, tokenizer_length: int | None = None):
 def test_a_pipeline_built_from_configs_on_meta_counts_as_the_real_one(tmp_path, tokenizer):
     """Built from configs alone on meta, with a stand-in tokenizer padding to CLIP's 77 tokens: the same counts as the
     pipeline built in memory with a real tokenizer."""
-    from flopscope.pipeline_configs import ShapeTokenizer, pipeline_from_configs
+    from flopscope.workloads.pipeline_configs import ShapeTokenizer, pipeline_from_configs
     configs_only(tmp_path)
     built = pipeline_from_configs(tmp_path)
     assert isinstance(built.tokenizer, ShapeTokenizer) and built.tokenizer.model_max_length == TEXT
@@ -208,7 +208,7 @@ def test_a_pipeline_built_from_configs_on_meta_counts_as_the_real_one(tmp_path, 
 
 def test_the_stand_in_tokenizer_pads_to_its_config_length(tmp_path):
     """The text encoder reads as many tokens as the tokenizer config says (here 20 instead of 77): its MACs follow."""
-    from flopscope.pipeline_configs import pipeline_from_configs
+    from flopscope.workloads.pipeline_configs import pipeline_from_configs
     pipe = configs_only(tmp_path, tokenizer_length=20)
     prof = run_sd(pipeline_from_configs(tmp_path), "fake")
     assert prof.by_component()["text_encoder"] == 2 * alone(pipe.text_encoder, torch.zeros(1, 20, dtype=torch.long))
@@ -219,7 +219,7 @@ def test_an_empty_tokenizer_folder_is_a_stand_in_and_a_tokenizer_without_a_lengt
     without vocabulary from it, whose model_max_length placeholder, about 1e30, overflowed the pipeline's padding).
     A tokenizer read from its files without a model_max_length is refused, naming the fix, which works."""
     from flopscope.cli import main
-    from flopscope.pipeline_configs import ShapeTokenizer, pipeline_from_configs
+    from flopscope.workloads.pipeline_configs import ShapeTokenizer, pipeline_from_configs
     pipe = configs_only(tmp_path)
     (tmp_path / "tokenizer").mkdir()
     built = pipeline_from_configs(tmp_path)
@@ -272,7 +272,7 @@ def test_cli_refuses_options_a_pipeline_does_not_take(tmp_path, argv, capsys):
 
 def test_cli_refuses_pipeline_options_for_a_model(capsys):
     from flopscope.cli import main
-    assert main(["profile", "flopscope.models:TransformerBlock", "--steps", "4"]) == 2
+    assert main(["profile", "flopscope.studies.models:TransformerBlock", "--steps", "4"]) == 2
     assert "only for diffusers: targets" in capsys.readouterr().err
 
 

@@ -13,7 +13,7 @@ import torch
 import flopscope
 from flopscope.errors import ConfigurationError
 from flopscope.predict.polynomial import Polynomial
-from flopscope.resolution import resolution_scaling
+from flopscope.workloads.resolution import resolution_scaling
 
 diffusers = pytest.importorskip("diffusers")
 

@@ -8,14 +8,14 @@ import pytest
 import torch
 
 import flopscope
-from flopscope.models import TransformerBlock
+from flopscope.studies.models import TransformerBlock
 from flopscope.testing import assert_macs
 
 D, H, D_FF, N = 64, 4, 256, 16
 
 BLOCK_TEST = """
 import torch
-from flopscope.models import TransformerBlock
+from flopscope.studies.models import TransformerBlock
 
 def test_block(flops):
     torch.manual_seed(0)

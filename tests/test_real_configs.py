@@ -14,7 +14,7 @@ import torch
 
 import flopscope
 from flopscope.cli import main
-from flopscope.targets import load_target, make_inputs
+from flopscope.cli.targets import load_target, make_inputs
 
 from closed_forms import add, attention, conv_out, ffn, rotary, times
 

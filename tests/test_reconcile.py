@@ -10,7 +10,7 @@ import torch
 
 import flopscope
 from flopscope import TransformerSpec
-from flopscope.models import TransformerBlock
+from flopscope.studies.models import TransformerBlock
 
 from zoo import CASES, built, fastpath
 
@@ -114,7 +114,7 @@ def test_decoding_with_a_cache_is_an_explained_ratio():
 
 
 def test_a_stated_spec_wins_and_a_wrong_one_shows():
-    block = flopscope.models.TransformerBlock(d, h, d_ff)
+    block = flopscope.studies.models.TransformerBlock(d, h, d_ff)
     x = torch.randn(1, n, d)
     assert reconcile(block, x, spec=TransformerSpec(n=n, d=d, h=h, d_ff=d_ff)).all_exact()
     wrong = reconcile(block, x, spec=TransformerSpec(n=2 * n, d=d, h=h, d_ff=d_ff))

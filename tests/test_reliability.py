@@ -15,7 +15,7 @@ from torch import nn
 from torch._subclasses.fake_tensor import FakeTensor
 
 import flopscope
-from flopscope.models import TransformerBlock
+from flopscope.studies.models import TransformerBlock
 
 
 def _mlp() -> nn.Module:
@@ -275,7 +275,8 @@ def test_a_backward_a_real_kernel_would_refuse_is_not_run_again_for_real() -> No
 
 def test_the_default_fall_back_limit_is_half_the_free_memory_of_the_host(monkeypatch) -> None:
     """A CPU model's fall-back allocates in the host's memory (a CUDA model's on its GPU: tests/test_cuda.py)."""
-    from flopscope import memory, runner
+    from flopscope import runner
+    from flopscope.hardware import memory
 
     monkeypatch.setattr(memory, "system_available", lambda: 6 * 2**30)
     assert runner.default_fallback_limit(()) == runner.default_fallback_limit({torch.device("cpu")}) == 3 * 2**30

@@ -12,7 +12,7 @@ from torch import nn
 
 import flopscope
 from flopscope import Role, RoleRule
-from flopscope.models import TransformerBlock
+from flopscope.studies.models import TransformerBlock
 
 from closed_forms import add, attention, ffn, rotary, times
 from zoo import CASES, built, fastpath
@@ -256,7 +256,7 @@ def test_blocks_group_each_attention_and_ffn_instance():
     assert prof.role_of(scores.node) is Role.ATTN_SCORES
     node = next(x for x in prof.graph.nodes if x.name == scores.node)
     assert node.meta["role"] == "attn_scores" and node.meta["block"] == scores.block
-    from flopscope.report import role_table
+    from flopscope.render.text import role_table
 
     table = role_table(prof)
     assert "attn_scores" in table and "encoder.layer.*.attention (x2)" in table

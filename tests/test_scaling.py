@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import flopscope
-from flopscope.models import TransformerBlock
-from flopscope.scaling import Polynomial, interpolate
+from flopscope.studies.models import TransformerBlock
+from flopscope.workloads.scaling import Polynomial, interpolate
 
 
 def test_interpolation_is_exact_and_checked():

@@ -11,8 +11,8 @@ from torch import nn
 
 import flopscope
 from flopscope.errors import SymbolicError
-from flopscope.models import TransformerBlock
-from flopscope.scaling import Polynomial
+from flopscope.studies.models import TransformerBlock
+from flopscope.workloads.scaling import Polynomial
 
 
 def poly(*coefficients: int) -> Polynomial:

@@ -12,7 +12,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor
 
 import flopscope
-from flopscope.models import TransformerBlock
+from flopscope.studies.models import TransformerBlock
 
 D, H, D_FF, N = 64, 4, 128, 32
 TOTAL = N * (4 * D * D + 2 * D * D_FF) + 2 * N * N * D  # TransformerBlock's closed form (seed study)

@@ -9,8 +9,8 @@ import torch
 from torch import nn
 
 import flopscope
-from flopscope.models import TransformerBlock
 from flopscope.role import NO_MULTIPLY
+from flopscope.studies.models import TransformerBlock
 
 from closed_forms import add, attention, ffn
 

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 import flopscope
-import flopscope.trace
-from flopscope.models import TransformerBlock
+import flopscope.render.trace
+from flopscope.studies.models import TransformerBlock
 
 D, H, D_FF, N = 64, 4, 256, 16
 
@@ -75,7 +75,7 @@ def test_a_fake_trace_is_timed_by_the_roofline(tmp_path) -> None:
 
 
 def test_role_ranges_over_a_torch_profiler_trace_of_the_same_run(tmp_path) -> None:
-    from flopscope.trace import merge_torch_trace
+    from flopscope.render.trace import merge_torch_trace
 
     block, x = TransformerBlock(D, H, D_FF), torch.randn(1, N, D)
     activities = [torch.profiler.ProfilerActivity.CPU]
@@ -148,7 +148,7 @@ def test_module_ranges_are_not_ops_of_the_trace(tmp_path) -> None:
             flopscope.profiler(block, mode="real", trace=True) as ours:
         block(x)
     torch_prof.export_chrome_trace(str(tmp_path / "torch.json"))
-    merged = flopscope.trace.merge_torch_trace(tmp_path / "torch.json", ours.result)
+    merged = flopscope.render.trace.merge_torch_trace(tmp_path / "torch.json", ours.result)
     assert set(merged["otherData"]["flopscope"]["unmatched"]) <= {"aten.detach"}  # record_function's ops: not ours
     ops = [e for e in validate(ours.result.export_chrome_trace(tmp_path / "t.json") and
                                json.loads((tmp_path / "t.json").read_text())) if e["ph"] == "X"]
@@ -157,8 +157,8 @@ def test_module_ranges_are_not_ops_of_the_trace(tmp_path) -> None:
 
 def test_a_png_of_a_trace(tmp_path) -> None:
     image = pytest.importorskip("matplotlib.image")
-    from flopscope.plots import trace_plot
-    from flopscope.trace import merge_torch_trace
+    from flopscope.render.plots import trace_plot
+    from flopscope.render.trace import merge_torch_trace
 
     block, x = TransformerBlock(D, H, D_FF), torch.randn(1, N, D)
     prof = flopscope.profile(block, x, mode="real")

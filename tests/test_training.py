@@ -11,8 +11,8 @@ from torch import nn
 from torch.utils.flop_counter import flop_registry
 
 import flopscope
-from flopscope.models import TransformerBlock
-from flopscope.training import Throughput, flops_per_batch, measure_flops
+from flopscope.studies.models import TransformerBlock
+from flopscope.workloads.training import Throughput, flops_per_batch, measure_flops
 
 from closed_forms import rotary
 
@@ -187,8 +187,8 @@ def test_batches_whose_tokens_cannot_be_read_are_refused() -> None:
 def test_peak_none_means_unknown_and_auto_looks_it_up() -> None:
     """``Throughput(peak=None)`` measured this CPU's GEMM peak, where the docs say ``None`` means unknown. ``None``
     is unknown now: no MFU or HFU, and ``peak_source`` says why; ``"auto"`` (the default) looks the peak up (this
-    CPU's measured figure here, as :func:`flopscope.peaks.peak_flops` gives it); a number is taken as it is."""
-    from flopscope.peaks import peak_flops
+    CPU's measured figure here, as :func:`flopscope.hardware.peaks.peak_flops` gives it); a number is taken as it is."""
+    from flopscope.hardware.peaks import peak_flops
 
     pricer = flops_per_batch(TransformerBlock(D, H, D_FF), lambda n: torch.zeros(1, n, D), backward=False)
     batch = torch.zeros(2, 32, dtype=torch.long)

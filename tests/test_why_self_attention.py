@@ -1,4 +1,4 @@
-"""flopscope.compare() (flopscope.why_self_attention): Vaswani et al. Table 1, measured, against closed forms."""
+"""flopscope.compare() (studies.why_self_attention): Vaswani et al. Table 1, measured, against closed forms."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import flopscope
-from flopscope.why_self_attention import (
+from flopscope.studies.why_self_attention import (
     BandedSelfAttention,
     Comparison,
     MaskedBandSelfAttention,

@@ -58,7 +58,7 @@ def hf_plan_shards_the_embedding() -> bool:
     counts it as "other", not "logits")."""
     import transformers
 
-    from flopscope.distributed import hf_plan
+    from flopscope.workloads.distributed import hf_plan
 
     tiny = transformers.LlamaForCausalLM(transformers.LlamaConfig(
         hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, vocab_size=32))

@@ -47,7 +47,7 @@ def stable_diffusion_page(folder: Path) -> tuple[Path, str]:
     import diffusers
     import transformers
 
-    from flopscope.pipeline_configs import ShapeTokenizer
+    from flopscope.workloads.pipeline_configs import ShapeTokenizer
 
     with torch.device("meta"), warnings.catch_warnings():
         warnings.simplefilter("ignore")

@@ -1,4 +1,4 @@
-"""Layer 3, a role for every multiply, from the captured dataflow (never from module names).
+"""Layer 4, a role for every multiply, from the captured dataflow (never from module names).
 
 - ``roles``: the role passes and :class:`~flopscope.attribute.roles.Assignment` (``{role: MACs}`` and a block);
 - ``graph_view``: the records as a graph, and the one walk helper the passes are written with;

@@ -1,4 +1,4 @@
-"""Layer 2, run the model and record its ops: what executed, never what it means.
+"""Layer 3, run the model and record its ops: what executed, never what it means.
 
 - ``records``: :class:`~flopscope.capture.records.CapturedOp` (one op, its dataflow and versions, its cost), the
   fx graph built from them and :class:`~flopscope.capture.records.Capture`, what one run produced;

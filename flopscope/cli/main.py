@@ -52,29 +52,29 @@ from typing import Any
 import torch
 from tabulate import tabulate
 
-from . import distributed as dist
-from . import report
-from .api import profile, profiler
-from .communication import compare as compare_collectives
-from .conventions import ATTENTION_CONVENTIONS, EXECUTED
-from .diff import diff
-from .errors import FlopscopeError, RunError, UsageError
-from .generation import DECODE, profile_generation, steps_table
-from .memory import check_fits, state_bytes
-from .models import TransformerBlock
-from .peaks import register_cli as register_peak_cli
-from .peers import crosscheck
-from .pipeline import profile_pipeline
-from .pipeline_configs import pipeline_from_configs
-from .plots import role_share_plot, scaling_plot
-from .predict.polynomial import Polynomial, Scaling
-from .profile import Profile
-from .role import PAIR_ROLES
-from .roofline import Roofline, roofline
-from .scaling import MIN_LENGTHS, scaling
+from ..api import profile, profiler
+from ..conventions import ATTENTION_CONVENTIONS, EXECUTED
+from ..errors import FlopscopeError, RunError, UsageError
+from ..hardware.memory import check_fits, state_bytes
+from ..hardware.peaks import register_cli as register_peak_cli
+from ..peers import crosscheck
+from ..predict.communication import compare as compare_collectives
+from ..predict.polynomial import Polynomial, Scaling
+from ..profile import Profile
+from ..render import text as report
+from ..render.diff import diff
+from ..render.plots import role_share_plot, scaling_plot
+from ..role import PAIR_ROLES
+from ..studies.models import TransformerBlock
+from ..studies.why_self_attention import compare, compare_lengths
+from ..version import DISTRIBUTION, __version__
+from ..workloads import distributed as dist
+from ..workloads.generation import DECODE, profile_generation, steps_table
+from ..workloads.pipeline import profile_pipeline
+from ..workloads.pipeline_configs import pipeline_from_configs
+from ..workloads.roofline import Roofline, roofline
+from ..workloads.scaling import MIN_LENGTHS, scaling
 from .targets import Target, load_target, make_inputs, parse_setting, parse_settings, parse_shape
-from .version import DISTRIBUTION, __version__
-from .why_self_attention import compare, compare_lengths
 
 EXAMPLES = """examples:
   flopscope demo                                  the seed study's Transformer block, n = d = 512, h = 8

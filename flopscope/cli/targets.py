@@ -23,8 +23,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from .conventions import POSITIONS
-from .errors import FlopscopeError, InputError, UsageError
+from ..conventions import POSITIONS
+from ..errors import FlopscopeError, InputError, UsageError
 
 HF_HEADS = {"": "AutoModel", "causal-lm": "AutoModelForCausalLM", "seq2seq-lm": "AutoModelForSeq2SeqLM",
             "masked-lm": "AutoModelForMaskedLM", "classification": "AutoModelForSequenceClassification"}

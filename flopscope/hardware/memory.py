@@ -17,7 +17,7 @@ from collections.abc import Collection
 import torch
 from torch import nn
 
-from .errors import DoesNotFitError
+from ..errors import DoesNotFitError
 
 GIB = 2**30
 """Bytes in a GiB (messages only)."""

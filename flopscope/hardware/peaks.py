@@ -62,7 +62,7 @@ from typing import Any
 
 import torch
 
-from .errors import ConfigurationError, FlopscopeWarning
+from ..errors import ConfigurationError, FlopscopeWarning
 
 __all__ = ["BANDWIDTH", "PEAKS", "TF32_PEAKS", "device_name", "match_device", "measure_cpu_bandwidth",
            "measure_cpu_peak", "peak_bandwidth", "peak_flops", "register_cli"]

@@ -38,7 +38,7 @@ from transformers import Trainer, TrainerCallback, TrainerControl, TrainerState,
 
 from ..conventions import EXECUTED, POSITIONS
 from ..errors import FlopscopeWarning
-from ..training import AUTO, BatchPricer, Throughput, flops_per_batch, metric_suffix
+from ..workloads.training import AUTO, BatchPricer, Throughput, flops_per_batch, metric_suffix
 
 
 class FlopscopeTrainerCallback(TrainerCallback):

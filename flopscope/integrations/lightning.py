@@ -29,7 +29,7 @@ import torch
 
 from ..conventions import EXECUTED
 from ..errors import FlopscopeWarning
-from ..training import AUTO, BatchPricer, Throughput, flops_per_batch, metric_suffix
+from ..workloads.training import AUTO, BatchPricer, Throughput, flops_per_batch, metric_suffix
 
 
 class FlopscopeCallback(pl.Callback):

@@ -1,4 +1,4 @@
-"""Layer 4, closed forms and conventions over data: records, roles and the model's declared facts, never a
+"""Layer 5, closed forms and conventions over data: records, roles and the model's declared facts, never a
 ``Profile`` (the façade calls these and caches their results).
 
 - ``attention``: the attention core's pairs under the ``executed`` / ``causal`` / ``mask`` conventions;

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 from tabulate import tabulate
 
-from .formulas.collectives import (
+from ..formulas.collectives import (
     ALL_GATHER,
     ALL_REDUCE,
     ALL_TO_ALL,
@@ -27,7 +27,7 @@ from .formulas.collectives import (
     kind_of,
     message_bytes,
 )
-from .predict.collectives import CollectiveRow, PredictedCollective, collectives, ddp, fsdp, megatron
+from .collectives import CollectiveRow, PredictedCollective, collectives, ddp, fsdp, megatron
 
 __all__ = [
     'ALL_GATHER', 'ALL_REDUCE', 'ALL_TO_ALL', 'BROADCAST', 'RECV', 'REDUCE_SCATTER', 'SEND', 'CollectiveRow',

@@ -1,4 +1,4 @@
-"""Layer 5, a result written for people: self-contained HTML, notebook views, flame-graph files, from a profile's
+"""Layer 6, a result written for people: self-contained HTML, notebook views, flame-graph files, from a profile's
 data (this layer never imports the façade; the façade calls it).
 
 - ``html``: the HTML report (with ``html.js`` and ``html.css``, inlined); ``scaling_chart``: its scaling

@@ -20,13 +20,13 @@ from typing import Any
 
 from tabulate import tabulate
 
-from .errors import InputError
-from .predict.reconcile import ROLE_FORMS
-from .profile import Profile
-from .render.diff_page import write_diff_html
-from .render.numbers import times
-from .report import JSON_SCHEMA, to_dict
-from .role import ATTENTION_CORE, ROLE_ORDER
+from ..errors import InputError
+from ..predict.reconcile import ROLE_FORMS
+from ..role import ATTENTION_CORE, ROLE_ORDER
+from .diff_page import write_diff_html
+from .numbers import times
+from .text import JSON_SCHEMA, to_dict
+from .view import ProfileView
 
 DIFF_SCHEMA = "flopscope.diff/1"
 """Schema of :meth:`ProfileDiff.to_dict`: ``before`` / ``after`` (labels), ``total``, ``roles``, ``useful``,
@@ -101,7 +101,7 @@ class ProfileDiff:
         return "\n".join(lines)
 
 
-def diff(before: Profile | Mapping[str, Any], after: Profile | Mapping[str, Any], before_label: str = "before",
+def diff(before: ProfileView | Mapping[str, Any], after: ProfileView | Mapping[str, Any], before_label: str = "before",
          after_label: str = "after") -> ProfileDiff:
     """The changes from ``before`` to ``after`` (profiles, or their JSON documents)."""
     a, b = _document(before), _document(after)
@@ -120,8 +120,8 @@ def diff(before: Profile | Mapping[str, Any], after: Profile | Mapping[str, Any]
                        useful, modules, _changes(a["ops"], b["ops"]))
 
 
-def _document(profile: Profile | Mapping[str, Any]) -> Mapping[str, Any]:
-    if isinstance(profile, Profile):
+def _document(profile: ProfileView | Mapping[str, Any]) -> Mapping[str, Any]:
+    if not isinstance(profile, Mapping):
         return to_dict(profile)
     schema = profile.get("schema")
     if schema != JSON_SCHEMA:

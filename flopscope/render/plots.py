@@ -10,12 +10,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .errors import FlopscopeError
-from .render.numbers import human
+from ..errors import FlopscopeError
+from .numbers import human
 
 if TYPE_CHECKING:
-    from .predict.polynomial import Scaling
-    from .profile import Profile
+    from ..predict.polynomial import Scaling
+    from .view import ProfileView
 
 
 def pyplot() -> Any:
@@ -64,7 +64,7 @@ def scaling_plot(result: Scaling, path: str | Path, title: str = "") -> Path:
     return save_figure(fig, plt, path)
 
 
-def role_share_plot(prof: Profile, path: str | Path, title: str = "") -> Path:
+def role_share_plot(prof: ProfileView, path: str | Path, title: str = "") -> Path:
     """A horizontal bar per role: its share of all multiplies, with its MACs."""
     plt = pyplot()
     roles = {role: macs for role, macs in prof.by_role().items() if macs}

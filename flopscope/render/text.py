@@ -16,15 +16,15 @@ from typing import Any
 
 from tabulate import tabulate
 
-from .attribute.paths import enclosing
-from .conventions import EXECUTED, check_attention
-from .errors import FlopscopeError
-from .predict.attention import notes as attention_notes
-from .profile import Profile
-from .render.module_stats import dominant_roles as module_dominant_roles
-from .render.module_stats import params_inclusive
-from .render.numbers import human
-from .version import __version__
+from ..attribute.paths import enclosing
+from ..conventions import EXECUTED, check_attention
+from ..errors import FlopscopeError
+from ..predict.attention import notes as attention_notes
+from ..version import __version__
+from .module_stats import dominant_roles as module_dominant_roles
+from .module_stats import params_inclusive
+from .numbers import human
+from .view import ProfileView
 
 UNITS = {"macs": ("MAC", 1), "flops": ("FLOP", 2)}
 JSON_SCHEMA = "flopscope.profile/1"
@@ -53,19 +53,19 @@ def _unit(units: str) -> tuple[str, int]:
     return UNITS[units]
 
 
-def params_by_module(prof: Profile) -> dict[str, int]:
+def params_by_module(prof: ProfileView) -> dict[str, int]:
     """Parameters per module path, inclusive of submodules (shared parameters counted where declared)."""
     return params_inclusive(prof.facts.param_shapes)
 
 
-def dominant_roles(prof: Profile) -> dict[str, str]:
+def dominant_roles(prof: ProfileView) -> dict[str, str]:
     """Per module path, the role with most MACs among the ops it ran (inclusive; a container never called, such as a
     ``ModuleList``, of what its submodules ran)."""
     uncalled = prof.uncalled_modules()
     return module_dominant_roles((enclosing(record.module_stack, uncalled), record.roles) for record in prof.records)
 
 
-def module_tree(prof: Profile, depth: int = 2, units: str = "macs", tablefmt: str = "simple") -> str:
+def module_tree(prof: ProfileView, depth: int = 2, units: str = "macs", tablefmt: str = "simple") -> str:
     """The model's structure with MACs (or FLOPs), parameters, share and dominant role per module, down to
     ``depth`` levels below the root."""
     name, factor = _unit(units)
@@ -86,7 +86,7 @@ def module_tree(prof: Profile, depth: int = 2, units: str = "macs", tablefmt: st
                     tablefmt=tablefmt, colalign=("left", "left", "right", "right", "right", "right", "left"))
 
 
-def op_table(prof: Profile, units: str = "macs", tablefmt: str = "simple") -> str:
+def op_table(prof: ProfileView, units: str = "macs", tablefmt: str = "simple") -> str:
     """Per ATen op, largest first, with the number of calls."""
     name, factor = _unit(units)
     total = prof.total() or 1
@@ -108,7 +108,7 @@ def where(paths: list[str], limit: int = 3) -> str:
     return ", ".join(shown) + (f", +{more} more" if more > 0 else "")
 
 
-def role_table(prof: Profile, units: str = "macs", tablefmt: str = "simple", attention: str = EXECUTED) -> str:
+def role_table(prof: ProfileView, units: str = "macs", tablefmt: str = "simple", attention: str = EXECUTED) -> str:
     """Role | MACs | FLOPs | share of total | where (the blocks it occurs in); the attention core and the total
     priced by the ``attention`` convention (:mod:`flopscope.predict.attention`)."""
     total = prof.total(attention=attention) or 1
@@ -128,7 +128,7 @@ def role_table(prof: Profile, units: str = "macs", tablefmt: str = "simple", att
                     tablefmt=tablefmt, colalign=("left", "right", "right", "right", "left"))
 
 
-def unsupported_table(prof: Profile, tablefmt: str = "simple") -> str:
+def unsupported_table(prof: ProfileView, tablefmt: str = "simple") -> str:
     rows = [[op, calls] for op, calls in sorted(prof.unsupported().items())]
     if not rows:
         return "unsupported ops: none"
@@ -136,7 +136,7 @@ def unsupported_table(prof: Profile, tablefmt: str = "simple") -> str:
         rows, headers=["ATen op", "calls"], tablefmt=tablefmt)
 
 
-def summary(prof: Profile, depth: int = 2, units: str = "macs", tablefmt: str = "simple",
+def summary(prof: ProfileView, depth: int = 2, units: str = "macs", tablefmt: str = "simple",
             reconciliation: bool = True, attention: str = EXECUTED) -> str:
     """Totals, roles, reconciliation, the module tree, ops, elementwise work and unsupported ops. ``attention``:
     the convention of the total and the role table (:mod:`flopscope.predict.attention`); the module tree, ops and
@@ -174,7 +174,7 @@ def summary(prof: Profile, depth: int = 2, units: str = "macs", tablefmt: str = 
 
 # --------------------------------------------------------------------------------------------------
 # machine-readable
-def to_dict(prof: Profile, reconciliation: bool = True, attention: str = EXECUTED) -> dict[str, Any]:
+def to_dict(prof: ProfileView, reconciliation: bool = True, attention: str = EXECUTED) -> dict[str, Any]:
     """The JSON document of :data:`JSON_SCHEMA` as a dict; ``attention``: the convention of its ``attention``
     section."""
     check_attention(attention)
@@ -216,11 +216,11 @@ def to_dict(prof: Profile, reconciliation: bool = True, attention: str = EXECUTE
     return doc
 
 
-def to_json(prof: Profile, reconciliation: bool = True, indent: int | None = 2, attention: str = EXECUTED) -> str:
+def to_json(prof: ProfileView, reconciliation: bool = True, indent: int | None = 2, attention: str = EXECUTED) -> str:
     return json.dumps(to_dict(prof, reconciliation, attention), indent=indent)
 
 
-def to_csv(prof: Profile) -> str:
+def to_csv(prof: ProfileView) -> str:
     """One row per counted op: phase, module, op, role split, MACs, FLOPs, input shapes."""
     out = io.StringIO()
     writer = csv.writer(out)

@@ -7,14 +7,14 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .capture.records import captured
-from .render import chrome_trace
+from ..capture.records import captured
+from . import chrome_trace
 
 if TYPE_CHECKING:
-    from .profile import Profile
+    from .view import ProfileView
 
 
-def merge_torch_trace(torch_trace: Mapping[str, Any] | str | Path, prof: Profile) -> dict[str, Any]:
+def merge_torch_trace(torch_trace: Mapping[str, Any] | str | Path, prof: ProfileView) -> dict[str, Any]:
     """A ``torch.profiler`` trace (its ``export_chrome_trace`` JSON, or that file's path) with a process of role
     ranges added: each op flopscope recorded is matched, in execution order, to torch's event for the same
     ATen op (the outermost one: torch also lists the call inside flopscope's dispatch mode), and a range named

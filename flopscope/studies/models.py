@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .capture.checks import check_heads
+from ..capture.checks import check_heads
 
 
 class SelfAttention(nn.Module):

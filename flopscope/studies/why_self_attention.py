@@ -49,12 +49,12 @@ import torch.nn.functional as F
 from tabulate import tabulate
 from torch import nn
 
-from .api import profile
-from .capture.checks import check_heads, check_positive
-from .errors import NotFoundError
+from ..api import profile
+from ..capture.checks import check_heads, check_positive
+from ..errors import NotFoundError
+from ..profile import Profile
+from ..role import PAIR_ROLES, Role
 from .models import FeedForward, SelfAttention, TransformerBlock
-from .profile import Profile
-from .role import PAIR_ROLES, Role
 
 __all__ = [
     "BandedSelfAttention",

@@ -23,10 +23,10 @@ from typing import Any
 from tabulate import tabulate
 from torch import nn
 
-from .api import profile
-from .errors import BudgetError, ConfigurationError
-from .profile import Profile
-from .render.files import write_atomically
+from ..api import profile
+from ..errors import BudgetError, ConfigurationError
+from ..profile import Profile
+from ..render.files import write_atomically
 
 __all__ = ["FlopBudget", "assert_macs", "diff_table"]
 

@@ -33,16 +33,16 @@ import torch
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensor
 
-from .api import profile
-from .attribute.paths import within
-from .capture.fake import map_tensors, tensors_in
-from .capture.model_caches import fake_tensors_held
-from .capture.records import FORWARD
-from .conventions import CAUSAL, MASK
-from .errors import FlopscopeError
-from .formulas.registry import REGISTRY, OpFamily
-from .profile import Profile
-from .role import ATTENTION_CORE, PAIR_ROLES, Role, RoleGroup
+from ..api import profile
+from ..attribute.paths import within
+from ..capture.fake import map_tensors, tensors_in
+from ..capture.model_caches import fake_tensors_held
+from ..capture.records import FORWARD
+from ..conventions import CAUSAL, MASK
+from ..errors import FlopscopeError
+from ..formulas.registry import REGISTRY, OpFamily
+from ..profile import Profile
+from ..role import ATTENTION_CORE, PAIR_ROLES, Role, RoleGroup
 
 INVARIANTS = ("repeat", "modes", "attention", "forward", "caches")
 """The invariants :func:`check_invariants` checks, in the order it checks them."""

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from .testing import FlopBudget
+from .budgets import FlopBudget
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

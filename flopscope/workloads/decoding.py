@@ -36,7 +36,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .errors import ConfigurationError, InputError
+from ..errors import ConfigurationError, InputError
 
 __all__ = ["check_decoding", "greedy_decode"]
 

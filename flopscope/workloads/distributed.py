@@ -26,12 +26,12 @@ from typing import TYPE_CHECKING, Any
 from tabulate import tabulate
 from torch import nn
 
-from .api import profile
-from .communication import ALL_GATHER, ALL_REDUCE, CollectiveRow, PredictedCollective, fsdp, megatron
-from .errors import ConfigurationError
+from ..api import profile
+from ..errors import ConfigurationError
+from ..predict.communication import ALL_GATHER, ALL_REDUCE, CollectiveRow, PredictedCollective, fsdp, megatron
 
 if TYPE_CHECKING:
-    from .profile import Profile
+    from ..profile import Profile
 
 __all__ = ["check_tensor_parallel", "collective_table", "communication_per_mac", "fake_world", "fsdp_table",
            "fsdp_units", "gather", "hf_plan", "predicted_collectives", "profile_world", "rank_table", "role_table",

@@ -21,12 +21,12 @@ import torch
 from tabulate import tabulate
 from torch import nn
 
-from .attribute.roles import RoleRule
+from ..attribute.roles import RoleRule
+from ..formulas.registry import FormulaRegistry
+from ..predict.steps import DECODE, PREFILL, Step, decode_scaling, steps
+from ..profile import Profile
+from ..runner import CaptureOptions, fake_converter, run_in_mode
 from .decoding import check_decoding, greedy_decode
-from .formulas.registry import FormulaRegistry
-from .predict.steps import DECODE, PREFILL, Step, decode_scaling, steps
-from .profile import Profile
-from .runner import CaptureOptions, fake_converter, run_in_mode
 
 __all__ = ["DECODE", "PREFILL", "Step", "decode_scaling", "greedy_decode", "profile_generation", "steps",
            "steps_table"]

@@ -39,16 +39,16 @@ import torch
 from tabulate import tabulate
 from torch import nn
 
-from .attribute.roles import RoleRule
-from .capture.checks import check_mode
-from .capture.module_tracker import ModuleCall
-from .errors import ConfigurationError, NotAModuleError
-from .formulas.registry import FormulaRegistry
-from .profile import Profile
-from .render.html import write_html
-from .render.pipeline_chart import call_bars, component_colours
-from .role import ROLE_ORDER
-from .runner import BLOCK_MODES, CaptureOptions, Session, paused_gc
+from ..attribute.roles import RoleRule
+from ..capture.checks import check_mode
+from ..capture.module_tracker import ModuleCall
+from ..errors import ConfigurationError, NotAModuleError
+from ..formulas.registry import FormulaRegistry
+from ..profile import Profile
+from ..render.html import write_html
+from ..render.pipeline_chart import call_bars, component_colours
+from ..role import ROLE_ORDER
+from ..runner import BLOCK_MODES, CaptureOptions, Session, paused_gc
 
 GUIDANCE = ("none", "batch", "passes")
 """How a step applies classifier-free guidance: not at all (one call on the latents' batch), by batch (one call on

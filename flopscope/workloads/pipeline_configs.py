@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from .errors import FlopscopeError
+from ..errors import FlopscopeError
 
 CONFIG_PATTERNS = ("model_index.json", "*/config.json", "*/scheduler_config.json", "*/tokenizer_config.json",
                    "*/special_tokens_map.json", "*/tokenizer.json", "*/vocab.json", "*/merges.txt", "*/spiece.model",

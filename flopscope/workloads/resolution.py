@@ -23,12 +23,12 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
-from .attribute.roles import RoleRule
-from .capture.checks import check_positive
-from .errors import ConfigurationError
-from .formulas.registry import FormulaRegistry
+from ..attribute.roles import RoleRule
+from ..capture.checks import check_positive
+from ..errors import ConfigurationError
+from ..formulas.registry import FormulaRegistry
+from ..predict.polynomial import Polynomial, Scaling, interpolate
 from .pipeline import component_of, profile_pipeline
-from .predict.polynomial import Polynomial, Scaling, interpolate
 from .scaling import MIN_LENGTHS
 
 VARIABLE = "P"

@@ -24,13 +24,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 from tabulate import tabulate
 
-from .capture.records import captured
-from .errors import FlopscopeError
-from .peaks import peak_bandwidth, peak_flops
-from .plots import DPI, place_labels, pyplot, save_figure
+from ..capture.records import captured
+from ..errors import FlopscopeError
+from ..hardware.peaks import peak_bandwidth, peak_flops
+from ..render.plots import DPI, place_labels, pyplot, save_figure
 
 if TYPE_CHECKING:
-    from .profile import Profile
+    from ..profile import Profile
 
 COMPUTE, MEMORY = "compute", "memory"
 

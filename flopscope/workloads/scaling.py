@@ -17,16 +17,16 @@ from typing import Any
 import torch
 from torch import nn
 
-from .attribute.roles import RoleRule
-from .capture.checks import check_mode, check_positive
-from .capture.records import RECOMPUTE
-from .errors import ConfigurationError, SymbolicError
-from .formulas.registry import FormulaRegistry
-from .predict.polynomial import Polynomial, Scaling, interpolate
-from .predict.reconcile import Reconciliation, TransformerSpec
-from .profile import Profile, reuse_roles
-from .role import ROLE_ORDER
-from .runner import MODES, CaptureOptions, new_converter, paused_gc, run_in_mode, split_inputs
+from ..attribute.roles import RoleRule
+from ..capture.checks import check_mode, check_positive
+from ..capture.records import RECOMPUTE
+from ..errors import ConfigurationError, SymbolicError
+from ..formulas.registry import FormulaRegistry
+from ..predict.polynomial import Polynomial, Scaling, interpolate
+from ..predict.reconcile import Reconciliation, TransformerSpec
+from ..profile import Profile, reuse_roles
+from ..role import ROLE_ORDER
+from ..runner import MODES, CaptureOptions, new_converter, paused_gc, run_in_mode, split_inputs
 from .symbolic import SymbolicTrace, trace
 
 __all__ = ["METHODS", "MIN_LENGTHS", "Polynomial", "Scaling", "interpolate", "scaling"]

@@ -27,13 +27,13 @@ import torch
 from torch import nn
 from torch.utils import _pytree as pytree
 
-from .attribute.roles import Assignment
-from .capture.fake import CountingFakeTensorMode, FakeConverter
-from .capture.records import RECOMPUTE, CapturedOp
-from .errors import RunError, SymbolicError
-from .predict.reconcile import Reconciliation, TransformerSpec, reconcile
-from .profile import Profile, reuse_roles
-from .runner import CaptureOptions, run_in_mode
+from ..attribute.roles import Assignment
+from ..capture.fake import CountingFakeTensorMode, FakeConverter
+from ..capture.records import RECOMPUTE, CapturedOp
+from ..errors import RunError, SymbolicError
+from ..predict.reconcile import Reconciliation, TransformerSpec, reconcile
+from ..profile import Profile, reuse_roles
+from ..runner import CaptureOptions, run_in_mode
 
 if TYPE_CHECKING:
     import sympy

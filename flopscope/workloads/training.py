@@ -25,19 +25,19 @@ from typing import Any
 import torch
 from torch import nn
 
-from .api import profile
-from .capture.checks import describe
-from .capture.fake import tensors_in
-from .capture.records import RECOMPUTE
-from .capture.state import ModelSnapshot
-from .conventions import EXECUTED, MASK, check_attention
-from .errors import ConfigurationError, FlopscopeError, InputError
-from .formulas.registry import prod
-from .peaks import peak_flops
-from .predict.attention import pairs
-from .predict.polynomial import Polynomial
-from .role import PAIR_ROLES, Role
-from .runner import CaptureOptions, Session, split_inputs
+from ..api import profile
+from ..capture.checks import describe
+from ..capture.fake import tensors_in
+from ..capture.records import RECOMPUTE
+from ..capture.state import ModelSnapshot
+from ..conventions import EXECUTED, MASK, check_attention
+from ..errors import ConfigurationError, FlopscopeError, InputError
+from ..formulas.registry import prod
+from ..hardware.peaks import peak_flops
+from ..predict.attention import pairs
+from ..predict.polynomial import Polynomial
+from ..role import PAIR_ROLES, Role
+from ..runner import CaptureOptions, Session, split_inputs
 from .scaling import scaling
 
 __all__ = ["BatchPricer", "Throughput", "flops_per_batch", "measure_flops", "metric_suffix"]
