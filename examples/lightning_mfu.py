@@ -20,7 +20,7 @@ from lightning.pytorch.callbacks import ThroughputMonitor
 from lightning.pytorch.loggers import Logger
 from transformers import GPT2Config, GPT2LMHeadModel
 
-from flopscope.hardware.peaks import measure_cpu_peak
+from flopscope.hardware.probes import measure_cpu_peak
 from flopscope.integrations.lightning import FlopscopeCallback
 
 VOCAB = 1000

@@ -17,7 +17,7 @@ import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
 import flopscope
-from flopscope.hardware.peaks import measure_cpu_peak
+from flopscope.hardware.probes import measure_cpu_peak
 
 
 def main(argv: list[str] | None = None) -> list[dict]:

@@ -12,17 +12,16 @@ import pytest
 import torch
 
 from flopscope.errors import ConfigurationError, FlopscopeWarning
-from flopscope.hardware import peaks
+from flopscope.hardware import peaks, probes
 from flopscope.hardware.peaks import (
     BANDWIDTH,
     PEAKS,
     device_name,
     match_device,
-    measure_cpu_bandwidth,
-    measure_cpu_peak,
     peak_bandwidth,
     peak_flops,
 )
+from flopscope.hardware.probes import measure_cpu_bandwidth, measure_cpu_peak
 
 # what torch.cuda.get_device_name returns on each device (ROCm included), and the table entry it must map to
 NAMES = {
@@ -194,7 +193,7 @@ def test_every_entry_has_a_source_comment():
 
 
 def test_measure_cpu_peak_is_plausible_and_cached(monkeypatch):
-    monkeypatch.setattr(peaks, "_CPU_CACHE", {})
+    monkeypatch.setattr(probes, "CPU_CACHE", {})
     t0 = time.perf_counter()
     first = measure_cpu_peak(torch.float32, seconds=0.2)
     t1 = time.perf_counter()
@@ -205,11 +204,11 @@ def test_measure_cpu_peak_is_plausible_and_cached(monkeypatch):
     assert second is first
     assert t2 - t1 < (t1 - t0) / 10
     assert peak_flops("cpu", torch.float32) is first  # "cpu" goes through the same cache
-    assert device_name("cpu") == peaks._cpu_model()
+    assert device_name("cpu") == probes.cpu_model()
 
 
 def test_cpu_dtype_that_cannot_be_benchmarked(monkeypatch):
-    monkeypatch.setattr(peaks, "_CPU_CACHE", {})
+    monkeypatch.setattr(probes, "CPU_CACHE", {})
     with pytest.raises(ConfigurationError):
         measure_cpu_peak(torch.int32)
     with pytest.raises(ConfigurationError):
@@ -218,7 +217,7 @@ def test_cpu_dtype_that_cannot_be_benchmarked(monkeypatch):
     def cannot(*args, **kwargs):
         raise RuntimeError('"addmm_impl_cpu_" not implemented for Float8_e4m3fn')
 
-    monkeypatch.setattr(peaks, "_benchmark", cannot)
+    monkeypatch.setattr(probes, "gemm_benchmark", cannot)
     with pytest.raises(ConfigurationError, match="cannot matmul"):
         measure_cpu_peak(torch.float8_e4m3fn)
     with pytest.warns(FlopscopeWarning, match="float8"):
@@ -227,19 +226,19 @@ def test_cpu_dtype_that_cannot_be_benchmarked(monkeypatch):
 
 def test_disk_cache(monkeypatch, tmp_path):
     monkeypatch.setenv("FLOPSCOPE_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(peaks, "_CPU_CACHE", {})
+    monkeypatch.setattr(probes, "CPU_CACHE", {})
     calls = []
 
     def fake(dtype, seconds, max_n=1024):
         calls.append(dtype)
         return 3e10, 64, 5
 
-    monkeypatch.setattr(peaks, "_benchmark", fake)
+    monkeypatch.setattr(probes, "gemm_benchmark", fake)
     assert measure_cpu_peak(torch.float64, disk_cache=True) == 3e10
     stored = json.loads((tmp_path / "peaks.json").read_text())
     assert list(stored.values()) == [3e10]
     assert f"threads={torch.get_num_threads()}" in next(iter(stored))
-    monkeypatch.setattr(peaks, "_CPU_CACHE", {})  # a new process: read from disk, no benchmark
+    monkeypatch.setattr(probes, "CPU_CACHE", {})  # a new process: read from disk, no benchmark
     assert measure_cpu_peak(torch.float64, disk_cache=True) == 3e10
     assert calls == [torch.float64]
 
@@ -252,14 +251,14 @@ def _cli(argv):
 
 
 def test_cli_measures_this_cpu(capsys, monkeypatch):
-    monkeypatch.setattr(peaks, "_CPU_CACHE", {})
-    monkeypatch.setattr(peaks, "_CPU_BW_CACHE", {})
-    monkeypatch.setattr(peaks, "_copy_bytes", lambda: 16 * 2**20)  # a short copy: the real size is tested above
+    monkeypatch.setattr(probes, "CPU_CACHE", {})
+    monkeypatch.setattr(probes, "CPU_BW_CACHE", {})
+    monkeypatch.setattr(probes, "copy_bytes", lambda: 16 * 2**20)  # a short copy: the real size is tested above
     assert _cli(["peak", "--dtype", "float32", "--seconds", "0.1"]) == 0
     out = capsys.readouterr().out
     assert "float32" in out and "GFLOP/s" in out and "threads" in out
     assert "memory bandwidth" in out and "GB/s" in out and "16 MiB" in out and "ridge point" in out
-    assert peaks._CPU_BW_CACHE[torch.get_num_threads()] > 0  # the measured figure is the cached one
+    assert probes.CPU_BW_CACHE[torch.get_num_threads()] > 0  # the measured figure is the cached one
 
 
 def test_cli_prints_a_gpu_table_figure(capsys):
@@ -425,7 +424,7 @@ def test_every_bandwidth_entry_has_a_source_comment():
 
 
 def test_measure_cpu_bandwidth_is_plausible_and_cached(monkeypatch):
-    monkeypatch.setattr(peaks, "_CPU_BW_CACHE", {})
+    monkeypatch.setattr(probes, "CPU_BW_CACHE", {})
     t0 = time.perf_counter()
     first = measure_cpu_bandwidth(seconds=0.01)  # a tiny budget: still at least 3 copies of >= 256 MiB
     t1 = time.perf_counter()
@@ -448,34 +447,34 @@ def test_copy_benchmark_counts_read_plus_write_bytes(monkeypatch):
         def perf_counter():
             return float(next(clock))
 
-    monkeypatch.setattr(peaks, "time", FakeTime)
-    rate, nbytes, copies = peaks._copy_benchmark(0.5, 2**20)
+    monkeypatch.setattr(probes, "time", FakeTime)
+    rate, nbytes, copies = probes.copy_benchmark(0.5, 2**20)
     assert nbytes == 2**20 and copies == 3  # the budget is spent, but best of at least 3
     assert rate == 2 * 2**20  # bytes read + bytes written, per second
 
 
 def test_copy_size_follows_streams_rule_within_bounds(monkeypatch):
-    assert peaks._size_bytes("307200K") == 300 * 2**20 and peaks._size_bytes("32M") == 32 * 2**20
+    assert probes._size_bytes("307200K") == 300 * 2**20 and probes._size_bytes("32M") == 32 * 2**20
     for llc, expected in ((0, 256 * 2**20), (100 * 2**20, 400 * 2**20), (300 * 2**20, 512 * 2**20)):
-        monkeypatch.setattr(peaks, "_last_level_cache_bytes", lambda llc=llc: llc)
-        assert peaks._copy_bytes() == expected
+        monkeypatch.setattr(probes, "_last_level_cache_bytes", lambda llc=llc: llc)
+        assert probes.copy_bytes() == expected
 
 
 def test_bandwidth_disk_cache(monkeypatch, tmp_path):
     monkeypatch.setenv("FLOPSCOPE_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(peaks, "_CPU_BW_CACHE", {})
+    monkeypatch.setattr(probes, "CPU_BW_CACHE", {})
     calls = []
 
     def fake(seconds, nbytes):
         calls.append(nbytes)
         return 2e10, nbytes, 3
 
-    monkeypatch.setattr(peaks, "_copy_benchmark", fake)
+    monkeypatch.setattr(probes, "copy_benchmark", fake)
     assert measure_cpu_bandwidth(disk_cache=True) == 2e10
     stored = json.loads((tmp_path / "peaks.json").read_text())
     assert list(stored.values()) == [2e10]
     key = next(iter(stored))
     assert key.endswith("copy_bandwidth") and f"threads={torch.get_num_threads()}" in key
-    monkeypatch.setattr(peaks, "_CPU_BW_CACHE", {})  # a new process: read from disk, no benchmark
+    monkeypatch.setattr(probes, "CPU_BW_CACHE", {})  # a new process: read from disk, no benchmark
     assert measure_cpu_bandwidth(disk_cache=True) == 2e10
     assert len(calls) == 1

@@ -26,7 +26,7 @@ figure is listed.
 Figures are per torch device: an MI250X package holds two GCDs that PyTorch sees as two devices, so its
 datasheet figures are halved.
 
-On CPU there is no table: :func:`measure_cpu_peak` times square matmuls and returns the best achieved rate
+On CPU there is no table: :func:`~.probes.measure_cpu_peak` times square matmuls and returns the best achieved rate
 (``flopscope peak`` prints it), so an MFU on a CPU run is a fraction of what this machine's GEMM reaches.
 
 **Memory bandwidth** (issue 11, serving and the roofline): :data:`BANDWIDTH` holds each device's peak DRAM
@@ -37,7 +37,7 @@ and an override, ``peak_bandwidth(..., bandwidth=...)``. One PEAKS row can hide 
 A100 40GB (1,555 GB/s), 80GB PCIe (1,935 GB/s) and 80GB SXM (2,039 GB/s) compute alike but do not read alike,
 so :func:`peak_bandwidth` tells them apart by the name torch reports (``"NVIDIA A100-SXM4-80GB"``) and gives
 ``None`` and a warning for a name that does not say (a bare ``"A100"``), never a guess. On CPU
-:func:`measure_cpu_bandwidth` times a STREAM-like copy (read + write bytes counted).
+:func:`~.probes.measure_cpu_bandwidth` times a STREAM-like copy (read + write bytes counted).
 
 The roofline: a kernel's arithmetic intensity is its FLOPs per byte moved to and from that memory; the
 **ridge point** = peak FLOP/s / bandwidth (FLOPs per byte) separates memory-bound kernels (intensity below it:
@@ -50,22 +50,18 @@ peaks; a copy kernel achieves less.
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
 import re
 import threading
-import time
 import warnings
-from pathlib import Path
 from typing import Any
 
 import torch
 
 from ..errors import ConfigurationError, FlopscopeWarning
+from . import probes
 
-__all__ = ["BANDWIDTH", "PEAKS", "TF32_PEAKS", "device_name", "match_device", "measure_cpu_bandwidth",
-           "measure_cpu_peak", "peak_bandwidth", "peak_flops", "register_cli"]
+__all__ = ["BANDWIDTH", "PEAKS", "TF32_PEAKS", "device_name", "match_device", "peak_bandwidth", "peak_flops",
+           "register_cli"]
 
 _T = 1e12  # TFLOP/s
 _P = 1e15  # PFLOP/s
@@ -188,17 +184,6 @@ def match_device(name: str, *, compute_units: int | None = None) -> str | None:
     return None
 
 
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.lower().startswith(("model name", "hardware", "cpu model")):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "cpu"
-
-
 def _resolve(device: str | torch.device | None) -> tuple[torch.device | None, str]:
     """(torch device or None for a bare device name, the raw name)."""
     if device is None:
@@ -209,7 +194,7 @@ def _resolve(device: str | torch.device | None) -> tuple[torch.device | None, st
         except RuntimeError:  # not a device string: a device name ("NVIDIA H100 PCIe", "H100 SXM")
             return None, str(device)
     if device.type == "cpu":
-        return device, _cpu_model()
+        return device, probes.cpu_model()
     if device.type == "cuda":
         if not torch.cuda.is_available():
             raise ConfigurationError(f"device {str(device)!r}: CUDA is not available here; pass a device name "
@@ -261,12 +246,6 @@ def _check_override(value: Any, arg: str, unit: str) -> float:
     return float(value)
 
 
-def _check_seconds(seconds: Any) -> float:
-    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not seconds > 0:
-        raise ConfigurationError(f"seconds must be positive, got {seconds!r}")
-    return float(seconds)
-
-
 def peak_flops(device: str | torch.device | None = None, dtype: torch.dtype = torch.bfloat16, *,
                peak: float | None = None, tf32: bool | None = None) -> float | None:
     """Dense peak FLOP/s (2 FLOPs per MAC) of ``device`` for ``dtype``, the denominator of MFU.
@@ -278,9 +257,9 @@ def peak_flops(device: str | torch.device | None = None, dtype: torch.dtype = to
     looked up in :data:`PEAKS` through :func:`match_device`; an unknown device, or a dtype the table has no
     figure for on a known one, gives ``None`` and one :class:`~flopscope.errors.FlopscopeWarning` per
     (device name, dtype) per process, never another device's figure. ``"cpu"`` returns the measured figure of
-    :func:`measure_cpu_peak` (cached; ``None`` and a warning for a dtype the CPU cannot matmul). ``tf32``: whether
-    float32 matmuls run as TF32 on an NVIDIA GPU (``None``: as torch is set now); then ``torch.float32`` gives the
-    :data:`TF32_PEAKS` figure."""
+    :func:`~.probes.measure_cpu_peak` (cached; ``None`` and a warning for a dtype the CPU cannot matmul).
+    ``tf32``: whether float32 matmuls run as TF32 on an NVIDIA GPU (``None``: as torch is set now); then
+    ``torch.float32`` gives the :data:`TF32_PEAKS` figure."""
     if peak is not None:
         return _check_override(peak, "peak", "FLOP/s")
     if not isinstance(dtype, torch.dtype):
@@ -288,7 +267,7 @@ def peak_flops(device: str | torch.device | None = None, dtype: torch.dtype = to
     dev, raw = _resolve(device)
     if dev is not None and dev.type == "cpu":
         try:
-            return measure_cpu_peak(dtype)
+            return probes.measure_cpu_peak(dtype)
         except ConfigurationError as e:
             _warn_once(raw, dtype, f"no CPU peak for {dtype}: {e}; MFU is not available (pass peak=)")
             return None
@@ -390,13 +369,14 @@ def peak_bandwidth(device: str | torch.device | None = None, *, bandwidth: float
     :data:`BANDWIDTH` through :func:`match_device`, and for a PEAKS row with memory variants (the A100) by the
     memory size and form factor in its name; an unknown device, or a name that does not say which variant it
     is, gives ``None`` and one :class:`~flopscope.errors.FlopscopeWarning` per device name per process, never
-    another device's figure. ``"cpu"`` returns the measured figure of :func:`measure_cpu_bandwidth` (cached)."""
+    another device's figure. ``"cpu"`` returns the measured figure of :func:`~.probes.measure_cpu_bandwidth`
+    (cached)."""
     if bandwidth is not None:
         return _check_override(bandwidth, "bandwidth", "bytes/s")
     dev, raw = _resolve(device)
     if dev is not None and dev.type == "cpu":
         try:
-            return measure_cpu_bandwidth()
+            return probes.measure_cpu_bandwidth()
         except ConfigurationError as e:
             _warn_once(raw, "bandwidth", f"no CPU memory bandwidth: {e} (pass bandwidth=)")
             return None
@@ -415,205 +395,9 @@ def peak_bandwidth(device: str | torch.device | None = None, *, bandwidth: float
     return None
 
 
-# ---------------------------------------------------------------------------------------------------- CPU
-
-_CPU_CACHE: dict[tuple[torch.dtype, int], float] = {}
-_CPU_DTYPES = (torch.float64, torch.float32, torch.bfloat16, torch.float16)
-
-
-def _cache_file() -> Path:
-    root = os.environ.get("FLOPSCOPE_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "flopscope")
-    return Path(root) / "peaks.json"
-
-
-def _disk_key(what: torch.dtype | str, threads: int) -> str:
-    """``what``: the dtype of a GEMM peak, or ``"copy_bandwidth"``."""
-    return f"{_cpu_model()}|threads={threads}|{str(what).removeprefix('torch.')}"
-
-
-def _read_disk(key: str) -> float | None:
-    try:
-        value = json.loads(_cache_file().read_text(encoding="utf-8")).get(key)
-    except (OSError, ValueError, AttributeError):
-        return None
-    return float(value) if isinstance(value, (int, float)) and value > 0 else None
-
-
-def _write_disk(key: str, value: float) -> None:
-    path = _cache_file()
-    try:
-        data: dict[str, Any] = {}
-        if path.exists():
-            loaded = json.loads(path.read_text(encoding="utf-8"))
-            data = loaded if isinstance(loaded, dict) else {}
-        data[key] = value
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(data, indent=1, sort_keys=True), encoding="utf-8")
-        tmp.replace(path)
-    except (OSError, ValueError):
-        pass  # a cache that cannot be written is no error
-
-
-def _benchmark(dtype: torch.dtype, seconds: float, max_n: int = 1024) -> tuple[float, int, int]:
-    """(best FLOP/s, matrix size, matmuls timed) of square ``torch.mm`` in ``dtype`` for about ``seconds``."""
-    n = 128
-    with torch.inference_mode():
-        # grow the size while one product stays well inside the budget (a slow dtype keeps small matrices)
-        while True:
-            a = torch.randn(n, n).to(dtype)
-            b = torch.randn(n, n).to(dtype)
-            out = torch.mm(a, b)  # warm-up (and: can this CPU matmul this dtype at all)
-            dt = float("inf")
-            for _ in range(3):  # best of 3: the first products after start-up are slow
-                t0 = time.perf_counter()
-                torch.mm(a, b, out=out)
-                dt = min(dt, time.perf_counter() - t0)
-            if n >= max_n or dt * 8 * 4 > seconds:  # the next size costs 8x; keep >= ~4 products in budget
-                break
-            n *= 2
-        best, count = 0.0, 0
-        deadline = time.perf_counter() + seconds
-        while True:
-            t0 = time.perf_counter()
-            torch.mm(a, b, out=out)
-            dt = time.perf_counter() - t0
-            count += 1
-            if dt > 0:
-                best = max(best, 2.0 * n ** 3 / dt)
-            if time.perf_counter() >= deadline:
-                break
-    return best, n, count
-
-
-def measure_cpu_peak(dtype: torch.dtype = torch.float32, *, seconds: float = 0.5,
-                     disk_cache: bool = False) -> float:
-    """Achieved GEMM FLOP/s (2 per MAC) of this CPU for ``dtype``: square ``torch.mm`` products (up to
-    1024 x 1024, smaller for a dtype this CPU computes slowly) timed for about ``seconds``; the best rate.
-
-    Cached per (dtype, ``torch.get_num_threads()``) for the process: a second call returns the first figure
-    without measuring. ``disk_cache=True`` also reads / writes ``~/.cache/flopscope/peaks.json`` (the folder
-    ``$FLOPSCOPE_CACHE_DIR`` if set), keyed by the CPU model name, thread count and dtype. A dtype that is not
-    a floating type, or that this build of PyTorch cannot matmul on CPU (FP8), is a
-    :class:`~flopscope.errors.ConfigurationError`."""
-    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-        raise ConfigurationError(f"measure_cpu_peak needs a floating-point torch.dtype, got {dtype!r}")
-    seconds = _check_seconds(seconds)
-    threads = torch.get_num_threads()
-    cached = _CPU_CACHE.get((dtype, threads))
-    if cached is not None:
-        return cached
-    key = _disk_key(dtype, threads)
-    value = _read_disk(key) if disk_cache else None
-    if value is None:
-        try:
-            value, _, _ = _benchmark(dtype, float(seconds))
-        except (RuntimeError, NotImplementedError, TypeError) as e:
-            raise ConfigurationError(f"this CPU build of PyTorch cannot matmul {dtype}: {e}") from e
-        if not value > 0:
-            raise ConfigurationError(f"the {dtype} matmul benchmark measured no time (timer resolution)")
-        if disk_cache:
-            _write_disk(key, value)
-    _CPU_CACHE[(dtype, threads)] = value
-    return value
-
-
-_CPU_BW_CACHE: dict[int, float] = {}
-_COPY_MIN_BYTES = 256 * 2**20  # each of the two buffers: a few hundred MB,
-_COPY_MAX_BYTES = 512 * 2**20  # 4x the last-level cache (STREAM's rule) where that fits in 512 MiB
-
-
-def _size_bytes(text: str) -> int:
-    units = {"K": 2**10, "M": 2**20, "G": 2**30}
-    text = text.strip().upper()
-    if text and text[-1] in units:
-        return int(text[:-1]) * units[text[-1]]
-    return int(text)
-
-
-def _last_level_cache_bytes() -> int:
-    """The summed size of this machine's last-level caches from Linux sysfs (each shared cache counted once);
-    0 where that is not readable."""
-    caches: dict[tuple[int, str], int] = {}
-    for index in Path("/sys/devices/system/cpu").glob("cpu[0-9]*/cache/index[0-9]*"):
-        try:
-            if (index / "type").read_text().strip() == "Instruction":
-                continue
-            level = int((index / "level").read_text())
-            shared = (index / "shared_cpu_list").read_text().strip()
-            caches[(level, shared)] = _size_bytes((index / "size").read_text())
-        except (OSError, ValueError):
-            continue
-    if not caches:
-        return 0
-    top = max(level for level, _ in caches)
-    return sum(size for (level, _), size in caches.items() if level == top)
-
-
-def _copy_bytes() -> int:
-    """Bytes of each buffer of the copy benchmark: 4x the last-level cache (STREAM's rule, so the copy streams
-    from memory, not from cache), at least 256 MiB, at most 512 MiB."""
-    return min(max(4 * _last_level_cache_bytes(), _COPY_MIN_BYTES), _COPY_MAX_BYTES)
-
-
-def _copy_benchmark(seconds: float, nbytes: int) -> tuple[float, int, int]:
-    """(best bytes/s, buffer bytes, copies timed) of ``dst.copy_(src)`` between two float32 buffers of
-    ``nbytes`` for about ``seconds`` (at least 3 copies); each copy moves 2 * nbytes (read + write)."""
-    n = max(nbytes // 4, 1)
-    moved = 2.0 * 4 * n
-    with torch.inference_mode():
-        src = torch.ones(n, dtype=torch.float32)  # written: its pages are committed
-        dst = torch.empty_like(src)
-        dst.copy_(src)  # warm-up: commits dst's pages, starts the thread pool
-        best, count = 0.0, 0
-        deadline = time.perf_counter() + seconds
-        while True:
-            t0 = time.perf_counter()
-            dst.copy_(src)
-            dt = time.perf_counter() - t0
-            count += 1
-            if dt > 0:
-                best = max(best, moved / dt)
-            if count >= 3 and time.perf_counter() >= deadline:
-                break
-        del src, dst
-    return best, 4 * n, count
-
-
-def measure_cpu_bandwidth(*, seconds: float = 0.5, disk_cache: bool = False) -> float:
-    """Achieved memory bandwidth of this CPU in bytes per second (decimal: 1 GB/s = 1e9): a STREAM-like copy,
-    ``dst.copy_(src)`` of two float32 buffers of 256-512 MiB each (4x the last-level cache, as STREAM asks, within
-    those bounds), timed for about ``seconds`` (at least 3 copies); the best rate, counting the bytes read plus
-    the bytes written (STREAM's convention: the extra read of a write-allocate cache is not counted). Multithreaded
-    as torch is (``torch.get_num_threads()``).
-
-    Cached like :func:`measure_cpu_peak`: per ``torch.get_num_threads()`` for the process (a second call returns
-    the first figure without measuring), and with ``disk_cache=True`` in ``~/.cache/flopscope/peaks.json`` (the
-    folder ``$FLOPSCOPE_CACHE_DIR`` if set), keyed by the CPU model name and thread count. Buffers that cannot be
-    allocated, or a timer that measured nothing, are a :class:`~flopscope.errors.ConfigurationError`."""
-    seconds = _check_seconds(seconds)
-    threads = torch.get_num_threads()
-    cached = _CPU_BW_CACHE.get(threads)
-    if cached is not None:
-        return cached
-    key = _disk_key("copy_bandwidth", threads)
-    value = _read_disk(key) if disk_cache else None
-    if value is None:
-        try:
-            value, _, _ = _copy_benchmark(seconds, _copy_bytes())
-        except RuntimeError as e:  # "DefaultCPUAllocator: not enough memory"
-            raise ConfigurationError(f"the copy benchmark could not run: {e}") from e
-        if not value > 0:
-            raise ConfigurationError("the copy benchmark measured no time (timer resolution)")
-        if disk_cache:
-            _write_disk(key, value)
-    _CPU_BW_CACHE[threads] = value
-    return value
-
-
 # ---------------------------------------------------------------------------------------------------- CLI
 
-_CLI_DTYPES = {str(d).removeprefix("torch."): d for d in _CPU_DTYPES}
+_CLI_DTYPES = {str(d).removeprefix("torch."): d for d in probes.CPU_DTYPES}
 
 
 def register_cli(subparsers: Any) -> argparse.ArgumentParser:
@@ -670,25 +454,25 @@ def _cli_peak(args: argparse.Namespace) -> int:
     if dev is not None and dev.type == "cpu":
         if not args.seconds > 0:
             raise ConfigurationError(f"--seconds must be positive, got {args.seconds}")
-        if not dtype.is_floating_point or dtype not in _CPU_DTYPES:
+        if not dtype.is_floating_point or dtype not in probes.CPU_DTYPES:
             raise ConfigurationError(f"no CPU GEMM benchmark for {label}")
         try:
-            value, n, count = _benchmark(dtype, args.seconds)
+            value, n, count = probes.gemm_benchmark(dtype, args.seconds)
         except (RuntimeError, NotImplementedError, TypeError) as e:
             raise ConfigurationError(f"this CPU build of PyTorch cannot matmul {label}: {e}") from e
         threads = torch.get_num_threads()
-        _CPU_CACHE[(dtype, threads)] = value
+        probes.CPU_CACHE[(dtype, threads)] = value
         if args.save:
-            _write_disk(_disk_key(dtype, threads), value)
+            probes.write_disk(probes.disk_key(dtype, threads), value)
         print(f"{raw} ({threads} threads), {label}: {value / 1e9:.1f} GFLOP/s "
               f"(achieved GEMM peak: best of {count} {n}x{n} matmuls in {args.seconds:g} s; 2 FLOPs per MAC)")
         try:
-            bandwidth, nbytes, copies = _copy_benchmark(args.seconds, _copy_bytes())
+            bandwidth, nbytes, copies = probes.copy_benchmark(args.seconds, probes.copy_bytes())
         except RuntimeError as e:
             raise ConfigurationError(f"the copy benchmark could not run: {e}") from e
-        _CPU_BW_CACHE[threads] = bandwidth
+        probes.CPU_BW_CACHE[threads] = bandwidth
         if args.save:
-            _write_disk(_disk_key("copy_bandwidth", threads), bandwidth)
+            probes.write_disk(probes.disk_key("copy_bandwidth", threads), bandwidth)
         print(f"{raw} ({threads} threads), memory bandwidth: {bandwidth / _GB:.1f} GB/s (STREAM-like copy: best of "
               f"{copies} copies of {nbytes / 2**20:.0f} MiB, read + write bytes counted); ridge point "
               f"{_ridge(value, bandwidth)}")
