@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from flopscope import BudgetError
+from flopscope.errors import BudgetError
 from flopscope.studies.models import TransformerBlock
 from flopscope.testing import FlopBudget, assert_macs
 

@@ -8,3 +8,33 @@
 
 May import: the entry points (``flopscope.api``, ``flopscope.runner``), the façade and every layer below.
 """
+
+import importlib
+from typing import Any
+
+_PUBLIC = {
+    "training": ("BatchPricer", "Throughput", "flops_per_batch", "measure_flops"),
+    "generation": ("Step", "profile_generation", "steps_table"),
+    "pipeline": ("DenoisingStep", "PipelineProfile", "Workload", "WorkloadTerm", "profile_pipeline"),
+    "resolution": ("ResolutionScaling", "resolution_scaling"),
+    "roofline": ("Roofline", "roofline"),
+    "distributed": ("fake_world", "profile_world", "tensor_parallel"),
+}
+"""What the front door names, by module; each module is imported when one of its names is first used, so that
+``import flopscope`` stays as light as the profiling core (``benchmarks/import_time.py``)."""
+_MODULE_OF = {name: module for module, names in _PUBLIC.items() for name in names}
+
+__all__ = sorted(_MODULE_OF)
+
+
+def __getattr__(name: str) -> Any:
+    module = _MODULE_OF.get(name)
+    if module is None:
+        raise AttributeError(f"module 'flopscope.workloads' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value  # (the next access is a plain lookup)
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_MODULE_OF})
