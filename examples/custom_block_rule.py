@@ -1,8 +1,9 @@
 """A custom block that dataflow alone names wrongly, and a user rule that names it.
 
-MLP-Mixer's token-mixing MLP is two weight matmuls around an activation, applied along the sequence axis: to
-dataflow it is an FFN (``ffn_up`` / ``ffn_down``), but it mixes positions, as attention does, not channels. A
-``RoleRule`` (module pattern or type -> role) says what it is; user rules apply after dataflow and win.
+MLP-Mixer's token-mixing MLP is two weight matmuls around an activation, applied along
+the sequence axis: to dataflow it is an FFN (``ffn_up`` / ``ffn_down``), but it mixes
+positions, as attention does, not channels. A ``RoleRule`` (module pattern or type ->
+role) says what it is; user rules apply after dataflow and win.
 
     python examples/custom_block_rule.py
 """
@@ -18,15 +19,18 @@ from flopscope import Role, RoleRule
 
 
 class MixerBlock(nn.Module):
-    """Token mixing (an MLP over the ``n`` positions of each channel), then channel mixing (an MLP over ``d``)."""
+    """Token mixing (an MLP over the ``n`` positions of each channel), then channel
+    mixing (an MLP over ``d``)."""
 
     def __init__(self, n: int, d: int, token_hidden: int) -> None:
         super().__init__()
-        self.token_up, self.token_down = nn.Linear(n, token_hidden), nn.Linear(token_hidden, n)
+        self.token_up = nn.Linear(n, token_hidden)
+        self.token_down = nn.Linear(token_hidden, n)
         self.channel_up, self.channel_down = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [batch, n, d]
-        mixed = self.token_down(F.gelu(self.token_up(x.transpose(1, 2)))).transpose(1, 2)
+        tokens = x.transpose(1, 2)  # [batch, d, n]: an MLP along the positions
+        mixed = self.token_down(F.gelu(self.token_up(tokens))).transpose(1, 2)
         x = x + mixed
         return x + self.channel_down(F.gelu(self.channel_up(x)))
 

@@ -1,4 +1,5 @@
-"""FLOP budgets: hold a model to its closed form, or to a snapshot that fails naming the roles that changed.
+"""FLOP budgets: hold a model to its closed form, or to a snapshot that fails naming the
+roles that changed.
 
 In a test suite (the pytest plug-in is installed with flopscope, nothing to configure):
 
@@ -7,10 +8,13 @@ In a test suite (the pytest plug-in is installed with flopscope, nothing to conf
     def test_block_cost():
         assert_macs(block, x, expected=4 * n * d * d + 2 * n * n * d + 2 * n * d * d_ff)
 
-    def test_block_budget(flops):        # the plug-in's fixture: a FlopBudget on __flops__/ beside the test file
-        flops.check(block, x)            # against __flops__/test_block_budget.json; pytest --flops-update rewrites it
+    # the plug-in's fixture: a FlopBudget on __flops__/ beside the test file
+    def test_block_budget(flops):
+        # against __flops__/test_block_budget.json; pytest --flops-update rewrites it
+        flops.check(block, x)
 
-This script is not a test, so it makes the fixture's FlopBudget itself, in a temporary directory.
+This script is not a test, so it makes the fixture's FlopBudget itself, in a temporary
+directory.
 
     python examples/flop_budget.py
 """
@@ -37,14 +41,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     n, d, h, d_ff = args.n, args.d, 4, 4 * args.d
     block, x = TransformerBlock(d, h, d_ff), torch.randn(1, n, d)
 
-    # the closed form: Q, K, V, O projections, scores and weighted sum, the FFN's two GEMMs
-    prof = assert_macs(block, x, expected=4 * n * d * d + 2 * n * n * d + 2 * n * d * d_ff,
+    # the closed form: Q, K, V, O projections, scores and weighted sum, the FFN's two
+    # GEMMs
+    expected = 4 * n * d * d + 2 * n * n * d + 2 * n * d * d_ff
+    prof = assert_macs(block, x, expected=expected,
                        roles={"attn_scores": n * n * d, "ffn_up": n * d * d_ff})
     print(f"closed form holds: {prof.total():,} MACs")
 
     with tempfile.TemporaryDirectory() as tmp:
         directory = Path(tmp) / "__flops__"
-        budget = FlopBudget(directory, "test_block_budget")  # what the flops fixture is, in test_block_budget
+        # what the flops fixture is, in test_block_budget
+        budget = FlopBudget(directory, "test_block_budget")
         budget.check(block, x)  # no baseline yet: written
         budget.check(block, x)  # unchanged: holds
         wider = TransformerBlock(d, h, 2 * d_ff)  # a config change doubles the FFN
@@ -54,7 +61,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         except BudgetError as e:  # an AssertionError too: pytest reports a failed test
             failure = str(e)
             print(failure)
-        FlopBudget(directory, "test_block_budget", update=True).check(wider, x)  # pytest --flops-update
+        # pytest --flops-update
+        FlopBudget(directory, "test_block_budget", update=True).check(wider, x)
         budget.check(wider, x)  # the new baseline holds
         baseline = (directory / "test_block_budget.json").read_text()
     return {"profile": prof, "failure": failure, "baseline": baseline}

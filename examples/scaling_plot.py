@@ -20,9 +20,11 @@ def main(argv: list[str] | None = None) -> flopscope.Scaling:
     parser.add_argument("--d", type=int, default=512)
     args = parser.parse_args(argv)
     block = TransformerBlock(args.d, 8, 4 * args.d)
-    result = flopscope.scaling(block, lambda n: torch.zeros(1, n, args.d), lengths=(256, 512, 1024, 2048, 4096, 8192))
+    result = flopscope.scaling(block, lambda n: torch.zeros(1, n, args.d),
+                               lengths=(256, 512, 1024, 2048, 4096, 8192))
     print(result.to_table())
-    print("wrote", scaling_plot(result, args.out, title=f"Transformer block, d = {args.d}"))
+    title = f"Transformer block, d = {args.d}"
+    print("wrote", scaling_plot(result, args.out, title=title))
     return result
 
 

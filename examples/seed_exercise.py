@@ -1,6 +1,6 @@
-"""The seed study's exercise: attention written out with Q = X·W_Q, K = X·W_K, V = X·W_V equals
-``nn.MultiheadAttention`` with the same weights, numerically, and flopscope charges the same multiplies
-to the same roles in both.
+"""The seed study's exercise: attention written out with Q = X·W_Q, K = X·W_K, V = X·W_V
+equals ``nn.MultiheadAttention`` with the same weights, numerically, and flopscope
+charges the same multiplies to the same roles in both.
 
     python examples/seed_exercise.py
 """
@@ -16,20 +16,24 @@ import flopscope
 
 
 class ExplicitAttention(nn.Module):
-    """softmax(Q·Kᵀ / √d_k)·V per head, then W_O, with the weights of a given nn.MultiheadAttention."""
+    """softmax(Q·Kᵀ / √d_k)·V per head, then W_O, with the weights of a given
+    nn.MultiheadAttention."""
 
     def __init__(self, mha: nn.MultiheadAttention) -> None:
         super().__init__()
         d, self.h = mha.embed_dim, mha.num_heads
         w_q, w_k, w_v = mha.in_proj_weight.detach().chunk(3)
         b_q, b_k, b_v = mha.in_proj_bias.detach().chunk(3)
-        self.W_Q, self.W_K, self.W_V = nn.Parameter(w_q.T), nn.Parameter(w_k.T), nn.Parameter(w_v.T)
-        self.b_Q, self.b_K, self.b_V = nn.Parameter(b_q), nn.Parameter(b_k), nn.Parameter(b_v)
+        self.W_Q, self.W_K = nn.Parameter(w_q.T), nn.Parameter(w_k.T)
+        self.W_V = nn.Parameter(w_v.T)
+        self.b_Q, self.b_K = nn.Parameter(b_q), nn.Parameter(b_k)
+        self.b_V = nn.Parameter(b_v)
         self.W_O = nn.Parameter(mha.out_proj.weight.detach().T)
         self.b_O = nn.Parameter(mha.out_proj.bias.detach())
         self.d_k = d // self.h
 
-    def forward(self, X: torch.Tensor) -> torch.Tensor:  # noqa: N803  (the textbook's X)
+    # X, the textbook's name (N803 asks for lowercase arguments)
+    def forward(self, X: torch.Tensor) -> torch.Tensor:  # noqa: N803
         B, n, d = X.shape
         Q = (X @ self.W_Q + self.b_Q).view(B, n, self.h, self.d_k).transpose(1, 2)
         K = (X @ self.W_K + self.b_K).view(B, n, self.h, self.d_k).transpose(1, 2)
@@ -60,7 +64,8 @@ def main(argv: list[str] | None = None) -> tuple[dict[str, int], dict[str, int]]
         ours = flopscope.profile(explicit, X, mode="real").by_role()
         theirs = flopscope.profile(library, X, mode="real").by_role()
     for role in ours:
-        print(f"  {role:18s} explicit {ours[role]:>12,}   nn.MultiheadAttention {theirs.get(role, 0):>12,}")
+        print(f"  {role:18s} explicit {ours[role]:>12,}   "
+              f"nn.MultiheadAttention {theirs.get(role, 0):>12,}")
     assert ours == theirs
     return ours, theirs
 

@@ -1,5 +1,6 @@
-"""Roles in traces: flopscope's own trace of a GPT-2 forward, role ranges over a torch.profiler trace of the same
-run, and the timeline as a PNG (docs/trace_gpt2.png is this script's, at its defaults).
+"""Roles in traces: flopscope's own trace of a GPT-2 forward, role ranges over a
+torch.profiler trace of the same run, and the timeline as a PNG (docs/trace_gpt2.png is
+this script's, at its defaults).
 
     python examples/trace_roles.py [--out traces/] [--png docs/trace_gpt2.png]
 
@@ -33,35 +34,43 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(0)
-    config = GPT2Config(n_layer=args.layers, n_embd=args.width, n_head=args.heads, vocab_size=args.vocab)
+    config = GPT2Config(n_layer=args.layers, n_embd=args.width, n_head=args.heads,
+                        vocab_size=args.vocab)
     model = GPT2LMHeadModel(config).eval()
     ids = torch.randint(0, args.vocab, (1, args.n))
 
     with torch.no_grad():
         model(ids)  # warm up, so that first-call costs stay out of the measured times
-        # 1. flopscope alone: each op at its measured start and duration, on the track of its role
+        # 1. flopscope alone: each op at its measured start and duration, on the track
+        # of its role
         prof = flopscope.profile(model, ids, mode="real")
         own = prof.export_chrome_trace(args.out / "flopscope_trace.json")
 
-        # 2. the same kind of run under torch.profiler: trace=True makes every module call a range
+        # 2. the same kind of run under torch.profiler: trace=True makes every module
+        # call a range
         activities = [torch.profiler.ProfilerActivity.CPU]
         with torch.profiler.profile(activities=activities) as torch_prof, \
                 flopscope.profiler(model, mode="real", trace=True) as recorder:
             model(ids)
     torch_prof.export_chrome_trace(str(args.out / "torch_trace.json"))
-    merged = merge_torch_trace(args.out / "torch_trace.json", recorder.result)  # roles on torch's own events
+    # roles on torch's own events
+    merged = merge_torch_trace(args.out / "torch_trace.json", recorder.result)
     (args.out / "torch_trace_roles.json").write_text(json.dumps(merged))
-    module_ranges = {e.key: e.count for e in torch_prof.key_averages() if e.key.startswith("flopscope/")}
+    module_ranges = {e.key: e.count for e in torch_prof.key_averages()
+                     if e.key.startswith("flopscope/")}
 
-    print(f"{prof.total():,} MACs; wrote {own} and {args.out / 'torch_trace_roles.json'}")
-    print(f"torch.profiler's key_averages() groups by {len(module_ranges)} module ranges, such as "
-          f"{', '.join(list(module_ranges)[:3])}; roles matched to {merged['otherData']['flopscope']['matched_ops']} "
-          "of torch's op events")
-    png = trace_plot(own, args.png or args.out / "trace.png",
-                     title=f"GPT-2, {args.layers} layers, n = {args.n}: ops by role at their measured times")
+    roles_file = args.out / "torch_trace_roles.json"
+    print(f"{prof.total():,} MACs; wrote {own} and {roles_file}")
+    matched = merged["otherData"]["flopscope"]["matched_ops"]
+    print(f"torch.profiler's key_averages() groups by {len(module_ranges)} module "
+          f"ranges, such as {', '.join(list(module_ranges)[:3])}; roles matched to "
+          f"{matched} of torch's op events")
+    title = (f"GPT-2, {args.layers} layers, n = {args.n}: "
+             "ops by role at their measured times")
+    png = trace_plot(own, args.png or args.out / "trace.png", title=title)
     print("wrote", png)
-    return {"profile": prof, "trace": json.loads(own.read_text()), "merged": merged, "module_ranges": module_ranges,
-            "png": png}
+    return {"profile": prof, "trace": json.loads(own.read_text()), "merged": merged,
+            "module_ranges": module_ranges, "png": png}
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""Count a training step: the forward, and the backward with every gradient attributed to its forward role.
+"""Count a training step: the forward, and the backward with every gradient attributed
+to its forward role.
 
     python examples/training_step.py
 """
@@ -18,21 +19,25 @@ def main(argv: list[str] | None = None) -> flopscope.Profile:
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--n", type=int, default=64)
     args = parser.parse_args(argv)
-    model = GPT2LMHeadModel(GPT2Config(n_layer=args.layers, n_embd=256, n_head=4, vocab_size=1000))
+    config = GPT2Config(n_layer=args.layers, n_embd=256, n_head=4, vocab_size=1000)
+    model = GPT2LMHeadModel(config)
     ids = torch.randint(0, 1000, (2, args.n))
 
     def loss(output):  # next-token cross-entropy, as in training
-        return torch.nn.functional.cross_entropy(output.logits[:, :-1].flatten(0, 1), ids[:, 1:].flatten())
+        logits = output.logits[:, :-1].flatten(0, 1)
+        return torch.nn.functional.cross_entropy(logits, ids[:, 1:].flatten())
 
     prof = flopscope.profile(model, ids, backward=True, loss=loss)
     phases = prof.by_phase()
     print(f"forward {phases['forward']:,} MACs, backward {phases['backward']:,} MACs "
-          f"({phases['backward'] / phases['forward']:.3f}x; the attention kernel's backward recomputes its scores)")
+          f"({phases['backward'] / phases['forward']:.3f}x; the attention kernel's "
+          "backward recomputes its scores)")
     forward, backward = prof.by_role(phase="forward"), prof.by_role(phase="backward")
     for role, macs in forward.items():
         if macs:
-            print(f"  {role:18s} forward {macs:>14,}  backward {backward.get(role, 0):>14,} "
-                  f"({backward.get(role, 0) / macs:.1f}x)")
+            back = backward.get(role, 0)
+            print(f"  {role:18s} forward {macs:>14,}  backward {back:>14,} "
+                  f"({back / macs:.1f}x)")
     return prof
 
 

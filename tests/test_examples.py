@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
+import shlex
 import sys
 from pathlib import Path
 
@@ -268,7 +270,6 @@ def test_the_readme_example_runs_as_written_and_prints_what_the_readme_shows():
     """The README's example, run as written in a fresh interpreter, prints the README's output block, whose numbers
     are the closed forms of its 4-layer Llama (d 512, 8 heads of 64, 2 key/value heads, d_ff 1376, 128 tokens)."""
     transformers = pytest.importorskip("transformers")
-    import re
     import subprocess
 
     if tuple(int(part) for part in transformers.__version__.split(".")[:2]) < (5, 19):
@@ -288,3 +289,84 @@ def test_the_readme_example_runs_as_written_and_prints_what_the_readme_shows():
     assert printed["attn_scores"] == printed["attn_weighted_sum"] == L * 8 * n * n * d_k
     assert printed["ffn_up"] == printed["ffn_gate"] == printed["ffn_down"] == L * n * d * d_ff
     assert printed["logits"] == n * d * V
+
+
+# --------------------------------------------------------------------------------------------------
+# The guide's pages open with an example, and what it prints
+# --------------------------------------------------------------------------------------------------
+DOCS = EXAMPLES.parent / "docs"
+GUIDE = [*sorted((DOCS / "guide").glob("*.md")), DOCS / "examples.md"]
+OPENING = re.compile(r"\A# [^\n]*\n\n```(python|bash)\n(.*?)```\n(?:\n```text\n(.*?)```\n)?", re.S)
+# packages an example may need that a plain install lacks: the example is skipped without them
+OPTIONAL = ("transformers", "diffusers", "matplotlib", "lightning", "timm", "torchvision")
+PREFIXES = {"hf:": "transformers", "timm:": "timm", "torchvision.": "torchvision", "diffusers:": "diffusers"}
+
+
+def imported(code: str) -> set[str]:
+    """The top-level packages that Python source imports."""
+    names = set()
+    for statement in re.findall(r"^\s*(?:from\s+([\w.]+)\s+import|import\s+([\w., ]+))", code, flags=re.M):
+        for name in (statement[0] or statement[1]).split(","):
+            names.add(name.strip().split(".")[0])
+    return names
+
+
+def commands(kind: str, code: str) -> tuple[list[list[str]], set[str]]:
+    """The processes that run a page's opening block, and the packages they import.
+
+    A python block runs as ``python -c``; each command of a bash block runs with this interpreter
+    (``flopscope ...`` as ``python -m flopscope ...``), its arguments that name files of the repository
+    made absolute."""
+    if kind == "python":
+        return [[sys.executable, "-c", code]], imported(code)
+    runs, needs = [], set()
+    for line in code.replace("\\\n", " ").splitlines():
+        words = shlex.split(line, comments=True)
+        if not words:
+            continue
+        program, *arguments = words
+        assert program in ("flopscope", "python"), f"a command the test cannot run: {line}"
+        arguments = [str(EXAMPLES.parent / a) if (EXAMPLES.parent / a).is_file() else a for a in arguments]
+        for argument in arguments:
+            if argument.endswith(".py"):
+                needs |= imported(Path(argument).read_text(encoding="utf-8"))
+            needs |= {package for prefix, package in PREFIXES.items() if argument.startswith(prefix)}
+        runs.append([sys.executable, *(["-m", "flopscope"] if program == "flopscope" else []), *arguments])
+    return runs, needs
+
+
+@pytest.mark.parametrize("page", GUIDE, ids=lambda page: page.stem)
+def test_a_guide_page_opens_with_an_example_that_prints_what_the_page_shows(page, tmp_path):
+    """Each page of the guide (and the examples page) opens with a python or bash block, run here as written in a
+    fresh interpreter, in an empty folder; the ``text`` block after it, where there is one, is what it prints.
+    transformers before 5.19 computes the rotary angles as a matmul (one more row, other): there the example only
+    has to run."""
+    import os
+    import subprocess
+
+    import flopscope
+
+    match = OPENING.match(page.read_text(encoding="utf-8"))
+    assert match, f"{page.name} opens with its title, then a python or bash block"
+    kind, code, shown = match.groups()
+    runs, needs = commands(kind, code)
+    for package in sorted(needs & set(OPTIONAL)):
+        pytest.importorskip(package, reason=f"the example of {page.name} imports {package}")
+    path = os.pathsep.join(filter(None, [str(Path(flopscope.__file__).parents[1]), os.environ.get("PYTHONPATH")]))
+    printed = ""
+    for argv in runs:
+        run = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=600,
+                             env={**os.environ, "PYTHONPATH": path}, check=False)
+        missing = re.findall(r"No module named '(\w+)'", run.stderr)
+        if run.returncode and missing and missing[0] in OPTIONAL:  # imported by flopscope for the example
+            pytest.skip(f"the example of {page.name} needs {missing[0]}")
+        assert run.returncode == 0, run.stderr[-3000:]
+        printed += run.stdout
+    if shown is None:
+        return
+    if "transformers" in needs:
+        import transformers
+
+        if tuple(int(part) for part in transformers.__version__.split(".")[:2]) < (5, 19):
+            return
+    assert printed == shown
