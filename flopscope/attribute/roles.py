@@ -42,62 +42,32 @@ A backward op takes the roles of the forward op whose autograd node ran it.
 
 from __future__ import annotations
 
-import fnmatch
 import heapq
 import math
 import operator
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
 import torch
-from torch import nn
 
 from ..capture.records import CapturedOp, Cost, after_write
 from ..formulas import elementwise
 from ..formulas.elementwise import EMBEDDING_LOOKUPS, PRODUCT_OPS, SOFTMAX_OPS, VALUE_COPIES
 from ..formulas.registry import OpFamily, argument, prod
 from ..role import ROLE_ORDER, Role, parse_role
-from .columns import columns, holds_columns_along, scale_parts, split_by_columns, split_by_rows
+from .columns import columns, holds_columns_along, scale_parts, split_by_rows
 from .graph_view import SUM_OPS, GraphView, is_channelwise_conv, numel_of, reach, rows_of, spreads, weighs_rows
 from .paths import common_path
+from .rules import BUILTIN_RULES, RoleRule
+from .state import Pass, RoleState
 
 aten = torch.ops.aten
 
 BARRIER_CATEGORIES = ("norm", "reduction")  # the attention output does not flow to out_proj through these
 FAMILY_ROLES = {OpFamily.CONV: Role.CONV, OpFamily.TRANSFORM: Role.TOKEN_MIXING}
 """Families whose every op has one role of its own, whatever the dataflow around it."""
-
-
-@dataclass(frozen=True)
-class RoleRule:
-    """Force a role on the multiplies run inside matching modules.
-
-    ``module``: an ``fnmatch`` pattern over module paths (``"blocks.*.mixer"``) or a module class
-    (instances and subclasses match). ``op``: restrict to one op name (``"aten.bmm"``), optional.
-    User rules (``roles=`` of :func:`flopscope.profile`) apply after the dataflow passes and win.
-    """
-
-    module: str | type
-    role: Role | str
-    op: str | None = None
-
-    def __post_init__(self) -> None:
-        parse_role(self.role)  # an unknown role name is an error here, not at the end of a profile
-
-    def matches(self, path: str, module_type: type | None, op: str) -> bool:
-        if self.op is not None and self.op != op:
-            return False
-        if isinstance(self.module, str):
-            return fnmatch.fnmatchcase(path, self.module)
-        return module_type is not None and issubclass(module_type, self.module)
-
-
-BUILTIN_RULES: tuple[RoleRule, ...] = (
-    RoleRule(nn.RNNBase, Role.RECURRENT),
-    RoleRule(nn.RNNCellBase, Role.RECURRENT),
-)
 
 
 @dataclass(frozen=True)
@@ -115,61 +85,6 @@ class Assignment:
     def role(self) -> str:
         """The role with most MACs."""
         return max(self.parts, key=self.parts.__getitem__)
-
-
-# --------------------------------------------------------------------------------------------------
-@dataclass
-class RoleState:
-    """What the passes have claimed: ``{role: MACs}`` per node, the projections asked for (settled after
-    each pass), and the groups of nodes that form one attention / FFN instance."""
-
-    parts: dict[CapturedOp, dict[str, int]] = field(default_factory=dict)
-    demands: dict[CapturedOp, list[tuple[CapturedOp, str]]] = field(default_factory=dict)
-    row_demands: dict[CapturedOp, list[tuple[CapturedOp, str]]] = field(default_factory=dict)
-    groups: list[set[CapturedOp]] = field(default_factory=list)
-    settled: dict[CapturedOp, list[tuple[CapturedOp, str]]] = field(default_factory=dict)  # column demands so far
-    factors: set[CapturedOp] = field(default_factory=set)  # factors of the projections they feed (section 3.5)
-
-    def claimed(self, n: CapturedOp) -> bool:
-        return n in self.parts or n in self.demands or n in self.row_demands
-
-    def demand(self, projection: CapturedOp, consumer: CapturedOp, role: str) -> None:
-        """Ask for ``projection``'s columns that reach ``consumer`` to be ``role``."""
-        self.demands.setdefault(projection, []).append((consumer, role))
-
-    def demand_rows(self, projection: CapturedOp, source: CapturedOp, role: str) -> None:
-        """Ask for the rows of ``projection`` (its input's columns) that hold ``source``'s values to be ``role``:
-        ``projection`` reads a concatenation of several values. Settled by :func:`concatenated_inputs`, after every
-        pass that may ask for the others."""
-        self.row_demands.setdefault(projection, []).append((source, role))
-
-    def rows_only(self, n: CapturedOp) -> bool:
-        """Only rows of ``n`` are asked for (more of its rows may still be)."""
-        return n in self.row_demands and n not in self.parts and n not in self.demands
-
-    def settle(self, view: GraphView) -> None:
-        """Claim every demanded projection: whole when one role wants it and one multiply reads it, else split by
-        columns (with the columns an earlier pass asked for: a fused projection whose columns feed attention and an
-        MLP; Qwen3-Next's ``q_proj``, whose other half gates the attention's output, is ``q_proj`` for its query
-        columns and ``other`` for the gate's, as a gate of its own is)."""
-        for p, wanted in self.demands.items():
-            wanted = [*self.settled.get(p, ()), *wanted]
-            roles = {role for _, role in wanted}
-            whole = len(roles) == 1 and (len(view.frontier(view.users(p), view.users)) <= 1
-                                         or not all(view.descends_from(target, p) for target, _ in wanted))
-            parts = None if whole else split_by_columns(p, wanted, p.macs)
-            if parts is None or (len(roles) == 1 and not parts.get(next(iter(roles)))):
-                parts = {next(iter(roles)): p.macs}  # (one role, its columns not followed: the whole projection)
-            self.parts[p] = parts
-            self.settled[p] = wanted
-        self.demands = {}
-
-    def has_free_columns(self, p: CapturedOp) -> bool:
-        """``p`` was split by columns and some of its columns no consumer asked for yet (``other``)."""
-        return p in self.settled and bool(self.parts.get(p, {}).get(Role.OTHER.value))
-
-
-Pass = Callable[[GraphView, RoleState], None]
 
 
 def find_roles(ops: Sequence[CapturedOp], module_types: Mapping[str, type], rules: Sequence[RoleRule] = ()
@@ -197,9 +112,9 @@ def by_family(view: GraphView, state: RoleState) -> None:
         parts = view.parts(n)
         spec = view.spec(n)
         if parts:
-            state.parts[n] = dict(parts)
+            state.claim(n, dict(parts))
         elif spec is not None and spec.family in FAMILY_ROLES:
-            state.parts[n] = {FAMILY_ROLES[spec.family].value: n.macs}
+            state.claim(n, FAMILY_ROLES[spec.family])
 
 
 def weight_work(view: GraphView, state: RoleState) -> None:
@@ -212,7 +127,7 @@ def weight_work(view: GraphView, state: RoleState) -> None:
         from_eye[n] = not view.dynamic[n] and (view.packet(n) is aten.eye or any(from_eye.get(x, False)
                                                                                  for x in n.inputs))
         if from_eye[n] and n.macs and not state.claimed(n):
-            state.parts[n] = {Role.OTHER.value: n.macs}
+            state.claim(n, Role.OTHER)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -275,7 +190,7 @@ def _state_products(view: GraphView, state: RoleState) -> None:
         elif _corrected_by_a_read(view, b, {r for x in _states_of(view, m) for r in readers_of.get(x, ())} - {m}):
             writes[m] = m  # the delta rule: its values are corrected by a read of its own state
     for m in writes:
-        state.parts[m] = {Role.ATTN_KV_STATE.value: m.macs}
+        state.claim(m, Role.ATTN_KV_STATE)
     states: dict[CapturedOp, CapturedOp] = {}  # a state -> the weighted sum (or write) whose instance it belongs to
     for m, anchor in writes.items():
         for x in _states_of(view, m):
@@ -283,7 +198,7 @@ def _state_products(view: GraphView, state: RoleState) -> None:
     for root, readers in readers_of.items():
         for m in readers:
             if root in states and m not in state.parts:
-                state.parts[m] = {Role.ATTN_READOUT.value: m.macs}
+                state.claim(m, Role.ATTN_READOUT)
                 writes[m] = states[root]
     instances: dict[CapturedOp, set[CapturedOp]] = {}
     for m, anchor in writes.items():
@@ -353,7 +268,7 @@ def _scores_in_the_bias(view: GraphView, state: RoleState, kernel: CapturedOp) -
     members: set[CapturedOp] = set()
     for m in _nearest_before(view, bias):
         if view.is_activation_product(m) and m not in state.parts:
-            state.parts[m] = {Role.ATTN_SCORES.value: m.macs}
+            state.claim(m, Role.ATTN_SCORES)
             a, b = view.matmul_operands(m)
             members |= {m, *_demand_projections(view, state, a, Role.Q_PROJ.value),
                         *_demand_projections(view, state, b, Role.K_PROJ.value)}
@@ -376,14 +291,14 @@ def _attention_at_softmax(view: GraphView, state: RoleState, s: CapturedOp) -> N
         # heads at each position and drops it; its product is no attention)
     members: set[CapturedOp] = set(scores) | set(weighted)
     for m in scores:
-        state.parts[m] = {Role.ATTN_SCORES.value: m.macs}
+        state.claim(m, Role.ATTN_SCORES)
         a, b = view.matmul_operands(m)
         if _transposed_on_the_way(view, m, s):
             a, b = b, a  # (DeBERTa's position-to-content scores, K·(P_q)ᵀ then transposed: the keys come first)
         members |= _demand_projections(view, state, a, Role.Q_PROJ.value)
         members |= _demand_projections(view, state, b, Role.K_PROJ.value)
     for m in weighted:
-        state.parts[m] = {Role.ATTN_WEIGHTED_SUM.value: m.macs}
+        state.claim(m, Role.ATTN_WEIGHTED_SUM)
         a, b = view.matmul_operands(m)
         value_side = b if view.descends_from(a, s) else a
         members |= _demand_projections(view, state, value_side, Role.V_PROJ.value)
@@ -451,11 +366,11 @@ def _attention_at_products(view: GraphView, state: RoleState, first: CapturedOp)
         return  # a product over another axis (Gemma 3n's AltUp mixes its streams at each position): no attention
     members = {first, *seconds}
     if quadratic:
-        state.parts[first] = {Role.ATTN_SCORES.value: first.macs}
+        state.claim(first, Role.ATTN_SCORES)
         members |= _demand_projections(view, state, a, Role.Q_PROJ.value)
         members |= _demand_projections(view, state, b, Role.K_PROJ.value)
         for m in quadratic:
-            state.parts[m] = {Role.ATTN_WEIGHTED_SUM.value: m.macs}
+            state.claim(m, Role.ATTN_WEIGHTED_SUM)
             members |= _demand_values(view, state, view.matmul_operands(m)[1])
             members |= _demand_out_proj(view, state, m, through_reductions=True)  # a sum over hash rounds (LSH)
         state.groups.append(members - (set(seconds) - set(quadratic)))
@@ -466,18 +381,19 @@ def _attention_at_products(view: GraphView, state: RoleState, first: CapturedOp)
     if not behind_k or not behind_v or not all(view.is_weight_matmul(p) for p in (*behind_k, *behind_v)):
         return  # keys and values are projections of the input, nothing else (a residual-stream mix is not)
     keys = set(behind_k)
-    state.parts[first] = {Role.ATTN_KV_STATE.value: first.macs}
+    state.claim(first, Role.ATTN_KV_STATE)
     members |= _demand_projections(view, state, a, Role.K_PROJ.value)
     members |= _demand_projections(view, state, b, Role.V_PROJ.value)
     for m in seconds:
-        state.parts[m] = {Role.ATTN_READOUT.value: m.macs}
+        state.claim(m, Role.ATTN_READOUT)
         x, y = view.matmul_operands(m)
         query = y if view.descends_from(x, first) else x  # φ(Q)·S, or S·φ(Q)
         members |= _demand_projections(view, state, query, Role.Q_PROJ.value)
         members |= _demand_out_proj(view, state, m, through_reductions=True)
         for z in view.frontier(view.through_no_macs(query), view.users):
-            if z is not m and _free_product(view, state, z) and _is_normaliser(view, z, keys):
-                state.parts[z] = {Role.ATTN_NORMALISER.value: z.macs}
+            # (a readout of this state, claimed below, is no normaliser)
+            if z is not m and z not in seconds and _free_product(view, state, z) and _is_normaliser(view, z, keys):
+                state.claim(z, Role.ATTN_NORMALISER)
                 members.add(z)
     state.groups.append(members)
 
@@ -641,7 +557,7 @@ def logits(view: GraphView, state: RoleState) -> None:
             if len(shape) == 2:
                 tables[_leaf_key(weight)] = shape[0]
                 tables[("shape", shape)] = shape[0]
-        state.parts[n] = {Role.EMBEDDING.value: 0}
+        state.claim(n, {Role.EMBEDDING.value: 0})
     if not tables:
         return
     vocabulary = max(tables.values())
@@ -659,7 +575,7 @@ def logits(view: GraphView, state: RoleState) -> None:
                      and not _writes_back(view, n))  # (not an FFN's down projection as wide as a small vocabulary)
         if any(tables[key] in width for key in tied) or (
                 (decoupled or any(rows in width for rows, _ in shaped)) and not _feeds_a_weight_matmul(view, n)):
-            state.parts[n] = {Role.LOGITS.value: n.macs}
+            state.claim(n, Role.LOGITS)
 
 
 EXTRA_ROWS = 8
@@ -736,7 +652,7 @@ def _down_projections(view: GraphView, state: RoleState, gated: bool) -> None:
             if sources:
                 state.demand_rows(d, hidden, Role.FFN_DOWN.value)
             else:
-                state.parts[d] = {Role.FFN_DOWN.value: d.macs}
+                state.claim(d, Role.FFN_DOWN)
             state.groups.append({d} | {p for demands in found for p, _, _ in demands})
 
 
@@ -952,10 +868,9 @@ def concatenated_inputs(view: GraphView, state: RoleState) -> None:
     """Claim every projection whose rows were asked for: each role the rows (input columns) that hold the value it
     asked for, the rest ``other`` (Flux's single-stream ``proj_out(cat([attention, mlp]))``: ``out_proj`` for the
     attention's rows, ``ffn_down`` for the MLP's)."""
-    for p, wanted in state.row_demands.items():
+    for p, wanted in state.take_row_demands().items():
         if p not in state.parts:
-            state.parts[p] = split_by_rows(p, view.activation_operand(p), wanted, p.macs)
-    state.row_demands = {}
+            state.claim(p, split_by_rows(p, view.activation_operand(p), wanted, p.macs))
 
 
 def _per_sample(view: GraphView, d: CapturedOp) -> bool:
@@ -1095,7 +1010,7 @@ def low_rank_updates(view: GraphView, state: RoleState) -> None:
                     continue  # (an update has the projection's output columns)
                 for m in _chain_from(view, state, last, source, roles):
                     if m not in state.parts and m not in state.demands:
-                        state.parts[m] = scale_parts(roles, m.macs)
+                        state.claim(m, scale_parts(roles, m.macs))
                         _join_group(state, p, m)
 
 
@@ -1239,7 +1154,7 @@ def output_factors(view: GraphView, state: RoleState) -> None:
         if not before or not all(_roles_of(state, m) == {Role.OUT_PROJ.value} and _only_itself(view, m)
                                  and view.frontier(view.users(m), view.users) == [n] for m in before):
             continue
-        state.parts[n] = {Role.OUT_PROJ.value: n.macs}
+        state.claim(n, Role.OUT_PROJ)
         for group in state.groups:
             if any(m in group for m in before):
                 group.add(n)
@@ -1273,7 +1188,7 @@ def unclaimed_are_other(view: GraphView, state: RoleState) -> None:
     """Every multiply no pass claimed is ``other``."""
     for n in view.nodes:
         if n.macs and n not in state.parts:
-            state.parts[n] = {Role.OTHER.value: n.macs}
+            state.claim(n, Role.OTHER)
 
 
 def rules_pass(rules: tuple[RoleRule, ...], module_types: Mapping[str, type], only_unfused: bool) -> Pass:
@@ -1290,7 +1205,7 @@ def rules_pass(rules: tuple[RoleRule, ...], module_types: Mapping[str, type], on
             op, stack = n.op_name, n.module_stack
             for rule in rules:
                 if any(rule.matches(frame.path, module_types.get(frame.path), op) for frame in stack):
-                    state.parts[n] = {parse_role(rule.role).value: n.macs}
+                    state.force(n, {parse_role(rule.role).value: n.macs})
                     break
 
     return apply
