@@ -1,9 +1,26 @@
 """Layer 3, a role for every multiply, from the captured dataflow (never from module names).
 
-- ``roles``: the role passes and :class:`~flopscope.attribute.roles.Assignment` (``{role: MACs}`` and a block);
+The front door, what other stages import (:data:`__all__`):
+
+- :func:`find_roles`: the role split of every record with multiplies of a capture;
+- :class:`Assignment`: one record's roles (``{role: MACs}``) and its block;
+- :class:`RoleRule`: a role forced on the multiplies inside matching modules.
+
+The modules:
+
+- ``roles``: :func:`find_roles` and :class:`Assignment` (the names above, at their old path);
+- ``pipeline``: the passes in the order they run, one tuple;
+- ``passes/``: one module a pass (what each claims: its docstring);
+- ``state``: :class:`~flopscope.attribute.state.RoleState`, what the passes claim and ask for;
+- ``rules``: :class:`RoleRule` and the built-in rules;
 - ``graph_view``: the records as a graph, and the one walk helper the passes are written with;
 - ``columns``: a fused projection split by the columns each consumer reads;
 - ``paths``: module paths (``""`` is the root).
 
 May import: ``flopscope.capture`` (its records), ``flopscope.formulas`` and the vocabulary.
 """
+
+from .roles import Assignment, find_roles
+from .rules import RoleRule
+
+__all__ = ["Assignment", "RoleRule", "find_roles"]
