@@ -2,8 +2,8 @@
 
 - :func:`ffn` claims ``ffn_down`` for a weight matmul whose input passes an activation (or a
   gated product) from nearer weight matmuls, and asks for those as ``ffn_up`` / ``ffn_gate``.
-  Its vetoes are named predicates (:data:`FFN_VETOES`): conditioning, heads, routers and MLPs
-  are no FFN.
+  Its vetoes are named predicates (listed in :func:`ffn`'s docstring): tables, Fourier
+  features, conditioning, heads, routers' coefficients and MLPs are no FFN.
 - :func:`concatenated_inputs` claims every projection whose rows were asked for (a parallel
   block's ``proj_out(cat([attention, mlp]))``), split by rows.
 """
@@ -39,11 +39,18 @@ aten = torch.ops.aten
 
 
 def ffn(view: GraphView, state: RoleState) -> None:
-    """Down projections behind an activation (or a gated product), and the projections feeding them. A down
-    projection that reads a concatenation (a parallel block's ``proj_out(cat([attention, mlp]))``) is one for the
-    rows that hold a hidden layer. Gated hidden layers are read first: a GLU's gate and up projections are its
-    branches even where an activation lies before them (GLM-4.1V's patch merger, ``SwiGLU(gelu(norm(proj(x))))``:
-    ``gate_proj`` is no down projection of ``proj``)."""
+    """Down projections behind an activation (or a gated product), and the projections feeding them.
+
+    A down projection that reads a concatenation (a parallel block's
+    ``proj_out(cat([attention, mlp]))``) is one for the rows that hold a hidden layer. Gated
+    hidden layers are read first: a GLU's gate and up projections are its branches even where an
+    activation lies before them (GLM-4.1V's patch merger, ``SwiGLU(gelu(norm(proj(x))))``:
+    ``gate_proj`` is no down projection of ``proj``).
+
+    The vetoes, each a named predicate: :func:`_on_no_input` (a table),
+    :func:`_fourier_features` (a positional or timestep embedding), :func:`_per_sample` and
+    :func:`_spread_before` (conditioning), ``view.pooled`` (a head), :func:`_only_weighs` (a
+    router's coefficients), :func:`_an_mlp` (a projector or a head's layers)."""
     for gated in (True, False):
         _down_projections(view, state, gated)
 
@@ -53,30 +60,23 @@ def _down_projections(view: GraphView, state: RoleState, gated: bool) -> None:
     for d in view.nodes:
         if not view.is_weight_matmul(d) or (state.claimed(d) and not state.rows_only(d)):
             continue
-        if not view.dynamic[d]:
-            continue  # computed from the model's own tables, on no input (Swin V2's position-bias MLP on a coordinate
-            # buffer): a table, the same for every input, not an FFN of the tokens
+        if _on_no_input(view, d):
+            continue
         x = view.activation_operand(d)
         sources = concatenated(view, x)
         if _fourier_features(view, sources or _stacked(view, x)):
-            continue  # cat([sin(x·B), cos(x·B)]): a Fourier embedding of positions or of a timestep, no hidden layer
+            continue
         taken = {source for source, _ in state.row_demands.get(d, ())}
         for hidden in [s for s in sources if s not in taken] if sources else [x]:
-            if gated and not _gated_here(view, hidden):
-                continue  # (read in the second pass)
-            if not gated and _gated_here(view, hidden):
-                continue  # (judged in the first)
+            # gated hidden layers are read in the first sweep, the others in the second
+            if _gated_here(view, hidden) != gated:
+                continue
             residual = writes_back(view, d)
             found = _hidden_layer(view, state, hidden, through_channelwise=residual)
+            # conditioning, a head, a router's coefficients or an MLP: no FFN (the vetoes, in order)
             if found is None or _per_sample(view, d) or view.pooled(d) or _only_weighs(view, d) \
-                    or any(_spread(view, p) for demands in found for p, _, _ in demands) \
-                    or not (residual or sources or (_back_to_its_width(view, d, found)
-                                                       and not _projected_again(view, d))):
-                continue  # one vector per sample (or frame) spread over the positions, after D or before its hidden
-                # layer (Flux-3's per-token modulations of silu(temb expanded to the tokens)), is conditioning; one
-                # pooled from the positions (a pooler and its classifier) is a head; one between widths, or one
-                # projected again before any sum, that writes back to no residual stream (a projector, a box or
-                # quality head, a gate's generator) is an MLP, not an FFN
+                    or _spread_before(view, found) or _an_mlp(view, d, found, residual or bool(sources)):
+                continue
             for demands in found:
                 for p, target, role in demands:
                     state.demand(p, target, role)
@@ -85,6 +85,33 @@ def _down_projections(view: GraphView, state: RoleState, gated: bool) -> None:
             else:
                 state.claim(d, Role.FFN_DOWN)
             state.groups.append({d} | {p for demands in found for p, _, _ in demands})
+
+
+Branches = Sequence[Sequence[tuple[CapturedOp, Any, str]]]
+"""A hidden layer's projections, per branch: (projection, consumer, role)."""
+
+
+def _on_no_input(view: GraphView, d: CapturedOp) -> bool:
+    """``d`` is computed from the model's own tables, on no input (Swin V2's position-bias MLP on
+    a coordinate buffer): a table, the same for every input, not an FFN of the tokens."""
+    return not view.dynamic[d]
+
+
+def _spread_before(view: GraphView, found: Branches) -> bool:
+    """A projection of the hidden layer ``found`` is spread over the positions
+    (:func:`_spread`): the hidden layer ran on one vector per sample or frame (Flux-3's per-token
+    modulations of ``silu(temb)`` expanded to the tokens). It is conditioning, as one spread
+    after the down projection is (:func:`_per_sample`)."""
+    return any(_spread(view, p) for demands in found for p, _, _ in demands)
+
+
+def _an_mlp(view: GraphView, d: CapturedOp, found: Branches, residual: bool) -> bool:
+    """``d`` writes back to no residual stream (``residual``: it does, or it reads a
+    concatenation, judged by rows) and is no FFN's down projection either: it maps between
+    widths (:func:`_back_to_its_width`), or it is projected again before any sum
+    (:func:`_projected_again`). A projector, a box or quality head, a gate's generator: an MLP,
+    not an FFN."""
+    return not (residual or (_back_to_its_width(view, d, found) and not _projected_again(view, d)))
 
 
 def _gated_here(view: GraphView, hidden: CapturedOp) -> bool:
@@ -100,8 +127,7 @@ def _gated_here(view: GraphView, hidden: CapturedOp) -> bool:
                for n in reach([hidden], view.inputs, plain) if not n.macs)
 
 
-def _back_to_its_width(view: GraphView, d: CapturedOp, found: Sequence[Sequence[tuple[CapturedOp, Any, str]]]
-                       ) -> bool:
+def _back_to_its_width(view: GraphView, d: CapturedOp, found: Branches) -> bool:
     """``d`` maps the hidden layer back to the width its projections read: an FFN's d → f → d (a projection that is
     no plain weight matmul, a pointwise convolution, is not compared)."""
     width = d.output_shapes[0][-1:] if d.output_shapes else ()
