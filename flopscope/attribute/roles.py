@@ -33,7 +33,9 @@ class Assignment:
 
     parts: Mapping[str, int]  # read-only
     block: str  # module path of the attention / FFN / conv block instance it belongs to
-    factor: bool = False  # a factor of projections it feeds (section 3.5): its tokens are theirs, not more tokens
+    # a factor of projections it feeds (section 3.5): its tokens are theirs, not more
+    # tokens
+    factor: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "parts", MappingProxyType(dict(self.parts)))

@@ -69,7 +69,9 @@ def demand_out_proj(view: GraphView, state: RoleState, output: CapturedOp, throu
         elif view.is_weight_matmul(p) and p not in state.parts:
             a, b = view.matmul_operands(p)
             sources = [x for x in concatenated(view, view.activation_operand(p)) if view.descends_from(x, output)]
-            if sources:  # the attention output is one of several values the projection reads (a parallel block)
+            # the attention output is one of several values the projection reads (a
+            # parallel block)
+            if sources:
                 for x in sources:
                     state.demand_rows(p, x, Role.OUT_PROJ.value)
             else:

@@ -26,7 +26,8 @@ from ..state import RoleState
 aten = torch.ops.aten
 
 
-BARRIER_CATEGORIES = ("norm", "reduction")  # the attention output does not flow to out_proj through these
+BARRIER_CATEGORIES = ("norm", "reduction")
+"""Elementwise categories the attention output does not flow to ``out_proj`` through."""
 
 
 PASS_THROUGH = frozenset({aten.native_dropout, aten.dropout, aten.feature_dropout, aten.alpha_dropout})
@@ -107,7 +108,8 @@ def behind_channelwise(view: GraphView, start: CapturedOp, blocked: Callable[[Ca
             continue
         seen.add(m)
         if is_channelwise_conv(m) and isinstance(m.args[0], CapturedOp):
-            todo.extend(before(m.args[0], both if behind_conv is not None else blocked))  # (extends the copy)
+            # (extends the copy)
+            todo.extend(before(m.args[0], both if behind_conv is not None else blocked))
         else:
             found[m] = None
     return list(found)
@@ -161,7 +163,8 @@ def writes_back(view: GraphView, d: CapturedOp) -> bool:
     if size is None:
         return False
     stream = _read_by_hidden_layer(view, d)
-    for n in reach(view.users(d), view.users, lambda n: not n.macs):  # (through a sum with an adapter's update)
+    # (through a sum with an adapter's update)
+    for n in reach(view.users(d), view.users, lambda n: not n.macs):
         if view.packet(n) in SUM_OPS and not n.macs and _size(n) == size and any(
                 x is not d and _size(x) == size and pass_through_root(view, x) in stream
                 and not view.descends_from(x, d) for x in view.inputs(n)):

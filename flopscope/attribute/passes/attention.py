@@ -83,14 +83,18 @@ def _attention_at_softmax(view: GraphView, state: RoleState, s: CapturedOp) -> N
         return
     weighted = [m for m in nearest_after(view, s) if view.is_activation_product(m) and m not in state.parts]
     if not weighted and (not scores or _unread(view, s)):
-        return  # (a softmax nothing reads but copies: dead code, as Sam2's Hiera computes softmax(q·kᵀ) over its
-        # heads at each position and drops it; its product is no attention)
+        # (a softmax nothing reads but copies: dead code, as Sam2's Hiera computes
+        # softmax(q·kᵀ) over its heads at each position and drops it; its product is no
+        # attention)
+        return
     members: set[CapturedOp] = set(scores) | set(weighted)
     for m in scores:
         state.claim(m, Role.ATTN_SCORES)
         a, b = view.matmul_operands(m)
         if _transposed_on_the_way(view, m, s):
-            a, b = b, a  # (DeBERTa's position-to-content scores, K·(P_q)ᵀ then transposed: the keys come first)
+            # (DeBERTa's position-to-content scores, K·(P_q)ᵀ then transposed: the keys
+            # come first)
+            a, b = b, a
         members |= demand_projections(view, state, a, Role.Q_PROJ.value)
         members |= demand_projections(view, state, b, Role.K_PROJ.value)
     for m in weighted:
@@ -151,7 +155,9 @@ def _attention_at_products(view: GraphView, state: RoleState, first: CapturedOp)
     with a sum of the same keys."""
     a, b = view.matmul_operands(first)
     if from_attention(view, state, a) or from_attention(view, state, b):
-        return  # a product of attention's own results (a pseudo-inverse's iterations): not a new instance
+        # a product of attention's own results (a pseudo-inverse's iterations): not a
+        # new instance
+        return
     seconds = [m for m in nearest_after(view, first) if m is not first and free_product(view, state, m)
                and _projected(view, state, m)]
     if not seconds:
@@ -159,7 +165,9 @@ def _attention_at_products(view: GraphView, state: RoleState, first: CapturedOp)
     linear = _contracts_positions(view, first)
     quadratic = [] if linear else [m for m in seconds if view.descends_from(view.matmul_operands(m)[0], first)]
     if quadratic and not _makes_a_positions_grid(view, first):
-        return  # a product over another axis (Gemma 3n's AltUp mixes its streams at each position): no attention
+        # a product over another axis (Gemma 3n's AltUp mixes its streams at each
+        # position): no attention
+        return
     members = {first, *seconds}
     if quadratic:
         state.claim(first, Role.ATTN_SCORES)
@@ -168,14 +176,19 @@ def _attention_at_products(view: GraphView, state: RoleState, first: CapturedOp)
         for m in quadratic:
             state.claim(m, Role.ATTN_WEIGHTED_SUM)
             members |= demand_values(view, state, view.matmul_operands(m)[1])
-            members |= demand_out_proj(view, state, m, through_reductions=True)  # a sum over hash rounds (LSH)
+            # a sum over hash rounds (LSH)
+            members |= demand_out_proj(view, state, m, through_reductions=True)
         state.groups.append(members - (set(seconds) - set(quadratic)))
         return
     if all(view.descends_from(view.matmul_operands(m)[0], first) for m in seconds):
-        a, b = b, a  # the state read from the left, S·φ(Q) (Sana's (V·φ(K)ᵀ)·φ(Q)): its right factor is the keys
+        # the state read from the left, S·φ(Q) (Sana's (V·φ(K)ᵀ)·φ(Q)): its right factor
+        # is the keys
+        a, b = b, a
     behind_k, behind_v = nearest_before(view, a), nearest_before(view, b)
     if not behind_k or not behind_v or not all(view.is_weight_matmul(p) for p in (*behind_k, *behind_v)):
-        return  # keys and values are projections of the input, nothing else (a residual-stream mix is not)
+        # keys and values are projections of the input, nothing else (a residual-stream
+        # mix is not)
+        return
     keys = set(behind_k)
     state.claim(first, Role.ATTN_KV_STATE)
     members |= demand_projections(view, state, a, Role.K_PROJ.value)

@@ -135,7 +135,8 @@ def _back_to_its_width(view: GraphView, d: CapturedOp, found: Branches) -> bool:
     if not all(view.is_weight_matmul(p) for p in projections):
         return True
     inputs = {p: view.activation_operand(p) for p in projections}
-    first = [p for p in projections  # (not a factor reading another's output: a LoRA adapter's B after its A)
+    # (not a factor reading another's output: a LoRA adapter's B after its A)
+    first = [p for p in projections
              if not any(m in projections for m in nearest_before(view, inputs[p]))]
     return all(tuple(inputs[p].output_shapes[0][-1:]) == tuple(width) for p in first or projections)
 
@@ -179,7 +180,9 @@ def _only_weighs(view: GraphView, d: CapturedOp) -> bool:
         others = [x for x in inputs if x not in reached and view.live.get(x, False)]
         packet = view.packet(n)
         if mine and all(x.dtype is not None and not x.dtype.is_floating_point for x in mine) and (others or n.macs):
-            met = True  # indices, offsets or a mask that pick entries of another value (a grouped matmul's groups)
+            # indices, offsets or a mask that pick entries of another value (a grouped
+            # matmul's groups)
+            met = True
             continue
         if n.macs:
             if view.is_activation_product(n) and others:
@@ -237,15 +240,22 @@ def _hidden_layer(view: GraphView, state: RoleState, x: CapturedOp, through_chan
     else:
         return None
     if any(not view.is_weight_matmul(m) for start, _ in branches for m in behind_channelwise(view, start)):
-        return None  # a product of activations (a scan, a state) behind the hidden layer: a token mixer, no FFN
+        # a product of activations (a scan, a state) behind the hidden layer: a token
+        # mixer, no FFN
+        return None
     if any(_assembled_in_parts(view, start) for start, _ in branches):
-        return None  # a hidden layer written a part at a time (a scan's positions, RWKV's WKV): a token mixer
+        # a hidden layer written a part at a time (a scan's positions, RWKV's WKV): a
+        # token mixer
+        return None
 
-    def gated_product(n: CapturedOp) -> bool:  # (a GLU before a depthwise convolution: a convolution module's, no
-        return view.packet(n) is aten.glu or _gating(view, n)  # Mix-FFN's: Conformer's, Gemma 4 audio's lconv1d)
+    # (a GLU before a depthwise convolution: a convolution module's, no Mix-FFN's: Conformer's,
+    # Gemma 4 audio's lconv1d)
+    def gated_product(n: CapturedOp) -> bool:
+        return view.packet(n) is aten.glu or _gating(view, n)
     found = [projections_of(view, state, start, role, through_channelwise, blocked=gated_product)
              for start, role in branches]
-    return found if all(found) else None  # every branch reaches a projection, else none is committed
+    # every branch reaches a projection, else none is committed
+    return found if all(found) else None
 
 
 def concatenated_inputs(view: GraphView, state: RoleState) -> None:
@@ -309,9 +319,12 @@ def _gated_branches(view: GraphView, x: CapturedOp) -> tuple[CapturedOp | None, 
     a gated product behind one is another block's, D-FINE's gateway ``norm(g1 · x1 + g2 · x2)`` before the next
     layer's projections)."""
     if not view.behind(x, "gating product", lambda n: _gating(view, n)):
-        return None, None  # (one pass for all: the search below would walk a residual stream to the embedding)
+        # (one pass for all: the search below would walk a residual stream to the
+        # embedding)
+        return None, None
 
-    def alone(m: CapturedOp) -> bool:  # (a norm written out, x · rsqrt(mean(x²)), joins x with itself)
+    # (a norm written out, x · rsqrt(mean(x²)), joins x with itself)
+    def alone(m: CapturedOp) -> bool:
         return m is x or (not m.macs and not view.mixes(m))
 
     for n in (m for m in reach([x], view.inputs, alone) if not m.macs):
@@ -319,12 +332,18 @@ def _gated_branches(view: GraphView, x: CapturedOp) -> tuple[CapturedOp | None, 
             continue
         a, b = n.args[:2]
         if any(isinstance(v, CapturedOp) and view.spreads_a_condition(n, v) for v in (a, b)):
-            continue  # a vector per sample scaling the tokens (adaLN-Zero's tanh(gate) * ffn(x)): conditioning
+            # a vector per sample scaling the tokens (adaLN-Zero's tanh(gate) * ffn(x)):
+            # conditioning
+            continue
         if any(isinstance(v, CapturedOp) and weighs_rows(n, v) for v in (a, b)):
-            continue  # a weight per row (DeepSeek-V4's hyper-connections, sigmoid(hc)[..., None] * block output)
+            # a weight per row (DeepSeek-V4's hyper-connections, sigmoid(hc)[..., None]
+            # * block output)
+            continue
         if a.output_shapes and b.output_shapes and tuple(a.output_shapes[0]) != tuple(b.output_shapes[0]):
-            continue  # one side broadcast over the other: a GLU's gate and up have one shape (deformable
-            # attention's sampled values · softmax(weights), the weights spread over each head's features)
+            # one side broadcast over the other: a GLU's gate and up have one shape
+            # (deformable attention's sampled values · softmax(weights), the weights
+            # spread over each head's features)
+            continue
         act_a = _gate_side(view, a, b)
         macs_a = {m for m in nearest_before(view, a) if view.is_weight_matmul(m)}
         macs_b = {m for m in nearest_before(view, b) if view.is_weight_matmul(m)}

@@ -49,10 +49,13 @@ def logits(view: GraphView, state: RoleState) -> None:
         leaves = view.leaves_of(view.weight_operand(n))
         tied = {_leaf_key(x) for x in leaves} & tables.keys()
         shaped = {rows for x in leaves for rows in _leading_rows_of(x, shapes)}
-        if view.pooled(n):  # one vector per sample pooled from the positions: a classifier, unless the table it
-            shaped = {rows for rows in shaped if rows[1] == vocabulary}  # has the shape of is the vocabulary
-        decoupled = (vocabulary in width and not view.pooled(n)  # onto the whole vocabulary, from another width,
-                     and not writes_back(view, n))  # (not an FFN's down projection as wide as a small vocabulary)
+        if view.pooled(n):
+            # one vector per sample pooled from the positions: a classifier, unless the table
+            # it has the shape of is the vocabulary
+            shaped = {rows for rows in shaped if rows[1] == vocabulary}
+        # onto the whole vocabulary, from another width (not an FFN's down projection as wide
+        # as a small vocabulary)
+        decoupled = vocabulary in width and not view.pooled(n) and not writes_back(view, n)
         if any(tables[key] in width for key in tied) or (
                 (decoupled or any(rows in width for rows, _ in shaped)) and not _feeds_a_weight_matmul(view, n)):
             state.claim(n, Role.LOGITS)

@@ -126,8 +126,10 @@ def factored_projections(view: GraphView, state: RoleState) -> None:
             continue
         owners = {next((i for i, group in enumerate(state.groups) if r in group), None) for r in readers}
         if len(owners - {None}) > 1:
-            continue  # read by the projections of several attentions: an input embedding they share (every block's
-            # text keys and values from one text projection), no factor of one attention's projections
+            # read by the projections of several attentions: an input embedding they
+            # share (every block's text keys and values from one text projection), no
+            # factor of one attention's projections
+            continue
         state.factors.add(n)
         for r in readers:
             target = view.activation_operand(r)

@@ -39,11 +39,13 @@ def state_products(view: GraphView, state: RoleState) -> None:
     for m, parts in state.parts.items():
         if Role.ATTN_WEIGHTED_SUM.value in parts and view.is_matmul(m):
             values.setdefault(pass_through_root(view, view.matmul_operands(m)[1]), m)
-    readers_of: dict[CapturedOp, list[CapturedOp]] = {}  # a right operand's root -> the free matmuls reading it
+    # a right operand's root -> the free matmuls reading it
+    readers_of: dict[CapturedOp, list[CapturedOp]] = {}
     for m in view.nodes:
         if view.is_matmul(m) and m not in state.parts and not view.parts(m):
             readers_of.setdefault(pass_through_root(view, view.matmul_operands(m)[1]), []).append(m)
-    writes: dict[CapturedOp, CapturedOp] = {}  # state product -> the weighted sum (or write) it belongs with
+    # state product -> the weighted sum (or write) it belongs with
+    writes: dict[CapturedOp, CapturedOp] = {}
     for m in free:
         a, b = view.matmul_operands(m)
         weighted = values.get(pass_through_root(view, b))
@@ -53,7 +55,8 @@ def state_products(view: GraphView, state: RoleState) -> None:
             writes[m] = m  # the delta rule: its values are corrected by a read of its own state
     for m in writes:
         state.claim(m, Role.ATTN_KV_STATE)
-    states: dict[CapturedOp, CapturedOp] = {}  # a state -> the weighted sum (or write) whose instance it belongs to
+    # a state -> the weighted sum (or write) whose instance it belongs to
+    states: dict[CapturedOp, CapturedOp] = {}
     for m, anchor in writes.items():
         for x in _states_of(view, m):
             states.setdefault(x, anchor)
@@ -67,12 +70,15 @@ def state_products(view: GraphView, state: RoleState) -> None:
         instances.setdefault(anchor, {anchor}).add(m)
     corrections = {pass_through_root(view, x) for m in writes if Role.ATTN_KV_STATE.value in state.parts[m]
                    for x in _correction_reads(view, view.matmul_operands(m)[1])}
-    for m, anchor in writes.items():  # the projections around the state: keys and values that write it, queries
-        a, b = view.matmul_operands(m)  # that read it, the output (KDA's in-chunk scores are elementwise: nothing
-        members = instances[anchor]  # else asks for them)
+    # the projections around the state: keys and values that write it, queries that read it,
+    # the output (KDA's in-chunk scores are elementwise: nothing else asks for them)
+    for m, anchor in writes.items():
+        a, b = view.matmul_operands(m)
+        members = instances[anchor]
         if Role.ATTN_KV_STATE.value in state.parts[m]:
             members |= demand_beside_decays(view, state, a, Role.K_PROJ.value) | demand_values(view, state, b)
-        elif m not in corrections:  # (the delta rule's k·S: the part of the values the state predicts)
+        elif m not in corrections:
+            # (not the delta rule's k·S: the part of the values the state predicts)
             members |= demand_beside_decays(view, state, a, Role.Q_PROJ.value)
             members |= demand_out_proj(view, state, m, through_reductions=True)
     for anchor, members in instances.items():
