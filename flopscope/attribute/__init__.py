@@ -1,4 +1,4 @@
-"""Layer 3, a role for every multiply, from the captured dataflow (never from module names).
+"""Layer 3: a role for every multiply, from the captured dataflow, never module names.
 
 The front door, what other stages import (:data:`__all__`):
 
@@ -8,16 +8,16 @@ The front door, what other stages import (:data:`__all__`):
 
 The modules:
 
-- ``roles``: :func:`find_roles` and :class:`Assignment` (the names above, at their old path);
+- ``roles``: :func:`find_roles` and :class:`Assignment` (also importable from here);
 - ``pipeline``: the passes in the order they run, one tuple;
 - ``passes/``: one module a pass (what each claims: its docstring);
-- ``state``: :class:`~flopscope.attribute.state.RoleState`, what the passes claim and ask for;
+- ``state``: ``RoleState``, what the passes claim and ask for;
 - ``rules``: :class:`RoleRule` and the built-in rules;
-- ``graph_view``: the records as a graph, and the one walk helper the passes are written with;
+- ``graph_view``: the records as a graph, and the walks the passes are written with;
 - ``columns``: a fused projection split by the columns each consumer reads;
 - ``paths``: module paths (``""`` is the root).
 
-May import: ``flopscope.capture`` (its records), ``flopscope.formulas`` and the vocabulary.
+May import: ``flopscope.capture`` (its records), ``flopscope.formulas``, the vocabulary.
 """
 
 from .roles import Assignment, find_roles

@@ -1,12 +1,15 @@
-"""Semantic roles: which multiplies are Q/K/V projections, attention scores, FFN, convolution, ...
+"""Semantic roles: which multiplies are Q/K/V projections, attention scores, FFN,
+convolution, ...
 
-- :func:`find_roles`: the role split of every record with multiplies, forward and backward;
+- :func:`find_roles`: the role split of every record with multiplies, forward and
+  backward;
 - :class:`Assignment`: one record's roles (``{role: MACs}``) and its block;
-- :class:`~flopscope.attribute.rules.RoleRule` (from :mod:`.rules`): a role forced by module.
+- :class:`~flopscope.attribute.rules.RoleRule` (from :mod:`.rules`): a role forced by
+  module.
 
-The passes run in the order of :data:`~flopscope.attribute.pipeline.PIPELINE` (its docstring
-says what each finds; definitions in docs/roles.md). A backward op takes the roles of the
-forward op whose autograd node ran it.
+The passes run in the order of :data:`~flopscope.attribute.pipeline.PIPELINE` (its
+docstring says what each finds; definitions in docs/roles.md). A backward op takes the
+roles of the forward op whose autograd node ran it.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ __all__ = ["Assignment", "RoleRule", "find_roles"]
 
 @dataclass(frozen=True)
 class Assignment:
-    """Roles of one multiply node: ``{role: MACs}``, summing to the node's multiplies."""
+    """Roles of one multiply node: ``{role: MACs}``, summing to its multiplies."""
 
     parts: Mapping[str, int]  # read-only
     block: str  # module path of the attention / FFN / conv block instance it belongs to
@@ -48,7 +51,8 @@ class Assignment:
 
 def find_roles(ops: Sequence[CapturedOp], module_types: Mapping[str, type], rules: Sequence[RoleRule] = ()
                ) -> dict[CapturedOp, Assignment]:
-    """The role split of every record with multiplies (forward and backward) of a capture (its ops in order)."""
+    """The role split of every record with multiplies (forward and backward) of a
+    capture (its ops in order)."""
     view = GraphView(ops)
     state = RoleState(module_types, tuple(rules))
     for step in PIPELINE:
@@ -59,8 +63,8 @@ def find_roles(ops: Sequence[CapturedOp], module_types: Mapping[str, type], rule
 
 
 def _with_blocks(view: GraphView, state: RoleState) -> dict[CapturedOp, Assignment]:
-    """Each claim with its block: the deepest module enclosing its group (the first group that has it),
-    else its own module."""
+    """Each claim with its block: the deepest module enclosing its group (the first
+    group that has it), else its own module."""
     blocks: dict[CapturedOp, str] = {}
     for members in state.groups:
         block = common_path([m for m in (n.module for n in members) if m is not None])
@@ -71,9 +75,10 @@ def _with_blocks(view: GraphView, state: RoleState) -> dict[CapturedOp, Assignme
 
 
 def _backward(view: GraphView, forward: Mapping[CapturedOp, Assignment]) -> dict[CapturedOp, Assignment]:
-    """A backward op takes the roles of the forward op whose autograd node ran it, in the same
-    proportions (a fused QKV projection's gradient GEMMs split like the projection); a fused
-    backward kernel with its own parts (SDPA backward) keeps them."""
+    """A backward op takes the roles of the forward op whose autograd node ran it, in
+    the same proportions (a fused QKV projection's gradient GEMMs split like the
+    projection); a fused backward kernel with its own parts (SDPA backward) keeps
+    them."""
     out = {}
     for n in view.backward_nodes:
         macs = n.macs

@@ -21,9 +21,10 @@ from ..role import Role, parse_role
 class RoleRule:
     """Force a role on the multiplies run inside matching modules.
 
-    ``module``: an ``fnmatch`` pattern over module paths (``"blocks.*.mixer"``) or a module class
-    (instances and subclasses match). ``op``: restrict to one op name (``"aten.bmm"``), optional.
-    User rules (``roles=`` of :func:`flopscope.profile`) apply after the dataflow passes and win.
+    ``module``: an ``fnmatch`` pattern over module paths (``"blocks.*.mixer"``) or a
+    module class (instances and subclasses match). ``op``: restrict to one op name
+    (``"aten.bmm"``), optional. User rules (``roles=`` of :func:`flopscope.profile`)
+    apply after the dataflow passes and win.
     """
 
     module: str | type

@@ -1,14 +1,15 @@
-"""What the role passes have found so far: :class:`RoleState`, and the :data:`Pass` type.
+"""What the role passes found so far (:class:`RoleState`), and the :data:`Pass` type.
 
-- A pass writes a multiply's roles only through :meth:`RoleState.claim`. A second claim of
-  one multiply is a bug in the passes: it raises :class:`DoubleClaimError`.
+- A pass writes a multiply's roles only through :meth:`RoleState.claim`. A second claim
+  of one multiply is a bug in the passes: it raises :class:`DoubleClaimError`.
 - The rule passes win over everything: they write through :meth:`RoleState.force`.
-- A pass asks for a projection's roles with :meth:`RoleState.demand` (its columns that reach a
-  consumer) or :meth:`RoleState.demand_rows` (its rows that hold a value). The pipeline settles
-  the column demands after each pass (:meth:`RoleState.settle`); the rows are settled by the
-  pass ``concatenated_inputs``.
+- A pass asks for a projection's roles with :meth:`RoleState.demand` (its columns that
+  reach a consumer) or :meth:`RoleState.demand_rows` (its rows that hold a value). The
+  pipeline settles the column demands after each pass (:meth:`RoleState.settle`); the
+  rows are settled by the pass ``concatenated_inputs``.
 
-Definitions: docs/roles.md sections 3 (the passes) and 4 (demands split by columns and rows).
+Definitions: docs/roles.md sections 3 (the passes) and 4 (demands split by columns and
+rows).
 """
 
 from __future__ import annotations
@@ -24,13 +25,13 @@ from .graph_view import GraphView
 from .rules import RoleRule
 
 Demand = tuple[CapturedOp, str]
-"""A request for a projection's roles: (the consumer its columns reach, or the value its rows
-hold; the role)."""
+"""A request for a projection's roles: (the consumer its columns reach, or the value its
+rows hold; the role)."""
 
 
 class DoubleClaimError(AssertionError):
-    """A pass claimed a multiply that an earlier claim holds: a bug in the passes, not in the
-    model. Each pass checks that a multiply is free before it claims it."""
+    """A pass claimed a multiply that an earlier claim holds: a bug in the passes, not
+    in the model. Each pass checks that a multiply is free before it claims it."""
 
 
 @dataclass
@@ -61,7 +62,8 @@ class RoleState:
         self.parts = MappingProxyType(self._parts)
 
     def claim(self, node: CapturedOp, parts: Role | dict[str, int]) -> None:
-        """Give ``node`` its roles: ``{role: MACs}``, or one :class:`Role` for all its MACs.
+        """Give ``node`` its roles: ``{role: MACs}``, or one :class:`Role` for all its
+        MACs.
 
         Raises :class:`DoubleClaimError` if a claim holds ``node`` already."""
         if node in self._parts:
@@ -82,9 +84,10 @@ class RoleState:
         self.demands.setdefault(projection, []).append((consumer, role))
 
     def demand_rows(self, projection: CapturedOp, source: CapturedOp, role: str) -> None:
-        """Ask for the rows of ``projection`` (its input's columns) that hold ``source``'s values
-        to be ``role``: ``projection`` reads a concatenation of several values. Settled by the
-        pass ``concatenated_inputs``, after every pass that may ask for the others."""
+        """Ask for the rows of ``projection`` (its input's columns) that hold
+        ``source``'s values to be ``role``: ``projection`` reads a concatenation of
+        several values. Settled by the pass ``concatenated_inputs``, after every pass
+        that may ask for the others."""
         self.row_demands.setdefault(projection, []).append((source, role))
 
     def take_row_demands(self) -> dict[CapturedOp, list[Demand]]:
@@ -97,13 +100,15 @@ class RoleState:
         return n in self.row_demands and n not in self._parts and n not in self.demands
 
     def settle(self, view: GraphView) -> None:
-        """Claim every demanded projection: whole when one role wants it and one multiply reads
-        it, else split by columns (with the columns an earlier pass asked for).
+        """Claim every demanded projection: whole when one role wants it and one
+        multiply reads it, else split by columns (with the columns an earlier pass
+        asked for).
 
-        A fused projection's columns may feed attention and an MLP. Qwen3-Next's ``q_proj``,
-        whose other half gates the attention's output, is ``q_proj`` for its query columns and
-        ``other`` for the gate's, as a gate of its own is. A projection settled before, or
-        claimed ``conv`` by its family, is settled again: its parts are replaced."""
+        A fused projection's columns may feed attention and an MLP. Qwen3-Next's
+        ``q_proj``, whose other half gates the attention's output, is ``q_proj`` for its
+        query columns and ``other`` for the gate's, as a gate of its own is. A
+        projection settled before, or claimed ``conv`` by its family, is settled again:
+        its parts are replaced."""
         for p, wanted in self.demands.items():
             wanted = [*self.settled.get(p, ()), *wanted]
             roles = {role for _, role in wanted}

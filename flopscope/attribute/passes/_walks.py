@@ -1,6 +1,7 @@
 """Walks over the graph that several role passes share.
 
-- :func:`nearest_before` / :func:`nearest_after`: the multiplies met first walking back / on;
+- :func:`nearest_before` / :func:`nearest_after`: the multiplies met first walking back
+  / on;
 - :func:`pass_through_root`: the record a value is a view, copy or dropout of;
 - :func:`behind_channelwise` and :func:`projections_of`: the projections behind a value,
   looking through depthwise convolutions;
@@ -31,21 +32,24 @@ BARRIER_CATEGORIES = ("norm", "reduction")
 
 
 PASS_THROUGH = frozenset({aten.native_dropout, aten.dropout, aten.feature_dropout, aten.alpha_dropout})
-"""Ops besides the zero-cost ones that carry a value to a matmul as the same input (dropout on an adapter's
-branch keeps it the projection's input)."""
+"""Ops besides the zero-cost ones that carry a value to a matmul as the same input
+(dropout on an adapter's branch keeps it the projection's input)."""
 
 
 RANDOM_OPS = frozenset({aten.bernoulli, aten.bernoulli_, aten.rand, aten.rand_like, aten.uniform_, aten.uniform,
                         aten.randn, aten.randn_like, aten.normal, aten.normal_})
-"""Random sources: a product with a mask drawn from one is dropout (fake tensors run ``x * bernoulli_(...)``)."""
+"""Random sources: a product with a mask drawn from one is dropout (fake tensors run
+``x * bernoulli_(...)``)."""
 
 
 SELECTIONS = frozenset({aten.topk, aten.sort, aten.argsort, aten.argmax, aten.argmin, aten.kthvalue})
-"""Ops that pick entries by value: what a scoring network's result feeds when it only selects."""
+"""Ops that pick entries by value: what a scoring network's result feeds when it only
+selects."""
 
 
 def nearest_before(view: GraphView, start: Any, stop_at_softmax: bool = False) -> list[CapturedOp]:
-    """Multiply nodes reached first walking back from ``start`` through ops without multiplies."""
+    """Multiply nodes reached first walking back from ``start`` through ops without
+    multiplies."""
     if not isinstance(start, CapturedOp):
         return []
     if stop_at_softmax:
@@ -54,8 +58,9 @@ def nearest_before(view: GraphView, start: Any, stop_at_softmax: bool = False) -
 
 
 def nearest_after(view: GraphView, start: CapturedOp, through_reductions: bool = False) -> list[CapturedOp]:
-    """Multiply nodes reached first walking forward from ``start`` through ops without multiplies
-    (not through another softmax or a normalisation, nor a reduction unless ``through_reductions``)."""
+    """Multiply nodes reached first walking forward from ``start`` through ops without
+    multiplies (not through another softmax or a normalisation, nor a reduction
+    unless ``through_reductions``)."""
     barriers = ("norm",) if through_reductions else BARRIER_CATEGORIES
     return view.frontier(view.users(start), view.users, lambda n: view.packet(n) in SOFTMAX_OPS or (
         n.elementwise or ("",))[0] in barriers)
@@ -67,7 +72,8 @@ def passes_activation(view: GraphView, start: CapturedOp) -> bool:
 
 
 def pass_through_root(view: GraphView, n: CapturedOp) -> CapturedOp:
-    """The record ``n`` holds the value of, walking back through views, copies and dropout (one data input each)."""
+    """The record ``n`` holds the value of, walking back through views, copies and
+    dropout (one data input each)."""
     return view.cached("pass-through root", n, lambda: _walk_to_root(view, n))
 
 
@@ -83,15 +89,16 @@ def _walk_to_root(view: GraphView, n: CapturedOp) -> CapturedOp:
 
 
 def is_random(view: GraphView, n: CapturedOp) -> bool:
-    """A random op lies behind ``n`` (without multiplies): ``n`` is a mask drawn at random."""
+    """A random op lies behind ``n`` (without multiplies): ``n`` is a mask drawn at
+    random."""
     return view.runs(RANDOM_OPS) and view.behind(n, "random", lambda m: view.packet(m) in RANDOM_OPS)
 
 
 def behind_channelwise(view: GraphView, start: CapturedOp, blocked: Callable[[CapturedOp], bool] | None = None,
                         behind_conv: Callable[[CapturedOp], bool] | None = None) -> list[CapturedOp]:
-    """The multiplies nearest behind ``start``, with each depthwise convolution among them replaced by the
-    multiplies nearest behind its input; ``blocked``: nodes the walk does not pass; ``behind_conv``: nodes it does
-    not pass behind a convolution."""
+    """The multiplies nearest behind ``start``, with each depthwise convolution among
+    them replaced by the multiplies nearest behind its input; ``blocked``: nodes the
+    walk does not pass; ``behind_conv``: nodes it does not pass behind a convolution."""
     def before(n: CapturedOp, stop: Callable[[CapturedOp], bool] | None) -> list[CapturedOp]:
         if stop is None:
             return nearest_before(view, n)
@@ -117,10 +124,12 @@ def behind_channelwise(view: GraphView, start: CapturedOp, blocked: Callable[[Ca
 
 def projections_of(view: GraphView, state: RoleState, start: CapturedOp, role: str, through_channelwise: bool = False,
                     blocked: Callable[[CapturedOp], bool] | None = None) -> list[tuple[CapturedOp, CapturedOp, str]]:
-    """(projection, consumer target, role) for the weight matmuls nearest behind ``start``; with
-    ``through_channelwise``, looking through depthwise convolutions (a short convolution over positions, channel by
-    channel, keeps each channel a column of the projection before it: the query, key and value of Mamba-2 and
-    gated DeltaNet; the convolution keeps ``conv``), not past a ``blocked`` node behind a convolution."""
+    """(projection, consumer target, role) for the weight matmuls nearest behind
+    ``start``; with ``through_channelwise``, looking through depthwise convolutions
+    (a short convolution over positions, channel by channel, keeps each channel a
+    column of the projection before it: the query, key and value of Mamba-2 and gated
+    DeltaNet; the convolution keeps ``conv``), not past a ``blocked`` node behind a
+    convolution."""
     behind = behind_channelwise(view, start, behind_conv=blocked) if through_channelwise else nearest_before(
         view, start)
     return [(p, start, role) for p in behind
@@ -130,15 +139,17 @@ def projections_of(view: GraphView, state: RoleState, start: CapturedOp, role: s
 
 
 def claimed_by_family(state: RoleState, p: CapturedOp) -> bool:
-    """``p`` holds only the role its op family gave it (a convolution's ``conv``): attention may still ask for it as
-    a projection (a pointwise convolution)."""
+    """``p`` holds only the role its op family gave it (a convolution's ``conv``):
+    attention may still ask for it as a projection (a pointwise convolution)."""
     return state.parts.get(p) == {Role.CONV.value: p.macs} and p not in state.demands
 
 
 def concatenated(view: GraphView, x: CapturedOp) -> list[CapturedOp]:
-    """The values ``x`` concatenates along its last dim (through views, copies and dropout), when there are several:
-    a concatenation along an earlier axis counts when the views merge that axis and every later one into ``x``'s
-    last (ConvBERT's ``cat([attention, span conv], heads axis)`` flattened to the projection's input columns)."""
+    """The values ``x`` concatenates along its last dim (through views, copies and
+    dropout), when there are several: a concatenation along an earlier axis counts
+    when the views merge that axis and every later one into ``x``'s last (ConvBERT's
+    ``cat([attention, span conv], heads axis)`` flattened to the projection's input
+    columns)."""
     width = x.output_shapes[0][-1] if x.output_shapes and x.output_shapes[0] else None
     x = pass_through_root(view, x)
     if view.packet(x) is not aten.cat or not x.output_shapes:
@@ -155,10 +166,11 @@ def concatenated(view: GraphView, x: CapturedOp) -> list[CapturedOp]:
 
 
 def writes_back(view: GraphView, d: CapturedOp) -> bool:
-    """``d``'s result is added to the stream its hidden layer was computed from (through ops without multiplies, an
-    addend of as many elements that ``d``'s input descends from): it writes back to a residual stream, as an FFN's
-    down projection does. A positional embedding added to queries (RT-DETR's ``query_pos_head`` of the boxes) or a
-    type embedding added to a projector's output is no residual."""
+    """``d``'s result is added to the stream its hidden layer was computed from (through
+    ops without multiplies, an addend of as many elements that ``d``'s input descends
+    from): it writes back to a residual stream, as an FFN's down projection does. A
+    positional embedding added to queries (RT-DETR's ``query_pos_head`` of the boxes)
+    or a type embedding added to a projector's output is no residual."""
     size = _size(d)
     if size is None:
         return False
@@ -177,9 +189,10 @@ _UPSTREAM = 256
 
 
 def _read_by_hidden_layer(view: GraphView, d: CapturedOp) -> set[CapturedOp]:
-    """What ``d``'s hidden layer reads: walking back from ``d``'s input through ops without multiplies and
-    depthwise convolutions to the weight matmuls behind it (its up projections), then from their inputs through ops
-    without multiplies, each value by its pass-through root too (at most :data:`_UPSTREAM` nodes)."""
+    """What ``d``'s hidden layer reads: walking back from ``d``'s input through ops
+    without multiplies and depthwise convolutions to the weight matmuls behind it
+    (its up projections), then from their inputs through ops without multiplies, each
+    value by its pass-through root too (at most :data:`_UPSTREAM` nodes)."""
     def walk(starts: list[CapturedOp], seen: set[CapturedOp]) -> list[CapturedOp]:
         projections, todo = [], list(starts)
         while todo and len(seen) < _UPSTREAM:

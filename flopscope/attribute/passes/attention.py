@@ -1,10 +1,11 @@
 """Pass 2, attention (docs/roles.md section 3.2).
 
-Claims ``attn_scores`` and ``attn_weighted_sum`` at each softmax fed by an activation product,
-the parts of the linear form (``attn_kv_state``, ``attn_readout``, ``attn_normaliser``) where two
-activation products chain without a softmax, and asks for the projections around each instance
-and around each attention kernel (``q_proj`` / ``k_proj`` / ``v_proj``, ``out_proj``). The state
-products of chunked linear attention are :mod:`.state_products`'.
+Claims ``attn_scores`` and ``attn_weighted_sum`` at each softmax fed by an activation
+product, the parts of the linear form (``attn_kv_state``, ``attn_readout``,
+``attn_normaliser``) where two activation products chain without a softmax, and asks for
+the projections around each instance and around each attention kernel (``q_proj`` /
+``k_proj`` / ``v_proj``, ``out_proj``). The state products of chunked linear attention
+are :mod:`.state_products`'.
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ aten = torch.ops.aten
 
 
 def attention(view: GraphView, state: RoleState) -> None:
-    """Attention at each softmax fed by an activation product, and around each attention kernel."""
+    """Attention at each softmax fed by an activation product, and around each attention
+    kernel."""
     for s in view.nodes:
         if view.packet(s) in SOFTMAX_OPS:
             _attention_at_softmax(view, state, s)
@@ -54,10 +56,12 @@ def attention(view: GraphView, state: RoleState) -> None:
 
 
 def _scores_in_the_bias(view: GraphView, state: RoleState, kernel: CapturedOp) -> set[CapturedOp]:
-    """Score work passed to an attention kernel as its additive mask: a product of two activations that reaches the
-    kernel's ``attn_mask`` / ``attn_bias`` through ops without multiplies (relative-position scores q·rᵀ of
-    Transformer-XL / Conformer attention) is ``attn_scores``, its operands' projections ``q_proj`` / ``k_proj``: what
-    the same model's eager attention gives, where that product is added to q·kᵀ before the softmax."""
+    """Score work passed to an attention kernel as its additive mask: a product of two
+    activations that reaches the kernel's ``attn_mask`` / ``attn_bias`` through ops
+    without multiplies (relative-position scores q·rᵀ of Transformer-XL / Conformer
+    attention) is ``attn_scores``, its operands' projections ``q_proj`` / ``k_proj``:
+    what the same model's eager attention gives, where that product is added to q·kᵀ
+    before the softmax."""
     bias = argument(kernel.target, kernel.args, kernel.kwargs, "attn_mask", "attn_bias", "bias")
     if not isinstance(bias, CapturedOp):
         return set()
@@ -72,10 +76,12 @@ def _scores_in_the_bias(view: GraphView, state: RoleState, kernel: CapturedOp) -
 
 
 def _attention_at_softmax(view: GraphView, state: RoleState, s: CapturedOp) -> None:
-    """One attention instance at the softmax ``s``: its score products, weighted sums and projections. Scores that
-    another softmax already took (one score matrix normalised two ways: Grounding DINO's fusion attends vision to
-    text and text to vision; LiLT adds its text and layout scores for each stream) make a second instance, of the
-    weighted sums after ``s``: the product is charged once, as ``attn_scores`` of the first."""
+    """One attention instance at the softmax ``s``: its score products, weighted sums
+    and projections. Scores that another softmax already took (one score matrix
+    normalised two ways: Grounding DINO's fusion attends vision to text and text to
+    vision; LiLT adds its text and layout scores for each stream) make a second
+    instance, of the weighted sums after ``s``: the product is charged once, as
+    ``attn_scores`` of the first."""
     behind = [m for m in nearest_before(view, s.args[0], stop_at_softmax=True) if view.is_activation_product(m)]
     scores = [m for m in behind if m not in state.parts]
     shared = [m for m in behind if Role.ATTN_SCORES.value in state.parts.get(m, {})]
@@ -107,16 +113,18 @@ def _attention_at_softmax(view: GraphView, state: RoleState, s: CapturedOp) -> N
 
 
 def _unread(view: GraphView, n: CapturedOp) -> bool:
-    """Nothing reads ``n``'s result but copies of it (dtype changes, clones), which nothing reads either: a value the
-    forward computes and drops (or returns as it is)."""
+    """Nothing reads ``n``'s result but copies of it (dtype changes, clones), which
+    nothing reads either: a value the forward computes and drops (or returns as it
+    is)."""
     return all(view.packet(m) in VALUE_COPIES for m in reach(view.users(n), view.users, lambda m: True))
 
 
 def _transposed_on_the_way(view: GraphView, product: CapturedOp, softmax: CapturedOp) -> bool:
-    """The scores ``product`` makes reach the ``softmax`` with their last two axes swapped (an odd number of
-    transposes on the way, through ops without multiplies): its left operand's positions end on the softmax's axis,
-    the keys', so its left operand holds the keys. Queries and keys are told by which side's positions the softmax
-    normalises over, not by operand order."""
+    """The scores ``product`` makes reach the ``softmax`` with their last two axes
+    swapped (an odd number of transposes on the way, through ops without multiplies):
+    its left operand's positions end on the softmax's axis, the keys', so its left
+    operand holds the keys. Queries and keys are told by which side's positions the
+    softmax normalises over, not by operand order."""
     target = softmax.args[0] if softmax.args else None
     parity: dict[CapturedOp, bool] = {product: False}
     todo = [product]
@@ -146,13 +154,14 @@ def _swaps_last_axes(n: CapturedOp) -> bool:
 
 
 def _attention_at_products(view: GraphView, state: RoleState, first: CapturedOp) -> None:
-    """Attention without a softmax: ``first`` (a product of two activations) reaches an operand of
-    another activation product, whose result a weight matmul projects, through ops without multiplies
-    (any normalisation: exp / logsumexp, sigmoid, ReLU, acos, none). Its result is the *left* operand
-    of the second (weights x values): the quadratic form, ``attn_scores`` then ``attn_weighted_sum``;
-    the *right* operand (queries x summary): the linear form, ``attn_kv_state`` (φ(K)ᵀV) then
-    ``attn_readout`` (φ(Q)·state), with ``attn_normaliser`` for the other products of the same queries
-    with a sum of the same keys."""
+    """Attention without a softmax: ``first`` (a product of two activations) reaches an
+    operand of another activation product, whose result a weight matmul projects,
+    through ops without multiplies (any normalisation: exp / logsumexp, sigmoid,
+    ReLU, acos, none). Its result is the *left* operand of the second (weights x
+    values): the quadratic form, ``attn_scores`` then ``attn_weighted_sum``; the
+    *right* operand (queries x summary): the linear form, ``attn_kv_state`` (φ(K)ᵀV)
+    then ``attn_readout`` (φ(Q)·state), with ``attn_normaliser`` for the other
+    products of the same queries with a sum of the same keys."""
     a, b = view.matmul_operands(first)
     if from_attention(view, state, a) or from_attention(view, state, b):
         # a product of attention's own results (a pseudo-inverse's iterations): not a
@@ -208,9 +217,10 @@ def _attention_at_products(view: GraphView, state: RoleState, first: CapturedOp)
 
 
 def _makes_a_positions_grid(view: GraphView, first: CapturedOp) -> bool:
-    """The scores of a quadratic form are a positions × positions grid: no projection behind ``first``'s left
-    operand has its output columns (features) along that operand's rows, nor one behind its right operand along
-    that operand's columns. A product whose rows or columns run over features or streams mixes something else."""
+    """The scores of a quadratic form are a positions × positions grid: no projection
+    behind ``first``'s left operand has its output columns (features) along that
+    operand's rows, nor one behind its right operand along that operand's columns. A
+    product whose rows or columns run over features or streams mixes something else."""
     a, b = view.matmul_operands(first)
     for operand, axis in ((a, -2), (b, -1)):
         for p in nearest_before(view, operand):
@@ -220,17 +230,18 @@ def _makes_a_positions_grid(view: GraphView, first: CapturedOp) -> bool:
 
 
 def _contracts_positions(view: GraphView, first: CapturedOp) -> bool:
-    """``first`` sums over positions, not over a head's features: along the axis its left operand contracts, every
-    entry holds the same column of the projection behind it. That is a state product (φ(K)ᵀ·V, written either way
-    round), whichever side the next product reads it from; scores (Q·Kᵀ) contract the features."""
+    """``first`` sums over positions, not over a head's features: along the axis its
+    left operand contracts, every entry holds the same column of the projection
+    behind it. That is a state product (φ(K)ᵀ·V, written either way round), whichever
+    side the next product reads it from; scores (Q·Kᵀ) contract the features."""
     left = view.matmul_operands(first)[0]
     behind = [p for p in nearest_before(view, left) if view.is_weight_matmul(p)]
     return len(behind) == 1 and holds_columns_along(behind[0], left, -1) is False
 
 
 def _is_normaliser(view: GraphView, z: CapturedOp, keys: set[CapturedOp]) -> bool:
-    """φ(Q)·Σφ(K): one number per query (its output is one column wide) from a sum over the keys (a
-    reduction between the key projections and its second operand)."""
+    """φ(Q)·Σφ(K): one number per query (its output is one column wide) from a sum over
+    the keys (a reduction between the key projections and its second operand)."""
     if tuple(z.output_shapes[0][-1:]) != (1,):
         return False
     summed = view.matmul_operands(z)[1]
@@ -239,7 +250,8 @@ def _is_normaliser(view: GraphView, z: CapturedOp, keys: set[CapturedOp]) -> boo
 
 
 def _projected(view: GraphView, state: RoleState, output: CapturedOp) -> bool:
-    """A weight matmul takes ``output`` (through ops without multiplies, reductions included): the mixed
-    values go on as data. A scoring product whose result only selects (DeepSeek's sparse-attention
-    indexer feeding a top-k) is not attention's output."""
+    """A weight matmul takes ``output`` (through ops without multiplies, reductions
+    included): the mixed values go on as data. A scoring product whose result only
+    selects (DeepSeek's sparse-attention indexer feeding a top-k) is not attention's
+    output."""
     return any(view.is_weight_matmul(p) and p not in state.parts for p in nearest_after(view, output, True))

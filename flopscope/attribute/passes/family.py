@@ -1,9 +1,12 @@
-"""Pass 1, by op family, and the weight work after it (docs/roles.md sections 3.1 and 3.5).
+"""Pass 1, by op family, and the weight work after it (docs/roles.md sections 3.1 and
+3.5).
 
-- :func:`by_family` claims every fused kernel with its formula's parts, every convolution as
-  ``conv`` and every Fourier transform as ``token_mixing`` (:data:`FAMILY_ROLES`).
-- :func:`weight_work` claims as ``other`` the products that compute a weight from an identity
-  matrix, on no input (DoRA's weight norm), before any pass takes them for projections.
+- :func:`by_family` claims every fused kernel with its formula's parts, every
+  convolution as ``conv`` and every Fourier transform as ``token_mixing``
+  (:data:`FAMILY_ROLES`).
+- :func:`weight_work` claims as ``other`` the products that compute a weight from an
+  identity matrix, on no input (DoRA's weight norm), before any pass takes them for
+  projections.
 """
 
 from __future__ import annotations
@@ -23,8 +26,8 @@ FAMILY_ROLES = {OpFamily.CONV: Role.CONV, OpFamily.TRANSFORM: Role.TOKEN_MIXING}
 
 
 def by_family(view: GraphView, state: RoleState) -> None:
-    """Fused kernels keep their formula's parts; convolutions are ``conv``, Fourier transforms
-    ``token_mixing`` (:data:`FAMILY_ROLES`)."""
+    """Fused kernels keep their formula's parts; convolutions are ``conv``, Fourier
+    transforms ``token_mixing`` (:data:`FAMILY_ROLES`)."""
     for n in view.nodes:
         if not n.macs:
             continue
@@ -37,10 +40,11 @@ def by_family(view: GraphView, state: RoleState) -> None:
 
 
 def weight_work(view: GraphView, state: RoleState) -> None:
-    """Products that compute a weight, not a projection of tokens: a multiply that depends on none of the forward's
-    inputs and is computed from an identity matrix made in the forward (DoRA's ``lora_B(lora_A(eye))``, the adapter's
-    ``B·A`` for its weight norm, once per call whatever the tokens) is ``other``, so that no projection search takes
-    it for a projection of the values it scales."""
+    """Products that compute a weight, not a projection of tokens: a multiply that
+    depends on none of the forward's inputs and is computed from an identity matrix
+    made in the forward (DoRA's ``lora_B(lora_A(eye))``, the adapter's ``B·A`` for
+    its weight norm, once per call whatever the tokens) is ``other``, so that no
+    projection search takes it for a projection of the values it scales."""
     from_eye: dict[CapturedOp, bool] = {}
     for n in view.nodes:  # in graph order: a node's inputs come first
         from_eye[n] = not view.dynamic[n] and (view.packet(n) is aten.eye or any(from_eye.get(x, False)

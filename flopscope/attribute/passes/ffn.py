@@ -1,11 +1,12 @@
 """Pass 4, FFN, and the rows asked for (docs/roles.md sections 3.4 and 4).
 
-- :func:`ffn` claims ``ffn_down`` for a weight matmul whose input passes an activation (or a
-  gated product) from nearer weight matmuls, and asks for those as ``ffn_up`` / ``ffn_gate``.
-  Its vetoes are named predicates (listed in :func:`ffn`'s docstring): tables, Fourier
-  features, conditioning, heads, routers' coefficients and MLPs are no FFN.
-- :func:`concatenated_inputs` claims every projection whose rows were asked for (a parallel
-  block's ``proj_out(cat([attention, mlp]))``), split by rows.
+- :func:`ffn` claims ``ffn_down`` for a weight matmul whose input passes an activation
+  (or a gated product) from nearer weight matmuls, and asks for those as ``ffn_up`` /
+  ``ffn_gate``. Its vetoes are named predicates (listed in :func:`ffn`'s docstring):
+  tables, Fourier features, conditioning, heads, routers' coefficients and MLPs are no
+  FFN.
+- :func:`concatenated_inputs` claims every projection whose rows were asked for (a
+  parallel block's ``proj_out(cat([attention, mlp]))``), split by rows.
 """
 
 from __future__ import annotations
@@ -39,24 +40,27 @@ aten = torch.ops.aten
 
 
 def ffn(view: GraphView, state: RoleState) -> None:
-    """Down projections behind an activation (or a gated product), and the projections feeding them.
+    """Down projections behind an activation (or a gated product), and the projections
+    feeding them.
 
     A down projection that reads a concatenation (a parallel block's
-    ``proj_out(cat([attention, mlp]))``) is one for the rows that hold a hidden layer. Gated
-    hidden layers are read first: a GLU's gate and up projections are its branches even where an
-    activation lies before them (GLM-4.1V's patch merger, ``SwiGLU(gelu(norm(proj(x))))``:
-    ``gate_proj`` is no down projection of ``proj``).
+    ``proj_out(cat([attention, mlp]))``) is one for the rows that hold a hidden layer.
+    Gated hidden layers are read first: a GLU's gate and up projections are its branches
+    even where an activation lies before them (GLM-4.1V's patch merger,
+    ``SwiGLU(gelu(norm(proj(x))))``: ``gate_proj`` is no down projection of ``proj``).
 
     The vetoes, each a named predicate: :func:`_on_no_input` (a table),
-    :func:`_fourier_features` (a positional or timestep embedding), :func:`_per_sample` and
-    :func:`_spread_before` (conditioning), ``view.pooled`` (a head), :func:`_only_weighs` (a
-    router's coefficients), :func:`_an_mlp` (a projector or a head's layers)."""
+    :func:`_fourier_features` (a positional or timestep embedding), :func:`_per_sample`
+    and :func:`_spread_before` (conditioning), ``view.pooled`` (a head),
+    :func:`_only_weighs` (a router's coefficients), :func:`_an_mlp` (a projector or a
+    head's layers)."""
     for gated in (True, False):
         _down_projections(view, state, gated)
 
 
 def _down_projections(view: GraphView, state: RoleState, gated: bool) -> None:
-    """The FFN pass over every weight matmul, for the hidden layers that are ``gated`` (a GLU) or not."""
+    """The FFN pass over every weight matmul, for the hidden layers that are ``gated``
+    (a GLU) or not."""
     for d in view.nodes:
         if not view.is_weight_matmul(d) or (state.claimed(d) and not state.rows_only(d)):
             continue
@@ -73,7 +77,7 @@ def _down_projections(view: GraphView, state: RoleState, gated: bool) -> None:
                 continue
             residual = writes_back(view, d)
             found = _hidden_layer(view, state, hidden, through_channelwise=residual)
-            # conditioning, a head, a router's coefficients or an MLP: no FFN (the vetoes, in order)
+            # conditioning, a head, a router's coefficients or an MLP: no FFN (the vetoes)
             if found is None or _per_sample(view, d) or view.pooled(d) or _only_weighs(view, d) \
                     or _spread_before(view, found) or _an_mlp(view, d, found, residual or bool(sources)):
                 continue
@@ -92,33 +96,35 @@ Branches = Sequence[Sequence[tuple[CapturedOp, Any, str]]]
 
 
 def _on_no_input(view: GraphView, d: CapturedOp) -> bool:
-    """``d`` is computed from the model's own tables, on no input (Swin V2's position-bias MLP on
-    a coordinate buffer): a table, the same for every input, not an FFN of the tokens."""
+    """``d`` is computed from the model's own tables, on no input (Swin V2's
+    position-bias MLP on a coordinate buffer): a table, the same for every input, not
+    an FFN of the tokens."""
     return not view.dynamic[d]
 
 
 def _spread_before(view: GraphView, found: Branches) -> bool:
     """A projection of the hidden layer ``found`` is spread over the positions
-    (:func:`_spread`): the hidden layer ran on one vector per sample or frame (Flux-3's per-token
-    modulations of ``silu(temb)`` expanded to the tokens). It is conditioning, as one spread
-    after the down projection is (:func:`_per_sample`)."""
+    (:func:`_spread`): the hidden layer ran on one vector per sample or frame
+    (Flux-3's per-token modulations of ``silu(temb)`` expanded to the tokens). It is
+    conditioning, as one spread after the down projection is (:func:`_per_sample`)."""
     return any(_spread(view, p) for demands in found for p, _, _ in demands)
 
 
 def _an_mlp(view: GraphView, d: CapturedOp, found: Branches, residual: bool) -> bool:
     """``d`` writes back to no residual stream (``residual``: it does, or it reads a
-    concatenation, judged by rows) and is no FFN's down projection either: it maps between
-    widths (:func:`_back_to_its_width`), or it is projected again before any sum
-    (:func:`_projected_again`). A projector, a box or quality head, a gate's generator: an MLP,
-    not an FFN."""
+    concatenation, judged by rows) and is no FFN's down projection either: it maps
+    between widths (:func:`_back_to_its_width`), or it is projected again before any
+    sum (:func:`_projected_again`). A projector, a box or quality head, a gate's
+    generator: an MLP, not an FFN."""
     return not (residual or (_back_to_its_width(view, d, found) and not _projected_again(view, d)))
 
 
 def _gated_here(view: GraphView, hidden: CapturedOp) -> bool:
-    """``hidden`` is a GLU's gated product itself, reached walking back through ops that join it with no other
-    activation and normalise nothing (views, copies, dropout, a scale): a gated product behind a residual sum or a
-    norm (RWKV's ``x + sigmoid(r) * v`` before the next block's LayerNorm) is another block's output, read in the
-    second pass as it always was."""
+    """``hidden`` is a GLU's gated product itself, reached walking back through ops that
+    join it with no other activation and normalise nothing (views, copies, dropout, a
+    scale): a gated product behind a residual sum or a norm (RWKV's
+    ``x + sigmoid(r) * v`` before the next block's LayerNorm) is another block's
+    output, read in the second pass as it always was."""
     def plain(m: CapturedOp) -> bool:
         return m is hidden or (not m.macs and (m.elementwise or ("",))[0] not in BARRIER_CATEGORIES
                                and not view.mixes(m))
@@ -128,8 +134,9 @@ def _gated_here(view: GraphView, hidden: CapturedOp) -> bool:
 
 
 def _back_to_its_width(view: GraphView, d: CapturedOp, found: Branches) -> bool:
-    """``d`` maps the hidden layer back to the width its projections read: an FFN's d → f → d (a projection that is
-    no plain weight matmul, a pointwise convolution, is not compared)."""
+    """``d`` maps the hidden layer back to the width its projections read: an FFN's d →
+    f → d (a projection that is no plain weight matmul, a pointwise convolution, is
+    not compared)."""
     width = d.output_shapes[0][-1:] if d.output_shapes else ()
     projections = [p for demands in found for p, _, _ in demands]
     if not all(view.is_weight_matmul(p) for p in projections):
@@ -142,14 +149,16 @@ def _back_to_its_width(view: GraphView, d: CapturedOp, found: Branches) -> bool:
 
 
 SUMS = SUM_OPS | {aten.sum}
-"""Ops that add values together: a sum of two tensors, or of the slices along an axis (the top-k experts' outputs)."""
+"""Ops that add values together: a sum of two tensors, or of the slices along an axis
+(the top-k experts' outputs)."""
 
 
 def _projected_again(view: GraphView, d: CapturedOp) -> bool:
-    """``d``'s result reaches a weight matmul before it is summed with anything (through ops without multiplies, not
-    through a sum, a scatter-add or a sum over an axis: an MoE's combine): the MLP goes on (a head's or a projector's
-    next layer, a text projection read by the keys and values, a gate generated for a norm's output), it is no FFN's
-    down projection."""
+    """``d``'s result reaches a weight matmul before it is summed with anything (through
+    ops without multiplies, not through a sum, a scatter-add or a sum over an axis:
+    an MoE's combine): the MLP goes on (a head's or a projector's next layer, a text
+    projection read by the keys and values, a gate generated for a norm's output), it
+    is no FFN's down projection."""
     def onward(n: CapturedOp) -> bool:
         return not n.macs and view.packet(n) not in SUMS and (n.elementwise or ("",))[0] != "scatter"
 
@@ -157,13 +166,16 @@ def _projected_again(view: GraphView, d: CapturedOp) -> bool:
 
 
 def _only_weighs(view: GraphView, d: CapturedOp) -> bool:
-    """``d``'s result only weighs or selects other values, never joins them as data: following it forward in graph
-    order (through ops that combine it with nothing else, and through the weight matmuls of the same small network),
-    wherever it meets another activation it is an operand of an activation product (a mixing matrix: Gemma 3n's AltUp
-    predicts each stream as ``streams @ coefs(router(x))``), a factor with one entry along the features that the
-    product spreads over them (``innovation * coefs[..., None]``, an expert's routing weight), or indices that pick
-    entries (a top-k's, :data:`SELECTIONS`). Such a hidden layer computes coefficients (a router's: ZAYA's router
-    MLP), not a position-wise FFN of the token stream. The walk gives up (data) after :data:`_WEIGHS_WALK` nodes."""
+    """``d``'s result only weighs or selects other values, never joins them as data:
+    following it forward in graph order (through ops that combine it with nothing
+    else, and through the weight matmuls of the same small network), wherever it
+    meets another activation it is an operand of an activation product (a mixing
+    matrix: Gemma 3n's AltUp predicts each stream as ``streams @ coefs(router(x))``),
+    a factor with one entry along the features that the product spreads over them
+    (``innovation * coefs[..., None]``, an expert's routing weight), or indices that
+    pick entries (a top-k's, :data:`SELECTIONS`). Such a hidden layer computes
+    coefficients (a router's: ZAYA's router MLP), not a position-wise FFN of the
+    token stream. The walk gives up (data) after :data:`_WEIGHS_WALK` nodes."""
     reached, met = {d}, False
     todo: list[tuple[int, int, CapturedOp]] = [(u.index, id(u), u) for u in view.users(d)]
     heapq.heapify(todo)
@@ -205,13 +217,14 @@ def _only_weighs(view: GraphView, d: CapturedOp) -> bool:
 
 
 _WEIGHS_WALK = 512
-"""The most nodes :func:`_only_weighs` follows (a router's few layers and the ops that use its weights take far
-fewer; an FFN's output reaches the residual stream within a few)."""
+"""The most nodes :func:`_only_weighs` follows (a router's few layers and the ops that
+use its weights take far fewer; an FFN's output reaches the residual stream within a
+few)."""
 
 
 def _stacked(view: GraphView, x: CapturedOp) -> list[CapturedOp]:
-    """The values ``x`` stacks (through views and copies: ``stack([sin, cos], -1).flatten(-2)``), when there are
-    several."""
+    """The values ``x`` stacks (through views and copies:
+    ``stack([sin, cos], -1).flatten(-2)``), when there are several."""
     root = pass_through_root(view, x)
     if view.packet(root) is not aten.stack or not isinstance(root.args[0], (list, tuple)):
         return []
@@ -220,8 +233,9 @@ def _stacked(view: GraphView, x: CapturedOp) -> list[CapturedOp]:
 
 
 def _fourier_features(view: GraphView, sources: Sequence[CapturedOp]) -> bool:
-    """The concatenated values are sines and cosines (of one product, ``[sin(2πx·B), cos(2πx·B)]``): Fourier features
-    of a timestep or of coordinates (Gaussian Fourier projections, NeRF and SAM positional encodings), not a hidden
+    """The concatenated values are sines and cosines (of one product,
+    ``[sin(2πx·B), cos(2πx·B)]``): Fourier features of a timestep or of coordinates
+    (Gaussian Fourier projections, NeRF and SAM positional encodings), not a hidden
     layer whose activation happens to be periodic."""
     found = {view.packet(pass_through_root(view, s)) for s in sources}
     return bool(sources) and found == {aten.sin, aten.cos}
@@ -229,9 +243,10 @@ def _fourier_features(view: GraphView, sources: Sequence[CapturedOp]) -> bool:
 
 def _hidden_layer(view: GraphView, state: RoleState, x: CapturedOp, through_channelwise: bool = False
                   ) -> list[list[tuple[CapturedOp, CapturedOp, str]]] | None:
-    """The projections an FFN hidden layer ``x`` is made from, per branch (gate and up, or up), if ``x`` is one: it
-    passes an activation function (or a gated product) from weight matmuls, each branch reaching one;
-    ``through_channelwise``: looking through depthwise convolutions on the way (a Mix-FFN's ``fc1 → dwconv → GELU``)."""
+    """The projections an FFN hidden layer ``x`` is made from, per branch (gate and up,
+    or up), if ``x`` is one: it passes an activation function (or a gated product)
+    from weight matmuls, each branch reaching one; ``through_channelwise``: looking
+    through depthwise convolutions on the way (a Mix-FFN's ``fc1 → dwconv → GELU``)."""
     gate, up = _gated_branches(view, x)
     if gate is not None and up is not None:
         branches = [(gate, Role.FFN_GATE.value), (up, Role.FFN_UP.value)]
@@ -248,8 +263,8 @@ def _hidden_layer(view: GraphView, state: RoleState, x: CapturedOp, through_chan
         # token mixer
         return None
 
-    # (a GLU before a depthwise convolution: a convolution module's, no Mix-FFN's: Conformer's,
-    # Gemma 4 audio's lconv1d)
+    # (a GLU before a depthwise convolution: a convolution module's, no Mix-FFN's:
+    # Conformer's, Gemma 4 audio's lconv1d)
     def gated_product(n: CapturedOp) -> bool:
         return view.packet(n) is aten.glu or _gating(view, n)
     found = [projections_of(view, state, start, role, through_channelwise, blocked=gated_product)
@@ -259,8 +274,9 @@ def _hidden_layer(view: GraphView, state: RoleState, x: CapturedOp, through_chan
 
 
 def concatenated_inputs(view: GraphView, state: RoleState) -> None:
-    """Claim every projection whose rows were asked for: each role the rows (input columns) that hold the value it
-    asked for, the rest ``other`` (Flux's single-stream ``proj_out(cat([attention, mlp]))``: ``out_proj`` for the
+    """Claim every projection whose rows were asked for: each role the rows (input
+    columns) that hold the value it asked for, the rest ``other`` (Flux's
+    single-stream ``proj_out(cat([attention, mlp]))``: ``out_proj`` for the
     attention's rows, ``ffn_down`` for the MLP's)."""
     for p, wanted in state.take_row_demands().items():
         if p not in state.parts:
@@ -268,14 +284,18 @@ def concatenated_inputs(view: GraphView, state: RoleState) -> None:
 
 
 def _per_sample(view: GraphView, d: CapturedOp) -> bool:
-    """``d``'s result is spread over positions, or it is read only by weight matmuls whose results are: an
-    elementwise op broadcasts it (or an ``expand`` repeats it) along an axis other than the last, and it has no
-    positions there or on any later axis but the last, where the op's output has many (``x * (1 + scale[:, None]) +
-    shift[:, None]`` of adaLN, a UNet's ``h + temb[:, :, None, None]``, a video model's per-frame ``temb[:, :, None]``
-    over each frame's tokens), the value keeping its rows on the way (reshaped or chunked, never reduced). Such a
-    hidden layer ran on one vector per sample or per frame (a timestep, a class, pooled text), not on every position:
-    it conditions the positions, it is no FFN (docs/roles.md section 3.4). A value that has positions (GQA's keys
-    repeated over the heads of a group, a positional table added over the batch) is not spread."""
+    """``d``'s result is spread over positions, or it is read only by weight matmuls
+    whose results are: an elementwise op broadcasts it (or an ``expand`` repeats it)
+    along an axis other than the last, and it has no positions there or on any later
+    axis but the last, where the op's output has many
+    (``x * (1 + scale[:, None]) + shift[:, None]`` of adaLN, a UNet's
+    ``h + temb[:, :, None, None]``, a video model's per-frame ``temb[:, :, None]``
+    over each frame's tokens), the value keeping its rows on the way (reshaped or
+    chunked, never reduced). Such a hidden layer ran on one vector per sample or per
+    frame (a timestep, a class, pooled text), not on every position: it conditions
+    the positions, it is no FFN (docs/roles.md section 3.4). A value that has
+    positions (GQA's keys repeated over the heads of a group, a positional table
+    added over the batch) is not spread."""
     if not view.is_condition(d):
         return False  # a value of the token stream (its readers' values are too)
     if _spread(view, d):
@@ -285,7 +305,8 @@ def _per_sample(view: GraphView, d: CapturedOp) -> bool:
 
 
 def _spread(view: GraphView, n: CapturedOp) -> bool:
-    """``n``'s value, with at least the rows it has, is spread over positions (:func:`_per_sample`)."""
+    """``n``'s value, with at least the rows it has, is spread over positions
+    (:func:`_per_sample`)."""
     rows = rows_of(n.output_shapes[0]) if n.output_shapes else None
     if rows is None:
         return False  # (symbolic sizes: nothing to compare)
@@ -294,16 +315,19 @@ def _spread(view: GraphView, n: CapturedOp) -> bool:
 
 
 def _keeps_rows(user: CapturedOp, rows: int) -> bool:
-    """``user``'s output has ``rows`` rows (all dims but the last) or more: a value reshaped or cut into chunks along
-    a middle axis (adaLN's ``emb.reshape(B, 6, d).chunk(6, dim=1)``) keeps its rows; one reduced over them does not."""
+    """``user``'s output has ``rows`` rows (all dims but the last) or more: a value
+    reshaped or cut into chunks along a middle axis (adaLN's
+    ``emb.reshape(B, 6, d).chunk(6, dim=1)``) keeps its rows; one reduced over them
+    does not."""
     found = rows_of(user.output_shapes[0]) if user.output_shapes else None
     return found is not None and found >= rows
 
 
 def _assembled_in_parts(view: GraphView, start: CapturedOp) -> bool:
-    """``start`` is (computed without multiplies from) a buffer that writes filled a part at a time: a version
-    record whose write covers less than the whole tensor (``out[:, t] = ...`` in a loop over positions). An FFN's
-    hidden layer is computed whole, position by position alike."""
+    """``start`` is (computed without multiplies from) a buffer that writes filled a
+    part at a time: a version record whose write covers less than the whole tensor
+    (``out[:, t] = ...`` in a loop over positions). An FFN's hidden layer is computed
+    whole, position by position alike."""
     def partial(n: CapturedOp) -> bool:
         write = n.args[1] if len(n.args) > 1 else None
         return (isinstance(write, CapturedOp) and bool(write.output_shapes) and bool(n.output_shapes)
@@ -314,10 +338,11 @@ def _assembled_in_parts(view: GraphView, start: CapturedOp) -> bool:
 
 
 def _gated_branches(view: GraphView, x: CapturedOp) -> tuple[CapturedOp | None, CapturedOp | None]:
-    """The (activated, plain) inputs of the elementwise product gating an FFN, if there is one: reached walking back
-    from ``x`` through ops that join it with no other activation (views, norms, dropout, a scale; not a residual sum:
-    a gated product behind one is another block's, D-FINE's gateway ``norm(g1 · x1 + g2 · x2)`` before the next
-    layer's projections)."""
+    """The (activated, plain) inputs of the elementwise product gating an FFN, if there
+    is one: reached walking back from ``x`` through ops that join it with no other
+    activation (views, norms, dropout, a scale; not a residual sum: a gated product
+    behind one is another block's, D-FINE's gateway ``norm(g1 · x1 + g2 · x2)``
+    before the next layer's projections)."""
     if not view.behind(x, "gating product", lambda n: _gating(view, n)):
         # (one pass for all: the search below would walk a residual stream to the
         # embedding)
@@ -347,16 +372,18 @@ def _gated_branches(view: GraphView, x: CapturedOp) -> tuple[CapturedOp | None, 
         act_a = _gate_side(view, a, b)
         macs_a = {m for m in nearest_before(view, a) if view.is_weight_matmul(m)}
         macs_b = {m for m in nearest_before(view, b) if view.is_weight_matmul(m)}
-        # gated: two projections, or one whose output columns the two branches split (GPT-OSS interleaves them);
-        # every shared projection is asked (in no order: the answer must not depend on a set's order)
+        # gated: two projections, or one whose output columns the two branches split
+        # (GPT-OSS interleaves them); every shared projection is asked (in no order: the
+        # answer must not depend on a set's order)
         if macs_a and macs_b and (macs_a != macs_b or any(not (columns(m, a) & columns(m, b)) for m in macs_a)):
             return (a, b) if act_a else (b, a)
     return None, None
 
 
 def _gating(view: GraphView, n: CapturedOp) -> bool:
-    """An elementwise product of two nodes, one of them behind an activation and the other not (a bound, a
-    softcap's ``tanh(x / c) · c``, does not count where the other branch passes a gating activation: Inkling2's
+    """An elementwise product of two nodes, one of them behind an activation and the
+    other not (a bound, a softcap's ``tanh(x / c) · c``, does not count where the
+    other branch passes a gating activation: Inkling2's
     ``softcap(g) · sigmoid(g) · softcap(u)``)."""
     if view.packet(n) not in elementwise.PRODUCT_OPS or len(n.args) < 2:
         return False
@@ -365,8 +392,8 @@ def _gating(view: GraphView, n: CapturedOp) -> bool:
 
 
 def _gate_side(view: GraphView, a: CapturedOp, b: CapturedOp) -> bool | None:
-    """Whether ``a`` (True) or ``b`` (False) is a gating product's activated branch; ``None``: neither, or both
-    alike."""
+    """Whether ``a`` (True) or ``b`` (False) is a gating product's activated branch;
+    ``None``: neither, or both alike."""
     act_a, act_b = passes_activation(view, a), passes_activation(view, b)
     if act_a != act_b:
         return act_a
@@ -377,4 +404,5 @@ def _gate_side(view: GraphView, a: CapturedOp, b: CapturedOp) -> bool | None:
 
 
 GATING_ACTIVATIONS = elementwise.ACTIVATION_OPS - {aten.tanh, aten.tanh_}
-"""Activations that gate: every one but ``tanh``, which a softcap uses to bound a value (``tanh(x / c) · c``)."""
+"""Activations that gate: every one but ``tanh``, which a softcap uses to bound a value
+(``tanh(x / c) · c``)."""

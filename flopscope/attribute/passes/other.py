@@ -2,10 +2,10 @@
 and 3.7).
 
 - :func:`unclaimed_are_other` claims every multiply no pass claimed as ``other``;
-- :func:`builtin_rules` forces :data:`~flopscope.attribute.rules.BUILTIN_RULES` on the unfused
-  multiplies inside recurrent modules (it runs right after the first pass too);
-- :func:`user_rules` forces the user's rules (``roles=`` of :func:`flopscope.profile`) on every
-  multiply: they win.
+- :func:`builtin_rules` forces :data:`~flopscope.attribute.rules.BUILTIN_RULES` on the
+  unfused multiplies inside recurrent modules (it runs right after the first pass too);
+- :func:`user_rules` forces the user's rules (``roles=`` of :func:`flopscope.profile`)
+  on every multiply: they win.
 """
 
 from __future__ import annotations
@@ -25,19 +25,20 @@ def unclaimed_are_other(view: GraphView, state: RoleState) -> None:
 
 
 def builtin_rules(view: GraphView, state: RoleState) -> None:
-    """:data:`~flopscope.attribute.rules.BUILTIN_RULES` on the unfused multiplies (not on fused kernels, convolutions
-    or Fourier transforms, whose roles are their own)."""
+    """:data:`~flopscope.attribute.rules.BUILTIN_RULES` on the unfused multiplies (not
+    on fused kernels, convolutions or Fourier transforms, whose roles are their own)."""
     _force_rules(view, state, BUILTIN_RULES, only_unfused=True)
 
 
 def user_rules(view: GraphView, state: RoleState) -> None:
-    """The user's rules (``state.rules``) on every multiply: they win over everything."""
+    """The user's rules (``state.rules``) on every multiply: they win."""
     _force_rules(view, state, state.rules, only_unfused=False)
 
 
 def _force_rules(view: GraphView, state: RoleState, rules: tuple[RoleRule, ...], only_unfused: bool) -> None:
-    """Force ``rules`` on the multiplies inside matching modules (the first rule that matches wins; ``only_unfused``:
-    not on fused kernels, convolutions or Fourier transforms)."""
+    """Force ``rules`` on the multiplies inside matching modules (the first rule that
+    matches wins; ``only_unfused``: not on fused kernels, convolutions or Fourier
+    transforms)."""
     if not rules:
         return
     for n in [*state.parts, *(n for n in view.nodes if n.macs and n not in state.parts)]:

@@ -1,9 +1,10 @@
 """Pass 2, attention: the recurrent state of chunked linear attention (docs/roles.md
 section 3.2.2).
 
-Claims ``attn_kv_state`` for the products that write a state and ``attn_readout`` for those
-that read it (gated DeltaNet, Kimi's KDA), and asks for the keys, values, queries and output
-around them. Run at the end of :func:`~flopscope.attribute.passes.attention.attention`.
+Claims ``attn_kv_state`` for the products that write a state and ``attn_readout`` for
+those that read it (gated DeltaNet, Kimi's KDA), and asks for the keys, values, queries
+and output around them. Run at the end of
+:func:`~flopscope.attribute.passes.attention.attention`.
 """
 
 from __future__ import annotations
@@ -21,17 +22,20 @@ aten = torch.ops.aten
 
 
 def state_products(view: GraphView, state: RoleState) -> None:
-    """The recurrent state of chunked linear attention (gated DeltaNet, Kimi's KDA), beside or without its in-chunk
-    quadratic form. A product of two activations writes the state, ``attn_kv_state``, when its right operand is the
-    values of a weighted sum found (``kᵀ·v`` with the same ``v`` the chunk's weights multiply; its left operand not
-    attention's weights), or when its right operand is the values less a read of the very state it writes (the
-    delta rule: ``v_new = v − k·S``, then ``S·decay + kᵀ·v_new``; KDA's in-chunk scores are elementwise, so no
-    weighted sum is found there). The state is the write's result and what it is accumulated with (``S·decay +
-    kᵀ·v``: tensors of the state's shape, the initial state included); every product whose right operand is a state
-    reads it,
-    ``attn_readout`` (``q·S``, and the delta rule's ``k·S``, the part of the values the state already predicts). Each
-    joins the attention instance of its weighted sum, or forms one. Mamba-2's chunk states (``Bᵀ·x``, with ``x`` read
-    by no state) stay ``other``."""
+    """The recurrent state of chunked linear attention (gated DeltaNet, Kimi's KDA),
+    beside or without its in-chunk quadratic form. A product of two activations
+    writes the state, ``attn_kv_state``, when its right operand is the values of a
+    weighted sum found (``kᵀ·v`` with the same ``v`` the chunk's weights multiply;
+    its left operand not attention's weights), or when its right operand is the
+    values less a read of the very state it writes (the delta rule:
+    ``v_new = v − k·S``, then ``S·decay + kᵀ·v_new``; KDA's in-chunk scores are
+    elementwise, so no weighted sum is found there). The state is the write's result
+    and what it is accumulated with (``S·decay + kᵀ·v``: tensors of the state's
+    shape, the initial state included); every product whose right operand is a state
+    reads it, ``attn_readout`` (``q·S``, and the delta rule's ``k·S``, the part of
+    the values the state already predicts). Each joins the attention instance of its
+    weighted sum, or forms one. Mamba-2's chunk states (``Bᵀ·x``, with ``x`` read by
+    no state) stay ``other``."""
     free = [m for m in view.nodes if free_product(view, state, m)]
     if not free:
         return  # every product of two activations is attention's already
@@ -70,8 +74,8 @@ def state_products(view: GraphView, state: RoleState) -> None:
         instances.setdefault(anchor, {anchor}).add(m)
     corrections = {pass_through_root(view, x) for m in writes if Role.ATTN_KV_STATE.value in state.parts[m]
                    for x in _correction_reads(view, view.matmul_operands(m)[1])}
-    # the projections around the state: keys and values that write it, queries that read it,
-    # the output (KDA's in-chunk scores are elementwise: nothing else asks for them)
+    # the projections around the state: keys and values that write it, queries that read
+    # it, the output (KDA's in-chunk scores are elementwise: nothing else asks for them)
     for m, anchor in writes.items():
         a, b = view.matmul_operands(m)
         members = instances[anchor]
@@ -90,22 +94,25 @@ def state_products(view: GraphView, state: RoleState) -> None:
 
 
 def _correction_reads(view: GraphView, values: CapturedOp) -> list[CapturedOp]:
-    """The reads ``values`` is corrected by (``v − read``, through views and copies), if it is a correction."""
+    """The reads ``values`` is corrected by (``v − read``, through views and copies), if
+    it is a correction."""
     correction = pass_through_root(view, values)
     return list(view.inputs(correction)[1:]) if view.packet(correction) in (aten.sub, aten.sub_) else []
 
 
 def _corrected_by_a_read(view: GraphView, values: CapturedOp, reads: set[CapturedOp]) -> bool:
-    """``values`` is ``v − read`` (through views and copies) with ``read`` one of ``reads``: the delta rule's correction
-    of the values by what the state already predicts."""
+    """``values`` is ``v − read`` (through views and copies) with ``read`` one of
+    ``reads``: the delta rule's correction of the values by what the state already
+    predicts."""
     correction = pass_through_root(view, values)
     return view.packet(correction) in (aten.sub, aten.sub_) and any(
         pass_through_root(view, x) in reads for x in view.inputs(correction)[1:])
 
 
 def _states_of(view: GraphView, write: CapturedOp) -> list[CapturedOp]:
-    """The state a state product writes: the records without multiplies its result reaches, and those each of them is
-    accumulated from that have the state's shape (its last two dims: the previous or initial state)."""
+    """The state a state product writes: the records without multiplies its result
+    reaches, and those each of them is accumulated from that have the state's shape
+    (its last two dims: the previous or initial state)."""
     shape = tuple(write.output_shapes[0][-2:])
 
     def state_shaped(y: CapturedOp) -> bool:
