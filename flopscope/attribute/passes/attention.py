@@ -5,7 +5,7 @@ product, the parts of the linear form (``attn_kv_state``, ``attn_readout``,
 ``attn_normaliser``) where two activation products chain without a softmax, and asks for
 the projections around each instance and around each attention kernel (``q_proj`` /
 ``k_proj`` / ``v_proj``, ``out_proj``). The state products of chunked linear attention
-are :mod:`.state_products`'.
+are in :mod:`.state_products`.
 """
 
 from __future__ import annotations

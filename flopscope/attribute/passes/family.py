@@ -1,5 +1,4 @@
-"""Pass 1, by op family, and the weight work after it (docs/roles.md sections 3.1 and
-3.5).
+"""Pass 1, by op family, and the weight work after it (docs/roles.md 3.1 and 3.5).
 
 - :func:`by_family` claims every fused kernel with its formula's parts, every
   convolution as ``conv`` and every Fourier transform as ``token_mixing``

@@ -1,5 +1,4 @@
-"""Passes 6 to 8: what is left is ``other``, then the rules (docs/roles.md sections 3.6
-and 3.7).
+"""Passes 6 to 8: what is left is ``other``, then the rules (docs/roles.md 3.6, 3.7).
 
 - :func:`unclaimed_are_other` claims every multiply no pass claimed as ``other``;
 - :func:`builtin_rules` forces :data:`~flopscope.attribute.rules.BUILTIN_RULES` on the

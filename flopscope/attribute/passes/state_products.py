@@ -1,5 +1,4 @@
-"""Pass 2, attention: the recurrent state of chunked linear attention (docs/roles.md
-section 3.2.2).
+"""Pass 2, attention: the state of chunked linear attention (docs/roles.md 3.2.2).
 
 Claims ``attn_kv_state`` for the products that write a state and ``attn_readout`` for
 those that read it (gated DeltaNet, Kimi's KDA), and asks for the keys, values, queries
