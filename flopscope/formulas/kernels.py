@@ -30,7 +30,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .linear_algebra import backward_of, flash_pairs
+from .attention import backward_of, flash_pairs
 from .registry import BNHD, OpFamily, Shape, UpperBound, by_name, formula
 
 __all__ = [

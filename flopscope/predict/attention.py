@@ -48,8 +48,8 @@ from ..capture.constant_values import MAX_BYTES, ConstantValues
 from ..capture.facts import ModelFacts
 from ..capture.records import FORWARD, CapturedOp, argument_shape, link
 from ..conventions import CAUSAL, EXECUTED, MASK, SLIDING_WINDOW, check_attention
+from ..formulas.attention import FLEX_ATTENTION
 from ..formulas.elementwise import SOFTMAX_OPS, VALUE_COPIES
-from ..formulas.linear_algebra import FLEX_ATTENTION
 from ..formulas.registry import OpFamily, argument
 from ..role import PAIR_ROLES
 
