@@ -1,0 +1,26 @@
+"""The top parser: ``flopscope [--version] COMMAND``, each command added by its own module."""
+
+from __future__ import annotations
+
+import argparse
+
+from ..hardware.peaks import register_cli as register_peak_cli
+from ..version import DISTRIBUTION, __version__
+from ._options import EXAMPLES
+from .commands import compare, crosscheck, demo, diff, generate, profile
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The parser of ``flopscope``: each command's ``args.run`` runs it."""
+    parser = argparse.ArgumentParser(prog="flopscope", description="Exact multiply counts of PyTorch models: "
+                                     "per module, per semantic role, against closed forms.", epilog=EXAMPLES,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"{DISTRIBUTION} {__version__}",
+                        help="print the distribution's name and version, and exit")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    # flopscope peak: this CPU's measured GEMM throughput
+    register_peak_cli(commands)
+    # in the order --help lists them
+    for command in (demo, profile, diff, compare, crosscheck, generate):
+        command.register(commands)
+    return parser
