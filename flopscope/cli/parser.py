@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import argparse
 
-from ..hardware.peaks import register_cli as register_peak_cli
 from ..version import DISTRIBUTION, __version__
 from ._options import EXAMPLES
-from .commands import compare, crosscheck, demo, diff, generate, profile
+from .commands import compare, crosscheck, demo, diff, generate, peak, profile
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -18,9 +17,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"{DISTRIBUTION} {__version__}",
                         help="print the distribution's name and version, and exit")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    # flopscope peak: this CPU's measured GEMM throughput
-    register_peak_cli(commands)
     # in the order --help lists them
-    for command in (demo, profile, diff, compare, crosscheck, generate):
+    for command in (peak, demo, profile, diff, compare, crosscheck, generate):
         command.register(commands)
     return parser
