@@ -1,12 +1,12 @@
 """Layer 11, the command line: ``flopscope COMMAND`` (also ``python -m flopscope``).
 
 ``main()`` parses the arguments and runs the command; its exit codes are in the table
-below. Each command is one module of ``commands/``: its ``register`` declares the command
-and its options, its ``run`` does the work. ``parser.py`` builds the top parser from
-them. ``_options.py`` holds the argument types and the options several commands share,
-and ``_common.py`` the steps several commands run: a target built on meta, real weights
-once they fit, the reports. ``targets.py`` resolves the targets (``hf:``, ``timm:``,
-config files, ``module:factory``).
+below. Each command is one module of ``commands/``. Its ``register`` declares the
+command and its options, its ``run`` does the work. ``parser.py`` builds the top parser
+from them. ``_options.py`` holds the argument types and the options several commands
+share. ``_common.py`` holds the steps several commands run: a target built on meta,
+real weights once they fit, the reports. ``targets.py`` resolves the targets (``hf:``,
+``timm:``, config files, ``module:factory``).
 
 May import: every layer.
 
@@ -73,8 +73,8 @@ __all__ = ["main"]
 def main(argv: list[str] | None = None) -> int:
     """Run ``flopscope`` on ``argv`` (default: the process's arguments); the exit code.
 
-    argparse exits with 2 itself on bad usage. The other codes are returned: see the table
-    above.
+    argparse exits with 2 itself on bad usage. The other codes are returned: see the
+    table above.
     """
     parser = build_parser()
     args = parser.parse_args(argv)

@@ -1,4 +1,4 @@
-"""The steps several commands run: a target built on meta, real weights once they fit, reports.
+"""Steps several commands run: a target on meta, real weights once they fit, reports.
 
 Targets (``hf:``, config files, ``timm:``, factories) are built on ``device="meta"``.
 Nothing is allocated, so a count on fake tensors runs on them as they are, whatever the
@@ -7,8 +7,8 @@ model's size. That is the default of ``profile`` and ``generate``.
 Some runs need real weights: ``--mode real``, ``auto``'s fall-back to a real run, and
 ``crosscheck``, whose peers execute. Such a run first checks that the parameters and
 buffers fit in the memory available, with the largest activation of a fake run
-(:mod:`flopscope.hardware.memory`). Only then is the model built again with real weights.
-A factory that cannot be built on meta is built for real, as given.
+(:mod:`flopscope.hardware.memory`). Only then is the model built again with real
+weights. A factory that cannot be built on meta is built for real, as given.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ MODE_FAKE = "use --mode fake (counted on fake tensors: nothing allocated)"
 
 
 def on_meta(spec: str, settings: list[str]) -> Target:
-    """The target built on ``device="meta"``: nothing allocated, any size built in seconds.
+    """The target built on ``device="meta"``: nothing allocated, any size in seconds.
 
     A factory that cannot build there (its constructor reads a tensor's values) is built
     for real, as it was given.
@@ -72,7 +72,7 @@ def materialised(target: Target, spec: str, settings: list[str], what: str, acti
 
 
 def _fewer_layers(target: Target) -> str:
-    """The ``--set`` that shrinks ``target`` (its config's layer count), or the general hint."""
+    """The ``--set`` that shrinks ``target`` (its layer count), or the general hint."""
     config = getattr(target.model, "config", None)
     for key in ("num_hidden_layers", "n_layer", "num_layers", "n_layers"):
         if isinstance(getattr(config, key, None), int):

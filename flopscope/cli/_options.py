@@ -186,7 +186,7 @@ def _sweep_lengths(text: str) -> list[int]:
 
 
 def _output_path(text: str) -> Path:
-    """A file flopscope can write: not a directory, in a writable directory that exists."""
+    """A file flopscope can write: not a directory, in a writable directory."""
     path = Path(text).expanduser()
     if path.is_dir():
         raise argparse.ArgumentTypeError(f"{text} is a directory; give a file name in it")

@@ -1,4 +1,4 @@
-"""The top parser: ``flopscope [--version] COMMAND``, each command added by its own module."""
+"""The top parser, ``flopscope [--version] COMMAND``: each command adds its own."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""``flopscope crosscheck``: flopscope beside the other counters, each difference explained.
+"""``flopscope crosscheck``: flopscope beside the other counters, differences explained.
 
 The peers are FlopCounterMode, fvcore, thop, DeepSpeed's flops profiler, calflops and
 torchprofile (:mod:`flopscope.peers`). They execute the model, so it is built with real

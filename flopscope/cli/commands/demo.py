@@ -1,8 +1,8 @@
 """``flopscope demo``: the Transformer block the package ships, profiled and checked.
 
 Roles, the closed form of the block's multiplies and the layer-type comparison
-(Vaswani et al. 2017, Table 1) on one sequence. Exit 1 when a measured count differs from
-its closed form.
+(Vaswani et al. 2017, Table 1) on one sequence. Exit 1 when a measured count differs
+from its closed form.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ def register(commands: Commands) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Profile the block on fake tensors, check its closed form, compare the layer types."""
+    """Profile the block on fake tensors, check its closed form, compare layer types."""
     n, d, h, d_ff = args.n, args.d, args.h, args.d_ff
     block = TransformerBlock(d, h, d_ff).eval()
     with torch.no_grad():

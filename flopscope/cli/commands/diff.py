@@ -84,8 +84,8 @@ def run(args: argparse.Namespace) -> int:
 def _report_file(spec: str) -> dict[str, Any] | None:
     """The JSON report at ``spec``, else ``None`` (a target).
 
-    A report is a file whose ``schema`` is flopscope's profile schema: a config.json is a
-    target too.
+    A report is a file whose ``schema`` is flopscope's profile schema: a config.json
+    is a target too.
     """
     path = Path(spec)
     if path.suffix != ".json" or not path.is_file():

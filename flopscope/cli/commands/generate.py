@@ -167,9 +167,9 @@ def _on_fake_tensors(args: argparse.Namespace, target: Target, ids: torch.Tensor
 
     :func:`flopscope.workloads.generation.profile_generation` runs the forwards HF's
     ``generate()`` runs, on ``target`` as built on meta: nothing allocated. ``None`` in
-    ``--mode auto`` when it cannot be counted there (a model greedy_decode does not mimic,
-    a forward fake tensors cannot run), said on stderr: the caller runs ``generate()`` for
-    real.
+    ``--mode auto`` when it cannot be counted there (a model greedy_decode does not
+    mimic, a forward fake tensors cannot run), said on stderr: the caller runs
+    ``generate()`` for real.
     """
     # (on meta: nothing converted)
     model = target.model.to(args.dtype)
@@ -189,7 +189,7 @@ def _on_fake_tensors(args: argparse.Namespace, target: Target, ids: torch.Tensor
 
 
 def _in_context(poly: Polynomial, scale: int = 1) -> str:
-    """A polynomial (in n, as :class:`Polynomial` prints) times ``scale``, written in the context c."""
+    """A polynomial in n (as :class:`Polynomial` prints) times ``scale``, in context c."""
     return Polynomial(tuple(scale * c for c in poly.coefficients)).text("c")
 
 
@@ -205,9 +205,9 @@ def _total(polys: list[Polynomial | None]) -> Polynomial | None:
 
 
 def _per_token_text(decode: Scaling, tablefmt: str, attention: str = EXECUTED) -> str:
-    """FLOPs per generated token (one decode step, one sequence): by role, total, KV-cache term.
+    """FLOPs per generated token (one decode step): by role, total, the KV-cache term.
 
-    The attention core is priced by ``attention``.
+    For one sequence, with the attention core priced by ``attention``.
     """
     polys = decode.polynomials
     rows = [[role, "not a polynomial" if poly is None else _in_context(poly, 2)] for role, poly in polys.items()]

@@ -1,4 +1,4 @@
-"""``flopscope peak``: this CPU's GEMM peak and memory bandwidth, or a GPU's table figures.
+"""``flopscope peak``: this CPU's GEMM peak and memory bandwidth, or a GPU's figures.
 
 On a CPU it times square matmuls (the best rate: the MFU denominator of a CPU run) and a
 STREAM-like copy. For a GPU it prints the dense datasheet figure of
@@ -6,8 +6,9 @@ STREAM-like copy. For a GPU it prints the dense datasheet figure of
 ``--table``, every device of the table. The ridge point (FLOP/s / bandwidth) is the
 roofline's knee. Exit 1 when the device has no peak in the table.
 
-The benchmarks, caches and table keys are :mod:`flopscope.hardware.peaks`'s own. They are
-read through the module at each call, so a test that patches the module patches them.
+The benchmarks, caches and table keys are :mod:`flopscope.hardware.peaks`'s own. They
+are read through the module at each call, so a test that patches the module patches
+them.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ def register(commands: Commands) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Print the table, this CPU's measured figures, or the device's datasheet figures."""
+    """Print the table, this CPU's measured figures, or the device's datasheet ones."""
     dtype = getattr(torch, args.dtype)
     label = args.dtype
     if args.table:
@@ -78,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _measure_cpu(args: argparse.Namespace, dtype: torch.dtype, label: str, raw: str) -> int:
-    """Time this CPU's GEMM and copy, cache the figures (on disk with ``--save``), print them."""
+    """Time this CPU's GEMM and copy, cache the figures (on disk with ``--save``)."""
     if not args.seconds > 0:
         raise ConfigurationError(f"--seconds must be positive, got {args.seconds}")
     if not dtype.is_floating_point or dtype not in peaks._CPU_DTYPES:

@@ -26,7 +26,7 @@ from ..targets import parse_settings
 
 
 def add_options(parser: argparse.ArgumentParser) -> None:
-    """The options of ``profile`` that only a ``diffusers:`` target takes, as one group."""
+    """The options of ``profile`` only a ``diffusers:`` target takes, as one group."""
     pipeline = parser.add_argument_group("diffusers:SOURCE targets (a pipeline folder or hub repo, built from its "
                                          "configs on meta: one whole generation, by component and by step)")
     pipeline.add_argument("--steps", type=_positive, metavar="N", help="denoising steps (default: the pipeline's)")

@@ -1,14 +1,14 @@
 """``flopscope profile TARGET``: one forward of a model, counted.
 
 The target is built on meta: nothing is allocated until a real run needs it
-(:mod:`flopscope.cli._common`). ``--mode`` picks fake tensors, a real run, or ``auto``:
-fake, falling back to a real run where fake tensors cannot count the model. It prints the
-role table, the model-level formulas of a language model, a ``--sweep``'s polynomials in
-the sequence length, and writes the reports asked for.
+(:mod:`flopscope.cli._common`). ``--mode`` picks fake tensors, a real run, or
+``auto``: fake, falling back to a real run where fake tensors cannot count the model. It
+prints the role table, the model-level formulas of a language model, a ``--sweep``'s
+polynomials in the sequence length, and writes the reports asked for.
 
 Two kinds of run go elsewhere: a ``diffusers:`` target to :mod:`.pipeline` (one
-generation, by component and by step), and ``--tp`` / ``--dp`` to :mod:`.sharded` (rank 0
-of a fake world). Each declares its own options.
+generation, by component and by step), and ``--tp`` / ``--dp`` to :mod:`.sharded`
+(rank 0 of a fake world). Each declares its own options.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from . import pipeline, sharded
 
 
 def register(commands: Commands) -> None:
-    """Add ``profile`` and its options to ``commands``, the pipeline's and sharding's too."""
+    """Add ``profile`` and its options to ``commands``, the pipeline's and --tp's too."""
     prof = commands.add_parser("profile", help="profile a model: hf:FAMILY, hf:ORG/NAME, a config.json, timm:NAME "
                                                "or package.module:factory",
                                description="Profile one forward of TARGET.", epilog=EXAMPLES,
@@ -72,7 +72,7 @@ def register(commands: Commands) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Profile one forward of ``args.target``; a pipeline or a sharded model elsewhere."""
+    """Profile one forward of ``args.target``; pipelines, sharded models elsewhere."""
     if args.target.startswith("diffusers:"):
         return pipeline.run(args)
     given = [flag for flag in ("steps", "size", "frames", "guidance") if getattr(args, flag) is not None]
@@ -114,12 +114,13 @@ def run(args: argparse.Namespace) -> int:
 
 def _count(args: argparse.Namespace, target: Target, inputs: tuple[Any, ...], kwargs: dict[str, Any],
            estimate: tuple[tuple[Any, ...], dict[str, Any]]) -> tuple[Target, Profile]:
-    """``profile`` of ``target`` (built on meta by :func:`~flopscope.cli._common.on_meta`) in ``--mode``.
+    """``profile`` of ``target`` in ``--mode``.
 
-    On fake tensors the meta model is counted as it is. A real run (``--mode real``,
-    ``auto``'s fall-back, a model that cannot be counted on meta kernels) first has its
-    memory estimated on fake tensors, with the ``estimate`` inputs (the longest of a
-    sweep). It is refused ahead when it would not fit. Else the model is built for real
+    ``target`` is built on meta (:func:`~flopscope.cli._common.on_meta`). On fake
+    tensors the meta model is counted as it is. A real run (``--mode real``, ``auto``'s
+    fall-back, a model that cannot be counted on meta kernels) first has its memory
+    estimated on fake tensors, with the ``estimate`` inputs (the longest of a sweep). It
+    is refused ahead when it would not fit. Else the model is built for real
     (:func:`~flopscope.cli._common.materialised`).
     """
     # the gradients, as large as the parameters

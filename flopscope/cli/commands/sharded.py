@@ -38,7 +38,7 @@ def add_options(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Count rank 0 of a fake world of ``--dp`` x ``--tp`` ranks, and its communication."""
+    """Count rank 0 of a fake world of ``--dp`` x ``--tp`` ranks, and what it sends."""
     conflicts = [flag for flag, given in (("--sweep", args.sweep), ("--plot", args.plot),
                                           ("--mode real", args.mode == "real"),
                                           (f"--attention {args.attention}", args.attention != EXECUTED)) if given]
