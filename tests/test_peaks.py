@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from flopscope.cli.commands import peak
 from flopscope.errors import ConfigurationError, FlopscopeWarning
 from flopscope.hardware import peaks, probes
 from flopscope.hardware.peaks import (
@@ -245,7 +246,7 @@ def test_disk_cache(monkeypatch, tmp_path):
 
 def _cli(argv):
     parser = argparse.ArgumentParser(prog="flopscope")
-    peaks.register_cli(parser.add_subparsers(dest="command", required=True))
+    peak.register(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(argv)
     return args.run(args)
 
