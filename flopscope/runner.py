@@ -15,11 +15,8 @@ Errors are :class:`~flopscope.errors.RunError` s naming the module path, the op 
 
 from __future__ import annotations
 
-import gc
 import inspect
 import itertools
-import logging
-import sys
 import threading
 import warnings
 import weakref
@@ -27,7 +24,7 @@ from collections import Counter
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 import torch
 from torch import nn
@@ -36,6 +33,14 @@ from torch.nn.utils.stateless import _reparametrize_module
 
 from .attribute.roles import RoleRule
 from .capture import undispatched
+from .capture._explain import explain
+from .capture._process import (
+    deeper_recursion,
+    eager_flex_attention,
+    known_tensor_data,
+    paused_gc,
+    quiet_fake_tensor_log,
+)
 from .capture.catalog import counting_kernels
 from .capture.checks import check_inputs, check_mode, check_model, forward_signature
 from .capture.compiled import eager_module
@@ -49,25 +54,20 @@ from .capture.fake import (
     isolated_copy,
     loaded_dtensor,
     map_tensors,
-    needs_real_data,
     shadow_of,
     tensors_in,
 )
-from .capture.model_caches import CacheGuard, fake_tensors_held
+from .capture.model_caches import CacheGuard
 from .capture.module_tracker import ModuleTracker
 from .capture.recorder import (
-    CONSTRUCTORS_FROM_DATA,
     INDEX_DTYPES,
     MAX_KNOWN_NUMEL,
-    FakeTensorInRealRun,
-    OpFailure,
     Recorder,
     RefusedInput,
     capture_of,
     fake_run_of,
-    from_known_data,
 )
-from .capture.records import Capture, LeafKind, LeafName, op_name
+from .capture.records import Capture, LeafKind, LeafName
 from .capture.replay import CallReplayer, stand_in_refused
 from .capture.state import ModelSnapshot, named_state
 from .errors import (
@@ -265,7 +265,7 @@ def _run(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], option
             own_state = list(named_state(model))
             recorder, state = _recorder(own_state, tracker, options.registry, convert)
             if convert is not None:
-                stack.enter_context(_quiet_fake_tensor_log())
+                stack.enter_context(quiet_fake_tensor_log())
                 real = tensors_in((args, kwargs)) + [t for _, t in own_state]
                 args, kwargs = map_tensors((args, kwargs), convert, objects=lambda obj: isolated_copy(obj, convert))
                 recorder.leaf_values.update(_index_values(real, convert))
@@ -290,7 +290,7 @@ def _run(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], option
                 output = target(*args, **kwargs) if options.driver is None else options.driver(target, args, kwargs)
             except Exception as error:  # the model's own code: re-raised as a RunError naming op and module
                 if replayer is None or not stand_ins or not (replayer.stood_in or stand_in_refused(error)):
-                    raise _explain(model, error, recorder, tracker, fake) from error
+                    raise explain(model, error, recorder, tracker, fake) from error
                 refused, output = True, None  # (a torch function refused a layer attribute's stand-in: counted
                 # again without)
             if inspect.isgenerator(output):
@@ -476,181 +476,7 @@ def _backward(model: nn.Module, output: Any, loss: Loss | None, recorder: Record
         try:
             value.backward()
         except Exception as error:  # autograd or the model's backward hooks: re-raised as a RunError
-            raise _explain(model, error, recorder, tracker, fake, backward=True) from error
-
-
-def _explain(model: nn.Module, error: Exception, recorder: Recorder, tracker: ModuleTracker,
-             fake: bool, *, backward: bool = False) -> Exception:
-    """The error to raise for a forward (or, ``backward``, its backward pass) that raised: where it happened, and
-    what to do. On fake tensors it may be theirs, and ``mode="auto"`` runs the model for real (a fake kernel's
-    backward can fail where the real one runs: a fake cuDNN RNN has no flat weight buffer); not when a real kernel
-    would refuse the same input."""
-    failure: OpFailure | None = recorder.failure
-    frames = tracker.failed_in(error)
-    module = frames[-1].path if frames else (failure.module if failure else "")
-    name = type(model).__name__
-    what = f"the backward pass of {name}" if backward else f"{name}.forward"
-    where = failure.describe() if failure is not None else f"module '{module}'" if frames or not backward else what
-    at = f" at {where}" if where != what else ""
-    met = cast(FakeTensorInRealRun | None, cause_of_kind(error, FakeTensorInRealRun))
-    if met is not None:
-        if met.ours:
-            held = fake_tensors_held(model, possible=True)
-            origin = ("it was made by an earlier fake run of flopscope and kept by the model's code"
-                      + (f", probably in {'; '.join(held)}" if held else " where flopscope cannot see it")
-                      + "; empty that cache (cache_clear()) and count again")
-        else:
-            origin = ("it was made under a FakeTensorMode of the caller's (a tensor the model's code keeps, or "
-                      "one reached from outside its state and inputs); count the model with mode='fake'")
-        return ForwardError(f"{what} cannot be counted for real: {met.where.describe()} got a fake tensor, which a "
-                            f"real run cannot execute; {origin}")
-    limitation = needs_real_data(error) if fake else None
-    if limitation is not None:
-        func = getattr(limitation, "func", None)
-        if func is not None and (failure is None or failure.op != op_name(func)):
-            where = f"op {op_name(func)} in module '{module}'"
-        return FakeTensorError(f"{name} cannot be counted on fake tensors: {where} needs real data; use mode='real'",
-                               on_fake_tensors=True, where=where,
-                               reason=f"it needs real data: {type(limitation).__name__}",
-                               largest_tensor_bytes=recorder.largest_out)
-    refused = cause_of_kind(error, RefusedInput)
-    if refused is not None:  # what the real kernel would refuse: the same error in every mode, no fall-back
-        return ForwardError(f"{what} cannot run{at}: {refused}")
-    if fake and undispatched.converts_to_numpy(error):
-        reason = "it converts a tensor to NumPy (.numpy()), work outside the ATen dispatcher a fake tensor cannot do"
-        return FakeTensorError(f"{name} cannot be counted on fake tensors{at}: {reason}; count it with mode='real', "
-                               "which lists that work in prof.unsupported() (its multiplies are not counted)",
-                               on_fake_tensors=True, where=where, reason=reason,
-                               largest_tensor_bytes=recorder.largest_out)
-    message = f"{what} raised {type(error).__name__}{at}: {error}"
-    if not fake:
-        return ForwardError(message)
-    return ForwardError(message + " (on fake tensors: if the model runs with mode='real', fake tensors are the "
-                        "cause)", on_fake_tensors=True, where=where,
-                        reason=f"{type(error).__name__}: {_first_line(str(error))}",
-                        largest_tensor_bytes=recorder.largest_out)
-
-
-class WhileCapturing:
-    """A process-wide setting changed while any capture runs: the first capture to enter saves it and sets it,
-    the last one to leave puts it back (captures may run in several threads at once)."""
-
-    def __init__(self, read: Callable[[], Any], write: Callable[[Any], None], value: Callable[[Any], Any]) -> None:
-        self._read, self._write, self._value = read, write, value  # value: the setting while capturing, from the old
-        self._lock = threading.Lock()
-        self._users = 0
-        self._saved: Any = None
-
-    @contextmanager
-    def __call__(self) -> Iterator[None]:
-        with self._lock:
-            if self._users == 0:
-                self._saved = self._read()
-                self._write(self._value(self._saved))
-            self._users += 1
-        try:
-            yield
-        finally:
-            with self._lock:
-                self._users -= 1
-                if self._users == 0:
-                    self._write(self._saved)
-
-
-EXTRA_FRAMES = 400
-"""Python frames flopscope adds to a forward's deepest call (hooks and dispatch at every nesting level): the
-recursion limit is raised by this much while a capture runs, so a model as deep as a plain forward can run
-is as deep as flopscope can count."""
-deeper_recursion = WhileCapturing(sys.getrecursionlimit, sys.setrecursionlimit, lambda limit: limit + EXTRA_FRAMES)
-"""Raise the recursion limit by :data:`EXTRA_FRAMES` while any capture runs (the limit is one per interpreter)."""
-
-
-def _flex_module() -> Any:
-    return sys.modules.get("torch.nn.attention.flex_attention")
-
-
-def _set_flex_debug(value: Any) -> None:
-    module = _flex_module()
-    if module is not None and value is not None:
-        module._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG = value
-
-
-eager_flex_attention = WhileCapturing(lambda: getattr(_flex_module(), "_FLEX_ATTENTION_DISABLE_COMPILE_DEBUG", None),
-                                      _set_flex_debug, lambda old: None if old is None else True)
-"""While a capture runs, FlexAttention (once imported) calls its op directly, as its documented debug switch makes
-it do: outside ``torch.compile`` it wraps the op in ``torch.compile(fullgraph=True)``, which Dynamo refuses under
-any dispatch mode; called directly, the op runs the same eager (dense) implementation it compiles to there."""
-
-
-def _constructors() -> tuple[Any, ...]:
-    return tuple(getattr(torch, name) for name in CONSTRUCTORS_FROM_DATA)
-
-
-def _set_constructors(functions: tuple[Any, ...]) -> None:
-    for name, function in zip(CONSTRUCTORS_FROM_DATA, functions, strict=True):
-        setattr(torch, name, function)
-
-
-known_tensor_data = WhileCapturing(_constructors, _set_constructors,
-                                   lambda old: tuple(from_known_data(function) for function in old))
-"""While a fake run counts, ``torch.tensor`` / ``as_tensor`` / ``asarray`` take one-element fake tensors in their data
-at the values the recorder knows (:func:`~flopscope.capture.recorder.from_known_data`; in other threads, and for
-other data, the original functions run); put back when the last capture ends."""
-
-
-@contextmanager
-def paused_gc(promote: bool = False) -> Iterator[None]:
-    """Pause Python's cyclic garbage collector: a capture allocates tens of thousands of small objects
-    (fake tensors, graph records), and the full collections they trigger cost 10-20 % of the run. Cycles
-    made meanwhile are collected once it is re-enabled.
-
-    ``promote`` (a fake run, whose objects hold no memory of note): when the collector is re-enabled, the objects the
-    block allocated (the capture's records, alive as long as the profile) are moved to the oldest generation at once
-    (``gc.freeze()`` then ``gc.unfreeze()``: two list splices) instead of being traversed by the two young
-    collections that would move them there (0.4-0.5 s of a 2.6 s count of a 28-step Flux.1-dev pipeline: 565
-    thousand objects). The cycles left by the block, and the caller's young objects, are then collected by the next
-    full collection (``gc.collect()``), not the next young one. Not where the process has frozen objects
-    (``gc.get_freeze_count()``, a pre-fork server's): ``unfreeze`` would thaw them."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            if promote and not gc.get_freeze_count():
-                gc.freeze()
-                gc.unfreeze()
-            gc.enable()
-
-
-class _ThisThreadOnly(logging.Filter):
-    """Drops the records of one thread (the logger's level, a global, is never touched)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.thread = threading.get_ident()
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return record.thread != self.thread
-
-
-@contextmanager
-def _quiet_fake_tensor_log() -> Iterator[None]:
-    """FakeTensorMode logs a traceback when an op's fake kernel fails; flopscope reports that itself. Only
-    this thread's records are dropped, by a filter of its own, so concurrent profiles cannot leave the
-    logger changed."""
-    logger = logging.getLogger("torch._subclasses.fake_tensor")
-    quiet = _ThisThreadOnly()
-    logger.addFilter(quiet)
-    try:
-        yield
-    finally:
-        logger.removeFilter(quiet)
-
-
-def _first_line(text: str, limit: int = 120) -> str:
-    line = text.strip().splitlines()[0] if text.strip() else ""
-    return line if len(line) <= limit else line[: limit - 3] + "..."
+            raise explain(model, error, recorder, tracker, fake, backward=True) from error
 
 
 def warn_incomplete(capture: Capture, stacklevel: int) -> None:
