@@ -76,10 +76,11 @@ def capture(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any], plan: Cap
     """One counted run of ``model(*args, **kwargs)`` as ``plan`` says.
 
     The model is left as it was. An unplanned ``plan`` is planned first
-    (:meth:`CapturePlan.planned`), which raises what is refused before the run. ``mode="auto"`` falls back to real execution where
-    fake tensors cannot go, with one :class:`~flopscope.errors.FlopscopeWarning` naming
-    the op. A plan's converter is reused across runs (a sweep). ``stacklevel``: of a
-    warning issued here, so that it points at the user's call (``profile()`` passes 3).
+    (:meth:`CapturePlan.planned`), which raises what is refused before the run.
+    ``mode="auto"`` falls back to real execution where fake tensors cannot go, with one
+    :class:`~flopscope.errors.FlopscopeWarning` naming the op. A plan's converter is
+    reused across runs (a sweep). ``stacklevel``: of a warning issued here, so that it
+    points at the user's call (``profile()`` passes 3).
     """
     if not plan.is_planned:
         plan = plan.planned(model, args, kwargs)
