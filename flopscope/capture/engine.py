@@ -149,7 +149,7 @@ def _record(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], pla
     # what the model's code keeps must not keep fake tensors
     caches = CacheGuard(model) if fake else None
     state: dict[str, torch.Tensor] = {}
-    given, refused = (args, kwargs), False
+    refused = False
     try:
         with ExitStack() as stack:
             held = capture_contexts(stack, model, plan.registry, fake, converter, inputs=(args, kwargs),
@@ -192,7 +192,7 @@ def _record(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], pla
         warnings.warn(f"flopscope: could not restore {problem}", FlopscopeWarning, stacklevel=stacklevel)
     # the shadow is discarded and the model restored: the run leaves nothing behind
     if refused:
-        return _record(model, *given, plan, fake, converter, notes, stacklevel + 1, stand_ins=False)
+        return _record(model, args, kwargs, plan, fake, converter, notes, stacklevel + 1, stand_ins=False)
     changed = snapshot.changed_parameters()
     if changed:
         warnings.warn(f"flopscope: the forward of {type(model).__name__} changed parameters in place "
