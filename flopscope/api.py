@@ -1,7 +1,9 @@
-"""Entry points: :func:`profile` (one forward) and :class:`profiler` (every forward in a block).
+"""Entry points: :func:`profile` (one forward), :class:`profiler` (a block's forwards).
 
-Both are thin: they validate the public arguments and hand :class:`~flopscope.runner.CaptureOptions` to
-:mod:`flopscope.runner`, the one place that runs a capture.
+Both are thin: they check the public arguments, make a
+:class:`~flopscope.capture.CapturePlan`, run :func:`~flopscope.capture.capture` (or a
+:class:`~flopscope.capture.Session`) and build the :class:`~flopscope.profile.Profile`
+from its result. The workloads do the same through :func:`profile_with_plan`.
 """
 
 from __future__ import annotations
@@ -14,12 +16,12 @@ import torch
 from torch import nn
 
 from .attribute.roles import RoleRule
+from .capture import BLOCK_MODES, CapturePlan, Session, capture
 from .capture.checks import check_mode, check_model
 from .capture.compiled import BLOCK_WARNING, is_compiled
 from .errors import FlopscopeError, FlopscopeWarning, RecordingError
 from .formulas.registry import FormulaRegistry
 from .profile import Profile
-from .runner import BLOCK_MODES, CaptureOptions, Session, run_in_mode
 
 
 def profile(model: nn.Module, *args: Any, mode: str = "auto", registry: FormulaRegistry | None = None,
@@ -59,8 +61,36 @@ def profile(model: nn.Module, *args: Any, mode: str = "auto", registry: FormulaR
     The current grad mode is kept: call under ``torch.no_grad()`` to count what inference runs (some
     fused fast paths are taken only then; the counts are the same either way).
     """
-    options = CaptureOptions.of(registry, roles, backward, loss, fallback_limit_bytes, reuse)
-    return run_in_mode(model, args, {**kwargs, **(forward_kwargs or {})}, options, mode, stacklevel=3)
+    kwargs = {**kwargs, **(forward_kwargs or {})}
+    plan = CapturePlan.of(mode, registry, backward, loss, fallback_limit_bytes, reuse).planned(model, args, kwargs)
+    return Profile(capture(model, args, kwargs, plan, stacklevel=3), role_rules=tuple(roles))
+
+
+def profile_with_plan(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], plan: CapturePlan,
+                      roles: Sequence[RoleRule] = (), *, stacklevel: int = 2) -> Profile:
+    """One capture of ``model(*args, **kwargs)`` as ``plan`` says, as a Profile.
+
+    What the workloads call (a sweep, a generation, a symbolic trace). ``roles``: the
+    role rules of the profile. ``stacklevel``: of a warning issued by the capture, as
+    :func:`~flopscope.capture.capture`'s.
+    """
+    return Profile(capture(model, args, kwargs, plan, stacklevel=stacklevel + 1), role_rules=tuple(roles))
+
+
+def split_inputs(inputs: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """A model's inputs as ``(args, kwargs)``, as ``make_inputs(n)`` may give them.
+
+    ``make_inputs(n)`` (:func:`flopscope.scaling`, :func:`flopscope.measure_flops`)
+    gives a dict of keywords, an ``(args tuple, kwargs dict)`` pair, a tuple of
+    positional arguments, or one positional argument.
+    """
+    if isinstance(inputs, dict):
+        return (), dict(inputs)
+    if isinstance(inputs, tuple) and len(inputs) == 2 and isinstance(inputs[0], tuple) and isinstance(inputs[1], dict):
+        return inputs[0], inputs[1]
+    if isinstance(inputs, tuple):
+        return inputs, {}
+    return (inputs,), {}
 
 
 _RECORDING = "the profiler is still recording (or never ran): query it after the `with` block"
@@ -88,7 +118,8 @@ class profiler:  # noqa: N801  (used as a context manager, like torch.profiler.p
         check_mode(mode, BLOCK_MODES, "profiler mode")
         if is_compiled(model):  # the block's calls would leave it uncompiled (flopscope.capture.compiled)
             warnings.warn(f"flopscope: {BLOCK_WARNING}", FlopscopeWarning, stacklevel=2)
-        self._session = Session(model, CaptureOptions.of(registry, roles), fake=mode == "fake", ranges=trace)
+        self._session = Session(model, CapturePlan.of(mode, registry), ranges=trace)
+        self._roles = tuple(roles)
         self._result: Profile | None = None
 
     def __enter__(self) -> profiler:
@@ -98,7 +129,7 @@ class profiler:  # noqa: N801  (used as a context manager, like torch.profiler.p
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._result = self._session.finish(stacklevel=3)
+        self._result = Profile(self._session.finish(stacklevel=3), role_rules=self._roles)
 
     @property
     def result(self) -> Profile:

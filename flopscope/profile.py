@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import threading
 from collections import Counter, defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -21,10 +21,10 @@ from .attribute.columns import scale_parts
 from .attribute.op_record import OpRecord, Shape
 from .attribute.paths import enclosing
 from .attribute.roles import Assignment, RoleRule, find_roles
-from .capture import undispatched
+from .capture import CaptureResult, undispatched
 from .capture.facts import ModelFacts
 from .capture.module_tracker import ModuleCall
-from .capture.records import FORWARD, Capture, CapturedOp, Cost, build_graph, captured, link
+from .capture.records import FORWARD, CapturedOp, Cost, build_graph, captured, link
 from .conventions import EXECUTED
 from .errors import NotFoundError
 from .predict import steps
@@ -50,7 +50,8 @@ class _Tally:
 class Profile:
     """Counts of one profiled run (or of every forward inside a :func:`flopscope.profiler` block).
 
-    Build it with :func:`flopscope.profile` or :class:`flopscope.profiler`; the constructor is internal.
+    Build it with :func:`flopscope.profile` or :class:`flopscope.profiler`, or from what
+    :func:`flopscope.capture.capture` returns: ``Profile(result, role_rules=...)``.
     Units: MACs (``docs/conventions.md``). The class is the façade over one :class:`Capture`: it sums the
     records, finds their roles once (:mod:`flopscope.attribute`) and caches what the analyses of
     :mod:`flopscope.predict` and :mod:`flopscope.render` compute from its data; each query below is a sum over the
@@ -74,8 +75,8 @@ class Profile:
     What is not a query lives beside it: :func:`reuse_roles` (a sweep gives one length the roles of another).
     """
 
-    def __init__(self, capture: Capture, facts: ModelFacts, mode: str, output: Any = None,
-                 notes: Sequence[str] = (), role_rules: tuple[RoleRule, ...] = ()) -> None:
+    def __init__(self, result: CaptureResult, role_rules: tuple[RoleRule, ...] = ()) -> None:
+        capture, facts = result.capture, result.facts
         self._ops = capture.ops
         self._capture = capture
         self._graph: fx.Graph | None = None  # built on first use: totals need only the records
@@ -86,9 +87,9 @@ class Profile:
         self._op_roles: Mapping[CapturedOp, Assignment] | None = None  # the same on the records (no graph needed)
         self._records: tuple[OpRecord, ...] | None = None
         self._core: tuple[CoreOp, ...] | None = None  # attention_core(): on the fx graph, for the conventions
-        self._mode = mode
-        self._output = output
-        self._notes = tuple(notes)
+        self._mode = result.mode
+        self._output = result.output
+        self._notes = tuple(result.notes)
 
     @cached_property
     def _tally(self) -> _Tally:

@@ -149,7 +149,7 @@ def test_fused_multihead_attention_and_encoder_layer_kernels():
 def test_a_fall_back_is_limited_by_the_gpus_free_memory():
     """mode="auto" runs a model for real when fake tensors cannot; for a CUDA model that run allocates on the GPU,
     so the default limit is half the GPU's free memory, not the host's."""
-    from flopscope.runner import default_fallback_limit
+    from flopscope.capture.plan import default_fallback_limit
 
     device = torch.device("cuda", torch.cuda.current_device())
     cached = torch.empty(2**28, dtype=torch.uint8, device=device)  # 256 MiB, then kept by the caching allocator

@@ -212,10 +212,11 @@ def test_an_attention_kernel_is_found_once_declared_and_said_when_not() -> None:
 
 
 def test_a_fake_sweep_with_backward_does_not_carry_gradients_between_lengths() -> None:
-    from flopscope.runner import CaptureOptions, new_converter, run_in_mode
+    from flopscope.api import profile_with_plan
+    from flopscope.capture import CapturePlan, new_converter
 
-    model, converter, options = TransformerBlock(32, 4, 64), new_converter(), CaptureOptions.of(backward=True)
-    runs = [run_in_mode(model, (torch.zeros(1, 8, 32),), {}, options, "fake", converter=converter) for _ in range(2)]
+    model, plan = TransformerBlock(32, 4, 64), CapturePlan(mode="fake", backward=True, converter=new_converter())
+    runs = [profile_with_plan(model, (torch.zeros(1, 8, 32),), {}, plan) for _ in range(2)]
     assert runs[0].elementwise() == runs[1].elementwise() and runs[0].op_calls() == runs[1].op_calls()
 
 

@@ -199,7 +199,7 @@ def test_the_error_names_the_cache_a_fake_run_of_flopscope_filled() -> None:
     _clear_caches()
     model = CachedPositions("lru_cache")
     x = torch.randn(1, N, D)
-    from flopscope.runner import fake_converter
+    from flopscope.capture import fake_converter
 
     convert = fake_converter()
     with convert.mode:  # a fake table in the cache, made by flopscope's own fake mode, under the real key

@@ -31,7 +31,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (  # lowest first: (layer, its
     ("predict: closed forms and conventions over data", ("predict",)),
     ("render: a result's data written for people", ("render",)),
     ("the façade", ("profile",)),
-    ("entry points", ("runner", "api")),
+    ("entry points", ("api",)),
     ("workloads: ways of running a model", ("workloads",)),
     ("testing and the seed study", ("testing", "studies")),
     ("tools", ("__init__", "__main__", "cli", "peers", "integrations")),

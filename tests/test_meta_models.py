@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 import flopscope
-from flopscope.runner import META_ATTENTION_NOTE
+from flopscope.capture.engine import META_ATTENTION_NOTE
 
 from closed_forms import add, attention, ffn, rotary, times
 from zoo import CPU_FUSED_GQA

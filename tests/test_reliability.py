@@ -275,13 +275,13 @@ def test_a_backward_a_real_kernel_would_refuse_is_not_run_again_for_real() -> No
 
 def test_the_default_fall_back_limit_is_half_the_free_memory_of_the_host(monkeypatch) -> None:
     """A CPU model's fall-back allocates in the host's memory (a CUDA model's on its GPU: tests/test_cuda.py)."""
-    from flopscope import runner
+    from flopscope.capture.plan import default_fallback_limit
     from flopscope.hardware import memory
 
     monkeypatch.setattr(memory, "system_available", lambda: 6 * 2**30)
-    assert runner.default_fallback_limit(()) == runner.default_fallback_limit({torch.device("cpu")}) == 3 * 2**30
+    assert default_fallback_limit(()) == default_fallback_limit({torch.device("cpu")}) == 3 * 2**30
     monkeypatch.setattr(memory, "system_available", lambda: None)  # no /proc/meminfo: no limit
-    assert runner.default_fallback_limit({torch.device("cpu")}) is None
+    assert default_fallback_limit({torch.device("cpu")}) is None
 
 
 @pytest.mark.parametrize("mode", ["fake", "real"])

@@ -51,12 +51,12 @@ def target_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("target", help="hf:FAMILY[/causal-lm|seq2seq-lm|masked-lm|classification] (its default "
                                        "config), hf:ORG/NAME or path/to/config.json (that model's config, no "
                                        "weights), timm:NAME, torchvision.models:NAME or package.module:factory")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", type=_setting,
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", type=as_setting,
                         help="config / factory argument, repeatable (e.g. --set n_layer=2)")
-    parser.add_argument("--input", action="append", default=[], metavar="SHAPE", type=_shape,
+    parser.add_argument("--input", action="append", default=[], metavar="SHAPE", type=as_shape,
                         help="input shape, repeatable for several inputs (default: 1x128 token ids for Hugging "
                              "Face targets; the weights' image size for timm: and torchvision targets)")
-    parser.add_argument("--dtype", type=_input_dtype,
+    parser.add_argument("--dtype", type=as_input_dtype,
                         help="input dtype: long for token ids, float32 (default for factories), ...")
 
 
@@ -72,7 +72,7 @@ def output_options(parser: argparse.ArgumentParser) -> None:
     """How the tables are printed: ``--format --units --depth``."""
     parser.add_argument("--format", choices=FORMATS, default="simple", help="table format (tabulate)")
     parser.add_argument("--units", choices=["macs", "flops"], default="macs")
-    parser.add_argument("--depth", type=_depth, default=2,
+    parser.add_argument("--depth", type=as_depth, default=2,
                         help="module tree depth shown (default 2; 0: the model only)")
 
 
@@ -82,28 +82,28 @@ def check_plot(plot: Path | None) -> None:
         raise FlopscopeError("--plot needs matplotlib: pip install 'torch-flopscope[plot]'")
 
 
-def _integer(text: str) -> int:
+def as_integer(text: str) -> int:
     try:
         return int(text.strip())
     except ValueError:
         raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
 
 
-def _image_size(text: str) -> tuple[int, int]:
+def as_image_size(text: str) -> tuple[int, int]:
     parts = text.lower().split("x")
     if len(parts) != 2 or not all(p.isdigit() and int(p) > 0 for p in parts):
         raise argparse.ArgumentTypeError(f"{text!r}: write HEIGHTxWIDTH in pixels, e.g. 1024x1024")
     return int(parts[0]), int(parts[1])
 
 
-def _positive(text: str) -> int:
-    value = _integer(text)
+def as_positive(text: str) -> int:
+    value = as_integer(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1; got {value}")
     return value
 
 
-def _positive_float(text: str) -> float:
+def as_positive_float(text: str) -> float:
     try:
         value = float(text.strip())
     except ValueError:
@@ -113,14 +113,14 @@ def _positive_float(text: str) -> float:
     return value
 
 
-def _float_dtype(text: str) -> torch.dtype:
+def as_float_dtype(text: str) -> torch.dtype:
     dtype = getattr(torch, text.strip().removeprefix("torch."), None)
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise argparse.ArgumentTypeError(f"not a floating-point torch dtype: {text!r} (float32, bfloat16, float16)")
     return dtype
 
 
-def _setting(text: str) -> str:
+def as_setting(text: str) -> str:
     """A ``--set`` item of the form ``KEY=VALUE``.
 
     Its value is parsed when the target is loaded.
@@ -132,7 +132,7 @@ def _setting(text: str) -> str:
     return text
 
 
-def _shape(text: str) -> tuple[int, ...]:
+def as_shape(text: str) -> tuple[int, ...]:
     """``"1x128"`` -> ``(1, 128)``: positive integers.
 
     An ``--input``, checked before anything is built.
@@ -143,7 +143,7 @@ def _shape(text: str) -> tuple[int, ...]:
         raise argparse.ArgumentTypeError(str(e).removeprefix("--input ")) from None
 
 
-def _input_dtype(text: str) -> str:
+def as_input_dtype(text: str) -> str:
     """A dtype name for the inputs.
 
     ``long`` / ``int64`` / ``int`` (token ids) or a torch dtype (``float16``).
@@ -154,14 +154,14 @@ def _input_dtype(text: str) -> str:
     return name
 
 
-def _depth(text: str) -> int:
-    depth = _integer(text)
+def as_depth(text: str) -> int:
+    depth = as_integer(text)
     if depth < 0:
         raise argparse.ArgumentTypeError(f"must be >= 0 (0: the model only); got {depth}")
     return depth
 
 
-def _lengths(text: str) -> list[int]:
+def as_lengths(text: str) -> list[int]:
     """``"128,256"`` -> ``[128, 256]``: positive integers, each bad item named."""
     items = [item.strip() for item in text.split(",") if item.strip()]
     if not items:
@@ -177,15 +177,15 @@ def _lengths(text: str) -> list[int]:
     return lengths
 
 
-def _sweep_lengths(text: str) -> list[int]:
-    lengths = _lengths(text)
+def as_sweep_lengths(text: str) -> list[int]:
+    lengths = as_lengths(text)
     if len(set(lengths)) < MIN_LENGTHS:
         raise argparse.ArgumentTypeError(f"give at least {MIN_LENGTHS} distinct lengths (a quadratic takes 3 and "
                                          f"is checked at one more); got {text!r}")
     return lengths
 
 
-def _output_path(text: str) -> Path:
+def as_output_path(text: str) -> Path:
     """A file flopscope can write: not a directory, in a writable directory."""
     path = Path(text).expanduser()
     if path.is_dir():
@@ -198,13 +198,13 @@ def _output_path(text: str) -> Path:
     return path
 
 
-def _plot_path(text: str) -> Path:
+def as_plot_path(text: str) -> Path:
     """An output path whose suffix names an image format matplotlib writes.
 
     Checked when matplotlib is there. Without it the command stops before profiling
     (:func:`check_plot`, exit 3).
     """
-    path = _output_path(text)
+    path = as_output_path(text)
     if importlib.util.find_spec("matplotlib") is not None:
         from matplotlib.backend_bases import FigureCanvasBase
 

@@ -29,12 +29,12 @@ from tabulate import tabulate
 from torch import nn
 
 from ..api import profile
+from ..capture import CapturePlan, Session
 from ..capture.compiled import eager_module
 from ..errors import ConfigurationError, FlopscopeError, RegistryError
 from ..formulas.registry import FormulaRegistry, MacFormula
 from ..profile import OpRecord, Profile
 from ..role import ROLE_ORDER
-from ..runner import CaptureOptions, Session
 from .isolation import isolated, track_copy
 
 Runner = Callable[[nn.Module, tuple[Any, ...], dict[str, Any], Profile, bool], "PeerCount"]
@@ -434,14 +434,14 @@ def inner_profile(model: nn.Module) -> Iterator[Followed]:
     """flopscope counting the very run a peer makes inside the block (so a peer that changes the execution
     path is compared with what actually ran). After the block, ``followed.profile`` holds that run's
     profile, or ``None`` when flopscope could not build it (then the runner compares with the caller's)."""
-    session = Session(model, CaptureOptions(), fake=False)
+    session = Session(model, CapturePlan(mode="real"))
     followed = Followed()
     session.start()
     try:
         yield followed
     finally:
         try:
-            followed.profile = session.finish()
+            followed.profile = Profile(session.finish())
         except FlopscopeError:  # flopscope's own failure to build that profile: compare with the caller's
             followed.profile = None
 

@@ -6,7 +6,7 @@
 - ``scaling`` and ``symbolic``: counts as exact polynomials in the sequence length;
 - ``distributed``: sharded models, per rank; ``roofline``: a profile's time bound on a device.
 
-May import: the entry points (``flopscope.api``, ``flopscope.runner``), the façade and every layer below.
+May import: the entry point (``flopscope.api``), the façade and every layer below.
 """
 
 import importlib

@@ -14,18 +14,18 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
-from dataclasses import replace
 from typing import Any
 
 import torch
 from tabulate import tabulate
 from torch import nn
 
+from ..api import profile_with_plan
 from ..attribute.roles import RoleRule
+from ..capture import CapturePlan, fake_converter
 from ..formulas.registry import FormulaRegistry
 from ..predict.steps import DECODE, PREFILL, Step, decode_scaling, steps
 from ..profile import Profile
-from ..runner import CaptureOptions, fake_converter, run_in_mode
 from .decoding import check_decoding, greedy_decode
 
 __all__ = ["DECODE", "PREFILL", "Step", "decode_scaling", "greedy_decode", "profile_generation", "steps",
@@ -55,9 +55,9 @@ def profile_generation(model: nn.Module, input_ids: torch.Tensor, new_tokens: in
     :class:`~flopscope.errors.ConfigurationError` before any forward: wrap ``generate()`` in
     :class:`flopscope.profiler` (``mode="real"``) instead. Units: MACs (FLOPs = 2 x MACs)."""
     check_decoding(model, input_ids, new_tokens)
-    options = replace(CaptureOptions.of(registry, roles, reuse=reuse),
-                      driver=functools.partial(_decoding, new_tokens))
-    return run_in_mode(model, (input_ids,), {}, options, mode, converter=fake_converter(), stacklevel=3)
+    plan = CapturePlan.of(mode, registry, reuse=reuse, driver=functools.partial(_decoding, new_tokens),
+                          converter=fake_converter())
+    return profile_with_plan(model, (input_ids,), {}, plan, roles, stacklevel=3)
 
 
 def _decoding(new_tokens: int, model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor:

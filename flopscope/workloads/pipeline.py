@@ -40,6 +40,7 @@ from tabulate import tabulate
 from torch import nn
 
 from ..attribute.roles import RoleRule
+from ..capture import BLOCK_MODES, CapturePlan, Session, paused_gc
 from ..capture.checks import check_mode
 from ..capture.module_tracker import ModuleCall
 from ..errors import ConfigurationError, NotAModuleError
@@ -48,7 +49,6 @@ from ..profile import Profile
 from ..render.html import write_html
 from ..render.pipeline_chart import call_bars, component_colours
 from ..role import ROLE_ORDER
-from ..runner import BLOCK_MODES, CaptureOptions, Session, paused_gc
 
 GUIDANCE = ("none", "batch", "passes")
 """How a step applies classifier-free guidance: not at all (one call on the latents' batch), by batch (one call on
@@ -370,7 +370,7 @@ def profile_pipeline(pipe: Any, *, mode: str = "fake", registry: FormulaRegistry
     if mode == "fake" and "output_type" in _parameters(pipe) and "output_type" not in call_kwargs:
         call_kwargs["output_type"] = "pt"  # PIL and numpy read values, which fake images have not
     box = PipelineComponents(modules)
-    session = Session(box, CaptureOptions.of(registry, roles), fake=mode == "fake", fake_block=False)
+    session = Session(box, CapturePlan.of(mode, registry), fake_block=False)
     marks: list[tuple[Counter[str], int | None]] = []
     begun: list[Counter[str]] = [Counter()]  # the calls made when the loop began (the last set_timesteps)
 
@@ -390,7 +390,7 @@ def profile_pipeline(pipe: Any, *, mode: str = "fake", registry: FormulaRegistry
                 output = pipe(**call_kwargs)
                 notes = replayer.notes() if replayer is not None else []
         finally:
-            prof = session.finish(stacklevel=3)
+            prof = Profile(session.finish(stacklevel=3), role_rules=tuple(roles))
     steps, denoisers, step_of_call = _steps(prof, list(modules), begun[0], marks)
     return PipelineProfile(prof, list(modules), denoisers, steps, output, notes, step_of_call, type(pipe).__name__)
 

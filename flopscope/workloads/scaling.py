@@ -17,7 +17,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..api import profile_with_plan, split_inputs
 from ..attribute.roles import RoleRule
+from ..capture import MODES, CapturePlan, new_converter, paused_gc
 from ..capture.checks import check_mode, check_positive
 from ..capture.records import RECOMPUTE
 from ..errors import ConfigurationError, SymbolicError
@@ -26,7 +28,6 @@ from ..predict.polynomial import Polynomial, Scaling, interpolate
 from ..predict.reconcile import Reconciliation, TransformerSpec
 from ..profile import Profile, reuse_roles
 from ..role import ROLE_ORDER
-from ..runner import MODES, CaptureOptions, new_converter, paused_gc, run_in_mode, split_inputs
 from .symbolic import SymbolicTrace, trace
 
 __all__ = ["METHODS", "MIN_LENGTHS", "Polynomial", "Scaling", "interpolate", "scaling"]
@@ -74,8 +75,8 @@ def scaling(model: nn.Module, make_inputs: Callable[[int], Any], lengths: Sequen
                                  if fewest == MIN_LENGTHS else
                                  f"a symbolic scaling is checked at two lengths; got {', '.join(map(str, lengths))}")
     check_mode(mode, MODES)
-    options = CaptureOptions.of(registry, roles, backward, loss)
-    sweep = _Sweep(model, make_inputs, mode, spec, progress, options, {**kwargs, **(forward_kwargs or {})})
+    plan = CapturePlan.of(mode, registry, backward, loss)
+    sweep = _Sweep(model, make_inputs, mode, spec, progress, plan, roles, {**kwargs, **(forward_kwargs or {})})
     with paused_gc(promote=mode == "fake"):
         if method == "sampled":
             return sweep.sampled(lengths)
@@ -103,10 +104,11 @@ class _Sweep:
 
     def __init__(self, model: nn.Module, make_inputs: Callable[[int], Any], mode: str,
                  spec: Callable[[int], TransformerSpec] | None, progress: Callable[[int, int], None] | None,
-                 options: CaptureOptions, forward_kwargs: dict[str, Any]) -> None:
+                 plan: CapturePlan, roles: Sequence[RoleRule], forward_kwargs: dict[str, Any]) -> None:
         self.model, self.make_inputs, self.mode, self.spec = model, make_inputs, mode, spec
-        self.progress, self.options, self.forward_kwargs = progress, options, forward_kwargs
-        self.converter = new_converter(model, options) if mode != "real" else None
+        self.progress, self.roles, self.forward_kwargs = progress, roles, forward_kwargs
+        # the model's state converted once for the sweep
+        self.plan = replace(plan, converter=new_converter(model, plan) if mode != "real" else None)
         self.template: Profile | None = None
         self.done = 0
 
@@ -118,11 +120,11 @@ class _Sweep:
     def measure(self, n: int, inputs: Any = None) -> _Point:
         """Profile at length ``n`` (``inputs``: ``make_inputs(n)`` if already made)."""
         args, kwargs = split_inputs(self.make_inputs(n) if inputs is None else inputs)
-        prof = run_in_mode(self.model, args, {**kwargs, **self.forward_kwargs}, self.options, self.mode,
-                           converter=self.converter, stacklevel=5)
+        prof = profile_with_plan(self.model, args, {**kwargs, **self.forward_kwargs}, self.plan, self.roles,
+                                 stacklevel=5)
         if self.template is None or not reuse_roles(prof, self.template):
             self.template = prof
-        again = prof.by_role(phase=RECOMPUTE) if self.options.backward else {}
+        again = prof.by_role(phase=RECOMPUTE) if self.plan.backward else {}
         roles = {role: macs - again.get(role, 0) for role, macs in prof.by_role().items()}
         return _Point(roles, {role: macs for role, macs in again.items() if macs},
                       _predictions(prof.reconcile(self.spec(n) if self.spec else None)), prof)
@@ -144,7 +146,7 @@ class _Sweep:
         ends = (lengths[0], lengths[-1])
         inputs = [self.make_inputs(n) for n in ends]
         traced = trace(self.model, (split_inputs(inputs[0]), split_inputs(inputs[1])), ends,
-                                self.options, self.forward_kwargs)
+                       self.plan, self.roles, self.forward_kwargs)
         self._step(3)
         self._check_guards(traced, lengths)
         checks = []

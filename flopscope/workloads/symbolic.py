@@ -19,7 +19,7 @@ from __future__ import annotations
 import traceback
 import warnings
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
@@ -27,13 +27,14 @@ import torch
 from torch import nn
 from torch.utils import _pytree as pytree
 
-from ..attribute.roles import Assignment
+from ..api import profile_with_plan
+from ..attribute.roles import Assignment, RoleRule
+from ..capture import CapturePlan
 from ..capture.fake import CountingFakeTensorMode, FakeConverter
 from ..capture.records import RECOMPUTE, CapturedOp
 from ..errors import RunError, SymbolicError
 from ..predict.reconcile import Reconciliation, TransformerSpec, reconcile
 from ..profile import Profile, reuse_roles
-from ..runner import CaptureOptions, run_in_mode
 
 if TYPE_CHECKING:
     import sympy
@@ -160,11 +161,12 @@ class SymbolicTrace:
         return reconcile(assignments, self.profile.facts, inputs, spec)
 
 
-def trace(model: nn.Module, inputs: tuple[Any, Any], lengths: tuple[int, int], options: CaptureOptions,
-          forward_kwargs: dict[str, Any]) -> SymbolicTrace:
+def trace(model: nn.Module, inputs: tuple[Any, Any], lengths: tuple[int, int], plan: CapturePlan,
+          roles: Sequence[RoleRule], forward_kwargs: dict[str, Any]) -> SymbolicTrace:
     """Count ``model`` once with the variable symbolic. ``inputs``: the ``(args, kwargs)`` of the model at the
     two ``lengths`` (a dim whose size is the length at both becomes the symbol); traced at the second length.
-    Raises :class:`SymbolicError` where the inputs do not vary with the length as dims equal to it."""
+    Raises :class:`SymbolicError` where the inputs do not vary with the length as dims equal to it. ``plan``: the
+    sweep's, run on fake tensors with the symbolic converter; ``roles``: the role rules of the profile."""
     from torch._dynamo.source import ConstantSource  # (lazy: see the imports above)
     from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv
 
@@ -207,8 +209,8 @@ def trace(model: nn.Module, inputs: tuple[Any, Any], lengths: tuple[int, int], o
                                 "equal to n can be symbolic")
     args, kwargs = pytree.tree_unflatten(converted, spec)
     try:
-        profile = run_in_mode(model, args, {**kwargs, **forward_kwargs}, options, "fake",
-                              converter=_SymbolicConverter(mode, stand_ins), stacklevel=5)
+        plan = replace(plan, mode="fake", converter=_SymbolicConverter(mode, stand_ins))
+        profile = profile_with_plan(model, args, {**kwargs, **forward_kwargs}, plan, roles, stacklevel=5)
     except RunError as error:
         raise SymbolicError(f"{type(model).__name__} did not run with a symbolic n: {error}") from error
     return SymbolicTrace(profile, shape_env, symbol, high)

@@ -25,7 +25,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..api import profile
+from ..api import profile, split_inputs
+from ..capture import CapturePlan, Session
 from ..capture.checks import describe
 from ..capture.fake import tensors_in
 from ..capture.records import RECOMPUTE
@@ -36,8 +37,8 @@ from ..formulas.registry import prod
 from ..hardware.peaks import peak_flops
 from ..predict.attention import pairs
 from ..predict.polynomial import Polynomial
+from ..profile import Profile
 from ..role import PAIR_ROLES, Role
-from ..runner import CaptureOptions, Session, split_inputs
 from .scaling import scaling
 
 __all__ = ["BatchPricer", "Throughput", "flops_per_batch", "measure_flops", "metric_suffix"]
@@ -62,7 +63,7 @@ def measure_flops(model: nn.Module, forward_fn: Callable[[], Any],
     as they were. ``attention``: the convention of the attention core (see the module docstring)."""
     check_attention(attention)
     snapshot = ModelSnapshot(model, buffer_values=True, grads=loss_fn is not None)
-    session = Session(model, CaptureOptions(), fake=False)
+    session = Session(model, CapturePlan(mode="real"))
     try:
         session.start()
         try:
@@ -77,7 +78,7 @@ def measure_flops(model: nn.Module, forward_fn: Callable[[], Any],
                 with session.backward_pass():
                     loss.backward()
         finally:
-            prof = session.finish(stacklevel=3)
+            prof = Profile(session.finish(stacklevel=3))
     finally:
         snapshot.restore()
     return prof.total_flops(attention=attention) - prof.total_flops(phase=RECOMPUTE, attention=attention)

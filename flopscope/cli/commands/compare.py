@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 
 from ...studies.why_self_attention import compare, compare_lengths
-from .._options import FORMATS, Commands, _lengths
+from .._options import FORMATS, Commands, as_lengths
 
 
 def register(commands: Commands) -> None:
@@ -22,7 +22,7 @@ def register(commands: Commands) -> None:
     comp.add_argument("--h", type=int, default=8)
     comp.add_argument("--k", type=int, default=5, help="convolution width")
     comp.add_argument("--r", type=int, default=64, help="neighbourhood of restricted attention")
-    comp.add_argument("--lengths", type=_lengths, metavar="N,N,...",
+    comp.add_argument("--lengths", type=as_lengths, metavar="N,N,...",
                       help="comma-separated lengths: self-attention against recurrence")
     comp.add_argument("--format", choices=FORMATS, default="simple")
     comp.set_defaults(run=run)

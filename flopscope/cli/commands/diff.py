@@ -19,7 +19,15 @@ from ...api import profile
 from ...render import text as report
 from ...render.diff import diff
 from .._common import on_meta
-from .._options import FORMATS, Commands, _input_dtype, _output_path, _positive, _setting, _shape
+from .._options import (
+    FORMATS,
+    Commands,
+    as_input_dtype,
+    as_output_path,
+    as_positive,
+    as_setting,
+    as_shape,
+)
 from ..targets import make_inputs
 
 DIFF_EXAMPLES = """examples:
@@ -42,19 +50,19 @@ def register(commands: Commands) -> None:
                               formatter_class=argparse.RawDescriptionHelpFormatter)
     dif.add_argument("before", help="a JSON report (flopscope profile TARGET --json FILE) or a target")
     dif.add_argument("after", help="the same, after")
-    dif.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", type=_setting,
+    dif.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", type=as_setting,
                      help="config / factory argument for both targets, repeatable")
-    dif.add_argument("--set-before", action="append", default=[], metavar="KEY=VALUE", type=_setting,
+    dif.add_argument("--set-before", action="append", default=[], metavar="KEY=VALUE", type=as_setting,
                      help="config / factory argument for BEFORE only, repeatable")
-    dif.add_argument("--set-after", action="append", default=[], metavar="KEY=VALUE", type=_setting,
+    dif.add_argument("--set-after", action="append", default=[], metavar="KEY=VALUE", type=as_setting,
                      help="config / factory argument for AFTER only, repeatable")
-    dif.add_argument("--input", action="append", default=[], metavar="SHAPE", type=_shape,
+    dif.add_argument("--input", action="append", default=[], metavar="SHAPE", type=as_shape,
                      help="input shape for both targets, repeatable (default: as for profile)")
-    dif.add_argument("--dtype", type=_input_dtype, help="input dtype for both targets")
-    dif.add_argument("--limit", type=_positive, default=20, help="module and op rows shown (default 20; all in "
+    dif.add_argument("--dtype", type=as_input_dtype, help="input dtype for both targets")
+    dif.add_argument("--limit", type=as_positive, default=20, help="module and op rows shown (default 20; all in "
                                                                   "--json)")
-    dif.add_argument("--json", type=_output_path, help="write the diff (schema flopscope.diff/1) here")
-    dif.add_argument("--html", type=_output_path, help="write the diff's page here (one self-contained file)")
+    dif.add_argument("--json", type=as_output_path, help="write the diff (schema flopscope.diff/1) here")
+    dif.add_argument("--html", type=as_output_path, help="write the diff's page here (one self-contained file)")
     dif.add_argument("--format", choices=FORMATS, default="simple", help="table format (tabulate)")
     dif.set_defaults(run=run)
 

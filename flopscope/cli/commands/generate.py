@@ -35,12 +35,12 @@ from .._options import (
     EXAMPLES,
     FORMATS,
     Commands,
-    _float_dtype,
-    _output_path,
-    _plot_path,
-    _positive,
-    _positive_float,
-    _setting,
+    as_float_dtype,
+    as_output_path,
+    as_plot_path,
+    as_positive,
+    as_positive_float,
+    as_setting,
     attention_option,
     check_plot,
 )
@@ -65,13 +65,13 @@ def register(commands: Commands) -> None:
                                           "not fit in the memory available.")
     gen.add_argument("target", help="hf:FAMILY (the causal-lm head unless another is named) or "
                                     "package.module:factory giving a model with a generate() method")
-    gen.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", type=_setting,
+    gen.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", type=as_setting,
                      help="config / factory argument, repeatable (e.g. --set num_hidden_layers=2)")
-    gen.add_argument("--prompt", type=_positive, default=128, help="prompt tokens per sequence (default 128)")
-    gen.add_argument("--new", type=_positive, default=32,
+    gen.add_argument("--prompt", type=as_positive, default=128, help="prompt tokens per sequence (default 128)")
+    gen.add_argument("--new", type=as_positive, default=32,
                      help="tokens to generate (default 32; at least 4 for the per-token polynomial)")
-    gen.add_argument("--batch", type=_positive, default=1, help="sequences (default 1)")
-    gen.add_argument("--dtype", type=_float_dtype, default=torch.float32,
+    gen.add_argument("--batch", type=as_positive, default=1, help="sequences (default 1)")
+    gen.add_argument("--dtype", type=as_float_dtype, default=torch.float32,
                      help="the model's dtype, and the roofline's (default float32; e.g. bfloat16)")
     gen.add_argument("--mode", choices=["auto", "fake", "real"], default="auto",
                      help="fake: greedy decoding on fake tensors (nothing computed or allocated); real: HF generate() "
@@ -80,12 +80,12 @@ def register(commands: Commands) -> None:
     gen.add_argument("--device", help="the device whose peak and bandwidth place the roofline: a table name such as "
                                       "'H100 SXM' (see flopscope peak --table); default: this CPU, measured "
                                       "(takes a few seconds). A real run runs on this CPU either way")
-    gen.add_argument("--peak", type=_positive_float, metavar="FLOP/S", help="peak FLOP/s (overrides the device's)")
-    gen.add_argument("--bandwidth", type=_positive_float, metavar="BYTES/S",
+    gen.add_argument("--peak", type=as_positive_float, metavar="FLOP/S", help="peak FLOP/s (overrides the device's)")
+    gen.add_argument("--bandwidth", type=as_positive_float, metavar="BYTES/S",
                      help="memory bandwidth in bytes/s (overrides the device's)")
-    gen.add_argument("--json", type=_output_path,
+    gen.add_argument("--json", type=as_output_path,
                      help="write steps, polynomials and roofline rows (schema flopscope.generate/1) here")
-    gen.add_argument("--plot", type=_plot_path, help="write the roofline plot (PNG, or another format by the suffix)")
+    gen.add_argument("--plot", type=as_plot_path, help="write the roofline plot (PNG, or another format by the suffix)")
     attention_option(gen, "the step table and the FLOPs per generated token (the roofline stays executed work)")
     gen.add_argument("--format", choices=FORMATS, default="simple", help="table format (tabulate)")
     gen.set_defaults(run=run)

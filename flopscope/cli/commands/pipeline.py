@@ -21,7 +21,7 @@ from ...errors import FlopscopeError
 from ...workloads.pipeline import profile_pipeline
 from ...workloads.pipeline_configs import pipeline_from_configs
 from .._common import write_reports
-from .._options import _image_size, _positive
+from .._options import as_image_size, as_positive
 from ..targets import parse_settings
 
 
@@ -29,9 +29,9 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     """The options of ``profile`` only a ``diffusers:`` target takes, as one group."""
     pipeline = parser.add_argument_group("diffusers:SOURCE targets (a pipeline folder or hub repo, built from its "
                                          "configs on meta: one whole generation, by component and by step)")
-    pipeline.add_argument("--steps", type=_positive, metavar="N", help="denoising steps (default: the pipeline's)")
-    pipeline.add_argument("--size", type=_image_size, metavar="HxW", help="image size in pixels, e.g. 1024x1024")
-    pipeline.add_argument("--frames", type=_positive, metavar="F", help="video frames (video pipelines)")
+    pipeline.add_argument("--steps", type=as_positive, metavar="N", help="denoising steps (default: the pipeline's)")
+    pipeline.add_argument("--size", type=as_image_size, metavar="HxW", help="image size in pixels, e.g. 1024x1024")
+    pipeline.add_argument("--frames", type=as_positive, metavar="F", help="video frames (video pipelines)")
     pipeline.add_argument("--guidance", type=float, metavar="G", help="guidance_scale (default: the pipeline's)")
     pipeline.add_argument("--prompt", default="a photo of a cat", help="the prompt (only its padded length counts)")
 

@@ -30,9 +30,9 @@ from .._common import largest_activation, materialised, on_meta, write_reports
 from .._options import (
     EXAMPLES,
     Commands,
-    _output_path,
-    _plot_path,
-    _sweep_lengths,
+    as_output_path,
+    as_plot_path,
+    as_sweep_lengths,
     attention_option,
     check_plot,
     output_options,
@@ -51,19 +51,19 @@ def register(commands: Commands) -> None:
     target_options(prof)
     prof.add_argument("--mode", choices=["auto", "fake", "real"], default="auto",
                       help="fake: count without computing; real: execute (times per role); auto (default)")
-    prof.add_argument("--sweep", type=_sweep_lengths, metavar="N,N,...",
+    prof.add_argument("--sweep", type=as_sweep_lengths, metavar="N,N,...",
                       help=f"comma-separated lengths (at least {MIN_LENGTHS}): exact polynomial per role in n")
     prof.add_argument("--backward", action="store_true", help="count the backward pass too")
     attention_option(prof, "the total, the role table and the per-token formulas")
-    prof.add_argument("--json", type=_output_path, help="write the JSON report (schema flopscope.profile/1) here")
-    prof.add_argument("--csv", type=_output_path, help="write one CSV row per counted op here")
-    prof.add_argument("--html", type=_output_path, help="write the HTML report here (one self-contained file: the "
+    prof.add_argument("--json", type=as_output_path, help="write the JSON report (schema flopscope.profile/1) here")
+    prof.add_argument("--csv", type=as_output_path, help="write one CSV row per counted op here")
+    prof.add_argument("--html", type=as_output_path, help="write the HTML report here (one self-contained file: the "
                                                         "module tree as an icicle chart by MACs, roles, "
                                                         "reconciliation, unsupported ops, the --sweep polynomials)")
-    prof.add_argument("--folded", type=_output_path, help="write folded stacks (flamegraph.pl, inferno, speedscope; "
+    prof.add_argument("--folded", type=as_output_path, help="write folded stacks (flamegraph.pl, inferno, speedscope; "
                                                           "weights in MACs) here, one file per phase with --backward")
-    prof.add_argument("--speedscope", type=_output_path, help="write a speedscope profile (weights in MACs) here")
-    prof.add_argument("--plot", type=_plot_path, help="write a PNG (or another format matplotlib writes, by the "
+    prof.add_argument("--speedscope", type=as_output_path, help="write a speedscope profile (weights in MACs) here")
+    prof.add_argument("--plot", type=as_plot_path, help="write a PNG (or another format matplotlib writes, by the "
                                                       "suffix): the scaling plot with --sweep, else role shares")
     sharded.add_options(prof)
     pipeline.add_options(prof)

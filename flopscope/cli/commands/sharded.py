@@ -22,17 +22,17 @@ from ...errors import FlopscopeError
 from ...predict.communication import compare as compare_collectives
 from ...workloads import distributed as dist
 from .._common import write_reports
-from .._options import _positive
+from .._options import as_positive
 from ..targets import load_target, make_inputs
 
 
 def add_options(parser: argparse.ArgumentParser) -> None:
     """``--tp`` and ``--dp``, the options of ``profile`` that shard the model."""
-    parser.add_argument("--tp", type=_positive, metavar="T",
+    parser.add_argument("--tp", type=as_positive, metavar="T",
                         help="tensor-parallel ranks: shard the model (built on meta) with its own Hugging Face plan "
                              "on a fake world and count rank 0 on fake tensors: MACs per role beside the unsharded "
                              "model's, its collectives against Megatron-LM, bytes per MAC per layer")
-    parser.add_argument("--dp", "--fsdp", type=_positive, default=1, metavar="D",
+    parser.add_argument("--dp", "--fsdp", type=as_positive, default=1, metavar="D",
                         help="data-parallel (FSDP) ranks with --tp (mesh D x T): FSDP's collectives per decoder "
                              "layer, predicted (FSDP2 does not run on fake tensors)")
 
