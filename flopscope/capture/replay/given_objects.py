@@ -8,8 +8,8 @@ object's state: what the block records may depend on it, so the call is no templ
 block is a :class:`CallOut`, recorded with
 
 - its arguments: a tensor as its record and its sizes, strides, dtype, device and ``requires_grad``; an
-  :class:`~flopscope.capture.attribute_reads.StandIn` (a layer's own ``layer_idx``) as the attribute it stands for, not
-  as a read of it; a plain value as it is (anything else: the call is no template);
+  :class:`~flopscope.capture.replay.attribute_reads.StandIn` (a layer's own ``layer_idx``) as the attribute it
+  stands for, not as a read of it; a plain value as it is (anything else: the call is no template);
 - the records it made (their positions in the capture), which a replay makes again by calling the method;
 - its outputs: tensors it made, or plain values.
 
@@ -41,10 +41,10 @@ from torch import nn
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.utils import _pytree as pytree
 
+from ..fake import ATOMS
+from ..module_tracker import ModuleCall, ModuleTracker
+from ..recorder import Recorder
 from .attribute_reads import Log, StandIn, is_watching, own_attributes, value_of, watching_subclass
-from .fake import ATOMS
-from .module_tracker import ModuleCall, ModuleTracker
-from .recorder import Recorder
 
 Meta = tuple[tuple[int, ...], tuple[int, ...], torch.dtype, torch.device, bool, FakeTensorMode | None]
 """A tensor as a call-out takes or gives it: sizes, strides, dtype, device, ``requires_grad``, and the fake-tensor

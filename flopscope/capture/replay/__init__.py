@@ -20,13 +20,13 @@ keeps its records as a :class:`CallTemplate` when they are provably the same for
   handed back as they are (a replay hands back its own call's), and plain values (numbers, strings, ``None``);
 - it changed no plain attribute of its modules (compared before and after: a replay would not change it);
 - where its modules are watched (:attr:`CallReplayer.reads`: a block of the fake run's shadow,
-  :mod:`~flopscope.capture.attribute_reads`), the key holds the plain attributes by name, and the template the values
-  of those the call read (a layer's own index, read only with a cache, keys nothing when there is none; a call of
-  other values of what it read is captured, and may become a template of its own);
+  :mod:`~flopscope.capture.replay.attribute_reads`), the key holds the plain attributes by name, and the template
+  the values of those the call read (a layer's own index, read only with a cache, keys nothing when there is none;
+  a call of other values of what it read is captured, and may become a template of its own);
 - where it was given objects (a KV cache; :attr:`CallReplayer.reads` only), it read none of their state and called
   their methods with tensors, plain values and attributes its blocks differ in: each call is a call-out that a
-  replay calls again (:mod:`~flopscope.capture.given_objects`), once a copy of the object shows that it gives outputs
-  of the template's sizes;
+  replay calls again (:mod:`~flopscope.capture.replay.given_objects`), once a copy of the object shows that it gives
+  outputs of the template's sizes;
 - grad mode is off (no autograd graph to build; or, for a count that runs no backward, :attr:`CallReplayer.grad`, the
   graph is never used and a replay's outputs require grad as the template's did), autocast is off, the module and its
   submodules carry no hooks of their own and no instance-level ``forward`` (offloading, caching hooks: state the key
@@ -64,16 +64,16 @@ from torch import nn
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils import _pytree as pytree
 
-from ..formulas.registry import shape_of
+from ...formulas.registry import shape_of
+from ..fake import empty_tensor, non_leaf
+from ..module_tracker import ModuleCall, ModuleTracker
+from ..recorder import Recorder, Window, storage_of
+from ..records import CapturedOp, LeafKind, map_records
+from ..scoped_patch import ScopedPatch
+from ..state import named_state
 from . import attribute_reads, given_objects
 from .attribute_reads import EVERY, StandIn, own_attributes
-from .fake import empty_tensor, non_leaf
 from .given_objects import CallOut
-from .module_tracker import ModuleCall, ModuleTracker
-from .recorder import Recorder, Window, storage_of
-from .records import CapturedOp, LeafKind, map_records
-from .scoped_patch import ScopedPatch
-from .state import named_state
 
 _PLAIN = (type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.device, torch.layout,
           torch.memory_format, enum.Enum)
@@ -182,7 +182,7 @@ class CallTemplate:
     reads: tuple[tuple[str, str], ...] = ()  # the plain attributes it read (module name in it, attribute), where
     # read attributes are keyed (CallReplayer.reads)
     callouts: list[tuple[int, CallOut]] = field(default_factory=list)  # its calls of given objects' methods, each
-    # with the number of plan steps before it (a replay calls them again: flopscope.capture.given_objects)
+    # with the number of plan steps before it (a replay calls them again: flopscope.capture.replay.given_objects)
 
 
 @dataclass(frozen=True)
@@ -213,7 +213,7 @@ class CallReplayer:
     grad: bool = False  # grad mode may be on: no backward follows (a forward's count), so the autograd graph is never
     # used; a replay's outputs require grad as the template's did (the inputs' and parameters' requires_grad are keyed)
     reads: bool = False  # a block is keyed by the plain attributes its first call read, not all it holds (the modules
-    # are the run's for its duration, so their classes may be swapped while watched: flopscope.capture.attribute_reads)
+    # are the run's for its duration, so their classes may be swapped while watched: replay.attribute_reads)
     stand_ins: bool = True  # where a block is given objects, the int attributes its blocks differ in are read as
     # stand-ins (attribute_reads.StandIn); a torch function refusing one fails the run (the runner counts again
     # without: stand_in_refused)
@@ -333,8 +333,8 @@ class CallReplayer:
 
     def _passed(self, label: str, module: nn.Module) -> dict[str, frozenset[str]]:
         """Per module name in a block of the list ``label``, the attributes whose values differ between its blocks (a
-        layer's own index): read as an :class:`~flopscope.capture.attribute_reads.StandIn`, which a block may hand to
-        a given object's method without the value keying it."""
+        layer's own index): read as an :class:`~flopscope.capture.replay.attribute_reads.StandIn`, which a block may
+        hand to a given object's method without the value keying it."""
         found = self._passing.get(label)
         if found is None:
             blocks: Any = self._lists.get(label, ())
