@@ -604,7 +604,7 @@ def test_the_copy_a_call_out_is_checked_on_shares_nothing_the_call_can_change_an
     """``given_objects.detached``: the plain objects, lists and dicts of a cache copied four levels down, each once
     (two slots holding one list hold one copied list), tensors kept; a class with its own ``__copy__`` copied by it;
     changing the copy at any depth leaves the original as it was."""
-    from flopscope.capture.given_objects import detached
+    from flopscope.capture.replay.given_objects import detached
 
     shared, states = [1], torch.zeros(2)
     cache = SlottedCache(2)

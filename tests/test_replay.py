@@ -423,12 +423,22 @@ def test_a_copy_passes_the_records_fields_in_their_order():
     """A replay builds each copy from the fields it maps (the first seven, in order) and the rest as they are."""
     import dataclasses
 
-    from flopscope.capture import replay
     from flopscope.capture.records import CapturedOp
+    from flopscope.capture.replay import template as replay
     names = tuple(f.name for f in dataclasses.fields(CapturedOp))
     assert names[:len(replay._HEAD)] == replay._HEAD
     assert names[len(replay._HEAD):len(replay._HEAD) + len(replay._REST)] == replay._REST
     assert names[len(replay._HEAD) + len(replay._REST):] == ("index", "inputs", "users")
+
+
+def test_every_refusal_is_an_entry_of_the_one_table():
+    """Every reason a call is not replayed is a named entry of flopscope.capture.replay._refusals, listed once in
+    REFUSALS or MISSES (a reader finds a replay decision there, not by its message)."""
+    from flopscope.capture.replay import _refusals
+    named = [v for v in vars(_refusals).values() if isinstance(v, _refusals.Refusal)]
+    listed = (*_refusals.REFUSALS, *_refusals.MISSES)
+    assert len({id(r) for r in listed}) == len(listed) == len(named)
+    assert {id(r) for r in named} == {id(r) for r in listed}
 
 
 def test_a_call_from_another_thread_is_never_replayed_into_the_capture():

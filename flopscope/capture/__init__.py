@@ -30,9 +30,10 @@ The modules behind it:
   ``undispatched``: work that never reached the dispatcher; ``compiled``: compiled and
   exported models; ``checks``: validators of flopscope's arguments;
 - ``replay``: a repeated call replayed from an earlier call's records where they are
-  provably the same; ``attribute_reads``: which plain attributes of its modules a call
-  reads (what a block is keyed on); ``given_objects``: the methods of the objects a
-  block is given (a KV cache) that it calls, which a replay calls again;
+  provably the same; inside it ``replay.attribute_reads``: which plain attributes of its
+  modules a call reads (what a block is keyed on), and ``replay.given_objects``: the
+  methods of the objects a block is given (a KV cache) that it calls, which a replay
+  calls again;
 - ``catalog``: kernels launched outside the dispatcher (Triton, pybind), counted at
   their ``autograd.Function``; ``launches``: Triton kernels launched from plain
   functions, counted (or listed by name) at the launch; ``scoped_patch``: a patch held

@@ -8,8 +8,8 @@ object's state: what the block records may depend on it, so the call is no templ
 block is a :class:`CallOut`, recorded with
 
 - its arguments: a tensor as its record and its sizes, strides, dtype, device and ``requires_grad``; an
-  :class:`~flopscope.capture.attribute_reads.StandIn` (a layer's own ``layer_idx``) as the attribute it stands for, not
-  as a read of it; a plain value as it is (anything else: the call is no template);
+  :class:`~flopscope.capture.replay.attribute_reads.StandIn` (a layer's own ``layer_idx``) as the attribute it
+  stands for, not as a read of it; a plain value as it is (anything else: the call is no template);
 - the records it made (their positions in the capture), which a replay makes again by calling the method;
 - its outputs: tensors it made, or plain values.
 
@@ -41,10 +41,19 @@ from torch import nn
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.utils import _pytree as pytree
 
+from ..fake import ATOMS
+from ..module_tracker import ModuleCall, ModuleTracker
+from ..recorder import Recorder
+from ._refusals import (
+    CALLOUT_TENSOR_NOT_MADE,
+    OBJECT_READ,
+    OBJECT_SET,
+    OTHER_CALLOUT_ARGUMENT,
+    OTHER_CALLOUT_OUTPUT,
+    OUTSIDE_ATTRIBUTE,
+    UNWATCHABLE_OBJECT,
+)
 from .attribute_reads import Log, StandIn, is_watching, own_attributes, value_of, watching_subclass
-from .fake import ATOMS
-from .module_tracker import ModuleCall, ModuleTracker
-from .recorder import Recorder
 
 Meta = tuple[tuple[int, ...], tuple[int, ...], torch.dtype, torch.device, bool, FakeTensorMode | None]
 """A tensor as a call-out takes or gives it: sizes, strides, dtype, device, ``requires_grad``, and the fake-tensor
@@ -79,7 +88,8 @@ class CallOut:
 @dataclass
 class ObjectLog:
     """What a watched call did with the objects it was given: ``calls`` its call-outs, in order; ``problems`` why it
-    can be no template (a read of an object's state, an argument or output a replay could not give again)."""
+    can be no template (a read of an object's state, an argument or output a replay could not give again: the
+    words of refusals in :data:`~._refusals.REFUSALS`)."""
 
     calls: list[CallOut] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
@@ -133,7 +143,7 @@ def watching(objects: Sequence[Any], block: Log, recorder: Recorder, tracker: Mo
             try:
                 object.__setattr__(obj, "__class__", watching_subclass(cls, "calls", _calling_methods))
             except TypeError:
-                log.problems.append(f"a {cls.__name__} it was given cannot be watched")
+                log.problems.append(UNWATCHABLE_OBJECT.say(kind=cls.__name__))
                 continue
             swapped.append((obj, cls))
         yield log
@@ -289,13 +299,13 @@ def _calling_methods(cls: type) -> dict[str, Any]:
             return value
         if isinstance(value, types.MethodType) and value.__self__ is self:
             return _calling(watch, name, value)
-        watch.log.problems.append(f"it read {name!r} of the {cls.__name__} it was given (state a key cannot see)")
+        watch.log.problems.append(OBJECT_READ.say(name=name, kind=cls.__name__))
         return value
 
     def changed(self: Any, name: str) -> None:
         watch = _WATCHES.get(id(self))
         if watch is not None and not watch.inside and threading.get_ident() == watch.thread:
-            watch.log.problems.append(f"it set {name!r} of the {cls.__name__} it was given (a replay would not)")
+            watch.log.problems.append(OBJECT_SET.say(name=name, kind=cls.__name__))
 
     put: Any = cls.__setattr__
     remove: Any = cls.__delattr__
@@ -322,15 +332,14 @@ def _calling(watch: _Watch, name: str, method: Callable[..., Any]) -> Callable[.
             if type(leaf) is StandIn:
                 read = next((r for block, r in leaf._reads if block is watch.block), None)
                 if read is None:
-                    log.problems.append(f"it gave {name} an attribute of a module outside it")
+                    log.problems.append(OUTSIDE_ATTRIBUTE.say(method=name))
                 described.append(("index", read))
             elif isinstance(leaf, torch.Tensor):
                 described.append(("record", recorder.record_of(leaf), meta_of(leaf)))
             elif leaf is None or isinstance(leaf, (bool, int, float, str, torch.dtype, torch.device)):
                 described.append(("plain", leaf))
             else:
-                log.problems.append(f"it gave {name} a {type(leaf).__name__} (only tensors, attributes and plain "
-                                    "values are given again)")
+                log.problems.append(OTHER_CALLOUT_ARGUMENT.say(method=name, kind=type(leaf).__name__))
                 described.append(("plain", leaf))
         given = pytree.tree_unflatten([value_of(leaf) for leaf in leaves], spec)
         before = watch.tally()
@@ -348,12 +357,12 @@ def _calling(watch: _Watch, name: str, method: Callable[..., Any]) -> Callable[.
             if isinstance(leaf, torch.Tensor):
                 record = recorder.record_of(leaf)
                 if id(record) not in made:
-                    log.problems.append(f"{name} returned a tensor it did not make")
+                    log.problems.append(CALLOUT_TENSOR_NOT_MADE.say(method=name))
                 callout.outputs.append(("record", record, meta_of(leaf)))
             elif leaf is None or (isinstance(leaf, (bool, int, float, str)) and type(leaf) is not StandIn):
                 callout.outputs.append(("plain", leaf))
             else:
-                log.problems.append(f"{name} returned a {type(leaf).__name__}")
+                log.problems.append(OTHER_CALLOUT_OUTPUT.say(method=name, kind=type(leaf).__name__))
                 callout.outputs.append(("plain", leaf))
         callout.end = len(recorder.ops)
         callout.tallies = (before, watch.tally())

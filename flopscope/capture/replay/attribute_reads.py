@@ -12,8 +12,8 @@ is put back when the block returns (also when it raises).
 An attribute whose value differs between the blocks of a list (a layer's own ``layer_idx``) may be **passed on**: read,
 it is an :class:`StandIn`, which stands for the number and notes a read at its first use as one (compared, hashed,
 used as an index, in arithmetic, formatted, converted); handed to a method of an object the block is given (a KV
-cache's ``update(k, v, self.layer_idx)``: :mod:`flopscope.capture.given_objects`) it is no read of the block's, so the
-block's key does not hold it, and a replay hands its own block's value to that method.
+cache's ``update(k, v, self.layer_idx)``: :mod:`flopscope.capture.replay.given_objects`) it is no read of the
+block's, so the block's key does not hold it, and a replay hands its own block's value to that method.
 
 Only modules no one else runs may be watched (another thread would see their class change): the fake run's shadow
 of a model (:func:`flopscope.capture.fake.shadow_of`), or the user's modules in a fake ``profiler`` block or pipeline
@@ -39,7 +39,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .fake import ATOMS
+from ..fake import ATOMS
 
 EVERY = "*"
 """The attribute name of a read of a module's whole ``__dict__``."""
@@ -176,8 +176,8 @@ _WATCHING: set[type] = set()  # the watching subclasses
 
 def watching_subclass(cls: type, kind: str, make: Callable[[type], dict[str, Any]]) -> type:
     """The subclass of ``cls`` (same name, module and qualified name) that watches its instances for ``kind``, made
-    once from the methods ``make(cls)`` gives (here: attribute reads; :mod:`flopscope.capture.given_objects`: calls
-    of a given object's methods)."""
+    once from the methods ``make(cls)`` gives (here: attribute reads;
+    :mod:`flopscope.capture.replay.given_objects`: calls of a given object's methods)."""
     found = _WATCHERS.get((kind, cls))
     if found is None:
         found = type(cls.__name__, (cls,), {**make(cls), "__module__": cls.__module__,
