@@ -32,13 +32,13 @@ from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
-from ..formulas import collectives, elementwise, traffic
-from ..formulas import registry as formulas
-from ..formulas.elementwise import EMBEDDING_LOOKUPS, ElementwiseRule
-from ..formulas.registry import FormulaRegistry, OpFamily, OpSpec, shape_of
-from .fake import CountingFakeTensorMode, loaded_dtensor, needs_real_data
-from .module_tracker import ModuleCall, ModuleTracker
-from .records import (
+from ...formulas import collectives, elementwise, traffic
+from ...formulas import registry as formulas
+from ...formulas.elementwise import EMBEDDING_LOOKUPS, ElementwiseRule
+from ...formulas.registry import FormulaRegistry, OpFamily, OpSpec, shape_of
+from ..fake import CountingFakeTensorMode, loaded_dtensor, needs_real_data
+from ..module_tracker import ModuleCall, ModuleTracker
+from ..records import (
     BACKWARD,
     FORWARD,
     RECOMPUTE,
@@ -51,7 +51,7 @@ from .records import (
     after_write,
     op_name,
 )
-from .unread import unread_tensors
+from ..unread import unread_tensors
 
 
 class RefusedInput(RuntimeError):  # noqa: N818  (a kernel's refusal, raised as the kernel would)
