@@ -268,7 +268,7 @@ def _run(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], option
                 stack.enter_context(_quiet_fake_tensor_log())
                 real = tensors_in((args, kwargs)) + [t for _, t in own_state]
                 args, kwargs = map_tensors((args, kwargs), convert, objects=lambda obj: isolated_copy(obj, convert))
-                recorder.leaf_values.update(_index_values(real, convert))
+                recorder.known_values.leaf_values.update(_index_values(real, convert))
                 stack.enter_context(convert.mode)
             recorder.add_leaf_names(_input_names(model, args, kwargs))
             stack.enter_context(tracker)
@@ -357,7 +357,7 @@ class Session:
         own_state = list(named_state(self.model))
         recorder, state = _recorder(own_state, tracker, self.options.registry, convert)
         if convert is not None:  # (the block's inputs are real tensors the recorder reads the values of)
-            recorder.leaf_values.update(_index_values([t for _, t in own_state], convert))
+            recorder.known_values.leaf_values.update(_index_values([t for _, t in own_state], convert))
         try:
             self._stack.enter_context(deeper_recursion())
             self._stack.enter_context(eager_flex_attention())
@@ -512,7 +512,7 @@ def _explain(model: nn.Module, error: Exception, recorder: Recorder, tracker: Mo
         return FakeTensorError(f"{name} cannot be counted on fake tensors: {where} needs real data; use mode='real'",
                                on_fake_tensors=True, where=where,
                                reason=f"it needs real data: {type(limitation).__name__}",
-                               largest_tensor_bytes=recorder.largest_out)
+                               largest_tensor_bytes=recorder.tallies.largest_out)
     refused = cause_of_kind(error, RefusedInput)
     if refused is not None:  # what the real kernel would refuse: the same error in every mode, no fall-back
         return ForwardError(f"{what} cannot run{at}: {refused}")
@@ -521,14 +521,14 @@ def _explain(model: nn.Module, error: Exception, recorder: Recorder, tracker: Mo
         return FakeTensorError(f"{name} cannot be counted on fake tensors{at}: {reason}; count it with mode='real', "
                                "which lists that work in prof.unsupported() (its multiplies are not counted)",
                                on_fake_tensors=True, where=where, reason=reason,
-                               largest_tensor_bytes=recorder.largest_out)
+                               largest_tensor_bytes=recorder.tallies.largest_out)
     message = f"{what} raised {type(error).__name__}{at}: {error}"
     if not fake:
         return ForwardError(message)
     return ForwardError(message + " (on fake tensors: if the model runs with mode='real', fake tensors are the "
                         "cause)", on_fake_tensors=True, where=where,
                         reason=f"{type(error).__name__}: {_first_line(str(error))}",
-                        largest_tensor_bytes=recorder.largest_out)
+                        largest_tensor_bytes=recorder.tallies.largest_out)
 
 
 class WhileCapturing:
