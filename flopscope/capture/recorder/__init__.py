@@ -23,7 +23,6 @@ classify, execute, record, link. The package's other modules hold what the stage
 - ``_known_values``: the values a fake run knows (:class:`KnownValues`);
 - ``_storage``: the writes to each storage and the version records they make;
 - ``_autograd_link``: the forward op of each backward or recomputed op;
-- ``_costs``: what an op costs, once it ran;
 - ``_tallies``: what a run counts beside its records (:class:`Tallies`);
 - ``_failures``: where an op failed, and the errors raised from inside one;
 - ``_tensors``: the tensors in an op's arguments.
@@ -32,7 +31,6 @@ classify, execute, record, link. The package's other modules hold what the stage
 from __future__ import annotations
 
 import dataclasses
-import operator
 import time
 import weakref
 from collections import Counter
@@ -44,13 +42,14 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
-from ...formulas.registry import FormulaRegistry, OpSpec, shape_of
+from ...formulas import collectives, elementwise, traffic
+from ...formulas import registry as formulas
+from ...formulas.registry import FormulaRegistry, OpFamily, OpSpec, shape_of
 from ..fake import CountingFakeTensorMode, needs_real_data
 from ..module_tracker import ModuleCall, ModuleTracker
-from ..records import Capture, CapturedOp, Cost, LeafName, op_name
+from ..records import FORWARD, Capture, CapturedOp, Cost, LeafName, op_name
 from ._autograd_link import AutogradLinks, phase_now
 from ._classify import OpClass, class_of, packet
-from ._costs import note_largest, set_costs
 from ._dataflow import Dataflow
 from ._failures import FakeTensorInRealRun, OpFailure, RefusedInput, failure_at
 from ._fake_kernels import FAKE_SHAPE_RULES, MIXED_DTYPE_OPS, check_as_the_real_kernel
@@ -74,6 +73,7 @@ from ._tensors import (
     Producers,
     WrittenArguments,
     any_requires_grad,
+    first_shape,
     map_tensors,
     producer_of,
     storage_of,
@@ -87,6 +87,7 @@ __all__ = [
 ]
 
 _LIFT_FRESH = torch.ops.aten.lift_fresh.default
+_ATTENTION_FAMILIES = (OpFamily.ATTENTION, OpFamily.FUSED_LAYER)
 _TRACING_MODES = (torch._C._TorchDispatchModeKey.FAKE, torch._C._TorchDispatchModeKey.PROXY)
 _RECORD = object()
 """What the route stage returns for an op the recorder goes on to record."""
@@ -180,6 +181,8 @@ class Recorder(TorchDispatchMode):
         """``id(op overload)`` -> how it is counted."""
         self._subclasses: dict[tuple[type, ...], str] = {}
         """The tensor types of a dispatch -> :func:`subclass_kind`."""
+        self._own_kind = "fake" if fake else ""
+        """The :func:`subclass_kind` of a dispatch the route stage lets through."""
         self._dtensor_seen = False
         self._suspended = 0
         """Inside a catalog kernel (:mod:`flopscope.capture.catalog`): ops run,
@@ -248,9 +251,13 @@ class Recorder(TorchDispatchMode):
         # a catalog kernel's insides: its own record covers them
         if self._suspended:
             return func(*args, **kwargs)
-        routed = self._route(func, types, args, kwargs)
-        if routed is not _RECORD:
-            return routed
+        # a list for a higher-order op
+        types = tuple(types)
+        # the run's own tensors, with no DTensor seen: nothing to route (the hot path)
+        if self._subclasses.get(types) != self._own_kind or self._dtensor_seen:
+            routed = self._route(func, types, args, kwargs)
+            if routed is not _RECORD:
+                return routed
         op_class = self._classes.get(id(func))
         if op_class is None:
             op_class = class_of(self._classes, func, self.registry)
@@ -279,16 +286,16 @@ class Recorder(TorchDispatchMode):
             self.on_lift(out)
         if self.timed:
             op.seconds, op.started = seconds, start
-        self.links.link(op, func, forward_op, recompute, self._backward, self._inputs_need_grad)
+        # a forward without grad has nothing to link (the hot path)
+        if self._backward or self._inputs_need_grad or self.links.deferred is not None:
+            self.links.link(op, func, forward_op, recompute, self._backward, self._inputs_need_grad)
         return out
 
-    def _route(self, func: Any, types: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def _route(self, func: Any, types: tuple[type, ...], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """The route stage: :data:`_RECORD` for an op to record, else what the dispatch
         returns. A DTensor or a jagged tensor runs its ops on its local tensors
         (``NotImplemented``: those are recorded); DTensor's shape propagation and a
         caller's fake tensors in a real run are not the run's work."""
-        # a list for a higher-order op
-        types = tuple(types)
         kind = self._subclasses.get(types)
         if kind is None:
             kind = self._subclasses[types] = subclass_kind(types)
@@ -398,8 +405,7 @@ class Recorder(TorchDispatchMode):
     def _record(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any,
                 stack: tuple[ModuleCall, ...], op_class: OpClass) -> CapturedOp:
         """The record stage: a record of the op, its inputs the records of its tensor
-        arguments' values, its outputs' values where they are known, then its costs
-        (:func:`set_costs`)."""
+        arguments' values, its outputs' values where they are known, then its costs."""
         shapes: list[tuple[int, ...]] = []
         inputs: list[torch.Tensor] = []
         record_of, backward, on_constant = self.dataflow.record_of, self._backward, self.on_constant
@@ -409,7 +415,7 @@ class Recorder(TorchDispatchMode):
             inputs.append(t)
             return record_of(t, backward, on_constant)
 
-        phase = phase_now(backward)
+        phase = FORWARD if not backward else phase_now(backward)
         op = CapturedOp("call_function", func, map_tensors(args, to_op), map_tensors(kwargs, to_op) if kwargs else {},
                         op_class.name, phase, stack, cost=op_class.cost, spec=op_class.spec)
         op.input_shapes = tuple(shapes)
@@ -434,15 +440,40 @@ class Recorder(TorchDispatchMode):
                 self._learn_output(op, func, args, kwargs, op_class)
             self.dataflow.producers[id(out)] = (weakref.ref(out), op)
         else:
-            self._record_getters(op, func, args, kwargs, out, stack, op_class)
+            values = self.known_values.of_outputs(func, args, kwargs, out, op_class.cost) if self.fake else None
+            self.dataflow.record_getters(op, out, stack, values)
         results = [out] if isinstance(out, torch.Tensor) else tensors(out)
         # a view (such as a weight's transpose) allocates nothing
-        if not getattr(func, "is_view", False):
+        if self.windows and not getattr(func, "is_view", False):
             for window in self.windows:
                 window.storages.update(storage_of(t) for t in results)
-            if self.fake:
-                note_largest(results, self.tallies)
-        set_costs(op, func, args, kwargs, out, inputs, results, op_class, self.tallies, self.known_values.read_value)
+        tallies = self.tallies
+        # the least memory a real run would need
+        if self.fake and not getattr(func, "is_view", False):
+            for t in results:
+                # a symbolic size (symbolic trace) is not compared: no guard
+                size = traffic.nbytes(t)
+                if isinstance(size, int) and size > tallies.largest_out:
+                    tallies.largest_out = size
+        # its costs: bytes moved, a collective's message, multiplies (by formula) or
+        # elementwise work (by rule)
+        op.bytes = traffic.bytes_moved(op_class.access, inputs, results)
+        if op_class.collective is not None:
+            op.collective = (op_class.collective, collectives.message_bytes(func, args, kwargs, results),
+                             collectives.group_size(args, kwargs))
+        if op_class.spec is not None:
+            macs = formulas.count(op_class.spec.formula, args, kwargs, first_shape(out),
+                                  values=self.known_values.read_value, target=func)
+            if isinstance(macs, formulas.UpperBound):
+                tallies.upper_bounds[op_name(func)] += 1
+            op.macs = formulas.total_of(macs)
+            op.parts = dict(macs) if isinstance(macs, Mapping) else None
+            if op.parts and "attn_scores" in op.parts and op_class.spec.family not in _ATTENTION_FAMILIES:
+                tallies.undeclared_kernels.add(op_name(func))
+        elif op_class.rule is not None:
+            op.elementwise = (op_class.rule.category, elementwise.elementwise_ops(op_class.rule, args, out))
+        elif op_class.cost is Cost.UNSUPPORTED:
+            tallies.unsupported[op_name(func)] += 1
         return op
 
     def _learn_output(self, op: CapturedOp, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
@@ -452,30 +483,6 @@ class Recorder(TorchDispatchMode):
         value = self.known_values.propagate(func, args, kwargs, op_class.cost)
         if isinstance(value, torch.Tensor):
             self.known_values.by_record[id(op)] = value
-
-    def _record_getters(self, op: CapturedOp, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any,
-                        stack: tuple[ModuleCall, ...], op_class: OpClass) -> None:
-        """A record per tensor of a tuple or list ``out`` (``operator.getitem`` of
-        ``op``), with its values where they follow from known values."""
-        outputs = [(i, item) for i, item in enumerate(out if isinstance(out, (tuple, list)) else ())
-                   if isinstance(item, torch.Tensor)]
-        op.output_shapes = tuple(shape_of(item) for _, item in outputs)
-        op.dtype = outputs[0][1].dtype if outputs else None
-        values = None
-        if (self.fake and outputs and all(item.dtype in INDEX_DTYPES for _, item in outputs)
-                and isinstance(func, torch._ops.OpOverload)
-                and sum(item.numel() for _, item in outputs) <= MAX_KNOWN_NUMEL):
-            found = self.known_values.propagate(func, args, kwargs, op_class.cost)
-            values = found if isinstance(found, list) and len(found) == len(out) else None
-        made_at, producers = self.storage.made_at, self.dataflow.producers
-        for i, item in outputs:
-            getter = CapturedOp("call_function", operator.getitem, (op, i), {}, f"{op.name}_{i}", phase=op.phase,
-                                module_stack=stack, output_shapes=(shape_of(item),), dtype=item.dtype)
-            made_at[id(getter)] = len(self.ops)
-            self.ops.append(getter)
-            producers[id(item)] = (weakref.ref(item), getter)
-            if values is not None:
-                self.known_values.by_record[id(getter)] = values[i]
 
     # kernels outside the dispatcher ---------------------------------------------------
     def record_kernel(self, target: Any, spec: OpSpec | None, args: tuple[Any, ...], out: Any,

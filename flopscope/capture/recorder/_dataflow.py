@@ -9,12 +9,15 @@ weak reference to check that the tensor is still the one the record was made for
 
 from __future__ import annotations
 
+import operator
 import weakref
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import torch
 
 from ...formulas.registry import shape_of
+from ..module_tracker import ModuleCall
 from ..records import CapturedOp, LeafKind, LeafName
 from ._known_values import KnownValues, leaf_value
 from ._storage import StorageVersions
@@ -55,6 +58,24 @@ class Dataflow:
         if found is not None and found[0]() is t:
             return self._storage.current(t, found[1], backward)
         return self._leaf_of(t, on_constant)
+
+    def record_getters(self, op: CapturedOp, out: Any, stack: tuple[ModuleCall, ...],
+                       values: list[torch.Tensor] | None) -> None:
+        """A record per tensor of a tuple or list ``out`` (``operator.getitem`` of
+        ``op``), with ``values``, where known, the values of each item of ``out``."""
+        outputs = [(i, item) for i, item in enumerate(out if isinstance(out, (tuple, list)) else ())
+                   if isinstance(item, torch.Tensor)]
+        op.output_shapes = tuple(shape_of(item) for _, item in outputs)
+        op.dtype = outputs[0][1].dtype if outputs else None
+        made_at, producers = self._storage.made_at, self.producers
+        for i, item in outputs:
+            getter = CapturedOp("call_function", operator.getitem, (op, i), {}, f"{op.name}_{i}", phase=op.phase,
+                                module_stack=stack, output_shapes=(shape_of(item),), dtype=item.dtype)
+            made_at[id(getter)] = len(self._ops)
+            self._ops.append(getter)
+            producers[id(item)] = (weakref.ref(item), getter)
+            if values is not None:
+                self._known.by_record[id(getter)] = values[i]
 
     def set_producer(self, t: torch.Tensor, op: CapturedOp) -> None:
         """``op`` is the record of ``t``'s value (a tensor made outside the dispatch,

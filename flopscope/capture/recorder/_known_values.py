@@ -150,6 +150,18 @@ class KnownValues:
             return list(out)
         return out if isinstance(out, torch.Tensor) and not out.is_meta else None
 
+    def of_outputs(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any, cost: Cost
+                   ) -> list[torch.Tensor] | None:
+        """The values of each item of a tuple or list ``out``, where they follow from
+        known values: small index tensors only (:meth:`propagate`)."""
+        outputs = [item for item in (out if isinstance(out, (tuple, list)) else ()) if isinstance(item, torch.Tensor)]
+        if (outputs and all(item.dtype in INDEX_DTYPES for item in outputs)
+                and isinstance(func, torch._ops.OpOverload)
+                and sum(item.numel() for item in outputs) <= MAX_KNOWN_NUMEL):
+            found = self.propagate(func, args, kwargs, cost)
+            return found if isinstance(found, list) and len(found) == len(out) else None
+        return None
+
     def writes(self, func: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any]
                ) -> tuple[bool, torch.Tensor | None]:
         """Whether ``func`` writes to one of its arguments, and the values of the first

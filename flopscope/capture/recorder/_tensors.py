@@ -99,7 +99,8 @@ class WrittenArguments:
     def tensors(self, func: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> list[torch.Tensor]:
         """The tensors ``func`` writes to, among ``args`` and ``kwargs``."""
         found: list[torch.Tensor] = []
-        for at in self.positions(func):
+        positions = self._positions.get(func)
+        for at in positions if positions is not None else self.positions(func):
             value = (args[at] if at < len(args) else None) if isinstance(at, int) else kwargs.get(at)
             found.extend(v for v in (value if isinstance(value, (list, tuple)) else (value,))
                          if isinstance(v, torch.Tensor))
