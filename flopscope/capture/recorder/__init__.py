@@ -75,7 +75,6 @@ from ._tensors import (
     any_requires_grad,
     first_shape,
     map_tensors,
-    producer_of,
     storage_of,
     tensors,
 )
@@ -530,7 +529,7 @@ class Recorder(TorchDispatchMode):
     def made_by(self, t: torch.Tensor) -> CapturedOp | None:
         """The record of the op that made ``t`` (or of ``t`` as a leaf), if the run has
         seen ``t``."""
-        return producer_of(self.dataflow.producers, t)
+        return self.dataflow.made_by(t)
 
     def record_of(self, t: torch.Tensor) -> CapturedOp:
         """The record of ``t``'s value now (:meth:`Dataflow.record_of`)."""

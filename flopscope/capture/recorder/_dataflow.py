@@ -22,7 +22,7 @@ from ..records import CapturedOp, LeafKind, LeafName
 from ._known_values import KnownValues, leaf_value
 from ._storage import StorageVersions
 from ._tallies import Tallies
-from ._tensors import Producers, producer_of, storage_of
+from ._tensors import Producers, storage_of
 
 
 class Dataflow:
@@ -47,6 +47,11 @@ class Dataflow:
         has seen)."""
         self._ops, self._leaf_names, self._storage = ops, leaf_names, storage
         self._known, self._tallies = known, tallies
+
+    def made_by(self, t: torch.Tensor) -> CapturedOp | None:
+        """The record of ``t``'s value, if ``t`` is the tensor it was made for."""
+        found = self.producers.get(id(t))
+        return found[1] if found is not None and found[0]() is t else None
 
     def record_of(self, t: torch.Tensor, backward: bool,
                   on_constant: Callable[[torch.Tensor], None] | None) -> CapturedOp:
@@ -116,7 +121,7 @@ class Dataflow:
         propagated to it): what a record of it carries."""
         if self._known.value_of(t) is not None:
             return True
-        op = producer_of(self.producers, t)
+        op = self.made_by(t)
         if op is not None:
             return op.value is not None
         kind = self._leaf_names[id(t)].kind if id(t) in self._leaf_names else LeafKind.CONSTANT

@@ -26,7 +26,7 @@ from ..records import CapturedOp, after_write
 from ..unread import unread_tensors
 from ._autograd_link import phase_now
 from ._known_values import UNINITIALISED, KnownValues
-from ._tensors import Producers, WrittenArguments, producer_of, storage_of
+from ._tensors import Producers, WrittenArguments, storage_of
 
 
 @dataclass(eq=False)
@@ -126,7 +126,8 @@ class StorageVersions:
         recorded op has written since: what a kernel outside the dispatcher fills (a
         C++ / CUDA extension's ``torch::empty_like`` and a loop over its data
         pointer)."""
-        op = producer_of(self._producers, t)
+        found = self._producers.get(id(t))
+        op = found[1] if found is not None and found[0]() is t else None
         # back through the views of it
         for _ in range(64):
             if op is None or not isinstance(op.target, torch._ops.OpOverload):

@@ -1,5 +1,5 @@
 """The tensors in an op's arguments: found inside nested containers, their shapes, the
-storage each lives on, the record each came from and the arguments an op writes.
+storage each lives on and the arguments an op writes.
 """
 
 from __future__ import annotations
@@ -15,13 +15,6 @@ from ..records import CapturedOp
 
 Producers = dict[int, tuple[weakref.ref[torch.Tensor], CapturedOp]]
 """``id(tensor)`` -> (the tensor, the record of its value): the recorder's dataflow."""
-
-
-def producer_of(producers: Producers, t: torch.Tensor) -> CapturedOp | None:
-    """The record of ``t``'s value in ``producers``, if ``t`` is the tensor it was made
-    for."""
-    found = producers.get(id(t))
-    return found[1] if found is not None and found[0]() is t else None
 
 
 def map_tensors(x: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
