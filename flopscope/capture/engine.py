@@ -352,7 +352,7 @@ def capture_contexts(stack: ExitStack, model: nn.Module, registry: FormulaRegist
             stack.enter_context(quiet_fake_tensor_log())
             real = tensors_in(inputs) + real
             args, kwargs = map_tensors((args, kwargs), convert, objects=lambda obj: isolated_copy(obj, convert))
-        recorder.leaf_values.update(_index_values(real, convert))
+        recorder.known_values.leaf_values.update(_index_values(real, convert))
         if inputs is None:
             # runs last, after the swap back
             stack.callback(_restore_caches, CacheGuard(model, own_attributes=True))
