@@ -195,3 +195,20 @@ if __name__ == "__main__":
     for arrow in arrows:
         print("  " + arrow)
     sys.exit(1 if found or arrows else 0)
+
+
+MAX_TOP_MODULES, MAX_MODULE_LINES, MAX_PUBLIC_NAMES = 12, 600, 25
+"""The house's figures (issue 48): modules at the package's top (``__init__`` and ``__main__`` aside), lines of the
+longest module, names in ``flopscope.__all__``."""
+
+
+def test_the_top_keeps_the_public_surface_and_the_vocabulary_only() -> None:
+    top = sorted(path.stem for path in PACKAGE.glob("*.py") if path.stem not in ("__init__", "__main__"))
+    assert len(top) <= MAX_TOP_MODULES, top
+    assert len(flopscope.__all__) <= MAX_PUBLIC_NAMES
+
+
+def test_no_module_is_longer_than_a_newcomer_reads() -> None:
+    long = {str(path.relative_to(PACKAGE.parent)): n for path in PACKAGE.rglob("*.py")
+            if (n := len(path.read_text().splitlines())) > MAX_MODULE_LINES}
+    assert long == {}
