@@ -53,7 +53,8 @@ def __getattr__(name: str) -> Any:
 def __dir__() -> list[str]:
     return sorted({*globals(), *_LAZY})
 
-__all__ = [  # the public surface: the entry points, the result and its vocabulary, the most used workloads
+# the public surface: the entry points, the result and its vocabulary, the most used workloads
+__all__ = [
     "REGISTRY",
     "Assignment",
     "FlopscopeError",

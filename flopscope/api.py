@@ -116,7 +116,8 @@ class profiler:  # noqa: N801  (used as a context manager, like torch.profiler.p
                  roles: Sequence[RoleRule] = (), trace: bool = False) -> None:
         check_model(model)
         check_mode(mode, BLOCK_MODES, "profiler mode")
-        if is_compiled(model):  # the block's calls would leave it uncompiled (flopscope.capture.compiled)
+        # the block's calls would leave it uncompiled (flopscope.capture.compiled)
+        if is_compiled(model):
             warnings.warn(f"flopscope: {BLOCK_WARNING}", FlopscopeWarning, stacklevel=2)
         self._session = Session(model, CapturePlan.of(mode, registry), ranges=trace)
         self._roles = tuple(roles)

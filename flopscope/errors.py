@@ -30,7 +30,8 @@ class RunError(FlopscopeError, RuntimeError):
         self.on_fake_tensors = on_fake_tensors
         self.where = where
         self.reason = reason
-        self.largest_tensor_bytes = largest_tensor_bytes  # the largest tensor the failed run made (bytes)
+        # the largest tensor the failed run made (bytes)
+        self.largest_tensor_bytes = largest_tensor_bytes
 
 
 class ForwardError(RunError):

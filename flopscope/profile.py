@@ -41,8 +41,10 @@ from .role import NO_MULTIPLY, ROLE_ORDER, Role
 
 @dataclass(frozen=True)
 class _Tally:
-    counted: list[tuple[str, int, frozenset[str], str]]  # (op, MACs, module paths on the stack, phase) per counted op
-    moved: list[tuple[int, frozenset[str], str]]  # (bytes, module paths on the stack, phase) per op that moves memory
+    # (op, MACs, module paths on the stack, phase) per counted op
+    counted: list[tuple[str, int, frozenset[str], str]]
+    # (bytes, module paths on the stack, phase) per op that moves memory
+    moved: list[tuple[int, frozenset[str], str]]
     elementwise: dict[str, int]  # elementwise ops per category
     elementwise_by_op: dict[str, int]  # elementwise ops per op name
 
@@ -83,10 +85,13 @@ class Profile:
         self._facts = facts
         self._module_paths = list(facts.types)
         self._role_rules = role_rules
-        self._roles: Mapping[fx.Node, Assignment] | None = None  # role_assignments(): on the fx graph's nodes
-        self._op_roles: Mapping[CapturedOp, Assignment] | None = None  # the same on the records (no graph needed)
+        # role_assignments(): on the fx graph's nodes
+        self._roles: Mapping[fx.Node, Assignment] | None = None
+        # the same on the records (no graph needed)
+        self._op_roles: Mapping[CapturedOp, Assignment] | None = None
         self._records: tuple[OpRecord, ...] | None = None
-        self._core: tuple[CoreOp, ...] | None = None  # attention_core(): on the fx graph, for the conventions
+        # attention_core(): on the fx graph, for the conventions
+        self._core: tuple[CoreOp, ...] | None = None
         self._mode = result.mode
         self._output = result.output
         self._notes = tuple(result.notes)
@@ -98,7 +103,8 @@ class Profile:
         moved: list[tuple[int, frozenset[str], str]] = []
         elementwise: Counter[str] = Counter()
         elementwise_by_op: Counter[str] = Counter()
-        paths_of: dict[int, frozenset[str]] = {}  # id(module stack) -> its paths (the ops of a call share one stack)
+        # id(module stack) -> its paths (the ops of a call share one stack)
+        paths_of: dict[int, frozenset[str]] = {}
         for op in self._ops:
             paths = paths_of.get(id(op.module_stack))
             if paths is None:
@@ -262,7 +268,8 @@ class Profile:
         if module != "":
             module = self.canonical_module_name(module)
         core = self._core_if(attention)
-        if module in self._uncalled and core:  # a container (never called): the core ops inside it by structure
+        # a container (never called): the core ops inside it by structure
+        if module in self._uncalled and core:
             core = tuple(op for op in core if module in enclosing(op.module_stack, self._uncalled))
             module_of_core = ""
         else:
@@ -299,7 +306,8 @@ class Profile:
         are the sum over the stacks that hold its path; the values sum to ``total(phase=phase)``. What flame graphs
         draw (:meth:`export_folded`, :meth:`export_speedscope`, :meth:`to_html`)."""
         out: dict[tuple[str, ...], int] = {}
-        stack_of: dict[int, tuple[str, ...]] = {}  # id(module stack) -> its paths (the ops of a call share one)
+        # id(module stack) -> its paths (the ops of a call share one)
+        stack_of: dict[int, tuple[str, ...]] = {}
         for op in self._ops:
             if op.cost is not Cost.FORMULA or (phase is not None and op.phase != phase):
                 continue
@@ -406,7 +414,8 @@ class Profile:
         if self._roles is None:
             node_of = {captured(node): node for node in self._fx_graph().nodes}
             roles: dict[fx.Node, Assignment] = {}
-            for op, assignment in self.role_assignments_by_op().items():  # (in the order the passes claimed them)
+            # (in the order the passes claimed them)
+            for op, assignment in self.role_assignments_by_op().items():
                 node = node_of[op]
                 node.meta.update(role_parts=dict(assignment.parts), role=assignment.role, block=assignment.block)
                 roles[node] = assignment
@@ -427,9 +436,11 @@ class Profile:
         copies = self._capture.copies
         if not copies:
             found = find_roles(self._ops, self._facts.types, self._role_rules)
-            return {op: found[op] for op in self._ops if op in found}  # (in graph order, as with copies)
+            # (in graph order, as with copies)
+            return {op: found[op] for op in self._ops if op in found}
         link(self._ops)
-        needed: set[CapturedOp] = set()  # copies that records of the passes read (a captured call taking a replayed
+        # copies that records of the passes read (a captured call taking a replayed
+        needed: set[CapturedOp] = set()
         # call's output), and what those copies read: the passes run over them too
         reading = [source for op in self._ops if op not in copies for source in op.inputs if source in copies]
         while reading:
@@ -438,7 +449,8 @@ class Profile:
                 needed.add(source)
                 reading.extend(x for x in source.inputs if x in copies)
         distinct = [op for op in self._ops if op not in copies or op in needed]
-        with _PART_LINKED:  # (while part of the records are linked, no other thread reads their links)
+        # (while part of the records are linked, no other thread reads their links)
+        with _PART_LINKED:
             try:
                 found = find_roles(distinct, self._facts.types, self._role_rules)
             finally:

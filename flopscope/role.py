@@ -81,17 +81,22 @@ class Role(StrEnum):
         return _FACTS[self][2]
 
 
-_FACTS: dict[Role, tuple[RoleGroup, str, bool]] = {  # role -> (group, complexity term, attention core)
+# role -> (group, complexity term, attention core)
+_FACTS: dict[Role, tuple[RoleGroup, str, bool]] = {
     Role.Q_PROJ: (RoleGroup.ATTENTION, "n·d²", False),
     Role.K_PROJ: (RoleGroup.ATTENTION, "n·d²", False),
     Role.V_PROJ: (RoleGroup.ATTENTION, "n·d²", False),
     Role.OUT_PROJ: (RoleGroup.ATTENTION, "n·d²", False),
     Role.ATTN_SCORES: (RoleGroup.ATTENTION, "n²·d", True),
     Role.ATTN_WEIGHTED_SUM: (RoleGroup.ATTENTION, "n²·d", True),
-    Role.ATTN_KV_STATE: (RoleGroup.ATTENTION, "n·d²", True),  # linear attention: φ(K)ᵀV, B·n_k·n_kv·d_k·d_v
-    Role.ATTN_READOUT: (RoleGroup.ATTENTION, "n·d²", True),  # linear attention: φ(Q)·state, B·n_q·h·d_k·d_v
-    Role.ATTN_NORMALISER: (RoleGroup.ATTENTION, "n·d", True),  # linear attention: φ(Q)·Σφ(K), B·n_q·h·d_k
-    Role.TOKEN_MIXING: (RoleGroup.MIXING, "n·d·log(n·d)", False),  # a Fourier transform: FNet's mixing sublayer
+    # linear attention: φ(K)ᵀV, B·n_k·n_kv·d_k·d_v
+    Role.ATTN_KV_STATE: (RoleGroup.ATTENTION, "n·d²", True),
+    # linear attention: φ(Q)·state, B·n_q·h·d_k·d_v
+    Role.ATTN_READOUT: (RoleGroup.ATTENTION, "n·d²", True),
+    # linear attention: φ(Q)·Σφ(K), B·n_q·h·d_k
+    Role.ATTN_NORMALISER: (RoleGroup.ATTENTION, "n·d", True),
+    # a Fourier transform: FNet's mixing sublayer
+    Role.TOKEN_MIXING: (RoleGroup.MIXING, "n·d·log(n·d)", False),
     Role.FFN_UP: (RoleGroup.FFN, "n·d²", False),
     Role.FFN_GATE: (RoleGroup.FFN, "n·d²", False),
     Role.FFN_DOWN: (RoleGroup.FFN, "n·d²", False),
@@ -101,7 +106,8 @@ _FACTS: dict[Role, tuple[RoleGroup, str, bool]] = {  # role -> (group, complexit
     Role.LOGITS: (RoleGroup.LOGITS, "n·d·V", False),
     Role.OTHER: (RoleGroup.OTHER, "", False),
 }
-if set(_FACTS) != set(Role):  # a new member without its row fails at import, not in the middle of a report
+# a new member without its row fails at import, not in the middle of a report
+if set(_FACTS) != set(Role):
     raise RoleError(f"roles without group and term in flopscope/role.py: {sorted(set(Role) - set(_FACTS))}")
 
 ROLE_ORDER: tuple[str, ...] = tuple(r.value for r in Role)

@@ -3,7 +3,8 @@ agree; ``"0+unknown"`` in a source tree that was never installed)."""
 
 from importlib import metadata
 
-DISTRIBUTION = "torch-flopscope"  # pyproject.toml's name on the package index (its "flopscope" is another project)
+# pyproject.toml's name on the package index (its "flopscope" is another project)
+DISTRIBUTION = "torch-flopscope"
 try:
     __version__ = metadata.version(DISTRIBUTION)
 except metadata.PackageNotFoundError:  # imported from a source tree that was never installed

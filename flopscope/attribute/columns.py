@@ -249,7 +249,8 @@ def _view_chain(n: CapturedOp) -> tuple[CapturedOp, list[CapturedOp]]:
     chain: list[CapturedOp] = []
     while n.node_op == "call_function":
         source = n.args[0] if n.args and isinstance(n.args[0], CapturedOp) else None
-        viewed = n if n.target is not operator.getitem else source  # (a getter of a multi-output view: split)
+        # (a getter of a multi-output view: split)
+        viewed = n if n.target is not operator.getitem else source
         if source is None or viewed is None or not getattr(viewed.target, "is_view", False):
             break
         chain.append(n)
@@ -282,7 +283,8 @@ def _replay_zero_cost(n: CapturedOp, labels: Mapping[CapturedOp, Labels], inputs
                       out_shape: tuple[int, ...]) -> Labels:
     """Run a view / copy / index op on the label tensors themselves."""
     packet = getattr(n.target, "overloadpacket", None)
-    if packet in IDENTITY_OPS:  # (laid out as the op lays its output: a copy is contiguous, as _unsafe_view needs)
+    # (laid out as the op lays its output: a copy is contiguous, as _unsafe_view needs)
+    if packet in IDENTITY_OPS:
         first = inputs[0]
         return first.contiguous() if isinstance(first, torch.Tensor) and packet is not aten.detach else first
     if packet in UNINITIALISED:  # whatever memory held: no column of the projection
@@ -293,7 +295,8 @@ def _replay_zero_cost(n: CapturedOp, labels: Mapping[CapturedOp, Labels], inputs
         if isinstance(a, CapturedOp):
             if a in labels:
                 return labels[a].clone() if in_place else labels[a]
-            if a.value is not None and a.value.dtype in INDEX_DTYPES:  # an index tensor with known values
+            # an index tensor with known values
+            if a.value is not None and a.value.dtype in INDEX_DTYPES:
                 return a.value
             return torch.full(tuple(a.output_shapes[0]) if a.output_shapes else (), -1, dtype=torch.long)
         if isinstance(a, (list, tuple)):
@@ -301,7 +304,8 @@ def _replay_zero_cost(n: CapturedOp, labels: Mapping[CapturedOp, Labels], inputs
         return a
 
     args = arg(n.args)
-    if packet is aten.constant_pad_nd:  # the padding holds no column (not the column its fill value names)
+    # the padding holds no column (not the column its fill value names)
+    if packet is aten.constant_pad_nd:
         args = (*args[:2], -1)
     try:
         target: Any = n.target

@@ -21,7 +21,8 @@ from ..formulas.registry import OpFamily, OpSpec
 T = TypeVar("T")
 
 
-_DYNAMIC, _WEIGHT, _COMPUTED = 1, 2, 4  # depends on an input or outside constant; on a parameter; on a multiply
+# depends on an input or outside constant; on a parameter; on a multiply
+_DYNAMIC, _WEIGHT, _COMPUTED = 1, 2, 4
 _LEAF_FACTS: dict[LeafKind | None, int] = {LeafKind.INPUT: _DYNAMIC, LeafKind.CONSTANT: _DYNAMIC,
                                            LeafKind.PARAMETER: _WEIGHT}
 
@@ -144,7 +145,8 @@ class GraphView:
         dynamic: dict[CapturedOp, bool] = {}
         live: dict[CapturedOp, bool] = {}
         raw_weight: dict[CapturedOp, bool] = {}
-        passed_on: dict[CapturedOp, int] = {}  # what a node's users inherit: its facts, _COMPUTED if it multiplies
+        # what a node's users inherit: its facts, _COMPUTED if it multiplies
+        passed_on: dict[CapturedOp, int] = {}
         for n in self.nodes:  # in graph order: a node's inputs come first
             facts = _LEAF_FACTS.get(n.leaf, 0)
             for p in n.inputs:
@@ -168,7 +170,8 @@ class GraphView:
         self._memo_plain: dict[str, Any] = {}
         self._matmul: dict[CapturedOp, bool] = {}
         self._weight_matmul: dict[CapturedOp, bool] = {}
-        self._behind: dict[Any, dict[CapturedOp, bool]] = {}  # key -> node -> found behind it (behind())
+        # key -> node -> found behind it (behind())
+        self._behind: dict[Any, dict[CapturedOp, bool]] = {}
 
     @property
     def batch(self) -> int | None:
@@ -177,7 +180,8 @@ class GraphView:
         def compute() -> int | None:
             leading = Counter(n.output_shapes[0][0] for n in self.nodes
                               if n.leaf is LeafKind.INPUT and n.output_shapes and len(n.output_shapes[0]) >= 1
-                              and type(n.output_shapes[0][0]) is int)  # (symbolic sizes: no batch to compare)
+                              # (symbolic sizes: no batch to compare)
+                              and type(n.output_shapes[0][0]) is int)
             return max(leading, key=lambda size: (leading[size], -size)) if leading else None
 
         if "batch" not in self._memo_plain:
@@ -436,7 +440,8 @@ def spreads(user: CapturedOp, n: CapturedOp) -> bool:
     if len(shape) > len(out) or len(out) < 2 or not shape or math.prod(shape) <= 1:
         return False
     padded = (1,) * (len(out) - len(shape)) + shape
-    first = next((i for i in range(len(out) - 1) if padded[i] == 1 != out[i]), None)  # (0: repeated for no frame)
+    # (0: repeated for no frame)
+    first = next((i for i in range(len(out) - 1) if padded[i] == 1 != out[i]), None)
     return first is not None and all(size == 1 for size in padded[first:-1])
 
 

@@ -22,9 +22,11 @@ class OpRecord:
     input_shapes: tuple[Shape, ...]
     output_shapes: tuple[Shape, ...]
     multiplies: int  # MACs; FLOPs = 2 * multiplies
-    parts: Mapping[str, int] | None  # {part: MACs} of a fused op (e.g. attn_scores / attn_weighted_sum)
+    # {part: MACs} of a fused op (e.g. attn_scores / attn_weighted_sum)
+    parts: Mapping[str, int] | None
     node: str  # name of the fx node in Profile.graph
     phase: str  # "forward" or "backward"
     role: Role  # the role that got most of this op's MACs
-    roles: Mapping[str, int]  # {role: MACs}, summing to `multiplies` (several for fused ops / fused QKV)
+    # {role: MACs}, summing to `multiplies` (several for fused ops / fused QKV)
+    roles: Mapping[str, int]
     block: str  # module path of the attention / FFN / conv block instance it belongs to

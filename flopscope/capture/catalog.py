@@ -104,10 +104,13 @@ class Kernel:
     family: OpFamily = OpFamily.OTHER
     operands: tuple[int, ...] = ()
     layout: str = BNHD
-    module: Callable[[Named], Any] | None = None  # the parameter whose module the work is (that module not called)
-    gradients: Callable[[Named], MacCount] | None = None  # MACs of gradients its forward computes: booked to the
+    # the parameter whose module the work is (that module not called)
+    module: Callable[[Named], Any] | None = None
+    # MACs of gradients its forward computes: booked to the
+    gradients: Callable[[Named], MacCount] | None = None
     # backward phase, as gradients of the forward's record
-    reference: Callable[[Named], Any] | None = None  # on fake tensors, the torch computation it stands for, run and
+    # on fake tensors, the torch computation it stands for, run and
+    reference: Callable[[Named], Any] | None = None
     # recorded in its place (an elementwise kernel: the same ops, so the role passes see the same dataflow)
     writes: tuple[str, ...] = ()  # a launch's or a module function's arguments it writes in place
     _specs: dict[str, OpSpec] = field(default_factory=dict, repr=False)
@@ -119,7 +122,8 @@ class Kernel:
     def __name__(self) -> str:  # (as fx prints a call's target)
         return self.name.rpartition(".")[2]
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:  # (an fx node's target is callable; a record is not run)
+    # (an fx node's target is callable; a record is not run)
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
         raise RunError(f"{self.name} is a catalog kernel's record: it is counted, not run again")
 
     def record(self, recorder: Recorder, named: Named, out: Any, differentiated: bool = False) -> Any:
@@ -277,7 +281,8 @@ CATALOG: list[Kernel] = [
     Kernel("causal_conv1d.causal_conv1d_update", ATTRIBUTE + "causal_conv1d_cuda.causal_conv1d_update",
            ("x", "conv_state", "weight", "bias", "silu_activation", "cache_seqlens"),
            lambda x, conv_state, weight, **_: causal_conv1d_update(x, conv_state, weight), like("x"),
-           family=OpFamily.CONV, writes=("conv_state",)),  # (before 1.5.2; from 1.5.2 on, its DaoAILab op)
+           # (before 1.5.2; from 1.5.2 on, its DaoAILab op)
+           family=OpFamily.CONV, writes=("conv_state",)),
     # Triton kernels launched from plain functions (flopscope.capture.launches), by the @triton.jit function's name
     Kernel("mamba_ssm.selective_state_update", launches.PREFIX + "_selective_scan_update_kernel",
            ("x_ptr", "B_ptr", "C_ptr", "batch", "nheads", "dim", "dstate"), state_update_formula, like("x_ptr"),
@@ -329,10 +334,12 @@ CATALOG: list[Kernel] = [
 ]
 """The kernels counted at their ``autograd.Function`` (``docs/conventions.md``: the production kernels)."""
 
-_wrapped: dict[Any, tuple[Any, Any]] = {}  # Function class -> its original forward, backward (while wrapped)
+# Function class -> its original forward, backward (while wrapped)
+_wrapped: dict[Any, tuple[Any, Any]] = {}
 
 
-_attributes: dict[tuple[Any, str], Any] = {}  # (module, name) -> the original callable (while wrapped)
+# (module, name) -> the original callable (while wrapped)
+_attributes: dict[tuple[Any, str], Any] = {}
 
 
 def _wrap_loaded() -> None:
@@ -414,8 +421,11 @@ def _loaded(path: str) -> type | None:
 
 def _wrap(cls: Any, kernel: Kernel) -> None:
     forward, backward = cls.__dict__.get("forward"), cls.__dict__.get("backward")
-    if forward is None or "setup_context" in cls.__dict__:  # (a forward of a base class, or one without ctx: a
-        return  # layout this wrapper does not know; the kernel stays uncounted, and its buffers flagged in real mode)
+    # (a forward of a base class, or one without ctx: a
+    if forward is None or "setup_context" in cls.__dict__:
+        # layout this wrapper does not know; the kernel stays uncounted, and its buffers flagged in
+        # real mode)
+        return
     original_forward = forward.__func__ if isinstance(forward, staticmethod) else forward
     original_backward = backward.__func__ if isinstance(backward, staticmethod) else backward
     signature = inspect.signature(original_forward)
@@ -451,12 +461,14 @@ def _wrap(cls: Any, kernel: Kernel) -> None:
             return original_backward(ctx, *grads)
         arguments, args, fake, products = call
         with recorder.suspended():
-            if fake:  # (the forward did not run: a gradient of each input's shape, none for the rest)
+            # (the forward did not run: a gradient of each input's shape, none for the rest)
+            if fake:
                 result = tuple(a.new_empty(a.shape) if isinstance(a, torch.Tensor) and a.requires_grad else None
                                for a in args)
             else:
                 result = original_backward(ctx, *grads)
-        if products is not None:  # (a reference's products: two gradients of each, docs/conventions.md section 7)
+        # (a reference's products: two gradients of each, docs/conventions.md section 7)
+        if products is not None:
             for op in products:
                 twice = {part: 2 * macs for part, macs in op.parts.items()} if op.parts else 2 * op.macs
                 recorder.record_kernel(kernel, _constant(twice, kernel), (), None, phase=BACKWARD, forward=op)

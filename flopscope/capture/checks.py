@@ -65,7 +65,8 @@ def forward_signature(model: nn.Module) -> inspect.Signature | None:
     costs more than a small model's whole fake count."""
     forward = model.forward
     func = getattr(forward, "__func__", None) if getattr(forward, "__self__", None) is model else None
-    func = func if isinstance(func, types.FunctionType) else None  # (a callable object may not be hashable)
+    # (a callable object may not be hashable)
+    func = func if isinstance(func, types.FunctionType) else None
     signature = _SIGNATURES.get(func) if func is not None else None
     if signature is None:
         try:

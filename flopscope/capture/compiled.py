@@ -46,13 +46,15 @@ def is_compiled(model: Any) -> bool:
 def eager_module(model: Any) -> tuple[Any, str | None]:
     """``(what to count, the note saying so)``: a ``torch.compile`` wrapper's eager module, an ``ExportedProgram``'s
     unflattened module, else ``(model, None)``."""
-    exported = sys.modules.get("torch.export.exported_program")  # loaded by whoever made an ExportedProgram
+    # loaded by whoever made an ExportedProgram
+    exported = sys.modules.get("torch.export.exported_program")
     if exported is not None and isinstance(model, exported.ExportedProgram):
         from torch.export import unflatten  # loaded with the program
 
         try:
             return unflatten(model), EXPORTED_NOTE
-        except Exception as error:  # a program unflatten cannot rebuild: its flat module still runs every op
+        # a program unflatten cannot rebuild: its flat module still runs every op
+        except Exception as error:
             return model.module(), FLAT_NOTE.format(error=f"{type(error).__name__}: {error}"[:200])
     eval_frame = sys.modules.get("torch._dynamo.eval_frame")  # loaded by torch.compile
     if eval_frame is not None and isinstance(model, eval_frame.OptimizedModule):

@@ -44,9 +44,11 @@ class ConstantValues:
 
     def __init__(self, max_bytes: int = MAX_BYTES) -> None:
         self.max_bytes = max_bytes
-        self._recipes: dict[int, Hashable | None] = {}  # id(record) -> its recipe (None: not evaluable)
+        # id(record) -> its recipe (None: not evaluable)
+        self._recipes: dict[int, Hashable | None] = {}
         self._values: dict[Hashable, Any] = {}  # recipe -> values (or _UNKNOWN)
-        self._held: list[CapturedOp] = []  # the records keyed by id() above, kept alive while this object is
+        # the records keyed by id() above, kept alive while this object is
+        self._held: list[CapturedOp] = []
         self._depth = 0  # records being keyed (recursion over inputs)
         self.too_large = 0  # tensors not made because they have more than max_bytes bytes
 
@@ -65,7 +67,8 @@ class ConstantValues:
             return None
         found = self._values.get(recipe)
         if found is None:
-            with _disable_current_modes(), torch.no_grad():  # real CPU values, whatever modes the caller runs in
+            # real CPU values, whatever modes the caller runs in
+            with _disable_current_modes(), torch.no_grad():
                 found = self._run(op)
             self._values[recipe] = _UNKNOWN if found is None else found
         return None if found is _UNKNOWN else found
@@ -75,7 +78,8 @@ class ConstantValues:
         if target is operator.getitem:
             parent = self._evaluate(op.args[0])
             return parent[op.args[1]] if isinstance(parent, list) else None
-        if target is after_write:  # the value a tensor holds after a write: evaluable when the write was to it whole
+        # the value a tensor holds after a write: evaluable when the write was to it whole
+        if target is after_write:
             producer, write = op.args
             if not (isinstance(write, CapturedOp) and write.args and write.args[0] is producer):
                 return None
@@ -89,7 +93,8 @@ class ConstantValues:
         if any(argument.name == "device" for argument in target._schema.arguments):
             kwargs["device"] = torch.device("cpu")
             kwargs.pop("pin_memory", None)
-        if target._schema.is_mutable:  # an in-place write: onto a copy (the values of its input are shared)
+        # an in-place write: onto a copy (the values of its input are shared)
+        if target._schema.is_mutable:
             args = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
         try:
             out = target(*args, **kwargs)
@@ -122,7 +127,8 @@ class ConstantValues:
         key = id(op)
         if key in self._recipes:
             return self._recipes[key]
-        self._recipes[key] = None  # (a cycle cannot occur in a capture; this also stops a malformed one)
+        # (a cycle cannot occur in a capture; this also stops a malformed one)
+        self._recipes[key] = None
         self._held.append(op)
         recipe = None
         if op.node_op == "call_function" and op.cost in (Cost.ZERO, Cost.ELEMENTWISE) and self._depth < _MAX_DEPTH:

@@ -24,13 +24,16 @@ _PLAIN = (bool, int, float, str)
 @dataclass(frozen=True)
 class ModelFacts:
     types: Mapping[str, type]  # module path -> class
-    attributes: Mapping[str, Mapping[str, Any]]  # module path -> plain attributes (numbers, strings, tuples)
+    # module path -> plain attributes (numbers, strings, tuples)
+    attributes: Mapping[str, Mapping[str, Any]]
     param_shapes: Mapping[str, Mapping[str, Shape]]  # module path -> {local parameter name: shape}
     config: Mapping[str, Any] | None = None  # the Hugging Face config as a dict, if any
     params: int = 0  # unique parameters of the model
     embedding_params: int = 0  # parameters of nn.Embedding tables (token and position embeddings)
-    tied_embedding: bool = False  # an embedding table is also used as a weight elsewhere (tied LM head)
-    aliases: Mapping[str, str] = field(default_factory=dict)  # other name of a shared module -> its path in `types`
+    # an embedding table is also used as a weight elsewhere (tied LM head)
+    tied_embedding: bool = False
+    # other name of a shared module -> its path in `types`
+    aliases: Mapping[str, str] = field(default_factory=dict)
 
     def attr(self, path: str, *names: str) -> Any:
         """The first of ``names`` set on the module at ``path`` (``None`` if none is)."""
@@ -105,7 +108,8 @@ def _aliases(model: nn.Module, unique: int) -> dict[str, str]:
     first: dict[int, str] = {}
     aliases: dict[str, str] = {}
     todo: list[tuple[nn.Module, str, frozenset[int]]] = [(model, "", frozenset())]
-    while todo:  # depth first, each module before its children, in order: named_modules' order and first names
+    # depth first, each module before its children, in order: named_modules' order and first names
+    while todo:
         module, path, above = todo.pop()  # above: the modules this path goes through
         canonical = first.setdefault(id(module), path)
         if canonical != path:
@@ -123,7 +127,8 @@ def _shares_embedding(model: nn.Module) -> bool:
     if not tables:
         return False
     owners: dict[int, int] = {}
-    for _, m in model.named_modules(remove_duplicate=False):  # older modules() has no remove_duplicate
+    # older modules() has no remove_duplicate
+    for _, m in model.named_modules(remove_duplicate=False):
         for p in m._parameters.values():
             if p is not None and id(p) in tables:
                 owners[id(p)] = owners.get(id(p), 0) + 1
@@ -140,7 +145,8 @@ def _config(model: nn.Module) -> dict[str, Any] | None:
     except Exception:  # a config that cannot serialise itself: keep its plain attributes
         values = {k: v for k, v in vars(config).items() if _is_plain(v)}
     for name in CONFIG_ALIASED:
-        with contextlib.suppress(AttributeError):  # attribute_map aliases (GPT-2's n_embd) are not dict keys
+        # attribute_map aliases (GPT-2's n_embd) are not dict keys
+        with contextlib.suppress(AttributeError):
             values.setdefault(name, getattr(config, name))
     return values
 

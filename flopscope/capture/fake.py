@@ -80,17 +80,21 @@ class FakeConverter:
         fake = self._memo.get(id(t))
         if fake is None:
             local = getattr(t, "_local_tensor", None)
-            if isinstance(t, FakeTensor):  # the caller's own fake tensor: a new one of the same mode
+            # the caller's own fake tensor: a new one of the same mode
+            if isinstance(t, FakeTensor):
                 fake = self._refake(t)
-            elif local is not None and local.is_meta:  # a DTensor sharded on device="meta": a fake shard, same layout
+            # a DTensor sharded on device="meta": a fake shard, same layout
+            elif local is not None and local.is_meta:
                 fake = _dtensor_like(t, self(local))
             elif t.is_meta:
                 fake = self._direct_fake(t, torch.device("cpu"))
-            elif t.requires_grad and not t.is_leaf:  # its history is outside the model: a clone of a fake leaf
+            # its history is outside the model: a clone of a fake leaf
+            elif t.requires_grad and not t.is_leaf:
                 fake = self.mode.from_tensor(t.detach()).requires_grad_(True)
             elif self._plain(t):
                 fake = self._direct_fake(t, t.device)
-            elif t.is_nested and t.layout == torch.jagged:  # its fake needs symbolic sizes (its ragged dim)
+            # its fake needs symbolic sizes (its ragged dim)
+            elif t.is_nested and t.layout == torch.jagged:
                 where = f"a jagged nested tensor of {t.size(0)} entries"
                 reason = "a jagged tensor's fake stand-in needs symbolic shapes, which a fake count does not use"
                 raise FakeTensorError(f"{where} cannot be a fake tensor ({reason}); use mode='real'",
@@ -143,7 +147,8 @@ class FakeConverter:
         fake = FakeTensor(self.mode, meta, device)
         fake.requires_grad_(t.requires_grad)
         if isinstance(t, nn.Parameter):
-            fake._is_param = True  # isinstance(fake, nn.Parameter), as the mode's own conversion makes it
+            # isinstance(fake, nn.Parameter), as the mode's own conversion makes it
+            fake._is_param = True
         self.mode.fake_tensor_converter.set_tensor_memo(t, fake)
         return fake
 
@@ -161,7 +166,8 @@ class MetaConverter:
     def __init__(self) -> None:
         self._memo: dict[int, torch.Tensor] = {}
         self._keep: list[torch.Tensor] = []  # keeps sources alive so their ids stay unique
-        self.fallback: FakeConverter | None = None  # set when meta kernels could not run the model: used instead
+        # set when meta kernels could not run the model: used instead
+        self.fallback: FakeConverter | None = None
 
     @property
     def mode(self) -> Any:
@@ -179,7 +185,8 @@ class MetaConverter:
                 meta.requires_grad_(t.requires_grad)
                 if isinstance(t, nn.Parameter):
                     meta = nn.Parameter(meta, requires_grad=t.requires_grad)
-                elif t.requires_grad and not t.is_leaf:  # its history is outside the model: a clone of a leaf
+                # its history is outside the model: a clone of a leaf
+                elif t.requires_grad and not t.is_leaf:
                     meta = non_leaf(meta)
             self._memo[id(t)] = meta
             self._keep.append(t)
@@ -318,8 +325,10 @@ def needs_real_data(error: BaseException) -> BaseException | None:
 _CONTAINERS = (list, tuple, dict, set, collections.deque)
 ATOMS = frozenset({int, float, str, bool, bytes, type(None)})
 """Types whose values hold nothing (nothing to rewire, copy or settle inside)."""
-_EMPTY_COPIES = frozenset({dict, collections.OrderedDict, list, set})  # an empty one is copied as a new one
-_TABLES = frozenset({"_parameters", "_buffers", "_modules"})  # a module's tables: made anew by shadow_of
+# an empty one is copied as a new one
+_EMPTY_COPIES = frozenset({dict, collections.OrderedDict, list, set})
+# a module's tables: made anew by shadow_of
+_TABLES = frozenset({"_parameters", "_buffers", "_modules"})
 
 
 def shadow_of(model: nn.Module, convert: Callable[[torch.Tensor], torch.Tensor]) -> nn.Module:

@@ -97,7 +97,8 @@ def _named(kernel: Any) -> tuple[str, list[str]]:
     """The ``@triton.jit`` function's name under autotuners and heuristics, and the kernel's parameter names."""
     parameters = list(getattr(kernel, "arg_names", ()) or ())
     inner = kernel
-    for _ in range(8):  # (an autotuner's fn is a heuristics' or the JITFunction, whose fn is the Python function)
+    # (an autotuner's fn is a heuristics' or the JITFunction, whose fn is the Python function)
+    for _ in range(8):
         if not hasattr(getattr(inner, "fn", None), "fn"):
             break
         inner = inner.fn

@@ -54,8 +54,10 @@ _LRU = functools._lru_cache_wrapper
 _DEPTH = 3  # levels of callables followed from a root, and of containers searched for a fake tensor
 _MISSING = object()
 _PLAIN = frozenset({int, float, str, bool, type(None), dict, list, tuple, set, collections.OrderedDict, torch.Tensor,
-                    nn.Parameter})  # attribute types skipped at once (most of a module's attributes)
-_NOT_SHARED = (nn.Module, type, types.ModuleType, torch.Tensor, dict, list, tuple, set)  # the shadow copies these
+                    # attribute types skipped at once (most of a module's attributes)
+                    nn.Parameter})
+# the shadow copies these
+_NOT_SHARED = (nn.Module, type, types.ModuleType, torch.Tensor, dict, list, tuple, set)
 _SKIPPED_PACKAGES = ("torch", "flopscope", "builtins", "typing", "functools", "abc")
 
 
@@ -169,7 +171,8 @@ class CacheGuard:
             if module is not None:
                 self._root(vars(module), f"module {module.__name__}")
             self._root(cls.__dict__, f"class {cls.__module__}.{cls.__qualname__}", store=False)
-        for m in modules_of(model).values():  # the objects the modules share with a fake run's shadow (configs, ...)
+        # the objects the modules share with a fake run's shadow (configs, ...)
+        for m in modules_of(model).values():
             if own_attributes:
                 self._store(m.__dict__, f"the attributes of a {type(m).__name__} module")
             for name, value in m.__dict__.items():
@@ -181,7 +184,8 @@ class CacheGuard:
         """The stores of a plain object the model's modules share with a fake run's shadow: its ``__dict__``, the
         dicts and lists it holds (a table kept by key) and, ``depth`` levels down, the same of the plain objects it
         holds (a cache on a holder)."""
-        attrs = object.__getattribute__(obj, "__dict__")  # (a config's own __getattribute__ is slow)
+        # (a config's own __getattribute__ is slow)
+        attrs = object.__getattribute__(obj, "__dict__")
         self._store(attrs, where, key=id(obj))
         for inner, held in list(attrs.items()):
             kind = type(held)

@@ -41,20 +41,26 @@ class ModuleTracker:
         self.stack: tuple[ModuleCall, ...] = ()
         self.calls: Counter[str] = Counter()
         self.inputs: dict[ModuleCall, tuple[tuple[int | str, tuple[int, ...]], ...]] = {}
-        self.foreign_calls = 0  # outermost calls of the model's modules made by other threads while tracking
-        self.root_seconds: dict[int, float] = {}  # call number of the root module -> wall time of that call
+        # outermost calls of the model's modules made by other threads while tracking
+        self.foreign_calls = 0
+        # call number of the root module -> wall time of that call
+        self.root_seconds: dict[int, float] = {}
         self._root_start = 0.0
-        self.replaying = False  # backward pass: a module called now re-runs its forward (activation checkpointing)
-        self.ranges = ranges  # open a torch.profiler range (record_function "flopscope/<path>") per module call
+        # backward pass: a module called now re-runs its forward (activation checkpointing)
+        self.replaying = False
+        # open a torch.profiler range (record_function "flopscope/<path>") per module call
+        self.ranges = ranges
         self._open: list[Any] = []  # the ranges now open, innermost last
-        self._foreign_depth = threading.local()  # per other thread: how many of its calls are running
+        # per other thread: how many of its calls are running
+        self._foreign_depth = threading.local()
         self._failed_in: dict[int, tuple[ModuleCall, ...]] = {}
         self._handles: list[Any] = []
         self._thread = threading.get_ident()
         # told of each module call that returns (module, its call, args, kwargs, output): flopscope.capture.undispatched
         self.on_return: Callable[[nn.Module, ModuleCall, tuple[Any, ...], dict[str, Any], Any], None] | None = None
         self._roots = [root]
-        self._holders: dict[int, list[tuple[bool, str]]] | None = None  # id(parameter) -> (not a Linear, path)
+        # id(parameter) -> (not a Linear, path)
+        self._holders: dict[int, list[tuple[bool, str]]] | None = None
 
     def add_paths(self, root: nn.Module) -> None:
         """Also attribute the calls of ``root``'s modules (the same paths: a model and its shadow)."""
@@ -75,7 +81,8 @@ class ModuleTracker:
                         if p is not None:
                             self._holders.setdefault(id(p), []).append((not isinstance(module, nn.Linear), name))
         found = self._holders.get(id(t))
-        if not found and isinstance(t, torch.Tensor) and t._base is not None:  # a view of it (``weight.squeeze(1)``)
+        # a view of it (``weight.squeeze(1)``)
+        if not found and isinstance(t, torch.Tensor) and t._base is not None:
             found = self._holders.get(id(t._base))
         return min(found)[1] if found else None
 
@@ -134,7 +141,8 @@ class ModuleTracker:
             if depth == 0:  # the outermost call of that thread: the model or one of its submodules
                 self.foreign_calls += 1
             return
-        if not self.replaying:  # a re-run is not a new call: it keeps the number of the last forward call
+        # a re-run is not a new call: it keeps the number of the last forward call
+        if not self.replaying:
             self.calls[path] += 1
         self.stack = (*self.stack, ModuleCall(path, self.calls[path]))
         if self.ranges:
@@ -167,7 +175,8 @@ class ModuleTracker:
             self._failed_in[id(error)] = self.stack
         for i in range(len(self.stack) - 1, -1, -1):
             if self.stack[i].path == path:
-                while self.ranges and len(self._open) > i:  # close this call's range (and any left open inside)
+                # close this call's range (and any left open inside)
+                while self.ranges and len(self._open) > i:
                     self._open.pop().__exit__(None, None, None)
                 self.stack = self.stack[:i]
                 return

@@ -57,7 +57,8 @@ class Cost(StrEnum):
     FORMULA = "formula"  # a registered MAC formula (counted in total())
     ELEMENTWISE = "elementwise"  # an elementwise rule (counted apart, never MACs)
     ZERO = "zero"  # no arithmetic: views, data movement, allocation, lookups
-    COMMUNICATION = "communication"  # a collective (flopscope.communication): listed by Profile.collectives()
+    # a collective (flopscope.communication): listed by Profile.collectives()
+    COMMUNICATION = "communication"
     UNSUPPORTED = "unsupported"  # none of the above: listed by Profile.unsupported()
 
 
@@ -101,19 +102,24 @@ class CapturedOp:
     cost: Cost = Cost.ZERO
     spec: OpSpec | None = None  # the registry's entry for an op with a formula
     macs: int = 0  # MACs of the op's formula (0 without one); public meta key "multiplies"
-    bytes: int = 0  # minimum bytes read and written (flopscope.formulas.traffic); public meta key "bytes"
+    # minimum bytes read and written (flopscope.formulas.traffic); public meta key "bytes"
+    bytes: int = 0
     parts: dict[str, int] | None = None  # {part: MACs} of a fused op's formula
     elementwise: tuple[str, int] | None = None  # (category, elementwise ops)
     seconds: float | None = None  # real mode: wall time of the kernel
     started: float | None = None  # real mode: time.perf_counter() when the kernel started
-    forward: CapturedOp | None = None  # backward op: the forward op whose autograd node ran it; recompute: the
+    # backward op: the forward op whose autograd node ran it; recompute: the
+    forward: CapturedOp | None = None
     # forward op it repeats
-    value: torch.Tensor | None = None  # a small index tensor's known values (or a one-element constant leaf's)
+    # a small index tensor's known values (or a one-element constant leaf's)
+    value: torch.Tensor | None = None
     leaf: LeafKind | None = None
-    collective: tuple[str, int, int | None] | None = None  # (kind, message bytes, group size) of a collective
+    # (kind, message bytes, group size) of a collective
+    collective: tuple[str, int, int | None] | None = None
     # the dataflow, set by link() (the role passes walk it without an fx graph)
     index: int = -1  # position among the capture's records (graph order)
-    inputs: tuple[CapturedOp, ...] = ()  # the records among args / kwargs, each once, in order (fx's all_input_nodes)
+    # the records among args / kwargs, each once, in order (fx's all_input_nodes)
+    inputs: tuple[CapturedOp, ...] = ()
     users: tuple[CapturedOp, ...] = ()  # the records that take this one's output, in order
 
     def __repr__(self) -> str:
@@ -137,8 +143,8 @@ def link(ops: Sequence[CapturedOp], again: bool = False) -> None:
     """Set each record's :attr:`~CapturedOp.index`, :attr:`~CapturedOp.inputs` and :attr:`~CapturedOp.users`
     (once: a capture's records do not change after the run; ``again``: also when they were linked, as after a link
     of part of them)."""
-    if ops and ops[-1].index == len(ops) - 1 and not again:  # (set last: a link interrupted or running elsewhere
-        # is redone)
+    # (set last: a link interrupted or running elsewhere is redone)
+    if ops and ops[-1].index == len(ops) - 1 and not again:
         return
     users: dict[CapturedOp, list[CapturedOp]] = {}
     for op in ops:
@@ -209,7 +215,8 @@ def build_graph(ops: list[CapturedOp]) -> fx.Graph:
             node.args = map_records(op.args, nodes.__getitem__)
         if op.kwargs:
             node.kwargs = map_records(op.kwargs, nodes.__getitem__)
-        node.meta.update(_public_meta(op, nodes))  # (an attribute set would re-file the node in fx's lookup table)
+        # (an attribute set would re-file the node in fx's lookup table)
+        node.meta.update(_public_meta(op, nodes))
     return graph
 
 
@@ -244,11 +251,15 @@ class Capture:
     decomposed: Mapping[str, int]
     module_inputs: Mapping[ModuleCall, tuple[tuple[int | str, Shape], ...]]
     module_calls: Mapping[str, int]
-    root_seconds: Mapping[int, float]  # wall time of each call of the root module (call number -> seconds)
-    upper_bounds: Mapping[str, int] = field(default_factory=dict)  # op -> calls counted as upper bounds
+    # wall time of each call of the root module (call number -> seconds)
+    root_seconds: Mapping[int, float]
+    # op -> calls counted as upper bounds
+    upper_bounds: Mapping[str, int] = field(default_factory=dict)
     outside: tuple[OutsideWork, ...] = ()  # real mode: tensors computed outside the ATen dispatcher
-    largest_tensor_bytes: int = 0  # fake mode: bytes of the largest tensor an op made (a real run needs at least it)
-    copies: Mapping[CapturedOp, CapturedOp] = field(default_factory=dict)  # a replayed call's record -> the record
+    # fake mode: bytes of the largest tensor an op made (a real run needs at least it)
+    largest_tensor_bytes: int = 0
+    # a replayed call's record -> the record
+    copies: Mapping[CapturedOp, CapturedOp] = field(default_factory=dict)
     # of the earlier call it copies (flopscope.capture.replay): the same op on the same shapes, in the same place
 
     def notes(self, unchecked: bool = True) -> list[str]:

@@ -43,14 +43,16 @@ class ModelSnapshot:
         hook_tables = [table for m, *_ in self._tables for name, table in vars(m).items()
                        if "hook" in name and isinstance(table, dict)]
         self._hooks = [(table, dict(table)) for table in hook_tables if table]
-        self._empty_hooks = [table for table in hook_tables if not table]  # most: checked for emptiness only
+        # most: checked for emptiness only
+        self._empty_hooks = [table for table in hook_tables if not table]
         self._training = [(m, m.training) for m in modules]
         named = list(model.named_parameters()) if tables or grads else []
         self._requires_grad = [(p, p.requires_grad) for _, p in named] if tables else []
         # inference tensors have no version counter (a model built under torch.inference_mode)
         self._versions = [(name, p, p._version) for name, p in named if tables and not p.is_inference()]
         self._grads = [(p, p.grad) for _, p in named] if grads else []
-        for p, _ in self._grads:  # a counted backward accumulates into fresh tensors, not into these
+        # a counted backward accumulates into fresh tensors, not into these
+        for p, _ in self._grads:
             p.grad = None
         self._buffers: list[tuple[torch.Tensor, torch.Tensor]] = []
         if buffer_values:
@@ -64,7 +66,8 @@ class ModelSnapshot:
         def step(what: str, action: Callable[..., object], *args: Any) -> None:
             try:
                 action(*args)
-            except Exception as error:  # a restore step must not stop the others nor mask the run's error
+            # a restore step must not stop the others nor mask the run's error
+            except Exception as error:
                 failed.append(f"{what}: {type(error).__name__}: {error}")
 
         # only what changed is put back (most of a model is never touched): a profile's fixed cost

@@ -105,8 +105,10 @@ class OutsideCheck:
     def __init__(self, recorder: Watched, tracker: ModuleTracker) -> None:
         self._recorder, self._tracker = recorder, tracker
         self.found: list[OutsideWork] = recorder.outside_work
-        self._start = torch.autograd._get_sequence_nr()  # autograd nodes made from now on are the run's
-        self._flagged: dict[int, weakref.ref[torch.Tensor]] = {}  # storage -> a tensor on it already reported
+        # autograd nodes made from now on are the run's
+        self._start = torch.autograd._get_sequence_nr()
+        # storage -> a tensor on it already reported
+        self._flagged: dict[int, weakref.ref[torch.Tensor]] = {}
         recorder.on_lift = self._lifted
         recorder.on_constant = self._constant
         recorder.on_unwritten_read = self._read_unwritten
@@ -114,7 +116,8 @@ class OutsideCheck:
 
     # the rules ---------------------------------------------------------------------------------
     def _lifted(self, t: torch.Tensor) -> None:
-        stack = self._tracker.stack  # (empty in the backward pass; a recomputed forward is not new work)
+        # (empty in the backward pass; a recomputed forward is not new work)
+        stack = self._tracker.stack
         if stack and not self._tracker.replaying and _plain(t) and _foreign(t):
             self._flag(t, stack[-1], FOREIGN)
 
@@ -124,7 +127,8 @@ class OutsideCheck:
             return
         if self._new_function_output(t):
             self._flag(t, stack[-1], UNMADE)
-        elif _foreign(t) and _running_function() is not None:  # NumPy's memory met inside an autograd.Function
+        # NumPy's memory met inside an autograd.Function
+        elif _foreign(t) and _running_function() is not None:
             self._flag(t, stack[-1], FOREIGN)
 
     def _returned(self, module: nn.Module, call: ModuleCall, args: tuple[Any, ...], kwargs: dict[str, Any],

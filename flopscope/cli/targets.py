@@ -37,9 +37,11 @@ class Target:
     token_inputs: bool  # inputs are token ids (their last dim is the sequence)
     vocab_size: int | None = None
     encoder_decoder: bool = False
-    positions: int | None = None  # rows of a learned position table: the longest sequence a forward takes
+    # rows of a learned position table: the longest sequence a forward takes
+    positions: int | None = None
     positions_key: str = ""  # the config key that declares them (for the hint: --set KEY=...)
-    input_shape: tuple[int, ...] | None = None  # the default input without --input (an image model's 1x3xHxW)
+    # the default input without --input (an image model's 1x3xHxW)
+    input_shape: tuple[int, ...] | None = None
 
     def check_sequence(self, n: int, what: str = "a sequence") -> None:
         """Refuse a sequence of ``n`` tokens longer than the model's learned position table (a real forward
@@ -106,7 +108,8 @@ def _typed(current: Mapping[str, Any], overrides: Mapping[str, Any], what: str, 
     ``rms_norm_eps``). ``source``: what the current values are, as the error names them."""
     out = dict(overrides)
     for key, value in overrides.items():
-        if key not in current or value is None:  # None: the key's "unset" (its own error, if any, from the config)
+        # None: the key's "unset" (its own error, if any, from the config)
+        if key not in current or value is None:
             continue
         old = current[key]
         if isinstance(old, bool):
@@ -153,7 +156,8 @@ def load_target(spec: str, settings: Sequence[str] = (), device: str | None = No
         return _config_file(local if local.suffix == ".json" else local / "config.json", "", overrides, spec, device)
     if spec.startswith("hf:"):
         name, _, head = spec[3:].partition("/")
-        if "/" in spec[3:] and head.partition("/")[0] not in HF_HEADS:  # ORG/NAME[/HEAD]: a model on the hub
+        # ORG/NAME[/HEAD]: a model on the hub
+        if "/" in spec[3:] and head.partition("/")[0] not in HF_HEADS:
             _check_not_a_head(name, head)
             repo, _, head = spec[3:].partition("/")[2].partition("/")
             return _config_file(_hub_config(f"{name}/{repo}"), head, overrides, spec, device)
@@ -236,7 +240,8 @@ def _import_model_of(builder: Any, config: Any) -> None:
     """Import the module of the class an auto class (``AutoModelForCausalLM``) builds for ``config`` (transformers
     imports it on first use), so that it is not first imported where the model is built."""
     mapping = getattr(builder, "_model_mapping", None)
-    with contextlib.suppress(KeyError):  # a config the auto class does not know: its own error, from from_config
+    # a config the auto class does not know: its own error, from from_config
+    with contextlib.suppress(KeyError):
         _ = mapping[type(config)] if mapping is not None else None
 
 
@@ -284,7 +289,8 @@ def _hugging_face(family: str, overrides: dict[str, Any], device: str | None = N
     overrides = _check_overrides(transformers.AutoConfig.for_model(family), overrides, f"hf:{family}")
     try:
         config = transformers.AutoConfig.for_model(family, **overrides)
-    except Exception as e:  # transformers' own validation of the values (a head count that does not divide, ...)
+    # transformers' own validation of the values (a head count that does not divide, ...)
+    except Exception as e:
         raise UsageError(f"the config of hf:{family} refuses {_settings_text(overrides)}: {type(e).__name__}: "
                          f"{e}") from e
     torch.manual_seed(0)
@@ -319,7 +325,8 @@ def _hub_config(repo: str) -> Path:
     if offline or unreachable:
         try:
             path = Path(hf_hub_download(repo, "config.json", local_files_only=True))
-        except Exception as e:  # not in the cache (LocalEntryNotFoundError), or a cache that cannot be read
+        # not in the cache (LocalEntryNotFoundError), or a cache that cannot be read
+        except Exception as e:
             why = ("HF_HUB_OFFLINE is set" if offline else
                    f"the Hugging Face hub at {endpoint} cannot be reached ({unreachable})")
             raise FlopscopeError(f"cannot fetch {what}: {why}, and the Hugging Face cache has no copy "
@@ -332,7 +339,8 @@ def _hub_config(repo: str) -> Path:
         return path
     try:
         return Path(hf_hub_download(repo, "config.json", endpoint=endpoint))
-    except Exception as e:  # a gated or missing repo, or a connection lost after the probe: say which
+    # a gated or missing repo, or a connection lost after the probe: say which
+    except Exception as e:
         raise FlopscopeError(f"cannot fetch {what} from the Hugging Face hub at {endpoint} "
                              f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); {instead}") from e
 
@@ -345,7 +353,8 @@ def _env_true(name: str) -> bool:
 def _unreachable(endpoint: str) -> str | None:
     """Why ``endpoint`` gives no HTTP answer within :data:`HUB_PROBE_SECONDS` (one request, no retries, through
     the hub client's own session: its proxies and headers), or ``None`` if it answers (any status)."""
-    from huggingface_hub.utils import get_session  # lazy: only hf:ORG/NAME targets need the hub client
+    # lazy: only hf:ORG/NAME targets need the hub client
+    from huggingface_hub.utils import get_session
 
     try:
         get_session().head(endpoint, timeout=HUB_PROBE_SECONDS)

@@ -195,7 +195,8 @@ def transformer_encoder_layer(src: Shape, embed_dim: int, num_heads: int, qkv_we
                               ffn_weight_1: Shape, *_: Any, **__: Any) -> dict[str, int]:
     """The fused eval fast path of ``nn.TransformerEncoderLayer``: self-attention plus a two-layer FFN."""
     # [B, n, E] = _transformer_encoder_layer_fwd([B, n, E], E, h, [3E, E], ..., [F, E], [F], [E, F], [E], ...)
-    if isinstance(src, NestedShape):  # padded batch passed as a nested tensor: no work on the padding
+    # padded batch passed as a nested tensor: no work on the padding
+    if isinstance(src, NestedShape):
         tokens, parts = sum(src.lengths), _nested_self_attention(src.lengths, embed_dim)
     else:
         tokens, n = prod(src[:-1]), (src[-2] if len(src) > 1 else 1)

@@ -147,7 +147,8 @@ ZERO_COST: frozenset[Any] = frozenset([
     aten.permute_copy, aten.t_copy, aten.transpose_copy, aten.slice_copy, aten.select_copy,
     aten.unsqueeze_copy, aten.squeeze_copy, aten.split_copy, aten.split_with_sizes_copy, aten.unbind_copy,
     aten._pad_packed_sequence, aten._pack_padded_sequence, aten._reshape_alias,
-    aten._cudnn_rnn_flatten_weight,  # nn.LSTM / GRU / RNN on CUDA copy their weights into one cuDNN buffer
+    # nn.LSTM / GRU / RNN on CUDA copy their weights into one cuDNN buffer
+    aten._cudnn_rnn_flatten_weight,
     aten._nested_tensor_from_mask, aten._nested_tensor_from_tensor_list, aten.to_padded_tensor,
     aten._local_scalar_dense, aten.item, aten.is_nonzero, aten.equal, aten.allclose,
     aten._assert_async, aten._assert_scalar, aten.sym_constrain_range, aten._assert_tensor_metadata,

@@ -70,7 +70,8 @@ def _flash_forward(named: Mapping[str, Any]) -> dict[str, int]:
         named.get("max_seqlen_k"), _first(named, "seqused_k", "seqused_k_", "seqlens_k"),
         _first(named, "page_table", "block_table", "block_table_"), k_new)
     heads, d_k, d_v = q[-2], q[-1], v[-1]
-    qv = _first(named, "qv", "q_v")  # (FlashAttention 3: a second query block scored against V, as in MLA)
+    # (FlashAttention 3: a second query block scored against V, as in MLA)
+    qv = _first(named, "qv", "q_v")
     parts = {"attn_scores": heads * pairs * (d_k + (qv[-1] if qv is not None else 0)),
              "attn_weighted_sum": heads * pairs * d_v}
     return parts if exact else UpperBound(parts)

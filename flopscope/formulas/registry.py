@@ -158,7 +158,8 @@ class OpSpec:
     formula: MacFormula
     family: OpFamily
     operands: tuple[int, ...] = ()
-    layout: str = BHND  # attention kernels: where heads and positions sit in q, k and v (BHND or BNHD)
+    # attention kernels: where heads and positions sit in q, k and v (BHND or BNHD)
+    layout: str = BHND
 
     @property
     def is_matmul(self) -> bool:
@@ -234,7 +235,8 @@ class FormulaRegistry:
         build hash (``flash_attn::fwd``: :func:`hub_name`)."""
         table, key = self._key(func)
         spec = table.get(key)
-        if spec is None and table is self._by_packet and self._by_name:  # registered by name before it loaded
+        # registered by name before it loaded
+        if spec is None and table is self._by_packet and self._by_name:
             name = _qualified_name(key)
             spec = self._by_name.get(name)
             if spec is None and name.startswith("_"):
@@ -356,7 +358,8 @@ def functional_overload(func: Any) -> Any:
     for op in functional.values():
         if _inputs(op) == inputs:
             return op
-    name = func._overloadname.removesuffix("out").removesuffix("_") or "default"  # "Tensor_out" -> "Tensor"
+    # "Tensor_out" -> "Tensor"
+    name = func._overloadname.removesuffix("out").removesuffix("_") or "default"
     return functional.get(name) or next(iter(functional.values()), func)
 
 
@@ -411,12 +414,14 @@ def _jagged_shape(t: Any) -> NestedShape:
     """A jagged nested tensor ``[B, ..., j, ...]`` (ragged at ``t._ragged_idx``): entry i is ``nᵢ`` long there,
     ``nᵢ`` the difference of its offsets (or its ``lengths``, where it has holes)."""
     ragged = t._ragged_idx
-    dims = [d for i, d in enumerate(t._size) if i != ragged]  # every dim but the ragged one is a plain int
+    # every dim but the ragged one is a plain int
+    dims = [d for i, d in enumerate(t._size) if i != ragged]
     batch = int(dims[0])
     with _disable_current_modes():
         try:
             lengths = (t._lengths if t._lengths is not None else t._offsets.diff()).tolist()
-        except (RuntimeError, NotImplementedError):  # fake or meta offsets: only the longest length is known
+        # fake or meta offsets: only the longest length is known
+        except (RuntimeError, NotImplementedError):
             longest = t._maybe_max_seqlen
             lengths = [int(longest) if longest is not None else int(t._values.shape[ragged - 1])] * batch
     inner = [int(d) for d in dims[1:]]
@@ -480,7 +485,8 @@ def _shape_of(x: Any, values: Values | None = None) -> Any:
         known = values(x) if values is not None and not x.is_floating_point() and not x.is_nested else None
         if known is None:
             return shape_of(x)
-        with _disable_current_modes():  # real values: a fake mode below the recorder must not take them
+        # real values: a fake mode below the recorder must not take them
+        with _disable_current_modes():
             return KnownShape(shape_of(x), known.flatten().tolist())
     if isinstance(x, (list, tuple)) and x and any(isinstance(t, torch.Tensor) for t in x):
         return [_shape_of(t, values) for t in x]

@@ -66,8 +66,10 @@ _P = 1e15  # PFLOP/s
 _GB = 1e9  # GB/s, decimal as datasheets print it (bytes per second)
 _TB = 1e12  # TB/s
 
-_FP8_NV = (torch.float8_e4m3fn, torch.float8_e5m2)  # the OCP FP8 formats of Hopper / Ada / Blackwell
-_FP8_AMD = (torch.float8_e4m3fnuz, torch.float8_e5m2fnuz)  # MI300's FP8 formats (no inf, unsigned zero)
+# the OCP FP8 formats of Hopper / Ada / Blackwell
+_FP8_NV = (torch.float8_e4m3fn, torch.float8_e5m2)
+# MI300's FP8 formats (no inf, unsigned zero)
+_FP8_AMD = (torch.float8_e4m3fnuz, torch.float8_e5m2fnuz)
 
 
 def _same(value: float, *dtypes: torch.dtype) -> dict[torch.dtype, float]:
@@ -148,14 +150,17 @@ _EXCLUDE = [
     r"\bGB200\b|\bGH200\b",  # Grace superchips: other power limits and figures
 ]
 _PATTERNS: list[tuple[str, str]] = [
-    (r"\bA100\b", "A100"),  # "NVIDIA A100-SXM4-80GB", "NVIDIA A100-SXM4-40GB", "NVIDIA A100-PCIE-40GB", "... 80GB PCIe"
+    # "NVIDIA A100-SXM4-80GB", "NVIDIA A100-SXM4-40GB", "NVIDIA A100-PCIE-40GB", "... 80GB PCIe"
+    (r"\bA100\b", "A100"),
     (r"\bH100\b.*\bPCIe\b", "H100 PCIe"),  # "NVIDIA H100 PCIe"
-    (r"\bH100\b.*(\bSXM|\bHBM3\b)", "H100 SXM"),  # "NVIDIA H100 80GB HBM3" (SXM5 has HBM3, PCIe HBM2e)
+    # "NVIDIA H100 80GB HBM3" (SXM5 has HBM3, PCIe HBM2e)
+    (r"\bH100\b.*(\bSXM|\bHBM3\b)", "H100 SXM"),
     (r"\bH200\b", "H200"),  # "NVIDIA H200" (the SXM part; NVL excluded above)
     (r"\bB200\b", "B200"),  # "NVIDIA B200"
     (r"\bL40S\b", "L40S"),  # "NVIDIA L40S"
     (r"\bL4\b", "L4"),  # "NVIDIA L4"
-    (r"\bMI250X\b(?!\s*/)", "MI250X"),  # "AMD Instinct MI250X" (not the ambiguous "MI250X / MI250", see below)
+    # "AMD Instinct MI250X" (not the ambiguous "MI250X / MI250", see below)
+    (r"\bMI250X\b(?!\s*/)", "MI250X"),
     (r"\bMI300X\b", "MI300X"),  # "AMD Instinct MI300X"
 ]
 # ROCm may report a gfx90a GCD as "AMD Instinct MI250X / MI250": the compute-unit count tells them apart
@@ -333,9 +338,12 @@ BANDWIDTH: dict[str, float] = {
 # and a warning, not the nearest variant.
 _BANDWIDTH_VARIANTS: dict[str, list[tuple[str, str]]] = {
     "A100": [
-        (r"\b40\s*GB\b", "A100 40GB"),  # "NVIDIA A100-SXM4-40GB", "NVIDIA A100-PCIE-40GB": 1,555 GB/s both
-        (r"\b80\s*GB\b.*\bPCIe\b|\bPCIe\b.*\b80\s*GB\b", "A100 80GB PCIe"),  # "NVIDIA A100 80GB PCIe"
-        (r"\b80\s*GB\b.*\bSXM\d?\b|\bSXM\d?\b.*\b80\s*GB\b", "A100 80GB SXM"),  # "NVIDIA A100-SXM4-80GB"
+        # "NVIDIA A100-SXM4-40GB", "NVIDIA A100-PCIE-40GB": 1,555 GB/s both
+        (r"\b40\s*GB\b", "A100 40GB"),
+        # "NVIDIA A100 80GB PCIe"
+        (r"\b80\s*GB\b.*\bPCIe\b|\bPCIe\b.*\b80\s*GB\b", "A100 80GB PCIe"),
+        # "NVIDIA A100-SXM4-80GB"
+        (r"\b80\s*GB\b.*\bSXM\d?\b|\bSXM\d?\b.*\b80\s*GB\b", "A100 80GB SXM"),
     ],
 }
 

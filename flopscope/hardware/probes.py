@@ -86,7 +86,8 @@ def gemm_benchmark(dtype: torch.dtype, seconds: float, max_n: int = 1024) -> tup
                 t0 = time.perf_counter()
                 torch.mm(a, b, out=out)
                 dt = min(dt, time.perf_counter() - t0)
-            if n >= max_n or dt * 8 * 4 > seconds:  # the next size costs 8x; keep >= ~4 products in budget
+            # the next size costs 8x; keep >= ~4 products in budget
+            if n >= max_n or dt * 8 * 4 > seconds:
                 break
             n *= 2
         best, count = 0.0, 0

@@ -71,8 +71,10 @@ class FlopscopeTrainerCallback(TrainerCallback):
         self.window: Throughput | None = None  # the steps since the last log
         self.disabled = False
         self.history: list[dict[str, Any]] = []  # every optimizer step's metrics
-        self._original: Callable[[Any], int] | None = None  # the trainer's own hook, used once disabled
-        self._pending: dict[str, Any] = _empty_step()  # micro-batches priced since the last optimizer step
+        # the trainer's own hook, used once disabled
+        self._original: Callable[[Any], int] | None = None
+        # micro-batches priced since the last optimizer step
+        self._pending: dict[str, Any] = _empty_step()
         self._mark: float | None = None
 
     def attach(self, trainer: Trainer) -> FlopscopeTrainerCallback:

@@ -47,8 +47,10 @@ class _Tool:
     module: str  # the module of this package holding its runner and its plug-in
     runner: str  # the runner's name in that module
     package: str | None  # the third-party package it needs (None: part of torch, always there)
-    patches: tuple[str, ...] = ()  # namespaces beyond torch / F / Tensor it patches (checked and restored after)
-    imports: tuple[str, ...] = ()  # what to import before the run's snapshot (the tool's own import changes)
+    # namespaces beyond torch / F / Tensor it patches (checked and restored after)
+    patches: tuple[str, ...] = ()
+    # what to import before the run's snapshot (the tool's own import changes)
+    imports: tuple[str, ...] = ()
 
 
 _TOOL_TABLE: dict[str, _Tool] = {tool.name: tool for tool in (
@@ -137,8 +139,10 @@ class PeerCount:
     differences: tuple[Difference, ...] = ()
     unsupported: Mapping[str, int] | None = None  # fvcore's unsupported_ops(): {op: calls}
     by_module: Mapping[str, int] | None = None
-    leaks: tuple[str, ...] = ()  # what the tool left behind (patched functions, hooks), undone before the next
-    note: str = ""  # how the peer was run when not as given ("counted with use_cache=False: ..."), and why
+    # what the tool left behind (patched functions, hooks), undone before the next
+    leaks: tuple[str, ...] = ()
+    # how the peer was run when not as given ("counted with use_cache=False: ..."), and why
+    note: str = ""
 
     @property
     def difference(self) -> int | None:
@@ -314,7 +318,8 @@ def crosscheck(model: nn.Module, *args: Any, tools: Sequence[str] | None = None,
     model, _ = eager_module(model)
     peers: dict[str, PeerCount] = {}
     cacheless = _without_cache(model, kwargs)
-    uncached: Profile | None = None  # flopscope's count of the call without the cache, made once if a peer needs it
+    # flopscope's count of the call without the cache, made once if a peer needs it
+    uncached: Profile | None = None
     for name in chosen:
         tool = _TOOL_TABLE[name]
         if tool.package is not None and importlib.util.find_spec(tool.package) is None:
@@ -344,7 +349,8 @@ def _run_peer(tool: _Tool, model: nn.Module, args: tuple[Any, ...], kwargs: dict
     way out (:func:`failure`)."""
     why = ""
     run = _runner(tool)
-    modules = {space: _imported(space) for space in (*tool.imports, *tool.patches)}  # before the snapshot
+    # before the snapshot
+    modules = {space: _imported(space) for space in (*tool.imports, *tool.patches)}
     extra = [modules[space] for space in tool.patches if modules[space] is not None]
     with isolated(model, extra) as isolation:
         try:
@@ -442,7 +448,8 @@ def inner_profile(model: nn.Module) -> Iterator[Followed]:
     finally:
         try:
             followed.profile = Profile(session.finish())
-        except FlopscopeError:  # flopscope's own failure to build that profile: compare with the caller's
+        # flopscope's own failure to build that profile: compare with the caller's
+        except FlopscopeError:
             followed.profile = None
 
 

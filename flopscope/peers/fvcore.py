@@ -67,8 +67,10 @@ _COMPOSITE_HANDLES: dict[str, tuple[Any, Callable[[list[Any]], list[Any]] | None
 whose formula counts it (its family is that kernel's) and the selection of that formula's arguments."""
 
 _TRACED_FAMILIES: dict[str, OpFamily] = {
-    "aten::einsum": OpFamily.MATMUL,  # traced as one op; runs as bmm (fvcore's own einsum handle counts it)
-    "aten::conv": OpFamily.CONV,  # the key fvcore's convolution handle reports aten::_convolution under
+    # traced as one op; runs as bmm (fvcore's own einsum handle counts it)
+    "aten::einsum": OpFamily.MATMUL,
+    # the key fvcore's convolution handle reports aten::_convolution under
+    "aten::conv": OpFamily.CONV,
 }
 """Families of the names the registry cannot tell: a composite TorchScript op with no kernel formula of its
 own, and fvcore's key for a convolution. Every other name (``aten::linear``, ``aten::matmul``, ``addmm``,
@@ -132,7 +134,8 @@ def _run_fvcore(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
         differences.append(Difference(TOOL, "path", traced - prof.total(),
                                       f"its TorchScript trace runs other kernels: flopscope's formulas give "
                                       f"{traced:,} MACs on the traced graph, {prof.total():,} on the profiled run"))
-    mine: dict[str, Counter[str]] = {}  # family -> {role: MACs} ("" where the formula has no role split)
+    # family -> {role: MACs} ("" where the formula has no role split)
+    mine: dict[str, Counter[str]] = {}
     names: dict[str, list[str]] = {}  # family -> TorchScript op names
     for key, macs in by_role_op.items():
         op, _, role = key.partition("|")
@@ -148,7 +151,8 @@ def _run_fvcore(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
         if delta == 0:
             continue
         parts = dict(mine.get(family, {}))
-        if "" in parts:  # GEMMs / convolutions: their roles are those of flopscope's records of that family
+        # GEMMs / convolutions: their roles are those of flopscope's records of that family
+        if "" in parts:
             roles = sum_roles(r for r in prof.records if _family(r.op) == family)
             parts = roles if sum(roles.values()) == counted else {}
         ops = sorted(set(names[family]))

@@ -66,7 +66,8 @@ class _Driver:
     start: Callable[[nn.Module], Any]  # the model -> the tool's profiler, started
     total_macs: Callable[[Any], int]
     end: Callable[[Any], None]
-    rules: Mapping[type, Any]  # its module-level rules (RNN modules): a forward hook instead of the wrappers
+    # its module-level rules (RNN modules): a forward hook instead of the wrappers
+    rules: Mapping[type, Any]
 
 
 def _deepspeed() -> _Driver:
@@ -113,7 +114,8 @@ def _run(driver: _Driver, model: nn.Module, args: tuple[Any, ...], kwargs: dict[
     with quiet(), inner_profile(twin) as followed:
         profiler = driver.start(twin)
         patched = set(before.patched())
-        twin(*args, **kwargs)  # as get_model_profile / calculate_flops: if this raises, the tool cleans up nothing
+        # as get_model_profile / calculate_flops: if this raises, the tool cleans up nothing
+        twin(*args, **kwargs)
         total = driver.total_macs(profiler)
         macs = {path: int(getattr(m, "__macs__", 0) or 0) for path, m in twin.named_modules()}
         flops = {path: int(getattr(m, "__flops__", 0) or 0) for path, m in twin.named_modules()}
@@ -131,13 +133,15 @@ def _run(driver: _Driver, model: nn.Module, args: tuple[Any, ...], kwargs: dict[
         mine.setdefault(canonical.get(owner, owner), []).append(record)
 
     differences = path_difference(driver.tool, "its module hooks change what runs", followed.profile, prof)
-    if followed.profile is not None and not differences:  # the same MACs, maybe through other kernels
+    # the same MACs, maybe through other kernels
+    if followed.profile is not None and not differences:
         ours, theirs_ops = set(prof.by_op()), set(followed.profile.by_op())
         if ours != theirs_ops:
             differences.append(Difference(driver.tool, "path", 0, "its module hooks change what runs, with the same "
                                           f"MACs: {', '.join(sorted(ours - theirs_ops)) or 'nothing'} in the "
                                           f"caller's run, {', '.join(sorted(theirs_ops - ours)) or 'nothing'} in its"))
-    groups: dict[tuple[str, str, bool], list[str]] = {}  # (module type, kind, by an RNN rule) -> paths
+    # (module type, kind, by an RNN rule) -> paths
+    groups: dict[tuple[str, str, bool], list[str]] = {}
     for path in [*mine, *(p for p in macs if p not in mine)]:
         counted, executed = macs.get(path, 0), sum(r.multiplies for r in mine.get(path, ()))
         if counted != executed:

@@ -51,8 +51,10 @@ from .common import (
 TOOL = "thop"
 aten = torch.ops.aten
 
-ThopRule = Callable[[Any, tuple[Any, ...], Any], None]  # (module, inputs, output), adds to module.total_ops
-FunctionRule = Callable[[tuple[Any, ...], dict[str, Any], Any], float]  # (args, kwargs, output) -> ops
+# (module, inputs, output), adds to module.total_ops
+ThopRule = Callable[[Any, tuple[Any, ...], Any], None]
+# (args, kwargs, output) -> ops
+FunctionRule = Callable[[tuple[Any, ...], dict[str, Any], Any], float]
 
 _MAC_RULE_TYPES: tuple[type[nn.Module], ...] = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d,
                                                 nn.ConvTranspose2d, nn.ConvTranspose3d, nn.Linear, nn.Bilinear,
@@ -63,8 +65,10 @@ them; the recurrent and attention rules are replaced, and every other rule count
 
 class _ThopTables(NamedTuple):
     rules: Mapping[type, ThopRule]  # thop's default rule per module type (custom_ops override them)
-    functions: Mapping[Any, FunctionRule]  # its rule per torch function ({} where thop has no function hooks)
-    zero_ops: ThopRule  # its rule that counts nothing (a module with it does not stop the function hooks)
+    # its rule per torch function ({} where thop has no function hooks)
+    functions: Mapping[Any, FunctionRule]
+    # its rule that counts nothing (a module with it does not stop the function hooks)
+    zero_ops: ThopRule
 
 
 def _thop_tables() -> _ThopTables:
@@ -73,7 +77,8 @@ def _thop_tables() -> _ThopTables:
     ``thop.profile`` does) and ``thop.profile.functional_hooks`` (its rule per torch function: thop reports
     their count only inside its total, so the runner needs them to place that count per module). thop has
     no public way to read either. ``zero_ops`` is its public no-count rule."""
-    module = importlib.import_module("thop.profile")  # the module; ``thop.profile`` the attribute is a function
+    # the module; ``thop.profile`` the attribute is a function
+    module = importlib.import_module("thop.profile")
     from thop.vision.basic_hooks import zero_ops
 
     return _ThopTables(module.register_hooks, getattr(module, "functional_hooks", {}), zero_ops)
@@ -166,9 +171,11 @@ def _run_thop(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], p
 
     own: dict[str, float] = {}
     below_root = _layer_tree(tree, "", modules, set(), own)
-    if "" in ruled:  # a rule on the root: every function call runs under it, so the function hooks count nothing
+    # a rule on the root: every function call runs under it, so the function hooks count nothing
+    if "" in ruled:
         own[""] = total_f - below_root
-    outside_tree = 0 if "" in ruled else round(total_f - below_root)  # what thop's function hooks counted
+    # what thop's function hooks counted
+    outside_tree = 0 if "" in ruled else round(total_f - below_root)
     by_type: Counter[str] = Counter()
     for path, ops in own.items():
         if path in modules and round(ops):
@@ -193,7 +200,8 @@ def _run_thop(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], p
     for path in [*mine, *(p for p in theirs if p not in mine)]:
         by_rule = path in ruled
         if not by_rule and not placed:
-            continue  # what thop's function hooks counted here is unknown: the gap stays unexplained
+            # what thop's function hooks counted here is unknown: the gap stays unexplained
+            continue
         counted, executed = theirs.get(path, 0), sum(r.multiplies for r in mine.get(path, ()))
         if counted != executed:
             type_name = type(modules[path]).__name__ if path in modules else "?"

@@ -48,7 +48,8 @@ def _run_torchprofile(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str,
     # of the trace differs (a convolution is not recorded), so the comparison is with the caller's run
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        nodes = cast(dict[Any, int], profile_macs(twin, args, reduction=None))  # reduction=None: per node
+        # reduction=None: per node
+        nodes = cast(dict[Any, int], profile_macs(twin, args, reduction=None))
     unsupported = Counter(m.group(1) for w in caught if (m := _NO_HANDLER.search(str(w.message))))
     by_op: Counter[str] = Counter()
     for node, macs in nodes.items():

@@ -44,7 +44,8 @@ def _core_macs(measured: Mapping[str, int], batch: int, n_q: int, n_k: int, hype
     if hyper.d_k is None:
         return {}
     core = {"attn_kv_state": batch * n_k * hyper.d_kv * hyper.d_k, "attn_readout": batch * n_q * hyper.d_q * hyper.d_k}
-    if "attn_normaliser" in measured:  # present or not by the block's design, as the gate of a gated FFN
+    # present or not by the block's design, as the gate of a gated FFN
+    if "attn_normaliser" in measured:
         core["attn_normaliser"] = batch * n_q * hyper.d_q
     return core
 
@@ -96,7 +97,8 @@ def _attention_hyper(b: Block) -> _Attention | None:
     source = "module attributes"
     d = facts.declared(WIDTH, paths, config=False)
     q_modules = b.role_modules.get("q_proj", set())
-    if d is None and len(q_modules) == 1:  # the query projection's declared input width (a stage's own d)
+    # the query projection's declared input width (a stage's own d)
+    if d is None and len(q_modules) == 1:
         d = facts.declared(LINEAR_IN, [next(iter(q_modules))], config=False)
     h = facts.declared(HEADS, paths, config=False)
     n_kv = facts.declared(KV_HEADS, paths, config=False)
@@ -119,7 +121,8 @@ def _attention_hyper(b: Block) -> _Attention | None:
         if n_kv is None and groups is not None and groups > 0:
             n_kv = h // groups
         d_k = d_k if d_k is not None else d // h
-        if n_kv is None and d_k:  # no key / value head count declared: the key projection's width says it
+        # no key / value head count declared: the key projection's width says it
+        if n_kv is None and d_k:
             k_out = own_linear_width(b, "k_proj")
             if k_out is not None and k_out % d_k == 0 and k_out != h * d_k:
                 n_kv, source = k_out // d_k, f"{source}; n_kv from the key projection's width"
@@ -172,7 +175,8 @@ def attention_rows(b: Block) -> list[ReconcileRow]:
             kv_names: tuple[int | str, ...] = (*KEY_INPUTS, 1) if seq_first or facts.attr(block, "kdim") else KEY_INPUTS
             kv = batch_and_length(shapes, facts.attr(block, "kdim") or _key_width(b) or hyper.d, kv_names, seq_first)
             if kv is None and key_calls is not None and key_calls[i][0] == batch:
-                kv = key_calls[i]  # a context passed by position: the key projection's own input says its tokens
+                # a context passed by position: the key projection's own input says its tokens
+                kv = key_calls[i]
             n_k = kv[1] if kv is not None else n_q
         d, d_q, d_kv = hyper.d, hyper.d_q, hyper.d_kv  # d_q = h·d_k, d_kv = n_kv·d_k
         # nn.MultiheadAttention declares the key / value input widths and keys appended after projection; a
@@ -196,7 +200,8 @@ def attention_rows(b: Block) -> list[ReconcileRow]:
         useful["attn_weighted_sum"] += batch * pairs * d_q
         basis = (f"B={batch} n_q={n_q} n_k={n_k} d={d} {hyper.source}"
                  f"{' causal' if causal else ''}{f' window={window}' if window else ''}")
-    if not predicted:  # no call input of the declared width: the block's interface is not the usual one
+    # no call input of the declared width: the block's interface is not the usual one
+    if not predicted:
         return b.unrecognised(present, f"no input of width d={hyper.d} among its call's inputs")
     rows = []
     for role in ATTENTION_ROLES:
@@ -260,7 +265,8 @@ def _stream_attention_rows(b: Block) -> list[ReconcileRow] | None:
         weighted += batch * n_q * n_k * d_v
     predicted |= {"attn_scores": scores, "attn_weighted_sum": weighted}
     outs = linears["out_proj"]
-    if outs is not None:  # an output projection reading a concatenation is out_proj for the attention's rows only
+    # an output projection reading a concatenation is out_proj for the attention's rows only
+    if outs is not None:
         predicted["out_proj"] = sum(m.macs(min(m.width_in, d_v)) for m in outs)
     names = ", ".join(dict.fromkeys(
         f"{m.path.rsplit('.', 1)[-1]} {m.width_in}->{m.width_out * shares[m.path]}"

@@ -35,7 +35,8 @@ def ffn_rows(b: Block) -> list[ReconcileRow]:
     present = [r for r in FFN_ROLES if r in measured]
     fused = {m for role in ("q_proj", "k_proj", "v_proj") for m in b.role_modules.get(role, set())}
     shared = {m for m in fused & b.role_modules.get("ffn_up", set())
-              if facts.declared(LINEAR_IN, [m], config=False) is not None}  # a linear layer whose width would be read
+              # a linear layer whose width would be read
+              if facts.declared(LINEAR_IN, [m], config=False) is not None}
     if shared and spec is None and source == "weight shapes":
         return b.unrecognised(present, f"the up projection {sorted(shared)[0]} is fused with attention's "
                                        "projections: its declared width is not the FFN's (a TransformerSpec says d_ff)")
@@ -89,7 +90,8 @@ def _ffn_widths(b: Block, gated: bool) -> tuple[int | None, int | None, str]:
         d_in = facts.declared(LINEAR_IN, [up], config=False)
         width = facts.declared(LINEAR_OUT, [up], config=False)
         if d_in is not None and width is not None:
-            fused = gated and b.role_modules.get("ffn_gate") == ups  # one gate_up projection, split in two
+            # one gate_up projection, split in two
+            fused = gated and b.role_modules.get("ffn_gate") == ups
             return d_in, width // 2 if fused else width, "weight shapes"
     d = facts.declared(WIDTH)
     moe = facts.declared(TOP_K) is not None

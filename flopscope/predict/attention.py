@@ -150,7 +150,8 @@ class CoreOp:
     window: int | None
     allowed: Fraction | None
     source: str  # KERNEL, VALUES, DECLARED, UNMASKED or UNKNOWN
-    record: CapturedOp = field(repr=False, compare=False)  # the op (``node`` is its name in the fx graph)
+    # the op (``node`` is its name in the fx graph)
+    record: CapturedOp = field(repr=False, compare=False)
 
     def share(self, attention: str) -> Fraction:
         """Pairs charged under ``attention`` over pairs executed."""
@@ -234,13 +235,15 @@ def _facts_of(op: CapturedOp, block: str, facts: ModelFacts, parts_of: Mapping[C
     """(n_q, n_k, causal, window, allowed share, source) of one core op."""
     declared_causal, declared_window = declared_mask(block, facts)
     spec = op.spec
-    if spec is not None and spec.family is OpFamily.ATTENTION:  # a fused kernel: its own arguments say it all
+    # a fused kernel: its own arguments say it all
+    if spec is not None and spec.family is OpFamily.ATTENTION:
         geometry = _kernel_geometry(op)
         if geometry is None:
             return None, None, False, None, None, UNKNOWN
         n_q, n_k, scores_shape = geometry
         mask_mod = _flex_mask_mod(op)
-        if mask_mod is not None:  # FlexAttention: its block mask's mask_mod, evaluated at every pair
+        # FlexAttention: its block mask's mask_mod, evaluated at every pair
+        if mask_mod is not None:
             return masks.facts(_flex_allowed(mask_mod, scores_shape), scores_shape, n_q, n_k, declared_causal,
                                declared_window)
         causal, window = kernel_flags(op.target, op.args, op.kwargs)
@@ -248,7 +251,8 @@ def _facts_of(op: CapturedOp, block: str, facts: ModelFacts, parts_of: Mapping[C
         if isinstance(mask, CapturedOp):
             return masks.facts(masks.allowed(mask), scores_shape, n_q, n_k, declared_causal, declared_window)
         return n_q, n_k, causal, window, None, KERNEL if causal or window else UNMASKED
-    forward = op if op.phase == FORWARD else op.forward  # a backward GEMM runs over its forward op's pairs
+    # a backward GEMM runs over its forward op's pairs
+    forward = op if op.phase == FORWARD else op.forward
     if forward is None or forward.spec is None or len(forward.spec.operands) != 2:
         return None, None, False, None, None, UNKNOWN
     a, b = (argument_shape(forward, i) for i in forward.spec.operands)
@@ -288,7 +292,8 @@ def _flex_allowed(mask_mod: Any, shape: tuple[int, ...]) -> torch.Tensor | None:
 
     try:
         return create_mask(mask_mod, shape[0], shape[1], shape[2], shape[3], device="cpu")
-    except Exception:  # a mask_mod reading tensors that only the run had (fake ones): the declaration stands
+    # a mask_mod reading tensors that only the run had (fake ones): the declaration stands
+    except Exception:
         return None
 
 
@@ -321,8 +326,10 @@ def _name(node: Any) -> str:
 
 
 _COPIES = frozenset(str(op) for op in VALUE_COPIES)  # their value is their first argument's
-_FILLS = {"aten.scalar_tensor": 0, "aten.full": 1, "aten.full_like": 1}  # op -> position of its fill value
-_PASS = ("aten.expand", "aten.clone", "aten.detach", "aten.alias", "aten.contiguous")  # a mask's values, unchanged
+# op -> position of its fill value
+_FILLS = {"aten.scalar_tensor": 0, "aten.full": 1, "aten.full_like": 1}
+# a mask's values, unchanged
+_PASS = ("aten.expand", "aten.clone", "aten.detach", "aten.alias", "aten.contiguous")
 BLOCKING = -1e4
 """An additive mask's value at or below this removes a pair from the softmax (``-inf``, a dtype's minimum)."""
 
@@ -335,7 +342,8 @@ class _Masks:
     def __init__(self, values: ConstantValues) -> None:
         self.values = values
         self._facts: dict[tuple[int, tuple[int, ...], int, int], tuple[bool, int | None, Fraction]] = {}
-        self._held: list[torch.Tensor] = []  # the masks keyed by id() in _facts, alive while this object is
+        # the masks keyed by id() in _facts, alive while this object is
+        self._held: list[torch.Tensor] = []
 
     # ---------------------------------------------------------------------------------------------
     def facts(self, allowed: torch.Tensor | None, shape: tuple[int, ...] | None, n_q: int, n_k: int,
@@ -355,7 +363,8 @@ class _Masks:
         found = self._facts.get(key)
         if found is None:
             count = int(allowed.count_nonzero())
-            causal, window = (_band(allowed, count, n_q, n_k) if tuple(shape[-2:]) == (n_q, n_k)  # (the pairs' grid)
+            # (the pairs' grid)
+            causal, window = (_band(allowed, count, n_q, n_k) if tuple(shape[-2:]) == (n_q, n_k)
                               else (False, None))
             found = self._facts[key] = (causal, window, Fraction(count, allowed.numel()))
             self._held.append(allowed)
@@ -478,7 +487,8 @@ def _band(allowed: torch.Tensor, allowed_pairs: int, n_q: int, n_k: int) -> tupl
     offset = n_k - n_q
     if not allowed_pairs or bool(torch.triu(grid, offset + 1).any()):
         return False, None
-    widest = int(grid[..., -1, :].count_nonzero(-1).max())  # (in a band, the last query sees the most keys)
+    # (in a band, the last query sees the most keys)
+    widest = int(grid[..., -1, :].count_nonzero(-1).max())
     if widest >= n_k:
         return True, None
     # nothing before the window and as many pairs as the band has: exactly the band

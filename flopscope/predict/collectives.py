@@ -20,7 +20,8 @@ class CollectiveRow:
 
     kind: str  # "all_reduce", "all_gather", ...
     group: int | None  # ranks in the group
-    module: str  # the module of the multiply whose result it carries (else where it ran; "" is the root)
+    # the module of the multiply whose result it carries (else where it ran; "" is the root)
+    module: str
     role: str  # the role of that multiply ("" if none: a parameter's all-gather, for instance)
     phase: str  # "forward", "backward" or "recompute"
     calls: int
@@ -43,7 +44,8 @@ def collectives(ops: Sequence[CapturedOp], assignments: Mapping[CapturedOp, Assi
         kind, size, group = op.collective
         source = _carried(op, assignments)
         role = "" if source is None else max(assignments[source].parts, key=assignments[source].parts.__getitem__)
-        module = source.module if source is not None else op.module  # the caller, not the hook's parent
+        # the caller, not the hook's parent
+        module = source.module if source is not None else op.module
         key = (kind, group, module or "", role, op.phase)
         calls[key] += 1
         sizes[key] += size

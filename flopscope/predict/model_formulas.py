@@ -74,7 +74,8 @@ class FormulaRow:
     name: str  # "Kaplan et al. 2020"
     predicted: Fraction  # forward MACs per token
     measured: Fraction  # forward MACs per token
-    terms: tuple[tuple[str, Fraction], ...]  # (part: measured - predicted, MACs per token), nonzero only
+    # (part: measured - predicted, MACs per token), nonzero only
+    terms: tuple[tuple[str, Fraction], ...]
     notes: str = ""
 
     @property
@@ -91,7 +92,8 @@ class FormulaRow:
 class ModelFormulas:
     rows: tuple[FormulaRow, ...]
     hyper: Mapping[str, int]
-    attention: str = EXECUTED  # the convention of the measured attention core (flopscope.predict.attention)
+    # the convention of the measured attention core (flopscope.predict.attention)
+    attention: str = EXECUTED
 
     @property
     def measured(self) -> Fraction:
@@ -250,11 +252,13 @@ def _routed_expert_weights(facts: ModelFacts) -> tuple[int, int | None, int]:
         if not experts:
             continue
         for shape in facts.param_shapes.get(path, {}).values():
-            if len(shape) >= 3 and shape[0] == experts:  # (a vector per expert beside them is not a weight)
+            # (a vector per expert beside them is not a weight)
+            if len(shape) >= 3 and shape[0] == experts:
                 total, count = total + prod(shape), experts
         for child in children.get(path, []):
             names = [p.rsplit(".", 1)[-1] for p in children.get(child, [])]
-            if sorted(names) == sorted(str(i) for i in range(experts)):  # a list of exactly E modules
+            # a list of exactly E modules
+            if sorted(names) == sorted(str(i) for i in range(experts)):
                 members.update(children[child])
                 count = experts
     if members:

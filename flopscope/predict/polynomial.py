@@ -104,7 +104,8 @@ class Scaling:
 
     lengths: tuple[int, ...]
     measured: Mapping[str, tuple[int, ...]]  # role -> MACs at each length
-    polynomials: Mapping[str, Polynomial | None]  # role -> exact polynomial (None: not a polynomial here)
+    # role -> exact polynomial (None: not a polynomial here)
+    polynomials: Mapping[str, Polynomial | None]
     predicted: Mapping[str, Polynomial | None]  # role -> polynomial of the closed-form predictions
     recomputed: Mapping[str, Polynomial | None] = field(default_factory=dict)
     """role -> MACs that activation checkpointing recomputes in the backward pass (hardware work; kept out of

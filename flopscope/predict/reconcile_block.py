@@ -54,7 +54,8 @@ class ReconcileRow:
     measured: int  # MACs executed
     predicted: int | None  # MACs of the closed form (None: no prediction for this role)
     term: str  # the complexity term it realises: "n·d²", "n²·d", "k·n·d²", "r·n·d"
-    useful: int | None = None  # MACs the mask leaves useful (attention core; None: same as executed)
+    # MACs the mask leaves useful (attention core; None: same as executed)
+    useful: int | None = None
     reason: str = ""  # why measured != predicted, when it is not
     basis: str = ""  # the hyper-parameters behind the prediction and where they came from
 
@@ -94,9 +95,12 @@ class Block:
     spec: TransformerSpec | None
     causal_kernel: bool
     role_modules: Mapping[str, set[str]]
-    module_calls: Mapping[str, list[InputShapes]]  # every module's calls (a projection's own inputs)
-    ops: Sequence[CapturedOp] = ()  # the block's forward ops with multiplies (what ran: for the reasons only)
-    factors: frozenset[str] = frozenset()  # modules that are factors of the projections they feed (roles 3.5)
+    # every module's calls (a projection's own inputs)
+    module_calls: Mapping[str, list[InputShapes]]
+    # the block's forward ops with multiplies (what ran: for the reasons only)
+    ops: Sequence[CapturedOp] = ()
+    # modules that are factors of the projections they feed (roles 3.5)
+    factors: frozenset[str] = frozenset()
 
     def linear_calls(self, role: str) -> list[LinearCalls] | None:
         """Each module that ran ``role`` in this block, as a linear layer with its declared widths and the

@@ -53,7 +53,8 @@ class Step:
     phase: str  # "prefill" or "decode"
     batch: int | None  # sequences in the call
     tokens: int | None  # new positions per sequence
-    context: int | None  # positions each new one attends to (cached + new); None: no attention core found
+    # positions each new one attends to (cached + new); None: no attention core found
+    context: int | None
     macs: int
     by_role: Mapping[str, int] = field(default_factory=dict)
     bytes: int = 0
@@ -84,7 +85,8 @@ def steps(ops: Sequence[CapturedOp], assignments: Mapping[CapturedOp, Assignment
     macs: dict[int, Counter[str]] = defaultdict(Counter)
     moved: Counter[int] = Counter()
     kv_bytes: Counter[int] = Counter()
-    shapes: dict[int, tuple[int, int]] = {}  # call -> (new positions, context) of its widest attention core
+    # call -> (new positions, context) of its widest attention core
+    shapes: dict[int, tuple[int, int]] = {}
     for op in ops:
         call = _root_call(op)
         if call is None:
@@ -159,7 +161,8 @@ def _queries_and_keys(op: CapturedOp) -> tuple[int, int] | None:
     a, b = shapes
     if a is None or b is None or len(a) < 2 or len(b) < 2:
         return None
-    if spec.family is OpFamily.ATTENTION:  # in the kernel's declared layout (FlashAttention's [B, n, heads, d])
+    # in the kernel's declared layout (FlashAttention's [B, n, heads, d])
+    if spec.family is OpFamily.ATTENTION:
         geometry = spec.attention_geometry(a, b)
         return None if geometry is None else geometry[:2]
     return a[-2], b[-1]  # q [..., n_q, d] @ kᵀ [..., d, n_k]

@@ -102,7 +102,8 @@ def _module_events(ops: list[tuple[CapturedOp, Mapping[str, int]]],
     macs: dict[Any, int] = {}
     order: list[Any] = []
     for (op, _), (start, duration) in zip(ops, spans, strict=True):
-        if op.phase != FORWARD:  # backward ops carry their forward op's module stack: no span of their own
+        # backward ops carry their forward op's module stack: no span of their own
+        if op.phase != FORWARD:
             continue
         for depth in range(len(op.module_stack)):
             key = op.module_stack[: depth + 1]
@@ -151,7 +152,8 @@ def merge_torch_trace(torch_trace: Mapping[str, Any] | str | Path, records: Sequ
     tracks: dict[str, int] = {}
     added: list[dict[str, Any]] = []
     matched, j = 0, 0
-    unmatched: Counter[str] = Counter()  # ops torch lists no event of their own for (autograd's detach)
+    # ops torch lists no event of their own for (autograd's detach)
+    unmatched: Counter[str] = Counter()
     for op in ours:
         # the next of torch's dispatched ops with this op's name, looking a few ahead (ops the mode passed on
         # without recording, such as size queries, sit between)

@@ -73,7 +73,8 @@ def report_data(prof: Any, *, scaling: Any = None, title: str | None = None) -> 
     params = params_inclusive(prof.facts.param_shapes)
     records = prof.records
     dominant = dominant_roles((_rooted(record.module_stack), record.roles) for record in records)
-    own = dominant_roles((record.module_stack[-1:], record.roles) for record in records)  # of its own ops
+    # of its own ops
+    own = dominant_roles((record.module_stack[-1:], record.roles) for record in records)
     calls = prof.module_calls()
     shapes: dict[str, str] = {}
     for call, arguments in prof.module_inputs().items():
@@ -102,7 +103,8 @@ def report_data(prof: Any, *, scaling: Any = None, title: str | None = None) -> 
             for stack, macs in ((_rooted(stack), macs) for stack, macs in prof.by_stack(phase).items()):
                 for depth in range(1, len(stack) + 1):
                     tree[index[stack[:depth]]][10][k] += macs
-    for row in tree:  # JSON numbers are doubles: larger counts go as strings, which the page reads exactly
+    # JSON numbers are doubles: larger counts go as strings, which the page reads exactly
+    for row in tree:
         row[3], row[8] = _exact(row[3]), _exact(row[8])
         if len(row) > 10:
             row[10] = [_exact(macs) for macs in row[10]]
@@ -477,7 +479,8 @@ def _pipeline_section(pipeline: Mapping[str, Any]) -> str:
     steps = _table(["steps", "count", *[f"{c}, each" for c in stepped], "MACs, each", "MACs, together", "guidance"],
                    _runs_of_steps(pipeline["steps"], tail=1), numeric=tuple(range(1, len(stepped) + 4)))
     step_roles = pipeline.get("step_roles", [])
-    runs = _runs_of_steps(pipeline.get("steps_by_role", []), tail=0)  # a column per run, a row per role
+    # a column per run, a row per role
+    runs = _runs_of_steps(pipeline.get("steps_by_role", []), tail=0)
     by_role = _table(["role", *[f"steps {run[0]}, each" if run[1] > 1 else f"step {run[0]}" for run in runs]],
                      [[name, *[run[2 + k] for run in runs]] for k, name in enumerate([*step_roles, "total"])],
                      numeric=tuple(range(1, len(runs) + 1)))

@@ -39,7 +39,8 @@ class TreeRow:
     params: int  # parameters of each module (inclusive)
     role: str  # dominant role ("" without MACs)
 
-    name: str  # the path below the row's parent ("attn"; "h.0" under a ModuleList that never ran itself)
+    # the path below the row's parent ("attn"; "h.0" under a ModuleList that never ran itself)
+    name: str
 
     @property
     def label(self) -> str:

@@ -28,8 +28,10 @@ PALETTE = ("#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b
 """Component colours, in the pipeline's order of its components (then round again)."""
 
 WIDTH, HEIGHT = 980, 330
-LEFT, RIGHT, TOP, BOTTOM = 84, 200, 30, 54  # margins: MACs axis left, FLOPs axis and legend right, labels below
-OUTSIDE = 84  # width of the slot of the calls before / after the loop (its label and value fit in it)
+# margins: MACs axis left, FLOPs axis and legend right, labels below
+LEFT, RIGHT, TOP, BOTTOM = 84, 200, 30, 54
+# width of the slot of the calls before / after the loop (its label and value fit in it)
+OUTSIDE = 84
 GAP = 14  # between the parts of the call
 STRIP = 34  # height of the by-component bar
 

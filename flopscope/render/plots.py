@@ -218,7 +218,8 @@ def trace_plot(trace: Mapping[str, Any] | str | Path, path: str | Path, title: s
     origin, span = min(starts), max(max(ends) - min(starts), 1e-9)
     scale, unit = (1e-3, "ms") if span > 5e3 else (1.0, "µs")
     lanes = 1 + max((depth for *_, depth in calls), default=0) if calls else 0
-    module_height = 0.8 * min(lanes, 3)  # the module row: up to three rows high, a lane per depth of nesting
+    # the module row: up to three rows high, a lane per depth of nesting
+    module_height = 0.8 * min(lanes, 3)
     lane = module_height / max(lanes, 1)
     fig, ax = plt.subplots(figsize=(12, 0.42 * len(roles) + 0.42 * module_height / 0.8 + 1.6))
     colours = plt.get_cmap("tab20").colors
@@ -240,7 +241,8 @@ def trace_plot(trace: Mapping[str, Any] | str | Path, path: str | Path, title: s
         ax.broken_barh([((s - origin) * scale, max(d * scale, span * scale * 1e-3)) for s, d, _, _ in bars],
                        (y, 0.8), facecolors=colours[k % len(colours)])
         ticks.append(y + 0.4)
-        carried = list(dict.fromkeys([role, *(r for *_, parts in bars for r in parts)]))  # a fused QKV GEMM: 3
+        # a fused QKV GEMM: 3
+        carried = list(dict.fromkeys([role, *(r for *_, parts in bars for r in parts)]))
         labels.append(f"{', '.join(carried)} ({human(macs, 'MACs')})" if macs else role)
     ax.set_yticks(ticks, labels, fontsize=8)
     ax.set_ylim(top + len(roles) + 0.1, -0.1)
@@ -295,7 +297,8 @@ def _trace_rows(doc: Mapping[str, Any]) -> tuple[dict[str, list[tuple[float, flo
             elif stack:
                 name, start = stack.pop()
                 spans.append((name, start, float(e["ts"])))
-        elif e.get("ph") == "X" and str(e.get("name", "")).startswith("flopscope/"):  # profiler(trace=True)
+        # profiler(trace=True)
+        elif e.get("ph") == "X" and str(e.get("name", "")).startswith("flopscope/"):
             spans.append((e["name"][len("flopscope/"):], float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0))))
     calls: list[tuple[str, float, float, int]] = []
     enclosing: list[float] = []  # the ends of the calls the next one may sit in

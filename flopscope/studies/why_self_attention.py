@@ -130,7 +130,8 @@ class MaskedBandSelfAttention(_ProjectedAttention):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         n = x.shape[1]
         q, k, v = self._heads(x)
-        offset = torch.arange(n, device=x.device)[None, :] - torch.arange(n, device=x.device)[:, None]  # key - query
+        # key - query
+        offset = torch.arange(n, device=x.device)[None, :] - torch.arange(n, device=x.device)[:, None]
         band = (offset >= -self.left) & (offset <= self.right)  # (n, n), True = attend
         return self._merge(F.scaled_dot_product_attention(q, k, v, attn_mask=band))
 
@@ -146,8 +147,10 @@ class ComparisonRow:
     complexity: str  # the paper's complexity class, e.g. "O(n²·d)"
     predicted_macs: int  # exact closed form from (n, d, h, k, r, d_ff), never from a profile
     measured_macs: int  # from flopscope.profile(..., mode="fake")
-    params: int  # parameters of the profiled layer (sum of numel, biases included), also for partial rows
-    weights: int  # of those, the scalars of its >= 2-D parameters (matrices, kernels): params less biases, norms
+    # parameters of the profiled layer (sum of numel, biases included), also for partial rows
+    params: int
+    # of those, the scalars of its >= 2-D parameters (matrices, kernels): params less biases, norms
+    weights: int
     sequential_ops: str  # minimum number of sequential operations, as in the paper
     max_path_length: str  # maximum path length between positions, as in the paper
     match: bool = field(init=False)  # measured_macs == predicted_macs
@@ -360,7 +363,8 @@ def compare(n: int = 512, d: int = 512, h: int = 8, k: int = 5, r: int = 64, d_f
         n * n * d * d, _profile(fully_connected, _sequence_input(1, n * d)[0]).total(), fully_connected)
     add("transformer_block", f"Transformer block (d_ff={d_ff})", "O(n²·d + n·d²)",
         n * (4 * d * d + 2 * d * d_ff) + 2 * n * n * d, _profile(block, x).total(), block)
-    no_weights = {"need_weights": False}  # nn.MultiheadAttention: skip averaging the attention weights
+    # nn.MultiheadAttention: skip averaging the attention weights
+    no_weights = {"need_weights": False}
     cross = _profile(mha, one_query, x, x, forward_kwargs=no_weights)
     add("cross_attention_one_query", "cross-attention, 1 query (nn.MHA)", "O(n·d²)",
         2 * d * d + 2 * n * d * d + 2 * n * d, cross.total(), mha)

@@ -58,12 +58,15 @@ class Counted:
     total: int
     roles: dict[str, int]
     modules: dict[str, int]
-    fused_layers: bool = False  # a fused-layer kernel ran (FUSED_LAYER: nn.MultiheadAttention's fast path, ...)
-    conventions: dict[str, dict[str, int]] = field(default_factory=dict)  # convention -> attention core's roles
+    # a fused-layer kernel ran (FUSED_LAYER: nn.MultiheadAttention's fast path, ...)
+    fused_layers: bool = False
+    # convention -> attention core's roles
+    conventions: dict[str, dict[str, int]] = field(default_factory=dict)
 
     @classmethod
     def of(cls, prof: Profile) -> Counted:
-        fused = {op.replace("::", ".") for op in REGISTRY.ops(OpFamily.FUSED_LAYER)}  # (by_op names: "aten.x")
+        # (by_op names: "aten.x")
+        fused = {op.replace("::", ".") for op in REGISTRY.ops(OpFamily.FUSED_LAYER)}
         roles = dict(prof.by_role())
         conventions = {}
         if any(roles.get(role) for role in PAIR_ROLES):
@@ -325,7 +328,8 @@ def head_paths(prof: Profile) -> list[str]:
     if last is None:
         return []
     holders = {".".join(layer.split(".")[:i]) for layer in filter(None, layers)
-               for i in range(len(layer.split(".")))}  # every module above a layer (the root "" among them)
+               # every module above a layer (the root "" among them)
+               for i in range(len(layer.split(".")))}
     first: dict[str, int] = {}
     for i, record in enumerate(records):
         parts = record.module.split(".") if record.module else []

@@ -51,7 +51,8 @@ def greedy_decode(model: nn.Module, input_ids: torch.Tensor, new_tokens: int) ->
     batch, prompt = input_ids.shape
     kwargs: dict[str, Any] = {"use_cache": _generation_setting(model, "use_cache", True)}
     with torch.no_grad():
-        if "position_ids" in forward_keys:  # generate(): the mask of ones' cumsum - 1, one row per sequence
+        # generate(): the mask of ones' cumsum - 1, one row per sequence
+        if "position_ids" in forward_keys:
             kwargs["position_ids"] = torch.arange(prompt, dtype=torch.long,
                                                   device=input_ids.device).expand(batch, prompt).contiguous()
         if "logits_to_keep" in forward_keys:
@@ -64,7 +65,9 @@ def greedy_decode(model: nn.Module, input_ids: torch.Tensor, new_tokens: int) ->
         slicing = "next_sequence_length" in inspect.signature(prepare).parameters
         for step in range(new_tokens):
             step_kwargs = dict(kwargs)
-            if slicing:  # the positions fed: the prompt (a cache of attention layers), then 1 with a cache, else all
+            # the positions fed: the prompt (a cache of attention layers), then 1 with a cache, else
+            # all
+            if slicing:
                 step_kwargs["next_sequence_length"] = (
                     (prompt if cache is not None and not all(getattr(cache, "is_linear", [False])) else None)
                     if step == 0 else (1 if kwargs["use_cache"] else None))
@@ -108,7 +111,8 @@ def _new_cache(model: nn.Module) -> Any:
     supports: Any = getattr(model, "_supports_default_dynamic_cache", None)
     if callable(supports) and not supports():
         return None  # (Mamba-like models: prepare_inputs_for_generation makes theirs)
-    from transformers import DynamicCache  # (the model is a transformers model: transformers is installed)
+    # (the model is a transformers model: transformers is installed)
+    from transformers import DynamicCache
 
     config: Any = model.config
     text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config

@@ -151,13 +151,16 @@ def _styles() -> dict[str, Callable[[], Any] | None]:
         return RowwiseParallel(input_layouts=Replicate())
 
     return {
-        "colwise": ColwiseParallel,  # weight Shard(0): heads / FFN columns split, output left sharded
+        # weight Shard(0): heads / FFN columns split, output left sharded
+        "colwise": ColwiseParallel,
         "rowwise": RowwiseParallel,  # weight Shard(1): sharded input, partial outputs all-reduced
-        "colwise_gather_output": gather_output,  # ... and the output all-gathered (the LM head's logits)
+        # ... and the output all-gathered (the LM head's logits)
+        "colwise_gather_output": gather_output,
         "colwise_rep": gather_output,
         "rowwise_split_input": split_input,  # a replicated input split locally (no collective)
         "rowwise_rep": split_input,
-        "embedding_rowwise": split_input,  # vocabulary-parallel embedding: partial lookups all-reduced
+        # vocabulary-parallel embedding: partial lookups all-reduced
+        "embedding_rowwise": split_input,
         "replicate": None,
     }
 

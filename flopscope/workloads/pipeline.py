@@ -77,7 +77,8 @@ class DenoisingStep:
     step: int
     macs: Mapping[str, int]  # component -> MACs in this step
     calls: Mapping[str, int]  # component -> calls in this step
-    batch: int | None  # the latents' batch (the scheduler's ``sample``); None where it was not a tensor
+    # the latents' batch (the scheduler's ``sample``); None where it was not a tensor
+    batch: int | None
     denoiser_batch: int | None  # the batch of the denoiser's first tensor input (each call)
     guidance: str
 
@@ -184,7 +185,8 @@ class PipelineProfile:
         self.reuse = tuple(reuse)
         """How repeated calls were counted: per component, the calls replayed from an earlier call's records, or
         why its calls were captured again (:mod:`flopscope.capture.replay`); empty without reuse."""
-        self._step_of_call = dict(step_of_call or {})  # a component's call in the loop -> the step it ran in
+        # a component's call in the loop -> the step it ran in
+        self._step_of_call = dict(step_of_call or {})
 
     def __getattr__(self, name: str) -> Any:  # only called for names this object lacks
         if name.startswith("_"):
@@ -372,7 +374,8 @@ def profile_pipeline(pipe: Any, *, mode: str = "fake", registry: FormulaRegistry
     box = PipelineComponents(modules)
     session = Session(box, CapturePlan.of(mode, registry), fake_block=False)
     marks: list[tuple[Counter[str], int | None]] = []
-    begun: list[Counter[str]] = [Counter()]  # the calls made when the loop began (the last set_timesteps)
+    # the calls made when the loop began (the last set_timesteps)
+    begun: list[Counter[str]] = [Counter()]
 
     def start() -> None:
         if not marks:

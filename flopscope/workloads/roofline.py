@@ -58,7 +58,8 @@ class Roofline:
     bandwidth: float | None  # bytes/s
     dtype: torch.dtype | None
     roles: tuple[RooflinePoint, ...]
-    steps: tuple[RooflinePoint, ...]  # one per forward (generation steps); empty for a single forward
+    # one per forward (generation steps); empty for a single forward
+    steps: tuple[RooflinePoint, ...]
 
     @property
     def ridge(self) -> float | None:

@@ -154,7 +154,8 @@ class _Sweep:
             checks.append(self.measure(n, made))
             self._step(3)
         roles, recomputed = traced.role_counts(checks[-1].profile)
-        self._check_guards(traced, lengths)  # again: a guard added by flopscope's own code counts too
+        # again: a guard added by flopscope's own code counts too
+        self._check_guards(traced, lengths)
         predicted = [_predictions(traced.reconcile_at(n, self.spec(n) if self.spec else None)) for n in lengths]
         for (n, point), guesses in zip(zip(ends, checks, strict=True), (predicted[0], predicted[-1]), strict=True):
             for label, counts, measured in (("MACs", roles, point.roles), ("recomputed MACs", recomputed,
@@ -175,7 +176,8 @@ class _Sweep:
         result = _scaling(lengths, [{r: traced.at(m, n) for r, m in roles.items()} for n in lengths],
                           [{r: traced.at(m, n) for r, m in recomputed.items()} for n in lengths], predicted)
         exact = {role: Polynomial(traced.coefficients(macs) or ()) for role, macs in roles.items()}
-        if any(result.polynomials[role] not in (None, exact[role]) for role in exact):  # interpolation agrees
+        # interpolation agrees
+        if any(result.polynomials[role] not in (None, exact[role]) for role in exact):
             raise SymbolicError("the symbolic polynomials differ from the interpolation of their own values")
         return replace(result, polynomials={role: exact[role] for role in result.polynomials},
                        recomputed={role: Polynomial(traced.coefficients(recomputed[role]) or ())

@@ -73,7 +73,8 @@ class SymbolicTrace:
         """``count`` as a sympy expression in :attr:`symbol`."""
         import sympy  # (lazy: see the imports above)
 
-        return sympy.sympify(count if isinstance(count, int) else count.node.expr)  # a constant SymInt's is an int
+        # a constant SymInt's is an int
+        return sympy.sympify(count if isinstance(count, int) else count.node.expr)
 
     def coefficients(self, count: Count) -> tuple[Fraction, ...] | None:
         """The exact coefficients of ``count`` as a polynomial in the variable, constant first; ``None`` if it
@@ -124,7 +125,8 @@ class SymbolicTrace:
             for n in lengths:
                 if guard.expr.xreplace({self.symbol: sympy.Integer(n)}) is not sympy.true:
                     return f"guard {self.text(guard.expr)} (added at {_where(guard.sloc)}) is false at n = {n}"
-        bounds = self.shape_env.var_to_range.get(self.symbol)  # sizes 0 and 1 are never symbols: n >= 2
+        # sizes 0 and 1 are never symbols: n >= 2
+        bounds = self.shape_env.var_to_range.get(self.symbol)
         for n in lengths:
             if bounds is not None and not bounds.lower <= n <= bounds.upper:
                 why = " (PyTorch's symbolic shapes treat sizes 0 and 1 as constants)" if n < 2 else ""
@@ -142,7 +144,8 @@ class SymbolicTrace:
         with _quiet_symbolic_graph():
             try:
                 reuse_roles(self.profile, template)
-                again: dict[str, Count] = dict(self.profile.by_role(phase=RECOMPUTE))  # SymInts where they vary
+                # SymInts where they vary
+                again: dict[str, Count] = dict(self.profile.by_role(phase=RECOMPUTE))
                 roles: dict[str, Count] = {role: macs - again.get(role, 0)
                                            for role, macs in self.profile.by_role().items()}
             except TypeError as error:  # a role pass that needs a plain size (hashing one, say)
@@ -199,7 +202,8 @@ def trace(model: nn.Module, inputs: tuple[Any, Any], lengths: tuple[int, int], p
         raise SymbolicError(f"the inputs at n = {low} and n = {high} are not of one structure")
     converted = []
     for (path, leaf), other in zip(leaves, others, strict=True):
-        where = f"input {pytree.keystr(path)}"  # [0]: the first positional input; [1]['mask']: a keyword
+        # [0]: the first positional input; [1]['mask']: a keyword
+        where = f"input {pytree.keystr(path)}"
         if isinstance(leaf, torch.Tensor) and isinstance(other, torch.Tensor):
             converted.append(stand_in(leaf, other, where))
         elif _same(leaf, other):

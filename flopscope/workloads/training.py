@@ -163,7 +163,8 @@ class BatchPricer:
         return {**out, **{role: math.floor(macs) for role, macs in core.items()}}
 
     def _integer(self, polynomials: Mapping[str, Polynomial]) -> dict[str, _IntegerPolynomial]:
-        cache = self.__dict__.setdefault("_integers", {})  # frozen dataclass: a cache beside the fields
+        # frozen dataclass: a cache beside the fields
+        cache = self.__dict__.setdefault("_integers", {})
         key = id(polynomials)
         if key not in cache:
             cache[key] = {role: _IntegerPolynomial.of(poly, Role(role).attention_core)

@@ -140,10 +140,12 @@ def settle(root: Any, depth: int = 6) -> Any:
                     value[i] = now
         elif isinstance(value, dict):
             items = [(k0, settled(k0, level + 1), v0, settled(v0, level + 1)) for k0, v0 in value.items()]
-            if any(k is not k0 for k0, k, _, _ in items):  # (a key: the dict made again, in its order)
+            # (a key: the dict made again, in its order)
+            if any(k is not k0 for k0, k, _, _ in items):
                 value.clear()
                 value.update((k, v) for _, k, _, v in items)
-            else:  # (values only: each set again, as a dict subclass that refuses clear() takes them)
+            # (values only: each set again, as a dict subclass that refuses clear() takes them)
+            else:
                 for k, _, v0, v in items:
                     if v is not v0:
                         value[k] = v
@@ -168,9 +170,11 @@ def settle(root: Any, depth: int = 6) -> Any:
     return settled(root, 0)
 
 
-_WATCHES: dict[int, list[_Watch]] = {}  # id(module) -> the watches it is in (a block inside a watched block: two)
+# id(module) -> the watches it is in (a block inside a watched block: two)
+_WATCHES: dict[int, list[_Watch]] = {}
 _LOCK = threading.Lock()
-_WATCHERS: dict[tuple[str, type], type] = {}  # (what it watches for, a class) -> its watching subclass
+# (what it watches for, a class) -> its watching subclass
+_WATCHERS: dict[tuple[str, type], type] = {}
 _WATCHING: set[type] = set()  # the watching subclasses
 
 

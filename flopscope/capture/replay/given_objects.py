@@ -177,7 +177,8 @@ def _copied_as(kind: type, value: Any) -> str:
              and not hasattr(kind, "__setstate__")
              and getattr(kind, "__getstate__", None) is getattr(object, "__getstate__", None)
              and not any(name not in ("__dict__", "__weakref__") for c in kind.__mro__
-                         for name in _names(vars(c).get("__slots__", ()))))  # (abc.ABC's empty slots are none)
+                         # (abc.ABC's empty slots are none)
+                         for name in _names(vars(c).get("__slots__", ()))))
     return "plain" if plain else "object"
 
 
@@ -281,7 +282,8 @@ def detached(obj: Any, depth: int = 6) -> Any:
         else:
             own = vars(twin)
             for key, held in list(own.items()):
-                if _COPIES.get(type(held), True):  # (a tensor, a number: kept as it is, without a call)
+                # (a tensor, a number: kept as it is, without a call)
+                if _COPIES.get(type(held), True):
                     own[key] = copied(held, level + 1)
         return twin
 
