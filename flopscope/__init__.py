@@ -1,4 +1,5 @@
-"""flopscope: exact multiply counts of PyTorch models, attributed to modules and semantic roles.
+"""flopscope: exact multiply counts of PyTorch models, attributed to modules and
+semantic roles.
 
     >>> import torch, flopscope
     >>> prof = flopscope.profile(torch.nn.Linear(512, 256), torch.zeros(8, 512))

@@ -57,9 +57,10 @@ def profile(model: nn.Module, *args: Any, mode: str = "auto", registry: FormulaR
             are copies of the earlier block's, moved to its own module calls. The count and the records are the same
             (``prof.notes`` says which lists were replayed); ``False`` captures every block. Not with ``backward``.
 
-    The model is left exactly as it was (see :mod:`flopscope.capture.state`), also when its forward raises.
-    The current grad mode is kept: call under ``torch.no_grad()`` to count what inference runs (some
-    fused fast paths are taken only then; the counts are the same either way).
+    The model is left exactly as it was (see :mod:`flopscope.capture.state`), also when
+    its forward raises. The current grad mode is kept: call under ``torch.no_grad()`` to
+    count what inference runs (some fused fast paths are taken only then; the counts are
+    the same either way).
     """
     kwargs = {**kwargs, **(forward_kwargs or {})}
     plan = CapturePlan.of(mode, registry, backward, loss, fallback_limit_bytes, reuse).planned(model, args, kwargs)
@@ -97,19 +98,21 @@ _RECORDING = "the profiler is still recording (or never ran): query it after the
 
 
 class profiler:  # noqa: N801  (used as a context manager, like torch.profiler.profile)
-    """Count every forward of ``model`` run inside a ``with`` block; query the object after the block.
+    """Count every forward of ``model`` run inside a ``with`` block; query the object
+    after the block.
 
-    ``mode="real"`` (default) runs the calls as written. ``mode="fake"`` swaps in fake tensors:
-    nothing is computed and the calls return fake tensors. Only ops executed while the model (or one
-    of its submodules) runs are counted.
+    ``mode="real"`` (default) runs the calls as written. ``mode="fake"`` swaps in fake
+    tensors: nothing is computed and the calls return fake tensors. Only ops executed
+    while the model (or one of its submodules) runs are counted.
 
     ``trace=True`` marks each module call as a ``torch.profiler`` range named ``flopscope/<module path>``, so a
     ``torch.profiler.profile()`` around the block shows them in its trace and ``key_averages()`` groups by them;
     :func:`flopscope.trace.merge_torch_trace` then lays the roles over its exported trace.
 
-    After the block, every query of :class:`~flopscope.profile.Profile` works on this object
-    (``prof.total()``, ``prof.by_role()``, ...), and :attr:`result` is that ``Profile``; inside the block
-    every query raises the same :class:`~flopscope.errors.FlopscopeError`.
+    After the block, every query of :class:`~flopscope.profile.Profile` works on this
+    object (``prof.total()``, ``prof.by_role()``, ...), and :attr:`result` is that
+    ``Profile``; inside the block every query raises the same
+    :class:`~flopscope.errors.FlopscopeError`.
     """
 
     def __init__(self, model: nn.Module, mode: str = "real", registry: FormulaRegistry | None = None,

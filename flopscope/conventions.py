@@ -1,10 +1,11 @@
 """Model conventions: the names model families give their hyper-parameters, in one place.
 
-Facts, reconciliation, the model-level formulas and ``benchmarks/zoo.py`` read widths, heads, experts
-and vocabularies only through these tables. A new model family whose config or modules use another name
-is one edit here: append the name to the hyper-parameter's :class:`Names` (config keys are read from the
-Hugging Face config and its ``text_config``; module names from the plain attributes of the modules
-inside a block). Earlier names win.
+Facts, reconciliation, the model-level formulas and ``benchmarks/zoo.py`` read widths,
+heads, experts and vocabularies only through these tables. A new model family whose
+config or modules use another name is one edit here: append the name to the
+hyper-parameter's :class:`Names` (config keys are read from the Hugging Face config and
+its ``text_config``; module names from the plain attributes of the modules inside a
+block). Earlier names win.
 """
 
 from __future__ import annotations
@@ -16,10 +17,11 @@ from .errors import ConfigurationError
 
 @dataclass(frozen=True)
 class Names:
-    """The names one hyper-parameter goes by: as a config key (``config``), as a module attribute
-    (``module``), and in the sub-configs of composite models (``towers``: encoder / decoder / vision
-    towers, stages). Reconciliation reads ``config`` and ``module``; tools that rewrite whole configs
-    (``benchmarks/zoo.py`` shrinking every architecture) read :attr:`every_config_key`."""
+    """The names one hyper-parameter goes by: as a config key (``config``), as a module
+    attribute (``module``), and in the sub-configs of composite models (``towers``:
+    encoder / decoder / vision towers, stages). Reconciliation reads ``config`` and
+    ``module``; tools that rewrite whole configs (``benchmarks/zoo.py`` shrinking
+    every architecture) read :attr:`every_config_key`."""
 
     config: tuple[str, ...] = ()
     module: tuple[str, ...] = ()
@@ -108,7 +110,8 @@ ATTENTION_CONVENTIONS = (EXECUTED, CAUSAL, MASK)
 
 
 def check_attention(attention: str) -> str:
-    """``attention`` if it is one of :data:`ATTENTION_CONVENTIONS`, else a :class:`ConfigurationError`."""
+    """``attention`` if it is one of :data:`ATTENTION_CONVENTIONS`, else a
+    :class:`ConfigurationError`."""
     if attention not in ATTENTION_CONVENTIONS:
         raise ConfigurationError(f"attention must be one of {', '.join(map(repr, ATTENTION_CONVENTIONS))}; "
                                  f"got {attention!r}")

@@ -1,7 +1,8 @@
 """The one family of errors flopscope raises, and its warning category.
 
-Every error names what the user needs to act: the module path, the ATen op and the shapes involved.
-Each error also subclasses the built-in exception that fits it, so ``except TypeError`` keeps working.
+Every error names what the user needs to act: the module path, the ATen op and the
+shapes involved. Each error also subclasses the built-in exception that fits it, so
+``except TypeError`` keeps working.
 """
 
 from __future__ import annotations
@@ -20,9 +21,10 @@ class InputError(FlopscopeError, TypeError):
 
 
 class RunError(FlopscopeError, RuntimeError):
-    """A counted run failed. ``on_fake_tensors``: it failed while running on fake tensors (``mode="auto"``
-    then runs the model for real); ``where`` names the op, module and shapes, ``reason`` the cause in one
-    line (both for the fall-back note)."""
+    """A counted run failed. ``on_fake_tensors``: it failed while running on fake
+    tensors (``mode="auto"`` then runs the model for real); ``where`` names the op,
+    module and shapes, ``reason`` the cause in one line (both for the fall-back
+    note)."""
 
     def __init__(self, message: str, *, on_fake_tensors: bool = False, where: str = "", reason: str = "",
                  largest_tensor_bytes: int = 0) -> None:
@@ -39,13 +41,15 @@ class ForwardError(RunError):
 
 
 class FakeTensorError(RunError):
-    """The model cannot be counted on fake tensors (and, for a meta model, cannot run for real)."""
+    """The model cannot be counted on fake tensors (and, for a meta model, cannot run
+    for real)."""
 
 
 class DoesNotFitError(RunError, MemoryError):
-    """A real run refused before anything is allocated: the model's parameters and buffers plus the largest
-    activation of its fake run (``needed_bytes``) exceed the memory available where it would run
-    (``available_bytes``); see :mod:`flopscope.memory`. The message names both sizes and what to do instead."""
+    """A real run refused before anything is allocated: the model's parameters and
+    buffers plus the largest activation of its fake run (``needed_bytes``) exceed the
+    memory available where it would run (``available_bytes``); see
+    :mod:`flopscope.memory`. The message names both sizes and what to do instead."""
 
     def __init__(self, message: str, *, needed_bytes: int, available_bytes: int) -> None:
         super().__init__(message)
@@ -58,18 +62,20 @@ class RegistryError(FlopscopeError, ValueError):
 
 
 class FormulaError(FlopscopeError, ValueError):
-    """A formula was called with shapes it cannot count (a missing output shape, a wrong rank)."""
+    """A formula was called with shapes it cannot count (a missing output shape, a wrong
+    rank)."""
 
 
 class ConfigurationError(FlopscopeError, ValueError):
-    """An argument of a flopscope function is out of its domain (a head count that does not divide the
-    width, an unknown mode or tool, too few sweep lengths)."""
+    """An argument of a flopscope function is out of its domain (a head count that does
+    not divide the width, an unknown mode or tool, too few sweep lengths)."""
 
 
 class UsageError(ConfigurationError):
-    """An argument a command-line target cannot take (:mod:`flopscope.targets`): a setting (``--set KEY=VALUE``)
-    that is not ``KEY=VALUE`` or whose value is of another type than its key's, an input shape (``--input``) of
-    another form than the model takes. The command line reports it as bad usage (exit 2)."""
+    """An argument a command-line target cannot take (:mod:`flopscope.targets`): a
+    setting (``--set KEY=VALUE``) that is not ``KEY=VALUE`` or whose value is of
+    another type than its key's, an input shape (``--input``) of another form than
+    the model takes. The command line reports it as bad usage (exit 2)."""
 
 
 class RoleError(FlopscopeError, ValueError):
@@ -77,26 +83,29 @@ class RoleError(FlopscopeError, ValueError):
 
 
 class NotFoundError(FlopscopeError, KeyError):
-    """A name that is not there: a module path of the profiled model, a graph node, a comparison row."""
+    """A name that is not there: a module path of the profiled model, a graph node, a
+    comparison row."""
 
     def __str__(self) -> str:  # KeyError quotes its message; this one is a sentence
         return str(self.args[0]) if self.args else ""
 
 
 class BudgetError(FlopscopeError, AssertionError):
-    """A count differs from its budget (:mod:`flopscope.testing`): an ``AssertionError``, so test runners report
-    a failure, not an error."""
+    """A count differs from its budget (:mod:`flopscope.testing`): an
+    ``AssertionError``, so test runners report a failure, not an error."""
 
 
 class RecordingError(FlopscopeError, AttributeError):
-    """A :class:`flopscope.profiler` was queried inside its ``with`` block. Also an ``AttributeError``, so
-    ``hasattr()`` and ``getattr(prof, name, default)`` answer as for a missing attribute meanwhile."""
+    """A :class:`flopscope.profiler` was queried inside its ``with`` block. Also an
+    ``AttributeError``, so ``hasattr()`` and ``getattr(prof, name, default)`` answer
+    as for a missing attribute meanwhile."""
 
 
 class SymbolicError(FlopscopeError, RuntimeError):
-    """A symbolic trace (:mod:`flopscope.symbolic`, ``scaling(method="symbolic")``) cannot give the model's
-    polynomials: the model specialises on the variable (the message names the guard and where it was added),
-    its inputs do not vary as dims equal to it, or the trace disagrees with a profile at a sampled length."""
+    """A symbolic trace (:mod:`flopscope.symbolic`, ``scaling(method="symbolic")``)
+    cannot give the model's polynomials: the model specialises on the variable (the
+    message names the guard and where it was added), its inputs do not vary as dims
+    equal to it, or the trace disagrees with a profile at a sampled length."""
 
 
 class FlopscopeWarning(UserWarning):
@@ -105,7 +114,8 @@ class FlopscopeWarning(UserWarning):
 
 def cause_of_kind(error: BaseException, kinds: type[BaseException] | tuple[type[BaseException], ...]
                   ) -> BaseException | None:
-    """``error`` itself or the first exception of one of ``kinds`` in its chain of causes / contexts."""
+    """``error`` itself or the first exception of one of ``kinds`` in its chain of
+    causes / contexts."""
     seen: set[int] = set()
     e: BaseException | None = error
     while e is not None and id(e) not in seen:

@@ -1,4 +1,5 @@
-"""The role vocabulary: what a multiply does, the group it belongs to and the complexity term it realises.
+"""The role vocabulary: what a multiply does, the group it belongs to and the complexity
+term it realises.
 
 One place for every fact about a role. Adding a role is one member of :class:`Role` with its group and
 term; the passes that find it live in :mod:`flopscope.attribute.roles`, the closed form that predicts it in
@@ -12,7 +13,8 @@ from .errors import RoleError
 
 
 class RoleGroup(StrEnum):
-    """The kind of block a role belongs to (reconciliation predicts each group with its own closed form)."""
+    """The kind of block a role belongs to (reconciliation predicts each group with its
+    own closed form)."""
 
     ATTENTION = "attention"
     MIXING = "mixing"
@@ -27,17 +29,20 @@ class RoleGroup(StrEnum):
 class Role(StrEnum):
     """What a multiply does. Compare with plain strings: ``Role.Q_PROJ == "q_proj"``.
 
-    Each member knows its :attr:`group` and the complexity :attr:`term` it realises (``n`` tokens, ``d``
-    width, ``k`` kernel width, ``V`` vocabulary; ``""`` where no closed form predicts it).
-    ``token_mixing`` is the work of a Fourier transform (an op of family ``OpFamily.TRANSFORM``): FNet's
-    replacement for attention, a 2-D FFT over (n, d), ``(B·n·d/2)·log2(n·d)`` MACs for powers of two.
+    Each member knows its :attr:`group` and the complexity :attr:`term` it realises
+    (``n`` tokens, ``d`` width, ``k`` kernel width, ``V`` vocabulary; ``""`` where no
+    closed form predicts it). ``token_mixing`` is the work of a Fourier transform (an op
+    of family ``OpFamily.TRANSFORM``): FNet's replacement for attention, a 2-D FFT over
+    (n, d), ``(B·n·d/2)·log2(n·d)`` MACs for powers of two.
 
-    Attention's core (:attr:`attention_core`) has two forms. The quadratic one (softmax, sigmoid, ReLU,
-    LSH, Bernoulli-sampled attention) builds the ``n_q × n_k`` matrix: ``attn_scores`` (Q·Kᵀ) and
-    ``attn_weighted_sum`` (weights · V). The linear one (φ(Q)(φ(K)ᵀV)) never does: ``attn_kv_state``
-    is φ(K)ᵀV, a contraction over positions into a ``d_k × d_v`` summary per head; ``attn_readout`` is
-    φ(Q)·state, each query reading the summary; ``attn_normaliser`` is φ(Q)·Σφ(K), each query's
-    denominator (a softmax's is elementwise, no MACs). Definitions in dataflow terms: ``docs/roles.md``.
+    Attention's core (:attr:`attention_core`) has two forms. The quadratic one (softmax,
+    sigmoid, ReLU, LSH, Bernoulli-sampled attention) builds the ``n_q × n_k`` matrix:
+    ``attn_scores`` (Q·Kᵀ) and ``attn_weighted_sum`` (weights · V). The linear one
+    (φ(Q)(φ(K)ᵀV)) never does: ``attn_kv_state`` is φ(K)ᵀV, a contraction over positions
+    into a ``d_k × d_v`` summary per head; ``attn_readout`` is φ(Q)·state, each query
+    reading the summary; ``attn_normaliser`` is φ(Q)·Σφ(K), each query's denominator (a
+    softmax's is elementwise, no MACs). Definitions in dataflow terms:
+    ``docs/roles.md``.
     """
 
     Q_PROJ = "q_proj"
@@ -65,19 +70,21 @@ class Role(StrEnum):
 
     @property
     def term(self) -> str:
-        """The complexity term of the role's closed form: ``"n·d²"``, ``"n²·d"``, ``"n·d"``, ``"n·d·log(n·d)"``,
-        ``"k·n·d²"``, ``"n·d·V"``."""
+        """The complexity term of the role's closed form: ``"n·d²"``, ``"n²·d"``,
+        ``"n·d"``, ``"n·d·log(n·d)"``, ``"k·n·d²"``, ``"n·d·V"``."""
         return _FACTS[self][1]
 
     @property
     def per_token(self) -> bool:
-        """A projection or FFN matmul: the same weight meets every token (cost linear in n)."""
+        """A projection or FFN matmul: the same weight meets every token (cost linear in
+        n)."""
         return self.group in (RoleGroup.ATTENTION, RoleGroup.FFN) and self.term == "n·d²" and not self.attention_core
 
     @property
     def attention_core(self) -> bool:
-        """A product of two activations that mixes positions: scores and weighted sum (every (query, key)
-        pair, ``n²·d``), or linear attention's KV state, readout and normaliser (``n·d²``, ``n·d``)."""
+        """A product of two activations that mixes positions: scores and weighted sum
+        (every (query, key) pair, ``n²·d``), or linear attention's KV state, readout
+        and normaliser (``n·d²``, ``n·d``)."""
         return _FACTS[self][2]
 
 
@@ -132,7 +139,8 @@ def roles_in(group: RoleGroup) -> tuple[str, ...]:
 
 
 def parse_role(name: str | Role) -> Role:
-    """``"q_proj"`` -> ``Role.Q_PROJ``; an unknown name is a :class:`~flopscope.errors.RoleError`."""
+    """``"q_proj"`` -> ``Role.Q_PROJ``; an unknown name is a
+    :class:`~flopscope.errors.RoleError`."""
     try:
         return Role(name)
     except ValueError:

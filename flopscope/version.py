@@ -1,5 +1,6 @@
-"""The installed version: ``flopscope.__version__``, from the distribution's metadata (so the wheel and the code
-agree; ``"0+unknown"`` in a source tree that was never installed)."""
+"""The installed version: ``flopscope.__version__``, from the distribution's metadata
+(so the wheel and the code agree; ``"0+unknown"`` in a source tree that was never
+installed)."""
 
 from importlib import metadata
 

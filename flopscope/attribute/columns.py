@@ -1,11 +1,12 @@
 """Column replay: which output columns of a fused projection reach each of its consumers.
 
-A projection feeding several roles (``nn.MultiheadAttention.in_proj``, GPT-2 ``c_attn``, GPT-NeoX
-``query_key_value`` with per-head interleaving, a fused ``gate_up_proj``) is split by output columns:
-the index of every column is replayed through the zero-cost ops (views, splits, slices, transposes,
-copies) between the projection and a consumer, on small ``int64`` label tensors, and each role is charged
-exactly its columns. Elementwise ops keep the labels of their input; any other op passes on the set of
-labels it received.
+A projection feeding several roles (``nn.MultiheadAttention.in_proj``, GPT-2 ``c_attn``,
+GPT-NeoX ``query_key_value`` with per-head interleaving, a fused ``gate_up_proj``) is
+split by output columns: the index of every column is replayed through the zero-cost ops
+(views, splits, slices, transposes, copies) between the projection and a consumer, on
+small ``int64`` label tensors, and each role is charged exactly its columns. Elementwise
+ops keep the labels of their input; any other op passes on the set of labels it
+received.
 """
 
 from __future__ import annotations
@@ -39,7 +40,8 @@ larger values, which no real column index reaches, by sorting."""
 
 
 def feature_axis(p: CapturedOp) -> int:
-    """The axis of ``p``'s output that holds its columns: a convolution's channels (dim 1), else the last dim."""
+    """The axis of ``p``'s output that holds its columns: a convolution's channels (dim
+    1), else the last dim."""
     return 1 if p.spec is not None and p.spec.family is OpFamily.CONV else -1
 
 
@@ -49,9 +51,10 @@ def columns(p: CapturedOp, target: CapturedOp) -> set[int]:
 
 
 def holds_columns_along(p: CapturedOp, target: CapturedOp, axis: int) -> bool | None:
-    """Whether ``axis`` of ``target`` runs over ``p``'s output columns (a head's features: the labels change along
-    it) rather than its rows (positions: every entry along it holds the same column). ``None`` where the labels did
-    not reach ``target`` as a tensor."""
+    """Whether ``axis`` of ``target`` runs over ``p``'s output columns (a head's
+    features: the labels change along it) rather than its rows (positions: every
+    entry along it holds the same column). ``None`` where the labels did not reach
+    ``target`` as a tensor."""
     found = _column_labels(p, target)
     if not isinstance(found, torch.Tensor) or not found.dim() or not found.numel():
         return None
@@ -60,8 +63,8 @@ def holds_columns_along(p: CapturedOp, target: CapturedOp, axis: int) -> bool | 
 
 
 def _column_labels(p: CapturedOp, target: CapturedOp) -> Labels:
-    """Each output column's index replayed from ``p`` to ``target``: a label tensor of ``target``'s shape, or a set
-    where an op between could not be replayed."""
+    """Each output column's index replayed from ``p`` to ``target``: a label tensor of
+    ``target``'s shape, or a set where an op between could not be replayed."""
     shape = tuple(p.output_shapes[0])
     axis = feature_axis(p) % len(shape)
     index = torch.arange(shape[axis]).reshape(*([1] * axis), shape[axis], *([1] * (len(shape) - axis - 1)))
@@ -72,23 +75,25 @@ def _column_labels(p: CapturedOp, target: CapturedOp) -> Labels:
 
 
 def split_by_columns(p: CapturedOp, wanted: Sequence[tuple[CapturedOp, str]], macs: int) -> dict[str, int]:
-    """Charge each role the MACs of the output columns of ``p`` that reach its consumer; columns no
-    consumer takes are ``other``. A role wanted twice for one column keeps the first in role order."""
+    """Charge each role the MACs of the output columns of ``p`` that reach its consumer;
+    columns no consumer takes are ``other``. A role wanted twice for one column keeps
+    the first in role order."""
     return _charge(int(p.output_shapes[0][feature_axis(p)]), [(columns(p, target), role) for target, role in wanted],
                    macs)
 
 
 def split_by_rows(p: CapturedOp, x: CapturedOp, wanted: Sequence[tuple[CapturedOp, str]], macs: int
                   ) -> dict[str, int]:
-    """Charge each role the MACs of the rows of ``p`` (the columns of its input ``x``, the contracted dim) that hold
-    the values of its source; rows no source holds are ``other``. A row wanted twice keeps the first role in role
-    order."""
+    """Charge each role the MACs of the rows of ``p`` (the columns of its input ``x``,
+    the contracted dim) that hold the values of its source; rows no source holds are
+    ``other``. A row wanted twice keeps the first role in role order."""
     return _charge(int(x.output_shapes[0][-1]), [(held_by(source, x), role) for source, role in wanted], macs)
 
 
 def _charge(width: int, wanted: Sequence[tuple[set[int], str]], macs: int) -> dict[str, int]:
-    """``macs // width`` per index to the role that wants it (the first in role order where several do), ``other``
-    for indices no one wants, the remainder to the largest part."""
+    """``macs // width`` per index to the role that wants it (the first in role order
+    where several do), ``other`` for indices no one wants, the remainder to the
+    largest part."""
     owner: dict[int, str] = {}
     for indices, role in sorted(wanted, key=lambda ir: ROLE_ORDER.index(ir[1])):
         for c in indices:
@@ -101,10 +106,11 @@ def _charge(width: int, wanted: Sequence[tuple[set[int], str]], macs: int) -> di
 
 
 def held_by(source: CapturedOp, target: CapturedOp) -> set[int]:
-    """Which columns (last dim) of ``target`` hold values of ``source`` (a concatenation's part), replayed on labels.
-    The replay runs on tensors of the full shapes (a single-stream DiT block at 1024²: hundreds of MB), so its answer
-    is kept per path (:func:`_path_key`): the same ops on the same shapes give the same columns in every block and
-    every call."""
+    """Which columns (last dim) of ``target`` hold values of ``source`` (a
+    concatenation's part), replayed on labels. The replay runs on tensors of the full
+    shapes (a single-stream DiT block at 1024²: hundreds of MB), so its answer is
+    kept per path (:func:`_path_key`): the same ops on the same shapes give the same
+    columns in every block and every call."""
     between = _between(source, target)
     key = _path_key(source, target, between)
     found_before = _HELD_BY.get(key) if key is not None else None
@@ -128,9 +134,10 @@ _MAX_KEPT_PATHS = 4096
 
 
 def _path_key(source: CapturedOp, target: CapturedOp, between: Sequence[CapturedOp]) -> tuple[Any, ...] | None:
-    """What a replay from ``source`` to ``target`` depends on: each op between (its target, cost, output shapes and
-    arguments, a record on the path by its position, one off it by its shape and known values), ``None`` where an
-    argument cannot be keyed."""
+    """What a replay from ``source`` to ``target`` depends on: each op between (its
+    target, cost, output shapes and arguments, a record on the path by its position,
+    one off it by its shape and known values), ``None`` where an argument cannot be
+    keyed."""
     if any(n.target is after_write for n in between):
         return None  # (a write's replay follows view chains off the path: not keyed)
     at = {source: 0, **{n: i for i, n in enumerate(between, 1)}}
@@ -159,8 +166,8 @@ def _path_key(source: CapturedOp, target: CapturedOp, between: Sequence[Captured
 
 
 def spread_remainder(parts: dict[str, int], total: int, largest: str | None = None) -> dict[str, int]:
-    """``parts`` with what they miss of ``total`` (integer division) added to ``largest`` (default: the
-    largest part)."""
+    """``parts`` with what they miss of ``total`` (integer division) added to
+    ``largest`` (default: the largest part)."""
     missing = total - sum(parts.values())
     if missing:
         parts[largest if largest is not None else max(parts, key=parts.__getitem__)] += missing
@@ -209,9 +216,10 @@ def _replay(n: CapturedOp, labels: Mapping[CapturedOp, Labels]) -> Labels:
 
 def _replay_write(n: CapturedOp, labels: Mapping[CapturedOp, Labels], inputs: list[Labels],
                   out_shape: tuple[int, ...]) -> Labels:
-    """A version record (``after_write(before, write)``): the labels of the tensor ``before`` names, with the
-    region the write went through (a chain of views of the same tensor: ``key[..., :k].copy_(k_nope)``) holding
-    the write's labels. Where the chains do not meet in one tensor, the labels pass on as a set."""
+    """A version record (``after_write(before, write)``): the labels of the tensor
+    ``before`` names, with the region the write went through (a chain of views of the
+    same tensor: ``key[..., :k].copy_(k_nope)``) holding the write's labels. Where
+    the chains do not meet in one tensor, the labels pass on as a set."""
     before, write = n.args
     written = write.args[0] if write.args and isinstance(write.args[0], CapturedOp) else None
     if written is None or not isinstance(labels.get(write), torch.Tensor):
@@ -236,8 +244,9 @@ def _replay_write(n: CapturedOp, labels: Mapping[CapturedOp, Labels], inputs: li
 
 
 def _replay_channelwise(x: torch.Tensor, out_shape: tuple[int, ...], inputs: list[Labels]) -> Labels:
-    """A depthwise convolution's output channel holds its input channel's column, where that channel holds one
-    column at every position (it mixes positions, not channels)."""
+    """A depthwise convolution's output channel holds its input channel's column, where
+    that channel holds one column at every position (it mixes positions, not
+    channels)."""
     flat = x.flatten(2)
     if len(out_shape) != x.dim() or not bool((flat == flat[..., :1]).all()):
         return _union(inputs)
@@ -245,7 +254,8 @@ def _replay_channelwise(x: torch.Tensor, out_shape: tuple[int, ...], inputs: lis
 
 
 def _view_chain(n: CapturedOp) -> tuple[CapturedOp, list[CapturedOp]]:
-    """The record whose tensor ``n`` views, and the view ops (and their tuple getters) from it to ``n``."""
+    """The record whose tensor ``n`` views, and the view ops (and their tuple getters)
+    from it to ``n``."""
     chain: list[CapturedOp] = []
     while n.node_op == "call_function":
         source = n.args[0] if n.args and isinstance(n.args[0], CapturedOp) else None
@@ -266,8 +276,9 @@ def _unversioned(n: CapturedOp) -> CapturedOp:
 
 
 def _along(whole: torch.Tensor, chain: Sequence[CapturedOp]) -> torch.Tensor | None:
-    """``whole`` seen through the view ops of ``chain`` (a view of it: a write into the result writes into it);
-    ``None`` where a view takes a tensor argument or the chain ends in a tuple."""
+    """``whole`` seen through the view ops of ``chain`` (a view of it: a write into the
+    result writes into it); ``None`` where a view takes a tensor argument or the
+    chain ends in a tuple."""
     x: Any = whole
     for v in chain:
         if v.target is operator.getitem:

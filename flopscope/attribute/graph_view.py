@@ -29,8 +29,9 @@ _LEAF_FACTS: dict[LeafKind | None, int] = {LeafKind.INPUT: _DYNAMIC, LeafKind.CO
 
 def reach(starts: Iterable[CapturedOp], step: Callable[[CapturedOp], Iterable[CapturedOp]],
           expand: Callable[[CapturedOp], bool]) -> Iterator[CapturedOp]:
-    """Every node reachable from ``starts`` (each once, depth first), moving by ``step`` out of the nodes
-    for which ``expand`` is true. A node is yielded before its neighbours are taken."""
+    """Every node reachable from ``starts`` (each once, depth first), moving by ``step``
+    out of the nodes for which ``expand`` is true. A node is yielded before its
+    neighbours are taken."""
     seen: set[CapturedOp] = set()
     todo = list(starts)
     while todo:
@@ -92,10 +93,11 @@ def _records_in(x: Any, found: dict[CapturedOp, None]) -> None:
 
 
 def is_channelwise_conv(n: CapturedOp) -> bool:
-    """A depthwise convolution with one filter per channel (``groups == C_in == C_out``, weight
-    ``[C, 1, *k]``): it mixes positions within each channel, never channels (Mamba's and gated DeltaNet's short
-    causal convolution after the input projection, SegFormer's Mix-FFN). Its output channel ``c`` is computed
-    from its input channel ``c`` alone."""
+    """A depthwise convolution with one filter per channel (``groups == C_in == C_out``,
+    weight ``[C, 1, *k]``): it mixes positions within each channel, never channels
+    (Mamba's and gated DeltaNet's short causal convolution after the input
+    projection, SegFormer's Mix-FFN). Its output channel ``c`` is computed from its
+    input channel ``c`` alone."""
     shapes = _forward_conv_shapes(n)
     if shapes is None:
         return False
@@ -104,8 +106,9 @@ def is_channelwise_conv(n: CapturedOp) -> bool:
 
 
 def _forward_conv_shapes(n: CapturedOp) -> tuple[Sequence[int], Sequence[int]] | None:
-    """(input, weight) shapes of a convolution that is not transposed, with channels and at least one spatial dim.
-    causal-conv1d's kernels take a depthwise weight without its singleton, ``[C, W]``: read as ``[C, 1, W]``."""
+    """(input, weight) shapes of a convolution that is not transposed, with channels and
+    at least one spatial dim. causal-conv1d's kernels take a depthwise weight without
+    its singleton, ``[C, W]``: read as ``[C, 1, W]``."""
     spec = n.spec
     if spec is None or spec.family is not OpFamily.CONV or len(n.input_shapes) < 2 or not n.output_shapes:
         return None
@@ -117,10 +120,11 @@ def _forward_conv_shapes(n: CapturedOp) -> tuple[Sequence[int], Sequence[int]] |
 
 
 def is_pointwise_conv(n: CapturedOp) -> bool:
-    """A 1×1 convolution that mixes channels (every kernel dim 1, not transposed, not depthwise; grouped or not): at
-    each position the same linear map of the channels (block-diagonal when grouped), a projection written as a
-    convolution (YOLO11's C2PSA ``qkv`` and ``proj``, EfficientViT, SqueezeBERT, non-local blocks). Its output
-    channel (dim 1) is its column."""
+    """A 1×1 convolution that mixes channels (every kernel dim 1, not transposed, not
+    depthwise; grouped or not): at each position the same linear map of the channels
+    (block-diagonal when grouped), a projection written as a convolution (YOLO11's
+    C2PSA ``qkv`` and ``proj``, EfficientViT, SqueezeBERT, non-local blocks). Its
+    output channel (dim 1) is its column."""
     shapes = _forward_conv_shapes(n)
     if shapes is None:
         return False
@@ -131,9 +135,10 @@ def is_pointwise_conv(n: CapturedOp) -> bool:
 class GraphView:
     """The forward part of a captured graph, with facts computed once and never changed.
 
-    - ``live[n]``: an activation: depends on a forward input, or was computed by a multiply (a learned
-      query projected by a weight is one);
-    - ``raw_weight[n]``: parameter data that no multiply produced (a weight, or a view of one);
+    - ``live[n]``: an activation: depends on a forward input, or was computed by a
+      multiply (a learned query projected by a weight is one);
+    - ``raw_weight[n]``: parameter data that no multiply produced (a weight, or a view
+      of one);
     - ``dynamic[n]``: depends on a forward input (or an outside constant).
     """
 
@@ -175,8 +180,8 @@ class GraphView:
 
     @property
     def batch(self) -> int | None:
-        """The batch size of the forward's inputs: the leading dim most of its input tensors share (``None``
-        without inputs, or where the sizes are symbolic)."""
+        """The batch size of the forward's inputs: the leading dim most of its input
+        tensors share (``None`` without inputs, or where the sizes are symbolic)."""
         def compute() -> int | None:
             leading = Counter(n.output_shapes[0][0] for n in self.nodes
                               if n.leaf is LeafKind.INPUT and n.output_shapes and len(n.output_shapes[0]) >= 1
@@ -190,8 +195,9 @@ class GraphView:
         return batch
 
     def inputs_behind(self, n: CapturedOp) -> tuple[int, bool]:
-        """(the most elements of any forward input ``n`` is computed from, whether any of them is not floating-point:
-        token ids, masks); ``(0, False)`` for a value of weights and constants only."""
+        """(the most elements of any forward input ``n`` is computed from, whether any
+        of them is not floating-point: token ids, masks); ``(0, False)`` for a value
+        of weights and constants only."""
         if "inputs behind" not in self._memo_plain:
             table: dict[CapturedOp, tuple[int, bool]] = {}
             none = (0, False)
@@ -209,9 +215,11 @@ class GraphView:
         return result
 
     def is_condition(self, n: CapturedOp) -> bool:
-        """``n`` holds a vector per sample (as many rows as the inputs' batch), or per frame: more rows, all computed
-        from floating-point inputs of no more elements than that (a timestep per frame), not from the token stream
-        (token ids: hyper-connections' streams; an encoder's features: an RNN-T joint's per-frame projections)."""
+        """``n`` holds a vector per sample (as many rows as the inputs' batch), or per
+        frame: more rows, all computed from floating-point inputs of no more elements
+        than that (a timestep per frame), not from the token stream (token ids:
+        hyper-connections' streams; an encoder's features: an RNN-T joint's per-frame
+        projections)."""
         if not n.output_shapes or not all(type(s) is int for s in n.output_shapes[0]):
             return False
         rows = math.prod(n.output_shapes[0][:-1])
@@ -221,11 +229,13 @@ class GraphView:
         return not not_float and largest <= rows
 
     def pooled(self, n: CapturedOp) -> bool:
-        """``n`` holds one vector per sample pooled from the positions: a ``[batch, features]`` value computed (through
-        any ops, multiplies included, each keeping one vector per sample) from a reduction of a value with more rows
-        (``hidden[:, 0]``, a mean or max over the positions). A pooler's and a sequence classifier's input; never a
-        value of the token stream, not even at one position (``[batch, 1, d]`` keeps its positions axis), nor a
-        condition made from a timestep or a class."""
+        """``n`` holds one vector per sample pooled from the positions: a ``[batch,
+        features]`` value computed (through any ops, multiplies included, each
+        keeping one vector per sample) from a reduction of a value with more rows
+        (``hidden[:, 0]``, a mean or max over the positions). A pooler's and a
+        sequence classifier's input; never a value of the token stream, not even at
+        one position (``[batch, 1, d]`` keeps its positions axis), nor a condition
+        made from a timestep or a class."""
         if "pooled" not in self._memo_plain:
             table: dict[CapturedOp, bool] = {}
             batch = self.batch
@@ -243,8 +253,8 @@ class GraphView:
         return found
 
     def spreads_a_condition(self, user: CapturedOp, n: CapturedOp) -> bool:
-        """``user`` spreads ``n`` over the positions (:func:`spreads`) and ``n`` is a condition
-        (:meth:`is_condition`)."""
+        """``user`` spreads ``n`` over the positions (:func:`spreads`) and ``n`` is a
+        condition (:meth:`is_condition`)."""
         return spreads(user, n) and self.is_condition(n)
 
     def runs(self, packets: frozenset[Any]) -> bool:
@@ -255,7 +265,8 @@ class GraphView:
         return not present.isdisjoint(packets)
 
     def cached(self, kind: str, node: CapturedOp, compute: Callable[[], T]) -> T:
-        """``compute()`` once per ``(kind, node)``: searches over a view that never changes."""
+        """``compute()`` once per ``(kind, node)``: searches over a view that never
+        changes."""
         key = (kind, node)
         if key not in self._memo:
             self._memo[key] = compute()
@@ -264,11 +275,13 @@ class GraphView:
 
     # ---------------------------------------------------------------------------------------------
     def users(self, n: CapturedOp) -> tuple[CapturedOp, ...]:
-        """Forward nodes that take ``n``'s output as data (not as an index or mask: :data:`CONTROL_ARGUMENTS`)."""
+        """Forward nodes that take ``n``'s output as data (not as an index or mask:
+        :data:`CONTROL_ARGUMENTS`)."""
         return self._users[n]
 
     def inputs(self, n: CapturedOp) -> tuple[CapturedOp, ...]:
-        """The records ``n`` takes as data (:func:`data_inputs`): what the role searches walk back through."""
+        """The records ``n`` takes as data (:func:`data_inputs`): what the role searches
+        walk back through."""
         return self._inputs.get(n, n.inputs)
 
     def packet(self, n: CapturedOp) -> Any:
@@ -283,7 +296,8 @@ class GraphView:
         return n.parts
 
     def operands(self, n: CapturedOp) -> tuple[CapturedOp, ...] | None:
-        """The operand nodes of a matmul or attention kernel (at its family's positions), if all are nodes."""
+        """The operand nodes of a matmul or attention kernel (at its family's
+        positions), if all are nodes."""
         spec = self.spec(n)
         if spec is None or not spec.operands or len(n.args) <= max(spec.operands):
             return None
@@ -306,14 +320,16 @@ class GraphView:
         return found[0], found[1]
 
     def is_activation_product(self, n: CapturedOp) -> bool:
-        """A matmul of two activations (attention scores or weighted sum, never a projection)."""
+        """A matmul of two activations (attention scores or weighted sum, never a
+        projection)."""
         if not self.is_matmul(n):
             return False
         a, b = self.matmul_operands(n)
         return self.live[a] and self.live[b]
 
     def is_weight_matmul(self, n: CapturedOp) -> bool:
-        """``x @ W``, ``W @ x``, or a learned query (two raw weights, the second one the weight)."""
+        """``x @ W``, ``W @ x``, or a learned query (two raw weights, the second one the
+        weight)."""
         known = self._weight_matmul.get(n)
         if known is None:
             if not self.is_matmul(n) or self.parts(n):
@@ -325,26 +341,31 @@ class GraphView:
         return known
 
     def activated(self, n: CapturedOp, activations: frozenset[Any]) -> bool:
-        """An op of ``activations`` on an activation (:attr:`live`) lies among the nodes without multiplies reached
-        walking back from ``n`` without crossing a multiply (``n`` included; a multiply itself is never activated; a
-        learned scalar squashed by a sigmoid to blend two streams, SVD's ``AlphaBlender``, activates nothing; nor
-        does one behind a value without positions spread over the tokens: adaLN's ``tanh(gate)`` conditions them; nor
-        one behind a weight per row spread over the features, ``sigmoid(w)[..., None] * streams``: DeepSeek-V4's
-        hyper-connections weigh their streams; nor one behind a sum of two activations, a stream mixed or written
-        back to: D-FINE's gateway ``norm(sigmoid(g1) · x1 + sigmoid(g2) · x2)``)."""
+        """An op of ``activations`` on an activation (:attr:`live`) lies among the nodes
+        without multiplies reached walking back from ``n`` without crossing a
+        multiply (``n`` included; a multiply itself is never activated; a learned
+        scalar squashed by a sigmoid to blend two streams, SVD's ``AlphaBlender``,
+        activates nothing; nor does one behind a value without positions spread over
+        the tokens: adaLN's ``tanh(gate)`` conditions them; nor one behind a weight
+        per row spread over the features, ``sigmoid(w)[..., None] * streams``:
+        DeepSeek-V4's hyper-connections weigh their streams; nor one behind a sum of
+        two activations, a stream mixed or written back to: D-FINE's gateway
+        ``norm(sigmoid(g1) · x1 + sigmoid(g2) · x2)``)."""
         return self.behind(n, activations, lambda m: self.packet(m) in activations and self.live[m],
                            through=lambda m, x: (self._packets[m] not in BROADCASTING_OPS
                                                  or not (self.spreads_a_condition(m, x) or weighs_rows(m, x)))
                            and not self._joins_activations(m))
 
     def _joins_activations(self, m: CapturedOp) -> bool:
-        """``m`` adds or subtracts two activations computed from different multiplies (a residual sum, a mix of
-        streams; not two terms of one activation function of one value, xIELU's ``(expm1(h) − h)·a + b·h``)."""
+        """``m`` adds or subtracts two activations computed from different multiplies (a
+        residual sum, a mix of streams; not two terms of one activation function of
+        one value, xIELU's ``(expm1(h) − h)·a + b·h``)."""
         return self._packets[m] in SUM_OPS and self.mixes(m)
 
     def mixes(self, m: CapturedOp) -> bool:
-        """``m`` combines activations computed from different multiplies (a gated product, a residual sum; not a
-        norm's ``x · rsqrt(mean(x²))`` nor two terms of one function of one value)."""
+        """``m`` combines activations computed from different multiplies (a gated
+        product, a residual sum; not a norm's ``x · rsqrt(mean(x²))`` nor two terms
+        of one function of one value)."""
         live = [x for x in self._inputs[m] if self.live.get(x, False)]
         if len(live) < 2:
             return False
@@ -357,11 +378,12 @@ class GraphView:
 
     def behind(self, n: CapturedOp, key: Any, test: Callable[[CapturedOp], bool],
                through: Callable[[CapturedOp, CapturedOp], bool] | None = None) -> bool:
-        """A node passing ``test`` lies among the nodes without multiplies reached walking back from ``n`` without
-        crossing a multiply (``n`` included; a multiply never passes), along the inputs ``x`` of each node ``m`` that
-        pass ``through(m, x)`` (default: all). Computed for every node in one pass over
-        the graph per ``key`` (which names ``test``): a search from each node would walk a residual stream back
-        to the embedding, O(layers²) in all."""
+        """A node passing ``test`` lies among the nodes without multiplies reached
+        walking back from ``n`` without crossing a multiply (``n`` included; a
+        multiply never passes), along the inputs ``x`` of each node ``m`` that pass
+        ``through(m, x)`` (default: all). Computed for every node in one pass over
+        the graph per ``key`` (which names ``test``): a search from each node would
+        walk a residual stream back to the embedding, O(layers²) in all."""
         table = self._behind.get(key)
         if table is None:
             table = self._behind[key] = {}
@@ -372,9 +394,10 @@ class GraphView:
 
     def ahead(self, n: CapturedOp, key: Any, test: Callable[[CapturedOp, CapturedOp], bool],
               through: Callable[[CapturedOp, CapturedOp], bool] = lambda user, n: True) -> bool:
-        """Some user ``u`` of ``n``'s value passes ``test(u, its input)``, walking forward from ``n`` through users
-        without multiplies that pass ``through(u, its input)``. Computed for every node in one pass over the graph
-        per ``key`` (which names ``test`` and ``through``), as :meth:`behind`."""
+        """Some user ``u`` of ``n``'s value passes ``test(u, its input)``, walking
+        forward from ``n`` through users without multiplies that pass ``through(u,
+        its input)``. Computed for every node in one pass over the graph per ``key``
+        (which names ``test`` and ``through``), as :meth:`behind`."""
         table = self._behind.get(("ahead", key))
         if table is None:
             table = self._behind[("ahead", key)] = {}
@@ -388,7 +411,8 @@ class GraphView:
         return b if self.raw_weight[b] else a
 
     def is_conv_projection(self, n: CapturedOp) -> bool:
-        """A pointwise convolution (:func:`is_pointwise_conv`) of an activation by a raw weight."""
+        """A pointwise convolution (:func:`is_pointwise_conv`) of an activation by a raw
+        weight."""
         return (is_pointwise_conv(n) and isinstance(n.args[0], CapturedOp) and isinstance(n.args[1], CapturedOp)
                 and self.live[n.args[0]] and self.raw_weight[n.args[1]])
 
@@ -403,12 +427,13 @@ class GraphView:
     # searches, all written with reach()
     def frontier(self, starts: Iterable[CapturedOp], step: Callable[[CapturedOp], Iterable[CapturedOp]],
                  blocked: Callable[[CapturedOp], bool] = lambda n: False) -> list[CapturedOp]:
-        """The multiply nodes met first from ``starts``, moving by ``step`` through nodes without
-        multiplies and never past a ``blocked`` one."""
+        """The multiply nodes met first from ``starts``, moving by ``step`` through
+        nodes without multiplies and never past a ``blocked`` one."""
         return [n for n in reach(starts, step, lambda n: not n.macs and not blocked(n)) if n.macs]
 
     def through_no_macs(self, start: CapturedOp) -> Iterator[CapturedOp]:
-        """Nodes without multiplies reached walking back from ``start`` without crossing a multiply."""
+        """Nodes without multiplies reached walking back from ``start`` without crossing
+        a multiply."""
         return (n for n in reach([start], self.inputs, lambda n: not n.macs) if not n.macs)
 
     def leaves_of(self, n: CapturedOp) -> list[CapturedOp]:
@@ -430,9 +455,9 @@ BROADCASTING_OPS = frozenset({aten.add, aten.add_, aten.sub, aten.sub_, aten.mul
 
 
 def spreads(user: CapturedOp, n: CapturedOp) -> bool:
-    """``user`` broadcasts ``n``'s value along an axis other than the last, where ``n`` has one entry and the output
-    many (or none), and ``n`` has one entry on every later axis but the last: the value holds no positions, the
-    output does."""
+    """``user`` broadcasts ``n``'s value along an axis other than the last, where ``n``
+    has one entry and the output many (or none), and ``n`` has one entry on every
+    later axis but the last: the value holds no positions, the output does."""
     if getattr(user.target, "overloadpacket", None) not in BROADCASTING_OPS or not user.output_shapes \
             or not n.output_shapes:
         return False
@@ -446,17 +471,20 @@ def spreads(user: CapturedOp, n: CapturedOp) -> bool:
 
 
 def numel_of(shape: Any) -> int | None:
-    """Elements of a value of this shape; None where a size is symbolic (nothing to compare)."""
+    """Elements of a value of this shape; None where a size is symbolic (nothing to
+    compare)."""
     return math.prod(shape) if all(type(s) is int for s in shape) else None
 
 
 def rows_of(shape: Any) -> int | None:
-    """Rows of a value of this shape (every dim but the last); None where a size is symbolic."""
+    """Rows of a value of this shape (every dim but the last); None where a size is
+    symbolic."""
     return math.prod(shape[:-1]) if all(type(s) is int for s in shape) else None
 
 
 def weighs_rows(product: CapturedOp, x: CapturedOp) -> bool:
-    """``x`` enters ``product`` with one entry along the last axis, where the product has many: it scales whole
-    rows (a router's weight, a hyper-connection's), no value per feature as a GLU's gate has."""
+    """``x`` enters ``product`` with one entry along the last axis, where the product
+    has many: it scales whole rows (a router's weight, a hyper-connection's), no
+    value per feature as a GLU's gate has."""
     return (bool(x.output_shapes) and bool(product.output_shapes) and x.output_shapes[0][-1:] == (1,)
             and product.output_shapes[0][-1:] != (1,))

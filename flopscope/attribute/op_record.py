@@ -1,5 +1,5 @@
-"""One counted op as a user reads it: the ATen op, where it ran, its MACs and the roles they were given
-(:attr:`flopscope.Profile.records`)."""
+"""One counted op as a user reads it: the ATen op, where it ran, its MACs and the roles
+they were given (:attr:`flopscope.Profile.records`)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Module paths: ``"encoder.layer.0.attention"``; ``""`` is the root module, which contains every path."""
+"""Module paths: ``"encoder.layer.0.attention"``; ``""`` is the root module, which
+contains every path."""
 
 from __future__ import annotations
 
@@ -6,7 +7,8 @@ from collections.abc import Collection, Iterable, Sequence
 
 
 def within(path: str, block: str) -> bool:
-    """``path`` is ``block`` or one of its submodules (every path is within the root ``""``)."""
+    """``path`` is ``block`` or one of its submodules (every path is within the root
+    ``""``)."""
     return block == "" or path == block or path.startswith(block + ".")
 
 
@@ -16,10 +18,12 @@ def inside(paths: Iterable[str], block: str) -> list[str]:
 
 
 def enclosing(stack: Iterable[str], uncalled: Collection[str]) -> frozenset[str]:
-    """The paths of a module call stack, with the modules that hold one of them and never ran themselves (a
-    ``ModuleList`` / ``ModuleDict`` of layers, a root the caller never called): the modules an op run on that stack
-    is inside of, by call or by structure. A module that ran is on the stacks of its own calls only (a module called
-    from another's forward counts under its caller, not under a parent that ran elsewhere)."""
+    """The paths of a module call stack, with the modules that hold one of them and
+    never ran themselves (a ``ModuleList`` / ``ModuleDict`` of layers, a root the
+    caller never called): the modules an op run on that stack is inside of, by call
+    or by structure. A module that ran is on the stacks of its own calls only (a
+    module called from another's forward counts under its caller, not under a parent
+    that ran elsewhere)."""
     paths = set(stack)
     if uncalled:
         for path in list(paths):

@@ -1,22 +1,26 @@
-"""Kernels launched from Python outside the dispatcher (Triton kernels, pybind modules), counted at the boundary their
-library calls them through: an ``autograd.Function``, whose ``forward`` and ``backward`` are wrapped on the class
-while a profile runs (not a module-level name, which models copy into their own attributes; transformers resolves
-``chunk_gated_delta_rule`` once, at import, through ``use_kernel_func_from_hub_with_fallback``); a Triton launch
-(:mod:`flopscope.capture.launches`, for plain functions with no Function around them); or a pybind extension's
-function that its library looks up on the extension module at each call (:data:`ATTRIBUTE`: flash-attn's
-``fwd_kvcache``).
+"""Kernels launched from Python outside the dispatcher (Triton kernels, pybind modules),
+counted at the boundary their library calls them through: an ``autograd.Function``,
+whose ``forward`` and ``backward`` are wrapped on the class while a profile runs (not
+a module-level name, which models copy into their own attributes; transformers
+resolves ``chunk_gated_delta_rule`` once, at import, through
+``use_kernel_func_from_hub_with_fallback``); a Triton launch
+(:mod:`flopscope.capture.launches`, for plain functions with no Function around
+them); or a pybind extension's function that its library looks up on the extension
+module at each call (:data:`ATTRIBUTE`: flash-attn's ``fwd_kvcache``).
 
-Each :class:`Kernel` of :data:`CATALOG` (and of :func:`register`) is one record per call: its formula's MACs and
-parts (roles), its arguments' records as inputs, its outputs produced by it; the ATen ops it runs inside run
-unrecorded (:meth:`~flopscope.capture.recorder.Recorder.suspended`), so nothing is counted twice. On fake tensors and
-meta, where a Triton kernel cannot run, the kernel is not run: :attr:`Kernel.outputs` makes its outputs (shapes,
-dtypes), so the count needs no GPU. A backward's record is its own formula (:attr:`Kernel.backward`), attributed to
-the forward's module.
+Each :class:`Kernel` of :data:`CATALOG` (and of :func:`register`) is one record per
+call: its formula's MACs and parts (roles), its arguments' records as inputs, its
+outputs produced by it; the ATen ops it runs inside run unrecorded
+(:meth:`~flopscope.capture.recorder.Recorder.suspended`), so nothing is counted twice.
+On fake tensors and meta, where a Triton kernel cannot run, the kernel is not run:
+:attr:`Kernel.outputs` makes its outputs (shapes, dtypes), so the count needs no GPU. A
+backward's record is its own formula (:attr:`Kernel.backward`), attributed to the
+forward's module.
 
-Only kernels whose library is already imported are wrapped (flopscope imports none of them), and only in the thread
-of the run: another thread's calls run the original. What is not in the catalog stays invisible to the dispatcher;
-in real mode the buffer such a kernel fills is found when an op reads it
-(:mod:`flopscope.capture.undispatched`).
+Only kernels whose library is already imported are wrapped (flopscope imports none of
+them), and only in the thread of the run: another thread's calls run the original. What
+is not in the catalog stays invisible to the dispatcher; in real mode the buffer such a
+kernel fills is found when an op reads it (:mod:`flopscope.capture.undispatched`).
 """
 
 from __future__ import annotations
@@ -80,20 +84,26 @@ function: ``"attribute:flash_attn_2_cuda.fwd_kvcache"``); wrapped on that module
 
 @dataclass(frozen=True, eq=False)
 class Kernel:
-    """A kernel counted at an ``autograd.Function``, a Triton launch or a module's function: ``name``
-    (``"fla.chunk_gated_delta_rule"``: its records' op), ``function`` the Function's import path (or
-    ``"triton:<kernel name>"``, :mod:`flopscope.capture.launches`; or :data:`ATTRIBUTE` + ``"<module>.<name>"``),
-    ``arguments`` the names of the arguments its records take (tensors in that order; the formula gets them as shapes,
-    a tensor's known values where flopscope knows them; a launch's or a module function's: its parameters by position),
-    ``formula`` / ``backward`` the MACs of a forward / backward call (an int or parts by role) from those shapes,
-    ``outputs`` its forward's outputs on fake tensors (from the call's arguments by name), ``family`` and
-    ``operands`` (positions among ``arguments``: an attention kernel's q, k, v) as a registered formula's;
-    ``module`` names the parameter whose module's work the call is (Liger's loss computes the ``lm_head``'s product
-    without calling it: its records get a call of that module), ``gradients`` the MACs of the gradients a forward call
-    computes for the backward (booked to the backward phase, whatever call computes them); ``reference`` the torch
-    computation the kernel stands for, which a fake run records in its place (Liger's SwiGLU: ``silu(a) * b``, so
-    that the FFN pass finds its gate and up projections as on the torch path; its products' backward is two gradients
-    of each); ``writes`` the arguments a launch or a module function writes in place (its outputs)."""
+    """A kernel counted at an ``autograd.Function``, a Triton launch or a module's
+    function: ``name`` (``"fla.chunk_gated_delta_rule"``: its records' op),
+    ``function`` the Function's import path (or ``"triton:<kernel name>"``,
+    :mod:`flopscope.capture.launches`; or :data:`ATTRIBUTE` + ``"<module>.<name>"``),
+    ``arguments`` the names of the arguments its records take (tensors in that order;
+    the formula gets them as shapes, a tensor's known values where flopscope knows
+    them; a launch's or a module function's: its parameters by position), ``formula``
+    / ``backward`` the MACs of a forward / backward call (an int or parts by role)
+    from those shapes, ``outputs`` its forward's outputs on fake tensors (from the
+    call's arguments by name), ``family`` and ``operands`` (positions among
+    ``arguments``: an attention kernel's q, k, v) as a registered formula's;
+    ``module`` names the parameter whose module's work the call is (Liger's loss
+    computes the ``lm_head``'s product without calling it: its records get a call of
+    that module), ``gradients`` the MACs of the gradients a forward call computes for
+    the backward (booked to the backward phase, whatever call computes them);
+    ``reference`` the torch computation the kernel stands for, which a fake run
+    records in its place (Liger's SwiGLU: ``silu(a) * b``, so that the FFN pass finds
+    its gate and up projections as on the torch path; its products' backward is two
+    gradients of each); ``writes`` the arguments a launch or a module function writes
+    in place (its outputs)."""
 
     name: str
     function: str
@@ -127,9 +137,9 @@ class Kernel:
         raise RunError(f"{self.name} is a catalog kernel's record: it is counted, not run again")
 
     def record(self, recorder: Recorder, named: Named, out: Any, differentiated: bool = False) -> Any:
-        """One record of a call given ``named`` (its arguments by name) that returned ``out``: in the module holding
-        its ``module`` parameter where it has one, its ``writes`` written by it (``None`` outside the model's module
-        calls)."""
+        """One record of a call given ``named`` (its arguments by name) that returned
+        ``out``: in the module holding its ``module`` parameter where it has one, its
+        ``writes`` written by it (``None`` outside the model's module calls)."""
         owner = self.module(named) if self.module is not None else None
         path = recorder.tracker.holder_of(owner) if isinstance(owner, torch.Tensor) else None
         written = [named[w] for w in self.writes if isinstance(named.get(w), torch.Tensor)]
@@ -137,8 +147,8 @@ class Kernel:
                                       differentiated, module=path, writes=written)
 
     def spec(self, backward: bool = False) -> OpSpec:
-        """The formula of a forward (or backward) call as a registered op's: positional shapes in ``arguments``'
-        order."""
+        """The formula of a forward (or backward) call as a registered op's: positional
+        shapes in ``arguments``' order."""
         key = "backward" if backward else "forward"
         found = self._specs.get(key)
         if found is None:
@@ -153,12 +163,14 @@ class Kernel:
 
 
 def _split_conv1d_scan(named: Named) -> Any:
-    """mamba-ssm's fused Mamba-2 layer (``mamba_split_conv1d_scan_combined``, transformers' training path) as the
-    steps it fuses, each recorded where the unfused path records it: ``zxbcdt`` split into the gate ``z``, ``xBC``
-    and ``dt`` (and an MLP's halves ``zx0`` before them, where the layer has one); the causal convolution of ``xBC``
-    (:data:`CAUSAL_CONV`) and its SiLU; the chunked scan (:data:`SSD`); the gated
-    RMSNorm by groups (``norm_before_gate=False``: ``y · silu(z)``, then normalised) or the gate ``y · silu(z)`` in
-    the scan; the output projection in ``out_proj``'s module."""
+    """mamba-ssm's fused Mamba-2 layer (``mamba_split_conv1d_scan_combined``,
+    transformers' training path) as the steps it fuses, each recorded where the
+    unfused path records it: ``zxbcdt`` split into the gate ``z``, ``xBC`` and ``dt``
+    (and an MLP's halves ``zx0`` before them, where the layer has one); the causal
+    convolution of ``xBC`` (:data:`CAUSAL_CONV`) and its SiLU; the chunked scan
+    (:data:`SSD`); the gated RMSNorm by groups (``norm_before_gate=False``: ``y ·
+    silu(z)``, then normalised) or the gate ``y · silu(z)`` in the scan; the output
+    projection in ``out_proj``'s module."""
     zxbcdt, weight, A, D = named["zxbcdt"], named["conv1d_weight"], named["A"], named["D"]
     heads = A.shape[0]
     head_width = D.shape[1] if D.dim() == 2 else named["headdim"]
@@ -193,12 +205,14 @@ def _split_conv1d_scan(named: Named) -> Any:
 
 
 def _mamba_inner(named: Named) -> torch.Tensor:
-    """mamba-ssm's fused Mamba layer (``mamba_inner_fn``, transformers' training path) as the steps it fuses, each
-    recorded where the unfused path records it: ``xz`` halved into x and the gate z; the causal convolution of x
-    (:data:`CAUSAL_CONV`) and its SiLU; ``x_proj`` (in its module) split into the time step, B and C (each
-    RMS-normalised where weights are given); the time step's projection by ``dt_proj``'s weight (in the layer, as
-    the unfused path multiplies by the weight itself); the selective scan (:data:`SELECTIVE_SCAN`); ``out_proj``
-    (in its module)."""
+    """mamba-ssm's fused Mamba layer (``mamba_inner_fn``, transformers' training path)
+    as the steps it fuses, each recorded where the unfused path records it: ``xz``
+    halved into x and the gate z; the causal convolution of x (:data:`CAUSAL_CONV`)
+    and its SiLU; ``x_proj`` (in its module) split into the time step, B and C (each
+    RMS-normalised where weights are given); the time step's projection by
+    ``dt_proj``'s weight (in the layer, as the unfused path multiplies by the weight
+    itself); the selective scan (:data:`SELECTIVE_SCAN`); ``out_proj`` (in its
+    module)."""
     xz, weight, a = named["xz"], named["conv1d_weight"], named["A"]
     x, z = xz.chunk(2, dim=1)
     conv = torch.nn.functional.silu(_recorded(CAUSAL_CONV, {"x": x, "weight": weight.squeeze(1),
@@ -222,8 +236,8 @@ def _mamba_inner(named: Named) -> torch.Tensor:
 
 
 def _in_module(weight: torch.Tensor, function: Callable[..., torch.Tensor], *args: Any) -> torch.Tensor:
-    """``function(*args)`` recorded in a call of the module holding ``weight`` (a fused layer computing a
-    projection with its module's weight, never calling the module)."""
+    """``function(*args)`` recorded in a call of the module holding ``weight`` (a fused
+    layer computing a projection with its module's weight, never calling the module)."""
     recorder = _recorder()
     if recorder is None:
         return function(*args)
@@ -232,8 +246,9 @@ def _in_module(weight: torch.Tensor, function: Callable[..., torch.Tensor], *arg
 
 
 def _recorded(kernel: Kernel, named: Named) -> Any:
-    """``kernel``'s outputs on fake tensors, one record of it (in the module holding its ``module`` parameter, as a
-    catalog entry's call): a step of a fused kernel that its library also calls on its own."""
+    """``kernel``'s outputs on fake tensors, one record of it (in the module holding its
+    ``module`` parameter, as a catalog entry's call): a step of a fused kernel that
+    its library also calls on its own."""
     recorder = _recorder()
     if recorder is None:
         raise RunError(f"{kernel.name} is recorded only inside a profile")
@@ -264,7 +279,8 @@ SELECTIVE_SCAN = Kernel("mamba_ssm.selective_scan_fn", "mamba_ssm.ops.selective_
 
 
 def _function(kernel: Kernel) -> Any:
-    """The Function class of ``kernel`` (imported already: the fused layer calling it is of the same library)."""
+    """The Function class of ``kernel`` (imported already: the fused layer calling it is
+    of the same library)."""
     module, _, name = kernel.function.rpartition(".")
     return getattr(importlib.import_module(module), name)
 
@@ -364,9 +380,10 @@ def _unwrap() -> None:
 
 
 def _wrap_attribute(kernel: Kernel) -> None:
-    """Wrap the module attribute ``kernel.function`` names (if its module is imported): a call inside the model's
-    module calls is one record, its ``arguments`` its positional parameters by name; on fake tensors and meta not
-    run (``kernel.outputs`` makes its outputs)."""
+    """Wrap the module attribute ``kernel.function`` names (if its module is imported):
+    a call inside the model's module calls is one record, its ``arguments`` its
+    positional parameters by name; on fake tensors and meta not run
+    (``kernel.outputs`` makes its outputs)."""
     module_name, _, name = kernel.function.removeprefix(ATTRIBUTE).rpartition(".")
     module = sys.modules.get(module_name)
     original = getattr(module, name, None) if module is not None else None
@@ -402,13 +419,15 @@ def register(kernel: Kernel) -> None:
 
 
 def counting_kernels(recorder: Recorder) -> AbstractContextManager[None]:
-    """For the block, in this thread, calls of the catalog's kernels (whose libraries are imported) are counted by
-    ``recorder``: one record each, their insides unrecorded."""
+    """For the block, in this thread, calls of the catalog's kernels (whose libraries
+    are imported) are counted by ``recorder``: one record each, their insides
+    unrecorded."""
     return _PATCH.scope(recorder)
 
 
 def _loaded(path: str) -> type | None:
-    """The class at ``path`` if its module is imported already (flopscope imports no kernel library)."""
+    """The class at ``path`` if its module is imported already (flopscope imports no
+    kernel library)."""
     module, _, name = path.rpartition(".")
     if module not in sys.modules:
         return None
@@ -482,7 +501,8 @@ def _wrap(cls: Any, kernel: Kernel) -> None:
 
 
 def _constant(macs: MacCount, kernel: Kernel) -> OpSpec:
-    """A spec whose formula is ``macs`` (work decided by more than shapes: which arguments require grad)."""
+    """A spec whose formula is ``macs`` (work decided by more than shapes: which
+    arguments require grad)."""
     return OpSpec(lambda *_, **__: macs, kernel.family, kernel.operands, kernel.layout)
 
 

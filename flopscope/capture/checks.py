@@ -37,8 +37,8 @@ def check_model(model: Any) -> None:
 
 
 def check_process_group(model: nn.Module) -> None:
-    """A model holding DTensors (sharded with torch.distributed) runs only inside its job: its collectives need
-    the process group it was sharded on."""
+    """A model holding DTensors (sharded with torch.distributed) runs only inside its
+    job: its collectives need the process group it was sharded on."""
     DTensor = loaded_dtensor()
     if DTensor is None or torch.distributed.is_initialized():
         return
@@ -61,8 +61,8 @@ _SIGNATURES: weakref.WeakKeyDictionary[Any, inspect.Signature] = weakref.WeakKey
 
 
 def forward_signature(model: nn.Module) -> inspect.Signature | None:
-    """The signature of ``model.forward`` (``None`` if it has none), read once per forward function: reading one
-    costs more than a small model's whole fake count."""
+    """The signature of ``model.forward`` (``None`` if it has none), read once per
+    forward function: reading one costs more than a small model's whole fake count."""
     forward = model.forward
     func = getattr(forward, "__func__", None) if getattr(forward, "__self__", None) is model else None
     # (a callable object may not be hashable)
@@ -79,7 +79,8 @@ def forward_signature(model: nn.Module) -> inspect.Signature | None:
 
 
 def check_inputs(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-    """The inputs bind to ``model.forward``'s signature (else an :class:`InputError` listing them)."""
+    """The inputs bind to ``model.forward``'s signature (else an :class:`InputError`
+    listing them)."""
     signature = forward_signature(model)
     if signature is None:
         return

@@ -1,18 +1,22 @@
-"""Values that follow from a capture's own records: a tensor made from sizes and constants alone, evaluated again,
-for real, on the CPU, in any mode.
+"""Values that follow from a capture's own records: a tensor made from sizes and
+constants alone, evaluated again, for real, on the CPU, in any mode.
 
-A causal mask built as ``torch.ones(n, n, dtype=torch.bool).tril()``, the one SDPA's composite math path builds for
-``is_causal=True`` (what runs on ``meta``), ``torch.full((n, n), -inf).triu(1)`` or
-``arange(n)[:, None] >= arange(n)`` has the same values whatever the run executed on: real tensors, fake tensors or
-meta tensors. :class:`ConstantValues` answers such a record's values by running its records again on CPU tensors,
-from the constructors up, so what is priced from them (:mod:`flopscope.predict.attention`) is the same number on
-every path. A record is evaluable when every input is: a constructor that reads no memory and draws no random
-numbers, an op without a multiply formula (views, copies, comparisons, elementwise arithmetic, in-place writes
-of an evaluable tensor) over evaluable inputs, or a record whose values the run kept (:attr:`CapturedOp.value`).
-Anything computed from the model's parameters or inputs is not.
+A causal mask built as ``torch.ones(n, n, dtype=torch.bool).tril()``, the one SDPA's
+composite math path builds for ``is_causal=True`` (what runs on ``meta``),
+``torch.full((n, n), -inf).triu(1)`` or ``arange(n)[:, None] >= arange(n)`` has the same
+values whatever the run executed on: real tensors, fake tensors or meta tensors.
+:class:`ConstantValues` answers such a record's values by running its records again on
+CPU tensors, from the constructors up, so what is priced from them
+(:mod:`flopscope.predict.attention`) is the same number on every path. A record is
+evaluable when every input is: a constructor that reads no memory and draws no random
+numbers, an op without a multiply formula (views, copies, comparisons, elementwise
+arithmetic, in-place writes of an evaluable tensor) over evaluable inputs, or a record
+whose values the run kept (:attr:`CapturedOp.value`). Anything computed from the model's
+parameters or inputs is not.
 
-Evaluation is memoised by the records' recipe (target, constant arguments, inputs' recipes), so the identical
-masks of a model's layers are made once. A tensor of more than :data:`MAX_BYTES` bytes is not made.
+Evaluation is memoised by the records' recipe (target, constant arguments, inputs'
+recipes), so the identical masks of a model's layers are made once. A tensor of more
+than :data:`MAX_BYTES` bytes is not made.
 """
 
 from __future__ import annotations
@@ -37,9 +41,11 @@ _UNKNOWN: Any = object()  # memo entry of a record whose values cannot be evalua
 
 
 class ConstantValues:
-    """``values(record)``: the values of a record's output when they follow from the capture alone, else ``None``.
+    """``values(record)``: the values of a record's output when they follow from the
+    capture alone, else ``None``.
 
-    Values are real CPU tensors (shared between calls: never write to them); a multi-output op's are a list.
+    Values are real CPU tensors (shared between calls: never write to them); a
+    multi-output op's are a list.
     """
 
     def __init__(self, max_bytes: int = MAX_BYTES) -> None:
@@ -107,8 +113,9 @@ class ConstantValues:
         return None
 
     def _fits(self, op: CapturedOp) -> bool:
-        """An op that may run again here: no multiply formula, no memory read uninitialised, no random draw, every
-        output of a known size within :attr:`max_bytes`."""
+        """An op that may run again here: no multiply formula, no memory read
+        uninitialised, no random draw, every output of a known size within
+        :attr:`max_bytes`."""
         target = op.target
         if (op.cost not in (Cost.ZERO, Cost.ELEMENTWISE) or target.overloadpacket in UNINITIALISED
                 or torch.Tag.nondeterministic_seeded in target.tags):
@@ -123,7 +130,8 @@ class ConstantValues:
         return True
 
     def _recipe(self, op: CapturedOp) -> Hashable | None:
-        """A hashable description of how ``op``'s values are made (``None``: not from constants alone)."""
+        """A hashable description of how ``op``'s values are made (``None``: not from
+        constants alone)."""
         key = id(op)
         if key in self._recipes:
             return self._recipes[key]
@@ -144,7 +152,8 @@ class ConstantValues:
 
 
 def _constant(value: Any, recipe_of: Any = None) -> Any:
-    """``value`` (an argument) as a hashable recipe part, records by their recipe; ``_UNKNOWN`` if it has none."""
+    """``value`` (an argument) as a hashable recipe part, records by their recipe;
+    ``_UNKNOWN`` if it has none."""
     if isinstance(value, CapturedOp):
         if value.value is not None:
             return ("value", id(value))  # (a record whose values the run kept: its own)
@@ -172,7 +181,8 @@ class _UnknownValueError(Exception):
 
 
 def _lift(value: Any, evaluate: Any) -> Any:
-    """``value`` with every record replaced by its values (raises :class:`_UnknownValueError` if one has none)."""
+    """``value`` with every record replaced by its values (raises
+    :class:`_UnknownValueError` if one has none)."""
     if isinstance(value, CapturedOp):
         found = evaluate(value)
         if found is None:

@@ -1,8 +1,9 @@
-"""What a model declares about itself, read before it runs (never from the executed op shapes).
+"""What a model declares about itself, read before it runs (never from the executed op
+shapes).
 
-Reconciliation predicts each role's multiplies from these facts: module types and their plain
-attributes (``embed_dim``, ``num_heads``, ``kernel_size``, ``hidden_size`` of an LSTM, ...), parameter
-shapes, and the Hugging Face config when the model has one.
+Reconciliation predicts each role's multiplies from these facts: module types and their
+plain attributes (``embed_dim``, ``num_heads``, ``kernel_size``, ``hidden_size`` of an
+LSTM, ...), parameter shapes, and the Hugging Face config when the model has one.
 """
 
 from __future__ import annotations
@@ -96,12 +97,14 @@ def read_facts(model: nn.Module) -> ModelFacts:
 
 
 def _aliases(model: nn.Module, unique: int) -> dict[str, str]:
-    """``{other name: path}`` for every other name a module registered in several places has (what
-    ``named_modules(remove_duplicate=False)`` lists: ``submod2.submod`` of a module first found as ``submod1.submod``,
-    and its submodules' names under it), the path being its first name in that walk, the one ``named_modules()``
-    gives and profiles attribute its calls to (fvcore's canonical name). ``unique``: how many modules
-    ``named_modules()`` lists; where each module is registered once (registrations = modules - 1), nothing is walked
-    again. A module registered inside itself (a child holding its parent) is named there, not walked again."""
+    """``{other name: path}`` for every other name a module registered in several places
+    has (what ``named_modules(remove_duplicate=False)`` lists: ``submod2.submod`` of
+    a module first found as ``submod1.submod``, and its submodules' names under it),
+    the path being its first name in that walk, the one ``named_modules()`` gives and
+    profiles attribute its calls to (fvcore's canonical name). ``unique``: how many
+    modules ``named_modules()`` lists; where each module is registered once
+    (registrations = modules - 1), nothing is walked again. A module registered
+    inside itself (a child holding its parent) is named there, not walked again."""
     registrations = sum(1 for m in model.modules() for child in m._modules.values() if child is not None)
     if registrations == unique - 1:
         return {}

@@ -38,10 +38,12 @@ NEEDS_REAL_DATA = (DataDependentOutputException, DynamicOutputShapeException, Un
 
 
 class CountingFakeTensorMode(FakeTensorMode):
-    """The fake mode of a capture. Its dispatch cache (torch's, shared by every fake mode of the process and
-    keyed on an op's arguments) skips ops with a TorchScript-object argument: packed quantized weights come
-    in a fresh wrapper on every call and cannot be compared (their ``__eq__`` raises). ``_cache_key`` and
-    ``_BypassDispatchCache`` are torch's private hook for exactly this; here is the one place that uses it."""
+    """The fake mode of a capture. Its dispatch cache (torch's, shared by every fake
+    mode of the process and keyed on an op's arguments) skips ops with a
+    TorchScript-object argument: packed quantized weights come in a fresh wrapper on
+    every call and cannot be compared (their ``__eq__`` raises). ``_cache_key`` and
+    ``_BypassDispatchCache`` are torch's private hook for exactly this; here is the
+    one place that uses it."""
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -57,10 +59,11 @@ _RULES_LOCK = threading.Lock()
 
 
 def _share_fake_rules() -> None:
-    """Give :class:`CountingFakeTensorMode` the fake-tensor rule of every higher-order op that has one
-    (FlexAttention's, say): an op looks its rule up by the exact class of the mode, so a subclass has none. Run
-    at each new mode, as higher-order ops are made when their module is first imported; under a lock, as modes
-    are made in several threads at once (registering a rule twice is an error)."""
+    """Give :class:`CountingFakeTensorMode` the fake-tensor rule of every higher-order
+    op that has one (FlexAttention's, say): an op looks its rule up by the exact
+    class of the mode, so a subclass has none. Run at each new mode, as higher-order
+    ops are made when their module is first imported; under a lock, as modes are made
+    in several threads at once (registering a rule twice is an error)."""
     with _RULES_LOCK:
         for op in list(torch._ops._higher_order_ops.values()):
             rule = op.python_key_table.get(FakeTensorMode)
@@ -113,8 +116,9 @@ class FakeConverter:
         return fake
 
     def _refake(self, t: FakeTensor) -> torch.Tensor:
-        """A new fake tensor of ``t``'s shape, strides, dtype and device in the same mode (the run must not write
-        to the caller's tensor: its ``.grad``, its version counter); ``t`` itself when its sizes are symbolic."""
+        """A new fake tensor of ``t``'s shape, strides, dtype and device in the same
+        mode (the run must not write to the caller's tensor: its ``.grad``, its
+        version counter); ``t`` itself when its sizes are symbolic."""
         if t.fake_mode is not self.mode:
             where = f"a fake tensor of shape {list(t.shape)}"
             reason = "it belongs to another FakeTensorMode than the model's other fake tensors"
@@ -131,17 +135,19 @@ class FakeConverter:
         return fake
 
     def _plain(self, t: torch.Tensor) -> bool:
-        """A dense tensor that owns its memory from the start and carries nothing else (no view, offset, grad,
-        quantization, conjugate bit, subclass), converted while no shape is symbolic."""
+        """A dense tensor that owns its memory from the start and carries nothing else
+        (no view, offset, grad, quantization, conjugate bit, subclass), converted
+        while no shape is symbolic."""
         return (type(t) in (torch.Tensor, nn.Parameter) and t.layout == torch.strided and not t._is_view()
                 and t.storage_offset() == 0 and t.grad is None and not t.is_quantized and not t.is_conj()
                 and not t.is_neg() and not t.is_inference() and self.mode.shape_env is None)
 
     def _direct_fake(self, t: torch.Tensor, device: torch.device) -> torch.Tensor:
-        """The fake of a :meth:`_plain` or meta tensor on ``device``, made directly (its shape, strides, dtype):
-        what the fake mode's own conversion makes of a plain tensor, at a fifth of the cost (that conversion
-        describes every property a tensor can have). The mode remembers it, so the mode converts the tensor to the
-        same fake if the model reaches it some other way."""
+        """The fake of a :meth:`_plain` or meta tensor on ``device``, made directly (its
+        shape, strides, dtype): what the fake mode's own conversion makes of a plain
+        tensor, at a fifth of the cost (that conversion describes every property a
+        tensor can have). The mode remembers it, so the mode converts the tensor to
+        the same fake if the model reaches it some other way."""
         with torch._C._DisableTorchDispatch():
             meta = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
         fake = FakeTensor(self.mode, meta, device)
@@ -171,7 +177,8 @@ class MetaConverter:
 
     @property
     def mode(self) -> Any:
-        """Nothing to enter: the tensors are meta tensors, and the recorder makes new ones on meta too."""
+        """Nothing to enter: the tensors are meta tensors, and the recorder makes new
+        ones on meta too."""
         return contextlib.nullcontext()
 
     def __call__(self, t: torch.Tensor) -> torch.Tensor:
@@ -195,12 +202,15 @@ class MetaConverter:
 
 def empty_tensor(shape: Sequence[int], stride: Sequence[int], dtype: torch.dtype, device: torch.device,
                  requires_grad: bool = False, mode: FakeTensorMode | None = None) -> torch.Tensor:
-    """A tensor of these sizes, strides, dtype and device that holds nothing: a fake tensor of ``mode`` (else of the
-    fake-tensor mode on the stack) made directly around a meta tensor, as the mode makes its outputs (no op is
-    dispatched: six times cheaper than ``torch.empty_strided`` through the mode, and no mode on the stack sees it);
-    without a mode, an ``empty_strided`` (on meta: nothing allocated). Pass the mode of the fake tensor this one
-    stands for: a run whose caller's code runs outside the fake mode (a diffusion pipeline, :mod:`flopscope.pipeline`)
-    has none on the stack, and a real tensor there would be computed on for real by every op that takes no fake one."""
+    """A tensor of these sizes, strides, dtype and device that holds nothing: a fake
+    tensor of ``mode`` (else of the fake-tensor mode on the stack) made directly
+    around a meta tensor, as the mode makes its outputs (no op is dispatched: six
+    times cheaper than ``torch.empty_strided`` through the mode, and no mode on the
+    stack sees it); without a mode, an ``empty_strided`` (on meta: nothing
+    allocated). Pass the mode of the fake tensor this one stands for: a run whose
+    caller's code runs outside the fake mode (a diffusion pipeline,
+    :mod:`flopscope.pipeline`) has none on the stack, and a real tensor there would
+    be computed on for real by every op that takes no fake one."""
     mode = mode or torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE)
     if mode is None or device.type == "meta":
         return torch.empty_strided(shape, stride, dtype=dtype, device=device, requires_grad=requires_grad)
@@ -210,17 +220,19 @@ def empty_tensor(shape: Sequence[int], stride: Sequence[int], dtype: torch.dtype
 
 
 def non_leaf(leaf: torch.Tensor) -> torch.Tensor:
-    """A non-leaf stand-in for a tensor that requires grad and is not a leaf (``x = w.clone()`` made before the
-    forward): a clone of the leaf ``leaf``, so the forward may change it in place (``x.relu_()``) as a real run does;
-    a leaf that requires grad refuses in-place ops. Made before the run's recorder is entered: not counted."""
+    """A non-leaf stand-in for a tensor that requires grad and is not a leaf (``x =
+    w.clone()`` made before the forward): a clone of the leaf ``leaf``, so the
+    forward may change it in place (``x.relu_()``) as a real run does; a leaf that
+    requires grad refuses in-place ops. Made before the run's recorder is entered:
+    not counted."""
     with torch.enable_grad():
         return leaf.clone()
 
 
 def _dtensor_like(t: torch.Tensor, local: torch.Tensor) -> torch.Tensor:
-    """The DTensor ``t``'s spec (mesh, placements, global shape, stride, dtype) makes around the shard ``local``
-    (DTensor's own constructor, as ``from_local`` ends in, without its autograd function and checks); a
-    parameter if ``t`` is one."""
+    """The DTensor ``t``'s spec (mesh, placements, global shape, stride, dtype) makes
+    around the shard ``local`` (DTensor's own constructor, as ``from_local`` ends in,
+    without its autograd function and checks); a parameter if ``t`` is one."""
     from torch.distributed.tensor import DTensor
 
     out = DTensor(local, cast(DTensor, t)._spec, requires_grad=t.requires_grad)
@@ -228,8 +240,9 @@ def _dtensor_like(t: torch.Tensor, local: torch.Tensor) -> torch.Tensor:
 
 
 def callers_fake_mode(tensors: Iterable[torch.Tensor]) -> FakeTensorMode | None:
-    """The ``FakeTensorMode`` of the fake tensors among ``tensors`` (a model and inputs the caller made under a mode
-    of their own), ``None`` if there are none; an error if they belong to several modes."""
+    """The ``FakeTensorMode`` of the fake tensors among ``tensors`` (a model and inputs
+    the caller made under a mode of their own), ``None`` if there are none; an error
+    if they belong to several modes."""
     modes = {id(t.fake_mode): t.fake_mode for t in tensors if isinstance(t, FakeTensor)}
     if len(modes) > 1:
         reason = f"the model's state and inputs hold fake tensors of {len(modes)} different FakeTensorModes"
@@ -243,8 +256,9 @@ Converter = FakeConverter | MetaConverter
 
 
 def map_tensors(obj: Any, fn: Callable[[torch.Tensor], Any], objects: Callable[[Any], Any] | None = None) -> Any:
-    """Apply ``fn`` to every tensor in nested tuples, named tuples, lists, dicts and dataclasses, and
-    ``objects`` (if given) to every other object with attributes found there (a KV cache, say)."""
+    """Apply ``fn`` to every tensor in nested tuples, named tuples, lists, dicts and
+    dataclasses, and ``objects`` (if given) to every other object with attributes
+    found there (a KV cache, say)."""
     if isinstance(obj, torch.Tensor):
         return fn(obj)
     if isinstance(obj, tuple) and hasattr(obj, "_make"):  # named tuple (PackedSequence among them)
@@ -266,14 +280,16 @@ def map_tensors(obj: Any, fn: Callable[[torch.Tensor], Any], objects: Callable[[
 
 
 def isolated_copy(obj: Any, convert: Callable[[torch.Tensor], torch.Tensor]) -> Any:
-    """A deep copy of an argument object (a KV cache, a config holding tensors) whose tensors are ``convert``'s
-    fake ones: no memory is allocated, and the run can append to it without touching the user's object."""
+    """A deep copy of an argument object (a KV cache, a config holding tensors) whose
+    tensors are ``convert``'s fake ones: no memory is allocated, and the run can
+    append to it without touching the user's object."""
     memo: dict[int, Any] = {id(t): convert(t) for t in _reachable_tensors(obj)}
     return copy.deepcopy(obj, memo)
 
 
 def _reachable_tensors(obj: Any, depth: int = 6) -> list[torch.Tensor]:
-    """Tensors reachable from ``obj`` through attributes, lists, tuples and dicts (``depth`` levels)."""
+    """Tensors reachable from ``obj`` through attributes, lists, tuples and dicts
+    (``depth`` levels)."""
     found: list[torch.Tensor] = []
     seen: set[int] = set()
 
@@ -309,13 +325,15 @@ def tensors_in(obj: Any) -> list[torch.Tensor]:
 
 
 def loaded_dtensor() -> type | None:
-    """``DTensor`` if ``torch.distributed.tensor`` is imported, else ``None``: no tensor is a DTensor before that
-    (importing it takes half a second, so flopscope leaves it to the models that use it)."""
+    """``DTensor`` if ``torch.distributed.tensor`` is imported, else ``None``: no tensor
+    is a DTensor before that (importing it takes half a second, so flopscope leaves
+    it to the models that use it)."""
     return getattr(sys.modules.get("torch.distributed.tensor"), "DTensor", None)
 
 
 def needs_real_data(error: BaseException) -> BaseException | None:
-    """The fake-tensor limitation behind ``error`` (itself or a cause in its chain), if any."""
+    """The fake-tensor limitation behind ``error`` (itself or a cause in its chain), if
+    any."""
     # symbolic_shapes (with sympy: most of a second) is not imported here: what raised its guard error imported it
     shapes = sys.modules.get("torch.fx.experimental.symbolic_shapes")
     guard = getattr(shapes, "GuardOnDataDependentSymNode", None)
@@ -332,15 +350,18 @@ _TABLES = frozenset({"_parameters", "_buffers", "_modules"})
 
 
 def shadow_of(model: nn.Module, convert: Callable[[torch.Tensor], torch.Tensor]) -> nn.Module:
-    """A stand-in for ``model`` to run on fake tensors. Every module is copied with its own attribute dict, its
-    own parameter / buffer / submodule tables holding ``convert(t)`` of each tensor, and its own copies of the
-    containers among its attributes (lists, dicts, sets, deques, hook tables); plain tensor attributes become
-    fake too, and every reference an attribute holds to one of the model's modules (a bound method, a
-    ``functools.partial`` forward patch, a weak reference, a list of modules) is pointed at that module's
-    twin. Running the shadow never writes to the user's module objects (other threads may run the model
-    meanwhile) and nothing it stores outlives the run. Shared modules and tied weights stay shared
-    (``convert`` is memoised). A TorchScript module runs its own compiled parameters, so it is its own shadow
-    (the fake mode converts them as they are read)."""
+    """A stand-in for ``model`` to run on fake tensors. Every module is copied with its
+    own attribute dict, its own parameter / buffer / submodule tables holding
+    ``convert(t)`` of each tensor, and its own copies of the containers among its
+    attributes (lists, dicts, sets, deques, hook tables); plain tensor attributes
+    become fake too, and every reference an attribute holds to one of the model's
+    modules (a bound method, a ``functools.partial`` forward patch, a weak reference,
+    a list of modules) is pointed at that module's twin. Running the shadow never
+    writes to the user's module objects (other threads may run the model meanwhile)
+    and nothing it stores outlives the run. Shared modules and tied weights stay
+    shared (``convert`` is memoised). A TorchScript module runs its own compiled
+    parameters, so it is its own shadow (the fake mode converts them as they are
+    read)."""
     if isinstance(model, torch.jit.ScriptModule):
         return model
     originals = modules_of(model)
@@ -348,9 +369,10 @@ def shadow_of(model: nn.Module, convert: Callable[[torch.Tensor], torch.Tensor])
     twins: dict[int, nn.Module] = {key: object.__new__(type(m)) for key, m in originals.items()}
 
     def rewire(value: Any, depth: int = 0) -> Any:
-        """``value`` with the model's modules replaced by their twins and tensors by fake ones (containers
-        copied, two levels deep). Tested by type (``issubclass``): ``isinstance`` of an object that is none of
-        these asks its ``__class__``, a Python call on a Hugging Face config."""
+        """``value`` with the model's modules replaced by their twins and tensors by
+        fake ones (containers copied, two levels deep). Tested by type
+        (``issubclass``): ``isinstance`` of an object that is none of these asks its
+        ``__class__``, a Python call on a Hugging Face config."""
         kind = type(value)
         if kind in ATOMS:
             return value
@@ -387,7 +409,8 @@ def shadow_of(model: nn.Module, convert: Callable[[torch.Tensor], torch.Tensor])
 
 
 def _slots(cls: type) -> tuple[str, ...]:
-    """The ``__slots__`` names of ``cls`` and its bases (``__dict__`` aside), read once per class."""
+    """The ``__slots__`` names of ``cls`` and its bases (``__dict__`` aside), read once
+    per class."""
     found = _SLOTS.get(cls)
     if found is None:
         names: list[str] = []
@@ -403,8 +426,8 @@ _SLOTS: weakref.WeakKeyDictionary[type, tuple[str, ...]] = weakref.WeakKeyDictio
 
 
 def modules_of(model: nn.Module) -> dict[int, nn.Module]:
-    """``id(module) -> module`` for ``model`` and every module under it, each once (``model.modules()``
-    without the names it builds)."""
+    """``id(module) -> module`` for ``model`` and every module under it, each once
+    (``model.modules()`` without the names it builds)."""
     found: dict[int, nn.Module] = {}
     todo = [model]
     while todo:
@@ -416,8 +439,8 @@ def modules_of(model: nn.Module) -> dict[int, nn.Module]:
 
 
 def _copy_container(value: Any, item: Callable[[Any], Any]) -> Any:
-    """A copy of a list / tuple / set / deque / dict (subclasses such as ``OrderedDict`` kept) with ``item``
-    applied to each element (to each value of a dict)."""
+    """A copy of a list / tuple / set / deque / dict (subclasses such as ``OrderedDict``
+    kept) with ``item`` applied to each element (to each value of a dict)."""
     if isinstance(value, dict):
         copied = copy.copy(value)
         for key in list(copied):

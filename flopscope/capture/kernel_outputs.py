@@ -28,8 +28,9 @@ Named = Mapping[str, Any]
 
 
 def gated_delta_outputs(named: Named) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """fla's chunk_gated_delta_rule: ``o [B, T, h, V]`` in v's dtype, and the final state ``[N, h, K, V]`` (float32)
-    when asked for (N: the batch, or the packed sequences)."""
+    """fla's chunk_gated_delta_rule: ``o [B, T, h, V]`` in v's dtype, and the final
+    state ``[N, h, K, V]`` (float32) when asked for (N: the batch, or the packed
+    sequences)."""
     q, v = named["q"], named["v"]
     out = v.new_empty(v.shape)
     if not named.get("output_final_state"):
@@ -42,9 +43,10 @@ def gated_delta_outputs(named: Named) -> tuple[torch.Tensor, torch.Tensor | None
 
 def by_sequence(algorithm: Callable[..., dict[str, int]], chunk_of: Callable[[Any, Named], int]
                  ) -> Callable[..., MacCount]:
-    """A chunked algorithm's formula from a kernel's q and v (``algorithm(q, v, lengths, chunk)``), its chunk given
-    (``chunk_size``) or ``chunk_of(q, the other arguments)``; packed sequences by their offsets' values where known,
-    else an upper bound (each of the b sequences padded by at most C − 1 positions)."""
+    """A chunked algorithm's formula from a kernel's q and v (``algorithm(q, v, lengths,
+    chunk)``), its chunk given (``chunk_size``) or ``chunk_of(q, the other
+    arguments)``; packed sequences by their offsets' values where known, else an
+    upper bound (each of the b sequences padded by at most C − 1 positions)."""
     def formula(q: Any, v: Any, cu_seqlens: Any = None, chunk_size: int | None = None, **rest: Any) -> MacCount:
         chunk = chunk_size or chunk_of(q, rest)
         if cu_seqlens is None:
@@ -58,13 +60,15 @@ def by_sequence(algorithm: Callable[..., dict[str, int]], chunk_of: Callable[[An
 
 
 def gla_chunk(q: Any, _: Named) -> int:
-    """fla's chunk for GLA: the sequence's length to the next power of two, within 16 to 64."""
+    """fla's chunk for GLA: the sequence's length to the next power of two, within 16 to
+    64."""
     return min(64, max(16, 1 << max(0, q[1] - 1).bit_length()))
 
 
 def dplr_chunk(_: Any, named: Named) -> int:
-    """fla's chunk for the DPLR delta rule: 64 positions where the gate's ``lower_bound`` keeps a 64-wide chunk in
-    float32's range (fla 0.6's rule), else 16."""
+    """fla's chunk for the DPLR delta rule: 64 positions where the gate's
+    ``lower_bound`` keeps a 64-wide chunk in float32's range (fla 0.6's rule), else
+    16."""
     bound = named.get("lower_bound")
     return 64 if isinstance(bound, float | int) and bound < 0 and abs(bound) * 33 / math.log(2) <= 124 else 16
 
@@ -85,7 +89,8 @@ dplr_formula = by_sequence(dplr_delta_rule_chunked, dplr_chunk)
 
 
 def twice(formula: Callable[..., MacCount]) -> Callable[..., MacCount]:
-    """A backward priced as two gradients of each forward product (``docs/conventions.md`` section 7)."""
+    """A backward priced as two gradients of each forward product
+    (``docs/conventions.md`` section 7)."""
     def backward(**shapes: Any) -> MacCount:
         forward = formula(**shapes)
         return {part: 2 * macs for part, macs in forward.items()} if isinstance(forward, Mapping) else 2 * forward
@@ -94,8 +99,9 @@ def twice(formula: Callable[..., MacCount]) -> Callable[..., MacCount]:
 
 
 def linear_cross_entropy_outputs(named: Named) -> tuple[torch.Tensor, ...]:
-    """Liger's fused linear cross-entropy: the loss (per token with ``reduction="none"``), then the z-loss, the token
-    accuracy and the predicted tokens where asked for (``None`` otherwise)."""
+    """Liger's fused linear cross-entropy: the loss (per token with
+    ``reduction="none"``), then the z-loss, the token accuracy and the predicted
+    tokens where asked for (``None`` otherwise)."""
     x = named["_input"]
     tokens = x.shape[0]
     loss = x.new_empty((tokens,) if named.get("reduction") == "none" else (), dtype=torch.float32)
@@ -106,13 +112,15 @@ def linear_cross_entropy_outputs(named: Named) -> tuple[torch.Tensor, ...]:
 
 
 def logits_of(_input: Any, weight: Any, reduction: Any = None, **_: Any) -> MacCount:
-    """The ``lm_head``'s product its fused loss computes chunk by chunk: ``N · d · V`` (x ``[N, d]``, W ``[V, d]``)."""
+    """The ``lm_head``'s product its fused loss computes chunk by chunk: ``N · d · V``
+    (x ``[N, d]``, W ``[V, d]``)."""
     return {"logits": _input[0] * _input[1] * weight[0]}
 
 
 def linear_cross_entropy_gradients(named: Named) -> MacCount:
-    """The gradients Liger's forward computes (mean or sum reduction, an input or the weight requiring grad): one
-    ``N · d · V`` product for x's gradient, one for W's; with ``reduction="none"`` they wait for the backward."""
+    """The gradients Liger's forward computes (mean or sum reduction, an input or the
+    weight requiring grad): one ``N · d · V`` product for x's gradient, one for W's;
+    with ``reduction="none"`` they wait for the backward."""
     x, weight = named["_input"], named["weight"]
     if named.get("reduction") == "none":
         return 0
@@ -121,14 +129,14 @@ def linear_cross_entropy_gradients(named: Named) -> MacCount:
 
 
 def linear_cross_entropy_backward(_input: Any, weight: Any, reduction: Any = None, **_: Any) -> MacCount:
-    """Its backward: scaling the gradients the forward computed (no product), or with ``reduction="none"`` the
-    logits again and both gradients (3 · N · d · V)."""
+    """Its backward: scaling the gradients the forward computed (no product), or with
+    ``reduction="none"`` the logits again and both gradients (3 · N · d · V)."""
     return {"logits": 3 * _input[0] * _input[1] * weight[0]} if reduction == "none" else 0
 
 
 def rms_norm(named: Named) -> torch.Tensor:
-    """Liger's RMSNorm as the Llama family's ``RMSNorm`` computes it (in float32, then the input's dtype, times
-    ``offset + W``)."""
+    """Liger's RMSNorm as the Llama family's ``RMSNorm`` computes it (in float32, then
+    the input's dtype, times ``offset + W``)."""
     x, weight = named["X"], named["W"]
     x32 = x.to(torch.float32)
     normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + named["eps"])
@@ -145,8 +153,8 @@ def swiglu(named: Named) -> torch.Tensor:
 
 
 def rope(named: Named) -> tuple[torch.Tensor, torch.Tensor]:
-    """Liger's RoPE as transformers' ``apply_rotary_pos_emb``: ``x · cos + rotate_half(x) · sin`` over the first
-    ``rotary_dim`` widths (all by default)."""
+    """Liger's RoPE as transformers' ``apply_rotary_pos_emb``: ``x · cos +
+    rotate_half(x) · sin`` over the first ``rotary_dim`` widths (all by default)."""
     cos, sin = (named[name].unsqueeze(named.get("unsqueeze_dim", 1)) for name in ("cos", "sin"))
 
     def rotate(x: torch.Tensor) -> torch.Tensor:
@@ -160,7 +168,8 @@ def rope(named: Named) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def cross_entropy(named: Named) -> tuple[torch.Tensor | None, ...]:
-    """Liger's cross-entropy: torch's (its z-loss, accuracy and predicted tokens shaped as the kernel's)."""
+    """Liger's cross-entropy: torch's (its z-loss, accuracy and predicted tokens shaped
+    as the kernel's)."""
     loss = torch.nn.functional.cross_entropy(
         named["_input"], named["target"], ignore_index=named.get("ignore_index", -100),
         reduction=named.get("reduction", "mean"), label_smoothing=named.get("label_smoothing", 0.0))
@@ -168,12 +177,15 @@ def cross_entropy(named: Named) -> tuple[torch.Tensor | None, ...]:
 
 
 def recurrent_gated_delta(named: Named) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """fla's fused recurrent gated delta rule (decoding, short sequences) as the token-by-token recurrence it computes,
-    in the ops transformers' ``torch_recurrent_gated_delta_rule`` runs (the same records on either path): per token
-    the state decays by ``exp(g)``, reads ``k`` (``(S · k).sum``), takes the delta ``(v − read) · β`` and the
-    queries read it (``(S · q).sum``), all elementwise products and sums (no multiply-accumulate of a matmul: the
-    convention of ``docs/conventions.md``). ``q``, ``k`` ``[B, T, h_k, K]``; ``v`` ``[B, T, h, V]``; ``g``, ``beta``
-    ``[B, T, h]``; returns ``o`` like ``v`` and the final state ``[B, h, K, V]`` where asked for."""
+    """fla's fused recurrent gated delta rule (decoding, short sequences) as the
+    token-by-token recurrence it computes, in the ops transformers'
+    ``torch_recurrent_gated_delta_rule`` runs (the same records on either path): per
+    token the state decays by ``exp(g)``, reads ``k`` (``(S · k).sum``), takes the
+    delta ``(v − read) · β`` and the queries read it (``(S · q).sum``), all
+    elementwise products and sums (no multiply-accumulate of a matmul: the convention
+    of ``docs/conventions.md``). ``q``, ``k`` ``[B, T, h_k, K]``; ``v`` ``[B, T, h,
+    V]``; ``g``, ``beta`` ``[B, T, h]``; returns ``o`` like ``v`` and the final state
+    ``[B, h, K, V]`` where asked for."""
     q, k, v, g, beta = (named[name] for name in ("q", "k", "v", "g", "beta"))
     dtype, (batch, length, heads_k, width_k), (heads, width_v) = q.dtype, k.shape, v.shape[-2:]
     if heads_k != heads:
@@ -206,8 +218,9 @@ def ssd_formula(x: Any, chunk_size: int, **shapes: Any) -> MacCount:
 
 
 def ssd_outputs(named: Named) -> Any:
-    """mamba-ssm's ``mamba_chunk_scan_combined``: ``out`` like x; then the final states ``[B, H, P, N]`` and the
-    packed sequences' final states ``[S, H, P, N]`` (float32) where asked for."""
+    """mamba-ssm's ``mamba_chunk_scan_combined``: ``out`` like x; then the final states
+    ``[B, H, P, N]`` and the packed sequences' final states ``[S, H, P, N]``
+    (float32) where asked for."""
     x, b = named["x"], named["B"]
     batch, _, heads, width = x.shape
     made = [x.new_empty(x.shape)]
@@ -219,8 +232,8 @@ def ssd_outputs(named: Named) -> Any:
 
 
 def causal_conv_outputs(named: Named) -> Any:
-    """causal-conv1d's ``causal_conv1d_fn``: ``out`` like x ``[B, D, L]``, and the final states ``[B, D, W − 1]``
-    where asked for."""
+    """causal-conv1d's ``causal_conv1d_fn``: ``out`` like x ``[B, D, L]``, and the final
+    states ``[B, D, W − 1]`` where asked for."""
     x, weight = named["x"], named["weight"]
     out = x.new_empty(x.shape)
     if not named.get("return_final_states"):
@@ -229,13 +242,15 @@ def causal_conv_outputs(named: Named) -> Any:
 
 
 def selective_scan_formula(u: Any, **shapes: Any) -> MacCount:
-    """Mamba's selective scan: each of the ``B · D · L`` outputs reads its ``N``-wide state with C (u ``[B, D, L]``,
-    A ``[D, N]``); discretising and updating the state are elementwise, as on transformers' torch path."""
+    """Mamba's selective scan: each of the ``B · D · L`` outputs reads its ``N``-wide
+    state with C (u ``[B, D, L]``, A ``[D, N]``); discretising and updating the state
+    are elementwise, as on transformers' torch path."""
     return u[0] * u[1] * u[2] * shapes["A"][-1]
 
 
 def selective_scan_outputs(named: Named) -> Any:
-    """mamba-ssm's ``selective_scan_fn``: ``out`` like u, and the last state ``[B, D, N]`` where asked for."""
+    """mamba-ssm's ``selective_scan_fn``: ``out`` like u, and the last state ``[B, D,
+    N]`` where asked for."""
     u, a = named["u"], named["A"]
     out = u.new_empty(u.shape)
     return (out, u.new_empty((*u.shape[:2], a.shape[-1]))) if named.get("return_last_state") else out
@@ -249,8 +264,9 @@ def rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 def gated_rms_norm(y: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float, group: int,
                     before_gate: bool) -> torch.Tensor:
-    """The gated RMSNorm by groups of ``group`` widths, in float32, as transformers' ``MambaRMSNormGated``
-    computes it (``before_gate``: normalised first, then times ``silu(z)``)."""
+    """The gated RMSNorm by groups of ``group`` widths, in float32, as transformers'
+    ``MambaRMSNormGated`` computes it (``before_gate``: normalised first, then times
+    ``silu(z)``)."""
     dtype = y.dtype
     y = y.to(torch.float32)
     gate = torch.nn.functional.silu(z.to(torch.float32))
@@ -264,12 +280,14 @@ def gated_rms_norm(y: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: 
 
 
 def no_multiply(**_: Any) -> MacCount:
-    """A kernel of elementwise work (a norm, an activation, a rotation): no multiply-accumulate, as its torch path."""
+    """A kernel of elementwise work (a norm, an activation, a rotation): no
+    multiply-accumulate, as its torch path."""
     return 0
 
 
 def like(*names: str) -> Callable[[Named], Any]:
-    """Outputs of an elementwise kernel: one new tensor like each named argument (one: the tensor itself)."""
+    """Outputs of an elementwise kernel: one new tensor like each named argument (one:
+    the tensor itself)."""
     def outputs(named: Named) -> Any:
         made = tuple(named[name].new_empty(named[name].shape) for name in names)
         return made[0] if len(made) == 1 else made
@@ -278,14 +296,15 @@ def like(*names: str) -> Callable[[Named], Any]:
 
 
 def state_update_formula(batch: int, nheads: int, dim: int, dstate: int, **_: Any) -> MacCount:
-    """mamba-ssm's decoding step (``selective_state_update``): each head's ``dim`` outputs read its ``dim × dstate``
-    state with C, ``batch · nheads · dim · dstate`` (transformers' torch path: one ``bmm``); the state's update is
-    elementwise."""
+    """mamba-ssm's decoding step (``selective_state_update``): each head's ``dim``
+    outputs read its ``dim × dstate`` state with C, ``batch · nheads · dim · dstate``
+    (transformers' torch path: one ``bmm``); the state's update is elementwise."""
     return batch * nheads * dim * dstate
 
 
 def kvcache_outputs(named: Named) -> tuple[torch.Tensor, torch.Tensor]:
-    """flash-attn's ``fwd_kvcache``: ``out`` ``[B, n_q, h, d_v]`` and the log-sum-exp ``[B, h, n_q]`` (float32)."""
+    """flash-attn's ``fwd_kvcache``: ``out`` ``[B, n_q, h, d_v]`` and the log-sum-exp
+    ``[B, h, n_q]`` (float32)."""
     q, v = named["q"], named["vcache"]
     return q.new_empty((*q.shape[:-1], v.shape[-1])), q.new_empty((q.shape[0], q.shape[2], q.shape[1]),
                                                                    dtype=torch.float32)

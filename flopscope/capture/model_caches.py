@@ -1,36 +1,45 @@
-"""Where model code keeps tensors between forwards, and the fake tensors a fake run must not leave there.
+"""Where model code keeps tensors between forwards, and the fake tensors a fake run must
+not leave there.
 
-A fake run executes the model's own Python code on fake tensors. Code that caches what it computes keeps those
-fake tensors after the run: a ``functools.lru_cache``'d position embedding keyed on ``(shape, device, dtype)``
-(fake tensors report the real device, so the key is the one a real call makes), a module-level dict, an
-attribute set during the forward on an object the model's modules share with the caller (a config). Left
-there, they poison every later forward, flopscope's and the user's own: a real op given a fake operand returns
-a fake tensor. :class:`CacheGuard` is taken before a fake run and :meth:`CacheGuard.restore` d after it (also
-when the forward raised, before a fall-back to real execution).
+A fake run executes the model's own Python code on fake tensors. Code that caches what
+it computes keeps those fake tensors after the run: a ``functools.lru_cache``'d position
+embedding keyed on ``(shape, device, dtype)`` (fake tensors report the real device, so
+the key is the one a real call makes), a module-level dict, an attribute set during the
+forward on an object the model's modules share with the caller (a config). Left there,
+they poison every later forward, flopscope's and the user's own: a real op given a fake
+operand returns a fake tensor. :class:`CacheGuard` is taken before a fake run and
+:meth:`CacheGuard.restore` d after it (also when the forward raised, before a fall-back
+to real execution).
 
-What it covers, for every class in the method resolution order of every module of the model (PyTorch's own
-classes aside):
+What it covers, for every class in the method resolution order of every module of the
+model (PyTorch's own classes aside):
 
-- the globals of the Python module that defines the class, and the class's own ``__dict__``;
-- from there, the callables reachable through ``staticmethod`` / ``classmethod`` / ``property``,
-  ``__wrapped__``, closures, default arguments and ``functools.partial`` (transformers'
-  ``compile_compatible_method_lru_cache`` keeps its ``lru_cache`` in a closure), three levels deep;
-- the mutable stores found there: ``dict`` / ``list`` globals and class attributes, closure cells, and the
-  ``__dict__`` of the plain objects the model's modules hold as attributes (configs: a fake run's shadow
-  shares them with the model), with the dicts and lists those objects hold (a table kept by key) and, three
-  levels down, the same of the plain objects they hold (a cache on a holder);
+- the globals of the Python module that defines the class, and the class's own
+  ``__dict__``;
+- from there, the callables reachable through ``staticmethod`` / ``classmethod`` /
+  ``property``, ``__wrapped__``, closures, default arguments and ``functools.partial``
+  (transformers' ``compile_compatible_method_lru_cache`` keeps its ``lru_cache`` in a
+  closure), three levels deep;
+- the mutable stores found there: ``dict`` / ``list`` globals and class attributes,
+  closure cells, and the ``__dict__`` of the plain objects the model's modules hold as
+  attributes (configs: a fake run's shadow shares them with the model), with the dicts
+  and lists those objects hold (a table kept by key) and, three levels down, the same of
+  the plain objects they hold (a cache on a holder);
 - ``functools.lru_cache`` / ``functools.cache`` wrappers found the same way.
 
-A store's entry that the run added or replaced, and that holds a fake tensor (itself, or inside tuples, lists,
-dicts or plain objects, three levels deep), is put back to what it was (or removed). An ``lru_cache`` that
-missed during the run is emptied with ``cache_clear()``: its entries cannot be read one by one (the C
-implementation hides bounded caches' contents), and emptying a cache only costs recomputation.
+A store's entry that the run added or replaced, and that holds a fake tensor (itself, or
+inside tuples, lists, dicts or plain objects, three levels deep), is put back to what it
+was (or removed). An ``lru_cache`` that missed during the run is emptied with
+``cache_clear()``: its entries cannot be read one by one (the C implementation hides
+bounded caches' contents), and emptying a cache only costs recomputation.
 
-What it cannot cover: caches in modules that define none of the model's classes and are reached only at run
-time (through ``getattr`` on an imported module, say), caches in C++ extensions, tensors stored on other
-tensors' attributes, and a forward of the same model that another thread runs *during* the fake run (it may
-read a fake entry before the restore). A real run that meets a fake tensor anyway stops with an error
-(:class:`flopscope.capture.recorder.FakeTensorInRealRun`); :func:`fake_tensors_held` names where they sit.
+What it cannot cover: caches in modules that define none of the model's classes and are
+reached only at run time (through ``getattr`` on an imported module, say), caches in C++
+extensions, tensors stored on other tensors' attributes, and a forward of the same model
+that another thread runs *during* the fake run (it may read a fake entry before the
+restore). A real run that meets a fake tensor anyway stops with an error
+(:class:`flopscope.capture.recorder.FakeTensorInRealRun`); :func:`fake_tensors_held`
+names where they sit.
 """
 
 from __future__ import annotations
@@ -62,8 +71,8 @@ _SKIPPED_PACKAGES = ("torch", "flopscope", "builtins", "typing", "functools", "a
 
 
 def _holds_fake(value: Any, depth: int = _DEPTH) -> bool:
-    """Whether ``value`` is a fake tensor or holds one (tuples, lists, sets, dicts' keys and values, plain
-    objects' attributes; ``depth`` levels)."""
+    """Whether ``value`` is a fake tensor or holds one (tuples, lists, sets, dicts' keys
+    and values, plain objects' attributes; ``depth`` levels)."""
     if isinstance(value, FakeTensor):
         return True
     if depth <= 0 or isinstance(value, (str, bytes, int, float, bool, type(None), type, nn.Module,
@@ -78,9 +87,10 @@ def _holds_fake(value: Any, depth: int = _DEPTH) -> bool:
 
 
 def _entries(table: dict[Any, Any]) -> list[tuple[Any, Any]]:
-    """The ``(key, value)`` pairs ``table`` holds, read as a plain dict: a subclass's own ``__getitem__`` / ``items``
-    is not called (transformers' activation table ``ACT2FN`` builds an activation module at each ``[key]``, and one
-    of them warns when it is built)."""
+    """The ``(key, value)`` pairs ``table`` holds, read as a plain dict: a subclass's
+    own ``__getitem__`` / ``items`` is not called (transformers' activation table
+    ``ACT2FN`` builds an activation module at each ``[key]``, and one of them warns
+    when it is built)."""
     return list(dict.items(table))
 
 
@@ -89,7 +99,8 @@ def _skipped(module_name: str) -> bool:
 
 
 def _model_classes(model: nn.Module) -> list[type]:
-    """Every class in the MRO of every module class of ``model`` (PyTorch's own and ``object`` aside), once."""
+    """Every class in the MRO of every module class of ``model`` (PyTorch's own and
+    ``object`` aside), once."""
     seen: dict[type, None] = {}
     for cls in dict.fromkeys(type(m) for m in modules_of(model).values()):
         for base in cls.__mro__:
@@ -99,9 +110,10 @@ def _model_classes(model: nn.Module) -> list[type]:
 
 
 def _shared_type(cls: type) -> bool:
-    """Whether an attribute of this type is a plain object a fake run's shadow shares with the model (a config):
-    its instances have a ``__dict__``, are not callable, and it is neither a module, a tensor, a container nor
-    PyTorch's own. Read once per class."""
+    """Whether an attribute of this type is a plain object a fake run's shadow shares
+    with the model (a config): its instances have a ``__dict__``, are not callable,
+    and it is neither a module, a tensor, a container nor PyTorch's own. Read once
+    per class."""
     found = _SHARED.get(cls)
     if found is None:
         found = _SHARED[cls] = (getattr(cls, "__dictoffset__", 0) != 0 and not issubclass(cls, _NOT_SHARED)
@@ -114,8 +126,9 @@ _SHARED: weakref.WeakKeyDictionary[type, bool] = weakref.WeakKeyDictionary()
 
 
 def _callables_in(value: Any, depth: int = _DEPTH) -> Iterator[Any]:
-    """``value`` and what it wraps: staticmethod / classmethod / property functions, ``__wrapped__``,
-    ``functools.partial``'s function, closure cells' contents and default arguments (``depth`` levels)."""
+    """``value`` and what it wraps: staticmethod / classmethod / property functions,
+    ``__wrapped__``, ``functools.partial``'s function, closure cells' contents and
+    default arguments (``depth`` levels)."""
     yield value
     if depth <= 0:
         return
@@ -141,8 +154,9 @@ _WRAPPERS = (types.FunctionType, staticmethod, classmethod, property, functools.
 
 
 def _defined_in(value: Any, home: Any) -> bool:
-    """Whether a function (or what a staticmethod / classmethod / property / partial wraps) was defined in the Python
-    module named ``home``: the code scanned is the model's own, not every function its modules import."""
+    """Whether a function (or what a staticmethod / classmethod / property / partial
+    wraps) was defined in the Python module named ``home``: the code scanned is the
+    model's own, not every function its modules import."""
     inner = value.fget if isinstance(value, property) else getattr(value, "__func__", getattr(value, "func", value))
     return getattr(inner, "__module__", None) == home
 
@@ -181,9 +195,10 @@ class CacheGuard:
                     self._shared(value, f"{kind.__name__} object in attribute '{name}' of {type(m).__name__}")
 
     def _shared(self, obj: Any, where: str, depth: int = _DEPTH) -> None:
-        """The stores of a plain object the model's modules share with a fake run's shadow: its ``__dict__``, the
-        dicts and lists it holds (a table kept by key) and, ``depth`` levels down, the same of the plain objects it
-        holds (a cache on a holder)."""
+        """The stores of a plain object the model's modules share with a fake run's
+        shadow: its ``__dict__``, the dicts and lists it holds (a table kept by key)
+        and, ``depth`` levels down, the same of the plain objects it holds (a cache
+        on a holder)."""
         # (a config's own __getattribute__ is slow)
         attrs = object.__getattribute__(obj, "__dict__")
         self._store(attrs, where, key=id(obj))
@@ -195,8 +210,9 @@ class CacheGuard:
                 self._shared(held, f"{kind.__name__} object in '{inner}' of the {where}", depth - 1)
 
     def _root(self, namespace: Any, where: str, store: bool = True) -> None:
-        """The stores and caches of a module's globals (itself a store) or a class's ``__dict__`` (a mapping
-        proxy: its dict- and list-valued attributes are stores)."""
+        """The stores and caches of a module's globals (itself a store) or a class's
+        ``__dict__`` (a mapping proxy: its dict- and list-valued attributes are
+        stores)."""
         if store:
             self._store(namespace, where)
         home = namespace.get("__name__") if store else namespace.get("__module__")
@@ -221,8 +237,9 @@ class CacheGuard:
             self._caches[id(cache)] = (cache, cache.cache_info().misses, where)
 
     def restore(self) -> list[str]:
-        """Remove what the run left holding fake tensors; returns one line per store or cache it changed. Never
-        raises (a failure is a line too): a restore must not mask the run's own error."""
+        """Remove what the run left holding fake tensors; returns one line per store or
+        cache it changed. Never raises (a failure is a line too): a restore must not
+        mask the run's own error."""
         changed: list[str] = []
         for cache, misses, where in self._caches.values():
             try:
@@ -240,8 +257,9 @@ class CacheGuard:
         return changed
 
     def fake_tensors_held(self, possible: bool = False) -> list[str]:
-        """Where the stores hold fake tensors now (an unbounded ``lru_cache``'s entries included); ``possible``:
-        also the bounded ``lru_cache`` s that hold entries (their contents cannot be read)."""
+        """Where the stores hold fake tensors now (an unbounded ``lru_cache``'s entries
+        included); ``possible``: also the bounded ``lru_cache`` s that hold entries
+        (their contents cannot be read)."""
         found = [self._names[key] for key, (store, _) in self._stores.items()
                  if _holds_fake([v for _, v in _entries(store)] if isinstance(store, dict) else store)]
         for cache, _, where in self._caches.values():
@@ -255,20 +273,23 @@ class CacheGuard:
 
 
 def fake_tensors_held(model: nn.Module, possible: bool = False) -> list[str]:
-    """Where the caches and stores that ``model``'s code reaches (:class:`CacheGuard`) hold fake tensors now;
-    ``possible``: also the bounded ``lru_cache`` s that hold entries (they cannot show them)."""
+    """Where the caches and stores that ``model``'s code reaches (:class:`CacheGuard`)
+    hold fake tensors now; ``possible``: also the bounded ``lru_cache`` s that hold
+    entries (they cannot show them)."""
     return CacheGuard(model).fake_tensors_held(possible)
 
 
 def _unbounded_entries(cache: Any) -> list[Any]:
-    """The cached results of an unbounded ``lru_cache`` (``functools.cache``): its dict is what it refers to."""
+    """The cached results of an unbounded ``lru_cache`` (``functools.cache``): its dict
+    is what it refers to."""
     # a CPython detail: the wrapper's referents include its cache dict, key -> result
     return [v for ref in gc.get_referents(cache) if isinstance(ref, dict) and "__wrapped__" not in ref
             for v in (*ref.keys(), *ref.values())]
 
 
 def _restore_store(store: Any, saved: Any) -> bool:
-    """Put back the entries of ``store`` that changed and hold a fake tensor; whether any did."""
+    """Put back the entries of ``store`` that changed and hold a fake tensor; whether
+    any did."""
     if isinstance(store, dict):
         bad = [k for k, v in _entries(store) if saved.get(k, _MISSING) is not v and _holds_fake((k, v))]
         for key in bad:

@@ -1,13 +1,15 @@
 """Which module call is running: a stack of module paths kept by forward pre/post hooks.
 
-The hooks are the global module hooks of ``torch.nn`` (removable handles, no patching). Per-module
-hooks would change what runs: ``nn.TransformerEncoderLayer`` leaves its fused eval fast path when any
-of its submodules carries a hook. Modules outside the profiled model are ignored, and so are calls made
-by other threads than the one that entered the tracker (global hooks fire in every thread): those are
-counted in :attr:`ModuleTracker.foreign_calls` instead.
+The hooks are the global module hooks of ``torch.nn`` (removable handles, no patching).
+Per-module hooks would change what runs: ``nn.TransformerEncoderLayer`` leaves its fused
+eval fast path when any of its submodules carries a hook. Modules outside the profiled
+model are ignored, and so are calls made by other threads than the one that entered the
+tracker (global hooks fire in every thread): those are counted in
+:attr:`ModuleTracker.foreign_calls` instead.
 
-A frame of the stack is a :class:`ModuleCall`: the module's path (``""`` is the root) and the ordinal
-of this call of that path, so a module called twice is attributed per call.
+A frame of the stack is a :class:`ModuleCall`: the module's path (``""`` is the root)
+and the ordinal of this call of that path, so a module called twice is attributed per
+call.
 """
 
 from __future__ import annotations
@@ -33,8 +35,9 @@ class ModuleCall(NamedTuple):
 
 
 class ModuleTracker:
-    """Context manager keeping :attr:`stack`, the tuple of module calls now running (outermost first),
-    and :attr:`inputs`: per module call, the shapes of its tensor arguments (by position or keyword)."""
+    """Context manager keeping :attr:`stack`, the tuple of module calls now running
+    (outermost first), and :attr:`inputs`: per module call, the shapes of its tensor
+    arguments (by position or keyword)."""
 
     def __init__(self, root: nn.Module, *, ranges: bool = False) -> None:
         self.paths: dict[int, str] = {id(m): name for name, m in root.named_modules()}
@@ -63,16 +66,17 @@ class ModuleTracker:
         self._holders: dict[int, list[tuple[bool, str]]] | None = None
 
     def add_paths(self, root: nn.Module) -> None:
-        """Also attribute the calls of ``root``'s modules (the same paths: a model and its shadow)."""
+        """Also attribute the calls of ``root``'s modules (the same paths: a model and
+        its shadow)."""
         for name, module in root.named_modules():
             self.paths.setdefault(id(module), name)
         self._roots.append(root)
         self._holders = None
 
     def holder_of(self, t: Any) -> str | None:
-        """The path of a module holding ``t`` (or the tensor ``t`` views) as a parameter: a ``Linear`` first (a
-        tied ``lm_head``, not the embedding sharing its weight), then the first by path; ``None`` for a tensor no module
-        holds."""
+        """The path of a module holding ``t`` (or the tensor ``t`` views) as a
+        parameter: a ``Linear`` first (a tied ``lm_head``, not the embedding sharing
+        its weight), then the first by path; ``None`` for a tensor no module holds."""
         if self._holders is None:
             self._holders = {}
             for root in self._roots:
@@ -87,17 +91,19 @@ class ModuleTracker:
         return min(found)[1] if found else None
 
     def call_of(self, path: str, stack: tuple[ModuleCall, ...]) -> tuple[ModuleCall, ...]:
-        """A new call of the module at ``path`` made inside the calls of ``stack`` that hold it (its ancestors): the
-        stack of work done for a module that was not called (a fused kernel computing with its weight)."""
+        """A new call of the module at ``path`` made inside the calls of ``stack`` that
+        hold it (its ancestors): the stack of work done for a module that was not
+        called (a fused kernel computing with its weight)."""
         self.calls[path] += 1
         ancestors = tuple(c for c in stack if c.path == "" or path.startswith(c.path + "."))
         return (*ancestors, ModuleCall(path, self.calls[path]))
 
     @contextmanager
     def inside(self, path: str | None) -> Iterator[None]:
-        """For the block, ops run in a new call of the module at ``path`` (:meth:`call_of`): a fused kernel's step
-        that is that module's work (Mamba-2's fused scan computes ``out_proj``'s product with its weight); a no-op
-        for ``None`` (a weight no module holds)."""
+        """For the block, ops run in a new call of the module at ``path``
+        (:meth:`call_of`): a fused kernel's step that is that module's work
+        (Mamba-2's fused scan computes ``out_proj``'s product with its weight); a
+        no-op for ``None`` (a weight no module holds)."""
         if path is None or not self.stack or self.stack[-1].path == path:
             yield
             return
@@ -128,7 +134,8 @@ class ModuleTracker:
         self.stack = ()
 
     def failed_in(self, error: BaseException) -> tuple[ModuleCall, ...]:
-        """The module calls that were running when ``error`` was raised (innermost last), if seen."""
+        """The module calls that were running when ``error`` was raised (innermost
+        last), if seen."""
         return self._failed_in.get(id(error), ())
 
     def _pre(self, module: nn.Module, args: Any) -> None:

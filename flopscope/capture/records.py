@@ -1,32 +1,42 @@
-"""The records of a capture: one :class:`CapturedOp` per ATen op a forward executed (and per outside tensor it
-read), linked by their dataflow, the ``torch.fx`` graph built from them on demand, and :class:`Capture`, what one
-run produced. The recorder that makes them is :mod:`flopscope.capture.recorder`.
+"""The records of a capture: one :class:`CapturedOp` per ATen op a forward executed (and
+per outside tensor it read), linked by their dataflow, the ``torch.fx`` graph built
+from them on demand, and :class:`Capture`, what one run produced. The recorder that
+makes them is :mod:`flopscope.capture.recorder`.
 
-Every node carries its :class:`CapturedOp` (read it with :func:`captured`). For users, ``node.meta``
-also holds these plain keys (written in one place, :func:`_public_meta`):
+Every node carries its :class:`CapturedOp` (read it with :func:`captured`). For users,
+``node.meta`` also holds these plain keys (written in one place, :func:`_public_meta`):
 
 - ``module``: path of the innermost module call running the op (``""`` is the root);
-- ``module_stack``: the :class:`~flopscope.capture.module_tracker.ModuleCall` frames, outermost first;
-- ``input_shapes`` / ``output_shapes``: shapes of the tensor arguments / outputs, in order;
+- ``module_stack``: the :class:`~flopscope.capture.module_tracker.ModuleCall` frames,
+  outermost first;
+- ``input_shapes`` / ``output_shapes``: shapes of the tensor arguments / outputs, in
+  order;
 - ``dtype``: dtype of the first tensor output (``None`` if there is none);
-- ``bytes``: the minimum bytes the op reads and writes (:mod:`flopscope.formulas.traffic`; 0 for views);
-- ``collective``: for a collective, ``(kind, message bytes, group size)`` (:mod:`flopscope.communication`);
-- ``multiplies``: MACs of the op (0 for ops without a formula); ``multiply_parts``: the formula's
-  ``{part: MACs}`` split for fused ops, else ``None``;
+- ``bytes``: the minimum bytes the op reads and writes
+  (:mod:`flopscope.formulas.traffic`; 0 for views);
+- ``collective``: for a collective, ``(kind, message bytes, group size)``
+  (:mod:`flopscope.communication`);
+- ``multiplies``: MACs of the op (0 for ops without a formula); ``multiply_parts``: the
+  formula's ``{part: MACs}`` split for fused ops, else ``None``;
 - ``elementwise``: ``(category, ops)`` for elementwise work, else ``None``;
-- ``cost``: ``"formula"``, ``"elementwise"``, ``"zero"`` or ``"unsupported"`` (:class:`Cost`);
+- ``cost``: ``"formula"``, ``"elementwise"``, ``"zero"`` or ``"unsupported"``
+  (:class:`Cost`);
 - ``seconds``: wall time of the op (real mode only);
-- ``phase``: ``"forward"``, ``"backward"`` or ``"recompute"``; a backward op whose autograd node was recorded in
-  the forward also has ``forward``: that forward node (matched by autograd sequence number), whose module stack
-  it inherits (a backward op of work done outside the model, such as a loss, has none). A ``"recompute"`` op is
-  a forward op run again inside the backward pass by activation checkpointing (``torch.utils.checkpoint``,
-  reentrant or not): an op of the backward pass that runs with grad mode on (flopscope's backward passes never
-  use ``create_graph``, so gradient formulas run with it off). Its ``forward`` is the forward op it repeats (same
-  op, input shapes and innermost module), whose module stack and roles it takes: hardware FLOPs (HFU) count it,
-  model FLOPs (MFU) do not;
-- ``value``: for small integer / boolean tensors whose values are known (index lists such as
-  ``x[..., [-1], :]``; real-mode results), a copy of the values, so later stages can replay indexing;
-- ``leaf``: for get_attr / placeholder nodes, ``"parameter"``, ``"buffer"``, ``"input"`` or ``"constant"``.
+- ``phase``: ``"forward"``, ``"backward"`` or ``"recompute"``; a backward op whose
+  autograd node was recorded in the forward also has ``forward``: that forward node
+  (matched by autograd sequence number), whose module stack it inherits (a backward op
+  of work done outside the model, such as a loss, has none). A ``"recompute"`` op is a
+  forward op run again inside the backward pass by activation checkpointing
+  (``torch.utils.checkpoint``, reentrant or not): an op of the backward pass that runs
+  with grad mode on (flopscope's backward passes never use ``create_graph``, so gradient
+  formulas run with it off). Its ``forward`` is the forward op it repeats (same op,
+  input shapes and innermost module), whose module stack and roles it takes: hardware
+  FLOPs (HFU) count it, model FLOPs (MFU) do not;
+- ``value``: for small integer / boolean tensors whose values are known (index lists
+  such as ``x[..., [-1], :]``; real-mode results), a copy of the values, so later stages
+  can replay indexing;
+- ``leaf``: for get_attr / placeholder nodes, ``"parameter"``, ``"buffer"``, ``"input"``
+  or ``"constant"``.
 """
 
 from __future__ import annotations
@@ -73,7 +83,8 @@ class LeafKind(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class LeafName:
-    """The name of an outside tensor: a ``get_attr`` of a parameter or buffer, or a ``placeholder``."""
+    """The name of an outside tensor: a ``get_attr`` of a parameter or buffer, or a
+    ``placeholder``."""
 
     node_op: str  # "get_attr" or "placeholder"
     name: str  # "encoder.weight", "input_ids"
@@ -82,11 +93,13 @@ class LeafName:
 
 @dataclass(eq=False, slots=True, repr=False)
 class CapturedOp:
-    """One recorded op (or one outside tensor: a leaf), before and after it becomes an fx node.
+    """One recorded op (or one outside tensor: a leaf), before and after it becomes an
+    fx node.
 
-    ``args`` / ``kwargs`` hold other :class:`CapturedOp` s where the op took a tensor (the dataflow).
-    The fx graph is built only when someone asks for it (:func:`build_graph`); counting totals needs
-    only these records. Units: ``macs`` in MACs, ``seconds`` wall time.
+    ``args`` / ``kwargs`` hold other :class:`CapturedOp` s where the op took a tensor
+    (the dataflow). The fx graph is built only when someone asks for it
+    (:func:`build_graph`); counting totals needs only these records. Units: ``macs`` in
+    MACs, ``seconds`` wall time.
     """
 
     node_op: str  # fx node op: "call_function", "get_attr" or "placeholder"
@@ -140,9 +153,9 @@ class CapturedOp:
 
 
 def link(ops: Sequence[CapturedOp], again: bool = False) -> None:
-    """Set each record's :attr:`~CapturedOp.index`, :attr:`~CapturedOp.inputs` and :attr:`~CapturedOp.users`
-    (once: a capture's records do not change after the run; ``again``: also when they were linked, as after a link
-    of part of them)."""
+    """Set each record's :attr:`~CapturedOp.index`, :attr:`~CapturedOp.inputs` and
+    :attr:`~CapturedOp.users` (once: a capture's records do not change after the run;
+    ``again``: also when they were linked, as after a link of part of them)."""
     # (set last: a link interrupted or running elsewhere is redone)
     if ops and ops[-1].index == len(ops) - 1 and not again:
         return
@@ -159,7 +172,8 @@ def link(ops: Sequence[CapturedOp], again: bool = False) -> None:
 
 
 def map_records(x: Any, fn: Callable[[CapturedOp], Any]) -> Any:
-    """``x`` (a record's args or kwargs) with ``fn(record)`` for each record inside its tuples, lists and dicts."""
+    """``x`` (a record's args or kwargs) with ``fn(record)`` for each record inside its
+    tuples, lists and dicts."""
     if isinstance(x, CapturedOp):
         return fn(x)
     if isinstance(x, (tuple, list)):
@@ -170,8 +184,8 @@ def map_records(x: Any, fn: Callable[[CapturedOp], Any]) -> Any:
 
 
 def argument_shape(op: CapturedOp, position: int) -> Shape | None:
-    """The (first output) shape of the record ``op`` takes at argument ``position``; ``None`` where that argument
-    is not a record (a number, ``None``, past the end)."""
+    """The (first output) shape of the record ``op`` takes at argument ``position``;
+    ``None`` where that argument is not a record (a number, ``None``, past the end)."""
     arg = op.args[position] if position < len(op.args) else None
     return arg.output_shapes[0] if isinstance(arg, CapturedOp) and arg.output_shapes else None
 
@@ -187,23 +201,27 @@ def captured(node: fx.Node) -> CapturedOp:
 
 
 def op_name(func: Any) -> str:
-    """``"aten.mm"`` for ``torch.ops.aten.mm.default``; ``"flopscope.after_write"`` for :func:`after_write`."""
+    """``"aten.mm"`` for ``torch.ops.aten.mm.default``; ``"flopscope.after_write"`` for
+    :func:`after_write`."""
     if func is after_write:
         return "flopscope.after_write"
     return str(getattr(func, "overloadpacket", func))
 
 
 def after_write(value: Any, write: Any) -> Any:
-    """The target of a version record: the value a tensor holds after ``write`` (an in-place op, a copy into a
-    slice or view, an ``out=`` op) changed its storage, where ``value`` is what it held before (its producer).
-    It runs nothing (cost zero); it makes the dataflow single-assignment: every later read of a written storage
-    takes the write as an input, as functionalization's ``*_scatter`` ops do for ``torch.export``."""
+    """The target of a version record: the value a tensor holds after ``write`` (an
+    in-place op, a copy into a slice or view, an ``out=`` op) changed its storage,
+    where ``value`` is what it held before (its producer). It runs nothing (cost
+    zero); it makes the dataflow single-assignment: every later read of a written
+    storage takes the write as an input, as functionalization's ``*_scatter`` ops do
+    for ``torch.export``."""
     return value
 
 
 def build_graph(ops: list[CapturedOp]) -> fx.Graph:
-    """The fx graph of the recorded ops, in order; each node's ``meta`` holds its :class:`CapturedOp`
-    under :data:`CAPTURED` and the public keys of the module docstring."""
+    """The fx graph of the recorded ops, in order; each node's ``meta`` holds its
+    :class:`CapturedOp` under :data:`CAPTURED` and the public keys of the module
+    docstring."""
     graph = fx.Graph()
     nodes: dict[CapturedOp, fx.Node] = {}
 
@@ -241,8 +259,9 @@ def _public_meta(op: CapturedOp, nodes: Mapping[CapturedOp, fx.Node]) -> dict[st
 
 @dataclass(frozen=True)
 class Capture:
-    """What one recorded run produced: the ops in order, the ops without a formula, and per module call
-    its input shapes (how reconciliation reads token counts) and call counts."""
+    """What one recorded run produced: the ops in order, the ops without a formula, and
+    per module call its input shapes (how reconciliation reads token counts) and call
+    counts."""
 
     ops: list[CapturedOp]
     unsupported: Mapping[str, int]
@@ -263,10 +282,11 @@ class Capture:
     # of the earlier call it copies (flopscope.capture.replay): the same op on the same shapes, in the same place
 
     def notes(self, unchecked: bool = True) -> list[str]:
-        """What the recording could not establish: an op whose formula returns attention parts but is not
-        registered as an attention kernel (its projections cannot be found); with ``unchecked``, on fake
-        tensors, embedding lookups whose index values were unknown (not checked against the table, as a
-        real forward would: inputs on ``device="meta"`` have no values)."""
+        """What the recording could not establish: an op whose formula returns attention
+        parts but is not registered as an attention kernel (its projections cannot be
+        found); with ``unchecked``, on fake tensors, embedding lookups whose index
+        values were unknown (not checked against the table, as a real forward would:
+        inputs on ``device="meta"`` have no values)."""
         notes = [f"the formula of {op} returns attention parts but is not registered with family="
                  "OpFamily.ATTENTION and its (q, k, v) operand positions, so its projections get role 'other' "
                  "(see docs/extending.md)" for op in self.undeclared_kernels]

@@ -1,6 +1,8 @@
-"""A patch of shared objects (a class's methods) held while any thread needs it, with each thread's own stack of
-values: what ``flopscope.capture.replay`` (``Tensor.tolist`` / ``numpy`` counted as value reads) and
-``flopscope.capture.catalog`` (kernels' ``autograd.Function`` s counted) wrap while a run watches."""
+"""A patch of shared objects (a class's methods) held while any thread needs it, with
+each thread's own stack of values: what ``flopscope.capture.replay``
+(``Tensor.tolist`` / ``numpy`` counted as value reads) and
+``flopscope.capture.catalog`` (kernels' ``autograd.Function`` s counted) wrap while a
+run watches."""
 
 from __future__ import annotations
 
@@ -11,8 +13,9 @@ from typing import Any
 
 
 class ScopedPatch:
-    """``apply()`` when the first thread enters :meth:`scope`, ``undo()`` when the last leaves; :meth:`values` are
-    this thread's values in scope, innermost last (another thread's calls of the patched objects see none)."""
+    """``apply()`` when the first thread enters :meth:`scope`, ``undo()`` when the last
+    leaves; :meth:`values` are this thread's values in scope, innermost last (another
+    thread's calls of the patched objects see none)."""
 
     def __init__(self, apply: Callable[[], None], undo: Callable[[], None]) -> None:
         self._apply, self._undo = apply, undo

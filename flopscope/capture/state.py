@@ -1,20 +1,23 @@
-"""Leave the user's model exactly as it was: snapshot before a profile, restore after (even on error).
+"""Leave the user's model exactly as it was: snapshot before a profile, restore after
+(even on error).
 
-What is restored: every module's attribute dict (attributes a forward added are removed, replaced ones
-put back), its parameter / buffer / submodule tables, its training flag, each parameter's
-``requires_grad`` and ``.grad`` (after a counted backward pass), and, when the run executed for real,
-the values of buffers the forward changed in place (BatchNorm running statistics in training mode).
+What is restored: every module's attribute dict (attributes a forward added are removed,
+replaced ones put back), its parameter / buffer / submodule tables, its training flag,
+each parameter's ``requires_grad`` and ``.grad`` (after a counted backward pass), and,
+when the run executed for real, the values of buffers the forward changed in place
+(BatchNorm running statistics in training mode).
 
 What is not restored, but reported: a parameter whose values a real forward changed in place (its
 version counter moved; cloning every parameter to restore it would double the model's memory).
 :meth:`ModelSnapshot.restore` never raises: each step runs even when another fails, and what failed
 is returned, so a restore can neither mask the forward's own error nor skip the rest.
 
-With ``tables=False`` (fake mode, where a shadow of the model runs and the user's objects are never written)
-only ``.grad`` is saved and restored: a TorchScript submodule runs its own parameters even on fake tensors.
+With ``tables=False`` (fake mode, where a shadow of the model runs and the user's
+objects are never written) only ``.grad`` is saved and restored: a TorchScript submodule
+runs its own parameters even on fake tensors.
 
-TorchScript modules keep their tables in C++ (they cannot be changed from Python code): only their
-training flag, ``requires_grad``, ``.grad`` and buffer values are restored.
+TorchScript modules keep their tables in C++ (they cannot be changed from Python code):
+only their training flag, ``requires_grad``, ``.grad`` and buffer values are restored.
 """
 
 from __future__ import annotations
@@ -29,7 +32,8 @@ from torch import nn
 
 
 def named_state(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
-    """Every parameter and buffer of ``model`` by its qualified name (a tied or shared tensor under each name)."""
+    """Every parameter and buffer of ``model`` by its qualified name (a tied or shared
+    tensor under each name)."""
     return itertools.chain(model.named_parameters(remove_duplicate=False),
                            model.named_buffers(remove_duplicate=False))
 
@@ -60,7 +64,8 @@ class ModelSnapshot:
                 self._buffers = [(b, b.clone()) for b in model.buffers() if not b.is_meta]
 
     def restore(self) -> list[str]:
-        """Put everything back; returns one line per step that failed (empty when all went well)."""
+        """Put everything back; returns one line per step that failed (empty when all
+        went well)."""
         failed: list[str] = []
 
         def step(what: str, action: Callable[..., object], *args: Any) -> None:

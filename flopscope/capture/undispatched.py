@@ -1,29 +1,39 @@
-"""Work done outside the ATen dispatcher, found in real runs, so that a count is never silently low there either.
+"""Work done outside the ATen dispatcher, found in real runs, so that a count is never
+silently low there either.
 
-The recorder sees every ATen op; a kernel that never reaches the dispatcher records nothing: a NumPy computation on
-``.numpy()`` views brought back with ``torch.from_numpy``, a C++ / CUDA extension that fills a tensor through its
-data pointer, either one usually called from an ``autograd.Function``. :class:`OutsideCheck` watches a real run for
-the traces such work leaves (three rules, each checked where it costs nothing on the ops that run normally):
+The recorder sees every ATen op; a kernel that never reaches the dispatcher records
+nothing: a NumPy computation on ``.numpy()`` views brought back with
+``torch.from_numpy``, a C++ / CUDA extension that fills a tensor through its data
+pointer, either one usually called from an ``autograd.Function``. :class:`OutsideCheck`
+watches a real run for the traces such work leaves (three rules, each checked where it
+costs nothing on the ops that run normally):
 
-- **foreign memory**: a tensor made from data (``aten.lift_fresh``, which ``torch.from_numpy``, ``torch.as_tensor``
-  and ``torch.tensor`` all dispatch) whose memory torch's allocator did not make (its storage cannot be resized:
-  NumPy's, a DLPack capsule's), inside a module call. ``torch.tensor(list)`` copies into torch's memory: not flagged;
-- **unwritten allocation**: a module call returns a tensor (or a view of one) made by ``empty`` / ``empty_like`` /
-  ``new_empty`` / ``empty_strided`` that no recorded op wrote: an extension's ``torch::empty_like`` filled in C++;
-  or an op (not a view, not an op writing it, not an argument whose values it ignores: ``baddbmm(empty, q, k,
-  beta=0)``, ``zeros_like(empty)``: :mod:`flopscope.capture.unread`) reads such memory: a Triton kernel launched
-  from Python filled the buffer and the module goes on with it (a norm, an output projection) before returning;
-  flagged at the module call that allocated it;
-- **made by no op**: a tensor no recorded op made, that a module call returns or an op inside one reads, whose
-  autograd node is a custom ``autograd.Function``'s made during the run (its forward dispatched nothing that made
-  it), or that a module returns holding foreign memory shared with no tensor the run has seen.
+- **foreign memory**: a tensor made from data (``aten.lift_fresh``, which
+  ``torch.from_numpy``, ``torch.as_tensor`` and ``torch.tensor`` all dispatch) whose
+  memory torch's allocator did not make (its storage cannot be resized: NumPy's, a
+  DLPack capsule's), inside a module call. ``torch.tensor(list)`` copies into torch's
+  memory: not flagged;
+- **unwritten allocation**: a module call returns a tensor (or a view of one) made by
+  ``empty`` / ``empty_like`` / ``new_empty`` / ``empty_strided`` that no recorded op
+  wrote: an extension's ``torch::empty_like`` filled in C++; or an op (not a view, not
+  an op writing it, not an argument whose values it ignores: ``baddbmm(empty, q, k,
+  beta=0)``, ``zeros_like(empty)``: :mod:`flopscope.capture.unread`) reads such memory:
+  a Triton kernel launched from Python filled the buffer and the module goes on with it
+  (a norm, an output projection) before returning; flagged at the module call that
+  allocated it;
+- **made by no op**: a tensor no recorded op made, that a module call returns or an op
+  inside one reads, whose autograd node is a custom ``autograd.Function``'s made during
+  the run (its forward dispatched nothing that made it), or that a module returns
+  holding foreign memory shared with no tensor the run has seen.
 
-Views and aliases of inputs, parameters returned as they are, tensors made by constructors and tensors that existed
-before the run (a module's tensor attributes) are not flagged. Each finding is one :class:`OutsideWork`: the module
-path and call, the tensor's shape, what gave it away and the ``autograd.Function`` it came from, if any.
-``Profile.unsupported()`` lists them as ``"outside the ATen dispatcher: <module path>"`` and ``Profile.notes`` (and
-one warning) say what they are. What cannot be seen is in ``docs/guarantees.md`` §8. Fake tensors cannot reach
-NumPy at all (``.numpy()`` of a fake tensor raises; the error names the module), so the check is for real runs.
+Views and aliases of inputs, parameters returned as they are, tensors made by
+constructors and tensors that existed before the run (a module's tensor attributes) are
+not flagged. Each finding is one :class:`OutsideWork`: the module path and call, the
+tensor's shape, what gave it away and the ``autograd.Function`` it came from, if any.
+``Profile.unsupported()`` lists them as ``"outside the ATen dispatcher: <module path>"``
+and ``Profile.notes`` (and one warning) say what they are. What cannot be seen is in
+``docs/guarantees.md`` §8. Fake tensors cannot reach NumPy at all (``.numpy()`` of a
+fake tensor raises; the error names the module), so the check is for real runs.
 """
 
 from __future__ import annotations
@@ -57,9 +67,9 @@ _FUNCTION_NODE = torch.autograd.function.BackwardCFunction
 
 @dataclass(frozen=True, slots=True)
 class OutsideWork:
-    """One tensor computed outside the ATen dispatcher: where (module path, which call), its shape, what gave it
-    away (``source``: :data:`FOREIGN`, :data:`UNWRITTEN` or :data:`UNMADE`), and the ``autograd.Function`` whose
-    forward made it, if known."""
+    """One tensor computed outside the ATen dispatcher: where (module path, which call),
+    its shape, what gave it away (``source``: :data:`FOREIGN`, :data:`UNWRITTEN` or
+    :data:`UNMADE`), and the ``autograd.Function`` whose forward made it, if known."""
 
     module: str
     call: int
@@ -75,8 +85,9 @@ class OutsideWork:
 
 
 class Watched(Protocol):
-    """What the check needs of a run's recorder (:class:`flopscope.capture.recorder.Recorder`; not imported here, which
-    would put this module in the capture / profile import cycle)."""
+    """What the check needs of a run's recorder
+    (:class:`flopscope.capture.recorder.Recorder`; not imported here, which would put
+    this module in the capture / profile import cycle)."""
 
     outside_work: list[Any]
     on_lift: Callable[[torch.Tensor], None] | None
@@ -94,13 +105,14 @@ class Watched(Protocol):
 
 
 def watch(recorder: Watched, tracker: ModuleTracker) -> OutsideCheck:
-    """Watch a real run of ``recorder`` / ``tracker`` (their hooks are set); the findings go to
-    ``recorder.outside_work``."""
+    """Watch a real run of ``recorder`` / ``tracker`` (their hooks are set); the
+    findings go to ``recorder.outside_work``."""
     return OutsideCheck(recorder, tracker)
 
 
 class OutsideCheck:
-    """The three rules of the module docstring, on the hooks of a real run's recorder and module tracker."""
+    """The three rules of the module docstring, on the hooks of a real run's recorder
+    and module tracker."""
 
     def __init__(self, recorder: Watched, tracker: ModuleTracker) -> None:
         self._recorder, self._tracker = recorder, tracker
@@ -168,7 +180,8 @@ class OutsideCheck:
 
     # helpers -----------------------------------------------------------------------------------
     def _new_function_output(self, t: torch.Tensor) -> bool:
-        """``t`` has the autograd node of a custom ``autograd.Function``, made during the run."""
+        """``t`` has the autograd node of a custom ``autograd.Function``, made during
+        the run."""
         node = t.grad_fn
         return isinstance(node, _FUNCTION_NODE) and node._sequence_nr() >= self._start
 
@@ -186,12 +199,14 @@ class OutsideCheck:
 
 
 def _plain(t: torch.Tensor) -> bool:
-    """A dense tensor with memory of its own (not a subclass, whose inner tensors the recorder sees; not meta)."""
+    """A dense tensor with memory of its own (not a subclass, whose inner tensors the
+    recorder sees; not meta)."""
     return type(t) in _PLAIN and t.layout == torch.strided and not t.is_meta and t.numel() > 0
 
 
 def _foreign(t: torch.Tensor) -> bool:
-    """``t``'s memory was not made by torch's allocator (NumPy's, DLPack's: a storage that cannot be resized)."""
+    """``t``'s memory was not made by torch's allocator (NumPy's, DLPack's: a storage
+    that cannot be resized)."""
     try:
         return not t.untyped_storage().resizable()
     except (RuntimeError, NotImplementedError):
@@ -206,7 +221,8 @@ def _storage(t: torch.Tensor) -> int:
 
 
 def _attribute_of(module: nn.Module, t: torch.Tensor) -> bool:
-    """``t`` is an attribute of ``module`` (or inside a list, tuple or dict attribute of it): a tensor from before."""
+    """``t`` is an attribute of ``module`` (or inside a list, tuple or dict attribute of
+    it): a tensor from before."""
     for value in vars(module).values():
         if value is t or (isinstance(value, (list, tuple, dict)) and any(x is t for x in tensors_in(value))):
             return True
@@ -214,8 +230,9 @@ def _attribute_of(module: nn.Module, t: torch.Tensor) -> bool:
 
 
 def _function_of(t: torch.Tensor) -> str | None:
-    """The ``autograd.Function`` whose forward made ``t``: its autograd node's, else the one whose ``forward`` is
-    running now (its forward has not returned yet; with grad mode off there is no node)."""
+    """The ``autograd.Function`` whose forward made ``t``: its autograd node's, else the
+    one whose ``forward`` is running now (its forward has not returned yet; with grad
+    mode off there is no node)."""
     node = t.grad_fn
     if isinstance(node, _FUNCTION_NODE):
         cls = getattr(node, "_forward_cls", None)
@@ -224,11 +241,13 @@ def _function_of(t: torch.Tensor) -> str | None:
 
 
 def _running_function() -> str | None:
-    """The ``autograd.Function`` whose ``forward`` is running now (64 frames up at most), if any.
+    """The ``autograd.Function`` whose ``forward`` is running now (64 frames up at
+    most), if any.
 
-    Found by its forward's code object among the subclasses of ``torch.autograd.Function`` (from torch 2.15
-    ``Function.apply`` is C code with no Python frame to find). Only called for a finding, so the walk over the
-    subclasses costs nothing on a clean run."""
+    Found by its forward's code object among the subclasses of
+    ``torch.autograd.Function`` (from torch 2.15 ``Function.apply`` is C code with no
+    Python frame to find). Only called for a finding, so the walk over the subclasses
+    costs nothing on a clean run."""
     forwards: dict[object, str] = {}
     pending = list(torch.autograd.Function.__subclasses__())
     while pending:
@@ -248,12 +267,14 @@ def _running_function() -> str | None:
 
 
 def unsupported_of(found: Sequence[OutsideWork]) -> dict[str, int]:
-    """``{OUTSIDE + module path: tensors}`` (the :meth:`Profile.unsupported` entries of the findings)."""
+    """``{OUTSIDE + module path: tensors}`` (the :meth:`Profile.unsupported` entries of
+    the findings)."""
     return dict(Counter(OUTSIDE + work.module for work in found))
 
 
 def notes_of(found: Sequence[OutsideWork], limit: int = 8) -> list[str]:
-    """One note per module path, source, function and shape (its calls summed), at most ``limit``, then a count."""
+    """One note per module path, source, function and shape (its calls summed), at most
+    ``limit``, then a count."""
     grouped = Counter(OutsideWork(w.module, 0, w.shape, w.source, w.function) for w in found)
     notes = [work.describe(calls) for work, calls in list(grouped.items())[:limit]]
     if len(grouped) > limit:
@@ -263,7 +284,8 @@ def notes_of(found: Sequence[OutsideWork], limit: int = 8) -> list[str]:
 
 
 def converts_to_numpy(error: BaseException) -> bool:
-    """Whether ``error`` (or an error in its chain) is a fake or meta tensor refusing ``.numpy()``."""
+    """Whether ``error`` (or an error in its chain) is a fake or meta tensor refusing
+    ``.numpy()``."""
     seen: BaseException | None = error
     for _ in range(16):
         if seen is None:

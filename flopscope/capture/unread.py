@@ -1,15 +1,20 @@
-"""Which tensor arguments of an ATen op it takes but does not read the values of, for the arguments it was given.
+"""Which tensor arguments of an ATen op it takes but does not read the values of, for
+the arguments it was given.
 
-A real run's check for memory filled outside the dispatcher (:mod:`flopscope.capture.undispatched`) flags an op that
-reads an ``empty`` no recorded op wrote; an argument whose values the op never reads is no such read. Two rules,
-from PyTorch's documented semantics (no list of models):
+A real run's check for memory filled outside the dispatcher
+(:mod:`flopscope.capture.undispatched`) flags an op that reads an ``empty`` no recorded
+op wrote; an argument whose values the op never reads is no such read. Two rules, from
+PyTorch's documented semantics (no list of models):
 
-- **metadata only**: a factory named ``*_like`` or ``new_*`` (``empty_like``, ``zeros_like``, ``full_like``,
-  ``new_zeros``, ...) reads its ``self``'s shape, dtype and device, never its values;
-- **scaled by zero**: ``addmm``, ``baddbmm``, ``addbmm``, ``addmv``, ``addr``, ``sspaddmm`` and
-  ``_addmm_activation`` compute ``beta * self + alpha * (product)``, and "if beta is 0, then input will be ignored,
-  and nan and inf in it will not be propagated" (their docs): ``self`` is not read when ``beta == 0`` (diffusers'
-  classic ``AttnProcessor`` computes its scores as ``baddbmm(torch.empty(...), q, k.T, beta=0, alpha=scale)``).
+- **metadata only**: a factory named ``*_like`` or ``new_*`` (``empty_like``,
+  ``zeros_like``, ``full_like``, ``new_zeros``, ...) reads its ``self``'s shape, dtype
+  and device, never its values;
+- **scaled by zero**: ``addmm``, ``baddbmm``, ``addbmm``, ``addmv``, ``addr``,
+  ``sspaddmm`` and ``_addmm_activation`` compute ``beta * self + alpha * (product)``,
+  and "if beta is 0, then input will be ignored, and nan and inf in it will not be
+  propagated" (their docs): ``self`` is not read when ``beta == 0`` (diffusers' classic
+  ``AttnProcessor`` computes its scores as ``baddbmm(torch.empty(...), q, k.T, beta=0,
+  alpha=scale)``).
 """
 
 from __future__ import annotations
@@ -37,7 +42,8 @@ def _position(schema: Any, name: str) -> int | None:
 
 
 def _value(func: torch._ops.OpOverload, args: tuple[Any, ...], kwargs: Mapping[str, Any], name: str) -> Any:
-    """The value ``func`` was given for its argument ``name`` (positional or keyword), else its schema's default."""
+    """The value ``func`` was given for its argument ``name`` (positional or keyword),
+    else its schema's default."""
     schema = func._schema
     at = _position(schema, name)
     if at is None:
@@ -49,8 +55,9 @@ def _value(func: torch._ops.OpOverload, args: tuple[Any, ...], kwargs: Mapping[s
 
 
 def unread_tensors(func: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> list[torch.Tensor]:
-    """The tensors among ``func``'s arguments (``args`` / ``kwargs`` as dispatched) whose values this call does not
-    read (the rules of the module docstring); ``[]`` for most ops, a higher-order op or one without a schema."""
+    """The tensors among ``func``'s arguments (``args`` / ``kwargs`` as dispatched)
+    whose values this call does not read (the rules of the module docstring); ``[]``
+    for most ops, a higher-order op or one without a schema."""
     if not isinstance(func, torch._ops.OpOverload):
         return []
     names: list[str] = []

@@ -1,17 +1,21 @@
-"""Collective ops: which ops communicate, what kind of collective each is, and how many bytes it carries (read by
-the recorder for every op; the rows and closed forms over a capture are :mod:`flopscope.predict.collectives`).
+"""Collective ops: which ops communicate, what kind of collective each is, and how many
+bytes it carries (read by the recorder for every op; the rows and closed forms over a
+capture are :mod:`flopscope.predict.collectives`).
 
-Both families of torch.distributed ops reach the dispatcher, so a profile sees every collective a rank issues
-from Python (DTensor redistribution, FSDP2, functional collectives, ``dist.all_reduce``): the functional ones
-(``_c10d_functional.all_reduce``, ``all_gather_into_tensor``, ``reduce_scatter_tensor``, ``all_to_all_single``,
-``broadcast``) and the in-place c10d ones (``c10d.allreduce_``, ``_allgather_base_``, ``_reduce_scatter_base_``,
-``alltoall_base_``, ``broadcast_``, ``send``, ``recv_``), DDP's gradient all-reduce included (its reducer goes
-through ``c10d.allreduce_``). Conventions: ``docs/conventions.md`` §12.
+Both families of torch.distributed ops reach the dispatcher, so a profile sees every
+collective a rank issues from Python (DTensor redistribution, FSDP2, functional
+collectives, ``dist.all_reduce``): the functional ones (``_c10d_functional.all_reduce``,
+``all_gather_into_tensor``, ``reduce_scatter_tensor``, ``all_to_all_single``,
+``broadcast``) and the in-place c10d ones (``c10d.allreduce_``, ``_allgather_base_``,
+``_reduce_scatter_base_``, ``alltoall_base_``, ``broadcast_``, ``send``, ``recv_``),
+DDP's gradient all-reduce included (its reducer goes through ``c10d.allreduce_``).
+Conventions: ``docs/conventions.md`` §12.
 
-**Message bytes** are the size of the whole (unsharded) buffer, as NCCL's tests print a collective's size: the
-larger of what the collective reads and what it writes, so the input of an all-reduce, a reduce-scatter or a
-broadcast, the output of an all-gather, and for an all-to-all the larger of the tokens sent and received. Bus
-traffic per rank follows from it (an all-reduce ring moves ``2·(p-1)/p`` of it per rank).
+**Message bytes** are the size of the whole (unsharded) buffer, as NCCL's tests print a
+collective's size: the larger of what the collective reads and what it writes, so the
+input of an all-reduce, a reduce-scatter or a broadcast, the output of an all-gather,
+and for an all-to-all the larger of the tokens sent and received. Bus traffic per rank
+follows from it (an all-reduce ring moves ``2·(p-1)/p`` of it per rank).
 """
 
 from __future__ import annotations
@@ -48,8 +52,8 @@ _FIRST_WRITTEN = frozenset({
 
 
 def kind_of(func: Any) -> str | None:
-    """The collective ``func`` is (``"all_reduce"``, ...), or ``None`` for any other op (``wait_tensor``
-    included: it only waits)."""
+    """The collective ``func`` is (``"all_reduce"``, ...), or ``None`` for any other op
+    (``wait_tensor`` included: it only waits)."""
     namespace = getattr(func, "namespace", None)
     if namespace not in _NAMESPACES:
         return None
@@ -57,17 +61,19 @@ def kind_of(func: Any) -> str | None:
 
 
 def is_bookkeeping(func: Any) -> bool:
-    """A torch.distributed op that communicates nothing: ``wait_tensor``, autograd wrappers, barriers, and
-    FSDP2's copies into and out of its communication buffers (``fsdp.all_gather_copy_in``, ``chunk_cat``,
-    ``split_with_sizes_copy``: data movement, no arithmetic; their bytes are counted as any op's)."""
+    """A torch.distributed op that communicates nothing: ``wait_tensor``, autograd
+    wrappers, barriers, and FSDP2's copies into and out of its communication buffers
+    (``fsdp.all_gather_copy_in``, ``chunk_cat``, ``split_with_sizes_copy``: data
+    movement, no arithmetic; their bytes are counted as any op's)."""
     namespace = getattr(func, "namespace", None)
     return namespace == "fsdp" or (namespace in _NAMESPACES and kind_of(func) is None)
 
 
 def message_bytes(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], outputs: list[torch.Tensor]) -> int:
-    """The collective's message size in bytes: the larger of what it reads and what it writes. Written are the
-    tensors it returns, the arguments its schema marks as written (``Tensor(a!)``) and the first argument of the
-    c10d ops, whose schemas do not mark it (their output buffer, or the tensors an all-reduce overwrites); read
+    """The collective's message size in bytes: the larger of what it reads and what it
+    writes. Written are the tensors it returns, the arguments its schema marks as
+    written (``Tensor(a!)``) and the first argument of the c10d ops, whose schemas do
+    not mark it (their output buffer, or the tensors an all-reduce overwrites); read
     are the other tensor arguments (see the module docstring)."""
     written: dict[int, torch.Tensor] = {id(t): t for t in outputs}
     read: dict[int, torch.Tensor] = {}
@@ -85,8 +91,8 @@ def message_bytes(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], outp
 
 
 def group_size(args: Any, kwargs: dict[str, Any]) -> int | None:
-    """Ranks in the collective's group: from its group name (functional collectives) or its process group
-    object (c10d ops); ``None`` if neither can be read."""
+    """Ranks in the collective's group: from its group name (functional collectives) or
+    its process group object (c10d ops); ``None`` if neither can be read."""
     for value in (*args, *kwargs.values()):
         if isinstance(value, str):
             try:

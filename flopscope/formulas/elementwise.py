@@ -1,7 +1,8 @@
-"""Work that is not a multiply-accumulate: elementwise arithmetic, and ops known to do none.
+"""Work that is not a multiply-accumulate: elementwise arithmetic, and ops known to do
+none.
 
-Elementwise work is counted in *elementwise ops*, its own unit, and never folded into MACs. The
-per-element conventions (documented here, used by every report):
+Elementwise work is counted in *elementwise ops*, its own unit, and never folded into
+MACs. The per-element conventions (documented here, used by every report):
 
 ============  ===============================================================  ======================
 category      ops                                                              ops per element
@@ -22,17 +23,19 @@ recurrent     fused RNN cell ops (``_thnn_fused_lstm_cell``, ...) on precomputed
 cell          gates
 ============  ===============================================================  ======================
 
-"Input element" is the first tensor argument; "output element" the first tensor output. The same table,
-with what the code adds to it: ``docs/conventions.md`` section 3.
+"Input element" is the first tensor argument; "output element" the first tensor output.
+The same table, with what the code adds to it: ``docs/conventions.md`` section 3.
 
-Ops in :data:`ZERO_COST` (and every view op, and every op of a namespace in :data:`ZERO_COST_NAMESPACES`)
-do no arithmetic: data movement, allocation, indexing, embedding lookups (a gather: 0 multiplies, as PyTorch
-and fvcore count it), profiler bookkeeping.
+Ops in :data:`ZERO_COST` (and every view op, and every op of a namespace in
+:data:`ZERO_COST_NAMESPACES`) do no arithmetic: data movement, allocation, indexing,
+embedding lookups (a gather: 0 multiplies, as PyTorch and fvcore count it), profiler
+bookkeeping.
 
-Every table here is written by functional op (``aten.relu``). An in-place variant (``aten.relu_``) and an
-``out=`` overload (``aten.relu.out``) inherit the class of their functional op by rule
-(:func:`flopscope.formulas.registry.functional_overload`): its explicit rule, its tags, its place in the zero-cost
-set. :data:`ACTIVATION_OPS` and :data:`PRODUCT_OPS` hold the in-place twins by the same rule.
+Every table here is written by functional op (``aten.relu``). An in-place variant
+(``aten.relu_``) and an ``out=`` overload (``aten.relu.out``) inherit the class of their
+functional op by rule (:func:`flopscope.formulas.registry.functional_overload`): its
+explicit rule, its tags, its place in the zero-cost set. :data:`ACTIVATION_OPS` and
+:data:`PRODUCT_OPS` hold the in-place twins by the same rule.
 """
 
 from __future__ import annotations
@@ -50,7 +53,8 @@ aten = torch.ops.aten
 
 @dataclass(frozen=True, slots=True)
 class ElementwiseRule:
-    """How many elementwise ops an op does: ``per_element`` times the numel of its input or output."""
+    """How many elementwise ops an op does: ``per_element`` times the numel of its input
+    or output."""
 
     category: str
     per_element: int
@@ -179,8 +183,9 @@ METADATA_OPS: frozenset[Any] = frozenset([
 
 
 def ops_in_category(category: str) -> frozenset[Any]:
-    """The forward op packets whose explicit rule is of ``category`` (``"softmax"``: the ops that normalise
-    attention scores; their backward kernels are left out, as a forward may differentiate inside itself)."""
+    """The forward op packets whose explicit rule is of ``category`` (``"softmax"``: the
+    ops that normalise attention scores; their backward kernels are left out, as a
+    forward may differentiate inside itself)."""
     return frozenset(op for op, rule in RULES.items() if rule.category == category and not rule.gradient)
 
 
@@ -216,8 +221,8 @@ if _REDUCTION_TAG is None:
 
 
 def rule_for(func: Any) -> ElementwiseRule | None:
-    """The elementwise rule of an op overload: explicit rules first, then the op's ATen tags; an in-place or
-    ``out=`` overload inherits those of its functional op."""
+    """The elementwise rule of an op overload: explicit rules first, then the op's ATen
+    tags; an in-place or ``out=`` overload inherits those of its functional op."""
     ops = _with_functional(func)
     for op in ops:
         rule = RULES.get(op.overloadpacket)
@@ -232,15 +237,16 @@ def rule_for(func: Any) -> ElementwiseRule | None:
 
 
 def is_zero_cost(func: Any) -> bool:
-    """True for views, the ops of :data:`ZERO_COST` and of :data:`ZERO_COST_NAMESPACES`, and the in-place and
-    ``out=`` variants of all of these."""
+    """True for views, the ops of :data:`ZERO_COST` and of :data:`ZERO_COST_NAMESPACES`,
+    and the in-place and ``out=`` variants of all of these."""
     if func.namespace in ZERO_COST_NAMESPACES:
         return True
     return any(op.is_view or op.overloadpacket in ZERO_COST for op in _with_functional(func))
 
 
 def _with_functional(func: Any) -> tuple[Any, ...]:
-    """``func``, then the functional overload it inherits from, if it is an in-place or ``out=`` variant."""
+    """``func``, then the functional overload it inherits from, if it is an in-place or
+    ``out=`` variant."""
     functional = functional_overload(func)
     return (func,) if functional is func else (func, functional)
 

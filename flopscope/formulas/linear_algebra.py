@@ -74,7 +74,8 @@ def mm(a: Shape, b: Shape, **_: Any) -> int:
 
 @formula(aten.addmm, aten._addmm_activation, family=OpFamily.MATMUL, operands=(1, 2))
 def addmm(bias: Shape, a: Shape, b: Shape, **_: Any) -> int:
-    """``bias + a @ b`` (GPT-2 ``Conv1D``, ``nn.Linear`` on 2-D input); the bias add is not a MAC."""
+    """``bias + a @ b`` (GPT-2 ``Conv1D``, ``nn.Linear`` on 2-D input); the bias add is
+    not a MAC."""
     # [m, n] = addmm([n] | [m, n], [m, k], [k, n])
     return mm(a, b)
 
@@ -123,15 +124,17 @@ def dot(a: Shape, b: Shape, **_: Any) -> int:
 
 @formula(aten.linear, family=OpFamily.MATMUL, operands=(0, 1))
 def linear(x: Shape, weight: Shape, bias: Shape | None = None, **_: Any) -> int:
-    """``x @ weight.T``; seen only where ``linear`` is not decomposed (mkldnn tensors, some backends)."""
+    """``x @ weight.T``; seen only where ``linear`` is not decomposed (mkldnn tensors,
+    some backends)."""
     # [..., n] = linear([..., k], [n, k])
     return rows_of(x) * weight[0] * weight[1]
 
 
 @formula(aten.matmul, family=OpFamily.MATMUL, operands=(0, 1))
 def matmul(a: Shape, b: Shape, **_: Any) -> int:
-    """``torch.matmul`` with broadcasting; normally decomposed into mm/bmm before it is seen. Seen on nested
-    tensors (their kernel: the math path of SDPA on jagged inputs): each entry's product on its own shape."""
+    """``torch.matmul`` with broadcasting; normally decomposed into mm/bmm before it is
+    seen. Seen on nested tensors (their kernel: the math path of SDPA on jagged
+    inputs): each entry's product on its own shape."""
     # [*batch, m, n] = matmul([*batch, m, k], [*batch, k, n]); 1-D operands are vectors
     if isinstance(a, NestedShape) or isinstance(b, NestedShape):
         return sum(matmul(x, y) for x, y in _entries(a, b))
@@ -142,8 +145,8 @@ def matmul(a: Shape, b: Shape, **_: Any) -> int:
 
 
 def _entries(*shapes: Shape) -> Iterable[tuple[Shape, ...]]:
-    """The operands of each entry of a nested op: a nested operand's own shape for that entry, a dense one as
-    it is (nested kernels apply it to every entry)."""
+    """The operands of each entry of a nested op: a nested operand's own shape for that
+    entry, a dense one as it is (nested kernels apply it to every entry)."""
     batch = next(len(s.sizes) for s in shapes if isinstance(s, NestedShape))
     for i in range(batch):
         yield tuple(s.sizes[i] if isinstance(s, NestedShape) else s for s in shapes)
@@ -154,9 +157,10 @@ def grouped_mm(a: Shape, b: Shape, *_: Any, out_shape: Shape | None = None, **__
     """Grouped matmul (mixture-of-experts experts).
 
     Shapes: ``[M, K] x [G, K, N]`` (rows of ``a`` split into G groups by ``offs``) and
-    ``[G, M, K] x [G, K, N]`` give ``out.numel() * K``; ``[M, K] x [K, N]`` with ``offs`` splitting K
-    gives ``M * K * N``. Rows of ``a`` beyond ``offs[-1]`` are assumed to be used (``offs`` values are
-    data, not shapes; in Hugging Face MoE layers they always are).
+    ``[G, M, K] x [G, K, N]`` give ``out.numel() * K``; ``[M, K] x [K, N]`` with
+    ``offs`` splitting K gives ``M * K * N``. Rows of ``a`` beyond ``offs[-1]`` are
+    assumed to be used (``offs`` values are data, not shapes; in Hugging Face MoE layers
+    they always are).
     """
     if len(a) == 2 and len(b) == 2:
         return gemm(a[0], a[1], b[1])
@@ -167,7 +171,8 @@ def grouped_mm(a: Shape, b: Shape, *_: Any, out_shape: Shape | None = None, **__
 
 @formula("transformers::grouped_mm_fallback", family=OpFamily.GROUPED_MATMUL, operands=(0, 1))
 def grouped_mm_fallback(x: Shape, weight: Shape, *_: Any, **__: Any) -> int:
-    """transformers' opaque fallback for grouped matmul: every row of ``x`` meets one expert."""
+    """transformers' opaque fallback for grouped matmul: every row of ``x`` meets one
+    expert."""
     # [S, N] = grouped_mm_fallback([S, K], [E, K, N], offs[E])
     return gemm(x[0], x[1], weight[2])
 
@@ -175,8 +180,9 @@ def grouped_mm_fallback(x: Shape, weight: Shape, *_: Any, **__: Any) -> int:
 @formula(aten._trilinear)
 def trilinear(i1: Shape, i2: Shape, i3: Shape, expand1: Sequence[int], expand2: Sequence[int],
               expand3: Sequence[int], sumdim: Sequence[int], *_: Any, **__: Any) -> int:
-    """``nn.Bilinear`` / ``F.bilinear``: every point of the broadcast (batch, out, in1, in2) space is one
-    multiply-add of ``x1_i · W_oij · x2_j``, so B·out·in1·in2 MACs, as fvcore and thop count it."""
+    """``nn.Bilinear`` / ``F.bilinear``: every point of the broadcast (batch, out, in1,
+    in2) space is one multiply-add of ``x1_i · W_oij · x2_j``, so B·out·in1·in2 MACs,
+    as fvcore and thop count it."""
     # [B, out] = _trilinear([B, in1], [out, in1, in2], [B, in2], expand1, expand2, expand3, sumdim=[in1, in2])
     full = [_expanded(shape, expand) for shape, expand in ((i1, expand1), (i2, expand2), (i3, expand3))]
     return prod(max(sizes) for sizes in zip(*full, strict=True))
@@ -193,25 +199,29 @@ def _expanded(shape: Shape, inserted: Sequence[int]) -> list[int]:
          "quantized::linear_relu", "quantized::linear_dynamic_fp16", "quantized::linear_relu_dynamic_fp16",
          "quantized::linear_tanh", "quantized::linear_leaky_relu")
 def quantized_linear(x: Shape, *_: Any, out_shape: Shape, **__: Any) -> int:
-    """Quantized linear layers: rows x in_features x out_features, like the float ``nn.Linear``.
+    """Quantized linear layers: rows x in_features x out_features, like the float
+    ``nn.Linear``.
 
-    Family ``OTHER``, not ``MATMUL``: the weight arrives packed (a ``LinearPackedParamsBase`` script
-    object, not a tensor), so there is no weight operand in the graph for a role pass to follow."""
+    Family ``OTHER``, not ``MATMUL``: the weight arrives packed (a
+    ``LinearPackedParamsBase`` script object, not a tensor), so there is no weight
+    operand in the graph for a role pass to follow."""
     # [..., out] = quantized::linear_dynamic([..., in], packed_params)
     return prod(x[:-1]) * x[-1] * out_shape[-1]
 
 
 @formula("quantized::linear_dynamic_fp16_unpacked_weight", family=OpFamily.MATMUL, operands=(0, 1))
 def quantized_linear_unpacked(x: Shape, weight: Shape, *_: Any, **__: Any) -> int:
-    """The fp16 dynamic linear with its weight as a tensor ``[out, in]``: as :func:`linear`."""
+    """The fp16 dynamic linear with its weight as a tensor ``[out, in]``: as
+    :func:`linear`."""
     # [..., out] = linear_dynamic_fp16_unpacked_weight([..., in], [out, in], bias)
     return linear(x, weight)
 
 
 @formula(aten.linalg_solve_triangular, aten.triangular_solve)
 def triangular_solve(a: Shape, b: Shape, *_: Any, out_shape: Shape, **__: Any) -> int:
-    """Substitution with a triangular ``[*, n, n]`` matrix: each of the k right-hand sides takes
-    n(n-1)/2 multiply-adds (the divisions by the diagonal are elementwise)."""
+    """Substitution with a triangular ``[*, n, n]`` matrix: each of the k right-hand
+    sides takes n(n-1)/2 multiply-adds (the divisions by the diagonal are
+    elementwise)."""
     # [*, n, k] = linalg_solve_triangular([*, n, n], [*, n, k]); triangular_solve(B, A) has B first
     n = a[-1] if a[-1] == a[-2] else b[-1]
     return prod(out_shape) // n * (n * (n - 1) // 2)
@@ -219,8 +229,8 @@ def triangular_solve(a: Shape, b: Shape, *_: Any, out_shape: Shape, **__: Any) -
 
 @formula(aten._euclidean_dist)
 def euclidean_dist(x1: Shape, x2: Shape, **_: Any) -> int:
-    """``cdist`` by matmul: PyTorch appends the squared norms and a column of ones to both operands and
-    multiplies ``[n, d + 2] @ [d + 2, m]``."""
+    """``cdist`` by matmul: PyTorch appends the squared norms and a column of ones to
+    both operands and multiplies ``[n, d + 2] @ [d + 2, m]``."""
     # [*, n, m] = _euclidean_dist([*, n, d], [*, m, d])
     return prod(x1[:-2]) * x1[-2] * x2[-2] * (x1[-1] + 2)
 
@@ -229,12 +239,14 @@ def euclidean_dist(x1: Shape, x2: Shape, **_: Any) -> int:
 # convolution
 # --------------------------------------------------------------------------------------------------
 def conv(x: Shape, weight: Shape, out_shape: Shape, transposed: bool) -> int:
-    """Convolution in any dimension, any groups/stride/padding/dilation (these act through the shapes).
+    """Convolution in any dimension, any groups/stride/padding/dilation (these act
+    through the shapes).
 
-    Forward: every output element is a dot product of ``(C_in / g) * prod(kernel)`` taps, zero padding
-    included: ``out.numel() * weight[1] * prod(weight[2:])``. Transposed (weight ``[C_in, C_out/g, *k]``):
-    every input element is scattered through ``(C_out / g) * prod(kernel)`` taps:
-    ``x.numel() * weight[1] * prod(weight[2:])``.
+    Forward: every output element is a dot product of ``(C_in / g) * prod(kernel)``
+    taps, zero padding included: ``out.numel() * weight[1] * prod(weight[2:])``.
+    Transposed (weight ``[C_in, C_out/g, *k]``): every input element is scattered
+    through ``(C_out / g) * prod(kernel)`` taps: ``x.numel() * weight[1] *
+    prod(weight[2:])``.
     """
     taps = weight[1] * prod(weight[2:])
     return prod(x if transposed else out_shape) * taps
@@ -270,10 +282,12 @@ _QUANTIZED_CONVS = tuple(f"quantized::{kind}{dims}d{suffix}" for dims in (1, 2, 
 
 @formula(*_QUANTIZED_CONVS, family=OpFamily.CONV)
 def quantized_convolution(x: Shape, packed: Any, *_: Any, out_shape: Shape, **__: Any) -> int:
-    """Quantized convolutions (``torch.ao.nn.quantized.Conv{1,2,3}d``, ``ConvTranspose*``, the fused
-    ``ConvReLU*``, the dynamic ones): the multiplies of the float convolution. Weight shape (groups act
-    through it) and direction come from the packed parameters; stride, padding and dilation through
-    ``out_shape``. A 1-D convolution's packed weight is ``[C_out, C_in/g, 1, k]``: the 1 changes nothing."""
+    """Quantized convolutions (``torch.ao.nn.quantized.Conv{1,2,3}d``,
+    ``ConvTranspose*``, the fused ``ConvReLU*``, the dynamic ones): the multiplies of
+    the float convolution. Weight shape (groups act through it) and direction come
+    from the packed parameters; stride, padding and dilation through ``out_shape``. A
+    1-D convolution's packed weight is ``[C_out, C_in/g, 1, k]``: the 1 changes
+    nothing."""
     # [B, C_out, *L_out] = quantized::conv2d([B, C_in, *L_in], packed [C_out, C_in/g, *k], scale, zero_point)
     weight, transposed = _packed_conv(packed)
     return conv(x, weight, out_shape, transposed)
@@ -282,14 +296,16 @@ def quantized_convolution(x: Shape, packed: Any, *_: Any, out_shape: Shape, **__
 @formula("quantized::conv2d_add", "quantized::conv2d_add_relu", family=OpFamily.CONV)
 def quantized_convolution_add(x: Shape, accumulator: Shape, packed: Any, *_: Any, out_shape: Shape,
                               **__: Any) -> int:
-    """A quantized convolution whose output is added to ``accumulator`` (a residual; the add is not a MAC)."""
+    """A quantized convolution whose output is added to ``accumulator`` (a residual; the
+    add is not a MAC)."""
     # [B, C_out, *L_out] = quantized::conv2d_add([B, C_in, *L_in], [B, C_out, *L_out], packed, scale, zero_point)
     return quantized_convolution(x, packed, out_shape=out_shape)
 
 
 def _packed_conv(packed: Any) -> tuple[Shape, bool]:
-    """(weight shape, transposed) of a ``Conv{2,3}dPackedParamsBase``; read outside every dispatch mode
-    (it is metadata of the model, not an op of it), so that no fake or recording mode sees the read."""
+    """(weight shape, transposed) of a ``Conv{2,3}dPackedParamsBase``; read outside
+    every dispatch mode (it is metadata of the model, not an op of it), so that no
+    fake or recording mode sees the read."""
     with _disable_current_modes():
         return tuple(packed.weight().shape), bool(packed.transpose())
 
@@ -298,11 +314,12 @@ def _packed_conv(packed: Any) -> tuple[Shape, bool]:
 # recurrent layers
 # --------------------------------------------------------------------------------------------------
 def recurrent(x: Shape, weights: Iterable[Shape | None]) -> dict[str, int]:
-    """Each time step of each sequence multiplies every 2-D weight once (``W_ih x``, ``W_hh h``, and
-    ``W_hr h`` for a projected LSTM), so MACs = tokens * sum(numel of the 2-D weights).
+    """Each time step of each sequence multiplies every 2-D weight once (``W_ih x``,
+    ``W_hh h``, and ``W_hr h`` for a projected LSTM), so MACs = tokens * sum(numel of
+    the 2-D weights).
 
-    ``x`` is ``[T, B, d_in]``, ``[B, T, d_in]`` or packed ``[sum(batch_sizes), d_in]``: tokens is the
-    product of all but the last dim either way.
+    ``x`` is ``[T, B, d_in]``, ``[B, T, d_in]`` or packed ``[sum(batch_sizes), d_in]``:
+    tokens is the product of all but the last dim either way.
     """
     per_token = sum(prod(w) for w in weights if w is not None and len(w) == 2)
     return {"recurrent": prod(x[:-1]) * per_token}
@@ -310,14 +327,16 @@ def recurrent(x: Shape, weights: Iterable[Shape | None]) -> dict[str, int]:
 
 @formula(aten.mkldnn_rnn_layer, family=OpFamily.RECURRENT)
 def mkldnn_rnn_layer(x: Shape, w_ih: Shape, w_hh: Shape, *_: Any, **__: Any) -> dict[str, int]:
-    """The CPU (oneDNN) kernel: one layer, one direction per call; LSTM/GRU/RNN set by the weight rows."""
+    """The CPU (oneDNN) kernel: one layer, one direction per call; LSTM/GRU/RNN set by
+    the weight rows."""
     # [T, B, H] = mkldnn_rnn_layer([T, B, d_in], [G*H, d_in], [G*H, H], b_ih, b_hh, hx, cx, ...)
     return recurrent(x, (w_ih, w_hh))
 
 
 @formula(aten._cudnn_rnn, aten.miopen_rnn, family=OpFamily.RECURRENT)
 def cudnn_rnn(x: Shape, weights: Sequence[Shape], *_: Any, **__: Any) -> dict[str, int]:
-    """GPU kernels: all layers and directions in one call; ``weights`` lists every layer's matrices."""
+    """GPU kernels: all layers and directions in one call; ``weights`` lists every
+    layer's matrices."""
     # [T, B, D*H] = _cudnn_rnn([T, B, d_in], [w_ih, w_hh, (b_ih, b_hh), (w_hr)] * layers * dirs, ...)
     return recurrent(x, weights)
 
@@ -338,21 +357,21 @@ def cudnn_rnn(x: Shape, weights: Sequence[Shape], *_: Any, **__: Any) -> dict[st
 # (5·N·log2 N real flops for a complex transform, 2.5·N·log2 N for a real one; 10 flops per butterfly).
 # Normalisation (1/N, 1/√N) is elementwise scaling, not counted.
 def fft_macs(n: int) -> int:
-    """Complex MACs of one complex FFT of length ``n``: ``⌈n/2⌉`` butterflies in each of ``⌈log2 n⌉``
-    stages (``(n/2)·log2 n`` for a power of two; 0 for ``n <= 1``)."""
+    """Complex MACs of one complex FFT of length ``n``: ``⌈n/2⌉`` butterflies in each of
+    ``⌈log2 n⌉`` stages (``(n/2)·log2 n`` for a power of two; 0 for ``n <= 1``)."""
     return (n + 1) // 2 * (n - 1).bit_length() if n > 1 else 0
 
 
 def real_fft_macs(n: int) -> int:
-    """MACs of one real-input (r2c) or real-output (c2r) FFT of length ``n``: a complex FFT of ``⌈n/2⌉``
-    points plus the split pass's ``⌊n/4⌋`` twiddle multiplies (half of :func:`fft_macs` for a power of two
-    >= 4)."""
+    """MACs of one real-input (r2c) or real-output (c2r) FFT of length ``n``: a complex
+    FFT of ``⌈n/2⌉`` points plus the split pass's ``⌊n/4⌋`` twiddle multiplies (half
+    of :func:`fft_macs` for a power of two >= 4)."""
     return fft_macs((n + 1) // 2) + n // 4 if n > 1 else 0
 
 
 def fft_along(shape: Sequence[int], dim: int, macs_per_transform: int) -> int:
-    """MACs of the 1-D transforms along ``dim`` of a tensor of ``shape``: one per element of the other
-    dims (the batch), ``macs_per_transform`` each."""
+    """MACs of the 1-D transforms along ``dim`` of a tensor of ``shape``: one per
+    element of the other dims (the batch), ``macs_per_transform`` each."""
     return prod(s for i, s in enumerate(shape) if i != dim) * macs_per_transform
 
 
@@ -362,18 +381,20 @@ def _dims(shape: Sequence[int], dims: Sequence[int]) -> list[int]:
 
 @formula(aten._fft_c2c, family=OpFamily.TRANSFORM)
 def fft_c2c(x: Shape, dim: Sequence[int], *_: Any, **__: Any) -> int:
-    """Complex-to-complex FFT (``fft``, ``ifft``, ``fftn`` / ``fft2``, and ``fft`` of a real tensor cast to
-    complex): a length-``N_d`` transform along each dim of ``dim`` for every element of the other dims."""
+    """Complex-to-complex FFT (``fft``, ``ifft``, ``fftn`` / ``fft2``, and ``fft`` of a
+    real tensor cast to complex): a length-``N_d`` transform along each dim of
+    ``dim`` for every element of the other dims."""
     # [*] = _fft_c2c([*], dim, normalization, forward)
     return sum(fft_along(x, d, fft_macs(x[d])) for d in _dims(x, dim))
 
 
 @formula(aten._fft_r2c, family=OpFamily.TRANSFORM)
 def fft_r2c(x: Shape, dim: Sequence[int], *_: Any, **__: Any) -> int:
-    """Real-to-complex FFT (``rfft``, ``rfftn``, ``ihfft``, ``stft``, ``fft`` of a real 1-D signal): a real
-    transform along the last dim of ``dim``, then complex transforms along the others over the half
-    spectrum (``N // 2 + 1`` bins), as pocketfft and MKL run it. A two-sided output (``onesided=False``)
-    is the half spectrum mirrored (data movement, not counted)."""
+    """Real-to-complex FFT (``rfft``, ``rfftn``, ``ihfft``, ``stft``, ``fft`` of a real
+    1-D signal): a real transform along the last dim of ``dim``, then complex
+    transforms along the others over the half spectrum (``N // 2 + 1`` bins), as
+    pocketfft and MKL run it. A two-sided output (``onesided=False``) is the half
+    spectrum mirrored (data movement, not counted)."""
     # [..., N // 2 + 1] (or [..., N] two-sided) = _fft_r2c([..., N], dim, normalization, onesided)
     dims = _dims(x, dim)
     if not dims:
@@ -385,9 +406,9 @@ def fft_r2c(x: Shape, dim: Sequence[int], *_: Any, **__: Any) -> int:
 
 @formula(aten._fft_c2r, family=OpFamily.TRANSFORM)
 def fft_c2r(x: Shape, dim: Sequence[int], normalization: int, last_dim_size: int, *_: Any, **__: Any) -> int:
-    """Complex-to-real FFT (``irfft``, ``irfftn``, ``hfft``, ``istft``): complex transforms along all but the
-    last dim of ``dim`` over the half spectrum ``x``, then a real-output transform of length
-    ``last_dim_size`` along the last."""
+    """Complex-to-real FFT (``irfft``, ``irfftn``, ``hfft``, ``istft``): complex
+    transforms along all but the last dim of ``dim`` over the half spectrum ``x``,
+    then a real-output transform of length ``last_dim_size`` along the last."""
     # [..., last_dim_size] = _fft_c2r([..., last_dim_size // 2 + 1], dim, normalization, last_dim_size)
     dims = _dims(x, dim)
     if not dims:
@@ -400,8 +421,9 @@ def fft_c2r(x: Shape, dim: Sequence[int], normalization: int, last_dim_size: int
 # backward kernels (counted when profiling with backward=True)
 @formula(aten.matmul_backward, family=OpFamily.MATMUL, operands=(1, 2))
 def matmul_backward(grad: Shape, a: Shape, b: Shape, mask: Sequence[bool], **_: Any) -> int:
-    """The gradients of ``torch.matmul`` where it is a kernel of its own (nested tensors): each gradient asked
-    for in ``mask`` (of ``a``: grad·bᵀ, of ``b``: aᵀ·grad) is one product of the forward's size."""
+    """The gradients of ``torch.matmul`` where it is a kernel of its own (nested
+    tensors): each gradient asked for in ``mask`` (of ``a``: grad·bᵀ, of ``b``:
+    aᵀ·grad) is one product of the forward's size."""
     # (d_a, d_b) = matmul_backward(grad [*, m, n], a [*, m, k], b [*, k, n], [a needs grad, b needs grad])
     return matmul(a, b) * sum(bool(wanted) for wanted in mask)
 
@@ -410,14 +432,16 @@ def matmul_backward(grad: Shape, a: Shape, b: Shape, mask: Sequence[bool], **_: 
 def convolution_backward(grad_out: Shape, x: Shape, weight: Shape, bias_sizes: Any, stride: Any, padding: Any,
                          dilation: Any, transposed: bool, output_padding: Any, groups: int, output_mask: Sequence[bool],
                          **_: Any) -> int:
-    """Gradient of the input and of the weight each cost one forward convolution (bias: adds only)."""
+    """Gradient of the input and of the weight each cost one forward convolution (bias:
+    adds only)."""
     forward = conv(x, weight, grad_out, bool(transposed))
     return forward * (int(bool(output_mask[0])) + int(bool(output_mask[1])))
 
 
 @formula(aten.mkldnn_rnn_layer_backward, family=OpFamily.RECURRENT)
 def mkldnn_rnn_layer_backward(x: Shape, w_ih: Shape, w_hh: Shape, *_: Any, **__: Any) -> dict[str, int]:
-    """Per step, the gradients of the input and hidden state and of both weights: twice the forward GEMMs."""
+    """Per step, the gradients of the input and hidden state and of both weights: twice
+    the forward GEMMs."""
     return {"recurrent": 2 * recurrent(x, (w_ih, w_hh))["recurrent"]}
 
 

@@ -1,17 +1,21 @@
 """Bytes an op must move at minimum: the memory side of the roofline.
 
-The model (``docs/conventions.md`` §9): each distinct tensor an op reads is read once and each tensor it writes
-is written once, at its dtype's size (``numel · element_size``); caches, tiling and re-reads are the kernel's
-business and are not modelled. So a GEMM ``[m, k] @ [k, n]`` moves ``(m·k + k·n + m·n)`` elements, whatever
+The model (``docs/conventions.md`` §9): each distinct tensor an op reads is read once
+and each tensor it writes is written once, at its dtype's size (``numel ·
+element_size``); caches, tiling and re-reads are the kernel's business and are not
+modelled. So a GEMM ``[m, k] @ [k, n]`` moves ``(m·k + k·n + m·n)`` elements, whatever
 its MACs. The exceptions are ops that touch only part of a tensor they are given:
 
-- **views** (``view``, ``transpose``, ``expand``, ``slice``, ...: the schema says the output aliases the input;
-  also ``_unsafe_view``, which reshapes a fresh result in place) move nothing;
-- **gathers** (``embedding``, ``index_select``, ``gather``, ``x[ids]``) read the rows they return and the
-  indices, not the whole table: ``indices + 2 · output``;
-- **in-place scatters** (``index_copy_``, ``index_put_``, ``scatter_``: a static KV cache's update) read the
-  indices and the values and write the values' worth of the destination: ``indices + 2 · values``;
-- **pure writes** (``copy_``, ``fill_``, ``zero_``) do not read their destination: sources + destination.
+- **views** (``view``, ``transpose``, ``expand``, ``slice``, ...: the schema says the
+  output aliases the input; also ``_unsafe_view``, which reshapes a fresh result in
+  place) move nothing;
+- **gathers** (``embedding``, ``index_select``, ``gather``, ``x[ids]``) read the rows
+  they return and the indices, not the whole table: ``indices + 2 · output``;
+- **in-place scatters** (``index_copy_``, ``index_put_``, ``scatter_``: a static KV
+  cache's update) read the indices and the values and write the values' worth of the
+  destination: ``indices + 2 · values``;
+- **pure writes** (``copy_``, ``fill_``, ``zero_``) do not read their destination:
+  sources + destination.
 
 Units: bytes. Nested (jagged) tensors count 0 (their size is not a plain ``numel``).
 """
@@ -35,7 +39,8 @@ UNSAFE_VIEWS = frozenset({aten._unsafe_view})
 
 
 def nbytes(t: torch.Tensor) -> int:
-    """``numel · element_size`` (0 for a nested tensor; ``Tensor.nbytes`` refuses symbolic sizes)."""
+    """``numel · element_size`` (0 for a nested tensor; ``Tensor.nbytes`` refuses
+    symbolic sizes)."""
     return 0 if t.is_nested else t.numel() * t.element_size()
 
 
@@ -54,8 +59,9 @@ def access_of(func: Any) -> str:
 
 
 def bytes_moved(access: str, inputs: list[torch.Tensor], outputs: list[torch.Tensor]) -> int:
-    """Minimum bytes read and written by an op of ``access`` (:func:`access_of`) given its tensor arguments
-    ``inputs`` (in order, duplicates allowed) and tensor results ``outputs`` (see the module docstring)."""
+    """Minimum bytes read and written by an op of ``access`` (:func:`access_of`) given
+    its tensor arguments ``inputs`` (in order, duplicates allowed) and tensor results
+    ``outputs`` (see the module docstring)."""
     if access == VIEW:
         return 0
     distinct = list({id(t): t for t in inputs}.values()) if len(inputs) > 1 else inputs

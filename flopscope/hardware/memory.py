@@ -1,12 +1,13 @@
-"""Whether a real run fits in memory, decided before anything is allocated. Units: bytes everywhere (GiB = 2**30
-bytes only in messages).
+"""Whether a real run fits in memory, decided before anything is allocated. Units: bytes
+everywhere (GiB = 2**30 bytes only in messages).
 
-A real run of a model needs at least its parameters and buffers (:func:`state_bytes`) plus the largest tensor its
-forward makes (what a fake run of the same inputs records: ``Profile.largest_tensor_bytes``). :func:`check_fits`
-compares that with the memory available where the run would allocate (:func:`available_bytes`: on the CPU the
-system's ``MemAvailable`` and what the address-space limit ``RLIMIT_AS`` leaves this process, whichever is smaller;
-on a CUDA device its free memory) and raises :class:`~flopscope.errors.DoesNotFitError` naming both sizes and the
-way out.
+A real run of a model needs at least its parameters and buffers (:func:`state_bytes`)
+plus the largest tensor its forward makes (what a fake run of the same inputs records:
+``Profile.largest_tensor_bytes``). :func:`check_fits` compares that with the memory
+available where the run would allocate (:func:`available_bytes`: on the CPU the system's
+``MemAvailable`` and what the address-space limit ``RLIMIT_AS`` leaves this process,
+whichever is smaller; on a CUDA device its free memory) and raises
+:class:`~flopscope.errors.DoesNotFitError` naming both sizes and the way out.
 """
 
 from __future__ import annotations
@@ -24,15 +25,17 @@ GIB = 2**30
 
 
 def gib(size: int) -> str:
-    """``size`` bytes in GiB for a message: two decimals, three significant digits below 0.01 GiB."""
+    """``size`` bytes in GiB for a message: two decimals, three significant digits below
+    0.01 GiB."""
     value = size / GIB
     return f"{value:,.2f} GiB" if value >= 0.01 or value == 0 else f"{value:.3g} GiB"
 
 
 def state_bytes(model: nn.Module, dtype: torch.dtype | None = None) -> int:
-    """Bytes of ``model``'s parameters and buffers (each tensor once, tied weights once), as their dtype stores them;
-    ``dtype``: as floating-point tensors would be stored after ``model.to(dtype)``. A meta model counts the same
-    bytes as the real one."""
+    """Bytes of ``model``'s parameters and buffers (each tensor once, tied weights
+    once), as their dtype stores them; ``dtype``: as floating-point tensors would be
+    stored after ``model.to(dtype)``. A meta model counts the same bytes as the real
+    one."""
     seen: set[int] = set()
     total = 0
     for t in itertools.chain(model.parameters(), model.buffers()):
@@ -56,8 +59,9 @@ def system_available() -> int | None:
 
 
 def address_space_left() -> int | None:
-    """What the soft ``RLIMIT_AS`` leaves this process in bytes: the limit less the address space it maps now
-    (``VmSize`` of ``/proc/self/status``); ``None`` without a limit (or where either cannot be read)."""
+    """What the soft ``RLIMIT_AS`` leaves this process in bytes: the limit less the
+    address space it maps now (``VmSize`` of ``/proc/self/status``); ``None`` without
+    a limit (or where either cannot be read)."""
     try:
         import resource
     except ImportError:  # not on POSIX
@@ -76,7 +80,8 @@ def address_space_left() -> int | None:
 
 
 def cuda_available(device: torch.device) -> int:
-    """Free bytes on a CUDA device: its free memory and what PyTorch's caching allocator holds unused."""
+    """Free bytes on a CUDA device: its free memory and what PyTorch's caching allocator
+    holds unused."""
     cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
     return int(torch.cuda.mem_get_info(device)[0]) + cached
 
@@ -92,8 +97,8 @@ def available_bytes(device: torch.device | str = "cpu") -> int | None:
 
 
 def least_available(devices: Collection[torch.device]) -> int | None:
-    """The least :func:`available_bytes` over ``devices`` (the CPU's when there is none, or a device that is not
-    CUDA among them); ``None`` where none can be read."""
+    """The least :func:`available_bytes` over ``devices`` (the CPU's when there is none,
+    or a device that is not CUDA among them); ``None`` where none can be read."""
     free = [available_bytes(d) for d in set(devices) if d.type == "cuda"]
     if not free or any(d.type != "cuda" for d in devices):
         free.append(available_bytes("cpu"))
@@ -103,11 +108,12 @@ def least_available(devices: Collection[torch.device]) -> int | None:
 
 def check_fits(what: str, parameters: int, activation: int | None, device: torch.device | str = "cpu", *,
                copies: int = 1, way_out: str = "") -> None:
-    """Raise :class:`~flopscope.errors.DoesNotFitError` when ``copies`` x ``parameters`` bytes (the model's
-    state, and that many copies of it) plus ``activation`` bytes (the largest tensor of its forward; ``None``: not
-    estimated, the parameters alone) exceed :func:`available_bytes` on ``device``. ``what``: the run refused ("a
-    real run of hf:llama"); ``way_out``: what to do instead (appended to the message). Unknown availability: no
-    refusal."""
+    """Raise :class:`~flopscope.errors.DoesNotFitError` when ``copies`` x ``parameters``
+    bytes (the model's state, and that many copies of it) plus ``activation`` bytes
+    (the largest tensor of its forward; ``None``: not estimated, the parameters
+    alone) exceed :func:`available_bytes` on ``device``. ``what``: the run refused
+    ("a real run of hf:llama"); ``way_out``: what to do instead (appended to the
+    message). Unknown availability: no refusal."""
     free = available_bytes(device)
     need = copies * parameters + (activation or 0)
     if free is None or need <= free:

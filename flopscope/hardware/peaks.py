@@ -1,33 +1,39 @@
 """Peak FLOP/s per device and dtype: the denominator of MFU.
 
-Three rules, each against a recurring bug of other tools' tables (issue 10; Lightning, nanoGPT, torchtitan):
+Three rules, each against a recurring bug of other tools' tables (issue 10; Lightning,
+nanoGPT, torchtitan):
 
-* **Dense figures only.** NVIDIA prints tensor-core figures "with sparsity" (2:4 structured sparsity, 2x the
-  dense rate). Every entry below is the dense figure: either printed as dense, or the sparse figure halved,
-  written as that arithmetic (``242 * _T / 2``) so the datasheet number stays visible.
-* **Never another GPU's figure.** A device the matcher does not recognise (an H100 NVL, an L40 without S, a
-  GB200, an A10) gives ``None`` and one :class:`~flopscope.errors.FlopscopeWarning`, not the A100 row.
+* **Dense figures only.** NVIDIA prints tensor-core figures "with sparsity" (2:4
+  structured sparsity, 2x the dense rate). Every entry below is the dense figure: either
+  printed as dense, or the sparse figure halved, written as that arithmetic (``242 * _T
+  / 2``) so the datasheet number stays visible.
+* **Never another GPU's figure.** A device the matcher does not recognise (an H100 NVL,
+  an L40 without S, a GB200, an A10) gives ``None`` and one
+  :class:`~flopscope.errors.FlopscopeWarning`, not the A100 row.
 * **An override everywhere:** ``peak_flops(..., peak=...)``.
 
 FLOPs are 2 per MAC, as on every datasheet.
 
 ``torch.float32`` means IEEE FP32 arithmetic as a default ``torch.matmul`` does it
-(``torch.get_float32_matmul_precision() == "highest"``). On NVIDIA that is the plain FP32 (CUDA-core,
-non-tensor-core) figure; TF32 is a reduced-precision tensor-core mode (opt-in with
-``torch.backends.cuda.matmul.allow_tf32`` / ``set_float32_matmul_precision("high")``) and is *not* listed
-under ``torch.float32``: there is no TF32 torch dtype and this table does not invent one. The dense TF32 figures
-are in :data:`TF32_PEAKS` (sources in the comments of :data:`PEAKS`): :func:`peak_flops` returns the TF32 figure
-for ``torch.float32`` on an NVIDIA GPU when float32 matmuls run as TF32 (``tf32=None``: as torch is set now,
-``torch.get_float32_matmul_precision() != "highest"``), else MFU of a TF32 run would be measured against the
-FP32 figure and exceed 100%. On AMD Instinct the FP32 matrix
-cores compute full FP32 (no reduced mantissa) and rocBLAS / hipBLASLt use them for SGEMM, so the FP32 *matrix*
-figure is listed.
+(``torch.get_float32_matmul_precision() == "highest"``). On NVIDIA that is the plain
+FP32 (CUDA-core, non-tensor-core) figure; TF32 is a reduced-precision tensor-core mode
+(opt-in with ``torch.backends.cuda.matmul.allow_tf32`` /
+``set_float32_matmul_precision("high")``) and is *not* listed under ``torch.float32``:
+there is no TF32 torch dtype and this table does not invent one. The dense TF32 figures
+are in :data:`TF32_PEAKS` (sources in the comments of :data:`PEAKS`): :func:`peak_flops`
+returns the TF32 figure for ``torch.float32`` on an NVIDIA GPU when float32 matmuls run
+as TF32 (``tf32=None``: as torch is set now, ``torch.get_float32_matmul_precision() !=
+"highest"``), else MFU of a TF32 run would be measured against the FP32 figure and
+exceed 100%. On AMD Instinct the FP32 matrix cores compute full FP32 (no reduced
+mantissa) and rocBLAS / hipBLASLt use them for SGEMM, so the FP32 *matrix* figure is
+listed.
 
-Figures are per torch device: an MI250X package holds two GCDs that PyTorch sees as two devices, so its
-datasheet figures are halved.
+Figures are per torch device: an MI250X package holds two GCDs that PyTorch sees as two
+devices, so its datasheet figures are halved.
 
-On CPU there is no table: :func:`~.probes.measure_cpu_peak` times square matmuls and returns the best achieved rate
-(``flopscope peak`` prints it), so an MFU on a CPU run is a fraction of what this machine's GEMM reaches.
+On CPU there is no table: :func:`~.probes.measure_cpu_peak` times square matmuls and
+returns the best achieved rate (``flopscope peak`` prints it), so an MFU on a CPU run is
+a fraction of what this machine's GEMM reaches.
 
 **Memory bandwidth** (issue 11, serving and the roofline): :data:`BANDWIDTH` holds each device's peak DRAM
 (HBM / GDDR) bandwidth in **bytes per second**, decimal as datasheets print it (1 TB/s = 1e12 B/s, 1 GB/s = 1e9
@@ -39,12 +45,13 @@ so :func:`peak_bandwidth` tells them apart by the name torch reports (``"NVIDIA 
 ``None`` and a warning for a name that does not say (a bare ``"A100"``), never a guess. On CPU
 :func:`~.probes.measure_cpu_bandwidth` times a STREAM-like copy (read + write bytes counted).
 
-The roofline: a kernel's arithmetic intensity is its FLOPs per byte moved to and from that memory; the
-**ridge point** = peak FLOP/s / bandwidth (FLOPs per byte) separates memory-bound kernels (intensity below it:
-time = bytes / bandwidth) from compute-bound ones (above: time = FLOPs / peak). H100 SXM, bf16:
-989.4e12 / 3.35e12 = 295 FLOPs per byte, while batch-1 decoding of a bf16 model does about 1 FLOP per weight
-byte (2 FLOPs per MAC, 2 bytes per weight): memory-bound by two orders of magnitude. Datasheet bandwidths are
-peaks; a copy kernel achieves less.
+The roofline: a kernel's arithmetic intensity is its FLOPs per byte moved to and from
+that memory; the **ridge point** = peak FLOP/s / bandwidth (FLOPs per byte) separates
+memory-bound kernels (intensity below it: time = bytes / bandwidth) from compute-bound
+ones (above: time = FLOPs / peak). H100 SXM, bf16: 989.4e12 / 3.35e12 = 295 FLOPs per
+byte, while batch-1 decoding of a bf16 model does about 1 FLOP per weight byte (2 FLOPs
+per MAC, 2 bytes per weight): memory-bound by two orders of magnitude. Datasheet
+bandwidths are peaks; a copy kernel achieves less.
 """
 
 from __future__ import annotations
@@ -170,9 +177,10 @@ _MI250X_CUS_PER_GCD = 110
 
 
 def match_device(name: str, *, compute_units: int | None = None) -> str | None:
-    """The :data:`PEAKS` key for a device name as ``torch.cuda.get_device_name`` returns it (or a key itself),
-    or ``None`` when the name is not one of the table's devices. ``compute_units`` (the device's
-    ``multi_processor_count``) settles ROCm's "MI250X / MI250" name."""
+    """The :data:`PEAKS` key for a device name as ``torch.cuda.get_device_name`` returns
+    it (or a key itself), or ``None`` when the name is not one of the table's
+    devices. ``compute_units`` (the device's ``multi_processor_count``) settles
+    ROCm's "MI250X / MI250" name."""
     text = " ".join(name.split())
     for key in PEAKS:
         if text.casefold() == key.casefold():
@@ -220,9 +228,10 @@ def _table_key(dev: torch.device | None, raw: str) -> str | None:
 
 
 def device_name(device: str | torch.device | None = None) -> str:
-    """The name :func:`peak_flops` looks up: the :data:`PEAKS` key of a known GPU (``"H100 SXM"``), else the
-    raw name (``torch.cuda.get_device_name``, the CPU model for ``"cpu"``, the device type otherwise). ``device``
-    as in :func:`peak_flops`."""
+    """The name :func:`peak_flops` looks up: the :data:`PEAKS` key of a known GPU
+    (``"H100 SXM"``), else the raw name (``torch.cuda.get_device_name``, the CPU
+    model for ``"cpu"``, the device type otherwise). ``device`` as in
+    :func:`peak_flops`."""
     dev, raw = _resolve(device)
     if dev is not None and dev.type == "cpu":
         return raw
@@ -234,8 +243,8 @@ _LOCK = threading.Lock()
 
 
 def _warn_once(name: str, what: torch.dtype | str, message: str) -> None:
-    """Warn once per (device name, what) per process: ``what`` is the dtype of a FLOP/s lookup, or
-    ``"bandwidth"``."""
+    """Warn once per (device name, what) per process: ``what`` is the dtype of a FLOP/s
+    lookup, or ``"bandwidth"``."""
     with _LOCK:
         if (name, what) in _WARNED:
             return
@@ -251,7 +260,8 @@ def _check_override(value: Any, arg: str, unit: str) -> float:
 
 def peak_flops(device: str | torch.device | None = None, dtype: torch.dtype = torch.bfloat16, *,
                peak: float | None = None, tf32: bool | None = None) -> float | None:
-    """Dense peak FLOP/s (2 FLOPs per MAC) of ``device`` for ``dtype``, the denominator of MFU.
+    """Dense peak FLOP/s (2 FLOPs per MAC) of ``device`` for ``dtype``, the denominator
+    of MFU.
 
     ``peak`` overrides: returned as is after a positivity check (``<= 0`` or not a number:
     :class:`~flopscope.errors.ConfigurationError`). ``device``: ``None`` = the current CUDA device if there is
@@ -349,9 +359,9 @@ _BANDWIDTH_VARIANTS: dict[str, list[tuple[str, str]]] = {
 
 
 def _bandwidth_key(row: str | None, name: str) -> str | None:
-    """The :data:`BANDWIDTH` key of the device called ``name`` whose :data:`PEAKS` key is ``row``
-    (:func:`match_device`); ``None`` for a device not in the table or a name that does not say which memory
-    variant it is."""
+    """The :data:`BANDWIDTH` key of the device called ``name`` whose :data:`PEAKS` key
+    is ``row`` (:func:`match_device`); ``None`` for a device not in the table or a
+    name that does not say which memory variant it is."""
     if row is None:
         return None
     variants = _BANDWIDTH_VARIANTS.get(row)
@@ -366,9 +376,10 @@ def _format_bandwidth(value: float) -> str:
 
 
 def peak_bandwidth(device: str | torch.device | None = None, *, bandwidth: float | None = None) -> float | None:
-    """Peak memory (DRAM / HBM) bandwidth of ``device`` in bytes per second (decimal, as on datasheets:
-    3.35 TB/s = 3.35e12), the denominator of a memory-bound kernel's time and of the roofline's ridge point
-    (peak FLOP/s / bandwidth, in FLOPs per byte).
+    """Peak memory (DRAM / HBM) bandwidth of ``device`` in bytes per second (decimal, as
+    on datasheets: 3.35 TB/s = 3.35e12), the denominator of a memory-bound kernel's
+    time and of the roofline's ridge point (peak FLOP/s / bandwidth, in FLOPs per
+    byte).
 
     ``bandwidth`` overrides: returned as is after a positivity check (``<= 0``, infinite or not a number:
     :class:`~flopscope.errors.ConfigurationError`). ``device`` as in :func:`peak_flops`. A GPU is looked up in

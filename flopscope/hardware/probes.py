@@ -1,7 +1,8 @@
-"""What this machine's CPU achieves, measured: the GEMM peak (square matmuls, best rate) and the memory bandwidth
-(a STREAM-like copy, read + write bytes counted), in FLOP/s and bytes/s, cached per dtype and thread count in
-memory and, on request, in ``~/.cache/flopscope/peaks.json``. :mod:`flopscope.hardware.peaks` asks these for a CPU,
-where no datasheet applies."""
+"""What this machine's CPU achieves, measured: the GEMM peak (square matmuls, best rate)
+and the memory bandwidth (a STREAM-like copy, read + write bytes counted), in FLOP/s
+and bytes/s, cached per dtype and thread count in memory and, on request, in
+``~/.cache/flopscope/peaks.json``. :mod:`flopscope.hardware.peaks` asks these for a
+CPU, where no datasheet applies."""
 
 from __future__ import annotations
 
@@ -73,7 +74,8 @@ def write_disk(key: str, value: float) -> None:
 
 
 def gemm_benchmark(dtype: torch.dtype, seconds: float, max_n: int = 1024) -> tuple[float, int, int]:
-    """(best FLOP/s, matrix size, matmuls timed) of square ``torch.mm`` in ``dtype`` for about ``seconds``."""
+    """(best FLOP/s, matrix size, matmuls timed) of square ``torch.mm`` in ``dtype`` for
+    about ``seconds``."""
     n = 128
     with torch.inference_mode():
         # grow the size while one product stays well inside the budget (a slow dtype keeps small matrices)
@@ -106,8 +108,9 @@ def gemm_benchmark(dtype: torch.dtype, seconds: float, max_n: int = 1024) -> tup
 
 def measure_cpu_peak(dtype: torch.dtype = torch.float32, *, seconds: float = 0.5,
                      disk_cache: bool = False) -> float:
-    """Achieved GEMM FLOP/s (2 per MAC) of this CPU for ``dtype``: square ``torch.mm`` products (up to
-    1024 x 1024, smaller for a dtype this CPU computes slowly) timed for about ``seconds``; the best rate.
+    """Achieved GEMM FLOP/s (2 per MAC) of this CPU for ``dtype``: square ``torch.mm``
+    products (up to 1024 x 1024, smaller for a dtype this CPU computes slowly) timed
+    for about ``seconds``; the best rate.
 
     Cached per (dtype, ``torch.get_num_threads()``) for the process: a second call returns the first figure
     without measuring. ``disk_cache=True`` also reads / writes ``~/.cache/flopscope/peaks.json`` (the folder
@@ -150,8 +153,8 @@ def _size_bytes(text: str) -> int:
 
 
 def _last_level_cache_bytes() -> int:
-    """The summed size of this machine's last-level caches from Linux sysfs (each shared cache counted once);
-    0 where that is not readable."""
+    """The summed size of this machine's last-level caches from Linux sysfs (each shared
+    cache counted once); 0 where that is not readable."""
     caches: dict[tuple[int, str], int] = {}
     for index in Path("/sys/devices/system/cpu").glob("cpu[0-9]*/cache/index[0-9]*"):
         try:
@@ -169,14 +172,16 @@ def _last_level_cache_bytes() -> int:
 
 
 def copy_bytes() -> int:
-    """Bytes of each buffer of the copy benchmark: 4x the last-level cache (STREAM's rule, so the copy streams
-    from memory, not from cache), at least 256 MiB, at most 512 MiB."""
+    """Bytes of each buffer of the copy benchmark: 4x the last-level cache (STREAM's
+    rule, so the copy streams from memory, not from cache), at least 256 MiB, at most
+    512 MiB."""
     return min(max(4 * _last_level_cache_bytes(), _COPY_MIN_BYTES), _COPY_MAX_BYTES)
 
 
 def copy_benchmark(seconds: float, nbytes: int) -> tuple[float, int, int]:
-    """(best bytes/s, buffer bytes, copies timed) of ``dst.copy_(src)`` between two float32 buffers of
-    ``nbytes`` for about ``seconds`` (at least 3 copies); each copy moves 2 * nbytes (read + write)."""
+    """(best bytes/s, buffer bytes, copies timed) of ``dst.copy_(src)`` between two
+    float32 buffers of ``nbytes`` for about ``seconds`` (at least 3 copies); each
+    copy moves 2 * nbytes (read + write)."""
     n = max(nbytes // 4, 1)
     moved = 2.0 * 4 * n
     with torch.inference_mode():
@@ -199,16 +204,19 @@ def copy_benchmark(seconds: float, nbytes: int) -> tuple[float, int, int]:
 
 
 def measure_cpu_bandwidth(*, seconds: float = 0.5, disk_cache: bool = False) -> float:
-    """Achieved memory bandwidth of this CPU in bytes per second (decimal: 1 GB/s = 1e9): a STREAM-like copy,
-    ``dst.copy_(src)`` of two float32 buffers of 256-512 MiB each (4x the last-level cache, as STREAM asks, within
-    those bounds), timed for about ``seconds`` (at least 3 copies); the best rate, counting the bytes read plus
-    the bytes written (STREAM's convention: the extra read of a write-allocate cache is not counted). Multithreaded
-    as torch is (``torch.get_num_threads()``).
+    """Achieved memory bandwidth of this CPU in bytes per second (decimal: 1 GB/s =
+    1e9): a STREAM-like copy, ``dst.copy_(src)`` of two float32 buffers of 256-512
+    MiB each (4x the last-level cache, as STREAM asks, within those bounds), timed
+    for about ``seconds`` (at least 3 copies); the best rate, counting the bytes read
+    plus the bytes written (STREAM's convention: the extra read of a write-allocate
+    cache is not counted). Multithreaded as torch is (``torch.get_num_threads()``).
 
-    Cached like :func:`measure_cpu_peak`: per ``torch.get_num_threads()`` for the process (a second call returns
-    the first figure without measuring), and with ``disk_cache=True`` in ``~/.cache/flopscope/peaks.json`` (the
-    folder ``$FLOPSCOPE_CACHE_DIR`` if set), keyed by the CPU model name and thread count. Buffers that cannot be
-    allocated, or a timer that measured nothing, are a :class:`~flopscope.errors.ConfigurationError`."""
+    Cached like :func:`measure_cpu_peak`: per ``torch.get_num_threads()`` for the
+    process (a second call returns the first figure without measuring), and with
+    ``disk_cache=True`` in ``~/.cache/flopscope/peaks.json`` (the folder
+    ``$FLOPSCOPE_CACHE_DIR`` if set), keyed by the CPU model name and thread count.
+    Buffers that cannot be allocated, or a timer that measured nothing, are a
+    :class:`~flopscope.errors.ConfigurationError`."""
     seconds = _check_seconds(seconds)
     threads = torch.get_num_threads()
     cached = CPU_BW_CACHE.get(threads)

@@ -1,28 +1,33 @@
-"""Hugging Face ``Trainer``: exact ``total_flos`` and MFU in the logs (``pip install "torch-flopscope[hf]"``).
+"""Hugging Face ``Trainer``: exact ``total_flos`` and MFU in the logs (``pip install
+"torch-flopscope[hf]"``).
 
     trainer = transformers.Trainer(model=model, args=args, train_dataset=data)
     FlopscopeTrainerCallback(peak=...).attach(trainer)
     trainer.train()
 
-The ``Trainer`` prices every micro-batch with its ``floating_point_ops(inputs)`` hook and adds the result to
-``state.total_flos``; its default is ``6 · tokens · parameters`` (no attention term, no logits, biases and
-norms counted as multiplies, 0 for models that are not a ``PreTrainedModel``). :meth:`attach` replaces that hook
-on the trainer instance with :meth:`FlopscopeTrainerCallback.floating_point_ops`: the exact model FLOPs
-(forward and backward) of the batch, from one trace of the model at a few lengths on train begin
-(:func:`flopscope.flops_per_batch`, in training mode, so activation checkpointing shows as recomputed work).
-A ``Trainer`` subclass may call that method from its own ``floating_point_ops`` instead.
+The ``Trainer`` prices every micro-batch with its ``floating_point_ops(inputs)`` hook
+and adds the result to ``state.total_flos``; its default is ``6 · tokens · parameters``
+(no attention term, no logits, biases and norms counted as multiplies, 0 for models that
+are not a ``PreTrainedModel``). :meth:`attach` replaces that hook on the trainer
+instance with :meth:`FlopscopeTrainerCallback.floating_point_ops`: the exact model FLOPs
+(forward and backward) of the batch, from one trace of the model at a few lengths on
+train begin (:func:`flopscope.flops_per_batch`, in training mode, so activation
+checkpointing shows as recomputed work). A ``Trainer`` subclass may call that method
+from its own ``floating_point_ops`` instead.
 
-At each log it adds, over the steps since the last log: ``mfu`` and ``hfu`` (with ``peak_flops``, their
-denominator, when the device's peak is known), ``flops_per_second`` (model FLOPs), ``tokens_per_second`` and
-``flops/<role>``. A step's time runs from the end of the previous step (from the first step's start for the
-first). A failure is warned about once and disables the callback; the trainer then prices with its own hook
-again. Training never stops because of it.
+At each log it adds, over the steps since the last log: ``mfu`` and ``hfu`` (with
+``peak_flops``, their denominator, when the device's peak is known),
+``flops_per_second`` (model FLOPs), ``tokens_per_second`` and ``flops/<role>``. A step's
+time runs from the end of the previous step (from the first step's start for the first).
+A failure is warned about once and disables the callback; the trainer then prices with
+its own hook again. Training never stops because of it.
 
-``attention="causal"`` or ``"mask"`` prices the attention core by that convention (:mod:`flopscope.predict.attention`;
-default ``"executed"``, every pair the kernels compute): ``total_flos`` and every FLOP-derived metric follow it, and
-those metrics are logged with the convention in their names, ``mfu_causal``, ``hfu_causal``,
-``flops_per_second_causal``, ``flops_causal/<role>`` (``_mask`` likewise), so runs under different conventions are
-never mixed in one chart.
+``attention="causal"`` or ``"mask"`` prices the attention core by that convention
+(:mod:`flopscope.predict.attention`; default ``"executed"``, every pair the kernels
+compute): ``total_flos`` and every FLOP-derived metric follow it, and those metrics are
+logged with the convention in their names, ``mfu_causal``, ``hfu_causal``,
+``flops_per_second_causal``, ``flops_causal/<role>`` (``_mask`` likewise), so runs under
+different conventions are never mixed in one chart.
 """
 
 from __future__ import annotations
@@ -78,8 +83,9 @@ class FlopscopeTrainerCallback(TrainerCallback):
         self._mark: float | None = None
 
     def attach(self, trainer: Trainer) -> FlopscopeTrainerCallback:
-        """Make ``trainer`` price batches with :meth:`floating_point_ops` and run this callback first among its
-        callbacks (so reporting integrations see the metrics it adds to the logs)."""
+        """Make ``trainer`` price batches with :meth:`floating_point_ops` and run this
+        callback first among its callbacks (so reporting integrations see the metrics
+        it adds to the logs)."""
         self._original = trainer.floating_point_ops
         trainer.floating_point_ops = self.floating_point_ops  # type: ignore[method-assign]  # one instance's hook
         trainer.callback_handler.callbacks.insert(0, self)
@@ -87,7 +93,8 @@ class FlopscopeTrainerCallback(TrainerCallback):
 
     # ---------------------------------------------------------------------------------------------
     def floating_point_ops(self, inputs: Mapping[str, Any]) -> int:
-        """Model FLOPs (forward + backward) of one micro-batch: the ``Trainer.floating_point_ops`` hook."""
+        """Model FLOPs (forward + backward) of one micro-batch: the
+        ``Trainer.floating_point_ops`` hook."""
         if not self.disabled and self.pricer is not None:
             try:
                 return self._price(self.pricer, inputs)
@@ -168,7 +175,8 @@ def _empty_step() -> dict[str, Any]:
 
 
 def _lengths(model: torch.nn.Module, longest: int = 128) -> tuple[int, ...]:
-    """Five lengths up to ``longest``, or up to the position count the config declares when it is smaller."""
+    """Five lengths up to ``longest``, or up to the position count the config declares
+    when it is smaller."""
     declared: dict[str, Any] = getattr(getattr(model, "config", None), "to_dict", dict)()
     positions = next((declared[key] for key in POSITIONS.config if isinstance(declared.get(key), int)), longest)
     top = max(5, min(longest, positions))

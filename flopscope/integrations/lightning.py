@@ -1,20 +1,25 @@
 """Lightning: a callback that prices every training batch exactly and logs MFU
 (``pip install "torch-flopscope[lightning]"``).
 
-    trainer = lightning.Trainer(callbacks=[FlopscopeCallback(lambda n: torch.zeros(1, n, dtype=torch.long))])
+    trainer = lightning.Trainer(callbacks=[FlopscopeCallback(lambda n: torch.zeros(1, n,
+    dtype=torch.long))])
 
-On fit start it traces the module once at a few lengths (:func:`flopscope.flops_per_batch`, forward and
-backward); on each step it sets ``pl_module.flops_per_batch`` (what Lightning's ``ThroughputMonitor`` reads) to
-the exact FLOPs of that batch, and every ``log_every_n_steps`` it sends the trainer's loggers, over the steps since
-the last time: ``throughput/flops_per_batch`` (mean), ``throughput/device/flops_per_sec``, ``throughput/device/mfu``
-and ``hfu`` (with ``throughput/device/peak_flops``, their denominator, when the peak is known),
-``throughput/tokens_per_sec`` and ``throughput/flops/<role>`` (mean per batch). A failure is logged once and
-disables the callback: it never stops training.
+On fit start it traces the module once at a few lengths
+(:func:`flopscope.flops_per_batch`, forward and backward); on each step it sets
+``pl_module.flops_per_batch`` (what Lightning's ``ThroughputMonitor`` reads) to the
+exact FLOPs of that batch, and every ``log_every_n_steps`` it sends the trainer's
+loggers, over the steps since the last time: ``throughput/flops_per_batch`` (mean),
+``throughput/device/flops_per_sec``, ``throughput/device/mfu`` and ``hfu`` (with
+``throughput/device/peak_flops``, their denominator, when the peak is known),
+``throughput/tokens_per_sec`` and ``throughput/flops/<role>`` (mean per batch). A
+failure is logged once and disables the callback: it never stops training.
 
-``attention="causal"`` or ``"mask"`` prices the attention core by that convention (:mod:`flopscope.predict.attention`;
-default ``"executed"``): ``flops_per_batch`` and every FLOP-derived metric follow it, logged with the convention in
-their names (``throughput/device/mfu_causal``, ``.../hfu_causal``, ``.../flops_per_sec_causal``,
-``throughput/flops_per_batch_causal``, ``throughput/flops_causal/<role>``; ``_mask`` likewise).
+``attention="causal"`` or ``"mask"`` prices the attention core by that convention
+(:mod:`flopscope.predict.attention`; default ``"executed"``): ``flops_per_batch`` and
+every FLOP-derived metric follow it, logged with the convention in their names
+(``throughput/device/mfu_causal``, ``.../hfu_causal``, ``.../flops_per_sec_causal``,
+``throughput/flops_per_batch_causal``, ``throughput/flops_causal/<role>``; ``_mask``
+likewise).
 """
 
 from __future__ import annotations
@@ -95,9 +100,10 @@ class FlopscopeCallback(pl.Callback):
             self._guard(self._log, trainer, seconds)
 
     def _log(self, trainer: pl.Trainer, seconds: float) -> None:
-        """Account the step; at each logging step (``log_every_n_steps``) send the rates of the steps since the
-        last one to the trainer's loggers, as ``ThroughputMonitor`` does (``LightningModule.log`` costs about
-        half a millisecond per metric)."""
+        """Account the step; at each logging step (``log_every_n_steps``) send the rates
+        of the steps since the last one to the trainer's loggers, as
+        ``ThroughputMonitor`` does (``LightningModule.log`` costs about half a
+        millisecond per metric)."""
         priced, self._priced = self._priced, None
         if priced is None or self.meter is None:
             return
@@ -133,7 +139,8 @@ class FlopscopeCallback(pl.Callback):
         return batch
 
     def _guard(self, action: Callable[..., Any], *args: Any) -> None:
-        """Run ``action``; a failure warns once and disables the callback (training goes on)."""
+        """Run ``action``; a failure warns once and disables the callback (training goes
+        on)."""
         try:
             action(*args)
         except Exception as error:  # a metrics callback must never stop training

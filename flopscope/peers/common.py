@@ -77,14 +77,16 @@ _PLUGIN_TOOLS = frozenset({"FlopCounterMode", "fvcore", "thop"})
 class Difference:
     """One explained part of a peer's difference from flopscope.
 
-    ``delta``: the peer's MACs minus flopscope's on this part (negative: the peer misses work).
-    ``roles``: flopscope's MACs per role on the work concerned (for ``kind="missing"``, exactly what the
-    peer misses, summing to ``-delta``). ``kind``: ``"missing"`` (the peer counts 0 of that work),
-    ``"under"`` / ``"over"`` (it counts that work, but less / more), ``"extra"`` (it counts work that is not
-    multiply-accumulates: norms, softmax, pooling), ``"path"`` (the peer runs the model differently, so
-    different kernels execute). ``modules``: the module paths where the evidence shows this part (thop:
-    the modules where its count and flopscope's differ), in execution order; empty where the evidence is
-    per op (``FlopCounterMode``, fvcore).
+    ``delta``: the peer's MACs minus flopscope's on this part (negative: the peer misses
+    work). ``roles``: flopscope's MACs per role on the work concerned (for
+    ``kind="missing"``, exactly what the peer misses, summing to ``-delta``). ``kind``:
+    ``"missing"`` (the peer counts 0 of that work), ``"under"`` / ``"over"`` (it counts
+    that work, but less / more), ``"extra"`` (it counts work that is not
+    multiply-accumulates: norms, softmax, pooling), ``"path"`` (the peer runs the model
+    differently, so different kernels execute). ``modules``: the module paths where the
+    evidence shows this part (thop: the modules where its count and flopscope's differ),
+    in execution order; empty where the evidence is per op (``FlopCounterMode``,
+    fvcore).
     """
 
     tool: str
@@ -114,7 +116,8 @@ class Difference:
 
     @property
     def line(self) -> str:
-        """``"FlopCounterMode: attn_scores and attn_weighted_sum missing (... MACs) — ..."``."""
+        """``"FlopCounterMode: attn_scores and attn_weighted_sum missing (... MACs) —
+        ..."``."""
         return f"{self.tool}: {self.text}"
 
 
@@ -122,12 +125,13 @@ class Difference:
 class PeerCount:
     """What one peer reported, in MACs, and its difference from flopscope explained.
 
-    ``by_op``: MACs per op as the tool names them (``FlopCounterMode``: ``"aten.mm"``; fvcore: ``"addmm"``),
-    ``None`` where the tool has no per-op output (thop). ``by_type``: thop's MACs per module type (the
-    total of its rule over the modules of that type; ``"(functional)"`` for what its function hooks
-    counted). ``by_module``: thop's MACs per module path (its rule there, plus what its function hooks
-    counted in that module's own code, where that could be attributed). ``error``: the exception the tool
-    raised (then ``macs`` is ``None``).
+    ``by_op``: MACs per op as the tool names them (``FlopCounterMode``: ``"aten.mm"``;
+    fvcore: ``"addmm"``), ``None`` where the tool has no per-op output (thop).
+    ``by_type``: thop's MACs per module type (the total of its rule over the modules of
+    that type; ``"(functional)"`` for what its function hooks counted). ``by_module``:
+    thop's MACs per module path (its rule there, plus what its function hooks counted in
+    that module's own code, where that could be attributed). ``error``: the exception
+    the tool raised (then ``macs`` is ``None``).
     """
 
     tool: str
@@ -158,7 +162,8 @@ class PeerCount:
 
     @property
     def unexplained(self) -> int:
-        """MACs of the difference that no :class:`Difference` explains (0 when fully explained)."""
+        """MACs of the difference that no :class:`Difference` explains (0 when fully
+        explained)."""
         if self.macs is None:
             return 0
         return self.macs - self.reference - sum(d.delta for d in self.differences)
@@ -206,8 +211,9 @@ class Crosscheck:
 
     @property
     def ran_explained(self) -> bool:
-        """At least one peer counted, and every difference of those that did is explained (what ``flopscope
-        crosscheck`` exits 0 on: a peer that fails is a finding about that peer, reported with its reason)."""
+        """At least one peer counted, and every difference of those that did is
+        explained (what ``flopscope crosscheck`` exits 0 on: a peer that fails is a
+        finding about that peer, reported with its reason)."""
         return bool(self.ran) and all(self.peers[name].explained for name in self.ran)
 
     def __getitem__(self, tool: str) -> PeerCount:
@@ -221,7 +227,8 @@ class Crosscheck:
         return [line for peer in self.peers.values() for line in peer.lines()]
 
     def to_table(self, tablefmt: str = "simple") -> str:
-        """A table (``tabulate`` format ``tablefmt``): tool, MACs, ratio to flopscope, explanation."""
+        """A table (``tabulate`` format ``tablefmt``): tool, MACs, ratio to flopscope,
+        explanation."""
         rows: list[list[str]] = [["flopscope", f"{self.macs:,}", "1.0000", "reference (mode='real')"]]
         for peer in self.peers.values():
             if peer.error is not None or peer.macs is None:
@@ -247,7 +254,8 @@ _KIND_ORDER = {"path": 0, "missing": 1, "under": 2, "over": 3, "extra": 4}
 
 
 def ordered(differences: Iterable[Difference]) -> tuple[Difference, ...]:
-    """Path differences first, then what the peer misses (largest first), then what it adds."""
+    """Path differences first, then what the peer misses (largest first), then what it
+    adds."""
     return tuple(sorted(differences, key=lambda d: (_KIND_ORDER.get(d.kind, 5), -abs(d.delta))))
 
 
@@ -279,23 +287,28 @@ def sum_roles(records: Iterable[OpRecord]) -> dict[str, int]:
 # --------------------------------------------------------------------------------------------------
 def crosscheck(model: nn.Module, *args: Any, tools: Sequence[str] | None = None, plugins: bool = False,
                forward_kwargs: dict[str, Any] | None = None, **kwargs: Any) -> Crosscheck:
-    """Count ``model(*args, **kwargs)`` with flopscope and each installed peer; explain the differences.
+    """Count ``model(*args, **kwargs)`` with flopscope and each installed peer; explain
+    the differences.
 
-    flopscope runs with ``mode="real"`` on ``model`` (which it leaves unchanged); each peer runs on its own
-    ``copy.deepcopy(model)``, so hooks, buffers and attributes a peer adds never reach ``model``. The grad
-    mode and training flags are the caller's (thop always switches to eval mode under ``no_grad``; what
-    that changes is reported as a ``"path"`` difference). A peer that raises is reported with its error, said
-    plainly where it is known (:func:`failure`: a TorchScript trace given a value it cannot take). When the
-    model's forward takes ``use_cache`` (Hugging Face models) and the call does not set it, a peer that raises runs
-    once more with ``use_cache=False`` (fvcore's trace cannot return a ``DynamicCache``), compared with flopscope's
-    count of that call; :attr:`PeerCount.note` says so, and why.
-    After each peer, what it left behind (functions of ``torch``, ``torch.nn.functional``, ``torch.Tensor``
-    still patched, global module hooks, hooks on its copy: DeepSpeed and calflops after a forward that raises)
-    is undone before the next runs and listed in :attr:`PeerCount.leaks` (:mod:`.isolation`).
+    flopscope runs with ``mode="real"`` on ``model`` (which it leaves unchanged); each
+    peer runs on its own ``copy.deepcopy(model)``, so hooks, buffers and attributes a
+    peer adds never reach ``model``. The grad mode and training flags are the caller's
+    (thop always switches to eval mode under ``no_grad``; what that changes is reported
+    as a ``"path"`` difference). A peer that raises is reported with its error, said
+    plainly where it is known (:func:`failure`: a TorchScript trace given a value it
+    cannot take). When the model's forward takes ``use_cache`` (Hugging Face models) and
+    the call does not set it, a peer that raises runs once more with ``use_cache=False``
+    (fvcore's trace cannot return a ``DynamicCache``), compared with flopscope's count
+    of that call; :attr:`PeerCount.note` says so, and why. After each peer, what it left
+    behind (functions of ``torch``, ``torch.nn.functional``, ``torch.Tensor`` still
+    patched, global module hooks, hooks on its copy: DeepSpeed and calflops after a
+    forward that raises) is undone before the next runs and listed in
+    :attr:`PeerCount.leaks` (:mod:`.isolation`).
 
-    Peers (:data:`TOOLS`, each in its own unit converted to MACs): PyTorch's ``FlopCounterMode`` (FLOPs,
-    halved), fvcore (MACs), thop (MACs and elementwise operations), DeepSpeed's flops profiler and calflops
-    (their MACs: ``get_total_macs()``), torchprofile (MACs).
+    Peers (:data:`TOOLS`, each in its own unit converted to MACs): PyTorch's
+    ``FlopCounterMode`` (FLOPs, halved), fvcore (MACs), thop (MACs and elementwise
+    operations), DeepSpeed's flops profiler and calflops (their MACs:
+    ``get_total_macs()``), torchprofile (MACs).
 
     Args:
         tools: which peers to run (default all of :data:`TOOLS`); a peer that is not installed is skipped.
@@ -344,9 +357,10 @@ def crosscheck(model: nn.Module, *args: Any, tools: Sequence[str] | None = None,
 
 def _run_peer(tool: _Tool, model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], prof: Profile,
               plugins: bool) -> tuple[PeerCount, str]:
-    """One peer's count of ``model(*args, **kwargs)`` against ``prof``, isolated (:mod:`.isolation`), and why it
-    failed (``""`` when it counted): a peer that raises gives a :class:`PeerCount` whose ``error`` says why and the
-    way out (:func:`failure`)."""
+    """One peer's count of ``model(*args, **kwargs)`` against ``prof``, isolated
+    (:mod:`.isolation`), and why it failed (``""`` when it counted): a peer that
+    raises gives a :class:`PeerCount` whose ``error`` says why and the way out
+    (:func:`failure`)."""
     why = ""
     run = _runner(tool)
     # before the snapshot
@@ -365,9 +379,10 @@ def _run_peer(tool: _Tool, model: nn.Module, args: tuple[Any, ...], kwargs: dict
 
 
 def _without_cache(model: nn.Module, kwargs: Mapping[str, Any]) -> dict[str, Any] | None:
-    """``kwargs`` with ``use_cache=False`` when ``model``'s forward takes ``use_cache`` (Hugging Face models) and the
-    caller did not set it, else ``None``. A single forward executes the same MACs with or without its cache: the
-    cache only keeps the keys and values for the next call."""
+    """``kwargs`` with ``use_cache=False`` when ``model``'s forward takes ``use_cache``
+    (Hugging Face models) and the caller did not set it, else ``None``. A single
+    forward executes the same MACs with or without its cache: the cache only keeps
+    the keys and values for the next call."""
     if "use_cache" in kwargs:
         return None
     try:
@@ -381,9 +396,10 @@ _TRACE_TYPE = re.compile(r"supported as JIT inputs/outputs.*unsupported type: ([
 
 
 def failure(error: BaseException) -> tuple[str, str]:
-    """Why a peer failed, in a line, and the way out (``""`` where there is none to give): a TorchScript trace given
-    a value it cannot take (fvcore and torchprofile trace the model with ``torch.jit``: tensors, tuples, lists and
-    dicts only) says which; any other error is its type and message (at most 300 characters)."""
+    """Why a peer failed, in a line, and the way out (``""`` where there is none to
+    give): a TorchScript trace given a value it cannot take (fvcore and torchprofile
+    trace the model with ``torch.jit``: tensors, tuples, lists and dicts only) says
+    which; any other error is its type and message (at most 300 characters)."""
     traced = _TRACE_TYPE.search(str(error))
     if traced is not None:
         return (f"its TorchScript trace takes tensors, tuples, lists and dicts only, and the forward gave it a "
@@ -393,7 +409,8 @@ def failure(error: BaseException) -> tuple[str, str]:
 
 
 def _imported(name: str) -> Any:
-    """The module ``name``, imported now (``None`` where it is not installed or fails to import)."""
+    """The module ``name``, imported now (``None`` where it is not installed or fails to
+    import)."""
     try:
         return importlib.import_module(name)
     except Exception:  # an optional peer's import failing: its runner reports the error itself
@@ -401,7 +418,8 @@ def _imported(name: str) -> Any:
 
 
 def _runner(tool: _Tool) -> Runner:
-    """The tool's runner, imported now (its module imports the peer itself only when the runner runs)."""
+    """The tool's runner, imported now (its module imports the peer itself only when the
+    runner runs)."""
     module = importlib.import_module(f"{__package__}.{tool.module}")
     return cast(Runner, getattr(module, tool.runner))
 
@@ -410,8 +428,8 @@ def _runner(tool: _Tool) -> Runner:
 # helpers the runners share
 # --------------------------------------------------------------------------------------------------
 def copy_for(model: nn.Module, kwargs: Mapping[str, Any]) -> nn.Module:
-    """A deep copy of ``model`` that a tool may hook; keyword arguments are bound into its ``forward``
-    (fvcore and thop call ``model(*inputs)`` only)."""
+    """A deep copy of ``model`` that a tool may hook; keyword arguments are bound into
+    its ``forward`` (fvcore and thop call ``model(*inputs)`` only)."""
     twin = copy.deepcopy(model)
     track_copy(twin, model)  # isolation: the hooks the peer leaves on it are reported
     if kwargs:
@@ -421,7 +439,8 @@ def copy_for(model: nn.Module, kwargs: Mapping[str, Any]) -> nn.Module:
 
 @contextlib.contextmanager
 def quiet() -> Iterator[None]:
-    """The peers' own warnings (tracer warnings, unsupported ops) silenced: crosscheck reports them."""
+    """The peers' own warnings (tracer warnings, unsupported ops) silenced: crosscheck
+    reports them."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         yield
@@ -429,17 +448,18 @@ def quiet() -> Iterator[None]:
 
 @dataclass
 class Followed:
-    """What :func:`inner_profile` saw: the profile of the run, once the block has ended (``None`` if
-    flopscope could not build one)."""
+    """What :func:`inner_profile` saw: the profile of the run, once the block has ended
+    (``None`` if flopscope could not build one)."""
 
     profile: Profile | None = None
 
 
 @contextlib.contextmanager
 def inner_profile(model: nn.Module) -> Iterator[Followed]:
-    """flopscope counting the very run a peer makes inside the block (so a peer that changes the execution
-    path is compared with what actually ran). After the block, ``followed.profile`` holds that run's
-    profile, or ``None`` when flopscope could not build it (then the runner compares with the caller's)."""
+    """flopscope counting the very run a peer makes inside the block (so a peer that
+    changes the execution path is compared with what actually ran). After the block,
+    ``followed.profile`` holds that run's profile, or ``None`` when flopscope could
+    not build it (then the runner compares with the caller's)."""
     session = Session(model, CapturePlan(mode="real"))
     followed = Followed()
     session.start()
@@ -454,7 +474,8 @@ def inner_profile(model: nn.Module) -> Iterator[Followed]:
 
 
 def path_difference(tool: str, reason: str, inner: Profile | None, prof: Profile) -> list[Difference]:
-    """A ``"path"`` difference when the run the peer made executes other MACs than the caller's."""
+    """A ``"path"`` difference when the run the peer made executes other MACs than the
+    caller's."""
     if inner is None or inner.total() == prof.total():
         return []
     ours, theirs = prof.by_role(), inner.by_role()

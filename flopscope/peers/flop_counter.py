@@ -1,8 +1,9 @@
 """PyTorch's ``torch.utils.flop_counter.FlopCounterMode``: its runner for :func:`~.common.crosscheck`, and
 :func:`flop_counter_mapping`, the plug-in that gives it flopscope's formulas.
 
-``FlopCounterMode`` counts **FLOPs** = 2 x MACs: the runner halves its counts, the plug-in returns 2 x
-flopscope's MACs. It keys its counts by ATen op packet, as flopscope does, so the comparison is per op.
+``FlopCounterMode`` counts **FLOPs** = 2 x MACs: the runner halves its counts, the
+plug-in returns 2 x flopscope's MACs. It keys its counts by ATen op packet, as flopscope
+does, so the comparison is per op.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ TOOL = "FlopCounterMode"
 
 def _run_flop_counter(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], prof: Profile,
                       plugins: bool) -> PeerCount:
-    """``FlopCounterMode`` on a copy of ``model``; per op, its count (halved) against flopscope's."""
+    """``FlopCounterMode`` on a copy of ``model``; per op, its count (halved) against
+    flopscope's."""
     from torch.utils.flop_counter import FlopCounterMode, flop_registry
 
     twin = copy_for(model, {})  # its forward may update buffers (running stats, caches)
@@ -80,7 +82,8 @@ def _first_shape(out: Any) -> Shape | None:
 
 
 def _flop_counter_formula(fn: MacFormula) -> Callable[..., int]:
-    """A flopscope formula (MACs) in ``FlopCounterMode``'s convention: shapes in, FLOPs (2 x MACs) out."""
+    """A flopscope formula (MACs) in ``FlopCounterMode``'s convention: shapes in, FLOPs
+    (2 x MACs) out."""
 
     @functools.wraps(fn)
     def flops(*args: Any, out_shape: Any = None, **kwargs: Any) -> int:
@@ -90,13 +93,15 @@ def _flop_counter_formula(fn: MacFormula) -> Callable[..., int]:
 
 
 def flop_counter_mapping(registry: FormulaRegistry | None = None) -> dict[Any, Callable[..., int]]:
-    """``custom_mapping`` for ``torch.utils.flop_counter.FlopCounterMode``: every op of flopscope's
-    registry that PyTorch's ``flop_registry`` lacks (CPU SDPA ``_scaled_dot_product_flash_attention_for_cpu``,
-    the fused ``_native_multi_head_attention`` / ``_transformer_encoder_layer_fwd`` fast paths, the CPU LSTM
-    kernel ``mkldnn_rnn_layer``, ``_grouped_mm``, ...), keyed by op packet.
+    """``custom_mapping`` for ``torch.utils.flop_counter.FlopCounterMode``: every op of
+    flopscope's registry that PyTorch's ``flop_registry`` lacks (CPU SDPA
+    ``_scaled_dot_product_flash_attention_for_cpu``, the fused
+    ``_native_multi_head_attention`` / ``_transformer_encoder_layer_fwd`` fast paths,
+    the CPU LSTM kernel ``mkldnn_rnn_layer``, ``_grouped_mm``, ...), keyed by op
+    packet.
 
-    Each function follows FlopCounterMode's convention (tensors replaced by shapes, ``out_shape=``) and
-    returns **FLOPs** = 2 x flopscope's MACs::
+    Each function follows FlopCounterMode's convention (tensors replaced by shapes,
+    ``out_shape=``) and returns **FLOPs** = 2 x flopscope's MACs::
 
         with FlopCounterMode(custom_mapping=flopscope.peers.flop_counter_mapping()) as counter:
             model(x)

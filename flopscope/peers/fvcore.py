@@ -1,9 +1,9 @@
 """fvcore's ``FlopCountAnalysis``: its runner for :func:`~.common.crosscheck`, and the plug-ins
 :func:`fvcore_handles` / :func:`fvcore_analysis` that give it flopscope's formulas.
 
-fvcore's "flop" is one fused multiply-add, i.e. a MAC. It counts ops of a TorchScript trace, keyed by
-TorchScript name (``"aten::addmm"``); its ``by_operator()`` drops the ``aten::`` prefix. fvcore itself is
-imported inside the functions only.
+fvcore's "flop" is one fused multiply-add, i.e. a MAC. It counts ops of a TorchScript
+trace, keyed by TorchScript name (``"aten::addmm"``); its ``by_operator()`` drops the
+``aten::`` prefix. fvcore itself is imported inside the functions only.
 """
 
 from __future__ import annotations
@@ -30,9 +30,11 @@ FvcoreHandle = Callable[[list[Any], list[Any]], Any]
 def _fvcore_defaults() -> Mapping[str, FvcoreHandle]:
     """fvcore's own op handles, ``{TorchScript name: handle}``.
 
-    The one place that reads a private detail of fvcore: ``fvcore.nn.flop_count._DEFAULT_SUPPORTED_OPS``.
-    fvcore has no public way to list the handles ``FlopCountAnalysis`` starts with, and the plug-ins need
-    them to leave fvcore's own GEMM / convolution handles in place and to switch its elementwise ones off.
+    The one place that reads a private detail of fvcore:
+    ``fvcore.nn.flop_count._DEFAULT_SUPPORTED_OPS``. fvcore has no public way to list
+    the handles ``FlopCountAnalysis`` starts with, and the plug-ins need them to leave
+    fvcore's own GEMM / convolution handles in place and to switch its elementwise ones
+    off.
     """
     from fvcore.nn.flop_count import _DEFAULT_SUPPORTED_OPS
 
@@ -43,8 +45,9 @@ def _fvcore_defaults() -> Mapping[str, FvcoreHandle]:
 # TorchScript names and the registry's op families
 # --------------------------------------------------------------------------------------------------
 def _rnn_arguments(values: list[Any]) -> list[Any]:
-    """``aten::lstm`` / ``gru`` / ``rnn_*`` (``.input`` and ``.data`` overloads) -> ``(x, weights)``:
-    the flat weights are the last list among the arguments after the input."""
+    """``aten::lstm`` / ``gru`` / ``rnn_*`` (``.input`` and ``.data`` overloads) ->
+    ``(x, weights)``: the flat weights are the last list among the arguments after
+    the input."""
     weights = [v for v in values[1:4] if isinstance(v, list)]
     if not weights:
         raise FormulaError(f"a traced recurrent op without a list of weights among its arguments: {values[:4]}")
@@ -52,7 +55,8 @@ def _rnn_arguments(values: list[Any]) -> list[Any]:
 
 
 def _rnn_cell_arguments(values: list[Any]) -> list[Any]:
-    """``aten::lstm_cell(input, hx, w_ih, w_hh, ...)`` (and gru / rnn cells) -> ``(x, w_ih, w_hh)``."""
+    """``aten::lstm_cell(input, hx, w_ih, w_hh, ...)`` (and gru / rnn cells) -> ``(x,
+    w_ih, w_hh)``."""
     return [values[0], values[2], values[3]]
 
 
@@ -82,8 +86,8 @@ _FAMILY_GROUPS = {OpFamily.MATMUL: "matrix products", OpFamily.GROUPED_MATMUL: "
 
 
 def torchscript_name(op: str) -> str:
-    """``"addmm"`` (fvcore's key) / ``"aten.addmm"`` (flopscope's record) / ``"aten::addmm"`` ->
-    ``"aten::addmm"``."""
+    """``"addmm"`` (fvcore's key) / ``"aten.addmm"`` (flopscope's record) /
+    ``"aten::addmm"`` -> ``"aten::addmm"``."""
     if "::" in op:
         return op
     namespace, dot, name = op.partition(".")
@@ -91,7 +95,8 @@ def torchscript_name(op: str) -> str:
 
 
 def op_family(op: str, registry: FormulaRegistry = REGISTRY) -> OpFamily | None:
-    """The registry's family of an op under any of its names (``None``: flopscope has no formula for it)."""
+    """The registry's family of an op under any of its names (``None``: flopscope has no
+    formula for it)."""
     name = torchscript_name(op)
     if name in _TRACED_FAMILIES:
         return _TRACED_FAMILIES[name]
@@ -100,10 +105,10 @@ def op_family(op: str, registry: FormulaRegistry = REGISTRY) -> OpFamily | None:
 
 
 def _family(op: str) -> str:
-    """``"aten.addmm"`` / ``"aten::linear"`` / ``"addmm"`` -> the group its count is compared in, so counts
-    on TorchScript ops (fvcore) and on dispatched ATen ops (flopscope) can be matched: ``"matrix
-    products"`` for the registry's ``MATMUL`` / ``GROUPED_MATMUL`` ops, ``"convolution"`` for ``CONV``,
-    else the op's own name."""
+    """``"aten.addmm"`` / ``"aten::linear"`` / ``"addmm"`` -> the group its count is
+    compared in, so counts on TorchScript ops (fvcore) and on dispatched ATen ops
+    (flopscope) can be matched: ``"matrix products"`` for the registry's ``MATMUL`` /
+    ``GROUPED_MATMUL`` ops, ``"convolution"`` for ``CONV``, else the op's own name."""
     family = op_family(op)
     return _FAMILY_GROUPS[family] if family in _FAMILY_GROUPS else torchscript_name(op).partition("::")[2]
 
@@ -113,9 +118,10 @@ def _family(op: str) -> str:
 # --------------------------------------------------------------------------------------------------
 def _run_fvcore(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], prof: Profile,
                 plugins: bool) -> PeerCount:
-    """fvcore as asked (plain, or with the plug-ins), then once more with flopscope's formulas as handles
-    (each op's MACs per role), on the same TorchScript trace: that second count is what flopscope counts
-    on the path the trace took, and the per-op difference between the two is fvcore's shortfall."""
+    """fvcore as asked (plain, or with the plug-ins), then once more with flopscope's
+    formulas as handles (each op's MACs per role), on the same TorchScript trace:
+    that second count is what flopscope counts on the path the trace took, and the
+    per-op difference between the two is fvcore's shortfall."""
     from fvcore.nn import FlopCountAnalysis
 
     twin = copy_for(model, kwargs)
@@ -176,8 +182,8 @@ def _run_fvcore(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
 # plug-ins
 # --------------------------------------------------------------------------------------------------
 def _jit_value(value: Any) -> Any:
-    """A TorchScript value as a flopscope formula wants it: a tensor's shape, a list of shapes, or the
-    constant (``None`` if it is neither)."""
+    """A TorchScript value as a flopscope formula wants it: a tensor's shape, a list of
+    shapes, or the constant (``None`` if it is neither)."""
     kind = value.type().kind()
     if kind == "TensorType":
         if not value.isCompleteTensor():
@@ -194,9 +200,10 @@ def _jit_value(value: Any) -> Any:
 
 def _fvcore_handle(fn: MacFormula, select: Callable[[list[Any]], list[Any]] | None = None,
                    name: str | None = None) -> FvcoreHandle:
-    """A flopscope formula as an fvcore op handle: ``(inputs, outputs)`` JIT values in, MACs out.
-    ``select`` picks and orders the formula's arguments from the op's (converted) inputs. With ``name``
-    the handle returns ``Counter({"name|role": MACs})`` (role ``""`` for a formula without parts)."""
+    """A flopscope formula as an fvcore op handle: ``(inputs, outputs)`` JIT values in,
+    MACs out. ``select`` picks and orders the formula's arguments from the op's
+    (converted) inputs. With ``name`` the handle returns ``Counter({"name|role":
+    MACs})`` (role ``""`` for a formula without parts)."""
 
     def handle(inputs: list[Any], outputs: list[Any]) -> Any:
         values = [_jit_value(v) for v in inputs]
@@ -214,8 +221,9 @@ def _fvcore_handle(fn: MacFormula, select: Callable[[list[Any]], list[Any]] | No
 
 
 def _keyword_only(node: Any, count: int) -> dict[int, str]:
-    """Positions of the keyword-only arguments of a TorchScript op (``beta``, ``alpha`` of ``aten::addmm``):
-    at the ATen level they are passed by keyword, which is how flopscope's formulas take them."""
+    """Positions of the keyword-only arguments of a TorchScript op (``beta``, ``alpha``
+    of ``aten::addmm``): at the ATen level they are passed by keyword, which is how
+    flopscope's formulas take them."""
     try:
         schema = torch._C.parse_schema(node.schema())
     except RuntimeError:  # a node without a schema ("(no schema)"): every argument is positional
@@ -251,27 +259,31 @@ def _handles(registry: FormulaRegistry | None, roles: bool) -> dict[str, FvcoreH
 
 
 def fvcore_handles(registry: FormulaRegistry | None = None) -> dict[str, FvcoreHandle]:
-    """Op handles for fvcore's ``FlopCountAnalysis.set_op_handle(**handles)``, returning **MACs** (fvcore's
-    "flop" is one fused multiply-add): every op of flopscope's registry that fvcore does not handle
-    (``aten::_native_multi_head_attention``, ``aten::_transformer_encoder_layer_fwd``, ``aten::baddbmm``,
-    ``aten::_grouped_mm``, ...), plus the ops TorchScript records above the kernels flopscope counts:
-    ``aten::scaled_dot_product_attention``, ``aten::lstm`` / ``gru`` / ``rnn_tanh`` / ``rnn_relu`` and their
-    cells. Keys are TorchScript names (``"aten::lstm"``). A registry without a formula one of these
-    handles builds on is a :class:`~flopscope.errors.RegistryError`.
+    """Op handles for fvcore's ``FlopCountAnalysis.set_op_handle(**handles)``, returning
+    **MACs** (fvcore's "flop" is one fused multiply-add): every op of flopscope's
+    registry that fvcore does not handle (``aten::_native_multi_head_attention``,
+    ``aten::_transformer_encoder_layer_fwd``, ``aten::baddbmm``,
+    ``aten::_grouped_mm``, ...), plus the ops TorchScript records above the kernels
+    flopscope counts: ``aten::scaled_dot_product_attention``, ``aten::lstm`` /
+    ``gru`` / ``rnn_tanh`` / ``rnn_relu`` and their cells. Keys are TorchScript names
+    (``"aten::lstm"``). A registry without a formula one of these handles builds on
+    is a :class:`~flopscope.errors.RegistryError`.
     """
     defaults = _fvcore_defaults()
     return {name: handle for name, handle in _handles(registry, roles=False).items() if name not in defaults}
 
 
 def fvcore_analysis(model: nn.Module, inputs: Any, elementwise: bool = False, roles: bool = False) -> Any:
-    """fvcore's ``FlopCountAnalysis(model, inputs)`` with :func:`fvcore_handles` set. Counts are MACs.
+    """fvcore's ``FlopCountAnalysis(model, inputs)`` with :func:`fvcore_handles` set.
+    Counts are MACs.
 
-    ``elementwise=False`` (default): fvcore's norm / upsample / pooling counters (its handles for ops that
-    flopscope's registry has no multiply formula for) are switched off, so it counts multiply-accumulates
-    only, as flopscope's ``total()`` does. ``roles=True``: every op flopscope has a formula for is counted by
-    that formula (fvcore's own GEMM and convolution handles included), and ``by_operator()`` keys are
-    ``"op|role"`` (``"scaled_dot_product_attention|attn_scores"``; role ``""`` for a plain GEMM or
-    convolution, whose role only flopscope's dataflow knows).
+    ``elementwise=False`` (default): fvcore's norm / upsample / pooling counters (its
+    handles for ops that flopscope's registry has no multiply formula for) are switched
+    off, so it counts multiply-accumulates only, as flopscope's ``total()`` does.
+    ``roles=True``: every op flopscope has a formula for is counted by that formula
+    (fvcore's own GEMM and convolution handles included), and ``by_operator()`` keys are
+    ``"op|role"`` (``"scaled_dot_product_attention|attn_scores"``; role ``""`` for a
+    plain GEMM or convolution, whose role only flopscope's dataflow knows).
     """
     from fvcore.nn import FlopCountAnalysis
 

@@ -1,4 +1,5 @@
-"""Each peer run so that it cannot harm the next: what a counter leaves behind is found, undone and reported.
+"""Each peer run so that it cannot harm the next: what a counter leaves behind is found,
+undone and reported.
 
 Counters that patch functions (DeepSpeed's flops profiler and calflops replace ``F.linear``, ``torch.matmul``,
 ``torch.Tensor.__matmul__``, ...) or add hooks undo that only when the forward returns: after a forward that
@@ -37,27 +38,31 @@ def _namespaces(extra: Iterable[Any] = ()) -> dict[str, Any]:
 
 
 def short_name(space: str, attribute: str) -> str:
-    """``("torch.nn.functional", "linear")`` -> ``"F.linear"``; ``("torch.Tensor", "__matmul__")`` ->
-    ``"Tensor.__matmul__"``; ``("torch", "matmul")`` -> ``"torch.matmul"``."""
+    """``("torch.nn.functional", "linear")`` -> ``"F.linear"``; ``("torch.Tensor",
+    "__matmul__")`` -> ``"Tensor.__matmul__"``; ``("torch", "matmul")`` ->
+    ``"torch.matmul"``."""
     return f"{_SHORT.get(space, space)}.{attribute}"
 
 
 @dataclass
 class Functions:
-    """The callables of some namespaces at one moment, by name (``vars`` of each, callables only)."""
+    """The callables of some namespaces at one moment, by name (``vars`` of each,
+    callables only)."""
 
     spaces: Mapping[str, Any]
     saved: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @classmethod
     def snapshot(cls, extra: Iterable[Any] = ()) -> Functions:
-        """The functions of ``torch``, ``torch.nn.functional``, ``torch.Tensor`` and the ``extra`` namespaces."""
+        """The functions of ``torch``, ``torch.nn.functional``, ``torch.Tensor`` and the
+        ``extra`` namespaces."""
         spaces = _namespaces(extra)
         return cls(spaces, {name: {k: v for k, v in vars(space).items() if callable(v)}
                             for name, space in spaces.items()})
 
     def changed(self) -> list[tuple[str, str]]:
-        """``(namespace, attribute)`` of every saved function that is no longer the same object."""
+        """``(namespace, attribute)`` of every saved function that is no longer the same
+        object."""
         out: list[tuple[str, str]] = []
         for name, space in self.spaces.items():
             now = vars(space)
@@ -77,7 +82,8 @@ class Functions:
 
 
 def hook_count(model: nn.Module) -> int:
-    """Forward, forward-pre, backward and backward-pre hooks on the modules of ``model`` (each module once)."""
+    """Forward, forward-pre, backward and backward-pre hooks on the modules of ``model``
+    (each module once)."""
     return sum(len(getattr(m, table, None) or {}) for m in model.modules() for table in _HOOK_TABLES)
 
 
@@ -105,7 +111,8 @@ def _remove_global_hooks(before: Mapping[str, set[int]]) -> int:
 
 @dataclass
 class Isolation:
-    """What :func:`isolated` found after the block: one line per leak (``[]``: the peer left nothing)."""
+    """What :func:`isolated` found after the block: one line per leak (``[]``: the peer
+    left nothing)."""
 
     leaks: list[str] = field(default_factory=list)
 
@@ -114,8 +121,9 @@ _COPIES = threading.local()
 
 
 def track_copy(twin: nn.Module, original: nn.Module) -> None:
-    """Note a copy of the model made for the peer running in this thread, with the hooks it started with (those
-    of ``original``), so that :func:`isolated` can tell which hooks the peer left on it."""
+    """Note a copy of the model made for the peer running in this thread, with the hooks
+    it started with (those of ``original``), so that :func:`isolated` can tell which
+    hooks the peer left on it."""
     copies = getattr(_COPIES, "list", None)
     if copies is not None:
         copies.append((twin, hook_count(original)))

@@ -1,27 +1,31 @@
 """DeepSpeed's flops profiler and calflops: their runners for :func:`~.common.crosscheck`.
 
-Both count the same way (calflops is an older copy of DeepSpeed's profiler): while profiling they replace
-Python functions (``F.linear``, ``F.conv*``, ``torch.matmul``, ``torch.addmm``, ...; DeepSpeed also
-``torch.Tensor.__matmul__``, ``torch.mm`` / ``bmm`` and ``F.scaled_dot_product_attention``) with wrappers that
-add a count to the innermost module running (its forward pre-hook opened a frame), and give RNN modules a rule of
-their own (a forward hook). Units: each reports **MACs** (``get_total_macs()``, compared here) beside FLOPs; a
-wrapper's MACs are 0 for elementwise work, and their RNN rules count FLOPs only (0 MACs). Nothing reached through
-an unpatched function (the fused ``torch._native_multi_head_attention`` / ``_transformer_encoder_layer_fwd``
-fast paths, the LSTM kernel, calflops' ``@``, ``torch.bmm`` and SDPA) is counted.
+Both count the same way (calflops is an older copy of DeepSpeed's profiler): while
+profiling they replace Python functions (``F.linear``, ``F.conv*``, ``torch.matmul``,
+``torch.addmm``, ...; DeepSpeed also ``torch.Tensor.__matmul__``, ``torch.mm`` / ``bmm``
+and ``F.scaled_dot_product_attention``) with wrappers that add a count to the innermost
+module running (its forward pre-hook opened a frame), and give RNN modules a rule of
+their own (a forward hook). Units: each reports **MACs** (``get_total_macs()``, compared
+here) beside FLOPs; a wrapper's MACs are 0 for elementwise work, and their RNN rules
+count FLOPs only (0 MACs). Nothing reached through an unpatched function (the fused
+``torch._native_multi_head_attention`` / ``_transformer_encoder_layer_fwd`` fast paths,
+the LSTM kernel, calflops' ``@``, ``torch.bmm`` and SDPA) is counted.
 
-The runner drives each tool as its own entry point does (DeepSpeed's ``get_model_profile``, calflops'
-``calculate_flops``: start, one forward, read the totals, end; no clean-up when the forward raises, so what the
-tool leaves behind then is what :func:`~.isolation.isolated` finds, undoes and reports), on a copy of the model,
+The runner drives each tool as its own entry point does (DeepSpeed's
+``get_model_profile``, calflops' ``calculate_flops``: start, one forward, read the
+totals, end; no clean-up when the forward raises, so what the tool leaves behind then is
+what :func:`~.isolation.isolated` finds, undoes and reports), on a copy of the model,
 with flopscope counting the very run. The evidence, per module path:
 
-- the tool's own count there (``module.__macs__``: the wrappers' MACs while that module was the innermost one
-  running), and the functions it patched (read off ``torch``, ``torch.nn.functional`` and ``torch.Tensor`` right
-  after it started);
-- flopscope's records of that run, each owned by the innermost module on its stack that has an RNN rule (that rule
-  should count it), else by its own module;
-- per path where the two differ, grouped by module type: which ATen ops ran there and which of the Python
-  functions that reach them the tool does not patch. Where the MACs of the ops reached only through unpatched
-  functions are exactly the shortfall, those ops are the explanation, with their roles.
+- the tool's own count there (``module.__macs__``: the wrappers' MACs while that module
+  was the innermost one running), and the functions it patched (read off ``torch``,
+  ``torch.nn.functional`` and ``torch.Tensor`` right after it started);
+- flopscope's records of that run, each owned by the innermost module on its stack that
+  has an RNN rule (that rule should count it), else by its own module;
+- per path where the two differ, grouped by module type: which ATen ops ran there and
+  which of the Python functions that reach them the tool does not patch. Where the MACs
+  of the ops reached only through unpatched functions are exactly the shortfall, those
+  ops are the explanation, with their roles.
 """
 
 from __future__ import annotations
@@ -97,13 +101,15 @@ def _calflops() -> _Driver:
 
 def _run_deepspeed(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], prof: Profile,
                    plugins: bool) -> PeerCount:
-    """DeepSpeed's ``FlopsProfiler`` on a copy of ``model`` (module docstring); ``plugins``: it has none."""
+    """DeepSpeed's ``FlopsProfiler`` on a copy of ``model`` (module docstring);
+    ``plugins``: it has none."""
     return _run(_deepspeed(), model, args, kwargs, prof)
 
 
 def _run_calflops(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], prof: Profile,
                   plugins: bool) -> PeerCount:
-    """calflops' ``CalFlopsPipline`` on a copy of ``model`` (module docstring); ``plugins``: it has none."""
+    """calflops' ``CalFlopsPipline`` on a copy of ``model`` (module docstring);
+    ``plugins``: it has none."""
     return _run(_calflops(), model, args, kwargs, prof)
 
 
@@ -170,9 +176,10 @@ def _kind(counted: int, executed: int) -> str:
 
 def _explain(tool: str, type_name: str, kind: str, counted: int, records: list[OpRecord], patched: set[str],
              paths: tuple[str, ...]) -> list[Difference]:
-    """The difference in the modules of one type, per op where the evidence allows: when the MACs of one set of
-    ops, each with a function reaching it that the tool does not patch, are exactly the shortfall, those ops
-    (with their roles) are the explanation; else the modules' whole count against flopscope's."""
+    """The difference in the modules of one type, per op where the evidence allows: when
+    the MACs of one set of ops, each with a function reaching it that the tool does
+    not patch, are exactly the shortfall, those ops (with their roles) are the
+    explanation; else the modules' whole count against flopscope's."""
     executed = sum(r.multiplies for r in records)
     by_op: dict[str, int] = {}
     for record in records:

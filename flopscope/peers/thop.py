@@ -1,23 +1,25 @@
 """thop (``ultralytics-thop``, ``thop.profile``): its runner for :func:`~.common.crosscheck`, and
 :func:`thop_custom_ops`, the plug-in that gives it flopscope's formulas.
 
-thop counts with a rule per module type (a forward hook adding to ``module.total_ops``) and, outside every
-module with a counting rule, with rules per torch function (``torch.matmul``, ``F.linear``,
-``F.scaled_dot_product_attention``, ...). Its ``total_ops`` are MACs for its GEMM and convolution rules and
-elementwise operation counts for its norm / softmax / pooling rules. thop itself is imported inside the
+thop counts with a rule per module type (a forward hook adding to ``module.total_ops``)
+and, outside every module with a counting rule, with rules per torch function
+(``torch.matmul``, ``F.linear``, ``F.scaled_dot_product_attention``, ...). Its
+``total_ops`` are MACs for its GEMM and convolution rules and elementwise operation
+counts for its norm / softmax / pooling rules. thop itself is imported inside the
 functions only.
 
 How the runner explains a difference, from evidence per module only:
 
 - thop's ``ret_layer_info`` tree gives its rules' count per module path;
-- what its function hooks count is reported only inside its total, so the runner watches the same run and
-  applies thop's own function rules per module path; it uses that split only when it sums to exactly what
-  thop's total holds beyond its tree;
-- flopscope counts the very run thop makes, and each of its records belongs to the innermost module on its
-  stack that has a thop rule (that rule should count it), or else to its own module (thop's function
-  hooks may count it there);
-- per module path, thop's count is compared with flopscope's records there, and the paths that differ are
-  reported per module type. A gap no module-level evidence shows stays ``unexplained``.
+- what its function hooks count is reported only inside its total, so the runner watches
+  the same run and applies thop's own function rules per module path; it uses that split
+  only when it sums to exactly what thop's total holds beyond its tree;
+- flopscope counts the very run thop makes, and each of its records belongs to the
+  innermost module on its stack that has a thop rule (that rule should count it), or
+  else to its own module (thop's function hooks may count it there);
+- per module path, thop's count is compared with flopscope's records there, and the
+  paths that differ are reported per module type. A gap no module-level evidence shows
+  stays ``unexplained``.
 """
 
 from __future__ import annotations
@@ -72,11 +74,13 @@ class _ThopTables(NamedTuple):
 
 
 def _thop_tables() -> _ThopTables:
-    """The one place that reads private details of thop: ``thop.profile.register_hooks`` (its default rule
-    per module type: the plug-in replaces some of them, and the runner resolves each module's rule as
-    ``thop.profile`` does) and ``thop.profile.functional_hooks`` (its rule per torch function: thop reports
-    their count only inside its total, so the runner needs them to place that count per module). thop has
-    no public way to read either. ``zero_ops`` is its public no-count rule."""
+    """The one place that reads private details of thop: ``thop.profile.register_hooks``
+    (its default rule per module type: the plug-in replaces some of them, and the
+    runner resolves each module's rule as ``thop.profile`` does) and
+    ``thop.profile.functional_hooks`` (its rule per torch function: thop reports
+    their count only inside its total, so the runner needs them to place that count
+    per module). thop has no public way to read either. ``zero_ops`` is its public
+    no-count rule."""
     # the module; ``thop.profile`` the attribute is a function
     module = importlib.import_module("thop.profile")
     from thop.vision.basic_hooks import zero_ops
@@ -85,8 +89,8 @@ def _thop_tables() -> _ThopTables:
 
 
 def _rule_resolver(custom_ops: Mapping[type, ThopRule], tables: _ThopTables) -> Callable[[type], ThopRule | None]:
-    """thop's rule resolution: the first class of the MRO with a rule, ``custom_ops`` first at each level;
-    ``None`` where it has none."""
+    """thop's rule resolution: the first class of the MRO with a rule, ``custom_ops``
+    first at each level; ``None`` where it has none."""
 
     def rule(module_type: type) -> ThopRule | None:
         for t in module_type.__mro__:
@@ -103,9 +107,10 @@ def _rule_resolver(custom_ops: Mapping[type, ThopRule], tables: _ThopTables) -> 
 # runner
 # --------------------------------------------------------------------------------------------------
 class _FunctionCounts(TorchFunctionMode):
-    """thop's function rules applied to the same run, per module path: each call of a torch function thop
-    has a rule for, made while no module with a counting rule runs (as thop counts it), adds the rule's
-    count to the innermost module running it."""
+    """thop's function rules applied to the same run, per module path: each call of a
+    torch function thop has a rule for, made while no module with a counting rule
+    runs (as thop counts it), adds the rule's count to the innermost module running
+    it."""
 
     def __init__(self, model: nn.Module, ruled: set[str], functions: Mapping[Any, FunctionRule]) -> None:
         super().__init__()
@@ -137,7 +142,8 @@ def _function_counts(model: nn.Module, ruled: set[str], functions: Mapping[Any, 
 
 def _layer_tree(tree: Mapping[str, Any], prefix: str, modules: Mapping[str, nn.Module], seen: set[int],
                 own: dict[str, float]) -> float:
-    """Own ops per module path from thop's ``ret_layer_info`` tree (inclusive counts per child)."""
+    """Own ops per module path from thop's ``ret_layer_info`` tree (inclusive counts per
+    child)."""
     children = 0.0
     for name, (ops, _, sub) in tree.items():
         path = f"{prefix}{name}"
@@ -154,8 +160,9 @@ def _layer_tree(tree: Mapping[str, Any], prefix: str, modules: Mapping[str, nn.M
 
 def _run_thop(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], prof: Profile,
               plugins: bool) -> PeerCount:
-    """``thop.profile`` on a copy of ``model``, with flopscope counting the same run; per module path,
-    thop's count against flopscope's records executed there (module docstring)."""
+    """``thop.profile`` on a copy of ``model``, with flopscope counting the same run;
+    per module path, thop's count against flopscope's records executed there (module
+    docstring)."""
     import thop
 
     tables = _thop_tables()
@@ -225,8 +232,8 @@ def _kind(counted: int, executed: int, by_rule: bool) -> str:
 
 
 def _reason(type_name: str, kind: str, by_rule: bool, counted: int, executed: int, ops: str) -> str:
-    """Why thop's count in the modules of one type differs, from what counted there (its rule, or its
-    function hooks) and the kind of difference (:func:`_kind`)."""
+    """Why thop's count in the modules of one type differs, from what counted there (its
+    rule, or its function hooks) and the kind of difference (:func:`_kind`)."""
     if by_rule:
         if kind == "extra":
             return f"its {type_name} rule counts elementwise work " + (
@@ -265,7 +272,8 @@ def _thop_mha(registry: FormulaRegistry) -> ThopRule:
     sdpa = required_formula(registry, aten._scaled_dot_product_attention_math, "thop's MultiheadAttention rule")
 
     def count_mha(m: Any, x: tuple[Any, ...], y: Any) -> None:
-        """``nn.MultiheadAttention``: the Q/K/V/out projections and the attention core, MACs only."""
+        """``nn.MultiheadAttention``: the Q/K/V/out projections and the attention core,
+        MACs only."""
         query, key = x[0], x[1] if len(x) > 1 else x[0]
         E, h = int(m.embed_dim), int(m.num_heads)
         first = bool(getattr(m, "batch_first", False))
@@ -288,7 +296,8 @@ def _thop_rnn(registry: FormulaRegistry) -> ThopRule:
     rnn = required_formula(registry, aten._cudnn_rnn, "thop's recurrent rule")
 
     def count_rnn(m: Any, x: tuple[Any, ...], y: Any) -> None:
-        """``nn.LSTM`` / ``GRU`` / ``RNN``: every 2-D weight of every layer and direction once per token."""
+        """``nn.LSTM`` / ``GRU`` / ``RNN``: every 2-D weight of every layer and
+        direction once per token."""
         inp = x[0]
         data = inp.data if isinstance(inp, nn.utils.rnn.PackedSequence) else inp
         m.total_ops += total_of(rnn(_shape(data), [_shape(w) for w in m._flat_weights]))
@@ -300,24 +309,29 @@ def _thop_rnn_cell(registry: FormulaRegistry) -> ThopRule:
     layer = required_formula(registry, aten.mkldnn_rnn_layer, "thop's recurrent cell rule")
 
     def count_rnn_cell(m: Any, x: tuple[Any, ...], y: Any) -> None:
-        """``nn.LSTMCell`` / ``GRUCell`` / ``RNNCell``: ``W_ih x`` and ``W_hh h`` once per batch row."""
+        """``nn.LSTMCell`` / ``GRUCell`` / ``RNNCell``: ``W_ih x`` and ``W_hh h`` once
+        per batch row."""
         m.total_ops += total_of(layer(_shape(x[0]), _shape(m.weight_ih), _shape(m.weight_hh)))
 
     return count_rnn_cell
 
 
 def thop_custom_ops(elementwise: bool = False, registry: FormulaRegistry | None = None) -> dict[type, ThopRule]:
-    """``custom_ops`` for ``thop.profile(model, inputs, custom_ops=...)``, from flopscope's formulas.
+    """``custom_ops`` for ``thop.profile(model, inputs, custom_ops=...)``, from
+    flopscope's formulas.
 
-    - transformers' ``Conv1D`` (GPT-2 and relatives: ``addmm``, which thop has no rule for; it counts 0);
-    - ``nn.MultiheadAttention``, ``nn.LSTM`` / ``GRU`` / ``RNN`` and their cells: MACs only (thop's own rules
-      add softmax, gate and bias operations);
-    - with ``elementwise=False`` (default), thop's norm / softmax / pooling / upsampling / PReLU rules (every
-      rule but those of convolutions, ``nn.Linear``, ``nn.Bilinear`` and ``nn.Embedding``) are replaced by
-      its ``zero_ops``, so thop counts multiply-accumulates only, as flopscope's ``total()``.
+    - transformers' ``Conv1D`` (GPT-2 and relatives: ``addmm``, which thop has no rule
+      for; it counts 0);
+    - ``nn.MultiheadAttention``, ``nn.LSTM`` / ``GRU`` / ``RNN`` and their cells: MACs
+      only (thop's own rules add softmax, gate and bias operations);
+    - with ``elementwise=False`` (default), thop's norm / softmax / pooling / upsampling
+      / PReLU rules (every rule but those of convolutions, ``nn.Linear``,
+      ``nn.Bilinear`` and ``nn.Embedding``) are replaced by its ``zero_ops``, so thop
+      counts multiply-accumulates only, as flopscope's ``total()``.
 
-    Each rule adds **MACs** to ``module.total_ops``, as thop's own rules do. A registry without a formula
-    these rules build on is a :class:`~flopscope.errors.RegistryError`.
+    Each rule adds **MACs** to ``module.total_ops``, as thop's own rules do. A registry
+    without a formula these rules build on is a
+    :class:`~flopscope.errors.RegistryError`.
     """
     tables = _thop_tables()
     registry = registry if registry is not None else REGISTRY

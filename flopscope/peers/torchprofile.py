@@ -1,13 +1,16 @@
-"""torchprofile (``torchprofile.profile_macs``): its runner for :func:`~.common.crosscheck`.
+"""torchprofile (``torchprofile.profile_macs``): its runner for
+:func:`~.common.crosscheck`.
 
-torchprofile counts **MACs** on a TorchScript trace (``torch.jit._get_trace_graph``): a handler per TorchScript op
-(``aten::linear``, ``aten::matmul``, ``aten::bmm``, ``aten::_convolution``, ``aten::scaled_dot_product_attention``,
-``aten::lstm``, ...), and it warns ``No handlers found`` for an op it does not know (counted 0). Its handlers also
-count elementwise products (``aten::mul``: one MAC per output element), means and poolings, and norms. Its trace
-takes no keyword arguments (bound into a copy's ``forward`` here) and no ``FakeTensorMode``. Its nodes carry no
-module scope, so the evidence is per op: its count per op group (matrix products, convolution, attention,
-recurrent, else the op) against flopscope's records of the caller's run (flopscope cannot follow a traced run:
-sizes are traced values there).
+torchprofile counts **MACs** on a TorchScript trace (``torch.jit._get_trace_graph``): a
+handler per TorchScript op (``aten::linear``, ``aten::matmul``, ``aten::bmm``,
+``aten::_convolution``, ``aten::scaled_dot_product_attention``, ``aten::lstm``, ...),
+and it warns ``No handlers found`` for an op it does not know (counted 0). Its handlers
+also count elementwise products (``aten::mul``: one MAC per output element), means and
+poolings, and norms. Its trace takes no keyword arguments (bound into a copy's
+``forward`` here) and no ``FakeTensorMode``. Its nodes carry no module scope, so the
+evidence is per op: its count per op group (matrix products, convolution, attention,
+recurrent, else the op) against flopscope's records of the caller's run (flopscope
+cannot follow a traced run: sizes are traced values there).
 """
 
 from __future__ import annotations
@@ -31,16 +34,18 @@ _NO_HANDLER = re.compile(r'No handlers found: "([^"]+)"')
 
 
 def _group(op: str) -> str:
-    """``"aten::linear"`` / ``"aten.mm"`` -> ``"matrix products"``; an SDPA op of either naming -> ``"attention"``;
-    an op of no such family -> its TorchScript name (``"aten::mul"``)."""
+    """``"aten::linear"`` / ``"aten.mm"`` -> ``"matrix products"``; an SDPA op of either
+    naming -> ``"attention"``; an op of no such family -> its TorchScript name
+    (``"aten::mul"``)."""
     family = op_family(op)
     return _GROUPS[family] if family in _GROUPS else torchscript_name(op)
 
 
 def _run_torchprofile(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], prof: Profile,
                       plugins: bool) -> PeerCount:
-    """``profile_macs(copy, args, reduction=None)`` with flopscope counting the traced run; per op group, its
-    MACs against flopscope's (module docstring). ``plugins``: it has none."""
+    """``profile_macs(copy, args, reduction=None)`` with flopscope counting the traced
+    run; per op group, its MACs against flopscope's (module docstring). ``plugins``:
+    it has none."""
     from torchprofile import profile_macs
 
     twin = copy_for(model, kwargs)

@@ -1,5 +1,6 @@
-"""Reconciliation rows of an attention block: each projection and the core against B·n·d·(h·d_k) and
-B·h·n_q·n_k·d_k, with the useful pairs under masks beside the executed ones (docs/formulas.md section 7)."""
+"""Reconciliation rows of an attention block: each projection and the core against
+B·n·d·(h·d_k) and B·h·n_q·n_k·d_k, with the useful pairs under masks beside the
+executed ones (docs/formulas.md section 7)."""
 
 from __future__ import annotations
 
@@ -36,9 +37,10 @@ class _Attention:
 
 
 def _core_macs(measured: Mapping[str, int], batch: int, n_q: int, n_k: int, hyper: _Attention) -> dict[str, int]:
-    """The attention core's MACs for one call: the quadratic form (scores, weighted sum: B·h·n_q·n_k·d_k
-    each), or, where the block's core was found in the linear form, φ(K)ᵀV (B·n_k·n_kv·d_k·d_v), φ(Q)·state
-    (B·n_q·h·d_k·d_v) and, where there is one, the normaliser φ(Q)·Σφ(K) (B·n_q·h·d_k), with d_v = d_k."""
+    """The attention core's MACs for one call: the quadratic form (scores, weighted sum:
+    B·h·n_q·n_k·d_k each), or, where the block's core was found in the linear form,
+    φ(K)ᵀV (B·n_k·n_kv·d_k·d_v), φ(Q)·state (B·n_q·h·d_k·d_v) and, where there is
+    one, the normaliser φ(Q)·Σφ(K) (B·n_q·h·d_k), with d_v = d_k."""
     if not any(role in measured for role in LINEAR_CORE):
         return {"attn_scores": batch * n_q * n_k * hyper.d_q, "attn_weighted_sum": batch * n_q * n_k * hyper.d_q}
     if hyper.d_k is None:
@@ -52,9 +54,11 @@ def _core_macs(measured: Mapping[str, int], batch: int, n_q: int, n_k: int, hype
 
 @dataclass(frozen=True)
 class _LatentAttention:
-    """Multi-head latent attention (DeepSeek-V2 / V3, Kimi K2; formulas.md section 7.3): queries through a low-rank
-    factor of rank ``r_q`` (or one projection where ``r_q`` is 0), keys and values expanded from one latent of rank
-    ``r_kv``, each head's key ``nope`` columns from the latent and ``rope`` rotary columns shared by all heads."""
+    """Multi-head latent attention (DeepSeek-V2 / V3, Kimi K2; formulas.md section 7.3):
+    queries through a low-rank factor of rank ``r_q`` (or one projection where
+    ``r_q`` is 0), keys and values expanded from one latent of rank ``r_kv``, each
+    head's key ``nope`` columns from the latent and ``rope`` rotary columns shared by
+    all heads."""
 
     h: int
     r_q: int  # 0: no query factor (q_proj: d -> h·(nope + rope))
@@ -65,7 +69,8 @@ class _LatentAttention:
     source: str
 
     def macs(self, batch: int, n_q: int, n_k: int, d: int) -> dict[str, int]:
-        """Per role, for one call (docs/roles.md section 3.5: the latent and the shared rotary key are k_proj)."""
+        """Per role, for one call (docs/roles.md section 3.5: the latent and the shared
+        rotary key are k_proj)."""
         h, r_q, r_kv, nope, rope, d_v = self.h, self.r_q, self.r_kv, self.nope, self.rope, self.d_v
         query = d * r_q + r_q * h * (nope + rope) if r_q else d * h * (nope + rope)
         return {"q_proj": batch * n_q * query,
@@ -77,7 +82,8 @@ class _LatentAttention:
 
 
 def _latent_attention(b: Block) -> _LatentAttention | None:
-    """The block's latent-attention hyper-parameters, where its module declares them (``kv_lora_rank``, ...)."""
+    """The block's latent-attention hyper-parameters, where its module declares them
+    (``kv_lora_rank``, ...)."""
     facts, paths = b.facts, [b.path]
     values = {name: facts.declared(Names(module=(name,)), paths, config=False)
               for name in ("num_heads", "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",
@@ -216,8 +222,8 @@ def attention_rows(b: Block) -> list[ReconcileRow]:
 
 
 def _key_width(b: Block, role: str = "k_proj") -> int | None:
-    """The input width the block's one key (or value) projection declares, where it differs from the queries': a
-    cross-attention reading a context of another width."""
+    """The input width the block's one key (or value) projection declares, where it
+    differs from the queries': a cross-attention reading a context of another width."""
     keys, queries = b.role_modules.get(role, set()), b.role_modules.get("q_proj", set())
     if len(keys) != 1 or len(queries) != 1:
         return None
@@ -226,14 +232,17 @@ def _key_width(b: Block, role: str = "k_proj") -> int | None:
 
 
 def _stream_attention_rows(b: Block) -> list[ReconcileRow] | None:
-    """Attention over the concatenation of token streams, each with its own projections: joint attention (SD3,
-    Flux's double-stream blocks, HunyuanVideo: image tokens through ``to_q`` / ``to_k`` / ``to_v``, text tokens
-    through ``add_q_proj`` / ...) and a single-stream block whose attention runs on ``cat([text, image])`` made inside
-    the block. Each projection's MACs are B·n·in·out from its declared widths and the tokens of its own input; the
-    core runs over n_q = Σ of the query projections' tokens and n_k = Σ of the key projections', B·n_q·n_k·(h·d_k)
-    each for scores and weighted sum. Used where the block's own inputs do not say the attention's tokens: several
-    projections per role, or a query projection that sees other tokens than the block's query input. ``None``
-    otherwise, or where a projection is no declared linear layer."""
+    """Attention over the concatenation of token streams, each with its own projections:
+    joint attention (SD3, Flux's double-stream blocks, HunyuanVideo: image tokens
+    through ``to_q`` / ``to_k`` / ``to_v``, text tokens through ``add_q_proj`` / ...)
+    and a single-stream block whose attention runs on ``cat([text, image])`` made
+    inside the block. Each projection's MACs are B·n·in·out from its declared widths
+    and the tokens of its own input; the core runs over n_q = Σ of the query
+    projections' tokens and n_k = Σ of the key projections', B·n_q·n_k·(h·d_k) each
+    for scores and weighted sum. Used where the block's own inputs do not say the
+    attention's tokens: several projections per role, or a query projection that sees
+    other tokens than the block's query input. ``None`` otherwise, or where a
+    projection is no declared linear layer."""
     linears = {role: b.linear_calls(role) for role in ("q_proj", "k_proj", "v_proj", "out_proj")}
     if any(linears[role] is None for role in ("q_proj", "k_proj", "v_proj")) \
             or any(role in b.measured for role in LINEAR_CORE):

@@ -1,5 +1,6 @@
-"""Reconciliation rows of the other blocks: FFN (x top-k experts), convolution, recurrent layers, logits and
-FNet's Fourier mixing, each against its closed form (docs/formulas.md sections 6 and 7)."""
+"""Reconciliation rows of the other blocks: FFN (x top-k experts), convolution,
+recurrent layers, logits and FNet's Fourier mixing, each against its closed form
+(docs/formulas.md sections 6 and 7)."""
 
 from __future__ import annotations
 
@@ -76,13 +77,15 @@ def ffn_rows(b: Block) -> list[ReconcileRow]:
 
 
 def tokens_of(calls: list[InputShapes], width: int) -> int:
-    """Tokens (batch x length) of the block's query inputs of this width, summed over its calls."""
+    """Tokens (batch x length) of the block's query inputs of this width, summed over
+    its calls."""
     found = (batch_and_length(shapes, width, QUERY_INPUTS) for shapes in calls)
     return sum(t[0] * t[1] for t in found if t is not None)
 
 
 def _ffn_widths(b: Block, gated: bool) -> tuple[int | None, int | None, str]:
-    """(d, d_ff): from the up projection's declared weight (nn.Linear / GPT-2 Conv1D), else the config."""
+    """(d, d_ff): from the up projection's declared weight (nn.Linear / GPT-2 Conv1D),
+    else the config."""
     facts = b.facts
     ups = b.role_modules.get("ffn_up", set())
     if len(ups) == 1:
@@ -135,8 +138,9 @@ def conv_rows(b: Block) -> list[ReconcileRow]:
 
 
 def _conv_macs(a: Mapping[str, Any], shape: Sequence[int], padding: Any) -> int:
-    """B·C_out·Π(L_out)·(C_in/g)·Π(k) of a convolution with the declared attributes ``a`` on an input of ``shape``
-    (``padding``: the declared one, or what the convolution was called with)."""
+    """B·C_out·Π(L_out)·(C_in/g)·Π(k) of a convolution with the declared attributes
+    ``a`` on an input of ``shape`` (``padding``: the declared one, or what the
+    convolution was called with)."""
     kernel = tuple(a["kernel_size"])
     dims = len(kernel)
     spatial = tuple(shape[-dims:])
@@ -190,8 +194,9 @@ def logits_rows(b: Block) -> list[ReconcileRow]:
 
 
 def mixing_rows(b: Block) -> list[ReconcileRow]:
-    """FNet's Fourier mixing (Lee-Thorp et al. 2021, ``Re(F_seq(F_hidden(x)))``): a complex 2-D FFT
-    over (n, d) of each ``[B, n, d]`` input of the declared width, i.e. B·(d·F(n) + n·F(d)) MACs."""
+    """FNet's Fourier mixing (Lee-Thorp et al. 2021, ``Re(F_seq(F_hidden(x)))``): a
+    complex 2-D FFT over (n, d) of each ``[B, n, d]`` input of the declared width,
+    i.e. B·(d·F(n) + n·F(d)) MACs."""
     spec, got = b.spec, b.measured.get("token_mixing", 0)
     d, source = (spec.d, "TransformerSpec") if spec is not None and spec.d else (b.facts.declared(WIDTH), "config")
     if spec is not None and spec.n is not None:

@@ -1,8 +1,10 @@
-"""Attention conventions: what the attention core (roles ``attn_scores`` and ``attn_weighted_sum``) is charged,
-and the one place that knows how each attention op is masked (causal flag, sliding window, mask tensor).
+"""Attention conventions: what the attention core (roles ``attn_scores`` and
+``attn_weighted_sum``) is charged, and the one place that knows how each attention op
+is masked (causal flag, sliding window, mask tensor).
 
-``total()`` and ``by_role()`` count **executed** work: a dense kernel computes every (query, key) pair, masked or
-not. Everything that consumes per-role or per-token numbers takes ``attention=`` with one of:
+``total()`` and ``by_role()`` count **executed** work: a dense kernel computes every
+(query, key) pair, masked or not. Everything that consumes per-role or per-token numbers
+takes ``attention=`` with one of:
 
 =============  ======================================================================================
 ``executed``   (default) every pair the kernel computes: ``n_q·n_k`` per batch and head
@@ -16,20 +18,23 @@ not. Everything that consumes per-role or per-token numbers takes ``attention=``
                sliding window W ``Σ_i min(n_k − n_q + i + 1, W)``; padding only from values
 =============  ======================================================================================
 
-Each core op's MACs under a convention are its executed MACs times ``pairs / (n_q·n_k)``, rounded down to a
-whole MAC (exact whenever ``batch·heads·head width`` is even). Backward ops scale with their forward op: every
-backward GEMM of the core runs over the same ``n_q × n_k`` pairs. Where the facts come from, per op
-(:attr:`CoreOp.source`): a fused kernel's own ``is_causal`` / window / ``attn_mask`` argument; the values of its
-mask tensor, followed through ``where(mask, 0, -inf)`` (0 and -inf as numbers, or as one-element constants made from
-data), ``masked_fill`` and additive masks; else the model's declaration (a module's ``is_causal``, its or the
-config's ``sliding_window``), named in :func:`notes`. A mask's values are known when the run kept them (real mode:
-index tensors of at most 4,096 elements, see :mod:`flopscope.capture.recorder`; the model's integer inputs in fake
-mode) or when they follow from the capture alone (:mod:`flopscope.capture.constant_values`: a mask made from sizes,
-as SDPA's math path makes its causal mask on ``meta``, ``ones(n, n).tril()``, transformers' masks), so the same
-mask gives the same facts in real, fake and meta runs. The window of a mask is read from its values (an exact causal
-band of W keys).
-FlexAttention's block mask: its ``mask_mod`` evaluated at every pair (a function of indices, so in any mode).
-Units: MACs. See ``docs/conventions.md`` section 5.4.
+Each core op's MACs under a convention are its executed MACs times ``pairs /
+(n_q·n_k)``, rounded down to a whole MAC (exact whenever ``batch·heads·head width`` is
+even). Backward ops scale with their forward op: every backward GEMM of the core runs
+over the same ``n_q × n_k`` pairs. Where the facts come from, per op
+(:attr:`CoreOp.source`): a fused kernel's own ``is_causal`` / window / ``attn_mask``
+argument; the values of its mask tensor, followed through ``where(mask, 0, -inf)`` (0
+and -inf as numbers, or as one-element constants made from data), ``masked_fill`` and
+additive masks; else the model's declaration (a module's ``is_causal``, its or the
+config's ``sliding_window``), named in :func:`notes`. A mask's values are known when the
+run kept them (real mode: index tensors of at most 4,096 elements, see
+:mod:`flopscope.capture.recorder`; the model's integer inputs in fake mode) or when they
+follow from the capture alone (:mod:`flopscope.capture.constant_values`: a mask made
+from sizes, as SDPA's math path makes its causal mask on ``meta``, ``ones(n,
+n).tril()``, transformers' masks), so the same mask gives the same facts in real, fake
+and meta runs. The window of a mask is read from its values (an exact causal band of W
+keys). FlexAttention's block mask: its ``mask_mod`` evaluated at every pair (a function
+of indices, so in any mode). Units: MACs. See ``docs/conventions.md`` section 5.4.
 """
 
 from __future__ import annotations
@@ -60,7 +65,8 @@ DECLARED, KERNEL, VALUES, UNMASKED, UNKNOWN = "declared", "kernel", "mask values
 # --------------------------------------------------------------------------------------------------
 # pairs
 def useful_pairs(n_q: int, n_k: int, causal: bool, window: int | None) -> int:
-    """(query, key) pairs a causal / sliding-window mask leaves; queries are the last n_q of n_k positions."""
+    """(query, key) pairs a causal / sliding-window mask leaves; queries are the last
+    n_q of n_k positions."""
     if window:
         offset = n_k - n_q
         return sum(min(offset + i + 1, window) for i in range(n_q))
@@ -70,14 +76,15 @@ def useful_pairs(n_q: int, n_k: int, causal: bool, window: int | None) -> int:
 
 
 def causal_half_pairs(n_q: int, n_k: int) -> Fraction:
-    """The ``causal`` convention: ``n_q·n_k − n_q²/2`` pairs (``n²/2`` for square attention, as FlashAttention's
-    benchmark, Megatron-LM and MaxText count it); queries are the last n_q of n_k positions (``n_k ≥ n_q``)."""
+    """The ``causal`` convention: ``n_q·n_k − n_q²/2`` pairs (``n²/2`` for square
+    attention, as FlashAttention's benchmark, Megatron-LM and MaxText count it);
+    queries are the last n_q of n_k positions (``n_k ≥ n_q``)."""
     return Fraction(2 * n_q * n_k - n_q * n_q, 2)
 
 
 def pairs(attention: str, n_q: int, n_k: int, causal: bool, window: int | None) -> Fraction:
-    """Pairs charged under ``attention`` for one (batch, head) of ``n_q`` queries over ``n_k`` keys, from the
-    mask's facts (no mask values)."""
+    """Pairs charged under ``attention`` for one (batch, head) of ``n_q`` queries over
+    ``n_k`` keys, from the mask's facts (no mask values)."""
     check_attention(attention)
     if attention == CAUSAL and causal and n_k >= n_q:
         return causal_half_pairs(n_q, n_k)
@@ -89,7 +96,8 @@ def pairs(attention: str, n_q: int, n_k: int, causal: bool, window: int | None) 
 # --------------------------------------------------------------------------------------------------
 # declared facts and kernel flags
 def config_window(block: str, facts: ModelFacts) -> int | None:
-    """The sliding window the config declares for this block's layer (``layer_types`` when it has them)."""
+    """The sliding window the config declares for this block's layer (``layer_types``
+    when it has them)."""
     window = facts.declared(SLIDING_WINDOW)
     if window is None or facts.config_value("use_sliding_window") is False:
         return None
@@ -102,8 +110,8 @@ def config_window(block: str, facts: ModelFacts) -> int | None:
 
 
 def declared_mask(block: str, facts: ModelFacts) -> tuple[bool, int | None]:
-    """(causal, window) a block declares: a module inside it with ``is_causal = True``; a module attribute
-    ``sliding_window``, else the config's (:func:`config_window`)."""
+    """(causal, window) a block declares: a module inside it with ``is_causal = True``;
+    a module attribute ``sliding_window``, else the config's (:func:`config_window`)."""
     paths = inside(facts.types, block)
     causal = any(facts.attr(p, "is_causal") is True for p in paths)
     window = facts.declared(SLIDING_WINDOW, paths, config=False)
@@ -111,9 +119,10 @@ def declared_mask(block: str, facts: ModelFacts) -> tuple[bool, int | None]:
 
 
 def kernel_flags(target: Any, args: Any, kwargs: Mapping[str, Any]) -> tuple[bool, int | None]:
-    """(causal, window) an attention kernel was called with: ``is_causal`` / ``causal``, the efficient kernel's
-    ``custom_mask_type`` (1 and 2 are causal), FlashAttention's ``window_size_left`` (xFormers' ``window_left``: W − 1
-    keys before)."""
+    """(causal, window) an attention kernel was called with: ``is_causal`` / ``causal``,
+    the efficient kernel's ``custom_mask_type`` (1 and 2 are causal),
+    FlashAttention's ``window_size_left`` (xFormers' ``window_left``: W − 1 keys
+    before)."""
     causal = bool(argument(target, args, kwargs, "is_causal", "causal"))
     mask_type = argument(target, args, kwargs, "custom_mask_type")
     causal = causal or (isinstance(mask_type, int) and mask_type > 0)
@@ -133,11 +142,13 @@ def kernel_is_causal(op: CapturedOp) -> bool:
 # one core op
 @dataclass(frozen=True)
 class CoreOp:
-    """One op of the attention core (any phase), with its pairs and the mask facts that price them.
+    """One op of the attention core (any phase), with its pairs and the mask facts that
+    price them.
 
-    ``parts``: executed MACs per core role; ``n_q`` / ``n_k``: queries and keys per (batch, head) (``None``: not
-    read from this layout, so every convention charges it executed); ``allowed``: the share of the
-    ``batch·heads·n_q·n_k`` pairs the mask tensor allows, from its values (``None``: values unknown)."""
+    ``parts``: executed MACs per core role; ``n_q`` / ``n_k``: queries and keys per
+    (batch, head) (``None``: not read from this layout, so every convention charges it
+    executed); ``allowed``: the share of the ``batch·heads·n_q·n_k`` pairs the mask
+    tensor allows, from its values (``None``: values unknown)."""
 
     node: str
     phase: str
@@ -169,9 +180,10 @@ class CoreOp:
 
 def core_ops(ops: Sequence[CapturedOp], assignments: Mapping[CapturedOp, Assignment],
              facts: ModelFacts) -> tuple[CoreOp, ...]:
-    """Every record of a capture (``ops``, in order) with attention-core MACs (``assignments``:
-    ``{record: Assignment}``), with its pairs and mask facts (``facts``: what the model declares), found on the
-    records' own dataflow. :meth:`Profile.attention_core` keeps it."""
+    """Every record of a capture (``ops``, in order) with attention-core MACs
+    (``assignments``: ``{record: Assignment}``), with its pairs and mask facts
+    (``facts``: what the model declares), found on the records' own dataflow.
+    :meth:`Profile.attention_core` keeps it."""
     link(ops)
     parts_of = {op: assignment.parts for op, assignment in assignments.items()}
     masks = _Masks(ConstantValues())
@@ -188,8 +200,9 @@ def core_ops(ops: Sequence[CapturedOp], assignments: Mapping[CapturedOp, Assignm
 
 def parts_under(assignments: Mapping[CapturedOp, Assignment], core: Sequence[CoreOp] | None,
                 attention: str) -> dict[CapturedOp, Mapping[str, int]]:
-    """``{record: {role: MACs}}`` of every op that multiplies (``assignments``: ``{record: Assignment}``), its core
-    roles priced under ``attention`` (``core``: :func:`core_ops`; not read for ``"executed"``)."""
+    """``{record: {role: MACs}}`` of every op that multiplies (``assignments``:
+    ``{record: Assignment}``), its core roles priced under ``attention`` (``core``:
+    :func:`core_ops`; not read for ``"executed"``)."""
     out: dict[CapturedOp, Mapping[str, int]] = {op: a.parts for op, a in assignments.items()}
     if check_attention(attention) == EXECUTED:
         return out
@@ -199,8 +212,8 @@ def parts_under(assignments: Mapping[CapturedOp, Assignment], core: Sequence[Cor
 
 
 def saved(core: Sequence[CoreOp], attention: str, module: str = "", phase: str | None = None) -> int:
-    """Executed MACs minus MACs under ``attention``, of the core ops inside ``module`` (``""``: all) and
-    ``phase``: what :meth:`Profile.total` subtracts."""
+    """Executed MACs minus MACs under ``attention``, of the core ops inside ``module``
+    (``""``: all) and ``phase``: what :meth:`Profile.total` subtracts."""
     if check_attention(attention) == EXECUTED:
         return 0
     return sum(sum(op.parts.values()) - sum(op.macs(attention).values()) for op in core
@@ -284,8 +297,9 @@ def _flex_mask_mod(op: CapturedOp) -> Any:
 
 
 def _flex_allowed(mask_mod: Any, shape: tuple[int, ...]) -> torch.Tensor | None:
-    """Which pairs a FlexAttention ``mask_mod`` allows, as a ``[B, h, n_q, n_k]`` boolean tensor (``None`` for a
-    grid above :data:`MAX_FLEX_PAIRS` or a mask_mod that cannot run outside the kernel)."""
+    """Which pairs a FlexAttention ``mask_mod`` allows, as a ``[B, h, n_q, n_k]``
+    boolean tensor (``None`` for a grid above :data:`MAX_FLEX_PAIRS` or a mask_mod
+    that cannot run outside the kernel)."""
     if len(shape) != 4 or shape[0] * shape[1] * shape[2] * shape[3] > MAX_FLEX_PAIRS:
         return None
     from torch.nn.attention.flex_attention import create_mask
@@ -298,8 +312,9 @@ def _flex_allowed(mask_mod: Any, shape: tuple[int, ...]) -> torch.Tensor | None:
 
 
 def _kernel_geometry(op: CapturedOp) -> tuple[int, int, tuple[int, ...]] | None:
-    """(n_q, n_k, scores shape ``[*batch, heads, n_q, n_k]``) of a fused attention kernel, from q and k in the
-    layout its registration declares (:meth:`~flopscope.formulas.registry.OpSpec.attention_geometry`)."""
+    """(n_q, n_k, scores shape ``[*batch, heads, n_q, n_k]``) of a fused attention
+    kernel, from q and k in the layout its registration declares
+    (:meth:`~flopscope.formulas.registry.OpSpec.attention_geometry`)."""
     operands = op.spec.operands[:2] if op.spec is not None else ()
     if op.spec is None or len(operands) != 2:
         return None
@@ -335,9 +350,11 @@ BLOCKING = -1e4
 
 
 class _Masks:
-    """Mask facts read from the records' values: those the run kept, and those that follow from the capture alone
-    (:class:`~flopscope.capture.constant_values.ConstantValues`: a mask made from sizes has the same values in
-    real, fake and meta runs). One per :func:`core_ops` call: a model's layers share their masks' facts."""
+    """Mask facts read from the records' values: those the run kept, and those that
+    follow from the capture alone
+    (:class:`~flopscope.capture.constant_values.ConstantValues`: a mask made from
+    sizes has the same values in real, fake and meta runs). One per :func:`core_ops`
+    call: a model's layers share their masks' facts."""
 
     def __init__(self, values: ConstantValues) -> None:
         self.values = values
@@ -348,11 +365,13 @@ class _Masks:
     # ---------------------------------------------------------------------------------------------
     def facts(self, allowed: torch.Tensor | None, shape: tuple[int, ...] | None, n_q: int, n_k: int,
               declared_causal: bool, declared_window: int | None) -> Facts:
-        """Facts from a mask tensor (``allowed``: True where a pair is allowed): its values when known and
-        broadcastable to the masked scores' ``shape``, else the declaration. Broadcasting repeats every value the
-        same number of times, so the allowed share is the mask's own. A mask that allows no pair above the
-        diagonal is causal; one that is exactly a causal band of W keys per query has window W (a declared window
-        stands where the mask shows none because it is at least as wide as the keys)."""
+        """Facts from a mask tensor (``allowed``: True where a pair is allowed): its
+        values when known and broadcastable to the masked scores' ``shape``, else the
+        declaration. Broadcasting repeats every value the same number of times, so
+        the allowed share is the mask's own. A mask that allows no pair above the
+        diagonal is causal; one that is exactly a causal band of W keys per query has
+        window W (a declared window stands where the mask shows none because it is at
+        least as wide as the keys)."""
         if allowed is None or shape is None or not math.prod(shape):
             return n_q, n_k, declared_causal, declared_window, None, DECLARED
         try:
@@ -374,14 +393,17 @@ class _Masks:
         return n_q, n_k, causal, window, share, VALUES
 
     def value(self, node: Any) -> torch.Tensor | None:
-        """The values of a record's output when known: kept by the run or evaluated from the capture."""
+        """The values of a record's output when known: kept by the run or evaluated from
+        the capture."""
         return self.values(node) if isinstance(node, CapturedOp) else None
 
     # ---------------------------------------------------------------------------------------------
     def allowed(self, mask: CapturedOp) -> torch.Tensor | None:
-        """Which pairs a mask operand allows (True), from known values: a boolean mask as is (``attn_mask``), an
-        additive one built as ``where(mask, 0, -inf)`` / ``where(mask, -inf, 0)`` or made from constants
-        (``full((n, n), -inf).triu(1)``: allowed where above :data:`BLOCKING`); None when the values are unknown."""
+        """Which pairs a mask operand allows (True), from known values: a boolean mask
+        as is (``attn_mask``), an additive one built as ``where(mask, 0, -inf)`` /
+        ``where(mask, -inf, 0)`` or made from constants (``full((n, n),
+        -inf).triu(1)``: allowed where above :data:`BLOCKING`); None when the values
+        are unknown."""
         node: Any = mask
         for _ in range(_STEPS):
             if not isinstance(node, CapturedOp):
@@ -405,7 +427,8 @@ class _Masks:
         return None
 
     def allowed_values(self, node: CapturedOp) -> torch.Tensor | None:
-        """The known boolean values of a condition tensor (through expand / clone / detach)."""
+        """The known boolean values of a condition tensor (through expand / clone /
+        detach)."""
         current: Any = node
         for _ in range(_STEPS):
             if not isinstance(current, CapturedOp):
@@ -419,9 +442,10 @@ class _Masks:
         return None
 
     def number(self, value: Any) -> float | None:
-        """``value`` as a number: a Python number; a tensor filled with one (``scalar_tensor``, ``full``,
-        ``full_like``); a one-element constant (``torch.tensor(0.0)``, transformers' additive masks in 5.17) whose
-        value is known; each through copies. Else ``None``."""
+        """``value`` as a number: a Python number; a tensor filled with one
+        (``scalar_tensor``, ``full``, ``full_like``); a one-element constant
+        (``torch.tensor(0.0)``, transformers' additive masks in 5.17) whose value is
+        known; each through copies. Else ``None``."""
         for _ in range(_STEPS):
             if isinstance(value, (int, float)):
                 return float(value)
@@ -439,8 +463,8 @@ class _Masks:
         return None
 
     def blocking(self, value: Any) -> bool:
-        """A value that removes a pair from a softmax: a number at or below :data:`BLOCKING`, or a tensor made from
-        one (see :meth:`number`)."""
+        """A value that removes a pair from a softmax: a number at or below
+        :data:`BLOCKING`, or a tensor made from one (see :meth:`number`)."""
         number = self.number(value)
         return number is not None and number <= BLOCKING
 
@@ -451,8 +475,9 @@ class _Masks:
     # ---------------------------------------------------------------------------------------------
     def eager(self, core: CapturedOp, scores: bool, parts_of: Mapping[CapturedOp, Mapping[str, int]]
               ) -> tuple[torch.Tensor | None, tuple[int, ...] | None] | None:
-        """The mask between a scores product and its softmax (found from the scores op, or back from the weighted
-        sum through its probabilities): ``(allowed values or None, the masked scores' shape)``; None: no mask op."""
+        """The mask between a scores product and its softmax (found from the scores op,
+        or back from the weighted sum through its probabilities): ``(allowed values
+        or None, the masked scores' shape)``; None: no mask op."""
         softmax = _softmax_after(core) if scores else _softmax_before(core)
         if softmax is None:
             return None
@@ -480,9 +505,10 @@ class _Masks:
 
 
 def _band(allowed: torch.Tensor, allowed_pairs: int, n_q: int, n_k: int) -> tuple[bool, int | None]:
-    """(causal, window) of a boolean mask over ``n_q`` queries (the last of ``n_k`` positions) and ``n_k`` keys
-    that allows ``allowed_pairs`` pairs: causal when it allows some pair and none above the diagonal; window W when
-    it is exactly the causal band of the W latest keys for every query and W < n_k (else ``None``)."""
+    """(causal, window) of a boolean mask over ``n_q`` queries (the last of ``n_k``
+    positions) and ``n_k`` keys that allows ``allowed_pairs`` pairs: causal when it
+    allows some pair and none above the diagonal; window W when it is exactly the
+    causal band of the W latest keys for every query and W < n_k (else ``None``)."""
     grid = torch.broadcast_to(allowed, torch.broadcast_shapes(allowed.shape, (n_q, n_k)))
     offset = n_k - n_q
     if not allowed_pairs or bool(torch.triu(grid, offset + 1).any()):
@@ -500,7 +526,8 @@ def _band(allowed: torch.Tensor, allowed_pairs: int, n_q: int, n_k: int) -> tupl
 
 def _split(node: CapturedOp, parts_of: Mapping[CapturedOp, Mapping[str, int]]
            ) -> tuple[CapturedOp | None, list[CapturedOp]]:
-    """(the tensor argument the scores flow through, the other tensor arguments) of an op on the chain."""
+    """(the tensor argument the scores flow through, the other tensor arguments) of an
+    op on the chain."""
     tensors = [a for a in node.args if isinstance(a, CapturedOp)]
     if not tensors:
         return None, []

@@ -16,7 +16,8 @@ from ..formulas.collectives import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER
 
 @dataclass(frozen=True)
 class CollectiveRow:
-    """Collectives of one kind, group size, module, role and phase: how many calls and their message bytes."""
+    """Collectives of one kind, group size, module, role and phase: how many calls and
+    their message bytes."""
 
     kind: str  # "all_reduce", "all_gather", ...
     group: int | None  # ranks in the group
@@ -33,8 +34,9 @@ class CollectiveRow:
 
 
 def collectives(ops: Sequence[CapturedOp], assignments: Mapping[CapturedOp, Assignment]) -> list[CollectiveRow]:
-    """Every collective among a capture's records (``ops``, in order; ``assignments``: ``{record: Assignment}``,
-    for the role a collective carries), grouped (see :class:`CollectiveRow`), in first-seen order."""
+    """Every collective among a capture's records (``ops``, in order; ``assignments``:
+    ``{record: Assignment}``, for the role a collective carries), grouped (see
+    :class:`CollectiveRow`), in first-seen order."""
     link(ops)
     calls: Counter[tuple[str, int | None, str, str, str]] = Counter()
     sizes: Counter[tuple[str, int | None, str, str, str]] = Counter()
@@ -53,7 +55,8 @@ def collectives(ops: Sequence[CapturedOp], assignments: Mapping[CapturedOp, Assi
 
 
 def _carried(op: CapturedOp, assignments: Mapping[CapturedOp, Assignment], depth: int = 8) -> CapturedOp | None:
-    """The nearest multiply upstream of ``op`` through ops that do not multiply (whose result it carries)."""
+    """The nearest multiply upstream of ``op`` through ops that do not multiply (whose
+    result it carries)."""
     frontier = list(op.inputs)
     for _ in range(depth):
         for candidate in frontier:
@@ -69,8 +72,9 @@ def _carried(op: CapturedOp, assignments: Mapping[CapturedOp, Assignment], depth
 # -------------------------------------------------------------------------------------------------- closed forms
 @dataclass(frozen=True)
 class PredictedCollective:
-    """What a parallelism scheme's closed form says a rank sends: ``calls`` collectives of ``kind`` in ``phase``,
-    ``bytes`` of messages in all; ``basis`` names the source."""
+    """What a parallelism scheme's closed form says a rank sends: ``calls`` collectives
+    of ``kind`` in ``phase``, ``bytes`` of messages in all; ``basis`` names the
+    source."""
 
     kind: str
     phase: str
@@ -81,11 +85,13 @@ class PredictedCollective:
 
 def megatron(batch: int, tokens: int, width: int, layers: int, *, element_bytes: int, backward: bool = False,
              sequence_parallel: bool = False) -> list[PredictedCollective]:
-    """Megatron-LM tensor parallelism (Shoeybi et al. 2019, §3: the f and g operators): per layer, one all-reduce
-    of the ``[batch, tokens, width]`` activation after each row-parallel GEMM (attention output, FFN down) in
-    the forward pass, and one per column-parallel block (its input gradient) in the backward pass. With sequence
-    parallelism (Korthikanti et al. 2022, §4.2.2) each all-reduce becomes an all-gather and a reduce-scatter of
-    the same volume. Messages are whole activations (:func:`message_bytes`)."""
+    """Megatron-LM tensor parallelism (Shoeybi et al. 2019, §3: the f and g operators):
+    per layer, one all-reduce of the ``[batch, tokens, width]`` activation after each
+    row-parallel GEMM (attention output, FFN down) in the forward pass, and one per
+    column-parallel block (its input gradient) in the backward pass. With sequence
+    parallelism (Korthikanti et al. 2022, §4.2.2) each all-reduce becomes an
+    all-gather and a reduce-scatter of the same volume. Messages are whole
+    activations (:func:`message_bytes`)."""
     volume = batch * tokens * width * element_bytes
     basis = "Megatron-LM sequence parallel" if sequence_parallel else "Megatron-LM tensor parallel"
     phases = ("forward", "backward") if backward else ("forward",)
@@ -101,9 +107,10 @@ def megatron(batch: int, tokens: int, width: int, layers: int, *, element_bytes:
 
 def fsdp(unit_bytes: Sequence[int], *, resharded: Sequence[bool] | None = None,
          backward: bool = True) -> list[PredictedCollective]:
-    """FSDP (ZeRO-3; FSDP2's ``fully_shard``): every unit's parameters (``unit_bytes``, unsharded) are all-gathered
-    once in the forward pass, again in the backward pass for each unit resharded after its forward (default:
-    all but the first, the root, which FSDP2 keeps), and every gradient is reduce-scattered once."""
+    """FSDP (ZeRO-3; FSDP2's ``fully_shard``): every unit's parameters (``unit_bytes``,
+    unsharded) are all-gathered once in the forward pass, again in the backward pass
+    for each unit resharded after its forward (default: all but the first, the root,
+    which FSDP2 keeps), and every gradient is reduce-scattered once."""
     again = list(resharded) if resharded is not None else [False, *([True] * (len(unit_bytes) - 1))]
     out = [PredictedCollective(ALL_GATHER, "forward", len(unit_bytes), sum(unit_bytes), "FSDP: gather per forward")]
     if backward:

@@ -38,7 +38,8 @@ __all__ = [
 
 def compare(measured: Sequence[CollectiveRow], predicted: Sequence[PredictedCollective],
             tablefmt: str = "simple") -> str:
-    """Measured against predicted collectives, per kind and phase: calls and bytes side by side."""
+    """Measured against predicted collectives, per kind and phase: calls and bytes side
+    by side."""
     keys = list(dict.fromkeys([(p.kind, p.phase) for p in predicted] + [(m.kind, m.phase) for m in measured]))
     rows = []
     for kind, phase in keys:

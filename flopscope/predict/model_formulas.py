@@ -1,19 +1,23 @@
-"""Model-level FLOP formulas against the measured forward: Kaplan, Chinchilla, Megatron-LM, PaLM.
+"""Model-level FLOP formulas against the measured forward: Kaplan, Chinchilla,
+Megatron-LM, PaLM.
 
-Every formula is turned into multiply-accumulates *per token* of one forward pass (paper FLOPs / 2, GEMM
-terms only), split into the same parts as the measurement (QKV projections, attention core, output
-projection, FFN, logits, embeddings), so that the difference is explained part by part. Sources and exact
-forms: ``docs/formulas.md`` sections 2-5.
+Every formula is turned into multiply-accumulates *per token* of one forward pass (paper
+FLOPs / 2, GEMM terms only), split into the same parts as the measurement (QKV
+projections, attention core, output projection, FFN, logits, embeddings), so that the
+difference is explained part by part. Sources and exact forms: ``docs/formulas.md``
+sections 2-5.
 
-- Kaplan et al. 2020, eq. 2.2: C_forward = 2N + 2·L·n_ctx·d_attn FLOPs/token, N = 2·d·L·(2·d_attn + d_ff);
-  its attention term is the causal half of the dense core; the de-embedding (logits) is left out.
-- Hoffmann et al. 2022 (Chinchilla), App. F: embeddings 2·n·V·d, QKV 2·3·n·d·d_attn, QKᵀ and AV
-  2·n²·d_attn each (dense), output 2·n·d_attn·d, dense block 2·n·2·d·d_ff, logits 2·n·d·V per sequence;
-  its softmax (3·h·n²) is elementwise and not a MAC.
-- Narayanan et al. 2021 (Megatron-LM), appendix: 24·B·s·h² + 4·B·s²·h per layer plus 2·B·s·h·V (assumes
-  d_ff = 4h, d_attn = h, multi-head attention).
-- Chowdhery et al. 2022 (PaLM), App. B: 6N + 12·L·H·Q·T per token for a training step, the forward a third:
-  2N + 4·L·H·Q·T, N = all parameters but position embeddings (nanoGPT's convention).
+- Kaplan et al. 2020, eq. 2.2: C_forward = 2N + 2·L·n_ctx·d_attn FLOPs/token, N =
+  2·d·L·(2·d_attn + d_ff); its attention term is the causal half of the dense core; the
+  de-embedding (logits) is left out.
+- Hoffmann et al. 2022 (Chinchilla), App. F: embeddings 2·n·V·d, QKV 2·3·n·d·d_attn, QKᵀ
+  and AV 2·n²·d_attn each (dense), output 2·n·d_attn·d, dense block 2·n·2·d·d_ff, logits
+  2·n·d·V per sequence; its softmax (3·h·n²) is elementwise and not a MAC.
+- Narayanan et al. 2021 (Megatron-LM), appendix: 24·B·s·h² + 4·B·s²·h per layer plus
+  2·B·s·h·V (assumes d_ff = 4h, d_attn = h, multi-head attention).
+- Chowdhery et al. 2022 (PaLM), App. B: 6N + 12·L·H·Q·T per token for a training step,
+  the forward a third: 2N + 4·L·H·Q·T, N = all parameters but position embeddings
+  (nanoGPT's convention).
 
 The measured side counts the attention core by a convention (``attention``: ``"executed"``, the default, every
 pair the kernels compute; ``"causal"``, the causal half; ``"mask"``, the pairs the mask allows; see
@@ -84,7 +88,8 @@ class FormulaRow:
 
     @property
     def residual(self) -> Fraction:
-        """The part of the difference no term explains (0 when the parts account for all of it)."""
+        """The part of the difference no term explains (0 when the parts account for all
+        of it)."""
         return self.measured - self.predicted - sum((v for _, v in self.terms), Fraction(0))
 
 
@@ -103,7 +108,8 @@ class ModelFormulas:
     HEADERS = ("formula", "predicted", "measured", "difference", "explained by (MACs/token)")
 
     def cells(self) -> list[list[str]]:
-        """One row of text per formula, under :attr:`HEADERS` (what the table and the HTML report show)."""
+        """One row of text per formula, under :attr:`HEADERS` (what the table and the
+        HTML report show)."""
         table = []
         for r in self.rows:
             why = "; ".join(f"{WHY[part]} {_signed(v)}" for part, v in r.terms)
@@ -127,9 +133,10 @@ def _signed(v: Fraction) -> str:
 def model_formulas(facts: ModelFacts, forward_roles: Mapping[str, int],
                    module_inputs: Mapping[ModuleCall, tuple[tuple[int | str, tuple[int, ...]], ...]],
                    attention: str = EXECUTED) -> ModelFormulas:
-    """Measured forward MACs per token (``forward_roles``: MACs per role of the forward pass, its attention core
-    counted by the convention ``attention`` names) against the four model-level formulas (see the module
-    docstring); hyper-parameters from the model's config."""
+    """Measured forward MACs per token (``forward_roles``: MACs per role of the forward
+    pass, its attention core counted by the convention ``attention`` names) against
+    the four model-level formulas (see the module docstring); hyper-parameters from
+    the model's config."""
     check_attention(attention)
     L, d, h = facts.declared(LAYERS), facts.declared(WIDTH), facts.declared(HEADS)
     if L is None or d is None or h is None:
@@ -191,7 +198,8 @@ def model_formulas(facts: ModelFacts, forward_roles: Mapping[str, int],
 
 
 def part_of(role: Role) -> str:
-    """The formula part a role's MACs belong to (by its group: a new role always lands in one)."""
+    """The formula part a role's MACs belong to (by its group: a new role always lands
+    in one)."""
     if role is Role.OUT_PROJ:
         return "output projection"
     if role.attention_core:
@@ -220,15 +228,17 @@ def _token_count(module_inputs: Mapping[ModuleCall, tuple[tuple[int | str, tuple
 
 
 def _non_gemm_params(facts: ModelFacts) -> int:
-    """Parameters that are not matmul weights: biases, norm weights (1-D parameters, and one vector per expert
-    stacked beside the experts' weights: ``gate_up_proj_bias [E, 2·d_ff]``)."""
+    """Parameters that are not matmul weights: biases, norm weights (1-D parameters, and
+    one vector per expert stacked beside the experts' weights: ``gate_up_proj_bias
+    [E, 2·d_ff]``)."""
     return sum(prod(shape) for path, shapes in facts.param_shapes.items() for shape in shapes.values()
                if len(shape) <= 1 or (len(shape) == 2 and shape[0] == _stacked_experts(facts, path)))
 
 
 def _stacked_experts(facts: ModelFacts, path: str) -> int | None:
-    """E when the module at ``path`` declares E routed experts and holds their weights stacked (a parameter of at
-    least 3 dimensions, E first); else ``None`` (a router's ``[E, d]`` weight is a matmul weight)."""
+    """E when the module at ``path`` declares E routed experts and holds their weights
+    stacked (a parameter of at least 3 dimensions, E first); else ``None`` (a
+    router's ``[E, d]`` weight is a matmul weight)."""
     experts = facts.declared(EXPERTS, [path], config=False)
     if not experts:
         return None
@@ -237,10 +247,12 @@ def _stacked_experts(facts: ModelFacts, path: str) -> int | None:
 
 
 def _routed_expert_weights(facts: ModelFacts) -> tuple[int, int | None, int]:
-    """(weights of the routed experts, experts a token meets, experts per block): the parameters of every module
-    that declares its routed experts E (``num_experts``, ...: :data:`flopscope.conventions.EXPERTS`) stacked over
-    them (at least 3-D, E first: ``gate_up_proj [E, 2·d_ff, d]``; a router's ``[E, d]`` meets every token), and the
-    weights of its submodules in a list of E (``experts.0`` ... ``experts.{E-1}``); ``top_k`` from the config."""
+    """(weights of the routed experts, experts a token meets, experts per block): the
+    parameters of every module that declares its routed experts E (``num_experts``,
+    ...: :data:`flopscope.conventions.EXPERTS`) stacked over them (at least 3-D, E
+    first: ``gate_up_proj [E, 2·d_ff, d]``; a router's ``[E, d]`` meets every token),
+    and the weights of its submodules in a list of E (``experts.0`` ...
+    ``experts.{E-1}``); ``top_k`` from the config."""
     children: dict[str, list[str]] = {}
     for path in facts.types:
         if path:

@@ -1,9 +1,11 @@
-"""Exact polynomials in the sequence length n, and :class:`Scaling`, a model's counts per role as polynomials.
+"""Exact polynomials in the sequence length n, and :class:`Scaling`, a model's counts
+per role as polynomials.
 
-Pure arithmetic on integers (exact rationals, never floats): :func:`interpolate` finds the lowest-degree polynomial
-through measured counts and checks it at every remaining point. :func:`flopscope.scaling` (the sweep that profiles a
-model at several lengths) and :meth:`Profile.decode_scaling` (a generation's decode steps) build a :class:`Scaling`
-from it. Units: MACs.
+Pure arithmetic on integers (exact rationals, never floats): :func:`interpolate` finds
+the lowest-degree polynomial through measured counts and checks it at every remaining
+point. :func:`flopscope.scaling` (the sweep that profiles a model at several lengths)
+and :meth:`Profile.decode_scaling` (a generation's decode steps) build a
+:class:`Scaling` from it. Units: MACs.
 """
 
 from __future__ import annotations
@@ -69,8 +71,9 @@ def _superscript(power: int) -> str:
 
 
 def interpolate(xs: Sequence[int], ys: Sequence[int]) -> Polynomial | None:
-    """The lowest-degree polynomial through every point, checked at each point beyond the degree it needs;
-    ``None`` if no polynomial of degree <= len(xs) - 2 passes through all of them."""
+    """The lowest-degree polynomial through every point, checked at each point beyond
+    the degree it needs; ``None`` if no polynomial of degree <= len(xs) - 2 passes
+    through all of them."""
     if len(xs) != len(ys) or len(set(xs)) != len(xs) or len(xs) < 2:
         raise ConfigurationError("interpolation needs at least two distinct lengths, one count each")
     for degree in range(len(xs) - 1):
@@ -141,8 +144,8 @@ class Scaling:
         return _sum(self.polynomials, tuple(self.polynomials))
 
     def crossover(self) -> int | None:
-        """The smallest length at which attention (scores + weighted sum) costs more than projections +
-        FFN, found exactly (``None`` if it never does)."""
+        """The smallest length at which attention (scores + weighted sum) costs more
+        than projections + FFN, found exactly (``None`` if it never does)."""
         difference = self.attention() + Polynomial(tuple(-c for c in self.per_token().coefficients))
         if difference.degree == 0:
             return None

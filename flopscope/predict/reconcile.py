@@ -1,4 +1,5 @@
-"""Reconciliation: measured multiplies per block and role against exact closed-form predictions.
+"""Reconciliation: measured multiplies per block and role against exact closed-form
+predictions.
 
 Predictions use what the model *declares* (:class:`~flopscope.capture.facts.ModelFacts`: module attributes,
 parameter shapes, the Hugging Face config) and the shapes of each block's inputs (its token counts), never
@@ -20,12 +21,14 @@ recurrent          B·T·gates·d_h·(d_in + d_h) ...  n·d²
 logits             B·n·d·V                         n·d·V
 =================  ==============================  ============
 
-``token_mixing`` is FNet's Fourier sublayer, a 2-D FFT over (n, d) of the block's input, with F(N) the MACs
-of one length-N complex FFT (:func:`~flopscope.formulas.registry.fft_macs`, ``docs/formulas.md`` section 12).
+``token_mixing`` is FNet's Fourier sublayer, a 2-D FFT over (n, d) of the block's input,
+with F(N) the MACs of one length-N complex FFT
+(:func:`~flopscope.formulas.registry.fft_macs`, ``docs/formulas.md`` section 12).
 
-For attention the *useful* work is reported beside the executed work: a causal mask executed by a dense
-kernel runs ``n_q·n_k`` pairs but needs ``n_q·n_k − n_q(n_q−1)/2``; a sliding window W needs
-``W·n − W(W−1)/2`` (restricted attention, ``r·n·d``). ``total()`` and ``by_role()`` stay executed work.
+For attention the *useful* work is reported beside the executed work: a causal mask
+executed by a dense kernel runs ``n_q·n_k`` pairs but needs ``n_q·n_k − n_q(n_q−1)/2``;
+a sliding window W needs ``W·n − W(W−1)/2`` (restricted attention, ``r·n·d``).
+``total()`` and ``by_role()`` stay executed work.
 """
 
 from __future__ import annotations
@@ -101,9 +104,10 @@ class Reconciliation:
 
 def reconcile(assignments: Mapping[CapturedOp, Assignment], facts: ModelFacts,
               module_inputs: Mapping[ModuleCall, InputShapes], spec: TransformerSpec | None = None) -> Reconciliation:
-    """Per block and role: measured against predicted MACs (see the module docstring). ``assignments``
-    are a profile's role assignments by record (forward ops are reconciled), ``module_inputs`` the shapes of each
-    module call's inputs (:meth:`flopscope.Profile.module_inputs`)."""
+    """Per block and role: measured against predicted MACs (see the module docstring).
+    ``assignments`` are a profile's role assignments by record (forward ops are
+    reconciled), ``module_inputs`` the shapes of each module call's inputs
+    (:meth:`flopscope.Profile.module_inputs`)."""
     measured: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     role_modules: dict[str, dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))
     factor_modules: dict[str, set[str]] = defaultdict(set)

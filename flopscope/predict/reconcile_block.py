@@ -1,5 +1,6 @@
-"""What reconciliation knows of one block (:class:`Block`) and what it writes (:class:`ReconcileRow`), with the
-user's :class:`TransformerSpec`: the types the row builders share. Units: MACs."""
+"""What reconciliation knows of one block (:class:`Block`) and what it writes
+(:class:`ReconcileRow`), with the user's :class:`TransformerSpec`: the types the row
+builders share. Units: MACs."""
 
 from __future__ import annotations
 
@@ -29,9 +30,10 @@ TERMS = {r.value: r.term for r in Role if r.term}
 class TransformerSpec:
     """Hyper-parameters stated by the user (they win over what the model declares).
 
-    n: tokens per sequence (queries; keys too unless ``n_k``); d: model width; h: query heads;
-    d_ff: FFN width; n_kv: key/value heads (default h); d_k: head width (default d / h);
-    batch: sequences; causal / window: the attention mask, for the useful-work column.
+    n: tokens per sequence (queries; keys too unless ``n_k``); d: model width; h: query
+    heads; d_ff: FFN width; n_kv: key/value heads (default h); d_k: head width (default
+    d / h); batch: sequences; causal / window: the attention mask, for the useful-work
+    column.
     """
 
     n: int | None = None
@@ -85,8 +87,9 @@ def calls_by_path(inputs: Mapping[Any, InputShapes]) -> dict[str, list[InputShap
 
 @dataclass(frozen=True)
 class Block:
-    """What a row builder knows of one block: its path, measured MACs per role, the model's facts, the
-    input shapes of each call of the block, the user's spec, and which modules ran each role."""
+    """What a row builder knows of one block: its path, measured MACs per role, the
+    model's facts, the input shapes of each call of the block, the user's spec, and
+    which modules ran each role."""
 
     path: str
     measured: Mapping[str, int]
@@ -103,9 +106,9 @@ class Block:
     factors: frozenset[str] = frozenset()
 
     def linear_calls(self, role: str) -> list[LinearCalls] | None:
-        """Each module that ran ``role`` in this block, as a linear layer with its declared widths and the
-        (batch, tokens) of each of its calls; ``None`` unless every one declares its widths and was called on inputs
-        of its declared width."""
+        """Each module that ran ``role`` in this block, as a linear layer with its
+        declared widths and the (batch, tokens) of each of its calls; ``None`` unless
+        every one declares its widths and was called on inputs of its declared width."""
         found = []
         for path in sorted(self.role_modules.get(role, set())):
             width_in = self.facts.declared(LINEAR_IN, [path], config=False)
@@ -125,7 +128,8 @@ class Block:
 
 @dataclass(frozen=True)
 class LinearCalls:
-    """A linear layer that ran one role: its declared widths and the (batch, tokens) of each call's input."""
+    """A linear layer that ran one role: its declared widths and the (batch, tokens) of
+    each call's input."""
 
     path: str
     width_in: int
@@ -133,14 +137,14 @@ class LinearCalls:
     calls: list[tuple[int, int]]
 
     def macs(self, width_in: int | None = None) -> int:
-        """B·n·in·out summed over its calls (``width_in``: the rows that belong to the role, where its input is a
-        concatenation)."""
+        """B·n·in·out summed over its calls (``width_in``: the rows that belong to the
+        role, where its input is a concatenation)."""
         return sum(batch * n for batch, n in self.calls) * (width_in or self.width_in) * self.width_out
 
 
 def own_linear_width(b: Block, role: str) -> int | None:
-    """The declared output width of the one linear layer that ran ``role`` in this block, where it runs that role
-    alone (not a fused q/k/v projection)."""
+    """The declared output width of the one linear layer that ran ``role`` in this
+    block, where it runs that role alone (not a fused q/k/v projection)."""
     modules = b.role_modules.get(role, set())
     if len(modules) != 1 or any(modules == b.role_modules.get(other) for other in ("q_proj", "k_proj", "v_proj")
                                 if other != role):

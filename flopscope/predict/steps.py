@@ -1,5 +1,6 @@
-"""Generation, step by step, from the captured data (:mod:`flopscope.generation` is the public module): each
-forward of the model in a profiler block is a step (prefill or decode).
+"""Generation, step by step, from the captured data (:mod:`flopscope.generation` is the
+public module): each forward of the model in a profiler block is a step (prefill or
+decode).
 
 Wrap ``model.generate(...)`` (or any loop of forwards) in :class:`flopscope.profiler` and ask
 :meth:`Profile.steps` for one :class:`Step` per call of the root module, and :meth:`Profile.decode_scaling` for
@@ -7,23 +8,28 @@ the decode steps' exact MACs per sequence as a polynomial in the context length.
 
 What a step's fields are read from (no cache object is read, so any cache class works):
 
-- ``tokens``: new positions per sequence: the last dimension of the call's token ids (``decoder_input_ids``,
-  ``input_ids`` or a 2-D first argument), else the queries of the attention core;
-- ``context``: the keys of the attention core's own operands (of the scores product or of a fused attention
-  kernel): the positions the kernels attend over, cached and new. That is executed work: a static cache's
-  kernels attend over the whole buffer (masked), so its context is the buffer's length at every step. A step
-  whose model has no attention core found has ``context = None``: the KV-cache split is unknown;
+- ``tokens``: new positions per sequence: the last dimension of the call's token ids
+  (``decoder_input_ids``, ``input_ids`` or a 2-D first argument), else the queries of
+  the attention core;
+- ``context``: the keys of the attention core's own operands (of the scores product or
+  of a fused attention kernel): the positions the kernels attend over, cached and new.
+  That is executed work: a static cache's kernels attend over the whole buffer (masked),
+  so its context is the buffer's length at every step. A step whose model has no
+  attention core found has ``context = None``: the KV-cache split is unknown;
 - ``batch``: the leading dimension of the first tensor input of the call;
-- ``phase``: ``"decode"`` when a step brings one new position per sequence and attends to more, else
-  ``"prefill"``;
-- ``kv_macs`` / ``kv_bytes``: the attention core's MACs and bytes (scores and weighted sum), the part of the
-  step that grows with the context because it reads the KV cache; the rest is per new token.
+- ``phase``: ``"decode"`` when a step brings one new position per sequence and attends
+  to more, else ``"prefill"``;
+- ``kv_macs`` / ``kv_bytes``: the attention core's MACs and bytes (scores and weighted
+  sum), the part of the step that grows with the context because it reads the KV cache;
+  the rest is per new token.
 
-``attention`` (:meth:`Profile.steps`, :meth:`Profile.decode_scaling`): the convention of the attention core's MACs
-(``macs``, ``by_role``, ``kv_macs``): ``"executed"`` (default), ``"causal"`` or ``"mask"``
-(:mod:`flopscope.predict.attention`); bytes stay what the kernels move.
+``attention`` (:meth:`Profile.steps`, :meth:`Profile.decode_scaling`): the convention of
+the attention core's MACs (``macs``, ``by_role``, ``kv_macs``): ``"executed"``
+(default), ``"causal"`` or ``"mask"`` (:mod:`flopscope.predict.attention`); bytes stay
+what the kernels move.
 
-Units: MACs and bytes (FLOPs = 2 x MACs, ``Step.flops``); ``seconds`` is the wall time of the call (real mode).
+Units: MACs and bytes (FLOPs = 2 x MACs, ``Step.flops``); ``seconds`` is the wall time
+of the call (real mode).
 """
 from __future__ import annotations
 
@@ -78,10 +84,11 @@ def steps(ops: Sequence[CapturedOp], assignments: Mapping[CapturedOp, Assignment
           priced: Mapping[CapturedOp, Mapping[str, int]],
           inputs: Mapping[ModuleCall, tuple[tuple[int | str, tuple[int, ...]], ...]],
           seconds: Mapping[int, float]) -> list[Step]:
-    """One :class:`Step` per call of the root module, in order (see the module docstring), from the captured
-    records ``ops`` (in order), their ``{record: Assignment}``, each record's ``{role: MACs}`` under the chosen
-    attention convention (``priced``: :func:`flopscope.predict.attention.parts_under`), the module calls' input
-    shapes and the root calls' wall times."""
+    """One :class:`Step` per call of the root module, in order (see the module
+    docstring), from the captured records ``ops`` (in order), their ``{record:
+    Assignment}``, each record's ``{role: MACs}`` under the chosen attention
+    convention (``priced``: :func:`flopscope.predict.attention.parts_under`), the
+    module calls' input shapes and the root calls' wall times."""
     macs: dict[int, Counter[str]] = defaultdict(Counter)
     moved: Counter[int] = Counter()
     kv_bytes: Counter[int] = Counter()
@@ -118,9 +125,10 @@ def steps(ops: Sequence[CapturedOp], assignments: Mapping[CapturedOp, Assignment
 
 
 def decode_scaling(found: Sequence[Step]) -> Scaling:
-    """The decode steps' MACs **per sequence** by role as exact polynomials in the context length (checked at
-    every decode step beyond the degree; ``None`` for a role that is not a polynomial of degree <= count - 2).
-    Needs at least three decode steps of distinct contexts (a linear term checked once)."""
+    """The decode steps' MACs **per sequence** by role as exact polynomials in the
+    context length (checked at every decode step beyond the degree; ``None`` for a
+    role that is not a polynomial of degree <= count - 2). Needs at least three
+    decode steps of distinct contexts (a linear term checked once)."""
     by_context: dict[int, Mapping[str, int]] = {}
     for step in found:
         if step.phase != DECODE or step.context is None or not step.batch:
@@ -153,7 +161,8 @@ def _root_call(op: CapturedOp) -> int | None:
 
 
 def _queries_and_keys(op: CapturedOp) -> tuple[int, int] | None:
-    """(query positions, key positions) of an attention-scores op, from its operands' shapes."""
+    """(query positions, key positions) of an attention-scores op, from its operands'
+    shapes."""
     spec = op.spec
     if spec is None or not spec.operands:
         return None

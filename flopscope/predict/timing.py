@@ -1,9 +1,11 @@
-"""Measured time (real mode): wall time of the ops that ran, per role and per module, against their MACs.
+"""Measured time (real mode): wall time of the ops that ran, per role and per module,
+against their MACs.
 
-Each op's wall time is taken around its kernel on the CPU (ops are synchronous there; on an accelerator
-the figures would be launch times). A fused op's time is split between its roles in proportion to their
-MACs. Ops without multiplies (softmax, norms, activations, copies) are a row of their own: they take time
-with few multiplies, which is the point of setting time share beside MAC share.
+Each op's wall time is taken around its kernel on the CPU (ops are synchronous there; on
+an accelerator the figures would be launch times). A fused op's time is split between
+its roles in proportion to their MACs. Ops without multiplies (softmax, norms,
+activations, copies) are a row of their own: they take time with few multiplies, which
+is the point of setting time share beside MAC share.
 """
 
 from __future__ import annotations
@@ -48,7 +50,8 @@ class Timing:
         return sum(r.macs for r in self.rows)
 
     def __str__(self) -> str:
-        """A caption (total wall time in ms, MACs, achieved GFLOP/s) and :meth:`to_table`: what ``print`` shows."""
+        """A caption (total wall time in ms, MACs, achieved GFLOP/s) and
+        :meth:`to_table`: what ``print`` shows."""
         rate = 2 * self.macs / self.seconds / 1e9 if self.seconds > 0 else 0.0
         return (f"wall time of the timed ops: {1e3 * self.seconds:.3f} ms for {self.macs:,} MACs "
                 f"({rate:.2f} GFLOP/s; 1 MAC = 2 FLOPs)\n{self.to_table()}")
@@ -63,7 +66,8 @@ class Timing:
 
 
 def timing(ops: Sequence[CapturedOp], assignments: Mapping[CapturedOp, Assignment]) -> Timing:
-    """Time per role and per module of a real-mode capture (its records ``ops`` and their role ``assignments``)."""
+    """Time per role and per module of a real-mode capture (its records ``ops`` and
+    their role ``assignments``)."""
     timed = [op for op in ops if op.seconds is not None]
     if not timed:
         raise FlopscopeError("no op times: timing needs a profile taken with mode='real'")

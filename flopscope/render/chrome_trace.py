@@ -1,23 +1,28 @@
-"""A capture as a trace (the trace-event JSON that Perfetto, ``chrome://tracing`` and TensorBoard open), from its
-records and roles (:meth:`Profile.export_chrome_trace` and :func:`flopscope.trace.merge_torch_trace` call it).
+"""A capture as a trace (the trace-event JSON that Perfetto, ``chrome://tracing`` and
+TensorBoard open), from its records and roles (:meth:`Profile.export_chrome_trace`
+and :func:`flopscope.trace.merge_torch_trace` call it).
 
 Two processes in the trace:
 
-- **ops by role** (pid 1): one track (thread) per role, plus ``no_multiply`` for the ops that do not multiply;
-  each op is a complete event (``"ph": "X"``) on the track of the role with most of its MACs;
-- **module calls** (pid 2): one track, each call of a module a begin / end pair (``"B"`` / ``"E"``), nested as
-  the calls were (forward calls: backward ops are on the role tracks only).
+- **ops by role** (pid 1): one track (thread) per role, plus ``no_multiply`` for the ops
+  that do not multiply; each op is a complete event (``"ph": "X"``) on the track of the
+  role with most of its MACs;
+- **module calls** (pid 2): one track, each call of a module a begin / end pair (``"B"``
+  / ``"E"``), nested as the calls were (forward calls: backward ops are on the role
+  tracks only).
 
-Every event's ``args`` carry what flopscope knows: op, module path, roles (``{role: MACs}``), ``macs``, ``flops``
-(2 x MACs), ``bytes`` moved, input shapes, phase; a module call's carry its MACs and FLOPs (inclusive).
+Every event's ``args`` carry what flopscope knows: op, module path, roles (``{role:
+MACs}``), ``macs``, ``flops`` (2 x MACs), ``bytes`` moved, input shapes, phase; a module
+call's carry its MACs and FLOPs (inclusive).
 
 :func:`merge_torch_trace` instead lays role ranges over a ``torch.profiler`` trace of the same run, on torch's own
 clock.
 
-Time: in real mode each op sits where it ran (its measured start and wall time, microseconds from the first op).
-In fake mode nothing ran: ops are laid end to end in execution order, each lasting its roofline time on the
-device given (``max(FLOPs / peak, bytes / bandwidth)``, :mod:`flopscope.roofline`), or 1 µs each without one
-(order only, said in the trace's metadata).
+Time: in real mode each op sits where it ran (its measured start and wall time,
+microseconds from the first op). In fake mode nothing ran: ops are laid end to end in
+execution order, each lasting its roofline time on the device given (``max(FLOPs / peak,
+bytes / bandwidth)``, :mod:`flopscope.roofline`), or 1 µs each without one (order only,
+said in the trace's metadata).
 """
 
 from __future__ import annotations
@@ -41,9 +46,10 @@ OPS, MODULES = 1, 2  # pids
 def chrome_trace(records: Sequence[CapturedOp], assignments: Mapping[CapturedOp, Assignment], mode: str,
                  total_macs: int, *,
                  peak: float | None = None, bandwidth: float | None = None) -> dict[str, Any]:
-    """The trace of a capture as a dict (see the module docstring): its records (in order) and their roles,
-    the ``mode`` it ran in and its total MACs. ``peak`` (FLOP/s) and ``bandwidth`` (bytes/s) time a fake-mode
-    capture's ops by the roofline."""
+    """The trace of a capture as a dict (see the module docstring): its records (in
+    order) and their roles, the ``mode`` it ran in and its total MACs. ``peak``
+    (FLOP/s) and ``bandwidth`` (bytes/s) time a fake-mode capture's ops by the
+    roofline."""
     ops: list[tuple[CapturedOp, Mapping[str, int]]] = []
     for op in records:
         if not _model_op(op):
@@ -141,8 +147,9 @@ def _label(key: Any) -> str:
 
 def merge_torch_trace(torch_trace: Mapping[str, Any] | str | Path, records: Sequence[CapturedOp],
                       assignments: Mapping[CapturedOp, Assignment], total_macs: int) -> dict[str, Any]:
-    """``torch_trace`` with a process of role ranges laid over its ATen events, from a capture's records (in order),
-    their ``{record: Assignment}`` and total MACs (what :func:`flopscope.trace.merge_torch_trace` says)."""
+    """``torch_trace`` with a process of role ranges laid over its ATen events, from a
+    capture's records (in order), their ``{record: Assignment}`` and total MACs (what
+    :func:`flopscope.trace.merge_torch_trace` says)."""
     doc = json.loads(Path(torch_trace).read_text()) if isinstance(torch_trace, (str, Path)) else dict(torch_trace)
     cpu = sorted((e for e in doc.get("traceEvents", []) if e.get("ph") == "X" and e.get("cat") == "cpu_op"),
                  key=lambda e: float(e["ts"]))
@@ -185,16 +192,18 @@ _LOOKAHEAD = 16
 
 
 def _model_op(op: CapturedOp) -> bool:
-    """An op the model ran: not a tuple index of the graph, nor the bookkeeping of a ``record_function`` range
-    (``profiler(trace=True)`` opens one per module call; the ``profiler`` namespace does no arithmetic)."""
+    """An op the model ran: not a tuple index of the graph, nor the bookkeeping of a
+    ``record_function`` range (``profiler(trace=True)`` opens one per module call;
+    the ``profiler`` namespace does no arithmetic)."""
     return (op.node_op == "call_function" and op.target is not operator.getitem
             and op.op_name.split(".")[0] not in ZERO_COST_NAMESPACES)
 
 
 def _dispatched(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """torch's events of the ATen ops that went through a Python dispatch mode (flopscope's): an ``aten::`` event
-    whose first nested event is ``PythonDispatchMode``. An older torch's trace has no such events: there the first
-    nested event is the op's own again (the call the mode made)."""
+    """torch's events of the ATen ops that went through a Python dispatch mode
+    (flopscope's): an ``aten::`` event whose first nested event is
+    ``PythonDispatchMode``. An older torch's trace has no such events: there the
+    first nested event is the op's own again (the call the mode made)."""
     marker = "PythonDispatchMode" if any(e["name"] == "PythonDispatchMode" for e in events) else None
     out = []
     for k, event in enumerate(events[:-1]):

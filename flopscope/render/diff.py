@@ -1,12 +1,16 @@
-"""What changed between two profiles (two models, two configs, two commits): per role, per module and per op, and
-each role's change explained by the closed-form hyper-parameters that moved (GQA against MHA: ``n_kv`` 8 → 2 in
-``k_proj = B·n_k·d·(n_kv·d_k)``; a mixture of experts: ``top_k``; a sliding window: the attention core's useful
-pairs). The view a reviewer opens when a FLOP budget test fails.
+"""What changed between two profiles (two models, two configs, two commits): per role,
+per module and per op, and each role's change explained by the closed-form
+hyper-parameters that moved (GQA against MHA: ``n_kv`` 8 → 2 in ``k_proj =
+B·n_k·d·(n_kv·d_k)``; a mixture of experts: ``top_k``; a sliding window: the
+attention core's useful pairs). The view a reviewer opens when a FLOP budget test
+fails.
 
-Inputs are :func:`flopscope.report.to_dict` documents (what ``flopscope profile --json`` writes) or profiles.
-Units: MACs (FLOPs = 2 x MACs). A role's explanation compares the ``basis`` of its reconciliation rows in the two
-profiles (``B=1 n_q=128 ... n_kv=2 ... causal window=4096``): the hyper-parameters its closed form depends on
-(:data:`~flopscope.predict.reconcile.ROLE_FORMS`), the mask's flags, and how many blocks have it.
+Inputs are :func:`flopscope.report.to_dict` documents (what ``flopscope profile --json``
+writes) or profiles. Units: MACs (FLOPs = 2 x MACs). A role's explanation compares the
+``basis`` of its reconciliation rows in the two profiles (``B=1 n_q=128 ... n_kv=2 ...
+causal window=4096``): the hyper-parameters its closed form depends on
+(:data:`~flopscope.predict.reconcile.ROLE_FORMS`), the mask's flags, and how many blocks
+have it.
 """
 
 from __future__ import annotations
@@ -36,7 +40,8 @@ after / before as a fraction string, ``null`` from zero)."""
 
 @dataclass(frozen=True)
 class Change:
-    """One quantity in MACs before and after (``key``: a role, module path or op), and why it moved."""
+    """One quantity in MACs before and after (``key``: a role, module path or op), and
+    why it moved."""
 
     key: str
     before: int
@@ -78,11 +83,13 @@ class ProfileDiff:
                 "modules": [c.row() for c in self.modules], "ops": [c.row() for c in self.ops]}
 
     def to_html(self, path: str | Path) -> Path:
-        """Write the diff's page (one self-contained file: :mod:`flopscope.render.diff_page`); returns the path."""
+        """Write the diff's page (one self-contained file:
+        :mod:`flopscope.render.diff_page`); returns the path."""
         return write_diff_html(self.to_dict(), path)
 
     def to_table(self, tablefmt: str = "simple", limit: int = 20) -> str:
-        """The total, the roles, the useful attention pairs, and the ``limit`` largest module and op changes."""
+        """The total, the roles, the useful attention pairs, and the ``limit`` largest
+        module and op changes."""
         lines = [f"{self.before} → {self.after}: {_line(self.total)}", ""]
         headers = ["role", "before MACs", "after MACs", "change", "after / before", "why (closed form)"]
         lines.append(tabulate([_cells(c) for c in self.roles], headers=headers, tablefmt=tablefmt,
@@ -154,7 +161,8 @@ _USEFUL_FORM = "useful pairs per head Σᵢ min(n_k − n_q + i + 1, W); causal 
 
 
 def _basis(row: Mapping[str, Any]) -> tuple[dict[str, str], set[str]]:
-    """A row's hyper-parameters (``key=value``) and flags (``causal``, ``gated``), its sources left out."""
+    """A row's hyper-parameters (``key=value``) and flags (``causal``, ``gated``), its
+    sources left out."""
     values: dict[str, str] = {}
     flags: set[str] = set()
     for word in _SOURCE.sub(" ", row.get("basis") or "").split():
@@ -167,8 +175,9 @@ def _basis(row: Mapping[str, Any]) -> tuple[dict[str, str], set[str]]:
 
 
 def _why(role: str, before: list[Mapping[str, Any]], after: list[Mapping[str, Any]], useful: bool = False) -> str:
-    """The closed-form hyper-parameters and mask flags that differ between the role's rows, and the blocks that have
-    it; ``useful``: for the attention core's useful pairs (the mask's flags and window)."""
+    """The closed-form hyper-parameters and mask flags that differ between the role's
+    rows, and the blocks that have it; ``useful``: for the attention core's useful
+    pairs (the mask's flags and window)."""
     if not before and not after:
         return "no closed form predicts this role (no reconciliation row)"
     form, names = ROLE_FORMS.get(role, ("", ()))

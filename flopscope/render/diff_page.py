@@ -1,7 +1,10 @@
-"""The page of ``flopscope diff``: one self-contained HTML file (style inline, no script, no network) from a diff's
-plain data (:meth:`flopscope.diff.ProfileDiff.to_dict`): the total, a row per role with a bar of its MACs before and
-after and why it moved, the attention core's useful pairs, and the modules and ops that changed. Each role's row
-carries ``data-role``, ``data-before`` and ``data-after`` (MACs, exact digits): what a browser test reads back."""
+"""The page of ``flopscope diff``: one self-contained HTML file (style inline, no
+script, no network) from a diff's plain data
+(:meth:`flopscope.diff.ProfileDiff.to_dict`): the total, a row per role with a bar of
+its MACs before and after and why it moved, the attention core's useful pairs, and
+the modules and ops that changed. Each role's row carries ``data-role``,
+``data-before`` and ``data-after`` (MACs, exact digits): what a browser test reads
+back."""
 
 from __future__ import annotations
 
@@ -82,5 +85,6 @@ def _sign(delta: int) -> str:
 
 
 def _ratio(ratio: str | None) -> str:
-    """The document's exact ratio (a fraction string, ``"870/427"``) as people read it: ``"2.04x"``."""
+    """The document's exact ratio (a fraction string, ``"870/427"``) as people read it:
+    ``"2.04x"``."""
     return "" if ratio in (None, "1") else times(float(Fraction(ratio)))

@@ -10,9 +10,11 @@ from ..errors import FlopscopeError
 
 
 def write_atomically(path: str | Path, text: str, what: str = "the file") -> Path:
-    """Write ``text`` to ``path`` all or nothing: into a temporary file in the same directory, then renamed over
-    ``path`` (``os.replace``, atomic on POSIX and Windows), so a reader never sees half a file and a failed write
-    leaves the old one. Any failure raises a :class:`~flopscope.errors.FlopscopeError` naming ``path``."""
+    """Write ``text`` to ``path`` all or nothing: into a temporary file in the same
+    directory, then renamed over ``path`` (``os.replace``, atomic on POSIX and
+    Windows), so a reader never sees half a file and a failed write leaves the old
+    one. Any failure raises a :class:`~flopscope.errors.FlopscopeError` naming
+    ``path``."""
     out = Path(path)
     temporary = out.with_name(f".{out.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
     try:

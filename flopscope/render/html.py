@@ -1,12 +1,15 @@
-"""A profile as one self-contained HTML page: an icicle chart of the module call tree, and the tables.
+"""A profile as one self-contained HTML page: an icicle chart of the module call tree,
+and the tables.
 
-The page needs no network (its style and script are inline; no library, no font, no CDN): an icicle chart of
-the module call tree (the root on top, each module as wide as its inclusive **MACs**, in the order the modules
-first ran, coloured by its dominant role; hover for path, type, calls, MACs, FLOPs = 2 x MACs, share of the total,
-parameters, input shapes of its first call and dominant role; click a module to zoom into it, an ancestor to zoom
-out), the role table, the reconciliation against closed forms with its reasons, the ledger of ops without a
-formula, the notes, and where present the generation steps (a profile of several forwards) and the scaling
-polynomials (``scaling=``, a :class:`flopscope.Scaling`).
+The page needs no network (its style and script are inline; no library, no font, no
+CDN): an icicle chart of the module call tree (the root on top, each module as wide as
+its inclusive **MACs**, in the order the modules first ran, coloured by its dominant
+role; hover for path, type, calls, MACs, FLOPs = 2 x MACs, share of the total,
+parameters, input shapes of its first call and dominant role; click a module to zoom
+into it, an ancestor to zoom out), the role table, the reconciliation against closed
+forms with its reasons, the ledger of ops without a formula, the notes, and where
+present the generation steps (a profile of several forwards) and the scaling polynomials
+(``scaling=``, a :class:`flopscope.Scaling`).
 
 The tables are HTML written here, so they show before any script runs; the chart is drawn by the page's script
 from a compact JSON document (:func:`report_data`) embedded in the page. Modules narrower than
@@ -18,8 +21,8 @@ browser test reads back, and the body ``data-render-ms`` (the script's time, JSO
 page's address may name a module to zoom into and one whose details to show:
 ``report.html#focus=transformer.h.0&tip=transformer.h.0.attn``.
 
-This module never imports :mod:`flopscope.profile` (``Profile.to_html`` delegates here): it reads the profile
-through its public queries.
+This module never imports :mod:`flopscope.profile` (``Profile.to_html`` delegates here):
+it reads the profile through its public queries.
 """
 
 from __future__ import annotations
@@ -61,14 +64,17 @@ def report_data(prof: Any, *, scaling: Any = None, title: str | None = None) -> 
     """The page's content as plain, JSON-ready data (units: MACs; FLOPs = 2 x MACs). ``prof`` is a
     :class:`flopscope.Profile`, ``scaling`` a :class:`flopscope.Scaling` or ``None``.
 
-    ``tree`` is the module call tree, a row per node (parent before child, children in the order they first ran):
-    ``[parent index (-1: the root), module path, type index into "types", inclusive MACs, parameters (inclusive),
-    dominant role (or ""), calls, input shapes of the first call, self MACs, dominant role of the self MACs]``; a
-    node's MACs are the sum of ``prof.by_stack()`` over the stacks through it, so for a module called from one
-    place they are ``prof.by_module()[path]``; its self MACs (the ops it ran outside any submodule, such as an
-    attention kernel called in the attention module's own forward) are ``prof.by_stack()[its stack]``. A profile
-    of several phases adds to each row its MACs per phase (a list, in the order of ``phases``). MACs above 2^53
-    (``macs`` and the tree's) are strings of their digits: a JSON number, a double, would round them."""
+    ``tree`` is the module call tree, a row per node (parent before child, children in
+    the order they first ran): ``[parent index (-1: the root), module path, type index
+    into "types", inclusive MACs, parameters (inclusive), dominant role (or ""), calls,
+    input shapes of the first call, self MACs, dominant role of the self MACs]``; a
+    node's MACs are the sum of ``prof.by_stack()`` over the stacks through it, so for a
+    module called from one place they are ``prof.by_module()[path]``; its self MACs (the
+    ops it ran outside any submodule, such as an attention kernel called in the
+    attention module's own forward) are ``prof.by_stack()[its stack]``. A profile of
+    several phases adds to each row its MACs per phase (a list, in the order of
+    ``phases``). MACs above 2^53 (``macs`` and the tree's) are strings of their digits:
+    a JSON number, a double, would round them."""
     types = prof.facts.types
     params = params_inclusive(prof.facts.param_shapes)
     records = prof.records
@@ -197,9 +203,10 @@ def write_html(prof: Any, path: str | Path, *, scaling: Any = None, title: str |
 # --------------------------------------------------------------------------------------------------
 # the data
 def _rooted(stack: Sequence[str]) -> tuple[str, ...]:
-    """A module call stack as the chart draws it: opened by the root ``""``. A stack whose outermost call is not the
-    root's (a pipeline's components, whose container is never called; ``vae.decoder``, run by ``vae.decode``, a
-    method other than ``forward``) is put under the root by its outermost module's path: ``("", "vae",
+    """A module call stack as the chart draws it: opened by the root ``""``. A stack
+    whose outermost call is not the root's (a pipeline's components, whose container
+    is never called; ``vae.decoder``, run by ``vae.decode``, a method other than
+    ``forward``) is put under the root by its outermost module's path: ``("", "vae",
     "vae.decoder", ...)``."""
     stack = tuple(stack)
     if stack[:1] == ("",):
@@ -211,8 +218,8 @@ def _rooted(stack: Sequence[str]) -> tuple[str, ...]:
 
 
 def _exact(macs: int) -> int | str:
-    """``macs`` as JSON keeps it exactly: a number up to 2^53 (a double holds every integer that far), else a
-    string."""
+    """``macs`` as JSON keeps it exactly: a number up to 2^53 (a double holds every
+    integer that far), else a string."""
     return macs if macs <= _SAFE else str(macs)
 
 
@@ -222,7 +229,8 @@ def _shapes(arguments: Sequence[tuple[int | str, tuple[int, ...]]]) -> str:
 
 
 def _blocks_per_role(blocks: Mapping[str, Mapping[str, int]]) -> dict[str, int]:
-    """How many block instances (attention / FFN / conv blocks, or modules outside them) each role occurs in."""
+    """How many block instances (attention / FFN / conv blocks, or modules outside them)
+    each role occurs in."""
     out: dict[str, int] = {}
     for roles in blocks.values():
         for role, macs in roles.items():
@@ -232,14 +240,15 @@ def _blocks_per_role(blocks: Mapping[str, Mapping[str, int]]) -> dict[str, int]:
 
 
 def _steps(prof: Any) -> list[dict[str, Any]]:
-    """The generation steps, when the profile holds more than one forward (else nothing to show)."""
+    """The generation steps, when the profile holds more than one forward (else nothing
+    to show)."""
     steps = prof.steps()
     return [step.row() for step in steps] if len(steps) > 1 else []
 
 
 def _decode(prof: Any) -> list[list[str]] | None:
-    """Per role, the decode steps' MACs per sequence as a polynomial in the context ``c`` (``None`` without three
-    decode steps at distinct contexts)."""
+    """Per role, the decode steps' MACs per sequence as a polynomial in the context
+    ``c`` (``None`` without three decode steps at distinct contexts)."""
     try:
         decode = prof.decode_scaling()
     except FlopscopeError:
@@ -248,7 +257,8 @@ def _decode(prof: Any) -> list[list[str]] | None:
 
 
 def _formulas(prof: Any) -> dict[str, Any] | None:
-    """The per-token comparison with Kaplan, Chinchilla, Megatron-LM and PaLM (a language model's), or ``None``."""
+    """The per-token comparison with Kaplan, Chinchilla, Megatron-LM and PaLM (a
+    language model's), or ``None``."""
     try:
         result = prof.model_formulas()
     except FlopscopeError:
@@ -298,10 +308,11 @@ def _role_section(data: Mapping[str, Any]) -> str:
 
 
 def _reconciliation_section(rows: Sequence[Sequence[Any]], components: Sequence[str] = ()) -> str:
-    """The reconciliation, a group per set of identical blocks (the same roles with the same counts, predictions and
-    basis: ``layers.0–31.self_attn × 32``), each expandable to its rows for one block, its basis said once. With
-    ``components`` (a pipeline's), the groups are inside one expandable line per component (the first part of the
-    blocks' paths), which says how many of its rows are exact."""
+    """The reconciliation, a group per set of identical blocks (the same roles with the
+    same counts, predictions and basis: ``layers.0–31.self_attn × 32``), each
+    expandable to its rows for one block, its basis said once. With ``components`` (a
+    pipeline's), the groups are inside one expandable line per component (the first
+    part of the blocks' paths), which says how many of its rows are exact."""
     if not rows:
         return ("<section id=reconciliation><h2>Reconciliation</h2><p>No block with a closed form was found "
                 "(attention, FFN, convolution, recurrent, logits blocks are reconciled).</p></section>")
@@ -332,8 +343,8 @@ def _reconciliation_section(rows: Sequence[Sequence[Any]], components: Sequence[
 
 
 def _groups_html(groups: Sequence[Mapping[str, Any]]) -> str:
-    """Each group of :func:`reconciliation_groups` as an expandable line: its label, count, roles as predicted, and
-    basis; open, one block's rows."""
+    """Each group of :func:`reconciliation_groups` as an expandable line: its label,
+    count, roles as predicted, and basis; open, one block's rows."""
     parts = []
     for group in groups:
         members = group["rows"]
@@ -358,10 +369,12 @@ _INDEX = re.compile(r"(?<=\.)\d+(?=\.|$)|^\d+(?=\.|$)")
 
 
 def reconciliation_groups(rows: Sequence[Sequence[Any]]) -> list[dict[str, Any]]:
-    """The reconciliation rows ``[block, role, measured, predicted, ratio, term, useful, reason, basis]`` grouped by
-    identical blocks: blocks whose path differs only in its indices (``layers.3.mlp``) and whose rows are the same
-    but for the block's path. Each group: ``pattern`` (indices as ``*``), ``label`` (``layers.0–31.mlp``, or the
-    indices listed), ``blocks`` (their paths, in order) and ``rows`` (the first block's)."""
+    """The reconciliation rows ``[block, role, measured, predicted, ratio, term, useful,
+    reason, basis]`` grouped by identical blocks: blocks whose path differs only in
+    its indices (``layers.3.mlp``) and whose rows are the same but for the block's
+    path. Each group: ``pattern`` (indices as ``*``), ``label`` (``layers.0–31.mlp``,
+    or the indices listed), ``blocks`` (their paths, in order) and ``rows`` (the
+    first block's)."""
     by_block: dict[str, list[Sequence[Any]]] = {}
     for row in rows:
         by_block.setdefault(row[0], []).append(row)
@@ -377,10 +390,11 @@ def reconciliation_groups(rows: Sequence[Sequence[Any]]) -> list[dict[str, Any]]
 
 
 def _label(pattern: str, blocks: Sequence[str]) -> str:
-    """``layers.0–31.mlp`` for a run of consecutive indices at one place, ``layers.{0, 2, 5}.mlp`` otherwise; with
-    indices at several places, each place's (``up_blocks.0.attentions.0–2.transformer_blocks.0.attn1``) where the
-    blocks are every combination of them, else the paths listed; the path itself for one block (``(model)`` for the
-    root)."""
+    """``layers.0–31.mlp`` for a run of consecutive indices at one place, ``layers.{0,
+    2, 5}.mlp`` otherwise; with indices at several places, each place's
+    (``up_blocks.0.attentions.0–2.transformer_blocks.0.attn1``) where the blocks are
+    every combination of them, else the paths listed; the path itself for one block
+    (``(model)`` for the root)."""
     indices = [[int(i) for i in _INDEX.findall(block)] for block in blocks]
     places = [list(dict.fromkeys(each[k] for each in indices)) for k in range(pattern.count("*"))]
     if len(blocks) == 1 or not places or math.prod(map(len, places)) != len(blocks):
@@ -432,8 +446,9 @@ def _scaling_section(scaling: Mapping[str, Any], colours: Mapping[str, str]) -> 
 
 
 def _call_section(pipeline: Mapping[str, Any], total: int) -> str:
-    """A diffusion pipeline's call at a glance: its MACs by component (each a link that zooms the module tree into
-    it) and by part of the call (before the steps, each denoising step, after them)."""
+    """A diffusion pipeline's call at a glance: its MACs by component (each a link that
+    zooms the module tree into it) and by part of the call (before the steps, each
+    denoising step, after them)."""
     bars, colours = pipeline["bars"], pipeline["colours"]
     macs_of = dict(zip(pipeline["components"], pipeline["totals"], strict=True))
     in_order = {name: macs_of[name] for name in _as_they_ran(pipeline)}
@@ -463,16 +478,16 @@ def _call_section(pipeline: Mapping[str, Any], total: int) -> str:
 
 
 def _as_they_ran(pipeline: Mapping[str, Any]) -> list[str]:
-    """A pipeline's components with MACs in the order they first ran (by the parts of the call: before the steps,
-    the steps, after them)."""
+    """A pipeline's components with MACs in the order they first ran (by the parts of
+    the call: before the steps, the steps, after them)."""
     names = pipeline["components"]
     ran = [*dict.fromkeys(c for bar in pipeline["bars"] for c in bar["macs"] if c in names)]
     return [*ran, *[c for c in names if c not in ran]]
 
 
 def _pipeline_section(pipeline: Mapping[str, Any]) -> str:
-    """A diffusion pipeline's call: MACs by role in each component, and by component and by role in each denoising
-    step (a row per run of identical steps)."""
+    """A diffusion pipeline's call: MACs by role in each component, and by component and
+    by role in each denoising step (a row per run of identical steps)."""
     names, stepped = pipeline["components"], pipeline["stepped"]
     roles = _table(["role", *names], [*pipeline["roles"], ["total", *pipeline["totals"]]],
                    numeric=tuple(range(1, len(names) + 1)))
@@ -490,8 +505,9 @@ def _pipeline_section(pipeline: Mapping[str, Any]) -> str:
 
 
 def _runs_of_steps(rows: Sequence[Sequence[Any]], tail: int) -> list[list[Any]]:
-    """Rows ``[step, *MACs, total, *tail columns]`` of consecutive steps equal but for the step merged into one:
-    ``["0–27", 28, *MACs each, total each, total of the run, *tail columns]``."""
+    """Rows ``[step, *MACs, total, *tail columns]`` of consecutive steps equal but for
+    the step merged into one: ``["0–27", 28, *MACs each, total each, total of the
+    run, *tail columns]``."""
     out: list[list[Any]] = []
     runs: list[list[Sequence[Any]]] = []
     for row in rows:

@@ -1,14 +1,17 @@
-"""A profile in a notebook: what ``Profile._repr_html_`` and ``Profile._repr_markdown_`` show.
+"""A profile in a notebook: what ``Profile._repr_html_`` and ``Profile._repr_markdown_``
+show.
 
-Three parts, in MACs (multiply-accumulates; FLOPs = 2 x MACs, both shown): a one-line summary (total, mode,
-parameters, ops without a formula), the role table and a compact module tree. The tree holds the modules with
-MACs down to :data:`DEPTH` levels below the root, inclusive of their submodules; numbered siblings of one type and
-one count (``layers.0`` ... ``layers.31``) are one row, ``×32``, with the MACs of each and the share of all, and only
-the first of them is opened (its rows count for all: ``attn ×32``). A container that never runs itself (a
-``ModuleList``) is opened in place. :meth:`flopscope.Profile.to_html` writes the whole report (chart and every table).
+Three parts, in MACs (multiply-accumulates; FLOPs = 2 x MACs, both shown): a one-line
+summary (total, mode, parameters, ops without a formula), the role table and a compact
+module tree. The tree holds the modules with MACs down to :data:`DEPTH` levels below the
+root, inclusive of their submodules; numbered siblings of one type and one count
+(``layers.0`` ... ``layers.31``) are one row, ``×32``, with the MACs of each and the
+share of all, and only the first of them is opened (its rows count for all: ``attn
+×32``). A container that never runs itself (a ``ModuleList``) is opened in place.
+:meth:`flopscope.Profile.to_html` writes the whole report (chart and every table).
 
-This module never imports :mod:`flopscope.profile` (``Profile`` delegates here): it reads the profile through its
-public queries.
+This module never imports :mod:`flopscope.profile` (``Profile`` delegates here): it
+reads the profile through its public queries.
 """
 
 from __future__ import annotations
@@ -27,7 +30,8 @@ DEPTH = 3
 
 @dataclass(frozen=True)
 class TreeRow:
-    """One row of the compact tree: a module, or ``count`` numbered siblings alike (``first`` to ``last``)."""
+    """One row of the compact tree: a module, or ``count`` numbered siblings alike
+    (``first`` to ``last``)."""
 
     level: int  # 0 for the root
     path: str  # the module's path (of a run: its first member's)
@@ -51,7 +55,8 @@ class TreeRow:
 
 
 def summary_line(prof: Any) -> str:
-    """``"GPT2LMHeadModel: 4,431,872 MACs = 8,863,744 FLOPs (8.86 MFLOP), fake mode, ..."`` (plain text)."""
+    """``"GPT2LMHeadModel: 4,431,872 MACs = 8,863,744 FLOPs (8.86 MFLOP), fake mode,
+    ..."`` (plain text)."""
     types = prof.facts.types
     name = types[""].__name__ if "" in types else "model"
     total = prof.total()
@@ -91,7 +96,8 @@ def tree_rows(prof: Any, depth: int = DEPTH) -> list[TreeRow]:
                        dominant.get(path, ""), path[len(parent) + 1:] if parent else path)
 
     def shown(path: str) -> Iterator[str]:
-        """The children of ``path`` with MACs, a container that never ran itself (a ModuleList) opened."""
+        """The children of ``path`` with MACs, a container that never ran itself (a
+        ModuleList) opened."""
         for child in children.get(path, []):
             if child in uncalled:
                 yield from shown(child)
@@ -109,7 +115,8 @@ def tree_rows(prof: Any, depth: int = DEPTH) -> list[TreeRow]:
 
 
 def notebook_html(prof: Any, depth: int = DEPTH) -> str:
-    """The HTML a notebook shows for ``prof``: summary line, role table, compact tree (no script)."""
+    """The HTML a notebook shows for ``prof``: summary line, role table, compact tree
+    (no script)."""
     roles = "".join(f"<tr><td>{html.escape(role)}</td><td style='text-align:right'>{m:,}</td>"
                     f"<td style='text-align:right'>{f:,}</td><td style='text-align:right'>{share}</td></tr>"
                     for role, m, f, share in role_rows(prof))
@@ -129,7 +136,8 @@ def notebook_html(prof: Any, depth: int = DEPTH) -> str:
 
 
 def notebook_markdown(prof: Any, depth: int = DEPTH) -> str:
-    """The same as Markdown: summary line, role table, compact tree (tables in GitHub's pipe syntax)."""
+    """The same as Markdown: summary line, role table, compact tree (tables in GitHub's
+    pipe syntax)."""
     lines = [_md(summary_line(prof)), "", "| role | MACs | FLOPs | share |", "|---|---:|---:|---:|"]
     lines += [f"| {_md(role)} | {m:,} | {f:,} | {share} |" for role, m, f, share in role_rows(prof)]
     total = prof.total() or 1
@@ -141,7 +149,8 @@ def notebook_markdown(prof: Any, depth: int = DEPTH) -> str:
 
 
 def _runs(paths: Sequence[str], macs: Mapping[str, int], types: Mapping[str, type]) -> Iterator[list[str]]:
-    """``paths`` (siblings, in order) grouped: consecutive numbered ones of one type and one MAC count together."""
+    """``paths`` (siblings, in order) grouped: consecutive numbered ones of one type and
+    one MAC count together."""
     run: list[str] = []
     for path in paths:
         name = path.rsplit(".", 1)[-1]

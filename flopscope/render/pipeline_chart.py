@@ -1,18 +1,20 @@
-"""A diffusion pipeline's call in two inline SVG pictures (no script, no network), drawn from plain data (never a
-profile):
+"""A diffusion pipeline's call in two inline SVG pictures (no script, no network), drawn
+from plain data (never a profile):
 
-- **by component**: one bar as wide as the page, a segment per component as wide as its share of the call's MACs,
-  named where it is wide enough;
-- **by step**: a bar per part of the call in the order it ran: the calls before the denoising loop (the prompt's
-  encoding), one bar per denoising step (its denoisers stacked: a UNet and a ControlNet), the calls after the loop
-  (the VAE decode); a linear axis of MACs on the left, of FLOPs (2 x MACs) on the right, and each run of identical
+- **by component**: one bar as wide as the page, a segment per component as wide as its
+  share of the call's MACs, named where it is wide enough;
+- **by step**: a bar per part of the call in the order it ran: the calls before the
+  denoising loop (the prompt's encoding), one bar per denoising step (its denoisers
+  stacked: a UNet and a ControlNet), the calls after the loop (the VAE decode); a linear
+  axis of MACs on the left, of FLOPs (2 x MACs) on the right, and each run of identical
   steps labelled once (``28 steps × 37.19 TMAC``).
 
-A component has one colour in both (:func:`component_colours`). Each bar is a ``<g class=bar>`` carrying
-``data-kind`` (``before``, ``step``, ``after``), ``data-step`` (a step's index) and ``data-macs`` (its MACs, exact
-digits); each of its segments a ``<rect class=segment>`` with ``data-component`` and ``data-macs``, and a
-``<title>`` giving MACs and FLOPs exactly: what a person hovers and what the browser test reads back. Units: MACs
-(FLOPs = 2 x MACs)."""
+A component has one colour in both (:func:`component_colours`). Each bar is a ``<g
+class=bar>`` carrying ``data-kind`` (``before``, ``step``, ``after``), ``data-step`` (a
+step's index) and ``data-macs`` (its MACs, exact digits); each of its segments a ``<rect
+class=segment>`` with ``data-component`` and ``data-macs``, and a ``<title>`` giving
+MACs and FLOPs exactly: what a person hovers and what the browser test reads back.
+Units: MACs (FLOPs = 2 x MACs)."""
 
 from __future__ import annotations
 
@@ -59,7 +61,8 @@ def call_bars(before: Mapping[str, int], steps: Sequence[Any], after: Mapping[st
 
 
 def runs(bars: Sequence[Mapping[str, Any]]) -> list[tuple[int, int]]:
-    """``(first, last)`` indices of each run of consecutive step bars with the same MACs per component."""
+    """``(first, last)`` indices of each run of consecutive step bars with the same MACs
+    per component."""
     out: list[tuple[int, int]] = []
     for i, bar in enumerate(bars):
         if bar["kind"] != "step":
@@ -165,8 +168,8 @@ def steps_svg(bars: Sequence[Mapping[str, Any]], colours: Mapping[str, str]) -> 
 
 def _labels(bars: Sequence[Mapping[str, Any]], placed: Sequence[tuple[float, float, int]], slot: float,
             y: Any) -> list[str]:
-    """Below the bars their names (every k-th step's number where the bars are narrow); above them their MACs, a
-    run of identical steps labelled once over the run."""
+    """Below the bars their names (every k-th step's number where the bars are narrow);
+    above them their MACs, a run of identical steps labelled once over the run."""
     bottom = HEIGHT - BOTTOM
     out = []
     every = max(1, math.ceil(26 / slot)) if slot else 1
@@ -194,7 +197,8 @@ def _labels(bars: Sequence[Mapping[str, Any]], placed: Sequence[tuple[float, flo
 
 
 def _ticks(highest: int) -> tuple[float, list[float]]:
-    """The axis' top and its ticks: multiples of 1, 2 or 5 times a power of ten, four to eight of them."""
+    """The axis' top and its ticks: multiples of 1, 2 or 5 times a power of ten, four to
+    eight of them."""
     rough = highest / 5
     power = 10 ** math.floor(math.log10(rough))
     step = next(m * power for m in (1, 2, 5, 10) if m * power >= rough)

@@ -1,5 +1,5 @@
-"""Plots (the ``plot`` extra: matplotlib): the scaling plot, the role-share bar chart, the roofline and a trace's
-timeline, saved as PNG."""
+"""Plots (the ``plot`` extra: matplotlib): the scaling plot, the role-share bar chart,
+the roofline and a trace's timeline, saved as PNG."""
 
 from __future__ import annotations
 
@@ -19,7 +19,8 @@ if TYPE_CHECKING:
 
 
 def pyplot() -> Any:
-    """matplotlib's pyplot on the headless Agg backend (a clear error naming the extra without matplotlib)."""
+    """matplotlib's pyplot on the headless Agg backend (a clear error naming the extra
+    without matplotlib)."""
     try:
         import matplotlib
 
@@ -31,8 +32,9 @@ def pyplot() -> Any:
 
 
 def scaling_plot(result: Scaling, path: str | Path, title: str = "") -> Path:
-    """Measured points and exact polynomial per role on log-log axes, reference slopes 1 (n·d²) and 2
-    (n²·d), and the length at which attention overtakes projections + FFN."""
+    """Measured points and exact polynomial per role on log-log axes, reference slopes 1
+    (n·d²) and 2 (n²·d), and the length at which attention overtakes projections +
+    FFN."""
     plt = pyplot()
     lengths = list(result.lengths)
     fig, ax = plt.subplots(figsize=(8, 5.5))
@@ -87,8 +89,8 @@ DPI = 120
 
 
 def save_figure(fig: Any, plt: Any, path: str | Path, layout: bool = True) -> Path:
-    """Write ``fig`` to ``path`` (PNG, :data:`DPI`) and close it; ``layout=False`` when its layout is done (labels
-    placed in pixels: :func:`place_labels`)."""
+    """Write ``fig`` to ``path`` (PNG, :data:`DPI`) and close it; ``layout=False`` when
+    its layout is done (labels placed in pixels: :func:`place_labels`)."""
     out = Path(path)
     if layout:
         fig.tight_layout()
@@ -107,12 +109,14 @@ distances."""
 
 def place_labels(fig: Any, ax: Any, points: Sequence[tuple[float, float, str]],
                  obstacles: Sequence[tuple[float, float]] = (), fontsize: float = 7) -> list[Any]:
-    """Label ``points`` (``(x, y, text)`` in data coordinates) on ``ax`` so that no two labels overlap, no label
-    covers a point (``points`` and ``obstacles``, data coordinates) and each stays inside the axes: points at the
-    same place (within a few pixels) share one label (their texts joined, :func:`_joined`); each label goes to the
-    nearest free place around its point (:data:`_OFFSETS`), with a thin line to its point when it is not next to
-    it. Call it once the axes' limits and the figure's layout are final (it measures text in pixels); returns the
-    labels (matplotlib ``Annotation`` s)."""
+    """Label ``points`` (``(x, y, text)`` in data coordinates) on ``ax`` so that no two
+    labels overlap, no label covers a point (``points`` and ``obstacles``, data
+    coordinates) and each stays inside the axes: points at the same place (within a
+    few pixels) share one label (their texts joined, :func:`_joined`); each label
+    goes to the nearest free place around its point (:data:`_OFFSETS`), with a thin
+    line to its point when it is not next to it. Call it once the axes' limits and
+    the figure's layout are final (it measures text in pixels); returns the labels
+    (matplotlib ``Annotation`` s)."""
     renderer = fig.canvas.get_renderer()
     to_pixels = ax.transData.transform
     groups: list[tuple[tuple[float, float], list[str], list[tuple[float, float]]]] = []
@@ -152,7 +156,8 @@ def place_labels(fig: Any, ax: Any, points: Sequence[tuple[float, float, str]],
 
 
 def text_box(label: Any, renderer: Any) -> Any:
-    """The box (display pixels) of an ``Annotation``'s text alone, not of its line to its point."""
+    """The box (display pixels) of an ``Annotation``'s text alone, not of its line to
+    its point."""
     from matplotlib.text import Text
 
     label.update_positions(renderer)
@@ -161,7 +166,8 @@ def text_box(label: Any, renderer: Any) -> Any:
 
 def _label(ax: Any, text: str, xy: tuple[float, float], dx: float, dy: float, fontsize: float,
            line: bool = False) -> Any:
-    """``text`` at ``(dx, dy)`` points from ``xy``, aligned away from it (a thin grey line to it with ``line``)."""
+    """``text`` at ``(dx, dy)`` points from ``xy``, aligned away from it (a thin grey
+    line to it with ``line``)."""
     arrow = {"arrowstyle": "-", "color": "grey", "linewidth": 0.5, "shrinkA": 0, "shrinkB": 3} if line else None
     return ax.annotate(text, xy, xytext=(dx, dy), textcoords="offset points", fontsize=fontsize,
                        ha="left" if dx > 1e-9 else "right" if dx < -1e-9 else "center",
@@ -169,8 +175,9 @@ def _label(ax: Any, text: str, xy: tuple[float, float], dx: float, dy: float, fo
 
 
 def _joined(texts: Sequence[str]) -> str:
-    """The texts of points at one place as one label: ``step 2 (decode)`` ... ``step 5 (decode)`` as
-    ``steps 2–5 (decode)``, the rest joined by commas, lines of at most :data:`_LINE` characters where they fit."""
+    """The texts of points at one place as one label: ``step 2 (decode)`` ... ``step 5
+    (decode)`` as ``steps 2–5 (decode)``, the rest joined by commas, lines of at most
+    :data:`_LINE` characters where they fit."""
     steps: dict[str, list[int]] = {}
     others: list[str] = []
     for text in texts:
@@ -202,11 +209,13 @@ _LINE = 40  # characters of a label's line
 
 
 def trace_plot(trace: Mapping[str, Any] | str | Path, path: str | Path, title: str = "") -> Path:
-    """A timeline of a trace (:meth:`Profile.export_chrome_trace`'s JSON, its dict, or a ``torch.profiler`` trace
-    that :func:`flopscope.trace.merge_torch_trace` laid role ranges over): one row per role track, a bar at each
-    op's start and duration, labelled with the role and its MACs; above them one row of module calls, nested calls
-    in lanes below their callers (``profiler(trace=True)``'s ``flopscope/<path>`` ranges in a torch trace), each
-    named where it is wide enough. Headless (matplotlib's Agg backend): what a trace viewer shows, as a PNG."""
+    """A timeline of a trace (:meth:`Profile.export_chrome_trace`'s JSON, its dict, or a
+    ``torch.profiler`` trace that :func:`flopscope.trace.merge_torch_trace` laid role
+    ranges over): one row per role track, a bar at each op's start and duration,
+    labelled with the role and its MACs; above them one row of module calls, nested
+    calls in lanes below their callers (``profiler(trace=True)``'s
+    ``flopscope/<path>`` ranges in a torch trace), each named where it is wide
+    enough. Headless (matplotlib's Agg backend): what a trace viewer shows, as a PNG."""
     plt = pyplot()
     doc = _trace_doc(trace)
     roles, calls = _trace_rows(doc)
@@ -271,8 +280,8 @@ def _trace_doc(trace: Mapping[str, Any] | str | Path) -> Mapping[str, Any]:
 
 def _trace_rows(doc: Mapping[str, Any]) -> tuple[dict[str, list[tuple[float, float, int, list[str]]]],
                                                  list[tuple[str, float, float, int]]]:
-    """``({track role: [(start, duration, MACs, roles with MACs)]}, [(module, start, end, depth)])`` of a trace's
-    flopscope events."""
+    """``({track role: [(start, duration, MACs, roles with MACs)]}, [(module, start,
+    end, depth)])`` of a trace's flopscope events."""
     events = [e for e in doc.get("traceEvents", []) if isinstance(e, dict)]
     processes = {e.get("pid"): e.get("args", {}).get("name") for e in events
                  if e.get("ph") == "M" and e.get("name") == "process_name"}

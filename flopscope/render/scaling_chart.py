@@ -1,11 +1,13 @@
-"""The scaling picture of the seed study, as an inline SVG (no script, no network): MACs per role against the sequence
-length n on log-log axes, each role's exact polynomial as a line and its measured counts as points on it, the
-attention core (scores + weighted sum, ``n²·d``) and the projections + FFN (``n·d²``) summed as two heavier lines,
-and the length where the first overtakes the second marked and labelled.
+"""The scaling picture of the seed study, as an inline SVG (no script, no network): MACs
+per role against the sequence length n on log-log axes, each role's exact polynomial
+as a line and its measured counts as points on it, the attention core (scores +
+weighted sum, ``n²·d``) and the projections + FFN (``n·d²``) summed as two heavier
+lines, and the length where the first overtakes the second marked and labelled.
 
-Every measured point is a ``<circle class=point>`` carrying ``data-role``, ``data-n`` and ``data-macs`` (the
-profile's own count, exact digits); the crossover a ``<line class=crossover data-n>`` and its label
-``<text id=crossover data-n>``: what a browser test reads back. Units: MACs (FLOPs = 2 x MACs)."""
+Every measured point is a ``<circle class=point>`` carrying ``data-role``, ``data-n``
+and ``data-macs`` (the profile's own count, exact digits); the crossover a ``<line
+class=crossover data-n>`` and its label ``<text id=crossover data-n>``: what a browser
+test reads back. Units: MACs (FLOPs = 2 x MACs)."""
 
 from __future__ import annotations
 
@@ -20,11 +22,12 @@ SAMPLES = 96  # points of each line, evenly spaced in log n
 
 
 def chart_data(scaling: Any) -> dict[str, Any]:
-    """The picture's numbers from a :class:`flopscope.Scaling`: ``points`` ``[role, n, MACs]`` measured, ``lines``
-    ``{name: [[n, MACs], ...]}`` of the polynomials (roles, then ``"attention core"`` and
-    ``"projections + FFN"``), ``crossover`` (the smallest n where the core costs more, ``None`` if never or past
-    64 times the longest length measured) and the ``span`` of n drawn: the lengths measured, and on to 1.25 times
-    the crossover (the polynomials are exact there too)."""
+    """The picture's numbers from a :class:`flopscope.Scaling`: ``points`` ``[role, n,
+    MACs]`` measured, ``lines`` ``{name: [[n, MACs], ...]}`` of the polynomials
+    (roles, then ``"attention core"`` and ``"projections + FFN"``), ``crossover``
+    (the smallest n where the core costs more, ``None`` if never or past 64 times the
+    longest length measured) and the ``span`` of n drawn: the lengths measured, and
+    on to 1.25 times the crossover (the polynomials are exact there too)."""
     # (every attribute value of a self-closing element is quoted: an unquoted one would take the "/" of "/>")
     lengths = list(scaling.lengths)
     crossover = scaling.crossover()
@@ -45,7 +48,8 @@ def chart_data(scaling: Any) -> dict[str, Any]:
 
 
 def chart_svg(chart: Mapping[str, Any], colours: Mapping[str, str]) -> str:
-    """The inline SVG of :func:`chart_data`'s ``chart``; ``colours`` by role (the report's)."""
+    """The inline SVG of :func:`chart_data`'s ``chart``; ``colours`` by role (the
+    report's)."""
     values = [m for _, m in (pair for line in chart["lines"].values() for pair in line) if m > 0]
     values += [m for _, _, m in chart["points"]]
     if not values:

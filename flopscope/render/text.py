@@ -1,8 +1,9 @@
 """Pure renderers: a profile in, text out (never printing). Units are always named.
 
-Tables go through ``tabulate`` (``tablefmt``: "simple", "github", "pipe" (markdown), "html", ...);
-``units`` is ``"macs"`` (multiply-accumulates) or ``"flops"`` (2 x MACs). :func:`to_json` writes the
-versioned schema documented in :data:`JSON_SCHEMA`; :func:`to_csv` one row per counted op.
+Tables go through ``tabulate`` (``tablefmt``: "simple", "github", "pipe" (markdown),
+"html", ...); ``units`` is ``"macs"`` (multiply-accumulates) or ``"flops"`` (2 x MACs).
+:func:`to_json` writes the versioned schema documented in :data:`JSON_SCHEMA`;
+:func:`to_csv` one row per counted op.
 """
 
 from __future__ import annotations
@@ -54,20 +55,21 @@ def _unit(units: str) -> tuple[str, int]:
 
 
 def params_by_module(prof: ProfileView) -> dict[str, int]:
-    """Parameters per module path, inclusive of submodules (shared parameters counted where declared)."""
+    """Parameters per module path, inclusive of submodules (shared parameters counted
+    where declared)."""
     return params_inclusive(prof.facts.param_shapes)
 
 
 def dominant_roles(prof: ProfileView) -> dict[str, str]:
-    """Per module path, the role with most MACs among the ops it ran (inclusive; a container never called, such as a
-    ``ModuleList``, of what its submodules ran)."""
+    """Per module path, the role with most MACs among the ops it ran (inclusive; a
+    container never called, such as a ``ModuleList``, of what its submodules ran)."""
     uncalled = prof.uncalled_modules()
     return module_dominant_roles((enclosing(record.module_stack, uncalled), record.roles) for record in prof.records)
 
 
 def module_tree(prof: ProfileView, depth: int = 2, units: str = "macs", tablefmt: str = "simple") -> str:
-    """The model's structure with MACs (or FLOPs), parameters, share and dominant role per module, down to
-    ``depth`` levels below the root."""
+    """The model's structure with MACs (or FLOPs), parameters, share and dominant role
+    per module, down to ``depth`` levels below the root."""
     name, factor = _unit(units)
     total = prof.total() or 1
     params = params_by_module(prof)
@@ -98,7 +100,8 @@ def op_table(prof: ProfileView, units: str = "macs", tablefmt: str = "simple") -
 
 
 def where(paths: list[str], limit: int = 3) -> str:
-    """Module paths summarised as patterns: ``layers.0.attn``, ``layers.1.attn`` -> ``layers.*.attn (x2)``."""
+    """Module paths summarised as patterns: ``layers.0.attn``, ``layers.1.attn`` ->
+    ``layers.*.attn (x2)``."""
     patterns: dict[str, int] = {}
     for path in paths:
         pattern = ".".join("*" if part.isdigit() else part for part in path.split(".")) if path else "(model)"
@@ -109,8 +112,9 @@ def where(paths: list[str], limit: int = 3) -> str:
 
 
 def role_table(prof: ProfileView, units: str = "macs", tablefmt: str = "simple", attention: str = EXECUTED) -> str:
-    """Role | MACs | FLOPs | share of total | where (the blocks it occurs in); the attention core and the total
-    priced by the ``attention`` convention (:mod:`flopscope.predict.attention`)."""
+    """Role | MACs | FLOPs | share of total | where (the blocks it occurs in); the
+    attention core and the total priced by the ``attention`` convention
+    (:mod:`flopscope.predict.attention`)."""
     total = prof.total(attention=attention) or 1
     blocks: dict[str, list[str]] = {}
     for block, roles in prof.by_block(attention=attention).items():
@@ -138,9 +142,10 @@ def unsupported_table(prof: ProfileView, tablefmt: str = "simple") -> str:
 
 def summary(prof: ProfileView, depth: int = 2, units: str = "macs", tablefmt: str = "simple",
             reconciliation: bool = True, attention: str = EXECUTED) -> str:
-    """Totals, roles, reconciliation, the module tree, ops, elementwise work and unsupported ops. ``attention``:
-    the convention of the total and the role table (:mod:`flopscope.predict.attention`); the module tree, ops and
-    reconciliation stay executed work."""
+    """Totals, roles, reconciliation, the module tree, ops, elementwise work and
+    unsupported ops. ``attention``: the convention of the total and the role table
+    (:mod:`flopscope.predict.attention`); the module tree, ops and reconciliation
+    stay executed work."""
     macs, flops = prof.total(attention=attention), prof.total_flops(attention=attention)
     priced = "" if check_attention(attention) == EXECUTED else (
         f", attention core priced {attention!r} (executed: {prof.total():,} MACs; module tree and ops: executed)")
@@ -175,8 +180,8 @@ def summary(prof: ProfileView, depth: int = 2, units: str = "macs", tablefmt: st
 # --------------------------------------------------------------------------------------------------
 # machine-readable
 def to_dict(prof: ProfileView, reconciliation: bool = True, attention: str = EXECUTED) -> dict[str, Any]:
-    """The JSON document of :data:`JSON_SCHEMA` as a dict; ``attention``: the convention of its ``attention``
-    section."""
+    """The JSON document of :data:`JSON_SCHEMA` as a dict; ``attention``: the convention
+    of its ``attention`` section."""
     check_attention(attention)
     params = params_by_module(prof)
     dominant = dominant_roles(prof)

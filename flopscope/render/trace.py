@@ -15,11 +15,13 @@ if TYPE_CHECKING:
 
 
 def merge_torch_trace(torch_trace: Mapping[str, Any] | str | Path, prof: ProfileView) -> dict[str, Any]:
-    """A ``torch.profiler`` trace (its ``export_chrome_trace`` JSON, or that file's path) with a process of role
-    ranges added: each op flopscope recorded is matched, in execution order, to torch's event for the same
-    ATen op (the outermost one: torch also lists the call inside flopscope's dispatch mode), and a range named
-    after its role is laid over it with torch's own time and flopscope's counts in ``args``. Profile the same run
-    with both (``torch.profiler.profile()`` around ``flopscope.profiler(model, mode="real")``). How many ops
-    were matched is in ``otherData.flopscope``."""
+    """A ``torch.profiler`` trace (its ``export_chrome_trace`` JSON, or that file's
+    path) with a process of role ranges added: each op flopscope recorded is matched,
+    in execution order, to torch's event for the same ATen op (the outermost one:
+    torch also lists the call inside flopscope's dispatch mode), and a range named
+    after its role is laid over it with torch's own time and flopscope's counts in
+    ``args``. Profile the same run with both (``torch.profiler.profile()`` around
+    ``flopscope.profiler(model, mode="real")``). How many ops were matched is in
+    ``otherData.flopscope``."""
     records = [captured(node) for node in prof.graph.nodes]
     return chrome_trace.merge_torch_trace(torch_trace, records, prof.role_assignments_by_op(), prof.total())

@@ -1,7 +1,9 @@
-"""What a renderer reads of a profile: :class:`ProfileView`, the members of :class:`flopscope.Profile` that the text
-report, the plots, the trace merge and the diff use. Renderers take a ``ProfileView``, never the façade's class, so
-this layer imports nothing above it (the façade calls the renderers). Units: MACs unless a name says FLOPs or
-bytes; ``attention`` is a convention of :data:`flopscope.conventions.ATTENTION_CONVENTIONS`."""
+"""What a renderer reads of a profile: :class:`ProfileView`, the members of
+:class:`flopscope.Profile` that the text report, the plots, the trace merge and the
+diff use. Renderers take a ``ProfileView``, never the façade's class, so this layer
+imports nothing above it (the façade calls the renderers). Units: MACs unless a name
+says FLOPs or bytes; ``attention`` is a convention of
+:data:`flopscope.conventions.ATTENTION_CONVENTIONS`."""
 
 from __future__ import annotations
 

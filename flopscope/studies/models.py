@@ -1,4 +1,5 @@
-"""Models the package ships, so that the demo and the tests have something to count without downloads."""
+"""Models the package ships, so that the demo and the tests have something to count
+without downloads."""
 
 from __future__ import annotations
 
@@ -12,8 +13,8 @@ from ..capture.checks import check_heads
 
 
 class SelfAttention(nn.Module):
-    """Multi-head self-attention written out as in the seed study: Q = X W_Q, K = X W_K, V = X W_V,
-    softmax(Q Kᵀ / √d_k) V per head, then the output projection W_O."""
+    """Multi-head self-attention written out as in the seed study: Q = X W_Q, K = X W_K,
+    V = X W_V, softmax(Q Kᵀ / √d_k) V per head, then the output projection W_O."""
 
     def __init__(self, d: int, h: int) -> None:
         super().__init__()
@@ -40,10 +41,11 @@ class FeedForward(nn.Module):
 
 
 class TransformerBlock(nn.Module):
-    """The Transformer encoder block of the seed study (post-norm, as in Vaswani et al. 2017).
+    """The Transformer encoder block of the seed study (post-norm, as in Vaswani et al.
+    2017).
 
-    Defaults: d = 512, h = 8, d_ff = 2048: 12·d² + 13·d = 3,152,384 parameters with d_ff = 4d.
-    Forward MACs for one sequence of n tokens: n·(4·d² + 2·d·d_ff) + 2·n²·d.
+    Defaults: d = 512, h = 8, d_ff = 2048: 12·d² + 13·d = 3,152,384 parameters with d_ff
+    = 4d. Forward MACs for one sequence of n tokens: n·(4·d² + 2·d·d_ff) + 2·n²·d.
     """
 
     def __init__(self, d: int = 512, h: int = 8, d_ff: int = 2048) -> None:

@@ -1,4 +1,5 @@
-"""Vaswani et al. 2017, Table 1 ("Why Self-Attention"), *measured*: real PyTorch layers, profiled.
+"""Vaswani et al. 2017, Table 1 ("Why Self-Attention"), *measured*: real PyTorch layers,
+profiled.
 
 :func:`compare` builds one layer per row of the paper's Table 1 (and of the rows the authors commented
 out of it: separable convolution, position-wise FFN, fully connected), plus the seed study's points
@@ -9,32 +10,38 @@ computed here from ``n, d, h, k, r, d_ff`` alone (``docs/formulas.md`` section 1
 
 Conventions:
 
-* Units are in the names: ``*_macs`` are multiply-accumulates (1 MAC = 2 FLOPs); ``params`` are scalar
-  parameters (``sum(p.numel())``, biases and norm scales included), ``weights`` the scalars of the parameters
-  that multiply (matrices and convolution kernels: every parameter of two or more dimensions; biases and norm
-  scales left out), so that the seed note's ``512^4`` weights of the fully-connected layer read straight off
-  the table; all counts are for **one sequence** (batch 1) of ``n`` tokens of width
-  ``d``, forward pass only. Softmax, scaling, masking, biases, norms and activations are elementwise work,
-  not MACs, and are in neither column (see :meth:`flopscope.Profile.elementwise`).
+* Units are in the names: ``*_macs`` are multiply-accumulates (1 MAC = 2 FLOPs);
+  ``params`` are scalar parameters (``sum(p.numel())``, biases and norm scales
+  included), ``weights`` the scalars of the parameters that multiply (matrices and
+  convolution kernels: every parameter of two or more dimensions; biases and norm scales
+  left out), so that the seed note's ``512^4`` weights of the fully-connected layer read
+  straight off the table; all counts are for **one sequence** (batch 1) of ``n`` tokens
+  of width ``d``, forward pass only. Softmax, scaling, masking, biases, norms and
+  activations are elementwise work, not MACs, and are in neither column (see
+  :meth:`flopscope.Profile.elementwise`).
 * Attention uses ``h`` heads of width ``d_k = d_v = d / h``.
 * Rows that measure part of a layer (the attention core, a Q projection) take that part's roles from
   :meth:`flopscope.Profile.by_role`; ``params`` is still the whole profiled layer's parameter count.
-* Restricted self-attention with neighbourhood ``r``: query ``i`` attends to the ``r`` consecutive key
-  positions ``i - (r - 1) // 2, ..., i + r // 2`` (centred for odd ``r``, one more on the right for even
-  ``r``). Positions outside ``0 .. n - 1`` are zero padding: they are multiplied (and counted: the kernel
-  executes them) and then masked out of the softmax. So every query costs exactly ``r·d`` MACs for its
-  scores and ``r·d`` for its weighted sum, ``2·r·n·d`` in all, for any ``r >= 1`` (also ``r > n``).
-* Convolutions use ``padding = k // 2``, stride 1, so their output length is
-  ``n_out = n + 2·(k // 2) - k + 1`` (``= n`` for odd ``k``, ``n + 1`` for even ``k``); the closed forms use
-  ``n_out``, which is the ``n`` of the paper's ``k·n·d²`` for odd ``k``. Also for ``k > n``: the padded
-  input has ``n + 2·(k // 2) >= k`` positions, so the layer has ``n_out >= n >= 1`` outputs, each a full
-  window of ``k`` taps of which at most ``n`` fall on the sequence; the taps on the zero padding are
-  executed and counted like the others, so ``k·n_out·d²`` stays exact (measured equals predicted). Such a
-  ``k`` (or an ``r > n``) is therefore accepted; :meth:`Comparison.to_table` notes that the windows reach
-  past the sequence, so the count includes work on padding.
-* Sequential operations and maximum path lengths are the paper's (not measured). For the convolutions the
-  paper's ``O(log_k(n))`` assumes dilated kernels (``O(n/k)`` for contiguous ones); the position-wise FFN
-  never mixes positions, so its path length is ``∞`` (the paper's commented-out row).
+* Restricted self-attention with neighbourhood ``r``: query ``i`` attends to the ``r``
+  consecutive key positions ``i - (r - 1) // 2, ..., i + r // 2`` (centred for odd
+  ``r``, one more on the right for even ``r``). Positions outside ``0 .. n - 1`` are
+  zero padding: they are multiplied (and counted: the kernel executes them) and then
+  masked out of the softmax. So every query costs exactly ``r·d`` MACs for its scores
+  and ``r·d`` for its weighted sum, ``2·r·n·d`` in all, for any ``r >= 1`` (also ``r >
+  n``).
+* Convolutions use ``padding = k // 2``, stride 1, so their output length is ``n_out = n
+  + 2·(k // 2) - k + 1`` (``= n`` for odd ``k``, ``n + 1`` for even ``k``); the closed
+  forms use ``n_out``, which is the ``n`` of the paper's ``k·n·d²`` for odd ``k``. Also
+  for ``k > n``: the padded input has ``n + 2·(k // 2) >= k`` positions, so the layer
+  has ``n_out >= n >= 1`` outputs, each a full window of ``k`` taps of which at most
+  ``n`` fall on the sequence; the taps on the zero padding are executed and counted like
+  the others, so ``k·n_out·d²`` stays exact (measured equals predicted). Such a ``k``
+  (or an ``r > n``) is therefore accepted; :meth:`Comparison.to_table` notes that the
+  windows reach past the sequence, so the count includes work on padding.
+* Sequential operations and maximum path lengths are the paper's (not measured). For the
+  convolutions the paper's ``O(log_k(n))`` assumes dilated kernels (``O(n/k)`` for
+  contiguous ones); the position-wise FFN never mixes positions, so its path length is
+  ``∞`` (the paper's commented-out row).
 """
 
 from __future__ import annotations
@@ -72,8 +79,9 @@ __all__ = [
 # --------------------------------------------------------------------------------------------------
 # restricted (banded) self-attention
 def band_window(r: int) -> tuple[int, int]:
-    """``(left, right)`` of the restricted-attention window of size ``r``: query ``i`` sees keys
-    ``i - left .. i + right``, with ``left = (r - 1) // 2``, ``right = r // 2``, ``left + right + 1 = r``."""
+    """``(left, right)`` of the restricted-attention window of size ``r``: query ``i``
+    sees keys ``i - left .. i + right``, with ``left = (r - 1) // 2``, ``right = r //
+    2``, ``left + right + 1 = r``."""
     check_positive(r=r)
     return (r - 1) // 2, r // 2
 
@@ -99,14 +107,16 @@ class _ProjectedAttention(nn.Module):
 
 
 class BandedSelfAttention(_ProjectedAttention):
-    """Restricted self-attention as a true banded kernel: each query attends to ``r`` keys only.
+    """Restricted self-attention as a true banded kernel: each query attends to ``r``
+    keys only.
 
-    The keys and values are zero-padded by ``left = (r - 1) // 2`` positions before and ``right = r // 2``
-    after the sequence, and ``unfold`` gathers, for each query ``i``, the window of padded positions
-    ``i .. i + r - 1`` (original positions ``i - left .. i + right``). Scores are a batched
-    ``(1 × d_k) @ (d_k × r)`` matmul per query and head, the weighted sum a ``(1 × r) @ (r × d_k)`` one:
-    ``h·n·r·d_k = r·n·d`` MACs each, **2·r·n·d** for the core. Padded positions are computed and then
-    masked to ``-inf`` before the softmax, so they get zero weight.
+    The keys and values are zero-padded by ``left = (r - 1) // 2`` positions before and
+    ``right = r // 2`` after the sequence, and ``unfold`` gathers, for each query ``i``,
+    the window of padded positions ``i .. i + r - 1`` (original positions ``i - left ..
+    i + right``). Scores are a batched ``(1 × d_k) @ (d_k × r)`` matmul per query and
+    head, the weighted sum a ``(1 × r) @ (r × d_k)`` one: ``h·n·r·d_k = r·n·d`` MACs
+    each, **2·r·n·d** for the core. Padded positions are computed and then masked to
+    ``-inf`` before the softmax, so they get zero weight.
     """
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -123,9 +133,10 @@ class BandedSelfAttention(_ProjectedAttention):
 
 
 class MaskedBandSelfAttention(_ProjectedAttention):
-    """The same restriction as :class:`BandedSelfAttention` (same window, same outputs), done as a masked
-    **dense** kernel: ``F.scaled_dot_product_attention`` with a boolean band mask. The kernel still computes
-    all ``n × n`` scores, so the core costs **2·n²·d** MACs whatever ``r`` is."""
+    """The same restriction as :class:`BandedSelfAttention` (same window, same outputs),
+    done as a masked **dense** kernel: ``F.scaled_dot_product_attention`` with a
+    boolean band mask. The kernel still computes all ``n × n`` scores, so the core
+    costs **2·n²·d** MACs whatever ``r`` is."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         n = x.shape[1]
@@ -194,14 +205,15 @@ class Comparison:
         return all(row.match for row in self.rows)
 
     def crossover_self_attention_vs_recurrence(self) -> int:
-        """The smallest integer sequence length ``n`` at which the self-attention core costs more than the
-        recurrent layer at this ``d``: ``2·n²·d > 2·n·d²  ⇔  n > d``, so ``d + 1`` (at ``n = d`` both are
-        ``2·d³`` MACs)."""
+        """The smallest integer sequence length ``n`` at which the self-attention core
+        costs more than the recurrent layer at this ``d``: ``2·n²·d > 2·n·d²  ⇔  n >
+        d``, so ``d + 1`` (at ``n = d`` both are ``2·d³`` MACs)."""
         return _crossover(self.d)
 
     def to_table(self, tablefmt: str = "simple") -> str:
-        """The comparison as text (a tabulate table, MACs with thousands separators), with a header line
-        naming the shapes and units and footer lines with the crossover and the parameter ratio."""
+        """The comparison as text (a tabulate table, MACs with thousands separators),
+        with a header line naming the shapes and units and footer lines with the
+        crossover and the parameter ratio."""
         rows = [[row.layer, row.complexity, f"{row.predicted_macs:,}", f"{row.measured_macs:,}",
                  "yes" if row.match else "NO", f"{row.weights:,}", f"{row.params:,}", row.sequential_ops,
                  row.max_path_length] for row in self.rows]
@@ -229,7 +241,8 @@ class Comparison:
 
 @dataclass(frozen=True, slots=True)
 class LengthRow:
-    """Self-attention core vs recurrent layer at one sequence length ``n`` (MACs, one sequence)."""
+    """Self-attention core vs recurrent layer at one sequence length ``n`` (MACs, one
+    sequence)."""
 
     n: int
     attention_core_predicted_macs: int  # 2·n²·d
@@ -264,7 +277,8 @@ class LengthComparison:
         return _crossover(self.d)
 
     def to_table(self, tablefmt: str = "simple") -> str:
-        """One line per ``n``: measured MACs of both layers, their ratio, and which is cheaper."""
+        """One line per ``n``: measured MACs of both layers, their ratio, and which is
+        cheaper."""
         rows = [[f"{row.n:,}", f"{row.attention_core_measured_macs:,}", f"{row.recurrent_measured_macs:,}",
                  f"{row.attention_core_measured_macs / row.recurrent_measured_macs:.4g}", row.cheaper,
                  "yes" if row.match else "NO"] for row in self.rows]
@@ -281,8 +295,9 @@ class LengthComparison:
 # --------------------------------------------------------------------------------------------------
 # measuring
 def compare(n: int = 512, d: int = 512, h: int = 8, k: int = 5, r: int = 64, d_ff: int | None = None) -> Comparison:
-    """Build and profile (fake mode, modules on ``device="meta"``) one layer per row of Vaswani et al.'s
-    Table 1 and of the seed study, for one sequence of ``n`` tokens of width ``d``.
+    """Build and profile (fake mode, modules on ``device="meta"``) one layer per row of
+    Vaswani et al.'s Table 1 and of the seed study, for one sequence of ``n`` tokens
+    of width ``d``.
 
     Args:
         n: sequence length (tokens). d: model width. h: attention heads (``d % h == 0``).
@@ -293,26 +308,33 @@ def compare(n: int = 512, d: int = 512, h: int = 8, k: int = 5, r: int = 64, d_f
     Returns:
         a :class:`Comparison`; every ``predicted_macs`` is an exact closed form, never read from a profile.
 
-    Rows (``key``: layer profiled -> predicted MACs, with ``n_out = n + 2·(k // 2) - k + 1``):
+    Rows (``key``: layer profiled -> predicted MACs, with ``n_out = n + 2·(k // 2) - k +
+    1``):
 
-    * ``self_attention_core``: :class:`~flopscope.models.SelfAttention` ``(d, h)``, roles ``attn_scores`` +
-      ``attn_weighted_sum`` -> ``2·n²·d``; ``self_attention``: the same layer, all of it ->
-      ``4·n·d² + 2·n²·d``; ``self_attention_single_head``: ``SelfAttention(d, 1)`` -> the same.
-    * ``restricted_banded_core``: :class:`BandedSelfAttention`, core roles -> ``2·r·n·d``;
-      ``restricted_masked_dense_core``: :class:`MaskedBandSelfAttention`, core roles -> ``2·n²·d``.
+    * ``self_attention_core``: :class:`~flopscope.models.SelfAttention` ``(d, h)``,
+      roles ``attn_scores`` + ``attn_weighted_sum`` -> ``2·n²·d``; ``self_attention``:
+      the same layer, all of it -> ``4·n·d² + 2·n²·d``; ``self_attention_single_head``:
+      ``SelfAttention(d, 1)`` -> the same.
+    * ``restricted_banded_core``: :class:`BandedSelfAttention`, core roles ->
+      ``2·r·n·d``; ``restricted_masked_dense_core``: :class:`MaskedBandSelfAttention`,
+      core roles -> ``2·n²·d``.
     * ``convolution``: ``nn.Conv1d(d, d, k, padding=k // 2)`` -> ``k·n_out·d²``;
-      ``separable_convolution``: depthwise ``Conv1d(groups=d)`` then a 1x1 ``Conv1d`` -> ``k·n_out·d + n_out·d²``.
-    * ``recurrent``: ``nn.RNN(d, d)`` -> ``2·n·d²`` (input GEMM ``n·d²`` + hidden GEMMs ``n·d²``).
-    * ``feed_forward``: :class:`~flopscope.models.FeedForward` ``(d, d_ff)`` -> ``2·n·d·d_ff``.
-    * ``fully_connected``: ``nn.Linear(n·d, n·d)`` on the flattened sequence -> ``n²·d²``
-      (``n²·d²`` weights, ``n²·d² + n·d`` parameters with the biases).
-    * ``transformer_block``: :class:`~flopscope.models.TransformerBlock` ``(d, h, d_ff)`` ->
-      ``n·(4·d² + 2·d·d_ff) + 2·n²·d`` (``12·d²`` weights, ``12·d² + 13·d`` parameters with biases and norms,
-      when ``d_ff = 4·d``).
-    * ``cross_attention_one_query``: ``nn.MultiheadAttention(d, h)`` with one query against ``n`` keys /
-      values -> ``d²`` (Q) + ``2·n·d²`` (K, V) + ``2·n·d`` (core) + ``d²`` (O);
-      ``cross_attention_q_proj``: its ``q_proj`` role -> ``d²``; ``self_attention_q_proj``: the same layer's
-      ``q_proj`` role with ``n`` queries -> ``n·d²``.
+      ``separable_convolution``: depthwise ``Conv1d(groups=d)`` then a 1x1 ``Conv1d`` ->
+      ``k·n_out·d + n_out·d²``.
+    * ``recurrent``: ``nn.RNN(d, d)`` -> ``2·n·d²`` (input GEMM ``n·d²`` + hidden GEMMs
+      ``n·d²``).
+    * ``feed_forward``: :class:`~flopscope.models.FeedForward` ``(d, d_ff)`` ->
+      ``2·n·d·d_ff``.
+    * ``fully_connected``: ``nn.Linear(n·d, n·d)`` on the flattened sequence ->
+      ``n²·d²`` (``n²·d²`` weights, ``n²·d² + n·d`` parameters with the biases).
+    * ``transformer_block``: :class:`~flopscope.models.TransformerBlock` ``(d, h,
+      d_ff)`` -> ``n·(4·d² + 2·d·d_ff) + 2·n²·d`` (``12·d²`` weights, ``12·d² + 13·d``
+      parameters with biases and norms, when ``d_ff = 4·d``).
+    * ``cross_attention_one_query``: ``nn.MultiheadAttention(d, h)`` with one query
+      against ``n`` keys / values -> ``d²`` (Q) + ``2·n·d²`` (K, V) + ``2·n·d`` (core) +
+      ``d²`` (O); ``cross_attention_q_proj``: its ``q_proj`` role -> ``d²``;
+      ``self_attention_q_proj``: the same layer's ``q_proj`` role with ``n`` queries ->
+      ``n·d²``.
     """
     d_ff = 4 * d if d_ff is None else d_ff
     check_positive(n=n, k=k, r=r, d_ff=d_ff)
@@ -376,9 +398,10 @@ def compare(n: int = 512, d: int = 512, h: int = 8, k: int = 5, r: int = 64, d_f
 
 
 def compare_lengths(lengths: Iterable[int], d: int = 512, h: int = 8) -> LengthComparison:
-    """Measured MACs of the self-attention core (``SelfAttention(d, h)``: scores + weighted sum, ``2·n²·d``)
-    and of a recurrent layer (``nn.RNN(d, d)``, ``2·n·d²``) for each sequence length ``n`` in ``lengths``,
-    so that the crossover at ``n > d`` shows. One sequence per length, fake mode."""
+    """Measured MACs of the self-attention core (``SelfAttention(d, h)``: scores +
+    weighted sum, ``2·n²·d``) and of a recurrent layer (``nn.RNN(d, d)``, ``2·n·d²``)
+    for each sequence length ``n`` in ``lengths``, so that the crossover at ``n > d``
+    shows. One sequence per length, fake mode."""
     check_heads(d, h)
     lengths = tuple(lengths)
     for n in lengths:  # all checked before any is profiled

@@ -8,8 +8,9 @@
     def test_model_cost(flops):                     # the fixture of the pytest plug-in (installed with flopscope)
         flops.check(model, ids)                     # against __flops__/<test name>.json next to the test file
 
-A failure names every role (and, for snapshots, every module) whose count changed, with both counts and the
-difference. ``pytest --flops-update`` rewrites the snapshots. Units: MACs (FLOPs = 2 x MACs).
+A failure names every role (and, for snapshots, every module) whose count changed, with
+both counts and the difference. ``pytest --flops-update`` rewrites the snapshots. Units:
+MACs (FLOPs = 2 x MACs).
 """
 
 from __future__ import annotations
@@ -35,10 +36,11 @@ SNAPSHOT_SCHEMA = "flopscope.snapshot/1"
 
 def assert_macs(model: nn.Module, *inputs: Any, expected: int | None = None, roles: Mapping[str, int] | None = None,
                 rel: float = 0.0, **profile_kwargs: Any) -> Profile:
-    """Profile ``model(*inputs)`` (``profile_kwargs`` as for :func:`flopscope.profile`; ``mode="auto"`` by default)
-    and fail with a :class:`~flopscope.errors.BudgetError` (an ``AssertionError``) and a per-role table unless
-    its total is ``expected`` and each role of ``roles`` has its count, within a relative tolerance ``rel`` (0:
-    exactly). Returns the profile."""
+    """Profile ``model(*inputs)`` (``profile_kwargs`` as for :func:`flopscope.profile`;
+    ``mode="auto"`` by default) and fail with a
+    :class:`~flopscope.errors.BudgetError` (an ``AssertionError``) and a per-role
+    table unless its total is ``expected`` and each role of ``roles`` has its count,
+    within a relative tolerance ``rel`` (0: exactly). Returns the profile."""
     if expected is None and not roles:
         raise ConfigurationError("assert_macs needs expected= (total MACs) or roles= ({role: MACs})")
     if rel < 0:
@@ -72,10 +74,11 @@ def diff_table(rows: Mapping[str, tuple[int, int]], names: tuple[str, str] = ("b
 
 @dataclass
 class FlopBudget:
-    """Snapshot budgets of one test: :meth:`check` counts a model and compares it with the JSON baseline
-    ``directory / f"{name}.json"`` (a test may check several models: ``key=`` names each). A missing baseline
-    is written and the check passes; ``update=True`` (``pytest --flops-update``) rewrites it; otherwise any
-    change in the total, a role or a module fails with both diffs."""
+    """Snapshot budgets of one test: :meth:`check` counts a model and compares it with
+    the JSON baseline ``directory / f"{name}.json"`` (a test may check several
+    models: ``key=`` names each). A missing baseline is written and the check passes;
+    ``update=True`` (``pytest --flops-update``) rewrites it; otherwise any change in
+    the total, a role or a module fails with both diffs."""
 
     directory: Path
     name: str
@@ -105,8 +108,8 @@ class FlopBudget:
 
 
 def _read_snapshot(path: Path) -> dict[str, Any]:
-    """The baseline at ``path``, or a :class:`~flopscope.errors.ConfigurationError` saying what is wrong with the
-    file and how to replace it."""
+    """The baseline at ``path``, or a :class:`~flopscope.errors.ConfigurationError`
+    saying what is wrong with the file and how to replace it."""
     fix = "delete it, or run pytest --flops-update to write it from this run's counts"
     try:
         doc = json.loads(path.read_text(encoding="utf-8"))

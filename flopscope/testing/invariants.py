@@ -1,23 +1,29 @@
-"""Invariants every count must satisfy, whatever the model: checked over whole zoos (``benchmarks/zoo.py``,
-``benchmarks/timm_zoo.py``) and in test suites, where closed forms cannot reach 600 architectures.
+"""Invariants every count must satisfy, whatever the model: checked over whole zoos
+(``benchmarks/zoo.py``, ``benchmarks/timm_zoo.py``) and in test suites, where closed
+forms cannot reach 600 architectures.
 
 :func:`check_invariants` profiles one model several ways and names each invariant that does not hold:
 
 - ``repeat``: two profiles in one process give the same total, roles and module totals;
-- ``modes``: fake, real and meta (a copy of the model on ``device="meta"``) give the same total, roles and module
-  totals, and the same attention core under every convention (``attention="causal"`` and ``"mask"``: one price
-  per algorithm, whatever path ran it), where each can run. A model that reads its data cannot run on fake or
-  meta tensors (skipped, with the reason); a count on fake tensors that is an upper bound, as ``prof.notes`` says,
-  is not compared; on meta a fused-layer fast path is not taken (PyTorch checks the device), so module totals are
-  not compared there when the real run took one;
-- ``attention``: a Hugging Face model's eager attention and its SDPA attention give the same total and roles, under
-  every convention (on a copy switched with ``set_attn_implementation``; skipped where the model has only one);
-- ``forward``: a plain forward after the profiles returns real tensors equal to those of one before them;
+- ``modes``: fake, real and meta (a copy of the model on ``device="meta"``) give the
+  same total, roles and module totals, and the same attention core under every
+  convention (``attention="causal"`` and ``"mask"``: one price per algorithm, whatever
+  path ran it), where each can run. A model that reads its data cannot run on fake or
+  meta tensors (skipped, with the reason); a count on fake tensors that is an upper
+  bound, as ``prof.notes`` says, is not compared; on meta a fused-layer fast path is not
+  taken (PyTorch checks the device), so module totals are not compared there when the
+  real run took one;
+- ``attention``: a Hugging Face model's eager attention and its SDPA attention give the
+  same total and roles, under every convention (on a copy switched with
+  ``set_attn_implementation``; skipped where the model has only one);
+- ``forward``: a plain forward after the profiles returns real tensors equal to those of
+  one before them;
 - ``caches``: no fake tensor sits in the caches and stores the model's code reaches
   (:func:`flopscope.capture.model_caches.fake_tensors_held`).
 
-The same roles in two processes with different ``PYTHONHASHSEED`` is the sixth: it needs two interpreters, so the
-zoo scripts compare two runs' JSON (``--against``) and the test suite runs two subprocesses. Units: MACs.
+The same roles in two processes with different ``PYTHONHASHSEED`` is the sixth: it needs
+two interpreters, so the zoo scripts compare two runs' JSON (``--against``) and the test
+suite runs two subprocesses. Units: MACs.
 """
 
 from __future__ import annotations
@@ -102,8 +108,9 @@ class Counted:
 
 @dataclass
 class InvariantReport:
-    """The outcome of :func:`check_invariants`: ``violations`` (invariant -> what differs), ``skipped`` (invariant
-    -> why it could not be checked) and the ``counts`` compared (label -> :class:`Counted`)."""
+    """The outcome of :func:`check_invariants`: ``violations`` (invariant -> what
+    differs), ``skipped`` (invariant -> why it could not be checked) and the
+    ``counts`` compared (label -> :class:`Counted`)."""
 
     violations: dict[str, str] = field(default_factory=dict)
     skipped: dict[str, str] = field(default_factory=dict)
@@ -123,9 +130,9 @@ class InvariantReport:
 
 
 def check_invariants(model: nn.Module, *args: Any, grad: bool = False, **kwargs: Any) -> InvariantReport:
-    """Check :data:`INVARIANTS` on ``model(*args, **kwargs)`` (under ``torch.set_grad_enabled(grad)``; the random
-    seed is set before each forward). The model is left as it was: the meta and eager-attention counts run on
-    copies."""
+    """Check :data:`INVARIANTS` on ``model(*args, **kwargs)`` (under
+    ``torch.set_grad_enabled(grad)``; the random seed is set before each forward).
+    The model is left as it was: the meta and eager-attention counts run on copies."""
     report = InvariantReport()
     with torch.set_grad_enabled(grad), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # fall-backs and notes: the counts say what matters here
@@ -148,9 +155,10 @@ def check_invariants(model: nn.Module, *args: Any, grad: bool = False, **kwargs:
 
 
 def _count(report: InvariantReport, label: str, run: Callable[[], Profile | None]) -> Counted | str:
-    """The count of one run, or why it could not run (a :class:`FlopscopeError`'s first line, or "n/a: ...").
-    The random seed is set first: a model that draws random numbers in its forward (a stochastic duration
-    predictor, say) may execute other work for other draws."""
+    """The count of one run, or why it could not run (a :class:`FlopscopeError`'s first
+    line, or "n/a: ..."). The random seed is set first: a model that draws random
+    numbers in its forward (a stochastic duration predictor, say) may execute other
+    work for other draws."""
     torch.manual_seed(0)
     try:
         prof = run()
@@ -232,7 +240,8 @@ def _forward(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) ->
 
 
 def _plain(output: Any) -> Any:
-    """A Hugging Face ``ModelOutput`` as a tuple of its values (``tensors_in`` walks tuples, lists, dicts)."""
+    """A Hugging Face ``ModelOutput`` as a tuple of its values (``tensors_in`` walks
+    tuples, lists, dicts)."""
     to_tuple = getattr(output, "to_tuple", None)
     return to_tuple() if callable(to_tuple) else output
 
@@ -247,7 +256,8 @@ def _on_meta(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) ->
 
 
 def _eager(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Profile | None:
-    """A profile of a copy of a Hugging Face model switched to eager attention (``None`` where it has no other)."""
+    """A profile of a copy of a Hugging Face model switched to eager attention (``None``
+    where it has no other)."""
     config = getattr(model, "config", None)
     switch = getattr(model, "set_attn_implementation", None)
     if config is None or switch is None or getattr(config, "_attn_implementation", None) in (None, "eager"):
@@ -277,8 +287,8 @@ BALANCE_RULES = ("ffn", "gate", "attention", "projections", "head")
 
 @dataclass(frozen=True)
 class Imbalance:
-    """One rule of :data:`BALANCE_RULES` that one layer (or head) breaks: ``where`` (its module path), ``rule`` and
-    ``detail`` (the MACs that do not balance)."""
+    """One rule of :data:`BALANCE_RULES` that one layer (or head) breaks: ``where`` (its
+    module path), ``rule`` and ``detail`` (the MACs that do not balance)."""
 
     where: str
     rule: str
@@ -289,9 +299,11 @@ class Imbalance:
 
 
 def role_balance(prof: Profile, heads: Sequence[str] = ()) -> list[Imbalance]:
-    """The :data:`BALANCE_RULES` that ``prof``'s forward roles break, per layer and per head (``heads``: module
-    paths of the model's heads). A layer is an item of a module list (``layers.3``), the outermost where lists nest
-    (a layer's experts belong to it). No closed form is needed: the rules hold whatever the widths (MACs)."""
+    """The :data:`BALANCE_RULES` that ``prof``'s forward roles break, per layer and per
+    head (``heads``: module paths of the model's heads). A layer is an item of a
+    module list (``layers.3``), the outermost where lists nest (a layer's experts
+    belong to it). No closed form is needed: the rules hold whatever the widths
+    (MACs)."""
     types = prof.facts.types
     layers: dict[str, Counter[str]] = {}
     in_heads: dict[str, Counter[str]] = {head: Counter() for head in heads}
@@ -318,9 +330,10 @@ def role_balance(prof: Profile, heads: Sequence[str] = ()) -> list[Imbalance]:
 
 
 def head_paths(prof: Profile) -> list[str]:
-    """The model's heads, found from the run: the outermost modules beside the layers (children of a module that
-    holds a layer list, outside every layer) whose every multiply ran after the last layer's (a pooler, a
-    classifier, an LM head). Empty for a model without a layer list."""
+    """The model's heads, found from the run: the outermost modules beside the layers
+    (children of a module that holds a layer list, outside every layer) whose every
+    multiply ran after the last layer's (a pooler, a classifier, an LM head). Empty
+    for a model without a layer list."""
     types = prof.facts.types
     records = [r for r in prof.records if r.phase == FORWARD]
     layers = [_layer(r.module, types) for r in records]
@@ -344,10 +357,12 @@ def head_paths(prof: Profile) -> list[str]:
 
 
 def _layer(path: str, types: Mapping[str, type]) -> str | None:
-    """The outermost item of a module list that contains ``path`` and is a block (a module with submodules: a list
-    of plain ``Linear`` s, an MLP's layers, holds no layers) as every other item is (a list that also holds leaves,
-    diffusers' ``FeedForward.net = [GELU(proj), Dropout, Linear]``, holds the steps of one block, no layers; a hybrid
-    model's list of attention and Mamba blocks holds layers); ``None``: in no such item."""
+    """The outermost item of a module list that contains ``path`` and is a block (a
+    module with submodules: a list of plain ``Linear`` s, an MLP's layers, holds no
+    layers) as every other item is (a list that also holds leaves, diffusers'
+    ``FeedForward.net = [GELU(proj), Dropout, Linear]``, holds the steps of one
+    block, no layers; a hybrid model's list of attention and Mamba blocks holds
+    layers); ``None``: in no such item."""
     parts = path.split(".") if path else []
     for i in range(1, len(parts)):
         parent, item = ".".join(parts[:i]), ".".join(parts[:i + 1])

@@ -1,31 +1,40 @@
-"""Greedy decoding with a KV cache, as Hugging Face's ``generate()`` runs it, without reading a single value: the
-forwards of ``model.generate(ids, max_new_tokens=N, min_new_tokens=N, do_sample=False)`` for a count on fake
-tensors (``generate()`` itself cannot run there: it reads values, such as ``(attention_mask == 1).all()`` and each
-step's stopping criteria).
+"""Greedy decoding with a KV cache, as Hugging Face's ``generate()`` runs it, without
+reading a single value: the forwards of ``model.generate(ids, max_new_tokens=N,
+min_new_tokens=N, do_sample=False)`` for a count on fake tensors (``generate()``
+itself cannot run there: it reads values, such as ``(attention_mask == 1).all()`` and
+each step's stopping criteria).
 
 :func:`greedy_decode` runs the model's forward ``N`` times for ``N`` new tokens, with what transformers 5.x's
 ``generate()`` passes it for a decoder-only model and a prompt without padding (an attention mask of ones):
 
-1. before the first forward: position ids ``0 .. P-1`` for each sequence (``[B, P]``, what ``generate()`` derives
-   from the mask of ones), when the forward takes ``position_ids``; no attention mask (``generate()`` drops a mask
-   of ones: no padding); ``logits_to_keep=1`` when the forward takes it (the head computes the logits of the last
-   position only); a ``DynamicCache`` built from the decoder's config (its sliding-window layers where the config
-   has them), unless the model makes its own cache or its generation config says ``use_cache=False``;
-2. the prefill: one forward over the prompt, its inputs made by the model's own ``prepare_inputs_for_generation``;
-3. ``N - 1`` decode forwards of one token per sequence: the argmax of the last position's logits (a fake tensor on
-   fake tensors: only its shape is used) appended to the sequences; ``prepare_inputs_for_generation`` keeps the
-   last token, ``_update_model_kwargs_for_generation`` takes the grown cache and adds one position id per step.
-   The ``N``-th token is drawn from the last forward's logits and never fed back: ``N`` new tokens, ``N`` forwards.
+1. before the first forward: position ids ``0 .. P-1`` for each sequence (``[B, P]``,
+   what ``generate()`` derives from the mask of ones), when the forward takes
+   ``position_ids``; no attention mask (``generate()`` drops a mask of ones: no
+   padding); ``logits_to_keep=1`` when the forward takes it (the head computes the
+   logits of the last position only); a ``DynamicCache`` built from the decoder's config
+   (its sliding-window layers where the config has them), unless the model makes its own
+   cache or its generation config says ``use_cache=False``;
+2. the prefill: one forward over the prompt, its inputs made by the model's own
+   ``prepare_inputs_for_generation``;
+3. ``N - 1`` decode forwards of one token per sequence: the argmax of the last
+   position's logits (a fake tensor on fake tensors: only its shape is used) appended to
+   the sequences; ``prepare_inputs_for_generation`` keeps the last token,
+   ``_update_model_kwargs_for_generation`` takes the grown cache and adds one position
+   id per step. The ``N``-th token is drawn from the last forward's logits and never fed
+   back: ``N`` new tokens, ``N`` forwards.
 
-What is left out changes no multiply of the model: logits processors and stopping criteria (exactly ``N`` tokens
-are generated, as with ``min_new_tokens = max_new_tokens = N``), the float32 copy of the logits before the argmax.
+What is left out changes no multiply of the model: logits processors and stopping
+criteria (exactly ``N`` tokens are generated, as with ``min_new_tokens = max_new_tokens
+= N``), the float32 copy of the logits before the argmax.
 
-Not mimicked, refused with a :class:`~flopscope.errors.ConfigurationError` before any forward: encoder-decoder
-models, a generation config asking for another cache (static, offloaded, quantized), a model without
-``prepare_inputs_for_generation`` (not a Hugging Face ``GenerationMixin``).
+Not mimicked, refused with a :class:`~flopscope.errors.ConfigurationError` before any
+forward: encoder-decoder models, a generation config asking for another cache (static,
+offloaded, quantized), a model without ``prepare_inputs_for_generation`` (not a Hugging
+Face ``GenerationMixin``).
 
-Units: nothing is counted here. Wrap the call in :class:`flopscope.profiler` (``mode="fake"``: nothing is computed,
-a model built on ``device="meta"`` works) and read :meth:`~flopscope.profile.Profile.steps` (MACs; FLOPs = 2 x MACs).
+Units: nothing is counted here. Wrap the call in :class:`flopscope.profiler`
+(``mode="fake"``: nothing is computed, a model built on ``device="meta"`` works) and
+read :meth:`~flopscope.profile.Profile.steps` (MACs; FLOPs = 2 x MACs).
 """
 
 from __future__ import annotations
@@ -42,10 +51,12 @@ __all__ = ["check_decoding", "greedy_decode"]
 
 
 def greedy_decode(model: nn.Module, input_ids: torch.Tensor, new_tokens: int) -> torch.Tensor:
-    """Run ``model``'s forwards as greedy ``generate()`` would to draw ``new_tokens`` tokens after ``input_ids``
-    (``[B, P]`` token ids, no padding): one prefill forward, then ``new_tokens - 1`` decode forwards of one token per
-    sequence (see the module docstring). Returns the sequences ``[B, P + new_tokens]`` (fake tensors when run in a
-    fake-tensor mode). Runs under ``torch.no_grad()``, as ``generate()`` does."""
+    """Run ``model``'s forwards as greedy ``generate()`` would to draw ``new_tokens``
+    tokens after ``input_ids`` (``[B, P]`` token ids, no padding): one prefill
+    forward, then ``new_tokens - 1`` decode forwards of one token per sequence (see
+    the module docstring). Returns the sequences ``[B, P + new_tokens]`` (fake
+    tensors when run in a fake-tensor mode). Runs under ``torch.no_grad()``, as
+    ``generate()`` does."""
     forward_keys, cache_key = check_decoding(model, input_ids, new_tokens)
     hf: Any = model  # a transformers GenerationMixin (checked): its methods are not submodules
     batch, prompt = input_ids.shape
@@ -106,8 +117,8 @@ def check_decoding(model: nn.Module, input_ids: Any, new_tokens: Any) -> tuple[s
 
 
 def _new_cache(model: nn.Module) -> Any:
-    """The cache ``generate()`` gives the model: none when the model makes its own, else a ``DynamicCache`` of its
-    decoder's config."""
+    """The cache ``generate()`` gives the model: none when the model makes its own, else
+    a ``DynamicCache`` of its decoder's config."""
     supports: Any = getattr(model, "_supports_default_dynamic_cache", None)
     if callable(supports) and not supports():
         return None  # (Mamba-like models: prepare_inputs_for_generation makes theirs)

@@ -1,13 +1,15 @@
 """Count sharded jobs on one machine: a fake world of N ranks, and a device mesh over it.
 
-torch ships a fake process group (``torch.testing._internal.distributed.fake_pg``, backend ``"fake"``): every
-collective returns at once and moves nothing, so a model can be sharded for any world size in one process and
-counted as the rank it plays would run it (local shapes: what its kernels execute). A profile of a sharded model
-(DTensor tensor / sequence parallel, FSDP2, functional collectives) reports that rank's MACs and its collectives
-(:meth:`flopscope.Profile.collectives`), whether the world is fake or real (``torchrun`` with gloo / NCCL). In a
-real world, :func:`gather` brings every rank's summary to one rank and :func:`rank_table` sets them side by side
-(the job's total is their sum: exact, also when ranks differ). DDP's backward cannot run on torch's fake process
-group (its reducer needs a real one); profile it in a real world.
+torch ships a fake process group (``torch.testing._internal.distributed.fake_pg``,
+backend ``"fake"``): every collective returns at once and moves nothing, so a model can
+be sharded for any world size in one process and counted as the rank it plays would run
+it (local shapes: what its kernels execute). A profile of a sharded model (DTensor
+tensor / sequence parallel, FSDP2, functional collectives) reports that rank's MACs and
+its collectives (:meth:`flopscope.Profile.collectives`), whether the world is fake or
+real (``torchrun`` with gloo / NCCL). In a real world, :func:`gather` brings every
+rank's summary to one rank and :func:`rank_table` sets them side by side (the job's
+total is their sum: exact, also when ranks differ). DDP's backward cannot run on torch's
+fake process group (its reducer needs a real one); profile it in a real world.
 
     with flopscope.distributed.fake_world(8) as mesh:          # 8 ranks; this process is rank 0
         parallelize_module(model, mesh, plan)
@@ -41,12 +43,14 @@ __all__ = ["check_tensor_parallel", "collective_table", "communication_per_mac",
 @contextmanager
 def fake_world(world_size: int, *, rank: int = 0, mesh_shape: Sequence[int] | None = None,
                mesh_dim_names: Sequence[str] | None = None) -> Iterator[Any]:
-    """A fake world of ``world_size`` ranks in which this process is ``rank``; yields a CPU
-    ``DeviceMesh`` of ``mesh_shape`` (default: one dimension of ``world_size``), named ``mesh_dim_names``.
+    """A fake world of ``world_size`` ranks in which this process is ``rank``; yields a
+    CPU ``DeviceMesh`` of ``mesh_shape`` (default: one dimension of ``world_size``),
+    named ``mesh_dim_names``.
 
-    The default process group is created on entry and destroyed on exit. If one exists already (the user's),
-    nothing is created or destroyed: a :class:`~flopscope.errors.ConfigurationError` says so, since a fake world
-    cannot share the process with a real one."""
+    The default process group is created on entry and destroyed on exit. If one exists
+    already (the user's), nothing is created or destroyed: a
+    :class:`~flopscope.errors.ConfigurationError` says so, since a fake world cannot
+    share the process with a real one."""
     import torch.distributed as dist
 
     if not dist.is_available():
@@ -96,9 +100,9 @@ def _product(shape: Sequence[int]) -> int:
 
 
 def summary(prof: Profile, *, rank: int | None = None, world: int | None = None) -> dict[str, Any]:
-    """What one rank reports (also of a profile taken on a fake world, when the group is gone: pass ``rank`` and
-    ``world``): its rank and world size, MACs (total and by role), bytes moved, and its
-    collectives (:meth:`flopscope.CollectiveRow.row`)."""
+    """What one rank reports (also of a profile taken on a fake world, when the group is
+    gone: pass ``rank`` and ``world``): its rank and world size, MACs (total and by
+    role), bytes moved, and its collectives (:meth:`flopscope.CollectiveRow.row`)."""
     import torch.distributed as dist
 
     ready = dist.is_available() and dist.is_initialized()
@@ -109,8 +113,9 @@ def summary(prof: Profile, *, rank: int | None = None, world: int | None = None)
 
 
 def gather(prof: Profile, *, dst: int = 0, group: Any = None) -> list[dict[str, Any]] | None:
-    """Every rank's :func:`summary` of its profile, on rank ``dst`` (in rank order); ``None`` on the others.
-    Call it on every rank of ``group`` (default: the world), as any collective."""
+    """Every rank's :func:`summary` of its profile, on rank ``dst`` (in rank order);
+    ``None`` on the others. Call it on every rank of ``group`` (default: the world),
+    as any collective."""
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized()):
@@ -122,8 +127,8 @@ def gather(prof: Profile, *, dst: int = 0, group: Any = None) -> list[dict[str, 
 
 
 def rank_table(summaries: Sequence[dict[str, Any]], tablefmt: str = "simple") -> str:
-    """Per rank: MACs, FLOPs, collective calls and bytes; then the job's total (their sum) and the imbalance
-    (the busiest rank's MACs over the mean)."""
+    """Per rank: MACs, FLOPs, collective calls and bytes; then the job's total (their
+    sum) and the imbalance (the busiest rank's MACs over the mean)."""
     rows = [[s["rank"], f"{s['macs']:,}", f"{2 * s['macs']:,}", sum(c["calls"] for c in s["collectives"]),
              f"{sum(c['bytes'] for c in s['collectives']):,}"] for s in summaries]
     total = sum(s["macs"] for s in summaries)
@@ -139,8 +144,9 @@ _HEADS_AND_WIDTHS = ("num_attention_heads", "num_key_value_heads", "intermediate
 
 
 def _styles() -> dict[str, Callable[[], Any] | None]:
-    """Hugging Face's tensor-parallel style names (``transformers.distributed.tensor_parallel``) that have a DTensor
-    equivalent, and a maker of that style (``None``: the module stays as it is, replicated)."""
+    """Hugging Face's tensor-parallel style names
+    (``transformers.distributed.tensor_parallel``) that have a DTensor equivalent,
+    and a maker of that style (``None``: the module stays as it is, replicated)."""
     from torch.distributed.tensor import Replicate
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
@@ -166,11 +172,13 @@ def _styles() -> dict[str, Callable[[], Any] | None]:
 
 
 def hf_plan(model: nn.Module) -> dict[str, str]:
-    """The tensor-parallel plan a Hugging Face model declares, keyed by module paths from ``model`` (``*`` for a
-    layer index): its ``tp_plan`` where transformers merges one (transformers 5: the config's
-    ``base_model_tp_plan`` under the base model's prefix, the head's ``_tp_plan``, and a vocabulary-parallel
-    ``embed_tokens``), else the config's ``base_model_tp_plan`` under the base model's prefix and the head
-    class's ``_tp_plan``. Raises :class:`~flopscope.errors.ConfigurationError` if the model declares none."""
+    """The tensor-parallel plan a Hugging Face model declares, keyed by module paths
+    from ``model`` (``*`` for a layer index): its ``tp_plan`` where transformers
+    merges one (transformers 5: the config's ``base_model_tp_plan`` under the base
+    model's prefix, the head's ``_tp_plan``, and a vocabulary-parallel
+    ``embed_tokens``), else the config's ``base_model_tp_plan`` under the base
+    model's prefix and the head class's ``_tp_plan``. Raises
+    :class:`~flopscope.errors.ConfigurationError` if the model declares none."""
     merged = getattr(model, "tp_plan", None)
     if isinstance(merged, dict) and merged:
         return {str(k): str(v) for k, v in merged.items()}
@@ -186,20 +194,25 @@ def hf_plan(model: nn.Module) -> dict[str, str]:
 
 
 def tensor_parallel(model: nn.Module, mesh: Any, plan: Mapping[str, Any] | None = None) -> nn.Module:
-    """Shard ``model`` for tensor parallelism over ``mesh`` (its ``"tp"`` dimension if it has several) with
-    ``torch.distributed.tensor.parallel.parallelize_module``, and return it.
+    """Shard ``model`` for tensor parallelism over ``mesh`` (its ``"tp"`` dimension if
+    it has several) with ``torch.distributed.tensor.parallel.parallelize_module``,
+    and return it.
 
-    ``plan`` maps module paths (``*`` matches one path component, a layer index) to a DTensor ``ParallelStyle``
-    or a Hugging Face style name: ``"colwise"`` (``ColwiseParallel()``), ``"rowwise"`` (``RowwiseParallel()``),
-    ``"colwise_gather_output"`` / ``"colwise_rep"`` (``ColwiseParallel(output_layouts=Replicate())``),
-    ``"rowwise_split_input"`` / ``"rowwise_rep"`` / ``"embedding_rowwise"``
-    (``RowwiseParallel(input_layouts=Replicate())``; on an embedding: vocabulary-parallel), ``"replicate"``
-    (left as is). Default: the model's own plan (:func:`hf_plan`).
+    ``plan`` maps module paths (``*`` matches one path component, a layer index) to a
+    DTensor ``ParallelStyle`` or a Hugging Face style name: ``"colwise"``
+    (``ColwiseParallel()``), ``"rowwise"`` (``RowwiseParallel()``),
+    ``"colwise_gather_output"`` / ``"colwise_rep"``
+    (``ColwiseParallel(output_layouts=Replicate())``), ``"rowwise_split_input"`` /
+    ``"rowwise_rep"`` / ``"embedding_rowwise"``
+    (``RowwiseParallel(input_layouts=Replicate())``; on an embedding:
+    vocabulary-parallel), ``"replicate"`` (left as is). Default: the model's own plan
+    (:func:`hf_plan`).
 
-    Refused with a :class:`~flopscope.errors.ConfigurationError`: a mesh size that does not divide the config's
-    query or key/value heads or its FFN width, a style without a DTensor equivalent (naming module and style),
-    a pattern of a given ``plan`` that matches no module. A model built on ``device="meta"`` stays there and
-    counts in ``mode="fake"`` (its meta shards become fake ones for the count)."""
+    Refused with a :class:`~flopscope.errors.ConfigurationError`: a mesh size that does
+    not divide the config's query or key/value heads or its FFN width, a style without a
+    DTensor equivalent (naming module and style), a pattern of a given ``plan`` that
+    matches no module. A model built on ``device="meta"`` stays there and counts in
+    ``mode="fake"`` (its meta shards become fake ones for the count)."""
     from torch.distributed.tensor.parallel import ParallelStyle, parallelize_module
 
     tp_mesh = _tp_mesh(mesh)
@@ -242,9 +255,10 @@ def _tp_mesh(mesh: Any) -> Any:
 
 
 def check_tensor_parallel(model: nn.Module, size: int) -> None:
-    """Refuse (:class:`~flopscope.errors.ConfigurationError`, naming the config key, its value and the mesh size) a
-    tensor-parallel mesh of ``size`` ranks that does not divide the config's query heads, key/value heads or FFN
-    width: each rank holds whole heads and an equal share of the FFN columns."""
+    """Refuse (:class:`~flopscope.errors.ConfigurationError`, naming the config key, its
+    value and the mesh size) a tensor-parallel mesh of ``size`` ranks that does not
+    divide the config's query heads, key/value heads or FFN width: each rank holds
+    whole heads and an equal share of the FFN columns."""
     config = getattr(model, "config", None)
     text = getattr(config, "get_text_config", None)
     config = text() if callable(text) else config
@@ -258,8 +272,8 @@ def check_tensor_parallel(model: nn.Module, size: int) -> None:
 
 # ------------------------------------------------------------------------------------------------ reporting
 def shard_bytes(module: nn.Module) -> int:
-    """Bytes of this rank's parameters of ``module``: a DTensor's local shard, any other parameter whole (each
-    parameter once)."""
+    """Bytes of this rank's parameters of ``module``: a DTensor's local shard, any other
+    parameter whole (each parameter once)."""
     from torch.distributed.tensor import DTensor
 
     seen: dict[int, int] = {}
@@ -270,10 +284,12 @@ def shard_bytes(module: nn.Module) -> int:
 
 
 def fsdp_units(model: nn.Module, units: Sequence[str] | None = None) -> list[tuple[str, int]]:
-    """``(module path, bytes)`` per FSDP unit, as :func:`flopscope.communication.fsdp` takes them: the root first
-    (``""``: every parameter no other unit holds), then each unit, with this rank's bytes (:func:`shard_bytes`:
-    a tensor-parallel shard is what FSDP shards further). ``units`` default: the modules of the classes a Hugging
-    Face model names in ``_no_split_modules`` (its decoder layers, what FSDP wraps one by one)."""
+    """``(module path, bytes)`` per FSDP unit, as :func:`flopscope.communication.fsdp`
+    takes them: the root first (``""``: every parameter no other unit holds), then
+    each unit, with this rank's bytes (:func:`shard_bytes`: a tensor-parallel shard
+    is what FSDP shards further). ``units`` default: the modules of the classes a
+    Hugging Face model names in ``_no_split_modules`` (its decoder layers, what FSDP
+    wraps one by one)."""
     modules = dict(model.named_modules())
     if units is None:
         kinds = set(getattr(model, "_no_split_modules", None) or ())
@@ -299,11 +315,13 @@ def _param_bytes(model: nn.Module, only: set[int] | None = None) -> dict[int, in
 
 def predicted_collectives(model: nn.Module, batch: int, tokens: int, *,
                           backward: bool = False) -> list[PredictedCollective]:
-    """What Megatron-LM's closed form says a tensor-parallel rank of a Hugging Face decoder sends
-    (:func:`flopscope.communication.megatron`, the config's width and layers, the parameters' element size), and,
-    where the model's embedding or LM head is sharded: the vocabulary-parallel embedding's forward all-reduce of
-    its ``[batch, tokens, width]`` output (Megatron-LM shards it so too), and the LM head's all-gather of the
-    ``[batch, tokens, vocab]`` logits (``colwise_gather_output``) with, in the backward pass, the all-reduce of its
+    """What Megatron-LM's closed form says a tensor-parallel rank of a Hugging Face
+    decoder sends (:func:`flopscope.communication.megatron`, the config's width and
+    layers, the parameters' element size), and, where the model's embedding or LM
+    head is sharded: the vocabulary-parallel embedding's forward all-reduce of its
+    ``[batch, tokens, width]`` output (Megatron-LM shards it so too), and the LM
+    head's all-gather of the ``[batch, tokens, vocab]`` logits
+    (``colwise_gather_output``) with, in the backward pass, the all-reduce of its
     input gradient. Nothing when the model is not sharded, or on a mesh of one rank."""
     from torch.distributed.tensor import DTensor
 
@@ -335,8 +353,8 @@ def predicted_collectives(model: nn.Module, batch: int, tokens: int, *,
 
 
 def role_table(sharded: Profile, unsharded: Profile, *, phase: str | None = None, tablefmt: str = "simple") -> str:
-    """Per role: the unsharded model's MACs, this rank's, and this rank's share (exact: ``1/8``; ``1``:
-    replicated, every rank computes all of it), then the totals."""
+    """Per role: the unsharded model's MACs, this rank's, and this rank's share (exact:
+    ``1/8``; ``1``: replicated, every rank computes all of it), then the totals."""
     mine, whole = sharded.by_role(phase=phase), unsharded.by_role(phase=phase)
     rows = []
     for role in dict.fromkeys([*whole, *mine]):
@@ -373,10 +391,12 @@ def collective_table(rows: Sequence[CollectiveRow], tablefmt: str = "simple") ->
 
 def communication_per_mac(prof: Profile, units: Sequence[tuple[str, int]], *, fsdp_backward: bool | None = None,
                           tablefmt: str = "simple") -> str:
-    """Per unit (:func:`fsdp_units`: the root, then each decoder layer): this rank's MACs, the bytes of the
-    collectives it issued there (measured), and, if ``fsdp_backward`` is not ``None``, what FSDP would add
-    (:func:`flopscope.communication.fsdp` per unit, predicted), and the collective bytes per MAC. Consecutive units
-    with the same numbers are one row (``model.layers.0..79``, each)."""
+    """Per unit (:func:`fsdp_units`: the root, then each decoder layer): this rank's
+    MACs, the bytes of the collectives it issued there (measured), and, if
+    ``fsdp_backward`` is not ``None``, what FSDP would add
+    (:func:`flopscope.communication.fsdp` per unit, predicted), and the collective
+    bytes per MAC. Consecutive units with the same numbers are one row
+    (``model.layers.0..79``, each)."""
     paths = [path for path, _ in units if path]
     measured: Counter[str] = Counter()
     for row in prof.collectives():
@@ -413,8 +433,9 @@ def communication_per_mac(prof: Profile, units: Sequence[tuple[str, int]], *, fs
 
 def fsdp_table(units: Sequence[tuple[str, int]], group: int, *, backward: bool = True,
                tablefmt: str = "simple") -> str:
-    """FSDP's predicted collectives (:func:`flopscope.communication.fsdp`) for ``units`` (:func:`fsdp_units`) on a
-    data-parallel group of ``group`` ranks: calls, message bytes, and the bytes each rank holds per unit."""
+    """FSDP's predicted collectives (:func:`flopscope.communication.fsdp`) for ``units``
+    (:func:`fsdp_units`) on a data-parallel group of ``group`` ranks: calls, message
+    bytes, and the bytes each rank holds per unit."""
     sizes = [size for _, size in units]
     rows = [[p.kind, group, p.phase, p.calls, f"{p.bytes:,}", p.basis]
             for p in fsdp(sizes, backward=backward)]

@@ -1,4 +1,5 @@
-"""Generation, step by step: each forward of the model in a profiler block is a step (prefill or decode).
+"""Generation, step by step: each forward of the model in a profiler block is a step
+(prefill or decode).
 
 Wrap ``model.generate(...)`` (or any loop of forwards) in :class:`flopscope.profiler`, then ask
 :meth:`Profile.steps` for one :class:`Step` per call of the root module, :meth:`Profile.decode_scaling` for the
@@ -61,12 +62,14 @@ def profile_generation(model: nn.Module, input_ids: torch.Tensor, new_tokens: in
 
 
 def _decoding(new_tokens: int, model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor:
-    """The run's driver: :func:`greedy_decode` of ``model`` (the fake run's copy) on the run's token ids."""
+    """The run's driver: :func:`greedy_decode` of ``model`` (the fake run's copy) on the
+    run's token ids."""
     return greedy_decode(model, args[0], new_tokens)
 
 
 def steps_table(rows: list[Step], tablefmt: str = "simple") -> str:
-    """The steps as a table: phase, shape, MACs, FLOPs, bytes, the attention core's share, wall time."""
+    """The steps as a table: phase, shape, MACs, FLOPs, bytes, the attention core's
+    share, wall time."""
     body = [[s.step, s.phase, s.batch, s.tokens, s.context, f"{s.macs:,}", f"{s.flops:,}", f"{s.bytes:,}",
              f"{s.kv_macs:,}", f"{s.kv_bytes:,}", "-" if s.seconds is None else f"{s.seconds * 1e3:.2f}"]
             for s in rows]

@@ -1,5 +1,6 @@
-"""Diffusion pipelines profiled as a whole: every multiply of one call of a diffusers pipeline (text encoders, the
-denoiser at every step, ControlNets beside it, the VAE decoder), by component and by denoising step.
+"""Diffusion pipelines profiled as a whole: every multiply of one call of a diffusers
+pipeline (text encoders, the denoiser at every step, ControlNets beside it, the VAE
+decoder), by component and by denoising step.
 
 :func:`profile_pipeline` runs ``pipe(**call_kwargs)`` once, counting every forward of the pipeline's ``nn.Module``
 components (``pipe.components``, by attribute name: ``text_encoder``, ``transformer`` or ``unet``, ``vae``, ...). By
@@ -11,14 +12,16 @@ so are the latents after the first step and the returned images: their shapes ar
 returned images are a ``"pt"`` tensor unless the call says otherwise, as PIL and numpy need values). ``mode="real"``
 runs everything.
 
-Steps: each call of ``pipe.scheduler.step`` closes a denoising step; the component calls since the previous one belong
-to it. Classifier-free guidance is stated per step: ``"batch"`` (one call of the denoiser on twice the latents'
-batch: Stable Diffusion), ``"passes"`` (several calls per step: Flux's true CFG, Wan's), or ``"none"`` (Flux-dev's
+Steps: each call of ``pipe.scheduler.step`` closes a denoising step; the component calls
+since the previous one belong to it. Classifier-free guidance is stated per step:
+``"batch"`` (one call of the denoiser on twice the latents' batch: Stable Diffusion),
+``"passes"`` (several calls per step: Flux's true CFG, Wan's), or ``"none"`` (Flux-dev's
 guidance-distilled single pass).
 
-The pipeline is left as it was: its attributes (the ``_guidance_scale`` and other fields a call sets), its scheduler's
-state (``timesteps``, ``sigmas``, step index) and its components (parameters, buffers, devices: the swap is undone).
-Offloading hooks are not run on fake tensors: profile a pipeline without them (or in real mode).
+The pipeline is left as it was: its attributes (the ``_guidance_scale`` and other fields
+a call sets), its scheduler's state (``timesteps``, ``sigmas``, step index) and its
+components (parameters, buffers, devices: the swap is undone). Offloading hooks are not
+run on fake tensors: profile a pipeline without them (or in real mode).
 
 Units: MACs (multiply-accumulates; FLOPs = 2 x MACs), as everywhere in flopscope.
 """
@@ -56,9 +59,10 @@ twice the batch: unconditional and conditional together), by passes (several cal
 
 
 class PipelineComponents(nn.Module):
-    """The pipeline's ``nn.Module`` components as children named by their attribute names, so that module paths read
-    ``transformer.transformer_blocks.0.attn`` and the first part of a path is the component. The components are not
-    copied: the same modules, also held by the pipeline. Never called itself."""
+    """The pipeline's ``nn.Module`` components as children named by their attribute
+    names, so that module paths read ``transformer.transformer_blocks.0.attn`` and
+    the first part of a path is the component. The components are not copied: the
+    same modules, also held by the pipeline. Never called itself."""
 
     def __init__(self, components: Mapping[str, nn.Module]) -> None:
         super().__init__()
@@ -71,8 +75,9 @@ class PipelineComponents(nn.Module):
 
 @dataclass(frozen=True)
 class DenoisingStep:
-    """One denoising step: the component calls since the previous ``scheduler.step`` (its MACs per component and
-    calls per component), the latents' batch the scheduler stepped, and how guidance was applied (:data:`GUIDANCE`)."""
+    """One denoising step: the component calls since the previous ``scheduler.step``
+    (its MACs per component and calls per component), the latents' batch the
+    scheduler stepped, and how guidance was applied (:data:`GUIDANCE`)."""
 
     step: int
     macs: Mapping[str, int]  # component -> MACs in this step
@@ -89,10 +94,11 @@ class DenoisingStep:
 
 @dataclass(frozen=True)
 class WorkloadTerm:
-    """Calls of one entry point of a component (the module a pipeline calls: ``transformer``, ``vae.decoder``) that
-    each cost the same: ``calls`` x ``macs_per_call``. For a denoiser, the steps they ran in and the calls per step
-    (``passes``: 2 for guidance by passes) and the denoiser's batch per call (twice the latents' for guidance by
-    batch)."""
+    """Calls of one entry point of a component (the module a pipeline calls:
+    ``transformer``, ``vae.decoder``) that each cost the same: ``calls`` x
+    ``macs_per_call``. For a denoiser, the steps they ran in and the calls per step
+    (``passes``: 2 for guidance by passes) and the denoiser's batch per call (twice
+    the latents' for guidance by batch)."""
 
     component: str
     entry: str  # module path of the calls ("transformer", "vae.decoder")
@@ -119,10 +125,12 @@ class WorkloadTerm:
 
 @dataclass(frozen=True)
 class ComponentClosedForm:
-    """One component's MACs against the closed forms of its blocks (:meth:`Profile.reconcile` rows): ``predicted``
-    what the closed forms give, ``reconciled`` what was measured in those rows (equal where every row is exact),
-    ``explained`` the rows that differ with their reasons, and ``outside`` the MACs no closed form covers, by role
-    (conditioning MLPs, patch embeddings, timestep projections: role ``other`` mostly)."""
+    """One component's MACs against the closed forms of its blocks
+    (:meth:`Profile.reconcile` rows): ``predicted`` what the closed forms give,
+    ``reconciled`` what was measured in those rows (equal where every row is exact),
+    ``explained`` the rows that differ with their reasons, and ``outside`` the MACs
+    no closed form covers, by role (conditioning MLPs, patch embeddings, timestep
+    projections: role ``other`` mostly)."""
 
     component: str
     measured: int
@@ -134,9 +142,10 @@ class ComponentClosedForm:
 
 @dataclass(frozen=True)
 class Workload:
-    """The pipeline call as a sum of terms: every entry point's calls grouped by their MACs (a denoiser's as steps x
-    passes per step x MACs per call), which add up to the measured total exactly, and each component against the
-    closed forms of its blocks. Units: MACs (FLOPs = 2 x MACs)."""
+    """The pipeline call as a sum of terms: every entry point's calls grouped by their
+    MACs (a denoiser's as steps x passes per step x MACs per call), which add up to
+    the measured total exactly, and each component against the closed forms of its
+    blocks. Units: MACs (FLOPs = 2 x MACs)."""
 
     terms: tuple[WorkloadTerm, ...]
     components: tuple[ComponentClosedForm, ...]
@@ -147,7 +156,8 @@ class Workload:
         return sum(term.total for term in self.terms)
 
     def formula(self) -> str:
-        """``"total = transformer: 28 steps x 1 pass x 37,192,326,709,248 + text_encoder: 1 call x ... = ..."``."""
+        """``"total = transformer: 28 steps x 1 pass x 37,192,326,709,248 +
+        text_encoder: 1 call x ... = ..."``."""
         parts = " + ".join(f"{t.entry}: {t.describe()}" for t in self.terms)
         return f"total = {parts} = {self.total:,} MACs"
 
@@ -167,10 +177,12 @@ class Workload:
 
 
 class PipelineProfile:
-    """The profile of one pipeline call. :attr:`profile` is the :class:`~flopscope.profile.Profile` of every
-    multiply of the call (module paths start with the component's name); every query of a ``Profile`` works on this
-    object too (``total()``, ``by_role()``, ``by_module()``, ``reconcile()``, ``to_html()``, ...), except ``steps()``,
-    which here are the denoising steps. :attr:`output` is what the pipeline returned."""
+    """The profile of one pipeline call. :attr:`profile` is the
+    :class:`~flopscope.profile.Profile` of every multiply of the call (module paths
+    start with the component's name); every query of a ``Profile`` works on this
+    object too (``total()``, ``by_role()``, ``by_module()``, ``reconcile()``,
+    ``to_html()``, ...), except ``steps()``, which here are the denoising steps.
+    :attr:`output` is what the pipeline returned."""
 
     def __init__(self, profile: Profile, components: Sequence[str], denoisers: Sequence[str],
                  steps: Sequence[DenoisingStep], output: Any, reuse: Sequence[str] = (),
@@ -194,8 +206,8 @@ class PipelineProfile:
         return getattr(self.profile, name)
 
     def by_component(self) -> dict[str, int]:
-        """MACs per component (every ``nn.Module`` component of the pipeline, in the pipeline's order; 0 for one
-        that did not run)."""
+        """MACs per component (every ``nn.Module`` component of the pipeline, in the
+        pipeline's order; 0 for one that did not run)."""
         out = dict.fromkeys(self.components, 0)
         for op in self.profile._ops:
             component = component_of(op.module)
@@ -204,7 +216,8 @@ class PipelineProfile:
         return out
 
     def by_component_role(self) -> dict[str, dict[str, int]]:
-        """``{component: {role: MACs}}``: each component's roles, in the canonical role order."""
+        """``{component: {role: MACs}}``: each component's roles, in the canonical role
+        order."""
         out: dict[str, Counter[str]] = {name: Counter() for name in self.components}
         for op, assignment in self.profile.role_assignments_by_op().items():
             component = component_of(op.module)
@@ -218,10 +231,12 @@ class PipelineProfile:
         return list(self._steps)
 
     def around_steps(self) -> tuple[dict[str, int], dict[str, int]]:
-        """MACs per component of the calls outside the denoising steps: ``(before, after)``, the calls made before
-        the first step's first call (the prompt's encoding, an image's VAE encode) and the others (after the last
-        step: the VAE decode), each in the order of :attr:`components` (a component without such calls left out).
-        With the steps' MACs they add up to :meth:`by_component`. Without steps every call is before."""
+        """MACs per component of the calls outside the denoising steps: ``(before,
+        after)``, the calls made before the first step's first call (the prompt's
+        encoding, an image's VAE encode) and the others (after the last step: the VAE
+        decode), each in the order of :attr:`components` (a component without such
+        calls left out). With the steps' MACs they add up to :meth:`by_component`.
+        Without steps every call is before."""
         before: Counter[str] = Counter()
         after: Counter[str] = Counter()
         step_of = self._step_of_call
@@ -237,8 +252,8 @@ class PipelineProfile:
                 {c: after[c] for c in self.components if after[c]})
 
     def by_step_role(self) -> list[dict[str, int]]:
-        """Each denoising step's MACs by role, in step order (the component calls the step made; each adds up to
-        the step's :attr:`~DenoisingStep.total`)."""
+        """Each denoising step's MACs by role, in step order (the component calls the
+        step made; each adds up to the step's :attr:`~DenoisingStep.total`)."""
         out: list[Counter[str]] = [Counter() for _ in self._steps]
         step_of = self._step_of_call
         for op, assignment in self.profile.role_assignments_by_op().items():
@@ -294,8 +309,9 @@ class PipelineProfile:
         return sum(step.total for step in self._steps)
 
     def role_rows(self) -> tuple[list[str], list[list[Any]]]:
-        """The components that multiplied, and a row ``[role, MACs in each of them]`` per role any of them has, in
-        the order of :meth:`by_role` (the command line's table and the HTML report's)."""
+        """The components that multiplied, and a row ``[role, MACs in each of them]``
+        per role any of them has, in the order of :meth:`by_role` (the command line's
+        table and the HTML report's)."""
         roles = self.by_component_role()
         names = [name for name, r in roles.items() if r]
         order = [role for role in self.profile.by_role() if any(roles[n].get(role) for n in names)]
@@ -306,7 +322,8 @@ class PipelineProfile:
         return [c for c in self.components if any(c in s.macs for s in self._steps)]
 
     def steps_table(self, tablefmt: str = "simple") -> str:
-        """The steps as a table: MACs per component called in the steps, calls, batches, guidance."""
+        """The steps as a table: MACs per component called in the steps, calls, batches,
+        guidance."""
         names = self._stepped()
         body = [[s.step, *[f"{s.macs.get(c, 0):,}" for c in names], f"{s.total:,}",
                  " ".join(f"{c}x{n}" for c, n in s.calls.items()), s.batch, s.denoiser_batch, s.guidance]
@@ -315,11 +332,12 @@ class PipelineProfile:
                                        "denoiser batch", "guidance"], tablefmt=tablefmt, disable_numparse=True)
 
     def to_html(self, path: str | Path, title: str | None = None) -> Path:
-        """The HTML report of the whole call (:meth:`Profile.to_html`'s page: its module tree rooted at the
-        pipeline, every component below it) with the pipeline's own sections: the call by component and by step as
-        pictures (:mod:`flopscope.render.pipeline_chart`: before the steps, each step, after them), each component's
-        MACs by role, the steps by component and by role (a row per run of identical steps), and the reconciliation
-        grouped by component."""
+        """The HTML report of the whole call (:meth:`Profile.to_html`'s page: its module
+        tree rooted at the pipeline, every component below it) with the pipeline's
+        own sections: the call by component and by step as pictures
+        (:mod:`flopscope.render.pipeline_chart`: before the steps, each step, after
+        them), each component's MACs by role, the steps by component and by role (a
+        row per run of identical steps), and the reconciliation grouped by component."""
         names, rows = self.role_rows()
         stepped = self._stepped()
         by_step = self.by_step_role()
@@ -351,8 +369,9 @@ class PipelineProfile:
 
 def profile_pipeline(pipe: Any, *, mode: str = "fake", registry: FormulaRegistry | None = None,
                      roles: Sequence[RoleRule] = (), reuse: bool = True, **call_kwargs: Any) -> PipelineProfile:
-    """Run ``pipe(**call_kwargs)`` once (a diffusers ``DiffusionPipeline``, or any object with ``components`` and a
-    ``scheduler``) and count every multiply of its components: see the module docstring.
+    """Run ``pipe(**call_kwargs)`` once (a diffusers ``DiffusionPipeline``, or any
+    object with ``components`` and a ``scheduler``) and count every multiply of its
+    components: see the module docstring.
 
     Args:
         pipe: the pipeline; built from configs on ``device="meta"`` is fine in fake mode.
@@ -418,9 +437,10 @@ def _parameters(pipe: Any) -> Mapping[str, inspect.Parameter]:
 
 @contextmanager
 def _pipeline_kept(pipe: Any) -> Iterator[None]:
-    """Restore the pipeline's own attributes (a call sets ``_guidance_scale``, ``_num_timesteps``, ...) and its
-    scheduler's state (``set_timesteps`` writes ``timesteps``, ``sigmas``, the step index) afterwards, also when the
-    call raised. Progress bars are off for the call."""
+    """Restore the pipeline's own attributes (a call sets ``_guidance_scale``,
+    ``_num_timesteps``, ...) and its scheduler's state (``set_timesteps`` writes
+    ``timesteps``, ``sigmas``, the step index) afterwards, also when the call raised.
+    Progress bars are off for the call."""
     attributes = dict(vars(pipe))
     scheduler = getattr(pipe, "scheduler", None)
     state = copy.deepcopy(vars(scheduler)) if scheduler is not None and hasattr(scheduler, "__dict__") else None
@@ -463,8 +483,8 @@ def _marking_steps(scheduler: Any, start: Callable[[], None], mark: Callable[[An
 
 
 def _before(hook: Callable[..., None], method: Callable[..., Any]) -> Callable[..., Any]:
-    """``method`` with ``hook`` called first; its signature stays ``method``'s (pipelines inspect
-    ``set_timesteps`` for the arguments it takes)."""
+    """``method`` with ``hook`` called first; its signature stays ``method``'s
+    (pipelines inspect ``set_timesteps`` for the arguments it takes)."""
     @functools.wraps(method)
     def call(*args: Any, **kwargs: Any) -> Any:
         hook(*args, **kwargs)
@@ -485,8 +505,9 @@ def component_of(path: str | None) -> str:
 
 
 def _macs_by_entry(prof: Profile) -> Counter[ModuleCall]:
-    """MACs of each outermost module call: a component's call, or a call of one of its modules made by another
-    method than ``forward`` (``vae.decode`` calls ``vae.decoder``)."""
+    """MACs of each outermost module call: a component's call, or a call of one of its
+    modules made by another method than ``forward`` (``vae.decode`` calls
+    ``vae.decoder``)."""
     out: Counter[ModuleCall] = Counter()
     for op in prof._ops:
         if op.module_stack and op.macs:
@@ -495,16 +516,18 @@ def _macs_by_entry(prof: Profile) -> Counter[ModuleCall]:
 
 
 def _batch_of(prof: Profile, call: ModuleCall) -> int | None:
-    """The batch of a module call: the leading size of its first tensor input (``None`` if it had none)."""
+    """The batch of a module call: the leading size of its first tensor input (``None``
+    if it had none)."""
     shapes = prof._capture.module_inputs.get(call, ())
     return next((int(shape[0]) for _, shape in shapes if len(shape) and type(shape[0]) is int), None)
 
 
 def _steps(prof: Profile, components: list[str], begun: Counter[str], marks: list[tuple[Counter[str], int | None]]
            ) -> tuple[list[DenoisingStep], list[str], dict[ModuleCall, int]]:
-    """The denoising steps between the scheduler's marks (the first from ``begun``, the calls made when the loop
-    began): each component's calls and MACs per step; the denoisers are the components called in every step; and
-    the step each component call of the loop ran in."""
+    """The denoising steps between the scheduler's marks (the first from ``begun``, the
+    calls made when the loop began): each component's calls and MACs per step; the
+    denoisers are the components called in every step; and the step each component
+    call of the loop ran in."""
     if not marks:
         return [], [], {}
     macs_of_call = _macs_by_entry(prof)

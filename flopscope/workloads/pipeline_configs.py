@@ -1,4 +1,5 @@
-"""Diffusers pipelines built from their configs alone, on ``device="meta"`` by default: no weights, nothing allocated.
+"""Diffusers pipelines built from their configs alone, on ``device="meta"`` by default:
+no weights, nothing allocated.
 
 :func:`pipeline_from_configs` reads a pipeline folder's ``model_index.json`` (a local folder, or a hub repo of which
 only the JSON and tokenizer files are fetched, failing fast offline as ``hf:`` targets do) and builds each component:
@@ -36,9 +37,11 @@ UNPADDED_LENGTH = 8
 
 
 class ShapeTokenizer:
-    """A stand-in tokenizer that gives every prompt ``model_max_length`` tokens of id ``token`` where a pipeline pads
-    to a length (``padding="max_length"``), and :data:`UNPADDED_LENGTH` tokens otherwise; attention masks of ones. Only
-    the shapes matter for counting a text encoder; the ids are not a tokenization of the prompt."""
+    """A stand-in tokenizer that gives every prompt ``model_max_length`` tokens of id
+    ``token`` where a pipeline pads to a length (``padding="max_length"``), and
+    :data:`UNPADDED_LENGTH` tokens otherwise; attention masks of ones. Only the
+    shapes matter for counting a text encoder; the ids are not a tokenization of the
+    prompt."""
 
     def __init__(self, model_max_length: int = DEFAULT_TEXT_LENGTH, token: int = 0, name: str = "tokenizer") -> None:
         self.model_max_length = model_max_length
@@ -69,9 +72,10 @@ class ShapeTokenizer:
 
 def pipeline_from_configs(source: str | Path, device: str = "meta", overrides: Mapping[str, Any] | None = None
                           ) -> Any:
-    """The diffusers pipeline of ``source`` (a folder with ``model_index.json``, or a hub repo id) with every component
-    built from its config on ``device`` (default ``"meta"``: no weights). ``overrides``: ``{"component.key": value}``
-    config values to change before building (``{"transformer.num_layers": 2}``)."""
+    """The diffusers pipeline of ``source`` (a folder with ``model_index.json``, or a
+    hub repo id) with every component built from its config on ``device`` (default
+    ``"meta"``: no weights). ``overrides``: ``{"component.key": value}`` config
+    values to change before building (``{"transformer.num_layers": 2}``)."""
     try:
         import diffusers
     except ImportError as e:

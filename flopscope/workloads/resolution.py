@@ -1,18 +1,25 @@
-"""Exact scaling of a diffusion pipeline in resolution: each component's MACs per role as a polynomial in the pixels of
-one frame, P = height x width, with exact rational coefficients.
+"""Exact scaling of a diffusion pipeline in resolution: each component's MACs per role
+as a polynomial in the pixels of one frame, P = height x width, with exact rational
+coefficients.
 
-A denoiser's image tokens grow as P (``(H / 8 / p) x (W / 8 / p)`` after the VAE's 8x compression and a patch of p),
-so its projections and FFN are linear in P and its self-attention core quadratic (joint attention with m text tokens:
-``(P / 64p² + m)²``, every power of P); a VAE decoder's convolutions are linear in P and its mid-block attention
-quadratic; text encoders do not depend on P. :func:`resolution_scaling` profiles the pipeline call at each size
-(:func:`flopscope.profile_pipeline`, on fake tensors by default), finds each role's lowest-degree polynomial through
-the measured counts by exact interpolation and checks it at every remaining size (so at least one more size than the
-degree needs: four sizes for a quadratic), as :func:`flopscope.scaling` does in n. Each polynomial is set beside the
-one the blocks' closed forms give at the same sizes (:meth:`Profile.reconcile`), where they cover the whole role.
+A denoiser's image tokens grow as P (``(H / 8 / p) x (W / 8 / p)`` after the VAE's 8x
+compression and a patch of p), so its projections and FFN are linear in P and its
+self-attention core quadratic (joint attention with m text tokens: ``(P / 64p² + m)²``,
+every power of P); a VAE decoder's convolutions are linear in P and its mid-block
+attention quadratic; text encoders do not depend on P. :func:`resolution_scaling`
+profiles the pipeline call at each size (:func:`flopscope.profile_pipeline`, on fake
+tensors by default), finds each role's lowest-degree polynomial through the measured
+counts by exact interpolation and checks it at every remaining size (so at least one
+more size than the degree needs: four sizes for a quadratic), as
+:func:`flopscope.scaling` does in n. Each polynomial is set beside the one the blocks'
+closed forms give at the same sizes (:meth:`Profile.reconcile`), where they cover the
+whole role.
 
-Keep the aspect ratio or not: the polynomials are in P alone only where every term depends on H and W through H x W,
-which holds for patch tokens and convolutions but not, say, for an axial or 1-D positional term in H or W alone; a
-role that is not a polynomial in P at the sizes given is reported as such (``None``), never fitted. Units: MACs.
+Keep the aspect ratio or not: the polynomials are in P alone only where every term
+depends on H and W through H x W, which holds for patch tokens and convolutions but not,
+say, for an axial or 1-D positional term in H or W alone; a role that is not a
+polynomial in P at the sizes given is reported as such (``None``), never fitted. Units:
+MACs.
 """
 
 from __future__ import annotations
@@ -37,14 +44,16 @@ VARIABLE = "P"
 
 @dataclass(frozen=True)
 class ResolutionScaling:
-    """Per component, a :class:`~flopscope.predict.polynomial.Scaling` whose lengths are pixel counts (P = height x
-    width, in :attr:`sizes` order) and whose polynomials are in P."""
+    """Per component, a :class:`~flopscope.predict.polynomial.Scaling` whose lengths are
+    pixel counts (P = height x width, in :attr:`sizes` order) and whose polynomials
+    are in P."""
 
     sizes: tuple[tuple[int, int], ...]  # (height, width) of each call, by increasing pixels
     components: dict[str, Scaling]
 
     def total(self) -> Polynomial | None:
-        """The whole call's MACs in P (``None`` if a role of a component is not a polynomial at these sizes)."""
+        """The whole call's MACs in P (``None`` if a role of a component is not a
+        polynomial at these sizes)."""
         out = Polynomial((Fraction(0),))
         for scaling in self.components.values():
             total = scaling.total()
@@ -66,8 +75,8 @@ class ResolutionScaling:
 def resolution_scaling(pipe: Any, sizes: Sequence[int | tuple[int, int]], *, mode: str = "fake", reuse: bool = True,
                        registry: FormulaRegistry | None = None, roles: Sequence[RoleRule] = (),
                        **call_kwargs: Any) -> ResolutionScaling:
-    """Profile ``pipe(height=h, width=w, **call_kwargs)`` at each size and recover each component's roles as exact
-    polynomials in P = h x w (see the module docstring).
+    """Profile ``pipe(height=h, width=w, **call_kwargs)`` at each size and recover each
+    component's roles as exact polynomials in P = h x w (see the module docstring).
 
     Args:
         pipe: a diffusers pipeline (as :func:`flopscope.profile_pipeline`).
@@ -117,8 +126,9 @@ def _through(pixels: list[int], values: Sequence[int | None]) -> Polynomial | No
 
 
 def _predicted(component: str, roles: dict[str, int], rows: Sequence[Any]) -> dict[str, int | None]:
-    """Per role of ``component``: the sum of its closed-form rows' predictions, where those rows cover the role's
-    measured MACs and each has a prediction; else ``None``."""
+    """Per role of ``component``: the sum of its closed-form rows' predictions, where
+    those rows cover the role's measured MACs and each has a prediction; else
+    ``None``."""
     mine = [r for r in rows if component_of(r.block) == component]
     out: dict[str, int | None] = {}
     for role, macs in roles.items():

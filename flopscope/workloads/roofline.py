@@ -1,16 +1,21 @@
-"""The roofline: each role (and each generation step) against a device's peak FLOP/s and memory bandwidth.
+"""The roofline: each role (and each generation step) against a device's peak FLOP/s and
+memory bandwidth.
 
-A kernel that does ``F`` FLOPs and must move ``Q`` bytes (:mod:`flopscope.formulas.traffic`) takes at least
-``max(F / peak, Q / bandwidth)`` seconds. Its arithmetic intensity ``I = F / Q`` (FLOPs per byte) against the
-device's ridge point ``peak / bandwidth`` says which bound applies: **memory-bound** when ``I < ridge``,
-**compute-bound** otherwise (Williams, Waterman, Patterson, "Roofline", CACM 2009). A decode step at batch 1
-reads every weight to use it for one token (``I ≈ 1`` at 16-bit weights): memory-bound on any accelerator; a
-long prefill reuses each weight for every token: compute-bound.
+A kernel that does ``F`` FLOPs and must move ``Q`` bytes
+(:mod:`flopscope.formulas.traffic`) takes at least ``max(F / peak, Q / bandwidth)``
+seconds. Its arithmetic intensity ``I = F / Q`` (FLOPs per byte) against the device's
+ridge point ``peak / bandwidth`` says which bound applies: **memory-bound** when ``I <
+ridge``, **compute-bound** otherwise (Williams, Waterman, Patterson, "Roofline", CACM
+2009). A decode step at batch 1 reads every weight to use it for one token (``I ≈ 1`` at
+16-bit weights): memory-bound on any accelerator; a long prefill reuses each weight for
+every token: compute-bound.
 
-Peaks come from :mod:`flopscope.peaks` (``peak=`` / ``bandwidth=`` override); a device without a figure gives
-one warning and rows without a classification (the counts stay). In real mode each row also carries the
-measured time of its ops (:mod:`flopscope.predict.timing`; a step's is the wall time of its forward), and steps carry
-MFU and MBU (memory-bandwidth utilisation: bytes moved per second over the bandwidth).
+Peaks come from :mod:`flopscope.peaks` (``peak=`` / ``bandwidth=`` override); a device
+without a figure gives one warning and rows without a classification (the counts stay).
+In real mode each row also carries the measured time of its ops
+(:mod:`flopscope.predict.timing`; a step's is the wall time of its forward), and steps
+carry MFU and MBU (memory-bandwidth utilisation: bytes moved per second over the
+bandwidth).
 """
 
 from __future__ import annotations
@@ -70,7 +75,8 @@ class Roofline:
         return next(p for p in (*self.roles, *self.steps) if p.name == name)
 
     def utilisation(self, point: RooflinePoint) -> tuple[float | None, float | None]:
-        """``(MFU, MBU)`` of a measured point: achieved FLOP/s over the peak, bytes/s over the bandwidth."""
+        """``(MFU, MBU)`` of a measured point: achieved FLOP/s over the peak, bytes/s
+        over the bandwidth."""
         seconds = point.measured_seconds
         if not seconds:
             return None, None
@@ -99,11 +105,13 @@ class Roofline:
 
 def roofline(prof: Profile, *, device: Any = None, dtype: torch.dtype | None = None, peak: float | None = None,
              bandwidth: float | None = None, measured: bool | None = None) -> Roofline:
-    """Place every role and, when the profile holds several forwards, every step on the roofline of
-    ``device`` (default: the current CUDA device, else this CPU, measured) for ``dtype`` (default: the dtype
-    most of the multiplies ran in). ``peak`` (FLOP/s) and ``bandwidth`` (bytes/s) override. ``measured``: put a
-    real-mode profile's measured times beside the roofline (default: only when no other ``device`` is named,
-    since times taken here say nothing about another device)."""
+    """Place every role and, when the profile holds several forwards, every step on the
+    roofline of ``device`` (default: the current CUDA device, else this CPU,
+    measured) for ``dtype`` (default: the dtype most of the multiplies ran in).
+    ``peak`` (FLOP/s) and ``bandwidth`` (bytes/s) override. ``measured``: put a
+    real-mode profile's measured times beside the roofline (default: only when no
+    other ``device`` is named, since times taken here say nothing about another
+    device)."""
     dtype = dtype if dtype is not None else _main_dtype(prof)
     top = peak_flops(device, dtype or torch.float32, peak=peak)
     band = peak_bandwidth(device, bandwidth=bandwidth)
@@ -151,17 +159,19 @@ def bounds(points: Sequence[RooflinePoint]) -> dict[str, str | None]:
 
 
 def roofline_plot(result: Roofline, path: str | Path, title: str = "") -> Path:
-    """Log-log roofline: attainable FLOP/s against arithmetic intensity, a point per role (circles) and per step
-    (squares) at its intensity and its roofline-limited rate (the measured rate in real mode, hollow); labels laid
-    out so that none overlaps another (points at one place share one: :func:`flopscope.plots.place_labels`)."""
+    """Log-log roofline: attainable FLOP/s against arithmetic intensity, a point per
+    role (circles) and per step (squares) at its intensity and its roofline-limited
+    rate (the measured rate in real mode, hollow); labels laid out so that none
+    overlaps another (points at one place share one:
+    :func:`flopscope.plots.place_labels`)."""
     plt = pyplot()
     fig, _ = roofline_figure(result, title)
     return save_figure(fig, plt, path, layout=False)
 
 
 def roofline_figure(result: Roofline, title: str = "") -> tuple[Any, list[Any]]:
-    """The figure of :func:`roofline_plot` (laid out at :data:`flopscope.plots.DPI`) and its labels (matplotlib
-    ``Annotation`` s), not saved."""
+    """The figure of :func:`roofline_plot` (laid out at :data:`flopscope.plots.DPI`) and
+    its labels (matplotlib ``Annotation`` s), not saved."""
     plt = pyplot()
     if result.peak_flops is None or result.bandwidth is None:
         raise FlopscopeError("a roofline plot needs the device's peak FLOP/s and bandwidth (pass peak= and "

@@ -1,4 +1,5 @@
-"""Exact scaling in sequence length: each role's multiplies as a polynomial in n, with exact coefficients.
+"""Exact scaling in sequence length: each role's multiplies as a polynomial in n, with
+exact coefficients.
 
 :func:`scaling` profiles a model at several lengths (fake tensors by default: cheap), then, per role,
 finds the lowest-degree polynomial through the measured counts by exact rational interpolation and
@@ -46,23 +47,29 @@ def scaling(model: nn.Module, make_inputs: Callable[[int], Any], lengths: Sequen
             progress: Callable[[int, int], None] | None = None, registry: FormulaRegistry | None = None,
             roles: Sequence[RoleRule] = (), backward: bool = False, loss: Callable[[Any], torch.Tensor] | None = None,
             forward_kwargs: dict[str, Any] | None = None, method: str = "sampled", **kwargs: Any) -> Scaling:
-    """Profile ``model(*make_inputs(n))`` at each length and recover each role's exact polynomial in n.
+    """Profile ``model(*make_inputs(n))`` at each length and recover each role's exact
+    polynomial in n.
 
-    ``make_inputs(n)`` returns a tensor, a tuple of positional inputs, a dict of keyword inputs, or a
-    ``(args, kwargs)`` pair; n may be any size of the inputs (a batch size too). ``spec(n)`` optionally states
-    the hyper-parameters for the predictions. ``progress(done, total)`` is called after each profile.
-    ``mode``, ``registry``, ``roles``, ``backward``, ``loss``, ``forward_kwargs`` and other keyword arguments
-    (inputs for the model, at every length) mean what they mean for :func:`flopscope.profile` (with
-    ``backward=True`` the polynomials are of the forward and backward MACs together; forward work that
-    activation checkpointing recomputes in the backward pass is apart, in ``recomputed``). Every length must be
-    >= 1: else a :class:`~flopscope.errors.ConfigurationError` naming it, before anything is profiled.
+    ``make_inputs(n)`` returns a tensor, a tuple of positional inputs, a dict of keyword
+    inputs, or a ``(args, kwargs)`` pair; n may be any size of the inputs (a batch size
+    too). ``spec(n)`` optionally states the hyper-parameters for the predictions.
+    ``progress(done, total)`` is called after each profile. ``mode``, ``registry``,
+    ``roles``, ``backward``, ``loss``, ``forward_kwargs`` and other keyword arguments
+    (inputs for the model, at every length) mean what they mean for
+    :func:`flopscope.profile` (with ``backward=True`` the polynomials are of the forward
+    and backward MACs together; forward work that activation checkpointing recomputes in
+    the backward pass is apart, in ``recomputed``). Every length must be >= 1: else a
+    :class:`~flopscope.errors.ConfigurationError` naming it, before anything is
+    profiled.
 
-    ``method`` (:data:`METHODS`): ``"sampled"`` profiles every length (at least 4) and interpolates;
-    ``"symbolic"`` counts once with n a symbol (fake tensors), so every role's MACs come out as a polynomial,
-    valid at every length where the model's decisions on n (guards) hold, which must include each of
-    ``lengths`` (at least 2); it is checked against profiles at the shortest and longest length before it is
-    returned, and a model that specialises on n raises :class:`~flopscope.errors.SymbolicError` naming the guard
-    and where it was added. ``"auto"``: symbolic, else sampled, with the reason in :attr:`Scaling.fallback`.
+    ``method`` (:data:`METHODS`): ``"sampled"`` profiles every length (at least 4) and
+    interpolates; ``"symbolic"`` counts once with n a symbol (fake tensors), so every
+    role's MACs come out as a polynomial, valid at every length where the model's
+    decisions on n (guards) hold, which must include each of ``lengths`` (at least 2);
+    it is checked against profiles at the shortest and longest length before it is
+    returned, and a model that specialises on n raises
+    :class:`~flopscope.errors.SymbolicError` naming the guard and where it was added.
+    ``"auto"``: symbolic, else sampled, with the reason in :attr:`Scaling.fallback`.
     """
     for n in lengths:
         check_positive(length=n)
@@ -90,7 +97,8 @@ def scaling(model: nn.Module, make_inputs: Callable[[int], Any], lengths: Sequen
 
 @dataclass
 class _Point:
-    """What one profile at one length says: MACs per role, recomputed MACs per role, predictions per role."""
+    """What one profile at one length says: MACs per role, recomputed MACs per role,
+    predictions per role."""
 
     roles: dict[str, int]
     recomputed: dict[str, int]
@@ -99,8 +107,9 @@ class _Point:
 
 
 class _Sweep:
-    """The profiles of one :func:`scaling` call (the model's state converted to fake tensors once, the roles
-    found once and reused where the same ops run at another length)."""
+    """The profiles of one :func:`scaling` call (the model's state converted to fake
+    tensors once, the roles found once and reused where the same ops run at another
+    length)."""
 
     def __init__(self, model: nn.Module, make_inputs: Callable[[int], Any], mode: str,
                  spec: Callable[[int], TransformerSpec] | None, progress: Callable[[int, int], None] | None,
@@ -130,7 +139,8 @@ class _Sweep:
                       _predictions(prof.reconcile(self.spec(n) if self.spec else None)), prof)
 
     def sampled(self, lengths: tuple[int, ...]) -> Scaling:
-        """A profile at each length; per role, the exact polynomial through the counts, checked at the rest."""
+        """A profile at each length; per role, the exact polynomial through the counts,
+        checked at the rest."""
         points = []
         for n in lengths:
             points.append(self.measure(n))
@@ -140,7 +150,8 @@ class _Sweep:
                         [p.predicted for p in points])
 
     def symbolic(self, lengths: tuple[int, ...]) -> Scaling:
-        """One symbolic trace, checked against profiles at the shortest and the longest length."""
+        """One symbolic trace, checked against profiles at the shortest and the longest
+        length."""
         if self.mode == "real":
             raise SymbolicError("a symbolic trace runs on fake tensors, and mode='real' was asked for")
         ends = (lengths[0], lengths[-1])
@@ -192,7 +203,8 @@ class _Sweep:
 
 
 def _predictions(reconciliation: Reconciliation) -> dict[str, int | None]:
-    """``{role: predicted MACs}`` summed over blocks (``None`` where a row has no prediction)."""
+    """``{role: predicted MACs}`` summed over blocks (``None`` where a row has no
+    prediction)."""
     guesses: dict[str, int | None] = {}
     for row in reconciliation.rows:
         known = guesses.get(row.role, 0)

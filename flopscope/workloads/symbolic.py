@@ -1,17 +1,21 @@
-"""One counted run with a symbolic size: every op's MACs as an exact expression in one variable.
+"""One counted run with a symbolic size: every op's MACs as an exact expression in one
+variable.
 
-The model runs once on fake tensors whose mode has a ``ShapeEnv`` (PyTorch's symbolic shapes, as
-``torch.export`` uses them): the dims of the inputs that are the variable (a sequence length n, or a batch size)
-are one symbol, so shapes are ``torch.SymInt`` s and each formula, a pure function of shapes, returns a
-polynomial in that symbol instead of a number. :func:`trace` makes the run; :class:`SymbolicTrace` reads it:
-exact coefficients (:class:`~fractions.Fraction`), the value at a length, and whether the model *specialised*:
-every Python decision on a symbolic size (``if x.shape[1] > 64``, ``int(size)``, a data-dependent op) is a
-*guard* recorded by the ``ShapeEnv``, true at the traced length; the trace stands for another length only if
-every guard holds there too (:meth:`SymbolicTrace.specialisation` names the first that does not, and where it
+The model runs once on fake tensors whose mode has a ``ShapeEnv`` (PyTorch's symbolic
+shapes, as ``torch.export`` uses them): the dims of the inputs that are the variable (a
+sequence length n, or a batch size) are one symbol, so shapes are ``torch.SymInt`` s and
+each formula, a pure function of shapes, returns a polynomial in that symbol instead of
+a number. :func:`trace` makes the run; :class:`SymbolicTrace` reads it: exact
+coefficients (:class:`~fractions.Fraction`), the value at a length, and whether the
+model *specialised*: every Python decision on a symbolic size (``if x.shape[1] > 64``,
+``int(size)``, a data-dependent op) is a *guard* recorded by the ``ShapeEnv``, true at
+the traced length; the trace stands for another length only if every guard holds there
+too (:meth:`SymbolicTrace.specialisation` names the first that does not, and where it
 was added). Units: MACs, as everywhere (``docs/conventions.md``).
 
-Which dims are the variable is read from the inputs at two lengths: a dim whose size is the length at both is
-the symbol; every other size must be the same at both (else :class:`~flopscope.errors.SymbolicError`).
+Which dims are the variable is read from the inputs at two lengths: a dim whose size is
+the length at both is the symbol; every other size must be the same at both (else
+:class:`~flopscope.errors.SymbolicError`).
 """
 
 from __future__ import annotations
@@ -48,8 +52,9 @@ Count = int | torch.SymInt
 
 
 class _SymbolicConverter(FakeConverter):
-    """The fake converter of a symbolic run: the model's state static, as always; the inputs (meta stand-ins,
-    so no index values are known: sizes are symbols) as fake tensors whose variable dims are the symbol."""
+    """The fake converter of a symbolic run: the model's state static, as always; the
+    inputs (meta stand-ins, so no index values are known: sizes are symbols) as fake
+    tensors whose variable dims are the symbol."""
 
     def __init__(self, mode: CountingFakeTensorMode, inputs: Mapping[int, torch.Tensor]) -> None:
         super().__init__(mode)
@@ -62,7 +67,8 @@ class _SymbolicConverter(FakeConverter):
 
 @dataclass(frozen=True)
 class SymbolicTrace:
-    """A profile counted with one symbolic size, the variable (``symbol``, traced at ``hint``)."""
+    """A profile counted with one symbolic size, the variable (``symbol``, traced at
+    ``hint``)."""
 
     profile: Profile
     shape_env: ShapeEnv
@@ -77,8 +83,9 @@ class SymbolicTrace:
         return sympy.sympify(count if isinstance(count, int) else count.node.expr)
 
     def coefficients(self, count: Count) -> tuple[Fraction, ...] | None:
-        """The exact coefficients of ``count`` as a polynomial in the variable, constant first; ``None`` if it
-        is not one (a floor division, say, as a strided convolution's output length)."""
+        """The exact coefficients of ``count`` as a polynomial in the variable, constant
+        first; ``None`` if it is not one (a floor division, say, as a strided
+        convolution's output length)."""
         import sympy  # (lazy: see the imports above)
         from torch.utils._sympy.functions import FloorDiv
 
@@ -89,8 +96,9 @@ class SymbolicTrace:
         return tuple(Fraction(int(c.p), int(c.q)) for c in coefficients)
 
     def _exact_quotient(self, a: sympy.Expr, b: sympy.Expr) -> sympy.Expr:
-        """``a // b`` as the polynomial ``a / b`` where that has integer coefficients (then the division is
-        exact at every n: ``n²·k // n`` of a role's share is ``n·k``); else left a floor division."""
+        """``a // b`` as the polynomial ``a / b`` where that has integer coefficients
+        (then the division is exact at every n: ``n²·k // n`` of a role's share is
+        ``n·k``); else left a floor division."""
         import sympy  # (lazy: see the imports above)
         from torch.utils._sympy.functions import FloorDiv
 
@@ -117,8 +125,9 @@ class SymbolicTrace:
         return str(expr.xreplace({self.symbol: sympy.Symbol("n", integer=True, positive=True)}))
 
     def specialisation(self, lengths: Sequence[int]) -> str | None:
-        """The first guard (or bound on the symbol) that is false at one of ``lengths``, with the length and
-        where the guard was added; ``None`` if the trace stands for every one of them."""
+        """The first guard (or bound on the symbol) that is false at one of ``lengths``,
+        with the length and where the guard was added; ``None`` if the trace stands
+        for every one of them."""
         import sympy  # (lazy: see the imports above)
 
         for guard in self.shape_env.guards:
@@ -134,13 +143,16 @@ class SymbolicTrace:
         return None
 
     def conditions(self) -> tuple[str, ...]:
-        """The guards in n that the model's polynomials depend on (each true at every checked length)."""
+        """The guards in n that the model's polynomials depend on (each true at every
+        checked length)."""
         return tuple(dict.fromkeys(self.text(g.expr) for g in self.shape_env.guards))
 
     def role_counts(self, template: Profile) -> tuple[dict[str, Count], dict[str, Count]]:
-        """``({role: MACs}, {role: recomputed MACs})``. The roles are ``template``'s, a profile of the same model
-        at a length, where both ran the same ops in the same order (:func:`flopscope.profile.reuse_roles`: cheap); else
-        they are found on the symbolic graph itself (role passes compare sizes only where both are known)."""
+        """``({role: MACs}, {role: recomputed MACs})``. The roles are ``template``'s, a
+        profile of the same model at a length, where both ran the same ops in the
+        same order (:func:`flopscope.profile.reuse_roles`: cheap); else they are
+        found on the symbolic graph itself (role passes compare sizes only where both
+        are known)."""
         with _quiet_symbolic_graph():
             try:
                 reuse_roles(self.profile, template)
@@ -153,8 +165,9 @@ class SymbolicTrace:
         return roles, {role: macs for role, macs in again.items() if not _is_zero(macs)}
 
     def reconcile_at(self, n: int, spec: TransformerSpec | None) -> Reconciliation:
-        """The closed-form predictions (:func:`flopscope.predict.reconcile.reconcile`) at length ``n``: every symbolic
-        count and module input shape of the trace evaluated there (roles set by :meth:`role_counts`)."""
+        """The closed-form predictions (:func:`flopscope.predict.reconcile.reconcile`)
+        at length ``n``: every symbolic count and module input shape of the trace
+        evaluated there (roles set by :meth:`role_counts`)."""
         with _quiet_symbolic_graph():
             assignments: dict[CapturedOp, Assignment] = {
                 op: Assignment({role: self.at(macs, n) for role, macs in a.parts.items()}, a.block, a.factor)
@@ -166,10 +179,12 @@ class SymbolicTrace:
 
 def trace(model: nn.Module, inputs: tuple[Any, Any], lengths: tuple[int, int], plan: CapturePlan,
           roles: Sequence[RoleRule], forward_kwargs: dict[str, Any]) -> SymbolicTrace:
-    """Count ``model`` once with the variable symbolic. ``inputs``: the ``(args, kwargs)`` of the model at the
-    two ``lengths`` (a dim whose size is the length at both becomes the symbol); traced at the second length.
-    Raises :class:`SymbolicError` where the inputs do not vary with the length as dims equal to it. ``plan``: the
-    sweep's, run on fake tensors with the symbolic converter; ``roles``: the role rules of the profile."""
+    """Count ``model`` once with the variable symbolic. ``inputs``: the ``(args,
+    kwargs)`` of the model at the two ``lengths`` (a dim whose size is the length at
+    both becomes the symbol); traced at the second length. Raises
+    :class:`SymbolicError` where the inputs do not vary with the length as dims equal
+    to it. ``plan``: the sweep's, run on fake tensors with the symbolic converter;
+    ``roles``: the role rules of the profile."""
     from torch._dynamo.source import ConstantSource  # (lazy: see the imports above)
     from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv
 
@@ -221,7 +236,8 @@ def trace(model: nn.Module, inputs: tuple[Any, Any], lengths: tuple[int, int], p
 
 
 def _where(sloc: Any) -> str:
-    """``"model.py:12 in forward"``: the frame that added a guard (a ``ShapeEnv`` ``SLoc``)."""
+    """``"model.py:12 in forward"``: the frame that added a guard (a ``ShapeEnv``
+    ``SLoc``)."""
     frame = sloc.framework_loc
     if isinstance(frame, traceback.FrameSummary):
         return f"{frame.filename}:{frame.lineno} in {frame.name}"
@@ -240,7 +256,8 @@ def _is_zero(count: Count) -> bool:
 
 
 class _quiet_symbolic_graph(warnings.catch_warnings):  # noqa: N801  (a context manager, named as one)
-    """The fx graph of a symbolic trace holds raw ``SymInt`` arguments (sizes), which fx warns about: expected."""
+    """The fx graph of a symbolic trace holds raw ``SymInt`` arguments (sizes), which fx
+    warns about: expected."""
 
     def __enter__(self) -> None:
         super().__enter__()

@@ -1,8 +1,9 @@
-"""Exact FLOPs inside training loops: a drop-in ``measure_flops``, a batch pricer built from exact
-polynomials, and a throughput meter for plain PyTorch loops (MFU).
+"""Exact FLOPs inside training loops: a drop-in ``measure_flops``, a batch pricer built
+from exact polynomials, and a throughput meter for plain PyTorch loops (MFU).
 
-Units: these functions speak **FLOPs** (2 per MAC), as Lightning, Hugging Face and torchtitan do; the rest of
-flopscope speaks MACs. Conventions (what a padded or packed batch costs): ``docs/conventions.md``.
+Units: these functions speak **FLOPs** (2 per MAC), as Lightning, Hugging Face and
+torchtitan do; the rest of flopscope speaks MACs. Conventions (what a padded or packed
+batch costs): ``docs/conventions.md``.
 
 ``attention=`` (every function here): how the attention core is charged, ``"executed"`` (default: every pair the
 kernels compute), ``"causal"`` (the causal half, FlashAttention / Megatron-LM / MaxText) or ``"mask"`` (the pairs
@@ -45,22 +46,27 @@ __all__ = ["BatchPricer", "Throughput", "flops_per_batch", "measure_flops", "met
 
 
 def metric_suffix(attention: str) -> str:
-    """What logged metric names carry for a convention: ``""`` for executed, else ``"_causal"`` / ``"_mask"``."""
+    """What logged metric names carry for a convention: ``""`` for executed, else
+    ``"_causal"`` / ``"_mask"``."""
     return "" if check_attention(attention) == EXECUTED else f"_{attention}"
 
 
 def measure_flops(model: nn.Module, forward_fn: Callable[[], Any],
                   loss_fn: Callable[[Any], torch.Tensor] | None = None, *, attention: str = EXECUTED) -> int:
-    """FLOPs of ``forward_fn()`` (and of ``loss_fn(output).backward()`` when ``loss_fn`` is given): the
-    signature and unit of ``lightning.fabric.utilities.throughput.measure_flops``, counted exactly (CPU
-    scaled-dot-product attention, fused ``nn.MultiheadAttention`` / encoder-layer paths and grouped expert
-    matmuls included, which Lightning's ``FlopCounterMode`` counts as 0).
+    """FLOPs of ``forward_fn()`` (and of ``loss_fn(output).backward()`` when ``loss_fn``
+    is given): the signature and unit of
+    ``lightning.fabric.utilities.throughput.measure_flops``, counted exactly (CPU
+    scaled-dot-product attention, fused ``nn.MultiheadAttention`` / encoder-layer
+    paths and grouped expert matmuls included, which Lightning's ``FlopCounterMode``
+    counts as 0).
 
-    ``forward_fn`` calls ``model`` (built on ``device="meta"`` if you like: nothing is then allocated). Only
-    the work of ``model`` and of its backward pass is counted: model FLOPs, the numerator of MFU, so forward
-    work that activation checkpointing recomputes in the backward pass is left out (``FlopCounterMode`` counts
-    it; :func:`flops_per_batch` prices it apart, for HFU). The model's gradients, buffers and flags are left
-    as they were. ``attention``: the convention of the attention core (see the module docstring)."""
+    ``forward_fn`` calls ``model`` (built on ``device="meta"`` if you like: nothing is
+    then allocated). Only the work of ``model`` and of its backward pass is counted:
+    model FLOPs, the numerator of MFU, so forward work that activation checkpointing
+    recomputes in the backward pass is left out (``FlopCounterMode`` counts it;
+    :func:`flops_per_batch` prices it apart, for HFU). The model's gradients, buffers
+    and flags are left as they were. ``attention``: the convention of the attention core
+    (see the module docstring)."""
     check_attention(attention)
     snapshot = ModelSnapshot(model, buffer_values=True, grads=loss_fn is not None)
     session = Session(model, CapturePlan(mode="real"))
@@ -87,19 +93,23 @@ def measure_flops(model: nn.Module, forward_fn: Callable[[], Any],
 # --------------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class BatchPricer:
-    """Prices a batch in FLOPs from exact per-role polynomials in the sequence length (MACs of one sequence of
-    ``n`` tokens, forward and, if ``backward``, backward), without tracing again.
+    """Prices a batch in FLOPs from exact per-role polynomials in the sequence length
+    (MACs of one sequence of ``n`` tokens, forward and, if ``backward``, backward),
+    without tracing again.
 
-    - a tensor of token ids ``[B, n]``, or a dict with ``input_ids`` and perhaps a padding ``attention_mask``:
-      ``B`` rows of ``n`` tokens, padding included (the work that executes);
-    - a dict whose ``position_ids`` restart inside a row, or with ``cu_seqlens`` (offsets of packed sequences):
-      a packed row; per-token roles are priced at the row's token count, the attention core (scores and
-      weighted sum) per sequence, ``Σ Lᵢ²``, as variable-length kernels execute it;
+    - a tensor of token ids ``[B, n]``, or a dict with ``input_ids`` and perhaps a
+      padding ``attention_mask``: ``B`` rows of ``n`` tokens, padding included (the work
+      that executes);
+    - a dict whose ``position_ids`` restart inside a row, or with ``cu_seqlens``
+      (offsets of packed sequences): a packed row; per-token roles are priced at the
+      row's token count, the attention core (scores and weighted sum) per sequence, ``Σ
+      Lᵢ²``, as variable-length kernels execute it;
     - a sequence of ints: that many sequences, each of its own length, run unpadded.
 
-    ``attention`` other than ``"executed"``: the attention core is priced per sequence from ``attention_terms``
-    (MACs per (query, key) pair of each core op, with its mask facts) times the pairs the convention charges;
-    under ``"mask"`` a padded batch's ``attention_mask`` gives each row's real tokens.
+    ``attention`` other than ``"executed"``: the attention core is priced per sequence
+    from ``attention_terms`` (MACs per (query, key) pair of each core op, with its mask
+    facts) times the pairs the convention charges; under ``"mask"`` a padded batch's
+    ``attention_mask`` gives each row's real tokens.
     """
 
     polynomials: Mapping[str, Polynomial]  # role -> MACs of one sequence of n tokens
@@ -115,7 +125,8 @@ class BatchPricer:
     refused."""
 
     def __call__(self, batch: Any) -> int:
-        """Model FLOPs of the batch (2 per MAC; recomputed work not included: see :meth:`recompute_flops`)."""
+        """Model FLOPs of the batch (2 per MAC; recomputed work not included: see
+        :meth:`recompute_flops`)."""
         return 2 * sum(self.macs_by_role(batch).values())
 
     def flops_by_role(self, batch: Any) -> dict[str, int]:
@@ -123,8 +134,8 @@ class BatchPricer:
         return {role: 2 * macs for role, macs in self.macs_by_role(batch).items()}
 
     def recompute_flops(self, batch: Any) -> int:
-        """FLOPs that activation checkpointing recomputes for the batch (0 without checkpointing): what
-        hardware FLOPs (HFU) add to the model's."""
+        """FLOPs that activation checkpointing recomputes for the batch (0 without
+        checkpointing): what hardware FLOPs (HFU) add to the model's."""
         return 2 * sum(self._macs(self.recomputed, self.layout(batch), recomputed=True).values())
 
     def macs_by_role(self, batch: Any) -> dict[str, int]:
@@ -132,8 +143,9 @@ class BatchPricer:
         return self._macs(self.polynomials, self.layout(batch))
 
     def price(self, batch: Any) -> dict[str, Any]:
-        """Everything about one batch from one reading of it: ``flops_by_role``, ``flops``, ``recomputed_flops``
-        and ``tokens`` (what a per-step callback needs)."""
+        """Everything about one batch from one reading of it: ``flops_by_role``,
+        ``flops``, ``recomputed_flops`` and ``tokens`` (what a per-step callback
+        needs)."""
         shape = self.layout(batch)
         by_role = {role: 2 * macs for role, macs in self._macs(self.polynomials, shape).items()}
         recomputed = 2 * sum(self._macs(self.recomputed, shape, recomputed=True).values())
@@ -145,11 +157,13 @@ class BatchPricer:
         return self.layout(batch).tokens
 
     def layout(self, batch: Any) -> Layout:
-        """The :class:`Layout` of ``batch``, a tensor read as :attr:`sequence` says (see :func:`layout`)."""
+        """The :class:`Layout` of ``batch``, a tensor read as :attr:`sequence` says (see
+        :func:`layout`)."""
         return layout(batch, self.sequence)
 
     def _macs(self, polynomials: Mapping[str, Polynomial], shape: Layout, recomputed: bool = False) -> dict[str, int]:
-        """MACs per role of a batch: the polynomials, the attention core by the convention's terms."""
+        """MACs per role of a batch: the polynomials, the attention core by the
+        convention's terms."""
         out = _price(self._integer(polynomials), shape)
         if self.attention == EXECUTED:
             return out
@@ -174,8 +188,9 @@ class BatchPricer:
 
 @dataclass(frozen=True)
 class AttentionTerm:
-    """The attention core of one sequence, per role and mask: MACs per (query, key) pair (executed MACs of its ops
-    over ``n²``) and whether the ops are causal / windowed (:class:`flopscope.predict.attention.CoreOp`)."""
+    """The attention core of one sequence, per role and mask: MACs per (query, key) pair
+    (executed MACs of its ops over ``n²``) and whether the ops are causal / windowed
+    (:class:`flopscope.predict.attention.CoreOp`)."""
 
     role: str
     macs_per_pair: Fraction
@@ -186,9 +201,11 @@ class AttentionTerm:
 
 @dataclass(frozen=True)
 class Layout:
-    """What pricing needs of a batch: how many rows hold each token count (per-token roles run over a row's
-    tokens) and how many sequences have each length (the attention core runs per sequence); ``unpadded``: real
-    tokens per row when a padding ``attention_mask`` says so (the ``"mask"`` convention prices the core on them)."""
+    """What pricing needs of a batch: how many rows hold each token count (per-token
+    roles run over a row's tokens) and how many sequences have each length (the
+    attention core runs per sequence); ``unpadded``: real tokens per row when a
+    padding ``attention_mask`` says so (the ``"mask"`` convention prices the core on
+    them)."""
 
     rows: Counter[int]  # tokens in a row -> rows
     sequences: Counter[int]  # sequence length -> sequences
@@ -201,7 +218,8 @@ class Layout:
 
 @dataclass(frozen=True)
 class _IntegerPolynomial:
-    """A polynomial with rational coefficients as integers over one denominator (fast exact evaluation)."""
+    """A polynomial with rational coefficients as integers over one denominator (fast
+    exact evaluation)."""
 
     numerators: tuple[int, ...]
     denominator: int
@@ -228,21 +246,24 @@ class _IntegerPolynomial:
 
 
 def _price(polynomials: Mapping[str, _IntegerPolynomial], shape: Layout) -> dict[str, int]:
-    """MACs per role: per-token roles at each row's token count, the attention core per sequence."""
+    """MACs per role: per-token roles at each row's token count, the attention core per
+    sequence."""
     return {role: poly.total(shape.sequences if poly.per_sequence else shape.rows)
             for role, poly in polynomials.items()}
 
 
 @dataclass(frozen=True)
 class SequenceLayout:
-    """Where a tensor input holds its sequences: ``rank`` dimensions, the tokens at ``dim`` (counted from the end:
-    -1 for token ids ``[B, n]``, -2 for hidden states ``[B, n, d]``), the batch in the dimensions before it."""
+    """Where a tensor input holds its sequences: ``rank`` dimensions, the tokens at
+    ``dim`` (counted from the end: -1 for token ids ``[B, n]``, -2 for hidden states
+    ``[B, n, d]``), the batch in the dimensions before it."""
 
     rank: int
     dim: int
 
     def rows(self, t: torch.Tensor) -> Layout:
-        """The layout of a tensor of this rank; token ids ``[..., n]`` otherwise (an error for floats)."""
+        """The layout of a tensor of this rank; token ids ``[..., n]`` otherwise (an
+        error for floats)."""
         if t.dim() != self.rank:
             if not t.is_floating_point() and not t.is_complex():
                 return _dense(t)
@@ -254,9 +275,10 @@ class SequenceLayout:
 
 
 def sequence_layout(make_inputs: Callable[[int], Any], lengths: Sequence[int]) -> tuple[SequenceLayout, int]:
-    """Where ``make_inputs(n)`` puts its tokens, and how many sequences it holds (its batch): read from its first
-    tensor at two lengths (the first dimension that follows ``n`` is the tokens', those before it the batch). An
-    error where no dimension follows ``n``, or where one input holds sequences of several lengths."""
+    """Where ``make_inputs(n)`` puts its tokens, and how many sequences it holds (its
+    batch): read from its first tensor at two lengths (the first dimension that
+    follows ``n`` is the tokens', those before it the batch). An error where no
+    dimension follows ``n``, or where one input holds sequences of several lengths."""
     short, long = sorted(lengths)[:2]
     first = [_first_tensor(make_inputs(n), n) for n in (short, long)]
     if first[0].dim() != first[1].dim():
@@ -272,8 +294,8 @@ def sequence_layout(make_inputs: Callable[[int], Any], lengths: Sequence[int]) -
 
 
 def _first_tensor(inputs: Any, n: int) -> torch.Tensor:
-    """The tensor of ``make_inputs(n)`` that holds its tokens: ``input_ids`` (or ``inputs_embeds``) of a dict, else
-    its first tensor."""
+    """The tensor of ``make_inputs(n)`` that holds its tokens: ``input_ids`` (or
+    ``inputs_embeds``) of a dict, else its first tensor."""
     if isinstance(inputs, tuple) and len(inputs) == 2 and isinstance(inputs[0], tuple) and isinstance(inputs[1], dict):
         inputs = inputs[1] if not inputs[0] else inputs[0]
     if isinstance(inputs, Mapping):
@@ -285,9 +307,10 @@ def _first_tensor(inputs: Any, n: int) -> torch.Tensor:
 
 
 def layout(batch: Any, sequence: SequenceLayout | None = None) -> Layout:
-    """The :class:`Layout` of a batch: token ids ``[..., n]`` (padding included; a tensor read by ``sequence`` when
-    given), a dict of model inputs (``input_ids`` / ``inputs_embeds``, packed ``position_ids`` that restart inside a
-    row, or ``cu_seqlens`` offsets), or a sequence of lengths (unpadded sequences)."""
+    """The :class:`Layout` of a batch: token ids ``[..., n]`` (padding included; a
+    tensor read by ``sequence`` when given), a dict of model inputs (``input_ids`` /
+    ``inputs_embeds``, packed ``position_ids`` that restart inside a row, or
+    ``cu_seqlens`` offsets), or a sequence of lengths (unpadded sequences)."""
     if isinstance(batch, torch.Tensor):
         if sequence is not None:
             return sequence.rows(batch)
@@ -333,7 +356,8 @@ def _dense(ids: torch.Tensor) -> Layout:
 
 
 def _packed(positions: torch.Tensor) -> Layout | None:
-    """Rows whose positions restart hold several sequences (``None`` when no row restarts: a dense batch)."""
+    """Rows whose positions restart hold several sequences (``None`` when no row
+    restarts: a dense batch)."""
     restarts = positions[:, 1:] <= positions[:, :-1]
     if not bool(restarts.any()):
         return None
@@ -352,15 +376,18 @@ def flops_per_batch(model: nn.Module, make_inputs: Callable[[int], Any], *, back
                     lengths: Sequence[int] = (16, 32, 64, 128, 256), mode: str = "fake",
                     loss: Callable[[Any], torch.Tensor] | None = None, training: bool | None = None,
                     attention: str = EXECUTED, **profile_kwargs: Any) -> BatchPricer:
-    """Profile ``model(*make_inputs(n))`` (``n`` tokens in each of its sequences: a batch of several is priced per
-    sequence, the batch read from the dimensions before the one that follows ``n``) at a few ``lengths``, recover
-    each role's exact polynomial in ``n`` (:func:`flopscope.scaling`, checked at one more length than its degree
-    needs) and return a :class:`BatchPricer` that prices any batch in FLOPs without tracing again. A role whose
-    count is not a polynomial at these lengths is an error (give more lengths). ``training=True`` traces the
-    model in training mode (what activation checkpointing and dropout need; every module's flag is put back
-    after), ``None`` in the mode it is in. ``attention``: the convention of the attention core; other than
-    ``"executed"`` the model is profiled once more, at the longest length, to read each core op's MACs per pair
-    and mask (self-attention only: a core whose keys are not its queries is an error)."""
+    """Profile ``model(*make_inputs(n))`` (``n`` tokens in each of its sequences: a
+    batch of several is priced per sequence, the batch read from the dimensions
+    before the one that follows ``n``) at a few ``lengths``, recover each role's
+    exact polynomial in ``n`` (:func:`flopscope.scaling`, checked at one more length
+    than its degree needs) and return a :class:`BatchPricer` that prices any batch in
+    FLOPs without tracing again. A role whose count is not a polynomial at these
+    lengths is an error (give more lengths). ``training=True`` traces the model in
+    training mode (what activation checkpointing and dropout need; every module's
+    flag is put back after), ``None`` in the mode it is in. ``attention``: the
+    convention of the attention core; other than ``"executed"`` the model is profiled
+    once more, at the longest length, to read each core op's MACs per pair and mask
+    (self-attention only: a core whose keys are not its queries is an error)."""
     check_attention(attention)
     if len(set(lengths)) < 2:
         raise ConfigurationError(f"flops_per_batch needs at least two lengths; got {tuple(lengths)}")
@@ -394,8 +421,9 @@ def _per_sequence(poly: Polynomial, batch: int) -> Polynomial:
 def _attention_terms(model: nn.Module, make_inputs: Callable[[int], Any], n: int,
                      polynomials: Mapping[str, Polynomial | None], *, mode: str, backward: bool,
                      loss: Callable[[Any], torch.Tensor] | None, **profile_kwargs: Any) -> tuple[AttentionTerm, ...]:
-    """The attention core of one sequence of ``n`` tokens as :class:`AttentionTerm` s, checked against the
-    polynomials (every core MAC of the model's work must be in a term)."""
+    """The attention core of one sequence of ``n`` tokens as :class:`AttentionTerm` s,
+    checked against the polynomials (every core MAC of the model's work must be in a
+    term)."""
     inputs = make_inputs(n)
     options = {k: profile_kwargs.pop(k) for k in ("registry", "roles", "forward_kwargs") if k in profile_kwargs}
     profile_kwargs.pop("spec", None)
@@ -429,8 +457,9 @@ and the training callbacks."""
 
 
 def resolve_peak(peak: float | str | None, device: Any, dtype: torch.dtype) -> tuple[float | None, str]:
-    """``(peak FLOP/s or None, where it came from)`` of a :class:`Throughput` ``peak`` argument: a number as given
-    (``> 0``), ``"auto"`` looked up for ``device`` and ``dtype``, ``None`` unknown (no MFU)."""
+    """``(peak FLOP/s or None, where it came from)`` of a :class:`Throughput` ``peak``
+    argument: a number as given (``> 0``), ``"auto"`` looked up for ``device`` and
+    ``dtype``, ``None`` unknown (no MFU)."""
     if peak is None:
         return None, "unknown (peak=None): MFU and HFU are not computed; pass the dense datasheet FLOP/s, or 'auto'"
     if isinstance(peak, str):
@@ -449,7 +478,8 @@ def resolve_peak(peak: float | str | None, device: Any, dtype: torch.dtype) -> t
 
 
 def _is_cpu(device: Any) -> bool:
-    """``device`` means this CPU (as :func:`flopscope.peaks.peak_flops` resolves it: ``None`` without CUDA)."""
+    """``device`` means this CPU (as :func:`flopscope.peaks.peak_flops` resolves it:
+    ``None`` without CUDA)."""
     if device is None:
         return not torch.cuda.is_available()
     try:
@@ -461,13 +491,15 @@ def _is_cpu(device: Any) -> bool:
 class Throughput:
     """FLOP/s, MFU, tokens/s and FLOPs per role of a plain PyTorch training loop.
 
-    ``flops``: a :class:`BatchPricer` (prices each batch) or a fixed number of FLOPs per batch. ``peak``: the
-    denominator of MFU, the device's dense peak FLOP/s: a number (the datasheet figure); ``"auto"`` (default) looks
-    it up (:func:`flopscope.peaks.peak_flops` of ``device`` and ``dtype``: a known GPU's datasheet figure, this
-    CPU's measured GEMM peak; an unknown device gives ``None`` and one warning); ``None``: unknown, so MFU and HFU
-    are not computed (``None``, and :attr:`peak_source` says why). ``recompute_flops``: FLOPs recomputed per batch
-    by activation checkpointing when ``flops`` is a number (a :class:`BatchPricer` prices them itself): hardware
-    FLOPs, which HFU counts and MFU does not."""
+    ``flops``: a :class:`BatchPricer` (prices each batch) or a fixed number of FLOPs per
+    batch. ``peak``: the denominator of MFU, the device's dense peak FLOP/s: a number
+    (the datasheet figure); ``"auto"`` (default) looks it up
+    (:func:`flopscope.peaks.peak_flops` of ``device`` and ``dtype``: a known GPU's
+    datasheet figure, this CPU's measured GEMM peak; an unknown device gives ``None``
+    and one warning); ``None``: unknown, so MFU and HFU are not computed (``None``, and
+    :attr:`peak_source` says why). ``recompute_flops``: FLOPs recomputed per batch by
+    activation checkpointing when ``flops`` is a number (a :class:`BatchPricer` prices
+    them itself): hardware FLOPs, which HFU counts and MFU does not."""
 
     def __init__(self, flops: BatchPricer | int, *, peak: float | str | None = AUTO, device: Any = None,
                  dtype: torch.dtype = torch.float32, recompute_flops: int = 0) -> None:
@@ -486,17 +518,19 @@ class Throughput:
         self.flops_by_role: Counter[str] = Counter()
 
     def fresh(self) -> Throughput:
-        """A meter with the same pricing and peak and no steps yet (for a window of steps, such as a log
-        interval)."""
+        """A meter with the same pricing and peak and no steps yet (for a window of
+        steps, such as a log interval)."""
         meter = copy.copy(self)
         meter._zero()
         return meter
 
     def update(self, batch: Any, seconds: float) -> dict[str, Any]:
-        """Account one step that took ``seconds`` (wall time) on ``batch``; returns this step's metrics:
-        ``flops`` (model FLOPs), ``flops_per_sec``, ``mfu`` and ``hfu`` (``None`` without a peak), ``peak`` (the
-        denominator) and ``peak_source`` (where it came from, or why there is none), ``recomputed_flops``,
-        ``tokens``, ``tokens_per_sec``, ``seconds`` and ``flops_by_role`` (when priced by a :class:`BatchPricer`)."""
+        """Account one step that took ``seconds`` (wall time) on ``batch``; returns this
+        step's metrics: ``flops`` (model FLOPs), ``flops_per_sec``, ``mfu`` and
+        ``hfu`` (``None`` without a peak), ``peak`` (the denominator) and
+        ``peak_source`` (where it came from, or why there is none),
+        ``recomputed_flops``, ``tokens``, ``tokens_per_sec``, ``seconds`` and
+        ``flops_by_role`` (when priced by a :class:`BatchPricer`)."""
         if not isinstance(self.flops, BatchPricer):
             return self.record(int(self.flops), seconds, recomputed=self.recompute_flops)
         priced = self.flops.price(batch)
@@ -505,8 +539,9 @@ class Throughput:
 
     def record(self, flops: int, seconds: float, *, recomputed: int = 0, tokens: int = 0,
                flops_by_role: Mapping[str, int] | None = None) -> dict[str, Any]:
-        """Account one step already priced (``flops`` model FLOPs, ``recomputed`` FLOPs of activation
-        checkpointing, ``tokens``) that took ``seconds``; returns the metrics of :meth:`update`."""
+        """Account one step already priced (``flops`` model FLOPs, ``recomputed`` FLOPs
+        of activation checkpointing, ``tokens``) that took ``seconds``; returns the
+        metrics of :meth:`update`."""
         if not seconds > 0:
             raise ConfigurationError(f"a step's time must be > 0 seconds; got {seconds}")
         self.steps += 1
@@ -518,14 +553,16 @@ class Throughput:
         return {**self._rates(flops, recomputed, tokens, seconds), "flops_by_role": dict(flops_by_role or {})}
 
     def summary(self) -> dict[str, Any]:
-        """Totals and rates over every step so far (the keys of :meth:`update`, and ``steps``)."""
+        """Totals and rates over every step so far (the keys of :meth:`update`, and
+        ``steps``)."""
         if not self.steps:
             raise FlopscopeError("no step was recorded yet (call update() after each step)")
         return {**self._rates(self.model_flops, self.recomputed_flops, self.tokens, self.seconds),
                 "flops_by_role": dict(self.flops_by_role), "steps": self.steps}
 
     def _rates(self, flops: int, recomputed: int, tokens: int, seconds: float) -> dict[str, Any]:
-        """MFU counts the model's FLOPs, HFU also the recomputed ones; both ``None`` without a peak."""
+        """MFU counts the model's FLOPs, HFU also the recomputed ones; both ``None``
+        without a peak."""
         return {"flops": flops, "flops_per_sec": flops / seconds, "peak": self.peak, "peak_source": self.peak_source,
                 "mfu": flops / seconds / self.peak if self.peak else None,
                 "hfu": (flops + recomputed) / seconds / self.peak if self.peak else None,

@@ -173,9 +173,10 @@ class CallReplayer:
 
     @contextmanager
     def wrapping(self, modules: Mapping[str, nn.Module], *, blocks_only: bool = False) -> Iterator[CallReplayer]:
-        """For the block, each module's ``forward`` replays calls whose key has a template (a wrapper set on the
-        instance, removed afterwards; a module with an instance-level ``forward`` already is not wrapped).
-        ``blocks_only``: only the blocks of the lists inside them (a model called once: its layers)."""
+        """For the block, each module's ``forward`` replays calls whose key has a
+        template (a wrapper set on the instance, removed afterwards; a module with an
+        instance-level ``forward`` already is not wrapped). ``blocks_only``: only the
+        blocks of the lists inside them (a model called once: its layers)."""
         with ExitStack() as stack:
             self._roots.extend(modules.values())
             for path, module in modules.items():
@@ -199,8 +200,9 @@ class CallReplayer:
             yield self
 
     def notes(self, refusals: bool = True) -> list[str]:
-        """One line per module whose calls were replayed, and per list of blocks none of whose calls was, the first
-        reason (:attr:`missed`); ``refusals``: also one line per reason a call was refused."""
+        """One line per module whose calls were replayed, and per list of blocks none of
+        whose calls was, the first reason (:attr:`missed`); ``refusals``: also one
+        line per reason a call was refused."""
         lines = []
         for path in sorted(set(self.replayed) | set(self.captured) | set(self.refused)):
             replayed, captured = self.replayed[path], self.captured[path]
@@ -226,8 +228,9 @@ class CallReplayer:
 
     def _wrapped(self, path: str, module: nn.Module, forward: Callable[..., Any], label: str,
                  structural: bool) -> Callable[..., Any]:
-        """``module.forward`` replaying where it can; ``label`` names its calls in the notes (a block's: its list);
-        ``structural``: keyed by the module's structure, not its identity (a block of a list)."""
+        """``module.forward`` replaying where it can; ``label`` names its calls in the
+        notes (a block's: its list); ``structural``: keyed by the module's structure,
+        not its identity (a block of a list)."""
         if structural:
             self._groups.add(label)
 
@@ -317,23 +320,26 @@ class CallReplayer:
         return self._held
 
     def _found(self, key: CallKey, module: nn.Module) -> Iterator[CallTemplate | str]:
-        """The templates of ``key`` for this call of ``module`` (or why its calls are captured), the newest first:
-        those whose attributes read hold this call's values (several where their call-outs gave other sizes)."""
+        """The templates of ``key`` for this call of ``module`` (or why its calls are
+        captured), the newest first: those whose attributes read hold this call's
+        values (several where their call-outs gave other sizes)."""
         for candidate in reversed(self._templates.get(key, ())):
             if not candidate.reads or read_values(self._modules_of(module), candidate.reads) == candidate.values:
                 yield candidate.found
 
     def _keep(self, key: CallKey, candidate: Candidate) -> None:
-        """Keep ``candidate`` for ``key``; a key keeps its :data:`_KEPT` newest templates (a decoding step's grown
-        cache gives each step's call-outs new sizes: the older steps' templates are never replayed again)."""
+        """Keep ``candidate`` for ``key``; a key keeps its :data:`_KEPT` newest
+        templates (a decoding step's grown cache gives each step's call-outs new
+        sizes: the older steps' templates are never replayed again)."""
         kept = self._templates.setdefault(key, [])
         kept.append(candidate)
         if len(kept) > _KEPT:
             del kept[0]
 
     def _modules_of(self, module: nn.Module) -> dict[str, nn.Module]:
-        """``dict(module.named_modules())``, made once per call of ``module`` (the wrapper drops it at each call:
-        a forward may add submodules between two calls)."""
+        """``dict(module.named_modules())``, made once per call of ``module`` (the
+        wrapper drops it at each call: a forward may add submodules between two
+        calls)."""
         found = self._named.get(id(module))
         if found is None:
             found = self._named[id(module)] = dict(module.named_modules())
@@ -347,9 +353,10 @@ class CallReplayer:
             self.missed.setdefault(path, reason)
 
     def _missed(self, label: str, key: CallKey, module: nn.Module) -> str:
-        """Why a call of a block of the list ``label`` (its key ``key``, its module ``module``) found no template
-        of an earlier block's to replay: what its key or the attributes it reads hold otherwise than the first
-        block's, or (the same key and reads) the sizes its given objects' methods gave."""
+        """Why a call of a block of the list ``label`` (its key ``key``, its module
+        ``module``) found no template of an earlier block's to replay: what its key
+        or the attributes it reads hold otherwise than the first block's, or (the
+        same key and reads) the sizes its given objects' methods gave."""
         first = self._firsts.get(label)
         if first is not None and first != key:
             return key_difference(first, key)
@@ -365,8 +372,9 @@ class CallReplayer:
 
 
 def stand_in_refused(error: BaseException) -> bool:
-    """Whether ``error`` (or what caused it) is a function refusing an attribute's stand-in (a torch function taking
-    an ``int`` argument: ``histc(bins=self.num_experts)``): the run is made again without stand-ins."""
+    """Whether ``error`` (or what caused it) is a function refusing an attribute's
+    stand-in (a torch function taking an ``int`` argument:
+    ``histc(bins=self.num_experts)``): the run is made again without stand-ins."""
     seen: BaseException | None = error
     while seen is not None:
         if isinstance(seen, TypeError) and StandIn.__name__ in str(seen):
@@ -376,8 +384,9 @@ def stand_in_refused(error: BaseException) -> bool:
 
 
 def _blocks(modules: nn.Module) -> bool:
-    """Whether ``modules`` is a list of blocks one may be replayed from another: an ``nn.ModuleList`` of at least two
-    modules of one class that hold modules themselves (layers, resnets; not ``[Linear, Dropout]``, not a list holding
+    """Whether ``modules`` is a list of blocks one may be replayed from another: an
+    ``nn.ModuleList`` of at least two modules of one class that hold modules
+    themselves (layers, resnets; not ``[Linear, Dropout]``, not a list holding
     ``None``)."""
     return (isinstance(modules, nn.ModuleList) and len(modules) > 1 and len({type(m) for m in modules}) == 1
             and all(m is not None and next(iter(m.children()), None) is not None for m in modules))

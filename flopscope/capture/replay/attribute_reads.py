@@ -1,29 +1,36 @@
-"""Which plain attributes of its modules a call reads: what a block's records can depend on besides its arguments,
-parameters and structure (:mod:`flopscope.capture.replay` keys a block on these alone; what a call changes it finds by
-comparing the attributes before and after).
+"""Which plain attributes of its modules a call reads: what a block's records can depend
+on besides its arguments, parameters and structure (:mod:`flopscope.capture.replay`
+keys a block on these alone; what a call changes it finds by comparing the attributes
+before and after).
 
-While a block is watched (:func:`watching`), each of its modules is an instance of a subclass of its own class (made
-once per class, with the same name) whose ``__getattribute__`` notes a read of an attribute in the module's own
-``__dict__`` (``self.layer_idx``, ``self.scale``; a parameter, buffer or submodule is read through the module's
-tables, which a key holds by structure). Reading the whole ``__dict__`` (``vars(self)``) reads every attribute;
-``nn.Module``'s own ``__getattr__`` / ``__setattr__`` reading it to find a parameter or submodule does not. The class
-is put back when the block returns (also when it raises).
+While a block is watched (:func:`watching`), each of its modules is an instance of a
+subclass of its own class (made once per class, with the same name) whose
+``__getattribute__`` notes a read of an attribute in the module's own ``__dict__``
+(``self.layer_idx``, ``self.scale``; a parameter, buffer or submodule is read through
+the module's tables, which a key holds by structure). Reading the whole ``__dict__``
+(``vars(self)``) reads every attribute; ``nn.Module``'s own ``__getattr__`` /
+``__setattr__`` reading it to find a parameter or submodule does not. The class is put
+back when the block returns (also when it raises).
 
-An attribute whose value differs between the blocks of a list (a layer's own ``layer_idx``) may be **passed on**: read,
-it is an :class:`StandIn`, which stands for the number and notes a read at its first use as one (compared, hashed,
-used as an index, in arithmetic, formatted, converted); handed to a method of an object the block is given (a KV
-cache's ``update(k, v, self.layer_idx)``: :mod:`flopscope.capture.replay.given_objects`) it is no read of the
-block's, so the block's key does not hold it, and a replay hands its own block's value to that method.
+An attribute whose value differs between the blocks of a list (a layer's own
+``layer_idx``) may be **passed on**: read, it is an :class:`StandIn`, which stands for
+the number and notes a read at its first use as one (compared, hashed, used as an index,
+in arithmetic, formatted, converted); handed to a method of an object the block is given
+(a KV cache's ``update(k, v, self.layer_idx)``:
+:mod:`flopscope.capture.replay.given_objects`) it is no read of the block's, so the
+block's key does not hold it, and a replay hands its own block's value to that method.
 
-Only modules no one else runs may be watched (another thread would see their class change): the fake run's shadow
-of a model (:func:`flopscope.capture.fake.shadow_of`), or the user's modules in a fake ``profiler`` block or pipeline
-count, whose parameters are swapped for fake ones for its duration (other threads must not run them meanwhile:
-``docs/conventions.md``); never the user's modules in a real run.
-The swap keeps ``isinstance``, the class's name and its methods; only an identity test of the class itself
-(``type(self) is Cls``) sees the subclass: torch's modules, transformers' models and caches and diffusers' models make
-none (searched in their sources, torch 2.13, transformers 5.24, diffusers 0.42). A stand-in a call leaves where it
-can see (the lists, dicts and objects it was given, its modules' attributes, its outputs) is the number again when
-the call returns (:func:`settle`).
+Only modules no one else runs may be watched (another thread would see their class
+change): the fake run's shadow of a model (:func:`flopscope.capture.fake.shadow_of`), or
+the user's modules in a fake ``profiler`` block or pipeline count, whose parameters are
+swapped for fake ones for its duration (other threads must not run them meanwhile:
+``docs/conventions.md``); never the user's modules in a real run. The swap keeps
+``isinstance``, the class's name and its methods; only an identity test of the class
+itself (``type(self) is Cls``) sees the subclass: torch's modules, transformers' models
+and caches and diffusers' models make none (searched in their sources, torch 2.13,
+transformers 5.24, diffusers 0.42). A stand-in a call leaves where it can see (the
+lists, dicts and objects it was given, its modules' attributes, its outputs) is the
+number again when the call returns (:func:`settle`).
 """
 
 from __future__ import annotations
@@ -67,8 +74,9 @@ class _Watch:
 
 
 class StandIn:
-    """An int attribute of a watched module as a read gives it (:func:`watching`'s ``passed``): it behaves as the
-    number, and its first use as one notes the read in ``logs``; :func:`value_of` is the number without a use."""
+    """An int attribute of a watched module as a read gives it (:func:`watching`'s
+    ``passed``): it behaves as the number, and its first use as one notes the read in
+    ``logs``; :func:`value_of` is the number without a use."""
 
     __slots__ = ("_reads", "_value")
 
@@ -115,16 +123,19 @@ def value_of(value: Any) -> Any:
 
 
 def settle(root: Any, depth: int = 6) -> Any:
-    """``root`` with every :class:`StandIn` it holds replaced by its number: in lists, dicts (keys too), sets and deques
-    in place, in tuples and frozensets by a new one put where the old one was, in the ``__dict__`` of plain objects;
-    ``depth`` levels. Returns ``root`` itself (changed in place), or what stands for it where it cannot change (a
-    stand-in, a tuple). A stand-in never outlives the call that read it (a block may put its index in a list or on an
-    object it is given, or return it; that call is no template, and what it left is the number a run leaves)."""
+    """``root`` with every :class:`StandIn` it holds replaced by its number: in lists,
+    dicts (keys too), sets and deques in place, in tuples and frozensets by a new one
+    put where the old one was, in the ``__dict__`` of plain objects; ``depth``
+    levels. Returns ``root`` itself (changed in place), or what stands for it where
+    it cannot change (a stand-in, a tuple). A stand-in never outlives the call that
+    read it (a block may put its index in a list or on an object it is given, or
+    return it; that call is no template, and what it left is the number a run
+    leaves)."""
     seen: dict[int, Any] = {}
 
     def settled(value: Any, level: int) -> Any:
-        """``value`` with its stand-ins replaced: itself (changed in place where it holds any), or a new tuple or
-        frozenset."""
+        """``value`` with its stand-ins replaced: itself (changed in place where it
+        holds any), or a new tuple or frozenset."""
         kind = type(value)
         if kind is StandIn:
             return value._value
@@ -193,19 +204,20 @@ def watching_subclass(cls: type, kind: str, make: Callable[[type], dict[str, Any
 
 
 def is_watching(cls: type) -> bool:
-    """Whether ``cls`` is a watching subclass (its instances are watched now, by a block around this one)."""
+    """Whether ``cls`` is a watching subclass (its instances are watched now, by a block
+    around this one)."""
     return cls in _WATCHING
 
 
 def own_attributes(module: nn.Module) -> dict[str, Any]:
-    """The attributes of ``module`` a read is noted of: its own ``__dict__`` but the tables every module has (and a
-    ``forward`` set on the instance)."""
+    """The attributes of ``module`` a read is noted of: its own ``__dict__`` but the
+    tables every module has (and a ``forward`` set on the instance)."""
     return {k: v for k, v in vars(module).items() if k not in _MODULE_INTERNALS and k != "forward"}
 
 
 def note(module: nn.Module, name: str) -> None:
-    """Note a read of ``module``'s attribute ``name`` in every watch it is in (a replayed block's reads, for the block
-    watched around it)."""
+    """Note a read of ``module``'s attribute ``name`` in every watch it is in (a
+    replayed block's reads, for the block watched around it)."""
     for watch in _WATCHES.get(id(module), ()):
         watch.log.reads.add((watch.name, name))
 
@@ -247,7 +259,8 @@ def watching(modules: Mapping[str, nn.Module], passed: Mapping[str, frozenset[st
 
 
 def _reading(cls: type) -> dict[str, Any]:
-    """The methods of the subclass of ``cls`` whose instances note reads of their own attributes."""
+    """The methods of the subclass of ``cls`` whose instances note reads of their own
+    attributes."""
     get: Any = cls.__getattribute__  # (unbound: the class's own, called with the instance)
 
     def __getattribute__(self: Any, name: str) -> Any:  # noqa: N807

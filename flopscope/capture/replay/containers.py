@@ -31,8 +31,9 @@ def contents(container: list[Any] | dict[Any, Any]) -> Contents:
 
 
 def lists_and_dicts(value: Any) -> tuple[list[list[Any] | dict[Any, Any]], tuple[int, ...]]:
-    """The lists and dicts inside ``value`` (through tuples, lists and dicts), each once, in the order first met; and
-    for each one met, its position among them (two arguments may be one list: a replay changes it once)."""
+    """The lists and dicts inside ``value`` (through tuples, lists and dicts), each
+    once, in the order first met; and for each one met, its position among them (two
+    arguments may be one list: a replay changes it once)."""
     found: list[list[Any] | dict[Any, Any]] = []
     at: dict[int, int] = {}
     met: list[int] = []
@@ -57,11 +58,13 @@ def lists_and_dicts(value: Any) -> tuple[list[list[Any] | dict[Any, Any]], tuple
 
 @dataclass(frozen=True)
 class Change:
-    """A list or dict a call was given and changed, as a replay changes it: ``container`` its position among the
-    arguments' lists and dicts (:func:`lists_and_dicts`), ``keys`` a dict's keys after the call (``None``: a list),
-    ``items`` its values after the call, each where a replay finds it: ``("was", j)`` the j-th value it held before
-    the call, ``("input", i)`` the i-th tensor argument, ``("made", k)`` the k-th tensor the call made and left in
-    a list or dict (remade as outputs are), ``("plain", value)`` a plain value."""
+    """A list or dict a call was given and changed, as a replay changes it:
+    ``container`` its position among the arguments' lists and dicts
+    (:func:`lists_and_dicts`), ``keys`` a dict's keys after the call (``None``: a
+    list), ``items`` its values after the call, each where a replay finds it:
+    ``("was", j)`` the j-th value it held before the call, ``("input", i)`` the i-th
+    tensor argument, ``("made", k)`` the k-th tensor the call made and left in a list
+    or dict (remade as outputs are), ``("plain", value)`` a plain value."""
 
     container: int
     keys: tuple[Any, ...] | None
@@ -80,9 +83,11 @@ class Change:
 
 def changes(found: list[list[Any] | dict[Any, Any]], held: list[Contents], tensors: list[torch.Tensor],
             window: Window) -> tuple[tuple[Change, ...], list[torch.Tensor]]:
-    """How a call changed the lists and dicts it was given (``found``; ``held``: what they held before it), and the
-    tensors it made and left in them; raises :class:`~._refusals.Refused` for a change a replay could not make the
-    same (a new list or object put in one, a tensor it did not make, a dict key that is no plain value)."""
+    """How a call changed the lists and dicts it was given (``found``; ``held``: what
+    they held before it), and the tensors it made and left in them; raises
+    :class:`~._refusals.Refused` for a change a replay could not make the same (a new
+    list or object put in one, a tensor it did not make, a dict key that is no plain
+    value)."""
     inputs = {id(t): i for i, t in enumerate(tensors)}
     made: list[torch.Tensor] = []
     made_at: dict[int, int] = {}

@@ -40,10 +40,11 @@ Modules = Callable[[], Mapping[str, nn.Module]]
 def replay(template: CallTemplate, recorder: Recorder, tracker: ModuleTracker, path: str, module: nn.Module,
            given: tuple[tuple[Any, ...], dict[str, Any]], tensors: list[torch.Tensor], objects: list[Any],
            modules: Modules) -> Any:
-    """Copy the template's records into this call of ``module`` (at ``path``: the template's module, or another
-    of the same structure, whose parameters and module paths its copies take) given ``(args, kwargs)``, calling
-    its call-outs again on this call's ``objects`` where they fall; change the lists and dicts it was given as
-    the template's call did; return its outputs, made anew."""
+    """Copy the template's records into this call of ``module`` (at ``path``: the
+    template's module, or another of the same structure, whose parameters and module
+    paths its copies take) given ``(args, kwargs)``, calling its call-outs again on
+    this call's ``objects`` where they fall; change the lists and dicts it was given
+    as the template's call did; return its outputs, made anew."""
     mapped = _copy_records(template, recorder, tracker, path, module, tensors, objects, modules)
     template.counts.add_to(recorder)
     recorder.largest_out = max(recorder.largest_out, template.largest_out)
@@ -233,9 +234,10 @@ def callouts_agree(template: CallTemplate, objects: list[Any], recorder: Recorde
 def _call_out(callout: CallOut, obj: Any, recorder: Recorder, tracker: ModuleTracker, modules: Modules,
               frames: tuple[ModuleCall, ...], mapped: dict[int, CapturedOp],
               new: Callable[[CapturedOp], CapturedOp]) -> None:
-    """Call ``callout``'s method again on ``obj`` in a replay (in the module calls ``frames``): its tensor arguments
-    made anew with the replay's records, its attribute arguments this block's (``modules``); its outputs' records
-    are then the replay's (``mapped``)."""
+    """Call ``callout``'s method again on ``obj`` in a replay (in the module calls
+    ``frames``): its tensor arguments made anew with the replay's records, its
+    attribute arguments this block's (``modules``); its outputs' records are then the
+    replay's (``mapped``)."""
     made: dict[int, torch.Tensor] = {}
 
     def tensor(record: CapturedOp, meta: given_objects.Meta) -> torch.Tensor:
@@ -262,9 +264,9 @@ def _call_out(callout: CallOut, obj: Any, recorder: Recorder, tracker: ModuleTra
 def _callout_arguments(callout: CallOut, modules: Mapping[str, nn.Module],
                        tensor: Callable[[CapturedOp, given_objects.Meta], torch.Tensor]
                        ) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    """``callout``'s ``(args, kwargs)`` in a call of a block whose modules are ``modules``: a tensor argument as
-    ``tensor(record, meta)`` gives it, an attribute argument as that block's module holds it, a plain value as it
-    was."""
+    """``callout``'s ``(args, kwargs)`` in a call of a block whose modules are
+    ``modules``: a tensor argument as ``tensor(record, meta)`` gives it, an attribute
+    argument as that block's module holds it, a plain value as it was."""
     values = []
     for kind, *rest in callout.leaves:
         if kind == "index":
@@ -279,8 +281,9 @@ def _callout_arguments(callout: CallOut, modules: Mapping[str, nn.Module],
 
 
 def _dense(t: torch.Tensor) -> bool:
-    """Whether ``t``'s elements fill its storage without gaps or overlaps in some order of its dims (a transpose of a
-    contiguous tensor is; an expanded or sliced one is not): a clone keeps its strides."""
+    """Whether ``t``'s elements fill its storage without gaps or overlaps in some order
+    of its dims (a transpose of a contiguous tensor is; an expanded or sliced one is
+    not): a clone keeps its strides."""
     expected = 1
     for stride, size in sorted((st, sz) for sz, st in zip(t.shape, t.stride(), strict=True) if sz != 1):
         if stride != expected:
@@ -290,12 +293,14 @@ def _dense(t: torch.Tensor) -> bool:
 
 
 def _empty(meta: given_objects.Meta) -> torch.Tensor:
-    """A tensor of ``meta``'s sizes, strides, dtype, device and ``requires_grad`` (fake, or meta: nothing allocated)."""
+    """A tensor of ``meta``'s sizes, strides, dtype, device and ``requires_grad`` (fake,
+    or meta: nothing allocated)."""
     return empty_tensor(*meta)
 
 
 def renaming(old: str, new: str) -> Callable[[str], str]:
-    """The module path ``p`` under ``old`` as the same path under ``new`` (paths outside ``old`` unchanged)."""
+    """The module path ``p`` under ``old`` as the same path under ``new`` (paths outside
+    ``old`` unchanged)."""
     if old == new:
         return lambda p: p
     prefix = old + "."

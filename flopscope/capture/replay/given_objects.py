@@ -1,16 +1,18 @@
-"""Objects a block is given (a Hugging Face KV cache): which of their methods the block calls, for a replay to call
-again.
+"""Objects a block is given (a Hugging Face KV cache): which of their methods the block
+calls, for a replay to call again.
 
-While a block's first call of a key runs (:mod:`flopscope.capture.replay`), each object among its arguments that is no
-tensor, plain value or container (a ``transformers`` ``Cache``) is watched: its class is swapped for a subclass (made
-once per class, with the same name) whose attribute reads give its methods wrapped, and note any other read (the
-object's state: what the block records may depend on it, so the call is no template). A call of a method from the
-block is a :class:`CallOut`, recorded with
+While a block's first call of a key runs (:mod:`flopscope.capture.replay`), each object
+among its arguments that is no tensor, plain value or container (a ``transformers``
+``Cache``) is watched: its class is swapped for a subclass (made once per class, with
+the same name) whose attribute reads give its methods wrapped, and note any other read
+(the object's state: what the block records may depend on it, so the call is no
+template). A call of a method from the block is a :class:`CallOut`, recorded with
 
 - its arguments: a tensor as its record and its sizes, strides, dtype, device and ``requires_grad``; an
   :class:`~flopscope.capture.replay.attribute_reads.StandIn` (a layer's own ``layer_idx``) as the attribute it
   stands for, not as a read of it; a plain value as it is (anything else: the call is no template);
-- the records it made (their positions in the capture), which a replay makes again by calling the method;
+- the records it made (their positions in the capture), which a replay makes again by
+  calling the method;
 - its outputs: tensors it made, or plain values.
 
 Inside the method nothing is watched: the object's own code reads its state as it likes. A replay calls each method
@@ -67,11 +69,14 @@ def meta_of(t: torch.Tensor) -> Meta:
 
 @dataclass
 class CallOut:
-    """One call of a method of a given object from a block: ``at`` the object's position among the block's given
-    objects; ``leaves`` and ``spec`` its ``(args, kwargs)``: ``("record", record, meta)``, ``("index", (module name,
-    attribute))`` or ``("plain", value)``; ``start``/``end`` the positions of the records it made in the recorder's
-    ops; ``stack`` the module calls running; ``outputs`` and ``output_spec`` what it returned: ``("record", record,
-    meta)`` or ``("plain", value)``; ``tallies`` the recorder's tallies before and after it (what the call added)."""
+    """One call of a method of a given object from a block: ``at`` the object's position
+    among the block's given objects; ``leaves`` and ``spec`` its ``(args, kwargs)``:
+    ``("record", record, meta)``, ``("index", (module name, attribute))`` or
+    ``("plain", value)``; ``start``/``end`` the positions of the records it made in
+    the recorder's ops; ``stack`` the module calls running; ``outputs`` and
+    ``output_spec`` what it returned: ``("record", record, meta)`` or ``("plain",
+    value)``; ``tallies`` the recorder's tallies before and after it (what the call
+    added)."""
 
     at: int
     method: str
@@ -87,9 +92,10 @@ class CallOut:
 
 @dataclass
 class ObjectLog:
-    """What a watched call did with the objects it was given: ``calls`` its call-outs, in order; ``problems`` why it
-    can be no template (a read of an object's state, an argument or output a replay could not give again: the
-    words of refusals in :data:`~._refusals.REFUSALS`)."""
+    """What a watched call did with the objects it was given: ``calls`` its call-outs,
+    in order; ``problems`` why it can be no template (a read of an object's state, an
+    argument or output a replay could not give again: the words of refusals in
+    :data:`~._refusals.REFUSALS`)."""
 
     calls: list[CallOut] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
@@ -112,8 +118,9 @@ _LOCK = threading.Lock()
 
 
 def can_watch(obj: Any) -> bool:
-    """Whether ``obj`` may be a given object: an instance of a plain Python class (not a tensor, module, function,
-    class or container), not watched already (by a block around this one). Decided once per class."""
+    """Whether ``obj`` may be a given object: an instance of a plain Python class (not a
+    tensor, module, function, class or container), not watched already (by a block
+    around this one). Decided once per class."""
     kind = type(obj)
     found = _WATCHABLE.get(kind)
     if found is None:
@@ -156,11 +163,13 @@ def watching(objects: Sequence[Any], block: Log, recorder: Recorder, tracker: Mo
 
 
 def _copied_as(kind: type, value: Any) -> str:
-    """How :func:`detached` copies an instance of ``kind`` (``value``): ``"dict"``, ``"sequence"`` (a list or a
-    deque), ``"set"``, ``"tuple"`` (a tuple or a named tuple: made anew), any of their subclasses included; for a
-    plain object, ``"plain"`` where its class changes nothing of how it is copied (a new instance, its ``__dict__``
-    copied, as ``copy.copy`` would make it), else ``"object"`` (``copy.copy``); ``""``, nothing to copy (a tensor, a
-    number, a string, a module, a function, a class)."""
+    """How :func:`detached` copies an instance of ``kind`` (``value``): ``"dict"``,
+    ``"sequence"`` (a list or a deque), ``"set"``, ``"tuple"`` (a tuple or a named
+    tuple: made anew), any of their subclasses included; for a plain object,
+    ``"plain"`` where its class changes nothing of how it is copied (a new instance,
+    its ``__dict__`` copied, as ``copy.copy`` would make it), else ``"object"``
+    (``copy.copy``); ``""``, nothing to copy (a tensor, a number, a string, a module,
+    a function, a class)."""
     if issubclass(kind, dict):
         return "dict"
     if issubclass(kind, (list, collections.deque)):
@@ -191,9 +200,11 @@ _COPIES: weakref.WeakKeyDictionary[type, str] = weakref.WeakKeyDictionary()
 
 
 def held_objects(modules: Iterable[nn.Module], depth: int = 6) -> set[int]:
-    """``id()`` of the objects that could be given objects (:func:`can_watch`) which ``modules`` hold: in their own
-    attributes, the lists, tuples and dicts there, and those objects' own attributes, ``depth`` levels (a config and
-    its sub-configs, a cache a model keeps). They are the user's (a fake run's shadow shares them): never watched."""
+    """``id()`` of the objects that could be given objects (:func:`can_watch`) which
+    ``modules`` hold: in their own attributes, the lists, tuples and dicts there, and
+    those objects' own attributes, ``depth`` levels (a config and its sub-configs, a
+    cache a model keeps). They are the user's (a fake run's shadow shares them):
+    never watched."""
     found: set[int] = set()
     seen: set[int] = set()
 
@@ -291,7 +302,8 @@ def detached(obj: Any, depth: int = 6) -> Any:
 
 
 def _calling_methods(cls: type) -> dict[str, Any]:
-    """The methods of the subclass of ``cls`` whose instances record calls of their methods from a watched block."""
+    """The methods of the subclass of ``cls`` whose instances record calls of their
+    methods from a watched block."""
     get: Any = cls.__getattribute__
 
     def __getattribute__(self: Any, name: str) -> Any:  # noqa: N807

@@ -161,7 +161,8 @@ def state_of(module: nn.Module, ours: Collection[int] = (), structural: bool = F
 
 
 def key_difference(first: CallKey, key: CallKey) -> str:
-    """What the key of a block's call holds otherwise than ``first``, its list's first block call's, in words."""
+    """What the key of a block's call holds otherwise than ``first``, its list's first
+    block call's, in words."""
     if first[0] != key[0]:
         return OTHER_CLASSES.say()
     if first[1] != key[1] or len(first[2]) != len(key[2]):
@@ -188,16 +189,17 @@ def key_difference(first: CallKey, key: CallKey) -> str:
 
 
 def attribute_values(modules: Mapping[str, nn.Module]) -> dict[tuple[str, str], Any]:
-    """The plain attributes of ``modules`` (name -> module) as a key holds them (:func:`_held_alike`)."""
+    """The plain attributes of ``modules`` (name -> module) as a key holds them
+    (:func:`_held_alike`)."""
     return {(name, key): _held_alike(value) for name, m in modules.items()
             for key, value in own_attributes(m).items()}
 
 
 def read_values(modules: Mapping[str, nn.Module], reads: tuple[tuple[str, str], ...],
                 values: Mapping[tuple[str, str], Any] | None = None) -> tuple[Any, ...]:
-    """The values of the attributes ``reads`` of a block's ``modules`` (name -> module), as a key holds them
-    (``values``: those of :func:`attribute_values`, else read now); a read of a module's whole ``__dict__`` holds
-    all its attributes."""
+    """The values of the attributes ``reads`` of a block's ``modules`` (name -> module),
+    as a key holds them (``values``: those of :func:`attribute_values`, else read
+    now); a read of a module's whole ``__dict__`` holds all its attributes."""
     if values is None:
         values = attribute_values({name: m for name, m in modules.items() if any(name == read for read, _ in reads)})
     found: list[Any] = []
@@ -210,12 +212,14 @@ def read_values(modules: Mapping[str, nn.Module], reads: tuple[tuple[str, str], 
 
 
 def _held_alike(value: Any, depth: int = 0) -> Any:
-    """As :func:`_held`, but an object other than a plain value, a container, a tensor, a function or a class by its
-    class and its plain attributes (an attention processor of each block: equal where they hold the same settings),
-    a module that is no submodule as :func:`_module_alike` holds it, and the items of a list, tuple or dict alike too
-    (a dict of such modules: each attention module's own wrappers of kernels' functions, ``_kernel_funcs``); a tensor
-    that is no parameter by identity (what it holds is not known). ``depth``: how deep inside an attribute ``value``
-    is (beyond :data:`_MAX_DEPTH`, by identity: an object may hold itself)."""
+    """As :func:`_held`, but an object other than a plain value, a container, a tensor,
+    a function or a class by its class and its plain attributes (an attention
+    processor of each block: equal where they hold the same settings), a module that
+    is no submodule as :func:`_module_alike` holds it, and the items of a list, tuple
+    or dict alike too (a dict of such modules: each attention module's own wrappers
+    of kernels' functions, ``_kernel_funcs``); a tensor that is no parameter by
+    identity (what it holds is not known). ``depth``: how deep inside an attribute
+    ``value`` is (beyond :data:`_MAX_DEPTH`, by identity: an object may hold itself)."""
     if isinstance(value, PLAIN) or depth > _MAX_DEPTH:
         return _held(value)
     if isinstance(value, (tuple, list)) and len(value) <= _MAX_PLAIN_ITEMS:
@@ -235,12 +239,14 @@ def _held_alike(value: Any, depth: int = 0) -> Any:
 
 
 def _module_alike(module: nn.Module, depth: int) -> Any:
-    """A module held as a plain attribute of a block's module, not as its submodule (kernels' ``use_kernelized_func``
-    gives each attention module its own ``nn.Module`` wrapping a function such as ``apply_rotary_pos_emb``, in a
-    dict): by its modules' classes, modes and plain attributes (alike) where none of them holds a parameter or a
-    buffer, a hook or a ``forward`` of its own: what its calls record is then decided by its code and its arguments,
-    as a block's own submodule's is. Else by identity (a parameter it holds is not the block's, so a replay into
-    another block could not take that block's)."""
+    """A module held as a plain attribute of a block's module, not as its submodule
+    (kernels' ``use_kernelized_func`` gives each attention module its own
+    ``nn.Module`` wrapping a function such as ``apply_rotary_pos_emb``, in a dict):
+    by its modules' classes, modes and plain attributes (alike) where none of them
+    holds a parameter or a buffer, a hook or a ``forward`` of its own: what its calls
+    record is then decided by its code and its arguments, as a block's own
+    submodule's is. Else by identity (a parameter it holds is not the block's, so a
+    replay into another block could not take that block's)."""
     found: list[Any] = []
     for name, m in module.named_modules():
         own = vars(m)
@@ -252,7 +258,8 @@ def _module_alike(module: nn.Module, depth: int) -> Any:
 
 
 def _held(value: Any) -> Any:
-    """``value`` as a key holds it: plain values and short containers of them by value, anything else by identity."""
+    """``value`` as a key holds it: plain values and short containers of them by value,
+    anything else by identity."""
     if isinstance(value, PLAIN):
         return value
     if isinstance(value, (tuple, list)) and len(value) <= _MAX_PLAIN_ITEMS:

@@ -55,7 +55,8 @@ from .key import ABSENT, PLAIN, attribute_values, read_values
 
 @dataclass(frozen=True)
 class Argument:
-    """An output that is the call's tensor argument at ``position`` (among its tensor arguments), handed back."""
+    """An output that is the call's tensor argument at ``position`` (among its tensor
+    arguments), handed back."""
 
     position: int
 
@@ -101,11 +102,12 @@ _REST = _REST[:_REST.index("index")]
 
 @dataclass(frozen=True, slots=True)
 class _Copy:
-    """One record of a template: ``records_at`` the positions in its ``args`` that hold records a replay maps (made
-    in the call, or an input's; a parameter's leaf is the same in every call), or lists, tuples or dicts holding
-    some, ``None`` for the leaf of an input (mapped to the replayed call's, not copied);
-    ``kwargs_records``: its ``kwargs`` hold records; ``stack_at``: its module stack's position among the template's;
-    ``rest`` its fields after ``module_stack``, as a copy takes them."""
+    """One record of a template: ``records_at`` the positions in its ``args`` that hold
+    records a replay maps (made in the call, or an input's; a parameter's leaf is the
+    same in every call), or lists, tuples or dicts holding some, ``None`` for the
+    leaf of an input (mapped to the replayed call's, not copied); ``kwargs_records``:
+    its ``kwargs`` hold records; ``stack_at``: its module stack's position among the
+    template's; ``rest`` its fields after ``module_stack``, as a copy takes them."""
 
     op: CapturedOp
     records_at: tuple[int, ...] | None
@@ -126,7 +128,8 @@ class _Copy:
 
 @dataclass
 class CallTemplate:
-    """The records of one call of a module, ready to be copied into a later call of the same key."""
+    """The records of one call of a module, ready to be copied into a later call of the
+    same key."""
 
     # the module's path
     path: str
@@ -170,8 +173,9 @@ class CallTemplate:
 
 @dataclass(frozen=True)
 class Candidate:
-    """A template of a key (or why the key's calls are captured) for the calls whose modules' attributes ``reads``
-    hold ``values`` (all calls of the key: ``reads`` empty)."""
+    """A template of a key (or why the key's calls are captured) for the calls whose
+    modules' attributes ``reads`` hold ``values`` (all calls of the key: ``reads``
+    empty)."""
 
     reads: tuple[tuple[str, str], ...]
     values: tuple[Any, ...]
