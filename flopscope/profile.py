@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import threading
 from collections import Counter, defaultdict
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -289,14 +289,22 @@ class Profile:
             out[phase] += macs
         return dict(out)
 
-    def by_module(self) -> dict[str, int]:
+    def by_module(self, step: int | None = None) -> dict[str, int]:
         """MACs per module path, inclusive of submodules, for every module of the model (0 where none);
         ``by_module()[""] == total()``. A module called several times sums its calls; a container that is never
-        called itself (a ``ModuleList`` of layers) sums what its submodules ran."""
+        called itself (a ``ModuleList`` of layers) sums what its submodules ran. ``step``: only the ops of that
+        call of the root module (a :class:`Step`'s ``step``, 1 for the first)."""
         out = dict.fromkeys(self._module_paths, 0)
-        for _, macs, paths, _ in self._tally.counted:
-            for path in paths:
-                out[path] = out.get(path, 0) + macs
+        if step is None:
+            for _, macs, paths, _ in self._tally.counted:
+                for path in paths:
+                    out[path] = out.get(path, 0) + macs
+            return out
+        for op in self._ops:
+            stack = op.module_stack
+            if op.cost is Cost.FORMULA and stack and stack[0].path == "" and stack[0].call == step:
+                for path in enclosing((frame.path for frame in stack), self._uncalled):
+                    out[path] = out.get(path, 0) + op.macs
         return out
 
     def by_stack(self, phase: str | None = None) -> dict[tuple[str, ...], int]:
@@ -558,16 +566,17 @@ _PART_LINKED = threading.Lock()
 
 def reuse_roles(prof: Profile, template: Profile) -> bool:
     """Give ``prof`` the roles of ``template``, a profile of the same model at another input length, when both
-    ran the same ops in the same order: each op keeps its template's role fractions (a fused
-    projection splits by columns, independent of length; a fused kernel's parts are its own). For
-    sweeps (:func:`flopscope.scaling`). Returns False, changing nothing, when the op sequences differ
-    or ``prof``'s roles are already known."""
-    if prof._op_roles is not None or len(template._ops) != len(prof._ops) or any(
-            a.target != b.target or a.node_op != b.node_op for a, b in zip(template._ops, prof._ops, strict=True)):
+    ran the same ops in the same order, apart from ops of no arithmetic (a slice that a symbolic size keeps and a
+    known size drops): each op keeps its template's role fractions (a fused projection splits by columns,
+    independent of length; a fused kernel's parts are its own). For sweeps (:func:`flopscope.scaling`) and
+    symbolic traces. Returns False, changing nothing, when the op sequences differ or ``prof``'s roles are
+    already known."""
+    pairs = None if prof._op_roles is not None else _aligned(prof._ops, template._ops)
+    if pairs is None:
         return False
     theirs = template.role_assignments_by_op()
     roles: dict[CapturedOp, Assignment] = {}
-    for mine, other in zip(prof._ops, template._ops, strict=True):
+    for mine, other in pairs:
         source = theirs.get(other)
         if source is None:
             continue
@@ -576,3 +585,23 @@ def reuse_roles(prof: Profile, template: Profile) -> bool:
         roles[mine] = Assignment(parts, source.block, source.factor)
     prof._op_roles = MappingProxyType(roles)
     return True
+
+
+def _aligned(mine: Sequence[CapturedOp], theirs: Sequence[CapturedOp]) -> list[tuple[CapturedOp, CapturedOp]] | None:
+    """``mine`` and ``theirs`` paired op by op, where both ran the same ops in the same order once the ops of
+    no arithmetic (:attr:`Cost.ZERO`) that only one of them ran are passed over; ``None`` where they did not."""
+    pairs: list[tuple[CapturedOp, CapturedOp]] = []
+    i = j = 0
+    while i < len(mine) or j < len(theirs):
+        a = mine[i] if i < len(mine) else None
+        b = theirs[j] if j < len(theirs) else None
+        if a is not None and b is not None and a.target == b.target and a.node_op == b.node_op:
+            pairs.append((a, b))
+            i, j = i + 1, j + 1
+        elif a is not None and a.cost is Cost.ZERO:
+            i += 1
+        elif b is not None and b.cost is Cost.ZERO:
+            j += 1
+        else:
+            return None
+    return pairs

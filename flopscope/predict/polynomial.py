@@ -10,6 +10,8 @@ and :meth:`Profile.decode_scaling` (a generation's decode steps) build a
 
 from __future__ import annotations
 
+import functools
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -53,6 +55,17 @@ class Polynomial:
     def __str__(self) -> str:
         return self.text()
 
+    def sum_over(self, first: int, last: int) -> Fraction:
+        """``p(first) + p(first + 1) + ... + p(last)`` in closed form (Faulhaber's sums of
+        powers), 0 for an empty range; sizes, so ``first >= 0``: the cost of any number of
+        steps in one step's arithmetic."""
+        if last < first:
+            return Fraction(0)
+        if first < 0:
+            raise ValueError(f"a sum over sizes starts at 0 or above, not {first}")
+        return sum((c * (_power_sum(i, last) - _power_sum(i, first - 1))
+                    for i, c in enumerate(self.coefficients) if c), Fraction(0))
+
     def text(self, variable: str = "n") -> str:
         """``"2,048·n² + 1,048,576·n"``, in ``variable`` (``"c"`` for a context length)."""
         terms = []
@@ -64,6 +77,27 @@ class Polynomial:
             terms.append(number + ("" if power == 0 else f"·{variable}" if power == 1 else
                                    f"·{variable}{_superscript(power)}"))
         return " + ".join(terms).replace("+ -", "- ") if terms else "0"
+
+
+def _power_sum(power: int, n: int) -> Fraction:
+    """``sum(x**power for x in range(n + 1))`` for ``n >= -1`` (0 for ``n = -1``), from
+    Faulhaber's formula in exact arithmetic."""
+    if n < 0:
+        return Fraction(0)
+    total = Fraction(0)
+    for j, b in enumerate(_bernoulli(power)):  # B_j with B_1 = +1/2
+        total += Fraction(math.comb(power + 1, j)) * b * Fraction(n) ** (power + 1 - j)
+    return total / (power + 1) + (1 if power == 0 else 0)  # (x = 0 counts once for power 0)
+
+
+@functools.cache
+def _bernoulli(power: int) -> tuple[Fraction, ...]:
+    """Bernoulli numbers B_0 .. B_power, with B_1 = +1/2 (the convention of the sum from 1 to n)."""
+    numbers: list[Fraction] = []
+    for m in range(power + 1):
+        b = Fraction(1) - sum((Fraction(math.comb(m, k)) * numbers[k] / (m - k + 1) for k in range(m)), Fraction(0))
+        numbers.append(b)
+    return tuple(numbers)
 
 
 def _superscript(power: int) -> str:

@@ -20,9 +20,11 @@ the length at both is the symbol; every other size must be the same at both (els
 
 from __future__ import annotations
 
+import functools
+import math
 import traceback
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from fractions import Fraction
 from typing import TYPE_CHECKING, Any
@@ -37,6 +39,7 @@ from ..capture import CapturePlan
 from ..capture.fake import CountingFakeTensorMode, FakeConverter
 from ..capture.records import RECOMPUTE, CapturedOp
 from ..errors import RunError, SymbolicError
+from ..predict.polynomial import Polynomial
 from ..predict.reconcile import Reconciliation, TransformerSpec, reconcile
 from ..profile import Profile, reuse_roles
 
@@ -142,6 +145,39 @@ class SymbolicTrace:
                 return f"the trace holds for {bounds.lower} <= n <= {bounds.upper}, not at n = {n}{why}"
         return None
 
+    def holds(self, lengths: Sequence[int]) -> list[bool]:
+        """For each length, whether the trace stands for it: every guard (and the bounds of
+        the symbol) true there. Guards are compiled once and evaluated on all lengths
+        together; a guard on another symbol (a data-dependent size) holds only at the
+        traced length."""
+        import numpy as np
+
+        values = np.asarray(lengths, dtype=np.int64)
+        ok = np.ones(len(values), dtype=bool)
+        bounds = self.shape_env.var_to_range.get(self.symbol)
+        if bounds is not None:
+            ok &= np.array([bounds.lower <= int(n) <= bounds.upper for n in values], dtype=bool)
+        for guard in dict.fromkeys(g.expr for g in self.shape_env.guards):
+            if not guard.free_symbols <= {self.symbol}:
+                ok &= values == self.hint
+                continue
+            test = _compiled(guard, self.symbol)
+            try:
+                result = np.broadcast_to(np.asarray(test(values), dtype=bool), values.shape)
+            except (TypeError, ValueError):  # ``and``, ``max`` of arrays: one length at a time
+                result = np.array([bool(test(int(n))) for n in values], dtype=bool)
+            ok &= result
+        return ok.tolist()
+
+    def function(self, count: Count) -> SizeFunction:
+        """``count`` as an exact function of the symbol: its polynomial where it is one,
+        else its expression, evaluated length by length."""
+        coefficients = self.coefficients(count)
+        text = self.text(count)
+        if coefficients is not None:
+            return SizeFunction(text, Polynomial(coefficients), None)
+        return SizeFunction(text, None, _compiled(self.expression(count), self.symbol))
+
     def conditions(self) -> tuple[str, ...]:
         """The guards in n that the model's polynomials depend on (each true at every
         checked length)."""
@@ -233,6 +269,63 @@ def trace(model: nn.Module, inputs: tuple[Any, Any], lengths: tuple[int, int], p
     except RunError as error:
         raise SymbolicError(f"{type(model).__name__} did not run with a symbolic n: {error}") from error
     return SymbolicTrace(profile, shape_env, symbol, high)
+
+
+@dataclass(frozen=True)
+class SizeFunction:
+    """An exact count (MACs, bytes, a size) as a function of one symbolic size: a
+    :class:`~flopscope.predict.polynomial.Polynomial` where it is one (summed over a range
+    in closed form), else its expression compiled to Python (a floor division, a
+    ``max``), evaluated size by size."""
+
+    text: str  # in n
+    polynomial: Polynomial | None
+    evaluate: Callable[[int], Any] | None
+
+    @classmethod
+    def constant(cls, value: int) -> SizeFunction:
+        return cls(f"{value}", Polynomial((Fraction(value),)), None)
+
+    def at(self, n: int) -> int:
+        if self.polynomial is None:
+            value = self.evaluate(n)  # type: ignore[misc]
+            if int(value) != value:
+                raise SymbolicError(f"{self.text} is not an integer at n = {n}")
+            return int(value)
+        numerators, denominator = self._integers
+        total = 0
+        for a in reversed(numerators):  # Horner's rule on integers: fast enough for every step of a long run
+            total = total * n + a
+        if total % denominator:
+            raise SymbolicError(f"{self.text} is not an integer at n = {n}")
+        return total // denominator
+
+    @functools.cached_property
+    def _integers(self) -> tuple[tuple[int, ...], int]:
+        """The polynomial's coefficients times their common denominator, and that
+        denominator."""
+        assert self.polynomial is not None
+        denominator = math.lcm(*(c.denominator for c in self.polynomial.coefficients))
+        return tuple(int(c * denominator) for c in self.polynomial.coefficients), denominator
+
+    def sum_over(self, first: int, last: int) -> int:
+        """``at(first) + ... + at(last)``."""
+        if self.polynomial is not None:
+            total = self.polynomial.sum_over(first, last)
+            if total.denominator != 1:
+                raise SymbolicError(f"the sum of {self.text} over {first}..{last} is not an integer")
+            return int(total)
+        return sum(self.at(n) for n in range(first, last + 1))
+
+
+def _compiled(expr: sympy.Basic, symbol: sympy.Symbol) -> Callable[[Any], Any]:
+    """``expr`` as a Python function of ``symbol`` (torch's printer: floor divisions as
+    ``//``, ``Max`` as ``max``), for integers or numpy arrays of them."""
+    from torch.utils._sympy.printers import PythonPrinter
+
+    code = PythonPrinter().doprint(expr)
+    function: Callable[[Any], Any] = eval(f"lambda {symbol}: {code}", {"math": math, "max": max, "min": min})
+    return function
 
 
 def _where(sloc: Any) -> str:
