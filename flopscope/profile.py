@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import threading
 from collections import Counter, defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -300,12 +300,18 @@ class Profile:
                 for path in paths:
                     out[path] = out.get(path, 0) + macs
             return out
-        for op in self._ops:
-            stack = op.module_stack
-            if op.cost is Cost.FORMULA and stack and stack[0].path == "" and stack[0].call == step:
-                for path in enclosing((frame.path for frame in stack), self._uncalled):
+        for op, paths in self._step_ops(step):
+            if op.cost is Cost.FORMULA:
+                for path in paths:
                     out[path] = out.get(path, 0) + op.macs
         return out
+
+    def _step_ops(self, step: int) -> Iterator[tuple[CapturedOp, frozenset[str]]]:
+        """The records of one call of the root module, each with its module paths."""
+        for op in self._ops:
+            stack = op.module_stack
+            if stack and stack[0].path == "" and stack[0].call == step:
+                yield op, enclosing((frame.path for frame in stack), self._uncalled)
 
     def by_stack(self, phase: str | None = None) -> dict[tuple[str, ...], int]:
         """Self MACs per module call stack: ``{(outermost module path, ..., innermost): MACs}`` of the ops run by
@@ -356,10 +362,13 @@ class Profile:
         return sum(size for size, paths, ph in self._tally.moved
                    if (module == "" or module in paths) and (phase is None or ph == phase))
 
-    def bytes_by_module(self) -> dict[str, int]:
-        """Bytes moved per module path, inclusive of submodules (0 where none); ``[""] == total_bytes()``."""
+    def bytes_by_module(self, step: int | None = None) -> dict[str, int]:
+        """Bytes moved per module path, inclusive of submodules (0 where none); ``[""] == total_bytes()``.
+        ``step``: only the ops of that call of the root module (as :meth:`by_module`)."""
         out = dict.fromkeys(self._module_paths, 0)
-        for size, paths, _ in self._tally.moved:
+        moved = self._tally.moved if step is None else [(op.bytes, paths, op.phase)
+                                                          for op, paths in self._step_ops(step) if op.bytes]
+        for size, paths, _ in moved:
             for path in paths:
                 out[path] = out.get(path, 0) + size
         return out

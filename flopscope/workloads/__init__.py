@@ -2,7 +2,8 @@
 its engine.
 
 - ``training``: steps of a training loop, MFU and HFU; ``generation`` and ``decoding``:
-  prefill and decode steps;
+  prefill and decode steps; ``generation_templates``: generation of any length from a
+  prefill and a decode step traced with a symbolic cache length;
 - ``pipeline`` (with ``pipeline_configs``): diffusion pipelines, per image and per
   video; ``resolution``: their costs against the image size;
 - ``scaling`` and ``symbolic``: counts as exact polynomials in the sequence length;
@@ -18,6 +19,7 @@ from typing import Any
 _PUBLIC = {
     "training": ("BatchPricer", "Throughput", "flops_per_batch", "measure_flops"),
     "generation": ("Step", "profile_generation", "steps_table"),
+    "generation_templates": ("GenerationCount", "count_generation"),
     "pipeline": ("DenoisingStep", "PipelineProfile", "Workload", "WorkloadTerm", "profile_pipeline"),
     "resolution": ("ResolutionScaling", "resolution_scaling"),
     "roofline": ("Roofline", "roofline"),

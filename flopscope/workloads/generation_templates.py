@@ -34,8 +34,8 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 
 import torch
 from tabulate import tabulate
@@ -43,10 +43,11 @@ from torch import nn
 
 from ..attribute.roles import RoleRule
 from ..capture import CapturePlan, fake_converter
+from ..conventions import TOKEN_INPUTS
 from ..errors import SymbolicError
 from ..formulas.registry import FormulaRegistry
-from ..predict.steps import DECODE, PREFILL, Step
-from ..profile import Profile, reuse_roles
+from ..predict.steps import PREFILL, Step
+from ..profile import reuse_roles
 from ..role import ROLE_ORDER
 from .decoding import check_decoding
 from .generation import _decoding, profile_generation
@@ -54,35 +55,129 @@ from .symbolic import Count, SizeFunction, SymbolicTrace, _quiet_symbolic_graph,
 
 __all__ = ["GenerationCount", "StepTemplate", "count_generation"]
 
-_FIELDS = ("macs", "bytes", "kv_macs", "kv_bytes")
+
+class _Trace:
+    """The two steps traced at one cache length ``n``: symbolic where the symbolic shapes
+    allow it (``n >= 2``), else concrete; its roles found on first use, on a concrete
+    count of the same two steps (role passes compare sizes), and carried to the symbolic
+    records op by op."""
+
+    def __init__(self, model: nn.Module, batch: int, n: int, dtype: torch.dtype,
+                 registry: FormulaRegistry | None, roles: tuple[RoleRule, ...]) -> None:
+        self.name, self.n = type(model).__name__, n
+        self._concrete = functools.partial(profile_generation, model, torch.zeros(batch, n, dtype=dtype), 2,
+                                           registry=registry, roles=roles)
+        self.symbolic: SymbolicTrace | None = None
+        if n < 2:  # sizes 0 and 1 are constants of the symbolic shapes: the concrete count is the template
+            self.profile = self._concrete()
+            return
+        plan = CapturePlan.of("fake", registry, reuse=True, driver=functools.partial(_decoding, 2),
+                              converter=fake_converter())
+        ids = functools.partial(torch.zeros, dtype=dtype)
+        self.symbolic = trace(model, (((ids(batch, n + 1),), {}), ((ids(batch, n),), {})), (n + 1, n), plan,
+                              roles, {})
+        self.profile = self.symbolic.profile
+        self._check_one_token(batch)
+
+    def _check_one_token(self, batch: int) -> None:
+        """The second forward must feed one position per sequence on the cache the first
+        filled: a model whose ``prepare_inputs_for_generation`` feeds more (re-feeds the
+        sequence, or drops its cache at a length) makes each step depend on the steps
+        before it, not on the cache's length alone."""
+        shapes = {call.call: dict(given) for call, given in self.profile.module_inputs().items() if call.path == ""}
+        fed = next((shape for key in TOKEN_INPUTS if len(shape := shapes.get(2, {}).get(key, ())) == 2), None)
+        if fed is not None and (fed[0], fed[1]) != (batch, 1):
+            raise SymbolicError(f"{self.name}: after a prefill of {self.n} positions the next forward fed "
+                                f"{self.symbolic.text(fed[1]) if self.symbolic else fed[1]} positions per sequence, "
+                                "not 1 on the cache (its prepare_inputs_for_generation re-feeds the sequence): its "
+                                "steps are not functions of the cache length; count it step by step with "
+                                "profile_generation")
+
+    def function(self, count: Count) -> SizeFunction:
+        if self.symbolic is None:
+            return SizeFunction.constant(int(count))
+        return self.symbolic.function(count)
+
+    def holds(self, lengths: list[int]) -> list[bool]:
+        return [m == self.n for m in lengths] if self.symbolic is None else self.symbolic.holds(lengths)
+
+    @functools.cached_property
+    def steps(self) -> tuple[Step, Step]:
+        """The two steps with their roles (the role passes run here, once)."""
+        with _quiet_symbolic_graph():
+            if self.symbolic is not None and not reuse_roles(self.profile, self._concrete()):
+                raise SymbolicError(f"{self.name} ran other ops with a symbolic cache length than at {self.n}: "
+                                    "its roles cannot be carried over")
+            found = self.profile.steps()
+        if len(found) != 2 or found[0].phase != PREFILL:
+            raise SymbolicError(f"{self.name}: {[s.phase for s in found]} traced, not a prefill and a decode step")
+        return found[0], found[1]
+
+    @functools.cached_property
+    def roles(self) -> tuple[str, ...]:
+        """The roles its records have, 0 MACs included (as :meth:`Profile.by_role` lists them)."""
+        self.steps  # noqa: B018  (the roles are found there)
+        with _quiet_symbolic_graph():
+            return tuple(self.profile.by_role())
 
 
-@dataclass(frozen=True)
 class StepTemplate:
     """One forward of the generation (the prefill, or a decode step) as exact functions
     of ``n``, the positions in the cache before it (the prompt's length for the
-    prefill)."""
+    prefill). MACs and bytes are read from the records; roles, the attention core's
+    share and the context on first use (they need the role passes)."""
 
-    phase: str  # "prefill" or "decode"
-    batch: int | None
-    tokens: SizeFunction | None  # new positions per sequence
-    context: SizeFunction | None  # positions each new one attends to
-    counts: Mapping[str, SizeFunction]  # "macs", "bytes", "kv_macs", "kv_bytes"
-    by_role: Mapping[str, SizeFunction]  # MACs
-    _modules: functools.partial[dict[str, SizeFunction]] = field(repr=False, compare=False)
+    def __init__(self, traced: _Trace, index: int) -> None:
+        self._trace, self._index = traced, index  # 0: the prefill, 1: the decode step
+
+    @functools.cached_property
+    def macs(self) -> SizeFunction:
+        with _quiet_symbolic_graph():
+            return self._trace.function(self._trace.profile.by_module(self._index + 1)[""])
+
+    @functools.cached_property
+    def bytes(self) -> SizeFunction:
+        with _quiet_symbolic_graph():
+            return self._trace.function(self._trace.profile.bytes_by_module(self._index + 1)[""])
+
+    @functools.cached_property
+    def _step(self) -> Step:
+        return self._trace.steps[self._index]
+
+    @functools.cached_property
+    def by_role(self) -> dict[str, SizeFunction]:
+        """MACs per role."""
+        return {role: self._trace.function(macs) for role, macs in self._step.by_role.items()}
+
+    @functools.cached_property
+    def _counts(self) -> dict[str, SizeFunction | None]:
+        step, function = self._step, self._trace.function
+        return {"kv_macs": function(step.kv_macs), "kv_bytes": function(step.kv_bytes),
+                "tokens": None if step.tokens is None else function(step.tokens),
+                "context": None if step.context is None else function(step.context)}
 
     @functools.cached_property
     def by_module(self) -> dict[str, SizeFunction]:
-        """MACs per module path, inclusive of submodules (made on first use: a large
-        model has thousands of modules)."""
-        return self._modules()
+        """MACs per module path, inclusive of submodules."""
+        with _quiet_symbolic_graph():
+            found = self._trace.profile.by_module(self._index + 1)
+            return {path: self._trace.function(macs) for path, macs in found.items()}
+
+    def count(self, key: str) -> SizeFunction | None:
+        """``"macs"``, ``"bytes"``, ``"kv_macs"``, ``"kv_bytes"``, ``"tokens"``,
+        ``"context"`` as a function of ``n``."""
+        return getattr(self, key) if key in ("macs", "bytes") else self._counts[key]
 
     def step(self, number: int, n: int) -> Step:
         """The step at cache length ``n``, as :meth:`Profile.steps` lists it."""
-        return Step(number, self.phase, self.batch, None if self.tokens is None else self.tokens.at(n),
-                    None if self.context is None else self.context.at(n), self.counts["macs"].at(n),
-                    {role: f.at(n) for role, f in self.by_role.items() if f.at(n)}, self.counts["bytes"].at(n),
-                    self.counts["kv_macs"].at(n), self.counts["kv_bytes"].at(n))
+        def at(key: str) -> int | None:
+            found = self.count(key)
+            return None if found is None else found.at(n)
+
+        by_role = {role: f.at(n) for role, f in self.by_role.items()}
+        return Step(number, self._step.phase, self._step.batch, at("tokens"), at("context"), self.macs.at(n),
+                    {role: v for role, v in by_role.items() if v}, self.bytes.at(n), at("kv_macs") or 0,
+                    at("kv_bytes") or 0)
 
 
 @dataclass(frozen=True)
@@ -90,13 +185,22 @@ class Piece:
     """One trace: the prefill and decode templates, and the cache lengths of the
     generation it stands for (runs ``(first, last)``, inclusive)."""
 
-    hint: int  # the cache length it was traced at
-    prefill: StepTemplate
-    decode: StepTemplate
+    traced: _Trace
     lengths: tuple[tuple[int, int], ...]
     conditions: tuple[str, ...]  # its guards, in n
-    symbolic: bool  # False: traced at a length the symbolic shapes keep constant (0 or 1)
-    roles: tuple[str, ...]  # the roles its records have, 0 MACs included (as Profile.by_role() lists them)
+
+    @functools.cached_property
+    def prefill(self) -> StepTemplate:
+        return StepTemplate(self.traced, 0)
+
+    @functools.cached_property
+    def decode(self) -> StepTemplate:
+        return StepTemplate(self.traced, 1)
+
+    @property
+    def hint(self) -> int:
+        """The cache length it was traced at."""
+        return self.traced.n
 
 
 @dataclass(frozen=True)
@@ -120,48 +224,44 @@ class GenerationCount:
             for first, last in piece.lengths:
                 yield piece.decode, first, last
 
-    def _sum(self, pick: str, key: str | None = None) -> int:
-        """The prefill's count at the prompt plus the decode template's, summed over the
-        decode steps' cache lengths."""
-        def function(template: StepTemplate) -> SizeFunction | None:
-            table = template.counts if key is None else getattr(template, pick)
-            return table.get(pick if key is None else key)
-
-        first = function(self.pieces[0].prefill)
+    def _sum(self, value: Callable[[StepTemplate], SizeFunction | None]) -> int:
+        """The prefill's ``value`` at the prompt plus the decode template's, summed over
+        the decode steps' cache lengths."""
+        first = value(self.pieces[0].prefill)
         total = 0 if first is None else first.at(self.prompt)
         for template, a, b in self._decode_runs():
-            found = function(template)
+            found = value(template)
             total += 0 if found is None else found.sum_over(a, b)
         return total
 
     def total(self) -> int:
         """MACs of the whole generation (prefill and every decode step)."""
-        return self._sum("macs")
+        return self._sum(lambda t: t.macs)
 
     def total_flops(self) -> int:
         return 2 * self.total()
 
     def total_bytes(self) -> int:
         """Bytes moved by every op of every step (:meth:`Profile.total_bytes`)."""
-        return self._sum("bytes")
+        return self._sum(lambda t: t.bytes)
 
     def by_role(self) -> dict[str, int]:
         """MACs per role over the whole generation (:meth:`Profile.by_role`)."""
-        roles = {role for piece in self.pieces for role in piece.roles}
-        return {role: self._sum("by_role", role) for role in ROLE_ORDER if role in roles}
+        roles = {role for piece in self.pieces for role in piece.traced.roles}
+        return {role: self._sum(lambda t, r=role: t.by_role.get(r)) for role in ROLE_ORDER if role in roles}
 
     def by_module(self) -> dict[str, int]:
         """MACs per module path over the whole generation, inclusive of submodules
         (:meth:`Profile.by_module`)."""
         paths = dict.fromkeys(p for piece in self.pieces for t in (piece.prefill, piece.decode) for p in t.by_module)
-        return {path: self._sum("by_module", path) for path in paths}
+        return {path: self._sum(lambda t, p=path: t.by_module.get(p)) for path in paths}
 
     def steps(self) -> list[Step]:
         """One :class:`~flopscope.predict.steps.Step` per forward, as :meth:`Profile.steps` lists a
         step-by-step count's (``seconds`` is ``None``: nothing ran)."""
         out = [self.pieces[0].prefill.step(1, self.prompt)]
-        decodes = sorted((a, b, t) for t, a, b in self._decode_runs())
-        for first, last, template in decodes:
+        decodes = sorted(self._decode_runs(), key=lambda run: run[1])
+        for template, first, last in decodes:
             out.extend(template.step(n - self.prompt + 2, n) for n in range(first, last + 1))
         return out
 
@@ -173,9 +273,9 @@ class GenerationCount:
         for piece in self.pieces:
             where = ", ".join(f"{a}..{b}" for a, b in piece.lengths) or "-"
             for template in (piece.prefill, piece.decode):
-                rows.append([where, template.phase, "MACs", template.counts["macs"].text])
+                rows.append([where, template._step.phase, "MACs", template.macs.text])
                 rows.extend(["", "", role, f.text] for role, f in template.by_role.items() if f.text != "0")
-                rows.append(["", "", "bytes", template.counts["bytes"].text])
+                rows.append(["", "", "bytes", template.bytes.text])
             if piece.conditions:
                 rows.append(["", "guards", "", "; ".join(piece.conditions)])
         return tabulate(rows, headers=["cache lengths n", "step", "count", "as a function of n"],
@@ -202,18 +302,19 @@ def count_generation(model: nn.Module, input_ids: torch.Tensor, new_tokens: int,
     notes: list[str] = []
     while todo:
         if len(pieces) == max_traces:
+            last = pieces[-1].traced.symbolic
+            why = last.specialisation([todo[0]]) if last is not None else None
             raise SymbolicError(f"{type(model).__name__}: {max_traces} traces stand for cache lengths up to "
-                                f"{todo[0] - 1}, not beyond; the last trace's guards: "
-                                f"{'; '.join(pieces[-1].conditions) or 'none'}")
-        piece, holds, piece_notes = _piece(model, batch, todo, input_ids.dtype, registry, tuple(roles))
-        covered = [n for n, ok in zip(todo, holds, strict=True) if ok]
-        if not covered or covered[0] != todo[0]:
+                                f"{todo[0] - 1}, not beyond: {why or 'the last trace is concrete'}")
+        traced = _Trace(model, batch, todo[0], input_ids.dtype, registry, tuple(roles))
+        holds = traced.holds(todo)
+        if not holds[0]:
             raise SymbolicError(f"{type(model).__name__}: the trace at cache length {todo[0]} does not stand for "
                                 "that length itself")
-        if new_tokens == 1:  # only the prefill is counted
-            covered = []
-        pieces.append(_with_lengths(piece, _runs(covered)))
-        notes.extend(piece_notes)
+        covered = [n for n, ok in zip(todo, holds, strict=True) if ok] if new_tokens > 1 else []
+        conditions = () if traced.symbolic is None else traced.symbolic.conditions()
+        pieces.append(Piece(traced, _runs(covered), conditions))
+        notes.extend(traced.profile.notes)
         todo = [n for n, ok in zip(todo, holds, strict=True) if not ok] if covered else []
     where = "; ".join(f"cache lengths {', '.join(f'{a}..{b}' for a, b in p.lengths)} from the trace at {p.hint}"
                       f" ({'; '.join(p.conditions) or 'no guards'})" for p in pieces if p.lengths)
@@ -222,74 +323,6 @@ def count_generation(model: nn.Module, input_ids: torch.Tensor, new_tokens: int,
                      f"{new_tokens - 1} decode steps: {where}")
     return GenerationCount(type(model).__name__, batch, prompt, new_tokens, tuple(pieces),
                            time.perf_counter() - started, tuple(dict.fromkeys(notes)))
-
-
-def _piece(model: nn.Module, batch: int, todo: list[int], dtype: torch.dtype, registry: FormulaRegistry | None,
-           roles: tuple[RoleRule, ...]) -> tuple[Piece, list[bool], list[str]]:
-    """The templates traced at the first cache length ``n`` of ``todo``, and for each
-    length of ``todo`` whether they stand for it: a concrete count of the prefill at
-    ``n`` and its first decode step (its roles), then the same two steps with ``n`` a
-    symbol where the symbolic shapes allow it (``n >= 2``)."""
-    n = todo[0]
-    ids = functools.partial(torch.zeros, dtype=dtype)
-    concrete = profile_generation(model, ids(batch, n), 2, registry=registry, roles=roles)
-    if n < 2:  # sizes 0 and 1 are constants of the symbolic shapes: the concrete count is the template
-        prefill, decode = (_constant_template(concrete, s) for s in _two_steps(concrete.steps(), model))
-        piece = Piece(n, prefill, decode, (), (), False, tuple(concrete.by_role()))
-        return piece, [m == n for m in todo], list(concrete.notes)
-    plan = CapturePlan.of("fake", registry, reuse=True, driver=functools.partial(_decoding, 2),
-                          converter=fake_converter())
-    found = trace(model, (((ids(batch, n + 1),), {}), ((ids(batch, n),), {})), (n + 1, n), plan, roles, {})
-    with _quiet_symbolic_graph():
-        if not reuse_roles(found.profile, concrete):
-            raise SymbolicError(f"{type(model).__name__} ran other ops with a symbolic cache length than at "
-                                f"{n}: its roles cannot be carried over")
-        steps = _two_steps(found.profile.steps(), model)
-        listed = tuple(found.profile.by_role())
-    prefill, decode = (_symbolic_template(found, s) for s in steps)
-    piece = Piece(n, prefill, decode, (), found.conditions(), True, listed)
-    return piece, found.holds(todo), list(found.profile.notes)
-
-
-def _two_steps(steps: list[Step], model: nn.Module) -> tuple[Step, Step]:
-    if len(steps) != 2 or steps[0].phase != PREFILL:
-        raise SymbolicError(f"{type(model).__name__}: {[s.phase for s in steps]} traced, not a prefill and a "
-                            "decode step")
-    return steps[0], steps[1]
-
-
-def _symbolic_template(found: SymbolicTrace, step: Step) -> StepTemplate:
-    """``step`` of a symbolic trace, its counts as functions of the symbol."""
-    function = found.function
-
-    def optional(value: Count | None) -> SizeFunction | None:
-        return None if value is None else function(value)
-
-    def modules() -> dict[str, SizeFunction]:
-        with _quiet_symbolic_graph():
-            return {path: function(macs) for path, macs in found.profile.by_module(step.step).items()}
-
-    counts = {"macs": step.macs, "bytes": step.bytes, "kv_macs": step.kv_macs, "kv_bytes": step.kv_bytes}
-    return StepTemplate(DECODE if step.phase == DECODE else PREFILL, step.batch, optional(step.tokens),
-                        optional(step.context), {key: function(value) for key, value in counts.items()},
-                        {role: function(macs) for role, macs in step.by_role.items()}, functools.partial(modules))
-
-
-def _constant_template(prof: Profile, step: Step) -> StepTemplate:
-    """``step`` of a concrete count: constant functions."""
-    def modules() -> dict[str, SizeFunction]:
-        return {path: SizeFunction.constant(macs) for path, macs in prof.by_module(step.step).items()}
-
-    constant = SizeFunction.constant
-    counts = {"macs": step.macs, "bytes": step.bytes, "kv_macs": step.kv_macs, "kv_bytes": step.kv_bytes}
-    return StepTemplate(step.phase, step.batch, None if step.tokens is None else constant(step.tokens),
-                        None if step.context is None else constant(step.context),
-                        {key: constant(value) for key, value in counts.items()},
-                        {role: constant(macs) for role, macs in step.by_role.items()}, functools.partial(modules))
-
-
-def _with_lengths(piece: Piece, lengths: tuple[tuple[int, int], ...]) -> Piece:
-    return Piece(piece.hint, piece.prefill, piece.decode, lengths, piece.conditions, piece.symbolic, piece.roles)
 
 
 def _runs(values: list[int]) -> tuple[tuple[int, int], ...]:

@@ -104,10 +104,8 @@ def call_key(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], r
     described: list[Any] = []
     for leaf in leaves:
         if isinstance(leaf, torch.Tensor):
-            if not all(type(s) is int for s in (*leaf.shape, *leaf.stride())):
-                raise SYMBOLIC_SIZE.refused()
             storage = storage_of(leaf)
-            described.append((tuple(leaf.shape), leaf.stride(), leaf.dtype, leaf.device, leaf.requires_grad,
+            described.append((_sizes(leaf.shape), _sizes(leaf.stride()), leaf.dtype, leaf.device, leaf.requires_grad,
                               recorder.values_known(leaf), storages.setdefault(storage, len(tensors))))
             tensors.append(leaf)
         elif type(leaf) is StandIn:
@@ -125,6 +123,29 @@ def call_key(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], r
     identity = type(module) if structural else id(module)
     state = state_of(module, ours, structural, by_name)
     return CallKey(identity, str(spec), tuple(described), state), tensors, objects
+
+
+def _sizes(sizes: Any) -> tuple[Any, ...]:
+    """A shape or strides as a key holds them: a symbolic size by its expression (two
+    calls whose sizes are the same expressions of the symbols record the same ops, in
+    those sizes); else refused (:data:`~._refusals.SYMBOLIC_SIZE`: an unbacked size, or
+    a float)."""
+    out: list[Any] = []
+    for size in sizes:
+        if type(size) is int:
+            out.append(size)
+        elif isinstance(size, torch.SymInt) and not size.node.expr.free_symbols - _backed(size.node.shape_env):
+            out.append(("symbolic", size.node.expr))
+        else:
+            raise SYMBOLIC_SIZE.refused()
+    return tuple(out)
+
+
+def _backed(shape_env: Any) -> set[Any]:
+    """The symbols of ``shape_env`` with a value at hand (the inputs' sizes, not a
+    data-dependent size)."""
+    values = getattr(shape_env, "backed_var_to_val", None)  # (torch >= 2.12; var_to_val before)
+    return set(values if values is not None else shape_env.var_to_val)
 
 
 def owns_its_paths(path: str, module: nn.Module, paths: Mapping[int, str]) -> bool:
