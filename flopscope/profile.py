@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import threading
 from collections import Counter, defaultdict
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -17,6 +17,7 @@ from typing import Any
 
 from torch import fx
 
+from .attribute.alignment import aligned
 from .attribute.columns import scale_parts
 from .attribute.op_record import OpRecord, Shape
 from .attribute.paths import enclosing
@@ -580,7 +581,7 @@ def reuse_roles(prof: Profile, template: Profile) -> bool:
     independent of length; a fused kernel's parts are its own). For sweeps (:func:`flopscope.scaling`) and
     symbolic traces. Returns False, changing nothing, when the op sequences differ or ``prof``'s roles are
     already known."""
-    pairs = None if prof._op_roles is not None else _aligned(prof._ops, template._ops)
+    pairs = None if prof._op_roles is not None else aligned(prof._ops, template._ops)
     if pairs is None:
         return False
     theirs = template.role_assignments_by_op()
@@ -594,23 +595,3 @@ def reuse_roles(prof: Profile, template: Profile) -> bool:
         roles[mine] = Assignment(parts, source.block, source.factor)
     prof._op_roles = MappingProxyType(roles)
     return True
-
-
-def _aligned(mine: Sequence[CapturedOp], theirs: Sequence[CapturedOp]) -> list[tuple[CapturedOp, CapturedOp]] | None:
-    """``mine`` and ``theirs`` paired op by op, where both ran the same ops in the same order once the ops of
-    no arithmetic (:attr:`Cost.ZERO`) that only one of them ran are passed over; ``None`` where they did not."""
-    pairs: list[tuple[CapturedOp, CapturedOp]] = []
-    i = j = 0
-    while i < len(mine) or j < len(theirs):
-        a = mine[i] if i < len(mine) else None
-        b = theirs[j] if j < len(theirs) else None
-        if a is not None and b is not None and a.target == b.target and a.node_op == b.node_op:
-            pairs.append((a, b))
-            i, j = i + 1, j + 1
-        elif a is not None and a.cost is Cost.ZERO:
-            i += 1
-        elif b is not None and b.cost is Cost.ZERO:
-            j += 1
-        else:
-            return None
-    return pairs
