@@ -75,7 +75,9 @@ their ratio (issue 34's target: <= 3); then per decode step (from 5 new tokens, 
 count it: ``profile_generation``, the same with ``reuse=False``, and ``greedy_decode`` in a ``profiler(mode="fake")``
 block (the way before ``profile_generation``); and the floor of any count that runs each step: one decode step of
 the same model on fake tensors with nothing recorded (``floors.bare_decode_steps``), next to the target's budget per
-step, ``(3 - 1) x prefill count / decode steps``. Skipped with ``--quick`` (then 2 layers, a prompt of 64, 8 tokens).
+step, ``(3 - 1) x prefill count / decode steps``; then ``flopscope.count_generation`` (templates with a
+symbolic cache length) for the same generation and for 32,768 new tokens, each against its target (issue 49).
+Skipped with ``--quick`` (then 2 layers, a prompt of 64, 8 tokens).
 
 Part 3: the Llama-70B shape (80 layers, d 8192, GQA 64/8 heads, d_ff 28672) at n 4096, one count after the
 first in its own child: seconds (target < 1.5 s) and the memory the first count needed (VmHWM growth, target
@@ -135,12 +137,13 @@ LLAMA_70B = dict(
 VARIANTS = ("plain", "empty mode", "op recorder", "dataflow recorder", "flopscope real", "FlopCounterMode",
             "flopscope fake")
 TARGETS = {"real_vs_empty": 1.2, "7b_vs_fcm": 1.0, "7b_vs_plain": 1.6, "70b_s": 1.5, "70b_mib": 600,
-           "7b_count_vs_empty": 1.15, "7b_roles_vs_empty": 1.25, "generation_vs_prefill": 3}
+           "7b_count_vs_empty": 1.15, "7b_roles_vs_empty": 1.25, "generation_vs_prefill": 3, "long_vs_short": 1.5}
 """Issue 34's target for real-mode time / an empty dispatch mode's (issue 15 asked 1.08); issue 15's: the 7B count
 with roles / FlopCounterMode's meta count and / the plain meta forward; the 70B count with roles in seconds and its
 peak memory growth in MiB. Issue 34's: the 7B count (``profile()``) and the count with roles, each / the meta forward
 under an empty dispatch mode (the floor of any dispatch-level counter); a 7B generation of 256 tokens / the count of
-its prompt's forward."""
+its prompt's forward; issue 49's: 32,768 new tokens / 256 counted from templates."""
+LONG_GENERATION = 32_768
 
 
 class EmptyMode(TorchDispatchMode):
@@ -387,6 +390,7 @@ def child_generation(spec: dict[str, Any]) -> dict[str, Any]:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from flopscope.workloads.generation import greedy_decode
+    from flopscope.workloads.generation_templates import count_generation
 
     if spec["threads"]:
         torch.set_num_threads(spec["threads"])
@@ -419,7 +423,18 @@ def child_generation(spec: dict[str, Any]) -> dict[str, Any]:
             many_s, many = timed(lambda count=count: count(few))
             per_step[name] = ((many_s - one_s) / (few - 1), many.total())
         bare = bare_decode_steps(lambda: LlamaForCausalLM(LlamaConfig(**spec["config"])), spec["prompt"], few)
+        # templates: a prefill and a decode step traced with a symbolic cache length (count_generation)
+        templates: dict[int, list[float]] = {spec["new"]: [], LONG_GENERATION: []}
+        totals = {}
+        for _ in range(3):  # alternating, medians
+            for new in templates:
+                seconds, counted = timed(lambda new=new: count_generation(model, ids, new))
+                seconds += timed(counted.total)[0]
+                templates[new].append(seconds)
+                totals[new] = counted.total()
     return {"bare_step_s": statistics.median(bare),
+            "templates_s": {str(new): statistics.median(v) for new, v in templates.items()},
+            "templates_same": totals[spec["new"]] == whole.total(),
             "prefill_s": prefill_s, "whole_s": whole_s, "steps": len(whole.steps()), "per_step": per_step,
             "same": len({total for _, total in per_step.values()}) == 1,
             "replayed": [note for note in whole.notes if "replayed" in note]}
@@ -610,6 +625,12 @@ def main() -> None:
         print("one decode step counted by " + ", ".join(
             f"{name} {seconds:.3f} s" for name, (seconds, _) in r["per_step"].items())
               + f" (the same total each: {r['same']})")
+        short, long = (r["templates_s"][str(new)] for new in (r["new"], LONG_GENERATION))
+        print(f"from templates (flopscope.count_generation, total(): a prefill and a decode step traced with a "
+              f"symbolic cache length, medians of 3 alternating): {r['new']} new tokens {short:.2f} s, "
+              f"{short / r['prefill_s']:.1f}x the prompt's count (target <= {TARGETS['generation_vs_prefill']}), "
+              f"the total of profile_generation's: {r['templates_same']}; {LONG_GENERATION:,} new tokens "
+              f"{long:.2f} s, {long / short:.2f}x the {r['new']} count (target <= {TARGETS['long_vs_short']})")
         budget = (TARGETS["generation_vs_prefill"] - 1) * r["prefill_s"] / max(1, r["steps"] - 1)
         print(f"the floor of a count that runs each step: one decode step on fake tensors, nothing recorded "
               f"(floors.bare_decode_steps), {r['bare_step_s']:.3f} s, against the target's budget of "

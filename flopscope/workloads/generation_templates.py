@@ -248,13 +248,13 @@ class GenerationCount:
     def by_role(self) -> dict[str, int]:
         """MACs per role over the whole generation (:meth:`Profile.by_role`)."""
         roles = {role for piece in self.pieces for role in piece.traced.roles}
-        return {role: self._sum(lambda t, r=role: t.by_role.get(r)) for role in ROLE_ORDER if role in roles}
+        return {role: self._sum(functools.partial(_role, role)) for role in ROLE_ORDER if role in roles}
 
     def by_module(self) -> dict[str, int]:
         """MACs per module path over the whole generation, inclusive of submodules
         (:meth:`Profile.by_module`)."""
         paths = dict.fromkeys(p for piece in self.pieces for t in (piece.prefill, piece.decode) for p in t.by_module)
-        return {path: self._sum(lambda t, p=path: t.by_module.get(p)) for path in paths}
+        return {path: self._sum(functools.partial(_module, path)) for path in paths}
 
     def steps(self) -> list[Step]:
         """One :class:`~flopscope.predict.steps.Step` per forward, as :meth:`Profile.steps` lists a
@@ -280,6 +280,14 @@ class GenerationCount:
                 rows.append(["", "guards", "", "; ".join(piece.conditions)])
         return tabulate(rows, headers=["cache lengths n", "step", "count", "as a function of n"],
                         disable_numparse=True)
+
+
+def _role(role: str, template: StepTemplate) -> SizeFunction | None:
+    return template.by_role.get(role)
+
+
+def _module(path: str, template: StepTemplate) -> SizeFunction | None:
+    return template.by_module.get(path)
 
 
 def count_generation(model: nn.Module, input_ids: torch.Tensor, new_tokens: int, *,
