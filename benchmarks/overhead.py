@@ -435,7 +435,7 @@ def child_generation(spec: dict[str, Any]) -> dict[str, Any]:
     return {"bare_step_s": statistics.median(bare),
             "templates_s": {str(new): statistics.median(v) for new, v in templates.items()},
             "templates_same": totals[spec["new"]] == whole.total(),
-            "prefill_s": prefill_s, "whole_s": whole_s, "steps": len(whole.steps()), "per_step": per_step,
+            "prefill_s": prefill_s, "whole_s": whole_s, "steps": whole.module_calls()[""], "per_step": per_step,
             "same": len({total for _, total in per_step.values()}) == 1,
             "replayed": [note for note in whole.notes if "replayed" in note]}
 
