@@ -55,6 +55,11 @@ FAMILIES = {
         num_attention_heads=h, num_key_value_heads=h, vocab_size=V, n_routed_experts=4, num_experts_per_tok=2,
         n_group=1, topk_group=1, q_lora_rank=32, kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8,
         v_head_dim=12)),
+    # linear attention (gated DeltaNet: a state, chunks padded by a symbolic amount) beside full attention
+    "qwen3_next": lambda: build(transformers.Qwen3NextForCausalLM, transformers.Qwen3NextConfig(
+        hidden_size=d, intermediate_size=d_ff, moe_intermediate_size=32, num_hidden_layers=4, num_attention_heads=h,
+        num_key_value_heads=kv, head_dim=16, vocab_size=V, num_experts=4, num_experts_per_tok=2,
+        linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=16, linear_value_head_dim=16)),
 }
 
 

@@ -62,7 +62,7 @@ class Polynomial:
         if last < first:
             return Fraction(0)
         if first < 0:
-            raise ValueError(f"a sum over sizes starts at 0 or above, not {first}")
+            raise ConfigurationError(f"a sum over sizes starts at 0 or above, not {first}")
         return sum((c * (_power_sum(i, last) - _power_sum(i, first - 1))
                     for i, c in enumerate(self.coefficients) if c), Fraction(0))
 

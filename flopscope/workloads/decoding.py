@@ -47,7 +47,7 @@ from torch import nn
 
 from ..errors import ConfigurationError, InputError
 
-__all__ = ["check_decoding", "greedy_decode"]
+__all__ = ["check_decoding", "decoding_driver", "greedy_decode"]
 
 
 def greedy_decode(model: nn.Module, input_ids: torch.Tensor, new_tokens: int) -> torch.Tensor:
@@ -87,6 +87,14 @@ def greedy_decode(model: nn.Module, input_ids: torch.Tensor, new_tokens: int) ->
             kwargs = hf._update_model_kwargs_for_generation(outputs, kwargs, is_encoder_decoder=False)
             sequences = torch.cat([sequences, outputs.logits[:, -1].argmax(-1)[:, None]], dim=-1)
     return sequences
+
+
+def decoding_driver(new_tokens: int, model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+                    ) -> torch.Tensor:
+    """A capture's driver (:class:`~flopscope.capture.CapturePlan`, bound to ``new_tokens``
+    with :func:`functools.partial`): :func:`greedy_decode` of ``model`` (the fake run's
+    copy) on the run's token ids."""
+    return greedy_decode(model, args[0], new_tokens)
 
 
 def check_decoding(model: nn.Module, input_ids: Any, new_tokens: Any) -> tuple[set[str], str]:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
-from typing import Any
 
 import torch
 from tabulate import tabulate
@@ -27,7 +26,7 @@ from ..capture import CapturePlan, fake_converter
 from ..formulas.registry import FormulaRegistry
 from ..predict.steps import DECODE, PREFILL, Step, decode_scaling, steps
 from ..profile import Profile
-from .decoding import check_decoding, greedy_decode
+from .decoding import check_decoding, decoding_driver, greedy_decode
 
 __all__ = ["DECODE", "PREFILL", "Step", "decode_scaling", "greedy_decode", "profile_generation", "steps",
            "steps_table"]
@@ -56,15 +55,9 @@ def profile_generation(model: nn.Module, input_ids: torch.Tensor, new_tokens: in
     :class:`~flopscope.errors.ConfigurationError` before any forward: wrap ``generate()`` in
     :class:`flopscope.profiler` (``mode="real"``) instead. Units: MACs (FLOPs = 2 x MACs)."""
     check_decoding(model, input_ids, new_tokens)
-    plan = CapturePlan.of(mode, registry, reuse=reuse, driver=functools.partial(_decoding, new_tokens),
+    plan = CapturePlan.of(mode, registry, reuse=reuse, driver=functools.partial(decoding_driver, new_tokens),
                           converter=fake_converter())
     return profile_with_plan(model, (input_ids,), {}, plan, roles, stacklevel=3)
-
-
-def _decoding(new_tokens: int, model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor:
-    """The run's driver: :func:`greedy_decode` of ``model`` (the fake run's copy) on the
-    run's token ids."""
-    return greedy_decode(model, args[0], new_tokens)
 
 
 def steps_table(rows: list[Step], tablefmt: str = "simple") -> str:

@@ -35,7 +35,8 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
 
 import torch
 from tabulate import tabulate
@@ -49,9 +50,9 @@ from ..formulas.registry import FormulaRegistry
 from ..predict.steps import PREFILL, Step
 from ..profile import reuse_roles
 from ..role import ROLE_ORDER
-from .decoding import check_decoding
-from .generation import _decoding, profile_generation
-from .symbolic import Count, SizeFunction, SymbolicTrace, _quiet_symbolic_graph, trace
+from .decoding import check_decoding, decoding_driver
+from .generation import profile_generation
+from .symbolic import Count, SizeFunction, SymbolicTrace, quiet_symbolic_graph, trace
 
 __all__ = ["GenerationCount", "StepTemplate", "count_generation"]
 
@@ -71,11 +72,17 @@ class _Trace:
         if n < 2:  # sizes 0 and 1 are constants of the symbolic shapes: the concrete count is the template
             self.profile = self._concrete()
             return
-        plan = CapturePlan.of("fake", registry, reuse=True, driver=functools.partial(_decoding, 2),
-                              converter=fake_converter())
         ids = functools.partial(torch.zeros, dtype=dtype)
-        self.symbolic = trace(model, (((ids(batch, n + 1),), {}), ((ids(batch, n),), {})), (n + 1, n), plan,
-                              roles, {})
+        inputs: tuple[Any, Any] = (((ids(batch, n + 1),), {}), ((ids(batch, n),), {}))
+        plan = CapturePlan.of("fake", registry, reuse=True, driver=functools.partial(decoding_driver, 2),
+                              converter=fake_converter())
+        try:
+            self.symbolic = trace(model, inputs, (n + 1, n), plan, roles, {})
+        except SymbolicError as error:
+            if _CONCRETE_ONLY not in str(error):
+                raise
+            # a C++ kernel that takes plain sizes only: again with the Python dispatcher's
+            self.symbolic = trace(model, inputs, (n + 1, n), replace(plan, driver=_symbolic_decoding), roles, {})
         self.profile = self.symbolic.profile
         self._check_one_token(batch)
 
@@ -104,7 +111,7 @@ class _Trace:
     @functools.cached_property
     def steps(self) -> tuple[Step, Step]:
         """The two steps with their roles (the role passes run here, once)."""
-        with _quiet_symbolic_graph():
+        with quiet_symbolic_graph():
             if self.symbolic is not None and not reuse_roles(self.profile, self._concrete()):
                 raise SymbolicError(f"{self.name} ran other ops with a symbolic cache length than at {self.n}: "
                                     "its roles cannot be carried over")
@@ -117,7 +124,7 @@ class _Trace:
     def roles(self) -> tuple[str, ...]:
         """The roles its records have, 0 MACs included (as :meth:`Profile.by_role` lists them)."""
         self.steps  # noqa: B018  (the roles are found there)
-        with _quiet_symbolic_graph():
+        with quiet_symbolic_graph():
             return tuple(self.profile.by_role())
 
 
@@ -132,12 +139,12 @@ class StepTemplate:
 
     @functools.cached_property
     def macs(self) -> SizeFunction:
-        with _quiet_symbolic_graph():
+        with quiet_symbolic_graph():
             return self._trace.function(self._trace.profile.by_module(self._index + 1)[""])
 
     @functools.cached_property
     def bytes(self) -> SizeFunction:
-        with _quiet_symbolic_graph():
+        with quiet_symbolic_graph():
             return self._trace.function(self._trace.profile.bytes_by_module(self._index + 1)[""])
 
     @functools.cached_property
@@ -159,7 +166,7 @@ class StepTemplate:
     @functools.cached_property
     def by_module(self) -> dict[str, SizeFunction]:
         """MACs per module path, inclusive of submodules."""
-        with _quiet_symbolic_graph():
+        with quiet_symbolic_graph():
             found = self._trace.profile.by_module(self._index + 1)
             return {path: self._trace.function(macs) for path, macs in found.items()}
 
@@ -280,6 +287,23 @@ class GenerationCount:
                 rows.append(["", "guards", "", "; ".join(piece.conditions)])
         return tabulate(rows, headers=["cache lengths n", "step", "count", "as a function of n"],
                         disable_numparse=True)
+
+
+_CONCRETE_ONLY = "expected to contain only concrete integers"
+"""What a C++ kernel of PyTorch says when it is given a symbolic size."""
+
+
+def _symbolic_decoding(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor:
+    """The symbolic trace's driver where a C++ kernel refused a symbolic size (a pad by a
+    symbolic amount: a gated-DeltaNet layer padding its chunks): a prefill and one decode
+    step under PyTorch's Python dispatcher, whose kernels take symbolic sizes, as
+    ``torch.export`` runs them. Only then: it decomposes some ops otherwise (GPT-2's
+    records differ under it), and the counts are checked against step-by-step counting
+    (``tests/test_generation_templates.py``)."""
+    from torch._dispatch.python import enable_python_dispatcher
+
+    with enable_python_dispatcher():
+        return decoding_driver(2, model, args, kwargs)
 
 
 def _role(role: str, template: StepTemplate) -> SizeFunction | None:

@@ -189,7 +189,7 @@ class SymbolicTrace:
         same order (:func:`flopscope.profile.reuse_roles`: cheap); else they are
         found on the symbolic graph itself (role passes compare sizes only where both
         are known)."""
-        with _quiet_symbolic_graph():
+        with quiet_symbolic_graph():
             try:
                 reuse_roles(self.profile, template)
                 # SymInts where they vary
@@ -204,7 +204,7 @@ class SymbolicTrace:
         """The closed-form predictions (:func:`flopscope.predict.reconcile.reconcile`)
         at length ``n``: every symbolic count and module input shape of the trace
         evaluated there (roles set by :meth:`role_counts`)."""
-        with _quiet_symbolic_graph():
+        with quiet_symbolic_graph():
             assignments: dict[CapturedOp, Assignment] = {
                 op: Assignment({role: self.at(macs, n) for role, macs in a.parts.items()}, a.block, a.factor)
                 for op, a in self.profile.role_assignments_by_op().items()}
@@ -304,7 +304,8 @@ class SizeFunction:
     def _integers(self) -> tuple[tuple[int, ...], int]:
         """The polynomial's coefficients times their common denominator, and that
         denominator."""
-        assert self.polynomial is not None
+        if self.polynomial is None:
+            raise SymbolicError(f"{self.text} is not a polynomial")
         denominator = math.lcm(*(c.denominator for c in self.polynomial.coefficients))
         return tuple(int(c * denominator) for c in self.polynomial.coefficients), denominator
 
@@ -348,7 +349,7 @@ def _is_zero(count: Count) -> bool:
     return isinstance(count, int) and count == 0
 
 
-class _quiet_symbolic_graph(warnings.catch_warnings):  # noqa: N801  (a context manager, named as one)
+class quiet_symbolic_graph(warnings.catch_warnings):  # noqa: N801  (a context manager, named as one)
     """The fx graph of a symbolic trace holds raw ``SymInt`` arguments (sizes), which fx
     warns about: expected."""
 
