@@ -54,7 +54,7 @@ from .decoding import check_decoding, decoding_driver
 from .generation import profile_generation
 from .symbolic import Count, SizeFunction, SymbolicTrace, quiet_symbolic_graph, trace
 
-__all__ = ["GenerationCount", "StepTemplate", "count_generation"]
+__all__ = ["GenerationCount", "Piece", "StepTemplate", "count_generation"]
 
 
 class _Trace:
@@ -210,7 +210,7 @@ class Piece:
         return self.traced.n
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class GenerationCount:
     """Greedy generation of ``new_tokens`` tokens after a prompt of ``prompt`` positions
     (``batch`` sequences), counted from its templates (:func:`count_generation`). The
@@ -225,6 +225,10 @@ class GenerationCount:
     pieces: tuple[Piece, ...]
     seconds: float  # the count's own wall time
     notes: tuple[str, ...] = ()
+
+    def __repr__(self) -> str:
+        return (f"GenerationCount({self.model}, batch {self.batch}, prompt {self.prompt}, {self.new_tokens} new "
+                f"tokens: {self.total():,} MACs, {len(self.pieces)} piece(s), counted in {self.seconds:.2f} s)")
 
     def _decode_runs(self) -> Iterator[tuple[StepTemplate, int, int]]:
         for piece in self.pieces:
