@@ -79,6 +79,32 @@ class Polynomial:
         return " + ".join(terms).replace("+ -", "- ") if terms else "0"
 
 
+@dataclass(frozen=True)
+class Polynomial2:
+    """``sum(c[i, j] · t^i · u^j)`` in two variables with exact rational coefficients
+    (MACs of a step in its new tokens ``t`` and its cached context ``u``)."""
+
+    coefficients: Mapping[tuple[int, int], Fraction]  # (power of t, power of u) -> coefficient
+
+    def __call__(self, t: int, u: int) -> Fraction:
+        return sum((c * Fraction(t) ** i * Fraction(u) ** j for (i, j), c in self.coefficients.items()), Fraction(0))
+
+    def terms(self) -> list[tuple[int, int, Fraction]]:
+        """``(power of t, power of u, coefficient)``, highest total degree first, zeros left out."""
+        return sorted(((i, j, c) for (i, j), c in self.coefficients.items() if c),
+                      key=lambda term: (-(term[0] + term[1]), -term[0]))
+
+    def text(self, variables: tuple[str, str] = ("t", "c")) -> str:
+        """``"2,048·t·c + 1,024·t² + ..."``."""
+        out = []
+        for i, j, c in self.terms():
+            number = f"{c.numerator:,}" if c.denominator == 1 else f"({c})"
+            factors = [f"{name}{_superscript(power) if power > 1 else ''}"
+                       for name, power in zip(variables, (i, j), strict=True) if power]
+            out.append("·".join([number, *factors]) if factors else number)
+        return " + ".join(out).replace("+ -", "- ") if out else "0"
+
+
 def _power_sum(power: int, n: int) -> Fraction:
     """``sum(x**power for x in range(n + 1))`` for ``n >= -1`` (0 for ``n = -1``), from
     Faulhaber's formula in exact arithmetic."""

@@ -40,6 +40,7 @@ read :meth:`~flopscope.profile.Profile.steps` (MACs; FLOPs = 2 x MACs).
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -47,16 +48,18 @@ from torch import nn
 
 from ..errors import ConfigurationError, InputError
 
-__all__ = ["check_decoding", "decoding_driver", "greedy_decode"]
+__all__ = ["check_decoding", "decoding_driver", "greedy_decode", "prefill_then_chunk"]
 
 
-def greedy_decode(model: nn.Module, input_ids: torch.Tensor, new_tokens: int) -> torch.Tensor:
+def greedy_decode(model: nn.Module, input_ids: torch.Tensor, new_tokens: int, *,
+                  then: Callable[[dict[str, Any]], None] | None = None) -> torch.Tensor:
     """Run ``model``'s forwards as greedy ``generate()`` would to draw ``new_tokens``
     tokens after ``input_ids`` (``[B, P]`` token ids, no padding): one prefill
     forward, then ``new_tokens - 1`` decode forwards of one token per sequence (see
     the module docstring). Returns the sequences ``[B, P + new_tokens]`` (fake
     tensors when run in a fake-tensor mode). Runs under ``torch.no_grad()``, as
-    ``generate()`` does."""
+    ``generate()`` does. ``then``: called last, still under ``no_grad``, with the
+    keyword arguments the next forward would take (the cache among them)."""
     forward_keys, cache_key = check_decoding(model, input_ids, new_tokens)
     hf: Any = model  # a transformers GenerationMixin (checked): its methods are not submodules
     batch, prompt = input_ids.shape
@@ -86,7 +89,27 @@ def greedy_decode(model: nn.Module, input_ids: torch.Tensor, new_tokens: int) ->
             outputs = model(**inputs, return_dict=True)
             kwargs = hf._update_model_kwargs_for_generation(outputs, kwargs, is_encoder_decoder=False)
             sequences = torch.cat([sequences, outputs.logits[:, -1].argmax(-1)[:, None]], dim=-1)
+        if then is not None:
+            then(kwargs)
     return sequences
+
+
+def prefill_then_chunk(model: nn.Module, input_ids: torch.Tensor, chunk: Callable[[], torch.Tensor]) -> None:
+    """The prefill :func:`greedy_decode` runs over ``input_ids`` (``[B, c]``), then one
+    forward of ``chunk()``'s token ids (``[B, t]``) on the cache it filled: a chunk of
+    a chunked prefill, as a serving engine schedules it (``t`` new positions attending
+    to the ``c`` cached ones and to each other). Positions continue from the cache's
+    length (the model derives them); only the last position's logits are computed,
+    where the forward takes ``logits_to_keep``. Units: nothing is counted here."""
+    forward_keys, _ = check_decoding(model, input_ids, 1)
+
+    def forward_chunk(kwargs: dict[str, Any]) -> None:
+        given = {key: value for key, value in kwargs.items() if key not in ("position_ids", "attention_mask")}
+        if "logits_to_keep" in forward_keys:
+            given["logits_to_keep"] = 1
+        model(input_ids=chunk(), **given, return_dict=True)
+
+    greedy_decode(model, input_ids, 1, then=forward_chunk)
 
 
 def decoding_driver(new_tokens: int, model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]

@@ -35,7 +35,7 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -52,12 +52,12 @@ from ..profile import reuse_roles
 from ..role import ROLE_ORDER
 from .decoding import check_decoding, decoding_driver
 from .generation import profile_generation
-from .symbolic import Count, SizeFunction, SymbolicTrace, quiet_symbolic_graph, trace
+from .symbolic import Count, SizeFunction, SymbolicTrace, quiet_symbolic_graph, trace_dispatched
 
 __all__ = ["GenerationCount", "Piece", "StepTemplate", "count_generation"]
 
 
-class _Trace:
+class GenerationTrace:
     """The two steps traced at one cache length ``n``: symbolic where the symbolic shapes
     allow it (``n >= 2``), else concrete; its roles found on first use, on a concrete
     count of the same two steps (role passes compare sizes), and carried to the symbolic
@@ -76,13 +76,7 @@ class _Trace:
         inputs: tuple[Any, Any] = (((ids(batch, n + 1),), {}), ((ids(batch, n),), {}))
         plan = CapturePlan.of("fake", registry, reuse=True, driver=functools.partial(decoding_driver, 2),
                               converter=fake_converter())
-        try:
-            self.symbolic = trace(model, inputs, (n + 1, n), plan, roles, {})
-        except SymbolicError as error:
-            if _CONCRETE_ONLY not in str(error):
-                raise
-            # a C++ kernel that takes plain sizes only: again with the Python dispatcher's
-            self.symbolic = trace(model, inputs, (n + 1, n), replace(plan, driver=_symbolic_decoding), roles, {})
+        self.symbolic = trace_dispatched(model, inputs, (n + 1, n), plan, roles)
         self.profile = self.symbolic.profile
         self._check_one_token(batch)
 
@@ -134,7 +128,7 @@ class StepTemplate:
     prefill). MACs and bytes are read from the records; roles, the attention core's
     share and the context on first use (they need the role passes)."""
 
-    def __init__(self, traced: _Trace, index: int) -> None:
+    def __init__(self, traced: GenerationTrace, index: int) -> None:
         self._trace, self._index = traced, index  # 0: the prefill, 1: the decode step
 
     @functools.cached_property
@@ -192,7 +186,7 @@ class Piece:
     """One trace: the prefill and decode templates, and the cache lengths of the
     generation it stands for (runs ``(first, last)``, inclusive)."""
 
-    traced: _Trace
+    traced: GenerationTrace
     lengths: tuple[tuple[int, int], ...]
     conditions: tuple[str, ...]  # its guards, in n
 
@@ -293,23 +287,6 @@ class GenerationCount:
                         disable_numparse=True)
 
 
-_CONCRETE_ONLY = "expected to contain only concrete integers"
-"""What a C++ kernel of PyTorch says when it is given a symbolic size."""
-
-
-def _symbolic_decoding(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor:
-    """The symbolic trace's driver where a C++ kernel refused a symbolic size (a pad by a
-    symbolic amount: a gated-DeltaNet layer padding its chunks): a prefill and one decode
-    step under PyTorch's Python dispatcher, whose kernels take symbolic sizes, as
-    ``torch.export`` runs them. Only then: it decomposes some ops otherwise (GPT-2's
-    records differ under it), and the counts are checked against step-by-step counting
-    (``tests/test_generation_templates.py``)."""
-    from torch._dispatch.python import enable_python_dispatcher
-
-    with enable_python_dispatcher():
-        return decoding_driver(2, model, args, kwargs)
-
-
 def _role(role: str, template: StepTemplate) -> SizeFunction | None:
     return template.by_role.get(role)
 
@@ -342,7 +319,7 @@ def count_generation(model: nn.Module, input_ids: torch.Tensor, new_tokens: int,
             why = last.specialisation([todo[0]]) if last is not None else None
             raise SymbolicError(f"{type(model).__name__}: {max_traces} traces stand for cache lengths up to "
                                 f"{todo[0] - 1}, not beyond: {why or 'the last trace is concrete'}")
-        traced = _Trace(model, batch, todo[0], input_ids.dtype, registry, tuple(roles))
+        traced = GenerationTrace(model, batch, todo[0], input_ids.dtype, registry, tuple(roles))
         holds = traced.holds(todo)
         if not holds[0]:
             raise SymbolicError(f"{type(model).__name__}: the trace at cache length {todo[0]} does not stand for "

@@ -322,11 +322,47 @@ class SizeFunction:
 def _compiled(expr: sympy.Basic, symbol: sympy.Symbol) -> Callable[[Any], Any]:
     """``expr`` as a Python function of ``symbol`` (torch's printer: floor divisions as
     ``//``, ``Max`` as ``max``), for integers or numpy arrays of them."""
+    function: Callable[[Any], Any] = eval(f"lambda {symbol}: {python_code(expr)}",
+                                          {"math": math, "max": max, "min": min})
+    return function
+
+
+def python_code(expr: sympy.Basic, names: Mapping[sympy.Symbol, str] | None = None) -> str:
+    """``expr`` as a Python expression (floor divisions ``//``, ``Max`` as ``max``,
+    ``Mod`` as ``%``: torch's printer), its symbols renamed by ``names``."""
+    import sympy
     from torch.utils._sympy.printers import PythonPrinter
 
-    code = PythonPrinter().doprint(expr)
-    function: Callable[[Any], Any] = eval(f"lambda {symbol}: {code}", {"math": math, "max": max, "min": min})
-    return function
+    if names:
+        expr = expr.xreplace({symbol: sympy.Symbol(name, integer=True) for symbol, name in names.items()})
+    return str(PythonPrinter().doprint(expr))
+
+
+_CONCRETE_ONLY = "expected to contain only concrete integers"
+"""What a C++ kernel of PyTorch says when it is given a symbolic size."""
+
+
+def trace_dispatched(model: nn.Module, inputs: tuple[Any, Any], lengths: tuple[int, int], plan: CapturePlan,
+                     roles: Sequence[RoleRule]) -> SymbolicTrace:
+    """:func:`trace`, again under PyTorch's Python dispatcher where a C++ kernel refused a
+    symbolic size (a pad by a symbolic amount: a gated-DeltaNet layer padding its
+    chunks): its kernels take symbolic sizes, as ``torch.export`` runs them. Only then,
+    since it decomposes some ops otherwise (GPT-2's records differ under it)."""
+    try:
+        return trace(model, inputs, lengths, plan, roles, {})
+    except SymbolicError as error:
+        if _CONCRETE_ONLY not in str(error):
+            raise
+    return trace(model, inputs, lengths, replace(plan, driver=functools.partial(_dispatched, plan.driver)), roles,
+                 {})
+
+
+def _dispatched(driver: Callable[..., Any] | None, model: nn.Module, args: tuple[Any, ...],
+                kwargs: dict[str, Any]) -> Any:
+    from torch._dispatch.python import enable_python_dispatcher
+
+    with enable_python_dispatcher():
+        return model(*args, **kwargs) if driver is None else driver(model, args, kwargs)
 
 
 def _where(sloc: Any) -> str:

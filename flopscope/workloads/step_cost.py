@@ -1,0 +1,312 @@
+"""A serving cost model from the model's own code: the MACs of any scheduler step as
+polynomials in each request's new tokens ``t`` and cached context ``c``.
+
+A serving engine (vLLM, SGLang) runs steps that mix requests: fresh prompts, chunks of a
+chunked prefill, single-token decodes, each against its own cache. Per request, a step
+is one of three computations, each traced once on fake tensors with its sizes as
+symbols (:mod:`flopscope.workloads.symbolic`):
+
+- ``prefill``: a fresh prompt of ``t`` positions (``c = 0``), a polynomial in ``t``;
+- ``decode``: one new position on a cache of ``c`` (``t = 1``), a polynomial in ``c``
+  (the templates of :mod:`flopscope.workloads.generation_templates`);
+- ``chunk``: ``t`` new positions on a cache of ``c``, a polynomial in ``t`` and ``c``:
+  a prefill fills the cache with ``c`` positions, then one forward of ``t`` token ids
+  runs on it (:func:`~flopscope.workloads.decoding.prefill_then_chunk`).
+
+A step's MACs are the sum over its requests (:meth:`StepCost.iteration`): every multiply
+of a decoder-only model belongs to one request, its projections to its tokens and its
+attention to its own cache. Only the last position's logits are computed, per request,
+as ``generate()`` and the engines do. The attention core is priced as executed (the
+kernels' work over the whole ``t x (c + t)`` block, ``docs/conventions.md``). A size the
+symbolic shapes keep constant (0 or 1, besides ``c = 0`` and ``t = 1`` above), or one
+outside the guards a trace recorded (a sliding window from ``W`` on), is counted
+concretely on first use and the notes say so. Units: MACs (FLOPs = 2 x MACs).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from fractions import Fraction
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..api import profile_with_plan
+from ..attribute.roles import RoleRule
+from ..capture import CapturePlan, fake_converter
+from ..errors import InputError, SymbolicError
+from ..formulas.registry import FormulaRegistry
+from ..predict.polynomial import Polynomial, Polynomial2
+from ..predict.steps import Step
+from ..profile import Profile, reuse_roles
+from ..role import ROLE_ORDER
+from .decoding import check_decoding, prefill_then_chunk
+from .generation_templates import GenerationTrace
+from .symbolic import SymbolicTrace, python_code, quiet_symbolic_graph, trace_dispatched
+
+__all__ = ["COST_SCHEMA", "RequestCount", "StepCost", "cost_model"]
+
+COST_SCHEMA = "flopscope.cost/1"
+"""The name and version of :meth:`StepCost.to_json`'s document (``docs/schemas/cost-1.json``)."""
+
+
+@dataclass(frozen=True)
+class RequestCount:
+    """MACs of one role of one template as an exact function of the request's sizes
+    (``variables``, e.g. ``("t", "c")``): a polynomial where it is one, else a Python
+    expression (a floor division: a layer padding its chunks)."""
+
+    variables: tuple[str, ...]
+    polynomial: Polynomial | Polynomial2 | None
+    expression: str  # Python, in the variables
+    evaluate: Callable[..., Any] = field(repr=False, compare=False)
+
+    def at(self, *values: int) -> int:
+        value = self.evaluate(*values)
+        if int(value) != value:
+            raise SymbolicError(f"{self.text()} is not an integer at {self.variables} = {values}")
+        return int(value)
+
+    def text(self) -> str:
+        if isinstance(self.polynomial, Polynomial):
+            return self.polynomial.text(self.variables[0])
+        if isinstance(self.polynomial, Polynomial2):
+            return self.polynomial.text((self.variables[0], self.variables[1]))
+        return self.expression
+
+    def to_json(self) -> dict[str, Any]:
+        """``{"terms": [[power, ..., "p/q"], ...]}``, or ``{"expression": "..."}`` (Python,
+        ``//`` a floor division) where the count is no polynomial."""
+        if isinstance(self.polynomial, Polynomial):
+            return {"terms": [[i, str(c)] for i, c in enumerate(self.polynomial.coefficients) if c]}
+        if isinstance(self.polynomial, Polynomial2):
+            return {"terms": [[i, j, str(c)] for i, j, c in self.polynomial.terms()]}
+        return {"expression": self.expression}
+
+
+@dataclass(frozen=True)
+class StepCost:
+    """MACs per role of one request in a step, by its new tokens ``t`` and cached
+    context ``c`` (:func:`cost_model`); a step's are the sum over its requests."""
+
+    model: str
+    prefill: Mapping[str, RequestCount]  # role -> MACs of a fresh prompt of t positions (c = 0, t >= 2)
+    decode: Mapping[str, RequestCount]  # role -> MACs of one new position on a cache of c (t = 1, c >= 2)
+    chunk: Mapping[str, RequestCount]  # role -> MACs of t new positions on a cache of c (t, c >= 2)
+    conditions: Mapping[str, tuple[str, ...]]  # template -> the guards it holds under
+    _holds: Mapping[str, Callable[[int, int], bool]] = field(repr=False, compare=False)
+    _concrete: Callable[[int, int], dict[str, int]] = field(repr=False, compare=False)
+    notes: list[str] = field(default_factory=list, compare=False)
+
+    def template_of(self, t: int, c: int) -> str:
+        """``"prefill"``, ``"decode"`` or ``"chunk"``: the computation of a request of
+        ``t`` new positions on a cache of ``c``."""
+        if t < 1 or c < 0:
+            raise InputError(f"a request brings t >= 1 new positions on a cache of c >= 0; got t = {t}, c = {c}")
+        return "prefill" if c == 0 else "decode" if t == 1 else "chunk"
+
+    def request(self, t: int, c: int) -> dict[str, int]:
+        """MACs per role of a request of ``t`` new positions on a cache of ``c``: from its
+        template where that stands for ``(t, c)``, else counted concretely (and noted)."""
+        kind = self.template_of(t, c)
+        if self._holds[kind](t, c):
+            table: Mapping[str, RequestCount] = getattr(self, kind)
+            sizes = (t,) if kind == "prefill" else (c,) if kind == "decode" else (t, c)
+            return {role: v for role, count in table.items() if (v := count.at(*sizes))}
+        note = (f"t = {t}, c = {c}: outside the {kind} template's domain "
+                f"({'; '.join(self.conditions[kind]) or 'sizes 0 and 1 are constants'}), counted concretely")
+        if note not in self.notes:
+            self.notes.append(note)
+        return self._concrete(t, c)
+
+    def iteration(self, requests: Sequence[tuple[int, int]]) -> dict[str, int]:
+        """MACs per role of a scheduler step running ``requests``, each ``(t, c)``: the sum
+        of :meth:`request` over them (a prefill chunk and eight decodes of other contexts,
+        say)."""
+        total: Counter[str] = Counter()
+        for t, c in requests:
+            total.update(self.request(t, c))
+        return {role: total[role] for role in ROLE_ORDER if total[role]}
+
+    def to_json(self) -> dict[str, Any]:
+        """The cost model as a document a simulator reads without flopscope (schema
+        :data:`COST_SCHEMA`, ``docs/schemas/cost-1.json``): each template's MACs per
+        role as exact polynomials, coefficients as strings (``"3/2"``)."""
+        def one(table: Mapping[str, RequestCount]) -> dict[str, dict[str, Any]]:
+            return {role: count.to_json() for role, count in table.items()}
+
+        domains = {"prefill": "c = 0, t >= 2", "decode": "t = 1, c >= 2", "chunk": "t >= 2, c >= 2"}
+        return {
+            "schema": COST_SCHEMA, "model": self.model, "units": "MACs per request (FLOPs = 2 x MACs)",
+            "attention": "executed",
+            "variables": {"t": "new positions of the request in the step",
+                          "c": "positions in the request's cache before the step"},
+            "step": "a step's MACs are the sum over its requests",
+            "templates": {
+                "prefill": {"domain": domains["prefill"], "conditions": list(self.conditions["prefill"]),
+                            "terms": "[power of t, coefficient]", "macs_by_role": one(self.prefill)},
+                "decode": {"domain": domains["decode"], "conditions": list(self.conditions["decode"]),
+                           "terms": "[power of c, coefficient]", "macs_by_role": one(self.decode)},
+                "chunk": {"domain": domains["chunk"], "conditions": list(self.conditions["chunk"]),
+                          "terms": "[power of t, power of c, coefficient]", "macs_by_role": one(self.chunk)}},
+        }
+
+    def table(self) -> str:
+        """Each template's MACs per role, as a text table."""
+        from tabulate import tabulate
+
+        rows: list[list[str]] = []
+        for kind in ("prefill", "decode", "chunk"):
+            found: Mapping[str, RequestCount] = getattr(self, kind)
+            rows.extend([kind if i == 0 else "", role, count.text()] for i, (role, count) in enumerate(found.items()))
+        return tabulate(rows, headers=["template", "role", "MACs per request"], disable_numparse=True)
+
+
+def cost_model(model: nn.Module, *, context: int = 64, chunk: int = 16, registry: FormulaRegistry | None = None,
+               roles: Sequence[RoleRule] = ()) -> StepCost:
+    """The serving cost model of ``model`` (a Hugging Face decoder that generates), from
+    three symbolic traces (see the module docstring): a prefill and a decode step at a
+    cache of ``context`` positions, and a chunk of ``chunk`` positions on a cache of
+    ``context``, each size a symbol. ``registry``, ``roles``: as :func:`flopscope.profile`.
+    Units: MACs (FLOPs = 2 x MACs)."""
+    if context < 2 or chunk < 2:
+        raise InputError(f"context and chunk are the traced sizes, at least 2 each; got {context}, {chunk}")
+    check_decoding(model, torch.zeros(1, context, dtype=torch.long), 1)
+    name = type(model).__name__
+    steps = GenerationTrace(model, 1, context, torch.long, registry, tuple(roles))
+    two = _ChunkTrace(model, context, chunk, registry, tuple(roles))
+    generation = steps.symbolic
+    if generation is None:
+        raise SymbolicError(f"{name}: the traced context {context} is not symbolic")
+    prefill = {role: _request_count(generation, macs, ("t",)) for role, macs in steps.steps[0].by_role.items()}
+    decode = {role: _request_count(generation, macs, ("c",)) for role, macs in steps.steps[1].by_role.items()}
+    holds_generation = functools.partial(_holds_one, generation)
+    checks: dict[str, Callable[[int, int], bool]] = {
+        "prefill": lambda t, c: t >= 2 and holds_generation(t),
+        "decode": lambda t, c: c >= 2 and holds_generation(c),
+        "chunk": lambda t, c: t >= 2 and c >= 2 and two.holds(t, c)}
+    conditions = {"prefill": generation.conditions(), "decode": generation.conditions(), "chunk": two.conditions()}
+    concrete = functools.partial(_counted, model, registry, tuple(roles))
+    return StepCost(name, prefill, decode, two.macs_by_role(), conditions, checks, functools.cache(concrete),
+                    list(dict.fromkeys([*steps.profile.notes, *two.symbolic.profile.notes])))
+
+
+def _request_count(found: SymbolicTrace, count: Any, names: tuple[str, ...],
+                   symbols: tuple[Any, ...] | None = None) -> RequestCount:
+    """``count`` of a symbolic trace as a :class:`RequestCount` in ``names`` (the trace's
+    ``symbols``, default its one symbol)."""
+    import sympy
+
+    symbols = symbols or (found.symbol,)
+    expr = sympy.expand(found.expression(count))
+    code = python_code(expr, dict(zip(symbols, names, strict=True)))
+    evaluate = eval(f"lambda {', '.join(names)}: {code}", {"max": max, "min": min})
+    polynomial: Polynomial | Polynomial2 | None = None
+    if expr.free_symbols <= set(symbols) and expr.is_polynomial(*symbols):
+        if len(symbols) == 1:
+            coefficients = found.coefficients(count)
+            polynomial = None if coefficients is None else Polynomial(coefficients)
+        else:
+            terms = sympy.Poly(expr, *symbols).terms()
+            polynomial = Polynomial2({(int(i), int(j)): Fraction(int(v.p), int(v.q)) for (i, j), v in terms})
+    return RequestCount(names, polynomial, code, evaluate)
+
+
+def _holds_one(found: SymbolicTrace, n: int) -> bool:
+    return found.holds([n])[0]
+
+
+class _ChunkTrace:
+    """The chunk template: a prefill of ``c`` positions (a symbol) then one forward of
+    ``t`` (a second symbol of the same shape environment, made by the driver), its roles
+    carried from a concrete count of the same two forwards."""
+
+    def __init__(self, model: nn.Module, context: int, chunk: int, registry: FormulaRegistry | None,
+                 roles: tuple[RoleRule, ...]) -> None:
+        self.name = type(model).__name__
+        made: dict[str, Any] = {}
+        plan = CapturePlan.of("fake", registry, reuse=True, driver=functools.partial(_chunk_driver, chunk, made),
+                              converter=fake_converter())
+        ids = functools.partial(torch.zeros, dtype=torch.long)
+        inputs: tuple[Any, Any] = (((ids(1, context + 1),), {}), ((ids(1, context),), {}))
+        self.symbolic = trace_dispatched(model, inputs, (context + 1, context), plan, roles)
+        self.t, self.c = made["t"], self.symbolic.symbol
+        twin = _chunk_profile(model, context, chunk, registry, roles)
+        with quiet_symbolic_graph():
+            if not reuse_roles(self.symbolic.profile, twin):
+                raise SymbolicError(f"{self.name} ran other ops with symbolic sizes than at c = {context}, "
+                                    f"t = {chunk}: its roles cannot be carried over")
+            found = self.symbolic.profile.steps()
+        if len(found) != 2:
+            raise SymbolicError(f"{self.name}: {len(found)} forwards traced, not a prefill and a chunk")
+        self.step: Step = found[1]
+
+    def macs_by_role(self) -> dict[str, RequestCount]:
+        return {role: _request_count(self.symbolic, macs, ("t", "c"), (self.t, self.c))
+                for role, macs in self.step.by_role.items()}
+
+    def holds(self, t: int, c: int) -> bool:
+        """Whether every guard of the trace (and each symbol's bounds) holds at ``(t, c)``."""
+        import sympy
+
+        env = self.symbolic.shape_env
+        for symbol, value in ((self.t, t), (self.c, c)):
+            bounds = env.var_to_range.get(symbol)
+            if bounds is not None and not bounds.lower <= value <= bounds.upper:
+                return False
+        at = {self.t: sympy.Integer(t), self.c: sympy.Integer(c)}
+        return all(g.expr.xreplace(at) is sympy.true for g in env.guards)
+
+    def conditions(self) -> tuple[str, ...]:
+        import sympy
+
+        names = {self.t: sympy.Symbol("t"), self.c: sympy.Symbol("c")}
+        return tuple(dict.fromkeys(str(g.expr.xreplace(names)) for g in self.symbolic.shape_env.guards))
+
+
+def _chunk_driver(chunk: int, made: dict[str, Any], model: nn.Module, args: tuple[Any, ...],
+                  kwargs: dict[str, Any]) -> None:
+    """A capture's driver: :func:`prefill_then_chunk` of the run's token ids, the chunk of
+    ``chunk`` positions, a symbol of the ids' shape environment where their length is one
+    (recorded in ``made["t"]``)."""
+    ids = args[0]
+    size = ids.shape[1]
+    length: Any = chunk
+    if isinstance(size, torch.SymInt):
+        from torch._dynamo.source import ConstantSource
+        from torch.fx.experimental.symbolic_shapes import DimDynamic
+
+        env = size.node.shape_env
+        symbol = env.create_symbol(chunk, source=ConstantSource("t"), dynamic_dim=DimDynamic.DYNAMIC)
+        made["t"] = symbol
+        length = env.create_symintnode(symbol, hint=chunk)
+    prefill_then_chunk(model, ids, lambda: torch.zeros(ids.shape[0], length, dtype=ids.dtype, device=ids.device))
+
+
+def _chunk_profile(model: nn.Module, context: int, chunk: int, registry: FormulaRegistry | None,
+                   roles: tuple[RoleRule, ...]) -> Profile:
+    plan = CapturePlan.of("fake", registry, reuse=True, driver=functools.partial(_chunk_driver, chunk, {}),
+                          converter=fake_converter())
+    return profile_with_plan(model, (torch.zeros(1, context, dtype=torch.long),), {}, plan, roles, stacklevel=4)
+
+
+def _counted(model: nn.Module, registry: FormulaRegistry | None, roles: tuple[RoleRule, ...], t: int,
+             c: int) -> dict[str, int]:
+    """MACs per role of a request counted concretely: a fresh prompt of ``t`` (``c =
+    0``), else a prefill of ``c`` then ``t`` positions on its cache (``t = 1``: a
+    decode step as :func:`~flopscope.workloads.generation.profile_generation` counts
+    it)."""
+    from .generation import profile_generation
+
+    ids = torch.zeros(1, c or t, dtype=torch.long)
+    if c == 0:
+        found = profile_generation(model, ids, 1, registry=registry, roles=roles).steps()[0]
+    elif t == 1:
+        found = profile_generation(model, ids, 2, registry=registry, roles=roles).steps()[1]
+    else:
+        found = _chunk_profile(model, c, t, registry, roles).steps()[1]
+    return {role: v for role, v in found.by_role.items() if v}
