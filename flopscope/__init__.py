@@ -36,10 +36,12 @@ _LAZY = {
                      "ForwardError", "InputError", "NotAModuleError", "NotFoundError", "RecordingError",
                      "RegistryError", "RoleError", "RunError"], "errors"),
 }
-"""Names imported on first use, from the module that holds them: the workloads (pipelines, training, generation),
-the peers and the seed study's comparison, so that ``import flopscope`` stays as light as the profiling core
-(``benchmarks/import_time.py``); and the aliases kept for one release of names now reached through their folder
-(``flopscope.errors.RunError``, ``flopscope.workloads.PipelineProfile``)."""
+"""Names imported on first use, from the module that holds them: the workloads
+(pipelines, training, generation), the peers and the seed study's comparison, so that
+``import flopscope`` stays as light as the profiling core
+(``benchmarks/import_time.py``); and the aliases kept for one release of names now
+reached through their folder (``flopscope.errors.RunError``,
+``flopscope.workloads.PipelineProfile``)."""
 
 
 def __getattr__(name: str) -> Any:
@@ -54,7 +56,8 @@ def __getattr__(name: str) -> Any:
 def __dir__() -> list[str]:
     return sorted({*globals(), *_LAZY})
 
-# the public surface: the entry points, the result and its vocabulary, the most used workloads
+# the public surface: the entry points, the result and its vocabulary, the most used
+# workloads
 __all__ = [
     "REGISTRY",
     "Assignment",
@@ -82,6 +85,7 @@ __all__ = [
     "roofline",
     "scaling",
 ]
-"""25 names. The error classes are reached as ``flopscope.errors.*`` and the other workload names as
-``flopscope.workloads.*``; their top-level names (``flopscope.RunError``, ``flopscope.PipelineProfile``, ...) stay as
-aliases outside ``__all__`` for one release (CHANGELOG)."""
+"""25 names. The error classes are reached as ``flopscope.errors.*`` and the other
+workload names as ``flopscope.workloads.*``; their top-level names
+(``flopscope.RunError``, ``flopscope.PipelineProfile``, ...) stay as aliases outside
+``__all__`` for one release (CHANGELOG)."""

@@ -1,4 +1,5 @@
-"""Model conventions: the names model families give their hyper-parameters, in one place.
+"""Model conventions: the names model families give their hyper-parameters, in one
+place.
 
 Facts, reconciliation, the model-level formulas and ``benchmarks/zoo.py`` read widths,
 heads, experts and vocabularies only through these tables. A new model family whose
@@ -67,7 +68,8 @@ FFN_WIDTH = Names(config=("intermediate_size", "n_inner", "ffn_dim", "d_ff"),
 EXPERT_FFN_WIDTH = Names(config=("moe_intermediate_size",),
                          towers=("shared_expert_intermediate_size", "expert_intermediate_size",
                                  "shared_intermediate_size"))
-"""FFN inner width of one expert of a mixture-of-experts block (else the dense :data:`FFN_WIDTH`)."""
+"""FFN inner width of one expert of a mixture-of-experts block (else the dense
+:data:`FFN_WIDTH`)."""
 TOP_K = Names(config=("num_experts_per_tok", "num_experts_per_token", "moe_topk", "top_k", "moe_k"))
 """Routed experts each token meets."""
 EXPERTS = Names(config=("num_experts", "n_routed_experts", "num_local_experts", "moe_num_experts"),
@@ -82,31 +84,34 @@ VOCAB = Names(config=("vocab_size",))
 POSITIONS = Names(config=("max_position_embeddings", "n_positions"))
 """Rows of a learned position-embedding table."""
 SLIDING_WINDOW = Names(config=("sliding_window",), module=("sliding_window",))
-"""Keys each query sees under a sliding-window mask (with ``use_sliding_window`` and ``layer_types``)."""
+"""Keys each query sees under a sliding-window mask (with ``use_sliding_window`` and
+``layer_types``)."""
 LINEAR_IN = Names(module=("in_features", "nx"))
 """Input width of a linear layer (``nn.Linear``; transformers' ``Conv1D`` calls it nx)."""
 LINEAR_OUT = Names(module=("out_features", "nf"))
 """Output width of a linear layer."""
 
 CONFIG_ALIASED = ("hidden_size", "num_attention_heads", "num_hidden_layers", "intermediate_size", "vocab_size")
-"""Hugging Face's canonical config keys, read through the config's ``attribute_map`` when its dict lacks them
-(GPT-2's ``n_embd`` is ``hidden_size``)."""
+"""Hugging Face's canonical config keys, read through the config's ``attribute_map``
+when its dict lacks them (GPT-2's ``n_embd`` is ``hidden_size``)."""
 
 QUERY_INPUTS: tuple[int | str, ...] = ("hidden_states", "query", "x", "src", "tgt", "input", "inputs_embeds", 0)
 """Names (or positions) of a block's query / token input, in order of preference."""
 KEY_INPUTS: tuple[int | str, ...] = ("key_value_states", "encoder_hidden_states", "key", "memory", "context", "kv")
 """Names of a cross-attention block's key / value input."""
 TOKEN_INPUTS: tuple[int | str, ...] = ("decoder_input_ids", "input_ids", 0, "inputs_embeds")
-"""A language model's token input: ids ``[*batch, n]`` or embeddings ``[*batch, n, d]`` (inputs_embeds), in order
-of preference (a generation step's new tokens are the decoder's where there is one)."""
+"""A language model's token input: ids ``[*batch, n]`` or embeddings ``[*batch, n, d]``
+(inputs_embeds), in order of preference (a generation step's new tokens are the
+decoder's where there is one)."""
 
 
 # --------------------------------------------------------------------------------------------------
 # attention conventions: how the attention core's (query, key) pairs are charged (docs/conventions.md)
 EXECUTED, CAUSAL, MASK = "executed", "causal", "mask"
 ATTENTION_CONVENTIONS = (EXECUTED, CAUSAL, MASK)
-"""The values of every ``attention=`` keyword: ``"executed"`` (what the kernels ran, the default), ``"causal"``
-(the pairs a causal or sliding-window mask allows), ``"mask"`` (the pairs the mask tensor allows)."""
+"""The values of every ``attention=`` keyword: ``"executed"`` (what the kernels ran, the
+default), ``"causal"`` (the pairs a causal or sliding-window mask allows), ``"mask"``
+(the pairs the mask tensor allows)."""
 
 
 def check_attention(attention: str) -> str:

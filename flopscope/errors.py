@@ -37,7 +37,8 @@ class RunError(FlopscopeError, RuntimeError):
 
 
 class ForwardError(RunError):
-    """The model's forward (or backward) raised; the original exception is ``__cause__``."""
+    """The model's forward (or backward) raised; the original exception is
+    ``__cause__``."""
 
 
 class FakeTensorError(RunError):
@@ -109,7 +110,8 @@ class SymbolicError(FlopscopeError, RuntimeError):
 
 
 class FlopscopeWarning(UserWarning):
-    """Warnings about counting: unsupported ops, a fall-back from fake to real execution."""
+    """Warnings about counting: unsupported ops, a fall-back from fake to real
+    execution."""
 
 
 def cause_of_kind(error: BaseException, kinds: type[BaseException] | tuple[type[BaseException], ...]

@@ -1,4 +1,5 @@
-"""Column replay: which output columns of a fused projection reach each of its consumers.
+"""Column replay: which output columns of a fused projection reach each of its
+consumers.
 
 A projection feeding several roles (``nn.MultiheadAttention.in_proj``, GPT-2 ``c_attn``,
 GPT-NeoX ``query_key_value`` with per-head interleaving, a fused ``gate_up_proj``) is
@@ -27,16 +28,18 @@ from .graph_view import inputs_of, is_channelwise_conv, reach
 aten = torch.ops.aten
 
 IDENTITY_OPS = VALUE_COPIES | {aten.copy}
-"""Ops whose output columns are their first input's (``copy``: the functional form of ``copy_``)."""
+"""Ops whose output columns are their first input's (``copy``: the functional form of
+``copy_``)."""
 
 REPLAY_ERRORS = (RuntimeError, TypeError, ValueError, IndexError, NotImplementedError)
-"""What replaying an op on label tensors may raise: it needs real data (an index tensor), or does not
-take int64; the labels then pass on as a set."""
+"""What replaying an op on label tensors may raise: it needs real data (an index
+tensor), or does not take int64; the labels then pass on as a set."""
 
 Labels = Any  # a label tensor, a list of them (a multi-output op), or a set of labels
 MAX_COUNTED_LABEL = 1 << 24
-"""Labels below this are collected by counting (``bincount`` allocates one slot per value up to the largest);
-larger values, which no real column index reaches, by sorting."""
+"""Labels below this are collected by counting (``bincount`` allocates one slot per
+value up to the largest); larger values, which no real column index reaches, by
+sorting."""
 
 
 def feature_axis(p: CapturedOp) -> int:
@@ -46,7 +49,8 @@ def feature_axis(p: CapturedOp) -> int:
 
 
 def columns(p: CapturedOp, target: CapturedOp) -> set[int]:
-    """Which output columns (last dim; a convolution's channels) of ``p`` reach ``target``."""
+    """Which output columns (last dim; a convolution's channels) of ``p`` reach
+    ``target``."""
     return {c for c in _union([_column_labels(p, target)]) if c >= 0}
 
 
@@ -175,7 +179,8 @@ def spread_remainder(parts: dict[str, int], total: int, largest: str | None = No
 
 
 def scale_parts(parts: Mapping[str, int], total: int) -> dict[str, int]:
-    """``parts`` rescaled to sum to ``total`` exactly (the remainder to the largest part)."""
+    """``parts`` rescaled to sum to ``total`` exactly (the remainder to the largest
+    part)."""
     whole = sum(parts.values())
     return spread_remainder({role: macs * total // whole for role, macs in parts.items()}, total,
                             largest=max(parts, key=parts.__getitem__))
@@ -209,7 +214,8 @@ def _replay(n: CapturedOp, labels: Mapping[CapturedOp, Labels]) -> Labels:
             result = first if tuple(first.shape) == out_shape else first.expand(out_shape)
         except RuntimeError:
             return _union(inputs)
-        # an op with several outputs (eval batch norm: the output, then its statistics) labels its first
+        # an op with several outputs (eval batch norm: the output, then its statistics)
+        # labels its first
         return [result, *[set() for _ in n.output_shapes[1:]]] if len(n.output_shapes) > 1 else result
     return _union(inputs)
 
@@ -338,7 +344,8 @@ def _union(values: Sequence[Labels]) -> set[int]:
         elif isinstance(v, (list, tuple)):
             out |= _union(v)
         elif v.numel() and int(v.min()) >= -1 and int(v.max()) < MAX_COUNTED_LABEL:
-            # labels are column indices, or -1 where unknown: counting them is linear, where torch.unique sorts
+            # labels are column indices, or -1 where unknown: counting them is linear,
+            # where torch.unique sorts
             counts = torch.bincount(v.flatten() + 1)
             out |= {int(x) - 1 for x in torch.nonzero(counts).flatten()}
         elif v.numel():

@@ -1,6 +1,7 @@
-"""A read-only view of a capture's dataflow for the role passes: per record (a node of the graph), its op,
-MACs, family and what its value depends on, and one walk helper (:func:`reach`) that every graph search is
-written with. It walks the :class:`~flopscope.capture.records.CapturedOp` records themselves (linked by
+"""A read-only view of a capture's dataflow for the role passes: per record (a node of
+the graph), its op, MACs, family and what its value depends on, and one walk helper
+(:func:`reach`) that every graph search is written with. It walks the
+:class:`~flopscope.capture.records.CapturedOp` records themselves (linked by
 :func:`~flopscope.capture.recorder.link`): finding roles needs no ``torch.fx`` graph.
 """
 
@@ -60,16 +61,17 @@ CONTROL_ARGUMENTS: dict[Any, tuple[int, ...]] = {
     **dict.fromkeys((aten.where,), (0,)),
     **dict.fromkeys((aten.grid_sampler, aten.grid_sampler_2d, aten.grid_sampler_3d, aten.cudnn_grid_sampler), (1,)),
 }
-"""The argument positions that say *where* an op reads or writes (indices, masks, a selection's condition),
-not *what*: control, never data for a role search (a router's scores reach the experts only through top-k
-indices; a mask reaches the scores only through where they are kept; a grid sampler's grid says where it samples
-its input, deformable attention's sampling locations). Values still depend on them
+"""The argument positions that say *where* an op reads or writes (indices, masks, a
+selection's condition), not *what*: control, never data for a role search (a router's
+scores reach the experts only through top-k indices; a mask reaches the scores only
+through where they are kept; a grid sampler's grid says where it samples its input,
+deformable attention's sampling locations). Values still depend on them
 (:attr:`GraphView.dynamic`)."""
 
 
 def data_inputs(n: CapturedOp) -> tuple[CapturedOp, ...]:
-    """The records ``n`` takes as data: :attr:`~CapturedOp.inputs` less those found only at its
-    :data:`CONTROL_ARGUMENTS` positions."""
+    """The records ``n`` takes as data: :attr:`~CapturedOp.inputs` less those found only
+    at its :data:`CONTROL_ARGUMENTS` positions."""
     positions = CONTROL_ARGUMENTS.get(getattr(n.target, "overloadpacket", None))
     if positions is None:
         return n.inputs
@@ -145,7 +147,8 @@ class GraphView:
     def __init__(self, ops: Sequence[CapturedOp]) -> None:
         link(ops)
         self.nodes: tuple[CapturedOp, ...] = tuple(n for n in ops if n.phase == FORWARD)
-        # backward and recomputed ops: each takes the roles of the forward op it differentiates or repeats
+        # backward and recomputed ops: each takes the roles of the forward op it
+        # differentiates or repeats
         self.backward_nodes: tuple[CapturedOp, ...] = tuple(n for n in ops if n.phase != FORWARD)
         dynamic: dict[CapturedOp, bool] = {}
         live: dict[CapturedOp, bool] = {}
@@ -446,12 +449,12 @@ class GraphView:
 
 
 SUM_OPS = frozenset({aten.add, aten.add_, aten.sub, aten.sub_})
-"""Elementwise sums: where an update meets the output of the projection it updates, a residual stream its
-sublayer's output."""
+"""Elementwise sums: where an update meets the output of the projection it updates, a
+residual stream its sublayer's output."""
 BROADCASTING_OPS = frozenset({aten.add, aten.add_, aten.sub, aten.sub_, aten.mul, aten.mul_, aten.div, aten.div_,
                               aten.addcmul, aten.addcdiv, aten.where, aten.lerp, aten.expand})
-"""Ops that broadcast their operands to one shape: the elementwise ones, and ``expand`` (a scatter such as
-``index_add_`` does not)."""
+"""Ops that broadcast their operands to one shape: the elementwise ones, and ``expand``
+(a scatter such as ``index_add_`` does not)."""
 
 
 def spreads(user: CapturedOp, n: CapturedOp) -> bool:

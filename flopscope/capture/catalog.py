@@ -78,8 +78,9 @@ from .records import BACKWARD
 from .scoped_patch import ScopedPatch
 
 ATTRIBUTE = "attribute:"
-"""How a catalog entry names a callable that its library looks up on a module at each call (a pybind extension's
-function: ``"attribute:flash_attn_2_cuda.fwd_kvcache"``); wrapped on that module while a profile runs."""
+"""How a catalog entry names a callable that its library looks up on a module at each
+call (a pybind extension's function: ``"attribute:flash_attn_2_cuda.fwd_kvcache"``);
+wrapped on that module while a profile runs."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -121,7 +122,8 @@ class Kernel:
     # backward phase, as gradients of the forward's record
     # on fake tensors, the torch computation it stands for, run and
     reference: Callable[[Named], Any] | None = None
-    # recorded in its place (an elementwise kernel: the same ops, so the role passes see the same dataflow)
+    # recorded in its place (an elementwise kernel: the same ops, so the role passes see
+    # the same dataflow)
     writes: tuple[str, ...] = ()  # a launch's or a module function's arguments it writes in place
     _specs: dict[str, OpSpec] = field(default_factory=dict, repr=False)
 
@@ -261,21 +263,24 @@ def _recorded(kernel: Kernel, named: Named) -> Any:
 CAUSAL_CONV = Kernel("causal_conv1d.causal_conv1d_fn", "causal_conv1d.causal_conv1d_interface.CausalConv1dFn",
                      ("x", "weight"), causal_conv1d, causal_conv_outputs, backward=twice(causal_conv1d),
                      family=OpFamily.CONV)
-"""causal-conv1d's depthwise causal convolution before 1.5.2 (a Function over a pybind module; from 1.5.2 on it
-calls the ``DaoAILab`` ops, :mod:`flopscope.formulas.kernels`), in the calling module (transformers' mixers call it
-with their ``conv1d``'s weight, as their torch path calls ``F.conv1d``)."""
+"""causal-conv1d's depthwise causal convolution before 1.5.2 (a Function over a pybind
+module; from 1.5.2 on it calls the ``DaoAILab`` ops, :mod:`flopscope.formulas.kernels`),
+in the calling module (transformers' mixers call it with their ``conv1d``'s weight, as
+their torch path calls ``F.conv1d``)."""
 
 SSD = Kernel("mamba_ssm.mamba_chunk_scan_combined", "mamba_ssm.ops.triton.ssd_combined.MambaChunkScanCombinedFn",
              ("x", "dt", "A", "B", "C", "chunk_size", "D", "z", "dt_bias", "initial_states"), ssd_formula,
              ssd_outputs, backward=twice(ssd_formula), family=OpFamily.ATTENTION, operands=(4, 3, 0),
              layout=CHUNKED)
-"""mamba-ssm's chunked scan of Mamba-2 (state space duality), priced as transformers' torch path computes it."""
+"""mamba-ssm's chunked scan of Mamba-2 (state space duality), priced as transformers'
+torch path computes it."""
 
 
 SELECTIVE_SCAN = Kernel("mamba_ssm.selective_scan_fn", "mamba_ssm.ops.selective_scan_interface.SelectiveScanFn",
                         ("u", "delta", "A", "B", "C"), selective_scan_formula, selective_scan_outputs,
                         backward=twice(selective_scan_formula))
-"""mamba-ssm's selective scan of Mamba (a CUDA extension), priced as transformers' torch path computes it."""
+"""mamba-ssm's selective scan of Mamba (a CUDA extension), priced as transformers' torch
+path computes it."""
 
 
 def _function(kernel: Kernel) -> Any:
@@ -299,7 +304,8 @@ CATALOG: list[Kernel] = [
            lambda x, conv_state, weight, **_: causal_conv1d_update(x, conv_state, weight), like("x"),
            # (before 1.5.2; from 1.5.2 on, its DaoAILab op)
            family=OpFamily.CONV, writes=("conv_state",)),
-    # Triton kernels launched from plain functions (flopscope.capture.launches), by the @triton.jit function's name
+    # Triton kernels launched from plain functions (flopscope.capture.launches), by the
+    # @triton.jit function's name
     Kernel("mamba_ssm.selective_state_update", launches.PREFIX + "_selective_scan_update_kernel",
            ("x_ptr", "B_ptr", "C_ptr", "batch", "nheads", "dim", "dstate"), state_update_formula, like("x_ptr"),
            writes=("state_ptr", "out_ptr")),
@@ -338,7 +344,8 @@ CATALOG: list[Kernel] = [
            gradients=linear_cross_entropy_gradients),
     Kernel("fla.fused_recurrent_gated_delta_rule", "fla.ops.gated_delta_rule.fused_recurrent.FusedRecurrentFunction",
            ("q", "k", "v", "g", "beta", "initial_state"), no_multiply, like("v"), reference=recurrent_gated_delta),
-    # Liger's elementwise kernels (Triton): no multiply; on fake tensors, the torch computation each stands for
+    # Liger's elementwise kernels (Triton): no multiply; on fake tensors, the torch
+    # computation each stands for
     Kernel("liger.rms_norm", "liger_kernel.ops.rms_norm.LigerRMSNormFunction", ("X", "W"), no_multiply,
            like("X"), reference=rms_norm),
     Kernel("liger.swiglu", "liger_kernel.ops.swiglu.LigerSiLUMulFunction", ("a", "b"), no_multiply, like("a"),
@@ -348,7 +355,8 @@ CATALOG: list[Kernel] = [
     Kernel("liger.cross_entropy", "liger_kernel.ops.cross_entropy.LigerCrossEntropyFunction", ("_input", "target"),
            no_multiply, linear_cross_entropy_outputs, reference=cross_entropy),
 ]
-"""The kernels counted at their ``autograd.Function`` (``docs/conventions.md``: the production kernels)."""
+"""The kernels counted at their ``autograd.Function`` (``docs/conventions.md``: the
+production kernels)."""
 
 # Function class -> its original forward, backward (while wrapped)
 _wrapped: dict[Any, tuple[Any, Any]] = {}
@@ -442,8 +450,8 @@ def _wrap(cls: Any, kernel: Kernel) -> None:
     forward, backward = cls.__dict__.get("forward"), cls.__dict__.get("backward")
     # (a forward of a base class, or one without ctx: a
     if forward is None or "setup_context" in cls.__dict__:
-        # layout this wrapper does not know; the kernel stays uncounted, and its buffers flagged in
-        # real mode)
+        # layout this wrapper does not know; the kernel stays uncounted, and its buffers
+        # flagged in real mode)
         return
     original_forward = forward.__func__ if isinstance(forward, staticmethod) else forward
     original_backward = backward.__func__ if isinstance(backward, staticmethod) else backward
@@ -480,7 +488,8 @@ def _wrap(cls: Any, kernel: Kernel) -> None:
             return original_backward(ctx, *grads)
         arguments, args, fake, products = call
         with recorder.suspended():
-            # (the forward did not run: a gradient of each input's shape, none for the rest)
+            # (the forward did not run: a gradient of each input's shape, none for the
+            # rest)
             if fake:
                 result = tuple(a.new_empty(a.shape) if isinstance(a, torch.Tensor) and a.requires_grad else None
                                for a in args)

@@ -1,5 +1,6 @@
-"""Validators for the arguments of flopscope's own functions: one function per rule, each raising a
-:class:`~flopscope.errors.FlopscopeError` subclass that names the argument and its value."""
+"""Validators for the arguments of flopscope's own functions: one function per rule,
+each raising a :class:`~flopscope.errors.FlopscopeError` subclass that names the
+argument and its value."""
 
 from __future__ import annotations
 
@@ -92,5 +93,6 @@ def check_inputs(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
 
 
 def describe(x: Any) -> str:
-    """``Tensor[2, 8]`` for a tensor, the type name of anything else (for error messages)."""
+    """``Tensor[2, 8]`` for a tensor, the type name of anything else (for error
+    messages)."""
     return f"Tensor{list(x.shape)}" if isinstance(x, torch.Tensor) else type(x).__name__

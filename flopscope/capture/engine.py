@@ -114,12 +114,14 @@ def _attempt(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], pl
             return _record(model, args, kwargs, plan, False, None, notes, stacklevel + 1)
     converter = plan.converter
     if isinstance(converter, MetaConverter) and converter.fallback is None:
-        # on meta kernels directly: no fake-tensor mode in between (a model too large to build)
+        # on meta kernels directly: no fake-tensor mode in between (a model too large to
+        # build)
         try:
             return _record(model, args, kwargs, plan, True, converter, notes, stacklevel + 1)
         except Exception as error:
             if not meta_kernels_cannot(error):
-                # the model's own error (fake tensors would meet it too), or what a real kernel refuses
+                # the model's own error (fake tensors would meet it too), or what a real
+                # kernel refuses
                 raise
             converter.fallback = fake_converter()
     if isinstance(converter, MetaConverter):
@@ -144,7 +146,8 @@ def _record(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], pla
             stand_ins: bool = True) -> CaptureResult:
     """Run and record once; the body of :func:`_attempt`."""
     facts = read_facts(model)
-    # fake: the shadow runs, so the user's tables are not restored (another thread may be changing them)
+    # fake: the shadow runs, so the user's tables are not restored (another thread may
+    # be changing them)
     snapshot = ModelSnapshot(model, buffer_values=not fake, grads=plan.backward, tables=not fake)
     # what the model's code keeps must not keep fake tensors
     caches = CacheGuard(model) if fake else None
@@ -159,8 +162,8 @@ def _record(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], pla
                 stack.enter_context(torch.enable_grad())
             replayer = None
             if held.convert is not None and plan.reuse and not plan.backward:
-                # no backward: grad mode's graph is never used; reads: the shadow's classes may be swapped,
-                # never the model's
+                # no backward: grad mode's graph is never used; reads: the shadow's
+                # classes may be swapped, never the model's
                 replayer = stack.enter_context(
                     CallReplayer(held.recorder, held.tracker, grad=True, reads=held.target is not model,
                                  stand_ins=stand_ins).wrapping({"": held.target}, blocks_only=True))
@@ -171,7 +174,8 @@ def _record(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], pla
             except Exception as error:
                 if replayer is None or not stand_ins or not (replayer.stood_in or stand_in_refused(error)):
                     raise explain(model, error, held.recorder, held.tracker, fake) from error
-                # a torch function refused a layer attribute's stand-in: counted again without
+                # a torch function refused a layer attribute's stand-in: counted again
+                # without
                 refused, output = True, None
             if inspect.isgenerator(output):
                 raise ForwardError(f"{type(model).__name__}.forward is a generator function: calling it ran none "
@@ -251,10 +255,11 @@ class Session:
         """
         if self._recorder is None or self._tracker is None:
             raise ConfigurationError("the profiler block was never entered")
-        # reads: in a fake block the modules are the run's for its duration, their parameters swapped for fake
-        # ones (other threads must not run them: docs/conventions.md), so their classes may be swapped while a
-        # first call is watched. No stand-ins: a function refusing one would fail the user's block, which is not
-        # run again.
+        # reads: in a fake block the modules are the run's for its duration, their
+        # parameters swapped for fake ones (other threads must not run them:
+        # docs/conventions.md), so their classes may be swapped while a first call is
+        # watched. No stand-ins: a function refusing one would fail the user's block,
+        # which is not run again.
         with CallReplayer(self._recorder, self._tracker, reads=self.fake, stand_ins=False).wrapping(modules) \
                 as replayer:
             yield replayer

@@ -45,9 +45,9 @@ class ModelFacts:
         return None
 
     def declared(self, names: Names, paths: Sequence[str] = (), *, config: bool = True) -> int | None:
-        """The first integer a module at ``paths`` declares under ``names.module`` (paths in order), else
-        (with ``config``) the first the config declares under ``names.config`` (see
-        :mod:`flopscope.conventions`)."""
+        """The first integer a module at ``paths`` declares under ``names.module``
+        (paths in order), else (with ``config``) the first the config declares under
+        ``names.config`` (see :mod:`flopscope.conventions`)."""
         for path in paths:
             for name in names.module:
                 value = self.attributes.get(path, {}).get(name)
@@ -111,7 +111,8 @@ def _aliases(model: nn.Module, unique: int) -> dict[str, str]:
     first: dict[int, str] = {}
     aliases: dict[str, str] = {}
     todo: list[tuple[nn.Module, str, frozenset[int]]] = [(model, "", frozenset())]
-    # depth first, each module before its children, in order: named_modules' order and first names
+    # depth first, each module before its children, in order: named_modules' order and
+    # first names
     while todo:
         module, path, above = todo.pop()  # above: the modules this path goes through
         canonical = first.setdefault(id(module), path)

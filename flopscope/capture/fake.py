@@ -1,7 +1,7 @@
 """Fake tensors for counting without computing: the model's state and inputs as ``FakeTensor``\\ s.
 
-Tensors on ``device="meta"`` become fake *CPU* tensors, so a model built on meta takes the same
-kernels (and is counted the same) as one built on the CPU.
+Tensors on ``device="meta"`` become fake *CPU* tensors, so a model built on meta takes
+the same kernels (and is counted the same) as one built on the CPU.
 """
 
 from __future__ import annotations
@@ -33,8 +33,9 @@ from torch._subclasses.fake_tensor import (
 from ..errors import FakeTensorError, cause_of_kind
 
 NEEDS_REAL_DATA = (DataDependentOutputException, DynamicOutputShapeException, UnsupportedOperatorException)
-"""Exceptions meaning "this model needs real tensor data here", not "this model is wrong" (and symbolic shapes'
-``GuardOnDataDependentSymNode``: :func:`needs_real_data`)."""
+"""Exceptions meaning "this model needs real tensor data here", not "this model is
+wrong" (and symbolic shapes' ``GuardOnDataDependentSymNode``:
+:func:`needs_real_data`)."""
 
 
 class CountingFakeTensorMode(FakeTensorMode):
@@ -160,12 +161,13 @@ class FakeConverter:
 
 
 class MetaConverter:
-    """Converts tensors to new ``device="meta"`` tensors (memoised, so tied weights stay tied), for a model whose
-    state is already on meta: its ops then run on PyTorch's meta kernels directly, with no fake-tensor mode
-    between them and the recorder (the fast way to count a model too large to build). Even a meta tensor gets a
-    new one, so the run never touches the user's (their ``.grad``, their version counters). A run enters
-    :attr:`mode` as it enters a :class:`FakeConverter`'s fake mode; its recorder makes every new tensor on
-    :attr:`device` (``Recorder(device=...)``)."""
+    """Converts tensors to new ``device="meta"`` tensors (memoised, so tied weights stay
+    tied), for a model whose state is already on meta: its ops then run on PyTorch's
+    meta kernels directly, with no fake-tensor mode between them and the recorder (the
+    fast way to count a model too large to build). Even a meta tensor gets a new one, so
+    the run never touches the user's (their ``.grad``, their version counters). A run
+    enters :attr:`mode` as it enters a :class:`FakeConverter`'s fake mode; its recorder
+    makes every new tensor on :attr:`device` (``Recorder(device=...)``)."""
 
     device = torch.device("meta")
 
@@ -252,7 +254,8 @@ def callers_fake_mode(tensors: Iterable[torch.Tensor]) -> FakeTensorMode | None:
 
 
 Converter = FakeConverter | MetaConverter
-"""What turns a run's tensors into the ones it computes on: fake tensors, or meta tensors for a meta model."""
+"""What turns a run's tensors into the ones it computes on: fake tensors, or meta
+tensors for a meta model."""
 
 
 def map_tensors(obj: Any, fn: Callable[[torch.Tensor], Any], objects: Callable[[Any], Any] | None = None) -> Any:
@@ -334,7 +337,8 @@ def loaded_dtensor() -> type | None:
 def needs_real_data(error: BaseException) -> BaseException | None:
     """The fake-tensor limitation behind ``error`` (itself or a cause in its chain), if
     any."""
-    # symbolic_shapes (with sympy: most of a second) is not imported here: what raised its guard error imported it
+    # symbolic_shapes (with sympy: most of a second) is not imported here: what raised
+    # its guard error imported it
     shapes = sys.modules.get("torch.fx.experimental.symbolic_shapes")
     guard = getattr(shapes, "GuardOnDataDependentSymNode", None)
     return cause_of_kind(error, NEEDS_REAL_DATA if guard is None else (*NEEDS_REAL_DATA, guard))
@@ -422,7 +426,8 @@ def _slots(cls: type) -> tuple[str, ...]:
 
 
 _SLOTS: weakref.WeakKeyDictionary[type, tuple[str, ...]] = weakref.WeakKeyDictionary()
-""":func:`_slots`' cache, weak: classes are made at run time too (a parametrized module gets one of its own)."""
+""":func:`_slots`' cache, weak: classes are made at run time too (a parametrized module
+gets one of its own)."""
 
 
 def modules_of(model: nn.Module) -> dict[int, nn.Module]:

@@ -1,7 +1,8 @@
-"""What the catalogued kernels' outputs and costs are made of: the output makers that build a kernel's results
-from its arguments (fake or real) and the formulas by sequence and chunk, in MACs, for
-:data:`flopscope.capture.catalog.CATALOG` (fla's chunked linear attention, Liger's fused losses and norms,
-mamba-ssm's scans, causal-conv1d, flash-attn's KV-cache call)."""
+"""What the catalogued kernels' outputs and costs are made of: the output makers that
+build a kernel's results from its arguments (fake or real) and the formulas by sequence
+and chunk, in MACs, for :data:`flopscope.capture.catalog.CATALOG` (fla's chunked linear
+attention, Liger's fused losses and norms, mamba-ssm's scans, causal-conv1d,
+flash-attn's KV-cache call)."""
 
 from __future__ import annotations
 
@@ -212,8 +213,9 @@ def recurrent_gated_delta(named: Named) -> tuple[torch.Tensor, torch.Tensor | No
 
 
 def ssd_formula(x: Any, chunk_size: int, **shapes: Any) -> MacCount:
-    """:func:`~flopscope.formulas.kernels.ssd_chunked` (packed sequences, ``seq_idx`` / ``cu_seqlens``, chunk the
-    packed length as one sequence: the kernel's chunks run over it, the states reset at each boundary)."""
+    """:func:`~flopscope.formulas.kernels.ssd_chunked` (packed sequences, ``seq_idx`` /
+    ``cu_seqlens``, chunk the packed length as one sequence: the kernel's chunks run
+    over it, the states reset at each boundary)."""
     return ssd_chunked(x, shapes["B"], chunk_size)
 
 

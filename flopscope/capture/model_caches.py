@@ -170,11 +170,12 @@ def _filled(cell: Any) -> bool:
 
 
 class CacheGuard:
-    """The caches and stores the code of ``model`` reaches (see the module docstring), taken before a fake run:
-    :meth:`restore` afterwards removes what the run left there holding fake tensors. ``own_attributes``: also each
-    module's own attributes, for a fake run of the model's own modules (a ``profiler`` block, a pipeline: a forward
-    that keeps a table it built on itself would keep a fake one; a single count runs a shadow, which takes such
-    writes)."""
+    """The caches and stores the code of ``model`` reaches (see the module docstring),
+    taken before a fake run: :meth:`restore` afterwards removes what the run left there
+    holding fake tensors. ``own_attributes``: also each module's own attributes, for a
+    fake run of the model's own modules (a ``profiler`` block, a pipeline: a forward
+    that keeps a table it built on itself would keep a fake one; a single count runs a
+    shadow, which takes such writes)."""
 
     def __init__(self, model: nn.Module, own_attributes: bool = False) -> None:
         self._stores: dict[int, tuple[Any, Any]] = {}  # id -> (dict or list, its shallow copy)

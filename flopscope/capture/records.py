@@ -57,8 +57,9 @@ Shape = tuple[int, ...]
 
 
 FORWARD, BACKWARD, RECOMPUTE = "forward", "backward", "recompute"
-"""The phases of a capture (plain strings: they are keys of :meth:`Profile.by_phase`); ``RECOMPUTE`` is the
-forward work that activation checkpointing runs again during the backward pass."""
+"""The phases of a capture (plain strings: they are keys of :meth:`Profile.by_phase`);
+``RECOMPUTE`` is the forward work that activation checkpointing runs again during the
+backward pass."""
 
 
 class Cost(StrEnum):
@@ -115,7 +116,8 @@ class CapturedOp:
     cost: Cost = Cost.ZERO
     spec: OpSpec | None = None  # the registry's entry for an op with a formula
     macs: int = 0  # MACs of the op's formula (0 without one); public meta key "multiplies"
-    # minimum bytes read and written (flopscope.formulas.traffic); public meta key "bytes"
+    # minimum bytes read and written (flopscope.formulas.traffic); public meta key
+    # "bytes"
     bytes: int = 0
     parts: dict[str, int] | None = None  # {part: MACs} of a fused op's formula
     elementwise: tuple[str, int] | None = None  # (category, elementwise ops)
@@ -136,7 +138,8 @@ class CapturedOp:
     users: tuple[CapturedOp, ...] = ()  # the records that take this one's output, in order
 
     def __repr__(self) -> str:
-        # short: its arguments, forward op, inputs and users lead through the whole graph
+        # short: its arguments, forward op, inputs and users lead through the whole
+        # graph
         where = f", module={self.module!r}" if self.module_stack else ""
         return (f"CapturedOp({self.name}, {self.op_name}{where}, phase={self.phase}, inputs={list(self.input_shapes)}, "
                 f"outputs={list(self.output_shapes)}, macs={self.macs})")
@@ -226,8 +229,9 @@ def build_graph(ops: list[CapturedOp]) -> fx.Graph:
     nodes: dict[CapturedOp, fx.Node] = {}
 
     for op in ops:
-        # arguments set after creation: ``create_node`` walks them with pytree (to warn of raw SymInts), which
-        # took a third of the time of building a large graph; the setters keep users and uses the same way
+        # arguments set after creation: ``create_node`` walks them with pytree (to warn
+        # of raw SymInts), which took a third of the time of building a large graph; the
+        # setters keep users and uses the same way
         node = nodes[op] = graph.create_node(op.node_op, op.target, name=op.name)
         if op.args:
             node.args = map_records(op.args, nodes.__getitem__)
@@ -279,7 +283,8 @@ class Capture:
     largest_tensor_bytes: int = 0
     # a replayed call's record -> the record
     copies: Mapping[CapturedOp, CapturedOp] = field(default_factory=dict)
-    # of the earlier call it copies (flopscope.capture.replay): the same op on the same shapes, in the same place
+    # of the earlier call it copies (flopscope.capture.replay): the same op on the same
+    # shapes, in the same place
 
     def notes(self, unchecked: bool = True) -> list[str]:
         """What the recording could not establish: an op whose formula returns attention

@@ -53,8 +53,8 @@ from .fake import tensors_in
 from .module_tracker import ModuleCall, ModuleTracker
 
 OUTSIDE = "outside the ATen dispatcher: "
-"""The prefix of the :meth:`Profile.unsupported` keys of such work: ``"outside the ATen dispatcher: blocks.0.ext"``
-(the module path; ``""`` is the root)."""
+"""The prefix of the :meth:`Profile.unsupported` keys of such work: ``"outside the ATen
+dispatcher: blocks.0.ext"`` (the module path; ``""`` is the root)."""
 
 FOREIGN = "its memory came from NumPy or another library: torch.from_numpy, torch.as_tensor, DLPack"
 UNWRITTEN = "it is memory from empty / empty_like that no ATen op wrote"

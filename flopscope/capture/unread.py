@@ -32,7 +32,8 @@ _IGNORED_WHEN_ZERO: dict[Any, tuple[str, str]] = {
 """``{op packet: (argument not read, the scalar argument that, when 0, makes it so)}``."""
 
 def _metadata_only(func: torch._ops.OpOverload) -> bool:
-    """A ``*_like`` / ``new_*`` factory: its ``self`` gives only shape, dtype and device."""
+    """A ``*_like`` / ``new_*`` factory: its ``self`` gives only shape, dtype and
+    device."""
     name = func.overloadpacket.__name__
     return name.endswith("_like") or name.startswith("new_")
 

@@ -64,7 +64,8 @@ def materialised(target: Target, spec: str, settings: list[str], what: str, acti
     parameters = state_bytes(target.model) if dtype is None else \
         max(state_bytes(target.model), state_bytes(target.model, dtype))
     if callable(activation):
-        # the parameters alone first: the estimate's fake run is skipped when they do not fit
+        # the parameters alone first: the estimate's fake run is skipped when they do
+        # not fit
         check_fits(what, parameters, None, "cpu", copies=copies, way_out=way_out)
         activation = activation()
     check_fits(what, parameters, activation, "cpu", copies=copies, way_out=way_out)

@@ -22,7 +22,8 @@ from ..workloads.scaling import MIN_LENGTHS
 from .targets import parse_setting, parse_shape
 
 Commands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
-"""What ``add_subparsers()`` returns: each command module's ``register`` adds its parser to it."""
+"""What ``add_subparsers()`` returns: each command module's ``register`` adds its parser
+to it."""
 
 EXAMPLES = """examples:
   flopscope demo                                  the seed study's Transformer block, n = d = 512, h = 8

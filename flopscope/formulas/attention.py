@@ -60,7 +60,8 @@ def attention_core(batch_heads: int, n_q: int, n_k: int, d_k: int, d_v: int) -> 
 def sdpa(q: Shape, k: Shape, v: Shape, *_: Any, **__: Any) -> dict[str, int]:
     """Every kernel of ``F.scaled_dot_product_attention``; grouped-query K/V (fewer
     heads) allowed."""
-    # [*B, h, n_q, d_v] = sdpa([*B, h, n_q, d_k], [*B, h_kv, n_k, d_k], [*B, h_kv, n_k, d_v])
+    # [*B, h, n_q, d_v] = sdpa([*B, h, n_q, d_k], [*B, h_kv, n_k, d_k], [*B, h_kv, n_k,
+    # d_v])
     return attention_core(prod(q[:-2]), q[-2], k[-2], q[-1], v[-1])
 
 
@@ -73,8 +74,9 @@ def _flex_attention_ops() -> tuple[Any, Any]:
 
 
 FLEX_ATTENTION, FLEX_ATTENTION_BACKWARD = _flex_attention_ops()
-"""FlexAttention's higher-order ops (``torch.nn.attention.flex_attention.flex_attention`` calls the first; its
-autograd function the second)."""
+"""FlexAttention's higher-order ops
+(``torch.nn.attention.flex_attention.flex_attention`` calls the first; its autograd
+function the second)."""
 
 if FLEX_ATTENTION is not None:
     @formula(FLEX_ATTENTION, family=OpFamily.ATTENTION, operands=(0, 1, 2))
@@ -83,7 +85,8 @@ if FLEX_ATTENTION is not None:
         without ``torch.compile``) executes it: dense, every (query, key) pair of
         every head; the block mask and ``score_mod`` change the scores, not how many
         are computed (``docs/conventions.md``). Grouped-query K/V heads allowed."""
-        # [B, h, n_q, d_v] = flex_attention(q [B, h, n_q, d_k], k [B, h_kv, n_k, d_k], v [B, h_kv, n_k, d_v], ...)
+        # [B, h, n_q, d_v] = flex_attention(q [B, h, n_q, d_k], k [B, h_kv, n_k, d_k], v
+        # [B, h_kv, n_k, d_v], ...)
         return attention_core(prod(q[:-2]), q[-2], k[-2], q[-1], v[-1])
 
 
@@ -93,7 +96,8 @@ def flash_attention(q: Shape, k: Shape, v: Shape, cum_seq_q: Shape | None = None
     """FlashAttention's kernel (``[B, n, heads, d]``; variable-length: packed ``[total,
     heads, d]`` with ``cum_seq_q`` / ``cum_seq_k`` offsets): see
     :func:`attention_bnhd`."""
-    # [B, n_q, h, d_v] = _flash_attention_forward(q, k, v, cum_seq_q, cum_seq_k, max_q, max_k, dropout, causal, ...)
+    # [B, n_q, h, d_v] = _flash_attention_forward(q, k, v, cum_seq_q, cum_seq_k, max_q,
+    # max_k, dropout, causal, ...)
     return attention_bnhd(q, k, v, cum_seq_q, cum_seq_k, max_q, max_k)
 
 
@@ -103,7 +107,8 @@ def efficient_attention(q: Shape, k: Shape, v: Shape, bias: Shape | None = None,
                         max_seqlen_k: int | None = None, *_: Any, **__: Any) -> dict[str, int]:
     """The memory-efficient kernel (same layouts; its offsets come after the bias): see
     :func:`attention_bnhd`."""
-    # [B, n_q, h, d_v] = _efficient_attention_forward(q, k, v, bias, cu_seqlens_q, cu_seqlens_k, max_q, max_k, ...)
+    # [B, n_q, h, d_v] = _efficient_attention_forward(q, k, v, bias, cu_seqlens_q,
+    # cu_seqlens_k, max_q, max_k, ...)
     return attention_bnhd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q or 0, max_seqlen_k or 0)
 
 
@@ -185,7 +190,8 @@ def native_multi_head_attention(query: Shape, key: Shape, value: Shape, embed_di
                                 *_: Any, **__: Any) -> dict[str, int]:
     """The eval fast path of ``nn.MultiheadAttention`` (batch-first, ``kdim == vdim ==
     embed_dim``)."""
-    # [B, n_q, E] = _native_multi_head_attention([B, n_q, E], [B, n_k, E], [B, n_k, E], E, h, [3E, E], ...)
+    # [B, n_q, E] = _native_multi_head_attention([B, n_q, E], [B, n_k, E], [B, n_k, E],
+    # E, h, [3E, E], ...)
     if isinstance(query, NestedShape):  # self-attention over variable-length sequences
         return _nested_self_attention(query.lengths, embed_dim)
     return multi_head_attention(prod(query[:-1]), query[-2] if len(query) > 1 else 1,
@@ -209,8 +215,9 @@ def transformer_encoder_layer(src: Shape, embed_dim: int, num_heads: int, qkv_we
                               ffn_weight_1: Shape, *_: Any, **__: Any) -> dict[str, int]:
     """The fused eval fast path of ``nn.TransformerEncoderLayer``: self-attention plus a
     two-layer FFN."""
-    # [B, n, E] = _transformer_encoder_layer_fwd([B, n, E], E, h, [3E, E], ..., [F, E], [F], [E, F], [E], ...)
-    # padded batch passed as a nested tensor: no work on the padding
+    # [B, n, E] = _transformer_encoder_layer_fwd([B, n, E], E, h, [3E, E], ..., [F, E],
+    # [F], [E, F], [E], ...) padded batch passed as a nested tensor: no work on the
+    # padding
     if isinstance(src, NestedShape):
         tokens, parts = sum(src.lengths), _nested_self_attention(src.lengths, embed_dim)
     else:
@@ -243,7 +250,8 @@ def backward_of(core: dict[str, int]) -> dict[str, int]:
          aten._scaled_dot_product_fused_attention_overrideable_backward, family=OpFamily.ATTENTION,
          operands=(1, 2, 3))
 def sdpa_backward(grad_out: Shape, q: Shape, k: Shape, v: Shape, *_: Any, **__: Any) -> dict[str, int]:
-    # (dQ, dK, dV) = sdpa_backward(dO [*B, h, n_q, d_v], Q [*B, h, n_q, d_k], K, V [*B, h_kv, n_k, d], ...)
+    # (dQ, dK, dV) = sdpa_backward(dO [*B, h, n_q, d_v], Q [*B, h, n_q, d_k], K, V [*B,
+    # h_kv, n_k, d], ...)
     return attention_core_backward(prod(q[:-2]), q[-2], k[-2], q[-1], v[-1])
 
 
@@ -253,7 +261,8 @@ def flash_attention_backward(grad_out: Shape, q: Shape, k: Shape, v: Shape, out:
                              max_k: int = 0, *_: Any, **__: Any) -> dict[str, int]:
     """Backward of FlashAttention's kernel, variable-length included (see
     :func:`attention_bnhd`)."""
-    # (dQ, dK, dV) = _flash_attention_backward(dO, q, k, v, out, logsumexp, cum_seq_q, cum_seq_k, max_q, max_k, ...)
+    # (dQ, dK, dV) = _flash_attention_backward(dO, q, k, v, out, logsumexp, cum_seq_q,
+    # cum_seq_k, max_q, max_k, ...)
     return backward_of(attention_bnhd(q, k, v, _varlen(cum_seq_q), _varlen(cum_seq_k), max_q, max_k))
 
 
@@ -263,7 +272,8 @@ def efficient_attention_backward(grad_out: Shape, q: Shape, k: Shape, v: Shape, 
                                  max_seqlen_q: int = 0, max_seqlen_k: int = 0, *_: Any, **__: Any) -> dict[str, int]:
     """Backward of the memory-efficient kernel, variable-length included (see
     :func:`attention_bnhd`)."""
-    # (dQ, dK, dV, dBias) = _efficient_attention_backward(dO, q, k, v, bias, out, cu_q, cu_k, max_q, max_k, ...)
+    # (dQ, dK, dV, dBias) = _efficient_attention_backward(dO, q, k, v, bias, out, cu_q,
+    # cu_k, max_q, max_k, ...)
     return backward_of(attention_bnhd(q, k, v, _varlen(cu_seqlens_q), _varlen(cu_seqlens_k), max_seqlen_q,
                                       max_seqlen_k))
 
@@ -280,5 +290,6 @@ if FLEX_ATTENTION_BACKWARD is not None:
         """FlexAttention's backward as its eager implementation runs it: dense, the
         scores recomputed, then the four gradient products
         (:func:`attention_core_backward`). In torch 2.13 the CPU refuses it."""
-        # (dQ, dK, dV, ...) = flex_attention_backward(q, k, v, out, logsumexp, grad_out, grad_logsumexp, ...)
+        # (dQ, dK, dV, ...) = flex_attention_backward(q, k, v, out, logsumexp, grad_out,
+        # grad_logsumexp, ...)
         return attention_core_backward(prod(q[:-2]), q[-2], k[-2], q[-1], v[-1])

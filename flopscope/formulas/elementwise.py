@@ -95,7 +95,8 @@ RULES: dict[Any, ElementwiseRule] = {
                      aten.max_pool2d, aten.max_pool1d, aten.multinomial, aten.cummax, aten.cummin,
                      aten.isin], _REDUCTION),
     **dict.fromkeys([aten.native_dropout, aten.bernoulli], _DROPOUT),
-    # losses (only their backward is recorded: the loss runs outside the model's modules)
+    # losses (only their backward is recorded: the loss runs outside the model's
+    # modules)
     **dict.fromkeys([aten.nll_loss_forward, aten.nll_loss2d_forward, aten.mse_loss, aten.binary_cross_entropy,
                      aten.binary_cross_entropy_with_logits, aten.smooth_l1_loss, aten.huber_loss], _REDUCTION),
     **dict.fromkeys([aten.nll_loss_backward, aten.nll_loss2d_backward, aten.mse_loss_backward,
@@ -122,7 +123,8 @@ RULES: dict[Any, ElementwiseRule] = {
                      aten.hardswish_backward, aten.elu_backward, aten.leaky_relu_backward, aten.softplus_backward,
                      aten.hardsigmoid_backward, aten.hardtanh_backward, aten.glu_backward, aten.hardswish,
                      aten.log_sigmoid_forward, aten.log_sigmoid_backward], _POINTWISE),
-    # quantization: scale, round, shift and clamp each element (the quantized kernels themselves have formulas)
+    # quantization: scale, round, shift and clamp each element (the quantized kernels
+    # themselves have formulas)
     **dict.fromkeys([aten.quantize_per_tensor, aten.quantize_per_tensor_dynamic, aten.quantize_per_channel,
                      aten.dequantize], _POINTWISE),
 }
@@ -164,14 +166,17 @@ ZERO_COST: frozenset[Any] = frozenset([
     # checks
     aten._is_all_true, aten._is_any_true, aten._nested_tensor_from_mask_left_aligned,
 ])
-"""Ops that do no arithmetic (beyond what is already counted by a formula or rule). In-place variants of these
-ops and of views (``aten.fill_``, ``aten.squeeze_``) and their ``out=`` overloads are zero-cost by rule."""
+"""Ops that do no arithmetic (beyond what is already counted by a formula or rule).
+In-place variants of these ops and of views (``aten.fill_``, ``aten.squeeze_``) and
+their ``out=`` overloads are zero-cost by rule."""
 
 ZERO_COST_NAMESPACES: frozenset[str] = frozenset({"profiler"})
-"""Namespaces whose ops do no arithmetic: ``profiler::_record_function_enter_new`` / ``_record_function_exit``
-are the bookkeeping of ``torch.profiler.record_function`` blocks (``nn.DataParallel.forward`` opens one)."""
+"""Namespaces whose ops do no arithmetic: ``profiler::_record_function_enter_new`` /
+``_record_function_exit`` are the bookkeeping of ``torch.profiler.record_function``
+blocks (``nn.DataParallel.forward`` opens one)."""
 
-# Metadata queries dispatched while a tensor is inspected; they are not ops of the model.
+# Metadata queries dispatched while a tensor is inspected; they are not ops of the
+# model.
 METADATA_OPS: frozenset[Any] = frozenset([
     *(op.default for op in aten_ops("sym_is_contiguous")), aten.is_contiguous.default,
     aten.is_contiguous.memory_format, aten.is_strides_like_format.default, aten.is_non_overlapping_and_dense.default,
@@ -193,10 +198,11 @@ SOFTMAX_OPS = ops_in_category("softmax")
 """The ops that normalise attention scores (softmax, log-softmax, SDPA's safe softmax)."""
 VALUE_COPIES = frozenset({aten._to_copy, aten.clone, aten.contiguous, aten.detach, aten.alias, aten.lift_fresh,
                           aten.lift_fresh_copy})
-"""Ops whose output holds their first argument's values unchanged (copies, aliases, dtype and layout changes)."""
+"""Ops whose output holds their first argument's values unchanged (copies, aliases,
+dtype and layout changes)."""
 EMBEDDING_LOOKUPS = frozenset({aten.embedding, aten._embedding_bag, aten.embedding_bag})
-"""Table lookups by index: no multiply (a row copied per index), the token tables the logits pass and the index
-checks look for."""
+"""Table lookups by index: no multiply (a row copied per index), the token tables the
+logits pass and the index checks look for."""
 
 ACTIVATION_OPS: frozenset[Any] = with_inplace({
     aten.relu, aten.gelu, aten.silu, aten.sigmoid, aten.tanh, aten.elu, aten.leaky_relu, aten.hardswish,
@@ -204,17 +210,18 @@ ACTIVATION_OPS: frozenset[Any] = with_inplace({
     aten.prelu, aten._prelu_kernel, aten.log_sigmoid_forward, aten.rrelu_with_noise, aten.threshold, aten.sin,
     aten.expm1,  # (ELU's family written out: xIELU's torch.expm1(torch.min(x, eps)), Apertus' MLP)
 })
-"""Pointwise nonlinearities (counted as ``pointwise`` work), with their in-place twins (``aten.relu_``): the
-FFN pass looks for one between two weight matmuls."""
+"""Pointwise nonlinearities (counted as ``pointwise`` work), with their in-place twins
+(``aten.relu_``): the FFN pass looks for one between two weight matmuls."""
 
 PRODUCT_OPS: frozenset[Any] = with_inplace({aten.mul})
-"""Elementwise products (counted as ``pointwise`` work), in-place too: a gated FFN multiplies its two branches."""
+"""Elementwise products (counted as ``pointwise`` work), in-place too: a gated FFN
+multiplies its two branches."""
 
 
 TAGGED_REDUCTIONS = ("all", "amax", "amin", "aminmax", "any", "argmax", "argmin", "count_nonzero", "linalg__powsum",
                      "mean", "nansum", "norm", "prod", "std", "sum", "var")
-"""The ops that torch tags ``reduction`` (2.10 and later) and :data:`RULES` does not list; a torch without that
-tag gives them the reduction rule by name."""
+"""The ops that torch tags ``reduction`` (2.10 and later) and :data:`RULES` does not
+list; a torch without that tag gives them the reduction rule by name."""
 _REDUCTION_TAG = getattr(torch.Tag, "reduction", None)
 if _REDUCTION_TAG is None:
     RULES.update(dict.fromkeys(aten_ops(*TAGGED_REDUCTIONS), _REDUCTION))
@@ -252,7 +259,8 @@ def _with_functional(func: Any) -> tuple[Any, ...]:
 
 
 def elementwise_ops(rule: ElementwiseRule, args: Sequence[Any], out: Any) -> int:
-    """Elementwise ops of one call under ``rule`` (see the table in the module docstring)."""
+    """Elementwise ops of one call under ``rule`` (see the table in the module
+    docstring)."""
     source = args if rule.basis == "input" else (out if isinstance(out, (tuple, list)) else (out,))
     for x in source:
         if isinstance(x, torch.Tensor):

@@ -47,7 +47,8 @@ def state_bytes(model: nn.Module, dtype: torch.dtype | None = None) -> int:
 
 
 def system_available() -> int | None:
-    """``MemAvailable`` of ``/proc/meminfo`` in bytes (``None`` where it cannot be read)."""
+    """``MemAvailable`` of ``/proc/meminfo`` in bytes (``None`` where it cannot be
+    read)."""
     try:
         with open("/proc/meminfo") as meminfo:
             for line in meminfo:
@@ -87,8 +88,9 @@ def cuda_available(device: torch.device) -> int:
 
 
 def available_bytes(device: torch.device | str = "cpu") -> int | None:
-    """Bytes a run on ``device`` can allocate now: a CUDA device's :func:`cuda_available`; otherwise the least of
-    :func:`system_available` and :func:`address_space_left`. ``None`` where none of them can be read."""
+    """Bytes a run on ``device`` can allocate now: a CUDA device's
+    :func:`cuda_available`; otherwise the least of :func:`system_available` and
+    :func:`address_space_left`. ``None`` where none of them can be read."""
     device = torch.device(device)
     if device.type == "cuda":
         return cuda_available(device)

@@ -50,17 +50,21 @@ class FlopscopeTrainerCallback(TrainerCallback):
     """Exact FLOPs per batch and MFU for a ``transformers.Trainer``.
 
     Args:
-        make_inputs: ``make_inputs(n)`` -> the model's inputs for one sequence of ``n`` tokens (default: token
-            ids under the model's ``main_input_name``: enough for decoder-only and encoder models; an
-            encoder-decoder needs its decoder inputs too).
-        batch_inputs: ``batch_inputs(inputs)`` -> what :class:`~flopscope.training.BatchPricer` prices (default:
-            the trainer's inputs dict as is: ``input_ids`` with their padding, or packed ``position_ids``).
-        peak, dtype: the device's dense peak FLOP/s: a number, ``"auto"`` (default: looked up for the model's
-            device and ``dtype``) or ``None`` (unknown: no MFU), as :class:`~flopscope.training.Throughput` takes it.
-        lengths: sequence lengths traced once on train begin (default: 8 to 128, or up to the config's
-            position count when it is smaller).
-        attention: the convention of the attention core, ``"executed"`` (default), ``"causal"`` or ``"mask"``
-            (see the module docstring).
+        make_inputs: ``make_inputs(n)`` -> the model's inputs for one sequence of ``n``
+            tokens (default: token ids under the model's ``main_input_name``: enough for
+            decoder-only and encoder models; an encoder-decoder needs its decoder inputs
+            too).
+        batch_inputs: ``batch_inputs(inputs)`` -> what
+            :class:`~flopscope.training.BatchPricer` prices (default: the trainer's
+            inputs dict as is: ``input_ids`` with their padding, or packed
+            ``position_ids``).
+        peak, dtype: the device's dense peak FLOP/s: a number, ``"auto"`` (default:
+            looked up for the model's device and ``dtype``) or ``None`` (unknown: no
+            MFU), as :class:`~flopscope.training.Throughput` takes it.
+        lengths: sequence lengths traced once on train begin (default: 8 to 128, or up
+            to the config's position count when it is smaller).
+        attention: the convention of the attention core, ``"executed"`` (default),
+            ``"causal"`` or ``"mask"`` (see the module docstring).
     """
 
     def __init__(self, make_inputs: Callable[[int], Any] | None = None, *,

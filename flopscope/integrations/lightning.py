@@ -41,18 +41,24 @@ class FlopscopeCallback(pl.Callback):
     """Exact FLOPs per batch and MFU for a ``lightning.Trainer``.
 
     Args:
-        make_inputs: ``make_inputs(n)`` -> the module's inputs for one sequence of ``n`` tokens.
-        batch_inputs: ``batch_inputs(batch)`` -> what :class:`~flopscope.training.BatchPricer` prices (token ids
-            ``[B, n]``, a dict of model inputs, or lengths); default: the batch itself, or its ``input_ids``.
-        model: ``model(pl_module)`` -> the module to trace (default: the LightningModule itself).
-        peak, dtype: the device's dense peak FLOP/s: a number, ``"auto"`` (default: looked up for the module's
-            device and ``dtype``) or ``None`` (unknown: no MFU), as :class:`~flopscope.training.Throughput` takes it.
-        lengths: sequence lengths traced once on fit start (in training mode, so activation checkpointing shows
-            as recomputed work: HFU).
-        loss: ``loss(output)`` -> the scalar whose backward is priced (default: the sum of the floating outputs;
-            the backward's multiplies are the same for any loss of the logits).
-        attention: the convention of the attention core, ``"executed"`` (default), ``"causal"`` or ``"mask"``
-            (see the module docstring).
+        make_inputs: ``make_inputs(n)`` -> the module's inputs for one sequence of ``n``
+            tokens.
+        batch_inputs: ``batch_inputs(batch)`` -> what
+            :class:`~flopscope.training.BatchPricer` prices (token ids ``[B, n]``, a
+            dict of model inputs, or lengths); default: the batch itself, or its
+            ``input_ids``.
+        model: ``model(pl_module)`` -> the module to trace (default: the LightningModule
+        itself). peak, dtype: the device's dense peak FLOP/s: a number, ``"auto"``
+        (default: looked up for the module's
+            device and ``dtype``) or ``None`` (unknown: no MFU), as
+            :class:`~flopscope.training.Throughput` takes it.
+        lengths: sequence lengths traced once on fit start (in training mode, so
+            activation checkpointing shows as recomputed work: HFU).
+        loss: ``loss(output)`` -> the scalar whose backward is priced (default: the sum
+            of the floating outputs; the backward's multiplies are the same for any loss
+            of the logits).
+        attention: the convention of the attention core, ``"executed"`` (default),
+            ``"causal"`` or ``"mask"`` (see the module docstring).
     """
 
     def __init__(self, make_inputs: Callable[[int], Any], *, batch_inputs: Callable[[Any], Any] | None = None,

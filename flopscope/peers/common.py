@@ -1,9 +1,10 @@
-"""The cross-check itself: its results (:class:`Difference`, :class:`PeerCount`, :class:`Crosscheck`),
-:func:`crosscheck`, the table of peer tools and the helpers their runners share.
+"""The cross-check itself: its results (:class:`Difference`, :class:`PeerCount`,
+:class:`Crosscheck`), :func:`crosscheck`, the table of peer tools and the helpers their
+runners share.
 
-Each peer's runner lives in its own module beside its plug-in (:mod:`.flop_counter`, :mod:`.fvcore`,
-:mod:`.thop`) and is imported only when :func:`crosscheck` runs it; the peers themselves (fvcore, thop) are
-imported inside those runners, never at import time.
+Each peer's runner lives in its own module beside its plug-in (:mod:`.flop_counter`,
+:mod:`.fvcore`, :mod:`.thop`) and is imported only when :func:`crosscheck` runs it; the
+peers themselves (fvcore, thop) are imported inside those runners, never at import time.
 
 Units: MACs everywhere (FLOPs = 2 x MACs).
 """
@@ -38,7 +39,8 @@ from ..role import ROLE_ORDER
 from .isolation import isolated, track_copy
 
 Runner = Callable[[nn.Module, tuple[Any, ...], dict[str, Any], Profile, bool], "PeerCount"]
-"""A peer's runner: ``(model, args, kwargs, flopscope's profile, plugins) -> PeerCount``."""
+"""A peer's runner: ``(model, args, kwargs, flopscope's profile, plugins) ->
+PeerCount``."""
 
 
 @dataclass(frozen=True)
@@ -145,7 +147,8 @@ class PeerCount:
     by_module: Mapping[str, int] | None = None
     # what the tool left behind (patched functions, hooks), undone before the next
     leaks: tuple[str, ...] = ()
-    # how the peer was run when not as given ("counted with use_cache=False: ..."), and why
+    # how the peer was run when not as given ("counted with use_cache=False: ..."), and
+    # why
     note: str = ""
 
     @property
@@ -188,7 +191,8 @@ class PeerCount:
 
 @dataclass(frozen=True)
 class Crosscheck:
-    """flopscope's count and every peer's, per tool (``crosscheck["thop"]``), all in MACs."""
+    """flopscope's count and every peer's, per tool (``crosscheck["thop"]``), all in
+    MACs."""
 
     profile: Profile
     peers: Mapping[str, PeerCount]
@@ -311,12 +315,15 @@ def crosscheck(model: nn.Module, *args: Any, tools: Sequence[str] | None = None,
     ``get_total_macs()``), torchprofile (MACs).
 
     Args:
-        tools: which peers to run (default all of :data:`TOOLS`); a peer that is not installed is skipped.
-            An unknown name is a :class:`~flopscope.errors.ConfigurationError`.
+        tools: which peers to run (default all of :data:`TOOLS`); a peer that is not
+            installed is skipped. An unknown name is a
+            :class:`~flopscope.errors.ConfigurationError`.
         plugins: run the peers with flopscope's plug-ins (:func:`flop_counter_mapping`,
-            :func:`fvcore_handles` with elementwise counters off, :func:`thop_custom_ops`): they should
-            then agree exactly. DeepSpeed, calflops and torchprofile have none and run as they are.
-        forward_kwargs: keyword arguments for the model whose names clash with ``tools`` / ``plugins``.
+            :func:`fvcore_handles` with elementwise counters off,
+            :func:`thop_custom_ops`): they should then agree exactly. DeepSpeed,
+            calflops and torchprofile have none and run as they are.
+        forward_kwargs: keyword arguments for the model whose names clash with ``tools``
+            / ``plugins``.
 
     All counts are MACs (FLOPs = 2 x MACs).
     """
@@ -326,8 +333,9 @@ def crosscheck(model: nn.Module, *args: Any, tools: Sequence[str] | None = None,
             raise ConfigurationError(f"unknown tool {name!r}; choose from {', '.join(TOOLS)}")
     kwargs = {**kwargs, **(forward_kwargs or {})}
     prof = profile(model, *args, mode="real", forward_kwargs=kwargs)
-    # the peers run on (copies of) the eager module: a compiled call under their hooks and modes would leave the
-    # caller's compiled model uncompiled (flopscope.capture.compiled), and an ExportedProgram is no module
+    # the peers run on (copies of) the eager module: a compiled call under their hooks
+    # and modes would leave the caller's compiled model uncompiled
+    # (flopscope.capture.compiled), and an ExportedProgram is no module
     model, _ = eager_module(model)
     peers: dict[str, PeerCount] = {}
     cacheless = _without_cache(model, kwargs)
@@ -339,8 +347,9 @@ def crosscheck(model: nn.Module, *args: Any, tools: Sequence[str] | None = None,
             continue
         peer, why = _run_peer(tool, model, args, kwargs, prof, plugins)
         if peer.error is not None and cacheless is not None:
-            # a peer that cannot take the model's cache (fvcore's TorchScript trace of a DynamicCache output) counts
-            # the same call without one, compared with flopscope's count of that call
+            # a peer that cannot take the model's cache (fvcore's TorchScript trace of a
+            # DynamicCache output) counts the same call without one, compared with
+            # flopscope's count of that call
             if uncached is None:
                 uncached = profile(model, *args, mode="real", forward_kwargs=cacheless)
             retried, _ = _run_peer(tool, model, args, cacheless, uncached, plugins)
@@ -370,9 +379,10 @@ def _run_peer(tool: _Tool, model: nn.Module, args: tuple[Any, ...], kwargs: dict
         try:
             peer = run(model, args, kwargs, prof, plugins)
         except Exception as error:
-            # Catching everything is deliberate: a third-party counter failing on the user's model (fvcore's
-            # TorchScript tracer, a thop rule, a FlopCounterMode formula, any of them with flopscope's
-            # plug-ins) is a finding reported beside the others, never a crash of the whole cross-check.
+            # Catching everything is deliberate: a third-party counter failing on the
+            # user's model (fvcore's TorchScript tracer, a thop rule, a FlopCounterMode
+            # formula, any of them with flopscope's plug-ins) is a finding reported
+            # beside the others, never a crash of the whole cross-check.
             why, fix = failure(error)
             peer = PeerCount(tool.name, None, prof.total(), error=f"{why}; {fix}" if fix else why)
     return (dataclasses.replace(peer, leaks=tuple(isolation.leaks)) if isolation.leaks else peer), why

@@ -1,5 +1,6 @@
-"""PyTorch's ``torch.utils.flop_counter.FlopCounterMode``: its runner for :func:`~.common.crosscheck`, and
-:func:`flop_counter_mapping`, the plug-in that gives it flopscope's formulas.
+"""PyTorch's ``torch.utils.flop_counter.FlopCounterMode``: its runner for
+:func:`~.common.crosscheck`, and :func:`flop_counter_mapping`, the plug-in that gives it
+flopscope's formulas.
 
 ``FlopCounterMode`` counts **FLOPs** = 2 x MACs: the runner halves its counts, the
 plug-in returns 2 x flopscope's MACs. It keys its counts by ATen op packet, as flopscope

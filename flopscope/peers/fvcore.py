@@ -1,5 +1,6 @@
-"""fvcore's ``FlopCountAnalysis``: its runner for :func:`~.common.crosscheck`, and the plug-ins
-:func:`fvcore_handles` / :func:`fvcore_analysis` that give it flopscope's formulas.
+"""fvcore's ``FlopCountAnalysis``: its runner for :func:`~.common.crosscheck`, and the
+plug-ins :func:`fvcore_handles` / :func:`fvcore_analysis` that give it flopscope's
+formulas.
 
 fvcore's "flop" is one fused multiply-add, i.e. a MAC. It counts ops of a TorchScript
 trace, keyed by TorchScript name (``"aten::addmm"``); its ``by_operator()`` drops the
@@ -24,7 +25,8 @@ TOOL = "fvcore"
 aten = torch.ops.aten
 
 FvcoreHandle = Callable[[list[Any], list[Any]], Any]
-"""An fvcore op handle: ``(inputs, outputs)`` TorchScript values in, a count (or a ``Counter``) out."""
+"""An fvcore op handle: ``(inputs, outputs)`` TorchScript values in, a count (or a
+``Counter``) out."""
 
 
 def _fvcore_defaults() -> Mapping[str, FvcoreHandle]:
@@ -67,8 +69,9 @@ _COMPOSITE_HANDLES: dict[str, tuple[Any, Callable[[list[Any]], list[Any]] | None
     **dict.fromkeys(["aten::lstm_cell", "aten::gru_cell", "aten::rnn_tanh_cell", "aten::rnn_relu_cell"],
                     (aten.mkldnn_rnn_layer, _rnn_cell_arguments)),
 }
-"""TorchScript ops that the trace records above the kernels flopscope counts, each with the registered kernel
-whose formula counts it (its family is that kernel's) and the selection of that formula's arguments."""
+"""TorchScript ops that the trace records above the kernels flopscope counts, each with
+the registered kernel whose formula counts it (its family is that kernel's) and the
+selection of that formula's arguments."""
 
 _TRACED_FAMILIES: dict[str, OpFamily] = {
     # traced as one op; runs as bmm (fvcore's own einsum handle counts it)
@@ -76,9 +79,10 @@ _TRACED_FAMILIES: dict[str, OpFamily] = {
     # the key fvcore's convolution handle reports aten::_convolution under
     "aten::conv": OpFamily.CONV,
 }
-"""Families of the names the registry cannot tell: a composite TorchScript op with no kernel formula of its
-own, and fvcore's key for a convolution. Every other name (``aten::linear``, ``aten::matmul``, ``addmm``,
-``aten.bmm``, ...) takes its family from the registry (:meth:`FormulaRegistry.spec`), or from its kernel in
+"""Families of the names the registry cannot tell: a composite TorchScript op with no
+kernel formula of its own, and fvcore's key for a convolution. Every other name
+(``aten::linear``, ``aten::matmul``, ``addmm``, ``aten.bmm``, ...) takes its family from
+the registry (:meth:`FormulaRegistry.spec`), or from its kernel in
 :data:`_COMPOSITE_HANDLES`."""
 
 _FAMILY_GROUPS = {OpFamily.MATMUL: "matrix products", OpFamily.GROUPED_MATMUL: "matrix products",
@@ -157,7 +161,8 @@ def _run_fvcore(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
         if delta == 0:
             continue
         parts = dict(mine.get(family, {}))
-        # GEMMs / convolutions: their roles are those of flopscope's records of that family
+        # GEMMs / convolutions: their roles are those of flopscope's records of that
+        # family
         if "" in parts:
             roles = sum_roles(r for r in prof.records if _family(r.op) == family)
             parts = roles if sum(roles.values()) == counted else {}

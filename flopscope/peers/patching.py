@@ -1,4 +1,5 @@
-"""DeepSpeed's flops profiler and calflops: their runners for :func:`~.common.crosscheck`.
+"""DeepSpeed's flops profiler and calflops: their runners for
+:func:`~.common.crosscheck`.
 
 Both count the same way (calflops is an older copy of DeepSpeed's profiler): while
 profiling they replace Python functions (``F.linear``, ``F.conv*``, ``torch.matmul``,
@@ -52,8 +53,9 @@ REACHED_THROUGH: Mapping[str, tuple[str, ...]] = {
     "aten._native_multi_head_attention": ("torch._native_multi_head_attention",),
     "aten._transformer_encoder_layer_fwd": ("torch._transformer_encoder_layer_fwd",),
 }
-"""The Python functions a model calls that reach each ATen op (its name in flopscope's records); every SDPA kernel
-is reached through ``F.scaled_dot_product_attention``. An op not listed has no function these tools could patch."""
+"""The Python functions a model calls that reach each ATen op (its name in flopscope's
+records); every SDPA kernel is reached through ``F.scaled_dot_product_attention``. An op
+not listed has no function these tools could patch."""
 
 
 def _reached_through(op: str) -> tuple[str, ...]:
@@ -120,7 +122,8 @@ def _run(driver: _Driver, model: nn.Module, args: tuple[Any, ...], kwargs: dict[
     with quiet(), inner_profile(twin) as followed:
         profiler = driver.start(twin)
         patched = set(before.patched())
-        # as get_model_profile / calculate_flops: if this raises, the tool cleans up nothing
+        # as get_model_profile / calculate_flops: if this raises, the tool cleans up
+        # nothing
         twin(*args, **kwargs)
         total = driver.total_macs(profiler)
         macs = {path: int(getattr(m, "__macs__", 0) or 0) for path, m in twin.named_modules()}

@@ -1,5 +1,6 @@
-"""thop (``ultralytics-thop``, ``thop.profile``): its runner for :func:`~.common.crosscheck`, and
-:func:`thop_custom_ops`, the plug-in that gives it flopscope's formulas.
+"""thop (``ultralytics-thop``, ``thop.profile``): its runner for
+:func:`~.common.crosscheck`, and :func:`thop_custom_ops`, the plug-in that gives it
+flopscope's formulas.
 
 thop counts with a rule per module type (a forward hook adding to ``module.total_ops``)
 and, outside every module with a counting rule, with rules per torch function
@@ -61,8 +62,9 @@ FunctionRule = Callable[[tuple[Any, ...], dict[str, Any], Any], float]
 _MAC_RULE_TYPES: tuple[type[nn.Module], ...] = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d,
                                                 nn.ConvTranspose2d, nn.ConvTranspose3d, nn.Linear, nn.Bilinear,
                                                 nn.Embedding)
-"""Module types whose thop rules count multiply-accumulates only (an embedding: 0), so the plug-in keeps
-them; the recurrent and attention rules are replaced, and every other rule counts elementwise work."""
+"""Module types whose thop rules count multiply-accumulates only (an embedding: 0), so
+the plug-in keeps them; the recurrent and attention rules are replaced, and every other
+rule counts elementwise work."""
 
 
 class _ThopTables(NamedTuple):
@@ -178,7 +180,8 @@ def _run_thop(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], p
 
     own: dict[str, float] = {}
     below_root = _layer_tree(tree, "", modules, set(), own)
-    # a rule on the root: every function call runs under it, so the function hooks count nothing
+    # a rule on the root: every function call runs under it, so the function hooks count
+    # nothing
     if "" in ruled:
         own[""] = total_f - below_root
     # what thop's function hooks counted
@@ -190,13 +193,15 @@ def _run_thop(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], p
     if outside_tree:
         by_type["(functional)"] += outside_tree
 
-    # thop's count per module path: its rule there, plus its function hooks' count in that module's own code
-    # (placed per path only when the split sums to what thop's total holds beyond its tree)
+    # thop's count per module path: its rule there, plus its function hooks' count in
+    # that module's own code (placed per path only when the split sums to what thop's
+    # total holds beyond its tree)
     placed = sum(functional.values()) == outside_tree
     theirs: Counter[str] = Counter({path: round(ops) for path, ops in own.items() if round(ops)})
     if placed:
         theirs.update(functional)
-    # flopscope's records of the run thop made, per module path: the innermost module with a rule, else their own
+    # flopscope's records of the run thop made, per module path: the innermost module
+    # with a rule, else their own
     mine: dict[str, list[OpRecord]] = {}
     for record in (followed.profile or prof).records:
         owner = next((p for p in reversed(record.module_stack) if p in ruled), record.module)
@@ -207,7 +212,8 @@ def _run_thop(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], p
     for path in [*mine, *(p for p in theirs if p not in mine)]:
         by_rule = path in ruled
         if not by_rule and not placed:
-            # what thop's function hooks counted here is unknown: the gap stays unexplained
+            # what thop's function hooks counted here is unknown: the gap stays
+            # unexplained
             continue
         counted, executed = theirs.get(path, 0), sum(r.multiplies for r in mine.get(path, ()))
         if counted != executed:

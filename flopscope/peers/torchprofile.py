@@ -49,8 +49,9 @@ def _run_torchprofile(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str,
     from torchprofile import profile_macs
 
     twin = copy_for(model, kwargs)
-    # flopscope does not follow this run: under TorchScript tracing sizes are traced values and torch's dispatch
-    # of the trace differs (a convolution is not recorded), so the comparison is with the caller's run
+    # flopscope does not follow this run: under TorchScript tracing sizes are traced
+    # values and torch's dispatch of the trace differs (a convolution is not recorded),
+    # so the comparison is with the caller's run
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         # reduction=None: per node

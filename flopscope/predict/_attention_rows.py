@@ -134,7 +134,8 @@ def _attention_hyper(b: Block) -> _Attention | None:
                 n_kv, source = k_out // d_k, f"{source}; n_kv from the key projection's width"
         n_kv = n_kv if n_kv is not None else h
         return _Attention(d, h * d_k, n_kv * d_k, f"h={h} n_kv={n_kv} d_k={d_k} ({source})", d_k)
-    # no declared head count: the projection weights give the widths (heads only split them)
+    # no declared head count: the projection weights give the widths (heads only split
+    # them)
     q_mods, k_mods = b.role_modules.get("q_proj", set()), b.role_modules.get("k_proj", set())
     if len(q_mods) == 1 and len(k_mods) == 1 and q_mods != k_mods:
         q_mod, k_mod = next(iter(q_mods)), next(iter(k_mods))
@@ -181,12 +182,14 @@ def attention_rows(b: Block) -> list[ReconcileRow]:
             kv_names: tuple[int | str, ...] = (*KEY_INPUTS, 1) if seq_first or facts.attr(block, "kdim") else KEY_INPUTS
             kv = batch_and_length(shapes, facts.attr(block, "kdim") or _key_width(b) or hyper.d, kv_names, seq_first)
             if kv is None and key_calls is not None and key_calls[i][0] == batch:
-                # a context passed by position: the key projection's own input says its tokens
+                # a context passed by position: the key projection's own input says its
+                # tokens
                 kv = key_calls[i]
             n_k = kv[1] if kv is not None else n_q
         d, d_q, d_kv = hyper.d, hyper.d_q, hyper.d_kv  # d_q = h·d_k, d_kv = n_kv·d_k
-        # nn.MultiheadAttention declares the key / value input widths and keys appended after projection; a
-        # cross-attention's key projection declares the width of the context it reads (a UNet's text tokens)
+        # nn.MultiheadAttention declares the key / value input widths and keys appended
+        # after projection; a cross-attention's key projection declares the width of the
+        # context it reads (a UNet's text tokens)
         k_in = facts.attr(block, "kdim") or _key_width(b) or d
         v_in = facts.attr(block, "vdim") or _key_width(b, "v_proj") or d
         appended = int("bias_k" in facts.param_shapes.get(block, {})) + int(bool(facts.attr(block, "add_zero_attn")))
@@ -247,13 +250,15 @@ def _stream_attention_rows(b: Block) -> list[ReconcileRow] | None:
     if any(linears[role] is None for role in ("q_proj", "k_proj", "v_proj")) \
             or any(role in b.measured for role in LINEAR_CORE):
         return None
-    # a fused projection (one qkv linear per stream) gives each of its roles an equal share of its output columns
+    # a fused projection (one qkv linear per stream) gives each of its roles an equal
+    # share of its output columns
     shares = Counter(m.path for role in ("q_proj", "k_proj", "v_proj") for m in linears[role] or [])
     for role in ("q_proj", "k_proj", "v_proj"):
         linears[role] = [replace(m, width_out=m.width_out // shares[m.path]) for m in linears[role] or []]
     every = {role: linears[role] or [] for role in ("q_proj", "k_proj", "v_proj")}
-    # the streams: the projections that write the core's queries, keys and values (a factor before one of them,
-    # NucleusMoE's encoder_proj before add_k_proj / add_v_proj, is no stream of its own: its tokens are theirs)
+    # the streams: the projections that write the core's queries, keys and values (a
+    # factor before one of them, NucleusMoE's encoder_proj before add_k_proj /
+    # add_v_proj, is no stream of its own: its tokens are theirs)
     q, k, v = ([m for m in every[role] if m.path not in b.factors] or every[role]
                for role in ("q_proj", "k_proj", "v_proj"))
     query_input = next((t for t in (batch_and_length(shapes, q[0].width_in, QUERY_INPUTS) for shapes in b.calls)
@@ -274,7 +279,8 @@ def _stream_attention_rows(b: Block) -> list[ReconcileRow] | None:
         weighted += batch * n_q * n_k * d_v
     predicted |= {"attn_scores": scores, "attn_weighted_sum": weighted}
     outs = linears["out_proj"]
-    # an output projection reading a concatenation is out_proj for the attention's rows only
+    # an output projection reading a concatenation is out_proj for the attention's rows
+    # only
     if outs is not None:
         predicted["out_proj"] = sum(m.macs(min(m.width_in, d_v)) for m in outs)
     names = ", ".join(dict.fromkeys(

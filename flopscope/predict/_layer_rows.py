@@ -43,7 +43,8 @@ def ffn_rows(b: Block) -> list[ReconcileRow]:
                                        "projections: its declared width is not the FFN's (a TransformerSpec says d_ff)")
     if d is None or d_ff is None:
         return b.unrecognised(present)
-    # routed experts: each token meets top_k of them; a shared expert (or a dense FFN) sees every token once
+    # routed experts: each token meets top_k of them; a shared expert (or a dense FFN)
+    # sees every token once
     routed = facts.declared(EXPERTS, inside(facts.types, block), config=False)
     top_k = experts if experts is not None and routed else 1
     tokens = tokens_of(calls, d)
@@ -51,14 +52,16 @@ def ffn_rows(b: Block) -> list[ReconcileRow]:
     up_tokens = sum(batch * n for m in ups for batch, n in m.calls) if ups is not None else 0
     source_of_tokens = ""
     if up_tokens and top_k == 1 and up_tokens != tokens:
-        # the hidden layer runs on other tokens than the block's query input (a container never called, a parallel
-        # block over cat([text, image]) made inside it): the up projection's own input says them
+        # the hidden layer runs on other tokens than the block's query input (a
+        # container never called, a parallel block over cat([text, image]) made inside
+        # it): the up projection's own input says them
         tokens, source_of_tokens = up_tokens, ", tokens of the up projection's input"
     if spec is not None and spec.n is not None:
         tokens = (spec.batch or 1) * spec.n
     if not tokens:
         return b.unrecognised(present, f"no input of width d={d} among its call's inputs")
-    # the width the down projection writes: an MLP that changes the width (a timestep embedder's 256 → d → d)
+    # the width the down projection writes: an MLP that changes the width (a timestep
+    # embedder's 256 → d → d)
     d_out = own_linear_width(b, "ffn_down") if spec is None else None
     predicted = {"ffn_up": tokens * top_k * d * d_ff, "ffn_down": tokens * top_k * d_ff * (d_out or d)}
     if gated:
@@ -101,7 +104,8 @@ def _ffn_widths(b: Block, gated: bool) -> tuple[int | None, int | None, str]:
     d_ff = (facts.declared(EXPERT_FFN_WIDTH) if moe else None) or facts.declared(FFN_WIDTH)
     if d is not None and d_ff is not None:
         return d, d_ff, "config"
-    # a fused kernel (the encoder-layer fast path): the block's own linear layers declare the widths
+    # a fused kernel (the encoder-layer fast path): the block's own linear layers
+    # declare the widths
     linears = [p for p in inside(facts.types, b.path) if (p != b.path or not p) and facts.attr(p, "in_features")]
     ins = [facts.attr(p, "in_features") for p in linears]
     outs = [facts.attr(p, "out_features") for p in linears]
@@ -123,8 +127,9 @@ def conv_rows(b: Block) -> list[ReconcileRow]:
     row = ReconcileRow(block, "conv", got, predicted, TERMS["conv"], basis=basis)
     if row.exact:
         return [row]
-    # a module that pads its input in its forward (a causal convolution's time padding) runs the declared convolution
-    # on a larger input than it was given: the closed form on the input the convolution ran on says so
+    # a module that pads its input in its forward (a causal convolution's time padding)
+    # runs the declared convolution on a larger input than it was given: the closed form
+    # on the input the convolution ran on says so
     ran = [op for op in b.ops if op.spec is not None and op.spec.family is OpFamily.CONV and op.input_shapes
            and len(op.args) > 4 and isinstance(op.args[4], (list, tuple))]
     given = [dict(shapes).get(0) for shapes in calls]
@@ -185,7 +190,8 @@ def logits_rows(b: Block) -> list[ReconcileRow]:
     tokens = tokens_of(b.calls, d) if d is not None else 0
     if d is None or vocab is None or not tokens:
         return b.unrecognised(["logits"])
-    # B and n as the closed form names them (what a diff says moved), when every call has the same; else tokens
+    # B and n as the closed form names them (what a diff says moved), when every call
+    # has the same; else tokens
     shapes = {batch_and_length(call, d, QUERY_INPUTS) for call in b.calls}
     only = next(iter(shapes)) if len(shapes) == 1 else None
     sizes = f"B={only[0]} n={only[1]}" if only is not None else f"tokens={tokens}"

@@ -9,10 +9,12 @@ takes ``attention=`` with one of:
 =============  ======================================================================================
 ``executed``   (default) every pair the kernel computes: ``n_q·n_k`` per batch and head
 ``causal``     the causal half, the convention of FlashAttention's benchmark (``// (2 if causal else 1)``,
-               flash-attention #594), Megatron-LM (``seq_length / 2``) and MaxText (PR #1988, "Divide FLOPs
-               by two due to causal masks"), asked for in torchtitan #341: ``n²/2`` pairs for a square causal
-               mask, generalised to ``n_q·n_k − n_q²/2`` when queries are the last ``n_q`` of ``n_k`` keys (the
-               area below the diagonal). Windows and padding are ignored; attention that is not causal stays dense
+               flash-attention #594), Megatron-LM (``seq_length / 2``) and MaxText
+               (PR #1988, "Divide FLOPs by two due to causal masks"), asked for in
+               torchtitan #341: ``n²/2`` pairs for a square causal mask, generalised
+               to ``n_q·n_k − n_q²/2`` when queries are the last ``n_q`` of ``n_k``
+               keys (the area below the diagonal). Windows and padding are ignored;
+               attention that is not causal stays dense
 ``mask``       exactly the pairs the mask allows: the mask tensor's values where they are known, else the
                declared facts: causal ``n_q·n_k − n_q(n_q−1)/2`` (square: ``n(n+1)/2``), a causal
                sliding window W ``Σ_i min(n_k − n_q + i + 1, W)``; padding only from values
@@ -131,7 +133,8 @@ def kernel_flags(target: Any, args: Any, kwargs: Mapping[str, Any]) -> tuple[boo
 
 
 def kernel_is_causal(op: CapturedOp) -> bool:
-    """An attention kernel called with ``is_causal`` (read by its schema's argument name)."""
+    """An attention kernel called with ``is_causal`` (read by its schema's argument
+    name)."""
     if op.kwargs.get("is_causal"):
         return True
     return op.spec is not None and op.spec.family is OpFamily.ATTENTION and kernel_flags(op.target, op.args,
@@ -281,10 +284,12 @@ def _facts_of(op: CapturedOp, block: str, facts: ModelFacts, parts_of: Mapping[C
 
 
 _FLEX_BLOCK_MASK = 4
-"""The position of FlexAttention's block mask (``BlockMask.as_tuple()``, its ``mask_mod`` last) among its op's
-arguments (query, key, value, score_mod, block mask, scale, kernel options)."""
+"""The position of FlexAttention's block mask (``BlockMask.as_tuple()``, its
+``mask_mod`` last) among its op's arguments (query, key, value, score_mod, block mask,
+scale, kernel options)."""
 MAX_FLEX_PAIRS = 1 << 26
-"""FlexAttention masks are evaluated at every (batch, head, query, key) up to this many pairs (bytes of memory)."""
+"""FlexAttention masks are evaluated at every (batch, head, query, key) up to this many
+pairs (bytes of memory)."""
 
 
 def _flex_mask_mod(op: CapturedOp) -> Any:
@@ -306,7 +311,8 @@ def _flex_allowed(mask_mod: Any, shape: tuple[int, ...]) -> torch.Tensor | None:
 
     try:
         return create_mask(mask_mod, shape[0], shape[1], shape[2], shape[3], device="cpu")
-    # a mask_mod reading tensors that only the run had (fake ones): the declaration stands
+    # a mask_mod reading tensors that only the run had (fake ones): the declaration
+    # stands
     except Exception:
         return None
 
@@ -346,7 +352,8 @@ _FILLS = {"aten.scalar_tensor": 0, "aten.full": 1, "aten.full_like": 1}
 # a mask's values, unchanged
 _PASS = ("aten.expand", "aten.clone", "aten.detach", "aten.alias", "aten.contiguous")
 BLOCKING = -1e4
-"""An additive mask's value at or below this removes a pair from the softmax (``-inf``, a dtype's minimum)."""
+"""An additive mask's value at or below this removes a pair from the softmax (``-inf``,
+a dtype's minimum)."""
 
 
 class _Masks:

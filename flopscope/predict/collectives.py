@@ -1,6 +1,7 @@
-"""The collectives of a capture, by kind, group, module, carried role and phase, and the closed forms of what
-Megatron-LM tensor parallelism, FSDP and DDP send (``docs/conventions.md`` §12; message bytes as
-:mod:`flopscope.formulas.collectives` defines them). :mod:`flopscope.communication` is the public module."""
+"""The collectives of a capture, by kind, group, module, carried role and phase, and the
+closed forms of what Megatron-LM tensor parallelism, FSDP and DDP send
+(``docs/conventions.md`` §12; message bytes as :mod:`flopscope.formulas.collectives`
+defines them). :mod:`flopscope.communication` is the public module."""
 
 from __future__ import annotations
 
@@ -21,7 +22,8 @@ class CollectiveRow:
 
     kind: str  # "all_reduce", "all_gather", ...
     group: int | None  # ranks in the group
-    # the module of the multiply whose result it carries (else where it ran; "" is the root)
+    # the module of the multiply whose result it carries (else where it ran; "" is the
+    # root)
     module: str
     role: str  # the role of that multiply ("" if none: a parameter's all-gather, for instance)
     phase: str  # "forward", "backward" or "recompute"

@@ -1,11 +1,13 @@
-r"""Collectives: which ops communicate, what each sends, the collectives a profile saw and the closed forms of
-parallelism schemes, side by side.
+r"""Collectives: which ops communicate, what each sends, the collectives a profile saw
+and the closed forms of parallelism schemes, side by side.
 
-A profile sees every collective a rank issues from Python (DTensor redistribution, FSDP2, functional collectives,
-``dist.all_reduce``, DDP's gradient all-reduce): :meth:`Profile.collectives` lists them as :class:`CollectiveRow`\ s
-(kind, group size, module, carried role, phase, calls, message bytes); :func:`megatron`, :func:`fsdp` and
-:func:`ddp` say what those schemes send; :func:`compare` sets the two side by side. Which ops communicate and how
-their message bytes are read: :mod:`flopscope.formulas.collectives`; conventions: ``docs/conventions.md`` §12.
+A profile sees every collective a rank issues from Python (DTensor redistribution,
+FSDP2, functional collectives, ``dist.all_reduce``, DDP's gradient all-reduce):
+:meth:`Profile.collectives` lists them as :class:`CollectiveRow`\ s (kind, group size,
+module, carried role, phase, calls, message bytes); :func:`megatron`, :func:`fsdp` and
+:func:`ddp` say what those schemes send; :func:`compare` sets the two side by side.
+Which ops communicate and how their message bytes are read:
+:mod:`flopscope.formulas.collectives`; conventions: ``docs/conventions.md`` §12.
 """
 
 from __future__ import annotations

@@ -19,10 +19,12 @@ sections 2-5.
   the forward a third: 2N + 4·L·H·Q·T, N = all parameters but position embeddings
   (nanoGPT's convention).
 
-The measured side counts the attention core by a convention (``attention``: ``"executed"``, the default, every
-pair the kernels compute; ``"causal"``, the causal half; ``"mask"``, the pairs the mask allows; see
-:mod:`flopscope.predict.attention`). The formulas keep their own: Kaplan's core is the causal half (so under
-``"causal"`` its attention term matches a causal model's), Chinchilla, Megatron-LM and PaLM charge it dense.
+The measured side counts the attention core by a convention (``attention``:
+``"executed"``, the default, every pair the kernels compute; ``"causal"``, the causal
+half; ``"mask"``, the pairs the mask allows; see :mod:`flopscope.predict.attention`).
+The formulas keep their own: Kaplan's core is the causal half (so under ``"causal"`` its
+attention term matches a causal model's), Chinchilla, Megatron-LM and PaLM charge it
+dense.
 """
 
 from __future__ import annotations
@@ -68,9 +70,10 @@ WHY = {
                                        "angles made by a matmul, once per forward)",
     "other": "other multiplies (pooler, router, rotary, ...)",
 }
-"""What each part of a difference is: the label of a term, ``measured - predicted`` of that part. A formula that
-counts a part the measurement has no role for (PaLM's N counts every weight once per token: the experts a token
-does not meet, a pooler's weights) gives it a part of its own, so no difference is labelled by another's name."""
+"""What each part of a difference is: the label of a term, ``measured - predicted`` of
+that part. A formula that counts a part the measurement has no role for (PaLM's N counts
+every weight once per token: the experts a token does not meet, a pooler's weights)
+gives it a part of its own, so no difference is labelled by another's name."""
 
 
 @dataclass(frozen=True)
@@ -172,16 +175,18 @@ def model_formulas(facts: ModelFacts, forward_roles: Mapping[str, int],
         "qkv": Fraction(L * 3 * d * d), "attention core": Fraction(2 * L * n * d),
         "output projection": Fraction(L * d * d), "ffn": Fraction(L * 8 * d * d), "logits": Fraction(d * V)},
         "assumes d_ff = 4d and multi-head attention")
-    # PaLM: N MACs per token (every parameter but position embeddings, each used once) + 2·L·H·Q·T
+    # PaLM: N MACs per token (every parameter but position embeddings, each used once) +
+    # 2·L·H·Q·T
     tied = facts.tied_embedding and bool(per_token.get("logits"))
     weights = Fraction(facts.params - position - token_embedding) - params_not_gemm  # 2-D weights
     palm_parts: dict[str, Fraction] = {p: per_token[p] for p in ("qkv", "output projection", "ffn", "other")
                                        if p in per_token}
     if not tied and "logits" in per_token:
         palm_parts["logits"] = per_token["logits"]
-    # the weights not used once per token: the routed experts a token does not meet (it meets top_k of E; its
-    # share of them is measured in "ffn"), then what is left (a pooler runs once per sequence, a weight shared
-    # by several layers is used more than once)
+    # the weights not used once per token: the routed experts a token does not meet (it
+    # meets top_k of E; its share of them is measured in "ffn"), then what is left (a
+    # pooler runs once per sequence, a weight shared by several layers is used more than
+    # once)
     routed, top_k, count = _routed_expert_weights(facts)
     notes = "N counts every parameter once"
     if routed and top_k is not None and 0 < top_k <= count:

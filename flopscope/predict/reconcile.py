@@ -1,11 +1,12 @@
 """Reconciliation: measured multiplies per block and role against exact closed-form
 predictions.
 
-Predictions use what the model *declares* (:class:`~flopscope.capture.facts.ModelFacts`: module attributes,
-parameter shapes, the Hugging Face config) and the shapes of each block's inputs (its token counts), never
-the shapes of the ops that ran inside it; a user can state the hyper-parameters instead with a
-:class:`TransformerSpec`. Hyper-parameter names: :mod:`flopscope.conventions`. Closed forms are those
-of ``docs/formulas.md`` sections 6 and 7 (MACs):
+Predictions use what the model *declares* (:class:`~flopscope.capture.facts.ModelFacts`:
+module attributes, parameter shapes, the Hugging Face config) and the shapes of each
+block's inputs (its token counts), never the shapes of the ops that ran inside it; a
+user can state the hyper-parameters instead with a :class:`TransformerSpec`.
+Hyper-parameter names: :mod:`flopscope.conventions`. Closed forms are those of
+``docs/formulas.md`` sections 6 and 7 (MACs):
 
 =================  ==============================  ============
 role               prediction                      term
@@ -69,8 +70,9 @@ ROLE_FORMS: dict[str, tuple[str, tuple[str, ...]]] = {
     "ffn_down": ("tokens·d·d_ff (× top_k experts)", ("tokens", "d", "d_ff", "top_k")),
     "logits": ("B·n·d·V", ("B", "n", "tokens", "d", "V")),
 }
-"""Each role's closed form (the module docstring's table) and the hyper-parameters of a reconciliation row's
-``basis`` it depends on: what explains a change of the role between two models (:mod:`flopscope.diff`)."""
+"""Each role's closed form (the module docstring's table) and the hyper-parameters of a
+reconciliation row's ``basis`` it depends on: what explains a change of the role between
+two models (:mod:`flopscope.diff`)."""
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,8 @@ from ..formulas.registry import prod
 from ..role import Role, RoleGroup, roles_in
 
 ATTENTION_ROLES = tuple(sorted(roles_in(RoleGroup.ATTENTION), key=lambda r: r == Role.OUT_PROJ))
-"""Attention rows in the order data flows through a block: projections, scores, weighted sum, output."""
+"""Attention rows in the order data flows through a block: projections, scores, weighted
+sum, output."""
 FFN_ROLES = roles_in(RoleGroup.FFN)
 TERMS = {r.value: r.term for r in Role if r.term}
 

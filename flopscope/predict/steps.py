@@ -2,9 +2,10 @@
 public module): each forward of the model in a profiler block is a step (prefill or
 decode).
 
-Wrap ``model.generate(...)`` (or any loop of forwards) in :class:`flopscope.profiler` and ask
-:meth:`Profile.steps` for one :class:`Step` per call of the root module, and :meth:`Profile.decode_scaling` for
-the decode steps' exact MACs per sequence as a polynomial in the context length.
+Wrap ``model.generate(...)`` (or any loop of forwards) in :class:`flopscope.profiler`
+and ask :meth:`Profile.steps` for one :class:`Step` per call of the root module, and
+:meth:`Profile.decode_scaling` for the decode steps' exact MACs per sequence as a
+polynomial in the context length.
 
 What a step's fields are read from (no cache object is read, so any cache class works):
 

@@ -15,8 +15,8 @@ Every event's ``args`` carry what flopscope knows: op, module path, roles (``{ro
 MACs}``), ``macs``, ``flops`` (2 x MACs), ``bytes`` moved, input shapes, phase; a module
 call's carry its MACs and FLOPs (inclusive).
 
-:func:`merge_torch_trace` instead lays role ranges over a ``torch.profiler`` trace of the same run, on torch's own
-clock.
+:func:`merge_torch_trace` instead lays role ranges over a ``torch.profiler`` trace of
+the same run, on torch's own clock.
 
 Time: in real mode each op sits where it ran (its measured start and wall time,
 microseconds from the first op). In fake mode nothing ran: ops are laid end to end in
@@ -82,8 +82,9 @@ def chrome_trace(records: Sequence[CapturedOp], assignments: Mapping[CapturedOp,
 
 
 def export_chrome_trace(path: str | Path, trace: Mapping[str, Any]) -> Path:
-    """Write ``trace`` (:func:`chrome_trace`) to ``path`` (JSON), atomically: a path that cannot be written raises a
-    :class:`~flopscope.errors.FlopscopeError` naming it, and leaves any file already there as it was."""
+    """Write ``trace`` (:func:`chrome_trace`) to ``path`` (JSON), atomically: a path
+    that cannot be written raises a :class:`~flopscope.errors.FlopscopeError` naming it,
+    and leaves any file already there as it was."""
     return write_atomically(path, json.dumps(trace), "the trace")
 
 
@@ -162,8 +163,8 @@ def merge_torch_trace(torch_trace: Mapping[str, Any] | str | Path, records: Sequ
     # ops torch lists no event of their own for (autograd's detach)
     unmatched: Counter[str] = Counter()
     for op in ours:
-        # the next of torch's dispatched ops with this op's name, looking a few ahead (ops the mode passed on
-        # without recording, such as size queries, sit between)
+        # the next of torch's dispatched ops with this op's name, looking a few ahead
+        # (ops the mode passed on without recording, such as size queries, sit between)
         found = next((k for k in range(j, min(j + _LOOKAHEAD, len(theirs))) if theirs[k]["name"] == f"aten::{op.name}"),
                      None)
         if found is None:

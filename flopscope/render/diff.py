@@ -33,9 +33,10 @@ from .text import JSON_SCHEMA, to_dict
 from .view import ProfileView
 
 DIFF_SCHEMA = "flopscope.diff/1"
-"""Schema of :meth:`ProfileDiff.to_dict`: ``before`` / ``after`` (labels), ``total``, ``roles``, ``useful``,
-``modules``, ``ops``: each a change ``{"key", "before", "after", "delta", "ratio", "why"}`` in MACs (``ratio``:
-after / before as a fraction string, ``null`` from zero)."""
+"""Schema of :meth:`ProfileDiff.to_dict`: ``before`` / ``after`` (labels), ``total``,
+``roles``, ``useful``, ``modules``, ``ops``: each a change ``{"key", "before", "after",
+"delta", "ratio", "why"}`` in MACs (``ratio``: after / before as a fraction string,
+``null`` from zero)."""
 
 
 @dataclass(frozen=True)
@@ -64,9 +65,10 @@ class Change:
 
 @dataclass(frozen=True)
 class ProfileDiff:
-    """Two profiles side by side: :attr:`total`, :attr:`roles` (every role of either, in the report's order),
-    :attr:`useful` (the attention core's useful pairs, under the ``"mask"`` convention), :attr:`modules` and
-    :attr:`ops` (each entry that changed, largest change first)."""
+    """Two profiles side by side: :attr:`total`, :attr:`roles` (every role of either, in
+    the report's order), :attr:`useful` (the attention core's useful pairs, under the
+    ``"mask"`` convention), :attr:`modules` and :attr:`ops` (each entry that changed,
+    largest change first)."""
 
     before: str
     after: str
@@ -156,7 +158,8 @@ def _useful(rows: Iterable[Mapping[str, Any]]) -> int:
 
 _SOURCE = re.compile(r"\([^)]*\)")
 _FLAGS = frozenset({"causal", "gated"})
-"""The words of a basis that are flags of the closed form (the mask's causality, a gated FFN's third matrix)."""
+"""The words of a basis that are flags of the closed form (the mask's causality, a gated
+FFN's third matrix)."""
 _USEFUL_FORM = "useful pairs per head Σᵢ min(n_k − n_q + i + 1, W); causal n_q·n_k − n_q(n_q−1)/2"
 
 

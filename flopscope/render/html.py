@@ -11,14 +11,16 @@ forms with its reasons, the ledger of ops without a formula, the notes, and wher
 present the generation steps (a profile of several forwards) and the scaling polynomials
 (``scaling=``, a :class:`flopscope.Scaling`).
 
-The tables are HTML written here, so they show before any script runs; the chart is drawn by the page's script
-from a compact JSON document (:func:`report_data`) embedded in the page. Modules narrower than
-:data:`MIN_PIXELS` at the current zoom are drawn as one rectangle per run of neighbours (``+N``), so a model of
-thousands of modules stays light. Every rectangle the script draws carries ``data-macs`` (its MACs) and
-``data-path`` (the module path; an aggregate: ``data-members``, the paths it holds, ``|``-separated), which the
-browser test reads back, and the body ``data-render-ms`` (the script's time, JSON parsed to chart drawn) and
-``data-drawn-ms`` (from the start of navigation to the chart drawn: the whole page read and parsed first). The
-page's address may name a module to zoom into and one whose details to show:
+The tables are HTML written here, so they show before any script runs; the chart is
+drawn by the page's script from a compact JSON document (:func:`report_data`) embedded
+in the page. Modules narrower than :data:`MIN_PIXELS` at the current zoom are drawn as
+one rectangle per run of neighbours (``+N``), so a model of thousands of modules stays
+light. Every rectangle the script draws carries ``data-macs`` (its MACs) and
+``data-path`` (the module path; an aggregate: ``data-members``, the paths it holds,
+``|``-separated), which the browser test reads back, and the body ``data-render-ms``
+(the script's time, JSON parsed to chart drawn) and ``data-drawn-ms`` (from the start of
+navigation to the chart drawn: the whole page read and parsed first). The page's address
+may name a module to zoom into and one whose details to show:
 ``report.html#focus=transformer.h.0&tip=transformer.h.0.attn``.
 
 This module never imports :mod:`flopscope.profile` (``Profile.to_html`` delegates here):
@@ -45,7 +47,8 @@ from .pipeline_chart import components_svg, steps_svg
 from .scaling_chart import chart_data, chart_svg
 
 MIN_PIXELS = 1.0
-"""Below this width (CSS pixels) a module is drawn inside its run of narrow neighbours' aggregate rectangle."""
+"""Below this width (CSS pixels) a module is drawn inside its run of narrow neighbours'
+aggregate rectangle."""
 
 ROLE_COLOURS = {
     "q_proj": "#4e79a7", "k_proj": "#6b93c4", "v_proj": "#8fb0d9", "out_proj": "#2f5b8a",
@@ -54,15 +57,17 @@ ROLE_COLOURS = {
     "ffn_up": "#59a14f", "ffn_gate": "#8cd17d", "ffn_down": "#3b7a36",
     "conv": "#f28e2b", "recurrent": "#edc948", "embedding": "#9c755f", "logits": "#76b7b2", "other": "#bab0ac",
 }
-"""A colour per role (:class:`flopscope.Role` values): attention blues / reds, FFN greens."""
+"""A colour per role (:class:`flopscope.Role` values): attention blues / reds, FFN
+greens."""
 _NO_ROLE = "#d9d9d9"
 _SAFE = 2**53  # the largest integer range a double (a JSON number in the page) holds exactly
 _SHAPES_LIMIT = 160  # characters of a module's input shapes kept for the tooltip
 
 
 def report_data(prof: Any, *, scaling: Any = None, title: str | None = None) -> dict[str, Any]:
-    """The page's content as plain, JSON-ready data (units: MACs; FLOPs = 2 x MACs). ``prof`` is a
-    :class:`flopscope.Profile`, ``scaling`` a :class:`flopscope.Scaling` or ``None``.
+    """The page's content as plain, JSON-ready data (units: MACs; FLOPs = 2 x MACs).
+    ``prof`` is a :class:`flopscope.Profile`, ``scaling`` a :class:`flopscope.Scaling`
+    or ``None``.
 
     ``tree`` is the module call tree, a row per node (parent before child, children in
     the order they first ran): ``[parent index (-1: the root), module path, type index
@@ -109,7 +114,8 @@ def report_data(prof: Any, *, scaling: Any = None, title: str | None = None) -> 
             for stack, macs in ((_rooted(stack), macs) for stack, macs in prof.by_stack(phase).items()):
                 for depth in range(1, len(stack) + 1):
                     tree[index[stack[:depth]]][10][k] += macs
-    # JSON numbers are doubles: larger counts go as strings, which the page reads exactly
+    # JSON numbers are doubles: larger counts go as strings, which the page reads
+    # exactly
     for row in tree:
         row[3], row[8] = _exact(row[3]), _exact(row[8])
         if len(row) > 10:
@@ -190,9 +196,10 @@ def html_document(data: Mapping[str, Any]) -> str:
 
 def write_html(prof: Any, path: str | Path, *, scaling: Any = None, title: str | None = None,
                pipeline: Mapping[str, Any] | None = None) -> Path:
-    """Write the page of ``prof`` to ``path``, whole or not at all (a path that cannot be written raises a
-    :class:`~flopscope.errors.FlopscopeError` naming it); ``pipeline``: a diffusion pipeline's section (its tables'
-    data, :meth:`flopscope.PipelineProfile.to_html`)."""
+    """Write the page of ``prof`` to ``path``, whole or not at all (a path that cannot
+    be written raises a :class:`~flopscope.errors.FlopscopeError` naming it);
+    ``pipeline``: a diffusion pipeline's section (its tables' data,
+    :meth:`flopscope.PipelineProfile.to_html`)."""
     data = report_data(prof, scaling=scaling, title=title)
     if pipeline is not None:
         data["pipeline"] = pipeline

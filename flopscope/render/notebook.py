@@ -43,7 +43,8 @@ class TreeRow:
     params: int  # parameters of each module (inclusive)
     role: str  # dominant role ("" without MACs)
 
-    # the path below the row's parent ("attn"; "h.0" under a ModuleList that never ran itself)
+    # the path below the row's parent ("attn"; "h.0" under a ModuleList that never ran
+    # itself)
     name: str
 
     @property

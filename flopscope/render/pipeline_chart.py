@@ -44,10 +44,11 @@ def component_colours(components: Sequence[str]) -> dict[str, str]:
 
 
 def call_bars(before: Mapping[str, int], steps: Sequence[Any], after: Mapping[str, int]) -> list[dict[str, Any]]:
-    """The bars of the by-step picture, JSON-ready: ``{"kind", "label", "step", "macs": {component: MACs},
-    "calls": {component: calls}, "guidance"}`` for the calls before the loop (if any MACs), each
-    :class:`flopscope.pipeline.DenoisingStep`, and the calls after it (if any MACs); without steps, every call is
-    before them (:meth:`flopscope.PipelineProfile.around_steps`), one bar labelled ``the call``."""
+    """The bars of the by-step picture, JSON-ready: ``{"kind", "label", "step", "macs":
+    {component: MACs}, "calls": {component: calls}, "guidance"}`` for the calls before
+    the loop (if any MACs), each :class:`flopscope.pipeline.DenoisingStep`, and the
+    calls after it (if any MACs); without steps, every call is before them
+    (:meth:`flopscope.PipelineProfile.around_steps`), one bar labelled ``the call``."""
     bars = []
     if any(before.values()):  # (without steps, the whole call)
         bars.append({"kind": "before", "label": "before steps" if steps else "the call", "step": None,
@@ -75,7 +76,8 @@ def runs(bars: Sequence[Mapping[str, Any]]) -> list[tuple[int, int]]:
 
 
 def components_svg(totals: Mapping[str, int], colours: Mapping[str, str]) -> str:
-    """The by-component bar: each component (with MACs) as wide as its share of the call."""
+    """The by-component bar: each component (with MACs) as wide as its share of the
+    call."""
     total = sum(totals.values())
     if not total:
         return ""

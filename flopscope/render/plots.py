@@ -85,7 +85,8 @@ def role_share_plot(prof: ProfileView, path: str | Path, title: str = "") -> Pat
 
 
 DPI = 120
-"""Dots per inch of every saved plot (and of the figures whose labels are laid out: the same pixels)."""
+"""Dots per inch of every saved plot (and of the figures whose labels are laid out: the
+same pixels)."""
 
 
 def save_figure(fig: Any, plt: Any, path: str | Path, layout: bool = True) -> Path:
@@ -103,8 +104,8 @@ _SAME_PLACE = 6.0  # pixels: points closer than this in both directions share on
 _OFFSETS = tuple((radius * math.cos(math.radians(angle)), radius * math.sin(math.radians(angle)))
                  for radius in (5, 12, 20, 30, 42, 56, 72, 90, 110, 135, 165)
                  for angle in (30, -30, 90, -90, 150, -150, 0, 180, 60, -60, 120, -120))
-"""Where a label may go, nearest first: offsets from its point in points (1/72 inch), around it at growing
-distances."""
+"""Where a label may go, nearest first: offsets from its point in points (1/72 inch),
+around it at growing distances."""
 
 
 def place_labels(fig: Any, ax: Any, points: Sequence[tuple[float, float, str]],

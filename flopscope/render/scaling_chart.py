@@ -28,7 +28,8 @@ def chart_data(scaling: Any) -> dict[str, Any]:
     (the smallest n where the core costs more, ``None`` if never or past 64 times the
     longest length measured) and the ``span`` of n drawn: the lengths measured, and
     on to 1.25 times the crossover (the polynomials are exact there too)."""
-    # (every attribute value of a self-closing element is quoted: an unquoted one would take the "/" of "/>")
+    # (every attribute value of a self-closing element is quoted: an unquoted one would
+    # take the "/" of "/>")
     lengths = list(scaling.lengths)
     crossover = scaling.crossover()
     shown = crossover if crossover is not None and lengths[0] <= crossover <= 64 * lengths[-1] else None

@@ -31,18 +31,27 @@ UNITS = {"macs": ("MAC", 1), "flops": ("FLOP", 2)}
 JSON_SCHEMA = "flopscope.profile/1"
 """Schema of :func:`to_json` (version 1). Top-level keys:
 
-- ``schema``: this string; ``units``: what ``macs`` / ``flops`` / ``elementwise_ops`` mean;
-- ``mode``: "fake" or "real"; ``totals``: ``{macs, flops, bytes, by_phase: {phase: macs}}``;
-- ``bytes``: ``{role: bytes}`` (``bytes_by_role``; ``"no_multiply"`` for ops that do not multiply);
-- ``steps``: one row per forward (``Step.row()``: phase, batch, tokens, context, macs, flops, bytes, ...);
-- ``modules``: list of ``{path, type, calls, macs, flops, params, dominant_role}`` (inclusive of submodules);
-- ``roles``: ``{role: macs}``; ``blocks``: ``{block path: {role: macs}}``; ``ops``: ``{aten op: macs}``;
-- ``elementwise``: ``{category: elementwise ops}``; ``unsupported``: ``{aten op: calls}``; ``notes``: [str];
-- ``reconciliation``: list of ``{block, role, measured, predicted, ratio, term, useful, reason, basis}``
-  (``ratio`` as a string fraction, ``null`` where there is no prediction);
-- ``attention``: ``{convention, macs, flops, roles, blocks, steps, notes}``: the attention core counted by the
-  convention asked for (``"executed"``, ``"causal"`` or ``"mask"``, :mod:`flopscope.predict.attention`), with the
-  totals, roles, blocks and steps that follow from it (``totals`` / ``roles`` / ``blocks`` / ``steps`` above stay
+- ``schema``: this string; ``units``: what ``macs`` / ``flops`` / ``elementwise_ops``
+  mean;
+- ``mode``: "fake" or "real"; ``totals``: ``{macs, flops, bytes, by_phase: {phase:
+  macs}}``;
+- ``bytes``: ``{role: bytes}`` (``bytes_by_role``; ``"no_multiply"`` for ops that do not
+  multiply);
+- ``steps``: one row per forward (``Step.row()``: phase, batch, tokens, context, macs,
+  flops, bytes, ...);
+- ``modules``: list of ``{path, type, calls, macs, flops, params, dominant_role}``
+  (inclusive of submodules);
+- ``roles``: ``{role: macs}``; ``blocks``: ``{block path: {role: macs}}``; ``ops``:
+  ``{aten op: macs}``;
+- ``elementwise``: ``{category: elementwise ops}``; ``unsupported``: ``{aten op:
+  calls}``; ``notes``: [str];
+- ``reconciliation``: list of ``{block, role, measured, predicted, ratio, term, useful,
+  reason, basis}`` (``ratio`` as a string fraction, ``null`` where there is no
+  prediction);
+- ``attention``: ``{convention, macs, flops, roles, blocks, steps, notes}``: the
+  attention core counted by the convention asked for (``"executed"``, ``"causal"`` or
+  ``"mask"``, :mod:`flopscope.predict.attention`), with the totals, roles, blocks and
+  steps that follow from it (``totals`` / ``roles`` / ``blocks`` / ``steps`` above stay
   executed work);
 - ``environment``: ``{flopscope, torch, transformers, python, platform}``.
 """

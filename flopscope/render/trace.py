@@ -1,5 +1,6 @@
-"""Role ranges over a ``torch.profiler`` trace: :func:`merge_torch_trace`. A profile's own trace is
-:meth:`Profile.export_chrome_trace`; both are written by :mod:`flopscope.render.chrome_trace`."""
+"""Role ranges over a ``torch.profiler`` trace: :func:`merge_torch_trace`. A profile's
+own trace is :meth:`Profile.export_chrome_trace`; both are written by
+:mod:`flopscope.render.chrome_trace`."""
 
 from __future__ import annotations
 

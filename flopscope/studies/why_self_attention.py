@@ -1,12 +1,13 @@
 """Vaswani et al. 2017, Table 1 ("Why Self-Attention"), *measured*: real PyTorch layers,
 profiled.
 
-:func:`compare` builds one layer per row of the paper's Table 1 (and of the rows the authors commented
-out of it: separable convolution, position-wise FFN, fully connected), plus the seed study's points
-(a whole Transformer block, cross-attention with one query, multi-head vs single-head), profiles each in
-fake mode (nothing is computed; every layer is built on ``device="meta"``, so even the n²·d² weights of
-the fully-connected layer cost no memory), and sets each measured count next to an exact closed form
-computed here from ``n, d, h, k, r, d_ff`` alone (``docs/formulas.md`` section 1).
+:func:`compare` builds one layer per row of the paper's Table 1 (and of the rows the
+authors commented out of it: separable convolution, position-wise FFN, fully connected),
+plus the seed study's points (a whole Transformer block, cross-attention with one query,
+multi-head vs single-head), profiles each in fake mode (nothing is computed; every layer
+is built on ``device="meta"``, so even the n²·d² weights of the fully-connected layer
+cost no memory), and sets each measured count next to an exact closed form computed here
+from ``n, d, h, k, r, d_ff`` alone (``docs/formulas.md`` section 1).
 
 Conventions:
 
@@ -20,8 +21,9 @@ Conventions:
   activations are elementwise work, not MACs, and are in neither column (see
   :meth:`flopscope.Profile.elementwise`).
 * Attention uses ``h`` heads of width ``d_k = d_v = d / h``.
-* Rows that measure part of a layer (the attention core, a Q projection) take that part's roles from
-  :meth:`flopscope.Profile.by_role`; ``params`` is still the whole profiled layer's parameter count.
+* Rows that measure part of a layer (the attention core, a Q projection) take that
+  part's roles from :meth:`flopscope.Profile.by_role`; ``params`` is still the whole
+  profiled layer's parameter count.
 * Restricted self-attention with neighbourhood ``r``: query ``i`` attends to the ``r``
   consecutive key positions ``i - (r - 1) // 2, ..., i + r // 2`` (centred for odd
   ``r``, one more on the right for even ``r``). Positions outside ``0 .. n - 1`` are
@@ -87,7 +89,8 @@ def band_window(r: int) -> tuple[int, int]:
 
 
 class _ProjectedAttention(nn.Module):
-    """Q/K/V/O projections (``nn.Linear(d, d)`` each) around a core that subclasses define."""
+    """Q/K/V/O projections (``nn.Linear(d, d)`` each) around a core that subclasses
+    define."""
 
     def __init__(self, d: int, h: int, r: int) -> None:
         super().__init__()
@@ -158,9 +161,11 @@ class ComparisonRow:
     complexity: str  # the paper's complexity class, e.g. "O(n²·d)"
     predicted_macs: int  # exact closed form from (n, d, h, k, r, d_ff), never from a profile
     measured_macs: int  # from flopscope.profile(..., mode="fake")
-    # parameters of the profiled layer (sum of numel, biases included), also for partial rows
+    # parameters of the profiled layer (sum of numel, biases included), also for partial
+    # rows
     params: int
-    # of those, the scalars of its >= 2-D parameters (matrices, kernels): params less biases, norms
+    # of those, the scalars of its >= 2-D parameters (matrices, kernels): params less
+    # biases, norms
     weights: int
     sequential_ops: str  # minimum number of sequential operations, as in the paper
     max_path_length: str  # maximum path length between positions, as in the paper
@@ -300,13 +305,16 @@ def compare(n: int = 512, d: int = 512, h: int = 8, k: int = 5, r: int = 64, d_f
     of width ``d``.
 
     Args:
-        n: sequence length (tokens). d: model width. h: attention heads (``d % h == 0``).
-        k: convolution kernel width. r: restricted-attention neighbourhood (keys per query, see
-        :func:`band_window`). Both may exceed ``n``: the windows then reach into padding, whose work the
-        kernels execute and the closed forms count (module docstring). d_ff: FFN inner width (default ``4 * d``).
+        n: sequence length (tokens). d: model width. h: attention heads (``d % h ==
+            0``).
+        k: convolution kernel width. r: restricted-attention neighbourhood (keys per
+        query, see :func:`band_window`). Both may exceed ``n``: the windows then reach
+        into padding, whose work the kernels execute and the closed forms count (module
+        docstring). d_ff: FFN inner width (default ``4 * d``).
 
     Returns:
-        a :class:`Comparison`; every ``predicted_macs`` is an exact closed form, never read from a profile.
+        a :class:`Comparison`; every ``predicted_macs`` is an exact closed form, never
+        read from a profile.
 
     Rows (``key``: layer profiled -> predicted MACs, with ``n_out = n + 2·(k // 2) - k +
     1``):
@@ -438,7 +446,8 @@ def _params(module: nn.Module) -> int:
 
 
 def _weights(module: nn.Module) -> int:
-    # the parameters that multiply: weight matrices and convolution kernels (>= 2 dims); biases and norm scales are 1-D
+    # the parameters that multiply: weight matrices and convolution kernels (>= 2 dims);
+    # biases and norm scales are 1-D
     return sum(p.numel() for p in module.parameters() if p.dim() >= 2)
 
 

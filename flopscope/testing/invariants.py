@@ -2,7 +2,8 @@
 (``benchmarks/zoo.py``, ``benchmarks/timm_zoo.py``) and in test suites, where closed
 forms cannot reach 600 architectures.
 
-:func:`check_invariants` profiles one model several ways and names each invariant that does not hold:
+:func:`check_invariants` profiles one model several ways and names each invariant that
+does not hold:
 
 - ``repeat``: two profiles in one process give the same total, roles and module totals;
 - ``modes``: fake, real and meta (a copy of the model on ``device="meta"``) give the
@@ -53,7 +54,8 @@ from ..role import ATTENTION_CORE, PAIR_ROLES, Role, RoleGroup
 INVARIANTS = ("repeat", "modes", "attention", "forward", "caches")
 """The invariants :func:`check_invariants` checks, in the order it checks them."""
 CONVENTIONS = (CAUSAL, MASK)
-"""The attention conventions other than ``"executed"`` (what ``by_role()`` counts) compared by the invariants."""
+"""The attention conventions other than ``"executed"`` (what ``by_role()`` counts)
+compared by the invariants."""
 
 
 @dataclass(frozen=True)
@@ -191,8 +193,9 @@ def _modes(report: InvariantReport, real: Counted | str, fake: Counted | str, me
     found, missing = [], []
     for label, other in (("fake", fake), ("meta", meta)):
         if isinstance(other, Counted):
-            # PyTorch takes its fused-layer fast paths on CPU and CUDA tensors only: on meta the layer runs unfused,
-            # its multiplies in its submodules (same total and roles, other module totals)
+            # PyTorch takes its fused-layer fast paths on CPU and CUDA tensors only: on
+            # meta the layer runs unfused, its multiplies in its submodules (same total
+            # and roles, other module totals)
             difference = other.differences(real, modules=not (label == "meta" and real.fused_layers))
             if difference:
                 found.append(f"{label} vs real: {difference}")
@@ -273,15 +276,21 @@ def _eager(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> P
 # --------------------------------------------------------------------------------------------------
 # roles that must balance (issue 47): statements about one layer's roles that hold in every standard block
 BALANCE_RULES = ("ffn", "gate", "attention", "projections", "head")
-"""What :func:`role_balance` checks, per layer (an item of a module list that has submodules, the outermost one):
+"""What :func:`role_balance` checks, per layer (an item of a module list that has
+submodules, the outermost one):
 
-- ``ffn``: ``ffn_up == ffn_down`` (an FFN maps d → f → d: both are n·d·f, gated or not, each expert alike);
-- ``gate``: ``ffn_gate`` is 0 or ``ffn_up`` (a GLU's gate has the up projection's shape);
-- ``attention``: scores and weighted sum come together, and the projections balance with them:
-  ``q_proj / out_proj == k_proj / v_proj == attn_scores / attn_weighted_sum`` (each ratio is d_qk / d_v: true for
-  multi-head, grouped-query, multi-query and cross-attention; written as products of integers);
-- ``projections``: a layer with q/k/v/out projections has an attention core (quadratic or linear);
-- ``head``: nothing in a head (a pooler, a classifier, an LM head: the paths given) is an attention or FFN role.
+- ``ffn``: ``ffn_up == ffn_down`` (an FFN maps d → f → d: both are n·d·f, gated or not,
+  each expert alike);
+- ``gate``: ``ffn_gate`` is 0 or ``ffn_up`` (a GLU's gate has the up projection's
+  shape);
+- ``attention``: scores and weighted sum come together, and the projections balance with
+  them: ``q_proj / out_proj == k_proj / v_proj == attn_scores / attn_weighted_sum``
+  (each ratio is d_qk / d_v: true for multi-head, grouped-query, multi-query and
+  cross-attention; written as products of integers);
+- ``projections``: a layer with q/k/v/out projections has an attention core (quadratic
+  or linear);
+- ``head``: nothing in a head (a pooler, a classifier, an LM head: the paths given) is
+  an attention or FFN role.
 """
 
 

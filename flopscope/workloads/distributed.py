@@ -1,4 +1,5 @@
-"""Count sharded jobs on one machine: a fake world of N ranks, and a device mesh over it.
+"""Count sharded jobs on one machine: a fake world of N ranks, and a device mesh over
+it.
 
 torch ships a fake process group (``torch.testing._internal.distributed.fake_pg``,
 backend ``"fake"``): every collective returns at once and moves nothing, so a model can
@@ -79,10 +80,11 @@ def fake_world(world_size: int, *, rank: int = 0, mesh_shape: Sequence[int] | No
 def profile_world(make_model: Callable[[Any], nn.Module], *args: Any, world_size: int,
                   mesh_shape: Sequence[int] | None = None, mesh_dim_names: Sequence[str] | None = None,
                   ranks: Sequence[int] | None = None, **profile_kwargs: Any) -> list[Profile]:
-    """Profile every rank (or ``ranks``) of a sharded job on fake worlds, one rank after another: for each,
-    ``make_model(mesh)`` builds and shards the model as that rank would, and ``flopscope.profile(model, *args,
-    **profile_kwargs)`` counts it. The job's total is the sum of the ranks' (:func:`rank_table` of their
-    :func:`summary`), exact also when ranks differ (uneven shards, pipeline stages)."""
+    """Profile every rank (or ``ranks``) of a sharded job on fake worlds, one rank after
+    another: for each, ``make_model(mesh)`` builds and shards the model as that rank
+    would, and ``flopscope.profile(model, *args, **profile_kwargs)`` counts it. The
+    job's total is the sum of the ranks' (:func:`rank_table` of their :func:`summary`),
+    exact also when ranks differ (uneven shards, pipeline stages)."""
     chosen = list(ranks) if ranks is not None else list(range(world_size))
     profiles = []
     for rank in chosen:
@@ -375,8 +377,8 @@ def _share(part: int, whole: int) -> str:
 
 
 def collective_table(rows: Sequence[CollectiveRow], tablefmt: str = "simple") -> str:
-    """:class:`~flopscope.communication.CollectiveRow` s with layer indices folded (``model.layers.*.mlp``): calls
-    and message bytes of every layer together."""
+    """:class:`~flopscope.communication.CollectiveRow` s with layer indices folded
+    (``model.layers.*.mlp``): calls and message bytes of every layer together."""
     calls: Counter[tuple[str, int | None, str, str, str]] = Counter()
     sizes: Counter[tuple[str, int | None, str, str, str]] = Counter()
     for row in rows:

@@ -2,15 +2,17 @@
 pipeline (text encoders, the denoiser at every step, ControlNets beside it, the VAE
 decoder), by component and by denoising step.
 
-:func:`profile_pipeline` runs ``pipe(**call_kwargs)`` once, counting every forward of the pipeline's ``nn.Module``
-components (``pipe.components``, by attribute name: ``text_encoder``, ``transformer`` or ``unet``, ``vae``, ...). By
-default the components count on **fake tensors**: their parameters are swapped for fake ones for the call (a pipeline
-built on ``device="meta"`` works: nothing is allocated for weights or activations), while the pipeline's own code
-(the scheduler, the loop, the initial noise, CFG's arithmetic on the denoiser's output) runs as written on the small
-real tensors it makes, so every data-dependent step of a scheduler works. The denoiser's outputs are fake tensors, and
-so are the latents after the first step and the returned images: their shapes are right, their values are not (the
-returned images are a ``"pt"`` tensor unless the call says otherwise, as PIL and numpy need values). ``mode="real"``
-runs everything.
+:func:`profile_pipeline` runs ``pipe(**call_kwargs)`` once, counting every forward of
+the pipeline's ``nn.Module`` components (``pipe.components``, by attribute name:
+``text_encoder``, ``transformer`` or ``unet``, ``vae``, ...). By default the components
+count on **fake tensors**: their parameters are swapped for fake ones for the call (a
+pipeline built on ``device="meta"`` works: nothing is allocated for weights or
+activations), while the pipeline's own code (the scheduler, the loop, the initial noise,
+CFG's arithmetic on the denoiser's output) runs as written on the small real tensors it
+makes, so every data-dependent step of a scheduler works. The denoiser's outputs are
+fake tensors, and so are the latents after the first step and the returned images: their
+shapes are right, their values are not (the returned images are a ``"pt"`` tensor unless
+the call says otherwise, as PIL and numpy need values). ``mode="real"`` runs everything.
 
 Steps: each call of ``pipe.scheduler.step`` closes a denoising step; the component calls
 since the previous one belong to it. Classifier-free guidance is stated per step:
@@ -54,8 +56,9 @@ from ..render.pipeline_chart import call_bars, component_colours
 from ..role import ROLE_ORDER
 
 GUIDANCE = ("none", "batch", "passes")
-"""How a step applies classifier-free guidance: not at all (one call on the latents' batch), by batch (one call on
-twice the batch: unconditional and conditional together), by passes (several calls of the denoiser per step)."""
+"""How a step applies classifier-free guidance: not at all (one call on the latents'
+batch), by batch (one call on twice the batch: unconditional and conditional together),
+by passes (several calls of the denoiser per step)."""
 
 
 class PipelineComponents(nn.Module):
@@ -189,14 +192,16 @@ class PipelineProfile:
                  step_of_call: Mapping[ModuleCall, int] | None = None, name: str = "pipeline") -> None:
         self.profile = profile
         self.name = name
-        """The pipeline's class name (``"StableDiffusionPipeline"``): the report's title and its chart's root."""
+        """The pipeline's class name (``"StableDiffusionPipeline"``): the report's title
+        and its chart's root."""
         self.components = tuple(components)
         self.denoisers = tuple(denoisers)
         self._steps = tuple(steps)
         self.output = output
         self.reuse = tuple(reuse)
-        """How repeated calls were counted: per component, the calls replayed from an earlier call's records, or
-        why its calls were captured again (:mod:`flopscope.capture.replay`); empty without reuse."""
+        """How repeated calls were counted: per component, the calls replayed from an
+        earlier call's records, or why its calls were captured again
+        (:mod:`flopscope.capture.replay`); empty without reuse."""
         # a component's call in the loop -> the step it ran in
         self._step_of_call = dict(step_of_call or {})
 
@@ -264,8 +269,9 @@ class PipelineProfile:
         return [{r: roles[r] for r in ROLE_ORDER if roles.get(r)} for roles in out]
 
     def workload(self) -> Workload:
-        """The call as calls x MACs per call of each entry point (a denoiser's as steps x passes), adding up to
-        :meth:`total`, and each component against its blocks' closed forms (:class:`Workload`)."""
+        """The call as calls x MACs per call of each entry point (a denoiser's as steps
+        x passes), adding up to :meth:`total`, and each component against its blocks'
+        closed forms (:class:`Workload`)."""
         per_call = _macs_by_entry(self.profile)
         entries = {path: sorted(n for p, n in per_call if p == path) for path, _ in per_call}
         step_of = self._step_of_call
@@ -374,16 +380,19 @@ def profile_pipeline(pipe: Any, *, mode: str = "fake", registry: FormulaRegistry
     components: see the module docstring.
 
     Args:
-        pipe: the pipeline; built from configs on ``device="meta"`` is fine in fake mode.
-        mode: ``"fake"`` (default: nothing computed in the components, no weights needed) or ``"real"``.
-        registry, roles: as :func:`flopscope.profile`.
-        reuse: in fake mode, a call of a component whose records are provably those of an earlier call (the same
-            inputs' shapes and plain arguments, no value read: the denoiser at every step after the first) is
-            replayed from them, not run again (:mod:`flopscope.capture.replay`); ``False`` runs every call. The
+        pipe: the pipeline; built from configs on ``device="meta"`` is fine in fake
+            mode.
+        mode: ``"fake"`` (default: nothing computed in the components, no weights
+        needed) or ``"real"``. registry, roles: as :func:`flopscope.profile`.
+        reuse: in fake mode, a call of a component whose records are provably those of
+            an earlier call (the same inputs' shapes and plain arguments, no value read:
+            the denoiser at every step after the first) is replayed from them, not run
+            again (:mod:`flopscope.capture.replay`); ``False`` runs every call. The
             counts are the same; :attr:`PipelineProfile.reuse` says what was replayed.
-        call_kwargs: the pipeline call's arguments (``prompt`` or ``prompt_embeds``, ``num_inference_steps``,
-            ``guidance_scale``, ``height``, ``width``, ``num_frames``, ...). In fake mode ``output_type`` defaults to
-            ``"pt"`` where the call takes one.
+        call_kwargs: the pipeline call's arguments (``prompt`` or ``prompt_embeds``,
+            ``num_inference_steps``, ``guidance_scale``, ``height``, ``width``,
+            ``num_frames``, ...). In fake mode ``output_type`` defaults to ``"pt"``
+            where the call takes one.
     """
     check_mode(mode, BLOCK_MODES, "profile_pipeline mode")
     modules = _module_components(pipe)

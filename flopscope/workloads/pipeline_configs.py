@@ -1,13 +1,15 @@
 """Diffusers pipelines built from their configs alone, on ``device="meta"`` by default:
 no weights, nothing allocated.
 
-:func:`pipeline_from_configs` reads a pipeline folder's ``model_index.json`` (a local folder, or a hub repo of which
-only the JSON and tokenizer files are fetched, failing fast offline as ``hf:`` targets do) and builds each component:
-diffusers models and transformers models from their ``config.json`` on the device, schedulers from their
-``scheduler_config.json``, tokenizers from their files. A tokenizer whose vocabulary files are missing (a configs-only
-download, an empty folder) or cannot be read offline is replaced by a :class:`ShapeTokenizer`: a text encoder's work
-depends only on how many tokens it reads, and the pipelines pad prompts to a fixed length (77 for CLIP, 256 or 512 for
-T5), which the stand-in keeps (``--set tokenizer.model_max_length=N`` sets it).
+:func:`pipeline_from_configs` reads a pipeline folder's ``model_index.json`` (a local
+folder, or a hub repo of which only the JSON and tokenizer files are fetched, failing
+fast offline as ``hf:`` targets do) and builds each component: diffusers models and
+transformers models from their ``config.json`` on the device, schedulers from their
+``scheduler_config.json``, tokenizers from their files. A tokenizer whose vocabulary
+files are missing (a configs-only download, an empty folder) or cannot be read offline
+is replaced by a :class:`ShapeTokenizer`: a text encoder's work depends only on how many
+tokens it reads, and the pipelines pad prompts to a fixed length (77 for CLIP, 256 or
+512 for T5), which the stand-in keeps (``--set tokenizer.model_max_length=N`` sets it).
 """
 
 from __future__ import annotations
@@ -30,10 +32,12 @@ CONFIG_PATTERNS = ("model_index.json", "*/config.json", "*/scheduler_config.json
 """The files fetched from the hub for a pipeline built from configs: no weights."""
 
 DEFAULT_TEXT_LENGTH = 77
-"""A stand-in tokenizer's length where its ``tokenizer_config.json`` gives none (CLIP's)."""
+"""A stand-in tokenizer's length where its ``tokenizer_config.json`` gives none
+(CLIP's)."""
 
 UNPADDED_LENGTH = 8
-"""Tokens a stand-in tokenizer gives a prompt where a pipeline asks for no padding (``padding="longest"``)."""
+"""Tokens a stand-in tokenizer gives a prompt where a pipeline asks for no padding
+(``padding="longest"``)."""
 
 
 class ShapeTokenizer:
@@ -167,11 +171,13 @@ def _component(folder: Path, name: str, library: str, class_name: str, device: s
 
 
 def _tokenizer(folder: Path, name: str, cls: Any, changes: Mapping[str, Any]) -> Any:
-    """The tokenizer from its files, else (none of the vocabulary files its class names, such as an empty folder, or
-    files it cannot read) a :class:`ShapeTokenizer` of the length its config gives. ``changes``: ``model_max_length``
-    only (``--set tokenizer.model_max_length=77``), the length prompts are padded to. A tokenizer read from its files
-    without a ``model_max_length`` (transformers' placeholder, about 1e30) is a
-    :class:`~flopscope.errors.FlopscopeError` naming the fix: the pipeline pads prompts to it."""
+    """The tokenizer from its files, else (none of the vocabulary files its class names,
+    such as an empty folder, or files it cannot read) a :class:`ShapeTokenizer` of the
+    length its config gives. ``changes``: ``model_max_length`` only (``--set
+    tokenizer.model_max_length=77``), the length prompts are padded to. A tokenizer read
+    from its files without a ``model_max_length`` (transformers' placeholder, about
+    1e30) is a :class:`~flopscope.errors.FlopscopeError` naming the fix: the pipeline
+    pads prompts to it."""
     unknown = [key for key in changes if key != "model_max_length"]
     if unknown:
         raise FlopscopeError(f"--set {name}.{unknown[0]}: a tokenizer takes only {name}.model_max_length (the length "
@@ -207,4 +213,5 @@ def _tokenizer(folder: Path, name: str, cls: Any, changes: Mapping[str, Any]) ->
 
 
 _UNSET_LENGTH = 1_000_000
-"""A tokenizer's ``model_max_length`` from this on is no length: transformers puts about 1e30 where none is set."""
+"""A tokenizer's ``model_max_length`` from this on is no length: transformers puts about
+1e30 where none is set."""

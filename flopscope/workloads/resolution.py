@@ -80,11 +80,12 @@ def resolution_scaling(pipe: Any, sizes: Sequence[int | tuple[int, int]], *, mod
 
     Args:
         pipe: a diffusers pipeline (as :func:`flopscope.profile_pipeline`).
-        sizes: square sides (``[256, 512, 768, 1024]``) or ``(height, width)`` pairs, at least four distinct pixel
-            counts (a quadratic is found from three and checked at the fourth).
+        sizes: square sides (``[256, 512, 768, 1024]``) or ``(height, width)`` pairs, at
+            least four distinct pixel counts (a quadratic is found from three and
+            checked at the fourth).
         mode, reuse, registry, roles: as :func:`flopscope.profile_pipeline`.
-        call_kwargs: the call's other arguments (steps, guidance, prompt or embeddings, frames), the same at every
-            size; not ``height`` or ``width``.
+        call_kwargs: the call's other arguments (steps, guidance, prompt or embeddings,
+            frames), the same at every size; not ``height`` or ``width``.
     """
     if "height" in call_kwargs or "width" in call_kwargs:
         raise ConfigurationError("resolution_scaling sets height and width from sizes: do not pass them")

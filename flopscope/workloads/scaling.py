@@ -1,11 +1,12 @@
 """Exact scaling in sequence length: each role's multiplies as a polynomial in n, with
 exact coefficients.
 
-:func:`scaling` profiles a model at several lengths (fake tensors by default: cheap), then, per role,
-finds the lowest-degree polynomial through the measured counts by exact rational interpolation and
-*checks* it at every remaining length (so at least one more length than the degree needs): a role whose
-counts are not a polynomial of degree <= len(lengths) - 2 is reported as such, never fitted. Each
-polynomial is set beside the one predicted from the model's declared structure (the closed forms of
+:func:`scaling` profiles a model at several lengths (fake tensors by default: cheap),
+then, per role, finds the lowest-degree polynomial through the measured counts by exact
+rational interpolation and *checks* it at every remaining length (so at least one more
+length than the degree needs): a role whose counts are not a polynomial of degree <=
+len(lengths) - 2 is reported as such, never fitted. Each polynomial is set beside the
+one predicted from the model's declared structure (the closed forms of
 :mod:`flopscope.predict.reconcile`), coefficient by coefficient.
 """
 
@@ -34,12 +35,14 @@ from .symbolic import SymbolicTrace, trace
 __all__ = ["METHODS", "MIN_LENGTHS", "Polynomial", "Scaling", "interpolate", "scaling"]
 
 MIN_LENGTHS = 4
-"""Fewest distinct lengths :func:`scaling` takes: a quadratic (attention) takes 3 and is checked at one more."""
+"""Fewest distinct lengths :func:`scaling` takes: a quadratic (attention) takes 3 and is
+checked at one more."""
 
 
 METHODS = ("sampled", "auto", "symbolic")
-"""How :func:`scaling` finds the polynomials: profiles at each length and exact interpolation; one symbolic trace
-(:mod:`flopscope.symbolic`); or the symbolic trace with a fall-back to sampling where the model specialises."""
+"""How :func:`scaling` finds the polynomials: profiles at each length and exact
+interpolation; one symbolic trace (:mod:`flopscope.symbolic`); or the symbolic trace
+with a fall-back to sampling where the model specialises."""
 
 
 def scaling(model: nn.Module, make_inputs: Callable[[int], Any], lengths: Sequence[int] = (64, 128, 256, 512, 1024),
@@ -218,7 +221,8 @@ def _union(dicts: Iterable[Mapping[str, Any]]) -> list[str]:
 
 def _scaling(lengths: tuple[int, ...], measured: Sequence[Mapping[str, int]],
              recomputed: Sequence[Mapping[str, int]], predicted: Sequence[Mapping[str, int | None]]) -> Scaling:
-    """The :class:`Scaling` of per-length counts (each a ``{role: MACs}``, one per length)."""
+    """The :class:`Scaling` of per-length counts (each a ``{role: MACs}``, one per
+    length)."""
     def column(rows: Sequence[Mapping[str, Any]], role: str) -> list[Any]:
         return [row.get(role, 0) for row in rows]
 

@@ -77,7 +77,8 @@ def _down_projections(view: GraphView, state: RoleState, gated: bool) -> None:
                 continue
             residual = writes_back(view, d)
             found = _hidden_layer(view, state, hidden, through_channelwise=residual)
-            # conditioning, a head, a router's coefficients or an MLP: no FFN (the vetoes)
+            # conditioning, a head, a router's coefficients or an MLP: no FFN (the
+            # vetoes)
             if found is None or _per_sample(view, d) or view.pooled(d) or _only_weighs(view, d) \
                     or _spread_before(view, found) or _an_mlp(view, state, d, found, residual or bool(sources)):
                 continue

@@ -132,18 +132,21 @@ class CallReplayer:
     missed: dict[str, str] = field(default_factory=dict)
     # Also replay a block of a ModuleList from another block of the same structure.
     blocks: bool = True
-    # Grad mode may be on: no backward follows (a forward's count), so the autograd graph is never used; a replay's
-    # outputs require grad as the template's did (the inputs' and parameters' requires_grad are keyed).
+    # Grad mode may be on: no backward follows (a forward's count), so the autograd
+    # graph is never used; a replay's outputs require grad as the template's did (the
+    # inputs' and parameters' requires_grad are keyed).
     grad: bool = False
-    # A block is keyed by the plain attributes its first call read, not all it holds (the modules are the run's for
-    # its duration, so their classes may be swapped while watched: replay.attribute_reads).
+    # A block is keyed by the plain attributes its first call read, not all it holds
+    # (the modules are the run's for its duration, so their classes may be swapped while
+    # watched: replay.attribute_reads).
     reads: bool = False
-    # Where a block is given objects, the int attributes its blocks differ in are read as stand-ins
-    # (attribute_reads.StandIn); a torch function refusing one fails the run (the runner counts again without:
-    # stand_in_refused).
+    # Where a block is given objects, the int attributes its blocks differ in are read
+    # as stand-ins (attribute_reads.StandIn); a torch function refusing one fails the
+    # run (the runner counts again without: stand_in_refused).
     stand_ins: bool = True
-    # Whether a first call ran with stand-ins (a failure of the run is then counted again without: some torch
-    # functions refuse a stand-in with a RuntimeError that does not name it).
+    # Whether a first call ran with stand-ins (a failure of the run is then counted
+    # again without: some torch functions refuse a stand-in with a RuntimeError that
+    # does not name it).
     stood_in: bool = False
     _templates: dict[CallKey, list[Candidate]] = field(default_factory=dict)
     # id() of the modules whose forward is our wrapper
@@ -156,9 +159,10 @@ class CallReplayer:
     _passing: dict[str, dict[str, frozenset[str]]] = field(default_factory=dict)
     # a list of blocks' path -> the key of its first call
     _firsts: dict[str, CallKey] = field(default_factory=dict)
-    # The lists one of whose blocks' calls could not be keyed (an argument of another type, a shared module): their
-    # blocks' calls are captured without a key's cost. (A call whose records were refused refuses its key only:
-    # T5's first block reads values, the others are replayed.)
+    # The lists one of whose blocks' calls could not be keyed (an argument of another
+    # type, a shared module): their blocks' calls are captured without a key's cost. (A
+    # call whose records were refused refuses its key only: T5's first block reads
+    # values, the others are replayed.)
     _unkeyed: set[str] = field(default_factory=set)
     # id(block) -> _own_paths
     _owned: dict[int, bool] = field(default_factory=dict)
@@ -237,8 +241,9 @@ class CallReplayer:
         @functools.wraps(forward)
         def call(*args: Any, **kwargs: Any) -> Any:
             if threading.get_ident() != self._thread or (structural and label in self._unkeyed):
-                # Another thread's call (not counted: the tracker's rule), or a block of a list one of whose calls
-                # could not be keyed: captured without a key's cost.
+                # Another thread's call (not counted: the tracker's rule), or a block of
+                # a list one of whose calls could not be keyed: captured without a key's
+                # cost.
                 return forward(*args, **kwargs)
             # (its submodules as they are at this call: a forward may add some)
             self._named.pop(id(module), None)
@@ -262,7 +267,8 @@ class CallReplayer:
                 if isinstance(template, CallTemplate) and (
                         not template.changes or lists_and_dicts((args, kwargs))[1] == template.containers):
                     if template.callouts and not callouts_agree(template, objects, self.recorder, modules):
-                        # (its objects' methods give other sizes here: a decoding step's grown cache)
+                        # (its objects' methods give other sizes here: a decoding step's
+                        # grown cache)
                         continue
                     self.replayed[label] += 1
                     return replay(template, self.recorder, self.tracker, path, module, (args, kwargs), tensors,

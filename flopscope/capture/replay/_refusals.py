@@ -155,4 +155,5 @@ MISSES: tuple[Refusal, ...] = (
     OTHER_CLASSES, OTHER_STRUCTURE, OTHER_ARGUMENTS, OTHER_SUBMODULE_COUNT, OTHER_SUBMODULES, OTHER_MODES,
     OTHER_TENSORS, OTHER_ATTRIBUTES, OTHER_KEYS, OTHER_READS, OTHER_SIZES,
 )
-"""Every reason a block call found no earlier block's template, though nothing refused it."""
+"""Every reason a block call found no earlier block's template, though nothing refused
+it."""

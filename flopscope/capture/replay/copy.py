@@ -156,7 +156,8 @@ def _make_outputs(template: CallTemplate, recorder: Recorder, tracker: ModuleTra
                 leaves.append(tensors[value.position] if isinstance(value, Argument) else value)
                 continue
             made = made_for.get(id(like))
-            # (an output twice is one tensor twice; outputs viewing one storage view one)
+            # (an output twice is one tensor twice; outputs viewing one storage view
+            # one)
             if made is None:
                 storage = storage_of(like)
                 # (the run's, on the stack or not)
@@ -174,7 +175,8 @@ def _make_outputs(template: CallTemplate, recorder: Recorder, tracker: ModuleTra
                             base = bases[storage] = non_leaf(base.requires_grad_())
                     made = base.as_strided(like.shape, like.stride(), like.storage_offset())
                 elif cloned:
-                    # (no leaf, as a run's output: a clone keeps the strides of a dense tensor)
+                    # (no leaf, as a run's output: a clone keeps the strides of a dense
+                    # tensor)
                     made = non_leaf(empty_tensor(like.shape, like.stride(), like.dtype, like.device, True, mode))
                 else:
                     made = empty_tensor(like.shape, like.stride(), like.dtype, like.device, mode=mode)
@@ -194,7 +196,8 @@ def callouts_agree(template: CallTemplate, objects: list[Any], recorder: Recorde
     with the recorder suspended, give outputs of the template's sizes (so that a
     replay calling them on the objects themselves is the call); the objects are not
     touched."""
-    # (a block around this one watches them: its first call would take our calls as its own)
+    # (a block around this one watches them: its first call would take our calls as its
+    # own)
     if any(given_objects.watched(obj) for obj in objects):
         return False
     named = modules()
@@ -208,7 +211,8 @@ def callouts_agree(template: CallTemplate, objects: list[Any], recorder: Recorde
                 try:
                     twin = twins[id(obj)] = given_objects.detached(obj)
                 except given_objects.NotDetachable:
-                    # (a copy its methods could change without changing it cannot be made)
+                    # (a copy its methods could change without changing it cannot be
+                    # made)
                     return False
             args, kwargs = _callout_arguments(callout, named, lambda record, meta: made.get(id(record))
                                               or _empty(meta))

@@ -56,7 +56,8 @@ Anything else is held by identity, or refused as an argument.
 """
 # A longer list / tuple / dict attribute is held by identity.
 _MAX_PLAIN_ITEMS = 64
-# How deep inside an attribute a block's key holds objects alike (_held_alike); deeper, by identity.
+# How deep inside an attribute a block's key holds objects alike (_held_alike); deeper,
+# by identity.
 _MAX_DEPTH = 4
 ABSENT = object()
 """The value of an attribute read that a module does not have."""
@@ -160,12 +161,15 @@ def owns_its_paths(path: str, module: nn.Module, paths: Mapping[int, str]) -> bo
 
 def state_of(module: nn.Module, ours: Collection[int] = (), structural: bool = False, by_name: bool = False
              ) -> tuple[Any, ...]:
-    """What a call of ``module`` can read of its modules' state, by value where immutable, else by identity:
-    each submodule's identity, mode, parameters and buffers (identity, shape, dtype) and plain attributes. Raises
-    :class:`~._refusals.Refused` for a submodule with hooks of its own or an instance-level ``forward`` (not ours:
-    ``ours``). ``structural``: submodules by name and class, tensors by shape, dtype and ``requires_grad``, not by
-    identity (two blocks of one structure have the same state), and other objects by class and plain attributes.
-    ``by_name``: plain attributes by name only (the values a call reads are keyed apart: :func:`read_values`)."""
+    """What a call of ``module`` can read of its modules' state, by value where
+    immutable, else by identity: each submodule's identity, mode, parameters and buffers
+    (identity, shape, dtype) and plain attributes. Raises :class:`~._refusals.Refused`
+    for a submodule with hooks of its own or an instance-level ``forward`` (not ours:
+    ``ours``). ``structural``: submodules by name and class, tensors by shape, dtype and
+    ``requires_grad``, not by identity (two blocks of one structure have the same
+    state), and other objects by class and plain attributes. ``by_name``: plain
+    attributes by name only (the values a call reads are keyed apart:
+    :func:`read_values`)."""
     state: list[Any] = []
     held = _held_alike if structural else _held
     for name, m in module.named_modules():

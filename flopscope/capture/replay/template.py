@@ -94,7 +94,8 @@ class _Counts:
 
 
 _HEAD = ("node_op", "target", "args", "kwargs", "name", "phase", "module_stack")
-"""The first fields of :class:`CapturedOp`, in order, which a copy passes first (tests/test_replay.py checks it)."""
+"""The first fields of :class:`CapturedOp`, in order, which a copy passes first
+(tests/test_replay.py checks it)."""
 _REST = tuple(f.name for f in dataclasses.fields(CapturedOp))[len(_HEAD):]
 # (the dataflow's fields are set when the capture is linked)
 _REST = _REST[:_REST.index("index")]
@@ -156,18 +157,19 @@ class CallTemplate:
     counts: _Counts
     # bytes of the largest tensor the call made
     largest_out: int
-    # structural: id(record) of the module's parameter or buffer -> its name in the module (a replay into another
-    # module of the same structure takes that one's)
+    # structural: id(record) of the module's parameter or buffer -> its name in the
+    # module (a replay into another module of the same structure takes that one's)
     parameters: dict[int, str] = field(default_factory=dict)
     # the lists and dicts it was given that it changed, as a replay changes them
     changes: tuple[Change, ...] = ()
-    # which of the arguments' lists and dicts are one object (containers.lists_and_dicts)
+    # which of the arguments' lists and dicts are one object
+    # (containers.lists_and_dicts)
     containers: tuple[int, ...] = ()
-    # the plain attributes it read (module name in it, attribute), where read attributes are keyed
-    # (CallReplayer.reads)
+    # the plain attributes it read (module name in it, attribute), where read attributes
+    # are keyed (CallReplayer.reads)
     reads: tuple[tuple[str, str], ...] = ()
-    # its calls of given objects' methods, each with the number of plan steps before it (a replay calls them again:
-    # flopscope.capture.replay.given_objects)
+    # its calls of given objects' methods, each with the number of plan steps before it
+    # (a replay calls them again: flopscope.capture.replay.given_objects)
     callouts: list[tuple[int, CallOut]] = field(default_factory=list)
 
 
@@ -183,8 +185,8 @@ class Candidate:
 
 
 _PYTHON_READS = ("tolist", "numpy")
-"""Tensor methods that read a real tensor's values without an ATen op (a fake tensor's raise): counted as value reads
-while a first call is watched."""
+"""Tensor methods that read a real tensor's values without an ATen op (a fake tensor's
+raise): counted as value reads while a first call is watched."""
 # method name -> the original, while any thread watches a call
 _patched: dict[str, Any] = {}
 
@@ -205,8 +207,9 @@ def _unwrap_python_reads() -> None:
 
 
 _PYTHON_READ_PATCH = ScopedPatch(_wrap_python_reads, _unwrap_python_reads)
-"""For a scope, in its thread, ``Tensor.tolist()`` and ``Tensor.numpy()`` count as value reads of the scope's
-recorder (the methods are wrapped on ``torch.Tensor`` while any thread is in such a scope)."""
+"""For a scope, in its thread, ``Tensor.tolist()`` and ``Tensor.numpy()`` count as value
+reads of the scope's recorder (the methods are wrapped on ``torch.Tensor`` while any
+thread is in such a scope)."""
 
 
 def _counted(method: Callable[..., Any]) -> Callable[..., Any]:
@@ -317,8 +320,8 @@ def _outputs(out: Any, window: Window, arguments: list[torch.Tensor], recorder: 
             raise STAND_IN_OUTPUT.refused()
         if isinstance(leaf, torch.Tensor):
             given = next((i for i, t in enumerate(arguments) if t is leaf), None)
-            # (an argument handed back as it is: T5's position bias; a replay hands back the same argument of its
-            # own call)
+            # (an argument handed back as it is: T5's position bias; a replay hands back
+            # the same argument of its own call)
             if given is not None:
                 records.append(Argument(given))
                 tensors.append(None)

@@ -37,7 +37,8 @@ def run(args: argparse.Namespace) -> int:
     # the memory estimate first: the peers need real weights
     target = on_meta(args.target, args.set)
     inputs, kwargs = make_inputs(target, args.input, args.dtype)(None)
-    # flopscope's real run, then each peer on its own copy of the model: two copies of the weights at a time
+    # flopscope's real run, then each peer on its own copy of the model: two copies of
+    # the weights at a time
     meta = target
     target = materialised(target, args.target, args.set, f"crosscheck of {target.description} (flopscope and "
                           "the peers run it for real, each peer on its own copy)",

@@ -115,7 +115,8 @@ def run(args: argparse.Namespace) -> int:
     what = f"generating {args.new} tokens after a prompt of {args.prompt}, batch {args.batch}"
     prof = _on_fake_tensors(args, target, ids, what) if args.mode != "real" else None
     if prof is None:
-        # --mode real, or auto's fall-back: HF's generate() for real, refused ahead when it cannot fit
+        # --mode real, or auto's fall-back: HF's generate() for real, refused ahead when
+        # it cannot fit
         meta = target
         how = "--mode real" if args.mode == "real" else "auto's fall-back"
         target = materialised(target, spec, args.set, f"generate() of {target.description} ({how}: it runs for "
@@ -144,7 +145,8 @@ def run(args: argparse.Namespace) -> int:
         print("\nmeasuring this CPU's peak FLOP/s and memory bandwidth (a few seconds) ...", file=sys.stderr,
               flush=True)
     where = "this CPU" if args.device in (None, "cpu") else args.device
-    # the times were measured here: against another device's figures they mean nothing; a fake run has none
+    # the times were measured here: against another device's figures they mean nothing;
+    # a fake run has none
     timed = prof.mode == "real" and where == "this CPU"
     result: Roofline = roofline(prof, device=args.device or "cpu", dtype=args.dtype, peak=args.peak,
                                 bandwidth=args.bandwidth, measured=timed)
