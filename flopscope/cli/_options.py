@@ -19,7 +19,8 @@ import torch
 from ..conventions import ATTENTION_CONVENTIONS, EXECUTED
 from ..errors import FlopscopeError
 from ..workloads.scaling import MIN_LENGTHS
-from .targets import parse_setting, parse_shape
+from .settings import parse_setting
+from .targets import parse_shape
 
 Commands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 """What ``add_subparsers()`` returns: each command module's ``register`` adds its parser

@@ -22,7 +22,7 @@ from ...workloads.pipeline import profile_pipeline
 from ...workloads.pipeline_configs import pipeline_from_configs
 from .._common import write_reports
 from .._options import as_image_size, as_positive
-from ..targets import parse_settings
+from ..settings import parse_settings
 
 
 def add_options(parser: argparse.ArgumentParser) -> None:
