@@ -28,12 +28,17 @@ if TYPE_CHECKING:  # (imported when first used: __getattr__ below)
     from .workloads import Throughput, measure_flops, profile_generation, profile_pipeline, roofline
 
 _LAZY = {
-    "crosscheck": "peers", "compare": "studies.why_self_attention", "compare_lengths": "studies.why_self_attention",
-    **dict.fromkeys(["BatchPricer", "DenoisingStep", "PipelineProfile", "ResolutionScaling", "Roofline", "Step",
+    "crosscheck": "peers", "compare": "studies.why_self_attention",
+    "compare_lengths": "studies.why_self_attention",
+    **dict.fromkeys(["BatchPricer", "DenoisingStep", "PipelineProfile", "ResolutionScaling",
+                     "Roofline", "Step",
                      "Throughput", "Workload", "WorkloadTerm", "flops_per_batch", "measure_flops",
-                     "profile_generation", "profile_pipeline", "resolution_scaling", "roofline"], "workloads"),
-    **dict.fromkeys(["BudgetError", "ConfigurationError", "DoesNotFitError", "FakeTensorError", "FormulaError",
-                     "ForwardError", "InputError", "NotAModuleError", "NotFoundError", "RecordingError",
+                     "profile_generation", "profile_pipeline", "resolution_scaling", "roofline"],
+                    "workloads"),
+    **dict.fromkeys(["BudgetError", "ConfigurationError", "DoesNotFitError", "FakeTensorError",
+                     "FormulaError",
+                     "ForwardError", "InputError", "NotAModuleError", "NotFoundError",
+                     "RecordingError",
                      "RegistryError", "RoleError", "RunError"], "errors"),
 }
 """Names imported on first use, from the module that holds them: the workloads

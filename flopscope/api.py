@@ -24,8 +24,10 @@ from .formulas.registry import FormulaRegistry
 from .profile import Profile
 
 
-def profile(model: nn.Module, *args: Any, mode: str = "auto", registry: FormulaRegistry | None = None,
-            roles: Sequence[RoleRule] = (), backward: bool = False, loss: Callable[[Any], torch.Tensor] | None = None,
+def profile(model: nn.Module, *args: Any, mode: str = "auto",
+            registry: FormulaRegistry | None = None,
+            roles: Sequence[RoleRule] = (), backward: bool = False,
+            loss: Callable[[Any], torch.Tensor] | None = None,
             forward_kwargs: dict[str, Any] | None = None, fallback_limit_bytes: int | None = None,
             reuse: bool = True, **kwargs: Any) -> Profile:
     """Run ``model(*args, **kwargs)`` once and count its multiplies.
@@ -77,7 +79,8 @@ def profile(model: nn.Module, *args: Any, mode: str = "auto", registry: FormulaR
     return Profile(capture(model, args, kwargs, plan, stacklevel=3), role_rules=tuple(roles))
 
 
-def profile_with_plan(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], plan: CapturePlan,
+def profile_with_plan(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
+                      plan: CapturePlan,
                       roles: Sequence[RoleRule] = (), *, stacklevel: int = 2) -> Profile:
     """One capture of ``model(*args, **kwargs)`` as ``plan`` says, as a Profile.
 
@@ -85,7 +88,8 @@ def profile_with_plan(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str,
     role rules of the profile. ``stacklevel``: of a warning issued by the capture, as
     :func:`~flopscope.capture.capture`'s.
     """
-    return Profile(capture(model, args, kwargs, plan, stacklevel=stacklevel + 1), role_rules=tuple(roles))
+    return Profile(capture(model, args, kwargs, plan, stacklevel=stacklevel + 1),
+                   role_rules=tuple(roles))
 
 
 def split_inputs(inputs: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
@@ -127,7 +131,8 @@ class profiler:  # noqa: N801  (used as a context manager, like torch.profiler.p
     :class:`~flopscope.errors.FlopscopeError`.
     """
 
-    def __init__(self, model: nn.Module, mode: str = "real", registry: FormulaRegistry | None = None,
+    def __init__(self, model: nn.Module, mode: str = "real",
+                 registry: FormulaRegistry | None = None,
                  roles: Sequence[RoleRule] = (), trace: bool = False) -> None:
         check_model(model)
         check_mode(mode, BLOCK_MODES, "profiler mode")
@@ -140,7 +145,8 @@ class profiler:  # noqa: N801  (used as a context manager, like torch.profiler.p
 
     def __enter__(self) -> profiler:
         if self._result is not None:
-            raise FlopscopeError("this profiler already ran its block; make a new flopscope.profiler")
+            raise FlopscopeError("this profiler already ran its block; make a new "
+                                 "flopscope.profiler")
         self._session.start()
         return self
 

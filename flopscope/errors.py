@@ -26,7 +26,8 @@ class RunError(FlopscopeError, RuntimeError):
     module and shapes, ``reason`` the cause in one line (both for the fall-back
     note)."""
 
-    def __init__(self, message: str, *, on_fake_tensors: bool = False, where: str = "", reason: str = "",
+    def __init__(self, message: str, *, on_fake_tensors: bool = False, where: str = "",
+                 reason: str = "",
                  largest_tensor_bytes: int = 0) -> None:
         super().__init__(message)
         self.on_fake_tensors = on_fake_tensors

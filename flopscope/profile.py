@@ -167,7 +167,8 @@ class Profile:
         mode; ``None`` in fake mode, where nothing ran)
         (:mod:`flopscope.generation`)."""
         return steps.steps(self._ops, self.role_assignments_by_op(), self._priced(attention),
-                           self._capture.module_inputs, self._capture.root_seconds if self._mode == "real" else {})
+                           self._capture.module_inputs,
+                           self._capture.root_seconds if self._mode == "real" else {})
 
     def export_chrome_trace(self, path: str | Path, *, peak: float | None = None,
                             bandwidth: float | None = None) -> Path:
@@ -176,7 +177,8 @@ class Profile:
         bytes / role / module / shapes in every event (:mod:`flopscope.trace`). Real
         mode: measured times; fake mode: roofline times with ``peak`` and ``bandwidth``,
         else order only."""
-        trace = chrome_trace.chrome_trace(self._ops, self.role_assignments_by_op(), self._mode, self.total(),
+        trace = chrome_trace.chrome_trace(self._ops, self.role_assignments_by_op(), self._mode,
+                                          self.total(),
                                           peak=peak, bandwidth=bandwidth)
         return chrome_trace.export_chrome_trace(path, trace)
 
@@ -200,7 +202,8 @@ class Profile:
         (:mod:`flopscope.render.flame`)."""
         return flame.export_speedscope(path, {phase: self.by_stack(phase) for phase in self.by_phase()})
 
-    def to_html(self, path: str | Path, *, scaling: Scaling | None = None, title: str | None = None) -> Path:
+    def to_html(self, path: str | Path, *, scaling: Scaling | None = None,
+                title: str | None = None) -> Path:
         """Write a self-contained HTML report (no network: inline SVG, CSS and script):
         an icicle chart of the module call tree sized by MACs and coloured by dominant
         role (hover for path, type, MACs, FLOPs, share, parameters, input shapes; click
@@ -266,7 +269,8 @@ class Profile:
                    if (module == "" or module in paths) and (phase is None or ph == phase)
                    ) - saved(core, attention, module_of_core, phase)
 
-    def total_flops(self, module: str = "", phase: str | None = None, attention: str = EXECUTED) -> int:
+    def total_flops(self, module: str = "", phase: str | None = None,
+                    attention: str = EXECUTED) -> int:
         """Floating-point operations of the same work: ``2 * total(module)`` (1 MAC = 2
         FLOPs)."""
         return 2 * self.total(module, phase, attention)
@@ -434,7 +438,8 @@ class Profile:
             # (in the order the passes claimed them)
             for op, assignment in self.role_assignments_by_op().items():
                 node = node_of[op]
-                node.meta.update(role_parts=dict(assignment.parts), role=assignment.role, block=assignment.block)
+                node.meta.update(role_parts=dict(assignment.parts), role=assignment.role,
+                                 block=assignment.block)
                 roles[node] = assignment
             self._roles = MappingProxyType(roles)
         return self._roles
@@ -451,7 +456,8 @@ class Profile:
         """The role passes over the records, in graph order, a replayed call's records
         taking the roles of the records they copy
         (:func:`~flopscope.attribute.carried.roles_with_copies`)."""
-        return roles_with_copies(self._ops, self._capture.copies, self._facts.types, self._role_rules)
+        return roles_with_copies(self._ops, self._capture.copies, self._facts.types,
+                                 self._role_rules)
 
     def attention_core(self) -> tuple[CoreOp, ...]:
         """Every op of the attention core (scores, weighted sum; any phase) with its
@@ -476,7 +482,8 @@ class Profile:
         declared structure (or ``spec``), with the complexity term, useful work under
         masks, and the reason for any ratio that is not 1. See
         :mod:`flopscope.predict.reconcile`."""
-        return reconcile(self.role_assignments_by_op(), self._facts, self._capture.module_inputs, spec)
+        return reconcile(self.role_assignments_by_op(), self._facts, self._capture.module_inputs,
+                         spec)
 
     def model_formulas(self, attention: str = EXECUTED) -> ModelFormulas:
         """Measured forward MACs per token against Kaplan, Chinchilla, Megatron-LM and

@@ -116,7 +116,8 @@ _FACTS: dict[Role, tuple[RoleGroup, str, bool]] = {
 }
 # a new member without its row fails at import, not in the middle of a report
 if set(_FACTS) != set(Role):
-    raise RoleError(f"roles without group and term in flopscope/role.py: {sorted(set(Role) - set(_FACTS))}")
+    raise RoleError("roles without group and term in flopscope/role.py: "
+                    f"{sorted(set(Role) - set(_FACTS))}")
 
 ROLE_ORDER: tuple[str, ...] = tuple(r.value for r in Role)
 """Role names in the canonical order of every report."""

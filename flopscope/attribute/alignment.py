@@ -8,7 +8,8 @@ from collections.abc import Sequence
 from ..capture.records import CapturedOp, Cost
 
 
-def aligned(mine: Sequence[CapturedOp], theirs: Sequence[CapturedOp]) -> list[tuple[CapturedOp, CapturedOp]] | None:
+def aligned(mine: Sequence[CapturedOp],
+            theirs: Sequence[CapturedOp]) -> list[tuple[CapturedOp, CapturedOp]] | None:
     """``mine`` and ``theirs`` paired op by op, where both ran the same ops in the same
     order once the ops of no arithmetic (:attr:`Cost.ZERO`) that only one of them ran
     are passed over; ``None`` where they did not."""

@@ -53,7 +53,8 @@ def roles_with_copies(ops: Sequence[CapturedOp], copies: Mapping[CapturedOp, Cap
     return {op: found[copies.get(op, op)] for op in ops if copies.get(op, op) in found}
 
 
-def carried_roles(pairs: Sequence[tuple[CapturedOp, CapturedOp]], theirs: Mapping[CapturedOp, Assignment]
+def carried_roles(pairs: Sequence[tuple[CapturedOp, CapturedOp]],
+                  theirs: Mapping[CapturedOp, Assignment]
                   ) -> dict[CapturedOp, Assignment]:
     """The roles of the first record of each pair (:func:`~.alignment.aligned`) carried
     from the second's, ``theirs``: each keeps its template's role fractions (a fused

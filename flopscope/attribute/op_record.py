@@ -36,7 +36,8 @@ class OpRecord:
     block: str  # module path of the attention / FFN / conv block instance it belongs to
 
 
-def op_records(nodes: Iterable[fx.Node], assignments: Mapping[fx.Node, Assignment]) -> tuple[OpRecord, ...]:
+def op_records(nodes: Iterable[fx.Node],
+               assignments: Mapping[fx.Node, Assignment]) -> tuple[OpRecord, ...]:
     """An :class:`OpRecord` per node of a capture's graph with a multiply formula, in
     order, with the roles ``assignments`` gives it (:attr:`flopscope.Profile.records`)."""
     records = []
@@ -46,7 +47,8 @@ def op_records(nodes: Iterable[fx.Node], assignments: Mapping[fx.Node, Assignmen
             continue
         assignment = assignments.get(node)
         records.append(OpRecord(
-            op=op.op_name, module=op.module or "", module_stack=tuple(frame.path for frame in op.module_stack),
+            op=op.op_name, module=op.module or "",
+            module_stack=tuple(frame.path for frame in op.module_stack),
             call=op.module_stack[-1].call if op.module_stack else 0, input_shapes=op.input_shapes,
             output_shapes=op.output_shapes, multiplies=op.macs, parts=op.parts, node=node.name,
             phase=op.phase, role=Role(assignment.role) if assignment else Role.OTHER,

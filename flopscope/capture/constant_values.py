@@ -143,7 +143,8 @@ class ConstantValues:
         if op.node_op == "call_function" and op.cost in (Cost.ZERO, Cost.ELEMENTWISE) and self._depth < _MAX_DEPTH:
             self._depth += 1
             try:
-                parts = [_constant(op.target), _constant(op.args, self._recipe), _constant(op.kwargs, self._recipe)]
+                parts = [_constant(op.target), _constant(op.args, self._recipe),
+                         _constant(op.kwargs, self._recipe)]
             finally:
                 self._depth -= 1
             if all(part is not _UNKNOWN for part in parts):

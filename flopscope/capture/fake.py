@@ -32,7 +32,8 @@ from torch._subclasses.fake_tensor import (
 
 from ..errors import FakeTensorError, cause_of_kind
 
-NEEDS_REAL_DATA = (DataDependentOutputException, DynamicOutputShapeException, UnsupportedOperatorException)
+NEEDS_REAL_DATA = (DataDependentOutputException, DynamicOutputShapeException,
+                   UnsupportedOperatorException)
 """Exceptions meaning "this model needs real tensor data here", not "this model is
 wrong" (and symbolic shapes' ``GuardOnDataDependentSymNode``:
 :func:`needs_real_data`)."""
@@ -108,7 +109,8 @@ class FakeConverter:
                     fake = self.mode.from_tensor(t)
                 except UnsupportedFakeTensorException as error:  # quantized tensors, among others
                     where = f"a {t.dtype} tensor of shape {list(t.shape)}"
-                    raise FakeTensorError(f"{where} cannot be a fake tensor ({error}); use mode='real'",
+                    raise FakeTensorError(f"{where} cannot be a fake tensor ({error}); use "
+                                          "mode='real'",
                                           on_fake_tensors=True, where=where, reason=str(error)) from error
             if t.requires_grad and not t.is_leaf and fake.is_leaf:
                 fake = non_leaf(fake)
@@ -123,7 +125,8 @@ class FakeConverter:
         if t.fake_mode is not self.mode:
             where = f"a fake tensor of shape {list(t.shape)}"
             reason = "it belongs to another FakeTensorMode than the model's other fake tensors"
-            raise FakeTensorError(f"{where} cannot be counted: {reason}; make the model and its inputs under one mode",
+            raise FakeTensorError(f"{where} cannot be counted: {reason}; make the model and its "
+                                  "inputs under one mode",
                                   where=where, reason=reason)
         if any(isinstance(n, torch.SymInt) for n in (*t.shape, *t.stride())):
             return t
@@ -202,7 +205,8 @@ class MetaConverter:
         return meta
 
 
-def empty_tensor(shape: Sequence[int], stride: Sequence[int], dtype: torch.dtype, device: torch.device,
+def empty_tensor(shape: Sequence[int], stride: Sequence[int], dtype: torch.dtype,
+                 device: torch.device,
                  requires_grad: bool = False, mode: FakeTensorMode | None = None) -> torch.Tensor:
     """A tensor of these sizes, strides, dtype and device that holds nothing: a fake
     tensor of ``mode`` (else of the fake-tensor mode on the stack) made directly
@@ -215,9 +219,11 @@ def empty_tensor(shape: Sequence[int], stride: Sequence[int], dtype: torch.dtype
     be computed on for real by every op that takes no fake one."""
     mode = mode or torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE)
     if mode is None or device.type == "meta":
-        return torch.empty_strided(shape, stride, dtype=dtype, device=device, requires_grad=requires_grad)
+        return torch.empty_strided(shape, stride, dtype=dtype, device=device,
+                                   requires_grad=requires_grad)
     with torch._C._DisableTorchDispatch():
-        made = FakeTensor(mode, torch.empty_strided(shape, stride, dtype=dtype, device="meta"), device)
+        made = FakeTensor(mode, torch.empty_strided(shape, stride, dtype=dtype, device="meta"),
+                          device)
     return made.requires_grad_() if requires_grad else made
 
 
@@ -248,7 +254,8 @@ def callers_fake_mode(tensors: Iterable[torch.Tensor]) -> FakeTensorMode | None:
     modes = {id(t.fake_mode): t.fake_mode for t in tensors if isinstance(t, FakeTensor)}
     if len(modes) > 1:
         reason = f"the model's state and inputs hold fake tensors of {len(modes)} different FakeTensorModes"
-        raise FakeTensorError(f"{reason}; make the model and its inputs under one mode", where="the model's state",
+        raise FakeTensorError(f"{reason}; make the model and its inputs under one mode",
+                              where="the model's state",
                               reason=reason)
     return next(iter(modes.values()), None)
 
@@ -258,7 +265,8 @@ Converter = FakeConverter | MetaConverter
 tensors for a meta model."""
 
 
-def map_tensors(obj: Any, fn: Callable[[torch.Tensor], Any], objects: Callable[[Any], Any] | None = None) -> Any:
+def map_tensors(obj: Any, fn: Callable[[torch.Tensor], Any],
+                objects: Callable[[Any], Any] | None = None) -> Any:
     """Apply ``fn`` to every tensor in nested tuples, named tuples, lists, dicts and
     dataclasses, and ``objects`` (if given) to every other object with attributes
     found there (a KV cache, say)."""
@@ -389,7 +397,8 @@ def shadow_of(model: nn.Module, convert: Callable[[torch.Tensor], torch.Tensor])
         if kind is types.MethodType and isinstance(value.__self__, nn.Module):
             return types.MethodType(value.__func__, rewire(value.__self__))
         if issubclass(kind, functools.partial):
-            return functools.partial(rewire(value.func, depth), *(rewire(a, depth) for a in value.args),
+            return functools.partial(rewire(value.func, depth),
+                                     *(rewire(a, depth) for a in value.args),
                                      **{k: rewire(v, depth) for k, v in value.keywords.items()})
         if issubclass(kind, weakref.ref) and not issubclass(kind, weakref.WeakMethod):
             target = value()

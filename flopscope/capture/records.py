@@ -141,8 +141,9 @@ class CapturedOp:
         # short: its arguments, forward op, inputs and users lead through the whole
         # graph
         where = f", module={self.module!r}" if self.module_stack else ""
-        return (f"CapturedOp({self.name}, {self.op_name}{where}, phase={self.phase}, inputs={list(self.input_shapes)}, "
-                f"outputs={list(self.output_shapes)}, macs={self.macs})")
+        return (f"CapturedOp({self.name}, {self.op_name}{where}, phase={self.phase}, "
+                f"inputs={list(self.input_shapes)}, outputs={list(self.output_shapes)}, "
+                f"macs={self.macs})")
 
     @property
     def module(self) -> str | None:
@@ -244,9 +245,12 @@ def build_graph(ops: list[CapturedOp]) -> fx.Graph:
 
 def _public_meta(op: CapturedOp, nodes: Mapping[CapturedOp, fx.Node]) -> dict[str, Any]:
     meta: dict[str, Any] = {
-        CAPTURED: op, "module": op.module, "module_stack": op.module_stack, "input_shapes": op.input_shapes,
-        "output_shapes": op.output_shapes, "dtype": op.dtype, "multiplies": op.macs, "bytes": op.bytes,
-        "multiply_parts": op.parts, "elementwise": op.elementwise, "cost": op.cost.value, "phase": op.phase,
+        CAPTURED: op, "module": op.module, "module_stack": op.module_stack,
+        "input_shapes": op.input_shapes,
+        "output_shapes": op.output_shapes, "dtype": op.dtype, "multiplies": op.macs,
+        "bytes": op.bytes,
+        "multiply_parts": op.parts, "elementwise": op.elementwise, "cost": op.cost.value,
+        "phase": op.phase,
     }
     if op.collective is not None:
         meta["collective"] = op.collective
@@ -293,15 +297,16 @@ class Capture:
         values were unknown (not checked against the table, as a real forward would:
         inputs on ``device="meta"`` have no values)."""
         notes = [f"the formula of {op} returns attention parts but is not registered with family="
-                 "OpFamily.ATTENTION and its (q, k, v) operand positions, so its projections get role 'other' "
+                 "OpFamily.ATTENTION and its (q, k, v) operand positions, so its projections get "
+                 "role 'other' "
                  "(see docs/extending.md)" for op in self.undeclared_kernels]
         for op, calls in self.upper_bounds.items():
-            notes.append(f"{op} x{calls}: counted as an upper bound, since the values its work depends on were not "
-                         "known (variable-length offsets on fake tensors: every sequence as long as the longest); "
-                         "mode='real' counts it exactly")
+            notes.append(f"{op} x{calls}: counted as an upper bound, since the values its work "
+                         "depends on were not known (variable-length offsets on fake tensors: "
+                         "every sequence as long as the longest); mode='real' counts it exactly")
         notes += notes_of(self.outside)
         if unchecked and self.unchecked_lookups:
-            notes.append(f"fake mode: the index values of {self.unchecked_lookups} embedding lookup(s) "
-                         "were not known, so they were not checked against their tables' sizes (a real forward "
-                         "refuses out-of-range ids)")
+            notes.append(f"fake mode: the index values of {self.unchecked_lookups} embedding "
+                         "lookup(s) were not known, so they were not checked against their tables' "
+                         "sizes (a real forward refuses out-of-range ids)")
         return notes

@@ -40,9 +40,11 @@ def named_state(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
 
 
 class ModelSnapshot:
-    def __init__(self, model: nn.Module, *, buffer_values: bool, grads: bool = False, tables: bool = True) -> None:
+    def __init__(self, model: nn.Module, *, buffer_values: bool, grads: bool = False,
+                 tables: bool = True) -> None:
         modules = list(model.modules()) if tables else []
-        self._tables = [(m, dict(m.__dict__), dict(m._parameters), dict(m._buffers), dict(m._modules))
+        self._tables = [(m, dict(m.__dict__), dict(m._parameters), dict(m._buffers),
+                         dict(m._modules))
                         for m in modules if not isinstance(m, torch.jit.ScriptModule)]
         # hook tables are changed in place (register_forward_hook during a forward):
         # their contents
@@ -81,8 +83,10 @@ class ModelSnapshot:
         # only what changed is put back (most of a model is never touched): a profile's
         # fixed cost
         for module, attrs, params, buffers, children in self._tables:
-            tables = ((module.__dict__, attrs, "attributes"), (module._parameters, params, "parameters"),
-                      (module._buffers, buffers, "buffers"), (module._modules, children, "submodules"))
+            tables = ((module.__dict__, attrs, "attributes"),
+                      (module._parameters, params, "parameters"),
+                      (module._buffers, buffers, "buffers"),
+                      (module._modules, children, "submodules"))
             for current, before, table in tables:
                 if not _unchanged(current, before):
                     step(f"{type(module).__name__} {table}", _restore_dict, current, before)
@@ -94,7 +98,8 @@ class ModelSnapshot:
                 step("a hook table", hooks.clear)
         for module, training in self._training:
             if module.training is not training:
-                step(f"{type(module).__name__} training flag", setattr, module, "training", training)
+                step(f"{type(module).__name__} training flag", setattr, module, "training",
+                     training)
         for p, grad in self._grads:
             step("a parameter's .grad", setattr, p, "grad", grad)
         for p, requires_grad in self._requires_grad:

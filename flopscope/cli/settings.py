@@ -61,7 +61,8 @@ def _type_name(value: Any) -> str:
             else "a number" if isinstance(value, float) else f"a {type(value).__name__}")
 
 
-def typed(current: Mapping[str, Any], overrides: Mapping[str, Any], what: str, source: str = "its default"
+def typed(current: Mapping[str, Any], overrides: Mapping[str, Any], what: str,
+          source: str = "its default"
            ) -> dict[str, Any]:
     """``overrides`` checked against the type of each key's current value (a config's, a
     factory's default) where that is a boolean, an integer or a float: a value of
@@ -86,8 +87,9 @@ def typed(current: Mapping[str, Any], overrides: Mapping[str, Any], what: str, s
         else:
             continue
         if not ok:
-            raise UsageError(f"--set {key}={written(value)}: {key} of {what} takes {_type_name(old)}, not "
-                             f"{value!r} (e.g. --set {key}={written(old)}, {source})")
+            raise UsageError(f"--set {key}={written(value)}: {key} of {what} takes "
+                             f"{_type_name(old)}, not {value!r} (e.g. --set {key}={written(old)}, "
+                             f"{source})")
     return out
 
 

@@ -27,8 +27,10 @@ from ..conventions import POSITIONS
 from ..errors import FlopscopeError, InputError, UsageError
 from .settings import parse_settings, settings_text, typed
 
-HF_HEADS = {"": "AutoModel", "causal-lm": "AutoModelForCausalLM", "seq2seq-lm": "AutoModelForSeq2SeqLM",
-            "masked-lm": "AutoModelForMaskedLM", "classification": "AutoModelForSequenceClassification"}
+HF_HEADS = {"": "AutoModel", "causal-lm": "AutoModelForCausalLM",
+            "seq2seq-lm": "AutoModelForSeq2SeqLM",
+            "masked-lm": "AutoModelForMaskedLM",
+            "classification": "AutoModelForSequenceClassification"}
 
 
 @dataclass
@@ -50,10 +52,11 @@ class Target:
         (rotary, relative, no positions) take any length. Raises
         :class:`~flopscope.errors.InputError`."""
         if self.positions is not None and n > self.positions:
-            raise InputError(f"{what} of {n:,} tokens is longer than {self.description}'s position table "
-                             f"({self.positions:,} rows, config {self.positions_key}={self.positions}): a real "
-                             f"forward would fail; give at most {self.positions:,} tokens or "
-                             f"--set {self.positions_key}={n}")
+            raise InputError(f"{what} of {n:,} tokens is longer than {self.description}'s position "
+                             f"table ({self.positions:,} rows, config "
+                             f"{self.positions_key}={self.positions}): a real forward would fail; "
+                             f"give at most {self.positions:,} tokens or --set "
+                             f"{self.positions_key}={n}")
 
 
 def load_target(spec: str, settings: Sequence[str] = (), device: str | None = None) -> Target:
@@ -74,7 +77,8 @@ def load_target(spec: str, settings: Sequence[str] = (), device: str | None = No
     overrides = parse_settings(settings)
     local = Path(spec)
     if local.suffix == ".json" or (local.is_dir() and (local / "config.json").is_file()):
-        return _config_file(local if local.suffix == ".json" else local / "config.json", "", overrides, spec, device)
+        return _config_file(local if local.suffix == ".json" else local / "config.json", "",
+                            overrides, spec, device)
     if spec.startswith("hf:"):
         name, _, head = spec[3:].partition("/")
         # ORG/NAME[/HEAD]: a model on the hub
@@ -87,12 +91,13 @@ def load_target(spec: str, settings: Sequence[str] = (), device: str | None = No
         return _timm(spec[5:], overrides, device)
     if ":" not in spec:
         hint = f" (a Python file: write {local.stem}:FACTORY)" if local.suffix == ".py" else ""
-        raise FlopscopeError(f"target must be 'package.module:factory', 'hf:family' or 'timm:name'; got {spec!r}"
-                             f"{hint}")
+        raise FlopscopeError("target must be 'package.module:factory', 'hf:family' or "
+                             f"'timm:name'; got {spec!r}{hint}")
     module_name, attr = spec.split(":", 1)
     folder = _current_folder_importable()
-    module = _import(module_name, spec, f" (looked in the installed packages and the current folder, {folder}: run "
-                                        f"from the folder holding {module_name.split('.')[0]}, or add its folder to "
+    module = _import(module_name, spec, " (looked in the installed packages and the current "
+                                        f"folder, {folder}: run from the folder holding "
+                                        f"{module_name.split('.')[0]}, or add its folder to "
                                         "PYTHONPATH)")
     try:
         factory = getattr(module, attr)
@@ -107,7 +112,8 @@ def load_target(spec: str, settings: Sequence[str] = (), device: str | None = No
         with _on(device):
             model = factory(**overrides) if callable(factory) and not isinstance(factory, nn.Module) else factory
     except TypeError as e:
-        raise FlopscopeError(f"cannot build {spec!r} with {overrides or 'no arguments'}: {e} (pass them with --set)"
+        raise FlopscopeError(f"cannot build {spec!r} with {overrides or 'no arguments'}: {e} (pass "
+                             "them with --set)"
                              ) from e
     if not isinstance(model, nn.Module):
         raise FlopscopeError(f"{spec!r} did not give a torch.nn.Module (got {type(model).__name__})")
@@ -150,8 +156,9 @@ def _import(module_name: str, spec: str, hint: str = "") -> Any:
         itself = isinstance(e, ModuleNotFoundError) and (missing is None or f"{module_name}.".startswith(f"{missing}."))
         raise FlopscopeError(f"cannot load {spec!r}: {e}{hint if itself else ''}") from e
     except Exception as e:
-        raise FlopscopeError(f"cannot load {spec!r}: importing {module_name} failed with torch {torch.__version__} "
-                             f"({type(e).__name__}: {e}); is it built for this torch? (torchvision: install the "
+        raise FlopscopeError(f"cannot load {spec!r}: importing {module_name} failed with torch "
+                             f"{torch.__version__} ({type(e).__name__}: {e}); is it built for this "
+                             "torch? (torchvision: install the "
                              "release made for this torch, from the same index)") from e
 
 
@@ -187,7 +194,8 @@ def _timm(name: str, overrides: dict[str, Any], device: str | None = None) -> Ta
     except TypeError as e:
         raise FlopscopeError(f"cannot build timm:{name} with {overrides}: {e}") from e
     size = (getattr(model, "pretrained_cfg", None) or {}).get("input_size") or (3, 224, 224)
-    return Target(model.eval(), f"timm:{name}", token_inputs=False, input_shape=(1, *(int(s) for s in size)))
+    return Target(model.eval(), f"timm:{name}", token_inputs=False,
+                  input_shape=(1, *(int(s) for s in size)))
 
 
 def _torchvision_input(models: Any, name: str) -> tuple[int, ...]:
@@ -213,13 +221,15 @@ def _hugging_face(family: str, overrides: dict[str, Any], device: str | None = N
         raise FlopscopeError(_unknown_head(head))
     if family not in transformers.CONFIG_MAPPING:
         raise FlopscopeError(_unknown_family(family, sorted(transformers.CONFIG_MAPPING.keys())))
-    overrides = _check_overrides(transformers.AutoConfig.for_model(family), overrides, f"hf:{family}")
+    overrides = _check_overrides(transformers.AutoConfig.for_model(family), overrides,
+                                 f"hf:{family}")
     try:
         config = transformers.AutoConfig.for_model(family, **overrides)
     # transformers' own validation of the values (a head count that does not divide,
     # ...)
     except Exception as e:
-        raise UsageError(f"the config of hf:{family} refuses {settings_text(overrides)}: {type(e).__name__}: "
+        raise UsageError(f"the config of hf:{family} refuses {settings_text(overrides)}: "
+                         f"{type(e).__name__}: "
                          f"{e}") from e
     torch.manual_seed(0)
     builder = getattr(transformers, HF_HEADS[head])
@@ -248,7 +258,8 @@ def _hub_config(repo: str) -> Path:
     try:
         from huggingface_hub import constants, hf_hub_download
     except ImportError as e:
-        raise FlopscopeError("hf:ORG/NAME targets need huggingface_hub (pip install 'torch-flopscope[hf]')") from e
+        raise FlopscopeError("hf:ORG/NAME targets need huggingface_hub (pip install "
+                             "'torch-flopscope[hf]')") from e
     what = f"the config.json of {repo!r}"
     instead = "download it yourself and pass its path (flopscope profile path/to/config.json)"
     endpoint = (os.environ.get("HF_ENDPOINT") or constants.ENDPOINT).rstrip("/")
@@ -261,12 +272,14 @@ def _hub_config(repo: str) -> Path:
         except Exception as e:
             why = ("HF_HUB_OFFLINE is set" if offline else
                    f"the Hugging Face hub at {endpoint} cannot be reached ({unreachable})")
-            raise FlopscopeError(f"cannot fetch {what}: {why}, and the Hugging Face cache has no copy "
-                                 f"({type(e).__name__}); {instead}"
-                                 + ("" if offline else ", or check the connection, HF_ENDPOINT and the proxy "
+            raise FlopscopeError(f"cannot fetch {what}: {why}, and the Hugging Face cache has no "
+                                 f"copy ({type(e).__name__}); {instead}"
+                                 + ("" if offline else ", or check the connection, HF_ENDPOINT and "
+                                                       "the proxy "
                                     "settings")) from e
         if unreachable:
-            warnings.warn(f"the Hugging Face hub at {endpoint} cannot be reached ({unreachable}): using the cached "
+            warnings.warn(f"the Hugging Face hub at {endpoint} cannot be reached ({unreachable}): "
+                          "using the cached "
                           f"copy of {what}", stacklevel=3)
         return path
     try:
@@ -274,7 +287,8 @@ def _hub_config(repo: str) -> Path:
     # a gated or missing repo, or a connection lost after the probe: say which
     except Exception as e:
         raise FlopscopeError(f"cannot fetch {what} from the Hugging Face hub at {endpoint} "
-                             f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); {instead}") from e
+                             f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
+                             f"{instead}") from e
 
 
 def _env_true(name: str) -> bool:
@@ -297,7 +311,8 @@ def _unreachable(endpoint: str) -> str | None:
     return None
 
 
-def _config_file(path: Path, head: str, overrides: dict[str, Any], description: str, device: str | None = None
+def _config_file(path: Path, head: str, overrides: dict[str, Any], description: str,
+                 device: str | None = None
                  ) -> Target:
     """A model built from a ``config.json`` on ``device`` (default ``"meta"``): the
     class its ``architectures`` names (or the ``head``'s auto class), in the config's
@@ -341,8 +356,8 @@ def _check_config_file(path: Path, transformers: Any) -> None:
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise FlopscopeError(f"{path} is not a JSON config file ({type(e).__name__}: {e})") from e
     if not isinstance(doc, dict):
-        raise FlopscopeError(f"{path} is not a model config: a JSON object of settings was expected, got a "
-                             f"{type(doc).__name__}")
+        raise FlopscopeError(f"{path} is not a model config: a JSON object of settings was "
+                             f"expected, got a {type(doc).__name__}")
     if doc.get("model_type"):
         return
     implied: dict[str, str] = {}
@@ -357,9 +372,10 @@ def _check_config_file(path: Path, transformers: Any) -> None:
         which = ", ".join(f"{name} is {model_type!r}" for name, model_type in implied.items())
         hint = f"; its architectures say which ({which}): add \"model_type\": \"{next(iter(implied.values()))}\""
     else:
-        hint = ("; add the model_type of the model it configures (\"llama\", \"mistral\", ...: the config.json on "
-                "its model card has it)")
-    raise FlopscopeError(f"{path} has no \"model_type\": transformers cannot tell which model it configures{hint}")
+        hint = ("; add the model_type of the model it configures (\"llama\", \"mistral\", ...: the "
+                "config.json on its model card has it)")
+    raise FlopscopeError(f"{path} has no \"model_type\": transformers cannot tell which model it "
+                         f"configures{hint}")
 
 
 def _check_overrides(config: Any, overrides: dict[str, Any], what: str) -> dict[str, Any]:
@@ -372,14 +388,16 @@ def _check_overrides(config: Any, overrides: dict[str, Any], what: str) -> dict[
             close = difflib.get_close_matches(key, sorted(known), n=1)
             hint = f" (did you mean {close[0]}?)" if close else ""
             raise FlopscopeError(f"{what} config has no {key!r}{hint}")
-    return typed({key: getattr(config, key) for key in overrides if hasattr(config, key)}, overrides, what,
+    return typed({key: getattr(config, key) for key in overrides if hasattr(config, key)},
+                 overrides, what,
                   "the config's")
 
 
 def _target(model: nn.Module, config: Any, description: str) -> Target:
     text = getattr(model, "main_input_name", "input_ids") == "input_ids"
     positions_key, positions = _position_table(model, config) if text else ("", None)
-    return Target(model, description, token_inputs=text, vocab_size=getattr(config, "vocab_size", None),
+    return Target(model, description, token_inputs=text,
+                  vocab_size=getattr(config, "vocab_size", None),
                   encoder_decoder=bool(getattr(config, "is_encoder_decoder", False)),
                   positions=positions, positions_key=positions_key)
 
@@ -413,8 +431,10 @@ def _check_not_a_head(family: str, text: str) -> None:
     except ImportError:  # no families to know FAMILY by: a hub repository, as written
         return
     if family.lower() in transformers.CONFIG_MAPPING:
-        raise FlopscopeError(f"unknown head {text!r} of hf:{family}: did you mean hf:{family.lower()}/{close}? (heads: "
-                             f"{', '.join(h for h in HF_HEADS if h)}; hf:ORG/NAME is a model on the Hugging Face hub)")
+        raise FlopscopeError(f"unknown head {text!r} of hf:{family}: did you mean "
+                             f"hf:{family.lower()}/{close}? (heads: "
+                             f"{', '.join(h for h in HF_HEADS if h)}; hf:ORG/NAME is a model on "
+                             "the Hugging Face hub)")
 
 
 def _unknown_family(family: str, families: Sequence[str]) -> str:
@@ -469,15 +489,16 @@ def _check_form(target: Target, shapes: Sequence[tuple[int, ...]], tokens: bool)
         text = "x".join(map(str, shape))
         if tokens and len(shape) != 2:
             example = "x".join(map(str, shape[:2] if len(shape) > 2 else (1, *shape)))
-            raise UsageError(f"--input {text}: {target.description} takes token ids of 2 dims, BATCHxSEQUENCE "
-                             f"(e.g. --input {example}), not {len(shape)}")
+            raise UsageError(f"--input {text}: {target.description} takes token ids of 2 dims, "
+                             f"BATCHxSEQUENCE (e.g. --input {example}), not {len(shape)}")
         form = target.input_shape
         if not tokens and form is not None and (len(shape) != len(form) or (len(form) > 1 and shape[1] != form[1])):
             same_rank = len(shape) == len(form)
             example = "x".join(map(str, (shape[0], form[1], *shape[2:]) if same_rank else form))
             what = "BATCHxCHANNELSxHEIGHTxWIDTH" if len(form) == 4 else f"{len(form)} dims"
-            raise UsageError(f"--input {text}: {target.description} takes {what} with {form[1]} channels "
-                             f"(e.g. --input {example}{'' if same_rank else ', the size its weights were trained at'})")
+            raise UsageError(f"--input {text}: {target.description} takes {what} with {form[1]} "
+                             "channels (e.g. --input "
+                             f"{example}{'' if same_rank else ', the size its weights were trained at'})")
 
 
 def make_inputs(target: Target, shapes: Sequence[tuple[int, ...]], dtype: str | None = None

@@ -88,12 +88,14 @@ def _flash_forward(named: Mapping[str, Any]) -> dict[str, int]:
 _FORWARD = ("flash_attn::_flash_attn_forward", "flash_attn::_flash_attn_varlen_forward",
             "flash_attn_3::_flash_attn_forward", "flash_attn_3::fwd",
             # Hub kernels, by kernel name (the build hash dropped)
-            "flash_attn::fwd", "flash_attn::varlen_fwd", "flash_attn::fwd_kvcache", "flash_attn3::fwd",
+            "flash_attn::fwd", "flash_attn::varlen_fwd", "flash_attn::fwd_kvcache",
+            "flash_attn3::fwd",
             "vllm_flash_attn3::fwd", "vllm_flash_attn::varlen_fwd", "vllm_flash_attn::fwd_kvcache",
             "xformers_flash::flash_fwd")
 _BACKWARD = ("flash_attn::_flash_attn_backward", "flash_attn::_flash_attn_varlen_backward",
              "flash_attn_3::_flash_attn_backward", "flash_attn_3::bwd",
-             "flash_attn::bwd", "flash_attn::varlen_bwd", "flash_attn3::bwd", "vllm_flash_attn3::bwd")
+             "flash_attn::bwd", "flash_attn::varlen_bwd", "flash_attn3::bwd",
+             "vllm_flash_attn3::bwd")
 
 
 @formula(*_FORWARD, family=OpFamily.ATTENTION, operands=(0, 1, 2), layout=BNHD)
@@ -166,7 +168,8 @@ GATED_DELTA_CHUNK = 64
 fla's kernels chunk it."""
 
 
-def _chunked(q: Shape, v: Shape, lengths: Sequence[int] | None, chunk: int) -> tuple[int, int, int, int]:
+def _chunked(q: Shape, v: Shape, lengths: Sequence[int] | None,
+             chunk: int) -> tuple[int, int, int, int]:
     """(value heads, positions padded to whole chunks of ``chunk`` over every sequence,
     key width, value width) of a chunked kernel's ``q [B, T, h_k, K]`` and ``v [B, T,
     h, V]``; ``lengths``: the sequences packed in ``T``."""
@@ -232,7 +235,8 @@ KDA_CHUNK = 64
 ``chunk_kda`` chunk it."""
 
 
-def kda_chunked(q: Shape, v: Shape, lengths: Sequence[int] | None = None, chunk: int = KDA_CHUNK) -> dict[str, int]:
+def kda_chunked(q: Shape, v: Shape, lengths: Sequence[int] | None = None,
+                chunk: int = KDA_CHUNK) -> dict[str, int]:
     """Kimi Delta Attention over chunks of ``chunk`` positions (the gated delta rule
     with a decay per key channel), priced as its chunked algorithm computes it
     (transformers' ``chunk_kimi_delta_attention``, which fla's ``chunk_kda`` replaces
@@ -254,7 +258,8 @@ def kda_chunked(q: Shape, v: Shape, lengths: Sequence[int] | None = None, chunk:
     }
 
 
-def linear_attention_chunked(q: Shape, v: Shape, lengths: Sequence[int] | None = None, chunk: int = 64
+def linear_attention_chunked(q: Shape, v: Shape, lengths: Sequence[int] | None = None,
+                             chunk: int = 64
                              ) -> dict[str, int]:
     """Gated linear attention over chunks of ``chunk`` positions (GLA, Yang et al. 2023;
     simple GLA / RetNet's scalar decay), as fla's chunked kernels compute it: per
@@ -274,7 +279,8 @@ def linear_attention_chunked(q: Shape, v: Shape, lengths: Sequence[int] | None =
     }
 
 
-def dplr_delta_rule_chunked(q: Shape, v: Shape, lengths: Sequence[int] | None = None, chunk: int = 16
+def dplr_delta_rule_chunked(q: Shape, v: Shape, lengths: Sequence[int] | None = None,
+                            chunk: int = 16
                             ) -> dict[str, int]:
     """The delta rule with a diagonal-plus-low-rank transition (``S ← S·(diag(exp(g)) +
     a·bᵀ) + kᵀ·v``: RWKV-7, fla's ``chunk_dplr_delta_rule``) over chunks of ``chunk``

@@ -154,7 +154,8 @@ def _entries(*shapes: Shape) -> Iterable[tuple[Shape, ...]]:
         yield tuple(s.sizes[i] if isinstance(s, NestedShape) else s for s in shapes)
 
 
-@formula(*aten_ops("_grouped_mm", "_scaled_grouped_mm"), family=OpFamily.GROUPED_MATMUL, operands=(0, 1))
+@formula(*aten_ops("_grouped_mm", "_scaled_grouped_mm"), family=OpFamily.GROUPED_MATMUL,
+         operands=(0, 1))
 def grouped_mm(a: Shape, b: Shape, *_: Any, out_shape: Shape | None = None, **__: Any) -> int:
     """Grouped matmul (mixture-of-experts experts).
 
@@ -187,7 +188,8 @@ def trilinear(i1: Shape, i2: Shape, i3: Shape, expand1: Sequence[int], expand2: 
     as fvcore and thop count it."""
     # [B, out] = _trilinear([B, in1], [out, in1, in2], [B, in2], expand1, expand2,
     # expand3, sumdim=[in1, in2])
-    full = [_expanded(shape, expand) for shape, expand in ((i1, expand1), (i2, expand2), (i3, expand3))]
+    full = [_expanded(shape, expand) for shape, expand in ((i1, expand1), (i2, expand2),
+                                                           (i3, expand3))]
     return prod(max(sizes) for sizes in zip(*full, strict=True))
 
 
@@ -199,7 +201,8 @@ def _expanded(shape: Shape, inserted: Sequence[int]) -> list[int]:
 
 
 @formula("quantized::linear_dynamic", "quantized::linear", "quantized::linear_relu_dynamic",
-         "quantized::linear_relu", "quantized::linear_dynamic_fp16", "quantized::linear_relu_dynamic_fp16",
+         "quantized::linear_relu", "quantized::linear_dynamic_fp16",
+         "quantized::linear_relu_dynamic_fp16",
          "quantized::linear_tanh", "quantized::linear_leaky_relu")
 def quantized_linear(x: Shape, *_: Any, out_shape: Shape, **__: Any) -> int:
     """Quantized linear layers: rows x in_features x out_features, like the float
@@ -257,15 +260,19 @@ def conv(x: Shape, weight: Shape, out_shape: Shape, transposed: bool) -> int:
 
 
 @formula(aten.convolution, aten._convolution, aten.convolution_overrideable, family=OpFamily.CONV)
-def convolution(x: Shape, weight: Shape, bias: Any, stride: Any, padding: Any, dilation: Any, transposed: bool,
+def convolution(x: Shape, weight: Shape, bias: Any, stride: Any, padding: Any, dilation: Any,
+                transposed: bool,
                 *_: Any, out_shape: Shape, **__: Any) -> int:
     # [B, C_out, *L_out] = convolution([B, C_in, *L_in], [C_out, C_in/g, *k], ...)
     return conv(x, weight, out_shape, bool(transposed))
 
 
-@formula(aten.mkldnn_convolution, aten.cudnn_convolution, aten._slow_conv2d_forward, aten.slow_conv3d_forward,
-         aten.slow_conv_dilated2d, aten.slow_conv_dilated3d, aten._conv_depthwise2d, aten.conv_depthwise3d,
-         aten.miopen_convolution, aten.miopen_depthwise_convolution, aten._nnpack_spatial_convolution,
+@formula(aten.mkldnn_convolution, aten.cudnn_convolution, aten._slow_conv2d_forward,
+         aten.slow_conv3d_forward,
+         aten.slow_conv_dilated2d, aten.slow_conv_dilated3d, aten._conv_depthwise2d,
+         aten.conv_depthwise3d,
+         aten.miopen_convolution, aten.miopen_depthwise_convolution,
+         aten._nnpack_spatial_convolution,
          family=OpFamily.CONV)
 def convolution_backend(x: Shape, weight: Shape, *_: Any, out_shape: Shape, **__: Any) -> int:
     """Backend-specific forward convolutions (non-transposed)."""
@@ -274,14 +281,16 @@ def convolution_backend(x: Shape, weight: Shape, *_: Any, out_shape: Shape, **__
 
 @formula(aten.cudnn_convolution_transpose, aten.slow_conv_transpose2d, aten.slow_conv_transpose3d,
          aten.miopen_convolution_transpose, family=OpFamily.CONV)
-def convolution_transpose_backend(x: Shape, weight: Shape, *_: Any, out_shape: Shape, **__: Any) -> int:
+def convolution_transpose_backend(x: Shape, weight: Shape, *_: Any, out_shape: Shape,
+                                  **__: Any) -> int:
     """Backend-specific transposed convolutions."""
     return conv(x, weight, out_shape, transposed=True)
 
 
 _QUANTIZED_CONVS = tuple(f"quantized::{kind}{dims}d{suffix}" for dims in (1, 2, 3)
                          for kind, suffix in (("conv", ""), ("conv", "_relu"), ("conv", "_dynamic"),
-                                              ("conv_transpose", ""), ("conv_transpose", "_dynamic")))
+                                              ("conv_transpose", ""),
+                                              ("conv_transpose", "_dynamic")))
 
 
 @formula(*_QUANTIZED_CONVS, family=OpFamily.CONV)
@@ -414,7 +423,8 @@ def fft_r2c(x: Shape, dim: Sequence[int], *_: Any, **__: Any) -> int:
 
 
 @formula(aten._fft_c2r, family=OpFamily.TRANSFORM)
-def fft_c2r(x: Shape, dim: Sequence[int], normalization: int, last_dim_size: int, *_: Any, **__: Any) -> int:
+def fft_c2r(x: Shape, dim: Sequence[int], normalization: int, last_dim_size: int, *_: Any,
+            **__: Any) -> int:
     """Complex-to-real FFT (``irfft``, ``irfftn``, ``hfft``, ``istft``): complex
     transforms along all but the last dim of ``dim`` over the half spectrum ``x``,
     then a real-output transform of length ``last_dim_size`` along the last."""
@@ -440,8 +450,10 @@ def matmul_backward(grad: Shape, a: Shape, b: Shape, mask: Sequence[bool], **_: 
 
 
 @formula(aten.convolution_backward, family=OpFamily.CONV)
-def convolution_backward(grad_out: Shape, x: Shape, weight: Shape, bias_sizes: Any, stride: Any, padding: Any,
-                         dilation: Any, transposed: bool, output_padding: Any, groups: int, output_mask: Sequence[bool],
+def convolution_backward(grad_out: Shape, x: Shape, weight: Shape, bias_sizes: Any, stride: Any,
+                         padding: Any,
+                         dilation: Any, transposed: bool, output_padding: Any, groups: int,
+                         output_mask: Sequence[bool],
                          **_: Any) -> int:
     """Gradient of the input and of the weight each cost one forward convolution (bias:
     adds only)."""
@@ -450,7 +462,8 @@ def convolution_backward(grad_out: Shape, x: Shape, weight: Shape, bias_sizes: A
 
 
 @formula(aten.mkldnn_rnn_layer_backward, family=OpFamily.RECURRENT)
-def mkldnn_rnn_layer_backward(x: Shape, w_ih: Shape, w_hh: Shape, *_: Any, **__: Any) -> dict[str, int]:
+def mkldnn_rnn_layer_backward(x: Shape, w_ih: Shape, w_hh: Shape, *_: Any,
+                              **__: Any) -> dict[str, int]:
     """Per step, the gradients of the input and hidden state and of both weights: twice
     the forward GEMMs."""
     return {"recurrent": 2 * recurrent(x, (w_ih, w_hh))["recurrent"]}

@@ -300,17 +300,21 @@ class FormulaRegistry:
     def _put(self, op: Any, spec: OpSpec, *, replace: bool) -> None:
         table, key = self._key(op)
         if key in table and not replace:
-            raise RegistryError(f"a formula for {key} is already registered; copy() the registry and override()")
+            raise RegistryError(f"a formula for {key} is already registered; copy() the registry "
+                                "and override()")
         table[key] = spec
 
 
-def _spec(fn: MacFormula, family: OpFamily, operands: tuple[int, ...], layout: str = BHND) -> OpSpec:
+def _spec(fn: MacFormula, family: OpFamily, operands: tuple[int, ...],
+          layout: str = BHND) -> OpSpec:
     wanted = _OPERAND_FAMILIES.get(family, 0)
     if len(operands) != wanted:
-        raise RegistryError(f"an op of family {family} takes {wanted} operand positions; got {operands!r}"
+        raise RegistryError(f"an op of family {family} takes {wanted} operand positions; got "
+                            f"{operands!r}"
                             + (" (matmul: (a, b); attention: (q, k, v))" if wanted else ""))
     if layout not in (BHND, BNHD, CHUNKED):
-        raise RegistryError(f"an attention layout is {BHND!r}, {BNHD!r} or {CHUNKED!r}; got {layout!r}")
+        raise RegistryError(f"an attention layout is {BHND!r}, {BNHD!r} or {CHUNKED!r}; got "
+                            f"{layout!r}")
     return OpSpec(fn, family, tuple(operands), layout)
 
 
@@ -510,8 +514,8 @@ def count(fn: MacFormula, args: Sequence[Any], kwargs: Mapping[str, Any], out_sh
     if getattr(fn, "__flopscope_by_name__", False):
         schema = getattr(target, "_schema", None)
         if schema is None:
-            raise RegistryError(f"the formula {getattr(fn, '__name__', fn)} reads arguments by name: it needs the op "
-                                "(count(..., target=op))")
+            raise RegistryError(f"the formula {getattr(fn, '__name__', fn)} reads arguments by "
+                                "name: it needs the op (count(..., target=op))")
         named: dict[str, Any] = {}
         for i, argument in enumerate(schema.arguments):
             if i < len(args) and not argument.kwarg_only:

@@ -108,7 +108,8 @@ def least_available(devices: Collection[torch.device]) -> int | None:
     return min(known) if known else None
 
 
-def check_fits(what: str, parameters: int, activation: int | None, device: torch.device | str = "cpu", *,
+def check_fits(what: str, parameters: int, activation: int | None,
+               device: torch.device | str = "cpu", *,
                copies: int = 1, way_out: str = "") -> None:
     """Raise :class:`~flopscope.errors.DoesNotFitError` when ``copies`` x ``parameters``
     bytes (the model's state, and that many copies of it) plus ``activation`` bytes
@@ -123,6 +124,8 @@ def check_fits(what: str, parameters: int, activation: int | None, device: torch
     state = f"{copies} x {gib(parameters)}" if copies > 1 else gib(parameters)
     activations = (" alone, the activations not counted" if activation is None else
                    f", {gib(activation)} for the largest activation of a fake run")
-    raise DoesNotFitError(f"{what} needs at least {gib(need)} ({state} of parameters and buffers{activations}) but "
-                          f"{gib(free)} are available on {torch.device(device)}: not run"
-                          + (f"; {way_out}" if way_out else ""), needed_bytes=need, available_bytes=free)
+    raise DoesNotFitError(f"{what} needs at least {gib(need)} ({state} of parameters and "
+                          f"buffers{activations}) but {gib(free)} are available on "
+                          f"{torch.device(device)}: not run"
+                          + (f"; {way_out}" if way_out else ""), needed_bytes=need,
+                          available_bytes=free)

@@ -69,7 +69,8 @@ import torch
 from ..errors import ConfigurationError, FlopscopeWarning
 from . import probes
 
-__all__ = ["BANDWIDTH", "PEAKS", "TF32_PEAKS", "device_name", "match_device", "peak_bandwidth", "peak_flops"]
+__all__ = ["BANDWIDTH", "PEAKS", "TF32_PEAKS", "device_name", "match_device", "peak_bandwidth",
+           "peak_flops"]
 
 _T = 1e12  # TFLOP/s
 _P = 1e15  # PFLOP/s
@@ -144,7 +145,8 @@ PEAKS: dict[str, dict[torch.dtype, float]] = {
     # bfloat16 383 TFLOPs". PyTorch sees each GCD as one device, so each figure is
     # halved (the FP32 matrix figure, full FP32, see the module docstring). No FP8 on
     # CDNA 2; AMD prints no sparse figures for the MI200 series.
-    "MI250X": {torch.float32: 95.7 * _T / 2, torch.bfloat16: 383 * _T / 2, torch.float16: 383 * _T / 2},
+    "MI250X": {torch.float32: 95.7 * _T / 2, torch.bfloat16: 383 * _T / 2,
+               torch.float16: 383 * _T / 2},
     # AMD Instinct MI300X accelerator datasheet: "Peak FP32 Vector 163.4 TFLOPs", "Peak
     # FP32 Matrix 163.4 TFLOPs", "Peak TF32 653.7 TFLOPs" (not listed), "Peak FP16 /
     # Peak bfloat16 1307.4 TFLOPs" (2614.9 with structured sparsity), "Peak FP8 2614.9
@@ -225,8 +227,9 @@ def _resolve(device: str | torch.device | None) -> tuple[torch.device | None, st
         return device, probes.cpu_model()
     if device.type == "cuda":
         if not torch.cuda.is_available():
-            raise ConfigurationError(f"device {str(device)!r}: CUDA is not available here; pass a device name "
-                                     "(\"NVIDIA H100 80GB HBM3\", \"H100 SXM\") or peak=")
+            raise ConfigurationError(f"device {str(device)!r}: CUDA is not available here; pass a "
+                                     "device name (\"NVIDIA H100 80GB HBM3\", \"H100 SXM\") or "
+                                     "peak=")
         return device, torch.cuda.get_device_name(device)
     return device, device.type  # mps, xpu, meta, ...: not in the table
 
@@ -271,7 +274,8 @@ def _warn_once(name: str, what: torch.dtype | str, message: str) -> None:
 
 def _check_override(value: Any, arg: str, unit: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 or value == float("inf"):
-        raise ConfigurationError(f"{arg}= must be a positive, finite number of {unit}, got {value!r}")
+        raise ConfigurationError(f"{arg}= must be a positive, finite number of {unit}, got "
+                                 f"{value!r}")
     return float(value)
 
 
@@ -302,20 +306,22 @@ def peak_flops(device: str | torch.device | None = None, dtype: torch.dtype = to
         try:
             return probes.measure_cpu_peak(dtype)
         except ConfigurationError as e:
-            _warn_once(raw, dtype, f"no CPU peak for {dtype}: {e}; MFU is not available (pass peak=)")
+            _warn_once(raw, dtype,
+                       f"no CPU peak for {dtype}: {e}; MFU is not available (pass peak=)")
             return None
     key = _table_key(dev, raw)
     if key is None:
-        _warn_once(raw, dtype, f"peak FLOP/s unknown for device {raw!r} (known: {', '.join(PEAKS)}); MFU is "
-                               "not available: pass peak= with the dense datasheet figure")
+        _warn_once(raw, dtype, f"peak FLOP/s unknown for device {raw!r} (known: "
+                               f"{', '.join(PEAKS)}); MFU is not available: pass peak= with the "
+                               "dense datasheet figure")
         return None
     if tf32 is None:
         tf32 = torch.get_float32_matmul_precision() != "highest"
     figure = TF32_PEAKS.get(key) if dtype == torch.float32 and tf32 and key in TF32_PEAKS else PEAKS[key].get(dtype)
     if figure is None:
         listed = ", ".join(str(d).removeprefix("torch.") for d in PEAKS[key])
-        _warn_once(raw, dtype, f"peak FLOP/s of {key} ({raw!r}) unknown for {dtype} (listed: {listed}); MFU is "
-                               "not available: pass peak=")
+        _warn_once(raw, dtype, f"peak FLOP/s of {key} ({raw!r}) unknown for {dtype} (listed: "
+                               f"{listed}); MFU is not available: pass peak=")
         return None
     return figure
 
@@ -405,7 +411,8 @@ def _format_bandwidth(value: float) -> str:
     return f"{value / _TB:.4g} TB/s" if value >= _TB else f"{value / _GB:.4g} GB/s"
 
 
-def peak_bandwidth(device: str | torch.device | None = None, *, bandwidth: float | None = None) -> float | None:
+def peak_bandwidth(device: str | torch.device | None = None, *,
+                   bandwidth: float | None = None) -> float | None:
     """Peak memory (DRAM / HBM) bandwidth of ``device`` in bytes per second (decimal, as
     on datasheets: 3.35 TB/s = 3.35e12), the denominator of a memory-bound kernel's
     time and of the roofline's ridge point (peak FLOP/s / bandwidth, in FLOPs per
@@ -435,10 +442,11 @@ def peak_bandwidth(device: str | torch.device | None = None, *, bandwidth: float
         return BANDWIDTH[key]
     if row is not None and row in _BANDWIDTH_VARIANTS:
         options = ", ".join(f"{k} {_format_bandwidth(BANDWIDTH[k])}" for _, k in _BANDWIDTH_VARIANTS[row])
-        _warn_once(raw, "bandwidth", f"memory bandwidth of {raw!r} unknown: the {row} comes as {options}, and "
-                                     "the name does not say which; pass bandwidth=, or the name "
-                                     "torch.cuda.get_device_name returns")
+        _warn_once(raw, "bandwidth", f"memory bandwidth of {raw!r} unknown: the {row} comes as "
+                                     f"{options}, and the name does not say which; pass "
+                                     "bandwidth=, or the name torch.cuda.get_device_name returns")
     else:
         _warn_once(raw, "bandwidth", f"memory bandwidth unknown for device {raw!r} (known: "
-                                     f"{', '.join(BANDWIDTH)}): pass bandwidth= with the datasheet figure in bytes/s")
+                                     f"{', '.join(BANDWIDTH)}): pass bandwidth= with the datasheet "
+                                     "figure in bytes/s")
     return None

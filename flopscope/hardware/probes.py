@@ -40,7 +40,8 @@ CPU_DTYPES = (torch.float64, torch.float32, torch.bfloat16, torch.float16)
 
 
 def _cache_file() -> Path:
-    root = os.environ.get("FLOPSCOPE_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "flopscope")
+    root = os.environ.get("FLOPSCOPE_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache",
+                                                                 "flopscope")
     return Path(root) / "peaks.json"
 
 
@@ -120,7 +121,8 @@ def measure_cpu_peak(dtype: torch.dtype = torch.float32, *, seconds: float = 0.5
     type, or that this build of PyTorch cannot matmul on CPU (FP8), is a
     :class:`~flopscope.errors.ConfigurationError`."""
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-        raise ConfigurationError(f"measure_cpu_peak needs a floating-point torch.dtype, got {dtype!r}")
+        raise ConfigurationError("measure_cpu_peak needs a floating-point torch.dtype, got "
+                                 f"{dtype!r}")
     seconds = _check_seconds(seconds)
     threads = torch.get_num_threads()
     cached = CPU_CACHE.get((dtype, threads))
@@ -134,7 +136,8 @@ def measure_cpu_peak(dtype: torch.dtype = torch.float32, *, seconds: float = 0.5
         except (RuntimeError, NotImplementedError, TypeError) as e:
             raise ConfigurationError(f"this CPU build of PyTorch cannot matmul {dtype}: {e}") from e
         if not value > 0:
-            raise ConfigurationError(f"the {dtype} matmul benchmark measured no time (timer resolution)")
+            raise ConfigurationError(f"the {dtype} matmul benchmark measured no time (timer "
+                                     "resolution)")
         if disk_cache:
             write_disk(key, value)
     CPU_CACHE[(dtype, threads)] = value

@@ -61,7 +61,8 @@ _TOOL_TABLE: dict[str, _Tool] = {tool.name: tool for tool in (
     _Tool("thop", "thop", "_run_thop", "thop"),
     _Tool("deepspeed", "patching", "_run_deepspeed", "deepspeed", patches=("einops",),
           imports=("deepspeed.profiling.flops_profiler.profiler",)),
-    _Tool("calflops", "patching", "_run_calflops", "calflops", imports=("calflops.calculate_pipline",)),
+    _Tool("calflops", "patching", "_run_calflops", "calflops",
+          imports=("calflops.calculate_pipline",)),
     _Tool("torchprofile", "torchprofile", "_run_torchprofile", "torchprofile"),
 )}
 
@@ -233,18 +234,22 @@ class Crosscheck:
     def to_table(self, tablefmt: str = "simple") -> str:
         """A table (``tabulate`` format ``tablefmt``): tool, MACs, ratio to flopscope,
         explanation."""
-        rows: list[list[str]] = [["flopscope", f"{self.macs:,}", "1.0000", "reference (mode='real')"]]
+        rows: list[list[str]] = [["flopscope", f"{self.macs:,}", "1.0000",
+                                  "reference (mode='real')"]]
         for peer in self.peers.values():
             if peer.error is not None or peer.macs is None:
-                rows.append([peer.tool, "-", "-", "\n".join([f"failed — {peer.error}", *peer.leaks])])
+                rows.append([peer.tool, "-", "-",
+                             "\n".join([f"failed — {peer.error}", *peer.leaks])])
                 continue
             texts = [d.text for d in peer.differences]
             if peer.unexplained:
                 texts.append(f"{peer.unexplained:+,} MACs unexplained")
             ratio = f"{peer.ratio:.4f}" if peer.ratio is not None else "-"
             plugged = self.plugins and peer.tool in _PLUGIN_TOOLS
-            rows.append([peer.tool + (" + flopscope plug-ins" if plugged else ""), f"{peer.macs:,}", ratio,
-                         "\n".join([*(texts or ["agrees exactly"]), *([peer.note] if peer.note else []),
+            rows.append([peer.tool + (" + flopscope plug-ins" if plugged else ""), f"{peer.macs:,}",
+                         ratio,
+                         "\n".join([*(texts or ["agrees exactly"]),
+                                    *([peer.note] if peer.note else []),
                                     *peer.leaks])])
         return tabulate(rows, headers=["tool", "MACs", "ratio", "explanation"], tablefmt=tablefmt,
                         colalign=("left", "right", "right", "left"), disable_numparse=True)
@@ -289,7 +294,8 @@ def sum_roles(records: Iterable[OpRecord]) -> dict[str, int]:
 # --------------------------------------------------------------------------------------------------
 # crosscheck
 # --------------------------------------------------------------------------------------------------
-def crosscheck(model: nn.Module, *args: Any, tools: Sequence[str] | None = None, plugins: bool = False,
+def crosscheck(model: nn.Module, *args: Any, tools: Sequence[str] | None = None,
+               plugins: bool = False,
                forward_kwargs: dict[str, Any] | None = None, **kwargs: Any) -> Crosscheck:
     """Count ``model(*args, **kwargs)`` with flopscope and each installed peer; explain
     the differences.
@@ -357,14 +363,16 @@ def crosscheck(model: nn.Module, *args: Any, tools: Sequence[str] | None = None,
                 path = path_difference(name, "run with use_cache=False", uncached, prof)
                 peer = dataclasses.replace(retried, reference=prof.total(),
                                            differences=ordered([*path, *retried.differences]),
-                                           note=f"counted with use_cache=False: with the model's cache, {why}",
+                                           note="counted with use_cache=False: with the model's "
+                                                f"cache, {why}",
                                            leaks=(*(f"with the cache, {leak}" for leak in peer.leaks),
                                                   *retried.leaks))
         peers[name] = peer
     return Crosscheck(prof, peers, plugins)
 
 
-def _run_peer(tool: _Tool, model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], prof: Profile,
+def _run_peer(tool: _Tool, model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
+              prof: Profile,
               plugins: bool) -> tuple[PeerCount, str]:
     """One peer's count of ``model(*args, **kwargs)`` against ``prof``, isolated
     (:mod:`.isolation`), and why it failed (``""`` when it counted): a peer that
@@ -412,9 +420,10 @@ def failure(error: BaseException) -> tuple[str, str]:
     which; any other error is its type and message (at most 300 characters)."""
     traced = _TRACE_TYPE.search(str(error))
     if traced is not None:
-        return (f"its TorchScript trace takes tensors, tuples, lists and dicts only, and the forward gave it a "
-                f"{traced.group(1)} ({type(error).__name__})",
-                "return tensors, tuples or dicts from the forward (or wrap the model in a module that does)")
+        return ("its TorchScript trace takes tensors, tuples, lists and dicts only, and the "
+                f"forward gave it a {traced.group(1)} ({type(error).__name__})",
+                "return tensors, tuples or dicts from the forward (or wrap the model in a module "
+                "that does)")
     return f"{type(error).__name__}: {error}"[:300], ""
 
 
@@ -483,7 +492,8 @@ def inner_profile(model: nn.Module) -> Iterator[Followed]:
             followed.profile = None
 
 
-def path_difference(tool: str, reason: str, inner: Profile | None, prof: Profile) -> list[Difference]:
+def path_difference(tool: str, reason: str, inner: Profile | None,
+                    prof: Profile) -> list[Difference]:
     """A ``"path"`` difference when the run the peer made executes other MACs than the
     caller's."""
     if inner is None or inner.total() == prof.total():
@@ -491,14 +501,14 @@ def path_difference(tool: str, reason: str, inner: Profile | None, prof: Profile
     ours, theirs = prof.by_role(), inner.by_role()
     roles = {r: theirs.get(r, 0) - ours.get(r, 0) for r in {*ours, *theirs} if theirs.get(r, 0) != ours.get(r, 0)}
     return [Difference(tool, "path", inner.total() - prof.total(),
-                       f"{reason}, where the model executes {inner.total():,} MACs, not {prof.total():,} "
-                       f"({', '.join(f'{r} {v:+,}' for r, v in roles.items())})")]
+                       f"{reason}, where the model executes {inner.total():,} MACs, not "
+                       f"{prof.total():,} ({', '.join(f'{r} {v:+,}' for r, v in roles.items())})")]
 
 
 def required_formula(registry: FormulaRegistry, op: Any, plugin: str) -> MacFormula:
     """The formula of ``op`` in ``registry``, which the plug-in ``plugin`` builds on."""
     fn = registry.get(op)
     if fn is None:
-        raise RegistryError(f"{plugin} needs a formula for {op} in the registry it was given; register one "
-                            "(or start from flopscope.REGISTRY.copy())")
+        raise RegistryError(f"{plugin} needs a formula for {op} in the registry it was given; "
+                            "register one (or start from flopscope.REGISTRY.copy())")
     return fn

@@ -29,12 +29,14 @@ from torch import nn
 
 _SHORT = {"torch.nn.functional": "F", "torch.Tensor": "Tensor"}
 _HOOK_TABLES = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
-_GLOBAL_HOOK_TABLES = ("_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks",
+_GLOBAL_HOOK_TABLES = ("_global_forward_hooks", "_global_forward_pre_hooks",
+                       "_global_backward_hooks",
                        "_global_backward_pre_hooks")
 
 
 def _namespaces(extra: Iterable[Any] = ()) -> dict[str, Any]:
-    spaces: dict[str, Any] = {"torch": torch, "torch.nn.functional": F, "torch.Tensor": torch.Tensor}
+    spaces: dict[str, Any] = {"torch": torch, "torch.nn.functional": F,
+                              "torch.Tensor": torch.Tensor}
     for space in extra:
         spaces[getattr(space, "__name__", repr(space))] = space
     return spaces
@@ -108,7 +110,8 @@ def _remove_global_hooks(before: Mapping[str, set[int]]) -> int:
         for key in [k for k in hooks if k not in before[table]]:
             del hooks[key]
             removed += 1
-            for flags in ("_global_forward_hooks_always_called", "_global_forward_hooks_with_kwargs"):
+            for flags in ("_global_forward_hooks_always_called",
+                          "_global_forward_hooks_with_kwargs"):
                 getattr(module, flags, {}).pop(key, None)
     return removed
 
@@ -158,13 +161,16 @@ def isolated(model: nn.Module, extra: Iterable[types.ModuleType] = ()) -> Iterat
             result.leaks.append(f"left {removed} global module hook{'s' * (removed != 1)} (removed)")
         added = _remove_new_hooks(model, own_hooks)
         if added:
-            result.leaks.append(f"added {added} hook{'s' * (added != 1)} to the model itself (removed)")
+            result.leaks.append(f"added {added} hook{'s' * (added != 1)} to the model itself "
+                                "(removed)")
         left = sum(max(hook_count(twin) - start, 0) for twin, start in copies)
         if left:
-            result.leaks.append(f"left {left} hook{'s' * (left != 1)} on its copy of the model (discarded)")
+            result.leaks.append(f"left {left} hook{'s' * (left != 1)} on its copy of the model "
+                                "(discarded)")
 
 
-def _remove_new_hooks(model: nn.Module, before: Mapping[int, Mapping[str, Mapping[int, Any]]]) -> int:
+def _remove_new_hooks(model: nn.Module,
+                      before: Mapping[int, Mapping[str, Mapping[int, Any]]]) -> int:
     removed = 0
     for m in model.modules():
         saved = before.get(id(m), {})

@@ -36,16 +36,19 @@ class _Attention:
     d_k: int | None = None  # head width (None: not declared, only the projection widths are known)
 
 
-def _core_macs(measured: Mapping[str, int], batch: int, n_q: int, n_k: int, hyper: _Attention) -> dict[str, int]:
+def _core_macs(measured: Mapping[str, int], batch: int, n_q: int, n_k: int,
+               hyper: _Attention) -> dict[str, int]:
     """The attention core's MACs for one call: the quadratic form (scores, weighted sum:
     B·h·n_q·n_k·d_k each), or, where the block's core was found in the linear form,
     φ(K)ᵀV (B·n_k·n_kv·d_k·d_v), φ(Q)·state (B·n_q·h·d_k·d_v) and, where there is
     one, the normaliser φ(Q)·Σφ(K) (B·n_q·h·d_k), with d_v = d_k."""
     if not any(role in measured for role in LINEAR_CORE):
-        return {"attn_scores": batch * n_q * n_k * hyper.d_q, "attn_weighted_sum": batch * n_q * n_k * hyper.d_q}
+        return {"attn_scores": batch * n_q * n_k * hyper.d_q,
+                "attn_weighted_sum": batch * n_q * n_k * hyper.d_q}
     if hyper.d_k is None:
         return {}
-    core = {"attn_kv_state": batch * n_k * hyper.d_kv * hyper.d_k, "attn_readout": batch * n_q * hyper.d_q * hyper.d_k}
+    core = {"attn_kv_state": batch * n_k * hyper.d_kv * hyper.d_k,
+            "attn_readout": batch * n_q * hyper.d_q * hyper.d_k}
     # present or not by the block's design, as the gate of a gated FFN
     if "attn_normaliser" in measured:
         core["attn_normaliser"] = batch * n_q * hyper.d_q
@@ -86,7 +89,8 @@ def _latent_attention(b: Block) -> _LatentAttention | None:
     (``kv_lora_rank``, ...)."""
     facts, paths = b.facts, [b.path]
     values = {name: facts.declared(Names(module=(name,)), paths, config=False)
-              for name in ("num_heads", "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",
+              for name in ("num_heads", "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim",
+                           "qk_rope_head_dim",
                            "v_head_dim")}
     needed = ("num_heads", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
     if any(values[name] is None for name in needed):
@@ -94,7 +98,8 @@ def _latent_attention(b: Block) -> _LatentAttention | None:
     h, r_kv, nope, rope, d_v = (int(values[name] or 0) for name in needed)
     r_q = int(values["q_lora_rank"] or 0)
     return _LatentAttention(h, r_q, r_kv, nope, rope, d_v,
-                            f"latent attention r_q={r_q or '-'} r_kv={r_kv} nope={nope} rope={rope} d_v={d_v}")
+                            f"latent attention r_q={r_q or '-'} r_kv={r_kv} nope={nope} "
+                            f"rope={rope} d_v={d_v}")
 
 
 def _attention_hyper(b: Block) -> _Attention | None:
@@ -180,7 +185,8 @@ def attention_rows(b: Block) -> list[ReconcileRow]:
                 continue
             batch, n_q = q
             kv_names: tuple[int | str, ...] = (*KEY_INPUTS, 1) if seq_first or facts.attr(block, "kdim") else KEY_INPUTS
-            kv = batch_and_length(shapes, facts.attr(block, "kdim") or _key_width(b) or hyper.d, kv_names, seq_first)
+            kv = batch_and_length(shapes, facts.attr(block, "kdim") or _key_width(b) or hyper.d,
+                                  kv_names, seq_first)
             if kv is None and key_calls is not None and key_calls[i][0] == batch:
                 # a context passed by position: the key projection's own input says its
                 # tokens
@@ -287,13 +293,15 @@ def _stream_attention_rows(b: Block) -> list[ReconcileRow] | None:
         f"{m.path.rsplit('.', 1)[-1]} {m.width_in}->{m.width_out * shares[m.path]}"
         f"{f' (fused: {m.width_out} per role)' if shares[m.path] > 1 else ''} n={m.calls[0][1]}"
         for m in (*every["q_proj"], *every["k_proj"], *every["v_proj"])))
-    basis = (f"{'joint' if joint else 'single-stream'} attention over n_q={sum(m.calls[0][1] for m in q)} "
-             f"n_k={sum(m.calls[0][1] for m in k)} tokens, h·d_k={d_q}; per-stream projections ({names}; "
-             "widths declared, tokens of each projection's input)")
+    basis = (f"{'joint' if joint else 'single-stream'} attention over "
+             f"n_q={sum(m.calls[0][1] for m in q)} n_k={sum(m.calls[0][1] for m in k)} tokens, "
+             f"h·d_k={d_q}; per-stream projections ({names}; widths declared, tokens of each "
+             "projection's input)")
     rows = []
     for role in ATTENTION_ROLES:
         if role in b.measured or predicted.get(role):
-            rows.append(ReconcileRow(b.path, role, b.measured.get(role, 0), predicted.get(role), TERMS[role],
+            rows.append(ReconcileRow(b.path, role, b.measured.get(role, 0), predicted.get(role),
+                                     TERMS[role],
                                      basis=basis))
     return rows
 
@@ -307,8 +315,8 @@ def _attention_reason(row: ReconcileRow, hyper: _Attention) -> str:
     if row.role in ("attn_scores", "attn_weighted_sum") and ratio > 1 and ratio.denominator == 1:
         return f"keys include cached tokens: each query meets {ratio}x the keys of its input (KV cache)"
     if row.role in LINEAR_CORE and hyper.d_k and ratio == Fraction(hyper.d_k + 1, hyper.d_k):
-        return ("values padded with a row of ones: the normaliser φ(Q)·Σφ(K) computed inside the state (d_v + 1 "
-                "per head, Sana)")
+        return ("values padded with a row of ones: the normaliser φ(Q)·Σφ(K) computed inside the "
+                "state (d_v + 1 per head, Sana)")
     if row.role in ("k_proj", "v_proj") and ratio == Fraction(hyper.d_q, hyper.d_kv):
         return "grouped-query attention: K/V projected for the query heads, not n_kv heads"
     if ratio.denominator == 1 and ratio > 1:

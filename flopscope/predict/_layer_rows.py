@@ -39,8 +39,9 @@ def ffn_rows(b: Block) -> list[ReconcileRow]:
               # a linear layer whose width would be read
               if facts.declared(LINEAR_IN, [m], config=False) is not None}
     if shared and spec is None and source == "weight shapes":
-        return b.unrecognised(present, f"the up projection {sorted(shared)[0]} is fused with attention's "
-                                       "projections: its declared width is not the FFN's (a TransformerSpec says d_ff)")
+        return b.unrecognised(present, f"the up projection {sorted(shared)[0]} is fused with "
+                                       "attention's projections: its declared width is not the "
+                                       "FFN's (a TransformerSpec says d_ff)")
     if d is None or d_ff is None:
         return b.unrecognised(present)
     # routed experts: each token meets top_k of them; a shared expert (or a dense FFN)
@@ -63,7 +64,8 @@ def ffn_rows(b: Block) -> list[ReconcileRow]:
     # the width the down projection writes: an MLP that changes the width (a timestep
     # embedder's 256 → d → d)
     d_out = own_linear_width(b, "ffn_down") if spec is None else None
-    predicted = {"ffn_up": tokens * top_k * d * d_ff, "ffn_down": tokens * top_k * d_ff * (d_out or d)}
+    predicted = {"ffn_up": tokens * top_k * d * d_ff,
+                 "ffn_down": tokens * top_k * d_ff * (d_out or d)}
     if gated:
         predicted["ffn_gate"] = tokens * top_k * d * d_ff
     moe = f" top_k={top_k} experts per token" if top_k > 1 else ""
@@ -72,7 +74,8 @@ def ffn_rows(b: Block) -> list[ReconcileRow]:
     rows = []
     for role in FFN_ROLES:
         if role in measured or role in predicted:
-            row = ReconcileRow(block, role, measured.get(role, 0), predicted.get(role), TERMS[role], basis=basis)
+            row = ReconcileRow(block, role, measured.get(role, 0), predicted.get(role), TERMS[role],
+                               basis=basis)
             if not row.exact and row.ratio is not None and row.ratio.denominator == 1 and row.ratio > 1:
                 row = replace(row, reason=f"executed on {row.ratio}x the tokens of the block input")
             rows.append(row)
@@ -117,7 +120,8 @@ def _ffn_widths(b: Block, gated: bool) -> tuple[int | None, int | None, str]:
 def conv_rows(b: Block) -> list[ReconcileRow]:
     block, got, calls = b.path, b.measured.get("conv", 0), b.calls
     a = b.facts.attributes.get(block, {})
-    needed = ("in_channels", "out_channels", "kernel_size", "stride", "padding", "dilation", "groups")
+    needed = ("in_channels", "out_channels", "kernel_size", "stride", "padding", "dilation",
+              "groups")
     if not all(k in a for k in needed) or not calls:
         return b.unrecognised(["conv"])
     kernel = tuple(a["kernel_size"])
@@ -137,8 +141,9 @@ def conv_rows(b: Block) -> list[ReconcileRow]:
             tuple(op.input_shapes[0]) not in given for op in ran):
         sizes = (", ".join(sorted({str(tuple(g)) for g in given if g is not None})) + " -> "
                  + ", ".join(sorted({str(tuple(op.input_shapes[0])) for op in ran})))
-        row = replace(row, reason=f"the module pads its input in its forward before the convolution ({sizes}): "
-                                  "on the padded input the declared convolution is exact")
+        row = replace(row, reason="the module pads its input in its forward before the "
+                                  f"convolution ({sizes}): on the padded input the declared "
+                                  "convolution is exact")
     return [row]
 
 
@@ -180,7 +185,8 @@ def recurrent_rows(b: Block) -> list[ReconcileRow]:
         if shape is not None:
             tokens += prod(shape[:-1])
     basis = f"d_in={d_in} d_h={d_h} gates={gates} layers={layers} directions={dirs}"
-    return [ReconcileRow(block, "recurrent", got, tokens * per_token, TERMS["recurrent"], basis=basis)]
+    return [ReconcileRow(block, "recurrent", got, tokens * per_token, TERMS["recurrent"],
+                         basis=basis)]
 
 
 def logits_rows(b: Block) -> list[ReconcileRow]:
@@ -214,5 +220,5 @@ def mixing_rows(b: Block) -> list[ReconcileRow]:
     predicted = sum(batch * (d * fft_macs(n) + n * fft_macs(d)) for batch, n in shapes)
     row = ReconcileRow(b.path, "token_mixing", got, predicted, TERMS["token_mixing"],
                        basis=f"2-D FFT over (n, d) d={d} ({source})")
-    return [row if row.exact else replace(row, reason="not FNet's 2-D FFT over (n, d) of the block input: "
-                                                      "no closed form for this transform")]
+    return [row if row.exact else replace(row, reason="not FNet's 2-D FFT over (n, d) of the block "
+                                                      "input: no closed form for this transform")]

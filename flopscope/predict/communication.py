@@ -32,8 +32,10 @@ from ..formulas.collectives import (
 from .collectives import CollectiveRow, PredictedCollective, collectives, ddp, fsdp, megatron
 
 __all__ = [
-    'ALL_GATHER', 'ALL_REDUCE', 'ALL_TO_ALL', 'BROADCAST', 'RECV', 'REDUCE_SCATTER', 'SEND', 'CollectiveRow',
-    'PredictedCollective', 'collectives', 'compare', 'ddp', 'fsdp', 'group_size', 'is_bookkeeping', 'kind_of',
+    'ALL_GATHER', 'ALL_REDUCE', 'ALL_TO_ALL', 'BROADCAST', 'RECV', 'REDUCE_SCATTER', 'SEND',
+    'CollectiveRow',
+    'PredictedCollective', 'collectives', 'compare', 'ddp', 'fsdp', 'group_size', 'is_bookkeeping',
+    'kind_of',
     'megatron', 'message_bytes',
 ]
 
@@ -52,5 +54,6 @@ def compare(measured: Sequence[CollectiveRow], predicted: Sequence[PredictedColl
         same = "yes" if (got_calls, got_bytes) == (want_calls, want_bytes) else "NO"
         rows.append([kind, phase, got_calls, f"{got_bytes:,}", want_calls, f"{want_bytes:,}", same,
                      "; ".join(dict.fromkeys(p.basis for p in want)) or "-"])
-    return tabulate(rows, headers=["collective", "phase", "calls", "bytes", "predicted calls", "predicted bytes",
+    return tabulate(rows, headers=["collective", "phase", "calls", "bytes", "predicted calls",
+                                   "predicted bytes",
                                    "match", "basis"], tablefmt=tablefmt, disable_numparse=True)

@@ -98,14 +98,18 @@ class Reconciliation:
             ratio = "-" if r.ratio is None else (str(r.ratio) if r.ratio.denominator != 1 else f"{r.ratio}")
             useful = "" if r.useful is None else f"{r.useful:,}"
             predicted = "-" if r.predicted is None else f"{r.predicted:,}"
-            rows.append([r.block or "(model)", r.role, f"{r.measured:,}", predicted, ratio, r.term, useful, r.reason])
-        return tabulate(rows, headers=["block", "role", "measured MACs", "predicted MACs", "ratio", "term",
+            rows.append([r.block or "(model)", r.role, f"{r.measured:,}", predicted, ratio, r.term,
+                         useful, r.reason])
+        return tabulate(rows, headers=["block", "role", "measured MACs", "predicted MACs", "ratio",
+                                       "term",
                                        "useful MACs", "reason"], tablefmt=tablefmt,
-                        colalign=("left", "left", "right", "right", "right", "left", "right", "left"))
+                        colalign=("left", "left", "right", "right", "right", "left", "right",
+                                  "left"))
 
 
 def reconcile(assignments: Mapping[CapturedOp, Assignment], facts: ModelFacts,
-              module_inputs: Mapping[ModuleCall, InputShapes], spec: TransformerSpec | None = None) -> Reconciliation:
+              module_inputs: Mapping[ModuleCall, InputShapes],
+              spec: TransformerSpec | None = None) -> Reconciliation:
     """Per block and role: measured against predicted MACs (see the module docstring).
     ``assignments`` are a profile's role assignments by record (forward ops are
     reconciled), ``module_inputs`` the shapes of each module call's inputs
@@ -134,7 +138,8 @@ def reconcile(assignments: Mapping[CapturedOp, Assignment], facts: ModelFacts,
     rows: list[ReconcileRow] = []
     for block, roles in measured.items():
         context = Block(block, roles, facts, calls.get(block, []), spec, block in causal_kernels,
-                         role_modules[block], calls, block_ops[block], frozenset(factor_modules[block]))
+                         role_modules[block], calls, block_ops[block],
+                        frozenset(factor_modules[block]))
         found: list[ReconcileRow] = []
         for group in dict.fromkeys(Role(r).group for r in ROLE_ORDER if r in roles):
             predict = ROW_BUILDERS.get(group)

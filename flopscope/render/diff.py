@@ -79,7 +79,8 @@ class ProfileDiff:
     ops: tuple[Change, ...]
 
     def to_dict(self) -> dict[str, Any]:
-        return {"schema": DIFF_SCHEMA, "units": {"macs": "multiply-accumulates", "flops": "2 x macs"},
+        return {"schema": DIFF_SCHEMA,
+                "units": {"macs": "multiply-accumulates", "flops": "2 x macs"},
                 "before": self.before, "after": self.after, "total": self.total.row(),
                 "roles": [c.row() for c in self.roles], "useful": [c.row() for c in self.useful],
                 "modules": [c.row() for c in self.modules], "ops": [c.row() for c in self.ops]}
@@ -93,7 +94,8 @@ class ProfileDiff:
         """The total, the roles, the useful attention pairs, and the ``limit`` largest
         module and op changes."""
         lines = [f"{self.before} → {self.after}: {_line(self.total)}", ""]
-        headers = ["role", "before MACs", "after MACs", "change", "after / before", "why (closed form)"]
+        headers = ["role", "before MACs", "after MACs", "change", "after / before",
+                   "why (closed form)"]
         lines.append(tabulate([_cells(c) for c in self.roles], headers=headers, tablefmt=tablefmt,
                               disable_numparse=True))
         if any(c.delta for c in self.useful):
@@ -105,12 +107,14 @@ class ProfileDiff:
                 shown = changes[:limit]
                 more = f" ({len(changes) - limit} more in --json)" if len(changes) > limit else ""
                 lines += ["", f"{title} that changed, largest first{more}:",
-                          tabulate([_cells(c)[:5] for c in shown], headers=[title[:-1], *headers[1:5]],
+                          tabulate([_cells(c)[:5] for c in shown],
+                                   headers=[title[:-1], *headers[1:5]],
                                    tablefmt=tablefmt, disable_numparse=True)]
         return "\n".join(lines)
 
 
-def diff(before: ProfileView | Mapping[str, Any], after: ProfileView | Mapping[str, Any], before_label: str = "before",
+def diff(before: ProfileView | Mapping[str, Any], after: ProfileView | Mapping[str, Any],
+         before_label: str = "before",
          after_label: str = "after") -> ProfileDiff:
     """The changes from ``before`` to ``after`` (profiles, or their JSON documents)."""
     a, b = _document(before), _document(after)
@@ -124,8 +128,10 @@ def diff(before: ProfileView | Mapping[str, Any], after: ProfileView | Mapping[s
     useful = tuple(Change(r, _useful(rows_a.get(r, [])), _useful(rows_b.get(r, [])),
                           _why(r, rows_a.get(r, []), rows_b.get(r, []), useful=True))
                    for r in names if r in ATTENTION_CORE and (rows_a.get(r) or rows_b.get(r)))
-    modules = _changes({m["path"]: m["macs"] for m in a["modules"]}, {m["path"]: m["macs"] for m in b["modules"]})
-    return ProfileDiff(before_label, after_label, Change("total", a["totals"]["macs"], b["totals"]["macs"]), roles,
+    modules = _changes({m["path"]: m["macs"] for m in a["modules"]},
+                       {m["path"]: m["macs"] for m in b["modules"]})
+    return ProfileDiff(before_label, after_label,
+                       Change("total", a["totals"]["macs"], b["totals"]["macs"]), roles,
                        useful, modules, _changes(a["ops"], b["ops"]))
 
 
@@ -134,8 +140,8 @@ def _document(profile: ProfileView | Mapping[str, Any]) -> Mapping[str, Any]:
         return to_dict(profile)
     schema = profile.get("schema")
     if schema != JSON_SCHEMA:
-        raise InputError(f"not a flopscope profile document (schema {schema!r}, expected {JSON_SCHEMA!r}): write one "
-                         "with flopscope profile TARGET --json FILE")
+        raise InputError(f"not a flopscope profile document (schema {schema!r}, expected "
+                         f"{JSON_SCHEMA!r}): write one with flopscope profile TARGET --json FILE")
     return profile
 
 
@@ -177,7 +183,8 @@ def _basis(row: Mapping[str, Any]) -> tuple[dict[str, str], set[str]]:
     return values, flags
 
 
-def _why(role: str, before: list[Mapping[str, Any]], after: list[Mapping[str, Any]], useful: bool = False) -> str:
+def _why(role: str, before: list[Mapping[str, Any]], after: list[Mapping[str, Any]],
+         useful: bool = False) -> str:
     """The closed-form hyper-parameters and mask flags that differ between the role's
     rows, and the blocks that have it; ``useful``: for the attention core's useful
     pairs (the mask's flags and window)."""
@@ -209,7 +216,8 @@ def _why(role: str, before: list[Mapping[str, Any]], after: list[Mapping[str, An
 
 
 def _values(parsed: list[tuple[dict[str, str], set[str]]], key: str) -> str:
-    found = sorted({values[key] for values, _ in parsed if key in values}, key=lambda v: (len(v), v))
+    found = sorted({values[key] for values, _ in parsed if key in values},
+                   key=lambda v: (len(v), v))
     return "/".join(found)
 
 

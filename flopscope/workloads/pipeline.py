@@ -121,8 +121,8 @@ class WorkloadTerm:
         if self.steps is not None and self.passes is not None:
             batch = (f" (batch {self.batch}" + (f", guidance by {self.guidance}" if self.guidance not in (None, "none")
                                                 else "") + ")") if self.batch is not None else ""
-            return (f"{self.steps} step{'s' * (self.steps != 1)} x {self.passes} pass{'es' * (self.passes != 1)} x "
-                    f"{self.macs_per_call:,}{batch}")
+            return (f"{self.steps} step{'s' * (self.steps != 1)} x {self.passes} "
+                    f"pass{'es' * (self.passes != 1)} x {self.macs_per_call:,}{batch}")
         return f"{self.calls} call{'s' * (self.calls != 1)} x {self.macs_per_call:,}"
 
 
@@ -166,14 +166,16 @@ class Workload:
 
     def to_table(self, tablefmt: str = "simple") -> str:
         terms = tabulate([[t.component, t.entry, t.describe(), f"{t.total:,}"] for t in self.terms],
-                         headers=["component", "called as", "calls x MACs per call", "MACs"], tablefmt=tablefmt,
+                         headers=["component", "called as", "calls x MACs per call", "MACs"],
+                         tablefmt=tablefmt,
                          disable_numparse=True)
         closed = tabulate([[c.component, f"{c.measured:,}", f"{c.reconciled:,}", f"{c.predicted:,}",
                             "; ".join(f"{role} {macs:,}" for role, macs in c.outside.items()) or "-",
                             "; ".join(c.explained) or ("-" if c.reconciled == c.predicted else "?")]
                            for c in self.components],
                           headers=["component", "measured", "in closed-form rows", "closed forms",
-                                   "outside closed forms", "differences explained"], tablefmt=tablefmt,
+                                   "outside closed forms", "differences explained"],
+                          tablefmt=tablefmt,
                           disable_numparse=True)
         check = "equal to" if self.total == self.measured else "DIFFERENT FROM"
         return f"{terms}\n\n{self.formula()}, {check} the measured total\n\n{closed}"
@@ -189,7 +191,8 @@ class PipelineProfile:
 
     def __init__(self, profile: Profile, components: Sequence[str], denoisers: Sequence[str],
                  steps: Sequence[DenoisingStep], output: Any, reuse: Sequence[str] = (),
-                 step_of_call: Mapping[ModuleCall, int] | None = None, name: str = "pipeline") -> None:
+                 step_of_call: Mapping[ModuleCall, int] | None = None,
+                 name: str = "pipeline") -> None:
         self.profile = profile
         self.name = name
         """The pipeline's class name (``"StableDiffusionPipeline"``): the report's title
@@ -306,7 +309,8 @@ class PipelineProfile:
                 covered[r.role] += r.measured
             outside = {role: macs - covered[role] for role, macs in roles[component].items() if macs - covered[role]}
             explained = tuple(dict.fromkeys(f"{r.role}: {r.reason}" for r in mine if not r.exact and r.reason))
-            out.append(ComponentClosedForm(component, by_component[component], sum(r.measured for r in mine),
+            out.append(ComponentClosedForm(component, by_component[component],
+                                           sum(r.measured for r in mine),
                                            sum(r.predicted or 0 for r in mine), explained, outside))
         return tuple(out)
 
@@ -332,10 +336,13 @@ class PipelineProfile:
         guidance."""
         names = self._stepped()
         body = [[s.step, *[f"{s.macs.get(c, 0):,}" for c in names], f"{s.total:,}",
-                 " ".join(f"{c}x{n}" for c, n in s.calls.items()), s.batch, s.denoiser_batch, s.guidance]
+                 " ".join(f"{c}x{n}" for c, n in s.calls.items()), s.batch, s.denoiser_batch,
+                 s.guidance]
                 for s in self._steps]
-        return tabulate(body, headers=["step", *[f"{c} MACs" for c in names], "MACs", "calls", "latents batch",
-                                       "denoiser batch", "guidance"], tablefmt=tablefmt, disable_numparse=True)
+        return tabulate(body, headers=["step", *[f"{c} MACs" for c in names], "MACs", "calls",
+                                       "latents batch",
+                                       "denoiser batch", "guidance"], tablefmt=tablefmt,
+                        disable_numparse=True)
 
     def to_html(self, path: str | Path, title: str | None = None) -> Path:
         """The HTML report of the whole call (:meth:`Profile.to_html`'s page: its module
@@ -352,19 +359,22 @@ class PipelineProfile:
         section = {
             "name": self.name, "components": names, "stepped": stepped, "roles": rows,
             "totals": [self.by_component()[n] for n in names], "denoisers": list(self.denoisers),
-            "colours": component_colours(self.components), "bars": call_bars(before, self._steps, after),
+            "colours": component_colours(self.components),
+            "bars": call_bars(before, self._steps, after),
             "steps": [[s.step, *[s.macs.get(c, 0) for c in stepped], s.total, s.guidance] for s in self._steps],
             "step_roles": step_roles,
             "steps_by_role": [[s.step, *[r.get(role, 0) for role in step_roles], s.total]
                               for s, r in zip(self._steps, by_step, strict=True)]}
-        return write_html(self.profile, path, title=title or f"flopscope: {self.name}", pipeline=section)
+        return write_html(self.profile, path, title=title or f"flopscope: {self.name}",
+                          pipeline=section)
 
     def summary_table(self, tablefmt: str = "simple") -> str:
         """MACs and FLOPs per component, with the share of the call."""
         total = self.profile.total() or 1
         body = [[name, f"{macs:,}", f"{2 * macs:,}", f"{100 * macs / total:.1f}%"]
                 for name, macs in self.by_component().items()]
-        body.append(["total", f"{self.profile.total():,}", f"{2 * self.profile.total():,}", "100.0%"])
+        body.append(["total", f"{self.profile.total():,}", f"{2 * self.profile.total():,}",
+                     "100.0%"])
         return tabulate(body, headers=["component", "MACs", "FLOPs", "share"], tablefmt=tablefmt,
                         disable_numparse=True)
 
@@ -374,7 +384,8 @@ class PipelineProfile:
 
 
 def profile_pipeline(pipe: Any, *, mode: str = "fake", registry: FormulaRegistry | None = None,
-                     roles: Sequence[RoleRule] = (), reuse: bool = True, **call_kwargs: Any) -> PipelineProfile:
+                     roles: Sequence[RoleRule] = (), reuse: bool = True,
+                     **call_kwargs: Any) -> PipelineProfile:
     """Run ``pipe(**call_kwargs)`` once (a diffusers ``DiffusionPipeline``, or any
     object with ``components`` and a ``scheduler``) and count every multiply of its
     components: see the module docstring.
@@ -415,7 +426,8 @@ def profile_pipeline(pipe: Any, *, mode: str = "fake", registry: FormulaRegistry
         try:
             with ExitStack() as stack:
                 stack.enter_context(_marking_steps(
-                    scheduler, start, lambda sample: marks.append((session.calls_by_path(), _batch(sample)))))
+                    scheduler, start,
+                    lambda sample: marks.append((session.calls_by_path(), _batch(sample)))))
                 replayer = stack.enter_context(session.replaying(modules)) if reuse and mode == "fake" else None
                 stack.enter_context(paused_gc(promote=mode == "fake"))
                 output = pipe(**call_kwargs)
@@ -423,14 +435,16 @@ def profile_pipeline(pipe: Any, *, mode: str = "fake", registry: FormulaRegistry
         finally:
             prof = Profile(session.finish(stacklevel=3), role_rules=tuple(roles))
     steps, denoisers, step_of_call = _steps(prof, list(modules), begun[0], marks)
-    return PipelineProfile(prof, list(modules), denoisers, steps, output, notes, step_of_call, type(pipe).__name__)
+    return PipelineProfile(prof, list(modules), denoisers, steps, output, notes, step_of_call,
+                           type(pipe).__name__)
 
 
 def _module_components(pipe: Any) -> dict[str, nn.Module]:
     components = getattr(pipe, "components", None)
     if not isinstance(components, Mapping):
-        raise NotAModuleError(f"{type(pipe).__name__} has no `components` mapping: give a diffusers pipeline (a "
-                              "DiffusionPipeline), or profile a module with flopscope.profile")
+        raise NotAModuleError(f"{type(pipe).__name__} has no `components` mapping: give a "
+                              "diffusers pipeline (a DiffusionPipeline), or profile a module with "
+                              "flopscope.profile")
     modules = {name: c for name, c in components.items() if isinstance(c, nn.Module)}
     if not modules:
         raise NotAModuleError(f"{type(pipe).__name__} has no nn.Module components to count")
@@ -466,7 +480,8 @@ def _pipeline_kept(pipe: Any) -> Iterator[None]:
 
 
 @contextmanager
-def _marking_steps(scheduler: Any, start: Callable[[], None], mark: Callable[[Any], None]) -> Iterator[None]:
+def _marking_steps(scheduler: Any, start: Callable[[], None],
+                   mark: Callable[[Any], None]) -> Iterator[None]:
     """For the call: ``start()`` at each ``scheduler.set_timesteps`` (the loop is about to begin: what ran before,
     the prompt's encoding, is no step), ``mark(sample)`` at each ``scheduler.step(model_output, timestep, sample,
     ...)``. The scheduler's methods are wrapped on the instance and unwrapped afterwards."""
@@ -528,10 +543,12 @@ def _batch_of(prof: Profile, call: ModuleCall) -> int | None:
     """The batch of a module call: the leading size of its first tensor input (``None``
     if it had none)."""
     shapes = prof._capture.module_inputs.get(call, ())
-    return next((int(shape[0]) for _, shape in shapes if len(shape) and type(shape[0]) is int), None)
+    return next((int(shape[0]) for _, shape in shapes if len(shape) and type(shape[0]) is int),
+                None)
 
 
-def _steps(prof: Profile, components: list[str], begun: Counter[str], marks: list[tuple[Counter[str], int | None]]
+def _steps(prof: Profile, components: list[str], begun: Counter[str],
+           marks: list[tuple[Counter[str], int | None]]
            ) -> tuple[list[DenoisingStep], list[str], dict[ModuleCall, int]]:
     """The denoising steps between the scheduler's marks (the first from ``begun``, the
     calls made when the loop began): each component's calls and MACs per step; the
@@ -542,7 +559,8 @@ def _steps(prof: Profile, components: list[str], begun: Counter[str], marks: lis
     macs_of_call = _macs_by_entry(prof)
     calls_at = [Counter({c: n for c, n in counts.items() if c in components}) for counts, _ in marks]
     start = Counter({c: n for c, n in begun.items() if c in components})
-    per_step = [calls_at[0] - start, *[calls_at[i] - calls_at[i - 1] for i in range(1, len(calls_at))]]
+    per_step = [calls_at[0] - start,
+                *[calls_at[i] - calls_at[i - 1] for i in range(1, len(calls_at))]]
     denoisers = [c for c in components if all(step.get(c) for step in per_step)]
     steps, step_of_call = [], {}
     for i, (calls, (_, batch)) in enumerate(zip(per_step, marks, strict=True)):
@@ -553,5 +571,6 @@ def _steps(prof: Profile, components: list[str], begun: Counter[str], marks: lis
         denoiser_batch = _batch_of(prof, ModuleCall(denoisers[0], first[denoisers[0]] + 1)) if denoisers else None
         passes = calls.get(denoisers[0], 0) if denoisers else 0
         guidance = ("passes" if passes > 1 else "batch" if batch and denoiser_batch == 2 * batch else "none")
-        steps.append(DenoisingStep(i, macs, {c: n for c, n in calls.items() if n}, batch, denoiser_batch, guidance))
+        steps.append(DenoisingStep(i, macs, {c: n for c, n in calls.items() if n}, batch,
+                                   denoiser_batch, guidance))
     return steps, denoisers, step_of_call

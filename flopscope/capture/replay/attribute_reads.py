@@ -53,7 +53,8 @@ EVERY = "*"
 _MODULE_INTERNALS = frozenset(vars(nn.Module()))
 """The attributes every module has (its tables of parameters, buffers, submodules and
 hooks, ``training``): not noted (a key holds them itself)."""
-_INTERNAL_DICT_READERS = frozenset(f.__code__ for f in (nn.Module.__getattr__, nn.Module.__setattr__,
+_INTERNAL_DICT_READERS = frozenset(f.__code__ for f in (nn.Module.__getattr__,
+                                                        nn.Module.__setattr__,
                                                          nn.Module.__delattr__))
 
 
@@ -107,13 +108,20 @@ def _use_as_int(name: str) -> Any:
     return method
 
 
-for _name in ("__index__", "__int__", "__float__", "__complex__", "__bool__", "__hash__", "__str__", "__format__",
-              "__eq__", "__ne__", "__lt__", "__le__", "__gt__", "__ge__", "__neg__", "__pos__", "__abs__", "__invert__",
-              "__round__", "__trunc__", "__floor__", "__ceil__", "__add__", "__radd__", "__sub__", "__rsub__",
-              "__mul__", "__rmul__", "__floordiv__", "__rfloordiv__", "__truediv__", "__rtruediv__", "__mod__",
-              "__rmod__", "__divmod__", "__rdivmod__", "__pow__", "__rpow__", "__lshift__", "__rlshift__",
-              "__rshift__", "__rrshift__", "__and__", "__rand__", "__or__", "__ror__", "__xor__", "__rxor__",
-              "__getnewargs__", "__reduce__", "__reduce_ex__", "__copy__", "__deepcopy__", "__sizeof__"):
+for _name in ("__index__", "__int__", "__float__", "__complex__", "__bool__", "__hash__", "__str__",
+              "__format__",
+              "__eq__", "__ne__", "__lt__", "__le__", "__gt__", "__ge__", "__neg__", "__pos__",
+              "__abs__", "__invert__",
+              "__round__", "__trunc__", "__floor__", "__ceil__", "__add__", "__radd__", "__sub__",
+              "__rsub__",
+              "__mul__", "__rmul__", "__floordiv__", "__rfloordiv__", "__truediv__", "__rtruediv__",
+              "__mod__",
+              "__rmod__", "__divmod__", "__rdivmod__", "__pow__", "__rpow__", "__lshift__",
+              "__rlshift__",
+              "__rshift__", "__rrshift__", "__and__", "__rand__", "__or__", "__ror__", "__xor__",
+              "__rxor__",
+              "__getnewargs__", "__reduce__", "__reduce_ex__", "__copy__", "__deepcopy__",
+              "__sizeof__"):
     setattr(StandIn, _name, _use_as_int(_name))
 
 
@@ -236,7 +244,8 @@ def watching(modules: Mapping[str, nn.Module], passed: Mapping[str, frozenset[st
     entered: list[tuple[int, _Watch]] = []
     try:
         for name, module in modules.items():
-            watch = _Watch(name, frozenset(own_attributes(module)), log, (passed or {}).get(name, frozenset()))
+            watch = _Watch(name, frozenset(own_attributes(module)), log,
+                           (passed or {}).get(name, frozenset()))
             with _LOCK:
                 _WATCHES.setdefault(id(module), []).append(watch)
             entered.append((id(module), watch))

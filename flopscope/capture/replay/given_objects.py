@@ -61,7 +61,8 @@ from ._refusals import (
 )
 from .attribute_reads import Log, StandIn, is_watching, own_attributes, value_of, watching_subclass
 
-Meta = tuple[tuple[int, ...], tuple[int, ...], torch.dtype, torch.device, bool, FakeTensorMode | None]
+Meta = tuple[tuple[int, ...], tuple[int, ...], torch.dtype, torch.device, bool,
+             FakeTensorMode | None]
 """A tensor as a call-out takes or gives it: sizes, strides, dtype, device,
 ``requires_grad``, and the fake-tensor mode of a fake one (what
 :func:`~flopscope.capture.fake.empty_tensor` makes it again with)."""
@@ -152,9 +153,11 @@ def watching(objects: Sequence[Any], block: Log, recorder: Recorder, tracker: Mo
         for at, obj in enumerate(objects):
             cls = type(obj)
             with _LOCK:
-                _WATCHES[id(obj)] = _Watch(at, log, block, recorder, tracker, tally, threading.get_ident())
+                _WATCHES[id(obj)] = _Watch(at, log, block, recorder, tracker, tally,
+                                           threading.get_ident())
             try:
-                object.__setattr__(obj, "__class__", watching_subclass(cls, "calls", _calling_methods))
+                object.__setattr__(obj, "__class__",
+                                   watching_subclass(cls, "calls", _calling_methods))
             except TypeError:
                 log.problems.append(UNWATCHABLE_OBJECT.say(kind=cls.__name__))
                 continue
@@ -341,7 +344,8 @@ def _calling_methods(cls: type) -> dict[str, Any]:
         changed(self, name)
         remove(self, name)
 
-    return {"__getattribute__": __getattribute__, "__setattr__": __setattr__, "__delattr__": __delattr__}
+    return {"__getattribute__": __getattribute__, "__setattr__": __setattr__,
+            "__delattr__": __delattr__}
 
 
 def _calling(watch: _Watch, name: str, method: Callable[..., Any]) -> Callable[..., Any]:
@@ -359,10 +363,12 @@ def _calling(watch: _Watch, name: str, method: Callable[..., Any]) -> Callable[.
                 described.append(("index", read))
             elif isinstance(leaf, torch.Tensor):
                 described.append(("record", recorder.record_of(leaf), meta_of(leaf)))
-            elif leaf is None or isinstance(leaf, (bool, int, float, str, torch.dtype, torch.device)):
+            elif leaf is None or isinstance(leaf, (bool, int, float, str, torch.dtype,
+                                                   torch.device)):
                 described.append(("plain", leaf))
             else:
-                log.problems.append(OTHER_CALLOUT_ARGUMENT.say(method=name, kind=type(leaf).__name__))
+                log.problems.append(OTHER_CALLOUT_ARGUMENT.say(method=name,
+                                                               kind=type(leaf).__name__))
                 described.append(("plain", leaf))
         given = pytree.tree_unflatten([value_of(leaf) for leaf in leaves], spec)
         before = watch.tally()

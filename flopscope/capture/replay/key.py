@@ -78,9 +78,12 @@ class CallKey(NamedTuple):
     state: tuple[Any, ...]
 
 
-def call_key(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], recorder: Recorder, *,
-             grad: bool, watch_objects: bool, ours: Collection[int], held: Callable[[], Collection[int]],
-             structural: bool = False, by_name: bool = False) -> tuple[CallKey, list[torch.Tensor], list[Any]]:
+def call_key(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], recorder: Recorder,
+             *,
+             grad: bool, watch_objects: bool, ours: Collection[int],
+             held: Callable[[], Collection[int]],
+             structural: bool = False,
+             by_name: bool = False) -> tuple[CallKey, list[torch.Tensor], list[Any]]:
     """The key of a call, its tensor arguments in order and the objects it is given.
 
     Raises :class:`~._refusals.Refused` where a call's records cannot be decided by a
@@ -106,8 +109,10 @@ def call_key(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], r
     for leaf in leaves:
         if isinstance(leaf, torch.Tensor):
             storage = storage_of(leaf)
-            described.append((_sizes(leaf.shape), _sizes(leaf.stride()), leaf.dtype, leaf.device, leaf.requires_grad,
-                              recorder.values_known(leaf), storages.setdefault(storage, len(tensors))))
+            described.append((_sizes(leaf.shape), _sizes(leaf.stride()), leaf.dtype, leaf.device,
+                              leaf.requires_grad,
+                              recorder.values_known(leaf),
+                              storages.setdefault(storage, len(tensors))))
             tensors.append(leaf)
         elif type(leaf) is StandIn:
             raise STAND_IN_ARGUMENT.refused()
@@ -159,7 +164,8 @@ def owns_its_paths(path: str, module: nn.Module, paths: Mapping[int, str]) -> bo
     return all(paths.get(id(m)) == (f"{path}.{name}" if name else path) for name, m in module.named_modules())
 
 
-def state_of(module: nn.Module, ours: Collection[int] = (), structural: bool = False, by_name: bool = False
+def state_of(module: nn.Module, ours: Collection[int] = (), structural: bool = False,
+             by_name: bool = False
              ) -> tuple[Any, ...]:
     """What a call of ``module`` can read of its modules' state, by value where
     immutable, else by identity: each submodule's identity, mode, parameters and buffers
@@ -203,7 +209,8 @@ def key_difference(first: CallKey, key: CallKey) -> str:
             name = was[0][0] if isinstance(was[0], tuple) else ""
             where = f"{name} of the block" if name else "the block itself"
             if was[0] != now[0]:
-                return OTHER_SUBMODULES.say(where=where, was=was[0][1].__name__, now=now[0][1].__name__)
+                return OTHER_SUBMODULES.say(where=where, was=was[0][1].__name__,
+                                            now=now[0][1].__name__)
             if was[1] != now[1]:
                 return OTHER_MODES.say(where=where)
             if was[2] != now[2]:

@@ -75,14 +75,18 @@ class _Counts:
 
     @classmethod
     def of(cls, recorder: Recorder) -> _Counts:
-        return cls(Counter(recorder.unsupported), Counter(recorder.decomposed), Counter(recorder.upper_bounds),
-                   recorder.unchecked_lookups, frozenset(recorder.undeclared_kernels), recorder.value_reads,
+        return cls(Counter(recorder.unsupported), Counter(recorder.decomposed),
+                   Counter(recorder.upper_bounds),
+                   recorder.unchecked_lookups, frozenset(recorder.undeclared_kernels),
+                   recorder.value_reads,
                    recorder._late_parameters)
 
     def since(self, before: _Counts) -> _Counts:
         return _Counts(self.unsupported - before.unsupported, self.decomposed - before.decomposed,
-                       self.upper_bounds - before.upper_bounds, self.unchecked_lookups - before.unchecked_lookups,
-                       self.undeclared_kernels - before.undeclared_kernels, self.value_reads - before.value_reads,
+                       self.upper_bounds - before.upper_bounds,
+                       self.unchecked_lookups - before.unchecked_lookups,
+                       self.undeclared_kernels - before.undeclared_kernels,
+                       self.value_reads - before.value_reads,
                        self.late_parameters - before.late_parameters)
 
     def add_to(self, recorder: Recorder) -> None:
@@ -237,8 +241,10 @@ def passed_attributes(blocks: Any) -> dict[str, frozenset[str]]:
     return {name: frozenset(names) for name, names in differ.items()}
 
 
-def first_call(forward: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], *, recorder: Recorder,
-               tracker: ModuleTracker, path: str, module: nn.Module, modules: Mapping[str, nn.Module],
+def first_call(forward: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], *,
+               recorder: Recorder,
+               tracker: ModuleTracker, path: str, module: nn.Module,
+               modules: Mapping[str, nn.Module],
                tensors: list[torch.Tensor], objects: list[Any], structural: bool, watched: bool,
                passed: Mapping[str, frozenset[str]] | None, grad: bool) -> tuple[Any, Candidate]:
     """Run the call of ``module`` (at ``path``; ``modules``: its modules by name),
@@ -299,7 +305,8 @@ def first_call(forward: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[
         parameters = {} if not structural else {
             id(record): name for name, t in named_state(module) if (record := recorder.made_by(t)) is not None}
         template = _template(recorder, tracker, path, window, tensors, stack, calls_before,
-                             _Counts.of(recorder).since(before), outputs, output_tensors, spec, made_largest,
+                             _Counts.of(recorder).since(before), outputs, output_tensors, spec,
+                             made_largest,
                              parameters, given.calls)
         template.changes, template.containers, template.reads = changes, aliasing, reads
     except Refused as why:
@@ -349,8 +356,10 @@ def _outputs(out: Any, window: Window, arguments: list[torch.Tensor], recorder: 
     return records, tensors, spec
 
 
-def _template(recorder: Recorder, tracker: ModuleTracker, path: str, window: Window, tensors: list[torch.Tensor],
-              stack: tuple[ModuleCall, ...], calls_before: Counter[str], counts: _Counts, outputs: list[Any],
+def _template(recorder: Recorder, tracker: ModuleTracker, path: str, window: Window,
+              tensors: list[torch.Tensor],
+              stack: tuple[ModuleCall, ...], calls_before: Counter[str], counts: _Counts,
+              outputs: list[Any],
               output_tensors: list[torch.Tensor | None], spec: pytree.TreeSpec, largest: int,
               parameters: dict[int, str], callouts: list[CallOut]) -> CallTemplate:
     """The template of a first call whose checks passed; raises
@@ -400,5 +409,6 @@ def _template(recorder: Recorder, tracker: ModuleTracker, path: str, window: Win
     plan = [_Copy(op, None) if id(op) in inputs else
             _Copy.of(op, stacks.setdefault(op.module_stack, len(stacks)), mapped) for op in kept]
     placed = [(sum(1 for at, _ in kept_at if at < c.start), c) for c in callouts]
-    return CallTemplate(path, plan, list(stacks), inputs, stack, calls_before, inner, module_inputs, outputs,
+    return CallTemplate(path, plan, list(stacks), inputs, stack, calls_before, inner, module_inputs,
+                        outputs,
                         output_tensors, spec, counts, largest, parameters, callouts=placed)
