@@ -28,18 +28,25 @@ if TYPE_CHECKING:  # (imported when first used: __getattr__ below)
     from .workloads import Throughput, measure_flops, profile_generation, profile_pipeline, roofline
 
 _LAZY = {
-    "crosscheck": "peers", "compare": "studies.why_self_attention", "compare_lengths": "studies.why_self_attention",
-    **dict.fromkeys(["BatchPricer", "DenoisingStep", "PipelineProfile", "ResolutionScaling", "Roofline", "Step",
+    "crosscheck": "peers", "compare": "studies.why_self_attention",
+    "compare_lengths": "studies.why_self_attention",
+    **dict.fromkeys(["BatchPricer", "DenoisingStep", "PipelineProfile", "ResolutionScaling",
+                     "Roofline", "Step",
                      "Throughput", "Workload", "WorkloadTerm", "flops_per_batch", "measure_flops",
-                     "profile_generation", "profile_pipeline", "resolution_scaling", "roofline"], "workloads"),
-    **dict.fromkeys(["BudgetError", "ConfigurationError", "DoesNotFitError", "FakeTensorError", "FormulaError",
-                     "ForwardError", "InputError", "NotAModuleError", "NotFoundError", "RecordingError",
+                     "profile_generation", "profile_pipeline", "resolution_scaling", "roofline"],
+                    "workloads"),
+    **dict.fromkeys(["BudgetError", "ConfigurationError", "DoesNotFitError", "FakeTensorError",
+                     "FormulaError",
+                     "ForwardError", "InputError", "NotAModuleError", "NotFoundError",
+                     "RecordingError",
                      "RegistryError", "RoleError", "RunError"], "errors"),
 }
-"""Names imported on first use, from the module that holds them: the workloads (pipelines, training, generation),
-the peers and the seed study's comparison, so that ``import flopscope`` stays as light as the profiling core
-(``benchmarks/import_time.py``); and the aliases kept for one release of names now reached through their folder
-(``flopscope.errors.RunError``, ``flopscope.workloads.PipelineProfile``)."""
+"""Names imported on first use, from the module that holds them: the workloads
+(pipelines, training, generation), the peers and the seed study's comparison, so that
+``import flopscope`` stays as light as the profiling core
+(``benchmarks/import_time.py``); and the aliases kept for one release of names now
+reached through their folder (``flopscope.errors.RunError``,
+``flopscope.workloads.PipelineProfile``)."""
 
 
 def __getattr__(name: str) -> Any:
@@ -54,7 +61,8 @@ def __getattr__(name: str) -> Any:
 def __dir__() -> list[str]:
     return sorted({*globals(), *_LAZY})
 
-# the public surface: the entry points, the result and its vocabulary, the most used workloads
+# the public surface: the entry points, the result and its vocabulary, the most used
+# workloads
 __all__ = [
     "REGISTRY",
     "Assignment",
@@ -82,6 +90,7 @@ __all__ = [
     "roofline",
     "scaling",
 ]
-"""25 names. The error classes are reached as ``flopscope.errors.*`` and the other workload names as
-``flopscope.workloads.*``; their top-level names (``flopscope.RunError``, ``flopscope.PipelineProfile``, ...) stay as
-aliases outside ``__all__`` for one release (CHANGELOG)."""
+"""25 names. The error classes are reached as ``flopscope.errors.*`` and the other
+workload names as ``flopscope.workloads.*``; their top-level names
+(``flopscope.RunError``, ``flopscope.PipelineProfile``, ...) stay as aliases outside
+``__all__`` for one release (CHANGELOG)."""

@@ -24,38 +24,50 @@ from .formulas.registry import FormulaRegistry
 from .profile import Profile
 
 
-def profile(model: nn.Module, *args: Any, mode: str = "auto", registry: FormulaRegistry | None = None,
-            roles: Sequence[RoleRule] = (), backward: bool = False, loss: Callable[[Any], torch.Tensor] | None = None,
+def profile(model: nn.Module, *args: Any, mode: str = "auto",
+            registry: FormulaRegistry | None = None,
+            roles: Sequence[RoleRule] = (), backward: bool = False,
+            loss: Callable[[Any], torch.Tensor] | None = None,
             forward_kwargs: dict[str, Any] | None = None, fallback_limit_bytes: int | None = None,
             reuse: bool = True, **kwargs: Any) -> Profile:
     """Run ``model(*args, **kwargs)`` once and count its multiplies.
 
     Args:
-        model: any ``nn.Module`` (a Hugging Face model, a torchvision-style CNN, your own block).
-        mode: ``"fake"`` counts on fake tensors (nothing is computed, no activation memory; a model
-            built on ``device="meta"`` works); ``"real"`` executes (``prof.output`` is the result);
-            ``"auto"`` (default) counts on fake tensors and, if the run fails there (most often
-            because the model needs real data: a data-dependent op such as ``.item()`` or ``nonzero``
-            in routing code), runs it for real instead and says so in one warning naming the op.
-        registry: the formula registry (default :data:`flopscope.formulas.registry.REGISTRY`).
-        roles: :class:`~flopscope.attribute.roles.RoleRule` s for your own blocks (module pattern or type -> role);
-            they override what the dataflow finds inside the modules they match.
-        backward: also run and count the backward pass (grad is enabled for it); each gradient op is
-            attributed to the forward op whose autograd node ran it, so to its role and module
-            (``prof.by_phase()``, ``prof.by_role(phase="backward")``). Parameter ``.grad`` is restored.
-        loss: ``loss(output) -> scalar`` to differentiate (default: the sum of every floating output).
-        forward_kwargs: keyword arguments for the model whose names clash with ``mode`` / ``registry`` /
-            ``roles``.
-        fallback_limit_bytes: in ``mode="auto"``, a fall-back to a real run is refused (with a
-            :class:`~flopscope.errors.FakeTensorError` naming the op and the estimate) when the largest
-            tensor the fake run made is bigger than this; default: half the memory available now where the real
-            run would allocate (the host's; a CUDA model's GPU's).
-        reuse: on fake tensors, a block of a layer list (``nn.ModuleList`` of one class) whose records are provably
-            those of an earlier block (the same structure, the same values of the plain attributes its first call
-            read, input shapes and plain arguments, no value read, nothing outside it written, no attribute changed:
-            :mod:`flopscope.capture.replay`; grad mode may be on) is not run again: its records
-            are copies of the earlier block's, moved to its own module calls. The count and the records are the same
-            (``prof.notes`` says which lists were replayed); ``False`` captures every block. Not with ``backward``.
+        model: any ``nn.Module`` (a Hugging Face model, a torchvision-style CNN, your
+            own block).
+        mode: ``"fake"`` counts on fake tensors (nothing is computed, no activation
+            memory; a model built on ``device="meta"`` works); ``"real"`` executes
+            (``prof.output`` is the result); ``"auto"`` (default) counts on fake tensors
+            and, if the run fails there (most often because the model needs real data: a
+            data-dependent op such as ``.item()`` or ``nonzero`` in routing code), runs
+            it for real instead and says so in one warning naming the op.
+        registry: the formula registry (default
+            :data:`flopscope.formulas.registry.REGISTRY`).
+        roles: :class:`~flopscope.attribute.roles.RoleRule` s for your own blocks
+            (module pattern or type -> role); they override what the dataflow finds
+            inside the modules they match.
+        backward: also run and count the backward pass (grad is enabled for it); each
+            gradient op is attributed to the forward op whose autograd node ran it, so
+            to its role and module (``prof.by_phase()``,
+            ``prof.by_role(phase="backward")``). Parameter ``.grad`` is restored.
+        loss: ``loss(output) -> scalar`` to differentiate (default: the sum of every
+            floating output).
+        forward_kwargs: keyword arguments for the model whose names clash with ``mode``
+            / ``registry`` / ``roles``.
+        fallback_limit_bytes: in ``mode="auto"``, a fall-back to a real run is refused
+            (with a :class:`~flopscope.errors.FakeTensorError` naming the op and the
+            estimate) when the largest tensor the fake run made is bigger than this;
+            default: half the memory available now where the real run would allocate
+            (the host's; a CUDA model's GPU's).
+        reuse: on fake tensors, a block of a layer list (``nn.ModuleList`` of one class)
+            whose records are provably those of an earlier block (the same structure,
+            the same values of the plain attributes its first call read, input shapes
+            and plain arguments, no value read, nothing outside it written, no attribute
+            changed: :mod:`flopscope.capture.replay`; grad mode may be on) is not run
+            again: its records are copies of the earlier block's, moved to its own
+            module calls. The count and the records are the same (``prof.notes`` says
+            which lists were replayed); ``False`` captures every block. Not with
+            ``backward``.
 
     The model is left exactly as it was (see :mod:`flopscope.capture.state`), also when
     its forward raises. The current grad mode is kept: call under ``torch.no_grad()`` to
@@ -67,7 +79,8 @@ def profile(model: nn.Module, *args: Any, mode: str = "auto", registry: FormulaR
     return Profile(capture(model, args, kwargs, plan, stacklevel=3), role_rules=tuple(roles))
 
 
-def profile_with_plan(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], plan: CapturePlan,
+def profile_with_plan(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
+                      plan: CapturePlan,
                       roles: Sequence[RoleRule] = (), *, stacklevel: int = 2) -> Profile:
     """One capture of ``model(*args, **kwargs)`` as ``plan`` says, as a Profile.
 
@@ -75,7 +88,8 @@ def profile_with_plan(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str,
     role rules of the profile. ``stacklevel``: of a warning issued by the capture, as
     :func:`~flopscope.capture.capture`'s.
     """
-    return Profile(capture(model, args, kwargs, plan, stacklevel=stacklevel + 1), role_rules=tuple(roles))
+    return Profile(capture(model, args, kwargs, plan, stacklevel=stacklevel + 1),
+                   role_rules=tuple(roles))
 
 
 def split_inputs(inputs: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
@@ -105,9 +119,11 @@ class profiler:  # noqa: N801  (used as a context manager, like torch.profiler.p
     tensors: nothing is computed and the calls return fake tensors. Only ops executed
     while the model (or one of its submodules) runs are counted.
 
-    ``trace=True`` marks each module call as a ``torch.profiler`` range named ``flopscope/<module path>``, so a
-    ``torch.profiler.profile()`` around the block shows them in its trace and ``key_averages()`` groups by them;
-    :func:`flopscope.trace.merge_torch_trace` then lays the roles over its exported trace.
+    ``trace=True`` marks each module call as a ``torch.profiler`` range named
+    ``flopscope/<module path>``, so a ``torch.profiler.profile()`` around the block
+    shows them in its trace and ``key_averages()`` groups by them;
+    :func:`flopscope.trace.merge_torch_trace` then lays the roles over its exported
+    trace.
 
     After the block, every query of :class:`~flopscope.profile.Profile` works on this
     object (``prof.total()``, ``prof.by_role()``, ...), and :attr:`result` is that
@@ -115,7 +131,8 @@ class profiler:  # noqa: N801  (used as a context manager, like torch.profiler.p
     :class:`~flopscope.errors.FlopscopeError`.
     """
 
-    def __init__(self, model: nn.Module, mode: str = "real", registry: FormulaRegistry | None = None,
+    def __init__(self, model: nn.Module, mode: str = "real",
+                 registry: FormulaRegistry | None = None,
                  roles: Sequence[RoleRule] = (), trace: bool = False) -> None:
         check_model(model)
         check_mode(mode, BLOCK_MODES, "profiler mode")
@@ -128,7 +145,8 @@ class profiler:  # noqa: N801  (used as a context manager, like torch.profiler.p
 
     def __enter__(self) -> profiler:
         if self._result is not None:
-            raise FlopscopeError("this profiler already ran its block; make a new flopscope.profiler")
+            raise FlopscopeError("this profiler already ran its block; make a new "
+                                 "flopscope.profiler")
         self._session.start()
         return self
 

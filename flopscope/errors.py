@@ -26,7 +26,8 @@ class RunError(FlopscopeError, RuntimeError):
     module and shapes, ``reason`` the cause in one line (both for the fall-back
     note)."""
 
-    def __init__(self, message: str, *, on_fake_tensors: bool = False, where: str = "", reason: str = "",
+    def __init__(self, message: str, *, on_fake_tensors: bool = False, where: str = "",
+                 reason: str = "",
                  largest_tensor_bytes: int = 0) -> None:
         super().__init__(message)
         self.on_fake_tensors = on_fake_tensors
@@ -37,7 +38,8 @@ class RunError(FlopscopeError, RuntimeError):
 
 
 class ForwardError(RunError):
-    """The model's forward (or backward) raised; the original exception is ``__cause__``."""
+    """The model's forward (or backward) raised; the original exception is
+    ``__cause__``."""
 
 
 class FakeTensorError(RunError):
@@ -109,7 +111,8 @@ class SymbolicError(FlopscopeError, RuntimeError):
 
 
 class FlopscopeWarning(UserWarning):
-    """Warnings about counting: unsupported ops, a fall-back from fake to real execution."""
+    """Warnings about counting: unsupported ops, a fall-back from fake to real
+    execution."""
 
 
 def cause_of_kind(error: BaseException, kinds: type[BaseException] | tuple[type[BaseException], ...]

@@ -1,15 +1,14 @@
 """The result of a profile: per-op records and the queries people ask of them.
 
-Units live in names: ``multiplies`` / MACs (one multiply-accumulate), ``flops`` (= 2 x MACs), and
-``elementwise ops`` (see :mod:`flopscope.formulas.elementwise`). The root module's path is ``""``.
+Units live in names: ``multiplies`` / MACs (one multiply-accumulate), ``flops`` (= 2 x
+MACs), and ``elementwise ops`` (see :mod:`flopscope.formulas.elementwise`). The root
+module's path is ``""``.
 """
 
 from __future__ import annotations
 
-import threading
 from collections import Counter, defaultdict
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 from types import MappingProxyType
@@ -18,14 +17,16 @@ from typing import Any
 from torch import fx
 
 from .attribute.alignment import aligned
+from .attribute.carried import carried_roles, roles_with_copies
 from .attribute.columns import scale_parts
-from .attribute.op_record import OpRecord, Shape
+from .attribute.op_record import OpRecord, Shape, op_records
 from .attribute.paths import enclosing
-from .attribute.roles import Assignment, RoleRule, find_roles
+from .attribute.roles import Assignment, RoleRule
+from .attribute.tally import Tally, tally
 from .capture import CaptureResult, undispatched
 from .capture.facts import ModelFacts
 from .capture.module_tracker import ModuleCall
-from .capture.records import FORWARD, CapturedOp, Cost, build_graph, captured, link
+from .capture.records import FORWARD, CapturedOp, Cost, build_graph, captured
 from .conventions import EXECUTED
 from .errors import NotFoundError
 from .predict import steps
@@ -40,42 +41,42 @@ from .render import chrome_trace, flame, html, notebook
 from .role import NO_MULTIPLY, ROLE_ORDER, Role
 
 
-@dataclass(frozen=True)
-class _Tally:
-    # (op, MACs, module paths on the stack, phase) per counted op
-    counted: list[tuple[str, int, frozenset[str], str]]
-    # (bytes, module paths on the stack, phase) per op that moves memory
-    moved: list[tuple[int, frozenset[str], str]]
-    elementwise: dict[str, int]  # elementwise ops per category
-    elementwise_by_op: dict[str, int]  # elementwise ops per op name
-
-
 class Profile:
-    """Counts of one profiled run (or of every forward inside a :func:`flopscope.profiler` block).
+    """Counts of one profiled run (or of every forward inside a
+    :func:`flopscope.profiler` block).
 
     Build it with :func:`flopscope.profile` or :class:`flopscope.profiler`, or from what
     :func:`flopscope.capture.capture` returns: ``Profile(result, role_rules=...)``.
-    Units: MACs (``docs/conventions.md``). The class is the façade over one :class:`Capture`: it sums the
-    records, finds their roles once (:mod:`flopscope.attribute`) and caches what the analyses of
-    :mod:`flopscope.predict` and :mod:`flopscope.render` compute from its data; each query below is a sum over the
-    records or a one-line call of one of those, so the queries people ask are in one place:
+    Units: MACs (``docs/conventions.md``). The class is the façade over one
+    :class:`Capture`: it sums the records, finds their roles once
+    (:mod:`flopscope.attribute`) and caches what the analyses of
+    :mod:`flopscope.predict` and :mod:`flopscope.render` compute from its data; each
+    query below is a sum over the records or a one-line call of one of those, so the
+    queries people ask are in one place:
 
-    - what was captured: :attr:`graph`, :attr:`records`, :attr:`mode`, :attr:`timed`, :attr:`output`,
-      :attr:`facts`, :meth:`module_inputs`, :attr:`root_seconds`, :attr:`notes`;
-    - MACs: :meth:`total`, :meth:`total_flops`, :meth:`by_phase`, :meth:`by_module`, :meth:`by_stack`,
-      :meth:`by_op` (``by_operator``: fvcore's name), :meth:`by_module_and_op`, :meth:`op_calls`;
+    - what was captured: :attr:`graph`, :attr:`records`, :attr:`mode`, :attr:`timed`,
+      :attr:`output`, :attr:`facts`, :meth:`module_inputs`, :attr:`root_seconds`,
+      :attr:`notes`;
+    - MACs: :meth:`total`, :meth:`total_flops`, :meth:`by_phase`, :meth:`by_module`,
+      :meth:`by_stack`, :meth:`by_op` (``by_operator``: fvcore's name),
+      :meth:`by_module_and_op`, :meth:`op_calls`;
     - bytes: :meth:`total_bytes`, :meth:`bytes_by_module`, :meth:`bytes_by_role`;
-    - roles: :meth:`by_role`, :meth:`by_block`, :meth:`role_of`, :meth:`role_assignments` (by fx node),
-      :meth:`role_assignments_by_op` (by record, no graph built), :meth:`attention_core`;
+    - roles: :meth:`by_role`, :meth:`by_block`, :meth:`role_of`,
+      :meth:`role_assignments` (by fx node), :meth:`role_assignments_by_op` (by record,
+      no graph built), :meth:`attention_core`;
     - closed forms and time: :meth:`reconcile`, :meth:`model_formulas`, :meth:`timing`;
-    - several forwards and ranks: :meth:`steps`, :meth:`decode_scaling`, :meth:`collectives`;
-    - what ``total()`` leaves out: :meth:`unsupported` (``unsupported_ops``: fvcore's name), :meth:`decomposed`,
-      :meth:`elementwise`, :meth:`elementwise_by_op`, :meth:`total_elementwise`, :meth:`uncalled_modules`,
-      :meth:`module_calls`, :meth:`canonical_module_name`;
-    - files and views: :meth:`export_chrome_trace`, :meth:`export_folded`, :meth:`export_speedscope`,
-      :meth:`to_html`, the notebook's ``_repr_html_`` / ``_repr_markdown_``.
+    - several forwards and ranks: :meth:`steps`, :meth:`decode_scaling`,
+      :meth:`collectives`;
+    - what ``total()`` leaves out: :meth:`unsupported` (``unsupported_ops``: fvcore's
+      name), :meth:`decomposed`, :meth:`elementwise`, :meth:`elementwise_by_op`,
+      :meth:`total_elementwise`, :meth:`uncalled_modules`, :meth:`module_calls`,
+      :meth:`canonical_module_name`;
+    - files and views: :meth:`export_chrome_trace`, :meth:`export_folded`,
+      :meth:`export_speedscope`, :meth:`to_html`, the notebook's ``_repr_html_`` /
+      ``_repr_markdown_``.
 
-    What is not a query lives beside it: :func:`reuse_roles` (a sweep gives one length the roles of another).
+    What is not a query lives beside it: :func:`reuse_roles` (a sweep gives one length
+    the roles of another).
     """
 
     def __init__(self, result: CaptureResult, role_rules: tuple[RoleRule, ...] = ()) -> None:
@@ -98,35 +99,18 @@ class Profile:
         self._notes = tuple(result.notes)
 
     @cached_property
-    def _tally(self) -> _Tally:
-        """The records summed once, on the first query that needs them (finding roles does not)."""
-        counted: list[tuple[str, int, frozenset[str], str]] = []
-        moved: list[tuple[int, frozenset[str], str]] = []
-        elementwise: Counter[str] = Counter()
-        elementwise_by_op: Counter[str] = Counter()
-        # id(module stack) -> its paths (the ops of a call share one stack)
-        paths_of: dict[int, frozenset[str]] = {}
-        for op in self._ops:
-            paths = paths_of.get(id(op.module_stack))
-            if paths is None:
-                paths = paths_of[id(op.module_stack)] = enclosing((frame.path for frame in op.module_stack),
-                                                                  self._uncalled)
-            if op.bytes:
-                moved.append((op.bytes, paths, op.phase))
-            if op.cost is Cost.FORMULA:
-                counted.append((op.op_name, op.macs, paths, op.phase))
-            elif op.cost is Cost.ELEMENTWISE and op.elementwise is not None:
-                category, count = op.elementwise
-                elementwise[category] += count
-                elementwise_by_op[op.op_name] += count
-        return _Tally(counted, moved, dict(elementwise), dict(elementwise_by_op))
+    def _tally(self) -> Tally:
+        """The records summed once, on the first query that needs them (finding roles
+        does not): :func:`~flopscope.attribute.tally.tally`."""
+        return tally(self._ops, self._uncalled)
 
     # ---------------------------------------------------------------------------------------------
     # what was captured
     @property
     def graph(self) -> fx.Graph:
-        """The captured ``torch.fx`` graph (one node per ATen op; see :mod:`flopscope.capture.recorder`), with
-        ``node.meta["role"]`` / ``["role_parts"]`` / ``["block"]`` on every node that multiplies."""
+        """The captured ``torch.fx`` graph (one node per ATen op; see
+        :mod:`flopscope.capture.recorder`), with ``node.meta["role"]`` /
+        ``["role_parts"]`` / ``["block"]`` on every node that multiplies."""
         self.role_assignments()
         return self._fx_graph()
 
@@ -139,41 +123,31 @@ class Profile:
     def records(self) -> tuple[OpRecord, ...]:
         """Every op with a multiply formula, in execution order, with its roles."""
         if self._records is None:
-            assignments = self.role_assignments()
-            records = []
-            for node in self._fx_graph().nodes:
-                op = captured(node)
-                if op.cost is not Cost.FORMULA:
-                    continue
-                assignment = assignments.get(node)
-                records.append(OpRecord(
-                    op=op.op_name, module=op.module or "", module_stack=tuple(frame.path for frame in op.module_stack),
-                    call=op.module_stack[-1].call if op.module_stack else 0, input_shapes=op.input_shapes,
-                    output_shapes=op.output_shapes, multiplies=op.macs, parts=op.parts, node=node.name,
-                    phase=op.phase, role=Role(assignment.role) if assignment else Role.OTHER,
-                    roles=dict(assignment.parts) if assignment else {},
-                    block=assignment.block if assignment else op.module or ""))
-            self._records = tuple(records)
+            self._records = op_records(self._fx_graph().nodes, self.role_assignments())
         return self._records
 
     @property
     def mode(self) -> str:
-        """``"fake"`` or ``"real"``: how the counted run executed (``"auto"`` resolves to one of them)."""
+        """``"fake"`` or ``"real"``: how the counted run executed (``"auto"`` resolves
+        to one of them)."""
         return self._mode
 
     @property
     def timed(self) -> bool:
-        """Whether op wall times were recorded (a real-mode run): :meth:`timing` needs them."""
+        """Whether op wall times were recorded (a real-mode run): :meth:`timing` needs
+        them."""
         return any(op.seconds is not None for op in self._ops)
 
     @property
     def output(self) -> Any:
-        """What the forward returned (fake tensors in fake mode; ``None`` for :func:`flopscope.profiler`)."""
+        """What the forward returned (fake tensors in fake mode; ``None`` for
+        :func:`flopscope.profiler`)."""
         return self._output
 
     @property
     def facts(self) -> ModelFacts:
-        """What the model declares (module attributes, parameter shapes, config), read before it ran."""
+        """What the model declares (module attributes, parameter shapes, config), read
+        before it ran."""
         return self._facts
 
     def module_inputs(self) -> dict[ModuleCall, tuple[tuple[int | str, Shape], ...]]:
@@ -182,49 +156,61 @@ class Profile:
 
     @property
     def root_seconds(self) -> Mapping[int, float]:
-        """Wall time of each call of the root module (call number -> seconds); 0 in fake mode is meaningless, so
-        read it in real mode."""
+        """Wall time of each call of the root module (call number -> seconds); 0 in fake
+        mode is meaningless, so read it in real mode."""
         return MappingProxyType(dict(self._capture.root_seconds))
 
     def steps(self, attention: str = EXECUTED) -> list[Step]:
-        """One row per forward of the model (a generation step: prefill or decode), with its batch, new tokens,
-        context, MACs by role (the attention core under ``attention``: :mod:`flopscope.predict.attention`), bytes
-        and wall time (real mode; ``None`` in fake mode, where nothing ran) (:mod:`flopscope.generation`)."""
+        """One row per forward of the model (a generation step: prefill or decode), with
+        its batch, new tokens, context, MACs by role (the attention core under
+        ``attention``: :mod:`flopscope.predict.attention`), bytes and wall time (real
+        mode; ``None`` in fake mode, where nothing ran)
+        (:mod:`flopscope.generation`)."""
         return steps.steps(self._ops, self.role_assignments_by_op(), self._priced(attention),
-                           self._capture.module_inputs, self._capture.root_seconds if self._mode == "real" else {})
+                           self._capture.module_inputs,
+                           self._capture.root_seconds if self._mode == "real" else {})
 
     def export_chrome_trace(self, path: str | Path, *, peak: float | None = None,
                             bandwidth: float | None = None) -> Path:
-        """Write the profile as a trace-event JSON file (Perfetto, ``chrome://tracing``): one track per role and
-        the module calls, MACs / FLOPs / bytes / role / module / shapes in every event (:mod:`flopscope.trace`).
-        Real mode: measured times; fake mode: roofline times with ``peak`` and ``bandwidth``, else order only."""
-        trace = chrome_trace.chrome_trace(self._ops, self.role_assignments_by_op(), self._mode, self.total(),
+        """Write the profile as a trace-event JSON file (Perfetto,
+        ``chrome://tracing``): one track per role and the module calls, MACs / FLOPs /
+        bytes / role / module / shapes in every event (:mod:`flopscope.trace`). Real
+        mode: measured times; fake mode: roofline times with ``peak`` and ``bandwidth``,
+        else order only."""
+        trace = chrome_trace.chrome_trace(self._ops, self.role_assignments_by_op(), self._mode,
+                                          self.total(),
                                           peak=peak, bandwidth=bandwidth)
         return chrome_trace.export_chrome_trace(path, trace)
 
     def export_folded(self, path: str | Path) -> list[Path]:
-        """Write Brendan Gregg's folded stacks (``flamegraph.pl``, inferno, speedscope read them): a line
-        ``frame;frame;frame MACs`` per module call stack (:meth:`by_stack`), frames the module paths (the root is
-        ``(model)``), weights the stack's self MACs as integers (FLOPs = 2 x MACs), so a frame's drawn width is its
-        module's inclusive ``by_module()`` MACs. One phase: the file ``path``. Several (``backward=True``,
-        activation checkpointing): one file per phase beside it, ``<stem>.<phase><suffix>`` (``out.folded`` ->
-        ``out.forward.folded``, ``out.backward.folded``, ``out.recompute.folded``). Returns the paths written
+        """Write Brendan Gregg's folded stacks (``flamegraph.pl``, inferno, speedscope
+        read them): a line ``frame;frame;frame MACs`` per module call stack
+        (:meth:`by_stack`), frames the module paths (the root is ``(model)``), weights
+        the stack's self MACs as integers (FLOPs = 2 x MACs), so a frame's drawn width
+        is its module's inclusive ``by_module()`` MACs. One phase: the file ``path``.
+        Several (``backward=True``, activation checkpointing): one file per phase beside
+        it, ``<stem>.<phase><suffix>`` (``out.folded`` -> ``out.forward.folded``,
+        ``out.backward.folded``, ``out.recompute.folded``). Returns the paths written
         (:mod:`flopscope.render.flame`)."""
         return flame.export_folded(path, {phase: self.by_stack(phase) for phase in self.by_phase()})
 
     def export_speedscope(self, path: str | Path) -> Path:
-        """Write the module call stacks as a speedscope file (https://www.speedscope.app: JSON, schema
-        ``file-format-schema.json``): one ``"sampled"`` profile per phase, a sample per stack, its weight the
-        stack's self MACs (unit ``"none"``; FLOPs = 2 x MACs), as :meth:`export_folded`
+        """Write the module call stacks as a speedscope file
+        (https://www.speedscope.app: JSON, schema ``file-format-schema.json``): one
+        ``"sampled"`` profile per phase, a sample per stack, its weight the stack's self
+        MACs (unit ``"none"``; FLOPs = 2 x MACs), as :meth:`export_folded`
         (:mod:`flopscope.render.flame`)."""
         return flame.export_speedscope(path, {phase: self.by_stack(phase) for phase in self.by_phase()})
 
-    def to_html(self, path: str | Path, *, scaling: Scaling | None = None, title: str | None = None) -> Path:
-        """Write a self-contained HTML report (no network: inline SVG, CSS and script): an icicle chart of the
-        module call tree sized by MACs and coloured by dominant role (hover for path, type, MACs, FLOPs, share,
-        parameters, input shapes; click to zoom), the role table, the reconciliation with its reasons, the
-        unsupported-op ledger, the generation steps of a profile of several forwards, and ``scaling``'s
-        polynomials when given (:func:`flopscope.scaling`). See :mod:`flopscope.render.html`."""
+    def to_html(self, path: str | Path, *, scaling: Scaling | None = None,
+                title: str | None = None) -> Path:
+        """Write a self-contained HTML report (no network: inline SVG, CSS and script):
+        an icicle chart of the module call tree sized by MACs and coloured by dominant
+        role (hover for path, type, MACs, FLOPs, share, parameters, input shapes; click
+        to zoom), the role table, the reconciliation with its reasons, the
+        unsupported-op ledger, the generation steps of a profile of several forwards,
+        and ``scaling``'s polynomials when given (:func:`flopscope.scaling`). See
+        :mod:`flopscope.render.html`."""
         return html.write_html(self, path, scaling=scaling, title=title)
 
     def _repr_html_(self) -> str:
@@ -233,39 +219,43 @@ class Profile:
         return notebook.notebook_html(self)
 
     def _repr_markdown_(self) -> str:
-        """The notebook view as Markdown: totals, the role table and a compact module tree."""
+        """The notebook view as Markdown: totals, the role table and a compact module
+        tree."""
         return notebook.notebook_markdown(self)
 
     def collectives(self) -> list[CollectiveRow]:
-        """Every collective this rank issued (all-reduce, all-gather, reduce-scatter, all-to-all, broadcast,
-        send / recv), grouped by kind, group size, module, carried role and phase, with calls and message bytes
+        """Every collective this rank issued (all-reduce, all-gather, reduce-scatter,
+        all-to-all, broadcast, send / recv), grouped by kind, group size, module,
+        carried role and phase, with calls and message bytes
         (:mod:`flopscope.communication`)."""
         return collectives(self._ops, self.role_assignments_by_op())
 
     def decode_scaling(self, attention: str = EXECUTED) -> Scaling:
-        """The decode steps' MACs per sequence, per role, as exact polynomials in the context length."""
+        """The decode steps' MACs per sequence, per role, as exact polynomials in the
+        context length."""
         return steps.decode_scaling(self.steps(attention))
 
     @property
     def largest_tensor_bytes(self) -> int:
-        """Bytes of the largest tensor an op of the model made in a fake run (0 in a real run, which does not
-        track it): with the parameters, the least memory a real run of the same inputs needs
-        (:mod:`flopscope.memory`)."""
+        """Bytes of the largest tensor an op of the model made in a fake run (0 in a
+        real run, which does not track it): with the parameters, the least memory a real
+        run of the same inputs needs (:mod:`flopscope.memory`)."""
         return self._capture.largest_tensor_bytes
 
     @property
     def notes(self) -> list[str]:
-        """One line per thing worth knowing about the run (fall-back to real mode, decompositions, an
-        attention kernel registered without its family)."""
+        """One line per thing worth knowing about the run (fall-back to real mode,
+        decompositions, an attention kernel registered without its family)."""
         return [*self._notes, *self._capture.notes()]
 
     # ---------------------------------------------------------------------------------------------
     # totals
     def total(self, module: str = "", phase: str | None = None, attention: str = EXECUTED) -> int:
-        """Multiply-accumulates (MACs) of linear-algebra work (matmul, conv, attention, recurrent GEMMs),
-        of the whole run (``module=""``) or of one module, inclusive of its submodules; ``phase``
-        ("forward" / "backward") restricts a profile taken with ``backward=True``; ``attention`` ("executed",
-        "causal" or "mask") prices the attention core by that convention (:mod:`flopscope.predict.attention`)."""
+        """Multiply-accumulates (MACs) of linear-algebra work (matmul, conv, attention,
+        recurrent GEMMs), of the whole run (``module=""``) or of one module, inclusive
+        of its submodules; ``phase`` ("forward" / "backward") restricts a profile taken
+        with ``backward=True``; ``attention`` ("executed", "causal" or "mask") prices
+        the attention core by that convention (:mod:`flopscope.predict.attention`)."""
         if module != "":
             module = self.canonical_module_name(module)
         core = self._core_if(attention)
@@ -279,8 +269,10 @@ class Profile:
                    if (module == "" or module in paths) and (phase is None or ph == phase)
                    ) - saved(core, attention, module_of_core, phase)
 
-    def total_flops(self, module: str = "", phase: str | None = None, attention: str = EXECUTED) -> int:
-        """Floating-point operations of the same work: ``2 * total(module)`` (1 MAC = 2 FLOPs)."""
+    def total_flops(self, module: str = "", phase: str | None = None,
+                    attention: str = EXECUTED) -> int:
+        """Floating-point operations of the same work: ``2 * total(module)`` (1 MAC = 2
+        FLOPs)."""
         return 2 * self.total(module, phase, attention)
 
     def by_phase(self) -> dict[str, int]:
@@ -291,10 +283,11 @@ class Profile:
         return dict(out)
 
     def by_module(self, step: int | None = None) -> dict[str, int]:
-        """MACs per module path, inclusive of submodules, for every module of the model (0 where none);
-        ``by_module()[""] == total()``. A module called several times sums its calls; a container that is never
-        called itself (a ``ModuleList`` of layers) sums what its submodules ran. ``step``: only the ops of that
-        call of the root module (a :class:`Step`'s ``step``, 1 for the first)."""
+        """MACs per module path, inclusive of submodules, for every module of the model
+        (0 where none); ``by_module()[""] == total()``. A module called several times
+        sums its calls; a container that is never called itself (a ``ModuleList`` of
+        layers) sums what its submodules ran. ``step``: only the ops of that call of the
+        root module (a :class:`Step`'s ``step``, 1 for the first)."""
         out = dict.fromkeys(self._module_paths, 0)
         if step is None:
             for _, macs, paths, _ in self._tally.counted:
@@ -315,11 +308,13 @@ class Profile:
                 yield op, enclosing((frame.path for frame in stack), self._uncalled)
 
     def by_stack(self, phase: str | None = None) -> dict[tuple[str, ...], int]:
-        """Self MACs per module call stack: ``{(outermost module path, ..., innermost): MACs}`` of the ops run by
-        the innermost module of that stack outside any submodule (the root ``""`` opens every stack), in the order
-        the stacks first ran; ``phase`` restricts it to one phase. A module's inclusive MACs, ``by_module()[path]``,
-        are the sum over the stacks that hold its path; the values sum to ``total(phase=phase)``. What flame graphs
-        draw (:meth:`export_folded`, :meth:`export_speedscope`, :meth:`to_html`)."""
+        """Self MACs per module call stack: ``{(outermost module path, ..., innermost):
+        MACs}`` of the ops run by the innermost module of that stack outside any
+        submodule (the root ``""`` opens every stack), in the order the stacks first
+        ran; ``phase`` restricts it to one phase. A module's inclusive MACs,
+        ``by_module()[path]``, are the sum over the stacks that hold its path; the
+        values sum to ``total(phase=phase)``. What flame graphs draw
+        (:meth:`export_folded`, :meth:`export_speedscope`, :meth:`to_html`)."""
         out: dict[tuple[str, ...], int] = {}
         # id(module stack) -> its paths (the ops of a call share one)
         stack_of: dict[int, tuple[str, ...]] = {}
@@ -333,7 +328,8 @@ class Profile:
         return out
 
     def by_op(self) -> dict[str, int]:
-        """MACs per ATen op (``"aten.mm"``, ``"aten._scaled_dot_product_flash_attention_for_cpu"``)."""
+        """MACs per ATen op (``"aten.mm"``,
+        ``"aten._scaled_dot_product_flash_attention_for_cpu"``)."""
         out: Counter[str] = Counter()
         for op, macs, _, _ in self._tally.counted:
             out[op] += macs
@@ -356,16 +352,18 @@ class Profile:
     # ---------------------------------------------------------------------------------------------
     # bytes moved (the memory side of the roofline; the model is flopscope.formulas.traffic's)
     def total_bytes(self, module: str = "", phase: str | None = None) -> int:
-        """Minimum bytes read and written by every recorded op (multiplies or not: norms, softmax and copies
-        move memory too), of the whole run or of one module inclusive of its submodules."""
+        """Minimum bytes read and written by every recorded op (multiplies or not:
+        norms, softmax and copies move memory too), of the whole run or of one module
+        inclusive of its submodules."""
         if module != "":
             module = self.canonical_module_name(module)
         return sum(size for size, paths, ph in self._tally.moved
                    if (module == "" or module in paths) and (phase is None or ph == phase))
 
     def bytes_by_module(self, step: int | None = None) -> dict[str, int]:
-        """Bytes moved per module path, inclusive of submodules (0 where none); ``[""] == total_bytes()``.
-        ``step``: only the ops of that call of the root module (as :meth:`by_module`)."""
+        """Bytes moved per module path, inclusive of submodules (0 where none);
+        ``[""] == total_bytes()``. ``step``: only the ops of that call of the root
+        module (as :meth:`by_module`)."""
         out = dict.fromkeys(self._module_paths, 0)
         moved = self._tally.moved if step is None else [(op.bytes, paths, op.phase)
                                                           for op, paths in self._step_ops(step) if op.bytes]
@@ -375,9 +373,10 @@ class Profile:
         return out
 
     def bytes_by_role(self, phase: str | None = None) -> dict[str, int]:
-        """Bytes moved per role: an op that multiplies splits its bytes over its roles as it splits its MACs;
-        the bytes of ops that do not multiply (elementwise work, norms, softmax, copies such as KV-cache
-        updates) are under :data:`NO_MULTIPLY`. The values sum to ``total_bytes(phase=phase)``."""
+        """Bytes moved per role: an op that multiplies splits its bytes over its roles
+        as it splits its MACs; the bytes of ops that do not multiply (elementwise work,
+        norms, softmax, copies such as KV-cache updates) are under :data:`NO_MULTIPLY`.
+        The values sum to ``total_bytes(phase=phase)``."""
         assignments = self.role_assignments_by_op()
         out: Counter[str] = Counter()
         for op in self._ops:
@@ -393,10 +392,11 @@ class Profile:
     # ---------------------------------------------------------------------------------------------
     # roles
     def by_role(self, phase: str | None = None, attention: str = EXECUTED) -> dict[str, int]:
-        """MACs per semantic role (:class:`~flopscope.attribute.roles.Role` values as keys, in the canonical
-        order); every multiply has exactly one role, so the values sum to ``total(phase=phase)``.
-        Backward ops carry the role of the forward op they differentiate. ``attention``: the convention of
-        the ``attn_scores`` / ``attn_weighted_sum`` rows (:mod:`flopscope.predict.attention`)."""
+        """MACs per semantic role (:class:`~flopscope.attribute.roles.Role` values as
+        keys, in the canonical order); every multiply has exactly one role, so the
+        values sum to ``total(phase=phase)``. Backward ops carry the role of the forward
+        op they differentiate. ``attention``: the convention of the ``attn_scores`` /
+        ``attn_weighted_sum`` rows (:mod:`flopscope.predict.attention`)."""
         out: Counter[str] = Counter()
         for op, parts in self._priced(attention).items():
             if phase is not None and op.phase != phase:
@@ -406,9 +406,10 @@ class Profile:
         return {role: out[role] for role in ROLE_ORDER if role in out}
 
     def by_block(self, attention: str = EXECUTED) -> dict[str, dict[str, int]]:
-        """``{block path: {role: MACs}}`` per attention / FFN / conv block instance (the module path
-        enclosing its multiplies); multiplies outside such blocks are listed under their own module.
-        ``attention``: the convention of the attention core (:mod:`flopscope.predict.attention`)."""
+        """``{block path: {role: MACs}}`` per attention / FFN / conv block instance (the
+        module path enclosing its multiplies); multiplies outside such blocks are listed
+        under their own module. ``attention``: the convention of the attention core
+        (:mod:`flopscope.predict.attention`)."""
         out: dict[str, Counter[str]] = defaultdict(Counter)
         assignments = self.role_assignments_by_op()
         for op, parts in self._priced(attention).items():
@@ -417,7 +418,8 @@ class Profile:
         return {block: {r: roles[r] for r in ROLE_ORDER if r in roles} for block, roles in out.items()}
 
     def role_of(self, node: fx.Node | str) -> Role:
-        """The role of a graph node (or node name): for a node split across roles, the one with most MACs."""
+        """The role of a graph node (or node name): for a node split across roles, the
+        one with most MACs."""
         assignments = self.role_assignments()
         found = node if isinstance(node, fx.Node) else next((n for n in self._fx_graph().nodes if n.name == node), None)
         if found is None:
@@ -426,65 +428,49 @@ class Profile:
         return Role(assignment.role) if assignment is not None else Role.OTHER
 
     def role_assignments(self) -> Mapping[fx.Node, Assignment]:
-        """Read-only ``{node: Assignment}`` for every node of :attr:`graph` that multiplies (and every
-        embedding lookup, with 0 MACs): its ``{role: MACs}`` split (read-only) and its block. Also stamps the
-        nodes' ``role`` / ``role_parts`` / ``block`` meta keys."""
+        """Read-only ``{node: Assignment}`` for every node of :attr:`graph` that
+        multiplies (and every embedding lookup, with 0 MACs): its ``{role: MACs}`` split
+        (read-only) and its block. Also stamps the nodes' ``role`` / ``role_parts`` /
+        ``block`` meta keys."""
         if self._roles is None:
             node_of = {captured(node): node for node in self._fx_graph().nodes}
             roles: dict[fx.Node, Assignment] = {}
             # (in the order the passes claimed them)
             for op, assignment in self.role_assignments_by_op().items():
                 node = node_of[op]
-                node.meta.update(role_parts=dict(assignment.parts), role=assignment.role, block=assignment.block)
+                node.meta.update(role_parts=dict(assignment.parts), role=assignment.role,
+                                 block=assignment.block)
                 roles[node] = assignment
             self._roles = MappingProxyType(roles)
         return self._roles
 
     def role_assignments_by_op(self) -> Mapping[CapturedOp, Assignment]:
-        """:meth:`role_assignments` keyed by the capture's records (:class:`~flopscope.capture.records.CapturedOp`):
-        what the role passes find on the records' dataflow, without building the fx graph."""
+        """:meth:`role_assignments` keyed by the capture's records
+        (:class:`~flopscope.capture.records.CapturedOp`): what the role passes find on
+        the records' dataflow, without building the fx graph."""
         if self._op_roles is None:
             self._op_roles = MappingProxyType(self._find_roles())
         return self._op_roles
 
     def _find_roles(self) -> dict[CapturedOp, Assignment]:
-        """The role passes over the records, in graph order; a replayed call's records (:attr:`Capture.copies`) take
-        the roles of the records they copy, found once: the passes run over the records of the distinct calls only
-        (linked as a capture of their own, then the whole capture linked again), and over the copies those read."""
-        copies = self._capture.copies
-        if not copies:
-            found = find_roles(self._ops, self._facts.types, self._role_rules)
-            # (in graph order, as with copies)
-            return {op: found[op] for op in self._ops if op in found}
-        link(self._ops)
-        # copies that records of the passes read (a captured call taking a replayed
-        needed: set[CapturedOp] = set()
-        # call's output), and what those copies read: the passes run over them too
-        reading = [source for op in self._ops if op not in copies for source in op.inputs if source in copies]
-        while reading:
-            source = reading.pop()
-            if source not in needed:
-                needed.add(source)
-                reading.extend(x for x in source.inputs if x in copies)
-        distinct = [op for op in self._ops if op not in copies or op in needed]
-        # (while part of the records are linked, no other thread reads their links)
-        with _PART_LINKED:
-            try:
-                found = find_roles(distinct, self._facts.types, self._role_rules)
-            finally:
-                link(self._ops, again=True)
-        return {op: found[copies.get(op, op)] for op in self._ops if copies.get(op, op) in found}
+        """The role passes over the records, in graph order, a replayed call's records
+        taking the roles of the records they copy
+        (:func:`~flopscope.attribute.carried.roles_with_copies`)."""
+        return roles_with_copies(self._ops, self._capture.copies, self._facts.types,
+                                 self._role_rules)
 
     def attention_core(self) -> tuple[CoreOp, ...]:
-        """Every op of the attention core (scores, weighted sum; any phase) with its (query, key) pairs and the mask
-        facts that price it under ``attention="causal"`` / ``"mask"``, and where they come from (``source``):
+        """Every op of the attention core (scores, weighted sum; any phase) with its
+        (query, key) pairs and the mask facts that price it under ``attention="causal"``
+        / ``"mask"``, and where they come from (``source``):
         :mod:`flopscope.predict.attention`. Computed once."""
         if self._core is None:
             self._core = core_ops(self._ops, self.role_assignments_by_op(), self._facts)
         return self._core
 
     def _core_if(self, convention: str) -> tuple[CoreOp, ...]:
-        """The attention core where ``convention`` reads it (not for executed work: totals need no graph)."""
+        """The attention core where ``convention`` reads it (not for executed work:
+        totals need no graph)."""
         return () if check_attention(convention) == EXECUTED else self.attention_core()
 
     def _priced(self, convention: str) -> dict[CapturedOp, Mapping[str, int]]:
@@ -492,41 +478,47 @@ class Profile:
         return parts_under(self.role_assignments_by_op(), self._core_if(convention), convention)
 
     def reconcile(self, spec: TransformerSpec | None = None) -> Reconciliation:
-        """Measured MACs per block and role against exact closed forms from the model's declared
-        structure (or ``spec``), with the complexity term, useful work under masks, and the reason for
-        any ratio that is not 1. See :mod:`flopscope.predict.reconcile`."""
-        return reconcile(self.role_assignments_by_op(), self._facts, self._capture.module_inputs, spec)
+        """Measured MACs per block and role against exact closed forms from the model's
+        declared structure (or ``spec``), with the complexity term, useful work under
+        masks, and the reason for any ratio that is not 1. See
+        :mod:`flopscope.predict.reconcile`."""
+        return reconcile(self.role_assignments_by_op(), self._facts, self._capture.module_inputs,
+                         spec)
 
     def model_formulas(self, attention: str = EXECUTED) -> ModelFormulas:
-        """Measured forward MACs per token against Kaplan, Chinchilla, Megatron-LM and PaLM, with the
-        difference explained part by part (see :mod:`flopscope.predict.model_formulas`); the measured attention core
-        under ``attention`` (:mod:`flopscope.predict.attention`)."""
+        """Measured forward MACs per token against Kaplan, Chinchilla, Megatron-LM and
+        PaLM, with the difference explained part by part (see
+        :mod:`flopscope.predict.model_formulas`); the measured attention core under
+        ``attention`` (:mod:`flopscope.predict.attention`)."""
         return model_formulas(self._facts, self.by_role(phase=FORWARD, attention=attention),
                               self._capture.module_inputs, attention)
 
     def timing(self) -> Timing:
-        """Wall time per role and module of a real-mode run, with GFLOP/s and time share against MAC
-        share (see :mod:`flopscope.predict.timing`)."""
+        """Wall time per role and module of a real-mode run, with GFLOP/s and time share
+        against MAC share (see :mod:`flopscope.predict.timing`)."""
         return timing(self._ops, self.role_assignments_by_op())
 
     # ---------------------------------------------------------------------------------------------
     # what is not in total()
     def unsupported(self) -> dict[str, int]:
-        """``{op: calls}`` of ops with neither a formula, an elementwise rule, nor a place in the
-        zero-cost list: they may do arithmetic that ``total()`` does not include. A real run also lists, per module
-        path, the tensors computed outside the ATen dispatcher (NumPy, a C++ / CUDA extension filling memory
-        itself: :mod:`flopscope.capture.undispatched`) as
-        ``{"outside the ATen dispatcher: <module path>": tensors}``."""
+        """``{op: calls}`` of ops with neither a formula, an elementwise rule, nor a
+        place in the zero-cost list: they may do arithmetic that ``total()`` does not
+        include. A real run also lists, per module path, the tensors computed outside
+        the ATen dispatcher (NumPy, a C++ / CUDA extension filling memory itself:
+        :mod:`flopscope.capture.undispatched`) as ``{"outside the ATen dispatcher:
+        <module path>": tensors}``."""
         return {**self._capture.unsupported, **undispatched.unsupported_of(self._capture.outside)}
 
     unsupported_ops = unsupported  # fvcore's name
 
     def decomposed(self) -> dict[str, int]:
-        """``{op: calls}`` of ops without a formula that were counted through ``op.decompose()``."""
+        """``{op: calls}`` of ops without a formula that were counted through
+        ``op.decompose()``."""
         return dict(self._capture.decomposed)
 
     def elementwise(self) -> dict[str, int]:
-        """Elementwise ops (not MACs) per category: pointwise, softmax, norm, reduction, ..."""
+        """Elementwise ops (not MACs) per category: pointwise, softmax, norm, reduction,
+        ..."""
         return dict(self._tally.elementwise)
 
     def elementwise_by_op(self) -> dict[str, int]:
@@ -534,7 +526,8 @@ class Profile:
         return dict(self._tally.elementwise_by_op)
 
     def total_elementwise(self) -> int:
-        """All elementwise ops (softmax, norms, activations, adds, ...); never part of ``total()``."""
+        """All elementwise ops (softmax, norms, activations, adds, ...); never part of
+        ``total()``."""
         return sum(self.elementwise().values())
 
     def uncalled_modules(self) -> set[str]:
@@ -543,8 +536,8 @@ class Profile:
 
     @cached_property
     def _uncalled(self) -> frozenset[str]:
-        """The module paths that never ran: a container among them (``ModuleList``) sums what its submodules ran
-        (:func:`flopscope.attribute.paths.enclosing`)."""
+        """The module paths that never ran: a container among them (``ModuleList``) sums
+        what its submodules ran (:func:`flopscope.attribute.paths.enclosing`)."""
         return frozenset(p for p in self._module_paths if p not in self._capture.module_calls)
 
     def module_calls(self) -> dict[str, int]:
@@ -558,10 +551,12 @@ class Profile:
                 f"{sum(self._capture.unsupported.values())} unsupported calls>")
 
     def canonical_module_name(self, name: str) -> str:
-        """The path under which the module called ``name`` is counted: ``name`` itself, or for another name of a
-        module registered in several places (``named_modules(remove_duplicate=False)`` lists each), its first name,
-        the one ``named_modules()`` gives (fvcore's name for this query). Every name of a shared module finds the
-        same calls: ``total("submod2.submod") == total("submod1.submod")``."""
+        """The path under which the module called ``name`` is counted: ``name`` itself,
+        or for another name of a module registered in several places
+        (``named_modules(remove_duplicate=False)`` lists each), its first name, the one
+        ``named_modules()`` gives (fvcore's name for this query). Every name of a shared
+        module finds the same calls: ``total("submod2.submod") ==
+        total("submod1.submod")``."""
         if name in self._facts.types:
             return name
         canonical = self._facts.aliases.get(name)
@@ -570,28 +565,17 @@ class Profile:
         return canonical
 
 
-_PART_LINKED = threading.Lock()
-"""Held while the role passes run over part of a capture's records, linked as a capture of their own."""
-
-
 def reuse_roles(prof: Profile, template: Profile) -> bool:
-    """Give ``prof`` the roles of ``template``, a profile of the same model at another input length, when both
-    ran the same ops in the same order, apart from ops of no arithmetic (a slice that a symbolic size keeps and a
-    known size drops): each op keeps its template's role fractions (a fused projection splits by columns,
-    independent of length; a fused kernel's parts are its own). For sweeps (:func:`flopscope.scaling`) and
-    symbolic traces. Returns False, changing nothing, when the op sequences differ or ``prof``'s roles are
-    already known."""
+    """Give ``prof`` the roles of ``template``, a profile of the same model at another
+    input length, when both ran the same ops in the same order, apart from ops of no
+    arithmetic (a slice that a symbolic size keeps and a known size drops): each op
+    keeps its template's role fractions (a fused projection splits by columns,
+    independent of length; a fused kernel's parts are its own). For sweeps
+    (:func:`flopscope.scaling`) and symbolic traces. Returns False, changing nothing,
+    when the op sequences differ or ``prof``'s roles are already known."""
     pairs = None if prof._op_roles is not None else aligned(prof._ops, template._ops)
     if pairs is None:
         return False
-    theirs = template.role_assignments_by_op()
-    roles: dict[CapturedOp, Assignment] = {}
-    for mine, other in pairs:
-        source = theirs.get(other)
-        if source is None:
-            continue
-        parts = dict(mine.parts) if mine.parts else (scale_parts(source.parts, mine.macs) if mine.macs
-                                                     else dict(source.parts))
-        roles[mine] = Assignment(parts, source.block, source.factor)
+    roles = carried_roles(pairs, template.role_assignments_by_op())
     prof._op_roles = MappingProxyType(roles)
     return True

@@ -1,9 +1,10 @@
 """The role vocabulary: what a multiply does, the group it belongs to and the complexity
 term it realises.
 
-One place for every fact about a role. Adding a role is one member of :class:`Role` with its group and
-term; the passes that find it live in :mod:`flopscope.attribute.roles`, the closed form that predicts it in
-:mod:`flopscope.predict.reconcile` (keyed by group). Definitions in dataflow terms: ``docs/roles.md``.
+One place for every fact about a role. Adding a role is one member of :class:`Role` with
+its group and term; the passes that find it live in :mod:`flopscope.attribute.roles`,
+the closed form that predicts it in :mod:`flopscope.predict.reconcile` (keyed by group).
+Definitions in dataflow terms: ``docs/roles.md``.
 """
 
 from __future__ import annotations
@@ -115,22 +116,23 @@ _FACTS: dict[Role, tuple[RoleGroup, str, bool]] = {
 }
 # a new member without its row fails at import, not in the middle of a report
 if set(_FACTS) != set(Role):
-    raise RoleError(f"roles without group and term in flopscope/role.py: {sorted(set(Role) - set(_FACTS))}")
+    raise RoleError("roles without group and term in flopscope/role.py: "
+                    f"{sorted(set(Role) - set(_FACTS))}")
 
 ROLE_ORDER: tuple[str, ...] = tuple(r.value for r in Role)
 """Role names in the canonical order of every report."""
 ATTENTION_CORE: tuple[str, ...] = tuple(r.value for r in Role if r.attention_core)
 """Attention's core, both forms (:attr:`Role.attention_core`)."""
 PAIR_ROLES: tuple[str, ...] = tuple(r.value for r in Role if r.attention_core and r.term == "n²·d")
-"""The quadratic core: the products over (query, key) pairs (scores and weighted sum), what an attention
-convention prices (``docs/conventions.md``)."""
+"""The quadratic core: the products over (query, key) pairs (scores and weighted sum),
+what an attention convention prices (``docs/conventions.md``)."""
 LINEAR_CORE: tuple[str, ...] = tuple(r for r in ATTENTION_CORE if r not in PAIR_ROLES)
 """Linear attention's core: KV state, readout, normaliser."""
 PER_TOKEN: tuple[str, ...] = tuple(r.value for r in Role if r.per_token)
 """Projections and FFN matmuls (:attr:`Role.per_token`)."""
 NO_MULTIPLY = "no_multiply"
-"""The key, beside the roles, of what ops that do not multiply took (bytes, time): :meth:`Profile.bytes_by_role`,
-:meth:`Profile.timing`, the trace's tracks."""
+"""The key, beside the roles, of what ops that do not multiply took (bytes, time):
+:meth:`Profile.bytes_by_role`, :meth:`Profile.timing`, the trace's tracks."""
 
 
 def roles_in(group: RoleGroup) -> tuple[str, ...]:

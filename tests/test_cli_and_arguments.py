@@ -116,7 +116,7 @@ def test_a_factory_in_the_current_folder_loads_without_pythonpath(tmp_path, monk
     ("2", 2), ("-3", -3), ("0.1", 0.1), ("1e-5", 1e-5), ("none", None), ("Null", None), ("None", None),
     ("gelu", "gelu"), ("[1, 2]", [1, 2]), ("'two'", "two")])
 def test_set_values_parse_as_a_person_writes_them(text, value):
-    from flopscope.cli.targets import parse_setting
+    from flopscope.cli.settings import parse_setting
 
     parsed = parse_setting(f"key={text}")
     assert parsed == ("key", value) and type(parsed[1]) is type(value)

@@ -15,7 +15,12 @@ The modules:
 - ``rules``: :class:`RoleRule` and the built-in rules;
 - ``graph_view``: the records as a graph, and the walks the passes are written with;
 - ``columns``: a fused projection split by the columns each consumer reads;
-- ``paths``: module paths (``""`` is the root).
+- ``carried``: roles found once and carried, to a replayed call's records from the call
+  they copy, to a sweep's other lengths from a template (``alignment`` pairs the
+  records);
+- ``paths``: module paths (``""`` is the root);
+- ``tally``: a capture's records summed once for the profile's queries;
+- ``op_record``: :class:`OpRecord`, one counted op as a user reads it.
 
 May import: ``flopscope.capture`` (its records), ``flopscope.formulas``, the vocabulary.
 """

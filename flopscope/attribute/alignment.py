@@ -1,5 +1,5 @@
-"""Two captures of one model paired record by record, so that one's roles can be carried to the other (a
-sweep's lengths, a symbolic trace and its concrete twin)."""
+"""Two captures of one model paired record by record, so that one's roles can be carried
+to the other (a sweep's lengths, a symbolic trace and its concrete twin)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,11 @@ from collections.abc import Sequence
 from ..capture.records import CapturedOp, Cost
 
 
-def aligned(mine: Sequence[CapturedOp], theirs: Sequence[CapturedOp]) -> list[tuple[CapturedOp, CapturedOp]] | None:
-    """``mine`` and ``theirs`` paired op by op, where both ran the same ops in the same order once the ops of
-    no arithmetic (:attr:`Cost.ZERO`) that only one of them ran are passed over; ``None`` where they did not."""
+def aligned(mine: Sequence[CapturedOp],
+            theirs: Sequence[CapturedOp]) -> list[tuple[CapturedOp, CapturedOp]] | None:
+    """``mine`` and ``theirs`` paired op by op, where both ran the same ops in the same
+    order once the ops of no arithmetic (:attr:`Cost.ZERO`) that only one of them ran
+    are passed over; ``None`` where they did not."""
     pairs: list[tuple[CapturedOp, CapturedOp]] = []
     i = j = 0
     while i < len(mine) or j < len(theirs):

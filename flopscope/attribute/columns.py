@@ -1,4 +1,5 @@
-"""Column replay: which output columns of a fused projection reach each of its consumers.
+"""Column replay: which output columns of a fused projection reach each of its
+consumers.
 
 A projection feeding several roles (``nn.MultiheadAttention.in_proj``, GPT-2 ``c_attn``,
 GPT-NeoX ``query_key_value`` with per-head interleaving, a fused ``gate_up_proj``) is
@@ -27,16 +28,18 @@ from .graph_view import inputs_of, is_channelwise_conv, reach
 aten = torch.ops.aten
 
 IDENTITY_OPS = VALUE_COPIES | {aten.copy}
-"""Ops whose output columns are their first input's (``copy``: the functional form of ``copy_``)."""
+"""Ops whose output columns are their first input's (``copy``: the functional form of
+``copy_``)."""
 
 REPLAY_ERRORS = (RuntimeError, TypeError, ValueError, IndexError, NotImplementedError)
-"""What replaying an op on label tensors may raise: it needs real data (an index tensor), or does not
-take int64; the labels then pass on as a set."""
+"""What replaying an op on label tensors may raise: it needs real data (an index
+tensor), or does not take int64; the labels then pass on as a set."""
 
 Labels = Any  # a label tensor, a list of them (a multi-output op), or a set of labels
 MAX_COUNTED_LABEL = 1 << 24
-"""Labels below this are collected by counting (``bincount`` allocates one slot per value up to the largest);
-larger values, which no real column index reaches, by sorting."""
+"""Labels below this are collected by counting (``bincount`` allocates one slot per
+value up to the largest); larger values, which no real column index reaches, by
+sorting."""
 
 
 def feature_axis(p: CapturedOp) -> int:
@@ -46,7 +49,8 @@ def feature_axis(p: CapturedOp) -> int:
 
 
 def columns(p: CapturedOp, target: CapturedOp) -> set[int]:
-    """Which output columns (last dim; a convolution's channels) of ``p`` reach ``target``."""
+    """Which output columns (last dim; a convolution's channels) of ``p`` reach
+    ``target``."""
     return {c for c in _union([_column_labels(p, target)]) if c >= 0}
 
 
@@ -67,18 +71,21 @@ def _column_labels(p: CapturedOp, target: CapturedOp) -> Labels:
     ``target``'s shape, or a set where an op between could not be replayed."""
     shape = tuple(p.output_shapes[0])
     axis = feature_axis(p) % len(shape)
-    index = torch.arange(shape[axis]).reshape(*([1] * axis), shape[axis], *([1] * (len(shape) - axis - 1)))
+    index = torch.arange(shape[axis]).reshape(*([1] * axis), shape[axis],
+                                              *([1] * (len(shape) - axis - 1)))
     labels: dict[CapturedOp, Labels] = {p: index.expand(shape)}
     for n in _between(p, target):
         labels[n] = _replay(n, labels)
     return labels.get(target, set())
 
 
-def split_by_columns(p: CapturedOp, wanted: Sequence[tuple[CapturedOp, str]], macs: int) -> dict[str, int]:
+def split_by_columns(p: CapturedOp, wanted: Sequence[tuple[CapturedOp, str]],
+                     macs: int) -> dict[str, int]:
     """Charge each role the MACs of the output columns of ``p`` that reach its consumer;
     columns no consumer takes are ``other``. A role wanted twice for one column keeps
     the first in role order."""
-    return _charge(int(p.output_shapes[0][feature_axis(p)]), [(columns(p, target), role) for target, role in wanted],
+    return _charge(int(p.output_shapes[0][feature_axis(p)]),
+                   [(columns(p, target), role) for target, role in wanted],
                    macs)
 
 
@@ -87,7 +94,8 @@ def split_by_rows(p: CapturedOp, x: CapturedOp, wanted: Sequence[tuple[CapturedO
     """Charge each role the MACs of the rows of ``p`` (the columns of its input ``x``,
     the contracted dim) that hold the values of its source; rows no source holds are
     ``other``. A row wanted twice keeps the first role in role order."""
-    return _charge(int(x.output_shapes[0][-1]), [(held_by(source, x), role) for source, role in wanted], macs)
+    return _charge(int(x.output_shapes[0][-1]),
+                   [(held_by(source, x), role) for source, role in wanted], macs)
 
 
 def _charge(width: int, wanted: Sequence[tuple[set[int], str]], macs: int) -> dict[str, int]:
@@ -116,7 +124,8 @@ def held_by(source: CapturedOp, target: CapturedOp) -> set[int]:
     found_before = _HELD_BY.get(key) if key is not None else None
     if found_before is not None:
         return set(found_before)
-    labels: dict[CapturedOp, Labels] = {source: torch.zeros(tuple(source.output_shapes[0]), dtype=torch.long)}
+    labels: dict[CapturedOp, Labels] = {source: torch.zeros(tuple(source.output_shapes[0]),
+                                                            dtype=torch.long)}
     for n in between:
         labels[n] = _replay(n, labels)
     found = labels.get(target)
@@ -133,7 +142,8 @@ _HELD_BY: dict[tuple[Any, ...], frozenset[int]] = {}  # path key -> what held_by
 _MAX_KEPT_PATHS = 4096
 
 
-def _path_key(source: CapturedOp, target: CapturedOp, between: Sequence[CapturedOp]) -> tuple[Any, ...] | None:
+def _path_key(source: CapturedOp, target: CapturedOp,
+              between: Sequence[CapturedOp]) -> tuple[Any, ...] | None:
     """What a replay from ``source`` to ``target`` depends on: each op between (its
     target, cost, output shapes and arguments, a record on the path by its position,
     one off it by its shape and known values), ``None`` where an argument cannot be
@@ -157,7 +167,8 @@ def _path_key(source: CapturedOp, target: CapturedOp, between: Sequence[Captured
 
     try:
         key = (source.output_shapes, at.get(target), tuple(
-            (n.node_op, n.target, n.cost, n.output_shapes, n.spec.family if n.spec is not None else None,
+            (n.node_op, n.target, n.cost, n.output_shapes,
+             n.spec.family if n.spec is not None else None,
              argument(n.args), argument(n.kwargs)) for n in between))
         hash(key)
     except TypeError:
@@ -165,7 +176,8 @@ def _path_key(source: CapturedOp, target: CapturedOp, between: Sequence[Captured
     return key
 
 
-def spread_remainder(parts: dict[str, int], total: int, largest: str | None = None) -> dict[str, int]:
+def spread_remainder(parts: dict[str, int], total: int,
+                     largest: str | None = None) -> dict[str, int]:
     """``parts`` with what they miss of ``total`` (integer division) added to
     ``largest`` (default: the largest part)."""
     missing = total - sum(parts.values())
@@ -175,7 +187,8 @@ def spread_remainder(parts: dict[str, int], total: int, largest: str | None = No
 
 
 def scale_parts(parts: Mapping[str, int], total: int) -> dict[str, int]:
-    """``parts`` rescaled to sum to ``total`` exactly (the remainder to the largest part)."""
+    """``parts`` rescaled to sum to ``total`` exactly (the remainder to the largest
+    part)."""
     whole = sum(parts.values())
     return spread_remainder({role: macs * total // whole for role, macs in parts.items()}, total,
                             largest=max(parts, key=parts.__getitem__))
@@ -209,7 +222,8 @@ def _replay(n: CapturedOp, labels: Mapping[CapturedOp, Labels]) -> Labels:
             result = first if tuple(first.shape) == out_shape else first.expand(out_shape)
         except RuntimeError:
             return _union(inputs)
-        # an op with several outputs (eval batch norm: the output, then its statistics) labels its first
+        # an op with several outputs (eval batch norm: the output, then its statistics)
+        # labels its first
         return [result, *[set() for _ in n.output_shapes[1:]]] if len(n.output_shapes) > 1 else result
     return _union(inputs)
 
@@ -243,7 +257,8 @@ def _replay_write(n: CapturedOp, labels: Mapping[CapturedOp, Labels], inputs: li
     return result if result is not None and tuple(result.shape) == out_shape else _union(inputs)
 
 
-def _replay_channelwise(x: torch.Tensor, out_shape: tuple[int, ...], inputs: list[Labels]) -> Labels:
+def _replay_channelwise(x: torch.Tensor, out_shape: tuple[int, ...],
+                        inputs: list[Labels]) -> Labels:
     """A depthwise convolution's output channel holds its input channel's column, where
     that channel holds one column at every position (it mixes positions, not
     channels)."""
@@ -309,7 +324,8 @@ def _replay_zero_cost(n: CapturedOp, labels: Mapping[CapturedOp, Labels], inputs
             # an index tensor with known values
             if a.value is not None and a.value.dtype in INDEX_DTYPES:
                 return a.value
-            return torch.full(tuple(a.output_shapes[0]) if a.output_shapes else (), -1, dtype=torch.long)
+            return torch.full(tuple(a.output_shapes[0]) if a.output_shapes else (), -1,
+                              dtype=torch.long)
         if isinstance(a, (list, tuple)):
             return type(a)(arg(x) for x in a)
         return a
@@ -338,7 +354,8 @@ def _union(values: Sequence[Labels]) -> set[int]:
         elif isinstance(v, (list, tuple)):
             out |= _union(v)
         elif v.numel() and int(v.min()) >= -1 and int(v.max()) < MAX_COUNTED_LABEL:
-            # labels are column indices, or -1 where unknown: counting them is linear, where torch.unique sorts
+            # labels are column indices, or -1 where unknown: counting them is linear,
+            # where torch.unique sorts
             counts = torch.bincount(v.flatten() + 1)
             out |= {int(x) - 1 for x in torch.nonzero(counts).flatten()}
         elif v.numel():

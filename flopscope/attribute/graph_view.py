@@ -1,6 +1,7 @@
-"""A read-only view of a capture's dataflow for the role passes: per record (a node of the graph), its op,
-MACs, family and what its value depends on, and one walk helper (:func:`reach`) that every graph search is
-written with. It walks the :class:`~flopscope.capture.records.CapturedOp` records themselves (linked by
+"""A read-only view of a capture's dataflow for the role passes: per record (a node of
+the graph), its op, MACs, family and what its value depends on, and one walk helper
+(:func:`reach`) that every graph search is written with. It walks the
+:class:`~flopscope.capture.records.CapturedOp` records themselves (linked by
 :func:`~flopscope.capture.recorder.link`): finding roles needs no ``torch.fx`` graph.
 """
 
@@ -51,25 +52,28 @@ def inputs_of(n: CapturedOp) -> tuple[CapturedOp, ...]:
 
 aten = torch.ops.aten
 CONTROL_ARGUMENTS: dict[Any, tuple[int, ...]] = {
-    **dict.fromkeys((aten.index, aten.index_put, aten.index_put_, aten._index_put_impl_, aten._unsafe_index,
+    **dict.fromkeys((aten.index, aten.index_put, aten.index_put_, aten._index_put_impl_,
+                     aten._unsafe_index,
                      aten._unsafe_index_put, aten.take_along_dim, aten.embedding, aten.masked_fill,
                      aten.masked_fill_, aten.masked_scatter, aten.masked_select), (1,)),
     **dict.fromkeys((aten.index_select, aten.gather, aten.scatter, aten.scatter_, aten.scatter_add,
-                     aten.scatter_add_, aten.scatter_reduce, aten.scatter_reduce_, aten.index_add, aten.index_add_,
+                     aten.scatter_add_, aten.scatter_reduce, aten.scatter_reduce_, aten.index_add,
+                     aten.index_add_,
                      aten.index_copy, aten.index_copy_, aten.index_fill, aten.index_fill_), (2,)),
     **dict.fromkeys((aten.where,), (0,)),
     **dict.fromkeys((aten.grid_sampler, aten.grid_sampler_2d, aten.grid_sampler_3d, aten.cudnn_grid_sampler), (1,)),
 }
-"""The argument positions that say *where* an op reads or writes (indices, masks, a selection's condition),
-not *what*: control, never data for a role search (a router's scores reach the experts only through top-k
-indices; a mask reaches the scores only through where they are kept; a grid sampler's grid says where it samples
-its input, deformable attention's sampling locations). Values still depend on them
+"""The argument positions that say *where* an op reads or writes (indices, masks, a
+selection's condition), not *what*: control, never data for a role search (a router's
+scores reach the experts only through top-k indices; a mask reaches the scores only
+through where they are kept; a grid sampler's grid says where it samples its input,
+deformable attention's sampling locations). Values still depend on them
 (:attr:`GraphView.dynamic`)."""
 
 
 def data_inputs(n: CapturedOp) -> tuple[CapturedOp, ...]:
-    """The records ``n`` takes as data: :attr:`~CapturedOp.inputs` less those found only at its
-    :data:`CONTROL_ARGUMENTS` positions."""
+    """The records ``n`` takes as data: :attr:`~CapturedOp.inputs` less those found only
+    at its :data:`CONTROL_ARGUMENTS` positions."""
     positions = CONTROL_ARGUMENTS.get(getattr(n.target, "overloadpacket", None))
     if positions is None:
         return n.inputs
@@ -145,7 +149,8 @@ class GraphView:
     def __init__(self, ops: Sequence[CapturedOp]) -> None:
         link(ops)
         self.nodes: tuple[CapturedOp, ...] = tuple(n for n in ops if n.phase == FORWARD)
-        # backward and recomputed ops: each takes the roles of the forward op it differentiates or repeats
+        # backward and recomputed ops: each takes the roles of the forward op it
+        # differentiates or repeats
         self.backward_nodes: tuple[CapturedOp, ...] = tuple(n for n in ops if n.phase != FORWARD)
         dynamic: dict[CapturedOp, bool] = {}
         live: dict[CapturedOp, bool] = {}
@@ -374,7 +379,8 @@ class GraphView:
 
     def _multiplies_behind(self, x: CapturedOp) -> frozenset[CapturedOp]:
         """The multiplies nearest behind ``x`` (cached)."""
-        return self.cached("multiplies behind", x, lambda: frozenset(self.frontier([x], self.inputs)))
+        return self.cached("multiplies behind", x,
+                           lambda: frozenset(self.frontier([x], self.inputs)))
 
     def behind(self, n: CapturedOp, key: Any, test: Callable[[CapturedOp], bool],
                through: Callable[[CapturedOp, CapturedOp], bool] | None = None) -> bool:
@@ -425,7 +431,8 @@ class GraphView:
 
     # ---------------------------------------------------------------------------------------------
     # searches, all written with reach()
-    def frontier(self, starts: Iterable[CapturedOp], step: Callable[[CapturedOp], Iterable[CapturedOp]],
+    def frontier(self, starts: Iterable[CapturedOp],
+                 step: Callable[[CapturedOp], Iterable[CapturedOp]],
                  blocked: Callable[[CapturedOp], bool] = lambda n: False) -> list[CapturedOp]:
         """The multiply nodes met first from ``starts``, moving by ``step`` through
         nodes without multiplies and never past a ``blocked`` one."""
@@ -446,12 +453,13 @@ class GraphView:
 
 
 SUM_OPS = frozenset({aten.add, aten.add_, aten.sub, aten.sub_})
-"""Elementwise sums: where an update meets the output of the projection it updates, a residual stream its
-sublayer's output."""
-BROADCASTING_OPS = frozenset({aten.add, aten.add_, aten.sub, aten.sub_, aten.mul, aten.mul_, aten.div, aten.div_,
+"""Elementwise sums: where an update meets the output of the projection it updates, a
+residual stream its sublayer's output."""
+BROADCASTING_OPS = frozenset({aten.add, aten.add_, aten.sub, aten.sub_, aten.mul, aten.mul_,
+                              aten.div, aten.div_,
                               aten.addcmul, aten.addcdiv, aten.where, aten.lerp, aten.expand})
-"""Ops that broadcast their operands to one shape: the elementwise ones, and ``expand`` (a scatter such as
-``index_add_`` does not)."""
+"""Ops that broadcast their operands to one shape: the elementwise ones, and ``expand``
+(a scatter such as ``index_add_`` does not)."""
 
 
 def spreads(user: CapturedOp, n: CapturedOp) -> bool:

@@ -3,10 +3,14 @@ they were given (:attr:`flopscope.Profile.records`)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from torch import fx
+
+from ..capture.records import Cost, captured
 from ..role import Role
+from .roles import Assignment
 
 Shape = tuple[int, ...]
 
@@ -30,3 +34,24 @@ class OpRecord:
     # {role: MACs}, summing to `multiplies` (several for fused ops / fused QKV)
     roles: Mapping[str, int]
     block: str  # module path of the attention / FFN / conv block instance it belongs to
+
+
+def op_records(nodes: Iterable[fx.Node],
+               assignments: Mapping[fx.Node, Assignment]) -> tuple[OpRecord, ...]:
+    """An :class:`OpRecord` per node of a capture's graph with a multiply formula, in
+    order, with the roles ``assignments`` gives it (:attr:`flopscope.Profile.records`)."""
+    records = []
+    for node in nodes:
+        op = captured(node)
+        if op.cost is not Cost.FORMULA:
+            continue
+        assignment = assignments.get(node)
+        records.append(OpRecord(
+            op=op.op_name, module=op.module or "",
+            module_stack=tuple(frame.path for frame in op.module_stack),
+            call=op.module_stack[-1].call if op.module_stack else 0, input_shapes=op.input_shapes,
+            output_shapes=op.output_shapes, multiplies=op.macs, parts=op.parts, node=node.name,
+            phase=op.phase, role=Role(assignment.role) if assignment else Role.OTHER,
+            roles=dict(assignment.parts) if assignment else {},
+            block=assignment.block if assignment else op.module or ""))
+    return tuple(records)

@@ -49,7 +49,8 @@ class Assignment:
         return max(self.parts, key=self.parts.__getitem__)
 
 
-def find_roles(ops: Sequence[CapturedOp], module_types: Mapping[str, type], rules: Sequence[RoleRule] = ()
+def find_roles(ops: Sequence[CapturedOp], module_types: Mapping[str, type],
+               rules: Sequence[RoleRule] = ()
                ) -> dict[CapturedOp, Assignment]:
     """The role split of every record with multiplies (forward and backward) of a
     capture (its ops in order)."""
@@ -74,7 +75,8 @@ def _with_blocks(view: GraphView, state: RoleState) -> dict[CapturedOp, Assignme
             for n, parts in state.parts.items()}
 
 
-def _backward(view: GraphView, forward: Mapping[CapturedOp, Assignment]) -> dict[CapturedOp, Assignment]:
+def _backward(view: GraphView,
+              forward: Mapping[CapturedOp, Assignment]) -> dict[CapturedOp, Assignment]:
     """A backward op takes the roles of the forward op whose autograd node ran it, in
     the same proportions (a fused QKV projection's gradient GEMMs split like the
     projection); a fused backward kernel with its own parts (SDPA backward) keeps

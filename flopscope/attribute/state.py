@@ -25,7 +25,8 @@ from .graph_view import GraphView
 from .rules import RoleRule
 
 PROJECTION_ROLES = frozenset({Role.Q_PROJ.value, Role.K_PROJ.value, Role.V_PROJ.value})
-"""The attention projections' roles: what factors and projectors of keys and values are read by."""
+"""The attention projections' roles: what factors and projectors of keys and values are
+read by."""
 
 Demand = tuple[CapturedOp, str]
 """A request for a projection's roles: (the consumer its columns reach, or the value its

@@ -38,14 +38,15 @@ def explain(model: nn.Module, error: Exception, recorder: Recorder, tracker: Mod
     at = f" at {where}" if where != what else ""
     met = cast(FakeTensorInRealRun | None, cause_of_kind(error, FakeTensorInRealRun))
     if met is not None:
-        return ForwardError(f"{what} cannot be counted for real: {met.where.describe()} got a fake tensor, which a "
-                            f"real run cannot execute; {_origin(model, met)}")
+        return ForwardError(f"{what} cannot be counted for real: {met.where.describe()} got a fake "
+                            f"tensor, which a real run cannot execute; {_origin(model, met)}")
     limitation = needs_real_data(error) if fake else None
     if limitation is not None:
         func = getattr(limitation, "func", None)
         if func is not None and (failure is None or failure.op != op_name(func)):
             where = f"op {op_name(func)} in module '{module}'"
-        return FakeTensorError(f"{name} cannot be counted on fake tensors: {where} needs real data; use mode='real'",
+        return FakeTensorError(f"{name} cannot be counted on fake tensors: {where} needs real "
+                               "data; use mode='real'",
                                on_fake_tensors=True, where=where,
                                reason=f"it needs real data: {type(limitation).__name__}",
                                largest_tensor_bytes=recorder.largest_out)
@@ -55,14 +56,16 @@ def explain(model: nn.Module, error: Exception, recorder: Recorder, tracker: Mod
         return ForwardError(f"{what} cannot run{at}: {refused}")
     if fake and undispatched.converts_to_numpy(error):
         reason = "it converts a tensor to NumPy (.numpy()), work outside the ATen dispatcher a fake tensor cannot do"
-        return FakeTensorError(f"{name} cannot be counted on fake tensors{at}: {reason}; count it with mode='real', "
-                               "which lists that work in prof.unsupported() (its multiplies are not counted)",
+        return FakeTensorError(f"{name} cannot be counted on fake tensors{at}: {reason}; count it "
+                               "with mode='real', which lists that work in prof.unsupported() (its "
+                               "multiplies are not counted)",
                                on_fake_tensors=True, where=where, reason=reason,
                                largest_tensor_bytes=recorder.largest_out)
     message = f"{what} raised {type(error).__name__}{at}: {error}"
     if not fake:
         return ForwardError(message)
-    return ForwardError(message + " (on fake tensors: if the model runs with mode='real', fake tensors are the "
+    return ForwardError(message + " (on fake tensors: if the model runs with mode='real', fake "
+                                  "tensors are the "
                         "cause)", on_fake_tensors=True, where=where,
                         reason=f"{type(error).__name__}: {_first_line(str(error))}",
                         largest_tensor_bytes=recorder.largest_out)
@@ -75,8 +78,8 @@ def _origin(model: nn.Module, met: FakeTensorInRealRun) -> str:
         return ("it was made by an earlier fake run of flopscope and kept by the model's code"
                 + (f", probably in {'; '.join(held)}" if held else " where flopscope cannot see it")
                 + "; empty that cache (cache_clear()) and count again")
-    return ("it was made under a FakeTensorMode of the caller's (a tensor the model's code keeps, or "
-            "one reached from outside its state and inputs); count the model with mode='fake'")
+    return ("it was made under a FakeTensorMode of the caller's (a tensor the model's code keeps, "
+            "or one reached from outside its state and inputs); count the model with mode='fake'")
 
 
 def _first_line(text: str, limit: int = 120) -> str:

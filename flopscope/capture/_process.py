@@ -39,7 +39,8 @@ class WhileCapturing:
     capturing.
     """
 
-    def __init__(self, read: Callable[[], Any], write: Callable[[Any], None], value: Callable[[Any], Any]) -> None:
+    def __init__(self, read: Callable[[], Any], write: Callable[[Any], None],
+                 value: Callable[[Any], Any]) -> None:
         self._read, self._write, self._value = read, write, value
         self._lock = threading.Lock()
         self._users = 0
@@ -67,7 +68,8 @@ EXTRA_FRAMES = 400
 They are hooks and dispatch, at every nesting level. The recursion limit is raised by
 this much while a capture runs, so a model as deep as a plain forward can run is as deep
 as flopscope can count."""
-deeper_recursion = WhileCapturing(sys.getrecursionlimit, sys.setrecursionlimit, lambda limit: limit + EXTRA_FRAMES)
+deeper_recursion = WhileCapturing(sys.getrecursionlimit, sys.setrecursionlimit,
+                                  lambda limit: limit + EXTRA_FRAMES)
 """Raise the recursion limit by :data:`EXTRA_FRAMES` while any capture runs.
 
 There is one limit per interpreter."""
@@ -83,7 +85,9 @@ def _set_flex_debug(value: Any) -> None:
         module._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG = value
 
 
-eager_flex_attention = WhileCapturing(lambda: getattr(_flex_module(), "_FLEX_ATTENTION_DISABLE_COMPILE_DEBUG", None),
+eager_flex_attention = WhileCapturing(lambda: getattr(_flex_module(),
+                                                      "_FLEX_ATTENTION_DISABLE_COMPILE_DEBUG",
+                                                      None),
                                       _set_flex_debug, lambda old: None if old is None else True)
 """While a capture runs, FlexAttention (once imported) calls its op directly.
 

@@ -78,8 +78,9 @@ from .records import BACKWARD
 from .scoped_patch import ScopedPatch
 
 ATTRIBUTE = "attribute:"
-"""How a catalog entry names a callable that its library looks up on a module at each call (a pybind extension's
-function: ``"attribute:flash_attn_2_cuda.fwd_kvcache"``); wrapped on that module while a profile runs."""
+"""How a catalog entry names a callable that its library looks up on a module at each
+call (a pybind extension's function: ``"attribute:flash_attn_2_cuda.fwd_kvcache"``);
+wrapped on that module while a profile runs."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -121,7 +122,8 @@ class Kernel:
     # backward phase, as gradients of the forward's record
     # on fake tensors, the torch computation it stands for, run and
     reference: Callable[[Named], Any] | None = None
-    # recorded in its place (an elementwise kernel: the same ops, so the role passes see the same dataflow)
+    # recorded in its place (an elementwise kernel: the same ops, so the role passes see
+    # the same dataflow)
     writes: tuple[str, ...] = ()  # a launch's or a module function's arguments it writes in place
     _specs: dict[str, OpSpec] = field(default_factory=dict, repr=False)
 
@@ -136,14 +138,16 @@ class Kernel:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         raise RunError(f"{self.name} is a catalog kernel's record: it is counted, not run again")
 
-    def record(self, recorder: Recorder, named: Named, out: Any, differentiated: bool = False) -> Any:
+    def record(self, recorder: Recorder, named: Named, out: Any,
+               differentiated: bool = False) -> Any:
         """One record of a call given ``named`` (its arguments by name) that returned
         ``out``: in the module holding its ``module`` parameter where it has one, its
         ``writes`` written by it (``None`` outside the model's module calls)."""
         owner = self.module(named) if self.module is not None else None
         path = recorder.tracker.holder_of(owner) if isinstance(owner, torch.Tensor) else None
         written = [named[w] for w in self.writes if isinstance(named.get(w), torch.Tensor)]
-        return recorder.record_kernel(self, self.spec(), tuple(named.get(name) for name in self.arguments), out,
+        return recorder.record_kernel(self, self.spec(),
+                                      tuple(named.get(name) for name in self.arguments), out,
                                       differentiated, module=path, writes=written)
 
     def spec(self, backward: bool = False) -> OpSpec:
@@ -177,8 +181,10 @@ def _split_conv1d_scan(named: Named) -> Any:
     groups, width = named.get("ngroups") or 1, heads * head_width
     state = (weight.shape[0] - width) // groups // 2
     mlp = (zxbcdt.shape[-1] - 2 * width - 2 * groups * state - heads) // 2
-    zx0, z, xbc, dt = torch.split(zxbcdt, [2 * mlp, width, width + 2 * groups * state, heads], dim=-1)
-    conv = _recorded(CAUSAL_CONV, {"x": xbc.transpose(1, 2), "weight": weight, "bias": named.get("conv1d_bias")})
+    zx0, z, xbc, dt = torch.split(zxbcdt, [2 * mlp, width, width + 2 * groups * state, heads],
+                                  dim=-1)
+    conv = _recorded(CAUSAL_CONV,
+                     {"x": xbc.transpose(1, 2), "weight": weight, "bias": named.get("conv1d_bias")})
     if named.get("activation") in ("silu", "swish"):
         conv = torch.nn.functional.silu(conv)
     x, b, c = torch.split(conv.transpose(1, 2), [width, groups * state, groups * state], dim=-1)
@@ -188,7 +194,8 @@ def _split_conv1d_scan(named: Named) -> Any:
     scanned = _function(SSD).apply(
         x.reshape(batch, length, heads, head_width), dt, A, b.reshape(batch, length, groups, state),
         c.reshape(batch, length, groups, state), named["chunk_size"], D, gate, named["dt_bias"],
-        named.get("initial_states"), named.get("seq_idx"), None, True, named.get("dt_limit", (0.0, float("inf"))),
+        named.get("initial_states"), named.get("seq_idx"), None, True,
+        named.get("dt_limit", (0.0, float("inf"))),
         bool(named.get("return_final_states")), False)
     y, final = scanned if isinstance(scanned, tuple) else (scanned, None)
     y = y.reshape(batch, length, width)
@@ -200,7 +207,8 @@ def _split_conv1d_scan(named: Named) -> Any:
         y = torch.cat((torch.nn.functional.silu(a) * g, y), dim=-1)
     projection = named.get("outproj_weight")
     if projection is not None:
-        y = _in_module(projection, torch.nn.functional.linear, y, projection, named.get("outproj_bias"))
+        y = _in_module(projection, torch.nn.functional.linear, y, projection,
+                       named.get("outproj_bias"))
     return y if final is None else (y, final)
 
 
@@ -229,13 +237,15 @@ def _mamba_inner(named: Named) -> torch.Tensor:
     given_b, given_c = named.get("B"), named.get("C")
     y = _function(SELECTIVE_SCAN).apply(
         conv, delta, a, b.transpose(1, 2) if given_b is None else given_b,
-        c.transpose(1, 2) if given_c is None else given_c, named.get("D"), z, named.get("delta_bias"),
+        c.transpose(1, 2) if given_c is None else given_c, named.get("D"), z,
+        named.get("delta_bias"),
         bool(named.get("delta_softplus", True)), False)
     return _in_module(named["out_proj_weight"], torch.nn.functional.linear, y.transpose(1, 2),
                       named["out_proj_weight"], named.get("out_proj_bias"))
 
 
-def _in_module(weight: torch.Tensor, function: Callable[..., torch.Tensor], *args: Any) -> torch.Tensor:
+def _in_module(weight: torch.Tensor, function: Callable[..., torch.Tensor],
+               *args: Any) -> torch.Tensor:
     """``function(*args)`` recorded in a call of the module holding ``weight`` (a fused
     layer computing a projection with its module's weight, never calling the module)."""
     recorder = _recorder()
@@ -258,24 +268,34 @@ def _recorded(kernel: Kernel, named: Named) -> Any:
     return out
 
 
-CAUSAL_CONV = Kernel("causal_conv1d.causal_conv1d_fn", "causal_conv1d.causal_conv1d_interface.CausalConv1dFn",
-                     ("x", "weight"), causal_conv1d, causal_conv_outputs, backward=twice(causal_conv1d),
+CAUSAL_CONV = Kernel("causal_conv1d.causal_conv1d_fn",
+                     "causal_conv1d.causal_conv1d_interface.CausalConv1dFn",
+                     ("x", "weight"), causal_conv1d, causal_conv_outputs,
+                     backward=twice(causal_conv1d),
                      family=OpFamily.CONV)
-"""causal-conv1d's depthwise causal convolution before 1.5.2 (a Function over a pybind module; from 1.5.2 on it
-calls the ``DaoAILab`` ops, :mod:`flopscope.formulas.kernels`), in the calling module (transformers' mixers call it
-with their ``conv1d``'s weight, as their torch path calls ``F.conv1d``)."""
+"""causal-conv1d's depthwise causal convolution before 1.5.2 (a Function over a pybind
+module; from 1.5.2 on it calls the ``DaoAILab`` ops, :mod:`flopscope.formulas.kernels`),
+in the calling module (transformers' mixers call it with their ``conv1d``'s weight, as
+their torch path calls ``F.conv1d``)."""
 
-SSD = Kernel("mamba_ssm.mamba_chunk_scan_combined", "mamba_ssm.ops.triton.ssd_combined.MambaChunkScanCombinedFn",
-             ("x", "dt", "A", "B", "C", "chunk_size", "D", "z", "dt_bias", "initial_states"), ssd_formula,
-             ssd_outputs, backward=twice(ssd_formula), family=OpFamily.ATTENTION, operands=(4, 3, 0),
+SSD = Kernel("mamba_ssm.mamba_chunk_scan_combined",
+             "mamba_ssm.ops.triton.ssd_combined.MambaChunkScanCombinedFn",
+             ("x", "dt", "A", "B", "C", "chunk_size", "D", "z", "dt_bias", "initial_states"),
+             ssd_formula,
+             ssd_outputs, backward=twice(ssd_formula), family=OpFamily.ATTENTION,
+             operands=(4, 3, 0),
              layout=CHUNKED)
-"""mamba-ssm's chunked scan of Mamba-2 (state space duality), priced as transformers' torch path computes it."""
+"""mamba-ssm's chunked scan of Mamba-2 (state space duality), priced as transformers'
+torch path computes it."""
 
 
-SELECTIVE_SCAN = Kernel("mamba_ssm.selective_scan_fn", "mamba_ssm.ops.selective_scan_interface.SelectiveScanFn",
-                        ("u", "delta", "A", "B", "C"), selective_scan_formula, selective_scan_outputs,
+SELECTIVE_SCAN = Kernel("mamba_ssm.selective_scan_fn",
+                        "mamba_ssm.ops.selective_scan_interface.SelectiveScanFn",
+                        ("u", "delta", "A", "B", "C"), selective_scan_formula,
+                        selective_scan_outputs,
                         backward=twice(selective_scan_formula))
-"""mamba-ssm's selective scan of Mamba (a CUDA extension), priced as transformers' torch path computes it."""
+"""mamba-ssm's selective scan of Mamba (a CUDA extension), priced as transformers' torch
+path computes it."""
 
 
 def _function(kernel: Kernel) -> Any:
@@ -289,66 +309,92 @@ CATALOG: list[Kernel] = [
     SSD,
     # a pybind function its library looks up on its extension module at each call
     Kernel("flash_attn.fwd_kvcache", ATTRIBUTE + "flash_attn_2_cuda.fwd_kvcache",
-           ("q", "kcache", "vcache", "k", "v", "seqlens_k", "rotary_cos", "rotary_sin", "cache_batch_idx",
-            "leftpad_k", "block_table", "alibi_slopes", "out", "softmax_scale", "is_causal", "window_size_left",
+           ("q", "kcache", "vcache", "k", "v", "seqlens_k", "rotary_cos", "rotary_sin",
+            "cache_batch_idx",
+            "leftpad_k", "block_table", "alibi_slopes", "out", "softmax_scale", "is_causal",
+            "window_size_left",
             "window_size_right", "softcap", "is_rotary_interleaved", "num_splits"),
-           lambda **named: flash_kernel(named), kvcache_outputs, family=OpFamily.ATTENTION, operands=(0, 1, 2),
+           lambda **named: flash_kernel(named), kvcache_outputs, family=OpFamily.ATTENTION,
+           operands=(0, 1, 2),
            writes=("kcache", "vcache")),
-    Kernel("causal_conv1d.causal_conv1d_update", ATTRIBUTE + "causal_conv1d_cuda.causal_conv1d_update",
+    Kernel("causal_conv1d.causal_conv1d_update",
+           ATTRIBUTE + "causal_conv1d_cuda.causal_conv1d_update",
            ("x", "conv_state", "weight", "bias", "silu_activation", "cache_seqlens"),
-           lambda x, conv_state, weight, **_: causal_conv1d_update(x, conv_state, weight), like("x"),
+           lambda x, conv_state, weight, **_: causal_conv1d_update(x, conv_state, weight),
+           like("x"),
            # (before 1.5.2; from 1.5.2 on, its DaoAILab op)
            family=OpFamily.CONV, writes=("conv_state",)),
-    # Triton kernels launched from plain functions (flopscope.capture.launches), by the @triton.jit function's name
+    # Triton kernels launched from plain functions (flopscope.capture.launches), by the
+    # @triton.jit function's name
     Kernel("mamba_ssm.selective_state_update", launches.PREFIX + "_selective_scan_update_kernel",
-           ("x_ptr", "B_ptr", "C_ptr", "batch", "nheads", "dim", "dstate"), state_update_formula, like("x_ptr"),
+           ("x_ptr", "B_ptr", "C_ptr", "batch", "nheads", "dim", "dstate"), state_update_formula,
+           like("x_ptr"),
            writes=("state_ptr", "out_ptr")),
-    Kernel("fla.fused_recurrent_kda", launches.PREFIX + "fused_recurrent_kda_fwd_kernel", ("q", "k", "v", "g", "beta"),
+    Kernel("fla.fused_recurrent_kda", launches.PREFIX + "fused_recurrent_kda_fwd_kernel",
+           ("q", "k", "v", "g", "beta"),
            no_multiply, like("v"), writes=("o", "ht")),
     Kernel("mamba_ssm.mamba_split_conv1d_scan_combined",
-           "mamba_ssm.ops.triton.ssd_combined.MambaSplitConv1dScanCombinedFn", (), no_multiply, like("zxbcdt"),
+           "mamba_ssm.ops.triton.ssd_combined.MambaSplitConv1dScanCombinedFn", (), no_multiply,
+           like("zxbcdt"),
            reference=_split_conv1d_scan),
     CAUSAL_CONV,
     SELECTIVE_SCAN,
-    Kernel("mamba_ssm.mamba_inner_fn", "mamba_ssm.ops.selective_scan_interface.MambaInnerFn", (), no_multiply,
+    Kernel("mamba_ssm.mamba_inner_fn", "mamba_ssm.ops.selective_scan_interface.MambaInnerFn", (),
+           no_multiply,
            like("xz"), reference=_mamba_inner),
-    Kernel("fla.chunk_gated_delta_rule", "fla.ops.gated_delta_rule.chunk.ChunkGatedDeltaRuleFunction",
-           ("q", "k", "v", "g", "beta", "initial_state", "cu_seqlens", "chunk_size"), gated_delta_formula,
-           gated_delta_outputs, backward=twice(gated_delta_formula), family=OpFamily.ATTENTION, operands=(0, 1, 2),
+    Kernel("fla.chunk_gated_delta_rule",
+           "fla.ops.gated_delta_rule.chunk.ChunkGatedDeltaRuleFunction",
+           ("q", "k", "v", "g", "beta", "initial_state", "cu_seqlens", "chunk_size"),
+           gated_delta_formula,
+           gated_delta_outputs, backward=twice(gated_delta_formula), family=OpFamily.ATTENTION,
+           operands=(0, 1, 2),
            layout=CHUNKED),
     Kernel("fla.chunk_kda", "fla.ops.kda.chunk.ChunkKDAFunction",
            ("q", "k", "v", "g", "beta", "initial_state", "cu_seqlens", "chunk_size"), kda_formula,
-           gated_delta_outputs, backward=twice(kda_formula), family=OpFamily.ATTENTION, operands=(0, 1, 2),
+           gated_delta_outputs, backward=twice(kda_formula), family=OpFamily.ATTENTION,
+           operands=(0, 1, 2),
            layout=CHUNKED),
-    Kernel("fla.chunk_dplr_delta_rule", "fla.ops.generalized_delta_rule.dplr.chunk.ChunkDPLRDeltaRuleFunction",
+    Kernel("fla.chunk_dplr_delta_rule",
+           "fla.ops.generalized_delta_rule.dplr.chunk.ChunkDPLRDeltaRuleFunction",
            ("q", "k", "v", "a", "b", "gk", "initial_state", "cu_seqlens", "lower_bound", "chunk_size"), dplr_formula,
-           gated_delta_outputs, backward=twice(dplr_formula), family=OpFamily.ATTENTION, operands=(0, 1, 2),
+           gated_delta_outputs, backward=twice(dplr_formula), family=OpFamily.ATTENTION,
+           operands=(0, 1, 2),
            layout=CHUNKED),
-    Kernel("fla.chunk_gla", "fla.ops.gla.chunk.ChunkGLAFunction", ("q", "k", "v", "g", "initial_state", "cu_seqlens"),
+    Kernel("fla.chunk_gla", "fla.ops.gla.chunk.ChunkGLAFunction",
+           ("q", "k", "v", "g", "initial_state", "cu_seqlens"),
            gla_formula, gated_delta_outputs, backward=twice(gla_formula), family=OpFamily.ATTENTION,
            operands=(0, 1, 2), layout=CHUNKED),
     Kernel("fla.chunk_simple_gla", "fla.ops.simple_gla.chunk.ChunkSimpleGLAFunction",
            ("q", "k", "v", "g", "initial_state", "cu_seqlens", "chunk_size"), simple_gla_formula,
-           gated_delta_outputs, backward=twice(simple_gla_formula), family=OpFamily.ATTENTION, operands=(0, 1, 2),
+           gated_delta_outputs, backward=twice(simple_gla_formula), family=OpFamily.ATTENTION,
+           operands=(0, 1, 2),
            layout=CHUNKED),
     Kernel("liger.fused_linear_cross_entropy",
            "liger_kernel.ops.fused_linear_cross_entropy.LigerFusedLinearCrossEntropyFunction",
            ("_input", "weight", "reduction"), logits_of, linear_cross_entropy_outputs,
            backward=linear_cross_entropy_backward, module=lambda named: named["weight"],
            gradients=linear_cross_entropy_gradients),
-    Kernel("fla.fused_recurrent_gated_delta_rule", "fla.ops.gated_delta_rule.fused_recurrent.FusedRecurrentFunction",
-           ("q", "k", "v", "g", "beta", "initial_state"), no_multiply, like("v"), reference=recurrent_gated_delta),
-    # Liger's elementwise kernels (Triton): no multiply; on fake tensors, the torch computation each stands for
-    Kernel("liger.rms_norm", "liger_kernel.ops.rms_norm.LigerRMSNormFunction", ("X", "W"), no_multiply,
+    Kernel("fla.fused_recurrent_gated_delta_rule",
+           "fla.ops.gated_delta_rule.fused_recurrent.FusedRecurrentFunction",
+           ("q", "k", "v", "g", "beta", "initial_state"), no_multiply, like("v"),
+           reference=recurrent_gated_delta),
+    # Liger's elementwise kernels (Triton): no multiply; on fake tensors, the torch
+    # computation each stands for
+    Kernel("liger.rms_norm", "liger_kernel.ops.rms_norm.LigerRMSNormFunction", ("X", "W"),
+           no_multiply,
            like("X"), reference=rms_norm),
-    Kernel("liger.swiglu", "liger_kernel.ops.swiglu.LigerSiLUMulFunction", ("a", "b"), no_multiply, like("a"),
+    Kernel("liger.swiglu", "liger_kernel.ops.swiglu.LigerSiLUMulFunction", ("a", "b"), no_multiply,
+           like("a"),
            reference=swiglu),
-    Kernel("liger.rope", "liger_kernel.ops.rope.LigerRopeFunction", ("q", "k", "cos", "sin"), no_multiply,
+    Kernel("liger.rope", "liger_kernel.ops.rope.LigerRopeFunction", ("q", "k", "cos", "sin"),
+           no_multiply,
            like("q", "k"), reference=rope),
-    Kernel("liger.cross_entropy", "liger_kernel.ops.cross_entropy.LigerCrossEntropyFunction", ("_input", "target"),
+    Kernel("liger.cross_entropy", "liger_kernel.ops.cross_entropy.LigerCrossEntropyFunction",
+           ("_input", "target"),
            no_multiply, linear_cross_entropy_outputs, reference=cross_entropy),
 ]
-"""The kernels counted at their ``autograd.Function`` (``docs/conventions.md``: the production kernels)."""
+"""The kernels counted at their ``autograd.Function`` (``docs/conventions.md``: the
+production kernels)."""
 
 # Function class -> its original forward, backward (while wrapped)
 _wrapped: dict[Any, tuple[Any, Any]] = {}
@@ -442,8 +488,8 @@ def _wrap(cls: Any, kernel: Kernel) -> None:
     forward, backward = cls.__dict__.get("forward"), cls.__dict__.get("backward")
     # (a forward of a base class, or one without ctx: a
     if forward is None or "setup_context" in cls.__dict__:
-        # layout this wrapper does not know; the kernel stays uncounted, and its buffers flagged in
-        # real mode)
+        # layout this wrapper does not know; the kernel stays uncounted, and its buffers
+        # flagged in real mode)
         return
     original_forward = forward.__func__ if isinstance(forward, staticmethod) else forward
     original_backward = backward.__func__ if isinstance(backward, staticmethod) else backward
@@ -470,7 +516,8 @@ def _wrap(cls: Any, kernel: Kernel) -> None:
         op = kernel.record(recorder, named, out, differentiated)
         gradients = kernel.gradients(named) if kernel.gradients is not None and op is not None else 0
         if gradients:
-            recorder.record_kernel(kernel, _constant(gradients, kernel), arguments, None, phase=BACKWARD, forward=op)
+            recorder.record_kernel(kernel, _constant(gradients, kernel), arguments, None,
+                                   phase=BACKWARD, forward=op)
         return out
 
     def counted_backward(ctx: Any, *grads: Any) -> Any:
@@ -480,7 +527,8 @@ def _wrap(cls: Any, kernel: Kernel) -> None:
             return original_backward(ctx, *grads)
         arguments, args, fake, products = call
         with recorder.suspended():
-            # (the forward did not run: a gradient of each input's shape, none for the rest)
+            # (the forward did not run: a gradient of each input's shape, none for the
+            # rest)
             if fake:
                 result = tuple(a.new_empty(a.shape) if isinstance(a, torch.Tensor) and a.requires_grad else None
                                for a in args)
@@ -490,7 +538,8 @@ def _wrap(cls: Any, kernel: Kernel) -> None:
         if products is not None:
             for op in products:
                 twice = {part: 2 * macs for part, macs in op.parts.items()} if op.parts else 2 * op.macs
-                recorder.record_kernel(kernel, _constant(twice, kernel), (), None, phase=BACKWARD, forward=op)
+                recorder.record_kernel(kernel, _constant(twice, kernel), (), None, phase=BACKWARD,
+                                       forward=op)
         elif kernel.backward is not None:
             recorder.record_kernel(kernel, kernel.spec(backward=True), tuple(arguments), result)
         return result

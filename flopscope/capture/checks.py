@@ -1,5 +1,6 @@
-"""Validators for the arguments of flopscope's own functions: one function per rule, each raising a
-:class:`~flopscope.errors.FlopscopeError` subclass that names the argument and its value."""
+"""Validators for the arguments of flopscope's own functions: one function per rule,
+each raising a :class:`~flopscope.errors.FlopscopeError` subclass that names the
+argument and its value."""
 
 from __future__ import annotations
 
@@ -32,7 +33,8 @@ def check_heads(d: int, h: int) -> None:
 
 def check_model(model: Any) -> None:
     if not isinstance(model, nn.Module):
-        raise NotAModuleError(f"flopscope profiles torch.nn.Module objects; got {type(model).__name__}")
+        raise NotAModuleError("flopscope profiles torch.nn.Module objects; got "
+                              f"{type(model).__name__}")
     check_process_group(model)
 
 
@@ -47,14 +49,15 @@ def check_process_group(model: nn.Module) -> None:
             mesh = getattr(tensor, "device_mesh", None)
             raise ConfigurationError(
                 f"parameter '{name}' of {type(model).__name__} is a DTensor on mesh {mesh}, but no "
-                "process group is initialised: profile it inside the job that sharded it (or inside "
-                "flopscope.distributed.fake_world)")
+                "process group is initialised: profile it inside the job that sharded it (or "
+                "inside flopscope.distributed.fake_world)")
 
 
 def check_mode(mode: str, allowed: Sequence[str], what: str = "mode") -> None:
     """``mode`` is one of ``allowed``."""
     if mode not in allowed:
-        raise ConfigurationError(f"{what} must be one of {', '.join(map(repr, allowed))}; got {mode!r}")
+        raise ConfigurationError(f"{what} must be one of {', '.join(map(repr, allowed))}; got "
+                                 f"{mode!r}")
 
 
 _SIGNATURES: weakref.WeakKeyDictionary[Any, inspect.Signature] = weakref.WeakKeyDictionary()
@@ -88,9 +91,11 @@ def check_inputs(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
         signature.bind(*args, **kwargs)
     except TypeError as e:
         given = ", ".join([describe(a) for a in args] + [f"{k}={describe(v)}" for k, v in kwargs.items()])
-        raise InputError(f"inputs do not fit {type(model).__name__}.forward{signature}: {e} (given: {given})") from e
+        raise InputError(f"inputs do not fit {type(model).__name__}.forward{signature}: {e} "
+                         f"(given: {given})") from e
 
 
 def describe(x: Any) -> str:
-    """``Tensor[2, 8]`` for a tensor, the type name of anything else (for error messages)."""
+    """``Tensor[2, 8]`` for a tensor, the type name of anything else (for error
+    messages)."""
     return f"Tensor{list(x.shape)}" if isinstance(x, torch.Tensor) else type(x).__name__

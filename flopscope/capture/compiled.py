@@ -29,17 +29,18 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-COMPILED_NOTE = ("torch.compile'd model: counted the ATen ops of the eager module it wraps (the work of the graph "
-                 "Dynamo captures, not Inductor's fused kernels); the compiled module itself was not called")
+COMPILED_NOTE = ("torch.compile'd model: counted the ATen ops of the eager module it wraps (the "
+                 "work of the graph Dynamo captures, not Inductor's fused kernels); the compiled "
+                 "module itself was not called")
 EXPORTED_NOTE = "ExportedProgram: counted the ATen ops of its graph, in the modules torch.export.unflatten rebuilds"
-FLAT_NOTE = ("ExportedProgram: counted the ATen ops of its graph (ep.module(): every op in the root module; "
-             "torch.export.unflatten failed: {error})")
+FLAT_NOTE = ("ExportedProgram: counted the ATen ops of its graph (ep.module(): every op in the "
+             "root module; torch.export.unflatten failed: {error})")
 
 
-BLOCK_WARNING = ("a torch.compile'd module called inside a flopscope.profiler block runs eagerly there (Dynamo does "
-                 "not compile under a dispatch mode) and its forward's code is then not compiled again in this "
-                 "process (until torch._dynamo.reset()); count it with flopscope.profile(compiled, ...), which never "
-                 "calls it")
+BLOCK_WARNING = ("a torch.compile'd module called inside a flopscope.profiler block runs eagerly "
+                 "there (Dynamo does not compile under a dispatch mode) and its forward's code is "
+                 "then not compiled again in this process (until torch._dynamo.reset()); count it "
+                 "with flopscope.profile(compiled, ...), which never calls it")
 
 
 def is_compiled(model: Any) -> bool:

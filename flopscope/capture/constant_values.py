@@ -33,8 +33,8 @@ from .recorder import UNINITIALISED
 from .records import CapturedOp, Cost, after_write
 
 MAX_BYTES = 1 << 26
-"""The most bytes one evaluated tensor may have (64 MiB: a boolean causal mask over 8,192 positions, a float32 one
-over 4,096)."""
+"""The most bytes one evaluated tensor may have (64 MiB: a boolean causal mask over
+8,192 positions, a float32 one over 4,096)."""
 
 _MAX_DEPTH = 64  # the longest chain of records followed back to constructors
 _UNKNOWN: Any = object()  # memo entry of a record whose values cannot be evaluated
@@ -84,7 +84,8 @@ class ConstantValues:
         if target is operator.getitem:
             parent = self._evaluate(op.args[0])
             return parent[op.args[1]] if isinstance(parent, list) else None
-        # the value a tensor holds after a write: evaluable when the write was to it whole
+        # the value a tensor holds after a write: evaluable when the write was to it
+        # whole
         if target is after_write:
             producer, write = op.args
             if not (isinstance(write, CapturedOp) and write.args and write.args[0] is producer):
@@ -142,7 +143,8 @@ class ConstantValues:
         if op.node_op == "call_function" and op.cost in (Cost.ZERO, Cost.ELEMENTWISE) and self._depth < _MAX_DEPTH:
             self._depth += 1
             try:
-                parts = [_constant(op.target), _constant(op.args, self._recipe), _constant(op.kwargs, self._recipe)]
+                parts = [_constant(op.target), _constant(op.args, self._recipe),
+                         _constant(op.kwargs, self._recipe)]
             finally:
                 self._depth -= 1
             if all(part is not _UNKNOWN for part in parts):

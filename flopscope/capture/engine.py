@@ -86,21 +86,25 @@ def capture(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any], plan: Cap
         plan = plan.planned(model, args, kwargs)
     model = plan.module
     if plan.mode == "real":
-        return _attempt(model, args, kwargs, plan, fake=False, notes=plan.notes, stacklevel=stacklevel + 1)
+        return _attempt(model, args, kwargs, plan, fake=False, notes=plan.notes,
+                        stacklevel=stacklevel + 1)
     try:
         if plan.sharded is not None:
             raise sharded_refusal(model, plan.sharded)
-        return _attempt(model, args, kwargs, plan, fake=True, notes=plan.notes, stacklevel=stacklevel + 1)
+        return _attempt(model, args, kwargs, plan, fake=True, notes=plan.notes,
+                        stacklevel=stacklevel + 1)
     except (FakeTensorError, ForwardError) as failed:
         if plan.mode == "fake" or not failed.on_fake_tensors:
             raise
         note = fall_back(model, args, kwargs, plan, failed)
-    result = _attempt(model, args, kwargs, plan, fake=False, notes=(*plan.notes, note), stacklevel=stacklevel + 1)
+    result = _attempt(model, args, kwargs, plan, fake=False, notes=(*plan.notes, note),
+                      stacklevel=stacklevel + 1)
     warnings.warn(f"flopscope: {note}", FlopscopeWarning, stacklevel=stacklevel)
     return result
 
 
-def _attempt(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], plan: CapturePlan, *, fake: bool,
+def _attempt(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], plan: CapturePlan, *,
+             fake: bool,
              notes: Sequence[str], stacklevel: int) -> CaptureResult:
     """One counted forward (and backward), on fake tensors or for real.
 
@@ -114,12 +118,14 @@ def _attempt(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], pl
             return _record(model, args, kwargs, plan, False, None, notes, stacklevel + 1)
     converter = plan.converter
     if isinstance(converter, MetaConverter) and converter.fallback is None:
-        # on meta kernels directly: no fake-tensor mode in between (a model too large to build)
+        # on meta kernels directly: no fake-tensor mode in between (a model too large to
+        # build)
         try:
             return _record(model, args, kwargs, plan, True, converter, notes, stacklevel + 1)
         except Exception as error:
             if not meta_kernels_cannot(error):
-                # the model's own error (fake tensors would meet it too), or what a real kernel refuses
+                # the model's own error (fake tensors would meet it too), or what a real
+                # kernel refuses
                 raise
             converter.fallback = fake_converter()
     if isinstance(converter, MetaConverter):
@@ -139,12 +145,14 @@ def _real_run_lock(model: nn.Module) -> threading.RLock:
         return lock
 
 
-def _record(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], plan: CapturePlan, fake: bool,
+def _record(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], plan: CapturePlan,
+            fake: bool,
             converter: Converter | None, notes: Sequence[str], stacklevel: int,
             stand_ins: bool = True) -> CaptureResult:
     """Run and record once; the body of :func:`_attempt`."""
     facts = read_facts(model)
-    # fake: the shadow runs, so the user's tables are not restored (another thread may be changing them)
+    # fake: the shadow runs, so the user's tables are not restored (another thread may
+    # be changing them)
     snapshot = ModelSnapshot(model, buffer_values=not fake, grads=plan.backward, tables=not fake)
     # what the model's code keeps must not keep fake tensors
     caches = CacheGuard(model) if fake else None
@@ -152,17 +160,19 @@ def _record(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], pla
     refused = False
     try:
         with ExitStack() as stack:
-            held = capture_contexts(stack, model, plan.registry, fake, converter, inputs=(args, kwargs),
+            held = capture_contexts(stack, model, plan.registry, fake, converter,
+                                    inputs=(args, kwargs),
                                     pause_gc=True)
             state = held.state
             if plan.backward:
                 stack.enter_context(torch.enable_grad())
             replayer = None
             if held.convert is not None and plan.reuse and not plan.backward:
-                # no backward: grad mode's graph is never used; reads: the shadow's classes may be swapped,
-                # never the model's
+                # no backward: grad mode's graph is never used; reads: the shadow's
+                # classes may be swapped, never the model's
                 replayer = stack.enter_context(
-                    CallReplayer(held.recorder, held.tracker, grad=True, reads=held.target is not model,
+                    CallReplayer(held.recorder, held.tracker, grad=True,
+                                 reads=held.target is not model,
                                  stand_ins=stand_ins).wrapping({"": held.target}, blocks_only=True))
             try:
                 output = (held.target(*held.args, **held.kwargs) if plan.driver is None
@@ -171,12 +181,13 @@ def _record(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], pla
             except Exception as error:
                 if replayer is None or not stand_ins or not (replayer.stood_in or stand_in_refused(error)):
                     raise explain(model, error, held.recorder, held.tracker, fake) from error
-                # a torch function refused a layer attribute's stand-in: counted again without
+                # a torch function refused a layer attribute's stand-in: counted again
+                # without
                 refused, output = True, None
             if inspect.isgenerator(output):
-                raise ForwardError(f"{type(model).__name__}.forward is a generator function: calling it ran none "
-                                   "of its code, so there is nothing to count; profile a module whose forward "
-                                   "returns its outputs")
+                raise ForwardError(f"{type(model).__name__}.forward is a generator function: "
+                                   "calling it ran none of its code, so there is nothing to count; "
+                                   "profile a module whose forward returns its outputs")
             if plan.backward:
                 _backward(model, output, plan.loss, held.recorder, held.tracker, fake)
     finally:
@@ -189,20 +200,25 @@ def _record(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], pla
             for t in state.values():
                 t.grad = None
     for problem in unrestored:
-        warnings.warn(f"flopscope: could not restore {problem}", FlopscopeWarning, stacklevel=stacklevel)
+        warnings.warn(f"flopscope: could not restore {problem}", FlopscopeWarning,
+                      stacklevel=stacklevel)
     # the shadow is discarded and the model restored: the run leaves nothing behind
     if refused:
-        return _record(model, args, kwargs, plan, fake, converter, notes, stacklevel + 1, stand_ins=False)
+        return _record(model, args, kwargs, plan, fake, converter, notes, stacklevel + 1,
+                       stand_ins=False)
     changed = snapshot.changed_parameters()
     if changed:
-        warnings.warn(f"flopscope: the forward of {type(model).__name__} changed parameters in place "
-                      f"({', '.join(changed[:5])}{', ...' if len(changed) > 5 else ''}); a real run keeps such "
-                      "changes, as it would without flopscope", FlopscopeWarning, stacklevel=stacklevel)
+        warnings.warn(f"flopscope: the forward of {type(model).__name__} changed parameters in "
+                      f"place ({', '.join(changed[:5])}{', ...' if len(changed) > 5 else ''}); a "
+                      "real run keeps such "
+                      "changes, as it would without flopscope", FlopscopeWarning,
+                      stacklevel=stacklevel)
     if isinstance(held.convert, MetaConverter) and any(op.target is _SDPA_MATH_SOFTMAX for op in held.recorder.ops):
         notes = (*notes, META_ATTENTION_NOTE)
     if replayer is not None:
         notes = (*notes, *replayer.notes(refusals=False))
-    result = CaptureResult(capture_of(held.recorder, held.tracker), facts, "fake" if fake else "real", output,
+    result = CaptureResult(capture_of(held.recorder, held.tracker), facts,
+                           "fake" if fake else "real", output,
                            tuple(notes))
     warn_incomplete(result.capture, stacklevel + 1)
     return result
@@ -235,7 +251,8 @@ class Session:
     def start(self) -> None:
         plan = self.plan.for_block(self.model)
         try:
-            held = capture_contexts(self._stack, self.model, plan.registry, self.fake, plan.converter,
+            held = capture_contexts(self._stack, self.model, plan.registry, self.fake,
+                                    plan.converter,
                                     ranges=self.ranges, fake_block=self.fake_block)
         except BaseException:
             self._stack.close()
@@ -251,10 +268,11 @@ class Session:
         """
         if self._recorder is None or self._tracker is None:
             raise ConfigurationError("the profiler block was never entered")
-        # reads: in a fake block the modules are the run's for its duration, their parameters swapped for fake
-        # ones (other threads must not run them: docs/conventions.md), so their classes may be swapped while a
-        # first call is watched. No stand-ins: a function refusing one would fail the user's block, which is not
-        # run again.
+        # reads: in a fake block the modules are the run's for its duration, their
+        # parameters swapped for fake ones (other threads must not run them:
+        # docs/conventions.md), so their classes may be swapped while a first call is
+        # watched. No stand-ins: a function refusing one would fail the user's block,
+        # which is not run again.
         with CallReplayer(self._recorder, self._tracker, reads=self.fake, stand_ins=False).wrapping(modules) \
                 as replayer:
             yield replayer
@@ -287,8 +305,9 @@ class Session:
         warn_incomplete(result.capture, stacklevel + 1)
         foreign = self._tracker.foreign_calls
         if foreign:
-            warnings.warn(f"flopscope: {foreign} forward(s) of {type(self.model).__name__} ran in other threads "
-                          "during the profiler block and are not counted (a profiler counts the thread that "
+            warnings.warn(f"flopscope: {foreign} forward(s) of {type(self.model).__name__} ran in "
+                          "other threads during the profiler block and are not counted (a profiler "
+                          "counts the thread that "
                           "opened it)", FlopscopeWarning, stacklevel=stacklevel + 1)
         return result
 
@@ -312,7 +331,8 @@ class Held:
 
 
 def capture_contexts(stack: ExitStack, model: nn.Module, registry: FormulaRegistry, fake: bool,
-                     converter: Converter | None, *, inputs: tuple[tuple[Any, ...], dict[str, Any]] | None = None,
+                     converter: Converter | None, *,
+                     inputs: tuple[tuple[Any, ...], dict[str, Any]] | None = None,
                      pause_gc: bool = False, ranges: bool = False, fake_block: bool = True) -> Held:
     """Build on ``stack`` the context stack of one capture, in its one order.
 
@@ -351,7 +371,8 @@ def capture_contexts(stack: ExitStack, model: nn.Module, registry: FormulaRegist
         if inputs is not None:
             stack.enter_context(quiet_fake_tensor_log())
             real = tensors_in(inputs) + real
-            args, kwargs = map_tensors((args, kwargs), convert, objects=lambda obj: isolated_copy(obj, convert))
+            args, kwargs = map_tensors((args, kwargs), convert,
+                                       objects=lambda obj: isolated_copy(obj, convert))
         recorder.known_values.leaf_values.update(_index_values(real, convert))
         if inputs is None:
             # runs last, after the swap back
@@ -376,7 +397,8 @@ def _restore_caches(caches: CacheGuard) -> None:
             warnings.warn(f"flopscope: {line}", FlopscopeWarning, stacklevel=4)
 
 
-def _recorder(own_state: list[tuple[str, torch.Tensor]], tracker: ModuleTracker, registry: FormulaRegistry,
+def _recorder(own_state: list[tuple[str, torch.Tensor]], tracker: ModuleTracker,
+              registry: FormulaRegistry,
               convert: Converter | None) -> tuple[Recorder, dict[str, torch.Tensor]]:
     """The recorder of one run (timing ops when real), and the state it sees.
 
@@ -390,21 +412,25 @@ def _recorder(own_state: list[tuple[str, torch.Tensor]], tracker: ModuleTracker,
         return recorder, {}
     state = {name: convert(t) for name, t in own_state}
     if isinstance(convert, MetaConverter):
-        recorder = Recorder(tracker, registry, _state_names(own_state, convert), fake=True, device=convert.device)
+        recorder = Recorder(tracker, registry, _state_names(own_state, convert), fake=True,
+                            device=convert.device)
     else:
-        recorder = Recorder(tracker, registry, _state_names(own_state, convert), fake=True, fake_mode=convert.mode)
+        recorder = Recorder(tracker, registry, _state_names(own_state, convert), fake=True,
+                            fake_mode=convert.mode)
     return recorder, state
 
 
-def _backward(model: nn.Module, output: Any, loss: Loss | None, recorder: Recorder, tracker: ModuleTracker,
+def _backward(model: nn.Module, output: Any, loss: Loss | None, recorder: Recorder,
+              tracker: ModuleTracker,
               fake: bool) -> None:
     if loss is not None:
         value = loss(output)
     else:
         floats = [t for t in tensors_in(output) if t.is_floating_point() and t.requires_grad]
         if not floats:
-            raise ForwardError(f"backward=True: no output of {type(model).__name__} requires grad (are its "
-                               "parameters frozen?); pass loss= to choose what to differentiate")
+            raise ForwardError(f"backward=True: no output of {type(model).__name__} requires grad "
+                               "(are its parameters frozen?); pass loss= to choose what to "
+                               "differentiate")
         value = sum((t.sum() for t in floats[1:]), floats[0].sum())
     with recorder.backward_pass():
         try:
@@ -425,13 +451,15 @@ def warn_incomplete(capture: Capture, stacklevel: int) -> None:
     unsupported = dict(capture.unsupported)
     if unsupported:
         listed = ", ".join(f"{op} x{calls}" for op, calls in sorted(unsupported.items()))
-        warnings.warn(f"flopscope: no formula for {listed}; they may do arithmetic that total() leaves out "
+        warnings.warn(f"flopscope: no formula for {listed}; they may do arithmetic that total() "
+                      "leaves out "
                       "(see prof.unsupported())", FlopscopeWarning, stacklevel=stacklevel)
     for note in capture.notes(unchecked=False):
         warnings.warn(f"flopscope: {note}", FlopscopeWarning, stacklevel=stacklevel)
 
 
-def _state_names(own_state: list[tuple[str, torch.Tensor]], convert: Callable[[torch.Tensor], torch.Tensor]
+def _state_names(own_state: list[tuple[str, torch.Tensor]],
+                 convert: Callable[[torch.Tensor], torch.Tensor]
                  ) -> dict[int, LeafName]:
     names: dict[int, LeafName] = {}
     for name, t in own_state:
@@ -445,7 +473,8 @@ def _state_names(own_state: list[tuple[str, torch.Tensor]], convert: Callable[[t
     return names
 
 
-def _input_names(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[int, LeafName]:
+def _input_names(model: nn.Module, args: tuple[Any, ...],
+                 kwargs: dict[str, Any]) -> dict[int, LeafName]:
     signature = forward_signature(model)
     params = list(signature.parameters) if signature is not None else []
     names: dict[int, LeafName] = {}
@@ -453,7 +482,8 @@ def _input_names(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
     for label, value in labelled:
         found = tensors_in(value)
         for j, t in enumerate(found):
-            names.setdefault(id(t), LeafName("placeholder", label if len(found) == 1 else f"{label}_{j}",
+            names.setdefault(id(t), LeafName("placeholder",
+                                             label if len(found) == 1 else f"{label}_{j}",
                                              LeafKind.INPUT))
     return names
 
@@ -487,6 +517,8 @@ def meta_kernels_cannot(error: BaseException) -> bool:
 
 _SDPA_MATH_SOFTMAX = torch.ops.aten._safe_softmax.default
 """The softmax of ``scaled_dot_product_attention``'s math path (and of nothing else)."""
-META_ATTENTION_NOTE = ("on device='meta', scaled_dot_product_attention (and nn.MultiheadAttention's fast path) ran "
-                       "the composite math path (two bmm's around a softmax): the same multiplies as a fused kernel, "
-                       "but its bytes include the n x n scores, which a fused kernel on a real device does not write")
+META_ATTENTION_NOTE = ("on device='meta', scaled_dot_product_attention (and "
+                       "nn.MultiheadAttention's fast path) ran the composite math path (two bmm's "
+                       "around a softmax): the same multiplies as a fused kernel, but its bytes "
+                       "include the n x n scores, which a fused kernel on a real device does not "
+                       "write")

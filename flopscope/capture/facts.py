@@ -44,10 +44,11 @@ class ModelFacts:
                 return values[name]
         return None
 
-    def declared(self, names: Names, paths: Sequence[str] = (), *, config: bool = True) -> int | None:
-        """The first integer a module at ``paths`` declares under ``names.module`` (paths in order), else
-        (with ``config``) the first the config declares under ``names.config`` (see
-        :mod:`flopscope.conventions`)."""
+    def declared(self, names: Names, paths: Sequence[str] = (), *,
+                 config: bool = True) -> int | None:
+        """The first integer a module at ``paths`` declares under ``names.module``
+        (paths in order), else (with ``config``) the first the config declares under
+        ``names.config`` (see :mod:`flopscope.conventions`)."""
         for path in paths:
             for name in names.module:
                 value = self.attributes.get(path, {}).get(name)
@@ -89,10 +90,13 @@ def read_facts(model: nn.Module) -> ModelFacts:
         if isinstance(module, nn.Embedding):
             embedding[id(module.weight)] = module.weight.numel()
     if lazy:
-        raise FlopscopeError(f"{type(model).__name__} has uninitialized (lazy) parameters ({', '.join(lazy[:3])}): "
-                             "run one forward to materialise them, then profile")
-    return ModelFacts(types=types, attributes=attributes, param_shapes=param_shapes, config=_config(model),
-                      params=sum(p.numel() for p in unique.values()), embedding_params=sum(embedding.values()),
+        raise FlopscopeError(f"{type(model).__name__} has uninitialized (lazy) parameters "
+                             f"({', '.join(lazy[:3])}): run one forward to materialise them, then "
+                             "profile")
+    return ModelFacts(types=types, attributes=attributes, param_shapes=param_shapes,
+                      config=_config(model),
+                      params=sum(p.numel() for p in unique.values()),
+                      embedding_params=sum(embedding.values()),
                       tied_embedding=_shares_embedding(model), aliases=_aliases(model, len(types)))
 
 
@@ -111,7 +115,8 @@ def _aliases(model: nn.Module, unique: int) -> dict[str, str]:
     first: dict[int, str] = {}
     aliases: dict[str, str] = {}
     todo: list[tuple[nn.Module, str, frozenset[int]]] = [(model, "", frozenset())]
-    # depth first, each module before its children, in order: named_modules' order and first names
+    # depth first, each module before its children, in order: named_modules' order and
+    # first names
     while todo:
         module, path, above = todo.pop()  # above: the modules this path goes through
         canonical = first.setdefault(id(module), path)

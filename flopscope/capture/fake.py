@@ -1,7 +1,7 @@
 """Fake tensors for counting without computing: the model's state and inputs as ``FakeTensor``\\ s.
 
-Tensors on ``device="meta"`` become fake *CPU* tensors, so a model built on meta takes the same
-kernels (and is counted the same) as one built on the CPU.
+Tensors on ``device="meta"`` become fake *CPU* tensors, so a model built on meta takes
+the same kernels (and is counted the same) as one built on the CPU.
 """
 
 from __future__ import annotations
@@ -32,9 +32,11 @@ from torch._subclasses.fake_tensor import (
 
 from ..errors import FakeTensorError, cause_of_kind
 
-NEEDS_REAL_DATA = (DataDependentOutputException, DynamicOutputShapeException, UnsupportedOperatorException)
-"""Exceptions meaning "this model needs real tensor data here", not "this model is wrong" (and symbolic shapes'
-``GuardOnDataDependentSymNode``: :func:`needs_real_data`)."""
+NEEDS_REAL_DATA = (DataDependentOutputException, DynamicOutputShapeException,
+                   UnsupportedOperatorException)
+"""Exceptions meaning "this model needs real tensor data here", not "this model is
+wrong" (and symbolic shapes' ``GuardOnDataDependentSymNode``:
+:func:`needs_real_data`)."""
 
 
 class CountingFakeTensorMode(FakeTensorMode):
@@ -107,7 +109,8 @@ class FakeConverter:
                     fake = self.mode.from_tensor(t)
                 except UnsupportedFakeTensorException as error:  # quantized tensors, among others
                     where = f"a {t.dtype} tensor of shape {list(t.shape)}"
-                    raise FakeTensorError(f"{where} cannot be a fake tensor ({error}); use mode='real'",
+                    raise FakeTensorError(f"{where} cannot be a fake tensor ({error}); use "
+                                          "mode='real'",
                                           on_fake_tensors=True, where=where, reason=str(error)) from error
             if t.requires_grad and not t.is_leaf and fake.is_leaf:
                 fake = non_leaf(fake)
@@ -122,7 +125,8 @@ class FakeConverter:
         if t.fake_mode is not self.mode:
             where = f"a fake tensor of shape {list(t.shape)}"
             reason = "it belongs to another FakeTensorMode than the model's other fake tensors"
-            raise FakeTensorError(f"{where} cannot be counted: {reason}; make the model and its inputs under one mode",
+            raise FakeTensorError(f"{where} cannot be counted: {reason}; make the model and its "
+                                  "inputs under one mode",
                                   where=where, reason=reason)
         if any(isinstance(n, torch.SymInt) for n in (*t.shape, *t.stride())):
             return t
@@ -160,12 +164,13 @@ class FakeConverter:
 
 
 class MetaConverter:
-    """Converts tensors to new ``device="meta"`` tensors (memoised, so tied weights stay tied), for a model whose
-    state is already on meta: its ops then run on PyTorch's meta kernels directly, with no fake-tensor mode
-    between them and the recorder (the fast way to count a model too large to build). Even a meta tensor gets a
-    new one, so the run never touches the user's (their ``.grad``, their version counters). A run enters
-    :attr:`mode` as it enters a :class:`FakeConverter`'s fake mode; its recorder makes every new tensor on
-    :attr:`device` (``Recorder(device=...)``)."""
+    """Converts tensors to new ``device="meta"`` tensors (memoised, so tied weights stay
+    tied), for a model whose state is already on meta: its ops then run on PyTorch's
+    meta kernels directly, with no fake-tensor mode between them and the recorder (the
+    fast way to count a model too large to build). Even a meta tensor gets a new one, so
+    the run never touches the user's (their ``.grad``, their version counters). A run
+    enters :attr:`mode` as it enters a :class:`FakeConverter`'s fake mode; its recorder
+    makes every new tensor on :attr:`device` (``Recorder(device=...)``)."""
 
     device = torch.device("meta")
 
@@ -200,7 +205,8 @@ class MetaConverter:
         return meta
 
 
-def empty_tensor(shape: Sequence[int], stride: Sequence[int], dtype: torch.dtype, device: torch.device,
+def empty_tensor(shape: Sequence[int], stride: Sequence[int], dtype: torch.dtype,
+                 device: torch.device,
                  requires_grad: bool = False, mode: FakeTensorMode | None = None) -> torch.Tensor:
     """A tensor of these sizes, strides, dtype and device that holds nothing: a fake
     tensor of ``mode`` (else of the fake-tensor mode on the stack) made directly
@@ -213,9 +219,11 @@ def empty_tensor(shape: Sequence[int], stride: Sequence[int], dtype: torch.dtype
     be computed on for real by every op that takes no fake one."""
     mode = mode or torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE)
     if mode is None or device.type == "meta":
-        return torch.empty_strided(shape, stride, dtype=dtype, device=device, requires_grad=requires_grad)
+        return torch.empty_strided(shape, stride, dtype=dtype, device=device,
+                                   requires_grad=requires_grad)
     with torch._C._DisableTorchDispatch():
-        made = FakeTensor(mode, torch.empty_strided(shape, stride, dtype=dtype, device="meta"), device)
+        made = FakeTensor(mode, torch.empty_strided(shape, stride, dtype=dtype, device="meta"),
+                          device)
     return made.requires_grad_() if requires_grad else made
 
 
@@ -246,16 +254,19 @@ def callers_fake_mode(tensors: Iterable[torch.Tensor]) -> FakeTensorMode | None:
     modes = {id(t.fake_mode): t.fake_mode for t in tensors if isinstance(t, FakeTensor)}
     if len(modes) > 1:
         reason = f"the model's state and inputs hold fake tensors of {len(modes)} different FakeTensorModes"
-        raise FakeTensorError(f"{reason}; make the model and its inputs under one mode", where="the model's state",
+        raise FakeTensorError(f"{reason}; make the model and its inputs under one mode",
+                              where="the model's state",
                               reason=reason)
     return next(iter(modes.values()), None)
 
 
 Converter = FakeConverter | MetaConverter
-"""What turns a run's tensors into the ones it computes on: fake tensors, or meta tensors for a meta model."""
+"""What turns a run's tensors into the ones it computes on: fake tensors, or meta
+tensors for a meta model."""
 
 
-def map_tensors(obj: Any, fn: Callable[[torch.Tensor], Any], objects: Callable[[Any], Any] | None = None) -> Any:
+def map_tensors(obj: Any, fn: Callable[[torch.Tensor], Any],
+                objects: Callable[[Any], Any] | None = None) -> Any:
     """Apply ``fn`` to every tensor in nested tuples, named tuples, lists, dicts and
     dataclasses, and ``objects`` (if given) to every other object with attributes
     found there (a KV cache, say)."""
@@ -334,7 +345,8 @@ def loaded_dtensor() -> type | None:
 def needs_real_data(error: BaseException) -> BaseException | None:
     """The fake-tensor limitation behind ``error`` (itself or a cause in its chain), if
     any."""
-    # symbolic_shapes (with sympy: most of a second) is not imported here: what raised its guard error imported it
+    # symbolic_shapes (with sympy: most of a second) is not imported here: what raised
+    # its guard error imported it
     shapes = sys.modules.get("torch.fx.experimental.symbolic_shapes")
     guard = getattr(shapes, "GuardOnDataDependentSymNode", None)
     return cause_of_kind(error, NEEDS_REAL_DATA if guard is None else (*NEEDS_REAL_DATA, guard))
@@ -385,7 +397,8 @@ def shadow_of(model: nn.Module, convert: Callable[[torch.Tensor], torch.Tensor])
         if kind is types.MethodType and isinstance(value.__self__, nn.Module):
             return types.MethodType(value.__func__, rewire(value.__self__))
         if issubclass(kind, functools.partial):
-            return functools.partial(rewire(value.func, depth), *(rewire(a, depth) for a in value.args),
+            return functools.partial(rewire(value.func, depth),
+                                     *(rewire(a, depth) for a in value.args),
                                      **{k: rewire(v, depth) for k, v in value.keywords.items()})
         if issubclass(kind, weakref.ref) and not issubclass(kind, weakref.WeakMethod):
             target = value()
@@ -422,7 +435,8 @@ def _slots(cls: type) -> tuple[str, ...]:
 
 
 _SLOTS: weakref.WeakKeyDictionary[type, tuple[str, ...]] = weakref.WeakKeyDictionary()
-""":func:`_slots`' cache, weak: classes are made at run time too (a parametrized module gets one of its own)."""
+""":func:`_slots`' cache, weak: classes are made at run time too (a parametrized module
+gets one of its own)."""
 
 
 def modules_of(model: nn.Module) -> dict[int, nn.Module]:

@@ -1,7 +1,8 @@
-"""What the catalogued kernels' outputs and costs are made of: the output makers that build a kernel's results
-from its arguments (fake or real) and the formulas by sequence and chunk, in MACs, for
-:data:`flopscope.capture.catalog.CATALOG` (fla's chunked linear attention, Liger's fused losses and norms,
-mamba-ssm's scans, causal-conv1d, flash-attn's KV-cache call)."""
+"""What the catalogued kernels' outputs and costs are made of: the output makers that
+build a kernel's results from its arguments (fake or real) and the formulas by sequence
+and chunk, in MACs, for :data:`flopscope.capture.catalog.CATALOG` (fla's chunked linear
+attention, Liger's fused losses and norms, mamba-ssm's scans, causal-conv1d,
+flash-attn's KV-cache call)."""
 
 from __future__ import annotations
 
@@ -47,7 +48,8 @@ def by_sequence(algorithm: Callable[..., dict[str, int]], chunk_of: Callable[[An
     chunk)``), its chunk given (``chunk_size``) or ``chunk_of(q, the other
     arguments)``; packed sequences by their offsets' values where known, else an
     upper bound (each of the b sequences padded by at most C − 1 positions)."""
-    def formula(q: Any, v: Any, cu_seqlens: Any = None, chunk_size: int | None = None, **rest: Any) -> MacCount:
+    def formula(q: Any, v: Any, cu_seqlens: Any = None, chunk_size: int | None = None,
+                **rest: Any) -> MacCount:
         chunk = chunk_size or chunk_of(q, rest)
         if cu_seqlens is None:
             return algorithm(q, v, None, chunk)
@@ -128,7 +130,8 @@ def linear_cross_entropy_gradients(named: Named) -> MacCount:
     return {"logits": wanted * x.shape[0] * x.shape[1] * weight.shape[0]} if wanted else 0
 
 
-def linear_cross_entropy_backward(_input: Any, weight: Any, reduction: Any = None, **_: Any) -> MacCount:
+def linear_cross_entropy_backward(_input: Any, weight: Any, reduction: Any = None,
+                                  **_: Any) -> MacCount:
     """Its backward: scaling the gradients the forward computed (no product), or with
     ``reduction="none"`` the logits again and both gradients (3 · N · d · V)."""
     return {"logits": 3 * _input[0] * _input[1] * weight[0]} if reduction == "none" else 0
@@ -212,8 +215,9 @@ def recurrent_gated_delta(named: Named) -> tuple[torch.Tensor, torch.Tensor | No
 
 
 def ssd_formula(x: Any, chunk_size: int, **shapes: Any) -> MacCount:
-    """:func:`~flopscope.formulas.kernels.ssd_chunked` (packed sequences, ``seq_idx`` / ``cu_seqlens``, chunk the
-    packed length as one sequence: the kernel's chunks run over it, the states reset at each boundary)."""
+    """:func:`~flopscope.formulas.kernels.ssd_chunked` (packed sequences, ``seq_idx`` /
+    ``cu_seqlens``, chunk the packed length as one sequence: the kernel's chunks run
+    over it, the states reset at each boundary)."""
     return ssd_chunked(x, shapes["B"], chunk_size)
 
 
@@ -227,7 +231,8 @@ def ssd_outputs(named: Named) -> Any:
     if named.get("return_final_states"):
         made.append(x.new_empty((batch, heads, width, b.shape[-1]), dtype=torch.float32))
     if named.get("return_varlen_states"):
-        made.append(x.new_empty((named["cu_seqlens"].shape[0] - 1, heads, width, b.shape[-1]), dtype=torch.float32))
+        made.append(x.new_empty((named["cu_seqlens"].shape[0] - 1, heads, width, b.shape[-1]),
+                                dtype=torch.float32))
     return made[0] if len(made) == 1 else tuple(made)
 
 
@@ -306,5 +311,6 @@ def kvcache_outputs(named: Named) -> tuple[torch.Tensor, torch.Tensor]:
     """flash-attn's ``fwd_kvcache``: ``out`` ``[B, n_q, h, d_v]`` and the log-sum-exp
     ``[B, h, n_q]`` (float32)."""
     q, v = named["q"], named["vcache"]
-    return q.new_empty((*q.shape[:-1], v.shape[-1])), q.new_empty((q.shape[0], q.shape[2], q.shape[1]),
+    return q.new_empty((*q.shape[:-1], v.shape[-1])), q.new_empty((q.shape[0], q.shape[2],
+                                                                   q.shape[1]),
                                                                    dtype=torch.float32)

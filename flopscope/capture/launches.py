@@ -32,7 +32,8 @@ from ..errors import RunError
 from .recorder import Recorder
 
 PREFIX = "triton:"
-"""How a catalog entry names the Triton kernel it prices: ``"triton:_selective_scan_update_kernel"``."""
+"""How a catalog entry names the Triton kernel it prices:
+``"triton:_selective_scan_update_kernel"``."""
 
 UNKNOWN = "triton kernel "
 """The prefix of an unpriced launch's key in ``Profile.unsupported()``."""
@@ -105,7 +106,8 @@ def _named(kernel: Any) -> tuple[str, list[str]]:
     kernel's parameter names."""
     parameters = list(getattr(kernel, "arg_names", ()) or ())
     inner = kernel
-    # (an autotuner's fn is a heuristics' or the JITFunction, whose fn is the Python function)
+    # (an autotuner's fn is a heuristics' or the JITFunction, whose fn is the Python
+    # function)
     for _ in range(8):
         if not hasattr(getattr(inner, "fn", None), "fn"):
             break

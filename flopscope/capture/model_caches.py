@@ -62,7 +62,8 @@ from .fake import modules_of
 _LRU = functools._lru_cache_wrapper
 _DEPTH = 3  # levels of callables followed from a root, and of containers searched for a fake tensor
 _MISSING = object()
-_PLAIN = frozenset({int, float, str, bool, type(None), dict, list, tuple, set, collections.OrderedDict, torch.Tensor,
+_PLAIN = frozenset({int, float, str, bool, type(None), dict, list, tuple, set,
+                    collections.OrderedDict, torch.Tensor,
                     # attribute types skipped at once (most of a module's attributes)
                     nn.Parameter})
 # the shadow copies these
@@ -157,7 +158,8 @@ def _defined_in(value: Any, home: Any) -> bool:
     """Whether a function (or what a staticmethod / classmethod / property / partial
     wraps) was defined in the Python module named ``home``: the code scanned is the
     model's own, not every function its modules import."""
-    inner = value.fget if isinstance(value, property) else getattr(value, "__func__", getattr(value, "func", value))
+    inner = value.fget if isinstance(value, property) else getattr(value, "__func__",
+                                                                   getattr(value, "func", value))
     return getattr(inner, "__module__", None) == home
 
 
@@ -170,11 +172,12 @@ def _filled(cell: Any) -> bool:
 
 
 class CacheGuard:
-    """The caches and stores the code of ``model`` reaches (see the module docstring), taken before a fake run:
-    :meth:`restore` afterwards removes what the run left there holding fake tensors. ``own_attributes``: also each
-    module's own attributes, for a fake run of the model's own modules (a ``profiler`` block, a pipeline: a forward
-    that keeps a table it built on itself would keep a fake one; a single count runs a shadow, which takes such
-    writes)."""
+    """The caches and stores the code of ``model`` reaches (see the module docstring),
+    taken before a fake run: :meth:`restore` afterwards removes what the run left there
+    holding fake tensors. ``own_attributes``: also each module's own attributes, for a
+    fake run of the model's own modules (a ``profiler`` block, a pipeline: a forward
+    that keeps a table it built on itself would keep a fake one; a single count runs a
+    shadow, which takes such writes)."""
 
     def __init__(self, model: nn.Module, own_attributes: bool = False) -> None:
         self._stores: dict[int, tuple[Any, Any]] = {}  # id -> (dict or list, its shallow copy)
@@ -192,7 +195,8 @@ class CacheGuard:
             for name, value in m.__dict__.items():
                 kind = type(value)
                 if kind not in _PLAIN and _shared_type(kind) and id(value) not in self._stores:
-                    self._shared(value, f"{kind.__name__} object in attribute '{name}' of {type(m).__name__}")
+                    self._shared(value, f"{kind.__name__} object in attribute '{name}' of "
+                                        f"{type(m).__name__}")
 
     def _shared(self, obj: Any, where: str, depth: int = _DEPTH) -> None:
         """The stores of a plain object the model's modules share with a fake run's
@@ -222,9 +226,11 @@ class CacheGuard:
             elif isinstance(value, _LRU) or (isinstance(value, _WRAPPERS) and _defined_in(value, home)):
                 for found in _callables_in(value):
                     if isinstance(found, _LRU):
-                        self._cache(found, f"functools.lru_cache '{getattr(found, '__qualname__', name)}' in {where}")
+                        self._cache(found, "functools.lru_cache "
+                                           f"'{getattr(found, '__qualname__', name)}' in {where}")
                     elif isinstance(found, (dict, list)) and found is not namespace:
-                        self._store(found, f"a {type(found).__name__} reached from '{name}' in {where}")
+                        self._store(found, f"a {type(found).__name__} reached from '{name}' in "
+                                           f"{where}")
 
     def _store(self, store: Any, where: str, key: int | None = None) -> None:
         key = id(store) if key is None else key
@@ -253,7 +259,8 @@ class CacheGuard:
                 if _restore_store(store, saved):
                     changed.append(f"removed fake tensors from {self._names[key]}")
             except Exception as error:  # a read-only mapping, a list changed meanwhile
-                changed.append(f"could not restore {self._names[key]}: {type(error).__name__}: {error}")
+                changed.append(f"could not restore {self._names[key]}: {type(error).__name__}: "
+                               f"{error}")
         return changed
 
     def fake_tensors_held(self, possible: bool = False) -> list[str]:

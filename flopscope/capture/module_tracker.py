@@ -49,9 +49,11 @@ class ModuleTracker:
         # call number of the root module -> wall time of that call
         self.root_seconds: dict[int, float] = {}
         self._root_start = 0.0
-        # backward pass: a module called now re-runs its forward (activation checkpointing)
+        # backward pass: a module called now re-runs its forward (activation
+        # checkpointing)
         self.replaying = False
-        # open a torch.profiler range (record_function "flopscope/<path>") per module call
+        # open a torch.profiler range (record_function "flopscope/<path>") per module
+        # call
         self.ranges = ranges
         self._open: list[Any] = []  # the ranges now open, innermost last
         # per other thread: how many of its calls are running
@@ -59,7 +61,8 @@ class ModuleTracker:
         self._failed_in: dict[int, tuple[ModuleCall, ...]] = {}
         self._handles: list[Any] = []
         self._thread = threading.get_ident()
-        # told of each module call that returns (module, its call, args, kwargs, output): flopscope.capture.undispatched
+        # told of each module call that returns (module, its call, args, kwargs,
+        # output): flopscope.capture.undispatched
         self.on_return: Callable[[nn.Module, ModuleCall, tuple[Any, ...], dict[str, Any], Any], None] | None = None
         self._roots = [root]
         # id(parameter) -> (not a Linear, path)
@@ -125,8 +128,9 @@ class ModuleTracker:
     def __exit__(self, *exc: object) -> None:
         for handle in self._handles:
             handle.remove()
-            # torch's handle does not know the with_kwargs table its hook id was also put in (it leaks one
-            # entry per registration): remove it here, so profiles leave every global hook table as it was
+            # torch's handle does not know the with_kwargs table its hook id was also
+            # put in (it leaks one entry per registration): remove it here, so profiles
+            # leave every global hook table as it was
             nn_module._global_forward_hooks_with_kwargs.pop(handle.id, None)
         self._handles = []
         while self._open:  # a forward that raised past its hooks
@@ -160,7 +164,8 @@ class ModuleTracker:
             self._root_start = time.perf_counter()
 
     def _post(self, module: nn.Module, args: Any, *rest: Any) -> None:
-        # (kwargs, output) normally; torch calls always-called hooks of a raising forward with (output,) only
+        # (kwargs, output) normally; torch calls always-called hooks of a raising
+        # forward with (output,) only
         path = self.paths.get(id(module))
         if path is None:
             return

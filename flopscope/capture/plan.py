@@ -98,7 +98,8 @@ class CapturePlan:
            loss: Loss | None = None, fallback_limit_bytes: int | None = None, reuse: bool = True,
            driver: Driver | None = None, converter: Converter | None = None) -> CapturePlan:
         """A plan from the public keyword arguments (``registry=None``: the default)."""
-        return cls(mode, registry if registry is not None else REGISTRY, backward, loss, fallback_limit_bytes,
+        return cls(mode, registry if registry is not None else REGISTRY, backward, loss,
+                   fallback_limit_bytes,
                    reuse, driver, converter)
 
     @property
@@ -123,10 +124,12 @@ class CapturePlan:
                        callers_fake=callers is not None)
         if self.mode == "real":
             if callers is not None:
-                raise FakeTensorError(f"{type(module).__name__} cannot run for real (mode='real'): its state or "
-                                      "inputs are fake tensors made under a FakeTensorMode of the caller's; count it "
-                                      "with mode='fake' (flopscope then runs on that mode)",
-                                      where="the model's state and inputs", reason="fake tensors cannot execute")
+                raise FakeTensorError(f"{type(module).__name__} cannot run for real (mode='real'): "
+                                      "its state or inputs are fake tensors made under a "
+                                      "FakeTensorMode of the caller's; count it with mode='fake' "
+                                      "(flopscope then runs on that mode)",
+                                      where="the model's state and inputs",
+                                      reason="fake tensors cannot execute")
             return plan
         converter = self.converter
         ours = isinstance(converter, FakeConverter) and converter.mode is callers
@@ -151,8 +154,9 @@ class CapturePlan:
         """
         callers = _callers_fake_mode(model, (), {})
         if callers is not None and self.mode != "fake":
-            raise FakeTensorError(f"{type(model).__name__}'s state is fake tensors made under a FakeTensorMode "
-                                  "of the caller's, which a real run cannot execute; use mode='fake'",
+            raise FakeTensorError(f"{type(model).__name__}'s state is fake tensors made under a "
+                                  "FakeTensorMode of the caller's, which a real run cannot "
+                                  "execute; use mode='fake'",
                                   where="the model's state", reason="fake tensors cannot execute")
         converter = None
         if self.mode == "fake":
@@ -163,8 +167,9 @@ class CapturePlan:
 def sharded_refusal(model: nn.Module, sharded: str) -> FakeTensorError:
     """Why a fake run of ``model`` is refused: its module ``sharded`` uses FSDP2."""
     reason = "FSDP2 (fully_shard) swaps its parameters on the original modules, which a fake run does not touch"
-    return FakeTensorError(f"module '{sharded}' of {type(model).__name__} is sharded with FSDP2: {reason}; "
-                           "use mode='real' or 'auto' (on a fake world nothing is communicated)",
+    return FakeTensorError(f"module '{sharded}' of {type(model).__name__} is sharded with FSDP2: "
+                           f"{reason}; use mode='real' or 'auto' (on a fake world nothing is "
+                           "communicated)",
                            on_fake_tensors=True, where=f"module '{sharded}'", reason=reason)
 
 
@@ -180,22 +185,25 @@ def fall_back(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], p
     if any(d.type == "meta" for d in devices):
         _refuse_meta_fallback(model, devices, failed)
     if plan.callers_fake:
-        raise FakeTensorError(f"{type(model).__name__} cannot be counted on fake tensors ({failed.where}: "
-                              f"{failed.reason}), and it is made of fake tensors, so it cannot run for real; "
+        raise FakeTensorError(f"{type(model).__name__} cannot be counted on fake tensors "
+                              f"({failed.where}: {failed.reason}), and it is made of fake tensors, "
+                              "so it cannot run for real; "
                               "build it on a real device and use mode='real'") from failed.__cause__
     limit = (plan.fallback_limit_bytes if plan.fallback_limit_bytes is not None
              else default_fallback_limit(devices))
     if limit is not None and failed.largest_tensor_bytes > limit:
         raise FakeTensorError(
-            f"{type(model).__name__} cannot be counted on fake tensors ({failed.where}: {failed.reason}), and a "
-            f"real run would need at least {failed.largest_tensor_bytes / 2**30:,.2f} GiB (the largest tensor "
-            f"the fake run made before it stopped), above the limit of {limit / 2**30:,.2f} GiB for a "
-            "fall-back: not run. Pass fallback_limit_bytes= to profile() to allow it, or count smaller inputs",
+            f"{type(model).__name__} cannot be counted on fake tensors ({failed.where}: "
+            f"{failed.reason}), and a real run would need at least "
+            f"{failed.largest_tensor_bytes / 2**30:,.2f} GiB (the largest tensor the fake run made "
+            f"before it stopped), above the limit of {limit / 2**30:,.2f} GiB for a fall-back: not "
+            "run. Pass fallback_limit_bytes= to profile() to allow it, or count smaller inputs",
             where=failed.where, reason=failed.reason) from failed.__cause__
     return f"{failed.where} could not run on fake tensors ({failed.reason}); counted in real mode instead"
 
 
-def _refuse_meta_fallback(model: nn.Module, devices: set[torch.device], failed: FakeTensorError | ForwardError
+def _refuse_meta_fallback(model: nn.Module, devices: set[torch.device],
+                          failed: FakeTensorError | ForwardError
                           ) -> None:
     """Refuse a real run of a model made on ``device="meta"`` whose fake run failed.
 
@@ -213,10 +221,12 @@ def _refuse_meta_fallback(model: nn.Module, devices: set[torch.device], failed: 
              f"{gib(activation)} for the largest tensor of the fake run)"
              + ("" if free is None else f", {gib(free)} are available"))
     if free is not None and need > free:
-        raise DoesNotFitError(f"{why}, and it is made on device='meta': {sizes}, so it is not built for real; count "
+        raise DoesNotFitError(f"{why}, and it is made on device='meta': {sizes}, so it is not "
+                              "built for real; count "
                               "a smaller configuration (fewer layers)", needed_bytes=need,
                               available_bytes=free) from failed.__cause__
-    raise FakeTensorError(f"{why}, and it is made on device='meta', so it cannot run for real ({sizes}); build it "
+    raise FakeTensorError(f"{why}, and it is made on device='meta', so it cannot run for real "
+                          f"({sizes}); build it "
                           "on a real device and use mode='real'") from failed.__cause__
 
 
@@ -277,14 +287,17 @@ def _fully_sharded(model: nn.Module) -> str | None:
         from torch.distributed.fsdp import FSDPModule
     except ImportError:  # pragma: no cover  (a torch build without torch.distributed)
         return None
-    return next((path for path, module in model.named_modules() if isinstance(module, FSDPModule)), None)
+    return next((path for path, module in model.named_modules() if isinstance(module, FSDPModule)),
+                None)
 
 
 def _callers_fake_mode(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """The caller's FakeTensorMode: of the fake tensors in the state and inputs."""
-    return callers_fake_mode(itertools.chain((t for _, t in named_state(model)), tensors_in((args, kwargs))))
+    return callers_fake_mode(itertools.chain((t for _, t in named_state(model)),
+                                             tensors_in((args, kwargs))))
 
 
 def _devices(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> set[torch.device]:
     """The devices of the model's parameters and buffers and of the inputs."""
-    return {t.device for t in itertools.chain((t for _, t in named_state(model)), tensors_in((args, kwargs)))}
+    return {t.device for t in itertools.chain((t for _, t in named_state(model)),
+                                              tensors_in((args, kwargs)))}

@@ -57,8 +57,9 @@ Shape = tuple[int, ...]
 
 
 FORWARD, BACKWARD, RECOMPUTE = "forward", "backward", "recompute"
-"""The phases of a capture (plain strings: they are keys of :meth:`Profile.by_phase`); ``RECOMPUTE`` is the
-forward work that activation checkpointing runs again during the backward pass."""
+"""The phases of a capture (plain strings: they are keys of :meth:`Profile.by_phase`);
+``RECOMPUTE`` is the forward work that activation checkpointing runs again during the
+backward pass."""
 
 
 class Cost(StrEnum):
@@ -115,7 +116,8 @@ class CapturedOp:
     cost: Cost = Cost.ZERO
     spec: OpSpec | None = None  # the registry's entry for an op with a formula
     macs: int = 0  # MACs of the op's formula (0 without one); public meta key "multiplies"
-    # minimum bytes read and written (flopscope.formulas.traffic); public meta key "bytes"
+    # minimum bytes read and written (flopscope.formulas.traffic); public meta key
+    # "bytes"
     bytes: int = 0
     parts: dict[str, int] | None = None  # {part: MACs} of a fused op's formula
     elementwise: tuple[str, int] | None = None  # (category, elementwise ops)
@@ -136,10 +138,12 @@ class CapturedOp:
     users: tuple[CapturedOp, ...] = ()  # the records that take this one's output, in order
 
     def __repr__(self) -> str:
-        # short: its arguments, forward op, inputs and users lead through the whole graph
+        # short: its arguments, forward op, inputs and users lead through the whole
+        # graph
         where = f", module={self.module!r}" if self.module_stack else ""
-        return (f"CapturedOp({self.name}, {self.op_name}{where}, phase={self.phase}, inputs={list(self.input_shapes)}, "
-                f"outputs={list(self.output_shapes)}, macs={self.macs})")
+        return (f"CapturedOp({self.name}, {self.op_name}{where}, phase={self.phase}, "
+                f"inputs={list(self.input_shapes)}, outputs={list(self.output_shapes)}, "
+                f"macs={self.macs})")
 
     @property
     def module(self) -> str | None:
@@ -226,8 +230,9 @@ def build_graph(ops: list[CapturedOp]) -> fx.Graph:
     nodes: dict[CapturedOp, fx.Node] = {}
 
     for op in ops:
-        # arguments set after creation: ``create_node`` walks them with pytree (to warn of raw SymInts), which
-        # took a third of the time of building a large graph; the setters keep users and uses the same way
+        # arguments set after creation: ``create_node`` walks them with pytree (to warn
+        # of raw SymInts), which took a third of the time of building a large graph; the
+        # setters keep users and uses the same way
         node = nodes[op] = graph.create_node(op.node_op, op.target, name=op.name)
         if op.args:
             node.args = map_records(op.args, nodes.__getitem__)
@@ -240,9 +245,12 @@ def build_graph(ops: list[CapturedOp]) -> fx.Graph:
 
 def _public_meta(op: CapturedOp, nodes: Mapping[CapturedOp, fx.Node]) -> dict[str, Any]:
     meta: dict[str, Any] = {
-        CAPTURED: op, "module": op.module, "module_stack": op.module_stack, "input_shapes": op.input_shapes,
-        "output_shapes": op.output_shapes, "dtype": op.dtype, "multiplies": op.macs, "bytes": op.bytes,
-        "multiply_parts": op.parts, "elementwise": op.elementwise, "cost": op.cost.value, "phase": op.phase,
+        CAPTURED: op, "module": op.module, "module_stack": op.module_stack,
+        "input_shapes": op.input_shapes,
+        "output_shapes": op.output_shapes, "dtype": op.dtype, "multiplies": op.macs,
+        "bytes": op.bytes,
+        "multiply_parts": op.parts, "elementwise": op.elementwise, "cost": op.cost.value,
+        "phase": op.phase,
     }
     if op.collective is not None:
         meta["collective"] = op.collective
@@ -279,7 +287,8 @@ class Capture:
     largest_tensor_bytes: int = 0
     # a replayed call's record -> the record
     copies: Mapping[CapturedOp, CapturedOp] = field(default_factory=dict)
-    # of the earlier call it copies (flopscope.capture.replay): the same op on the same shapes, in the same place
+    # of the earlier call it copies (flopscope.capture.replay): the same op on the same
+    # shapes, in the same place
 
     def notes(self, unchecked: bool = True) -> list[str]:
         """What the recording could not establish: an op whose formula returns attention
@@ -288,15 +297,16 @@ class Capture:
         values were unknown (not checked against the table, as a real forward would:
         inputs on ``device="meta"`` have no values)."""
         notes = [f"the formula of {op} returns attention parts but is not registered with family="
-                 "OpFamily.ATTENTION and its (q, k, v) operand positions, so its projections get role 'other' "
+                 "OpFamily.ATTENTION and its (q, k, v) operand positions, so its projections get "
+                 "role 'other' "
                  "(see docs/extending.md)" for op in self.undeclared_kernels]
         for op, calls in self.upper_bounds.items():
-            notes.append(f"{op} x{calls}: counted as an upper bound, since the values its work depends on were not "
-                         "known (variable-length offsets on fake tensors: every sequence as long as the longest); "
-                         "mode='real' counts it exactly")
+            notes.append(f"{op} x{calls}: counted as an upper bound, since the values its work "
+                         "depends on were not known (variable-length offsets on fake tensors: "
+                         "every sequence as long as the longest); mode='real' counts it exactly")
         notes += notes_of(self.outside)
         if unchecked and self.unchecked_lookups:
-            notes.append(f"fake mode: the index values of {self.unchecked_lookups} embedding lookup(s) "
-                         "were not known, so they were not checked against their tables' sizes (a real forward "
-                         "refuses out-of-range ids)")
+            notes.append(f"fake mode: the index values of {self.unchecked_lookups} embedding "
+                         "lookup(s) were not known, so they were not checked against their tables' "
+                         "sizes (a real forward refuses out-of-range ids)")
         return notes

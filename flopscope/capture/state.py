@@ -7,10 +7,11 @@ each parameter's ``requires_grad`` and ``.grad`` (after a counted backward pass)
 when the run executed for real, the values of buffers the forward changed in place
 (BatchNorm running statistics in training mode).
 
-What is not restored, but reported: a parameter whose values a real forward changed in place (its
-version counter moved; cloning every parameter to restore it would double the model's memory).
-:meth:`ModelSnapshot.restore` never raises: each step runs even when another fails, and what failed
-is returned, so a restore can neither mask the forward's own error nor skip the rest.
+What is not restored, but reported: a parameter whose values a real forward changed in
+place (its version counter moved; cloning every parameter to restore it would double the
+model's memory). :meth:`ModelSnapshot.restore` never raises: each step runs even when
+another fails, and what failed is returned, so a restore can neither mask the forward's
+own error nor skip the rest.
 
 With ``tables=False`` (fake mode, where a shadow of the model runs and the user's
 objects are never written) only ``.grad`` is saved and restored: a TorchScript submodule
@@ -39,11 +40,14 @@ def named_state(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
 
 
 class ModelSnapshot:
-    def __init__(self, model: nn.Module, *, buffer_values: bool, grads: bool = False, tables: bool = True) -> None:
+    def __init__(self, model: nn.Module, *, buffer_values: bool, grads: bool = False,
+                 tables: bool = True) -> None:
         modules = list(model.modules()) if tables else []
-        self._tables = [(m, dict(m.__dict__), dict(m._parameters), dict(m._buffers), dict(m._modules))
+        self._tables = [(m, dict(m.__dict__), dict(m._parameters), dict(m._buffers),
+                         dict(m._modules))
                         for m in modules if not isinstance(m, torch.jit.ScriptModule)]
-        # hook tables are changed in place (register_forward_hook during a forward): their contents
+        # hook tables are changed in place (register_forward_hook during a forward):
+        # their contents
         hook_tables = [table for m, *_ in self._tables for name, table in vars(m).items()
                        if "hook" in name and isinstance(table, dict)]
         self._hooks = [(table, dict(table)) for table in hook_tables if table]
@@ -52,7 +56,8 @@ class ModelSnapshot:
         self._training = [(m, m.training) for m in modules]
         named = list(model.named_parameters()) if tables or grads else []
         self._requires_grad = [(p, p.requires_grad) for _, p in named] if tables else []
-        # inference tensors have no version counter (a model built under torch.inference_mode)
+        # inference tensors have no version counter (a model built under
+        # torch.inference_mode)
         self._versions = [(name, p, p._version) for name, p in named if tables and not p.is_inference()]
         self._grads = [(p, p.grad) for _, p in named] if grads else []
         # a counted backward accumulates into fresh tensors, not into these
@@ -75,10 +80,13 @@ class ModelSnapshot:
             except Exception as error:
                 failed.append(f"{what}: {type(error).__name__}: {error}")
 
-        # only what changed is put back (most of a model is never touched): a profile's fixed cost
+        # only what changed is put back (most of a model is never touched): a profile's
+        # fixed cost
         for module, attrs, params, buffers, children in self._tables:
-            tables = ((module.__dict__, attrs, "attributes"), (module._parameters, params, "parameters"),
-                      (module._buffers, buffers, "buffers"), (module._modules, children, "submodules"))
+            tables = ((module.__dict__, attrs, "attributes"),
+                      (module._parameters, params, "parameters"),
+                      (module._buffers, buffers, "buffers"),
+                      (module._modules, children, "submodules"))
             for current, before, table in tables:
                 if not _unchanged(current, before):
                     step(f"{type(module).__name__} {table}", _restore_dict, current, before)
@@ -90,7 +98,8 @@ class ModelSnapshot:
                 step("a hook table", hooks.clear)
         for module, training in self._training:
             if module.training is not training:
-                step(f"{type(module).__name__} training flag", setattr, module, "training", training)
+                step(f"{type(module).__name__} training flag", setattr, module, "training",
+                     training)
         for p, grad in self._grads:
             step("a parameter's .grad", setattr, p, "grad", grad)
         for p, requires_grad in self._requires_grad:
@@ -102,7 +111,8 @@ class ModelSnapshot:
         return failed
 
     def changed_parameters(self) -> list[str]:
-        """Names of the parameters whose values were changed in place since the snapshot."""
+        """Names of the parameters whose values were changed in place since the
+        snapshot."""
         return [name for name, p, version in self._versions if p._version != version]
 
 

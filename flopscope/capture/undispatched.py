@@ -53,8 +53,8 @@ from .fake import tensors_in
 from .module_tracker import ModuleCall, ModuleTracker
 
 OUTSIDE = "outside the ATen dispatcher: "
-"""The prefix of the :meth:`Profile.unsupported` keys of such work: ``"outside the ATen dispatcher: blocks.0.ext"``
-(the module path; ``""`` is the root)."""
+"""The prefix of the :meth:`Profile.unsupported` keys of such work: ``"outside the ATen
+dispatcher: blocks.0.ext"`` (the module path; ``""`` is the root)."""
 
 FOREIGN = "its memory came from NumPy or another library: torch.from_numpy, torch.as_tensor, DLPack"
 UNWRITTEN = "it is memory from empty / empty_like that no ATen op wrote"
@@ -80,8 +80,9 @@ class OutsideWork:
     def describe(self, calls: int = 1) -> str:
         via = f" made in {self.function}.forward" if self.function else ""
         times = f", {calls} calls" if calls > 1 else ""
-        return (f"module '{self.module}'{times}: a tensor of shape {list(self.shape)}{via} was computed outside "
-                f"the ATen dispatcher: its multiplies are not counted ({self.source})")
+        return (f"module '{self.module}'{times}: a tensor of shape {list(self.shape)}{via} was "
+                "computed outside the ATen dispatcher: its multiplies are not counted "
+                f"({self.source})")
 
 
 class Watched(Protocol):
@@ -143,7 +144,8 @@ class OutsideCheck:
         elif _foreign(t) and _running_function() is not None:
             self._flag(t, stack[-1], FOREIGN)
 
-    def _returned(self, module: nn.Module, call: ModuleCall, args: tuple[Any, ...], kwargs: dict[str, Any],
+    def _returned(self, module: nn.Module, call: ModuleCall, args: tuple[Any, ...],
+                  kwargs: dict[str, Any],
                   output: Any) -> None:
         if isinstance(output, torch.Tensor):
             returned: Iterable[torch.Tensor] = (output,)
@@ -171,12 +173,13 @@ class OutsideCheck:
                 continue
             self._flag(t, call, UNMADE)
 
-    def _read_unwritten(self, t: torch.Tensor, allocated: ModuleCall, reader: ModuleCall, op: Any) -> None:
+    def _read_unwritten(self, t: torch.Tensor, allocated: ModuleCall, reader: ModuleCall,
+                        op: Any) -> None:
         if self._tracker.replaying or not _plain(t):
             return
         name = getattr(getattr(op, "overloadpacket", op), "__name__", str(op))
-        self._flag(t, allocated, f"{READ_UNWRITTEN} {name} in module '{reader.path}': a kernel outside the "
-                                 "dispatcher filled it, such as a Triton kernel")
+        self._flag(t, allocated, f"{READ_UNWRITTEN} {name} in module '{reader.path}': a kernel "
+                                 "outside the dispatcher filled it, such as a Triton kernel")
 
     # helpers -----------------------------------------------------------------------------------
     def _new_function_output(self, t: torch.Tensor) -> bool:

@@ -27,12 +27,14 @@ import torch
 aten = torch.ops.aten
 
 _IGNORED_WHEN_ZERO: dict[Any, tuple[str, str]] = {
-    packet: ("self", "beta") for packet in (aten.addmm, aten.baddbmm, aten.addbmm, aten.addmv, aten.addr,
+    packet: ("self", "beta") for packet in (aten.addmm, aten.baddbmm, aten.addbmm, aten.addmv,
+                                            aten.addr,
                                             aten.sspaddmm, aten._addmm_activation)}
 """``{op packet: (argument not read, the scalar argument that, when 0, makes it so)}``."""
 
 def _metadata_only(func: torch._ops.OpOverload) -> bool:
-    """A ``*_like`` / ``new_*`` factory: its ``self`` gives only shape, dtype and device."""
+    """A ``*_like`` / ``new_*`` factory: its ``self`` gives only shape, dtype and
+    device."""
     name = func.overloadpacket.__name__
     return name.endswith("_like") or name.startswith("new_")
 
@@ -41,7 +43,8 @@ def _position(schema: Any, name: str) -> int | None:
     return next((i for i, a in enumerate(schema.arguments) if a.name == name), None)
 
 
-def _value(func: torch._ops.OpOverload, args: tuple[Any, ...], kwargs: Mapping[str, Any], name: str) -> Any:
+def _value(func: torch._ops.OpOverload, args: tuple[Any, ...], kwargs: Mapping[str, Any],
+           name: str) -> Any:
     """The value ``func`` was given for its argument ``name`` (positional or keyword),
     else its schema's default."""
     schema = func._schema
@@ -54,7 +57,8 @@ def _value(func: torch._ops.OpOverload, args: tuple[Any, ...], kwargs: Mapping[s
     return kwargs.get(name, argument.default_value)
 
 
-def unread_tensors(func: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> list[torch.Tensor]:
+def unread_tensors(func: Any, args: tuple[Any, ...],
+                   kwargs: Mapping[str, Any]) -> list[torch.Tensor]:
     """The tensors among ``func``'s arguments (``args`` / ``kwargs`` as dispatched)
     whose values this call does not read (the rules of the module docstring); ``[]``
     for most ops, a higher-order op or one without a schema."""

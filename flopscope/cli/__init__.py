@@ -6,7 +6,8 @@ command and its options, its ``run`` does the work. ``parser.py`` builds the top
 from them. ``_options.py`` holds the argument types and the options several commands
 share. ``_common.py`` holds the steps several commands run: a target built on meta,
 real weights once they fit, the reports. ``targets.py`` resolves the targets (``hf:``,
-``timm:``, config files, ``module:factory``).
+``timm:``, config files, ``module:factory``); ``settings.py`` parses and checks their
+``--set KEY=VALUE`` settings.
 
 May import: every layer.
 
@@ -42,7 +43,7 @@ code meaning
 
      - a ``--set`` value of another type than its key's (``num_hidden_layers=two``), or
        one the config's own validation refuses. Booleans, numbers and ``none`` are read
-       as a person writes them (:func:`flopscope.cli.targets.parse_value`);
+       as a person writes them (:func:`flopscope.cli.settings.parse_value`);
      - an ``--input`` of another form than the model takes: token ids not
        ``BATCHxSEQUENCE``, an image of other dims or channels.
 3    A flopscope error:

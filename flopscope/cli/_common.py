@@ -45,8 +45,10 @@ def on_meta(spec: str, settings: list[str]) -> Target:
         return load_target(spec, settings)
 
 
-def materialised(target: Target, spec: str, settings: list[str], what: str, activation: int | Callable[[], int], *,
-                 copies: int = 1, dtype: torch.dtype | None = None, instead: str = MODE_FAKE) -> Target:
+def materialised(target: Target, spec: str, settings: list[str], what: str,
+                 activation: int | Callable[[], int], *,
+                 copies: int = 1, dtype: torch.dtype | None = None,
+                 instead: str = MODE_FAKE) -> Target:
     """``target`` with real weights, once they are known to fit.
 
     The same target when it has them. Else it is built again on the CPU, once
@@ -57,14 +59,16 @@ def materialised(target: Target, spec: str, settings: list[str], what: str, acti
     allocated. ``what``: the run that needs real weights. ``instead``: what else to do,
     besides a smaller configuration.
     """
-    if not any(t.is_meta for t in itertools.chain(target.model.parameters(), target.model.buffers())):
+    if not any(t.is_meta for t in itertools.chain(target.model.parameters(),
+                                                  target.model.buffers())):
         return target
     way_out = f"{instead + ', or ' if instead else ''}count a smaller configuration ({_fewer_layers(target)})"
     # built as declared, then converted: the larger of the two
     parameters = state_bytes(target.model) if dtype is None else \
         max(state_bytes(target.model), state_bytes(target.model, dtype))
     if callable(activation):
-        # the parameters alone first: the estimate's fake run is skipped when they do not fit
+        # the parameters alone first: the estimate's fake run is skipped when they do
+        # not fit
         check_fits(what, parameters, None, "cpu", copies=copies, way_out=way_out)
         activation = activation()
     check_fits(what, parameters, activation, "cpu", copies=copies, way_out=way_out)

@@ -19,10 +19,12 @@ import torch
 from ..conventions import ATTENTION_CONVENTIONS, EXECUTED
 from ..errors import FlopscopeError
 from ..workloads.scaling import MIN_LENGTHS
-from .targets import parse_setting, parse_shape
+from .settings import parse_setting
+from .targets import parse_shape
 
 Commands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
-"""What ``add_subparsers()`` returns: each command module's ``register`` adds its parser to it."""
+"""What ``add_subparsers()`` returns: each command module's ``register`` adds its parser
+to it."""
 
 EXAMPLES = """examples:
   flopscope demo                                  the seed study's Transformer block, n = d = 512, h = 8
@@ -48,14 +50,16 @@ FORMATS = ["simple", "github", "pipe", "grid", "html", "plain"]
 
 def target_options(parser: argparse.ArgumentParser) -> None:
     """The target and how it is built and fed: ``TARGET --set --input --dtype``."""
-    parser.add_argument("target", help="hf:FAMILY[/causal-lm|seq2seq-lm|masked-lm|classification] (its default "
-                                       "config), hf:ORG/NAME or path/to/config.json (that model's config, no "
-                                       "weights), timm:NAME, torchvision.models:NAME or package.module:factory")
+    parser.add_argument("target", help="hf:FAMILY[/causal-lm|seq2seq-lm|masked-lm|classification] "
+                                       "(its default config), hf:ORG/NAME or path/to/config.json "
+                                       "(that model's config, no weights), timm:NAME, "
+                                       "torchvision.models:NAME or package.module:factory")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", type=as_setting,
                         help="config / factory argument, repeatable (e.g. --set n_layer=2)")
     parser.add_argument("--input", action="append", default=[], metavar="SHAPE", type=as_shape,
-                        help="input shape, repeatable for several inputs (default: 1x128 token ids for Hugging "
-                             "Face targets; the weights' image size for timm: and torchvision targets)")
+                        help="input shape, repeatable for several inputs (default: 1x128 token ids "
+                             "for Hugging Face targets; the weights' image size for timm: and "
+                             "torchvision targets)")
     parser.add_argument("--dtype", type=as_input_dtype,
                         help="input dtype: long for token ids, float32 (default for factories), ...")
 
@@ -63,14 +67,15 @@ def target_options(parser: argparse.ArgumentParser) -> None:
 def attention_option(parser: argparse.ArgumentParser, priced: str) -> None:
     """``--attention``: what the attention core is charged in ``priced``."""
     parser.add_argument("--attention", choices=ATTENTION_CONVENTIONS, default=EXECUTED,
-                        help=f"what the attention core is charged in {priced}: executed (default; every pair the "
-                             "kernel computes), causal (the causal half) or mask (the pairs the mask allows); "
-                             "docs/conventions.md section 5.4")
+                        help=f"what the attention core is charged in {priced}: executed (default; "
+                             "every pair the kernel computes), causal (the causal half) or mask "
+                             "(the pairs the mask allows); docs/conventions.md section 5.4")
 
 
 def output_options(parser: argparse.ArgumentParser) -> None:
     """How the tables are printed: ``--format --units --depth``."""
-    parser.add_argument("--format", choices=FORMATS, default="simple", help="table format (tabulate)")
+    parser.add_argument("--format", choices=FORMATS, default="simple",
+                        help="table format (tabulate)")
     parser.add_argument("--units", choices=["macs", "flops"], default="macs")
     parser.add_argument("--depth", type=as_depth, default=2,
                         help="module tree depth shown (default 2; 0: the model only)")
@@ -116,7 +121,8 @@ def as_positive_float(text: str) -> float:
 def as_float_dtype(text: str) -> torch.dtype:
     dtype = getattr(torch, text.strip().removeprefix("torch."), None)
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-        raise argparse.ArgumentTypeError(f"not a floating-point torch dtype: {text!r} (float32, bfloat16, float16)")
+        raise argparse.ArgumentTypeError(f"not a floating-point torch dtype: {text!r} (float32, "
+                                         "bfloat16, float16)")
     return dtype
 
 
@@ -149,8 +155,10 @@ def as_input_dtype(text: str) -> str:
     ``long`` / ``int64`` / ``int`` (token ids) or a torch dtype (``float16``).
     """
     name = text.strip().removeprefix("torch.")
-    if name not in ("long", "int64", "int") and not isinstance(getattr(torch, name, None), torch.dtype):
-        raise argparse.ArgumentTypeError(f"not a torch dtype: {text!r} (long for token ids, float32, bfloat16, ...)")
+    if name not in ("long", "int64", "int") and not isinstance(getattr(torch, name, None),
+                                                               torch.dtype):
+        raise argparse.ArgumentTypeError(f"not a torch dtype: {text!r} (long for token ids, "
+                                         "float32, bfloat16, ...)")
     return name
 
 
@@ -165,13 +173,15 @@ def as_lengths(text: str) -> list[int]:
     """``"128,256"`` -> ``[128, 256]``: positive integers, each bad item named."""
     items = [item.strip() for item in text.split(",") if item.strip()]
     if not items:
-        raise argparse.ArgumentTypeError(f"give comma-separated lengths such as 128,256,512; got {text!r}")
+        raise argparse.ArgumentTypeError("give comma-separated lengths such as 128,256,512; got "
+                                         f"{text!r}")
     lengths = []
     for item in items:
         try:
             lengths.append(int(item))
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{item!r} is not a length (a positive integer) in {text!r}") from None
+            raise argparse.ArgumentTypeError(f"{item!r} is not a length (a positive integer) in "
+                                             f"{text!r}") from None
         if lengths[-1] < 1:
             raise argparse.ArgumentTypeError(f"length {item} is not positive in {text!r}")
     return lengths
@@ -180,8 +190,9 @@ def as_lengths(text: str) -> list[int]:
 def as_sweep_lengths(text: str) -> list[int]:
     lengths = as_lengths(text)
     if len(set(lengths)) < MIN_LENGTHS:
-        raise argparse.ArgumentTypeError(f"give at least {MIN_LENGTHS} distinct lengths (a quadratic takes 3 and "
-                                         f"is checked at one more); got {text!r}")
+        raise argparse.ArgumentTypeError(f"give at least {MIN_LENGTHS} distinct lengths (a "
+                                         "quadratic takes 3 and is checked at one more); got "
+                                         f"{text!r}")
     return lengths
 
 
@@ -192,7 +203,8 @@ def as_output_path(text: str) -> Path:
         raise argparse.ArgumentTypeError(f"{text} is a directory; give a file name in it")
     directory = path.parent
     if not directory.is_dir():
-        raise argparse.ArgumentTypeError(f"cannot write {text}: directory {directory} does not exist")
+        raise argparse.ArgumentTypeError(f"cannot write {text}: directory {directory} does not "
+                                         "exist")
     if not os.access(directory, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):
         raise argparse.ArgumentTypeError(f"cannot write {text}: permission denied")
     return path

@@ -11,8 +11,10 @@ from .commands import compare, crosscheck, demo, diff, generate, peak, profile
 
 def build_parser() -> argparse.ArgumentParser:
     """The parser of ``flopscope``: each command's ``args.run`` runs it."""
-    parser = argparse.ArgumentParser(prog="flopscope", description="Exact multiply counts of PyTorch models: "
-                                     "per module, per semantic role, against closed forms.", epilog=EXAMPLES,
+    parser = argparse.ArgumentParser(prog="flopscope",
+                                     description="Exact multiply counts of PyTorch models: "
+                                     "per module, per semantic role, against closed forms.",
+                                     epilog=EXAMPLES,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"{DISTRIBUTION} {__version__}",
                         help="print the distribution's name and version, and exit")

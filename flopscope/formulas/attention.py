@@ -55,12 +55,15 @@ def attention_core(batch_heads: int, n_q: int, n_k: int, d_k: int, d_v: int) -> 
 
 @formula(aten._scaled_dot_product_flash_attention_for_cpu, aten._scaled_dot_product_flash_attention,
          aten._scaled_dot_product_efficient_attention, aten._scaled_dot_product_cudnn_attention,
-         aten._scaled_dot_product_attention_math, aten._scaled_dot_product_fused_attention_overrideable,
-         aten._scaled_dot_product_attention_math_for_mps, family=OpFamily.ATTENTION, operands=(0, 1, 2))
+         aten._scaled_dot_product_attention_math,
+         aten._scaled_dot_product_fused_attention_overrideable,
+         aten._scaled_dot_product_attention_math_for_mps, family=OpFamily.ATTENTION,
+         operands=(0, 1, 2))
 def sdpa(q: Shape, k: Shape, v: Shape, *_: Any, **__: Any) -> dict[str, int]:
     """Every kernel of ``F.scaled_dot_product_attention``; grouped-query K/V (fewer
     heads) allowed."""
-    # [*B, h, n_q, d_v] = sdpa([*B, h, n_q, d_k], [*B, h_kv, n_k, d_k], [*B, h_kv, n_k, d_v])
+    # [*B, h, n_q, d_v] = sdpa([*B, h, n_q, d_k], [*B, h_kv, n_k, d_k], [*B, h_kv, n_k,
+    # d_v])
     return attention_core(prod(q[:-2]), q[-2], k[-2], q[-1], v[-1])
 
 
@@ -73,8 +76,9 @@ def _flex_attention_ops() -> tuple[Any, Any]:
 
 
 FLEX_ATTENTION, FLEX_ATTENTION_BACKWARD = _flex_attention_ops()
-"""FlexAttention's higher-order ops (``torch.nn.attention.flex_attention.flex_attention`` calls the first; its
-autograd function the second)."""
+"""FlexAttention's higher-order ops
+(``torch.nn.attention.flex_attention.flex_attention`` calls the first; its autograd
+function the second)."""
 
 if FLEX_ATTENTION is not None:
     @formula(FLEX_ATTENTION, family=OpFamily.ATTENTION, operands=(0, 1, 2))
@@ -83,31 +87,38 @@ if FLEX_ATTENTION is not None:
         without ``torch.compile``) executes it: dense, every (query, key) pair of
         every head; the block mask and ``score_mod`` change the scores, not how many
         are computed (``docs/conventions.md``). Grouped-query K/V heads allowed."""
-        # [B, h, n_q, d_v] = flex_attention(q [B, h, n_q, d_k], k [B, h_kv, n_k, d_k], v [B, h_kv, n_k, d_v], ...)
+        # [B, h, n_q, d_v] = flex_attention(q [B, h, n_q, d_k], k [B, h_kv, n_k, d_k], v
+        # [B, h_kv, n_k, d_v], ...)
         return attention_core(prod(q[:-2]), q[-2], k[-2], q[-1], v[-1])
 
 
 @formula(aten._flash_attention_forward, family=OpFamily.ATTENTION, operands=(0, 1, 2), layout=BNHD)
-def flash_attention(q: Shape, k: Shape, v: Shape, cum_seq_q: Shape | None = None, cum_seq_k: Shape | None = None,
+def flash_attention(q: Shape, k: Shape, v: Shape, cum_seq_q: Shape | None = None,
+                    cum_seq_k: Shape | None = None,
                     max_q: int = 0, max_k: int = 0, *_: Any, **__: Any) -> dict[str, int]:
     """FlashAttention's kernel (``[B, n, heads, d]``; variable-length: packed ``[total,
     heads, d]`` with ``cum_seq_q`` / ``cum_seq_k`` offsets): see
     :func:`attention_bnhd`."""
-    # [B, n_q, h, d_v] = _flash_attention_forward(q, k, v, cum_seq_q, cum_seq_k, max_q, max_k, dropout, causal, ...)
+    # [B, n_q, h, d_v] = _flash_attention_forward(q, k, v, cum_seq_q, cum_seq_k, max_q,
+    # max_k, dropout, causal, ...)
     return attention_bnhd(q, k, v, cum_seq_q, cum_seq_k, max_q, max_k)
 
 
-@formula(aten._efficient_attention_forward, family=OpFamily.ATTENTION, operands=(0, 1, 2), layout=BNHD)
-def efficient_attention(q: Shape, k: Shape, v: Shape, bias: Shape | None = None, cu_seqlens_q: Shape | None = None,
+@formula(aten._efficient_attention_forward, family=OpFamily.ATTENTION, operands=(0, 1, 2),
+         layout=BNHD)
+def efficient_attention(q: Shape, k: Shape, v: Shape, bias: Shape | None = None,
+                        cu_seqlens_q: Shape | None = None,
                         cu_seqlens_k: Shape | None = None, max_seqlen_q: int | None = None,
                         max_seqlen_k: int | None = None, *_: Any, **__: Any) -> dict[str, int]:
     """The memory-efficient kernel (same layouts; its offsets come after the bias): see
     :func:`attention_bnhd`."""
-    # [B, n_q, h, d_v] = _efficient_attention_forward(q, k, v, bias, cu_seqlens_q, cu_seqlens_k, max_q, max_k, ...)
+    # [B, n_q, h, d_v] = _efficient_attention_forward(q, k, v, bias, cu_seqlens_q,
+    # cu_seqlens_k, max_q, max_k, ...)
     return attention_bnhd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q or 0, max_seqlen_k or 0)
 
 
-def attention_bnhd(q: Shape, k: Shape, v: Shape, offsets_q: Shape | None, offsets_k: Shape | None, max_q: int,
+def attention_bnhd(q: Shape, k: Shape, v: Shape, offsets_q: Shape | None, offsets_k: Shape | None,
+                   max_q: int,
                    max_k: int) -> dict[str, int]:
     """Attention kernels in ``[B, n, heads, d]`` layout. Variable-length calls (packed
     ``[total, heads, d]`` with offsets of ``b`` sequences) compute each sequence
@@ -181,11 +192,13 @@ def multi_head_attention(tokens_q: int, n_q: int, n_k: int, embed_dim: int) -> d
 
 
 @formula(aten._native_multi_head_attention, family=OpFamily.FUSED_LAYER)
-def native_multi_head_attention(query: Shape, key: Shape, value: Shape, embed_dim: int, num_head: int,
+def native_multi_head_attention(query: Shape, key: Shape, value: Shape, embed_dim: int,
+                                num_head: int,
                                 *_: Any, **__: Any) -> dict[str, int]:
     """The eval fast path of ``nn.MultiheadAttention`` (batch-first, ``kdim == vdim ==
     embed_dim``)."""
-    # [B, n_q, E] = _native_multi_head_attention([B, n_q, E], [B, n_k, E], [B, n_k, E], E, h, [3E, E], ...)
+    # [B, n_q, E] = _native_multi_head_attention([B, n_q, E], [B, n_k, E], [B, n_k, E],
+    # E, h, [3E, E], ...)
     if isinstance(query, NestedShape):  # self-attention over variable-length sequences
         return _nested_self_attention(query.lengths, embed_dim)
     return multi_head_attention(prod(query[:-1]), query[-2] if len(query) > 1 else 1,
@@ -203,14 +216,18 @@ def _nested_self_attention(lengths: Sequence[int], embed_dim: int) -> dict[str, 
 
 
 @formula(aten._transformer_encoder_layer_fwd, family=OpFamily.FUSED_LAYER)
-def transformer_encoder_layer(src: Shape, embed_dim: int, num_heads: int, qkv_weight: Shape, qkv_bias: Any,
-                              proj_weight: Shape, proj_bias: Any, use_gelu: bool, norm_first: bool, eps: float,
-                              norm_weight_1: Any, norm_bias_1: Any, norm_weight_2: Any, norm_bias_2: Any,
+def transformer_encoder_layer(src: Shape, embed_dim: int, num_heads: int, qkv_weight: Shape,
+                              qkv_bias: Any,
+                              proj_weight: Shape, proj_bias: Any, use_gelu: bool, norm_first: bool,
+                              eps: float,
+                              norm_weight_1: Any, norm_bias_1: Any, norm_weight_2: Any,
+                              norm_bias_2: Any,
                               ffn_weight_1: Shape, *_: Any, **__: Any) -> dict[str, int]:
     """The fused eval fast path of ``nn.TransformerEncoderLayer``: self-attention plus a
     two-layer FFN."""
-    # [B, n, E] = _transformer_encoder_layer_fwd([B, n, E], E, h, [3E, E], ..., [F, E], [F], [E, F], [E], ...)
-    # padded batch passed as a nested tensor: no work on the padding
+    # [B, n, E] = _transformer_encoder_layer_fwd([B, n, E], E, h, [3E, E], ..., [F, E],
+    # [F], [E, F], [E], ...) padded batch passed as a nested tensor: no work on the
+    # padding
     if isinstance(src, NestedShape):
         tokens, parts = sum(src.lengths), _nested_self_attention(src.lengths, embed_dim)
     else:
@@ -223,7 +240,8 @@ def transformer_encoder_layer(src: Shape, embed_dim: int, num_heads: int, qkv_we
 
 
 # backward kernels (counted when profiling with backward=True)
-def attention_core_backward(batch_heads: int, n_q: int, n_k: int, d_k: int, d_v: int) -> dict[str, int]:
+def attention_core_backward(batch_heads: int, n_q: int, n_k: int, d_k: int,
+                            d_v: int) -> dict[str, int]:
     """Flash-style attention backward: recompute S = QKᵀ, then dV = Pᵀ·dO and dP = dO·Vᵀ
     (the weighted sum's gradients), dQ = dS·K and dK = dSᵀ·Q (the scores' gradients):
     2.5x the forward core when d_k == d_v, as PyTorch's counter and FlashAttention-2
@@ -234,37 +252,52 @@ def attention_core_backward(batch_heads: int, n_q: int, n_k: int, d_k: int, d_v:
 def backward_of(core: dict[str, int]) -> dict[str, int]:
     """The backward of a forward attention core (see :func:`attention_core_backward`); a
     bound stays a bound."""
-    parts = {"attn_scores": 3 * core["attn_scores"], "attn_weighted_sum": 2 * core["attn_weighted_sum"]}
+    parts = {"attn_scores": 3 * core["attn_scores"],
+             "attn_weighted_sum": 2 * core["attn_weighted_sum"]}
     return UpperBound(parts) if isinstance(core, UpperBound) else parts
 
 
-@formula(aten._scaled_dot_product_flash_attention_for_cpu_backward, aten._scaled_dot_product_flash_attention_backward,
-         aten._scaled_dot_product_efficient_attention_backward, aten._scaled_dot_product_cudnn_attention_backward,
+@formula(aten._scaled_dot_product_flash_attention_for_cpu_backward,
+         aten._scaled_dot_product_flash_attention_backward,
+         aten._scaled_dot_product_efficient_attention_backward,
+         aten._scaled_dot_product_cudnn_attention_backward,
          aten._scaled_dot_product_fused_attention_overrideable_backward, family=OpFamily.ATTENTION,
          operands=(1, 2, 3))
-def sdpa_backward(grad_out: Shape, q: Shape, k: Shape, v: Shape, *_: Any, **__: Any) -> dict[str, int]:
-    # (dQ, dK, dV) = sdpa_backward(dO [*B, h, n_q, d_v], Q [*B, h, n_q, d_k], K, V [*B, h_kv, n_k, d], ...)
+def sdpa_backward(grad_out: Shape, q: Shape, k: Shape, v: Shape, *_: Any,
+                  **__: Any) -> dict[str, int]:
+    # (dQ, dK, dV) = sdpa_backward(dO [*B, h, n_q, d_v], Q [*B, h, n_q, d_k], K, V [*B,
+    # h_kv, n_k, d], ...)
     return attention_core_backward(prod(q[:-2]), q[-2], k[-2], q[-1], v[-1])
 
 
 @formula(aten._flash_attention_backward, family=OpFamily.ATTENTION, operands=(1, 2, 3), layout=BNHD)
-def flash_attention_backward(grad_out: Shape, q: Shape, k: Shape, v: Shape, out: Shape, logsumexp: Shape,
-                             cum_seq_q: Shape | None = None, cum_seq_k: Shape | None = None, max_q: int = 0,
+def flash_attention_backward(grad_out: Shape, q: Shape, k: Shape, v: Shape, out: Shape,
+                             logsumexp: Shape,
+                             cum_seq_q: Shape | None = None, cum_seq_k: Shape | None = None,
+                             max_q: int = 0,
                              max_k: int = 0, *_: Any, **__: Any) -> dict[str, int]:
     """Backward of FlashAttention's kernel, variable-length included (see
     :func:`attention_bnhd`)."""
-    # (dQ, dK, dV) = _flash_attention_backward(dO, q, k, v, out, logsumexp, cum_seq_q, cum_seq_k, max_q, max_k, ...)
-    return backward_of(attention_bnhd(q, k, v, _varlen(cum_seq_q), _varlen(cum_seq_k), max_q, max_k))
+    # (dQ, dK, dV) = _flash_attention_backward(dO, q, k, v, out, logsumexp, cum_seq_q,
+    # cum_seq_k, max_q, max_k, ...)
+    return backward_of(attention_bnhd(q, k, v, _varlen(cum_seq_q), _varlen(cum_seq_k), max_q,
+                                      max_k))
 
 
-@formula(aten._efficient_attention_backward, family=OpFamily.ATTENTION, operands=(1, 2, 3), layout=BNHD)
-def efficient_attention_backward(grad_out: Shape, q: Shape, k: Shape, v: Shape, bias: Shape | None, out: Shape,
-                                 cu_seqlens_q: Shape | None = None, cu_seqlens_k: Shape | None = None,
-                                 max_seqlen_q: int = 0, max_seqlen_k: int = 0, *_: Any, **__: Any) -> dict[str, int]:
+@formula(aten._efficient_attention_backward, family=OpFamily.ATTENTION, operands=(1, 2, 3),
+         layout=BNHD)
+def efficient_attention_backward(grad_out: Shape, q: Shape, k: Shape, v: Shape, bias: Shape | None,
+                                 out: Shape,
+                                 cu_seqlens_q: Shape | None = None,
+                                 cu_seqlens_k: Shape | None = None,
+                                 max_seqlen_q: int = 0, max_seqlen_k: int = 0, *_: Any,
+                                 **__: Any) -> dict[str, int]:
     """Backward of the memory-efficient kernel, variable-length included (see
     :func:`attention_bnhd`)."""
-    # (dQ, dK, dV, dBias) = _efficient_attention_backward(dO, q, k, v, bias, out, cu_q, cu_k, max_q, max_k, ...)
-    return backward_of(attention_bnhd(q, k, v, _varlen(cu_seqlens_q), _varlen(cu_seqlens_k), max_seqlen_q,
+    # (dQ, dK, dV, dBias) = _efficient_attention_backward(dO, q, k, v, bias, out, cu_q,
+    # cu_k, max_q, max_k, ...)
+    return backward_of(attention_bnhd(q, k, v, _varlen(cu_seqlens_q), _varlen(cu_seqlens_k),
+                                      max_seqlen_q,
                                       max_seqlen_k))
 
 
@@ -280,5 +313,6 @@ if FLEX_ATTENTION_BACKWARD is not None:
         """FlexAttention's backward as its eager implementation runs it: dense, the
         scores recomputed, then the four gradient products
         (:func:`attention_core_backward`). In torch 2.13 the CPU refuses it."""
-        # (dQ, dK, dV, ...) = flex_attention_backward(q, k, v, out, logsumexp, grad_out, grad_logsumexp, ...)
+        # (dQ, dK, dV, ...) = flex_attention_backward(q, k, v, out, logsumexp, grad_out,
+        # grad_logsumexp, ...)
         return attention_core_backward(prod(q[:-2]), q[-2], k[-2], q[-1], v[-1])

@@ -39,14 +39,18 @@ _KINDS: dict[str, str] = {
     # c10d in-place ops (torch.distributed.all_reduce and friends)
     "allreduce_": ALL_REDUCE, "allreduce_coalesced_": ALL_REDUCE, "allgather_": ALL_GATHER,
     "_allgather_base_": ALL_GATHER, "allgather_into_tensor_coalesced_": ALL_GATHER,
-    "allgather_coalesced_": ALL_GATHER, "reduce_scatter_": REDUCE_SCATTER, "_reduce_scatter_base_": REDUCE_SCATTER,
-    "reduce_scatter_tensor_coalesced_": REDUCE_SCATTER, "alltoall_": ALL_TO_ALL, "alltoall_base_": ALL_TO_ALL,
+    "allgather_coalesced_": ALL_GATHER, "reduce_scatter_": REDUCE_SCATTER,
+    "_reduce_scatter_base_": REDUCE_SCATTER,
+    "reduce_scatter_tensor_coalesced_": REDUCE_SCATTER, "alltoall_": ALL_TO_ALL,
+    "alltoall_base_": ALL_TO_ALL,
     "send": SEND, "recv_": RECV, "recv_any_source_": RECV,
 }
 _NAMESPACES = ("_c10d_functional", "c10d", "_c10d_functional_autograd")
 _FIRST_WRITTEN = frozenset({
-    "allreduce_", "allreduce_coalesced_", "broadcast_", "recv_", "recv_any_source_", "allgather_", "_allgather_base_",
-    "allgather_coalesced_", "allgather_into_tensor_coalesced_", "reduce_scatter_", "_reduce_scatter_base_",
+    "allreduce_", "allreduce_coalesced_", "broadcast_", "recv_", "recv_any_source_", "allgather_",
+    "_allgather_base_",
+    "allgather_coalesced_", "allgather_into_tensor_coalesced_", "reduce_scatter_",
+    "_reduce_scatter_base_",
     "reduce_scatter_tensor_coalesced_", "alltoall_", "alltoall_base_"})
 """c10d ops whose first argument is what they write (their schemas do not say so)."""
 
@@ -69,7 +73,8 @@ def is_bookkeeping(func: Any) -> bool:
     return namespace == "fsdp" or (namespace in _NAMESPACES and kind_of(func) is None)
 
 
-def message_bytes(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], outputs: list[torch.Tensor]) -> int:
+def message_bytes(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
+                  outputs: list[torch.Tensor]) -> int:
     """The collective's message size in bytes: the larger of what it reads and what it
     writes. Written are the tensors it returns, the arguments its schema marks as
     written (``Tensor(a!)``) and the first argument of the c10d ops, whose schemas do

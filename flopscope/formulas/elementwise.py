@@ -82,32 +82,42 @@ RULES: dict[Any, ElementwiseRule] = {
                      aten.cudnn_batch_norm, aten.miopen_batch_norm], _NORM),
     **dict.fromkeys(aten_ops("_fused_rms_norm"), _RMS_NORM),
     aten._weight_norm_interface: _RMS_NORM,  # w = g · v / ||v||: square, sum, scale, multiply
-    **dict.fromkeys([aten.cumsum, aten.cumprod, aten.topk, aten.sort, aten.argsort, aten.logsumexp, aten.max,
+    **dict.fromkeys([aten.cumsum, aten.cumprod, aten.topk, aten.sort, aten.argsort, aten.logsumexp,
+                     aten.max,
                      aten.min, aten.median, aten.kthvalue, aten.mode, aten.var_mean, aten.std_mean,
                      aten.linalg_vector_norm, aten.histc, aten.bincount, aten._cdist_forward,
-                     aten.avg_pool1d, aten.avg_pool2d, aten.avg_pool3d, aten.max_pool2d_with_indices,
-                     aten.max_pool3d_with_indices, aten.adaptive_avg_pool2d, aten._adaptive_avg_pool2d,
+                     aten.avg_pool1d, aten.avg_pool2d, aten.avg_pool3d,
+                     aten.max_pool2d_with_indices,
+                     aten.max_pool3d_with_indices, aten.adaptive_avg_pool2d,
+                     aten._adaptive_avg_pool2d,
                      aten._adaptive_avg_pool3d, aten.adaptive_max_pool2d, aten.adaptive_max_pool3d,
                      aten.upsample_nearest1d, aten.upsample_nearest2d, aten.upsample_nearest3d,
                      aten.upsample_linear1d, aten.upsample_bilinear2d, aten.upsample_bicubic2d,
-                     aten.upsample_trilinear3d, aten._upsample_nearest_exact1d, aten._upsample_nearest_exact2d,
+                     aten.upsample_trilinear3d, aten._upsample_nearest_exact1d,
+                     aten._upsample_nearest_exact2d,
                      aten._upsample_bilinear2d_aa, aten.grid_sampler_2d, aten.mkldnn_max_pool2d,
                      aten.max_pool2d, aten.max_pool1d, aten.multinomial, aten.cummax, aten.cummin,
                      aten.isin], _REDUCTION),
     **dict.fromkeys([aten.native_dropout, aten.bernoulli], _DROPOUT),
-    # losses (only their backward is recorded: the loss runs outside the model's modules)
-    **dict.fromkeys([aten.nll_loss_forward, aten.nll_loss2d_forward, aten.mse_loss, aten.binary_cross_entropy,
-                     aten.binary_cross_entropy_with_logits, aten.smooth_l1_loss, aten.huber_loss], _REDUCTION),
+    # losses (only their backward is recorded: the loss runs outside the model's
+    # modules)
+    **dict.fromkeys([aten.nll_loss_forward, aten.nll_loss2d_forward, aten.mse_loss,
+                     aten.binary_cross_entropy,
+                     aten.binary_cross_entropy_with_logits, aten.smooth_l1_loss, aten.huber_loss],
+                    _REDUCTION),
     **dict.fromkeys([aten.nll_loss_backward, aten.nll_loss2d_backward, aten.mse_loss_backward,
                      aten.binary_cross_entropy_backward, aten.smooth_l1_loss_backward,
                      aten.huber_loss_backward], _SCATTER),
-    **dict.fromkeys([aten.scatter_add, aten.index_add, aten.scatter_reduce, aten.index_put, aten._index_put_impl,
+    **dict.fromkeys([aten.scatter_add, aten.index_add, aten.scatter_reduce, aten.index_put,
+                     aten._index_put_impl,
                      aten.embedding_dense_backward], _SCATTER),
     **dict.fromkeys([aten._thnn_fused_lstm_cell, aten._thnn_fused_gru_cell], _CELL),
     # backward kernels of elementwise work, under the forward op's convention
-    **dict.fromkeys([aten._softmax_backward_data, aten._log_softmax_backward_data], _SOFTMAX.of_gradient()),
+    **dict.fromkeys([aten._softmax_backward_data, aten._log_softmax_backward_data],
+                    _SOFTMAX.of_gradient()),
     **dict.fromkeys([aten.native_layer_norm_backward, aten.native_group_norm_backward,
-                     aten.native_batch_norm_backward, aten.cudnn_batch_norm_backward], _NORM.of_gradient()),
+                     aten.native_batch_norm_backward, aten.cudnn_batch_norm_backward],
+                    _NORM.of_gradient()),
     **dict.fromkeys(aten_ops("_fused_rms_norm_backward"), _RMS_NORM.of_gradient()),
     **dict.fromkeys([aten.max_pool2d_with_indices_backward, aten.avg_pool2d_backward,
                      aten._adaptive_avg_pool2d_backward, aten.upsample_nearest2d_backward,
@@ -116,29 +126,43 @@ RULES: dict[Any, ElementwiseRule] = {
                     _CELL.of_gradient()),
     # pointwise ops that lack the `pointwise` tag
     **dict.fromkeys([aten.floor_divide, aten.remainder, aten.fmod, aten.true_divide, aten.clamp_min,
-                     aten.clamp_max, aten.clamp, aten.masked_fill, aten.lerp, aten.addcmul, aten.addcdiv,
-                     aten.hardtanh, aten.threshold, aten.prelu, aten._prelu_kernel, aten.rrelu_with_noise,
-                     aten.glu, aten.logit, aten.polar, aten.complex, aten.heaviside, aten.mish_backward,
-                     aten.hardswish_backward, aten.elu_backward, aten.leaky_relu_backward, aten.softplus_backward,
-                     aten.hardsigmoid_backward, aten.hardtanh_backward, aten.glu_backward, aten.hardswish,
+                     aten.clamp_max, aten.clamp, aten.masked_fill, aten.lerp, aten.addcmul,
+                     aten.addcdiv,
+                     aten.hardtanh, aten.threshold, aten.prelu, aten._prelu_kernel,
+                     aten.rrelu_with_noise,
+                     aten.glu, aten.logit, aten.polar, aten.complex, aten.heaviside,
+                     aten.mish_backward,
+                     aten.hardswish_backward, aten.elu_backward, aten.leaky_relu_backward,
+                     aten.softplus_backward,
+                     aten.hardsigmoid_backward, aten.hardtanh_backward, aten.glu_backward,
+                     aten.hardswish,
                      aten.log_sigmoid_forward, aten.log_sigmoid_backward], _POINTWISE),
-    # quantization: scale, round, shift and clamp each element (the quantized kernels themselves have formulas)
-    **dict.fromkeys([aten.quantize_per_tensor, aten.quantize_per_tensor_dynamic, aten.quantize_per_channel,
+    # quantization: scale, round, shift and clamp each element (the quantized kernels
+    # themselves have formulas)
+    **dict.fromkeys([aten.quantize_per_tensor, aten.quantize_per_tensor_dynamic,
+                     aten.quantize_per_channel,
                      aten.dequantize], _POINTWISE),
 }
 
 ZERO_COST: frozenset[Any] = frozenset([
     # allocation and creation
-    aten.empty, aten.empty_strided, aten.empty_like, aten.new_empty, aten.new_empty_strided, aten.zeros,
-    aten.zeros_like, aten.new_zeros, aten.ones, aten.ones_like, aten.new_ones, aten.full, aten.full_like,
-    aten.new_full, aten.scalar_tensor, aten.arange, aten.linspace, aten.logspace, aten.eye, aten.rand,
-    aten.rand_like, aten.randn, aten.randn_like, aten.randint, aten.randint_like, aten.randperm, aten.normal,
-    aten.uniform, aten.fill, aten.zero, aten.lift_fresh, aten.lift_fresh_copy, aten.lift, aten.resize, aten.set,
+    aten.empty, aten.empty_strided, aten.empty_like, aten.new_empty, aten.new_empty_strided,
+    aten.zeros,
+    aten.zeros_like, aten.new_zeros, aten.ones, aten.ones_like, aten.new_ones, aten.full,
+    aten.full_like,
+    aten.new_full, aten.scalar_tensor, aten.arange, aten.linspace, aten.logspace, aten.eye,
+    aten.rand,
+    aten.rand_like, aten.randn, aten.randn_like, aten.randint, aten.randint_like, aten.randperm,
+    aten.normal,
+    aten.uniform, aten.fill, aten.zero, aten.lift_fresh, aten.lift_fresh_copy, aten.lift,
+    aten.resize, aten.set,
     aten.tril_indices, aten.triu_indices,
     # copies and data movement
     aten.clone, aten._to_copy, aten.copy, aten.contiguous, aten._unsafe_view, aten.cat, aten.stack,
-    aten.split, aten.split_with_sizes, aten.unsafe_split, aten.unsafe_split_with_sizes, aten.unbind, aten.chunk,
-    aten.unsafe_chunk, aten.repeat, aten.repeat_interleave, aten.flip, aten.roll, aten.constant_pad_nd,
+    aten.split, aten.split_with_sizes, aten.unsafe_split, aten.unsafe_split_with_sizes, aten.unbind,
+    aten.chunk,
+    aten.unsafe_chunk, aten.repeat, aten.repeat_interleave, aten.flip, aten.roll,
+    aten.constant_pad_nd,
     aten.reflection_pad1d, aten.reflection_pad2d, aten.reflection_pad3d, aten.replication_pad1d,
     aten.replication_pad2d, aten.replication_pad3d, aten.tril, aten.triu,
     aten.masked_scatter, aten.masked_select, aten.index, aten.index_select, aten.gather, aten.take,
@@ -147,9 +171,11 @@ ZERO_COST: frozenset[Any] = frozenset([
     aten.nonzero_static, aten.argwhere, aten.unique_consecutive, aten._unique2, aten.unique_dim,
     aten.slice_scatter, aten.select_scatter, aten.diagonal_scatter, aten.as_strided_scatter,
     aten.im2col, aten.col2im, aten.pixel_shuffle, aten.pixel_unshuffle, aten.channel_shuffle,
-    aten.native_channel_shuffle, aten.alias_copy, aten.detach_copy, aten.view_copy, aten.expand_copy,
+    aten.native_channel_shuffle, aten.alias_copy, aten.detach_copy, aten.view_copy,
+    aten.expand_copy,
     aten.permute_copy, aten.t_copy, aten.transpose_copy, aten.slice_copy, aten.select_copy,
-    aten.unsqueeze_copy, aten.squeeze_copy, aten.split_copy, aten.split_with_sizes_copy, aten.unbind_copy,
+    aten.unsqueeze_copy, aten.squeeze_copy, aten.split_copy, aten.split_with_sizes_copy,
+    aten.unbind_copy,
     aten._pad_packed_sequence, aten._pack_padded_sequence, aten._reshape_alias,
     # nn.LSTM / GRU / RNN on CUDA copy their weights into one cuDNN buffer
     aten._cudnn_rnn_flatten_weight,
@@ -164,21 +190,27 @@ ZERO_COST: frozenset[Any] = frozenset([
     # checks
     aten._is_all_true, aten._is_any_true, aten._nested_tensor_from_mask_left_aligned,
 ])
-"""Ops that do no arithmetic (beyond what is already counted by a formula or rule). In-place variants of these
-ops and of views (``aten.fill_``, ``aten.squeeze_``) and their ``out=`` overloads are zero-cost by rule."""
+"""Ops that do no arithmetic (beyond what is already counted by a formula or rule).
+In-place variants of these ops and of views (``aten.fill_``, ``aten.squeeze_``) and
+their ``out=`` overloads are zero-cost by rule."""
 
 ZERO_COST_NAMESPACES: frozenset[str] = frozenset({"profiler"})
-"""Namespaces whose ops do no arithmetic: ``profiler::_record_function_enter_new`` / ``_record_function_exit``
-are the bookkeeping of ``torch.profiler.record_function`` blocks (``nn.DataParallel.forward`` opens one)."""
+"""Namespaces whose ops do no arithmetic: ``profiler::_record_function_enter_new`` /
+``_record_function_exit`` are the bookkeeping of ``torch.profiler.record_function``
+blocks (``nn.DataParallel.forward`` opens one)."""
 
-# Metadata queries dispatched while a tensor is inspected; they are not ops of the model.
+# Metadata queries dispatched while a tensor is inspected; they are not ops of the
+# model.
 METADATA_OPS: frozenset[Any] = frozenset([
     *(op.default for op in aten_ops("sym_is_contiguous")), aten.is_contiguous.default,
-    aten.is_contiguous.memory_format, aten.is_strides_like_format.default, aten.is_non_overlapping_and_dense.default,
-    aten.size.default, aten.sym_size.default, aten.stride.default, aten.sym_stride.default, aten.storage_offset.default,
+    aten.is_contiguous.memory_format, aten.is_strides_like_format.default,
+    aten.is_non_overlapping_and_dense.default,
+    aten.size.default, aten.sym_size.default, aten.stride.default, aten.sym_stride.default,
+    aten.storage_offset.default,
     aten.sym_storage_offset.default, aten.numel.default, aten.sym_numel.default, aten.dim.default,
     torch.ops.prim.layout.default, torch.ops.prim.device.default, aten._nested_tensor_size.default,
-    aten._nested_tensor_strides.default, aten._nested_tensor_storage_offsets.default, aten.is_same_size.default,
+    aten._nested_tensor_strides.default, aten._nested_tensor_storage_offsets.default,
+    aten.is_same_size.default,
 ])
 
 
@@ -191,30 +223,37 @@ def ops_in_category(category: str) -> frozenset[Any]:
 
 SOFTMAX_OPS = ops_in_category("softmax")
 """The ops that normalise attention scores (softmax, log-softmax, SDPA's safe softmax)."""
-VALUE_COPIES = frozenset({aten._to_copy, aten.clone, aten.contiguous, aten.detach, aten.alias, aten.lift_fresh,
+VALUE_COPIES = frozenset({aten._to_copy, aten.clone, aten.contiguous, aten.detach, aten.alias,
+                          aten.lift_fresh,
                           aten.lift_fresh_copy})
-"""Ops whose output holds their first argument's values unchanged (copies, aliases, dtype and layout changes)."""
+"""Ops whose output holds their first argument's values unchanged (copies, aliases,
+dtype and layout changes)."""
 EMBEDDING_LOOKUPS = frozenset({aten.embedding, aten._embedding_bag, aten.embedding_bag})
-"""Table lookups by index: no multiply (a row copied per index), the token tables the logits pass and the index
-checks look for."""
+"""Table lookups by index: no multiply (a row copied per index), the token tables the
+logits pass and the index checks look for."""
 
 ACTIVATION_OPS: frozenset[Any] = with_inplace({
-    aten.relu, aten.gelu, aten.silu, aten.sigmoid, aten.tanh, aten.elu, aten.leaky_relu, aten.hardswish,
-    aten.hardsigmoid, aten.mish, aten.softplus, aten.glu, aten.celu, aten.selu, aten.hardtanh, aten.erf,
-    aten.prelu, aten._prelu_kernel, aten.log_sigmoid_forward, aten.rrelu_with_noise, aten.threshold, aten.sin,
+    aten.relu, aten.gelu, aten.silu, aten.sigmoid, aten.tanh, aten.elu, aten.leaky_relu,
+    aten.hardswish,
+    aten.hardsigmoid, aten.mish, aten.softplus, aten.glu, aten.celu, aten.selu, aten.hardtanh,
+    aten.erf,
+    aten.prelu, aten._prelu_kernel, aten.log_sigmoid_forward, aten.rrelu_with_noise, aten.threshold,
+    aten.sin,
     aten.expm1,  # (ELU's family written out: xIELU's torch.expm1(torch.min(x, eps)), Apertus' MLP)
 })
-"""Pointwise nonlinearities (counted as ``pointwise`` work), with their in-place twins (``aten.relu_``): the
-FFN pass looks for one between two weight matmuls."""
+"""Pointwise nonlinearities (counted as ``pointwise`` work), with their in-place twins
+(``aten.relu_``): the FFN pass looks for one between two weight matmuls."""
 
 PRODUCT_OPS: frozenset[Any] = with_inplace({aten.mul})
-"""Elementwise products (counted as ``pointwise`` work), in-place too: a gated FFN multiplies its two branches."""
+"""Elementwise products (counted as ``pointwise`` work), in-place too: a gated FFN
+multiplies its two branches."""
 
 
-TAGGED_REDUCTIONS = ("all", "amax", "amin", "aminmax", "any", "argmax", "argmin", "count_nonzero", "linalg__powsum",
+TAGGED_REDUCTIONS = ("all", "amax", "amin", "aminmax", "any", "argmax", "argmin", "count_nonzero",
+                     "linalg__powsum",
                      "mean", "nansum", "norm", "prod", "std", "sum", "var")
-"""The ops that torch tags ``reduction`` (2.10 and later) and :data:`RULES` does not list; a torch without that
-tag gives them the reduction rule by name."""
+"""The ops that torch tags ``reduction`` (2.10 and later) and :data:`RULES` does not
+list; a torch without that tag gives them the reduction rule by name."""
 _REDUCTION_TAG = getattr(torch.Tag, "reduction", None)
 if _REDUCTION_TAG is None:
     RULES.update(dict.fromkeys(aten_ops(*TAGGED_REDUCTIONS), _REDUCTION))
@@ -252,7 +291,8 @@ def _with_functional(func: Any) -> tuple[Any, ...]:
 
 
 def elementwise_ops(rule: ElementwiseRule, args: Sequence[Any], out: Any) -> int:
-    """Elementwise ops of one call under ``rule`` (see the table in the module docstring)."""
+    """Elementwise ops of one call under ``rule`` (see the table in the module
+    docstring)."""
     source = args if rule.basis == "input" else (out if isinstance(out, (tuple, list)) else (out,))
     for x in source:
         if isinstance(x, torch.Tensor):

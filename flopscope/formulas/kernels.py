@@ -88,12 +88,14 @@ def _flash_forward(named: Mapping[str, Any]) -> dict[str, int]:
 _FORWARD = ("flash_attn::_flash_attn_forward", "flash_attn::_flash_attn_varlen_forward",
             "flash_attn_3::_flash_attn_forward", "flash_attn_3::fwd",
             # Hub kernels, by kernel name (the build hash dropped)
-            "flash_attn::fwd", "flash_attn::varlen_fwd", "flash_attn::fwd_kvcache", "flash_attn3::fwd",
+            "flash_attn::fwd", "flash_attn::varlen_fwd", "flash_attn::fwd_kvcache",
+            "flash_attn3::fwd",
             "vllm_flash_attn3::fwd", "vllm_flash_attn::varlen_fwd", "vllm_flash_attn::fwd_kvcache",
             "xformers_flash::flash_fwd")
 _BACKWARD = ("flash_attn::_flash_attn_backward", "flash_attn::_flash_attn_varlen_backward",
              "flash_attn_3::_flash_attn_backward", "flash_attn_3::bwd",
-             "flash_attn::bwd", "flash_attn::varlen_bwd", "flash_attn3::bwd", "vllm_flash_attn3::bwd")
+             "flash_attn::bwd", "flash_attn::varlen_bwd", "flash_attn3::bwd",
+             "vllm_flash_attn3::bwd")
 
 
 @formula(*_FORWARD, family=OpFamily.ATTENTION, operands=(0, 1, 2), layout=BNHD)
@@ -106,7 +108,8 @@ def flash_kernel(named: Mapping[str, Any], **_: Any) -> dict[str, int]:
     ``attn_scores = h · pairs · d_k`` (plus ``h · pairs · d_qv`` for FlashAttention
     3's ``qv``), ``attn_weighted_sum = h · pairs · d_v``, where h is the number of
     query heads; softcap, ALiBi and dropout change no product."""
-    # out [B, n_q, h, d_v] = fwd(q [B, n_q, h, d], k [B, n_k, h_k, d], v [B, n_k, h_k, d_v], ...)
+    # out [B, n_q, h, d_v] = fwd(q [B, n_q, h, d], k [B, n_k, h_k, d], v [B, n_k, h_k,
+    # d_v], ...)
     return _flash_forward(named)
 
 
@@ -116,7 +119,8 @@ def flash_kernel_backward(named: Mapping[str, Any], **_: Any) -> dict[str, int]:
     """FlashAttention's backward kernels: the forward's scores recomputed, then the four
     gradient products (:func:`~flopscope.formulas.linear_algebra.backward_of`: 3x the
     scores' part, 2x the weighted sum's)."""
-    # (dq, dk, dv) = bwd(dout, q, k, v, out, softmax_lse, dq, dk, dv, [cu_seqlens_q, cu_seqlens_k, ...], ...)
+    # (dq, dk, dv) = bwd(dout, q, k, v, out, softmax_lse, dq, dk, dv, [cu_seqlens_q,
+    # cu_seqlens_k, ...], ...)
     forward = _flash_forward({**named, "seqused_k": _first(named, "seqused_k", "sequed_k")})
     return backward_of(forward)
 
@@ -124,8 +128,8 @@ def flash_kernel_backward(named: Mapping[str, Any], **_: Any) -> dict[str, int]:
 @formula("xformers_flash::flash_bwd", family=OpFamily.ATTENTION, operands=(2, 3, 4), layout=BNHD)
 @by_name
 def xformers_flash_backward(named: Mapping[str, Any], **_: Any) -> dict[str, int]:
-    """xFormers' flash backward (``flash_bwd(grads_share_storage, grad, query, key, value, ...)``): as
-    :func:`flash_kernel_backward`."""
+    """xFormers' flash backward (``flash_bwd(grads_share_storage, grad, query, key,
+    value, ...)``): as :func:`flash_kernel_backward`."""
     return backward_of(_flash_forward(named))
 
 
@@ -135,7 +139,8 @@ def causal_conv1d(x: Shape, weight: Shape, *_: Any, **__: Any) -> int:
     is a dot product of its channel's ``W`` taps (the kernel computes the L outputs
     only; ``nn.Conv1d`` with ``padding=W-1`` then cut to L, transformers' reference
     path, computes ``L + W - 1`` per channel: ``docs/conventions.md``)."""
-    # out [B, D, L] = causal_conv1d_fwd(x [B, D, L], weight [D, W], bias, seq_idx, initial_states, out, ...)
+    # out [B, D, L] = causal_conv1d_fwd(x [B, D, L], weight [D, W], bias, seq_idx,
+    # initial_states, out, ...)
     return x[0] * x[1] * x[2] * weight[-1]
 
 
@@ -143,7 +148,8 @@ def causal_conv1d(x: Shape, weight: Shape, *_: Any, **__: Any) -> int:
 def causal_conv1d_backward(x: Shape, weight: Shape, *_: Any, **__: Any) -> int:
     """Its backward: the gradient of the input and of the weight, each one forward's
     products."""
-    # (dx, dweight) = causal_conv1d_bwd(x [B, D, L], weight [D, W], bias, dout, seq_idx, ..., dx, dweight, ...)
+    # (dx, dweight) = causal_conv1d_bwd(x [B, D, L], weight [D, W], bias, dout, seq_idx,
+    # ..., dx, dweight, ...)
     return 2 * causal_conv1d(x, weight)
 
 
@@ -151,16 +157,19 @@ def causal_conv1d_backward(x: Shape, weight: Shape, *_: Any, **__: Any) -> int:
 def causal_conv1d_update(x: Shape, conv_state: Shape, weight: Shape, *_: Any, **__: Any) -> int:
     """One decoding step (or a few) against the cached state: ``B · D · L_new · W`` (x
     ``[B, D]``: one position)."""
-    # out [B, D(, L)] = causal_conv1d_update(x [B, D(, L)], conv_state [B, D, S], weight [D, W], bias, out, ...)
+    # out [B, D(, L)] = causal_conv1d_update(x [B, D(, L)], conv_state [B, D, S], weight
+    # [D, W], bias, out, ...)
     new = x[2] if len(x) == 3 else 1
     return x[0] * x[1] * new * weight[-1]
 
 
 GATED_DELTA_CHUNK = 64
-"""The chunk length of the chunked gated delta rule, as transformers' reference and fla's kernels chunk it."""
+"""The chunk length of the chunked gated delta rule, as transformers' reference and
+fla's kernels chunk it."""
 
 
-def _chunked(q: Shape, v: Shape, lengths: Sequence[int] | None, chunk: int) -> tuple[int, int, int, int]:
+def _chunked(q: Shape, v: Shape, lengths: Sequence[int] | None,
+             chunk: int) -> tuple[int, int, int, int]:
     """(value heads, positions padded to whole chunks of ``chunk`` over every sequence,
     key width, value width) of a chunked kernel's ``q [B, T, h_k, K]`` and ``v [B, T,
     h, V]``; ``lengths``: the sequences packed in ``T``."""
@@ -222,10 +231,12 @@ def ssd_chunked(x: Shape, b: Shape, chunk: int) -> dict[str, int]:
 
 
 KDA_CHUNK = 64
-"""The chunk length of Kimi Delta Attention, as transformers' reference and fla's ``chunk_kda`` chunk it."""
+"""The chunk length of Kimi Delta Attention, as transformers' reference and fla's
+``chunk_kda`` chunk it."""
 
 
-def kda_chunked(q: Shape, v: Shape, lengths: Sequence[int] | None = None, chunk: int = KDA_CHUNK) -> dict[str, int]:
+def kda_chunked(q: Shape, v: Shape, lengths: Sequence[int] | None = None,
+                chunk: int = KDA_CHUNK) -> dict[str, int]:
     """Kimi Delta Attention over chunks of ``chunk`` positions (the gated delta rule
     with a decay per key channel), priced as its chunked algorithm computes it
     (transformers' ``chunk_kimi_delta_attention``, which fla's ``chunk_kda`` replaces
@@ -247,7 +258,8 @@ def kda_chunked(q: Shape, v: Shape, lengths: Sequence[int] | None = None, chunk:
     }
 
 
-def linear_attention_chunked(q: Shape, v: Shape, lengths: Sequence[int] | None = None, chunk: int = 64
+def linear_attention_chunked(q: Shape, v: Shape, lengths: Sequence[int] | None = None,
+                             chunk: int = 64
                              ) -> dict[str, int]:
     """Gated linear attention over chunks of ``chunk`` positions (GLA, Yang et al. 2023;
     simple GLA / RetNet's scalar decay), as fla's chunked kernels compute it: per
@@ -267,7 +279,8 @@ def linear_attention_chunked(q: Shape, v: Shape, lengths: Sequence[int] | None =
     }
 
 
-def dplr_delta_rule_chunked(q: Shape, v: Shape, lengths: Sequence[int] | None = None, chunk: int = 16
+def dplr_delta_rule_chunked(q: Shape, v: Shape, lengths: Sequence[int] | None = None,
+                            chunk: int = 16
                             ) -> dict[str, int]:
     """The delta rule with a diagonal-plus-low-rank transition (``S ← S·(diag(exp(g)) +
     a·bᵀ) + kᵀ·v``: RWKV-7, fla's ``chunk_dplr_delta_rule``) over chunks of ``chunk``

@@ -1,6 +1,7 @@
-"""The multiply formulas of matrix products, convolutions, recurrent layers and Fourier transforms, and their
-backward kernels, one ``@formula`` each, with its op family and operand positions (the attention kernels':
-:mod:`flopscope.formulas.attention`). Pure functions of the arguments' shapes (the calling convention of
+"""The multiply formulas of matrix products, convolutions, recurrent layers and Fourier
+transforms, and their backward kernels, one ``@formula`` each, with its op family and
+operand positions (the attention kernels': :mod:`flopscope.formulas.attention`). Pure
+functions of the arguments' shapes (the calling convention of
 :mod:`flopscope.formulas.registry`), in MACs; ``docs/formulas.md`` derives each."""
 
 from __future__ import annotations
@@ -89,7 +90,8 @@ def scaled_mm(a: Shape, b: Shape, *_: Any, **__: Any) -> int:
 
 @formula(aten.bmm, family=OpFamily.MATMUL, operands=(0, 1))
 def bmm(a: Shape, b: Shape, **_: Any) -> int:
-    """Batched matrix product (of nested tensors: each entry's product on its own shape)."""
+    """Batched matrix product (of nested tensors: each entry's product on its own
+    shape)."""
     # [B, m, n] = bmm([B, m, k], [B, k, n])
     if isinstance(a, NestedShape) or isinstance(b, NestedShape):
         return sum(gemm(x[0], x[1], y[1]) for x, y in _entries(a, b))
@@ -152,7 +154,8 @@ def _entries(*shapes: Shape) -> Iterable[tuple[Shape, ...]]:
         yield tuple(s.sizes[i] if isinstance(s, NestedShape) else s for s in shapes)
 
 
-@formula(*aten_ops("_grouped_mm", "_scaled_grouped_mm"), family=OpFamily.GROUPED_MATMUL, operands=(0, 1))
+@formula(*aten_ops("_grouped_mm", "_scaled_grouped_mm"), family=OpFamily.GROUPED_MATMUL,
+         operands=(0, 1))
 def grouped_mm(a: Shape, b: Shape, *_: Any, out_shape: Shape | None = None, **__: Any) -> int:
     """Grouped matmul (mixture-of-experts experts).
 
@@ -183,8 +186,10 @@ def trilinear(i1: Shape, i2: Shape, i3: Shape, expand1: Sequence[int], expand2: 
     """``nn.Bilinear`` / ``F.bilinear``: every point of the broadcast (batch, out, in1,
     in2) space is one multiply-add of ``x1_i · W_oij · x2_j``, so B·out·in1·in2 MACs,
     as fvcore and thop count it."""
-    # [B, out] = _trilinear([B, in1], [out, in1, in2], [B, in2], expand1, expand2, expand3, sumdim=[in1, in2])
-    full = [_expanded(shape, expand) for shape, expand in ((i1, expand1), (i2, expand2), (i3, expand3))]
+    # [B, out] = _trilinear([B, in1], [out, in1, in2], [B, in2], expand1, expand2,
+    # expand3, sumdim=[in1, in2])
+    full = [_expanded(shape, expand) for shape, expand in ((i1, expand1), (i2, expand2),
+                                                           (i3, expand3))]
     return prod(max(sizes) for sizes in zip(*full, strict=True))
 
 
@@ -196,7 +201,8 @@ def _expanded(shape: Shape, inserted: Sequence[int]) -> list[int]:
 
 
 @formula("quantized::linear_dynamic", "quantized::linear", "quantized::linear_relu_dynamic",
-         "quantized::linear_relu", "quantized::linear_dynamic_fp16", "quantized::linear_relu_dynamic_fp16",
+         "quantized::linear_relu", "quantized::linear_dynamic_fp16",
+         "quantized::linear_relu_dynamic_fp16",
          "quantized::linear_tanh", "quantized::linear_leaky_relu")
 def quantized_linear(x: Shape, *_: Any, out_shape: Shape, **__: Any) -> int:
     """Quantized linear layers: rows x in_features x out_features, like the float
@@ -222,7 +228,8 @@ def triangular_solve(a: Shape, b: Shape, *_: Any, out_shape: Shape, **__: Any) -
     """Substitution with a triangular ``[*, n, n]`` matrix: each of the k right-hand
     sides takes n(n-1)/2 multiply-adds (the divisions by the diagonal are
     elementwise)."""
-    # [*, n, k] = linalg_solve_triangular([*, n, n], [*, n, k]); triangular_solve(B, A) has B first
+    # [*, n, k] = linalg_solve_triangular([*, n, n], [*, n, k]); triangular_solve(B, A)
+    # has B first
     n = a[-1] if a[-1] == a[-2] else b[-1]
     return prod(out_shape) // n * (n * (n - 1) // 2)
 
@@ -253,15 +260,19 @@ def conv(x: Shape, weight: Shape, out_shape: Shape, transposed: bool) -> int:
 
 
 @formula(aten.convolution, aten._convolution, aten.convolution_overrideable, family=OpFamily.CONV)
-def convolution(x: Shape, weight: Shape, bias: Any, stride: Any, padding: Any, dilation: Any, transposed: bool,
+def convolution(x: Shape, weight: Shape, bias: Any, stride: Any, padding: Any, dilation: Any,
+                transposed: bool,
                 *_: Any, out_shape: Shape, **__: Any) -> int:
     # [B, C_out, *L_out] = convolution([B, C_in, *L_in], [C_out, C_in/g, *k], ...)
     return conv(x, weight, out_shape, bool(transposed))
 
 
-@formula(aten.mkldnn_convolution, aten.cudnn_convolution, aten._slow_conv2d_forward, aten.slow_conv3d_forward,
-         aten.slow_conv_dilated2d, aten.slow_conv_dilated3d, aten._conv_depthwise2d, aten.conv_depthwise3d,
-         aten.miopen_convolution, aten.miopen_depthwise_convolution, aten._nnpack_spatial_convolution,
+@formula(aten.mkldnn_convolution, aten.cudnn_convolution, aten._slow_conv2d_forward,
+         aten.slow_conv3d_forward,
+         aten.slow_conv_dilated2d, aten.slow_conv_dilated3d, aten._conv_depthwise2d,
+         aten.conv_depthwise3d,
+         aten.miopen_convolution, aten.miopen_depthwise_convolution,
+         aten._nnpack_spatial_convolution,
          family=OpFamily.CONV)
 def convolution_backend(x: Shape, weight: Shape, *_: Any, out_shape: Shape, **__: Any) -> int:
     """Backend-specific forward convolutions (non-transposed)."""
@@ -270,14 +281,16 @@ def convolution_backend(x: Shape, weight: Shape, *_: Any, out_shape: Shape, **__
 
 @formula(aten.cudnn_convolution_transpose, aten.slow_conv_transpose2d, aten.slow_conv_transpose3d,
          aten.miopen_convolution_transpose, family=OpFamily.CONV)
-def convolution_transpose_backend(x: Shape, weight: Shape, *_: Any, out_shape: Shape, **__: Any) -> int:
+def convolution_transpose_backend(x: Shape, weight: Shape, *_: Any, out_shape: Shape,
+                                  **__: Any) -> int:
     """Backend-specific transposed convolutions."""
     return conv(x, weight, out_shape, transposed=True)
 
 
 _QUANTIZED_CONVS = tuple(f"quantized::{kind}{dims}d{suffix}" for dims in (1, 2, 3)
                          for kind, suffix in (("conv", ""), ("conv", "_relu"), ("conv", "_dynamic"),
-                                              ("conv_transpose", ""), ("conv_transpose", "_dynamic")))
+                                              ("conv_transpose", ""),
+                                              ("conv_transpose", "_dynamic")))
 
 
 @formula(*_QUANTIZED_CONVS, family=OpFamily.CONV)
@@ -288,7 +301,8 @@ def quantized_convolution(x: Shape, packed: Any, *_: Any, out_shape: Shape, **__
     from the packed parameters; stride, padding and dilation through ``out_shape``. A
     1-D convolution's packed weight is ``[C_out, C_in/g, 1, k]``: the 1 changes
     nothing."""
-    # [B, C_out, *L_out] = quantized::conv2d([B, C_in, *L_in], packed [C_out, C_in/g, *k], scale, zero_point)
+    # [B, C_out, *L_out] = quantized::conv2d([B, C_in, *L_in], packed [C_out,
+    # C_in/g, *k], scale, zero_point)
     weight, transposed = _packed_conv(packed)
     return conv(x, weight, out_shape, transposed)
 
@@ -298,7 +312,8 @@ def quantized_convolution_add(x: Shape, accumulator: Shape, packed: Any, *_: Any
                               **__: Any) -> int:
     """A quantized convolution whose output is added to ``accumulator`` (a residual; the
     add is not a MAC)."""
-    # [B, C_out, *L_out] = quantized::conv2d_add([B, C_in, *L_in], [B, C_out, *L_out], packed, scale, zero_point)
+    # [B, C_out, *L_out] = quantized::conv2d_add([B, C_in, *L_in], [B, C_out, *L_out],
+    # packed, scale, zero_point)
     return quantized_convolution(x, packed, out_shape=out_shape)
 
 
@@ -329,7 +344,8 @@ def recurrent(x: Shape, weights: Iterable[Shape | None]) -> dict[str, int]:
 def mkldnn_rnn_layer(x: Shape, w_ih: Shape, w_hh: Shape, *_: Any, **__: Any) -> dict[str, int]:
     """The CPU (oneDNN) kernel: one layer, one direction per call; LSTM/GRU/RNN set by
     the weight rows."""
-    # [T, B, H] = mkldnn_rnn_layer([T, B, d_in], [G*H, d_in], [G*H, H], b_ih, b_hh, hx, cx, ...)
+    # [T, B, H] = mkldnn_rnn_layer([T, B, d_in], [G*H, d_in], [G*H, H], b_ih, b_hh, hx,
+    # cx, ...)
     return recurrent(x, (w_ih, w_hh))
 
 
@@ -337,7 +353,8 @@ def mkldnn_rnn_layer(x: Shape, w_ih: Shape, w_hh: Shape, *_: Any, **__: Any) -> 
 def cudnn_rnn(x: Shape, weights: Sequence[Shape], *_: Any, **__: Any) -> dict[str, int]:
     """GPU kernels: all layers and directions in one call; ``weights`` lists every
     layer's matrices."""
-    # [T, B, D*H] = _cudnn_rnn([T, B, d_in], [w_ih, w_hh, (b_ih, b_hh), (w_hr)] * layers * dirs, ...)
+    # [T, B, D*H] = _cudnn_rnn([T, B, d_in], [w_ih, w_hh, (b_ih, b_hh), (w_hr)] *
+    # layers * dirs, ...)
     return recurrent(x, weights)
 
 
@@ -395,7 +412,8 @@ def fft_r2c(x: Shape, dim: Sequence[int], *_: Any, **__: Any) -> int:
     transforms along the others over the half spectrum (``N // 2 + 1`` bins), as
     pocketfft and MKL run it. A two-sided output (``onesided=False``) is the half
     spectrum mirrored (data movement, not counted)."""
-    # [..., N // 2 + 1] (or [..., N] two-sided) = _fft_r2c([..., N], dim, normalization, onesided)
+    # [..., N // 2 + 1] (or [..., N] two-sided) = _fft_r2c([..., N], dim, normalization,
+    # onesided)
     dims = _dims(x, dim)
     if not dims:
         return 0
@@ -405,11 +423,13 @@ def fft_r2c(x: Shape, dim: Sequence[int], *_: Any, **__: Any) -> int:
 
 
 @formula(aten._fft_c2r, family=OpFamily.TRANSFORM)
-def fft_c2r(x: Shape, dim: Sequence[int], normalization: int, last_dim_size: int, *_: Any, **__: Any) -> int:
+def fft_c2r(x: Shape, dim: Sequence[int], normalization: int, last_dim_size: int, *_: Any,
+            **__: Any) -> int:
     """Complex-to-real FFT (``irfft``, ``irfftn``, ``hfft``, ``istft``): complex
     transforms along all but the last dim of ``dim`` over the half spectrum ``x``,
     then a real-output transform of length ``last_dim_size`` along the last."""
-    # [..., last_dim_size] = _fft_c2r([..., last_dim_size // 2 + 1], dim, normalization, last_dim_size)
+    # [..., last_dim_size] = _fft_c2r([..., last_dim_size // 2 + 1], dim, normalization,
+    # last_dim_size)
     dims = _dims(x, dim)
     if not dims:
         return 0
@@ -424,13 +444,16 @@ def matmul_backward(grad: Shape, a: Shape, b: Shape, mask: Sequence[bool], **_: 
     """The gradients of ``torch.matmul`` where it is a kernel of its own (nested
     tensors): each gradient asked for in ``mask`` (of ``a``: grad·bᵀ, of ``b``:
     aᵀ·grad) is one product of the forward's size."""
-    # (d_a, d_b) = matmul_backward(grad [*, m, n], a [*, m, k], b [*, k, n], [a needs grad, b needs grad])
+    # (d_a, d_b) = matmul_backward(grad [*, m, n], a [*, m, k], b [*, k, n], [a needs
+    # grad, b needs grad])
     return matmul(a, b) * sum(bool(wanted) for wanted in mask)
 
 
 @formula(aten.convolution_backward, family=OpFamily.CONV)
-def convolution_backward(grad_out: Shape, x: Shape, weight: Shape, bias_sizes: Any, stride: Any, padding: Any,
-                         dilation: Any, transposed: bool, output_padding: Any, groups: int, output_mask: Sequence[bool],
+def convolution_backward(grad_out: Shape, x: Shape, weight: Shape, bias_sizes: Any, stride: Any,
+                         padding: Any,
+                         dilation: Any, transposed: bool, output_padding: Any, groups: int,
+                         output_mask: Sequence[bool],
                          **_: Any) -> int:
     """Gradient of the input and of the weight each cost one forward convolution (bias:
     adds only)."""
@@ -439,7 +462,8 @@ def convolution_backward(grad_out: Shape, x: Shape, weight: Shape, bias_sizes: A
 
 
 @formula(aten.mkldnn_rnn_layer_backward, family=OpFamily.RECURRENT)
-def mkldnn_rnn_layer_backward(x: Shape, w_ih: Shape, w_hh: Shape, *_: Any, **__: Any) -> dict[str, int]:
+def mkldnn_rnn_layer_backward(x: Shape, w_ih: Shape, w_hh: Shape, *_: Any,
+                              **__: Any) -> dict[str, int]:
     """Per step, the gradients of the input and hidden state and of both weights: twice
     the forward GEMMs."""
     return {"recurrent": 2 * recurrent(x, (w_ih, w_hh))["recurrent"]}

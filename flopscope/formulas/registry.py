@@ -2,10 +2,11 @@
 (family, operands, layout). The default registry's formulas are
 :mod:`flopscope.formulas.linear_algebra`.
 
-Unit: multiply-accumulates (MACs). A GEMM ``[m, k] @ [k, n]`` is ``m * n * k`` MACs (= ``2 * m * n * k``
-FLOPs). Bias adds, scaling and every elementwise step are *not* MACs; they are counted separately by
-:mod:`flopscope.formulas.elementwise`. Conventions (dense attention, backward kernels): ``docs/conventions.md``
-sections 2, 5 and 7; closed forms with sources: ``docs/formulas.md``.
+Unit: multiply-accumulates (MACs). A GEMM ``[m, k] @ [k, n]`` is ``m * n * k`` MACs (=
+``2 * m * n * k`` FLOPs). Bias adds, scaling and every elementwise step are *not* MACs;
+they are counted separately by :mod:`flopscope.formulas.elementwise`. Conventions (dense
+attention, backward kernels): ``docs/conventions.md`` sections 2, 5 and 7; closed forms
+with sources: ``docs/formulas.md``.
 
 One MAC is one multiply-accumulate *in the operands' dtype*, whatever that dtype is:
 formulas see shapes, never dtypes. A complex64 / complex128 GEMM ``[m, k] @ [k, n]`` is
@@ -160,9 +161,10 @@ _OPERAND_FAMILIES = {OpFamily.MATMUL: 2, OpFamily.GROUPED_MATMUL: 2, OpFamily.AT
 
 
 BHND, BNHD, CHUNKED = "[*B, heads, n, d]", "[B, n, heads, d]", "[B, n, heads, d] in chunks"
-"""The operand layouts of attention kernels: SDPA's and FlexAttention's ``[*batch, heads, positions, width]``,
-FlashAttention's / the memory-efficient kernel's own ``[batch, positions, heads, width]``, and that of a chunked
-linear-attention kernel (the gated delta rule), whose scores are within chunks: no ``n_q × n_k`` geometry for the
+"""The operand layouts of attention kernels: SDPA's and FlexAttention's ``[*batch,
+heads, positions, width]``, FlashAttention's / the memory-efficient kernel's own
+``[batch, positions, heads, width]``, and that of a chunked linear-attention kernel (the
+gated delta rule), whose scores are within chunks: no ``n_q × n_k`` geometry for the
 attention conventions to price (they charge its work as executed)."""
 
 
@@ -203,10 +205,11 @@ class FormulaRegistry:
     qualified name for ops that live in a library loaded later
     (``"transformers::grouped_mm_fallback"``).
 
-    Registering an op twice is an error; to change a formula, :meth:`copy` the registry and
-    :meth:`override` on the copy, then pass it as ``registry=`` to :func:`flopscope.profile`. A new op
-    is one registration: its formula, its :class:`OpFamily` and, for a matmul or an attention kernel,
-    the positions of its operands; roles and the peer plug-ins take everything else from here::
+    Registering an op twice is an error; to change a formula, :meth:`copy` the registry
+    and :meth:`override` on the copy, then pass it as ``registry=`` to
+    :func:`flopscope.profile`. A new op is one registration: its formula, its
+    :class:`OpFamily` and, for a matmul or an attention kernel, the positions of its
+    operands; roles and the peer plug-ins take everything else from here::
 
         registry = flopscope.REGISTRY.copy()
         registry.override(torch.ops.mylib.my_mm, my_mm_formula, family=OpFamily.MATMUL, operands=(0, 1))
@@ -297,23 +300,28 @@ class FormulaRegistry:
     def _put(self, op: Any, spec: OpSpec, *, replace: bool) -> None:
         table, key = self._key(op)
         if key in table and not replace:
-            raise RegistryError(f"a formula for {key} is already registered; copy() the registry and override()")
+            raise RegistryError(f"a formula for {key} is already registered; copy() the registry "
+                                "and override()")
         table[key] = spec
 
 
-def _spec(fn: MacFormula, family: OpFamily, operands: tuple[int, ...], layout: str = BHND) -> OpSpec:
+def _spec(fn: MacFormula, family: OpFamily, operands: tuple[int, ...],
+          layout: str = BHND) -> OpSpec:
     wanted = _OPERAND_FAMILIES.get(family, 0)
     if len(operands) != wanted:
-        raise RegistryError(f"an op of family {family} takes {wanted} operand positions; got {operands!r}"
+        raise RegistryError(f"an op of family {family} takes {wanted} operand positions; got "
+                            f"{operands!r}"
                             + (" (matmul: (a, b); attention: (q, k, v))" if wanted else ""))
     if layout not in (BHND, BNHD, CHUNKED):
-        raise RegistryError(f"an attention layout is {BHND!r}, {BNHD!r} or {CHUNKED!r}; got {layout!r}")
+        raise RegistryError(f"an attention layout is {BHND!r}, {BNHD!r} or {CHUNKED!r}; got "
+                            f"{layout!r}")
     return OpSpec(fn, family, tuple(operands), layout)
 
 
 _HUB_NAMESPACE = re.compile(r"_(?P<kernel>[A-Za-z0-9_]+?)_(?:[0-9a-f]{7,40}|[0-9]{8,14})(?:_dirty)?")
-"""A Hub kernel's op namespace (``kernels`` / kernel-builder): ``_<kernel name>_<git hash or build time>``,
-``_dirty`` after a build from a changed tree (``_flash_attn_2b4ec51_dirty``, ``_gsplat_20250920003636``)."""
+"""A Hub kernel's op namespace (``kernels`` / kernel-builder): ``_<kernel name>_<git
+hash or build time>``, ``_dirty`` after a build from a changed tree
+(``_flash_attn_2b4ec51_dirty``, ``_gsplat_20250920003636``)."""
 
 
 def hub_name(qualified: str) -> str | None:
@@ -347,10 +355,12 @@ def packet_named(name: str) -> Any:
         return None
 
 
-# In-place and out= variants. ATen names the in-place variant of ``foo`` ``foo_`` (``relu_``, ``addmm_``,
-# ``rrelu_with_noise_``; dunder ops such as ``__iand__`` are not of this form), and gives ``foo`` an ``out=``
-# overload (``foo.out``, ``foo.Tensor_out``: the schema has an ``out`` argument). Both do the work of ``foo``,
-# so every table keyed by op (formulas, elementwise rules and tags, the zero-cost set) resolves them to it.
+# In-place and out= variants. ATen names the in-place variant of ``foo`` ``foo_``
+# (``relu_``, ``addmm_``, ``rrelu_with_noise_``; dunder ops such as ``__iand__`` are not
+# of this form), and gives ``foo`` an ``out=`` overload (``foo.out``,
+# ``foo.Tensor_out``: the schema has an ``out`` argument). Both do the work of ``foo``,
+# so every table keyed by op (formulas, elementwise rules and tags, the zero-cost set)
+# resolves them to it.
 def functional_packet(packet: Any) -> Any:
     """The functional twin of an in-place op packet: ``aten.relu_`` -> ``aten.relu``
     (``None`` if ``packet`` is not an in-place op or its twin does not exist)."""
@@ -504,8 +514,8 @@ def count(fn: MacFormula, args: Sequence[Any], kwargs: Mapping[str, Any], out_sh
     if getattr(fn, "__flopscope_by_name__", False):
         schema = getattr(target, "_schema", None)
         if schema is None:
-            raise RegistryError(f"the formula {getattr(fn, '__name__', fn)} reads arguments by name: it needs the op "
-                                "(count(..., target=op))")
+            raise RegistryError(f"the formula {getattr(fn, '__name__', fn)} reads arguments by "
+                                "name: it needs the op (count(..., target=op))")
         named: dict[str, Any] = {}
         for i, argument in enumerate(schema.arguments):
             if i < len(args) and not argument.kwarg_only:

@@ -35,7 +35,8 @@ SCATTERS = frozenset({aten.index_copy_, aten.index_put_, aten._index_put_impl_, 
 PURE_WRITES = frozenset({aten.copy_, aten.fill_, aten.zero_})
 """In-place ops that overwrite their first argument without reading it."""
 UNSAFE_VIEWS = frozenset({aten._unsafe_view})
-"""Ops that return a view but whose schema does not say so (``matmul`` reshapes its result with it)."""
+"""Ops that return a view but whose schema does not say so (``matmul`` reshapes its
+result with it)."""
 
 
 def nbytes(t: torch.Tensor) -> int:
@@ -49,8 +50,9 @@ VIEW, GATHER, SCATTER, PURE_WRITE, ANY = "view", "gather", "scatter", "pure writ
 
 
 def access_of(func: Any) -> str:
-    """Which of the module docstring's cases ``func`` is: :data:`VIEW`, :data:`GATHER`, :data:`SCATTER`,
-    :data:`PURE_WRITE`, or :data:`ANY` (reads each input once, writes each output once)."""
+    """Which of the module docstring's cases ``func`` is: :data:`VIEW`, :data:`GATHER`,
+    :data:`SCATTER`, :data:`PURE_WRITE`, or :data:`ANY` (reads each input once, writes
+    each output once)."""
     packet = getattr(func, "overloadpacket", func)
     if getattr(func, "is_view", False) or packet in UNSAFE_VIEWS:
         return VIEW

@@ -47,7 +47,8 @@ def state_bytes(model: nn.Module, dtype: torch.dtype | None = None) -> int:
 
 
 def system_available() -> int | None:
-    """``MemAvailable`` of ``/proc/meminfo`` in bytes (``None`` where it cannot be read)."""
+    """``MemAvailable`` of ``/proc/meminfo`` in bytes (``None`` where it cannot be
+    read)."""
     try:
         with open("/proc/meminfo") as meminfo:
             for line in meminfo:
@@ -87,8 +88,9 @@ def cuda_available(device: torch.device) -> int:
 
 
 def available_bytes(device: torch.device | str = "cpu") -> int | None:
-    """Bytes a run on ``device`` can allocate now: a CUDA device's :func:`cuda_available`; otherwise the least of
-    :func:`system_available` and :func:`address_space_left`. ``None`` where none of them can be read."""
+    """Bytes a run on ``device`` can allocate now: a CUDA device's
+    :func:`cuda_available`; otherwise the least of :func:`system_available` and
+    :func:`address_space_left`. ``None`` where none of them can be read."""
     device = torch.device(device)
     if device.type == "cuda":
         return cuda_available(device)
@@ -106,7 +108,8 @@ def least_available(devices: Collection[torch.device]) -> int | None:
     return min(known) if known else None
 
 
-def check_fits(what: str, parameters: int, activation: int | None, device: torch.device | str = "cpu", *,
+def check_fits(what: str, parameters: int, activation: int | None,
+               device: torch.device | str = "cpu", *,
                copies: int = 1, way_out: str = "") -> None:
     """Raise :class:`~flopscope.errors.DoesNotFitError` when ``copies`` x ``parameters``
     bytes (the model's state, and that many copies of it) plus ``activation`` bytes
@@ -121,6 +124,8 @@ def check_fits(what: str, parameters: int, activation: int | None, device: torch
     state = f"{copies} x {gib(parameters)}" if copies > 1 else gib(parameters)
     activations = (" alone, the activations not counted" if activation is None else
                    f", {gib(activation)} for the largest activation of a fake run")
-    raise DoesNotFitError(f"{what} needs at least {gib(need)} ({state} of parameters and buffers{activations}) but "
-                          f"{gib(free)} are available on {torch.device(device)}: not run"
-                          + (f"; {way_out}" if way_out else ""), needed_bytes=need, available_bytes=free)
+    raise DoesNotFitError(f"{what} needs at least {gib(need)} ({state} of parameters and "
+                          f"buffers{activations}) but {gib(free)} are available on "
+                          f"{torch.device(device)}: not run"
+                          + (f"; {way_out}" if way_out else ""), needed_bytes=need,
+                          available_bytes=free)

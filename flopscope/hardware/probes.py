@@ -40,7 +40,8 @@ CPU_DTYPES = (torch.float64, torch.float32, torch.bfloat16, torch.float16)
 
 
 def _cache_file() -> Path:
-    root = os.environ.get("FLOPSCOPE_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "flopscope")
+    root = os.environ.get("FLOPSCOPE_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache",
+                                                                 "flopscope")
     return Path(root) / "peaks.json"
 
 
@@ -78,7 +79,8 @@ def gemm_benchmark(dtype: torch.dtype, seconds: float, max_n: int = 1024) -> tup
     about ``seconds``."""
     n = 128
     with torch.inference_mode():
-        # grow the size while one product stays well inside the budget (a slow dtype keeps small matrices)
+        # grow the size while one product stays well inside the budget (a slow dtype
+        # keeps small matrices)
         while True:
             a = torch.randn(n, n).to(dtype)
             b = torch.randn(n, n).to(dtype)
@@ -112,13 +114,15 @@ def measure_cpu_peak(dtype: torch.dtype = torch.float32, *, seconds: float = 0.5
     products (up to 1024 x 1024, smaller for a dtype this CPU computes slowly) timed
     for about ``seconds``; the best rate.
 
-    Cached per (dtype, ``torch.get_num_threads()``) for the process: a second call returns the first figure
-    without measuring. ``disk_cache=True`` also reads / writes ``~/.cache/flopscope/peaks.json`` (the folder
-    ``$FLOPSCOPE_CACHE_DIR`` if set), keyed by the CPU model name, thread count and dtype. A dtype that is not
-    a floating type, or that this build of PyTorch cannot matmul on CPU (FP8), is a
+    Cached per (dtype, ``torch.get_num_threads()``) for the process: a second call
+    returns the first figure without measuring. ``disk_cache=True`` also reads / writes
+    ``~/.cache/flopscope/peaks.json`` (the folder ``$FLOPSCOPE_CACHE_DIR`` if set),
+    keyed by the CPU model name, thread count and dtype. A dtype that is not a floating
+    type, or that this build of PyTorch cannot matmul on CPU (FP8), is a
     :class:`~flopscope.errors.ConfigurationError`."""
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-        raise ConfigurationError(f"measure_cpu_peak needs a floating-point torch.dtype, got {dtype!r}")
+        raise ConfigurationError("measure_cpu_peak needs a floating-point torch.dtype, got "
+                                 f"{dtype!r}")
     seconds = _check_seconds(seconds)
     threads = torch.get_num_threads()
     cached = CPU_CACHE.get((dtype, threads))
@@ -132,7 +136,8 @@ def measure_cpu_peak(dtype: torch.dtype = torch.float32, *, seconds: float = 0.5
         except (RuntimeError, NotImplementedError, TypeError) as e:
             raise ConfigurationError(f"this CPU build of PyTorch cannot matmul {dtype}: {e}") from e
         if not value > 0:
-            raise ConfigurationError(f"the {dtype} matmul benchmark measured no time (timer resolution)")
+            raise ConfigurationError(f"the {dtype} matmul benchmark measured no time (timer "
+                                     "resolution)")
         if disk_cache:
             write_disk(key, value)
     CPU_CACHE[(dtype, threads)] = value

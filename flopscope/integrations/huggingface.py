@@ -50,17 +50,21 @@ class FlopscopeTrainerCallback(TrainerCallback):
     """Exact FLOPs per batch and MFU for a ``transformers.Trainer``.
 
     Args:
-        make_inputs: ``make_inputs(n)`` -> the model's inputs for one sequence of ``n`` tokens (default: token
-            ids under the model's ``main_input_name``: enough for decoder-only and encoder models; an
-            encoder-decoder needs its decoder inputs too).
-        batch_inputs: ``batch_inputs(inputs)`` -> what :class:`~flopscope.training.BatchPricer` prices (default:
-            the trainer's inputs dict as is: ``input_ids`` with their padding, or packed ``position_ids``).
-        peak, dtype: the device's dense peak FLOP/s: a number, ``"auto"`` (default: looked up for the model's
-            device and ``dtype``) or ``None`` (unknown: no MFU), as :class:`~flopscope.training.Throughput` takes it.
-        lengths: sequence lengths traced once on train begin (default: 8 to 128, or up to the config's
-            position count when it is smaller).
-        attention: the convention of the attention core, ``"executed"`` (default), ``"causal"`` or ``"mask"``
-            (see the module docstring).
+        make_inputs: ``make_inputs(n)`` -> the model's inputs for one sequence of ``n``
+            tokens (default: token ids under the model's ``main_input_name``: enough for
+            decoder-only and encoder models; an encoder-decoder needs its decoder inputs
+            too).
+        batch_inputs: ``batch_inputs(inputs)`` -> what
+            :class:`~flopscope.training.BatchPricer` prices (default: the trainer's
+            inputs dict as is: ``input_ids`` with their padding, or packed
+            ``position_ids``).
+        peak, dtype: the device's dense peak FLOP/s: a number, ``"auto"`` (default:
+            looked up for the model's device and ``dtype``) or ``None`` (unknown: no
+            MFU), as :class:`~flopscope.training.Throughput` takes it.
+        lengths: sequence lengths traced once on train begin (default: 8 to 128, or up
+            to the config's position count when it is smaller).
+        attention: the convention of the attention core, ``"executed"`` (default),
+            ``"causal"`` or ``"mask"`` (see the module docstring).
     """
 
     def __init__(self, make_inputs: Callable[[int], Any] | None = None, *,
@@ -117,9 +121,11 @@ class FlopscopeTrainerCallback(TrainerCallback):
         if model is None or self.disabled:
             return
         try:
-            make_inputs = self.make_inputs or _token_ids(getattr(model, "main_input_name", "input_ids"))
+            make_inputs = self.make_inputs or _token_ids(getattr(model, "main_input_name",
+                                                                 "input_ids"))
             lengths = self.lengths or _lengths(model)
-            self.pricer = flops_per_batch(model, make_inputs, backward=True, lengths=lengths, training=True,
+            self.pricer = flops_per_batch(model, make_inputs, backward=True, lengths=lengths,
+                                          training=True,
                                           attention=self.attention)
             device = next(model.parameters(), torch.empty(0)).device
             self.meter = Throughput(self.pricer, peak=self.peak, device=device, dtype=self.dtype)
@@ -140,7 +146,8 @@ class FlopscopeTrainerCallback(TrainerCallback):
         if self.disabled or self.meter is None or not seconds > 0:
             return
         try:
-            step = {"flops": pending["flops"], "recomputed": pending["recomputed"], "tokens": pending["tokens"],
+            step = {"flops": pending["flops"], "recomputed": pending["recomputed"],
+                    "tokens": pending["tokens"],
                     "flops_by_role": pending["by_role"]}
             self.history.append(self.meter.record(seconds=seconds, **step))
             if self.window is not None:
@@ -156,9 +163,11 @@ class FlopscopeTrainerCallback(TrainerCallback):
             return
         summary = window.summary()
         tag = self.suffix  # the convention, in the name of every FLOP-derived metric
-        metrics = {f"flops_per_second{tag}": summary["flops_per_sec"], "tokens_per_second": summary["tokens_per_sec"]}
+        metrics = {f"flops_per_second{tag}": summary["flops_per_sec"],
+                   "tokens_per_second": summary["tokens_per_sec"]}
         if summary["mfu"] is not None:
-            metrics |= {f"mfu{tag}": summary["mfu"], f"hfu{tag}": summary["hfu"], "peak_flops": summary["peak"]}
+            metrics |= {f"mfu{tag}": summary["mfu"], f"hfu{tag}": summary["hfu"],
+                        "peak_flops": summary["peak"]}
         metrics |= {f"flops{tag}/{role}": float(v) for role, v in summary["flops_by_role"].items()}
         logs.update(metrics)
         if state.log_history and state.log_history[-1].get("step") == state.global_step:
@@ -166,8 +175,10 @@ class FlopscopeTrainerCallback(TrainerCallback):
 
     def _disable(self, error: Exception) -> None:
         self.disabled = True
-        warnings.warn(f"flopscope: FlopscopeTrainerCallback disabled itself ({type(error).__name__}: {error}); the "
-                      "trainer prices batches with its own floating_point_ops again", FlopscopeWarning, stacklevel=3)
+        warnings.warn("flopscope: FlopscopeTrainerCallback disabled itself "
+                      f"({type(error).__name__}: {error}); the "
+                      "trainer prices batches with its own floating_point_ops again",
+                      FlopscopeWarning, stacklevel=3)
 
 
 def _empty_step() -> dict[str, Any]:

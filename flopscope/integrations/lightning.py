@@ -41,24 +41,34 @@ class FlopscopeCallback(pl.Callback):
     """Exact FLOPs per batch and MFU for a ``lightning.Trainer``.
 
     Args:
-        make_inputs: ``make_inputs(n)`` -> the module's inputs for one sequence of ``n`` tokens.
-        batch_inputs: ``batch_inputs(batch)`` -> what :class:`~flopscope.training.BatchPricer` prices (token ids
-            ``[B, n]``, a dict of model inputs, or lengths); default: the batch itself, or its ``input_ids``.
-        model: ``model(pl_module)`` -> the module to trace (default: the LightningModule itself).
-        peak, dtype: the device's dense peak FLOP/s: a number, ``"auto"`` (default: looked up for the module's
-            device and ``dtype``) or ``None`` (unknown: no MFU), as :class:`~flopscope.training.Throughput` takes it.
-        lengths: sequence lengths traced once on fit start (in training mode, so activation checkpointing shows
-            as recomputed work: HFU).
-        loss: ``loss(output)`` -> the scalar whose backward is priced (default: the sum of the floating outputs;
-            the backward's multiplies are the same for any loss of the logits).
-        attention: the convention of the attention core, ``"executed"`` (default), ``"causal"`` or ``"mask"``
-            (see the module docstring).
+        make_inputs: ``make_inputs(n)`` -> the module's inputs for one sequence of ``n``
+            tokens.
+        batch_inputs: ``batch_inputs(batch)`` -> what
+            :class:`~flopscope.training.BatchPricer` prices (token ids ``[B, n]``, a
+            dict of model inputs, or lengths); default: the batch itself, or its
+            ``input_ids``.
+        model: ``model(pl_module)`` -> the module to trace (default: the LightningModule
+        itself). peak, dtype: the device's dense peak FLOP/s: a number, ``"auto"``
+        (default: looked up for the module's
+            device and ``dtype``) or ``None`` (unknown: no MFU), as
+            :class:`~flopscope.training.Throughput` takes it.
+        lengths: sequence lengths traced once on fit start (in training mode, so
+            activation checkpointing shows as recomputed work: HFU).
+        loss: ``loss(output)`` -> the scalar whose backward is priced (default: the sum
+            of the floating outputs; the backward's multiplies are the same for any loss
+            of the logits).
+        attention: the convention of the attention core, ``"executed"`` (default),
+            ``"causal"`` or ``"mask"`` (see the module docstring).
     """
 
-    def __init__(self, make_inputs: Callable[[int], Any], *, batch_inputs: Callable[[Any], Any] | None = None,
-                 model: Callable[[pl.LightningModule], torch.nn.Module] | None = None, peak: float | str | None = AUTO,
-                 dtype: torch.dtype = torch.float32, lengths: tuple[int, ...] = (8, 16, 32, 64, 128),
-                 loss: Callable[[Any], torch.Tensor] | None = None, attention: str = EXECUTED) -> None:
+    def __init__(self, make_inputs: Callable[[int], Any], *,
+                 batch_inputs: Callable[[Any], Any] | None = None,
+                 model: Callable[[pl.LightningModule], torch.nn.Module] | None = None,
+                 peak: float | str | None = AUTO,
+                 dtype: torch.dtype = torch.float32,
+                 lengths: tuple[int, ...] = (8, 16, 32, 64, 128),
+                 loss: Callable[[Any], torch.Tensor] | None = None,
+                 attention: str = EXECUTED) -> None:
         super().__init__()
         self.suffix = metric_suffix(attention)  # checks the name, before training starts
         self.attention = attention
@@ -78,9 +88,11 @@ class FlopscopeCallback(pl.Callback):
 
     def _prepare(self, pl_module: pl.LightningModule) -> None:
         module = self.model(pl_module) if self.model is not None else pl_module
-        self.pricer = flops_per_batch(module, self.make_inputs, backward=True, lengths=self.lengths, loss=self.loss,
+        self.pricer = flops_per_batch(module, self.make_inputs, backward=True, lengths=self.lengths,
+                                      loss=self.loss,
                                       training=True, attention=self.attention)
-        self.meter = Throughput(self.pricer, peak=self.peak, device=pl_module.device, dtype=self.dtype)
+        self.meter = Throughput(self.pricer, peak=self.peak, device=pl_module.device,
+                                dtype=self.dtype)
 
     def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any,
                              batch_idx: int) -> None:
@@ -93,7 +105,8 @@ class FlopscopeCallback(pl.Callback):
             self._priced = self.pricer.price(self._inputs(batch))  # read the batch once per step
             setattr(pl_module, "flops_per_batch", self._priced["flops"])  # noqa: B010  what ThroughputMonitor reads
 
-    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any,
+                           batch: Any,
                            batch_idx: int) -> None:
         seconds = time.perf_counter() - self._start
         if not self.disabled and self.meter is not None and self._priced is not None:
@@ -123,7 +136,8 @@ class FlopscopeCallback(pl.Callback):
                    f"throughput/device/flops_per_sec{tag}": summary["flops_per_sec"],
                    "throughput/tokens_per_sec": summary["tokens_per_sec"]}
         if summary["mfu"] is not None:
-            metrics |= {f"throughput/device/mfu{tag}": summary["mfu"], f"throughput/device/hfu{tag}": summary["hfu"],
+            metrics |= {f"throughput/device/mfu{tag}": summary["mfu"],
+                        f"throughput/device/hfu{tag}": summary["hfu"],
                         "throughput/device/peak_flops": summary["peak"]}
         metrics |= {f"throughput/flops{tag}/{role}": v / summary["steps"]
                     for role, v in summary["flops_by_role"].items()}
@@ -145,5 +159,6 @@ class FlopscopeCallback(pl.Callback):
             action(*args)
         except Exception as error:  # a metrics callback must never stop training
             self.disabled = True
-            warnings.warn(f"flopscope: FlopscopeCallback disabled itself: {type(error).__name__}: {error}",
+            warnings.warn(f"flopscope: FlopscopeCallback disabled itself: {type(error).__name__}: "
+                          f"{error}",
                           FlopscopeWarning, stacklevel=2)

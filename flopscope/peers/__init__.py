@@ -1,4 +1,5 @@
-"""The counters people already use, checked against flopscope, and plug-ins that fix them.
+"""The counters people already use, checked against flopscope, and plug-ins that fix
+them.
 
 Units: **MACs** (multiply-accumulates) everywhere; FLOPs = 2 x MACs, and only PyTorch's
 ``FlopCounterMode`` speaks FLOPs (its counts are halved here, its plug-in formulas
@@ -6,10 +7,11 @@ return ``2 x MACs``). fvcore's "flop" is one fused multiply-add, i.e. a MAC; tho
 ``total_ops`` are MACs for its GEMM and convolution rules and elementwise operation
 counts for its norm / softmax / pooling rules.
 
-:func:`crosscheck` runs flopscope (``mode="real"``) and every peer that is installed on the same model and
-inputs, and explains each peer's difference from evidence per op (``FlopCounterMode``, fvcore) or per
-module (thop): which work it does not count, which roles that work carries in flopscope's records, and
-where; whatever that evidence does not show is reported as unexplained, never forced to add up.
+:func:`crosscheck` runs flopscope (``mode="real"``) and every peer that is installed on
+the same model and inputs, and explains each peer's difference from evidence per op
+(``FlopCounterMode``, fvcore) or per module (thop): which work it does not count, which
+roles that work carries in flopscope's records, and where; whatever that evidence does
+not show is reported as unexplained, never forced to add up.
 
 The plug-ins are built from flopscope's formula registry
 (:data:`flopscope.formulas.registry.REGISTRY`), so each tool counts what flopscope

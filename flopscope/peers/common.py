@@ -1,9 +1,10 @@
-"""The cross-check itself: its results (:class:`Difference`, :class:`PeerCount`, :class:`Crosscheck`),
-:func:`crosscheck`, the table of peer tools and the helpers their runners share.
+"""The cross-check itself: its results (:class:`Difference`, :class:`PeerCount`,
+:class:`Crosscheck`), :func:`crosscheck`, the table of peer tools and the helpers their
+runners share.
 
-Each peer's runner lives in its own module beside its plug-in (:mod:`.flop_counter`, :mod:`.fvcore`,
-:mod:`.thop`) and is imported only when :func:`crosscheck` runs it; the peers themselves (fvcore, thop) are
-imported inside those runners, never at import time.
+Each peer's runner lives in its own module beside its plug-in (:mod:`.flop_counter`,
+:mod:`.fvcore`, :mod:`.thop`) and is imported only when :func:`crosscheck` runs it; the
+peers themselves (fvcore, thop) are imported inside those runners, never at import time.
 
 Units: MACs everywhere (FLOPs = 2 x MACs).
 """
@@ -38,7 +39,8 @@ from ..role import ROLE_ORDER
 from .isolation import isolated, track_copy
 
 Runner = Callable[[nn.Module, tuple[Any, ...], dict[str, Any], Profile, bool], "PeerCount"]
-"""A peer's runner: ``(model, args, kwargs, flopscope's profile, plugins) -> PeerCount``."""
+"""A peer's runner: ``(model, args, kwargs, flopscope's profile, plugins) ->
+PeerCount``."""
 
 
 @dataclass(frozen=True)
@@ -59,7 +61,8 @@ _TOOL_TABLE: dict[str, _Tool] = {tool.name: tool for tool in (
     _Tool("thop", "thop", "_run_thop", "thop"),
     _Tool("deepspeed", "patching", "_run_deepspeed", "deepspeed", patches=("einops",),
           imports=("deepspeed.profiling.flops_profiler.profiler",)),
-    _Tool("calflops", "patching", "_run_calflops", "calflops", imports=("calflops.calculate_pipline",)),
+    _Tool("calflops", "patching", "_run_calflops", "calflops",
+          imports=("calflops.calculate_pipline",)),
     _Tool("torchprofile", "torchprofile", "_run_torchprofile", "torchprofile"),
 )}
 
@@ -145,7 +148,8 @@ class PeerCount:
     by_module: Mapping[str, int] | None = None
     # what the tool left behind (patched functions, hooks), undone before the next
     leaks: tuple[str, ...] = ()
-    # how the peer was run when not as given ("counted with use_cache=False: ..."), and why
+    # how the peer was run when not as given ("counted with use_cache=False: ..."), and
+    # why
     note: str = ""
 
     @property
@@ -188,7 +192,8 @@ class PeerCount:
 
 @dataclass(frozen=True)
 class Crosscheck:
-    """flopscope's count and every peer's, per tool (``crosscheck["thop"]``), all in MACs."""
+    """flopscope's count and every peer's, per tool (``crosscheck["thop"]``), all in
+    MACs."""
 
     profile: Profile
     peers: Mapping[str, PeerCount]
@@ -229,18 +234,22 @@ class Crosscheck:
     def to_table(self, tablefmt: str = "simple") -> str:
         """A table (``tabulate`` format ``tablefmt``): tool, MACs, ratio to flopscope,
         explanation."""
-        rows: list[list[str]] = [["flopscope", f"{self.macs:,}", "1.0000", "reference (mode='real')"]]
+        rows: list[list[str]] = [["flopscope", f"{self.macs:,}", "1.0000",
+                                  "reference (mode='real')"]]
         for peer in self.peers.values():
             if peer.error is not None or peer.macs is None:
-                rows.append([peer.tool, "-", "-", "\n".join([f"failed — {peer.error}", *peer.leaks])])
+                rows.append([peer.tool, "-", "-",
+                             "\n".join([f"failed — {peer.error}", *peer.leaks])])
                 continue
             texts = [d.text for d in peer.differences]
             if peer.unexplained:
                 texts.append(f"{peer.unexplained:+,} MACs unexplained")
             ratio = f"{peer.ratio:.4f}" if peer.ratio is not None else "-"
             plugged = self.plugins and peer.tool in _PLUGIN_TOOLS
-            rows.append([peer.tool + (" + flopscope plug-ins" if plugged else ""), f"{peer.macs:,}", ratio,
-                         "\n".join([*(texts or ["agrees exactly"]), *([peer.note] if peer.note else []),
+            rows.append([peer.tool + (" + flopscope plug-ins" if plugged else ""), f"{peer.macs:,}",
+                         ratio,
+                         "\n".join([*(texts or ["agrees exactly"]),
+                                    *([peer.note] if peer.note else []),
                                     *peer.leaks])])
         return tabulate(rows, headers=["tool", "MACs", "ratio", "explanation"], tablefmt=tablefmt,
                         colalign=("left", "right", "right", "left"), disable_numparse=True)
@@ -285,7 +294,8 @@ def sum_roles(records: Iterable[OpRecord]) -> dict[str, int]:
 # --------------------------------------------------------------------------------------------------
 # crosscheck
 # --------------------------------------------------------------------------------------------------
-def crosscheck(model: nn.Module, *args: Any, tools: Sequence[str] | None = None, plugins: bool = False,
+def crosscheck(model: nn.Module, *args: Any, tools: Sequence[str] | None = None,
+               plugins: bool = False,
                forward_kwargs: dict[str, Any] | None = None, **kwargs: Any) -> Crosscheck:
     """Count ``model(*args, **kwargs)`` with flopscope and each installed peer; explain
     the differences.
@@ -311,12 +321,15 @@ def crosscheck(model: nn.Module, *args: Any, tools: Sequence[str] | None = None,
     ``get_total_macs()``), torchprofile (MACs).
 
     Args:
-        tools: which peers to run (default all of :data:`TOOLS`); a peer that is not installed is skipped.
-            An unknown name is a :class:`~flopscope.errors.ConfigurationError`.
+        tools: which peers to run (default all of :data:`TOOLS`); a peer that is not
+            installed is skipped. An unknown name is a
+            :class:`~flopscope.errors.ConfigurationError`.
         plugins: run the peers with flopscope's plug-ins (:func:`flop_counter_mapping`,
-            :func:`fvcore_handles` with elementwise counters off, :func:`thop_custom_ops`): they should
-            then agree exactly. DeepSpeed, calflops and torchprofile have none and run as they are.
-        forward_kwargs: keyword arguments for the model whose names clash with ``tools`` / ``plugins``.
+            :func:`fvcore_handles` with elementwise counters off,
+            :func:`thop_custom_ops`): they should then agree exactly. DeepSpeed,
+            calflops and torchprofile have none and run as they are.
+        forward_kwargs: keyword arguments for the model whose names clash with ``tools``
+            / ``plugins``.
 
     All counts are MACs (FLOPs = 2 x MACs).
     """
@@ -326,8 +339,9 @@ def crosscheck(model: nn.Module, *args: Any, tools: Sequence[str] | None = None,
             raise ConfigurationError(f"unknown tool {name!r}; choose from {', '.join(TOOLS)}")
     kwargs = {**kwargs, **(forward_kwargs or {})}
     prof = profile(model, *args, mode="real", forward_kwargs=kwargs)
-    # the peers run on (copies of) the eager module: a compiled call under their hooks and modes would leave the
-    # caller's compiled model uncompiled (flopscope.capture.compiled), and an ExportedProgram is no module
+    # the peers run on (copies of) the eager module: a compiled call under their hooks
+    # and modes would leave the caller's compiled model uncompiled
+    # (flopscope.capture.compiled), and an ExportedProgram is no module
     model, _ = eager_module(model)
     peers: dict[str, PeerCount] = {}
     cacheless = _without_cache(model, kwargs)
@@ -339,8 +353,9 @@ def crosscheck(model: nn.Module, *args: Any, tools: Sequence[str] | None = None,
             continue
         peer, why = _run_peer(tool, model, args, kwargs, prof, plugins)
         if peer.error is not None and cacheless is not None:
-            # a peer that cannot take the model's cache (fvcore's TorchScript trace of a DynamicCache output) counts
-            # the same call without one, compared with flopscope's count of that call
+            # a peer that cannot take the model's cache (fvcore's TorchScript trace of a
+            # DynamicCache output) counts the same call without one, compared with
+            # flopscope's count of that call
             if uncached is None:
                 uncached = profile(model, *args, mode="real", forward_kwargs=cacheless)
             retried, _ = _run_peer(tool, model, args, cacheless, uncached, plugins)
@@ -348,14 +363,16 @@ def crosscheck(model: nn.Module, *args: Any, tools: Sequence[str] | None = None,
                 path = path_difference(name, "run with use_cache=False", uncached, prof)
                 peer = dataclasses.replace(retried, reference=prof.total(),
                                            differences=ordered([*path, *retried.differences]),
-                                           note=f"counted with use_cache=False: with the model's cache, {why}",
+                                           note="counted with use_cache=False: with the model's "
+                                                f"cache, {why}",
                                            leaks=(*(f"with the cache, {leak}" for leak in peer.leaks),
                                                   *retried.leaks))
         peers[name] = peer
     return Crosscheck(prof, peers, plugins)
 
 
-def _run_peer(tool: _Tool, model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], prof: Profile,
+def _run_peer(tool: _Tool, model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
+              prof: Profile,
               plugins: bool) -> tuple[PeerCount, str]:
     """One peer's count of ``model(*args, **kwargs)`` against ``prof``, isolated
     (:mod:`.isolation`), and why it failed (``""`` when it counted): a peer that
@@ -370,9 +387,10 @@ def _run_peer(tool: _Tool, model: nn.Module, args: tuple[Any, ...], kwargs: dict
         try:
             peer = run(model, args, kwargs, prof, plugins)
         except Exception as error:
-            # Catching everything is deliberate: a third-party counter failing on the user's model (fvcore's
-            # TorchScript tracer, a thop rule, a FlopCounterMode formula, any of them with flopscope's
-            # plug-ins) is a finding reported beside the others, never a crash of the whole cross-check.
+            # Catching everything is deliberate: a third-party counter failing on the
+            # user's model (fvcore's TorchScript tracer, a thop rule, a FlopCounterMode
+            # formula, any of them with flopscope's plug-ins) is a finding reported
+            # beside the others, never a crash of the whole cross-check.
             why, fix = failure(error)
             peer = PeerCount(tool.name, None, prof.total(), error=f"{why}; {fix}" if fix else why)
     return (dataclasses.replace(peer, leaks=tuple(isolation.leaks)) if isolation.leaks else peer), why
@@ -402,9 +420,10 @@ def failure(error: BaseException) -> tuple[str, str]:
     which; any other error is its type and message (at most 300 characters)."""
     traced = _TRACE_TYPE.search(str(error))
     if traced is not None:
-        return (f"its TorchScript trace takes tensors, tuples, lists and dicts only, and the forward gave it a "
-                f"{traced.group(1)} ({type(error).__name__})",
-                "return tensors, tuples or dicts from the forward (or wrap the model in a module that does)")
+        return ("its TorchScript trace takes tensors, tuples, lists and dicts only, and the "
+                f"forward gave it a {traced.group(1)} ({type(error).__name__})",
+                "return tensors, tuples or dicts from the forward (or wrap the model in a module "
+                "that does)")
     return f"{type(error).__name__}: {error}"[:300], ""
 
 
@@ -473,7 +492,8 @@ def inner_profile(model: nn.Module) -> Iterator[Followed]:
             followed.profile = None
 
 
-def path_difference(tool: str, reason: str, inner: Profile | None, prof: Profile) -> list[Difference]:
+def path_difference(tool: str, reason: str, inner: Profile | None,
+                    prof: Profile) -> list[Difference]:
     """A ``"path"`` difference when the run the peer made executes other MACs than the
     caller's."""
     if inner is None or inner.total() == prof.total():
@@ -481,14 +501,14 @@ def path_difference(tool: str, reason: str, inner: Profile | None, prof: Profile
     ours, theirs = prof.by_role(), inner.by_role()
     roles = {r: theirs.get(r, 0) - ours.get(r, 0) for r in {*ours, *theirs} if theirs.get(r, 0) != ours.get(r, 0)}
     return [Difference(tool, "path", inner.total() - prof.total(),
-                       f"{reason}, where the model executes {inner.total():,} MACs, not {prof.total():,} "
-                       f"({', '.join(f'{r} {v:+,}' for r, v in roles.items())})")]
+                       f"{reason}, where the model executes {inner.total():,} MACs, not "
+                       f"{prof.total():,} ({', '.join(f'{r} {v:+,}' for r, v in roles.items())})")]
 
 
 def required_formula(registry: FormulaRegistry, op: Any, plugin: str) -> MacFormula:
     """The formula of ``op`` in ``registry``, which the plug-in ``plugin`` builds on."""
     fn = registry.get(op)
     if fn is None:
-        raise RegistryError(f"{plugin} needs a formula for {op} in the registry it was given; register one "
-                            "(or start from flopscope.REGISTRY.copy())")
+        raise RegistryError(f"{plugin} needs a formula for {op} in the registry it was given; "
+                            "register one (or start from flopscope.REGISTRY.copy())")
     return fn

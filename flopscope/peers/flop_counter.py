@@ -1,5 +1,6 @@
-"""PyTorch's ``torch.utils.flop_counter.FlopCounterMode``: its runner for :func:`~.common.crosscheck`, and
-:func:`flop_counter_mapping`, the plug-in that gives it flopscope's formulas.
+"""PyTorch's ``torch.utils.flop_counter.FlopCounterMode``: its runner for
+:func:`~.common.crosscheck`, and :func:`flop_counter_mapping`, the plug-in that gives it
+flopscope's formulas.
 
 ``FlopCounterMode`` counts **FLOPs** = 2 x MACs: the runner halves its counts, the
 plug-in returns 2 x flopscope's MACs. It keys its counts by ATen op packet, as flopscope
@@ -22,7 +23,8 @@ from .common import Difference, PeerCount, copy_for, ordered, quiet, sum_roles
 TOOL = "FlopCounterMode"
 
 
-def _run_flop_counter(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], prof: Profile,
+def _run_flop_counter(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
+                      prof: Profile,
                       plugins: bool) -> PeerCount:
     """``FlopCounterMode`` on a copy of ``model``; per op, its count (halved) against
     flopscope's."""
@@ -47,13 +49,16 @@ def _run_flop_counter(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str,
             reason = f"no formula for {op}" if op not in known else f"counts 0 for {op}"
             differences.append(Difference(TOOL, "missing", -mine, reason, sum_roles(records)))
         elif mine == 0:
-            differences.append(Difference(TOOL, "extra", theirs, f"{op}, which flopscope does not count"))
+            differences.append(Difference(TOOL, "extra", theirs,
+                                          f"{op}, which flopscope does not count"))
         else:
             kind = "under" if theirs < mine else "over"
             differences.append(Difference(TOOL, kind, theirs - mine,
-                                          f"its formula for {op} gives {theirs:,}, flopscope's {mine:,}",
+                                          f"its formula for {op} gives {theirs:,}, flopscope's "
+                                          f"{mine:,}",
                                           sum_roles(records)))
-    return PeerCount(TOOL, sum(by_op.values()), prof.total(), by_op=by_op, differences=ordered(differences))
+    return PeerCount(TOOL, sum(by_op.values()), prof.total(), by_op=by_op,
+                     differences=ordered(differences))
 
 
 # --------------------------------------------------------------------------------------------------

@@ -1,5 +1,6 @@
-"""fvcore's ``FlopCountAnalysis``: its runner for :func:`~.common.crosscheck`, and the plug-ins
-:func:`fvcore_handles` / :func:`fvcore_analysis` that give it flopscope's formulas.
+"""fvcore's ``FlopCountAnalysis``: its runner for :func:`~.common.crosscheck`, and the
+plug-ins :func:`fvcore_handles` / :func:`fvcore_analysis` that give it flopscope's
+formulas.
 
 fvcore's "flop" is one fused multiply-add, i.e. a MAC. It counts ops of a TorchScript
 trace, keyed by TorchScript name (``"aten::addmm"``); its ``by_operator()`` drops the
@@ -24,7 +25,8 @@ TOOL = "fvcore"
 aten = torch.ops.aten
 
 FvcoreHandle = Callable[[list[Any], list[Any]], Any]
-"""An fvcore op handle: ``(inputs, outputs)`` TorchScript values in, a count (or a ``Counter``) out."""
+"""An fvcore op handle: ``(inputs, outputs)`` TorchScript values in, a count (or a
+``Counter``) out."""
 
 
 def _fvcore_defaults() -> Mapping[str, FvcoreHandle]:
@@ -50,7 +52,8 @@ def _rnn_arguments(values: list[Any]) -> list[Any]:
     the input."""
     weights = [v for v in values[1:4] if isinstance(v, list)]
     if not weights:
-        raise FormulaError(f"a traced recurrent op without a list of weights among its arguments: {values[:4]}")
+        raise FormulaError("a traced recurrent op without a list of weights among its arguments: "
+                           f"{values[:4]}")
     return [values[0], weights[-1]]
 
 
@@ -64,11 +67,13 @@ _COMPOSITE_HANDLES: dict[str, tuple[Any, Callable[[list[Any]], list[Any]] | None
     "aten::scaled_dot_product_attention": (aten._scaled_dot_product_attention_math, None),
     **dict.fromkeys(["aten::lstm", "aten::gru", "aten::rnn_tanh", "aten::rnn_relu"],
                     (aten._cudnn_rnn, _rnn_arguments)),
-    **dict.fromkeys(["aten::lstm_cell", "aten::gru_cell", "aten::rnn_tanh_cell", "aten::rnn_relu_cell"],
+    **dict.fromkeys(["aten::lstm_cell", "aten::gru_cell", "aten::rnn_tanh_cell",
+                     "aten::rnn_relu_cell"],
                     (aten.mkldnn_rnn_layer, _rnn_cell_arguments)),
 }
-"""TorchScript ops that the trace records above the kernels flopscope counts, each with the registered kernel
-whose formula counts it (its family is that kernel's) and the selection of that formula's arguments."""
+"""TorchScript ops that the trace records above the kernels flopscope counts, each with
+the registered kernel whose formula counts it (its family is that kernel's) and the
+selection of that formula's arguments."""
 
 _TRACED_FAMILIES: dict[str, OpFamily] = {
     # traced as one op; runs as bmm (fvcore's own einsum handle counts it)
@@ -76,9 +81,10 @@ _TRACED_FAMILIES: dict[str, OpFamily] = {
     # the key fvcore's convolution handle reports aten::_convolution under
     "aten::conv": OpFamily.CONV,
 }
-"""Families of the names the registry cannot tell: a composite TorchScript op with no kernel formula of its
-own, and fvcore's key for a convolution. Every other name (``aten::linear``, ``aten::matmul``, ``addmm``,
-``aten.bmm``, ...) takes its family from the registry (:meth:`FormulaRegistry.spec`), or from its kernel in
+"""Families of the names the registry cannot tell: a composite TorchScript op with no
+kernel formula of its own, and fvcore's key for a convolution. Every other name
+(``aten::linear``, ``aten::matmul``, ``addmm``, ``aten.bmm``, ...) takes its family from
+the registry (:meth:`FormulaRegistry.spec`), or from its kernel in
 :data:`_COMPOSITE_HANDLES`."""
 
 _FAMILY_GROUPS = {OpFamily.MATMUL: "matrix products", OpFamily.GROUPED_MATMUL: "matrix products",
@@ -138,8 +144,9 @@ def _run_fvcore(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
     differences = []
     if traced != prof.total():
         differences.append(Difference(TOOL, "path", traced - prof.total(),
-                                      f"its TorchScript trace runs other kernels: flopscope's formulas give "
-                                      f"{traced:,} MACs on the traced graph, {prof.total():,} on the profiled run"))
+                                      "its TorchScript trace runs other kernels: flopscope's "
+                                      f"formulas give {traced:,} MACs on the traced graph, "
+                                      f"{prof.total():,} on the profiled run"))
     # family -> {role: MACs} ("" where the formula has no role split)
     mine: dict[str, Counter[str]] = {}
     names: dict[str, list[str]] = {}  # family -> TorchScript op names
@@ -157,7 +164,8 @@ def _run_fvcore(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
         if delta == 0:
             continue
         parts = dict(mine.get(family, {}))
-        # GEMMs / convolutions: their roles are those of flopscope's records of that family
+        # GEMMs / convolutions: their roles are those of flopscope's records of that
+        # family
         if "" in parts:
             roles = sum_roles(r for r in prof.records if _family(r.op) == family)
             parts = roles if sum(roles.values()) == counted else {}
@@ -165,7 +173,8 @@ def _run_fvcore(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
         missed = [op for op in ops if op in unsupported]
         if counted == 0:
             differences.append(Difference(TOOL, "extra", delta,
-                                          f"{', '.join(ops)}: not multiply-accumulates (elementwise work)"))
+                                          f"{', '.join(ops)}: not multiply-accumulates "
+                                          "(elementwise work)"))
         elif theirs[family] == 0:
             reason = f"{', '.join(missed)} unsupported" if missed else f"it counts none of {', '.join(ops)}"
             differences.append(Difference(TOOL, "missing", delta, reason, parts))
@@ -173,7 +182,8 @@ def _run_fvcore(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
             reason = f"its handles give {theirs[family]:,} MACs of {family}, flopscope's formulas {counted:,}"
             if missed:
                 reason += f" ({', '.join(missed)} unsupported)"
-            differences.append(Difference(TOOL, "under" if delta < 0 else "over", delta, reason, parts))
+            differences.append(Difference(TOOL, "under" if delta < 0 else "over", delta, reason,
+                                          parts))
     return PeerCount(TOOL, total, prof.total(), by_op=by_op, differences=ordered(differences),
                      unsupported=unsupported)
 
@@ -273,7 +283,8 @@ def fvcore_handles(registry: FormulaRegistry | None = None) -> dict[str, FvcoreH
     return {name: handle for name, handle in _handles(registry, roles=False).items() if name not in defaults}
 
 
-def fvcore_analysis(model: nn.Module, inputs: Any, elementwise: bool = False, roles: bool = False) -> Any:
+def fvcore_analysis(model: nn.Module, inputs: Any, elementwise: bool = False,
+                    roles: bool = False) -> Any:
     """fvcore's ``FlopCountAnalysis(model, inputs)`` with :func:`fvcore_handles` set.
     Counts are MACs.
 

@@ -1,14 +1,17 @@
 """Each peer run so that it cannot harm the next: what a counter leaves behind is found,
 undone and reported.
 
-Counters that patch functions (DeepSpeed's flops profiler and calflops replace ``F.linear``, ``torch.matmul``,
-``torch.Tensor.__matmul__``, ...) or add hooks undo that only when the forward returns: after a forward that
-raises, the patches stay for whatever runs next in the process (a second start then wraps the wrapper, and its
-counts grow on every run), and the hooks stay on the model. :func:`isolated` snapshots what a counter could
-change before it runs (the functions of ``torch``, ``torch.nn.functional``, ``torch.Tensor`` and of the other
-namespaces named, torch's global module hooks, the hooks of every copy of the model made for the peer) and, after
-it, puts back every function that is not the original, removes the global hooks it added and lists all of it in
-:attr:`Isolation.leaks`, one line per finding. The copies themselves are discarded by the cross-check.
+Counters that patch functions (DeepSpeed's flops profiler and calflops replace
+``F.linear``, ``torch.matmul``, ``torch.Tensor.__matmul__``, ...) or add hooks undo that
+only when the forward returns: after a forward that raises, the patches stay for
+whatever runs next in the process (a second start then wraps the wrapper, and its counts
+grow on every run), and the hooks stay on the model. :func:`isolated` snapshots what a
+counter could change before it runs (the functions of ``torch``,
+``torch.nn.functional``, ``torch.Tensor`` and of the other namespaces named, torch's
+global module hooks, the hooks of every copy of the model made for the peer) and, after
+it, puts back every function that is not the original, removes the global hooks it added
+and lists all of it in :attr:`Isolation.leaks`, one line per finding. The copies
+themselves are discarded by the cross-check.
 """
 
 from __future__ import annotations
@@ -26,12 +29,14 @@ from torch import nn
 
 _SHORT = {"torch.nn.functional": "F", "torch.Tensor": "Tensor"}
 _HOOK_TABLES = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
-_GLOBAL_HOOK_TABLES = ("_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks",
+_GLOBAL_HOOK_TABLES = ("_global_forward_hooks", "_global_forward_pre_hooks",
+                       "_global_backward_hooks",
                        "_global_backward_pre_hooks")
 
 
 def _namespaces(extra: Iterable[Any] = ()) -> dict[str, Any]:
-    spaces: dict[str, Any] = {"torch": torch, "torch.nn.functional": F, "torch.Tensor": torch.Tensor}
+    spaces: dict[str, Any] = {"torch": torch, "torch.nn.functional": F,
+                              "torch.Tensor": torch.Tensor}
     for space in extra:
         spaces[getattr(space, "__name__", repr(space))] = space
     return spaces
@@ -70,7 +75,8 @@ class Functions:
         return out
 
     def patched(self) -> list[str]:
-        """:meth:`changed` as short names (``"F.linear"``, ``"torch.matmul"``, ``"Tensor.__matmul__"``)."""
+        """:meth:`changed` as short names (``"F.linear"``, ``"torch.matmul"``,
+        ``"Tensor.__matmul__"``)."""
         return [short_name(space, attribute) for space, attribute in self.changed()]
 
     def restore(self) -> list[str]:
@@ -104,7 +110,8 @@ def _remove_global_hooks(before: Mapping[str, set[int]]) -> int:
         for key in [k for k in hooks if k not in before[table]]:
             del hooks[key]
             removed += 1
-            for flags in ("_global_forward_hooks_always_called", "_global_forward_hooks_with_kwargs"):
+            for flags in ("_global_forward_hooks_always_called",
+                          "_global_forward_hooks_with_kwargs"):
                 getattr(module, flags, {}).pop(key, None)
     return removed
 
@@ -131,10 +138,12 @@ def track_copy(twin: nn.Module, original: nn.Module) -> None:
 
 @contextlib.contextmanager
 def isolated(model: nn.Module, extra: Iterable[types.ModuleType] = ()) -> Iterator[Isolation]:
-    """Run a peer inside the block; afterwards (also when it raised) restore what it left patched, remove the
-    global module hooks it added, and report both, the hooks it left on its copies of ``model`` (noted by
-    :func:`track_copy`) and any hook it added to ``model`` itself (removed: the caller's model stays as it was).
-    ``extra``: namespaces beyond ``torch``, ``torch.nn.functional`` and ``torch.Tensor`` that the peer may patch."""
+    """Run a peer inside the block; afterwards (also when it raised) restore what it
+    left patched, remove the global module hooks it added, and report both, the hooks it
+    left on its copies of ``model`` (noted by :func:`track_copy`) and any hook it added
+    to ``model`` itself (removed: the caller's model stays as it was). ``extra``:
+    namespaces beyond ``torch``, ``torch.nn.functional`` and ``torch.Tensor`` that the
+    peer may patch."""
     functions = Functions.snapshot(extra)
     global_hooks = _global_hooks()
     own_hooks = {id(m): {t: dict(getattr(m, t, None) or {}) for t in _HOOK_TABLES} for m in model.modules()}
@@ -152,13 +161,16 @@ def isolated(model: nn.Module, extra: Iterable[types.ModuleType] = ()) -> Iterat
             result.leaks.append(f"left {removed} global module hook{'s' * (removed != 1)} (removed)")
         added = _remove_new_hooks(model, own_hooks)
         if added:
-            result.leaks.append(f"added {added} hook{'s' * (added != 1)} to the model itself (removed)")
+            result.leaks.append(f"added {added} hook{'s' * (added != 1)} to the model itself "
+                                "(removed)")
         left = sum(max(hook_count(twin) - start, 0) for twin, start in copies)
         if left:
-            result.leaks.append(f"left {left} hook{'s' * (left != 1)} on its copy of the model (discarded)")
+            result.leaks.append(f"left {left} hook{'s' * (left != 1)} on its copy of the model "
+                                "(discarded)")
 
 
-def _remove_new_hooks(model: nn.Module, before: Mapping[int, Mapping[str, Mapping[int, Any]]]) -> int:
+def _remove_new_hooks(model: nn.Module,
+                      before: Mapping[int, Mapping[str, Mapping[int, Any]]]) -> int:
     removed = 0
     for m in model.modules():
         saved = before.get(id(m), {})

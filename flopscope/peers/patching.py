@@ -1,4 +1,5 @@
-"""DeepSpeed's flops profiler and calflops: their runners for :func:`~.common.crosscheck`.
+"""DeepSpeed's flops profiler and calflops: their runners for
+:func:`~.common.crosscheck`.
 
 Both count the same way (calflops is an older copy of DeepSpeed's profiler): while
 profiling they replace Python functions (``F.linear``, ``F.conv*``, ``torch.matmul``,
@@ -47,13 +48,15 @@ REACHED_THROUGH: Mapping[str, tuple[str, ...]] = {
     "aten.addmm": ("F.linear", "torch.addmm", "Tensor.addmm"),
     "aten.bmm": (*_MATMUL_FUNCTIONS, "torch.bmm", "Tensor.bmm"),
     "aten.baddbmm": ("torch.baddbmm", "Tensor.baddbmm"),
-    "aten.convolution": ("F.conv1d", "F.conv2d", "F.conv3d", "F.conv_transpose1d", "F.conv_transpose2d",
+    "aten.convolution": ("F.conv1d", "F.conv2d", "F.conv3d", "F.conv_transpose1d",
+                         "F.conv_transpose2d",
                          "F.conv_transpose3d"),
     "aten._native_multi_head_attention": ("torch._native_multi_head_attention",),
     "aten._transformer_encoder_layer_fwd": ("torch._transformer_encoder_layer_fwd",),
 }
-"""The Python functions a model calls that reach each ATen op (its name in flopscope's records); every SDPA kernel
-is reached through ``F.scaled_dot_product_attention``. An op not listed has no function these tools could patch."""
+"""The Python functions a model calls that reach each ATen op (its name in flopscope's
+records); every SDPA kernel is reached through ``F.scaled_dot_product_attention``. An op
+not listed has no function these tools could patch."""
 
 
 def _reached_through(op: str) -> tuple[str, ...]:
@@ -91,11 +94,13 @@ def _calflops() -> _Driver:
     from calflops.pytorch_ops import MODULE_HOOK_MAPPING
 
     def start(model: nn.Module) -> Any:
-        pipeline = CalFlopsPipline(model=model, include_backPropagation=False, compute_bp_factor=2.0)
+        pipeline = CalFlopsPipline(model=model, include_backPropagation=False,
+                                   compute_bp_factor=2.0)
         pipeline.start_flops_calculate(ignore_list=None)
         return pipeline
 
-    return _Driver("calflops", start, lambda p: int(p.get_total_macs()), lambda p: p.end_flops_calculate(),
+    return _Driver("calflops", start, lambda p: int(p.get_total_macs()),
+                   lambda p: p.end_flops_calculate(),
                    MODULE_HOOK_MAPPING)
 
 
@@ -120,7 +125,8 @@ def _run(driver: _Driver, model: nn.Module, args: tuple[Any, ...], kwargs: dict[
     with quiet(), inner_profile(twin) as followed:
         profiler = driver.start(twin)
         patched = set(before.patched())
-        # as get_model_profile / calculate_flops: if this raises, the tool cleans up nothing
+        # as get_model_profile / calculate_flops: if this raises, the tool cleans up
+        # nothing
         twin(*args, **kwargs)
         total = driver.total_macs(profiler)
         macs = {path: int(getattr(m, "__macs__", 0) or 0) for path, m in twin.named_modules()}
@@ -138,14 +144,19 @@ def _run(driver: _Driver, model: nn.Module, args: tuple[Any, ...], kwargs: dict[
         owner = next((p for p in reversed(record.module_stack) if p in ruled), record.module)
         mine.setdefault(canonical.get(owner, owner), []).append(record)
 
-    differences = path_difference(driver.tool, "its module hooks change what runs", followed.profile, prof)
+    differences = path_difference(driver.tool, "its module hooks change what runs",
+                                  followed.profile, prof)
     # the same MACs, maybe through other kernels
     if followed.profile is not None and not differences:
         ours, theirs_ops = set(prof.by_op()), set(followed.profile.by_op())
         if ours != theirs_ops:
-            differences.append(Difference(driver.tool, "path", 0, "its module hooks change what runs, with the same "
-                                          f"MACs: {', '.join(sorted(ours - theirs_ops)) or 'nothing'} in the "
-                                          f"caller's run, {', '.join(sorted(theirs_ops - ours)) or 'nothing'} in its"))
+            differences.append(Difference(driver.tool, "path", 0,
+                                          "its module hooks change what runs, with the same "
+                                          "MACs: "
+                                          f"{', '.join(sorted(ours - theirs_ops)) or 'nothing'} in "
+                                          "the caller's run, "
+                                          f"{', '.join(sorted(theirs_ops - ours)) or 'nothing'} in "
+                                          "its"))
     # (module type, kind, by an RNN rule) -> paths
     groups: dict[tuple[str, str, bool], list[str]] = {}
     for path in [*mine, *(p for p in macs if p not in mine)]:
@@ -159,13 +170,17 @@ def _run(driver: _Driver, model: nn.Module, args: tuple[Any, ...], kwargs: dict[
         counted = sum(macs.get(path, 0) for path in paths)
         if by_rule:
             native = sum(flops.get(path, 0) for path in paths)
-            differences.append(Difference(driver.tool, kind, counted - sum(r.multiplies for r in concerned),
-                                          f"its {type_name} rule counts {native:,} FLOPs and {counted:,} MACs",
+            differences.append(Difference(driver.tool, kind,
+                                          counted - sum(r.multiplies for r in concerned),
+                                          f"its {type_name} rule counts {native:,} FLOPs and "
+                                          f"{counted:,} MACs",
                                           sum_roles(concerned), tuple(paths)))
         else:
-            differences.extend(_explain(driver.tool, type_name, kind, counted, concerned, patched, tuple(paths)))
+            differences.extend(_explain(driver.tool, type_name, kind, counted, concerned, patched,
+                                        tuple(paths)))
     by_module = {path: value for path, value in macs.items() if value}
-    return PeerCount(driver.tool, total, prof.total(), differences=ordered(differences), by_module=by_module)
+    return PeerCount(driver.tool, total, prof.total(), differences=ordered(differences),
+                     by_module=by_module)
 
 
 def _kind(counted: int, executed: int) -> str:
@@ -174,7 +189,8 @@ def _kind(counted: int, executed: int) -> str:
     return "missing" if counted == 0 else "under"
 
 
-def _explain(tool: str, type_name: str, kind: str, counted: int, records: list[OpRecord], patched: set[str],
+def _explain(tool: str, type_name: str, kind: str, counted: int, records: list[OpRecord],
+             patched: set[str],
              paths: tuple[str, ...]) -> list[Difference]:
     """The difference in the modules of one type, per op where the evidence allows: when
     the MACs of one set of ops, each with a function reaching it that the tool does
@@ -207,10 +223,12 @@ def _explain(tool: str, type_name: str, kind: str, counted: int, records: list[O
                  f"({', '.join(ops)})"
     else:
         reason = f"its patched functions count {counted:,} MACs in {type_name}, where flopscope counts none"
-    return [Difference(tool, kind, counted - executed, reason, {} if kind == "extra" else sum_roles(records), paths)]
+    return [Difference(tool, kind, counted - executed, reason,
+                       {} if kind == "extra" else sum_roles(records), paths)]
 
 
-def _exact_subsets(ops: list[str], by_op: Mapping[str, int], shortfall: int) -> list[tuple[str, ...]]:
+def _exact_subsets(ops: list[str], by_op: Mapping[str, int],
+                   shortfall: int) -> list[tuple[str, ...]]:
     """The sets of ``ops`` whose MACs sum to ``shortfall`` exactly."""
     return [subset for size in range(1, len(ops) + 1) for subset in itertools.combinations(ops, size)
             if sum(by_op[op] for op in subset) == shortfall]

@@ -1,5 +1,6 @@
-"""thop (``ultralytics-thop``, ``thop.profile``): its runner for :func:`~.common.crosscheck`, and
-:func:`thop_custom_ops`, the plug-in that gives it flopscope's formulas.
+"""thop (``ultralytics-thop``, ``thop.profile``): its runner for
+:func:`~.common.crosscheck`, and :func:`thop_custom_ops`, the plug-in that gives it
+flopscope's formulas.
 
 thop counts with a rule per module type (a forward hook adding to ``module.total_ops``)
 and, outside every module with a counting rule, with rules per torch function
@@ -59,10 +60,12 @@ ThopRule = Callable[[Any, tuple[Any, ...], Any], None]
 FunctionRule = Callable[[tuple[Any, ...], dict[str, Any], Any], float]
 
 _MAC_RULE_TYPES: tuple[type[nn.Module], ...] = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d,
-                                                nn.ConvTranspose2d, nn.ConvTranspose3d, nn.Linear, nn.Bilinear,
+                                                nn.ConvTranspose2d, nn.ConvTranspose3d, nn.Linear,
+                                                nn.Bilinear,
                                                 nn.Embedding)
-"""Module types whose thop rules count multiply-accumulates only (an embedding: 0), so the plug-in keeps
-them; the recurrent and attention rules are replaced, and every other rule counts elementwise work."""
+"""Module types whose thop rules count multiply-accumulates only (an embedding: 0), so
+the plug-in keeps them; the recurrent and attention rules are replaced, and every other
+rule counts elementwise work."""
 
 
 class _ThopTables(NamedTuple):
@@ -88,7 +91,8 @@ def _thop_tables() -> _ThopTables:
     return _ThopTables(module.register_hooks, getattr(module, "functional_hooks", {}), zero_ops)
 
 
-def _rule_resolver(custom_ops: Mapping[type, ThopRule], tables: _ThopTables) -> Callable[[type], ThopRule | None]:
+def _rule_resolver(custom_ops: Mapping[type, ThopRule],
+                   tables: _ThopTables) -> Callable[[type], ThopRule | None]:
     """thop's rule resolution: the first class of the MRO with a rule, ``custom_ops``
     first at each level; ``None`` where it has none."""
 
@@ -112,7 +116,8 @@ class _FunctionCounts(TorchFunctionMode):
     runs (as thop counts it), adds the rule's count to the innermost module running
     it."""
 
-    def __init__(self, model: nn.Module, ruled: set[str], functions: Mapping[Any, FunctionRule]) -> None:
+    def __init__(self, model: nn.Module, ruled: set[str],
+                 functions: Mapping[Any, FunctionRule]) -> None:
         super().__init__()
         self.tracker = ModuleTracker(model)
         self.ruled, self.functions = ruled, functions
@@ -140,7 +145,8 @@ def _function_counts(model: nn.Module, ruled: set[str], functions: Mapping[Any, 
         yield watch.by_path
 
 
-def _layer_tree(tree: Mapping[str, Any], prefix: str, modules: Mapping[str, nn.Module], seen: set[int],
+def _layer_tree(tree: Mapping[str, Any], prefix: str, modules: Mapping[str, nn.Module],
+                seen: set[int],
                 own: dict[str, float]) -> float:
     """Own ops per module path from thop's ``ret_layer_info`` tree (inclusive counts per
     child)."""
@@ -173,12 +179,14 @@ def _run_thop(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], p
     ruled = {path for path, module in modules.items()
              if (rule := rule_of(type(module))) is not None and rule is not tables.zero_ops}
     with quiet(), inner_profile(twin) as followed, _function_counts(twin, ruled, tables.functions) as functional:
-        total_f, _, tree = thop.profile(twin, args, custom_ops=dict(custom), verbose=False, ret_layer_info=True)
+        total_f, _, tree = thop.profile(twin, args, custom_ops=dict(custom), verbose=False,
+                                        ret_layer_info=True)
     total = round(total_f)
 
     own: dict[str, float] = {}
     below_root = _layer_tree(tree, "", modules, set(), own)
-    # a rule on the root: every function call runs under it, so the function hooks count nothing
+    # a rule on the root: every function call runs under it, so the function hooks count
+    # nothing
     if "" in ruled:
         own[""] = total_f - below_root
     # what thop's function hooks counted
@@ -190,24 +198,28 @@ def _run_thop(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], p
     if outside_tree:
         by_type["(functional)"] += outside_tree
 
-    # thop's count per module path: its rule there, plus its function hooks' count in that module's own code
-    # (placed per path only when the split sums to what thop's total holds beyond its tree)
+    # thop's count per module path: its rule there, plus its function hooks' count in
+    # that module's own code (placed per path only when the split sums to what thop's
+    # total holds beyond its tree)
     placed = sum(functional.values()) == outside_tree
     theirs: Counter[str] = Counter({path: round(ops) for path, ops in own.items() if round(ops)})
     if placed:
         theirs.update(functional)
-    # flopscope's records of the run thop made, per module path: the innermost module with a rule, else their own
+    # flopscope's records of the run thop made, per module path: the innermost module
+    # with a rule, else their own
     mine: dict[str, list[OpRecord]] = {}
     for record in (followed.profile or prof).records:
         owner = next((p for p in reversed(record.module_stack) if p in ruled), record.module)
         mine.setdefault(owner, []).append(record)
 
-    differences = path_difference(TOOL, "it runs the model in eval mode under no_grad", followed.profile, prof)
+    differences = path_difference(TOOL, "it runs the model in eval mode under no_grad",
+                                  followed.profile, prof)
     groups: dict[tuple[str, str, bool], list[str]] = {}  # (module type, kind, by a rule) -> paths
     for path in [*mine, *(p for p in theirs if p not in mine)]:
         by_rule = path in ruled
         if not by_rule and not placed:
-            # what thop's function hooks counted here is unknown: the gap stays unexplained
+            # what thop's function hooks counted here is unknown: the gap stays
+            # unexplained
             continue
         counted, executed = theirs.get(path, 0), sum(r.multiplies for r in mine.get(path, ()))
         if counted != executed:
@@ -219,9 +231,11 @@ def _run_thop(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], p
         op_names = ", ".join(sorted({r.op for r in concerned}))
         reason = _reason(type_name, kind, by_rule, counted, executed, op_names)
         differences.append(Difference(TOOL, kind, counted - executed, reason,
-                                      {} if kind == "extra" else sum_roles(concerned), tuple(paths)))
+                                      {} if kind == "extra" else sum_roles(concerned),
+                                      tuple(paths)))
     by_module = {path: theirs.get(path, 0) for path in modules if path in theirs}
-    return PeerCount(TOOL, total, prof.total(), by_type=dict(by_type), differences=ordered(differences),
+    return PeerCount(TOOL, total, prof.total(), by_type=dict(by_type),
+                     differences=ordered(differences),
                      by_module=by_module)
 
 
@@ -269,7 +283,8 @@ def _thop_conv1d(registry: FormulaRegistry) -> ThopRule:
 
 def _thop_mha(registry: FormulaRegistry) -> ThopRule:
     mm = required_formula(registry, aten.mm, "thop's MultiheadAttention rule")
-    sdpa = required_formula(registry, aten._scaled_dot_product_attention_math, "thop's MultiheadAttention rule")
+    sdpa = required_formula(registry, aten._scaled_dot_product_attention_math,
+                            "thop's MultiheadAttention rule")
 
     def count_mha(m: Any, x: tuple[Any, ...], y: Any) -> None:
         """``nn.MultiheadAttention``: the Q/K/V/out projections and the attention core,
@@ -286,7 +301,8 @@ def _thop_mha(registry: FormulaRegistry) -> ThopRule:
         attended = n_k + (m.bias_k is not None) + int(m.add_zero_attn)
         macs = 2 * total_of(mm((B * n_q, E), (E, E)))  # q and out projections
         macs += total_of(mm((B * n_k, kdim), (kdim, E))) + total_of(mm((B * n_k, vdim), (vdim, E)))
-        macs += total_of(sdpa((B, h, n_q, E // h), (B, h, attended, E // h), (B, h, attended, E // h)))
+        macs += total_of(sdpa((B, h, n_q, E // h), (B, h, attended, E // h),
+                              (B, h, attended, E // h)))
         m.total_ops += macs
 
     return count_mha
@@ -316,7 +332,8 @@ def _thop_rnn_cell(registry: FormulaRegistry) -> ThopRule:
     return count_rnn_cell
 
 
-def thop_custom_ops(elementwise: bool = False, registry: FormulaRegistry | None = None) -> dict[type, ThopRule]:
+def thop_custom_ops(elementwise: bool = False,
+                    registry: FormulaRegistry | None = None) -> dict[type, ThopRule]:
     """``custom_ops`` for ``thop.profile(model, inputs, custom_ops=...)``, from
     flopscope's formulas.
 

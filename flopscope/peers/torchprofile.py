@@ -29,7 +29,8 @@ from .fvcore import op_family, torchscript_name
 
 TOOL = "torchprofile"
 _GROUPS = {OpFamily.MATMUL: "matrix products", OpFamily.GROUPED_MATMUL: "matrix products",
-           OpFamily.CONV: "convolution", OpFamily.ATTENTION: "attention", OpFamily.RECURRENT: "recurrent"}
+           OpFamily.CONV: "convolution", OpFamily.ATTENTION: "attention",
+           OpFamily.RECURRENT: "recurrent"}
 _NO_HANDLER = re.compile(r'No handlers found: "([^"]+)"')
 
 
@@ -41,7 +42,8 @@ def _group(op: str) -> str:
     return _GROUPS[family] if family in _GROUPS else torchscript_name(op)
 
 
-def _run_torchprofile(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], prof: Profile,
+def _run_torchprofile(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
+                      prof: Profile,
                       plugins: bool) -> PeerCount:
     """``profile_macs(copy, args, reduction=None)`` with flopscope counting the traced
     run; per op group, its MACs against flopscope's (module docstring). ``plugins``:
@@ -49,8 +51,9 @@ def _run_torchprofile(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str,
     from torchprofile import profile_macs
 
     twin = copy_for(model, kwargs)
-    # flopscope does not follow this run: under TorchScript tracing sizes are traced values and torch's dispatch
-    # of the trace differs (a convolution is not recorded), so the comparison is with the caller's run
+    # flopscope does not follow this run: under TorchScript tracing sizes are traced
+    # values and torch's dispatch of the trace differs (a convolution is not recorded),
+    # so the comparison is with the caller's run
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         # reduction=None: per node
@@ -83,14 +86,18 @@ def _run_torchprofile(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str,
         missed = sorted(op for op in unsupported if _group(op) == group)
         no_handler = f"no handler for {', '.join(missed)}" if missed else ""
         if executed == 0:
-            differences.append(Difference(TOOL, "extra", counted, f"{ops}: counted as MACs, elementwise work "
+            differences.append(Difference(TOOL, "extra", counted,
+                                          f"{ops}: counted as MACs, elementwise work "
                                           "that is not multiply-accumulates"))
         elif counted == 0:
-            differences.append(Difference(TOOL, "missing", -executed, no_handler or f"it counts none of {ops}",
+            differences.append(Difference(TOOL, "missing", -executed,
+                                          no_handler or f"it counts none of {ops}",
                                           sum_roles(records)))
         else:
             reason = f"its handlers give {counted:,} MACs of {group}, flopscope's formulas {executed:,} ({ops})"
-            differences.append(Difference(TOOL, "under" if counted < executed else "over", counted - executed,
-                                          reason + (f"; {no_handler}" if no_handler else ""), sum_roles(records)))
+            differences.append(Difference(TOOL, "under" if counted < executed else "over",
+                                          counted - executed,
+                                          reason + (f"; {no_handler}" if no_handler else ""),
+                                          sum_roles(records)))
     return PeerCount(TOOL, total, prof.total(), by_op=dict(by_op), differences=ordered(differences),
                      unsupported=dict(unsupported) or None)

@@ -36,16 +36,19 @@ class _Attention:
     d_k: int | None = None  # head width (None: not declared, only the projection widths are known)
 
 
-def _core_macs(measured: Mapping[str, int], batch: int, n_q: int, n_k: int, hyper: _Attention) -> dict[str, int]:
+def _core_macs(measured: Mapping[str, int], batch: int, n_q: int, n_k: int,
+               hyper: _Attention) -> dict[str, int]:
     """The attention core's MACs for one call: the quadratic form (scores, weighted sum:
     B·h·n_q·n_k·d_k each), or, where the block's core was found in the linear form,
     φ(K)ᵀV (B·n_k·n_kv·d_k·d_v), φ(Q)·state (B·n_q·h·d_k·d_v) and, where there is
     one, the normaliser φ(Q)·Σφ(K) (B·n_q·h·d_k), with d_v = d_k."""
     if not any(role in measured for role in LINEAR_CORE):
-        return {"attn_scores": batch * n_q * n_k * hyper.d_q, "attn_weighted_sum": batch * n_q * n_k * hyper.d_q}
+        return {"attn_scores": batch * n_q * n_k * hyper.d_q,
+                "attn_weighted_sum": batch * n_q * n_k * hyper.d_q}
     if hyper.d_k is None:
         return {}
-    core = {"attn_kv_state": batch * n_k * hyper.d_kv * hyper.d_k, "attn_readout": batch * n_q * hyper.d_q * hyper.d_k}
+    core = {"attn_kv_state": batch * n_k * hyper.d_kv * hyper.d_k,
+            "attn_readout": batch * n_q * hyper.d_q * hyper.d_k}
     # present or not by the block's design, as the gate of a gated FFN
     if "attn_normaliser" in measured:
         core["attn_normaliser"] = batch * n_q * hyper.d_q
@@ -86,7 +89,8 @@ def _latent_attention(b: Block) -> _LatentAttention | None:
     (``kv_lora_rank``, ...)."""
     facts, paths = b.facts, [b.path]
     values = {name: facts.declared(Names(module=(name,)), paths, config=False)
-              for name in ("num_heads", "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",
+              for name in ("num_heads", "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim",
+                           "qk_rope_head_dim",
                            "v_head_dim")}
     needed = ("num_heads", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
     if any(values[name] is None for name in needed):
@@ -94,7 +98,8 @@ def _latent_attention(b: Block) -> _LatentAttention | None:
     h, r_kv, nope, rope, d_v = (int(values[name] or 0) for name in needed)
     r_q = int(values["q_lora_rank"] or 0)
     return _LatentAttention(h, r_q, r_kv, nope, rope, d_v,
-                            f"latent attention r_q={r_q or '-'} r_kv={r_kv} nope={nope} rope={rope} d_v={d_v}")
+                            f"latent attention r_q={r_q or '-'} r_kv={r_kv} nope={nope} "
+                            f"rope={rope} d_v={d_v}")
 
 
 def _attention_hyper(b: Block) -> _Attention | None:
@@ -134,7 +139,8 @@ def _attention_hyper(b: Block) -> _Attention | None:
                 n_kv, source = k_out // d_k, f"{source}; n_kv from the key projection's width"
         n_kv = n_kv if n_kv is not None else h
         return _Attention(d, h * d_k, n_kv * d_k, f"h={h} n_kv={n_kv} d_k={d_k} ({source})", d_k)
-    # no declared head count: the projection weights give the widths (heads only split them)
+    # no declared head count: the projection weights give the widths (heads only split
+    # them)
     q_mods, k_mods = b.role_modules.get("q_proj", set()), b.role_modules.get("k_proj", set())
     if len(q_mods) == 1 and len(k_mods) == 1 and q_mods != k_mods:
         q_mod, k_mod = next(iter(q_mods)), next(iter(k_mods))
@@ -179,14 +185,17 @@ def attention_rows(b: Block) -> list[ReconcileRow]:
                 continue
             batch, n_q = q
             kv_names: tuple[int | str, ...] = (*KEY_INPUTS, 1) if seq_first or facts.attr(block, "kdim") else KEY_INPUTS
-            kv = batch_and_length(shapes, facts.attr(block, "kdim") or _key_width(b) or hyper.d, kv_names, seq_first)
+            kv = batch_and_length(shapes, facts.attr(block, "kdim") or _key_width(b) or hyper.d,
+                                  kv_names, seq_first)
             if kv is None and key_calls is not None and key_calls[i][0] == batch:
-                # a context passed by position: the key projection's own input says its tokens
+                # a context passed by position: the key projection's own input says its
+                # tokens
                 kv = key_calls[i]
             n_k = kv[1] if kv is not None else n_q
         d, d_q, d_kv = hyper.d, hyper.d_q, hyper.d_kv  # d_q = h·d_k, d_kv = n_kv·d_k
-        # nn.MultiheadAttention declares the key / value input widths and keys appended after projection; a
-        # cross-attention's key projection declares the width of the context it reads (a UNet's text tokens)
+        # nn.MultiheadAttention declares the key / value input widths and keys appended
+        # after projection; a cross-attention's key projection declares the width of the
+        # context it reads (a UNet's text tokens)
         k_in = facts.attr(block, "kdim") or _key_width(b) or d
         v_in = facts.attr(block, "vdim") or _key_width(b, "v_proj") or d
         appended = int("bias_k" in facts.param_shapes.get(block, {})) + int(bool(facts.attr(block, "add_zero_attn")))
@@ -247,13 +256,15 @@ def _stream_attention_rows(b: Block) -> list[ReconcileRow] | None:
     if any(linears[role] is None for role in ("q_proj", "k_proj", "v_proj")) \
             or any(role in b.measured for role in LINEAR_CORE):
         return None
-    # a fused projection (one qkv linear per stream) gives each of its roles an equal share of its output columns
+    # a fused projection (one qkv linear per stream) gives each of its roles an equal
+    # share of its output columns
     shares = Counter(m.path for role in ("q_proj", "k_proj", "v_proj") for m in linears[role] or [])
     for role in ("q_proj", "k_proj", "v_proj"):
         linears[role] = [replace(m, width_out=m.width_out // shares[m.path]) for m in linears[role] or []]
     every = {role: linears[role] or [] for role in ("q_proj", "k_proj", "v_proj")}
-    # the streams: the projections that write the core's queries, keys and values (a factor before one of them,
-    # NucleusMoE's encoder_proj before add_k_proj / add_v_proj, is no stream of its own: its tokens are theirs)
+    # the streams: the projections that write the core's queries, keys and values (a
+    # factor before one of them, NucleusMoE's encoder_proj before add_k_proj /
+    # add_v_proj, is no stream of its own: its tokens are theirs)
     q, k, v = ([m for m in every[role] if m.path not in b.factors] or every[role]
                for role in ("q_proj", "k_proj", "v_proj"))
     query_input = next((t for t in (batch_and_length(shapes, q[0].width_in, QUERY_INPUTS) for shapes in b.calls)
@@ -274,20 +285,23 @@ def _stream_attention_rows(b: Block) -> list[ReconcileRow] | None:
         weighted += batch * n_q * n_k * d_v
     predicted |= {"attn_scores": scores, "attn_weighted_sum": weighted}
     outs = linears["out_proj"]
-    # an output projection reading a concatenation is out_proj for the attention's rows only
+    # an output projection reading a concatenation is out_proj for the attention's rows
+    # only
     if outs is not None:
         predicted["out_proj"] = sum(m.macs(min(m.width_in, d_v)) for m in outs)
     names = ", ".join(dict.fromkeys(
         f"{m.path.rsplit('.', 1)[-1]} {m.width_in}->{m.width_out * shares[m.path]}"
         f"{f' (fused: {m.width_out} per role)' if shares[m.path] > 1 else ''} n={m.calls[0][1]}"
         for m in (*every["q_proj"], *every["k_proj"], *every["v_proj"])))
-    basis = (f"{'joint' if joint else 'single-stream'} attention over n_q={sum(m.calls[0][1] for m in q)} "
-             f"n_k={sum(m.calls[0][1] for m in k)} tokens, h·d_k={d_q}; per-stream projections ({names}; "
-             "widths declared, tokens of each projection's input)")
+    basis = (f"{'joint' if joint else 'single-stream'} attention over "
+             f"n_q={sum(m.calls[0][1] for m in q)} n_k={sum(m.calls[0][1] for m in k)} tokens, "
+             f"h·d_k={d_q}; per-stream projections ({names}; widths declared, tokens of each "
+             "projection's input)")
     rows = []
     for role in ATTENTION_ROLES:
         if role in b.measured or predicted.get(role):
-            rows.append(ReconcileRow(b.path, role, b.measured.get(role, 0), predicted.get(role), TERMS[role],
+            rows.append(ReconcileRow(b.path, role, b.measured.get(role, 0), predicted.get(role),
+                                     TERMS[role],
                                      basis=basis))
     return rows
 
@@ -301,8 +315,8 @@ def _attention_reason(row: ReconcileRow, hyper: _Attention) -> str:
     if row.role in ("attn_scores", "attn_weighted_sum") and ratio > 1 and ratio.denominator == 1:
         return f"keys include cached tokens: each query meets {ratio}x the keys of its input (KV cache)"
     if row.role in LINEAR_CORE and hyper.d_k and ratio == Fraction(hyper.d_k + 1, hyper.d_k):
-        return ("values padded with a row of ones: the normaliser φ(Q)·Σφ(K) computed inside the state (d_v + 1 "
-                "per head, Sana)")
+        return ("values padded with a row of ones: the normaliser φ(Q)·Σφ(K) computed inside the "
+                "state (d_v + 1 per head, Sana)")
     if row.role in ("k_proj", "v_proj") and ratio == Fraction(hyper.d_q, hyper.d_kv):
         return "grouped-query attention: K/V projected for the query heads, not n_kv heads"
     if ratio.denominator == 1 and ratio > 1:

@@ -39,11 +39,13 @@ def ffn_rows(b: Block) -> list[ReconcileRow]:
               # a linear layer whose width would be read
               if facts.declared(LINEAR_IN, [m], config=False) is not None}
     if shared and spec is None and source == "weight shapes":
-        return b.unrecognised(present, f"the up projection {sorted(shared)[0]} is fused with attention's "
-                                       "projections: its declared width is not the FFN's (a TransformerSpec says d_ff)")
+        return b.unrecognised(present, f"the up projection {sorted(shared)[0]} is fused with "
+                                       "attention's projections: its declared width is not the "
+                                       "FFN's (a TransformerSpec says d_ff)")
     if d is None or d_ff is None:
         return b.unrecognised(present)
-    # routed experts: each token meets top_k of them; a shared expert (or a dense FFN) sees every token once
+    # routed experts: each token meets top_k of them; a shared expert (or a dense FFN)
+    # sees every token once
     routed = facts.declared(EXPERTS, inside(facts.types, block), config=False)
     top_k = experts if experts is not None and routed else 1
     tokens = tokens_of(calls, d)
@@ -51,16 +53,19 @@ def ffn_rows(b: Block) -> list[ReconcileRow]:
     up_tokens = sum(batch * n for m in ups for batch, n in m.calls) if ups is not None else 0
     source_of_tokens = ""
     if up_tokens and top_k == 1 and up_tokens != tokens:
-        # the hidden layer runs on other tokens than the block's query input (a container never called, a parallel
-        # block over cat([text, image]) made inside it): the up projection's own input says them
+        # the hidden layer runs on other tokens than the block's query input (a
+        # container never called, a parallel block over cat([text, image]) made inside
+        # it): the up projection's own input says them
         tokens, source_of_tokens = up_tokens, ", tokens of the up projection's input"
     if spec is not None and spec.n is not None:
         tokens = (spec.batch or 1) * spec.n
     if not tokens:
         return b.unrecognised(present, f"no input of width d={d} among its call's inputs")
-    # the width the down projection writes: an MLP that changes the width (a timestep embedder's 256 → d → d)
+    # the width the down projection writes: an MLP that changes the width (a timestep
+    # embedder's 256 → d → d)
     d_out = own_linear_width(b, "ffn_down") if spec is None else None
-    predicted = {"ffn_up": tokens * top_k * d * d_ff, "ffn_down": tokens * top_k * d_ff * (d_out or d)}
+    predicted = {"ffn_up": tokens * top_k * d * d_ff,
+                 "ffn_down": tokens * top_k * d_ff * (d_out or d)}
     if gated:
         predicted["ffn_gate"] = tokens * top_k * d * d_ff
     moe = f" top_k={top_k} experts per token" if top_k > 1 else ""
@@ -69,7 +74,8 @@ def ffn_rows(b: Block) -> list[ReconcileRow]:
     rows = []
     for role in FFN_ROLES:
         if role in measured or role in predicted:
-            row = ReconcileRow(block, role, measured.get(role, 0), predicted.get(role), TERMS[role], basis=basis)
+            row = ReconcileRow(block, role, measured.get(role, 0), predicted.get(role), TERMS[role],
+                               basis=basis)
             if not row.exact and row.ratio is not None and row.ratio.denominator == 1 and row.ratio > 1:
                 row = replace(row, reason=f"executed on {row.ratio}x the tokens of the block input")
             rows.append(row)
@@ -101,7 +107,8 @@ def _ffn_widths(b: Block, gated: bool) -> tuple[int | None, int | None, str]:
     d_ff = (facts.declared(EXPERT_FFN_WIDTH) if moe else None) or facts.declared(FFN_WIDTH)
     if d is not None and d_ff is not None:
         return d, d_ff, "config"
-    # a fused kernel (the encoder-layer fast path): the block's own linear layers declare the widths
+    # a fused kernel (the encoder-layer fast path): the block's own linear layers
+    # declare the widths
     linears = [p for p in inside(facts.types, b.path) if (p != b.path or not p) and facts.attr(p, "in_features")]
     ins = [facts.attr(p, "in_features") for p in linears]
     outs = [facts.attr(p, "out_features") for p in linears]
@@ -113,7 +120,8 @@ def _ffn_widths(b: Block, gated: bool) -> tuple[int | None, int | None, str]:
 def conv_rows(b: Block) -> list[ReconcileRow]:
     block, got, calls = b.path, b.measured.get("conv", 0), b.calls
     a = b.facts.attributes.get(block, {})
-    needed = ("in_channels", "out_channels", "kernel_size", "stride", "padding", "dilation", "groups")
+    needed = ("in_channels", "out_channels", "kernel_size", "stride", "padding", "dilation",
+              "groups")
     if not all(k in a for k in needed) or not calls:
         return b.unrecognised(["conv"])
     kernel = tuple(a["kernel_size"])
@@ -123,8 +131,9 @@ def conv_rows(b: Block) -> list[ReconcileRow]:
     row = ReconcileRow(block, "conv", got, predicted, TERMS["conv"], basis=basis)
     if row.exact:
         return [row]
-    # a module that pads its input in its forward (a causal convolution's time padding) runs the declared convolution
-    # on a larger input than it was given: the closed form on the input the convolution ran on says so
+    # a module that pads its input in its forward (a causal convolution's time padding)
+    # runs the declared convolution on a larger input than it was given: the closed form
+    # on the input the convolution ran on says so
     ran = [op for op in b.ops if op.spec is not None and op.spec.family is OpFamily.CONV and op.input_shapes
            and len(op.args) > 4 and isinstance(op.args[4], (list, tuple))]
     given = [dict(shapes).get(0) for shapes in calls]
@@ -132,8 +141,9 @@ def conv_rows(b: Block) -> list[ReconcileRow]:
             tuple(op.input_shapes[0]) not in given for op in ran):
         sizes = (", ".join(sorted({str(tuple(g)) for g in given if g is not None})) + " -> "
                  + ", ".join(sorted({str(tuple(op.input_shapes[0])) for op in ran})))
-        row = replace(row, reason=f"the module pads its input in its forward before the convolution ({sizes}): "
-                                  "on the padded input the declared convolution is exact")
+        row = replace(row, reason="the module pads its input in its forward before the "
+                                  f"convolution ({sizes}): on the padded input the declared "
+                                  "convolution is exact")
     return [row]
 
 
@@ -175,7 +185,8 @@ def recurrent_rows(b: Block) -> list[ReconcileRow]:
         if shape is not None:
             tokens += prod(shape[:-1])
     basis = f"d_in={d_in} d_h={d_h} gates={gates} layers={layers} directions={dirs}"
-    return [ReconcileRow(block, "recurrent", got, tokens * per_token, TERMS["recurrent"], basis=basis)]
+    return [ReconcileRow(block, "recurrent", got, tokens * per_token, TERMS["recurrent"],
+                         basis=basis)]
 
 
 def logits_rows(b: Block) -> list[ReconcileRow]:
@@ -185,7 +196,8 @@ def logits_rows(b: Block) -> list[ReconcileRow]:
     tokens = tokens_of(b.calls, d) if d is not None else 0
     if d is None or vocab is None or not tokens:
         return b.unrecognised(["logits"])
-    # B and n as the closed form names them (what a diff says moved), when every call has the same; else tokens
+    # B and n as the closed form names them (what a diff says moved), when every call
+    # has the same; else tokens
     shapes = {batch_and_length(call, d, QUERY_INPUTS) for call in b.calls}
     only = next(iter(shapes)) if len(shapes) == 1 else None
     sizes = f"B={only[0]} n={only[1]}" if only is not None else f"tokens={tokens}"
@@ -208,5 +220,5 @@ def mixing_rows(b: Block) -> list[ReconcileRow]:
     predicted = sum(batch * (d * fft_macs(n) + n * fft_macs(d)) for batch, n in shapes)
     row = ReconcileRow(b.path, "token_mixing", got, predicted, TERMS["token_mixing"],
                        basis=f"2-D FFT over (n, d) d={d} ({source})")
-    return [row if row.exact else replace(row, reason="not FNet's 2-D FFT over (n, d) of the block input: "
-                                                      "no closed form for this transform")]
+    return [row if row.exact else replace(row, reason="not FNet's 2-D FFT over (n, d) of the block "
+                                                      "input: no closed form for this transform")]

@@ -9,10 +9,12 @@ takes ``attention=`` with one of:
 =============  ======================================================================================
 ``executed``   (default) every pair the kernel computes: ``n_q·n_k`` per batch and head
 ``causal``     the causal half, the convention of FlashAttention's benchmark (``// (2 if causal else 1)``,
-               flash-attention #594), Megatron-LM (``seq_length / 2``) and MaxText (PR #1988, "Divide FLOPs
-               by two due to causal masks"), asked for in torchtitan #341: ``n²/2`` pairs for a square causal
-               mask, generalised to ``n_q·n_k − n_q²/2`` when queries are the last ``n_q`` of ``n_k`` keys (the
-               area below the diagonal). Windows and padding are ignored; attention that is not causal stays dense
+               flash-attention #594), Megatron-LM (``seq_length / 2``) and MaxText
+               (PR #1988, "Divide FLOPs by two due to causal masks"), asked for in
+               torchtitan #341: ``n²/2`` pairs for a square causal mask, generalised
+               to ``n_q·n_k − n_q²/2`` when queries are the last ``n_q`` of ``n_k``
+               keys (the area below the diagonal). Windows and padding are ignored;
+               attention that is not causal stays dense
 ``mask``       exactly the pairs the mask allows: the mask tensor's values where they are known, else the
                declared facts: causal ``n_q·n_k − n_q(n_q−1)/2`` (square: ``n(n+1)/2``), a causal
                sliding window W ``Σ_i min(n_k − n_q + i + 1, W)``; padding only from values
@@ -131,7 +133,8 @@ def kernel_flags(target: Any, args: Any, kwargs: Mapping[str, Any]) -> tuple[boo
 
 
 def kernel_is_causal(op: CapturedOp) -> bool:
-    """An attention kernel called with ``is_causal`` (read by its schema's argument name)."""
+    """An attention kernel called with ``is_causal`` (read by its schema's argument
+    name)."""
     if op.kwargs.get("is_causal"):
         return True
     return op.spec is not None and op.spec.family is OpFamily.ATTENTION and kernel_flags(op.target, op.args,
@@ -193,7 +196,8 @@ def core_ops(ops: Sequence[CapturedOp], assignments: Mapping[CapturedOp, Assignm
         if not parts:
             continue
         found = _facts_of(op, assignment.block, facts, parts_of, parts, masks)
-        out.append(CoreOp(op.name, op.phase, tuple(frame.path for frame in op.module_stack), assignment.block,
+        out.append(CoreOp(op.name, op.phase, tuple(frame.path for frame in op.module_stack),
+                          assignment.block,
                           parts, *found, record=op))
     return tuple(out)
 
@@ -211,7 +215,8 @@ def parts_under(assignments: Mapping[CapturedOp, Assignment], core: Sequence[Cor
     return out
 
 
-def saved(core: Sequence[CoreOp], attention: str, module: str = "", phase: str | None = None) -> int:
+def saved(core: Sequence[CoreOp], attention: str, module: str = "",
+          phase: str | None = None) -> int:
     """Executed MACs minus MACs under ``attention``, of the core ops inside ``module``
     (``""``: all) and ``phase``: what :meth:`Profile.total` subtracts."""
     if check_attention(attention) == EXECUTED:
@@ -228,14 +233,15 @@ def notes(core: Sequence[CoreOp], attention: str) -> list[str]:
     declared = sum(op.source == DECLARED for op in core)
     unknown = [op.node for op in core if op.source == UNKNOWN]
     if declared:
-        out.append(f"attention={attention!r}: {declared} attention core op(s) priced from the model's declared mask "
-                   "(a module's is_causal, the sliding window of the module or config), not from mask values "
-                   "(a mask computed from data whose values the run did not keep, or one of more than "
-                   f"{MAX_BYTES >> 20} MiB): padding is not taken into account")
+        out.append(f"attention={attention!r}: {declared} attention core op(s) priced from the "
+                   "model's declared mask (a module's is_causal, the sliding window of the module "
+                   "or config), not from mask values (a mask computed from data whose values the "
+                   f"run did not keep, or one of more than {MAX_BYTES >> 20} MiB): padding is not "
+                   "taken into account")
     if unknown:
-        out.append(f"attention={attention!r}: {len(unknown)} attention core op(s) counted as executed: their "
-                   f"queries and keys were not read from the layout (variable-length or fused kernel): "
-                   f"{', '.join(unknown[:3])}")
+        out.append(f"attention={attention!r}: {len(unknown)} attention core op(s) counted as "
+                   "executed: their queries and keys were not read from the layout "
+                   f"(variable-length or fused kernel): {', '.join(unknown[:3])}")
     return out
 
 
@@ -243,7 +249,8 @@ def notes(core: Sequence[CoreOp], attention: str) -> list[str]:
 Facts = tuple[int | None, int | None, bool, int | None, Fraction | None, str]
 
 
-def _facts_of(op: CapturedOp, block: str, facts: ModelFacts, parts_of: Mapping[CapturedOp, Mapping[str, int]],
+def _facts_of(op: CapturedOp, block: str, facts: ModelFacts,
+              parts_of: Mapping[CapturedOp, Mapping[str, int]],
               parts: Mapping[str, int], masks: _Masks) -> Facts:
     """(n_q, n_k, causal, window, allowed share, source) of one core op."""
     declared_causal, declared_window = declared_mask(block, facts)
@@ -257,12 +264,14 @@ def _facts_of(op: CapturedOp, block: str, facts: ModelFacts, parts_of: Mapping[C
         mask_mod = _flex_mask_mod(op)
         # FlexAttention: its block mask's mask_mod, evaluated at every pair
         if mask_mod is not None:
-            return masks.facts(_flex_allowed(mask_mod, scores_shape), scores_shape, n_q, n_k, declared_causal,
+            return masks.facts(_flex_allowed(mask_mod, scores_shape), scores_shape, n_q, n_k,
+                               declared_causal,
                                declared_window)
         causal, window = kernel_flags(op.target, op.args, op.kwargs)
         mask = argument(op.target, op.args, op.kwargs, "attn_mask", "attn_bias", "bias")
         if isinstance(mask, CapturedOp):
-            return masks.facts(masks.allowed(mask), scores_shape, n_q, n_k, declared_causal, declared_window)
+            return masks.facts(masks.allowed(mask), scores_shape, n_q, n_k, declared_causal,
+                               declared_window)
         return n_q, n_k, causal, window, None, KERNEL if causal or window else UNMASKED
     # a backward GEMM runs over its forward op's pairs
     forward = op if op.phase == FORWARD else op.forward
@@ -281,10 +290,12 @@ def _facts_of(op: CapturedOp, block: str, facts: ModelFacts, parts_of: Mapping[C
 
 
 _FLEX_BLOCK_MASK = 4
-"""The position of FlexAttention's block mask (``BlockMask.as_tuple()``, its ``mask_mod`` last) among its op's
-arguments (query, key, value, score_mod, block mask, scale, kernel options)."""
+"""The position of FlexAttention's block mask (``BlockMask.as_tuple()``, its
+``mask_mod`` last) among its op's arguments (query, key, value, score_mod, block mask,
+scale, kernel options)."""
 MAX_FLEX_PAIRS = 1 << 26
-"""FlexAttention masks are evaluated at every (batch, head, query, key) up to this many pairs (bytes of memory)."""
+"""FlexAttention masks are evaluated at every (batch, head, query, key) up to this many
+pairs (bytes of memory)."""
 
 
 def _flex_mask_mod(op: CapturedOp) -> Any:
@@ -306,7 +317,8 @@ def _flex_allowed(mask_mod: Any, shape: tuple[int, ...]) -> torch.Tensor | None:
 
     try:
         return create_mask(mask_mod, shape[0], shape[1], shape[2], shape[3], device="cpu")
-    # a mask_mod reading tensors that only the run had (fake ones): the declaration stands
+    # a mask_mod reading tensors that only the run had (fake ones): the declaration
+    # stands
     except Exception:
         return None
 
@@ -327,10 +339,14 @@ def _kernel_geometry(op: CapturedOp) -> tuple[int, int, tuple[int, ...]] | None:
 # --------------------------------------------------------------------------------------------------
 # masks of eager attention: scores -> (scale) -> + mask / masked_fill / where -> softmax -> @ V
 _SOFTMAX = frozenset(str(op) for op in SOFTMAX_OPS)  # by name, as the walks below read ops
-_THROUGH = frozenset({"aten.view", "aten._unsafe_view", "aten.reshape", "aten.expand", "aten.clone", "aten.mul",
-                      "aten.div", "aten._to_copy", "aten.contiguous", "aten.detach", "aten.alias", "aten.add",
-                      "aten.sub", "aten.masked_fill", "aten.where", "aten.native_dropout", "aten.dropout",
-                      "aten.getitem", "aten.tanh", "aten.transpose", "aten.permute", "aten.squeeze", "aten.unsqueeze"})
+_THROUGH = frozenset({"aten.view", "aten._unsafe_view", "aten.reshape", "aten.expand", "aten.clone",
+                      "aten.mul",
+                      "aten.div", "aten._to_copy", "aten.contiguous", "aten.detach", "aten.alias",
+                      "aten.add",
+                      "aten.sub", "aten.masked_fill", "aten.where", "aten.native_dropout",
+                      "aten.dropout",
+                      "aten.getitem", "aten.tanh", "aten.transpose", "aten.permute", "aten.squeeze",
+                      "aten.unsqueeze"})
 _STEPS = 12
 
 
@@ -346,7 +362,8 @@ _FILLS = {"aten.scalar_tensor": 0, "aten.full": 1, "aten.full_like": 1}
 # a mask's values, unchanged
 _PASS = ("aten.expand", "aten.clone", "aten.detach", "aten.alias", "aten.contiguous")
 BLOCKING = -1e4
-"""An additive mask's value at or below this removes a pair from the softmax (``-inf``, a dtype's minimum)."""
+"""An additive mask's value at or below this removes a pair from the softmax (``-inf``,
+a dtype's minimum)."""
 
 
 class _Masks:

@@ -1,6 +1,7 @@
-"""The collectives of a capture, by kind, group, module, carried role and phase, and the closed forms of what
-Megatron-LM tensor parallelism, FSDP and DDP send (``docs/conventions.md`` §12; message bytes as
-:mod:`flopscope.formulas.collectives` defines them). :mod:`flopscope.communication` is the public module."""
+"""The collectives of a capture, by kind, group, module, carried role and phase, and the
+closed forms of what Megatron-LM tensor parallelism, FSDP and DDP send
+(``docs/conventions.md`` §12; message bytes as :mod:`flopscope.formulas.collectives`
+defines them). :mod:`flopscope.communication` is the public module."""
 
 from __future__ import annotations
 
@@ -21,7 +22,8 @@ class CollectiveRow:
 
     kind: str  # "all_reduce", "all_gather", ...
     group: int | None  # ranks in the group
-    # the module of the multiply whose result it carries (else where it ran; "" is the root)
+    # the module of the multiply whose result it carries (else where it ran; "" is the
+    # root)
     module: str
     role: str  # the role of that multiply ("" if none: a parameter's all-gather, for instance)
     phase: str  # "forward", "backward" or "recompute"
@@ -33,7 +35,8 @@ class CollectiveRow:
                 "phase": self.phase, "calls": self.calls, "bytes": self.bytes}
 
 
-def collectives(ops: Sequence[CapturedOp], assignments: Mapping[CapturedOp, Assignment]) -> list[CollectiveRow]:
+def collectives(ops: Sequence[CapturedOp],
+                assignments: Mapping[CapturedOp, Assignment]) -> list[CollectiveRow]:
     """Every collective among a capture's records (``ops``, in order; ``assignments``:
     ``{record: Assignment}``, for the role a collective carries), grouped (see
     :class:`CollectiveRow`), in first-seen order."""
@@ -45,7 +48,8 @@ def collectives(ops: Sequence[CapturedOp], assignments: Mapping[CapturedOp, Assi
             continue
         kind, size, group = op.collective
         source = _carried(op, assignments)
-        role = "" if source is None else max(assignments[source].parts, key=assignments[source].parts.__getitem__)
+        role = "" if source is None else max(assignments[source].parts,
+                                             key=assignments[source].parts.__getitem__)
         # the caller, not the hook's parent
         module = source.module if source is not None else op.module
         key = (kind, group, module or "", role, op.phase)
@@ -54,7 +58,8 @@ def collectives(ops: Sequence[CapturedOp], assignments: Mapping[CapturedOp, Assi
     return [CollectiveRow(*key, calls[key], sizes[key]) for key in calls]
 
 
-def _carried(op: CapturedOp, assignments: Mapping[CapturedOp, Assignment], depth: int = 8) -> CapturedOp | None:
+def _carried(op: CapturedOp, assignments: Mapping[CapturedOp, Assignment],
+             depth: int = 8) -> CapturedOp | None:
     """The nearest multiply upstream of ``op`` through ops that do not multiply (whose
     result it carries)."""
     frontier = list(op.inputs)
@@ -83,7 +88,8 @@ class PredictedCollective:
     basis: str
 
 
-def megatron(batch: int, tokens: int, width: int, layers: int, *, element_bytes: int, backward: bool = False,
+def megatron(batch: int, tokens: int, width: int, layers: int, *, element_bytes: int,
+             backward: bool = False,
              sequence_parallel: bool = False) -> list[PredictedCollective]:
     """Megatron-LM tensor parallelism (Shoeybi et al. 2019, §3: the f and g operators):
     per layer, one all-reduce of the ``[batch, tokens, width]`` activation after each
@@ -99,9 +105,11 @@ def megatron(batch: int, tokens: int, width: int, layers: int, *, element_bytes:
     for phase in phases:
         if sequence_parallel:
             out += [PredictedCollective(ALL_GATHER, phase, 2 * layers, 2 * layers * volume, basis),
-                    PredictedCollective(REDUCE_SCATTER, phase, 2 * layers, 2 * layers * volume, basis)]
+                    PredictedCollective(REDUCE_SCATTER, phase, 2 * layers, 2 * layers * volume,
+                                        basis)]
         else:
-            out.append(PredictedCollective(ALL_REDUCE, phase, 2 * layers, 2 * layers * volume, basis))
+            out.append(PredictedCollective(ALL_REDUCE, phase, 2 * layers, 2 * layers * volume,
+                                           basis))
     return out
 
 
@@ -112,7 +120,8 @@ def fsdp(unit_bytes: Sequence[int], *, resharded: Sequence[bool] | None = None,
     for each unit resharded after its forward (default: all but the first, the root,
     which FSDP2 keeps), and every gradient is reduce-scattered once."""
     again = list(resharded) if resharded is not None else [False, *([True] * (len(unit_bytes) - 1))]
-    out = [PredictedCollective(ALL_GATHER, "forward", len(unit_bytes), sum(unit_bytes), "FSDP: gather per forward")]
+    out = [PredictedCollective(ALL_GATHER, "forward", len(unit_bytes), sum(unit_bytes),
+                               "FSDP: gather per forward")]
     if backward:
         gathered = [size for size, redo in zip(unit_bytes, again, strict=True) if redo]
         out += [PredictedCollective(ALL_GATHER, "backward", len(gathered), sum(gathered),
@@ -124,4 +133,5 @@ def fsdp(unit_bytes: Sequence[int], *, resharded: Sequence[bool] | None = None,
 
 def ddp(gradient_bytes: int, buckets: int = 1) -> list[PredictedCollective]:
     """DDP: every gradient all-reduced once per backward pass, in ``buckets`` messages."""
-    return [PredictedCollective(ALL_REDUCE, "backward", buckets, gradient_bytes, "DDP: gradient all-reduce")]
+    return [PredictedCollective(ALL_REDUCE, "backward", buckets, gradient_bytes,
+                                "DDP: gradient all-reduce")]

@@ -1,11 +1,13 @@
-r"""Collectives: which ops communicate, what each sends, the collectives a profile saw and the closed forms of
-parallelism schemes, side by side.
+r"""Collectives: which ops communicate, what each sends, the collectives a profile saw
+and the closed forms of parallelism schemes, side by side.
 
-A profile sees every collective a rank issues from Python (DTensor redistribution, FSDP2, functional collectives,
-``dist.all_reduce``, DDP's gradient all-reduce): :meth:`Profile.collectives` lists them as :class:`CollectiveRow`\ s
-(kind, group size, module, carried role, phase, calls, message bytes); :func:`megatron`, :func:`fsdp` and
-:func:`ddp` say what those schemes send; :func:`compare` sets the two side by side. Which ops communicate and how
-their message bytes are read: :mod:`flopscope.formulas.collectives`; conventions: ``docs/conventions.md`` §12.
+A profile sees every collective a rank issues from Python (DTensor redistribution,
+FSDP2, functional collectives, ``dist.all_reduce``, DDP's gradient all-reduce):
+:meth:`Profile.collectives` lists them as :class:`CollectiveRow`\ s (kind, group size,
+module, carried role, phase, calls, message bytes); :func:`megatron`, :func:`fsdp` and
+:func:`ddp` say what those schemes send; :func:`compare` sets the two side by side.
+Which ops communicate and how their message bytes are read:
+:mod:`flopscope.formulas.collectives`; conventions: ``docs/conventions.md`` §12.
 """
 
 from __future__ import annotations
@@ -30,8 +32,10 @@ from ..formulas.collectives import (
 from .collectives import CollectiveRow, PredictedCollective, collectives, ddp, fsdp, megatron
 
 __all__ = [
-    'ALL_GATHER', 'ALL_REDUCE', 'ALL_TO_ALL', 'BROADCAST', 'RECV', 'REDUCE_SCATTER', 'SEND', 'CollectiveRow',
-    'PredictedCollective', 'collectives', 'compare', 'ddp', 'fsdp', 'group_size', 'is_bookkeeping', 'kind_of',
+    'ALL_GATHER', 'ALL_REDUCE', 'ALL_TO_ALL', 'BROADCAST', 'RECV', 'REDUCE_SCATTER', 'SEND',
+    'CollectiveRow',
+    'PredictedCollective', 'collectives', 'compare', 'ddp', 'fsdp', 'group_size', 'is_bookkeeping',
+    'kind_of',
     'megatron', 'message_bytes',
 ]
 
@@ -50,5 +54,6 @@ def compare(measured: Sequence[CollectiveRow], predicted: Sequence[PredictedColl
         same = "yes" if (got_calls, got_bytes) == (want_calls, want_bytes) else "NO"
         rows.append([kind, phase, got_calls, f"{got_bytes:,}", want_calls, f"{want_bytes:,}", same,
                      "; ".join(dict.fromkeys(p.basis for p in want)) or "-"])
-    return tabulate(rows, headers=["collective", "phase", "calls", "bytes", "predicted calls", "predicted bytes",
+    return tabulate(rows, headers=["collective", "phase", "calls", "bytes", "predicted calls",
+                                   "predicted bytes",
                                    "match", "basis"], tablefmt=tablefmt, disable_numparse=True)

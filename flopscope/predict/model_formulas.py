@@ -19,10 +19,12 @@ sections 2-5.
   the forward a third: 2N + 4·L·H·Q·T, N = all parameters but position embeddings
   (nanoGPT's convention).
 
-The measured side counts the attention core by a convention (``attention``: ``"executed"``, the default, every
-pair the kernels compute; ``"causal"``, the causal half; ``"mask"``, the pairs the mask allows; see
-:mod:`flopscope.predict.attention`). The formulas keep their own: Kaplan's core is the causal half (so under
-``"causal"`` its attention term matches a causal model's), Chinchilla, Megatron-LM and PaLM charge it dense.
+The measured side counts the attention core by a convention (``attention``:
+``"executed"``, the default, every pair the kernels compute; ``"causal"``, the causal
+half; ``"mask"``, the pairs the mask allows; see :mod:`flopscope.predict.attention`).
+The formulas keep their own: Kaplan's core is the causal half (so under ``"causal"`` its
+attention term matches a causal model's), Chinchilla, Megatron-LM and PaLM charge it
+dense.
 """
 
 from __future__ import annotations
@@ -53,7 +55,8 @@ from ..formulas.registry import prod
 from ..role import Role, RoleGroup
 from .attention import EXECUTED, check_attention
 
-PARTS = ("qkv", "attention core", "output projection", "ffn", "logits", "embeddings", "parameters not in GEMMs",
+PARTS = ("qkv", "attention core", "output projection", "ffn", "logits", "embeddings",
+         "parameters not in GEMMs",
          "inactive experts", "weights not used once per token", "other")
 WHY = {
     "qkv": "QKV projections",
@@ -63,14 +66,16 @@ WHY = {
     "logits": "logits (de-embedding)",
     "embeddings": "embedding lookups (gathers: 0 MACs measured)",
     "parameters not in GEMMs": "biases and norm weights counted as MACs",
-    "inactive experts": "routed experts' weights a token does not meet (each token meets top_k of them)",
-    "weights not used once per token": "weights not used once per token (a pooler runs once per sequence; rotary "
-                                       "angles made by a matmul, once per forward)",
+    "inactive experts": "routed experts' weights a token does not meet (each token meets top_k of "
+                        "them)",
+    "weights not used once per token": "weights not used once per token (a pooler runs once per "
+                                       "sequence; rotary angles made by a matmul, once per forward)",
     "other": "other multiplies (pooler, router, rotary, ...)",
 }
-"""What each part of a difference is: the label of a term, ``measured - predicted`` of that part. A formula that
-counts a part the measurement has no role for (PaLM's N counts every weight once per token: the experts a token
-does not meet, a pooler's weights) gives it a part of its own, so no difference is labelled by another's name."""
+"""What each part of a difference is: the label of a term, ``measured - predicted`` of
+that part. A formula that counts a part the measurement has no role for (PaLM's N counts
+every weight once per token: the experts a token does not meet, a pooler's weights)
+gives it a part of its own, so no difference is labelled by another's name."""
 
 
 @dataclass(frozen=True)
@@ -114,7 +119,8 @@ class ModelFormulas:
         for r in self.rows:
             why = "; ".join(f"{WHY[part]} {_signed(v)}" for part, v in r.terms)
             table.append([r.name, f"{float(r.predicted):,.0f}", f"{float(r.measured):,.0f}",
-                          f"{r.difference_percent:+.2f}%", why + (f" ({r.notes})" if r.notes else "")])
+                          f"{r.difference_percent:+.2f}%",
+                          why + (f" ({r.notes})" if r.notes else "")])
         return table
 
     def caption(self) -> str:
@@ -122,8 +128,10 @@ class ModelFormulas:
         return f"forward MACs per token (1 MAC = 2 FLOPs; measured attention core: {self.attention}); {hyper}"
 
     def to_table(self, tablefmt: str = "simple") -> str:
-        return (self.caption() + "\n" + tabulate(self.cells(), headers=list(self.HEADERS), tablefmt=tablefmt,
-                                                 colalign=("left", "right", "right", "right", "left")))
+        return (self.caption() + "\n" + tabulate(self.cells(), headers=list(self.HEADERS),
+                                                 tablefmt=tablefmt,
+                                                 colalign=("left", "right", "right", "right",
+                                                           "left")))
 
 
 def _signed(v: Fraction) -> str:
@@ -131,7 +139,8 @@ def _signed(v: Fraction) -> str:
 
 
 def model_formulas(facts: ModelFacts, forward_roles: Mapping[str, int],
-                   module_inputs: Mapping[ModuleCall, tuple[tuple[int | str, tuple[int, ...]], ...]],
+                   module_inputs: Mapping[ModuleCall,
+                                          tuple[tuple[int | str, tuple[int, ...]], ...]],
                    attention: str = EXECUTED) -> ModelFormulas:
     """Measured forward MACs per token (``forward_roles``: MACs per role of the forward
     pass, its attention core counted by the convention ``attention`` names) against
@@ -140,8 +149,8 @@ def model_formulas(facts: ModelFacts, forward_roles: Mapping[str, int],
     check_attention(attention)
     L, d, h = facts.declared(LAYERS), facts.declared(WIDTH), facts.declared(HEADS)
     if L is None or d is None or h is None:
-        raise FlopscopeError("model-level formulas need a language-model config with num_hidden_layers, "
-                             "hidden_size and num_attention_heads")
+        raise FlopscopeError("model-level formulas need a language-model config with "
+                             "num_hidden_layers, hidden_size and num_attention_heads")
     d_k = facts.declared(HEAD_WIDTH) or d // h
     n_kv = facts.declared(KV_HEADS) or h
     d_ff = facts.declared(FFN_WIDTH) or 4 * d
@@ -163,25 +172,32 @@ def model_formulas(facts: ModelFacts, forward_roles: Mapping[str, int],
 
     qkv, out = Fraction(L * 3 * d * d_attn), Fraction(L * d_attn * d)
     kaplan = row("Kaplan et al. 2020 (2N + 2·L·n·d_attn)", {
-        "qkv": qkv, "attention core": dense_core / 2, "output projection": out, "ffn": Fraction(L * gemm_ffn)},
+        "qkv": qkv, "attention core": dense_core / 2, "output projection": out,
+        "ffn": Fraction(L * gemm_ffn)},
         "attention term is the causal half; no logits")
     chinchilla = row("Hoffmann et al. 2022 (Chinchilla App. F)", {
-        "qkv": qkv, "attention core": dense_core, "output projection": out, "ffn": Fraction(L * gemm_ffn),
-        "logits": Fraction(d * V), "embeddings": Fraction(d * V)}, "its softmax is elementwise, not MACs")
+        "qkv": qkv, "attention core": dense_core, "output projection": out,
+        "ffn": Fraction(L * gemm_ffn),
+        "logits": Fraction(d * V), "embeddings": Fraction(d * V)},
+                     "its softmax is elementwise, not MACs")
     megatron = row("Narayanan et al. 2021 (Megatron-LM)", {
         "qkv": Fraction(L * 3 * d * d), "attention core": Fraction(2 * L * n * d),
-        "output projection": Fraction(L * d * d), "ffn": Fraction(L * 8 * d * d), "logits": Fraction(d * V)},
+        "output projection": Fraction(L * d * d), "ffn": Fraction(L * 8 * d * d),
+        "logits": Fraction(d * V)},
         "assumes d_ff = 4d and multi-head attention")
-    # PaLM: N MACs per token (every parameter but position embeddings, each used once) + 2·L·H·Q·T
+    # PaLM: N MACs per token (every parameter but position embeddings, each used once) +
+    # 2·L·H·Q·T
     tied = facts.tied_embedding and bool(per_token.get("logits"))
     weights = Fraction(facts.params - position - token_embedding) - params_not_gemm  # 2-D weights
-    palm_parts: dict[str, Fraction] = {p: per_token[p] for p in ("qkv", "output projection", "ffn", "other")
+    palm_parts: dict[str, Fraction] = {p: per_token[p] for p in ("qkv", "output projection", "ffn",
+                                                                 "other")
                                        if p in per_token}
     if not tied and "logits" in per_token:
         palm_parts["logits"] = per_token["logits"]
-    # the weights not used once per token: the routed experts a token does not meet (it meets top_k of E; its
-    # share of them is measured in "ffn"), then what is left (a pooler runs once per sequence, a weight shared
-    # by several layers is used more than once)
+    # the weights not used once per token: the routed experts a token does not meet (it
+    # meets top_k of E; its share of them is measured in "ffn"), then what is left (a
+    # pooler runs once per sequence, a weight shared by several layers is used more than
+    # once)
     routed, top_k, count = _routed_expert_weights(facts)
     notes = "N counts every parameter once"
     if routed and top_k is not None and 0 < top_k <= count:
@@ -193,7 +209,8 @@ def model_formulas(facts: ModelFacts, forward_roles: Mapping[str, int],
     palm_parts.update({"attention core": dense_core, "parameters not in GEMMs": params_not_gemm})
     palm_parts["logits" if tied else "embeddings"] = Fraction(token_embedding)
     palm = row("Chowdhery et al. 2022 (PaLM: N + 2·L·H·Q·T)", palm_parts, notes)
-    hyper = {"L": L, "d": d, "h": h, "n_kv": n_kv, "d_k": d_k, "d_ff": d_ff, "V": V, "n": n, "tokens": tokens}
+    hyper = {"L": L, "d": d, "h": h, "n_kv": n_kv, "d_k": d_k, "d_ff": d_ff, "V": V, "n": n,
+             "tokens": tokens}
     return ModelFormulas((kaplan, chinchilla, megatron, palm), hyper, attention)
 
 
@@ -224,7 +241,8 @@ def _token_count(module_inputs: Mapping[ModuleCall, tuple[tuple[int | str, tuple
                 if key in TOKEN_INPUTS and len(shape) >= 2:
                     ids = shape[:-1] if key == "inputs_embeds" else shape  # token ids: [*batch, n]
                     return prod(ids), ids[-1]
-    raise FlopscopeError("model-level formulas need token ids (or inputs_embeds) as the model's input")
+    raise FlopscopeError("model-level formulas need token ids (or inputs_embeds) as the model's "
+                         "input")
 
 
 def _non_gemm_params(facts: ModelFacts) -> int:

@@ -1,11 +1,12 @@
 """Reconciliation: measured multiplies per block and role against exact closed-form
 predictions.
 
-Predictions use what the model *declares* (:class:`~flopscope.capture.facts.ModelFacts`: module attributes,
-parameter shapes, the Hugging Face config) and the shapes of each block's inputs (its token counts), never
-the shapes of the ops that ran inside it; a user can state the hyper-parameters instead with a
-:class:`TransformerSpec`. Hyper-parameter names: :mod:`flopscope.conventions`. Closed forms are those
-of ``docs/formulas.md`` sections 6 and 7 (MACs):
+Predictions use what the model *declares* (:class:`~flopscope.capture.facts.ModelFacts`:
+module attributes, parameter shapes, the Hugging Face config) and the shapes of each
+block's inputs (its token counts), never the shapes of the ops that ran inside it; a
+user can state the hyper-parameters instead with a :class:`TransformerSpec`.
+Hyper-parameter names: :mod:`flopscope.conventions`. Closed forms are those of
+``docs/formulas.md`` sections 6 and 7 (MACs):
 
 =================  ==============================  ============
 role               prediction                      term
@@ -69,8 +70,9 @@ ROLE_FORMS: dict[str, tuple[str, tuple[str, ...]]] = {
     "ffn_down": ("tokens·d·d_ff (× top_k experts)", ("tokens", "d", "d_ff", "top_k")),
     "logits": ("B·n·d·V", ("B", "n", "tokens", "d", "V")),
 }
-"""Each role's closed form (the module docstring's table) and the hyper-parameters of a reconciliation row's
-``basis`` it depends on: what explains a change of the role between two models (:mod:`flopscope.diff`)."""
+"""Each role's closed form (the module docstring's table) and the hyper-parameters of a
+reconciliation row's ``basis`` it depends on: what explains a change of the role between
+two models (:mod:`flopscope.diff`)."""
 
 
 @dataclass(frozen=True)
@@ -96,14 +98,18 @@ class Reconciliation:
             ratio = "-" if r.ratio is None else (str(r.ratio) if r.ratio.denominator != 1 else f"{r.ratio}")
             useful = "" if r.useful is None else f"{r.useful:,}"
             predicted = "-" if r.predicted is None else f"{r.predicted:,}"
-            rows.append([r.block or "(model)", r.role, f"{r.measured:,}", predicted, ratio, r.term, useful, r.reason])
-        return tabulate(rows, headers=["block", "role", "measured MACs", "predicted MACs", "ratio", "term",
+            rows.append([r.block or "(model)", r.role, f"{r.measured:,}", predicted, ratio, r.term,
+                         useful, r.reason])
+        return tabulate(rows, headers=["block", "role", "measured MACs", "predicted MACs", "ratio",
+                                       "term",
                                        "useful MACs", "reason"], tablefmt=tablefmt,
-                        colalign=("left", "left", "right", "right", "right", "left", "right", "left"))
+                        colalign=("left", "left", "right", "right", "right", "left", "right",
+                                  "left"))
 
 
 def reconcile(assignments: Mapping[CapturedOp, Assignment], facts: ModelFacts,
-              module_inputs: Mapping[ModuleCall, InputShapes], spec: TransformerSpec | None = None) -> Reconciliation:
+              module_inputs: Mapping[ModuleCall, InputShapes],
+              spec: TransformerSpec | None = None) -> Reconciliation:
     """Per block and role: measured against predicted MACs (see the module docstring).
     ``assignments`` are a profile's role assignments by record (forward ops are
     reconciled), ``module_inputs`` the shapes of each module call's inputs
@@ -132,7 +138,8 @@ def reconcile(assignments: Mapping[CapturedOp, Assignment], facts: ModelFacts,
     rows: list[ReconcileRow] = []
     for block, roles in measured.items():
         context = Block(block, roles, facts, calls.get(block, []), spec, block in causal_kernels,
-                         role_modules[block], calls, block_ops[block], frozenset(factor_modules[block]))
+                         role_modules[block], calls, block_ops[block],
+                        frozenset(factor_modules[block]))
         found: list[ReconcileRow] = []
         for group in dict.fromkeys(Role(r).group for r in ROLE_ORDER if r in roles):
             predict = ROW_BUILDERS.get(group)

@@ -21,7 +21,8 @@ from ..formulas.registry import prod
 from ..role import Role, RoleGroup, roles_in
 
 ATTENTION_ROLES = tuple(sorted(roles_in(RoleGroup.ATTENTION), key=lambda r: r == Role.OUT_PROJ))
-"""Attention rows in the order data flows through a block: projections, scores, weighted sum, output."""
+"""Attention rows in the order data flows through a block: projections, scores, weighted
+sum, output."""
 FFN_ROLES = roles_in(RoleGroup.FFN)
 TERMS = {r.value: r.term for r in Role if r.term}
 
@@ -117,7 +118,8 @@ class Block:
                      for shapes in self.module_calls.get(path, [])]
             if width_in is None or width_out is None or not calls or any(c is None for c in calls):
                 return None
-            found.append(LinearCalls(path, width_in, width_out, [c for c in calls if c is not None]))
+            found.append(LinearCalls(path, width_in, width_out,
+                                     [c for c in calls if c is not None]))
         return found or None
 
     def unrecognised(self, roles: Sequence[str], why: str = "") -> list[ReconcileRow]:
@@ -152,7 +154,8 @@ def own_linear_width(b: Block, role: str) -> int | None:
     return b.facts.declared(LINEAR_OUT, list(modules), config=False)
 
 
-def batch_and_length(shapes: InputShapes, width: int, names: Sequence[int | str], seq_first: bool = False
+def batch_and_length(shapes: InputShapes, width: int, names: Sequence[int | str],
+                     seq_first: bool = False
                       ) -> tuple[int, int] | None:
     """(batch, length) of the first named input whose last dim is ``width``."""
     by_key = dict(shapes)

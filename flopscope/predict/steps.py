@@ -2,9 +2,10 @@
 public module): each forward of the model in a profiler block is a step (prefill or
 decode).
 
-Wrap ``model.generate(...)`` (or any loop of forwards) in :class:`flopscope.profiler` and ask
-:meth:`Profile.steps` for one :class:`Step` per call of the root module, and :meth:`Profile.decode_scaling` for
-the decode steps' exact MACs per sequence as a polynomial in the context length.
+Wrap ``model.generate(...)`` (or any loop of forwards) in :class:`flopscope.profiler`
+and ask :meth:`Profile.steps` for one :class:`Step` per call of the root module, and
+:meth:`Profile.decode_scaling` for the decode steps' exact MACs per sequence as a
+polynomial in the context length.
 
 What a step's fields are read from (no cache object is read, so any cache class works):
 
@@ -75,7 +76,8 @@ class Step:
     def row(self) -> dict[str, Any]:
         """The step as a plain dict (JSON, tables)."""
         return {"step": self.step, "phase": self.phase, "batch": self.batch, "tokens": self.tokens,
-                "context": self.context, "macs": self.macs, "flops": self.flops, "bytes": self.bytes,
+                "context": self.context, "macs": self.macs, "flops": self.flops,
+                "bytes": self.bytes,
                 "kv_macs": self.kv_macs, "kv_bytes": self.kv_bytes, "seconds": self.seconds,
                 "by_role": dict(self.by_role)}
 
@@ -115,12 +117,15 @@ def steps(ops: Sequence[CapturedOp], assignments: Mapping[CapturedOp, Assignment
         first = next(iter(given.values()), None)
         batch = first[0] if first else None
         queries, context = shapes.get(call, (None, None))
-        ids = next((given[key] for key in TOKEN_INPUTS if key in given and len(given[key]) == 2), None)
+        ids = next((given[key] for key in TOKEN_INPUTS if key in given and len(given[key]) == 2),
+                   None)
         tokens = ids[1] if ids is not None else queries
         by_role = {role: macs[call][role] for role in ROLE_ORDER if macs[call][role]}
         phase = DECODE if tokens == 1 and context is not None and context > 1 else PREFILL
-        out.append(Step(call, phase, batch, tokens, context, sum(by_role.values()), by_role, moved[call],
-                        sum(by_role.get(role, 0) for role in PAIR_ROLES), kv_bytes[call], seconds.get(call)))
+        out.append(Step(call, phase, batch, tokens, context, sum(by_role.values()), by_role,
+                        moved[call],
+                        sum(by_role.get(role, 0) for role in PAIR_ROLES), kv_bytes[call],
+                        seconds.get(call)))
     return out
 
 
@@ -135,19 +140,21 @@ def decode_scaling(found: Sequence[Step]) -> Scaling:
             continue
         per_sequence = {role: v // step.batch for role, v in step.by_role.items()}
         if any(v % step.batch for v in step.by_role.values()):
-            raise FlopscopeError(f"decode step {step.step}: MACs do not divide by its batch of {step.batch}")
+            raise FlopscopeError(f"decode step {step.step}: MACs do not divide by its batch of "
+                                 f"{step.batch}")
         by_context.setdefault(step.context, per_sequence)
     contexts = sorted(by_context)
     if len(contexts) == 1 and len([s for s in found if s.phase == DECODE]) > 1:
-        raise FlopscopeError(f"every decode step attends over the same {contexts[0]} positions (a static cache: its "
-                             "kernels run over the whole buffer), so a decode step's cost does not depend on the "
-                             "context; see steps()")
+        raise FlopscopeError(f"every decode step attends over the same {contexts[0]} positions (a "
+                             "static cache: its kernels run over the whole buffer), so a decode "
+                             "step's cost does not depend on the context; see steps()")
     if len(contexts) < 3:
-        raise FlopscopeError("decode_scaling needs decode steps at 3 or more distinct contexts; got "
-                             f"{contexts or 'none'} (generate more new tokens, with a KV cache)")
+        raise FlopscopeError("decode_scaling needs decode steps at 3 or more distinct contexts; "
+                             f"got {contexts or 'none'} (generate more new tokens, with a KV cache)")
     roles = [role for role in ROLE_ORDER if any(by_context[c].get(role) for c in contexts)]
     measured = {role: tuple(by_context[c].get(role, 0) for c in contexts) for role in roles}
-    return Scaling(tuple(contexts), measured, {role: interpolate(contexts, list(v)) for role, v in measured.items()},
+    return Scaling(tuple(contexts), measured,
+                   {role: interpolate(contexts, list(v)) for role, v in measured.items()},
                    {})
 
 

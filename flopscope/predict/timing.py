@@ -59,9 +59,11 @@ class Timing:
     def to_table(self, tablefmt: str = "simple") -> str:
         seconds = self.seconds or 1.0
         macs = sum(r.macs for r in self.rows) or 1
-        table = [[r.name, f"{1e3 * r.seconds:.3f}", f"{100 * r.seconds / seconds:.1f}%", f"{100 * r.macs / macs:.1f}%",
+        table = [[r.name, f"{1e3 * r.seconds:.3f}", f"{100 * r.seconds / seconds:.1f}%",
+                  f"{100 * r.macs / macs:.1f}%",
                   f"{r.gflops_per_second:.2f}" if r.macs else "-"] for r in self.rows]
-        return tabulate(table, headers=["role", "time ms", "time share", "MAC share", "GFLOP/s"], tablefmt=tablefmt,
+        return tabulate(table, headers=["role", "time ms", "time share", "MAC share", "GFLOP/s"],
+                        tablefmt=tablefmt,
                         colalign=("left", "right", "right", "right", "right"))
 
 
@@ -87,4 +89,5 @@ def timing(ops: Sequence[CapturedOp], assignments: Mapping[CapturedOp, Assignmen
             seconds[role] += elapsed * part / total
             macs[role] += part
     order = [role for role in ROLE_ORDER if role in seconds] + ([NO_MULTIPLY] if NO_MULTIPLY in seconds else [])
-    return Timing(tuple(TimingRow(role, seconds[role], macs.get(role, 0)) for role in order), dict(modules))
+    return Timing(tuple(TimingRow(role, seconds[role], macs.get(role, 0)) for role in order),
+                  dict(modules))

@@ -15,8 +15,8 @@ Every event's ``args`` carry what flopscope knows: op, module path, roles (``{ro
 MACs}``), ``macs``, ``flops`` (2 x MACs), ``bytes`` moved, input shapes, phase; a module
 call's carry its MACs and FLOPs (inclusive).
 
-:func:`merge_torch_trace` instead lays role ranges over a ``torch.profiler`` trace of the same run, on torch's own
-clock.
+:func:`merge_torch_trace` instead lays role ranges over a ``torch.profiler`` trace of
+the same run, on torch's own clock.
 
 Time: in real mode each op sits where it ran (its measured start and wall time,
 microseconds from the first op). In fake mode nothing ran: ops are laid end to end in
@@ -43,7 +43,8 @@ from .files import write_atomically
 OPS, MODULES = 1, 2  # pids
 
 
-def chrome_trace(records: Sequence[CapturedOp], assignments: Mapping[CapturedOp, Assignment], mode: str,
+def chrome_trace(records: Sequence[CapturedOp], assignments: Mapping[CapturedOp, Assignment],
+                 mode: str,
                  total_macs: int, *,
                  peak: float | None = None, bandwidth: float | None = None) -> dict[str, Any]:
     """The trace of a capture as a dict (see the module docstring): its records (in
@@ -63,27 +64,36 @@ def chrome_trace(records: Sequence[CapturedOp], assignments: Mapping[CapturedOp,
     for (op, parts), (start, duration) in zip(ops, spans, strict=True):
         role = max(parts, key=parts.__getitem__) if parts and any(parts.values()) else NO_MULTIPLY
         tid = tracks.setdefault(role, len(tracks) + 1)
-        events.append({"name": op.op_name, "cat": "op", "ph": "X", "ts": start, "dur": duration, "pid": OPS,
-                       "tid": tid, "args": {"op": op.op_name, "module": op.module or "", "role": role,
-                                            "roles": dict(parts), "macs": op.macs, "flops": 2 * op.macs,
-                                            "bytes": op.bytes, "input_shapes": [list(s) for s in op.input_shapes],
+        events.append({"name": op.op_name, "cat": "op", "ph": "X", "ts": start, "dur": duration,
+                       "pid": OPS,
+                       "tid": tid, "args": {"op": op.op_name, "module": op.module or "",
+                                            "role": role,
+                                            "roles": dict(parts), "macs": op.macs,
+                                            "flops": 2 * op.macs,
+                                            "bytes": op.bytes,
+                                            "input_shapes": [list(s) for s in op.input_shapes],
                                             "phase": op.phase}})
     events += _module_events(ops, spans)
-    names = [{"name": "process_name", "ph": "M", "pid": OPS, "tid": 0, "args": {"name": "ops by role"}},
-             {"name": "process_name", "ph": "M", "pid": MODULES, "tid": 0, "args": {"name": "module calls"}},
-             {"name": "thread_name", "ph": "M", "pid": MODULES, "tid": 0, "args": {"name": "calls"}}]
+    names = [{"name": "process_name", "ph": "M", "pid": OPS, "tid": 0,
+              "args": {"name": "ops by role"}},
+             {"name": "process_name", "ph": "M", "pid": MODULES, "tid": 0,
+              "args": {"name": "module calls"}},
+             {"name": "thread_name", "ph": "M", "pid": MODULES, "tid": 0,
+              "args": {"name": "calls"}}]
     names += [{"name": "thread_name", "ph": "M", "pid": OPS, "tid": tid, "args": {"name": role}}
               for role, tid in tracks.items()]
     clock = ("measured" if timed else "roofline estimate" if peak and bandwidth else
              "order only: 1 us per op (pass peak= and bandwidth= for roofline times)")
     return {"traceEvents": names + events, "displayTimeUnit": "ns",
-            "otherData": {"producer": "flopscope", "mode": mode, "time": clock, "units": "MACs; FLOPs = 2 x MACs",
+            "otherData": {"producer": "flopscope", "mode": mode, "time": clock,
+                          "units": "MACs; FLOPs = 2 x MACs",
                           "total_macs": total_macs}}
 
 
 def export_chrome_trace(path: str | Path, trace: Mapping[str, Any]) -> Path:
-    """Write ``trace`` (:func:`chrome_trace`) to ``path`` (JSON), atomically: a path that cannot be written raises a
-    :class:`~flopscope.errors.FlopscopeError` naming it, and leaves any file already there as it was."""
+    """Write ``trace`` (:func:`chrome_trace`) to ``path`` (JSON), atomically: a path
+    that cannot be written raises a :class:`~flopscope.errors.FlopscopeError` naming it,
+    and leaves any file already there as it was."""
     return write_atomically(path, json.dumps(trace), "the trace")
 
 
@@ -126,15 +136,18 @@ def _module_events(ops: list[tuple[CapturedOp, Mapping[str, int]]],
     def close_until(key: Any) -> None:
         while stack and stack[-1] != key[: len(stack[-1])]:
             done = stack.pop()
-            events.append({"name": _label(done), "cat": "module", "ph": "E", "ts": extent[done][1], "pid": MODULES,
+            events.append({"name": _label(done), "cat": "module", "ph": "E", "ts": extent[done][1],
+                           "pid": MODULES,
                            "tid": 0})
 
     for key in sorted(order, key=lambda k: (extent[k][0], len(k))):
         close_until(key)
         stack.append(key)
         frame = key[-1]
-        events.append({"name": _label(key), "cat": "module", "ph": "B", "ts": extent[key][0], "pid": MODULES,
-                       "tid": 0, "args": {"module": frame.path, "call": frame.call, "macs": macs[key],
+        events.append({"name": _label(key), "cat": "module", "ph": "B", "ts": extent[key][0],
+                       "pid": MODULES,
+                       "tid": 0, "args": {"module": frame.path, "call": frame.call,
+                                          "macs": macs[key],
                                           "flops": 2 * macs[key]}})
     close_until(())
     return events
@@ -146,7 +159,8 @@ def _label(key: Any) -> str:
 
 
 def merge_torch_trace(torch_trace: Mapping[str, Any] | str | Path, records: Sequence[CapturedOp],
-                      assignments: Mapping[CapturedOp, Assignment], total_macs: int) -> dict[str, Any]:
+                      assignments: Mapping[CapturedOp, Assignment],
+                      total_macs: int) -> dict[str, Any]:
     """``torch_trace`` with a process of role ranges laid over its ATen events, from a
     capture's records (in order), their ``{record: Assignment}`` and total MACs (what
     :func:`flopscope.trace.merge_torch_trace` says)."""
@@ -155,15 +169,16 @@ def merge_torch_trace(torch_trace: Mapping[str, Any] | str | Path, records: Sequ
                  key=lambda e: float(e["ts"]))
     theirs = _dispatched(cpu)
     ours = [op for op in records if _model_op(op)]
-    pid = 1 + max((e["pid"] for e in doc.get("traceEvents", []) if isinstance(e.get("pid"), int)), default=0)
+    pid = 1 + max((e["pid"] for e in doc.get("traceEvents", []) if isinstance(e.get("pid"), int)),
+                  default=0)
     tracks: dict[str, int] = {}
     added: list[dict[str, Any]] = []
     matched, j = 0, 0
     # ops torch lists no event of their own for (autograd's detach)
     unmatched: Counter[str] = Counter()
     for op in ours:
-        # the next of torch's dispatched ops with this op's name, looking a few ahead (ops the mode passed on
-        # without recording, such as size queries, sit between)
+        # the next of torch's dispatched ops with this op's name, looking a few ahead
+        # (ops the mode passed on without recording, such as size queries, sit between)
         found = next((k for k in range(j, min(j + _LOOKAHEAD, len(theirs))) if theirs[k]["name"] == f"aten::{op.name}"),
                      None)
         if found is None:
@@ -177,13 +192,16 @@ def merge_torch_trace(torch_trace: Mapping[str, Any] | str | Path, records: Sequ
         tid = tracks.setdefault(role, len(tracks) + 1)
         added.append({"name": role, "cat": "flopscope", "ph": "X", "ts": float(event["ts"]),
                       "dur": float(event.get("dur", 0)), "pid": pid, "tid": tid,
-                      "args": {"op": op.op_name, "module": op.module or "", "roles": parts, "macs": op.macs,
+                      "args": {"op": op.op_name, "module": op.module or "", "roles": parts,
+                               "macs": op.macs,
                                "flops": 2 * op.macs, "bytes": op.bytes}})
-    names = [{"name": "process_name", "ph": "M", "pid": pid, "tid": 0, "args": {"name": "flopscope roles"}}]
+    names = [{"name": "process_name", "ph": "M", "pid": pid, "tid": 0,
+              "args": {"name": "flopscope roles"}}]
     names += [{"name": "thread_name", "ph": "M", "pid": pid, "tid": tid, "args": {"name": role}}
               for role, tid in tracks.items()]
     other = dict(doc.get("otherData", {}))
-    other["flopscope"] = {"matched_ops": matched, "recorded_ops": len(ours), "unmatched": dict(unmatched),
+    other["flopscope"] = {"matched_ops": matched, "recorded_ops": len(ours),
+                          "unmatched": dict(unmatched),
                           "total_macs": total_macs}
     return {**doc, "traceEvents": [*doc.get("traceEvents", []), *names, *added], "otherData": other}
 

@@ -33,9 +33,10 @@ from .text import JSON_SCHEMA, to_dict
 from .view import ProfileView
 
 DIFF_SCHEMA = "flopscope.diff/1"
-"""Schema of :meth:`ProfileDiff.to_dict`: ``before`` / ``after`` (labels), ``total``, ``roles``, ``useful``,
-``modules``, ``ops``: each a change ``{"key", "before", "after", "delta", "ratio", "why"}`` in MACs (``ratio``:
-after / before as a fraction string, ``null`` from zero)."""
+"""Schema of :meth:`ProfileDiff.to_dict`: ``before`` / ``after`` (labels), ``total``,
+``roles``, ``useful``, ``modules``, ``ops``: each a change ``{"key", "before", "after",
+"delta", "ratio", "why"}`` in MACs (``ratio``: after / before as a fraction string,
+``null`` from zero)."""
 
 
 @dataclass(frozen=True)
@@ -64,9 +65,10 @@ class Change:
 
 @dataclass(frozen=True)
 class ProfileDiff:
-    """Two profiles side by side: :attr:`total`, :attr:`roles` (every role of either, in the report's order),
-    :attr:`useful` (the attention core's useful pairs, under the ``"mask"`` convention), :attr:`modules` and
-    :attr:`ops` (each entry that changed, largest change first)."""
+    """Two profiles side by side: :attr:`total`, :attr:`roles` (every role of either, in
+    the report's order), :attr:`useful` (the attention core's useful pairs, under the
+    ``"mask"`` convention), :attr:`modules` and :attr:`ops` (each entry that changed,
+    largest change first)."""
 
     before: str
     after: str
@@ -77,7 +79,8 @@ class ProfileDiff:
     ops: tuple[Change, ...]
 
     def to_dict(self) -> dict[str, Any]:
-        return {"schema": DIFF_SCHEMA, "units": {"macs": "multiply-accumulates", "flops": "2 x macs"},
+        return {"schema": DIFF_SCHEMA,
+                "units": {"macs": "multiply-accumulates", "flops": "2 x macs"},
                 "before": self.before, "after": self.after, "total": self.total.row(),
                 "roles": [c.row() for c in self.roles], "useful": [c.row() for c in self.useful],
                 "modules": [c.row() for c in self.modules], "ops": [c.row() for c in self.ops]}
@@ -91,7 +94,8 @@ class ProfileDiff:
         """The total, the roles, the useful attention pairs, and the ``limit`` largest
         module and op changes."""
         lines = [f"{self.before} → {self.after}: {_line(self.total)}", ""]
-        headers = ["role", "before MACs", "after MACs", "change", "after / before", "why (closed form)"]
+        headers = ["role", "before MACs", "after MACs", "change", "after / before",
+                   "why (closed form)"]
         lines.append(tabulate([_cells(c) for c in self.roles], headers=headers, tablefmt=tablefmt,
                               disable_numparse=True))
         if any(c.delta for c in self.useful):
@@ -103,12 +107,14 @@ class ProfileDiff:
                 shown = changes[:limit]
                 more = f" ({len(changes) - limit} more in --json)" if len(changes) > limit else ""
                 lines += ["", f"{title} that changed, largest first{more}:",
-                          tabulate([_cells(c)[:5] for c in shown], headers=[title[:-1], *headers[1:5]],
+                          tabulate([_cells(c)[:5] for c in shown],
+                                   headers=[title[:-1], *headers[1:5]],
                                    tablefmt=tablefmt, disable_numparse=True)]
         return "\n".join(lines)
 
 
-def diff(before: ProfileView | Mapping[str, Any], after: ProfileView | Mapping[str, Any], before_label: str = "before",
+def diff(before: ProfileView | Mapping[str, Any], after: ProfileView | Mapping[str, Any],
+         before_label: str = "before",
          after_label: str = "after") -> ProfileDiff:
     """The changes from ``before`` to ``after`` (profiles, or their JSON documents)."""
     a, b = _document(before), _document(after)
@@ -122,8 +128,10 @@ def diff(before: ProfileView | Mapping[str, Any], after: ProfileView | Mapping[s
     useful = tuple(Change(r, _useful(rows_a.get(r, [])), _useful(rows_b.get(r, [])),
                           _why(r, rows_a.get(r, []), rows_b.get(r, []), useful=True))
                    for r in names if r in ATTENTION_CORE and (rows_a.get(r) or rows_b.get(r)))
-    modules = _changes({m["path"]: m["macs"] for m in a["modules"]}, {m["path"]: m["macs"] for m in b["modules"]})
-    return ProfileDiff(before_label, after_label, Change("total", a["totals"]["macs"], b["totals"]["macs"]), roles,
+    modules = _changes({m["path"]: m["macs"] for m in a["modules"]},
+                       {m["path"]: m["macs"] for m in b["modules"]})
+    return ProfileDiff(before_label, after_label,
+                       Change("total", a["totals"]["macs"], b["totals"]["macs"]), roles,
                        useful, modules, _changes(a["ops"], b["ops"]))
 
 
@@ -132,8 +140,8 @@ def _document(profile: ProfileView | Mapping[str, Any]) -> Mapping[str, Any]:
         return to_dict(profile)
     schema = profile.get("schema")
     if schema != JSON_SCHEMA:
-        raise InputError(f"not a flopscope profile document (schema {schema!r}, expected {JSON_SCHEMA!r}): write one "
-                         "with flopscope profile TARGET --json FILE")
+        raise InputError(f"not a flopscope profile document (schema {schema!r}, expected "
+                         f"{JSON_SCHEMA!r}): write one with flopscope profile TARGET --json FILE")
     return profile
 
 
@@ -156,7 +164,8 @@ def _useful(rows: Iterable[Mapping[str, Any]]) -> int:
 
 _SOURCE = re.compile(r"\([^)]*\)")
 _FLAGS = frozenset({"causal", "gated"})
-"""The words of a basis that are flags of the closed form (the mask's causality, a gated FFN's third matrix)."""
+"""The words of a basis that are flags of the closed form (the mask's causality, a gated
+FFN's third matrix)."""
 _USEFUL_FORM = "useful pairs per head Σᵢ min(n_k − n_q + i + 1, W); causal n_q·n_k − n_q(n_q−1)/2"
 
 
@@ -174,7 +183,8 @@ def _basis(row: Mapping[str, Any]) -> tuple[dict[str, str], set[str]]:
     return values, flags
 
 
-def _why(role: str, before: list[Mapping[str, Any]], after: list[Mapping[str, Any]], useful: bool = False) -> str:
+def _why(role: str, before: list[Mapping[str, Any]], after: list[Mapping[str, Any]],
+         useful: bool = False) -> str:
     """The closed-form hyper-parameters and mask flags that differ between the role's
     rows, and the blocks that have it; ``useful``: for the attention core's useful
     pairs (the mask's flags and window)."""
@@ -206,7 +216,8 @@ def _why(role: str, before: list[Mapping[str, Any]], after: list[Mapping[str, An
 
 
 def _values(parsed: list[tuple[dict[str, str], set[str]]], key: str) -> str:
-    found = sorted({values[key] for values, _ in parsed if key in values}, key=lambda v: (len(v), v))
+    found = sorted({values[key] for values, _ in parsed if key in values},
+                   key=lambda v: (len(v), v))
     return "/".join(found)
 
 

@@ -30,20 +30,24 @@ def diff_document(data: Mapping[str, Any]) -> str:
     largest = max([1] + [max(r["before"], r["after"]) for r in data["roles"]])
     rows = []
     for r in data["roles"]:
-        bars = "".join(f"<div class='bar {side}' style='width:{100 * r[side] / largest:.2f}%'></div>"
+        bars = "".join(f"<div class='bar {side}' "
+                       f"style='width:{100 * r[side] / largest:.2f}%'></div>"
                        for side in ("before", "after"))
         rows.append(f"<tr class=role data-role='{html.escape(r['key'])}' data-before={r['before']} "
-                    f"data-after={r['after']}><td>{html.escape(r['key'])}</td><td class=num>{r['before']:,}</td>"
-                    f"<td class=num>{r['after']:,}</td><td class='num {_sign(r['delta'])}'>{_delta(r['delta'])}</td>"
-                    f"<td class=num>{_ratio(r['ratio'])}</td><td style='width:180px'>{bars}</td>"
-                    f"<td class=why>{html.escape(r['why'])}</td></tr>")
+                    f"data-after={r['after']}><td>{html.escape(r['key'])}</td><td "
+                    f"class=num>{r['before']:,}</td><td class=num>{r['after']:,}</td><td "
+                    f"class='num {_sign(r['delta'])}'>{_delta(r['delta'])}</td><td "
+                    f"class=num>{_ratio(r['ratio'])}</td><td style='width:180px'>{bars}</td><td "
+                    f"class=why>{html.escape(r['why'])}</td></tr>")
     sections = [
         f"<h1>{html.escape(data['before'])} → {html.escape(data['after'])}</h1>",
-        f"<p id=total data-before={total['before']} data-after={total['after']}><b>{total['before']:,}</b> → "
-        f"<b>{total['after']:,}</b> MACs ({_delta(total['delta'])}, {_ratio(total['ratio']) or '1x'}); "
-        "1 MAC = 2 FLOPs</p>",
-        "<h2>Roles</h2><table><thead><tr><th>role</th><th>before MACs</th><th>after MACs</th><th>change</th>"
-        "<th>after / before</th><th>before, after</th><th>why (closed form)</th></tr></thead><tbody>" + "".join(rows)
+        f"<p id=total data-before={total['before']} "
+        f"data-after={total['after']}><b>{total['before']:,}</b> → <b>{total['after']:,}</b> MACs "
+        f"({_delta(total['delta'])}, {_ratio(total['ratio']) or '1x'}); 1 MAC = 2 FLOPs</p>",
+        "<h2>Roles</h2><table><thead><tr><th>role</th><th>before MACs</th><th>after "
+        "MACs</th><th>change</th>"
+        "<th>after / before</th><th>before, after</th><th>why (closed "
+        "form)</th></tr></thead><tbody>" + "".join(rows)
         + "</tbody></table>",
     ]
     if any(r["delta"] for r in data["useful"]):
@@ -53,9 +57,9 @@ def diff_document(data: Mapping[str, Any]) -> str:
         if data[key]:
             sections.append(f"<h2>{title}</h2>" + _table(data[key], key[:-1]))
     return ("<!DOCTYPE html>\n<html lang=en><head><meta charset=utf-8><title>"
-            f"{html.escape(data['before'])} → {html.escape(data['after'])}: flopscope diff</title><style>{_STYLE}"
-            f"</style></head><body>{''.join(sections)}<footer>flopscope diff · units: MACs "
-            "(multiply-accumulates); FLOPs = 2 × MACs</footer></body></html>\n")
+            f"{html.escape(data['before'])} → {html.escape(data['after'])}: flopscope "
+            f"diff</title><style>{_STYLE}</style></head><body>{''.join(sections)}<footer>flopscope "
+            "diff · units: MACs (multiply-accumulates); FLOPs = 2 × MACs</footer></body></html>\n")
 
 
 def write_diff_html(data: Mapping[str, Any], path: str | Path) -> Path:
@@ -64,14 +68,16 @@ def write_diff_html(data: Mapping[str, Any], path: str | Path) -> Path:
 
 
 def _table(changes: Sequence[Mapping[str, Any]], what: str, why: bool = False) -> str:
-    titles = (what, "before MACs", "after MACs", "change", "after / before", *(["why"] if why else []))
+    titles = (what, "before MACs", "after MACs", "change", "after / before",
+              *(["why"] if why else []))
     head = "".join(f"<th>{h}</th>" for h in titles)
     rows = []
     for c in changes:
         reason = f"<td class=why>{html.escape(c['why'])}</td>" if why else ""
-        rows.append(f"<tr><td>{html.escape(c['key'] or '(the model)')}</td><td class=num>{c['before']:,}</td>"
-                    f"<td class=num>{c['after']:,}</td><td class='num {_sign(c['delta'])}'>{_delta(c['delta'])}</td>"
-                    f"<td class=num>{_ratio(c['ratio'])}</td>{reason}</tr>")
+        rows.append(f"<tr><td>{html.escape(c['key'] or '(the model)')}</td><td "
+                    f"class=num>{c['before']:,}</td><td class=num>{c['after']:,}</td><td "
+                    f"class='num {_sign(c['delta'])}'>{_delta(c['delta'])}</td><td "
+                    f"class=num>{_ratio(c['ratio'])}</td>{reason}</tr>")
     body = "".join(rows)
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 

@@ -18,7 +18,8 @@ def write_atomically(path: str | Path, text: str, what: str = "the file") -> Pat
     out = Path(path)
     temporary = out.with_name(f".{out.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
     try:
-        # os.open applies the umask, as a plain open() would (tempfile's files are private to their owner)
+        # os.open applies the umask, as a plain open() would (tempfile's files are
+        # private to their owner)
         fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)

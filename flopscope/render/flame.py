@@ -16,8 +16,8 @@ module's inclusive MACs, ``by_module()[path]``. Stacks without MACs are left out
   weights are MACs) with one sample per stack, in the order the stacks first ran,
   ``weights`` its MACs, ``startValue`` 0 and ``endValue`` their sum.
 
-This module takes plain data (stacks and their MACs), never a profile: :meth:`Profile.export_folded` and
-:meth:`Profile.export_speedscope` pass it.
+This module takes plain data (stacks and their MACs), never a profile:
+:meth:`Profile.export_folded` and :meth:`Profile.export_speedscope` pass it.
 """
 
 from __future__ import annotations
@@ -35,7 +35,8 @@ ROOT_FRAME = "(model)"
 SPEEDSCOPE_SCHEMA = "https://www.speedscope.app/file-format-schema.json"
 
 Stacks = Mapping[tuple[str, ...], int]
-"""``{(outermost module path, ..., innermost): self MACs}``, as :meth:`Profile.by_stack` gives it."""
+"""``{(outermost module path, ..., innermost): self MACs}``, as :meth:`Profile.by_stack`
+gives it."""
 
 
 def frame_name(path: str) -> str:
@@ -71,7 +72,8 @@ def export_folded(path: str | Path, by_phase: Mapping[str, Stacks]) -> list[Path
     if not by_phase:
         raise FlopscopeError("nothing to write: the profile has no phase with counted ops")
     paths = folded_paths(path, list(by_phase))
-    return [write_atomically(paths[phase], folded(stacks), f"the folded stacks of the {phase} phase")
+    return [write_atomically(paths[phase], folded(stacks),
+                             f"the folded stacks of the {phase} phase")
             for phase, stacks in by_phase.items()]
 
 
@@ -87,16 +89,19 @@ def speedscope(by_phase: Mapping[str, Stacks], name: str = "flopscope") -> dict[
                 continue
             samples.append([frames.setdefault(frame_name(p), len(frames)) for p in stack])
             weights.append(macs)
-        profiles.append({"type": "sampled", "name": f"{name} {phase} (MACs)", "unit": "none", "startValue": 0,
+        profiles.append({"type": "sampled", "name": f"{name} {phase} (MACs)", "unit": "none",
+                         "startValue": 0,
                          "endValue": sum(weights), "samples": samples, "weights": weights})
-    return {"$schema": SPEEDSCOPE_SCHEMA, "name": f"{name} (MACs; FLOPs = 2 x MACs)", "exporter": "flopscope",
+    return {"$schema": SPEEDSCOPE_SCHEMA, "name": f"{name} (MACs; FLOPs = 2 x MACs)",
+            "exporter": "flopscope",
             "activeProfileIndex": 0, "shared": {"frames": [{"name": frame} for frame in frames]},
             "profiles": profiles}
 
 
-def export_speedscope(path: str | Path, by_phase: Mapping[str, Stacks], name: str = "flopscope") -> Path:
-    """Write :func:`speedscope` to ``path`` (JSON), whole or not at all (a path that cannot be written raises a
-    :class:`~flopscope.errors.FlopscopeError` naming it)."""
+def export_speedscope(path: str | Path, by_phase: Mapping[str, Stacks],
+                      name: str = "flopscope") -> Path:
+    """Write :func:`speedscope` to ``path`` (JSON), whole or not at all (a path that
+    cannot be written raises a :class:`~flopscope.errors.FlopscopeError` naming it)."""
     if not by_phase:
         raise FlopscopeError("nothing to write: the profile has no phase with counted ops")
     return write_atomically(path, json.dumps(speedscope(by_phase, name), separators=(",", ":")),

@@ -11,14 +11,16 @@ forms with its reasons, the ledger of ops without a formula, the notes, and wher
 present the generation steps (a profile of several forwards) and the scaling polynomials
 (``scaling=``, a :class:`flopscope.Scaling`).
 
-The tables are HTML written here, so they show before any script runs; the chart is drawn by the page's script
-from a compact JSON document (:func:`report_data`) embedded in the page. Modules narrower than
-:data:`MIN_PIXELS` at the current zoom are drawn as one rectangle per run of neighbours (``+N``), so a model of
-thousands of modules stays light. Every rectangle the script draws carries ``data-macs`` (its MACs) and
-``data-path`` (the module path; an aggregate: ``data-members``, the paths it holds, ``|``-separated), which the
-browser test reads back, and the body ``data-render-ms`` (the script's time, JSON parsed to chart drawn) and
-``data-drawn-ms`` (from the start of navigation to the chart drawn: the whole page read and parsed first). The
-page's address may name a module to zoom into and one whose details to show:
+The tables are HTML written here, so they show before any script runs; the chart is
+drawn by the page's script from a compact JSON document (:func:`report_data`) embedded
+in the page. Modules narrower than :data:`MIN_PIXELS` at the current zoom are drawn as
+one rectangle per run of neighbours (``+N``), so a model of thousands of modules stays
+light. Every rectangle the script draws carries ``data-macs`` (its MACs) and
+``data-path`` (the module path; an aggregate: ``data-members``, the paths it holds,
+``|``-separated), which the browser test reads back, and the body ``data-render-ms``
+(the script's time, JSON parsed to chart drawn) and ``data-drawn-ms`` (from the start of
+navigation to the chart drawn: the whole page read and parsed first). The page's address
+may name a module to zoom into and one whose details to show:
 ``report.html#focus=transformer.h.0&tip=transformer.h.0.attn``.
 
 This module never imports :mod:`flopscope.profile` (``Profile.to_html`` delegates here):
@@ -45,24 +47,29 @@ from .pipeline_chart import components_svg, steps_svg
 from .scaling_chart import chart_data, chart_svg
 
 MIN_PIXELS = 1.0
-"""Below this width (CSS pixels) a module is drawn inside its run of narrow neighbours' aggregate rectangle."""
+"""Below this width (CSS pixels) a module is drawn inside its run of narrow neighbours'
+aggregate rectangle."""
 
 ROLE_COLOURS = {
     "q_proj": "#4e79a7", "k_proj": "#6b93c4", "v_proj": "#8fb0d9", "out_proj": "#2f5b8a",
-    "attn_scores": "#e15759", "attn_weighted_sum": "#f28e8e", "attn_kv_state": "#c44e52", "attn_readout": "#e8a0a0",
+    "attn_scores": "#e15759", "attn_weighted_sum": "#f28e8e", "attn_kv_state": "#c44e52",
+    "attn_readout": "#e8a0a0",
     "attn_normaliser": "#b07aa1", "token_mixing": "#d37295",
     "ffn_up": "#59a14f", "ffn_gate": "#8cd17d", "ffn_down": "#3b7a36",
-    "conv": "#f28e2b", "recurrent": "#edc948", "embedding": "#9c755f", "logits": "#76b7b2", "other": "#bab0ac",
+    "conv": "#f28e2b", "recurrent": "#edc948", "embedding": "#9c755f", "logits": "#76b7b2",
+    "other": "#bab0ac",
 }
-"""A colour per role (:class:`flopscope.Role` values): attention blues / reds, FFN greens."""
+"""A colour per role (:class:`flopscope.Role` values): attention blues / reds, FFN
+greens."""
 _NO_ROLE = "#d9d9d9"
 _SAFE = 2**53  # the largest integer range a double (a JSON number in the page) holds exactly
 _SHAPES_LIMIT = 160  # characters of a module's input shapes kept for the tooltip
 
 
 def report_data(prof: Any, *, scaling: Any = None, title: str | None = None) -> dict[str, Any]:
-    """The page's content as plain, JSON-ready data (units: MACs; FLOPs = 2 x MACs). ``prof`` is a
-    :class:`flopscope.Profile`, ``scaling`` a :class:`flopscope.Scaling` or ``None``.
+    """The page's content as plain, JSON-ready data (units: MACs; FLOPs = 2 x MACs).
+    ``prof`` is a :class:`flopscope.Profile`, ``scaling`` a :class:`flopscope.Scaling`
+    or ``None``.
 
     ``tree`` is the module call tree, a row per node (parent before child, children in
     the order they first ran): ``[parent index (-1: the root), module path, type index
@@ -96,8 +103,10 @@ def report_data(prof: Any, *, scaling: Any = None, title: str | None = None) -> 
                 path = key[-1]
                 kind = types[path].__name__ if path in types else ""
                 index[key] = len(tree)
-                tree.append([index[key[:-1]] if depth > 1 else -1, path, type_names.setdefault(kind, len(type_names)),
-                             0, params.get(path, 0), dominant.get(path, ""), calls.get(path, 0), shapes.get(path, ""),
+                tree.append([index[key[:-1]] if depth > 1 else -1, path,
+                             type_names.setdefault(kind, len(type_names)),
+                             0, params.get(path, 0), dominant.get(path, ""), calls.get(path, 0),
+                             shapes.get(path, ""),
                              0, own.get(path, "")])
             tree[index[key]][3] += macs
         tree[index[stack]][8] += macs
@@ -109,14 +118,16 @@ def report_data(prof: Any, *, scaling: Any = None, title: str | None = None) -> 
             for stack, macs in ((_rooted(stack), macs) for stack, macs in prof.by_stack(phase).items()):
                 for depth in range(1, len(stack) + 1):
                     tree[index[stack[:depth]]][10][k] += macs
-    # JSON numbers are doubles: larger counts go as strings, which the page reads exactly
+    # JSON numbers are doubles: larger counts go as strings, which the page reads
+    # exactly
     for row in tree:
         row[3], row[8] = _exact(row[3]), _exact(row[8])
         if len(row) > 10:
             row[10] = [_exact(macs) for macs in row[10]]
     if not tree:
         root_type = types[""].__name__ if "" in types else ""
-        tree.append([-1, "", type_names.setdefault(root_type, 0), 0, params.get("", 0), "", calls.get("", 0),
+        tree.append([-1, "", type_names.setdefault(root_type, 0), 0, params.get("", 0), "",
+                     calls.get("", 0),
                      shapes.get("", ""), 0, ""])
     return {
         "title": title or f"flopscope: {types[''].__name__ if '' in types else 'model'}",
@@ -129,7 +140,8 @@ def report_data(prof: Any, *, scaling: Any = None, title: str | None = None) -> 
         "colours": {role: ROLE_COLOURS.get(role, _NO_ROLE) for role in ROLE_ORDER},
         "types": list(type_names),
         "tree": tree,
-        "reconciliation": [[r.block, r.role, r.measured, r.predicted, None if r.ratio is None else str(r.ratio),
+        "reconciliation": [[r.block, r.role, r.measured, r.predicted,
+                            None if r.ratio is None else str(r.ratio),
                             r.term, r.useful, r.reason, r.basis] for r in prof.reconcile().rows],
         "unsupported": sorted(prof.unsupported().items()),
         "elementwise": sorted(prof.elementwise().items()),
@@ -145,7 +157,8 @@ def html_document(data: Mapping[str, Any]) -> str:
     """The page for :func:`report_data`'s ``data``: one string, style and script inline."""
     total = int(data["macs"])
     phases = data["phases"]
-    head = [f"<b>{total:,}</b> MACs = <b>{2 * total:,}</b> FLOPs ({human(2 * total, 'FLOP')}; 1 MAC = 2 FLOPs)",
+    head = [f"<b>{total:,}</b> MACs = <b>{2 * total:,}</b> FLOPs ({human(2 * total, 'FLOP')}; 1 "
+            "MAC = 2 FLOPs)",
             f"counted in {html.escape(data['mode'])} mode", f"{data['params']:,} parameters"]
     if len(phases) > 1:
         head.append("by phase: " + ", ".join(f"{html.escape(p)} {m:,} MACs" for p, m in phases.items()))
@@ -155,12 +168,14 @@ def html_document(data: Mapping[str, Any]) -> str:
         f"<h1>{html.escape(data['title'])}</h1>",
         f"<p class=summary>{' · '.join(head)}</p>",
         "<section id=chart-section><h2>Module tree, sized by MACs</h2>"
-        "<p class=hint>Each module is as wide as its MACs (its submodules' included), below the module that called "
-        "it, in the order they first ran; colour: its dominant role. Hover for details, click to zoom in, click an "
-        f"ancestor (or <button id=reset type=button>reset</button>) to zoom out.{together}</p>"
-        "<div id=crumbs></div><div id=chart></div><div id=legend></div></section>",
+        "<p class=hint>Each module is as wide as its MACs (its submodules' included), below the "
+        "module that called it, in the order they first ran; colour: its dominant role. Hover for "
+        "details, click to zoom in, click an ancestor (or <button id=reset "
+        f"type=button>reset</button>) to zoom out.{together}</p><div id=crumbs></div><div "
+        "id=chart></div><div id=legend></div></section>",
         _role_section(data),
-        _reconciliation_section(data["reconciliation"], _as_they_ran(data["pipeline"]) if data.get("pipeline") else ()),
+        _reconciliation_section(data["reconciliation"],
+                                _as_they_ran(data["pipeline"]) if data.get("pipeline") else ()),
         _unsupported_section(data["unsupported"], data["elementwise"]),
     ]
     if data["steps"]:
@@ -171,8 +186,9 @@ def html_document(data: Mapping[str, Any]) -> str:
     if data["formulas"]:
         formulas = data["formulas"]
         sections.append(f"<section id=formulas><h2>Per token, against the published formulas</h2>"
-                        f"<p>{html.escape(formulas['caption'])}; each difference explained by the parts that make it."
-                        f"</p>{_table(formulas['headers'], formulas['rows'], numeric=(1, 2, 3))}</section>")
+                        f"<p>{html.escape(formulas['caption'])}; each difference explained by the "
+                        "parts that make "
+                        f"it.</p>{_table(formulas['headers'], formulas['rows'], numeric=(1, 2, 3))}</section>")
     if data["scaling"]:
         sections.append(_scaling_section(data["scaling"], data["colours"]))
     if data["notes"]:
@@ -190,9 +206,10 @@ def html_document(data: Mapping[str, Any]) -> str:
 
 def write_html(prof: Any, path: str | Path, *, scaling: Any = None, title: str | None = None,
                pipeline: Mapping[str, Any] | None = None) -> Path:
-    """Write the page of ``prof`` to ``path``, whole or not at all (a path that cannot be written raises a
-    :class:`~flopscope.errors.FlopscopeError` naming it); ``pipeline``: a diffusion pipeline's section (its tables'
-    data, :meth:`flopscope.PipelineProfile.to_html`)."""
+    """Write the page of ``prof`` to ``path``, whole or not at all (a path that cannot
+    be written raises a :class:`~flopscope.errors.FlopscopeError` naming it);
+    ``pipeline``: a diffusion pipeline's section (its tables' data,
+    :meth:`flopscope.PipelineProfile.to_html`)."""
     data = report_data(prof, scaling=scaling, title=title)
     if pipeline is not None:
         data["pipeline"] = pipeline
@@ -279,7 +296,8 @@ def _scaling(scaling: Any) -> dict[str, Any]:
 
 # --------------------------------------------------------------------------------------------------
 # the tables
-def _table(headers: Sequence[str], rows: Sequence[Sequence[Any]], numeric: Sequence[int] = ()) -> str:
+def _table(headers: Sequence[str], rows: Sequence[Sequence[Any]],
+           numeric: Sequence[int] = ()) -> str:
     head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
     body = []
     for row in rows:
@@ -300,9 +318,11 @@ def _role_section(data: Mapping[str, Any]) -> str:
     total = int(data["macs"]) or 1
     rows = []
     for role, macs in data["roles"]:
-        swatch = _Raw(f"<span class=swatch style='background:{data['colours'].get(role, _NO_ROLE)}'></span>"
+        swatch = _Raw("<span class=swatch "
+                      f"style='background:{data['colours'].get(role, _NO_ROLE)}'></span>"
                       f"{html.escape(role)}")
-        rows.append([swatch, macs, 2 * macs, f"{100 * macs / total:.1f}%", data["blocks"].get(role, 0)])
+        rows.append([swatch, macs, 2 * macs, f"{100 * macs / total:.1f}%",
+                     data["blocks"].get(role, 0)])
     table = _table(["role", "MACs", "FLOPs", "share", "blocks"], rows, numeric=(1, 2, 3, 4))
     return f"<section id=roles><h2>Roles</h2>{table}</section>"
 
@@ -314,8 +334,9 @@ def _reconciliation_section(rows: Sequence[Sequence[Any]], components: Sequence[
     pipeline's), the groups are inside one expandable line per component (the first
     part of the blocks' paths), which says how many of its rows are exact."""
     if not rows:
-        return ("<section id=reconciliation><h2>Reconciliation</h2><p>No block with a closed form was found "
-                "(attention, FFN, convolution, recurrent, logits blocks are reconciled).</p></section>")
+        return ("<section id=reconciliation><h2>Reconciliation</h2><p>No block with a closed form "
+                "was found (attention, FFN, convolution, recurrent, logits blocks are "
+                "reconciled).</p></section>")
     exact = sum(1 for r in rows if r[4] == "1")
     groups = reconciliation_groups(rows)
     if components:
@@ -329,17 +350,21 @@ def _reconciliation_section(rows: Sequence[Sequence[Any]], components: Sequence[
             inner = reconciliation_groups(members)
             blocks = len({r[0] for r in members})
             ok = sum(1 for r in members if r[4] == "1")
-            parts.append(f"<details class=component data-component='{html.escape(name)}'><summary><b>"
-                         f"{html.escape(name)}</b>: {ok} of {len(members)} rows as predicted, {blocks} block"
-                         f"{'s' * (blocks != 1)} in {len(inner)} group{'s' * (len(inner) != 1)} of identical blocks"
-                         f"</summary>{_groups_html(inner)}</details>")
-        return (f"<section id=reconciliation><h2>Reconciliation</h2><p>{exact} of {len(rows)} rows exactly as "
-                f"predicted by the closed forms, in {len(groups)} group{'s' if len(groups) != 1 else ''} of identical "
-                f"blocks, by component (open one for its groups, a group for its rows, per block):</p>"
-                f"{''.join(parts)}</section>")
-    return (f"<section id=reconciliation><h2>Reconciliation</h2><p>{exact} of {len(rows)} rows exactly as predicted "
-            f"by the closed forms, in {len(groups)} group{'s' if len(groups) != 1 else ''} of identical blocks "
-            f"(open one for its rows, per block):</p>{_groups_html(groups)}</section>")
+            parts.append("<details class=component "
+                         f"data-component='{html.escape(name)}'><summary><b>"
+                         f"{html.escape(name)}</b>: {ok} of {len(members)} rows as predicted, "
+                         f"{blocks} block{'s' * (blocks != 1)} in {len(inner)} "
+                         f"group{'s' * (len(inner) != 1)} of identical "
+                         f"blocks</summary>{_groups_html(inner)}</details>")
+        return (f"<section id=reconciliation><h2>Reconciliation</h2><p>{exact} of {len(rows)} rows "
+                f"exactly as predicted by the closed forms, in {len(groups)} "
+                f"group{'s' if len(groups) != 1 else ''} of identical blocks, by component (open "
+                "one for its groups, a group for its rows, per "
+                f"block):</p>{''.join(parts)}</section>")
+    return (f"<section id=reconciliation><h2>Reconciliation</h2><p>{exact} of {len(rows)} rows "
+            f"exactly as predicted by the closed forms, in {len(groups)} "
+            f"group{'s' if len(groups) != 1 else ''} of identical blocks (open one for its rows, "
+            f"per block):</p>{_groups_html(groups)}</section>")
 
 
 def _groups_html(groups: Sequence[Mapping[str, Any]]) -> str:
@@ -348,7 +373,8 @@ def _groups_html(groups: Sequence[Mapping[str, Any]]) -> str:
     parts = []
     for group in groups:
         members = group["rows"]
-        shown = [[role, measured, "no prediction" if predicted is None else predicted, "—" if ratio is None else ratio,
+        shown = [[role, measured, "no prediction" if predicted is None else predicted,
+                  "—" if ratio is None else ratio,
                   term, "" if useful is None else useful,
                   reason or ("no closed form for this role" if predicted is None else "")]
                  for _, role, measured, predicted, ratio, term, useful, reason, _ in members]
@@ -357,7 +383,8 @@ def _groups_html(groups: Sequence[Mapping[str, Any]]) -> str:
         bases = "; ".join(dict.fromkeys(r[8] for r in members if r[8]))
         ok = sum(1 for r in members if r[4] == "1")
         count = len(group["blocks"])
-        parts.append(f"<details class=group data-pattern='{html.escape(group['pattern'])}' data-count={count}>"
+        parts.append(f"<details class=group data-pattern='{html.escape(group['pattern'])}' "
+                     f"data-count={count}>"
                      f"<summary><b>{html.escape(group['label'])}</b>{f' × {count}' if count > 1 else ''}: {ok} of "
                      f"{len(members)} roles as predicted{' in each' if count > 1 else ''}"
                      f"{f' · <span class=basis>{html.escape(bases)}</span>' if bases else ''}</summary>{table}"
@@ -408,7 +435,8 @@ def _label(pattern: str, blocks: Sequence[str]) -> str:
     return label
 
 
-def _unsupported_section(unsupported: Sequence[Sequence[Any]], elementwise: Sequence[Sequence[Any]]) -> str:
+def _unsupported_section(unsupported: Sequence[Sequence[Any]],
+                         elementwise: Sequence[Sequence[Any]]) -> str:
     if unsupported:
         body = ("<p>Ops without a formula: they may do arithmetic that the total leaves out.</p>"
                 + _table(["ATen op", "calls"], unsupported, numeric=(1,)))
@@ -420,8 +448,10 @@ def _unsupported_section(unsupported: Sequence[Sequence[Any]], elementwise: Sequ
     return f"<section id=unsupported><h2>Unsupported ops</h2>{body}</section>"
 
 
-def _steps_section(steps: Sequence[Mapping[str, Any]], decode: Sequence[Sequence[str]] | None) -> str:
-    rows = [[s["step"], s["phase"], _dash(s["batch"]), _dash(s["tokens"]), _dash(s["context"]), s["macs"], s["flops"],
+def _steps_section(steps: Sequence[Mapping[str, Any]],
+                   decode: Sequence[Sequence[str]] | None) -> str:
+    rows = [[s["step"], s["phase"], _dash(s["batch"]), _dash(s["tokens"]), _dash(s["context"]),
+             s["macs"], s["flops"],
              s["bytes"], s["kv_macs"]] for s in steps]
     body = _table(["step", "phase", "batch", "tokens", "context", "MACs", "FLOPs", "bytes", "KV MACs"], rows,
                   numeric=(0, 2, 3, 4, 5, 6, 7, 8))
@@ -432,16 +462,19 @@ def _steps_section(steps: Sequence[Mapping[str, Any]], decode: Sequence[Sequence
 
 
 def _scaling_section(scaling: Mapping[str, Any], colours: Mapping[str, str]) -> str:
-    rows = [[role, poly, predicted or "—", "no prediction" if not predicted else "yes" if matches else "no"]
+    rows = [[role, poly, predicted or "—",
+             "no prediction" if not predicted else "yes" if matches else "no"]
             for role, poly, predicted, matches in scaling["rows"]]
     total = f"<p>Total: {html.escape(scaling['total'])} MACs</p>" if scaling["total"] else ""
     lengths = ", ".join(f"{n:,}" for n in scaling["lengths"])
     crossover = scaling["chart"]["crossover"]
-    said = (f" The attention core (scores and weighted sum, n²·d) costs more than the projections and the FFN "
+    said = (" The attention core (scores and weighted sum, n²·d) costs more than the projections "
+            "and the FFN "
             f"(n·d²) from n = {crossover:,}." if crossover is not None else "")
-    return (f"<section id=scaling><h2>Scaling in n</h2><p>MACs per role against the sequence length: points measured"
-            f", lines the exact polynomials through them.{said}</p>{chart_svg(scaling['chart'], colours)}"
-            f"<p>Exact polynomials per role ({html.escape(scaling['method'])}, lengths {lengths}), MACs:</p>"
+    return ("<section id=scaling><h2>Scaling in n</h2><p>MACs per role against the sequence "
+            "length: points measured, lines the exact polynomials through "
+            f"them.{said}</p>{chart_svg(scaling['chart'], colours)}<p>Exact polynomials per role "
+            f"({html.escape(scaling['method'])}, lengths {lengths}), MACs:</p>"
             + _table(["role", "measured", "closed form", "equal"], rows) + total + "</section>")
 
 
@@ -465,16 +498,17 @@ def _call_section(pipeline: Mapping[str, Any], total: int) -> str:
     table = _table(["component", "MACs", "FLOPs", "share", "ran"], rows, numeric=(1, 2, 3))
     denoisers = ", ".join(pipeline.get("denoisers", ())) or "none found"
     guidance = ", ".join(dict.fromkeys(bar["guidance"] for bar in steps))
-    loop = (f"{len(steps)} denoising step{'s' * (len(steps) != 1)} (denoiser: {html.escape(denoisers)}; guidance: "
+    loop = (f"{len(steps)} denoising step{'s' * (len(steps) != 1)} (denoiser: "
+            f"{html.escape(denoisers)}; guidance: "
             f"{html.escape(guidance)})" if steps else "no denoising step (no scheduler.step call)")
     return ("<section id=call><h2>The call: by component and by step</h2>"
-            f"<p class=hint>Every multiply of one call of {html.escape(pipeline.get('name', 'the pipeline'))}, "
-            f"{loop}. Units: MACs; 1 MAC = 2 FLOPs. Hover a bar for its exact MACs and FLOPs; click a component's "
-            "name to open it in the module tree.</p>"
-            f"{components_svg(in_order, colours)}{table}"
-            "<p class=hint>Each part of the call, in the order it ran: the calls before the denoising loop, each "
-            "step (its denoisers stacked), the calls after it. Bars of identical steps are labelled once.</p>"
-            f"{steps_svg(bars, colours)}</section>")
+            "<p class=hint>Every multiply of one call of "
+            f"{html.escape(pipeline.get('name', 'the pipeline'))}, {loop}. Units: MACs; 1 MAC = 2 "
+            "FLOPs. Hover a bar for its exact MACs and FLOPs; click a component's name to open it "
+            f"in the module tree.</p>{components_svg(in_order, colours)}{table}"
+            "<p class=hint>Each part of the call, in the order it ran: the calls before the "
+            "denoising loop, each step (its denoisers stacked), the calls after it. Bars of "
+            f"identical steps are labelled once.</p>{steps_svg(bars, colours)}</section>")
 
 
 def _as_they_ran(pipeline: Mapping[str, Any]) -> list[str]:
@@ -491,17 +525,20 @@ def _pipeline_section(pipeline: Mapping[str, Any]) -> str:
     names, stepped = pipeline["components"], pipeline["stepped"]
     roles = _table(["role", *names], [*pipeline["roles"], ["total", *pipeline["totals"]]],
                    numeric=tuple(range(1, len(names) + 1)))
-    steps = _table(["steps", "count", *[f"{c}, each" for c in stepped], "MACs, each", "MACs, together", "guidance"],
-                   _runs_of_steps(pipeline["steps"], tail=1), numeric=tuple(range(1, len(stepped) + 4)))
+    steps = _table(["steps", "count", *[f"{c}, each" for c in stepped], "MACs, each",
+                    "MACs, together", "guidance"],
+                   _runs_of_steps(pipeline["steps"], tail=1),
+                   numeric=tuple(range(1, len(stepped) + 4)))
     step_roles = pipeline.get("step_roles", [])
     # a column per run, a row per role
     runs = _runs_of_steps(pipeline.get("steps_by_role", []), tail=0)
     by_role = _table(["role", *[f"steps {run[0]}, each" if run[1] > 1 else f"step {run[0]}" for run in runs]],
                      [[name, *[run[2 + k] for run in runs]] for k, name in enumerate([*step_roles, "total"])],
                      numeric=tuple(range(1, len(runs) + 1)))
-    return ("<section id=pipeline><h2>The pipeline: by role, and the steps</h2><p>MACs by role in each component:"
-            f"</p>{roles}<p>MACs of the denoising steps by component (a row per run of identical steps; guidance: how "
-            f"the unconditional pass ran).</p>{steps}<p>MACs of the denoising steps by role:</p>{by_role}</section>")
+    return ("<section id=pipeline><h2>The pipeline: by role, and the steps</h2><p>MACs by role in "
+            f"each component:</p>{roles}<p>MACs of the denoising steps by component (a row per run "
+            f"of identical steps; guidance: how the unconditional pass ran).</p>{steps}<p>MACs of "
+            f"the denoising steps by role:</p>{by_role}</section>")
 
 
 def _runs_of_steps(rows: Sequence[Sequence[Any]], tail: int) -> list[list[Any]]:
@@ -518,7 +555,8 @@ def _runs_of_steps(rows: Sequence[Sequence[Any]], tail: int) -> list[list[Any]]:
     for run in runs:
         first, last = run[0][0], run[-1][0]
         values = list(run[0][1:len(run[0]) - tail])
-        out.append([str(first) if first == last else f"{first}–{last}", len(run), *values, len(run) * values[-1],
+        out.append([str(first) if first == last else f"{first}–{last}", len(run), *values,
+                    len(run) * values[-1],
                     *run[0][len(run[0]) - tail:]])
     return out
 

@@ -43,7 +43,8 @@ class TreeRow:
     params: int  # parameters of each module (inclusive)
     role: str  # dominant role ("" without MACs)
 
-    # the path below the row's parent ("attn"; "h.0" under a ModuleList that never ran itself)
+    # the path below the row's parent ("attn"; "h.0" under a ModuleList that never ran
+    # itself)
     name: str
 
     @property
@@ -62,12 +63,13 @@ def summary_line(prof: Any) -> str:
     total = prof.total()
     params = params_inclusive(prof.facts.param_shapes).get("", 0)
     unsupported = prof.unsupported()
-    ledger = (f"{sum(unsupported.values()):,} calls of {len(unsupported)} op(s) without a formula (not in the total)"
+    ledger = (f"{sum(unsupported.values()):,} calls of {len(unsupported)} op(s) without a formula "
+              "(not in the total)"
               if unsupported else "every op counted or known to cost nothing")
     phases = prof.by_phase()
     by_phase = ("; " + ", ".join(f"{p} {m:,}" for p, m in phases.items())) if len(phases) > 1 else ""
-    return (f"{name}: {total:,} MACs = {2 * total:,} FLOPs ({human(2 * total, 'FLOP')}; 1 MAC = 2 FLOPs){by_phase}, "
-            f"{prof.mode} mode, {params:,} parameters; {ledger}")
+    return (f"{name}: {total:,} MACs = {2 * total:,} FLOPs ({human(2 * total, 'FLOP')}; 1 MAC = 2 "
+            f"FLOPs){by_phase}, {prof.mode} mode, {params:,} parameters; {ledger}")
 
 
 def role_rows(prof: Any) -> list[tuple[str, int, int, str]]:
@@ -91,7 +93,8 @@ def tree_rows(prof: Any, depth: int = DEPTH) -> list[TreeRow]:
 
     def row(path: str, level: int, members: Sequence[str], parent: str, above: int) -> TreeRow:
         kind = types[path].__name__ if path in types else ""
-        return TreeRow(level, path, members[-1], len(members), above * len(members), kind, macs[path],
+        return TreeRow(level, path, members[-1], len(members), above * len(members), kind,
+                       macs[path],
                        params.get(path, 0),
                        dominant.get(path, ""), path[len(parent) + 1:] if parent else path)
 
@@ -118,7 +121,8 @@ def notebook_html(prof: Any, depth: int = DEPTH) -> str:
     """The HTML a notebook shows for ``prof``: summary line, role table, compact tree
     (no script)."""
     roles = "".join(f"<tr><td>{html.escape(role)}</td><td style='text-align:right'>{m:,}</td>"
-                    f"<td style='text-align:right'>{f:,}</td><td style='text-align:right'>{share}</td></tr>"
+                    f"<td style='text-align:right'>{f:,}</td><td "
+                    f"style='text-align:right'>{share}</td></tr>"
                     for role, m, f, share in role_rows(prof))
     total = prof.total() or 1
     tree = "".join(
@@ -127,7 +131,8 @@ def notebook_html(prof: Any, depth: int = DEPTH) -> str:
         f"<td style='text-align:right'>{r.macs:,}</td><td style='text-align:right'>"
         f"{100 * r.times * r.macs / total:.1f}%</td><td style='text-align:right'>{r.params:,}</td>"
         f"<td>{html.escape(r.role)}</td></tr>" for r in tree_rows(prof, depth))
-    head = "<tr>" + "".join(f"<th>{h}</th>" for h in ("module", "type", "×", "MACs each", "share", "params each",
+    head = "<tr>" + "".join(f"<th>{h}</th>" for h in ("module", "type", "×", "MACs each", "share",
+                                                      "params each",
                                                        "dominant role")) + "</tr>"
     return (f"<div class='flopscope-profile'><p>{html.escape(summary_line(prof))}</p>"
             f"<table><thead><tr><th>role</th><th>MACs</th><th>FLOPs</th><th>share</th></tr></thead>"
@@ -148,7 +153,8 @@ def notebook_markdown(prof: Any, depth: int = DEPTH) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _runs(paths: Sequence[str], macs: Mapping[str, int], types: Mapping[str, type]) -> Iterator[list[str]]:
+def _runs(paths: Sequence[str], macs: Mapping[str, int],
+          types: Mapping[str, type]) -> Iterator[list[str]]:
     """``paths`` (siblings, in order) grouped: consecutive numbered ones of one type and
     one MAC count together."""
     run: list[str] = []

@@ -44,12 +44,14 @@ def scaling_plot(result: Scaling, path: str | Path, title: str = "") -> Path:
         values = result.measured[role]
         if not any(values) or poly is None:
             continue
-        (line,) = ax.plot(dense, [float(poly(n)) for n in dense], linewidth=1.2, label=f"{role}: {poly}")
+        (line,) = ax.plot(dense, [float(poly(n)) for n in dense], linewidth=1.2,
+                          label=f"{role}: {poly}")
         ax.plot(lengths, values, "o", color=line.get_color(), markersize=4)
     top = max(max(v) for v in result.measured.values() if any(v))
     for slope, style in ((1, ":"), (2, "--")):
         anchor = top / 8
-        ax.plot(lengths, [anchor * (n / lengths[-1]) ** slope for n in lengths], style, color="grey",
+        ax.plot(lengths, [anchor * (n / lengths[-1]) ** slope for n in lengths], style,
+                color="grey",
                 label=f"slope {slope} ({'n·d²' if slope == 1 else 'n²·d'})")
     crossover = result.crossover()
     if crossover is not None and lengths[0] <= crossover <= 4 * lengths[-1]:
@@ -60,7 +62,8 @@ def scaling_plot(result: Scaling, path: str | Path, title: str = "") -> Path:
     ax.set_yscale("log")
     ax.set_xlabel("sequence length n")
     ax.set_ylabel("MACs (1 MAC = 2 FLOPs)")
-    ax.set_title(title or "multiplies per role against sequence length (points measured, lines exact)")
+    ax.set_title(title or "multiplies per role against sequence length (points measured, lines "
+                          "exact)")
     ax.legend(fontsize=7, loc="upper left")
     ax.grid(True, which="both", alpha=0.2)
     return save_figure(fig, plt, path)
@@ -76,7 +79,8 @@ def role_share_plot(prof: ProfileView, path: str | Path, title: str = "") -> Pat
     shares = [100 * roles[r] / total for r in names]
     bars = ax.barh(names, shares)
     for bar, role in zip(bars, names, strict=True):
-        ax.text(bar.get_width(), bar.get_y() + bar.get_height() / 2, f" {roles[role]:,} MACs", va="center",
+        ax.text(bar.get_width(), bar.get_y() + bar.get_height() / 2, f" {roles[role]:,} MACs",
+                va="center",
                 fontsize=8)
     ax.set_xlabel("share of multiplies (%)")
     ax.set_xlim(0, max(shares) * 1.35)
@@ -85,7 +89,8 @@ def role_share_plot(prof: ProfileView, path: str | Path, title: str = "") -> Pat
 
 
 DPI = 120
-"""Dots per inch of every saved plot (and of the figures whose labels are laid out: the same pixels)."""
+"""Dots per inch of every saved plot (and of the figures whose labels are laid out: the
+same pixels)."""
 
 
 def save_figure(fig: Any, plt: Any, path: str | Path, layout: bool = True) -> Path:
@@ -103,8 +108,8 @@ _SAME_PLACE = 6.0  # pixels: points closer than this in both directions share on
 _OFFSETS = tuple((radius * math.cos(math.radians(angle)), radius * math.sin(math.radians(angle)))
                  for radius in (5, 12, 20, 30, 42, 56, 72, 90, 110, 135, 165)
                  for angle in (30, -30, 90, -90, 150, -150, 0, 180, 60, -60, 120, -120))
-"""Where a label may go, nearest first: offsets from its point in points (1/72 inch), around it at growing
-distances."""
+"""Where a label may go, nearest first: offsets from its point in points (1/72 inch),
+around it at growing distances."""
 
 
 def place_labels(fig: Any, ax: Any, points: Sequence[tuple[float, float, str]],
@@ -171,7 +176,8 @@ def _label(ax: Any, text: str, xy: tuple[float, float], dx: float, dy: float, fo
     arrow = {"arrowstyle": "-", "color": "grey", "linewidth": 0.5, "shrinkA": 0, "shrinkB": 3} if line else None
     return ax.annotate(text, xy, xytext=(dx, dy), textcoords="offset points", fontsize=fontsize,
                        ha="left" if dx > 1e-9 else "right" if dx < -1e-9 else "center",
-                       va="bottom" if dy > 1e-9 else "top" if dy < -1e-9 else "center", arrowprops=arrow)
+                       va="bottom" if dy > 1e-9 else "top" if dy < -1e-9 else "center",
+                       arrowprops=arrow)
 
 
 def _joined(texts: Sequence[str]) -> str:
@@ -220,8 +226,9 @@ def trace_plot(trace: Mapping[str, Any] | str | Path, path: str | Path, title: s
     doc = _trace_doc(trace)
     roles, calls = _trace_rows(doc)
     if not roles and not calls:
-        raise FlopscopeError("no flopscope events in this trace: give the JSON of Profile.export_chrome_trace, or "
-                             "a torch.profiler trace after flopscope.trace.merge_torch_trace")
+        raise FlopscopeError("no flopscope events in this trace: give the JSON of "
+                             "Profile.export_chrome_trace, or a torch.profiler trace after "
+                             "flopscope.trace.merge_torch_trace")
     starts = [s for bars in roles.values() for s, *_ in bars] + [s for _, s, _, _ in calls]
     ends = [s + d for bars in roles.values() for s, d, *_ in bars] + [e for _, _, e, _ in calls]
     origin, span = min(starts), max(max(ends) - min(starts), 1e-9)
@@ -239,7 +246,8 @@ def trace_plot(trace: Mapping[str, Any] | str | Path, path: str | Path, title: s
             ax.broken_barh([((start - origin) * scale, (end - start) * scale)], (y, lane * 0.92),
                            facecolors="#c8d3e0", edgecolors="#5a6b80", linewidth=0.4)
             if (end - start) > 0.035 * span:
-                ax.text((start - origin + (end - start) / 2) * scale, y + lane * 0.46, _short(name), ha="center",
+                ax.text((start - origin + (end - start) / 2) * scale, y + lane * 0.46, _short(name),
+                        ha="center",
                         va="center", fontsize=6, clip_on=True)
         ticks.append(module_height / 2)
         labels.append("module calls")
@@ -278,7 +286,8 @@ def _trace_doc(trace: Mapping[str, Any] | str | Path) -> Mapping[str, Any]:
     return doc
 
 
-def _trace_rows(doc: Mapping[str, Any]) -> tuple[dict[str, list[tuple[float, float, int, list[str]]]],
+def _trace_rows(doc: Mapping[str, Any]) -> tuple[dict[str, list[tuple[float, float, int,
+                                                                      list[str]]]],
                                                  list[tuple[str, float, float, int]]]:
     """``({track role: [(start, duration, MACs, roles with MACs)]}, [(module, start,
     end, depth)])`` of a trace's flopscope events."""
@@ -287,14 +296,16 @@ def _trace_rows(doc: Mapping[str, Any]) -> tuple[dict[str, list[tuple[float, flo
                  if e.get("ph") == "M" and e.get("name") == "process_name"}
     threads = {(e.get("pid"), e.get("tid")): e.get("args", {}).get("name") for e in events
                if e.get("ph") == "M" and e.get("name") == "thread_name"}
-    role_pids = {pid for pid, name in processes.items() if name in ("ops by role", "flopscope roles")}
+    role_pids = {pid for pid, name in processes.items() if name in ("ops by role",
+                                                                    "flopscope roles")}
     roles: dict[str, list[tuple[float, float, int, list[str]]]] = {}
     for e in sorted((e for e in events if e.get("ph") == "X" and e.get("pid") in role_pids),
                     key=lambda e: (e.get("tid", 0), float(e["ts"]))):
         args = e.get("args", {})
         role = threads.get((e["pid"], e.get("tid"))) or args.get("role") or e["name"]
         parts = [r for r, macs in args.get("roles", {}).items() if macs]
-        roles.setdefault(role, []).append((float(e["ts"]), float(e.get("dur", 0)), int(args.get("macs", 0)), parts))
+        roles.setdefault(role, []).append((float(e["ts"]), float(e.get("dur", 0)),
+                                           int(args.get("macs", 0)), parts))
     spans: list[tuple[str, float, float]] = []
     module_pids = {pid for pid, name in processes.items() if name == "module calls"}
     open_calls: dict[Any, list[tuple[str, float]]] = {}
@@ -308,7 +319,8 @@ def _trace_rows(doc: Mapping[str, Any]) -> tuple[dict[str, list[tuple[float, flo
                 spans.append((name, start, float(e["ts"])))
         # profiler(trace=True)
         elif e.get("ph") == "X" and str(e.get("name", "")).startswith("flopscope/"):
-            spans.append((e["name"][len("flopscope/"):], float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0))))
+            spans.append((e["name"][len("flopscope/"):], float(e["ts"]),
+                          float(e["ts"]) + float(e.get("dur", 0))))
     calls: list[tuple[str, float, float, int]] = []
     enclosing: list[float] = []  # the ends of the calls the next one may sit in
     for name, start, end in sorted(spans, key=lambda s: (s[1], -s[2])):

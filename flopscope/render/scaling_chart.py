@@ -28,7 +28,8 @@ def chart_data(scaling: Any) -> dict[str, Any]:
     (the smallest n where the core costs more, ``None`` if never or past 64 times the
     longest length measured) and the ``span`` of n drawn: the lengths measured, and
     on to 1.25 times the crossover (the polynomials are exact there too)."""
-    # (every attribute value of a self-closing element is quoted: an unquoted one would take the "/" of "/>")
+    # (every attribute value of a self-closing element is quoted: an unquoted one would
+    # take the "/" of "/>")
     lengths = list(scaling.lengths)
     crossover = scaling.crossover()
     shown = crossover if crossover is not None and lengths[0] <= crossover <= 64 * lengths[-1] else None
@@ -41,10 +42,12 @@ def chart_data(scaling: Any) -> dict[str, Any]:
             continue
         points += [[role, n, int(macs)] for n, macs in zip(lengths, values, strict=True) if macs > 0]
         lines[role] = [[n, int(poly(n))] for n in grid]
-    for name, poly in (("attention core", scaling.attention()), ("projections + FFN", scaling.per_token())):
+    for name, poly in (("attention core", scaling.attention()),
+                       ("projections + FFN", scaling.per_token())):
         if poly.degree >= 0 and any(poly(n) > 0 for n in grid):
             lines[name] = [[n, int(poly(n))] for n in grid]
-    return {"points": points, "lines": lines, "crossover": shown, "span": [low, high], "variable": scaling.variable}
+    return {"points": points, "lines": lines, "crossover": shown, "span": [low, high],
+            "variable": scaling.variable}
 
 
 def chart_svg(chart: Mapping[str, Any], colours: Mapping[str, str]) -> str:
@@ -65,9 +68,9 @@ def chart_svg(chart: Mapping[str, Any], colours: Mapping[str, str]) -> str:
     def y(macs: float) -> float:
         return TOP + plot_h * (1 - math.log(macs / bottom_value) / math.log(top_value / bottom_value))
 
-    parts = [f"<svg id=scaling-chart viewBox='0 0 {WIDTH} {HEIGHT}' width={WIDTH} height={HEIGHT} role=img "
-             "aria-label='MACs per role against n, log-log' xmlns='http://www.w3.org/2000/svg' "
-             "font-family='system-ui, sans-serif' font-size=11>"]
+    parts = [f"<svg id=scaling-chart viewBox='0 0 {WIDTH} {HEIGHT}' width={WIDTH} height={HEIGHT} "
+             "role=img aria-label='MACs per role against n, log-log' "
+             "xmlns='http://www.w3.org/2000/svg' font-family='system-ui, sans-serif' font-size=11>"]
     parts += _axes(x, y, low, high, bottom_value, top_value, chart["variable"])
     legend = []
     for name, line in chart["lines"].items():
@@ -78,41 +81,45 @@ def chart_svg(chart: Mapping[str, Any], colours: Mapping[str, str]) -> str:
         if not path:
             continue
         dash = " stroke-dasharray='6 3'" if name == "projections + FFN" else ""
-        parts.append(f"<path class='{'aggregate' if aggregate else 'curve'}' data-name='{html.escape(name)}' "
-                     f"d='{path}' fill=none stroke='{colour}' stroke-width='{2.4 if aggregate else 1.3}'{dash}/>")
+        parts.append(f"<path class='{'aggregate' if aggregate else 'curve'}' "
+                     f"data-name='{html.escape(name)}' d='{path}' fill=none stroke='{colour}' "
+                     f"stroke-width='{2.4 if aggregate else 1.3}'{dash}/>")
         legend.append((name, colour, dash, aggregate))
     for role, n, macs in chart["points"]:
-        parts.append(f"<circle class=point data-role='{html.escape(role)}' data-n={n} data-macs={macs} "
-                     f"cx={x(n):.1f} cy={y(macs):.1f} r=3.2 fill='{colours.get(role, '#999')}' stroke=white>"
-                     f"<title>{html.escape(role)}: {macs:,} MACs at {chart['variable']} = {n:,}</title></circle>")
+        parts.append(f"<circle class=point data-role='{html.escape(role)}' data-n={n} "
+                     f"data-macs={macs} cx={x(n):.1f} cy={y(macs):.1f} r=3.2 "
+                     f"fill='{colours.get(role, '#999')}' stroke=white><title>{html.escape(role)}: "
+                     f"{macs:,} MACs at {chart['variable']} = {n:,}</title></circle>")
     crossover = chart["crossover"]
     if crossover is not None:
         at = x(crossover)
         parts.append(f"<line class=crossover data-n={crossover} x1={at:.1f} x2={at:.1f} y1={TOP} "
                      f"y2={TOP + plot_h} stroke='#111' stroke-width=1 stroke-dasharray='2 2'/>")
         left = at > LEFT + plot_w / 2  # (the label on the side of the line with room for it)
-        parts.append(f"<text id=crossover data-n={crossover} x={at - 4 if left else at + 4:.1f} y={TOP + 14} "
-                     f"text-anchor={'end' if left else 'start'} fill='#111'>attention core &gt; projections + FFN "
-                     f"from {chart['variable']} = {crossover:,}</text>")
+        parts.append(f"<text id=crossover data-n={crossover} x={at - 4 if left else at + 4:.1f} "
+                     f"y={TOP + 14} text-anchor={'end' if left else 'start'} fill='#111'>attention "
+                     f"core &gt; projections + FFN from {chart['variable']} = {crossover:,}</text>")
     for i, (name, colour, dash, aggregate) in enumerate(legend):
         top = TOP + 6 + 16 * i
-        parts.append(f"<line x1={WIDTH - RIGHT + 14} x2={WIDTH - RIGHT + 38} y1={top} y2={top} stroke='{colour}' "
-                     f"stroke-width='{2.4 if aggregate else 1.6}'{dash}/><text x={WIDTH - RIGHT + 44} y={top + 4}>"
-                     f"{html.escape(name)}</text>")
+        parts.append(f"<line x1={WIDTH - RIGHT + 14} x2={WIDTH - RIGHT + 38} y1={top} y2={top} "
+                     f"stroke='{colour}' stroke-width='{2.4 if aggregate else 1.6}'{dash}/><text "
+                     f"x={WIDTH - RIGHT + 44} y={top + 4}>{html.escape(name)}</text>")
     parts.append("</svg>")
     return "".join(parts)
 
 
-def _axes(x: Any, y: Any, low: int, high: int, bottom: float, top: float, variable: str) -> list[str]:
+def _axes(x: Any, y: Any, low: int, high: int, bottom: float, top: float,
+          variable: str) -> list[str]:
     """Frame, log ticks (powers of 2 in n, of 10 in MACs) and the axis titles."""
     plot_bottom, plot_right = HEIGHT - BOTTOM, WIDTH - RIGHT
-    parts = [f"<path class=frame d='M{LEFT},{TOP} L{LEFT},{plot_bottom} L{plot_right},{plot_bottom}' fill=none "
-             "stroke='#444'/>"]
+    parts = [f"<path class=frame d='M{LEFT},{TOP} L{LEFT},{plot_bottom} "
+             f"L{plot_right},{plot_bottom}' fill=none stroke='#444'/>"]
     power = 2 ** math.floor(math.log2(low))
     while power <= high:
         if power >= low:
-            parts.append(f"<line x1={x(power):.1f} x2={x(power):.1f} y1={TOP} y2={plot_bottom} stroke='#eee'/>"
-                         f"<text x={x(power):.1f} y={plot_bottom + 16} text-anchor=middle>{power:,}</text>")
+            parts.append(f"<line x1={x(power):.1f} x2={x(power):.1f} y1={TOP} y2={plot_bottom} "
+                         f"stroke='#eee'/><text x={x(power):.1f} y={plot_bottom + 16} "
+                         f"text-anchor=middle>{power:,}</text>")
         power *= 2
     exponent = round(math.log10(bottom))
     while 10 ** exponent <= top:
@@ -120,7 +127,8 @@ def _axes(x: Any, y: Any, low: int, high: int, bottom: float, top: float, variab
         parts.append(f"<line x1={LEFT} x2={plot_right} y1={at:.1f} y2={at:.1f} stroke='#eee'/>"
                      f"<text x={LEFT - 6} y={at + 4:.1f} text-anchor=end>1e{exponent}</text>")
         exponent += 1
-    parts.append(f"<text x={LEFT + (plot_right - LEFT) / 2:.1f} y={HEIGHT - 8} text-anchor=middle>sequence length "
-                 f"{variable} (log scale)</text><text transform='translate(16 {TOP + (plot_bottom - TOP) / 2:.1f}) "
-                 "rotate(-90)' text-anchor=middle>MACs (1 MAC = 2 FLOPs), log scale</text>")
+    parts.append(f"<text x={LEFT + (plot_right - LEFT) / 2:.1f} y={HEIGHT - 8} "
+                 f"text-anchor=middle>sequence length {variable} (log scale)</text><text "
+                 f"transform='translate(16 {TOP + (plot_bottom - TOP) / 2:.1f}) rotate(-90)' "
+                 "text-anchor=middle>MACs (1 MAC = 2 FLOPs), log scale</text>")
     return parts

@@ -31,18 +31,27 @@ UNITS = {"macs": ("MAC", 1), "flops": ("FLOP", 2)}
 JSON_SCHEMA = "flopscope.profile/1"
 """Schema of :func:`to_json` (version 1). Top-level keys:
 
-- ``schema``: this string; ``units``: what ``macs`` / ``flops`` / ``elementwise_ops`` mean;
-- ``mode``: "fake" or "real"; ``totals``: ``{macs, flops, bytes, by_phase: {phase: macs}}``;
-- ``bytes``: ``{role: bytes}`` (``bytes_by_role``; ``"no_multiply"`` for ops that do not multiply);
-- ``steps``: one row per forward (``Step.row()``: phase, batch, tokens, context, macs, flops, bytes, ...);
-- ``modules``: list of ``{path, type, calls, macs, flops, params, dominant_role}`` (inclusive of submodules);
-- ``roles``: ``{role: macs}``; ``blocks``: ``{block path: {role: macs}}``; ``ops``: ``{aten op: macs}``;
-- ``elementwise``: ``{category: elementwise ops}``; ``unsupported``: ``{aten op: calls}``; ``notes``: [str];
-- ``reconciliation``: list of ``{block, role, measured, predicted, ratio, term, useful, reason, basis}``
-  (``ratio`` as a string fraction, ``null`` where there is no prediction);
-- ``attention``: ``{convention, macs, flops, roles, blocks, steps, notes}``: the attention core counted by the
-  convention asked for (``"executed"``, ``"causal"`` or ``"mask"``, :mod:`flopscope.predict.attention`), with the
-  totals, roles, blocks and steps that follow from it (``totals`` / ``roles`` / ``blocks`` / ``steps`` above stay
+- ``schema``: this string; ``units``: what ``macs`` / ``flops`` / ``elementwise_ops``
+  mean;
+- ``mode``: "fake" or "real"; ``totals``: ``{macs, flops, bytes, by_phase: {phase:
+  macs}}``;
+- ``bytes``: ``{role: bytes}`` (``bytes_by_role``; ``"no_multiply"`` for ops that do not
+  multiply);
+- ``steps``: one row per forward (``Step.row()``: phase, batch, tokens, context, macs,
+  flops, bytes, ...);
+- ``modules``: list of ``{path, type, calls, macs, flops, params, dominant_role}``
+  (inclusive of submodules);
+- ``roles``: ``{role: macs}``; ``blocks``: ``{block path: {role: macs}}``; ``ops``:
+  ``{aten op: macs}``;
+- ``elementwise``: ``{category: elementwise ops}``; ``unsupported``: ``{aten op:
+  calls}``; ``notes``: [str];
+- ``reconciliation``: list of ``{block, role, measured, predicted, ratio, term, useful,
+  reason, basis}`` (``ratio`` as a string fraction, ``null`` where there is no
+  prediction);
+- ``attention``: ``{convention, macs, flops, roles, blocks, steps, notes}``: the
+  attention core counted by the convention asked for (``"executed"``, ``"causal"`` or
+  ``"mask"``, :mod:`flopscope.predict.attention`), with the totals, roles, blocks and
+  steps that follow from it (``totals`` / ``roles`` / ``blocks`` / ``steps`` above stay
   executed work);
 - ``environment``: ``{flopscope, torch, transformers, python, platform}``.
 """
@@ -67,7 +76,8 @@ def dominant_roles(prof: ProfileView) -> dict[str, str]:
     return module_dominant_roles((enclosing(record.module_stack, uncalled), record.roles) for record in prof.records)
 
 
-def module_tree(prof: ProfileView, depth: int = 2, units: str = "macs", tablefmt: str = "simple") -> str:
+def module_tree(prof: ProfileView, depth: int = 2, units: str = "macs",
+                tablefmt: str = "simple") -> str:
     """The model's structure with MACs (or FLOPs), parameters, share and dominant role
     per module, down to ``depth`` levels below the root."""
     name, factor = _unit(units)
@@ -82,10 +92,13 @@ def module_tree(prof: ProfileView, depth: int = 2, units: str = "macs", tablefmt
             continue
         label = "(model)" if path == "" else "· " * level + path.rsplit(".", 1)[-1]
         rows.append([label, types[path].__name__ if path in types else "", f"{factor * macs:,}",
-                     human(factor * macs, name), f"{params.get(path, 0):,}", f"{100 * macs / total:.1f}%",
+                     human(factor * macs, name), f"{params.get(path, 0):,}",
+                     f"{100 * macs / total:.1f}%",
                      dominant.get(path, "")])
-    return tabulate(rows, headers=["module", "type", f"{name}s", "", "params", "share", "dominant role"],
-                    tablefmt=tablefmt, colalign=("left", "left", "right", "right", "right", "right", "left"))
+    return tabulate(rows, headers=["module", "type", f"{name}s", "", "params", "share",
+                                   "dominant role"],
+                    tablefmt=tablefmt,
+                    colalign=("left", "left", "right", "right", "right", "right", "left"))
 
 
 def op_table(prof: ProfileView, units: str = "macs", tablefmt: str = "simple") -> str:
@@ -93,7 +106,8 @@ def op_table(prof: ProfileView, units: str = "macs", tablefmt: str = "simple") -
     name, factor = _unit(units)
     total = prof.total() or 1
     calls = prof.op_calls()
-    rows = [[op, calls[op], f"{factor * macs:,}", human(factor * macs, name), f"{100 * macs / total:.1f}%"]
+    rows = [[op, calls[op], f"{factor * macs:,}", human(factor * macs, name),
+             f"{100 * macs / total:.1f}%"]
             for op, macs in sorted(prof.by_op().items(), key=lambda kv: -kv[1])]
     return tabulate(rows, headers=["ATen op", "calls", f"{name}s", "", "share"], tablefmt=tablefmt,
                     colalign=("left", "right", "right", "right", "right"))
@@ -111,7 +125,8 @@ def where(paths: list[str], limit: int = 3) -> str:
     return ", ".join(shown) + (f", +{more} more" if more > 0 else "")
 
 
-def role_table(prof: ProfileView, units: str = "macs", tablefmt: str = "simple", attention: str = EXECUTED) -> str:
+def role_table(prof: ProfileView, units: str = "macs", tablefmt: str = "simple",
+               attention: str = EXECUTED) -> str:
     """Role | MACs | FLOPs | share of total | where (the blocks it occurs in); the
     attention core and the total priced by the ``attention`` convention
     (:mod:`flopscope.predict.attention`)."""
@@ -127,8 +142,10 @@ def role_table(prof: ProfileView, units: str = "macs", tablefmt: str = "simple",
     for role, macs in prof.by_role(attention=attention).items():
         shown = macs if units == "macs" else 2 * macs
         other = human(2 * macs, "FLOP") if units == "macs" else human(macs, "MAC")
-        rows.append([role, f"{shown:,}", other, f"{100 * macs / total:.1f}%", where(blocks.get(role, []))])
-    return tabulate(rows, headers=["role", first, "FLOPs" if units == "macs" else "MACs", "share", "where"],
+        rows.append([role, f"{shown:,}", other, f"{100 * macs / total:.1f}%",
+                     where(blocks.get(role, []))])
+    return tabulate(rows, headers=["role", first, "FLOPs" if units == "macs" else "MACs", "share",
+                                   "where"],
                     tablefmt=tablefmt, colalign=("left", "right", "right", "right", "left"))
 
 
@@ -148,12 +165,13 @@ def summary(prof: ProfileView, depth: int = 2, units: str = "macs", tablefmt: st
     stay executed work."""
     macs, flops = prof.total(attention=attention), prof.total_flops(attention=attention)
     priced = "" if check_attention(attention) == EXECUTED else (
-        f", attention core priced {attention!r} (executed: {prof.total():,} MACs; module tree and ops: executed)")
+        f", attention core priced {attention!r} (executed: {prof.total():,} MACs; module tree and "
+        "ops: executed)")
     lines = [
-        f"total: {macs:,} MACs = {flops:,} FLOPs ({human(flops, 'FLOP')}; 1 MAC = 2 FLOPs), counted in {prof.mode} "
-        f"mode{priced}",
-        f"bytes moved at least: {prof.total_bytes():,} ({human(prof.total_bytes(), 'B')}; each tensor read and "
-        "written once, see flopscope.formulas.traffic)",
+        f"total: {macs:,} MACs = {flops:,} FLOPs ({human(flops, 'FLOP')}; 1 MAC = 2 FLOPs), "
+        f"counted in {prof.mode} mode{priced}",
+        f"bytes moved at least: {prof.total_bytes():,} ({human(prof.total_bytes(), 'B')}; each "
+        "tensor read and written once, see flopscope.formulas.traffic)",
     ]
     phases = prof.by_phase()
     if len(phases) > 1:
@@ -167,19 +185,22 @@ def summary(prof: ProfileView, depth: int = 2, units: str = "macs", tablefmt: st
                       result.to_table(tablefmt)]
     lines += ["", module_tree(prof, depth, units, tablefmt), "", op_table(prof, units, tablefmt)]
     if prof.timed:
-        lines += ["", "time per role (real mode; wall time of the ops that ran):", prof.timing().to_table(tablefmt)]
+        lines += ["", "time per role (real mode; wall time of the ops that ran):",
+                  prof.timing().to_table(tablefmt)]
     elementwise = prof.elementwise()
     if elementwise:
         parts = ", ".join(f"{k} {v:,}" for k, v in sorted(elementwise.items()))
         lines += ["", f"elementwise ops (not MACs, not in the total): {parts}"]
     lines += ["", unsupported_table(prof, tablefmt)]
-    lines += [f"note: {note}" for note in [*prof.notes, *attention_notes(prof.attention_core(), attention)]]
+    lines += [f"note: {note}" for note in [*prof.notes,
+                                           *attention_notes(prof.attention_core(), attention)]]
     return "\n".join(lines)
 
 
 # --------------------------------------------------------------------------------------------------
 # machine-readable
-def to_dict(prof: ProfileView, reconciliation: bool = True, attention: str = EXECUTED) -> dict[str, Any]:
+def to_dict(prof: ProfileView, reconciliation: bool = True,
+            attention: str = EXECUTED) -> dict[str, Any]:
     """The JSON document of :data:`JSON_SCHEMA` as a dict; ``attention``: the convention
     of its ``attention`` section."""
     check_attention(attention)
@@ -197,7 +218,8 @@ def to_dict(prof: ProfileView, reconciliation: bool = True, attention: str = EXE
         "bytes": prof.bytes_by_role(),
         "steps": [step.row() for step in prof.steps()],
         "modules": [{"path": path, "type": types[path].__name__ if path in types else None,
-                     "calls": calls.get(path, 0), "macs": macs, "flops": 2 * macs, "params": params.get(path, 0),
+                     "calls": calls.get(path, 0), "macs": macs, "flops": 2 * macs,
+                     "params": params.get(path, 0),
                      "dominant_role": dominant.get(path)} for path, macs in prof.by_module().items()],
         "roles": prof.by_role(),
         "blocks": prof.by_block(),
@@ -207,7 +229,8 @@ def to_dict(prof: ProfileView, reconciliation: bool = True, attention: str = EXE
         "notes": prof.notes,
         "reconciliation": [],
         "attention": {"convention": attention, "macs": prof.total(attention=attention),
-                      "flops": prof.total_flops(attention=attention), "roles": prof.by_role(attention=attention),
+                      "flops": prof.total_flops(attention=attention),
+                      "roles": prof.by_role(attention=attention),
                       "blocks": prof.by_block(attention=attention),
                       "steps": [step.row() for step in prof.steps(attention)],
                       "notes": attention_notes(prof.attention_core(), attention)},
@@ -221,7 +244,8 @@ def to_dict(prof: ProfileView, reconciliation: bool = True, attention: str = EXE
     return doc
 
 
-def to_json(prof: ProfileView, reconciliation: bool = True, indent: int | None = 2, attention: str = EXECUTED) -> str:
+def to_json(prof: ProfileView, reconciliation: bool = True, indent: int | None = 2,
+            attention: str = EXECUTED) -> str:
     return json.dumps(to_dict(prof, reconciliation, attention), indent=indent)
 
 
@@ -229,11 +253,13 @@ def to_csv(prof: ProfileView) -> str:
     """One row per counted op: phase, module, op, role split, MACs, FLOPs, input shapes."""
     out = io.StringIO()
     writer = csv.writer(out)
-    writer.writerow(["phase", "module", "call", "op", "role", "roles", "macs", "flops", "input_shapes", "block"])
+    writer.writerow(["phase", "module", "call", "op", "role", "roles", "macs", "flops",
+                     "input_shapes", "block"])
     for r in prof.records:
         roles = ";".join(f"{role}={macs}" for role, macs in r.roles.items())
         shapes = ";".join("x".join(str(s) for s in shape) for shape in r.input_shapes)
-        writer.writerow([r.phase, r.module, r.call, r.op, r.role.value, roles, r.multiplies, 2 * r.multiplies,
+        writer.writerow([r.phase, r.module, r.call, r.op, r.role.value, roles, r.multiplies,
+                         2 * r.multiplies,
                          shapes, r.block])
     return out.getvalue()
 

@@ -1,12 +1,13 @@
 """Vaswani et al. 2017, Table 1 ("Why Self-Attention"), *measured*: real PyTorch layers,
 profiled.
 
-:func:`compare` builds one layer per row of the paper's Table 1 (and of the rows the authors commented
-out of it: separable convolution, position-wise FFN, fully connected), plus the seed study's points
-(a whole Transformer block, cross-attention with one query, multi-head vs single-head), profiles each in
-fake mode (nothing is computed; every layer is built on ``device="meta"``, so even the n²·d² weights of
-the fully-connected layer cost no memory), and sets each measured count next to an exact closed form
-computed here from ``n, d, h, k, r, d_ff`` alone (``docs/formulas.md`` section 1).
+:func:`compare` builds one layer per row of the paper's Table 1 (and of the rows the
+authors commented out of it: separable convolution, position-wise FFN, fully connected),
+plus the seed study's points (a whole Transformer block, cross-attention with one query,
+multi-head vs single-head), profiles each in fake mode (nothing is computed; every layer
+is built on ``device="meta"``, so even the n²·d² weights of the fully-connected layer
+cost no memory), and sets each measured count next to an exact closed form computed here
+from ``n, d, h, k, r, d_ff`` alone (``docs/formulas.md`` section 1).
 
 Conventions:
 
@@ -20,8 +21,9 @@ Conventions:
   activations are elementwise work, not MACs, and are in neither column (see
   :meth:`flopscope.Profile.elementwise`).
 * Attention uses ``h`` heads of width ``d_k = d_v = d / h``.
-* Rows that measure part of a layer (the attention core, a Q projection) take that part's roles from
-  :meth:`flopscope.Profile.by_role`; ``params`` is still the whole profiled layer's parameter count.
+* Rows that measure part of a layer (the attention core, a Q projection) take that
+  part's roles from :meth:`flopscope.Profile.by_role`; ``params`` is still the whole
+  profiled layer's parameter count.
 * Restricted self-attention with neighbourhood ``r``: query ``i`` attends to the ``r``
   consecutive key positions ``i - (r - 1) // 2, ..., i + r // 2`` (centred for odd
   ``r``, one more on the right for even ``r``). Positions outside ``0 .. n - 1`` are
@@ -87,7 +89,8 @@ def band_window(r: int) -> tuple[int, int]:
 
 
 class _ProjectedAttention(nn.Module):
-    """Q/K/V/O projections (``nn.Linear(d, d)`` each) around a core that subclasses define."""
+    """Q/K/V/O projections (``nn.Linear(d, d)`` each) around a core that subclasses
+    define."""
 
     def __init__(self, d: int, h: int, r: int) -> None:
         super().__init__()
@@ -158,9 +161,11 @@ class ComparisonRow:
     complexity: str  # the paper's complexity class, e.g. "O(n²·d)"
     predicted_macs: int  # exact closed form from (n, d, h, k, r, d_ff), never from a profile
     measured_macs: int  # from flopscope.profile(..., mode="fake")
-    # parameters of the profiled layer (sum of numel, biases included), also for partial rows
+    # parameters of the profiled layer (sum of numel, biases included), also for partial
+    # rows
     params: int
-    # of those, the scalars of its >= 2-D parameters (matrices, kernels): params less biases, norms
+    # of those, the scalars of its >= 2-D parameters (matrices, kernels): params less
+    # biases, norms
     weights: int
     sequential_ops: str  # minimum number of sequential operations, as in the paper
     max_path_length: str  # maximum path length between positions, as in the paper
@@ -215,27 +220,35 @@ class Comparison:
         with a header line naming the shapes and units and footer lines with the
         crossover and the parameter ratio."""
         rows = [[row.layer, row.complexity, f"{row.predicted_macs:,}", f"{row.measured_macs:,}",
-                 "yes" if row.match else "NO", f"{row.weights:,}", f"{row.params:,}", row.sequential_ops,
+                 "yes" if row.match else "NO", f"{row.weights:,}", f"{row.params:,}",
+                 row.sequential_ops,
                  row.max_path_length] for row in self.rows]
-        table = tabulate(rows, headers=["layer", "complexity", "predicted MACs", "measured MACs", "match",
+        table = tabulate(rows, headers=["layer", "complexity", "predicted MACs", "measured MACs",
+                                        "match",
                                         "weights", "params (+ biases)", "sequential", "max path"],
-                         tablefmt=tablefmt, colalign=("left", "left", "right", "right", "left", "right", "right",
+                         tablefmt=tablefmt, colalign=("left", "left", "right", "right", "left",
+                                                      "right", "right",
                                                       "left", "left"), disable_numparse=True)
-        lines = [f"Vaswani et al. 2017, Table 1, measured: n={self.n}, d={self.d}, h={self.h}, k={self.k}, "
-                 f"r={self.r}, d_ff={self.d_ff}; one sequence, forward, MACs (1 MAC = 2 FLOPs)", "", table, ""]
+        lines = [f"Vaswani et al. 2017, Table 1, measured: n={self.n}, d={self.d}, h={self.h}, "
+                 f"k={self.k}, "
+                 f"r={self.r}, d_ff={self.d_ff}; one sequence, forward, MACs (1 MAC = 2 FLOPs)", "",
+                 table, ""]
         crossover = self.crossover_self_attention_vs_recurrence()
-        lines.append(f"self-attention core (2·n²·d) exceeds the recurrent layer (2·n·d²) from n = {crossover:,} "
-                     f"(n > d = {self.d:,})")
+        lines.append("self-attention core (2·n²·d) exceeds the recurrent layer (2·n·d²) from n = "
+                     f"{crossover:,} (n > d = {self.d:,})")
         fc, block = self.row("fully_connected"), self.row("transformer_block")
-        lines.append(f"weights: fully connected {fc.weights:,} vs Transformer block {block.weights:,} "
-                     f"({fc.weights / block.weights:,.0f}x); with biases (and the block's norms): {fc.params:,} vs "
-                     f"{block.params:,} ({fc.params / block.params:,.0f}x)")
+        lines.append(f"weights: fully connected {fc.weights:,} vs Transformer block "
+                     f"{block.weights:,} ({fc.weights / block.weights:,.0f}x); with biases (and "
+                     f"the block's norms): {fc.params:,} vs {block.params:,} "
+                     f"({fc.params / block.params:,.0f}x)")
         if self.k > self.n:
-            lines.append(f"k={self.k} > n={self.n}: every convolution window reaches into the zero padding; its "
-                         f"taps there are executed and counted (k·n_out·d² is still exact)")
+            lines.append(f"k={self.k} > n={self.n}: every convolution window reaches into the zero "
+                         "padding; its taps there are executed and counted (k·n_out·d² is still "
+                         "exact)")
         if self.r > self.n:
-            lines.append(f"r={self.r} > n={self.n}: every restricted-attention window reaches past the sequence; "
-                         f"those keys are scored, then masked out (2·r·n·d is still exact)")
+            lines.append(f"r={self.r} > n={self.n}: every restricted-attention window reaches past "
+                         "the sequence; those keys are scored, then masked out (2·r·n·d is still "
+                         "exact)")
         return "\n".join(lines)
 
 
@@ -279,34 +292,43 @@ class LengthComparison:
     def to_table(self, tablefmt: str = "simple") -> str:
         """One line per ``n``: measured MACs of both layers, their ratio, and which is
         cheaper."""
-        rows = [[f"{row.n:,}", f"{row.attention_core_measured_macs:,}", f"{row.recurrent_measured_macs:,}",
-                 f"{row.attention_core_measured_macs / row.recurrent_measured_macs:.4g}", row.cheaper,
+        rows = [[f"{row.n:,}", f"{row.attention_core_measured_macs:,}",
+                 f"{row.recurrent_measured_macs:,}",
+                 f"{row.attention_core_measured_macs / row.recurrent_measured_macs:.4g}",
+                 row.cheaper,
                  "yes" if row.match else "NO"] for row in self.rows]
-        table = tabulate(rows, headers=["n", "self-attention core MACs", "recurrent MACs", "ratio (= n/d)",
+        table = tabulate(rows, headers=["n", "self-attention core MACs", "recurrent MACs",
+                                        "ratio (= n/d)",
                                         "cheaper", "match"],
-                         tablefmt=tablefmt, colalign=("right", "right", "right", "right", "left", "left"),
+                         tablefmt=tablefmt,
+                         colalign=("right", "right", "right", "right", "left", "left"),
                          disable_numparse=True)
-        return "\n".join([f"self-attention core (2·n²·d) vs recurrent layer (2·n·d²), measured, d={self.d}, "
+        return "\n".join(["self-attention core (2·n²·d) vs recurrent layer (2·n·d²), measured, "
+                          f"d={self.d}, "
                           f"h={self.h}; MACs (1 MAC = 2 FLOPs)", "", table, "",
-                          f"self-attention costs more from n = {self.crossover_self_attention_vs_recurrence():,} "
-                          f"(n > d)"])
+                          "self-attention costs more from n = "
+                          f"{self.crossover_self_attention_vs_recurrence():,} (n > d)"])
 
 
 # --------------------------------------------------------------------------------------------------
 # measuring
-def compare(n: int = 512, d: int = 512, h: int = 8, k: int = 5, r: int = 64, d_ff: int | None = None) -> Comparison:
+def compare(n: int = 512, d: int = 512, h: int = 8, k: int = 5, r: int = 64,
+            d_ff: int | None = None) -> Comparison:
     """Build and profile (fake mode, modules on ``device="meta"``) one layer per row of
     Vaswani et al.'s Table 1 and of the seed study, for one sequence of ``n`` tokens
     of width ``d``.
 
     Args:
-        n: sequence length (tokens). d: model width. h: attention heads (``d % h == 0``).
-        k: convolution kernel width. r: restricted-attention neighbourhood (keys per query, see
-        :func:`band_window`). Both may exceed ``n``: the windows then reach into padding, whose work the
-        kernels execute and the closed forms count (module docstring). d_ff: FFN inner width (default ``4 * d``).
+        n: sequence length (tokens). d: model width. h: attention heads (``d % h ==
+            0``).
+        k: convolution kernel width. r: restricted-attention neighbourhood (keys per
+        query, see :func:`band_window`). Both may exceed ``n``: the windows then reach
+        into padding, whose work the kernels execute and the closed forms count (module
+        docstring). d_ff: FFN inner width (default ``4 * d``).
 
     Returns:
-        a :class:`Comparison`; every ``predicted_macs`` is an exact closed form, never read from a profile.
+        a :class:`Comparison`; every ``predicted_macs`` is an exact closed form, never
+        read from a profile.
 
     Rows (``key``: layer profiled -> predicted MACs, with ``n_out = n + 2·(k // 2) - k +
     1``):
@@ -344,7 +366,8 @@ def compare(n: int = 512, d: int = 512, h: int = 8, k: int = 5, r: int = 64, d_f
 
     def add(key: str, layer: str, complexity: str, predicted: int, measured: int, module: nn.Module,
             sequential: str = "O(1)", path: str = "O(1)") -> None:
-        rows.append(ComparisonRow(key, layer, complexity, predicted, measured, _params(module), _weights(module),
+        rows.append(ComparisonRow(key, layer, complexity, predicted, measured, _params(module),
+                                  _weights(module),
                                   sequential, path))
 
     with torch.device("meta"):
@@ -371,18 +394,22 @@ def compare(n: int = 512, d: int = 512, h: int = 8, k: int = 5, r: int = 64, d_f
         4 * n * d * d + 2 * n * n * d, _profile(single_head, x).total(), single_head)
     add("restricted_banded_core", f"restricted attention core, banded (r={r})", "O(r·n·d)",
         2 * r * n * d, _core(_profile(banded, x)), banded, path="O(n/r)")
-    add("restricted_masked_dense_core", f"restricted attention core, masked dense (r={r})", "O(n²·d)",
+    add("restricted_masked_dense_core", f"restricted attention core, masked dense (r={r})",
+        "O(n²·d)",
         2 * n * n * d, _core(_profile(masked, x)), masked, path="O(n/r)")
     add("convolution", f"convolution (k={k})", "O(k·n·d²)",
         k * n_out * d * d, _profile(conv, _channels(n, d)).total(), conv, path="O(log_k(n))")
     add("separable_convolution", f"separable convolution (k={k})", "O(k·n·d + n·d²)",
-        k * n_out * d + n_out * d * d, _profile(separable, _channels(n, d)).total(), separable, path="O(log_k(n))")
+        k * n_out * d + n_out * d * d, _profile(separable, _channels(n, d)).total(), separable,
+        path="O(log_k(n))")
     add("recurrent", "recurrent (nn.RNN)", "O(n·d²)",
-        2 * n * d * d, _profile(recurrent, _steps(n, d)).total(), recurrent, sequential="O(n)", path="O(n)")
+        2 * n * d * d, _profile(recurrent, _steps(n, d)).total(), recurrent, sequential="O(n)",
+        path="O(n)")
     add("feed_forward", f"position-wise FFN (d_ff={d_ff})", "O(n·d²)",
         2 * n * d * d_ff, _profile(ffn, x).total(), ffn, path="∞")
     add("fully_connected", "fully connected (n·d → n·d)", "O(n²·d²)",
-        n * n * d * d, _profile(fully_connected, _sequence_input(1, n * d)[0]).total(), fully_connected)
+        n * n * d * d, _profile(fully_connected, _sequence_input(1, n * d)[0]).total(),
+        fully_connected)
     add("transformer_block", f"Transformer block (d_ff={d_ff})", "O(n²·d + n·d²)",
         n * (4 * d * d + 2 * d * d_ff) + 2 * n * n * d, _profile(block, x).total(), block)
     # nn.MultiheadAttention: skip averaging the attention weights
@@ -423,7 +450,8 @@ def _crossover(d: int) -> int:
     return d + 1
 
 
-def _profile(module: nn.Module, *inputs: torch.Tensor, forward_kwargs: dict[str, Any] | None = None) -> Profile:
+def _profile(module: nn.Module, *inputs: torch.Tensor,
+             forward_kwargs: dict[str, Any] | None = None) -> Profile:
     with torch.no_grad():
         return profile(module, *inputs, mode="fake", forward_kwargs=forward_kwargs)
 
@@ -438,7 +466,8 @@ def _params(module: nn.Module) -> int:
 
 
 def _weights(module: nn.Module) -> int:
-    # the parameters that multiply: weight matrices and convolution kernels (>= 2 dims); biases and norm scales are 1-D
+    # the parameters that multiply: weight matrices and convolution kernels (>= 2 dims);
+    # biases and norm scales are 1-D
     return sum(p.numel() for p in module.parameters() if p.dim() >= 2)
 
 

@@ -34,7 +34,8 @@ __all__ = ["FlopBudget", "assert_macs", "diff_table"]
 SNAPSHOT_SCHEMA = "flopscope.snapshot/1"
 
 
-def assert_macs(model: nn.Module, *inputs: Any, expected: int | None = None, roles: Mapping[str, int] | None = None,
+def assert_macs(model: nn.Module, *inputs: Any, expected: int | None = None,
+                roles: Mapping[str, int] | None = None,
                 rel: float = 0.0, **profile_kwargs: Any) -> Profile:
     """Profile ``model(*inputs)`` (``profile_kwargs`` as for :func:`flopscope.profile`;
     ``mode="auto"`` by default) and fail with a
@@ -67,9 +68,11 @@ def _close(measured: int, expected: int, rel: float) -> bool:
 def diff_table(rows: Mapping[str, tuple[int, int]], names: tuple[str, str] = ("baseline", "now"),
                tablefmt: str = "simple") -> str:
     """``{name: (before, after)}`` as a table with the difference, changed rows marked."""
-    body = [[name, f"{a:,}", f"{b:,}", f"{b - a:+,}" if a != b else "0", "CHANGED" if a != b else ""]
+    body = [[name, f"{a:,}", f"{b:,}", f"{b - a:+,}" if a != b else "0",
+             "CHANGED" if a != b else ""]
             for name, (a, b) in rows.items()]
-    return tabulate(body, headers=["", *names, "difference", ""], tablefmt=tablefmt, disable_numparse=True)
+    return tabulate(body, headers=["", *names, "difference", ""], tablefmt=tablefmt,
+                    disable_numparse=True)
 
 
 @dataclass
@@ -84,7 +87,8 @@ class FlopBudget:
     name: str
     update: bool = False
 
-    def check(self, model: nn.Module, *inputs: Any, key: str = "", **profile_kwargs: Any) -> Profile:
+    def check(self, model: nn.Module, *inputs: Any, key: str = "",
+              **profile_kwargs: Any) -> Profile:
         prof = profile(model, *inputs, **profile_kwargs)
         path = self.directory / f"{self.name}{'.' + key if key else ''}.json"
         now = _snapshot(prof)
@@ -92,7 +96,8 @@ class FlopBudget:
             try:
                 path.parent.mkdir(parents=True, exist_ok=True)
             except OSError as e:
-                raise ConfigurationError(f"cannot make the snapshot directory {path.parent}: {e.strerror or e}"
+                raise ConfigurationError(f"cannot make the snapshot directory {path.parent}: "
+                                         f"{e.strerror or e}"
                                          ) from e
             write_atomically(path, json.dumps(now, indent=2, sort_keys=True) + "\n", "the snapshot")
             return prof
@@ -101,9 +106,9 @@ class FlopBudget:
             roles = _changed(before["roles"], now["roles"]) | {"total": (before["macs"], now["macs"])}
             modules = _changed(before["modules"], now["modules"], only_changed=True)
             raise BudgetError(
-                f"{type(model).__name__}: MACs differ from the snapshot {path} (pytest --flops-update accepts "
-                f"them):\nby role:\n{diff_table(roles)}\nby module (changed only):\n"
-                f"{diff_table(modules) if modules else '(none)'}")
+                f"{type(model).__name__}: MACs differ from the snapshot {path} (pytest "
+                f"--flops-update accepts them):\nby role:\n{diff_table(roles)}\nby module (changed "
+                f"only):\n{diff_table(modules) if modules else '(none)'}")
         return prof
 
 
@@ -120,8 +125,10 @@ def _read_snapshot(path: Path) -> dict[str, Any]:
     if not isinstance(doc, dict) or doc.get("schema") != SNAPSHOT_SCHEMA:
         schema = doc.get("schema") if isinstance(doc, dict) else None
         found = f"schema {schema!r}" if schema else "no schema"
-        raise ConfigurationError(f"{path} is not a flopscope snapshot ({SNAPSHOT_SCHEMA}; it has {found}); {fix}")
-    if not all(isinstance(doc.get(key), kind) for key, kind in (("macs", int), ("roles", dict), ("modules", dict))):
+        raise ConfigurationError(f"{path} is not a flopscope snapshot ({SNAPSHOT_SCHEMA}; it has "
+                                 f"{found}); {fix}")
+    if not all(isinstance(doc.get(key), kind) for key, kind in (("macs", int), ("roles", dict),
+                                                                ("modules", dict))):
         raise ConfigurationError(f"the FLOP snapshot {path} lacks its macs, roles or modules; {fix}")
     return doc
 

@@ -2,7 +2,8 @@
 (``benchmarks/zoo.py``, ``benchmarks/timm_zoo.py``) and in test suites, where closed
 forms cannot reach 600 architectures.
 
-:func:`check_invariants` profiles one model several ways and names each invariant that does not hold:
+:func:`check_invariants` profiles one model several ways and names each invariant that
+does not hold:
 
 - ``repeat``: two profiles in one process give the same total, roles and module totals;
 - ``modes``: fake, real and meta (a copy of the model on ``device="meta"``) give the
@@ -53,7 +54,8 @@ from ..role import ATTENTION_CORE, PAIR_ROLES, Role, RoleGroup
 INVARIANTS = ("repeat", "modes", "attention", "forward", "caches")
 """The invariants :func:`check_invariants` checks, in the order it checks them."""
 CONVENTIONS = (CAUSAL, MASK)
-"""The attention conventions other than ``"executed"`` (what ``by_role()`` counts) compared by the invariants."""
+"""The attention conventions other than ``"executed"`` (what ``by_role()`` counts)
+compared by the invariants."""
 
 
 @dataclass(frozen=True)
@@ -79,7 +81,8 @@ class Counted:
             for convention in CONVENTIONS:
                 priced = prof.by_role(attention=convention)
                 conventions[convention] = {role: priced.get(role, 0) for role in PAIR_ROLES}
-        return cls(prof.mode, prof.total(), roles, dict(prof.by_module()), any(op in fused for op in prof.by_op()),
+        return cls(prof.mode, prof.total(), roles, dict(prof.by_module()),
+                   any(op in fused for op in prof.by_op()),
                    conventions)
 
     def differences(self, other: Counted, *, modules: bool = True) -> str:
@@ -101,7 +104,8 @@ class Counted:
         if modules and self.total == other.total:
             paths = [p for p in sorted({*self.modules, *other.modules}) if self.modules.get(p) != other.modules.get(p)]
             if paths:
-                parts.append(f"{len(paths)} module totals, first '{paths[0]}' {self.modules.get(paths[0], 0):,} vs "
+                parts.append(f"{len(paths)} module totals, first '{paths[0]}' "
+                             f"{self.modules.get(paths[0], 0):,} vs "
                              f"{other.modules.get(paths[0], 0):,}")
         return "; ".join(parts)
 
@@ -129,7 +133,8 @@ class InvariantReport:
         return "ok"
 
 
-def check_invariants(model: nn.Module, *args: Any, grad: bool = False, **kwargs: Any) -> InvariantReport:
+def check_invariants(model: nn.Module, *args: Any, grad: bool = False,
+                     **kwargs: Any) -> InvariantReport:
     """Check :data:`INVARIANTS` on ``model(*args, **kwargs)`` (under
     ``torch.set_grad_enabled(grad)``; the random seed is set before each forward).
     The model is left as it was: the meta and eager-attention counts run on copies."""
@@ -140,7 +145,8 @@ def check_invariants(model: nn.Module, *args: Any, grad: bool = False, **kwargs:
         real = _count(report, "real", lambda: profile(model, *args, mode="real", **kwargs))
         again = _count(report, "real again", lambda: profile(model, *args, mode="real", **kwargs))
         fake = _count(report, "fake", lambda: profile(model, *args, mode="fake", **kwargs))
-        fake_again = _count(report, "fake again", lambda: profile(model, *args, mode="fake", **kwargs))
+        fake_again = _count(report, "fake again",
+                            lambda: profile(model, *args, mode="fake", **kwargs))
         meta = _count(report, "meta", lambda: _on_meta(model, args, kwargs))
         eager = _count(report, "eager", lambda: _eager(model, args, kwargs))
         after = _forward(model, args, kwargs)
@@ -184,15 +190,17 @@ def _repeat(report: InvariantReport, pairs: list[tuple[Counted | str, Counted | 
         report.skipped["repeat"] = "no mode ran twice"
 
 
-def _modes(report: InvariantReport, real: Counted | str, fake: Counted | str, meta: Counted | str) -> None:
+def _modes(report: InvariantReport, real: Counted | str, fake: Counted | str,
+           meta: Counted | str) -> None:
     if not isinstance(real, Counted):
         report.skipped["modes"] = f"real: {real}"
         return
     found, missing = [], []
     for label, other in (("fake", fake), ("meta", meta)):
         if isinstance(other, Counted):
-            # PyTorch takes its fused-layer fast paths on CPU and CUDA tensors only: on meta the layer runs unfused,
-            # its multiplies in its submodules (same total and roles, other module totals)
+            # PyTorch takes its fused-layer fast paths on CPU and CUDA tensors only: on
+            # meta the layer runs unfused, its multiplies in its submodules (same total
+            # and roles, other module totals)
             difference = other.differences(real, modules=not (label == "meta" and real.fused_layers))
             if difference:
                 found.append(f"{label} vs real: {difference}")
@@ -229,7 +237,8 @@ def _same_forward(report: InvariantReport, before: Any, after: Any) -> None:
             return
 
 
-def _forward(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[torch.Tensor] | str:
+def _forward(model: nn.Module, args: tuple[Any, ...],
+             kwargs: dict[str, Any]) -> list[torch.Tensor] | str:
     """The output tensors of a plain forward (detached), or why it raised."""
     torch.manual_seed(0)
     try:
@@ -273,15 +282,21 @@ def _eager(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> P
 # --------------------------------------------------------------------------------------------------
 # roles that must balance (issue 47): statements about one layer's roles that hold in every standard block
 BALANCE_RULES = ("ffn", "gate", "attention", "projections", "head")
-"""What :func:`role_balance` checks, per layer (an item of a module list that has submodules, the outermost one):
+"""What :func:`role_balance` checks, per layer (an item of a module list that has
+submodules, the outermost one):
 
-- ``ffn``: ``ffn_up == ffn_down`` (an FFN maps d → f → d: both are n·d·f, gated or not, each expert alike);
-- ``gate``: ``ffn_gate`` is 0 or ``ffn_up`` (a GLU's gate has the up projection's shape);
-- ``attention``: scores and weighted sum come together, and the projections balance with them:
-  ``q_proj / out_proj == k_proj / v_proj == attn_scores / attn_weighted_sum`` (each ratio is d_qk / d_v: true for
-  multi-head, grouped-query, multi-query and cross-attention; written as products of integers);
-- ``projections``: a layer with q/k/v/out projections has an attention core (quadratic or linear);
-- ``head``: nothing in a head (a pooler, a classifier, an LM head: the paths given) is an attention or FFN role.
+- ``ffn``: ``ffn_up == ffn_down`` (an FFN maps d → f → d: both are n·d·f, gated or not,
+  each expert alike);
+- ``gate``: ``ffn_gate`` is 0 or ``ffn_up`` (a GLU's gate has the up projection's
+  shape);
+- ``attention``: scores and weighted sum come together, and the projections balance with
+  them: ``q_proj / out_proj == k_proj / v_proj == attn_scores / attn_weighted_sum``
+  (each ratio is d_qk / d_v: true for multi-head, grouped-query, multi-query and
+  cross-attention; written as products of integers);
+- ``projections``: a layer with q/k/v/out projections has an attention core (quadratic
+  or linear);
+- ``head``: nothing in a head (a pooler, a classifier, an LM head: the paths given) is
+  an attention or FFN role.
 """
 
 
@@ -325,7 +340,8 @@ def role_balance(prof: Profile, heads: Sequence[str] = ()) -> list[Imbalance]:
         wrong = {role: macs for role, macs in roles.items()
                  if macs and Role(role).group in (RoleGroup.ATTENTION, RoleGroup.FFN)}
         if wrong:
-            found.append(Imbalance(head, "head", ", ".join(f"{r} {m:,}" for r, m in sorted(wrong.items()))))
+            found.append(Imbalance(head, "head",
+                                   ", ".join(f"{r} {m:,}" for r, m in sorted(wrong.items()))))
     return found
 
 
@@ -395,14 +411,18 @@ def _layer_balance(layer: str, roles: Mapping[str, int]) -> list[Imbalance]:
         found.append(Imbalance(layer, "gate", f"ffn_gate {gate:,} != ffn_up {up:,}"))
     if scores or weighted:
         if not (scores and weighted):
-            found.append(Imbalance(layer, "attention", f"attn_scores {scores:,}, attn_weighted_sum {weighted:,}"))
+            found.append(Imbalance(layer, "attention",
+                                   f"attn_scores {scores:,}, attn_weighted_sum {weighted:,}"))
         else:  # (each ratio on its own: a layer may break both)
             if (q or out) and q * weighted != out * scores:
-                found.append(Imbalance(layer, "attention", f"q_proj {q:,} / out_proj {out:,} != attn_scores "
-                                                           f"{scores:,} / attn_weighted_sum {weighted:,}"))
+                found.append(Imbalance(layer, "attention", f"q_proj {q:,} / out_proj {out:,} != "
+                                                           f"attn_scores {scores:,} / "
+                                                           f"attn_weighted_sum {weighted:,}"))
             if (k or v) and k * weighted != v * scores:
-                found.append(Imbalance(layer, "attention", f"k_proj {k:,} / v_proj {v:,} != attn_scores "
-                                                           f"{scores:,} / attn_weighted_sum {weighted:,}"))
+                found.append(Imbalance(layer, "attention", f"k_proj {k:,} / v_proj {v:,} != "
+                                                           f"attn_scores {scores:,} / "
+                                                           f"attn_weighted_sum {weighted:,}"))
     if (q or k or v or out) and not any(roles.get(r, 0) for r in ATTENTION_CORE):
-        found.append(Imbalance(layer, "projections", f"q/k/v/out {q:,}/{k:,}/{v:,}/{out:,} without an attention core"))
+        found.append(Imbalance(layer, "projections",
+                               f"q/k/v/out {q:,}/{k:,}/{v:,}/{out:,} without an attention core"))
     return found

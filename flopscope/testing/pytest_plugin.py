@@ -20,7 +20,8 @@ from .budgets import FlopBudget
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("flopscope", "FLOP budgets (flopscope)")
     group.addoption("--flops-update", action="store_true", default=False,
-                    help="rewrite the __flops__/*.json snapshots of flops.check() from this run's counts")
+                    help="rewrite the __flops__/*.json snapshots of flops.check() from this run's "
+                         "counts")
 
 
 @pytest.fixture

@@ -20,13 +20,15 @@ _PUBLIC = {
     "training": ("BatchPricer", "Throughput", "flops_per_batch", "measure_flops"),
     "generation": ("Step", "profile_generation", "steps_table"),
     "generation_templates": ("GenerationCount", "count_generation"),
-    "pipeline": ("DenoisingStep", "PipelineProfile", "Workload", "WorkloadTerm", "profile_pipeline"),
+    "pipeline": ("DenoisingStep", "PipelineProfile", "Workload", "WorkloadTerm",
+                 "profile_pipeline"),
     "resolution": ("ResolutionScaling", "resolution_scaling"),
     "roofline": ("Roofline", "roofline"),
     "distributed": ("fake_world", "profile_world", "tensor_parallel"),
 }
-"""What the front door names, by module; each module is imported when one of its names is first used, so that
-``import flopscope`` stays as light as the profiling core (``benchmarks/import_time.py``)."""
+"""What the front door names, by module; each module is imported when one of its names
+is first used, so that ``import flopscope`` stays as light as the profiling core
+(``benchmarks/import_time.py``)."""
 _MODULE_OF = {name: module for module, names in _PUBLIC.items() for name in names}
 
 __all__ = sorted(_MODULE_OF)

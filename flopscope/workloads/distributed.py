@@ -1,4 +1,5 @@
-"""Count sharded jobs on one machine: a fake world of N ranks, and a device mesh over it.
+"""Count sharded jobs on one machine: a fake world of N ranks, and a device mesh over
+it.
 
 torch ships a fake process group (``torch.testing._internal.distributed.fake_pg``,
 backend ``"fake"``): every collective returns at once and moves nothing, so a model can
@@ -35,8 +36,10 @@ from ..predict.communication import ALL_GATHER, ALL_REDUCE, CollectiveRow, Predi
 if TYPE_CHECKING:
     from ..profile import Profile
 
-__all__ = ["check_tensor_parallel", "collective_table", "communication_per_mac", "fake_world", "fsdp_table",
-           "fsdp_units", "gather", "hf_plan", "predicted_collectives", "profile_world", "rank_table", "role_table",
+__all__ = ["check_tensor_parallel", "collective_table", "communication_per_mac", "fake_world",
+           "fsdp_table",
+           "fsdp_units", "gather", "hf_plan", "predicted_collectives", "profile_world",
+           "rank_table", "role_table",
            "shard_bytes", "tensor_parallel"]
 
 
@@ -61,10 +64,12 @@ def fake_world(world_size: int, *, rank: int = 0, mesh_shape: Sequence[int] | No
         raise ConfigurationError(f"rank must be in [0, {world_size}); got {rank}")
     shape = tuple(mesh_shape) if mesh_shape is not None else (world_size,)
     if _product(shape) != world_size:
-        raise ConfigurationError(f"mesh_shape {list(shape)} has {_product(shape)} ranks, not the world's {world_size}")
+        raise ConfigurationError(f"mesh_shape {list(shape)} has {_product(shape)} ranks, not the "
+                                 f"world's {world_size}")
     if dist.is_initialized():
-        raise ConfigurationError(f"a process group is already initialised (backend {dist.get_backend()}, world size "
-                                 f"{dist.get_world_size()}); profile within it, or destroy it before a fake world")
+        raise ConfigurationError("a process group is already initialised (backend "
+                                 f"{dist.get_backend()}, world size {dist.get_world_size()}); "
+                                 "profile within it, or destroy it before a fake world")
     from torch.distributed.device_mesh import init_device_mesh
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
@@ -77,12 +82,14 @@ def fake_world(world_size: int, *, rank: int = 0, mesh_shape: Sequence[int] | No
 
 
 def profile_world(make_model: Callable[[Any], nn.Module], *args: Any, world_size: int,
-                  mesh_shape: Sequence[int] | None = None, mesh_dim_names: Sequence[str] | None = None,
+                  mesh_shape: Sequence[int] | None = None,
+                  mesh_dim_names: Sequence[str] | None = None,
                   ranks: Sequence[int] | None = None, **profile_kwargs: Any) -> list[Profile]:
-    """Profile every rank (or ``ranks``) of a sharded job on fake worlds, one rank after another: for each,
-    ``make_model(mesh)`` builds and shards the model as that rank would, and ``flopscope.profile(model, *args,
-    **profile_kwargs)`` counts it. The job's total is the sum of the ranks' (:func:`rank_table` of their
-    :func:`summary`), exact also when ranks differ (uneven shards, pipeline stages)."""
+    """Profile every rank (or ``ranks``) of a sharded job on fake worlds, one rank after
+    another: for each, ``make_model(mesh)`` builds and shards the model as that rank
+    would, and ``flopscope.profile(model, *args, **profile_kwargs)`` counts it. The
+    job's total is the sum of the ranks' (:func:`rank_table` of their :func:`summary`),
+    exact also when ranks differ (uneven shards, pipeline stages)."""
     chosen = list(ranks) if ranks is not None else list(range(world_size))
     profiles = []
     for rank in chosen:
@@ -119,7 +126,8 @@ def gather(prof: Profile, *, dst: int = 0, group: Any = None) -> list[dict[str, 
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized()):
-        raise ConfigurationError("gather needs an initialised process group (call it on every rank of the job)")
+        raise ConfigurationError("gather needs an initialised process group (call it on every rank "
+                                 "of the job)")
     mine = summary(prof)
     gathered: list[Any] | None = [None] * dist.get_world_size(group) if dist.get_rank() == dst else None
     dist.gather_object(mine, gathered, dst=dst, group=group)
@@ -129,12 +137,14 @@ def gather(prof: Profile, *, dst: int = 0, group: Any = None) -> list[dict[str, 
 def rank_table(summaries: Sequence[dict[str, Any]], tablefmt: str = "simple") -> str:
     """Per rank: MACs, FLOPs, collective calls and bytes; then the job's total (their
     sum) and the imbalance (the busiest rank's MACs over the mean)."""
-    rows = [[s["rank"], f"{s['macs']:,}", f"{2 * s['macs']:,}", sum(c["calls"] for c in s["collectives"]),
+    rows = [[s["rank"], f"{s['macs']:,}", f"{2 * s['macs']:,}",
+             sum(c["calls"] for c in s["collectives"]),
              f"{sum(c['bytes'] for c in s['collectives']):,}"] for s in summaries]
     total = sum(s["macs"] for s in summaries)
     mean = total / len(summaries) if summaries else 0
     imbalance = max(s["macs"] for s in summaries) / mean if mean else 1.0
-    table = tabulate(rows, headers=["rank", "MACs", "FLOPs", "collectives", "collective bytes"], tablefmt=tablefmt,
+    table = tabulate(rows, headers=["rank", "MACs", "FLOPs", "collectives", "collective bytes"],
+                     tablefmt=tablefmt,
                      disable_numparse=True)
     return f"{table}\njob: {total:,} MACs over {len(summaries)} ranks; imbalance (max / mean) {imbalance:.3f}"
 
@@ -188,12 +198,14 @@ def hf_plan(model: nn.Module) -> dict[str, str]:
     plan = {f"{prefix}.{key}" if prefix else key: value for key, value in base_plan.items()}
     plan.update(getattr(type(model), "_tp_plan", None) or {})
     if not plan:
-        raise ConfigurationError(f"{type(model).__name__} declares no tensor-parallel plan (no config "
-                                 "base_model_tp_plan, no _tp_plan); pass plan={module path: style} to tensor_parallel")
+        raise ConfigurationError(f"{type(model).__name__} declares no tensor-parallel plan (no "
+                                 "config base_model_tp_plan, no _tp_plan); pass plan={module path: "
+                                 "style} to tensor_parallel")
     return plan
 
 
-def tensor_parallel(model: nn.Module, mesh: Any, plan: Mapping[str, Any] | None = None) -> nn.Module:
+def tensor_parallel(model: nn.Module, mesh: Any,
+                    plan: Mapping[str, Any] | None = None) -> nn.Module:
     """Shard ``model`` for tensor parallelism over ``mesh`` (its ``"tp"`` dimension if
     it has several) with ``torch.distributed.tensor.parallel.parallelize_module``,
     and return it.
@@ -238,8 +250,9 @@ def tensor_parallel(model: nn.Module, mesh: Any, plan: Mapping[str, Any] | None 
                     expanded[name] = maker()
             else:
                 known = ", ".join(sorted(styles))
-                raise ConfigurationError(f"module '{name}': tensor-parallel style {style!r} has no DTensor equivalent "
-                                         f"here (known: {known}); pass plan= with a ParallelStyle for it")
+                raise ConfigurationError(f"module '{name}': tensor-parallel style {style!r} has no "
+                                         f"DTensor equivalent here (known: {known}); pass plan= "
+                                         "with a ParallelStyle for it")
     parallelize_module(model, tp_mesh, expanded)
     return model
 
@@ -250,8 +263,8 @@ def _tp_mesh(mesh: Any) -> Any:
     names = tuple(mesh.mesh_dim_names or ())
     if "tp" in names:
         return mesh["tp"]
-    raise ConfigurationError(f"a {mesh.ndim}-dimensional mesh needs a dimension named 'tp' for tensor parallelism; "
-                             f"its dimensions are {list(names) or 'unnamed'}")
+    raise ConfigurationError(f"a {mesh.ndim}-dimensional mesh needs a dimension named 'tp' for "
+                             f"tensor parallelism; its dimensions are {list(names) or 'unnamed'}")
 
 
 def check_tensor_parallel(model: nn.Module, size: int) -> None:
@@ -265,9 +278,10 @@ def check_tensor_parallel(model: nn.Module, size: int) -> None:
     for key in _HEADS_AND_WIDTHS:
         value = getattr(config, key, None)
         if isinstance(value, int) and not isinstance(value, bool) and value % size:
-            raise ConfigurationError(f"a tensor-parallel mesh of size {size} does not divide config {key}={value} "
-                                     f"of {type(model).__name__}: each rank must hold whole heads and an equal share "
-                                     f"of the FFN width; use a mesh size that divides {key}")
+            raise ConfigurationError(f"a tensor-parallel mesh of size {size} does not divide "
+                                     f"config {key}={value} of {type(model).__name__}: each rank "
+                                     "must hold whole heads and an equal share of the FFN width; "
+                                     f"use a mesh size that divides {key}")
 
 
 # ------------------------------------------------------------------------------------------------ reporting
@@ -332,27 +346,31 @@ def predicted_collectives(model: nn.Module, batch: int, tokens: int, *,
     config = text() if callable(text) else config
     width, layers = getattr(config, "hidden_size", None), getattr(config, "num_hidden_layers", None)
     if not isinstance(width, int) or not isinstance(layers, int):
-        raise ConfigurationError(f"{type(model).__name__} has no config hidden_size / num_hidden_layers")
+        raise ConfigurationError(f"{type(model).__name__} has no config hidden_size / "
+                                 "num_hidden_layers")
     element = next((p.element_size() for p in model.parameters() if p.is_floating_point()), 4)
     out = megatron(batch, tokens, width, layers, element_bytes=element, backward=backward)
     activation = batch * tokens * width * element
     embeddings = getattr(model, "get_input_embeddings", None)
     table = embeddings() if callable(embeddings) else None
     if isinstance(getattr(table, "weight", None), DTensor):
-        out.append(PredictedCollective(ALL_REDUCE, "forward", 1, activation, "vocabulary-parallel embedding"))
+        out.append(PredictedCollective(ALL_REDUCE, "forward", 1, activation,
+                                       "vocabulary-parallel embedding"))
     head_of = getattr(model, "get_output_embeddings", None)
     head = head_of() if callable(head_of) else None
     weight = getattr(head, "weight", None)
     if isinstance(weight, DTensor):
         logits = batch * tokens * weight.shape[0] * element
-        out.append(PredictedCollective(ALL_GATHER, "forward", 1, logits, "LM head: logits gathered"))
+        out.append(PredictedCollective(ALL_GATHER, "forward", 1, logits,
+                                       "LM head: logits gathered"))
         if backward:
             out.append(PredictedCollective(ALL_REDUCE, "backward", 1, activation,
                                            "LM head: input gradient all-reduced"))
     return out
 
 
-def role_table(sharded: Profile, unsharded: Profile, *, phase: str | None = None, tablefmt: str = "simple") -> str:
+def role_table(sharded: Profile, unsharded: Profile, *, phase: str | None = None,
+               tablefmt: str = "simple") -> str:
     """Per role: the unsharded model's MACs, this rank's, and this rank's share (exact:
     ``1/8``; ``1``: replicated, every rank computes all of it), then the totals."""
     mine, whole = sharded.by_role(phase=phase), unsharded.by_role(phase=phase)
@@ -363,7 +381,8 @@ def role_table(sharded: Profile, unsharded: Profile, *, phase: str | None = None
             rows.append([role, f"{a:,}", f"{b:,}", _share(b, a)])
     a, b = unsharded.total(phase=phase), sharded.total(phase=phase)
     rows.append(["total", f"{a:,}", f"{b:,}", _share(b, a)])
-    return tabulate(rows, headers=["role", "unsharded MACs", "this rank's MACs", "share"], tablefmt=tablefmt,
+    return tabulate(rows, headers=["role", "unsharded MACs", "this rank's MACs", "share"],
+                    tablefmt=tablefmt,
                     disable_numparse=True)
 
 
@@ -375,21 +394,24 @@ def _share(part: int, whole: int) -> str:
 
 
 def collective_table(rows: Sequence[CollectiveRow], tablefmt: str = "simple") -> str:
-    """:class:`~flopscope.communication.CollectiveRow` s with layer indices folded (``model.layers.*.mlp``): calls
-    and message bytes of every layer together."""
+    """:class:`~flopscope.communication.CollectiveRow` s with layer indices folded
+    (``model.layers.*.mlp``): calls and message bytes of every layer together."""
     calls: Counter[tuple[str, int | None, str, str, str]] = Counter()
     sizes: Counter[tuple[str, int | None, str, str, str]] = Counter()
     for row in rows:
-        key = (row.kind, row.group, re.sub(r"(?<=\.)\d+(?=\.|$)", "*", row.module) or "(root)", row.role, row.phase)
+        key = (row.kind, row.group, re.sub(r"(?<=\.)\d+(?=\.|$)", "*", row.module) or "(root)",
+               row.role, row.phase)
         calls[key] += row.calls
         sizes[key] += row.bytes
     table = [[kind, group, module, role or "-", phase, calls[key], f"{sizes[key]:,}"]
              for key in calls for kind, group, module, role, phase in [key]]
-    return tabulate(table, headers=["collective", "group", "module", "role", "phase", "calls", "bytes"],
+    return tabulate(table, headers=["collective", "group", "module", "role", "phase", "calls",
+                                    "bytes"],
                     tablefmt=tablefmt, disable_numparse=True)
 
 
-def communication_per_mac(prof: Profile, units: Sequence[tuple[str, int]], *, fsdp_backward: bool | None = None,
+def communication_per_mac(prof: Profile, units: Sequence[tuple[str, int]], *,
+                          fsdp_backward: bool | None = None,
                           tablefmt: str = "simple") -> str:
     """Per unit (:func:`fsdp_units`: the root, then each decoder layer): this rank's
     MACs, the bytes of the collectives it issued there (measured), and, if
@@ -428,7 +450,8 @@ def communication_per_mac(prof: Profile, units: Sequence[tuple[str, int]], *, fs
     headers = ["unit", "MACs (this rank)", "TP bytes (measured)"]
     if fsdp_backward is not None:
         headers.append("FSDP bytes (predicted)")
-    return tabulate(rows, headers=[*headers, "bytes per MAC"], tablefmt=tablefmt, disable_numparse=True)
+    return tabulate(rows, headers=[*headers, "bytes per MAC"], tablefmt=tablefmt,
+                    disable_numparse=True)
 
 
 def fsdp_table(units: Sequence[tuple[str, int]], group: int, *, backward: bool = True,
@@ -440,7 +463,9 @@ def fsdp_table(units: Sequence[tuple[str, int]], group: int, *, backward: bool =
     rows = [[p.kind, group, p.phase, p.calls, f"{p.bytes:,}", p.basis]
             for p in fsdp(sizes, backward=backward)]
     held = sum(-(-size // group) for size in sizes)
-    table = tabulate(rows, headers=["collective", "group", "phase", "calls", "bytes", "basis"], tablefmt=tablefmt,
+    table = tabulate(rows, headers=["collective", "group", "phase", "calls", "bytes", "basis"],
+                     tablefmt=tablefmt,
                      disable_numparse=True)
-    return (f"{table}\n{len(units)} units (the root and {len(units) - 1} decoder layers), {sum(sizes):,} parameter "
-            f"bytes of this rank's tensor-parallel shard; FSDP over {group} ranks leaves {held:,} on each")
+    return (f"{table}\n{len(units)} units (the root and {len(units) - 1} decoder layers), "
+            f"{sum(sizes):,} parameter bytes of this rank's tensor-parallel shard; FSDP over "
+            f"{group} ranks leaves {held:,} on each")

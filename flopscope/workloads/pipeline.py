@@ -2,15 +2,17 @@
 pipeline (text encoders, the denoiser at every step, ControlNets beside it, the VAE
 decoder), by component and by denoising step.
 
-:func:`profile_pipeline` runs ``pipe(**call_kwargs)`` once, counting every forward of the pipeline's ``nn.Module``
-components (``pipe.components``, by attribute name: ``text_encoder``, ``transformer`` or ``unet``, ``vae``, ...). By
-default the components count on **fake tensors**: their parameters are swapped for fake ones for the call (a pipeline
-built on ``device="meta"`` works: nothing is allocated for weights or activations), while the pipeline's own code
-(the scheduler, the loop, the initial noise, CFG's arithmetic on the denoiser's output) runs as written on the small
-real tensors it makes, so every data-dependent step of a scheduler works. The denoiser's outputs are fake tensors, and
-so are the latents after the first step and the returned images: their shapes are right, their values are not (the
-returned images are a ``"pt"`` tensor unless the call says otherwise, as PIL and numpy need values). ``mode="real"``
-runs everything.
+:func:`profile_pipeline` runs ``pipe(**call_kwargs)`` once, counting every forward of
+the pipeline's ``nn.Module`` components (``pipe.components``, by attribute name:
+``text_encoder``, ``transformer`` or ``unet``, ``vae``, ...). By default the components
+count on **fake tensors**: their parameters are swapped for fake ones for the call (a
+pipeline built on ``device="meta"`` works: nothing is allocated for weights or
+activations), while the pipeline's own code (the scheduler, the loop, the initial noise,
+CFG's arithmetic on the denoiser's output) runs as written on the small real tensors it
+makes, so every data-dependent step of a scheduler works. The denoiser's outputs are
+fake tensors, and so are the latents after the first step and the returned images: their
+shapes are right, their values are not (the returned images are a ``"pt"`` tensor unless
+the call says otherwise, as PIL and numpy need values). ``mode="real"`` runs everything.
 
 Steps: each call of ``pipe.scheduler.step`` closes a denoising step; the component calls
 since the previous one belong to it. Classifier-free guidance is stated per step:
@@ -54,8 +56,9 @@ from ..render.pipeline_chart import call_bars, component_colours
 from ..role import ROLE_ORDER
 
 GUIDANCE = ("none", "batch", "passes")
-"""How a step applies classifier-free guidance: not at all (one call on the latents' batch), by batch (one call on
-twice the batch: unconditional and conditional together), by passes (several calls of the denoiser per step)."""
+"""How a step applies classifier-free guidance: not at all (one call on the latents'
+batch), by batch (one call on twice the batch: unconditional and conditional together),
+by passes (several calls of the denoiser per step)."""
 
 
 class PipelineComponents(nn.Module):
@@ -118,8 +121,8 @@ class WorkloadTerm:
         if self.steps is not None and self.passes is not None:
             batch = (f" (batch {self.batch}" + (f", guidance by {self.guidance}" if self.guidance not in (None, "none")
                                                 else "") + ")") if self.batch is not None else ""
-            return (f"{self.steps} step{'s' * (self.steps != 1)} x {self.passes} pass{'es' * (self.passes != 1)} x "
-                    f"{self.macs_per_call:,}{batch}")
+            return (f"{self.steps} step{'s' * (self.steps != 1)} x {self.passes} "
+                    f"pass{'es' * (self.passes != 1)} x {self.macs_per_call:,}{batch}")
         return f"{self.calls} call{'s' * (self.calls != 1)} x {self.macs_per_call:,}"
 
 
@@ -163,14 +166,16 @@ class Workload:
 
     def to_table(self, tablefmt: str = "simple") -> str:
         terms = tabulate([[t.component, t.entry, t.describe(), f"{t.total:,}"] for t in self.terms],
-                         headers=["component", "called as", "calls x MACs per call", "MACs"], tablefmt=tablefmt,
+                         headers=["component", "called as", "calls x MACs per call", "MACs"],
+                         tablefmt=tablefmt,
                          disable_numparse=True)
         closed = tabulate([[c.component, f"{c.measured:,}", f"{c.reconciled:,}", f"{c.predicted:,}",
                             "; ".join(f"{role} {macs:,}" for role, macs in c.outside.items()) or "-",
                             "; ".join(c.explained) or ("-" if c.reconciled == c.predicted else "?")]
                            for c in self.components],
                           headers=["component", "measured", "in closed-form rows", "closed forms",
-                                   "outside closed forms", "differences explained"], tablefmt=tablefmt,
+                                   "outside closed forms", "differences explained"],
+                          tablefmt=tablefmt,
                           disable_numparse=True)
         check = "equal to" if self.total == self.measured else "DIFFERENT FROM"
         return f"{terms}\n\n{self.formula()}, {check} the measured total\n\n{closed}"
@@ -186,17 +191,20 @@ class PipelineProfile:
 
     def __init__(self, profile: Profile, components: Sequence[str], denoisers: Sequence[str],
                  steps: Sequence[DenoisingStep], output: Any, reuse: Sequence[str] = (),
-                 step_of_call: Mapping[ModuleCall, int] | None = None, name: str = "pipeline") -> None:
+                 step_of_call: Mapping[ModuleCall, int] | None = None,
+                 name: str = "pipeline") -> None:
         self.profile = profile
         self.name = name
-        """The pipeline's class name (``"StableDiffusionPipeline"``): the report's title and its chart's root."""
+        """The pipeline's class name (``"StableDiffusionPipeline"``): the report's title
+        and its chart's root."""
         self.components = tuple(components)
         self.denoisers = tuple(denoisers)
         self._steps = tuple(steps)
         self.output = output
         self.reuse = tuple(reuse)
-        """How repeated calls were counted: per component, the calls replayed from an earlier call's records, or
-        why its calls were captured again (:mod:`flopscope.capture.replay`); empty without reuse."""
+        """How repeated calls were counted: per component, the calls replayed from an
+        earlier call's records, or why its calls were captured again
+        (:mod:`flopscope.capture.replay`); empty without reuse."""
         # a component's call in the loop -> the step it ran in
         self._step_of_call = dict(step_of_call or {})
 
@@ -264,8 +272,9 @@ class PipelineProfile:
         return [{r: roles[r] for r in ROLE_ORDER if roles.get(r)} for roles in out]
 
     def workload(self) -> Workload:
-        """The call as calls x MACs per call of each entry point (a denoiser's as steps x passes), adding up to
-        :meth:`total`, and each component against its blocks' closed forms (:class:`Workload`)."""
+        """The call as calls x MACs per call of each entry point (a denoiser's as steps
+        x passes), adding up to :meth:`total`, and each component against its blocks'
+        closed forms (:class:`Workload`)."""
         per_call = _macs_by_entry(self.profile)
         entries = {path: sorted(n for p, n in per_call if p == path) for path, _ in per_call}
         step_of = self._step_of_call
@@ -300,7 +309,8 @@ class PipelineProfile:
                 covered[r.role] += r.measured
             outside = {role: macs - covered[role] for role, macs in roles[component].items() if macs - covered[role]}
             explained = tuple(dict.fromkeys(f"{r.role}: {r.reason}" for r in mine if not r.exact and r.reason))
-            out.append(ComponentClosedForm(component, by_component[component], sum(r.measured for r in mine),
+            out.append(ComponentClosedForm(component, by_component[component],
+                                           sum(r.measured for r in mine),
                                            sum(r.predicted or 0 for r in mine), explained, outside))
         return tuple(out)
 
@@ -326,10 +336,13 @@ class PipelineProfile:
         guidance."""
         names = self._stepped()
         body = [[s.step, *[f"{s.macs.get(c, 0):,}" for c in names], f"{s.total:,}",
-                 " ".join(f"{c}x{n}" for c, n in s.calls.items()), s.batch, s.denoiser_batch, s.guidance]
+                 " ".join(f"{c}x{n}" for c, n in s.calls.items()), s.batch, s.denoiser_batch,
+                 s.guidance]
                 for s in self._steps]
-        return tabulate(body, headers=["step", *[f"{c} MACs" for c in names], "MACs", "calls", "latents batch",
-                                       "denoiser batch", "guidance"], tablefmt=tablefmt, disable_numparse=True)
+        return tabulate(body, headers=["step", *[f"{c} MACs" for c in names], "MACs", "calls",
+                                       "latents batch",
+                                       "denoiser batch", "guidance"], tablefmt=tablefmt,
+                        disable_numparse=True)
 
     def to_html(self, path: str | Path, title: str | None = None) -> Path:
         """The HTML report of the whole call (:meth:`Profile.to_html`'s page: its module
@@ -346,19 +359,22 @@ class PipelineProfile:
         section = {
             "name": self.name, "components": names, "stepped": stepped, "roles": rows,
             "totals": [self.by_component()[n] for n in names], "denoisers": list(self.denoisers),
-            "colours": component_colours(self.components), "bars": call_bars(before, self._steps, after),
+            "colours": component_colours(self.components),
+            "bars": call_bars(before, self._steps, after),
             "steps": [[s.step, *[s.macs.get(c, 0) for c in stepped], s.total, s.guidance] for s in self._steps],
             "step_roles": step_roles,
             "steps_by_role": [[s.step, *[r.get(role, 0) for role in step_roles], s.total]
                               for s, r in zip(self._steps, by_step, strict=True)]}
-        return write_html(self.profile, path, title=title or f"flopscope: {self.name}", pipeline=section)
+        return write_html(self.profile, path, title=title or f"flopscope: {self.name}",
+                          pipeline=section)
 
     def summary_table(self, tablefmt: str = "simple") -> str:
         """MACs and FLOPs per component, with the share of the call."""
         total = self.profile.total() or 1
         body = [[name, f"{macs:,}", f"{2 * macs:,}", f"{100 * macs / total:.1f}%"]
                 for name, macs in self.by_component().items()]
-        body.append(["total", f"{self.profile.total():,}", f"{2 * self.profile.total():,}", "100.0%"])
+        body.append(["total", f"{self.profile.total():,}", f"{2 * self.profile.total():,}",
+                     "100.0%"])
         return tabulate(body, headers=["component", "MACs", "FLOPs", "share"], tablefmt=tablefmt,
                         disable_numparse=True)
 
@@ -368,22 +384,26 @@ class PipelineProfile:
 
 
 def profile_pipeline(pipe: Any, *, mode: str = "fake", registry: FormulaRegistry | None = None,
-                     roles: Sequence[RoleRule] = (), reuse: bool = True, **call_kwargs: Any) -> PipelineProfile:
+                     roles: Sequence[RoleRule] = (), reuse: bool = True,
+                     **call_kwargs: Any) -> PipelineProfile:
     """Run ``pipe(**call_kwargs)`` once (a diffusers ``DiffusionPipeline``, or any
     object with ``components`` and a ``scheduler``) and count every multiply of its
     components: see the module docstring.
 
     Args:
-        pipe: the pipeline; built from configs on ``device="meta"`` is fine in fake mode.
-        mode: ``"fake"`` (default: nothing computed in the components, no weights needed) or ``"real"``.
-        registry, roles: as :func:`flopscope.profile`.
-        reuse: in fake mode, a call of a component whose records are provably those of an earlier call (the same
-            inputs' shapes and plain arguments, no value read: the denoiser at every step after the first) is
-            replayed from them, not run again (:mod:`flopscope.capture.replay`); ``False`` runs every call. The
+        pipe: the pipeline; built from configs on ``device="meta"`` is fine in fake
+            mode.
+        mode: ``"fake"`` (default: nothing computed in the components, no weights
+        needed) or ``"real"``. registry, roles: as :func:`flopscope.profile`.
+        reuse: in fake mode, a call of a component whose records are provably those of
+            an earlier call (the same inputs' shapes and plain arguments, no value read:
+            the denoiser at every step after the first) is replayed from them, not run
+            again (:mod:`flopscope.capture.replay`); ``False`` runs every call. The
             counts are the same; :attr:`PipelineProfile.reuse` says what was replayed.
-        call_kwargs: the pipeline call's arguments (``prompt`` or ``prompt_embeds``, ``num_inference_steps``,
-            ``guidance_scale``, ``height``, ``width``, ``num_frames``, ...). In fake mode ``output_type`` defaults to
-            ``"pt"`` where the call takes one.
+        call_kwargs: the pipeline call's arguments (``prompt`` or ``prompt_embeds``,
+            ``num_inference_steps``, ``guidance_scale``, ``height``, ``width``,
+            ``num_frames``, ...). In fake mode ``output_type`` defaults to ``"pt"``
+            where the call takes one.
     """
     check_mode(mode, BLOCK_MODES, "profile_pipeline mode")
     modules = _module_components(pipe)
@@ -406,7 +426,8 @@ def profile_pipeline(pipe: Any, *, mode: str = "fake", registry: FormulaRegistry
         try:
             with ExitStack() as stack:
                 stack.enter_context(_marking_steps(
-                    scheduler, start, lambda sample: marks.append((session.calls_by_path(), _batch(sample)))))
+                    scheduler, start,
+                    lambda sample: marks.append((session.calls_by_path(), _batch(sample)))))
                 replayer = stack.enter_context(session.replaying(modules)) if reuse and mode == "fake" else None
                 stack.enter_context(paused_gc(promote=mode == "fake"))
                 output = pipe(**call_kwargs)
@@ -414,14 +435,16 @@ def profile_pipeline(pipe: Any, *, mode: str = "fake", registry: FormulaRegistry
         finally:
             prof = Profile(session.finish(stacklevel=3), role_rules=tuple(roles))
     steps, denoisers, step_of_call = _steps(prof, list(modules), begun[0], marks)
-    return PipelineProfile(prof, list(modules), denoisers, steps, output, notes, step_of_call, type(pipe).__name__)
+    return PipelineProfile(prof, list(modules), denoisers, steps, output, notes, step_of_call,
+                           type(pipe).__name__)
 
 
 def _module_components(pipe: Any) -> dict[str, nn.Module]:
     components = getattr(pipe, "components", None)
     if not isinstance(components, Mapping):
-        raise NotAModuleError(f"{type(pipe).__name__} has no `components` mapping: give a diffusers pipeline (a "
-                              "DiffusionPipeline), or profile a module with flopscope.profile")
+        raise NotAModuleError(f"{type(pipe).__name__} has no `components` mapping: give a "
+                              "diffusers pipeline (a DiffusionPipeline), or profile a module with "
+                              "flopscope.profile")
     modules = {name: c for name, c in components.items() if isinstance(c, nn.Module)}
     if not modules:
         raise NotAModuleError(f"{type(pipe).__name__} has no nn.Module components to count")
@@ -457,7 +480,8 @@ def _pipeline_kept(pipe: Any) -> Iterator[None]:
 
 
 @contextmanager
-def _marking_steps(scheduler: Any, start: Callable[[], None], mark: Callable[[Any], None]) -> Iterator[None]:
+def _marking_steps(scheduler: Any, start: Callable[[], None],
+                   mark: Callable[[Any], None]) -> Iterator[None]:
     """For the call: ``start()`` at each ``scheduler.set_timesteps`` (the loop is about to begin: what ran before,
     the prompt's encoding, is no step), ``mark(sample)`` at each ``scheduler.step(model_output, timestep, sample,
     ...)``. The scheduler's methods are wrapped on the instance and unwrapped afterwards."""
@@ -519,10 +543,12 @@ def _batch_of(prof: Profile, call: ModuleCall) -> int | None:
     """The batch of a module call: the leading size of its first tensor input (``None``
     if it had none)."""
     shapes = prof._capture.module_inputs.get(call, ())
-    return next((int(shape[0]) for _, shape in shapes if len(shape) and type(shape[0]) is int), None)
+    return next((int(shape[0]) for _, shape in shapes if len(shape) and type(shape[0]) is int),
+                None)
 
 
-def _steps(prof: Profile, components: list[str], begun: Counter[str], marks: list[tuple[Counter[str], int | None]]
+def _steps(prof: Profile, components: list[str], begun: Counter[str],
+           marks: list[tuple[Counter[str], int | None]]
            ) -> tuple[list[DenoisingStep], list[str], dict[ModuleCall, int]]:
     """The denoising steps between the scheduler's marks (the first from ``begun``, the
     calls made when the loop began): each component's calls and MACs per step; the
@@ -533,7 +559,8 @@ def _steps(prof: Profile, components: list[str], begun: Counter[str], marks: lis
     macs_of_call = _macs_by_entry(prof)
     calls_at = [Counter({c: n for c, n in counts.items() if c in components}) for counts, _ in marks]
     start = Counter({c: n for c, n in begun.items() if c in components})
-    per_step = [calls_at[0] - start, *[calls_at[i] - calls_at[i - 1] for i in range(1, len(calls_at))]]
+    per_step = [calls_at[0] - start,
+                *[calls_at[i] - calls_at[i - 1] for i in range(1, len(calls_at))]]
     denoisers = [c for c in components if all(step.get(c) for step in per_step)]
     steps, step_of_call = [], {}
     for i, (calls, (_, batch)) in enumerate(zip(per_step, marks, strict=True)):
@@ -544,5 +571,6 @@ def _steps(prof: Profile, components: list[str], begun: Counter[str], marks: lis
         denoiser_batch = _batch_of(prof, ModuleCall(denoisers[0], first[denoisers[0]] + 1)) if denoisers else None
         passes = calls.get(denoisers[0], 0) if denoisers else 0
         guidance = ("passes" if passes > 1 else "batch" if batch and denoiser_batch == 2 * batch else "none")
-        steps.append(DenoisingStep(i, macs, {c: n for c, n in calls.items() if n}, batch, denoiser_batch, guidance))
+        steps.append(DenoisingStep(i, macs, {c: n for c, n in calls.items() if n}, batch,
+                                   denoiser_batch, guidance))
     return steps, denoisers, step_of_call

@@ -1,13 +1,15 @@
 """Diffusers pipelines built from their configs alone, on ``device="meta"`` by default:
 no weights, nothing allocated.
 
-:func:`pipeline_from_configs` reads a pipeline folder's ``model_index.json`` (a local folder, or a hub repo of which
-only the JSON and tokenizer files are fetched, failing fast offline as ``hf:`` targets do) and builds each component:
-diffusers models and transformers models from their ``config.json`` on the device, schedulers from their
-``scheduler_config.json``, tokenizers from their files. A tokenizer whose vocabulary files are missing (a configs-only
-download, an empty folder) or cannot be read offline is replaced by a :class:`ShapeTokenizer`: a text encoder's work
-depends only on how many tokens it reads, and the pipelines pad prompts to a fixed length (77 for CLIP, 256 or 512 for
-T5), which the stand-in keeps (``--set tokenizer.model_max_length=N`` sets it).
+:func:`pipeline_from_configs` reads a pipeline folder's ``model_index.json`` (a local
+folder, or a hub repo of which only the JSON and tokenizer files are fetched, failing
+fast offline as ``hf:`` targets do) and builds each component: diffusers models and
+transformers models from their ``config.json`` on the device, schedulers from their
+``scheduler_config.json``, tokenizers from their files. A tokenizer whose vocabulary
+files are missing (a configs-only download, an empty folder) or cannot be read offline
+is replaced by a :class:`ShapeTokenizer`: a text encoder's work depends only on how many
+tokens it reads, and the pipelines pad prompts to a fixed length (77 for CLIP, 256 or
+512 for T5), which the stand-in keeps (``--set tokenizer.model_max_length=N`` sets it).
 """
 
 from __future__ import annotations
@@ -24,16 +26,20 @@ import torch
 
 from ..errors import FlopscopeError
 
-CONFIG_PATTERNS = ("model_index.json", "*/config.json", "*/scheduler_config.json", "*/tokenizer_config.json",
-                   "*/special_tokens_map.json", "*/tokenizer.json", "*/vocab.json", "*/merges.txt", "*/spiece.model",
+CONFIG_PATTERNS = ("model_index.json", "*/config.json", "*/scheduler_config.json",
+                   "*/tokenizer_config.json",
+                   "*/special_tokens_map.json", "*/tokenizer.json", "*/vocab.json", "*/merges.txt",
+                   "*/spiece.model",
                    "*/preprocessor_config.json")
 """The files fetched from the hub for a pipeline built from configs: no weights."""
 
 DEFAULT_TEXT_LENGTH = 77
-"""A stand-in tokenizer's length where its ``tokenizer_config.json`` gives none (CLIP's)."""
+"""A stand-in tokenizer's length where its ``tokenizer_config.json`` gives none
+(CLIP's)."""
 
 UNPADDED_LENGTH = 8
-"""Tokens a stand-in tokenizer gives a prompt where a pipeline asks for no padding (``padding="longest"``)."""
+"""Tokens a stand-in tokenizer gives a prompt where a pipeline asks for no padding
+(``padding="longest"``)."""
 
 
 class ShapeTokenizer:
@@ -43,14 +49,16 @@ class ShapeTokenizer:
     shapes matter for counting a text encoder; the ids are not a tokenization of the
     prompt."""
 
-    def __init__(self, model_max_length: int = DEFAULT_TEXT_LENGTH, token: int = 0, name: str = "tokenizer") -> None:
+    def __init__(self, model_max_length: int = DEFAULT_TEXT_LENGTH, token: int = 0,
+                 name: str = "tokenizer") -> None:
         self.model_max_length = model_max_length
         self.token = token
         self.name = name
         self.added_tokens_encoder: dict[str, int] = {}
         self.pad_token_id = token
 
-    def __call__(self, text: str | Sequence[str], padding: bool | str = False, max_length: int | None = None,
+    def __call__(self, text: str | Sequence[str], padding: bool | str = False,
+                 max_length: int | None = None,
                  return_tensors: str | None = None, **kwargs: Any) -> Any:
         from transformers import BatchEncoding
 
@@ -70,7 +78,8 @@ class ShapeTokenizer:
         return f"ShapeTokenizer({self.name}, model_max_length={self.model_max_length})"
 
 
-def pipeline_from_configs(source: str | Path, device: str = "meta", overrides: Mapping[str, Any] | None = None
+def pipeline_from_configs(source: str | Path, device: str = "meta",
+                          overrides: Mapping[str, Any] | None = None
                           ) -> Any:
     """The diffusers pipeline of ``source`` (a folder with ``model_index.json``, or a
     hub repo id) with every component built from its config on ``device`` (default
@@ -79,14 +88,15 @@ def pipeline_from_configs(source: str | Path, device: str = "meta", overrides: M
     try:
         import diffusers
     except ImportError as e:
-        raise FlopscopeError("diffusers: targets need diffusers (pip install 'torch-flopscope[diffusers]')") from e
+        raise FlopscopeError("diffusers: targets need diffusers (pip install "
+                             "'torch-flopscope[diffusers]')") from e
     folder = _pipeline_folder(str(source))
     index = json.loads((folder / "model_index.json").read_text())
     name = index.get("_class_name")
     pipeline_class = getattr(diffusers, name, None) if isinstance(name, str) else None
     if pipeline_class is None:
-        raise FlopscopeError(f"{folder / 'model_index.json'} names pipeline class {name!r}, which diffusers "
-                             f"{diffusers.__version__} does not have")
+        raise FlopscopeError(f"{folder / 'model_index.json'} names pipeline class {name!r}, which "
+                             f"diffusers {diffusers.__version__} does not have")
     wanted = inspect.signature(pipeline_class.__init__).parameters
     changes = _split_overrides(overrides or {}, index)
     components = {}
@@ -95,7 +105,8 @@ def pipeline_from_configs(source: str | Path, device: str = "meta", overrides: M
             continue
         library, class_name = entry if isinstance(entry, (list, tuple)) and len(entry) == 2 else (None, None)
         components[component] = (None if library is None or class_name is None else
-                                 _component(folder / component, component, str(library), str(class_name), device,
+                                 _component(folder / component, component, str(library),
+                                            str(class_name), device,
                                             changes.get(component, {})))
     return pipeline_class(**components)
 
@@ -104,7 +115,8 @@ def _pipeline_folder(source: str) -> Path:
     path = Path(source).expanduser()
     if path.is_dir():
         if not (path / "model_index.json").is_file():
-            raise FlopscopeError(f"{path} has no model_index.json: give a diffusers pipeline folder or hub repo")
+            raise FlopscopeError(f"{path} has no model_index.json: give a diffusers pipeline "
+                                 "folder or hub repo")
         return path
     if source.count("/") != 1 or path.exists():
         raise FlopscopeError(f"{source!r} is neither a pipeline folder nor a hub repo id (ORG/NAME)")
@@ -115,19 +127,23 @@ def _pipeline_folder(source: str) -> Path:
     offline = any(os.environ.get(v, "").upper() in {"1", "ON", "YES", "TRUE"}
                   for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
     try:
-        return Path(snapshot_download(source, allow_patterns=list(CONFIG_PATTERNS), local_files_only=offline))
+        return Path(snapshot_download(source, allow_patterns=list(CONFIG_PATTERNS),
+                                      local_files_only=offline))
     except Exception as e:  # offline without a cached copy, a gated or missing repo, no connection
         raise FlopscopeError(f"cannot fetch the configs of {source!r} ({type(e).__name__}"
                              f"{': HF_HUB_OFFLINE is set and the cache has no copy' if offline else ''}); download "
-                             "model_index.json and the components' config files yourself and pass the folder") from e
+                             "model_index.json and the components' config files yourself and pass "
+                             "the folder") from e
 
 
-def _split_overrides(overrides: Mapping[str, Any], index: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+def _split_overrides(overrides: Mapping[str, Any],
+                     index: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
     for key, value in overrides.items():
         component, _, name = key.partition(".")
         if not name or component not in index or component.startswith("_"):
-            raise FlopscopeError(f"--set {key}: write COMPONENT.KEY=VALUE with a component of the pipeline "
+            raise FlopscopeError(f"--set {key}: write COMPONENT.KEY=VALUE with a component of the "
+                                 "pipeline "
                                  f"({', '.join(k for k in index if not k.startswith('_'))})")
         out.setdefault(component, {})[name] = value
     return out
@@ -163,23 +179,26 @@ def _component(folder: Path, name: str, library: str, class_name: str, device: s
         with torch.device(device), warnings.catch_warnings():
             warnings.simplefilter("ignore")
             return cls(config).eval()
-    raise FlopscopeError(f"component {name!r}: cannot build a {library}.{class_name} from its config")
+    raise FlopscopeError(f"component {name!r}: cannot build a {library}.{class_name} from its "
+                         "config")
 
 
 def _tokenizer(folder: Path, name: str, cls: Any, changes: Mapping[str, Any]) -> Any:
-    """The tokenizer from its files, else (none of the vocabulary files its class names, such as an empty folder, or
-    files it cannot read) a :class:`ShapeTokenizer` of the length its config gives. ``changes``: ``model_max_length``
-    only (``--set tokenizer.model_max_length=77``), the length prompts are padded to. A tokenizer read from its files
-    without a ``model_max_length`` (transformers' placeholder, about 1e30) is a
-    :class:`~flopscope.errors.FlopscopeError` naming the fix: the pipeline pads prompts to it."""
+    """The tokenizer from its files, else (none of the vocabulary files its class names,
+    such as an empty folder, or files it cannot read) a :class:`ShapeTokenizer` of the
+    length its config gives. ``changes``: ``model_max_length`` only (``--set
+    tokenizer.model_max_length=77``), the length prompts are padded to. A tokenizer read
+    from its files without a ``model_max_length`` (transformers' placeholder, about
+    1e30) is a :class:`~flopscope.errors.FlopscopeError` naming the fix: the pipeline
+    pads prompts to it."""
     unknown = [key for key in changes if key != "model_max_length"]
     if unknown:
-        raise FlopscopeError(f"--set {name}.{unknown[0]}: a tokenizer takes only {name}.model_max_length (the length "
-                             "prompts are padded to)")
+        raise FlopscopeError(f"--set {name}.{unknown[0]}: a tokenizer takes only "
+                             f"{name}.model_max_length (the length prompts are padded to)")
     wanted = changes.get("model_max_length")
     if wanted is not None and not (isinstance(wanted, int) and not isinstance(wanted, bool) and wanted > 0):
-        raise FlopscopeError(f"--set {name}.model_max_length={wanted!r}: give a positive number of tokens (CLIP's is "
-                             "77, T5's 512)")
+        raise FlopscopeError(f"--set {name}.model_max_length={wanted!r}: give a positive number of "
+                             "tokens (CLIP's is 77, T5's 512)")
     files = [str(file) for file in (getattr(cls, "vocab_files_names", None) or {}).values()]
     tokenizer = None
     if not files or any((folder / file).is_file() for file in files):
@@ -192,9 +211,10 @@ def _tokenizer(folder: Path, name: str, cls: Any, changes: Mapping[str, Any]) ->
             tokenizer.model_max_length = wanted
         length = getattr(tokenizer, "model_max_length", None)
         if not (isinstance(length, int) and 0 < length < _UNSET_LENGTH):
-            raise FlopscopeError(f"the tokenizer {name!r} in {folder} has no model_max_length (it reads {length!r}, "
-                                 "transformers' placeholder for none), the length the pipeline pads prompts to: add "
-                                 f"\"model_max_length\" to {folder / 'tokenizer_config.json'}, or --set "
+            raise FlopscopeError(f"the tokenizer {name!r} in {folder} has no model_max_length (it "
+                                 f"reads {length!r}, transformers' placeholder for none), the "
+                                 "length the pipeline pads prompts to: add \"model_max_length\" "
+                                 f"to {folder / 'tokenizer_config.json'}, or --set "
                                  f"{name}.model_max_length=N (CLIP's is 77, T5's 512)")
         return tokenizer
     length = DEFAULT_TEXT_LENGTH
@@ -207,4 +227,5 @@ def _tokenizer(folder: Path, name: str, cls: Any, changes: Mapping[str, Any]) ->
 
 
 _UNSET_LENGTH = 1_000_000
-"""A tokenizer's ``model_max_length`` from this on is no length: transformers puts about 1e30 where none is set."""
+"""A tokenizer's ``model_max_length`` from this on is no length: transformers puts about
+1e30 where none is set."""

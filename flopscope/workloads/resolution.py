@@ -64,15 +64,18 @@ class ResolutionScaling:
 
     def to_table(self, tablefmt: str = "simple") -> str:
         sizes = ", ".join(f"{h}x{w}" for h, w in self.sizes)
-        parts = [f"MACs per role as exact polynomials in P = height x width (pixels), from calls at {sizes}"]
+        parts = ["MACs per role as exact polynomials in P = height x width (pixels), from calls "
+                 f"at {sizes}"]
         for name, scaling in self.components.items():
             parts += ["", f"{name}:", scaling.to_table(tablefmt)]
         total = self.total()
-        parts += ["", f"whole call: {total.text(VARIABLE) if total is not None else 'not a polynomial at these sizes'}"]
+        parts += ["", "whole call: "
+                      f"{total.text(VARIABLE) if total is not None else 'not a polynomial at these sizes'}"]
         return "\n".join(parts)
 
 
-def resolution_scaling(pipe: Any, sizes: Sequence[int | tuple[int, int]], *, mode: str = "fake", reuse: bool = True,
+def resolution_scaling(pipe: Any, sizes: Sequence[int | tuple[int, int]], *, mode: str = "fake",
+                       reuse: bool = True,
                        registry: FormulaRegistry | None = None, roles: Sequence[RoleRule] = (),
                        **call_kwargs: Any) -> ResolutionScaling:
     """Profile ``pipe(height=h, width=w, **call_kwargs)`` at each size and recover each
@@ -80,26 +83,30 @@ def resolution_scaling(pipe: Any, sizes: Sequence[int | tuple[int, int]], *, mod
 
     Args:
         pipe: a diffusers pipeline (as :func:`flopscope.profile_pipeline`).
-        sizes: square sides (``[256, 512, 768, 1024]``) or ``(height, width)`` pairs, at least four distinct pixel
-            counts (a quadratic is found from three and checked at the fourth).
+        sizes: square sides (``[256, 512, 768, 1024]``) or ``(height, width)`` pairs, at
+            least four distinct pixel counts (a quadratic is found from three and
+            checked at the fourth).
         mode, reuse, registry, roles: as :func:`flopscope.profile_pipeline`.
-        call_kwargs: the call's other arguments (steps, guidance, prompt or embeddings, frames), the same at every
-            size; not ``height`` or ``width``.
+        call_kwargs: the call's other arguments (steps, guidance, prompt or embeddings,
+            frames), the same at every size; not ``height`` or ``width``.
     """
     if "height" in call_kwargs or "width" in call_kwargs:
-        raise ConfigurationError("resolution_scaling sets height and width from sizes: do not pass them")
+        raise ConfigurationError("resolution_scaling sets height and width from sizes: do not pass "
+                                 "them")
     pairs = sorted({(s, s) if isinstance(s, int) else (int(s[0]), int(s[1])) for s in sizes},
                    key=lambda hw: (hw[0] * hw[1], hw))
     for height, width in pairs:
         check_positive(height=height, width=width)
     pixels = [h * w for h, w in pairs]
     if len(set(pixels)) != len(pixels) or len(pixels) < MIN_LENGTHS:
-        raise ConfigurationError(f"resolution_scaling needs at least {MIN_LENGTHS} sizes of distinct pixel counts (a "
-                                 f"quadratic takes 3 and is checked at one more); got {', '.join(map(str, pixels))}")
+        raise ConfigurationError(f"resolution_scaling needs at least {MIN_LENGTHS} sizes of "
+                                 "distinct pixel counts (a quadratic takes 3 and is checked at "
+                                 f"one more); got {', '.join(map(str, pixels))}")
     measured: dict[str, list[Counter[str]]] = {}
     predicted: dict[str, list[dict[str, int | None]]] = {}
     for height, width in pairs:
-        prof = profile_pipeline(pipe, mode=mode, reuse=reuse, registry=registry, roles=roles, height=height,
+        prof = profile_pipeline(pipe, mode=mode, reuse=reuse, registry=registry, roles=roles,
+                                height=height,
                                 width=width, **call_kwargs)
         by_role = prof.by_component_role()
         rows = prof.reconcile().rows
@@ -114,7 +121,8 @@ def resolution_scaling(pipe: Any, sizes: Sequence[int | tuple[int, int]], *, mod
         columns = {role: tuple(c[role] for c in counts) for role in role_names}
         forms = {role: [p.get(role) for p in predicted[name]] for role in role_names}
         components[name] = Scaling(
-            tuple(pixels), columns, {role: interpolate(pixels, list(v)) for role, v in columns.items()},
+            tuple(pixels), columns,
+            {role: interpolate(pixels, list(v)) for role, v in columns.items()},
             {role: _through(pixels, values) for role, values in forms.items()}, variable=VARIABLE)
     return ResolutionScaling(tuple(pairs), components)
 

@@ -87,14 +87,17 @@ class Roofline:
         rows = []
         for p in (*self.roles, *self.steps):
             mfu, mbu = self.utilisation(p)
-            rows.append([p.name, f"{p.flops:,}", f"{p.bytes:,}", _fmt(p.intensity, ".2f"), p.bound or "-",
+            rows.append([p.name, f"{p.flops:,}", f"{p.bytes:,}", _fmt(p.intensity, ".2f"),
+                         p.bound or "-",
                          _fmt(p.predicted_seconds and p.predicted_seconds * 1e6, ".3f"),
-                         _fmt(p.measured_seconds and p.measured_seconds * 1e6, ".1f"), _fmt(mfu, ".2%"),
+                         _fmt(p.measured_seconds and p.measured_seconds * 1e6, ".1f"),
+                         _fmt(mfu, ".2%"),
                          _fmt(mbu, ".2%")])
-        head = (f"peak {_fmt(self.peak_flops and self.peak_flops / 1e12, '.1f')} TFLOP/s, bandwidth "
-                f"{_fmt(self.bandwidth and self.bandwidth / 1e9, '.0f')} GB/s, ridge {_fmt(self.ridge, '.1f')} "
-                f"FLOPs/byte ({self.dtype})")
-        return head + "\n" + tabulate(rows, headers=["role / step", "FLOPs", "bytes", "FLOPs/byte", "bound",
+        head = (f"peak {_fmt(self.peak_flops and self.peak_flops / 1e12, '.1f')} TFLOP/s, "
+                f"bandwidth {_fmt(self.bandwidth and self.bandwidth / 1e9, '.0f')} GB/s, ridge "
+                f"{_fmt(self.ridge, '.1f')} FLOPs/byte ({self.dtype})")
+        return head + "\n" + tabulate(rows, headers=["role / step", "FLOPs", "bytes", "FLOPs/byte",
+                                                     "bound",
                                                      "roofline µs", "measured µs", "MFU", "MBU"],
                                       tablefmt=tablefmt, disable_numparse=True)
 
@@ -103,7 +106,8 @@ class Roofline:
         return roofline_plot(self, path, title)
 
 
-def roofline(prof: Profile, *, device: Any = None, dtype: torch.dtype | None = None, peak: float | None = None,
+def roofline(prof: Profile, *, device: Any = None, dtype: torch.dtype | None = None,
+             peak: float | None = None,
              bandwidth: float | None = None, measured: bool | None = None) -> Roofline:
     """Place every role and, when the profile holds several forwards, every step on the
     roofline of ``device`` (default: the current CUDA device, else this CPU,
@@ -118,7 +122,8 @@ def roofline(prof: Profile, *, device: Any = None, dtype: torch.dtype | None = N
     timed = prof.mode == "real" and (measured if measured is not None else device is None)
     measured_by_role = _measured_by_role(prof) if timed else {}
     macs, moved = prof.by_role(), prof.bytes_by_role()
-    roles = tuple(_point(role, 2 * macs.get(role, 0), moved.get(role, 0), top, band, measured_by_role.get(role))
+    roles = tuple(_point(role, 2 * macs.get(role, 0), moved.get(role, 0), top, band,
+                         measured_by_role.get(role))
                   for role in (*macs, *(r for r in moved if r not in macs)) if macs.get(role) or moved.get(role))
     steps = prof.steps()
     step_points = tuple(_point(f"step {s.step} ({s.phase})", s.flops, s.bytes, top, band,
@@ -131,7 +136,8 @@ def _point(name: str, flops: int, size: int, peak: float | None, bandwidth: floa
            measured: float | None) -> RooflinePoint:
     if peak and bandwidth:
         bound = MEMORY if flops / peak < size / bandwidth else COMPUTE
-        return RooflinePoint(name, flops, size, bound, max(flops / peak, size / bandwidth), measured)
+        return RooflinePoint(name, flops, size, bound, max(flops / peak, size / bandwidth),
+                             measured)
     return RooflinePoint(name, flops, size, None, None, measured)
 
 
@@ -174,8 +180,8 @@ def roofline_figure(result: Roofline, title: str = "") -> tuple[Any, list[Any]]:
     its labels (matplotlib ``Annotation`` s), not saved."""
     plt = pyplot()
     if result.peak_flops is None or result.bandwidth is None:
-        raise FlopscopeError("a roofline plot needs the device's peak FLOP/s and bandwidth (pass peak= and "
-                             "bandwidth=)")
+        raise FlopscopeError("a roofline plot needs the device's peak FLOP/s and bandwidth (pass "
+                             "peak= and bandwidth=)")
     peak, bandwidth = result.peak_flops, result.bandwidth
     points = [p for p in (*result.roles, *result.steps) if p.intensity]
     lows = [p.intensity for p in points if p.intensity] + [result.ridge or 1.0]
@@ -193,7 +199,8 @@ def roofline_figure(result: Roofline, title: str = "") -> tuple[Any, list[Any]]:
         placed.append((intensity, attainable, p.name))
         if p.measured_seconds:
             measured.append((intensity, p.flops / p.measured_seconds))
-            ax.scatter(*zip(measured[-1], strict=True), marker=marker, facecolors="none", edgecolors="grey",
+            ax.scatter(*zip(measured[-1], strict=True), marker=marker, facecolors="none",
+                       edgecolors="grey",
                        zorder=3)
     ax.set_xscale("log")
     ax.set_yscale("log")

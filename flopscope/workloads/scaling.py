@@ -1,11 +1,12 @@
 """Exact scaling in sequence length: each role's multiplies as a polynomial in n, with
 exact coefficients.
 
-:func:`scaling` profiles a model at several lengths (fake tensors by default: cheap), then, per role,
-finds the lowest-degree polynomial through the measured counts by exact rational interpolation and
-*checks* it at every remaining length (so at least one more length than the degree needs): a role whose
-counts are not a polynomial of degree <= len(lengths) - 2 is reported as such, never fitted. Each
-polynomial is set beside the one predicted from the model's declared structure (the closed forms of
+:func:`scaling` profiles a model at several lengths (fake tensors by default: cheap),
+then, per role, finds the lowest-degree polynomial through the measured counts by exact
+rational interpolation and *checks* it at every remaining length (so at least one more
+length than the degree needs): a role whose counts are not a polynomial of degree <=
+len(lengths) - 2 is reported as such, never fitted. Each polynomial is set beside the
+one predicted from the model's declared structure (the closed forms of
 :mod:`flopscope.predict.reconcile`), coefficient by coefficient.
 """
 
@@ -34,19 +35,25 @@ from .symbolic import SymbolicTrace, trace
 __all__ = ["METHODS", "MIN_LENGTHS", "Polynomial", "Scaling", "interpolate", "scaling"]
 
 MIN_LENGTHS = 4
-"""Fewest distinct lengths :func:`scaling` takes: a quadratic (attention) takes 3 and is checked at one more."""
+"""Fewest distinct lengths :func:`scaling` takes: a quadratic (attention) takes 3 and is
+checked at one more."""
 
 
 METHODS = ("sampled", "auto", "symbolic")
-"""How :func:`scaling` finds the polynomials: profiles at each length and exact interpolation; one symbolic trace
-(:mod:`flopscope.symbolic`); or the symbolic trace with a fall-back to sampling where the model specialises."""
+"""How :func:`scaling` finds the polynomials: profiles at each length and exact
+interpolation; one symbolic trace (:mod:`flopscope.symbolic`); or the symbolic trace
+with a fall-back to sampling where the model specialises."""
 
 
-def scaling(model: nn.Module, make_inputs: Callable[[int], Any], lengths: Sequence[int] = (64, 128, 256, 512, 1024),
+def scaling(model: nn.Module, make_inputs: Callable[[int], Any],
+            lengths: Sequence[int] = (64, 128, 256, 512, 1024),
             *, mode: str = "fake", spec: Callable[[int], TransformerSpec] | None = None,
-            progress: Callable[[int, int], None] | None = None, registry: FormulaRegistry | None = None,
-            roles: Sequence[RoleRule] = (), backward: bool = False, loss: Callable[[Any], torch.Tensor] | None = None,
-            forward_kwargs: dict[str, Any] | None = None, method: str = "sampled", **kwargs: Any) -> Scaling:
+            progress: Callable[[int, int], None] | None = None,
+            registry: FormulaRegistry | None = None,
+            roles: Sequence[RoleRule] = (), backward: bool = False,
+            loss: Callable[[Any], torch.Tensor] | None = None,
+            forward_kwargs: dict[str, Any] | None = None, method: str = "sampled",
+            **kwargs: Any) -> Scaling:
     """Profile ``model(*make_inputs(n))`` at each length and recover each role's exact
     polynomial in n.
 
@@ -77,13 +84,16 @@ def scaling(model: nn.Module, make_inputs: Callable[[int], Any], lengths: Sequen
     check_mode(method, METHODS, "method")
     fewest = 2 if method == "symbolic" else MIN_LENGTHS
     if len(lengths) < fewest:
-        raise ConfigurationError(f"scaling needs at least {fewest} distinct lengths: a quadratic (attention) takes 3 "
-                                 f"and is checked at one more; got {', '.join(map(str, lengths))}"
+        raise ConfigurationError(f"scaling needs at least {fewest} distinct lengths: a quadratic "
+                                 "(attention) takes 3 and is checked at one more; got "
+                                 f"{', '.join(map(str, lengths))}"
                                  if fewest == MIN_LENGTHS else
-                                 f"a symbolic scaling is checked at two lengths; got {', '.join(map(str, lengths))}")
+                                 "a symbolic scaling is checked at two lengths; got "
+                                 f"{', '.join(map(str, lengths))}")
     check_mode(mode, MODES)
     plan = CapturePlan.of(mode, registry, backward, loss)
-    sweep = _Sweep(model, make_inputs, mode, spec, progress, plan, roles, {**kwargs, **(forward_kwargs or {})})
+    sweep = _Sweep(model, make_inputs, mode, spec, progress, plan, roles,
+                   {**kwargs, **(forward_kwargs or {})})
     with paused_gc(promote=mode == "fake"):
         if method == "sampled":
             return sweep.sampled(lengths)
@@ -112,8 +122,10 @@ class _Sweep:
     length)."""
 
     def __init__(self, model: nn.Module, make_inputs: Callable[[int], Any], mode: str,
-                 spec: Callable[[int], TransformerSpec] | None, progress: Callable[[int, int], None] | None,
-                 plan: CapturePlan, roles: Sequence[RoleRule], forward_kwargs: dict[str, Any]) -> None:
+                 spec: Callable[[int], TransformerSpec] | None,
+                 progress: Callable[[int, int], None] | None,
+                 plan: CapturePlan, roles: Sequence[RoleRule],
+                 forward_kwargs: dict[str, Any]) -> None:
         self.model, self.make_inputs, self.mode, self.spec = model, make_inputs, mode, spec
         self.progress, self.roles, self.forward_kwargs = progress, roles, forward_kwargs
         # the model's state converted once for the sweep
@@ -129,7 +141,8 @@ class _Sweep:
     def measure(self, n: int, inputs: Any = None) -> _Point:
         """Profile at length ``n`` (``inputs``: ``make_inputs(n)`` if already made)."""
         args, kwargs = split_inputs(self.make_inputs(n) if inputs is None else inputs)
-        prof = profile_with_plan(self.model, args, {**kwargs, **self.forward_kwargs}, self.plan, self.roles,
+        prof = profile_with_plan(self.model, args, {**kwargs, **self.forward_kwargs}, self.plan,
+                                 self.roles,
                                  stacklevel=5)
         if self.template is None or not reuse_roles(prof, self.template):
             self.template = prof
@@ -153,7 +166,8 @@ class _Sweep:
         """One symbolic trace, checked against profiles at the shortest and the longest
         length."""
         if self.mode == "real":
-            raise SymbolicError("a symbolic trace runs on fake tensors, and mode='real' was asked for")
+            raise SymbolicError("a symbolic trace runs on fake tensors, and mode='real' was asked "
+                                "for")
         ends = (lengths[0], lengths[-1])
         inputs = [self.make_inputs(n) for n in ends]
         traced = trace(self.model, (split_inputs(inputs[0]), split_inputs(inputs[1])), ends,
@@ -168,28 +182,33 @@ class _Sweep:
         # again: a guard added by flopscope's own code counts too
         self._check_guards(traced, lengths)
         predicted = [_predictions(traced.reconcile_at(n, self.spec(n) if self.spec else None)) for n in lengths]
-        for (n, point), guesses in zip(zip(ends, checks, strict=True), (predicted[0], predicted[-1]), strict=True):
+        for (n, point), guesses in zip(zip(ends, checks, strict=True),
+                                       (predicted[0], predicted[-1]), strict=True):
             for label, counts, measured in (("MACs", roles, point.roles), ("recomputed MACs", recomputed,
                                                                           point.recomputed)):
                 for role in _union((counts, measured)):
                     expected = traced.at(counts.get(role, 0), n)
                     if expected != measured.get(role, 0):
-                        raise SymbolicError(f"the symbolic {label} of {role}, {traced.text(counts.get(role, 0))}, "
-                                            f"are {expected:,} at n = {n}; a profile there counts "
+                        raise SymbolicError(f"the symbolic {label} of {role}, "
+                                            f"{traced.text(counts.get(role, 0))}, are {expected:,} "
+                                            f"at n = {n}; a profile there counts "
                                             f"{measured.get(role, 0):,}")
             if guesses != point.predicted:
-                raise SymbolicError(f"the predictions of the symbolic trace at n = {n} ({guesses}) differ from those "
-                                    f"of a profile there ({point.predicted})")
+                raise SymbolicError(f"the predictions of the symbolic trace at n = {n} ({guesses}) "
+                                    f"differ from those of a profile there ({point.predicted})")
         for label, counts in (("MACs", roles), ("recomputed MACs", recomputed)):
             for role, macs in counts.items():
                 if traced.coefficients(macs) is None:
-                    raise SymbolicError(f"the {label} of {role}, {traced.text(macs)}, are not a polynomial in n")
+                    raise SymbolicError(f"the {label} of {role}, {traced.text(macs)}, are not a "
+                                        "polynomial in n")
         result = _scaling(lengths, [{r: traced.at(m, n) for r, m in roles.items()} for n in lengths],
-                          [{r: traced.at(m, n) for r, m in recomputed.items()} for n in lengths], predicted)
+                          [{r: traced.at(m, n) for r, m in recomputed.items()} for n in lengths],
+                          predicted)
         exact = {role: Polynomial(traced.coefficients(macs) or ()) for role, macs in roles.items()}
         # interpolation agrees
         if any(result.polynomials[role] not in (None, exact[role]) for role in exact):
-            raise SymbolicError("the symbolic polynomials differ from the interpolation of their own values")
+            raise SymbolicError("the symbolic polynomials differ from the interpolation of their "
+                                "own values")
         return replace(result, polynomials={role: exact[role] for role in result.polynomials},
                        recomputed={role: Polynomial(traced.coefficients(recomputed[role]) or ())
                                    for role in result.recomputed},
@@ -217,8 +236,10 @@ def _union(dicts: Iterable[Mapping[str, Any]]) -> list[str]:
 
 
 def _scaling(lengths: tuple[int, ...], measured: Sequence[Mapping[str, int]],
-             recomputed: Sequence[Mapping[str, int]], predicted: Sequence[Mapping[str, int | None]]) -> Scaling:
-    """The :class:`Scaling` of per-length counts (each a ``{role: MACs}``, one per length)."""
+             recomputed: Sequence[Mapping[str, int]],
+             predicted: Sequence[Mapping[str, int | None]]) -> Scaling:
+    """The :class:`Scaling` of per-length counts (each a ``{role: MACs}``, one per
+    length)."""
     def column(rows: Sequence[Mapping[str, Any]], role: str) -> list[Any]:
         return [row.get(role, 0) for row in rows]
 
@@ -228,7 +249,8 @@ def _scaling(lengths: tuple[int, ...], measured: Sequence[Mapping[str, int]],
         values = column(predicted, role)
         predictions[role] = None if any(v is None for v in values) else interpolate(lengths, values)
     order = [r for r in ROLE_ORDER if r in polynomials]
-    return Scaling(lengths, {r: tuple(column(measured, r)) for r in order}, {r: polynomials[r] for r in order},
+    return Scaling(lengths, {r: tuple(column(measured, r)) for r in order},
+                   {r: polynomials[r] for r in order},
                    {r: predictions[r] for r in order if r in predictions},
                    {r: interpolate(lengths, column(recomputed, r)) for r in ROLE_ORDER if r in _union(recomputed)})
 

@@ -5,10 +5,11 @@ Units: these functions speak **FLOPs** (2 per MAC), as Lightning, Hugging Face a
 torchtitan do; the rest of flopscope speaks MACs. Conventions (what a padded or packed
 batch costs): ``docs/conventions.md``.
 
-``attention=`` (every function here): how the attention core is charged, ``"executed"`` (default: every pair the
-kernels compute), ``"causal"`` (the causal half, FlashAttention / Megatron-LM / MaxText) or ``"mask"`` (the pairs
-the mask allows, padding included where the batch says which tokens are padding); see
-:mod:`flopscope.predict.attention`. MFU computed from such a price is MFU under that convention.
+``attention=`` (every function here): how the attention core is charged, ``"executed"``
+(default: every pair the kernels compute), ``"causal"`` (the causal half, FlashAttention
+/ Megatron-LM / MaxText) or ``"mask"`` (the pairs the mask allows, padding included
+where the batch says which tokens are padding); see :mod:`flopscope.predict.attention`.
+MFU computed from such a price is MFU under that convention.
 """
 
 from __future__ import annotations
@@ -115,14 +116,16 @@ class BatchPricer:
     polynomials: Mapping[str, Polynomial]  # role -> MACs of one sequence of n tokens
     backward: bool
     recomputed: Mapping[str, Polynomial] = field(default_factory=dict)
-    """role -> MACs that activation checkpointing recomputes for one sequence of n tokens (hardware work)"""
+    """role -> MACs that activation checkpointing recomputes for one sequence of n
+    tokens (hardware work)"""
     attention: str = EXECUTED
     attention_terms: tuple[AttentionTerm, ...] = ()
     sequence: SequenceLayout | None = None
-    """How a batch given as one tensor holds its sequences (read from ``make_inputs`` by :func:`flops_per_batch`):
-    a tensor of that rank is read so, an integer tensor of another as token ids ``[..., n]``, a float one refused;
-    ``None``: token ids ``[..., n]``, and a float tensor of rank > 2 (hidden states, whose last dimension is a width)
-    refused."""
+    """How a batch given as one tensor holds its sequences (read from ``make_inputs`` by
+    :func:`flops_per_batch`): a tensor of that rank is read so, an integer tensor of
+    another as token ids ``[..., n]``, a float one refused; ``None``: token ids ``[...,
+    n]``, and a float tensor of rank > 2 (hidden states, whose last dimension is a
+    width) refused."""
 
     def __call__(self, batch: Any) -> int:
         """Model FLOPs of the batch (2 per MAC; recomputed work not included: see
@@ -452,8 +455,8 @@ def _attention_terms(model: nn.Module, make_inputs: Callable[[int], Any], n: int
 
 # --------------------------------------------------------------------------------------------------
 AUTO = "auto"
-"""``peak="auto"``: look the device's peak up (:func:`flopscope.peaks.peak_flops`), the default of :class:`Throughput`
-and the training callbacks."""
+"""``peak="auto"``: look the device's peak up (:func:`flopscope.peaks.peak_flops`), the
+default of :class:`Throughput` and the training callbacks."""
 
 
 def resolve_peak(peak: float | str | None, device: Any, dtype: torch.dtype) -> tuple[float | None, str]:

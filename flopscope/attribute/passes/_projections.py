@@ -45,7 +45,8 @@ def demand_projections(view: GraphView, state: RoleState, operand: CapturedOp, r
     ``blocked``."""
     stops = PERIODIC | blocked
     direct = set(behind_channelwise(view, operand, blocked=lambda n: view.packet(n) in stops))
-    found = [demand for demand in projections_of(view, state, operand, role, through_channelwise=True)
+    found = [demand for demand in projections_of(view, state, operand, role,
+                                                 through_channelwise=True)
              if demand[0] in direct]
     for p, target, demanded in found:
         state.demand(p, target, demanded)
@@ -57,14 +58,16 @@ PERIODIC = frozenset({aten.sin, aten.cos})
 content."""
 
 
-def demand_beside_decays(view: GraphView, state: RoleState, operand: CapturedOp, role: str) -> set[CapturedOp]:
+def demand_beside_decays(view: GraphView, state: RoleState, operand: CapturedOp,
+                         role: str) -> set[CapturedOp]:
     """:func:`demand_projections`, also not through a cumulative sum: a decay
     accumulated over positions (KDA's ``q * exp(cumsum(g))``, ``g`` from its forget
     gate's projections) scales the queries and keys, it is no projection of them."""
     return demand_projections(view, state, operand, role, blocked=frozenset({aten.cumsum}))
 
 
-def demand_out_proj(view: GraphView, state: RoleState, output: CapturedOp, through_reductions: bool = False
+def demand_out_proj(view: GraphView, state: RoleState, output: CapturedOp,
+                    through_reductions: bool = False
                      ) -> set[CapturedOp]:
     found = set()
     for p in nearest_after(view, output, through_reductions):

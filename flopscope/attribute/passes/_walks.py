@@ -31,18 +31,21 @@ BARRIER_CATEGORIES = ("norm", "reduction")
 """Elementwise categories the attention output does not flow to ``out_proj`` through."""
 
 
-PASS_THROUGH = frozenset({aten.native_dropout, aten.dropout, aten.feature_dropout, aten.alpha_dropout})
+PASS_THROUGH = frozenset({aten.native_dropout, aten.dropout, aten.feature_dropout,
+                          aten.alpha_dropout})
 """Ops besides the zero-cost ones that carry a value to a matmul as the same input
 (dropout on an adapter's branch keeps it the projection's input)."""
 
 
-RANDOM_OPS = frozenset({aten.bernoulli, aten.bernoulli_, aten.rand, aten.rand_like, aten.uniform_, aten.uniform,
+RANDOM_OPS = frozenset({aten.bernoulli, aten.bernoulli_, aten.rand, aten.rand_like, aten.uniform_,
+                        aten.uniform,
                         aten.randn, aten.randn_like, aten.normal, aten.normal_})
 """Random sources: a product with a mask drawn from one is dropout (fake tensors run
 ``x * bernoulli_(...)``)."""
 
 
-SELECTIONS = frozenset({aten.topk, aten.sort, aten.argsort, aten.argmax, aten.argmin, aten.kthvalue})
+SELECTIONS = frozenset({aten.topk, aten.sort, aten.argsort, aten.argmax, aten.argmin,
+                        aten.kthvalue})
 """Ops that pick entries by value: what a scoring network's result feeds when it only
 selects."""
 
@@ -53,11 +56,13 @@ def nearest_before(view: GraphView, start: Any, stop_at_softmax: bool = False) -
     if not isinstance(start, CapturedOp):
         return []
     if stop_at_softmax:
-        return view.frontier([start], view.inputs, lambda n: n is not start and view.packet(n) in SOFTMAX_OPS)
+        return view.frontier([start], view.inputs,
+                             lambda n: n is not start and view.packet(n) in SOFTMAX_OPS)
     return view.cached("before", start, lambda: view.frontier([start], view.inputs))
 
 
-def nearest_after(view: GraphView, start: CapturedOp, through_reductions: bool = False) -> list[CapturedOp]:
+def nearest_after(view: GraphView, start: CapturedOp,
+                  through_reductions: bool = False) -> list[CapturedOp]:
     """Multiply nodes reached first walking forward from ``start`` through ops without
     multiplies (not through another softmax or a normalisation, nor a reduction
     unless ``through_reductions``)."""
@@ -91,10 +96,12 @@ def _walk_to_root(view: GraphView, n: CapturedOp) -> CapturedOp:
 def is_random(view: GraphView, n: CapturedOp) -> bool:
     """A random op lies behind ``n`` (without multiplies): ``n`` is a mask drawn at
     random."""
-    return view.runs(RANDOM_OPS) and view.behind(n, "random", lambda m: view.packet(m) in RANDOM_OPS)
+    return view.runs(RANDOM_OPS) and view.behind(n, "random",
+                                                 lambda m: view.packet(m) in RANDOM_OPS)
 
 
-def behind_channelwise(view: GraphView, start: CapturedOp, blocked: Callable[[CapturedOp], bool] | None = None,
+def behind_channelwise(view: GraphView, start: CapturedOp,
+                       blocked: Callable[[CapturedOp], bool] | None = None,
                         behind_conv: Callable[[CapturedOp], bool] | None = None) -> list[CapturedOp]:
     """The multiplies nearest behind ``start``, with each depthwise convolution among
     them replaced by the multiplies nearest behind its input; ``blocked``: nodes the
@@ -122,7 +129,8 @@ def behind_channelwise(view: GraphView, start: CapturedOp, blocked: Callable[[Ca
     return list(found)
 
 
-def projections_of(view: GraphView, state: RoleState, start: CapturedOp, role: str, through_channelwise: bool = False,
+def projections_of(view: GraphView, state: RoleState, start: CapturedOp, role: str,
+                   through_channelwise: bool = False,
                     blocked: Callable[[CapturedOp], bool] | None = None) -> list[tuple[CapturedOp, CapturedOp, str]]:
     """(projection, consumer target, role) for the weight matmuls nearest behind
     ``start``; with ``through_channelwise``, looking through depthwise convolutions

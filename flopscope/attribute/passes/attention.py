@@ -116,7 +116,8 @@ def _unread(view: GraphView, n: CapturedOp) -> bool:
     """Nothing reads ``n``'s result but copies of it (dtype changes, clones), which
     nothing reads either: a value the forward computes and drops (or returns as it
     is)."""
-    return all(view.packet(m) in VALUE_COPIES for m in reach(view.users(n), view.users, lambda m: True))
+    return all(view.packet(m) in VALUE_COPIES for m in reach(view.users(n), view.users,
+                                                             lambda m: True))
 
 
 def _transposed_on_the_way(view: GraphView, product: CapturedOp, softmax: CapturedOp) -> bool:

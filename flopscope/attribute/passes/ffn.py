@@ -77,9 +77,11 @@ def _down_projections(view: GraphView, state: RoleState, gated: bool) -> None:
                 continue
             residual = writes_back(view, d)
             found = _hidden_layer(view, state, hidden, through_channelwise=residual)
-            # conditioning, a head, a router's coefficients or an MLP: no FFN (the vetoes)
+            # conditioning, a head, a router's coefficients or an MLP: no FFN (the
+            # vetoes)
             if found is None or _per_sample(view, d) or view.pooled(d) or _only_weighs(view, d) \
-                    or _spread_before(view, found) or _an_mlp(view, state, d, found, residual or bool(sources)):
+                    or _spread_before(view, found) or _an_mlp(view, state, d, found,
+                                                              residual or bool(sources)):
                 continue
             for demands in found:
                 for p, target, role in demands:
@@ -110,7 +112,8 @@ def _spread_before(view: GraphView, found: Branches) -> bool:
     return any(_spread(view, p) for demands in found for p, _, _ in demands)
 
 
-def _an_mlp(view: GraphView, state: RoleState, d: CapturedOp, found: Branches, residual: bool) -> bool:
+def _an_mlp(view: GraphView, state: RoleState, d: CapturedOp, found: Branches,
+            residual: bool) -> bool:
     """``d`` writes back to no residual stream (``residual``: it does, or it reads a
     concatenation, judged by rows) and is no FFN's down projection either: it maps
     between widths (:func:`_back_to_its_width`), or the MLP goes on after it
@@ -258,7 +261,8 @@ def _fourier_features(view: GraphView, sources: Sequence[CapturedOp]) -> bool:
     return bool(sources) and found == {aten.sin, aten.cos}
 
 
-def _hidden_layer(view: GraphView, state: RoleState, x: CapturedOp, through_channelwise: bool = False
+def _hidden_layer(view: GraphView, state: RoleState, x: CapturedOp,
+                  through_channelwise: bool = False
                   ) -> list[list[tuple[CapturedOp, CapturedOp, str]]] | None:
     """The projections an FFN hidden layer ``x`` is made from, per branch (gate and up,
     or up), if ``x`` is one: it passes an activation function (or a gated product)
@@ -327,7 +331,8 @@ def _spread(view: GraphView, n: CapturedOp) -> bool:
     rows = rows_of(n.output_shapes[0]) if n.output_shapes else None
     if rows is None:
         return False  # (symbolic sizes: nothing to compare)
-    return (view.ahead(n, ("spread over positions", rows), spreads, lambda user, _: _keeps_rows(user, rows))
+    return (view.ahead(n, ("spread over positions", rows), spreads,
+                       lambda user, _: _keeps_rows(user, rows))
             and view.is_condition(n))  # (a value of the token stream is no condition)
 
 

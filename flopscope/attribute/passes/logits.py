@@ -86,7 +86,8 @@ def _feeds_a_weight_matmul(view: GraphView, n: CapturedOp) -> bool:
     model's last projection. Tells an untied LM head from an FFN up projection whose
     width happens to equal the vocabulary."""
     return view.cached("feeds_weight_matmul", n, lambda: any(
-        view.is_weight_matmul(x) for x in reach(view.users(n), view.users, lambda x: not view.is_weight_matmul(x))))
+        view.is_weight_matmul(x) for x in reach(view.users(n), view.users,
+                                                lambda x: not view.is_weight_matmul(x))))
 
 
 def _leaf_key(n: CapturedOp) -> Any:

@@ -71,12 +71,14 @@ def _scaled_from(view: GraphView, n: CapturedOp) -> list[CapturedOp]:
 def _first_sums(view: GraphView, p: CapturedOp) -> list[CapturedOp]:
     """The sums that take a scaled copy of ``p``'s output (:func:`_scaled_from`) and
     another dynamic value."""
-    return [s for s in reach(view.users(p), view.users, lambda x: not x.macs and view.packet(x) not in SUM_OPS)
+    return [s for s in reach(view.users(p), view.users,
+                             lambda x: not x.macs and view.packet(x) not in SUM_OPS)
             if view.packet(s) in SUM_OPS and any(p in _scaled_from(view, x) for x in view.inputs(s))
             and sum(view.dynamic[x] for x in view.inputs(s)) >= 2]
 
 
-def _chain_from(view: GraphView, state: RoleState, last: CapturedOp, source: CapturedOp, roles: Mapping[str, int],
+def _chain_from(view: GraphView, state: RoleState, last: CapturedOp, source: CapturedOp,
+                roles: Mapping[str, int],
                 depth: int = 3) -> list[CapturedOp]:
     """``last`` and the weight matmuls behind it, when they form a chain that starts
     from ``source`` (every multiply nearest behind each link is a weight matmul

@@ -34,7 +34,8 @@ def user_rules(view: GraphView, state: RoleState) -> None:
     _force_rules(view, state, state.rules, only_unfused=False)
 
 
-def _force_rules(view: GraphView, state: RoleState, rules: tuple[RoleRule, ...], only_unfused: bool) -> None:
+def _force_rules(view: GraphView, state: RoleState, rules: tuple[RoleRule, ...],
+                 only_unfused: bool) -> None:
     """Force ``rules`` on the multiplies inside matching modules (the first rule that
     matches wins; ``only_unfused``: not on fused kernels, convolutions or Fourier
     transforms)."""

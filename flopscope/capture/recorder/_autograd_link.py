@@ -54,7 +54,8 @@ class AutogradLinks:
         ``op``."""
         self.by_sequence_nr[torch.autograd._get_sequence_nr() - 1] = op
 
-    def link(self, op: CapturedOp, func: Any, forward_op: CapturedOp | None, recompute: bool, backward: bool,
+    def link(self, op: CapturedOp, func: Any, forward_op: CapturedOp | None, recompute: bool,
+             backward: bool,
              inputs_need_grad: bool) -> None:
         """Link ``op``, just recorded, to autograd. In the backward pass: to
         ``forward_op``, the forward op whose node runs, or if it is a ``recompute``, to

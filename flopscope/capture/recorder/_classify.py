@@ -64,7 +64,8 @@ def classify(func: Any, registry: FormulaRegistry) -> OpClass:
     if func in elementwise.METADATA_OPS or not isinstance(func, OP_TYPES):
         return PASSED
     found = _classify_op(func, registry)
-    return dataclasses.replace(found, name=getattr(packet(func), "__name__", "op"), access=traffic.access_of(func),
+    return dataclasses.replace(found, name=getattr(packet(func), "__name__", "op"),
+                               access=traffic.access_of(func),
                                checked=found.spec is not None or packet(func) in EMBEDDING_LOOKUPS,
                                constructor=_is_constructor(func))
 

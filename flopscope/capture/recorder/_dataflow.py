@@ -38,7 +38,8 @@ class Dataflow:
         tallies: the run's tallies (parameters first seen during the run).
     """
 
-    def __init__(self, producers: Producers, ops: list[CapturedOp], leaf_names: Mapping[int, LeafName],
+    def __init__(self, producers: Producers, ops: list[CapturedOp],
+                 leaf_names: Mapping[int, LeafName],
                  storage: StorageVersions, known: KnownValues, tallies: Tallies) -> None:
         self.producers = producers
         self._leaf_tensors: dict[int, list[weakref.ref[torch.Tensor]]] = {}
@@ -74,8 +75,10 @@ class Dataflow:
         op.dtype = outputs[0][1].dtype if outputs else None
         made_at, producers = self._storage.made_at, self.producers
         for i, item in outputs:
-            getter = CapturedOp("call_function", operator.getitem, (op, i), {}, f"{op.name}_{i}", phase=op.phase,
-                                module_stack=stack, output_shapes=(shape_of(item),), dtype=item.dtype)
+            getter = CapturedOp("call_function", operator.getitem, (op, i), {}, f"{op.name}_{i}",
+                                phase=op.phase,
+                                module_stack=stack, output_shapes=(shape_of(item),),
+                                dtype=item.dtype)
             made_at[id(getter)] = len(self._ops)
             self._ops.append(getter)
             producers[id(item)] = (weakref.ref(item), getter)
@@ -127,7 +130,8 @@ class Dataflow:
         kind = self._leaf_names[id(t)].kind if id(t) in self._leaf_names else LeafKind.CONSTANT
         return leaf_value(t, kind) is not None
 
-    def _leaf_of(self, t: torch.Tensor, on_constant: Callable[[torch.Tensor], None] | None) -> CapturedOp:
+    def _leaf_of(self, t: torch.Tensor,
+                 on_constant: Callable[[torch.Tensor], None] | None) -> CapturedOp:
         """A new record for a tensor no recorded op made (a parameter, buffer, input or
         outside constant)."""
         leaf = self._leaf_names.get(id(t))
@@ -137,13 +141,15 @@ class Dataflow:
             if isinstance(t, torch.nn.Parameter):
                 # each its own name: a shared one would make them all one tied weight
                 self._tallies.late_parameters += 1
-                leaf = LeafName("get_attr", f"parameter_{self._tallies.late_parameters}", LeafKind.PARAMETER)
+                leaf = LeafName("get_attr", f"parameter_{self._tallies.late_parameters}",
+                                LeafKind.PARAMETER)
             else:
                 leaf = LeafName("placeholder", "constant", LeafKind.CONSTANT)
         value = self._known.leaf_values.get(id(t))
         if value is None:
             value = leaf_value(t, leaf.kind)
-        op = CapturedOp(leaf.node_op, leaf.name, (), {}, leaf.name.replace(".", "_"), output_shapes=(shape_of(t),),
+        op = CapturedOp(leaf.node_op, leaf.name, (), {}, leaf.name.replace(".", "_"),
+                        output_shapes=(shape_of(t),),
                         dtype=t.dtype, value=value, leaf=leaf.kind)
         # a parameter, buffer or input held its storage since before the run: every
         # write to it since counts

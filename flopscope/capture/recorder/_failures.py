@@ -36,7 +36,8 @@ class OpFailure:
         return f"op {self.op} in module '{self.module}' with input shapes {shapes}"
 
 
-def failure_at(func: Any, stack: tuple[ModuleCall, ...], args: tuple[Any, ...], kwargs: dict[str, Any]) -> OpFailure:
+def failure_at(func: Any, stack: tuple[ModuleCall, ...], args: tuple[Any, ...],
+               kwargs: dict[str, Any]) -> OpFailure:
     """The failure of ``func`` called with ``args`` and ``kwargs`` in the module calls
     ``stack``."""
     return OpFailure(op_name(func), stack[-1].path if stack else "", shapes((args, kwargs)))

@@ -27,7 +27,8 @@ MIXED_DTYPE_OPS = frozenset({torch.ops.aten._scaled_mm, *formulas.aten_ops("_sca
 scales)."""
 
 
-def check_as_the_real_kernel(func: Any, args: tuple[Any, ...], spec: OpSpec | None, known: KnownValues) -> None:
+def check_as_the_real_kernel(func: Any, args: tuple[Any, ...], spec: OpSpec | None,
+                             known: KnownValues) -> None:
     """Operands of one dtype for products, convolutions and attention; indices inside
     embedding tables (where ``known`` has their values)."""
     if spec is not None and packet(func) not in MIXED_DTYPE_OPS:
@@ -35,8 +36,9 @@ def check_as_the_real_kernel(func: Any, args: tuple[Any, ...], spec: OpSpec | No
         operands = [args[i] for i in positions if i < len(args) and isinstance(args[i], torch.Tensor)]
         dtypes = {t.dtype for t in operands}
         if len(dtypes) > 1:
-            raise RefusedInput(f"{op_name(func)} got operands of dtypes {', '.join(str(t.dtype) for t in operands)}"
-                               "; a real kernel refuses operands of different dtypes")
+            raise RefusedInput(f"{op_name(func)} got operands of dtypes "
+                               f"{', '.join(str(t.dtype) for t in operands)}; a real kernel "
+                               "refuses operands of different dtypes")
     if packet(func) in EMBEDDING_LOOKUPS and len(args) > 1 and isinstance(args[1], torch.Tensor):
         rows = int(args[0].shape[0])
         values = known.value_of(args[1])
@@ -50,11 +52,13 @@ def check_as_the_real_kernel(func: Any, args: tuple[Any, ...], spec: OpSpec | No
             if high < rows and low >= 0:
                 return
             bad = high if high >= rows else low
-            raise RefusedInput(f"index {bad} is out of range for an embedding table of {rows} rows; a real "
-                               "forward refuses it (token ids >= vocab_size, or more positions than the table)")
+            raise RefusedInput(f"index {bad} is out of range for an embedding table of {rows} "
+                               "rows; a real forward refuses it (token ids >= vocab_size, or more "
+                               "positions than the table)")
 
 
-def _grouped_mm_output(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor | None = None, bias: Any = None,
+def _grouped_mm_output(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor | None = None,
+                       bias: Any = None,
                        out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """The output of ``_grouped_mm`` (PyTorch's fake kernel accepts only bfloat16; the
     CPU kernel runs float32): ``[M, K] x [G, K, N] -> [M, N]``, ``[G, M, K] x [G, K, N]
@@ -71,6 +75,7 @@ def _grouped_mm_output(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor | No
     return torch.empty(shape, dtype=out_dtype or a.dtype, device=a.device)
 
 
-FAKE_SHAPE_RULES: dict[Any, Callable[..., Any]] = dict.fromkeys(formulas.aten_ops("_grouped_mm"), _grouped_mm_output)
+FAKE_SHAPE_RULES: dict[Any, Callable[..., Any]] = dict.fromkeys(formulas.aten_ops("_grouped_mm"),
+                                                                _grouped_mm_output)
 """Output makers for ops whose fake kernel rejects what the real kernel runs (used only
 if it raises)."""

@@ -37,7 +37,8 @@ MAX_KNOWN_FLOAT_NUMEL = 1 << 10
 """On fake tensors, floating-point tensors up to this many elements computed only from
 known values keep theirs (``torch.arange(t) * time_interval`` before ``.long()``:
 Qwen2-VL's temporal positions)."""
-UNINITIALISED = frozenset({torch.ops.aten.empty, torch.ops.aten.empty_like, torch.ops.aten.new_empty,
+UNINITIALISED = frozenset({torch.ops.aten.empty, torch.ops.aten.empty_like,
+                           torch.ops.aten.new_empty,
                            torch.ops.aten.empty_strided, torch.ops.aten.new_empty_strided})
 """Ops whose output's values are whatever memory held: never known."""
 SCALAR_READS = (torch.ops.aten._local_scalar_dense.default, torch.ops.aten.item.default)
@@ -142,7 +143,8 @@ class KnownValues:
             known[id(t)] = value
         with _disable_current_modes():
             try:
-                out = func(*map_tensors(args, lambda t: known[id(t)]), **map_tensors(kwargs, lambda t: known[id(t)]))
+                out = func(*map_tensors(args, lambda t: known[id(t)]),
+                           **map_tensors(kwargs, lambda t: known[id(t)]))
             except (RuntimeError, TypeError, ValueError, IndexError, NotImplementedError):
                 return None
         if isinstance(out, (tuple, list)) and all(isinstance(t, torch.Tensor) and not t.is_meta for t in out):
@@ -150,7 +152,8 @@ class KnownValues:
             return list(out)
         return out if isinstance(out, torch.Tensor) and not out.is_meta else None
 
-    def of_outputs(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any, cost: Cost
+    def of_outputs(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any,
+                   cost: Cost
                    ) -> list[torch.Tensor] | None:
         """The values of each item of a tuple or list ``out``, where they follow from
         known values: small index tensors only (:meth:`propagate`)."""
@@ -178,7 +181,8 @@ class KnownValues:
             values.append(value)
         return bool(self._written.positions(func)), values[0] if values else None
 
-    def _write_values(self, func: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any], t: torch.Tensor
+    def _write_values(self, func: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any],
+                      t: torch.Tensor
                       ) -> torch.Tensor | None:
         """Run the in-place op ``func`` for real on the known values of the storage of
         ``t`` (the tensor it writes, or the one it views), give every tensor on that
@@ -202,7 +206,8 @@ class KnownValues:
         storage = storage_of(t)
         with _disable_current_modes():
             try:
-                func(*map_tensors(args, lambda x: known[id(x)]), **map_tensors(dict(kwargs), lambda x: known[id(x)]))
+                func(*map_tensors(args, lambda x: known[id(x)]),
+                     **map_tensors(dict(kwargs), lambda x: known[id(x)]))
             except (RuntimeError, TypeError, ValueError, IndexError, NotImplementedError):
                 return None
             for key, (ref, op) in list(self._producers.items()):

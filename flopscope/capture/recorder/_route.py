@@ -44,7 +44,8 @@ def _shape_propagation_code() -> Any:
     torch.distributed.tensor is imported already."""
     from torch.distributed.tensor._sharding_prop import ShardingPropagator
 
-    return getattr(getattr(ShardingPropagator, "_propagate_tensor_meta_non_cached", None), "__code__", None)
+    return getattr(getattr(ShardingPropagator, "_propagate_tensor_meta_non_cached", None),
+                   "__code__", None)
 
 
 def in_shape_propagation() -> bool:

@@ -63,7 +63,8 @@ class StorageVersions:
         known: the known values (a version record has its producer's).
     """
 
-    def __init__(self, ops: list[CapturedOp], tracker: ModuleTracker, producers: Producers, windows: list[Window],
+    def __init__(self, ops: list[CapturedOp], tracker: ModuleTracker, producers: Producers,
+                 windows: list[Window],
                  written: WrittenArguments, known: KnownValues) -> None:
         self.last_write: dict[int, tuple[int, CapturedOp]] = {}
         """Storage -> (position in ops, the latest write)."""
@@ -77,7 +78,8 @@ class StorageVersions:
         self._ops, self._tracker, self._producers, self._windows = ops, tracker, producers, windows
         self._written, self._known = written, known
 
-    def note_writes(self, func: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any], op: CapturedOp) -> None:
+    def note_writes(self, func: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any],
+                    op: CapturedOp) -> None:
         """After ``op`` ran: the storages it wrote to were last written by it
         (:meth:`current`)."""
         if not isinstance(func, torch._ops.OpOverload):
@@ -111,7 +113,8 @@ class StorageVersions:
         version = self.versions.get(key)
         if version is None:
             version = self.versions[key] = CapturedOp(
-                "call_function", after_write, (producer, write), {}, f"{producer.name}_after_{write.name}",
+                "call_function", after_write, (producer, write), {},
+                f"{producer.name}_after_{write.name}",
                 phase=phase_now(backward), module_stack=self._tracker.stack or write.module_stack,
                 output_shapes=(shape_of(t),), dtype=t.dtype)
             self.made_at[id(version)] = len(self._ops)

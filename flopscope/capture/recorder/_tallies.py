@@ -47,7 +47,8 @@ class Tallies:
 
     def copy(self) -> Tallies:
         """A snapshot, which later counts leave as it is."""
-        return dataclasses.replace(self, unsupported=Counter(self.unsupported), decomposed=Counter(self.decomposed),
+        return dataclasses.replace(self, unsupported=Counter(self.unsupported),
+                                   decomposed=Counter(self.decomposed),
                                    upper_bounds=Counter(self.upper_bounds),
                                    undeclared_kernels=set(self.undeclared_kernels))
 
@@ -55,8 +56,10 @@ class Tallies:
         """What was counted after ``before`` (a :meth:`copy`). The largest output is
         this one's."""
         return Tallies(self.unsupported - before.unsupported, self.decomposed - before.decomposed,
-                       self.upper_bounds - before.upper_bounds, self.undeclared_kernels - before.undeclared_kernels,
-                       self.unchecked_lookups - before.unchecked_lookups, self.value_reads - before.value_reads,
+                       self.upper_bounds - before.upper_bounds,
+                       self.undeclared_kernels - before.undeclared_kernels,
+                       self.unchecked_lookups - before.unchecked_lookups,
+                       self.value_reads - before.value_reads,
                        self.late_parameters - before.late_parameters, self.largest_out)
 
     def add(self, other: Tallies) -> None:

@@ -89,7 +89,8 @@ class WrittenArguments:
                 if a.alias_info is not None and a.alias_info.is_write)
         return positions
 
-    def tensors(self, func: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> list[torch.Tensor]:
+    def tensors(self, func: Any, args: tuple[Any, ...],
+                kwargs: Mapping[str, Any]) -> list[torch.Tensor]:
         """The tensors ``func`` writes to, among ``args`` and ``kwargs``."""
         found: list[torch.Tensor] = []
         positions = self._positions.get(func)

@@ -109,7 +109,8 @@ from .copy import callouts_agree, replay
 from .key import CallKey, call_key, key_difference, owns_its_paths, read_values
 from .template import CallTemplate, Candidate, first_call, passed_attributes
 
-__all__ = ["MISSES", "REFUSALS", "CallKey", "CallReplayer", "CallTemplate", "Refusal", "stand_in_refused"]
+__all__ = ["MISSES", "REFUSALS", "CallKey", "CallReplayer", "CallTemplate", "Refusal",
+           "stand_in_refused"]
 
 # The templates a key keeps (CallReplayer._keep).
 _KEPT = 4
@@ -132,18 +133,21 @@ class CallReplayer:
     missed: dict[str, str] = field(default_factory=dict)
     # Also replay a block of a ModuleList from another block of the same structure.
     blocks: bool = True
-    # Grad mode may be on: no backward follows (a forward's count), so the autograd graph is never used; a replay's
-    # outputs require grad as the template's did (the inputs' and parameters' requires_grad are keyed).
+    # Grad mode may be on: no backward follows (a forward's count), so the autograd
+    # graph is never used; a replay's outputs require grad as the template's did (the
+    # inputs' and parameters' requires_grad are keyed).
     grad: bool = False
-    # A block is keyed by the plain attributes its first call read, not all it holds (the modules are the run's for
-    # its duration, so their classes may be swapped while watched: replay.attribute_reads).
+    # A block is keyed by the plain attributes its first call read, not all it holds
+    # (the modules are the run's for its duration, so their classes may be swapped while
+    # watched: replay.attribute_reads).
     reads: bool = False
-    # Where a block is given objects, the int attributes its blocks differ in are read as stand-ins
-    # (attribute_reads.StandIn); a torch function refusing one fails the run (the runner counts again without:
-    # stand_in_refused).
+    # Where a block is given objects, the int attributes its blocks differ in are read
+    # as stand-ins (attribute_reads.StandIn); a torch function refusing one fails the
+    # run (the runner counts again without: stand_in_refused).
     stand_ins: bool = True
-    # Whether a first call ran with stand-ins (a failure of the run is then counted again without: some torch
-    # functions refuse a stand-in with a RuntimeError that does not name it).
+    # Whether a first call ran with stand-ins (a failure of the run is then counted
+    # again without: some torch functions refuse a stand-in with a RuntimeError that
+    # does not name it).
     stood_in: bool = False
     _templates: dict[CallKey, list[Candidate]] = field(default_factory=dict)
     # id() of the modules whose forward is our wrapper
@@ -156,9 +160,10 @@ class CallReplayer:
     _passing: dict[str, dict[str, frozenset[str]]] = field(default_factory=dict)
     # a list of blocks' path -> the key of its first call
     _firsts: dict[str, CallKey] = field(default_factory=dict)
-    # The lists one of whose blocks' calls could not be keyed (an argument of another type, a shared module): their
-    # blocks' calls are captured without a key's cost. (A call whose records were refused refuses its key only:
-    # T5's first block reads values, the others are replayed.)
+    # The lists one of whose blocks' calls could not be keyed (an argument of another
+    # type, a shared module): their blocks' calls are captured without a key's cost. (A
+    # call whose records were refused refuses its key only: T5's first block reads
+    # values, the others are replayed.)
     _unkeyed: set[str] = field(default_factory=set)
     # id(block) -> _own_paths
     _owned: dict[int, bool] = field(default_factory=dict)
@@ -172,7 +177,8 @@ class CallReplayer:
     _thread: int = field(default_factory=threading.get_ident)
 
     @contextmanager
-    def wrapping(self, modules: Mapping[str, nn.Module], *, blocks_only: bool = False) -> Iterator[CallReplayer]:
+    def wrapping(self, modules: Mapping[str, nn.Module], *,
+                 blocks_only: bool = False) -> Iterator[CallReplayer]:
         """For the block, each module's ``forward`` replays calls whose key has a
         template (a wrapper set on the instance, removed afterwards; a module with an
         instance-level ``forward`` already is not wrapped). ``blocks_only``: only the
@@ -210,20 +216,23 @@ class CallReplayer:
             if not refusals and not replayed and not missed:
                 continue
             if replayed and path in self._groups:
-                lines.append(f"{path}: {replayed} of {replayed + captured} block calls replayed from an earlier call "
-                             "of a block of the same structure on the same inputs' shapes (fake tensors: the same "
-                             "records)")
+                lines.append(f"{path}: {replayed} of {replayed + captured} block calls replayed "
+                             "from an earlier call of a block of the same structure on the same "
+                             "inputs' shapes (fake tensors: the same records)")
             elif replayed:
-                lines.append(f"{path}: {replayed} of {replayed + captured} calls replayed from an earlier call of the "
-                             "same inputs' shapes (fake tensors: the same records)")
+                lines.append(f"{path}: {replayed} of {replayed + captured} calls replayed from an "
+                             "earlier call of the same inputs' shapes (fake tensors: the same "
+                             "records)")
             elif captured > 1 and path not in self.refused and path not in self._groups:
-                lines.append(f"{path}: {captured} calls, each captured (no two had the same inputs' shapes and plain "
-                             "arguments)")
+                lines.append(f"{path}: {captured} calls, each captured (no two had the same "
+                             "inputs' shapes and plain arguments)")
             reasons = dict.fromkeys(self.refused.get(path, ()) if refusals else ())
             for reason in reasons:
-                lines.append(f"{path}: {'some calls' if replayed else 'not replayed, each call'} captured: {reason}")
+                lines.append(f"{path}: {'some calls' if replayed else 'not replayed, each call'} "
+                             f"captured: {reason}")
             if missed and self.missed[path] not in reasons:
-                lines.append(f"{path}: not replayed, each of its {captured} block calls captured: {self.missed[path]}")
+                lines.append(f"{path}: not replayed, each of its {captured} block calls captured: "
+                             f"{self.missed[path]}")
         return lines
 
     def _wrapped(self, path: str, module: nn.Module, forward: Callable[..., Any], label: str,
@@ -237,8 +246,9 @@ class CallReplayer:
         @functools.wraps(forward)
         def call(*args: Any, **kwargs: Any) -> Any:
             if threading.get_ident() != self._thread or (structural and label in self._unkeyed):
-                # Another thread's call (not counted: the tracker's rule), or a block of a list one of whose calls
-                # could not be keyed: captured without a key's cost.
+                # Another thread's call (not counted: the tracker's rule), or a block of
+                # a list one of whose calls could not be keyed: captured without a key's
+                # cost.
                 return forward(*args, **kwargs)
             # (its submodules as they are at this call: a forward may add some)
             self._named.pop(id(module), None)
@@ -246,7 +256,8 @@ class CallReplayer:
                 if structural and not self._own_paths(path, module):
                     raise SHARED_MODULE.refused()
                 key, tensors, objects = call_key(
-                    module, args, kwargs, self.recorder, grad=self.grad, watch_objects=self.reads and structural,
+                    module, args, kwargs, self.recorder, grad=self.grad,
+                    watch_objects=self.reads and structural,
                     ours=self._ours, held=self._held_objects, structural=structural,
                     by_name=structural and self.reads)
             except Refused as why:
@@ -261,11 +272,14 @@ class CallReplayer:
             for template in self._found(key, module):
                 if isinstance(template, CallTemplate) and (
                         not template.changes or lists_and_dicts((args, kwargs))[1] == template.containers):
-                    if template.callouts and not callouts_agree(template, objects, self.recorder, modules):
-                        # (its objects' methods give other sizes here: a decoding step's grown cache)
+                    if template.callouts and not callouts_agree(template, objects, self.recorder,
+                                                                modules):
+                        # (its objects' methods give other sizes here: a decoding step's
+                        # grown cache)
                         continue
                     self.replayed[label] += 1
-                    return replay(template, self.recorder, self.tracker, path, module, (args, kwargs), tensors,
+                    return replay(template, self.recorder, self.tracker, path, module,
+                                  (args, kwargs), tensors,
                                   objects, modules)
                 # (refused, or its lists and dicts alias otherwise than the template's)
                 self.captured[label] += 1
@@ -274,7 +288,8 @@ class CallReplayer:
             self.captured[label] += 1
             if structural and label not in self.missed and self.captured[label] + self.replayed[label] > 1:
                 self.missed[label] = self._missed(label, key, module)
-            return self._first(path, key, forward, args, kwargs, tensors, label, module, structural, objects)
+            return self._first(path, key, forward, args, kwargs, tensors, label, module, structural,
+                               objects)
 
         return call
 
@@ -288,8 +303,10 @@ class CallReplayer:
         passed = self._passed(label) if objects and self.stand_ins and watched else None
         self.stood_in = self.stood_in or bool(passed)
         out, candidate = first_call(
-            forward, args, kwargs, recorder=self.recorder, tracker=self.tracker, path=path, module=module,
-            modules=self._modules_of(module), tensors=tensors, objects=objects, structural=structural,
+            forward, args, kwargs, recorder=self.recorder, tracker=self.tracker, path=path,
+            module=module,
+            modules=self._modules_of(module), tensors=tensors, objects=objects,
+            structural=structural,
             watched=watched, passed=passed, grad=self.grad)
         self._keep(key, candidate)
         if isinstance(candidate.found, str):
@@ -367,7 +384,8 @@ class CallReplayer:
                                                                 read_values(modules, candidate.reads), strict=True)
                          if was != now})
         if differ:
-            return OTHER_READS.say(names=", ".join(differ[:3]), more=", ..." if len(differ) > 3 else "")
+            return OTHER_READS.say(names=", ".join(differ[:3]),
+                                   more=", ..." if len(differ) > 3 else "")
         return OTHER_SIZES.say()
 
 

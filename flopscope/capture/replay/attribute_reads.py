@@ -51,16 +51,17 @@ from ..fake import ATOMS
 EVERY = "*"
 """The attribute name of a read of a module's whole ``__dict__``."""
 _MODULE_INTERNALS = frozenset(vars(nn.Module()))
-"""The attributes every module has (its tables of parameters, buffers, submodules and hooks, ``training``): not
-noted (a key holds them itself)."""
-_INTERNAL_DICT_READERS = frozenset(f.__code__ for f in (nn.Module.__getattr__, nn.Module.__setattr__,
+"""The attributes every module has (its tables of parameters, buffers, submodules and
+hooks, ``training``): not noted (a key holds them itself)."""
+_INTERNAL_DICT_READERS = frozenset(f.__code__ for f in (nn.Module.__getattr__,
+                                                        nn.Module.__setattr__,
                                                          nn.Module.__delattr__))
 
 
 @dataclass
 class Log:
-    """The attributes a watched call read, as ``(module name in the block, attribute name)`` (``""`` the block itself;
-    :data:`EVERY` the whole ``__dict__``)."""
+    """The attributes a watched call read, as ``(module name in the block, attribute
+    name)`` (``""`` the block itself; :data:`EVERY` the whole ``__dict__``)."""
 
     reads: set[tuple[str, str]] = field(default_factory=set)
 
@@ -107,13 +108,20 @@ def _use_as_int(name: str) -> Any:
     return method
 
 
-for _name in ("__index__", "__int__", "__float__", "__complex__", "__bool__", "__hash__", "__str__", "__format__",
-              "__eq__", "__ne__", "__lt__", "__le__", "__gt__", "__ge__", "__neg__", "__pos__", "__abs__", "__invert__",
-              "__round__", "__trunc__", "__floor__", "__ceil__", "__add__", "__radd__", "__sub__", "__rsub__",
-              "__mul__", "__rmul__", "__floordiv__", "__rfloordiv__", "__truediv__", "__rtruediv__", "__mod__",
-              "__rmod__", "__divmod__", "__rdivmod__", "__pow__", "__rpow__", "__lshift__", "__rlshift__",
-              "__rshift__", "__rrshift__", "__and__", "__rand__", "__or__", "__ror__", "__xor__", "__rxor__",
-              "__getnewargs__", "__reduce__", "__reduce_ex__", "__copy__", "__deepcopy__", "__sizeof__"):
+for _name in ("__index__", "__int__", "__float__", "__complex__", "__bool__", "__hash__", "__str__",
+              "__format__",
+              "__eq__", "__ne__", "__lt__", "__le__", "__gt__", "__ge__", "__neg__", "__pos__",
+              "__abs__", "__invert__",
+              "__round__", "__trunc__", "__floor__", "__ceil__", "__add__", "__radd__", "__sub__",
+              "__rsub__",
+              "__mul__", "__rmul__", "__floordiv__", "__rfloordiv__", "__truediv__", "__rtruediv__",
+              "__mod__",
+              "__rmod__", "__divmod__", "__rdivmod__", "__pow__", "__rpow__", "__lshift__",
+              "__rlshift__",
+              "__rshift__", "__rrshift__", "__and__", "__rand__", "__or__", "__ror__", "__xor__",
+              "__rxor__",
+              "__getnewargs__", "__reduce__", "__reduce_ex__", "__copy__", "__deepcopy__",
+              "__sizeof__"):
     setattr(StandIn, _name, _use_as_int(_name))
 
 
@@ -155,7 +163,8 @@ def settle(root: Any, depth: int = 6) -> Any:
             if any(k is not k0 for k0, k, _, _ in items):
                 value.clear()
                 value.update((k, v) for _, k, _, v in items)
-            # (values only: each set again, as a dict subclass that refuses clear() takes them)
+            # (values only: each set again, as a dict subclass that refuses clear()
+            # takes them)
             else:
                 for k, _, v0, v in items:
                     if v is not v0:
@@ -190,9 +199,10 @@ _WATCHING: set[type] = set()  # the watching subclasses
 
 
 def watching_subclass(cls: type, kind: str, make: Callable[[type], dict[str, Any]]) -> type:
-    """The subclass of ``cls`` (same name, module and qualified name) that watches its instances for ``kind``, made
-    once from the methods ``make(cls)`` gives (here: attribute reads;
-    :mod:`flopscope.capture.replay.given_objects`: calls of a given object's methods)."""
+    """The subclass of ``cls`` (same name, module and qualified name) that watches its
+    instances for ``kind``, made once from the methods ``make(cls)`` gives (here:
+    attribute reads; :mod:`flopscope.capture.replay.given_objects`: calls of a given
+    object's methods)."""
     found = _WATCHERS.get((kind, cls))
     if found is None:
         found = type(cls.__name__, (cls,), {**make(cls), "__module__": cls.__module__,
@@ -225,15 +235,17 @@ def note(module: nn.Module, name: str) -> None:
 @contextmanager
 def watching(modules: Mapping[str, nn.Module], passed: Mapping[str, frozenset[str]] | None = None
              ) -> Iterator[Log]:
-    """For the block, the reads of the plain attributes of ``modules`` (name in the block -> module) are noted in the
-    :class:`Log` it yields; ``passed``: per module name, the int attributes read as an :class:`StandIn`. A module
-    whose class cannot be swapped (a compiled or extension class) is noted as read whole."""
+    """For the block, the reads of the plain attributes of ``modules`` (name in the
+    block -> module) are noted in the :class:`Log` it yields; ``passed``: per module
+    name, the int attributes read as an :class:`StandIn`. A module whose class cannot be
+    swapped (a compiled or extension class) is noted as read whole."""
     log = Log()
     swapped: list[tuple[nn.Module, type]] = []
     entered: list[tuple[int, _Watch]] = []
     try:
         for name, module in modules.items():
-            watch = _Watch(name, frozenset(own_attributes(module)), log, (passed or {}).get(name, frozenset()))
+            watch = _Watch(name, frozenset(own_attributes(module)), log,
+                           (passed or {}).get(name, frozenset()))
             with _LOCK:
                 _WATCHES.setdefault(id(module), []).append(watch)
             entered.append((id(module), watch))

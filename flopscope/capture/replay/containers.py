@@ -70,7 +70,8 @@ class Change:
     keys: tuple[Any, ...] | None
     items: tuple[tuple[str, Any], ...]
 
-    def apply(self, container: list[Any] | dict[Any, Any], before: Contents, tensors: list[torch.Tensor],
+    def apply(self, container: list[Any] | dict[Any, Any], before: Contents,
+              tensors: list[torch.Tensor],
               made: list[torch.Tensor]) -> None:
         sources = {"was": before[1], "input": tensors, "made": made}
         values = [at if kind == "plain" else sources[kind][at] for kind, at in self.items]
@@ -81,7 +82,8 @@ class Change:
             container[:] = values
 
 
-def changes(found: list[list[Any] | dict[Any, Any]], held: list[Contents], tensors: list[torch.Tensor],
+def changes(found: list[list[Any] | dict[Any, Any]], held: list[Contents],
+            tensors: list[torch.Tensor],
             window: Window) -> tuple[tuple[Change, ...], list[torch.Tensor]]:
     """How a call changed the lists and dicts it was given (``found``; ``held``: what
     they held before it), and the tensors it made and left in them; raises
@@ -120,7 +122,8 @@ def changes(found: list[list[Any] | dict[Any, Any]], held: list[Contents], tenso
     return tuple(changed), made
 
 
-def apply(changed: tuple[Change, ...], given: tuple[tuple[Any, ...], dict[str, Any]], tensors: list[torch.Tensor],
+def apply(changed: tuple[Change, ...], given: tuple[tuple[Any, ...], dict[str, Any]],
+          tensors: list[torch.Tensor],
           made: list[torch.Tensor]) -> None:
     """Change the lists and dicts of a replayed call's ``(args, kwargs)`` as the
     template's call changed its own: ``tensors`` the call's tensor arguments,

@@ -37,8 +37,10 @@ Modules = Callable[[], Mapping[str, nn.Module]]
 """The modules of the call's module by name, made once per call when first asked for."""
 
 
-def replay(template: CallTemplate, recorder: Recorder, tracker: ModuleTracker, path: str, module: nn.Module,
-           given: tuple[tuple[Any, ...], dict[str, Any]], tensors: list[torch.Tensor], objects: list[Any],
+def replay(template: CallTemplate, recorder: Recorder, tracker: ModuleTracker, path: str,
+           module: nn.Module,
+           given: tuple[tuple[Any, ...], dict[str, Any]], tensors: list[torch.Tensor],
+           objects: list[Any],
            modules: Modules) -> Any:
     """Copy the template's records into this call of ``module`` (at ``path``: the
     template's module, or another of the same structure, whose parameters and module
@@ -55,8 +57,10 @@ def replay(template: CallTemplate, recorder: Recorder, tracker: ModuleTracker, p
     return out
 
 
-def _copy_records(template: CallTemplate, recorder: Recorder, tracker: ModuleTracker, path: str, module: nn.Module,
-                  tensors: list[torch.Tensor], objects: list[Any], modules: Modules) -> dict[int, CapturedOp]:
+def _copy_records(template: CallTemplate, recorder: Recorder, tracker: ModuleTracker, path: str,
+                  module: nn.Module,
+                  tensors: list[torch.Tensor], objects: list[Any],
+                  modules: Modules) -> dict[int, CapturedOp]:
     """Add the copies of the template's records to the capture, count its module
     calls, and return the records this call has for the template's (``id()`` ->
     record)."""
@@ -116,7 +120,8 @@ def _copy_records(template: CallTemplate, recorder: Recorder, tracker: ModuleTra
                         listed[i] = map_records(record, new)
                 args = tuple(listed)
             clone = CapturedOp(op.node_op, op.target, args,
-                               map_records(op.kwargs, new) if step.kwargs_records else op.kwargs, op.name,
+                               map_records(op.kwargs, new) if step.kwargs_records else op.kwargs,
+                               op.name,
                                op.phase, stacks[step.stack_at], *step.rest)
             mapped[id(op)] = clone
             clones.append(clone)
@@ -136,7 +141,8 @@ def _copy_records(template: CallTemplate, recorder: Recorder, tracker: ModuleTra
     return mapped
 
 
-def _make_outputs(template: CallTemplate, recorder: Recorder, tracker: ModuleTracker, tensors: list[torch.Tensor],
+def _make_outputs(template: CallTemplate, recorder: Recorder, tracker: ModuleTracker,
+                  tensors: list[torch.Tensor],
                   mapped: dict[int, CapturedOp]) -> list[Any]:
     """The leaves of a replayed call's output: its tensor arguments handed back,
     plain values, and tensors made anew, each produced by its copied record
@@ -156,7 +162,8 @@ def _make_outputs(template: CallTemplate, recorder: Recorder, tracker: ModuleTra
                 leaves.append(tensors[value.position] if isinstance(value, Argument) else value)
                 continue
             made = made_for.get(id(like))
-            # (an output twice is one tensor twice; outputs viewing one storage view one)
+            # (an output twice is one tensor twice; outputs viewing one storage view
+            # one)
             if made is None:
                 storage = storage_of(like)
                 # (the run's, on the stack or not)
@@ -168,16 +175,20 @@ def _make_outputs(template: CallTemplate, recorder: Recorder, tracker: ModuleTra
                     # (one requires_grad for a storage's outputs: template._outputs)
                     if base is None:
                         size = like.untyped_storage().nbytes() // like.element_size()
-                        base = bases[storage] = empty_tensor((size,), (1,), like.dtype, like.device, mode=mode)
+                        base = bases[storage] = empty_tensor((size,), (1,), like.dtype, like.device,
+                                                             mode=mode)
                         # (a run's output is no leaf: an in-place op on it is allowed)
                         if like.requires_grad:
                             base = bases[storage] = non_leaf(base.requires_grad_())
                     made = base.as_strided(like.shape, like.stride(), like.storage_offset())
                 elif cloned:
-                    # (no leaf, as a run's output: a clone keeps the strides of a dense tensor)
-                    made = non_leaf(empty_tensor(like.shape, like.stride(), like.dtype, like.device, True, mode))
+                    # (no leaf, as a run's output: a clone keeps the strides of a dense
+                    # tensor)
+                    made = non_leaf(empty_tensor(like.shape, like.stride(), like.dtype, like.device,
+                                                 True, mode))
                 else:
-                    made = empty_tensor(like.shape, like.stride(), like.dtype, like.device, mode=mode)
+                    made = empty_tensor(like.shape, like.stride(), like.dtype, like.device,
+                                        mode=mode)
                 made_for[id(like)] = made
                 recorder.set_producer(made, mapped.get(id(value), value))
                 # (made by this call, inside any call being watched)
@@ -189,12 +200,14 @@ def _make_outputs(template: CallTemplate, recorder: Recorder, tracker: ModuleTra
     return leaves
 
 
-def callouts_agree(template: CallTemplate, objects: list[Any], recorder: Recorder, modules: Modules) -> bool:
+def callouts_agree(template: CallTemplate, objects: list[Any], recorder: Recorder,
+                   modules: Modules) -> bool:
     """Whether the template's call-outs, called on copies of this call's ``objects``
     with the recorder suspended, give outputs of the template's sizes (so that a
     replay calling them on the objects themselves is the call); the objects are not
     touched."""
-    # (a block around this one watches them: its first call would take our calls as its own)
+    # (a block around this one watches them: its first call would take our calls as its
+    # own)
     if any(given_objects.watched(obj) for obj in objects):
         return False
     named = modules()
@@ -208,9 +221,11 @@ def callouts_agree(template: CallTemplate, objects: list[Any], recorder: Recorde
                 try:
                     twin = twins[id(obj)] = given_objects.detached(obj)
                 except given_objects.NotDetachable:
-                    # (a copy its methods could change without changing it cannot be made)
+                    # (a copy its methods could change without changing it cannot be
+                    # made)
                     return False
-            args, kwargs = _callout_arguments(callout, named, lambda record, meta: made.get(id(record))
+            args, kwargs = _callout_arguments(callout, named,
+                                              lambda record, meta: made.get(id(record))
                                               or _empty(meta))
             try:
                 out = getattr(twin, callout.method)(*args, **kwargs)
@@ -231,7 +246,8 @@ def callouts_agree(template: CallTemplate, objects: list[Any], recorder: Recorde
     return True
 
 
-def _call_out(callout: CallOut, obj: Any, recorder: Recorder, tracker: ModuleTracker, modules: Modules,
+def _call_out(callout: CallOut, obj: Any, recorder: Recorder, tracker: ModuleTracker,
+              modules: Modules,
               frames: tuple[ModuleCall, ...], mapped: dict[int, CapturedOp],
               new: Callable[[CapturedOp], CapturedOp]) -> None:
     """Call ``callout``'s method again on ``obj`` in a replay (in the module calls

@@ -8,21 +8,25 @@ the same name) whose attribute reads give its methods wrapped, and note any othe
 (the object's state: what the block records may depend on it, so the call is no
 template). A call of a method from the block is a :class:`CallOut`, recorded with
 
-- its arguments: a tensor as its record and its sizes, strides, dtype, device and ``requires_grad``; an
-  :class:`~flopscope.capture.replay.attribute_reads.StandIn` (a layer's own ``layer_idx``) as the attribute it
-  stands for, not as a read of it; a plain value as it is (anything else: the call is no template);
+- its arguments: a tensor as its record and its sizes, strides, dtype, device and
+  ``requires_grad``; an :class:`~flopscope.capture.replay.attribute_reads.StandIn` (a
+  layer's own ``layer_idx``) as the attribute it stands for, not as a read of it; a
+  plain value as it is (anything else: the call is no template);
 - the records it made (their positions in the capture), which a replay makes again by
   calling the method;
 - its outputs: tensors it made, or plain values.
 
-Inside the method nothing is watched: the object's own code reads its state as it likes. A replay calls each method
-again, on its own call's object, with its own tensors and its own block's attribute values, after calling them first
-on a copy of the object (:func:`detached`: the plain objects and containers it holds copied, six levels down) with
-the recorder suspended, to check that they give outputs of the same sizes (else the block is captured, and the object
-was not touched; so it is where no such copy can be made: state deeper than that, an object whose copy is itself).
-Only objects the run made or copied may be watched (a fake run's, never the user's): an object the model's modules
-hold (through their attributes, the lists and dicts there and those objects' own) is refused by
-:mod:`flopscope.capture.replay`; one that only a Python module's globals hold is not seen.
+Inside the method nothing is watched: the object's own code reads its state as it likes.
+A replay calls each method again, on its own call's object, with its own tensors and its
+own block's attribute values, after calling them first on a copy of the object
+(:func:`detached`: the plain objects and containers it holds copied, six levels down)
+with the recorder suspended, to check that they give outputs of the same sizes (else the
+block is captured, and the object was not touched; so it is where no such copy can be
+made: state deeper than that, an object whose copy is itself). Only objects the run made
+or copied may be watched (a fake run's, never the user's): an object the model's modules
+hold (through their attributes, the lists and dicts there and those objects' own) is
+refused by :mod:`flopscope.capture.replay`; one that only a Python module's globals hold
+is not seen.
 """
 
 from __future__ import annotations
@@ -57,9 +61,11 @@ from ._refusals import (
 )
 from .attribute_reads import Log, StandIn, is_watching, own_attributes, value_of, watching_subclass
 
-Meta = tuple[tuple[int, ...], tuple[int, ...], torch.dtype, torch.device, bool, FakeTensorMode | None]
-"""A tensor as a call-out takes or gives it: sizes, strides, dtype, device, ``requires_grad``, and the fake-tensor
-mode of a fake one (what :func:`~flopscope.capture.fake.empty_tensor` makes it again with)."""
+Meta = tuple[tuple[int, ...], tuple[int, ...], torch.dtype, torch.device, bool,
+             FakeTensorMode | None]
+"""A tensor as a call-out takes or gives it: sizes, strides, dtype, device,
+``requires_grad``, and the fake-tensor mode of a fake one (what
+:func:`~flopscope.capture.fake.empty_tensor` makes it again with)."""
 
 
 def meta_of(t: torch.Tensor) -> Meta:
@@ -138,17 +144,20 @@ _WATCHABLE: weakref.WeakKeyDictionary[type, bool] = weakref.WeakKeyDictionary()
 @contextmanager
 def watching(objects: Sequence[Any], block: Log, recorder: Recorder, tracker: ModuleTracker,
              tally: Callable[[], Any]) -> Iterator[ObjectLog]:
-    """For the block, the calls of the methods of ``objects`` made outside their own methods are recorded in the
-    :class:`ObjectLog` it yields (``tally``: the recorder's tallies now)."""
+    """For the block, the calls of the methods of ``objects`` made outside their own
+    methods are recorded in the :class:`ObjectLog` it yields (``tally``: the recorder's
+    tallies now)."""
     log = ObjectLog()
     swapped: list[tuple[Any, type]] = []
     try:
         for at, obj in enumerate(objects):
             cls = type(obj)
             with _LOCK:
-                _WATCHES[id(obj)] = _Watch(at, log, block, recorder, tracker, tally, threading.get_ident())
+                _WATCHES[id(obj)] = _Watch(at, log, block, recorder, tracker, tally,
+                                           threading.get_ident())
             try:
-                object.__setattr__(obj, "__class__", watching_subclass(cls, "calls", _calling_methods))
+                object.__setattr__(obj, "__class__",
+                                   watching_subclass(cls, "calls", _calling_methods))
             except TypeError:
                 log.problems.append(UNWATCHABLE_OBJECT.say(kind=cls.__name__))
                 continue
@@ -238,17 +247,20 @@ def watched(obj: Any) -> bool:
 
 
 class NotDetachable(Exception):  # noqa: N818  (a signal between two functions of the package, never raised out)
-    """:func:`detached` cannot make a copy that a call can change without changing the original (why: its text)."""
+    """:func:`detached` cannot make a copy that a call can change without changing the
+    original (why: its text)."""
 
 
 def detached(obj: Any, depth: int = 6) -> Any:
-    """A copy of ``obj`` that a call of its methods can change without changing ``obj``: the plain objects and the
-    containers (lists, dicts, sets, deques and their subclasses, tuples) it holds copied too, ``depth`` levels down
-    (a cache's layers and what they hold), each once (what two of them share, their copies share); tensors, modules,
-    numbers and what else holds no state are not copied (a method replaces a tensor, as a cache's
-    ``self.keys = torch.cat(...)`` does; a write into one changes no data of a fake tensor). Raises
-    :class:`NotDetachable` where it cannot: a container or plain object deeper than ``depth``, one whose copy is
-    itself (a ``__copy__`` returning ``self``, a logger) or that cannot be copied."""
+    """A copy of ``obj`` that a call of its methods can change without changing ``obj``:
+    the plain objects and the containers (lists, dicts, sets, deques and their
+    subclasses, tuples) it holds copied too, ``depth`` levels down (a cache's layers and
+    what they hold), each once (what two of them share, their copies share); tensors,
+    modules, numbers and what else holds no state are not copied (a method replaces a
+    tensor, as a cache's ``self.keys = torch.cat(...)`` does; a write into one changes
+    no data of a fake tensor). Raises :class:`NotDetachable` where it cannot: a
+    container or plain object deeper than ``depth``, one whose copy is itself (a
+    ``__copy__`` returning ``self``, a logger) or that cannot be copied."""
     memo: dict[int, Any] = {}
 
     def copied(value: Any, level: int) -> Any:
@@ -332,7 +344,8 @@ def _calling_methods(cls: type) -> dict[str, Any]:
         changed(self, name)
         remove(self, name)
 
-    return {"__getattribute__": __getattribute__, "__setattr__": __setattr__, "__delattr__": __delattr__}
+    return {"__getattribute__": __getattribute__, "__setattr__": __setattr__,
+            "__delattr__": __delattr__}
 
 
 def _calling(watch: _Watch, name: str, method: Callable[..., Any]) -> Callable[..., Any]:
@@ -350,10 +363,12 @@ def _calling(watch: _Watch, name: str, method: Callable[..., Any]) -> Callable[.
                 described.append(("index", read))
             elif isinstance(leaf, torch.Tensor):
                 described.append(("record", recorder.record_of(leaf), meta_of(leaf)))
-            elif leaf is None or isinstance(leaf, (bool, int, float, str, torch.dtype, torch.device)):
+            elif leaf is None or isinstance(leaf, (bool, int, float, str, torch.dtype,
+                                                   torch.device)):
                 described.append(("plain", leaf))
             else:
-                log.problems.append(OTHER_CALLOUT_ARGUMENT.say(method=name, kind=type(leaf).__name__))
+                log.problems.append(OTHER_CALLOUT_ARGUMENT.say(method=name,
+                                                               kind=type(leaf).__name__))
                 described.append(("plain", leaf))
         given = pytree.tree_unflatten([value_of(leaf) for leaf in leaves], spec)
         before = watch.tally()

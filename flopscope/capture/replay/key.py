@@ -56,7 +56,8 @@ Anything else is held by identity, or refused as an argument.
 """
 # A longer list / tuple / dict attribute is held by identity.
 _MAX_PLAIN_ITEMS = 64
-# How deep inside an attribute a block's key holds objects alike (_held_alike); deeper, by identity.
+# How deep inside an attribute a block's key holds objects alike (_held_alike); deeper,
+# by identity.
 _MAX_DEPTH = 4
 ABSENT = object()
 """The value of an attribute read that a module does not have."""
@@ -77,9 +78,12 @@ class CallKey(NamedTuple):
     state: tuple[Any, ...]
 
 
-def call_key(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], recorder: Recorder, *,
-             grad: bool, watch_objects: bool, ours: Collection[int], held: Callable[[], Collection[int]],
-             structural: bool = False, by_name: bool = False) -> tuple[CallKey, list[torch.Tensor], list[Any]]:
+def call_key(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], recorder: Recorder,
+             *,
+             grad: bool, watch_objects: bool, ours: Collection[int],
+             held: Callable[[], Collection[int]],
+             structural: bool = False,
+             by_name: bool = False) -> tuple[CallKey, list[torch.Tensor], list[Any]]:
     """The key of a call, its tensor arguments in order and the objects it is given.
 
     Raises :class:`~._refusals.Refused` where a call's records cannot be decided by a
@@ -105,8 +109,10 @@ def call_key(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], r
     for leaf in leaves:
         if isinstance(leaf, torch.Tensor):
             storage = storage_of(leaf)
-            described.append((_sizes(leaf.shape), _sizes(leaf.stride()), leaf.dtype, leaf.device, leaf.requires_grad,
-                              recorder.values_known(leaf), storages.setdefault(storage, len(tensors))))
+            described.append((_sizes(leaf.shape), _sizes(leaf.stride()), leaf.dtype, leaf.device,
+                              leaf.requires_grad,
+                              recorder.values_known(leaf),
+                              storages.setdefault(storage, len(tensors))))
             tensors.append(leaf)
         elif type(leaf) is StandIn:
             raise STAND_IN_ARGUMENT.refused()
@@ -158,14 +164,18 @@ def owns_its_paths(path: str, module: nn.Module, paths: Mapping[int, str]) -> bo
     return all(paths.get(id(m)) == (f"{path}.{name}" if name else path) for name, m in module.named_modules())
 
 
-def state_of(module: nn.Module, ours: Collection[int] = (), structural: bool = False, by_name: bool = False
+def state_of(module: nn.Module, ours: Collection[int] = (), structural: bool = False,
+             by_name: bool = False
              ) -> tuple[Any, ...]:
-    """What a call of ``module`` can read of its modules' state, by value where immutable, else by identity:
-    each submodule's identity, mode, parameters and buffers (identity, shape, dtype) and plain attributes. Raises
-    :class:`~._refusals.Refused` for a submodule with hooks of its own or an instance-level ``forward`` (not ours:
-    ``ours``). ``structural``: submodules by name and class, tensors by shape, dtype and ``requires_grad``, not by
-    identity (two blocks of one structure have the same state), and other objects by class and plain attributes.
-    ``by_name``: plain attributes by name only (the values a call reads are keyed apart: :func:`read_values`)."""
+    """What a call of ``module`` can read of its modules' state, by value where
+    immutable, else by identity: each submodule's identity, mode, parameters and buffers
+    (identity, shape, dtype) and plain attributes. Raises :class:`~._refusals.Refused`
+    for a submodule with hooks of its own or an instance-level ``forward`` (not ours:
+    ``ours``). ``structural``: submodules by name and class, tensors by shape, dtype and
+    ``requires_grad``, not by identity (two blocks of one structure have the same
+    state), and other objects by class and plain attributes. ``by_name``: plain
+    attributes by name only (the values a call reads are keyed apart:
+    :func:`read_values`)."""
     state: list[Any] = []
     held = _held_alike if structural else _held
     for name, m in module.named_modules():
@@ -199,7 +209,8 @@ def key_difference(first: CallKey, key: CallKey) -> str:
             name = was[0][0] if isinstance(was[0], tuple) else ""
             where = f"{name} of the block" if name else "the block itself"
             if was[0] != now[0]:
-                return OTHER_SUBMODULES.say(where=where, was=was[0][1].__name__, now=now[0][1].__name__)
+                return OTHER_SUBMODULES.say(where=where, was=was[0][1].__name__,
+                                            now=now[0][1].__name__)
             if was[1] != now[1]:
                 return OTHER_MODES.say(where=where)
             if was[2] != now[2]:

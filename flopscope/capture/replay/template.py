@@ -75,14 +75,18 @@ class _Counts:
 
     @classmethod
     def of(cls, recorder: Recorder) -> _Counts:
-        return cls(Counter(recorder.unsupported), Counter(recorder.decomposed), Counter(recorder.upper_bounds),
-                   recorder.unchecked_lookups, frozenset(recorder.undeclared_kernels), recorder.value_reads,
+        return cls(Counter(recorder.unsupported), Counter(recorder.decomposed),
+                   Counter(recorder.upper_bounds),
+                   recorder.unchecked_lookups, frozenset(recorder.undeclared_kernels),
+                   recorder.value_reads,
                    recorder._late_parameters)
 
     def since(self, before: _Counts) -> _Counts:
         return _Counts(self.unsupported - before.unsupported, self.decomposed - before.decomposed,
-                       self.upper_bounds - before.upper_bounds, self.unchecked_lookups - before.unchecked_lookups,
-                       self.undeclared_kernels - before.undeclared_kernels, self.value_reads - before.value_reads,
+                       self.upper_bounds - before.upper_bounds,
+                       self.unchecked_lookups - before.unchecked_lookups,
+                       self.undeclared_kernels - before.undeclared_kernels,
+                       self.value_reads - before.value_reads,
                        self.late_parameters - before.late_parameters)
 
     def add_to(self, recorder: Recorder) -> None:
@@ -94,7 +98,8 @@ class _Counts:
 
 
 _HEAD = ("node_op", "target", "args", "kwargs", "name", "phase", "module_stack")
-"""The first fields of :class:`CapturedOp`, in order, which a copy passes first (tests/test_replay.py checks it)."""
+"""The first fields of :class:`CapturedOp`, in order, which a copy passes first
+(tests/test_replay.py checks it)."""
 _REST = tuple(f.name for f in dataclasses.fields(CapturedOp))[len(_HEAD):]
 # (the dataflow's fields are set when the capture is linked)
 _REST = _REST[:_REST.index("index")]
@@ -156,18 +161,19 @@ class CallTemplate:
     counts: _Counts
     # bytes of the largest tensor the call made
     largest_out: int
-    # structural: id(record) of the module's parameter or buffer -> its name in the module (a replay into another
-    # module of the same structure takes that one's)
+    # structural: id(record) of the module's parameter or buffer -> its name in the
+    # module (a replay into another module of the same structure takes that one's)
     parameters: dict[int, str] = field(default_factory=dict)
     # the lists and dicts it was given that it changed, as a replay changes them
     changes: tuple[Change, ...] = ()
-    # which of the arguments' lists and dicts are one object (containers.lists_and_dicts)
+    # which of the arguments' lists and dicts are one object
+    # (containers.lists_and_dicts)
     containers: tuple[int, ...] = ()
-    # the plain attributes it read (module name in it, attribute), where read attributes are keyed
-    # (CallReplayer.reads)
+    # the plain attributes it read (module name in it, attribute), where read attributes
+    # are keyed (CallReplayer.reads)
     reads: tuple[tuple[str, str], ...] = ()
-    # its calls of given objects' methods, each with the number of plan steps before it (a replay calls them again:
-    # flopscope.capture.replay.given_objects)
+    # its calls of given objects' methods, each with the number of plan steps before it
+    # (a replay calls them again: flopscope.capture.replay.given_objects)
     callouts: list[tuple[int, CallOut]] = field(default_factory=list)
 
 
@@ -183,8 +189,8 @@ class Candidate:
 
 
 _PYTHON_READS = ("tolist", "numpy")
-"""Tensor methods that read a real tensor's values without an ATen op (a fake tensor's raise): counted as value reads
-while a first call is watched."""
+"""Tensor methods that read a real tensor's values without an ATen op (a fake tensor's
+raise): counted as value reads while a first call is watched."""
 # method name -> the original, while any thread watches a call
 _patched: dict[str, Any] = {}
 
@@ -205,8 +211,9 @@ def _unwrap_python_reads() -> None:
 
 
 _PYTHON_READ_PATCH = ScopedPatch(_wrap_python_reads, _unwrap_python_reads)
-"""For a scope, in its thread, ``Tensor.tolist()`` and ``Tensor.numpy()`` count as value reads of the scope's
-recorder (the methods are wrapped on ``torch.Tensor`` while any thread is in such a scope)."""
+"""For a scope, in its thread, ``Tensor.tolist()`` and ``Tensor.numpy()`` count as value
+reads of the scope's recorder (the methods are wrapped on ``torch.Tensor`` while any
+thread is in such a scope)."""
 
 
 def _counted(method: Callable[..., Any]) -> Callable[..., Any]:
@@ -234,8 +241,10 @@ def passed_attributes(blocks: Any) -> dict[str, frozenset[str]]:
     return {name: frozenset(names) for name, names in differ.items()}
 
 
-def first_call(forward: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], *, recorder: Recorder,
-               tracker: ModuleTracker, path: str, module: nn.Module, modules: Mapping[str, nn.Module],
+def first_call(forward: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], *,
+               recorder: Recorder,
+               tracker: ModuleTracker, path: str, module: nn.Module,
+               modules: Mapping[str, nn.Module],
                tensors: list[torch.Tensor], objects: list[Any], structural: bool, watched: bool,
                passed: Mapping[str, frozenset[str]] | None, grad: bool) -> tuple[Any, Candidate]:
     """Run the call of ``module`` (at ``path``; ``modules``: its modules by name),
@@ -296,7 +305,8 @@ def first_call(forward: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[
         parameters = {} if not structural else {
             id(record): name for name, t in named_state(module) if (record := recorder.made_by(t)) is not None}
         template = _template(recorder, tracker, path, window, tensors, stack, calls_before,
-                             _Counts.of(recorder).since(before), outputs, output_tensors, spec, made_largest,
+                             _Counts.of(recorder).since(before), outputs, output_tensors, spec,
+                             made_largest,
                              parameters, given.calls)
         template.changes, template.containers, template.reads = changes, aliasing, reads
     except Refused as why:
@@ -317,8 +327,8 @@ def _outputs(out: Any, window: Window, arguments: list[torch.Tensor], recorder: 
             raise STAND_IN_OUTPUT.refused()
         if isinstance(leaf, torch.Tensor):
             given = next((i for i, t in enumerate(arguments) if t is leaf), None)
-            # (an argument handed back as it is: T5's position bias; a replay hands back the same argument of its
-            # own call)
+            # (an argument handed back as it is: T5's position bias; a replay hands back
+            # the same argument of its own call)
             if given is not None:
                 records.append(Argument(given))
                 tensors.append(None)
@@ -346,8 +356,10 @@ def _outputs(out: Any, window: Window, arguments: list[torch.Tensor], recorder: 
     return records, tensors, spec
 
 
-def _template(recorder: Recorder, tracker: ModuleTracker, path: str, window: Window, tensors: list[torch.Tensor],
-              stack: tuple[ModuleCall, ...], calls_before: Counter[str], counts: _Counts, outputs: list[Any],
+def _template(recorder: Recorder, tracker: ModuleTracker, path: str, window: Window,
+              tensors: list[torch.Tensor],
+              stack: tuple[ModuleCall, ...], calls_before: Counter[str], counts: _Counts,
+              outputs: list[Any],
               output_tensors: list[torch.Tensor | None], spec: pytree.TreeSpec, largest: int,
               parameters: dict[int, str], callouts: list[CallOut]) -> CallTemplate:
     """The template of a first call whose checks passed; raises
@@ -397,5 +409,6 @@ def _template(recorder: Recorder, tracker: ModuleTracker, path: str, window: Win
     plan = [_Copy(op, None) if id(op) in inputs else
             _Copy.of(op, stacks.setdefault(op.module_stack, len(stacks)), mapped) for op in kept]
     placed = [(sum(1 for at, _ in kept_at if at < c.start), c) for c in callouts]
-    return CallTemplate(path, plan, list(stacks), inputs, stack, calls_before, inner, module_inputs, outputs,
+    return CallTemplate(path, plan, list(stacks), inputs, stack, calls_before, inner, module_inputs,
+                        outputs,
                         output_tensors, spec, counts, largest, parameters, callouts=placed)

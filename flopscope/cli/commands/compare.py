@@ -15,8 +15,9 @@ from .._options import FORMATS, Commands, as_lengths
 def register(commands: Commands) -> None:
     """Add ``compare`` and its options to ``commands``."""
     comp = commands.add_parser("compare", help="Vaswani et al. Table 1, measured",
-                               description="Self-attention against convolution, recurrence, FFN and a fully "
-                                           "connected layer, built for real and profiled.")
+                               description="Self-attention against convolution, recurrence, FFN "
+                                           "and a fully connected layer, built for real and "
+                                           "profiled.")
     comp.add_argument("--n", type=int, default=512)
     comp.add_argument("--d", type=int, default=512)
     comp.add_argument("--h", type=int, default=8)

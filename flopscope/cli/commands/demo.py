@@ -21,8 +21,8 @@ from .._options import Commands, output_options
 def register(commands: Commands) -> None:
     """Add ``demo`` and its options to ``commands``."""
     demo = commands.add_parser("demo", help="profile the Transformer block the package ships",
-                               description="Roles, reconciliation and the layer-type comparison for "
-                                           "flopscope.models.TransformerBlock on one sequence.")
+                               description="Roles, reconciliation and the layer-type comparison "
+                                           "for flopscope.models.TransformerBlock on one sequence.")
     demo.add_argument("--n", type=int, default=512, help="sequence length (default 512)")
     demo.add_argument("--d", type=int, default=512, help="model width (default 512)")
     demo.add_argument("--h", type=int, default=8, help="heads (default 8)")
@@ -41,8 +41,9 @@ def run(args: argparse.Namespace) -> int:
     # matrices: biases and norms left out
     weights = sum(p.numel() for p in block.parameters() if p.dim() >= 2)
     closed = n * (4 * d * d + 2 * d * d_ff) + 2 * n * n * d
-    print(f"Transformer block n={n} d={d} h={h} d_ff={d_ff}: {weights:,} weights, {params:,} parameters with "
-          f"biases and norms (12·d² = {12 * d * d:,} and 12·d² + 13·d = {12 * d * d + 13 * d:,} when d_ff = 4d)")
+    print(f"Transformer block n={n} d={d} h={h} d_ff={d_ff}: {weights:,} weights, {params:,} "
+          f"parameters with biases and norms (12·d² = {12 * d * d:,} and 12·d² + 13·d = "
+          f"{12 * d * d + 13 * d:,} when d_ff = 4d)")
     print(report.summary(prof, depth=args.depth, units=args.units, tablefmt=args.format))
     print(f"\nclosed form n·(4d² + 2·d·d_ff) + 2n²d = {closed:,} MACs: "
           f"{'matches' if closed == prof.total() else 'DIFFERS FROM'} the measured total")

@@ -39,30 +39,38 @@ DIFF_EXAMPLES = """examples:
 
 def register(commands: Commands) -> None:
     """Add ``diff`` and its options to ``commands``."""
-    dif = commands.add_parser("diff", help="what changed between two models: per role, module and op, each role's "
-                                           "change explained by its closed form",
-                              description="Profile BEFORE and AFTER (JSON reports of flopscope profile --json, or "
-                                          "targets as for profile, built on meta and counted on fake tensors) and "
-                                          "print what changed: the total, every role with the closed-form "
-                                          "hyper-parameters that moved (n_kv 8 -> 2 in k_proj = B·n_k·d·(n_kv·d_k)), "
-                                          "the attention core's useful pairs (a sliding window), and the modules and "
+    dif = commands.add_parser("diff", help="what changed between two models: per role, module and "
+                                           "op, each role's change explained by its closed form",
+                              description="Profile BEFORE and AFTER (JSON reports of flopscope "
+                                          "profile --json, or targets as for profile, built on "
+                                          "meta and counted on fake tensors) and print what "
+                                          "changed: the total, every role with the closed-form "
+                                          "hyper-parameters that moved (n_kv 8 -> 2 in k_proj = "
+                                          "B·n_k·d·(n_kv·d_k)), the attention core's useful pairs "
+                                          "(a sliding window), and the modules and "
                                           "ops that changed, largest first.", epilog=DIFF_EXAMPLES,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
-    dif.add_argument("before", help="a JSON report (flopscope profile TARGET --json FILE) or a target")
+    dif.add_argument("before", help="a JSON report (flopscope profile TARGET --json FILE) or a "
+                                    "target")
     dif.add_argument("after", help="the same, after")
     dif.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", type=as_setting,
                      help="config / factory argument for both targets, repeatable")
-    dif.add_argument("--set-before", action="append", default=[], metavar="KEY=VALUE", type=as_setting,
+    dif.add_argument("--set-before", action="append", default=[], metavar="KEY=VALUE",
+                     type=as_setting,
                      help="config / factory argument for BEFORE only, repeatable")
-    dif.add_argument("--set-after", action="append", default=[], metavar="KEY=VALUE", type=as_setting,
+    dif.add_argument("--set-after", action="append", default=[], metavar="KEY=VALUE",
+                     type=as_setting,
                      help="config / factory argument for AFTER only, repeatable")
     dif.add_argument("--input", action="append", default=[], metavar="SHAPE", type=as_shape,
                      help="input shape for both targets, repeatable (default: as for profile)")
     dif.add_argument("--dtype", type=as_input_dtype, help="input dtype for both targets")
-    dif.add_argument("--limit", type=as_positive, default=20, help="module and op rows shown (default 20; all in "
+    dif.add_argument("--limit", type=as_positive, default=20, help="module and op rows shown "
+                                                                   "(default 20; all in "
                                                                   "--json)")
-    dif.add_argument("--json", type=as_output_path, help="write the diff (schema flopscope.diff/1) here")
-    dif.add_argument("--html", type=as_output_path, help="write the diff's page here (one self-contained file)")
+    dif.add_argument("--json", type=as_output_path,
+                     help="write the diff (schema flopscope.diff/1) here")
+    dif.add_argument("--html", type=as_output_path,
+                     help="write the diff's page here (one self-contained file)")
     dif.add_argument("--format", choices=FORMATS, default="simple", help="table format (tabulate)")
     dif.set_defaults(run=run)
 
@@ -70,7 +78,8 @@ def register(commands: Commands) -> None:
 def run(args: argparse.Namespace) -> int:
     """Each side read or counted on fake tensors, then the diff printed and written."""
     sides: list[dict[str, Any]] = []
-    for spec, settings in ((args.before, [*args.set, *args.set_before]), (args.after, [*args.set, *args.set_after])):
+    for spec, settings in ((args.before, [*args.set, *args.set_before]),
+                           (args.after, [*args.set, *args.set_after])):
         document = _report_file(spec)
         if document is None:
             target = on_meta(spec, settings)

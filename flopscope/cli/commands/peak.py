@@ -28,22 +28,26 @@ _CLI_DTYPES = {str(d).removeprefix("torch."): d for d in probes.CPU_DTYPES}
 def register(commands: Commands) -> None:
     """Add ``peak`` and its options to ``commands``."""
     cmd = commands.add_parser(
-        "peak", help="measure this CPU's GEMM peak and memory bandwidth (or show a GPU's table figures)",
-        description="Measure the achieved GEMM throughput of this CPU for a dtype (square matmuls, best rate): "
-                    "the MFU denominator of a CPU run, and its memory bandwidth (a STREAM-like copy). With "
-                    "--device cuda[:N] or a GPU name, print the GPU's dense datasheet figure from "
-                    "flopscope.peaks.PEAKS and its memory bandwidth from BANDWIDTH instead; with --table, "
-                    "every device of the table. The ridge point (FLOP/s / bandwidth) is the roofline's knee.")
-    cmd.add_argument("--dtype", choices=[*sorted(_CLI_DTYPES), "float8_e4m3fn", "float8_e4m3fnuz"], default="float32",
+        "peak", help="measure this CPU's GEMM peak and memory bandwidth (or show a GPU's table "
+                     "figures)",
+        description="Measure the achieved GEMM throughput of this CPU for a dtype (square matmuls, "
+                    "best rate): the MFU denominator of a CPU run, and its memory bandwidth (a "
+                    "STREAM-like copy). With --device cuda[:N] or a GPU name, print the GPU's "
+                    "dense datasheet figure from flopscope.peaks.PEAKS and its memory bandwidth "
+                    "from BANDWIDTH instead; with --table, every device of the table. The ridge "
+                    "point (FLOP/s / bandwidth) is the roofline's knee.")
+    cmd.add_argument("--dtype", choices=[*sorted(_CLI_DTYPES), "float8_e4m3fn", "float8_e4m3fnuz"],
+                     default="float32",
                      help="dtype (default float32)")
     cmd.add_argument("--seconds", type=float, default=1.0,
                      help="benchmark time on CPU, for each of the two benchmarks (default 1.0)")
     cmd.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:N, or a GPU name")
     cmd.add_argument("--table", action="store_true",
-                     help="print the whole GPU table for --dtype: FLOP/s, memory bandwidth, ridge point")
+                     help="print the whole GPU table for --dtype: FLOP/s, memory bandwidth, ridge "
+                          "point")
     cmd.add_argument("--save", action="store_true",
-                     help="store the CPU figures in ~/.cache/flopscope/peaks.json for measure_cpu_peak / "
-                          "measure_cpu_bandwidth(disk_cache=True)")
+                     help="store the CPU figures in ~/.cache/flopscope/peaks.json for "
+                          "measure_cpu_peak / measure_cpu_bandwidth(disk_cache=True)")
     cmd.set_defaults(run=run)
 
 
@@ -64,7 +68,8 @@ def run(args: argparse.Namespace) -> int:
         reason = str(caught[0].message) if caught else "unknown"
         print(f"{name}, {label}: no peak in the table ({reason})")
     else:
-        print(f"{name}, {label}: {value_or_none / 1e12:.1f} TFLOP/s dense (datasheet, 2 FLOPs per MAC)")
+        print(f"{name}, {label}: {value_or_none / 1e12:.1f} TFLOP/s dense (datasheet, 2 FLOPs per "
+              "MAC)")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", FlopscopeWarning)
         bandwidth_or_none = peaks.peak_bandwidth(args.device)
@@ -73,8 +78,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"{name}: memory bandwidth not in the table ({reason})")
     else:
         key = peaks._bandwidth_key(peaks._table_key(dev, raw), raw) or name
-        print(f"{key}: memory bandwidth {peaks._format_bandwidth(bandwidth_or_none)} (datasheet); ridge point "
-              f"{_ridge(value_or_none, bandwidth_or_none)} ({label})")
+        print(f"{key}: memory bandwidth {peaks._format_bandwidth(bandwidth_or_none)} (datasheet); "
+              f"ridge point {_ridge(value_or_none, bandwidth_or_none)} ({label})")
     return 0 if value_or_none is not None else 1
 
 
@@ -93,7 +98,8 @@ def _measure_cpu(args: argparse.Namespace, dtype: torch.dtype, label: str, raw: 
     if args.save:
         probes.write_disk(probes.disk_key(dtype, threads), value)
     print(f"{raw} ({threads} threads), {label}: {value / 1e9:.1f} GFLOP/s "
-          f"(achieved GEMM peak: best of {count} {n}x{n} matmuls in {args.seconds:g} s; 2 FLOPs per MAC)")
+          f"(achieved GEMM peak: best of {count} {n}x{n} matmuls in {args.seconds:g} s; 2 FLOPs "
+          "per MAC)")
     try:
         bandwidth, nbytes, copies = probes.copy_benchmark(args.seconds, probes.copy_bytes())
     except RuntimeError as e:
@@ -101,9 +107,9 @@ def _measure_cpu(args: argparse.Namespace, dtype: torch.dtype, label: str, raw: 
     probes.CPU_BW_CACHE[threads] = bandwidth
     if args.save:
         probes.write_disk(probes.disk_key("copy_bandwidth", threads), bandwidth)
-    print(f"{raw} ({threads} threads), memory bandwidth: {bandwidth / peaks._GB:.1f} GB/s (STREAM-like copy: best "
-          f"of {copies} copies of {nbytes / 2**20:.0f} MiB, read + write bytes counted); ridge point "
-          f"{_ridge(value, bandwidth)}")
+    print(f"{raw} ({threads} threads), memory bandwidth: {bandwidth / peaks._GB:.1f} GB/s "
+          f"(STREAM-like copy: best of {copies} copies of {nbytes / 2**20:.0f} MiB, read + write "
+          f"bytes counted); ridge point {_ridge(value, bandwidth)}")
     return 0
 
 
@@ -121,11 +127,13 @@ def _table(dtype: torch.dtype, label: str) -> int:
             flops = peaks.PEAKS[row].get(dtype)
             bandwidth = peaks.BANDWIDTH.get(key)
             rows.append((key, "-" if flops is None else f"{flops / peaks._T:.1f}",
-                         "-" if bandwidth is None else peaks._format_bandwidth(bandwidth), _ridge(flops, bandwidth)))
+                         "-" if bandwidth is None else peaks._format_bandwidth(bandwidth),
+                         _ridge(flops, bandwidth)))
     head = ("device", f"{label} TFLOP/s dense", "memory bandwidth", "ridge point")
     widths = [max(len(r[i]) for r in [head, *rows]) for i in range(4)]
     for r in [head, *rows]:
         cells = [cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(r, widths, strict=True))]
         print("  ".join(cells))
-    print("(datasheet figures, dense, per torch device; 2 FLOPs per MAC; bandwidth in decimal bytes/s)")
+    print("(datasheet figures, dense, per torch device; 2 FLOPs per MAC; bandwidth in decimal "
+          "bytes/s)")
     return 0

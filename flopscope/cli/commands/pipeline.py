@@ -22,28 +22,36 @@ from ...workloads.pipeline import profile_pipeline
 from ...workloads.pipeline_configs import pipeline_from_configs
 from .._common import write_reports
 from .._options import as_image_size, as_positive
-from ..targets import parse_settings
+from ..settings import parse_settings
 
 
 def add_options(parser: argparse.ArgumentParser) -> None:
     """The options of ``profile`` only a ``diffusers:`` target takes, as one group."""
-    pipeline = parser.add_argument_group("diffusers:SOURCE targets (a pipeline folder or hub repo, built from its "
-                                         "configs on meta: one whole generation, by component and by step)")
-    pipeline.add_argument("--steps", type=as_positive, metavar="N", help="denoising steps (default: the pipeline's)")
-    pipeline.add_argument("--size", type=as_image_size, metavar="HxW", help="image size in pixels, e.g. 1024x1024")
-    pipeline.add_argument("--frames", type=as_positive, metavar="F", help="video frames (video pipelines)")
-    pipeline.add_argument("--guidance", type=float, metavar="G", help="guidance_scale (default: the pipeline's)")
-    pipeline.add_argument("--prompt", default="a photo of a cat", help="the prompt (only its padded length counts)")
+    pipeline = parser.add_argument_group("diffusers:SOURCE targets (a pipeline folder or hub repo, "
+                                         "built from its configs on meta: one whole generation, by "
+                                         "component and by step)")
+    pipeline.add_argument("--steps", type=as_positive, metavar="N",
+                          help="denoising steps (default: the pipeline's)")
+    pipeline.add_argument("--size", type=as_image_size, metavar="HxW",
+                          help="image size in pixels, e.g. 1024x1024")
+    pipeline.add_argument("--frames", type=as_positive, metavar="F",
+                          help="video frames (video pipelines)")
+    pipeline.add_argument("--guidance", type=float, metavar="G",
+                          help="guidance_scale (default: the pipeline's)")
+    pipeline.add_argument("--prompt", default="a photo of a cat",
+                          help="the prompt (only its padded length counts)")
 
 
 def run(args: argparse.Namespace) -> int:
     """Count one call of the pipeline ``args.target`` on fake tensors, and print it."""
     conflicts = [flag for flag, given in (("--input", args.input), ("--sweep", args.sweep),
-                                          ("--backward", args.backward), ("--tp", args.tp is not None),
+                                          ("--backward", args.backward),
+                                          ("--tp", args.tp is not None),
                                           ("--dp", args.dp > 1), ("--plot", args.plot),
                                           ("--mode real", args.mode == "real")) if given]
     if conflicts:
-        print(f"flopscope profile: error: a diffusers: target counts one pipeline call on fake tensors; it cannot be "
+        print("flopscope profile: error: a diffusers: target counts one pipeline call on fake "
+              "tensors; it cannot be "
               f"combined with {', '.join(conflicts)}", file=sys.stderr)
         return 2
     source = args.target.removeprefix("diffusers:")
@@ -60,16 +68,18 @@ def run(args: argparse.Namespace) -> int:
     accepted = inspect.signature(pipe.__call__).parameters
     unknown = [k for k in call if k not in accepted and not any(p.kind is p.VAR_KEYWORD for p in accepted.values())]
     if unknown:
-        raise FlopscopeError(f"{type(pipe).__name__} takes no {', '.join(unknown)} (from --steps / --size / --frames / "
-                             "--guidance / --prompt)")
+        raise FlopscopeError(f"{type(pipe).__name__} takes no {', '.join(unknown)} (from --steps / "
+                             "--size / --frames / --guidance / --prompt)")
     modules = {name: c for name, c in pipe.components.items() if isinstance(c, torch.nn.Module)}
     parameters = sum(p.numel() for m in modules.values() for p in m.parameters())
-    print(f"diffusers:{source} ({type(pipe).__name__}): {parameters:,} parameters in {len(modules)} components "
+    print(f"diffusers:{source} ({type(pipe).__name__}): {parameters:,} parameters in "
+          f"{len(modules)} components "
           "(built on meta: nothing allocated)", flush=True)
     with torch.no_grad():
         prof = profile_pipeline(pipe, **call)
     print(prof.summary_table(args.format))
-    print(f"\ndenoising steps ({len(prof.steps())}; denoiser: {', '.join(prof.denoisers) or 'none found'}):")
+    print(f"\ndenoising steps ({len(prof.steps())}; denoiser: "
+          f"{', '.join(prof.denoisers) or 'none found'}):")
     print(prof.steps_table(args.format))
     names, rows = prof.role_rows()
     print("\nMACs by role and component:")
@@ -94,12 +104,16 @@ def run(args: argparse.Namespace) -> int:
 
 def _pipeline_json(target: str, call: dict[str, Any], prof: Any) -> dict[str, Any]:
     """The ``--json`` document of a pipeline call (schema ``flopscope.pipeline/1``)."""
-    return {"schema": "flopscope.pipeline/1", "target": target, "call": call, "units": "MACs (FLOPs = 2 x MACs)",
-            "total": prof.total(), "components": prof.by_component(), "roles": prof.by_component_role(),
+    return {"schema": "flopscope.pipeline/1", "target": target, "call": call,
+            "units": "MACs (FLOPs = 2 x MACs)",
+            "total": prof.total(), "components": prof.by_component(),
+            "roles": prof.by_component_role(),
             "denoisers": list(prof.denoisers),
-            "steps": [{"step": s.step, "macs": dict(s.macs), "calls": dict(s.calls), "latents_batch": s.batch,
+            "steps": [{"step": s.step, "macs": dict(s.macs), "calls": dict(s.calls),
+                       "latents_batch": s.batch,
                        "denoiser_batch": s.denoiser_batch, "guidance": s.guidance} for s in prof.steps()],
             "workload": [{"component": t.component, "entry": t.entry, "calls": t.calls,
-                          "macs_per_call": t.macs_per_call, "steps": t.steps, "passes": t.passes, "batch": t.batch,
+                          "macs_per_call": t.macs_per_call, "steps": t.steps, "passes": t.passes,
+                          "batch": t.batch,
                           "guidance": t.guidance} for t in prof.workload().terms],
             "reuse": list(prof.reuse)}

@@ -44,27 +44,37 @@ from . import pipeline, sharded
 
 def register(commands: Commands) -> None:
     """Add ``profile`` and its options to ``commands``, the pipeline's and --tp's too."""
-    prof = commands.add_parser("profile", help="profile a model: hf:FAMILY, hf:ORG/NAME, a config.json, timm:NAME "
-                                               "or package.module:factory",
+    prof = commands.add_parser("profile", help="profile a model: hf:FAMILY, hf:ORG/NAME, a "
+                                               "config.json, timm:NAME or package.module:factory",
                                description="Profile one forward of TARGET.", epilog=EXAMPLES,
                                formatter_class=argparse.RawDescriptionHelpFormatter)
     target_options(prof)
     prof.add_argument("--mode", choices=["auto", "fake", "real"], default="auto",
-                      help="fake: count without computing; real: execute (times per role); auto (default)")
+                      help="fake: count without computing; real: execute (times per role); auto "
+                           "(default)")
     prof.add_argument("--sweep", type=as_sweep_lengths, metavar="N,N,...",
-                      help=f"comma-separated lengths (at least {MIN_LENGTHS}): exact polynomial per role in n")
+                      help=f"comma-separated lengths (at least {MIN_LENGTHS}): exact polynomial "
+                           "per role in n")
     prof.add_argument("--backward", action="store_true", help="count the backward pass too")
     attention_option(prof, "the total, the role table and the per-token formulas")
-    prof.add_argument("--json", type=as_output_path, help="write the JSON report (schema flopscope.profile/1) here")
+    prof.add_argument("--json", type=as_output_path,
+                      help="write the JSON report (schema flopscope.profile/1) here")
     prof.add_argument("--csv", type=as_output_path, help="write one CSV row per counted op here")
-    prof.add_argument("--html", type=as_output_path, help="write the HTML report here (one self-contained file: the "
-                                                        "module tree as an icicle chart by MACs, roles, "
-                                                        "reconciliation, unsupported ops, the --sweep polynomials)")
-    prof.add_argument("--folded", type=as_output_path, help="write folded stacks (flamegraph.pl, inferno, speedscope; "
-                                                          "weights in MACs) here, one file per phase with --backward")
-    prof.add_argument("--speedscope", type=as_output_path, help="write a speedscope profile (weights in MACs) here")
-    prof.add_argument("--plot", type=as_plot_path, help="write a PNG (or another format matplotlib writes, by the "
-                                                      "suffix): the scaling plot with --sweep, else role shares")
+    prof.add_argument("--html", type=as_output_path, help="write the HTML report here (one "
+                                                          "self-contained file: the "
+                                                        "module tree as an icicle chart by MACs, "
+                                                        "roles, reconciliation, unsupported ops, "
+                                                        "the --sweep polynomials)")
+    prof.add_argument("--folded", type=as_output_path, help="write folded stacks (flamegraph.pl, "
+                                                            "inferno, speedscope; "
+                                                          "weights in MACs) here, one file per "
+                                                          "phase with --backward")
+    prof.add_argument("--speedscope", type=as_output_path,
+                      help="write a speedscope profile (weights in MACs) here")
+    prof.add_argument("--plot", type=as_plot_path, help="write a PNG (or another format matplotlib "
+                                                        "writes, by the "
+                                                      "suffix): the scaling plot with --sweep, "
+                                                      "else role shares")
     sharded.add_options(prof)
     pipeline.add_options(prof)
     output_options(prof)
@@ -77,7 +87,8 @@ def run(args: argparse.Namespace) -> int:
         return pipeline.run(args)
     given = [flag for flag in ("steps", "size", "frames", "guidance") if getattr(args, flag) is not None]
     if given:
-        print(f"flopscope profile: error: --{', --'.join(given)}: only for diffusers: targets", file=sys.stderr)
+        print(f"flopscope profile: error: --{', --'.join(given)}: only for diffusers: targets",
+              file=sys.stderr)
         return 2
     if args.tp is not None or args.dp > 1:
         return sharded.run(args)
@@ -91,10 +102,13 @@ def run(args: argparse.Namespace) -> int:
             target.check_sequence(n, "--sweep length: a sequence")
     inputs, kwargs = build(None)
     where = "built on meta: nothing allocated" if any(p.is_meta for p in target.model.parameters()) else "built"
-    print(f"{target.description}: {sum(p.numel() for p in target.model.parameters()):,} parameters ({where})",
+    print(f"{target.description}: {sum(p.numel() for p in target.model.parameters()):,} parameters "
+          f"({where})",
           flush=True)
-    target, prof = _count(args, target, inputs, kwargs, build(max(args.sweep)) if args.sweep else (inputs, kwargs))
-    print(report.summary(prof, depth=args.depth, units=args.units, tablefmt=args.format, attention=args.attention))
+    target, prof = _count(args, target, inputs, kwargs,
+                          build(max(args.sweep)) if args.sweep else (inputs, kwargs))
+    print(report.summary(prof, depth=args.depth, units=args.units, tablefmt=args.format,
+                         attention=args.attention))
     if target.token_inputs and getattr(target.model, "config", None) is not None:
         # not a language model: no model-level formulas
         with contextlib.suppress(FlopscopeError):
@@ -103,7 +117,8 @@ def run(args: argparse.Namespace) -> int:
     if args.sweep:
         result = scaling(target.model, build, lengths=args.sweep, mode="fake" if args.mode != "real"
                          else "real", progress=_progress("sweep"))
-        print("\nscaling in n (exact polynomials, checked at one more length than their degree needs):")
+        print("\nscaling in n (exact polynomials, checked at one more length than their degree "
+              "needs):")
         print(result.to_table(args.format))
     write_reports(args, prof, result)
     if args.plot:
@@ -112,7 +127,8 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _count(args: argparse.Namespace, target: Target, inputs: tuple[Any, ...], kwargs: dict[str, Any],
+def _count(args: argparse.Namespace, target: Target, inputs: tuple[Any, ...],
+           kwargs: dict[str, Any],
            estimate: tuple[tuple[Any, ...], dict[str, Any]]) -> tuple[Target, Profile]:
     """``profile`` of ``target`` in ``--mode``.
 
@@ -127,13 +143,16 @@ def _count(args: argparse.Namespace, target: Target, inputs: tuple[Any, ...], kw
     copies = 2 if args.backward else 1
     grad = torch.enable_grad() if args.backward else torch.no_grad()
     if args.mode == "real":
-        target = materialised(target, args.target, args.set, f"a real run (--mode real) of {target.description}",
+        target = materialised(target, args.target, args.set,
+                              f"a real run (--mode real) of {target.description}",
                               lambda: largest_activation(target, *estimate), copies=copies)
         with grad:
-            return target, profile(target.model, *inputs, mode="real", backward=args.backward, **kwargs)
+            return target, profile(target.model, *inputs, mode="real", backward=args.backward,
+                                   **kwargs)
     try:
         with grad:
-            return target, profile(target.model, *inputs, mode="fake", backward=args.backward, **kwargs)
+            return target, profile(target.model, *inputs, mode="fake", backward=args.backward,
+                                   **kwargs)
     except RunError as failed:
         if not failed.on_fake_tensors or not any(p.is_meta for p in target.model.parameters()):
             raise
@@ -142,13 +161,15 @@ def _count(args: argparse.Namespace, target: Target, inputs: tuple[Any, ...], kw
             what = f"{target.description} built for real (its fake run on meta tensors failed: {failed.reason})"
             activation = 0
         else:
-            what = (f"auto's fall-back to a real run of {target.description} (it cannot be counted on fake tensors: "
-                    f"{failed.where}: {failed.reason})")
+            what = (f"auto's fall-back to a real run of {target.description} (it cannot be counted "
+                    f"on fake tensors: {failed.where}: {failed.reason})")
             activation = failed.largest_tensor_bytes
         # no --mode fake way out: it failed already
-        target = materialised(target, args.target, args.set, what, activation, copies=copies, instead="")
+        target = materialised(target, args.target, args.set, what, activation, copies=copies,
+                              instead="")
     with grad:
-        return target, profile(target.model, *inputs, mode=args.mode, backward=args.backward, **kwargs)
+        return target, profile(target.model, *inputs, mode=args.mode, backward=args.backward,
+                               **kwargs)
 
 
 def _progress(label: str) -> Any:

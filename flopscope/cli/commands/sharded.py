@@ -29,12 +29,14 @@ from ..targets import load_target, make_inputs
 def add_options(parser: argparse.ArgumentParser) -> None:
     """``--tp`` and ``--dp``, the options of ``profile`` that shard the model."""
     parser.add_argument("--tp", type=as_positive, metavar="T",
-                        help="tensor-parallel ranks: shard the model (built on meta) with its own Hugging Face plan "
-                             "on a fake world and count rank 0 on fake tensors: MACs per role beside the unsharded "
-                             "model's, its collectives against Megatron-LM, bytes per MAC per layer")
+                        help="tensor-parallel ranks: shard the model (built on meta) with its own "
+                             "Hugging Face plan on a fake world and count rank 0 on fake tensors: "
+                             "MACs per role beside the unsharded model's, its collectives against "
+                             "Megatron-LM, bytes per MAC per layer")
     parser.add_argument("--dp", "--fsdp", type=as_positive, default=1, metavar="D",
-                        help="data-parallel (FSDP) ranks with --tp (mesh D x T): FSDP's collectives per decoder "
-                             "layer, predicted (FSDP2 does not run on fake tensors)")
+                        help="data-parallel (FSDP) ranks with --tp (mesh D x T): FSDP's "
+                             "collectives per decoder layer, predicted (FSDP2 does not run on fake "
+                             "tensors)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -58,7 +60,8 @@ def run(args: argparse.Namespace) -> int:
     ids = next((t for t in (*inputs, *kwargs.values()) if isinstance(t, torch.Tensor)), None)
     parameters = sum(p.numel() for p in model.parameters())
     world = dp * tp
-    print(f"{target.description}: {parameters:,} parameters; rank 0 of a fake world of {world} ranks (mesh dp {dp} x "
+    print(f"{target.description}: {parameters:,} parameters; rank 0 of a fake world of {world} "
+          f"ranks (mesh dp {dp} x "
           f"tp {tp}), counted on fake tensors", flush=True)
     with torch.no_grad() if not args.backward else torch.enable_grad():
         unsharded = profile(model, *inputs, mode="fake", backward=args.backward, **kwargs)
@@ -70,7 +73,8 @@ def run(args: argparse.Namespace) -> int:
             if ids is not None and ids.dim() == 2:
                 # not a decoder with a width and layers
                 with contextlib.suppress(FlopscopeError):
-                    predicted = dist.predicted_collectives(model, ids.shape[0], ids.shape[1], backward=args.backward)
+                    predicted = dist.predicted_collectives(model, ids.shape[0], ids.shape[1],
+                                                           backward=args.backward)
     phases = "forward + backward" if args.backward else "forward"
     print(f"\nMACs by role, {phases} (share: this rank's part of the unsharded model's):")
     print(dist.role_table(prof, unsharded, tablefmt=args.format))
@@ -81,12 +85,13 @@ def run(args: argparse.Namespace) -> int:
         print("\nmeasured against Megatron-LM's closed form:")
         print(compare_collectives(rows, predicted, tablefmt=args.format))
     if dp > 1:
-        print(f"\nFSDP over {dp} data-parallel ranks, per decoder-layer unit: predicted (FSDP2 does not run on fake "
-              "tensors):")
+        print(f"\nFSDP over {dp} data-parallel ranks, per decoder-layer unit: predicted (FSDP2 "
+              "does not run on fake tensors):")
         print(dist.fsdp_table(units, dp, backward=args.backward, tablefmt=args.format))
     print("\ncommunication per MAC (collective message bytes per multiply-accumulate of this rank):")
     fsdp_backward = args.backward if dp > 1 else None
-    print(dist.communication_per_mac(prof, units, fsdp_backward=fsdp_backward, tablefmt=args.format))
+    print(dist.communication_per_mac(prof, units, fsdp_backward=fsdp_backward,
+                                     tablefmt=args.format))
     write_reports(args, prof)
     return 0
 
