@@ -357,7 +357,8 @@ def _union(values: Sequence[Labels]) -> set[int]:
             # labels are column indices, or -1 where unknown: counting them is linear,
             # where torch.unique sorts
             counts = torch.bincount(v.flatten() + 1)
-            out |= {int(x) - 1 for x in torch.nonzero(counts).flatten()}
+            # (.tolist(): iterating a tensor makes one tensor per element)
+            out |= {x - 1 for x in torch.nonzero(counts).flatten().tolist()}
         elif v.numel():
-            out |= {int(x) for x in torch.unique(v)}
+            out |= set(torch.unique(v).tolist())
     return out

@@ -48,7 +48,7 @@ from ..conventions import TOKEN_INPUTS
 from ..errors import SymbolicError
 from ..formulas.registry import FormulaRegistry
 from ..predict.steps import PREFILL, Step
-from ..profile import reuse_roles
+from ..profile import Profile, reuse_roles
 from ..role import ROLE_ORDER
 from .decoding import check_decoding, decoding_driver
 from .generation import profile_generation
@@ -66,11 +66,14 @@ class GenerationTrace:
     def __init__(self, model: nn.Module, batch: int, n: int, dtype: torch.dtype,
                  registry: FormulaRegistry | None, roles: tuple[RoleRule, ...]) -> None:
         self.name, self.n = type(model).__name__, n
-        self._concrete = functools.partial(profile_generation, model, torch.zeros(batch, n, dtype=dtype), 2,
-                                           registry=registry, roles=roles)
+        def concrete(length: int) -> Profile:
+            return profile_generation(model, torch.zeros(batch, length, dtype=dtype), 2, registry=registry,
+                                      roles=roles)
+
+        self._concrete = concrete
         self.symbolic: SymbolicTrace | None = None
         if n < 2:  # sizes 0 and 1 are constants of the symbolic shapes: the concrete count is the template
-            self.profile = self._concrete()
+            self.profile = self._concrete(n)
             return
         ids = functools.partial(torch.zeros, dtype=dtype)
         inputs: tuple[Any, Any] = (((ids(batch, n + 1),), {}), ((ids(batch, n),), {}))
@@ -106,7 +109,7 @@ class GenerationTrace:
     def steps(self) -> tuple[Step, Step]:
         """The two steps with their roles (the role passes run here, once)."""
         with quiet_symbolic_graph():
-            if self.symbolic is not None and not reuse_roles(self.profile, self._concrete()):
+            if self.symbolic is not None and not carry_roles(self.profile, self._concrete, self.n):
                 raise SymbolicError(f"{self.name} ran other ops with a symbolic cache length than at {self.n}: "
                                     "its roles cannot be carried over")
             found = self.profile.steps()
@@ -285,6 +288,15 @@ class GenerationCount:
                 rows.append(["", "guards", "", "; ".join(piece.conditions)])
         return tabulate(rows, headers=["cache lengths n", "step", "count", "as a function of n"],
                         disable_numparse=True)
+
+
+def carry_roles(traced: Profile, concrete: Callable[[int], Profile], length: int) -> bool:
+    """Give ``traced`` (a symbolic trace at ``length``) the roles of ``concrete(length)``, a
+    concrete count of the same computation (:func:`flopscope.profile.reuse_roles`). Not
+    from a shorter count: column labels replayed through a layer that pads its chunks
+    split a fused projection otherwise at 2 positions than at 8 (Qwen3-Next's gated
+    DeltaNet), so roles are taken at the traced length only."""
+    return reuse_roles(traced, concrete(length))
 
 
 def _role(role: str, template: StepTemplate) -> SizeFunction | None:

@@ -42,10 +42,11 @@ from ..errors import InputError, SymbolicError
 from ..formulas.registry import FormulaRegistry
 from ..predict.polynomial import Polynomial, Polynomial2
 from ..predict.steps import Step
-from ..profile import Profile, reuse_roles
+from ..profile import Profile
 from ..role import ROLE_ORDER
 from .decoding import check_decoding, prefill_then_chunk
-from .generation_templates import GenerationTrace
+from .generation import profile_generation
+from .generation_templates import GenerationTrace, carry_roles
 from .symbolic import SymbolicTrace, python_code, quiet_symbolic_graph, trace_dispatched
 
 __all__ = ["COST_SCHEMA", "RequestCount", "StepCost", "cost_model"]
@@ -235,9 +236,11 @@ class _ChunkTrace:
         inputs: tuple[Any, Any] = (((ids(1, context + 1),), {}), ((ids(1, context),), {}))
         self.symbolic = trace_dispatched(model, inputs, (context + 1, context), plan, roles)
         self.t, self.c = made["t"], self.symbolic.symbol
-        twin = _chunk_profile(model, context, chunk, registry, roles)
         with quiet_symbolic_graph():
-            if not reuse_roles(self.symbolic.profile, twin):
+            def twin(length: int) -> Profile:
+                return _chunk_profile(model, length, chunk, registry, roles)
+
+            if not carry_roles(self.symbolic.profile, twin, context):
                 raise SymbolicError(f"{self.name} ran other ops with symbolic sizes than at c = {context}, "
                                     f"t = {chunk}: its roles cannot be carried over")
             found = self.symbolic.profile.steps()
@@ -300,8 +303,6 @@ def _counted(model: nn.Module, registry: FormulaRegistry | None, roles: tuple[Ro
     0``), else a prefill of ``c`` then ``t`` positions on its cache (``t = 1``: a
     decode step as :func:`~flopscope.workloads.generation.profile_generation` counts
     it)."""
-    from .generation import profile_generation
-
     ids = torch.zeros(1, c or t, dtype=torch.long)
     if c == 0:
         found = profile_generation(model, ids, 1, registry=registry, roles=roles).steps()[0]
