@@ -3,7 +3,8 @@ its engine.
 
 - ``training``: steps of a training loop, MFU and HFU; ``generation`` and ``decoding``:
   prefill and decode steps; ``generation_templates``: generation of any length from a
-  prefill and a decode step traced with a symbolic cache length;
+  prefill and a decode step traced with a symbolic cache length; ``step_cost``: a serving
+  step's MACs per request in its new tokens and cached context;
 - ``pipeline`` (with ``pipeline_configs``): diffusion pipelines, per image and per
   video; ``resolution``: their costs against the image size;
 - ``scaling`` and ``symbolic``: counts as exact polynomials in the sequence length;
@@ -20,6 +21,7 @@ _PUBLIC = {
     "training": ("BatchPricer", "Throughput", "flops_per_batch", "measure_flops"),
     "generation": ("Step", "profile_generation", "steps_table"),
     "generation_templates": ("GenerationCount", "count_generation"),
+    "step_cost": ("StepCost", "cost_model"),
     "pipeline": ("DenoisingStep", "PipelineProfile", "Workload", "WorkloadTerm",
                  "profile_pipeline"),
     "resolution": ("ResolutionScaling", "resolution_scaling"),

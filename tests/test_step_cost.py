@@ -1,0 +1,101 @@
+"""The serving cost model (``flopscope.workloads.cost_model``) against concrete counts of the same computation and
+against the closed form, on tiny configs built on meta: a request's MACs per role at sizes inside and outside each
+template's domain (a sliding window that binds), a scheduler step as the sum of its requests, and the JSON document
+against its schema."""
+
+from __future__ import annotations
+
+import json
+from fractions import Fraction
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from flopscope.errors import InputError
+from flopscope.predict.polynomial import Polynomial, Polynomial2
+from flopscope.workloads import cost_model
+from flopscope.workloads.step_cost import COST_SCHEMA, _counted
+
+transformers = pytest.importorskip("transformers")
+
+from test_generation_templates import FAMILIES, L, V, d, d_ff, h, head, kv, llama  # noqa: E402
+
+SCHEMA = Path(__file__).resolve().parents[1] / "docs" / "schemas" / "cost-1.json"
+# (t, c): fresh prompts, decodes, chunks; 1 and small caches below the traced sizes and the window (6)
+POINTS = [(5, 0), (12, 0), (1, 9), (1, 3), (1, 1), (3, 5), (7, 11), (2, 2), (6, 20), (4, 1)]
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2", "mistral_window", "deepseek_v3", "qwen3_next"])
+def test_a_requests_macs_are_those_of_its_concrete_count(family: str) -> None:
+    model = FAMILIES[family]()
+    cost = cost_model(model, context=8, chunk=4)
+    for t, c in POINTS:
+        assert cost.request(t, c) == _counted(model, None, (), t, c), (t, c)
+
+
+def test_the_chunk_template_is_the_closed_form() -> None:
+    """Llama, per request of t new positions on a cache of c, per layer: q and o d·d each, k and v d·(kv·head)
+    each, the FFN 3·d·d_ff, per position; the scores and the weighted sum h·head·t·(c + t) each (executed: the
+    kernels' whole block); the head d·V for the last position only."""
+    cost = cost_model(llama(), context=8, chunk=4)
+    chunk = cost.chunk
+    assert chunk["q_proj"].polynomial == Polynomial2({(1, 0): Fraction(L * d * d)})
+    assert chunk["k_proj"].polynomial == Polynomial2({(1, 0): Fraction(L * d * kv * head)})
+    assert chunk["ffn_down"].polynomial == Polynomial2({(1, 0): Fraction(L * d * d_ff)})
+    assert chunk["attn_scores"].polynomial == Polynomial2({(2, 0): Fraction(L * h * head),
+                                                           (1, 1): Fraction(L * h * head)})
+    assert chunk["logits"].polynomial == Polynomial2({(0, 0): Fraction(d * V)})
+    assert cost.decode["attn_weighted_sum"].polynomial == Polynomial((Fraction(L * h * head), Fraction(L * h * head)))
+    assert cost.prefill["attn_scores"].polynomial == Polynomial((Fraction(0), Fraction(0), Fraction(L * h * head)))
+
+
+def test_a_scheduler_step_is_the_sum_of_its_requests() -> None:
+    """Eight decodes of other contexts and one prefill chunk: the step's MACs per role are the sum of the
+    requests' concrete counts."""
+    model = FAMILIES["mistral_window"]()
+    cost = cost_model(model, context=8, chunk=4)
+    requests = [(1, c) for c in (3, 5, 6, 7, 9, 12, 20, 31)] + [(16, 24)]
+    expected: dict[str, int] = {}
+    for t, c in requests:
+        for role, macs in _counted(model, None, (), t, c).items():
+            expected[role] = expected.get(role, 0) + macs
+    assert cost.iteration(requests) == {role: v for role, v in expected.items() if v}
+
+
+def test_the_json_validates_against_its_schema_and_reads_back() -> None:
+    """The document a simulator reads: valid against docs/schemas/cost-1.json; its terms give the request's
+    MACs without flopscope (exact fractions summed by hand here)."""
+    cost = cost_model(FAMILIES["deepseek_v3"](), context=8, chunk=4)
+    document = json.loads(json.dumps(cost.to_json()))
+    jsonschema.validate(document, json.loads(SCHEMA.read_text()))
+    assert document["schema"] == COST_SCHEMA
+    t, c = 5, 9
+    for role, entry in document["templates"]["chunk"]["macs_by_role"].items():
+        value = sum(Fraction(k) * t ** i * c ** j for i, j, k in entry["terms"])
+        assert value == cost.request(t, c).get(role, 0), role
+
+
+def test_a_layer_that_pads_its_chunks_is_an_expression_in_the_json() -> None:
+    """Qwen3-Next's gated DeltaNet pads the sequence to its chunk size: the prefill's recurrent work is a floor
+    division of t, written as a Python expression that evaluates to the concrete count where the conditions
+    hold."""
+    model = FAMILIES["qwen3_next"]()
+    cost = cost_model(model, context=8, chunk=4)
+    document = cost.to_json()
+    jsonschema.validate(document, json.loads(SCHEMA.read_text()))
+    expressions = {role: entry["expression"] for role, entry in document["templates"]["prefill"]["macs_by_role"].items()
+                   if "expression" in entry}
+    assert expressions
+    concrete = _counted(model, None, (), 40, 0)  # (one chunk of 64: inside the domain the trace at 8 holds for)
+    for role, code in expressions.items():
+        assert eval(code, {}, {"t": 40}) == concrete.get(role, 0), role
+    assert cost.request(70, 0) == _counted(model, None, (), 70, 0)  # (two chunks: counted concretely)
+
+
+def test_bad_requests_are_refused_with_the_sizes() -> None:
+    cost = cost_model(llama(), context=8, chunk=4)
+    with pytest.raises(InputError, match="t = 0, c = 5"):
+        cost.request(0, 5)
+    with pytest.raises(InputError, match="at least 2"):
+        cost_model(llama(), context=1)
