@@ -99,3 +99,24 @@ def test_bad_requests_are_refused_with_the_sizes() -> None:
         cost.request(0, 5)
     with pytest.raises(InputError, match="at least 2"):
         cost_model(llama(), context=1)
+
+
+def test_the_cost_command_prices_a_step_from_the_closed_form(tmp_path: Path) -> None:
+    """``flopscope cost`` on a tiny Llama: the step of two decodes on 9 cached positions and a chunk of 4 on 5,
+    written to JSON, is the closed form's sum: per decode L·(layer + 2·h·head·(c + 1)) + d·V, per chunk
+    L·(t·layer + 2·h·head·t·(c + t)) + d·V, where a layer's projections and FFN are 2·d·d + 2·d·kv·head +
+    3·d·d_ff per position."""
+    from flopscope.cli import main
+
+    out = tmp_path / "cost.json"
+    settings = {"hidden_size": d, "intermediate_size": d_ff, "num_hidden_layers": L, "num_attention_heads": h,
+                "num_key_value_heads": kv, "vocab_size": V}
+    argv = ["cost", "hf:llama", *[a for k, v in settings.items() for a in ("--set", f"{k}={v}")],
+            "--context", "8", "--chunk", "4", "--step", "1@9x2,4@5", "--json", str(out)]
+    assert main(argv) == 0
+    layer = 2 * d * d + 2 * d * kv * head + 3 * d * d_ff
+    decode = L * (layer + 2 * h * head * (9 + 1)) + d * V
+    chunk = L * (4 * layer + 2 * h * head * 4 * (5 + 4)) + d * V
+    document = json.loads(out.read_text())
+    jsonschema.validate(document, json.loads(SCHEMA.read_text()))
+    assert document["priced_step"]["macs"] == 2 * decode + chunk

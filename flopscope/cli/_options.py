@@ -39,6 +39,7 @@ EXAMPLES = """examples:
   flopscope generate hf:llama --prompt 16 --new 4   Llama-2-7B's shape on meta, counted on fake tensors (seconds)
   flopscope profile hf:llama/causal-lm --set num_hidden_layers=2 --input 1x2048 --tp 8 --dp 4 --backward
   flopscope diff hf:llama hf:llama --set num_hidden_layers=2 --set-after num_key_value_heads=8   MHA -> GQA, explained
+  flopscope cost hf:llama --step 1@4096x8,512@2048 --json cost.json   a serving step's MACs per request in t and c
 
 units: MACs (multiply-accumulates) everywhere; FLOPs = 2 x MACs, always labelled (--units flops).
 """

@@ -6,7 +6,7 @@ import argparse
 
 from ..version import DISTRIBUTION, __version__
 from ._options import EXAMPLES
-from .commands import compare, crosscheck, demo, diff, generate, peak, profile
+from .commands import compare, cost, crosscheck, demo, diff, generate, peak, profile
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -20,6 +20,6 @@ def build_parser() -> argparse.ArgumentParser:
                         help="print the distribution's name and version, and exit")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     # in the order --help lists them
-    for command in (peak, demo, profile, diff, compare, crosscheck, generate):
+    for command in (peak, demo, profile, diff, compare, crosscheck, generate, cost):
         command.register(commands)
     return parser

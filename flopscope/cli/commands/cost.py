@@ -1,0 +1,98 @@
+"""``flopscope cost TARGET``: a serving step's MACs per request, from the model's own code.
+
+Prints the cost model of :func:`flopscope.workloads.step_cost.cost_model`: for a fresh
+prompt of ``t`` positions, a decode step on a cache of ``c`` and a chunk of ``t`` on a
+cache of ``c``, each role's MACs as an exact function of ``t`` and ``c``, with the
+conditions each holds under. ``--step`` prices one scheduler step (its requests' sum);
+``--json`` writes the document a simulator reads (schema ``flopscope.cost/1``,
+``docs/schemas/cost-1.json``). The model is built on meta and traced on fake tensors:
+nothing is allocated. Units: MACs (FLOPs = 2 x MACs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from tabulate import tabulate
+
+from ...errors import FlopscopeError
+from ...workloads.step_cost import cost_model
+from .._common import on_meta
+from .._options import FORMATS, Commands, as_output_path, as_positive, as_setting
+
+
+def register(commands: Commands) -> None:
+    """Add ``cost`` and its options to ``commands``."""
+    cmd = commands.add_parser(
+        "cost", help="a serving step's MACs per request as exact polynomials in its new tokens and context",
+        description="Trace TARGET's prefill, decode step and prefill chunk once each on fake tensors, with the "
+                    "request's new tokens t and cached context c as symbols, and print each role's MACs per "
+                    "request as an exact function of t and c (a scheduler step's MACs are the sum over its "
+                    "requests). Nothing is allocated.")
+    cmd.add_argument("target", help="hf:FAMILY (the causal-lm head unless another is named), hf:ORG/NAME, "
+                                    "path/to/config.json or package.module:factory: a model that generates")
+    cmd.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", type=as_setting,
+                     help="config / factory argument, repeatable (e.g. --set num_hidden_layers=2)")
+    cmd.add_argument("--context", type=as_positive, default=64,
+                     help="the cache length the traces run at (default 64); the polynomials hold where their "
+                          "conditions do, other sizes are counted concretely")
+    cmd.add_argument("--chunk", type=as_positive, default=16, help="the chunk length traced (default 16)")
+    cmd.add_argument("--step", type=as_requests, metavar="T@C[xK],...",
+                     help="price one scheduler step: its requests, each T new positions on a cache of C, K times "
+                          "(e.g. 1@4096x8,512@2048: eight decodes and one prefill chunk)")
+    cmd.add_argument("--json", type=as_output_path, help="write the cost model (schema flopscope.cost/1) here")
+    cmd.add_argument("--format", choices=FORMATS, default="simple", help="table format (tabulate)")
+    cmd.set_defaults(run=run)
+
+
+def as_requests(text: str) -> list[tuple[int, int]]:
+    """``"1@4096x8,512@2048"`` as ``[(1, 4096)] * 8 + [(512, 2048)]``."""
+    out: list[tuple[int, int]] = []
+    for item in text.split(","):
+        try:
+            sizes, _, times = item.strip().partition("x")
+            t, c = (int(v) for v in sizes.split("@"))
+            count = int(times) if times else 1
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"a request is T@C or T@CxK (new positions @ cached positions, "
+                                             f"K times); got {item!r}") from None
+        if t < 1 or c < 0 or count < 1:
+            raise argparse.ArgumentTypeError(f"a request brings T >= 1 new positions on C >= 0, K >= 1 times; "
+                                             f"got {item!r}")
+        out += [(t, c)] * count
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    """Print the cost model, the step's price, and write the JSON."""
+    spec = args.target
+    if spec.startswith("hf:") and "/" not in spec:
+        spec += "/causal-lm"
+    target = on_meta(spec, args.set)
+    model = target.model
+    if not callable(getattr(model, "prepare_inputs_for_generation", None)):
+        raise FlopscopeError(f"{target.description} ({type(model).__name__}) does not generate: give a model with "
+                             "generate(), such as hf:llama (its causal-lm head)")
+    cost = cost_model(model, context=args.context, chunk=args.chunk)
+    print(f"{target.description} ({cost.model}): MACs per request, t new positions on a cache of c "
+          "(the attention core as executed; FLOPs = 2 x MACs)")
+    print(cost.table())
+    for kind, conditions in cost.conditions.items():
+        if conditions:
+            print(f"{kind} holds where {'; '.join(conditions)}; other sizes are counted concretely")
+    document = cost.to_json()
+    if args.step:
+        roles = cost.iteration(args.step)
+        total = sum(roles.values())
+        rows = [[role, f"{macs:,}", f"{2 * macs:,}"] for role, macs in roles.items()]
+        rows.append(["total", f"{total:,}", f"{2 * total:,}"])
+        print(f"\none step of {len(args.step)} request(s):")
+        print(tabulate(rows, headers=["role", "MACs", "FLOPs"], tablefmt=args.format, disable_numparse=True))
+        document["priced_step"] = {"requests": [list(r) for r in args.step], "macs_by_role": roles, "macs": total}
+    for note in cost.notes:
+        print(f"note: {note}")
+    if args.json:
+        args.json.write_text(json.dumps(document, indent=2) + "\n")
+        print(f"wrote {args.json}")
+    return 0
