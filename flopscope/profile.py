@@ -372,6 +372,11 @@ class Profile:
                 out[path] = out.get(path, 0) + size
         return out
 
+    def weight_bytes(self, step: int) -> int:
+        """Bytes of the parameters one call of the root module reads (:func:`steps.weight_bytes`): what a batch
+        of requests in one step reads once."""
+        return steps.weight_bytes(self._ops, step)
+
     def bytes_by_role(self, phase: str | None = None) -> dict[str, int]:
         """Bytes moved per role: an op that multiplies splits its bytes over its roles
         as it splits its MACs; the bytes of ops that do not multiply (elementwise work,

@@ -11,11 +11,12 @@ from pathlib import Path
 
 import jsonschema
 import pytest
+import torch
 
 from flopscope.errors import InputError
 from flopscope.predict.polynomial import Polynomial, Polynomial2
-from flopscope.workloads import cost_model
-from flopscope.workloads.step_cost import COST_SCHEMA, _counted
+from flopscope.workloads import cost_model, profile_generation
+from flopscope.workloads.step_cost import COST_SCHEMA, _count, _counted
 
 transformers = pytest.importorskip("transformers")
 
@@ -120,3 +121,24 @@ def test_the_cost_command_prices_a_step_from_the_closed_form(tmp_path: Path) -> 
     document = json.loads(out.read_text())
     jsonschema.validate(document, json.loads(SCHEMA.read_text()))
     assert document["priced_step"]["macs"] == 2 * decode + chunk
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2", "mistral_window", "qwen3_next"])
+def test_a_requests_bytes_are_those_of_its_concrete_count(family: str) -> None:
+    """Bytes as the ops move them (weights included) and the weights' share, inside and outside the domains."""
+    model = FAMILIES[family]()
+    cost = cost_model(model, context=8, chunk=4)
+    for t, c in POINTS:
+        counted = _count(model, None, (), t, c)
+        assert cost.request_bytes(t, c) == (counted.bytes, counted.weights), (t, c)
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_a_batch_of_equal_decodes_reads_the_weights_once(family: str) -> None:
+    """B decodes on caches of c: the step's bytes are those of one forward of batch B (each activation B times,
+    each weight and buffer once)."""
+    model = FAMILIES[family]()
+    cost = cost_model(model, context=8, chunk=4)
+    for batch, c in [(3, 9), (4, 12)]:
+        prof = profile_generation(model, torch.zeros(batch, c, dtype=torch.long), 2)
+        assert cost.iteration_bytes([(1, c)] * batch) == prof.bytes_by_module(2)[""]

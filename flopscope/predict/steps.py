@@ -34,6 +34,7 @@ of the call (real mode).
 """
 from __future__ import annotations
 
+import math
 from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -42,10 +43,11 @@ from typing import Any
 from ..attribute.columns import scale_parts
 from ..attribute.roles import Assignment
 from ..capture.module_tracker import ModuleCall
-from ..capture.records import CapturedOp, argument_shape
+from ..capture.records import CapturedOp, LeafKind, argument_shape, link
 from ..conventions import TOKEN_INPUTS
 from ..errors import FlopscopeError
 from ..formulas.registry import OpFamily
+from ..formulas.traffic import GATHER, VIEW, access_of
 from ..role import PAIR_ROLES, ROLE_ORDER, Role
 from .polynomial import Scaling, interpolate
 
@@ -156,6 +158,31 @@ def decode_scaling(found: Sequence[Step]) -> Scaling:
     return Scaling(tuple(contexts), measured,
                    {role: interpolate(contexts, list(v)) for role, v in measured.items()},
                    {})
+
+
+_STATE = (LeafKind.PARAMETER, LeafKind.BUFFER)
+
+
+def weight_bytes(ops: Sequence[CapturedOp], call: int) -> int:
+    """Bytes of the model's state (parameters and buffers) the records of one call of the
+    root module read: an op reading a parameter or buffer, or a view of one (a transposed
+    or sliced weight), reads that tensor once, as its bytes count it
+    (:mod:`flopscope.formulas.traffic`); a gather (an embedding lookup) reads rows, not
+    its table, and is left out. The part of a step's bytes that a batch of requests reads
+    once, not once per request. Units: bytes."""
+    link(ops)
+    total = 0
+    for op in ops:
+        if op.leaf is not None or op.node_op != "call_function" or _root_call(op) != call or \
+                access_of(op.target) in (VIEW, GATHER):
+            continue
+        for given in op.inputs:
+            source = given
+            while source.leaf is None and source.inputs and access_of(source.target) == VIEW:
+                source = source.inputs[0]
+            if source.leaf in _STATE and given.output_shapes and given.dtype is not None:
+                total += math.prod(given.output_shapes[0]) * given.dtype.itemsize
+    return total
 
 
 def _root(call: int) -> ModuleCall:

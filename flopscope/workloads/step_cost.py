@@ -100,7 +100,9 @@ class StepCost:
     chunk: Mapping[str, RequestCount]  # role -> MACs of t new positions on a cache of c (t, c >= 2)
     conditions: Mapping[str, tuple[str, ...]]  # template -> the guards it holds under
     _holds: Mapping[str, Callable[[int, int], bool]] = field(repr=False, compare=False)
-    _concrete: Callable[[int, int], dict[str, int]] = field(repr=False, compare=False)
+    bytes: Mapping[str, RequestCount]  # template -> bytes of a request, op by op (weights included)
+    weights: Mapping[str, int]  # template -> bytes of the parameters a request's step reads
+    _concrete: Callable[[int, int], _Counted] = field(repr=False, compare=False)
     notes: list[str] = field(default_factory=list, compare=False)
 
     def template_of(self, t: int, c: int) -> str:
@@ -122,7 +124,27 @@ class StepCost:
                 f"({'; '.join(self.conditions[kind]) or 'sizes 0 and 1 are constants'}), counted concretely")
         if note not in self.notes:
             self.notes.append(note)
-        return self._concrete(t, c)
+        return self._concrete(t, c).by_role
+
+    def request_bytes(self, t: int, c: int) -> tuple[int, int]:
+        """``(bytes, weights)`` of a request of ``t`` new positions on a cache of ``c``:
+        the bytes its ops move (:mod:`flopscope.formulas.traffic`: each tensor an op
+        reads read once, each it writes written once), and the parameters' share, which
+        a step batching several requests reads once."""
+        kind = self.template_of(t, c)
+        if self._holds[kind](t, c):
+            sizes = (t,) if kind == "prefill" else (c,) if kind == "decode" else (t, c)
+            return self.bytes[kind].at(*sizes), self.weights[kind]
+        counted = self._concrete(t, c)
+        return counted.bytes, counted.weights
+
+    def iteration_bytes(self, requests: Sequence[tuple[int, int]]) -> int:
+        """Bytes of a scheduler step running ``requests``: each request's bytes without its
+        weights, plus the weights once (the largest any request reads: every request
+        runs the same layers). Exact for a dense model batching equal requests; with
+        experts, the weights of the experts each request reaches."""
+        found = [self.request_bytes(t, c) for t, c in requests]
+        return sum(size - weights for size, weights in found) + max((w for _, w in found), default=0)
 
     def iteration(self, requests: Sequence[tuple[int, int]]) -> dict[str, int]:
         """MACs per role of a scheduler step running ``requests``, each ``(t, c)``: the sum
@@ -142,17 +164,21 @@ class StepCost:
 
         domains = {"prefill": "c = 0, t >= 2", "decode": "t = 1, c >= 2", "chunk": "t >= 2, c >= 2"}
         return {
-            "schema": COST_SCHEMA, "model": self.model, "units": "MACs per request (FLOPs = 2 x MACs)",
+            "schema": COST_SCHEMA, "model": self.model, "units": "MACs per request (FLOPs = 2 x MACs); bytes",
             "attention": "executed",
             "variables": {"t": "new positions of the request in the step",
                           "c": "positions in the request's cache before the step"},
-            "step": "a step's MACs are the sum over its requests",
+            "step": "a step's MACs are the sum over its requests; its bytes the sum of the requests' bytes less "
+                    "their weight_bytes, plus the largest weight_bytes once",
             "templates": {
                 "prefill": {"domain": domains["prefill"], "conditions": list(self.conditions["prefill"]),
+                            "bytes": self.bytes["prefill"].to_json(), "weight_bytes": self.weights["prefill"],
                             "terms": "[power of t, coefficient]", "macs_by_role": one(self.prefill)},
                 "decode": {"domain": domains["decode"], "conditions": list(self.conditions["decode"]),
+                           "bytes": self.bytes["decode"].to_json(), "weight_bytes": self.weights["decode"],
                            "terms": "[power of c, coefficient]", "macs_by_role": one(self.decode)},
                 "chunk": {"domain": domains["chunk"], "conditions": list(self.conditions["chunk"]),
+                          "bytes": self.bytes["chunk"].to_json(), "weight_bytes": self.weights["chunk"],
                           "terms": "[power of t, power of c, coefficient]", "macs_by_role": one(self.chunk)}},
         }
 
@@ -191,8 +217,15 @@ def cost_model(model: nn.Module, *, context: int = 64, chunk: int = 16, registry
         "decode": lambda t, c: c >= 2 and holds_generation(c),
         "chunk": lambda t, c: t >= 2 and c >= 2 and two.holds(t, c)}
     conditions = {"prefill": generation.conditions(), "decode": generation.conditions(), "chunk": two.conditions()}
-    concrete = functools.partial(_counted, model, registry, tuple(roles))
-    return StepCost(name, prefill, decode, two.macs_by_role(), conditions, checks, functools.cache(concrete),
+    concrete = functools.partial(_count, model, registry, tuple(roles))
+    traced = (("prefill", steps.profile, 1, ("t",), None), ("decode", steps.profile, 2, ("c",), None),
+              ("chunk", two.symbolic.profile, 2, ("t", "c"), (two.t, two.c)))
+    moved = {kind: _request_count(generation if kind != "chunk" else two.symbolic,
+                                  prof.bytes_by_module(step)[""], names, symbols)
+             for kind, prof, step, names, symbols in traced}
+    weights = {kind: int(prof.weight_bytes(step)) for kind, prof, step, _, _ in traced}
+    return StepCost(name, prefill, decode, two.macs_by_role(), conditions, checks, moved, weights,
+                    functools.cache(concrete),
                     list(dict.fromkeys([*steps.profile.notes, *two.symbolic.profile.notes])))
 
 
@@ -297,17 +330,33 @@ def _chunk_profile(model: nn.Module, context: int, chunk: int, registry: Formula
     return profile_with_plan(model, (torch.zeros(1, context, dtype=torch.long),), {}, plan, roles, stacklevel=4)
 
 
-def _counted(model: nn.Module, registry: FormulaRegistry | None, roles: tuple[RoleRule, ...], t: int,
-             c: int) -> dict[str, int]:
-    """MACs per role of a request counted concretely: a fresh prompt of ``t`` (``c =
-    0``), else a prefill of ``c`` then ``t`` positions on its cache (``t = 1``: a
-    decode step as :func:`~flopscope.workloads.generation.profile_generation` counts
-    it)."""
+@dataclass(frozen=True)
+class _Counted:
+    """A request counted concretely: MACs per role, bytes, and the weights' share of them."""
+
+    by_role: dict[str, int]
+    bytes: int
+    weights: int
+
+
+def _count(model: nn.Module, registry: FormulaRegistry | None, roles: tuple[RoleRule, ...], t: int,
+           c: int) -> _Counted:
+    """A request counted concretely: a fresh prompt of ``t`` (``c = 0``), else a prefill
+    of ``c`` then ``t`` positions on its cache (``t = 1``: a decode step as
+    :func:`~flopscope.workloads.generation.profile_generation` counts it)."""
     ids = torch.zeros(1, c or t, dtype=torch.long)
     if c == 0:
-        found = profile_generation(model, ids, 1, registry=registry, roles=roles).steps()[0]
+        prof, step = profile_generation(model, ids, 1, registry=registry, roles=roles), 1
     elif t == 1:
-        found = profile_generation(model, ids, 2, registry=registry, roles=roles).steps()[1]
+        prof, step = profile_generation(model, ids, 2, registry=registry, roles=roles), 2
     else:
-        found = _chunk_profile(model, c, t, registry, roles).steps()[1]
-    return {role: v for role, v in found.by_role.items() if v}
+        prof, step = _chunk_profile(model, c, t, registry, roles), 2
+    found = prof.steps()[step - 1]
+    return _Counted({role: v for role, v in found.by_role.items() if v}, prof.bytes_by_module(step)[""],
+                    prof.weight_bytes(step))
+
+
+def _counted(model: nn.Module, registry: FormulaRegistry | None, roles: tuple[RoleRule, ...], t: int,
+             c: int) -> dict[str, int]:
+    """MACs per role of a request counted concretely (:func:`_count`)."""
+    return _count(model, registry, roles, t, c).by_role
