@@ -142,3 +142,20 @@ def test_a_batch_of_equal_decodes_reads_the_weights_once(family: str) -> None:
     for batch, c in [(3, 9), (4, 12)]:
         prof = profile_generation(model, torch.zeros(batch, c, dtype=torch.long), 2)
         assert cost.iteration_bytes([(1, c)] * batch) == prof.bytes_by_module(2)[""]
+
+
+def test_a_step_is_priced_on_a_roofline_as_a_bound() -> None:
+    """Eight decodes and a chunk at a given peak and bandwidth: the compute time is the FLOPs over the peak (a
+    role's measured efficiency divides it), the memory time the bytes over the bandwidth, the bound the larger."""
+    cost = cost_model(llama(), context=8, chunk=4)
+    requests = [(1, 9)] * 8 + [(16, 24)]
+    flops = 2 * sum(cost.iteration(requests).values())
+    moved = cost.iteration_bytes(requests)
+    price = cost.price(requests, peak=1e12, bandwidth=1e9)
+    assert (price.flops, price.bytes) == (flops, moved)
+    assert price.compute_seconds == pytest.approx(flops / 1e12)
+    assert price.memory_seconds == pytest.approx(moved / 1e9)
+    assert price.bound == "memory" and price.seconds == price.memory_seconds
+    ffn = 2 * cost.iteration(requests)["ffn_up"]
+    slower = cost.price(requests, peak=1e12, bandwidth=1e9, efficiency={"ffn_up": 0.5})
+    assert slower.compute_seconds == pytest.approx((flops + ffn) / 1e12)

@@ -38,8 +38,9 @@ from torch import nn
 from ..api import profile_with_plan
 from ..attribute.roles import RoleRule
 from ..capture import CapturePlan, fake_converter
-from ..errors import InputError, SymbolicError
+from ..errors import ConfigurationError, InputError, SymbolicError
 from ..formulas.registry import FormulaRegistry
+from ..hardware.peaks import peak_bandwidth, peak_flops
 from ..predict.polynomial import Polynomial, Polynomial2
 from ..predict.steps import Step
 from ..profile import Profile
@@ -49,7 +50,7 @@ from .generation import profile_generation
 from .generation_templates import GenerationTrace, carry_roles
 from .symbolic import SymbolicTrace, python_code, quiet_symbolic_graph, trace_dispatched
 
-__all__ = ["COST_SCHEMA", "RequestCount", "StepCost", "cost_model"]
+__all__ = ["COST_SCHEMA", "RequestCount", "StepCost", "StepPrice", "cost_model"]
 
 COST_SCHEMA = "flopscope.cost/1"
 """The name and version of :meth:`StepCost.to_json`'s document (``docs/schemas/cost-1.json``)."""
@@ -87,6 +88,30 @@ class RequestCount:
         if isinstance(self.polynomial, Polynomial2):
             return {"terms": [[i, j, str(c)] for i, j, c in self.polynomial.terms()]}
         return {"expression": self.expression}
+
+
+@dataclass(frozen=True)
+class StepPrice:
+    """A scheduler step on a roofline (:meth:`StepCost.price`). ``seconds`` is a lower
+    bound: the step cannot run faster than its FLOPs at the (derated) peak nor than its
+    bytes at the bandwidth; kernels reach neither. Units: FLOPs, bytes, seconds."""
+
+    requests: int
+    flops: int
+    bytes: int
+    compute_seconds: float  # FLOPs at the peak (per role, derated by its efficiency)
+    memory_seconds: float  # bytes at the bandwidth
+    bound: str  # "compute" or "memory": the larger of the two
+
+    @property
+    def seconds(self) -> float:
+        """The roofline's time: a lower bound, labelled as one wherever it is printed."""
+        return max(self.compute_seconds, self.memory_seconds)
+
+    @property
+    def intensity(self) -> float:
+        """FLOPs per byte."""
+        return self.flops / self.bytes if self.bytes else float("inf")
 
 
 @dataclass(frozen=True)
@@ -154,6 +179,30 @@ class StepCost:
         for t, c in requests:
             total.update(self.request(t, c))
         return {role: total[role] for role in ROLE_ORDER if total[role]}
+
+    def price(self, requests: Sequence[tuple[int, int]], *, device: str | torch.device | None = None,
+              dtype: torch.dtype = torch.bfloat16, peak: float | None = None, bandwidth: float | None = None,
+              efficiency: Mapping[str, float] | None = None, memory_efficiency: float = 1.0) -> StepPrice:
+        """A scheduler step's roofline on ``device`` (a table name such as ``"H100 SXM"``,
+        ``"cuda"``, or ``None``: this machine; ``peak`` FLOP/s and ``bandwidth`` bytes/s
+        override): its FLOPs and bytes (:meth:`iteration`, :meth:`iteration_bytes`), the
+        time each would take at the peak, and the larger, a lower bound on the step's
+        time. ``efficiency``: measured fractions of the peak per role (a GEMM's achieved
+        / peak; 1.0 where a role is not named); ``memory_efficiency``: the bandwidth's.
+        Units: FLOPs (2 x MACs), bytes, seconds."""
+        roles = self.iteration(requests)
+        flops = 2 * sum(roles.values())
+        moved = self.iteration_bytes(requests)
+        top = peak_flops(device, dtype, peak=peak)
+        band = peak_bandwidth(device, bandwidth=bandwidth)
+        if not top or not band:
+            raise ConfigurationError(f"no peak FLOP/s or bandwidth for {device!r} ({dtype}): pass peak= and "
+                                     "bandwidth=")
+        rates = efficiency or {}
+        compute = sum(2 * macs / (top * rates.get(role, 1.0)) for role, macs in roles.items())
+        memory = moved / (band * memory_efficiency)
+        return StepPrice(len(requests), flops, moved, compute, memory,
+                         "compute" if compute >= memory else "memory")
 
     def to_json(self) -> dict[str, Any]:
         """The cost model as a document a simulator reads without flopscope (schema

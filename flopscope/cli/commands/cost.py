@@ -14,12 +14,13 @@ from __future__ import annotations
 import argparse
 import json
 
+import torch
 from tabulate import tabulate
 
 from ...errors import FlopscopeError
 from ...workloads.step_cost import cost_model
 from .._common import on_meta
-from .._options import FORMATS, Commands, as_output_path, as_positive, as_setting
+from .._options import FORMATS, Commands, as_float_dtype, as_output_path, as_positive, as_setting
 
 
 def register(commands: Commands) -> None:
@@ -41,6 +42,10 @@ def register(commands: Commands) -> None:
     cmd.add_argument("--step", type=as_requests, metavar="T@C[xK],...",
                      help="price one scheduler step: its requests, each T new positions on a cache of C, K times "
                           "(e.g. 1@4096x8,512@2048: eight decodes and one prefill chunk)")
+    cmd.add_argument("--device", help="with --step: place the step on this device's roofline, a table name such as "
+                                      "'H100 SXM' (see flopscope peak --table)")
+    cmd.add_argument("--dtype", type=as_float_dtype, default=torch.bfloat16,
+                     help="the model's dtype (its bytes) and --device's peak's (default bfloat16)")
     cmd.add_argument("--json", type=as_output_path, help="write the cost model (schema flopscope.cost/1) here")
     cmd.add_argument("--format", choices=FORMATS, default="simple", help="table format (tabulate)")
     cmd.set_defaults(run=run)
@@ -70,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
     if spec.startswith("hf:") and "/" not in spec:
         spec += "/causal-lm"
     target = on_meta(spec, args.set)
-    model = target.model
+    model = target.model.to(args.dtype)  # (on meta: nothing converted)
     if not callable(getattr(model, "prepare_inputs_for_generation", None)):
         raise FlopscopeError(f"{target.description} ({type(model).__name__}) does not generate: give a model with "
                              "generate(), such as hf:llama (its causal-lm head)")
@@ -89,7 +94,16 @@ def run(args: argparse.Namespace) -> int:
         rows.append(["total", f"{total:,}", f"{2 * total:,}"])
         print(f"\none step of {len(args.step)} request(s):")
         print(tabulate(rows, headers=["role", "MACs", "FLOPs"], tablefmt=args.format, disable_numparse=True))
-        document["priced_step"] = {"requests": [list(r) for r in args.step], "macs_by_role": roles, "macs": total}
+        moved = cost.iteration_bytes(args.step)
+        print(f"bytes moved: {moved:,} (the weights once; {2 * total / moved:.1f} FLOPs per byte)")
+        document["priced_step"] = {"requests": [list(r) for r in args.step], "macs_by_role": roles, "macs": total,
+                                   "bytes": moved}
+        if args.device:
+            price = cost.price(args.step, device=args.device, dtype=args.dtype)
+            dtype = str(args.dtype).removeprefix("torch.")
+            print(f"on {args.device} ({dtype}): at least {price.seconds * 1e3:.3f} ms, {price.bound}-bound "
+                  f"(compute {price.compute_seconds * 1e3:.3f} ms at the peak, memory "
+                  f"{price.memory_seconds * 1e3:.3f} ms at the bandwidth: a roofline's lower bound)")
     for note in cost.notes:
         print(f"note: {note}")
     if args.json:
