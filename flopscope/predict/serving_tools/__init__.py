@@ -15,9 +15,13 @@ from __future__ import annotations
 
 from ._tool import CAUSES, Tool, ToolCount
 from .explain import Row, explain
+from .llm_analysis import LLM_ANALYSIS
+from .llm_viewer import LLM_VIEWER
+from .nanogpt import NANOGPT
 from .vllm_perf import VLLM_PERF
 
-__all__ = ["CAUSES", "TOOLS", "VLLM_PERF", "Row", "Tool", "ToolCount", "explain"]
+__all__ = ["CAUSES", "LLM_ANALYSIS", "LLM_VIEWER", "NANOGPT", "TOOLS", "VLLM_PERF", "Row", "Tool", "ToolCount",
+           "explain"]
 
-TOOLS: dict[str, Tool] = {tool.name: tool for tool in (VLLM_PERF,)}
+TOOLS: dict[str, Tool] = {tool.name: tool for tool in (VLLM_PERF, LLM_VIEWER, LLM_ANALYSIS, NANOGPT)}
 """The tools by name, in the order they were written."""
