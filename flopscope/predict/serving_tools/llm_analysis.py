@@ -30,7 +30,8 @@ from ._tool import CACHE_OMITTED, HEAD_DIM, LOGITS_EVERY_POSITION, ROUTER, TOP_K
 
 __all__ = ["LLM_ANALYSIS"]
 
-SOURCE = "cli99/llm-analysis llm_analysis/analysis.py, llm_analysis/config.py @ d841e40aec8c84b9e76ba9cfbce67418adb172bd"
+SOURCE = ("cli99/llm-analysis llm_analysis/analysis.py, llm_analysis/config.py "
+          "@ d841e40aec8c84b9e76ba9cfbce67418adb172bd")
 
 
 def terms(dims: Dims, phase: str, prompt: int, context: int, fixed: frozenset[str]) -> dict[str, int]:

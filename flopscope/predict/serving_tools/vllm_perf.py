@@ -110,7 +110,8 @@ def rows(dims: Dims) -> Rows:
         (("q_proj", ("q_a_proj", "q_b_proj", "q_proj"), ("q_proj",)),
          ("kv_proj", ("kv_a_proj", "kv_b_proj"), ("k_proj", "v_proj"))) if dims.mla
         else (("qkv_proj", ("qkv_proj",), ("q_proj", "k_proj", "v_proj")),))
-    return projections + (
+    return (
+        *projections,
         ("out_proj", ("out_proj",), ("out_proj",)),
         ("attn_qk", ("attn_qk",), ("attn_scores",)),
         ("attn_av", ("attn_av",), ("attn_weighted_sum",)),
