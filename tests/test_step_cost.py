@@ -159,3 +159,18 @@ def test_a_step_is_priced_on_a_roofline_as_a_bound() -> None:
     ffn = 2 * cost.iteration(requests)["ffn_up"]
     slower = cost.price(requests, peak=1e12, bandwidth=1e9, efficiency={"ffn_up": 0.5})
     assert slower.compute_seconds == pytest.approx((flops + ffn) / 1e12)
+
+
+def test_the_cost_command_names_each_tools_difference(capsys: pytest.CaptureFixture[str]) -> None:
+    """``flopscope cost --tools``: a row per tool and phase, every difference named, none unexplained."""
+    from flopscope.cli import main
+
+    settings = {"hidden_size": d, "intermediate_size": d_ff, "num_hidden_layers": L, "num_attention_heads": h,
+                "num_key_value_heads": kv, "vocab_size": V}
+    argv = ["cost", "hf:llama", *[a for k, v in settings.items() for a in ("--set", f"{k}={v}")],
+            "--context", "8", "--chunk", "4", "--tools", "--prompt", "12", "--decode-at", "20"]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    table = printed[printed.index("the analytic tools"):]
+    assert all(name in table for name in ("vllm", "llm-viewer", "llm-analysis", "nanogpt"))
+    assert "unexplained" not in table and "cache omitted" in table

@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import Any
 
 import torch
 from tabulate import tabulate
 
-from ...errors import FlopscopeError
-from ...workloads.step_cost import cost_model
+from ...errors import ConfigurationError, FlopscopeError
+from ...predict.serving_tools import TOOLS, explain
+from ...workloads.step_cost import StepCost, cost_model
 from .._common import on_meta
 from .._options import FORMATS, Commands, as_float_dtype, as_output_path, as_positive, as_setting
 
@@ -46,6 +48,13 @@ def register(commands: Commands) -> None:
                                       "'H100 SXM' (see flopscope peak --table)")
     cmd.add_argument("--dtype", type=as_float_dtype, default=torch.bfloat16,
                      help="the model's dtype (its bytes) and --device's peak's (default bfloat16)")
+    cmd.add_argument("--tools", action="store_true",
+                     help="set the analytic tools' FLOPs (vLLM's perf metrics, LLM-Viewer, llm-analysis, nanoGPT) "
+                          "beside flopscope's for a prefill of --prompt and a decode step at --decode-at, each "
+                          "difference named by its cause")
+    cmd.add_argument("--prompt", type=as_positive, default=2048, help="--tools: the prefill's tokens (default 2048)")
+    cmd.add_argument("--decode-at", type=as_positive, default=2048,
+                     help="--tools: the decode step's cached context (default 2048)")
     cmd.add_argument("--json", type=as_output_path, help="write the cost model (schema flopscope.cost/1) here")
     cmd.add_argument("--format", choices=FORMATS, default="simple", help="table format (tabulate)")
     cmd.set_defaults(run=run)
@@ -104,9 +113,38 @@ def run(args: argparse.Namespace) -> int:
             print(f"on {args.device} ({dtype}): at least {price.seconds * 1e3:.3f} ms, {price.bound}-bound "
                   f"(compute {price.compute_seconds * 1e3:.3f} ms at the peak, memory "
                   f"{price.memory_seconds * 1e3:.3f} ms at the bandwidth: a roofline's lower bound)")
+    if args.tools:
+        print("\n" + _tools_table(cost, model, args.prompt, args.decode_at, args.format))
     for note in cost.notes:
         print(f"note: {note}")
     if args.json:
         args.json.write_text(json.dumps(document, indent=2) + "\n")
         print(f"wrote {args.json}")
     return 0
+
+
+def _tools_table(cost: StepCost, model: Any, prompt: int, context: int, tablefmt: str) -> str:
+    """Each analytic tool's FLOPs beside flopscope's, per phase, with the causes of the
+    difference (:func:`flopscope.predict.serving_tools.explain`)."""
+    config = model.config.to_dict()
+    rows = []
+    for tool in TOOLS.values():
+        for phase, ours in (("prefill", cost.request(prompt, 0)), ("decode", cost.request(1, context))):
+            if phase not in tool.phases:
+                continue
+            try:
+                found = explain(tool, ours, config, phase=phase, prompt=prompt, context=context)
+            except ConfigurationError as refused:
+                rows.append([tool.name, phase, "-", "-", "-", f"not modelled: {refused}"])
+                continue
+            theirs, mine = sum(r.tool_flops for r in found), sum(r.flopscope_flops for r in found)
+            causes: dict[str, int] = {}
+            for row in found:
+                for name, flops in row.causes:
+                    causes[name] = causes.get(name, 0) + flops
+            named = "; ".join(f"{name} {flops:+,}" for name, flops in causes.items() if flops)
+            rows.append([tool.name, phase, f"{theirs:,}", f"{mine:,}", f"{(theirs - mine) / mine:+.2%}", named])
+    title = (f"the analytic tools beside flopscope: FLOPs of a prefill of {prompt} and of one decode step at "
+             f"{context} (flopscope: the attention core as executed, logits of the last position)")
+    return title + "\n" + tabulate(rows, headers=["tool", "phase", "tool FLOPs", "flopscope FLOPs", "difference",
+                                                  "causes (FLOPs)"], tablefmt=tablefmt, disable_numparse=True)
