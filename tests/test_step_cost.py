@@ -176,3 +176,18 @@ def test_the_cost_command_names_each_tools_difference(capsys: pytest.CaptureFixt
     assert all(name in table for name in ("vllm", "llm-viewer", "llm-analysis", "nanogpt"))
     assert "unexplained" not in table
     assert "cache omitted" in table and "not modelled" not in table
+
+
+def test_a_request_past_a_guard_is_traced_once_more_there() -> None:
+    """Mistral traced at a cache of 4, below its window of 6: a decode at 20 falls outside the first piece's
+    guards, so the decode template is traced again there; a decode at 25 then reads that piece, with no third
+    trace. Both equal their concrete counts, and the JSON lists the second piece."""
+    model = FAMILIES["mistral_window"]()
+    cost = cost_model(model, context=4, chunk=2)
+    assert len(cost.pieces["decode"]) == 1
+    for c in (20, 25):
+        assert cost.request(1, c) == _counted(model, None, (), 1, c)
+    assert len(cost.pieces["decode"]) == 2
+    document = cost.to_json()
+    jsonschema.validate(document, json.loads(SCHEMA.read_text()))
+    assert len(document["templates"]["decode"]["pieces"]) == 1

@@ -17,10 +17,11 @@ A step's MACs are the sum over its requests (:meth:`StepCost.iteration`): every 
 of a decoder-only model belongs to one request, its projections to its tokens and its
 attention to its own cache. Only the last position's logits are computed, per request,
 as ``generate()`` and the engines do. The attention core is priced as executed (the
-kernels' work over the whole ``t x (c + t)`` block, ``docs/conventions.md``). A size the
-symbolic shapes keep constant (0 or 1, besides ``c = 0`` and ``t = 1`` above), or one
-outside the guards a trace recorded (a sliding window from ``W`` on), is counted
-concretely on first use and the notes say so. Units: MACs (FLOPs = 2 x MACs).
+kernels' work over the whole ``t x (c + t)`` block, ``docs/conventions.md``). A request
+outside the guards a template's traces recorded (a sliding window from ``W`` on) is
+traced again where it falls: a new piece of the template (:meth:`StepCost.piece`). A
+size the symbolic shapes keep constant (0 or 1, besides ``c = 0`` and ``t = 1`` above)
+is counted concretely. The notes say which. Units: MACs (FLOPs = 2 x MACs).
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ from .generation import profile_generation
 from .generation_templates import GenerationTrace, carry_roles
 from .symbolic import SymbolicTrace, python_code, quiet_symbolic_graph, trace_dispatched
 
-__all__ = ["COST_SCHEMA", "RequestCount", "StepCost", "StepPrice", "cost_model"]
+__all__ = ["COST_SCHEMA", "RequestCount", "StepCost", "StepPrice", "TemplatePiece", "cost_model"]
 
 COST_SCHEMA = "flopscope.cost/1"
 """The name and version of :meth:`StepCost.to_json`'s document (``docs/schemas/cost-1.json``)."""
@@ -115,20 +116,67 @@ class StepPrice:
 
 
 @dataclass(frozen=True)
+class TemplatePiece:
+    """One trace of a template: each role's MACs, the bytes and the state's bytes of a
+    request, as exact functions of its sizes, and the guards under which they hold."""
+
+    by_role: Mapping[str, RequestCount]
+    bytes: RequestCount
+    weights: int  # bytes of the parameters and buffers a request's step reads
+    conditions: tuple[str, ...]
+    holds: Callable[[int, int], bool] = field(repr=False, compare=False)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"conditions": list(self.conditions), "bytes": self.bytes.to_json(), "weight_bytes": self.weights,
+                "macs_by_role": {role: count.to_json() for role, count in self.by_role.items()}}
+
+
+@dataclass(frozen=True)
 class StepCost:
     """MACs per role of one request in a step, by its new tokens ``t`` and cached
     context ``c`` (:func:`cost_model`); a step's are the sum over its requests."""
 
     model: str
-    prefill: Mapping[str, RequestCount]  # role -> MACs of a fresh prompt of t positions (c = 0, t >= 2)
-    decode: Mapping[str, RequestCount]  # role -> MACs of one new position on a cache of c (t = 1, c >= 2)
-    chunk: Mapping[str, RequestCount]  # role -> MACs of t new positions on a cache of c (t, c >= 2)
-    conditions: Mapping[str, tuple[str, ...]]  # template -> the guards it holds under
-    _holds: Mapping[str, Callable[[int, int], bool]] = field(repr=False, compare=False)
-    bytes: Mapping[str, RequestCount]  # template -> bytes of a request, op by op (weights included)
-    weights: Mapping[str, int]  # template -> bytes of the parameters a request's step reads
+    # template -> its traces, the first at the sizes cost_model was given, the others made where a request fell
+    # outside every one's guards: "prefill" (c = 0, t >= 2), "decode" (t = 1, c >= 2), "chunk" (t, c >= 2)
+    pieces: Mapping[str, list[TemplatePiece]]
+    _trace: Callable[[str, int, int], dict[str, TemplatePiece]] = field(repr=False, compare=False)
     _concrete: Callable[[int, int], _Counted] = field(repr=False, compare=False)
     notes: list[str] = field(default_factory=list, compare=False)
+
+    @property
+    def prefill(self) -> Mapping[str, RequestCount]:
+        """Role -> MACs of a fresh prompt of ``t`` positions (the first piece)."""
+        return self.pieces["prefill"][0].by_role
+
+    @property
+    def decode(self) -> Mapping[str, RequestCount]:
+        """Role -> MACs of one new position on a cache of ``c`` (the first piece)."""
+        return self.pieces["decode"][0].by_role
+
+    @property
+    def chunk(self) -> Mapping[str, RequestCount]:
+        """Role -> MACs of ``t`` new positions on a cache of ``c`` (the first piece)."""
+        return self.pieces["chunk"][0].by_role
+
+    @property
+    def conditions(self) -> dict[str, tuple[str, ...]]:
+        """Template -> the guards its first piece holds under."""
+        return {kind: pieces[0].conditions for kind, pieces in self.pieces.items()}
+
+    def piece(self, t: int, c: int) -> TemplatePiece | None:
+        """The piece of the request's template that stands for ``(t, c)``: one already
+        traced, else one traced there (sizes the symbolic shapes keep constant, 0 and 1,
+        have none: ``None``)."""
+        kind = self.template_of(t, c)
+        found = next((piece for piece in self.pieces[kind] if piece.holds(t, c)), None)
+        if found is not None or (kind == "chunk" and min(t, c) < 2) or max(t, c) < 2:
+            return found
+        for name, made in self._trace(kind, t, c).items():
+            self.pieces[name].append(made)
+        note = f"t = {t}, c = {c}: outside the {kind} template's traces' guards, traced again there"
+        self.notes.append(note)
+        return next((piece for piece in self.pieces[kind] if piece.holds(t, c)), None)
 
     def template_of(self, t: int, c: int) -> str:
         """``"prefill"``, ``"decode"`` or ``"chunk"``: the computation of a request of
@@ -139,14 +187,14 @@ class StepCost:
 
     def request(self, t: int, c: int) -> dict[str, int]:
         """MACs per role of a request of ``t`` new positions on a cache of ``c``: from its
-        template where that stands for ``(t, c)``, else counted concretely (and noted)."""
+        template's piece that stands for ``(t, c)`` (:meth:`piece`), else counted concretely
+        (and noted)."""
         kind = self.template_of(t, c)
-        if self._holds[kind](t, c):
-            table: Mapping[str, RequestCount] = getattr(self, kind)
+        found = self.piece(t, c)
+        if found is not None:
             sizes = (t,) if kind == "prefill" else (c,) if kind == "decode" else (t, c)
-            return {role: v for role, count in table.items() if (v := count.at(*sizes))}
-        note = (f"t = {t}, c = {c}: outside the {kind} template's domain "
-                f"({'; '.join(self.conditions[kind]) or 'sizes 0 and 1 are constants'}), counted concretely")
+            return {role: v for role, count in found.by_role.items() if (v := count.at(*sizes))}
+        note = f"t = {t}, c = {c}: sizes the symbolic shapes keep constant, counted concretely"
         if note not in self.notes:
             self.notes.append(note)
         return self._concrete(t, c).by_role
@@ -157,9 +205,10 @@ class StepCost:
         reads read once, each it writes written once), and the parameters' share, which
         a step batching several requests reads once."""
         kind = self.template_of(t, c)
-        if self._holds[kind](t, c):
+        found = self.piece(t, c)
+        if found is not None:
             sizes = (t,) if kind == "prefill" else (c,) if kind == "decode" else (t, c)
-            return self.bytes[kind].at(*sizes), self.weights[kind]
+            return found.bytes.at(*sizes), found.weights
         counted = self._concrete(t, c)
         return counted.bytes, counted.weights
 
@@ -212,6 +261,8 @@ class StepCost:
             return {role: count.to_json() for role, count in table.items()}
 
         domains = {"prefill": "c = 0, t >= 2", "decode": "t = 1, c >= 2", "chunk": "t >= 2, c >= 2"}
+        terms = {"prefill": "[power of t, coefficient]", "decode": "[power of c, coefficient]",
+                 "chunk": "[power of t, power of c, coefficient]"}
         return {
             "schema": COST_SCHEMA, "model": self.model, "units": "MACs per request (FLOPs = 2 x MACs); bytes",
             "attention": "executed",
@@ -219,16 +270,9 @@ class StepCost:
                           "c": "positions in the request's cache before the step"},
             "step": "a step's MACs are the sum over its requests; its bytes the sum of the requests' bytes less "
                     "their weight_bytes, plus the largest weight_bytes once",
-            "templates": {
-                "prefill": {"domain": domains["prefill"], "conditions": list(self.conditions["prefill"]),
-                            "bytes": self.bytes["prefill"].to_json(), "weight_bytes": self.weights["prefill"],
-                            "terms": "[power of t, coefficient]", "macs_by_role": one(self.prefill)},
-                "decode": {"domain": domains["decode"], "conditions": list(self.conditions["decode"]),
-                           "bytes": self.bytes["decode"].to_json(), "weight_bytes": self.weights["decode"],
-                           "terms": "[power of c, coefficient]", "macs_by_role": one(self.decode)},
-                "chunk": {"domain": domains["chunk"], "conditions": list(self.conditions["chunk"]),
-                          "bytes": self.bytes["chunk"].to_json(), "weight_bytes": self.weights["chunk"],
-                          "terms": "[power of t, power of c, coefficient]", "macs_by_role": one(self.chunk)}},
+            "templates": {kind: {"domain": domains[kind], "terms": terms[kind], **pieces[0].to_json(),
+                                 "pieces": [piece.to_json() for piece in pieces[1:]]}
+                          for kind, pieces in self.pieces.items()},
         }
 
     def table(self) -> str:
@@ -253,29 +297,37 @@ def cost_model(model: nn.Module, *, context: int = 64, chunk: int = 16, registry
         raise InputError(f"context and chunk are the traced sizes, at least 2 each; got {context}, {chunk}")
     check_decoding(model, torch.zeros(1, context, dtype=torch.long), 1)
     name = type(model).__name__
-    steps = GenerationTrace(model, 1, context, torch.long, registry, tuple(roles))
-    two = _ChunkTrace(model, context, chunk, registry, tuple(roles))
-    generation = steps.symbolic
-    if generation is None:
-        raise SymbolicError(f"{name}: the traced context {context} is not symbolic")
-    prefill = {role: _request_count(generation, macs, ("t",)) for role, macs in steps.steps[0].by_role.items()}
-    decode = {role: _request_count(generation, macs, ("c",)) for role, macs in steps.steps[1].by_role.items()}
-    holds_generation = functools.partial(_holds_one, generation)
-    checks: dict[str, Callable[[int, int], bool]] = {
-        "prefill": lambda t, c: t >= 2 and holds_generation(t),
-        "decode": lambda t, c: c >= 2 and holds_generation(c),
-        "chunk": lambda t, c: t >= 2 and c >= 2 and two.holds(t, c)}
-    conditions = {"prefill": generation.conditions(), "decode": generation.conditions(), "chunk": two.conditions()}
-    concrete = functools.partial(_count, model, registry, tuple(roles))
-    traced = (("prefill", steps.profile, 1, ("t",), None), ("decode", steps.profile, 2, ("c",), None),
-              ("chunk", two.symbolic.profile, 2, ("t", "c"), (two.t, two.c)))
-    moved = {kind: _request_count(generation if kind != "chunk" else two.symbolic,
-                                  prof.bytes_by_module(step)[""], names, symbols)
-             for kind, prof, step, names, symbols in traced}
-    weights = {kind: int(prof.weight_bytes(step)) for kind, prof, step, _, _ in traced}
-    return StepCost(name, prefill, decode, two.macs_by_role(), conditions, checks, moved, weights,
-                    functools.cache(concrete),
-                    list(dict.fromkeys([*steps.profile.notes, *two.symbolic.profile.notes])))
+    trace = functools.partial(_trace_pieces, model, registry, tuple(roles))
+    first = trace("decode", 1, context) | trace("chunk", chunk, context)
+    notes = [note for piece in first.values() for note in getattr(piece, "notes", ())]
+    return StepCost(name, {kind: [piece] for kind, piece in first.items()}, trace,
+                    functools.cache(functools.partial(_count, model, registry, tuple(roles))), notes)
+
+
+def _trace_pieces(model: nn.Module, registry: FormulaRegistry | None, roles: tuple[RoleRule, ...], kind: str,
+                  t: int, c: int) -> dict[str, TemplatePiece]:
+    """New pieces traced where a request of ``kind`` at ``(t, c)`` falls: the prefill and
+    the decode step at a cache of ``t`` (a prefill) or ``c`` (a decode), or the chunk."""
+    name = type(model).__name__
+    if kind != "chunk":
+        steps = GenerationTrace(model, 1, t if kind == "prefill" else c, torch.long, registry, roles)
+        found = steps.symbolic
+        if found is None:
+            raise SymbolicError(f"{name}: a cache of {c} is not symbolic")
+        holds = functools.partial(_holds_one, found)
+        out = {}
+        for index, (template, names) in enumerate((("prefill", ("t",)), ("decode", ("c",)))):
+            by_role = {role: _request_count(found, macs, names) for role, macs in steps.steps[index].by_role.items()}
+            moved = _request_count(found, steps.profile.bytes_by_module(index + 1)[""], names)
+            check: Callable[[int, int], bool] = ((lambda t, c: t >= 2 and holds(t)) if template == "prefill" else
+                                                 (lambda t, c: c >= 2 and holds(c)))
+            out[template] = TemplatePiece(by_role, moved, int(steps.profile.weight_bytes(index + 1)),
+                                          found.conditions(), check)
+        return out
+    two = _ChunkTrace(model, c, t, registry, roles)
+    moved = _request_count(two.symbolic, two.symbolic.profile.bytes_by_module(2)[""], ("t", "c"), (two.t, two.c))
+    return {"chunk": TemplatePiece(two.macs_by_role(), moved, int(two.symbolic.profile.weight_bytes(2)),
+                                   two.conditions(), lambda t, c: t >= 2 and c >= 2 and two.holds(t, c))}
 
 
 def _request_count(found: SymbolicTrace, count: Any, names: tuple[str, ...],
