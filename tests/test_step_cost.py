@@ -191,3 +191,21 @@ def test_a_request_past_a_guard_is_traced_once_more_there() -> None:
     document = cost.to_json()
     jsonschema.validate(document, json.loads(SCHEMA.read_text()))
     assert len(document["templates"]["decode"]["pieces"]) == 1
+
+
+def test_the_decode_sweep_lists_each_contexts_step(capsys: pytest.CaptureFixture[str]) -> None:
+    """``--decode-sweep 9,30 --batch 3``: each row is the step of three decodes at that context, its FLOPs and
+    bytes those of the API; at a peak of 1e12 FLOP/s and 1e9 bytes/s every step is memory-bound."""
+    from flopscope.cli import main
+
+    settings = {"hidden_size": d, "intermediate_size": d_ff, "num_hidden_layers": L, "num_attention_heads": h,
+                "num_key_value_heads": kv, "vocab_size": V}
+    argv = ["cost", "hf:llama", *[a for k, v in settings.items() for a in ("--set", f"{k}={v}")],
+            "--context", "8", "--chunk", "4", "--decode-sweep", "9,30", "--batch", "3", "--dtype", "float32"]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    cost = cost_model(llama(), context=8, chunk=4)
+    for c in (9, 30):
+        step = [(1, c)] * 3
+        flops = 2 * sum(cost.iteration(step).values())
+        assert f"{c:,}  " in printed and f"{flops:,}" in printed and f"{cost.iteration_bytes(step):,}" in printed

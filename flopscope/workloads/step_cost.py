@@ -297,6 +297,10 @@ def cost_model(model: nn.Module, *, context: int = 64, chunk: int = 16, registry
         raise InputError(f"context and chunk are the traced sizes, at least 2 each; got {context}, {chunk}")
     check_decoding(model, torch.zeros(1, context, dtype=torch.long), 1)
     name = type(model).__name__
+    if any(type(p).__name__ == "DTensor" for p in model.parameters()):
+        raise SymbolicError(f"{name} is sharded with DTensor, whose sharding propagation hashes sizes: a symbolic "
+                            "size cannot pass it. Count a rank step by step instead: profile_generation(model, ids, "
+                            "new_tokens) inside flopscope.distributed.fake_world (docs/guide/distributed.md)")
     trace = functools.partial(_trace_pieces, model, registry, tuple(roles))
     first = trace("decode", 1, context) | trace("chunk", chunk, context)
     notes = [note for piece in first.values() for note in getattr(piece, "notes", ())]

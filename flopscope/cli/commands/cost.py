@@ -22,7 +22,15 @@ from ...errors import ConfigurationError, FlopscopeError
 from ...predict.serving_tools import TOOLS, explain
 from ...workloads.step_cost import StepCost, cost_model
 from .._common import on_meta
-from .._options import FORMATS, Commands, as_float_dtype, as_output_path, as_positive, as_setting
+from .._options import (
+    FORMATS,
+    Commands,
+    as_float_dtype,
+    as_lengths,
+    as_output_path,
+    as_positive,
+    as_setting,
+)
 
 
 def register(commands: Commands) -> None:
@@ -48,6 +56,10 @@ def register(commands: Commands) -> None:
                                       "'H100 SXM' (see flopscope peak --table)")
     cmd.add_argument("--dtype", type=as_float_dtype, default=torch.bfloat16,
                      help="the model's dtype (its bytes) and --device's peak's (default bfloat16)")
+    cmd.add_argument("--decode-sweep", type=as_lengths, metavar="C1,C2,...",
+                     help="a step of --batch decodes at each of these contexts: FLOPs, bytes, FLOPs per byte, and "
+                          "with --device its roofline and the first context where it turns compute-bound")
+    cmd.add_argument("--batch", type=as_positive, default=1, help="--decode-sweep: decodes per step (default 1)")
     cmd.add_argument("--tools", action="store_true",
                      help="set the analytic tools' FLOPs (vLLM's perf metrics, LLM-Viewer, llm-analysis, nanoGPT) "
                           "beside flopscope's for a prefill of --prompt and a decode step at --decode-at, each "
@@ -113,6 +125,8 @@ def run(args: argparse.Namespace) -> int:
             print(f"on {args.device} ({dtype}): at least {price.seconds * 1e3:.3f} ms, {price.bound}-bound "
                   f"(compute {price.compute_seconds * 1e3:.3f} ms at the peak, memory "
                   f"{price.memory_seconds * 1e3:.3f} ms at the bandwidth: a roofline's lower bound)")
+    if args.decode_sweep:
+        print("\n" + _sweep_table(cost, args))
     if args.tools:
         print("\n" + _tools_table(cost, model, args.prompt, args.decode_at, args.format))
     for note in cost.notes:
@@ -148,3 +162,26 @@ def _tools_table(cost: StepCost, model: Any, prompt: int, context: int, tablefmt
              f"{context} (flopscope: the attention core as executed, logits of the last position)")
     return title + "\n" + tabulate(rows, headers=["tool", "phase", "tool FLOPs", "flopscope FLOPs", "difference",
                                                   "causes (FLOPs)"], tablefmt=tablefmt, disable_numparse=True)
+
+
+def _sweep_table(cost: StepCost, args: argparse.Namespace) -> str:
+    """A step of ``--batch`` decodes at each context of ``--decode-sweep``: FLOPs, bytes,
+    intensity; on ``--device``, its roofline and the first context that is
+    compute-bound."""
+    rows, turned = [], None
+    for c in args.decode_sweep:
+        step = [(1, c)] * args.batch
+        flops, moved = 2 * sum(cost.iteration(step).values()), cost.iteration_bytes(step)
+        row = [f"{c:,}", f"{flops:,}", f"{moved:,}", f"{flops / moved:.2f}"]
+        if args.device:
+            price = cost.price(step, device=args.device, dtype=args.dtype)
+            row += [price.bound, f"{price.seconds * 1e3:.3f}"]
+            if price.bound == "compute" and turned is None:
+                turned = c
+        rows.append(row)
+    headers = ["context", "FLOPs", "bytes", "FLOPs per byte"] + (["bound", "ms (at least)"] if args.device else [])
+    title = f"a step of {args.batch} decode(s) against the context"
+    if args.device:
+        title += (f": compute-bound on {args.device} from c = {turned:,}" if turned is not None else
+                  f": memory-bound on {args.device} at every context listed")
+    return title + "\n" + tabulate(rows, headers=headers, tablefmt=args.format, disable_numparse=True)
