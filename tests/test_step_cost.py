@@ -195,7 +195,7 @@ def test_a_request_past_a_guard_is_traced_once_more_there() -> None:
 
 def test_the_decode_sweep_lists_each_contexts_step(capsys: pytest.CaptureFixture[str]) -> None:
     """``--decode-sweep 9,30 --batch 3``: each row is the step of three decodes at that context, its FLOPs and
-    bytes those of the API; at a peak of 1e12 FLOP/s and 1e9 bytes/s every step is memory-bound."""
+    bytes those of the API."""
     from flopscope.cli import main
 
     settings = {"hidden_size": d, "intermediate_size": d_ff, "num_hidden_layers": L, "num_attention_heads": h,
