@@ -70,9 +70,11 @@ CAUSES: Mapping[str, str] = {
     EMBEDDING_FLOPS: "the tool charges the embedding lookup 4 x d FLOPs per token; a lookup "
                      "multiplies nothing",
     VOCAB_PADDED: "the tool's logits are over the vocabulary padded to a multiple of 128 "
-                  "(make_vocab_size_divisible_by); the Hugging Face lm_head has vocab_size rows",
+                  "(make_vocab_size_divisible_by); the Hugging Face lm_head has vocab_size "
+                  "rows",
     FFN_WIDTH: "the tool's MLP width is an integer multiple of hidden (4 by default); the "
-               "config's intermediate size is not one, and the option for it is not used",
+               "config's intermediate size is not one, and the option for it is not "
+               "used",
     UNEXPLAINED: "a difference no cause of the tool's chain accounts for",
 }
 """The named causes of a difference between a tool and flopscope, with what each means."""

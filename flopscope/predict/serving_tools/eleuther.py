@@ -40,7 +40,8 @@ from ._tool import EMBEDDING_FLOPS, FFN_WIDTH, HEAD_DIM, LOGITS_EVERY_POSITION, 
 
 __all__ = ["ELEUTHER"]
 
-SOURCE = "EleutherAI/cookbook calc/calc_transformer_flops.py (calc_flops) @ 827ee3b293a63f14403f1467d08c91fda213f4e6"
+SOURCE = ("EleutherAI/cookbook calc/calc_transformer_flops.py (calc_flops) "
+          "@ 827ee3b293a63f14403f1467d08c91fda213f4e6")
 
 DEFAULT_EXPANSION = 4  # --ffn-expansion-factor's default
 EXPERT_INTERVAL = 1  # -ei: every layer has experts
@@ -56,9 +57,9 @@ def expansion(dims: Dims) -> int:
 def terms(dims: Dims, phase: str, prompt: int, context: int, fixed: frozenset[str]) -> dict[str, int]:
     if dims.mla or dims.shared_experts or dims.first_dense:
         raise ConfigurationError(
-            "the EleutherAI calculator does not model multi-head latent attention, shared experts or leading "
-            "dense layers (DeepSeek-V2/V3): its attention is hidden_size wide and its MoE layers are every "
-            "expert_interval-th layer of one MLP width")
+            "the EleutherAI calculator does not model multi-head latent attention, shared experts "
+            "or leading dense layers (DeepSeek-V2/V3): its attention is hidden_size wide and its "
+            "MoE layers are every expert_interval-th layer of one MLP width")
     T = s = prompt
     h, L, V = dims.hidden, dims.layers, dims.vocab
     if HEAD_DIM in fixed:
@@ -66,7 +67,8 @@ def terms(dims: Dims, phase: str, prompt: int, context: int, fixed: frozenset[st
         qkv = 2 * L * T * h * (q + 2 * kv)
     else:
         q = h
-        qkv = exact(2 * (1 + 2 * Fraction(dims.kv_heads, dims.heads)) * L * T * h * h, "qkv")
+        kv_size_ratio = Fraction(dims.kv_heads, dims.heads)
+        qkv = exact(2 * (1 + 2 * kv_size_ratio) * L * T * h * h, "qkv")
     width = dims.moe_intermediate if dims.experts else dims.intermediate
     if FFN_WIDTH in fixed:
         ffn = Fraction(2 * 3 * L * T * h * width)

@@ -59,7 +59,8 @@ def terms(dims: Dims, phase: str, prompt: int, context: int, fixed: frozenset[st
     causal = Fraction(1) if CAUSAL_HALVING in fixed else Fraction(1, 2)
     out: dict[str, int] = {}
     if dims.mla:
-        lora, rope, nope, v = dims.kv_lora_rank or 0, dims.qk_rope_head_dim, dims.qk_nope_head_dim, dims.v_head_dim
+        lora, rope = dims.kv_lora_rank or 0, dims.qk_rope_head_dim
+        nope, v = dims.qk_nope_head_dim, dims.v_head_dim
         q_term = (dims.q_lora_rank * (h + H * (nope + rope) + norm) if dims.q_lora_rank
                   else h * H * (nope + rope))
         out["q_proj"] = 2 * T * q_term * L
@@ -77,23 +78,27 @@ def terms(dims: Dims, phase: str, prompt: int, context: int, fixed: frozenset[st
     if dims.moe_layers:
         out["routed_experts"] = 2 * T * h * dims.moe_intermediate * dims.top_k * 3 * dims.moe_layers
         if dims.shared_experts:
-            out["shared_experts"] = 2 * T * h * dims.shared_experts * dims.moe_intermediate * 3 * dims.moe_layers
+            shared = dims.shared_experts * dims.moe_intermediate
+            out["shared_experts"] = 2 * T * h * shared * 3 * dims.moe_layers
     if ROUTER in fixed and dims.experts:
         out["router"] = 2 * T * h * dims.experts * dims.moe_layers
     positions = 1 if LOGITS_EVERY_POSITION in fixed else T
-    out["logits"] = 2 * positions * h * (dims.vocab if VOCAB_PADDED in fixed else padded_vocab(dims.vocab))
+    vocab = dims.vocab if VOCAB_PADDED in fixed else padded_vocab(dims.vocab)
+    out["logits"] = 2 * positions * h * vocab
     return out
 
 
 def rows(dims: Dims) -> Rows:
     """Megatron's terms against flopscope's roles."""
     projections: Rows = (
-        (("q_proj", ("q_proj",), ("q_proj",)), ("kv_proj", ("kv_proj",), ("k_proj", "v_proj"))) if dims.mla
+        (("q_proj", ("q_proj",), ("q_proj",)),
+         ("kv_proj", ("kv_proj",), ("k_proj", "v_proj"))) if dims.mla
         else (("qkv_proj", ("qkv_proj",), ("q_proj", "k_proj", "v_proj")),))
     return (*projections,
             ("out_proj", ("out_proj",), ("out_proj",)),
             ("core_attention", ("core_attention",), ("attn_scores", "attn_weighted_sum")),
-            ("mlp", ("dense_mlp", "routed_experts", "shared_experts"), ("ffn_up", "ffn_gate", "ffn_down")),
+            ("mlp", ("dense_mlp", "routed_experts", "shared_experts"),
+             ("ffn_up", "ffn_gate", "ffn_down")),
             ("router", ("router",), ("other",)),
             ("logits", ("logits",), ("logits",)))
 

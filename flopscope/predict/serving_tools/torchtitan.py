@@ -49,7 +49,8 @@ def active_parameters(dims: Dims) -> int:
     table, with the routed experts at ``top_k / num_experts`` (floor, as its ``//``)."""
     embedding = 0 if dims.tied else dims.vocab * dims.hidden
     routed = dims.ffn_weights(dims.experts) - dims.ffn_weights(0)
-    return dims.parameters - embedding - routed + routed * dims.top_k // max(dims.experts, 1)
+    active = routed * dims.top_k // max(dims.experts, 1)
+    return dims.parameters - embedding - routed + active
 
 
 def head_dims(dims: Dims, fixed: frozenset[str]) -> int:
@@ -69,13 +70,15 @@ def terms(dims: Dims, phase: str, prompt: int, context: int, fixed: frozenset[st
         weights -= 2 * T * dims.norm_weights()
     if LOGITS_EVERY_POSITION in fixed:
         weights -= 2 * (T - 1) * dims.hidden * dims.vocab
-    return {"params": weights, "attention": 2 * dims.layers * dims.heads * head_dims(dims, fixed) * T * T}
+    attention = 2 * dims.layers * dims.heads * head_dims(dims, fixed) * T * T
+    return {"params": weights, "attention": attention}
 
 
 def rows(dims: Dims) -> Rows:
     """torchtitan's two terms against flopscope's roles."""
-    return (("params", ("params",), ("q_proj", "k_proj", "v_proj", "out_proj", "ffn_up", "ffn_gate", "ffn_down",
-                                     "other", "embedding", "logits")),
+    weights = ("q_proj", "k_proj", "v_proj", "out_proj", "ffn_up", "ffn_gate", "ffn_down", "other",
+               "embedding", "logits")
+    return (("params", ("params",), weights),
             ("attention", ("attention",), ("attn_scores", "attn_weighted_sum")))
 
 
