@@ -98,22 +98,78 @@ def test_llm_analysis_refuses_a_ratio_its_loader_cannot_read() -> None:
         count("llm-analysis", DEEPSEEK_V3)
 
 
+# the published parameter counts (Hugging Face classes), written out
+LLAMA_N = 2 * 128256 * 4096 + 32 * (2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * 14336 + 2 * 4096) + 4096
+MIXTRAL_N = (2 * 32000 * 4096 + 32 * (2 * 4096 * 4096 + 2 * 4096 * 1024 + 8 * 3 * 4096 * 14336 + 8 * 4096
+                                      + 2 * 4096) + 4096)
+MLA = 7168 * 1536 + 1536 * 128 * 192 + 7168 * 576 + 512 * 128 * 256 + 128 * 128 * 7168 + 2 * 7168 + 512 + 1536
+DEEPSEEK_N = 2 * 129280 * 7168 + 61 * MLA + 3 * 3 * 7168 * 18432 + 58 * (257 * 3 * 7168 * 2048 + 256 * 7168) + 7168
+
+
 def test_nanogpt_forward_of_a_prompt() -> None:
-    llama_n = 2 * 128256 * 4096 + 32 * (2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * 14336 + 2 * 4096) + 4096
-    assert llama_n == 8_030_261_248  # Llama-3-8B's published parameter count
-    mixtral_n = (2 * 32000 * 4096 + 32 * (2 * 4096 * 4096 + 2 * 4096 * 1024 + 8 * 3 * 4096 * 14336 + 8 * 4096
-                                          + 2 * 4096) + 4096)
-    assert mixtral_n == 46_702_792_704  # Mixtral-8x7B's
-    mla = 7168 * 1536 + 1536 * 128 * 192 + 7168 * 576 + 512 * 128 * 256 + 128 * 128 * 7168 + 2 * 7168 + 512 + 1536
-    deepseek_n = (2 * 129280 * 7168 + 61 * mla + 3 * 3 * 7168 * 18432
-                  + 58 * (257 * 3 * 7168 * 2048 + 256 * 7168) + 7168)
-    for config, n, heads, q, layers in ((LLAMA3_8B, llama_n, 32, 128, 32), (MIXTRAL_8X7B, mixtral_n, 32, 128, 32),
-                                        (DEEPSEEK_V3, deepseek_n, 128, 7168 // 128, 61)):
+    assert LLAMA_N == 8_030_261_248  # Llama-3-8B's published parameter count
+    assert MIXTRAL_N == 46_702_792_704  # Mixtral-8x7B's
+    for config, n, heads, q, layers in ((LLAMA3_8B, LLAMA_N, 32, 128, 32), (MIXTRAL_8X7B, MIXTRAL_N, 32, 128, 32),
+                                        (DEEPSEEK_V3, DEEPSEEK_N, 128, 7168 // 128, 61)):
         assert read(config).parameters == n
         prefill, decode = count("nanogpt", config)
         assert prefill == {"params": 2 * n * P, "attention": 4 * layers * heads * q * P * P}
         assert (6 * n + 12 * layers * heads * q * P) * P == 3 * sum(prefill.values())  # its 6N + 12LHQT, per token
         assert decode is None
+
+
+def test_torchtitan_forward_of_a_prompt() -> None:
+    """6·N_active + 6·L·H·head_dims·seq per token, the forward one third of it: N_active without the embedding
+    table, the routed experts at top_k / num_experts; head_dims 2·(dim // heads), 2·head_dim, or nope + rope + v."""
+    llama = LLAMA_N - 128256 * 4096
+    mixtral = MIXTRAL_N - 32000 * 4096 - 32 * 3 * 4096 * 14336 * (8 - 2)
+    deepseek = DEEPSEEK_N - 129280 * 7168 - 58 * 3 * 7168 * 2048 * (256 - 8)
+    for config, active, layers, heads, head_dims in ((LLAMA3_8B, llama, 32, 32, 2 * (4096 // 32)),
+                                                     (MIXTRAL_8X7B, mixtral, 32, 32, 2 * 128),
+                                                     (DEEPSEEK_V3, deepseek, 61, 128, 128 + 64 + 128)):
+        prefill, decode = count("torchtitan", config)
+        assert prefill == {"params": 2 * active * P, "attention": 2 * layers * heads * head_dims * P * P}
+        assert (6 * active + 6 * layers * heads * head_dims * P) * P == 3 * sum(prefill.values())
+        assert decode is None
+
+
+def test_megatron_forward_of_a_prompt() -> None:
+    """num_floating_point_operations / 3: the core attention causal-halved, logits over the padded vocabulary at
+    every position, no router."""
+    prefill, decode = count("megatron", LLAMA3_8B)
+    assert prefill == {"qkv_proj": 2 * P * 4096 * (4096 + 2 * 1024) * 32, "out_proj": 2 * P * 4096 * 4096 * 32,
+                       "core_attention": 2 * P * P * (4096 // 2) * 2 * 32, "dense_mlp": 2 * P * 4096 * 14336 * 3 * 32,
+                       "logits": 2 * P * 4096 * 128256}  # 128256 = 1002 x 128: no padding
+    assert decode is None
+    prefill, _ = count("megatron", MIXTRAL_8X7B)
+    assert prefill["routed_experts"] == 2 * P * 4096 * 14336 * 2 * 3 * 32 and "dense_mlp" not in prefill
+    assert prefill["logits"] == 2 * P * 4096 * 32000 and "router" not in prefill
+    prefill, _ = count("megatron", DEEPSEEK_V3)
+    assert prefill == {"q_proj": 2 * P * 1536 * (7168 + 128 * (128 + 64) + 1) * 61,
+                       "kv_proj": 2 * P * (512 * (7168 + 128 * (128 + 128) + 1) + 7168 * 64) * 61,
+                       "out_proj": 2 * P * 128 * 128 * 7168 * 61,
+                       "core_attention": 2 * P * P * (128 * (128 + 64) // 2 + 128 * 128 // 2) * 61,
+                       "dense_mlp": 2 * P * 7168 * 18432 * 3 * 3, "routed_experts": 2 * P * 7168 * 2048 * 8 * 3 * 58,
+                       "shared_experts": 2 * P * 7168 * 1 * 2048 * 3 * 58, "logits": 2 * P * 7168 * 129280}
+
+
+def test_eleuther_infer_mode() -> None:
+    """calc_flops with --infer: hidden_size-wide dense attention, the MLP at the default expansion 4 (14336 / 4096
+    is no integer), ffn *= topk / expert_interval, embedding 4·h + 2·h·V per token."""
+    for config, vocab, experts, top_k in ((LLAMA3_8B, 128256, 0, 1), (MIXTRAL_8X7B, 32000, 8, 2)):
+        prefill, decode = count("eleuther", config)
+        expected = {"qkv": 2 * (4 + 2 * 1) * 32 * P * 4096 * 4096 // 4,  # 1 + 2 x kv_size_ratio 0.25
+                    "attention_matrix": 2 * 32 * P * P * 4096, "attention_over_values": 2 * 32 * P * P * 4096,
+                    "linear_projection": 2 * 32 * P * 4096 * 4096, "ffn": 2 * 3 * 4 * 32 * P * 4096 * 4096 * top_k,
+                    "embedding": P * (4 * 4096 + 2 * 4096 * vocab)}
+        if experts:
+            expected["gating"] = 2 * P * experts * 4096 * 32
+        assert prefill == expected and decode is None
+
+
+def test_eleuther_refuses_mla() -> None:
+    with pytest.raises(ConfigurationError, match="latent attention"):
+        count("eleuther", DEEPSEEK_V3)
 
 
 # tiny configs of each family, on meta; intermediate 3.5 x hidden where llm-analysis's loader needs it
@@ -154,6 +210,16 @@ EXPECTED = {  # (tool, family, phase) -> the causes named; a missing key: the to
     ("nanogpt", "deepseek_v3", "prefill"): {"embedding counted as a matmul", "norm weights counted as a matmul",
                                             "logits at every prefill position", "experts not multiplied by top-k",
                                             "head_dim assumed hidden/heads"},
+    **{("torchtitan", family, "prefill"): {"norm weights counted as a matmul", "logits at every prefill position"}
+       for family in ("llama", "mixtral", "deepseek_v3")},
+    ("megatron", "llama", "prefill"): {"causal halving", "logits at every prefill position", "vocabulary padded"},
+    ("megatron", "mixtral", "prefill"): {"causal halving", "logits at every prefill position", "vocabulary padded",
+                                         "router not counted"},
+    ("megatron", "deepseek_v3", "prefill"): {"causal halving", "logits at every prefill position",
+                                             "vocabulary padded", "router not counted",
+                                             "norm weights counted as a matmul"},
+    **{("eleuther", family, "prefill"): {"logits at every prefill position", "embedding lookup charged FLOPs",
+                                         "MLP width not the config's"} for family in ("llama", "mixtral")},
 }
 PROMPT, CONTEXT = 12, 9
 
@@ -216,3 +282,28 @@ def test_the_causes_amounts_are_their_closed_forms(tiny: tuple[str, dict, dict[s
         by = {row.term: dict(row.causes) for row in explain(TOOLS["vllm"], macs["prefill"], config,
                                                             phase="prefill", prompt=PROMPT, context=CONTEXT)}
         assert by["router"] == {"router not counted": -2 * PROMPT * d * 4 * L}
+
+
+def test_the_training_tools_causes_are_their_closed_forms(tiny: tuple[str, dict, dict[str, dict[str, int]]]) -> None:
+    """torchtitan's norm weights: 2·P·(2·d·L + d) (no MLA); Megatron's causal halving: the core's 4·P²·d·L halved,
+    its padded vocabulary: 2·d·(128 - V) at the one position; the EleutherAI calculator's embedding: 4·d·P, its
+    MLP width: 4·d instead of 224 in 3 matrices (times top-k)."""
+    family, config, macs = tiny
+    if family == "deepseek_v3":
+        return
+
+    def causes(tool: str) -> dict[str, dict[str, int]]:
+        return {row.term: dict(row.causes) for row in explain(TOOLS[tool], macs["prefill"], config, phase="prefill",
+                                                              prompt=PROMPT, context=CONTEXT)}
+
+    assert causes("torchtitan")["params"] == {"norm weights counted as a matmul": 2 * PROMPT * (2 * d * L + d),
+                                              "logits at every prefill position": 2 * (PROMPT - 1) * d * V}
+    megatron = causes("megatron")
+    assert megatron["core_attention"] == {"causal halving": -2 * PROMPT * PROMPT * d * L}
+    assert megatron["logits"] == {"logits at every prefill position": 2 * (PROMPT - 1) * d * 128,
+                                  "vocabulary padded": 2 * d * (128 - V)}
+    eleuther = causes("eleuther")
+    top_k = 2 if family == "mixtral" else 1
+    assert eleuther["embedding"] == {"logits at every prefill position": 2 * (PROMPT - 1) * d * V,
+                                     "embedding lookup charged FLOPs": 4 * d * PROMPT}
+    assert eleuther["ffn"] == {"MLP width not the config's": 2 * 3 * L * PROMPT * d * (4 * d - 224) * top_k}

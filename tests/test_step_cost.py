@@ -173,7 +173,8 @@ def test_the_cost_command_names_each_tools_difference(capsys: pytest.CaptureFixt
     assert main(argv) == 0
     printed = capsys.readouterr().out
     table = printed[printed.index("the analytic tools"):]
-    assert all(name in table for name in ("vllm", "llm-viewer", "llm-analysis", "nanogpt"))
+    assert all(name in table for name in ("vllm", "llm-viewer", "llm-analysis", "nanogpt", "torchtitan", "megatron",
+                                          "eleuther"))
     assert "unexplained" not in table
     assert "cache omitted" in table and "not modelled" not in table
 

@@ -14,14 +14,18 @@ Pure arithmetic: no torch, no model.
 from __future__ import annotations
 
 from ._tool import CAUSES, Tool, ToolCount
+from .eleuther import ELEUTHER
 from .explain import Row, explain
 from .llm_analysis import LLM_ANALYSIS
 from .llm_viewer import LLM_VIEWER
+from .megatron import MEGATRON
 from .nanogpt import NANOGPT
+from .torchtitan import TORCHTITAN
 from .vllm_perf import VLLM_PERF
 
-__all__ = ["CAUSES", "LLM_ANALYSIS", "LLM_VIEWER", "NANOGPT", "TOOLS", "VLLM_PERF", "Row", "Tool", "ToolCount",
-           "explain"]
+__all__ = ["CAUSES", "ELEUTHER", "LLM_ANALYSIS", "LLM_VIEWER", "MEGATRON", "NANOGPT", "TOOLS", "TORCHTITAN",
+           "VLLM_PERF", "Row", "Tool", "ToolCount", "explain"]
 
-TOOLS: dict[str, Tool] = {tool.name: tool for tool in (VLLM_PERF, LLM_VIEWER, LLM_ANALYSIS, NANOGPT)}
+TOOLS: dict[str, Tool] = {tool.name: tool for tool in (VLLM_PERF, LLM_VIEWER, LLM_ANALYSIS, NANOGPT, TORCHTITAN,
+                                                         MEGATRON, ELEUTHER)}
 """The tools by name, in the order they were written."""

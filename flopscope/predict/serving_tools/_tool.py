@@ -38,6 +38,9 @@ TWO_MATRICES = "MLP with 2 matrices instead of 3"
 EMBEDDING_MATMUL = "embedding counted as a matmul"
 NORM_WEIGHTS = "norm weights counted as a matmul"
 ELEMENTWISE = "elementwise ops counted"
+EMBEDDING_FLOPS = "embedding lookup charged FLOPs"
+VOCAB_PADDED = "vocabulary padded"
+FFN_WIDTH = "MLP width not the config's"
 UNEXPLAINED = "unexplained"
 
 CAUSES: Mapping[str, str] = {
@@ -64,6 +67,14 @@ CAUSES: Mapping[str, str] = {
     NORM_WEIGHTS: "the tool charges every parameter 2 FLOPs per token, RMSNorm weights too",
     ELEMENTWISE: "the tool counts softmax, norms, activations and residual adds; flopscope "
                  "counts the multiplies of products (MACs)",
+    EMBEDDING_FLOPS: "the tool charges the embedding lookup 4 x d FLOPs per token; a lookup "
+                     "multiplies nothing",
+    VOCAB_PADDED: "the tool's logits are over the vocabulary padded to a multiple of 128 "
+                  "(make_vocab_size_divisible_by); the Hugging Face lm_head has vocab_size "
+                  "rows",
+    FFN_WIDTH: "the tool's MLP width is an integer multiple of hidden (4 by default); the "
+               "config's intermediate size is not one, and the option for it is not "
+               "used",
     UNEXPLAINED: "a difference no cause of the tool's chain accounts for",
 }
 """The named causes of a difference between a tool and flopscope, with what each means."""
