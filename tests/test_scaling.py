@@ -12,6 +12,14 @@ from flopscope.studies.models import TransformerBlock
 from flopscope.workloads.scaling import Polynomial, interpolate
 
 
+def test_sums_over_steps_are_the_sums_of_their_terms() -> None:
+    """Faulhaber's closed form against the sum it replaces, for every power up to 6."""
+    poly = Polynomial((Fraction(7), Fraction(-3), Fraction(5, 2), Fraction(1, 2), Fraction(0), Fraction(0),
+                       Fraction(1)))
+    for first, last in [(0, 0), (1, 10), (5, 4), (512, 900), (0, 37)]:
+        assert poly.sum_over(first, last) == sum(poly(x) for x in range(first, last + 1))
+
+
 def test_interpolation_is_exact_and_checked():
     xs = [3, 5, 8, 13, 21]
     assert interpolate(xs, [7 * x * x + 11 * x for x in xs]) == Polynomial((Fraction(0), Fraction(11), Fraction(7)))

@@ -11,7 +11,7 @@ import torch
 from flopscope.errors import ConfigurationError
 from flopscope.predict.serving_tools import CAUSES, TOOLS, explain
 from flopscope.predict.serving_tools._dims import read
-from flopscope.workloads import cost_model
+from flopscope.workloads import profile_generation
 
 transformers = pytest.importorskip("transformers")
 
@@ -222,6 +222,7 @@ EXPECTED = {  # (tool, family, phase) -> the causes named; a missing key: the to
                                          "MLP width not the config's"} for family in ("llama", "mixtral")},
 }
 PROMPT, CONTEXT = 12, 9
+BEFORE_5_19 = tuple(int(part) for part in transformers.__version__.split(".")[:2]) < (5, 19)
 
 
 @pytest.fixture(scope="module", params=sorted(TINY))
@@ -230,9 +231,24 @@ def tiny(request: pytest.FixtureRequest) -> tuple[str, dict, dict[str, dict[str,
     config = config_class(**sizes)
     with torch.device("meta"):
         model = model_class(config)
-    cost = cost_model(model, context=8, chunk=4)
+    # flopscope's side counted step by step (the cost model's requests equal these: tests/test_step_cost.py)
+    rotary_dim = sizes.get("qk_rope_head_dim", sizes["hidden_size"] // sizes["num_attention_heads"])
     plain = dict(sizes, moe_layer_freq=1) if request.param == "deepseek_v3" else dict(sizes)
-    return request.param, plain, {"prefill": cost.request(PROMPT, 0), "decode": cost.request(1, CONTEXT)}
+    return request.param, plain, {"prefill": _without_rotary(model, PROMPT, 1, rotary_dim),
+                                  "decode": _without_rotary(model, CONTEXT, 2, rotary_dim)}
+
+
+def _without_rotary(model: torch.nn.Module, prompt: int, step: int, rotary_dim: int) -> dict[str, int]:
+    """MACs by role of ``step`` of a generation after a prompt of ``prompt``, less the rotary angles: transformers
+    before 5.19 computes them as a matmul (``inv_freq @ positions``: positions x rotary_dim / 2 MACs, in ``other``),
+    an op no analytic tool models; later, as a product of broadcast vectors (no MACs)."""
+    prof = profile_generation(model, torch.zeros(1, prompt, dtype=torch.long), step)
+    by_role = dict(prof.steps()[step - 1].by_role)
+    rotary = prof.by_module(step=step)["model.rotary_emb"]
+    positions = prompt if step == 1 else 1
+    assert rotary == (positions * rotary_dim // 2 if BEFORE_5_19 else 0)
+    by_role["other"] = by_role.get("other", 0) - rotary
+    return {role: macs for role, macs in by_role.items() if macs}
 
 
 def test_the_parameter_count_is_the_models(tiny: tuple[str, dict, dict[str, dict[str, int]]]) -> None:

@@ -13,45 +13,14 @@ import flopscope
 from flopscope.errors import SymbolicError
 from flopscope.studies.models import TransformerBlock
 from flopscope.workloads.scaling import Polynomial
+from flopscope.workloads.symbolic import symbolic_limits
 
 
 def poly(*coefficients: int) -> Polynomial:
     return Polynomial(tuple(Fraction(c) for c in coefficients))
 
 
-def _symbolic_limits() -> dict[str, str | None]:
-    """What keeps this torch from running ops with n symbolic under a dispatch mode, by op: torch 2.8's meta kernel
-    of nn.Linear's view on a [B, n, d] input refuses symbolic sizes; older torch's batched matmul reads the concrete
-    sizes of a symbolic tensor (a guard n == the traced length: every attention specialises). None: it runs."""
-    from torch._dynamo.source import ConstantSource
-    from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class Passing(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-            return func(*args, **(kwargs or {}))
-
-    linear = nn.Linear(16, 16)
-    limits: dict[str, str | None] = {}
-    for key, what, run in (
-            ("linear", "nn.Linear on [B, n, d] fails", lambda x: linear(x)),
-            ("matmul", "batched matmul specialises on n", lambda x: x.unsqueeze(0) @ x.unsqueeze(0).transpose(-2, -1))):
-        env = ShapeEnv()
-        n = env.create_symintnode(env.create_symbol(16, source=ConstantSource("n"), dynamic_dim=DimDynamic.DYNAMIC),
-                                  hint=16)
-        with FakeTensorMode(shape_env=env, static_shapes=True, allow_non_fake_inputs=True) as fake:
-            x = torch.empty(2, n, 16)
-        try:
-            with Passing(), fake:
-                run(x)
-            limits[key] = f"this torch's {what}" if env.guards else None
-        except RuntimeError:
-            limits[key] = f"this torch's {what}"
-    return limits
-
-
-LIMITS = _symbolic_limits()
+LIMITS = symbolic_limits()
 SYMBOLIC_LIMIT = LIMITS["linear"] or LIMITS["matmul"]
 needs_symbolic_n = pytest.mark.skipif(SYMBOLIC_LIMIT is not None, reason=str(SYMBOLIC_LIMIT))
 needs_symbolic_linear = pytest.mark.skipif(LIMITS["linear"] is not None, reason=str(LIMITS["linear"]))
@@ -215,3 +184,37 @@ def test_symbolic_needs_fake_tensors_and_two_lengths():
         flopscope.scaling(block, lambda n: torch.zeros(1, n, 16), lengths=(4,), method="symbolic")
     with pytest.raises(flopscope.ConfigurationError, match="method must be one of"):
         flopscope.scaling(block, lambda n: torch.zeros(1, n, 16), lengths=(4, 8, 16, 32), method="fitted")
+
+
+class Scores(nn.Module):
+    """Batched products of a sequence with itself: [B, n, d] @ [B, d, n], B·n²·d MACs."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x @ x.transpose(1, 2)
+
+
+def test_the_probe_foretells_whether_a_batched_matmul_traces_symbolically():
+    """Where this torch's batched matmul keeps n a symbol (the probe), one trace gives 2·n²·8; where it does not, the
+    refusal names the probe's finding."""
+    def make(n: int) -> torch.Tensor:
+        return torch.zeros(2, n, 8)
+
+    if LIMITS["matmul"] is None:
+        result = flopscope.scaling(Scores(), make, lengths=(4, 8, 16), method="symbolic")
+        assert sum(p(10) for p in result.polynomials.values()) == 2 * 10 * 10 * 8
+    else:
+        with pytest.raises(SymbolicError, match="batched matmul makes n a constant"):
+            flopscope.scaling(Scores(), make, lengths=(4, 8, 16), method="symbolic")
+
+
+@pytest.mark.skipif(SYMBOLIC_LIMIT is None, reason="this torch keeps n a symbol: the templates run "
+                    "(tests/test_generation_templates.py, tests/test_step_cost.py)")
+def test_templates_are_refused_with_the_reason_where_torch_makes_sizes_constants():
+    from flopscope.workloads import cost_model, count_generation
+
+    model = llama()
+    refused = r"count_generation traces .*torch 2\..* one length only.*profile_generation"
+    with pytest.raises(SymbolicError, match=refused):
+        count_generation(model, torch.zeros(1, 4, dtype=torch.long), 3)
+    with pytest.raises(SymbolicError, match=r"cost_model traces .*torch 2\."):
+        cost_model(model)

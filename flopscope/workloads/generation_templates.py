@@ -52,7 +52,7 @@ from ..profile import Profile, reuse_roles
 from ..role import ROLE_ORDER
 from .decoding import check_decoding, decoding_driver
 from .generation import profile_generation
-from .symbolic import Count, SizeFunction, SymbolicTrace, quiet_symbolic_graph, trace_dispatched
+from .symbolic import Count, SizeFunction, SymbolicTrace, quiet_symbolic_graph, require_symbolic_sizes, trace_dispatched
 
 __all__ = ["GenerationCount", "Piece", "StepTemplate", "count_generation"]
 
@@ -319,6 +319,7 @@ def count_generation(model: nn.Module, input_ids: torch.Tensor, new_tokens: int,
     giving up with a :class:`~flopscope.errors.SymbolicError` that names the guard
     that keeps splitting the range. Units: MACs (FLOPs = 2 x MACs) and bytes."""
     check_decoding(model, input_ids, new_tokens)
+    require_symbolic_sizes("count_generation")
     started = time.perf_counter()
     batch, prompt = (int(d) for d in input_ids.shape)
     # the cache lengths the steps start from: the prompt (the prefill's), then one more per decode step

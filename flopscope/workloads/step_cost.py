@@ -49,7 +49,7 @@ from ..role import ROLE_ORDER
 from .decoding import check_decoding, prefill_then_chunk
 from .generation import profile_generation
 from .generation_templates import GenerationTrace, carry_roles
-from .symbolic import SymbolicTrace, python_code, quiet_symbolic_graph, trace_dispatched
+from .symbolic import SymbolicTrace, python_code, quiet_symbolic_graph, require_symbolic_sizes, trace_dispatched
 
 __all__ = ["COST_SCHEMA", "RequestCount", "StepCost", "StepPrice", "TemplatePiece", "cost_model"]
 
@@ -297,6 +297,7 @@ def cost_model(model: nn.Module, *, context: int = 64, chunk: int = 16, registry
         raise InputError(f"context and chunk are the traced sizes, at least 2 each; got {context}, {chunk}")
     check_decoding(model, torch.zeros(1, context, dtype=torch.long), 1)
     name = type(model).__name__
+    require_symbolic_sizes("cost_model")
     if any(type(p).__name__ == "DTensor" for p in model.parameters()):
         raise SymbolicError(f"{name} is sharded with DTensor, whose sharding propagation hashes sizes: a symbolic "
                             "size cannot pass it. Count a rank step by step instead: profile_generation(model, ids, "

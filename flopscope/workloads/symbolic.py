@@ -21,6 +21,7 @@ the length at both is the symbol; every other size must be the same at both (els
 from __future__ import annotations
 
 import functools
+import logging
 import math
 import traceback
 import warnings
@@ -336,6 +337,63 @@ def python_code(expr: sympy.Basic, names: Mapping[sympy.Symbol, str] | None = No
     if names:
         expr = expr.xreplace({symbol: sympy.Symbol(name, integer=True) for symbol, name in names.items()})
     return str(PythonPrinter().doprint(expr))
+
+
+@functools.cache
+def symbolic_limits() -> dict[str, str | None]:
+    """What keeps this PyTorch from running a transformer's ops with a symbolic size
+    under a dispatch mode, by op (``None``: the op keeps the size a symbol), probed once
+    on fake tensors: ``"linear"``, ``nn.Linear`` on ``[2, n, 16]`` (torch 2.8's meta
+    kernel of its view refuses a symbolic size); ``"matmul"``, ``[2, 4, 1] @ [2, 1, n]``
+    (the C++ ``matmul`` of torch before 2.13 reads a batched operand's sizes as
+    integers, which makes ``n`` a constant: every attention specialises). Measured:
+    2.6.0, 2.7.1, 2.8.0, 2.10.0, 2.11.0 and 2.12.0 make ``n`` a constant; 2.13.0 and
+    2.14.1 keep both."""
+    from torch._dynamo.source import ConstantSource  # (lazy: see the imports above)
+    from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv
+
+    linear = nn.Linear(16, 16)
+    probes: dict[str, tuple[str, Callable[[Any], Any]]] = {
+        "linear": ("nn.Linear on [B, n, d] fails", lambda n: linear(torch.empty(2, n, 16))),
+        "matmul": ("batched matmul makes n a constant", lambda n: torch.empty(2, 4, 1) @ torch.empty(2, 1, n)),
+    }
+    limits: dict[str, str | None] = {}
+    for key, (what, run) in probes.items():
+        shape_env = ShapeEnv()
+        symbol = shape_env.create_symbol(8, source=ConstantSource("n"), dynamic_dim=DimDynamic.DYNAMIC)
+        n = shape_env.create_symintnode(symbol, hint=8)
+        fake_log = logging.getLogger("torch._subclasses.fake_tensor")  # logs a kernel's refusal
+        level = fake_log.level
+        fake_log.setLevel(logging.CRITICAL)
+        try:
+            with CountingFakeTensorMode(shape_env=shape_env, allow_non_fake_inputs=True):
+                run(n)
+            kept = symbol not in shape_env.replacements
+        except RuntimeError:
+            kept = False
+        finally:
+            fake_log.setLevel(level)
+        limits[key] = None if kept else f"torch {torch.__version__}'s {what}"
+    return limits
+
+
+def symbolic_sizes_kept() -> bool:
+    """Whether this PyTorch runs a transformer with symbolic sizes (:func:`symbolic_limits`
+    finds nothing)."""
+    return not any(symbolic_limits().values())
+
+
+def require_symbolic_sizes(what: str) -> None:
+    """Raise :class:`SymbolicError` where this PyTorch cannot trace a transformer with
+    symbolic sizes (:func:`symbolic_limits`), naming ``what`` needed them, why, and what
+    counts instead."""
+    limits = "; ".join(why for why in symbolic_limits().values() if why)
+    if limits:
+        raise SymbolicError(
+            f"{what} traces the model once with symbolic sizes, and on {limits}: the trace would stand for "
+            "one length only. PyTorch 2.13 and later keep them symbols; on this one, count step by step "
+            "with flopscope.workloads.profile_generation or `flopscope generate` (the same numbers, one traced "
+            "forward per step)")
 
 
 _CONCRETE_ONLY = "expected to contain only concrete integers"
