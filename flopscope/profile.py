@@ -32,6 +32,7 @@ from .errors import NotFoundError
 from .predict import steps
 from .predict.attention import CoreOp, check_attention, core_ops, parts_under, saved
 from .predict.collectives import CollectiveRow, collectives
+from .predict.exact_sum import SumsBy
 from .predict.model_formulas import ModelFormulas, model_formulas
 from .predict.polynomial import Scaling
 from .predict.reconcile import Reconciliation, TransformerSpec, reconcile
@@ -364,13 +365,13 @@ class Profile:
         """Bytes moved per module path, inclusive of submodules (0 where none);
         ``[""] == total_bytes()``. ``step``: only the ops of that call of the root
         module (as :meth:`by_module`)."""
-        out = dict.fromkeys(self._module_paths, 0)
         moved = self._tally.moved if step is None else [(op.bytes, paths, op.phase)
                                                           for op, paths in self._step_ops(step) if op.bytes]
+        sums: SumsBy[str] = SumsBy()
         for size, paths, _ in moved:
             for path in paths:
-                out[path] = out.get(path, 0) + size
-        return out
+                sums.add(path, size)
+        return {**dict.fromkeys(self._module_paths, 0), **sums.totals()}
 
     def weight_bytes(self, step: int) -> int:
         """Bytes of the parameters one call of the root module reads (:func:`steps.weight_bytes`): what a batch

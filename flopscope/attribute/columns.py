@@ -102,14 +102,23 @@ def _charge(width: int, wanted: Sequence[tuple[set[int], str]], macs: int) -> di
     """``macs // width`` per index to the role that wants it (the first in role order
     where several do), ``other`` for indices no one wants, the remainder to the
     largest part."""
-    owner: dict[int, str] = {}
+    # each role's indices (those an earlier role in role order took are not its), the
+    # roles in the order of their first index
+    valid = set(range(width))
+    taken: set[int] = set()
+    count: dict[str, int] = {}
+    first: dict[str, int] = {}
     for indices, role in sorted(wanted, key=lambda ir: ROLE_ORDER.index(ir[1])):
-        for c in indices:
-            owner.setdefault(c, role)
-    parts: dict[str, int] = {}
-    for c in range(width):
-        role = owner.get(c, Role.OTHER.value)
-        parts[role] = parts.get(role, 0) + macs // width
+        mine = (indices & valid) - taken
+        if mine:
+            count[role] = count.get(role, 0) + len(mine)
+            first[role] = min(first.get(role, width), min(mine))
+            taken |= mine
+    if len(taken) < width:
+        other = Role.OTHER.value
+        count[other] = count.get(other, 0) + width - len(taken)
+        first[other] = min(first.get(other, width), next(c for c in range(width) if c not in taken))
+    parts = {role: count[role] * (macs // width) for role in sorted(count, key=first.__getitem__)}
     return spread_remainder(parts, macs)
 
 
@@ -196,7 +205,8 @@ def scale_parts(parts: Mapping[str, int], total: int) -> dict[str, int]:
 
 def _between(p: CapturedOp, target: CapturedOp) -> list[CapturedOp]:
     """Nodes on paths from ``p`` to ``target`` (excluding ``p``), in graph order."""
-    ancestors = set(reach([target], inputs_of, lambda x: x is not p)) - {p}
+    # (an op's inputs ran before it: nothing before p is on a path from p)
+    ancestors = set(reach([target], inputs_of, lambda x: x is not p and x.index > p.index)) - {p}
     descendants = [x for x in reach(p.users, lambda x: x.users, lambda x: x in ancestors) if x in ancestors]
     return sorted(descendants, key=lambda x: x.index)
 
@@ -353,12 +363,14 @@ def _union(values: Sequence[Labels]) -> set[int]:
             out |= v
         elif isinstance(v, (list, tuple)):
             out |= _union(v)
-        elif v.numel() and int(v.min()) >= -1 and int(v.max()) < MAX_COUNTED_LABEL:
-            # labels are column indices, or -1 where unknown: counting them is linear,
-            # where torch.unique sorts
-            counts = torch.bincount(v.flatten() + 1)
-            # (.tolist(): iterating a tensor makes one tensor per element)
-            out |= {x - 1 for x in torch.nonzero(counts).flatten().tolist()}
         elif v.numel():
-            out |= set(torch.unique(v).tolist())
+            low, high = (int(x) for x in torch.aminmax(v))  # (one pass for both)
+            if low >= -1 and high < MAX_COUNTED_LABEL:
+                # labels are column indices, or -1 where unknown: counting them is
+                # linear, where torch.unique sorts
+                counts = torch.bincount(v.flatten() + 1)
+                # (.tolist(): iterating a tensor makes one tensor per element)
+                out |= {x - 1 for x in torch.nonzero(counts).flatten().tolist()}
+            else:
+                out |= set(torch.unique(v).tolist())
     return out

@@ -35,7 +35,6 @@ of the call (real mode).
 from __future__ import annotations
 
 import math
-from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -49,6 +48,7 @@ from ..errors import FlopscopeError
 from ..formulas.registry import OpFamily
 from ..formulas.traffic import GATHER, VIEW, access_of
 from ..role import PAIR_ROLES, ROLE_ORDER, Role
+from .exact_sum import SumsBy, exact_sum
 from .polynomial import Scaling, interpolate
 
 PREFILL, DECODE = "prefill", "decode"
@@ -93,28 +93,30 @@ def steps(ops: Sequence[CapturedOp], assignments: Mapping[CapturedOp, Assignment
     Assignment}``, each record's ``{role: MACs}`` under the chosen attention
     convention (``priced``: :func:`flopscope.predict.attention.parts_under`), the
     module calls' input shapes and the root calls' wall times."""
-    macs: dict[int, Counter[str]] = defaultdict(Counter)
-    moved: Counter[int] = Counter()
-    kv_bytes: Counter[int] = Counter()
+    macs: SumsBy[tuple[int, str]] = SumsBy()
+    moved: SumsBy[int] = SumsBy()
+    kv_bytes: SumsBy[int] = SumsBy()
     # call -> (new positions, context) of its widest attention core
     shapes: dict[int, tuple[int, int]] = {}
     for op in ops:
         call = _root_call(op)
         if call is None:
             continue
-        moved[call] += op.bytes
+        moved.add(call, op.bytes)
         assignment = assignments.get(op)
         if assignment is None:
             continue
-        macs[call].update(priced[op])
+        for role, value in priced[op].items():
+            macs.add((call, role), value)
         core = {role: v for role, v in assignment.parts.items() if role in PAIR_ROLES and v}
         if core and op.bytes:
-            kv_bytes[call] += sum(scale_parts(assignment.parts, op.bytes)[role] for role in core)
+            kv_bytes.add(call, exact_sum(scale_parts(assignment.parts, op.bytes)[role] for role in core))
         seen = _queries_and_keys(op) if Role.ATTN_SCORES.value in core else None
         if seen is not None and (call not in shapes or seen[1] > shapes[call][1]):
             shapes[call] = seen
     out = []
-    for call in sorted(set(macs) | set(moved) | {c.call for c in inputs if c.path == ""}):
+    by_call = macs.totals()
+    for call in sorted({c for c, _ in by_call} | set(moved.keys()) | {c.call for c in inputs if c.path == ""}):
         given = dict(inputs.get(_root(call), ()))
         first = next(iter(given.values()), None)
         batch = first[0] if first else None
@@ -122,11 +124,11 @@ def steps(ops: Sequence[CapturedOp], assignments: Mapping[CapturedOp, Assignment
         ids = next((given[key] for key in TOKEN_INPUTS if key in given and len(given[key]) == 2),
                    None)
         tokens = ids[1] if ids is not None else queries
-        by_role = {role: macs[call][role] for role in ROLE_ORDER if macs[call][role]}
+        by_role = {role: by_call[call, role] for role in ROLE_ORDER if by_call.get((call, role))}
         phase = DECODE if tokens == 1 and context is not None and context > 1 else PREFILL
-        out.append(Step(call, phase, batch, tokens, context, sum(by_role.values()), by_role,
-                        moved[call],
-                        sum(by_role.get(role, 0) for role in PAIR_ROLES), kv_bytes[call],
+        out.append(Step(call, phase, batch, tokens, context, exact_sum(by_role.values()), by_role,
+                        moved.total(call),
+                        exact_sum(by_role.get(role, 0) for role in PAIR_ROLES), kv_bytes.total(call),
                         seconds.get(call)))
     return out
 

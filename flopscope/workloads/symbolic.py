@@ -40,6 +40,7 @@ from ..capture import CapturePlan
 from ..capture.fake import CountingFakeTensorMode, FakeConverter
 from ..capture.records import RECOMPUTE, CapturedOp
 from ..errors import RunError, SymbolicError
+from ..predict.exact_sum import Count
 from ..predict.polynomial import Polynomial
 from ..predict.reconcile import Reconciliation, TransformerSpec, reconcile
 from ..profile import Profile, reuse_roles
@@ -51,8 +52,6 @@ if TYPE_CHECKING:
 # sympy and torch's symbolic shapes (with dynamo) take most of a second to import: the functions below import them
 # when a symbolic trace is asked for, so that `import flopscope` (which imports this module) does not pay for them.
 
-Count = int | torch.SymInt
-"""MACs from a symbolic trace: an ``int`` where they do not depend on the variable."""
 
 
 class _SymbolicConverter(FakeConverter):
