@@ -356,6 +356,15 @@ def _replay_zero_cost(n: CapturedOp, labels: Mapping[CapturedOp, Labels], inputs
     return _union(inputs)
 
 
+def _distinct_part(v: torch.Tensor) -> torch.Tensor:
+    """``v`` with each dim of stride 0 (an expanded one: every entry along it the same)
+    taken at its first entry: the same values, without reading the copies."""
+    for dim, stride in enumerate(v.stride()):
+        if stride == 0 and v.shape[dim] > 1:
+            v = v.narrow(dim, 0, 1)
+    return v
+
+
 def _union(values: Sequence[Labels]) -> set[int]:
     out: set[int] = set()
     for v in values:
@@ -364,6 +373,7 @@ def _union(values: Sequence[Labels]) -> set[int]:
         elif isinstance(v, (list, tuple)):
             out |= _union(v)
         elif v.numel():
+            v = _distinct_part(v)
             low, high = (int(x) for x in torch.aminmax(v))  # (one pass for both)
             if low >= -1 and high < MAX_COUNTED_LABEL:
                 # labels are column indices, or -1 where unknown: counting them is
