@@ -333,6 +333,22 @@ def test_columns_through_uninitialised_memory_are_no_columns_and_any_label_value
     assert (roles["q_proj"], roles["k_proj"], roles["v_proj"], roles["out_proj"]) == (third, third, third, third)
 
 
+def test_labels_are_collected_exactly_from_large_tensors() -> None:
+    """The collection reads one entry of a dim only where every entry along it is the same (an expanded dim, a
+    sequence's positions); a dim whose first two entries agree but a later one differs is read whole."""
+    from flopscope.attribute.columns import SMALL_LABELS, _union
+
+    rows, width = 2 * SMALL_LABELS // 64, 64  # over SMALL_LABELS entries
+    columns = torch.arange(width)
+    assert _union([columns.expand(rows, width)]) == set(range(width))  # stride 0 along the rows
+    assert _union([columns.expand(rows, width).contiguous()]) == set(range(width))  # the same, materialised
+    late = columns.repeat(rows, 1)
+    late[-1, 3] = width + 7  # the last row differs in one entry
+    assert _union([late]) == set(range(width)) | {width + 7}
+    halves = torch.cat([columns.expand(rows // 2, width), (columns + width).expand(rows // 2, width)])
+    assert _union([halves]) == set(range(2 * width))
+
+
 class SigmoidRoutedExperts(nn.Module):
     """DeepSeek-V3's routing: a sigmoid router picks top-k experts; each expert gathers its tokens with
     ``hidden[token_idx]`` (an index that comes from the router), runs a gated FFN and adds its output back."""

@@ -356,12 +356,29 @@ def _replay_zero_cost(n: CapturedOp, labels: Mapping[CapturedOp, Labels], inputs
     return _union(inputs)
 
 
+SMALL_LABELS = 1 << 16
+"""Label tensors of fewer entries are collected as they are (:func:`_distinct_part`)."""
+
+
 def _distinct_part(v: torch.Tensor) -> torch.Tensor:
-    """``v`` with each dim of stride 0 (an expanded one: every entry along it the same)
-    taken at its first entry: the same values, without reading the copies."""
+    """A part of ``v`` that holds every value of it: each dim along which every entry is
+    the same (stride 0, an expanded one; or a sequence's positions, which all carry the
+    same columns) taken at its first entry. The widest dims are tried first, each with a
+    cheap look at its second entry before a full comparison."""
     for dim, stride in enumerate(v.stride()):
         if stride == 0 and v.shape[dim] > 1:
             v = v.narrow(dim, 0, 1)
+    tried: set[int] = set()
+    while v.numel() > SMALL_LABELS:
+        dims = [d for d in range(v.dim()) if v.shape[d] > 1 and d not in tried]
+        if not dims:
+            break
+        dim = max(dims, key=lambda d: v.shape[d])
+        first = v.narrow(dim, 0, 1)
+        if torch.equal(v.narrow(dim, 1, 1), first) and bool((v == first).all()):
+            v = first
+        else:
+            tried.add(dim)
     return v
 
 
