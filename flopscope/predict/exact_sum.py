@@ -50,9 +50,6 @@ class SumsBy(Generic[K]):
     def add(self, key: K, value: int) -> None:
         self._terms[key].append(value)
 
-    def __contains__(self, key: object) -> bool:
-        return key in self._terms
-
     def keys(self) -> list[K]:
         return list(self._terms)
 

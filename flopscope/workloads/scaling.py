@@ -30,7 +30,7 @@ from ..predict.polynomial import Polynomial, Scaling, interpolate
 from ..predict.reconcile import Reconciliation, TransformerSpec
 from ..profile import Profile, reuse_roles
 from ..role import ROLE_ORDER
-from .symbolic import SymbolicTrace, symbolic_limits, trace
+from .symbolic import SymbolicTrace, symbolic_limit_reason, trace
 
 __all__ = ["METHODS", "MIN_LENGTHS", "Polynomial", "Scaling", "interpolate", "scaling"]
 
@@ -218,7 +218,7 @@ class _Sweep:
     def _check_guards(self, traced: SymbolicTrace, lengths: tuple[int, ...]) -> None:
         why = traced.specialisation(lengths)
         if why is not None:
-            limits = "; ".join(why for why in symbolic_limits().values() if why)
+            limits = symbolic_limit_reason()
             torch_note = f" (on {limits}: a newer PyTorch keeps n a symbol)" if limits else ""
             raise SymbolicError(f"{type(self.model).__name__} specialises on n: {why}{torch_note}")
 

@@ -53,7 +53,6 @@ if TYPE_CHECKING:
 # when a symbolic trace is asked for, so that `import flopscope` (which imports this module) does not pay for them.
 
 
-
 class _SymbolicConverter(FakeConverter):
     """The fake converter of a symbolic run: the model's state static, as always; the
     inputs (meta stand-ins, so no index values are known: sizes are symbols) as fake
@@ -376,17 +375,22 @@ def symbolic_limits() -> dict[str, str | None]:
     return limits
 
 
+def symbolic_limit_reason() -> str:
+    """What :func:`symbolic_limits` found, ``"; "``-joined (``""`` where nothing)."""
+    return "; ".join(why for why in symbolic_limits().values() if why)
+
+
 def symbolic_sizes_kept() -> bool:
     """Whether this PyTorch runs a transformer with symbolic sizes (:func:`symbolic_limits`
     finds nothing)."""
-    return not any(symbolic_limits().values())
+    return not symbolic_limit_reason()
 
 
 def require_symbolic_sizes(what: str) -> None:
     """Raise :class:`SymbolicError` where this PyTorch cannot trace a transformer with
     symbolic sizes (:func:`symbolic_limits`), naming ``what`` needed them, why, and what
     counts instead."""
-    limits = "; ".join(why for why in symbolic_limits().values() if why)
+    limits = symbolic_limit_reason()
     if limits:
         raise SymbolicError(
             f"{what} traces the model once with symbolic sizes, and on {limits}: the trace would stand for "
