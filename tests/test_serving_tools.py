@@ -13,6 +13,8 @@ from flopscope.predict.serving_tools import CAUSES, TOOLS, explain
 from flopscope.predict.serving_tools._dims import read
 from flopscope.workloads import profile_generation
 
+from closed_forms import rotary
+
 transformers = pytest.importorskip("transformers")
 
 P, C = 2048, 2048  # prompt and cache lengths
@@ -222,7 +224,6 @@ EXPECTED = {  # (tool, family, phase) -> the causes named; a missing key: the to
                                          "MLP width not the config's"} for family in ("llama", "mixtral")},
 }
 PROMPT, CONTEXT = 12, 9
-BEFORE_5_19 = tuple(int(part) for part in transformers.__version__.split(".")[:2]) < (5, 19)
 
 
 @pytest.fixture(scope="module", params=sorted(TINY))
@@ -239,15 +240,15 @@ def tiny(request: pytest.FixtureRequest) -> tuple[str, dict, dict[str, dict[str,
 
 
 def _without_rotary(model: torch.nn.Module, prompt: int, step: int, rotary_dim: int) -> dict[str, int]:
-    """MACs by role of ``step`` of a generation after a prompt of ``prompt``, less the rotary angles: transformers
-    before 5.19 computes them as a matmul (``inv_freq @ positions``: positions x rotary_dim / 2 MACs, in ``other``),
-    an op no analytic tool models; later, as a product of broadcast vectors (no MACs)."""
+    """MACs by role of ``step`` of a generation after a prompt of ``prompt``, less the rotary angles where
+    transformers computes them as a matmul (before 5.19: ``closed_forms.rotary``, in ``other``), an op no analytic
+    tool models."""
     prof = profile_generation(model, torch.zeros(1, prompt, dtype=torch.long), step)
     by_role = dict(prof.steps()[step - 1].by_role)
-    rotary = prof.by_module(step=step)["model.rotary_emb"]
+    angles = prof.by_module(step=step)["model.rotary_emb"]
     positions = prompt if step == 1 else 1
-    assert rotary == (positions * rotary_dim // 2 if BEFORE_5_19 else 0)
-    by_role["other"] = by_role.get("other", 0) - rotary
+    assert angles == rotary(positions, rotary_dim).get("other", 0)
+    by_role["other"] = by_role.get("other", 0) - angles
     return {role: macs for role, macs in by_role.items() if macs}
 
 
