@@ -289,17 +289,13 @@ class Profile:
         sums its calls; a container that is never called itself (a ``ModuleList`` of
         layers) sums what its submodules ran. ``step``: only the ops of that call of the
         root module (a :class:`Step`'s ``step``, 1 for the first)."""
-        out = dict.fromkeys(self._module_paths, 0)
-        if step is None:
-            for _, macs, paths, _ in self._tally.counted:
-                for path in paths:
-                    out[path] = out.get(path, 0) + macs
-            return out
-        for op, paths in self._step_ops(step):
-            if op.cost is Cost.FORMULA:
-                for path in paths:
-                    out[path] = out.get(path, 0) + op.macs
-        return out
+        sums: SumsBy[str] = SumsBy()
+        counted = ((macs, paths) for _, macs, paths, _ in self._tally.counted) if step is None else \
+            ((op.macs, paths) for op, paths in self._step_ops(step) if op.cost is Cost.FORMULA)
+        for macs, paths in counted:
+            for path in paths:
+                sums.add(path, macs)
+        return {**dict.fromkeys(self._module_paths, 0), **sums.totals()}
 
     def _step_ops(self, step: int) -> Iterator[tuple[CapturedOp, frozenset[str]]]:
         """The records of one call of the root module, each with its module paths."""

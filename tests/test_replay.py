@@ -617,3 +617,83 @@ def test_outputs_viewing_one_storage_are_remade_as_views_of_one():
     assert_same_capture(reused, captured)
     assert reused.total() == 2 * 2 * 8 * D * D
     assert "net: 1 of 2 calls replayed" in reused.reuse[0]
+
+
+def _llama() -> tuple[nn.Module, dict]:
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4,
+                                      num_key_value_heads=2, vocab_size=64)
+    return transformers.LlamaForCausalLM(config), dict(input_ids=torch.zeros(1, 8, dtype=torch.long))
+
+
+def _deepseek_v3() -> tuple[nn.Module, dict]:
+    transformers = pytest.importorskip("transformers")
+    config = transformers.DeepseekV3Config(
+        hidden_size=32, intermediate_size=64, moe_intermediate_size=16, num_hidden_layers=4, first_k_dense_replace=2,
+        num_attention_heads=4, num_key_value_heads=4, vocab_size=64, n_routed_experts=4, num_experts_per_tok=2,
+        n_group=1, topk_group=1, q_lora_rank=16, kv_lora_rank=8, qk_rope_head_dim=4, qk_nope_head_dim=4,
+        v_head_dim=8)
+    return transformers.DeepseekV3ForCausalLM(config), dict(input_ids=torch.zeros(1, 8, dtype=torch.long))
+
+
+def _bert_classifier() -> tuple[nn.Module, dict]:
+    transformers = pytest.importorskip("transformers")
+    config = transformers.BertConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
+                                     vocab_size=64, num_labels=3)
+    return transformers.BertForSequenceClassification(config), dict(input_ids=torch.zeros(1, 8, dtype=torch.long))
+
+
+def _squeezebert() -> tuple[nn.Module, dict]:
+    transformers = pytest.importorskip("transformers")
+    config = transformers.SqueezeBertConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+                                            num_attention_heads=4, vocab_size=64, embedding_size=32)
+    return transformers.SqueezeBertModel(config), dict(input_ids=torch.zeros(1, 8, dtype=torch.long))
+
+
+def _sd3() -> tuple[nn.Module, dict]:
+    diffusers = pytest.importorskip("diffusers")
+    model = diffusers.SD3Transformer2DModel(
+        sample_size=8, patch_size=2, in_channels=4, num_layers=3, attention_head_dim=8, num_attention_heads=2,
+        joint_attention_dim=24, caption_projection_dim=16, pooled_projection_dim=12, out_channels=4,
+        pos_embed_max_size=16)
+    return model, dict(hidden_states=torch.randn(1, 4, 8, 8), timestep=torch.tensor([3]),
+                       encoder_hidden_states=torch.randn(1, 7, 24), pooled_projections=torch.randn(1, 12))
+
+
+CONDENSED = {
+    # a residual stream through replayed layers; rotary tables and a mask every layer reads
+    "llama": _llama,
+    # dense layers and MoE layers, each kind replayed from its first; MLA's low-rank factors
+    "deepseek_v3": _deepseek_v3,
+    # a pooler and a classifier on the last layer's first position
+    "bert_classifier": _bert_classifier,
+    # every block modulated by one timestep embedding (conditioning, no FFN), one text stream projected by all
+    "sd3": _sd3,
+    # attention blocks named by a layer that is no module call of its own (encoder.layers.1, renamed from .0)
+    "squeezebert": _squeezebert,
+}
+
+
+@pytest.mark.parametrize("name", sorted(CONDENSED))
+def test_the_role_passes_run_over_the_distinct_blocks_and_give_every_blocks_roles(name, monkeypatch):
+    """Blocks replayed from another of the same structure take its roles, found by passes over the distinct blocks
+    alone (the capture condensed): every record's role split, block and factor flag equal those of the passes over
+    every record."""
+    from flopscope.attribute import carried
+
+    model, inputs = CONDENSED[name]()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        prof = flopscope.profile(model, mode="fake", forward_kwargs=inputs)
+    assert prof._capture.copies
+    seen: list[int] = []
+    passes = carried.find_roles
+    monkeypatch.setattr(carried, "find_roles", lambda ops, *rest: seen.append(len(ops)) or passes(ops, *rest))
+    condensed = prof.role_assignments_by_op()
+    whole = carried.roles_with_copies(prof._ops, {}, prof._facts.types)
+    assert seen[0] < seen[1] == len(prof._ops)
+
+    def split(found: dict) -> dict:
+        return {op: (dict(a.parts), a.block, a.factor) for op, a in found.items()}
+
+    assert split(condensed) == split(whole)

@@ -7,14 +7,22 @@ never run twice over the same work.
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 
-from ..capture.records import CapturedOp, link
+from ..capture.records import CapturedOp, LeafKind, link, map_records
+from ..capture.replay.copy import renaming
 from .columns import scale_parts
 from .roles import Assignment, find_roles
 from .rules import RoleRule
 
 __all__ = ["carried_roles", "roles_with_copies"]
+
+STUB_MULTIPLIES = 1
+"""How many multiplies a stub's region crosses after a shared read (:func:`_condensed`):
+the first ones reached and what follows them up to the next ones (a timestep
+embedding's per-block modulation projection, and the broadcast of its result over the
+positions that makes it conditioning)."""
 
 _PART_LINKED = threading.Lock()
 """Held while the role passes run over part of a capture's records, linked as a capture
@@ -26,31 +34,158 @@ def roles_with_copies(ops: Sequence[CapturedOp], copies: Mapping[CapturedOp, Cap
                       ) -> dict[CapturedOp, Assignment]:
     """The role passes over a capture's records ``ops``, in graph order; a replayed
     call's records (``copies``: :attr:`Capture.copies`) take the roles of the records
-    they copy, found once: the passes run over the records of the distinct calls only
-    (linked as a capture of their own, then the whole capture linked again), and over
-    the copies those read."""
+    they copy, found once, on the capture condensed (:func:`_condensed`). A copy's block
+    is its template's, renamed from the template's call to the copy's
+    (``model.layers.0.mlp`` for layer 0 is ``model.layers.5.mlp`` for layer 5)."""
     if not copies:
         found = find_roles(ops, module_types, rules)
         # (in graph order, as with copies)
         return {op: found[op] for op in ops if op in found}
     link(ops)
-    # copies that records of the passes read (a captured call taking a replayed call's
-    # output), and what those copies read: the passes run over them too
-    needed: set[CapturedOp] = set()
-    reading = [source for op in ops if op not in copies for source in op.inputs if source in copies]
-    while reading:
-        source = reading.pop()
-        if source not in needed:
-            needed.add(source)
-            reading.extend(x for x in source.inputs if x in copies)
-    distinct = [op for op in ops if op not in copies or op in needed]
+    condensed, standing = _condensed(ops, copies)
     # (while part of the records are linked, no other thread reads their links)
     with _PART_LINKED:
         try:
-            found = find_roles(distinct, module_types, rules)
+            link(condensed, again=True)
+            found = find_roles(condensed, module_types, rules)
         finally:
             link(ops, again=True)
-    return {op: found[copies.get(op, op)] for op in ops if copies.get(op, op) in found}
+    out: dict[CapturedOp, Assignment] = {}
+    for op in ops:
+        source = op
+        while source in copies:
+            source = copies[source]
+        assignment = found.get(standing.get(source, source))
+        if assignment is None:
+            continue
+        if source is not op:
+            block = _renamed(assignment.block, source, op)
+            if block != assignment.block:
+                assignment = Assignment(assignment.parts, block, assignment.factor)
+        out[op] = assignment
+    return out
+
+
+def _condensed(ops: Sequence[CapturedOp], copies: Mapping[CapturedOp, CapturedOp]
+               ) -> tuple[list[CapturedOp], dict[CapturedOp, CapturedOp]]:
+    """The records the role passes run over in place of ``ops``, in graph order, and
+    ``{distinct record: the record standing in for it}``.
+
+    - A distinct record reading a copy reads the record it copies instead (its stand-in
+      does): the layer after a run of replayed ones reads the last distinct layer's
+      output, the same op on the same shapes, so a model of 61 layers, 58 of them
+      replayed, is seen as its few distinct layers in the order they first ran.
+    - A copy reading a distinct record made outside its template's call (a text
+      embedding every block's cross-attention projects, the rotary tables, a mask) is
+      kept as a stub, with the copies after it up to the multiplies they reach, their
+      other inputs stood in for by leaves: each such record has as many readers as in
+      the whole capture (a projection read by 30 blocks is no low-rank factor of one
+      block's)."""
+    distinct: list[CapturedOp] = []
+    standing: dict[CapturedOp, CapturedOp] = {}
+    # copies kept as stubs -> theirs; the multiplies crossed to reach each from a shared
+    # read (not for the weights stubs read)
+    stubs: dict[CapturedOp, CapturedOp] = {}
+    depth: dict[CapturedOp, int] = {}
+    weights = _from_parameters(ops)
+
+    def read(x: CapturedOp) -> CapturedOp:
+        while x in copies:
+            x = copies[x]
+        return standing.get(x, x)
+
+    def add_stub(op: CapturedOp) -> None:
+        # (its inputs: stubs, weights (a copy computed from parameters alone, as the
+        # transpose a linear layer takes, is a stub too), leaves in place of the other
+        # copies, and distinct records)
+        leaves: dict[CapturedOp, CapturedOp] = {}
+        for x in op.inputs:
+            if x in copies and x not in stubs:
+                if weights[x]:
+                    add_stub(x)
+                else:
+                    leaves[x] = _leaf_like(x)
+                    distinct.append(leaves[x])
+
+        def stub_read(x: CapturedOp) -> CapturedOp:
+            return stubs.get(x) or leaves.get(x) or read(x)
+
+        stubs[op] = replace(op, args=map_records(op.args, stub_read), kwargs=map_records(op.kwargs, stub_read),
+                            forward=None)
+        distinct.append(stubs[op])
+
+    for op in ops:
+        if op in copies:
+            # (a stub's region: from a shared read through ops without multiplies, the
+            # first multiplies they reach and the ops after those, to the next
+            # multiplies)
+            crossed = min((depth[x] + bool(x.macs) for x in op.inputs if x in depth), default=None)
+            if crossed is None and _shared_inputs(op, copies):
+                crossed = 0
+            if crossed is not None and crossed <= STUB_MULTIPLIES:
+                depth[op] = crossed
+                add_stub(op)
+            continue
+        if any(x in copies or x in standing for x in op.inputs) \
+                or (op.forward is not None and read(op.forward) is not op.forward):
+            twin = replace(op, args=map_records(op.args, read), kwargs=map_records(op.kwargs, read),
+                           forward=None if op.forward is None else read(op.forward))
+            standing[op] = twin
+            op = twin
+        distinct.append(op)
+    return distinct, standing
+
+
+def _shared_inputs(copy: CapturedOp, copies: Mapping[CapturedOp, CapturedOp]) -> set[CapturedOp]:
+    """The distinct records (not leaves) that ``copy`` reads from outside its template's
+    call: the call replayed is the outermost module call where the two records' stacks
+    differ."""
+    template = copies[copy]
+    call = next((mine for mine, theirs in zip(template.module_stack, copy.module_stack, strict=False)
+                 if mine != theirs), None)
+    return {x for x in copy.inputs if x not in copies and x.node_op == "call_function"
+            and call not in x.module_stack}
+
+
+def _from_parameters(ops: Sequence[CapturedOp]) -> dict[CapturedOp, bool]:
+    """For each record of ``ops`` (in graph order), whether it is computed from
+    parameters and buffers alone (a weight, a view of one, a transposed one)."""
+    found: dict[CapturedOp, bool] = {}
+    for op in ops:
+        found[op] = (op.leaf in (LeafKind.PARAMETER, LeafKind.BUFFER) if op.node_op != "call_function" else
+                     bool(op.inputs) and all(found.get(x, False) for x in op.inputs))
+    return found
+
+
+def _leaf_like(x: CapturedOp) -> CapturedOp:
+    """An input leaf of ``x``'s shapes: what a stub reads in place of a copy."""
+    return CapturedOp("placeholder", x.name, (), {}, x.name, x.phase, output_shapes=x.output_shapes, dtype=x.dtype,
+                      leaf=LeafKind.INPUT)
+
+
+def _renamed(block: str, template: CapturedOp, copy: CapturedOp) -> str:
+    """``block`` (a module path of ``template``'s call) as the path it has where ``copy``
+    ran: where the two records' stacks differ in a module call's path, the part of the
+    paths before the names they end with in common is renamed, the outermost call first
+    (``nets.0.blocks.0`` of a template is ``nets.1.blocks.3`` for a copy in the second
+    net's fourth block)."""
+    renames: list[Callable[[str], str]] = []
+
+    def renamed(path: str) -> str:
+        for rename in renames:
+            path = rename(path)
+        return path
+
+    for mine, theirs in zip(template.module_stack, copy.module_stack, strict=False):
+        old, new = renamed(mine.path).split("."), theirs.path.split(".")
+        # (the names they end with in common are the same submodule of the two calls:
+        # ``layers.0.attention`` and ``layers.1.attention`` rename ``layers.0``, the
+        # block a group of both may have)
+        while len(old) > 1 and len(new) > 1 and old[-1] == new[-1]:
+            old, new = old[:-1], new[:-1]
+        if old != new:
+            renames.append(renaming(".".join(old), ".".join(new)))
+    return renamed(block)
 
 
 def carried_roles(pairs: Sequence[tuple[CapturedOp, CapturedOp]],

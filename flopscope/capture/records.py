@@ -288,7 +288,7 @@ class Capture:
     # a replayed call's record -> the record
     copies: Mapping[CapturedOp, CapturedOp] = field(default_factory=dict)
     # of the earlier call it copies (flopscope.capture.replay): the same op on the same
-    # shapes, in the same place
+    # shapes, in the same place of a block of the same structure
 
     def notes(self, unchecked: bool = True) -> list[str]:
         """What the recording could not establish: an op whose formula returns attention

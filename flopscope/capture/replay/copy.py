@@ -73,8 +73,8 @@ def _copy_records(template: CallTemplate, recorder: Recorder, tracker: ModuleTra
               for frames in template.stacks]
     mapped: dict[int, CapturedOp] = {}
     clones: list[CapturedOp] = []
-    # (another block's records: their own roles)
-    copies = recorder.copies if path == template.path else {}
+    # (each copy -> the record it copies: the role passes run over the distinct records)
+    copies = recorder.copies
     state = dict(named_state(module)) if template.parameters else {}
     # (what the template read, this call read: for a block watched around this one)
     if template.reads:
