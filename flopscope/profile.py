@@ -32,7 +32,7 @@ from .errors import NotFoundError
 from .predict import steps
 from .predict.attention import CoreOp, check_attention, core_ops, parts_under, saved
 from .predict.collectives import CollectiveRow, collectives
-from .predict.exact_sum import SumsBy
+from .predict.exact_sum import SumsBy, exact_sum
 from .predict.model_formulas import ModelFormulas, model_formulas
 from .predict.polynomial import Scaling
 from .predict.reconcile import Reconciliation, TransformerSpec, reconcile
@@ -296,6 +296,14 @@ class Profile:
             for path in paths:
                 sums.add(path, macs)
         return {**dict.fromkeys(self._module_paths, 0), **sums.totals()}
+
+    def step_totals(self, step: int) -> tuple[int, int]:
+        """MACs (as executed) and bytes moved of one call of the root module (a
+        :class:`Step`'s ``step``, 1 for the first): ``by_module(step)[""]`` and
+        ``bytes_by_module(step)[""]`` without the other modules' sums (each a symbolic
+        expression in a trace with symbolic sizes)."""
+        ops = [op for op, _ in self._step_ops(step)]
+        return (exact_sum(op.macs for op in ops if op.cost is Cost.FORMULA), exact_sum(op.bytes for op in ops))
 
     def _step_ops(self, step: int) -> Iterator[tuple[CapturedOp, frozenset[str]]]:
         """The records of one call of the root module, each with its module paths."""

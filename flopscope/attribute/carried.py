@@ -6,10 +6,12 @@ never run twice over the same work.
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
+from ..capture.module_tracker import ModuleCall
 from ..capture.records import CapturedOp, LeafKind, link, map_records
 from ..capture.replay.copy import renaming
 from .columns import scale_parts
@@ -114,13 +116,18 @@ def _condensed(ops: Sequence[CapturedOp], copies: Mapping[CapturedOp, CapturedOp
                             forward=None)
         distinct.append(stubs[op])
 
+    # each copy -> the module call it was replayed in (the outermost where its stack and
+    # its template's differ), and the template's
+    calls = {copy: _replayed_call(copy, template) for copy, template in copies.items()}
+    replayed = {mine for mine, _ in calls.values()}
+
     for op in ops:
         if op in copies:
             # (a stub's region: from a shared read through ops without multiplies, the
             # first multiplies they reach and the ops after those, to the next
             # multiplies)
             crossed = min((depth[x] + bool(x.macs) for x in op.inputs if x in depth), default=None)
-            if crossed is None and _shared_inputs(op, copies):
+            if crossed is None and _shared_inputs(op, copies, calls[op]):
                 crossed = 0
             if crossed is not None and crossed <= STUB_MULTIPLIES:
                 depth[op] = crossed
@@ -128,23 +135,45 @@ def _condensed(ops: Sequence[CapturedOp], copies: Mapping[CapturedOp, CapturedOp
             continue
         if any(x in copies or x in standing for x in op.inputs) \
                 or (op.forward is not None and read(op.forward) is not op.forward):
-            twin = replace(op, args=map_records(op.args, read), kwargs=map_records(op.kwargs, read),
-                           forward=None if op.forward is None else read(op.forward))
+            if replayed.intersection(op.module_stack):
+                # (made inside a replayed call, by a method of an object it was given
+                # (a cache's update): it reads that call's copies, not the template's)
+                leaves = {x: _leaf_like(x) for x in op.inputs if x in copies and x not in stubs}
+                distinct.extend(leaves.values())
+                inside = functools.partial(_first_of, (stubs, leaves, standing))
+                twin = replace(op, args=map_records(op.args, inside), kwargs=map_records(op.kwargs, inside),
+                               forward=None)
+            else:
+                twin = replace(op, args=map_records(op.args, read), kwargs=map_records(op.kwargs, read),
+                               forward=None if op.forward is None else read(op.forward))
             standing[op] = twin
             op = twin
         distinct.append(op)
     return distinct, standing
 
 
-def _shared_inputs(copy: CapturedOp, copies: Mapping[CapturedOp, CapturedOp]) -> set[CapturedOp]:
-    """The distinct records (not leaves) that ``copy`` reads from outside its template's
-    call: the call replayed is the outermost module call where the two records' stacks
-    differ."""
-    template = copies[copy]
-    call = next((mine for mine, theirs in zip(template.module_stack, copy.module_stack, strict=False)
-                 if mine != theirs), None)
+def _replayed_call(copy: CapturedOp, template: CapturedOp) -> tuple[ModuleCall | None, ModuleCall | None]:
+    """The module call ``copy`` was replayed in, and its template's: the outermost where
+    the two records' stacks differ."""
+    return next(((theirs, mine) for mine, theirs in zip(template.module_stack, copy.module_stack, strict=False)
+                 if mine != theirs), (None, None))
+
+
+def _shared_inputs(copy: CapturedOp, copies: Mapping[CapturedOp, CapturedOp],
+                   calls: tuple[ModuleCall | None, ModuleCall | None]) -> set[CapturedOp]:
+    """The distinct records (not leaves) that ``copy`` reads from outside its own call
+    and its template's (``calls``: :func:`_replayed_call`)."""
     return {x for x in copy.inputs if x not in copies and x.node_op == "call_function"
-            and call not in x.module_stack}
+            and not set(calls).intersection(x.module_stack)}
+
+
+def _first_of(tables: Sequence[Mapping[CapturedOp, CapturedOp]], x: CapturedOp) -> CapturedOp:
+    """``x`` as the first of ``tables`` that has it maps it (else ``x``)."""
+    for table in tables:
+        found = table.get(x)
+        if found is not None:
+            return found
+    return x
 
 
 def _from_parameters(ops: Sequence[CapturedOp]) -> dict[CapturedOp, bool]:

@@ -137,12 +137,12 @@ class StepTemplate:
     @functools.cached_property
     def macs(self) -> SizeFunction:
         with quiet_symbolic_graph():
-            return self._trace.function(self._trace.profile.by_module(self._index + 1)[""])
+            return self._trace.function(self._trace.profile.step_totals(self._index + 1)[0])
 
     @functools.cached_property
     def bytes(self) -> SizeFunction:
         with quiet_symbolic_graph():
-            return self._trace.function(self._trace.profile.bytes_by_module(self._index + 1)[""])
+            return self._trace.function(self._trace.profile.step_totals(self._index + 1)[1])
 
     @functools.cached_property
     def _step(self) -> Step:

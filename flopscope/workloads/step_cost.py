@@ -323,14 +323,14 @@ def _trace_pieces(model: nn.Module, registry: FormulaRegistry | None, roles: tup
         out = {}
         for index, (template, names) in enumerate((("prefill", ("t",)), ("decode", ("c",)))):
             by_role = {role: _request_count(found, macs, names) for role, macs in steps.steps[index].by_role.items()}
-            moved = _request_count(found, steps.profile.bytes_by_module(index + 1)[""], names)
+            moved = _request_count(found, steps.profile.step_totals(index + 1)[1], names)
             check: Callable[[int, int], bool] = ((lambda t, c: t >= 2 and holds(t)) if template == "prefill" else
                                                  (lambda t, c: c >= 2 and holds(c)))
             out[template] = TemplatePiece(by_role, moved, int(steps.profile.weight_bytes(index + 1)),
                                           found.conditions(), check)
         return out
     two = _ChunkTrace(model, c, t, registry, roles)
-    moved = _request_count(two.symbolic, two.symbolic.profile.bytes_by_module(2)[""], ("t", "c"), (two.t, two.c))
+    moved = _request_count(two.symbolic, two.symbolic.profile.step_totals(2)[1], ("t", "c"), (two.t, two.c))
     return {"chunk": TemplatePiece(two.macs_by_role(), moved, int(two.symbolic.profile.weight_bytes(2)),
                                    two.conditions(), lambda t, c: t >= 2 and c >= 2 and two.holds(t, c))}
 
@@ -458,7 +458,7 @@ def _count(model: nn.Module, registry: FormulaRegistry | None, roles: tuple[Role
     else:
         prof, step = _chunk_profile(model, c, t, registry, roles), 2
     found = prof.steps()[step - 1]
-    return _Counted({role: v for role, v in found.by_role.items() if v}, prof.bytes_by_module(step)[""],
+    return _Counted({role: v for role, v in found.by_role.items() if v}, prof.step_totals(step)[1],
                     prof.weight_bytes(step))
 
 
