@@ -1,7 +1,8 @@
 """Generation counted from templates (a prefill and a decode step traced with a symbolic cache length) against
 step-by-step counting (``profile_generation(..., reuse=False)``) and the closed form, on tiny configs built on
-meta: the same total, roles, bytes, modules and steps, across the guards' boundaries (a sliding window that binds),
-and refusals with their reason where a step is not a function of the cache length."""
+meta: the same total, roles, bytes, modules and steps, across the guards' boundaries (a sliding window that binds,
+a rope that switches at a length, a scan's chunks), and a refusal with its reason where the guards split every
+length."""
 
 from __future__ import annotations
 
@@ -59,6 +60,17 @@ FAMILIES = {
         num_attention_heads=h, num_key_value_heads=h, vocab_size=V, n_routed_experts=4, num_experts_per_tok=2,
         n_group=1, topk_group=1, q_lora_rank=32, kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8,
         v_head_dim=12)),
+    # LongRoPE: the cache dropped and the sequence fed again where it first passes the original context (8)
+    "phi3_longrope": lambda: build(transformers.Phi3ForCausalLM, transformers.Phi3Config(
+        hidden_size=d, intermediate_size=d_ff, num_hidden_layers=L, num_attention_heads=h, num_key_value_heads=kv,
+        vocab_size=V, max_position_embeddings=64, original_max_position_embeddings=8, pad_token_id=0,
+        bos_token_id=0, eos_token_id=0,
+        rope_scaling={"type": "longrope", "short_factor": [1.0] * (head // 2), "long_factor": [2.0] * (head // 2)})),
+    # attention beside Mamba-2 in each layer: the scan's chunks (4) split the cache lengths by their remainder
+    "falcon_h1": lambda: build(transformers.FalconH1ForCausalLM, transformers.FalconH1Config(
+        hidden_size=d, intermediate_size=d_ff, num_hidden_layers=L, num_attention_heads=h, num_key_value_heads=kv,
+        vocab_size=V, mamba_d_ssm=64, mamba_n_heads=4, mamba_d_head=16, mamba_d_state=8, mamba_n_groups=1,
+        mamba_chunk_size=4, pad_token_id=0, bos_token_id=0, eos_token_id=0)),
     # linear attention (gated DeltaNet: a state, chunks padded by a symbolic amount) beside full attention
     "qwen3_next": lambda: build(transformers.Qwen3NextForCausalLM, transformers.Qwen3NextConfig(
         hidden_size=d, intermediate_size=d_ff, moe_intermediate_size=32, num_hidden_layers=4, num_attention_heads=h,
@@ -69,7 +81,8 @@ FAMILIES = {
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_templates_give_the_numbers_of_step_by_step_counting(family: str) -> None:
-    """Prompt 4, 9 new tokens: the decode steps' caches cross the window (6) where the config has one."""
+    """Prompt 4, 9 new tokens: the decode steps' caches cross the window (6) where the config has one, Phi-3's
+    original context (8: the step at 8 feeds all 9 positions again), Falcon-H1's chunk boundaries."""
     model = FAMILIES[family]()
     ids = torch.zeros(1, 4, dtype=torch.long)
     counted = count_generation(model, ids, 9)
@@ -119,22 +132,6 @@ def test_a_one_token_prompt_is_counted_concretely_then_symbolically() -> None:
     counted = count_generation(model, ids, 5)
     assert [p.hint for p in counted.pieces] == [1, 2]
     assert counted.total() == profile_generation(model, ids, 5, reuse=False).total()
-
-
-def test_a_step_that_is_no_function_of_the_cache_length_is_refused_with_its_reason() -> None:
-    """Phi-3 with LongRoPE: its prepare_inputs_for_generation re-feeds the sequence, so the forward after the
-    prefill is not one token on the cache."""
-    config = transformers.Phi3Config(
-        hidden_size=d, intermediate_size=d_ff, num_hidden_layers=L, num_attention_heads=h, num_key_value_heads=kv,
-        vocab_size=V, max_position_embeddings=64, original_max_position_embeddings=8, pad_token_id=0,
-        bos_token_id=0, eos_token_id=0,
-        rope_scaling={"type": "longrope", "short_factor": [1.0] * 8, "long_factor": [2.0] * 8})
-    model = build(transformers.Phi3ForCausalLM, config)
-    ids = torch.zeros(1, 4, dtype=torch.long)
-    if profile_generation(model, ids, 2, reuse=False).steps()[1].tokens == 1:
-        pytest.skip("this transformers feeds Phi-3 one token per decode step")
-    with pytest.raises(SymbolicError, match="re-feeds the sequence"):
-        count_generation(model, ids, 9)
 
 
 def test_a_guard_that_splits_every_length_is_refused_after_max_traces() -> None:

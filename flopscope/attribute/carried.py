@@ -7,7 +7,6 @@ never run twice over the same work.
 from __future__ import annotations
 
 import functools
-import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
@@ -26,11 +25,6 @@ the first ones reached and what follows them up to the next ones (a timestep
 embedding's per-block modulation projection, and the broadcast of its result over the
 positions that makes it conditioning)."""
 
-_PART_LINKED = threading.Lock()
-"""Held while the role passes run over part of a capture's records, linked as a capture
-of their own."""
-
-
 def roles_with_copies(ops: Sequence[CapturedOp], copies: Mapping[CapturedOp, CapturedOp],
                       module_types: Mapping[str, type], rules: Sequence[RoleRule] = ()
                       ) -> dict[CapturedOp, Assignment]:
@@ -44,20 +38,16 @@ def roles_with_copies(ops: Sequence[CapturedOp], copies: Mapping[CapturedOp, Cap
         # (in graph order, as with copies)
         return {op: found[op] for op in ops if op in found}
     link(ops)
-    condensed, standing = _condensed(ops, copies)
-    # (while part of the records are linked, no other thread reads their links)
-    with _PART_LINKED:
-        try:
-            link(condensed, again=True)
-            found = find_roles(condensed, module_types, rules)
-        finally:
-            link(ops, again=True)
+    condensed, twins = _condensed(ops, copies)
+    # (records of their own: the capture's links stay as they are)
+    link(condensed, again=True)
+    found = find_roles(condensed, module_types, rules)
     out: dict[CapturedOp, Assignment] = {}
     for op in ops:
         source = op
         while source in copies:
             source = copies[source]
-        assignment = found.get(standing.get(source, source))
+        assignment = found.get(twins[source])
         if assignment is None:
             continue
         if source is not op:
@@ -70,101 +60,112 @@ def roles_with_copies(ops: Sequence[CapturedOp], copies: Mapping[CapturedOp, Cap
 
 def _condensed(ops: Sequence[CapturedOp], copies: Mapping[CapturedOp, CapturedOp]
                ) -> tuple[list[CapturedOp], dict[CapturedOp, CapturedOp]]:
-    """The records the role passes run over in place of ``ops``, in graph order, and
-    ``{distinct record: the record standing in for it}``.
+    """The records the role passes run over in place of ``ops``, in graph order, each a
+    record of its own (the capture's records and their links are not touched), and
+    ``{distinct record: its twin among them}``.
 
-    - A distinct record reading a copy reads the record it copies instead (its stand-in
+    - A distinct record reading a copy reads the record it copies instead (its twin
       does): the layer after a run of replayed ones reads the last distinct layer's
       output, the same op on the same shapes, so a model of 61 layers, 58 of them
       replayed, is seen as its few distinct layers in the order they first ran.
-    - A copy reading a distinct record made outside its template's call (a text
-      embedding every block's cross-attention projects, the rotary tables, a mask) is
-      kept as a stub, with the copies after it up to the multiplies they reach, their
-      other inputs stood in for by leaves: each such record has as many readers as in
-      the whole capture (a projection read by 30 blocks is no low-rank factor of one
-      block's)."""
+    - A copy reading a distinct record made outside its own call and its template's (a
+      text embedding every block's cross-attention projects, the rotary tables, a mask)
+      is kept as a stub, with the copies after it up to the second multiplies they
+      reach (:data:`STUB_MULTIPLIES`), their other inputs stood in for by leaves: each
+      such record has as many readers as in the whole capture (a projection read by 30
+      blocks is no low-rank factor of one block's; a timestep embedding modulating
+      every block is conditioning).
+    - A distinct record made inside a replayed call (by a method of an object the call
+      was given: a cache's update) reads that call's copies as leaves, not the
+      template's records."""
     distinct: list[CapturedOp] = []
-    standing: dict[CapturedOp, CapturedOp] = {}
+    twins: dict[CapturedOp, CapturedOp] = {}
     # copies kept as stubs -> theirs; the multiplies crossed to reach each from a shared
     # read (not for the weights stubs read)
     stubs: dict[CapturedOp, CapturedOp] = {}
     depth: dict[CapturedOp, int] = {}
     weights = _from_parameters(ops)
+    calls = _ReplayedCalls(copies)
 
     def read(x: CapturedOp) -> CapturedOp:
         while x in copies:
             x = copies[x]
-        return standing.get(x, x)
+        return twins[x]
 
-    def add_stub(op: CapturedOp) -> None:
-        # (its inputs: stubs, weights (a copy computed from parameters alone, as the
-        # transpose a linear layer takes, is a stub too), leaves in place of the other
-        # copies, and distinct records)
+    def twin_of(op: CapturedOp, reads: Callable[[CapturedOp], CapturedOp], forward: CapturedOp | None) -> CapturedOp:
+        made = replace(op, args=map_records(op.args, reads), kwargs=map_records(op.kwargs, reads), forward=forward)
+        distinct.append(made)
+        return made
+
+    def reading_copies(op: CapturedOp) -> CapturedOp:
+        # (its twin, reading stubs, twins and, for the other copies it reads, stubs of
+        # the weights among them (computed from parameters alone, as the transpose a
+        # linear layer takes) and leaves)
         leaves: dict[CapturedOp, CapturedOp] = {}
         for x in op.inputs:
             if x in copies and x not in stubs:
                 if weights[x]:
-                    add_stub(x)
+                    stubs[x] = reading_copies(x)
                 else:
                     leaves[x] = _leaf_like(x)
                     distinct.append(leaves[x])
-
-        def stub_read(x: CapturedOp) -> CapturedOp:
-            return stubs.get(x) or leaves.get(x) or read(x)
-
-        stubs[op] = replace(op, args=map_records(op.args, stub_read), kwargs=map_records(op.kwargs, stub_read),
-                            forward=None)
-        distinct.append(stubs[op])
-
-    # each copy -> the module call it was replayed in (the outermost where its stack and
-    # its template's differ), and the template's
-    calls = {copy: _replayed_call(copy, template) for copy, template in copies.items()}
-    replayed = {mine for mine, _ in calls.values()}
+        return twin_of(op, functools.partial(_first_of, (stubs, leaves, twins)), None)
 
     for op in ops:
         if op in copies:
-            # (a stub's region: from a shared read through ops without multiplies, the
-            # first multiplies they reach and the ops after those, to the next
-            # multiplies)
             crossed = min((depth[x] + bool(x.macs) for x in op.inputs if x in depth), default=None)
-            if crossed is None and _shared_inputs(op, copies, calls[op]):
+            if crossed is None and _shared_inputs(op, copies, calls):
                 crossed = 0
             if crossed is not None and crossed <= STUB_MULTIPLIES:
                 depth[op] = crossed
-                add_stub(op)
+                stubs[op] = reading_copies(op)
             continue
-        if any(x in copies or x in standing for x in op.inputs) \
-                or (op.forward is not None and read(op.forward) is not op.forward):
-            if replayed.intersection(op.module_stack):
-                # (made inside a replayed call, by a method of an object it was given
-                # (a cache's update): it reads that call's copies, not the template's)
-                leaves = {x: _leaf_like(x) for x in op.inputs if x in copies and x not in stubs}
-                distinct.extend(leaves.values())
-                inside = functools.partial(_first_of, (stubs, leaves, standing))
-                twin = replace(op, args=map_records(op.args, inside), kwargs=map_records(op.kwargs, inside),
-                               forward=None)
-            else:
-                twin = replace(op, args=map_records(op.args, read), kwargs=map_records(op.kwargs, read),
-                               forward=None if op.forward is None else read(op.forward))
-            standing[op] = twin
-            op = twin
-        distinct.append(op)
-    return distinct, standing
+        if calls.inside(op) and any(x in copies for x in op.inputs):
+            twins[op] = reading_copies(op)
+        else:
+            twins[op] = twin_of(op, read, None if op.forward is None else read(op.forward))
+    return distinct, twins
 
 
-def _replayed_call(copy: CapturedOp, template: CapturedOp) -> tuple[ModuleCall | None, ModuleCall | None]:
-    """The module call ``copy`` was replayed in, and its template's: the outermost where
-    the two records' stacks differ."""
-    return next(((theirs, mine) for mine, theirs in zip(template.module_stack, copy.module_stack, strict=False)
+class _ReplayedCalls:
+    """The module calls replayed in a capture, read from its copies: for a copy, the
+    outermost module call where its stack and its template's differ, and the
+    template's (worked out once per pair of stacks: a call's records share theirs)."""
+
+    def __init__(self, copies: Mapping[CapturedOp, CapturedOp]) -> None:
+        self._pairs: dict[tuple[int, int], tuple[ModuleCall | None, ModuleCall | None]] = {}
+        self._copies = copies
+        self.replayed: set[ModuleCall] = set()
+        for copy in copies:
+            mine = self.of(copy)[0]
+            if mine is not None:
+                self.replayed.add(mine)
+
+    def of(self, copy: CapturedOp) -> tuple[ModuleCall | None, ModuleCall | None]:
+        template = self._copies[copy]
+        key = (id(copy.module_stack), id(template.module_stack))
+        found = self._pairs.get(key)
+        if found is None:
+            found = self._pairs[key] = next(
+                ((theirs, mine) for mine, theirs in zip(template.module_stack, copy.module_stack, strict=False)
                  if mine != theirs), (None, None))
+        return found
+
+    def inside(self, op: CapturedOp) -> bool:
+        """``op`` ran inside a replayed call."""
+        return any(frame in self.replayed for frame in op.module_stack)
 
 
-def _shared_inputs(copy: CapturedOp, copies: Mapping[CapturedOp, CapturedOp],
-                   calls: tuple[ModuleCall | None, ModuleCall | None]) -> set[CapturedOp]:
-    """The distinct records (not leaves) that ``copy`` reads from outside its own call
-    and its template's (``calls``: :func:`_replayed_call`)."""
-    return {x for x in copy.inputs if x not in copies and x.node_op == "call_function"
-            and not set(calls).intersection(x.module_stack)}
+def _shared_inputs(copy: CapturedOp, copies: Mapping[CapturedOp, CapturedOp], calls: _ReplayedCalls) -> bool:
+    """``copy`` reads a distinct record (no leaf) made outside its own call and its
+    template's."""
+    own = None
+    for x in copy.inputs:
+        if x not in copies and x.node_op == "call_function":
+            own = own or set(calls.of(copy))
+            if not own.intersection(x.module_stack):
+                return True
+    return False
 
 
 def _first_of(tables: Sequence[Mapping[CapturedOp, CapturedOp]], x: CapturedOp) -> CapturedOp:

@@ -76,7 +76,7 @@ def greedy_decode(model: nn.Module, input_ids: torch.Tensor, new_tokens: int, *,
             kwargs[cache_key] = cache
         sequences = input_ids
         prepare = hf.prepare_inputs_for_generation
-        slicing = "next_sequence_length" in inspect.signature(prepare).parameters
+        slicing = _takes_next_sequence_length(type(model), prepare)
         for step in range(new_tokens):
             step_kwargs = dict(kwargs)
             # the positions fed: the prompt (a cache of attention layers), then 1 with a cache, else
@@ -92,6 +92,20 @@ def greedy_decode(model: nn.Module, input_ids: torch.Tensor, new_tokens: int, *,
         if then is not None:
             then(kwargs)
     return sequences
+
+
+def _takes_next_sequence_length(cls: type, prepare: Callable[..., Any]) -> bool:
+    """Whether ``generate()`` hands a model's ``prepare_inputs_for_generation``
+    (``prepare``, of class ``cls``) the positions to feed (``next_sequence_length``):
+    its ``GenerationMixin`` takes it, and so does the override, by name or through
+    ``**kwargs`` passed on (Phi-3's, which drops the cache at its rope switch;
+    Falcon-H1's). Fed without it, a step takes the whole sequence on its cache."""
+    base = next((vars(c)["prepare_inputs_for_generation"] for c in cls.__mro__
+                 if c.__name__ == "GenerationMixin" and "prepare_inputs_for_generation" in vars(c)), None)
+    if base is None or "next_sequence_length" not in inspect.signature(base).parameters:
+        return False
+    own = inspect.signature(prepare).parameters
+    return "next_sequence_length" in own or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in own.values())
 
 
 def prefill_then_chunk(model: nn.Module, input_ids: torch.Tensor, chunk: Callable[[], torch.Tensor]) -> None:

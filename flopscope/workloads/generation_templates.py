@@ -21,9 +21,13 @@ generation reaches; where one fails, those lengths are traced again at the first
 them, and so on: a piecewise result, each piece named with its conditions. A piece
 holds only where all its guards hold, so the numbers are those of step-by-step
 counting (``profile_generation(..., reuse=False)``), total, per role, per module and
-per step. Roles are found once per piece, on a concrete profile of the same two steps
-(role passes compare sizes), and carried to the symbolic records op by op
-(:func:`flopscope.profile.reuse_roles`).
+per step. A step that feeds more than one position is traced as it runs: Phi-3's
+LongRoPE drops the cache where the sequence first passes its original context and feeds
+the whole sequence, so the trace there (a guard that holds at one length) is a forward
+over all of it. What the templates assume: the state a prefill of ``n`` positions leaves
+(a cache of ``n``) is the state any earlier steps leave at that length. Roles are found
+once per piece, on a concrete profile of the same two steps (role passes compare sizes),
+and carried to the symbolic records op by op (:func:`flopscope.profile.reuse_roles`).
 
 Refused with a :class:`~flopscope.errors.SymbolicError` naming the reason: a model
 whose forward reads a value (a data-dependent size, a ``.item()``), or one that needs
@@ -44,7 +48,6 @@ from torch import nn
 
 from ..attribute.roles import RoleRule
 from ..capture import CapturePlan, fake_converter
-from ..conventions import TOKEN_INPUTS
 from ..errors import SymbolicError
 from ..formulas.registry import FormulaRegistry
 from ..predict.steps import PREFILL, Step
@@ -81,21 +84,6 @@ class GenerationTrace:
                               converter=fake_converter())
         self.symbolic = trace_dispatched(model, inputs, (n + 1, n), plan, roles)
         self.profile = self.symbolic.profile
-        self._check_one_token(batch)
-
-    def _check_one_token(self, batch: int) -> None:
-        """The second forward must feed one position per sequence on the cache the first
-        filled: a model whose ``prepare_inputs_for_generation`` feeds more (re-feeds the
-        sequence, or drops its cache at a length) makes each step depend on the steps
-        before it, not on the cache's length alone."""
-        shapes = {call.call: dict(given) for call, given in self.profile.module_inputs().items() if call.path == ""}
-        fed = next((shape for key in TOKEN_INPUTS if len(shape := shapes.get(2, {}).get(key, ())) == 2), None)
-        if fed is not None and (fed[0], fed[1]) != (batch, 1):
-            raise SymbolicError(f"{self.name}: after a prefill of {self.n} positions the next forward fed "
-                                f"{self.symbolic.text(fed[1]) if self.symbolic else fed[1]} positions per sequence, "
-                                "not 1 on the cache (its prepare_inputs_for_generation re-feeds the sequence): its "
-                                "steps are not functions of the cache length; count it step by step with "
-                                "profile_generation")
 
     def function(self, count: Count) -> SizeFunction:
         if self.symbolic is None:
