@@ -144,3 +144,20 @@ def test_a_guard_that_splits_every_length_is_refused_after_max_traces() -> None:
     model = build(transformers.JambaForCausalLM, config)
     with pytest.raises(SymbolicError, match="guard"):
         count_generation(model, torch.zeros(1, 4, dtype=torch.long), 9, max_traces=2)
+
+
+def test_a_step_that_reads_a_value_is_refused_naming_its_module() -> None:
+    """A forward that reads a value of its activations into Python (a branch on ``x.abs().max().item()``) cannot be
+    traced on fake tensors: refused, naming the module, before any number."""
+    model = llama()
+    norm = model.model.norm
+    forward = norm.forward
+
+    def reading(x: torch.Tensor) -> torch.Tensor:
+        if x.abs().max().item() > 1e9:
+            x = x * 0
+        return forward(x)
+
+    norm.forward = reading
+    with pytest.raises(SymbolicError, match=r"module 'model\.norm' needs real data"):
+        count_generation(model, torch.zeros(1, 4, dtype=torch.long), 5)
