@@ -16,7 +16,7 @@ import torch
 from flopscope.errors import InputError
 from flopscope.predict.polynomial import Polynomial, Polynomial2
 from flopscope.workloads import cost_model, profile_generation
-from flopscope.workloads.step_cost import COST_SCHEMA, _count, _counted
+from flopscope.workloads.step_cost import COST_SCHEMA, _counted, count_request
 from flopscope.workloads.symbolic import symbolic_limits, symbolic_sizes_kept
 
 transformers = pytest.importorskip("transformers")
@@ -133,7 +133,7 @@ def test_a_requests_bytes_are_those_of_its_concrete_count(family: str) -> None:
     model = FAMILIES[family]()
     cost = cost_model(model, context=8, chunk=4)
     for t, c in POINTS:
-        counted = _count(model, None, (), t, c)
+        counted = count_request(model, None, (), t, c)
         assert cost.request_bytes(t, c) == (counted.bytes, counted.weights), (t, c)
 
 

@@ -130,7 +130,7 @@ def _superscript(power: int) -> str:
     return str(power).translate(str.maketrans("0123456789", "⁰¹²³⁴⁵⁶⁷⁸⁹"))
 
 
-def interpolate(xs: Sequence[int], ys: Sequence[int]) -> Polynomial | None:
+def interpolate(xs: Sequence[int], ys: Sequence[int | Fraction]) -> Polynomial | None:
     """The lowest-degree polynomial through every point, checked at each point beyond
     the degree it needs; ``None`` if no polynomial of degree <= len(xs) - 2 passes
     through all of them."""
@@ -143,7 +143,7 @@ def interpolate(xs: Sequence[int], ys: Sequence[int]) -> Polynomial | None:
     return None
 
 
-def _through(xs: Sequence[int], ys: Sequence[int]) -> Polynomial:
+def _through(xs: Sequence[int], ys: Sequence[int | Fraction]) -> Polynomial:
     """Newton's divided differences in exact arithmetic, expanded to monomial coefficients."""
     size = len(xs)
     table = [Fraction(y) for y in ys]

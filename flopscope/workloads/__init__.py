@@ -22,6 +22,7 @@ _PUBLIC = {
     "generation": ("Step", "profile_generation", "steps_table"),
     "generation_templates": ("GenerationCount", "count_generation"),
     "step_cost": ("StepCost", "cost_model"),
+    "rank_cost": ("rank_cost_model",),
     "pipeline": ("DenoisingStep", "PipelineProfile", "Workload", "WorkloadTerm",
                  "profile_pipeline"),
     "resolution": ("ResolutionScaling", "resolution_scaling"),

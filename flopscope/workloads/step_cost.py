@@ -51,7 +51,8 @@ from .generation import profile_generation
 from .generation_templates import GenerationTrace, carry_roles
 from .symbolic import SymbolicTrace, python_code, quiet_symbolic_graph, require_symbolic_sizes, trace_dispatched
 
-__all__ = ["COST_SCHEMA", "RequestCount", "StepCost", "StepPrice", "TemplatePiece", "cost_model"]
+__all__ = ["COST_SCHEMA", "CountedRequest", "RequestCount", "StepCost", "StepPrice", "TemplatePiece", "cost_model",
+           "count_request"]
 
 COST_SCHEMA = "flopscope.cost/1"
 """The name and version of :meth:`StepCost.to_json`'s document (``docs/schemas/cost-1.json``)."""
@@ -141,7 +142,7 @@ class StepCost:
     # outside every one's guards: "prefill" (c = 0, t >= 2), "decode" (t = 1, c >= 2), "chunk" (t, c >= 2)
     pieces: Mapping[str, list[TemplatePiece]]
     _trace: Callable[[str, int, int], dict[str, TemplatePiece]] = field(repr=False, compare=False)
-    _concrete: Callable[[int, int], _Counted] = field(repr=False, compare=False)
+    _concrete: Callable[[int, int], CountedRequest] = field(repr=False, compare=False)
     notes: list[str] = field(default_factory=list, compare=False)
 
     @property
@@ -306,7 +307,7 @@ def cost_model(model: nn.Module, *, context: int = 64, chunk: int = 16, registry
     first = trace("decode", 1, context) | trace("chunk", chunk, context)
     notes = [note for piece in first.values() for note in getattr(piece, "notes", ())]
     return StepCost(name, {kind: [piece] for kind, piece in first.items()}, trace,
-                    functools.cache(functools.partial(_count, model, registry, tuple(roles))), notes)
+                    functools.cache(functools.partial(count_request, model, registry, tuple(roles))), notes)
 
 
 def _trace_pieces(model: nn.Module, registry: FormulaRegistry | None, roles: tuple[RoleRule, ...], kind: str,
@@ -437,7 +438,7 @@ def _chunk_profile(model: nn.Module, context: int, chunk: int, registry: Formula
 
 
 @dataclass(frozen=True)
-class _Counted:
+class CountedRequest:
     """A request counted concretely: MACs per role, bytes, and the weights' share of them."""
 
     by_role: dict[str, int]
@@ -445,8 +446,8 @@ class _Counted:
     weights: int
 
 
-def _count(model: nn.Module, registry: FormulaRegistry | None, roles: tuple[RoleRule, ...], t: int,
-           c: int) -> _Counted:
+def count_request(model: nn.Module, registry: FormulaRegistry | None, roles: tuple[RoleRule, ...], t: int,
+           c: int) -> CountedRequest:
     """A request counted concretely: a fresh prompt of ``t`` (``c = 0``), else a prefill
     of ``c`` then ``t`` positions on its cache (``t = 1``: a decode step as
     :func:`~flopscope.workloads.generation.profile_generation` counts it)."""
@@ -458,11 +459,11 @@ def _count(model: nn.Module, registry: FormulaRegistry | None, roles: tuple[Role
     else:
         prof, step = _chunk_profile(model, c, t, registry, roles), 2
     found = prof.steps()[step - 1]
-    return _Counted({role: v for role, v in found.by_role.items() if v}, prof.step_totals(step)[1],
+    return CountedRequest({role: v for role, v in found.by_role.items() if v}, prof.step_totals(step)[1],
                     prof.weight_bytes(step))
 
 
 def _counted(model: nn.Module, registry: FormulaRegistry | None, roles: tuple[RoleRule, ...], t: int,
              c: int) -> dict[str, int]:
-    """MACs per role of a request counted concretely (:func:`_count`)."""
-    return _count(model, registry, roles, t, c).by_role
+    """MACs per role of a request counted concretely (:func:`count_request`)."""
+    return count_request(model, registry, roles, t, c).by_role

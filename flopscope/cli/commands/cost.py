@@ -4,9 +4,11 @@ Prints the cost model of :func:`flopscope.workloads.step_cost.cost_model`: for a
 prompt of ``t`` positions, a decode step on a cache of ``c`` and a chunk of ``t`` on a
 cache of ``c``, each role's MACs as an exact function of ``t`` and ``c``, with the
 conditions each holds under. ``--step`` prices one scheduler step (its requests' sum);
-``--json`` writes the document a simulator reads (schema ``flopscope.cost/1``,
-``docs/schemas/cost-1.json``). The model is built on meta and traced on fake tensors:
-nothing is allocated. Units: MACs (FLOPs = 2 x MACs).
+``--tp N`` gives one rank's under tensor parallelism
+(:func:`flopscope.workloads.rank_cost.rank_cost_model`); ``--json`` writes the document
+a simulator reads (schema ``flopscope.cost/1``, ``docs/schemas/cost-1.json``). The
+model is built on meta and traced on fake tensors: nothing is allocated. Units: MACs
+(FLOPs = 2 x MACs).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from tabulate import tabulate
 
 from ...errors import ConfigurationError, FlopscopeError
 from ...predict.serving_tools import TOOLS, explain
+from ...workloads.rank_cost import rank_cost_model
 from ...workloads.step_cost import StepCost, cost_model
 from .._common import on_meta
 from .._options import (
@@ -67,6 +70,10 @@ def register(commands: Commands) -> None:
     cmd.add_argument("--prompt", type=as_positive, default=2048, help="--tools: the prefill's tokens (default 2048)")
     cmd.add_argument("--decode-at", type=as_positive, default=2048,
                      help="--tools: the decode step's cached context (default 2048)")
+    cmd.add_argument("--tp", type=as_positive, metavar="N",
+                     help="one rank's cost model under tensor parallelism over N ranks (the model's own plan, on a "
+                          "fake world): its shards' MACs and bytes per request, fitted through concrete counts")
+    cmd.add_argument("--rank", type=int, default=0, help="--tp: the rank (default 0)")
     cmd.add_argument("--json", type=as_output_path, help="write the cost model (schema flopscope.cost/1) here")
     cmd.add_argument("--format", choices=FORMATS, default="simple", help="table format (tabulate)")
     cmd.set_defaults(run=run)
@@ -100,7 +107,9 @@ def run(args: argparse.Namespace) -> int:
     if not callable(getattr(model, "prepare_inputs_for_generation", None)):
         raise FlopscopeError(f"{target.description} ({type(model).__name__}) does not generate: give a model with "
                              "generate(), such as hf:llama (its causal-lm head)")
-    cost = cost_model(model, context=args.context, chunk=args.chunk)
+    whole = cost = cost_model(model, context=args.context, chunk=args.chunk)
+    if args.tp and args.tp > 1:
+        cost = rank_cost_model(model, args.tp, rank=args.rank, unsharded=whole)
     print(f"{target.description} ({cost.model}): MACs per request, t new positions on a cache of c "
           "(the attention core as executed; FLOPs = 2 x MACs)")
     print(cost.table())
@@ -128,7 +137,8 @@ def run(args: argparse.Namespace) -> int:
     if args.decode_sweep:
         print("\n" + _sweep_table(cost, args))
     if args.tools:
-        print("\n" + _tools_table(cost, model, args.prompt, args.decode_at, args.format))
+        # (the tools model the whole model: beside its count, not a rank's)
+        print("\n" + _tools_table(whole, model, args.prompt, args.decode_at, args.format))
     for note in cost.notes:
         print(f"note: {note}")
     if args.json:

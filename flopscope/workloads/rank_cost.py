@@ -1,0 +1,182 @@
+"""The serving cost model of one rank under tensor parallelism, from the real shards.
+
+A symbolic size cannot pass DTensor's sharding propagation (it hashes sizes), so a
+sharded model is not traced symbolically. :func:`rank_cost_model` takes the unsharded
+model's templates (:func:`~flopscope.workloads.step_cost.cost_model`) for what they know
+without the shards: which computation a request is, the guards each piece holds under,
+and the degree of each count in ``t`` and ``c``. It then shards a copy of the model in a
+fake world (:func:`~flopscope.workloads.distributed.fake_world`,
+:func:`~flopscope.workloads.distributed.tensor_parallel`: the plan the model declares, or
+``plan``) and counts the rank's requests concretely, on its local shapes, at sizes inside
+each piece's guards: one more size along each variable than the degree needs. Each
+role's MACs and the bytes are the polynomials through those counts, in exact arithmetic,
+checked at the extra sizes (:func:`~flopscope.predict.polynomial.interpolate`); a count
+that no polynomial of the unsharded degree passes through is refused, never rounded.
+The weights a rank reads are its shards'.
+
+What a rank's cost model answers: the requests its pieces stand for (the first piece of
+each template). A request outside them needs the sharded model again, and the fake world
+is gone: refused with a :class:`~flopscope.errors.SymbolicError` that says so (build the
+model anew with a larger ``context`` or ``chunk``). Expert parallelism is not modelled:
+experts are counted as the tensor-parallel plan shards them. Units: MACs (FLOPs = 2 x
+MACs) and bytes, per rank.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from fractions import Fraction
+from typing import Any
+
+from torch import nn
+
+from ..attribute.roles import RoleRule
+from ..errors import ConfigurationError, SymbolicError
+from ..formulas.registry import FormulaRegistry
+from ..predict.polynomial import Polynomial, Polynomial2, interpolate
+from .distributed import fake_world, tensor_parallel
+from .step_cost import CountedRequest, RequestCount, StepCost, TemplatePiece, cost_model, count_request
+
+__all__ = ["rank_cost_model"]
+
+_VARIABLES = {"prefill": ("t",), "decode": ("c",), "chunk": ("t", "c")}
+_SEARCH = 4096
+"""The largest size tried when looking for sizes inside a piece's guards."""
+
+
+def rank_cost_model(model: nn.Module, tp: int, *, rank: int = 0, plan: Mapping[str, Any] | None = None,
+                    context: int = 64, chunk: int = 16, registry: FormulaRegistry | None = None,
+                    roles: Sequence[RoleRule] = (), unsharded: StepCost | None = None) -> StepCost:
+    """The cost model (:class:`~flopscope.workloads.step_cost.StepCost`) of rank ``rank``
+    of ``model`` sharded for tensor parallelism over ``tp`` ranks (see the module
+    docstring): MACs per role and bytes of one request as exact polynomials in ``t`` and
+    ``c``, on the rank's shards. ``plan``: as
+    :func:`~flopscope.workloads.distributed.tensor_parallel` (default: the model's own).
+    ``unsharded``: the model's :func:`cost_model`, if made already (else made here with
+    ``context``, ``chunk``, ``registry`` and ``roles``). The model is not changed: a copy
+    is sharded. Units: MACs (FLOPs = 2 x MACs) and bytes, per rank."""
+    whole = unsharded or cost_model(model, context=context, chunk=chunk, registry=registry, roles=roles)
+    name = f"{whole.model} (rank {rank} of {tp}, tensor parallel)"
+    pieces: dict[str, list[TemplatePiece]] = {}
+    with fake_world(tp, rank=rank) as mesh:
+        sharded = tensor_parallel(copy.deepcopy(model), mesh, plan)
+        if not any(type(p).__name__ == "DTensor" for p in sharded.parameters()):
+            raise ConfigurationError(f"{name}: the tensor-parallel plan shards no parameter of "
+                                     f"{type(model).__name__}; pass plan= with the modules to shard")
+
+        def count(t: int, c: int) -> CountedRequest:
+            return count_request(sharded, registry, tuple(roles), t, c)
+
+        for kind, found in whole.pieces.items():
+            pieces[kind] = [_fitted(kind, found[0], count, name)]
+
+    def outside(*request: Any) -> Any:
+        t, c = request[-2:]
+        raise SymbolicError(f"{name}: a request of t = {t} on a cache of c = {c} falls outside the pieces this "
+                            "rank's cost model was fitted in (the sharded copy is gone with its fake world); "
+                            "make it again with context= or chunk= there")
+
+    notes = [*whole.notes, f"{name}: each template's first piece fitted through concrete counts of the rank's "
+                           "shards, checked at one more size along each variable than the degree needs"]
+    return StepCost(name, pieces, outside, outside, notes)
+
+
+def _fitted(kind: str, piece: TemplatePiece, count: Callable[[int, int], CountedRequest],
+            name: str) -> TemplatePiece:
+    """``piece``'s counts on the rank: polynomials through concrete counts at sizes
+    inside its guards, of its degrees plus one size to check."""
+    variables = _VARIABLES[kind]
+    degrees = _degrees(piece, kind, name)
+    sizes = _sizes(kind, piece, degrees)
+    counted = {point: count(*_request(kind, point)) for point in sizes}
+    by_role = {role: _through(kind, sizes, {p: c.by_role.get(role, 0) for p, c in counted.items()}, name, role)
+               for role in dict.fromkeys(role for c in counted.values() for role in c.by_role)}
+    moved = _through(kind, sizes, {p: c.bytes for p, c in counted.items()}, name, "bytes")
+    weights = {c.weights for c in counted.values()}
+    if len(weights) != 1:
+        raise SymbolicError(f"{name}: the {kind} template's weights read differ with the request's size "
+                            f"({sorted(weights)} bytes): no one polynomial piece")
+    return TemplatePiece({role: _request_count(variables, p) for role, p in by_role.items() if _nonzero(p)},
+                         _request_count(variables, moved), weights.pop(), piece.conditions, piece.holds)
+
+
+def _degrees(piece: TemplatePiece, kind: str, name: str) -> tuple[int, ...]:
+    """The highest power of each variable among the unsharded piece's counts."""
+    counts = [*piece.by_role.values(), piece.bytes]
+    if any(c.polynomial is None for c in counts):
+        raise SymbolicError(f"{name}: the {kind} template has counts that are no polynomials "
+                            f"({', '.join(c.expression for c in counts if c.polynomial is None)}): per rank they "
+                            "would be fitted as polynomials, so none is made")
+    if kind != "chunk":
+        return (max(c.polynomial.degree for c in counts if isinstance(c.polynomial, Polynomial)),)
+    terms = [term for c in counts if isinstance(c.polynomial, Polynomial2) for term in c.polynomial.terms()]
+    return max((i for i, _, _ in terms), default=0), max((j for _, j, _ in terms), default=0)
+
+
+def _sizes(kind: str, piece: TemplatePiece, degrees: tuple[int, ...]) -> list[tuple[int, ...]]:
+    """Sizes inside the piece's guards, from 2 up: ``degree + 2`` along each variable
+    (a grid for the chunk)."""
+    def inside(point: tuple[int, ...]) -> bool:
+        return piece.holds(*_request(kind, point))
+
+    if kind != "chunk":
+        candidates: Iterator[tuple[int, ...]] = ((n,) for n in range(2, _SEARCH))
+        found = list(itertools.islice((p for p in candidates if inside(p)), degrees[0] + 2))
+        if len(found) < degrees[0] + 2:
+            raise SymbolicError(f"the {kind} template's first piece holds at fewer than {degrees[0] + 2} sizes "
+                                f"below {_SEARCH}: too few to fit and check a polynomial of degree {degrees[0]}")
+        return found
+    ts, cs = (list(range(2, 2 + d + 2)) for d in degrees)
+    grid: list[tuple[int, ...]] = [point for point in itertools.product(ts, cs) if inside(point)]
+    if len(grid) != len(ts) * len(cs):
+        raise SymbolicError(f"the chunk template's first piece does not hold on the sizes {ts} x {cs}: no grid "
+                            "to fit its polynomial through")
+    return grid
+
+
+def _request(kind: str, point: tuple[int, ...]) -> tuple[int, int]:
+    """``(t, c)`` of a request of ``kind`` at ``point`` (its variables' values)."""
+    return (point[0], 0) if kind == "prefill" else (1, point[0]) if kind == "decode" else (point[0], point[1])
+
+
+def _through(kind: str, sizes: list[tuple[int, ...]], values: Mapping[tuple[int, ...], int], name: str,
+             what: str) -> Polynomial | Polynomial2:
+    """The polynomial through ``values`` at ``sizes``, checked at the extra ones: along
+    ``t`` for each ``c`` of the grid, then each power's coefficient along ``c``."""
+    def refuse() -> SymbolicError:
+        return SymbolicError(f"{name}: the rank's {what} of the {kind} template passes through no polynomial of "
+                             "the unsharded degree at the sizes counted: not fitted")
+
+    if kind != "chunk":
+        found = interpolate([p[0] for p in sizes], [values[p] for p in sizes])
+        if found is None:
+            raise refuse()
+        return found
+    ts, cs = sorted({p[0] for p in sizes}), sorted({p[1] for p in sizes})
+    rows = [interpolate(ts, [values[(t, c)] for t in ts]) for c in cs]
+    if any(row is None for row in rows):
+        raise refuse()
+    coefficients: dict[tuple[int, int], Fraction] = {}
+    for i in range(len(ts)):
+        along = interpolate(cs, [row.coefficient(i) for row in rows if row is not None])
+        if along is None:
+            raise refuse()
+        for j, value in enumerate(along.coefficients):
+            if value:
+                coefficients[(i, j)] = value
+    return Polynomial2(coefficients)
+
+
+def _nonzero(polynomial: Polynomial | Polynomial2) -> bool:
+    if isinstance(polynomial, Polynomial):
+        return any(polynomial.coefficients)
+    return bool(polynomial.terms())
+
+
+def _request_count(variables: tuple[str, ...], polynomial: Polynomial | Polynomial2) -> RequestCount:
+    """A fitted polynomial as the cost model's count of a request."""
+    text = polynomial.text(variables[0]) if isinstance(polynomial, Polynomial) else \
+        polynomial.text((variables[0], variables[1]))
+    return RequestCount(variables, polynomial, text, polynomial)

@@ -1,0 +1,84 @@
+"""One rank's serving cost model under tensor parallelism (``flopscope.workloads.rank_cost_model``): polynomials
+fitted through concrete counts of the rank's shards, against concrete counts of the same shards at sizes outside the
+fitted ones and against the closed form of a rank's share, on tiny configs built on meta in a fake world."""
+
+from __future__ import annotations
+
+import copy
+import re
+
+import pytest
+import torch
+
+import flopscope
+from flopscope.errors import SymbolicError
+from flopscope.workloads import cost_model, rank_cost_model
+from flopscope.workloads.distributed import fake_world, tensor_parallel
+from flopscope.workloads.step_cost import count_request
+from flopscope.workloads.symbolic import symbolic_limits, symbolic_sizes_kept
+
+transformers = pytest.importorskip("transformers")
+# (the unsharded templates are symbolic traces: a PyTorch that makes symbolic sizes constants refuses them)
+pytestmark = pytest.mark.skipif(not symbolic_sizes_kept(), reason=str(symbolic_limits()))
+
+from test_generation_templates import L, V, d, d_ff, h, head, kv, llama  # noqa: E402
+
+TP = 2
+# (t, c) of fresh prompts, decodes and chunks, none of them among the sizes the fit counted (2 to 5)
+POINTS = [(40, 0), (1, 300), (9, 70), (33, 6)]
+
+
+def sharded_counts(model: torch.nn.Module, points: list[tuple[int, int]]) -> dict:
+    with fake_world(TP) as mesh:
+        shard = tensor_parallel(copy.deepcopy(model), mesh)
+        return {point: count_request(shard, None, (), *point) for point in points}
+
+
+def test_a_ranks_requests_are_the_concrete_counts_of_its_shards() -> None:
+    """MACs per role, bytes and the weights read, at sizes far from those fitted, equal a concrete count of the
+    sharded model there."""
+    model = llama()
+    rank = rank_cost_model(model, TP, context=8, chunk=4)
+    for point, counted in sharded_counts(model, POINTS).items():
+        assert rank.request(*point) == counted.by_role, point
+        assert rank.request_bytes(*point) == (counted.bytes, counted.weights), point
+
+
+def test_a_ranks_share_is_the_closed_form() -> None:
+    """Llama's plan splits heads and the FFN's width over the ranks and the LM head's vocabulary: per rank, per
+    layer q and o d·d/TP, k and v d·(kv·head)/TP, the FFN 3·d·d_ff/TP, scores and weighted sum (h/TP)·head·t·(t+c)
+    for a chunk; the head d·V/TP for the one position kept."""
+    rank = rank_cost_model(llama(), TP, context=8, chunk=4)
+    layers = L
+    t, c = 9, 70
+    per_layer = {"q_proj": t * d * d // TP, "k_proj": t * d * kv * head // TP, "v_proj": t * d * kv * head // TP,
+                 "out_proj": t * d * d // TP, "attn_scores": (h // TP) * head * t * (t + c),
+                 "attn_weighted_sum": (h // TP) * head * t * (t + c), "ffn_up": t * d * d_ff // TP,
+                 "ffn_gate": t * d * d_ff // TP, "ffn_down": t * d_ff * d // TP}
+    expected = {role: layers * macs for role, macs in per_layer.items()} | {"logits": d * V // TP}
+    assert rank.request(t, c) == expected
+    whole = cost_model(llama(), context=8, chunk=4)
+    assert sum(rank.request(t, c).values()) * TP == sum(whole.request(t, c).values())
+
+
+def test_the_users_model_is_not_sharded_and_a_request_outside_the_fit_is_refused() -> None:
+    model = llama()
+    rank = rank_cost_model(model, TP, context=8, chunk=4)
+    assert not any(type(p).__name__ == "DTensor" for p in model.parameters())
+    assert flopscope.profile(model, torch.zeros(1, 8, dtype=torch.long)).total() > 0  # (still a plain model)
+    # (a cache of one position: a size the symbolic shapes keep constant, counted concretely unsharded)
+    with pytest.raises(SymbolicError, match="outside the pieces this rank's cost model was fitted in"):
+        rank.request(1, 1)
+
+
+def test_tensor_parallel_on_the_command_line(capsys, tmp_path) -> None:
+    """``flopscope cost CONFIG --tp 2`` prints rank 0's polynomials: q_proj L·d·d/2 per new position."""
+    from flopscope.cli import main
+
+    config = llama().config
+    config.architectures = ["LlamaForCausalLM"]
+    config.save_pretrained(tmp_path)
+    assert main(["cost", str(tmp_path / "config.json"), "--tp", "2", "--context", "8", "--chunk", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "rank 0 of 2, tensor parallel" in out
+    assert re.search(rf"prefill\s+q_proj\s+{L * d * d // TP:,}·t\n", out), out
