@@ -99,7 +99,7 @@ def _fitted(kind: str, piece: TemplatePiece, count: Callable[[int, int], Counted
         raise SymbolicError(f"{name}: the {kind} template's weights read differ with the request's size "
                             f"({sorted(weights)} bytes): no one polynomial piece")
     return TemplatePiece({role: _request_count(variables, p) for role, p in by_role.items() if _nonzero(p)},
-                         _request_count(variables, moved), weights.pop(), piece.conditions, piece.holds)
+                         _request_count(variables, moved), weights.pop(), piece.conditions, piece.holds, piece.at)
 
 
 def _degrees(piece: TemplatePiece, kind: str, name: str) -> tuple[int, ...]:
@@ -116,24 +116,35 @@ def _degrees(piece: TemplatePiece, kind: str, name: str) -> tuple[int, ...]:
 
 
 def _sizes(kind: str, piece: TemplatePiece, degrees: tuple[int, ...]) -> list[tuple[int, ...]]:
-    """Sizes inside the piece's guards, from 2 up: ``degree + 2`` along each variable
-    (a grid for the chunk)."""
+    """Sizes inside the piece's guards: ``degree + 2`` along each variable, the nearest
+    to the size it was traced at (a grid for the chunk, containing that size where the
+    guards allow)."""
     def inside(point: tuple[int, ...]) -> bool:
         return piece.holds(*_request(kind, point))
 
+    t_at, c_at = piece.at
     if kind != "chunk":
-        candidates: Iterator[tuple[int, ...]] = ((n,) for n in range(2, _SEARCH))
-        found = list(itertools.islice((p for p in candidates if inside(p)), degrees[0] + 2))
-        if len(found) < degrees[0] + 2:
-            raise SymbolicError(f"the {kind} template's first piece holds at fewer than {degrees[0] + 2} sizes "
-                                f"below {_SEARCH}: too few to fit and check a polynomial of degree {degrees[0]}")
-        return found
-    ts, cs = (list(range(2, 2 + d + 2)) for d in degrees)
-    grid: list[tuple[int, ...]] = [point for point in itertools.product(ts, cs) if inside(point)]
-    if len(grid) != len(ts) * len(cs):
-        raise SymbolicError(f"the chunk template's first piece does not hold on the sizes {ts} x {cs}: no grid "
-                            "to fit its polynomial through")
-    return grid
+        at = t_at if kind == "prefill" else c_at
+        wanted = degrees[0] + 2
+        # (outward from the traced size: at, at + 1, at - 1, ...)
+        nearest: Iterator[tuple[int, ...]] = ((n,) for n in dict.fromkeys(
+            n for step in range(_SEARCH) for n in (at + step, at - step) if n >= 2))
+        found = list(itertools.islice((p for p in nearest if inside(p)), wanted))
+        if len(found) < wanted:
+            raise SymbolicError(f"the {kind} template's first piece holds at fewer than {wanted} sizes near "
+                                f"{at}: too few to fit and check a polynomial of degree {degrees[0]}")
+        return sorted(found)
+    width, height = degrees[0] + 2, degrees[1] + 2
+    # (grids holding the traced request first, then grids further up)
+    origins = [*((t0, c0) for t0 in range(max(2, t_at - width + 1), t_at + 1)
+                 for c0 in range(max(2, c_at - height + 1), c_at + 1)),
+               *((t_at + i, c_at + j) for i in range(1, 9) for j in range(9))]
+    for t0, c0 in origins:
+        grid: list[tuple[int, ...]] = list(itertools.product(range(t0, t0 + width), range(c0, c0 + height)))
+        if all(inside(point) for point in grid):
+            return grid
+    raise SymbolicError(f"the chunk template's first piece holds on no grid of {width} x {height} sizes near "
+                        f"t = {t_at}, c = {c_at}: none to fit its polynomial through")
 
 
 def _request(kind: str, point: tuple[int, ...]) -> tuple[int, int]:

@@ -126,6 +126,7 @@ class TemplatePiece:
     weights: int  # bytes of the parameters and buffers a request's step reads
     conditions: tuple[str, ...]
     holds: Callable[[int, int], bool] = field(repr=False, compare=False)
+    at: tuple[int, int] = (0, 0)  # the request (t, c) it was traced at: it holds there
 
     def to_json(self) -> dict[str, Any]:
         return {"conditions": list(self.conditions), "bytes": self.bytes.to_json(), "weight_bytes": self.weights,
@@ -328,12 +329,12 @@ def _trace_pieces(model: nn.Module, registry: FormulaRegistry | None, roles: tup
             check: Callable[[int, int], bool] = ((lambda t, c: t >= 2 and holds(t)) if template == "prefill" else
                                                  (lambda t, c: c >= 2 and holds(c)))
             out[template] = TemplatePiece(by_role, moved, int(steps.profile.weight_bytes(index + 1)),
-                                          found.conditions(), check)
+                                          found.conditions(), check, (steps.n, 0) if index == 0 else (1, steps.n))
         return out
     two = _ChunkTrace(model, c, t, registry, roles)
     moved = _request_count(two.symbolic, two.symbolic.profile.step_totals(2)[1], ("t", "c"), (two.t, two.c))
     return {"chunk": TemplatePiece(two.macs_by_role(), moved, int(two.symbolic.profile.weight_bytes(2)),
-                                   two.conditions(), lambda t, c: t >= 2 and c >= 2 and two.holds(t, c))}
+                                   two.conditions(), lambda t, c: t >= 2 and c >= 2 and two.holds(t, c), (t, c))}
 
 
 def _request_count(found: SymbolicTrace, count: Any, names: tuple[str, ...],
