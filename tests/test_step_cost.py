@@ -31,7 +31,8 @@ SCHEMA = Path(__file__).resolve().parents[1] / "docs" / "schemas" / "cost-1.json
 POINTS = [(5, 0), (12, 0), (1, 9), (1, 3), (1, 1), (3, 5), (7, 11), (2, 2), (6, 20), (4, 1)]
 
 
-@pytest.mark.parametrize("family", ["llama", "gpt2", "mistral_window", "deepseek_v3", "qwen3_next"])
+@pytest.mark.parametrize("family", ["llama", "gpt2", "mistral_window", "gemma2", "gemma3", "mixtral", "deepseek_v3",
+                                    "qwen3_next", "phi3_longrope"])
 def test_a_requests_macs_are_those_of_its_concrete_count(family: str) -> None:
     model = FAMILIES[family]()
     cost = cost_model(model, context=8, chunk=4)
@@ -127,7 +128,7 @@ def test_the_cost_command_prices_a_step_from_the_closed_form(tmp_path: Path) -> 
     assert document["priced_step"]["macs"] == 2 * decode + chunk
 
 
-@pytest.mark.parametrize("family", ["llama", "gpt2", "mistral_window", "qwen3_next"])
+@pytest.mark.parametrize("family", ["llama", "gpt2", "mistral_window", "mixtral", "qwen3_next", "phi3_longrope"])
 def test_a_requests_bytes_are_those_of_its_concrete_count(family: str) -> None:
     """Bytes as the ops move them (weights included) and the weights' share, inside and outside the domains."""
     model = FAMILIES[family]()
