@@ -8,7 +8,7 @@ module's path is ``""``.
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from functools import cached_property
 from pathlib import Path
 from types import MappingProxyType
@@ -289,12 +289,17 @@ class Profile:
         sums its calls; a container that is never called itself (a ``ModuleList`` of
         layers) sums what its submodules ran. ``step``: only the ops of that call of the
         root module (a :class:`Step`'s ``step``, 1 for the first)."""
-        sums: SumsBy[str] = SumsBy()
         counted = ((macs, paths) for _, macs, paths, _ in self._tally.counted) if step is None else \
             ((op.macs, paths) for op, paths in self._step_ops(step) if op.cost is Cost.FORMULA)
-        for macs, paths in counted:
+        return self._by_path(counted)
+
+    def _by_path(self, counts: Iterable[tuple[int, frozenset[str]]]) -> dict[str, int]:
+        """Each count summed under every module path it has, for every module (0 where
+        none; symbolic counts summed once per path: :class:`SumsBy`)."""
+        sums: SumsBy[str] = SumsBy()
+        for count, paths in counts:
             for path in paths:
-                sums.add(path, macs)
+                sums.add(path, count)
         return {**dict.fromkeys(self._module_paths, 0), **sums.totals()}
 
     def step_totals(self, step: int) -> tuple[int, int]:
@@ -369,13 +374,9 @@ class Profile:
         """Bytes moved per module path, inclusive of submodules (0 where none);
         ``[""] == total_bytes()``. ``step``: only the ops of that call of the root
         module (as :meth:`by_module`)."""
-        moved = self._tally.moved if step is None else [(op.bytes, paths, op.phase)
-                                                          for op, paths in self._step_ops(step) if op.bytes]
-        sums: SumsBy[str] = SumsBy()
-        for size, paths, _ in moved:
-            for path in paths:
-                sums.add(path, size)
-        return {**dict.fromkeys(self._module_paths, 0), **sums.totals()}
+        moved = ((size, paths) for size, paths, _ in self._tally.moved) if step is None else \
+            ((op.bytes, paths) for op, paths in self._step_ops(step) if op.bytes)
+        return self._by_path(moved)
 
     def weight_bytes(self, step: int) -> int:
         """Bytes of the parameters one call of the root module reads (:func:`steps.weight_bytes`): what a batch

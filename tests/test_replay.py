@@ -619,35 +619,34 @@ def test_outputs_viewing_one_storage_are_remade_as_views_of_one():
     assert "net: 1 of 2 calls replayed" in reused.reuse[0]
 
 
-def _llama() -> tuple[nn.Module, dict]:
+def _token_model(model_class: str, config_class: str, **config) -> tuple[nn.Module, dict]:
+    """A Hugging Face model of ``config``, with 8 token ids as its input."""
     transformers = pytest.importorskip("transformers")
-    config = transformers.LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4,
-                                      num_key_value_heads=2, vocab_size=64)
-    return transformers.LlamaForCausalLM(config), dict(input_ids=torch.zeros(1, 8, dtype=torch.long))
+    model = getattr(transformers, model_class)(getattr(transformers, config_class)(**config))
+    return model, dict(input_ids=torch.zeros(1, 8, dtype=torch.long))
+
+
+def _llama() -> tuple[nn.Module, dict]:
+    return _token_model("LlamaForCausalLM", "LlamaConfig", hidden_size=32, intermediate_size=64, num_hidden_layers=4,
+                        num_attention_heads=4, num_key_value_heads=2, vocab_size=64)
 
 
 def _deepseek_v3() -> tuple[nn.Module, dict]:
-    transformers = pytest.importorskip("transformers")
-    config = transformers.DeepseekV3Config(
-        hidden_size=32, intermediate_size=64, moe_intermediate_size=16, num_hidden_layers=4, first_k_dense_replace=2,
-        num_attention_heads=4, num_key_value_heads=4, vocab_size=64, n_routed_experts=4, num_experts_per_tok=2,
-        n_group=1, topk_group=1, q_lora_rank=16, kv_lora_rank=8, qk_rope_head_dim=4, qk_nope_head_dim=4,
-        v_head_dim=8)
-    return transformers.DeepseekV3ForCausalLM(config), dict(input_ids=torch.zeros(1, 8, dtype=torch.long))
+    return _token_model(
+        "DeepseekV3ForCausalLM", "DeepseekV3Config", hidden_size=32, intermediate_size=64, moe_intermediate_size=16,
+        num_hidden_layers=4, first_k_dense_replace=2, num_attention_heads=4, num_key_value_heads=4, vocab_size=64,
+        n_routed_experts=4, num_experts_per_tok=2, n_group=1, topk_group=1, q_lora_rank=16, kv_lora_rank=8,
+        qk_rope_head_dim=4, qk_nope_head_dim=4, v_head_dim=8)
 
 
 def _bert_classifier() -> tuple[nn.Module, dict]:
-    transformers = pytest.importorskip("transformers")
-    config = transformers.BertConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
-                                     vocab_size=64, num_labels=3)
-    return transformers.BertForSequenceClassification(config), dict(input_ids=torch.zeros(1, 8, dtype=torch.long))
+    return _token_model("BertForSequenceClassification", "BertConfig", hidden_size=32, intermediate_size=64,
+                        num_hidden_layers=3, num_attention_heads=4, vocab_size=64, num_labels=3)
 
 
 def _squeezebert() -> tuple[nn.Module, dict]:
-    transformers = pytest.importorskip("transformers")
-    config = transformers.SqueezeBertConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=3,
-                                            num_attention_heads=4, vocab_size=64, embedding_size=32)
-    return transformers.SqueezeBertModel(config), dict(input_ids=torch.zeros(1, 8, dtype=torch.long))
+    return _token_model("SqueezeBertModel", "SqueezeBertConfig", hidden_size=32, intermediate_size=64,
+                        num_hidden_layers=3, num_attention_heads=4, vocab_size=64, embedding_size=32)
 
 
 def _sd3() -> tuple[nn.Module, dict]:

@@ -16,7 +16,7 @@ import torch
 from flopscope.errors import InputError
 from flopscope.predict.polynomial import Polynomial, Polynomial2
 from flopscope.workloads import cost_model, profile_generation
-from flopscope.workloads.step_cost import COST_SCHEMA, _counted, count_request
+from flopscope.workloads.step_cost import COST_SCHEMA, count_request
 from flopscope.workloads.symbolic import symbolic_limits, symbolic_sizes_kept
 
 transformers = pytest.importorskip("transformers")
@@ -37,7 +37,7 @@ def test_a_requests_macs_are_those_of_its_concrete_count(family: str) -> None:
     model = FAMILIES[family]()
     cost = cost_model(model, context=8, chunk=4)
     for t, c in POINTS:
-        assert cost.request(t, c) == _counted(model, None, (), t, c), (t, c)
+        assert cost.request(t, c) == count_request(model, None, (), t, c).by_role, (t, c)
 
 
 def test_the_chunk_template_is_the_closed_form() -> None:
@@ -64,7 +64,7 @@ def test_a_scheduler_step_is_the_sum_of_its_requests() -> None:
     requests = [(1, c) for c in (3, 5, 6, 7, 9, 12, 20, 31)] + [(16, 24)]
     expected: dict[str, int] = {}
     for t, c in requests:
-        for role, macs in _counted(model, None, (), t, c).items():
+        for role, macs in count_request(model, None, (), t, c).by_role.items():
             expected[role] = expected.get(role, 0) + macs
     assert cost.iteration(requests) == {role: v for role, v in expected.items() if v}
 
@@ -93,10 +93,11 @@ def test_a_layer_that_pads_its_chunks_is_an_expression_in_the_json() -> None:
     expressions = {role: entry["expression"] for role, entry in document["templates"]["prefill"]["macs_by_role"].items()
                    if "expression" in entry}
     assert expressions
-    concrete = _counted(model, None, (), 40, 0)  # (one chunk of 64: inside the domain the trace at 8 holds for)
+    # (one chunk of 64: inside the domain the trace at 8 holds for)
+    concrete = count_request(model, None, (), 40, 0).by_role
     for role, code in expressions.items():
         assert eval(code, {}, {"t": 40}) == concrete.get(role, 0), role
-    assert cost.request(70, 0) == _counted(model, None, (), 70, 0)  # (two chunks: counted concretely)
+    assert cost.request(70, 0) == count_request(model, None, (), 70, 0).by_role  # (two chunks: counted concretely)
 
 
 def test_bad_requests_are_refused_with_the_sizes() -> None:
@@ -192,7 +193,7 @@ def test_a_request_past_a_guard_is_traced_once_more_there() -> None:
     cost = cost_model(model, context=4, chunk=2)
     assert len(cost.pieces["decode"]) == 1
     for c in (20, 25):
-        assert cost.request(1, c) == _counted(model, None, (), 1, c)
+        assert cost.request(1, c) == count_request(model, None, (), 1, c).by_role
     assert len(cost.pieces["decode"]) == 2
     document = cost.to_json()
     jsonschema.validate(document, json.loads(SCHEMA.read_text()))

@@ -448,7 +448,7 @@ class CountedRequest:
 
 
 def count_request(model: nn.Module, registry: FormulaRegistry | None, roles: tuple[RoleRule, ...], t: int,
-           c: int) -> CountedRequest:
+                  c: int) -> CountedRequest:
     """A request counted concretely: a fresh prompt of ``t`` (``c = 0``), else a prefill
     of ``c`` then ``t`` positions on its cache (``t = 1``: a decode step as
     :func:`~flopscope.workloads.generation.profile_generation` counts it)."""
@@ -461,10 +461,4 @@ def count_request(model: nn.Module, registry: FormulaRegistry | None, roles: tup
         prof, step = _chunk_profile(model, c, t, registry, roles), 2
     found = prof.steps()[step - 1]
     return CountedRequest({role: v for role, v in found.by_role.items() if v}, prof.step_totals(step)[1],
-                    prof.weight_bytes(step))
-
-
-def _counted(model: nn.Module, registry: FormulaRegistry | None, roles: tuple[RoleRule, ...], t: int,
-             c: int) -> dict[str, int]:
-    """MACs per role of a request counted concretely (:func:`count_request`)."""
-    return count_request(model, registry, roles, t, c).by_role
+                          prof.weight_bytes(step))
