@@ -227,3 +227,23 @@ def test_a_static_cache_attends_over_its_whole_buffer_at_every_step(attention) -
         assert dict(step.by_role) == decode_roles(buffer)
     with pytest.raises(flopscope.FlopscopeError, match="static cache"):
         prof.result.decode_scaling()
+
+
+def test_a_projection_read_by_every_later_steps_cache_has_its_columns_replayed_once(monkeypatch) -> None:
+    """A key projection's output is concatenated into the cache, which every later decoding step reads: its columns
+    reach one consumer per later step, all wanting ``k_proj``. Replaying them to each consumer costs time and memory
+    quadratic in the steps (the labels grow with the cache; the Llama-7B shape's 64 steps took more than 24 GiB); the
+    first consumer takes every column, so it is replayed there alone. The roles stay the closed form's."""
+    import flopscope.attribute.columns as columns
+
+    replayed: list[object] = []
+    label = columns._column_labels
+    monkeypatch.setattr(columns, "_column_labels", lambda p, target: replayed.append(p) or label(p, target))
+    steps = 6
+    prof = flopscope.profile_generation(llama(), torch.zeros(B, PROMPT, dtype=torch.long), steps)
+    roles = prof.by_role()
+    assert replayed, "no projection was split by columns: the test no longer exercises the cache's consumers"
+    assert max(replayed.count(p) for p in replayed) == 1
+    # each step's K and V projections, charged whole: d·(h_kv·d_k) per token per layer
+    tokens = B * (PROMPT + steps - 1)
+    assert roles["k_proj"] == roles["v_proj"] == tokens * L * d * n_kv * d_k

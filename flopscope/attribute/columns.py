@@ -83,10 +83,23 @@ def split_by_columns(p: CapturedOp, wanted: Sequence[tuple[CapturedOp, str]],
                      macs: int) -> dict[str, int]:
     """Charge each role the MACs of the output columns of ``p`` that reach its consumer;
     columns no consumer takes are ``other``. A role wanted twice for one column keeps
-    the first in role order."""
-    return _charge(int(p.output_shapes[0][feature_axis(p)]),
-                   [(columns(p, target), role) for target, role in wanted],
-                   macs)
+    the first in role order.
+
+    The consumers are replayed in role order, nearest first, until every column is
+    taken: the later ones could take none. (A key projection read by every later
+    decoding step's cache update is charged on its first: replaying its columns through
+    a cache that grows each step to each of them costs time and memory quadratic in the
+    steps.)"""
+    width = int(p.output_shapes[0][feature_axis(p)])
+    found: list[tuple[set[int], str]] = []
+    taken: set[int] = set()
+    for target, role in sorted(wanted, key=lambda tr: (ROLE_ORDER.index(tr[1]), tr[0].index)):
+        if len(taken) == width:
+            break
+        reached = columns(p, target)
+        found.append((reached, role))
+        taken.update(c for c in reached if c < width)
+    return _charge(width, found, macs)
 
 
 def split_by_rows(p: CapturedOp, x: CapturedOp, wanted: Sequence[tuple[CapturedOp, str]], macs: int

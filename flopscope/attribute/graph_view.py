@@ -451,6 +451,13 @@ class GraphView:
         """``n`` is computed from ``ancestor`` without crossing another multiply."""
         return any(x is ancestor for x in reach([n], self.inputs, lambda x: x is n or not x.macs))
 
+    def descendants(self, ancestor: CapturedOp) -> frozenset[CapturedOp]:
+        """The forward nodes computed from ``ancestor`` without crossing another multiply
+        (the multiplies met first among them): :meth:`descends_from` of many nodes at
+        once, in one walk (found once per node)."""
+        return self.cached("descendants", ancestor,
+                           lambda: frozenset(reach(self.users(ancestor), self.users, lambda x: not x.macs)))
+
 
 SUM_OPS = frozenset({aten.add, aten.add_, aten.sub, aten.sub_})
 """Elementwise sums: where an update meets the output of the projection it updates, a

@@ -122,7 +122,8 @@ class RoleState:
             wanted = [*self.settled.get(p, ()), *wanted]
             roles = {role for _, role in wanted}
             whole = len(roles) == 1 and (len(view.frontier(view.users(p), view.users)) <= 1
-                                         or not all(view.descends_from(target, p) for target, _ in wanted))
+                                         or not all(target is p or target in view.descendants(p)
+                                                    for target, _ in wanted))
             parts = None if whole else split_by_columns(p, wanted, p.macs)
             if parts is None or (len(roles) == 1 and not parts.get(next(iter(roles)))):
                 # one role, its columns not followed: the whole projection

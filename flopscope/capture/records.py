@@ -41,7 +41,7 @@ Every node carries its :class:`CapturedOp` (read it with :func:`captured`). For 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -166,13 +166,32 @@ def link(ops: Sequence[CapturedOp], again: bool = False) -> None:
     users: dict[CapturedOp, list[CapturedOp]] = {}
     for op in ops:
         found: dict[CapturedOp, None] = {}
-        map_records((op.args, op.kwargs), found.setdefault)
+        _gather(op.args, found)
+        if op.kwargs:
+            _gather(op.kwargs.values(), found)
         op.inputs = tuple(found)
         for source in op.inputs:
             users.setdefault(source, []).append(op)
     for i, op in enumerate(ops):
         op.users = tuple(users.get(op, ()))
         op.index = i
+
+
+def _gather(values: Iterable[Any], found: dict[CapturedOp, None]) -> None:
+    """Add the records inside ``values`` (and inside their tuples, lists and dicts) to
+    ``found``, in order: :func:`map_records` without building a copy."""
+    for v in values:
+        kind = type(v)
+        if kind is CapturedOp:
+            found[v] = None
+        elif kind is int or kind is float or kind is bool or v is None:
+            continue
+        elif isinstance(v, CapturedOp):
+            found[v] = None
+        elif isinstance(v, (tuple, list)):
+            _gather(v, found)
+        elif isinstance(v, dict):
+            _gather(v.values(), found)
 
 
 def map_records(x: Any, fn: Callable[[CapturedOp], Any]) -> Any:
