@@ -63,14 +63,40 @@ def test_a_ranks_share_is_the_closed_form() -> None:
     assert sum(rank.request(t, c).values()) * TP == sum(whole.request(t, c).values())
 
 
-def test_the_users_model_is_not_sharded_and_a_request_outside_the_fit_is_refused() -> None:
+def test_the_users_model_is_not_sharded() -> None:
     model = llama()
-    rank = rank_cost_model(model, TP, context=8, chunk=4)
+    rank_cost_model(model, TP, context=8, chunk=4)
     assert not any(type(p).__name__ == "DTensor" for p in model.parameters())
     assert flopscope.profile(model, torch.zeros(1, 8, dtype=torch.long)).total() > 0  # (still a plain model)
-    # (a cache of one position: a size the symbolic shapes keep constant, counted concretely unsharded)
-    with pytest.raises(SymbolicError, match="outside the pieces this rank's cost model was fitted in"):
-        rank.request(1, 1)
+
+
+def test_a_request_outside_the_fitted_pieces_is_fitted_where_it_falls() -> None:
+    """Phi-3 with LongRoPE switches its rope where a sequence passes its original context (8): fitted at 16, its
+    first pieces hold from 9 on. A prompt of 5, a decode on a cache of 4 and a chunk of 3 on 4 each take the
+    unsharded piece below the switch, fitted anew on a copy sharded in a fake world of its own; a cache of one
+    position (a size the symbolic shapes keep constant) is counted concretely on the shards. Each equals a concrete
+    count of the shards, and the user's model stays unsharded."""
+    model = FAMILIES["phi3_longrope"]()
+    rank = rank_cost_model(model, TP, context=16, chunk=4)
+    points = [(5, 0), (1, 4), (3, 4), (1, 1), (40, 0)]
+    for point, counted in sharded_counts(model, points).items():
+        assert rank.request(*point) == counted.by_role, point
+        assert rank.request_bytes(*point) == (counted.bytes, counted.weights), point
+    assert {kind: [piece.at for piece in pieces] for kind, pieces in rank.pieces.items()} == \
+        {"prefill": [(16, 0), (5, 0)], "decode": [(1, 16), (1, 5)], "chunk": [(4, 16), (3, 4)]}
+    assert not any(type(p).__name__ == "DTensor" for p in model.parameters())
+
+
+def test_a_piece_too_narrow_to_fit_has_its_requests_counted_on_the_shards() -> None:
+    """Gemma 2 below its window (6): a prompt of 5 is a piece of that one length (its guards hold at 5 alone), a
+    decode on a cache of 3 one of lengths 2 and 3, too few to fit and check a polynomial through: counted concretely
+    on the shards, and said so."""
+    model = FAMILIES["gemma2"]()
+    rank = rank_cost_model(model, TP, context=8, chunk=4)
+    for point, counted in sharded_counts(model, [(5, 0), (1, 3)]).items():
+        assert rank.request(*point) == counted.by_role, point
+    assert [len(pieces) for pieces in rank.pieces.values()] == [1, 1, 1]
+    assert sum("too narrow to fit" in note for note in rank.notes) == 2
 
 
 def test_tensor_parallel_on_the_command_line(capsys, tmp_path) -> None:

@@ -14,19 +14,22 @@ checked at the extra sizes (:func:`~flopscope.predict.polynomial.interpolate`); 
 that no polynomial of the unsharded degree passes through is refused, never rounded.
 The weights a rank reads are its shards'.
 
-What a rank's cost model answers: the requests its pieces stand for (the first piece of
-each template). A request outside them needs the sharded model again, and the fake world
-is gone: refused with a :class:`~flopscope.errors.SymbolicError` that says so (build the
-model anew with a larger ``context`` or ``chunk``). Expert parallelism is not modelled:
-experts are counted as the tensor-parallel plan shards them. Units: MACs (FLOPs = 2 x
-MACs) and bytes, per rank.
+Each template's first piece is fitted when the model is made. A request outside every
+fitted piece takes the unsharded model's piece there (traced where it falls, as
+:meth:`~flopscope.workloads.step_cost.StepCost.piece` does) and fits it on a copy sharded
+anew in a fake world of its own; a request at sizes the symbolic shapes keep constant (a
+cache of one position) is counted concretely on such a copy. Expert parallelism is not
+modelled: experts are counted as the tensor-parallel plan shards them. Units: MACs
+(FLOPs = 2 x MACs) and bytes, per rank.
 """
 
 from __future__ import annotations
 
 import copy
+import functools
 import itertools
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from fractions import Fraction
 from typing import Any
 
@@ -42,8 +45,8 @@ from .step_cost import CountedRequest, RequestCount, StepCost, TemplatePiece, co
 __all__ = ["rank_cost_model"]
 
 _VARIABLES = {"prefill": ("t",), "decode": ("c",), "chunk": ("t", "c")}
-_SEARCH = 4096
-"""The largest size tried when looking for sizes inside a piece's guards."""
+_SEARCH = 256
+"""How far from where a piece was traced sizes inside its guards are looked for."""
 
 
 def rank_cost_model(model: nn.Module, tp: int, *, rank: int = 0, plan: Mapping[str, Any] | None = None,
@@ -59,37 +62,57 @@ def rank_cost_model(model: nn.Module, tp: int, *, rank: int = 0, plan: Mapping[s
     is sharded. Units: MACs (FLOPs = 2 x MACs) and bytes, per rank."""
     whole = unsharded or cost_model(model, context=context, chunk=chunk, registry=registry, roles=roles)
     name = f"{whole.model} (rank {rank} of {tp}, tensor parallel)"
+
+    @contextmanager
+    def counting() -> Iterator[Callable[[int, int], CountedRequest]]:
+        """Concrete counts of a request on the rank's shards: a copy of the model
+        sharded in a fake world, for the block."""
+        with fake_world(tp, rank=rank) as mesh:
+            sharded = tensor_parallel(copy.deepcopy(model), mesh, plan)
+            if not any(type(p).__name__ == "DTensor" for p in sharded.parameters()):
+                raise ConfigurationError(f"{name}: the tensor-parallel plan shards no parameter of "
+                                         f"{type(model).__name__}; pass plan= with the modules to shard")
+            yield functools.partial(count_request, sharded, registry, tuple(roles))
+
     pieces: dict[str, list[TemplatePiece]] = {}
-    with fake_world(tp, rank=rank) as mesh:
-        sharded = tensor_parallel(copy.deepcopy(model), mesh, plan)
-        if not any(type(p).__name__ == "DTensor" for p in sharded.parameters()):
-            raise ConfigurationError(f"{name}: the tensor-parallel plan shards no parameter of "
-                                     f"{type(model).__name__}; pass plan= with the modules to shard")
-
-        def count(t: int, c: int) -> CountedRequest:
-            return count_request(sharded, registry, tuple(roles), t, c)
-
+    with counting() as count:
         for kind, found in whole.pieces.items():
-            pieces[kind] = [_fitted(kind, found[0], count, name)]
+            fitted = _fitted(kind, found[0], count, name)
+            if fitted is None:
+                raise SymbolicError(f"{name}: the {kind} template's first piece holds at too few sizes near "
+                                    f"{found[0].at} to fit and check its polynomials on the shards")
+            pieces[kind] = [fitted]
 
-    def outside(*request: Any) -> Any:
-        t, c = request[-2:]
-        raise SymbolicError(f"{name}: a request of t = {t} on a cache of c = {c} falls outside the pieces this "
-                            "rank's cost model was fitted in (the sharded copy is gone with its fake world); "
-                            "make it again with context= or chunk= there")
+    def trace(kind: str, t: int, c: int) -> dict[str, TemplatePiece]:
+        # (the unsharded piece standing for the request, traced there if none does yet)
+        found = whole.piece(t, c)
+        if found is None:
+            raise SymbolicError(f"{name}: no {kind} piece of the unsharded model stands for t = {t}, c = {c}")
+        with counting() as count:
+            fitted = _fitted(kind, found, count, name)
+        # (a piece holding at too few sizes to fit, as a window's edge: its requests counted concretely)
+        return {} if fitted is None else {kind: fitted}
 
-    notes = [*whole.notes, f"{name}: each template's first piece fitted through concrete counts of the rank's "
+    @functools.cache
+    def concrete(t: int, c: int) -> CountedRequest:
+        with counting() as count:
+            return count(t, c)
+
+    notes = [*whole.notes, f"{name}: each template's pieces fitted through concrete counts of the rank's "
                            "shards, checked at one more size along each variable than the degree needs"]
-    return StepCost(name, pieces, outside, outside, notes)
+    return StepCost(name, pieces, trace, concrete, notes)
 
 
 def _fitted(kind: str, piece: TemplatePiece, count: Callable[[int, int], CountedRequest],
-            name: str) -> TemplatePiece:
+            name: str) -> TemplatePiece | None:
     """``piece``'s counts on the rank: polynomials through concrete counts at sizes
-    inside its guards, of its degrees plus one size to check."""
+    inside its guards, of its degrees plus one size to check (``None`` where it holds at
+    too few sizes near where it was traced)."""
     variables = _VARIABLES[kind]
     degrees = _degrees(piece, kind, name)
     sizes = _sizes(kind, piece, degrees)
+    if sizes is None:
+        return None
     counted = {point: count(*_request(kind, point)) for point in sizes}
     by_role = {role: _through(kind, sizes, {p: c.by_role.get(role, 0) for p, c in counted.items()}, name, role)
                for role in dict.fromkeys(role for c in counted.values() for role in c.by_role)}
@@ -115,10 +138,10 @@ def _degrees(piece: TemplatePiece, kind: str, name: str) -> tuple[int, ...]:
     return max((i for i, _, _ in terms), default=0), max((j for _, j, _ in terms), default=0)
 
 
-def _sizes(kind: str, piece: TemplatePiece, degrees: tuple[int, ...]) -> list[tuple[int, ...]]:
+def _sizes(kind: str, piece: TemplatePiece, degrees: tuple[int, ...]) -> list[tuple[int, ...]] | None:
     """Sizes inside the piece's guards: ``degree + 2`` along each variable, the nearest
     to the size it was traced at (a grid for the chunk, containing that size where the
-    guards allow)."""
+    guards allow); ``None`` where there are too few within :data:`_SEARCH` of it."""
     def inside(point: tuple[int, ...]) -> bool:
         return piece.holds(*_request(kind, point))
 
@@ -130,10 +153,7 @@ def _sizes(kind: str, piece: TemplatePiece, degrees: tuple[int, ...]) -> list[tu
         nearest: Iterator[tuple[int, ...]] = ((n,) for n in dict.fromkeys(
             n for step in range(_SEARCH) for n in (at + step, at - step) if n >= 2))
         found = list(itertools.islice((p for p in nearest if inside(p)), wanted))
-        if len(found) < wanted:
-            raise SymbolicError(f"the {kind} template's first piece holds at fewer than {wanted} sizes near "
-                                f"{at}: too few to fit and check a polynomial of degree {degrees[0]}")
-        return sorted(found)
+        return sorted(found) if len(found) == wanted else None
     width, height = degrees[0] + 2, degrees[1] + 2
     # (grids holding the traced request first, then grids further up)
     origins = [*((t0, c0) for t0 in range(max(2, t_at - width + 1), t_at + 1)
@@ -143,8 +163,7 @@ def _sizes(kind: str, piece: TemplatePiece, degrees: tuple[int, ...]) -> list[tu
         grid: list[tuple[int, ...]] = list(itertools.product(range(t0, t0 + width), range(c0, c0 + height)))
         if all(inside(point) for point in grid):
             return grid
-    raise SymbolicError(f"the chunk template's first piece holds on no grid of {width} x {height} sizes near "
-                        f"t = {t_at}, c = {c_at}: none to fit its polynomial through")
+    return None
 
 
 def _request(kind: str, point: tuple[int, ...]) -> tuple[int, int]:

@@ -172,7 +172,7 @@ class StepCost:
         have none: ``None``)."""
         kind = self.template_of(t, c)
         found = next((piece for piece in self.pieces[kind] if piece.holds(t, c)), None)
-        if found is not None or (kind == "chunk" and min(t, c) < 2) or max(t, c) < 2:
+        if found is not None or _constant_sizes(kind, t, c):
             return found
         for name, made in self._trace(kind, t, c).items():
             self.pieces[name].append(made)
@@ -196,7 +196,9 @@ class StepCost:
         if found is not None:
             sizes = (t,) if kind == "prefill" else (c,) if kind == "decode" else (t, c)
             return {role: v for role, count in found.by_role.items() if (v := count.at(*sizes))}
-        note = f"t = {t}, c = {c}: sizes the symbolic shapes keep constant, counted concretely"
+        note = (f"t = {t}, c = {c}: sizes the symbolic shapes keep constant, counted concretely"
+                if _constant_sizes(kind, t, c) else
+                f"t = {t}, c = {c}: in a piece too narrow to fit (it holds at too few sizes), counted concretely")
         if note not in self.notes:
             self.notes.append(note)
         return self._concrete(t, c).by_role
@@ -335,6 +337,12 @@ def _trace_pieces(model: nn.Module, registry: FormulaRegistry | None, roles: tup
     moved = _request_count(two.symbolic, two.symbolic.profile.step_totals(2)[1], ("t", "c"), (two.t, two.c))
     return {"chunk": TemplatePiece(two.macs_by_role(), moved, int(two.symbolic.profile.weight_bytes(2)),
                                    two.conditions(), lambda t, c: t >= 2 and c >= 2 and two.holds(t, c), (t, c))}
+
+
+def _constant_sizes(kind: str, t: int, c: int) -> bool:
+    """Whether a request of ``kind`` at ``(t, c)`` has a size the symbolic shapes keep
+    constant (0 and 1): no trace stands for it."""
+    return (kind == "chunk" and min(t, c) < 2) or max(t, c) < 2
 
 
 def _request_count(found: SymbolicTrace, count: Any, names: tuple[str, ...],
