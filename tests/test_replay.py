@@ -704,3 +704,34 @@ def test_the_role_passes_run_over_the_distinct_blocks_and_give_every_blocks_role
         return {op: (dict(a.parts), a.block, a.factor) for op, a in found.items()}
 
     assert split(condensed) == split(whole)
+
+
+def test_a_replayed_layers_cache_is_no_chain_through_the_decoding_steps_for_the_role_passes():
+    """A cache's update, called out of every replayed layer at every decoding step, makes records of its own: each
+    step's concatenation reads the last step's. The role passes see it read a leaf there, as it reads the call's
+    copies: a chain through every step would be walked back from each step's attention core (time quadratic in the
+    steps). Only the distinct layer, run anew at each step, keeps its cache's chain (its keys are every later step's).
+    The roles stay those of the passes over every record (the test above)."""
+    from flopscope.attribute import carried
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model, inputs = _llama()
+        prof = flopscope.profile_generation(model, inputs["input_ids"], 5)
+    ops, copies = prof._ops, prof._capture.copies
+    link(ops)
+    condensed, twins = carried._condensed(ops, copies)
+    link(condensed, again=True)
+    replayed = {frame for copy in copies for frame in copy.module_stack} - {
+        frame for template in copies.values() for frame in template.module_stack}
+    layers = {op.module_stack[2].path for op in ops
+              if op.target is torch.ops.aten.cat.default and op.module_stack[-1].path.startswith("model.layers.")}
+    assert layers == {f"model.layers.{i}" for i in range(4)}
+    chained = set()
+    for op in ops:
+        if op in copies or op.target is not torch.ops.aten.cat.default or not set(op.module_stack) & replayed:
+            continue
+        for x in twins[op].inputs:
+            if x.target is torch.ops.aten.cat.default:
+                chained.add(op.module_stack[2].path)
+    assert not chained, f"replayed layers' caches read their last step's through the role passes: {sorted(chained)}"

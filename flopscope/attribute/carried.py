@@ -77,7 +77,10 @@ def _condensed(ops: Sequence[CapturedOp], copies: Mapping[CapturedOp, CapturedOp
       every block is conditioning).
     - A distinct record made inside a replayed call (by a method of an object the call
       was given: a cache's update) reads that call's copies as leaves, not the
-      template's records."""
+      template's records, and so the records such methods made in other replayed calls:
+      a layer's cache grown by every decoding step is no chain through all the steps
+      (each step's attention core, a stub where it reads the rotary tables, would walk
+      it back: time quadratic in the steps)."""
     distinct: list[CapturedOp] = []
     twins: dict[CapturedOp, CapturedOp] = {}
     # copies kept as stubs -> theirs; the multiplies crossed to reach each from a shared
@@ -109,6 +112,9 @@ def _condensed(ops: Sequence[CapturedOp], copies: Mapping[CapturedOp, CapturedOp
                 else:
                     leaves[x] = _leaf_like(x)
                     distinct.append(leaves[x])
+            elif x not in copies and calls.elsewhere(x, op):
+                leaves[x] = _leaf_like(x)
+                distinct.append(leaves[x])
         return twin_of(op, functools.partial(_first_of, (stubs, leaves, twins)), None)
 
     for op in ops:
@@ -120,7 +126,7 @@ def _condensed(ops: Sequence[CapturedOp], copies: Mapping[CapturedOp, CapturedOp
                 depth[op] = crossed
                 stubs[op] = reading_copies(op)
             continue
-        if calls.inside(op) and any(x in copies for x in op.inputs):
+        if calls.inside(op) and any(x in copies or calls.elsewhere(x, op) for x in op.inputs):
             twins[op] = reading_copies(op)
         else:
             twins[op] = twin_of(op, read, None if op.forward is None else read(op.forward))
@@ -154,6 +160,12 @@ class _ReplayedCalls:
     def inside(self, op: CapturedOp) -> bool:
         """``op`` ran inside a replayed call."""
         return any(frame in self.replayed for frame in op.module_stack)
+
+    def elsewhere(self, x: CapturedOp, op: CapturedOp) -> bool:
+        """``x``, a distinct record ``op`` (one made inside a replayed call) reads, was
+        made inside another replayed call than ``op``'s."""
+        return (x.node_op == "call_function" and self.inside(x)
+                and not self.replayed.intersection(x.module_stack).intersection(op.module_stack))
 
 
 def _shared_inputs(copy: CapturedOp, copies: Mapping[CapturedOp, CapturedOp], calls: _ReplayedCalls) -> bool:
