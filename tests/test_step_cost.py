@@ -216,3 +216,24 @@ def test_the_decode_sweep_lists_each_contexts_step(capsys: pytest.CaptureFixture
         step = [(1, c)] * 3
         flops = 2 * sum(cost.iteration(step).values())
         assert f"{c:,}  " in printed and f"{flops:,}" in printed and f"{cost.iteration_bytes(step):,}" in printed
+
+
+def test_a_prefill_keeps_its_roles_when_a_chunk_follows_it() -> None:
+    """Qwen3-Next's gated DeltaNet layers (0 to 2 of 4; layer 3 attends) project q, k, v and z in one fused
+    ``in_proj_qkvz``; a chunk after the prefill reads the convolution state the prefill left, the last positions of
+    its q, k, v columns. The prefill's projections are charged by what the prefill does with their columns, not by
+    the chunk's reading of that state: per layer P·d·(2·16) for q and k and P·d·(4·16) for v (2 key and 4 value
+    heads of 16), the attention layer's P·d·(h·head) for q (its gate's half is no query) and P·d·(kv·head) for k
+    and v; as in a capture of the prefill alone."""
+    from flopscope.workloads import step_cost
+    from flopscope.workloads.generation import profile_generation
+
+    model, prompt = FAMILIES["qwen3_next"](), 5
+    prefill = step_cost._chunk_profile(model, prompt, 3, None, ()).steps()[0].by_role
+    linear, full = 3, 1
+    assert {role: prefill[role] for role in ("q_proj", "k_proj", "v_proj")} == {
+        "q_proj": linear * prompt * d * 2 * 16 + full * prompt * d * h * head,
+        "k_proj": linear * prompt * d * 2 * 16 + full * prompt * d * kv * head,
+        "v_proj": linear * prompt * d * 4 * 16 + full * prompt * d * kv * head}
+    alone = profile_generation(model, torch.zeros(1, prompt, dtype=torch.long), 1).steps()[0].by_role
+    assert prefill == alone
