@@ -11,7 +11,6 @@ import pytest
 import torch
 
 import flopscope
-from flopscope.errors import SymbolicError
 from flopscope.workloads import cost_model, rank_cost_model
 from flopscope.workloads.distributed import fake_world, tensor_parallel
 from flopscope.workloads.step_cost import count_request
