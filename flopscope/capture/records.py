@@ -165,16 +165,21 @@ def link(ops: Sequence[CapturedOp], again: bool = False) -> None:
         return
     users: dict[CapturedOp, list[CapturedOp]] = {}
     for op in ops:
-        found: dict[CapturedOp, None] = {}
-        _gather(op.args, found)
-        if op.kwargs:
-            _gather(op.kwargs.values(), found)
-        op.inputs = tuple(found)
+        op.inputs = records_in(op.args, op.kwargs)
         for source in op.inputs:
             users.setdefault(source, []).append(op)
     for i, op in enumerate(ops):
         op.users = tuple(users.get(op, ()))
         op.index = i
+
+
+def records_in(*values: Any) -> tuple[CapturedOp, ...]:
+    """The records inside ``values`` (a record's args and kwargs: their tuples, lists
+    and dicts), each once, in order: what :func:`map_records` maps, without building a
+    copy."""
+    found: dict[CapturedOp, None] = {}
+    _gather(values, found)
+    return tuple(found)
 
 
 def _gather(values: Iterable[Any], found: dict[CapturedOp, None]) -> None:

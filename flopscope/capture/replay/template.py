@@ -27,7 +27,7 @@ from torch.utils import _pytree as pytree
 
 from ..module_tracker import ModuleCall, ModuleTracker
 from ..recorder import Recorder, Window, storage_of
-from ..records import CapturedOp, LeafKind, map_records
+from ..records import CapturedOp, LeafKind, records_in
 from ..scoped_patch import ScopedPatch
 from ..state import named_state
 from . import attribute_reads, given_objects
@@ -123,9 +123,7 @@ class _Copy:
     @classmethod
     def of(cls, op: CapturedOp, stack_at: int, mapped: set[int]) -> _Copy:
         def maps(value: Any) -> bool:
-            found: list[CapturedOp] = []
-            map_records(value, found.append)
-            return any(id(record) in mapped for record in found)
+            return any(id(record) in mapped for record in records_in(value))
 
         at = tuple(i for i, a in enumerate(op.args) if isinstance(a, (CapturedOp, list, tuple, dict)) and maps(a))
         return cls(op, at, maps(op.kwargs), stack_at, tuple(getattr(op, name) for name in _REST))
