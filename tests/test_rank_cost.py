@@ -71,10 +71,11 @@ def test_the_users_model_is_not_sharded() -> None:
 
 def test_a_request_outside_the_fitted_pieces_is_fitted_where_it_falls() -> None:
     """Phi-3 with LongRoPE switches its rope where a sequence passes its original context (8): fitted at 16, its
-    first pieces hold from 9 on. A prompt of 5, a decode on a cache of 4 and a chunk of 3 on 4 each take the
-    unsharded piece below the switch, fitted anew on a copy sharded in a fake world of its own; a cache of one
-    position (a size the symbolic shapes keep constant) is counted concretely on the shards. Each equals a concrete
-    count of the shards, and the user's model stays unsharded."""
+    first pieces hold from 9 on (its first chunk runs on the cache of 17 that the first decode step leaves). A
+    prompt of 5, a decode on a cache of 4 and a chunk of 3 on 4 each take the unsharded piece below the switch,
+    fitted anew on a copy sharded in a fake world of its own; a cache of one position (a size the symbolic shapes
+    keep constant) is counted concretely on the shards. Each equals a concrete count of the shards, and the
+    user's model stays unsharded."""
     model = FAMILIES["phi3_longrope"]()
     rank = rank_cost_model(model, TP, context=16, chunk=4)
     points = [(5, 0), (1, 4), (3, 4), (1, 1), (40, 0)]
@@ -82,7 +83,7 @@ def test_a_request_outside_the_fitted_pieces_is_fitted_where_it_falls() -> None:
         assert rank.request(*point) == counted.by_role, point
         assert rank.request_bytes(*point) == (counted.bytes, counted.weights), point
     assert {kind: [piece.at for piece in pieces] for kind, pieces in rank.pieces.items()} == \
-        {"prefill": [(16, 0), (5, 0)], "decode": [(1, 16), (1, 5)], "chunk": [(4, 16), (3, 4)]}
+        {"prefill": [(16, 0), (5, 0)], "decode": [(1, 16), (1, 5)], "chunk": [(4, 17), (3, 4)]}
     assert not any(type(p).__name__ == "DTensor" for p in model.parameters())
 
 

@@ -237,3 +237,24 @@ def test_a_prefill_keeps_its_roles_when_a_chunk_follows_it() -> None:
         "v_proj": linear * prompt * d * 4 * 16 + full * prompt * d * kv * head}
     alone = profile_generation(model, torch.zeros(1, prompt, dtype=torch.long), 1).steps()[0].by_role
     assert prefill == alone
+
+
+def test_a_decode_step_keeps_its_roles_when_a_chunk_follows_it() -> None:
+    """A step's roles are what that step does with its values, whatever steps follow it. In one capture of a
+    Qwen3-Next prefill, a decode step and a chunk (the run the cost model traces), the chunk reads the convolution
+    state the decode step left (the last positions of its fused q, k, v columns): the decode step is charged as in
+    a capture of the prefill and the decode step alone, its attention layer's projections d·(h·head) for q and
+    d·(kv·head) for k and v (one position)."""
+    from flopscope.workloads import step_cost
+    from flopscope.workloads.generation import profile_generation
+
+    model, prompt = FAMILIES["qwen3_next"](), 5
+    steps = step_cost._chunk_profile(model, prompt, 3, None, (), decodes=1).steps()
+    assert len(steps) == 3
+    decode = steps[1].by_role
+    full = 1
+    assert {role: decode[role] for role in ("q_proj", "k_proj", "v_proj")} == {
+        "q_proj": full * d * h * head, "k_proj": full * d * kv * head, "v_proj": full * d * kv * head}
+    alone = profile_generation(model, torch.zeros(1, prompt, dtype=torch.long), 2).steps()
+    assert decode == alone[1].by_role
+    assert steps[0].by_role == alone[0].by_role

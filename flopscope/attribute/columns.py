@@ -83,22 +83,14 @@ def split_by_columns(p: CapturedOp, wanted: Sequence[tuple[CapturedOp, str]],
                      macs: int) -> dict[str, int]:
     """Charge each role the MACs of the output columns of ``p`` that reach its consumer;
     columns no consumer takes are ``other``. A role wanted twice for one column keeps
-    the first in role order, and a consumer in ``p``'s own call of the root module
-    comes before one in a later call of it: a forward's projection is charged by what
-    that forward does with its columns. (A later step reads them through a state the
-    forward leaves, Qwen3-Next's convolution state holding the last positions of its
-    fused ``q, k, v`` columns, where a label replay may mix them.)
+    the first in role order.
 
     The consumers are replayed in that order, nearest first, until every column is
-    taken: the later ones could take none. (A key projection read by every later
-    decoding step's cache update is charged on its first: replaying its columns through
-    a cache that grows each step to each of them costs time and memory quadratic in the
-    steps.)"""
+    taken: the later ones could take none."""
     width = int(p.output_shapes[0][feature_axis(p)])
     found: list[tuple[set[int], str]] = []
     taken: set[int] = set()
-    for target, role in sorted(wanted, key=lambda tr: (_later_call(tr[0], p), ROLE_ORDER.index(tr[1]),
-                                                       tr[0].index)):
+    for target, role in sorted(wanted, key=lambda tr: (ROLE_ORDER.index(tr[1]), tr[0].index)):
         if len(taken) == width:
             break
         reached = columns(p, target)
@@ -115,14 +107,6 @@ def split_by_rows(p: CapturedOp, x: CapturedOp, wanted: Sequence[tuple[CapturedO
     return _charge(int(x.output_shapes[0][-1]),
                    [(held_by(source, x), role)
                     for source, role in sorted(wanted, key=lambda sr: ROLE_ORDER.index(sr[1]))], macs)
-
-
-def _later_call(target: CapturedOp, p: CapturedOp) -> bool:
-    """``target`` ran in a later call of the root module that ran ``p`` (a later step)."""
-    if not target.module_stack or not p.module_stack:
-        return False
-    mine, theirs = p.module_stack[0], target.module_stack[0]
-    return mine.path == theirs.path and theirs.call > mine.call
 
 
 def _charge(width: int, wanted: Sequence[tuple[set[int], str]], macs: int) -> dict[str, int]:

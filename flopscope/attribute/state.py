@@ -89,8 +89,14 @@ class RoleState:
             role for _, role in self.demands.get(n, ())}
 
     def demand(self, projection: CapturedOp, consumer: CapturedOp, role: str) -> None:
-        """Ask for ``projection``'s columns that reach ``consumer`` to be ``role``."""
-        self.demands.setdefault(projection, []).append((consumer, role))
+        """Ask for ``projection``'s columns that reach ``consumer`` to be ``role``. A
+        consumer in a later call of the root module (a later step, reading the columns
+        through a state the step left: a cache) asks for nothing: a step's projection is
+        charged by what that step does with its columns, whatever steps follow it.
+        (Qwen3-Next's convolution state holds the last positions of its fused ``q, k,
+        v`` columns, which a label replay into the next step's chunk mixes.)"""
+        if not _later_call(consumer, projection):
+            self.demands.setdefault(projection, []).append((consumer, role))
 
     def demand_rows(self, projection: CapturedOp, source: CapturedOp, role: str) -> None:
         """Ask for the rows of ``projection`` (its input's columns) that hold
@@ -140,3 +146,11 @@ class RoleState:
 
 Pass = Callable[[GraphView, RoleState], None]
 """A role pass: reads the view, claims and asks through the state."""
+
+
+def _later_call(consumer: CapturedOp, p: CapturedOp) -> bool:
+    """``consumer`` ran in a later call of the root module that ran ``p`` (a later step)."""
+    if not consumer.module_stack or not p.module_stack:
+        return False
+    mine, theirs = p.module_stack[0], consumer.module_stack[0]
+    return mine.path == theirs.path and theirs.call > mine.call

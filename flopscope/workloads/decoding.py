@@ -108,13 +108,15 @@ def _takes_next_sequence_length(cls: type, prepare: Callable[..., Any]) -> bool:
     return "next_sequence_length" in own or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in own.values())
 
 
-def prefill_then_chunk(model: nn.Module, input_ids: torch.Tensor, chunk: Callable[[], torch.Tensor]) -> None:
-    """The prefill :func:`greedy_decode` runs over ``input_ids`` (``[B, c]``), then one
-    forward of ``chunk()``'s token ids (``[B, t]``) on the cache it filled: a chunk of
-    a chunked prefill, as a serving engine schedules it (``t`` new positions attending
-    to the ``c`` cached ones and to each other). Positions continue from the cache's
-    length (the model derives them); only the last position's logits are computed,
-    where the forward takes ``logits_to_keep``. Units: nothing is counted here."""
+def prefill_then_chunk(model: nn.Module, input_ids: torch.Tensor, chunk: Callable[[], torch.Tensor],
+                       decodes: int = 0) -> None:
+    """The prefill :func:`greedy_decode` runs over ``input_ids`` (``[B, c]``) and its
+    next ``decodes`` decode steps, then one forward of ``chunk()``'s token ids (``[B,
+    t]``) on the cache they filled: a chunk of a chunked prefill, as a serving engine
+    schedules it (``t`` new positions attending to the ``c + decodes`` cached ones and
+    to each other). Positions continue from the cache's length (the model derives
+    them); only the last position's logits are computed, where the forward takes
+    ``logits_to_keep``. Units: nothing is counted here."""
     forward_keys, _ = check_decoding(model, input_ids, 1)
 
     def forward_chunk(kwargs: dict[str, Any]) -> None:
@@ -123,7 +125,7 @@ def prefill_then_chunk(model: nn.Module, input_ids: torch.Tensor, chunk: Callabl
             given["logits_to_keep"] = 1
         model(input_ids=chunk(), **given, return_dict=True)
 
-    greedy_decode(model, input_ids, 1, then=forward_chunk)
+    greedy_decode(model, input_ids, 1 + decodes, then=forward_chunk)
 
 
 def decoding_driver(new_tokens: int, model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]

@@ -3,15 +3,21 @@ polynomials in each request's new tokens ``t`` and cached context ``c``.
 
 A serving engine (vLLM, SGLang) runs steps that mix requests: fresh prompts, chunks of a
 chunked prefill, single-token decodes, each against its own cache. Per request, a step
-is one of three computations, each traced once on fake tensors with its sizes as
-symbols (:mod:`flopscope.workloads.symbolic`):
+is one of three computations, traced on fake tensors with its sizes as symbols
+(:mod:`flopscope.workloads.symbolic`):
 
 - ``prefill``: a fresh prompt of ``t`` positions (``c = 0``), a polynomial in ``t``;
 - ``decode``: one new position on a cache of ``c`` (``t = 1``), a polynomial in ``c``
   (the templates of :mod:`flopscope.workloads.generation_templates`);
 - ``chunk``: ``t`` new positions on a cache of ``c``, a polynomial in ``t`` and ``c``:
-  a prefill fills the cache with ``c`` positions, then one forward of ``t`` token ids
-  runs on it (:func:`~flopscope.workloads.decoding.prefill_then_chunk`).
+  one forward of ``t`` token ids on the cache earlier forwards filled with ``c``
+  positions (:func:`~flopscope.workloads.decoding.prefill_then_chunk`).
+
+The first piece of each comes from one run: a prefill of ``c`` positions (a symbol), a
+decode step on its cache, then a chunk of ``t`` (a second symbol) on the ``c + 1``
+positions the decode step left (:class:`_ServingTrace`). The prefill and the decode step
+hold where the guards in ``c`` alone hold (a guard naming ``t`` was added by the chunk,
+after them); the chunk where all of them do.
 
 A step's MACs are the sum over its requests (:meth:`StepCost.iteration`): every multiply
 of a decoder-only model belongs to one request, its projections to its tokens and its
@@ -293,9 +299,9 @@ class StepCost:
 def cost_model(model: nn.Module, *, context: int = 64, chunk: int = 16, registry: FormulaRegistry | None = None,
                roles: Sequence[RoleRule] = ()) -> StepCost:
     """The serving cost model of ``model`` (a Hugging Face decoder that generates), from
-    three symbolic traces (see the module docstring): a prefill and a decode step at a
-    cache of ``context`` positions, and a chunk of ``chunk`` positions on a cache of
-    ``context``, each size a symbol. ``registry``, ``roles``: as :func:`flopscope.profile`.
+    one symbolic trace (see the module docstring): a prefill of ``context`` positions, a
+    decode step on its cache, and a chunk of ``chunk`` positions on the ``context + 1``
+    the decode step left, each size a symbol. ``registry``, ``roles``: as :func:`flopscope.profile`.
     Units: MACs (FLOPs = 2 x MACs)."""
     if context < 2 or chunk < 2:
         raise InputError(f"context and chunk are the traced sizes, at least 2 each; got {context}, {chunk}")
@@ -307,7 +313,10 @@ def cost_model(model: nn.Module, *, context: int = 64, chunk: int = 16, registry
                             "size cannot pass it. Count a rank step by step instead: profile_generation(model, ids, "
                             "new_tokens) inside flopscope.distributed.fake_world (docs/guide/distributed.md)")
     trace = functools.partial(_trace_pieces, model, registry, tuple(roles))
-    first = trace("decode", 1, context) | trace("chunk", chunk, context)
+    # (the three templates from one run where it gives them)
+    first = _ServingTrace(model, context, chunk, 1, registry, tuple(roles)).pieces()
+    if "decode" not in first:
+        first |= trace("decode", 1, context)
     notes = [note for piece in first.values() for note in getattr(piece, "notes", ())]
     return StepCost(name, {kind: [piece] for kind, piece in first.items()}, trace,
                     functools.cache(functools.partial(count_request, model, registry, tuple(roles))), notes)
@@ -333,10 +342,7 @@ def _trace_pieces(model: nn.Module, registry: FormulaRegistry | None, roles: tup
             out[template] = TemplatePiece(by_role, moved, int(steps.profile.weight_bytes(index + 1)),
                                           found.conditions(), check, (steps.n, 0) if index == 0 else (1, steps.n))
         return out
-    two = _ChunkTrace(model, c, t, registry, roles)
-    moved = _request_count(two.symbolic, two.symbolic.profile.step_totals(2)[1], ("t", "c"), (two.t, two.c))
-    return {"chunk": TemplatePiece(two.macs_by_role(), moved, int(two.symbolic.profile.weight_bytes(2)),
-                                   two.conditions(), lambda t, c: t >= 2 and c >= 2 and two.holds(t, c), (t, c))}
+    return _ServingTrace(model, c, t, 0, registry, roles).pieces()
 
 
 def _constant_sizes(kind: str, t: int, c: int) -> bool:
@@ -346,18 +352,20 @@ def _constant_sizes(kind: str, t: int, c: int) -> bool:
 
 
 def _request_count(found: SymbolicTrace, count: Any, names: tuple[str, ...],
-                   symbols: tuple[Any, ...] | None = None) -> RequestCount:
+                   symbols: tuple[Any, ...] | None = None, shift: Mapping[Any, Any] | None = None
+                   ) -> RequestCount:
     """``count`` of a symbolic trace as a :class:`RequestCount` in ``names`` (the trace's
-    ``symbols``, default its one symbol)."""
+    ``symbols``, default its one symbol), each symbol first replaced as ``shift`` says
+    (``{c: c - 1}``: the count in the size one larger)."""
     import sympy
 
     symbols = symbols or (found.symbol,)
-    expr = sympy.expand(found.expression(count))
+    expr = sympy.expand(found.expression(count).xreplace(shift or {}))
     code = python_code(expr, dict(zip(symbols, names, strict=True)))
     evaluate = eval(f"lambda {', '.join(names)}: {code}", {"max": max, "min": min})
     polynomial: Polynomial | Polynomial2 | None = None
     if expr.free_symbols <= set(symbols) and expr.is_polynomial(*symbols):
-        if len(symbols) == 1:
+        if len(symbols) == 1 and not shift:
             coefficients = found.coefficients(count)
             polynomial = None if coefficients is None else Polynomial(coefficients)
         else:
@@ -370,16 +378,20 @@ def _holds_one(found: SymbolicTrace, n: int) -> bool:
     return found.holds([n])[0]
 
 
-class _ChunkTrace:
-    """The chunk template: a prefill of ``c`` positions (a symbol) then one forward of
-    ``t`` (a second symbol of the same shape environment, made by the driver), its roles
-    carried from a concrete count of the same two forwards."""
+class _ServingTrace:
+    """A prefill of ``c`` positions (a symbol), ``decodes`` decode steps on its cache, then
+    a chunk of ``t`` positions (a second symbol of the same shape environment, made by
+    the driver) on the cache of ``c + decodes``; its roles carried from a concrete count
+    of the same forwards. Each forward's counts hold where the guards it depends on do:
+    the prefill's and the decode step's on every guard in ``c`` alone (a guard naming
+    ``t`` was added by the chunk, after them), the chunk's on all of them."""
 
-    def __init__(self, model: nn.Module, context: int, chunk: int, registry: FormulaRegistry | None,
-                 roles: tuple[RoleRule, ...]) -> None:
-        self.name = type(model).__name__
+    def __init__(self, model: nn.Module, context: int, chunk: int, decodes: int,
+                 registry: FormulaRegistry | None, roles: tuple[RoleRule, ...]) -> None:
+        self.name, self.decodes, self.context, self.chunk = type(model).__name__, decodes, context, chunk
         made: dict[str, Any] = {}
-        plan = CapturePlan.of("fake", registry, reuse=True, driver=functools.partial(_chunk_driver, chunk, made),
+        plan = CapturePlan.of("fake", registry, reuse=True,
+                              driver=functools.partial(_chunk_driver, chunk, decodes, made),
                               converter=fake_converter())
         ids = functools.partial(torch.zeros, dtype=torch.long)
         inputs: tuple[Any, Any] = (((ids(1, context + 1),), {}), ((ids(1, context),), {}))
@@ -387,44 +399,85 @@ class _ChunkTrace:
         self.t, self.c = made["t"], self.symbolic.symbol
         with quiet_symbolic_graph():
             def twin(length: int) -> Profile:
-                return _chunk_profile(model, length, chunk, registry, roles)
+                return _chunk_profile(model, length, chunk, registry, roles, decodes)
 
             if not carry_roles(self.symbolic.profile, twin, context):
                 raise SymbolicError(f"{self.name} ran other ops with symbolic sizes than at c = {context}, "
                                     f"t = {chunk}: its roles cannot be carried over")
-            found = self.symbolic.profile.steps()
-        if len(found) != 2:
-            raise SymbolicError(f"{self.name}: {len(found)} forwards traced, not a prefill and a chunk")
-        self.step: Step = found[1]
+            self.steps: list[Step] = self.symbolic.profile.steps()
+        if len(self.steps) != decodes + 2:
+            raise SymbolicError(f"{self.name}: {len(self.steps)} forwards traced, not a prefill, {decodes} decode "
+                                "step(s) and a chunk")
 
-    def macs_by_role(self) -> dict[str, RequestCount]:
-        return {role: _request_count(self.symbolic, macs, ("t", "c"), (self.t, self.c))
-                for role, macs in self.step.by_role.items()}
-
-    def holds(self, t: int, c: int) -> bool:
-        """Whether every guard of the trace (and each symbol's bounds) holds at ``(t, c)``."""
+    def holds(self, at: Mapping[Any, int], ignored: frozenset[Any] = frozenset()) -> bool:
+        """Whether every guard of the trace (and each symbol's bounds) holds at ``at``
+        (``{symbol: value}``), those naming a symbol in ``ignored`` left out."""
         import sympy
 
         env = self.symbolic.shape_env
-        for symbol, value in ((self.t, t), (self.c, c)):
+        for symbol, value in at.items():
             bounds = env.var_to_range.get(symbol)
             if bounds is not None and not bounds.lower <= value <= bounds.upper:
                 return False
-        at = {self.t: sympy.Integer(t), self.c: sympy.Integer(c)}
-        return all(g.expr.xreplace(at) is sympy.true for g in env.guards)
+        values = {symbol: sympy.Integer(value) for symbol, value in at.items()}
+        for guard in env.guards:
+            free = guard.expr.free_symbols
+            if free & ignored:
+                continue
+            if not free <= values.keys() or guard.expr.xreplace(values) is not sympy.true:
+                return False
+        return True
 
-    def conditions(self) -> tuple[str, ...]:
+    def pieces(self) -> dict[str, TemplatePiece]:
+        """The templates of its forwards as pieces: the prefill (in ``t``, the symbol
+        ``c`` of the trace) and the decode step (in ``c``) where it ran one, and the
+        chunk, its context ``c`` the trace's ``c + decodes``."""
         import sympy
 
-        names = {self.t: sympy.Symbol("t"), self.c: sympy.Symbol("c")}
-        return tuple(dict.fromkeys(str(g.expr.xreplace(names)) for g in self.symbolic.shape_env.guards))
+        out: dict[str, TemplatePiece] = {}
+        profile, found = self.symbolic.profile, self.symbolic
+        alone = frozenset({self.t})
+        # (a guard of the chunk replacing c, as by an expression in t, would change what the forwards before it
+        # read: then only the chunk is the trace's)
+        if self.decodes and self.c not in found.shape_env.replacements:
+            for index, kind, names in ((0, "prefill", ("t",)), (1, "decode", ("c",))):
+                at = (self.context, 0) if kind == "prefill" else (1, self.context)
+                check = (functools.partial(self._holds_prefill, alone) if kind == "prefill" else
+                         functools.partial(self._holds_decode, alone))
+                conditions = tuple(dict.fromkeys(found.text(g.expr) for g in found.shape_env.guards
+                                                 if not g.expr.free_symbols & alone))
+                out[kind] = TemplatePiece(
+                    {role: _request_count(found, macs, names) for role, macs in self.steps[index].by_role.items()},
+                    _request_count(found, profile.step_totals(index + 1)[1], names),
+                    int(profile.weight_bytes(index + 1)), conditions, check, at)
+        index = len(self.steps)
+        # (the chunk's context is the trace's c + decodes: its counts in that context)
+        shift = {self.c: self.c - self.decodes}
+        written = {self.t: sympy.Symbol("t"), self.c: sympy.Symbol("c")}
+        conditions = tuple(dict.fromkeys(str(g.expr.xreplace(shift).xreplace(written))
+                                         for g in found.shape_env.guards))
+        out["chunk"] = TemplatePiece(
+            {role: _request_count(found, macs, ("t", "c"), (self.t, self.c), shift)
+             for role, macs in self.steps[-1].by_role.items()},
+            _request_count(found, profile.step_totals(index)[1], ("t", "c"), (self.t, self.c), shift),
+            int(profile.weight_bytes(index)), conditions, self._holds_chunk, (self.chunk, self.context + self.decodes))
+        return out
+
+    def _holds_prefill(self, alone: frozenset[Any], t: int, c: int) -> bool:
+        return t >= 2 and self.holds({self.c: t}, alone)
+
+    def _holds_decode(self, alone: frozenset[Any], t: int, c: int) -> bool:
+        return c >= 2 and self.holds({self.c: c}, alone)
+
+    def _holds_chunk(self, t: int, c: int) -> bool:
+        return t >= 2 and c - self.decodes >= 2 and self.holds({self.t: t, self.c: c - self.decodes})
 
 
-def _chunk_driver(chunk: int, made: dict[str, Any], model: nn.Module, args: tuple[Any, ...],
+def _chunk_driver(chunk: int, decodes: int, made: dict[str, Any], model: nn.Module, args: tuple[Any, ...],
                   kwargs: dict[str, Any]) -> None:
-    """A capture's driver: :func:`prefill_then_chunk` of the run's token ids, the chunk of
-    ``chunk`` positions, a symbol of the ids' shape environment where their length is one
-    (recorded in ``made["t"]``)."""
+    """A capture's driver: :func:`prefill_then_chunk` of the run's token ids with
+    ``decodes`` decode steps, the chunk of ``chunk`` positions, a symbol of the ids'
+    shape environment where their length is one (recorded in ``made["t"]``)."""
     ids = args[0]
     size = ids.shape[1]
     length: Any = chunk
@@ -436,12 +489,13 @@ def _chunk_driver(chunk: int, made: dict[str, Any], model: nn.Module, args: tupl
         symbol = env.create_symbol(chunk, source=ConstantSource("t"), dynamic_dim=DimDynamic.DYNAMIC)
         made["t"] = symbol
         length = env.create_symintnode(symbol, hint=chunk)
-    prefill_then_chunk(model, ids, lambda: torch.zeros(ids.shape[0], length, dtype=ids.dtype, device=ids.device))
+    prefill_then_chunk(model, ids, lambda: torch.zeros(ids.shape[0], length, dtype=ids.dtype, device=ids.device),
+                       decodes)
 
 
 def _chunk_profile(model: nn.Module, context: int, chunk: int, registry: FormulaRegistry | None,
-                   roles: tuple[RoleRule, ...]) -> Profile:
-    plan = CapturePlan.of("fake", registry, reuse=True, driver=functools.partial(_chunk_driver, chunk, {}),
+                   roles: tuple[RoleRule, ...], decodes: int = 0) -> Profile:
+    plan = CapturePlan.of("fake", registry, reuse=True, driver=functools.partial(_chunk_driver, chunk, decodes, {}),
                           converter=fake_converter())
     return profile_with_plan(model, (torch.zeros(1, context, dtype=torch.long),), {}, plan, roles, stacklevel=4)
 
