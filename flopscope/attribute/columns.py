@@ -209,6 +209,8 @@ def spread_remainder(parts: dict[str, int], total: int,
 def scale_parts(parts: Mapping[str, int], total: int) -> dict[str, int]:
     """``parts`` rescaled to sum to ``total`` exactly (the remainder to the largest
     part)."""
+    if len(parts) == 1:  # (no arithmetic: a symbolic total stays as it is)
+        return {role: total for role in parts}
     whole = sum(parts.values())
     return spread_remainder({role: macs * total // whole for role, macs in parts.items()}, total,
                             largest=max(parts, key=parts.__getitem__))
