@@ -82,6 +82,10 @@ Skipped with ``--quick`` (then 2 layers, a prompt of 64, 8 tokens).
 Part 3: the Llama-70B shape (80 layers, d 8192, GQA 64/8 heads, d_ff 28672) at n 4096, one count after the
 first in its own child: seconds (target < 1.5 s) and the memory the first count needed (VmHWM growth, target
 < 600 MiB). Skipped with ``--quick``.
+
+Part 5: DeepSeek-V3 (671 B: ``DeepseekV3ForCausalLM(DeepseekV3Config())``, 61 layers, MLA, 256 routed experts) on
+meta, ids (1, 2048), in its own child: the first count in the process (``flopscope.profile(...).total()``) and the
+median of three more, against issue 49's target (< 0.5 s); ``--quick``: 4 layers.
 """
 
 from __future__ import annotations
@@ -137,12 +141,13 @@ LLAMA_70B = dict(
 VARIANTS = ("plain", "empty mode", "op recorder", "dataflow recorder", "flopscope real", "FlopCounterMode",
             "flopscope fake")
 TARGETS = {"real_vs_empty": 1.2, "7b_vs_fcm": 1.0, "7b_vs_plain": 1.6, "70b_s": 1.5, "70b_mib": 600,
-           "7b_count_vs_empty": 1.15, "7b_roles_vs_empty": 1.25, "generation_vs_prefill": 3, "long_vs_short": 1.5}
+           "7b_count_vs_empty": 1.15, "7b_roles_vs_empty": 1.25, "generation_vs_prefill": 3, "long_vs_short": 1.5,
+           "deepseek_s": 0.5}
 """Issue 34's target for real-mode time / an empty dispatch mode's (issue 15 asked 1.08); issue 15's: the 7B count
 with roles / FlopCounterMode's meta count and / the plain meta forward; the 70B count with roles in seconds and its
 peak memory growth in MiB. Issue 34's: the 7B count (``profile()``) and the count with roles, each / the meta forward
 under an empty dispatch mode (the floor of any dispatch-level counter); a 7B generation of 256 tokens / the count of
-its prompt's forward; issue 49's: 32,768 new tokens / 256 counted from templates."""
+its prompt's forward; issue 49's: 32,768 new tokens / 256 counted from templates, DeepSeek-V3's count in seconds."""
 LONG_GENERATION = 32_768
 
 
@@ -451,6 +456,38 @@ def run_generation(quick: bool, new: int, threads: int | None) -> dict[str, Any]
     return {**json.loads(done.stdout.strip().splitlines()[-1]), **spec}
 
 
+def child_deepseek(spec: dict[str, Any]) -> dict[str, Any]:
+    """Part 5, in a child: seconds of the first count of DeepSeek-V3 on meta, then the median of three more."""
+    from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
+
+    if spec["threads"]:
+        torch.set_num_threads(spec["threads"])
+    config = DeepseekV3Config(**({"num_hidden_layers": 4} if spec["quick"] else {}))
+    with torch.device("meta"):
+        model = DeepseekV3ForCausalLM(config).eval()
+    ids = torch.zeros(1, spec["n"], dtype=torch.long)
+    seconds, totals = [], set()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for _ in range(4):
+            gc.collect()
+            start = time.perf_counter()
+            totals.add(flopscope.profile(model, ids).total())
+            seconds.append(time.perf_counter() - start)
+    return {"first_s": seconds[0], "median_s": statistics.median(seconds[1:]), "macs": totals.pop(),
+            "same": len(totals) == 0, "layers": config.num_hidden_layers}
+
+
+def run_deepseek(quick: bool, threads: int | None) -> dict[str, Any]:
+    spec = {"n": 2048, "quick": quick, "threads": threads}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run([sys.executable, __file__, "--child-deepseek", json.dumps(spec)], env=env,
+                          capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"DeepSeek-V3 child process failed:\n{done.stderr[-4000:]}")
+    return {**json.loads(done.stdout.strip().splitlines()[-1]), **spec}
+
+
 # -------------------------------------------------------------------------------------------------
 def table(rows: list[list[Any]], headers: list[str]) -> str:
     try:
@@ -481,6 +518,7 @@ def main() -> None:
     parser.add_argument("--skip-generation", action="store_true", help="no part 4")
     parser.add_argument("--child-7b", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--child-generation", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--child-deepseek", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
 
     if args.child_7b is not None:
@@ -488,6 +526,9 @@ def main() -> None:
         return
     if args.child_generation is not None:
         print(json.dumps(child_generation(json.loads(args.child_generation))))
+        return
+    if args.child_deepseek is not None:
+        print(json.dumps(child_deepseek(json.loads(args.child_deepseek))))
         return
 
     if args.threads:
@@ -499,6 +540,7 @@ def main() -> None:
     big = None if args.skip_7b else run_7b(args.quick, args.reps_7b, args.threads, side_reps=3 if args.quick else 5)
     huge = None if args.skip_7b or args.quick else run_7b(False, 1, args.threads, LLAMA_70B, 4096, side_reps=0)
     generation = None if args.skip_generation else run_generation(args.quick, args.new, args.threads)
+    deepseek = None if args.skip_7b else run_deepseek(args.quick, args.threads)
     import transformers
 
     print(
@@ -635,6 +677,12 @@ def main() -> None:
         print(f"the floor of a count that runs each step: one decode step on fake tensors, nothing recorded "
               f"(floors.bare_decode_steps), {r['bare_step_s']:.3f} s, against the target's budget of "
               f"{budget * 1e3:.2f} ms a step ({r['bare_step_s'] / budget:.0f}x)")
+    if deepseek is not None:
+        r = deepseek
+        print(f"\nPart 5: DeepSeek-V3 on meta ({r['layers']} layers{', quick' if r['quick'] else ''}), ids (1, "
+              f"{r['n']}), flopscope.profile(...).total(), fresh subprocess: first count {r['first_s']:.2f} s, then "
+              f"{r['median_s']:.2f} s (target < {TARGETS['deepseek_s']} s); {r['macs']:,} MACs"
+              f"{'' if r['same'] else ' (DIFFERENT totals between counts)'}")
     for message in sorted(set(messages)):
         print(f"warning seen: {message}")
 
