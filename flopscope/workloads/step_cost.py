@@ -411,7 +411,8 @@ class _ServingTrace:
 
     def holds(self, at: Mapping[Any, int], ignored: frozenset[Any] = frozenset()) -> bool:
         """Whether every guard of the trace (and each symbol's bounds) holds at ``at``
-        (``{symbol: value}``), those naming a symbol in ``ignored`` left out."""
+        (``{symbol: value}``), those naming a symbol in ``ignored`` left out; a guard on
+        another symbol (a data-dependent size) holds only where the trace ran."""
         import sympy
 
         env = self.symbolic.shape_env
@@ -420,11 +421,15 @@ class _ServingTrace:
             if bounds is not None and not bounds.lower <= value <= bounds.upper:
                 return False
         values = {symbol: sympy.Integer(value) for symbol, value in at.items()}
+        traced = all(value == {self.c: self.context, self.t: self.chunk}.get(symbol) for symbol, value in at.items())
         for guard in env.guards:
             free = guard.expr.free_symbols
             if free & ignored:
                 continue
-            if not free <= values.keys() or guard.expr.xreplace(values) is not sympy.true:
+            if not free <= values.keys():
+                if not traced:
+                    return False
+            elif guard.expr.xreplace(values) is not sympy.true:
                 return False
         return True
 
