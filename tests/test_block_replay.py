@@ -786,3 +786,25 @@ def test_a_replayed_output_takes_an_in_place_op_as_a_run_does_in_grad_mode():
     assert_same_capture(Wrapped(reused), Wrapped(captured))
     assert [note for note in reused.notes if "replayed" in note]
     assert reused.total() == 3 * 2 * 8 * (D * 2 * D + 2 * D * D)
+
+
+class Transposing(Stack):
+    """Each block's output transposed (batch and positions, of one size) before the next block: the same shape, other
+    strides."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x).transpose(0, 1)
+        return x
+
+
+def test_a_blocks_note_names_the_strides_that_kept_it_from_the_first_blocks_template():
+    """Two blocks given tensors of one shape, [8, 8, D], the second transposed: a key holds strides, so the second
+    is captured, and the note says what differs (the strides, [8·D, D, 1] and [D, 8·D, 1]), not only two equal
+    shapes."""
+    counted, _ = both(Transposing([Block(), Block()]), torch.randn(8, 8, D))
+    assert counted.total() == 2 * 8 * 8 * (D * 2 * D + 2 * D * D)
+    assert [note for note in counted.notes if "captured" in note] == [
+        "blocks: not replayed, each of its 2 block calls captured: a block was given other arguments than the first "
+        f"block (argument 0: shape [8, 8, {D}], torch.float32, strides [{D}, {8 * D}, 1], the first block's shape "
+        f"[8, 8, {D}], torch.float32, strides [{8 * D}, {D}, 1])"]

@@ -200,7 +200,10 @@ def key_difference(first: CallKey, key: CallKey) -> str:
         return OTHER_STRUCTURE.say()
     for i, (was, now) in enumerate(zip(first[2], key[2], strict=True)):
         if was != now:
-            said = [f"shape {list(v[0])}, {v[2]}" if len(v) == 7 else f"{v[-1]!r}" for v in (was, now)]
+            if len(was) == len(now) == 7:  # (two tensors: their shapes, and whatever else differs)
+                said = [_tensor_words(v, was, now) for v in (was, now)]
+            else:
+                said = [f"shape {list(v[0])}, {v[2]}" if len(v) == 7 else f"{v[-1]!r}" for v in (was, now)]
             return OTHER_ARGUMENTS.say(at=i, now=said[1], was=said[0])
     if len(first[3]) != len(key[3]):
         return OTHER_SUBMODULE_COUNT.say()
@@ -218,6 +221,21 @@ def key_difference(first: CallKey, key: CallKey) -> str:
             names = sorted({str(item[0] if isinstance(item, tuple) else item) for item in set(was[3]) ^ set(now[3])})
             return OTHER_ATTRIBUTES.say(where=where, names=", ".join(names[:3]))
     return OTHER_KEYS.say()
+
+
+_TENSOR_FIELDS = ("shape", "strides", "dtype", "device", "requires_grad", "values known", "storage of argument")
+"""The fields of a tensor argument in a key (:func:`call_key`), as :func:`key_difference` names them."""
+
+
+def _tensor_words(entry: tuple[Any, ...], was: tuple[Any, ...], now: tuple[Any, ...]) -> str:
+    """A tensor argument's key ``entry`` in words: its shape and dtype, and each other
+    field where ``was`` and ``now`` differ (the strides of two tensors of one shape)."""
+    words = [f"shape {list(entry[0])}", str(entry[2])]
+    for index in (1, 3, 4, 5, 6):
+        if was[index] != now[index]:
+            value = entry[index]
+            words.append(f"{_TENSOR_FIELDS[index]} {list(value) if index == 1 else value}")
+    return ", ".join(words)
 
 
 def attribute_values(modules: Mapping[str, nn.Module]) -> dict[tuple[str, str], Any]:
