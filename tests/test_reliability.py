@@ -448,3 +448,22 @@ def test_a_fake_count_leaves_its_records_in_the_oldest_generation_and_frozen_obj
     assert thawed == (0 if frozen == "frozen" else 100)
     assert oldest == (records if mode == "fake" and frozen == "none" else 0)
     assert enabled == "True"
+
+
+def test_the_role_passes_leave_the_collector_as_they_found_it() -> None:
+    """The role passes pause the collector as a capture does; afterwards it is on where it was on and off where the
+    user had turned it off, and the roles are the same either way."""
+    import gc
+
+    model = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 8))
+    x = torch.randn(2, 8)
+    was = gc.isenabled()
+    try:
+        found = []
+        for enabled in (True, False):
+            (gc.enable if enabled else gc.disable)()
+            found.append(flopscope.profile(model, x, mode="fake").by_role())
+            assert gc.isenabled() is enabled
+        assert found[0] == found[1] == {"ffn_up": 2 * 8 * 16, "ffn_down": 2 * 16 * 8}
+    finally:
+        (gc.enable if was else gc.disable)()
