@@ -808,3 +808,31 @@ def test_a_blocks_note_names_the_strides_that_kept_it_from_the_first_blocks_temp
         "blocks: not replayed, each of its 2 block calls captured: a block was given other arguments than the first "
         f"block (argument 0: shape [8, 8, {D}], torch.float32, strides [{D}, {8 * D}, 1], the first block's shape "
         f"[8, 8, {D}], torch.float32, strides [{8 * D}, {D}, 1])"]
+
+
+class Sharing(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.up = nn.Linear(D, D)
+
+    def forward(self, k: int, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return self.up(x) + y * k
+
+
+class SharingStack(Stack):
+    """The first block given one tensor twice, the second two tensors."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a = self.blocks[0](2, x, x)
+        return self.blocks[1](2, a, a + 1)
+
+
+def test_a_blocks_note_names_the_argument_whose_storage_another_shared():
+    """Argument 2 of the first block is argument 1's tensor again, the second block's is a tensor of its own: the
+    note says so by argument number (the int 2 is argument 0)."""
+    counted, _ = both(SharingStack([Sharing(), Sharing()]), torch.randn(4, D))
+    assert counted.total() == 2 * 4 * D * D
+    assert [note for note in counted.notes if "captured" in note] == [
+        "blocks: not replayed, each of its 2 block calls captured: a block was given other arguments than the first "
+        f"block (argument 2: shape [4, {D}], torch.float32, its own storage, the first block's shape [4, {D}], "
+        "torch.float32, the storage of argument 1)"]

@@ -88,15 +88,18 @@ class RoleState:
         return {role for role, macs in self._parts.get(n, {}).items() if macs} | {
             role for _, role in self.demands.get(n, ())}
 
-    def demand(self, projection: CapturedOp, consumer: CapturedOp, role: str) -> None:
+    def demand(self, projection: CapturedOp, consumer: CapturedOp, role: str) -> bool:
         """Ask for ``projection``'s columns that reach ``consumer`` to be ``role``. A
         consumer in a later call of the root module (a later step, reading the columns
         through a state the step left: a cache) asks for nothing: a step's projection is
         charged by what that step does with its columns, whatever steps follow it.
         (Qwen3-Next's convolution state holds the last positions of its fused ``q, k,
-        v`` columns, which a label replay into the next step's chunk mixes.)"""
-        if not _later_call(consumer, projection):
-            self.demands.setdefault(projection, []).append((consumer, role))
+        v`` columns, which a label replay into the next step's chunk mixes.) Returns
+        whether it asked (the projection is then part of the consumer's instance)."""
+        if _later_call(consumer, projection):
+            return False
+        self.demands.setdefault(projection, []).append((consumer, role))
+        return True
 
     def demand_rows(self, projection: CapturedOp, source: CapturedOp, role: str) -> None:
         """Ask for the rows of ``projection`` (its input's columns) that hold

@@ -16,8 +16,9 @@ is one of three computations, traced on fake tensors with its sizes as symbols
 The first piece of each comes from one run: a prefill of ``c`` positions (a symbol), a
 decode step on its cache, then a chunk of ``t`` (a second symbol) on the ``c + 1``
 positions the decode step left (:class:`_ServingTrace`). The prefill and the decode step
-hold where the guards in ``c`` alone hold (a guard naming ``t`` was added by the chunk,
-after them); the chunk where all of them do.
+hold where the guards made before the chunk hold, within the bounds of ``c`` as the chunk
+found them (a guard the chunk added changes nothing before it); the chunk where all of
+them do.
 
 A step's MACs are the sum over its requests (:meth:`StepCost.iteration`): every multiply
 of a decoder-only model belongs to one request, its projections to its tokens and its
@@ -383,8 +384,9 @@ class _ServingTrace:
     a chunk of ``t`` positions (a second symbol of the same shape environment, made by
     the driver) on the cache of ``c + decodes``; its roles carried from a concrete count
     of the same forwards. Each forward's counts hold where the guards it depends on do:
-    the prefill's and the decode step's on every guard in ``c`` alone (a guard naming
-    ``t`` was added by the chunk, after them), the chunk's on all of them."""
+    the prefill's and the decode step's on the guards made before the chunk and the
+    bounds of ``c`` then (a later guard, naming ``t`` or not, changes nothing they ran),
+    the chunk's on all of them."""
 
     def __init__(self, model: nn.Module, context: int, chunk: int, decodes: int,
                  registry: FormulaRegistry | None, roles: tuple[RoleRule, ...]) -> None:
@@ -397,6 +399,8 @@ class _ServingTrace:
         inputs: tuple[Any, Any] = (((ids(1, context + 1),), {}), ((ids(1, context),), {}))
         self.symbolic = trace_dispatched(model, inputs, (context + 1, context), plan, roles)
         self.t, self.c = made["t"], self.symbolic.symbol
+        # (the guards, the bounds of c and the replaced symbols the forwards before the chunk left)
+        self._before: tuple[int, Any, set[Any]] = made["before"]
         with quiet_symbolic_graph():
             def twin(length: int) -> Profile:
                 return _chunk_profile(model, length, chunk, registry, roles, decodes)
@@ -409,23 +413,23 @@ class _ServingTrace:
             raise SymbolicError(f"{self.name}: {len(self.steps)} forwards traced, not a prefill, {decodes} decode "
                                 "step(s) and a chunk")
 
-    def holds(self, at: Mapping[Any, int], ignored: frozenset[Any] = frozenset()) -> bool:
+    def holds(self, at: Mapping[Any, int], before_chunk: bool = False) -> bool:
         """Whether every guard of the trace (and each symbol's bounds) holds at ``at``
-        (``{symbol: value}``), those naming a symbol in ``ignored`` left out; a guard on
-        another symbol (a data-dependent size) holds only where the trace ran."""
+        (``{symbol: value}``); ``before_chunk``: the guards and bounds as the chunk found
+        them (what the forwards before it depend on). A guard on another symbol (a
+        data-dependent size) holds only where the trace ran."""
         import sympy
 
         env = self.symbolic.shape_env
+        guards = env.guards[:self._before[0]] if before_chunk else env.guards
         for symbol, value in at.items():
-            bounds = env.var_to_range.get(symbol)
+            bounds = self._before[1] if before_chunk and symbol == self.c else env.var_to_range.get(symbol)
             if bounds is not None and not bounds.lower <= value <= bounds.upper:
                 return False
         values = {symbol: sympy.Integer(value) for symbol, value in at.items()}
         traced = all(value == {self.c: self.context, self.t: self.chunk}.get(symbol) for symbol, value in at.items())
-        for guard in env.guards:
+        for guard in guards:
             free = guard.expr.free_symbols
-            if free & ignored:
-                continue
             if not free <= values.keys():
                 if not traced:
                     return False
@@ -441,16 +445,14 @@ class _ServingTrace:
 
         out: dict[str, TemplatePiece] = {}
         profile, found = self.symbolic.profile, self.symbolic
-        alone = frozenset({self.t})
-        # (a guard of the chunk replacing c, as by an expression in t, would change what the forwards before it
-        # read: then only the chunk is the trace's)
-        if self.decodes and self.c not in found.shape_env.replacements:
+        # (a symbol the chunk's guards replaced, c by an expression in t say, would change what the counts of the
+        # forwards before it read: then only the chunk is the trace's)
+        if self.decodes and not set(found.shape_env.replacements) - self._before[2] - {self.t}:
             for index, kind, names in ((0, "prefill", ("t",)), (1, "decode", ("c",))):
                 at = (self.context, 0) if kind == "prefill" else (1, self.context)
-                check = (functools.partial(self._holds_prefill, alone) if kind == "prefill" else
-                         functools.partial(self._holds_decode, alone))
-                conditions = tuple(dict.fromkeys(found.text(g.expr) for g in found.shape_env.guards
-                                                 if not g.expr.free_symbols & alone))
+                check = self._holds_prefill if kind == "prefill" else self._holds_decode
+                conditions = tuple(dict.fromkeys(found.text(g.expr)
+                                                 for g in found.shape_env.guards[:self._before[0]]))
                 out[kind] = TemplatePiece(
                     {role: _request_count(found, macs, names) for role, macs in self.steps[index].by_role.items()},
                     _request_count(found, profile.step_totals(index + 1)[1], names),
@@ -468,11 +470,11 @@ class _ServingTrace:
             int(profile.weight_bytes(index)), conditions, self._holds_chunk, (self.chunk, self.context + self.decodes))
         return out
 
-    def _holds_prefill(self, alone: frozenset[Any], t: int, c: int) -> bool:
-        return t >= 2 and self.holds({self.c: t}, alone)
+    def _holds_prefill(self, t: int, c: int) -> bool:
+        return t >= 2 and self.holds({self.c: t}, before_chunk=True)
 
-    def _holds_decode(self, alone: frozenset[Any], t: int, c: int) -> bool:
-        return c >= 2 and self.holds({self.c: c}, alone)
+    def _holds_decode(self, t: int, c: int) -> bool:
+        return c >= 2 and self.holds({self.c: c}, before_chunk=True)
 
     def _holds_chunk(self, t: int, c: int) -> bool:
         return t >= 2 and c - self.decodes >= 2 and self.holds({self.t: t, self.c: c - self.decodes})
@@ -482,7 +484,9 @@ def _chunk_driver(chunk: int, decodes: int, made: dict[str, Any], model: nn.Modu
                   kwargs: dict[str, Any]) -> None:
     """A capture's driver: :func:`prefill_then_chunk` of the run's token ids with
     ``decodes`` decode steps, the chunk of ``chunk`` positions, a symbol of the ids'
-    shape environment where their length is one (recorded in ``made["t"]``)."""
+    shape environment where their length is one (recorded in ``made["t"]``). Where it
+    is, ``made["before"]`` is the shape environment as the chunk found it: its number
+    of guards, the bounds of the ids' length and the symbols replaced so far."""
     ids = args[0]
     size = ids.shape[1]
     length: Any = chunk
@@ -494,8 +498,13 @@ def _chunk_driver(chunk: int, decodes: int, made: dict[str, Any], model: nn.Modu
         symbol = env.create_symbol(chunk, source=ConstantSource("t"), dynamic_dim=DimDynamic.DYNAMIC)
         made["t"] = symbol
         length = env.create_symintnode(symbol, hint=chunk)
-    prefill_then_chunk(model, ids, lambda: torch.zeros(ids.shape[0], length, dtype=ids.dtype, device=ids.device),
-                       decodes)
+
+    def chunk_ids() -> torch.Tensor:
+        if isinstance(size, torch.SymInt):
+            made["before"] = (len(env.guards), env.var_to_range.get(size.node.expr), set(env.replacements))
+        return torch.zeros(ids.shape[0], length, dtype=ids.dtype, device=ids.device)
+
+    prefill_then_chunk(model, ids, chunk_ids, decodes)
 
 
 def _chunk_profile(model: nn.Module, context: int, chunk: int, registry: FormulaRegistry | None,

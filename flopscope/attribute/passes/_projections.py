@@ -48,9 +48,8 @@ def demand_projections(view: GraphView, state: RoleState, operand: CapturedOp, r
     found = [demand for demand in projections_of(view, state, operand, role,
                                                  through_channelwise=True)
              if demand[0] in direct]
-    for p, target, demanded in found:
-        state.demand(p, target, demanded)
-    return {p for p, _, _ in found}
+    # (a projection of an earlier step, read through its cache, is no projection of this instance)
+    return {p for p, target, demanded in found if state.demand(p, target, demanded)}
 
 
 PERIODIC = frozenset({aten.sin, aten.cos})

@@ -201,7 +201,8 @@ def key_difference(first: CallKey, key: CallKey) -> str:
     for i, (was, now) in enumerate(zip(first[2], key[2], strict=True)):
         if was != now:
             if len(was) == len(now) == 7:  # (two tensors: their shapes, and whatever else differs)
-                said = [_tensor_words(v, was, now) for v in (was, now)]
+                said = [_tensor_words(v, was, now, i, [j for j, leaf in enumerate(k[2]) if len(leaf) == 7])
+                        for v, k in ((was, first), (now, key))]
             else:
                 said = [f"shape {list(v[0])}, {v[2]}" if len(v) == 7 else f"{v[-1]!r}" for v in (was, now)]
             return OTHER_ARGUMENTS.say(at=i, now=said[1], was=said[0])
@@ -223,18 +224,25 @@ def key_difference(first: CallKey, key: CallKey) -> str:
     return OTHER_KEYS.say()
 
 
-_TENSOR_FIELDS = ("shape", "strides", "dtype", "device", "requires_grad", "values known", "storage of argument")
-"""The fields of a tensor argument in a key (:func:`call_key`), as :func:`key_difference` names them."""
+_TENSOR_FIELDS = ("shape", "strides", "dtype", "device", "requires_grad", "values known")
+"""The fields of a tensor argument in a key (:func:`call_key`), as :func:`key_difference` names
+them; the last, its storage, is said as the argument it shares it with."""
 
 
-def _tensor_words(entry: tuple[Any, ...], was: tuple[Any, ...], now: tuple[Any, ...]) -> str:
-    """A tensor argument's key ``entry`` in words: its shape and dtype, and each other
-    field where ``was`` and ``now`` differ (the strides of two tensors of one shape)."""
+def _tensor_words(entry: tuple[Any, ...], was: tuple[Any, ...], now: tuple[Any, ...], at: int,
+                  tensors: list[int]) -> str:
+    """A tensor argument's key ``entry`` (argument ``at``) in words: its shape and dtype,
+    and each other field where ``was`` and ``now`` differ (the strides of two tensors of
+    one shape). ``tensors``: the argument number of each tensor argument of its key (a
+    key holds a storage as the first tensor argument holding it)."""
     words = [f"shape {list(entry[0])}", str(entry[2])]
-    for index in (1, 3, 4, 5, 6):
+    for index in (1, 3, 4, 5):
         if was[index] != now[index]:
             value = entry[index]
             words.append(f"{_TENSOR_FIELDS[index]} {list(value) if index == 1 else value}")
+    if was[6] != now[6]:
+        owner = tensors[entry[6]]
+        words.append("its own storage" if owner == at else f"the storage of argument {owner}")
     return ", ".join(words)
 
 
