@@ -378,15 +378,18 @@ def run_7b(quick: bool, reps: int, threads: int | None, config: dict[str, int] |
         "threads": threads,
         "parent_rss_mib": _max_rss_mib(),
     }
+    return _child("--child-7b", spec, "7B")
+
+
+def _child(flag: str, spec: dict[str, Any], what: str) -> dict[str, Any]:
+    """Run this script again as a child with ``flag`` and ``spec`` (JSON); its result
+    (the last line it prints) with ``spec`` added."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    done = subprocess.run(
-        [sys.executable, __file__, "--child-7b", json.dumps(spec)], env=env, capture_output=True, text=True, check=False
-    )
+    done = subprocess.run([sys.executable, __file__, flag, json.dumps(spec)], env=env, capture_output=True, text=True,
+                          check=False)
     if done.returncode != 0:
-        raise RuntimeError(f"7B child process failed:\n{done.stderr[-4000:]}")
-    result = json.loads(done.stdout.strip().splitlines()[-1])
-    result.update(spec)
-    return result
+        raise RuntimeError(f"{what} child process failed:\n{done.stderr[-4000:]}")
+    return {**json.loads(done.stdout.strip().splitlines()[-1]), **spec}
 
 
 def child_generation(spec: dict[str, Any]) -> dict[str, Any]:
@@ -448,12 +451,7 @@ def child_generation(spec: dict[str, Any]) -> dict[str, Any]:
 def run_generation(quick: bool, new: int, threads: int | None) -> dict[str, Any]:
     spec = {"config": LLAMA_7B_QUICK if quick else LLAMA_7B, "prompt": 64 if quick else 512,
             "new": 8 if quick else new, "threads": threads}
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    done = subprocess.run([sys.executable, __file__, "--child-generation", json.dumps(spec)], env=env,
-                          capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        raise RuntimeError(f"generation child process failed:\n{done.stderr[-4000:]}")
-    return {**json.loads(done.stdout.strip().splitlines()[-1]), **spec}
+    return _child("--child-generation", spec, "generation")
 
 
 def child_deepseek(spec: dict[str, Any]) -> dict[str, Any]:
@@ -480,12 +478,7 @@ def child_deepseek(spec: dict[str, Any]) -> dict[str, Any]:
 
 def run_deepseek(quick: bool, threads: int | None) -> dict[str, Any]:
     spec = {"n": 2048, "quick": quick, "threads": threads}
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    done = subprocess.run([sys.executable, __file__, "--child-deepseek", json.dumps(spec)], env=env,
-                          capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        raise RuntimeError(f"DeepSeek-V3 child process failed:\n{done.stderr[-4000:]}")
-    return {**json.loads(done.stdout.strip().splitlines()[-1]), **spec}
+    return _child("--child-deepseek", spec, "DeepSeek-V3")
 
 
 # -------------------------------------------------------------------------------------------------

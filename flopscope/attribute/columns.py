@@ -105,21 +105,20 @@ def split_by_rows(p: CapturedOp, x: CapturedOp, wanted: Sequence[tuple[CapturedO
     the contracted dim) that hold the values of its source; rows no source holds are
     ``other``. A row wanted twice keeps the first role in role order."""
     return _charge(int(x.output_shapes[0][-1]),
-                   [(held_by(source, x), role)
-                    for source, role in sorted(wanted, key=lambda sr: ROLE_ORDER.index(sr[1]))], macs)
+                   [(held_by(source, x), role) for source, role in wanted], macs)
 
 
 def _charge(width: int, wanted: Sequence[tuple[set[int], str]], macs: int) -> dict[str, int]:
-    """``macs // width`` per index to the role that wants it (the first of ``wanted``,
-    in the order given, where several do), ``other`` for indices no one wants, the
-    remainder to the largest part."""
-    # each role's indices (those an earlier entry took are not its), the roles in the
-    # order of their first index
+    """``macs // width`` per index to the role that wants it (the first in role order
+    where several do), ``other`` for indices no one wants, the remainder to the
+    largest part."""
+    # each role's indices (those an earlier role in role order took are not its), the
+    # roles in the order of their first index
     valid = set(range(width))
     taken: set[int] = set()
     count: dict[str, int] = {}
     first: dict[str, int] = {}
-    for indices, role in wanted:
+    for indices, role in sorted(wanted, key=lambda ir: ROLE_ORDER.index(ir[1])):
         mine = (indices & valid) - taken
         if mine:
             count[role] = count.get(role, 0) + len(mine)
