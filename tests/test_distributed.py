@@ -460,3 +460,33 @@ def test_the_job_total_is_the_sum_of_its_ranks_also_when_they_differ() -> None:
     assert f"job: {sum(per_rank):,} MACs over 2 ranks" in table
     assert f"imbalance (max / mean) {max(per_rank) / (sum(per_rank) / 2):.3f}" in table
     assert not dist.is_initialized()
+
+
+def transformers_sharded(model: torch.nn.Module, tp_size: int) -> torch.nn.Module:
+    """``model`` sharded as transformers shards it when loaded with ``DistributedConfig(tp_size=...)``: its own plan
+    applied by its own code (layers wrapped in forwards that swap their shards in), in the world that is open."""
+    from transformers.distributed.configuration_utils import DistributedConfig
+    from transformers.distributed.utils import initialize_distributed_mesh
+
+    config = DistributedConfig(tp_size=tp_size)
+    _, meshes = initialize_distributed_mesh(config)
+    return type(model).maybe_distribute_model(model, config, meshes)
+
+
+def test_a_model_sharded_by_transformers_keeps_its_roles() -> None:
+    """transformers' own tensor parallelism wraps each sharded layer's forward in a closure over the module it was
+    given, which swaps the local shards of that module's parameters in for the call: in a fake count, code reaching
+    the user's module (not the shadow holding the fake state) reads the user's shards, and they are parameters too.
+    Every projection's role is kept, each split t ways (before: all in "other")."""
+    pytest.importorskip("transformers.distributed.utils", reason="transformers before its DistributedConfig")
+    t, kv = 2, 2
+    with torch.device("meta"):
+        model = hf_llama(kv, "meta")
+    with fake_world(t):
+        transformers_sharded(model, t)
+        prof = flopscope.profile(model, torch.zeros(B, n, dtype=torch.long), mode="fake")
+        assert model.model.layers[0].self_attn.q_proj.weight.to_local().is_meta  # the user's shards untouched
+    unsharded = add(times(L, add(attention(B, n, n, d, h, kv), ffn(B, n, d, d_ff, gated=True))),
+                    {"logits": B * n * d * V_HF})
+    roles = {role: macs for role, macs in prof.by_role().items() if macs}
+    assert {role: roles.get(role) for role in unsharded} == {role: macs // t for role, macs in unsharded.items()}

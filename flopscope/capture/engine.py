@@ -463,13 +463,15 @@ def _state_names(own_state: list[tuple[str, torch.Tensor]],
                  ) -> dict[int, LeafName]:
     names: dict[int, LeafName] = {}
     for name, t in own_state:
-        kind = LeafKind.PARAMETER if isinstance(t, nn.Parameter) else LeafKind.BUFFER
-        converted = convert(t)
-        names.setdefault(id(converted), LeafName("get_attr", name, kind))
-        # a DTensor's shard: what its local ops read
-        shard = getattr(converted, "_local_tensor", None)
-        if isinstance(shard, torch.Tensor):
-            names.setdefault(id(shard), LeafName("get_attr", name, kind))
+        leaf = LeafName("get_attr", name, LeafKind.PARAMETER if isinstance(t, nn.Parameter) else LeafKind.BUFFER)
+        # the tensor the run reads, and the model's own: code reaching the user's module
+        # through a closure (a forward wrapped when the model was sharded) reads that
+        for held in dict.fromkeys((convert(t), t)):
+            names.setdefault(id(held), leaf)
+            # a DTensor's shard: what its local ops read
+            shard = getattr(held, "_local_tensor", None)
+            if isinstance(shard, torch.Tensor):
+                names.setdefault(id(shard), leaf)
     return names
 
 
