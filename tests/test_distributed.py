@@ -462,13 +462,14 @@ def test_the_job_total_is_the_sum_of_its_ranks_also_when_they_differ() -> None:
     assert not dist.is_initialized()
 
 
-def transformers_sharded(model: torch.nn.Module, tp_size: int) -> torch.nn.Module:
-    """``model`` sharded as transformers shards it when loaded with ``DistributedConfig(tp_size=...)``: its own plan
-    applied by its own code (layers wrapped in forwards that swap their shards in), in the world that is open."""
+def transformers_sharded(model: torch.nn.Module, tp_size: int, ep_size: int = 1) -> torch.nn.Module:
+    """``model`` sharded as transformers shards it when loaded with ``DistributedConfig(tp_size=..., ep_size=...)``:
+    its own plans applied by its own code (layers wrapped in forwards that swap their shards in), in the world that is
+    open."""
     from transformers.distributed.configuration_utils import DistributedConfig
     from transformers.distributed.utils import initialize_distributed_mesh
 
-    config = DistributedConfig(tp_size=tp_size)
+    config = DistributedConfig(tp_size=tp_size, ep_size=ep_size)
     _, meshes = initialize_distributed_mesh(config)
     return type(model).maybe_distribute_model(model, config, meshes)
 
@@ -490,3 +491,36 @@ def test_a_model_sharded_by_transformers_keeps_its_roles() -> None:
                     {"logits": B * n * d * V_HF})
     roles = {role: macs for role, macs in prof.by_role().items() if macs}
     assert {role: roles.get(role) for role in unsharded} == {role: macs // t for role, macs in unsharded.items()}
+
+
+def test_expert_parallel_counts_the_routes_that_reach_this_ranks_experts() -> None:
+    """transformers' expert parallelism at inference (ep_size == tp_size: every rank runs its own experts on the
+    batch the group shares; the routes to other ranks' experts are masked to an id past its own, sorted after the
+    last group and skipped by the grouped matmul). A real count charges this rank's experts the routes that picked
+    them (read from the router's choice in the same run); a fake count, where routing is not known, charges every
+    route and says that it is an upper bound."""
+    pytest.importorskip("transformers.distributed.utils", reason="transformers before its DistributedConfig")
+    experts, top_k, d_ff_moe, tokens, t = 4, 2, 32, 16, 2
+    config = transformers.MixtralConfig(hidden_size=d, intermediate_size=d_ff_moe, num_hidden_layers=1,
+                                        num_attention_heads=h, num_key_value_heads=2, vocab_size=V,
+                                        num_local_experts=experts, num_experts_per_tok=top_k)
+    torch.manual_seed(0)
+    ids = torch.randint(0, V, (1, tokens))
+    chosen = []
+    with fake_world(t):
+        model = transformers_sharded(transformers.MixtralForCausalLM(config).eval(), t, ep_size=t)
+        router = model.model.layers[0].mlp.gate
+        handle = router.register_forward_hook(lambda module, args, out: chosen.append(out[2]))
+        with torch.no_grad():
+            real = flopscope.profile(model, ids, mode="real")
+            fake = flopscope.profile(model, ids, mode="fake")
+        handle.remove()
+    # rank 0 holds experts 0 and 1; the routes that picked them, in the real run
+    routes = int((chosen[0] < experts // t).sum())
+    assert 0 < routes < tokens * top_k
+    for role in ("ffn_up", "ffn_gate", "ffn_down"):
+        assert real.by_role()[role] == routes * d * d_ff_moe, role
+        assert fake.by_role()[role] == tokens * top_k * d * d_ff_moe, role
+    assert any("upper bound under expert parallelism" in note for note in fake.notes)
+    assert not any("expert parallelism" in note for note in real.notes)
+    assert fake.by_role()["q_proj"] == real.by_role()["q_proj"] == tokens * d * d // t

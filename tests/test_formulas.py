@@ -61,7 +61,22 @@ def test_matrix_products(op, args, expected):
 ])
 @needs_grouped_mm
 def test_grouped_mm(a, b, out, expected):
-    assert macs(aten._grouped_mm, a, b, (3,), out_shape=out) == expected
+    """Offsets whose values are not known (routing on fake tensors): the whole split dim."""
+    op = aten._grouped_mm.default
+    assert f.total_of(f.count(f.REGISTRY.get(op), [a, b, (3,)], {}, out, target=op)) == expected
+
+
+@pytest.mark.parametrize(("a", "b", "out", "expected"), [
+    ((12, 16), (3, 16, 8), (12, 8), 10 * 16 * 8),  # rows 10 and 11 in no group (another rank's experts')
+    ((3, 4, 16), (16, 24), (4, 24), 4 * 10 * 16),  # the columns of b split
+    ((4, 12), (12, 8), (3, 4, 8), 4 * 10 * 8),  # K split
+])
+@needs_grouped_mm
+def test_grouped_mm_counts_the_groups_its_known_offsets_cover(a, b, out, expected):
+    offs = f.KnownShape((3,), [3, 7, 10])
+    for op, args in ((aten._grouped_mm.default, [a, b, offs]),
+                     (aten._scaled_grouped_mm.default, [a, b, (1,), (1,), offs])):
+        assert f.total_of(f.count(f.REGISTRY.get(op), args, {}, out, target=op)) == expected, op
 
 
 @pytest.mark.skipif(not _grouped_mm_runs_on_the_cpu(), reason="this torch has no CPU kernel for _grouped_mm")
@@ -86,6 +101,11 @@ def test_grouped_mm_runs_on_cpu_against_the_loop_of_mms():
     loop = flopscope.profile(Experts(False), x, offs, mode="real")
     assert grouped.by_op() == {"aten._grouped_mm": 12 * 16 * 8}
     assert loop.total() == (3 + 4 + 5) * 16 * 8 == grouped.total()
+    # the rows after the last group (routes to another rank's experts under expert parallelism) are not computed
+    x = torch.randn(16, 16, dtype=torch.bfloat16)
+    grouped = flopscope.profile(Experts(True), x, offs, mode="real")
+    loop = flopscope.profile(Experts(False), x, offs, mode="real")
+    assert grouped.total() == loop.total() == 12 * 16 * 8
 
 
 def test_sdpa_every_kernel_and_grouped_query():

@@ -68,6 +68,11 @@ class ModuleTracker:
         # id(parameter) -> (not a Linear, path)
         self._holders: dict[int, list[tuple[bool, str]]] | None = None
 
+    @property
+    def roots(self) -> tuple[nn.Module, ...]:
+        """The modules whose calls are attributed (the model, and its shadow)."""
+        return tuple(self._roots)
+
     def add_paths(self, root: nn.Module) -> None:
         """Also attribute the calls of ``root``'s modules (the same paths: a model and
         its shadow)."""

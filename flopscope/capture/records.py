@@ -313,6 +313,9 @@ class Capture:
     copies: Mapping[CapturedOp, CapturedOp] = field(default_factory=dict)
     # of the earlier call it copies (flopscope.capture.replay): the same op on the same
     # shapes, in the same place of a block of the same structure
+    # op -> calls of expert-parallel experts counted with every route
+    # (flopscope.capture.expert_parallel)
+    unrouted: Mapping[str, int] = field(default_factory=dict)
 
     def notes(self, unchecked: bool = True) -> list[str]:
         """What the recording could not establish: an op whose formula returns attention
@@ -328,6 +331,10 @@ class Capture:
             notes.append(f"{op} x{calls}: counted as an upper bound, since the values its work "
                          "depends on were not known (variable-length offsets on fake tensors: "
                          "every sequence as long as the longest); mode='real' counts it exactly")
+        for op, calls in self.unrouted.items():
+            notes.append(f"{op} x{calls}: counted as an upper bound under expert parallelism: which routes "
+                         "reach this rank's experts is data, not known on fake tensors, so every route was "
+                         "counted as if it did; mode='real' counts the routes that do")
         notes += notes_of(self.outside)
         if unchecked and self.unchecked_lookups:
             notes.append(f"fake mode: the index values of {self.unchecked_lookups} embedding "

@@ -6,14 +6,14 @@ functions of the arguments' shapes (the calling convention of
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
 from ..errors import FormulaError
-from .registry import NestedShape, OpFamily, Shape, aten_ops, formula, prod, rows_of
+from .registry import KnownShape, NestedShape, OpFamily, Shape, aten_ops, by_name, formula, prod, rows_of
 
 aten = torch.ops.aten
 
@@ -156,20 +156,32 @@ def _entries(*shapes: Shape) -> Iterable[tuple[Shape, ...]]:
 
 @formula(*aten_ops("_grouped_mm", "_scaled_grouped_mm"), family=OpFamily.GROUPED_MATMUL,
          operands=(0, 1))
-def grouped_mm(a: Shape, b: Shape, *_: Any, out_shape: Shape | None = None, **__: Any) -> int:
-    """Grouped matmul (mixture-of-experts experts).
+@by_name
+def grouped_mm(named: Mapping[str, Any], out_shape: Shape | None = None, **_: Any) -> int:
+    """Grouped matmul (mixture-of-experts experts), read by argument name (``self``,
+    ``mat2``, ``offs``).
 
-    Shapes: ``[M, K] x [G, K, N]`` (rows of ``a`` split into G groups by ``offs``) and
-    ``[G, M, K] x [G, K, N]`` give ``out.numel() * K``; ``[M, K] x [K, N]`` with
-    ``offs`` splitting K gives ``M * K * N``. Rows of ``a`` beyond ``offs[-1]`` are
-    assumed to be used (``offs`` values are data, not shapes; in Hugging Face MoE layers
-    they always are).
+    ``[M, K] x [G, K, N]``: the rows of ``a`` split into G groups by ``offs``;
+    ``[G, M, K] x [K, N]``: the columns of ``b`` split; ``[M, K] x [K, N]``: the shared
+    dim K split; ``[G, M, K] x [G, K, N]``: no split. The kernel computes the groups
+    only: where the values of ``offs`` are known (a real run, or offsets an input
+    gave), the split dim counts up to ``offs[-1]`` (rows after it, such as the routes
+    to other ranks' experts under expert parallelism, are left out). Where they are not
+    (offsets made from routing on fake tensors), every row is counted: in Hugging Face's
+    MoE layers every route meets one of the layer's experts, so ``offs[-1]`` is the
+    split dim.
     """
+    a, b, offs = named["self"], named["mat2"], named.get("offs")
+    used = offs.values[-1] if isinstance(offs, KnownShape) and offs.values else None
     if len(a) == 2 and len(b) == 2:
-        return gemm(a[0], a[1], b[1])
+        return gemm(a[0], a[1] if used is None else used, b[1])
     if out_shape is None:
         raise FormulaError(f"_grouped_mm of {a} and {b} needs the output shape (out_shape=)")
-    return prod(out_shape) * a[-1]
+    if used is None or (len(a) == 3 and len(b) == 3):
+        return prod(out_shape) * a[-1]
+    # out [M, N]: the split dim is M (a 2-D) or N (b 2-D)
+    rows, columns = (used, out_shape[-1]) if len(a) == 2 else (out_shape[0], used)
+    return rows * columns * a[-1]
 
 
 @formula("transformers::grouped_mm_fallback", family=OpFamily.GROUPED_MATMUL, operands=(0, 1))
