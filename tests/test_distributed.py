@@ -13,7 +13,7 @@ from flopscope.predict.communication import compare, fsdp, megatron
 from flopscope.workloads.distributed import fake_world
 
 from closed_forms import add, attention, ffn, rotary, times
-from zoo import hf_plan_shards_the_embedding
+from zoo import hf_plan_shards_the_embedding, transformers_distributes
 
 dist = pytest.importorskip("torch.distributed")
 transformers = pytest.importorskip("transformers")
@@ -479,7 +479,8 @@ def test_a_model_sharded_by_transformers_keeps_its_roles() -> None:
     given, which swaps the local shards of that module's parameters in for the call: in a fake count, code reaching
     the user's module (not the shadow holding the fake state) reads the user's shards, and they are parameters too.
     Every projection's role is kept, each split t ways (before: all in "other")."""
-    pytest.importorskip("transformers.distributed.utils", reason="transformers before its DistributedConfig")
+    if not transformers_distributes():
+        pytest.skip("this transformers shards a model only while loading its weights")
     t, kv = 2, 2
     with torch.device("meta"):
         model = hf_llama(kv, "meta")
@@ -499,7 +500,8 @@ def test_expert_parallel_counts_the_routes_that_reach_this_ranks_experts() -> No
     last group and skipped by the grouped matmul). A real count charges this rank's experts the routes that picked
     them (read from the router's choice in the same run); a fake count, where routing is not known, charges every
     route and says that it is an upper bound."""
-    pytest.importorskip("transformers.distributed.utils", reason="transformers before its DistributedConfig")
+    if not transformers_distributes():
+        pytest.skip("this transformers shards a model only while loading its weights")
     experts, top_k, d_ff_moe, tokens, t = 4, 2, 32, 16, 2
     config = transformers.MixtralConfig(hidden_size=d, intermediate_size=d_ff_moe, num_hidden_layers=1,
                                         num_attention_heads=h, num_key_value_heads=2, vocab_size=V,

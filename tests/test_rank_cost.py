@@ -22,6 +22,8 @@ pytestmark = pytest.mark.skipif(not symbolic_sizes_kept(), reason=str(symbolic_l
 
 from test_generation_templates import FAMILIES, L, V, d, d_ff, h, head, kv, llama  # noqa: E402
 
+from zoo import transformers_distributes  # noqa: E402
+
 TP = 2
 # (t, c) of fresh prompts, decodes and chunks, none of them among the sizes the fit counted (2 to 5)
 POINTS = [(40, 0), (1, 300), (9, 70), (33, 6)]
@@ -60,6 +62,28 @@ def test_a_ranks_share_is_the_closed_form() -> None:
     assert rank.request(t, c) == expected
     whole = cost_model(llama(), context=8, chunk=4)
     assert sum(rank.request(t, c).values()) * TP == sum(whole.request(t, c).values())
+
+
+def test_a_mixture_of_experts_rank_under_transformers_plan() -> None:
+    """Mixtral's plan shards its experts with styles of transformers' own (packed_colwise gate and up, moe_tp_experts),
+    so transformers applies it, as when it loads the model with DistributedConfig(tp_size=2): each of the top-2 routes
+    of every token meets its expert's share of the FFN width, d_ff/TP; the router (d x E) is whole on every rank.
+    Per rank, a chunk of t on a cache of c, against the closed form and a concrete count of the shards."""
+    if not transformers_distributes():
+        pytest.skip("this transformers shards a model only while loading its weights")
+    model = FAMILIES["mixtral"]()
+    experts, top_k = model.config.num_local_experts, model.config.num_experts_per_tok
+    rank = rank_cost_model(model, TP, context=8, chunk=4)
+    t, c = 9, 70
+    per_layer = {"q_proj": t * d * d // TP, "k_proj": t * d * kv * head // TP, "v_proj": t * d * kv * head // TP,
+                 "out_proj": t * d * d // TP, "attn_scores": (h // TP) * head * t * (t + c),
+                 "attn_weighted_sum": (h // TP) * head * t * (t + c), "ffn_up": t * top_k * d * d_ff // TP,
+                 "ffn_gate": t * top_k * d * d_ff // TP, "ffn_down": t * top_k * d_ff * d // TP,
+                 "other": t * d * experts}
+    assert rank.request(t, c) == {role: L * macs for role, macs in per_layer.items()} | {"logits": d * V // TP}
+    for point, counted in sharded_counts(model, POINTS).items():
+        assert rank.request(*point) == counted.by_role, point
+        assert rank.request_bytes(*point) == (counted.bytes, counted.weights), point
 
 
 def test_the_users_model_is_not_sharded() -> None:

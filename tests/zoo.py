@@ -52,6 +52,18 @@ def _cpu_sdpa_fuses_grouped_query() -> bool:
 CPU_FUSED_GQA = _cpu_sdpa_fuses_grouped_query()
 
 
+def transformers_distributes() -> bool:
+    """Whether this transformers shards a built model with its own code from a ``DistributedConfig`` of tensor and
+    expert parallel sizes (``initialize_distributed_mesh``, ``maybe_distribute_model``: transformers 5.2x; older ones
+    shard only while loading weights)."""
+    try:
+        from transformers.distributed.configuration_utils import DistributedConfig
+        from transformers.distributed.utils import initialize_distributed_mesh  # noqa: F401
+    except ImportError:
+        return False
+    return "ep_size" in DistributedConfig.__dataclass_fields__
+
+
 def hf_plan_shards_the_embedding() -> bool:
     """Whether this transformers' tensor-parallel plan for Llama shards the token embedding by vocabulary (newer
     transformers; older ones leave it whole, and the LM head's shard then has no token table of its shape: flopscope

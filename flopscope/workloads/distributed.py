@@ -218,7 +218,10 @@ def tensor_parallel(model: nn.Module, mesh: Any,
     ``"rowwise_rep"`` / ``"embedding_rowwise"``
     (``RowwiseParallel(input_layouts=Replicate())``; on an embedding:
     vocabulary-parallel), ``"replicate"`` (left as is). Default: the model's own plan
-    (:func:`hf_plan`).
+    (:func:`hf_plan`); where it names styles without a DTensor equivalent here (the
+    mixture-of-experts ones: ``"packed_colwise"``, ``"moe_tp_experts"``) and the world
+    is the mesh's ranks, transformers applies it with its own code, as when it loads the
+    model with ``DistributedConfig(tp_size=...)``.
 
     Refused with a :class:`~flopscope.errors.ConfigurationError`: a mesh size that does
     not divide the config's query or key/value heads or its FFN width, a style without a
@@ -233,6 +236,9 @@ def tensor_parallel(model: nn.Module, mesh: Any,
     given = plan is not None
     patterns = dict(plan) if plan is not None else hf_plan(model)
     styles = _styles()
+    if not given and any(isinstance(style, str) and style not in styles for style in patterns.values()) and \
+            _sharded_by_transformers(model, size):
+        return model
     names = [name for name, _ in model.named_modules()]
     expanded: dict[str, Any] = {}
     for pattern, style in patterns.items():
@@ -255,6 +261,27 @@ def tensor_parallel(model: nn.Module, mesh: Any,
                                          "with a ParallelStyle for it")
     parallelize_module(model, tp_mesh, expanded)
     return model
+
+
+def _sharded_by_transformers(model: nn.Module, size: int) -> bool:
+    """Shard ``model`` as transformers does when it loads one with
+    ``DistributedConfig(tp_size=size)`` (its own plan, applied by its own code: the
+    mixture-of-experts styles among them), where this transformers can and the world is
+    the ``size`` ranks its mesh spans; whether it did."""
+    import torch.distributed as dist
+
+    distribute = getattr(type(model), "maybe_distribute_model", None)
+    if distribute is None or not dist.is_initialized() or dist.get_world_size() != size:
+        return False
+    try:
+        from transformers.distributed.configuration_utils import DistributedConfig
+        from transformers.distributed.utils import initialize_distributed_mesh
+    except ImportError:
+        return False
+    config = DistributedConfig(tp_size=size)
+    _, meshes = initialize_distributed_mesh(config)
+    distribute(model, config, meshes)
+    return True
 
 
 def _tp_mesh(mesh: Any) -> Any:

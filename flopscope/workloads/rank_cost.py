@@ -18,9 +18,11 @@ Each template's first piece is fitted when the model is made. A request outside 
 fitted piece takes the unsharded model's piece there (traced where it falls, as
 :meth:`~flopscope.workloads.step_cost.StepCost.piece` does) and fits it on a copy sharded
 anew in a fake world of its own; a request at sizes the symbolic shapes keep constant (a
-cache of one position) is counted concretely on such a copy. Expert parallelism is not
-modelled: experts are counted as the tensor-parallel plan shards them. Units: MACs
-(FLOPs = 2 x MACs) and bytes, per rank.
+cache of one position) is counted concretely on such a copy. A mixture of experts is
+sharded by its own plan (transformers applies the styles of its own:
+:func:`~flopscope.workloads.distributed.tensor_parallel`); expert parallelism is not
+modelled (which routes reach a rank is data). Units: MACs (FLOPs = 2 x MACs) and
+bytes, per rank.
 """
 
 from __future__ import annotations
