@@ -6,14 +6,14 @@ functions of the arguments' shapes (the calling convention of
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
 from ..errors import FormulaError
-from .registry import KnownShape, NestedShape, OpFamily, Shape, aten_ops, by_name, formula, prod, rows_of
+from .registry import KnownShape, NestedShape, OpFamily, Shape, aten_ops, formula, prod, rows_of
 
 aten = torch.ops.aten
 
@@ -52,6 +52,7 @@ __all__ = [  # every formula of this module; flopscope.formulas re-exports them
     'quantized_linear_unpacked',
     'real_fft_macs',
     'recurrent',
+    'scaled_grouped_mm',
     'scaled_mm',
     'triangular_solve',
     'trilinear',
@@ -154,12 +155,10 @@ def _entries(*shapes: Shape) -> Iterable[tuple[Shape, ...]]:
         yield tuple(s.sizes[i] if isinstance(s, NestedShape) else s for s in shapes)
 
 
-@formula(*aten_ops("_grouped_mm", "_scaled_grouped_mm"), family=OpFamily.GROUPED_MATMUL,
-         operands=(0, 1))
-@by_name
-def grouped_mm(named: Mapping[str, Any], out_shape: Shape | None = None, **_: Any) -> int:
-    """Grouped matmul (mixture-of-experts experts), read by argument name (``self``,
-    ``mat2``, ``offs``).
+@formula(*aten_ops("_grouped_mm"), family=OpFamily.GROUPED_MATMUL, operands=(0, 1))
+def grouped_mm(a: Shape, b: Shape, offs: Shape | None = None, *_: Any, out_shape: Shape | None = None,
+               **__: Any) -> int:
+    """Grouped matmul (mixture-of-experts experts): ``_grouped_mm(a, b, offs)``.
 
     ``[M, K] x [G, K, N]``: the rows of ``a`` split into G groups by ``offs``;
     ``[G, M, K] x [K, N]``: the columns of ``b`` split; ``[M, K] x [K, N]``: the shared
@@ -167,11 +166,10 @@ def grouped_mm(named: Mapping[str, Any], out_shape: Shape | None = None, **_: An
     only: where the values of ``offs`` are known (a real run, or offsets an input
     gave), the split dim counts up to ``offs[-1]`` (rows after it, such as the routes
     to other ranks' experts under expert parallelism, are left out). Where they are not
-    (offsets made from routing on fake tensors), every row is counted: in Hugging Face's
-    MoE layers every route meets one of the layer's experts, so ``offs[-1]`` is the
-    split dim.
+    (offsets made from routing on fake tensors), the whole split dim is counted: in
+    Hugging Face's MoE layers every route meets one of the layer's experts, so
+    ``offs[-1]`` is the split dim.
     """
-    a, b, offs = named["self"], named["mat2"], named.get("offs")
     used = offs.values[-1] if isinstance(offs, KnownShape) and offs.values else None
     if len(a) == 2 and len(b) == 2:
         return gemm(a[0], a[1] if used is None else used, b[1])
@@ -182,6 +180,14 @@ def grouped_mm(named: Mapping[str, Any], out_shape: Shape | None = None, **_: An
     # out [M, N]: the split dim is M (a 2-D) or N (b 2-D)
     rows, columns = (used, out_shape[-1]) if len(a) == 2 else (out_shape[0], used)
     return rows * columns * a[-1]
+
+
+@formula(*aten_ops("_scaled_grouped_mm"), family=OpFamily.GROUPED_MATMUL, operands=(0, 1))
+def scaled_grouped_mm(a: Shape, b: Shape, scale_a: Any = None, scale_b: Any = None, offs: Shape | None = None,
+                      *_: Any, out_shape: Shape | None = None, **__: Any) -> int:
+    """``_scaled_grouped_mm(a, b, scale_a, scale_b, offs)``: as :func:`grouped_mm`
+    (scaling multiplies no operands)."""
+    return grouped_mm(a, b, offs, out_shape=out_shape)
 
 
 @formula("transformers::grouped_mm_fallback", family=OpFamily.GROUPED_MATMUL, operands=(0, 1))
