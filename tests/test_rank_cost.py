@@ -12,7 +12,7 @@ import torch
 
 import flopscope
 from flopscope.workloads import cost_model, rank_cost_model
-from flopscope.workloads.distributed import fake_world, tensor_parallel
+from flopscope.workloads.distributed import fake_world, hf_plan, tensor_parallel
 from flopscope.workloads.step_cost import count_request
 from flopscope.workloads.symbolic import symbolic_limits, symbolic_sizes_kept
 
@@ -65,20 +65,22 @@ def test_a_ranks_share_is_the_closed_form() -> None:
 
 
 def test_a_mixture_of_experts_rank_under_transformers_plan() -> None:
-    """Mixtral's plan shards its experts with styles of transformers' own (packed_colwise gate and up, moe_tp_experts),
-    so transformers applies it, as when it loads the model with DistributedConfig(tp_size=2): each of the top-2 routes
-    of every token meets its expert's share of the FFN width, d_ff/TP; the router (d x E) is whole on every rank.
-    Per rank, a chunk of t on a cache of c, against the closed form and a concrete count of the shards."""
+    """Mixtral's plan (transformers 5.24) shards its experts with styles of transformers' own (packed_colwise gate and
+    up, moe_tp_experts), so transformers applies it, as when it loads the model with DistributedConfig(tp_size=2):
+    each of the top-2 routes of every token meets its expert's share of the FFN width, d_ff/TP. From 5.25 the plan
+    leaves the experts to expert parallelism: whole on every rank. The router (d x E) is whole on every rank. Per
+    rank, a chunk of t on a cache of c, against the closed form and a concrete count of the shards."""
     if not transformers_distributes():
         pytest.skip("this transformers shards a model only while loading its weights")
     model = FAMILIES["mixtral"]()
     experts, top_k = model.config.num_local_experts, model.config.num_experts_per_tok
+    split = TP if any(".experts" in pattern for pattern in hf_plan(model)) else 1
     rank = rank_cost_model(model, TP, context=8, chunk=4)
     t, c = 9, 70
     per_layer = {"q_proj": t * d * d // TP, "k_proj": t * d * kv * head // TP, "v_proj": t * d * kv * head // TP,
                  "out_proj": t * d * d // TP, "attn_scores": (h // TP) * head * t * (t + c),
-                 "attn_weighted_sum": (h // TP) * head * t * (t + c), "ffn_up": t * top_k * d * d_ff // TP,
-                 "ffn_gate": t * top_k * d * d_ff // TP, "ffn_down": t * top_k * d_ff * d // TP,
+                 "attn_weighted_sum": (h // TP) * head * t * (t + c), "ffn_up": t * top_k * d * d_ff // split,
+                 "ffn_gate": t * top_k * d * d_ff // split, "ffn_down": t * top_k * d_ff * d // split,
                  "other": t * d * experts}
     assert rank.request(t, c) == {role: L * macs for role, macs in per_layer.items()} | {"logits": d * V // TP}
     for point, counted in sharded_counts(model, POINTS).items():
