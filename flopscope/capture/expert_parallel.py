@@ -13,43 +13,54 @@ route is counted, as if all had picked this rank's experts, an upper bound.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
+import torch
 from torch import nn
 
 from .records import CapturedOp
 
-__all__ = ["expert_parallel_paths", "unrouted_counts"]
+__all__ = ["unrouted_counts"]
 
 SPLIT_FLAG = "_is_expert_parallel"
 """The attribute transformers sets on an experts module whose experts it split over the
 ranks of an expert-parallel group (``MoEParamShard``)."""
 
-_GROUPED = ("aten._grouped_mm", "aten._scaled_grouped_mm")
+_GROUPED = frozenset(getattr(torch.ops.aten, name).default
+                     for name in ("_grouped_mm", "_scaled_grouped_mm") if hasattr(torch.ops.aten, name))
 
 
-def expert_parallel_paths(roots: Iterable[nn.Module]) -> frozenset[str]:
-    """The paths of the modules under ``roots`` whose experts are split over ranks."""
-    return frozenset(name for root in roots for name, module in root.named_modules()
-                     if vars(module).get(SPLIT_FLAG) is True)
-
-
-def unrouted_counts(ops: Sequence[CapturedOp], paths: frozenset[str]) -> Counter[str]:
-    """Per op name, the grouped matmuls run by a module of ``paths`` (or inside one)
-    whose offsets' values were not known: counted with every route."""
+def unrouted_counts(ops: Sequence[CapturedOp], roots: Sequence[nn.Module]) -> Counter[str]:
+    """Per op name, the grouped matmuls whose offsets' values were not known, run
+    inside an experts module of ``roots`` (the model and its shadow: the same paths)
+    that transformers split over ranks: counted with every route. Only the modules
+    running grouped matmuls are looked up."""
     found: Counter[str] = Counter()
-    if not paths:
-        return found
+    split: dict[str, bool] = {}
+
+    def is_split(path: str) -> bool:
+        known = split.get(path)
+        if known is None:
+            known = split[path] = any(vars(module).get(SPLIT_FLAG) is True
+                                      for module in (_module_at(root, path) for root in roots) if module is not None)
+        return known
+
     for op in ops:
-        if op.macs and op.op_name in _GROUPED and _offsets_unknown(op) and \
-                any(frame.path in paths for frame in op.module_stack):
+        if op.macs and op.target in _GROUPED and _offsets_unknown(op) and \
+                any(is_split(frame.path) for frame in op.module_stack):
             found[op.op_name] += 1
     return found
 
 
+def _module_at(root: nn.Module, path: str) -> nn.Module | None:
+    try:
+        return root.get_submodule(path)
+    except AttributeError:
+        return None
+
+
 def _offsets_unknown(op: CapturedOp) -> bool:
-    schema = getattr(op.target, "_schema", None)
-    names = [argument.name for argument in schema.arguments] if schema is not None else []
-    at = names.index("offs") if "offs" in names else None
-    offs = op.kwargs.get("offs") if at is None or at >= len(op.args) else op.args[at]
+    names = [argument.name for argument in op.target._schema.arguments]
+    at = names.index("offs")
+    offs = op.args[at] if at < len(op.args) else op.kwargs.get("offs")
     return isinstance(offs, CapturedOp) and offs.value is None
