@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import warnings
 from typing import Any
 
 import pytest
@@ -526,3 +527,34 @@ def test_expert_parallel_counts_the_routes_that_reach_this_ranks_experts() -> No
     assert any("upper bound under expert parallelism" in note for note in fake.notes)
     assert not any("expert parallelism" in note for note in real.notes)
     assert fake.by_role()["q_proj"] == real.by_role()["q_proj"] == tokens * d * d // t
+
+
+@pytest.mark.skipif(not hasattr(torch.ops.aten, "_grouped_mm"), reason="this torch has no _grouped_mm")
+def test_an_expert_parallel_modules_grouped_matmul_is_an_upper_bound_only_where_its_offsets_are_not_known() -> None:
+    """On fake tensors, offsets computed from an input's values are known (the count stops at offs[-1]: exact, no
+    note), offsets from routing on the data are not (every row counted, and the notes say it is an upper bound); an
+    offset written over after it was computed is not known either."""
+    rows, k, n = 16, 8, 4
+
+    class Experts(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.randn(3, k, n))
+            self._is_expert_parallel = True  # (as transformers' MoEParamShard marks experts split over ranks)
+
+        def forward(self, x, counts, routed: bool, written: bool):
+            if routed:
+                counts = torch.histc(x[:, 0], bins=3, min=-1.0, max=1.0).int()
+            offs = counts.cumsum(0).int()
+            if written:
+                offs.copy_(x[:3, 0].int())
+            return torch._grouped_mm(x, self.w, offs)
+
+    x, counts = torch.randn(rows, k), torch.tensor([3, 4, 5])
+    for routed, written, macs, noted in ((False, False, 12 * k * n, False), (True, False, rows * k * n, True),
+                                         (False, True, rows * k * n, True)):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            prof = flopscope.profile(Experts(), x, counts, routed, written, mode="fake")
+        assert prof.total() == macs, (routed, written)
+        assert any("upper bound under expert parallelism" in note for note in prof.notes) is noted, (routed, written)

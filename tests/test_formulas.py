@@ -77,6 +77,14 @@ def test_grouped_mm_counts_the_groups_its_known_offsets_cover(a, b, out, expecte
     for op, args in ((aten._grouped_mm.default, [a, b, offs]),
                      (aten._scaled_grouped_mm.default, [a, b, (1,), (1,), offs])):
         assert f.total_of(f.count(f.REGISTRY.get(op), args, {}, out, target=op)) == expected, op
+        assert f.total_of(f.count(f.REGISTRY.get(op), args[:-1], {"offs": offs}, out, target=op)) == expected, op
+
+
+def test_transformers_grouped_mm_fallback_counts_the_rows_its_known_offsets_cover():
+    """transformers' fallback loops over the groups ``offs`` bounds: rows after ``offs[-1]`` are not computed."""
+    fallback = f.REGISTRY.get("transformers::grouped_mm_fallback")
+    assert fallback((12, 16), (3, 16, 8), f.KnownShape((3,), [3, 7, 10])) == 10 * 16 * 8
+    assert fallback((12, 16), (3, 16, 8), (3,)) == 12 * 16 * 8  # offsets not known: every row
 
 
 @pytest.mark.skipif(not _grouped_mm_runs_on_the_cpu(), reason="this torch has no CPU kernel for _grouped_mm")

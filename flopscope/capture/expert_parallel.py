@@ -13,7 +13,8 @@ route is counted, as if all had picked this rank's experts, an upper bound.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 from torch import nn
@@ -28,13 +29,17 @@ ranks of an expert-parallel group (``MoEParamShard``)."""
 
 _GROUPED = frozenset(getattr(torch.ops.aten, name).default
                      for name in ("_grouped_mm", "_scaled_grouped_mm") if hasattr(torch.ops.aten, name))
+_GROUPED_BY_NAME = ("transformers.grouped_mm_fallback",)
+"""transformers' fallback, a custom op registered when its MoE code is imported."""
 
 
-def unrouted_counts(ops: Sequence[CapturedOp], roots: Sequence[nn.Module]) -> Counter[str]:
-    """Per op name, the grouped matmuls whose offsets' values were not known, run
-    inside an experts module of ``roots`` (the model and its shadow: the same paths)
-    that transformers split over ranks: counted with every route. Only the modules
-    running grouped matmuls are looked up."""
+def unrouted_counts(ops: Sequence[CapturedOp], roots: Sequence[nn.Module],
+                    values: Callable[[CapturedOp], torch.Tensor | None]) -> Counter[str]:
+    """Per op name, the grouped matmuls whose offsets' values were not known
+    (``values``: the run's known values of a record), run inside an experts module of
+    ``roots`` (the model and its shadow: the same paths) that transformers split over
+    ranks: counted with every route. Only the modules running grouped matmuls are
+    looked up."""
     found: Counter[str] = Counter()
     split: dict[str, bool] = {}
 
@@ -46,7 +51,10 @@ def unrouted_counts(ops: Sequence[CapturedOp], roots: Sequence[nn.Module]) -> Co
         return known
 
     for op in ops:
-        if op.macs and op.target in _GROUPED and _offsets_unknown(op) and \
+        if not op.macs or (op.target not in _GROUPED and op.op_name not in _GROUPED_BY_NAME):
+            continue
+        offs = _offsets(op)
+        if isinstance(offs, CapturedOp) and values(offs) is None and \
                 any(is_split(frame.path) for frame in op.module_stack):
             found[op.op_name] += 1
     return found
@@ -59,8 +67,8 @@ def _module_at(root: nn.Module, path: str) -> nn.Module | None:
         return None
 
 
-def _offsets_unknown(op: CapturedOp) -> bool:
+def _offsets(op: CapturedOp) -> Any:
+    """The ``offs`` argument of a grouped matmul's record (by its schema's name)."""
     names = [argument.name for argument in op.target._schema.arguments]
     at = names.index("offs")
-    offs = op.args[at] if at < len(op.args) else op.kwargs.get("offs")
-    return isinstance(offs, CapturedOp) and offs.value is None
+    return op.args[at] if at < len(op.args) else op.kwargs.get("offs")

@@ -191,11 +191,13 @@ def scaled_grouped_mm(a: Shape, b: Shape, scale_a: Any = None, scale_b: Any = No
 
 
 @formula("transformers::grouped_mm_fallback", family=OpFamily.GROUPED_MATMUL, operands=(0, 1))
-def grouped_mm_fallback(x: Shape, weight: Shape, *_: Any, **__: Any) -> int:
-    """transformers' opaque fallback for grouped matmul: every row of ``x`` meets one
-    expert."""
+def grouped_mm_fallback(x: Shape, weight: Shape, offs: Shape | None = None, *_: Any, **__: Any) -> int:
+    """transformers' opaque fallback for grouped matmul, a loop over the groups of rows
+    ``offs`` bounds: as :func:`grouped_mm`, the rows up to ``offs[-1]`` where its
+    values are known, else every row of ``x``."""
     # [S, N] = grouped_mm_fallback([S, K], [E, K, N], offs[E])
-    return gemm(x[0], x[1], weight[2])
+    used = offs.values[-1] if isinstance(offs, KnownShape) and offs.values else x[0]
+    return gemm(used, x[1], weight[2])
 
 
 @formula(aten._trilinear)

@@ -218,10 +218,11 @@ def tensor_parallel(model: nn.Module, mesh: Any,
     ``"rowwise_rep"`` / ``"embedding_rowwise"``
     (``RowwiseParallel(input_layouts=Replicate())``; on an embedding:
     vocabulary-parallel), ``"replicate"`` (left as is). Default: the model's own plan
-    (:func:`hf_plan`); where it names styles without a DTensor equivalent here (the
-    mixture-of-experts ones: ``"packed_colwise"``, ``"moe_tp_experts"``) and the world
-    is the mesh's ranks, transformers applies it with its own code, as when it loads the
-    model with ``DistributedConfig(tp_size=...)``.
+    (:func:`hf_plan`); where it names styles of transformers' own without a DTensor
+    equivalent here (the mixture-of-experts ones, ``"packed_colwise"`` and
+    ``"moe_tp_experts"``, among them) and the mesh spans the world, transformers applies
+    it with its own code, as when it loads the model with ``DistributedConfig(tp_size=...)``
+    (transformers 5.2x; older ones: refused as below).
 
     Refused with a :class:`~flopscope.errors.ConfigurationError`: a mesh size that does
     not divide the config's query or key/value heads or its FFN width, a style without a
@@ -237,7 +238,7 @@ def tensor_parallel(model: nn.Module, mesh: Any,
     patterns = dict(plan) if plan is not None else hf_plan(model)
     styles = _styles()
     if not given and any(isinstance(style, str) and style not in styles for style in patterns.values()) and \
-            _sharded_by_transformers(model, size):
+            _sharded_by_transformers(model, tp_mesh):
         return model
     names = [name for name, _ in model.named_modules()]
     expanded: dict[str, Any] = {}
@@ -258,29 +259,40 @@ def tensor_parallel(model: nn.Module, mesh: Any,
                 known = ", ".join(sorted(styles))
                 raise ConfigurationError(f"module '{name}': tensor-parallel style {style!r} has no "
                                          f"DTensor equivalent here (known: {known}); pass plan= "
-                                         "with a ParallelStyle for it")
+                                         "with a ParallelStyle for it (the model's own plan is applied "
+                                         "by transformers where it can shard a built model and the "
+                                         "mesh spans the world)")
     parallelize_module(model, tp_mesh, expanded)
     return model
 
 
-def _sharded_by_transformers(model: nn.Module, size: int) -> bool:
-    """Shard ``model`` as transformers does when it loads one with
-    ``DistributedConfig(tp_size=size)`` (its own plan, applied by its own code: the
-    mixture-of-experts styles among them), where this transformers can and the world is
-    the ``size`` ranks its mesh spans; whether it did."""
+def _sharded_by_transformers(model: nn.Module, mesh: Any) -> bool:
+    """Shard ``model`` over the 1-D ``mesh`` as transformers does when it loads one with
+    ``DistributedConfig(tp_size=...)`` (its own plan, applied by its own code: the
+    mixture-of-experts styles among those without a DTensor equivalent here), where this
+    transformers can shard a built model and ``mesh`` spans the world (transformers'
+    meshes span it: made here on ``mesh``'s device type); whether it did."""
     import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
 
     distribute = getattr(type(model), "maybe_distribute_model", None)
-    if distribute is None or not dist.is_initialized() or dist.get_world_size() != size:
+    if distribute is None or mesh.ndim != 1 or not dist.is_initialized() or dist.get_world_size() != mesh.size():
         return False
     try:
         from transformers.distributed.configuration_utils import DistributedConfig
-        from transformers.distributed.utils import initialize_distributed_mesh
+        from transformers.distributed.utils import TransformersDeviceMesh
     except ImportError:
         return False
+    size = mesh.size()
     config = DistributedConfig(tp_size=size)
-    _, meshes = initialize_distributed_mesh(config)
-    distribute(model, config, meshes)
+    # (the dense layers' view of the ranks and the experts': with no expert parallelism
+    # the experts' FSDP axis spans them)
+    meshes = TransformersDeviceMesh(
+        init_device_mesh(mesh.device_type, (1, 1, 1, size), mesh_dim_names=("pp", "dp_replicate", "fsdp", "tp")),
+        init_device_mesh(mesh.device_type, (1, 1, size, 1), mesh_dim_names=("pp", "dp_replicate", "efsdp", "ep")))
+    if distribute(model, config, meshes) is not model:
+        raise ConfigurationError(f"transformers sharded {type(model).__name__} into another module (pipeline "
+                                 "stages?); shard it yourself and profile what it returns")
     return True
 
 

@@ -584,4 +584,4 @@ def capture_of(recorder: Recorder, tracker: ModuleTracker) -> Capture:
                    tallies.unchecked_lookups, dict(tallies.decomposed), dict(tracker.inputs), dict(tracker.calls),
                    dict(tracker.root_seconds), dict(tallies.upper_bounds), tuple(recorder.outside_work),
                    tallies.largest_out, dict(recorder.copies),
-                   dict(unrouted_counts(recorder.ops, tracker.roots)))
+                   dict(unrouted_counts(recorder.ops, tracker.roots, recorder.known_values.of_record)))

@@ -88,9 +88,13 @@ class KnownValues:
         propagated to it)."""
         known = self._producers.get(id(t))
         if known is not None and known[0]() is t:
-            op = known[1]
-            return None if id(op) in self.stale else self.by_record.get(id(op), op.value)
+            return self.of_record(known[1])
         return self.leaf_values.get(id(t))
+
+    def of_record(self, op: CapturedOp) -> torch.Tensor | None:
+        """The known values of the tensor the record ``op`` made (``None`` once it was
+        written over)."""
+        return None if id(op) in self.stale else self.by_record.get(id(op), op.value)
 
     def read_value(self, t: torch.Tensor) -> torch.Tensor | None:
         """:meth:`value_of`, counted in ``value_reads`` when known (what runs, or what
