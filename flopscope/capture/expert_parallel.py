@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..formulas.registry import OpFamily
 from .records import CapturedOp
 
 __all__ = ["unrouted_counts"]
@@ -26,11 +27,6 @@ __all__ = ["unrouted_counts"]
 SPLIT_FLAG = "_is_expert_parallel"
 """The attribute transformers sets on an experts module whose experts it split over the
 ranks of an expert-parallel group (``MoEParamShard``)."""
-
-_GROUPED = frozenset(getattr(torch.ops.aten, name).default
-                     for name in ("_grouped_mm", "_scaled_grouped_mm") if hasattr(torch.ops.aten, name))
-_GROUPED_BY_NAME = ("transformers.grouped_mm_fallback",)
-"""transformers' fallback, a custom op registered when its MoE code is imported."""
 
 
 def unrouted_counts(ops: Sequence[CapturedOp], roots: Sequence[nn.Module],
@@ -51,7 +47,8 @@ def unrouted_counts(ops: Sequence[CapturedOp], roots: Sequence[nn.Module],
         return known
 
     for op in ops:
-        if not op.macs or (op.target not in _GROUPED and op.op_name not in _GROUPED_BY_NAME):
+        # (the registry's grouped matmuls: _grouped_mm, _scaled_grouped_mm, transformers' fallback)
+        if not op.macs or op.spec is None or op.spec.family is not OpFamily.GROUPED_MATMUL:
             continue
         offs = _offsets(op)
         if isinstance(offs, CapturedOp) and values(offs) is None and \
@@ -68,7 +65,11 @@ def _module_at(root: nn.Module, path: str) -> nn.Module | None:
 
 
 def _offsets(op: CapturedOp) -> Any:
-    """The ``offs`` argument of a grouped matmul's record (by its schema's name)."""
-    names = [argument.name for argument in op.target._schema.arguments]
+    """The ``offs`` argument of a grouped matmul's record (by its schema's name;
+    ``None`` for one without)."""
+    schema = getattr(op.target, "_schema", None)
+    names = [argument.name for argument in schema.arguments] if schema is not None else []
+    if "offs" not in names:
+        return op.kwargs.get("offs")
     at = names.index("offs")
     return op.args[at] if at < len(op.args) else op.kwargs.get("offs")

@@ -170,7 +170,7 @@ def grouped_mm(a: Shape, b: Shape, offs: Shape | None = None, *_: Any, out_shape
     Hugging Face's MoE layers every route meets one of the layer's experts, so
     ``offs[-1]`` is the split dim.
     """
-    used = offs.values[-1] if isinstance(offs, KnownShape) and offs.values else None
+    used = _covered(offs)
     if len(a) == 2 and len(b) == 2:
         return gemm(a[0], a[1] if used is None else used, b[1])
     if out_shape is None:
@@ -196,8 +196,13 @@ def grouped_mm_fallback(x: Shape, weight: Shape, offs: Shape | None = None, *_: 
     ``offs`` bounds: as :func:`grouped_mm`, the rows up to ``offs[-1]`` where its
     values are known, else every row of ``x``."""
     # [S, N] = grouped_mm_fallback([S, K], [E, K, N], offs[E])
-    used = offs.values[-1] if isinstance(offs, KnownShape) and offs.values else x[0]
-    return gemm(used, x[1], weight[2])
+    used = _covered(offs)
+    return gemm(x[0] if used is None else used, x[1], weight[2])
+
+
+def _covered(offs: Shape | None) -> int | None:
+    """Where a grouped matmul's groups end, ``offs[-1]``, if its values are known."""
+    return offs.values[-1] if isinstance(offs, KnownShape) and offs.values else None
 
 
 @formula(aten._trilinear)
