@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Iterator, Mapping
+from fractions import Fraction
 from functools import cached_property
 from pathlib import Path
 from types import MappingProxyType
@@ -68,8 +69,8 @@ class Profile:
     - closed forms and time: :meth:`reconcile`, :meth:`model_formulas`, :meth:`timing`;
     - several forwards and ranks: :meth:`steps`, :meth:`decode_scaling`,
       :meth:`collectives`;
-    - what ``total()`` leaves out: :meth:`unsupported` (``unsupported_ops``: fvcore's
-      name), :meth:`decomposed`, :meth:`elementwise`, :meth:`elementwise_by_op`,
+    - what ``total()`` leaves out or bounds: :meth:`unsupported` (``unsupported_ops``:
+      fvcore's name), :meth:`decomposed`, :meth:`unrouted`, :meth:`elementwise`, :meth:`elementwise_by_op`,
       :meth:`total_elementwise`, :meth:`uncalled_modules`, :meth:`module_calls`,
       :meth:`canonical_module_name`;
     - files and views: :meth:`export_chrome_trace`, :meth:`export_folded`,
@@ -532,6 +533,17 @@ class Profile:
         """``{op: calls}`` of ops without a formula that were counted through
         ``op.decompose()``."""
         return dict(self._capture.decomposed)
+
+    def unrouted(self) -> Mapping[CapturedOp, Fraction | None]:
+        """Read-only ``{record: share}`` of the grouped matmuls of an expert-parallel
+        rank counted with every route (on fake tensors which routes reach this rank's
+        experts is data, so ``total()`` holds an upper bound for them; the notes say so),
+        each with the share of its layer's experts the rank holds (local experts over
+        all; ``None`` where the shards do not say): under balanced routing its experts
+        get that share of the routes and compute that share of its MACs. Empty in
+        ``mode="real"``, which counts the routes that reach the rank
+        (:mod:`flopscope.capture.expert_parallel`)."""
+        return MappingProxyType(dict(self._capture.unrouted))
 
     def elementwise(self) -> dict[str, int]:
         """Elementwise ops (not MACs) per category: pointwise, softmax, norm, reduction,

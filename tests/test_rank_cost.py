@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import re
+from fractions import Fraction
 
 import pytest
 import torch
@@ -86,6 +87,50 @@ def test_a_mixture_of_experts_rank_under_transformers_plan() -> None:
     for point, counted in sharded_counts(model, POINTS).items():
         assert rank.request(*point) == counted.by_role, point
         assert rank.request_bytes(*point) == (counted.bytes, counted.weights), point
+
+
+@pytest.mark.parametrize("routing", ["balanced", "upper"])
+def test_an_expert_parallel_rank_under_a_stated_routing(routing: str) -> None:
+    """experts=True splits Mixtral's experts over the ranks too, as transformers' expert parallelism (ep_size =
+    tp_size): rank 0 holds experts 0 and 1 of 4, whole, and runs them on the batch the group shares. Which routes
+    reach them is data: under balanced routing each expert gets as many of the t·top_k routes as any other, so the
+    rank's two experts get half of them (each route through d x d_ff up, gate and down); under "upper" every route
+    meets them. Attention is split by heads, the router (d x E) whole. Per rank, a chunk of t on a cache of c, against
+    the closed form and against concrete counts of the shards at sizes outside the fitted ones; the bytes are the same
+    under both routings (those of the tensors the grouped matmuls are given)."""
+    if not transformers_distributes():
+        pytest.skip("this transformers shards a model only while loading its weights")
+    model = FAMILIES["mixtral"]()
+    experts, top_k = model.config.num_local_experts, model.config.num_experts_per_tok
+    whole = cost_model(model, context=8, chunk=4)
+    rank = rank_cost_model(model, TP, experts=True, routing=routing, unsharded=whole)
+    routes = {"balanced": Fraction(1, TP), "upper": 1}[routing]
+    t, c = 9, 70
+    per_layer = {"q_proj": t * d * d // TP, "k_proj": t * d * kv * head // TP, "v_proj": t * d * kv * head // TP,
+                 "out_proj": t * d * d // TP, "attn_scores": (h // TP) * head * t * (t + c),
+                 "attn_weighted_sum": (h // TP) * head * t * (t + c), "ffn_up": t * top_k * routes * d * d_ff,
+                 "ffn_gate": t * top_k * routes * d * d_ff, "ffn_down": t * top_k * routes * d_ff * d,
+                 "other": t * d * experts}
+    assert rank.request(t, c) == {role: L * macs for role, macs in per_layer.items()} | {"logits": d * V // TP}
+    with fake_world(TP) as mesh:
+        shard = tensor_parallel(copy.deepcopy(model), mesh, experts=True)
+        counted = {point: count_request(shard, None, (), *point, balanced=routing == "balanced") for point in POINTS}
+    for point, found in counted.items():
+        assert rank.request(*point) == found.by_role, point
+        assert rank.request_bytes(*point) == (found.bytes, found.weights), point
+    other = rank_cost_model(model, TP, experts=True, routing={"balanced": "upper", "upper": "balanced"}[routing],
+                            unsharded=whole)
+    assert all(rank.request_bytes(*point) == other.request_bytes(*point) for point in POINTS)
+    assert any(f"{routing} routing" in note for note in rank.notes)
+
+
+def test_expert_parallelism_is_refused_where_no_experts_are_split() -> None:
+    """A model without an expert-parallel plan (Llama), a routing that is not a convention: refused, saying why."""
+    with pytest.raises(flopscope.ConfigurationError, match="routing="):
+        rank_cost_model(llama(), TP, experts=True, routing="uniform", context=8, chunk=4)
+    if transformers_distributes():
+        with pytest.raises(flopscope.ConfigurationError, match="no expert-parallel plan"):
+            rank_cost_model(llama(), TP, experts=True, context=8, chunk=4)
 
 
 def test_the_users_model_is_not_sharded() -> None:

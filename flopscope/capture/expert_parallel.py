@@ -7,13 +7,15 @@ the masked ones sort after ``offs[-1]`` and the kernel skips them
 (:func:`flopscope.formulas.linear_algebra.grouped_mm` counts up to ``offs[-1]`` where
 the offsets' values are known). Which routes those are is data: on fake tensors every
 route is counted, as if all had picked this rank's experts, an upper bound.
-:func:`unrouted_counts` finds those counts so that the capture's notes say so.
+:func:`unrouted_records` finds those records, each with the share of the layer's experts
+the rank holds, so that the capture's notes say so and a routing convention can be
+applied to them (balanced routing: the rank's experts get that share of the routes).
 """
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Callable, Sequence
+from fractions import Fraction
 from typing import Any
 
 import torch
@@ -22,39 +24,59 @@ from torch import nn
 from ..formulas.registry import OpFamily
 from .records import CapturedOp
 
-__all__ = ["unrouted_counts"]
+__all__ = ["SPLIT_FLAG", "unrouted_records"]
 
 SPLIT_FLAG = "_is_expert_parallel"
 """The attribute transformers sets on an experts module whose experts it split over the
 ranks of an expert-parallel group (``MoEParamShard``)."""
 
 
-def unrouted_counts(ops: Sequence[CapturedOp], roots: Sequence[nn.Module],
-                    values: Callable[[CapturedOp], torch.Tensor | None]) -> Counter[str]:
-    """Per op name, the grouped matmuls whose offsets' values were not known
-    (``values``: the run's known values of a record), run inside an experts module of
-    ``roots`` (the model and its shadow: the same paths) that transformers split over
-    ranks: counted with every route. Only the modules running grouped matmuls are
-    looked up."""
-    found: Counter[str] = Counter()
-    split: dict[str, bool] = {}
+def unrouted_records(ops: Sequence[CapturedOp], roots: Sequence[nn.Module],
+                     values: Callable[[CapturedOp], torch.Tensor | None]) -> dict[CapturedOp, Fraction | None]:
+    """The grouped matmuls whose offsets' values were not known (``values``: the run's
+    known values of a record), run inside an experts module of ``roots`` (the model and
+    its shadow: the same paths) that transformers split over ranks: counted with every
+    route. Each with the share of the layer's experts the rank holds
+    (:func:`expert_share`; ``None`` where it cannot be read). Only the modules running
+    grouped matmuls are looked up."""
+    found: dict[CapturedOp, Fraction | None] = {}
+    # path -> the share of the split experts module there (absent: not split)
+    split: dict[str, Fraction | bool | None] = {}
 
-    def is_split(path: str) -> bool:
-        known = split.get(path)
-        if known is None:
-            known = split[path] = any(vars(module).get(SPLIT_FLAG) is True
-                                      for module in (_module_at(root, path) for root in roots) if module is not None)
-        return known
+    def share_at(path: str) -> Fraction | bool | None:
+        if path not in split:
+            modules = [m for m in (_module_at(root, path) for root in roots) if m is not None]
+            split[path] = next((expert_share(m) for m in modules if vars(m).get(SPLIT_FLAG) is True), False)
+        return split[path]
 
     for op in ops:
         # (the registry's grouped matmuls: _grouped_mm, _scaled_grouped_mm, transformers' fallback)
         if not op.macs or op.spec is None or op.spec.family is not OpFamily.GROUPED_MATMUL:
             continue
         offs = _offsets(op)
-        if isinstance(offs, CapturedOp) and values(offs) is None and \
-                any(is_split(frame.path) for frame in op.module_stack):
-            found[op.op_name] += 1
+        if not isinstance(offs, CapturedOp) or values(offs) is not None:
+            continue
+        # (the innermost split module the matmul ran in)
+        for frame in reversed(op.module_stack):
+            share = share_at(frame.path)
+            if share is not False:
+                found[op] = share if isinstance(share, Fraction) else None
+                break
     return found
+
+
+def expert_share(module: nn.Module) -> Fraction | None:
+    """The share of its layer's experts an experts module split over ranks holds: its
+    parameters' local size along the dim they are sharded on (the experts), over their
+    global size (DTensors sharded on one dim); ``None`` where no parameter says it."""
+    for parameter in module.parameters(recurse=False):
+        placements = getattr(parameter, "placements", None)
+        dims = {p.dim for p in placements or () if hasattr(p, "dim") and p.is_shard()}
+        if len(dims) == 1:
+            dim = dims.pop()
+            local = parameter.to_local().shape[dim]  # type: ignore[attr-defined]
+            return Fraction(local, parameter.shape[dim])
+    return None
 
 
 def _module_at(root: nn.Module, path: str) -> nn.Module | None:

@@ -41,8 +41,10 @@ Every node carries its :class:`CapturedOp` (read it with :func:`captured`). For 
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from fractions import Fraction
 from typing import Any
 
 import torch
@@ -90,6 +92,11 @@ class LeafName:
     node_op: str  # "get_attr" or "placeholder"
     name: str  # "encoder.weight", "input_ids"
     kind: LeafKind
+
+
+UNROUTED_NOTE = "counted as an upper bound under expert parallelism"
+"""How the notes begin to say that a grouped matmul of an expert-parallel rank counted
+every route (:attr:`Capture.unrouted`)."""
 
 
 @dataclass(eq=False, slots=True, repr=False)
@@ -313,9 +320,9 @@ class Capture:
     copies: Mapping[CapturedOp, CapturedOp] = field(default_factory=dict)
     # of the earlier call it copies (flopscope.capture.replay): the same op on the same
     # shapes, in the same place of a block of the same structure
-    # op -> calls of expert-parallel experts counted with every route
-    # (flopscope.capture.expert_parallel)
-    unrouted: Mapping[str, int] = field(default_factory=dict)
+    # the grouped matmuls of expert-parallel experts counted with every route, each with
+    # the share of its layer's experts the rank holds (flopscope.capture.expert_parallel)
+    unrouted: Mapping[CapturedOp, Fraction | None] = field(default_factory=dict)
 
     def notes(self, unchecked: bool = True) -> list[str]:
         """What the recording could not establish: an op whose formula returns attention
@@ -331,8 +338,8 @@ class Capture:
             notes.append(f"{op} x{calls}: counted as an upper bound, since the values its work "
                          "depends on were not known (variable-length offsets on fake tensors: "
                          "every sequence as long as the longest); mode='real' counts it exactly")
-        for op, calls in self.unrouted.items():
-            notes.append(f"{op} x{calls}: counted as an upper bound under expert parallelism: which routes "
+        for op, calls in Counter(record.op_name for record in self.unrouted).items():
+            notes.append(f"{op} x{calls}: {UNROUTED_NOTE}: which routes "
                          "reach this rank's experts is data, not known on fake tensors, so every route was "
                          "counted as if it did; mode='real' counts the routes that do")
         notes += notes_of(self.outside)

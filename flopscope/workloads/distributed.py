@@ -204,8 +204,14 @@ def hf_plan(model: nn.Module) -> dict[str, str]:
     return plan
 
 
+def _ep_plan(model: nn.Module) -> dict[str, str]:
+    """The expert-parallel plan a Hugging Face model's config declares
+    (``base_model_ep_plan``; empty where none)."""
+    return dict(getattr(getattr(model, "config", None), "base_model_ep_plan", None) or {})
+
+
 def tensor_parallel(model: nn.Module, mesh: Any,
-                    plan: Mapping[str, Any] | None = None) -> nn.Module:
+                    plan: Mapping[str, Any] | None = None, *, experts: bool = False) -> nn.Module:
     """Shard ``model`` for tensor parallelism over ``mesh`` (its ``"tp"`` dimension if
     it has several) with ``torch.distributed.tensor.parallel.parallelize_module``,
     and return it.
@@ -224,10 +230,18 @@ def tensor_parallel(model: nn.Module, mesh: Any,
     it with its own code, as when it loads the model with ``DistributedConfig(tp_size=...)``
     (transformers 5.2x; older ones: refused as below).
 
+    ``experts``: also split each mixture-of-experts layer's experts over the mesh's
+    ranks, as transformers' expert parallelism does (``ep_size`` = ``tp_size`` = the
+    mesh's size: each rank holds its share of the experts whole and runs them on the
+    batch the group shares, the routes to other ranks' experts skipped; its own plans,
+    applied by its own code, as above; the count of such a rank on fake tensors is an
+    upper bound: :meth:`~flopscope.profile.Profile.unrouted`).
+
     Refused with a :class:`~flopscope.errors.ConfigurationError`: a mesh size that does
     not divide the config's query or key/value heads or its FFN width, a style without a
     DTensor equivalent (naming module and style), a pattern of a given ``plan`` that
-    matches no module. A model built on ``device="meta"`` stays there and counts in
+    matches no module, ``experts`` with a ``plan`` or where transformers cannot shard a
+    built model or declares no expert-parallel plan for it. A model built on ``device="meta"`` stays there and counts in
     ``mode="fake"`` (its meta shards become fake ones for the count)."""
     from torch.distributed.tensor.parallel import ParallelStyle, parallelize_module
 
@@ -235,6 +249,18 @@ def tensor_parallel(model: nn.Module, mesh: Any,
     size = tp_mesh.size()
     check_tensor_parallel(model, size)
     given = plan is not None
+    if experts:
+        if given:
+            raise ConfigurationError("experts=True shards by the model's own plans (transformers' tensor- and "
+                                     "expert-parallel plans); pass no plan=")
+        if not _ep_plan(model):
+            raise ConfigurationError(f"{type(model).__name__} declares no expert-parallel plan (no config "
+                                     "base_model_ep_plan): no experts to split over the ranks")
+        if not _sharded_by_transformers(model, tp_mesh, experts=True):
+            raise ConfigurationError("expert parallelism is applied by transformers' own code: this "
+                                     "transformers cannot shard a built model (5.2x can), or the mesh is not a "
+                                     "1-D mesh spanning the world")
+        return model
     patterns = dict(plan) if plan is not None else hf_plan(model)
     styles = _styles()
     if not given and any(isinstance(style, str) and style not in styles for style in patterns.values()) and \
@@ -266,10 +292,11 @@ def tensor_parallel(model: nn.Module, mesh: Any,
     return model
 
 
-def _sharded_by_transformers(model: nn.Module, mesh: Any) -> bool:
+def _sharded_by_transformers(model: nn.Module, mesh: Any, *, experts: bool = False) -> bool:
     """Shard ``model`` over the 1-D ``mesh`` as transformers does when it loads one with
     ``DistributedConfig(tp_size=...)`` (its own plan, applied by its own code: the
-    mixture-of-experts styles among those without a DTensor equivalent here), where this
+    mixture-of-experts styles among those without a DTensor equivalent here; with
+    ``experts``, ``ep_size=tp_size`` too: its expert-parallel plan), where this
     transformers can shard a built model and ``mesh`` spans the world (transformers'
     meshes span it: made here on ``mesh``'s device type); whether it did."""
     import torch.distributed as dist
@@ -284,12 +311,14 @@ def _sharded_by_transformers(model: nn.Module, mesh: Any) -> bool:
     except ImportError:
         return False
     size = mesh.size()
-    config = DistributedConfig(tp_size=size)
+    config = DistributedConfig(tp_size=size, ep_size=size if experts else None)
     # (the dense layers' view of the ranks and the experts': with no expert parallelism
     # the experts' FSDP axis spans them)
+    ep = size if experts else 1
     meshes = TransformersDeviceMesh(
         init_device_mesh(mesh.device_type, (1, 1, 1, size), mesh_dim_names=("pp", "dp_replicate", "fsdp", "tp")),
-        init_device_mesh(mesh.device_type, (1, 1, size, 1), mesh_dim_names=("pp", "dp_replicate", "efsdp", "ep")))
+        init_device_mesh(mesh.device_type, (1, 1, size // ep, ep), mesh_dim_names=("pp", "dp_replicate", "efsdp",
+                                                                                   "ep")))
     if distribute(model, config, meshes) is not model:
         raise ConfigurationError(f"transformers sharded {type(model).__name__} into another module (pipeline "
                                  "stages?); shard it yourself and profile what it returns")

@@ -20,9 +20,19 @@ fitted piece takes the unsharded model's piece there (traced where it falls, as
 anew in a fake world of its own; a request at sizes the symbolic shapes keep constant (a
 cache of one position) is counted concretely on such a copy. A mixture of experts is
 sharded by its own plan (transformers applies the styles of its own:
-:func:`~flopscope.workloads.distributed.tensor_parallel`); expert parallelism is not
-modelled (which routes reach a rank is data). Units: MACs (FLOPs = 2 x MACs) and
-bytes, per rank.
+:func:`~flopscope.workloads.distributed.tensor_parallel`).
+
+With ``experts=True`` its experts are also split over the ranks, as transformers'
+expert parallelism splits them (``ep_size = tp_size``: each rank holds its share of each
+layer's experts whole and runs them on the batch the group shares). Which routes reach
+a rank's experts is data, so a rank's expert MACs need a routing convention, stated in
+the model's name and notes: ``"balanced"`` (each expert gets as many of its layer's
+routes as any other: a rank's experts get the share of the routes that they are of the
+experts; the mean over the ranks, and each rank's count when the router balances its
+load) or ``"upper"`` (every route meets this rank's experts: the most any rank can
+compute, as a fake count gives it). Bytes are those of the tensors the grouped matmuls
+are given and return, whatever the routing (the traffic model's convention). Units:
+MACs (FLOPs = 2 x MACs) and bytes, per rank.
 """
 
 from __future__ import annotations
@@ -30,6 +40,7 @@ from __future__ import annotations
 import copy
 import functools
 import itertools
+import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from fractions import Fraction
@@ -38,13 +49,17 @@ from typing import Any
 from torch import nn
 
 from ..attribute.roles import RoleRule
-from ..errors import ConfigurationError, SymbolicError
+from ..capture.records import UNROUTED_NOTE
+from ..errors import ConfigurationError, FlopscopeWarning, SymbolicError
 from ..formulas.registry import FormulaRegistry
 from ..predict.polynomial import Polynomial, Polynomial2, interpolate
 from .distributed import fake_world, tensor_parallel
 from .step_cost import CountedRequest, RequestCount, StepCost, TemplatePiece, cost_model, count_request
 
-__all__ = ["rank_cost_model"]
+__all__ = ["ROUTINGS", "rank_cost_model"]
+
+ROUTINGS = ("balanced", "upper")
+"""The routing conventions of an expert-parallel rank's cost model (module docstring)."""
 
 _VARIABLES = {"prefill": ("t",), "decode": ("c",), "chunk": ("t", "c")}
 _SEARCH = 256
@@ -52,6 +67,7 @@ _SEARCH = 256
 
 
 def rank_cost_model(model: nn.Module, tp: int, *, rank: int = 0, plan: Mapping[str, Any] | None = None,
+                    experts: bool = False, routing: str = "balanced",
                     context: int = 64, chunk: int = 16, registry: FormulaRegistry | None = None,
                     roles: Sequence[RoleRule] = (), unsharded: StepCost | None = None) -> StepCost:
     """The cost model (:class:`~flopscope.workloads.step_cost.StepCost`) of rank ``rank``
@@ -59,22 +75,30 @@ def rank_cost_model(model: nn.Module, tp: int, *, rank: int = 0, plan: Mapping[s
     docstring): MACs per role and bytes of one request as exact polynomials in ``t`` and
     ``c``, on the rank's shards. ``plan``: as
     :func:`~flopscope.workloads.distributed.tensor_parallel` (default: the model's own).
-    ``unsharded``: the model's :func:`cost_model`, if made already (else made here with
-    ``context``, ``chunk``, ``registry`` and ``roles``). The model is not changed: a copy
-    is sharded. Units: MACs (FLOPs = 2 x MACs) and bytes, per rank."""
+    ``experts``: its experts split over the ``tp`` ranks too (expert parallelism), their
+    MACs under ``routing`` (:data:`ROUTINGS`, module docstring). ``unsharded``: the
+    model's :func:`cost_model`, if made already (else made here with ``context``,
+    ``chunk``, ``registry`` and ``roles``). The model is not changed: a copy is sharded.
+    Units: MACs (FLOPs = 2 x MACs) and bytes, per rank."""
+    if routing not in ROUTINGS:
+        raise ConfigurationError(f"routing={routing!r}: one of {', '.join(map(repr, ROUTINGS))}")
     whole = unsharded or cost_model(model, context=context, chunk=chunk, registry=registry, roles=roles)
-    name = f"{whole.model} (rank {rank} of {tp}, tensor parallel)"
+    split = f", experts split over the ranks, {routing} routing" if experts else ""
+    name = f"{whole.model} (rank {rank} of {tp}, tensor parallel{split})"
 
     @contextmanager
     def counting() -> Iterator[Callable[[int, int], CountedRequest]]:
         """Concrete counts of a request on the rank's shards: a copy of the model
         sharded in a fake world, for the block."""
-        with fake_world(tp, rank=rank) as mesh:
-            sharded = tensor_parallel(copy.deepcopy(model), mesh, plan)
+        with fake_world(tp, rank=rank) as mesh, warnings.catch_warnings():
+            # (every route counted on the experts: the routing convention, in the notes, prices them)
+            warnings.filterwarnings("ignore", message=f".*{UNROUTED_NOTE}", category=FlopscopeWarning)
+            sharded = tensor_parallel(copy.deepcopy(model), mesh, plan, experts=experts)
             if not any(type(p).__name__ == "DTensor" for p in sharded.parameters()):
                 raise ConfigurationError(f"{name}: the tensor-parallel plan shards no parameter of "
                                          f"{type(model).__name__}; pass plan= with the modules to shard")
-            yield functools.partial(count_request, sharded, registry, tuple(roles))
+            yield functools.partial(count_request, sharded, registry, tuple(roles),
+                                    balanced=experts and routing == "balanced")
 
     pieces: dict[str, list[TemplatePiece]] = {}
     with counting() as count:
@@ -102,6 +126,11 @@ def rank_cost_model(model: nn.Module, tp: int, *, rank: int = 0, plan: Mapping[s
 
     notes = [*whole.notes, f"{name}: each template's pieces fitted through concrete counts of the rank's "
                            "shards, checked at one more size along each variable than the degree needs"]
+    if experts:
+        notes.append(f"{name}: which routes reach this rank's experts is data; " + (
+            "balanced routing: each expert gets as many of its layer's routes as any other, so this rank's experts "
+            "get the share of the routes that they are of the experts" if routing == "balanced" else
+            "every route counted as if it met this rank's experts: an upper bound"))
     return StepCost(name, pieces, trace, concrete, notes)
 
 
@@ -173,7 +202,7 @@ def _request(kind: str, point: tuple[int, ...]) -> tuple[int, int]:
     return (point[0], 0) if kind == "prefill" else (1, point[0]) if kind == "decode" else (point[0], point[1])
 
 
-def _through(kind: str, sizes: list[tuple[int, ...]], values: Mapping[tuple[int, ...], int], name: str,
+def _through(kind: str, sizes: list[tuple[int, ...]], values: Mapping[tuple[int, ...], int | Fraction], name: str,
              what: str) -> Polynomial | Polynomial2:
     """The polynomial through ``values`` at ``sizes``, checked at the extra ones: along
     ``t`` for each ``c`` of the grid, then each power's coefficient along ``c``."""

@@ -208,7 +208,12 @@ class StepCost:
                 f"t = {t}, c = {c}: in a piece too narrow to fit (it holds at too few sizes), counted concretely")
         if note not in self.notes:
             self.notes.append(note)
-        return self._concrete(t, c).by_role
+        counted = self._concrete(t, c).by_role
+        fractions = [role for role, v in counted.items() if v != int(v)]
+        if fractions:
+            raise SymbolicError(f"t = {t}, c = {c}: {', '.join(fractions)} of {self.model} are no integers of MACs "
+                                "(a share of the routes under balanced routing)")
+        return {role: int(v) for role, v in counted.items()}
 
     def request_bytes(self, t: int, c: int) -> tuple[int, int]:
         """``(bytes, weights)`` of a request of ``t`` new positions on a cache of ``c``:
@@ -518,16 +523,20 @@ def _chunk_profile(model: nn.Module, context: int, chunk: int, registry: Formula
 class CountedRequest:
     """A request counted concretely: MACs per role, bytes, and the weights' share of them."""
 
-    by_role: dict[str, int]
+    by_role: dict[str, int | Fraction]
     bytes: int
     weights: int
 
 
 def count_request(model: nn.Module, registry: FormulaRegistry | None, roles: tuple[RoleRule, ...], t: int,
-                  c: int) -> CountedRequest:
+                  c: int, *, balanced: bool = False) -> CountedRequest:
     """A request counted concretely: a fresh prompt of ``t`` (``c = 0``), else a prefill
     of ``c`` then ``t`` positions on its cache (``t = 1``: a decode step as
-    :func:`~flopscope.workloads.generation.profile_generation` counts it)."""
+    :func:`~flopscope.workloads.generation.profile_generation` counts it). ``balanced``:
+    an expert-parallel rank's grouped matmuls counted with every route
+    (:meth:`~flopscope.profile.Profile.unrouted`) at the share of the routes its experts
+    get under balanced routing (:func:`balanced_routes`); else every route, an upper
+    bound."""
     ids = torch.zeros(1, c or t, dtype=torch.long)
     if c == 0:
         prof, step = profile_generation(model, ids, 1, registry=registry, roles=roles), 1
@@ -536,5 +545,31 @@ def count_request(model: nn.Module, registry: FormulaRegistry | None, roles: tup
     else:
         prof, step = _chunk_profile(model, c, t, registry, roles), 2
     found = prof.steps()[step - 1]
-    return CountedRequest({role: v for role, v in found.by_role.items() if v}, prof.step_totals(step)[1],
+    by_role: dict[str, int | Fraction] = dict(found.by_role)
+    if balanced:
+        by_role = balanced_routes(prof, step, by_role)
+    return CountedRequest({role: v for role, v in by_role.items() if v}, prof.step_totals(step)[1],
                           prof.weight_bytes(step))
+
+
+def balanced_routes(prof: Profile, step: int, by_role: Mapping[str, int | Fraction]) -> dict[str, int | Fraction]:
+    """``by_role``, one call of the root module's MACs per role (``step``, 1 for the
+    first), with each grouped matmul counted with every route on an expert-parallel rank
+    (:meth:`~flopscope.profile.Profile.unrouted`) at the share of the routes balanced
+    routing gives the rank's experts: the share of the layer's experts it holds (each
+    expert gets as many routes as any other). Exact: a count that is no integer is kept
+    as a fraction. Raises :class:`~flopscope.errors.ConfigurationError` where the
+    shards do not say the share."""
+    out: dict[str, int | Fraction] = dict(by_role)
+    assignments = prof.role_assignments_by_op()
+    for op, share in prof.unrouted().items():
+        root = op.module_stack[0] if op.module_stack else None
+        if root is None or root.path != "" or root.call != step:
+            continue
+        if share is None:
+            raise ConfigurationError(f"{op.op_name} in '{op.module_stack[-1].path}': the experts' shards do not say "
+                                     "which share of the layer's experts this rank holds; no balanced routing")
+        for role, macs in assignments[op].parts.items():
+            value = out.get(role, 0) - macs * (1 - share)
+            out[role] = int(value) if value == int(value) else value
+    return out

@@ -45,7 +45,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_mod
 from ...formulas import collectives, elementwise, traffic
 from ...formulas import registry as formulas
 from ...formulas.registry import FormulaRegistry, OpFamily, OpSpec, shape_of
-from ..expert_parallel import unrouted_counts
+from ..expert_parallel import unrouted_records
 from ..fake import CountingFakeTensorMode, needs_real_data
 from ..module_tracker import ModuleCall, ModuleTracker
 from ..records import FORWARD, Capture, CapturedOp, Cost, LeafName, op_name
@@ -584,4 +584,4 @@ def capture_of(recorder: Recorder, tracker: ModuleTracker) -> Capture:
                    tallies.unchecked_lookups, dict(tallies.decomposed), dict(tracker.inputs), dict(tracker.calls),
                    dict(tracker.root_seconds), dict(tallies.upper_bounds), tuple(recorder.outside_work),
                    tallies.largest_out, dict(recorder.copies),
-                   dict(unrouted_counts(recorder.ops, tracker.roots, recorder.known_values.of_record)))
+                   unrouted_records(recorder.ops, tracker.roots, recorder.known_values.of_record))

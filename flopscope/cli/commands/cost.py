@@ -5,7 +5,8 @@ prompt of ``t`` positions, a decode step on a cache of ``c`` and a chunk of ``t`
 cache of ``c``, each role's MACs as an exact function of ``t`` and ``c``, with the
 conditions each holds under. ``--step`` prices one scheduler step (its requests' sum);
 ``--tp N`` gives one rank's under tensor parallelism
-(:func:`flopscope.workloads.rank_cost.rank_cost_model`); ``--json`` writes the document
+(:func:`flopscope.workloads.rank_cost.rank_cost_model`), ``--ep`` with its experts split
+over the ranks too, their MACs under the ``--routing`` convention; ``--json`` writes the document
 a simulator reads (schema ``flopscope.cost/1``, ``docs/schemas/cost-1.json``). The
 model is built on meta and traced on fake tensors: nothing is allocated. Units: MACs
 (FLOPs = 2 x MACs).
@@ -22,7 +23,7 @@ from tabulate import tabulate
 
 from ...errors import ConfigurationError, FlopscopeError
 from ...predict.serving_tools import TOOLS, explain
-from ...workloads.rank_cost import rank_cost_model
+from ...workloads.rank_cost import ROUTINGS, rank_cost_model
 from ...workloads.step_cost import StepCost, cost_model
 from .._common import on_meta
 from .._options import (
@@ -74,6 +75,12 @@ def register(commands: Commands) -> None:
                      help="one rank's cost model under tensor parallelism over N ranks (the model's own plan, on a "
                           "fake world): its shards' MACs and bytes per request, fitted through concrete counts")
     cmd.add_argument("--rank", type=int, default=0, help="--tp: the rank (default 0)")
+    cmd.add_argument("--ep", action="store_true",
+                     help="--tp: split a mixture of experts' experts over the N ranks too (expert parallelism, as "
+                          "transformers' ep_size = tp_size), their MACs under --routing")
+    cmd.add_argument("--routing", choices=ROUTINGS, default="balanced",
+                     help="--ep: which routes reach the rank's experts (data, so a convention): balanced (each expert "
+                          "as many as any other; default) or upper (every route: an upper bound)")
     cmd.add_argument("--json", type=as_output_path, help="write the cost model (schema flopscope.cost/1) here")
     cmd.add_argument("--format", choices=FORMATS, default="simple", help="table format (tabulate)")
     cmd.set_defaults(run=run)
@@ -99,6 +106,8 @@ def as_requests(text: str) -> list[tuple[int, int]]:
 
 def run(args: argparse.Namespace) -> int:
     """Print the cost model, the step's price, and write the JSON."""
+    if args.ep and not (args.tp and args.tp > 1):
+        raise FlopscopeError("--ep splits the experts over the --tp ranks: give --tp N (N > 1)")
     spec = args.target
     if spec.startswith("hf:") and "/" not in spec:
         spec += "/causal-lm"
@@ -109,7 +118,9 @@ def run(args: argparse.Namespace) -> int:
                              "generate(), such as hf:llama (its causal-lm head)")
     whole = cost = cost_model(model, context=args.context, chunk=args.chunk)
     if args.tp and args.tp > 1:
-        cost = rank_cost_model(model, args.tp, rank=args.rank, unsharded=whole)
+        cost = rank_cost_model(model, args.tp, rank=args.rank, experts=args.ep, routing=args.routing,
+                               unsharded=whole)
+
     print(f"{target.description} ({cost.model}): MACs per request, t new positions on a cache of c "
           "(the attention core as executed; FLOPs = 2 x MACs)")
     print(cost.table())
