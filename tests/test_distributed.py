@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import warnings
+from fractions import Fraction
 from typing import Any
 
 import pytest
@@ -526,6 +527,8 @@ def test_expert_parallel_counts_the_routes_that_reach_this_ranks_experts() -> No
         assert fake.by_role()[role] == tokens * top_k * d * d_ff_moe, role
     assert any("upper bound under expert parallelism" in note for note in fake.notes)
     assert not any("expert parallelism" in note for note in real.notes)
+    # (its two grouped matmuls, gate and up fused, then down: this rank holds half of the experts)
+    assert list(fake.unrouted().values()) == [Fraction(1, t)] * 2 and not real.unrouted()
     assert fake.by_role()["q_proj"] == real.by_role()["q_proj"] == tokens * d * d // t
 
 
@@ -558,3 +561,5 @@ def test_an_expert_parallel_modules_grouped_matmul_is_an_upper_bound_only_where_
             prof = flopscope.profile(Experts(), x, counts, routed, written, mode="fake")
         assert prof.total() == macs, (routed, written)
         assert any("upper bound under expert parallelism" in note for note in prof.notes) is noted, (routed, written)
+        # (its parameters are no shards: which share of the experts it holds is not said)
+        assert list(prof.unrouted().values()) == ([None] if noted else [])
