@@ -181,3 +181,27 @@ def test_tensor_parallel_on_the_command_line(capsys, tmp_path) -> None:
     out = capsys.readouterr().out
     assert "rank 0 of 2, tensor parallel" in out
     assert re.search(rf"prefill\s+q_proj\s+{L * d * d // TP:,}·t\n", out), out
+
+
+def test_expert_parallelism_on_the_command_line(capsys, tmp_path) -> None:
+    """``flopscope cost CONFIG --tp 2 --ep`` prints rank 0's polynomials with its experts split over the ranks under
+    balanced routing: each new position's top_k routes through d x d_ff, half of them on this rank's experts. --ep
+    without --tp is refused, by ``cost`` and by ``profile``."""
+    from flopscope.cli import main
+
+    if not transformers_distributes():
+        pytest.skip("this transformers shards a model only while loading its weights")
+    model = FAMILIES["mixtral"]()
+    top_k = model.config.num_experts_per_tok
+    config = model.config
+    config.architectures = ["MixtralForCausalLM"]
+    config.save_pretrained(tmp_path)
+    path = str(tmp_path / "config.json")
+    assert main(["cost", path, "--tp", "2", "--ep", "--context", "8", "--chunk", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "experts split over the ranks, balanced routing" in out
+    assert re.search(rf"prefill\s+q_proj.*\n(.*\n)*?\s+ffn_up\s+{L * top_k * d * d_ff // TP:,}·t\n", out), out
+    assert main(["cost", path, "--ep"]) != 0
+    assert "--ep splits the experts over the --tp ranks" in capsys.readouterr().err
+    assert main(["profile", path, "--ep"]) == 2
+    assert "--ep needs --tp" in capsys.readouterr().err

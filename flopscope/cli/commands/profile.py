@@ -90,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"flopscope profile: error: --{', --'.join(given)}: only for diffusers: targets",
               file=sys.stderr)
         return 2
-    if args.tp is not None or args.dp > 1:
+    if args.tp is not None or args.dp > 1 or args.ep:
         return sharded.run(args)
     check_plot(args.plot)
     # nothing allocated: built for real only if a real run needs it

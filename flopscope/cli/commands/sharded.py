@@ -33,6 +33,10 @@ def add_options(parser: argparse.ArgumentParser) -> None:
                              "Hugging Face plan on a fake world and count rank 0 on fake tensors: "
                              "MACs per role beside the unsharded model's, its collectives against "
                              "Megatron-LM, bytes per MAC per layer")
+    parser.add_argument("--ep", action="store_true",
+                        help="with --tp: split a mixture of experts' experts over the T ranks too (expert "
+                             "parallelism, as transformers' ep_size = tp_size); on fake tensors every route is "
+                             "counted on this rank's experts, an upper bound (the notes say so)")
     parser.add_argument("--dp", "--fsdp", type=as_positive, default=1, metavar="D",
                         help="data-parallel (FSDP) ranks with --tp (mesh D x T): FSDP's "
                              "collectives per decoder layer, predicted (FSDP2 does not run on fake "
@@ -44,7 +48,8 @@ def run(args: argparse.Namespace) -> int:
     conflicts = [flag for flag, given in (("--sweep", args.sweep), ("--plot", args.plot),
                                           ("--mode real", args.mode == "real"),
                                           (f"--attention {args.attention}", args.attention != EXECUTED)) if given]
-    usage = ("--dp needs --tp (--tp 1: data parallel only)" if args.tp is None
+    usage = ("--dp needs --tp (--tp 1: data parallel only)" if args.tp is None and args.dp > 1
+             else "--ep needs --tp" if args.tp is None
              else f"--tp counts on fake tensors; it cannot be combined with {', '.join(conflicts)}" if conflicts
              else None)
     if usage is not None:
@@ -66,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
     with torch.no_grad() if not args.backward else torch.enable_grad():
         unsharded = profile(model, *inputs, mode="fake", backward=args.backward, **kwargs)
         with dist.fake_world(world, mesh_shape=(dp, tp), mesh_dim_names=("dp", "tp")) as mesh:
-            dist.tensor_parallel(model, mesh)
+            dist.tensor_parallel(model, mesh, experts=args.ep)
             prof = profile(model, *inputs, mode="fake", backward=args.backward, **kwargs)
             units = dist.fsdp_units(model)
             predicted = None
