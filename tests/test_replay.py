@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 import flopscope
-from flopscope.capture.records import link
+from flopscope.capture.records import link, records_in
 
 D = 16
 
@@ -127,6 +127,8 @@ def records(prof) -> list:
     each input as the position of the op record that made it, or as a leaf (its kind, name and shape). (A replay may
     record the leaf of an input earlier than a run would: leaves are compared by what they are, not where.)"""
     link(prof.profile._ops)
+    # (a replayed call's copies are made with their inputs, which link() keeps: those it would gather)
+    assert all(op.inputs == records_in(op.args, op.kwargs) for op in prof.profile._ops)
     ops = [op for op in prof.profile._ops if op.node_op == "call_function"]
     at = {id(op): i for i, op in enumerate(ops)}
 
@@ -360,6 +362,29 @@ class Passing(nn.Module):
 
     def forward(self, x: torch.Tensor, bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.net(x), bias
+
+
+class Pair(nn.Module):
+    """Adds its two inputs, then projects the sum."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(D, D, bias=False)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return self.proj(x + y)
+
+
+def test_a_call_given_one_tensor_twice_is_not_a_call_given_two():
+    """The first call adds two tensors, a later one adds a tensor to itself: the key tells them apart (a replay
+    would read one record where the template read two), so both are captured, the second add reading its input
+    once."""
+    x, y = torch.randn(2, 8, D), torch.randn(2, 8, D)
+    reused, captured = (count(Loop(Pair()), reuse, calls=[(x, y), (x, x)]) for reuse in (True, False))
+    assert_same_capture(reused, captured)
+    assert reused.reuse == ("net: 2 calls, each captured (no two had the same inputs' shapes and plain arguments)",)
+    adds = [op for op in reused.profile._ops if op.op_name.startswith("aten.add")]
+    assert [len(op.inputs) for op in adds] == [2, 1]
 
 
 def test_a_call_that_hands_back_its_argument_is_replayed_handing_back_its_own():

@@ -166,13 +166,17 @@ class CapturedOp:
 def link(ops: Sequence[CapturedOp], again: bool = False) -> None:
     """Set each record's :attr:`~CapturedOp.index`, :attr:`~CapturedOp.inputs` and
     :attr:`~CapturedOp.users` (once: a capture's records do not change after the run;
-    ``again``: also when they were linked, as after a link of part of them)."""
+    ``again``: also when they were linked, as after a link of part of them). A record
+    whose inputs are set already keeps them (a replayed call's copies are made with
+    theirs), but with ``again``: records made with :func:`dataclasses.replace` carry
+    their originals'."""
     # (set last: a link interrupted or running elsewhere is redone)
     if ops and ops[-1].index == len(ops) - 1 and not again:
         return
     users: dict[CapturedOp, list[CapturedOp]] = {}
     for op in ops:
-        op.inputs = records_in(op.args, op.kwargs)
+        if again or not op.inputs:
+            op.inputs = records_in(op.args, op.kwargs)
         for source in op.inputs:
             users.setdefault(source, []).append(op)
     for i, op in enumerate(ops):

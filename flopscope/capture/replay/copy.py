@@ -98,6 +98,7 @@ def _copy_records(template: CallTemplate, recorder: Recorder, tracker: ModuleTra
         return found
 
     plan, done = template.plan, 0
+    get = mapped.get
     for until, callout in (*template.callouts, (len(plan), None)):
         # (the hot loop of a replay: one pass, no call per record but the copy's)
         for step in plan[done:until]:
@@ -123,6 +124,11 @@ def _copy_records(template: CallTemplate, recorder: Recorder, tracker: ModuleTra
                                map_records(op.kwargs, new) if step.kwargs_records else op.kwargs,
                                op.name,
                                op.phase, stacks[step.stack_at], *step.rest)
+            if step.inputs:
+                # (what link() would gather from its arguments: the template's, mapped
+                # as they were above; a parameter's the same)
+                found = tuple([get(id(record), record) for record in step.inputs])
+                clone.inputs = tuple(dict.fromkeys(found)) if step.inputs_may_repeat else found
             mapped[id(op)] = clone
             clones.append(clone)
             copies[clone] = op

@@ -112,21 +112,32 @@ class _Copy:
     same in every call), or lists, tuples or dicts holding some, ``None`` for the
     leaf of an input (mapped to the replayed call's, not copied); ``kwargs_records``:
     its ``kwargs`` hold records; ``stack_at``: its module stack's position among the
-    template's; ``rest`` its fields after ``module_stack``, as a copy takes them."""
+    template's; ``rest`` its fields after ``module_stack``, as a copy takes them;
+    ``inputs``: the records among its ``args`` and ``kwargs``, each once, in order (a
+    copy's, mapped, are its :attr:`~CapturedOp.inputs`: the capture's link need not
+    look for them); ``inputs_may_repeat``: two of them may map to one record (two that
+    are not copied: the call's inputs, parameters and constants; another call may
+    give one tensor twice)."""
 
     op: CapturedOp
     records_at: tuple[int, ...] | None
     kwargs_records: bool = False
     stack_at: int = 0
     rest: tuple[Any, ...] = ()
+    inputs: tuple[CapturedOp, ...] = ()
+    inputs_may_repeat: bool = False
 
     @classmethod
-    def of(cls, op: CapturedOp, stack_at: int, mapped: set[int]) -> _Copy:
+    def of(cls, op: CapturedOp, stack_at: int, mapped: set[int], copied: set[int]) -> _Copy:
+        """``op``'s step; ``mapped``: ``id()`` of the records a replay maps, ``copied``
+        those it copies (each copy a record of its own)."""
         def maps(value: Any) -> bool:
             return any(id(record) in mapped for record in records_in(value))
 
         at = tuple(i for i, a in enumerate(op.args) if isinstance(a, (CapturedOp, list, tuple, dict)) and maps(a))
-        return cls(op, at, maps(op.kwargs), stack_at, tuple(getattr(op, name) for name in _REST))
+        inputs = records_in(op.args, op.kwargs)
+        return cls(op, at, maps(op.kwargs), stack_at, tuple(getattr(op, name) for name in _REST), inputs,
+                   sum(id(record) not in copied for record in inputs) > 1)
 
 
 @dataclass
@@ -404,8 +415,9 @@ def _template(recorder: Recorder, tracker: ModuleTracker, path: str, window: Win
     kept = [op for _, op in kept_at]
     given = {id(leaf[1]) for c in callouts for leaf in c.outputs if leaf[0] == "record"}
     mapped = {id(op) for op in kept} | set(inputs) | set(parameters) | given
+    copied = {id(op) for op in kept if id(op) not in inputs}
     plan = [_Copy(op, None) if id(op) in inputs else
-            _Copy.of(op, stacks.setdefault(op.module_stack, len(stacks)), mapped) for op in kept]
+            _Copy.of(op, stacks.setdefault(op.module_stack, len(stacks)), mapped, copied) for op in kept]
     placed = [(sum(1 for at, _ in kept_at if at < c.start), c) for c in callouts]
     return CallTemplate(path, plan, list(stacks), inputs, stack, calls_before, inner, module_inputs,
                         outputs,
