@@ -5,9 +5,11 @@ fitted ones and against the closed form of a rank's share, on tiny configs built
 from __future__ import annotations
 
 import copy
+import json
 import re
 from fractions import Fraction
 
+import jsonschema
 import pytest
 import torch
 
@@ -22,6 +24,7 @@ transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.skipif(not symbolic_sizes_kept(), reason=str(symbolic_limits()))
 
 from test_generation_templates import FAMILIES, L, V, d, d_ff, h, head, kv, llama  # noqa: E402
+from test_step_cost import SCHEMA  # noqa: E402
 
 from zoo import transformers_distributes  # noqa: E402
 
@@ -185,9 +188,11 @@ def test_tensor_parallel_on_the_command_line(capsys, tmp_path) -> None:
 
 def test_expert_parallelism_on_the_command_line(capsys, tmp_path) -> None:
     """``flopscope cost CONFIG --tp 2 --ep`` prints rank 0's polynomials with its experts split over the ranks under
-    balanced routing: each new position's top_k routes through d x d_ff, half of them on this rank's experts. --ep
-    without --tp is refused, by ``cost`` and by ``profile``."""
+    balanced routing: each new position's top_k routes through d x d_ff, half of them on this rank's experts; its
+    JSON says which rank of how many, and the routing (valid against the schema). --ep without --tp is refused, by
+    ``cost`` and by ``profile``."""
     from flopscope.cli import main
+
 
     if not transformers_distributes():
         pytest.skip("this transformers shards a model only while loading its weights")
@@ -197,8 +202,12 @@ def test_expert_parallelism_on_the_command_line(capsys, tmp_path) -> None:
     config.architectures = ["MixtralForCausalLM"]
     config.save_pretrained(tmp_path)
     path = str(tmp_path / "config.json")
-    assert main(["cost", path, "--tp", "2", "--ep", "--context", "8", "--chunk", "4"]) == 0
+    written = tmp_path / "cost.json"
+    assert main(["cost", path, "--tp", "2", "--ep", "--context", "8", "--chunk", "4", "--json", str(written)]) == 0
     out = capsys.readouterr().out
+    document = json.loads(written.read_text())
+    jsonschema.validate(document, json.loads(SCHEMA.read_text()))
+    assert document["parallel"] == {"tp": 2, "rank": 0, "experts_split": True, "routing": "balanced"}
     assert "experts split over the ranks, balanced routing" in out
     assert re.search(rf"prefill\s+q_proj.*\n(.*\n)*?\s+ffn_up\s+{L * top_k * d * d_ff // TP:,}·t\n", out), out
     assert main(["cost", path, "--ep"]) != 0

@@ -131,7 +131,8 @@ def rank_cost_model(model: nn.Module, tp: int, *, rank: int = 0, plan: Mapping[s
             "balanced routing: each expert gets as many of its layer's routes as any other, so this rank's experts "
             "get the share of the routes that they are of the experts" if routing == "balanced" else
             "every route counted as if it met this rank's experts: an upper bound"))
-    return StepCost(name, pieces, trace, concrete, notes)
+    return StepCost(name, pieces, trace, concrete, notes,
+                    {"tp": tp, "rank": rank, "experts_split": experts, "routing": routing if experts else None})
 
 
 def _fitted(kind: str, piece: TemplatePiece, count: Callable[[int, int], CountedRequest],

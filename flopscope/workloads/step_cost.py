@@ -152,6 +152,9 @@ class StepCost:
     _trace: Callable[[str, int, int], dict[str, TemplatePiece]] = field(repr=False, compare=False)
     _concrete: Callable[[int, int], CountedRequest] = field(repr=False, compare=False)
     notes: list[str] = field(default_factory=list, compare=False)
+    # one rank's model: {"tp": ranks, "rank": its index, "experts_split": bool, "routing": a convention or None}
+    # (flopscope.workloads.rank_cost); None for the whole model
+    parallel: Mapping[str, Any] | None = None
 
     @property
     def prefill(self) -> Mapping[str, RequestCount]:
@@ -289,6 +292,7 @@ class StepCost:
             "templates": {kind: {"domain": domains[kind], "terms": terms[kind], **pieces[0].to_json(),
                                  "pieces": [piece.to_json() for piece in pieces[1:]]}
                           for kind, pieces in self.pieces.items()},
+            **({"parallel": dict(self.parallel)} if self.parallel is not None else {}),
         }
 
     def table(self) -> str:
