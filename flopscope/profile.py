@@ -70,9 +70,9 @@ class Profile:
     - several forwards and ranks: :meth:`steps`, :meth:`decode_scaling`,
       :meth:`collectives`;
     - what ``total()`` leaves out or bounds: :meth:`unsupported` (``unsupported_ops``:
-      fvcore's name), :meth:`decomposed`, :meth:`unrouted`, :meth:`elementwise`, :meth:`elementwise_by_op`,
-      :meth:`total_elementwise`, :meth:`uncalled_modules`, :meth:`module_calls`,
-      :meth:`canonical_module_name`;
+      fvcore's name), :meth:`decomposed`, :meth:`unrouted`, :meth:`elementwise`,
+      :meth:`elementwise_by_op`, :meth:`total_elementwise`, :meth:`uncalled_modules`,
+      :meth:`module_calls`, :meth:`canonical_module_name`;
     - files and views: :meth:`export_chrome_trace`, :meth:`export_folded`,
       :meth:`export_speedscope`, :meth:`to_html`, the notebook's ``_repr_html_`` /
       ``_repr_markdown_``.
@@ -465,14 +465,11 @@ class Profile:
         return self._op_roles
 
     def _find_roles(self) -> dict[CapturedOp, Assignment]:
-        """The role passes over the records, in graph order, a replayed call's records
-        taking the roles of the records they copy
-        (:func:`~flopscope.attribute.carried.roles_with_copies`). The collector is
-        paused meanwhile, as in a capture (:func:`~flopscope.capture.paused_gc`): the
-        passes link every record and make a condensed copy of the distinct ones, whose
-        full collections took 5-10 % of DeepSeek-V3's roles at 2,048 tokens. What they
-        keep goes to the oldest generation at once after a fake count, as its records
-        did."""
+        """The role passes over the records, a replayed call's records taking the roles
+        of those they copy (:func:`~flopscope.attribute.carried.roles_with_copies`), the
+        collector paused (:func:`~flopscope.capture.paused_gc`: its full collections
+        took 5-10 % of DeepSeek-V3's roles at 2,048 tokens); what they keep goes to the
+        oldest generation after a fake count, as its records did."""
         with paused_gc(promote=self.mode == "fake"):
             return roles_with_copies(self._ops, self._capture.copies, self._facts.types,
                                      self._role_rules)
@@ -535,14 +532,9 @@ class Profile:
         return dict(self._capture.decomposed)
 
     def unrouted(self) -> Mapping[CapturedOp, Fraction | None]:
-        """Read-only ``{record: share}`` of the grouped matmuls of an expert-parallel
-        rank counted with every route (on fake tensors which routes reach this rank's
-        experts is data, so ``total()`` holds an upper bound for them; the notes say so),
-        each with the share of its layer's experts the rank holds (local experts over
-        all; ``None`` where the shards do not say): under balanced routing its experts
-        get that share of the routes and compute that share of its MACs. Empty in
-        ``mode="real"``, which counts the routes that reach the rank
-        (:mod:`flopscope.capture.expert_parallel`)."""
+        """``{record: share}`` (read-only): an expert-parallel rank's grouped matmuls
+        counted with every route on fake tensors (an upper bound), each with the share of
+        its layer's experts the rank holds (:mod:`flopscope.capture.expert_parallel`)."""
         return MappingProxyType(dict(self._capture.unrouted))
 
     def elementwise(self) -> dict[str, int]:
@@ -580,12 +572,10 @@ class Profile:
                 f"{sum(self._capture.unsupported.values())} unsupported calls>")
 
     def canonical_module_name(self, name: str) -> str:
-        """The path under which the module called ``name`` is counted: ``name`` itself,
-        or for another name of a module registered in several places
-        (``named_modules(remove_duplicate=False)`` lists each), its first name, the one
-        ``named_modules()`` gives (fvcore's name for this query). Every name of a shared
-        module finds the same calls: ``total("submod2.submod") ==
-        total("submod1.submod")``."""
+        """The path under which the module called ``name`` is counted: ``name``, or for
+        another name of a module registered in several places, its first name, the one
+        ``named_modules()`` gives (fvcore's name for this query): every name of a shared
+        module finds the same calls."""
         if name in self._facts.types:
             return name
         canonical = self._facts.aliases.get(name)

@@ -124,7 +124,8 @@ def test_an_expert_parallel_rank_under_a_stated_routing(routing: str) -> None:
     other = rank_cost_model(model, TP, experts=True, routing={"balanced": "upper", "upper": "balanced"}[routing],
                             unsharded=whole)
     assert all(rank.request_bytes(*point) == other.request_bytes(*point) for point in POINTS)
-    assert any(f"{routing} routing" in note for note in rank.notes)
+    said = {"balanced": "get the share of the routes that they are of the experts", "upper": "an upper bound"}
+    assert any(said[routing] in note for note in rank.notes)
 
 
 def test_expert_parallelism_is_refused_where_no_experts_are_split() -> None:
@@ -190,7 +191,7 @@ def test_expert_parallelism_on_the_command_line(capsys, tmp_path) -> None:
     """``flopscope cost CONFIG --tp 2 --ep`` prints rank 0's polynomials with its experts split over the ranks under
     balanced routing: each new position's top_k routes through d x d_ff, half of them on this rank's experts; its
     JSON says which rank of how many, and the routing (valid against the schema). --ep without --tp is refused, by
-    ``cost`` and by ``profile``."""
+    ``cost`` and by ``profile``, and with one rank or a data-parallel mesh; --routing without --ep too."""
     from flopscope.cli import main
 
 
@@ -210,7 +211,9 @@ def test_expert_parallelism_on_the_command_line(capsys, tmp_path) -> None:
     assert document["parallel"] == {"tp": 2, "rank": 0, "experts_split": True, "routing": "balanced"}
     assert "experts split over the ranks, balanced routing" in out
     assert re.search(rf"prefill\s+q_proj.*\n(.*\n)*?\s+ffn_up\s+{L * top_k * d * d_ff // TP:,}·t\n", out), out
-    assert main(["cost", path, "--ep"]) != 0
-    assert "--ep splits the experts over the --tp ranks" in capsys.readouterr().err
-    assert main(["profile", path, "--ep"]) == 2
-    assert "--ep needs --tp" in capsys.readouterr().err
+    for command in (["cost", path, "--ep"], ["cost", path, "--tp", "1", "--ep"], ["profile", path, "--ep"],
+                    ["profile", path, "--tp", "1", "--ep"], ["profile", path, "--tp", "2", "--dp", "2", "--ep"]):
+        assert main(command) == 2, command
+        assert "--ep splits the experts over the --tp ranks" in capsys.readouterr().err
+    assert main(["cost", path, "--tp", "2", "--routing", "upper"]) == 2
+    assert "--routing says how the routes reach the experts --ep splits" in capsys.readouterr().err

@@ -387,6 +387,44 @@ def test_a_call_given_one_tensor_twice_is_not_a_call_given_two():
     assert [len(op.inputs) for op in adds] == [2, 1]
 
 
+class Summed(nn.Module):
+    """Multiplies by the sum of its two weights."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.p, self.q = nn.Linear(D, D, bias=False), nn.Linear(D, D, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x @ (self.p.weight + self.q.weight)
+
+
+class Tied(nn.Module):
+    """Three :class:`Summed` blocks, the second's two weights one parameter."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList([Summed() for _ in range(3)])
+        self.blocks[1].q.weight = self.blocks[1].p.weight
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x)
+        return x
+
+
+def test_a_block_whose_two_weights_are_one_is_replayed_reading_it_once():
+    """The second block's weights are tied: replayed from the first, its add reads one parameter where the first
+    block's read two, so its copy reads that record once, as the block's capture does (before: twice, a duplicate
+    among its inputs and its weight's users)."""
+    x = torch.randn(2, 8, D)
+    reused, captured = (count(Loop(Tied()), reuse, calls=[(x,)]) for reuse in (True, False))
+    assert reused.reuse == ("net.blocks: 2 of 3 block calls replayed from an earlier call of a block of the same "
+                            "structure on the same inputs' shapes (fake tensors: the same records)",)
+    assert_same_capture(reused, captured)
+    adds = [op for op in reused.profile._ops if op.op_name.startswith("aten.add")]
+    assert [len(op.inputs) for op in adds] == [2, 1, 2]
+
+
 def test_a_call_that_hands_back_its_argument_is_replayed_handing_back_its_own():
     """A call returning one of its tensor arguments as it is: replayed, the replay returning its own call's argument
     (the capture the same as every call run); a call returning a view of its input is captured every time (the view

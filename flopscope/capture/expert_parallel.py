@@ -40,13 +40,14 @@ def unrouted_records(ops: Sequence[CapturedOp], roots: Sequence[nn.Module],
     (:func:`expert_share`; ``None`` where it cannot be read). Only the modules running
     grouped matmuls are looked up."""
     found: dict[CapturedOp, Fraction | None] = {}
-    # path -> the share of the split experts module there (absent: not split)
-    split: dict[str, Fraction | bool | None] = {}
+    # path -> (whether the module there is split experts, the share it holds)
+    split: dict[str, tuple[bool, Fraction | None]] = {}
 
-    def share_at(path: str) -> Fraction | bool | None:
+    def split_at(path: str) -> tuple[bool, Fraction | None]:
         if path not in split:
             modules = [m for m in (_module_at(root, path) for root in roots) if m is not None]
-            split[path] = next((expert_share(m) for m in modules if vars(m).get(SPLIT_FLAG) is True), False)
+            flagged = next((m for m in modules if vars(m).get(SPLIT_FLAG) is True), None)
+            split[path] = (flagged is not None, None if flagged is None else expert_share(flagged))
         return split[path]
 
     for op in ops:
@@ -58,24 +59,24 @@ def unrouted_records(ops: Sequence[CapturedOp], roots: Sequence[nn.Module],
             continue
         # (the innermost split module the matmul ran in)
         for frame in reversed(op.module_stack):
-            share = share_at(frame.path)
-            if share is not False:
-                found[op] = share if isinstance(share, Fraction) else None
+            is_split, share = split_at(frame.path)
+            if is_split:
+                found[op] = share
                 break
     return found
 
 
 def expert_share(module: nn.Module) -> Fraction | None:
     """The share of its layer's experts an experts module split over ranks holds: its
-    parameters' local size along the dim they are sharded on (the experts), over their
-    global size (DTensors sharded on one dim); ``None`` where no parameter says it."""
+    parameters' local size along their first dim (the experts of transformers' grouped
+    weights, ``[E, ...]``), over their global size, where they are DTensors sharded on
+    that dim alone; ``None`` where no parameter says it."""
     for parameter in module.parameters(recurse=False):
         placements = getattr(parameter, "placements", None)
         dims = {p.dim for p in placements or () if hasattr(p, "dim") and p.is_shard()}
-        if len(dims) == 1:
-            dim = dims.pop()
-            local = parameter.to_local().shape[dim]  # type: ignore[attr-defined]
-            return Fraction(local, parameter.shape[dim])
+        if dims == {0}:
+            local = parameter.to_local().shape[0]  # type: ignore[attr-defined]
+            return Fraction(local, parameter.shape[0])
     return None
 
 

@@ -249,10 +249,8 @@ def tensor_parallel(model: nn.Module, mesh: Any,
     size = tp_mesh.size()
     check_tensor_parallel(model, size)
     given = plan is not None
+    check_experts_plan(plan, experts)
     if experts:
-        if given:
-            raise ConfigurationError("experts=True shards by the model's own plans (transformers' tensor- and "
-                                     "expert-parallel plans); pass no plan=")
         if not _ep_plan(model):
             raise ConfigurationError(f"{type(model).__name__} declares no expert-parallel plan (no config "
                                      "base_model_ep_plan): no experts to split over the ranks")
@@ -292,6 +290,14 @@ def tensor_parallel(model: nn.Module, mesh: Any,
     return model
 
 
+def check_experts_plan(plan: Mapping[str, Any] | None, experts: bool) -> None:
+    """Refuse a ``plan`` given with ``experts`` (:func:`tensor_parallel`): the experts
+    are split by the model's own plans."""
+    if experts and plan is not None:
+        raise ConfigurationError("experts=True shards by the model's own plans (transformers' tensor- and "
+                                 "expert-parallel plans); pass no plan=")
+
+
 def _sharded_by_transformers(model: nn.Module, mesh: Any, *, experts: bool = False) -> bool:
     """Shard ``model`` over the 1-D ``mesh`` as transformers does when it loads one with
     ``DistributedConfig(tp_size=...)`` (its own plan, applied by its own code: the
@@ -311,10 +317,10 @@ def _sharded_by_transformers(model: nn.Module, mesh: Any, *, experts: bool = Fal
     except ImportError:
         return False
     size = mesh.size()
-    config = DistributedConfig(tp_size=size, ep_size=size if experts else None)
+    ep = size if experts else 1
+    config = DistributedConfig(tp_size=size, ep_size=ep)
     # (the dense layers' view of the ranks and the experts': with no expert parallelism
     # the experts' FSDP axis spans them)
-    ep = size if experts else 1
     meshes = TransformersDeviceMesh(
         init_device_mesh(mesh.device_type, (1, 1, 1, size), mesh_dim_names=("pp", "dp_replicate", "fsdp", "tp")),
         init_device_mesh(mesh.device_type, (1, 1, size // ep, ep), mesh_dim_names=("pp", "dp_replicate", "efsdp",

@@ -40,6 +40,7 @@ from __future__ import annotations
 import copy
 import functools
 import itertools
+import re
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -53,7 +54,7 @@ from ..capture.records import UNROUTED_NOTE
 from ..errors import ConfigurationError, FlopscopeWarning, SymbolicError
 from ..formulas.registry import FormulaRegistry
 from ..predict.polynomial import Polynomial, Polynomial2, interpolate
-from .distributed import fake_world, tensor_parallel
+from .distributed import check_experts_plan, fake_world, tensor_parallel
 from .step_cost import CountedRequest, RequestCount, StepCost, TemplatePiece, cost_model, count_request
 
 __all__ = ["ROUTINGS", "rank_cost_model"]
@@ -82,6 +83,7 @@ def rank_cost_model(model: nn.Module, tp: int, *, rank: int = 0, plan: Mapping[s
     Units: MACs (FLOPs = 2 x MACs) and bytes, per rank."""
     if routing not in ROUTINGS:
         raise ConfigurationError(f"routing={routing!r}: one of {', '.join(map(repr, ROUTINGS))}")
+    check_experts_plan(plan, experts)
     whole = unsharded or cost_model(model, context=context, chunk=chunk, registry=registry, roles=roles)
     split = f", experts split over the ranks, {routing} routing" if experts else ""
     name = f"{whole.model} (rank {rank} of {tp}, tensor parallel{split})"
@@ -92,7 +94,7 @@ def rank_cost_model(model: nn.Module, tp: int, *, rank: int = 0, plan: Mapping[s
         sharded in a fake world, for the block."""
         with fake_world(tp, rank=rank) as mesh, warnings.catch_warnings():
             # (every route counted on the experts: the routing convention, in the notes, prices them)
-            warnings.filterwarnings("ignore", message=f".*{UNROUTED_NOTE}", category=FlopscopeWarning)
+            warnings.filterwarnings("ignore", message=f".*{re.escape(UNROUTED_NOTE)}", category=FlopscopeWarning)
             sharded = tensor_parallel(copy.deepcopy(model), mesh, plan, experts=experts)
             if not any(type(p).__name__ == "DTensor" for p in sharded.parameters()):
                 raise ConfigurationError(f"{name}: the tensor-parallel plan shards no parameter of "

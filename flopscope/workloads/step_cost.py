@@ -551,7 +551,7 @@ def count_request(model: nn.Module, registry: FormulaRegistry | None, roles: tup
     found = prof.steps()[step - 1]
     by_role: dict[str, int | Fraction] = dict(found.by_role)
     if balanced:
-        by_role = balanced_routes(prof, step, by_role)
+        by_role = balanced_routes(prof, found.step, by_role)
     return CountedRequest({role: v for role, v in by_role.items() if v}, prof.step_totals(step)[1],
                           prof.weight_bytes(step))
 
@@ -562,8 +562,9 @@ def balanced_routes(prof: Profile, step: int, by_role: Mapping[str, int | Fracti
     (:meth:`~flopscope.profile.Profile.unrouted`) at the share of the routes balanced
     routing gives the rank's experts: the share of the layer's experts it holds (each
     expert gets as many routes as any other). Exact: a count that is no integer is kept
-    as a fraction. Raises :class:`~flopscope.errors.ConfigurationError` where the
-    shards do not say the share."""
+    as a fraction (a share of 1/3: a cost model's polynomials then refuse the sizes
+    where they are none). Raises :class:`~flopscope.errors.ConfigurationError` where
+    the shards do not say the share."""
     out: dict[str, int | Fraction] = dict(by_role)
     assignments = prof.role_assignments_by_op()
     for op, share in prof.unrouted().items():
@@ -573,7 +574,9 @@ def balanced_routes(prof: Profile, step: int, by_role: Mapping[str, int | Fracti
         if share is None:
             raise ConfigurationError(f"{op.op_name} in '{op.module_stack[-1].path}': the experts' shards do not say "
                                      "which share of the layer's experts this rank holds; no balanced routing")
-        for role, macs in assignments[op].parts.items():
+        assignment = assignments.get(op)
+        # (a record without roles is in no role's MACs: by_role leaves it out too)
+        for role, macs in (assignment.parts if assignment is not None else {}).items():
             value = out.get(role, 0) - macs * (1 - share)
             out[role] = int(value) if value == int(value) else value
     return out

@@ -115,9 +115,10 @@ class _Copy:
     template's; ``rest`` its fields after ``module_stack``, as a copy takes them;
     ``inputs``: the records among its ``args`` and ``kwargs``, each once, in order (a
     copy's, mapped, are its :attr:`~CapturedOp.inputs`: the capture's link need not
-    look for them); ``inputs_may_repeat``: two of them may map to one record (two that
-    are not copied: the call's inputs, parameters and constants; another call may
-    give one tensor twice)."""
+    look for them); ``inputs_may_repeat``: two of them may map to one record (each
+    copy is a record of its own, but what a replay maps otherwise may meet: an input
+    that is a parameter, tied parameters, a call-out's output that is its
+    argument)."""
 
     op: CapturedOp
     records_at: tuple[int, ...] | None
@@ -128,16 +129,18 @@ class _Copy:
     inputs_may_repeat: bool = False
 
     @classmethod
-    def of(cls, op: CapturedOp, stack_at: int, mapped: set[int], copied: set[int]) -> _Copy:
-        """``op``'s step; ``mapped``: ``id()`` of the records a replay maps, ``copied``
-        those it copies (each copy a record of its own)."""
+    def of(cls, op: CapturedOp, stack_at: int, mapped: set[int], fresh: set[int], given: set[int]) -> _Copy:
+        """``op``'s step; ``mapped``: ``id()`` of the records a replay maps, ``fresh``
+        those it maps to a copy of its own, ``given`` those a call-out's output maps
+        (to any record, a copy among them)."""
         def maps(value: Any) -> bool:
             return any(id(record) in mapped for record in records_in(value))
 
         at = tuple(i for i, a in enumerate(op.args) if isinstance(a, (CapturedOp, list, tuple, dict)) and maps(a))
         inputs = records_in(op.args, op.kwargs)
         return cls(op, at, maps(op.kwargs), stack_at, tuple(getattr(op, name) for name in _REST), inputs,
-                   sum(id(record) not in copied for record in inputs) > 1)
+                   len(inputs) > 1 and (sum(id(record) not in fresh for record in inputs) > 1
+                                        or any(id(record) in given for record in inputs)))
 
 
 @dataclass
@@ -415,9 +418,9 @@ def _template(recorder: Recorder, tracker: ModuleTracker, path: str, window: Win
     kept = [op for _, op in kept_at]
     given = {id(leaf[1]) for c in callouts for leaf in c.outputs if leaf[0] == "record"}
     mapped = {id(op) for op in kept} | set(inputs) | set(parameters) | given
-    copied = {id(op) for op in kept if id(op) not in inputs}
+    fresh = {id(op) for op in kept if id(op) not in inputs} - given
     plan = [_Copy(op, None) if id(op) in inputs else
-            _Copy.of(op, stacks.setdefault(op.module_stack, len(stacks)), mapped, copied) for op in kept]
+            _Copy.of(op, stacks.setdefault(op.module_stack, len(stacks)), mapped, fresh, given) for op in kept]
     placed = [(sum(1 for at, _ in kept_at if at < c.start), c) for c in callouts]
     return CallTemplate(path, plan, list(stacks), inputs, stack, calls_before, inner, module_inputs,
                         outputs,

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from tabulate import tabulate
 
-from ...errors import ConfigurationError, FlopscopeError
+from ...errors import ConfigurationError, FlopscopeError, UsageError
 from ...predict.serving_tools import TOOLS, explain
 from ...workloads.rank_cost import ROUTINGS, rank_cost_model
 from ...workloads.step_cost import StepCost, cost_model
@@ -78,7 +78,7 @@ def register(commands: Commands) -> None:
     cmd.add_argument("--ep", action="store_true",
                      help="--tp: split a mixture of experts' experts over the N ranks too (expert parallelism, as "
                           "transformers' ep_size = tp_size), their MACs under --routing")
-    cmd.add_argument("--routing", choices=ROUTINGS, default="balanced",
+    cmd.add_argument("--routing", choices=ROUTINGS,
                      help="--ep: which routes reach the rank's experts (data, so a convention): balanced (each expert "
                           "as many as any other; default) or upper (every route: an upper bound)")
     cmd.add_argument("--json", type=as_output_path, help="write the cost model (schema flopscope.cost/1) here")
@@ -106,8 +106,11 @@ def as_requests(text: str) -> list[tuple[int, int]]:
 
 def run(args: argparse.Namespace) -> int:
     """Print the cost model, the step's price, and write the JSON."""
-    if args.ep and not (args.tp and args.tp > 1):
-        raise FlopscopeError("--ep splits the experts over the --tp ranks: give --tp N (N > 1)")
+    sharded = args.tp is not None and args.tp > 1
+    if args.ep and not sharded:
+        raise UsageError("--ep splits the experts over the --tp ranks: give --tp N (N > 1)")
+    if args.routing is not None and not args.ep:
+        raise UsageError("--routing says how the routes reach the experts --ep splits: give --ep")
     spec = args.target
     if spec.startswith("hf:") and "/" not in spec:
         spec += "/causal-lm"
@@ -117,8 +120,8 @@ def run(args: argparse.Namespace) -> int:
         raise FlopscopeError(f"{target.description} ({type(model).__name__}) does not generate: give a model with "
                              "generate(), such as hf:llama (its causal-lm head)")
     whole = cost = cost_model(model, context=args.context, chunk=args.chunk)
-    if args.tp and args.tp > 1:
-        cost = rank_cost_model(model, args.tp, rank=args.rank, experts=args.ep, routing=args.routing,
+    if sharded:
+        cost = rank_cost_model(model, args.tp, rank=args.rank, experts=args.ep, routing=args.routing or "balanced",
                                unsharded=whole)
 
     print(f"{target.description} ({cost.model}): MACs per request, t new positions on a cache of c "

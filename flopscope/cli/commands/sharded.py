@@ -49,7 +49,8 @@ def run(args: argparse.Namespace) -> int:
                                           ("--mode real", args.mode == "real"),
                                           (f"--attention {args.attention}", args.attention != EXECUTED)) if given]
     usage = ("--dp needs --tp (--tp 1: data parallel only)" if args.tp is None and args.dp > 1
-             else "--ep needs --tp" if args.tp is None
+             else "--ep splits the experts over the --tp ranks: give --tp T (T > 1) and no --dp"
+             if args.ep and (args.tp is None or args.tp < 2 or args.dp > 1)
              else f"--tp counts on fake tensors; it cannot be combined with {', '.join(conflicts)}" if conflicts
              else None)
     if usage is not None:
