@@ -16,12 +16,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from fractions import Fraction
-from typing import Any
 
 import torch
 from torch import nn
 
-from ..formulas.registry import OpFamily
+from ..formulas.registry import OpFamily, argument
 from .records import CapturedOp
 
 __all__ = ["SPLIT_FLAG", "unrouted_records"]
@@ -54,7 +53,7 @@ def unrouted_records(ops: Sequence[CapturedOp], roots: Sequence[nn.Module],
         # (the registry's grouped matmuls: _grouped_mm, _scaled_grouped_mm, transformers' fallback)
         if not op.macs or op.spec is None or op.spec.family is not OpFamily.GROUPED_MATMUL:
             continue
-        offs = _offsets(op)
+        offs = argument(op.target, op.args, op.kwargs, "offs")
         if not isinstance(offs, CapturedOp) or values(offs) is not None:
             continue
         # (the innermost split module the matmul ran in)
@@ -87,12 +86,3 @@ def _module_at(root: nn.Module, path: str) -> nn.Module | None:
         return None
 
 
-def _offsets(op: CapturedOp) -> Any:
-    """The ``offs`` argument of a grouped matmul's record (by its schema's name;
-    ``None`` for one without)."""
-    schema = getattr(op.target, "_schema", None)
-    names = [argument.name for argument in schema.arguments] if schema is not None else []
-    if "offs" not in names:
-        return op.kwargs.get("offs")
-    at = names.index("offs")
-    return op.args[at] if at < len(op.args) else op.kwargs.get("offs")

@@ -99,7 +99,7 @@ def steps(ops: Sequence[CapturedOp], assignments: Mapping[CapturedOp, Assignment
     # call -> (new positions, context) of its widest attention core
     shapes: dict[int, tuple[int, int]] = {}
     for op in ops:
-        call = _root_call(op)
+        call = root_call(op)
         if call is None:
             continue
         moved.add(call, op.bytes)
@@ -175,7 +175,7 @@ def weight_bytes(ops: Sequence[CapturedOp], call: int) -> int:
     link(ops)
     total = 0
     for op in ops:
-        if op.leaf is not None or op.node_op != "call_function" or _root_call(op) != call or \
+        if op.leaf is not None or op.node_op != "call_function" or root_call(op) != call or \
                 access_of(op.target) in (VIEW, GATHER):
             continue
         for given in op.inputs:
@@ -191,7 +191,9 @@ def _root(call: int) -> ModuleCall:
     return ModuleCall("", call)
 
 
-def _root_call(op: CapturedOp) -> int | None:
+def root_call(op: CapturedOp) -> int | None:
+    """Which call of the root module ran ``op`` (a :class:`Step`'s ``step``; ``None``
+    for a leaf or an op outside it)."""
     stack = op.module_stack
     return stack[0].call if stack and stack[0].path == "" else None
 

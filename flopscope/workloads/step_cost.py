@@ -50,7 +50,7 @@ from ..errors import ConfigurationError, InputError, SymbolicError
 from ..formulas.registry import FormulaRegistry
 from ..hardware.peaks import peak_bandwidth, peak_flops
 from ..predict.polynomial import Polynomial, Polynomial2
-from ..predict.steps import Step
+from ..predict.steps import Step, root_call
 from ..profile import Profile
 from ..role import ROLE_ORDER
 from .decoding import check_decoding, prefill_then_chunk
@@ -77,10 +77,7 @@ class RequestCount:
     evaluate: Callable[..., Any] = field(repr=False, compare=False)
 
     def at(self, *values: int) -> int:
-        value = self.evaluate(*values)
-        if int(value) != value:
-            raise SymbolicError(f"{self.text()} is not an integer at {self.variables} = {values}")
-        return int(value)
+        return _integer(self.evaluate(*values), f"{self.text()} at {self.variables} = {values}")
 
     def text(self) -> str:
         if isinstance(self.polynomial, Polynomial):
@@ -97,6 +94,14 @@ class RequestCount:
         if isinstance(self.polynomial, Polynomial2):
             return {"terms": [[i, j, str(c)] for i, j, c in self.polynomial.terms()]}
         return {"expression": self.expression}
+
+
+def _integer(value: Any, what: str) -> int:
+    """``value``, a count of MACs, as an int; :class:`~flopscope.errors.SymbolicError`
+    naming ``what`` where it is none (a fraction)."""
+    if int(value) != value:
+        raise SymbolicError(f"{what} is not an integer: {value}")
+    return int(value)
 
 
 @dataclass(frozen=True)
@@ -211,12 +216,8 @@ class StepCost:
                 f"t = {t}, c = {c}: in a piece too narrow to fit (it holds at too few sizes), counted concretely")
         if note not in self.notes:
             self.notes.append(note)
-        counted = self._concrete(t, c).by_role
-        fractions = [role for role, v in counted.items() if v != int(v)]
-        if fractions:
-            raise SymbolicError(f"t = {t}, c = {c}: {', '.join(fractions)} of {self.model} are no integers of MACs "
-                                "(a share of the routes under balanced routing)")
-        return {role: int(v) for role, v in counted.items()}
+        return {role: _integer(v, f"{role} of {self.model} at t = {t}, c = {c} (a share of the routes under "
+                                  "balanced routing)") for role, v in self._concrete(t, c).by_role.items()}
 
     def request_bytes(self, t: int, c: int) -> tuple[int, int]:
         """``(bytes, weights)`` of a request of ``t`` new positions on a cache of ``c``:
@@ -568,8 +569,7 @@ def balanced_routes(prof: Profile, step: int, by_role: Mapping[str, int | Fracti
     out: dict[str, int | Fraction] = dict(by_role)
     assignments = prof.role_assignments_by_op()
     for op, share in prof.unrouted().items():
-        root = op.module_stack[0] if op.module_stack else None
-        if root is None or root.path != "" or root.call != step:
+        if root_call(op) != step:
             continue
         if share is None:
             raise ConfigurationError(f"{op.op_name} in '{op.module_stack[-1].path}': the experts' shards do not say "

@@ -123,7 +123,6 @@ def run(args: argparse.Namespace) -> int:
     if sharded:
         cost = rank_cost_model(model, args.tp, rank=args.rank, experts=args.ep, routing=args.routing or "balanced",
                                unsharded=whole)
-
     print(f"{target.description} ({cost.model}): MACs per request, t new positions on a cache of c "
           "(the attention core as executed; FLOPs = 2 x MACs)")
     print(cost.table())
